@@ -1,0 +1,70 @@
+# Helpers that give every layer and test the same shape.
+#
+#   shardtrain_add_layer(NAME SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
+#     -> static library shardtrain_NAME, alias shardtrain::NAME, public include/ directory.
+#   shardtrain_add_test(NAME SOURCES ... LIBS ... LABELS cpu|mpi|gpu|slurm [RANKS n ...]
+#                       [RANKS_PER_NODE n] [TIMEOUT s] [MPI_MAIN])
+#     -> one gtest binary, registered with ctest once per rank count (NAME.npN when RANKS is given).
+
+set(SHARDTRAIN_WARNINGS -Wall -Wextra -Wpedantic -Wno-unused-parameter)
+
+function(shardtrain_add_layer name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(shardtrain_${name} STATIC ${A_SOURCES})
+  add_library(shardtrain::${name} ALIAS shardtrain_${name})
+  target_include_directories(shardtrain_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(shardtrain_${name} PUBLIC ${A_DEPS} PRIVATE ${A_PRIVATE_DEPS})
+  target_compile_options(shardtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${SHARDTRAIN_WARNINGS}>)
+  if(SHARDTRAIN_NATIVE)
+    target_compile_options(shardtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+  set_target_properties(shardtrain_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+# Environment every MPI test runs with: root allowed (CI runs as root), shared-memory transport
+# without CMA (containers forbid ptrace), ranks yield when idle (2 cores, up to 6 ranks).
+set(SHARDTRAIN_MPI_TEST_ENV
+  OMPI_ALLOW_RUN_AS_ROOT=1
+  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  OMPI_MCA_btl_vader_single_copy_mechanism=none
+  OMPI_MCA_mpi_yield_when_idle=1
+  OMPI_MCA_rmaps_base_oversubscribe=1)
+
+function(shardtrain_add_test name)
+  cmake_parse_arguments(A "MPI_MAIN" "RANKS_PER_NODE;TIMEOUT" "SOURCES;LIBS;LABELS;RANKS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest)
+  if(A_MPI_MAIN)
+    target_link_libraries(${name} PRIVATE shardtrain_test_mpi_main)
+  else()
+    target_link_libraries(${name} PRIVATE GTest::gtest_main)
+  endif()
+  target_compile_options(${name} PRIVATE ${SHARDTRAIN_WARNINGS})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  set(env ${SHARDTRAIN_MPI_TEST_ENV})
+  if(A_RANKS_PER_NODE)
+    list(APPEND env SHARDTRAIN_RANKS_PER_NODE=${A_RANKS_PER_NODE})
+  endif()
+  if(NOT A_RANKS)
+    add_test(NAME ${name} COMMAND ${name})
+    set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env}")
+    return()
+  endif()
+  foreach(np IN LISTS A_RANKS)
+    set(test_name ${name}.np${np})
+    if(A_RANKS_PER_NODE)
+      set(test_name ${name}.np${np}.rpn${A_RANKS_PER_NODE})
+    endif()
+    add_test(NAME ${test_name}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe $<TARGET_FILE:${name}>)
+    set(procs ${np})
+    if(procs GREATER 2)
+      set(procs 2)
+    endif()
+    set_tests_properties(${test_name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+                         ENVIRONMENT "${env}" PROCESSORS ${procs})
+  endforeach()
+endfunction()

@@ -1,0 +1,104 @@
+// Device selection (by local rank when GPUs exist, the CPU backend otherwise), stream handles and
+// move-only memory owners. The CUDA half lives in device_cuda.cpp; without CUDA, device_cpu.cpp.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "shardtrain/runtime/topology.hpp"
+
+namespace shardtrain {
+
+enum class DeviceKind { Cpu, Cuda };
+enum class DevicePreference { Auto, Cpu, Cuda };
+
+DevicePreference parse_device_preference(std::string_view s);  // auto|cpu|cuda, throws UsageError
+
+struct Device {
+  DeviceKind kind = DeviceKind::Cpu;
+  int index = -1;              // CUDA ordinal, -1 on the CPU
+  std::string name = "cpu";    // e.g. "NVIDIA H100 80GB HBM3"
+  size_t memory_bytes = 0;     // total device memory, 0 on the CPU
+  int ranks_sharing = 1;       // local ranks placed on this same device
+  bool is_cuda() const { return kind == DeviceKind::Cuda; }
+  std::string describe() const;  // "cpu" or "cuda:0 (NVIDIA H100 ...)"
+};
+
+bool cuda_built();        // compiled with the CUDA backend
+int cuda_device_count();  // 0 when not built with CUDA, no driver, or no device; never throws
+
+// Picks local_rank % count when GPUs exist (and makes it current); the CPU otherwise.
+// Auto on a machine without GPUs logs one notice on rank 0. Cuda without GPUs throws a Device error.
+Device select_device(const Topology& topo, DevicePreference pref);
+
+// A non-owning stream handle (cudaStream_t on the CUDA backend, null = the default/host stream).
+struct StreamRef {
+  void* handle = nullptr;
+};
+
+// Owns a non-blocking CUDA stream.
+class CudaStream {
+ public:
+  CudaStream();  // throws when CUDA is not built or no device is current
+  ~CudaStream();
+  CudaStream(CudaStream&& o) noexcept;
+  CudaStream& operator=(CudaStream&& o) noexcept;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  StreamRef ref() const { return StreamRef{handle_}; }
+  void synchronize() const;
+
+ private:
+  void* handle_ = nullptr;
+};
+
+void stream_synchronize(StreamRef s);  // no-op for the null stream without CUDA
+
+enum class MemorySpace { Host, Device };
+
+// Page-locked host memory (cudaMallocHost) when CUDA is built and a device exists, aligned
+// host memory otherwise. Move-only.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+// Device memory (cudaMalloc). Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Asynchronous copies on a stream (host<->device, either direction by pointer kinds).
+void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream);
+
+}  // namespace shardtrain

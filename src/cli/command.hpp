@@ -1,0 +1,36 @@
+// How a subcommand plugs into the `shardtrain` binary. Each command lives in cmd_<name>.cpp and
+// exposes one add_<name>_command() that declares its options and returns how to run it.
+// Offline commands (tokenizer, prepare-data, consolidate, bench, plan) never initialize MPI, so
+// they run on a login node; MPI commands get a Runtime built after MPI_Init_thread.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <vector>
+
+#include "shardtrain/runtime/runtime.hpp"
+
+namespace shardtrain::cli {
+
+enum class Launch { Offline, Mpi };
+
+struct Command {
+  CLI::App* app = nullptr;
+  Launch launch = Launch::Offline;
+  // Offline commands are called with nullptr. Returns the process exit code.
+  std::function<int(Runtime*)> run;
+};
+
+// Options shared by every subcommand (they may follow the subcommand name).
+struct GlobalOptions {
+  std::string log_level = "info";
+  bool log_all_ranks = false;
+  int ranks_per_node = 0;
+  std::string device = "auto";
+};
+
+Command add_env_command(CLI::App& parent);
+void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,10 @@
+// The list of subcommands, in the order `shardtrain --help` shows them.
+#include "command.hpp"
+
+namespace shardtrain::cli {
+
+void add_commands(CLI::App& app, std::vector<Command>& out) {
+  out.push_back(add_env_command(app));
+}
+
+}  // namespace shardtrain::cli

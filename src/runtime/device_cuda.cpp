@@ -1,0 +1,128 @@
+// Device selection, streams and memory on the CUDA backend. Any failure to reach a driver or a
+// device means "no GPU here": the CPU backend takes over with one notice.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/device.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace shardtrain {
+
+bool cuda_built() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+Device select_device(const Topology& topo, DevicePreference pref) {
+  Device d;
+  if (pref == DevicePreference::Cpu) return d;
+  const int count = cuda_device_count();
+  if (count == 0) {
+    if (pref == DevicePreference::Cuda) {
+      throw Error(ExitCode::Device, "--device cuda: no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES empty)");
+    }
+    if (topo.world_rank == 0) log::info("no CUDA device found: using the CPU backend");
+    return d;
+  }
+  d.kind = DeviceKind::Cuda;
+  d.index = topo.local_rank % count;
+  d.ranks_sharing = (topo.local_size + count - 1 - d.index) / count;
+  ST_CHECK_CUDA(cudaSetDevice(d.index));
+  cudaDeviceProp prop{};
+  ST_CHECK_CUDA(cudaGetDeviceProperties(&prop, d.index));
+  d.name = prop.name;
+  d.memory_bytes = prop.totalGlobalMem;
+  return d;
+}
+
+CudaStream::CudaStream() {
+  cudaStream_t s = nullptr;
+  ST_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  handle_ = s;
+}
+CudaStream::~CudaStream() {
+  if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+}
+CudaStream::CudaStream(CudaStream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
+  if (this != &o) {
+    if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+    handle_ = std::exchange(o.handle_, nullptr);
+  }
+  return *this;
+}
+void CudaStream::synchronize() const { stream_synchronize(ref()); }
+
+void stream_synchronize(StreamRef s) {
+  if (s.handle || cuda_device_count() > 0) ST_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  if (cuda_device_count() > 0 && cudaMallocHost(&data_, bytes) == cudaSuccess) {
+    pinned_ = true;
+    return;
+  }
+  cudaGetLastError();
+  data_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!data_) throw Error(ExitCode::Device, fmt::format("host allocation of {} bytes failed", bytes));
+}
+void PinnedBuffer::release() {
+  if (data_) {
+    if (pinned_) cudaFreeHost(data_);
+    else std::free(data_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+  pinned_ = false;
+}
+PinnedBuffer::~PinnedBuffer() { release(); }
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), pinned_(std::exchange(o.pinned_, false)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    pinned_ = std::exchange(o.pinned_, false);
+  }
+  return *this;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) ST_CHECK_CUDA(cudaMalloc(&data_, bytes));
+}
+void DeviceBuffer::release() {
+  if (data_) cudaFree(data_);
+  data_ = nullptr;
+  bytes_ = 0;
+}
+DeviceBuffer::~DeviceBuffer() { release(); }
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
+  if (bytes == 0) return;
+  ST_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream.handle)));
+}
+
+}  // namespace shardtrain

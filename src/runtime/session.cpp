@@ -1,0 +1,74 @@
+// MPI session and communicator handles.
+#include "shardtrain/runtime/session.hpp"
+
+#include <fmt/format.h>
+
+#include "shardtrain/runtime/check.hpp"
+
+namespace shardtrain {
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  ST_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_));
+  // Errors come back as codes so ST_CHECK_MPI can name the call; the default would abort silently.
+  ST_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  ST_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+  ST_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+  if (thread_level_ < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    throw LibraryError(ExitCode::Comm, "MPI",
+                       fmt::format("MPI_Init_thread provided thread level {} but shardtrain needs MPI_THREAD_MULTIPLE "
+                                   "({}): use an MPI built with thread support",
+                                   thread_level_, MPI_THREAD_MULTIPLE));
+  }
+}
+
+MpiSession::~MpiSession() {
+  if (active()) MPI_Finalize();
+}
+
+bool MpiSession::active() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+void MpiSession::abort(ExitCode code) {
+  if (active()) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  std::_Exit(static_cast<int>(code));
+}
+
+MpiComm MpiComm::duplicate(MPI_Comm comm) {
+  MPI_Comm out = MPI_COMM_NULL;
+  ST_CHECK_MPI(MPI_Comm_dup(comm, &out));
+  ST_CHECK_MPI(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
+  return MpiComm(out);
+}
+
+MpiComm MpiComm::split(MPI_Comm comm, int color, int key) {
+  MPI_Comm out = MPI_COMM_NULL;
+  ST_CHECK_MPI(MPI_Comm_split(comm, color, key, &out));
+  if (out != MPI_COMM_NULL) ST_CHECK_MPI(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
+  return MpiComm(out);
+}
+
+int MpiComm::rank() const {
+  int r = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(comm_, &r));
+  return r;
+}
+
+int MpiComm::size() const {
+  int s = 0;
+  ST_CHECK_MPI(MPI_Comm_size(comm_, &s));
+  return s;
+}
+
+void MpiComm::reset() {
+  if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && MpiSession::active()) {
+    MPI_Comm_free(&comm_);
+  }
+  comm_ = MPI_COMM_NULL;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,40 @@
+// gtest main for tests run under mpirun: every rank runs every test; rank 0 prints the usual report,
+// other ranks print only their failures; the exit code is non-zero if any rank failed.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/session.hpp"
+
+namespace {
+
+class FailurePrinter : public testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const testing::TestPartResult& r) override {
+    if (r.failed()) std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                                 r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  shardtrain::MpiSession session(&argc, &argv);
+  testing::InitGoogleTest(&argc, argv);
+  shardtrain::log::configure({session.world_rank(), session.world_size(), shardtrain::LogLevel::Warn, false});
+  if (session.world_rank() != 0) {
+    auto& listeners = testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(session.world_rank()));
+  }
+  int local = RUN_ALL_TESTS();
+  int global = 0;
+  MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return global;
+}
