@@ -1,6 +1,8 @@
 // shardtrain: one binary, one subcommand per job. main() owns the MPI session (created first,
 // destroyed last) and is the only place that turns an exception into a log line and an exit code.
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <exception>
 #include <optional>
 
@@ -15,9 +17,18 @@ using namespace shardtrain;
 
 namespace {
 
+// One line per failure, not one per rank: most errors (a bad config, a mesh that does not fit) are
+// raised identically on every rank. Rank 0 logs and aborts the job at once; other ranks wait a
+// moment first, so their line appears only when rank 0 did not fail the same way.
 int fail(const std::exception& e, ExitCode code) {
+  if (MpiSession::active()) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    log::error("{}: {}", exit_code_name(code), e.what());
+    MpiSession::abort(code);
+  }
   log::error("{}: {}", exit_code_name(code), e.what());
-  if (MpiSession::active()) MpiSession::abort(code);
   return static_cast<int>(code);
 }
 

@@ -1,0 +1,104 @@
+// One Communicator interface over a mesh axis, with MPI (host memory, or device memory staged
+// through pinned host buffers) and NCCL (device memory) backends. Every collective counts its
+// bytes per kind; the FSDP tests assert traffic from these counters.
+//
+// Byte conventions (what the counters add, in elements of the call's dtype):
+//   all_gather     the gathered output:      count_per_rank * size() elements
+//   reduce_scatter the reduced input:        count_per_rank * size() elements
+//   all_reduce     the buffer:               count elements
+//   broadcast      the buffer:               count elements
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "shardtrain/mesh/mesh_layout.hpp"
+#include "shardtrain/runtime/device.hpp"
+#include "shardtrain/runtime/dtype.hpp"
+
+namespace shardtrain {
+
+enum class ReduceOp { Sum, Avg, Max };
+enum class CommBackend { Mpi, Nccl };
+enum class CollectiveKind : int { AllGather = 0, ReduceScatter, AllReduce, Broadcast, Barrier };
+inline constexpr int kCollectiveKinds = 5;
+
+const char* reduce_op_name(ReduceOp op);
+const char* comm_backend_name(CommBackend b);
+const char* collective_kind_name(CollectiveKind k);
+
+// Thread-safe counters of one communicator.
+class TrafficCounters {
+ public:
+  void add(CollectiveKind k, uint64_t bytes) {
+    bytes_[static_cast<int>(k)].fetch_add(bytes, std::memory_order_relaxed);
+    calls_[static_cast<int>(k)].fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t bytes(CollectiveKind k) const { return bytes_[static_cast<int>(k)].load(std::memory_order_relaxed); }
+  uint64_t calls(CollectiveKind k) const { return calls_[static_cast<int>(k)].load(std::memory_order_relaxed); }
+  uint64_t total_bytes() const;
+  void reset();
+
+ private:
+  std::array<std::atomic<uint64_t>, kCollectiveKinds> bytes_{};
+  std::array<std::atomic<uint64_t>, kCollectiveKinds> calls_{};
+};
+
+class Communicator {
+ public:
+  Communicator(MeshAxis axis, int rank, int size, MemorySpace space) : axis_(axis), rank_(rank), size_(size), space_(space) {}
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  MeshAxis axis() const { return axis_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MemorySpace space() const { return space_; }  // where the buffers passed to collectives live
+  virtual CommBackend backend() const = 0;
+
+  // recv holds count_per_rank * size() elements; rank r's contribution lands at offset r * count_per_rank.
+  // In place when send == recv + rank() * count_per_rank (bytes).
+  void all_gather(const void* send, void* recv, size_t count_per_rank, DType dtype, StreamRef stream = {});
+  // send holds count_per_rank * size() elements; recv gets this rank's reduced block.
+  // In place when recv == send + rank() * count_per_rank; the rest of send is then unspecified.
+  void reduce_scatter(const void* send, void* recv, size_t count_per_rank, DType dtype, ReduceOp op, StreamRef stream = {});
+  // In place when send == recv.
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream = {});
+  void broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream = {});
+  void barrier();
+
+  // Typed conveniences for host code and tests.
+  template <typename T>
+  void all_gather(std::span<const T> send, std::span<T> recv, StreamRef s = {}) {
+    all_gather(send.data(), recv.data(), send.size(), dtype_of_v<T>, s);
+  }
+  template <typename T>
+  void all_reduce(std::span<T> buf, ReduceOp op, StreamRef s = {}) {
+    all_reduce(buf.data(), buf.data(), buf.size(), dtype_of_v<T>, op, s);
+  }
+
+  const TrafficCounters& traffic() const { return traffic_; }
+  TrafficCounters& traffic() { return traffic_; }
+
+ protected:
+  virtual void do_all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) = 0;
+  virtual void do_all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) = 0;
+  virtual void do_broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  void check_reduce(DType dtype, ReduceOp op, const char* what) const;
+  MeshAxis axis_;
+  int rank_;
+  int size_;
+  MemorySpace space_;
+  TrafficCounters traffic_;
+};
+
+}  // namespace shardtrain

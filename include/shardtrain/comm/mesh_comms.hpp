@@ -1,0 +1,46 @@
+// The communicators of one device mesh (world, shard axis, replicate axis) on one backend, and
+// how the backend is chosen.
+#pragma once
+
+#include <memory>
+
+#include "shardtrain/comm/communicator.hpp"
+#include "shardtrain/mesh/device_mesh.hpp"
+#include "shardtrain/runtime/runtime.hpp"
+
+namespace shardtrain {
+
+enum class CommBackendPreference { Auto, Mpi, Nccl };
+CommBackendPreference parse_comm_backend(std::string_view s);  // auto|mpi|nccl, throws UsageError
+
+// Auto: NCCL when the device is a GPU of its own (one rank per GPU on every node); MPI otherwise
+// (the CPU backend, or several ranks sharing a GPU, staged through pinned host memory).
+CommBackend choose_comm_backend(const Runtime& rt, CommBackendPreference pref);
+
+// An MPI communicator over a duplicate of `comm`. Device-space communicators stage through pinned host memory.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, MeshAxis axis, MemorySpace space);
+// A NCCL communicator over the ranks of `comm` (its rank 0 creates the ncclUniqueId and broadcasts it).
+// Throws a Device error when shardtrain was built without CUDA.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, MeshAxis axis);
+bool nccl_built();
+
+class MeshComms {
+ public:
+  // Collective over the mesh's world. Buffers live in `space` (Device with a GPU, Host otherwise).
+  MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace space);
+
+  Communicator& world() { return *world_; }
+  Communicator& shard() { return *shard_; }
+  Communicator& replicate() { return *replicate_; }
+  Communicator& axis(MeshAxis a);
+  CommBackend backend() const { return backend_; }
+
+  uint64_t bytes(MeshAxis a, CollectiveKind k);  // per axis and kind
+  void reset_traffic();
+
+ private:
+  CommBackend backend_;
+  std::unique_ptr<Communicator> world_, shard_, replicate_;
+};
+
+}  // namespace shardtrain

@@ -1,0 +1,80 @@
+// The backend-independent half of every collective: argument checks and traffic counting.
+#include "shardtrain/comm/communicator.hpp"
+
+#include <fmt/format.h>
+
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+const char* comm_backend_name(CommBackend b) { return b == CommBackend::Mpi ? "mpi" : "nccl"; }
+
+const char* collective_kind_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+uint64_t TrafficCounters::total_bytes() const {
+  uint64_t t = 0;
+  for (const auto& b : bytes_) t += b.load(std::memory_order_relaxed);
+  return t;
+}
+
+void TrafficCounters::reset() {
+  for (auto& b : bytes_) b.store(0, std::memory_order_relaxed);
+  for (auto& c : calls_) c.store(0, std::memory_order_relaxed);
+}
+
+void Communicator::check_reduce(DType dtype, ReduceOp op, const char* what) const {
+  if (op == ReduceOp::Avg && !dtype_is_float(dtype)) {
+    throw InternalError(fmt::format("{} on the {} axis: avg is defined for floating-point dtypes only, not {}", what,
+                                    mesh_axis_name(axis_), dtype_name(dtype)));
+  }
+}
+
+void Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) {
+  traffic_.add(CollectiveKind::AllGather, count * size_ * dtype_size(dtype));
+  do_all_gather(send, recv, count, dtype, stream);
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) {
+  check_reduce(dtype, op, "reduce_scatter");
+  traffic_.add(CollectiveKind::ReduceScatter, count * size_ * dtype_size(dtype));
+  do_reduce_scatter(send, recv, count, dtype, op, stream);
+}
+
+void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) {
+  check_reduce(dtype, op, "all_reduce");
+  traffic_.add(CollectiveKind::AllReduce, count * dtype_size(dtype));
+  do_all_reduce(send, recv, count, dtype, op, stream);
+}
+
+void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream) {
+  if (root < 0 || root >= size_) {
+    throw InternalError(fmt::format("broadcast on the {} axis: root {} outside [0, {})", mesh_axis_name(axis_), root, size_));
+  }
+  traffic_.add(CollectiveKind::Broadcast, count * dtype_size(dtype));
+  do_broadcast(buffer, count, dtype, root, stream);
+}
+
+void Communicator::barrier() {
+  traffic_.add(CollectiveKind::Barrier, 0);
+  do_barrier();
+}
+
+}  // namespace shardtrain
