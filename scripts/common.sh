@@ -1,0 +1,25 @@
+# Sourced by the scripts in this folder: paths, and the environment every local mpirun needs.
+# shellcheck shell=bash
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${SHARDTRAIN_BUILD_DIR:-$ROOT/build}"
+JOBS="$(nproc 2>/dev/null || echo 2)"
+
+# Open MPI on one machine: allow root (CI and containers run as root), no CMA single-copy
+# (containers forbid ptrace), yield when idle (more ranks than cores), oversubscribe allowed.
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+configure_and_build() {
+  say "configuring and building in $BUILD_DIR"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR.configure.log" 2>&1 || {
+    cat "$BUILD_DIR.configure.log"
+    return 1
+  }
+  grep -E 'shardtrain: CUDA backend' "$BUILD_DIR.configure.log" | sed 's/^-- /    /'
+  cmake --build "$BUILD_DIR" -j"$JOBS"
+}

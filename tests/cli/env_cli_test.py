@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""`shardtrain env` end to end: the JSON mesh of every strategy, and one clear error with the
+documented exit code (no hang) for each kind of bad input."""
+import argparse
+import json
+import subprocess
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--shardtrain", required=True)
+parser.add_argument("--mpiexec", default="mpirun")
+args = parser.parse_args()
+failures = []
+
+
+def run(np, *cli, env_rpn=None):
+    import os
+    env = dict(os.environ)
+    env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+    if env_rpn:
+        env["SHARDTRAIN_RANKS_PER_NODE"] = str(env_rpn)
+    cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), args.shardtrain, *cli]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+# The issue's acceptance check: 4 ranks as 2 simulated nodes, HYBRID_SHARD -> a 2 x 2 mesh.
+rc, out, err = run(4, "env", "--strategy", "HYBRID_SHARD", "--ranks-per-node", "2", "--json")
+check(rc == 0, f"env --json exit code {rc}: {err}")
+j = json.loads(out)
+check(j["world_size"] == 4 and j["nodes"] == 2 and j["ranks_per_node"] == 2, f"topology {j}")
+check(j["mesh"]["shape"] == [2, 2], f"mesh shape {j['mesh']['shape']}")
+check(j["mesh"]["shard_groups"] == [[0, 1], [2, 3]], f"shard groups {j['mesh']['shard_groups']}")
+check(j["mesh"]["replicate_groups"] == [[0, 2], [1, 3]], f"replicate groups {j['mesh']['replicate_groups']}")
+check(j["axis_check"] is True, "axis check")
+coords = [(r["rank"], r["node"], r["local_rank"], r["coord"]["replicate"], r["coord"]["shard"]) for r in j["ranks"]]
+check(coords == [(0, 0, 0, 0, 0), (1, 0, 1, 0, 1), (2, 1, 0, 1, 0), (3, 1, 1, 1, 1)], f"rank coordinates {coords}")
+
+# Every strategy's shape at 4 ranks, simulated nodes given through the environment this time.
+expected = {"FULL_SHARD": [1, 4], "SHARD_GRAD_OP": [1, 4], "NO_SHARD": [4, 1], "HYBRID_SHARD": [2, 2],
+            "HYBRID_SHARD_ZERO2": [2, 2], "5": [2, 2]}
+for strategy, shape in expected.items():
+    rc, out, err = run(4, "env", "--strategy", strategy, "--json", env_rpn=2)
+    check(rc == 0 and json.loads(out)["mesh"]["shape"] == shape, f"{strategy}: rc {rc}, want {shape}: {out[:200]} {err}")
+
+# An explicit shard size: 4 ranks as 4 nodes of 1, shard over pairs of nodes.
+rc, out, err = run(4, "env", "--strategy", "HYBRID_SHARD", "--shard-size", "2", "--ranks-per-node", "1", "--json")
+check(rc == 0 and json.loads(out)["mesh"]["shard_groups"] == [[0, 1], [2, 3]], f"shard-size 2: {out[:200]} {err}")
+
+# The human-readable form names the mesh.
+rc, out, err = run(2, "env", "--strategy", "NO_SHARD")
+check(rc == 0 and "mesh 2 (replicate) x 1 (shard)" in out and "axis check" in out, f"text output: {out} {err}")
+
+# Bad input: one clear error each, the documented exit code, and no hang (the timeout above).
+bad = [
+    (6, ["env", "--strategy", "HYBRID_SHARD", "--ranks-per-node", "4"], 3, "world size 6 is not divisible by ranks_per_node 4"),
+    (4, ["env", "--strategy", "HYBRID_SHARD", "--shard-size", "3"], 3, "shard_size 3 does not divide world size 4"),
+    (2, ["env", "--strategy", "ZERO3"], 3, "unknown sharding strategy 'ZERO3'"),
+    (2, ["env", "--no-such-flag"], 2, "--no-such-flag"),
+    (2, ["env", "--log-level", "loud"], 2, "unknown level 'loud'"),
+]
+for np, cli, code, message in bad:
+    rc, out, err = run(np, *cli)
+    check(rc == code, f"{' '.join(cli)}: exit code {rc}, expected {code}")
+    check(message in err, f"{' '.join(cli)}: message '{message}' not in: {err[-500:]}")
+    lines = [l for l in err.splitlines() if message in l]
+    check(len(lines) == 1, f"{' '.join(cli)}: expected the error once, got {len(lines)} times")
+
+print(f"{len(failures)} failed" if failures else "all env CLI checks passed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,78 @@
+// Collectives on device memory: the NCCL backend (one rank per GPU) and the MPI backend staging
+// through pinned host memory (several ranks sharing one GPU). Skipped without a GPU.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <vector>
+
+#include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/runtime/runtime.hpp"
+
+using namespace shardtrain;
+
+namespace {
+
+class GpuCollectives : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU collective tests skipped";
+    topo_ = discover_topology(MPI_COMM_WORLD, 0);
+    device_ = select_device(topo_, DevicePreference::Cuda);
+  }
+
+  // all_gather, reduce_scatter (sum), all_reduce (avg) and broadcast on device buffers, checked on the host.
+  void run(Communicator& comm) {
+    const int P = comm.size(), me = comm.rank();
+    for (size_t n : {size_t{1}, size_t{7}, size_t{1000003}}) {
+      std::vector<float> host(n * P);
+      for (size_t k = 0; k < host.size(); ++k) host[k] = static_cast<float>((me * 5 + k) % 13);
+      DeviceBuffer send(n * P * sizeof(float)), recv(n * P * sizeof(float));
+      CudaStream stream;
+      copy_async(send.data(), host.data(), n * sizeof(float), stream.ref());
+      comm.all_gather(send.data(), recv.data(), n, DType::F32, stream.ref());
+      std::vector<float> out(n * P);
+      copy_async(out.data(), recv.data(), out.size() * sizeof(float), stream.ref());
+      stream.synchronize();
+      for (int j = 0; j < P; ++j)
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[j * n + i], static_cast<float>((j * 5 + i) % 13));
+
+      copy_async(send.data(), host.data(), host.size() * sizeof(float), stream.ref());
+      comm.reduce_scatter(send.data(), recv.data(), n, DType::F32, ReduceOp::Sum, stream.ref());
+      copy_async(out.data(), recv.data(), n * sizeof(float), stream.ref());
+      stream.synchronize();
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < P; ++r) want += static_cast<float>((r * 5 + me * n + i) % 13);
+        ASSERT_EQ(out[i], want);
+      }
+
+      comm.all_reduce(send.data(), recv.data(), n, DType::F32, ReduceOp::Avg, stream.ref());
+      copy_async(out.data(), recv.data(), n * sizeof(float), stream.ref());
+      stream.synchronize();
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < P; ++r) want += static_cast<float>((r * 5 + i) % 13);
+        ASSERT_EQ(out[i], want / P);
+      }
+    }
+  }
+
+  Topology topo_;
+  Device device_;
+};
+
+TEST_F(GpuCollectives, NcclOnOwnGpu) {
+  if (device_.ranks_sharing > 1) GTEST_SKIP() << "ranks share a GPU: NCCL needs one GPU per rank";
+  DeviceMesh mesh(MPI_COMM_WORLD, topo_, {ShardingStrategy::FullShard, 0});
+  MeshComms comms(mesh, CommBackend::Nccl, MemorySpace::Device);
+  run(comms.shard());
+  run(comms.world());
+}
+
+TEST_F(GpuCollectives, MpiStagingThroughPinnedHost) {
+  DeviceMesh mesh(MPI_COMM_WORLD, topo_, {ShardingStrategy::FullShard, 0});
+  MeshComms comms(mesh, CommBackend::Mpi, MemorySpace::Device);
+  run(comms.shard());
+}
+
+}  // namespace

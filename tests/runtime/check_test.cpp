@@ -1,0 +1,85 @@
+// The error-check macros: a failing call becomes a LibraryError naming the statement, file:line,
+// the library's own message, and the right exit code.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <string>
+
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/device.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+using namespace shardtrain;
+
+namespace {
+template <typename F>
+LibraryError catch_library_error(F&& f) {
+  try {
+    f();
+  } catch (const LibraryError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no LibraryError thrown";
+  return LibraryError(ExitCode::Ok, "", "");
+}
+}  // namespace
+
+TEST(Check, MpiErrorCarriesStatementAndMessage) {
+  const LibraryError e = catch_library_error([] { ST_CHECK_MPI(MPI_ERR_COUNT); });
+  const std::string what = e.what();
+  EXPECT_EQ(e.code(), ExitCode::Comm);
+  EXPECT_EQ(e.library(), "MPI");
+  EXPECT_NE(what.find("MPI_ERR_COUNT"), std::string::npos) << what;
+  EXPECT_NE(what.find("check_test.cpp:"), std::string::npos) << what;
+  EXPECT_NE(what.find("count"), std::string::npos) << what;  // MPI's own description of the error
+}
+
+TEST(Check, Hdf5ErrorNamesTheFailingCall) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // keep HDF5 from printing its own stack
+  const LibraryError e =
+      catch_library_error([] { ST_CHECK_HDF5(H5Fopen("/nonexistent/shardtrain.h5", H5F_ACC_RDONLY, H5P_DEFAULT)); });
+  const std::string what = e.what();
+  EXPECT_EQ(e.code(), ExitCode::Io);
+  EXPECT_NE(what.find("H5Fopen"), std::string::npos) << what;
+  EXPECT_NE(what.find("/nonexistent/shardtrain.h5"), std::string::npos) << what;
+}
+
+TEST(Check, Hdf5PassesValidHandlesThrough) {
+  const int64_t id = ST_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS));
+  EXPECT_GT(id, 0);
+  H5Pclose(id);
+}
+
+TEST(Check, CudaCheckReportsTheLibrary) {
+  const LibraryError e = catch_library_error([] { ST_CHECK_CUDA(2); });  // cudaErrorMemoryAllocation
+  EXPECT_EQ(e.code(), ExitCode::Device);
+  EXPECT_EQ(e.library(), "CUDA");
+  if (cuda_built()) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Check, NcclAndCublasChecks) {
+  EXPECT_NO_THROW(ST_CHECK_NCCL(0));
+  EXPECT_NO_THROW(ST_CHECK_CUBLAS(0));
+  const LibraryError n = catch_library_error([] { ST_CHECK_NCCL(3); });  // ncclInternalError
+  EXPECT_EQ(n.code(), ExitCode::Comm);
+  EXPECT_EQ(n.library(), "NCCL");
+  const LibraryError b = catch_library_error([] { ST_CHECK_CUBLAS(3); });  // CUBLAS_STATUS_ALLOC_FAILED
+  EXPECT_EQ(b.code(), ExitCode::Device);
+  EXPECT_EQ(b.library(), "cuBLAS");
+}
+
+TEST(Log, LevelsParseAndFilterByRank) {
+  EXPECT_EQ(parse_log_level("debug"), LogLevel::Debug);
+  EXPECT_THROW(parse_log_level("loud"), UsageError);
+  log::configure({3, 4, LogLevel::Info, false});
+  EXPECT_FALSE(log::enabled(LogLevel::Info));  // other ranks: warnings and errors only
+  EXPECT_TRUE(log::enabled(LogLevel::Warn));
+  log::configure({0, 4, LogLevel::Info, false});
+  EXPECT_TRUE(log::enabled(LogLevel::Info));
+  EXPECT_FALSE(log::enabled(LogLevel::Debug));
+  log::configure({3, 4, LogLevel::Debug, true});
+  EXPECT_TRUE(log::enabled(LogLevel::Debug));
+}
