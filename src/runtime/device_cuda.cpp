@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,12 +17,16 @@ namespace shardtrain {
 bool cuda_built() { return true; }
 
 int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
-  return n;
+  // Asked once per process: the answer cannot change while it runs (CUDA_VISIBLE_DEVICES is read at init).
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver" error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
 }
 
 Device select_device(const Topology& topo, DevicePreference pref) {
@@ -122,6 +127,10 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
   if (bytes == 0) return;
+  if (cuda_device_count() == 0) {  // the CPU backend of a CUDA build: every buffer is host memory
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   ST_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream.handle)));
 }
 

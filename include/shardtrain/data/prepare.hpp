@@ -1,0 +1,34 @@
+// `shardtrain prepare-data`: text/JSONL files -> tokenized HDF5 dataset (dataset.hpp), on all cores.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/data/documents.hpp"
+#include "shardtrain/runtime/progress.hpp"
+
+namespace shardtrain::data {
+
+struct PrepareOptions {
+  std::string tokenizer;            // path for Tokenizer::load
+  std::vector<std::string> inputs;  // files or folders (expanded, sorted)
+  std::string output;               // data/NAME.h5
+  DocumentOptions documents;
+  double validation_fraction = 0.01;
+  uint64_t seed = 0;  // validation choice
+  int threads = 0;    // 0: all cores
+  ProgressStyle progress = ProgressStyle::Auto;
+};
+
+struct PrepareSummary {
+  size_t files = 0, documents = 0, empty_documents_skipped = 0;
+  size_t train_documents = 0, validation_documents = 0;
+  uint64_t tokens = 0, bytes = 0;
+  double seconds = 0, tokenize_seconds = 0;
+  double mb_per_second() const { return tokenize_seconds > 0 ? static_cast<double>(bytes) / 1e6 / tokenize_seconds : 0; }
+};
+
+PrepareSummary prepare_dataset(const PrepareOptions& options);
+
+}  // namespace shardtrain::data

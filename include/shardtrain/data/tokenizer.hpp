@@ -1,0 +1,99 @@
+// Byte-level BPE tokenizers: tiktoken rank files (r50k_base/GPT-2, p50k_base, cl100k_base, o200k_base),
+// Hugging Face tokenizer.json files of the byte-level BPE family (GPT-2, Llama 3, Qwen style), and
+// GPT-2's original encoder.json + vocab.bpe. Text is split by the tokenizer's regex (PCRE2, UTF + UCP,
+// JIT) and each piece is merged by rank. encode/decode round-trip exactly on any bytes, invalid UTF-8
+// included: invalid bytes never match the split regex and become their own byte-level pieces.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardtrain::data {
+
+using TokenId = uint32_t;
+
+enum class TokenizerFormat { Tiktoken, HuggingFaceJson, Gpt2Encoder };
+const char* tokenizer_format_name(TokenizerFormat f);
+
+// How text that spells a special token ("<|endoftext|>") is encoded. AsText matches tiktoken's
+// encode_ordinary and is what dataset preparation uses: a document cannot inject control tokens.
+enum class SpecialTokenMode { AsText, Recognize };
+
+struct SpecialToken {
+  std::string content;
+  TokenId id = 0;
+};
+
+namespace detail {
+struct TokenizerModel;
+}
+
+class Tokenizer {
+ public:
+  // path: a *.tiktoken rank file (the stem picks the split pattern and special tokens: r50k_base,
+  // p50k_base, cl100k_base, o200k_base), a tokenizer.json, or a folder holding tokenizer.json or
+  // encoder.json + vocab.bpe. Throws DataError naming the file and field on anything unsupported.
+  static Tokenizer load(const std::string& path);
+  // Builds a tokenizer from an already-parsed tokenizer.json text (what the trainer writes).
+  static Tokenizer from_json_text(const std::string& json_text, const std::string& origin);
+
+  std::vector<TokenId> encode(std::string_view text, SpecialTokenMode mode = SpecialTokenMode::AsText) const;
+  std::string decode(std::span<const TokenId> ids) const;  // throws DataError on an unknown id
+
+  size_t vocab_size() const;                   // largest id + 1 (special tokens included)
+  std::string_view token_bytes(TokenId id) const;  // empty for an unused id
+  std::optional<TokenId> token_id(std::string_view bytes) const;  // a special token's content or a token's bytes
+  const std::vector<SpecialToken>& special_tokens() const;
+  // Well-known roles, found by name: end of text (<|endoftext|>, <|end_of_text|>, [EOT], </s>, <|im_end|>...),
+  // beginning of text (<|begin_of_text|>, [BOT], <s>, <|startoftext|>) and padding ([PAD], <pad>, <|pad|>).
+  std::optional<TokenId> eot_id() const;
+  std::optional<TokenId> bot_id() const;
+  std::optional<TokenId> pad_id() const;
+
+  const std::string& name() const;     // "r50k_base", "llama3/tokenizer.json", ...
+  const std::string& path() const;
+  const std::string& hash() const;     // "fnv1a64:<16 hex>" of the file contents: the identity datasets record
+  TokenizerFormat format() const;
+  const std::vector<std::string>& split_patterns() const;  // regexes applied in order
+  bool normalizes_nfc() const;
+
+  const detail::TokenizerModel& model() const { return *model_; }
+
+ private:
+  explicit Tokenizer(std::shared_ptr<const detail::TokenizerModel> m) : model_(std::move(m)) {}
+  std::shared_ptr<const detail::TokenizerModel> model_;
+  friend class Encoder;
+};
+
+// Per-thread encoding state: the regex match data and the piece -> ids cache that makes repeated words
+// free. Not thread-safe; make one per worker thread. The Tokenizer must outlive it.
+class Encoder {
+ public:
+  explicit Encoder(const Tokenizer& tokenizer, size_t cache_entries = 1 << 18);
+  ~Encoder();
+  Encoder(Encoder&&) noexcept;
+  Encoder& operator=(Encoder&&) = delete;
+  Encoder(const Encoder&) = delete;
+  Encoder& operator=(const Encoder&) = delete;
+
+  std::vector<TokenId> encode(std::string_view text, SpecialTokenMode mode = SpecialTokenMode::AsText);
+  void encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode = SpecialTokenMode::AsText);
+  size_t cache_size() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Well-known split patterns (tiktoken's and Llama 3's), for the trainer and the docs.
+std::string_view gpt2_split_pattern();
+std::string_view cl100k_split_pattern();
+std::string_view o200k_split_pattern();
+std::string_view llama3_split_pattern();
+
+}  // namespace shardtrain::data

@@ -1,0 +1,42 @@
+// What a user configures about FSDP (the seeds' options, natively): strategy, resharding, wrapping,
+// mixed precision, offload, prefetch, gradient accumulation mode, activation checkpointing.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "shardtrain/fsdp/units.hpp"
+#include "shardtrain/mesh/strategy.hpp"
+#include "shardtrain/runtime/dtype.hpp"
+
+namespace shardtrain::fsdp {
+
+// How gradients of several micro-batches are accumulated.
+enum class GradAccumulation {
+  ReduceEachMicroBatch,  // lean: reduce-scatter after every micro-batch into the fp32 gradient shard
+  NoSync,                // keep full unsharded fp32 gradients until the last micro-batch (one reduction, +4P bytes/rank)
+};
+const char* grad_accumulation_name(GradAccumulation g);
+GradAccumulation parse_grad_accumulation(std::string_view text);  // "reduce_each" | "no_sync"
+
+struct FsdpConfig {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  int shard_size = 0;                          // hybrid only (0: ranks per node)
+  std::optional<bool> reshard_after_forward;   // unset: the strategy's default (FULL_SHARD/HYBRID_SHARD: true)
+  WrapConfig wrap;
+  DType param_dtype = DType::F32;              // gathered and computed with: f32 or bf16
+  DType reduce_dtype = DType::F32;             // gradients reduced in: f32 or bf16
+  bool offload_params = false;                 // master, gradient and optimizer shards in pinned host memory
+  int forward_prefetch = 0;                    // units all-gathered ahead in forward
+  int backward_prefetch = 1;                   // units all-gathered ahead in backward (BACKWARD_PRE)
+  GradAccumulation accumulation = GradAccumulation::ReduceEachMicroBatch;
+  bool activation_checkpointing = false;       // per decoder layer
+  bool sync_module_states = false;             // broadcast replica 0's shards after init/load
+
+  bool reshards_after_forward() const {
+    return reshard_after_forward.value_or(strategy_reshards_after_forward(strategy));
+  }
+  void validate() const;  // throws ConfigError naming the field
+};
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,111 @@
+// The FSDP engine: owns each unit's flat shards (fp32 master and gradient), gathers units before the
+// model uses them and releases them after, and reduces gradients over the mesh. It drives the model
+// from outside through ModuleHooks and ParamBinding; the model never sees a communicator.
+//
+// Per step: zero_grad(); forward_backward(micro_batch, scale, last) for each micro-batch; then the
+// optimizer works on shards() (grad norm, clipping, AdamW).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/fsdp/config.hpp"
+#include "shardtrain/fsdp/flat_storage.hpp"
+#include "shardtrain/model/llama.hpp"
+#include "shardtrain/ops/ops.hpp"
+#include "shardtrain/runtime/memory_ledger.hpp"
+
+namespace shardtrain::fsdp {
+
+// One unit's shard as the optimizer and checkpoints see it: fp32, in host memory when offloaded.
+struct ShardView {
+  int unit = 0;
+  float* param = nullptr;           // master shard
+  float* grad = nullptr;            // gradient shard (reduced, accumulated over micro-batches)
+  int64_t numel = 0;                // N / S, padding included
+  int64_t flat_begin = 0;           // where the shard starts in the unit's flat buffer
+  std::vector<ParamRange> ranges;   // parameter parts inside the shard, shard-relative offsets
+  DeviceKind device = DeviceKind::Cpu;
+};
+
+struct UnitStats {
+  int gathers = 0;         // all-gathers issued this step
+  int max_outstanding = 0; // most non-root units gathered at once, since the last reset
+};
+
+class FsdpEngine final : public model::ModuleHooks {
+ public:
+  FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshComms& comms, ops::Ops& ops, const FsdpConfig& config,
+             MemoryLedger& ledger);
+  ~FsdpEngine() override;
+
+  // Each rank fills only its own slices with the model's counter-based init (no rank holds the model).
+  void initialize(uint64_t seed);
+  // Broadcasts replica 0's shards to the other replicas (weights that came from elsewhere).
+  void sync_module_states();
+
+  // One micro-batch: forward, backward, and (in lean mode, or on the last micro-batch) the gradient
+  // reduction into the shards. loss_scale multiplies the summed token loss (1 / global tokens for a mean).
+  model::LossResult forward_backward(const model::Batch& batch, double loss_scale, bool last_micro_batch);
+  // Loss only; every unit is released afterwards.
+  model::LossResult forward(const model::Batch& batch);
+  void zero_grad();
+
+  const std::vector<ShardView>& shards() const { return shard_views_; }
+  const std::vector<UnitSpec>& units() const { return unit_specs_; }
+  const FlatLayout& layout(int unit) const;
+  const FsdpConfig& config() const { return config_; }
+  const model::ModelSpec& model_spec() const { return model_->spec(); }
+  const DeviceMesh& mesh() const { return *mesh_; }
+  MeshComms& comms() { return *comms_; }
+  const UnitStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+  // The full fp32 parameters of a unit (N elements, padding included), all-gathered over the shard
+  // axis from the master shards: for tests, checkpoints and export. Collective over the shard axis.
+  std::vector<float> gather_unit(int unit);
+
+  // Prefetch schedule: the units to all-gather right after `unit` in forward / backward (the seeds'
+  // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch). Defaults come from the depths.
+  void set_forward_prefetch(int unit, std::vector<int> units);
+  void set_backward_prefetch(int unit, std::vector<int> units);
+
+  // ModuleHooks
+  void before_forward(int module, model::ForwardPhase phase) override;
+  void after_forward(int module, model::ForwardPhase phase) override;
+  void before_backward(int module) override;
+  void after_backward(int module) override;
+
+ private:
+  struct Unit;
+  void unshard(Unit& u);
+  void reshard(Unit& u);
+  void begin_unit_backward(Unit& u);
+  void reduce_gradients(Unit& u);
+  void ensure_forward(int module);
+  void ensure_backward(int module);
+  void release_all();
+
+  model::LlamaModel* model_;
+  const DeviceMesh* mesh_;
+  MeshComms* comms_;
+  ops::Ops* ops_;
+  FsdpConfig config_;
+  MemoryLedger* ledger_;
+  std::vector<UnitSpec> unit_specs_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<int> unit_of_param_;
+  std::vector<int> first_use_unit_;  // per module: units whose first use is this module
+  std::vector<ShardView> shard_views_;
+  std::vector<std::vector<int>> forward_prefetch_, backward_prefetch_;
+  FlatPool param_pool_, grad_pool_;
+  FlatBuffer stage_;         // (N/S) fp32 on the compute device: offload copies, reduce_dtype casts
+  FlatBuffer reduce_shard_;  // (N/S) reduce_dtype: the reduce-scatter output
+  FlatBuffer reduce_full_;   // (N) reduce_dtype when it is not fp32
+  FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
+  bool last_micro_batch_ = true;
+  UnitStats stats_;
+};
+
+}  // namespace shardtrain::fsdp

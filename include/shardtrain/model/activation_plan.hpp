@@ -1,0 +1,73 @@
+// The activation memory of one (batch, seq) micro-batch, planned once per shape and placed in one arena.
+// Without checkpointing every decoder layer keeps its own saved tensors; with per-layer checkpointing only
+// the layer inputs (hidden[l]) are kept and all layers share one set, refilled by the recompute in backward.
+// Shapes: N = batch * seq tokens, D hidden, Dkv = kv heads * head_dim, F intermediate, H heads.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "shardtrain/model/config.hpp"
+#include "shardtrain/ops/tensor.hpp"
+
+namespace shardtrain::model {
+
+enum class Checkpointing { None, PerLayer };
+
+// What a decoder layer saves for its backward.
+struct LayerActivations {
+  ops::Tensor n1, rstd1;     // input_layernorm output (N, D) and 1/rms (N)
+  ops::Tensor q, k, v;       // after RoPE: (N, D), (N, Dkv), (N, Dkv)
+  ops::Tensor attn, lse;     // attention output before o_proj (N, D); log-sum-exp (B, H, S)
+  ops::Tensor h, n2, rstd2;  // x + attention (N, D); post_attention_layernorm output (N, D); (N)
+  ops::Tensor gate, up;      // (N, F) each
+};
+
+// Temporaries reused by every layer.
+struct Workspace {
+  ops::Tensor attn_out;                  // o_proj output (N, D)
+  ops::Tensor act;                       // silu(gate) * up (N, F)
+  ops::Tensor grad_hidden[2];            // gradient of the residual stream, ping-pong (N, D)
+  ops::Tensor dh, dn, dattn;             // (N, D)
+  ops::Tensor dq, dk, dv;                // (N, D), (N, Dkv), (N, Dkv)
+  ops::Tensor dact, dgate, dup;          // (N, F)
+};
+
+class ActivationPlan {
+ public:
+  ActivationPlan(const LlamaConfig& config, int64_t batch, int64_t seq, DType dtype, Checkpointing checkpointing);
+  ActivationPlan(const ActivationPlan&) = delete;
+  ActivationPlan& operator=(const ActivationPlan&) = delete;
+
+  int64_t batch() const { return batch_; }
+  int64_t seq() const { return seq_; }
+  size_t bytes() const { return bytes_; }
+  // Points every view into base (bytes() long, 64-byte aligned).
+  void place(void* base);
+  std::string describe() const;  // one line per buffer: name, dtype, shape, bytes
+
+  std::vector<ops::Tensor> hidden;  // (N, D) x L+1: hidden[l] is layer l's input, hidden[L] the last output
+  std::vector<LayerActivations> layers;
+  ops::Tensor segments, positions;  // (B, S) I32
+  ops::Tensor final_norm, final_rstd;  // model.norm output (N, D) and (N)
+  Workspace work;
+
+ private:
+  struct Entry {
+    std::string name;
+    ops::Tensor* view;
+    size_t offset;
+  };
+  void add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape);
+  void add_layer(const std::string& prefix, LayerActivations& a, DType dtype, DType stats);
+
+  int64_t batch_, seq_;
+  Checkpointing checkpointing_;
+  ops::Shape token_shape_, kv_shape_, mlp_shape_, lse_shape_, row_shape_;  // (N, D), (N, Dkv), (N, F), (B, H, S), (N)
+  LayerActivations shared_;
+  std::vector<Entry> entries_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace shardtrain::model

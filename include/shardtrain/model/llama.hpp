@@ -1,0 +1,82 @@
+// LlamaForCausalLM forward and backward over a (batch, seq) micro-batch, on any ops backend.
+// The model owns activations (ActivationPlan, one arena per shape) but never parameters: they come through
+// ParamBinding, which a driver fills, possibly from ModuleHooks callbacks at module boundaries.
+//
+// Usage (one process):
+//   LlamaModel model(config, *ops);                  DenseParams params(model.spec());
+//   params.initialize(); params.bind(model.binding()); params.zero_grads();
+//   LossResult r = model.forward_backward(batch);    // gradients accumulate into the bound grad views
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "shardtrain/model/activation_plan.hpp"
+#include "shardtrain/model/binding.hpp"
+#include "shardtrain/model/hooks.hpp"
+#include "shardtrain/model/spec.hpp"
+#include "shardtrain/ops/host_buffer.hpp"
+#include "shardtrain/ops/ops.hpp"
+
+namespace shardtrain::model {
+
+struct ModelOptions {
+  DType activation_dtype = DType::F32;  // F32 or BF16 (storage; math in fp32); F64 on the CPU for checks
+  Checkpointing checkpointing = Checkpointing::None;
+  int32_t ignore_index = -100;          // targets equal to this add no loss (the seed uses the pad id)
+  int64_t loss_chunk_tokens = 0;        // tokens per lm_head + loss chunk; 0 = about 16M logits per chunk
+};
+
+struct Batch {
+  ops::Tensor input_ids;     // (B, S) I32
+  ops::Tensor targets;       // (B, S) I32; ignore_index where no loss is wanted
+  ops::Tensor document_ids;  // optional (B, S) I32: packed documents attend only within themselves, and
+                             // their positions restart at 0
+  int32_t pad_token_id = -1;  // >= 0: positions whose input is this id attend to nothing and are not attended
+};
+
+struct StepOptions {
+  // Gradients are of loss_scale * (sum of token losses). 0 = 1 / (tokens counted in this micro-batch), the
+  // mean. With gradient accumulation or several ranks, pass 1 / (tokens of the whole global batch).
+  double loss_scale = 0;
+};
+
+struct LossResult {
+  double loss_sum = 0;  // sum of -log p(target) over counted tokens
+  int64_t tokens = 0;   // targets not equal to ignore_index
+  double mean() const { return tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0; }
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(const LlamaConfig& config, ops::Ops& ops, const ModelOptions& options = {});
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  const ModelOptions& options() const { return options_; }
+  ParamBinding& binding() { return binding_; }
+  void set_hooks(ModuleHooks* hooks);  // nullptr: none. Not owned.
+
+  // Loss and gradients (accumulated into the bound gradient views).
+  LossResult forward_backward(const Batch& batch, const StepOptions& step = {});
+  // Loss only (evaluation): no gradient views needed.
+  LossResult forward(const Batch& batch);
+  // Activation buffers for this shape: planned and allocated on first use, reused while the shape repeats.
+  const ActivationPlan& prepare(int64_t batch, int64_t seq);
+
+ private:
+  enum class Mode { Forward, ForwardBackward };
+  LossResult run(const Batch& batch, const StepOptions& step, Mode mode);
+
+  ModelSpec spec_;
+  ops::Ops* ops_;
+  ModelOptions options_;
+  ParamBinding binding_;
+  ModuleHooks no_hooks_;
+  ModuleHooks* hooks_ = &no_hooks_;
+  std::unique_ptr<ActivationPlan> plan_;
+  ops::HostBuffer arena_;
+};
+
+}  // namespace shardtrain::model

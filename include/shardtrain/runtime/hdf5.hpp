@@ -1,0 +1,74 @@
+// Move-only owners of HDF5 handles and the few helpers every HDF5 user in shardtrain needs
+// (datasets, checkpoints): open/create a file with errors that name it, 1-D datasets of
+// u32/i64/f32 (optionally chunked with Fletcher32 checksums), and string/integer attributes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace shardtrain::hdf5 {
+
+using hid = int64_t;  // hid_t, without pulling <hdf5.h> into every includer
+
+// Owns one hid_t and closes it with the H5*close that matches its type (file, group, dataset,
+// dataspace, datatype, attribute, property list).
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(hid id) : id_(id) {}
+  ~Handle();
+  Handle(Handle&& o) noexcept : id_(o.id_) { o.id_ = -1; }
+  Handle& operator=(Handle&& o) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void close();  // closes now; errors are reported as IoError
+
+ private:
+  hid id_ = -1;
+};
+
+enum class FileMode { ReadOnly, ReadWrite };
+enum class Checksum { None, Fletcher32 };
+
+struct DatasetOptions {
+  size_t chunk_elements = 0;  // 0 = contiguous layout; otherwise chunked (required for Fletcher32)
+  Checksum checksum = Checksum::None;
+};
+
+// Opening a missing, truncated or non-HDF5 file throws DataError naming the path and what is wrong.
+Handle open_file(const std::string& path, FileMode mode);
+// Creates (truncating) a file; throws IoError naming the path.
+Handle create_file(const std::string& path);
+Handle create_group(const Handle& parent, const std::string& name);
+Handle open_group(const Handle& parent, const std::string& name);
+bool exists(const Handle& parent, const std::string& path);  // a link (dataset or group) under parent
+
+void write_u32(const Handle& parent, const std::string& name, std::span<const uint32_t> data, DatasetOptions opt = {});
+void write_i64(const Handle& parent, const std::string& name, std::span<const int64_t> data, DatasetOptions opt = {});
+void write_f32(const Handle& parent, const std::string& name, std::span<const float> data, DatasetOptions opt = {});
+void write_u16(const Handle& parent, const std::string& name, std::span<const uint16_t> data, DatasetOptions opt = {});  // bf16 bits
+
+// Reading checks that the dataset exists, is 1-D and has an integer/float class compatible with the
+// requested type; errors (DataError) name the file and dataset. HDF5 converts between widths.
+std::vector<uint32_t> read_u32(const Handle& parent, const std::string& name);
+std::vector<int64_t> read_i64(const Handle& parent, const std::string& name);
+std::vector<float> read_f32(const Handle& parent, const std::string& name);
+size_t dataset_length(const Handle& parent, const std::string& name);
+// Reads elements [offset, offset + out.size()) of a 1-D u32 dataset (a hyperslab).
+void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out);
+void read_f32_range(const Handle& parent, const std::string& name, size_t offset, std::span<float> out);
+
+// Attributes on a file, group or dataset (`object` is a path relative to parent, "." for itself).
+void set_attr(const Handle& parent, const std::string& name, const std::string& value, const std::string& object = ".");
+void set_attr(const Handle& parent, const std::string& name, int64_t value, const std::string& object = ".");
+std::optional<std::string> get_attr_string(const Handle& parent, const std::string& name, const std::string& object = ".");
+std::optional<int64_t> get_attr_int(const Handle& parent, const std::string& name, const std::string& object = ".");
+
+std::string file_name(const Handle& h);  // the file a handle belongs to, for error messages
+
+}  // namespace shardtrain::hdf5

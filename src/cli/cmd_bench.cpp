@@ -1,0 +1,126 @@
+// `shardtrain bench model`: forward+backward time of a Llama model on the CPU backend, in tokens/s and as a
+// fraction of this machine's measured sgemm rate. FLOPs per step follow docs/performance.md:
+//   6 * (matmul parameters per token: q, k, v, o, gate, up, down per layer, plus lm_head) * tokens
+//   + 12 * layers * hidden * seq * tokens (attention scores and values, forward and backward, full S x S)
+// The recompute of activation checkpointing is overhead, not counted as work.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <memory>
+#include <vector>
+
+#include "command.hpp"
+#include "shardtrain/model/dense_params.hpp"
+#include "shardtrain/model/llama.hpp"
+#include "shardtrain/ops/cpu_ops.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+struct BenchModelOptions {
+  int64_t layers = 4, hidden = 256, seq = 256, batch = 4, heads = 4, kv_heads = 0, vocab = 32000, intermediate = 0;
+  int iters = 10, warmup = 2, threads = 0;
+  bool checkpointing = false;
+};
+
+double matmul_params_per_token(const model::LlamaConfig& c) {
+  const double d = static_cast<double>(c.hidden_size), kv = static_cast<double>(c.kv_dim());
+  const double f = static_cast<double>(c.intermediate_size);
+  const double layer = 2 * d * d + 2 * d * kv + 3 * d * f;
+  return static_cast<double>(c.num_hidden_layers) * layer + static_cast<double>(c.vocab_size) * d;
+}
+
+int run_bench_model(const BenchModelOptions& o) {
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  model::LlamaConfig c;
+  c.num_hidden_layers = o.layers;
+  c.hidden_size = o.hidden;
+  c.num_attention_heads = o.heads;
+  c.num_key_value_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  c.intermediate_size = o.intermediate > 0 ? o.intermediate : 4 * o.hidden;
+  c.vocab_size = o.vocab;
+  c.max_position_embeddings = std::max<int64_t>(o.seq, 2048);
+  c.validate();
+
+  fmt::print("measuring the sgemm rate (2048^3, median of 5) on {} threads...\n", threads);
+  const ops::SgemmRate rate = ops::measure_cpu_sgemm(threads);
+  auto backend = ops::make_cpu_ops(ops::CpuOpsOptions{threads});
+  model::ModelOptions mo;
+  mo.checkpointing = o.checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
+  model::LlamaModel llama(c, *backend, mo);
+  model::DenseParams params(llama.spec());
+  params.initialize();
+  params.bind(llama.binding());
+
+  std::vector<int32_t> ids(static_cast<size_t>(o.batch * o.seq)), targets(ids.size());
+  uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    ids[i] = static_cast<int32_t>(x % static_cast<uint64_t>(o.vocab));
+    targets[i] = static_cast<int32_t>((x >> 20) % static_cast<uint64_t>(o.vocab));
+  }
+  model::Batch batch;
+  batch.input_ids = ops::make_tensor(ids.data(), DType::I32, {o.batch, o.seq});
+  batch.targets = ops::make_tensor(targets.data(), DType::I32, {o.batch, o.seq});
+  std::vector<double> seconds;
+  double loss = 0;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    params.zero_grads();
+    const auto t0 = std::chrono::steady_clock::now();
+    loss = llama.forward_backward(batch).mean();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= o.warmup) seconds.push_back(s);
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  const double tokens = static_cast<double>(o.batch * o.seq);
+  const double flops = 6.0 * matmul_params_per_token(c) * tokens +
+                       12.0 * static_cast<double>(c.num_hidden_layers * c.hidden_size * o.seq) * tokens;
+  const double gflops = flops / median * 1e-9;
+  fmt::print("model: layers {} hidden {} heads {}/{} (kv) intermediate {} vocab {} | batch {} x seq {} | "
+             "checkpointing {} | threads {}\n",
+             c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size,
+             c.vocab_size, o.batch, o.seq, o.checkpointing ? "per-layer" : "off", threads);
+  fmt::print("parameters {:.2f} M, activations {:.1f} MiB, loss {:.4f} (ln V = {:.4f})\n",
+             static_cast<double>(llama.spec().num_params()) * 1e-6,
+             static_cast<double>(llama.prepare(o.batch, o.seq).bytes()) / (1 << 20), loss,
+             std::log(static_cast<double>(o.vocab)));
+  fmt::print("{:<34} {:>12}\n", "sgemm 2048^3, OpenBLAS threads", fmt::format("{:.1f} GFLOP/s", rate.openblas_gflops));
+  fmt::print("{:<34} {:>12}\n", "sgemm 2048^3, backend split", fmt::format("{:.1f} GFLOP/s", rate.backend_gflops));
+  fmt::print("{:<34} {:>12}\n", "fwd+bwd median (min, max)",
+             fmt::format("{:.1f} ms ({:.1f}, {:.1f})", median * 1e3, seconds.front() * 1e3, seconds.back() * 1e3));
+  fmt::print("{:<34} {:>12.0f}\n", "tokens/s", tokens / median);
+  fmt::print("{:<34} {:>12}\n", "model FLOP rate", fmt::format("{:.1f} GFLOP/s", gflops));
+  fmt::print("{:<34} {:>12}\n", "fraction of measured sgemm peak", fmt::format("{:.1f} %", 100.0 * gflops / rate.peak_gflops()));
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& parent) {
+  Command c;
+  c.app = parent.add_subcommand("bench", "benchmarks (model: CPU forward+backward against the sgemm peak)");
+  c.app->require_subcommand(1);
+  c.launch = Launch::Offline;
+  auto opts = std::make_shared<BenchModelOptions>();
+  CLI::App* m = c.app->add_subcommand("model", "time forward+backward of a Llama model on the CPU backend");
+  m->add_option("--layers", opts->layers, "decoder layers")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--hidden", opts->hidden, "hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--seq", opts->seq, "sequence length")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--batch", opts->batch, "sequences per micro-batch")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--heads", opts->heads, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--kv-heads", opts->kv_heads, "key/value heads (0 = heads)")->capture_default_str();
+  m->add_option("--vocab", opts->vocab, "vocabulary size")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--intermediate", opts->intermediate, "MLP size (0 = 4 * hidden, as in the seed)")->capture_default_str();
+  m->add_option("--iters", opts->iters, "timed iterations")->capture_default_str()->check(CLI::PositiveNumber);
+  m->add_option("--warmup", opts->warmup, "untimed iterations first")->capture_default_str();
+  m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores)")->capture_default_str();
+  m->add_flag("--checkpointing", opts->checkpointing, "per-layer activation checkpointing");
+  c.run = [opts](Runtime*) { return run_bench_model(*opts); };
+  return c;
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,47 @@
+// `shardtrain prepare-data`: tokenize text/JSONL files with all cores into one HDF5 dataset (docs/data.md).
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "command.hpp"
+#include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/prepare.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace shardtrain::cli {
+
+Command add_prepare_data_command(CLI::App& parent) {
+  auto o = std::make_shared<data::PrepareOptions>();
+  auto format = std::make_shared<std::string>("auto");
+  auto blank_lines = std::make_shared<bool>(false);
+  auto* app = parent.add_subcommand("prepare-data", "tokenize text or JSONL files into an HDF5 token dataset");
+  app->add_option("--tokenizer,-t", o->tokenizer, "*.tiktoken, tokenizer.json, or a folder with one")->required();
+  app->add_option("--input,-i", o->inputs, "text or JSONL files, or folders of them (sorted)")->required();
+  app->add_option("--output,-o", o->output, "the dataset to write, e.g. data/sotu.h5")->required();
+  app->add_option("--format", *format, "auto (*.jsonl/*.json are JSONL), text or jsonl")->capture_default_str();
+  app->add_flag("--blank-line-documents", *blank_lines, "text: one document per blank-line-separated block (default: per file)");
+  app->add_option("--text-field", o->documents.text_field, "JSONL: the field holding the text")->capture_default_str();
+  app->add_option("--validation-fraction", o->validation_fraction, "share of documents held out for validation")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999));
+  app->add_option("--seed", o->seed, "seed of the train/validation choice")->capture_default_str();
+  app->add_option("--threads", o->threads, "tokenizer threads (0: all cores)")->capture_default_str();
+
+  Command c;
+  c.app = app;
+  c.launch = Launch::Offline;
+  c.run = [o, format, blank_lines](Runtime*) {
+    o->documents.format = data::parse_input_format(*format);
+    o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
+    const auto s = data::prepare_dataset(*o);
+    log::info("prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens from {:.1f} MB; "
+              "tokenized at {:.1f} MB/s, {:.1f}s in all; wrote {}",
+              s.files, s.documents, s.train_documents, s.validation_documents,
+              s.empty_documents_skipped ? fmt::format(", {} empty skipped", s.empty_documents_skipped) : std::string(),
+              s.tokens, static_cast<double>(s.bytes) / 1e6, s.mb_per_second(), s.seconds, o->output);
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,183 @@
+// `shardtrain tokenizer train|encode|decode|info`: train a byte-level BPE (tokenizer.json), and inspect
+// how a tokenizer encodes text. Offline: no MPI.
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+
+#include "command.hpp"
+#include "shardtrain/data/bpe_trainer.hpp"
+#include "shardtrain/data/documents.hpp"
+#include "shardtrain/data/tokenizer.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+struct TokenizerArgs {
+  std::vector<std::string> inputs;
+  std::string output = "tokenizer.json";
+  size_t vocab_size = 8192;
+  std::vector<std::string> specials = {"[BOT]", "[EOT]", "[PAD]"};
+  std::string pattern;
+  uint64_t min_frequency = 2;
+  int threads = 0;
+  std::string format = "auto";
+  bool blank_lines = false;
+  std::string text_field = "text";
+  std::string tokenizer;
+  std::string text;
+  std::string input_file;
+  bool json = false;
+  bool recognize_special = false;
+  std::vector<uint32_t> ids;
+};
+
+std::string read_input(const TokenizerArgs& a) {
+  if (!a.text.empty()) return a.text;
+  if (!a.input_file.empty() && a.input_file != "-") {
+    std::ifstream in(a.input_file, std::ios::binary);
+    if (!in) throw DataError(fmt::format("{}: cannot open for reading", a.input_file));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return std::string(std::istreambuf_iterator<char>(std::cin), {});
+}
+
+int run_train(const TokenizerArgs& a) {
+  data::BpeTrainOptions o;
+  o.vocab_size = a.vocab_size;
+  o.special_tokens = a.specials;
+  o.split_pattern = a.pattern;
+  o.min_frequency = a.min_frequency;
+  o.threads = a.threads;
+  o.documents.format = data::parse_input_format(a.format);
+  o.documents.split = a.blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
+  o.documents.text_field = a.text_field;
+  const auto files = data::expand_inputs(a.inputs);
+  const auto r = data::train_bpe(files, o);
+  std::ofstream out(a.output, std::ios::binary);
+  if (!out) throw IoError(fmt::format("{}: cannot open for writing", a.output));
+  out << r.tokenizer_json;
+  out.close();
+  if (!out) throw IoError(fmt::format("{}: write failed", a.output));
+  const auto check = data::Tokenizer::load(a.output);  // what we wrote must load back
+  log::info("tokenizer train: {} files, {:.1f} MB, {} distinct words -> vocab {} ({} merges) in {:.1f}s; wrote {} ({})",
+            files.size(), static_cast<double>(r.input_bytes) / 1e6, r.unique_words, check.vocab_size(), r.merges, r.seconds,
+            a.output, check.hash());
+  return 0;
+}
+
+int run_encode(const TokenizerArgs& a) {
+  const auto tok = data::Tokenizer::load(a.tokenizer);
+  const std::string text = read_input(a);
+  const auto ids = tok.encode(text, a.recognize_special ? data::SpecialTokenMode::Recognize : data::SpecialTokenMode::AsText);
+  if (a.json) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (auto id : ids) pieces.push_back(nlohmann::json(std::string(tok.token_bytes(id))).dump(-1, ' ', false,
+                                                                          nlohmann::json::error_handler_t::replace));
+    std::cout << nlohmann::json{{"tokenizer", tok.name()}, {"ids", ids}, {"count", ids.size()}, {"bytes", text.size()}}.dump()
+              << "\n";
+  } else {
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+    std::cout << line << "\n";
+    log::info("{} tokens for {} bytes ({:.2f} bytes/token) with {}", ids.size(), text.size(),
+              ids.empty() ? 0.0 : static_cast<double>(text.size()) / static_cast<double>(ids.size()), tok.name());
+  }
+  return 0;
+}
+
+int run_decode(const TokenizerArgs& a) {
+  const auto tok = data::Tokenizer::load(a.tokenizer);
+  std::vector<data::TokenId> ids(a.ids.begin(), a.ids.end());
+  if (ids.empty()) {
+    std::string word;
+    while (std::cin >> word) {
+      try {
+        ids.push_back(static_cast<data::TokenId>(std::stoul(word)));
+      } catch (const std::exception&) {
+        throw UsageError(fmt::format("tokenizer decode: '{}' is not a token id", word));
+      }
+    }
+  }
+  std::cout << tok.decode(ids);
+  std::cout.flush();
+  return 0;
+}
+
+int run_info(const TokenizerArgs& a) {
+  const auto tok = data::Tokenizer::load(a.tokenizer);
+  nlohmann::json specials = nlohmann::json::object();
+  for (const auto& s : tok.special_tokens()) specials[s.content] = s.id;
+  auto opt = [](std::optional<data::TokenId> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  std::cout << nlohmann::json{{"name", tok.name()},
+                              {"path", tok.path()},
+                              {"format", data::tokenizer_format_name(tok.format())},
+                              {"hash", tok.hash()},
+                              {"vocab_size", tok.vocab_size()},
+                              {"eot_id", opt(tok.eot_id())},
+                              {"bot_id", opt(tok.bot_id())},
+                              {"pad_id", opt(tok.pad_id())},
+                              {"nfc", tok.normalizes_nfc()},
+                              {"split_patterns", tok.split_patterns()},
+                              {"special_tokens", specials}}
+                   .dump(2)
+            << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_tokenizer_command(CLI::App& parent) {
+  auto args = std::make_shared<TokenizerArgs>();
+  auto* app = parent.add_subcommand("tokenizer", "train a byte-level BPE tokenizer, or inspect one (encode, decode, info)");
+  app->require_subcommand(1);
+
+  auto* train = app->add_subcommand("train", "train a byte-level BPE on text/JSONL files and write a tokenizer.json");
+  train->add_option("--input,-i", args->inputs, "text or JSONL files, or folders of them")->required();
+  train->add_option("--output,-o", args->output, "tokenizer.json to write")->capture_default_str();
+  train->add_option("--vocab-size", args->vocab_size, "vocabulary size: special tokens + 256 bytes + merges")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{260}, size_t{1} << 24));
+  train->add_option("--special", args->specials, "special tokens, given ids 0, 1, ...")->capture_default_str();
+  train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's");
+  train->add_option("--min-frequency", args->min_frequency, "stop when the best pair is rarer")->capture_default_str();
+  train->add_option("--threads", args->threads, "word-counting threads (0: all cores)")->capture_default_str();
+  train->add_option("--format", args->format, "auto, text or jsonl")->capture_default_str();
+  train->add_flag("--blank-line-documents", args->blank_lines, "text: a document per blank-line-separated block");
+  train->add_option("--text-field", args->text_field, "JSONL: the field holding the text")->capture_default_str();
+
+  auto* encode = app->add_subcommand("encode", "print the token ids of text (--text, --input FILE, or stdin)");
+  encode->add_option("--tokenizer,-t", args->tokenizer, "*.tiktoken, tokenizer.json, or a folder")->required();
+  encode->add_option("--text", args->text, "the text to encode");
+  encode->add_option("--input,-i", args->input_file, "file to encode ('-': stdin)");
+  encode->add_flag("--json", args->json, "print a JSON object with the ids");
+  encode->add_flag("--special", args->recognize_special, "encode special-token text as the special token");
+
+  auto* decode = app->add_subcommand("decode", "print the text of token ids (arguments, or whitespace-separated on stdin)");
+  decode->add_option("--tokenizer,-t", args->tokenizer, "*.tiktoken, tokenizer.json, or a folder")->required();
+  decode->add_option("ids", args->ids, "token ids");
+
+  auto* info = app->add_subcommand("info", "print a tokenizer's vocabulary size, special tokens, pattern and hash");
+  info->add_option("--tokenizer,-t", args->tokenizer, "*.tiktoken, tokenizer.json, or a folder")->required();
+
+  Command c;
+  c.app = app;
+  c.launch = Launch::Offline;
+  c.run = [args, train, encode, decode, info](Runtime*) {
+    if (train->parsed()) return run_train(*args);
+    if (encode->parsed()) return run_encode(*args);
+    if (decode->parsed()) return run_decode(*args);
+    if (info->parsed()) return run_info(*args);
+    throw UsageError("tokenizer: expected train, encode, decode or info");
+  };
+  return c;
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,259 @@
+// Tokenizer (load, decode, metadata) and Encoder (split by regex, merge each piece, cache the result).
+#include "shardtrain/data/tokenizer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <unordered_map>
+
+#include "shardtrain/runtime/error.hpp"
+#include "tokenizer_model.hpp"
+#include "utf8.hpp"
+
+namespace shardtrain::data {
+
+const char* tokenizer_format_name(TokenizerFormat f) {
+  switch (f) {
+    case TokenizerFormat::Tiktoken: return "tiktoken";
+    case TokenizerFormat::HuggingFaceJson: return "tokenizer.json";
+    case TokenizerFormat::Gpt2Encoder: return "gpt2-encoder";
+  }
+  return "?";
+}
+
+// The split patterns as published with the encodings (tiktoken, Llama 3). Possessive quantifiers and
+// `$` (end of text only: PCRE2_DOLLAR_ENDONLY) keep PCRE2 equivalent to the Rust engines.
+std::string_view gpt2_split_pattern() {
+  return R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+}
+std::string_view cl100k_split_pattern() {
+  return R"('(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s)";
+}
+std::string_view o200k_split_pattern() {
+  return R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+         R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+         R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+}
+std::string_view llama3_split_pattern() {
+  return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(fs::path(path) / "tokenizer.json")) return load((fs::path(path) / "tokenizer.json").string());
+    if (fs::exists(fs::path(path) / "encoder.json") && fs::exists(fs::path(path) / "vocab.bpe"))
+      return Tokenizer(detail::load_gpt2_encoder(path));
+    throw DataError(fmt::format("{}: folder has neither tokenizer.json nor encoder.json + vocab.bpe", path));
+  }
+  if (!fs::exists(path, ec)) throw DataError(fmt::format("{}: tokenizer file not found", path));
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".tiktoken") return Tokenizer(detail::load_tiktoken(path));
+  if (ext == ".json") return Tokenizer(detail::load_hf_json(detail::read_file(path), path));
+  throw DataError(fmt::format("{}: unknown tokenizer format (expected *.tiktoken, tokenizer.json, or a folder with "
+                              "encoder.json + vocab.bpe)", path));
+}
+
+Tokenizer Tokenizer::from_json_text(const std::string& json_text, const std::string& origin) {
+  return Tokenizer(detail::load_hf_json(json_text, origin));
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, SpecialTokenMode mode) const {
+  Encoder enc(*this, 1 << 12);
+  return enc.encode(text, mode);
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids) const {
+  std::string out;
+  for (TokenId id : ids) {
+    if (id >= model_->id_to_bytes.size() || model_->id_to_bytes[id].empty())
+      throw DataError(fmt::format("token id {} is not in the vocabulary of {} (size {})", id, model_->name, vocab_size()));
+    out += model_->id_to_bytes[id];
+  }
+  return out;
+}
+
+size_t Tokenizer::vocab_size() const { return model_->id_to_bytes.size(); }
+std::string_view Tokenizer::token_bytes(TokenId id) const {
+  return id < model_->id_to_bytes.size() ? std::string_view(model_->id_to_bytes[id]) : std::string_view();
+}
+std::optional<TokenId> Tokenizer::token_id(std::string_view bytes) const {
+  auto s = model_->special_ids.find(std::string(bytes));
+  if (s != model_->special_ids.end()) return s->second;
+  auto t = model_->bytes_to_id.find(std::string(bytes));
+  if (t != model_->bytes_to_id.end()) return t->second;
+  return std::nullopt;
+}
+const std::vector<SpecialToken>& Tokenizer::special_tokens() const { return model_->specials; }
+
+namespace {
+std::optional<TokenId> first_special(const detail::TokenizerModel& m, std::initializer_list<std::string_view> names) {
+  for (auto n : names) {
+    auto it = m.special_ids.find(std::string(n));
+    if (it != m.special_ids.end()) return it->second;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<TokenId> Tokenizer::eot_id() const {
+  return first_special(*model_, {"[EOT]", "<|endoftext|>", "<|end_of_text|>", "</s>", "<|eot_id|>", "<eos>", "<|im_end|>"});
+}
+std::optional<TokenId> Tokenizer::bot_id() const {
+  return first_special(*model_, {"[BOT]", "<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>"});
+}
+std::optional<TokenId> Tokenizer::pad_id() const { return first_special(*model_, {"[PAD]", "<pad>", "<|pad|>", "<|padding|>"}); }
+
+const std::string& Tokenizer::name() const { return model_->name; }
+const std::string& Tokenizer::path() const { return model_->path; }
+const std::string& Tokenizer::hash() const { return model_->hash; }
+TokenizerFormat Tokenizer::format() const { return model_->format; }
+const std::vector<std::string>& Tokenizer::split_patterns() const { return model_->split_patterns; }
+bool Tokenizer::normalizes_nfc() const { return model_->nfc; }
+
+// ---------------------------------------------------------------------------------------------------
+
+namespace {
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+}  // namespace
+
+struct Encoder::State {
+  const detail::TokenizerModel* model;
+  std::shared_ptr<const detail::TokenizerModel> keep;
+  std::vector<pcre2_match_data*> match_data;
+  pcre2_match_context* match_context = nullptr;
+  pcre2_jit_stack* jit_stack = nullptr;
+  size_t cache_entries;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> cache;  // piece -> arena span
+  std::vector<TokenId> arena;
+
+  ~State() {
+    for (auto* md : match_data) pcre2_match_data_free(md);
+    if (match_context) pcre2_match_context_free(match_context);
+    if (jit_stack) pcre2_jit_stack_free(jit_stack);
+  }
+
+  void encode_piece(std::string_view piece, std::vector<TokenId>& out) {
+    if (piece.size() == 1) {
+      out.push_back(model->byte_ids[static_cast<unsigned char>(piece[0])]);
+      return;
+    }
+    auto it = cache.find(piece);
+    if (it != cache.end()) {
+      out.insert(out.end(), arena.begin() + it->second.first, arena.begin() + it->second.first + it->second.second);
+      return;
+    }
+    const size_t before = out.size();
+    detail::bpe_encode_piece(*model, piece, out);
+    if (cache.size() >= cache_entries || arena.size() > (size_t{1} << 30)) {
+      cache.clear();
+      arena.clear();
+    }
+    const auto offset = static_cast<uint32_t>(arena.size());
+    arena.insert(arena.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
+    cache.emplace(std::string(piece), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
+  }
+
+  // Splits `text` with regex `stage` (matches and the gaps between them are both pieces), recursing
+  // into later stages; the last stage's pieces are merged.
+  void split(size_t stage, std::string_view text, std::vector<TokenId>& out) {
+    if (stage == model->splits.size()) {
+      encode_piece(text, out);
+      return;
+    }
+    pcre2_code* code = model->splits[stage]->code();
+    pcre2_match_data* md = match_data[stage];
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    const size_t n = text.size();
+    size_t gap = 0, pos = 0;
+    while (pos < n) {
+      const int rc = pcre2_match(code, subject, n, pos, 0, md, match_context);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        std::array<PCRE2_UCHAR, 256> msg{};
+        pcre2_get_error_message(rc, msg.data(), msg.size());
+        throw DataError(fmt::format("{}: split regex failed: {}", model->path, reinterpret_cast<const char*>(msg.data())));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      const size_t start = ov[0], end = ov[1];
+      if (end == start) {  // an empty match: step over one character and keep searching
+        char32_t cp = 0;
+        pos = start + std::max<size_t>(1, start < n ? detail::utf8_decode(text, start, cp) : 1);
+        continue;
+      }
+      if (start > gap) split(stage + 1, text.substr(gap, start - gap), out);
+      split(stage + 1, text.substr(start, end - start), out);
+      gap = pos = end;
+    }
+    if (gap < n) split(stage + 1, text.substr(gap), out);
+  }
+
+  void encode_text(std::string_view text, std::vector<TokenId>& out) {
+    if (text.empty()) return;
+    std::string owned;
+    if (model->nfc) {
+      owned = detail::nfc_normalize(text);
+      text = owned;
+    }
+    if (model->add_prefix_space && text.front() != ' ') {
+      owned = " " + std::string(text);
+      text = owned;
+    }
+    split(0, text, out);
+  }
+};
+
+Encoder::Encoder(const Tokenizer& tokenizer, size_t cache_entries) : state_(std::make_unique<State>()) {
+  state_->model = tokenizer.model_.get();
+  state_->keep = tokenizer.model_;
+  state_->cache_entries = cache_entries;
+  for (const auto& r : state_->model->splits) {
+    state_->match_data.push_back(pcre2_match_data_create_from_pattern(r->code(), nullptr));
+    if (!state_->match_data.back()) throw DataError("PCRE2: out of memory creating match data");
+  }
+  state_->match_context = pcre2_match_context_create(nullptr);
+  state_->jit_stack = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
+  if (state_->match_context && state_->jit_stack) pcre2_jit_stack_assign(state_->match_context, nullptr, state_->jit_stack);
+}
+
+Encoder::~Encoder() = default;
+Encoder::Encoder(Encoder&&) noexcept = default;
+
+std::vector<TokenId> Encoder::encode(std::string_view text, SpecialTokenMode mode) {
+  std::vector<TokenId> out;
+  out.reserve(text.size() / 3 + 8);
+  encode_append(text, out, mode);
+  return out;
+}
+
+void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode) {
+  const auto& specials = state_->model->specials;
+  if (mode == SpecialTokenMode::AsText || specials.empty()) {
+    state_->encode_text(text, out);
+    return;
+  }
+  // Leftmost special token wins; among those starting at the same byte, the longest (specials are sorted).
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t best = std::string_view::npos;
+    const SpecialToken* hit = nullptr;
+    for (const auto& s : specials) {
+      const size_t at = text.find(s.content, pos);
+      if (at < best) best = at, hit = &s;
+    }
+    if (!hit) break;
+    state_->encode_text(text.substr(pos, best - pos), out);
+    out.push_back(hit->id);
+    pos = best + hit->content.size();
+  }
+  if (pos < text.size()) state_->encode_text(text.substr(pos), out);
+}
+
+size_t Encoder::cache_size() const { return state_->cache.size(); }
+
+}  // namespace shardtrain::data

@@ -1,0 +1,309 @@
+// Loaders: tiktoken rank files, Hugging Face tokenizer.json (byte-level BPE) and GPT-2's encoder.json +
+// vocab.bpe. Each turns its file into a TokenizerModel; anything outside the byte-level BPE family is a
+// DataError that names the file and the field.
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "shardtrain/runtime/error.hpp"
+#include "tokenizer_model.hpp"
+
+namespace shardtrain::data::detail {
+namespace {
+
+using nlohmann::json;
+
+int base64_value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+bool base64_decode(std::string_view in, std::string& out) {
+  out.clear();
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const int v = base64_value(c);
+    if (v < 0) return false;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return true;
+}
+
+struct TiktokenSpec {
+  std::string_view name;
+  std::string_view pattern;
+  std::vector<SpecialToken> specials;
+};
+
+std::vector<TiktokenSpec> tiktoken_specs() {
+  return {
+      {"r50k_base", gpt2_split_pattern(), {{"<|endoftext|>", 50256}}},
+      {"gpt2", gpt2_split_pattern(), {{"<|endoftext|>", 50256}}},
+      {"p50k_base", gpt2_split_pattern(), {{"<|endoftext|>", 50256}}},
+      {"cl100k_base",
+       cl100k_split_pattern(),
+       {{"<|endoftext|>", 100257},
+        {"<|fim_prefix|>", 100258},
+        {"<|fim_middle|>", 100259},
+        {"<|fim_suffix|>", 100260},
+        {"<|im_start|>", 100264},
+        {"<|im_end|>", 100265},
+        {"<|im_sep|>", 100266},
+        {"<|endofprompt|>", 100276}}},
+      {"o200k_base",
+       o200k_split_pattern(),
+       {{"<|endoftext|>", 199999},
+        {"<|fim_prefix|>", 200000},
+        {"<|fim_middle|>", 200001},
+        {"<|fim_suffix|>", 200002},
+        {"<|im_start|>", 200003},
+        {"<|im_end|>", 200004},
+        {"<|im_sep|>", 200005},
+        {"<|endofprompt|>", 200006}}},
+  };
+}
+
+void add_token(TokenizerModel& m, std::string bytes, TokenId id, const std::string& where) {
+  if (id >= m.id_to_bytes.size()) m.id_to_bytes.resize(id + 1);
+  if (!m.id_to_bytes[id].empty())
+    throw DataError(fmt::format("{}: id {} is assigned twice", where, id));
+  m.id_to_bytes[id] = bytes;
+  m.bytes_to_id.emplace(std::move(bytes), id);
+}
+
+// Reads the HF vocabulary (byte-level mapped strings) into the model.
+void load_mapped_vocab(TokenizerModel& m, const json& vocab, const std::string& where) {
+  if (!vocab.is_object()) throw DataError(fmt::format("{}: 'vocab' should be an object of token -> id", where));
+  std::string bytes;
+  for (const auto& [token, idv] : vocab.items()) {
+    if (!idv.is_number_unsigned()) throw DataError(fmt::format("{}: vocab entry '{}' has no integer id", where, token));
+    if (!unmap_byte_level(token, bytes)) {
+      // Added tokens sometimes appear in the vocab unmapped (e.g. "<|endoftext|>" maps to itself anyway);
+      // tokens that are not byte-level strings are only allowed when they are also added tokens.
+      continue;
+    }
+    add_token(m, bytes, idv.get<TokenId>(), where);
+  }
+}
+
+// Reads merges in the string ("a b") or pair (["a", "b"]) format; rank = position in the list.
+void load_mapped_merges(TokenizerModel& m, const json& merges, const std::string& where) {
+  if (!merges.is_array()) throw DataError(fmt::format("{}: 'merges' should be an array", where));
+  std::string a, b, left, right;
+  uint32_t rank = 0;
+  for (const auto& e : merges) {
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) throw DataError(fmt::format("{}: merge {} '{}' is not 'left right'", where, rank, s));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      throw DataError(fmt::format("{}: merge {} is neither 'left right' nor [left, right]", where, rank));
+    }
+    if (!unmap_byte_level(a, left) || !unmap_byte_level(b, right))
+      throw DataError(fmt::format("{}: merge {} ('{}' '{}') is not byte-level", where, rank, a, b));
+    auto l = m.bytes_to_id.find(left), r = m.bytes_to_id.find(right), res = m.bytes_to_id.find(left + right);
+    if (l == m.bytes_to_id.end() || r == m.bytes_to_id.end() || res == m.bytes_to_id.end())
+      throw DataError(fmt::format("{}: merge {} ('{}' '{}') uses or makes a token missing from the vocab", where, rank, a, b));
+    m.merges.emplace(pair_key(l->second, r->second), Merge{rank, res->second});
+    ++rank;
+  }
+}
+
+void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& where, bool& byte_level_seen) {
+  if (pt.is_null()) return;
+  const std::string type = pt.value("type", "");
+  if (type == "Sequence") {
+    for (const auto& p : pt.at("pretokenizers")) apply_pre_tokenizer(m, p, where, byte_level_seen);
+  } else if (type == "ByteLevel") {
+    byte_level_seen = true;
+    if (pt.value("add_prefix_space", false)) m.add_prefix_space = true;
+    if (pt.value("use_regex", true)) m.split_patterns.emplace_back(gpt2_split_pattern());
+  } else if (type == "Split") {
+    const json& pattern = pt.at("pattern");
+    const std::string behavior = pt.value("behavior", "Isolated");
+    if (behavior != "Isolated" || pt.value("invert", false))
+      throw DataError(fmt::format("{}: pre_tokenizer Split with behavior '{}' (invert {}) is not supported; expected Isolated",
+                                  where, behavior, pt.value("invert", false)));
+    if (pattern.contains("Regex")) {
+      m.split_patterns.push_back(pattern["Regex"].get<std::string>());
+    } else if (pattern.contains("String")) {
+      std::string quoted;
+      for (char c : pattern["String"].get<std::string>()) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) quoted.push_back('\\');
+        quoted.push_back(c);
+      }
+      m.split_patterns.push_back(quoted);
+    } else {
+      throw DataError(fmt::format("{}: pre_tokenizer Split needs pattern.Regex or pattern.String", where));
+    }
+  } else {
+    throw DataError(fmt::format("{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split or Sequence)", where, type));
+  }
+}
+
+void apply_normalizer(TokenizerModel& m, const json& n, const std::string& where) {
+  if (n.is_null()) return;
+  const std::string type = n.value("type", "");
+  if (type == "NFC") {
+    m.nfc = true;
+  } else if (type == "Sequence") {
+    for (const auto& e : n.at("normalizers")) apply_normalizer(m, e, where);
+  } else {
+    throw DataError(fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers use none or NFC)", where, type));
+  }
+}
+
+void compile_splits(TokenizerModel& m) {
+  for (const auto& p : m.split_patterns) m.splits.push_back(std::make_unique<Regex>(p, m.path));
+}
+
+}  // namespace
+
+std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path) {
+  auto m = std::make_shared<TokenizerModel>();
+  m->path = path;
+  m->format = TokenizerFormat::Tiktoken;
+  m->whole_piece_lookup = true;
+  const std::string stem = std::filesystem::path(path).stem().string();
+  const std::string text = read_file(path);
+  m->hash = fnv1a64_hex(text);
+  m->name = stem;
+  const TiktokenSpec* spec = nullptr;
+  const auto specs = tiktoken_specs();
+  for (const auto& s : specs)
+    if (s.name == stem) spec = &s;
+  if (!spec)
+    throw DataError(fmt::format("{}: unknown tiktoken encoding '{}': the file name must be r50k_base, p50k_base, cl100k_base "
+                                "or o200k_base (.tiktoken), which picks the split pattern and special tokens",
+                                path, stem));
+  std::istringstream in(text);
+  std::string line, bytes;
+  size_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos || !base64_decode(std::string_view(line).substr(0, sp), bytes) || bytes.empty())
+      throw DataError(fmt::format("{}:{}: expected '<base64 token> <rank>'", path, lineno));
+    TokenId rank = 0;
+    try {
+      rank = static_cast<TokenId>(std::stoul(line.substr(sp + 1)));
+    } catch (const std::exception&) {
+      throw DataError(fmt::format("{}:{}: rank '{}' is not an integer", path, lineno, line.substr(sp + 1)));
+    }
+    add_token(*m, bytes, rank, path);
+  }
+  m->specials = spec->specials;
+  m->split_patterns.emplace_back(spec->pattern);
+  finish_model(*m);
+  derive_tiktoken_merges(*m);
+  compile_splits(*m);
+  return m;
+}
+
+std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+  auto m = std::make_shared<TokenizerModel>();
+  m->path = path;
+  m->format = TokenizerFormat::HuggingFaceJson;
+  m->hash = fnv1a64_hex(text);
+  const std::filesystem::path p(path);
+  m->name = p.has_parent_path() && !p.parent_path().filename().empty()
+                ? p.parent_path().filename().string() + "/" + p.filename().string()
+                : p.filename().string();
+  if (!j.contains("model") || !j["model"].is_object()) throw DataError(fmt::format("{}: field 'model' is missing", path));
+  const json& model = j["model"];
+  const std::string type = model.value("type", "BPE");
+  if (type != "BPE") throw DataError(fmt::format("{}: model.type is '{}'; only byte-level BPE is supported", path, type));
+  if (model.value("byte_fallback", false))
+    throw DataError(fmt::format("{}: model.byte_fallback is set (a SentencePiece-style BPE); only byte-level BPE is supported", path));
+  for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(f) && model[f].is_string() && !model[f].get<std::string>().empty())
+      throw DataError(fmt::format("{}: model.{} is set; byte-level BPE expects none", path, f));
+  }
+  try {
+    m->whole_piece_lookup = model.value("ignore_merges", false);
+    load_mapped_vocab(*m, model.at("vocab"), path);
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+      for (const auto& t : j["added_tokens"]) m->specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
+    }
+    bool byte_level = false;
+    apply_normalizer(*m, j.value("normalizer", json()), path);
+    apply_pre_tokenizer(*m, j.value("pre_tokenizer", json()), path, byte_level);
+    const json decoder = j.value("decoder", json());
+    if (!byte_level && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel"))
+      throw DataError(fmt::format("{}: neither pre_tokenizer nor decoder is ByteLevel; only byte-level BPE is supported", path));
+    // Added tokens take their ids even when the vocab holds them too; remove them from the regular map.
+    for (const auto& s : m->specials) {
+      auto it = m->bytes_to_id.find(s.content);
+      if (it != m->bytes_to_id.end() && it->second == s.id) m->bytes_to_id.erase(it);
+      if (s.id < m->id_to_bytes.size()) m->id_to_bytes[s.id].clear();
+    }
+    finish_model(*m);
+    load_mapped_merges(*m, model.at("merges"), path);
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("{}: unexpected structure: {}", path, e.what()));
+  }
+  compile_splits(*m);
+  return m;
+}
+
+std::shared_ptr<TokenizerModel> load_gpt2_encoder(const std::string& dir) {
+  const std::string enc_path = (std::filesystem::path(dir) / "encoder.json").string();
+  const std::string bpe_path = (std::filesystem::path(dir) / "vocab.bpe").string();
+  const std::string enc_text = read_file(enc_path), bpe_text = read_file(bpe_path);
+  auto m = std::make_shared<TokenizerModel>();
+  m->path = dir;
+  m->name = "gpt2";
+  m->format = TokenizerFormat::Gpt2Encoder;
+  m->hash = fnv1a64_hex(enc_text + bpe_text);
+  json merges = json::array();
+  std::istringstream in(bpe_text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    merges.push_back(line);
+  }
+  try {
+    load_mapped_vocab(*m, json::parse(enc_text), enc_path);
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", enc_path, e.what()));
+  }
+  auto eot = m->bytes_to_id.find("<|endoftext|>");
+  if (eot != m->bytes_to_id.end()) {
+    m->specials.push_back({"<|endoftext|>", eot->second});
+    m->id_to_bytes[eot->second].clear();
+    m->bytes_to_id.erase(eot);
+  }
+  finish_model(*m);
+  load_mapped_merges(*m, merges, bpe_path);
+  m->split_patterns.emplace_back(gpt2_split_pattern());
+  compile_splits(*m);
+  return m;
+}
+
+}  // namespace shardtrain::data::detail

@@ -1,0 +1,82 @@
+// Internal representation shared by the tokenizer loaders, the encoder and the trainer: token bytes,
+// the merge table keyed by (left id, right id), the compiled split regexes and the special tokens.
+#pragma once
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "shardtrain/data/tokenizer.hpp"
+
+namespace shardtrain::data::detail {
+
+// Owns a compiled PCRE2 pattern (UTF, UCP, invalid UTF-8 allowed in subjects, JIT-compiled).
+class Regex {
+ public:
+  Regex(const std::string& pattern, const std::string& origin);  // throws DataError naming origin
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  pcre2_code* code() const { return code_; }
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  std::string pattern_;
+};
+
+struct Merge {
+  uint32_t rank = 0;
+  TokenId result = 0;
+};
+
+inline uint64_t pair_key(TokenId a, TokenId b) { return (static_cast<uint64_t>(a) << 32) | b; }
+
+struct TokenizerModel {
+  std::string name, path, hash;
+  TokenizerFormat format = TokenizerFormat::Tiktoken;
+  std::vector<std::string> id_to_bytes;                // regular and special tokens; "" = unused id
+  std::unordered_map<std::string, TokenId> bytes_to_id;  // regular tokens only
+  std::array<TokenId, 256> byte_ids{};                 // the token of each single byte
+  std::unordered_map<uint64_t, Merge> merges;          // pair_key(left, right) -> rank, result
+  bool whole_piece_lookup = false;  // a piece that is itself a token is emitted directly (tiktoken, ignore_merges)
+  bool nfc = false;
+  bool add_prefix_space = false;
+  std::vector<std::unique_ptr<Regex>> splits;  // applied in order: each stage splits the previous pieces
+  std::vector<SpecialToken> specials;          // sorted by content length, longest first
+  std::unordered_map<std::string, TokenId> special_ids;
+  std::vector<std::string> split_patterns;
+};
+
+// GPT-2's reversible byte <-> printable code point mapping used by byte-level vocabularies.
+const std::array<char32_t, 256>& byte_to_codepoint();
+// Decodes a vocabulary string of mapped code points back to raw bytes; false if a code point is unmapped.
+bool unmap_byte_level(std::string_view mapped, std::string& out);
+std::string map_byte_level(std::string_view bytes);
+
+std::string fnv1a64_hex(std::string_view data);
+std::string read_file(const std::string& path);  // throws DataError naming the file
+
+// Fills byte_ids and the (left, right) -> result merge table of a tiktoken-style model, where every
+// split of a token into two tokens may merge, with the token's rank as its priority.
+void derive_tiktoken_merges(TokenizerModel& m);
+void finish_model(TokenizerModel& m);  // byte_ids check, specials sorting; throws DataError
+
+// Merges one piece (raw bytes) into ids appended to out.
+void bpe_encode_piece(const TokenizerModel& m, std::string_view piece, std::vector<TokenId>& out);
+
+std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path);
+std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std::string& path);
+std::shared_ptr<TokenizerModel> load_gpt2_encoder(const std::string& dir);
+
+// NFC-normalizes the valid UTF-8 runs of text (invalid bytes are kept as they are).
+std::string nfc_normalize(std::string_view text);
+
+}  // namespace shardtrain::data::detail

@@ -1,0 +1,30 @@
+// FSDP options: names and validation.
+#include "shardtrain/fsdp/config.hpp"
+
+#include <fmt/format.h>
+
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::fsdp {
+
+const char* grad_accumulation_name(GradAccumulation g) {
+  return g == GradAccumulation::NoSync ? "no_sync" : "reduce_each";
+}
+
+GradAccumulation parse_grad_accumulation(std::string_view t) {
+  if (t == "reduce_each" || t == "lean") return GradAccumulation::ReduceEachMicroBatch;
+  if (t == "no_sync") return GradAccumulation::NoSync;
+  throw ConfigError(fmt::format("fsdp.grad_accumulation: unknown mode '{}' (expected reduce_each or no_sync)", t));
+}
+
+void FsdpConfig::validate() const {
+  if (param_dtype != DType::F32 && param_dtype != DType::BF16)
+    throw ConfigError(fmt::format("fsdp.param_dtype: {} is not supported (expected fp32 or bf16)", dtype_name(param_dtype)));
+  if (reduce_dtype != DType::F32 && reduce_dtype != DType::BF16)
+    throw ConfigError(fmt::format("fsdp.reduce_dtype: {} is not supported (expected fp32 or bf16)", dtype_name(reduce_dtype)));
+  if (forward_prefetch < 0) throw ConfigError(fmt::format("fsdp.forward_prefetch: {} (expected 0 or more)", forward_prefetch));
+  if (backward_prefetch < 0) throw ConfigError(fmt::format("fsdp.backward_prefetch: {} (expected 0 or more)", backward_prefetch));
+  if (shard_size < 0) throw ConfigError(fmt::format("fsdp.shard_size: {} (expected 0 or more)", shard_size));
+}
+
+}  // namespace shardtrain::fsdp

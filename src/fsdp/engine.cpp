@@ -1,0 +1,332 @@
+// The FSDP engine: unshard before use, reshard after, reduce gradients when a unit's backward ends.
+// Units are visited through the model's module hooks; every parameter a module reads (ModuleInfo::uses)
+// makes its unit gathered, which also covers tied weights and nested units.
+#include "shardtrain/fsdp/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "shardtrain/model/init.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::fsdp {
+
+struct FsdpEngine::Unit {
+  const UnitSpec* spec = nullptr;
+  FlatLayout layout;
+  FlatBuffer master;     // (N/S) fp32
+  FlatBuffer grad;       // (N/S) fp32
+  FlatBuffer full;       // (N) param_dtype, while gathered
+  FlatBuffer full_grad;  // (N) fp32, from the unit's first backward until its reduction
+  bool gathered = false;
+  bool backward_started = false;  // in this micro-batch
+  int64_t shard() const { return layout.shard_numel(); }
+  bool empty() const { return layout.entries.empty(); }
+};
+
+namespace {
+void host_add(const float* x, float* y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+}  // namespace
+
+FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshComms& comms, ops::Ops& ops,
+                       const FsdpConfig& config, MemoryLedger& ledger)
+    : model_(&model),
+      mesh_(&mesh),
+      comms_(&comms),
+      ops_(&ops),
+      config_(config),
+      ledger_(&ledger),
+      param_pool_(ops.device(), &ledger, MemoryCategory::UnshardedParams),
+      grad_pool_(ops.device(), &ledger, MemoryCategory::UnshardedGrads) {
+  config_.validate();
+  if (config_.strategy != mesh.strategy()) {
+    throw InternalError(fmt::format("FSDP config strategy {} differs from the mesh's {}", sharding_strategy_name(config_.strategy),
+                                    sharding_strategy_name(mesh.strategy())));
+  }
+  const model::ModelSpec& spec = model.spec();
+  unit_specs_ = plan_units(spec, config_.wrap);
+  unit_of_param_.assign(spec.params().size(), -1);
+  first_use_unit_.assign(spec.modules().size(), -1);
+  const int S = mesh.shard_size();
+  const int my = mesh.coord().shard;
+  const Placement shard_place = config_.offload_params ? Placement::PinnedHost : Placement::Compute;
+  for (const UnitSpec& us : unit_specs_) {
+    auto u = std::make_unique<Unit>();
+    u->spec = &us;
+    u->layout = make_flat_layout(spec, us.params, S);
+    for (int p : us.params) unit_of_param_[p] = us.index;
+    if (us.first_use >= 0) first_use_unit_[us.first_use] = us.index;
+    const size_t shard_bytes = static_cast<size_t>(u->shard()) * sizeof(float);
+    u->master = FlatBuffer(ops.device(), shard_place, shard_bytes, &ledger, MemoryCategory::ShardedParams);
+    u->grad = FlatBuffer(ops.device(), shard_place, shard_bytes, &ledger, MemoryCategory::ShardedGrads);
+    ShardView v;
+    v.unit = us.index;
+    v.param = static_cast<float*>(u->master.data());
+    v.grad = static_cast<float*>(u->grad.data());
+    v.numel = u->shard();
+    v.flat_begin = u->layout.shard_begin(my);
+    v.ranges = u->layout.ranges(v.flat_begin, v.flat_begin + v.numel);
+    for (ParamRange& r : v.ranges) {
+      r.begin -= v.flat_begin;
+      r.end -= v.flat_begin;
+    }
+    v.device = u->master.device();
+    shard_views_.push_back(std::move(v));
+    units_.push_back(std::move(u));
+  }
+  // Default prefetch schedules: the next units in forward order, and in backward order.
+  const int n = static_cast<int>(units_.size());
+  std::vector<int> backward_order(n);
+  for (int i = 0; i < n; ++i) backward_order[i] = i;
+  std::sort(backward_order.begin(), backward_order.end(),
+            [&](int a, int b) { return unit_specs_[a].last_use > unit_specs_[b].last_use; });
+  forward_prefetch_.assign(n, {});
+  backward_prefetch_.assign(n, {});
+  for (int i = 0; i < n; ++i) {
+    for (int k = 1; k <= config_.forward_prefetch && i + k < n; ++k) forward_prefetch_[i].push_back(i + k);
+    for (int k = 1; k <= config_.backward_prefetch && i + k < n; ++k)
+      backward_prefetch_[backward_order[i]].push_back(backward_order[i + k]);
+  }
+  // Scratch for offload staging and reduce_dtype buffers, sized once for the largest unit.
+  int64_t max_n = 0, max_shard = 0;
+  for (const auto& u : units_) {
+    max_n = std::max(max_n, u->layout.padded_numel);
+    max_shard = std::max(max_shard, u->shard());
+  }
+  stage_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+  reduce_shard_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+  if (config_.reduce_dtype != DType::F32) {
+    reduce_full_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_n) * dtype_size(config_.reduce_dtype),
+                              &ledger, MemoryCategory::CommBuffers);
+  }
+  if (config_.offload_params) {
+    host_stage_ = FlatBuffer(ops.device(), Placement::PinnedHost, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+  }
+  zero_grad();
+}
+
+FsdpEngine::~FsdpEngine() {
+  model_->set_hooks(nullptr);
+  for (const model::ParamInfo& p : model_->spec().params()) model_->binding().unbind(p.index);
+}
+
+const FlatLayout& FsdpEngine::layout(int unit) const { return units_.at(static_cast<size_t>(unit))->layout; }
+
+void FsdpEngine::initialize(uint64_t seed) {
+  const model::ModelSpec& spec = model_->spec();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = *units_[i];
+    const ShardView& v = shard_views_[i];
+    std::vector<float> host(static_cast<size_t>(v.numel), 0.0f);  // padding stays zero
+    for (const ParamRange& r : v.ranges) {
+      model::init_param_slice(spec.param(r.param), seed, r.param_offset,
+                              ops::make_tensor(host.data() + r.begin, DType::F32, {r.end - r.begin}));
+    }
+    copy_async(u.master.data(), host.data(), host.size() * sizeof(float), {});
+  }
+  stream_synchronize({});
+  if (config_.sync_module_states) sync_module_states();
+}
+
+void FsdpEngine::sync_module_states() {
+  if (mesh_->replicate_size() == 1) return;
+  Communicator& rep = comms_->replicate();
+  for (auto& u : units_) {
+    if (u->master.device() == DeviceKind::Cpu || rep.space() == MemorySpace::Device) {
+      if (u->master.device() == DeviceKind::Cpu && rep.space() == MemorySpace::Device) {
+        copy_async(stage_.data(), u->master.data(), u->master.size(), {});
+        rep.broadcast(stage_.data(), static_cast<size_t>(u->shard()), DType::F32, 0);
+        copy_async(u->master.data(), stage_.data(), u->master.size(), {});
+        stream_synchronize({});
+      } else {
+        rep.broadcast(u->master.data(), static_cast<size_t>(u->shard()), DType::F32, 0);
+      }
+    }
+  }
+}
+
+void FsdpEngine::zero_grad() {
+  for (auto& u : units_) {
+    if (u->grad.device() == DeviceKind::Cpu) std::memset(u->grad.data(), 0, u->grad.size());
+    else ops_->fill(u->grad.view(DType::F32, 0, {u->shard()}), 0.0);
+    if (u->full_grad) grad_pool_.release(std::move(u->full_grad));
+  }
+}
+
+void FsdpEngine::unshard(Unit& u) {
+  if (u.gathered || u.empty()) return;
+  const DType pd = config_.param_dtype;
+  const int64_t N = u.layout.padded_numel, n = u.shard();
+  const size_t bytes = static_cast<size_t>(N) * dtype_size(pd);
+  if (u.spec->is_root) {
+    u.full = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::UnshardedParams);
+  } else {
+    u.full = param_pool_.acquire(bytes);
+    stats_.max_outstanding = std::max(stats_.max_outstanding, param_pool_.outstanding());
+  }
+  const int rank = mesh_->coord().shard;
+  const ops::Tensor slice = u.full.view(pd, rank * n, {n});
+  if (config_.offload_params) {  // master shard lives on the host: copy it up, then cast
+    copy_async(stage_.data(), u.master.data(), static_cast<size_t>(n) * 4, {});
+    ops_->copy(stage_.view(DType::F32, 0, {n}), slice);
+  } else {
+    ops_->copy(u.master.view(DType::F32, 0, {n}), slice);
+  }
+  if (mesh_->shard_size() > 1) {
+    comms_->shard().all_gather(slice.data, u.full.data(), static_cast<size_t>(n), pd);
+    ++stats_.gathers;
+  }
+  const model::ModelSpec& spec = model_->spec();
+  for (const FlatEntry& e : u.layout.entries) {
+    model_->binding().bind_param(e.param, u.full.view(pd, e.offset, model::param_shape(spec.param(e.param))));
+  }
+  u.gathered = true;
+}
+
+void FsdpEngine::reshard(Unit& u) {
+  if (!u.gathered) return;
+  for (const FlatEntry& e : u.layout.entries) model_->binding().unbind(e.param);
+  if (u.spec->is_root) u.full = FlatBuffer();
+  else param_pool_.release(std::move(u.full));
+  u.gathered = false;
+}
+
+void FsdpEngine::begin_unit_backward(Unit& u) {
+  unshard(u);
+  if (u.backward_started || u.empty()) return;
+  u.backward_started = true;
+  if (!u.full_grad) {  // in no_sync mode it survives from the previous micro-batch
+    u.full_grad = grad_pool_.acquire(static_cast<size_t>(u.layout.padded_numel) * 4);
+    ops_->fill(u.full_grad.view(DType::F32, 0, {u.layout.padded_numel}), 0.0);
+  }
+  const model::ModelSpec& spec = model_->spec();
+  for (const FlatEntry& e : u.layout.entries) {
+    model_->binding().bind_grad(e.param, u.full_grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))));
+  }
+}
+
+// Reduce-scatter (shard axis) in reduce_dtype, all-reduce of the shard (replicate axis), then add into
+// the fp32 gradient shard. Each rank's contribution is already scaled by 1 / (global tokens), so the
+// sums are the global mean gradient.
+void FsdpEngine::reduce_gradients(Unit& u) {
+  const DType rd = config_.reduce_dtype;
+  const int64_t N = u.layout.padded_numel, n = u.shard();
+  const int S = mesh_->shard_size(), R = mesh_->replicate_size();
+  ops::Tensor full = u.full_grad.view(DType::F32, 0, {N});
+  if (rd != DType::F32) {
+    const ops::Tensor cast = reduce_full_.view(rd, 0, {N});
+    ops_->copy(full, cast);
+    full = cast;
+  }
+  ops::Tensor shard = full;  // S == 1: the whole buffer is this rank's shard
+  if (S > 1) {
+    shard = reduce_shard_.view(rd, 0, {n});
+    comms_->shard().reduce_scatter(full.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum);
+  }
+  if (R > 1) comms_->replicate().all_reduce(shard.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum);
+  ops::Tensor shard_f32 = shard;
+  if (rd != DType::F32) {
+    shard_f32 = stage_.view(DType::F32, 0, {n});
+    ops_->copy(shard, shard_f32);
+  }
+  if (config_.offload_params) {  // reduced gradients go down to the host shard
+    copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
+    stream_synchronize({});
+    host_add(static_cast<const float*>(host_stage_.data()), static_cast<float*>(u.grad.data()), n);
+  } else {
+    ops_->add(shard_f32, u.grad.view(DType::F32, 0, {n}));
+  }
+  grad_pool_.release(std::move(u.full_grad));
+}
+
+void FsdpEngine::ensure_forward(int module) {
+  for (int p : model_->spec().module(module).uses) {
+    Unit& u = *units_[unit_of_param_[p]];
+    if (u.gathered) continue;
+    unshard(u);
+    for (int v : forward_prefetch_[u.spec->index]) unshard(*units_[v]);
+  }
+}
+
+void FsdpEngine::ensure_backward(int module) {
+  for (int p : model_->spec().module(module).uses) {
+    Unit& u = *units_[unit_of_param_[p]];
+    if (u.backward_started) continue;
+    begin_unit_backward(u);
+    for (int v : backward_prefetch_[u.spec->index]) unshard(*units_[v]);
+  }
+}
+
+void FsdpEngine::before_forward(int module, model::ForwardPhase phase) {
+  if (phase == model::ForwardPhase::Recompute) {
+    for (int p : model_->spec().module(module).uses) unshard(*units_[unit_of_param_[p]]);
+    return;
+  }
+  ensure_forward(module);
+}
+
+void FsdpEngine::after_forward(int module, model::ForwardPhase phase) {
+  if (phase == model::ForwardPhase::Recompute || !config_.reshards_after_forward()) return;
+  for (auto& u : units_) {
+    if (u->spec->last_use == module && !u->spec->is_root && !u->backward_started) reshard(*u);
+  }
+}
+
+void FsdpEngine::before_backward(int module) { ensure_backward(module); }
+
+void FsdpEngine::after_backward(int module) {
+  const int ui = first_use_unit_[module];
+  if (ui < 0) return;
+  Unit& u = *units_[ui];
+  if (config_.accumulation == GradAccumulation::ReduceEachMicroBatch || last_micro_batch_) reduce_gradients(u);
+  reshard(u);
+  u.backward_started = false;
+}
+
+model::LossResult FsdpEngine::forward_backward(const model::Batch& batch, double loss_scale, bool last_micro_batch) {
+  last_micro_batch_ = last_micro_batch;
+  model_->set_hooks(this);
+  model::StepOptions step;
+  step.loss_scale = loss_scale;
+  const model::LossResult r = model_->forward_backward(batch, step);
+  release_all();
+  return r;
+}
+
+model::LossResult FsdpEngine::forward(const model::Batch& batch) {
+  model_->set_hooks(this);
+  const model::LossResult r = model_->forward(batch);
+  release_all();
+  return r;
+}
+
+void FsdpEngine::release_all() {
+  for (auto& u : units_) {
+    reshard(*u);
+    u->backward_started = false;
+  }
+  stream_synchronize({});
+}
+
+std::vector<float> FsdpEngine::gather_unit(int unit) {
+  Unit& u = *units_.at(static_cast<size_t>(unit));
+  const int64_t N = u.layout.padded_numel, n = u.shard();
+  std::vector<float> out(static_cast<size_t>(N));
+  FlatBuffer full(ops_->device(), Placement::Compute, static_cast<size_t>(N) * 4, ledger_, MemoryCategory::CommBuffers);
+  float* slice = static_cast<float*>(full.data()) + mesh_->coord().shard * n;
+  copy_async(slice, u.master.data(), static_cast<size_t>(n) * 4, {});
+  if (mesh_->shard_size() > 1) comms_->shard().all_gather(slice, full.data(), static_cast<size_t>(n), DType::F32);
+  copy_async(out.data(), full.data(), out.size() * 4, {});
+  stream_synchronize({});
+  return out;
+}
+
+void FsdpEngine::set_forward_prefetch(int unit, std::vector<int> units) { forward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units); }
+void FsdpEngine::set_backward_prefetch(int unit, std::vector<int> units) { backward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units); }
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,89 @@
+// Sizes and places the activation buffers of one micro-batch shape (see activation_plan.hpp).
+#include "shardtrain/model/activation_plan.hpp"
+
+#include <fmt/format.h>
+
+#include "shardtrain/ops/host_buffer.hpp"
+
+namespace shardtrain::model {
+
+ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq, DType dtype,
+                               Checkpointing checkpointing)
+    : batch_(batch), seq_(seq), checkpointing_(checkpointing) {
+  const int64_t n = batch * seq, d = c.hidden_size, f = c.intermediate_size, kv = c.kv_dim();
+  const DType stats = dtype == DType::F64 ? DType::F64 : DType::F32;
+  const auto layers = static_cast<size_t>(c.num_hidden_layers);
+  token_shape_ = {n, d};
+  kv_shape_ = {n, kv};
+  mlp_shape_ = {n, f};
+  lse_shape_ = {batch, c.num_attention_heads, seq};
+  row_shape_ = {n};
+  hidden.resize(layers + 1);
+  this->layers.resize(layers);
+  add("segments", &segments, DType::I32, {batch, seq});
+  add("positions", &positions, DType::I32, {batch, seq});
+  for (size_t l = 0; l <= layers; ++l) add(fmt::format("hidden[{}]", l), &hidden[l], dtype, {n, d});
+  if (checkpointing == Checkpointing::PerLayer) {
+    add_layer("recompute.", shared_, dtype, stats);
+  } else {
+    for (size_t l = 0; l < layers; ++l) add_layer(fmt::format("layers[{}].", l), this->layers[l], dtype, stats);
+  }
+  add("final_norm", &final_norm, dtype, {n, d});
+  add("final_rstd", &final_rstd, stats, {n});
+  Workspace& w = work;
+  add("work.attn_out", &w.attn_out, dtype, {n, d});
+  add("work.act", &w.act, dtype, {n, f});
+  add("work.grad_hidden[0]", &w.grad_hidden[0], dtype, {n, d});
+  add("work.grad_hidden[1]", &w.grad_hidden[1], dtype, {n, d});
+  add("work.dh", &w.dh, dtype, {n, d});
+  add("work.dn", &w.dn, dtype, {n, d});
+  add("work.dattn", &w.dattn, dtype, {n, d});
+  add("work.dq", &w.dq, dtype, {n, d});
+  add("work.dk", &w.dk, dtype, {n, kv});
+  add("work.dv", &w.dv, dtype, {n, kv});
+  add("work.dact", &w.dact, dtype, {n, f});
+  add("work.dgate", &w.dgate, dtype, {n, f});
+  add("work.dup", &w.dup, dtype, {n, f});
+}
+
+void ActivationPlan::add_layer(const std::string& p, LayerActivations& a, DType dtype, DType stats) {
+  add(p + "n1", &a.n1, dtype, token_shape_);
+  add(p + "rstd1", &a.rstd1, stats, row_shape_);
+  add(p + "q", &a.q, dtype, token_shape_);
+  add(p + "k", &a.k, dtype, kv_shape_);
+  add(p + "v", &a.v, dtype, kv_shape_);
+  add(p + "attn", &a.attn, dtype, token_shape_);
+  add(p + "lse", &a.lse, stats, lse_shape_);
+  add(p + "h", &a.h, dtype, token_shape_);
+  add(p + "n2", &a.n2, dtype, token_shape_);
+  add(p + "rstd2", &a.rstd2, stats, row_shape_);
+  add(p + "gate", &a.gate, dtype, mlp_shape_);
+  add(p + "up", &a.up, dtype, mlp_shape_);
+}
+
+void ActivationPlan::add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape) {
+  view->dtype = dtype;
+  view->shape = shape;
+  view->device = DeviceKind::Cpu;
+  view->data = nullptr;
+  entries_.push_back(Entry{std::move(name), view, bytes_});
+  const size_t a = ops::HostBuffer::kAlignment;
+  bytes_ += (view->bytes() + a - 1) / a * a;
+}
+
+void ActivationPlan::place(void* base) {
+  for (Entry& e : entries_) e.view->data = static_cast<char*>(base) + e.offset;
+  if (checkpointing_ == Checkpointing::PerLayer)
+    for (LayerActivations& a : layers) a = shared_;
+}
+
+std::string ActivationPlan::describe() const {
+  std::string s = fmt::format("activation plan for batch {} x seq {}: {:.2f} MiB\n", batch_, seq_,
+                              static_cast<double>(bytes_) / (1 << 20));
+  for (const Entry& e : entries_)
+    s += fmt::format("  {:<24} {:<5} {:<18} {:>12} B\n", e.name, dtype_name(e.view->dtype), e.view->shape.str(),
+                     e.view->bytes());
+  return s;
+}
+
+}  // namespace shardtrain::model

@@ -1,0 +1,107 @@
+// Private helpers of the CPU backend: the per-backend context (threads, scratch), dtype dispatch, and
+// load/store between storage types (f32, bf16, f64) and the compute type (f32, or f64 for f64 storage).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "shardtrain/ops/host_buffer.hpp"
+#include "shardtrain/ops/ops.hpp"
+#include "shardtrain/runtime/dtype.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::ops::cpu {
+
+// Scratch slots: each op uses its own slots so nested helpers never overwrite a caller's buffer.
+enum class Slot { GemmA, GemmB, GemmC, Weight, WeightGrad, Logits, LossRows, Count };
+
+struct Context {
+  int threads = 1;
+  std::vector<HostBuffer> scratch = std::vector<HostBuffer>(static_cast<size_t>(Slot::Count));
+
+  template <typename T> T* scratch_for(Slot slot, int64_t count) {
+    HostBuffer& b = scratch[static_cast<size_t>(slot)];
+    b.reserve(static_cast<size_t>(count) * sizeof(T));
+    return b.as<T>();
+  }
+};
+
+template <typename T> struct compute_type { using type = float; };
+template <> struct compute_type<double> { using type = double; };
+template <typename T> using acc_t = typename compute_type<T>::type;
+
+template <typename T> inline acc_t<T> load(const T& v) { return static_cast<acc_t<T>>(v); }
+template <typename T, typename A> inline void store(T& dst, A v) {
+  if constexpr (std::is_same_v<T, bf16>) dst = bf16(static_cast<float>(v));
+  else dst = static_cast<T>(v);
+}
+
+template <typename... Args>
+inline void require(bool ok, const char* op, fmt::format_string<Args...> f, Args&&... args) {
+  if (!ok) throw InternalError(fmt::format("{}: {}", op, fmt::format(f, std::forward<Args>(args)...)));
+}
+
+inline void require_cpu(const Tensor& t, const char* op, const char* name) {
+  require(t.defined(), op, "{} is not bound", name);
+  require(t.device == DeviceKind::Cpu, op, "{} is not in host memory", name);
+}
+
+inline void require_float(const Tensor& t, const char* op, const char* name) {
+  require_cpu(t, op, name);
+  require(dtype_is_float(t.dtype), op, "{} has dtype {}, expected f32, bf16 or f64", name, dtype_name(t.dtype));
+}
+
+inline void require_i32(const Tensor& t, const char* op, const char* name) {
+  require_cpu(t, op, name);
+  require(t.dtype == DType::I32, op, "{} has dtype {}, expected i32", name, dtype_name(t.dtype));
+}
+
+inline void require_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
+  require(t.numel() == n, op, "{} {} has {} elements, expected {}", name, t.shape.str(), t.numel(), n);
+}
+
+// f64 never mixes with the fp32 family: an op whose main tensor is f64 needs every float tensor f64.
+inline void require_same_family(const Tensor& main, const Tensor& other, const char* op, const char* name) {
+  if (!other.defined()) return;
+  require((main.dtype == DType::F64) == (other.dtype == DType::F64), op, "{} is {} but the activations are {}",
+          name, dtype_name(other.dtype), dtype_name(main.dtype));
+}
+
+// Calls f(T{}) with T the storage type of dtype t.
+template <typename F> decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::F32: return f(float{});
+    case DType::BF16: return f(bf16{});
+    case DType::F64: return f(double{});
+    default: break;
+  }
+  throw InternalError(fmt::format("{}: unsupported dtype {}", op, dtype_name(t)));
+}
+
+// A float tensor in compute type A: the tensor's own memory when it already is A, else a converted copy.
+template <typename A> const A* as_compute(Context& ctx, Slot slot, const Tensor& t) {
+  if (t.dtype == dtype_of_v<A>) return t.as<const A>();
+  A* out = ctx.scratch_for<A>(slot, t.numel());
+  const int64_t n = t.numel();
+  dispatch_float(t.dtype, "as_compute", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = t.as<const T>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<A>(load(in[i]));
+  });
+  return out;
+}
+
+// dst += src (src in compute type A, dst any float dtype).
+template <typename A> void accumulate_into(const A* src, const Tensor& dst) {
+  const int64_t n = dst.numel();
+  dispatch_float(dst.dtype, "accumulate_into", [&](auto tag) {
+    using T = decltype(tag);
+    T* out = dst.as<T>();
+    for (int64_t i = 0; i < n; ++i) store(out[i], load(out[i]) + src[i]);
+  });
+}
+
+}  // namespace shardtrain::ops::cpu

@@ -1,0 +1,154 @@
+// Cross-entropy with ignore_index, alone and fused with lm_head. The fused form forms logits for a chunk
+// of tokens (chunk x V), turns them into the loss and dlogits in place, and immediately folds them into
+// dh and dW, so full-vocabulary probabilities exist for one chunk at a time.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels.hpp"
+
+namespace shardtrain::ops::cpu {
+namespace {
+
+void check_targets(const int32_t* t, int64_t n, int64_t vocab, int32_t ignore_index) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] != ignore_index && (t[i] < 0 || t[i] >= vocab))
+      throw DataError(fmt::format("target {} at position {} is outside the vocabulary [0, {}) and is not "
+                                  "ignore_index {}", t[i], i, vocab, ignore_index));
+  }
+}
+
+// One row of logits z (V) in place: returns -log softmax(z)[target]; when grad, z becomes
+// scale * (softmax(z) - onehot(target)). Ignored rows return 0 and, with grad, become zeros.
+template <typename A> A loss_row(A* z, int64_t vocab, int32_t target, int32_t ignore_index, A scale, bool grad) {
+  if (target == ignore_index) {
+    if (grad) std::fill(z, z + vocab, A(0));
+    return 0;
+  }
+  const A zt = z[target];
+  A m = z[0];
+  for (int64_t j = 1; j < vocab; ++j) m = std::max(m, z[j]);
+  A l = 0;
+  if (grad) {
+    for (int64_t j = 0; j < vocab; ++j) {
+      z[j] = std::exp(z[j] - m);
+      l += z[j];
+    }
+  } else {
+    for (int64_t j = 0; j < vocab; ++j) l += std::exp(z[j] - m);
+  }
+  const A lse = m + std::log(l);
+  const A loss = lse - zt;
+  if (!grad) return loss;
+  const A f = scale / l;
+#pragma omp simd
+  for (int64_t j = 0; j < vocab; ++j) z[j] *= f;
+  z[target] -= scale;
+  return loss;
+}
+
+}  // namespace
+
+LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                       double grad_scale, const Tensor& dlogits) {
+  const char* op = "cross_entropy";
+  require_float(logits, op, "logits");
+  require_i32(targets, op, "targets");
+  const int64_t n = logits.shape.rows(), vocab = logits.shape.cols();
+  require_numel(targets, n, op, "targets");
+  const bool grad = dlogits.defined();
+  if (grad) require(dlogits.dtype == logits.dtype && dlogits.numel() == logits.numel(), op, "dlogits {} is not like logits", dlogits.describe());
+  const int32_t* t = targets.as<const int32_t>();
+  check_targets(t, n, vocab, ignore_index);
+  LossSums sums;
+  dispatch_float(logits.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    A* rows = ctx.scratch_for<A>(Slot::Logits, n * vocab);
+    A* row_loss = ctx.scratch_for<A>(Slot::LossRows, n);
+    const T* z = logits.as<const T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n * vocab > (1 << 14))
+    for (int64_t i = 0; i < n; ++i) {
+      A* r = rows + i * vocab;
+      for (int64_t j = 0; j < vocab; ++j) r[j] = load(z[i * vocab + j]);
+      row_loss[i] = loss_row(r, vocab, t[i], ignore_index, static_cast<A>(grad_scale), grad);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (t[i] == ignore_index) continue;
+      sums.loss_sum += static_cast<double>(row_loss[i]);
+      ++sums.tokens;
+    }
+    if (grad) {
+      T* dz = dlogits.as<T>();
+      for (int64_t i = 0; i < n * vocab; ++i) store(dz[i], rows[i]);
+    }
+  });
+  return sums;
+}
+
+LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weight, const Tensor& targets,
+                              int32_t ignore_index, double grad_scale, int64_t chunk_tokens, const Tensor& dh,
+                              const Tensor& dweight) {
+  const char* op = "linear_cross_entropy";
+  require_float(h, op, "h");
+  require_float(weight, op, "weight");
+  require_i32(targets, op, "targets");
+  require_same_family(h, weight, op, "weight");
+  const int64_t n = h.shape.rows(), d = h.shape.cols(), vocab = weight.shape.rows();
+  require(weight.shape.cols() == d, op, "weight {} does not match hidden size {}", weight.shape.str(), d);
+  require_numel(targets, n, op, "targets");
+  const bool grad = dh.defined();
+  if (grad) {
+    require(dh.dtype == h.dtype && dh.numel() == h.numel(), op, "dh {} is not shaped like h", dh.describe());
+    require_float(dweight, op, "dweight");
+    require_same_family(h, dweight, op, "dweight");
+    require_numel(dweight, vocab * d, op, "dweight");
+  }
+  const int32_t* t = targets.as<const int32_t>();
+  check_targets(t, n, vocab, ignore_index);
+  // Default: about 16M logits (64 MiB in fp32) per chunk; more rows per chunk make the dW GEMM (K = rows) efficient.
+  if (chunk_tokens <= 0) chunk_tokens = std::clamp<int64_t>((int64_t{16} << 20) / std::max<int64_t>(vocab, 1), 64, 4096);
+  LossSums sums;
+  dispatch_float(h.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    // Everything in the compute type: weight and h widened once, dW summed in a compute-type buffer
+    // unless dweight already is one.
+    const A* w = as_compute<A>(ctx, Slot::Weight, weight);
+    const A* hc = as_compute<A>(ctx, Slot::GemmA, h);
+    const bool dw_direct = grad && dweight.dtype == dtype_of_v<A>;
+    A* dw = nullptr;
+    if (grad) {
+      dw = dw_direct ? dweight.as<A>() : ctx.scratch_for<A>(Slot::WeightGrad, vocab * d);
+      if (!dw_direct) std::fill(dw, dw + vocab * d, A(0));
+    }
+    const bool dh_direct = grad && dh.dtype == dtype_of_v<A>;
+    A* dh_buf = grad ? (dh_direct ? dh.as<A>() : ctx.scratch_for<A>(Slot::GemmC, n * d)) : nullptr;
+    A* logits = ctx.scratch_for<A>(Slot::Logits, std::min(chunk_tokens, n) * vocab);
+    A* row_loss = ctx.scratch_for<A>(Slot::LossRows, n);
+    for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
+      const int64_t rows = std::min(chunk_tokens, n - c0);
+      // (rows, V) = h[c0 : c0+rows] @ W^T
+      gemm_raw<A>(ctx.threads, Transpose::No, Transpose::Yes, rows, vocab, d, A(1), hc + c0 * d, d, w, d, A(0), logits, vocab);
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (rows * vocab > (1 << 14))
+      for (int64_t i = 0; i < rows; ++i)
+        row_loss[c0 + i] = loss_row(logits + i * vocab, vocab, t[c0 + i], ignore_index, static_cast<A>(grad_scale), grad);
+      if (!grad) continue;
+      // dh (rows, D) = dlogits @ W;  dW (V, D) += dlogits^T @ h
+      gemm_raw<A>(ctx.threads, Transpose::No, Transpose::No, rows, d, vocab, A(1), logits, vocab, w, d, A(0), dh_buf + c0 * d, d);
+      gemm_raw<A>(ctx.threads, Transpose::Yes, Transpose::No, vocab, d, rows, A(1), logits, vocab, hc + c0 * d, d, A(1), dw, d);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (t[i] == ignore_index) continue;
+      sums.loss_sum += static_cast<double>(row_loss[i]);
+      ++sums.tokens;
+    }
+    if (grad && !dh_direct) {
+      T* out = dh.as<T>();
+      for (int64_t i = 0; i < n * d; ++i) store(out[i], dh_buf[i]);
+    }
+    if (grad && !dw_direct) accumulate_into(dw, dweight);
+  });
+  return sums;
+}
+
+}  // namespace shardtrain::ops::cpu

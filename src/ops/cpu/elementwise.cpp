@@ -1,0 +1,182 @@
+// Fill, copy/cast, add, embedding and SwiGLU on the CPU: flat OpenMP loops over elements or rows.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels.hpp"
+
+namespace shardtrain::ops::cpu {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 14;  // below this many elements a loop runs on one thread
+
+template <typename A> inline A sigmoid(A x) { return A(1) / (A(1) + std::exp(-x)); }
+
+}  // namespace
+
+void fill(Context& ctx, const Tensor& out, double value) {
+  require_float(out, "fill", "out");
+  const int64_t n = out.numel();
+  dispatch_float(out.dtype, "fill", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = out.as<T>();
+    T v;
+    store(v, static_cast<acc_t<T>>(value));
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+  });
+}
+
+void copy(Context& ctx, const Tensor& src, const Tensor& dst) {
+  require_float(src, "copy", "src");
+  require_float(dst, "copy", "dst");
+  require_numel(dst, src.numel(), "copy", "dst");
+  const int64_t n = src.numel();
+  dispatch_float(src.dtype, "copy", [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_float(dst.dtype, "copy", [&](auto dtag) {
+      using T = decltype(dtag);
+      const S* in = src.as<const S>();
+      T* out = dst.as<T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<S, T>) out[i] = in[i];
+        else store(out[i], static_cast<double>(load(in[i])));
+      }
+    });
+  });
+}
+
+void add(Context& ctx, const Tensor& x, const Tensor& y) {
+  require_float(x, "add", "x");
+  require_float(y, "add", "y");
+  require_numel(y, x.numel(), "add", "y");
+  require_same_family(y, x, "add", "x");
+  const int64_t n = x.numel();
+  dispatch_float(y.dtype, "add", [&](auto ytag) {
+    using T = decltype(ytag);
+    using A = acc_t<T>;
+    const A* in = as_compute<A>(ctx, Slot::GemmA, x);
+    T* out = y.as<T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) store(out[i], load(out[i]) + in[i]);
+  });
+}
+
+void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out) {
+  const char* op = "embedding_forward";
+  require_i32(ids, op, "ids");
+  require_float(table, op, "table");
+  require_float(out, op, "out");
+  require_same_family(out, table, op, "table");
+  const int64_t n = ids.numel(), vocab = table.shape.rows(), d = table.shape.cols();
+  require(out.numel() == n * d && out.shape.cols() == d, op, "out is {}, expected ({}, {})", out.shape.str(), n, d);
+  const int32_t* id = ids.as<const int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (id[i] < 0 || id[i] >= vocab)
+      throw DataError(fmt::format("token id {} at position {} is outside the vocabulary [0, {})", id[i], i, vocab));
+  }
+  dispatch_float(table.dtype, op, [&](auto ttag) {
+    using S = decltype(ttag);
+    dispatch_float(out.dtype, op, [&](auto otag) {
+      using T = decltype(otag);
+      const S* tab = table.as<const S>();
+      T* o = out.as<T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n * d > kParallelMin)
+      for (int64_t i = 0; i < n; ++i) {
+        const S* row = tab + id[i] * d;
+        T* dst = o + i * d;
+        for (int64_t j = 0; j < d; ++j) {
+          if constexpr (std::is_same_v<S, T>) dst[j] = row[j];
+          else store(dst[j], static_cast<double>(load(row[j])));
+        }
+      }
+    });
+  });
+}
+
+void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  const char* op = "embedding_backward";
+  require_i32(ids, op, "ids");
+  require_float(dout, op, "dout");
+  require_float(dtable, op, "dtable");
+  require_same_family(dout, dtable, op, "dtable");
+  const int64_t n = ids.numel(), vocab = dtable.shape.rows(), d = dtable.shape.cols();
+  require(dout.numel() == n * d, op, "dout is {}, expected ({}, {})", dout.shape.str(), n, d);
+  const int32_t* id = ids.as<const int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (id[i] < 0 || id[i] >= vocab)
+      throw DataError(fmt::format("token id {} at position {} is outside the vocabulary [0, {})", id[i], i, vocab));
+  }
+  // Threads own column ranges, and each walks the tokens in order: no races, and the same sums at any
+  // thread count.
+  dispatch_float(dout.dtype, op, [&](auto gtag) {
+    using G = decltype(gtag);
+    dispatch_float(dtable.dtype, op, [&](auto ttag) {
+      using T = decltype(ttag);
+      const G* g = dout.as<const G>();
+      T* tab = dtable.as<T>();
+      constexpr int64_t kBlock = 64;
+      const int64_t blocks = (d + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n * d > kParallelMin)
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t j0 = blk * kBlock, j1 = std::min(d, j0 + kBlock);
+        for (int64_t i = 0; i < n; ++i) {
+          T* row = tab + id[i] * d;
+          const G* src = g + i * d;
+          for (int64_t j = j0; j < j1; ++j) store(row[j], load(row[j]) + load(src[j]));
+        }
+      }
+    });
+  });
+}
+
+void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const char* op = "swiglu_forward";
+  require_float(gate, op, "gate");
+  require(up.dtype == gate.dtype && out.dtype == gate.dtype, op, "gate, up and out must share a dtype");
+  require_numel(up, gate.numel(), op, "up");
+  require_numel(out, gate.numel(), op, "out");
+  const int64_t n = gate.numel();
+  dispatch_float(gate.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const T* g = gate.as<const T>();
+    const T* u = up.as<const T>();
+    T* o = out.as<T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const A x = load(g[i]);
+      store(o[i], x * sigmoid(x) * load(u[i]));
+    }
+  });
+}
+
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup) {
+  const char* op = "swiglu_backward";
+  require_float(gate, op, "gate");
+  for (const Tensor* t : {&dout, &up, &dgate, &dup}) {
+    require(t->dtype == gate.dtype, op, "all tensors must share the dtype of gate ({})", dtype_name(gate.dtype));
+    require_numel(*t, gate.numel(), op, "tensor");
+  }
+  const int64_t n = gate.numel();
+  dispatch_float(gate.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const T* go = dout.as<const T>();
+    const T* g = gate.as<const T>();
+    const T* u = up.as<const T>();
+    T* dg = dgate.as<T>();
+    T* du = dup.as<T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const A x = load(g[i]), y = load(u[i]), d = load(go[i]);
+      const A s = sigmoid(x);
+      const A silu = x * s;
+      store(du[i], d * silu);
+      store(dg[i], d * y * (s + silu * (A(1) - s)));  // d silu/dx = s (1 + x (1 - s))
+    }
+  });
+}
+
+}  // namespace shardtrain::ops::cpu

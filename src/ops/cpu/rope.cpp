@@ -1,0 +1,60 @@
+// Rotary position embedding, rotate-half convention (x1 = first half of a head, x2 = second half):
+// forward (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); backward applies the transpose (the rotation by
+// -angle) to a gradient. Angles are formed in the compute type, as Hugging Face does in fp32.
+#include <cmath>
+#include <vector>
+
+#include "kernels.hpp"
+
+namespace shardtrain::ops::cpu {
+namespace {
+
+template <typename T>
+void rope_rows(Context& ctx, const Tensor& x, const int32_t* pos, double theta, RopeDirection direction) {
+  using A = acc_t<T>;
+  const int64_t heads = x.shape[1], dh = x.shape[2], half = dh / 2, n = x.shape[0];
+  std::vector<A> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<size_t>(i)] = A(1) / std::pow(static_cast<A>(theta), static_cast<A>(2 * i) / static_cast<A>(dh));
+  const A sign = direction == RopeDirection::Forward ? A(1) : A(-1);
+  T* base = x.as<T>();
+#pragma omp parallel num_threads(ctx.threads) if (n * heads * dh > (1 << 14))
+  {
+    std::vector<A> cs(static_cast<size_t>(dh));  // cos in [0, half), signed sin in [half, dh)
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const A p = static_cast<A>(pos[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const A angle = p * inv_freq[static_cast<size_t>(i)];
+        cs[static_cast<size_t>(i)] = std::cos(angle);
+        cs[static_cast<size_t>(half + i)] = sign * std::sin(angle);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        T* row = base + (t * heads + h) * dh;
+        for (int64_t i = 0; i < half; ++i) {
+          const A c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
+          const A x1 = load(row[i]), x2 = load(row[i + half]);
+          store(row[i], x1 * c - x2 * s);
+          store(row[i + half], x2 * c + x1 * s);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope(Context& ctx, const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) {
+  const char* op = "rope";
+  require_float(x, op, "x");
+  require_i32(positions, op, "positions");
+  require(x.shape.rank == 3, op, "x must be (tokens, heads, head_dim), got {}", x.shape.str());
+  require(x.shape[2] % 2 == 0, op, "head_dim {} is odd", x.shape[2]);
+  require_numel(positions, x.shape[0], op, "positions");
+  dispatch_float(x.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    rope_rows<T>(ctx, x, positions.as<const int32_t>(), theta, direction);
+  });
+}
+
+}  // namespace shardtrain::ops::cpu

@@ -1,0 +1,298 @@
+// RAII HDF5 handles and 1-D dataset / attribute helpers (see hdf5.hpp). HDF5's automatic error
+// printing is silenced while a helper runs: failures become exceptions that name the file and object.
+#include "shardtrain/runtime/hdf5.hpp"
+
+#include <hdf5.h>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::hdf5 {
+namespace {
+
+// Turns HDF5's stderr error dump off for the lifetime of the object and restores it after.
+class QuietErrors {
+ public:
+  QuietErrors() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  QuietErrors(const QuietErrors&) = delete;
+  QuietErrors& operator=(const QuietErrors&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+herr_t close_any(hid_t id) {
+  switch (H5Iget_type(id)) {
+    case H5I_FILE: return H5Fclose(id);
+    case H5I_GROUP: return H5Gclose(id);
+    case H5I_DATASET: return H5Dclose(id);
+    case H5I_DATASPACE: return H5Sclose(id);
+    case H5I_DATATYPE: return H5Tclose(id);
+    case H5I_ATTR: return H5Aclose(id);
+    case H5I_GENPROP_LST: return H5Pclose(id);
+    default: return H5Idec_ref(id);
+  }
+}
+
+Handle owned(hid_t id) { return Handle(static_cast<hid>(id)); }
+
+template <typename T>
+hid_t native_type();
+template <>
+hid_t native_type<uint32_t>() { return H5T_NATIVE_UINT32; }
+template <>
+hid_t native_type<int64_t>() { return H5T_NATIVE_INT64; }
+template <>
+hid_t native_type<float>() { return H5T_NATIVE_FLOAT; }
+template <>
+hid_t native_type<uint16_t>() { return H5T_NATIVE_UINT16; }
+
+template <typename T>
+void write_1d(const Handle& parent, const std::string& name, std::span<const T> data, DatasetOptions opt) {
+  QuietErrors quiet;
+  const hsize_t n = data.size();
+  Handle space = owned(ST_CHECK_HDF5(H5Screate_simple(1, &n, nullptr)));
+  Handle dcpl = owned(ST_CHECK_HDF5(H5Pcreate(H5P_DATASET_CREATE)));
+  if (opt.checksum == Checksum::Fletcher32 && opt.chunk_elements == 0) opt.chunk_elements = 1 << 20;
+  if (opt.chunk_elements > 0 && n > 0) {
+    const hsize_t chunk = std::min<hsize_t>(opt.chunk_elements, n);
+    ST_CHECK_HDF5(H5Pset_chunk(dcpl.get(), 1, &chunk));
+    if (opt.checksum == Checksum::Fletcher32) ST_CHECK_HDF5(H5Pset_fletcher32(dcpl.get()));
+  }
+  const hid_t dset = H5Dcreate2(parent.get(), name.c_str(), native_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
+  if (dset < 0) throw IoError(fmt::format("{}: cannot create dataset '{}'", file_name(parent), name));
+  Handle ds = owned(dset);
+  if (n > 0 && H5Dwrite(ds.get(), native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
+    throw IoError(fmt::format("{}: cannot write dataset '{}' ({} elements)", file_name(parent), name, n));
+}
+
+Handle open_1d(const Handle& parent, const std::string& name, size_t* length, H5T_class_t want) {
+  if (!exists(parent, name))
+    throw DataError(fmt::format("{}: dataset '{}' is missing", file_name(parent), name));
+  const hid_t d = H5Dopen2(parent.get(), name.c_str(), H5P_DEFAULT);
+  if (d < 0) throw DataError(fmt::format("{}: '{}' is not a readable dataset", file_name(parent), name));
+  Handle ds = owned(d);
+  Handle space = owned(ST_CHECK_HDF5(H5Dget_space(ds.get())));
+  if (H5Sget_simple_extent_ndims(space.get()) != 1)
+    throw DataError(fmt::format("{}: dataset '{}' should be 1-D", file_name(parent), name));
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  Handle type = owned(ST_CHECK_HDF5(H5Dget_type(ds.get())));
+  if (H5Tget_class(type.get()) != want)
+    throw DataError(fmt::format("{}: dataset '{}' has the wrong type class (expected {})", file_name(parent), name,
+                                want == H5T_INTEGER ? "integer" : "float"));
+  *length = n;
+  return ds;
+}
+
+template <typename T>
+std::vector<T> read_1d(const Handle& parent, const std::string& name, H5T_class_t cls) {
+  QuietErrors quiet;
+  size_t n = 0;
+  Handle ds = open_1d(parent, name, &n, cls);
+  std::vector<T> out(n);
+  if (n > 0 && H5Dread(ds.get(), native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
+    throw DataError(fmt::format("{}: cannot read dataset '{}' (truncated or corrupt file? checksum mismatch?)",
+                                file_name(parent), name));
+  return out;
+}
+
+Handle open_attr_target(const Handle& parent, const std::string& object) {
+  const hid_t o = H5Oopen(parent.get(), object.c_str(), H5P_DEFAULT);
+  if (o < 0) throw DataError(fmt::format("{}: object '{}' not found", file_name(parent), object));
+  return Handle(static_cast<hid>(o));
+}
+
+}  // namespace
+
+Handle::~Handle() {
+  if (id_ >= 0) close_any(static_cast<hid_t>(id_));
+}
+
+Handle& Handle::operator=(Handle&& o) noexcept {
+  if (this != &o) {
+    if (id_ >= 0) close_any(static_cast<hid_t>(id_));
+    id_ = o.id_;
+    o.id_ = -1;
+  }
+  return *this;
+}
+
+void Handle::close() {
+  if (id_ < 0) return;
+  const hid_t id = static_cast<hid_t>(id_);
+  id_ = -1;
+  QuietErrors quiet;
+  if (close_any(id) < 0) throw IoError("HDF5: closing a handle failed (data may not have been flushed)");
+}
+
+Handle open_file(const std::string& path, FileMode mode) {
+  QuietErrors quiet;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw DataError(fmt::format("{}: no such file", path));
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) throw DataError(fmt::format("{}: not an HDF5 file (no HDF5 signature)", path));
+  const hid_t f = H5Fopen(path.c_str(), mode == FileMode::ReadOnly ? H5F_ACC_RDONLY : H5F_ACC_RDWR, H5P_DEFAULT);
+  if (f < 0) throw DataError(fmt::format("{}: cannot open as HDF5 (truncated or corrupt file?)", path));
+  return owned(f);
+}
+
+Handle create_file(const std::string& path) {
+  QuietErrors quiet;
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) throw IoError(fmt::format("{}: cannot create HDF5 file (does the folder exist and is it writable?)", path));
+  return owned(f);
+}
+
+Handle create_group(const Handle& parent, const std::string& name) {
+  QuietErrors quiet;
+  const hid_t g = H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (g < 0) throw IoError(fmt::format("{}: cannot create group '{}'", file_name(parent), name));
+  return owned(g);
+}
+
+Handle open_group(const Handle& parent, const std::string& name) {
+  QuietErrors quiet;
+  const hid_t g = exists(parent, name) ? H5Gopen2(parent.get(), name.c_str(), H5P_DEFAULT) : -1;
+  if (g < 0) throw DataError(fmt::format("{}: group '{}' is missing", file_name(parent), name));
+  return owned(g);
+}
+
+bool exists(const Handle& parent, const std::string& path) {
+  QuietErrors quiet;
+  // Check each component, since H5Lexists fails (rather than returning 0) on a missing intermediate.
+  size_t pos = 0;
+  while (true) {
+    const size_t slash = path.find('/', pos);
+    const std::string prefix = path.substr(0, slash);
+    if (!prefix.empty() && H5Lexists(parent.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (slash == std::string::npos) return true;
+    pos = slash + 1;
+  }
+}
+
+void write_u32(const Handle& p, const std::string& n, std::span<const uint32_t> d, DatasetOptions o) { write_1d(p, n, d, o); }
+void write_i64(const Handle& p, const std::string& n, std::span<const int64_t> d, DatasetOptions o) { write_1d(p, n, d, o); }
+void write_f32(const Handle& p, const std::string& n, std::span<const float> d, DatasetOptions o) { write_1d(p, n, d, o); }
+void write_u16(const Handle& p, const std::string& n, std::span<const uint16_t> d, DatasetOptions o) { write_1d(p, n, d, o); }
+std::vector<uint32_t> read_u32(const Handle& p, const std::string& n) { return read_1d<uint32_t>(p, n, H5T_INTEGER); }
+std::vector<int64_t> read_i64(const Handle& p, const std::string& n) { return read_1d<int64_t>(p, n, H5T_INTEGER); }
+std::vector<float> read_f32(const Handle& p, const std::string& n) { return read_1d<float>(p, n, H5T_FLOAT); }
+
+size_t dataset_length(const Handle& parent, const std::string& name) {
+  QuietErrors quiet;
+  size_t n = 0;
+  open_1d(parent, name, &n, H5T_INTEGER);
+  return n;
+}
+
+namespace {
+template <typename T>
+void read_range(const Handle& parent, const std::string& name, size_t offset, std::span<T> out, H5T_class_t cls) {
+  QuietErrors quiet;
+  size_t n = 0;
+  Handle ds = open_1d(parent, name, &n, cls);
+  if (offset + out.size() > n)
+    throw DataError(fmt::format("{}: range [{}, {}) is past the end of '{}' ({} elements)", file_name(parent), offset,
+                                offset + out.size(), name, n));
+  if (out.empty()) return;
+  Handle fspace = owned(ST_CHECK_HDF5(H5Dget_space(ds.get())));
+  const hsize_t start = offset, count = out.size();
+  ST_CHECK_HDF5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr));
+  Handle mspace = owned(ST_CHECK_HDF5(H5Screate_simple(1, &count, nullptr)));
+  // A failed read here is most often a Fletcher32 mismatch: the data on disk was corrupted.
+  if (H5Dread(ds.get(), native_type<T>(), mspace.get(), fspace.get(), H5P_DEFAULT, out.data()) < 0)
+    throw DataError(fmt::format("{}: cannot read '{}' [{}, {}) (corrupted data fails its checksum)", file_name(parent), name,
+                                offset, offset + out.size()));
+}
+}  // namespace
+
+void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out) {
+  read_range(parent, name, offset, out, H5T_INTEGER);
+}
+
+void read_f32_range(const Handle& parent, const std::string& name, size_t offset, std::span<float> out) {
+  read_range(parent, name, offset, out, H5T_FLOAT);
+}
+
+void set_attr(const Handle& parent, const std::string& name, const std::string& value, const std::string& object) {
+  QuietErrors quiet;
+  Handle target = open_attr_target(parent, object);
+  if (H5Aexists(target.get(), name.c_str()) > 0) ST_CHECK_HDF5(H5Adelete(target.get(), name.c_str()));
+  Handle type = owned(ST_CHECK_HDF5(H5Tcopy(H5T_C_S1)));
+  ST_CHECK_HDF5(H5Tset_size(type.get(), std::max<size_t>(value.size(), 1)));
+  ST_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  Handle space = owned(ST_CHECK_HDF5(H5Screate(H5S_SCALAR)));
+  Handle attr = owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
+  const std::string padded = value.empty() ? std::string(1, '\0') : value;
+  ST_CHECK_HDF5(H5Awrite(attr.get(), type.get(), padded.data()));
+}
+
+void set_attr(const Handle& parent, const std::string& name, int64_t value, const std::string& object) {
+  QuietErrors quiet;
+  Handle target = open_attr_target(parent, object);
+  if (H5Aexists(target.get(), name.c_str()) > 0) ST_CHECK_HDF5(H5Adelete(target.get(), name.c_str()));
+  Handle space = owned(ST_CHECK_HDF5(H5Screate(H5S_SCALAR)));
+  Handle attr = owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
+  ST_CHECK_HDF5(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value));
+}
+
+std::optional<std::string> get_attr_string(const Handle& parent, const std::string& name, const std::string& object) {
+  QuietErrors quiet;
+  Handle target = open_attr_target(parent, object);
+  if (H5Aexists(target.get(), name.c_str()) <= 0) return std::nullopt;
+  Handle attr = owned(ST_CHECK_HDF5(H5Aopen(target.get(), name.c_str(), H5P_DEFAULT)));
+  Handle type = owned(ST_CHECK_HDF5(H5Aget_type(attr.get())));
+  if (H5Tget_class(type.get()) != H5T_STRING)
+    throw DataError(fmt::format("{}: attribute '{}' should be a string", file_name(parent), name));
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* s = nullptr;
+    Handle mem = owned(ST_CHECK_HDF5(H5Tcopy(H5T_C_S1)));
+    ST_CHECK_HDF5(H5Tset_size(mem.get(), H5T_VARIABLE));
+    ST_CHECK_HDF5(H5Aread(attr.get(), mem.get(), &s));
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t size = H5Tget_size(type.get());
+  std::string out(size, '\0');
+  ST_CHECK_HDF5(H5Aread(attr.get(), type.get(), out.data()));
+  while (!out.empty() && out.back() == '\0') out.pop_back();
+  return out;
+}
+
+std::optional<int64_t> get_attr_int(const Handle& parent, const std::string& name, const std::string& object) {
+  QuietErrors quiet;
+  Handle target = open_attr_target(parent, object);
+  if (H5Aexists(target.get(), name.c_str()) <= 0) return std::nullopt;
+  Handle attr = owned(ST_CHECK_HDF5(H5Aopen(target.get(), name.c_str(), H5P_DEFAULT)));
+  Handle type = owned(ST_CHECK_HDF5(H5Aget_type(attr.get())));
+  if (H5Tget_class(type.get()) != H5T_INTEGER)
+    throw DataError(fmt::format("{}: attribute '{}' should be an integer", file_name(parent), name));
+  int64_t v = 0;
+  ST_CHECK_HDF5(H5Aread(attr.get(), H5T_NATIVE_INT64, &v));
+  return v;
+}
+
+std::string file_name(const Handle& h) {
+  if (!h.valid()) return "<closed HDF5 handle>";
+  const ssize_t n = H5Fget_name(h.get(), nullptr, 0);
+  if (n <= 0) return "<HDF5>";
+  std::string s(static_cast<size_t>(n) + 1, '\0');
+  H5Fget_name(h.get(), s.data(), s.size());
+  s.resize(static_cast<size_t>(n));
+  return s;
+}
+
+}  // namespace shardtrain::hdf5

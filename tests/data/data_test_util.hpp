@@ -1,0 +1,118 @@
+// Shared helpers for the data tests: where scripts/fetch-data.sh put the corpus and tokenizers, real
+// text samples, and reference ids from the JavaScript tokenizers (tests/data/reference_ids.mjs, run by node).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "shardtrain/data/tokenizer.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::data::testing {
+
+namespace fs = std::filesystem;
+
+inline fs::path fetched_dir() {
+  if (const char* env = std::getenv("SHARDTRAIN_FETCH_DIR")) return env;
+  return fs::path(SHARDTRAIN_SOURCE_DIR) / "data" / "fetched";
+}
+
+// Fails the test (never skips) when the fetched data is missing: these tests must not pass silently.
+inline bool require_fetched() {
+  if (!fs::exists(fetched_dir() / "tokenizers") || !fs::exists(fetched_dir() / "corpus")) {
+    ADD_FAILURE() << "fetched data missing in " << fetched_dir().string() << ": run ./scripts/fetch-data.sh first";
+    return false;
+  }
+  return true;
+}
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return std::move(ss).str();
+}
+
+inline std::vector<fs::path> sorted_files(const fs::path& dir, const std::string& ext) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ext) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// About `bytes` of real text: State of the Union addresses and Moby Dick chapters, alternately.
+inline std::vector<std::string> real_texts(size_t bytes) {
+  const auto sotu = sorted_files(fetched_dir() / "corpus" / "sotu", ".txt");
+  const auto moby = sorted_files(fetched_dir() / "corpus" / "moby-dick", ".txt");
+  std::vector<std::string> out;
+  size_t total = 0;
+  for (size_t i = 0; total < bytes && (i < sotu.size() || i < moby.size()); ++i) {
+    for (const auto* list : {&sotu, &moby}) {
+      if (i >= list->size() || total >= bytes) continue;
+      // Spread over the years: every 7th address, so old and modern English both appear.
+      const auto& path = list == &sotu ? (*list)[(i * 7) % list->size()] : (*list)[i];
+      out.push_back(slurp(path));
+      total += out.back().size();
+    }
+  }
+  return out;
+}
+
+// Hand-made strings for what real prose rarely has: whitespace runs, contractions, digits, emoji, scripts.
+inline std::vector<std::string> edge_texts() {
+  return {
+      "Hello world",
+      "  leading and trailing spaces   ",
+      "tabs\tand\t\ttabs \t \n\n\nnewlines\r\n\r\nCRLF   \n  \n",
+      "I'm sure they'll say it's what we've done, isn't it? You'd, we're, I'VE, SHE'LL, HE'D",
+      "Numbers: 1 12 123 1234 12345 3.14159 1,000,000 2021-11-22 0x1F 1e-9 ٣٤٥ ⅫⅪ",
+      "Emoji: 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🇺🇸 🤗 ❤️ ✨🚀",
+      "Ünïcödé: café naïve résumé Ångström, Straße, ĳ, ﬁ ligature, e\u0301 combining",
+      "中文文本，日本語のテキスト、한국어 텍스트. Русский текст. Ελληνικά. עברית. العربية.",
+      "Code: for (int i = 0; i < n; ++i) { x[i] += y[i] * 2; } // comment\n    return x;",
+      "URLs https://example.com/path?q=1&r=2#frag and emails someone@example.org",
+      "Punctuation!!! ??? ... --- *** ((())) [[]] {{}} <<>> \"quotes\" 'single' `back`",
+      "                                                                                 x",
+      "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n",
+      "a\u00a0b\u2003c\u3000d\u200be",
+      "MixedCASE camelCase snake_case kebab-case SCREAMING_CASE",
+      "'s 't 're 've 'm 'll 'd ''' '",
+  };
+}
+
+inline fs::path tmp_path(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("shardtrain-data-tests-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+// Reference ids for each text from the JavaScript implementation `impl` (see reference_ids.mjs).
+inline std::vector<std::vector<TokenId>> reference_ids(const std::string& impl, const std::vector<std::string>& texts,
+                                                       const std::string& tokenizer_json = "") {
+  const auto in = tmp_path(impl + "-in.json"), out = tmp_path(impl + "-out.json");
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << nlohmann::json(texts).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  }
+  const std::string script = (fs::path(SHARDTRAIN_SOURCE_DIR) / "tests" / "data" / "reference_ids.mjs").string();
+  const std::string cmd = "node '" + script + "' " + impl + " '" + fetched_dir().string() + "' '" + in.string() + "' '" +
+                          out.string() + "'" + (tokenizer_json.empty() ? "" : " '" + tokenizer_json + "'");
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    ADD_FAILURE() << "reference tokenizer failed (rc " << rc << "): " << cmd;
+    return {};
+  }
+  return nlohmann::json::parse(slurp(out)).get<std::vector<std::vector<TokenId>>>();
+}
+
+}  // namespace shardtrain::data::testing

@@ -1,0 +1,137 @@
+// prepare-data: token counts equal the tokenizer's, offsets are consistent, split sizes are right, and bad
+// inputs (non-HDF5 or truncated files, a missing "text" field, empty inputs) give errors that name them.
+#include <filesystem>
+
+#include "data_test_util.hpp"
+#include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/prepare.hpp"
+
+namespace shardtrain::data {
+namespace {
+
+std::string gpt2_path() { return (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string(); }
+
+TEST(PrepareData, CountsOffsetsAndSplitFromRealCorpus) {
+  if (!testing::require_fetched()) return;
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  for (size_t i = 0; i < 40; ++i) o.inputs.push_back(sotu[i].string());
+  o.output = testing::tmp_path("sotu40.h5").string();
+  o.validation_fraction = 0.1;
+  o.seed = 7;
+  o.progress = ProgressStyle::Off;
+  const auto summary = prepare_dataset(o);
+  EXPECT_EQ(summary.documents, 40u);
+  EXPECT_EQ(summary.validation_documents, 4u);
+  EXPECT_EQ(summary.train_documents, 36u);
+
+  const auto ds = TokenDataset::open(o.output);
+  const Tokenizer tok = Tokenizer::load(gpt2_path());
+  ds.check_tokenizer(tok);
+  ASSERT_EQ(ds.num_documents(), 40u);
+  EXPECT_EQ(ds.num_tokens(), summary.tokens);
+  size_t total = 0;
+  for (size_t d = 0; d < 40; ++d) {
+    const auto expected = tok.encode(testing::slurp(sotu[d]));
+    const auto got = ds.document(d);
+    ASSERT_EQ(got.size(), expected.size()) << "document " << d;
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), expected.begin())) << "document " << d;
+    total += expected.size();
+  }
+  EXPECT_EQ(total, ds.num_tokens());
+  EXPECT_EQ(ds.split_documents(DatasetSplit::Validation).size(), 4u);
+  EXPECT_EQ(ds.split_documents(DatasetSplit::Train).size(), 36u);
+  EXPECT_EQ(ds.info().eot_id, 50256u);
+  EXPECT_EQ(ds.info().vocab_size, 50257);
+  EXPECT_EQ(ds.info().tokenizer_name, "r50k_base");
+  EXPECT_EQ(ds.info().sources.size(), 40u);
+  EXPECT_EQ(ds.info().sources[0], sotu[0].string());
+}
+
+TEST(PrepareData, JsonlAndBlankLineDocuments) {
+  if (!testing::require_fetched()) return;
+  const auto dir = testing::tmp_path("inputs");
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "a.jsonl") << R"({"text": "first doc", "id": 1})" "\n\n" R"({"text": "second doc"})" "\n" R"({"text": ""})" "\n"; }
+  { std::ofstream(dir / "b.txt") << "block one\nstill one\n\n\nblock two\n  \nblock three"; }
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {(dir / "a.jsonl").string(), (dir / "b.txt").string()};
+  o.documents.split = DocumentSplit::BlankLines;
+  o.output = testing::tmp_path("small.h5").string();
+  o.validation_fraction = 0;
+  o.progress = ProgressStyle::Off;
+  const auto s = prepare_dataset(o);
+  EXPECT_EQ(s.documents, 5u);
+  EXPECT_EQ(s.empty_documents_skipped, 1u);
+  const auto ds = TokenDataset::open(o.output);
+  const Tokenizer tok = Tokenizer::load(gpt2_path());
+  EXPECT_EQ(tok.decode(ds.document(1)), "second doc");
+  EXPECT_EQ(tok.decode(ds.document(2)), "block one\nstill one");
+  EXPECT_EQ(tok.decode(ds.document(4)), "block three");
+  EXPECT_TRUE(ds.split_documents(DatasetSplit::Validation).empty());
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "no DataError";
+}
+
+TEST(PrepareData, ClearErrors) {
+  if (!testing::require_fetched()) return;
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.output = testing::tmp_path("bad.h5").string();
+  o.progress = ProgressStyle::Off;
+
+  const auto no_text = testing::tmp_path("no_text.jsonl");
+  { std::ofstream(no_text) << R"({"text": "ok"})" "\n" R"({"content": "wrong field"})" "\n"; }
+  o.inputs = {no_text.string()};
+  auto msg = error_of([&] { prepare_dataset(o); });
+  EXPECT_NE(msg.find(no_text.string() + ":2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"text\""), std::string::npos) << msg;
+
+  const auto empty = testing::tmp_path("empty.txt");
+  { std::ofstream(empty) << ""; }
+  o.inputs = {empty.string()};
+  msg = error_of([&] { prepare_dataset(o); });
+  EXPECT_NE(msg.find(empty.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+
+  const auto not_h5 = testing::tmp_path("not.h5");
+  { std::ofstream(not_h5) << "just some text, not HDF5"; }
+  msg = error_of([&] { TokenDataset::open(not_h5.string()); });
+  EXPECT_NE(msg.find("not an HDF5 file"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(not_h5.string()), std::string::npos) << msg;
+
+  // A real dataset cut in half.
+  const auto good = testing::tmp_path("good.h5");
+  o.inputs = {(testing::fetched_dir() / "corpus" / "sotu" / "1790_george_washington_n.txt").string()};
+  o.output = good.string();
+  prepare_dataset(o);
+  const auto size = std::filesystem::file_size(good);
+  const auto cut = testing::tmp_path("truncated.h5");
+  std::filesystem::copy_file(good, cut, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(cut, size / 2);
+  msg = error_of([&] { TokenDataset::open(cut.string()); });
+  EXPECT_NE(msg.find(cut.string()), std::string::npos) << msg;
+
+  EXPECT_NE(error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
+}
+
+TEST(PrepareData, ValidationChoice) {
+  EXPECT_EQ(choose_validation_documents(1000, 0.01, 3).size(), 10u);
+  EXPECT_EQ(choose_validation_documents(10, 0.01, 3).size(), 1u);
+  EXPECT_EQ(choose_validation_documents(10, 0.0, 3).size(), 0u);
+  EXPECT_EQ(choose_validation_documents(100, 0.25, 3), choose_validation_documents(100, 0.25, 3));
+  EXPECT_NE(choose_validation_documents(100, 0.25, 3), choose_validation_documents(100, 0.25, 4));
+}
+
+}  // namespace
+}  // namespace shardtrain::data

@@ -1,0 +1,148 @@
+// Tokenizer ids against independent reference implementations on ~300 KB of real text per tokenizer,
+// plus hand-made edge cases, invalid UTF-8 and random bytes (round trip).
+#include <random>
+
+#include "data_test_util.hpp"
+#include "shardtrain/data/tokenizer.hpp"
+
+namespace shardtrain::data {
+namespace {
+
+using testing::fetched_dir;
+
+constexpr size_t kRealBytes = 300 * 1024;
+
+struct Case {
+  const char* impl;      // reference_ids.mjs implementation
+  const char* relpath;   // under data/fetched/tokenizers
+};
+
+class ReferenceIds : public ::testing::TestWithParam<Case> {};
+
+void expect_same_ids(const Tokenizer& tok, const std::vector<std::string>& texts,
+                     const std::vector<std::vector<TokenId>>& ref, const std::string& what) {
+  ASSERT_EQ(ref.size(), texts.size());
+  Encoder enc(tok);
+  size_t tokens = 0, mismatched = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ids = enc.encode(texts[i]);
+    tokens += ids.size();
+    if (ids != ref[i]) {
+      ++mismatched;
+      size_t k = 0;
+      while (k < ids.size() && k < ref[i].size() && ids[k] == ref[i][k]) ++k;
+      ADD_FAILURE() << what << " text " << i << ": first difference at token " << k << " of " << ref[i].size()
+                    << " (ours " << (k < ids.size() ? std::to_string(ids[k]) : "end") << ", reference "
+                    << (k < ref[i].size() ? std::to_string(ref[i][k]) : "end") << ") near '"
+                    << tok.decode(std::span(ref[i]).subspan(k > 3 ? k - 3 : 0, std::min<size_t>(8, ref[i].size() - (k > 3 ? k - 3 : 0))))
+                    << "'";
+      if (mismatched > 3) return;
+    }
+    EXPECT_EQ(tok.decode(ids), texts[i]) << what << " text " << i << " does not round-trip";
+  }
+  EXPECT_GT(tokens, 0u);
+}
+
+TEST_P(ReferenceIds, RealTextAndEdgeCases) {
+  if (!testing::require_fetched()) return;
+  const Case c = GetParam();
+  const Tokenizer tok = Tokenizer::load((fetched_dir() / "tokenizers" / c.relpath).string());
+  auto texts = testing::real_texts(kRealBytes);
+  size_t bytes = 0;
+  for (const auto& t : texts) bytes += t.size();
+  ASSERT_GE(bytes, kRealBytes);
+  for (auto& t : testing::edge_texts()) texts.push_back(t);
+  const auto ref = testing::reference_ids(c.impl, texts);
+  expect_same_ids(tok, texts, ref, c.impl);
+}
+
+// Invalid bytes never join a regex piece (multi-byte invalid runs are covered by the round trip below): valid segments encode as the reference encodes them alone,
+// each invalid byte becomes its byte token, and decoding gives the original bytes back.
+TEST_P(ReferenceIds, InvalidUtf8BetweenValidSegments) {
+  if (!testing::require_fetched()) return;
+  const Case c = GetParam();
+  const Tokenizer tok = Tokenizer::load((fetched_dir() / "tokenizers" / c.relpath).string());
+  const std::vector<std::string> segments = {"The quick brown fox", " jumps over", "the lazy dog's 1234 tails!",
+                                             " 😀 emoji", "naïve café", "end."};
+  // Single invalid bytes: a stray lead byte, a lone continuation byte, bytes that never occur in UTF-8.
+  const std::vector<std::string> invalid = {"\xff", "\x80", "\xc3", "\xf8", "\xc0"};
+  const auto ref = testing::reference_ids(c.impl, segments);
+  ASSERT_EQ(ref.size(), segments.size());
+  std::string text;
+  std::vector<TokenId> expected;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    text += segments[i];
+    expected.insert(expected.end(), ref[i].begin(), ref[i].end());
+    if (i + 1 < segments.size()) {
+      const std::string& bad = invalid[i % invalid.size()];
+      text += bad;
+      for (unsigned char b : bad) expected.push_back(*tok.token_id(std::string(1, static_cast<char>(b))));
+    }
+  }
+  const auto ids = tok.encode(text);
+  EXPECT_EQ(ids, expected);
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
+TEST_P(ReferenceIds, RandomBytesRoundTrip) {
+  if (!testing::require_fetched()) return;
+  const Tokenizer tok = Tokenizer::load((fetched_dir() / "tokenizers" / GetParam().relpath).string());
+  std::mt19937_64 rng(1234);
+  Encoder enc(tok);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string s(rng() % 400, '\0');
+    const bool ascii_heavy = trial % 3 == 0;
+    for (auto& ch : s) ch = static_cast<char>(ascii_heavy ? (rng() % 4 ? ' ' + rng() % 95 : rng() % 256) : rng() % 256);
+    const auto ids = enc.encode(s);
+    ASSERT_EQ(tok.decode(ids), s) << "trial " << trial;
+    for (TokenId id : ids) ASSERT_LT(id, tok.vocab_size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceIds,
+                         ::testing::Values(Case{"r50k", "r50k_base.tiktoken"}, Case{"cl100k", "cl100k_base.tiktoken"},
+                                           Case{"gpt2-encoder", "gpt2"}, Case{"llama3", "llama3/tokenizer.json"},
+                                           Case{"gpt2-hf", "gpt2-hf/tokenizer.json"}),
+                         [](const auto& info) {
+                           std::string n = info.param.impl;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(TokenizerFiles, SpecialTokensAndMetadata) {
+  if (!testing::require_fetched()) return;
+  const Tokenizer gpt2 = Tokenizer::load((fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string());
+  EXPECT_EQ(gpt2.vocab_size(), 50257u);
+  EXPECT_EQ(gpt2.eot_id(), 50256u);
+  EXPECT_EQ(gpt2.name(), "r50k_base");
+  EXPECT_EQ(gpt2.hash().rfind("fnv1a64:", 0), 0u);
+  EXPECT_EQ(gpt2.encode("a<|endoftext|>b", SpecialTokenMode::Recognize), (std::vector<TokenId>{64, 50256, 65}));
+  EXPECT_NE(gpt2.encode("a<|endoftext|>b", SpecialTokenMode::AsText).size(), 3u);
+  const Tokenizer cl = Tokenizer::load((fetched_dir() / "tokenizers" / "cl100k_base.tiktoken").string());
+  EXPECT_EQ(cl.vocab_size(), 100277u);
+  EXPECT_EQ(cl.eot_id(), 100257u);
+  const Tokenizer llama = Tokenizer::load((fetched_dir() / "tokenizers" / "llama3" / "tokenizer.json").string());
+  EXPECT_EQ(llama.vocab_size(), 128256u);
+  EXPECT_EQ(llama.bot_id(), 128000u);
+  EXPECT_EQ(llama.eot_id(), 128001u);
+  EXPECT_EQ(llama.name(), "llama3/tokenizer.json");
+}
+
+TEST(TokenizerFiles, ClearErrors) {
+  const auto bad = testing::tmp_path("nonsense.tiktoken");
+  { std::ofstream(bad) << "not base64!! x\n"; }
+  EXPECT_THROW(Tokenizer::load(bad.string()), DataError);
+  const auto unknown = testing::tmp_path("mystery.json");
+  { std::ofstream(unknown) << R"({"model": {"type": "Unigram", "vocab": []}})"; }
+  try {
+    Tokenizer::load(unknown.string());
+    ADD_FAILURE() << "a Unigram tokenizer.json should be rejected";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("Unigram"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(unknown.string()), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Tokenizer::load("/nonexistent/tokenizer.json"), DataError);
+}
+
+}  // namespace
+}  // namespace shardtrain::data

@@ -1,0 +1,105 @@
+// Traffic and memory accounting against the formulas of docs/fsdp.md: per step, a non-root unit of N
+// padded elements costs FULL_SHARD two all-gathers of N*b_p and a reduce-scatter of N*b_r, SHARD_GRAD_OP
+// one all-gather, NO_SHARD an all-reduce of N*b_r, hybrid meshes an extra all-reduce of N/S*b_r over
+// the replicate axis; the root unit is gathered once. Sharded bytes are N/S*4 per unit; the unshard
+// pool never holds more than (1 + prefetch) non-root units plus the root.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+
+#include "harness.hpp"
+
+using namespace shardtrain;
+using namespace shardtrain::testing_fsdp;
+
+namespace {
+
+struct Expected {
+  uint64_t gather = 0, reduce_scatter = 0, replicate_all_reduce = 0;
+};
+
+Expected expected_traffic(const RunResult& r, const MeshLayout& m, bool reshard_after_forward, size_t bp, size_t br,
+                          int micro_batches) {
+  Expected e;
+  const int S = m.shard_size, R = m.replicate_size;
+  for (size_t u = 0; u < r.layouts.size(); ++u) {
+    const uint64_t N = static_cast<uint64_t>(r.layouts[u].padded_numel);
+    if (r.layouts[u].entries.empty()) continue;
+    const int gathers = r.unit_is_root[u] || !reshard_after_forward ? 1 : 2;
+    if (S > 1) {
+      e.gather += static_cast<uint64_t>(micro_batches) * gathers * N * bp;
+      e.reduce_scatter += static_cast<uint64_t>(micro_batches) * N * br;
+    }
+    if (R > 1) e.replicate_all_reduce += static_cast<uint64_t>(micro_batches) * (N / S) * br;
+  }
+  return e;
+}
+
+}  // namespace
+
+TEST(FsdpAccounting, TrafficPerStepMatchesTheFormulas) {
+  const int rpn = ranks_per_node_from_env();
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (int s = 1; s <= 5; ++s) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      RunOptions o;
+      o.steps = 1;
+      o.fsdp.strategy = static_cast<ShardingStrategy>(s);
+      o.fsdp.param_dtype = dt;
+      o.fsdp.reduce_dtype = dt;
+      const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
+      const MeshLayout m = make_mesh_layout({o.fsdp.strategy, 0}, world, rpn > 0 ? rpn : world);
+      const Expected e = expected_traffic(r, m, o.fsdp.reshards_after_forward(), dtype_size(dt), dtype_size(dt), o.micro_batches);
+      SCOPED_TRACE(fmt::format("{} {}", sharding_strategy_name(o.fsdp.strategy), dtype_name(dt)));
+      EXPECT_EQ(r.shard_gather_bytes, e.gather);
+      EXPECT_EQ(r.shard_reduce_scatter_bytes, e.reduce_scatter);
+      EXPECT_EQ(r.replicate_all_reduce_bytes, e.replicate_all_reduce);
+      if (m.shard_size > 1) EXPECT_GT(e.gather, 0u);
+      if (m.replicate_size > 1) EXPECT_GT(e.replicate_all_reduce, 0u);
+    }
+  }
+}
+
+TEST(FsdpAccounting, NoSyncReducesOncePerStep) {
+  const int rpn = ranks_per_node_from_env();
+  RunOptions o;
+  o.steps = 1;
+  o.micro_batches = 2;
+  o.fsdp.accumulation = fsdp::GradAccumulation::NoSync;
+  const RunResult lean_run = [&] {
+    RunOptions l = o;
+    l.fsdp.accumulation = fsdp::GradAccumulation::ReduceEachMicroBatch;
+    return run_training(MPI_COMM_WORLD, rpn, l);
+  }();
+  const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
+  EXPECT_EQ(r.shard_reduce_scatter_bytes * 2, lean_run.shard_reduce_scatter_bytes);
+  EXPECT_EQ(r.shard_gather_bytes, lean_run.shard_gather_bytes);
+}
+
+TEST(FsdpAccounting, ShardedBytesAndThePoolBound) {
+  const int rpn = ranks_per_node_from_env();
+  for (int depth : {0, 1, 2}) {
+    RunOptions o;
+    o.steps = 1;
+    o.fsdp.forward_prefetch = depth;
+    o.fsdp.backward_prefetch = depth;
+    const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
+    int64_t sharded = 0, max_unit = 0, root = 0;
+    for (size_t u = 0; u < r.layouts.size(); ++u) {
+      sharded += r.layouts[u].shard_numel() * 4;
+      if (r.unit_is_root[u]) root = r.layouts[u].padded_numel * 4;
+      else max_unit = std::max(max_unit, r.layouts[u].padded_numel * 4);
+    }
+    EXPECT_EQ(r.sharded_param_bytes, sharded);
+    EXPECT_LE(r.max_outstanding, 1 + depth) << "prefetch depth " << depth;
+    EXPECT_GE(r.max_outstanding, 1);
+    EXPECT_LE(r.unsharded_param_peak, (1 + depth) * max_unit + root) << "prefetch depth " << depth;
+  }
+  // Without resharding after forward every layer unit stays gathered until its backward.
+  RunOptions keep;
+  keep.steps = 1;
+  keep.fsdp.strategy = ShardingStrategy::ShardGradOp;
+  EXPECT_EQ(run_training(MPI_COMM_WORLD, rpn, keep).max_outstanding, 3);  // the three decoder layers
+}

@@ -1,0 +1,100 @@
+// The FSDP test driver (see harness.hpp).
+#include "harness.hpp"
+
+#include "shardtrain/ops/cpu_ops.hpp"
+
+namespace shardtrain::testing_fsdp {
+
+model::LlamaConfig tiny_config() {
+  model::LlamaConfig c;
+  c.vocab_size = 53;  // odd sizes everywhere: flat buffers need padding
+  c.max_position_embeddings = 64;
+  c.hidden_size = 12;
+  c.intermediate_size = 20;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.init_seed = 7;
+  return c;
+}
+
+namespace {
+
+// Row b of global step `step`: a deterministic token pattern; every 5th target ignored.
+void fill_row(int step, int b, int seq, int vocab, int32_t* ids, int32_t* targets) {
+  for (int s = 0; s < seq; ++s) {
+    ids[s] = (b * 31 + s * 7 + step * 13 + (b * s) % 5) % vocab;
+    targets[s] = (s + b) % 5 == 4 ? -100 : (ids[s] * 3 + 1 + b) % vocab;
+  }
+}
+
+}  // namespace
+
+RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) {
+  const Topology topo = discover_topology(world, ranks_per_node);
+  DeviceMesh mesh(world, topo, {o.fsdp.strategy, o.fsdp.shard_size});
+  MeshComms comms(mesh, CommBackend::Mpi, MemorySpace::Host);
+  auto ops = ops::make_cpu_ops({1});
+  model::ModelOptions mopts;
+  mopts.checkpointing = o.fsdp.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
+  mopts.activation_dtype = o.fsdp.param_dtype;
+  const model::LlamaConfig config = tiny_config();
+  model::LlamaModel model(config, *ops, mopts);
+  MemoryLedger ledger;
+  fsdp::FsdpEngine engine(model, mesh, comms, *ops, o.fsdp, ledger);
+  engine.initialize(config.init_seed);
+  optim::AdamWConfig acfg;
+  acfg.lr = o.lr;
+  optim::AdamW adamw(engine, acfg, &ledger);
+
+  const int W = topo.world_size, rank = topo.world_rank;
+  const int rows_per_rank = o.global_batch / W;
+  const int rows_per_micro = rows_per_rank / o.micro_batches;
+  RunResult out;
+  std::vector<int32_t> ids(static_cast<size_t>(rows_per_micro * o.seq)), targets(ids.size());
+  for (int step = 0; step < o.steps; ++step) {
+    // Tokens that count in the global batch: the loss is their mean.
+    int64_t global_tokens = 0;
+    for (int b = 0; b < o.global_batch; ++b) {
+      std::vector<int32_t> i(o.seq), t(o.seq);
+      fill_row(step, b, o.seq, static_cast<int>(config.vocab_size), i.data(), t.data());
+      for (int32_t x : t) global_tokens += x != -100;
+    }
+    engine.zero_grad();
+    double loss_sum = 0;
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      for (int r = 0; r < rows_per_micro; ++r) {
+        const int b = rank * rows_per_rank + mb * rows_per_micro + r;
+        fill_row(step, b, o.seq, static_cast<int>(config.vocab_size), ids.data() + r * o.seq, targets.data() + r * o.seq);
+      }
+      model::Batch batch;
+      batch.input_ids = ops::make_tensor(ids.data(), DType::I32, {rows_per_micro, o.seq});
+      batch.targets = ops::make_tensor(targets.data(), DType::I32, {rows_per_micro, o.seq});
+      loss_sum += engine.forward_backward(batch, 1.0 / static_cast<double>(global_tokens), mb == o.micro_batches - 1).loss_sum;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
+    out.losses.push_back(loss_sum / static_cast<double>(global_tokens));
+    const double norm = optim::grad_norm_global(engine.shards(), comms.shard());
+    out.grad_norms.push_back(norm);
+    adamw.step(engine.shards(), o.lr, optim::clip_coefficient(norm, o.max_grad_norm));
+    if (step == 0) {
+      out.shard_gather_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::AllGather);
+      out.shard_reduce_scatter_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::ReduceScatter);
+      out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);
+    }
+  }
+  for (size_t u = 0; u < engine.units().size(); ++u) {
+    const std::vector<float> full = engine.gather_unit(static_cast<int>(u));
+    for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {
+      out.params[e.param].assign(full.begin() + e.offset, full.begin() + e.offset + e.numel);
+    }
+    out.layouts.push_back(engine.layout(static_cast<int>(u)));
+    out.unit_is_root.push_back(engine.units()[u].is_root);
+  }
+  out.sharded_param_bytes = ledger.current(MemoryCategory::ShardedParams);
+  out.unsharded_param_peak = ledger.peak(MemoryCategory::UnshardedParams);
+  out.max_outstanding = engine.stats().max_outstanding;
+  return out;
+}
+
+}  // namespace shardtrain::testing_fsdp

@@ -1,0 +1,44 @@
+// A small training driver for the FSDP tests: a tiny Llama, deterministic synthetic batches, and
+// steps of zero_grad / micro-batches / clip / AdamW on any communicator (MPI_COMM_WORLD for the run
+// under test, MPI_COMM_SELF for the one-rank reference on the same global batch).
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/optim/adamw.hpp"
+
+namespace shardtrain::testing_fsdp {
+
+model::LlamaConfig tiny_config();
+
+struct RunOptions {
+  fsdp::FsdpConfig fsdp;
+  int steps = 3;
+  int global_batch = 8;   // sequences per step, split evenly over the world's ranks
+  int micro_batches = 2;  // per rank per step
+  int seq = 9;
+  double max_grad_norm = 1.0;
+  double lr = 1e-2;
+};
+
+struct RunResult {
+  std::vector<double> losses;                       // global mean loss per step
+  std::map<int, std::vector<float>> params;         // full final value of every parameter
+  std::vector<double> grad_norms;
+  int64_t sharded_param_bytes = 0;                  // ledger, this rank
+  int64_t unsharded_param_peak = 0;                 // ledger, this rank
+  int max_outstanding = 0;                          // non-root units gathered at once
+  std::vector<fsdp::FlatLayout> layouts;
+  std::vector<bool> unit_is_root;
+  uint64_t shard_gather_bytes = 0, shard_reduce_scatter_bytes = 0, replicate_all_reduce_bytes = 0;
+};
+
+// Trains `options.steps` steps on `world` (every rank of it takes its share of each global batch).
+RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& options);
+
+}  // namespace shardtrain::testing_fsdp

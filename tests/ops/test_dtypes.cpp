@@ -1,0 +1,94 @@
+// The fp32 family: f32 and bf16 storage (fp32 arithmetic) against the f64 results of the same ops.
+#include "op_test_util.hpp"
+
+namespace shardtrain::ops::test {
+namespace {
+
+// A copy of an f64 tensor in another storage dtype (bf16 rounds to nearest even).
+struct Typed {
+  std::vector<char> bytes;
+  DType dtype;
+  Shape shape;
+  Typed(const HostTensor& t, DType d) : bytes(static_cast<size_t>(t.numel()) * dtype_size(d)), dtype(d), shape(t.shape) {
+    for (int64_t i = 0; i < t.numel(); ++i) set(i, t.data[static_cast<size_t>(i)]);
+  }
+  Typed(Shape s, DType d) : bytes(static_cast<size_t>(s.numel()) * dtype_size(d)), dtype(d), shape(s) {}
+  Tensor view() { return make_tensor(bytes.data(), dtype, shape); }
+  void set(int64_t i, double v) {
+    if (dtype == DType::F32) reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(v);
+    else reinterpret_cast<bf16*>(bytes.data())[i] = bf16(static_cast<float>(v));
+  }
+  double get(int64_t i) const {
+    if (dtype == DType::F32) return reinterpret_cast<const float*>(bytes.data())[i];
+    return static_cast<float>(reinterpret_cast<const bf16*>(bytes.data())[i]);
+  }
+};
+
+// Worst |a - b| / (|b| + floor) over all elements.
+double worst_error(const Typed& a, const HostTensor& b, double floor = 1.0) {
+  double worst = 0;
+  for (int64_t i = 0; i < b.numel(); ++i)
+    worst = std::max(worst, std::abs(a.get(i) - b.data[static_cast<size_t>(i)]) / (std::abs(b.data[static_cast<size_t>(i)]) + floor));
+  return worst;
+}
+
+double tolerance(DType d) { return d == DType::F32 ? 1e-5 : 2e-2; }
+
+TEST(Dtypes, MatmulF32AndBf16) {
+  auto ops = cpu_ops(2);  // the parallel paths
+  std::mt19937_64 rng(21);
+  HostTensor a = random_tensor({9, 31}, rng), b = random_tensor({13, 31}, rng), c({9, 13});
+  ops->matmul(Transpose::No, Transpose::Yes, 1.0, a.view(), b.view(), 0.0, c.view());
+  for (DType d : {DType::F32, DType::BF16}) {
+    Typed ta(a, d), tb(b, d), tc(c.shape, d);
+    ops->matmul(Transpose::No, Transpose::Yes, 1.0, ta.view(), tb.view(), 0.0, tc.view());
+    EXPECT_LT(worst_error(tc, c), tolerance(d) * 4) << dtype_name(d);
+  }
+  // bf16 output is the round-to-nearest-even of the fp32 result on the same (bf16) inputs.
+  Typed ta(a, DType::BF16), tb(b, DType::BF16), c32({9, 13}, DType::F32), c16({9, 13}, DType::BF16);
+  ops->matmul(Transpose::No, Transpose::Yes, 1.0, ta.view(), tb.view(), 0.0, c32.view());
+  ops->matmul(Transpose::No, Transpose::Yes, 1.0, ta.view(), tb.view(), 0.0, c16.view());
+  for (int64_t i = 0; i < 9 * 13; ++i) EXPECT_EQ(c16.get(i), static_cast<float>(bf16(static_cast<float>(c32.get(i)))));
+}
+
+TEST(Dtypes, RmsnormSwigluAttentionLoss) {
+  auto ops = cpu_ops(2);  // the parallel paths
+  std::mt19937_64 rng(22);
+  const int64_t n = 14, d = 32, vocab = 50;
+  HostTensor x = random_tensor({n, d}, rng), r = random_tensor({n, d}, rng), w = random_tensor({d}, rng);
+  HostTensor h({n, d}), y({n, d}), rstd({n});
+  ops->rmsnorm_forward(x.view(), r.view(), w.view(), 1e-5, h.view(), y.view(), rstd.view());
+  HostTensor sw({n, d});
+  ops->swiglu_forward(x.view(), r.view(), sw.view());
+  const AttentionShape shape{2, 7, 4, 2, 8};
+  HostTensor q = random_tensor({2, 7, 4, 8}, rng), k = random_tensor({2, 7, 2, 8}, rng), v = random_tensor({2, 7, 2, 8}, rng);
+  HostTensor ao({2, 7, 4, 8}), lse({2, 4, 7});
+  ops->attention_forward(shape, q.view(), k.view(), v.view(), AttentionMask{}, ao.view(), lse.view());
+  HostTensor emb = random_tensor({vocab, d}, rng, 0.2);
+  IntTensor t({n});
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 11) % vocab);
+  const LossSums ref = ops->linear_cross_entropy(x.view(), emb.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Typed tx(x, dt), tr(r, dt), th({n, d}, dt), ty({n, d}, dt);
+    std::vector<float> trstd(static_cast<size_t>(n));
+    Typed tw(w, dt);
+    ops->rmsnorm_forward(tx.view(), tr.view(), tw.view(), 1e-5, th.view(), ty.view(), make_tensor(trstd.data(), DType::F32, {n}));
+    EXPECT_LT(worst_error(ty, y), tolerance(dt) * 3);
+    Typed tsw({n, d}, dt);
+    ops->swiglu_forward(tx.view(), tr.view(), tsw.view());
+    EXPECT_LT(worst_error(tsw, sw), tolerance(dt));
+    Typed tq(q, dt), tk(k, dt), tv(v, dt), tao(ao.shape, dt);
+    std::vector<float> tlse(2 * 4 * 7);
+    ops->attention_forward(shape, tq.view(), tk.view(), tv.view(), AttentionMask{}, tao.view(),
+                           make_tensor(tlse.data(), DType::F32, {2, 4, 7}));
+    EXPECT_LT(worst_error(tao, ao), tolerance(dt) * 3);
+    Typed temb(emb, dt);
+    const LossSums s = ops->linear_cross_entropy(tx.view(), temb.view(), t.view(), -100, 0, 5, Tensor{}, Tensor{});
+    EXPECT_NEAR(s.loss_sum, ref.loss_sum, std::abs(ref.loss_sum) * tolerance(dt));
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::ops::test
