@@ -38,7 +38,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   model::ModelOptions mopts;
   mopts.checkpointing = o.fsdp.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
   mopts.activation_dtype = o.fsdp.param_dtype;
-  const model::LlamaConfig config = tiny_config();
+  const model::LlamaConfig config = o.model;
   model::LlamaModel model(config, *ops, mopts);
   MemoryLedger ledger;
   fsdp::FsdpEngine engine(model, mesh, comms, *ops, o.fsdp, ledger);
@@ -50,9 +50,10 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   const int W = topo.world_size, rank = topo.world_rank;
   const int rows_per_rank = o.global_batch / W;
   const int rows_per_micro = rows_per_rank / o.micro_batches;
+  if (o.before_first_step) o.before_first_step(engine, adamw);
   RunResult out;
   std::vector<int32_t> ids(static_cast<size_t>(rows_per_micro * o.seq)), targets(ids.size());
-  for (int step = 0; step < o.steps; ++step) {
+  for (int step = o.first_step; step < o.steps; ++step) {
     // Tokens that count in the global batch: the loss is their mean.
     int64_t global_tokens = 0;
     for (int b = 0; b < o.global_batch; ++b) {
@@ -77,7 +78,8 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
     const double norm = optim::grad_norm_global(engine.shards(), comms.shard());
     out.grad_norms.push_back(norm);
     adamw.step(engine.shards(), o.lr, optim::clip_coefficient(norm, o.max_grad_norm));
-    if (step == 0) {
+    if (o.after_step) o.after_step(step, engine, adamw);
+    if (step == o.first_step) {
       out.shard_gather_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::AllGather);
       out.shard_reduce_scatter_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::ReduceScatter);
       out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -17,6 +18,7 @@ namespace shardtrain::testing_fsdp {
 model::LlamaConfig tiny_config();
 
 struct RunOptions {
+  model::LlamaConfig model = tiny_config();
   fsdp::FsdpConfig fsdp;
   int steps = 3;
   int global_batch = 8;   // sequences per step, split evenly over the world's ranks
@@ -24,6 +26,11 @@ struct RunOptions {
   int seq = 9;
   double max_grad_norm = 1.0;
   double lr = 1e-2;
+  // Checkpoint hooks (tests/checkpoint): run steps [first_step, steps), optionally after loading a
+  // checkpoint, and call `after_step(step, engine, adamw)` after each step's update.
+  int first_step = 0;
+  std::function<void(fsdp::FsdpEngine&, optim::AdamW&)> before_first_step;
+  std::function<void(int, fsdp::FsdpEngine&, optim::AdamW&)> after_step;
 };
 
 struct RunResult {

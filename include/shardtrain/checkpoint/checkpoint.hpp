@@ -1,0 +1,58 @@
+// Checkpoints in HDF5: sharded (one file per shard rank of the first replica, with the optimizer
+// states) or full (the model gathered unit by unit into one file, Hugging Face names). Every save is
+// written to a temporary directory, renamed into place, and marked complete by a DONE file written
+// last; loading maps each parameter's element range from the files that hold it, so a checkpoint
+// saved at any world size, strategy and wrap policy loads into any other. Layout: docs/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/optim/adamw.hpp"
+
+namespace shardtrain::checkpoint {
+
+inline constexpr int64_t kFormatVersion = 1;
+inline constexpr const char* kFormatName = "shardtrain-checkpoint";
+
+enum class StateDictType { Sharded, Full };
+StateDictType parse_state_dict_type(std::string_view text);  // SHARDED_STATE_DICT | FULL_STATE_DICT; throws ConfigError
+const char* state_dict_type_name(StateDictType t);
+
+// What the layers above store beside the tensors (opaque to this layer).
+struct SaveMeta {
+  int64_t step = 0;
+  std::string trainer_state = "{}";  // JSON: step, tokens, sampler position, schedule... (the train layer's)
+  std::string config_toml;           // the resolved configuration
+  std::string tokenizer;             // JSON: tokenizer name and hash
+};
+
+std::string step_dir_name(int64_t step);               // "step_00000120"
+bool is_complete(const std::string& checkpoint_dir);    // DONE present
+// The newest complete checkpoint directly under `dir` ("" when there is none). Incomplete ones
+// (a save killed half-way) are ignored.
+std::string find_latest(const std::string& dir);
+
+// Collective over the mesh's world. Returns the final directory (dir/step_XXXXXXXX). An existing
+// complete checkpoint of the same step is left as it is (nothing is ever overwritten). Keeps the
+// newest `keep_last` complete checkpoints of `dir` (0 = all).
+std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
+                         int keep_last);
+std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, int keep_last);
+
+struct LoadResult {
+  int64_t step = 0;
+  StateDictType type = StateDictType::Sharded;
+  std::string trainer_state, config_toml, tokenizer;
+  bool optimizer_loaded = false;
+};
+
+// Loads a checkpoint (sharded or full) into this engine's shards, and into the optimizer's states when
+// `adamw` is given and the checkpoint has them. Every rank reads only the element ranges of its own
+// shards. Throws CheckpointError naming the file on anything missing, incomplete, corrupt or mismatched
+// (a model config that differs from the engine's model).
+LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, const std::string& checkpoint_dir);
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,36 @@
+// Offline consolidation (no MPI): a checkpoint's tensors merged by name into one HDF5 file, or into a
+// Hugging Face directory (safetensors + config.json + tokenizer files) that `transformers` loads as
+// LlamaForCausalLM. No permutation is needed: shardtrain's q/k/v weights already use Hugging Face's
+// rotate-half RoPE layout and (Hkv*Dh, D) key/value shapes; a tied lm_head is simply absent.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shardtrain/runtime/dtype.hpp"
+
+namespace shardtrain::checkpoint {
+
+enum class ExportFormat { Hdf5, Safetensors };
+ExportFormat parse_export_format(std::string_view text);  // hdf5 | safetensors; throws UsageError
+
+struct ExportOptions {
+  ExportFormat format = ExportFormat::Hdf5;
+  DType dtype = DType::F32;                        // F32 or BF16 (round to nearest even)
+  uint64_t max_shard_bytes = uint64_t{2} << 30;    // safetensors: above this, model-0000k-of-0000n files + index
+  std::string tokenizer;                           // tokenizer file/folder to ship; "" = the one the checkpoint names
+};
+
+struct ExportSummary {
+  int64_t tensors = 0;
+  uint64_t bytes = 0;
+  int files = 0;
+  std::string tokenizer_note;  // what was done about tokenizer files
+};
+
+// Writes `output` (a file for HDF5, a directory for safetensors), refusing to overwrite an existing
+// path. One tensor in memory at a time.
+ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& output, const ExportOptions& options);
+
+}  // namespace shardtrain::checkpoint

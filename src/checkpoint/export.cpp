@@ -1,0 +1,195 @@
+// Consolidation to HDF5 and export to Hugging Face safetensors.
+#include "shardtrain/checkpoint/export.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/hdf5.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::checkpoint {
+
+ExportFormat parse_export_format(std::string_view t) {
+  if (t == "hdf5" || t == "h5") return ExportFormat::Hdf5;
+  if (t == "safetensors" || t == "hf") return ExportFormat::Safetensors;
+  throw UsageError(fmt::format("--format: unknown format '{}' (expected hdf5 or safetensors)", t));
+}
+
+namespace {
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_bits_from_float(v[i]);
+  return out;
+}
+
+std::vector<float> read_all(CheckpointReader& r, const TensorInfo& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel));
+  r.read(t.name, "param", 0, v);
+  return v;
+}
+
+ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const ExportOptions& o) {
+  ExportSummary s;
+  const std::string tmp = out + ".tmp";
+  {
+    hdf5::Handle f = hdf5::create_file(tmp);
+    hdf5::set_attr(f, "format", "shardtrain-consolidated");
+    hdf5::set_attr(f, "step", r.step());
+    hdf5::set_attr(f, "dtype", dtype_name(o.dtype));
+    hdf5::set_attr(f, "model_config", model_config_to_json(r.model_config()));
+    hdf5::set_attr(f, "tokenizer", r.tokenizer());
+    for (const TensorInfo& t : r.tensors()) {
+      const std::vector<float> v = read_all(r, t);
+      const hdf5::DatasetOptions opt{std::max<size_t>(1, std::min<size_t>(v.size(), size_t{1} << 20)), hdf5::Checksum::Fletcher32};
+      if (o.dtype == DType::BF16) hdf5::write_u16(f, t.name, to_bf16(v), opt);
+      else hdf5::write_f32(f, t.name, v, opt);
+      hdf5::set_attr(f, "shape", nlohmann::json(t.shape).dump(), t.name);
+      ++s.tensors;
+      s.bytes += v.size() * dtype_size(o.dtype);
+    }
+    f.close();
+  }
+  fs::rename(tmp, out);
+  s.files = 1;
+  return s;
+}
+
+// Hugging Face's LlamaConfig fields.
+nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const nlohmann::json& tokenizer) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"num_key_value_heads", c.num_key_value_heads},
+                      {"head_dim", c.head_dim()},
+                      {"max_position_embeddings", c.max_position_embeddings},
+                      {"rms_norm_eps", c.rms_norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"rope_scaling", nullptr},
+                      {"tie_word_embeddings", c.tie_word_embeddings},
+                      {"hidden_act", "silu"},
+                      {"attention_bias", false},
+                      {"attention_dropout", 0.0},
+                      {"mlp_bias", false},
+                      {"initializer_range", c.init_std},
+                      {"pretraining_tp", 1},
+                      {"use_cache", true},
+                      {"torch_dtype", dtype == DType::BF16 ? "bfloat16" : "float32"}};
+  if (tokenizer.contains("bot_id") && tokenizer["bot_id"].get<int64_t>() >= 0) j["bos_token_id"] = tokenizer["bot_id"];
+  if (tokenizer.contains("eot_id") && tokenizer["eot_id"].get<int64_t>() >= 0) j["eos_token_id"] = tokenizer["eot_id"];
+  return j;
+}
+
+void write_json(const fs::path& p, const nlohmann::json& j) {
+  std::ofstream out(p);
+  out << j.dump(2) << "\n";
+  if (!out) throw IoError(fmt::format("{}: cannot write", p.string()));
+}
+
+// Ships the tokenizer in a form transformers reads: tokenizer.json as is, GPT-2's encoder.json +
+// vocab.bpe as vocab.json + merges.txt. A tiktoken rank file has no Hugging Face equivalent file.
+std::string ship_tokenizer(const std::string& source, const fs::path& out) {
+  if (source.empty()) return "no tokenizer recorded: none shipped (pass --tokenizer)";
+  const fs::path src(source);
+  fs::path json = fs::is_directory(src) ? src / "tokenizer.json" : src;
+  if (fs::is_regular_file(json) && json.extension() == ".json" && json.filename() != "encoder.json") {
+    fs::copy_file(json, out / "tokenizer.json");
+    write_json(out / "tokenizer_config.json", {{"tokenizer_class", "PreTrainedTokenizerFast"}});
+    return fmt::format("tokenizer.json copied from {}", json.string());
+  }
+  const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
+  if (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) {
+    fs::copy_file(dir / "encoder.json", out / "vocab.json");
+    fs::copy_file(dir / "vocab.bpe", out / "merges.txt");
+    write_json(out / "tokenizer_config.json", {{"tokenizer_class", "GPT2Tokenizer"}});
+    return fmt::format("GPT-2 vocab.json and merges.txt copied from {}", dir.string());
+  }
+  return fmt::format("{} is not a tokenizer.json or GPT-2 encoder.json/vocab.bpe: none shipped", source);
+}
+
+ExportSummary write_safetensors(CheckpointReader& r, const std::string& out_dir, const ExportOptions& o) {
+  const fs::path tmp = out_dir + ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const size_t esz = dtype_size(o.dtype);
+  const char* st_dtype = o.dtype == DType::BF16 ? "BF16" : "F32";
+  // Plan the files: tensors in registry order, a new file once the limit would be passed.
+  std::vector<std::vector<const TensorInfo*>> files(1);
+  uint64_t in_file = 0, total = 0;
+  for (const TensorInfo& t : r.tensors()) {
+    const uint64_t bytes = static_cast<uint64_t>(t.numel) * esz;
+    if (in_file > 0 && in_file + bytes > o.max_shard_bytes) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    files.back().push_back(&t);
+    in_file += bytes;
+    total += bytes;
+  }
+  ExportSummary s;
+  nlohmann::json weight_map;
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    const std::string name = files.size() == 1 ? "model.safetensors"
+                                               : fmt::format("model-{:05}-of-{:05}.safetensors", fi + 1, files.size());
+    nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
+    uint64_t at = 0;
+    for (const TensorInfo* t : files[fi]) {
+      const uint64_t bytes = static_cast<uint64_t>(t->numel) * esz;
+      header[t->name] = {{"dtype", st_dtype}, {"shape", t->shape}, {"data_offsets", {at, at + bytes}}};
+      at += bytes;
+      weight_map[t->name] = name;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    std::ofstream out(tmp / name, std::ios::binary);
+    const uint64_t n = text.size();
+    for (int b = 0; b < 8; ++b) out.put(static_cast<char>((n >> (8 * b)) & 0xff));  // little-endian u64
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const TensorInfo* t : files[fi]) {
+      const std::vector<float> v = read_all(r, *t);
+      if (o.dtype == DType::BF16) {
+        const std::vector<uint16_t> b = to_bf16(v);
+        out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size() * 2));
+      } else {
+        out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+      }
+      ++s.tensors;
+    }
+    if (!out) throw IoError(fmt::format("{}: cannot write", (tmp / name).string()));
+  }
+  if (files.size() > 1) write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  nlohmann::json tok = nlohmann::json::object();
+  if (!r.tokenizer().empty()) tok = nlohmann::json::parse(r.tokenizer(), nullptr, false);
+  if (tok.is_discarded()) tok = nlohmann::json::object();
+  write_json(tmp / "config.json", hf_config(r.model_config(), o.dtype, tok));
+  write_json(tmp / "generation_config.json", {{"_from_model_config", true}});
+  const std::string source = !o.tokenizer.empty() ? o.tokenizer : tok.value("path", std::string());
+  s.tokenizer_note = ship_tokenizer(source, tmp);
+  fs::rename(tmp, out_dir);
+  s.bytes = total;
+  s.files = static_cast<int>(files.size());
+  return s;
+}
+
+}  // namespace
+
+ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& output, const ExportOptions& o) {
+  if (o.dtype != DType::F32 && o.dtype != DType::BF16) {
+    throw UsageError(fmt::format("--dtype: {} is not supported (expected fp32 or bf16)", dtype_name(o.dtype)));
+  }
+  if (fs::exists(output)) throw UsageError(fmt::format("{}: already exists; consolidation never overwrites", output));
+  CheckpointReader reader(checkpoint_dir);
+  return o.format == ExportFormat::Hdf5 ? write_hdf5(reader, output, o) : write_safetensors(reader, output, o);
+}
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,17 @@
+// Internal: fault injection for the checkpoint tests, from SHARDTRAIN_CHECKPOINT_FAULT (read at each
+// save, so nothing is cached): "stall_before_publish:SECONDS" sleeps after the files are written and
+// before they are published (a kill then lands mid-save); "fail_write" makes writing fail.
+#pragma once
+
+#include <string>
+
+namespace shardtrain::checkpoint {
+
+struct CheckpointFault {
+  double stall_before_publish = 0;  // seconds
+  bool fail_write = false;
+};
+
+CheckpointFault checkpoint_fault_from_env();
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,51 @@
+// Loading into an engine of any world size, strategy and wrap policy: each rank reads exactly the
+// element ranges of its own shards, from whichever files hold them.
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace shardtrain::checkpoint {
+
+LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, const std::string& dir) {
+  CheckpointReader reader(dir);
+  check_same_model(reader.model_config(), engine.model_spec().config(), dir);
+  const model::ModelSpec& spec = engine.model_spec();
+  const bool with_optimizer = adamw != nullptr && reader.has_optimizer();
+  for (size_t i = 0; i < engine.shards().size(); ++i) {
+    const fsdp::ShardView& v = engine.shards()[i];
+    std::vector<float> host(static_cast<size_t>(v.numel), 0.0f);  // padding stays zero
+    auto fill = [&](const std::string& kind, float* dst) {
+      std::fill(host.begin(), host.end(), 0.0f);
+      for (const fsdp::ParamRange& r : v.ranges) {
+        reader.read(spec.param(r.param).name, kind, r.param_offset,
+                    std::span<float>(host.data() + r.begin, static_cast<size_t>(r.end - r.begin)));
+      }
+      copy_async(dst, host.data(), host.size() * sizeof(float), {});
+      stream_synchronize({});
+    };
+    fill("param", v.param);
+    if (with_optimizer) {
+      fill("exp_avg", adamw->exp_avg(i));
+      fill("exp_avg_sq", adamw->exp_avg_sq(i));
+    }
+  }
+  if (with_optimizer) adamw->set_steps(reader.optimizer_steps());
+  if (adamw && !with_optimizer) {
+    log::warn("checkpoint {} is a {}: the model is loaded, the optimizer starts fresh", dir, state_dict_type_name(reader.type()));
+  }
+  engine.zero_grad();
+  LoadResult r;
+  r.step = reader.step();
+  r.type = reader.type();
+  r.trainer_state = reader.trainer_state();
+  r.config_toml = reader.config_toml();
+  r.tokenizer = reader.tokenizer();
+  r.optimizer_loaded = with_optimizer;
+  return r;
+}
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,103 @@
+// Checkpoint directories: names, completeness, the newest complete one, durable renames, rotation.
+#include "paths.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::checkpoint {
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08}", step); }
+
+bool is_complete(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kDoneFile); }
+
+std::optional<int64_t> parse_step_dir(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return std::nullopt;
+  int64_t step = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto step = parse_step_dir(e.path().filename().string());
+    if (step && e.is_directory() && is_complete(e.path().string())) out.emplace_back(*step, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string find_latest(const std::string& dir) {
+  const auto all = complete_checkpoints(dir);
+  return all.empty() ? std::string() : all.back().second;
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw IoError(fmt::format("{}: cannot open to flush it to disk", path));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw IoError(fmt::format("{}: fsync failed", path));
+}
+
+void write_text_durably(const std::string& path, const std::string& text) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw IoError(fmt::format("{}: cannot write", path));
+  }
+  fsync_path(path);
+}
+
+std::string prepare_temporary(const std::string& final_dir) {
+  const std::string tmp = final_dir + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // a save that was killed half-way: never a checkpoint, safe to drop
+  fs::create_directories(tmp, ec);
+  if (ec) throw IoError(fmt::format("{}: cannot create the checkpoint directory: {}", tmp, ec.message()));
+  return tmp;
+}
+
+void publish(const std::string& tmp, const std::string& final_dir, const std::string& done_text) {
+  std::error_code ec;
+  if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // only ever an incomplete one (no DONE): checked by the caller
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, final_dir, ec.message()));
+  fsync_path(fs::path(final_dir).parent_path().string());
+  write_text_durably((fs::path(final_dir) / kDoneFile).string(), done_text);
+  fsync_path(final_dir);
+}
+
+void rotate(const std::string& dir, int keep_last, const std::string& keep) {
+  if (keep_last <= 0) return;
+  auto all = complete_checkpoints(dir);
+  std::error_code ec;
+  while (static_cast<int>(all.size()) > keep_last) {
+    if (all.front().second != keep) {
+      log::info("checkpoint: removing {} (keep_last = {})", all.front().second, keep_last);
+      // DONE goes first, so a removal cut short leaves an incomplete directory, never a broken "complete" one.
+      fs::remove(fs::path(all.front().second) / kDoneFile, ec);
+      fs::remove_all(all.front().second, ec);
+    }
+    all.erase(all.begin());
+  }
+}
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,181 @@
+// Reading checkpoints: the index, then each file's record of which parameter ranges it holds.
+#include "shardtrain/checkpoint/reader.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "paths.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::checkpoint {
+
+struct CheckpointReader::Piece {
+  int file = 0;
+  std::string group;        // sharded: "units/0003"; full: the tensor's name
+  int64_t file_offset = 0;  // element of the dataset where `begin` sits
+  int64_t begin = 0, end = 0;  // element range of the tensor
+};
+
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw CheckpointError(fmt::format("{}: {}", where, what));
+}
+
+std::string required_string(const hdf5::Handle& f, const std::string& name, const std::string& where) {
+  auto v = hdf5::get_attr_string(f, name);
+  if (!v) fail(where, fmt::format("attribute '{}' is missing (not a shardtrain checkpoint index?)", name));
+  return *v;
+}
+
+int64_t required_int(const hdf5::Handle& f, const std::string& name, const std::string& where) {
+  auto v = hdf5::get_attr_int(f, name);
+  if (!v) fail(where, fmt::format("attribute '{}' is missing", name));
+  return *v;
+}
+
+// Opening through the HDF5 helpers reports DataError; a checkpoint's files are checkpoint errors.
+hdf5::Handle open_checkpoint_file(const std::string& path) {
+  if (!fs::exists(path)) fail(path, "file is missing (an incomplete or damaged checkpoint)");
+  try {
+    return hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  } catch (const Error& e) {
+    fail(path, fmt::format("cannot be opened: {}", e.what()));
+  }
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
+  if (!fs::is_directory(dir)) fail(dir, "no such checkpoint directory");
+  if (!is_complete(dir)) {
+    fail(dir, "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint");
+  }
+  const std::string index_path = (fs::path(dir) / kIndexFile).string();
+  hdf5::Handle index = open_checkpoint_file(index_path);
+  if (required_string(index, "format", index_path) != kFormatName) fail(index_path, "not a shardtrain checkpoint index");
+  const int64_t version = required_int(index, "format_version", index_path);
+  if (version != kFormatVersion) {
+    fail(index_path, fmt::format("format version {} (this build reads version {})", version, kFormatVersion));
+  }
+  type_ = parse_state_dict_type(required_string(index, "type", index_path));
+  step_ = required_int(index, "step", index_path);
+  optimizer_steps_ = hdf5::get_attr_int(index, "optimizer_steps").value_or(0);
+  trainer_state_ = hdf5::get_attr_string(index, "trainer_state").value_or("{}");
+  config_toml_ = hdf5::get_attr_string(index, "config").value_or("");
+  tokenizer_ = hdf5::get_attr_string(index, "tokenizer").value_or("");
+  mesh_ = fmt::format("{} on {} ranks ({} x {})", hdf5::get_attr_string(index, "strategy").value_or("?"),
+                      hdf5::get_attr_int(index, "world_size").value_or(0), hdf5::get_attr_int(index, "replicate_size").value_or(0),
+                      hdf5::get_attr_int(index, "shard_size").value_or(0));
+  model_config_ = model_config_from_json(required_string(index, "model_config", index_path), index_path);
+  try {
+    for (const auto& t : nlohmann::json::parse(required_string(index, "tensors", index_path))) {
+      TensorInfo info{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), 1};
+      for (int64_t d : info.shape) info.numel *= d;
+      by_name_[info.name] = tensors_.size();
+      tensors_.push_back(std::move(info));
+    }
+    file_names_ = nlohmann::json::parse(required_string(index, "files", index_path)).get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(index_path, fmt::format("malformed tensor or file list: {}", e.what()));
+  }
+  files_.resize(file_names_.size());
+
+  for (size_t fi = 0; fi < file_names_.size(); ++fi) {
+    hdf5::Handle& f = file(static_cast<int>(fi));
+    const std::string where = (fs::path(dir) / file_names_[fi]).string();
+    if (type_ == StateDictType::Full) {
+      for (const TensorInfo& t : tensors_) {
+        if (!hdf5::exists(f, t.name)) fail(where, fmt::format("tensor '{}' is missing", t.name));
+        pieces_[t.name].push_back({static_cast<int>(fi), t.name, 0, 0, t.numel});
+      }
+      continue;
+    }
+    if (hdf5::get_attr_int(f, "step").value_or(-1) != step_) {
+      fail(where, fmt::format("belongs to step {}, the index to step {} (files mixed from two checkpoints)",
+                              hdf5::get_attr_int(f, "step").value_or(-1), step_));
+    }
+    for (int64_t u = 0;; ++u) {
+      const std::string group = fmt::format("units/{:04}", u);
+      if (!hdf5::exists(f, group)) break;
+      const auto params = hdf5::get_attr_string(f, "params", group);
+      if (!params) fail(where, fmt::format("{} has no parameter record", group));
+      for (const auto& p : nlohmann::json::parse(*params)) {
+        const std::string name = p.at("name").get<std::string>();
+        if (!by_name_.count(name)) fail(where, fmt::format("holds '{}', which the index does not list", name));
+        pieces_[name].push_back({static_cast<int>(fi), group, p.at("file_offset").get<int64_t>(), p.at("begin").get<int64_t>(),
+                                 p.at("end").get<int64_t>()});
+      }
+    }
+  }
+  // Every element of every tensor must be held by exactly one piece.
+  for (const TensorInfo& t : tensors_) {
+    auto& ps = pieces_[t.name];
+    std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    int64_t at = 0;
+    for (const Piece& p : ps) {
+      if (p.begin != at) break;
+      at = p.end;
+    }
+    if (at != t.numel) {
+      fail(dir, fmt::format("'{}' elements [{}, {}) are in no file (a rank file is missing or truncated)", t.name, at, t.numel));
+    }
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+hdf5::Handle& CheckpointReader::file(int index) {
+  auto& slot = files_.at(static_cast<size_t>(index));
+  if (!slot) slot = std::make_unique<hdf5::Handle>(open_checkpoint_file((fs::path(path_) / file_names_[index]).string()));
+  return *slot;
+}
+
+std::vector<std::string> CheckpointReader::files() const { return file_names_; }
+
+const TensorInfo& CheckpointReader::tensor(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) fail(path_, fmt::format("no tensor named '{}'", name));
+  return tensors_[it->second];
+}
+
+void CheckpointReader::read(const std::string& name, const std::string& kind, int64_t begin, std::span<float> out) {
+  const TensorInfo& t = tensor(name);
+  const int64_t end = begin + static_cast<int64_t>(out.size());
+  if (begin < 0 || end > t.numel) fail(path_, fmt::format("'{}' has {} elements, [{}, {}) was asked", name, t.numel, begin, end));
+  if (kind != "param" && type_ == StateDictType::Full) fail(path_, fmt::format("a full state dict holds no '{}'", kind));
+  for (const Piece& p : pieces_.at(name)) {
+    const int64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
+    if (b >= e) continue;
+    const std::string dataset = type_ == StateDictType::Full ? p.group : p.group + "/" + kind;
+    try {
+      hdf5::read_f32_range(file(p.file), dataset, static_cast<size_t>(p.file_offset + (b - p.begin)),
+                           out.subspan(static_cast<size_t>(b - begin), static_cast<size_t>(e - b)));
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const Error& e) {
+      fail((fs::path(path_) / file_names_[p.file]).string(), e.what());
+    }
+  }
+}
+
+int64_t CheckpointReader::verify_checksums() {
+  int64_t verified = 0;
+  const std::vector<std::string> kinds = type_ == StateDictType::Full ? std::vector<std::string>{"param"}
+                                                                      : std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"};
+  for (const TensorInfo& t : tensors_) {
+    std::vector<float> buf(static_cast<size_t>(t.numel));
+    for (const std::string& k : kinds) {
+      read(t.name, k, 0, buf);
+      verified += t.numel;
+    }
+  }
+  return verified;
+}
+
+}  // namespace shardtrain::checkpoint

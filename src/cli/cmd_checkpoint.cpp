@@ -1,0 +1,93 @@
+// `shardtrain consolidate` and `shardtrain checkpoint info`: offline (no MPI) tools on checkpoints.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "shardtrain/checkpoint/export.hpp"
+#include "shardtrain/checkpoint/reader.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+struct ConsolidateOptions {
+  std::string checkpoint, output, format = "hdf5", dtype = "fp32", tokenizer;
+  double max_shard_gib = 2.0;
+};
+
+int run_consolidate(const ConsolidateOptions& o) {
+  checkpoint::ExportOptions e;
+  e.format = checkpoint::parse_export_format(o.format);
+  e.dtype = parse_dtype(o.dtype);
+  e.tokenizer = o.tokenizer;
+  e.max_shard_bytes = static_cast<uint64_t>(o.max_shard_gib * (1ull << 30));
+  std::string path = o.checkpoint;
+  if (!checkpoint::is_complete(path)) {  // a run directory: take its newest complete checkpoint
+    const std::string latest = checkpoint::find_latest(path);
+    if (!latest.empty()) path = latest;
+  }
+  const checkpoint::ExportSummary s = checkpoint::consolidate(path, o.output, e);
+  std::printf("consolidated %s -> %s: %lld tensors, %.1f MiB in %d file(s), %s\n", path.c_str(), o.output.c_str(),
+              static_cast<long long>(s.tensors), static_cast<double>(s.bytes) / (1 << 20), s.files, dtype_name(e.dtype));
+  if (!s.tokenizer_note.empty()) std::printf("tokenizer: %s\n", s.tokenizer_note.c_str());
+  return 0;
+}
+
+int run_info(const std::string& path, bool verify) {
+  checkpoint::CheckpointReader r(path);
+  int64_t total = 0;
+  std::string out = fmt::format("checkpoint {}\n  type {}, step {}, saved by {}\n", r.path(), state_dict_type_name(r.type()), r.step(),
+                                r.mesh_description());
+  const model::LlamaConfig& c = r.model_config();
+  out += fmt::format("  model: vocab {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), tied {}\n", c.vocab_size,
+                     c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                     c.tie_word_embeddings);
+  out += fmt::format("  files: {}\n  optimizer states: {} (AdamW step {})\n", fmt::join(r.files(), ", "),
+                     r.has_optimizer() ? "yes" : "no", r.optimizer_steps());
+  out += fmt::format("  tokenizer: {}\n  trainer state: {}\n", r.tokenizer().empty() ? "-" : r.tokenizer(), r.trainer_state());
+  for (const checkpoint::TensorInfo& t : r.tensors()) {
+    out += fmt::format("  {:<52} {:<14} {:>10}\n", t.name, fmt::format("({})", fmt::join(t.shape, ", ")), t.numel);
+    total += t.numel;
+  }
+  out += fmt::format("  {} tensors, {} parameters\n", r.tensors().size(), total);
+  std::fputs(out.c_str(), stdout);
+  if (verify) {
+    const int64_t n = r.verify_checksums();
+    std::printf("  checksums: ok (%lld elements read, every chunk's Fletcher32 verified)\n", static_cast<long long>(n));
+  }
+  if (!r.config_toml().empty()) std::printf("  config:\n%s\n", r.config_toml().c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_consolidate_command(CLI::App& parent) {
+  auto o = std::make_shared<ConsolidateOptions>();
+  Command c;
+  c.app = parent.add_subcommand("consolidate", "merge a checkpoint into full tensors: one HDF5 file, or a Hugging Face directory");
+  c.app->add_option("checkpoint", o->checkpoint, "a checkpoint directory (or a run's checkpoint directory: its newest)")->required();
+  c.app->add_option("--output,-o", o->output, "output file (hdf5) or directory (safetensors); never overwritten")->required();
+  c.app->add_option("--format", o->format, "hdf5 or safetensors")->capture_default_str();
+  c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->capture_default_str();
+  c.app->add_option("--tokenizer", o->tokenizer, "tokenizer to ship with safetensors (default: the one the checkpoint names)");
+  c.app->add_option("--max-shard-gib", o->max_shard_gib, "safetensors: split files above this size")->capture_default_str();
+  c.launch = Launch::Offline;
+  c.run = [o](Runtime*) { return run_consolidate(*o); };
+  return c;
+}
+
+Command add_checkpoint_command(CLI::App& parent) {
+  auto path = std::make_shared<std::string>();
+  auto verify = std::make_shared<bool>(false);
+  Command c;
+  c.app = parent.add_subcommand("checkpoint", "inspect checkpoints");
+  CLI::App* info = c.app->add_subcommand("info", "print step, config, tensors and sizes; --verify reads every checksum");
+  info->add_option("path", *path, "a checkpoint directory")->required();
+  info->add_flag("--verify", *verify, "read every dataset so HDF5 verifies its Fletcher32 checksums");
+  c.app->require_subcommand(1);
+  c.launch = Launch::Offline;
+  c.run = [path, verify](Runtime*) { return run_info(*path, *verify); };
+  return c;
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,254 @@
+// What is on disk: the safetensors export parsed by its specification, and every bad-input case
+// (a missing, truncated or corrupted rank file, no DONE, a model that does not match, a failed or
+// repeated save) giving one clear error that names the file, with older checkpoints untouched.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common.hpp"
+#include "harness.hpp"
+#include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/checkpoint/export.hpp"
+#include "shardtrain/checkpoint/reader.hpp"
+
+namespace fs = std::filesystem;
+using namespace shardtrain;
+using namespace shardtrain::testing_fsdp;
+
+namespace {
+
+const auto* const cleanup = ::testing::AddGlobalTestEnvironment(new testing_ckpt::CleanupEnvironment);
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Trains two steps on the world and saves after each: returns the checkpoint directory's parent.
+std::string saved_run(const std::string& tag, bool tied = false) {
+  const std::string dir = testing_ckpt::fresh_dir(tag);
+  RunOptions o;
+  o.steps = 2;
+  o.model.tie_word_embeddings = tied;
+  o.after_step = [&](int step, fsdp::FsdpEngine& e, optim::AdamW& a) {
+    checkpoint::SaveMeta m;
+    m.step = step + 1;
+    m.tokenizer = R"({"name": "test", "eot_id": 3})";
+    checkpoint::save_sharded(e, a, dir, m, 0);
+  };
+  run_training(MPI_COMM_WORLD, ranks_per_node_from_env(), o);
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a CheckpointError";
+  return {};
+}
+
+std::string copy_of(const std::string& ckpt, const std::string& name) {
+  const std::string out = fs::path(ckpt).parent_path().string() + "/" + name;
+  fs::remove_all(out);
+  fs::copy(ckpt, out, fs::copy_options::recursive);
+  return out;
+}
+
+uint64_t le64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int b = 7; b >= 0; --b) v = (v << 8) | p[b];
+  return v;
+}
+
+}  // namespace
+
+TEST(CheckpointFiles, SafetensorsFollowTheFormat) {
+  const std::string dir = saved_run("safetensors", /*tied=*/true);
+  if (world_rank() == 0) {
+    const std::string ckpt = checkpoint::find_latest(dir);
+    checkpoint::CheckpointReader reader(ckpt);
+    for (DType dt : {DType::F32, DType::BF16}) {
+      for (uint64_t limit : {uint64_t{1} << 30, uint64_t{4096}}) {
+        SCOPED_TRACE(fmt::format("{} limit {}", dtype_name(dt), limit));
+        const std::string out = fmt::format("{}/hf_{}_{}", dir, dtype_name(dt), limit);
+        checkpoint::ExportOptions eo;
+        eo.format = checkpoint::ExportFormat::Safetensors;
+        eo.dtype = dt;
+        eo.max_shard_bytes = limit;
+        const checkpoint::ExportSummary s = checkpoint::consolidate(ckpt, out, eo);
+        std::map<std::string, std::string> file_of;
+        if (s.files > 1) {
+          const auto index = nlohmann::json::parse(std::ifstream(out + "/model.safetensors.index.json"));
+          for (auto& [k, v] : index.at("weight_map").items()) file_of[k] = v.get<std::string>();
+          EXPECT_GT(index.at("metadata").at("total_size").get<uint64_t>(), 0u);
+        }
+        int64_t seen = 0;
+        std::set<std::string> files;
+        if (s.files == 1) {
+          for (const auto& t : reader.tensors()) file_of[t.name] = "model.safetensors";
+        }
+        for (auto& [k, v] : file_of) files.insert(v);
+        EXPECT_EQ(static_cast<int>(files.size()), s.files);
+        for (const std::string& file : files) {
+          std::ifstream in(out + "/" + file, std::ios::binary);
+          const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          ASSERT_GE(bytes.size(), 8u);
+          const uint64_t n = le64(bytes.data());
+          ASSERT_LE(8 + n, bytes.size());
+          EXPECT_EQ((8 + n) % 8, 0u);  // data 8-byte aligned
+          const auto header = nlohmann::json::parse(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n)));
+          uint64_t expect_begin = 0;
+          std::vector<std::pair<uint64_t, std::string>> spans;
+          for (auto& [name, info] : header.items()) {
+            if (name == "__metadata__") continue;
+            spans.emplace_back(info.at("data_offsets")[0].get<uint64_t>(), name);
+          }
+          std::sort(spans.begin(), spans.end());
+          for (const auto& [begin, name] : spans) {
+            const auto& info = header.at(name);
+            const checkpoint::TensorInfo& t = reader.tensor(name);
+            EXPECT_EQ(info.at("dtype").get<std::string>(), dt == DType::BF16 ? "BF16" : "F32");
+            EXPECT_EQ(info.at("shape").get<std::vector<int64_t>>(), t.shape);
+            const uint64_t end = info.at("data_offsets")[1].get<uint64_t>();
+            EXPECT_EQ(begin, expect_begin) << name;  // contiguous, no gaps
+            EXPECT_EQ(end - begin, static_cast<uint64_t>(t.numel) * dtype_size(dt));
+            expect_begin = end;
+            std::vector<float> want(static_cast<size_t>(t.numel));
+            reader.read(name, "param", 0, want);
+            const unsigned char* data = bytes.data() + 8 + n + begin;
+            for (size_t i = 0; i < want.size(); ++i) {
+              float got = 0;
+              if (dt == DType::BF16) {
+                uint16_t b = static_cast<uint16_t>(data[2 * i] | (data[2 * i + 1] << 8));
+                ASSERT_EQ(b, bf16(want[i]).bits) << name << "[" << i << "]";
+                continue;
+              }
+              std::memcpy(&got, data + 4 * i, 4);
+              ASSERT_EQ(got, want[i]) << name << "[" << i << "]";
+            }
+            ++seen;
+          }
+          EXPECT_EQ(8 + n + expect_begin, bytes.size());  // nothing after the last tensor
+        }
+        EXPECT_EQ(seen, static_cast<int64_t>(reader.tensors().size()));
+        EXPECT_EQ(reader.tensors().size(), 3u * 9 + 2);  // tied: no lm_head.weight
+        const auto config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+        EXPECT_EQ(config.at("architectures")[0], "LlamaForCausalLM");
+        EXPECT_EQ(config.at("num_key_value_heads"), 1);
+        EXPECT_EQ(config.at("tie_word_embeddings"), true);
+        EXPECT_EQ(config.at("eos_token_id"), 3);
+        if (limit == 4096) EXPECT_GT(s.files, 1);
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(CheckpointFiles, BadInputGivesOneClearErrorNamingTheFile) {
+  const std::string dir = saved_run("bad");
+  if (world_rank() == 0) {
+    const std::string good = checkpoint::find_latest(dir);
+    ASSERT_NE(good.find("step_00000002"), std::string::npos);
+
+    const std::string missing = copy_of(good, "missing_rank");
+    fs::remove(missing + "/rank_00001.h5");
+    EXPECT_NE(error_of([&] { checkpoint::CheckpointReader r(missing); }).find("rank_00001.h5"), std::string::npos);
+
+    const std::string truncated = copy_of(good, "truncated_rank");
+    fs::resize_file(truncated + "/rank_00001.h5", fs::file_size(truncated + "/rank_00001.h5") / 2);
+    EXPECT_NE(error_of([&] { checkpoint::CheckpointReader r(truncated); }).find("rank_00001.h5"), std::string::npos);
+
+    const std::string no_done = copy_of(good, "no_done");
+    fs::remove(no_done + "/DONE");
+    EXPECT_NE(error_of([&] { checkpoint::CheckpointReader r(no_done); }).find("no DONE marker"), std::string::npos);
+
+    // Flip bytes inside the first chunk of a dataset: its Fletcher32 checksum no longer matches.
+    const std::string corrupt = copy_of(good, "corrupt");
+    haddr_t addr = 0;
+    {
+      const hid_t f = H5Fopen((corrupt + "/rank_00000.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      const hid_t d = H5Dopen2(f, "units/0001/exp_avg", H5P_DEFAULT);
+      const hid_t space = H5Dget_space(d);
+      hsize_t offset[1], size = 0;
+      unsigned mask = 0;
+      ASSERT_GE(H5Dget_chunk_info(d, space, 0, offset, &mask, &addr, &size), 0);
+      H5Sclose(space), H5Dclose(d), H5Fclose(f);
+    }
+    {
+      std::fstream io(corrupt + "/rank_00000.h5", std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(static_cast<std::streamoff>(addr + 8));
+      const char junk[4] = {'\x5a', '\x5a', '\x5a', '\x5a'};
+      io.write(junk, 4);
+    }
+    checkpoint::CheckpointReader opened(corrupt);  // the metadata is intact
+    const std::string e = error_of([&] { opened.verify_checksums(); });
+    EXPECT_NE(e.find("rank_00000.h5"), std::string::npos) << e;
+    EXPECT_NE(e.find("checksum"), std::string::npos) << e;
+
+    // The good checkpoint is untouched by all of the above, and still verifies.
+    checkpoint::CheckpointReader ok(good);
+    EXPECT_GT(ok.verify_checksums(), 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(CheckpointFiles, ModelMismatchIsRefused) {
+  const std::string dir = saved_run("mismatch");
+  if (world_rank() == 0) {
+    RunOptions o;
+    o.steps = 0;
+    o.model.hidden_size = 24;
+    o.model.num_attention_heads = 4;
+    o.model.intermediate_size = 40;
+    const std::string ckpt = checkpoint::find_latest(dir);
+    o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW& a) {
+      const std::string msg = error_of([&] { checkpoint::load(e, &a, ckpt); });
+      EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(ckpt), std::string::npos) << msg;
+    };
+    run_training(MPI_COMM_SELF, 0, o);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(CheckpointFiles, FailedAndRepeatedSavesLoseNothing) {
+  const std::string dir = saved_run("failed_save");
+  if (world_rank() == 0) {
+    const std::string good = checkpoint::find_latest(dir);
+    const auto done_time = fs::last_write_time(good + "/DONE");
+    const auto rank_time = fs::last_write_time(good + "/rank_00000.h5");
+    RunOptions o;
+    o.steps = 0;
+    o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW& a) {
+      checkpoint::SaveMeta m;
+      m.step = 2;  // the same step again: left as it is
+      checkpoint::save_sharded(e, a, dir, m, 0);
+      m.step = 7;
+      ::setenv("SHARDTRAIN_CHECKPOINT_FAULT", "fail_write", 1);
+      EXPECT_THROW(checkpoint::save_sharded(e, a, dir, m, 1), IoError);
+      ::unsetenv("SHARDTRAIN_CHECKPOINT_FAULT");
+    };
+    run_training(MPI_COMM_SELF, 0, o);
+    EXPECT_EQ(fs::last_write_time(good + "/DONE"), done_time);
+    EXPECT_EQ(fs::last_write_time(good + "/rank_00000.h5"), rank_time);
+    EXPECT_EQ(checkpoint::find_latest(dir), good);     // the failed save is not a checkpoint
+    EXPECT_TRUE(fs::exists(dir + "/step_00000007.tmp"));
+    EXPECT_FALSE(fs::exists(dir + "/step_00000007"));
+    checkpoint::CheckpointReader still(good);
+    EXPECT_EQ(still.step(), 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
