@@ -37,6 +37,7 @@ Command add_checkpoint_command(CLI::App& parent);    // cmd_checkpoint.cpp
 Command add_tokenizer_command(CLI::App& parent);      // cmd_tokenizer.cpp
 Command add_prepare_data_command(CLI::App& parent);   // cmd_prepare_data.cpp
 Command add_bench_command(CLI::App& parent);          // cmd_bench.cpp
+Command add_train_command(CLI::App& parent);          // cmd_train.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
 
 }  // namespace shardtrain::cli

@@ -1,0 +1,101 @@
+// The one typed configuration of a training run (docs/training.md): sections model, fsdp, optim,
+// schedule, data, checkpoint, logging. Loaded from TOML (config_io.hpp), adjusted by the seeds'
+// Hugging Face files (hf_configs.hpp) and --section.key overrides, validated here in one place, printed
+// resolved at start and written to the run directory (and, later, into every checkpoint).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shardtrain/data/batches.hpp"
+#include "shardtrain/fsdp/config.hpp"
+#include "shardtrain/model/config.hpp"
+#include "shardtrain/optim/adamw.hpp"
+#include "shardtrain/optim/schedule.hpp"
+#include "shardtrain/runtime/progress.hpp"
+
+namespace shardtrain::train {
+
+// [fsdp]: the engine's options plus the world the config was written for (Accelerate's num_processes
+// and num_machines; 0 = any), checked against the MPI world at start.
+struct FsdpSection {
+  fsdp::FsdpConfig engine;
+  int num_processes = 0;
+  int num_machines = 0;
+};
+
+// [optim]: AdamW, clipping, and what to do about non-finite steps.
+struct OptimSection {
+  optim::AdamWConfig adamw;
+  double max_grad_norm = 1.0;         // clip_grad_norm_ max_norm; 0 = no clipping
+  int max_consecutive_nonfinite = 5;  // a run of this many skipped (non-finite) steps stops the job (exit 9)
+};
+
+// [schedule]: the LR schedule, when the run stops, and when it evaluates.
+struct ScheduleSection {
+  optim::ScheduleConfig lr;
+  int64_t max_steps = 0;     // optimizer steps; 0 = no limit from this key
+  int64_t max_tokens = 0;    // input tokens of all ranks; 0 = no limit
+  int64_t epochs = 0;        // passes over the training split; 0 = no limit
+  int64_t eval_every = 0;    // validation loss every N steps (and at the end); 0 = only at the end
+  int64_t eval_batches = 8;  // micro-batches per rank per evaluation; 0 = no evaluation at all
+};
+
+// [data]
+struct DataSection {
+  std::string path;                 // the dataset (prepare-data's HDF5 file); relative to the working directory
+  data::BatchLayout layout = data::BatchLayout::Packed;
+  int seq_len = 512;
+  int micro_batch_size = 0;         // per rank; 0 = global_batch_size / world (no accumulation)
+  int global_batch_size = 64;       // sequences per optimizer step, all ranks and micro-batches together
+  uint64_t seed = 1234;             // sampler shuffle
+  bool shuffle = true;
+  int prefetch = 4;                 // micro-batches the loader thread keeps ready
+};
+
+enum class StateDictType { Sharded, Full };
+const char* state_dict_type_name(StateDictType t);          // "SHARDED_STATE_DICT", "FULL_STATE_DICT"
+StateDictType parse_state_dict_type(std::string_view text);  // also sharded|full; throws ConfigError
+
+// [checkpoint]: read and validated here; the checkpoint layer acts on it through Trainer hooks.
+struct CheckpointSection {
+  std::string dir;            // "" = <run_dir>/checkpoints
+  int64_t every_n_steps = 0;  // 0 = no periodic saves
+  int keep_last = 0;          // 0 = keep all
+  StateDictType state_dict_type = StateDictType::Sharded;
+  std::string resume;         // "" = start fresh; "auto" = the newest complete checkpoint in dir; or a path
+};
+
+// [logging]
+struct LoggingSection {
+  std::string name;            // run name; "" = the config file's stem
+  std::string run_dir;         // "" = <runs_root>/<name>-<YYYYmmdd-HHMMSS>
+  std::string runs_root = "runs";
+  int64_t log_every = 10;      // plain progress lines (no terminal) every N steps
+  ProgressStyle progress = ProgressStyle::Auto;
+  std::string metrics_file = "metrics.jsonl";  // inside the run directory
+  double peak_flops = 0;       // per rank, FLOP/s, for MFU; 0 = measure an sgemm at start
+};
+
+struct TrainConfig {
+  model::LlamaConfig model;
+  FsdpSection fsdp;
+  OptimSection optim;
+  ScheduleSection schedule;
+  DataSection data;
+  CheckpointSection checkpoint;
+  LoggingSection logging;
+
+  // Every check that needs no MPI world: throws ConfigError naming section.key and what was expected.
+  void validate() const;
+  // The checks against the running world (num_processes, num_machines, batch divisibility, the mesh).
+  void validate_for_world(int world_size, int node_count) const;
+  // Micro-batch size per rank and accumulation steps for `world_size` data-parallel ranks.
+  int micro_batch_size_for(int world_size) const;
+  int accumulation_steps_for(int world_size) const;
+};
+
+bool operator==(const TrainConfig& a, const TrainConfig& b);  // field by field, via the printed form
+
+}  // namespace shardtrain::train

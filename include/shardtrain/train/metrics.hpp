@@ -1,0 +1,66 @@
+// What the training loop measures and writes: one JSON line per step and per evaluation
+// (<run_dir>/metrics.jsonl), the FLOPs per token behind MFU, and the process's peak resident memory.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "shardtrain/model/spec.hpp"
+
+namespace shardtrain::train {
+
+// Useful training FLOPs per token (docs/training.md): 6 * (matmul parameters, i.e. everything but the
+// embedding lookup, plus lm_head) + 12 * layers * hidden * seq_len for attention. The recompute of
+// activation checkpointing is overhead, not counted.
+double flops_per_token(const model::ModelSpec& spec, int64_t seq_len);
+
+struct StepMetrics {
+  int64_t step = 0;             // 1-based: the step just finished
+  uint64_t epoch = 0;           // of the next micro-batch
+  int64_t tokens = 0;           // input tokens seen so far, all ranks
+  double loss = 0;              // mean over the global batch's counted targets
+  double lr = 0;                // the rate this step used
+  double grad_norm = 0;         // before clipping
+  bool skipped = false;         // non-finite loss or norm: no update
+  double step_time_s = 0;       // data, forward, backward, optimizer (no eval, no checkpoint)
+  double tokens_per_s = 0;      // step tokens / step_time_s
+  double mfu = 0;               // tokens_per_s * flops_per_token / (peak per rank * ranks)
+  int64_t peak_mem_bytes = 0;   // rank 0's ledger peak: shards, gathered units, grads, activations, comm buffers
+  int64_t rss_peak_bytes = 0;   // rank 0's peak resident set (VmHWM)
+  uint64_t comm_shard_bytes = 0;      // this step, rank 0, shard axis (all collectives)
+  uint64_t comm_replicate_bytes = 0;  // this step, rank 0, replicate axis
+  uint64_t comm_world_bytes = 0;      // this step, rank 0, world (loss and token counts)
+  double elapsed_s = 0;         // since the loop began
+};
+
+struct EvalMetrics {
+  int64_t step = 0;
+  int64_t tokens = 0;      // training tokens seen when evaluated
+  double val_loss = 0;
+  int64_t val_tokens = 0;  // counted targets, all ranks
+  double eval_time_s = 0;
+};
+
+std::string to_json_line(const StepMetrics& m);  // {"kind":"train",...}, no newline
+std::string to_json_line(const EvalMetrics& m);  // {"kind":"eval",...}
+
+// Appends lines and flushes each one, so a killed job keeps every finished step. RAII over FILE*.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // throws IoError naming the path
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const std::string& line);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+int64_t peak_rss_bytes();  // VmHWM of this process; 0 when /proc is unavailable
+
+}  // namespace shardtrain::train

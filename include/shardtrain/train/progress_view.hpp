@@ -1,0 +1,30 @@
+// What rank 0 shows while training: a redrawn bar on a terminal (step/total, loss, lr, grad norm,
+// tokens/s, MFU, memory, ETA), plain log lines every logging.log_every steps otherwise (Slurm logs).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardtrain/runtime/progress.hpp"
+#include "shardtrain/train/config.hpp"
+#include "shardtrain/train/metrics.hpp"
+
+namespace shardtrain::train {
+
+class ProgressView {
+ public:
+  ProgressView(const LoggingSection& logging, int64_t total_steps, bool active);
+  ~ProgressView();
+  void step(const StepMetrics& m);
+  void eval(const EvalMetrics& m);
+  void finish();
+  static std::string line(const StepMetrics& m, int64_t total_steps, double eta_s);  // the plain line
+
+ private:
+  ProgressStyle style_ = ProgressStyle::Off;
+  int64_t total_ = 0, log_every_ = 1;
+  std::unique_ptr<ProgressBar> bar_;
+};
+
+}  // namespace shardtrain::train

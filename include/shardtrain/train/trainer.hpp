@@ -1,0 +1,150 @@
+// The training loop (docs/training.md): builds the mesh, communicators, model, FSDP engine, AdamW and
+// loaders from a TrainConfig, then runs steps of micro-batches accumulated to the global batch, with the
+// LR schedule, clipping, skipping of non-finite steps, periodic validation, progress and metrics.
+//
+// Checkpointing plugs in from outside through TrainerHooks (the train layer does not depend on the
+// checkpoint layer): on_start() may restore() a saved TrainerState and the shards, on_step_end() saves
+// when checkpoint.every_n_steps says so or save_requested() is set, on_end() makes the final save.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/data/loader.hpp"
+#include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/model/llama.hpp"
+#include "shardtrain/optim/adamw.hpp"
+#include "shardtrain/optim/schedule.hpp"
+#include "shardtrain/runtime/memory_ledger.hpp"
+#include "shardtrain/runtime/runtime.hpp"
+#include "shardtrain/train/config.hpp"
+#include "shardtrain/train/metrics.hpp"
+
+namespace shardtrain::train {
+
+// Everything beyond the shards and AdamW states that a resumed run needs to continue exactly.
+struct TrainerState {
+  int64_t step = 0;                 // steps taken (skipped ones included): the schedule's position
+  int64_t tokens_seen = 0;          // input tokens of all ranks
+  data::SamplerPosition sampler{};  // the train loader's next micro-batch
+  int64_t optimizer_steps = 0;      // AdamW updates (its bias-correction count)
+  int64_t consecutive_nonfinite = 0;
+  int64_t skipped_steps = 0;
+};
+
+// TrainerState as the JSON a checkpoint stores ({"step":..,"tokens_seen":..,"sampler":{"epoch":..,"index":..},...}),
+// and back: a missing field or wrong type is a CheckpointError naming `source` and the field.
+std::string trainer_state_to_json(const TrainerState& s);
+TrainerState trainer_state_from_json(std::string_view json, const std::string& source);
+
+// Faults injected for tests, from SHARDTRAIN_FAULT (docs/training.md): "nan_grad:3,5,7-9" writes a NaN
+// into every rank's gradient shard after the backward of those (1-based) steps.
+struct FaultPlan {
+  std::vector<int64_t> nan_grad_steps;
+  static FaultPlan parse(const std::string& spec);  // "" = none; throws UsageError naming SHARDTRAIN_FAULT
+  bool nan_grad_at(int64_t step) const;
+};
+
+class Trainer;
+class ProgressView;
+
+// Callbacks at fixed points of the loop, on every rank (they may run collectives).
+class TrainerHooks {
+ public:
+  virtual ~TrainerHooks() = default;
+  virtual void on_start(Trainer& trainer) {}                               // after init, before step 1
+  virtual void on_step_end(Trainer& trainer, const StepMetrics& metrics) {}  // after each step's update and eval
+  virtual void on_end(Trainer& trainer) {}                                 // after the last step
+};
+
+struct TrainerOptions {
+  FaultPlan faults;
+  std::string config_source;  // shown in the log: "configs/tiny-cpu.toml + overrides"
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  double first_loss = 0, last_loss = 0;
+  double last_val_loss = 0;  // NaN when never evaluated
+  double seconds = 0;
+  double tokens_per_s = 0;   // tokens / time spent in steps
+  int64_t skipped_steps = 0;
+  std::string run_dir;
+  std::string metrics_path;
+};
+
+class Trainer {
+ public:
+  // Collective over the world: validates the config against it, makes the run directory (rank 0
+  // writes config.toml there), opens the dataset, builds everything and initializes the parameters.
+  Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void add_hooks(TrainerHooks* hooks);  // not owned; called in the order added
+  TrainSummary run();
+
+  // Validation loss on the held-out split (collective); NaN when evaluation is off or impossible.
+  double evaluate(int64_t* counted_tokens = nullptr);
+
+  const TrainerState& state() const { return state_; }
+  // Continues from `s` (after the shards and AdamW states were loaded): seeks the loader, sets AdamW's step.
+  void restore(const TrainerState& s);
+  void request_save() { save_requested_ = true; }          // e.g. from a signal handler's flag, or a hook
+  bool save_requested() const { return save_requested_; }
+  void clear_save_request() { save_requested_ = false; }
+  void request_stop() { stop_requested_ = true; }          // ends the loop after the current step
+
+  const TrainConfig& config() const { return config_; }
+  const std::string& run_dir() const { return run_dir_; }
+  const std::string& resolved_config_toml() const { return resolved_toml_; }
+  fsdp::FsdpEngine& engine() { return *engine_; }
+  optim::AdamW& optimizer() { return *adamw_; }
+  const optim::LrSchedule& schedule() const { return *schedule_; }
+  const DeviceMesh& mesh() const { return *mesh_; }
+  MeshComms& comms() { return *comms_; }
+  const Runtime& runtime() const { return *runtime_; }
+  int64_t total_steps() const { return total_steps_; }
+  int accumulation_steps() const { return accumulation_; }
+  double peak_flops_per_rank() const { return peak_flops_; }
+
+ private:
+  void step_once(StepMetrics& m);
+  void maybe_evaluate(bool force);
+  void report(const StepMetrics& m);
+  bool due(int64_t every) const { return every > 0 && state_.step % every == 0; }
+
+  const Runtime* runtime_;
+  TrainConfig config_;
+  TrainerOptions options_;
+  std::string run_dir_, resolved_toml_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<MeshComms> comms_;
+  std::unique_ptr<ops::Ops> ops_;
+  std::unique_ptr<model::LlamaModel> model_;
+  MemoryLedger ledger_;
+  std::unique_ptr<fsdp::FsdpEngine> engine_;
+  std::unique_ptr<optim::AdamW> adamw_;
+  std::shared_ptr<const data::TokenDataset> dataset_;
+  std::unique_ptr<data::Loader> loader_, eval_loader_;
+  std::unique_ptr<optim::LrSchedule> schedule_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<ProgressView> progress_;
+  std::vector<TrainerHooks*> hooks_;
+  TrainerState state_;
+  int micro_batch_ = 1, accumulation_ = 1;
+  int64_t total_steps_ = 0, tokens_per_step_ = 0;
+  double flops_per_token_ = 0, peak_flops_ = 0;
+  int64_t eval_micro_batches_ = 0;
+  int64_t last_eval_step_ = -1;
+  double last_val_loss_;
+  bool save_requested_ = false, stop_requested_ = false;
+  double loop_seconds_ = 0, step_seconds_ = 0;
+};
+
+}  // namespace shardtrain::train

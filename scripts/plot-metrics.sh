@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Draws a training run's loss and throughput curves from RUN/metrics.jsonl (docs/training.md) with
+# gnuplot: RUN/loss.png (training loss per step, validation loss at each evaluation) and
+# RUN/throughput.png (tokens/s and MFU per step).
+#   scripts/plot-metrics.sh runs/tiny-cpu-20260101-120000
+set -euo pipefail
+
+run="${1:?usage: scripts/plot-metrics.sh RUN_DIR}"
+metrics="$run/metrics.jsonl"
+[[ -f "$metrics" ]] || { echo "plot-metrics: $metrics not found" >&2; exit 1; }
+command -v gnuplot >/dev/null 2>&1 || { echo "plot-metrics: gnuplot not found (apt-get install gnuplot-nox; scripts/setup.sh installs it)" >&2; exit 1; }
+command -v python3 >/dev/null 2>&1 || { echo "plot-metrics: python3 not found" >&2; exit 1; }
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+# JSON lines -> whitespace columns gnuplot reads (skipped steps have a null loss: left out).
+python3 - "$metrics" "$tmp" <<'PY'
+import json, sys
+src, out = sys.argv[1], sys.argv[2]
+with open(src) as f, open(out + "/train.dat", "w") as t, open(out + "/eval.dat", "w") as e:
+    for line in f:
+        line = line.strip()
+        if not line:
+            continue
+        j = json.loads(line)
+        if j.get("kind") == "train" and j.get("loss") is not None:
+            t.write(f'{j["step"]} {j["loss"]} {j["tokens_per_s"]} {100 * j["mfu"]} {j["lr"]}\n')
+        elif j.get("kind") == "eval" and j.get("val_loss") is not None:
+            e.write(f'{j["step"]} {j["val_loss"]}\n')
+PY
+[[ -s "$tmp/train.dat" ]] || { echo "plot-metrics: no training steps in $metrics" >&2; exit 1; }
+
+eval_plot=""
+if [[ -s "$tmp/eval.dat" ]]; then
+  eval_plot=", '$tmp/eval.dat' using 1:2 with linespoints lw 2 pt 7 title 'validation loss'"
+fi
+gnuplot <<GP
+set terminal pngcairo size 1000,600 noenhanced
+set grid
+set xlabel 'step'
+set output '$run/loss.png'
+set title 'loss: $run'
+set ylabel 'cross-entropy (nats/token)'
+plot '$tmp/train.dat' using 1:2 with lines lw 2 title 'training loss'$eval_plot
+set output '$run/throughput.png'
+set title 'throughput: $run'
+set ylabel 'tokens/s'
+set y2label 'MFU (%)'
+set ytics nomirror
+set y2tics
+plot '$tmp/train.dat' using 1:3 with lines lw 2 title 'tokens/s', '' using 1:4 axes x1y2 with lines lw 2 title 'MFU (%)'
+GP
+echo "plot-metrics: wrote $run/loss.png and $run/throughput.png"

@@ -1,0 +1,105 @@
+// TrainConfig validation: the one place a configuration is checked (config.hpp).
+#include "shardtrain/train/config.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "shardtrain/mesh/mesh_layout.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::train {
+
+const char* state_dict_type_name(StateDictType t) { return t == StateDictType::Full ? "FULL_STATE_DICT" : "SHARDED_STATE_DICT"; }
+
+StateDictType parse_state_dict_type(std::string_view text) {
+  if (text == "SHARDED_STATE_DICT" || text == "sharded" || text == "LOCAL_STATE_DICT") return StateDictType::Sharded;
+  if (text == "FULL_STATE_DICT" || text == "full") return StateDictType::Full;
+  throw ConfigError(fmt::format("unknown state dict type '{}' (expected SHARDED_STATE_DICT or FULL_STATE_DICT)", text));
+}
+
+namespace {
+
+void expect(bool ok, std::string_view key, const std::string& what) {
+  if (!ok) throw ConfigError(fmt::format("{}: {}", key, what));
+}
+
+}  // namespace
+
+void TrainConfig::validate() const {
+  model.validate();
+  fsdp.engine.validate();
+  if (fsdp.engine.wrap.policy == fsdp::WrapPolicy::TransformerBased)
+    expect(!fsdp.engine.wrap.transformer_layer_cls.empty(), "fsdp.transformer_layer_cls_to_wrap",
+           "expected at least one class for TRANSFORMER_BASED_WRAP");
+  expect(fsdp.engine.wrap.min_num_params > 0, "fsdp.min_num_params", fmt::format("expected a positive count, got {}", fsdp.engine.wrap.min_num_params));
+  expect(fsdp.num_processes >= 0, "fsdp.num_processes", fmt::format("expected 0 (any) or a rank count, got {}", fsdp.num_processes));
+  expect(fsdp.num_machines >= 0, "fsdp.num_machines", fmt::format("expected 0 (any) or a node count, got {}", fsdp.num_machines));
+
+  optim.adamw.validate();
+  expect(std::isfinite(optim.max_grad_norm) && optim.max_grad_norm >= 0, "optim.max_grad_norm",
+         fmt::format("expected 0 (no clipping) or a positive norm, got {}", optim.max_grad_norm));
+  expect(optim.max_consecutive_nonfinite >= 1, "optim.max_consecutive_nonfinite",
+         fmt::format("expected 1 or more, got {}", optim.max_consecutive_nonfinite));
+
+  schedule.lr.validate();
+  expect(schedule.max_steps >= 0, "schedule.max_steps", fmt::format("expected 0 or more, got {}", schedule.max_steps));
+  expect(schedule.max_tokens >= 0, "schedule.max_tokens", fmt::format("expected 0 or more, got {}", schedule.max_tokens));
+  expect(schedule.epochs >= 0, "schedule.epochs", fmt::format("expected 0 or more, got {}", schedule.epochs));
+  expect(schedule.max_steps > 0 || schedule.max_tokens > 0 || schedule.epochs > 0, "schedule.max_steps",
+         "the run never ends: set at least one of schedule.max_steps, schedule.max_tokens, schedule.epochs");
+  expect(schedule.eval_every >= 0, "schedule.eval_every", fmt::format("expected 0 or more, got {}", schedule.eval_every));
+  expect(schedule.eval_batches >= 0, "schedule.eval_batches", fmt::format("expected 0 or more, got {}", schedule.eval_batches));
+  expect(schedule.lr.min_lr <= optim.adamw.lr, "schedule.min_lr",
+         fmt::format("{} is above the peak optim.lr {}", schedule.lr.min_lr, optim.adamw.lr));
+  if (schedule.max_steps > 0 && schedule.lr.kind != optim::ScheduleKind::Constant)
+    expect(schedule.lr.warmup_steps < schedule.max_steps, "schedule.warmup_steps",
+           fmt::format("{} warmup steps leave nothing to decay in schedule.max_steps = {}", schedule.lr.warmup_steps, schedule.max_steps));
+
+  expect(!data.path.empty(), "data.path", "expected the dataset file written by `shardtrain prepare-data`");
+  expect(data.seq_len >= 1, "data.seq_len", fmt::format("expected 1 or more, got {}", data.seq_len));
+  expect(data.seq_len <= model.max_position_embeddings, "data.seq_len",
+         fmt::format("{} is longer than model.max_position_embeddings = {}", data.seq_len, model.max_position_embeddings));
+  expect(data.micro_batch_size >= 0, "data.micro_batch_size", fmt::format("expected 0 (global / world) or more, got {}", data.micro_batch_size));
+  expect(data.global_batch_size >= 1, "data.global_batch_size", fmt::format("expected 1 or more, got {}", data.global_batch_size));
+  if (data.micro_batch_size > 0)
+    expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",
+           fmt::format("{} is not a multiple of data.micro_batch_size = {}", data.global_batch_size, data.micro_batch_size));
+  expect(data.prefetch >= 1, "data.prefetch", fmt::format("expected 1 or more, got {}", data.prefetch));
+
+  expect(checkpoint.every_n_steps >= 0, "checkpoint.every_n_steps", fmt::format("expected 0 or more, got {}", checkpoint.every_n_steps));
+  expect(checkpoint.keep_last >= 0, "checkpoint.keep_last", fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));
+
+  expect(logging.log_every >= 1, "logging.log_every", fmt::format("expected 1 or more, got {}", logging.log_every));
+  expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
+         fmt::format("expected 0 (measure) or a FLOP/s figure, got {}", logging.peak_flops));
+  expect(!logging.metrics_file.empty(), "logging.metrics_file", "expected a file name");
+  expect(!logging.runs_root.empty() || !logging.run_dir.empty(), "logging.runs_root", "expected a directory");
+}
+
+int TrainConfig::micro_batch_size_for(int world_size) const {
+  return data.micro_batch_size > 0 ? data.micro_batch_size : data.global_batch_size / world_size;
+}
+
+int TrainConfig::accumulation_steps_for(int world_size) const {
+  const int mb = micro_batch_size_for(world_size);
+  return mb > 0 ? data.global_batch_size / (mb * world_size) : 0;
+}
+
+void TrainConfig::validate_for_world(int world_size, int node_count) const {
+  if (fsdp.num_processes > 0 && fsdp.num_processes != world_size)
+    throw ConfigError(fmt::format("fsdp.num_processes: the config expects {} processes, but MPI started {} (mpirun -np {})",
+                                  fsdp.num_processes, world_size, fsdp.num_processes));
+  if (fsdp.num_machines > 0 && fsdp.num_machines != node_count)
+    throw ConfigError(fmt::format("fsdp.num_machines: the config expects {} machines, but the job spans {} node(s)", fsdp.num_machines,
+                                  node_count));
+  const int mb = micro_batch_size_for(world_size);
+  if (data.micro_batch_size == 0 && (data.global_batch_size % world_size != 0 || mb == 0))
+    throw ConfigError(fmt::format("data.global_batch_size: {} sequences cannot be split evenly over {} ranks", data.global_batch_size,
+                                  world_size));
+  if (data.global_batch_size % (mb * world_size) != 0)
+    throw ConfigError(fmt::format("data.global_batch_size: {} is not a multiple of data.micro_batch_size x world = {} x {}",
+                                  data.global_batch_size, mb, world_size));
+}
+
+}  // namespace shardtrain::train

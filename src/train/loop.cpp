@@ -1,0 +1,186 @@
+// The training loop (trainer.hpp): steps of micro-batches accumulated to the global batch, the LR
+// schedule, clipping, non-finite skipping, validation, metrics and hooks.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/progress_view.hpp"
+#include "shardtrain/train/trainer.hpp"
+
+namespace shardtrain::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+model::Batch to_batch(data::MicroBatch& mb, bool with_documents) {
+  model::Batch b;
+  b.input_ids = ops::make_tensor(mb.tokens.data(), DType::I32, {mb.batch, mb.seq});
+  b.targets = ops::make_tensor(mb.targets.data(), DType::I32, {mb.batch, mb.seq});
+  if (with_documents) b.document_ids = ops::make_tensor(mb.doc_ids.data(), DType::I32, {mb.batch, mb.seq});
+  return b;
+}
+
+uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
+  uint64_t total = 0;
+  for (int k = 0; k < kCollectiveKinds; ++k) total += comms.bytes(axis, static_cast<CollectiveKind>(k));
+  return total;
+}
+
+}  // namespace
+
+void Trainer::step_once(StepMetrics& m) {
+  const auto t0 = Clock::now();
+  const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
+                 world0 = axis_bytes(*comms_, MeshAxis::World);
+  const bool packed = config_.data.layout == data::BatchLayout::Packed;
+
+  // The step's micro-batches first: the loss is the mean over every counted target of the global batch.
+  std::vector<data::MicroBatch> mbs;
+  mbs.reserve(static_cast<size_t>(accumulation_));
+  int64_t counted[2] = {0, 0};
+  for (int a = 0; a < accumulation_; ++a) {
+    mbs.push_back(loader_->next());
+    counted[0] += static_cast<int64_t>(mbs.back().loss_tokens());
+  }
+  comms_->world().all_reduce(std::span<int64_t>(counted, 1), ReduceOp::Sum);
+  const int64_t global_tokens = counted[0];
+  if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.path));
+
+  engine_->zero_grad();
+  double sums[2] = {0, 0};  // loss sum, non-finite flag
+  for (int a = 0; a < accumulation_; ++a) {
+    model::Batch batch = to_batch(mbs[static_cast<size_t>(a)], packed);
+    sums[0] += engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1).loss_sum;
+  }
+  const int64_t step_number = state_.step + 1;
+  if (options_.faults.nan_grad_at(step_number)) {
+    for (const fsdp::ShardView& s : engine_->shards()) {
+      if (s.numel > 0) {
+        s.grad[0] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      }
+    }
+  }
+  const double norm = optim::grad_norm_global(engine_->shards(), comms_->shard());
+  sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;
+  comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);  // every rank decides the same way
+  const double loss = sums[0] / static_cast<double>(global_tokens);
+  const bool skip = sums[1] > 0 || !std::isfinite(loss);
+  const double lr = schedule_->lr(state_.step);
+
+  if (skip) {
+    ++state_.consecutive_nonfinite;
+    ++state_.skipped_steps;
+    log::warn("train: step {} skipped: non-finite {} (loss {}, grad norm {}); {} in a row, the run stops at {}", step_number,
+              std::isfinite(norm) ? "loss" : "gradient norm", loss, norm, state_.consecutive_nonfinite,
+              config_.optim.max_consecutive_nonfinite);
+    if (state_.consecutive_nonfinite >= config_.optim.max_consecutive_nonfinite)
+      throw Error(ExitCode::Diverged,
+                  fmt::format("training diverged: {} steps in a row (up to step {}) had a non-finite loss or gradient norm "
+                              "(optim.max_consecutive_nonfinite = {}); lower optim.lr or resume from an earlier checkpoint",
+                              state_.consecutive_nonfinite, step_number, config_.optim.max_consecutive_nonfinite));
+  } else {
+    state_.consecutive_nonfinite = 0;
+    adamw_->step(engine_->shards(), lr, optim::clip_coefficient(norm, config_.optim.max_grad_norm));
+    state_.optimizer_steps = adamw_->steps();
+  }
+  for (auto& mb : mbs) loader_->recycle(std::move(mb));
+  state_.step = step_number;
+  state_.tokens_seen += tokens_per_step_;
+  state_.sampler = loader_->position();
+
+  m = {};
+  m.step = step_number;
+  m.epoch = state_.sampler.epoch;
+  m.tokens = state_.tokens_seen;
+  m.loss = loss;
+  m.lr = lr;
+  m.grad_norm = norm;
+  m.skipped = skip;
+  m.step_time_s = seconds_since(t0);
+  m.tokens_per_s = static_cast<double>(tokens_per_step_) / m.step_time_s;
+  m.mfu = m.tokens_per_s * flops_per_token_ / (peak_flops_ * runtime_->topology().world_size);
+  m.peak_mem_bytes = ledger_.peak_total();
+  m.rss_peak_bytes = peak_rss_bytes();
+  m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
+  m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
+  m.comm_world_bytes = axis_bytes(*comms_, MeshAxis::World) - world0;
+  step_seconds_ += m.step_time_s;
+}
+
+double Trainer::evaluate(int64_t* counted_tokens) {
+  if (!eval_loader_ || eval_micro_batches_ == 0) return std::numeric_limits<double>::quiet_NaN();
+  eval_loader_->seek({0, 0});  // the same held-out batches every time
+  const bool packed = config_.data.layout == data::BatchLayout::Packed;
+  double sums[2] = {0, 0};  // loss sum, tokens
+  for (int64_t i = 0; i < eval_micro_batches_; ++i) {
+    data::MicroBatch mb = eval_loader_->next();
+    const model::LossResult r = engine_->forward(to_batch(mb, packed));
+    sums[0] += r.loss_sum;
+    sums[1] += static_cast<double>(r.tokens);
+    eval_loader_->recycle(std::move(mb));
+  }
+  comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);
+  if (counted_tokens) *counted_tokens = static_cast<int64_t>(sums[1]);
+  return sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
+}
+
+void Trainer::maybe_evaluate(bool force) {
+  if (!eval_loader_ || eval_micro_batches_ == 0 || last_eval_step_ == state_.step) return;
+  if (!force && !due(config_.schedule.eval_every)) return;
+  const auto t0 = Clock::now();
+  EvalMetrics e;
+  e.val_loss = evaluate(&e.val_tokens);
+  e.step = state_.step;
+  e.tokens = state_.tokens_seen;
+  e.eval_time_s = seconds_since(t0);
+  last_eval_step_ = state_.step;
+  last_val_loss_ = e.val_loss;
+  if (metrics_) metrics_->write(to_json_line(e));
+  progress_->eval(e);
+}
+
+void Trainer::report(const StepMetrics& m) {
+  if (metrics_) metrics_->write(to_json_line(m));
+  progress_->step(m);
+}
+
+TrainSummary Trainer::run() {
+  for (TrainerHooks* h : hooks_) h->on_start(*this);
+  const auto start = Clock::now();
+  TrainSummary s;
+  s.first_loss = std::numeric_limits<double>::quiet_NaN();
+  StepMetrics m;
+  const int64_t first_step = state_.step;
+  while (state_.step < total_steps_ && !stop_requested_) {
+    step_once(m);
+    m.elapsed_s = seconds_since(start);
+    if (std::isnan(s.first_loss) && !m.skipped) s.first_loss = m.loss;
+    s.last_loss = m.loss;
+    report(m);
+    maybe_evaluate(false);
+    for (TrainerHooks* h : hooks_) h->on_step_end(*this, m);
+  }
+  maybe_evaluate(true);
+  progress_->finish();
+  for (TrainerHooks* h : hooks_) h->on_end(*this);
+  loop_seconds_ = seconds_since(start);
+
+  s.steps = state_.step - first_step;
+  s.tokens = state_.tokens_seen;
+  s.last_val_loss = last_val_loss_;
+  s.seconds = loop_seconds_;
+  s.tokens_per_s = step_seconds_ > 0 ? static_cast<double>(s.steps * tokens_per_step_) / step_seconds_ : 0;
+  s.skipped_steps = state_.skipped_steps;
+  s.run_dir = run_dir_;
+  s.metrics_path = metrics_ ? metrics_->path() : std::string();
+  return s;
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,89 @@
+// Metrics lines, FLOPs per token and peak RSS (metrics.hpp).
+#include "shardtrain/train/metrics.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::train {
+
+double flops_per_token(const model::ModelSpec& spec, int64_t seq_len) {
+  const auto& c = spec.config();
+  const double embed = static_cast<double>(spec.param(spec.embed_param()).numel);
+  // Tied: num_params counts the shared matrix once, and it is lm_head's matmul weight.
+  const double matmul_params = static_cast<double>(spec.num_params()) - (c.tie_word_embeddings ? 0.0 : embed);
+  return 6.0 * matmul_params + 12.0 * static_cast<double>(c.num_hidden_layers * c.hidden_size * seq_len);
+}
+
+namespace {
+// JSON numbers cannot be NaN or infinity: those become null (a skipped step's loss, say).
+nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+}  // namespace
+
+std::string to_json_line(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["kind"] = "train";
+  j["step"] = m.step;
+  j["epoch"] = m.epoch;
+  j["tokens"] = m.tokens;
+  j["loss"] = number(m.loss);
+  j["lr"] = m.lr;
+  j["grad_norm"] = number(m.grad_norm);
+  j["skipped"] = m.skipped;
+  j["step_time_s"] = m.step_time_s;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["mfu"] = m.mfu;
+  j["peak_mem_bytes"] = m.peak_mem_bytes;
+  j["rss_peak_bytes"] = m.rss_peak_bytes;
+  j["comm_bytes"] = {{"shard", m.comm_shard_bytes}, {"replicate", m.comm_replicate_bytes}, {"world", m.comm_world_bytes}};
+  j["elapsed_s"] = m.elapsed_s;
+  return j.dump();
+}
+
+std::string to_json_line(const EvalMetrics& m) {
+  nlohmann::ordered_json j;
+  j["kind"] = "eval";
+  j["step"] = m.step;
+  j["tokens"] = m.tokens;
+  j["val_loss"] = number(m.val_loss);
+  j["val_tokens"] = m.val_tokens;
+  j["eval_time_s"] = m.eval_time_s;
+  return j.dump();
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const std::string& line) {
+  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF || std::fflush(file_) != 0)
+    throw IoError(fmt::format("{}: writing a metrics line failed: {}", path_, std::strerror(errno)));
+}
+
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+    std::string rest;
+    std::getline(in, rest);
+  }
+  return 0;
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,86 @@
+// Rank 0's progress display (progress_view.hpp).
+#include "shardtrain/train/progress_view.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "shardtrain/runtime/log.hpp"
+
+namespace shardtrain::train {
+namespace {
+std::string mib(int64_t bytes) { return fmt::format("{:.0f}MiB", static_cast<double>(bytes) / (1 << 20)); }
+}  // namespace
+
+ProgressView::ProgressView(const LoggingSection& logging, int64_t total_steps, bool active)
+    : total_(total_steps), log_every_(logging.log_every) {
+  if (!active) return;
+  style_ = logging.progress;
+  // mpirun passes the ranks' stderr through a pipe but stdout through a pty: a terminal on either gets the bar.
+  std::FILE* stream = stderr;
+  if (style_ == ProgressStyle::Auto) {
+    if (isatty(fileno(stderr))) {
+      style_ = ProgressStyle::Bar;
+    } else if (isatty(fileno(stdout))) {
+      style_ = ProgressStyle::Bar;
+      stream = stdout;
+    } else {
+      style_ = ProgressStyle::Lines;
+    }
+  }
+  if (style_ == ProgressStyle::Bar) {
+    ProgressOptions o;
+    o.stream = stream;
+    o.label = "train";
+    o.total = static_cast<uint64_t>(total_steps);
+    o.unit = "step";
+    o.style = ProgressStyle::Bar;
+    bar_ = std::make_unique<ProgressBar>(o);
+  }
+}
+
+ProgressView::~ProgressView() { finish(); }
+
+std::string ProgressView::line(const StepMetrics& m, int64_t total_steps, double eta_s) {
+  return fmt::format("step {}/{} loss {:.4f} lr {:.3e} gnorm {:.3f} {:.0f} tok/s mfu {:.1f}% mem {} step {:.2f}s eta {}{}", m.step,
+                     total_steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100 * m.mfu, mib(m.peak_mem_bytes), m.step_time_s,
+                     format_duration(eta_s), m.skipped ? " (skipped: non-finite)" : "");
+}
+
+void ProgressView::step(const StepMetrics& m) {
+  if (style_ == ProgressStyle::Off) return;
+  if (bar_) {
+    bar_->set_field("loss", fmt::format("{:.4f}", m.loss));
+    bar_->set_field("lr", fmt::format("{:.2e}", m.lr));
+    bar_->set_field("gnorm", fmt::format("{:.2f}", m.grad_norm));
+    bar_->set_field("tok/s", fmt::format("{:.0f}", m.tokens_per_s));
+    bar_->set_field("mfu", fmt::format("{:.1f}%", 100 * m.mfu));
+    bar_->set_field("mem", mib(m.peak_mem_bytes));
+    bar_->set(static_cast<uint64_t>(m.step));
+    return;
+  }
+  if (m.step % log_every_ == 0 || m.step == 1 || m.step == total_ || m.skipped) {
+    const double per_step = m.elapsed_s / static_cast<double>(m.step);
+    log::info("{}", line(m, total_, per_step * static_cast<double>(total_ - m.step)));
+  }
+}
+
+void ProgressView::eval(const EvalMetrics& m) {
+  if (style_ == ProgressStyle::Off) return;
+  const std::string text = fmt::format("eval at step {}: val_loss {:.4f} over {} tokens ({:.1f}s)", m.step, m.val_loss, m.val_tokens,
+                                       m.eval_time_s);
+  if (bar_) {
+    bar_->set_field("val", fmt::format("{:.4f}", m.val_loss));
+    return;
+  }
+  log::info("{}", text);
+}
+
+void ProgressView::finish() {
+  if (bar_) bar_->finish();
+  bar_.reset();
+}
+
+}  // namespace shardtrain::train

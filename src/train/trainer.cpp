@@ -1,0 +1,251 @@
+// Trainer construction: run directory, mesh, model, engine, optimizer, loaders, schedule (trainer.hpp).
+// The loop itself is in loop.cpp.
+#include "shardtrain/train/trainer.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/progress_view.hpp"
+
+namespace shardtrain::train {
+namespace fs = std::filesystem;
+
+std::string trainer_state_to_json(const TrainerState& s) {
+  nlohmann::ordered_json j;
+  j["step"] = s.step;
+  j["tokens_seen"] = s.tokens_seen;
+  j["sampler"] = {{"epoch", s.sampler.epoch}, {"index", s.sampler.index}};
+  j["optimizer_steps"] = s.optimizer_steps;
+  j["consecutive_nonfinite"] = s.consecutive_nonfinite;
+  j["skipped_steps"] = s.skipped_steps;
+  return j.dump();
+}
+
+TrainerState trainer_state_from_json(std::string_view json, const std::string& source) {
+  TrainerState s;
+  std::string field;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(json);
+    field = "step";
+    s.step = j.at("step").get<int64_t>();
+    field = "tokens_seen";
+    s.tokens_seen = j.at("tokens_seen").get<int64_t>();
+    field = "sampler";
+    s.sampler.epoch = j.at("sampler").at("epoch").get<uint64_t>();
+    s.sampler.index = j.at("sampler").at("index").get<uint64_t>();
+    field = "optimizer_steps";
+    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    field = "consecutive_nonfinite";
+    s.consecutive_nonfinite = j.at("consecutive_nonfinite").get<int64_t>();
+    field = "skipped_steps";
+    s.skipped_steps = j.at("skipped_steps").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{}: trainer state{}: {}", source, field.empty() ? "" : " field '" + field + "'", e.what()));
+  }
+  return s;
+}
+
+FaultPlan FaultPlan::parse(const std::string& spec) {
+  FaultPlan plan;
+  if (spec.empty()) return plan;
+  auto bad = [&](const std::string& why) {
+    return UsageError(fmt::format("SHARDTRAIN_FAULT='{}': {} (expected nan_grad:STEP[,STEP|,FIRST-LAST...])", spec, why));
+  };
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos || spec.substr(0, colon) != "nan_grad") throw bad("unknown fault");
+  std::string list = spec.substr(colon + 1);
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    const std::string item = list.substr(start, comma - start);
+    try {
+      const size_t dash = item.find('-');
+      size_t used = 0;
+      const int64_t first = std::stoll(item.substr(0, dash), &used);
+      if (used != (dash == std::string::npos ? item.size() : dash)) throw bad("not a step number: " + item);
+      int64_t last = first;
+      if (dash != std::string::npos) last = std::stoll(item.substr(dash + 1));
+      if (first < 1 || last < first) throw bad("steps count from 1: " + item);
+      for (int64_t s = first; s <= last; ++s) plan.nan_grad_steps.push_back(s);
+    } catch (const std::logic_error&) {
+      throw bad("not a step number: " + item);
+    }
+    start = comma + 1;
+  }
+  return plan;
+}
+
+bool FaultPlan::nan_grad_at(int64_t step) const {
+  return std::find(nan_grad_steps.begin(), nan_grad_steps.end(), step) != nan_grad_steps.end();
+}
+
+namespace {
+
+// Rank 0 picks and creates the run directory; every rank gets its name (or rank 0's error).
+std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {
+  std::string dir, error;
+  if (rank == 0) {
+    try {
+      if (!c.logging.run_dir.empty()) {
+        dir = c.logging.run_dir;
+      } else {
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char stamp[32];
+        std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+        const std::string name = c.logging.name.empty() ? "run" : c.logging.name;
+        dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}", name, stamp)).string();
+        for (int k = 2; fs::exists(dir); ++k) dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
+      }
+      fs::create_directories(dir);
+    } catch (const std::exception& e) {
+      error = fmt::format("logging.run_dir: cannot create '{}': {}", dir, e.what());
+    }
+  }
+  std::string payload = error.empty() ? "D" + dir : "E" + error;
+  int n = static_cast<int>(payload.size());
+  ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, world));
+  payload.resize(static_cast<size_t>(n));
+  ST_CHECK_MPI(MPI_Bcast(payload.data(), n, MPI_CHAR, 0, world));
+  if (payload[0] == 'E') throw IoError(payload.substr(1));
+  return payload.substr(1);
+}
+
+}  // namespace
+
+Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptions options)
+    : runtime_(&runtime), config_(config), options_(std::move(options)), last_val_loss_(std::numeric_limits<double>::quiet_NaN()) {
+  const Topology& topo = runtime.topology();
+  config_.validate();
+  config_.validate_for_world(topo.world_size, topo.node_count);
+  const int W = topo.world_size, rank = topo.world_rank;
+  resolved_toml_ = to_toml(config_);
+
+  run_dir_ = make_run_dir(config_, runtime.world(), rank);
+  if (rank == 0) {
+    std::ofstream out(fs::path(run_dir_) / "config.toml");
+    out << "# resolved configuration of this run (" << options_.config_source << ")\n" << resolved_toml_;
+    if (!out) throw IoError(fmt::format("{}/config.toml: cannot write the resolved configuration", run_dir_));
+  }
+
+  // The dataset: every rank reads it (held in memory) and checks it against the model.
+  dataset_ = std::make_shared<data::TokenDataset>(data::TokenDataset::open(config_.data.path));
+  if (dataset_->info().vocab_size > config_.model.vocab_size)
+    throw ConfigError(fmt::format("model.vocab_size: {} is smaller than the vocabulary of {} ({}, tokenizer {}); expected at least {}",
+                                  config_.model.vocab_size, config_.data.path, dataset_->info().vocab_size,
+                                  dataset_->info().tokenizer_name, dataset_->info().vocab_size));
+
+  // Peak FLOP/s per rank for MFU: measured once, before the CPU backend sets its thread count.
+  const int threads = runtime.host_threads();
+  if (config_.logging.peak_flops > 0) {
+    peak_flops_ = config_.logging.peak_flops;
+  } else {
+    double gflops = ops::measure_cpu_sgemm(threads, 1024, 3).peak_gflops();
+    ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &gflops, 1, MPI_DOUBLE, MPI_SUM, runtime.world()));
+    peak_flops_ = gflops / W * 1e9;  // the ranks' mean, so every rank reports the same MFU
+  }
+
+  if (runtime.device().is_cuda())
+    log::info("train: the CUDA ops backend is not built into the training loop yet; training runs on the CPU ops");
+  mesh_ = std::make_unique<DeviceMesh>(runtime.world(), topo, MeshSpec{config_.fsdp.engine.strategy, config_.fsdp.engine.shard_size});
+  comms_ = std::make_unique<MeshComms>(*mesh_, CommBackend::Mpi, MemorySpace::Host);
+  ops_ = ops::make_cpu_ops({threads});
+  model::ModelOptions mopts;
+  mopts.activation_dtype = config_.fsdp.engine.param_dtype;
+  mopts.checkpointing = config_.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
+  model_ = std::make_unique<model::LlamaModel>(config_.model, *ops_, mopts);
+  engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config_.fsdp.engine, ledger_);
+  engine_->initialize(config_.model.init_seed);
+  if (config_.fsdp.engine.sync_module_states) engine_->sync_module_states();
+  adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &ledger_);
+
+  // Every rank of the mesh is a data-parallel rank.
+  micro_batch_ = config_.micro_batch_size_for(W);
+  accumulation_ = config_.accumulation_steps_for(W);
+  data::LoaderOptions lo;
+  lo.split = data::DatasetSplit::Train;
+  lo.layout = config_.data.layout;
+  lo.seq_len = config_.data.seq_len;
+  lo.micro_batch_size = micro_batch_;
+  lo.global_batch_size = config_.data.global_batch_size;
+  lo.dp_rank = rank;
+  lo.dp_size = W;
+  lo.seed = config_.data.seed;
+  lo.shuffle = config_.data.shuffle;
+  lo.prefetch = static_cast<size_t>(config_.data.prefetch);
+  loader_ = std::make_unique<data::Loader>(dataset_, lo);
+  const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
+  if (steps_per_epoch == 0)
+    throw DataError(fmt::format("{}: the train split has {} samples of {} tokens, fewer than one global batch of {}", config_.data.path,
+                                loader_->source().num_samples(), config_.data.seq_len, config_.data.global_batch_size));
+
+  if (config_.schedule.eval_batches > 0) {
+    data::LoaderOptions eo = lo;
+    eo.split = data::DatasetSplit::Validation;
+    eo.global_batch_size = micro_batch_ * W;
+    eo.shuffle = false;
+    eo.prefetch = 2;
+    try {
+      const data::SampleSource probe(*dataset_, eo.split, eo.layout, eo.seq_len);
+      if (probe.num_samples() >= static_cast<size_t>(eo.global_batch_size)) {
+        eval_loader_ = std::make_unique<data::Loader>(dataset_, eo);
+        eval_micro_batches_ = std::min<int64_t>(config_.schedule.eval_batches,
+                                                static_cast<int64_t>(eval_loader_->micro_batches_per_epoch()));
+      } else {
+        log::warn("train: the validation split of {} has {} samples, fewer than one evaluation batch of {}: no validation loss",
+                  config_.data.path, probe.num_samples(), eo.global_batch_size);
+      }
+    } catch (const DataError& e) {
+      log::warn("train: no validation loss: {}", e.what());
+    }
+  }
+
+  // The run's length: the first of max_steps, max_tokens, epochs.
+  tokens_per_step_ = static_cast<int64_t>(config_.data.global_batch_size) * config_.data.seq_len;
+  total_steps_ = std::numeric_limits<int64_t>::max();
+  if (config_.schedule.max_steps > 0) total_steps_ = std::min(total_steps_, config_.schedule.max_steps);
+  if (config_.schedule.max_tokens > 0)
+    total_steps_ = std::min(total_steps_, (config_.schedule.max_tokens + tokens_per_step_ - 1) / tokens_per_step_);
+  if (config_.schedule.epochs > 0) total_steps_ = std::min(total_steps_, config_.schedule.epochs * steps_per_epoch);
+  schedule_ = std::make_unique<optim::LrSchedule>(config_.schedule.lr, config_.optim.adamw.lr, total_steps_);
+  flops_per_token_ = flops_per_token(model_->spec(), config_.data.seq_len);
+
+  if (rank == 0) {
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string());
+    log::info("train: resolved configuration ({}):\n{}", options_.config_source, resolved_toml_);
+    log::info("train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
+              "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); peak {:.1f} GFLOP/s per rank; "
+              "run directory {}",
+              static_cast<double>(model_->spec().num_params()) / 1e6, flops_per_token_ / 1e9, mesh_->replicate_size(), mesh_->shard_size(),
+              sharding_strategy_name(config_.fsdp.engine.strategy), W, micro_batch_, accumulation_, config_.data.global_batch_size,
+              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.path, peak_flops_ / 1e9, run_dir_);
+  }
+  progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::add_hooks(TrainerHooks* hooks) { hooks_.push_back(hooks); }
+
+void Trainer::restore(const TrainerState& s) {
+  state_ = s;
+  loader_->seek(s.sampler);
+  adamw_->set_steps(s.optimizer_steps);
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,244 @@
+// The training configuration: TOML -> resolved -> printed -> loaded round trips; the seeds' JSON and
+// YAML examples load as they are; each kind of bad input gives one clear ConfigError naming the key.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/hf_configs.hpp"
+#include "shardtrain/train/yaml_subset.hpp"
+
+using namespace shardtrain;
+using namespace shardtrain::train;
+
+#ifndef SHARDTRAIN_SOURCE_DIR
+#error "SHARDTRAIN_SOURCE_DIR must point at the repository"
+#endif
+
+namespace {
+
+std::string repo(const std::string& rel) { return std::string(SHARDTRAIN_SOURCE_DIR) + "/" + rel; }
+
+// The ConfigError message of `f`, or "" when nothing was thrown.
+template <typename F>
+std::string config_error(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_CONFIG_ERROR(stmt, ...)                                                  \
+  do {                                                                                  \
+    const std::string msg_ = config_error([&] { stmt; });                               \
+    ASSERT_FALSE(msg_.empty()) << "expected a ConfigError from " #stmt;                 \
+    for (const char* part : {__VA_ARGS__}) EXPECT_NE(msg_.find(part), std::string::npos) << msg_ << "\n  lacks: " << part; \
+  } while (0)
+
+TrainConfig from_text(const std::string& text) {
+  TrainConfig c;
+  apply_toml_text(c, text, "test.toml");
+  return c;
+}
+
+}  // namespace
+
+TEST(TrainConfig, EveryShippedConfigRoundTrips) {
+  for (const char* name : {"configs/tiny-cpu.toml", "configs/llama-seed.toml", "configs/llama-1b-hybrid.toml"}) {
+    SCOPED_TRACE(name);
+    const TrainConfig loaded = load_train_config(repo(name));
+    ASSERT_NO_THROW(loaded.validate());
+    const std::string printed = to_toml(loaded);
+    TrainConfig again;
+    apply_toml_text(again, printed, "printed");
+    EXPECT_EQ(to_toml(again), printed);
+    EXPECT_TRUE(again == loaded);
+  }
+}
+
+TEST(TrainConfig, SeedConfigHasTheSeedsHyperparameters) {
+  const TrainConfig c = load_train_config(repo("configs/llama-seed.toml"));
+  EXPECT_EQ(c.model.vocab_size, 50000);
+  EXPECT_EQ(c.model.hidden_size, 768);
+  EXPECT_EQ(c.model.intermediate_size, 4 * 768);
+  EXPECT_EQ(c.model.num_hidden_layers, 12);
+  EXPECT_EQ(c.model.num_attention_heads, 12);
+  EXPECT_EQ(c.model.num_key_value_heads, 3);
+  EXPECT_EQ(c.model.max_position_embeddings, 2048);
+  EXPECT_EQ(c.data.seq_len, 512);
+  EXPECT_EQ(c.data.global_batch_size, 64);
+  EXPECT_EQ(c.data.layout, data::BatchLayout::Padded);
+  EXPECT_DOUBLE_EQ(c.optim.adamw.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optim.adamw.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.optim.adamw.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(c.optim.max_grad_norm, 1.0);
+  EXPECT_EQ(c.schedule.lr.kind, optim::ScheduleKind::WarmupCosine);
+  EXPECT_EQ(c.schedule.lr.warmup_steps, 1000);
+  EXPECT_DOUBLE_EQ(c.schedule.lr.warmup_start_factor, 0.1);
+  EXPECT_EQ(c.schedule.epochs, 3);
+  EXPECT_EQ(c.fsdp.engine.param_dtype, DType::BF16);
+  EXPECT_EQ(c.fsdp.engine.reduce_dtype, DType::F32);
+  EXPECT_EQ(c.logging.name, "llama-seed");
+  const TrainConfig h = load_train_config(repo("configs/llama-1b-hybrid.toml"));
+  EXPECT_EQ(h.fsdp.engine.strategy, ShardingStrategy::HybridShard);
+  EXPECT_NO_THROW(h.validate_for_world(32, 4));
+}
+
+TEST(TrainConfig, OverridesAreTypedAndWin) {
+  TrainConfig c = load_train_config(repo("configs/tiny-cpu.toml"));
+  apply_override(c, "optim.lr", "3e-4");
+  apply_override(c, "schedule.max_steps", "1_000");
+  apply_override(c, "fsdp.strategy", "2");
+  apply_override(c, "fsdp.reshard_after_forward", "false");
+  apply_override(c, "fsdp.transformer_layer_cls_to_wrap", "LlamaAttention,LlamaMLP");
+  apply_override(c, "data.shuffle", "false");
+  EXPECT_DOUBLE_EQ(c.optim.adamw.lr, 3e-4);
+  EXPECT_EQ(c.schedule.max_steps, 1000);
+  EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::ShardGradOp);
+  EXPECT_EQ(c.fsdp.engine.reshard_after_forward, false);
+  EXPECT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(), 2u);
+  EXPECT_FALSE(c.data.shuffle);
+  apply_override(c, "fsdp.reshard_after_forward", "auto");
+  EXPECT_FALSE(c.fsdp.engine.reshard_after_forward.has_value());
+  // The printed form keeps every override.
+  TrainConfig again;
+  apply_toml_text(again, to_toml(c), "printed");
+  EXPECT_TRUE(again == c);
+
+  EXPECT_CONFIG_ERROR(apply_override(c, "optim.lr", "fast"), "optim.lr", "expected a number", "fast");
+  EXPECT_CONFIG_ERROR(apply_override(c, "schedule.max_steps", "1.5"), "schedule.max_steps", "expected an integer");
+  EXPECT_CONFIG_ERROR(apply_override(c, "optim.lrr", "1"), "unknown key 'optim.lrr'", "lr, beta1");
+  EXPECT_CONFIG_ERROR(apply_override(c, "optimizer.lr", "1"), "unknown section 'optimizer'");
+  EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.strategy", "ZERO3"), "fsdp.strategy", "FULL_SHARD");
+  EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.param_dtype", "fp16"), "fsdp.param_dtype");
+  EXPECT_CONFIG_ERROR(apply_override(c, "data.seq_len", "99999999999"), "data.seq_len", "does not fit");
+}
+
+TEST(TrainConfig, BadFilesNameTheKey) {
+  // Unknown key, with its line and the section's keys.
+  EXPECT_CONFIG_ERROR(from_text("[optim]\nlr = 1e-3\nlearning_rate = 1e-3\n"), "test.toml:3", "unknown key 'optim.learning_rate'",
+                      "lr, beta1, beta2");
+  EXPECT_CONFIG_ERROR(from_text("[trainer]\nsteps = 1\n"), "test.toml:1", "unknown section [trainer]");
+  EXPECT_CONFIG_ERROR(from_text("lr = 1\n"), "outside any section");
+  // Wrong types.
+  EXPECT_CONFIG_ERROR(from_text("[model]\nhidden_size = \"768\"\n"), "test.toml:2", "model.hidden_size", "expected an integer, got a string");
+  EXPECT_CONFIG_ERROR(from_text("[optim]\nlr = true\n"), "optim.lr", "expected a number, got a boolean");
+  EXPECT_CONFIG_ERROR(from_text("[data]\nshuffle = 1\n"), "data.shuffle", "expected a boolean");
+  EXPECT_CONFIG_ERROR(from_text("[fsdp]\ntransformer_layer_cls_to_wrap = [1]\n"), "fsdp.transformer_layer_cls_to_wrap", "array of strings");
+  EXPECT_CONFIG_ERROR(from_text("[fsdp]\nreshard_after_forward = \"yes\"\n"), "fsdp.reshard_after_forward", "\"auto\"");
+  EXPECT_CONFIG_ERROR(from_text("[model\nx = 1\n"), "test.toml:1", "not valid TOML");
+  // Impossible values: caught by the one validate().
+  auto invalid = [](std::initializer_list<std::pair<const char*, const char*>> overrides) {
+    TrainConfig c = from_text("[data]\npath = \"x.h5\"\n[schedule]\nmax_steps = 10\n");
+    for (const auto& [k, v] : overrides) apply_override(c, k, v);
+    c.validate();
+  };
+  EXPECT_NO_THROW(invalid({}));
+  EXPECT_CONFIG_ERROR(invalid({{"model.num_attention_heads", "5"}}), "model.num_attention_heads", "does not divide hidden_size");
+  EXPECT_CONFIG_ERROR(invalid({{"optim.lr", "-1"}}), "optim.lr");
+  EXPECT_CONFIG_ERROR(invalid({{"data.seq_len", "4096"}}), "data.seq_len", "max_position_embeddings");
+  EXPECT_CONFIG_ERROR(invalid({{"schedule.max_steps", "0"}}), "never ends");
+  EXPECT_CONFIG_ERROR(invalid({{"schedule.warmup_steps", "10"}}), "schedule.warmup_steps");
+  EXPECT_CONFIG_ERROR(invalid({{"data.global_batch_size", "10"}, {"data.micro_batch_size", "4"}}), "data.global_batch_size", "multiple");
+  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.state_dict_type", "LOCAL"}}), "checkpoint.state_dict_type", "SHARDED_STATE_DICT");
+  EXPECT_CONFIG_ERROR(invalid({{"optim.max_consecutive_nonfinite", "0"}}), "optim.max_consecutive_nonfinite");
+  EXPECT_CONFIG_ERROR(from_text("[data]\npath = \"x.h5\"\nseq_len = -3\n[schedule]\nmax_steps = 1\n").validate(), "data.seq_len", "expected 1 or more");
+  // World-size mismatches, checked against the running world.
+  TrainConfig w = from_text("[data]\npath = \"x.h5\"\nglobal_batch_size = 64\n[schedule]\nmax_steps = 1\n[fsdp]\nnum_processes = 2\n");
+  EXPECT_NO_THROW(w.validate_for_world(2, 1));
+  EXPECT_CONFIG_ERROR(w.validate_for_world(4, 1), "fsdp.num_processes", "expects 2 processes", "MPI started 4");
+  w.fsdp.num_processes = 0;
+  EXPECT_CONFIG_ERROR(w.validate_for_world(3, 1), "data.global_batch_size", "3 ranks");
+  EXPECT_EQ(w.accumulation_steps_for(4), 1);
+  w.data.micro_batch_size = 4;
+  EXPECT_EQ(w.accumulation_steps_for(4), 4);
+}
+
+TEST(TrainConfig, SeedExamplesLoadAsTheyAre) {
+  TrainConfig c = load_train_config(repo("configs/tiny-cpu.toml"));
+  const auto notes = apply_accelerate_config(c, repo("configs/examples/accelerate_fsdp.yaml"));
+  EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::FullShard);  // fsdp_sharding_strategy: 1
+  EXPECT_TRUE(c.fsdp.engine.offload_params);
+  EXPECT_EQ(c.fsdp.engine.param_dtype, DType::BF16);                // mixed_precision: bf16
+  EXPECT_EQ(c.fsdp.engine.backward_prefetch, 1);                    // BACKWARD_PRE
+  EXPECT_EQ(c.fsdp.engine.forward_prefetch, 0);
+  EXPECT_TRUE(c.fsdp.engine.sync_module_states);
+  EXPECT_EQ(c.checkpoint.state_dict_type, StateDictType::Sharded);
+  EXPECT_EQ(c.fsdp.num_processes, 2);
+  EXPECT_EQ(c.fsdp.num_machines, 1);
+  ASSERT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(), 1u);  // BertLayer is not a Llama module: noted, Llama's block used
+  EXPECT_EQ(c.fsdp.engine.wrap.transformer_layer_cls[0], model::ModuleClass::LlamaDecoderLayer);
+  bool noted = false;
+  for (const auto& n : notes) noted = noted || n.find("BertLayer") != std::string::npos;
+  EXPECT_TRUE(noted);
+  EXPECT_NO_THROW(c.validate_for_world(2, 1));
+  EXPECT_CONFIG_ERROR(c.validate_for_world(4, 1), "fsdp.num_processes");
+
+  TrainConfig j = load_train_config(repo("configs/tiny-cpu.toml"));
+  apply_fsdp_config_json(j, repo("configs/examples/fsdp_config.json"));
+  EXPECT_EQ(j.fsdp.engine.reshard_after_forward, true);
+  EXPECT_FALSE(j.fsdp.engine.offload_params);
+  EXPECT_TRUE(j.fsdp.engine.activation_checkpointing);
+  EXPECT_EQ(j.checkpoint.state_dict_type, StateDictType::Full);
+  EXPECT_EQ(j.fsdp.engine.wrap.policy, fsdp::WrapPolicy::TransformerBased);
+  // Both still print and load back.
+  TrainConfig again;
+  apply_toml_text(again, to_toml(c), "printed");
+  EXPECT_TRUE(again == c);
+}
+
+TEST(TrainConfig, HfFileVariantsAndErrors) {
+  TrainConfig c;
+  apply_accelerate_config_text(c,
+                               "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n"
+                               "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n"
+                               "  fsdp_backward_prefetch: NO_PREFETCH\n  fsdp_transformer_layer_cls_to_wrap:\n"
+                               "  - LlamaAttention\n  - LlamaMLP\nmixed_precision: 'no'  # fp32\n",
+                               "acc.yaml");
+  EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::HybridShard);
+  EXPECT_EQ(c.fsdp.engine.wrap.policy, fsdp::WrapPolicy::SizeBased);
+  EXPECT_EQ(c.fsdp.engine.wrap.min_num_params, 1000);
+  EXPECT_EQ(c.fsdp.engine.backward_prefetch, 0);
+  EXPECT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(), 2u);
+  EXPECT_EQ(c.fsdp.engine.param_dtype, DType::F32);
+  for (const char* s : {"4", "5", "SHARD_GRAD_OP", "NO_SHARD"}) {
+    EXPECT_NO_THROW(apply_accelerate_config_text(c, std::string("fsdp_config:\n  fsdp_sharding_strategy: ") + s + "\n", "a.yaml"));
+  }
+  EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::NoShard);
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "fsdp_config:\n  fsdp_sharding_strategy: 7\n", "a.yaml"), "a.yaml:2",
+                      "fsdp_sharding_strategy");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "distributed_type: DEEPSPEED\n", "a.yaml"), "a.yaml:1", "distributed_type", "FSDP");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "mixed_precision: fp16\n", "a.yaml"), "mixed_precision", "fp16");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "fsdp_config:\n  fsdp_magic: true\n", "a.yaml"), "a.yaml:2", "fsdp_magic",
+                      "unknown");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "num_processes: two\n", "a.yaml"), "num_processes", "integer");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "colour: blue\n", "a.yaml"), "colour", "unknown Accelerate option");
+  // Outside the YAML subset: file:line and what was not understood.
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: &x 1\n", "y.yaml"), "y.yaml:1", "anchor");
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: |\n  text\n", "y.yaml"), "y.yaml:1");
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: 1\n\tb: 2\n", "y.yaml"), "y.yaml:2", "tab");
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: 1\na: 2\n", "y.yaml"), "y.yaml:2", "duplicate key 'a'");
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: 1\n    b: 2\n", "y.yaml"), "y.yaml:2", "indentation");
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: 'open\n", "y.yaml"), "y.yaml:1", "not closed");
+  EXPECT_CONFIG_ERROR(parse_yaml_subset("a: 1\n---\nb: 2\n", "y.yaml"), "y.yaml:2", "more than one document");
+  const YamlNode y = parse_yaml_subset("# c\na: 'it''s' # note\nb: \"x#y\"\nc: []\nd:\n  e: [1, two]\n", "y.yaml");
+  ASSERT_EQ(y.map.size(), 4u);
+  EXPECT_EQ(y.map[0].second.scalar, "it's");
+  EXPECT_EQ(y.map[1].second.scalar, "x#y");
+  EXPECT_EQ(y.map[2].second.kind, YamlNode::Kind::List);
+  EXPECT_EQ(y.map[3].second.map[0].second.list[1].scalar, "two");
+
+  TrainConfig j;
+  EXPECT_NO_THROW(apply_fsdp_config_json_text(j, R"({"fsdp_min_num_params": 5000, "auto_wrap_policy": "SIZE_BASED_WRAP",
+      "transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "backward_prefetch": "BACKWARD_POST", "use_orig_params": true})", "f.json"));
+  EXPECT_EQ(j.fsdp.engine.wrap.min_num_params, 5000);
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"version": 3})", "f.json"), "f.json", "version");
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"cpu_offload": "maybe"})", "f.json"), "f.json: cpu_offload", "true or false");
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"sharding": 1})", "f.json"), "f.json: sharding", "unknown fsdp_config option");
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"xla": true})", "f.json"), "xla");
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, "{", "f.json"), "f.json", "not valid JSON");
+}
