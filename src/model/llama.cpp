@@ -3,6 +3,8 @@
 // with the same ops on the same inputs, so gradients are bit-identical to the run without it.
 #include "shardtrain/model/llama.hpp"
 
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "layer_exec.hpp"
@@ -40,7 +42,18 @@ LossResult LlamaModel::forward_backward(const Batch& batch, const StepOptions& s
 
 LossResult LlamaModel::forward(const Batch& batch) { return run(batch, StepOptions{}, Mode::Forward); }
 
-LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mode) {
+void LlamaModel::last_logits(const Tensor& input_ids, const Tensor& logits) {
+  const int64_t b = input_ids.shape[0], v = spec_.config().vocab_size;
+  if (logits.dtype != DType::F32 || logits.shape.rank != 2 || logits.shape[0] != b || logits.shape[1] != v)
+    throw InternalError(fmt::format("last_logits: logits must be ({}, {}) f32, got {}", b, v, logits.describe()));
+  std::vector<int32_t> unused(static_cast<size_t>(input_ids.numel()), options_.ignore_index);
+  Batch batch;
+  batch.input_ids = input_ids;
+  batch.targets = ops::make_tensor(unused.data(), DType::I32, input_ids.shape);
+  run(batch, StepOptions{}, Mode::LastLogits, &logits);
+}
+
+LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mode, const Tensor* logits) {
   const Tensor& ids = batch.input_ids;
   if (ids.dtype != DType::I32 || ids.shape.rank != 2)
     throw DataError(fmt::format("input_ids must be (batch, seq) i32, got {}", ids.describe()));
@@ -81,6 +94,14 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
                         c.rms_norm_eps, Tensor{}, plan.final_norm, plan.final_rstd);
   }
   const int head = spec_.lm_head_module();
+  if (mode == Mode::LastLogits) {  // lm_head on each row's last position only: (1, D) x (V, D)^T
+    detail::Scope sc(e, head, ForwardPhase::Normal);
+    for (int64_t r = 0; r < b; ++r) {
+      ops.matmul(ops::Transpose::No, ops::Transpose::Yes, 1.0, plan.final_norm.row_slice(r * s + s - 1, 1),
+                 binding_.param(spec_.lm_head_param()), 0.0, logits->row_slice(r, 1));
+    }
+    return {};
+  }
   if (!grads) {
     detail::Scope sc(e, head, ForwardPhase::Normal);
     const ops::LossSums sums =

@@ -62,12 +62,15 @@ class LlamaModel {
   LossResult forward_backward(const Batch& batch, const StepOptions& step = {});
   // Loss only (evaluation): no gradient views needed.
   LossResult forward(const Batch& batch);
+  // Generation: the logits of each row's last position, logits (B, V) F32 on the host, from input_ids
+  // (B, S) I32. Forward hooks are called as in forward().
+  void last_logits(const ops::Tensor& input_ids, const ops::Tensor& logits);
   // Activation buffers for this shape: planned and allocated on first use, reused while the shape repeats.
   const ActivationPlan& prepare(int64_t batch, int64_t seq);
 
  private:
-  enum class Mode { Forward, ForwardBackward };
-  LossResult run(const Batch& batch, const StepOptions& step, Mode mode);
+  enum class Mode { Forward, ForwardBackward, LastLogits };
+  LossResult run(const Batch& batch, const StepOptions& step, Mode mode, const ops::Tensor* logits = nullptr);
 
   ModelSpec spec_;
   ops::Ops* ops_;
