@@ -1,14 +1,16 @@
 // Internal: fault injection for the checkpoint tests, from SHARDTRAIN_CHECKPOINT_FAULT (read at each
-// save, so nothing is cached): "stall_before_publish:SECONDS" sleeps after the files are written and
+// save, so nothing is cached): "stall_before_publish:SECONDS[@STEP]" sleeps after the files are written and
 // before they are published (a kill then lands mid-save); "fail_write" makes writing fail.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace shardtrain::checkpoint {
 
 struct CheckpointFault {
   double stall_before_publish = 0;  // seconds
+  int64_t only_step = -1;           // stall only the save of this step ("stall_before_publish:20@4"); -1: every save
   bool fail_write = false;
 };
 

@@ -25,7 +25,7 @@ namespace shardtrain::checkpoint {
 std::string rank_file_name(int shard_rank) { return fmt::format("rank_{:05}.h5", shard_rank); }
 
 StateDictType parse_state_dict_type(std::string_view t) {
-  if (t == "SHARDED_STATE_DICT" || t == "sharded") return StateDictType::Sharded;
+  if (t == "SHARDED_STATE_DICT" || t == "sharded" || t == "LOCAL_STATE_DICT") return StateDictType::Sharded;
   if (t == "FULL_STATE_DICT" || t == "full") return StateDictType::Full;
   throw ConfigError(fmt::format("state_dict_type: unknown type '{}' (expected SHARDED_STATE_DICT or FULL_STATE_DICT)", t));
 }
@@ -155,9 +155,20 @@ CheckpointFault checkpoint_fault_from_env() {
   const char* v = std::getenv("SHARDTRAIN_CHECKPOINT_FAULT");
   if (!v) return f;
   const std::string s(v);
-  if (s == "fail_write") f.fail_write = true;
-  else if (s.rfind("stall_before_publish:", 0) == 0) f.stall_before_publish = std::stod(s.substr(21));
-  else throw ConfigError(fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write or stall_before_publish:SECONDS", s));
+  try {
+    if (s == "fail_write") {
+      f.fail_write = true;
+    } else if (s.rfind("stall_before_publish:", 0) == 0) {
+      const std::string arg = s.substr(21);
+      const size_t at = arg.find('@');
+      f.stall_before_publish = std::stod(arg.substr(0, at));
+      if (at != std::string::npos) f.only_step = std::stoll(arg.substr(at + 1));
+    } else {
+      throw std::invalid_argument(s);
+    }
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write or stall_before_publish:SECONDS[@STEP]", s));
+  }
   return f;
 }
 
@@ -181,7 +192,8 @@ std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, co
     write_rank_file(path, engine, adamw, meta.step);
   }
   barrier(world);
-  if (fault.stall_before_publish > 0) std::this_thread::sleep_for(std::chrono::duration<double>(fault.stall_before_publish));
+  if (fault.stall_before_publish > 0 && (fault.only_step < 0 || fault.only_step == meta.step))
+    std::this_thread::sleep_for(std::chrono::duration<double>(fault.stall_before_publish));
   if (rank == 0) {
     write_index(tmp, engine, StateDictType::Sharded, meta, files, adamw.steps());
     publish(tmp, final_dir, done_text(meta.step, StateDictType::Sharded, files));

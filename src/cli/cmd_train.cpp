@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "command.hpp"
+#include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -17,6 +18,7 @@ namespace shardtrain::cli {
 namespace {
 
 struct TrainOptions {
+  std::string resume;  // --resume: overrides checkpoint.resume
   std::vector<std::string> override_values;   // one per config field, in config_fields() order
   std::vector<CLI::Option*> override_options;
   std::string config;
@@ -52,7 +54,8 @@ train::TrainConfig resolve(const TrainOptions& o, std::vector<std::string>& note
 int run_train(const TrainOptions& o, Runtime* rt) {
   std::vector<std::string> notes;
   std::string source;
-  const train::TrainConfig config = resolve(o, notes, source);
+  train::TrainConfig config = resolve(o, notes, source);
+  if (!o.resume.empty()) config.checkpoint.resume = o.resume;  // --resume is checkpoint.resume
   for (const auto& n : notes) log::info("train: {}", n);
   if (o.print_config) {
     if (rt->topology().world_rank == 0) std::fputs(train::to_toml(config).c_str(), stdout);
@@ -63,12 +66,14 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
   train::Trainer trainer(*rt, config, topts);
-  // The checkpoint layer attaches here: trainer.add_hooks(&checkpointer) (save/resume per config.checkpoint).
+  train::CheckpointHooks checkpoints(trainer);
+  trainer.add_hooks(&checkpoints);
   const train::TrainSummary s = trainer.run();
   log::info("train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}; run directory {} (metrics {})",
             s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
             std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
             s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(), s.run_dir, s.metrics_path);
+  if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
   return 0;
 }
 
@@ -82,6 +87,7 @@ Command add_train_command(CLI::App& parent) {
   c.app->add_option("--fsdp-config", o->fsdp_config, "a Transformers fsdp_config JSON file (applied over the TOML)");
   c.app->add_option("--accelerate-config", o->accelerate_config, "an Accelerate config YAML file (applied over the TOML)");
   c.app->add_flag("--print-config", o->print_config, "print the resolved config as TOML on stdout and exit");
+  c.app->add_option("--resume", o->resume, "auto (the newest complete checkpoint in checkpoint.dir) or a checkpoint path");
   // Every config key is an option of its own: --section.key value (or =value), listed by --help.
   const auto& fields = train::config_fields();
   o->override_values.resize(fields.size());

@@ -10,14 +10,6 @@
 
 namespace shardtrain::train {
 
-const char* state_dict_type_name(StateDictType t) { return t == StateDictType::Full ? "FULL_STATE_DICT" : "SHARDED_STATE_DICT"; }
-
-StateDictType parse_state_dict_type(std::string_view text) {
-  if (text == "SHARDED_STATE_DICT" || text == "sharded" || text == "LOCAL_STATE_DICT") return StateDictType::Sharded;
-  if (text == "FULL_STATE_DICT" || text == "full") return StateDictType::Full;
-  throw ConfigError(fmt::format("unknown state dict type '{}' (expected SHARDED_STATE_DICT or FULL_STATE_DICT)", text));
-}
-
 namespace {
 
 void expect(bool ok, std::string_view key, const std::string& what) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "shardtrain/checkpoint/checkpoint.hpp"
+
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/model/config.hpp"
@@ -54,9 +56,10 @@ struct DataSection {
   int prefetch = 4;                 // micro-batches the loader thread keeps ready
 };
 
-enum class StateDictType { Sharded, Full };
-const char* state_dict_type_name(StateDictType t);          // "SHARDED_STATE_DICT", "FULL_STATE_DICT"
-StateDictType parse_state_dict_type(std::string_view text);  // also sharded|full; throws ConfigError
+// The checkpoint layer's names (SHARDED_STATE_DICT, FULL_STATE_DICT; also sharded|full|LOCAL_STATE_DICT).
+using checkpoint::StateDictType;
+using checkpoint::parse_state_dict_type;
+using checkpoint::state_dict_type_name;
 
 // [checkpoint]: read and validated here; the checkpoint layer acts on it through Trainer hooks.
 struct CheckpointSection {

@@ -109,6 +109,7 @@ class Trainer {
   const DeviceMesh& mesh() const { return *mesh_; }
   MeshComms& comms() { return *comms_; }
   const Runtime& runtime() const { return *runtime_; }
+  const data::TokenDataset& dataset() const { return *dataset_; }
   int64_t total_steps() const { return total_steps_; }
   int accumulation_steps() const { return accumulation_; }
   double peak_flops_per_rank() const { return peak_flops_; }

@@ -1,0 +1,97 @@
+// Resume and periodic saves through the checkpoint layer.
+#include "shardtrain/train/checkpointing.hpp"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::train {
+
+CheckpointHooks::CheckpointHooks(const Trainer& trainer)
+    : dir_(trainer.config().checkpoint.dir.empty() ? (fs::path(trainer.run_dir()) / "checkpoints").string()
+                                                    : trainer.config().checkpoint.dir) {}
+
+std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
+  const data::DatasetInfo& info = trainer.dataset().info();
+  return nlohmann::json{{"name", info.tokenizer_name},
+                        {"hash", info.tokenizer_hash},
+                        {"path", info.tokenizer_path},
+                        {"format", info.tokenizer_format},
+                        {"vocab_size", info.vocab_size},
+                        {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
+                        {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
+                        {"dataset", trainer.dataset().path()}}
+      .dump();
+}
+
+void CheckpointHooks::on_start(Trainer& trainer) {
+  const std::string& resume = trainer.config().checkpoint.resume;
+  if (resume.empty()) return;
+  std::string path = resume;
+  if (resume == "auto") {
+    path = checkpoint::find_latest(dir_);
+    if (path.empty()) {
+      log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
+      return;
+    }
+  } else if (!checkpoint::is_complete(path)) {
+    const std::string latest = checkpoint::find_latest(path);  // a directory of checkpoints: its newest
+    if (!latest.empty()) path = latest;
+  }
+  // The tokens in the dataset must be the ones the checkpoint's model was trained on.
+  const checkpoint::CheckpointReader reader(path);
+  if (!reader.tokenizer().empty()) {
+    const auto saved = nlohmann::json::parse(reader.tokenizer(), nullptr, false);
+    const std::string hash = saved.is_object() ? saved.value("hash", std::string()) : std::string();
+    const std::string& current = trainer.dataset().info().tokenizer_hash;
+    if (!hash.empty() && !current.empty() && hash != current) {
+      throw CheckpointError(fmt::format("{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
+                                        "use a dataset prepared with the checkpoint's tokenizer",
+                                        path, saved.value("name", std::string("?")), hash, trainer.dataset().path(),
+                                        trainer.dataset().info().tokenizer_name, current));
+    }
+  }
+  const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), path);
+  TrainerState state = trainer_state_from_json(r.trainer_state, path);
+  if (!r.optimizer_loaded) state.optimizer_steps = 0;
+  trainer.restore(state);
+  resumed_from_ = path;
+  last_saved_step_ = state.step;
+  log::info("checkpoint: resumed from {} at step {} ({} tokens seen)", path, state.step, state.tokens_seen);
+}
+
+void CheckpointHooks::save(Trainer& trainer) {
+  const TrainerState& s = trainer.state();
+  if (s.step == last_saved_step_) return;
+  checkpoint::SaveMeta meta;
+  meta.step = s.step;
+  meta.trainer_state = trainer_state_to_json(s);
+  meta.config_toml = trainer.resolved_config_toml();
+  meta.tokenizer = tokenizer_json(trainer);
+  const auto& c = trainer.config().checkpoint;
+  last_saved_ = c.state_dict_type == StateDictType::Full
+                    ? checkpoint::save_full(trainer.engine(), dir_, meta, c.keep_last)
+                    : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, c.keep_last);
+  last_saved_step_ = s.step;
+}
+
+void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
+  const int64_t every = trainer.config().checkpoint.every_n_steps;
+  if ((every > 0 && trainer.state().step % every == 0) || trainer.save_requested()) {
+    save(trainer);
+    trainer.clear_save_request();
+  }
+}
+
+void CheckpointHooks::on_end(Trainer& trainer) {
+  if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested()) save(trainer);
+}
+
+}  // namespace shardtrain::train

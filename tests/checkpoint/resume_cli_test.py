@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Checkpoints through `shardtrain train` end to end: a run killed with SIGKILL in the middle of a save
+keeps its previous checkpoint intact and loadable; `--resume auto` continues from it, and the losses and
+final parameters equal the uninterrupted run's bit for bit; consolidation and `checkpoint info --verify`
+work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--shardtrain", required=True)
+parser.add_argument("--mpiexec", default="mpirun")
+parser.add_argument("--source", required=True)
+parser.add_argument("--workdir", required=True)
+args = parser.parse_args()
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+corpus = os.path.join(args.source, "data/fetched/corpus/moby-dick")
+if not os.path.isdir(corpus):
+    print(f"FAIL: {corpus} missing: run ./scripts/fetch-data.sh first", file=sys.stderr)
+    sys.exit(1)
+work = os.path.abspath(args.workdir)
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+st = args.shardtrain
+
+
+def tool(*cli):
+    subprocess.run([st, *cli, "--log-level", "warn"], check=True)
+
+
+tok, ds = os.path.join(work, "bpe512.json"), os.path.join(work, "moby.h5")
+tool("tokenizer", "train", "--input", corpus, "--vocab-size", "512", "--output", tok)
+tool("prepare-data", "-t", tok, "-i", corpus, "-o", ds, "--validation-fraction", "0.05")
+tok2, ds2 = os.path.join(work, "bpe600.json"), os.path.join(work, "moby600.h5")
+tool("tokenizer", "train", "--input", corpus, "--vocab-size", "600", "--output", tok2)
+tool("prepare-data", "-t", tok2, "-i", corpus, "-o", ds2, "--validation-fraction", "0.05")
+
+SMALL = ["--model.vocab_size", "600", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+         "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+         "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.max_steps", "8",
+         "--schedule.warmup_steps", "2", "--schedule.eval_every", "0", "--logging.progress", "lines",
+         "--checkpoint.every_n_steps", "2", "--logging.peak_flops", "1e10"]
+
+
+def train(name, *extra, env_extra=None, data=ds, popen=False):
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    cmd = [args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml",
+           "--data.path", data, "--logging.run_dir", os.path.join(work, name), *SMALL, *extra]
+    if popen:
+        return subprocess.Popen(cmd, cwd=args.source, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return subprocess.run(cmd, cwd=args.source, env=env, capture_output=True, text=True, timeout=600)
+
+
+def losses(name):
+    return {l["step"]: l["loss"] for l in map(json.loads, open(os.path.join(work, name, "metrics.jsonl"))) if l["kind"] == "train"}
+
+
+# The uninterrupted run.
+whole = train("whole")
+check(whole.returncode == 0, f"uninterrupted run: {whole.stderr[-2000:]}")
+ckpts = os.path.join(work, "killed", "ckpt")
+
+# A run killed with SIGKILL while its step-4 save is in flight (files written, not yet published).
+p = train("killed", "--checkpoint.dir", ckpts, env_extra={"SHARDTRAIN_CHECKPOINT_FAULT": "stall_before_publish:60@4"}, popen=True)
+deadline = time.time() + 120
+while time.time() < deadline and not os.path.isdir(os.path.join(ckpts, "step_00000004.tmp")):
+    time.sleep(0.2)
+time.sleep(1.0)  # the rank files are being written or done; the publish is stalled
+os.killpg(p.pid, signal.SIGKILL)
+p.wait()
+check(os.path.isfile(os.path.join(ckpts, "step_00000002", "DONE")), "the step-2 checkpoint survived the kill")
+check(not os.path.exists(os.path.join(ckpts, "step_00000004")), "no step-4 checkpoint was published")
+check(os.path.isdir(os.path.join(ckpts, "step_00000004.tmp")), "the interrupted save is left as a .tmp directory")
+info = subprocess.run([st, "checkpoint", "info", "--verify", os.path.join(ckpts, "step_00000002")], capture_output=True, text=True)
+check(info.returncode == 0 and "checksums: ok" in info.stdout and "step 2" in info.stdout, f"checkpoint info: {info.stdout} {info.stderr}")
+
+# Resume: continues at step 3 and ends where the uninterrupted run ended, bit for bit.
+resumed = train("resumed", "--checkpoint.dir", ckpts, "--resume", "auto")
+check(resumed.returncode == 0, f"resumed run: {resumed.stderr[-2000:]}")
+check("resumed from" in resumed.stderr and "step_00000002" in resumed.stderr, "the resume was logged")
+a, b = losses("whole"), losses("resumed")
+check(sorted(b) == list(range(3, 9)), f"resumed steps {sorted(b)}")
+check(all(a[s] == b[s] for s in b), f"losses differ: {[(s, a[s], b[s]) for s in b if a[s] != b[s]]}")
+outs = []
+for name, d in (("whole", os.path.join(work, "whole", "checkpoints")), ("resumed", ckpts)):
+    out = os.path.join(work, f"{name}.safetensors.d")
+    r = subprocess.run([st, "consolidate", d, "--output", out, "--format", "safetensors"], capture_output=True, text=True)
+    check(r.returncode == 0 and "step_00000008" in r.stdout, f"consolidate {name}: {r.stdout} {r.stderr}")
+    outs.append(open(os.path.join(out, "model.safetensors"), "rb").read())
+check(outs[0] == outs[1], "final parameters of the resumed run equal the uninterrupted run's, byte for byte")
+check(os.path.isfile(os.path.join(work, "resumed.safetensors.d", "tokenizer.json")), "the tokenizer ships with the export")
+
+# Refusals: a missing rank file, and a dataset made with another tokenizer. Exit code 5, file named.
+broken = os.path.join(work, "broken")
+shutil.copytree(os.path.join(ckpts, "step_00000008"), os.path.join(broken, "step_00000008"))
+os.remove(os.path.join(broken, "step_00000008", "rank_00001.h5"))
+r = train("broken_resume", "--checkpoint.dir", broken, "--resume", "auto")
+check(r.returncode == 5 and "rank_00001.h5" in r.stderr, f"missing rank file: exit {r.returncode}: {r.stderr[-1500:]}")
+r = train("other_tokenizer", "--checkpoint.dir", ckpts, "--resume", "auto", data=ds2)
+check(r.returncode == 5 and "tokenizer" in r.stderr, f"tokenizer mismatch: exit {r.returncode}: {r.stderr[-1500:]}")
+
+print(f"{len(failures)} failed" if failures else "all checkpoint CLI checks passed")
+sys.exit(1 if failures else 0)
