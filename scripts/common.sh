@@ -22,5 +22,8 @@ configure_and_build() {
     return 1
   }
   grep -E 'shardtrain: CUDA backend' "$BUILD_DIR/configure.log" | sed 's/^-- /    /'
-  cmake --build "$BUILD_DIR" -j"$JOBS"
+  # Arguments name targets to build (the quickstart needs only the binary); none = everything.
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$BUILD_DIR" -j"$JOBS" "${targets[@]}"
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: install, build, fetch the default corpus, train a small BPE
 # tokenizer on it, prepare the dataset, train configs/tiny-cpu.toml on 2 ranks with FULL_SHARD for a
-# few minutes (the loss falls from ~8.3), plot the metrics, and say where everything is.
+# few minutes (the loss falls from ~8.3) with checkpoints, plot the metrics, consolidate the last
+# checkpoint into a Hugging Face directory, sample text from it, and say where everything is.
 # Extra arguments go to `shardtrain train` (e.g. --schedule.max_steps 50).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -9,7 +10,7 @@ cd "$ROOT"
 start=$SECONDS
 
 "$ROOT/scripts/setup.sh"
-configure_and_build
+configure_and_build shardtrain
 bin="$BUILD_DIR/bin/shardtrain"
 
 say "the device mesh: 4 ranks as 2 simulated nodes of 2, HYBRID_SHARD"
@@ -37,6 +38,16 @@ mpirun --oversubscribe -np 2 "$bin" train --config configs/tiny-cpu.toml --data.
 say "plotting the metrics"
 "$ROOT/scripts/plot-metrics.sh" "$run_dir"
 
+checkpoint="$(ls -d "$run_dir"/checkpoints/step_* | sort | tail -n 1)"
+say "the last checkpoint, its checksums verified"
+"$bin" checkpoint info --verify "$checkpoint" | sed -n '1,4p;/checksums/p'
+
+say "consolidating it into a Hugging Face directory (safetensors, config.json, tokenizer.json)"
+"$bin" consolidate "$checkpoint" --output "$run_dir/hf" --format safetensors
+
+say "a sample from the trained model"
+"$bin" generate --checkpoint "$run_dir/hf" --prompt "My fellow citizens," --max-tokens 60 --seed 7 --log-level warn
+
 last_train="$(grep '"kind":"train"' "$run_dir/metrics.jsonl" | tail -n 1)"
 first_train="$(grep -m1 '"kind":"train"' "$run_dir/metrics.jsonl")"
 last_eval="$(grep '"kind":"eval"' "$run_dir/metrics.jsonl" | tail -n 1 || true)"
@@ -58,6 +69,8 @@ cat <<EOF_SUMMARY
       resolved config   $run_dir/config.toml   (train --config $run_dir/config.toml repeats the run)
       metrics           $run_dir/metrics.jsonl (one JSON line per step and per evaluation)
       plots             $run_dir/loss.png, $run_dir/throughput.png
+      checkpoints       $run_dir/checkpoints/  (resume: add --resume auto --checkpoint.dir $run_dir/checkpoints)
+      Hugging Face      $run_dir/hf/  (LlamaForCausalLM.from_pretrained loads it)
     configs             configs/ (tiny-cpu, llama-seed, llama-1b-hybrid; examples/ has the seeds' Accelerate YAML and fsdp_config JSON)
-    docs                docs/training.md (every config key), docs/exit-codes.md
+    docs                docs/training.md (every config key), docs/checkpoints.md, docs/exit-codes.md
 EOF_SUMMARY

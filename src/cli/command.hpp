@@ -34,6 +34,7 @@ Command add_env_command(CLI::App& parent);
 Command add_plan_command(CLI::App& parent);          // cmd_plan.cpp
 Command add_consolidate_command(CLI::App& parent);   // cmd_checkpoint.cpp
 Command add_checkpoint_command(CLI::App& parent);    // cmd_checkpoint.cpp
+Command add_generate_command(CLI::App& parent);      // cmd_generate.cpp
 Command add_tokenizer_command(CLI::App& parent);      // cmd_tokenizer.cpp
 Command add_prepare_data_command(CLI::App& parent);   // cmd_prepare_data.cpp
 Command add_bench_command(CLI::App& parent);          // cmd_bench.cpp

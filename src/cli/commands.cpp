@@ -9,6 +9,7 @@ void add_commands(CLI::App& app, std::vector<Command>& out) {
   out.push_back(add_plan_command(app));
   out.push_back(add_consolidate_command(app));
   out.push_back(add_checkpoint_command(app));
+  out.push_back(add_generate_command(app));
   out.push_back(add_prepare_data_command(app));
   out.push_back(add_tokenizer_command(app));
   out.push_back(add_bench_command(app));

@@ -189,6 +189,7 @@ void write_u16(const Handle& p, const std::string& n, std::span<const uint16_t> 
 std::vector<uint32_t> read_u32(const Handle& p, const std::string& n) { return read_1d<uint32_t>(p, n, H5T_INTEGER); }
 std::vector<int64_t> read_i64(const Handle& p, const std::string& n) { return read_1d<int64_t>(p, n, H5T_INTEGER); }
 std::vector<float> read_f32(const Handle& p, const std::string& n) { return read_1d<float>(p, n, H5T_FLOAT); }
+std::vector<uint16_t> read_u16(const Handle& p, const std::string& n) { return read_1d<uint16_t>(p, n, H5T_INTEGER); }
 
 size_t dataset_length(const Handle& parent, const std::string& name) {
   QuietErrors quiet;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 
@@ -32,6 +33,17 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
 }
 
 void CheckpointHooks::on_start(Trainer& trainer) {
+  resume(trainer);
+  const auto& c = trainer.config().checkpoint;
+  if (resumed_from_.empty() && !c.init_from.empty()) {
+    auto source = checkpoint::open_tensor_source(c.init_from);
+    checkpoint::import_weights(trainer.engine(), *source,
+                               c.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
+                                                           : checkpoint::ImportMode::EveryRankReadsItsSlices);
+  }
+}
+
+void CheckpointHooks::resume(Trainer& trainer) {
   const std::string& resume = trainer.config().checkpoint.resume;
   if (resume.empty()) return;
   std::string path = resume;

@@ -212,6 +212,10 @@ std::vector<ConfigField> build_fields() {
   t.choice("state_dict_type", "SHARDED_STATE_DICT or FULL_STATE_DICT", [](auto& c) -> auto& { return c.checkpoint.state_dict_type; },
            [](const std::string& s) { return parse_state_dict_type(s); }, [](StateDictType s) { return state_dict_type_name(s); });
   t.text("resume", "\"\" (fresh), \"auto\" (newest in dir) or a checkpoint path", [](auto& c) -> auto& { return c.checkpoint.resume; });
+  t.text("init_from", "weights to start from (checkpoint, consolidated .h5 or Hugging Face directory)",
+         [](auto& c) -> auto& { return c.checkpoint.init_from; });
+  t.boolean("cpu_ram_efficient_loading", "init_from: one rank per node reads, the others receive",
+            [](auto& c) -> auto& { return c.checkpoint.cpu_ram_efficient_loading; });
 
   t.section = "logging";
   t.text("name", "run name (\"\" = the config file's stem)", [](auto& c) -> auto& { return c.logging.name; });

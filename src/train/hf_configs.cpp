@@ -135,10 +135,7 @@ const std::map<std::string, Handler>& fsdp_options() {
       {"state_dict_type", [](Context& c, const Value& v) {
          c.config->checkpoint.state_dict_type = rethrow_at(v, [&] { return parse_state_dict_type(as_string(v)); });
        }},
-      {"cpu_ram_efficient_loading", [](Context& c, const Value& v) {
-         as_bool(v);
-         accepted(c, v, "every rank initializes and loads only its own shard");
-       }},
+      {"cpu_ram_efficient_loading", [](Context& c, const Value& v) { c.config->checkpoint.cpu_ram_efficient_loading = as_bool(v); }},
       {"activation_checkpointing", [](Context& c, const Value& v) { c.config->fsdp.engine.activation_checkpointing = as_bool(v); }},
       {"backward_prefetch", [](Context& c, const Value& v) { c.config->fsdp.engine.backward_prefetch = backward_prefetch_depth(v); }},
       {"backward_prefetch_policy", [](Context& c, const Value& v) { c.config->fsdp.engine.backward_prefetch = backward_prefetch_depth(v); }},

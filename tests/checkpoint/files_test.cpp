@@ -19,6 +19,7 @@
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/checkpoint/export.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/checkpoint/source.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardtrain;
@@ -249,6 +250,47 @@ TEST(CheckpointFiles, FailedAndRepeatedSavesLoseNothing) {
     EXPECT_FALSE(fs::exists(dir + "/step_00000007"));
     checkpoint::CheckpointReader still(good);
     EXPECT_EQ(still.step(), 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
+  const std::string dir = saved_run("import");
+  const std::string ckpt = checkpoint::find_latest(dir);
+  const std::string h5 = dir + "/consolidated.h5", hf = dir + "/hf";
+  if (world_rank() == 0) {
+    checkpoint::ExportOptions eo;
+    checkpoint::consolidate(ckpt, h5, eo);
+    eo.format = checkpoint::ExportFormat::Safetensors;
+    eo.max_shard_bytes = 8192;  // several files
+    checkpoint::consolidate(ckpt, hf, eo);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  checkpoint::CheckpointReader reader(ckpt);
+  for (const std::string& path : {ckpt, h5, hf}) {
+    for (checkpoint::ImportMode mode : {checkpoint::ImportMode::EveryRankReadsItsSlices, checkpoint::ImportMode::NodeLeaderReads}) {
+      SCOPED_TRACE(path + (mode == checkpoint::ImportMode::NodeLeaderReads ? " node leader" : " every rank"));
+      RunOptions o;
+      o.steps = 0;
+      o.fsdp.strategy = ShardingStrategy::ShardGradOp;
+      o.fsdp.wrap.policy = fsdp::WrapPolicy::SizeBased;
+      o.fsdp.wrap.min_num_params = 200;
+      o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW&) {
+        auto source = checkpoint::open_tensor_source(path);
+        checkpoint::import_weights(e, *source, mode);
+      };
+      const RunResult r = run_training(MPI_COMM_WORLD, ranks_per_node_from_env(), o);
+      const model::ModelSpec spec(tiny_config());
+      for (const auto& [p, values] : r.params) {
+        std::vector<float> want(values.size());
+        reader.read(spec.param(p).name, "param", 0, want);
+        EXPECT_EQ(std::memcmp(want.data(), values.data(), values.size() * 4), 0) << spec.param(p).name;
+      }
+    }
+  }
+  if (world_rank() == 0) {
+    const std::string e = error_of([&] { checkpoint::open_tensor_source(dir + "/nothing-here"); });
+    EXPECT_NE(e.find("nothing-here"), std::string::npos);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

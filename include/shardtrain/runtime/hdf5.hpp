@@ -58,6 +58,7 @@ void write_u16(const Handle& parent, const std::string& name, std::span<const ui
 std::vector<uint32_t> read_u32(const Handle& parent, const std::string& name);
 std::vector<int64_t> read_i64(const Handle& parent, const std::string& name);
 std::vector<float> read_f32(const Handle& parent, const std::string& name);
+std::vector<uint16_t> read_u16(const Handle& parent, const std::string& name);  // bf16 bits
 size_t dataset_length(const Handle& parent, const std::string& name);
 // Reads elements [offset, offset + out.size()) of a 1-D u32 dataset (a hyperslab).
 void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out);

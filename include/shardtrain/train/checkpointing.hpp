@@ -1,6 +1,7 @@
 // Checkpointing of a training run, per the [checkpoint] config: resume at start (a path, or "auto":
-// the newest complete checkpoint in checkpoint.dir), a save every every_n_steps and at the end, and a
-// save whenever the trainer is asked for one (preemption). Attached to the Trainer as hooks.
+// the newest complete checkpoint in checkpoint.dir), otherwise start from init_from's weights when set
+// (a checkpoint, a consolidated file or a Hugging Face directory), a save every every_n_steps and at
+// the end, and a save whenever the trainer is asked for one (preemption). Attached as Trainer hooks.
 #pragma once
 
 #include <string>
@@ -24,6 +25,7 @@ class CheckpointHooks final : public TrainerHooks {
   const std::string& resumed_from() const { return resumed_from_; }
 
  private:
+  void resume(Trainer& trainer);
   void save(Trainer& trainer);
   std::string tokenizer_json(const Trainer& trainer) const;
 

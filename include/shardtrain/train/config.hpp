@@ -68,6 +68,8 @@ struct CheckpointSection {
   int keep_last = 0;          // 0 = keep all
   StateDictType state_dict_type = StateDictType::Sharded;
   std::string resume;         // "" = start fresh; "auto" = the newest complete checkpoint in dir; or a path
+  std::string init_from;      // weights to start from when not resuming: a checkpoint, consolidated .h5 or HF directory
+  bool cpu_ram_efficient_loading = false;  // init_from: one rank per node reads, the others receive
 };
 
 // [logging]

@@ -1,0 +1,42 @@
+// Where model weights can come from, behind one interface: a shardtrain checkpoint directory (sharded
+// or full), a consolidated HDF5 file, or a Hugging Face Llama directory (config.json + safetensors).
+// Tensors are read by Hugging Face name and element range, so each rank can read only its slices.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/model/dense_params.hpp"
+
+namespace shardtrain::checkpoint {
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual const std::string& path() const = 0;
+  virtual const model::LlamaConfig& model_config() const = 0;
+  virtual std::string tokenizer() const = 0;  // identity JSON, or "" when unknown
+  virtual bool has(const std::string& name) const = 0;
+  // Elements [begin, begin + out.size()) of a parameter's flattened values, as fp32.
+  virtual void read(const std::string& name, int64_t begin, std::span<float> out) = 0;
+};
+
+// Opens whatever `path` is; throws CheckpointError naming it when it is none of the three.
+std::unique_ptr<TensorSource> open_tensor_source(const std::string& path);
+
+// Every parameter of `params`' model from the source (single process: generation, tests).
+void load_dense(TensorSource& source, model::DenseParams& params);
+
+enum class ImportMode {
+  EveryRankReadsItsSlices,  // each rank reads only the element ranges of its shards
+  NodeLeaderReads,          // cpu_ram_efficient_loading: one rank per node reads each unit and hands it to the others
+};
+// Initializes the engine's master shards from the source (model weights only; the optimizer starts
+// fresh). Collective over the mesh's world. Throws CheckpointError when the architecture differs.
+void import_weights(fsdp::FsdpEngine& engine, TensorSource& source, ImportMode mode);
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,177 @@
+// Tensor sources: checkpoint directories, consolidated HDF5 files, Hugging Face safetensors directories.
+#include "shardtrain/checkpoint/source.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/hdf5.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::checkpoint {
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) { throw CheckpointError(fmt::format("{}: {}", where, what)); }
+
+class CheckpointSource final : public TensorSource {
+ public:
+  explicit CheckpointSource(const std::string& dir) : reader_(dir) {}
+  const std::string& path() const override { return reader_.path(); }
+  const model::LlamaConfig& model_config() const override { return reader_.model_config(); }
+  std::string tokenizer() const override { return reader_.tokenizer(); }
+  bool has(const std::string& name) const override {
+    for (const TensorInfo& t : reader_.tensors())
+      if (t.name == name) return true;
+    return false;
+  }
+  void read(const std::string& name, int64_t begin, std::span<float> out) override { reader_.read(name, "param", begin, out); }
+
+ private:
+  CheckpointReader reader_;
+};
+
+// `shardtrain consolidate --format hdf5` output: one dataset per tensor, f32 or bf16 bits.
+class ConsolidatedSource final : public TensorSource {
+ public:
+  explicit ConsolidatedSource(const std::string& file) : path_(file) {
+    try {
+      file_ = hdf5::open_file(file, hdf5::FileMode::ReadOnly);
+    } catch (const Error& e) {
+      fail(file, e.what());
+    }
+    if (hdf5::get_attr_string(file_, "format").value_or("") != "shardtrain-consolidated")
+      fail(file, "not a consolidated shardtrain file (format attribute)");
+    config_ = model_config_from_json(hdf5::get_attr_string(file_, "model_config").value_or("{}"), file);
+    tokenizer_ = hdf5::get_attr_string(file_, "tokenizer").value_or("");
+    bf16_ = hdf5::get_attr_string(file_, "dtype").value_or("f32") == "bf16";
+  }
+  const std::string& path() const override { return path_; }
+  const model::LlamaConfig& model_config() const override { return config_; }
+  std::string tokenizer() const override { return tokenizer_; }
+  bool has(const std::string& name) const override { return hdf5::exists(file_, name); }
+  void read(const std::string& name, int64_t begin, std::span<float> out) override {
+    if (!has(name)) fail(path_, fmt::format("no tensor named '{}'", name));
+    if (!bf16_) {
+      hdf5::read_f32_range(file_, name, static_cast<size_t>(begin), out);
+      return;
+    }
+    const std::vector<uint16_t> all = hdf5::read_u16(file_, name);
+    if (begin + static_cast<int64_t>(out.size()) > static_cast<int64_t>(all.size())) fail(path_, fmt::format("'{}' is too short", name));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float_from_bf16_bits(all[static_cast<size_t>(begin) + i]);
+  }
+
+ private:
+  std::string path_, tokenizer_;
+  hdf5::Handle file_;
+  model::LlamaConfig config_;
+  bool bf16_ = false;
+};
+
+// A Hugging Face directory: config.json (LlamaConfig fields) and model.safetensors or its shards.
+class SafetensorsSource final : public TensorSource {
+ public:
+  explicit SafetensorsSource(const std::string& dir) : path_(dir) {
+    const fs::path cfg = fs::path(dir) / "config.json";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(std::ifstream(cfg));
+      if (j.value("model_type", std::string()) != "llama") fail(cfg.string(), "model_type is not \"llama\"");
+      config_.vocab_size = j.at("vocab_size");
+      config_.hidden_size = j.at("hidden_size");
+      config_.intermediate_size = j.at("intermediate_size");
+      config_.num_hidden_layers = j.at("num_hidden_layers");
+      config_.num_attention_heads = j.at("num_attention_heads");
+      config_.num_key_value_heads = j.value("num_key_value_heads", config_.num_attention_heads);
+      config_.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
+      config_.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+      config_.rope_theta = j.value("rope_theta", 10000.0);
+      config_.tie_word_embeddings = j.value("tie_word_embeddings", false);
+    } catch (const nlohmann::json::exception& e) {
+      fail(cfg.string(), fmt::format("not a Llama config.json: {}", e.what()));
+    }
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) fail(cfg.string(), "rope_scaling is not supported");
+    if (j.contains("head_dim") && j["head_dim"].get<int64_t>() != config_.head_dim())
+      fail(cfg.string(), fmt::format("head_dim {} differs from hidden_size / num_attention_heads", j["head_dim"].get<int64_t>()));
+    if (fs::exists(fs::path(dir) / "tokenizer.json")) {
+      tokenizer_ = nlohmann::json{{"name", "tokenizer.json"}, {"path", (fs::path(dir) / "tokenizer.json").string()}}.dump();
+    }
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() != ".safetensors") continue;
+      const std::string file = e.path().string();
+      std::ifstream in(file, std::ios::binary);
+      unsigned char len[8] = {};
+      in.read(reinterpret_cast<char*>(len), 8);
+      uint64_t n = 0;
+      for (int b = 7; b >= 0; --b) n = (n << 8) | len[b];
+      if (!in || n > (uint64_t{1} << 30)) fail(file, "not a safetensors file (header length)");
+      std::string header(n, '\0');
+      in.read(header.data(), static_cast<std::streamsize>(n));
+      try {
+        const nlohmann::json parsed = nlohmann::json::parse(header);  // items() must not outlive it
+        for (auto& [name, info] : parsed.items()) {
+          if (name == "__metadata__") continue;
+          Entry en{file, 8 + n + info.at("data_offsets")[0].get<uint64_t>(), info.at("dtype").get<std::string>(), 1};
+          for (int64_t d : info.at("shape").get<std::vector<int64_t>>()) en.numel *= d;
+          if (en.dtype != "F32" && en.dtype != "BF16") fail(file, fmt::format("'{}' is {} (expected F32 or BF16)", name, en.dtype));
+          entries_[name] = en;
+        }
+      } catch (const nlohmann::json::exception& ex) {
+        fail(file, fmt::format("malformed header: {}", ex.what()));
+      }
+    }
+    if (entries_.empty()) fail(dir, "no .safetensors files");
+  }
+  const std::string& path() const override { return path_; }
+  const model::LlamaConfig& model_config() const override { return config_; }
+  std::string tokenizer() const override { return tokenizer_; }
+  bool has(const std::string& name) const override { return entries_.count(name) > 0; }
+  void read(const std::string& name, int64_t begin, std::span<float> out) override {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) fail(path_, fmt::format("no tensor named '{}'", name));
+    const Entry& e = it->second;
+    if (begin + static_cast<int64_t>(out.size()) > e.numel) fail(e.file, fmt::format("'{}' has only {} elements", name, e.numel));
+    const size_t esz = e.dtype == "BF16" ? 2 : 4;
+    std::ifstream in(e.file, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(e.offset + static_cast<uint64_t>(begin) * esz));
+    if (esz == 4) {
+      in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size() * 4));
+    } else {
+      std::vector<uint16_t> b(out.size());
+      in.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(b.size() * 2));
+      for (size_t i = 0; i < b.size(); ++i) out[i] = float_from_bf16_bits(b[i]);
+    }
+    if (!in) fail(e.file, fmt::format("truncated: cannot read '{}'", name));
+  }
+
+ private:
+  struct Entry {
+    std::string file;
+    uint64_t offset = 0;  // of the tensor's first byte in the file
+    std::string dtype;
+    int64_t numel = 1;
+  };
+  std::string path_, tokenizer_;
+  model::LlamaConfig config_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
+  if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "config.json")) return std::make_unique<SafetensorsSource>(path);
+    if (is_complete(path) || fs::exists(fs::path(path) / "index.h5")) return std::make_unique<CheckpointSource>(path);
+    const std::string latest = find_latest(path);
+    if (!latest.empty()) return std::make_unique<CheckpointSource>(latest);
+    fail(path, "not a checkpoint, a directory of checkpoints, or a Hugging Face directory (config.json)");
+  }
+  if (fs::is_regular_file(path)) return std::make_unique<ConsolidatedSource>(path);
+  fail(path, "no such file or directory");
+}
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,98 @@
+// `shardtrain generate`: sample text from a checkpoint (sharded or full), a consolidated HDF5 file or a
+// Hugging Face directory, with a key/value cache. Offline: one process, the CPU backend.
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/tokenizer.hpp"
+#include "shardtrain/model/kv_decoder.hpp"
+#include "shardtrain/model/llama.hpp"
+#include "shardtrain/model/sampling.hpp"
+#include "shardtrain/ops/cpu_ops.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string checkpoint, prompt, tokenizer;
+  int max_tokens = 64;
+  model::SamplingOptions sampling;
+  uint64_t seed = 0;
+};
+
+int run_generate(const GenerateOptions& o) {
+  model::validate(o.sampling);
+  if (o.max_tokens <= 0) throw UsageError(fmt::format("--max-tokens {}: expected a positive count", o.max_tokens));
+  auto source = checkpoint::open_tensor_source(o.checkpoint);
+  std::string tok_path = o.tokenizer;
+  if (tok_path.empty()) {
+    const auto j = nlohmann::json::parse(source->tokenizer().empty() ? std::string("{}") : source->tokenizer(), nullptr, false);
+    if (j.is_object()) tok_path = j.value("path", std::string());
+  }
+  if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));
+  const data::Tokenizer tokenizer = data::Tokenizer::load(tok_path);
+
+  const model::LlamaConfig config = source->model_config();
+  auto ops = ops::make_cpu_ops({static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))});
+  model::LlamaModel llama(config, *ops);
+  model::DenseParams params(llama.spec());
+  checkpoint::load_dense(*source, params);
+  params.bind(llama.binding());
+
+  std::vector<data::TokenId> ids = tokenizer.encode(o.prompt);
+  if (ids.empty()) {
+    const auto start = tokenizer.bot_id() ? tokenizer.bot_id() : tokenizer.eot_id();
+    if (!start) throw UsageError("--prompt is empty and the tokenizer has no start or end-of-text token to begin from");
+    ids.push_back(*start);
+  }
+  const int64_t capacity = std::min<int64_t>(config.max_position_embeddings, static_cast<int64_t>(ids.size()) + o.max_tokens);
+  if (static_cast<int64_t>(ids.size()) >= capacity) {
+    throw UsageError(fmt::format("the prompt is {} tokens; the model holds {} positions", ids.size(), config.max_position_embeddings));
+  }
+  model::KvCacheDecoder decoder(llama.spec(), llama.binding(), *ops, capacity);
+  std::mt19937_64 rng(o.seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::span<const float> logits;
+  for (data::TokenId id : ids) logits = decoder.step(static_cast<int32_t>(id));
+  std::vector<data::TokenId> out;
+  while (decoder.length() < capacity) {
+    const int32_t next = model::sample_token(logits, o.sampling, rng);
+    if (tokenizer.eot_id() && static_cast<data::TokenId>(next) == *tokenizer.eot_id()) break;
+    out.push_back(static_cast<data::TokenId>(next));
+    logits = decoder.step(next);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s%s\n", o.prompt.c_str(), tokenizer.decode(out).c_str());
+  std::fflush(stdout);
+  log::info("generate: {} prompt + {} new tokens in {:.2f} s ({:.1f} tokens/s), from {}", ids.size(), out.size(), secs,
+            static_cast<double>(ids.size() + out.size()) / std::max(secs, 1e-9), source->path());
+  return 0;
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& parent) {
+  auto o = std::make_shared<GenerateOptions>();
+  Command c;
+  c.app = parent.add_subcommand("generate", "sample text from a checkpoint, a consolidated file or a Hugging Face directory");
+  c.app->add_option("--checkpoint", o->checkpoint, "checkpoint (or a directory of them: the newest), .h5 file, or HF directory")
+      ->required();
+  c.app->add_option("--prompt", o->prompt, "text to continue")->capture_default_str();
+  c.app->add_option("--tokenizer", o->tokenizer, "tokenizer file (default: the one the checkpoint names)");
+  c.app->add_option("--max-tokens", o->max_tokens, "new tokens at most")->capture_default_str();
+  c.app->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
+  c.app->add_option("--top-k", o->sampling.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
+  c.app->add_option("--top-p", o->sampling.top_p, "nucleus: the most likely tokens up to this probability")->capture_default_str();
+  c.app->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  c.launch = Launch::Offline;
+  c.run = [o](Runtime*) { return run_generate(*o); };
+  return c;
+}
+
+}  // namespace shardtrain::cli
