@@ -32,8 +32,12 @@ fi
 
 run_dir="runs/tiny-cpu-$(date +%Y%m%d-%H%M%S)"
 say "training configs/tiny-cpu.toml on 2 ranks, FULL_SHARD (about 4 minutes on 2 cores)"
+# Under mpirun the ranks' stdout is a pseudo-terminal even when this script's output goes to a file,
+# so the progress style follows this script's own stdout: a bar on a terminal, plain lines in a log.
+progress=lines
+[[ -t 1 ]] && progress=auto
 mpirun --oversubscribe -np 2 "$bin" train --config configs/tiny-cpu.toml --data.path "$dataset" \
-  --logging.run_dir "$run_dir" "$@"
+  --logging.run_dir "$run_dir" --logging.progress "$progress" "$@"
 
 say "plotting the metrics"
 "$ROOT/scripts/plot-metrics.sh" "$run_dir"
