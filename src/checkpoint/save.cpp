@@ -172,56 +172,78 @@ CheckpointFault checkpoint_fault_from_env() {
   return f;
 }
 
-std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
-                         int keep_last) {
-  const DeviceMesh& mesh = engine.mesh();
-  MPI_Comm world = mesh.world_comm();
+namespace {
+
+// What both kinds of save share: agreeing on whether to save, the temporary directory, and the
+// publication by rank 0 after every writer is done.
+struct SaveScope {
+  MPI_Comm world = MPI_COMM_NULL;
   int rank = 0;
-  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
-  const std::string final_dir = (fs::path(dir) / step_dir_name(meta.step)).string();
-  if (already_saved(final_dir, world)) return final_dir;
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string tmp = make_temporary(final_dir, world, rank);
-  barrier(world);
-  std::vector<std::string> files;
-  for (int s = 0; s < mesh.shard_size(); ++s) files.push_back(rank_file_name(s));
+  std::string final_dir, tmp;
+  bool skip = false;  // a complete checkpoint of this step exists
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t step) {
+  SaveScope s;
+  s.world = engine.mesh().world_comm();
+  ST_CHECK_MPI(MPI_Comm_rank(s.world, &s.rank));
+  s.final_dir = (fs::path(dir) / step_dir_name(step)).string();
+  s.skip = already_saved(s.final_dir, s.world);
+  if (!s.skip) s.tmp = make_temporary(s.final_dir, s.world, s.rank);
+  return s;
+}
+
+void finish_save(const SaveScope& s, fsdp::FsdpEngine& engine, StateDictType type, const SaveMeta& meta,
+                 const std::vector<std::string>& files, int64_t optimizer_steps, const std::string& dir, int keep_last) {
+  barrier(s.world);  // every file is written
   const CheckpointFault fault = checkpoint_fault_from_env();
-  if (mesh.coord().replicate == 0) {  // replicas hold identical shards: the first one writes
-    const std::string path = (fs::path(tmp) / rank_file_name(mesh.coord().shard)).string();
-    if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
-    write_rank_file(path, engine, adamw, meta.step);
-  }
-  barrier(world);
   if (fault.stall_before_publish > 0 && (fault.only_step < 0 || fault.only_step == meta.step))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault.stall_before_publish));
-  if (rank == 0) {
-    write_index(tmp, engine, StateDictType::Sharded, meta, files, adamw.steps());
-    publish(tmp, final_dir, done_text(meta.step, StateDictType::Sharded, files));
-    rotate(dir, keep_last, final_dir);
-    log::info("checkpoint: saved {} ({} files) in {:.2f} s", final_dir, files.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (s.rank == 0) {
+    write_index(s.tmp, engine, type, meta, files, optimizer_steps);
+    publish(s.tmp, s.final_dir, done_text(meta.step, type, files));
+    rotate(dir, keep_last, s.final_dir);
+    log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s", s.final_dir, state_dict_type_name(type), files.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count());
   }
-  barrier(world);
-  return final_dir;
+  barrier(s.world);
+}
+
+}  // namespace
+
+std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
+                         int keep_last) {
+  const SaveScope scope = begin_save(engine, dir, meta.step);
+  if (scope.skip) return scope.final_dir;
+  const DeviceMesh& mesh = engine.mesh();
+  std::vector<std::string> files;
+  for (int s = 0; s < mesh.shard_size(); ++s) files.push_back(rank_file_name(s));
+  if (mesh.coord().replicate == 0) {  // replicas hold identical shards: the first one writes
+    const std::string path = (fs::path(scope.tmp) / rank_file_name(mesh.coord().shard)).string();
+    if (checkpoint_fault_from_env().fail_write) {
+      throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
+    }
+    write_rank_file(path, engine, adamw, meta.step);
+  }
+  finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, keep_last);
+  return scope.final_dir;
 }
 
 std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, int keep_last) {
+  const SaveScope scope = begin_save(engine, dir, meta.step);
+  if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
-  MPI_Comm world = mesh.world_comm();
-  int rank = 0;
-  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
-  const std::string final_dir = (fs::path(dir) / step_dir_name(meta.step)).string();
-  if (already_saved(final_dir, world)) return final_dir;
-  const std::string tmp = make_temporary(final_dir, world, rank);
   const model::ModelSpec& spec = engine.model_spec();
+  const std::string path = (fs::path(scope.tmp) / kFullFile).string();
   hdf5::Handle f;
-  if (rank == 0) f = hdf5::create_file((fs::path(tmp) / kFullFile).string());
+  if (scope.rank == 0) f = hdf5::create_file(path);
   // Unit by unit: the first replica's shard group gathers one unit (every member takes part, nobody
   // idles in a long wait), rank 0 writes its parameters, and the buffer is dropped before the next.
   if (mesh.coord().replicate == 0) {
     for (size_t u = 0; u < engine.units().size(); ++u) {
       const std::vector<float> full = engine.gather_unit(static_cast<int>(u));
-      if (rank != 0) continue;
+      if (scope.rank != 0) continue;
       for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {
         const model::ParamInfo& p = spec.param(e.param);
         const auto first = full.begin() + e.offset;
@@ -231,20 +253,12 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
       }
     }
   }
-  if (rank == 0) {
+  if (scope.rank == 0) {
     f.close();
-    fsync_path((fs::path(tmp) / kFullFile).string());
+    fsync_path(path);
   }
-  barrier(world);
-  if (rank == 0) {
-    const std::vector<std::string> files = {kFullFile};
-    write_index(tmp, engine, StateDictType::Full, meta, files, 0);
-    publish(tmp, final_dir, done_text(meta.step, StateDictType::Full, files));
-    rotate(dir, keep_last, final_dir);
-    log::info("checkpoint: saved full state dict {}", final_dir);
-  }
-  barrier(world);
-  return final_dir;
+  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, keep_last);
+  return scope.final_dir;
 }
 
 }  // namespace shardtrain::checkpoint
