@@ -136,18 +136,27 @@ void FsdpEngine::initialize(uint64_t seed) {
 void FsdpEngine::sync_module_states() {
   if (mesh_->replicate_size() == 1) return;
   Communicator& rep = comms_->replicate();
+  const bool comm_on_device = rep.space() == MemorySpace::Device;
   for (auto& u : units_) {
-    if (u->master.device() == DeviceKind::Cpu || rep.space() == MemorySpace::Device) {
-      if (u->master.device() == DeviceKind::Cpu && rep.space() == MemorySpace::Device) {
-        copy_async(stage_.data(), u->master.data(), u->master.size(), {});
-        rep.broadcast(stage_.data(), static_cast<size_t>(u->shard()), DType::F32, 0);
-        copy_async(u->master.data(), stage_.data(), u->master.size(), {});
-        stream_synchronize({});
-      } else {
-        rep.broadcast(u->master.data(), static_cast<size_t>(u->shard()), DType::F32, 0);
-      }
+    const size_t n = static_cast<size_t>(u->shard());
+    const bool master_on_device = u->master.device() == DeviceKind::Cuda;
+    if (master_on_device == comm_on_device) {
+      rep.broadcast(u->master.data(), n, DType::F32, 0);
+      continue;
     }
+    // The shard and the communicator's buffers live in different memories: go through a staging copy.
+    void* staging = comm_on_device ? stage_.data() : host_stage_scratch(n);
+    copy_async(staging, u->master.data(), n * sizeof(float), {});
+    stream_synchronize({});
+    rep.broadcast(staging, n, DType::F32, 0);
+    copy_async(u->master.data(), staging, n * sizeof(float), {});
+    stream_synchronize({});
   }
+}
+
+void* FsdpEngine::host_stage_scratch(size_t floats) {
+  if (host_scratch_.size() < floats) host_scratch_.resize(floats);
+  return host_scratch_.data();
 }
 
 void FsdpEngine::zero_grad() {

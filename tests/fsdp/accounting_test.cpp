@@ -103,3 +103,22 @@ TEST(FsdpAccounting, ShardedBytesAndThePoolBound) {
   keep.fsdp.strategy = ShardingStrategy::ShardGradOp;
   EXPECT_EQ(run_training(MPI_COMM_WORLD, rpn, keep).max_outstanding, 3);  // the three decoder layers
 }
+
+TEST(FsdpAccounting, SyncModuleStatesBroadcastsTheFirstReplica) {
+  const int rpn = ranks_per_node_from_env();
+  for (ShardingStrategy s : {ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+    RunOptions o;
+    o.steps = 0;
+    o.fsdp.strategy = s;
+    // Every replica starts from different weights; the broadcast must leave replica 0's everywhere.
+    o.before_first_step = [](fsdp::FsdpEngine& e, optim::AdamW&) {
+      e.initialize(100 + static_cast<uint64_t>(e.mesh().coord().replicate));
+      e.sync_module_states();
+    };
+    const RunResult synced = run_training(MPI_COMM_WORLD, rpn, o);
+    RunOptions ref = o;
+    ref.before_first_step = [](fsdp::FsdpEngine& e, optim::AdamW&) { e.initialize(100); };
+    const RunResult want = run_training(MPI_COMM_WORLD, rpn, ref);
+    for (const auto& [p, values] : want.params) EXPECT_EQ(synced.params.at(p), values) << sharding_strategy_name(s) << " param " << p;
+  }
+}

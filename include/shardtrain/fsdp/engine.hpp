@@ -86,6 +86,7 @@ class FsdpEngine final : public model::ModuleHooks {
   void ensure_forward(int module);
   void ensure_backward(int module);
   void release_all();
+  void* host_stage_scratch(size_t floats);  // host memory for shards whose communicator wants host buffers
 
   model::LlamaModel* model_;
   const DeviceMesh* mesh_;
@@ -104,6 +105,7 @@ class FsdpEngine final : public model::ModuleHooks {
   FlatBuffer reduce_shard_;  // (N/S) reduce_dtype: the reduce-scatter output
   FlatBuffer reduce_full_;   // (N) reduce_dtype when it is not fp32
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
+  std::vector<float> host_scratch_;
   bool last_micro_batch_ = true;
   UnitStats stats_;
 };
