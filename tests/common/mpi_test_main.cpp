@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <vector>
 
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/session.hpp"
@@ -22,6 +23,26 @@ class FailurePrinter : public testing::EmptyTestEventListener {
   int rank_;
 };
 
+// After every test, rank 0 names the ranks on which it failed: its own report would say OK for a
+// test that failed only elsewhere. Every rank runs every test in the same order, so this collective
+// is matched.
+class CrossRankStatus : public testing::EmptyTestEventListener {
+ public:
+  CrossRankStatus(int rank, int size) : rank_(rank), size_(size) {}
+  void OnTestEnd(const testing::TestInfo& info) override {
+    int failed = info.result()->Failed() ? 1 : 0;
+    std::vector<int> all(static_cast<size_t>(size_));
+    MPI_Gather(&failed, 1, MPI_INT, all.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (rank_ != 0) return;
+    for (int r = 1; r < size_; ++r) {
+      if (all[static_cast<size_t>(r)]) std::fprintf(stderr, "[  FAILED  ] %s.%s on rank %d\n", info.test_suite_name(), info.name(), r);
+    }
+  }
+
+ private:
+  int rank_, size_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,6 +54,7 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(session.world_rank()));
   }
+  testing::UnitTest::GetInstance()->listeners().Append(new CrossRankStatus(session.world_rank(), session.world_size()));
   int local = RUN_ALL_TESTS();
   int global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
