@@ -8,6 +8,7 @@
 
 #include "command.hpp"
 #include "shardtrain/train/checkpointing.hpp"
+#include "shardtrain/train/preemption.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -66,7 +67,9 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
   train::Trainer trainer(*rt, config, topts);
+  train::PreemptionHooks preemption(rt->world());  // before checkpoints: a requested save happens in the same step
   train::CheckpointHooks checkpoints(trainer);
+  trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
   const train::TrainSummary s = trainer.run();
   log::info("train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}; run directory {} (metrics {})",
@@ -74,6 +77,11 @@ int run_train(const TrainOptions& o, Runtime* rt) {
             std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
             s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(), s.run_dir, s.metrics_path);
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
+  if (preemption.preempted()) {
+    log::warn("train: stopped by a signal after step {}; resume with --resume auto (exit code 75 asks for a requeue)",
+              trainer.state().step);
+    return static_cast<int>(ExitCode::Requeue);
+  }
   return 0;
 }
 

@@ -2,7 +2,8 @@
 """Checkpoints through `shardtrain train` end to end: a run killed with SIGKILL in the middle of a save
 keeps its previous checkpoint intact and loadable; `--resume auto` continues from it, and the losses and
 final parameters equal the uninterrupted run's bit for bit; consolidation and `checkpoint info --verify`
-work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5."""
+work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5;
+SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one."""
 import argparse
 import json
 import os
@@ -48,18 +49,19 @@ tok2, ds2 = os.path.join(work, "bpe600.json"), os.path.join(work, "moby600.h5")
 tool("tokenizer", "train", "--input", corpus, "--vocab-size", "600", "--output", tok2)
 tool("prepare-data", "-t", tok2, "-i", corpus, "-o", ds2, "--validation-fraction", "0.05")
 
-SMALL = ["--model.vocab_size", "600", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+BASE = ["--model.vocab_size", "600", "--model.hidden_size", "64", "--model.intermediate_size", "128",
          "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
-         "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.max_steps", "8",
+         "--data.seq_len", "64", "--data.global_batch_size", "8",
          "--schedule.warmup_steps", "2", "--schedule.eval_every", "0", "--logging.progress", "lines",
-         "--checkpoint.every_n_steps", "2", "--logging.peak_flops", "1e10"]
+         "--logging.peak_flops", "1e10"]
+SMALL = BASE + ["--schedule.max_steps", "8", "--checkpoint.every_n_steps", "2"]
 
 
-def train(name, *extra, env_extra=None, data=ds, popen=False):
+def train(name, *extra, env_extra=None, data=ds, popen=False, base=SMALL):
     env = dict(os.environ)
     env.update(env_extra or {})
     cmd = [args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml",
-           "--data.path", data, "--logging.run_dir", os.path.join(work, name), *SMALL, *extra]
+           "--data.path", data, "--logging.run_dir", os.path.join(work, name), *base, *extra]
     if popen:
         return subprocess.Popen(cmd, cwd=args.source, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -113,6 +115,31 @@ r = train("broken_resume", "--checkpoint.dir", broken, "--resume", "auto")
 check(r.returncode == 5 and "rank_00001.h5" in r.stderr, f"missing rank file: exit {r.returncode}: {r.stderr[-1500:]}")
 r = train("other_tokenizer", "--checkpoint.dir", ckpts, "--resume", "auto", data=ds2)
 check(r.returncode == 5 and "tokenizer" in r.stderr, f"tokenizer mismatch: exit {r.returncode}: {r.stderr[-1500:]}")
+
+# Preemption: SIGUSR1 (what Slurm sends before a time limit) reaches the ranks through mpirun; they agree
+# at the next step boundary, save, and exit with 75; --resume auto then finishes the run exactly.
+LONG = ["--schedule.max_steps", "40", "--checkpoint.every_n_steps", "0"]
+whole40 = train("whole40", *LONG, base=BASE)
+check(whole40.returncode == 0, f"40-step run: {whole40.stderr[-1500:]}")
+pre_ckpt = os.path.join(work, "preempted", "ckpt")
+p = train("preempted", *LONG, "--checkpoint.dir", pre_ckpt, popen=True, base=BASE)
+metrics = os.path.join(work, "preempted", "metrics.jsonl")
+deadline = time.time() + 120
+while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 3):
+    time.sleep(0.02)
+os.kill(p.pid, signal.SIGUSR1)
+out = p.communicate(timeout=300)[0].decode(errors="replace")
+check(p.returncode == 75, f"preempted run: exit code {p.returncode}, expected 75: {out[-1500:]}")
+saved = [d for d in os.listdir(pre_ckpt)] if os.path.isdir(pre_ckpt) else []
+check(len(saved) == 1 and os.path.isfile(os.path.join(pre_ckpt, saved[0], "DONE")), f"one checkpoint saved on preemption: {saved}")
+if saved:
+    stop = int(saved[0].split("_")[1])
+    check(3 <= stop < 40, f"stopped at step {stop}")
+    resumed = train("preempted_resumed", *LONG, "--checkpoint.dir", pre_ckpt, "--resume", "auto", base=BASE)
+    check(resumed.returncode == 0, f"resume after preemption: {resumed.stderr[-1500:]}")
+    a, b = losses("whole40"), losses("preempted_resumed")
+    check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
+    check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
 
 print(f"{len(failures)} failed" if failures else "all checkpoint CLI checks passed")
 sys.exit(1 if failures else 0)
