@@ -12,6 +12,11 @@ namespace shardtrain::checkpoint {
 
 LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, const std::string& dir) {
   CheckpointReader reader(dir);
+  return load(engine, adamw, reader);
+}
+
+LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, CheckpointReader& reader) {
+  const std::string& dir = reader.path();
   check_same_model(reader.model_config(), engine.model_spec().config(), dir);
   const model::ModelSpec& spec = engine.model_spec();
   const bool with_optimizer = adamw != nullptr && reader.has_optimizer();

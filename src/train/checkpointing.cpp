@@ -58,7 +58,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
     if (!latest.empty()) path = latest;
   }
   // The tokens in the dataset must be the ones the checkpoint's model was trained on.
-  const checkpoint::CheckpointReader reader(path);
+  checkpoint::CheckpointReader reader(path);
   if (!reader.tokenizer().empty()) {
     const auto saved = nlohmann::json::parse(reader.tokenizer(), nullptr, false);
     const std::string hash = saved.is_object() ? saved.value("hash", std::string()) : std::string();
@@ -70,7 +70,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
                                         trainer.dataset().info().tokenizer_name, current));
     }
   }
-  const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), path);
+  const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
   TrainerState state = trainer_state_from_json(r.trainer_state, path);
   if (!r.optimizer_loaded) state.optimizer_steps = 0;
   trainer.restore(state);

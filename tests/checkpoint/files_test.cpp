@@ -151,7 +151,9 @@ TEST(CheckpointFiles, SafetensorsFollowTheFormat) {
         EXPECT_EQ(config.at("num_key_value_heads"), 1);
         EXPECT_EQ(config.at("tie_word_embeddings"), true);
         EXPECT_EQ(config.at("eos_token_id"), 3);
-        if (limit == 4096) EXPECT_GT(s.files, 1);
+        if (limit == 4096) {
+          EXPECT_GT(s.files, 1);
+        }
       }
     }
   }

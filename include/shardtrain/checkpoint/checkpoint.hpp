@@ -54,5 +54,8 @@ struct LoadResult {
 // shards. Throws CheckpointError naming the file on anything missing, incomplete, corrupt or mismatched
 // (a model config that differs from the engine's model).
 LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, const std::string& checkpoint_dir);
+class CheckpointReader;
+// The same from a reader the caller already opened (no second pass over the index and file records).
+LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, CheckpointReader& reader);
 
 }  // namespace shardtrain::checkpoint
