@@ -1,6 +1,8 @@
 // The backend-independent half of every collective: argument checks and traffic counting.
 #include "shardtrain/comm/communicator.hpp"
 
+#include "shardtrain/comm/watchdog.hpp"
+
 #include <fmt/format.h>
 
 #include "shardtrain/runtime/error.hpp"
@@ -48,19 +50,25 @@ void Communicator::check_reduce(DType dtype, ReduceOp op, const char* what) cons
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) {
-  traffic_.add(CollectiveKind::AllGather, count * size_ * dtype_size(dtype));
+  const uint64_t bytes = count * size_ * dtype_size(dtype);
+  traffic_.add(CollectiveKind::AllGather, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::AllGather, axis_, bytes);
   do_all_gather(send, recv, count, dtype, stream);
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) {
   check_reduce(dtype, op, "reduce_scatter");
-  traffic_.add(CollectiveKind::ReduceScatter, count * size_ * dtype_size(dtype));
+  const uint64_t bytes = count * size_ * dtype_size(dtype);
+  traffic_.add(CollectiveKind::ReduceScatter, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::ReduceScatter, axis_, bytes);
   do_reduce_scatter(send, recv, count, dtype, op, stream);
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) {
   check_reduce(dtype, op, "all_reduce");
-  traffic_.add(CollectiveKind::AllReduce, count * dtype_size(dtype));
+  const uint64_t bytes = count * dtype_size(dtype);
+  traffic_.add(CollectiveKind::AllReduce, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::AllReduce, axis_, bytes);
   do_all_reduce(send, recv, count, dtype, op, stream);
 }
 
@@ -68,12 +76,15 @@ void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, 
   if (root < 0 || root >= size_) {
     throw InternalError(fmt::format("broadcast on the {} axis: root {} outside [0, {})", mesh_axis_name(axis_), root, size_));
   }
-  traffic_.add(CollectiveKind::Broadcast, count * dtype_size(dtype));
+  const uint64_t bytes = count * dtype_size(dtype);
+  traffic_.add(CollectiveKind::Broadcast, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::Broadcast, axis_, bytes);
   do_broadcast(buffer, count, dtype, root, stream);
 }
 
 void Communicator::barrier() {
   traffic_.add(CollectiveKind::Barrier, 0);
+  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::Barrier, axis_, 0);
   do_barrier();
 }
 

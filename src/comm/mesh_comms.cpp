@@ -52,6 +52,12 @@ Communicator& MeshComms::axis(MeshAxis a) {
 
 uint64_t MeshComms::bytes(MeshAxis a, CollectiveKind k) { return axis(a).traffic().bytes(k); }
 
+void MeshComms::set_watchdog(CollectiveWatchdog* w) {
+  world_->set_watchdog(w);
+  shard_->set_watchdog(w);
+  replicate_->set_watchdog(w);
+}
+
 void MeshComms::reset_traffic() {
   world_->traffic().reset();
   shard_->traffic().reset();

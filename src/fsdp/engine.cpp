@@ -186,10 +186,12 @@ void FsdpEngine::unshard(Unit& u) {
   } else {
     ops_->copy(u.master.view(DType::F32, 0, {n}), slice);
   }
+  if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
   if (mesh_->shard_size() > 1) {
     comms_->shard().all_gather(slice.data, u.full.data(), static_cast<size_t>(n), pd);
     ++stats_.gathers;
   }
+  if (watchdog_) watchdog_->set_unit("");
   const model::ModelSpec& spec = model_->spec();
   for (const FlatEntry& e : u.layout.entries) {
     model_->binding().bind_param(e.param, u.full.view(pd, e.offset, model::param_shape(spec.param(e.param))));
@@ -232,12 +234,14 @@ void FsdpEngine::reduce_gradients(Unit& u) {
     ops_->copy(full, cast);
     full = cast;
   }
+  if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, gradient reduction)", u.spec->index, u.spec->name));
   ops::Tensor shard = full;  // S == 1: the whole buffer is this rank's shard
   if (S > 1) {
     shard = reduce_shard_.view(rd, 0, {n});
     comms_->shard().reduce_scatter(full.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum);
   }
   if (R > 1) comms_->replicate().all_reduce(shard.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum);
+  if (watchdog_) watchdog_->set_unit("");
   ops::Tensor shard_f32 = shard;
   if (rd != DType::F32) {
     shard_f32 = stage_.view(DType::F32, 0, {n});

@@ -110,6 +110,8 @@ std::vector<ConfigField> build_fields() {
   t.real("init_std", "scaled init: standard deviation", [](auto& c) -> auto& { return c.model.init_std; });
 
   t.section = "fsdp";
+  t.real("collective_timeout", "seconds a collective may take before the hang watchdog ends the job (0 = off)",
+         [](auto& c) -> auto& { return c.fsdp.collective_timeout; });
   t.choice("strategy", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)",
            [](auto& c) -> auto& { return c.fsdp.engine.strategy; },
            [](const std::string& s) { return parse_sharding_strategy(s); }, [](ShardingStrategy s) { return sharding_strategy_name(s); });

@@ -1,5 +1,7 @@
 // The training loop (trainer.hpp): steps of micro-batches accumulated to the global batch, the LR
 // schedule, clipping, non-finite skipping, validation, metrics and hooks.
+#include <thread>
+
 #include <fmt/format.h>
 
 #include <chrono>
@@ -36,6 +38,11 @@ uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
 
 void Trainer::step_once(StepMetrics& m) {
   const auto t0 = Clock::now();
+  watchdog_->set_step(state_.step + 1);
+  if (options_.faults.stall_rank == runtime_->topology().world_rank && options_.faults.stall_step == state_.step + 1) {
+    log::warn("train: SHARDTRAIN_FAULT: rank {} stops answering before step {}", options_.faults.stall_rank, state_.step + 1);
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);
   const bool packed = config_.data.layout == data::BatchLayout::Packed;

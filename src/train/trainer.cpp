@@ -62,9 +62,19 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   FaultPlan plan;
   if (spec.empty()) return plan;
   auto bad = [&](const std::string& why) {
-    return UsageError(fmt::format("SHARDTRAIN_FAULT='{}': {} (expected nan_grad:STEP[,STEP|,FIRST-LAST...])", spec, why));
+    return UsageError(fmt::format("SHARDTRAIN_FAULT='{}': {} (expected nan_grad:STEP[,STEP|,FIRST-LAST...] or stall:RANK@STEP)", spec, why));
   };
   const size_t colon = spec.find(':');
+  if (colon != std::string::npos && spec.substr(0, colon) == "stall") {
+    const size_t at = spec.find('@', colon);
+    try {
+      plan.stall_rank = std::stoi(spec.substr(colon + 1, at - colon - 1));
+      plan.stall_step = std::stoll(spec.substr(at + 1));
+    } catch (const std::logic_error&) {
+      throw bad("expected stall:RANK@STEP");
+    }
+    return plan;
+  }
   if (colon == std::string::npos || spec.substr(0, colon) != "nan_grad") throw bad("unknown fault");
   std::string list = spec.substr(colon + 1);
   size_t start = 0;
@@ -164,12 +174,15 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     log::info("train: the CUDA ops backend is not built into the training loop yet; training runs on the CPU ops");
   mesh_ = std::make_unique<DeviceMesh>(runtime.world(), topo, MeshSpec{config_.fsdp.engine.strategy, config_.fsdp.engine.shard_size});
   comms_ = std::make_unique<MeshComms>(*mesh_, CommBackend::Mpi, MemorySpace::Host);
+  watchdog_ = std::make_unique<CollectiveWatchdog>(std::chrono::duration<double>(config_.fsdp.collective_timeout));
+  comms_->set_watchdog(watchdog_.get());
   ops_ = ops::make_cpu_ops({threads});
   model::ModelOptions mopts;
   mopts.activation_dtype = config_.fsdp.engine.param_dtype;
   mopts.checkpointing = config_.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
   model_ = std::make_unique<model::LlamaModel>(config_.model, *ops_, mopts);
   engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config_.fsdp.engine, ledger_);
+  engine_->set_watchdog(watchdog_.get());
   engine_->initialize(config_.model.init_seed);
   if (config_.fsdp.engine.sync_module_states) engine_->sync_module_states();
   adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &ledger_);

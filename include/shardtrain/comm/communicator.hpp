@@ -48,6 +48,8 @@ class TrafficCounters {
   std::array<std::atomic<uint64_t>, kCollectiveKinds> calls_{};
 };
 
+class CollectiveWatchdog;
+
 class Communicator {
  public:
   Communicator(MeshAxis axis, int rank, int size, MemorySpace space) : axis_(axis), rank_(rank), size_(size), space_(space) {}
@@ -84,6 +86,8 @@ class Communicator {
 
   const TrafficCounters& traffic() const { return traffic_; }
   TrafficCounters& traffic() { return traffic_; }
+  // Times every host-blocking collective from now on (not owned; nullptr: none).
+  void set_watchdog(CollectiveWatchdog* w) { watchdog_ = w; }
 
  protected:
   virtual void do_all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) = 0;
@@ -99,6 +103,7 @@ class Communicator {
   int size_;
   MemorySpace space_;
   TrafficCounters traffic_;
+  CollectiveWatchdog* watchdog_ = nullptr;
 };
 
 }  // namespace shardtrain

@@ -36,6 +36,7 @@ class MeshComms {
   CommBackend backend() const { return backend_; }
 
   uint64_t bytes(MeshAxis a, CollectiveKind k);  // per axis and kind
+  void set_watchdog(CollectiveWatchdog* w);      // times the collectives of every axis
   void reset_traffic();
 
  private:

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/comm/watchdog.hpp"
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/fsdp/flat_storage.hpp"
 #include "shardtrain/model/llama.hpp"
@@ -60,6 +61,8 @@ class FsdpEngine final : public model::ModuleHooks {
   const DeviceMesh& mesh() const { return *mesh_; }
   MeshComms& comms() { return *comms_; }
   const UnitStats& stats() const { return stats_; }
+  // Names the unit whose collectives are in flight, for the hang watchdog's message (not owned).
+  void set_watchdog(CollectiveWatchdog* w) { watchdog_ = w; }
   void reset_stats() { stats_ = {}; }
 
   // The full fp32 parameters of a unit (N elements, padding included), all-gathered over the shard
@@ -107,6 +110,7 @@ class FsdpEngine final : public model::ModuleHooks {
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
   std::vector<float> host_scratch_;
   bool last_micro_batch_ = true;
+  CollectiveWatchdog* watchdog_ = nullptr;
   UnitStats stats_;
 };
 

@@ -25,6 +25,7 @@ struct FsdpSection {
   fsdp::FsdpConfig engine;
   int num_processes = 0;
   int num_machines = 0;
+  double collective_timeout = 600;  // seconds a collective may take before the watchdog ends the job; 0 = off
 };
 
 // [optim]: AdamW, clipping, and what to do about non-finite steps.

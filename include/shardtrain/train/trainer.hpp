@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/comm/watchdog.hpp"
 #include "shardtrain/data/loader.hpp"
 #include "shardtrain/fsdp/engine.hpp"
 #include "shardtrain/model/llama.hpp"
@@ -44,6 +45,8 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
 // into every rank's gradient shard after the backward of those (1-based) steps.
 struct FaultPlan {
   std::vector<int64_t> nan_grad_steps;
+  int stall_rank = -1;       // "stall:RANK@STEP": that rank stops answering before that step (watchdog tests)
+  int64_t stall_step = -1;
   static FaultPlan parse(const std::string& spec);  // "" = none; throws UsageError naming SHARDTRAIN_FAULT
   bool nan_grad_at(int64_t step) const;
 };
@@ -126,6 +129,7 @@ class Trainer {
   std::string run_dir_, resolved_toml_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<MeshComms> comms_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::unique_ptr<ops::Ops> ops_;
   std::unique_ptr<model::LlamaModel> model_;
   MemoryLedger ledger_;
