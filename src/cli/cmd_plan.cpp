@@ -8,6 +8,7 @@
 
 #include "command.hpp"
 #include "shardtrain/fsdp/config.hpp"
+#include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/model/spec.hpp"
 
@@ -45,39 +46,32 @@ int run_plan(const PlanOptions& o) {
   f.validate();
   const model::ModelSpec spec(o.model);
   const int world = o.nodes * o.gpus_per_node;
-  const MeshLayout mesh = make_mesh_layout({f.strategy, f.shard_size}, world, o.gpus_per_node);
-  const auto units = fsdp::plan_units(spec, f.wrap);
-  const int S = mesh.shard_size, R = mesh.replicate_size;
-  const size_t bp = dtype_size(f.param_dtype), br = dtype_size(f.reduce_dtype);
+  const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
+  const MeshLayout& mesh = plan.mesh;
+  const int R = mesh.replicate_size;
   const bool raf = f.reshards_after_forward();
 
   nlohmann::json j;
-  j["mesh"] = {{"replicate", R}, {"shard", S}, {"strategy", sharding_strategy_name(f.strategy)}};
+  j["mesh"] = {{"replicate", R}, {"shard", mesh.shard_size}, {"strategy", sharding_strategy_name(f.strategy)}};
   j["params"] = spec.num_params();
-  double sharded = 0, max_unit = 0, root = 0, all_units = 0, gather = 0, reduce_scatter = 0, all_reduce = 0;
   std::string table = fmt::format("{:>4}  {:<28} {:>6} {:>12} {:>8} {:>12}\n", "unit", "first module", "params", "N (padded)",
                                   "padding", "N/S per rank");
-  for (const fsdp::UnitSpec& u : units) {
-    const fsdp::FlatLayout l = fsdp::make_flat_layout(spec, u.params, S);
-    const double N = static_cast<double>(l.padded_numel);
-    if (u.params.empty()) continue;
-    sharded += 16.0 * N / S;  // fp32 param, grad, exp_avg, exp_avg_sq
-    all_units += N * bp;
-    if (u.is_root) root = N * bp;
-    else max_unit = std::max(max_unit, N * bp);
-    if (S > 1) {
-      gather += (u.is_root || !raf ? 1 : 2) * N * bp;
-      reduce_scatter += N * br;
-    }
-    if (R > 1) all_reduce += N / S * br;
+  for (const fsdp::UnitPlan& up : plan.units) {
+    const fsdp::UnitSpec& u = up.spec;
+    const fsdp::FlatLayout& l = up.layout;
     table += fmt::format("{:>4}  {:<28} {:>6} {:>12} {:>8} {:>12}\n", u.index, u.is_root ? "root" : u.name, u.params.size(),
                          l.padded_numel, l.padded_numel - l.used, l.shard_numel());
     j["units"].push_back({{"index", u.index}, {"name", u.name}, {"root", u.is_root}, {"params", u.params.size()},
                           {"padded_numel", l.padded_numel}, {"padding", l.padded_numel - l.used}, {"shard_numel", l.shard_numel()}});
   }
   const double depth = std::max(f.forward_prefetch, f.backward_prefetch);
-  const double unsharded = raf ? (1 + depth) * max_unit + root : all_units;
-  j["memory_per_rank_bytes"] = {{"sharded_state", sharded}, {"unsharded_params", unsharded}, {"gradient_unit", max_unit / bp * 4}};
+  const auto sharded = static_cast<double>(plan.sharded_state_bytes);
+  const auto unsharded = static_cast<double>(plan.unsharded_param_bytes);
+  const auto grad_unit = static_cast<double>(plan.unsharded_grad_bytes);
+  const auto gather = static_cast<double>(plan.shard_all_gather_bytes);
+  const auto reduce_scatter = static_cast<double>(plan.shard_reduce_scatter_bytes);
+  const auto all_reduce = static_cast<double>(plan.replicate_all_reduce_bytes);
+  j["memory_per_rank_bytes"] = {{"sharded_state", sharded}, {"unsharded_params", unsharded}, {"unsharded_grads", grad_unit}};
   j["traffic_per_micro_batch_bytes"] = {{"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter},
                                         {"all_reduce_replicate", all_reduce}};
   if (o.json) {
@@ -89,9 +83,9 @@ int run_plan(const PlanOptions& o) {
                                 fsdp::wrap_policy_name(f.wrap.policy));
   out += table;
   out += fmt::format("per rank: sharded state (fp32 param, grad, exp_avg, exp_avg_sq) {}, unsharded params ({}) {}, "
-                     "one fp32 gradient unit {} (+ activations)\n",
+                     "full fp32 gradient buffers {} (+ activations)\n",
                      gib(sharded), raf ? fmt::format("{} prefetch + root", depth) : std::string("all units kept"), gib(unsharded),
-                     gib(max_unit / bp * 4));
+                     gib(grad_unit));
   out += fmt::format("traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
                      "on the replicate axis\n",
                      gib(gather), gib(reduce_scatter), gib(all_reduce));

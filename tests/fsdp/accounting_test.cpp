@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "harness.hpp"
+#include "shardtrain/fsdp/plan.hpp"
 
 using namespace shardtrain;
 using namespace shardtrain::testing_fsdp;
@@ -120,5 +121,36 @@ TEST(FsdpAccounting, SyncModuleStatesBroadcastsTheFirstReplica) {
     ref.before_first_step = [](fsdp::FsdpEngine& e, optim::AdamW&) { e.initialize(100); };
     const RunResult want = run_training(MPI_COMM_WORLD, rpn, ref);
     for (const auto& [p, values] : want.params) EXPECT_EQ(synced.params.at(p), values) << sharding_strategy_name(s) << " param " << p;
+  }
+}
+
+// `shardtrain plan`'s figures (fsdp::plan_fsdp) against what the engine's ledger and counters measure
+// on the same config: sharded bytes and traffic exactly, gathered buffers within the plan's bound, and
+// the full gradient buffers exactly in both accumulation modes.
+TEST(FsdpAccounting, PlanAgreesWithTheEngine) {
+  const int rpn = ranks_per_node_from_env();
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (int s = 1; s <= 5; ++s) {
+    for (fsdp::GradAccumulation acc : {fsdp::GradAccumulation::ReduceEachMicroBatch, fsdp::GradAccumulation::NoSync}) {
+      // no_sync keeps every unit's gradients only across micro-batches: two of them, one reduction.
+      const bool no_sync = acc == fsdp::GradAccumulation::NoSync;
+      RunOptions o;
+      o.steps = 1;
+      o.micro_batches = no_sync ? 2 : 1;
+      o.fsdp.strategy = static_cast<ShardingStrategy>(s);
+      o.fsdp.accumulation = acc;
+      o.fsdp.forward_prefetch = 1;
+      const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
+      const fsdp::FsdpPlan plan = fsdp::plan_fsdp(model::ModelSpec(o.model), o.fsdp, world, rpn > 0 ? rpn : world);
+      SCOPED_TRACE(fmt::format("{} {}", sharding_strategy_name(o.fsdp.strategy), fsdp::grad_accumulation_name(acc)));
+      EXPECT_EQ(r.sharded_param_bytes, plan.sharded_param_bytes);
+      EXPECT_EQ(r.shard_gather_bytes, static_cast<uint64_t>(o.micro_batches) * plan.shard_all_gather_bytes);
+      EXPECT_EQ(r.shard_reduce_scatter_bytes, plan.shard_reduce_scatter_bytes);
+      EXPECT_EQ(r.replicate_all_reduce_bytes, plan.replicate_all_reduce_bytes);
+      EXPECT_LE(r.unsharded_param_peak, plan.unsharded_param_bytes);
+      EXPECT_GT(r.unsharded_param_peak, 0);
+      EXPECT_EQ(r.unsharded_grad_peak, plan.unsharded_grad_bytes);
+    }
   }
 }

@@ -95,6 +95,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   }
   out.sharded_param_bytes = ledger.current(MemoryCategory::ShardedParams);
   out.unsharded_param_peak = ledger.peak(MemoryCategory::UnshardedParams);
+  out.unsharded_grad_peak = ledger.peak(MemoryCategory::UnshardedGrads);
   out.max_outstanding = engine.stats().max_outstanding;
   return out;
 }

@@ -1,0 +1,43 @@
+// The formulas of docs/fsdp.md, unit by unit.
+#include "shardtrain/fsdp/plan.hpp"
+
+#include <algorithm>
+
+namespace shardtrain::fsdp {
+
+FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int world_size, int ranks_per_node) {
+  config.validate();
+  FsdpPlan p;
+  p.mesh = make_mesh_layout({config.strategy, config.shard_size}, world_size, ranks_per_node);
+  const int S = p.mesh.shard_size, R = p.mesh.replicate_size;
+  const auto bp = static_cast<int64_t>(dtype_size(config.param_dtype));
+  const auto br = static_cast<uint64_t>(dtype_size(config.reduce_dtype));
+  const bool raf = config.reshards_after_forward();
+  int64_t max_unit = 0, root = 0, all_units = 0, max_grad = 0, root_grad = 0, all_grads = 0;
+  for (const UnitSpec& u : plan_units(spec, config.wrap)) {
+    if (u.params.empty()) continue;
+    UnitPlan up{u, make_flat_layout(spec, u.params, S)};
+    const int64_t N = up.layout.padded_numel;
+    p.sharded_param_bytes += 4 * (N / S);
+    p.sharded_state_bytes += 16 * (N / S);
+    all_grads += 4 * N;
+    if (u.is_root) root_grad = 4 * N;
+    else max_grad = std::max(max_grad, 4 * N);
+    all_units += N * bp;
+    if (u.is_root) root = N * bp;
+    else max_unit = std::max(max_unit, N * bp);
+    if (S > 1) {
+      p.shard_all_gather_bytes += static_cast<uint64_t>((u.is_root || !raf ? 1 : 2) * N * bp);
+      p.shard_reduce_scatter_bytes += static_cast<uint64_t>(N) * br;
+    }
+    if (R > 1) p.replicate_all_reduce_bytes += static_cast<uint64_t>(N / S) * br;
+    p.units.push_back(std::move(up));
+  }
+  const int64_t depth = std::max(config.forward_prefetch, config.backward_prefetch);
+  p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + root) : all_units;
+  // The root's backward spans the whole backward (lm_head first, the embedding last).
+  p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : root_grad + max_grad;
+  return p;
+}
+
+}  // namespace shardtrain::fsdp
