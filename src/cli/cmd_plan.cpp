@@ -10,7 +10,9 @@
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
+#include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/spec.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -27,7 +29,90 @@ struct PlanOptions {
   std::string param_dtype = "bf16", reduce_dtype = "fp32";
   int forward_prefetch = 0, backward_prefetch = 1;
   bool json = false;
+  // The step-time estimate: stated rates, not measurements.
+  int seq = 2048, micro_batch = 1;
+  bool activation_checkpointing = false, offload = false;
+  double gpu_memory_gib = 80, gpu_tflops = 790, mfu = 0.5, intra_gbps = 360, inter_gbps = 50;
 };
+
+// One strategy on this model and cluster: device memory per rank, and a step-time estimate from the
+// stated FLOP rate and link bandwidths (ring collectives: (n-1)/n of the counted bytes cross each
+// rank's link, twice for an all-reduce; an axis within one node uses the intra-node bandwidth).
+struct StrategyEstimate {
+  ShardingStrategy strategy;
+  double device_bytes = 0, host_bytes = 0, activations = 0;
+  double compute_s = 0, comm_s = 0;
+  bool fits = false;
+};
+
+StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fsdp::FsdpConfig f, ShardingStrategy s) {
+  f.strategy = s;
+  f.reshard_after_forward.reset();
+  f.shard_size = 0;
+  const int world = o.nodes * o.gpus_per_node;
+  const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
+  StrategyEstimate e{s};
+  const model::ActivationPlan act(spec.config(), o.micro_batch, o.seq, f.param_dtype,
+                                  o.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
+  e.activations = static_cast<double>(act.bytes());
+  const auto state = static_cast<double>(plan.sharded_state_bytes);
+  (o.offload ? e.host_bytes : e.device_bytes) += state;
+  e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes) + e.activations;
+  e.fits = e.device_bytes <= o.gpu_memory_gib * (1ull << 30);
+  // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
+  const model::LlamaConfig& c = spec.config();
+  const double matmul_params = static_cast<double>(spec.num_params() - c.vocab_size * c.hidden_size) +
+                               (c.tie_word_embeddings ? static_cast<double>(c.vocab_size * c.hidden_size) : 0.0);
+  double flops = (6 * matmul_params + 12.0 * c.num_hidden_layers * c.hidden_size * o.seq) * o.micro_batch * o.seq;
+  if (o.activation_checkpointing) flops *= 4.0 / 3.0;
+  e.compute_s = flops / (o.gpu_tflops * 1e12 * o.mfu);
+  const int S = plan.mesh.shard_size, R = plan.mesh.replicate_size;
+  const double shard_bw = (S <= o.gpus_per_node ? o.intra_gbps : o.inter_gbps) * 1e9;
+  const double rep_bw = (o.nodes == 1 ? o.intra_gbps : o.inter_gbps) * 1e9;
+  if (S > 1) {
+    e.comm_s += (S - 1.0) / S *
+                static_cast<double>(plan.shard_all_gather_bytes + plan.shard_reduce_scatter_bytes) / shard_bw;
+  }
+  if (R > 1) e.comm_s += 2.0 * (R - 1.0) / R * static_cast<double>(plan.replicate_all_reduce_bytes) / rep_bw;
+  return e;
+}
+
+std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, const fsdp::FsdpConfig& f, nlohmann::json& j) {
+  std::string out = fmt::format(
+      "\nevery strategy on {} node(s) x {} GPUs, micro-batch {} x seq {}{}{}; {:.0f} GiB per GPU, {:.0f} TFLOP/s at {:.0f}% MFU, "
+      "links {:.0f} GB/s in a node and {:.0f} GB/s between nodes (stated, not measured):\n",
+      o.nodes, o.gpus_per_node, o.micro_batch, o.seq, o.activation_checkpointing ? ", activation checkpointing" : "",
+      o.offload ? ", CPU offload" : "", o.gpu_memory_gib, o.gpu_tflops, 100 * o.mfu, o.intra_gbps, o.inter_gbps);
+  out += fmt::format("{:<20} {:>12} {:>12} {:>10} {:>11} {:>9} {:>10}  {}\n", "strategy", "device GiB", "activations", "host GiB",
+                     "compute ms", "comm ms", "step ms", "fits");
+  const StrategyEstimate* best = nullptr;
+  std::vector<StrategyEstimate> all;
+  for (int s = 1; s <= 5; ++s) {
+    try {
+      all.push_back(estimate(o, spec, f, static_cast<ShardingStrategy>(s)));
+    } catch (const ConfigError&) {
+      continue;  // a mesh that does not fit this cluster
+    }
+  }
+  for (const StrategyEstimate& e : all) {
+    const double step = std::max(e.compute_s, e.comm_s);  // communication overlapped with compute
+    out += fmt::format("{:<20} {:>12.2f} {:>12.2f} {:>10.2f} {:>11.1f} {:>9.1f} {:>10.1f}  {}\n", sharding_strategy_name(e.strategy),
+                       e.device_bytes / (1ull << 30), e.activations / (1ull << 30), e.host_bytes / (1ull << 30), 1e3 * e.compute_s,
+                       1e3 * e.comm_s, 1e3 * step, e.fits ? "yes" : "no");
+    j["strategies"].push_back({{"strategy", sharding_strategy_name(e.strategy)}, {"device_bytes", e.device_bytes},
+                               {"activation_bytes", e.activations}, {"host_bytes", e.host_bytes}, {"compute_s", e.compute_s},
+                               {"comm_s", e.comm_s}, {"step_s", step}, {"fits", e.fits}});
+    if (e.fits && (!best || step < std::max(best->compute_s, best->comm_s))) best = &e;
+  }
+  if (best) {
+    out += fmt::format("recommended: {} (the fastest estimate that fits)\n", sharding_strategy_name(best->strategy));
+    j["recommended"] = sharding_strategy_name(best->strategy);
+  } else {
+    out += "recommended: none fits: try activation checkpointing, CPU offload, a smaller micro-batch or more GPUs\n";
+    j["recommended"] = nullptr;
+  }
+  return out;
+}
 
 std::string gib(double bytes) { return fmt::format("{:.3f} GiB", bytes / (1ull << 30)); }
 
@@ -74,6 +159,7 @@ int run_plan(const PlanOptions& o) {
   j["memory_per_rank_bytes"] = {{"sharded_state", sharded}, {"unsharded_params", unsharded}, {"unsharded_grads", grad_unit}};
   j["traffic_per_micro_batch_bytes"] = {{"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter},
                                         {"all_reduce_replicate", all_reduce}};
+  const std::string estimates = estimate_table(o, spec, f, j);
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -89,6 +175,7 @@ int run_plan(const PlanOptions& o) {
   out += fmt::format("traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
                      "on the replicate axis\n",
                      gib(gather), gib(reduce_scatter), gib(all_reduce));
+  out += estimates;
   std::fputs(out.c_str(), stdout);
   return 0;
 }
@@ -118,6 +205,15 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--forward-prefetch", o->forward_prefetch)->capture_default_str();
   c.app->add_option("--backward-prefetch", o->backward_prefetch)->capture_default_str();
   c.app->add_flag("--json", o->json, "one JSON object");
+  c.app->add_option("--seq", o->seq, "sequence length (activations, FLOPs)")->capture_default_str();
+  c.app->add_option("--micro-batch", o->micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  c.app->add_flag("--activation-checkpointing", o->activation_checkpointing, "per decoder layer");
+  c.app->add_flag("--offload", o->offload, "CPU offload: sharded state in host memory");
+  c.app->add_option("--gpu-memory", o->gpu_memory_gib, "GiB per GPU")->capture_default_str();
+  c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")->capture_default_str();
+  c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")->capture_default_str();
+  c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")->capture_default_str();
+  c.app->add_option("--inter-gbps", o->inter_gbps, "GB/s per GPU between nodes (network)")->capture_default_str();
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_plan(*o); };
   return c;

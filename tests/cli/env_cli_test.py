@@ -72,5 +72,22 @@ for np, cli, code, message in bad:
     lines = [l for l in err.splitlines() if message in l]
     check(len(lines) == 1, f"{' '.join(cli)}: expected the error once, got {len(lines)} times")
 
+# shardtrain plan (offline): a 7B Llama on 4 nodes x 8 GPUs. The sharded state of FULL_SHARD is 16 bytes per
+# parameter over 32 ranks (padding aside); NO_SHARD cannot fit 80 GiB; the recommendation is a strategy that fits.
+p = subprocess.run([args.shardtrain, "plan", "--nodes", "4", "--gpus-per-node", "8", "--strategy", "FULL_SHARD",
+                    "--layers", "32", "--hidden", "4096", "--intermediate", "11008", "--heads", "32", "--kv-heads", "32",
+                    "--vocab", "32000", "--seq", "4096", "--activation-checkpointing", "--json"],
+                   capture_output=True, text=True, timeout=60)
+check(p.returncode == 0, f"plan: exit {p.returncode}: {p.stderr}")
+plan = json.loads(p.stdout)
+params = plan["params"]
+check(abs(plan["memory_per_rank_bytes"]["sharded_state"] - 16 * params / 32) < 16 * 64 * len(plan["units"]),
+      f"FULL_SHARD sharded state {plan['memory_per_rank_bytes']['sharded_state']} vs 16 P / 32 = {16 * params / 32}")
+by_name = {e["strategy"]: e for e in plan["strategies"]}
+check(set(by_name) == {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"}, f"strategies {list(by_name)}")
+check(not by_name["NO_SHARD"]["fits"] and by_name["FULL_SHARD"]["fits"], "NO_SHARD does not fit 80 GiB, FULL_SHARD does")
+check(by_name["HYBRID_SHARD"]["comm_s"] < by_name["FULL_SHARD"]["comm_s"], "hybrid sends less across nodes than FULL_SHARD")
+check(plan["recommended"] in by_name and by_name[plan["recommended"]]["fits"], f"recommended {plan['recommended']}")
+
 print(f"{len(failures)} failed" if failures else "all env CLI checks passed")
 sys.exit(1 if failures else 0)
