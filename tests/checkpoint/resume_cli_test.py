@@ -4,7 +4,6 @@ keeps its previous checkpoint intact and loadable; `--resume auto` continues fro
 final parameters equal the uninterrupted run's bit for bit; consolidation and `checkpoint info --verify`
 work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5;
 SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one."""
-import argparse
 import json
 import os
 import shutil
@@ -13,41 +12,16 @@ import subprocess
 import sys
 import time
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--shardtrain", required=True)
-parser.add_argument("--mpiexec", default="mpirun")
-parser.add_argument("--source", required=True)
-parser.add_argument("--workdir", required=True)
-args = parser.parse_args()
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
 
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
-
-
-corpus = os.path.join(args.source, "data/fetched/corpus/moby-dick")
-if not os.path.isdir(corpus):
-    print(f"FAIL: {corpus} missing: run ./scripts/fetch-data.sh first", file=sys.stderr)
-    sys.exit(1)
-work = os.path.abspath(args.workdir)
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
 st = args.shardtrain
-
-
-def tool(*cli):
-    subprocess.run([st, *cli, "--log-level", "warn"], check=True)
-
-
-tok, ds = os.path.join(work, "bpe512.json"), os.path.join(work, "moby.h5")
-tool("tokenizer", "train", "--input", corpus, "--vocab-size", "512", "--output", tok)
-tool("prepare-data", "-t", tok, "-i", corpus, "-o", ds, "--validation-fraction", "0.05")
-tok2, ds2 = os.path.join(work, "bpe600.json"), os.path.join(work, "moby600.h5")
-tool("tokenizer", "train", "--input", corpus, "--vocab-size", "600", "--output", tok2)
-tool("prepare-data", "-t", tok2, "-i", corpus, "-o", ds2, "--validation-fraction", "0.05")
+moby = clitest.corpus(args, "moby-dick")
+tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby-bpe512", 0.05)
+tok2, ds2 = clitest.prepare_dataset(args, moby, work, 600, "moby-bpe600", 0.05)
 
 BASE = ["--model.vocab_size", "600", "--model.hidden_size", "64", "--model.intermediate_size", "128",
          "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
@@ -141,5 +115,4 @@ if saved:
     check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
     check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
 
-print(f"{len(failures)} failed" if failures else "all checkpoint CLI checks passed")
-sys.exit(1 if failures else 0)
+check.finish("all checkpoint CLI checks passed")

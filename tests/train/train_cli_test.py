@@ -4,33 +4,23 @@ BPE trained on the State of the Union addresses, configs/tiny-cpu.toml for 60 st
 The loss must fall below the pinned thresholds; metrics lines must parse and their tokens/s and MFU agree
 with the step time; the run's config.toml must print back identically; bad input must give its documented
 exit code with the key named; N injected non-finite steps in a row must end the job with exit code 9."""
-import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--shardtrain", required=True)
-parser.add_argument("--mpiexec", default="mpirun")
-parser.add_argument("--source", required=True)
-parser.add_argument("--workdir", required=True)
-args = parser.parse_args()
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
 
 # Measured 2026-11-22 (2-core VM): loss 8.358 at step 1, mean of steps 51-60 = 6.18, validation loss 5.94
 # at step 60. Deterministic for a given thread count; the margins absorb thread-count differences.
 LAST10_MEAN_BELOW = 6.5
 VAL_LOSS_BELOW = 6.3
 PEAK = 2e10  # fixed peak FLOP/s per rank, so MFU can be checked exactly
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def run(np, *cli, env_extra=None, timeout=600):
@@ -41,18 +31,8 @@ def run(np, *cli, env_extra=None, timeout=600):
     return p.returncode, p.stdout, p.stderr
 
 
-corpus = os.path.join(args.source, "data/fetched/corpus/sotu")
-if not os.path.isdir(corpus):
-    print(f"FAIL: {corpus} missing: run ./scripts/fetch-data.sh first", file=sys.stderr)
-    sys.exit(1)
-work = os.path.abspath(args.workdir)
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-tok, ds = os.path.join(work, "bpe4k.json"), os.path.join(work, "sotu-bpe4k.h5")
-subprocess.run([args.shardtrain, "tokenizer", "train", "--input", corpus, "--vocab-size", "4096", "--output", tok,
-                "--log-level", "warn"], check=True)
-subprocess.run([args.shardtrain, "prepare-data", "-t", tok, "-i", corpus, "-o", ds, "--validation-fraction", "0.02",
-                "--log-level", "warn"], check=True)
+work = clitest.fresh_workdir(args)
+tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "sotu"), work, 4096, "sotu-bpe4k", 0.02)
 
 # The short real run.
 run_dir = os.path.join(work, "run")
@@ -114,7 +94,4 @@ plot = subprocess.run([os.path.join(args.source, "scripts/plot-metrics.sh"), run
 check(plot.returncode == 0 and os.path.getsize(os.path.join(run_dir, "loss.png")) > 1000
       and os.path.getsize(os.path.join(run_dir, "throughput.png")) > 1000, f"plot-metrics: {plot.stderr}")
 
-if failures:
-    print(f"{len(failures)} check(s) failed", file=sys.stderr)
-    sys.exit(1)
-print("train_cli_test: all checks passed")
+check.finish("train_cli_test: all checks passed")

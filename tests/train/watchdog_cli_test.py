@@ -3,38 +3,18 @@
 other, blocked in a collective, ends the whole job within the timeout with exit code 10 and a message
 naming the collective, its axis and the step. A run without the fault and the same short timeout
 finishes normally (no false alarm)."""
-import argparse
 import os
 import subprocess
 import sys
 import time
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--shardtrain", required=True)
-parser.add_argument("--mpiexec", default="mpirun")
-parser.add_argument("--source", required=True)
-parser.add_argument("--workdir", required=True)
-args = parser.parse_args()
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
 
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
-
-
-corpus = os.path.join(args.source, "data/fetched/corpus/moby-dick")
-if not os.path.isdir(corpus):
-    print(f"FAIL: {corpus} missing: run ./scripts/fetch-data.sh first", file=sys.stderr)
-    sys.exit(1)
-work = os.path.abspath(args.workdir)
-os.makedirs(work, exist_ok=True)
-tok, ds = os.path.join(work, "bpe512.json"), os.path.join(work, "moby.h5")
-for cmd in (["tokenizer", "train", "--input", corpus, "--vocab-size", "512", "--output", tok],
-            ["prepare-data", "-t", tok, "-i", corpus, "-o", ds, "--validation-fraction", "0.05"]):
-    if not os.path.exists(cmd[-1]):
-        subprocess.run([args.shardtrain, *cmd, "--log-level", "warn"], check=True)
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
 
 
 def train(name, env_extra=None):
@@ -58,5 +38,4 @@ rc, err, secs = train("stalled", {"SHARDTRAIN_FAULT": "stall:1@3"})
 check(rc == 10, f"stalled rank: exit code {rc}, expected 10: {err[-1500:]}")
 check("collective timeout" in err and "axis" in err and "during step 3" in err, f"the message names collective, axis, step: {err[-1500:]}")
 check(secs < 60, f"the job ended {secs:.0f} s after start; the watchdog should end it within seconds of the 3 s timeout")
-print(f"{len(failures)} failed" if failures else "all watchdog checks passed")
-sys.exit(1 if failures else 0)
+check.finish("all watchdog checks passed")

@@ -1,0 +1,57 @@
+"""Shared pieces of the end-to-end tests that drive the shardtrain binary from Python: their arguments,
+the failure list every check adds to, the fetched corpus, and a small dataset made with a trained BPE."""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shardtrain", required=True)
+    parser.add_argument("--mpiexec", default="mpirun")
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--workdir", required=True)
+    return parser.parse_args()
+
+
+class Checks:
+    """check(cond, what) records a failure and goes on; finish() prints the closing line and exits."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, what):
+        if not cond:
+            self.failures.append(what)
+            print("FAIL:", what, file=sys.stderr)
+
+    def finish(self, passed_line):
+        print(f"{len(self.failures)} failed" if self.failures else passed_line)
+        sys.exit(1 if self.failures else 0)
+
+
+def corpus(args, name):
+    """data/fetched/corpus/NAME, or a clear failure when scripts/fetch-data.sh has not run."""
+    path = os.path.join(args.source, "data/fetched/corpus", name)
+    if not os.path.isdir(path):
+        print(f"FAIL: {path} missing: run ./scripts/fetch-data.sh first", file=sys.stderr)
+        sys.exit(1)
+    return path
+
+
+def fresh_workdir(args):
+    work = os.path.abspath(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return work
+
+
+def prepare_dataset(args, corpus_path, work, vocab_size, stem, validation_fraction):
+    """Trains a BPE of vocab_size on the corpus and prepares WORK/STEM.h5 with it; returns (tokenizer, dataset)."""
+    tok, ds = os.path.join(work, f"{stem}.json"), os.path.join(work, f"{stem}.h5")
+    for cmd in (["tokenizer", "train", "--input", corpus_path, "--vocab-size", str(vocab_size), "--output", tok],
+                ["prepare-data", "-t", tok, "-i", corpus_path, "-o", ds, "--validation-fraction", str(validation_fraction)]):
+        subprocess.run([args.shardtrain, *cmd, "--log-level", "warn"], check=True)
+    return tok, ds
