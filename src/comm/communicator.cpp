@@ -1,4 +1,5 @@
-// The backend-independent half of every collective: argument checks and traffic counting.
+// The backend-independent half of every collective: argument checks, traffic counting, and the
+// sequence number and watchdog guard of each call.
 #include "shardtrain/comm/communicator.hpp"
 
 #include "shardtrain/comm/watchdog.hpp"
@@ -52,7 +53,7 @@ void Communicator::check_reduce(DType dtype, ReduceOp op, const char* what) cons
 void Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) {
   const uint64_t bytes = count * size_ * dtype_size(dtype);
   traffic_.add(CollectiveKind::AllGather, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::AllGather, axis_, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::AllGather, axis_, bytes, enter(), &world_ranks_});
   do_all_gather(send, recv, count, dtype, stream);
 }
 
@@ -60,7 +61,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DT
   check_reduce(dtype, op, "reduce_scatter");
   const uint64_t bytes = count * size_ * dtype_size(dtype);
   traffic_.add(CollectiveKind::ReduceScatter, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::ReduceScatter, axis_, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::ReduceScatter, axis_, bytes, enter(), &world_ranks_});
   do_reduce_scatter(send, recv, count, dtype, op, stream);
 }
 
@@ -68,7 +69,7 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, DType 
   check_reduce(dtype, op, "all_reduce");
   const uint64_t bytes = count * dtype_size(dtype);
   traffic_.add(CollectiveKind::AllReduce, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::AllReduce, axis_, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::AllReduce, axis_, bytes, enter(), &world_ranks_});
   do_all_reduce(send, recv, count, dtype, op, stream);
 }
 
@@ -78,13 +79,13 @@ void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, 
   }
   const uint64_t bytes = count * dtype_size(dtype);
   traffic_.add(CollectiveKind::Broadcast, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::Broadcast, axis_, bytes);
+  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::Broadcast, axis_, bytes, enter(), &world_ranks_});
   do_broadcast(buffer, count, dtype, root, stream);
 }
 
 void Communicator::barrier() {
   traffic_.add(CollectiveKind::Barrier, 0);
-  CollectiveWatchdog::Guard guard(watchdog_, CollectiveKind::Barrier, axis_, 0);
+  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::Barrier, axis_, 0, enter(), &world_ranks_});
   do_barrier();
 }
 

@@ -32,9 +32,26 @@ CommBackend choose_comm_backend(const Runtime& rt, CommBackendPreference pref) {
   return nccl_possible ? CommBackend::Nccl : CommBackend::Mpi;
 }
 
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  ST_CHECK_MPI(MPI_Comm_group(comm, &group));
+  ST_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  int n = 0;
+  ST_CHECK_MPI(MPI_Group_size(group, &n));
+  std::vector<int> ranks(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ranks[static_cast<size_t>(i)] = i;
+  ST_CHECK_MPI(MPI_Group_translate_ranks(group, n, ranks.data(), world, out.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return out;
+}
+
 MeshComms::MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace space) : backend_(backend) {
   auto make = [&](MeshAxis a) {
-    return backend == CommBackend::Nccl ? make_nccl_communicator(mesh.comm(a), a) : make_mpi_communicator(mesh.comm(a), a, space);
+    std::unique_ptr<Communicator> c =
+        backend == CommBackend::Nccl ? make_nccl_communicator(mesh.comm(a), a) : make_mpi_communicator(mesh.comm(a), a, space);
+    c->set_world_ranks(world_ranks_of(mesh.comm(a)));  // whom the hang watchdog asks about this axis
+    return c;
   };
   world_ = make(MeshAxis::World);
   shard_ = make(MeshAxis::Shard);

@@ -1,12 +1,13 @@
 // The training loop (trainer.hpp): steps of micro-batches accumulated to the global batch, the LR
 // schedule, clipping, non-finite skipping, validation, metrics and hooks.
-#include <thread>
-
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <limits>
+#include <thread>
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -28,6 +29,27 @@ model::Batch to_batch(data::MicroBatch& mb, bool with_documents) {
   return b;
 }
 
+// SHARDTRAIN_FAULT's faults of one rank (trainer.hpp), for the watchdog and launcher tests.
+void inject(const RankFault& f) {
+  switch (f.kind) {
+    case RankFault::Kind::Stall:
+      log::warn("train: SHARDTRAIN_FAULT: rank {} stops answering before step {}", f.rank, f.step);
+      std::this_thread::sleep_for(std::chrono::hours(1));
+      break;
+    case RankFault::Kind::Kill:
+      log::warn("train: SHARDTRAIN_FAULT: rank {} kills itself (SIGKILL) before step {}", f.rank, f.step);
+      std::fflush(nullptr);
+      std::raise(SIGKILL);
+      break;
+    case RankFault::Kind::Freeze:
+      log::warn("train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}", f.rank,
+                f.step);
+      std::fflush(nullptr);
+      std::raise(SIGSTOP);
+      break;
+  }
+}
+
 uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
   uint64_t total = 0;
   for (int k = 0; k < kCollectiveKinds; ++k) total += comms.bytes(axis, static_cast<CollectiveKind>(k));
@@ -39,10 +61,7 @@ uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
 void Trainer::step_once(StepMetrics& m) {
   const auto t0 = Clock::now();
   watchdog_->set_step(state_.step + 1);
-  if (options_.faults.stall_rank == runtime_->topology().world_rank && options_.faults.stall_step == state_.step + 1) {
-    log::warn("train: SHARDTRAIN_FAULT: rank {} stops answering before step {}", options_.faults.stall_rank, state_.step + 1);
-    std::this_thread::sleep_for(std::chrono::hours(1));
-  }
+  if (const RankFault* f = options_.faults.rank_fault_at(runtime_->topology().world_rank, state_.step + 1)) inject(*f);
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);
   const bool packed = config_.data.layout == data::BatchLayout::Packed;

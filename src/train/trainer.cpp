@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -58,49 +59,92 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
   return s;
 }
 
+const char* rank_fault_name(RankFault::Kind k) {
+  switch (k) {
+    case RankFault::Kind::Stall: return "stall";
+    case RankFault::Kind::Kill: return "kill";
+    case RankFault::Kind::Freeze: return "freeze";
+  }
+  return "?";
+}
+
 FaultPlan FaultPlan::parse(const std::string& spec) {
   FaultPlan plan;
-  if (spec.empty()) return plan;
   auto bad = [&](const std::string& why) {
-    return UsageError(fmt::format("SHARDTRAIN_FAULT='{}': {} (expected nan_grad:STEP[,STEP|,FIRST-LAST...] or stall:RANK@STEP)", spec, why));
+    return UsageError(fmt::format("SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
+                                  "stall:RANK@STEP, kill:RANK@STEP or freeze:RANK@STEP)",
+                                  spec, why));
   };
-  const size_t colon = spec.find(':');
-  if (colon != std::string::npos && spec.substr(0, colon) == "stall") {
-    const size_t at = spec.find('@', colon);
+  // A whole non-negative number, or a usage error naming `what`.
+  auto number = [&](const std::string& text, const std::string& what) -> int64_t {
+    size_t used = 0;
+    int64_t v = -1;
     try {
-      plan.stall_rank = std::stoi(spec.substr(colon + 1, at - colon - 1));
-      plan.stall_step = std::stoll(spec.substr(at + 1));
+      v = std::stoll(text, &used);
     } catch (const std::logic_error&) {
-      throw bad("expected stall:RANK@STEP");
+      used = 0;
     }
-    return plan;
-  }
-  if (colon == std::string::npos || spec.substr(0, colon) != "nan_grad") throw bad("unknown fault");
-  std::string list = spec.substr(colon + 1);
-  size_t start = 0;
-  while (start < list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    const std::string item = list.substr(start, comma - start);
-    try {
-      const size_t dash = item.find('-');
-      size_t used = 0;
-      const int64_t first = std::stoll(item.substr(0, dash), &used);
-      if (used != (dash == std::string::npos ? item.size() : dash)) throw bad("not a step number: " + item);
-      int64_t last = first;
-      if (dash != std::string::npos) last = std::stoll(item.substr(dash + 1));
-      if (first < 1 || last < first) throw bad("steps count from 1: " + item);
+    if (text.empty() || used != text.size() || v < 0 || !std::isdigit(static_cast<unsigned char>(text[0])))
+      throw bad(fmt::format("not a {}: '{}'", what, text));
+    return v;
+  };
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    size_t end = spec.find(';', begin);
+    if (end == std::string::npos) end = spec.size();
+    std::string item = spec.substr(begin, end - begin);
+    begin = end + 1;
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    const size_t colon = item.find(':');
+    const std::string name = item.substr(0, colon), arg = colon == std::string::npos ? std::string() : item.substr(colon + 1);
+    if (colon == std::string::npos) throw bad(fmt::format("unknown fault '{}'", item));
+    if (name == "stall" || name == "kill" || name == "freeze") {
+      const size_t at = arg.find('@');
+      if (at == std::string::npos) throw bad(fmt::format("expected {}:RANK@STEP, got '{}'", name, item));
+      RankFault f;
+      f.kind = name == "stall" ? RankFault::Kind::Stall : name == "kill" ? RankFault::Kind::Kill : RankFault::Kind::Freeze;
+      f.rank = static_cast<int>(number(arg.substr(0, at), "rank"));
+      f.step = number(arg.substr(at + 1), "step number");
+      if (f.step < 1) throw bad(fmt::format("steps count from 1: '{}'", item));
+      plan.rank_faults.push_back(f);
+      continue;
+    }
+    if (name != "nan_grad") throw bad(fmt::format("unknown fault '{}'", name));
+    size_t start = 0;
+    while (start <= arg.size()) {
+      size_t comma = arg.find(',', start);
+      if (comma == std::string::npos) comma = arg.size();
+      const std::string range = arg.substr(start, comma - start);
+      start = comma + 1;
+      const size_t dash = range.find('-');
+      const int64_t first = number(range.substr(0, dash), "step number");
+      const int64_t last = dash == std::string::npos ? first : number(range.substr(dash + 1), "step number");
+      if (first < 1 || last < first) throw bad("steps count from 1: " + range);
       for (int64_t s = first; s <= last; ++s) plan.nan_grad_steps.push_back(s);
-    } catch (const std::logic_error&) {
-      throw bad("not a step number: " + item);
     }
-    start = comma + 1;
   }
   return plan;
 }
 
 bool FaultPlan::nan_grad_at(int64_t step) const {
   return std::find(nan_grad_steps.begin(), nan_grad_steps.end(), step) != nan_grad_steps.end();
+}
+
+const RankFault* FaultPlan::rank_fault_at(int rank, int64_t step) const {
+  for (const RankFault& f : rank_faults) {
+    if (f.rank == rank && f.step == step) return &f;
+  }
+  return nullptr;
+}
+
+void FaultPlan::check_ranks(int world_size) const {
+  for (const RankFault& f : rank_faults) {
+    if (f.rank >= world_size)
+      throw UsageError(fmt::format("SHARDTRAIN_FAULT: {}:{}@{} names rank {}, but the world has ranks 0-{}", rank_fault_name(f.kind), f.rank,
+                                   f.step, f.rank, world_size - 1));
+  }
 }
 
 namespace {
@@ -143,6 +187,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   const Topology& topo = runtime.topology();
   config_.validate();
   config_.validate_for_world(topo.world_size, topo.node_count);
+  options_.faults.check_ranks(topo.world_size);
   const int W = topo.world_size, rank = topo.world_rank;
   resolved_toml_ = to_toml(config_);
 

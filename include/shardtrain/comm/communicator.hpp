@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/runtime/device.hpp"
@@ -88,6 +89,13 @@ class Communicator {
   TrafficCounters& traffic() { return traffic_; }
   // Times every host-blocking collective from now on (not owned; nullptr: none).
   void set_watchdog(CollectiveWatchdog* w) { watchdog_ = w; }
+  // Collectives entered so far (each call counts on entry, before it can block): every rank of the
+  // axis group calls the same collectives in the same order, so a rank whose count is lower than a
+  // peer's never arrived at the peer's collective. The hang watchdog compares these counts.
+  uint64_t entered() const { return entered_.load(std::memory_order_relaxed); }
+  // World ranks (MPI_COMM_WORLD) of this axis group, in axis-rank order; empty when not set.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  void set_world_ranks(std::vector<int> ranks) { world_ranks_ = std::move(ranks); }
 
  protected:
   virtual void do_all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) = 0;
@@ -98,12 +106,15 @@ class Communicator {
 
  private:
   void check_reduce(DType dtype, ReduceOp op, const char* what) const;
+  uint64_t enter() { return entered_.fetch_add(1, std::memory_order_relaxed) + 1; }
   MeshAxis axis_;
   int rank_;
   int size_;
   MemorySpace space_;
   TrafficCounters traffic_;
   CollectiveWatchdog* watchdog_ = nullptr;
+  std::atomic<uint64_t> entered_{0};
+  std::vector<int> world_ranks_;
 };
 
 }  // namespace shardtrain

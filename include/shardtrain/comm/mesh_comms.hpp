@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "shardtrain/comm/communicator.hpp"
 #include "shardtrain/mesh/device_mesh.hpp"
@@ -23,6 +24,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, MeshAxis axis
 // Throws a Device error when shardtrain was built without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, MeshAxis axis);
 bool nccl_built();
+// The MPI_COMM_WORLD ranks of `comm`'s members, in `comm`'s rank order (MPI_Group_translate_ranks).
+std::vector<int> world_ranks_of(MPI_Comm comm);
 
 class MeshComms {
  public:

@@ -1,25 +1,58 @@
 // The hang watchdog: every collective is timed, and one that does not finish within the timeout ends
 // the whole job (MPI_Abort with ExitCode::Timeout) with a message naming the collective, its axis and
-// size, this rank, and what the job was doing (the context the training loop sets: step and unit).
-// A rank that never arrives leaves the others blocked in the collective: their watchdogs fire.
+// size, this rank, what the job was doing (the step and unit the training loop and engine set), and
+// the ranks of that axis that did not arrive: the firing rank asks every peer of the axis, over a
+// private duplicate of MPI_COMM_WORLD that the watchdog thread serves, how many collectives it has
+// entered on that axis and what it is doing. A peer that does not answer is dead or not making MPI
+// progress. A rank that never arrives leaves the others blocked in the collective: their watchdogs fire.
 #pragma once
 
-#include <atomic>
+#include <array>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "shardtrain/comm/communicator.hpp"
 
 namespace shardtrain {
 
+// One collective as a communicator enters it.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  MeshAxis axis = MeshAxis::World;
+  uint64_t bytes = 0;
+  uint64_t seq = 0;                          // collectives entered on this communicator, this one included
+  const std::vector<int>* group = nullptr;   // world ranks of the axis group (may be empty: unknown)
+};
+
+// What a peer said about itself when asked about one collective (axis, seq).
+struct PeerReport {
+  enum class Status { Arrived, Behind, Ahead, NoAnswer };
+  int world_rank = -1;
+  Status status = Status::NoAnswer;
+  uint64_t entered = 0;       // collectives the peer has entered on the axis asked about
+  bool in_collective = false; // the peer's own collective in flight, if any:
+  CollectiveKind kind = CollectiveKind::Barrier;
+  MeshAxis axis = MeshAxis::World;
+  int64_t step = -1;          // the peer's step (-1: none set)
+};
+
+// The part of the timeout message about the peers asked about collective `seq` on `axis`, e.g.
+// "ranks that did not arrive: 1 (at step 3, not in a collective; 1 collective behind); arrived: 0, 2-3".
+std::string describe_peer_reports(MeshAxis axis, uint64_t seq, const std::vector<PeerReport>& reports);
+
 class CollectiveWatchdog {
  public:
-  // timeout <= 0: disabled (nothing is started).
+  // timeout <= 0: disabled (nothing is started). Enabled with MPI active: collective over
+  // MPI_COMM_WORLD (every rank creates its watchdog at the same point, with the same timeout).
   explicit CollectiveWatchdog(std::chrono::duration<double> timeout);
-  ~CollectiveWatchdog();
+  ~CollectiveWatchdog();  // stops the thread (its pending receive cancelled): before MPI_Finalize
   CollectiveWatchdog(const CollectiveWatchdog&) = delete;
   CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
 
@@ -28,10 +61,17 @@ class CollectiveWatchdog {
   void set_step(int64_t step);
   void set_unit(const std::string& unit);
 
+  // Asks every other rank of `group` (world ranks) about collective `seq` on `axis` and waits up to
+  // `wait` for the answers; one report per other rank of the group. Collective in spirit: the peers'
+  // watchdog threads answer. What fire() does on a timeout, callable from any thread (for tests).
+  // Empty when the watchdog is disabled or MPI is not active.
+  std::vector<PeerReport> survey(MeshAxis axis, uint64_t seq, const std::vector<int>& group,
+                                 std::chrono::duration<double> wait);
+
   // Marks one collective in flight for the lifetime of the guard.
   class Guard {
    public:
-    Guard(CollectiveWatchdog* w, CollectiveKind kind, MeshAxis axis, uint64_t bytes);
+    Guard(CollectiveWatchdog* w, const CollectiveCall& call);
     ~Guard();
     Guard(const Guard&) = delete;
     Guard& operator=(const Guard&) = delete;
@@ -41,20 +81,35 @@ class CollectiveWatchdog {
   };
 
  private:
+  struct Mailbox;   // the private communicator, its posted receive and the answers in flight (watchdog.cpp)
+  struct Survey {   // a survey asked of the watchdog thread
+    MeshAxis axis;
+    uint64_t seq;
+    std::vector<int> group;
+    std::chrono::duration<double> wait;
+    std::optional<std::vector<PeerReport>> result;
+  };
+
   void run();
+  void serve(Survey* survey, int64_t token, std::vector<PeerReport>* reports);
+  std::vector<PeerReport> run_survey(const Survey& s);
   [[noreturn]] void fire(double waited);
 
   std::chrono::duration<double> timeout_;
+  std::unique_ptr<Mailbox> mailbox_;
   std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_, surveyed_;
   bool stop_ = false;
+  // The collective in flight.
   bool in_flight_ = false;
-  CollectiveKind kind_ = CollectiveKind::Barrier;
-  MeshAxis axis_ = MeshAxis::World;
-  uint64_t bytes_ = 0;
+  CollectiveCall call_;
   std::chrono::steady_clock::time_point started_;
+  // Per axis (MeshAxis as index): the seq of the last collective entered there.
+  std::array<uint64_t, 3> entered_{};
   int64_t step_ = -1;
   std::string unit_;
+  Survey* survey_request_ = nullptr;  // set by survey(), run and answered by the thread
+  int64_t next_token_ = 0;
   std::thread thread_;
 };
 

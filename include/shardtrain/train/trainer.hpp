@@ -41,14 +41,27 @@ struct TrainerState {
 std::string trainer_state_to_json(const TrainerState& s);
 TrainerState trainer_state_from_json(std::string_view json, const std::string& source);
 
-// Faults injected for tests, from SHARDTRAIN_FAULT (docs/training.md): "nan_grad:3,5,7-9" writes a NaN
-// into every rank's gradient shard after the backward of those (1-based) steps.
+// One rank's fault before a (1-based) step: "stall:RANK@STEP" sleeps in the loop (the watchdog thread
+// still answers), "kill:RANK@STEP" raises SIGKILL on the process, "freeze:RANK@STEP" raises SIGSTOP
+// (every thread stops: a rank that no longer makes MPI progress).
+struct RankFault {
+  enum class Kind { Stall, Kill, Freeze };
+  Kind kind = Kind::Stall;
+  int rank = 0;
+  int64_t step = 1;
+};
+const char* rank_fault_name(RankFault::Kind k);  // "stall", "kill", "freeze"
+
+// Faults injected for tests, from SHARDTRAIN_FAULT (docs/training.md): faults separated by ';', each
+// "nan_grad:3,5,7-9" (a NaN in every rank's gradient shard after the backward of those steps) or a
+// RankFault, e.g. "nan_grad:2;kill:1@5".
 struct FaultPlan {
   std::vector<int64_t> nan_grad_steps;
-  int stall_rank = -1;       // "stall:RANK@STEP": that rank stops answering before that step (watchdog tests)
-  int64_t stall_step = -1;
+  std::vector<RankFault> rank_faults;
   static FaultPlan parse(const std::string& spec);  // "" = none; throws UsageError naming SHARDTRAIN_FAULT
   bool nan_grad_at(int64_t step) const;
+  const RankFault* rank_fault_at(int rank, int64_t step) const;  // nullptr: none
+  void check_ranks(int world_size) const;  // throws UsageError for a rank outside the world
 };
 
 class Trainer;
