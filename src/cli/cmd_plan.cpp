@@ -1,7 +1,12 @@
 // `shardtrain plan`: the FSDP unit layout of a model on a mesh, and what each rank holds and sends per
 // step, without running anything (offline; no MPI). The figures are the formulas of docs/fsdp.md, the
-// same ones the engine's accounting is tested against.
+// same ones the engine's accounting is tested against. The model, FSDP options, sequence length and
+// micro-batch come from the options, or from a training config (--config) under the options given.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,11 +18,15 @@
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/hf_configs.hpp"
 
 namespace shardtrain::cli {
 namespace {
 
 struct PlanOptions {
+  std::string config, fsdp_config, accelerate_config;  // a training run's files (as `shardtrain train` reads them)
   model::LlamaConfig model;
   int nodes = 1;
   int gpus_per_node = 1;
@@ -32,8 +41,31 @@ struct PlanOptions {
   // The step-time estimate: stated rates, not measurements.
   int seq = 2048, micro_batch = 1;
   bool activation_checkpointing = false, offload = false;
-  double gpu_memory_gib = 80, gpu_tflops = 790, mfu = 0.5, intra_gbps = 360, inter_gbps = 50;
+  std::string gpu_memory = "80GiB";
+  double gpu_memory_bytes = 80.0 * (1ull << 30);  // parsed from gpu_memory
+  double gpu_tflops = 790, mfu = 0.5, intra_gbps = 360, inter_gbps = 50;
 };
+
+// "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes); the unit in any case.
+double parse_gpu_memory(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  std::string unit = text.substr(digits);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  double value = 0;
+  size_t used = 0;
+  try {
+    value = digits ? std::stod(text.substr(0, digits), &used) : 0;
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  const double scale = unit.empty() || unit == "gib" ? static_cast<double>(1ull << 30) : unit == "gb" ? 1e9 : 0;
+  if (digits == 0 || used != digits || scale == 0 || !std::isfinite(value) || value <= 0)
+    throw UsageError(fmt::format("--gpu-memory: '{}' is not a memory size; expected a positive number of GiB (80), or one with a unit: "
+                                 "80GiB (2^30 bytes each) or 80GB (10^9 bytes each)",
+                                 text));
+  return std::round(value * scale);  // whole bytes
+}
 
 // One strategy on this model and cluster: device memory per rank, and a step-time estimate from the
 // stated FLOP rate and link bandwidths (ring collectives: (n-1)/n of the counted bytes cross each
@@ -58,7 +90,7 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const auto state = static_cast<double>(plan.sharded_state_bytes);
   (o.offload ? e.host_bytes : e.device_bytes) += state;
   e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes) + e.activations;
-  e.fits = e.device_bytes <= o.gpu_memory_gib * (1ull << 30);
+  e.fits = e.device_bytes <= o.gpu_memory_bytes;
   // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
   const model::LlamaConfig& c = spec.config();
   const double matmul_params = static_cast<double>(spec.num_params() - c.vocab_size * c.hidden_size) +
@@ -79,10 +111,10 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
 
 std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, const fsdp::FsdpConfig& f, nlohmann::json& j) {
   std::string out = fmt::format(
-      "\nevery strategy on {} node(s) x {} GPUs, micro-batch {} x seq {}{}{}; {:.0f} GiB per GPU, {:.0f} TFLOP/s at {:.0f}% MFU, "
+      "\nevery strategy on {} node(s) x {} GPUs, micro-batch {} x seq {}{}{}; {:.4g} GiB per GPU, {:.0f} TFLOP/s at {:.0f}% MFU, "
       "links {:.0f} GB/s in a node and {:.0f} GB/s between nodes (stated, not measured):\n",
       o.nodes, o.gpus_per_node, o.micro_batch, o.seq, o.activation_checkpointing ? ", activation checkpointing" : "",
-      o.offload ? ", CPU offload" : "", o.gpu_memory_gib, o.gpu_tflops, 100 * o.mfu, o.intra_gbps, o.inter_gbps);
+      o.offload ? ", CPU offload" : "", o.gpu_memory_bytes / (1ull << 30), o.gpu_tflops, 100 * o.mfu, o.intra_gbps, o.inter_gbps);
   out += fmt::format("{:<20} {:>12} {:>12} {:>10} {:>11} {:>9} {:>10}  {}\n", "strategy", "device GiB", "activations", "host GiB",
                      "compute ms", "comm ms", "step ms", "fits");
   const StrategyEstimate* best = nullptr;
@@ -116,19 +148,129 @@ std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, c
 
 std::string gib(double bytes) { return fmt::format("{:.3f} GiB", bytes / (1ull << 30)); }
 
-int run_plan(const PlanOptions& o) {
+bool given(const CLI::App& app, const char* option) { return app.get_option(option)->count() > 0; }
+
+// What the plan is made of: the options, over the training config's values when --config is given
+// (an option given explicitly wins; one left out takes the config's value, not the option's default).
+struct Resolved {
+  PlanOptions o;
   fsdp::FsdpConfig f;
-  f.strategy = parse_sharding_strategy(o.strategy);
-  f.shard_size = o.shard_size;
-  f.wrap.policy = fsdp::parse_wrap_policy(o.wrap);
-  f.wrap.transformer_layer_cls.clear();
-  for (const auto& c : o.wrap_cls) f.wrap.transformer_layer_cls.push_back(model::parse_module_class(c));
-  f.wrap.min_num_params = o.min_num_params;
-  f.param_dtype = parse_dtype(o.param_dtype);
-  f.reduce_dtype = parse_dtype(o.reduce_dtype);
-  f.forward_prefetch = o.forward_prefetch;
-  f.backward_prefetch = o.backward_prefetch;
+  nlohmann::json config;  // null without --config
+};
+
+Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
+  Resolved r{cli, {}, nullptr};
+  PlanOptions& o = r.o;
+  fsdp::FsdpConfig& f = r.f;
+  o.gpu_memory_bytes = parse_gpu_memory(cli.gpu_memory);
+  std::optional<train::TrainConfig> cfg;
+  std::string source = cli.config;
+  if (!cli.config.empty()) {
+    cfg = train::load_train_config(cli.config);  // the same files, in the same order, as `shardtrain train`
+    if (!cli.fsdp_config.empty()) {
+      for (const auto& n : train::apply_fsdp_config_json(*cfg, cli.fsdp_config)) log::info("plan: {}", n);
+      source += " + " + cli.fsdp_config;
+    }
+    if (!cli.accelerate_config.empty()) {
+      for (const auto& n : train::apply_accelerate_config(*cfg, cli.accelerate_config)) log::info("plan: {}", n);
+      source += " + " + cli.accelerate_config;
+    }
+    try {
+      cfg->validate();
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{}: {}", source, e.what()));
+    }
+    f = cfg->fsdp.engine;
+    o.model = cfg->model;
+  } else if (!cli.fsdp_config.empty() || !cli.accelerate_config.empty()) {
+    throw UsageError("--fsdp-config and --accelerate-config adjust a training config: give it with --config FILE");
+  }
+  auto take = [&](const char* option) { return !cfg || given(app, option); };
+  if (take("--strategy")) f.strategy = parse_sharding_strategy(cli.strategy);
+  if (take("--shard-size")) f.shard_size = cli.shard_size;
+  if (take("--wrap")) f.wrap.policy = fsdp::parse_wrap_policy(cli.wrap);
+  if (take("--wrap-cls")) {
+    f.wrap.transformer_layer_cls.clear();
+    for (const auto& c : cli.wrap_cls) f.wrap.transformer_layer_cls.push_back(model::parse_module_class(c));
+  }
+  if (take("--min-num-params")) f.wrap.min_num_params = cli.min_num_params;
+  if (take("--param-dtype")) f.param_dtype = parse_dtype(cli.param_dtype);
+  if (take("--reduce-dtype")) f.reduce_dtype = parse_dtype(cli.reduce_dtype);
+  if (take("--forward-prefetch")) f.forward_prefetch = cli.forward_prefetch;
+  if (take("--backward-prefetch")) f.backward_prefetch = cli.backward_prefetch;
+  if (cfg) {
+    if (!given(app, "--activation-checkpointing")) o.activation_checkpointing = f.activation_checkpointing;
+    if (!given(app, "--offload")) o.offload = f.offload_params;
+    if (given(app, "--vocab")) o.model.vocab_size = cli.model.vocab_size;
+    if (given(app, "--hidden")) o.model.hidden_size = cli.model.hidden_size;
+    if (given(app, "--intermediate")) o.model.intermediate_size = cli.model.intermediate_size;
+    if (given(app, "--layers")) o.model.num_hidden_layers = cli.model.num_hidden_layers;
+    if (given(app, "--heads")) o.model.num_attention_heads = cli.model.num_attention_heads;
+    if (given(app, "--kv-heads")) o.model.num_key_value_heads = cli.model.num_key_value_heads;
+    if (given(app, "--tie-word-embeddings")) o.model.tie_word_embeddings = true;
+    if (!given(app, "--seq")) o.seq = cfg->data.seq_len;
+    // The world an Accelerate config names (num_processes over num_machines), unless the cluster is given.
+    if (!given(app, "--nodes") && !given(app, "--gpus-per-node") && cfg->fsdp.num_processes > 0) {
+      o.nodes = std::max(1, cfg->fsdp.num_machines);
+      if (cfg->fsdp.num_processes % o.nodes != 0)
+        throw ConfigError(fmt::format("{}: fsdp.num_processes {} is not a multiple of fsdp.num_machines {}", source,
+                                      cfg->fsdp.num_processes, o.nodes));
+      o.gpus_per_node = cfg->fsdp.num_processes / o.nodes;
+    }
+  }
+  f.activation_checkpointing = o.activation_checkpointing;
+  f.offload_params = o.offload;
+  o.model.validate();
   f.validate();
+  if (cfg) {
+    // The per-rank micro-batch as the trainer derives it, on the planned world (which may differ from
+    // the one the config was written for: num_processes and num_machines are not checked against it).
+    const int world = o.nodes * o.gpus_per_node;
+    train::TrainConfig c = *cfg;
+    c.fsdp.num_processes = 0;
+    c.fsdp.num_machines = 0;
+    if (!given(app, "--micro-batch")) {
+      try {
+        c.validate_for_world(world, o.nodes);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}: {} (planning {} node(s) x {} GPUs); give --micro-batch or another --nodes/--gpus-per-node",
+                                      source, e.what(), o.nodes, o.gpus_per_node));
+      }
+      o.micro_batch = c.micro_batch_size_for(world);
+    }
+    const int per_step = o.micro_batch * world;
+    r.config = {{"source", source},
+                {"global_batch_size", cfg->data.global_batch_size},
+                {"accumulation_steps", per_step > 0 && cfg->data.global_batch_size % per_step == 0 ? cfg->data.global_batch_size / per_step : 0}};
+  }
+  return r;
+}
+
+nlohmann::json inputs_json(const PlanOptions& o, const fsdp::FsdpConfig& f) {
+  nlohmann::json cls = nlohmann::json::array();
+  for (auto c : f.wrap.transformer_layer_cls) cls.push_back(model::module_class_name(c));
+  const model::LlamaConfig& m = o.model;
+  return {{"nodes", o.nodes},
+          {"gpus_per_node", o.gpus_per_node},
+          {"model",
+           {{"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"intermediate_size", m.intermediate_size},
+            {"num_hidden_layers", m.num_hidden_layers}, {"num_attention_heads", m.num_attention_heads},
+            {"num_key_value_heads", m.num_key_value_heads}, {"tie_word_embeddings", m.tie_word_embeddings}}},
+          {"fsdp",
+           {{"strategy", sharding_strategy_name(f.strategy)}, {"shard_size", f.shard_size}, {"wrap", fsdp::wrap_policy_name(f.wrap.policy)},
+            {"wrap_cls", cls}, {"min_num_params", f.wrap.min_num_params}, {"param_dtype", dtype_name(f.param_dtype)},
+            {"reduce_dtype", dtype_name(f.reduce_dtype)}, {"forward_prefetch", f.forward_prefetch},
+            {"backward_prefetch", f.backward_prefetch}, {"activation_checkpointing", o.activation_checkpointing},
+            {"offload", o.offload}}},
+          {"seq", o.seq},
+          {"micro_batch", o.micro_batch},
+          {"gpu_memory_bytes", static_cast<int64_t>(o.gpu_memory_bytes)}};
+}
+
+int run_plan(const PlanOptions& cli, const CLI::App& app) {
+  const Resolved resolved = resolve(cli, app);
+  const PlanOptions& o = resolved.o;
+  const fsdp::FsdpConfig& f = resolved.f;
   const model::ModelSpec spec(o.model);
   const int world = o.nodes * o.gpus_per_node;
   const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
@@ -137,6 +279,8 @@ int run_plan(const PlanOptions& o) {
   const bool raf = f.reshards_after_forward();
 
   nlohmann::json j;
+  j["inputs"] = inputs_json(o, f);
+  if (!resolved.config.is_null()) j["config"] = resolved.config;
   j["mesh"] = {{"replicate", R}, {"shard", mesh.shard_size}, {"strategy", sharding_strategy_name(f.strategy)}};
   j["params"] = spec.num_params();
   std::string table = fmt::format("{:>4}  {:<28} {:>6} {:>12} {:>8} {:>12}\n", "unit", "first module", "params", "N (padded)",
@@ -164,7 +308,16 @@ int run_plan(const PlanOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::string out = fmt::format("model: {} parameters, {} layers; mesh {} for {} on {} ranks; wrap {}\n", spec.num_params(),
+  std::string out;
+  if (!resolved.config.is_null())
+    out += fmt::format("config: {} (model, fsdp, seq_len {}, micro-batch {} per rank{}); options given override it\n",
+                       resolved.config["source"].get<std::string>(), o.seq, o.micro_batch,
+                       resolved.config["accumulation_steps"].get<int>() > 0
+                           ? fmt::format(" = global batch {} / {} ranks / {} accumulation step(s)",
+                                         resolved.config["global_batch_size"].get<int>(), world,
+                                         resolved.config["accumulation_steps"].get<int>())
+                           : std::string());
+  out += fmt::format("model: {} parameters, {} layers; mesh {} for {} on {} ranks; wrap {}\n", spec.num_params(),
                                 spec.num_layers(), mesh.describe(), sharding_strategy_name(f.strategy), world,
                                 fsdp::wrap_policy_name(f.wrap.policy));
   out += table;
@@ -186,6 +339,13 @@ Command add_plan_command(CLI::App& parent) {
   auto o = std::make_shared<PlanOptions>();
   Command c;
   c.app = parent.add_subcommand("plan", "print the FSDP unit layout, per-rank memory and traffic of a model on a mesh");
+  c.app->add_option("--config,-c", o->config,
+                    "a training config (TOML, as `shardtrain train` reads it): the model, fsdp, seq_len and micro-batch come "
+                    "from it; options given explicitly override it");
+  c.app->add_option("--fsdp-config", o->fsdp_config, "a Transformers fsdp_config JSON applied over --config");
+  c.app->add_option("--accelerate-config", o->accelerate_config,
+                    "an Accelerate config YAML applied over --config (its num_processes/num_machines give the cluster "
+                    "unless --nodes or --gpus-per-node is given)");
   c.app->add_option("--vocab", o->model.vocab_size, "vocab_size")->capture_default_str();
   c.app->add_option("--hidden", o->model.hidden_size, "hidden_size")->capture_default_str();
   c.app->add_option("--intermediate", o->model.intermediate_size, "intermediate_size")->capture_default_str();
@@ -206,16 +366,19 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--backward-prefetch", o->backward_prefetch)->capture_default_str();
   c.app->add_flag("--json", o->json, "one JSON object");
   c.app->add_option("--seq", o->seq, "sequence length (activations, FLOPs)")->capture_default_str();
-  c.app->add_option("--micro-batch", o->micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  c.app->add_option("--micro-batch", o->micro_batch,
+                    "sequences per rank per micro-batch (with --config: data.micro_batch_size, or global_batch_size / ranks)")
+      ->capture_default_str();
   c.app->add_flag("--activation-checkpointing", o->activation_checkpointing, "per decoder layer");
   c.app->add_flag("--offload", o->offload, "CPU offload: sharded state in host memory");
-  c.app->add_option("--gpu-memory", o->gpu_memory_gib, "GiB per GPU")->capture_default_str();
+  c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")->capture_default_str();
   c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")->capture_default_str();
   c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")->capture_default_str();
   c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")->capture_default_str();
   c.app->add_option("--inter-gbps", o->inter_gbps, "GB/s per GPU between nodes (network)")->capture_default_str();
   c.launch = Launch::Offline;
-  c.run = [o](Runtime*) { return run_plan(*o); };
+  c.app->footer("With --config, an option left out takes the config's value rather than its default shown here.");
+  c.run = [o, app = c.app](Runtime*) { return run_plan(*o, *app); };
   return c;
 }
 

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""`shardtrain plan --config` end to end (offline, no MPI):
+- the plan of configs/tiny-cpu.toml on 2 nodes x 2 GPUs equals the plan from the same model, FSDP options,
+  sequence length and micro-batch given as options (taken from the TOML file itself here);
+- an option given explicitly overrides the config (--strategy, --layers, --micro-batch), the rest still
+  comes from the config;
+- --gpu-memory: 80GiB and 80 are 80 x 2^30 bytes, 80GB is 80 x 10^9, and the fits column follows;
+- an Accelerate YAML over the config gives the cluster (num_processes / num_machines) and its FSDP keys;
+- bad input: one clear error and the documented exit code (2: a bad --gpu-memory; 3: a missing or bad
+  config file, or a global batch the planned world cannot split)."""
+import json
+import os
+import subprocess
+import sys
+import tomllib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+GIB = 1 << 30
+
+
+def plan(*cli):
+    p = subprocess.run([args.shardtrain, "plan", *cli], cwd=args.source, capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def plan_json(*cli):
+    rc, out, err = plan(*cli, "--json")
+    check(rc == 0, f"plan {' '.join(cli)}: exit {rc}: {err}")
+    return json.loads(out) if rc == 0 else {}
+
+
+def by_strategy(j):
+    return {e["strategy"]: e for e in j.get("strategies", [])}
+
+
+# The config, and the same plan from options: the model shape, [fsdp] and data.seq_len from the file itself,
+# the micro-batch as the trainer derives it (global_batch_size / world, no data.micro_batch_size there).
+with open(os.path.join(args.source, "configs/tiny-cpu.toml"), "rb") as f:
+    toml = tomllib.load(f)
+m, fs, data = toml["model"], toml["fsdp"], toml["data"]
+world = 2 * 2
+check("micro_batch_size" not in data and data["global_batch_size"] % world == 0, "tiny-cpu.toml: global batch split over 4 ranks")
+explicit = ["--nodes", "2", "--gpus-per-node", "2", "--vocab", str(m["vocab_size"]), "--hidden", str(m["hidden_size"]),
+            "--intermediate", str(m["intermediate_size"]), "--layers", str(m["num_hidden_layers"]),
+            "--heads", str(m["num_attention_heads"]), "--kv-heads", str(m["num_key_value_heads"]),
+            "--strategy", fs["strategy"], "--wrap", fs["auto_wrap_policy"], "--wrap-cls", *fs["transformer_layer_cls_to_wrap"],
+            "--param-dtype", fs["param_dtype"], "--reduce-dtype", fs["reduce_dtype"],
+            "--forward-prefetch", "0", "--backward-prefetch", "1",  # [fsdp]'s defaults, the file leaves them out
+            "--seq", str(data["seq_len"]), "--micro-batch", str(data["global_batch_size"] // world)]
+from_config = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2")
+from_options = plan_json(*explicit)
+check(from_config.get("config") == {"source": "configs/tiny-cpu.toml", "global_batch_size": 16, "accumulation_steps": 1},
+      f"the config block: {from_config.get('config')}")
+inputs = from_config.get("inputs", {})
+check(inputs.get("model", {}).get("hidden_size") == 192 and inputs.get("model", {}).get("num_hidden_layers") == 4,
+      f"model shape from the config: {inputs.get('model')}")
+check(inputs.get("seq") == 128 and inputs.get("micro_batch") == 4, f"seq 128 and micro-batch 16 / 4 = 4: {inputs}")
+check(inputs.get("fsdp", {}).get("param_dtype") == "f32", f"param_dtype fp32 from the config (the option's default is bf16): {inputs}")
+check(from_config.get("mesh") == {"replicate": 1, "shard": 4, "strategy": "FULL_SHARD"}, f"mesh {from_config.get('mesh')}")
+check(from_config.get("params") == 3147456, f"tiny-cpu has 3147456 parameters: {from_config.get('params')}")
+without_config = {k: v for k, v in from_config.items() if k != "config"}
+check(without_config == from_options, "plan --config equals the plan from the same values as options: " +
+      str([k for k in from_options if from_options.get(k) != without_config.get(k)]))
+rc, text, err = plan("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2")
+check(rc == 0 and "config: configs/tiny-cpu.toml" in text and "micro-batch 4 per rank = global batch 16 / 4 ranks" in text,
+      f"the text output names the config and the micro-batch: {text[:400]} {err}")
+
+# Explicit options win over the config; what they leave out still comes from it.
+j = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2", "--strategy", "NO_SHARD",
+              "--layers", "2", "--micro-batch", "2")
+check(j.get("mesh") == {"replicate": 4, "shard": 1, "strategy": "NO_SHARD"}, f"--strategy NO_SHARD wins: {j.get('mesh')}")
+check(j.get("inputs", {}).get("model", {}).get("num_hidden_layers") == 2, "--layers 2 wins")
+check(j.get("inputs", {}).get("model", {}).get("hidden_size") == 192, "hidden_size still from the config")
+check(j.get("inputs", {}).get("micro_batch") == 2 and j.get("config", {}).get("accumulation_steps") == 2,
+      f"--micro-batch 2 wins: 16 / (2 x 4) = 2 accumulation steps: {j.get('inputs')} {j.get('config')}")
+check(0 < j.get("params", 0) < from_config.get("params", 0), "two layers hold fewer parameters than four")
+
+# --gpu-memory: the parsed size, and the fits column on a size between NO_SHARD's need in GB and in GiB.
+for text, expected in [("80GiB", 80 * GIB), ("80", 80 * GIB), ("80GB", 80 * 10**9), ("80gb", 80 * 10**9), ("0.5GiB", GIB // 2)]:
+    j = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2", "--gpu-memory", text)
+    check(j.get("inputs", {}).get("gpu_memory_bytes") == expected, f"--gpu-memory {text}: {j.get('inputs', {}).get('gpu_memory_bytes')}, expected {expected}")
+need = by_strategy(from_config)["NO_SHARD"]["device_bytes"]
+size = f"{need * 1.03 / GIB:.9f}"  # 1.03 x the need in GiB; the same number in GB is 0.96 x the need
+fits = {}
+for unit in ("GiB", "", "GB"):
+    j = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2", "--gpu-memory", size + unit)
+    fits[unit] = by_strategy(j).get("NO_SHARD", {}).get("fits")
+check(fits == {"GiB": True, "": True, "GB": False}, f"NO_SHARD needs {need:.0f} bytes; fits with {size} GiB/(none)/GB: {fits}")
+j = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2", "--gpu-memory", "0.001GB")
+check(j.get("recommended") is None and not any(e["fits"] for e in j.get("strategies", [])), "nothing fits in 1 MB")
+
+# An Accelerate YAML over the config: 2 processes on 1 machine, FULL_SHARD with CPU offload (its keys).
+j = plan_json("--config", "configs/tiny-cpu.toml", "--accelerate-config", "configs/examples/accelerate_fsdp.yaml")
+check(j.get("inputs", {}).get("nodes") == 1 and j.get("inputs", {}).get("gpus_per_node") == 2,
+      f"the cluster from num_processes 2 / num_machines 1: {j.get('inputs')}")
+check(j.get("inputs", {}).get("fsdp", {}).get("offload") is True and j.get("inputs", {}).get("micro_batch") == 8,
+      f"fsdp_offload_params true, micro-batch 16 / 2: {j.get('inputs')}")
+
+# Bad input: one clear error each, with its exit code.
+bad_toml = os.path.join(work, "bad.toml")
+with open(bad_toml, "w") as f:
+    f.write("[model]\nhidden_sise = 64\n")
+missing = os.path.join(work, "missing.toml")
+bad = [
+    (["--gpu-memory", "80G"], 2, "--gpu-memory: '80G' is not a memory size"),
+    (["--gpu-memory", "eighty"], 2, "--gpu-memory: 'eighty' is not a memory size"),
+    (["--gpu-memory", "-5GiB"], 2, "--gpu-memory: '-5GiB' is not a memory size"),
+    (["--gpu-memory", "80 GiB"], 2, "expected a positive number of GiB (80), or one with a unit: 80GiB (2^30 bytes each) or 80GB"),
+    (["--config", missing], 3, f"{missing}: cannot read the config file"),
+    (["--config", bad_toml], 3, "hidden_sise"),
+    (["--config", "configs/tiny-cpu.toml", "--nodes", "3", "--gpus-per-node", "2"], 3,
+     "data.global_batch_size: 16 sequences cannot be split evenly over 6 ranks"),
+    (["--accelerate-config", "configs/examples/accelerate_fsdp.yaml"], 2, "give it with --config FILE"),
+]
+for cli, code, message in bad:
+    rc, out, err = plan(*cli)
+    check(rc == code, f"plan {' '.join(cli)}: exit code {rc}, expected {code}: {err}")
+    lines = [l for l in err.splitlines() if message in l]
+    check(len(lines) == 1, f"plan {' '.join(cli)}: '{message}' once in: {err[-500:]}")
+    check(out == "", f"plan {' '.join(cli)}: nothing on stdout: {out[:200]}")
+rc, out, err = plan("--config", bad_toml)
+check(bad_toml in err, f"the bad config's error names the file: {err}")
+# With --micro-batch, a world that cannot split the global batch still plans.
+rc, out, err = plan("--config", "configs/tiny-cpu.toml", "--nodes", "3", "--gpus-per-node", "2", "--micro-batch", "1", "--json")
+check(rc == 0 and json.loads(out)["inputs"]["micro_batch"] == 1, f"--micro-batch 1 on 6 ranks: exit {rc}: {err}")
+check.finish("all plan CLI checks passed")
