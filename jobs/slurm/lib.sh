@@ -1,0 +1,202 @@
+# Shared by the sbatch scripts in this folder (sourced, never run): the checks every job makes before
+# it starts training, and the launcher that turns a preemption signal into a checkpoint and a requeue.
+# Every check fails at once, with one line naming the variable, file or Slurm setting at fault, and an
+# exit code from docs/exit-codes.md (2 usage, 3 config, 8 io), so a wrong job ends in seconds instead
+# of after its queue wait and start-up.
+# shellcheck shell=bash
+
+st_log() { printf '[shardtrain job %s] %s\n' "${SLURM_JOB_ID:-?}" "$*"; }
+
+# st_die CODE MESSAGE: one line on stderr (it lands in the job's output file) and the exit code.
+st_die() {
+  local code=$1
+  shift
+  printf '[shardtrain job %s] error: %s\n' "${SLURM_JOB_ID:-?}" "$*" >&2
+  exit "$code"
+}
+
+# The variables Slurm sets in every batch job; without them this is not running under sbatch.
+st_require_slurm() {
+  local v
+  for v in SLURM_JOB_ID SLURM_JOB_NUM_NODES SLURM_NTASKS SLURM_JOB_NODELIST; do
+    [[ -n "${!v:-}" ]] || st_die 2 "$v is not set: submit this script with sbatch (it reads the allocation from Slurm's variables)"
+  done
+}
+
+# st_require_vars SCRIPT VAR...: each variable must be set and non-empty.
+st_require_vars() {
+  local script=$1 v
+  shift
+  for v in "$@"; do
+    [[ -n "${!v:-}" ]] || st_die 3 "$v is not set: set it at the top of $script or in the environment of sbatch (e.g. $v=... sbatch $script)"
+  done
+}
+
+# st_require_file VAR: the variable names a readable file.
+st_require_file() {
+  local v=$1
+  [[ -r "${!v}" && -f "${!v}" ]] || st_die 3 "$v=${!v}: no such readable file (relative paths start at the submit directory, $PWD)"
+}
+
+# Ranks per node from Slurm: --ntasks-per-node sets SLURM_NTASKS_PER_NODE; otherwise SLURM_TASKS_PER_NODE
+# ("4(x2)" or "4,4") must name one count for every node. The mesh puts one shard group inside each node, so
+# uneven nodes cannot be meshed. Sets ST_RANKS_PER_NODE.
+st_ranks_per_node() {
+  local nodes=$SLURM_JOB_NUM_NODES tasks=$SLURM_NTASKS rpn="${SLURM_NTASKS_PER_NODE:-}"
+  if [[ -z "$rpn" ]]; then
+    local spec=${SLURM_TASKS_PER_NODE:-} counts
+    counts=$(printf '%s' "$spec" | tr ',' '\n' | sed -E 's/\(x[0-9]+\)$//' | sort -u)
+    [[ -n "$spec" && $(printf '%s\n' "$counts" | wc -l) -eq 1 ]] ||
+      st_die 3 "SLURM_TASKS_PER_NODE=$spec: the nodes got different numbers of tasks; use #SBATCH --ntasks-per-node=G (one task per GPU)"
+    rpn=$counts
+  fi
+  [[ "$rpn" =~ ^[0-9]+$ && "$rpn" -gt 0 ]] || st_die 3 "SLURM_NTASKS_PER_NODE=$rpn: expected a positive integer"
+  ((nodes * rpn == tasks)) ||
+    st_die 3 "$tasks tasks on $nodes nodes is not $rpn per node: use #SBATCH --nodes=N with --ntasks-per-node=G and no --ntasks"
+  ST_RANKS_PER_NODE=$rpn
+}
+
+# st_check_mesh BIN CONFIG STRATEGY SHARD_SIZE: `shardtrain plan` builds the mesh this allocation gives the
+# configured strategy (offline, in a second) and prints what each rank will hold; a node count or shard size
+# that does not fit (or a config plan cannot read) ends the job here, with plan's message, before any rank starts.
+st_check_mesh() {
+  local bin=$1 config=$2 strategy=$3 shard_size=$4 args out
+  args=(plan --config "$config" --nodes "$SLURM_JOB_NUM_NODES" --gpus-per-node "$ST_RANKS_PER_NODE")
+  [[ -n "$strategy" ]] && args+=(--strategy "$strategy")
+  [[ -n "$shard_size" ]] && args+=(--shard-size "$shard_size")
+  if ! out=$("$bin" "${args[@]}" 2>&1); then
+    # plan's one error line, without its log prefix ("[r0 12:00:00.000 E] ").
+    out=$(printf '%s\n' "$out" | grep -m1 -iE 'error|expected' || printf '%s\n' "$out" | tail -n1)
+    st_die 3 "CONFIG=$config on this allocation ($SLURM_JOB_NUM_NODES nodes x $ST_RANKS_PER_NODE ranks): ${out#\[*\] }"
+  fi
+  printf '%s\n' "$out" | sed -n '/^config:/p;/^model:/p;/^per rank:/p;/^traffic/p;/^recommended/p' | while IFS= read -r line; do st_log "plan: $line"; done
+}
+
+# st_check_dir VAR: the directory exists (created if needed) and every node of the allocation can write it:
+# checkpoints are written by every rank and read back after a requeue, possibly on other nodes, so it must
+# live on a filesystem all nodes share.
+st_check_dir() {
+  local v=$1 dir=${!1} probe node missing=()
+  mkdir -p "$dir" 2>/dev/null || st_die 8 "$v=$dir: cannot create the directory"
+  [[ -w "$dir" ]] || st_die 8 "$v=$dir: the directory is not writable"
+  dir=$(cd "$dir" && pwd)
+  probe=".probe-$SLURM_JOB_ID"
+  if ((SLURM_JOB_NUM_NODES > 1)); then
+    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 --mpi=none \
+      bash -c "touch '$dir/$probe.'\"\$SLURMD_NODENAME\"" 2>/dev/null || true
+    for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+      [[ -e "$dir/$probe.$node" ]] || missing+=("$node")
+      rm -f "$dir/$probe.$node"
+    done
+    ((${#missing[@]} == 0)) ||
+      st_die 8 "$v=$dir: node(s) ${missing[*]} cannot write there (it must be on a filesystem every node mounts)"
+  else
+    touch "$dir/$probe" 2>/dev/null || st_die 8 "$v=$dir: cannot write a file there"
+    rm -f "$dir/$probe"
+  fi
+}
+
+# st_launch CMD...: runs the launcher (srun or mpirun) in the background and waits for it. SIGUSR1 (from
+# #SBATCH --signal=B:USR1@SECONDS before the time limit, or scancel --batch --signal=USR1) and SIGTERM reach
+# this shell; both are passed on as SIGUSR1, which srun and mpirun forward to every rank: shardtrain then
+# saves a checkpoint after the current step and exits with 75. (A SIGTERM passed on as SIGTERM would make
+# mpirun kill the ranks before they save.) Exit code 75 requeues the job: Slurm runs this script again,
+# with the same job id and so the same run directory, and --resume auto continues from that checkpoint.
+# Sets ST_EXIT to the launcher's exit code.
+st_launch() {
+  local child signalled=0
+  "$@" &
+  child=$!
+  trap 'signalled=1; st_log "signal received: asking the ranks to save a checkpoint and stop"; kill -USR1 $child 2>/dev/null' USR1 TERM
+  while true; do
+    wait "$child"
+    ST_EXIT=$?
+    # wait returns early (>128) when a trapped signal arrives; the launcher is still running then.
+    if ((signalled)) && kill -0 "$child" 2>/dev/null; then
+      signalled=0
+      continue
+    fi
+    break
+  done
+  trap - USR1 TERM
+}
+
+# st_result RUN_DIR: the status shardtrain wrote last into RUN_DIR/result.json ("finished", "preempted"), or
+# nothing when it wrote none.
+st_result() {
+  sed -n 's/.*"status": *"\([a-z]*\)".*/\1/p' "$1/result.json" 2>/dev/null | head -n1
+}
+
+# st_requeue_or_exit RUN_DIR: the job's ending, from ST_EXIT and the run's result.json. A launcher's exit
+# status is not trusted alone: srun returns 0 when it could not start the ranks at all, so 0 counts only
+# when the run says it finished. 75 = the ranks saved a checkpoint and asked to be requeued: scontrol
+# requeue puts this job back in the queue (Slurm ends this run of the script at once).
+st_requeue_or_exit() {
+  local result
+  result=$(st_result "$1")
+  if ((ST_EXIT == 0)) && [[ "$result" == preempted ]]; then ST_EXIT=75; fi
+  if ((ST_EXIT == 0)) && [[ "$result" != finished ]]; then
+    st_die 1 "the launcher exited with 0 but the run did not finish (no \"finished\" in $1/result.json): see the launcher's messages above"
+  fi
+  if ((ST_EXIT == 75)); then
+    st_log "checkpoint saved; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)))"
+    if ! scontrol requeue "$SLURM_JOB_ID"; then
+      st_die 75 "scontrol requeue $SLURM_JOB_ID was refused (is the job requeueable? #SBATCH --requeue); resubmit it: it resumes from the checkpoint"
+    fi
+    sleep 60  # Slurm ends this script as part of the requeue
+    exit 75
+  fi
+  if ((ST_EXIT == 0)); then
+    st_log "training finished"
+  else
+    st_log "training ended with exit code $ST_EXIT (docs/exit-codes.md)"
+  fi
+  exit "$ST_EXIT"
+}
+
+# st_setup BIN_VAR: the shardtrain binary, the job's identity, and what the log should show first.
+st_setup() {
+  SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
+  SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
+  [[ -x "$SHARDTRAIN_BIN" ]] ||
+    st_die 3 "SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it with ./scripts/test.sh or cmake, or set SHARDTRAIN_BIN)"
+  st_log "job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on $SLURM_JOB_NUM_NODES node(s) [$SLURM_JOB_NODELIST], restart ${SLURM_RESTART_COUNT:-0}"
+}
+
+# st_train_job SCRIPT [--single-node]: the whole training job, from the variables the script set (CONFIG,
+# RUN_DIR, CHECKPOINT_DIR, STRATEGY, SHARD_SIZE, TRAIN_ARGS, LAUNCHER): checks, then the launch, then
+# requeue or exit.
+st_train_job() {
+  local script=$1 single=${2:-}
+  st_require_slurm
+  st_require_vars "$script" CONFIG RUN_DIR CHECKPOINT_DIR
+  st_require_file CONFIG
+  st_setup
+  st_ranks_per_node
+  if [[ "$single" == --single-node ]] && ((SLURM_JOB_NUM_NODES != 1)); then
+    st_die 3 "$script runs on one node, the allocation has $SLURM_JOB_NUM_NODES: use jobs/slurm/train-multi-node.sbatch"
+  fi
+  st_log "mesh: $SLURM_JOB_NUM_NODES node(s) x $ST_RANKS_PER_NODE ranks per node, strategy ${STRATEGY:-from $CONFIG}${SHARD_SIZE:+, shard size $SHARD_SIZE}"
+  st_check_mesh "$SHARDTRAIN_BIN" "$CONFIG" "$STRATEGY" "$SHARD_SIZE"
+  st_check_dir RUN_DIR
+  st_check_dir CHECKPOINT_DIR
+
+  local train launch
+  train=("$SHARDTRAIN_BIN" train --config "$CONFIG" --ranks-per-node "$ST_RANKS_PER_NODE" --logging.run_dir "$RUN_DIR"
+    --checkpoint.dir "$CHECKPOINT_DIR" --resume auto --logging.progress lines)
+  [[ -n "$STRATEGY" ]] && train+=(--fsdp.strategy "$STRATEGY")
+  [[ -n "$SHARD_SIZE" ]] && train+=(--fsdp.shard_size "$SHARD_SIZE")
+  # shellcheck disable=SC2206  # TRAIN_ARGS is a list of words on purpose
+  train+=($TRAIN_ARGS)
+  case "$LAUNCHER" in
+    # --kill-on-bad-exit: a rank that dies ends the whole step at once instead of leaving the others waiting.
+    srun) launch=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$ST_RANKS_PER_NODE") ;;
+    # ppr:G:node keeps ranks node-major (ranks 0..G-1 on the first node), as the mesh expects.
+    mpirun) launch=(mpirun -np "$SLURM_NTASKS" --map-by "ppr:$ST_RANKS_PER_NODE:node" --bind-to none) ;;
+    *) st_die 3 "LAUNCHER=$LAUNCHER: expected srun or mpirun" ;;
+  esac
+  st_log "running: ${launch[*]} ${train[*]}"
+  rm -f "$RUN_DIR/result.json"  # written again by this run when it finishes or stops
+  st_launch "${launch[@]}" "${train[@]}"
+  st_requeue_or_exit "$RUN_DIR"
+}

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""A real Slurm on this one machine, for the tests: Debian's munged, slurmctld and one slurmd per
+simulated node, all configured in a private directory, on free ports, as root. Two slurmd's on one
+host are two Slurm nodes (node1, node2) with their own spool and tmp directories, so a job with
+--nodes=2 gets SLURM_JOB_NUM_NODES=2 and one job step per node, exactly as on a cluster.
+
+    with MiniSlurm("/tmp/x", nodes=2, cpus=4, gpus=2) as slurm:
+        job = slurm.sbatch(["jobs/slurm/train-multi-node.sbatch"], env)
+        info = slurm.wait(job, timeout=300)
+
+Stopping cancels every job, shuts the controller and every slurmd down and kills whatever is left
+(daemons, job steps, the munge daemon): it runs on leaving the `with`, at interpreter exit and on
+SIGTERM/SIGINT, and start() first kills what a killed earlier run left behind in the same directory.
+
+Also a command line, to try the job scripts by hand:
+    tests/slurm/minislurm.py start DIR [--nodes 2] ;  SLURM_CONF=DIR/slurm.conf sbatch ... ;  tests/slurm/minislurm.py stop DIR
+"""
+import argparse
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+DAEMONS = ("slurmctld", "slurmd", "munged")
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def free_ports(n):
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+class MiniSlurm:
+    def __init__(self, root, nodes=2, cpus=4, gpus=2, memory_mb=4000):
+        self.root = os.path.abspath(root)
+        self.nodes = [f"node{i + 1}" for i in range(nodes)]
+        self.cpus, self.gpus, self.memory_mb = cpus, gpus, memory_mb
+        self.conf = os.path.join(self.root, "slurm.conf")
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+        self.started = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def start(self, timeout=60):
+        for tool in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol"):
+            if not shutil.which(tool):
+                raise SlurmError(f"{tool} not found: scripts/setup.sh installs slurmctld, slurmd, slurm-client and munge")
+        self.kill_leftovers()
+        shutil.rmtree(self.root, ignore_errors=True)
+        for d in ("munge", "state", "log", *(f"spool/{n}" for n in self.nodes), *(f"tmp/{n}" for n in self.nodes)):
+            os.makedirs(self._path(d), exist_ok=True)
+        os.chmod(self.root, 0o755)  # munged wants every directory above its socket searchable
+        os.chmod(self._path("munge"), 0o755)
+        key = self._path("munge", "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(key, 0o400)
+        self.started = True
+        atexit.register(self.stop)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self._run(["munged", "--force", f"--socket={self._path('munge', 'munge.socket')}", f"--key-file={key}",
+                   f"--log-file={self._path('log', 'munged.log')}", f"--pid-file={self._path('munge', 'munged.pid')}",
+                   f"--seed-file={self._path('munge', 'munged.seed')}"])
+        self._write_config()
+        self._run(["slurmctld", "-i"])
+        for n in self.nodes:
+            self._run(["slurmd", "-N", n])
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True)
+            states = dict(line.split() for line in p.stdout.splitlines() if line.strip())
+            if p.returncode == 0 and len(states) == len(self.nodes) and all(s == "idle" for s in states.values()):
+                return
+            time.sleep(0.5)
+        raise SlurmError(f"the nodes did not become idle in {timeout} s: {self.logs_tail()}")
+
+    def _write_config(self):
+        host = socket.gethostname()
+        ctld_port, *node_ports = free_ports(1 + len(self.nodes))
+        lines = [
+            "ClusterName=shardtrain-test",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            "SlurmUser=root", "SlurmdUser=root",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            f"AuthInfo=socket={self._path('munge', 'munge.socket')}",
+            f"StateSaveLocation={self._path('state')}",
+            f"SlurmdSpoolDir={self._path('spool', '%n')}",
+            f"TmpFS={self._path('tmp', '%n')}",  # per node: PMIx puts its client directories here
+            f"SlurmctldPidFile={self._path('slurmctld.pid')}",
+            f"SlurmdPidFile={self._path('slurmd-%n.pid')}",
+            f"SlurmctldLogFile={self._path('log', 'slurmctld.log')}",
+            f"SlurmdLogFile={self._path('log', 'slurmd-%n.log')}",
+            # No cgroups in a container: track processes through /proc, bind nothing.
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",  # the simulated nodes declare more CPUs than the machine has
+            "GresTypes=gpu",
+            "MpiDefault=none", "ReturnToService=2",
+            "MinJobAge=3600",  # keep finished jobs visible to scontrol (there is no accounting database)
+            "KillWait=15", "JobRequeue=1",
+        ]
+        for n, port in zip(self.nodes, node_ports):
+            lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} Boards=1 "
+                         f"SocketsPerBoard=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory={self.memory_mb} "
+                         f"Gres=gpu:{self.gpus} State=UNKNOWN")
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        with open(self.conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        # The machine has no GPU: Slurm's gpu GRES needs device files, so stand-ins (character devices
+        # every Linux has) give each node its count; Slurm allocates them and sets CUDA_VISIBLE_DEVICES,
+        # and shardtrain, finding no CUDA device, runs on the CPU backend, as on any machine without one.
+        stand_ins = ["/dev/null", "/dev/zero", "/dev/full", "/dev/urandom"]
+        if self.gpus > len(stand_ins):
+            raise SlurmError(f"at most {len(stand_ins)} simulated GPUs per node")
+        with open(self._path("gres.conf"), "w") as f:
+            f.writelines(f"Name=gpu File={dev}\n" for dev in stand_ins[:self.gpus])
+
+    def _run(self, cmd):
+        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SlurmError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()} {self.logs_tail()}")
+
+    def _on_signal(self, sig, frame):
+        self.stop()
+        sys.exit(128 + sig)
+
+    def _pids(self):
+        pids = []
+        for name in ["slurmctld.pid", *(f"slurmd-{n}.pid" for n in self.nodes), "munge/munged.pid"]:
+            try:
+                with open(self._path(name)) as f:
+                    pids.append(int(f.read().strip()))
+            except (OSError, ValueError):
+                pass
+        return pids
+
+    def _job_processes(self):
+        """slurmstepd's of this Slurm and everything they started (found by the spool path in argv or environment)."""
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if self.conf.encode() in env or (b"slurmstepd" in cmd and self.root.encode() in env):
+                found.append(int(pid))
+        return [p for p in found if p != os.getpid()]
+
+    def kill_leftovers(self):
+        if not os.path.isdir(self.root):
+            return
+        for pid in self._pids() + self._job_processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def stop(self):
+        if not self.started:
+            return
+        self.started = False
+        subprocess.run(["scancel", "--full", "--quiet", "--state=RUNNING"], env=self.env, capture_output=True)
+        subprocess.run(["scancel", "--quiet", "--state=PENDING"], env=self.env, capture_output=True)
+        subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True, timeout=30)
+        deadline = time.time() + 10
+        while time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in self._pids()):
+            time.sleep(0.2)
+        self.kill_leftovers()
+
+    # ---- jobs ------------------------------------------------------------------------------------
+    def sbatch(self, argv, env=None, cwd=None):
+        """Submits; returns the job id. Raises with sbatch's message when the submission is refused."""
+        p = subprocess.run(["sbatch", "--parsable", *argv], env=dict(env or os.environ, SLURM_CONF=self.conf), cwd=cwd,
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SlurmError(f"sbatch {' '.join(argv)}: {p.stderr.strip()}")
+        return int(p.stdout.strip().split(";")[0])
+
+    def job(self, job_id):
+        """scontrol show job as a dict (JobState, ExitCode, Restarts, StdOut, ...)."""
+        p = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=self.env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SlurmError(f"scontrol show job {job_id}: {p.stderr.strip()}")
+        return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", p.stdout))
+
+    def wait(self, job_id, timeout, until=None):
+        """Polls until the job reaches a final state (or `until(info)` holds); returns the job's fields."""
+        deadline = time.time() + timeout
+        while True:
+            info = self.job(job_id)
+            if (until and until(info)) or (not until and info.get("JobState") in FINAL_STATES):
+                return info
+            if time.time() > deadline:
+                raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout} s")
+            if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime" and not self._steps_alive(job_id):
+                # A requeued job waits two minutes before it may start again; a test starts it as soon as the
+                # previous run's step daemons have exited (as they have long done on a cluster after two minutes).
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=self.env, capture_output=True)
+            time.sleep(0.5)
+
+    def _steps_alive(self, job_id):
+        prefix = f"slurmstepd: [{job_id}.".encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().startswith(prefix):
+                        return True
+            except OSError:
+                pass
+        return False
+
+    def signal_batch(self, job_id, sig="USR1"):
+        """What --signal=B:USR1@N does before a time limit: the signal to the batch shell only."""
+        subprocess.run(["scancel", "--batch", f"--signal={sig}", str(job_id)], env=self.env, check=True)
+
+    def logs_tail(self, lines=15):
+        out = []
+        for name in sorted(os.listdir(self._path("log"))) if os.path.isdir(self._path("log")) else []:
+            with open(self._path("log", name), errors="replace") as f:
+                tail = f.read().splitlines()[-lines:]
+            out.append(f"--- {name}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="a single-machine Slurm for trying the job scripts")
+    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("dir")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--cpus", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=2)
+    a = parser.parse_args()
+    slurm = MiniSlurm(a.dir, a.nodes, a.cpus, a.gpus)
+    if a.action == "start":
+        slurm.start()
+        atexit.unregister(slurm.stop)
+        print(f"Slurm is up: export SLURM_CONF={slurm.conf}; stop it with {sys.argv[0]} stop {a.dir}")
+    else:
+        slurm.started = os.path.exists(slurm.conf)
+        slurm.stop()
+        print("stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The job scripts of jobs/slurm on a real Slurm: a two-node Slurm on this machine (minislurm.py: munged,
+slurmctld and two slurmd's) runs them through sbatch, as a user would.
+
+1. Bad input ends a job at once, before training: no CONFIG, a shard size the nodes cannot mesh, tasks
+   spread unevenly over the nodes, an unwritable checkpoint directory.
+2. jobs/slurm/submit.sh: HYBRID_SHARD on 2 nodes x 2 ranks (srun, PMIx) runs to completion, and the
+   consolidation job it queued behind (afterok) writes a Hugging Face directory.
+3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
+   checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
+   bit for bit.
+4. One node, mpirun, a rank that stops answering (SHARDTRAIN_FAULT=stall): the hang watchdog ends the job
+   with exit code 10 within seconds of its timeout.
+The daemons are stopped at the end, also when a check fails or the test is interrupted."""
+import json
+import subprocess
+import os
+import re
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+sys.path.insert(0, HERE)
+import clitest  # noqa: E402
+from minislurm import MiniSlurm  # noqa: E402
+
+args = clitest.parse_args()
+if os.geteuid() != 0:
+    print("SKIPPED: the test Slurm runs its daemons as root (as CI does); run as root to test jobs/slurm")
+    sys.exit(77)
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
+
+STEPS = 24
+TRAIN_ARGS = " ".join([
+    "--data.path", ds, "--model.vocab_size", "512", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+    "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+    "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.max_steps", str(STEPS),
+    "--schedule.warmup_steps", "2", "--schedule.eval_every", "0", "--checkpoint.every_n_steps", "8",
+    "--logging.log_every", "1"])
+
+
+def job_env(**extra):
+    env = dict(os.environ)
+    env.update(SHARDTRAIN_HOME=args.source, SHARDTRAIN_BIN=args.shardtrain, CONFIG="configs/tiny-cpu.toml",
+               TRAIN_ARGS=TRAIN_ARGS)
+    # Two Slurm nodes on one machine: their ranks must talk over TCP on the loopback (Open MPI would otherwise
+    # try shared memory between "nodes", whose segment names collide, or skip the loopback interface).
+    env.update(OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def output(info):
+    path = info.get("StdOut", "")
+    return open(path, errors="replace").read() if os.path.exists(path) else f"(no output file {path})"
+
+
+def sbatch_opts(name, nodes=2, per_node=2):
+    return [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}", f"--gpus-per-node={per_node}",
+            "--cpus-per-task=1", "--time=15", f"--output={work}/%x-%j.out", f"--chdir={args.source}"]
+
+
+def losses(run_dir):
+    out = {}
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(path):
+        for line in open(path):
+            m = json.loads(line)
+            if m.get("kind") == "train":
+                out[m["step"]] = m["loss"]  # a resumed run appends: the last record of a step wins
+    return out
+
+
+with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
+    multi = os.path.join(args.source, "jobs/slurm/train-multi-node.sbatch")
+    single = os.path.join(args.source, "jobs/slurm/train-single-node.sbatch")
+
+    # ---- 1. bad input: each fails in seconds with its exit code and message, and trains nothing ----------
+    bad_cases = [
+        ("no-config", sbatch_opts("no-config"), dict(CONFIG=None), 3, "CONFIG is not set"),
+        ("bad-mesh", sbatch_opts("bad-mesh"), dict(SHARD_SIZE="3"), 3,
+         "on this allocation (2 nodes x 2 ranks): configuration error: shard_size 3"),
+        ("uneven", [*sbatch_opts("uneven"), "--ntasks=3"], {}, 3, "3 tasks on 2 nodes is not 2 per node"),
+        ("bad-ckpt-dir", sbatch_opts("bad-ckpt-dir"), dict(CHECKPOINT_DIR="/proc/shardtrain-checkpoints"), 8,
+         "CHECKPOINT_DIR=/proc/shardtrain-checkpoints: cannot create"),
+    ]
+    bad_jobs = []
+    for name, opts, extra, _, _ in bad_cases:
+        bad_jobs.append(slurm.sbatch([*opts, multi], job_env(RUN_DIR=os.path.join(work, name), **extra)))
+    for (name, _, _, code, message), job in zip(bad_cases, bad_jobs):
+        info = slurm.wait(job, timeout=120)
+        out = output(info)
+        check(info.get("ExitCode") == f"{code}:0", f"{name}: exit code {info.get('ExitCode')}, expected {code}:0: {out[-800:]}")
+        check(message in out, f"{name}: the output names the problem ({message!r}): {out[-800:]}")
+        check("running:" not in out and not losses(os.path.join(work, name)), f"{name}: training started: {out[-800:]}")
+
+    # ---- 2. submit.sh: training on 2 nodes (HYBRID_SHARD, srun) and the dependent consolidation ----------
+    ref_dir = os.path.join(work, "reference")
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("reference")],
+                       cwd=args.source, env=dict(job_env(RUN_DIR=ref_dir), SLURM_CONF=slurm.conf), capture_output=True, text=True)
+    check(p.returncode == 0, f"submit.sh: {p.returncode}: {p.stderr}")
+    ids = [int(w) for line in p.stdout.splitlines() for w in line.split()[2:3] if w.isdigit()]
+    check(len(ids) == 2, f"submit.sh names two jobs: {p.stdout}")
+    if len(ids) == 2:
+        train_job, consolidate_job = ids
+        dep = slurm.job(consolidate_job)
+        check(f"afterok:{train_job}" in dep.get("Dependency", ""), f"consolidation depends on training: {dep.get('Dependency')}")
+        info = slurm.wait(train_job, timeout=400)
+        out = output(info)
+        check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+              f"reference job: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}")
+        check("mesh: 2 node(s) x 2 ranks per node, strategy HYBRID_SHARD" in out, f"the mesh is logged at start: {out[:1500]}")
+        check("mesh 2 x 2" in out, f"training reports the 2 x 2 mesh: {out[-2500:]}")
+        info = slurm.wait(consolidate_job, timeout=200)
+        hf = os.path.join(ref_dir, "hf")
+        check(info.get("JobState") == "COMPLETED" and os.path.exists(os.path.join(hf, "config.json")) and
+              any(f.endswith(".safetensors") for f in os.listdir(hf) if os.path.isdir(hf)),
+              f"consolidation job: {info.get('JobState')} {info.get('ExitCode')}: {output(info)[-1500:]}")
+    reference = losses(ref_dir)
+    check(sorted(reference) == list(range(1, STEPS + 1)), f"the reference run logged steps 1..{STEPS}: {sorted(reference)}")
+
+    # ---- 3. preempted: signal, checkpoint, requeue, resume, same losses --------------------------------------
+    pre_dir = os.path.join(work, "preempted")
+    job = slurm.sbatch([*sbatch_opts("preempted"), multi], job_env(RUN_DIR=pre_dir))
+    deadline = time.time() + 300
+    while time.time() < deadline and len(losses(pre_dir)) < 11:
+        time.sleep(0.3)
+    check(len(losses(pre_dir)) >= 11, f"the job to preempt reached step 11: {output(slurm.job(job))[-1500:]}")
+    slurm.signal_batch(job, "USR1")
+    info = slurm.wait(job, timeout=400)
+    out = output(info)
+    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and info.get("Restarts") == "1",
+          f"preempted job: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')}: {out[-2500:]}")
+    check("requeueing job" in out and "restart 1" in out, f"the job requeued itself and ran again: {out[-2500:]}")
+    m = re.search(r"resumed from \S+ at step (\d+)", out)
+    check(m is not None and int(m.group(1)) >= 11, f"the requeued run resumed from the checkpoint saved on the signal: {out[-2500:]}")
+    resumed = losses(pre_dir)
+    check(sorted(resumed) == list(range(1, STEPS + 1)), f"the preempted run logged steps 1..{STEPS}: {sorted(resumed)}")
+    diff = [(s, reference.get(s), resumed[s]) for s in sorted(resumed) if reference.get(s) != resumed[s]]
+    check(not diff, f"losses equal the uninterrupted run's at every step: {diff[:5]}")
+
+    # ---- 4. a stalled rank: the watchdog ends the job ----------------------------------------------------
+    stall_dir = os.path.join(work, "stalled")
+    start = time.time()
+    job = slurm.sbatch([*sbatch_opts("stalled", nodes=1, per_node=2), single],
+                       job_env(RUN_DIR=stall_dir, SHARDTRAIN_FAULT="stall:1@3",
+                               TRAIN_ARGS=TRAIN_ARGS + " --fsdp.collective_timeout 3"))
+    info = slurm.wait(job, timeout=200)
+    elapsed = time.time() - start
+    out = output(info)
+    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "10:0",
+          f"stalled job: {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 10:0: {out[-2000:]}")
+    check("collective timeout" in out and "during step 3" in out and "ranks that did not arrive: 1 (" in out,
+          f"the watchdog's message names the step and the rank that did not arrive: {out[-2000:]}")
+    check(elapsed < 90, f"the stalled job took {elapsed:.0f} s; the watchdog should end it seconds after the 3 s timeout")
+
+check.finish("all Slurm job checks passed")
