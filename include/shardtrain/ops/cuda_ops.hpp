@@ -1,0 +1,91 @@
+// The CUDA backend: kernels/ for everything but GEMMs, cuBLASLt for GEMMs (docs/gpu.md). Tensors live in
+// device memory (Tensor::device == DeviceKind::Cuda), in f32 or bf16 (f64 stays on the CPU backend); ops
+// run asynchronously on the stream given to set_stream and never synchronize, except where a value must
+// reach the host: the two losses (LossSums) and synchronize(). set_stream keeps call order across a
+// switch: the new stream waits (on the device, through an event) for work queued on the previous one.
+//
+// Bad input a kernel finds (a token id or target outside the vocabulary, a negative document id) is
+// recorded on the device and thrown as DataError at the next synchronization point: the loss ops,
+// synchronize(), and nothing else. So an out-of-range id given to embedding_forward surfaces when the
+// step's loss is computed (or at an explicit synchronize()), not from embedding_forward itself.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "shardtrain/ops/ops.hpp"
+
+namespace shardtrain::ops {
+
+// fp32 GEMMs in full fp32 (default) or with TF32 tensor-core inputs (10-bit mantissa, much faster).
+enum class F32MatmulPrecision { Full, Tf32 };
+enum class SumInto { Overwrite, Accumulate };
+
+struct CudaOpsOptions {
+  F32MatmulPrecision f32_matmul = F32MatmulPrecision::Full;
+  size_t gemm_workspace_bytes = size_t{32} << 20;  // cuBLASLt workspace, allocated once
+};
+
+#if SHARDTRAIN_WITH_CUDA
+
+namespace cuda {
+struct Context;
+}
+
+class CudaOps final : public Ops {
+ public:
+  // Uses the current CUDA device (runtime's select_device makes it current); throws a Device error without one.
+  explicit CudaOps(const CudaOpsOptions& options = {});
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  DeviceKind device() const override { return DeviceKind::Cuda; }
+  void set_stream(StreamRef stream) override;
+
+  void matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
+              const Tensor& c) override;
+  void fill(const Tensor& out, double value) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void add(const Tensor& x, const Tensor& y) override;
+  void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& h_out,
+                       const Tensor& y, const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
+                        const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) override;
+  void rope(const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) override;
+  void attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionMask& mask, const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse, const Tensor& dout, const AttentionMask& mask,
+                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+  void attention_segments(const Tensor& input_ids, int32_t pad_token_id, const Tensor& document_ids,
+                          const Tensor& segments, const Tensor& positions) override;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                       const Tensor& dup) override;
+  LossSums cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
+                         const Tensor& dlogits) override;
+  LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t ignore_index,
+                                double grad_scale, int64_t chunk_tokens, const Tensor& dh,
+                                const Tensor& dweight) override;
+
+  // Beyond Ops. out (one f64 element, device) = or += sum of x^2 (x f32 or bf16), reduced in a fixed order:
+  // the local part of the global gradient norm. Asynchronous.
+  void sum_squares(const Tensor& x, const Tensor& out, SumInto mode);
+  // Waits for the stream, then throws DataError if a kernel recorded bad input since the last check.
+  void synchronize();
+  // Distinct GEMM configurations planned so far (each asked cuBLASLt's heuristic once).
+  size_t gemm_plans() const;
+
+ private:
+  std::unique_ptr<cuda::Context> ctx_;
+};
+
+#endif  // SHARDTRAIN_WITH_CUDA
+
+// A CudaOps on the current device; in a build without CUDA it throws a Device error.
+std::unique_ptr<Ops> make_cuda_ops(const CudaOpsOptions& options = {});
+
+}  // namespace shardtrain::ops

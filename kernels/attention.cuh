@@ -1,0 +1,33 @@
+// Causal grouped-query attention on the device, flash style: the (S, S) score matrix is never stored; the
+// forward keeps a running softmax per query row, the backward recomputes probabilities from the saved lse.
+// Semantics exactly as Ops::attention_forward / attention_backward (include/shardtrain/ops/ops.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shardtrain/runtime/device.hpp"
+#include "shardtrain/runtime/dtype.hpp"
+
+namespace shardtrain::kernels {
+
+struct AttentionDims {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+};
+
+// q, out: (B, S, H, Dh); k, v: (B, S, Hkv, Dh), element type `dtype` (DType::F32 or DType::BF16, same for all);
+// lse: (B, H, S) fp32 (-inf for a fully masked row); segments: (B, S) int32 or nullptr (plain causal);
+// scale = 1/sqrt(Dh). Any head_dim from 1 to 128 is supported; larger ones throw InternalError.
+void attention_forward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v,
+                       const int32_t* segments, float scale, void* out, float* lse, StreamRef stream);
+
+// Bytes of device scratch attention_backward needs: one fp32 per (B, H, S) row.
+size_t attention_backward_workspace_bytes(const AttentionDims& d);
+
+// dq (B, S, H, Dh), dk and dv (B, S, Hkv, Dh) are overwritten; dk, dv are summed over the query heads of each
+// group. Deterministic: no atomics.
+void attention_backward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v,
+                        const void* out, const float* lse, const void* dout, const int32_t* segments, float scale,
+                        void* dq, void* dk, void* dv, void* workspace, StreamRef stream);
+
+}  // namespace shardtrain::kernels

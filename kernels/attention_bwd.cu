@@ -1,0 +1,474 @@
+// Attention backward, FlashAttention-2 style and deterministic (no atomics), in three kernels:
+//   1. dvec[b, h, i] = dout_i . out_i                       (B, H, S) fp32, in the caller's workspace
+//   2. one CTA per (64-key tile, kv head, batch): over every query head of the group and every 32-query step
+//      from the tile's first key to S, recompute p = exp(s - lse), ds = p (dp - dvec) with dp = dout v^T, and
+//      accumulate dv += p^T dout, dk += ds^T (q * scale); dk, dv are written once, summed over the group.
+//   3. one CTA per (64-query tile, head, batch): over 32-key steps up to the causal limit, recompute p and ds
+//      and accumulate dq += ds k; dq = scale * that.
+// Probabilities are thus recomputed twice, the price of owning every output row in exactly one CTA.
+//
+// Thread layout as in attention_fwd.cu: 256 threads as 16 x 16, (ty, tx) owns tile rows ty + 16 i (i < 4)
+// and step columns tx + 16 j (j < 2), and head-dim columns tx + 16 j (j < DMAX/16) of its accumulators.
+// fp32 shared tiles padded by one column; Dh zero-padded to DMAX in {16, 32, 64, 96, 128}.
+//
+// Faster later: tensor-core mma / wgmma on bf16 tiles, cp.async double buffering, vector loads; merging
+// kernels 2 and 3 with an atomic (or split-and-reduce) dq, as FlashAttention-2 does, saves the second
+// recomputation of p.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+
+#include "kernels/attention.cuh"
+#include "kernels/device_common.cuh"
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::kernels {
+namespace {
+
+using detail::from_f32;
+using detail::to_f32;
+
+constexpr int kThreads = 256;              // 16 x 16
+constexpr int kRows = 64;                  // rows a CTA owns (keys in kernel 2, queries in kernel 3)
+constexpr int kCols = 32;                  // columns per step (queries in kernel 2, keys in kernel 3)
+constexpr int kRowsPerThread = kRows / 16;
+constexpr int kColsPerThread = kCols / 16;
+constexpr int kPLd = kCols + 1;            // leading dim of the (kRows, kCols) p / ds tiles
+
+template <typename T> struct BackwardArgs {
+  const T* q;            // (B, S, H, Dh)
+  const T* k;            // (B, S, Hkv, Dh)
+  const T* v;            // (B, S, Hkv, Dh)
+  const T* out;          // (B, S, H, Dh)
+  const float* lse;      // (B, H, S)
+  const T* dout;         // (B, S, H, Dh)
+  const int32_t* seg;    // (B, S) or nullptr
+  float* dvec;           // (B, H, S) workspace
+  T* dq;                 // (B, S, H, Dh)
+  T* dk;                 // (B, S, Hkv, Dh)
+  T* dv;                 // (B, S, Hkv, Dh)
+  int batch, seq, heads, kv_heads, head_dim, group;
+  float scale;
+};
+
+// Mirrors attention_fwd.cu's load_segments: segments of tokens [first, first + n), 0 without segments,
+// -1 past S.
+__device__ __forceinline__ void load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
+  for (int r = threadIdx.x; r < n; r += kThreads) {
+    const int t = first + r;
+    dst[r] = t < seq ? (seg ? seg[t] : 0) : -1;
+  }
+}
+
+// Query rows [first, first + n) of one head: segment (-1 when past S, padding, or lse = -inf: a row that saw
+// nothing forward gets no gradient), lse and dvec.
+__device__ __forceinline__ void load_query_stats(int* seg_dst, float* lse_dst, float* dvec_dst, const int32_t* seg,
+                                                 const float* lse, const float* dvec, int first, int n, int seq) {
+  for (int r = threadIdx.x; r < n; r += kThreads) {
+    const int t = first + r;
+    int sg = -1;
+    float l = 0.f, dd = 0.f;
+    if (t < seq) {
+      l = lse[t];
+      dd = dvec[t];
+      sg = l == -INFINITY ? -1 : (seg ? seg[t] : 0);
+    }
+    seg_dst[r] = sg;
+    lse_dst[r] = l;
+    dvec_dst[r] = dd;
+  }
+}
+
+// Mirrors attention_fwd.cu's load_tile: a (ROWS, DMAX + 1) fp32 tile times mul, zeros past head_dim and for
+// rows with a negative segment.
+template <int DMAX, int ROWS, typename T>
+__device__ __forceinline__ void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first,
+                                          const int* row_seg, int head_dim, float mul) {
+  constexpr int kLd = DMAX + 1;
+  for (int e = threadIdx.x; e < ROWS * DMAX; e += kThreads) {
+    const int r = e / DMAX, c = e % DMAX;
+    float x = 0.f;
+    if (c < head_dim && row_seg[r] >= 0) x = to_f32(src[int64_t(first + r) * stride + c]) * mul;
+    tile[r * kLd + c] = x;
+  }
+}
+
+// Kernel 1: one warp per (b, i, h) row of out.
+constexpr int kDotThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kDotThreads) attention_backward_dot_kernel(BackwardArgs<T> a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
+  const int64_t warps = int64_t(gridDim.x) * (kDotThreads / 32);
+  for (int64_t row = int64_t(blockIdx.x) * (kDotThreads / 32) + threadIdx.x / 32; row < rows; row += warps) {
+    const int h = int(row % a.heads);
+    const int64_t token = row / a.heads;  // b * S + i
+    const int i = int(token % a.seq);
+    const int b = int(token / a.seq);
+    const T* o = a.out + row * a.head_dim;
+    const T* dout = a.dout + row * a.head_dim;
+    float acc = 0.f;
+    for (int d = lane; d < a.head_dim; d += 32) acc = fmaf(to_f32(dout[d]), to_f32(o[d]), acc);
+    acc = detail::warp_sum(acc);
+    if (lane == 0) {
+      const int64_t at = (int64_t(b) * a.heads + h) * a.seq + i;
+      const bool dead = a.lse[at] == -INFINITY || (a.seg && a.seg[token] < 0);
+      a.dvec[at] = dead ? 0.f : acc;
+    }
+  }
+}
+
+template <int DMAX> constexpr size_t dkdv_smem_bytes() {
+  return sizeof(float) * (2 * size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + 2 * size_t(kRows) * kPLd +
+                          2 * kCols) +
+         sizeof(int) * (kRows + kCols);
+}
+
+// Kernel 2: dk, dv for 64 keys of one kv head.
+template <typename T, int DMAX>
+__global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(BackwardArgs<T> a) {
+  constexpr int kLd = DMAX + 1, RI = kRowsPerThread, CJ = kColsPerThread, DJ = DMAX / 16;
+  extern __shared__ float smem[];
+  float* k_s = smem;                        // (kRows, kLd) keys
+  float* v_s = k_s + kRows * kLd;           // (kRows, kLd)
+  float* q_s = v_s + kRows * kLd;           // (kCols, kLd) q * scale of this step's queries
+  float* do_s = q_s + kCols * kLd;          // (kCols, kLd) dout
+  float* pt_s = do_s + kCols * kLd;         // (kRows, kPLd) p^T: key x query
+  float* dst_s = pt_s + kRows * kPLd;       // (kRows, kPLd) ds^T
+  float* col_lse = dst_s + kRows * kPLd;    // (kCols)
+  float* col_dvec = col_lse + kCols;        // (kCols)
+  int* row_seg = reinterpret_cast<int*>(col_dvec + kCols);  // (kRows) keys
+  int* col_seg = row_seg + kRows;                            // (kCols) queries
+
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int k0 = int(blockIdx.x) * kRows;  // the first tiles see the most queries and start first
+  const int g = blockIdx.y, b = blockIdx.z;
+  const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
+  const int64_t kv_off = int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
+  const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
+
+  load_segments(row_seg, seg, k0, kRows, a.seq);
+  __syncthreads();
+  load_tile<DMAX, kRows>(k_s, a.k + kv_off, kv_stride, k0, row_seg, a.head_dim, 1.f);  // read after a barrier
+  load_tile<DMAX, kRows>(v_s, a.v + kv_off, kv_stride, k0, row_seg, a.head_dim, 1.f);
+
+  float dk[RI][DJ], dv[RI][DJ];
+#pragma unroll
+  for (int i = 0; i < RI; ++i)
+#pragma unroll
+    for (int d = 0; d < DJ; ++d) dk[i][d] = dv[i][d] = 0.f;
+
+  for (int h = g * a.group; h < (g + 1) * a.group; ++h) {
+    const int64_t q_off = int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
+    const float* lse = a.lse + (int64_t(b) * a.heads + h) * a.seq;
+    const float* dvec = a.dvec + (int64_t(b) * a.heads + h) * a.seq;
+    for (int c0 = k0; c0 < a.seq; c0 += kCols) {  // causal: queries before the tile's first key see none of it
+      load_query_stats(col_seg, col_lse, col_dvec, seg, lse, dvec, c0, kCols, a.seq);
+      __syncthreads();
+      unsigned vis = 0;  // bit i * CJ + j: query tx + 16 j sees key ty + 16 i
+#pragma unroll
+      for (int i = 0; i < RI; ++i) {
+        const int r = ty + 16 * i, rs = row_seg[r];
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) {
+          const int c = tx + 16 * j, cs = col_seg[c];
+          if (cs >= 0 && cs == rs && k0 + r <= c0 + c) vis |= 1u << (i * CJ + j);
+        }
+      }
+      if (!__syncthreads_or(vis != 0)) continue;  // also the barrier before col_* are rewritten
+
+      load_tile<DMAX, kCols>(q_s, a.q + q_off, q_stride, c0, col_seg, a.head_dim, a.scale);
+      load_tile<DMAX, kCols>(do_s, a.dout + q_off, q_stride, c0, col_seg, a.head_dim, 1.f);
+      __syncthreads();
+
+      // s^T = k (q * scale)^T and dp^T = v dout^T for this thread's (RI x CJ) entries.
+      float s[RI][CJ], dp[RI][CJ];
+#pragma unroll
+      for (int i = 0; i < RI; ++i)
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) s[i][j] = dp[i][j] = 0.f;
+#pragma unroll 8
+      for (int c = 0; c < DMAX; ++c) {
+        float ka[RI], va[RI], qb[CJ], db[CJ];
+#pragma unroll
+        for (int i = 0; i < RI; ++i) {
+          ka[i] = k_s[(ty + 16 * i) * kLd + c];
+          va[i] = v_s[(ty + 16 * i) * kLd + c];
+        }
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) {
+          qb[j] = q_s[(tx + 16 * j) * kLd + c];
+          db[j] = do_s[(tx + 16 * j) * kLd + c];
+        }
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+          for (int j = 0; j < CJ; ++j) {
+            s[i][j] = fmaf(ka[i], qb[j], s[i][j]);
+            dp[i][j] = fmaf(va[i], db[j], dp[i][j]);
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < RI; ++i)
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) {
+          const int c = tx + 16 * j;
+          float p = 0.f, ds = 0.f;
+          if ((vis >> (i * CJ + j)) & 1u) {
+            p = expf(s[i][j] - col_lse[c]);
+            ds = p * (dp[i][j] - col_dvec[c]);
+          }
+          pt_s[(ty + 16 * i) * kPLd + c] = p;
+          dst_s[(ty + 16 * i) * kPLd + c] = ds;
+        }
+      __syncthreads();
+
+      // dv += p^T dout, dk += ds^T (q * scale)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        float pa[RI], sa[RI], db[DJ], qb[DJ];
+#pragma unroll
+        for (int i = 0; i < RI; ++i) {
+          pa[i] = pt_s[(ty + 16 * i) * kPLd + c];
+          sa[i] = dst_s[(ty + 16 * i) * kPLd + c];
+        }
+#pragma unroll
+        for (int d = 0; d < DJ; ++d) {
+          db[d] = do_s[c * kLd + tx + 16 * d];
+          qb[d] = q_s[c * kLd + tx + 16 * d];
+        }
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+          for (int d = 0; d < DJ; ++d) {
+            dv[i][d] = fmaf(pa[i], db[d], dv[i][d]);
+            dk[i][d] = fmaf(sa[i], qb[d], dk[i][d]);
+          }
+      }
+      __syncthreads();  // step boundary (redundant with the next step's first barrier; kept for clarity)
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < RI; ++i) {
+    const int r = k0 + ty + 16 * i;
+    if (r >= a.seq) continue;
+    T* dk_row = a.dk + int64_t(r) * kv_stride + kv_off;
+    T* dv_row = a.dv + int64_t(r) * kv_stride + kv_off;
+#pragma unroll
+    for (int d = 0; d < DJ; ++d) {
+      const int c = tx + 16 * d;
+      if (c < a.head_dim) {
+        dk_row[c] = from_f32<T>(dk[i][d]);
+        dv_row[c] = from_f32<T>(dv[i][d]);
+      }
+    }
+  }
+}
+
+template <int DMAX> constexpr size_t dq_smem_bytes() {
+  return sizeof(float) * (2 * size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + size_t(kRows) * kPLd +
+                          2 * kRows) +
+         sizeof(int) * (kRows + kCols);
+}
+
+// Kernel 3: dq for 64 queries of one head.
+template <typename T, int DMAX>
+__global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(BackwardArgs<T> a) {
+  constexpr int kLd = DMAX + 1, RI = kRowsPerThread, CJ = kColsPerThread, DJ = DMAX / 16;
+  extern __shared__ float smem[];
+  float* q_s = smem;                        // (kRows, kLd) q * scale
+  float* do_s = q_s + kRows * kLd;          // (kRows, kLd) dout
+  float* k_s = do_s + kRows * kLd;          // (kCols, kLd) this step's keys
+  float* v_s = k_s + kCols * kLd;           // (kCols, kLd)
+  float* ds_s = v_s + kCols * kLd;          // (kRows, kPLd) ds: query x key
+  float* row_lse = ds_s + kRows * kPLd;     // (kRows)
+  float* row_dvec = row_lse + kRows;        // (kRows)
+  int* row_seg = reinterpret_cast<int*>(row_dvec + kRows);  // (kRows) queries
+  int* col_seg = row_seg + kRows;                            // (kCols) keys
+
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kRows;  // the last tiles see the most keys: start them first
+  const int h = blockIdx.y, b = blockIdx.z, g = h / a.group;
+  const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
+  const int64_t q_off = int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
+  const int64_t kv_off = int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
+  const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
+  const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
+
+  load_query_stats(row_seg, row_lse, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off, q0, kRows, a.seq);
+  __syncthreads();
+  load_tile<DMAX, kRows>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.scale);  // read after a barrier
+  load_tile<DMAX, kRows>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, 1.f);
+
+  float dq[RI][DJ];
+#pragma unroll
+  for (int i = 0; i < RI; ++i)
+#pragma unroll
+    for (int d = 0; d < DJ; ++d) dq[i][d] = 0.f;
+
+  const int kv_end = min(a.seq, q0 + kRows);
+  for (int k0 = 0; k0 < kv_end; k0 += kCols) {
+    load_segments(col_seg, seg, k0, kCols, a.seq);
+    __syncthreads();
+    unsigned vis = 0;  // bit i * CJ + j: query ty + 16 i sees key tx + 16 j
+#pragma unroll
+    for (int i = 0; i < RI; ++i) {
+      const int r = ty + 16 * i, rs = row_seg[r];
+#pragma unroll
+      for (int j = 0; j < CJ; ++j) {
+        const int c = tx + 16 * j;
+        if (rs >= 0 && rs == col_seg[c] && k0 + c <= q0 + r) vis |= 1u << (i * CJ + j);
+      }
+    }
+    if (!__syncthreads_or(vis != 0)) continue;
+
+    load_tile<DMAX, kCols>(k_s, a.k + kv_off, kv_stride, k0, col_seg, a.head_dim, 1.f);
+    load_tile<DMAX, kCols>(v_s, a.v + kv_off, kv_stride, k0, col_seg, a.head_dim, 1.f);
+    __syncthreads();
+
+    float s[RI][CJ], dp[RI][CJ];
+#pragma unroll
+    for (int i = 0; i < RI; ++i)
+#pragma unroll
+      for (int j = 0; j < CJ; ++j) s[i][j] = dp[i][j] = 0.f;
+#pragma unroll 8
+    for (int c = 0; c < DMAX; ++c) {
+      float qa[RI], da[RI], kb[CJ], vb[CJ];
+#pragma unroll
+      for (int i = 0; i < RI; ++i) {
+        qa[i] = q_s[(ty + 16 * i) * kLd + c];
+        da[i] = do_s[(ty + 16 * i) * kLd + c];
+      }
+#pragma unroll
+      for (int j = 0; j < CJ; ++j) {
+        kb[j] = k_s[(tx + 16 * j) * kLd + c];
+        vb[j] = v_s[(tx + 16 * j) * kLd + c];
+      }
+#pragma unroll
+      for (int i = 0; i < RI; ++i)
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) {
+          s[i][j] = fmaf(qa[i], kb[j], s[i][j]);
+          dp[i][j] = fmaf(da[i], vb[j], dp[i][j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RI; ++i) {
+      const int r = ty + 16 * i;
+#pragma unroll
+      for (int j = 0; j < CJ; ++j) {
+        float ds = 0.f;
+        if ((vis >> (i * CJ + j)) & 1u) ds = expf(s[i][j] - row_lse[r]) * (dp[i][j] - row_dvec[r]);
+        ds_s[r * kPLd + tx + 16 * j] = ds;
+      }
+    }
+    __syncthreads();
+
+    // dq += ds k
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float sa[RI], kb[DJ];
+#pragma unroll
+      for (int i = 0; i < RI; ++i) sa[i] = ds_s[(ty + 16 * i) * kPLd + c];
+#pragma unroll
+      for (int d = 0; d < DJ; ++d) kb[d] = k_s[c * kLd + tx + 16 * d];
+#pragma unroll
+      for (int i = 0; i < RI; ++i)
+#pragma unroll
+        for (int d = 0; d < DJ; ++d) dq[i][d] = fmaf(sa[i], kb[d], dq[i][d]);
+    }
+    __syncthreads();  // step boundary (redundant with the next step's first barrier; kept for clarity)
+  }
+
+#pragma unroll
+  for (int i = 0; i < RI; ++i) {
+    const int r = ty + 16 * i;
+    if (q0 + r >= a.seq) continue;
+    const float mul = row_seg[r] >= 0 ? a.scale : 0.f;  // padding rows: exactly zero
+    T* dq_row = a.dq + int64_t(q0 + r) * q_stride + q_off;
+#pragma unroll
+    for (int d = 0; d < DJ; ++d) {
+      const int c = tx + 16 * d;
+      if (c < a.head_dim) dq_row[c] = from_f32<T>(dq[i][d] * mul);
+    }
+  }
+}
+
+void check_dims(const AttentionDims& d, const char* op) {
+  const bool ok = d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 &&
+                  d.heads % d.kv_heads == 0 && d.batch <= 65535 && d.kv_heads <= 65535 && d.heads <= 65535 &&
+                  d.seq <= INT_MAX - 2 * kRows;
+  if (!ok)
+    throw InternalError(std::string(op) + ": unsupported shape B=" + std::to_string(d.batch) + " S=" +
+                        std::to_string(d.seq) + " H=" + std::to_string(d.heads) + " Hkv=" + std::to_string(d.kv_heads) +
+                        " Dh=" + std::to_string(d.head_dim));
+  if (d.head_dim > 128)
+    throw InternalError(std::string(op) + ": head_dim " + std::to_string(d.head_dim) +
+                        " is not supported by the CUDA attention kernels (at most 128)");
+}
+
+template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {
+  const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
+  const int64_t dot_blocks = std::min<int64_t>((rows + kDotThreads / 32 - 1) / (kDotThreads / 32), 65535 * 8);
+  attention_backward_dot_kernel<T><<<unsigned(dot_blocks), kDotThreads, 0, stream>>>(a);
+  ST_CHECK_KERNEL("attention_backward_dot_kernel");
+
+  const unsigned tiles = unsigned((a.seq + kRows - 1) / kRows);
+  constexpr size_t dkdv_smem = dkdv_smem_bytes<DMAX>();
+  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dkdv_kernel<T, DMAX>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem)));
+  attention_backward_dkdv_kernel<T, DMAX>
+      <<<dim3(tiles, unsigned(a.kv_heads), unsigned(a.batch)), kThreads, dkdv_smem, stream>>>(a);
+  ST_CHECK_KERNEL("attention_backward_dkdv_kernel");
+
+  constexpr size_t dq_smem = dq_smem_bytes<DMAX>();
+  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dq_kernel<T, DMAX>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq_smem)));
+  attention_backward_dq_kernel<T, DMAX>
+      <<<dim3(tiles, unsigned(a.heads), unsigned(a.batch)), kThreads, dq_smem, stream>>>(a);
+  ST_CHECK_KERNEL("attention_backward_dq_kernel");
+}
+
+template <typename T>
+void backward_for_dtype(const AttentionDims& d, const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout, const int32_t* segments, float scale, void* dq, void* dk,
+                        void* dv, void* workspace, cudaStream_t stream) {
+  const BackwardArgs<T> a{static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                          static_cast<const T*>(out), lse, static_cast<const T*>(dout), segments,
+                          static_cast<float*>(workspace), static_cast<T*>(dq), static_cast<T*>(dk),
+                          static_cast<T*>(dv), int(d.batch), int(d.seq), int(d.heads), int(d.kv_heads),
+                          int(d.head_dim), int(d.heads / d.kv_heads), scale};
+  if (d.head_dim <= 16) launch_backward<T, 16>(a, stream);
+  else if (d.head_dim <= 32) launch_backward<T, 32>(a, stream);
+  else if (d.head_dim <= 64) launch_backward<T, 64>(a, stream);
+  else if (d.head_dim <= 96) launch_backward<T, 96>(a, stream);
+  else launch_backward<T, 128>(a, stream);
+}
+
+}  // namespace
+
+size_t attention_backward_workspace_bytes(const AttentionDims& d) {
+  return sizeof(float) * static_cast<size_t>(d.batch * d.heads * d.seq);
+}
+
+void attention_backward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v,
+                        const void* out, const float* lse, const void* dout, const int32_t* segments, float scale,
+                        void* dq, void* dk, void* dv, void* workspace, StreamRef stream) {
+  check_dims(d, "attention_backward");
+  if (!workspace)
+    throw InternalError("attention_backward: no workspace (attention_backward_workspace_bytes = " +
+                        std::to_string(attention_backward_workspace_bytes(d)) + ")");
+  detail::dispatch_float(dtype, "attention_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    backward_for_dtype<T>(d, q, k, v, out, lse, dout, segments, scale, dq, dk, dv, workspace,
+                          detail::cuda_stream(stream));
+  });
+}
+
+}  // namespace shardtrain::kernels

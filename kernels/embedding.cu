@@ -1,0 +1,158 @@
+// Embedding forward (one block per token row) and backward (radix sort of (id, row) pairs, then one block
+// per run of equal ids summing its rows in order).
+#include <cub/device/device_radix_sort.cuh>
+
+#include <climits>
+
+#include "kernels/device_common.cuh"
+#include "kernels/embedding.cuh"
+#include "shardtrain/runtime/check.hpp"
+
+namespace shardtrain::kernels {
+namespace {
+
+using detail::from_f32;
+using detail::to_f32;
+
+constexpr int kThreads = 128;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Radix-sort bits needed for keys in [0, vocab] (vocab is the sentinel of invalid ids).
+int key_bits(int64_t vocab) {
+  int bits = 1;
+  while (bits < 32 && (uint64_t{1} << bits) <= static_cast<uint64_t>(vocab)) ++bits;
+  return bits;
+}
+
+size_t radix_temp_bytes(int64_t n, int64_t vocab) {
+  size_t bytes = 0;
+  ST_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                                static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, key_bits(vocab)));
+  return bytes;
+}
+
+// Workspace regions, each 256-byte aligned: keys_in, keys_out (u32), rows_in, rows_out (i32), CUB temp.
+struct Layout {
+  size_t keys_in = 0, keys_out = 0, rows_in = 0, rows_out = 0, temp = 0, temp_bytes = 0, total = 0;
+  Layout(int64_t n, int64_t vocab) {
+    const size_t arr = align_up(static_cast<size_t>(n) * 4);
+    keys_out = arr;
+    rows_in = 2 * arr;
+    rows_out = 3 * arr;
+    temp = 4 * arr;
+    temp_bytes = radix_temp_bytes(n, vocab);
+    total = temp + align_up(temp_bytes);
+  }
+};
+
+template <typename S, typename T>
+__global__ void forward_kernel(const int32_t* __restrict__ ids, int64_t n, const S* __restrict__ table, int64_t vocab,
+                               int64_t dim, T* __restrict__ out, DataErrorRecord* error) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const int32_t id = ids[row];
+    T* dst = out + row * dim;
+    if (id < 0 || id >= vocab) {
+      if (threadIdx.x == 0) detail::record_data_error(error, DataErrorCode::TokenId, id, row, vocab);
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = from_f32<T>(0.0f);
+      continue;
+    }
+    const S* src = table + static_cast<int64_t>(id) * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = from_f32<T>(to_f32(src[j]));
+  }
+}
+
+// keys = ids (invalid ones replaced by the sentinel `vocab`, which sorts last and is skipped), rows = 0..n-1.
+__global__ void prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t vocab, uint32_t* __restrict__ keys,
+                                    int32_t* __restrict__ rows, DataErrorRecord* error) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int32_t id = ids[i];
+    const bool ok = id >= 0 && id < vocab;
+    if (!ok) detail::record_data_error(error, DataErrorCode::TokenId, id, i, vocab);
+    keys[i] = ok ? static_cast<uint32_t>(id) : static_cast<uint32_t>(vocab);
+    rows[i] = static_cast<int32_t>(i);
+  }
+}
+
+// Block b handles sorted position b when it starts a run of equal keys: dtable[key, :] += dout[rows, :]
+// for the run's rows, in increasing row order (the sort is stable).
+template <typename G, typename T>
+__global__ void accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows, int64_t n,
+                                       const G* __restrict__ dout, int64_t dim, T* __restrict__ dtable, int64_t vocab) {
+  for (int64_t start = blockIdx.x; start < n; start += gridDim.x) {
+    const uint32_t key = keys[start];
+    if (static_cast<int64_t>(key) >= vocab) continue;
+    if (start > 0 && keys[start - 1] == key) continue;
+    int64_t end = start + 1;
+    while (end < n && keys[end] == key) ++end;
+    T* dst = dtable + static_cast<int64_t>(key) * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      float acc = to_f32(dst[j]);
+      for (int64_t r = start; r < end; ++r) acc += to_f32(dout[static_cast<int64_t>(rows[r]) * dim + j]);
+      dst[j] = from_f32<T>(acc);
+    }
+  }
+}
+
+constexpr int64_t kMaxBlocks = 1 << 20;
+
+}  // namespace
+
+void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const void* table, int64_t vocab, int64_t dim,
+                       DType out_dtype, void* out, DataErrorRecord* error, StreamRef stream) {
+  if (n <= 0 || dim <= 0) return;
+  const unsigned grid = static_cast<unsigned>(n < kMaxBlocks ? n : kMaxBlocks);
+  detail::dispatch_float(table_dtype, "embedding_forward", [&](auto stag) {
+    using S = typename decltype(stag)::type;
+    detail::dispatch_float(out_dtype, "embedding_forward", [&](auto ttag) {
+      using T = typename decltype(ttag)::type;
+      forward_kernel<S, T><<<grid, kThreads, 0, detail::cuda_stream(stream)>>>(ids, n, static_cast<const S*>(table), vocab,
+                                                                               dim, static_cast<T*>(out), error);
+      ST_CHECK_KERNEL("embedding forward_kernel");
+    });
+  });
+}
+
+size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab) {
+  if (n <= 0) return 0;
+  if (n >= INT_MAX || vocab >= UINT32_MAX)
+    throw InternalError("embedding_backward: " + std::to_string(n) + " tokens or vocabulary " + std::to_string(vocab) +
+                        " exceeds the 32-bit radix sort");
+  return Layout(n, vocab).total;
+}
+
+void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim,
+                        DType table_dtype, void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes,
+                        DataErrorRecord* error, StreamRef stream) {
+  if (n <= 0 || dim <= 0) return;
+  const Layout L(n, vocab);
+  if (workspace_bytes < L.total)
+    throw InternalError("embedding_backward: workspace of " + std::to_string(workspace_bytes) + " bytes, needs " +
+                        std::to_string(L.total));
+  char* ws = static_cast<char*>(workspace);
+  auto* keys_in = reinterpret_cast<uint32_t*>(ws + L.keys_in);
+  auto* keys_out = reinterpret_cast<uint32_t*>(ws + L.keys_out);
+  auto* rows_in = reinterpret_cast<int32_t*>(ws + L.rows_in);
+  auto* rows_out = reinterpret_cast<int32_t*>(ws + L.rows_out);
+  cudaStream_t s = detail::cuda_stream(stream);
+  prepare_keys_kernel<<<detail::grid_for(n, 256), 256, 0, s>>>(ids, n, vocab, keys_in, rows_in, error);
+  ST_CHECK_KERNEL("embedding prepare_keys_kernel");
+  size_t temp_bytes = L.temp_bytes;
+  ST_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out,
+                                                static_cast<int>(n), 0, key_bits(vocab), s));
+  const unsigned grid = static_cast<unsigned>(n < kMaxBlocks ? n : kMaxBlocks);
+  detail::dispatch_float(dout_dtype, "embedding_backward", [&](auto gtag) {
+    using G = typename decltype(gtag)::type;
+    detail::dispatch_float(table_dtype, "embedding_backward", [&](auto ttag) {
+      using T = typename decltype(ttag)::type;
+      accumulate_runs_kernel<G, T><<<grid, kThreads, 0, s>>>(keys_out, rows_out, n, static_cast<const G*>(dout), dim,
+                                                             static_cast<T*>(dtable), vocab);
+      ST_CHECK_KERNEL("embedding accumulate_runs_kernel");
+    });
+  });
+}
+
+}  // namespace shardtrain::kernels

@@ -1,0 +1,53 @@
+// RoPE: one thread per (token, head, i < head_dim / 2) pair, grid-stride; angles in fp32 with the accurate
+// powf/sincosf (not the fast intrinsics), to stay close to the CPU backend at long positions.
+#include "kernels/device_common.cuh"
+#include "kernels/rope.cuh"
+#include "shardtrain/runtime/check.hpp"
+
+namespace shardtrain::kernels {
+namespace {
+
+using detail::from_f32;
+using detail::to_f32;
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void rope_kernel(T* __restrict__ x, const int32_t* __restrict__ positions, int64_t tokens, int64_t heads,
+                            int64_t head_dim, float theta, float sign) {
+  const int64_t half = head_dim / 2;
+  const int64_t total = tokens * heads * half;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t i = idx % half;
+    const int64_t th = idx / half;  // token * heads + head
+    const int64_t t = th / heads;
+    const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float angle = static_cast<float>(positions[t]) * inv_freq;
+    float s, c;
+    sincosf(angle, &s, &c);
+    s *= sign;
+    T* row = x + th * head_dim;
+    const float x1 = to_f32(row[i]), x2 = to_f32(row[i + half]);
+    row[i] = from_f32<T>(x1 * c - x2 * s);
+    row[i + half] = from_f32<T>(x2 * c + x1 * s);
+  }
+}
+
+}  // namespace
+
+void rope(DType dtype, void* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim, float theta,
+          RopeDirection direction, StreamRef stream) {
+  if (head_dim % 2 != 0) throw InternalError("rope: head_dim " + std::to_string(head_dim) + " is odd");
+  const int64_t total = tokens * heads * (head_dim / 2);
+  if (total <= 0) return;
+  const float sign = direction == RopeDirection::Forward ? 1.0f : -1.0f;
+  detail::dispatch_float(dtype, "rope", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rope_kernel<T><<<detail::grid_for(total, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(
+        static_cast<T*>(x), positions, tokens, heads, head_dim, theta, sign);
+    ST_CHECK_KERNEL("rope_kernel");
+  });
+}
+
+}  // namespace shardtrain::kernels

@@ -1,0 +1,58 @@
+// Sum of squares: a first pass with a grid fixed by n (each thread squares in fp32 and sums in double,
+// each block writes one partial), then one block adds the partials in order.
+#include "kernels/device_common.cuh"
+#include "kernels/sum_squares.cuh"
+#include "shardtrain/runtime/check.hpp"
+
+namespace shardtrain::kernels {
+namespace {
+
+using detail::to_f32;
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 1024;
+
+template <typename T>
+__global__ void partial_kernel(const T* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float v = to_f32(x[i]);
+    acc += static_cast<double>(v * v);
+  }
+  acc = detail::block_sum<kThreads>(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void final_kernel(const double* __restrict__ partial, int blocks, double* __restrict__ out, bool accumulate) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < blocks; i += blockDim.x) acc += partial[i];
+  acc = detail::block_sum<kThreads>(acc, shared);
+  if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
+}
+
+}  // namespace
+
+size_t sum_squares_workspace_bytes() { return kMaxBlocks * sizeof(double); }
+
+void sum_squares(DType dtype, const void* x, int64_t n, double* out, ReduceInto mode, void* workspace,
+                 size_t workspace_bytes, StreamRef stream) {
+  if (workspace_bytes < sum_squares_workspace_bytes())
+    throw InternalError("sum_squares: workspace of " + std::to_string(workspace_bytes) + " bytes is too small");
+  cudaStream_t s = detail::cuda_stream(stream);
+  auto* partial = static_cast<double*>(workspace);
+  const unsigned blocks = n > 0 ? detail::grid_for(n, kThreads * 4, kMaxBlocks) : 0;
+  if (blocks > 0) {
+    detail::dispatch_float(dtype, "sum_squares", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      partial_kernel<T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partial);
+      ST_CHECK_KERNEL("sum_squares partial_kernel");
+    });
+  }
+  final_kernel<<<1, kThreads, 0, s>>>(partial, static_cast<int>(blocks), out, mode == ReduceInto::Accumulate);
+  ST_CHECK_KERNEL("sum_squares final_kernel");
+}
+
+}  // namespace shardtrain::kernels
