@@ -53,24 +53,36 @@ void Communicator::check_reduce(DType dtype, ReduceOp op, const char* what) cons
 void Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype, StreamRef stream) {
   const uint64_t bytes = count * size_ * dtype_size(dtype);
   traffic_.add(CollectiveKind::AllGather, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::AllGather, axis_, bytes, enter(), &world_ranks_});
-  do_all_gather(send, recv, count, dtype, stream);
+  const CollectiveCall call{CollectiveKind::AllGather, axis_, bytes, enter(), &world_ranks_};
+  {
+    CollectiveWatchdog::Guard guard(watchdog_, call);
+    do_all_gather(send, recv, count, dtype, stream);
+  }
+  if (watchdog_) after_enqueue(call, stream);
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) {
   check_reduce(dtype, op, "reduce_scatter");
   const uint64_t bytes = count * size_ * dtype_size(dtype);
   traffic_.add(CollectiveKind::ReduceScatter, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::ReduceScatter, axis_, bytes, enter(), &world_ranks_});
-  do_reduce_scatter(send, recv, count, dtype, op, stream);
+  const CollectiveCall call{CollectiveKind::ReduceScatter, axis_, bytes, enter(), &world_ranks_};
+  {
+    CollectiveWatchdog::Guard guard(watchdog_, call);
+    do_reduce_scatter(send, recv, count, dtype, op, stream);
+  }
+  if (watchdog_) after_enqueue(call, stream);
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) {
   check_reduce(dtype, op, "all_reduce");
   const uint64_t bytes = count * dtype_size(dtype);
   traffic_.add(CollectiveKind::AllReduce, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::AllReduce, axis_, bytes, enter(), &world_ranks_});
-  do_all_reduce(send, recv, count, dtype, op, stream);
+  const CollectiveCall call{CollectiveKind::AllReduce, axis_, bytes, enter(), &world_ranks_};
+  {
+    CollectiveWatchdog::Guard guard(watchdog_, call);
+    do_all_reduce(send, recv, count, dtype, op, stream);
+  }
+  if (watchdog_) after_enqueue(call, stream);
 }
 
 void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream) {
@@ -79,14 +91,22 @@ void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, 
   }
   const uint64_t bytes = count * dtype_size(dtype);
   traffic_.add(CollectiveKind::Broadcast, bytes);
-  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::Broadcast, axis_, bytes, enter(), &world_ranks_});
-  do_broadcast(buffer, count, dtype, root, stream);
+  const CollectiveCall call{CollectiveKind::Broadcast, axis_, bytes, enter(), &world_ranks_};
+  {
+    CollectiveWatchdog::Guard guard(watchdog_, call);
+    do_broadcast(buffer, count, dtype, root, stream);
+  }
+  if (watchdog_) after_enqueue(call, stream);
 }
 
 void Communicator::barrier() {
   traffic_.add(CollectiveKind::Barrier, 0);
-  CollectiveWatchdog::Guard guard(watchdog_, {CollectiveKind::Barrier, axis_, 0, enter(), &world_ranks_});
-  do_barrier();
+  const CollectiveCall call{CollectiveKind::Barrier, axis_, 0, enter(), &world_ranks_};
+  {
+    CollectiveWatchdog::Guard guard(watchdog_, call);
+    do_barrier();
+  }
+  if (watchdog_) after_enqueue(call, {});
 }
 
 }  // namespace shardtrain

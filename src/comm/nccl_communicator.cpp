@@ -3,9 +3,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <memory>
+#include <mutex>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/comm/watchdog.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 
@@ -36,6 +41,36 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 cudaStream_t cuda(StreamRef s) { return static_cast<cudaStream_t>(s.handle); }
 
+// CUDA events for the watchdog, created once and reused: one is recorded after each collective and
+// handed back when the watchdog has seen it finish. Shared with the watchdog's entries, which may outlive
+// the communicator by a tick.
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  std::shared_ptr<CUevent_st> acquire() {
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        e = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (!e) ST_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    auto self = shared_from_this();
+    return std::shared_ptr<CUevent_st>(e, [self](cudaEvent_t ev) {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      self->free_.push_back(ev);
+    });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MpiComm mpi, MeshAxis axis) : Communicator(axis, mpi.rank(), mpi.size(), MemorySpace::Device), mpi_(std::move(mpi)) {
@@ -45,9 +80,28 @@ class NcclCommunicator final : public Communicator {
     ST_CHECK_NCCL(ncclCommInitRank(&comm_, size(), id, rank()));
   }
   ~NcclCommunicator() override {
+    if (watchdog() && error_source_ >= 0) watchdog()->remove_error_source(error_source_);
     if (comm_) ncclCommDestroy(comm_);
   }
   CommBackend backend() const override { return CommBackend::Nccl; }
+
+  // NCCL reports network failures and peer aborts asynchronously: the watchdog polls them every tick.
+  void set_watchdog(CollectiveWatchdog* w) override {
+    if (watchdog() && error_source_ >= 0) watchdog()->remove_error_source(error_source_);
+    error_source_ = -1;
+    Communicator::set_watchdog(w);
+    if (!w || !w->enabled()) return;
+    ncclComm_t comm = comm_;
+    const MeshAxis axis = this->axis();
+    error_source_ = w->add_error_source(
+        [comm, axis]() -> std::string {
+          ncclResult_t state = ncclSuccess;
+          if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return {};
+          if (state == ncclSuccess || state == ncclInProgress) return {};
+          return fmt::format("NCCL asynchronous error on the {} axis: {}", mesh_axis_name(axis), ncclGetErrorString(state));
+        },
+        [comm] { ncclCommAbort(comm); });
+  }
 
  protected:
   void do_all_gather(const void* send, void* recv, size_t count, DType t, StreamRef s) override {
@@ -67,9 +121,22 @@ class NcclCommunicator final : public Communicator {
     ST_CHECK_MPI(MPI_Barrier(mpi_.get()));
   }
 
+  // The collective is queued on `stream` and the call has returned: an event recorded behind it tells the
+  // watchdog when it finished on the device. (A barrier blocked the host; its guard timed it.)
+  void after_enqueue(const CollectiveCall& call, StreamRef stream) override {
+    if (call.kind == CollectiveKind::Barrier || !watchdog()->enabled()) return;
+    std::shared_ptr<CUevent_st> event = events_->acquire();
+    ST_CHECK_CUDA(cudaEventRecord(event.get(), cuda(stream)));
+    ncclComm_t comm = comm_;
+    watchdog()->watch_async(
+        call, [event] { return cudaEventQuery(event.get()) != cudaErrorNotReady; }, [comm] { ncclCommAbort(comm); });
+  }
+
  private:
   MpiComm mpi_;
   ncclComm_t comm_ = nullptr;
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
+  int error_source_ = -1;
 };
 
 }  // namespace

@@ -275,6 +275,7 @@ void CollectiveWatchdog::run() {
       lock.unlock();
       fire(std::chrono::duration<double>(Clock::now() - started_).count());
     }
+    check_async(lock);
     Survey* request = survey_request_;
     lock.unlock();
     if (request) {
@@ -292,16 +293,72 @@ void CollectiveWatchdog::run() {
   if (mailbox_) mailbox_->close();
 }
 
+void CollectiveWatchdog::watch_async(const CollectiveCall& call, std::function<bool()> done, std::function<void()> abort) {
+  if (!enabled()) return;
+  AsyncCall a{call, call.group ? *call.group : std::vector<int>{}, Clock::now(), std::move(done), std::move(abort)};
+  a.call.group = nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  async_.push_back(std::move(a));
+}
+
+size_t CollectiveWatchdog::async_in_flight() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return async_.size();
+}
+
+int CollectiveWatchdog::add_error_source(std::function<std::string()> poll, std::function<void()> abort) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int id = next_error_source_++;
+  error_sources_[id] = ErrorSource{std::move(poll), std::move(abort)};
+  return id;
+}
+
+void CollectiveWatchdog::remove_error_source(int id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  error_sources_.erase(id);
+}
+
+void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lock) {
+  // Polls are cheap and never block (cudaEventQuery, ncclCommGetAsyncError), so they run under the mutex.
+  while (!async_.empty() && async_.front().done()) async_.pop_front();
+  if (!async_.empty() && Clock::now() - async_.front().started > timeout_) {
+    AsyncCall a = std::move(async_.front());
+    async_.clear();
+    lock.unlock();
+    a.abort();
+    report_and_abort(a.call, a.group, std::chrono::duration<double>(Clock::now() - a.started).count(), " on the device");
+  }
+  for (auto& [id, source] : error_sources_) {
+    std::string message = source.poll();
+    if (message.empty()) continue;
+    std::function<void()> abort = source.abort;
+    lock.unlock();
+    abort();
+    int rank = -1;
+    if (MpiSession::active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    log::error("{}: {} on rank {}: ending the job", exit_code_name(ExitCode::Comm), message, rank);
+    MpiSession::abort(ExitCode::Comm);
+  }
+}
+
 void CollectiveWatchdog::fire(double waited) {
   // The stuck collective, copied while the guard cannot end (its communicator, and so `group`, alive).
   CollectiveCall call;
   std::vector<int> group;
-  int64_t step = -1;
-  std::string unit;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     call = call_;
     if (call_.group) group = *call_.group;
+  }
+  report_and_abort(call, group, waited, "");
+}
+
+void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std::vector<int>& group, double waited,
+                                          const char* where) {
+  int64_t step = -1;
+  std::string unit;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     step = step_;
     unit = unit_;
   }
@@ -318,10 +375,10 @@ void CollectiveWatchdog::fire(double waited) {
     reports.push_back(self);
     peers = describe_peer_reports(call.axis, call.seq, reports);
   }
-  log::error("{}: {} of {} bytes on the {} axis (collective #{} there) has not finished after {:.1f} s (collective_timeout {:.1f} s) "
+  log::error("{}: {} of {} bytes on the {} axis (collective #{} there) has not finished{} after {:.1f} s (collective_timeout {:.1f} s) "
              "on rank {}{}; {}: ending the job",
-             exit_code_name(ExitCode::Timeout), collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, waited,
-             timeout_.count(), rank,
+             exit_code_name(ExitCode::Timeout), collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, where,
+             waited, timeout_.count(), rank,
              (step >= 0 ? fmt::format(", during step {}", step) : std::string()) +
                  (unit.empty() ? std::string() : fmt::format(", unit {}", unit)),
              peers);

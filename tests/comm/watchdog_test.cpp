@@ -5,6 +5,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <thread>
@@ -129,6 +131,45 @@ TEST_F(Watchdog, SurveySeesPeersInsideTheCollective) {
   }
   comms.world().barrier();
   EXPECT_EQ(comms.world().entered(), 1u);
+}
+
+// Device collectives (NCCL) are handed over after they were issued, with a completion probe: the thread
+// drops them in issue order once finished, and a later one finishing first does not release an earlier
+// one. (The firing itself ends the process: tests/train/watchdog_cli_test.py covers that path for MPI.)
+TEST_F(Watchdog, AsyncCollectivesAreDroppedInIssueOrderOnceFinished) {
+  CollectiveWatchdog w(std::chrono::duration<double>(30.0));
+  std::array<std::atomic<bool>, 3> finished{};
+  std::atomic<int> aborts{0};
+  for (size_t i = 0; i < finished.size(); ++i) {
+    w.watch_async({CollectiveKind::AllGather, MeshAxis::Shard, 1024, i + 1, nullptr}, [&finished, i] { return finished[i].load(); },
+                  [&aborts] { ++aborts; });
+  }
+  EXPECT_EQ(w.async_in_flight(), 3u);
+  const auto wait_for = [&w](size_t n) {
+    for (int i = 0; i < 200 && w.async_in_flight() != n; ++i) std::this_thread::sleep_for(10ms);
+    return w.async_in_flight();
+  };
+  finished[1] = true;  // the second finishes first: the first still holds the queue
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(w.async_in_flight(), 3u);
+  finished[0] = true;
+  EXPECT_EQ(wait_for(1), 1u);
+  finished[2] = true;
+  EXPECT_EQ(wait_for(0), 0u);
+  EXPECT_EQ(aborts.load(), 0);
+}
+
+TEST_F(Watchdog, AsyncErrorSourcesArePolledUntilRemoved) {
+  CollectiveWatchdog w(std::chrono::duration<double>(30.0));
+  std::atomic<int> polls{0};
+  const int id = w.add_error_source([&polls] { ++polls; return std::string(); }, [] {});
+  for (int i = 0; i < 200 && polls.load() < 3; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(polls.load(), 3) << "the thread polls every tick";
+  w.remove_error_source(id);
+  std::this_thread::sleep_for(60ms);  // a poll in progress at removal may still finish
+  const int after = polls.load();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(polls.load(), after) << "no polls after removal";
 }
 
 TEST(WatchdogMessage, NamesEveryKindOfPeer) {

@@ -50,6 +50,7 @@ class TrafficCounters {
 };
 
 class CollectiveWatchdog;
+struct CollectiveCall;
 
 class Communicator {
  public:
@@ -87,8 +88,10 @@ class Communicator {
 
   const TrafficCounters& traffic() const { return traffic_; }
   TrafficCounters& traffic() { return traffic_; }
-  // Times every host-blocking collective from now on (not owned; nullptr: none).
-  void set_watchdog(CollectiveWatchdog* w) { watchdog_ = w; }
+  // Times every collective from now on (not owned; nullptr: none). Host-blocking ones are timed while
+  // they block; a backend whose collectives are asynchronous on a device stream (NCCL) hands each one to
+  // the watchdog after enqueueing it (after_enqueue) and its asynchronous errors too.
+  virtual void set_watchdog(CollectiveWatchdog* w) { watchdog_ = w; }
   // Collectives entered so far (each call counts on entry, before it can block): every rank of the
   // axis group calls the same collectives in the same order, so a rank whose count is lower than a
   // peer's never arrived at the peer's collective. The hang watchdog compares these counts.
@@ -103,6 +106,9 @@ class Communicator {
   virtual void do_all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) = 0;
   virtual void do_broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream) = 0;
   virtual void do_barrier() = 0;
+  // Called after each collective was issued, when a watchdog is set; `call` describes it.
+  virtual void after_enqueue(const CollectiveCall& call, StreamRef stream) {}
+  CollectiveWatchdog* watchdog() const { return watchdog_; }
 
  private:
   void check_reduce(DType dtype, ReduceOp op, const char* what) const;

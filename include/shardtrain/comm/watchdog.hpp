@@ -11,6 +11,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -68,6 +71,19 @@ class CollectiveWatchdog {
   std::vector<PeerReport> survey(MeshAxis axis, uint64_t seq, const std::vector<int>& group,
                                  std::chrono::duration<double> wait);
 
+  // Device-asynchronous collectives (NCCL): issuing one returns at once, so no Guard can time it. The
+  // communicator hands each one over after issuing it, with `done` (a CUDA event query: true once it has
+  // finished on the device) and `abort` (ncclCommAbort: releases the stream the collective blocks). The
+  // thread drops finished ones in issue order; when the oldest unfinished one has run past the timeout it
+  // calls `abort`, then ends the job as for a host collective (survey of the axis included).
+  void watch_async(const CollectiveCall& call, std::function<bool()> done, std::function<void()> abort);
+  // Device collectives issued and not yet seen finished.
+  size_t async_in_flight();
+  // An asynchronous error source (ncclCommGetAsyncError), polled every tick: a non-empty message ends the
+  // job with ExitCode::Comm after `abort`. remove_error_source before the communicator goes away.
+  int add_error_source(std::function<std::string()> poll, std::function<void()> abort);
+  void remove_error_source(int id);
+
   // Marks one collective in flight for the lifetime of the guard.
   class Guard {
    public:
@@ -90,10 +106,27 @@ class CollectiveWatchdog {
     std::optional<std::vector<PeerReport>> result;
   };
 
+  struct AsyncCall {
+    CollectiveCall call;
+    std::vector<int> group;  // a copy: the entry may outlive the call's communicator
+    std::chrono::steady_clock::time_point started;
+    std::function<bool()> done;
+    std::function<void()> abort;
+  };
+  struct ErrorSource {
+    std::function<std::string()> poll;
+    std::function<void()> abort;
+  };
+
   void run();
   void serve(Survey* survey, int64_t token, std::vector<PeerReport>* reports);
   std::vector<PeerReport> run_survey(const Survey& s);
   [[noreturn]] void fire(double waited);
+  [[noreturn]] void report_and_abort(const CollectiveCall& call, const std::vector<int>& group, double waited,
+                                     const char* where);
+  // With the mutex held: drops finished device collectives; fires (unlocking) on one past the timeout or on
+  // an asynchronous error.
+  void check_async(std::unique_lock<std::mutex>& lock);
 
   std::chrono::duration<double> timeout_;
   std::unique_ptr<Mailbox> mailbox_;
@@ -108,6 +141,9 @@ class CollectiveWatchdog {
   std::array<uint64_t, 3> entered_{};
   int64_t step_ = -1;
   std::string unit_;
+  std::deque<AsyncCall> async_;       // device collectives in issue order
+  std::map<int, ErrorSource> error_sources_;
+  int next_error_source_ = 0;
   Survey* survey_request_ = nullptr;  // set by survey(), run and answered by the thread
   int64_t next_token_ = 0;
   std::thread thread_;
