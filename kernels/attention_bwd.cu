@@ -17,11 +17,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <string>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_tiles.cuh"
 #include "kernels/device_common.cuh"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -29,15 +29,11 @@
 namespace shardtrain::kernels {
 namespace {
 
+// kRows rows a CTA owns (keys in kernel 2, queries in kernel 3), kCols columns per step (queries in kernel 2,
+// keys in kernel 3); kPLd is the leading dim of the (kRows, kCols) p / ds tiles.
+using namespace attention_tiles;
 using detail::from_f32;
 using detail::to_f32;
-
-constexpr int kThreads = 256;              // 16 x 16
-constexpr int kRows = 64;                  // rows a CTA owns (keys in kernel 2, queries in kernel 3)
-constexpr int kCols = 32;                  // columns per step (queries in kernel 2, keys in kernel 3)
-constexpr int kRowsPerThread = kRows / 16;
-constexpr int kColsPerThread = kCols / 16;
-constexpr int kPLd = kCols + 1;            // leading dim of the (kRows, kCols) p / ds tiles
 
 template <typename T> struct BackwardArgs {
   const T* q;            // (B, S, H, Dh)
@@ -55,15 +51,6 @@ template <typename T> struct BackwardArgs {
   float scale;
 };
 
-// Mirrors attention_fwd.cu's load_segments: segments of tokens [first, first + n), 0 without segments,
-// -1 past S.
-__device__ __forceinline__ void load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
-  for (int r = threadIdx.x; r < n; r += kThreads) {
-    const int t = first + r;
-    dst[r] = t < seq ? (seg ? seg[t] : 0) : -1;
-  }
-}
-
 // Query rows [first, first + n) of one head: segment (-1 when past S, padding, or lse = -inf: a row that saw
 // nothing forward gets no gradient), lse and dvec.
 __device__ __forceinline__ void load_query_stats(int* seg_dst, float* lse_dst, float* dvec_dst, const int32_t* seg,
@@ -80,20 +67,6 @@ __device__ __forceinline__ void load_query_stats(int* seg_dst, float* lse_dst, f
     seg_dst[r] = sg;
     lse_dst[r] = l;
     dvec_dst[r] = dd;
-  }
-}
-
-// Mirrors attention_fwd.cu's load_tile: a (ROWS, DMAX + 1) fp32 tile times mul, zeros past head_dim and for
-// rows with a negative segment.
-template <int DMAX, int ROWS, typename T>
-__device__ __forceinline__ void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first,
-                                          const int* row_seg, int head_dim, float mul) {
-  constexpr int kLd = DMAX + 1;
-  for (int e = threadIdx.x; e < ROWS * DMAX; e += kThreads) {
-    const int r = e / DMAX, c = e % DMAX;
-    float x = 0.f;
-    if (c < head_dim && row_seg[r] >= 0) x = to_f32(src[int64_t(first + r) * stride + c]) * mul;
-    tile[r * kLd + c] = x;
   }
 }
 
@@ -398,19 +371,6 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
       if (c < a.head_dim) dq_row[c] = from_f32<T>(dq[i][d] * mul);
     }
   }
-}
-
-void check_dims(const AttentionDims& d, const char* op) {
-  const bool ok = d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 &&
-                  d.heads % d.kv_heads == 0 && d.batch <= 65535 && d.kv_heads <= 65535 && d.heads <= 65535 &&
-                  d.seq <= INT_MAX - 2 * kRows;
-  if (!ok)
-    throw InternalError(std::string(op) + ": unsupported shape B=" + std::to_string(d.batch) + " S=" +
-                        std::to_string(d.seq) + " H=" + std::to_string(d.heads) + " Hkv=" + std::to_string(d.kv_heads) +
-                        " Dh=" + std::to_string(d.head_dim));
-  if (d.head_dim > 128)
-    throw InternalError(std::string(op) + ": head_dim " + std::to_string(d.head_dim) +
-                        " is not supported by the CUDA attention kernels (at most 128)");
 }
 
 template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {

@@ -12,27 +12,18 @@
 // TMA loads on sm_90), cp.async double buffering of K/V, 16-byte vector loads, exp2f with a folded log2(e).
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
-#include <string>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_tiles.cuh"
 #include "kernels/device_common.cuh"
 #include "shardtrain/runtime/check.hpp"
-#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::kernels {
 namespace {
 
+using namespace attention_tiles;  // kRows query rows per CTA, kCols keys per step
 using detail::from_f32;
-using detail::to_f32;
-
-constexpr int kThreads = 256;              // 16 x 16
-constexpr int kRows = 64;                  // query rows per CTA
-constexpr int kCols = 32;                  // keys per step
-constexpr int kRowsPerThread = kRows / 16;
-constexpr int kColsPerThread = kCols / 16;
-constexpr int kPLd = kCols + 1;            // leading dim of the probability tile
 
 template <typename T> struct ForwardArgs {
   const T* q;             // (B, S, H, Dh)
@@ -55,30 +46,6 @@ __device__ __forceinline__ float half_warp_sum(float x) {
 #pragma unroll
   for (int off = 8; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
-}
-
-// Segment of tokens [first, first + n) of one batch row: the document id, 0 without segments, -1 past S.
-// A negative value means "attends to nothing and is attended by nothing".
-__device__ __forceinline__ void load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
-  for (int r = threadIdx.x; r < n; r += kThreads) {
-    const int t = first + r;
-    dst[r] = t < seq ? (seg ? seg[t] : 0) : -1;
-  }
-}
-
-// Tokens [first, first + ROWS) of a token-major tensor (stride elements between tokens) into a (ROWS, DMAX + 1)
-// fp32 tile times mul; columns past head_dim and rows with a negative segment are zeros, so padding never
-// reaches the arithmetic even if its values are not finite.
-template <int DMAX, int ROWS, typename T>
-__device__ __forceinline__ void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first,
-                                          const int* row_seg, int head_dim, float mul) {
-  constexpr int kLd = DMAX + 1;
-  for (int e = threadIdx.x; e < ROWS * DMAX; e += kThreads) {
-    const int r = e / DMAX, c = e % DMAX;
-    float x = 0.f;
-    if (c < head_dim && row_seg[r] >= 0) x = to_f32(src[int64_t(first + r) * stride + c]) * mul;
-    tile[r * kLd + c] = x;
-  }
 }
 
 template <int DMAX> constexpr size_t forward_smem_bytes() {
@@ -221,19 +188,6 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
     }
     if (tx == 0) a.lse[(int64_t(b) * a.heads + h) * a.seq + r] = live ? m[i] + logf(l_row) : -INFINITY;
   }
-}
-
-void check_dims(const AttentionDims& d, const char* op) {
-  const bool ok = d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 &&
-                  d.heads % d.kv_heads == 0 && d.batch <= 65535 && d.heads <= 65535 &&
-                  d.seq <= INT_MAX - 2 * kRows;
-  if (!ok)
-    throw InternalError(std::string(op) + ": unsupported shape B=" + std::to_string(d.batch) + " S=" +
-                        std::to_string(d.seq) + " H=" + std::to_string(d.heads) + " Hkv=" + std::to_string(d.kv_heads) +
-                        " Dh=" + std::to_string(d.head_dim));
-  if (d.head_dim > 128)
-    throw InternalError(std::string(op) + ": head_dim " + std::to_string(d.head_dim) +
-                        " is not supported by the CUDA attention kernels (at most 128)");
 }
 
 template <typename T, int DMAX>

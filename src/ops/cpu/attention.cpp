@@ -151,29 +151,6 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
   }
 }
 
-void check_shapes(const char* op, const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const AttentionMask& mask) {
-  require(sh.batch > 0 && sh.seq > 0 && sh.heads > 0 && sh.kv_heads > 0 && sh.head_dim > 0, op,
-          "empty shape B={} S={} H={} Hkv={} Dh={}", sh.batch, sh.seq, sh.heads, sh.kv_heads, sh.head_dim);
-  require(sh.heads % sh.kv_heads == 0, op, "kv_heads {} does not divide heads {}", sh.kv_heads, sh.heads);
-  require_float(q, op, "q");
-  require(k.dtype == q.dtype && v.dtype == q.dtype, op, "q, k, v must share a dtype");
-  require_numel(q, sh.batch * sh.seq * sh.heads * sh.head_dim, op, "q");
-  require_numel(k, sh.batch * sh.seq * sh.kv_heads * sh.head_dim, op, "k");
-  require_numel(v, sh.batch * sh.seq * sh.kv_heads * sh.head_dim, op, "v");
-  if (mask.segments.defined()) {
-    require_i32(mask.segments, op, "segments");
-    require_numel(mask.segments, sh.batch * sh.seq, op, "segments");
-  }
-}
-
-void check_lse(const char* op, const AttentionShape& sh, const Tensor& q, const Tensor& lse) {
-  require_cpu(lse, op, "lse");
-  const DType want = q.dtype == DType::F64 ? DType::F64 : DType::F32;
-  require(lse.dtype == want, op, "lse is {}, expected {}", dtype_name(lse.dtype), dtype_name(want));
-  require_numel(lse, sh.batch * sh.heads * sh.seq, op, "lse");
-}
-
 const int32_t* segments_of(const AttentionMask& mask) {
   return mask.segments.defined() ? mask.segments.as<const int32_t>() : nullptr;
 }
@@ -182,11 +159,8 @@ const int32_t* segments_of(const AttentionMask& mask) {
 
 void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionMask& mask, const Tensor& out, const Tensor& lse) {
-  const char* op = "attention_forward";
-  check_shapes(op, shape, q, k, v, mask);
-  check_lse(op, shape, q, lse);
-  require(out.dtype == q.dtype && out.numel() == q.numel(), op, "out {} is not shaped like q", out.describe());
-  dispatch_float(q.dtype, op, [&](auto tag) {
+  validate_attention_forward(tensor_checks, shape, q, k, v, mask, out, lse);
+  dispatch_float(q.dtype, "attention_forward", [&](auto tag) {
     using T = decltype(tag);
     forward_impl<T>(ctx, layout_of(shape), q.as<const T>(), k.as<const T>(), v.as<const T>(), segments_of(mask),
                     out.as<T>(), lse.as<acc_t<T>>());
@@ -197,8 +171,7 @@ void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor&
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const AttentionMask& mask,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_backward";
-  check_shapes(op, shape, q, k, v, mask);
-  check_lse(op, shape, q, lse);
+  validate_attention(tensor_checks, op, shape, q, k, v, mask, lse);
   for (const Tensor* t : {&out, &dout, &dq})
     require(t->dtype == q.dtype && t->numel() == q.numel(), op, "{} is not shaped like q", t->describe());
   for (const Tensor* t : {&dk, &dv})
@@ -213,21 +186,10 @@ void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor&
 
 void attention_segments(Context& ctx, const Tensor& input_ids, int32_t pad_token_id, const Tensor& document_ids,
                         const Tensor& segments, const Tensor& positions) {
-  const char* op = "attention_segments";
-  require_i32(input_ids, op, "input_ids");
-  require_i32(segments, op, "segments");
-  require_i32(positions, op, "positions");
-  require(input_ids.shape.rank == 2, op, "input_ids must be (batch, seq), got {}", input_ids.shape.str());
-  const int64_t b = input_ids.shape[0], s = input_ids.shape[1];
-  require_numel(segments, b * s, op, "segments");
-  require_numel(positions, b * s, op, "positions");
+  const BatchDims dims = validate_attention_segments(tensor_checks, input_ids, document_ids, segments, positions);
+  const int64_t b = dims.batch, s = dims.seq;
   const int32_t* ids = input_ids.as<const int32_t>();
-  const int32_t* docs = nullptr;
-  if (document_ids.defined()) {
-    require_i32(document_ids, op, "document_ids");
-    require_numel(document_ids, b * s, op, "document_ids");
-    docs = document_ids.as<const int32_t>();
-  }
+  const int32_t* docs = document_ids.defined() ? document_ids.as<const int32_t>() : nullptr;
   int32_t* seg = segments.as<int32_t>();
   int32_t* pos = positions.as<int32_t>();
   for (int64_t r = 0; r < b; ++r) {

@@ -1,5 +1,6 @@
-// Private helpers of the CPU backend: the per-backend context (threads, scratch), dtype dispatch, and
-// load/store between storage types (f32, bf16, f64) and the compute type (f32, or f64 for f64 storage).
+// Private helpers of the CPU backend: the per-backend context (threads, scratch), its side of the shared
+// argument checks (../validate.hpp), dtype dispatch, and load/store between storage types (f32, bf16, f64)
+// and the compute type (f32, or f64 for f64 storage).
 #pragma once
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../validate.hpp"
 #include "shardtrain/ops/host_buffer.hpp"
 #include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/dtype.hpp"
@@ -39,11 +41,6 @@ template <typename T, typename A> inline void store(T& dst, A v) {
   else dst = static_cast<T>(v);
 }
 
-template <typename... Args>
-inline void require(bool ok, const char* op, fmt::format_string<Args...> f, Args&&... args) {
-  if (!ok) throw InternalError(fmt::format("{}: {}", op, fmt::format(f, std::forward<Args>(args)...)));
-}
-
 inline void require_cpu(const Tensor& t, const char* op, const char* name) {
   require(t.defined(), op, "{} is not bound", name);
   require(t.device == DeviceKind::Cpu, op, "{} is not in host memory", name);
@@ -54,21 +51,18 @@ inline void require_float(const Tensor& t, const char* op, const char* name) {
   require(dtype_is_float(t.dtype), op, "{} has dtype {}, expected f32, bf16 or f64", name, dtype_name(t.dtype));
 }
 
-inline void require_i32(const Tensor& t, const char* op, const char* name) {
-  require_cpu(t, op, name);
-  require(t.dtype == DType::I32, op, "{} has dtype {}, expected i32", name, dtype_name(t.dtype));
-}
-
-inline void require_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
-  require(t.numel() == n, op, "{} {} has {} elements, expected {}", name, t.shape.str(), t.numel(), n);
-}
-
-// f64 never mixes with the fp32 family: an op whose main tensor is f64 needs every float tensor f64.
-inline void require_same_family(const Tensor& main, const Tensor& other, const char* op, const char* name) {
-  if (!other.defined()) return;
-  require((main.dtype == DType::F64) == (other.dtype == DType::F64), op, "{} is {} but the activations are {}",
-          name, dtype_name(other.dtype), dtype_name(main.dtype));
-}
+// The CPU backend's side of the shared validators: host memory; f32, bf16 or f64. A peer operand (one the op
+// compares with a checked tensor) is left to that comparison.
+class HostTensorChecks final : public TensorChecks {
+ public:
+  void require_resident(const Tensor& t, const char* op, const char* name) const override { require_cpu(t, op, name); }
+  void require_float(const Tensor& t, const char* op, const char* name) const override {
+    cpu::require_float(t, op, name);
+  }
+  // Peers too: an unbound k, v, out or dout must be an error, not a null dereference.
+  void require_peer(const Tensor& t, const char* op, const char* name) const override { cpu::require_float(t, op, name); }
+};
+inline constexpr HostTensorChecks tensor_checks{};
 
 // Calls f(T{}) with T the storage type of dtype t.
 template <typename F> decltype(auto) dispatch_float(DType t, const char* op, F&& f) {

@@ -51,12 +51,9 @@ template <typename A> A loss_row(A* z, int64_t vocab, int32_t target, int32_t ig
 LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                        double grad_scale, const Tensor& dlogits) {
   const char* op = "cross_entropy";
-  require_float(logits, op, "logits");
-  require_i32(targets, op, "targets");
-  const int64_t n = logits.shape.rows(), vocab = logits.shape.cols();
-  require_numel(targets, n, op, "targets");
+  const RowDims dims = validate_cross_entropy(tensor_checks, logits, targets, dlogits);
+  const int64_t n = dims.rows, vocab = dims.cols;
   const bool grad = dlogits.defined();
-  if (grad) require(dlogits.dtype == logits.dtype && dlogits.numel() == logits.numel(), op, "dlogits {} is not like logits", dlogits.describe());
   const int32_t* t = targets.as<const int32_t>();
   check_targets(t, n, vocab, ignore_index);
   LossSums sums;
@@ -89,20 +86,9 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
                               int32_t ignore_index, double grad_scale, int64_t chunk_tokens, const Tensor& dh,
                               const Tensor& dweight) {
   const char* op = "linear_cross_entropy";
-  require_float(h, op, "h");
-  require_float(weight, op, "weight");
-  require_i32(targets, op, "targets");
-  require_same_family(h, weight, op, "weight");
-  const int64_t n = h.shape.rows(), d = h.shape.cols(), vocab = weight.shape.rows();
-  require(weight.shape.cols() == d, op, "weight {} does not match hidden size {}", weight.shape.str(), d);
-  require_numel(targets, n, op, "targets");
+  const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight);
+  const int64_t n = dims.tokens, d = dims.hidden, vocab = dims.vocab;
   const bool grad = dh.defined();
-  if (grad) {
-    require(dh.dtype == h.dtype && dh.numel() == h.numel(), op, "dh {} is not shaped like h", dh.describe());
-    require_float(dweight, op, "dweight");
-    require_same_family(h, dweight, op, "dweight");
-    require_numel(dweight, vocab * d, op, "dweight");
-  }
   const int32_t* t = targets.as<const int32_t>();
   check_targets(t, n, vocab, ignore_index);
   // Default: about 16M logits (64 MiB in fp32) per chunk; more rows per chunk make the dW GEMM (K = rows) efficient.

@@ -27,9 +27,7 @@ void fill(Context& ctx, const Tensor& out, double value) {
 }
 
 void copy(Context& ctx, const Tensor& src, const Tensor& dst) {
-  require_float(src, "copy", "src");
-  require_float(dst, "copy", "dst");
-  require_numel(dst, src.numel(), "copy", "dst");
+  validate_copy(tensor_checks, src, dst);
   const int64_t n = src.numel();
   dispatch_float(src.dtype, "copy", [&](auto stag) {
     using S = decltype(stag);
@@ -47,10 +45,7 @@ void copy(Context& ctx, const Tensor& src, const Tensor& dst) {
 }
 
 void add(Context& ctx, const Tensor& x, const Tensor& y) {
-  require_float(x, "add", "x");
-  require_float(y, "add", "y");
-  require_numel(y, x.numel(), "add", "y");
-  require_same_family(y, x, "add", "x");
+  validate_add(tensor_checks, x, y);
   const int64_t n = x.numel();
   dispatch_float(y.dtype, "add", [&](auto ytag) {
     using T = decltype(ytag);
@@ -64,12 +59,8 @@ void add(Context& ctx, const Tensor& x, const Tensor& y) {
 
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out) {
   const char* op = "embedding_forward";
-  require_i32(ids, op, "ids");
-  require_float(table, op, "table");
-  require_float(out, op, "out");
-  require_same_family(out, table, op, "table");
-  const int64_t n = ids.numel(), vocab = table.shape.rows(), d = table.shape.cols();
-  require(out.numel() == n * d && out.shape.cols() == d, op, "out is {}, expected ({}, {})", out.shape.str(), n, d);
+  const EmbeddingDims dims = validate_embedding_forward(tensor_checks, ids, table, out);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   const int32_t* id = ids.as<const int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     if (id[i] < 0 || id[i] >= vocab)
@@ -96,12 +87,8 @@ void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, con
 
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
   const char* op = "embedding_backward";
-  require_i32(ids, op, "ids");
-  require_float(dout, op, "dout");
-  require_float(dtable, op, "dtable");
-  require_same_family(dout, dtable, op, "dtable");
-  const int64_t n = ids.numel(), vocab = dtable.shape.rows(), d = dtable.shape.cols();
-  require(dout.numel() == n * d, op, "dout is {}, expected ({}, {})", dout.shape.str(), n, d);
+  const EmbeddingDims dims = validate_embedding_backward(tensor_checks, ids, dout, dtable);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   const int32_t* id = ids.as<const int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     if (id[i] < 0 || id[i] >= vocab)
@@ -132,10 +119,7 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
 
 void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out) {
   const char* op = "swiglu_forward";
-  require_float(gate, op, "gate");
-  require(up.dtype == gate.dtype && out.dtype == gate.dtype, op, "gate, up and out must share a dtype");
-  require_numel(up, gate.numel(), op, "up");
-  require_numel(out, gate.numel(), op, "out");
+  validate_swiglu_forward(tensor_checks, gate, up, out);
   const int64_t n = gate.numel();
   dispatch_float(gate.dtype, op, [&](auto tag) {
     using T = decltype(tag);

@@ -75,19 +75,8 @@ template void gemm_raw<double>(int, Transpose, Transpose, int64_t, int64_t, int6
 
 void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
             const Tensor& c) {
-  const char* op = "matmul";
-  require_float(a, op, "a");
-  require_float(b, op, "b");
-  require_float(c, op, "c");
-  require_same_family(c, a, op, "a");
-  require_same_family(c, b, op, "b");
-  // Stored matrices are (rows x cols); op() swaps them when transposed.
-  const int64_t a_rows = a.shape.rows(), a_cols = a.shape.cols();
-  const int64_t b_rows = b.shape.rows(), b_cols = b.shape.cols();
-  const int64_t m = ta == Transpose::No ? a_rows : a_cols, k = ta == Transpose::No ? a_cols : a_rows;
-  const int64_t kb = tb == Transpose::No ? b_rows : b_cols, n = tb == Transpose::No ? b_cols : b_rows;
-  require(k == kb, op, "inner dims differ: op(a) is {}x{}, op(b) is {}x{}", m, k, kb, n);
-  require(c.numel() == m * n && c.shape.cols() == n, op, "c is {}, expected ({}, {})", c.shape.str(), m, n);
+  const auto [m, n, k] = validate_matmul(tensor_checks, ta, tb, a, b, c);
+  const int64_t a_cols = a.shape.cols(), b_cols = b.shape.cols();  // leading dims of the stored matrices
   if (m == 0 || n == 0) return;
   if (k == 0) {
     scale_in_place(ctx, c, beta);

@@ -84,31 +84,17 @@ void backward_rows(Context& ctx, const Tensor& dy, const Tensor& h, const acc_t<
   accumulate_into(dw, dweight);
 }
 
-void require_stats(const Tensor& stats, const Tensor& act, int64_t n, const char* op) {
-  require_cpu(stats, op, "rstd");
-  const DType want = act.dtype == DType::F64 ? DType::F64 : DType::F32;
-  require(stats.dtype == want, op, "rstd is {}, expected {}", dtype_name(stats.dtype), dtype_name(want));
-  require_numel(stats, n, op, "rstd");
-}
-
 }  // namespace
 
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
                      const Tensor& h_out, const Tensor& y, const Tensor& rstd) {
   const char* op = "rmsnorm_forward";
-  require_float(x, op, "x");
-  require_float(weight, op, "weight");
-  require_same_family(x, weight, op, "weight");
-  const int64_t rows = x.shape.rows(), d = x.shape.cols();
-  require_numel(weight, d, op, "weight");
-  require(y.dtype == x.dtype && y.numel() == x.numel(), op, "y is {}, expected like x {}", y.describe(), x.describe());
-  if (residual.defined()) {
-    require(residual.dtype == x.dtype && residual.numel() == x.numel(), op, "residual is {}, expected like x {}",
-            residual.describe(), x.describe());
+  const int64_t rows = validate_rmsnorm_forward(tensor_checks, x, residual, weight, y).rows;
+  if (residual.defined()) {  // h_out: one check here, three in the CUDA backend
     require(h_out.defined() && h_out.dtype == x.dtype && h_out.numel() == x.numel(), op,
             "h_out must be bound like x when a residual is given");
   }
-  require_stats(rstd, x, rows, op);
+  require_stats(tensor_checks, rstd, x, rows, op, "rstd");
   dispatch_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const acc_t<T>* w = as_compute<acc_t<T>>(ctx, Slot::Weight, weight);
@@ -119,20 +105,13 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& residual, cons
 void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) {
   const char* op = "rmsnorm_backward";
-  require_float(h, op, "h");
-  require_float(weight, op, "weight");
-  require_float(dweight, op, "dweight");
-  require_same_family(h, weight, op, "weight");
-  require_same_family(h, dweight, op, "dweight");
-  const int64_t rows = h.shape.rows(), d = h.shape.cols();
-  require_numel(weight, d, op, "weight");
-  require_numel(dweight, d, op, "dweight");
+  const int64_t rows = validate_rmsnorm_backward(tensor_checks, h, weight, dweight).rows;
   for (const Tensor* t : {&dy, &dh, &dh_extra}) {
     if (t == &dh_extra && !t->defined()) continue;
     require(t->dtype == h.dtype && t->numel() == h.numel(), op, "{} is not shaped like h {}", t->describe(),
             h.describe());
   }
-  require_stats(rstd, h, rows, op);
+  require_stats(tensor_checks, rstd, h, rows, op, "rstd");
   dispatch_float(h.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const acc_t<T>* w = as_compute<acc_t<T>>(ctx, Slot::Weight, weight);

@@ -45,13 +45,8 @@ void rope_rows(Context& ctx, const Tensor& x, const int32_t* pos, double theta, 
 }  // namespace
 
 void rope(Context& ctx, const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) {
-  const char* op = "rope";
-  require_float(x, op, "x");
-  require_i32(positions, op, "positions");
-  require(x.shape.rank == 3, op, "x must be (tokens, heads, head_dim), got {}", x.shape.str());
-  require(x.shape[2] % 2 == 0, op, "head_dim {} is odd", x.shape[2]);
-  require_numel(positions, x.shape[0], op, "positions");
-  dispatch_float(x.dtype, op, [&](auto tag) {
+  validate_rope(tensor_checks, x, positions);
+  dispatch_float(x.dtype, "rope", [&](auto tag) {
     using T = decltype(tag);
     rope_rows<T>(ctx, x, positions.as<const int32_t>(), theta, direction);
   });

@@ -1,6 +1,6 @@
-// Private state and helpers of the CUDA backend: argument checks on device tensors, grow-only device
-// scratch, the readback of loss sums and data errors, the cuBLASLt GEMM, and the op families' entry points
-// (one .cpp per family), which mirror the CPU backend's (src/ops/cpu/kernels.hpp).
+// Private state and helpers of the CUDA backend: its side of the shared argument checks (../validate.hpp),
+// grow-only device scratch, the readback of loss sums and data errors, the cuBLASLt GEMM, and the op
+// families' entry points (one .cpp per family), which mirror the CPU backend's (src/ops/cpu/kernels.hpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "../validate.hpp"
 #include "gemm.hpp"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/data_error.cuh"
@@ -62,11 +63,6 @@ struct Context {
   LtGemm gemm;
 };
 
-template <typename... Args>
-inline void require(bool ok, const char* op, fmt::format_string<Args...> f, Args&&... args) {
-  if (!ok) throw InternalError(fmt::format("{}: {}", op, fmt::format(f, std::forward<Args>(args)...)));
-}
-
 inline void require_device(const Tensor& t, const char* op, const char* name) {
   require(t.defined(), op, "{} is not bound", name);
   require(t.device == DeviceKind::Cuda, op, "{} ({}) is not in device memory: the CUDA backend takes CUDA tensors",
@@ -80,20 +76,21 @@ inline void require_float(const Tensor& t, const char* op, const char* name) {
           dtype_name(t.dtype));
 }
 
-inline void require_i32(const Tensor& t, const char* op, const char* name) {
-  require_device(t, op, name);
-  require(t.dtype == DType::I32, op, "{} has dtype {}, expected i32", name, dtype_name(t.dtype));
-}
-
-inline void require_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
-  require(t.numel() == n, op, "{} {} has {} elements, expected {}", name, t.shape.str(), t.numel(), n);
-}
-
-inline void require_f32_stats(const Tensor& t, int64_t n, const char* op, const char* name) {
-  require_device(t, op, name);
-  require(t.dtype == DType::F32, op, "{} is {}, expected f32", name, dtype_name(t.dtype));
-  require_numel(t, n, op, name);
-}
+// The CUDA backend's side of the shared validators: device memory; f32 or bf16. Every tensor a kernel
+// touches is checked, peers included.
+class DeviceTensorChecks final : public TensorChecks {
+ public:
+  void require_resident(const Tensor& t, const char* op, const char* name) const override {
+    require_device(t, op, name);
+  }
+  void require_float(const Tensor& t, const char* op, const char* name) const override {
+    cuda::require_float(t, op, name);
+  }
+  void require_peer(const Tensor& t, const char* op, const char* name) const override {
+    cuda::require_float(t, op, name);
+  }
+};
+inline constexpr DeviceTensorChecks tensor_checks{};
 
 // gemm.cpp: c = alpha op(a) op(b) + beta c for any mix of f32 and bf16 (natively where cuBLASLt can, else
 // through fp32 copies, like the CPU backend).

@@ -1,5 +1,6 @@
 // Argument checks and launches for the element-wise op families on the GPU: fill, copy, add, embedding,
-// SwiGLU and the sum of squares. Checks mirror the CPU backend's (src/ops/cpu/elementwise.cpp).
+// SwiGLU and the sum of squares. Checks are the CPU backend's (src/ops/cpu/elementwise.cpp), shared through
+// ../validate.hpp where the messages agree.
 #include "context.hpp"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
@@ -14,37 +15,23 @@ void fill(Context& ctx, const Tensor& out, double value) {
 }
 
 void copy(Context& ctx, const Tensor& src, const Tensor& dst) {
-  require_float(src, "copy", "src");
-  require_float(dst, "copy", "dst");
-  require_numel(dst, src.numel(), "copy", "dst");
+  validate_copy(tensor_checks, src, dst);
   kernels::elementwise_copy(src.dtype, src.data, dst.dtype, dst.data, src.numel(), ctx.stream);
 }
 
 void add(Context& ctx, const Tensor& x, const Tensor& y) {
-  require_float(x, "add", "x");
-  require_float(y, "add", "y");
-  require_numel(y, x.numel(), "add", "y");
+  validate_add(tensor_checks, x, y);
   kernels::elementwise_add(x.dtype, x.data, y.dtype, y.data, x.numel(), ctx.stream);
 }
 
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out) {
-  const char* op = "embedding_forward";
-  require_i32(ids, op, "ids");
-  require_float(table, op, "table");
-  require_float(out, op, "out");
-  const int64_t n = ids.numel(), vocab = table.shape.rows(), d = table.shape.cols();
-  require(out.numel() == n * d && out.shape.cols() == d, op, "out is {}, expected ({}, {})", out.shape.str(), n, d);
+  const auto [n, vocab, d] = validate_embedding_forward(tensor_checks, ids, table, out);
   kernels::embedding_forward(ids.as<const int32_t>(), n, table.dtype, table.data, vocab, d, out.dtype, out.data,
                              ctx.error_record(), ctx.stream);
 }
 
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
-  const char* op = "embedding_backward";
-  require_i32(ids, op, "ids");
-  require_float(dout, op, "dout");
-  require_float(dtable, op, "dtable");
-  const int64_t n = ids.numel(), vocab = dtable.shape.rows(), d = dtable.shape.cols();
-  require(dout.numel() == n * d, op, "dout is {}, expected ({}, {})", dout.shape.str(), n, d);
+  const auto [n, vocab, d] = validate_embedding_backward(tensor_checks, ids, dout, dtable);
   if (n == 0) return;
   const size_t bytes = kernels::embedding_backward_workspace_bytes(n, vocab);
   void* ws = ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes));
@@ -53,13 +40,7 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
 }
 
 void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out) {
-  const char* op = "swiglu_forward";
-  require_float(gate, op, "gate");
-  require_float(up, op, "up");
-  require_float(out, op, "out");
-  require(up.dtype == gate.dtype && out.dtype == gate.dtype, op, "gate, up and out must share a dtype");
-  require_numel(up, gate.numel(), op, "up");
-  require_numel(out, gate.numel(), op, "out");
+  validate_swiglu_forward(tensor_checks, gate, up, out);
   kernels::swiglu_forward(gate.dtype, gate.data, up.data, out.data, gate.numel(), ctx.stream);
 }
 

@@ -121,16 +121,7 @@ bool LtGemm::run(const GemmCall& call, StreamRef stream) {
 
 void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
             const Tensor& c) {
-  const char* op = "matmul";
-  require_float(a, op, "a");
-  require_float(b, op, "b");
-  require_float(c, op, "c");
-  const int64_t a_rows = a.shape.rows(), a_cols = a.shape.cols();
-  const int64_t b_rows = b.shape.rows(), b_cols = b.shape.cols();
-  const int64_t m = ta == Transpose::No ? a_rows : a_cols, k = ta == Transpose::No ? a_cols : a_rows;
-  const int64_t kb = tb == Transpose::No ? b_rows : b_cols, n = tb == Transpose::No ? b_cols : b_rows;
-  require(k == kb, op, "inner dims differ: op(a) is {}x{}, op(b) is {}x{}", m, k, kb, n);
-  require(c.numel() == m * n && c.shape.cols() == n, op, "c is {}, expected ({}, {})", c.shape.str(), m, n);
+  const auto [m, n, k] = validate_matmul(tensor_checks, ta, tb, a, b, c);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // c = beta c
     if (beta == 0.0) kernels::elementwise_fill(c.dtype, c.data, c.numel(), 0.0f, ctx.stream);

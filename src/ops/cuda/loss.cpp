@@ -20,17 +20,9 @@ Tensor device_view(void* data, DType dtype, Shape shape) { return make_tensor(da
 
 LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                        double grad_scale, const Tensor& dlogits) {
-  const char* op = "cross_entropy";
-  require_float(logits, op, "logits");
-  require_i32(targets, op, "targets");
-  const int64_t n = logits.shape.rows(), vocab = logits.shape.cols();
-  require_numel(targets, n, op, "targets");
+  const RowDims dims = validate_cross_entropy(tensor_checks, logits, targets, dlogits);
+  const int64_t n = dims.rows, vocab = dims.cols;
   const bool grad = dlogits.defined();
-  if (grad) {
-    require_float(dlogits, op, "dlogits");
-    require(dlogits.dtype == logits.dtype && dlogits.numel() == logits.numel(), op, "dlogits {} is not like logits",
-            dlogits.describe());
-  }
   float* row_loss = ctx.scratch_for<float>(Slot::RowLoss, std::max<int64_t>(n, 1));
   const int32_t* t = targets.as<const int32_t>();
   kernels::cross_entropy_rows(logits.dtype, logits.data, n, vocab, t, ignore_index, static_cast<float>(grad_scale),
@@ -42,20 +34,9 @@ LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets
 LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weight, const Tensor& targets,
                               int32_t ignore_index, double grad_scale, int64_t chunk_tokens, const Tensor& dh,
                               const Tensor& dweight) {
-  const char* op = "linear_cross_entropy";
-  require_float(h, op, "h");
-  require_float(weight, op, "weight");
-  require_i32(targets, op, "targets");
-  const int64_t n = h.shape.rows(), d = h.shape.cols(), vocab = weight.shape.rows();
-  require(weight.shape.cols() == d, op, "weight {} does not match hidden size {}", weight.shape.str(), d);
-  require_numel(targets, n, op, "targets");
+  const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight);
+  const int64_t n = dims.tokens, d = dims.hidden, vocab = dims.vocab;
   const bool grad = dh.defined();
-  if (grad) {
-    require_float(dh, op, "dh");
-    require(dh.dtype == h.dtype && dh.numel() == h.numel(), op, "dh {} is not shaped like h", dh.describe());
-    require_float(dweight, op, "dweight");
-    require_numel(dweight, vocab * d, op, "dweight");
-  }
   // The CPU backend's default: about 16M logits (64 MiB in fp32) per chunk.
   if (chunk_tokens <= 0) chunk_tokens = std::clamp<int64_t>((int64_t{16} << 20) / std::max<int64_t>(vocab, 1), 64, 4096);
   chunk_tokens = std::min(chunk_tokens, std::max<int64_t>(n, 1));
