@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submits a training job and, behind it, the consolidation job that runs only when training has
 # succeeded (--dependency=afterok), requeues included. Run from the repository root:
-#     CONFIG=configs/llama-1b.toml jobs/slurm/submit.sh [jobs/slurm/train-multi-node.sbatch] [more sbatch options]
+#     CONFIG=configs/llama-1b-hybrid.toml jobs/slurm/submit.sh [jobs/slurm/train-multi-node.sbatch] [more sbatch options]
 # Both jobs read the variables of their scripts from this environment (CONFIG, STRATEGY, TRAIN_ARGS, ...).
 # The run directory is fixed here, before the job id exists, so that the consolidation job knows it.
 set -euo pipefail

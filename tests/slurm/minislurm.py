@@ -193,9 +193,12 @@ class MiniSlurm:
         if not self.started:
             return
         self.started = False
-        subprocess.run(["scancel", "--full", "--quiet", "--state=RUNNING"], env=self.env, capture_output=True)
-        subprocess.run(["scancel", "--quiet", "--state=PENDING"], env=self.env, capture_output=True)
-        subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True, timeout=30)
+        for cmd in (["scancel", "--full", "--quiet", "--state=RUNNING"], ["scancel", "--quiet", "--state=PENDING"],
+                    ["scontrol", "shutdown"]):
+            try:
+                subprocess.run(cmd, env=self.env, capture_output=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # whatever is left is killed below
         deadline = time.time() + 10
         while time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in self._pids()):
             time.sleep(0.2)
