@@ -32,8 +32,9 @@ export LD_LIBRARY_PATH="$B/lib:$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OPAL_PREFIX=$B/ompi/usr
 export PMIX_MCA_mca_base_component_path=$B/ompi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
 export PATH="$B/ompi/usr/bin:$B/bin:$PATH"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_rmaps_base_oversubscribe=1
+# The settings every local mpirun needs (root, no CMA, several ranks per core), as for the tests here.
+source "$ROOT/scripts/common.sh"
+unset OMPI_MCA_mpi_yield_when_idle  # that machine has a core per rank: no yielding (timings are taken there)
 
 {
   # shellcheck disable=SC1091

@@ -163,22 +163,23 @@ class MiniSlurm:
                 pass
         return pids
 
-    def _job_processes(self):
-        """slurmstepd's of this Slurm and everything they started (found by the spool path in argv or environment)."""
-        found = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+    @staticmethod
+    def _processes():
+        """(pid, argv bytes, environment bytes) of every process this user may read."""
+        for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read()
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read()
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
             except OSError:
                 continue
-            if self.conf.encode() in env or (b"slurmstepd" in cmd and self.root.encode() in env):
-                found.append(int(pid))
-        return [p for p in found if p != os.getpid()]
+            yield int(pid), cmd, env
+
+    def _job_processes(self):
+        """This Slurm's daemons, step daemons and everything they started: they all carry SLURM_CONF=<our conf>."""
+        conf = f"SLURM_CONF={self.conf}".encode()
+        return [pid for pid, _, env in self._processes() if conf in env and pid != os.getpid()]
 
     def kill_leftovers(self):
         if not os.path.isdir(self.root):
@@ -237,14 +238,7 @@ class MiniSlurm:
 
     def _steps_alive(self, job_id):
         prefix = f"slurmstepd: [{job_id}.".encode()
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if f.read().startswith(prefix):
-                        return True
-            except OSError:
-                pass
-        return False
+        return any(cmd.startswith(prefix) for _, cmd, _ in self._processes())
 
     def signal_batch(self, job_id, sig="USR1"):
         """What --signal=B:USR1@N does before a time limit: the signal to the batch shell only."""
