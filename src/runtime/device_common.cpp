@@ -1,4 +1,6 @@
 // Parts of device handling that are the same with and without CUDA.
+#include <atomic>
+
 #include <fmt/format.h>
 
 #include "shardtrain/runtime/device.hpp"
@@ -18,5 +20,24 @@ std::string Device::describe() const {
   return fmt::format("cuda:{} ({}, {:.1f} GiB{})", index, name, static_cast<double>(memory_bytes) / (1ull << 30),
                      ranks_sharing > 1 ? fmt::format(", shared by {} ranks", ranks_sharing) : std::string());
 }
+
+namespace {
+std::atomic<size_t> g_device_in_use{0}, g_device_peak{0};
+}  // namespace
+
+namespace detail {
+void note_device_alloc(size_t bytes) {
+  const size_t now = g_device_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  size_t peak = g_device_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_device_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+void note_device_free(size_t bytes) { g_device_in_use.fetch_sub(bytes, std::memory_order_relaxed); }
+}  // namespace detail
+
+DeviceMemoryStats device_memory_stats() {
+  return {g_device_in_use.load(std::memory_order_relaxed), g_device_peak.load(std::memory_order_relaxed)};
+}
+void reset_device_memory_peak() { g_device_peak.store(g_device_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 }  // namespace shardtrain

@@ -10,6 +10,7 @@
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/device.hpp"
+#include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain {
@@ -105,11 +106,33 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   return *this;
 }
 
+namespace detail {
+void note_device_alloc(size_t bytes);
+void note_device_free(size_t bytes);
+}  // namespace detail
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes) ST_CHECK_CUDA(cudaMalloc(&data_, bytes));
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMalloc(&data_, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    const DeviceMemoryStats s = device_memory_stats();
+    throw Error(ExitCode::Device,
+                fmt::format("out of GPU memory: {:.1f} MiB requested, {:.1f} MiB free of {:.1f} MiB; shardtrain holds {:.1f} MiB "
+                            "(`shardtrain plan` estimates a config's memory; lower data.micro_batch_size or enable "
+                            "fsdp.activation_checkpointing)",
+                            bytes / 1048576.0, free_bytes / 1048576.0, total / 1048576.0, s.in_use / 1048576.0));
+  }
+  ST_CHECK_CUDA(e);
+  detail::note_device_alloc(bytes);
 }
 void DeviceBuffer::release() {
-  if (data_) cudaFree(data_);
+  if (data_) {
+    cudaFree(data_);
+    detail::note_device_free(bytes_);
+  }
   data_ = nullptr;
   bytes_ = 0;
 }

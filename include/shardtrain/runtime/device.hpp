@@ -98,6 +98,16 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Bytes held in DeviceBuffers (every cudaMalloc of shardtrain's own: FSDP buffers, activations, optimizer
+// states, op scratch, the cuBLASLt workspace), and the most held at once since the last reset. The CUDA
+// context and NCCL's internal buffers are not counted (PyTorch's max_memory_allocated leaves them out too).
+struct DeviceMemoryStats {
+  size_t in_use = 0;
+  size_t peak = 0;
+};
+DeviceMemoryStats device_memory_stats();
+void reset_device_memory_peak();  // peak = in_use
+
 // Asynchronous copies on a stream (host<->device, either direction by pointer kinds).
 void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream);
 
