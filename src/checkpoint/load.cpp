@@ -23,19 +23,21 @@ LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, CheckpointReader&
   for (size_t i = 0; i < engine.shards().size(); ++i) {
     const fsdp::ShardView& v = engine.shards()[i];
     std::vector<float> host(static_cast<size_t>(v.numel), 0.0f);  // padding stays zero
-    auto fill = [&](const std::string& kind, float* dst) {
+    auto read_into_host = [&](const std::string& kind) {
       std::fill(host.begin(), host.end(), 0.0f);
       for (const fsdp::ParamRange& r : v.ranges) {
         reader.read(spec.param(r.param).name, kind, r.param_offset,
                     std::span<float>(host.data() + r.begin, static_cast<size_t>(r.end - r.begin)));
       }
-      copy_async(dst, host.data(), host.size() * sizeof(float), {});
-      stream_synchronize({});
     };
-    fill("param", v.param);
+    read_into_host("param");
+    copy_async(v.param, host.data(), host.size() * sizeof(float), {});  // host or device shard
+    stream_synchronize({});
     if (with_optimizer) {
-      fill("exp_avg", adamw->exp_avg(i));
-      fill("exp_avg_sq", adamw->exp_avg_sq(i));
+      read_into_host("exp_avg");
+      adamw->write_state(i, optim::OptimState::ExpAvg, host);
+      read_into_host("exp_avg_sq");
+      adamw->write_state(i, optim::OptimState::ExpAvgSq, host);
     }
   }
   if (with_optimizer) adamw->set_steps(reader.optimizer_steps());

@@ -93,8 +93,11 @@ void write_rank_file(const std::string& path, fsdp::FsdpEngine& engine, const op
     hdf5::Handle g = hdf5::create_group(units, fmt::format("{:04}", v.unit));
     const auto n = static_cast<size_t>(v.numel);
     hdf5::write_f32(g, "param", to_host(v.param, v.numel), checksummed(n));
-    hdf5::write_f32(g, "exp_avg", std::span<const float>(adamw.exp_avg(i), n), checksummed(n));
-    hdf5::write_f32(g, "exp_avg_sq", std::span<const float>(adamw.exp_avg_sq(i), n), checksummed(n));
+    std::vector<float> state(n);  // host or device states alike, through one host buffer
+    adamw.read_state(i, optim::OptimState::ExpAvg, state);
+    hdf5::write_f32(g, "exp_avg", state, checksummed(n));
+    adamw.read_state(i, optim::OptimState::ExpAvgSq, state);
+    hdf5::write_f32(g, "exp_avg_sq", state, checksummed(n));
     nlohmann::json params = nlohmann::json::array();
     for (const fsdp::ParamRange& r : v.ranges) {
       const model::ParamInfo& p = spec.param(r.param);

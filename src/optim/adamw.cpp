@@ -1,11 +1,17 @@
-// AdamW and gradient norms on host shards, parallel over all cores, vectorized inner loops.
+// AdamW and gradient norms: the host update (one parallel region per step, vectorized inner loops) and
+// everything both paths share; the CUDA half is in adamw_cuda.cpp.
 #include "shardtrain/optim/adamw.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
+#include "adamw_internal.hpp"
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::optim {
@@ -24,61 +30,210 @@ void AdamWConfig::validate() const {
   if (!(weight_decay >= 0)) throw ConfigError(fmt::format("optim.weight_decay: {} (expected 0 or more)", weight_decay));
 }
 
+namespace detail {
+
+StepScalars step_scalars(const AdamWConfig& config, int64_t step, double lr, double grad_scale) {
+  const double bc1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
+  StepScalars s;
+  s.beta1 = static_cast<float>(config.beta1);
+  s.beta2 = static_cast<float>(config.beta2);
+  s.step_size = static_cast<float>(lr / bc1);
+  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.eps = static_cast<float>(config.eps);
+  s.grad_scale = static_cast<float>(grad_scale);
+  s.decay_factor = static_cast<float>(1.0 - lr * config.weight_decay);
+  return s;
+}
+
+}  // namespace detail
+
+namespace {
+
+// Below this many elements in a step, one thread does it all (a parallel region costs more).
+constexpr int64_t kParallelMinElements = 32768;
+
+// Elements [a, b) of one segment. kernels/adamw.cu does the same operations in the same order.
+inline void update_elements(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                            int64_t a, int64_t b, const detail::StepScalars& s, float decay) {
+  const float b1 = s.beta1, b2 = s.beta2, gs = s.grad_scale, eps = s.eps;
+  const float step_size = s.step_size, inv_sqrt_bc2 = s.inv_sqrt_bc2;
+#pragma omp simd
+  for (int64_t k = a; k < b; ++k) {
+    const float gk = g[k] * gs;
+    m[k] = b1 * m[k] + (1.0f - b1) * gk;
+    v[k] = b2 * v[k] + (1.0f - b2) * gk * gk;
+    const float denom = std::sqrt(v[k]) * inv_sqrt_bc2 + eps;
+    p[k] = p[k] * decay - step_size * m[k] / denom;
+  }
+}
+
+}  // namespace
+
 AdamW::AdamW(const fsdp::FsdpEngine& engine, const AdamWConfig& config, MemoryLedger* ledger)
     : config_(config), ledger_(ledger) {
+  init(engine.shards(), engine.model_spec());
+}
+
+AdamW::AdamW(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec, const AdamWConfig& config,
+             MemoryLedger* ledger)
+    : config_(config), ledger_(ledger) {
+  init(shards, spec);
+}
+
+AdamW::~AdamW() = default;
+
+void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec) {
   config_.validate();
-  const model::ModelSpec& spec = engine.model_spec();
-  for (const fsdp::ShardView& v : engine.shards()) {
-    if (v.device != DeviceKind::Cpu) {
-      throw InternalError("AdamW on the host needs host shards: enable offload_params on the CUDA backend, or use the fused device AdamW");
+  device_ = shards.empty() ? DeviceKind::Cpu : shards.front().device;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const fsdp::ShardView& v = shards[i];
+    if (v.device != device_) {
+      throw InternalError(fmt::format("AdamW: shard {} is in {} memory, shard 0 in {} (expected one kind for all shards)", i,
+                                      v.device == DeviceKind::Cuda ? "device" : "host",
+                                      device_ == DeviceKind::Cuda ? "device" : "host"));
     }
     State s;
     s.numel = v.numel;
-    s.exp_avg = ops::HostBuffer(static_cast<size_t>(v.numel) * 4);
-    s.exp_avg_sq = ops::HostBuffer(static_cast<size_t>(v.numel) * 4);
-    std::memset(s.exp_avg.data(), 0, s.exp_avg.size());
-    std::memset(s.exp_avg_sq.data(), 0, s.exp_avg_sq.size());
+    s.param = v.param;
+    s.grad = v.grad;
     for (const fsdp::ParamRange& r : v.ranges) {
+      if (r.begin < 0 || r.begin > r.end || r.end > v.numel) {
+        throw InternalError(fmt::format("AdamW: shard {} has the range [{}, {}) (expected one inside [0, {}))", i, r.begin,
+                                        r.end, v.numel));
+      }
       const model::ModuleClass cls = spec.module(spec.param(r.param).module).cls;
       const bool exempt = config_.decay == DecayScope::ExemptNormsAndEmbeddings &&
                           (cls == model::ModuleClass::RMSNorm || cls == model::ModuleClass::Embedding);
       s.ranges.push_back({r.begin, r.end, !exempt});
     }
-    state_bytes_ += static_cast<int64_t>(s.exp_avg.size() + s.exp_avg_sq.size());
+    if (device_ == DeviceKind::Cuda) {
+      allocate_device_state(s);  // zeroed
+      state_bytes_ += 2 * s.numel * static_cast<int64_t>(sizeof(float));
+    } else {
+      s.host_exp_avg = ops::HostBuffer(static_cast<size_t>(v.numel) * sizeof(float));
+      s.host_exp_avg_sq = ops::HostBuffer(static_cast<size_t>(v.numel) * sizeof(float));
+      s.exp_avg = s.host_exp_avg.as<float>();
+      s.exp_avg_sq = s.host_exp_avg_sq.as<float>();
+      if (v.numel > 0) {
+        std::memset(s.exp_avg, 0, static_cast<size_t>(v.numel) * sizeof(float));
+        std::memset(s.exp_avg_sq, 0, static_cast<size_t>(v.numel) * sizeof(float));
+      }
+      state_bytes_ += static_cast<int64_t>(s.host_exp_avg.size() + s.host_exp_avg_sq.size());
+    }
     states_.push_back(std::move(s));
   }
+  // The segment table: every non-empty range of every shard, in order, with its prefix sums.
+  segment_offsets_.push_back(0);
+  for (const State& s : states_) {
+    for (const DecayRange& r : s.ranges) {
+      if (r.end == r.begin) continue;
+      segments_.push_back({s.param + r.begin, s.grad + r.begin, s.exp_avg + r.begin, s.exp_avg_sq + r.begin,
+                           r.end - r.begin, r.decay});
+      segment_offsets_.push_back(segment_offsets_.back() + (r.end - r.begin));
+    }
+  }
+  if (device_ == DeviceKind::Cuda) upload_chunk_table();
   if (ledger_) ledger_->add(MemoryCategory::OptimizerStates, state_bytes_);
 }
 
-void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale) {
-  ++steps_;
-  const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
-  const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
-  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float eps = static_cast<float>(config_.eps);
-  const float gs = static_cast<float>(grad_scale);
+void AdamW::check_shards(const std::vector<fsdp::ShardView>& shards) const {
+  if (shards.size() != states_.size()) {
+    throw InternalError(fmt::format("AdamW::step: {} shards given, the optimizer was built for {}", shards.size(),
+                                    states_.size()));
+  }
   for (size_t i = 0; i < shards.size(); ++i) {
-    float* __restrict p = shards[i].param;
-    const float* __restrict g = shards[i].grad;
-    float* __restrict m = states_[i].exp_avg.as<float>();
-    float* __restrict v = states_[i].exp_avg_sq.as<float>();
-    for (const DecayRange& r : states_[i].ranges) {
-      const float decay = r.decay ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f;
-#pragma omp parallel for simd schedule(static) if (r.end - r.begin > 32768)
-      for (int64_t k = r.begin; k < r.end; ++k) {
-        const float gk = g[k] * gs;
-        m[k] = b1 * m[k] + (1.0f - b1) * gk;
-        v[k] = b2 * v[k] + (1.0f - b2) * gk * gk;
-        const float denom = std::sqrt(v[k]) * inv_sqrt_bc2 + eps;
-        p[k] = p[k] * decay - step_size * m[k] / denom;
+    const State& s = states_[i];
+    if (shards[i].param != s.param || shards[i].grad != s.grad || shards[i].numel != s.numel) {
+      throw InternalError(fmt::format("AdamW::step: shard {} is not the one the optimizer was built for (its buffers or "
+                                      "size changed)", i));
+    }
+  }
+}
+
+void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream) {
+  check_shards(shards);
+  ++steps_;
+  if (device_ == DeviceKind::Cuda) {
+    step_device(lr, grad_scale, stream);
+  } else {
+    step_host(lr, grad_scale);
+  }
+}
+
+// One parallel region for the whole step: thread t of T takes elements [total t / T, total (t+1) / T) of
+// the concatenated segments, so every thread gets an equal share however small or many the ranges are.
+// Each element's arithmetic does not depend on the split, so the result is the same at any thread count.
+void AdamW::step_host(double lr, double grad_scale) {
+  const detail::StepScalars sc = detail::step_scalars(config_, steps_, lr, grad_scale);
+  const int64_t total = segment_offsets_.back();
+  const Segment* segments = segments_.data();
+  const int64_t* offsets = segment_offsets_.data();
+  const size_t num_segments = segments_.size();
+#pragma omp parallel if (total > kParallelMinElements)
+  {
+    const auto threads = static_cast<int64_t>(omp_get_num_threads()), t = static_cast<int64_t>(omp_get_thread_num());
+    const int64_t lo = total * t / threads, hi = total * (t + 1) / threads;
+    if (lo < hi) {
+      // The segment holding element lo: the last offset <= lo (offsets strictly increase).
+      auto k = static_cast<size_t>(std::upper_bound(offsets, offsets + num_segments + 1, lo) - offsets - 1);
+      for (int64_t at = lo; at < hi && k < num_segments; ++k) {
+        const Segment& g = segments[k];
+        const int64_t a = at - offsets[k], b = std::min(g.n, hi - offsets[k]);
+        update_elements(g.param, g.grad, g.exp_avg, g.exp_avg_sq, a, b, sc, g.decay ? sc.decay_factor : 1.0f);
+        at = offsets[k] + b;
       }
     }
   }
 }
 
-double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards) {
+void AdamW::read_state(size_t i, OptimState which, std::span<float> host_out) const {
+  if (i >= states_.size()) throw InternalError(fmt::format("AdamW::read_state: shard {} of {}", i, states_.size()));
+  const State& s = states_[i];
+  if (static_cast<int64_t>(host_out.size()) != s.numel) {
+    throw InternalError(fmt::format("AdamW::read_state: {} elements given for shard {} (expected {})", host_out.size(), i,
+                                    s.numel));
+  }
+  if (host_out.empty()) return;
+  if (device_ == DeviceKind::Cuda) {
+    detail::device_copy_sync(host_out.data(), s.state(which), host_out.size_bytes());
+  } else {
+    std::memcpy(host_out.data(), s.state(which), host_out.size_bytes());
+  }
+}
+
+void AdamW::write_state(size_t i, OptimState which, std::span<const float> host_in) {
+  if (i >= states_.size()) throw InternalError(fmt::format("AdamW::write_state: shard {} of {}", i, states_.size()));
+  const State& s = states_[i];
+  if (static_cast<int64_t>(host_in.size()) != s.numel) {
+    throw InternalError(fmt::format("AdamW::write_state: {} elements given for shard {} (expected {})", host_in.size(), i,
+                                    s.numel));
+  }
+  if (host_in.empty()) return;
+  if (device_ == DeviceKind::Cuda) {
+    detail::device_copy_sync(s.state(which), host_in.data(), host_in.size_bytes());
+  } else {
+    std::memcpy(s.state(which), host_in.data(), host_in.size_bytes());
+  }
+}
+
+namespace {
+
+// Every shard in host memory, every one on the device, or nothing at all (no shards): which.
+DeviceKind shards_device(const std::vector<fsdp::ShardView>& shards, const char* what) {
+  const DeviceKind d = shards.empty() ? DeviceKind::Cpu : shards.front().device;
+  for (const fsdp::ShardView& s : shards) {
+    if (s.device != d) throw InternalError(fmt::format("{}: shards in both host and device memory (expected one kind)", what));
+  }
+  return d;
+}
+
+}  // namespace
+
+double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream, GradNormScratch* scratch) {
+  if (shards_device(shards, "grad_sq_sum_local") == DeviceKind::Cuda) {
+    return detail::device_grad_sq_sum(shards, nullptr, stream, scratch);
+  }
   double total = 0;
   for (const fsdp::ShardView& s : shards) {
     const float* g = s.grad;
@@ -90,7 +245,11 @@ double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards) {
   return total;
 }
 
-double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis) {
+double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis, StreamRef stream,
+                        GradNormScratch* scratch) {
+  if (shards_device(shards, "grad_norm_global") == DeviceKind::Cuda) {
+    return std::sqrt(detail::device_grad_sq_sum(shards, &shard_axis, stream, scratch));
+  }
   double sq = grad_sq_sum_local(shards);
   if (shard_axis.size() > 1) shard_axis.all_reduce(std::span<double>(&sq, 1), ReduceOp::Sum);
   return std::sqrt(sq);
@@ -99,6 +258,19 @@ double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator
 double clip_coefficient(double grad_norm, double max_norm) {
   if (max_norm <= 0 || !std::isfinite(grad_norm)) return 1.0;
   return grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
+}
+
+void poison_first_gradient(const std::vector<fsdp::ShardView>& shards) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const fsdp::ShardView& s : shards) {
+    if (s.numel == 0) continue;
+    if (s.device == DeviceKind::Cuda) {
+      detail::device_copy_sync(s.grad, &nan, sizeof(float));
+    } else {
+      s.grad[0] = nan;
+    }
+    return;
+  }
 }
 
 }  // namespace shardtrain::optim

@@ -1,15 +1,17 @@
 // AdamW on flat fp32 shards (PyTorch's torch.optim.AdamW update, decoupled weight decay), and the
-// global L2 gradient norm with clipping. Works on host shards (CPU backend, CPU offload) with all
-// cores; padding elements of a shard are never touched.
+// global L2 gradient norm with clipping. Host shards (CPU backend, CPU offload) use all cores; CUDA shards
+// one fused kernel (kernels/adamw.cu). Padding elements of a shard are never touched.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "shardtrain/comm/communicator.hpp"
 #include "shardtrain/fsdp/engine.hpp"
 #include "shardtrain/ops/host_buffer.hpp"
+#include "shardtrain/runtime/device.hpp"
 
 namespace shardtrain::optim {
 
@@ -34,43 +36,103 @@ struct DecayRange {
   bool decay = true;
 };
 
+// Which moment of AdamW: exp_avg (m) or exp_avg_sq (v).
+enum class OptimState { ExpAvg, ExpAvgSq };
+
 class AdamW {
  public:
-  // exp_avg and exp_avg_sq live beside each shard (host memory; pinned when the shards are offloaded).
+  // exp_avg and exp_avg_sq live where the shards live: device memory for CUDA shards (the update is then
+  // one fused kernel launch per step), host memory otherwise (one parallel region per step). All shards
+  // must be of one kind.
   AdamW(const fsdp::FsdpEngine& engine, const AdamWConfig& config, MemoryLedger* ledger);
+  // The same over shard views built elsewhere (tests, tools); `spec` is the model the ranges' parameter
+  // indices refer to (it decides which ranges take weight decay). The views' buffers must outlive this.
+  AdamW(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec, const AdamWConfig& config,
+        MemoryLedger* ledger);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
 
   // One update at learning rate `lr` of every shard; grads are multiplied by grad_scale first
-  // (clipping). Increments the step count used by bias correction.
-  void step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale);
+  // (clipping). Increments the step count used by bias correction. `shards` must be the views the
+  // optimizer was built for. Device shards: asynchronous on `stream`, no synchronization; host shards
+  // ignore it.
+  void step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream = {});
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
 
-  // The states of shard i (numel elements each), for checkpoints.
-  float* exp_avg(size_t i) { return states_[i].exp_avg.as<float>(); }
-  float* exp_avg_sq(size_t i) { return states_[i].exp_avg_sq.as<float>(); }
-  const float* exp_avg(size_t i) const { return states_[i].exp_avg.as<float>(); }
-  const float* exp_avg_sq(size_t i) const { return states_[i].exp_avg_sq.as<float>(); }
+  // The states of shard i (numel(i) elements, padding included), for checkpoints: copied to or from host
+  // memory wherever they live. Device copies wait for all queued device work and are synchronous.
+  void read_state(size_t i, OptimState which, std::span<float> host_out) const;
+  void write_state(size_t i, OptimState which, std::span<const float> host_in);
+  size_t num_shards() const { return states_.size(); }
+  int64_t numel(size_t i) const { return states_.at(i).numel; }
+  DeviceKind device() const { return device_; }
   const std::vector<DecayRange>& ranges(size_t i) const { return states_[i].ranges; }
   const AdamWConfig& config() const { return config_; }
 
  private:
   struct State {
-    ops::HostBuffer exp_avg, exp_avg_sq;
+    ops::HostBuffer host_exp_avg, host_exp_avg_sq;  // host shards
+    DeviceBuffer device_exp_avg, device_exp_avg_sq;  // CUDA shards
     std::vector<DecayRange> ranges;  // the parameter parts of the shard (padding excluded)
     int64_t numel = 0;
+    float* param = nullptr;       // the shard's buffers at construction, checked at every step
+    const float* grad = nullptr;
+    float* exp_avg = nullptr;  // whichever of the two buffers holds it
+    float* exp_avg_sq = nullptr;
+    float* state(OptimState which) const { return which == OptimState::ExpAvg ? exp_avg : exp_avg_sq; }
   };
+  // One contiguous run of a parameter range: what the host loop and the device chunk table are made of.
+  struct Segment {
+    float* param = nullptr;
+    const float* grad = nullptr;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+    int64_t n = 0;
+    bool decay = true;
+  };
+  void init(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec);
+  void check_shards(const std::vector<fsdp::ShardView>& shards) const;
+  void step_host(double lr, double grad_scale);
+  // CUDA-only parts (adamw_cuda.cpp; adamw_no_cuda.cpp throws a Device error in builds without CUDA).
+  void allocate_device_state(State& s);
+  void upload_chunk_table();
+  void step_device(double lr, double grad_scale, StreamRef stream);
+
   AdamWConfig config_;
+  DeviceKind device_ = DeviceKind::Cpu;
   std::vector<State> states_;
+  std::vector<Segment> segments_;         // every range of every shard, in order
+  std::vector<int64_t> segment_offsets_;  // prefix sums of segments_[k].n (size + 1)
+  DeviceBuffer chunk_table_;              // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
+  int64_t num_chunks_ = 0;
   int64_t steps_ = 0;
   MemoryLedger* ledger_;
   int64_t state_bytes_ = 0;
 };
 
+// Device memory the gradient norm of CUDA shards works in (the sum-of-squares workspace and the double it
+// accumulates into). Passing the same one every step saves an allocation and a free (which synchronizes
+// the device) per call; without one, each call allocates its own.
+struct GradNormScratch {
+  DeviceBuffer buffer;
+};
+
 // Sum of squared gradients of this rank's shards (padding is zero and adds nothing).
-double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards);
+// CUDA shards: summed in double on the device (kernels/sum_squares) on `stream`, then one synchronization.
+double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream = {},
+                         GradNormScratch* scratch = nullptr);
 // The global L2 norm: local sums of squares all-reduced over the shard axis (replicas hold equal shards).
-double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis);
+// CUDA shards: the device double is all-reduced in place on `stream` when the communicator takes device
+// memory (NCCL), and copied to the host once, at the end; otherwise copied first and reduced on the host.
+double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis, StreamRef stream = {},
+                        GradNormScratch* scratch = nullptr);
 // The factor that brings the norm down to max_norm (1 when already below, or when max_norm <= 0).
 double clip_coefficient(double grad_norm, double max_norm);
+
+// The nan_grad fault: a quiet NaN into grad[0] of the first shard with elements (a device copy for CUDA
+// shards, after all queued device work), so the step's norm is not finite and the step is skipped.
+void poison_first_gradient(const std::vector<fsdp::ShardView>& shards);
 
 }  // namespace shardtrain::optim

@@ -1,0 +1,104 @@
+// The CUDA half of AdamW and the gradient norm: device states, the chunk table the fused kernel
+// (kernels/adamw.cu) walks, the device sum of squares, and synchronous copies for checkpoints and faults.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "adamw_internal.hpp"
+#include "kernels/adamw.cuh"
+#include "kernels/sum_squares.cuh"
+#include "shardtrain/optim/adamw.hpp"
+#include "shardtrain/runtime/check.hpp"
+
+namespace shardtrain::optim {
+
+void AdamW::allocate_device_state(State& s) {
+  const size_t bytes = static_cast<size_t>(s.numel) * sizeof(float);
+  s.device_exp_avg = DeviceBuffer(bytes);
+  s.device_exp_avg_sq = DeviceBuffer(bytes);
+  s.exp_avg = static_cast<float*>(s.device_exp_avg.data());
+  s.exp_avg_sq = static_cast<float*>(s.device_exp_avg_sq.data());
+  if (bytes > 0) {
+    ST_CHECK_CUDA(cudaMemset(s.exp_avg, 0, bytes));
+    ST_CHECK_CUDA(cudaMemset(s.exp_avg_sq, 0, bytes));
+  }
+}
+
+// Cuts every segment into chunks of at most kAdamWChunkElements (the last of a segment may be shorter) and
+// uploads the table once. Ends with a device synchronization, so kernels on any stream (non-blocking ones
+// do not wait for the legacy stream the memsets and the copy ran on) see zeroed states and the table.
+void AdamW::upload_chunk_table() {
+  std::vector<kernels::AdamWChunk> chunks;
+  for (const Segment& g : segments_) {
+    for (int64_t at = 0; at < g.n; at += kernels::kAdamWChunkElements) {
+      kernels::AdamWChunk c;
+      c.param = g.param + at;
+      c.grad = g.grad + at;
+      c.exp_avg = g.exp_avg + at;
+      c.exp_avg_sq = g.exp_avg_sq + at;
+      c.n = std::min(kernels::kAdamWChunkElements, g.n - at);
+      c.decay = g.decay ? 1 : 0;
+      chunks.push_back(c);
+    }
+  }
+  num_chunks_ = static_cast<int64_t>(chunks.size());
+  if (!chunks.empty()) {
+    chunk_table_ = DeviceBuffer(chunks.size() * sizeof(kernels::AdamWChunk));
+    ST_CHECK_CUDA(cudaMemcpy(chunk_table_.data(), chunks.data(), chunk_table_.size(), cudaMemcpyHostToDevice));
+  }
+  ST_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+void AdamW::step_device(double lr, double grad_scale, StreamRef stream) {
+  const detail::StepScalars sc = detail::step_scalars(config_, steps_, lr, grad_scale);
+  kernels::AdamWScalars k;
+  k.beta1 = sc.beta1;
+  k.beta2 = sc.beta2;
+  k.step_size = sc.step_size;
+  k.inv_sqrt_bc2 = sc.inv_sqrt_bc2;
+  k.eps = sc.eps;
+  k.grad_scale = sc.grad_scale;
+  k.decay_factor = sc.decay_factor;
+  kernels::adamw_step(static_cast<const kernels::AdamWChunk*>(chunk_table_.data()), num_chunks_, k, stream);
+}
+
+namespace detail {
+
+void device_copy_sync(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  ST_CHECK_CUDA(cudaDeviceSynchronize());
+  ST_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  // A copy from pageable host memory may return before it lands: make it visible to every stream.
+  ST_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+double device_grad_sq_sum(const std::vector<fsdp::ShardView>& shards, Communicator* axis, StreamRef stream,
+                          GradNormScratch* scratch) {
+  // Layout of the scratch: the accumulated double first, the sum-of-squares workspace from byte 256.
+  constexpr size_t kWorkspaceOffset = 256;
+  const size_t workspace_bytes = kernels::sum_squares_workspace_bytes();
+  GradNormScratch local;
+  GradNormScratch& sc = scratch ? *scratch : local;
+  if (sc.buffer.size() < kWorkspaceOffset + workspace_bytes) sc.buffer = DeviceBuffer(kWorkspaceOffset + workspace_bytes);
+  auto* sum = static_cast<double*>(sc.buffer.data());
+  void* workspace = static_cast<char*>(sc.buffer.data()) + kWorkspaceOffset;
+  auto s = static_cast<cudaStream_t>(stream.handle);
+  ST_CHECK_CUDA(cudaMemsetAsync(sum, 0, sizeof(double), s));
+  for (const fsdp::ShardView& v : shards) {
+    if (v.numel == 0) continue;
+    kernels::sum_squares(DType::F32, v.grad, v.numel, sum, kernels::ReduceInto::Accumulate, workspace, workspace_bytes,
+                         stream);
+  }
+  const bool reduce = axis != nullptr && axis->size() > 1;
+  if (reduce && axis->space() == MemorySpace::Device) axis->all_reduce(sum, sum, 1, DType::F64, ReduceOp::Sum, stream);
+  double host = 0;
+  ST_CHECK_CUDA(cudaMemcpyAsync(&host, sum, sizeof(double), cudaMemcpyDeviceToHost, s));
+  ST_CHECK_CUDA(cudaStreamSynchronize(s));
+  if (reduce && axis->space() == MemorySpace::Host) axis->all_reduce(std::span<double>(&host, 1), ReduceOp::Sum);
+  return host;
+}
+
+}  // namespace detail
+}  // namespace shardtrain::optim

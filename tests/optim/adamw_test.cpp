@@ -1,0 +1,237 @@
+// AdamW on host shards: the one-region chunked update against the per-range loop it replaced (bit for bit,
+// at several thread counts) and against a plain double-precision AdamW; padding never touched; state
+// read/write round trips and a resume through them; the host gradient norm and the NaN fault helper.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::testing_optim {
+namespace {
+
+constexpr float kPad = 7.25f;  // what padding holds; any change is a write outside the ranges
+
+optim::AdamWConfig exempt_config() {
+  optim::AdamWConfig c;
+  c.decay = optim::DecayScope::ExemptNormsAndEmbeddings;
+  c.weight_decay = 0.1;
+  return c;
+}
+
+// lr and grad_scale per step: a warmup-like rise, and clipping on some steps.
+double lr_at(int step) { return 1e-2 * (step + 1) / 3.0; }
+double scale_at(int step) { return step % 3 == 1 ? 0.37 : 1.0; }
+
+std::vector<float> state_of(const optim::AdamW& a, size_t i, optim::OptimState which) {
+  std::vector<float> out(static_cast<size_t>(a.numel(i)));
+  a.read_state(i, which, out);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+void expect_padding(const std::vector<ShardSpec>& specs, const HostShards& h, const optim::AdamW& a) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::vector<float> m = state_of(a, i, optim::OptimState::ExpAvg), v = state_of(a, i, optim::OptimState::ExpAvgSq);
+    for (int64_t k = 0; k < specs[i].numel; ++k) {
+      if (in_ranges(specs[i], k)) continue;
+      const auto u = static_cast<size_t>(k);
+      ASSERT_EQ(h.param[i][u], kPad) << "shard " << i << " padding element " << k;
+      ASSERT_EQ(m[u], 0.0f) << "shard " << i << " exp_avg padding element " << k;
+      ASSERT_EQ(v[u], 0.0f) << "shard " << i << " exp_avg_sq padding element " << k;
+    }
+  }
+}
+
+TEST(AdamWHost, ChunkedEqualsPerRangeLoopBitForBitAtAnyThreadCount) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  const int default_threads = omp_get_max_threads();
+  for (int threads : {1, 2, 3, 7}) {
+    omp_set_num_threads(threads);
+    HostShards ref = make_host_shards(spec, specs, 5, kPad), got = make_host_shards(spec, specs, 5, kPad);
+    optim::AdamW adamw(got.views, spec, exempt_config(), nullptr);
+    ASSERT_EQ(adamw.device(), DeviceKind::Cpu);
+    PerRangeAdamW old(adamw, ref.views);
+    for (int step = 0; step < 5; ++step) {
+      fill_grads(ref.grad, specs, step);
+      fill_grads(got.grad, specs, step);
+      old.step(ref.views, lr_at(step), scale_at(step));
+      adamw.step(got.views, lr_at(step), scale_at(step));
+      for (size_t i = 0; i < specs.size(); ++i) {
+        ASSERT_TRUE(same_bits(got.param[i], ref.param[i])) << threads << " threads, step " << step << ", shard " << i;
+        ASSERT_TRUE(same_bits(state_of(adamw, i, optim::OptimState::ExpAvg), old.m[i])) << threads << " threads, shard " << i;
+        ASSERT_TRUE(same_bits(state_of(adamw, i, optim::OptimState::ExpAvgSq), old.v[i])) << threads << " threads, shard " << i;
+      }
+    }
+    EXPECT_EQ(adamw.steps(), 5);
+    expect_padding(specs, got, adamw);
+  }
+  omp_set_num_threads(default_threads);
+}
+
+// AdamW written out in double, element by element, from the formulas (not from either loop).
+TEST(AdamWHost, MatchesADoublePrecisionReference) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  const optim::AdamWConfig cfg = exempt_config();
+  HostShards got = make_host_shards(spec, specs, 11, kPad);
+  optim::AdamW adamw(got.views, spec, cfg, nullptr);
+  std::vector<std::vector<double>> p, m, v;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    p.emplace_back(got.param[i].begin(), got.param[i].end());
+    m.emplace_back(got.param[i].size(), 0.0);
+    v.emplace_back(got.param[i].size(), 0.0);
+  }
+  const int steps = 6;
+  for (int step = 0; step < steps; ++step) {
+    fill_grads(got.grad, specs, step);
+    const double lr = lr_at(step), gs = scale_at(step), t = step + 1;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      for (const RangeSpec& r : specs[i].ranges) {
+        const bool decay = r.cls == model::ModuleClass::Linear;
+        for (int64_t k = r.begin; k < r.end; ++k) {
+          const auto u = static_cast<size_t>(k);
+          const double g = static_cast<double>(got.grad[i][u]) * gs;
+          m[i][u] = cfg.beta1 * m[i][u] + (1 - cfg.beta1) * g;
+          v[i][u] = cfg.beta2 * v[i][u] + (1 - cfg.beta2) * g * g;
+          const double mhat = m[i][u] / (1 - std::pow(cfg.beta1, t)), vhat = v[i][u] / (1 - std::pow(cfg.beta2, t));
+          p[i][u] = p[i][u] * (decay ? 1 - lr * cfg.weight_decay : 1.0) - lr * mhat / (std::sqrt(vhat) + cfg.eps);
+        }
+      }
+    }
+    adamw.step(got.views, lr, gs);
+  }
+  // Relative 1e-6, with an absolute floor of 1e-6 of the largest magnitude (values that cancel to near 0).
+  auto expect_close = [](const char* what, size_t shard, const std::vector<float>& a, const std::vector<double>& want) {
+    double maxabs = 0;
+    for (double w : want) maxabs = std::max(maxabs, std::abs(w));
+    double worst = 0;
+    size_t worst_k = 0;
+    for (size_t k = 0; k < want.size(); ++k) {
+      const double excess = std::abs(a[k] - want[k]) - (1e-6 * std::abs(want[k]) + 1e-6 * maxabs);
+      if (k == 0 || excess > worst) worst = excess, worst_k = k;
+    }
+    EXPECT_LE(worst, 0.0) << what << " shard " << shard << " element " << worst_k << ": got " << a[worst_k] << ", want "
+                          << want[worst_k];
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].numel == 0) continue;
+    expect_close("param", i, got.param[i], p[i]);
+    expect_close("exp_avg", i, state_of(adamw, i, optim::OptimState::ExpAvg), m[i]);
+    expect_close("exp_avg_sq", i, state_of(adamw, i, optim::OptimState::ExpAvgSq), v[i]);
+  }
+  expect_padding(specs, got, adamw);
+}
+
+TEST(AdamWHost, StatesRoundTripAndResumeExactly) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards a = make_host_shards(spec, specs, 21, kPad);
+  optim::AdamW first(a.views, spec, exempt_config(), nullptr);
+  for (int step = 0; step < 2; ++step) {
+    fill_grads(a.grad, specs, step);
+    first.step(a.views, lr_at(step), scale_at(step));
+  }
+  // A second optimizer on a copy of the parameters takes the states through read_state / write_state.
+  HostShards b = make_host_shards(spec, specs, 21, kPad);
+  for (size_t i = 0; i < specs.size(); ++i) b.param[i] = a.param[i];
+  optim::AdamW second(b.views, spec, exempt_config(), nullptr);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (optim::OptimState which : {optim::OptimState::ExpAvg, optim::OptimState::ExpAvgSq}) {
+      const std::vector<float> s = state_of(first, i, which);
+      second.write_state(i, which, s);
+      EXPECT_TRUE(same_bits(state_of(second, i, which), s)) << "shard " << i;
+    }
+  }
+  second.set_steps(first.steps());
+  for (int step = 2; step < 4; ++step) {
+    fill_grads(a.grad, specs, step);
+    fill_grads(b.grad, specs, step);
+    first.step(a.views, lr_at(step), scale_at(step));
+    second.step(b.views, lr_at(step), scale_at(step));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(same_bits(a.param[i], b.param[i])) << "shard " << i;
+    EXPECT_TRUE(same_bits(state_of(first, i, optim::OptimState::ExpAvgSq), state_of(second, i, optim::OptimState::ExpAvgSq)));
+  }
+  // Nonzero states were written and moved the update: the states are not all zero.
+  const std::vector<float> m1 = state_of(first, 1, optim::OptimState::ExpAvg);
+  EXPECT_NE(m1[100], 0.0f);
+
+  std::vector<float> wrong(static_cast<size_t>(specs[0].numel + 1));
+  EXPECT_THROW(first.read_state(0, optim::OptimState::ExpAvg, wrong), InternalError);
+  EXPECT_THROW(first.write_state(0, optim::OptimState::ExpAvg, wrong), InternalError);
+  EXPECT_THROW(first.read_state(specs.size(), optim::OptimState::ExpAvg, wrong), InternalError);
+}
+
+TEST(AdamWHost, RefusesShardsItWasNotBuiltFor) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards a = make_host_shards(spec, specs, 3, kPad), b = make_host_shards(spec, specs, 3, kPad);
+  optim::AdamW adamw(a.views, spec, exempt_config(), nullptr);
+  EXPECT_THROW(adamw.step(b.views, 1e-3, 1.0), InternalError);
+  std::vector<fsdp::ShardView> fewer(a.views.begin(), a.views.end() - 1);
+  EXPECT_THROW(adamw.step(fewer, 1e-3, 1.0), InternalError);
+  EXPECT_EQ(adamw.steps(), 0);
+  std::vector<fsdp::ShardView> bad = a.views;
+  bad[0].ranges.push_back({0, 30, 40, 0});  // past the shard's 37 elements
+  EXPECT_THROW(optim::AdamW(bad, spec, exempt_config(), nullptr), InternalError);
+}
+
+TEST(AdamWHost, LedgerCountsBothStates) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards a = make_host_shards(spec, specs, 3, kPad);
+  MemoryLedger ledger;
+  optim::AdamW adamw(a.views, spec, exempt_config(), &ledger);
+  int64_t at_least = 0;
+  for (const ShardSpec& s : specs) at_least += 2 * s.numel * 4;
+  EXPECT_GE(ledger.current(MemoryCategory::OptimizerStates), at_least);
+  EXPECT_LE(ledger.current(MemoryCategory::OptimizerStates), at_least + 2 * 64 * static_cast<int64_t>(specs.size()));
+}
+
+TEST(GradNormHost, SumOfSquaresAndReplicas) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards a = make_host_shards(spec, specs, 9, 0.0f);  // padding gradients are zero, as FSDP keeps them
+  double want = 0;
+  for (const auto& g : a.grad)
+    for (float x : g) want += static_cast<double>(x) * x;
+  ASSERT_GT(want, 0);
+  EXPECT_NEAR(optim::grad_sq_sum_local(a.views), want, 1e-12 * want);
+  ReplicaComm one(1, MemorySpace::Host), three(3, MemorySpace::Host);
+  EXPECT_NEAR(optim::grad_norm_global(a.views, one), std::sqrt(want), 1e-12 * std::sqrt(want));
+  EXPECT_NEAR(optim::grad_norm_global(a.views, three), std::sqrt(3 * want), 1e-12 * std::sqrt(want));
+  EXPECT_EQ(three.traffic().calls(CollectiveKind::AllReduce), 1u);
+  EXPECT_EQ(one.traffic().calls(CollectiveKind::AllReduce), 0u);
+}
+
+TEST(GradNormHost, PoisonedGradientMakesTheNormNaN) {
+  const model::ModelSpec spec(small_config());
+  std::vector<ShardSpec> specs = odd_shard_specs();
+  specs.insert(specs.begin(), ShardSpec{0, {}});  // an empty shard first: the next one is poisoned
+  HostShards a = make_host_shards(spec, specs, 9, 0.0f);
+  const std::vector<std::vector<float>> before = a.grad;
+  optim::poison_first_gradient(a.views);
+  EXPECT_TRUE(std::isnan(a.grad[1][0]));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (size_t k = 0; k < a.grad[i].size(); ++k) {
+      if (i == 1 && k == 0) continue;
+      ASSERT_TRUE(same_bits({a.grad[i][k]}, {before[i][k]})) << "shard " << i << " element " << k;
+    }
+  }
+  ReplicaComm one(1, MemorySpace::Host);
+  EXPECT_TRUE(std::isnan(optim::grad_norm_global(a.views, one)));
+}
+
+}  // namespace
+}  // namespace shardtrain::testing_optim
