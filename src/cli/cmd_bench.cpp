@@ -1,5 +1,6 @@
-// `shardtrain bench model`: forward+backward time of a Llama model on the CPU backend, in tokens/s and as a
-// fraction of this machine's measured sgemm rate. FLOPs per step follow docs/performance.md:
+// `shardtrain bench`: the subcommands' registration, the helpers they share, and `bench model`: forward+backward
+// time of a Llama model on the CPU backend, in tokens/s and as a fraction of this machine's measured sgemm rate.
+// FLOPs per step follow docs/performance.md:
 //   6 * (matmul parameters per token: q, k, v, o, gate, up, down per layer, plus lm_head) * tokens
 //   + 12 * layers * hidden * seq * tokens (attention scores and values, forward and backward, full S x S)
 // The recompute of activation checkpointing is overhead, not counted as work.
@@ -8,14 +9,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <thread>
+#include <fstream>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "cmd_bench.hpp"
 #include "command.hpp"
 #include "shardtrain/model/dense_params.hpp"
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -100,11 +104,35 @@ int run_bench_model(const BenchModelOptions& o) {
 
 }  // namespace
 
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw IoError(fmt::format("{}: cannot write the benchmark's JSON", path));
+}
+
+std::string format_seconds(double s) {
+  if (s >= 1) return fmt::format("{:.3g} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
+  return fmt::format("{:.3g} us", s * 1e6);
+}
+
+std::string format_flops(double flops_per_s) {
+  return flops_per_s >= 1e12 ? fmt::format("{:.1f} TFLOP/s", flops_per_s * 1e-12) : fmt::format("{:.3g} GFLOP/s", flops_per_s * 1e-9);
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= double(1 << 30)) return fmt::format("{:.2f} GiB", bytes / double(1 << 30));
+  return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
+}
+
+// `bench` is an MPI command because `bench step` trains on the world; `bench model` and `bench ops` run
+// on one rank (without mpirun, MPI starts a singleton).
 Command add_bench_command(CLI::App& parent) {
   Command c;
-  c.app = parent.add_subcommand("bench", "benchmarks (model: CPU forward+backward against the sgemm peak)");
+  c.app = parent.add_subcommand("bench", "benchmarks: model (CPU forward+backward), ops (every op at a model's shapes), "
+                                         "step (the whole training step)");
   c.app->require_subcommand(1);
-  c.launch = Launch::Offline;
+  c.launch = Launch::Mpi;
   auto opts = std::make_shared<BenchModelOptions>();
   CLI::App* m = c.app->add_subcommand("model", "time forward+backward of a Llama model on the CPU backend");
   m->add_option("--layers", opts->layers, "decoder layers")->capture_default_str()->check(CLI::PositiveNumber);
@@ -119,7 +147,14 @@ Command add_bench_command(CLI::App& parent) {
   m->add_option("--warmup", opts->warmup, "untimed iterations first")->capture_default_str();
   m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores)")->capture_default_str();
   m->add_flag("--checkpointing", opts->checkpointing, "per-layer activation checkpointing");
-  c.run = [opts](Runtime*) { return run_bench_model(*opts); };
+  const BenchSubcommand ops = add_bench_ops_command(*c.app);
+  const BenchSubcommand step = add_bench_step_command(*c.app);
+  c.run = [opts, ops, step](Runtime* rt) {
+    if (ops.app->parsed()) return ops.run(rt);
+    if (step.app->parsed()) return step.run(rt);
+    if (rt->topology().world_size > 1) throw UsageError("bench model: runs on one rank (start it without mpirun, or with -np 1)");
+    return run_bench_model(*opts);
+  };
   return c;
 }
 

@@ -1,0 +1,230 @@
+// `shardtrain bench step`: the whole training step (data, forward, backward, FSDP collectives, clipping, AdamW)
+// through train::Trainer, as `shardtrain train` builds it, for warm-up + timed steps with no evaluation and no
+// checkpoints. Reports the median step time of the timed steps, global tokens/s, MFU (the trainer's FLOPs per
+// token and measured peak), peak memory, the last loss, the device, the mesh and the collective backend.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "cmd_bench.hpp"
+#include "shardtrain/comm/communicator.hpp"
+#include "shardtrain/mesh/strategy.hpp"
+#include "shardtrain/model/spec.hpp"
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/device.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/timer.hpp"
+#include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/metrics.hpp"
+#include "shardtrain/train/trainer.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchStepOptions {
+  std::string config;
+  int steps = 10, warmup = 3;
+  std::string json;
+  bool keep_run_dir = false;
+  std::vector<std::string> override_values;  // one per config field, in config_fields() order
+  std::vector<CLI::Option*> override_options;
+};
+
+class StepRecorder final : public train::TrainerHooks {
+ public:
+  void on_step_end(train::Trainer&, const train::StepMetrics& m) override { steps.push_back(m); }
+  std::vector<train::StepMetrics> steps;
+};
+
+// The config as `shardtrain train` resolves it (file < overrides), then made a benchmark: exactly
+// warmup + steps steps, no evaluation, no checkpoints, nothing loaded.
+train::TrainConfig resolve(const BenchStepOptions& o, int& overrides) {
+  train::TrainConfig c = train::load_train_config(o.config);
+  const auto& fields = train::config_fields();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (o.override_options[i]->count() == 0) continue;
+    train::apply_override(c, fields[i].dotted(), o.override_values[i]);
+    ++overrides;
+  }
+  const int64_t total = o.warmup + o.steps;
+  c.schedule.max_steps = total;
+  c.schedule.max_tokens = 0;
+  c.schedule.epochs = 0;
+  c.schedule.eval_every = 0;
+  c.schedule.eval_batches = 0;
+  c.schedule.lr.warmup_steps = std::min<int64_t>(c.schedule.lr.warmup_steps, total - 1);
+  c.schedule.lr.decay_steps = 0;
+  c.checkpoint.every_n_steps = 0;
+  c.checkpoint.resume.clear();
+  c.checkpoint.init_from.clear();
+  c.validate();
+  return c;
+}
+
+// Rank 0 makes a fresh directory under the system's temporary directory; every rank gets its name.
+std::string make_temp_dir(MPI_Comm world, int rank) {
+  std::string path;
+  if (rank == 0) {
+    std::string pattern = (fs::temp_directory_path() / "shardtrain-bench-step-XXXXXX").string();
+    if (!mkdtemp(pattern.data())) throw IoError(fmt::format("{}: cannot create the benchmark's run directory", pattern));
+    path = pattern;
+  }
+  int n = static_cast<int>(path.size());
+  ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, world));
+  path.resize(static_cast<size_t>(n));
+  ST_CHECK_MPI(MPI_Bcast(path.data(), n, MPI_CHAR, 0, world));
+  return path;
+}
+
+int64_t max_over_ranks(int64_t v, MPI_Comm world) {
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_MAX, world));
+  return v;
+}
+
+int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
+  if (o.steps < 1) throw UsageError(fmt::format("bench step: --steps {}: expected 1 or more timed steps", o.steps));
+  if (o.warmup < 0) throw UsageError(fmt::format("bench step: --warmup {}: expected 0 or more", o.warmup));
+  int overrides = 0;
+  train::TrainConfig config = resolve(o, overrides);
+  const Topology& topo = rt->topology();
+  const int rank = topo.world_rank, W = topo.world_size;
+
+  std::string temp_dir;
+  if (config.logging.run_dir.empty()) {
+    temp_dir = make_temp_dir(rt->world(), rank);
+    config.logging.run_dir = (fs::path(temp_dir) / "run").string();
+  }
+  train::TrainerOptions topts;
+  topts.config_source = o.config + (overrides ? fmt::format(" + {} override(s)", overrides) : std::string()) + " (bench step)";
+
+  StepRecorder recorder;
+  int64_t device_peak = 0;
+  double peak_per_rank = 0;
+  std::string mesh, comm_backend, strategy;
+  int replicate = 0, shard = 0;
+  {
+    train::Trainer trainer(*rt, config, topts);
+    trainer.add_hooks(&recorder);
+    // The peak counts what training holds, not the trainer's own peak-FLOP/s measurement before it.
+    reset_device_memory_peak();
+    trainer.run();
+    device_peak = max_over_ranks(static_cast<int64_t>(device_memory_stats().peak), rt->world());
+    peak_per_rank = trainer.peak_flops_per_rank();
+    replicate = trainer.mesh().replicate_size(), shard = trainer.mesh().shard_size();
+    strategy = sharding_strategy_name(trainer.mesh().strategy());
+    mesh = fmt::format("{} x {} ({})", replicate, shard, strategy);
+    comm_backend = comm_backend_name(trainer.comms().backend());
+  }
+  const int64_t rss_peak = max_over_ranks(train::peak_rss_bytes(), rt->world());
+  if (!temp_dir.empty() && rank == 0 && !o.keep_run_dir) {
+    std::error_code ec;
+    fs::remove_all(temp_dir, ec);
+  }
+
+  const std::vector<train::StepMetrics>& all = recorder.steps;
+  if (static_cast<int>(all.size()) != o.warmup + o.steps)
+    throw InternalError(fmt::format("bench step: the trainer ran {} steps, expected {} warm-up + {} timed", all.size(), o.warmup, o.steps));
+  std::vector<double> seconds;
+  int64_t skipped = 0;
+  for (size_t i = static_cast<size_t>(o.warmup); i < all.size(); ++i) {
+    seconds.push_back(all[i].step_time_s);
+    skipped += all[i].skipped ? 1 : 0;
+  }
+  const double step_s = median(seconds);
+  const auto [min_s, max_s] = std::minmax_element(seconds.begin(), seconds.end());
+  const int64_t tokens_per_step = static_cast<int64_t>(config.data.global_batch_size) * config.data.seq_len;
+  const double tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
+  const double fpt = train::flops_per_token(model::ModelSpec(config.model), config.data.seq_len);
+  const double mfu = tokens_per_s * fpt / (peak_per_rank * W);
+  const train::StepMetrics& last = all.back();
+  const bool cuda = rt->device().is_cuda();
+  const int64_t peak_mem = cuda ? device_peak : last.peak_mem_bytes;
+  const int micro = config.micro_batch_size_for(W), accumulation = config.accumulation_steps_for(W);
+  if (rank != 0) return 0;
+
+  fmt::print("bench step: {} ({} + {} override(s)), {} timed steps after {} warm-up\n", config.logging.name.empty() ? o.config : config.logging.name,
+             o.config, overrides, o.steps, o.warmup);
+  fmt::print("device {} | {} ranks, mesh {} | collectives {} | micro-batch {} x seq {} x {} accumulation x {} ranks = {} tokens per step\n",
+             rt->device().describe(), W, mesh, comm_backend, micro, config.data.seq_len, accumulation, W, tokens_per_step);
+  fmt::print("{:<34} {}\n", "step time median (min, max)",
+             fmt::format("{} ({}, {})", format_seconds(step_s), format_seconds(*min_s), format_seconds(*max_s)));
+  fmt::print("{:<34} {:.0f}\n", "tokens/s (all ranks)", tokens_per_s);
+  fmt::print("{:<34} {:.2f} %  ({:.4g} GFLOP per token, peak {} per rank, the trainer's)\n", "MFU", 100 * mfu, fpt * 1e-9,
+             format_flops(peak_per_rank));
+  if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(double(device_peak)));
+  fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(double(last.peak_mem_bytes)));
+  fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(double(rss_peak)));
+  fmt::print("{:<34} {:.4f}{}\n", "loss of the last step", last.loss, skipped ? fmt::format(" ({} timed step(s) skipped)", skipped) : std::string());
+  if (cuda && device_peak == 0)
+    log::warn("bench step: the device is a GPU but the trainer allocated no device memory: the step ran on the CPU ops");
+
+  if (!o.json.empty()) {
+    nlohmann::ordered_json j;
+    j["config"] = o.config;
+    j["overrides"] = overrides;
+    j["device"] = rt->device().describe();
+    j["backend"] = cuda ? "cuda" : "cpu";
+    j["world_size"] = W;
+    j["mesh"] = {{"replicate", replicate}, {"shard", shard}, {"strategy", strategy}};
+    j["comm_backend"] = comm_backend;
+    j["micro_batch"] = micro;
+    j["accumulation_steps"] = accumulation;
+    j["seq_len"] = config.data.seq_len;
+    j["global_batch_size"] = config.data.global_batch_size;
+    j["tokens_per_step"] = tokens_per_step;
+    j["warmup"] = o.warmup;
+    j["steps"] = o.steps;
+    j["step_times_s"] = seconds;
+    j["step_time_median_s"] = step_s;
+    j["tokens_per_s"] = tokens_per_s;
+    j["flops_per_token"] = fpt;
+    j["peak_flops_per_rank"] = peak_per_rank;
+    j["mfu"] = mfu;
+    j["peak_memory_bytes"] = peak_mem;
+    j["peak_memory_source"] = cuda ? "device_memory_stats (max over ranks)" : "memory ledger (rank 0)";
+    j["device_peak_bytes"] = device_peak;
+    j["ledger_peak_bytes"] = last.peak_mem_bytes;
+    j["rss_peak_bytes"] = rss_peak;
+    j["last_loss"] = std::isfinite(last.loss) ? nlohmann::ordered_json(last.loss) : nlohmann::ordered_json(nullptr);
+    j["skipped_steps"] = skipped;
+    j["offload_params"] = config.fsdp.engine.offload_params;
+    j["param_dtype"] = dtype_name(config.fsdp.engine.param_dtype);
+    write_text_file(o.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+BenchSubcommand add_bench_step_command(CLI::App& bench) {
+  auto o = std::make_shared<BenchStepOptions>();
+  CLI::App* a = bench.add_subcommand("step", "time the whole training step (train::Trainer) for a config under mpirun: "
+                                             "step time, tokens/s, MFU, peak memory");
+  a->add_option("--config,-c", o->config, "the run's TOML config, e.g. configs/tiny-cpu.toml")->required();
+  a->add_option("--steps", o->steps, "timed steps (their median is reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
+  a->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
+  a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0)");
+  a->add_flag("--keep-run-dir", o->keep_run_dir, "keep the temporary run directory (config.toml, metrics.jsonl)");
+  const auto& fields = train::config_fields();
+  o->override_values.resize(fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const train::ConfigField& f = fields[i];
+    o->override_options.push_back(a->add_option("--" + f.dotted(), o->override_values[i], f.help)->group("Config keys (override the file)"));
+  }
+  a->footer("The run directory is a temporary one, removed at the end, unless logging.run_dir names one. The schedule is cut to\n"
+            "warmup + steps steps (LR warm-up shortened to fit), with no evaluation and no checkpoints.");
+  return {a, [o](Runtime* rt) { return run_bench_step(*o, rt); }};
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""`shardtrain bench ops` and `shardtrain bench step` end to end on the CPU backend:
+- bench ops with configs/tiny-cpu.toml: one row per op in the table and the JSON, the shapes from the config
+  (an explicit --batch over it), positive times, the work of each row by its stated formula, FLOP rates below
+  3x the measured matmul ceiling (the margin absorbs a shared machine's load), positive ceilings;
+- bench step on 2 ranks with tiny-cpu on a small dataset made here from the repository's own docs: the timed
+  steps, tokens/s = tokens per step / median step time, MFU by the trainer's formula with a fixed peak, a
+  finite loss near ln(vocab), the mesh (1 x 2, FULL_SHARD over MPI), memory figures, and the temporary run
+  directory removed;
+- bad input: a missing config (exit 3, the path named), --steps 0 (exit 2), each with one clear message."""
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+tmp = os.path.join(work, "tmp")
+os.makedirs(tmp)
+ENV = dict(os.environ, TMPDIR=tmp)
+
+OPS = ["q_proj fwd", "q_proj bwd dx", "q_proj bwd dW", "k_proj, v_proj fwd", "k_proj, v_proj bwd dx", "k_proj, v_proj bwd dW",
+       "o_proj fwd", "o_proj bwd dx", "o_proj bwd dW", "gate_proj, up_proj fwd", "gate_proj, up_proj bwd dx",
+       "gate_proj, up_proj bwd dW", "down_proj fwd", "down_proj bwd dx", "down_proj bwd dW", "attention fwd", "attention bwd",
+       "rmsnorm fwd", "rmsnorm fwd +residual", "rmsnorm bwd +dh_extra", "rope q", "rope k", "swiglu fwd", "swiglu bwd",
+       "embedding fwd", "embedding bwd", "linear_cross_entropy fwd+bwd", "linear_cross_entropy loss only", "copy",
+       "cast f32 -> bf16"]
+
+
+def run(cmd, timeout=600):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=args.source)
+    return p.returncode, p.stdout, p.stderr
+
+
+# ---- bench ops: tiny-cpu's model and micro-batch (global 16 on one rank), then --batch 4 over it
+ops_json = os.path.join(work, "ops.json")
+rc, out, err = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--iters", "3", "--warmup", "1",
+                    "--json", ops_json, "--device", "cpu"])
+check(rc == 0, f"bench ops exit {rc}: {err[-2000:]}")
+j = json.load(open(ops_json)) if rc == 0 else {}
+rows = {r["op"]: r for r in j.get("rows", [])}
+check([r["op"] for r in j.get("rows", [])] == OPS, f"one row per op, in order: {list(rows)}")
+table = [line for line in out.splitlines() if any(line.startswith(op + " ") for op in OPS)]
+check(len(table) == len(OPS), f"one table line per op: {len(table)} of {len(OPS)}\n{out}")
+check(j.get("backend") == "cpu" and j.get("dtype") == "f32", f"CPU backend, f32 by default: {j.get('backend')} {j.get('dtype')}")
+check(j.get("model", {}).get("hidden") == 192 and j.get("model", {}).get("kv_heads") == 2 and j.get("seq") == 128 and j.get("batch") == 16,
+      f"shapes from tiny-cpu.toml: {j.get('model')} seq {j.get('seq')} batch {j.get('batch')}")
+ceil = j.get("ceilings", {})
+check(ceil.get("matmul_flops_per_s", 0) > 1e8 and ceil.get("copy_bytes_per_s", 0) > 1e8, f"ceilings measured: {ceil}")
+for r in j.get("rows", []):
+    check(r["seconds"] > 0 and math.isfinite(r["seconds"]), f"{r['op']}: time {r['seconds']}")
+    check(math.isclose(r["rate"], r["work"] / r["seconds"], rel_tol=1e-9), f"{r['op']}: rate = work / time")
+    if r["kind"] == "flops":  # the ceiling and the ops are timed seconds apart on a shared machine: a wide margin
+        check(0 < r["fraction_of_ceiling"] < 3.0, f"{r['op']}: {r['fraction_of_ceiling']:.2f} of the matmul ceiling (at most 3x)")
+# The work of each kind of row, by the formulas the command prints (f32: 4 bytes).
+N, D, H, KV, Dh, F, V, B, S, L = 16 * 128, 192, 6, 2 * 32, 32, 512, 4096, 16, 128, 4
+expect = {"q_proj fwd": 2 * N * D * D, "k_proj, v_proj bwd dW": 2 * N * D * KV, "down_proj bwd dx": 2 * N * F * D,
+          "attention fwd": 2 * B * H * S * S * Dh, "attention bwd": 4 * B * H * S * S * Dh,
+          "linear_cross_entropy fwd+bwd": 6 * N * D * V, "linear_cross_entropy loss only": 2 * N * D * V,
+          "rmsnorm fwd +residual": 4 * N * D * 4 + D * 4 + 4 * N, "swiglu bwd": 5 * N * F * 4, "copy": 2 * N * D * 4}
+for op, w in expect.items():
+    check(math.isclose(rows.get(op, {}).get("work", 0), w, rel_tol=1e-12), f"{op}: work {rows.get(op, {}).get('work')}, expected {w}")
+check(rows.get("q_proj fwd", {}).get("calls_per_microbatch") == L and rows.get("k_proj, v_proj fwd", {}).get("calls_per_microbatch") == 2 * L,
+      "calls per micro-batch: q_proj once per layer, k_proj and v_proj twice")
+total = sum(r["seconds"] * r["calls_per_microbatch"] for r in j.get("rows", []))
+check(math.isclose(j.get("model_op_seconds_per_microbatch", 0), total, rel_tol=1e-9), "the per-micro-batch sum")
+
+rc, out, err = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--batch", "4", "--layers", "1",
+                    "--iters", "2", "--warmup", "0", "--json", ops_json, "--device", "cpu"])
+j = json.load(open(ops_json)) if rc == 0 else {}
+check(rc == 0 and j.get("batch") == 4 and j.get("tokens") == 512 and j.get("model", {}).get("layers") == 1
+      and j.get("model", {}).get("hidden") == 192, f"--batch 4 --layers 1 over the config: exit {rc} {j.get('model')} {err[-500:]}")
+
+# ---- bench step on 2 ranks: a 512-token BPE trained on the repository's docs, tiny-cpu for 1 + 3 steps
+docs = sorted(glob.glob(os.path.join(args.source, "docs", "*.md"))) + [os.path.join(args.source, "README.md")]
+tok, ds = os.path.join(work, "docs-bpe512.json"), os.path.join(work, "docs-bpe512.h5")
+for cmd in (["tokenizer", "train", "--input", *docs, "--vocab-size", "512", "--output", tok],
+            ["prepare-data", "-t", tok, "-i", *docs, "-o", ds, "--validation-fraction", "0"]):
+    rc, _, err = run([args.shardtrain, *cmd, "--log-level", "warn"])
+    check(rc == 0, f"{cmd[0]}: exit {rc}: {err[-1000:]}")
+PEAK = 2e10
+step_json = os.path.join(work, "step.json")
+rc, out, err = run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "bench", "step", "--config", "configs/tiny-cpu.toml",
+                    "--steps", "3", "--warmup", "1", "--json", step_json, "--data.path", ds, "--logging.peak_flops", str(PEAK)])
+check(rc == 0, f"bench step exit {rc}: {err[-3000:]}")
+j = json.load(open(step_json)) if rc == 0 else {}
+check(j.get("steps") == 3 and j.get("warmup") == 1 and len(j.get("step_times_s", [])) == 3, f"3 timed steps: {j.get('step_times_s')}")
+times = sorted(j.get("step_times_s", [1]))
+check(all(t > 0 for t in times) and math.isclose(j.get("step_time_median_s", 0), times[len(times) // 2], rel_tol=1e-12),
+      f"median of the step times: {j.get('step_time_median_s')} of {times}")
+check(j.get("tokens_per_step") == 16 * 128 and j.get("tokens_per_s", 0) > 0 and
+      math.isclose(j.get("tokens_per_s", 0) * j.get("step_time_median_s", 0), 16 * 128, rel_tol=1e-9), f"tokens/s: {j.get('tokens_per_s')}")
+params = V * D * 2 + D + L * (2 * D + D * D * 2 + 2 * D * KV + 3 * D * F)
+fpt = 6 * (params - V * D) + 12 * L * D * S
+check(math.isclose(j.get("flops_per_token", 0), fpt, rel_tol=1e-12), f"FLOPs per token {j.get('flops_per_token')}, expected {fpt}")
+check(j.get("peak_flops_per_rank") == PEAK and math.isclose(j.get("mfu", 0), j.get("tokens_per_s", 0) * fpt / (PEAK * 2), rel_tol=1e-9),
+      f"MFU with the fixed peak: {j.get('mfu')}")
+loss = j.get("last_loss")
+check(loss is not None and math.isfinite(loss) and 4.0 < loss < 9.0, f"a finite loss near ln(4096) = 8.3 after 4 steps: {loss}")
+check(j.get("world_size") == 2 and j.get("mesh") == {"replicate": 1, "shard": 2, "strategy": "FULL_SHARD"} and j.get("comm_backend") == "mpi",
+      f"mesh and collectives: {j.get('mesh')} {j.get('comm_backend')}")
+check(j.get("backend") == "cpu" and j.get("ledger_peak_bytes", 0) > 0 and j.get("peak_memory_bytes") == j.get("ledger_peak_bytes")
+      and j.get("rss_peak_bytes", 0) > 0, f"memory: {j.get('peak_memory_bytes')} {j.get('rss_peak_bytes')}")
+check("tokens/s (all ranks)" in out and "MFU" in out, f"the printed summary: {out}")
+check(os.listdir(tmp) == [], f"the temporary run directory is removed: {os.listdir(tmp)}")
+
+# ---- bad input: one clear line each
+missing = os.path.join(work, "missing.toml")
+rc, out, err = run([args.shardtrain, "bench", "step", "--config", missing])
+lines = [line for line in err.splitlines() if missing in line]
+check(rc == 3 and len(lines) == 1, f"missing config: exit {rc} (expected 3), lines naming it: {lines} {err[-800:]}")
+rc, out, err = run([args.shardtrain, "bench", "step", "--config", "configs/tiny-cpu.toml", "--steps", "0"])
+lines = [line for line in (out + err).splitlines() if "--steps" in line]
+check(rc == 2 and len(lines) == 1, f"--steps 0: exit {rc} (expected 2), lines: {lines} {err[-800:]}")
+rc, out, err = run([args.shardtrain, "bench", "ops", "--config", missing])
+check(rc == 3 and missing in err, f"bench ops, missing config: exit {rc} (expected 3): {err[-800:]}")
+
+check.finish("bench ops and bench step: all checks passed")
