@@ -3,8 +3,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint/reader.hpp"
@@ -117,16 +119,55 @@ std::string ship_tokenizer(const std::string& source, const fs::path& out) {
   return fmt::format("{} is not a tokenizer.json or GPT-2 encoder.json/vocab.bpe: none shipped", source);
 }
 
-ExportSummary write_safetensors(CheckpointReader& r, const std::string& out_dir, const ExportOptions& o) {
+// Reads one tensor's values in full: from a checkpoint, or from memory.
+using ReadTensor = std::function<std::vector<float>(const TensorInfo&)>;
+
+// One safetensors file: the header (8-byte little-endian length, JSON padded to 8 bytes), then every
+// tensor's data in order. Returns the bytes of tensor data.
+uint64_t write_safetensors_at(const fs::path& path, const std::vector<const TensorInfo*>& tensors, const ReadTensor& read,
+                              DType dtype) {
+  const size_t esz = dtype_size(dtype);
+  nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
+  uint64_t at = 0;
+  for (const TensorInfo* t : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(t->numel) * esz;
+    header[t->name] = {{"dtype", dtype == DType::BF16 ? "BF16" : "F32"}, {"shape", t->shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = text.size();
+  for (int b = 0; b < 8; ++b) out.put(static_cast<char>((n >> (8 * b)) & 0xff));  // little-endian u64
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const TensorInfo* t : tensors) {
+    const std::vector<float> v = read(*t);
+    if (static_cast<int64_t>(v.size()) != t->numel)
+      throw InternalError(fmt::format("{}: {} holds {} values, its shape {}", path.string(), t->name, v.size(), t->numel));
+    if (dtype == DType::BF16) {
+      const std::vector<uint16_t> b = to_bf16(v);
+      out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size() * 2));
+    } else {
+      out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    }
+  }
+  if (!out) throw IoError(fmt::format("{}: cannot write", path.string()));
+  return at;
+}
+
+// The Hugging Face directory, written as out_dir.tmp and renamed when complete. `tokenizer_record` is the
+// checkpoint's tokenizer JSON ("" = none).
+ExportSummary write_hf_directory(const std::vector<TensorInfo>& tensors, const ReadTensor& read,
+                                 const model::LlamaConfig& config, const std::string& tokenizer_record,
+                                 const std::string& out_dir, const ExportOptions& o) {
   const fs::path tmp = out_dir + ".tmp";
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   const size_t esz = dtype_size(o.dtype);
-  const char* st_dtype = o.dtype == DType::BF16 ? "BF16" : "F32";
   // Plan the files: tensors in registry order, a new file once the limit would be passed.
   std::vector<std::vector<const TensorInfo*>> files(1);
   uint64_t in_file = 0, total = 0;
-  for (const TensorInfo& t : r.tensors()) {
+  for (const TensorInfo& t : tensors) {
     const uint64_t bytes = static_cast<uint64_t>(t.numel) * esz;
     if (in_file > 0 && in_file + bytes > o.max_shard_bytes) {
       files.emplace_back();
@@ -141,37 +182,15 @@ ExportSummary write_safetensors(CheckpointReader& r, const std::string& out_dir,
   for (size_t fi = 0; fi < files.size(); ++fi) {
     const std::string name = files.size() == 1 ? "model.safetensors"
                                                : fmt::format("model-{:05}-of-{:05}.safetensors", fi + 1, files.size());
-    nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
-    uint64_t at = 0;
-    for (const TensorInfo* t : files[fi]) {
-      const uint64_t bytes = static_cast<uint64_t>(t->numel) * esz;
-      header[t->name] = {{"dtype", st_dtype}, {"shape", t->shape}, {"data_offsets", {at, at + bytes}}};
-      at += bytes;
-      weight_map[t->name] = name;
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-    std::ofstream out(tmp / name, std::ios::binary);
-    const uint64_t n = text.size();
-    for (int b = 0; b < 8; ++b) out.put(static_cast<char>((n >> (8 * b)) & 0xff));  // little-endian u64
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const TensorInfo* t : files[fi]) {
-      const std::vector<float> v = read_all(r, *t);
-      if (o.dtype == DType::BF16) {
-        const std::vector<uint16_t> b = to_bf16(v);
-        out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size() * 2));
-      } else {
-        out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-      }
-      ++s.tensors;
-    }
-    if (!out) throw IoError(fmt::format("{}: cannot write", (tmp / name).string()));
+    for (const TensorInfo* t : files[fi]) weight_map[t->name] = name;
+    write_safetensors_at(tmp / name, files[fi], read, o.dtype);
+    s.tensors += static_cast<int64_t>(files[fi].size());
   }
   if (files.size() > 1) write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
   nlohmann::json tok = nlohmann::json::object();
-  if (!r.tokenizer().empty()) tok = nlohmann::json::parse(r.tokenizer(), nullptr, false);
+  if (!tokenizer_record.empty()) tok = nlohmann::json::parse(tokenizer_record, nullptr, false);
   if (tok.is_discarded()) tok = nlohmann::json::object();
-  write_json(tmp / "config.json", hf_config(r.model_config(), o.dtype, tok));
+  write_json(tmp / "config.json", hf_config(config, o.dtype, tok));
   write_json(tmp / "generation_config.json", {{"_from_model_config", true}});
   const std::string source = !o.tokenizer.empty() ? o.tokenizer : tok.value("path", std::string());
   s.tokenizer_note = ship_tokenizer(source, tmp);
@@ -181,15 +200,59 @@ ExportSummary write_safetensors(CheckpointReader& r, const std::string& out_dir,
   return s;
 }
 
+void check_export_dtype(DType dtype) {
+  if (dtype != DType::F32 && dtype != DType::BF16) {
+    throw UsageError(fmt::format("--dtype: {} is not supported (expected fp32 or bf16)", dtype_name(dtype)));
+  }
+}
+
+// In-memory tensors as the writers take them: infos, and a reader that copies the values.
+std::vector<TensorInfo> infos_of(std::span<const FullTensor> tensors) {
+  std::vector<TensorInfo> infos;
+  for (const FullTensor& t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    if (numel != static_cast<int64_t>(t.values.size()))
+      throw InternalError(fmt::format("export: {} holds {} values, its shape ({}) {}", t.name, t.values.size(),
+                                      fmt::join(t.shape, ", "), numel));
+    infos.push_back(TensorInfo{t.name, t.shape, numel});
+  }
+  return infos;
+}
+
+ReadTensor reader_of(std::span<const FullTensor> tensors) {
+  return [tensors](const TensorInfo& info) {
+    for (const FullTensor& t : tensors)
+      if (t.name == info.name) return std::vector<float>(t.values.begin(), t.values.end());
+    throw InternalError(fmt::format("export: no tensor {}", info.name));
+  };
+}
+
 }  // namespace
 
 ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& output, const ExportOptions& o) {
-  if (o.dtype != DType::F32 && o.dtype != DType::BF16) {
-    throw UsageError(fmt::format("--dtype: {} is not supported (expected fp32 or bf16)", dtype_name(o.dtype)));
-  }
+  check_export_dtype(o.dtype);
   if (fs::exists(output)) throw UsageError(fmt::format("{}: already exists; consolidation never overwrites", output));
   CheckpointReader reader(checkpoint_dir);
-  return o.format == ExportFormat::Hdf5 ? write_hdf5(reader, output, o) : write_safetensors(reader, output, o);
+  if (o.format == ExportFormat::Hdf5) return write_hdf5(reader, output, o);
+  return write_hf_directory(reader.tensors(), [&reader](const TensorInfo& t) { return read_all(reader, t); },
+                            reader.model_config(), reader.tokenizer(), output, o);
+}
+
+ExportSummary export_hf_directory(const model::LlamaConfig& config, std::span<const FullTensor> tensors,
+                                  const std::string& out_dir, const ExportOptions& o) {
+  check_export_dtype(o.dtype);
+  if (fs::exists(out_dir)) throw UsageError(fmt::format("{}: already exists; the export never overwrites", out_dir));
+  return write_hf_directory(infos_of(tensors), reader_of(tensors), config, "", out_dir, o);
+}
+
+uint64_t write_safetensors_file(const std::string& path, std::span<const FullTensor> tensors, DType dtype) {
+  check_export_dtype(dtype);
+  if (fs::exists(path)) throw UsageError(fmt::format("{}: already exists; the export never overwrites", path));
+  const std::vector<TensorInfo> infos = infos_of(tensors);
+  std::vector<const TensorInfo*> order;
+  for (const TensorInfo& t : infos) order.push_back(&t);
+  return write_safetensors_at(path, order, reader_of(tensors), dtype);
 }
 
 }  // namespace shardtrain::checkpoint

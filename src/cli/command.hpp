@@ -1,7 +1,8 @@
 // How a subcommand plugs into the `shardtrain` binary. Each command lives in cmd_<name>.cpp and
 // exposes one add_<name>_command() that declares its options and returns how to run it.
-// Offline commands (tokenizer, prepare-data, consolidate, bench, plan) never initialize MPI, so
-// they run on a login node; MPI commands get a Runtime built after MPI_Init_thread.
+// Offline commands (tokenizer, prepare-data, consolidate, plan, generate, parity) never initialize MPI,
+// so they run on a login node; MPI commands (train, env, bench: `bench step` runs the trainer under
+// mpirun, `bench model` and `bench ops` take one rank) get a Runtime built after MPI_Init_thread.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -38,6 +39,7 @@ Command add_generate_command(CLI::App& parent);      // cmd_generate.cpp
 Command add_tokenizer_command(CLI::App& parent);      // cmd_tokenizer.cpp
 Command add_prepare_data_command(CLI::App& parent);   // cmd_prepare_data.cpp
 Command add_bench_command(CLI::App& parent);          // cmd_bench.cpp
+Command add_parity_command(CLI::App& parent);         // cmd_parity.cpp
 Command add_train_command(CLI::App& parent);          // cmd_train.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
 

@@ -5,7 +5,8 @@ read for the architecture, RMSNorm, rotate-half RoPE, repeat_kv for grouped-quer
 softmax, SwiGLU MLP, tied or separate lm_head, mean cross-entropy over targets != -100.
 
 Usage: hf_llama_reference.py CASE.json   (written by hf_export_test.cpp; it holds the exported directory,
-batches, and the losses shardtrain computed). Exits non-zero when any loss differs."""
+batches, and the losses shardtrain computed). Exits non-zero when any loss differs.
+tests/cli/parity_dump_test.py imports it for forward_loss (with an attention_mask) and load_safetensors."""
 import json
 import struct
 import sys
@@ -45,7 +46,10 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def forward_loss(t, cfg, ids, targets):
+def forward_loss(t, cfg, ids, targets, attention_mask=None):
+    """Mean cross-entropy over targets != -100; targets are already shifted (position i predicts targets[i]).
+    attention_mask (B, S), as transformers takes it: 0 marks a padding key, which no query attends to.
+    A query that sees no key at all gets a zero attention output (its target should be -100)."""
     B, S = ids.shape
     D, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     Dh = cfg.get("head_dim", D // H)
@@ -54,7 +58,9 @@ def forward_loss(t, cfg, ids, targets):
     freqs = np.outer(np.arange(S, dtype=np.float64), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb)[None, None], np.sin(emb)[None, None]  # (1, 1, S, Dh)
-    mask = np.triu(np.full((S, S), -np.inf), k=1)
+    mask = np.triu(np.full((S, S), -np.inf), k=1)  # (S, S) causal
+    if attention_mask is not None:  # (B, 1, S, S): padding keys masked as well
+        mask = mask[None, None] + np.where(np.asarray(attention_mask)[:, None, None, :] == 0, -np.inf, 0.0)
     x = t["model.embed_tokens.weight"][ids]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -67,9 +73,11 @@ def forward_loss(t, cfg, ids, targets):
         k = np.repeat(k, H // Hkv, axis=1)  # repeat_kv: query head j reads key/value head j // (H/Hkv)
         v = np.repeat(v, H // Hkv, axis=1)
         scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(Dh) + mask
-        scores -= scores.max(axis=-1, keepdims=True)
+        top = scores.max(axis=-1, keepdims=True)
+        scores -= np.where(np.isfinite(top), top, 0.0)  # a fully masked row stays -inf: zero probabilities
         probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        total = probs.sum(axis=-1, keepdims=True)
+        probs /= np.where(total > 0, total, 1.0)
         attn = (probs @ v).transpose(0, 2, 1, 3).reshape(B, S, H * Dh)
         x = x + attn @ t[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, t[p + "post_attention_layernorm.weight"], eps)

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "shardtrain/model/config.hpp"
 #include "shardtrain/runtime/dtype.hpp"
 
 namespace shardtrain::checkpoint {
@@ -32,5 +35,22 @@ struct ExportSummary {
 // Writes `output` (a file for HDF5, a directory for safetensors), refusing to overwrite an existing
 // path. One tensor in memory at a time.
 ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& output, const ExportOptions& options);
+
+// A full tensor held in memory: its Hugging Face name, shape and fp32 values (as many as the shape holds).
+struct FullTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::span<const float> values;
+};
+
+// The Hugging Face directory consolidate() writes (safetensors split as options.max_shard_bytes says,
+// config.json, generation_config.json, options.tokenizer if given), from tensors already in memory, in
+// the model's registry order; a tied lm_head is absent, as from a checkpoint. Refuses an existing path.
+ExportSummary export_hf_directory(const model::LlamaConfig& config, std::span<const FullTensor> tensors,
+                                  const std::string& out_dir, const ExportOptions& options);
+
+// One safetensors file of `tensors`, in order, as F32 or BF16 (round to nearest even). Refuses an existing
+// path. Returns the bytes of tensor data written.
+uint64_t write_safetensors_file(const std::string& path, std::span<const FullTensor> tensors, DType dtype);
 
 }  // namespace shardtrain::checkpoint
