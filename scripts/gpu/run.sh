@@ -1,21 +1,39 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool runs it in a copy of this repository): unpacks the bundle made
 # here by scripts/gpu/bundle.sh (carried as .deps/gpu), points the loader at it and at the machine's own
-# CUDA libraries, says what the machine has, and runs the GPU tests, then any command given.
+# CUDA libraries, says what the machine has, then runs the phases asked for. Each phase fits well inside
+# one 10-minute device call; run them in one call or several.
 #
-#   scripts/gpu/run.sh                      # probe + every GPU test binary in the bundle
-#   scripts/gpu/run.sh -- CMD ARGS...       # probe + tests + CMD with the same environment
-#   SKIP_TESTS=1 scripts/gpu/run.sh -- CMD  # probe + CMD
-# Logs go to $OUT (the device tool brings them back) when it is set.
+#   scripts/gpu/run.sh [PHASE ...] [-- CMD ARGS...]
+#     sanitize  compute-sanitizer (memcheck, racecheck) over the op and kernel tests
+#     tests     every GPU test binary; collectives and the FSDP equivalence matrix with 2 and 4 ranks on
+#               the one GPU (MPI backend staging device memory)
+#     track     the same tiny training run on the CPU and on the GPU (fp32, then bf16): losses compared
+#     parity    loss and gradients of shardtrain (CPU and GPU backends) against transformers' Llama
+#     ops       shardtrain bench ops on the seed model's shapes
+#     bench     scripts/bench-vs-pytorch.py: shardtrain (and with CPU offload) and PyTorch FSDP2, eager and
+#               compiled, on the seed model: one table
+#   (no phase: probe only). `-- CMD` runs CMD afterwards with the same environment.
+#
+# The device tool carries: .deps/gpu (the bundle) and data/sotu-bpe4k.h5 (the tiny and bench dataset).
+# Everything is logged under $LOGS; at the end the logs are packed into $OUT/logs.tar.gz and a summary
+# goes to $OUT/summary.txt (the device tool returns at most 8 files).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ARCHIVE=$ROOT/.deps/gpu/bundle.tar.xz
 B=/tmp/shardtrain-gpu
-LOGS=${OUT:-/tmp/shardtrain-gpu-logs}
-mkdir -p "$LOGS"
+LOGS=/tmp/shardtrain-gpu-logs
+DATA=$ROOT/data/sotu-bpe4k.h5
+rm -rf "$LOGS" && mkdir -p "$LOGS"
 [[ -f "$ARCHIVE" ]] || { echo "run.sh: $ARCHIVE missing: run scripts/gpu/bundle.sh here and carry .deps/gpu" >&2; exit 2; }
 rm -rf "$B" && mkdir -p "$B"
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$ARCHIVE" "$B" || exit 2
+
+phases=()
+while (($#)) && [[ "$1" != -- ]]; do phases+=("$1"); shift; done
+for p in "${phases[@]}"; do
+  case "$p" in sanitize | tests | track | parity | ops | bench) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
+done
 
 # The machine's CUDA libraries: the toolkit's, then those of the Python wheels (PyTorch brings NCCL).
 cuda_libs=()
@@ -32,9 +50,35 @@ export LD_LIBRARY_PATH="$B/lib:$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OPAL_PREFIX=$B/ompi/usr
 export PMIX_MCA_mca_base_component_path=$B/ompi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
 export PATH="$B/ompi/usr/bin:$B/bin:$PATH"
+export PYTHONUNBUFFERED=1
 # The settings every local mpirun needs (root, no CMA, several ranks per core), as for the tests here.
 source "$ROOT/scripts/common.sh"
 unset OMPI_MCA_mpi_yield_when_idle  # that machine has a core per rank: no yielding (timings are taken there)
+
+status=0
+summary() { echo "$*" | tee -a "$LOGS/summary.txt"; }
+finish() {
+  if [[ -n "${OUT:-}" ]]; then
+    cp "$LOGS/summary.txt" "$OUT/summary.txt" 2>/dev/null
+    tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
+    for f in "$LOGS"/bench/*.md "$LOGS"/bench/*.json; do [[ -f "$f" ]] && cp "$f" "$OUT/"; done 2>/dev/null
+  fi
+}
+trap finish EXIT
+
+# run NAME TIMEOUT CMD...: one step, its log in $LOGS/NAME.log, one summary line.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  local start rc
+  start=$(date +%s%N)
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  summary "$(printf '%-36s rc=%-3d %7d ms %s' "$name" "$rc" "$((($(date +%s%N) - start) / 1000000))" \
+    "$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) |^(PASS|FAIL)' "$LOGS/$name.log" | head -4 | tr '\n' ' ')")"
+  ((rc == 0)) || status=1
+  return $rc
+}
 
 {
   # shellcheck disable=SC1091
@@ -49,28 +93,82 @@ unset OMPI_MCA_mpi_yield_when_idle  # that machine has a core per rank: no yield
   mpirun -np 2 shardtrain env --strategy FULL_SHARD 2>&1 | tail -n 3
 } 2>&1 | tee "$LOGS/probe.txt"
 
-status=0
-if [[ -z "${SKIP_TESTS:-}" ]]; then
-  : >"$LOGS/tests.txt"
-  for t in "$B"/bin/*_test; do
-    name=$(basename "$t")
-    # GPU tests; the MPI ones (collectives with device staging) under mpirun with 2 ranks on the one GPU.
-    case "$name" in
-      gpu_* | *kernel_test | *gpu*) cmd=("$t") ;;
-      collectives_test) cmd=(mpirun -np 2 "$t") ;;
-      *) continue ;;
-    esac
-    start=$(date +%s%N)
-    "${cmd[@]}" >"$LOGS/$name.log" 2>&1
-    rc=$?
-    printf '%-32s rc=%d %6d ms %s\n' "$name" "$rc" "$((($(date +%s%N) - start) / 1000000))" \
-      "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/$name.log" | tr '\n' ' ')" | tee -a "$LOGS/tests.txt"
-    ((rc == 0)) || status=1
+gpu_tests() { find "$B/bin" -maxdepth 1 -name '*_test' \( -name 'gpu_*' -o -name '*kernel_test' -o -name '*gpu*' \) | sort; }
+
+phase_sanitize() {
+  local t
+  for t in "$B/bin/gpu_ops_test" "$B/bin/attention_kernel_test"; do
+    [[ -x "$t" ]] || continue
+    run "memcheck_$(basename "$t")" 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --gtest_brief=1
   done
-fi
+  # Races inside the block reductions and the scans: a few representative tests, racecheck is slow.
+  run racecheck_gpu_ops 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_ops_test" \
+    --gtest_filter='*RmsNorm*:*SumSquares*:*Segments*:*CrossEntropy*' --gtest_brief=1
+}
+
+phase_tests() {
+  local t
+  while IFS= read -r t; do run "$(basename "$t")" 300 "$t"; done < <(gpu_tests)
+  [[ -x "$B/bin/collectives_test" ]] && run collectives_np2 120 mpirun -np 2 "$B/bin/collectives_test"
+  # The FSDP equivalence matrix on the GPU: every rank on device 0, MPI staging device buffers, two
+  # "nodes" of two ranks for the hybrid strategies (the same command line as the CPU test).
+  if [[ -x "$B/bin/fsdp_equivalence_test" ]]; then
+    run fsdp_equivalence_gpu_np4 300 env SHARDTRAIN_TEST_DEVICE=cuda \
+      mpirun -np 4 -x SHARDTRAIN_TEST_DEVICE -x SHARDTRAIN_RANKS_PER_NODE=2 "$B/bin/fsdp_equivalence_test"
+  fi
+}
+
+# Losses of the same run on the CPU backend and on the GPU, step by step.
+phase_track() {
+  local dt steps=30
+  for dt in fp32 bf16; do
+    for dev in cpu cuda; do
+      run "track_${dt}_${dev}" 240 mpirun -np 2 shardtrain --device "$dev" train --config "$ROOT/configs/tiny-cpu.toml" \
+        --data.path "$DATA" --schedule.max_steps "$steps" --schedule.eval_batches 0 --checkpoint.every_n_steps 0 \
+        --fsdp.param_dtype "$dt" --logging.run_dir "$LOGS/track_${dt}_${dev}"
+    done
+    run "track_${dt}_compare" 30 python3 "$ROOT/scripts/gpu/compare-losses.py" --dtype "$dt" \
+      "$LOGS/track_${dt}_cpu" "$LOGS/track_${dt}_cuda"
+  done
+}
+
+phase_ops() {
+  mkdir -p "$LOGS/bench"
+  run bench_ops_seed 300 shardtrain bench ops --config "$ROOT/configs/llama-seed.toml" --json "$LOGS/bench/ops.json"
+}
+
+# All four parts in one call (each in its own process, bounded): the table needs them side by side.
+phase_bench() {
+  mkdir -p "$LOGS/bench"
+  run bench_vs_pytorch 570 python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml" \
+    --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --timeout 200 \
+    --out "$LOGS/bench"
+}
+
+phase_parity() {
+  local dev dt
+  for dev in cpu cuda; do
+    for dt in f32 bf16; do
+      [[ $dev == cpu && $dt == bf16 ]] && continue
+      run "parity_dump_${dev}_${dt}" 120 shardtrain --device "$dev" parity dump --config "$ROOT/configs/tiny-cpu.toml" \
+        --dtype "$dt" --batch 4 --seq 64 --out "$LOGS/parity_${dev}_${dt}"
+      run "parity_check_${dev}_${dt}" 180 python3 "$ROOT/scripts/parity-transformers.py" "$LOGS/parity_${dev}_${dt}" \
+        --device "$dev" --dtype "$dt"
+    done
+  done
+  # Our two backends against each other on the same weights and batch (numpy only).
+  run parity_cuda_vs_cpu_f32 60 python3 "$ROOT/scripts/parity-transformers.py" "$LOGS/parity_cuda_f32" \
+    --against "$LOGS/parity_cpu_f32" --dtype f32
+}
+
+for p in "${phases[@]}"; do
+  summary "== phase $p"
+  "phase_$p"
+done
 if [[ "${1:-}" == -- ]]; then
   shift
-  "$@"
-  status=$?
+  "$@" 2>&1 | tee "$LOGS/command.log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || status=$rc
 fi
 exit $status

@@ -15,6 +15,15 @@ CommBackendPreference parse_comm_backend(std::string_view s) {
   throw UsageError(fmt::format("--comm-backend: unknown backend '{}' (expected auto, mpi or nccl)", s));
 }
 
+const char* comm_backend_preference_name(CommBackendPreference p) {
+  switch (p) {
+    case CommBackendPreference::Auto: return "auto";
+    case CommBackendPreference::Mpi: return "mpi";
+    case CommBackendPreference::Nccl: return "nccl";
+  }
+  return "auto";
+}
+
 CommBackend choose_comm_backend(const Runtime& rt, CommBackendPreference pref) {
   const Device& d = rt.device();
   // NCCL refuses two ranks of one communicator on the same GPU; every rank must agree on the choice.
@@ -25,8 +34,8 @@ CommBackend choose_comm_backend(const Runtime& rt, CommBackendPreference pref) {
   const bool nccl_possible = nccl_built() && !cpu_anywhere && !shared_anywhere;
   if (pref == CommBackendPreference::Mpi) return CommBackend::Mpi;
   if (pref == CommBackendPreference::Nccl && !nccl_possible) {
-    throw ConfigError(cpu_anywhere ? "--comm-backend nccl: NCCL needs a GPU on every rank, and some rank runs on the CPU"
-                                   : "--comm-backend nccl: NCCL needs one GPU per rank, and some GPU is shared by several "
+    throw ConfigError(cpu_anywhere ? "comm backend nccl (fsdp.comm_backend or --comm-backend): NCCL needs a GPU on every rank, and some rank runs on the CPU"
+                                   : "comm backend nccl (fsdp.comm_backend or --comm-backend): NCCL needs one GPU per rank, and some GPU is shared by several "
                                      "ranks (use mpi, which stages device memory through the host)");
   }
   return nccl_possible ? CommBackend::Nccl : CommBackend::Mpi;

@@ -22,11 +22,35 @@ struct FsdpEngine::Unit {
   FlatBuffer full_grad;  // (N) fp32, from the unit's first backward until its reduction
   bool gathered = false;
   bool backward_started = false;  // in this micro-batch
+  // Overlap: the all-gather's completion (on the gather stream) and whether compute has waited for it yet;
+  // the gradient reduction's completion (on the reduce or replicate stream), and whether it is pending.
+  CudaEvent gathered_event, reduced_event;
+  bool wait_gathered = false, wait_reduced = false;
+  bool reduced_this_step = false;  // the gradient shard holds this step's reduction already
   int64_t shard() const { return layout.shard_numel(); }
   bool empty() const { return layout.entries.empty(); }
 };
 
+// Overlap. Three streams beside compute (StreamRef{}: where the ops run):
+//   gather:    all-gathers. Each waits for the cast of the master shard into the unshard buffer (on compute,
+//              after every earlier use of that buffer), and compute waits for the gather before the unit's
+//              first use (wait_gathered): prefetched units gather while the current one computes.
+//   reduce:    reduce-scatters. Each waits for the unit's backward (grad_ready); the unshard-gradient buffer
+//              returns to its pool with a fence on the last stream that read it, and its next user waits.
+//   replicate: the hybrid strategies' all-reduce of the reduced shard, after the reduce-scatter.
+// When a unit's reduction is its first this step and in fp32, it writes the gradient shard directly
+// (zero + reduction = reduction) and compute waits for it only at the end of the micro-batch
+// (wait_reductions). Otherwise (bf16 reduction, several reductions per step) compute waits for the reduction
+// before adding it into the shard: correct, with less overlap.
+struct FsdpEngine::Streams {
+  CudaStream gather, reduce, replicate;
+  CudaEvent cast_done, grad_ready, scattered;
+};
+
 namespace {
+constexpr StreamRef kCompute{};
+bool same(StreamRef a, StreamRef b) { return a.handle == b.handle; }
+
 void host_add(const float* x, float* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
@@ -107,6 +131,10 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
   if (config_.offload_params) {
     host_stage_ = FlatBuffer(ops.device(), Placement::PinnedHost, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
   }
+  if (ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device && !config_.offload_params &&
+      (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
+    streams_ = std::make_unique<Streams>();
+  }
   zero_grad();
 }
 
@@ -164,6 +192,7 @@ void FsdpEngine::zero_grad() {
     if (u->grad.device() == DeviceKind::Cpu) std::memset(u->grad.data(), 0, u->grad.size());
     else ops_->fill(u->grad.view(DType::F32, 0, {u->shard()}), 0.0);
     if (u->full_grad) grad_pool_.release(std::move(u->full_grad));
+    u->reduced_this_step = false;
   }
 }
 
@@ -188,7 +217,17 @@ void FsdpEngine::unshard(Unit& u) {
   }
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
   if (mesh_->shard_size() > 1) {
-    comms_->shard().all_gather(slice.data, u.full.data(), static_cast<size_t>(n), pd);
+    StreamRef stream = kCompute;
+    if (streams_) {
+      stream = streams_->gather.ref();
+      streams_->cast_done.record(kCompute);
+      streams_->cast_done.wait(stream);
+    }
+    comms_->shard().all_gather(slice.data, u.full.data(), static_cast<size_t>(n), pd, stream);
+    if (streams_) {
+      u.gathered_event.record(stream);
+      u.wait_gathered = true;
+    }
     ++stats_.gathers;
   }
   if (watchdog_) watchdog_->set_unit("");
@@ -199,8 +238,23 @@ void FsdpEngine::unshard(Unit& u) {
   u.gathered = true;
 }
 
+void FsdpEngine::wait_gathered(Unit& u) {
+  if (!u.wait_gathered) return;
+  u.gathered_event.wait(kCompute);
+  u.wait_gathered = false;
+}
+
+void FsdpEngine::wait_reductions() {
+  for (auto& u : units_) {
+    if (!u->wait_reduced) continue;
+    u->reduced_event.wait(kCompute);
+    u->wait_reduced = false;
+  }
+}
+
 void FsdpEngine::reshard(Unit& u) {
   if (!u.gathered) return;
+  wait_gathered(u);  // a prefetched unit nobody used: its gather must land before the buffer is reused
   for (const FlatEntry& e : u.layout.entries) model_->binding().unbind(e.param);
   if (u.spec->is_root) u.full = FlatBuffer();
   else param_pool_.release(std::move(u.full));
@@ -213,6 +267,7 @@ void FsdpEngine::begin_unit_backward(Unit& u) {
   u.backward_started = true;
   if (!u.full_grad) {  // in no_sync mode it survives from the previous micro-batch
     u.full_grad = grad_pool_.acquire(static_cast<size_t>(u.layout.padded_numel) * 4);
+    u.full_grad.fence.wait(kCompute);  // a reduce-scatter may still read it for another unit
     ops_->fill(u.full_grad.view(DType::F32, 0, {u.layout.padded_numel}), 0.0);
   }
   const model::ModelSpec& spec = model_->spec();
@@ -234,36 +289,78 @@ void FsdpEngine::reduce_gradients(Unit& u) {
     ops_->copy(full, cast);
     full = cast;
   }
+  // Overlap, first fp32 reduction of the step: the collectives write the gradient shard itself.
+  const bool direct = streams_ && rd == DType::F32 && !u.reduced_this_step;
+  const ops::Tensor grad = u.grad.view(DType::F32, 0, {n});
+  StreamRef last = kCompute;  // the stream of the latest collective on this unit's gradient
+  if (streams_) streams_->grad_ready.record(kCompute);
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, gradient reduction)", u.spec->index, u.spec->name));
   ops::Tensor shard = full;  // S == 1: the whole buffer is this rank's shard
   if (S > 1) {
-    shard = reduce_shard_.view(rd, 0, {n});
-    comms_->shard().reduce_scatter(full.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum);
+    shard = direct ? grad : reduce_shard_.view(rd, 0, {n});
+    if (streams_) {
+      last = streams_->reduce.ref();
+      streams_->grad_ready.wait(last);
+    }
+    comms_->shard().reduce_scatter(full.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
   }
-  if (R > 1) comms_->replicate().all_reduce(shard.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum);
+  if (R > 1) {
+    void* out = direct ? grad.data : shard.data;  // S == 1 and direct: from the full gradient into the shard
+    if (streams_) {
+      const StreamRef replicate = streams_->replicate.ref();
+      if (same(last, kCompute)) {
+        streams_->grad_ready.wait(replicate);
+      } else {
+        streams_->scattered.record(last);
+        streams_->scattered.wait(replicate);
+      }
+      last = replicate;
+    }
+    comms_->replicate().all_reduce(shard.data, out, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
+    if (direct) shard = grad;
+  }
   if (watchdog_) watchdog_->set_unit("");
-  ops::Tensor shard_f32 = shard;
-  if (rd != DType::F32) {
-    shard_f32 = stage_.view(DType::F32, 0, {n});
-    ops_->copy(shard, shard_f32);
-  }
-  if (config_.offload_params) {  // reduced gradients go down to the host shard
-    copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
-    stream_synchronize({});
-    host_add(static_cast<const float*>(host_stage_.data()), static_cast<float*>(u.grad.data()), n);
+  u.full_grad.fence.record(last);  // its next user waits for the collectives that read it
+  if (direct && (S > 1 || R > 1)) {
+    u.reduced_event.record(last);
+    u.wait_reduced = true;
   } else {
-    ops_->add(shard_f32, u.grad.view(DType::F32, 0, {n}));
+    if (!same(last, kCompute)) {  // compute adds the reduction in: it waits for it here
+      streams_->scattered.record(last);
+      streams_->scattered.wait(kCompute);
+    }
+    ops::Tensor shard_f32 = shard;
+    if (rd != DType::F32) {
+      shard_f32 = stage_.view(DType::F32, 0, {n});
+      ops_->copy(shard, shard_f32);
+    }
+    if (config_.offload_params && !u.reduced_this_step) {
+      // The first reduction of the step goes straight down into the pinned host shard (zero + x = x),
+      // asynchronously: the host waits once, at the end of the micro-batch (release_all), not per unit.
+      // The source buffers are reused only by later work on the same stream, after this copy.
+      copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
+      offload_copies_pending_ = true;
+    } else if (config_.offload_params) {  // a later reduction of the step is added on the host
+      copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
+      stream_synchronize({});
+      host_add(static_cast<const float*>(host_stage_.data()), static_cast<float*>(u.grad.data()), n);
+    } else {
+      ops_->add(shard_f32, grad);
+    }
   }
+  u.reduced_this_step = true;
   grad_pool_.release(std::move(u.full_grad));
 }
 
 void FsdpEngine::ensure_forward(int module) {
-  for (int p : model_->spec().module(module).uses) {
+  const std::vector<int>& uses = model_->spec().module(module).uses;
+  for (int p : uses) {
     Unit& u = *units_[unit_of_param_[p]];
     if (u.gathered) continue;
     unshard(u);
     for (int v : forward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
+  for (int p : uses) wait_gathered(*units_[unit_of_param_[p]]);  // after the prefetches were issued
 }
 
 void FsdpEngine::ensure_backward(int module) {
@@ -273,11 +370,15 @@ void FsdpEngine::ensure_backward(int module) {
     begin_unit_backward(u);
     for (int v : backward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
+  for (int p : model_->spec().module(module).uses) wait_gathered(*units_[unit_of_param_[p]]);
 }
 
 void FsdpEngine::before_forward(int module, model::ForwardPhase phase) {
   if (phase == model::ForwardPhase::Recompute) {
-    for (int p : model_->spec().module(module).uses) unshard(*units_[unit_of_param_[p]]);
+    for (int p : model_->spec().module(module).uses) {
+      unshard(*units_[unit_of_param_[p]]);
+      wait_gathered(*units_[unit_of_param_[p]]);
+    }
     return;
   }
   ensure_forward(module);
@@ -323,7 +424,13 @@ void FsdpEngine::release_all() {
     reshard(*u);
     u->backward_started = false;
   }
-  stream_synchronize({});
+  // No host synchronization: every buffer goes back to its pool in stream order (or with its fence), and
+  // compute waits on the device for the reductions still in flight, so the optimizer sees final shards.
+  wait_reductions();
+  if (offload_copies_pending_) {  // the host optimizer reads the offloaded gradient shards next
+    stream_synchronize({});
+    offload_copies_pending_ = false;
+  }
 }
 
 std::vector<float> FsdpEngine::gather_unit(int unit) {

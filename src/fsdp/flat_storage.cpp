@@ -40,7 +40,8 @@ FlatBuffer::FlatBuffer(FlatBuffer&& o) noexcept
       category_(o.category_),
       host_(std::move(o.host_)),
       pinned_(std::move(o.pinned_)),
-      device_buffer_(std::move(o.device_buffer_)) {}
+      device_buffer_(std::move(o.device_buffer_)),
+      fence(std::move(o.fence)) {}
 
 FlatBuffer& FlatBuffer::operator=(FlatBuffer&& o) noexcept {
   if (this != &o) {
@@ -54,6 +55,7 @@ FlatBuffer& FlatBuffer::operator=(FlatBuffer&& o) noexcept {
     host_ = std::move(o.host_);
     pinned_ = std::move(o.pinned_);
     device_buffer_ = std::move(o.device_buffer_);
+    fence = std::move(o.fence);
   }
   return *this;
 }

@@ -67,12 +67,15 @@ void ActivationPlan::add(std::string name, ops::Tensor* view, DType dtype, ops::
   view->device = DeviceKind::Cpu;
   view->data = nullptr;
   entries_.push_back(Entry{std::move(name), view, bytes_});
-  const size_t a = ops::HostBuffer::kAlignment;
+  const size_t a = kAlignment;
   bytes_ += (view->bytes() + a - 1) / a * a;
 }
 
-void ActivationPlan::place(void* base) {
-  for (Entry& e : entries_) e.view->data = static_cast<char*>(base) + e.offset;
+void ActivationPlan::place(void* base, DeviceKind device) {
+  for (Entry& e : entries_) {
+    e.view->data = static_cast<char*>(base) + e.offset;
+    e.view->device = device;
+  }
   if (checkpointing_ == Checkpointing::PerLayer)
     for (LayerActivations& a : layers) a = shared_;
 }

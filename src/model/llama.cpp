@@ -30,8 +30,16 @@ const ActivationPlan& LlamaModel::prepare(int64_t batch, int64_t seq) {
   if (!plan_ || plan_->batch() != batch || plan_->seq() != seq) {
     plan_ = std::make_unique<ActivationPlan>(spec_.config(), batch, seq, options_.activation_dtype,
                                              options_.checkpointing);
-    arena_.reserve(plan_->bytes());
-    plan_->place(arena_.data());
+    if (ops_->device() == DeviceKind::Cuda) {
+      if (device_arena_.size() < plan_->bytes()) {
+        device_arena_ = DeviceBuffer();  // free the old arena before asking for the larger one
+        device_arena_ = DeviceBuffer(plan_->bytes());
+      }
+      plan_->place(device_arena_.data(), DeviceKind::Cuda);
+    } else {
+      arena_.reserve(plan_->bytes());
+      plan_->place(arena_.data());
+    }
   }
   return *plan_;
 }

@@ -36,6 +36,16 @@ CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
 void CudaStream::synchronize() const {}
 void stream_synchronize(StreamRef) {}
 
+CudaEvent::~CudaEvent() = default;
+CudaEvent::CudaEvent(CudaEvent&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
+CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
+  handle_ = std::exchange(o.handle_, nullptr);
+  recorded_ = std::exchange(o.recorded_, false);
+  return *this;
+}
+void CudaEvent::record(StreamRef) {}
+void CudaEvent::wait(StreamRef) const {}
+
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   data_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);

@@ -74,6 +74,33 @@ void stream_synchronize(StreamRef s) {
   if (s.handle || cuda_device_count() > 0) ST_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
 }
 
+CudaEvent::~CudaEvent() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+CudaEvent::CudaEvent(CudaEvent&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
+CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
+  if (this != &o) {
+    if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+    handle_ = std::exchange(o.handle_, nullptr);
+    recorded_ = std::exchange(o.recorded_, false);
+  }
+  return *this;
+}
+void CudaEvent::record(StreamRef stream) {
+  if (cuda_device_count() == 0) return;
+  if (!handle_) {
+    cudaEvent_t e = nullptr;
+    ST_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    handle_ = e;
+  }
+  ST_CHECK_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle)));
+  recorded_ = true;
+}
+void CudaEvent::wait(StreamRef waiter) const {
+  if (!recorded_) return;
+  ST_CHECK_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter.handle), static_cast<cudaEvent_t>(handle_), 0));
+}
+
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   if (cuda_device_count() > 0 && cudaMallocHost(&data_, bytes) == cudaSuccess) {

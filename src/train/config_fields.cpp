@@ -112,6 +112,13 @@ std::vector<ConfigField> build_fields() {
   t.section = "fsdp";
   t.real("collective_timeout", "seconds a collective may take before the hang watchdog ends the job (0 = off)",
          [](auto& c) -> auto& { return c.fsdp.collective_timeout; });
+  t.choice("comm_backend", "auto (NCCL when each rank has its own GPU), mpi or nccl", [](auto& c) -> auto& { return c.fsdp.comm_backend; },
+           [](const std::string& s) {
+             if (s != "auto" && s != "mpi" && s != "nccl")
+               throw ConfigError(fmt::format("unknown backend '{}' (expected auto, mpi or nccl)", s));
+             return parse_comm_backend(s);
+           },
+           [](CommBackendPreference p) { return comm_backend_preference_name(p); });
   t.choice("strategy", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)",
            [](auto& c) -> auto& { return c.fsdp.engine.strategy; },
            [](const std::string& s) { return parse_sharding_strategy(s); }, [](ShardingStrategy s) { return sharding_strategy_name(s); });

@@ -21,14 +21,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-model::Batch to_batch(data::MicroBatch& mb, bool with_documents) {
-  model::Batch b;
-  b.input_ids = ops::make_tensor(mb.tokens.data(), DType::I32, {mb.batch, mb.seq});
-  b.targets = ops::make_tensor(mb.targets.data(), DType::I32, {mb.batch, mb.seq});
-  if (with_documents) b.document_ids = ops::make_tensor(mb.doc_ids.data(), DType::I32, {mb.batch, mb.seq});
-  return b;
-}
-
 // SHARDTRAIN_FAULT's faults of one rank (trainer.hpp), for the watchdog and launcher tests.
 void inject(const RankFault& f) {
   switch (f.kind) {
@@ -58,13 +50,38 @@ uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
 
 }  // namespace
 
+model::Batch Trainer::model_batch(data::MicroBatch& mb) {
+  const bool with_documents = config_.data.layout == data::BatchLayout::Packed;
+  model::Batch b;
+  const ops::Shape shape{mb.batch, mb.seq};
+  if (ops_->device() != DeviceKind::Cuda) {
+    b.input_ids = ops::make_tensor(mb.tokens.data(), DType::I32, shape);
+    b.targets = ops::make_tensor(mb.targets.data(), DType::I32, shape);
+    if (with_documents) b.document_ids = ops::make_tensor(mb.doc_ids.data(), DType::I32, shape);
+    return b;
+  }
+  // Asynchronous copies from the micro-batch's pinned storage, in stream order: the previous micro-batch's
+  // kernels have read these device buffers before the copies land. The loader may refill the host storage
+  // only after the copies ran; it gets the micro-batch back after the step's loss was read (a stream
+  // synchronization that follows every copy), so they have.
+  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(int32_t);
+  auto upload = [&](DeviceBuffer& buf, std::span<const int32_t> host) {
+    if (buf.size() < bytes) buf = DeviceBuffer(bytes);
+    copy_async(buf.data(), host.data(), bytes, {});
+    return ops::make_tensor(buf.data(), DType::I32, shape, DeviceKind::Cuda);
+  };
+  b.input_ids = upload(batch_ids_, mb.tokens);
+  b.targets = upload(batch_targets_, mb.targets);
+  if (with_documents) b.document_ids = upload(batch_docs_, mb.doc_ids);
+  return b;
+}
+
 void Trainer::step_once(StepMetrics& m) {
   const auto t0 = Clock::now();
   watchdog_->set_step(state_.step + 1);
   if (const RankFault* f = options_.faults.rank_fault_at(runtime_->topology().world_rank, state_.step + 1)) inject(*f);
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);
-  const bool packed = config_.data.layout == data::BatchLayout::Packed;
 
   // The step's micro-batches first: the loss is the mean over every counted target of the global batch.
   std::vector<data::MicroBatch> mbs;
@@ -81,19 +98,12 @@ void Trainer::step_once(StepMetrics& m) {
   engine_->zero_grad();
   double sums[2] = {0, 0};  // loss sum, non-finite flag
   for (int a = 0; a < accumulation_; ++a) {
-    model::Batch batch = to_batch(mbs[static_cast<size_t>(a)], packed);
+    const model::Batch batch = model_batch(mbs[static_cast<size_t>(a)]);
     sums[0] += engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1).loss_sum;
   }
   const int64_t step_number = state_.step + 1;
-  if (options_.faults.nan_grad_at(step_number)) {
-    for (const fsdp::ShardView& s : engine_->shards()) {
-      if (s.numel > 0) {
-        s.grad[0] = std::numeric_limits<float>::quiet_NaN();
-        break;
-      }
-    }
-  }
-  const double norm = optim::grad_norm_global(engine_->shards(), comms_->shard());
+  if (options_.faults.nan_grad_at(step_number)) optim::poison_first_gradient(engine_->shards());
+  const double norm = optim::grad_norm_global(engine_->shards(), comms_->shard(), {}, &grad_norm_scratch_);
   sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;
   comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);  // every rank decides the same way
   const double loss = sums[0] / static_cast<double>(global_tokens);
@@ -132,7 +142,9 @@ void Trainer::step_once(StepMetrics& m) {
   m.step_time_s = seconds_since(t0);
   m.tokens_per_s = static_cast<double>(tokens_per_step_) / m.step_time_s;
   m.mfu = m.tokens_per_s * flops_per_token_ / (peak_flops_ * runtime_->topology().world_size);
-  m.peak_mem_bytes = ledger_.peak_total();
+  // On a GPU: everything shardtrain allocated there (activations and op scratch too, which the ledger
+  // does not count); on the CPU: what the ledger counts (FSDP buffers, optimizer states).
+  m.peak_mem_bytes = ops_->device() == DeviceKind::Cuda ? static_cast<int64_t>(device_memory_stats().peak) : ledger_.peak_total();
   m.rss_peak_bytes = peak_rss_bytes();
   m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
   m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
@@ -143,11 +155,10 @@ void Trainer::step_once(StepMetrics& m) {
 double Trainer::evaluate(int64_t* counted_tokens) {
   if (!eval_loader_ || eval_micro_batches_ == 0) return std::numeric_limits<double>::quiet_NaN();
   eval_loader_->seek({0, 0});  // the same held-out batches every time
-  const bool packed = config_.data.layout == data::BatchLayout::Packed;
   double sums[2] = {0, 0};  // loss sum, tokens
   for (int64_t i = 0; i < eval_micro_batches_; ++i) {
     data::MicroBatch mb = eval_loader_->next();
-    const model::LossResult r = engine_->forward(to_batch(mb, packed));
+    const model::LossResult r = engine_->forward(model_batch(mb));
     sums[0] += r.loss_sum;
     sums[1] += static_cast<double>(r.tokens);
     eval_loader_->recycle(std::move(mb));

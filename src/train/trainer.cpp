@@ -15,6 +15,8 @@
 #include <limits>
 
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
+#include "shardtrain/ops/peak.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -205,31 +207,33 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
                                   config_.model.vocab_size, config_.data.path, dataset_->info().vocab_size,
                                   dataset_->info().tokenizer_name, dataset_->info().vocab_size));
 
-  // Peak FLOP/s per rank for MFU: measured once, before the CPU backend sets its thread count.
+  // Peak FLOP/s per rank for MFU: measured once (design.md), on the CPU before the backend sets its thread
+  // count, on a GPU with a large bf16 matmul through the backend itself.
+  const bool on_gpu = runtime.device().is_cuda();
   const int threads = runtime.host_threads();
+  ops_ = on_gpu ? ops::make_cuda_ops() : nullptr;
   if (config_.logging.peak_flops > 0) {
     peak_flops_ = config_.logging.peak_flops;
   } else {
-    double gflops = ops::measure_cpu_sgemm(threads, 1024, 3).peak_gflops();
+    double gflops = on_gpu ? ops::measure_matmul_flops(*ops_, DType::BF16, 8192, 5) * 1e-9
+                           : ops::measure_cpu_sgemm(threads, 1024, 3).peak_gflops();
     ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &gflops, 1, MPI_DOUBLE, MPI_SUM, runtime.world()));
     peak_flops_ = gflops / W * 1e9;  // the ranks' mean, so every rank reports the same MFU
   }
+  if (!on_gpu) ops_ = ops::make_cpu_ops({threads});
 
-  if (runtime.device().is_cuda())
-    log::info("train: the CUDA ops backend is not built into the training loop yet; training runs on the CPU ops");
   mesh_ = std::make_unique<DeviceMesh>(runtime.world(), topo, MeshSpec{config_.fsdp.engine.strategy, config_.fsdp.engine.shard_size});
-  comms_ = std::make_unique<MeshComms>(*mesh_, CommBackend::Mpi, MemorySpace::Host);
+  const CommBackend backend = choose_comm_backend(runtime, config_.fsdp.comm_backend);
+  comms_ = std::make_unique<MeshComms>(*mesh_, backend, on_gpu ? MemorySpace::Device : MemorySpace::Host);
   watchdog_ = std::make_unique<CollectiveWatchdog>(std::chrono::duration<double>(config_.fsdp.collective_timeout));
   comms_->set_watchdog(watchdog_.get());
-  ops_ = ops::make_cpu_ops({threads});
   model::ModelOptions mopts;
   mopts.activation_dtype = config_.fsdp.engine.param_dtype;
   mopts.checkpointing = config_.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
   model_ = std::make_unique<model::LlamaModel>(config_.model, *ops_, mopts);
   engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config_.fsdp.engine, ledger_);
   engine_->set_watchdog(watchdog_.get());
-  engine_->initialize(config_.model.init_seed);
-  if (config_.fsdp.engine.sync_module_states) engine_->sync_module_states();
+  engine_->initialize(config_.model.init_seed);  // and sync_module_states when the config asks for it
   adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &ledger_);
 
   // Every rank of the mesh is a data-parallel rank.
@@ -288,10 +292,11 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     log::info("train: resolved configuration ({}):\n{}", options_.config_source, resolved_toml_);
     log::info("train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
               "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); peak {:.1f} GFLOP/s per rank; "
-              "run directory {}",
+              "device {}, collectives over {}; run directory {}",
               static_cast<double>(model_->spec().num_params()) / 1e6, flops_per_token_ / 1e9, mesh_->replicate_size(), mesh_->shard_size(),
               sharding_strategy_name(config_.fsdp.engine.strategy), W, micro_batch_, accumulation_, config_.data.global_batch_size,
-              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.path, peak_flops_ / 1e9, run_dir_);
+              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.path, peak_flops_ / 1e9, runtime.device().describe(), comm_backend_name(comms_->backend()),
+              run_dir_);
   }
   progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
 }

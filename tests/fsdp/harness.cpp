@@ -1,7 +1,12 @@
 // The FSDP test driver (see harness.hpp).
 #include "harness.hpp"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::testing_fsdp {
 
@@ -30,11 +35,22 @@ void fill_row(int step, int b, int seq, int vocab, int32_t* ids, int32_t* target
 
 }  // namespace
 
+bool test_on_gpu() {
+  const char* d = std::getenv("SHARDTRAIN_TEST_DEVICE");
+  if (!d || std::string_view(d) != "cuda") return false;
+  if (cuda_device_count() == 0) throw Error(ExitCode::Device, "SHARDTRAIN_TEST_DEVICE=cuda, but no CUDA device is visible");
+  return true;
+}
+
 RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) {
   const Topology topo = discover_topology(world, ranks_per_node);
   DeviceMesh mesh(world, topo, {o.fsdp.strategy, o.fsdp.shard_size});
-  MeshComms comms(mesh, CommBackend::Mpi, MemorySpace::Host);
-  auto ops = ops::make_cpu_ops({1});
+  // On a GPU every rank shares device 0 and the MPI backend stages device buffers through the host: the
+  // equivalence matrix on one GPU (docs/gpu.md).
+  const bool gpu = test_on_gpu();
+  MeshComms comms(mesh, CommBackend::Mpi, gpu ? MemorySpace::Device : MemorySpace::Host);
+  auto ops = gpu ? ops::make_cuda_ops() : ops::make_cpu_ops({1});
+  const DeviceKind dev = gpu ? DeviceKind::Cuda : DeviceKind::Cpu;
   model::ModelOptions mopts;
   mopts.checkpointing = o.fsdp.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
   mopts.activation_dtype = o.fsdp.param_dtype;
@@ -53,6 +69,11 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   if (o.before_first_step) o.before_first_step(engine, adamw);
   RunResult out;
   std::vector<int32_t> ids(static_cast<size_t>(rows_per_micro * o.seq)), targets(ids.size());
+  DeviceBuffer device_ids, device_targets;
+  if (gpu) {
+    device_ids = DeviceBuffer(ids.size() * sizeof(int32_t));
+    device_targets = DeviceBuffer(ids.size() * sizeof(int32_t));
+  }
   for (int step = o.first_step; step < o.steps; ++step) {
     // Tokens that count in the global batch: the loss is their mean.
     int64_t global_tokens = 0;
@@ -69,8 +90,16 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
         fill_row(step, b, o.seq, static_cast<int>(config.vocab_size), ids.data() + r * o.seq, targets.data() + r * o.seq);
       }
       model::Batch batch;
-      batch.input_ids = ops::make_tensor(ids.data(), DType::I32, {rows_per_micro, o.seq});
-      batch.targets = ops::make_tensor(targets.data(), DType::I32, {rows_per_micro, o.seq});
+      void* id_data = ids.data();
+      void* target_data = targets.data();
+      if (gpu) {  // pageable sources: each copy is staged before it returns, so the host vectors are free again
+        copy_async(device_ids.data(), ids.data(), ids.size() * sizeof(int32_t), {});
+        copy_async(device_targets.data(), targets.data(), targets.size() * sizeof(int32_t), {});
+        id_data = device_ids.data();
+        target_data = device_targets.data();
+      }
+      batch.input_ids = ops::make_tensor(id_data, DType::I32, {rows_per_micro, o.seq}, dev);
+      batch.targets = ops::make_tensor(target_data, DType::I32, {rows_per_micro, o.seq}, dev);
       loss_sum += engine.forward_backward(batch, 1.0 / static_cast<double>(global_tokens), mb == o.micro_batches - 1).loss_sum;
     }
     MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
@@ -78,6 +107,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
     const double norm = optim::grad_norm_global(engine.shards(), comms.shard());
     out.grad_norms.push_back(norm);
     adamw.step(engine.shards(), o.lr, optim::clip_coefficient(norm, o.max_grad_norm));
+    if (gpu) stream_synchronize({});  // after_step may read the shards from the host
     if (o.after_step) o.after_step(step, engine, adamw);
     if (step == o.first_step) {
       out.shard_gather_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::AllGather);

@@ -46,6 +46,9 @@ struct RunResult {
   uint64_t shard_gather_bytes = 0, shard_reduce_scatter_bytes = 0, replicate_all_reduce_bytes = 0;
 };
 
+// SHARDTRAIN_TEST_DEVICE=cuda: every run on the GPU (CudaOps, device shards, MPI staging device buffers).
+bool test_on_gpu();
+
 // Trains `options.steps` steps on `world` (every rank of it takes its share of each global batch).
 RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& options);
 

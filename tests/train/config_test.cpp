@@ -102,6 +102,8 @@ TEST(TrainConfig, OverridesAreTypedAndWin) {
   EXPECT_EQ(c.fsdp.engine.reshard_after_forward, false);
   EXPECT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(), 2u);
   EXPECT_FALSE(c.data.shuffle);
+  apply_override(c, "fsdp.comm_backend", "mpi");
+  EXPECT_EQ(c.fsdp.comm_backend, CommBackendPreference::Mpi);
   apply_override(c, "fsdp.reshard_after_forward", "auto");
   EXPECT_FALSE(c.fsdp.engine.reshard_after_forward.has_value());
   // The printed form keeps every override.
@@ -115,6 +117,7 @@ TEST(TrainConfig, OverridesAreTypedAndWin) {
   EXPECT_CONFIG_ERROR(apply_override(c, "optimizer.lr", "1"), "unknown section 'optimizer'");
   EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.strategy", "ZERO3"), "fsdp.strategy", "FULL_SHARD");
   EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.param_dtype", "fp16"), "fsdp.param_dtype");
+  EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.comm_backend", "gloo"), "fsdp.comm_backend", "unknown backend 'gloo'", "auto, mpi or nccl");
   EXPECT_CONFIG_ERROR(apply_override(c, "data.seq_len", "99999999999"), "data.seq_len", "does not fit");
 }
 

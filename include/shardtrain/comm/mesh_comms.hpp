@@ -13,6 +13,7 @@ namespace shardtrain {
 
 enum class CommBackendPreference { Auto, Mpi, Nccl };
 CommBackendPreference parse_comm_backend(std::string_view s);  // auto|mpi|nccl, throws UsageError
+const char* comm_backend_preference_name(CommBackendPreference p);
 
 // Auto: NCCL when the device is a GPU of its own (one rank per GPU on every node); MPI otherwise
 // (the CPU backend, or several ranks sharing a GPU, staged through pinned host memory).

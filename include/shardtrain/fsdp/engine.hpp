@@ -2,6 +2,9 @@
 // model uses them and releases them after, and reduces gradients over the mesh. It drives the model
 // from outside through ModuleHooks and ParamBinding; the model never sees a communicator.
 //
+// On a GPU with device-memory communicators the collectives run on their own streams (engine.cpp,
+// "Overlap"), so the next unit's all-gather and the last unit's reduce-scatter overlap compute.
+//
 // Per step: zero_grad(); forward_backward(micro_batch, scale, last) for each micro-batch; then the
 // optimizer works on shards() (grad norm, clipping, AdamW).
 #pragma once
@@ -82,7 +85,10 @@ class FsdpEngine final : public model::ModuleHooks {
 
  private:
   struct Unit;
+  struct Streams;
   void unshard(Unit& u);
+  void wait_gathered(Unit& u);
+  void wait_reductions();
   void reshard(Unit& u);
   void begin_unit_backward(Unit& u);
   void reduce_gradients(Unit& u);
@@ -110,8 +116,13 @@ class FsdpEngine final : public model::ModuleHooks {
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
   std::vector<float> host_scratch_;
   bool last_micro_batch_ = true;
+  bool offload_copies_pending_ = false;  // reduced gradients on their way down to offloaded shards
   CollectiveWatchdog* watchdog_ = nullptr;
   UnitStats stats_;
+  // The overlapped schedule (a GPU with device-memory communicators, shards not offloaded): all-gathers,
+  // reduce-scatters and replica all-reduces on streams of their own, ordered against the compute stream
+  // (the ops' stream) by events. Null: everything in call order on the compute stream.
+  std::unique_ptr<Streams> streams_;
 };
 
 }  // namespace shardtrain::fsdp

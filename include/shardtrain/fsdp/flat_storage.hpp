@@ -43,6 +43,11 @@ class FlatBuffer {
   ops::HostBuffer host_;
   PinnedBuffer pinned_;
   DeviceBuffer device_buffer_;
+
+ public:
+  // Recorded on the last stream that reads the buffer before it goes back to a pool; whoever takes it
+  // next makes its stream wait for it (the overlapped GPU schedule; a no-op on the CPU).
+  CudaEvent fence;
 };
 
 // Recycles buffers: acquire() returns the smallest free buffer that fits, or allocates one.

@@ -43,8 +43,10 @@ class ActivationPlan {
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
   size_t bytes() const { return bytes_; }
-  // Points every view into base (bytes() long, 64-byte aligned).
-  void place(void* base);
+  // Every buffer starts at a multiple of this: 256 bytes, what cuBLASLt's fastest kernels want.
+  static constexpr size_t kAlignment = 256;
+  // Points every view into base (bytes() long, kAlignment-aligned) in the memory of `device`.
+  void place(void* base, DeviceKind device = DeviceKind::Cpu);
   std::string describe() const;  // one line per buffer: name, dtype, shape, bytes
 
   std::vector<ops::Tensor> hidden;  // (N, D) x L+1: hidden[l] is layer l's input, hidden[L] the last output

@@ -79,7 +79,8 @@ class LlamaModel {
   ModuleHooks no_hooks_;
   ModuleHooks* hooks_ = &no_hooks_;
   std::unique_ptr<ActivationPlan> plan_;
-  ops::HostBuffer arena_;
+  ops::HostBuffer arena_;       // the activations on the CPU backend
+  DeviceBuffer device_arena_;   // and on a GPU backend
 };
 
 }  // namespace shardtrain::model

@@ -55,6 +55,26 @@ class CudaStream {
 
 void stream_synchronize(StreamRef s);  // no-op for the null stream without CUDA
 
+// Orders work between streams without blocking the host: record() marks the point a stream has reached,
+// wait() makes another stream's later work start after it. Timing is off (cheapest event). Without CUDA
+// or a device every call is a no-op (one stream of host work is already in order). Move-only.
+class CudaEvent {
+ public:
+  CudaEvent() = default;  // the CUDA event is created at the first record()
+  ~CudaEvent();
+  CudaEvent(CudaEvent&& o) noexcept;
+  CudaEvent& operator=(CudaEvent&& o) noexcept;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void record(StreamRef stream);
+  void wait(StreamRef waiter) const;  // nothing to wait for before the first record()
+  bool recorded() const { return recorded_; }
+
+ private:
+  void* handle_ = nullptr;
+  bool recorded_ = false;
+};
+
 enum class MemorySpace { Host, Device };
 
 // Page-locked host memory (cudaMallocHost) when CUDA is built and a device exists, aligned

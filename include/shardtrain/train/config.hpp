@@ -12,6 +12,7 @@
 
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/fsdp/config.hpp"
+#include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/model/config.hpp"
 #include "shardtrain/optim/adamw.hpp"
 #include "shardtrain/optim/schedule.hpp"
@@ -26,6 +27,9 @@ struct FsdpSection {
   int num_processes = 0;
   int num_machines = 0;
   double collective_timeout = 600;  // seconds a collective may take before the watchdog ends the job; 0 = off
+  // Who carries the collectives: auto = NCCL when every rank has a GPU of its own, else MPI (host memory, or
+  // device memory staged through pinned host buffers when ranks share a GPU).
+  CommBackendPreference comm_backend = CommBackendPreference::Auto;
 };
 
 // [optim]: AdamW, clipping, and what to do about non-finite steps.

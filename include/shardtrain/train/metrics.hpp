@@ -27,7 +27,8 @@ struct StepMetrics {
   double step_time_s = 0;       // data, forward, backward, optimizer (no eval, no checkpoint)
   double tokens_per_s = 0;      // step tokens / step_time_s
   double mfu = 0;               // tokens_per_s * flops_per_token / (peak per rank * ranks)
-  int64_t peak_mem_bytes = 0;   // rank 0's ledger peak: shards, gathered units, grads, activations, comm buffers
+  int64_t peak_mem_bytes = 0;   // rank 0: on a GPU every byte shardtrain allocated there (device_memory_stats);
+                                // on the CPU the ledger peak: shards, gathered units, grads, activations, comm buffers
   int64_t rss_peak_bytes = 0;   // rank 0's peak resident set (VmHWM)
   uint64_t comm_shard_bytes = 0;      // this step, rank 0, shard axis (all collectives)
   uint64_t comm_replicate_bytes = 0;  // this step, rank 0, replicate axis

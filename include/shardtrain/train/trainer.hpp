@@ -132,6 +132,9 @@ class Trainer {
 
  private:
   void step_once(StepMetrics& m);
+  // The micro-batch as the model reads it: host views on the CPU backend; on a GPU, copied into device
+  // buffers (asynchronously, in stream order) that the next call reuses.
+  model::Batch model_batch(data::MicroBatch& mb);
   void maybe_evaluate(bool force);
   void report(const StepMetrics& m);
   bool due(int64_t every) const { return every > 0 && state_.step % every == 0; }
@@ -144,10 +147,12 @@ class Trainer {
   std::unique_ptr<MeshComms> comms_;
   std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::unique_ptr<ops::Ops> ops_;
+  DeviceBuffer batch_ids_, batch_targets_, batch_docs_;  // the micro-batch on the GPU
   std::unique_ptr<model::LlamaModel> model_;
   MemoryLedger ledger_;
   std::unique_ptr<fsdp::FsdpEngine> engine_;
   std::unique_ptr<optim::AdamW> adamw_;
+  optim::GradNormScratch grad_norm_scratch_;
   std::shared_ptr<const data::TokenDataset> dataset_;
   std::unique_ptr<data::Loader> loader_, eval_loader_;
   std::unique_ptr<optim::LrSchedule> schedule_;

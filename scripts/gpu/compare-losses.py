@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Compares the per-step training losses of two runs of the same config (the CPU backend and the GPU),
+from their run directories' metrics.jsonl. Prints one line per step and PASS or FAIL.
+
+  compare-losses.py [--dtype fp32|bf16] RUN_DIR_A RUN_DIR_B
+
+Tolerances (relative difference of the loss):
+  fp32: 1e-5 at step 1 (the same weights and batch; only summation orders differ), 1e-3 at any later step
+        (differences in the updates compound, slowly at these learning rates);
+  bf16: 1e-2 at step 1 (bf16 keeps 8 bits of mantissa: one rounding of a 1e-3-relative difference in an
+        activation flips the last bit), 3e-2 at any later step.
+Both runs must have the same steps and no skipped step."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+TOLERANCES = {"fp32": (1e-5, 1e-3), "bf16": (1e-2, 3e-2)}
+
+
+def losses(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        sys.exit(f"compare-losses: {path}: no metrics (did the run start?)")
+    out = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "train":
+            if rec.get("skipped"):
+                sys.exit(f"compare-losses: {path}: step {rec['step']} was skipped (non-finite)")
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=sorted(TOLERANCES), default="fp32")
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    args = ap.parse_args()
+    a, b = losses(args.a), losses(args.b)
+    if sorted(a) != sorted(b) or not a:
+        print(f"FAIL: the runs have different steps: {len(a)} in {args.a}, {len(b)} in {args.b}")
+        return 1
+    first_tol, tol = TOLERANCES[args.dtype]
+    worst = 0.0
+    ok = True
+    print(f"{'step':>5} {args.a.name:>24} {args.b.name:>24} {'rel diff':>10}")
+    for step in sorted(a):
+        rel = abs(a[step] - b[step]) / max(abs(a[step]), 1e-12)
+        limit = first_tol if step == min(a) else tol
+        flag = "" if rel <= limit else f"  > {limit:g}"
+        ok = ok and rel <= limit
+        worst = max(worst, rel)
+        print(f"{step:>5} {a[step]:>24.10f} {b[step]:>24.10f} {rel:>10.2e}{flag}")
+    print(f"{'PASS' if ok else 'FAIL'}: {args.dtype}, {len(a)} steps, largest relative loss difference {worst:.3e}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
