@@ -8,7 +8,9 @@
 #
 #   scripts/gpu/bundle.sh [BUILD_DIR]     (default: build) -> .deps/gpu/bundle.tar.xz
 #
-# Executables: bin/shardtrain and every test binary labelled gpu or mpi that exists in BUILD_DIR.
+# Executables: bin/shardtrain and the test binaries scripts/gpu/run.sh runs there (the GPU tests, the
+# collectives, the FSDP equivalence matrix). Every binary carries the kernels for sm_80 and sm_90, so the
+# CPU-only tests stay here: the carried working tree may not pass 64 MiB, the dataset included.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD=${1:-$ROOT/build}
@@ -40,7 +42,8 @@ copy_deps() {  # every resolved library of the given ELF files, once
 
 # 1. Executables.
 bins=("$BUILD/bin/shardtrain")
-while IFS= read -r t; do bins+=("$t"); done < <(find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -name '*_test' | sort)
+while IFS= read -r t; do bins+=("$t"); done < <(find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x \
+  \( -name 'gpu_*_test' -o -name '*kernel_test' -o -name collectives_test -o -name fsdp_equivalence_test \) | sort)
 for b in "${bins[@]}"; do [[ -x "$b" ]] && cp "$b" "$OUT/bin/"; done
 copy_deps "$OUT"/bin/*
 

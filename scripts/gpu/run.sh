@@ -125,7 +125,7 @@ phase_track() {
     for dev in cpu cuda; do
       run "track_${dt}_${dev}" 240 mpirun -np 2 shardtrain --device "$dev" train --config "$ROOT/configs/tiny-cpu.toml" \
         --data.path "$DATA" --schedule.max_steps "$steps" --schedule.eval_batches 0 --checkpoint.every_n_steps 0 \
-        --fsdp.param_dtype "$dt" --logging.run_dir "$LOGS/track_${dt}_${dev}"
+        --fsdp.param_dtype "$dt" --logging.progress lines --logging.log_every 5 --logging.run_dir "$LOGS/track_${dt}_${dev}"
     done
     run "track_${dt}_compare" 30 python3 "$ROOT/scripts/gpu/compare-losses.py" --dtype "$dt" \
       "$LOGS/track_${dt}_cpu" "$LOGS/track_${dt}_cuda"
