@@ -5,9 +5,9 @@
 # one 10-minute device call; run them in one call or several.
 #
 #   scripts/gpu/run.sh [PHASE ...] [-- CMD ARGS...]
-#     sanitize  compute-sanitizer (memcheck, racecheck) over the op and kernel tests
 #     tests     every GPU test binary; collectives and the FSDP equivalence matrix with 2 and 4 ranks on
 #               the one GPU (MPI backend staging device memory)
+#     sanitize  compute-sanitizer (memcheck, racecheck) over the op, kernel and optimizer tests
 #     track     the same tiny training run on the CPU and on the GPU (fp32, then bf16): losses compared
 #     parity    loss and gradients of shardtrain (CPU and GPU backends) against transformers' Llama
 #     ops       shardtrain bench ops on the seed model's shapes
@@ -32,7 +32,7 @@ python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2
 phases=()
 while (($#)) && [[ "$1" != -- ]]; do phases+=("$1"); shift; done
 for p in "${phases[@]}"; do
-  case "$p" in sanitize | tests | track | parity | ops | bench) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in tests | sanitize | track | parity | ops | bench) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 
 # The machine's CUDA libraries: the toolkit's, then those of the Python wheels (PyTorch brings NCCL).
@@ -60,8 +60,12 @@ summary() { echo "$*" | tee -a "$LOGS/summary.txt"; }
 finish() {
   if [[ -n "${OUT:-}" ]]; then
     cp "$LOGS/summary.txt" "$OUT/summary.txt" 2>/dev/null
-    tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
-    for f in "$LOGS"/bench/*.md "$LOGS"/bench/*.json; do [[ -f "$f" ]] && cp "$f" "$OUT/"; done 2>/dev/null
+    # Logs, metrics and JSON; not the parity dumps' weights and gradients (tens of MB; the tool returns
+    # files of up to 16 MB, 8 of them).
+    tar -czf "$OUT/logs.tar.gz" --exclude='*.safetensors' -C "$LOGS" . 2>/dev/null
+    for f in "$LOGS"/bench/*.md "$LOGS"/bench/bench-vs-pytorch.json "$LOGS"/bench/ops.json; do
+      [[ -f "$f" ]] && cp "$f" "$OUT/"
+    done 2>/dev/null
   fi
 }
 trap finish EXIT
@@ -77,6 +81,7 @@ run() {
   summary "$(printf '%-36s rc=%-3d %7d ms %s' "$name" "$rc" "$((($(date +%s%N) - start) / 1000000))" \
     "$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) |^(PASS|FAIL)' "$LOGS/$name.log" | head -4 | tr '\n' ' ')")"
   ((rc == 0)) || status=1
+  finish  # after every step: a call cut off at its limit still brings back what ran
   return $rc
 }
 
@@ -95,25 +100,26 @@ run() {
 
 gpu_tests() { find "$B/bin" -maxdepth 1 -name '*_test' \( -name 'gpu_*' -o -name '*kernel_test' -o -name '*gpu*' \) | sort; }
 
+# Bounded so that `tests sanitize` fits one 10-minute call (memcheck slows kernels 10-100x).
 phase_sanitize() {
   local t
-  for t in "$B/bin/gpu_ops_test" "$B/bin/attention_kernel_test"; do
+  for t in "$B/bin/gpu_ops_test" "$B/bin/attention_kernel_test" "$B/bin/gpu_optim_test"; do
     [[ -x "$t" ]] || continue
-    run "memcheck_$(basename "$t")" 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --gtest_brief=1
+    run "memcheck_$(basename "$t")" 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --gtest_brief=1
   done
   # Races inside the block reductions and the scans: a few representative tests, racecheck is slow.
-  run racecheck_gpu_ops 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_ops_test" \
+  run racecheck_gpu_ops 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_ops_test" \
     --gtest_filter='*RmsNorm*:*SumSquares*:*Segments*:*CrossEntropy*' --gtest_brief=1
 }
 
 phase_tests() {
   local t
-  while IFS= read -r t; do run "$(basename "$t")" 300 "$t"; done < <(gpu_tests)
+  while IFS= read -r t; do run "$(basename "$t")" 150 "$t"; done < <(gpu_tests)
   [[ -x "$B/bin/collectives_test" ]] && run collectives_np2 120 mpirun -np 2 "$B/bin/collectives_test"
   # The FSDP equivalence matrix on the GPU: every rank on device 0, MPI staging device buffers, two
   # "nodes" of two ranks for the hybrid strategies (the same command line as the CPU test).
   if [[ -x "$B/bin/fsdp_equivalence_test" ]]; then
-    run fsdp_equivalence_gpu_np4 300 env SHARDTRAIN_TEST_DEVICE=cuda \
+    run fsdp_equivalence_gpu_np4 180 env SHARDTRAIN_TEST_DEVICE=cuda \
       mpirun -np 4 -x SHARDTRAIN_TEST_DEVICE -x SHARDTRAIN_RANKS_PER_NODE=2 "$B/bin/fsdp_equivalence_test"
   fi
 }
