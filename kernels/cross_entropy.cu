@@ -102,7 +102,7 @@ __global__ void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const 
 }
 
 __global__ void sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets, int64_t n,
-                           int32_t ignore_index, LossSumsDevice* __restrict__ out) {
+                           int32_t ignore_index, LossSumsDevice* __restrict__ out, LossSumsDevice* __restrict__ total) {
   __shared__ double shared_d[32];
   __shared__ double shared_c[32];
   double loss = 0.0, count = 0.0;
@@ -116,6 +116,10 @@ __global__ void sum_kernel(const float* __restrict__ row_loss, const int32_t* __
   if (threadIdx.x == 0) {
     out->loss_sum = loss;
     out->tokens = static_cast<int64_t>(count);
+    if (total) {
+      total->loss_sum += loss;
+      total->tokens += static_cast<int64_t>(count);
+    }
   }
 }
 
@@ -139,9 +143,9 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
 }
 
 void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index,
-                       LossSumsDevice* out, StreamRef stream) {
+                       LossSumsDevice* out, LossSumsDevice* total, StreamRef stream) {
   // Runs for n == 0 too, so that *out always holds this call's (zero) sums.
-  sum_kernel<<<1, kSumThreads, 0, detail::cuda_stream(stream)>>>(row_loss, targets, n, ignore_index, out);
+  sum_kernel<<<1, kSumThreads, 0, detail::cuda_stream(stream)>>>(row_loss, targets, n, ignore_index, out, total);
   ST_CHECK_KERNEL("cross_entropy sum_kernel");
 }
 

@@ -62,8 +62,8 @@ model::Batch Trainer::model_batch(data::MicroBatch& mb) {
   }
   // Asynchronous copies from the micro-batch's pinned storage, in stream order: the previous micro-batch's
   // kernels have read these device buffers before the copies land. The loader may refill the host storage
-  // only after the copies ran; it gets the micro-batch back after the step's loss was read (a stream
-  // synchronization that follows every copy), so they have.
+  // only after the copies ran: a training step recycles its micro-batches after the loss and gradient norm
+  // were read (stream synchronizations that follow every copy), evaluation synchronizes before it recycles.
   const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(int32_t);
   auto upload = [&](DeviceBuffer& buf, std::span<const int32_t> host) {
     if (buf.size() < bytes) buf = DeviceBuffer(bytes);
@@ -99,8 +99,9 @@ void Trainer::step_once(StepMetrics& m) {
   double sums[2] = {0, 0};  // loss sum, non-finite flag
   for (int a = 0; a < accumulation_; ++a) {
     const model::Batch batch = model_batch(mbs[static_cast<size_t>(a)]);
-    sums[0] += engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1).loss_sum;
+    engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1);
   }
+  sums[0] = ops_->take_loss().loss_sum;  // deferred (trainer.cpp): one read for the whole step
   const int64_t step_number = state_.step + 1;
   if (options_.faults.nan_grad_at(step_number)) optim::poison_first_gradient(engine_->shards());
   const double norm = optim::grad_norm_global(engine_->shards(), comms_->shard(), {}, &grad_norm_scratch_);
@@ -158,11 +159,13 @@ double Trainer::evaluate(int64_t* counted_tokens) {
   double sums[2] = {0, 0};  // loss sum, tokens
   for (int64_t i = 0; i < eval_micro_batches_; ++i) {
     data::MicroBatch mb = eval_loader_->next();
-    const model::LossResult r = engine_->forward(model_batch(mb));
-    sums[0] += r.loss_sum;
-    sums[1] += static_cast<double>(r.tokens);
+    engine_->forward(model_batch(mb));
+    if (ops_->device() == DeviceKind::Cuda) stream_synchronize({});  // the upload ran before the loader refills it
     eval_loader_->recycle(std::move(mb));
   }
+  const ops::LossSums total = ops_->take_loss();
+  sums[0] = total.loss_sum;
+  sums[1] = static_cast<double>(total.tokens);
   comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);
   if (counted_tokens) *counted_tokens = static_cast<int64_t>(sums[1]);
   return sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();

@@ -221,6 +221,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     peak_flops_ = gflops / W * 1e9;  // the ranks' mean, so every rank reports the same MFU
   }
   if (!on_gpu) ops_ = ops::make_cpu_ops({threads});
+  ops_->defer_loss(true);  // the losses of a step's micro-batches are read once, after the last one
 
   mesh_ = std::make_unique<DeviceMesh>(runtime.world(), topo, MeshSpec{config_.fsdp.engine.strategy, config_.fsdp.engine.shard_size});
   const CommBackend backend = choose_comm_backend(runtime, config_.fsdp.comm_backend);

@@ -517,6 +517,38 @@ TEST_F(GpuOps, CrossEntropyLossGradientAndDataError) {
   EXPECT_NO_THROW(gpu_->cross_entropy(gl.view(), gt.view(), ignore, 1.0, Tensor{}));  // the record was reset
 }
 
+// Deferred losses: zero sums from the calls, the total (in call order) from take_loss(), which starts over;
+// a bad target recorded while deferring surfaces at take_loss() and leaves no stale total behind.
+TEST_F(GpuOps, DeferredLossIsReadOncePerTake) {
+  const int64_t n = 29, vocab = 517;
+  const int32_t ignore = -100;
+  HostT t = loss_targets(rng_, n, vocab, ignore);
+  DevT gt = up(t);
+  HostT logits = random({n, vocab}, DType::F32, 2.0), logits2 = random({n, vocab}, DType::F32, 2.0);
+  DevT gl = up(logits), gl2 = up(logits2);
+  const LossSums a = gpu_->cross_entropy(gl.view(), gt.view(), ignore, 1.0, Tensor{});
+  const LossSums b = gpu_->cross_entropy(gl2.view(), gt.view(), ignore, 1.0, Tensor{});
+  gpu_->defer_loss(true);
+  const LossSums z1 = gpu_->cross_entropy(gl.view(), gt.view(), ignore, 1.0, Tensor{});
+  const LossSums z2 = gpu_->cross_entropy(gl2.view(), gt.view(), ignore, 1.0, Tensor{});
+  EXPECT_EQ(z1.tokens, 0);
+  EXPECT_EQ(z2.loss_sum, 0.0);
+  const LossSums total = gpu_->take_loss();
+  EXPECT_EQ(total.tokens, a.tokens + b.tokens);
+  EXPECT_EQ(total.loss_sum, a.loss_sum + b.loss_sum);  // the same doubles, added in the same order
+  EXPECT_EQ(gpu_->take_loss().tokens, 0);               // started over
+  HostT tb = t;
+  tb.set(3, static_cast<int32_t>(vocab));
+  DevT gtb = up(tb);
+  EXPECT_NO_THROW(gpu_->cross_entropy(gl.view(), gtb.view(), ignore, 1.0, Tensor{}));  // recorded, not read
+  EXPECT_THROW(gpu_->take_loss(), DataError);
+  const LossSums after = gpu_->take_loss();
+  EXPECT_EQ(after.tokens, 0);
+  EXPECT_EQ(after.loss_sum, 0.0);
+  gpu_->defer_loss(false);
+  EXPECT_EQ(gpu_->cross_entropy(gl.view(), gt.view(), ignore, 1.0, Tensor{}).tokens, a.tokens);
+}
+
 TEST_F(GpuOps, LinearCrossEntropyInChunksMatchesCpu) {
   const int64_t n = 37, d = 72, vocab = 1003;
   const int32_t ignore = -100;

@@ -51,6 +51,31 @@ TEST(Dtypes, MatmulF32AndBf16) {
   for (int64_t i = 0; i < 9 * 13; ++i) EXPECT_EQ(c16.get(i), static_cast<float>(bf16(static_cast<float>(c32.get(i)))));
 }
 
+// Deferred losses on the CPU backend: the calls return zero sums, take_loss() the total in call order (the
+// same doubles the separate calls return, added alike), then starts over.
+TEST(Dtypes, DeferredLossTotalsInCallOrder) {
+  auto ops = cpu_ops(2);
+  std::mt19937_64 rng(5);
+  const int64_t n = 11, d = 16, vocab = 37;
+  HostTensor h = random_tensor({n, d}, rng), h2 = random_tensor({n, d}, rng), w = random_tensor({vocab, d}, rng, 0.3);
+  IntTensor t({n});
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 4 == 3 ? -100 : static_cast<int32_t>((i * 7) % vocab);
+  const LossSums a = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  const LossSums b = ops->linear_cross_entropy(h2.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  ASSERT_GT(a.tokens, 0);
+  ops->defer_loss(true);
+  const LossSums za = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  const LossSums zb = ops->linear_cross_entropy(h2.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  EXPECT_EQ(za.tokens, 0);
+  EXPECT_EQ(zb.loss_sum, 0.0);
+  const LossSums total = ops->take_loss();
+  EXPECT_EQ(total.tokens, a.tokens + b.tokens);
+  EXPECT_EQ(total.loss_sum, a.loss_sum + b.loss_sum);
+  EXPECT_EQ(ops->take_loss().tokens, 0);
+  ops->defer_loss(false);
+  EXPECT_EQ(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}).loss_sum, a.loss_sum);
+}
+
 TEST(Dtypes, RmsnormSwigluAttentionLoss) {
   auto ops = cpu_ops(2);  // the parallel paths
   std::mt19937_64 rng(22);

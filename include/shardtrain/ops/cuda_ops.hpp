@@ -1,13 +1,15 @@
 // The CUDA backend: kernels/ for everything but GEMMs, cuBLASLt for GEMMs (docs/gpu.md). Tensors live in
 // device memory (Tensor::device == DeviceKind::Cuda), in f32 or bf16 (f64 stays on the CPU backend); ops
 // run asynchronously on the stream given to set_stream and never synchronize, except where a value must
-// reach the host: the two losses (LossSums) and synchronize(). set_stream keeps call order across a
-// switch: the new stream waits (on the device, through an event) for work queued on the previous one.
+// reach the host: the two losses (LossSums; not while defer_loss is on), take_loss() and synchronize().
+// set_stream keeps call order across a switch: the new stream waits (on the device, through an event) for
+// work queued on the previous one.
 //
 // Bad input a kernel finds (a token id or target outside the vocabulary, a negative document id) is
-// recorded on the device and thrown as DataError at the next synchronization point: the loss ops,
-// synchronize(), and nothing else. So an out-of-range id given to embedding_forward surfaces when the
-// step's loss is computed (or at an explicit synchronize()), not from embedding_forward itself.
+// recorded on the device and thrown as DataError at the next synchronization point: the loss ops (when not
+// deferred), take_loss(), synchronize(), and nothing else. So an out-of-range id given to
+// embedding_forward surfaces when the step's loss is read (or at an explicit synchronize()), not from
+// embedding_forward itself.
 #pragma once
 
 #include <cstddef>
@@ -70,6 +72,8 @@ class CudaOps final : public Ops {
   LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t ignore_index,
                                 double grad_scale, int64_t chunk_tokens, const Tensor& dh,
                                 const Tensor& dweight) override;
+  void defer_loss(bool on) override;
+  LossSums take_loss() override;
 
   // Beyond Ops. out (one f64 element, device) = or += sum of x^2 (x f32 or bf16), reduced in a fixed order:
   // the local part of the global gradient norm. Asynchronous.

@@ -109,6 +109,14 @@ class Ops {
   virtual LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets,
                                         int32_t ignore_index, double grad_scale, int64_t chunk_tokens,
                                         const Tensor& dh, const Tensor& dweight) = 0;
+
+  // Deferred losses: one host read per training step instead of one per loss call (on a GPU each read is a
+  // synchronization). While on, cross_entropy and linear_cross_entropy return zero sums and add theirs to
+  // the backend's running total, in call order; take_loss() returns the total since the last take_loss()
+  // and starts it again from zero. On a GPU, take_loss() is where a bad target recorded by a kernel
+  // surfaces as DataError. Off by default.
+  virtual void defer_loss(bool on) = 0;
+  virtual LossSums take_loss() = 0;
 };
 
 }  // namespace shardtrain::ops

@@ -2,6 +2,7 @@
 #include <cblas.h>
 
 #include <thread>
+#include <utility>
 
 #include "kernels.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
@@ -66,16 +67,26 @@ class CpuOps final : public Ops {
   }
   LossSums cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
                          const Tensor& dlogits) override {
-    return cpu::cross_entropy(ctx_, logits, targets, ignore_index, grad_scale, dlogits);
+    return deferred(cpu::cross_entropy(ctx_, logits, targets, ignore_index, grad_scale, dlogits));
   }
   LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t ignore_index,
                                 double grad_scale, int64_t chunk_tokens, const Tensor& dh,
                                 const Tensor& dweight) override {
-    return cpu::linear_cross_entropy(ctx_, h, weight, targets, ignore_index, grad_scale, chunk_tokens, dh, dweight);
+    return deferred(cpu::linear_cross_entropy(ctx_, h, weight, targets, ignore_index, grad_scale, chunk_tokens, dh, dweight));
   }
+  void defer_loss(bool on) override { defer_ = on; }
+  LossSums take_loss() override { return std::exchange(total_, LossSums{}); }
 
  private:
+  LossSums deferred(const LossSums& s) {
+    if (!defer_) return s;
+    total_.loss_sum += s.loss_sum;
+    total_.tokens += s.tokens;
+    return {};
+  }
   cpu::Context ctx_;
+  bool defer_ = false;
+  LossSums total_;
 };
 
 }  // namespace

@@ -34,6 +34,7 @@ class Scratch {
 // What the host reads back at a synchronization point, in one copy.
 struct Readback {
   kernels::LossSumsDevice sums;
+  kernels::LossSumsDevice deferred;  // the losses since the last take_loss(), while deferring
   kernels::DataErrorRecord error;
 };
 
@@ -46,6 +47,7 @@ struct Context {
   }
   kernels::DataErrorRecord* error_record() { return &static_cast<Readback*>(readback_device.data())->error; }
   kernels::LossSumsDevice* loss_sums() { return &static_cast<Readback*>(readback_device.data())->sums; }
+  kernels::LossSumsDevice* deferred_sums() { return &static_cast<Readback*>(readback_device.data())->deferred; }
   // Copies the readback to pinned host memory, waits for the stream, and throws DataError (after resetting
   // the record) when a kernel recorded bad input since the last check.
   Readback synchronize_and_check();
@@ -55,6 +57,7 @@ struct Context {
   void switch_stream(StreamRef next);
 
   StreamRef stream;
+  bool defer_loss = false;  // Ops::defer_loss: the losses add into Readback::deferred, nothing is read back
   cudaEvent_t stream_switch = nullptr;
   CudaOpsOptions options;
   std::vector<Scratch> scratch = std::vector<Scratch>(static_cast<size_t>(Slot::Count));

@@ -1,7 +1,10 @@
 // CudaOps: the Ops interface on the GPU, forwarding to the op families in this folder (context.hpp).
 #include "shardtrain/ops/cuda_ops.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include "context.hpp"
+#include "shardtrain/runtime/check.hpp"
 
 namespace shardtrain::ops {
 
@@ -67,6 +70,25 @@ LossSums CudaOps::linear_cross_entropy(const Tensor& h, const Tensor& weight, co
                                        int32_t ignore_index, double grad_scale, int64_t chunk_tokens, const Tensor& dh,
                                        const Tensor& dweight) {
   return cuda::linear_cross_entropy(*ctx_, h, weight, targets, ignore_index, grad_scale, chunk_tokens, dh, dweight);
+}
+
+void CudaOps::defer_loss(bool on) { ctx_->defer_loss = on; }
+LossSums CudaOps::take_loss() {
+  // Read (one copy, one wait), then the total starts again from zero: also when a kernel recorded a bad
+  // target, so that the DataError leaves no stale sums behind.
+  auto restart = [&] {
+    ST_CHECK_CUDA(cudaMemsetAsync(ctx_->deferred_sums(), 0, sizeof(kernels::LossSumsDevice),
+                                  static_cast<cudaStream_t>(ctx_->stream.handle)));
+  };
+  cuda::Readback r;
+  try {
+    r = ctx_->synchronize_and_check();
+  } catch (...) {
+    restart();
+    throw;
+  }
+  restart();
+  return LossSums{r.deferred.loss_sum, static_cast<int64_t>(r.deferred.tokens)};
 }
 
 void CudaOps::sum_squares(const Tensor& x, const Tensor& out, SumInto mode) { cuda::sum_squares(*ctx_, x, out, mode); }

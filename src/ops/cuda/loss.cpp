@@ -27,7 +27,9 @@ LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets
   const int32_t* t = targets.as<const int32_t>();
   kernels::cross_entropy_rows(logits.dtype, logits.data, n, vocab, t, ignore_index, static_cast<float>(grad_scale),
                               logits.dtype, grad ? dlogits.data : nullptr, row_loss, 0, ctx.error_record(), ctx.stream);
-  kernels::cross_entropy_sum(row_loss, t, n, ignore_index, ctx.loss_sums(), ctx.stream);
+  kernels::cross_entropy_sum(row_loss, t, n, ignore_index, ctx.loss_sums(), ctx.defer_loss ? ctx.deferred_sums() : nullptr,
+                             ctx.stream);
+  if (ctx.defer_loss) return LossSums{};
   return to_loss_sums(ctx.synchronize_and_check());
 }
 
@@ -77,9 +79,11 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
     matmul(ctx, Transpose::No, Transpose::No, 1.0, gc, w2, 0.0, dh2.row_slice(c0, rows));  // (rows, D) = dlogits W
     matmul(ctx, Transpose::Yes, Transpose::No, 1.0, gc, hc, 1.0, dw);                      // (V, D) += dlogits^T h_c
   }
-  kernels::cross_entropy_sum(row_loss, t, n, ignore_index, ctx.loss_sums(), ctx.stream);
+  kernels::cross_entropy_sum(row_loss, t, n, ignore_index, ctx.loss_sums(), ctx.defer_loss ? ctx.deferred_sums() : nullptr,
+                             ctx.stream);
   if (grad && dweight.dtype != DType::F32)
     kernels::elementwise_add(DType::F32, dw.data, dweight.dtype, dweight.data, vocab * d, ctx.stream);
+  if (ctx.defer_loss) return LossSums{};
   return to_loss_sums(ctx.synchronize_and_check());
 }
 
