@@ -113,20 +113,7 @@ class OpsBench {
   }
   void release() { buffers_.clear(); }
 
-  double time(const std::function<void()>& fn) {
-    for (int i = 0; i < warmup_; ++i) fn();
-    std::vector<DeviceTimer> timers;
-    timers.reserve(static_cast<size_t>(iters_));
-    for (int i = 0; i < iters_; ++i) timers.emplace_back(ops_.device(), stream_);
-    for (DeviceTimer& t : timers) {
-      t.start();
-      fn();
-      t.stop();
-    }
-    std::vector<double> s;
-    for (const DeviceTimer& t : timers) s.push_back(t.seconds());
-    return median(std::move(s));
-  }
+  double time(const std::function<void()>& fn) { return median_call_seconds(ops_.device(), stream_, warmup_, iters_, fn); }
 
   ops::Ops& ops() { return ops_; }
 

@@ -50,27 +50,6 @@ void fill_uniform(const Tensor& t, uint64_t seed, double scale, StreamRef stream
   stream_synchronize(stream);  // the pattern goes out of scope
 }
 
-namespace {
-
-// Median seconds of `reps` calls of `fn`, each between a timer's start and stop, queued back to back.
-template <typename Fn>
-double median_call_seconds(DeviceKind device, StreamRef stream, int warmup, int reps, Fn&& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<DeviceTimer> timers;
-  timers.reserve(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) timers.emplace_back(device, stream);
-  for (DeviceTimer& t : timers) {
-    t.start();
-    fn();
-    t.stop();
-  }
-  std::vector<double> seconds;
-  for (const DeviceTimer& t : timers) seconds.push_back(t.seconds());
-  return median(std::move(seconds));
-}
-
-}  // namespace
-
 double measure_matmul_flops(Ops& ops, DType dtype, int64_t n, int reps, StreamRef stream) {
   if (n < 1 || reps < 1) throw InternalError(fmt::format("measure_matmul_flops: n = {} and reps = {} must be positive", n, reps));
   const size_t bytes = static_cast<size_t>(n * n) * dtype_size(dtype);

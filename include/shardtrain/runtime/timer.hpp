@@ -48,4 +48,22 @@ inline double median(std::vector<double> samples) {
   return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
 }
 
+// Median seconds of `reps` calls of `fn` after `warmup` untimed ones, each call between a timer's start and
+// stop, all queued back to back on `stream` and read at the end.
+template <typename Fn>
+double median_call_seconds(DeviceKind device, StreamRef stream, int warmup, int reps, Fn&& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<DeviceTimer> timers;
+  timers.reserve(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) timers.emplace_back(device, stream);
+  for (DeviceTimer& t : timers) {
+    t.start();
+    fn();
+    t.stop();
+  }
+  std::vector<double> seconds;
+  for (const DeviceTimer& t : timers) seconds.push_back(t.seconds());
+  return median(std::move(seconds));
+}
+
 }  // namespace shardtrain
