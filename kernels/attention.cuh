@@ -30,4 +30,18 @@ void attention_backward(DType dtype, const AttentionDims& d, const void* q, cons
                         const void* out, const float* lse, const void* dout, const int32_t* segments, float scale,
                         void* dq, void* dk, void* dv, void* workspace, StreamRef stream);
 
+// Which kernels run. Auto: the tensor-core kernels (attention_mma.cu: mma.sync, bf16 tiles) for bf16 and the
+// fp32-FMA kernels for f32; Fma: the FMA kernels for both (the reference the tensor-core kernels were checked
+// against, and a fallback). The initial value comes from SHARDTRAIN_ATTENTION_KERNEL = auto | fma (unset:
+// auto; anything else throws UsageError naming the variable).
+enum class AttentionKernel { Auto, Fma };
+void set_attention_kernel(AttentionKernel kernel);
+AttentionKernel attention_kernel();
+bool attention_uses_mma(DType dtype);
+
+// One warp: d (16 x 8 fp32, row-major) = a (16 x 16 bf16 bits, row-major) b, with bt = b^T (8 x 16 bf16 bits),
+// through the tensor-core kernels' fragment loaders and one mma.sync. Device pointers. Tests use it to check
+// the fragment layouts against the hardware.
+void mma_fragment_probe(const uint16_t* a, const uint16_t* bt, float* d, StreamRef stream);
+
 }  // namespace shardtrain::kernels

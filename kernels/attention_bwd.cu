@@ -11,7 +11,8 @@
 // and step columns tx + 16 j (j < 2), and head-dim columns tx + 16 j (j < DMAX/16) of its accumulators.
 // fp32 shared tiles padded by one column; Dh zero-padded to DMAX in {16, 32, 64, 96, 128}.
 //
-// Faster later: tensor-core mma / wgmma on bf16 tiles, cp.async double buffering, vector loads; merging
+// Kernels 2 and 3 here are the fp32-FMA versions (f32, or bf16 with SHARDTRAIN_ATTENTION_KERNEL=fma); bf16
+// runs kernel 1 here and the tensor-core kernels of attention_mma.cu for 2 and 3. Faster later: merging
 // kernels 2 and 3 with an atomic (or split-and-reduce) dq, as FlashAttention-2 does, saves the second
 // recomputation of p.
 #include <cuda_runtime.h>
@@ -19,8 +20,10 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_mma.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "kernels/device_common.cuh"
 #include "shardtrain/runtime/check.hpp"
@@ -373,12 +376,15 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
   }
 }
 
-template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {
+template <typename T> void launch_dot(const BackwardArgs<T>& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
   const int64_t dot_blocks = std::min<int64_t>((rows + kDotThreads / 32 - 1) / (kDotThreads / 32), 65535 * 8);
   attention_backward_dot_kernel<T><<<unsigned(dot_blocks), kDotThreads, 0, stream>>>(a);
   ST_CHECK_KERNEL("attention_backward_dot_kernel");
+}
 
+template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {
+  launch_dot(a, stream);
   const unsigned tiles = unsigned((a.seq + kRows - 1) / kRows);
   constexpr size_t dkdv_smem = dkdv_smem_bytes<DMAX>();
   ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dkdv_kernel<T, DMAX>,
@@ -404,6 +410,11 @@ void backward_for_dtype(const AttentionDims& d, const void* q, const void* k, co
                           static_cast<float*>(workspace), static_cast<T*>(dq), static_cast<T*>(dk),
                           static_cast<T*>(dv), int(d.batch), int(d.seq), int(d.heads), int(d.kv_heads),
                           int(d.head_dim), int(d.heads / d.kv_heads), scale};
+  if (std::is_same_v<T, detail::bf16_t> && attention_uses_mma(DType::BF16)) {  // the dot here, the rest on tensor cores
+    launch_dot(a, stream);
+    attention_backward_mma(d, q, k, v, lse, dout, segments, scale, a.dvec, dq, dk, dv, StreamRef{stream});
+    return;
+  }
   if (d.head_dim <= 16) launch_backward<T, 16>(a, stream);
   else if (d.head_dim <= 32) launch_backward<T, 32>(a, stream);
   else if (d.head_dim <= 64) launch_backward<T, 64>(a, stream);

@@ -8,13 +8,14 @@
 // Plain fp32 FMAs on fp32 shared tiles (padded by one column against bank conflicts); Dh is zero-padded up
 // to DMAX (16, 32, 64, 96 or 128).
 //
-// Faster later (with a GPU in hand): bf16 tiles fed to tensor cores (mma.sync m16n8k16 on sm_80, wgmma with
-// TMA loads on sm_90), cp.async double buffering of K/V, 16-byte vector loads, exp2f with a folded log2(e).
+// These run f32 (and bf16 when SHARDTRAIN_ATTENTION_KERNEL=fma); bf16 goes to the tensor-core kernels of
+// attention_mma.cu by default.
 #include <cuda_runtime.h>
 
 #include <cmath>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_mma.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "kernels/device_common.cuh"
 #include "shardtrain/runtime/check.hpp"
@@ -220,6 +221,10 @@ void forward_for_dtype(const AttentionDims& d, const void* q, const void* k, con
 void attention_forward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v,
                        const int32_t* segments, float scale, void* out, float* lse, StreamRef stream) {
   check_dims(d, "attention_forward");
+  if (attention_uses_mma(dtype)) {
+    attention_forward_mma(d, q, k, v, segments, scale, out, lse, stream);
+    return;
+  }
   detail::dispatch_float(dtype, "attention_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     forward_for_dtype<T>(d, q, k, v, segments, scale, out, lse, detail::cuda_stream(stream));

@@ -1,6 +1,7 @@
 // The device attention kernels against the CPU op (CpuOps::attention_forward / attention_backward) in the same
-// dtype, on odd shapes, head dims from 4 to 128, plain causal, packed documents and padding; padding tokens
-// carry NaN in q, k, v and dout, so any leak of a padded row into the arithmetic shows up.
+// dtype, on odd shapes, head dims from 4 to 128, plain causal, packed documents and padding (the cases are in
+// attention_cases.hpp). bf16 runs the tensor-core kernels (attention_mma.cu) and, once more, the FMA kernels;
+// MmaFragmentLayout checks the mma.sync fragment layouts those kernels (and the SIMT emulator) assume.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/attention.cuh"
+#include "tests/kernels/attention_cases.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/device.hpp"
@@ -22,84 +24,7 @@ using namespace shardtrain;
 
 namespace {
 
-enum class MaskKind { Causal, Packed, Padded };
-
-const char* mask_name(MaskKind m) {
-  switch (m) {
-    case MaskKind::Causal: return "causal";
-    case MaskKind::Packed: return "packed";
-    case MaskKind::Padded: return "padded";
-  }
-  return "?";
-}
-
-struct Case {
-  int64_t b, s, h, hkv, dh;
-};
-
-// (B, S) segments. Packed: documents of varied lengths, ids not monotonic in row 1 (a reused id joins two runs,
-// as the op's definition says). Padded: row 0 ends in padding and has a padding token inside a document;
-// row 1 starts with padding (all of it when S = 1).
-std::vector<int32_t> make_segments(MaskKind kind, int64_t b, int64_t s) {
-  std::vector<int32_t> seg(static_cast<size_t>(b * s), 0);
-  const int64_t lengths[] = {1, 7, 20, 3, 50, 2, 33};
-  for (int64_t r = 0; r < b; ++r) {
-    int64_t doc = 0, left = lengths[r % 7];
-    for (int64_t t = 0; t < s; ++t) {
-      if (left == 0) {
-        ++doc;
-        left = lengths[(r + doc) % 7];
-      }
-      --left;
-      int32_t v = 0;
-      if (kind == MaskKind::Packed) v = static_cast<int32_t>(r == 0 ? doc : (doc * 5) % 3);
-      if (kind == MaskKind::Padded) {
-        v = static_cast<int32_t>(t / 20);
-        if (r == 0 && (t >= s - s / 4 || (s > 2 && t == s / 2))) v = -1;
-        if (r == 1 && t < 10) v = -1;
-      }
-      seg[static_cast<size_t>(r * s + t)] = v;
-    }
-  }
-  return seg;
-}
-
-// Host storage of a float tensor in f32 or bf16.
-std::vector<uint8_t> encode(const std::vector<float>& x, DType t) {
-  std::vector<uint8_t> out(x.size() * dtype_size(t));
-  if (t == DType::F32) {
-    std::memcpy(out.data(), x.data(), out.size());
-  } else {
-    auto* p = reinterpret_cast<bf16*>(out.data());
-    for (size_t i = 0; i < x.size(); ++i) p[i] = bf16(x[i]);
-  }
-  return out;
-}
-
-std::vector<float> decode(const std::vector<uint8_t>& bytes, DType t) {
-  std::vector<float> out(bytes.size() / dtype_size(t));
-  if (t == DType::F32) {
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-  } else {
-    const auto* p = reinterpret_cast<const bf16*>(bytes.data());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(p[i]);
-  }
-  return out;
-}
-
-std::vector<float> random_values(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> x(n);
-  for (float& v : x) v = dist(rng);
-  return x;
-}
-
-// NaN in every (B, S, heads, Dh) row of a padding token.
-void poison_padding(std::vector<float>& x, const std::vector<int32_t>& seg, int64_t heads, int64_t dh) {
-  for (size_t t = 0; t < seg.size(); ++t)
-    if (seg[t] < 0)
-      for (int64_t e = 0; e < heads * dh; ++e) x[t * static_cast<size_t>(heads * dh) + static_cast<size_t>(e)] = NAN;
-}
+using namespace attention_cases;
 
 // Device copy of host bytes, and back.
 struct DeviceCopy {
@@ -114,78 +39,17 @@ struct DeviceCopy {
   }
 };
 
-// |gpu - cpu| <= tol * (1 + |cpu|) everywhere; -inf must match -inf; the worst element is printed.
-void expect_close(const char* what, const std::vector<float>& gpu, const std::vector<float>& cpu, double tol) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  double worst = -1;
-  size_t worst_i = 0, bad = 0;
-  for (size_t i = 0; i < gpu.size(); ++i) {
-    const double g = gpu[i], c = cpu[i];
-    double err;
-    if (std::isinf(c) || std::isinf(g)) err = g == c ? 0 : std::numeric_limits<double>::infinity();
-    else if (std::isnan(g) || std::isnan(c)) err = std::numeric_limits<double>::infinity();
-    else err = std::abs(g - c) / (1 + std::abs(c));
-    bad += err > tol;
-    if (err > worst) {
-      worst = err;
-      worst_i = i;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " elements off; worst at " << worst_i
-                     << ": gpu " << gpu[worst_i] << " cpu " << cpu[worst_i] << " (relative error " << worst
-                     << ", tolerance " << tol << ")";
-}
-
-struct Results {
-  std::vector<float> out, lse, dq, dk, dv;
-};
-
-ops::Shape dims4(int64_t a, int64_t b, int64_t c, int64_t d) { return ops::Shape{a, b, c, d}; }
-
 void check_case(const Case& c, MaskKind kind, DType dtype) {
   SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << mask_name(kind) << " B=" << c.b << " S=" << c.s
-                                  << " H=" << c.h << " Hkv=" << c.hkv << " Dh=" << c.dh);
-  std::mt19937_64 rng(static_cast<uint64_t>(c.s * 7919 + c.h * 131 + c.hkv * 17 + c.dh));
-  const size_t nq = static_cast<size_t>(c.b * c.s * c.h * c.dh), nkv = static_cast<size_t>(c.b * c.s * c.hkv * c.dh);
-  const size_t nlse = static_cast<size_t>(c.b * c.h * c.s);
-  std::vector<float> q = random_values(nq, rng), k = random_values(nkv, rng), v = random_values(nkv, rng);
-  std::vector<float> dout = random_values(nq, rng);
-  std::vector<int32_t> seg = make_segments(kind, c.b, c.s);
-  const bool masked = kind != MaskKind::Causal;
-  if (kind == MaskKind::Padded) {
-    poison_padding(q, seg, c.h, c.dh);
-    poison_padding(k, seg, c.hkv, c.dh);
-    poison_padding(v, seg, c.hkv, c.dh);
-    poison_padding(dout, seg, c.h, c.dh);
-  }
-  const std::vector<uint8_t> q_b = encode(q, dtype), k_b = encode(k, dtype), v_b = encode(v, dtype);
-  const std::vector<uint8_t> dout_b = encode(dout, dtype);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
-
-  // CPU reference, in the same storage dtype.
-  Results cpu;
-  {
-    auto cpu_ops = ops::make_cpu_ops(ops::CpuOpsOptions{2});
-    const ops::AttentionShape shape{c.b, c.s, c.h, c.hkv, c.dh};
-    std::vector<int32_t> seg_copy = seg;
-    const ops::AttentionMask mask{masked ? ops::make_tensor(seg_copy.data(), DType::I32, ops::Shape{c.b, c.s})
-                                         : ops::Tensor{}};
-    std::vector<uint8_t> qc = q_b, kc = k_b, vc = v_b, dc = dout_b;
-    std::vector<uint8_t> out_b(q_b.size()), dq_b(q_b.size()), dk_b(k_b.size()), dv_b(k_b.size());
-    std::vector<float> lse(nlse);
-    auto qt = ops::make_tensor(qc.data(), dtype, dims4(c.b, c.s, c.h, c.dh));
-    auto kt = ops::make_tensor(kc.data(), dtype, dims4(c.b, c.s, c.hkv, c.dh));
-    auto vt = ops::make_tensor(vc.data(), dtype, dims4(c.b, c.s, c.hkv, c.dh));
-    auto dt = ops::make_tensor(dc.data(), dtype, dims4(c.b, c.s, c.h, c.dh));
-    auto ot = ops::make_tensor(out_b.data(), dtype, dims4(c.b, c.s, c.h, c.dh));
-    auto lt = ops::make_tensor(lse.data(), DType::F32, ops::Shape{c.b, c.h, c.s});
-    auto dqt = ops::make_tensor(dq_b.data(), dtype, dims4(c.b, c.s, c.h, c.dh));
-    auto dkt = ops::make_tensor(dk_b.data(), dtype, dims4(c.b, c.s, c.hkv, c.dh));
-    auto dvt = ops::make_tensor(dv_b.data(), dtype, dims4(c.b, c.s, c.hkv, c.dh));
-    cpu_ops->attention_forward(shape, qt, kt, vt, mask, ot, lt);
-    cpu_ops->attention_backward(shape, qt, kt, vt, ot, lt, dt, mask, dqt, dkt, dvt);
-    cpu = Results{decode(out_b, dtype), lse, decode(dq_b, dtype), decode(dk_b, dtype), decode(dv_b, dtype)};
-  }
+                                  << " H=" << c.h << " Hkv=" << c.hkv << " Dh=" << c.dh << " kernel "
+                                  << (kernels::attention_uses_mma(dtype) ? "mma" : "fma"));
+  const Inputs in = make_inputs(c, kind, dtype);
+  const Results cpu = cpu_reference(c, in, dtype);
+  const std::vector<uint8_t>&q_b = in.q, &k_b = in.k, &v_b = in.v, &dout_b = in.dout;
+  const std::vector<int32_t>& seg = in.seg;
+  const bool masked = in.masked;
+  const float scale = in.scale;
+  const size_t nlse = in.nlse;
 
   // Device.
   Results gpu;
@@ -208,33 +72,7 @@ void check_case(const Case& c, MaskKind kind, DType dtype) {
                   decode(dv_dev.fetch<uint8_t>(s), dtype)};
   }
 
-  // No NaN anywhere; padding query rows are exactly zero with lse = -inf.
-  for (const auto* t : {&gpu.out, &gpu.dq, &gpu.dk, &gpu.dv}) {
-    size_t nonfinite = 0;
-    for (float x : *t) nonfinite += !std::isfinite(x);
-    EXPECT_EQ(nonfinite, 0u) << "non-finite values in a device result";
-  }
-  for (float x : gpu.lse) EXPECT_FALSE(std::isnan(x) || x == std::numeric_limits<float>::infinity()) << x;
-  size_t padding_rows_nonzero = 0;
-  for (int64_t b = 0; b < c.b; ++b)
-    for (int64_t i = 0; i < c.s; ++i) {
-      if (seg[static_cast<size_t>(b * c.s + i)] >= 0 || !masked) continue;
-      for (int64_t h = 0; h < c.h; ++h) {
-        padding_rows_nonzero += gpu.lse[static_cast<size_t>((b * c.h + h) * c.s + i)] != -INFINITY;
-        for (int64_t e = 0; e < c.dh; ++e) {
-          const size_t at = static_cast<size_t>(((b * c.s + i) * c.h + h) * c.dh + e);
-          padding_rows_nonzero += gpu.out[at] != 0.f || gpu.dq[at] != 0.f;
-        }
-      }
-    }
-  EXPECT_EQ(padding_rows_nonzero, 0u) << "padding query rows must give out = 0, dq = 0, lse = -inf";
-
-  const double tol = dtype == DType::F32 ? 2e-5 : 2e-2;
-  expect_close("out", gpu.out, cpu.out, tol);
-  expect_close("lse", gpu.lse, cpu.lse, dtype == DType::F32 ? 2e-5 : 1e-4);  // fp32 in both, from the same inputs
-  expect_close("dq", gpu.dq, cpu.dq, tol);
-  expect_close("dk", gpu.dk, cpu.dk, tol);
-  expect_close("dv", gpu.dv, cpu.dv, tol);
+  check_results(c, in, dtype, gpu, cpu);
 }
 
 void check_all(MaskKind kind, DType dtype) {
@@ -255,6 +93,38 @@ TEST(AttentionKernel, F32Padding) { check_all(MaskKind::Padded, DType::F32); }
 TEST(AttentionKernel, BF16Causal) { check_all(MaskKind::Causal, DType::BF16); }
 TEST(AttentionKernel, BF16PackedDocuments) { check_all(MaskKind::Packed, DType::BF16); }
 TEST(AttentionKernel, BF16Padding) { check_all(MaskKind::Padded, DType::BF16); }
+
+// The FMA kernels for bf16 too (SHARDTRAIN_ATTENTION_KERNEL=fma): the fallback stays correct.
+TEST(AttentionKernel, BF16FmaKernels) {
+  kernels::set_attention_kernel(kernels::AttentionKernel::Fma);
+  check_all(MaskKind::Packed, DType::BF16);
+  if (!testing::Test::HasFailure()) check_all(MaskKind::Padded, DType::BF16);
+  kernels::set_attention_kernel(kernels::AttentionKernel::Auto);
+}
+
+// One mma.sync through the kernels' fragment loaders (attention_mma_body.cuh) against a host product of
+// small integers (exact in bf16 and fp32): a wrong assumed layout permutes or mixes entries.
+TEST(AttentionKernel, MmaFragmentLayout) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: mma layout probe skipped";
+  std::vector<uint16_t> a(16 * 16), bt(8 * 16);
+  std::vector<float> want(16 * 8, 0.f);
+  for (int i = 0; i < 16; ++i)
+    for (int k = 0; k < 16; ++k) a[static_cast<size_t>(i * 16 + k)] = bf16(float((i * 3 + k * 5) % 11 - 5)).bits;
+  for (int n = 0; n < 8; ++n)
+    for (int k = 0; k < 16; ++k) bt[static_cast<size_t>(n * 16 + k)] = bf16(float((n * 7 + k * 2) % 9 - 4)).bits;
+  for (int i = 0; i < 16; ++i)
+    for (int n = 0; n < 8; ++n)
+      for (int k = 0; k < 16; ++k)
+        want[static_cast<size_t>(i * 8 + n)] += static_cast<float>(bf16::from_bits(a[static_cast<size_t>(i * 16 + k)])) *
+                                                static_cast<float>(bf16::from_bits(bt[static_cast<size_t>(n * 16 + k)]));
+  CudaStream stream;
+  const StreamRef s = stream.ref();
+  DeviceCopy a_dev(a.data(), a.size() * 2, s), bt_dev(bt.data(), bt.size() * 2, s), d_dev(want.size() * sizeof(float));
+  kernels::mma_fragment_probe(static_cast<const uint16_t*>(a_dev.buf.data()),
+                              static_cast<const uint16_t*>(bt_dev.buf.data()), static_cast<float*>(d_dev.buf.data()), s);
+  const std::vector<float> got = d_dev.fetch<float>(s);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "d[" << i / 8 << "][" << i % 8 << "]";
+}
 
 // No atomics: two backward passes give the same bits.
 TEST(AttentionKernel, BackwardIsDeterministic) {

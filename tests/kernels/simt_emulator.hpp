@@ -1,0 +1,44 @@
+// A SIMT emulator for kernel bodies written against kernels/simt.cuh: runs a grid on the host, one block after
+// another, every thread of a block a fiber (ucontext). A fiber runs until it reaches a barrier or a warp
+// collective; when every thread of the block (or every lane of the warp) waits at the same kind of point, the
+// scheduler completes it: __syncthreads(_or), __shfl_xor_sync, and mma.sync m16n8k16 bf16 computed from the
+// fragment layouts of the PTX ISA. Divergent barriers, mismatched warp collectives and deadlocks are reported
+// as errors, not hangs. Shared memory starts as 0xFF bytes (NaN as floats and bf16), so a read of a tile
+// entry nobody wrote shows up in the results.
+//
+// What it checks: the kernels' own indexing, masking, tiling, online softmax and barrier structure, with the
+// arithmetic of the real algorithm, and (through Schedule) missing barriers. What it cannot: timing, races
+// none of the schedules provokes, and whether the GPU's fragment layout is the documented one
+// (attention_kernel_test's MmaFragmentLayout checks that on a device).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace shardtrain::simt_emulator {
+
+struct Dim3 {
+  int x = 1, y = 1, z = 1;
+};
+
+// Runs body() once per thread of every block of `grid`, `threads` threads a block (a multiple of 32), with
+// `smem_bytes` of dynamic shared memory per block. Throws std::runtime_error on a divergent barrier, a
+// mismatched warp collective or a deadlock.
+void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body);
+
+// The order warps advance in, between block barriers. Lockstep: every warp completes one collective per round
+// (the warps stay together). InOrder / Reversed: the first (last) warp that can go on does, as far as it can
+// before the others move: a warp runs ahead into the next step of a loop, so a missing barrier before shared
+// memory is rewritten corrupts a slower warp's reads and shows up in the results.
+enum class Schedule { Lockstep, InOrder, Reversed };
+void set_schedule(Schedule s);
+
+// Counters of the last launch, for tests of the emulator itself.
+struct Stats {
+  long long barriers = 0;          // completed block barriers (per block)
+  long long warp_collectives = 0;  // completed warp collectives (per warp)
+  long long mmas = 0;              // of which mma.sync
+};
+Stats last_stats();
+
+}  // namespace shardtrain::simt_emulator
