@@ -166,6 +166,17 @@ std::vector<OpRow> run_rows(OpsBench& b, const BenchShape& s, DType dt) {
     rows.push_back({"attention fwd", shapes, WorkKind::Flops, fwd, b.time([&] { o.attention_forward(as, q, k, v, {}, out, lse); }), L});
     rows.push_back({"attention bwd", shapes, WorkKind::Flops, 2 * fwd,
                     b.time([&] { o.attention_backward(as, q, k, v, out, lse, dout, {}, dq, dk, dv); }), L});
+#if SHARDTRAIN_WITH_CUDA
+    if (dt == DType::BF16 && o.device() == DeviceKind::Cuda && !ops::CudaOps::fma_attention()) {
+      // The fp32-FMA kernels beside the tensor-core ones, for the record (not part of the step).
+      ops::CudaOps::use_fma_attention(true);
+      rows.push_back({"attention fwd (FMA kernels)", shapes, WorkKind::Flops, fwd,
+                      b.time([&] { o.attention_forward(as, q, k, v, {}, out, lse); }), 0});
+      rows.push_back({"attention bwd (FMA kernels)", shapes, WorkKind::Flops, 2 * fwd,
+                      b.time([&] { o.attention_backward(as, q, k, v, out, lse, dout, {}, dq, dk, dv); }), 0});
+      ops::CudaOps::use_fma_attention(false);
+    }
+#endif
     b.release();
   }
   {  // RMSNorm: weight in the parameter dtype, rstd f32, dweight f32 (accumulated)

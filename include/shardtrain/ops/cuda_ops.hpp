@@ -82,6 +82,10 @@ class CudaOps final : public Ops {
   void synchronize();
   // Distinct GEMM configurations planned so far (each asked cuBLASLt's heuristic once).
   size_t gemm_plans() const;
+  // The attention kernels, process-wide: tensor cores for bf16 (default) or the fp32-FMA kernels for every
+  // dtype (kernels/attention.cuh; SHARDTRAIN_ATTENTION_KERNEL=fma sets the initial choice). bench ops times both.
+  static void use_fma_attention(bool on);
+  static bool fma_attention();
 
  private:
   std::unique_ptr<cuda::Context> ctx_;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "context.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
 #include "kernels/attention.cuh"
 #include "kernels/attention_segments.cuh"
 
@@ -64,3 +65,12 @@ void attention_segments(Context& ctx, const Tensor& input_ids, int32_t pad_token
 }
 
 }  // namespace shardtrain::ops::cuda
+
+namespace shardtrain::ops {
+
+void CudaOps::use_fma_attention(bool on) {
+  kernels::set_attention_kernel(on ? kernels::AttentionKernel::Fma : kernels::AttentionKernel::Auto);
+}
+bool CudaOps::fma_attention() { return kernels::attention_kernel() == kernels::AttentionKernel::Fma; }
+
+}  // namespace shardtrain::ops
