@@ -90,6 +90,7 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const auto state = static_cast<double>(plan.sharded_state_bytes);
   (o.offload ? e.host_bytes : e.device_bytes) += state;
   e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes) + e.activations;
+  if (o.offload) e.device_bytes += static_cast<double>(plan.offload_upload_bytes);
   e.fits = e.device_bytes <= o.gpu_memory_bytes;
   // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
   const model::LlamaConfig& c = spec.config();

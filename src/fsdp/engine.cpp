@@ -26,6 +26,9 @@ struct FsdpEngine::Unit {
   // the gradient reduction's completion (on the reduce or replicate stream), and whether it is pending.
   CudaEvent gathered_event, reduced_event;
   bool wait_gathered = false, wait_reduced = false;
+  // Offload: the master shard uploaded by unshard, cast (and all-gathered) at the unit's first use.
+  FlatBuffer upload;
+  bool cast_pending = false;
   bool reduced_this_step = false;  // the gradient shard holds this step's reduction already
   int64_t shard() const { return layout.shard_numel(); }
   bool empty() const { return layout.entries.empty(); }
@@ -47,6 +50,16 @@ struct FsdpEngine::Streams {
   CudaEvent cast_done, grad_ready, scattered;
 };
 
+// Offload on a GPU. upload: a unit's master shard, host -> device, issued when the unit is unsharded (at
+// prefetch time, before the current unit's compute is queued), so the copy runs while that compute does; the
+// cast to param_dtype and the all-gather follow on compute at the unit's first use (finish_offload_unshard),
+// after waiting for the upload's event. download: a unit's first reduction of the step, device -> pinned
+// host, after an event on compute; the gradient buffer's fence holds it until the copy is done.
+struct FsdpEngine::OffloadStreams {
+  CudaStream upload, download;
+  CudaEvent reduced;
+};
+
 namespace {
 constexpr StreamRef kCompute{};
 bool same(StreamRef a, StreamRef b) { return a.handle == b.handle; }
@@ -66,7 +79,8 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
       config_(config),
       ledger_(&ledger),
       param_pool_(ops.device(), &ledger, MemoryCategory::UnshardedParams),
-      grad_pool_(ops.device(), &ledger, MemoryCategory::UnshardedGrads) {
+      grad_pool_(ops.device(), &ledger, MemoryCategory::UnshardedGrads),
+      upload_pool_(ops.device(), &ledger, MemoryCategory::CommBuffers) {
   config_.validate();
   if (config_.strategy != mesh.strategy()) {
     throw InternalError(fmt::format("FSDP config strategy {} differs from the mesh's {}", sharding_strategy_name(config_.strategy),
@@ -116,7 +130,7 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     for (int k = 1; k <= config_.backward_prefetch && i + k < n; ++k)
       backward_prefetch_[backward_order[i]].push_back(backward_order[i + k]);
   }
-  // Scratch for offload staging and reduce_dtype buffers, sized once for the largest unit.
+  // Scratch for reduce_dtype buffers, sized once for the largest unit.
   int64_t max_n = 0, max_shard = 0;
   for (const auto& u : units_) {
     max_n = std::max(max_n, u->layout.padded_numel);
@@ -135,6 +149,7 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
       (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
     streams_ = std::make_unique<Streams>();
   }
+  if (ops.device() == DeviceKind::Cuda && config_.offload_params) offload_streams_ = std::make_unique<OffloadStreams>();
   zero_grad();
 }
 
@@ -209,14 +224,20 @@ void FsdpEngine::unshard(Unit& u) {
   }
   const int rank = mesh_->coord().shard;
   const ops::Tensor slice = u.full.view(pd, rank * n, {n});
-  if (config_.offload_params) {  // master shard lives on the host: copy it up, then cast
-    copy_async(stage_.data(), u.master.data(), static_cast<size_t>(n) * 4, {});
-    ops_->copy(stage_.view(DType::F32, 0, {n}), slice);
+  if (config_.offload_params) {
+    // The master shard lives on the host: copy it up now, cast and gather at the first use.
+    u.upload = upload_pool_.acquire(static_cast<size_t>(n) * 4);
+    const StreamRef up = offload_streams_ ? offload_streams_->upload.ref() : kCompute;
+    u.upload.fence.wait(up);  // the cast that last read this buffer
+    copy_async(u.upload.data(), u.master.data(), static_cast<size_t>(n) * 4, up);
+    u.gathered_event.record(up);
+    u.wait_gathered = true;
+    u.cast_pending = true;
   } else {
     ops_->copy(u.master.view(DType::F32, 0, {n}), slice);
   }
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
-  if (mesh_->shard_size() > 1) {
+  if (mesh_->shard_size() > 1 && !u.cast_pending) {
     StreamRef stream = kCompute;
     if (streams_) {
       stream = streams_->gather.ref();
@@ -242,6 +263,25 @@ void FsdpEngine::wait_gathered(Unit& u) {
   if (!u.wait_gathered) return;
   u.gathered_event.wait(kCompute);
   u.wait_gathered = false;
+  if (u.cast_pending) finish_offload_unshard(u);
+}
+
+// Offload, at the unit's first use (its upload has landed): cast into the unshard buffer, then all-gather, on
+// compute. The all-gathers thus run in first-use order, the same on every rank.
+void FsdpEngine::finish_offload_unshard(Unit& u) {
+  const DType pd = config_.param_dtype;
+  const int64_t n = u.shard();
+  ops_->copy(u.upload.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
+  u.upload.fence.record(kCompute);
+  upload_pool_.release(std::move(u.upload));
+  u.cast_pending = false;
+  if (mesh_->shard_size() > 1) {
+    if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
+    comms_->shard().all_gather(u.full.view(pd, mesh_->coord().shard * n, {n}).data, u.full.data(),
+                               static_cast<size_t>(n), pd, kCompute);
+    if (watchdog_) watchdog_->set_unit("");
+    ++stats_.gathers;
+  }
 }
 
 void FsdpEngine::wait_reductions() {
@@ -337,8 +377,18 @@ void FsdpEngine::reduce_gradients(Unit& u) {
     if (config_.offload_params && !u.reduced_this_step) {
       // The first reduction of the step goes straight down into the pinned host shard (zero + x = x),
       // asynchronously: the host waits once, at the end of the micro-batch (release_all), not per unit.
-      // The source buffers are reused only by later work on the same stream, after this copy.
-      copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
+      if (offload_streams_ && shard_f32.data == u.full_grad.data()) {
+        // From the unit's own gradient buffer, on the download stream; the buffer's fence keeps its next
+        // user waiting until the copy has read it.
+        const StreamRef down = offload_streams_->download.ref();
+        offload_streams_->reduced.record(kCompute);
+        offload_streams_->reduced.wait(down);
+        copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, down);
+        u.full_grad.fence.record(down);
+      } else {
+        // A shared scratch buffer (reduce_shard_, stage_): copied on compute, before its next use there.
+        copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
+      }
       offload_copies_pending_ = true;
     } else if (config_.offload_params) {  // a later reduction of the step is added on the host
       copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
@@ -429,6 +479,7 @@ void FsdpEngine::release_all() {
   wait_reductions();
   if (offload_copies_pending_) {  // the host optimizer reads the offloaded gradient shards next
     stream_synchronize({});
+    if (offload_streams_) stream_synchronize(offload_streams_->download.ref());
     offload_copies_pending_ = false;
   }
 }

@@ -35,6 +35,13 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   }
   const int64_t depth = std::max(config.forward_prefetch, config.backward_prefetch);
   p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + root) : all_units;
+  int64_t root_shard = 0, max_shard = 0;
+  for (const UnitPlan& up : p.units) {
+    const int64_t shard = 4 * (up.layout.padded_numel / S);
+    if (up.spec.is_root) root_shard = shard;
+    else max_shard = std::max(max_shard, shard);
+  }
+  p.offload_upload_bytes = std::min(p.sharded_param_bytes, (1 + depth) * max_shard + root_shard);
   // The root's backward spans the whole backward (lm_head first, the embedding last).
   p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : root_grad + max_grad;
   return p;

@@ -154,3 +154,30 @@ TEST(FsdpAccounting, PlanAgreesWithTheEngine) {
     }
   }
 }
+
+// With CPU offload the engine uploads each master shard when it unshards the unit (prefetch included) and
+// keeps the copy until the unit's first use: the communication buffers' peak is the fixed scratch (the
+// reduce-scatter output, the cast stage and the pinned host stage, one largest shard each) plus at most the
+// plan's offload_upload_bytes, and more than the scratch alone (uploads did happen).
+TEST(FsdpAccounting, OffloadUploadsWithinThePlan) {
+  const int rpn = ranks_per_node_from_env();
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    for (int prefetch : {0, 1, 2}) {
+      RunOptions o;
+      o.steps = 1;
+      o.fsdp.strategy = s;
+      o.fsdp.offload_params = true;
+      o.fsdp.forward_prefetch = prefetch;
+      o.fsdp.backward_prefetch = prefetch;
+      const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
+      const fsdp::FsdpPlan plan = fsdp::plan_fsdp(model::ModelSpec(o.model), o.fsdp, world, rpn > 0 ? rpn : world);
+      int64_t max_shard = 0;
+      for (const auto& u : plan.units) max_shard = std::max(max_shard, 4 * (u.layout.padded_numel / plan.mesh.shard_size));
+      SCOPED_TRACE(fmt::format("{} prefetch {}", sharding_strategy_name(s), prefetch));
+      EXPECT_LE(r.comm_buffer_peak, 3 * max_shard + plan.offload_upload_bytes);
+      EXPECT_GT(r.comm_buffer_peak, 3 * max_shard);
+    }
+  }
+}

@@ -115,6 +115,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);
     }
   }
+  out.comm_buffer_peak = ledger.peak(MemoryCategory::CommBuffers);  // training's, before gather_unit's buffers
   for (size_t u = 0; u < engine.units().size(); ++u) {
     const std::vector<float> full = engine.gather_unit(static_cast<int>(u));
     for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {

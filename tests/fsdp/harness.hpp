@@ -39,6 +39,7 @@ struct RunResult {
   std::vector<double> grad_norms;
   int64_t sharded_param_bytes = 0;                  // ledger, this rank
   int64_t unsharded_param_peak = 0;                 // ledger, this rank
+  int64_t comm_buffer_peak = 0;                     // ledger, this rank, during training: staging, uploads
   int64_t unsharded_grad_peak = 0;                  // ledger, this rank
   int max_outstanding = 0;                          // non-root units gathered at once
   std::vector<fsdp::FlatLayout> layouts;

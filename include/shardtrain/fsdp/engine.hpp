@@ -86,7 +86,9 @@ class FsdpEngine final : public model::ModuleHooks {
  private:
   struct Unit;
   struct Streams;
+  struct OffloadStreams;
   void unshard(Unit& u);
+  void finish_offload_unshard(Unit& u);
   void wait_gathered(Unit& u);
   void wait_reductions();
   void reshard(Unit& u);
@@ -110,7 +112,8 @@ class FsdpEngine final : public model::ModuleHooks {
   std::vector<ShardView> shard_views_;
   std::vector<std::vector<int>> forward_prefetch_, backward_prefetch_;
   FlatPool param_pool_, grad_pool_;
-  FlatBuffer stage_;         // (N/S) fp32 on the compute device: offload copies, reduce_dtype casts
+  FlatPool upload_pool_;     // offload: (N/S) fp32 device copies of master shards, from upload to first use
+  FlatBuffer stage_;         // (N/S) fp32 on the compute device: reduce_dtype casts
   FlatBuffer reduce_shard_;  // (N/S) reduce_dtype: the reduce-scatter output
   FlatBuffer reduce_full_;   // (N) reduce_dtype when it is not fp32
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
@@ -123,6 +126,9 @@ class FsdpEngine final : public model::ModuleHooks {
   // reduce-scatters and replica all-reduces on streams of their own, ordered against the compute stream
   // (the ops' stream) by events. Null: everything in call order on the compute stream.
   std::unique_ptr<Streams> streams_;
+  // Offload on a GPU: master shards go up on the upload stream when a unit is unsharded (prefetched), and
+  // first reductions go down on the download stream; compute waits by events only. Null on the CPU.
+  std::unique_ptr<OffloadStreams> offload_streams_;
 };
 
 }  // namespace shardtrain::fsdp

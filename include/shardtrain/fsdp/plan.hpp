@@ -26,6 +26,9 @@ struct FsdpPlan {
   int64_t unsharded_param_bytes = 0;       // gathered param_dtype buffers at most at once
   int64_t unsharded_grad_bytes = 0;        // fp32 full gradient buffers alive at once: the root's and one
                                            // other unit's (reduce_each), every unit's (no_sync)
+  int64_t offload_upload_bytes = 0;        // with offload_params: fp32 device copies of master shards from
+                                           // their upload to the unit's first use: the root's and at most
+                                           // 1 + prefetch depth others'
   // Per micro-batch, per rank, as the communicators count them (with no_sync, the reductions happen once
   // per step, on the last micro-batch).
   uint64_t shard_all_gather_bytes = 0;
