@@ -40,15 +40,6 @@ void launch(Kernel kernel, const char* name, dim3 grid, size_t smem, const mma::
   ST_CHECK_KERNEL(name);
 }
 
-// Calls f.template operator()<DMAX>() with the smallest padded head dim that holds Dh (16, 32, 64, 96, 128).
-template <typename F> void with_dmax(int64_t head_dim, F&& f) {
-  if (head_dim <= 16) f.template operator()<16>();
-  else if (head_dim <= 32) f.template operator()<32>();
-  else if (head_dim <= 64) f.template operator()<64>();
-  else if (head_dim <= 96) f.template operator()<96>();
-  else f.template operator()<128>();
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 mma::Args make_args(const AttentionDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
@@ -90,9 +81,9 @@ void attention_forward_mma(const AttentionDims& d, const void* q, const void* k,
                            const int32_t* segments, float scale, void* out, float* lse, StreamRef stream) {
   mma::Args a = make_args(d, q, k, v, segments, scale);
   a.out = static_cast<uint16_t*>(out);
-  a.lse = lse;
+  a.lse_out = lse;
   const dim3 grid(unsigned((d.seq + mma::kRows - 1) / mma::kRows), unsigned(d.heads), unsigned(d.batch));
-  with_dmax(d.head_dim, [&]<int DMAX>() {
+  mma::with_dmax(d.head_dim, [&]<int DMAX>() {
     launch(forward_kernel<DMAX>, "attention_mma forward_kernel", grid, mma::forward_smem_bytes<DMAX>(), a,
            detail::cuda_stream(stream));
   });
@@ -104,14 +95,14 @@ void attention_backward_mma(const AttentionDims& d, const void* q, const void* k
   mma::Args a = make_args(d, q, k, v, segments, scale);
   a.vec16 = a.vec16 && aligned16(dout);
   a.dout = static_cast<const uint16_t*>(dout);
-  a.lse = const_cast<float*>(lse);  // read only by the backward bodies
+  a.lse = lse;
   a.dvec = dvec;
   a.dq = static_cast<uint16_t*>(dq);
   a.dk = static_cast<uint16_t*>(dk);
   a.dv = static_cast<uint16_t*>(dv);
   const unsigned tiles = unsigned((d.seq + mma::kRows - 1) / mma::kRows);
   const cudaStream_t s = detail::cuda_stream(stream);
-  with_dmax(d.head_dim, [&]<int DMAX>() {
+  mma::with_dmax(d.head_dim, [&]<int DMAX>() {
     launch(dkdv_kernel<DMAX>, "attention_mma dkdv_kernel", dim3(tiles, unsigned(d.kv_heads), unsigned(d.batch)),
            mma::dkdv_smem_bytes<DMAX>(), a, s);
     launch(dq_kernel<DMAX>, "attention_mma dq_kernel", dim3(tiles, unsigned(d.heads), unsigned(d.batch)),

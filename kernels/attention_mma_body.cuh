@@ -37,6 +37,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // rows a CTA owns
 constexpr int kCols = 64;           // columns per step
 constexpr int kColTiles = kCols / 8;
+static_assert(kRows == 64 && kCols == 64, "load_segments, load_query_stats and load_rows move 64 rows");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -48,7 +49,8 @@ struct Args {
   const uint16_t* dout;  // (B, S, H, Dh), backward
   const int32_t* seg;    // (B, S) or nullptr
   const float* dvec;     // (B, H, S), backward
-  float* lse;            // (B, H, S): written by the forward, read by the backward
+  const float* lse;      // (B, H, S), backward
+  float* lse_out;        // (B, H, S), forward
   uint16_t* out;         // (B, S, H, Dh), forward
   uint16_t* dq;          // (B, S, H, Dh)
   uint16_t* dk;          // (B, S, Hkv, Dh)
@@ -72,6 +74,15 @@ template <int DMAX> constexpr size_t dq_smem_bytes() {
 }
 
 ST_DEV int imin(int a, int b) { return a < b ? a : b; }
+
+// Host side: calls f.template operator()<DMAX>() with the smallest padded head dim that holds Dh.
+template <typename F> void with_dmax(int64_t head_dim, F&& f) {
+  if (head_dim <= 16) f.template operator()<16>();
+  else if (head_dim <= 32) f.template operator()<32>();
+  else if (head_dim <= 64) f.template operator()<64>();
+  else if (head_dim <= 96) f.template operator()<96>();
+  else f.template operator()<128>();
+}
 
 // Segments of tokens [first, first + 64): the document id (0 without segments), -1 past S.
 ST_DEV void load_segments(int* dst, const int32_t* seg, int first, int seq) {
@@ -284,7 +295,7 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
         const int c = 8 * d + 2 * t + e;
         if (c < a.head_dim) o_row[c] = simt::bf16_bits(o[d][2 * ri + e] * inv_l);
       }
-    if (t == 0) a.lse[(int64_t(b) * a.heads + h) * a.seq + r] = live ? (m[ri] + log2f(l_row[ri])) * kLn2 : -INFINITY;
+    if (t == 0) a.lse_out[(int64_t(b) * a.heads + h) * a.seq + r] = live ? (m[ri] + log2f(l_row[ri])) * kLn2 : -INFINITY;
   }
 }
 

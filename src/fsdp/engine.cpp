@@ -22,7 +22,8 @@ struct FsdpEngine::Unit {
   FlatBuffer full_grad;  // (N) fp32, from the unit's first backward until its reduction
   bool gathered = false;
   bool backward_started = false;  // in this micro-batch
-  // Overlap: the all-gather's completion (on the gather stream) and whether compute has waited for it yet;
+  // Overlap: the all-gather's completion (on the gather stream; with offload, the upload's on the upload
+  // stream) and whether compute has waited for it yet;
   // the gradient reduction's completion (on the reduce or replicate stream), and whether it is pending.
   CudaEvent gathered_event, reduced_event;
   bool wait_gathered = false, wait_reduced = false;
@@ -222,8 +223,6 @@ void FsdpEngine::unshard(Unit& u) {
     u.full = param_pool_.acquire(bytes);
     stats_.max_outstanding = std::max(stats_.max_outstanding, param_pool_.outstanding());
   }
-  const int rank = mesh_->coord().shard;
-  const ops::Tensor slice = u.full.view(pd, rank * n, {n});
   if (config_.offload_params) {
     // The master shard lives on the host: copy it up now, cast and gather at the first use.
     u.upload = upload_pool_.acquire(static_cast<size_t>(n) * 4);
@@ -234,9 +233,8 @@ void FsdpEngine::unshard(Unit& u) {
     u.wait_gathered = true;
     u.cast_pending = true;
   } else {
-    ops_->copy(u.master.view(DType::F32, 0, {n}), slice);
+    ops_->copy(u.master.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
   }
-  if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
   if (mesh_->shard_size() > 1 && !u.cast_pending) {
     StreamRef stream = kCompute;
     if (streams_) {
@@ -244,14 +242,12 @@ void FsdpEngine::unshard(Unit& u) {
       streams_->cast_done.record(kCompute);
       streams_->cast_done.wait(stream);
     }
-    comms_->shard().all_gather(slice.data, u.full.data(), static_cast<size_t>(n), pd, stream);
+    all_gather_unit(u, stream);
     if (streams_) {
       u.gathered_event.record(stream);
       u.wait_gathered = true;
     }
-    ++stats_.gathers;
   }
-  if (watchdog_) watchdog_->set_unit("");
   const model::ModelSpec& spec = model_->spec();
   for (const FlatEntry& e : u.layout.entries) {
     model_->binding().bind_param(e.param, u.full.view(pd, e.offset, model::param_shape(spec.param(e.param))));
@@ -269,19 +265,23 @@ void FsdpEngine::wait_gathered(Unit& u) {
 // Offload, at the unit's first use (its upload has landed): cast into the unshard buffer, then all-gather, on
 // compute. The all-gathers thus run in first-use order, the same on every rank.
 void FsdpEngine::finish_offload_unshard(Unit& u) {
-  const DType pd = config_.param_dtype;
   const int64_t n = u.shard();
-  ops_->copy(u.upload.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
+  ops_->copy(u.upload.view(DType::F32, 0, {n}), u.full.view(config_.param_dtype, mesh_->coord().shard * n, {n}));
   u.upload.fence.record(kCompute);
   upload_pool_.release(std::move(u.upload));
   u.cast_pending = false;
-  if (mesh_->shard_size() > 1) {
-    if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
-    comms_->shard().all_gather(u.full.view(pd, mesh_->coord().shard * n, {n}).data, u.full.data(),
-                               static_cast<size_t>(n), pd, kCompute);
-    if (watchdog_) watchdog_->set_unit("");
-    ++stats_.gathers;
-  }
+  if (mesh_->shard_size() > 1) all_gather_unit(u, kCompute);
+}
+
+// The all-gather of a unit whose own shard is already in its slice of the unshard buffer, on `stream`.
+void FsdpEngine::all_gather_unit(Unit& u, StreamRef stream) {
+  const DType pd = config_.param_dtype;
+  const int64_t n = u.shard();
+  if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
+  comms_->shard().all_gather(u.full.view(pd, mesh_->coord().shard * n, {n}).data, u.full.data(),
+                             static_cast<size_t>(n), pd, stream);
+  if (watchdog_) watchdog_->set_unit("");
+  ++stats_.gathers;
 }
 
 void FsdpEngine::wait_reductions() {

@@ -13,7 +13,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   const auto bp = static_cast<int64_t>(dtype_size(config.param_dtype));
   const auto br = static_cast<uint64_t>(dtype_size(config.reduce_dtype));
   const bool raf = config.reshards_after_forward();
-  int64_t max_unit = 0, root = 0, all_units = 0, max_grad = 0, root_grad = 0, all_grads = 0;
+  int64_t max_unit = 0, root = 0, all_units = 0, max_grad = 0, root_grad = 0, all_grads = 0, max_shard = 0, root_shard = 0;
   for (const UnitSpec& u : plan_units(spec, config.wrap)) {
     if (u.params.empty()) continue;
     UnitPlan up{u, make_flat_layout(spec, u.params, S)};
@@ -26,6 +26,8 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
     all_units += N * bp;
     if (u.is_root) root = N * bp;
     else max_unit = std::max(max_unit, N * bp);
+    if (u.is_root) root_shard = 4 * (N / S);
+    else max_shard = std::max(max_shard, 4 * (N / S));
     if (S > 1) {
       p.shard_all_gather_bytes += static_cast<uint64_t>((u.is_root || !raf ? 1 : 2) * N * bp);
       p.shard_reduce_scatter_bytes += static_cast<uint64_t>(N) * br;
@@ -35,12 +37,6 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   }
   const int64_t depth = std::max(config.forward_prefetch, config.backward_prefetch);
   p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + root) : all_units;
-  int64_t root_shard = 0, max_shard = 0;
-  for (const UnitPlan& up : p.units) {
-    const int64_t shard = 4 * (up.layout.padded_numel / S);
-    if (up.spec.is_root) root_shard = shard;
-    else max_shard = std::max(max_shard, shard);
-  }
   p.offload_upload_bytes = std::min(p.sharded_param_bytes, (1 + depth) * max_shard + root_shard);
   // The root's backward spans the whole backward (lm_head first, the embedding last).
   p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : root_grad + max_grad;

@@ -106,24 +106,15 @@ TEST(AttentionKernel, BF16FmaKernels) {
 // small integers (exact in bf16 and fp32): a wrong assumed layout permutes or mixes entries.
 TEST(AttentionKernel, MmaFragmentLayout) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: mma layout probe skipped";
-  std::vector<uint16_t> a(16 * 16), bt(8 * 16);
-  std::vector<float> want(16 * 8, 0.f);
-  for (int i = 0; i < 16; ++i)
-    for (int k = 0; k < 16; ++k) a[static_cast<size_t>(i * 16 + k)] = bf16(float((i * 3 + k * 5) % 11 - 5)).bits;
-  for (int n = 0; n < 8; ++n)
-    for (int k = 0; k < 16; ++k) bt[static_cast<size_t>(n * 16 + k)] = bf16(float((n * 7 + k * 2) % 9 - 4)).bits;
-  for (int i = 0; i < 16; ++i)
-    for (int n = 0; n < 8; ++n)
-      for (int k = 0; k < 16; ++k)
-        want[static_cast<size_t>(i * 8 + n)] += static_cast<float>(bf16::from_bits(a[static_cast<size_t>(i * 16 + k)])) *
-                                                static_cast<float>(bf16::from_bits(bt[static_cast<size_t>(n * 16 + k)]));
+  const MmaProbeCase p = make_mma_probe_case();
   CudaStream stream;
   const StreamRef s = stream.ref();
-  DeviceCopy a_dev(a.data(), a.size() * 2, s), bt_dev(bt.data(), bt.size() * 2, s), d_dev(want.size() * sizeof(float));
+  DeviceCopy a_dev(p.a.data(), p.a.size() * 2, s), bt_dev(p.bt.data(), p.bt.size() * 2, s);
+  DeviceCopy d_dev(p.want.size() * sizeof(float));
   kernels::mma_fragment_probe(static_cast<const uint16_t*>(a_dev.buf.data()),
                               static_cast<const uint16_t*>(bt_dev.buf.data()), static_cast<float*>(d_dev.buf.data()), s);
   const std::vector<float> got = d_dev.fetch<float>(s);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "d[" << i / 8 << "][" << i % 8 << "]";
+  for (size_t i = 0; i < p.want.size(); ++i) EXPECT_EQ(got[i], p.want[i]) << "d[" << i / 8 << "][" << i % 8 << "]";
 }
 
 // No atomics: two backward passes give the same bits.

@@ -49,6 +49,7 @@ template <int DMAX> Results run_kernels(const Case& c, const Inputs& in) {
   a.seg = in.masked ? in.seg.data() : nullptr;
   a.dvec = dvec.data();
   a.lse = lse.data();
+  a.lse_out = lse.data();
   a.out = out.data();
   a.dq = dq.data();
   a.dk = dk.data();
@@ -83,11 +84,9 @@ template <int DMAX> Results run_kernels(const Case& c, const Inputs& in) {
 }
 
 Results emulate(const Case& c, const Inputs& in) {
-  if (c.dh <= 16) return run_kernels<16>(c, in);
-  if (c.dh <= 32) return run_kernels<32>(c, in);
-  if (c.dh <= 64) return run_kernels<64>(c, in);
-  if (c.dh <= 96) return run_kernels<96>(c, in);
-  return run_kernels<128>(c, in);
+  Results r;
+  mma::with_dmax(c.dh, [&]<int DMAX>() { r = run_kernels<DMAX>(c, in); });
+  return r;
 }
 
 const char* schedule_name(emu::Schedule s) {
@@ -130,21 +129,11 @@ TEST(AttentionMmaEmulated, BF16Padding) { check_all(MaskKind::Padded); }
 // The emulator itself: the probe's fragment loaders and mma give the exact product of small integers; shuffles
 // and sync_or return what CUDA's would; a barrier only some threads reach is reported, not hung on.
 TEST(SimtEmulator, MmaProbeIsTheMatrixProduct) {
-  std::vector<uint16_t> a(16 * 16), bt(8 * 16);
-  std::vector<float> d(16 * 8, NAN);
-  for (int i = 0; i < 16; ++i)
-    for (int k = 0; k < 16; ++k) a[size_t(i * 16 + k)] = bf16(float((i * 3 + k * 5) % 11 - 5)).bits;
-  for (int n = 0; n < 8; ++n)
-    for (int k = 0; k < 16; ++k) bt[size_t(n * 16 + k)] = bf16(float((n * 7 + k * 2) % 9 - 4)).bits;
-  emu::launch({1, 1, 1}, 32, 0, [&] { mma::mma_probe_body(a.data(), bt.data(), d.data()); });
+  const MmaProbeCase p = make_mma_probe_case();
+  std::vector<float> d(p.want.size(), NAN);
+  emu::launch({1, 1, 1}, 32, 0, [&] { mma::mma_probe_body(p.a.data(), p.bt.data(), d.data()); });
   EXPECT_EQ(emu::last_stats().mmas, 1);
-  for (int i = 0; i < 16; ++i)
-    for (int n = 0; n < 8; ++n) {
-      float want = 0.f;
-      for (int k = 0; k < 16; ++k)
-        want += float_from_bf16_bits(a[size_t(i * 16 + k)]) * float_from_bf16_bits(bt[size_t(n * 16 + k)]);
-      EXPECT_EQ(d[size_t(i * 8 + n)], want) << i << "," << n;
-    }
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], p.want[i]) << "d[" << i / 8 << "][" << i % 8 << "]";
 }
 
 TEST(SimtEmulator, ShufflesAndBarriers) {

@@ -48,7 +48,7 @@ struct Emulator {
   ucontext_t scheduler{};
   std::vector<Fiber> fibers;
   Fiber* current = nullptr;
-  Dim3 grid, block, block_index;
+  Dim3 grid, block_index;
   std::vector<unsigned char> smem;
   const std::function<void()>* body = nullptr;
   Schedule schedule = Schedule::Lockstep;
@@ -208,7 +208,6 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
     throw std::invalid_argument("simt_emulator::launch: threads must be a multiple of 32, at most 1024");
   Emulator& e = emu();
   e.grid = grid;
-  e.block = Dim3{threads, 1, 1};
   e.body = &body;
   e.stats = Stats{};
   if (e.fibers.size() != static_cast<size_t>(threads)) {

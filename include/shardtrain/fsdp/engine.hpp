@@ -89,6 +89,7 @@ class FsdpEngine final : public model::ModuleHooks {
   struct OffloadStreams;
   void unshard(Unit& u);
   void finish_offload_unshard(Unit& u);
+  void all_gather_unit(Unit& u, StreamRef stream);
   void wait_gathered(Unit& u);
   void wait_reductions();
   void reshard(Unit& u);
