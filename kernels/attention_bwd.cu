@@ -15,8 +15,6 @@
 // runs kernel 1 here and the tensor-core kernels of attention_mma.cu for 2 and 3. Faster later: merging
 // kernels 2 and 3 with an atomic (or split-and-reduce) dq, as FlashAttention-2 does, saves the second
 // recomputation of p.
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -56,9 +54,9 @@ template <typename T> struct BackwardArgs {
 
 // Query rows [first, first + n) of one head: segment (-1 when past S, padding, or lse = -inf: a row that saw
 // nothing forward gets no gradient), lse and dvec.
-__device__ __forceinline__ void load_query_stats(int* seg_dst, float* lse_dst, float* dvec_dst, const int32_t* seg,
-                                                 const float* lse, const float* dvec, int first, int n, int seq) {
-  for (int r = threadIdx.x; r < n; r += kThreads) {
+ST_DEV void load_query_stats(int* seg_dst, float* lse_dst, float* dvec_dst, const int32_t* seg, const float* lse,
+                             const float* dvec, int first, int n, int seq) {
+  for (int r = simt::thread_x(); r < n; r += kThreads) {
     const int t = first + r;
     int sg = -1;
     float l = 0.f, dd = 0.f;
@@ -77,11 +75,11 @@ __device__ __forceinline__ void load_query_stats(int* seg_dst, float* lse_dst, f
 constexpr int kDotThreads = 256;
 
 template <typename T>
-__global__ void __launch_bounds__(kDotThreads) attention_backward_dot_kernel(BackwardArgs<T> a) {
-  const int lane = threadIdx.x % 32;
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kDotThreads) attention_backward_dot_kernel(BackwardArgs<T> a) {
+  const int lane = simt::thread_x() % 32;
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
-  const int64_t warps = int64_t(gridDim.x) * (kDotThreads / 32);
-  for (int64_t row = int64_t(blockIdx.x) * (kDotThreads / 32) + threadIdx.x / 32; row < rows; row += warps) {
+  const int64_t warps = int64_t(simt::grid_x()) * (kDotThreads / 32);
+  for (int64_t row = int64_t(simt::block_x()) * (kDotThreads / 32) + simt::thread_x() / 32; row < rows; row += warps) {
     const int h = int(row % a.heads);
     const int64_t token = row / a.heads;  // b * S + i
     const int i = int(token % a.seq);
@@ -107,9 +105,9 @@ template <int DMAX> constexpr size_t dkdv_smem_bytes() {
 
 // Kernel 2: dk, dv for 64 keys of one kv head.
 template <typename T, int DMAX>
-__global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(BackwardArgs<T> a) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dkdv_kernel(BackwardArgs<T> a) {
   constexpr int kLd = DMAX + 1, RI = kRowsPerThread, CJ = kColsPerThread, DJ = DMAX / 16;
-  extern __shared__ float smem[];
+  float* const smem = reinterpret_cast<float*>(simt::dynamic_smem());
   float* k_s = smem;                        // (kRows, kLd) keys
   float* v_s = k_s + kRows * kLd;           // (kRows, kLd)
   float* q_s = v_s + kRows * kLd;           // (kCols, kLd) q * scale of this step's queries
@@ -121,15 +119,15 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(Backw
   int* row_seg = reinterpret_cast<int*>(col_dvec + kCols);  // (kRows) keys
   int* col_seg = row_seg + kRows;                            // (kCols) queries
 
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int k0 = int(blockIdx.x) * kRows;  // the first tiles see the most queries and start first
-  const int g = blockIdx.y, b = blockIdx.z;
+  const int tx = simt::thread_x() % 16, ty = simt::thread_x() / 16;
+  const int k0 = int(simt::block_x()) * kRows;  // the first tiles see the most queries and start first
+  const int g = simt::block_y(), b = simt::block_z();
   const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
   const int64_t kv_off = int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
 
   load_segments(row_seg, seg, k0, kRows, a.seq);
-  __syncthreads();
+  simt::sync();
   load_tile<DMAX, kRows>(k_s, a.k + kv_off, kv_stride, k0, row_seg, a.head_dim, 1.f);  // read after a barrier
   load_tile<DMAX, kRows>(v_s, a.v + kv_off, kv_stride, k0, row_seg, a.head_dim, 1.f);
 
@@ -145,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(Backw
     const float* dvec = a.dvec + (int64_t(b) * a.heads + h) * a.seq;
     for (int c0 = k0; c0 < a.seq; c0 += kCols) {  // causal: queries before the tile's first key see none of it
       load_query_stats(col_seg, col_lse, col_dvec, seg, lse, dvec, c0, kCols, a.seq);
-      __syncthreads();
+      simt::sync();
       unsigned vis = 0;  // bit i * CJ + j: query tx + 16 j sees key ty + 16 i
 #pragma unroll
       for (int i = 0; i < RI; ++i) {
@@ -156,11 +154,11 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(Backw
           if (cs >= 0 && cs == rs && k0 + r <= c0 + c) vis |= 1u << (i * CJ + j);
         }
       }
-      if (!__syncthreads_or(vis != 0)) continue;  // also the barrier before col_* are rewritten
+      if (!simt::sync_or(vis != 0)) continue;  // also the barrier before col_* are rewritten
 
       load_tile<DMAX, kCols>(q_s, a.q + q_off, q_stride, c0, col_seg, a.head_dim, a.scale);
       load_tile<DMAX, kCols>(do_s, a.dout + q_off, q_stride, c0, col_seg, a.head_dim, 1.f);
-      __syncthreads();
+      simt::sync();
 
       // s^T = k (q * scale)^T and dp^T = v dout^T for this thread's (RI x CJ) entries.
       float s[RI][CJ], dp[RI][CJ];
@@ -202,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(Backw
           pt_s[(ty + 16 * i) * kPLd + c] = p;
           dst_s[(ty + 16 * i) * kPLd + c] = ds;
         }
-      __syncthreads();
+      simt::sync();
 
       // dv += p^T dout, dk += ds^T (q * scale)
 #pragma unroll
@@ -226,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dkdv_kernel(Backw
             dk[i][d] = fmaf(sa[i], qb[d], dk[i][d]);
           }
       }
-      __syncthreads();  // step boundary (redundant with the next step's first barrier; kept for clarity)
+      simt::sync();  // step boundary (redundant with the next step's first barrier; kept for clarity)
     }
   }
 
@@ -255,9 +253,9 @@ template <int DMAX> constexpr size_t dq_smem_bytes() {
 
 // Kernel 3: dq for 64 queries of one head.
 template <typename T, int DMAX>
-__global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(BackwardArgs<T> a) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardArgs<T> a) {
   constexpr int kLd = DMAX + 1, RI = kRowsPerThread, CJ = kColsPerThread, DJ = DMAX / 16;
-  extern __shared__ float smem[];
+  float* const smem = reinterpret_cast<float*>(simt::dynamic_smem());
   float* q_s = smem;                        // (kRows, kLd) q * scale
   float* do_s = q_s + kRows * kLd;          // (kRows, kLd) dout
   float* k_s = do_s + kRows * kLd;          // (kCols, kLd) this step's keys
@@ -268,9 +266,10 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
   int* row_seg = reinterpret_cast<int*>(row_dvec + kRows);  // (kRows) queries
   int* col_seg = row_seg + kRows;                            // (kCols) keys
 
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kRows;  // the last tiles see the most keys: start them first
-  const int h = blockIdx.y, b = blockIdx.z, g = h / a.group;
+  const int tx = simt::thread_x() % 16, ty = simt::thread_x() / 16;
+  const int q0 =
+      int(simt::grid_x() - 1 - simt::block_x()) * kRows;  // the last tiles see the most keys: start them first
+  const int h = simt::block_y(), b = simt::block_z(), g = h / a.group;
   const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
   const int64_t q_off = int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
   const int64_t kv_off = int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
@@ -278,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
   const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
 
   load_query_stats(row_seg, row_lse, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off, q0, kRows, a.seq);
-  __syncthreads();
+  simt::sync();
   load_tile<DMAX, kRows>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.scale);  // read after a barrier
   load_tile<DMAX, kRows>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, 1.f);
 
@@ -288,10 +287,10 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
 #pragma unroll
     for (int d = 0; d < DJ; ++d) dq[i][d] = 0.f;
 
-  const int kv_end = min(a.seq, q0 + kRows);
+  const int kv_end = detail::imin(a.seq, q0 + kRows);
   for (int k0 = 0; k0 < kv_end; k0 += kCols) {
     load_segments(col_seg, seg, k0, kCols, a.seq);
-    __syncthreads();
+    simt::sync();
     unsigned vis = 0;  // bit i * CJ + j: query ty + 16 i sees key tx + 16 j
 #pragma unroll
     for (int i = 0; i < RI; ++i) {
@@ -302,11 +301,11 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
         if (rs >= 0 && rs == col_seg[c] && k0 + c <= q0 + r) vis |= 1u << (i * CJ + j);
       }
     }
-    if (!__syncthreads_or(vis != 0)) continue;
+    if (!simt::sync_or(vis != 0)) continue;
 
     load_tile<DMAX, kCols>(k_s, a.k + kv_off, kv_stride, k0, col_seg, a.head_dim, 1.f);
     load_tile<DMAX, kCols>(v_s, a.v + kv_off, kv_stride, k0, col_seg, a.head_dim, 1.f);
-    __syncthreads();
+    simt::sync();
 
     float s[RI][CJ], dp[RI][CJ];
 #pragma unroll
@@ -344,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
         ds_s[r * kPLd + tx + 16 * j] = ds;
       }
     }
-    __syncthreads();
+    simt::sync();
 
     // dq += ds k
 #pragma unroll
@@ -359,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
 #pragma unroll
         for (int d = 0; d < DJ; ++d) dq[i][d] = fmaf(sa[i], kb[d], dq[i][d]);
     }
-    __syncthreads();  // step boundary (redundant with the next step's first barrier; kept for clarity)
+    simt::sync();  // step boundary (redundant with the next step's first barrier; kept for clarity)
   }
 
 #pragma unroll
@@ -379,7 +378,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_dq_kernel(Backwar
 template <typename T> void launch_dot(const BackwardArgs<T>& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
   const int64_t dot_blocks = std::min<int64_t>((rows + kDotThreads / 32 - 1) / (kDotThreads / 32), 65535 * 8);
-  attention_backward_dot_kernel<T><<<unsigned(dot_blocks), kDotThreads, 0, stream>>>(a);
+  simt::launch(attention_backward_dot_kernel<T>, unsigned(dot_blocks), kDotThreads, 0, stream, a);
   ST_CHECK_KERNEL("attention_backward_dot_kernel");
 }
 
@@ -389,15 +388,15 @@ template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, c
   constexpr size_t dkdv_smem = dkdv_smem_bytes<DMAX>();
   ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dkdv_kernel<T, DMAX>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem)));
-  attention_backward_dkdv_kernel<T, DMAX>
-      <<<dim3(tiles, unsigned(a.kv_heads), unsigned(a.batch)), kThreads, dkdv_smem, stream>>>(a);
+  simt::launch(attention_backward_dkdv_kernel<T, DMAX>, dim3(tiles, unsigned(a.kv_heads), unsigned(a.batch)), kThreads,
+               dkdv_smem, stream, a);
   ST_CHECK_KERNEL("attention_backward_dkdv_kernel");
 
   constexpr size_t dq_smem = dq_smem_bytes<DMAX>();
   ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dq_kernel<T, DMAX>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq_smem)));
-  attention_backward_dq_kernel<T, DMAX>
-      <<<dim3(tiles, unsigned(a.heads), unsigned(a.batch)), kThreads, dq_smem, stream>>>(a);
+  simt::launch(attention_backward_dq_kernel<T, DMAX>, dim3(tiles, unsigned(a.heads), unsigned(a.batch)), kThreads,
+               dq_smem, stream, a);
   ST_CHECK_KERNEL("attention_backward_dq_kernel");
 }
 

@@ -10,8 +10,6 @@
 //
 // These run f32 (and bf16 when SHARDTRAIN_ATTENTION_KERNEL=fma); bf16 goes to the tensor-core kernels of
 // attention_mma.cu by default.
-#include <cuda_runtime.h>
-
 #include <cmath>
 
 #include "kernels/attention.cuh"
@@ -38,14 +36,14 @@ template <typename T> struct ForwardArgs {
 };
 
 // The 16 lanes that own one row (xor offsets below 16 stay inside a half warp).
-__device__ __forceinline__ float half_warp_max(float x) {
+ST_DEV float half_warp_max(float x) {
 #pragma unroll
-  for (int off = 8; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  for (int off = 8; off > 0; off >>= 1) x = fmaxf(x, simt::shfl_xor(x, off));
   return x;
 }
-__device__ __forceinline__ float half_warp_sum(float x) {
+ST_DEV float half_warp_sum(float x) {
 #pragma unroll
-  for (int off = 8; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  for (int off = 8; off > 0; off >>= 1) x += simt::shfl_xor(x, off);
   return x;
 }
 
@@ -55,10 +53,10 @@ template <int DMAX> constexpr size_t forward_smem_bytes() {
 }
 
 template <typename T, int DMAX>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs<T> a) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_forward_kernel(ForwardArgs<T> a) {
   constexpr int kLd = DMAX + 1, kDimsPerThread = DMAX / 16;
   constexpr int RI = kRowsPerThread, CJ = kColsPerThread, DJ = kDimsPerThread;
-  extern __shared__ float smem[];
+  float* const smem = reinterpret_cast<float*>(simt::dynamic_smem());
   float* q_s = smem;                                          // (kRows, kLd) q * scale
   float* k_s = q_s + kRows * kLd;                             // (kCols, kLd)
   float* v_s = k_s + kCols * kLd;                             // (kCols, kLd)
@@ -66,9 +64,10 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
   int* row_seg = reinterpret_cast<int*>(p_s + kRows * kPLd);  // (kRows)
   int* col_seg = row_seg + kRows;                             // (kCols)
 
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kRows;  // the last tiles see the most keys: start them first
-  const int h = blockIdx.y, b = blockIdx.z, g = h / a.group;
+  const int tx = simt::thread_x() % 16, ty = simt::thread_x() / 16;
+  const int q0 =
+      int(simt::grid_x() - 1 - simt::block_x()) * kRows;  // the last tiles see the most keys: start them first
+  const int h = simt::block_y(), b = simt::block_z(), g = h / a.group;
   const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
   const T* q = a.q + int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
   const T* k = a.k + int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
 
   load_segments(row_seg, seg, q0, kRows, a.seq);
-  __syncthreads();
+  simt::sync();
   load_tile<DMAX, kRows>(q_s, q, q_stride, q0, row_seg, a.head_dim, a.scale);  // read after the loop's barrier
 
   float o[RI][DJ], m[RI], l[RI];
@@ -88,10 +87,10 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
     for (int d = 0; d < DJ; ++d) o[i][d] = 0.f;
   }
 
-  const int kv_end = min(a.seq, q0 + kRows);  // causal: no key past the tile's last query
+  const int kv_end = detail::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
   for (int k0 = 0; k0 < kv_end; k0 += kCols) {
     load_segments(col_seg, seg, k0, kCols, a.seq);
-    __syncthreads();  // col_seg (and, the first time, q_s) visible
+    simt::sync();      // col_seg (and, the first time, q_s) visible
     unsigned vis = 0;  // bit i * CJ + j: query row ty + 16 i may see key tx + 16 j
 #pragma unroll
     for (int i = 0; i < RI; ++i) {
@@ -104,11 +103,11 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
     }
     // Skip a step no pair of which is visible (other documents, padding); also a barrier, after which
     // col_seg may be rewritten.
-    if (!__syncthreads_or(vis != 0)) continue;
+    if (!simt::sync_or(vis != 0)) continue;
 
     load_tile<DMAX, kCols>(k_s, k, kv_stride, k0, col_seg, a.head_dim, 1.f);
     load_tile<DMAX, kCols>(v_s, v, kv_stride, k0, col_seg, a.head_dim, 1.f);
-    __syncthreads();
+    simt::sync();
 
     // s = (q * scale) k^T for this thread's (RI x CJ) scores.
     float s[RI][CJ];
@@ -154,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
         p_s[(ty + 16 * i) * kPLd + tx + 16 * j] = p;
       }
     }
-    __syncthreads();
+    simt::sync();
 
     // o += p v
 #pragma unroll
@@ -171,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(ForwardArgs
     }
     // The next step rewrites k_s, v_s, p_s only after its first barrier, so this one is not strictly
     // needed; it keeps each step self-contained (one barrier per step, cheap beside the tile math).
-    __syncthreads();
+    simt::sync();
   }
 
 #pragma unroll
@@ -201,7 +200,7 @@ void launch_forward(const AttentionDims& d, const void* q, const void* k, const 
   ST_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      int(smem)));
   const dim3 grid(unsigned((d.seq + kRows - 1) / kRows), unsigned(d.heads), unsigned(d.batch));
-  attention_forward_kernel<T, DMAX><<<grid, kThreads, smem, stream>>>(a);
+  simt::launch(attention_forward_kernel<T, DMAX>, grid, kThreads, smem, stream, a);
   ST_CHECK_KERNEL("attention_forward_kernel");
 }
 

@@ -1,8 +1,6 @@
-// The tensor-core attention kernels: __global__ wrappers around the bodies in attention_mma_body.cuh (which
+// The tensor-core attention kernels: ST_GLOBAL wrappers around the bodies in attention_mma_body.cuh (which
 // the tests also run under the SIMT emulator), their launchers, and the choice between them and the FMA
 // kernels (attention.cuh: AttentionKernel).
-#include <cuda_runtime.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -20,23 +18,26 @@ namespace {
 
 namespace mma = attention_mma;
 
-template <int DMAX> __global__ void __launch_bounds__(mma::kThreads) forward_kernel(mma::Args a) {
+template <int DMAX>
+ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) forward_kernel(mma::Args a) {
   mma::forward_body<DMAX>(a);
 }
-template <int DMAX> __global__ void __launch_bounds__(mma::kThreads) dkdv_kernel(mma::Args a) {
+template <int DMAX>
+ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) dkdv_kernel(mma::Args a) {
   mma::dkdv_body<DMAX>(a);
 }
-template <int DMAX> __global__ void __launch_bounds__(mma::kThreads) dq_kernel(mma::Args a) {
+template <int DMAX>
+ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) dq_kernel(mma::Args a) {
   mma::dq_body<DMAX>(a);
 }
-__global__ void __launch_bounds__(32) probe_kernel(const uint16_t* a, const uint16_t* bt, float* d) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(32) probe_kernel(const uint16_t* a, const uint16_t* bt, float* d) {
   mma::mma_probe_body(a, bt, d);
 }
 
 template <typename Kernel>
 void launch(Kernel kernel, const char* name, dim3 grid, size_t smem, const mma::Args& a, cudaStream_t stream) {
   ST_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, mma::kThreads, smem, stream>>>(a);
+  simt::launch(kernel, grid, mma::kThreads, smem, stream, a);
   ST_CHECK_KERNEL(name);
 }
 
@@ -111,7 +112,7 @@ void attention_backward_mma(const AttentionDims& d, const void* q, const void* k
 }
 
 void mma_fragment_probe(const uint16_t* a, const uint16_t* bt, float* d, StreamRef stream) {
-  probe_kernel<<<1, 32, 0, detail::cuda_stream(stream)>>>(a, bt, d);
+  simt::launch(probe_kernel, 1, 32, 0, detail::cuda_stream(stream), a, bt, d);
   ST_CHECK_KERNEL("attention_mma probe_kernel");
 }
 

@@ -11,27 +11,27 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-__device__ __forceinline__ int64_t warp_inclusive_max(int64_t v, int lane) {
+ST_DEV int64_t warp_inclusive_max(int64_t v, int lane) {
   for (int o = 1; o < 32; o <<= 1) {
-    const int64_t u = __shfl_up_sync(0xffffffffu, v, o);
+    const int64_t u = simt::shfl_up(v, o);
     if (lane >= o) v = u > v ? u : v;
   }
   return v;
 }
 
-__global__ void segments_kernel(const int32_t* __restrict__ ids, int32_t pad, const int32_t* __restrict__ docs,
-                                int64_t batch, int64_t seq, int32_t* __restrict__ segments, int32_t* __restrict__ positions,
-                                DataErrorRecord* error) {
-  __shared__ int64_t warp_max[32];
-  __shared__ int64_t carry;
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+ST_GLOBAL void segments_kernel(const int32_t* __restrict__ ids, int32_t pad, const int32_t* __restrict__ docs,
+                               int64_t batch, int64_t seq, int32_t* __restrict__ segments,
+                               int32_t* __restrict__ positions, DataErrorRecord* error) {
+  ST_SHARED(int64_t, warp_max, 32);
+  ST_SHARED(int64_t, carry, 1);  // carry[0]: the maximum over the previous tiles
+  const int lane = simt::thread_x() & 31, warp = simt::thread_x() >> 5;
+  for (int64_t b = simt::block_x(); b < batch; b += simt::grid_x()) {
     const int32_t* row_ids = ids + b * seq;
     const int32_t* row_docs = docs != nullptr ? docs + b * seq : nullptr;
-    if (threadIdx.x == 0) carry = 0;
-    __syncthreads();
+    if (simt::thread_x() == 0) carry[0] = 0;
+    simt::sync();
     for (int64_t tile = 0; tile < seq; tile += kThreads) {
-      const int64_t t = tile + threadIdx.x;
+      const int64_t t = tile + simt::thread_x();
       int32_t doc = 0;
       int64_t start = 0;  // the latest document start at or before t (0 without document ids)
       if (row_docs != nullptr && t < seq) {
@@ -41,23 +41,23 @@ __global__ void segments_kernel(const int32_t* __restrict__ ids, int32_t pad, co
       }
       start = warp_inclusive_max(start, lane);
       if (lane == 31) warp_max[warp] = start;
-      __syncthreads();
+      simt::sync();
       if (warp == 0) {
         int64_t w = lane < kWarps ? warp_max[lane] : 0;
         w = warp_inclusive_max(w, lane);
         if (lane < kWarps) warp_max[lane] = w;
       }
-      __syncthreads();
+      simt::sync();
       if (warp > 0) start = warp_max[warp - 1] > start ? warp_max[warp - 1] : start;
-      start = carry > start ? carry : start;
+      start = carry[0] > start ? carry[0] : start;
       if (t < seq) {
         const bool padded = (pad >= 0 && row_ids[t] == pad) || doc < 0;
         segments[b * seq + t] = padded ? -1 : doc;
         positions[b * seq + t] = static_cast<int32_t>(row_docs != nullptr ? t - start : t);
       }
-      __syncthreads();  // every thread has read carry and warp_max
-      if (threadIdx.x == kThreads - 1) carry = start;
-      __syncthreads();
+      simt::sync();  // every thread has read carry and warp_max
+      if (simt::thread_x() == kThreads - 1) carry[0] = start;
+      simt::sync();
     }
   }
 }
@@ -68,8 +68,8 @@ void attention_segments(const int32_t* input_ids, int32_t pad_token_id, const in
                         int64_t seq, int32_t* segments, int32_t* positions, DataErrorRecord* error, StreamRef stream) {
   if (batch <= 0 || seq <= 0) return;
   const unsigned grid = static_cast<unsigned>(batch < 65535 ? batch : 65535);
-  segments_kernel<<<grid, kThreads, 0, detail::cuda_stream(stream)>>>(input_ids, pad_token_id, document_ids, batch, seq,
-                                                                      segments, positions, error);
+  simt::launch(segments_kernel, grid, kThreads, 0, detail::cuda_stream(stream), input_ids, pad_token_id, document_ids,
+               batch, seq, segments, positions, error);
   ST_CHECK_KERNEL("attention segments_kernel");
 }
 

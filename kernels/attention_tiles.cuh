@@ -6,8 +6,6 @@
 // conflicts, with Dh zero-padded to DMAX.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -27,8 +25,8 @@ constexpr int kPLd = kCols + 1;  // leading dim of a (kRows, kCols) probability 
 
 // Segments of tokens [first, first + n) of one batch row: the document id, 0 without segments, -1 past S.
 // A negative value means "attends to nothing and is attended by nothing".
-__device__ __forceinline__ void load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
-  for (int r = threadIdx.x; r < n; r += kThreads) {
+ST_DEV void load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
+  for (int r = simt::thread_x(); r < n; r += kThreads) {
     const int t = first + r;
     dst[r] = t < seq ? (seg ? seg[t] : 0) : -1;
   }
@@ -38,10 +36,10 @@ __device__ __forceinline__ void load_segments(int* dst, const int32_t* seg, int 
 // fp32 tile times mul; columns past head_dim and rows with a negative segment are zeros, so padding never
 // reaches the arithmetic even if its values are not finite.
 template <int DMAX, int ROWS, typename T>
-__device__ __forceinline__ void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first,
-                                          const int* row_seg, int head_dim, float mul) {
+ST_DEV void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first, const int* row_seg,
+                      int head_dim, float mul) {
   constexpr int kLd = DMAX + 1;
-  for (int e = threadIdx.x; e < ROWS * DMAX; e += kThreads) {
+  for (int e = simt::thread_x(); e < ROWS * DMAX; e += kThreads) {
     const int r = e / DMAX, c = e % DMAX;
     float x = 0.f;
     if (c < head_dim && row_seg[r] >= 0) x = detail::to_f32(src[int64_t(first + r) * stride + c]) * mul;

@@ -22,29 +22,29 @@ struct MaxSum {
   float s;
 };
 
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+ST_DEV MaxSum merge(MaxSum a, MaxSum b) {
   if (a.m == -INFINITY) return b;
   if (b.m == -INFINITY) return a;
   const float m = a.m > b.m ? a.m : b.m;
   return MaxSum{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
-__device__ MaxSum block_max_sum(MaxSum v, float* shared_m, float* shared_s) {
+ST_DEV MaxSum block_max_sum(MaxSum v, float* shared_m, float* shared_s) {
   constexpr int kWarps = kThreads / 32;
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = simt::thread_x() & 31, warp = simt::thread_x() >> 5;
   for (int o = 16; o > 0; o >>= 1) {
-    const MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+    const MaxSum other{simt::shfl_xor(v.m, o), simt::shfl_xor(v.s, o)};
     v = merge(v, other);
   }
   if (lane == 0) {
     shared_m[warp] = v.m;
     shared_s[warp] = v.s;
   }
-  __syncthreads();
+  simt::sync();
   if (warp == 0) {
     MaxSum r = lane < kWarps ? MaxSum{shared_m[lane], shared_s[lane]} : MaxSum{-INFINITY, 0.0f};
     for (int o = 16; o > 0; o >>= 1) {
-      const MaxSum other{__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)};
+      const MaxSum other{simt::shfl_xor(r.m, o), simt::shfl_xor(r.s, o)};
       r = merge(r, other);
     }
     if (lane == 0) {
@@ -52,33 +52,34 @@ __device__ MaxSum block_max_sum(MaxSum v, float* shared_m, float* shared_s) {
       shared_s[0] = r.s;
     }
   }
-  __syncthreads();
+  simt::sync();
   const MaxSum r{shared_m[0], shared_s[0]};
-  __syncthreads();
+  simt::sync();
   return r;
 }
 
 // No __restrict__ on logits/dlogits: they may alias.
 template <typename L, typename D>
-__global__ void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const int32_t* __restrict__ targets,
-                            int32_t ignore_index, float grad_scale, D* dlogits, float* __restrict__ row_loss,
-                            int64_t first_row, DataErrorRecord* error) {
-  __shared__ float shared_m[32], shared_s[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+ST_GLOBAL void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const int32_t* __restrict__ targets,
+                           int32_t ignore_index, float grad_scale, D* dlogits, float* __restrict__ row_loss,
+                           int64_t first_row, DataErrorRecord* error) {
+  ST_SHARED(float, shared_m, 32);
+  ST_SHARED(float, shared_s, 32);
+  for (int64_t r = simt::block_x(); r < rows; r += simt::grid_x()) {
     const L* z = logits + r * vocab;
     D* dz = dlogits != nullptr ? dlogits + r * vocab : nullptr;
     const int32_t t = targets[r];
     if (t == ignore_index || t < 0 || t >= vocab) {
-      if (t != ignore_index && threadIdx.x == 0)
+      if (t != ignore_index && simt::thread_x() == 0)
         detail::record_data_error(error, DataErrorCode::Target, t, first_row + r, vocab, ignore_index);
-      if (threadIdx.x == 0) row_loss[r] = 0.0f;
+      if (simt::thread_x() == 0) row_loss[r] = 0.0f;
       if (dz != nullptr)
-        for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) dz[j] = from_f32<D>(0.0f);
+        for (int64_t j = simt::thread_x(); j < vocab; j += simt::block_dim_x()) dz[j] = from_f32<D>(0.0f);
       continue;
     }
     const float zt = to_f32(z[t]);  // read before any thread overwrites the row
     MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    for (int64_t j = simt::thread_x(); j < vocab; j += simt::block_dim_x()) {
       const float v = to_f32(z[j]);
       if (v == -INFINITY) continue;
       if (v > acc.m) {
@@ -89,10 +90,10 @@ __global__ void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const 
       }
     }
     const MaxSum total = block_max_sum(acc, shared_m, shared_s);  // synchronizes: all reads of z are done
-    if (threadIdx.x == 0) row_loss[r] = total.m + logf(total.s) - zt;
+    if (simt::thread_x() == 0) row_loss[r] = total.m + logf(total.s) - zt;
     if (dz != nullptr) {
       const float f = grad_scale / total.s;
-      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      for (int64_t j = simt::thread_x(); j < vocab; j += simt::block_dim_x()) {
         float g = expf(to_f32(z[j]) - total.m) * f;
         if (j == t) g -= grad_scale;
         dz[j] = from_f32<D>(g);
@@ -101,19 +102,19 @@ __global__ void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const 
   }
 }
 
-__global__ void sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets, int64_t n,
-                           int32_t ignore_index, LossSumsDevice* __restrict__ out, LossSumsDevice* __restrict__ total) {
-  __shared__ double shared_d[32];
-  __shared__ double shared_c[32];
+ST_GLOBAL void sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets, int64_t n,
+                          int32_t ignore_index, LossSumsDevice* __restrict__ out, LossSumsDevice* __restrict__ total) {
+  ST_SHARED(double, shared_d, 32);
+  ST_SHARED(double, shared_c, 32);
   double loss = 0.0, count = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int64_t i = simt::thread_x(); i < n; i += simt::block_dim_x()) {
     if (targets[i] == ignore_index) continue;
     loss += static_cast<double>(row_loss[i]);
     count += 1.0;
   }
   loss = detail::block_sum<kSumThreads>(loss, shared_d);
   count = detail::block_sum<kSumThreads>(count, shared_c);
-  if (threadIdx.x == 0) {
+  if (simt::thread_x() == 0) {
     out->loss_sum = loss;
     out->tokens = static_cast<int64_t>(count);
     if (total) {
@@ -135,8 +136,8 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
     using L = typename decltype(ltag)::type;
     detail::dispatch_float(dlogits_dtype, "cross_entropy_rows", [&](auto dtag) {
       using D = typename decltype(dtag)::type;
-      rows_kernel<L, D><<<grid, kThreads, 0, s>>>(static_cast<const L*>(logits), rows, vocab, targets, ignore_index,
-                                                  grad_scale, static_cast<D*>(dlogits), row_loss, first_row, error);
+      simt::launch(rows_kernel<L, D>, grid, kThreads, 0, s, static_cast<const L*>(logits), rows, vocab, targets,
+                   ignore_index, grad_scale, static_cast<D*>(dlogits), row_loss, first_row, error);
       ST_CHECK_KERNEL("cross_entropy rows_kernel");
     });
   });
@@ -145,7 +146,8 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
 void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index,
                        LossSumsDevice* out, LossSumsDevice* total, StreamRef stream) {
   // Runs for n == 0 too, so that *out always holds this call's (zero) sums.
-  sum_kernel<<<1, kSumThreads, 0, detail::cuda_stream(stream)>>>(row_loss, targets, n, ignore_index, out, total);
+  simt::launch(sum_kernel, 1, kSumThreads, 0, detail::cuda_stream(stream), row_loss, targets, n, ignore_index, out,
+               total);
   ST_CHECK_KERNEL("cross_entropy sum_kernel");
 }
 

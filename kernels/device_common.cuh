@@ -1,31 +1,53 @@
 // Device-side helpers shared by the kernels in this folder; included only from .cu files (the .cuh
-// launcher headers stay plain C++). Storage types are float and __nv_bfloat16, arithmetic is fp32,
-// and bf16 stores round to nearest even, as the CPU's shardtrain::bf16 and kernels/cast.cu do.
+// launcher headers stay plain C++). Storage types are float and bf16_t (__nv_bfloat16 on the GPU,
+// shardtrain::bf16 under the SIMT emulator), arithmetic is fp32, and bf16 stores round to nearest even, as
+// the CPU's shardtrain::bf16 does. The SIMT primitives come from simt.cuh.
 #pragma once
-
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
 #include "kernels/data_error.cuh"
+#include "kernels/simt.cuh"
 #include "shardtrain/runtime/dtype.hpp"
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::kernels::detail {
 
+#if defined(__CUDACC__)
 using bf16_t = __nv_bfloat16;
+ST_DEV float to_f32(bf16_t v) { return __bfloat162float(v); }
+#else
+using bf16_t = ::shardtrain::bf16;
+ST_DEV float to_f32(bf16_t v) { return static_cast<float>(v); }
+#endif
+ST_DEV float to_f32(float v) { return v; }
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }
+template <typename T>
+ST_DEV T from_f32(float v);
+template <>
+ST_DEV float from_f32<float>(float v) {
+  return v;
+}
+#if defined(__CUDACC__)
+template <>
+ST_DEV bf16_t from_f32<bf16_t>(float v) {
+  return __float2bfloat16_rn(v);
+}
+#else
+template <>
+ST_DEV bf16_t from_f32<bf16_t>(float v) {
+  return bf16_t(v);
+}
+#endif
 
 // The value a store of v to T keeps, back in fp32 (what a later load would read).
-template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f32(from_f32<T>(v)); }
+template <typename T>
+ST_DEV float round_to(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+ST_DEV int imin(int a, int b) { return a < b ? a : b; }
 
 template <typename T> struct Tag {
   using type = T;
@@ -51,40 +73,39 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 
   return static_cast<unsigned>(b);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// Sum over the 32 lanes of a warp (butterfly: every lane gets the same value), float or double.
+template <typename A>
+ST_DEV A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += simt::shfl_xor(v, o);
   return v;
 }
 
 // Sum over a block of kThreads threads (a multiple of 32, at most 1024), returned to every thread.
 // `shared` holds at least 32 values. The order is fixed, so results are reproducible. Every thread of
 // the block must call it (it synchronizes).
-template <int kThreads, typename A> __device__ A block_sum(A v, A* shared) {
+template <int kThreads, typename A>
+ST_DEV A block_sum(A v, A* shared) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size");
   constexpr int kWarps = kThreads / 32;
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = simt::thread_x() & 31, warp = simt::thread_x() >> 5;
   v = warp_sum(v);
   if (lane == 0) shared[warp] = v;
-  __syncthreads();
+  simt::sync();
   if (warp == 0) {
     A r = lane < kWarps ? shared[lane] : A(0);
     r = warp_sum(r);
     if (lane == 0) shared[0] = r;
   }
-  __syncthreads();
+  simt::sync();
   const A r = shared[0];
-  __syncthreads();  // shared may be reused by the caller right away
+  simt::sync();  // shared may be reused by the caller right away
   return r;
 }
 
-__device__ __forceinline__ void record_data_error(DataErrorRecord* rec, DataErrorCode code, int32_t value,
-                                                  int64_t index, int64_t bound, int64_t aux = 0) {
+ST_DEV void record_data_error(DataErrorRecord* rec, DataErrorCode code, int32_t value, int64_t index, int64_t bound,
+                              int64_t aux = 0) {
   if (rec == nullptr) return;
-  if (atomicCAS(reinterpret_cast<int*>(&rec->code), 0, static_cast<int>(code)) == 0) {
+  if (simt::atomic_cas(reinterpret_cast<int*>(&rec->code), 0, static_cast<int>(code)) == 0) {
     rec->value = value;
     rec->index = index;
     rec->bound = bound;

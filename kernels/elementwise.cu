@@ -11,28 +11,33 @@ using detail::to_f32;
 
 constexpr int kThreads = 256;
 
-template <typename T> __global__ void fill_kernel(T* __restrict__ out, int64_t n, float value) {
+template <typename T>
+ST_GLOBAL void fill_kernel(T* __restrict__ out, int64_t n, float value) {
   const T v = from_f32<T>(value);
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = v;
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) out[i] = v;
 }
 
-template <typename S, typename T> __global__ void copy_kernel(const S* __restrict__ in, T* __restrict__ out, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = from_f32<T>(to_f32(in[i]));
+template <typename S, typename T>
+ST_GLOBAL void copy_kernel(const S* __restrict__ in, T* __restrict__ out, int64_t n) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride)
+    out[i] = from_f32<T>(to_f32(in[i]));
 }
 
 // x and y never alias (y += x with x == y would be 2y, which no caller asks for), but no __restrict__ on
 // purpose: correctness does not depend on it.
-template <typename X, typename Y> __global__ void add_kernel(const X* x, Y* y, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+template <typename X, typename Y>
+ST_GLOBAL void add_kernel(const X* x, Y* y, int64_t n) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride)
     y[i] = from_f32<Y>(to_f32(y[i]) + to_f32(x[i]));
 }
 
-template <typename T> __global__ void scale_kernel(T* x, int64_t n, float factor) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+template <typename T>
+ST_GLOBAL void scale_kernel(T* x, int64_t n, float factor) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride)
     x[i] = from_f32<T>(to_f32(x[i]) * factor);
 }
 
@@ -42,7 +47,8 @@ void elementwise_fill(DType dtype, void* out, int64_t n, float value, StreamRef 
   if (n <= 0) return;
   detail::dispatch_float(dtype, "elementwise_fill", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    fill_kernel<T><<<detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(static_cast<T*>(out), n, value);
+    simt::launch(fill_kernel<T>, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                 static_cast<T*>(out), n, value);
     ST_CHECK_KERNEL("fill_kernel");
   });
 }
@@ -58,8 +64,8 @@ void elementwise_copy(DType src_dtype, const void* src, DType dst_dtype, void* d
     using S = typename decltype(stag)::type;
     detail::dispatch_float(dst_dtype, "elementwise_copy", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      copy_kernel<S, T><<<detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(
-          static_cast<const S*>(src), static_cast<T*>(dst), n);
+      simt::launch(copy_kernel<S, T>, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                   static_cast<const S*>(src), static_cast<T*>(dst), n);
       ST_CHECK_KERNEL("copy_kernel");
     });
   });
@@ -71,8 +77,8 @@ void elementwise_add(DType x_dtype, const void* x, DType y_dtype, void* y, int64
     using X = typename decltype(xtag)::type;
     detail::dispatch_float(y_dtype, "elementwise_add", [&](auto ytag) {
       using Y = typename decltype(ytag)::type;
-      add_kernel<X, Y><<<detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(
-          static_cast<const X*>(x), static_cast<Y*>(y), n);
+      simt::launch(add_kernel<X, Y>, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                   static_cast<const X*>(x), static_cast<Y*>(y), n);
       ST_CHECK_KERNEL("add_kernel");
     });
   });
@@ -82,7 +88,8 @@ void elementwise_scale(DType dtype, void* x, int64_t n, float factor, StreamRef 
   if (n <= 0) return;
   detail::dispatch_float(dtype, "elementwise_scale", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scale_kernel<T><<<detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(static_cast<T*>(x), n, factor);
+    simt::launch(scale_kernel<T>, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                 static_cast<T*>(x), n, factor);
     ST_CHECK_KERNEL("scale_kernel");
   });
 }

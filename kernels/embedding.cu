@@ -1,6 +1,12 @@
 // Embedding forward (one block per token row) and backward (radix sort of (id, row) pairs, then one block
 // per run of equal ids summing its rows in order).
+#if defined(__CUDACC__)
 #include <cub/device/device_radix_sort.cuh>
+#else
+#include <algorithm>
+#include <numeric>
+#include <vector>
+#endif
 
 #include <climits>
 
@@ -26,11 +32,33 @@ int key_bits(int64_t vocab) {
   return bits;
 }
 
+// A stable sort of (key, row) pairs by the low `bits` bits of the keys; with temp == nullptr, only sets
+// temp_bytes. cub's radix sort on the GPU; under the SIMT emulator, a host stable sort with the same contract.
+int sort_pairs(void* temp, size_t& temp_bytes, const uint32_t* keys_in, uint32_t* keys_out, const int32_t* rows_in,
+               int32_t* rows_out, int n, int bits, cudaStream_t stream) {
+#if defined(__CUDACC__)
+  return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, n, 0, bits, stream);
+#else
+  (void)stream;
+  if (temp == nullptr) {
+    temp_bytes = 0;
+    return 0;
+  }
+  const uint32_t mask = bits >= 32 ? ~0u : (1u << bits) - 1;
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return (keys_in[a] & mask) < (keys_in[b] & mask); });
+  for (int i = 0; i < n; ++i) {
+    keys_out[i] = keys_in[order[static_cast<size_t>(i)]];
+    rows_out[i] = rows_in[order[static_cast<size_t>(i)]];
+  }
+  return 0;
+#endif
+}
+
 size_t radix_temp_bytes(int64_t n, int64_t vocab) {
   size_t bytes = 0;
-  ST_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
-                                                static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, key_bits(vocab)));
+  ST_CHECK_CUDA(sort_pairs(nullptr, bytes, nullptr, nullptr, nullptr, nullptr, static_cast<int>(n), key_bits(vocab), {}));
   return bytes;
 }
 
@@ -49,26 +77,26 @@ struct Layout {
 };
 
 template <typename S, typename T>
-__global__ void forward_kernel(const int32_t* __restrict__ ids, int64_t n, const S* __restrict__ table, int64_t vocab,
-                               int64_t dim, T* __restrict__ out, DataErrorRecord* error) {
-  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+ST_GLOBAL void forward_kernel(const int32_t* __restrict__ ids, int64_t n, const S* __restrict__ table, int64_t vocab,
+                              int64_t dim, T* __restrict__ out, DataErrorRecord* error) {
+  for (int64_t row = simt::block_x(); row < n; row += simt::grid_x()) {
     const int32_t id = ids[row];
     T* dst = out + row * dim;
     if (id < 0 || id >= vocab) {
-      if (threadIdx.x == 0) detail::record_data_error(error, DataErrorCode::TokenId, id, row, vocab);
-      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = from_f32<T>(0.0f);
+      if (simt::thread_x() == 0) detail::record_data_error(error, DataErrorCode::TokenId, id, row, vocab);
+      for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) dst[j] = from_f32<T>(0.0f);
       continue;
     }
     const S* src = table + static_cast<int64_t>(id) * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = from_f32<T>(to_f32(src[j]));
+    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) dst[j] = from_f32<T>(to_f32(src[j]));
   }
 }
 
 // keys = ids (invalid ones replaced by the sentinel `vocab`, which sorts last and is skipped), rows = 0..n-1.
-__global__ void prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t vocab, uint32_t* __restrict__ keys,
-                                    int32_t* __restrict__ rows, DataErrorRecord* error) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+ST_GLOBAL void prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t vocab,
+                                   uint32_t* __restrict__ keys, int32_t* __restrict__ rows, DataErrorRecord* error) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) {
     const int32_t id = ids[i];
     const bool ok = id >= 0 && id < vocab;
     if (!ok) detail::record_data_error(error, DataErrorCode::TokenId, id, i, vocab);
@@ -80,16 +108,16 @@ __global__ void prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, 
 // Block b handles sorted position b when it starts a run of equal keys: dtable[key, :] += dout[rows, :]
 // for the run's rows, in increasing row order (the sort is stable).
 template <typename G, typename T>
-__global__ void accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows, int64_t n,
-                                       const G* __restrict__ dout, int64_t dim, T* __restrict__ dtable, int64_t vocab) {
-  for (int64_t start = blockIdx.x; start < n; start += gridDim.x) {
+ST_GLOBAL void accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows, int64_t n,
+                                      const G* __restrict__ dout, int64_t dim, T* __restrict__ dtable, int64_t vocab) {
+  for (int64_t start = simt::block_x(); start < n; start += simt::grid_x()) {
     const uint32_t key = keys[start];
     if (static_cast<int64_t>(key) >= vocab) continue;
     if (start > 0 && keys[start - 1] == key) continue;
     int64_t end = start + 1;
     while (end < n && keys[end] == key) ++end;
     T* dst = dtable + static_cast<int64_t>(key) * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
       float acc = to_f32(dst[j]);
       for (int64_t r = start; r < end; ++r) acc += to_f32(dout[static_cast<int64_t>(rows[r]) * dim + j]);
       dst[j] = from_f32<T>(acc);
@@ -109,8 +137,8 @@ void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const v
     using S = typename decltype(stag)::type;
     detail::dispatch_float(out_dtype, "embedding_forward", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      forward_kernel<S, T><<<grid, kThreads, 0, detail::cuda_stream(stream)>>>(ids, n, static_cast<const S*>(table), vocab,
-                                                                               dim, static_cast<T*>(out), error);
+      simt::launch(forward_kernel<S, T>, grid, kThreads, 0, detail::cuda_stream(stream), ids, n,
+                   static_cast<const S*>(table), vocab, dim, static_cast<T*>(out), error);
       ST_CHECK_KERNEL("embedding forward_kernel");
     });
   });
@@ -138,18 +166,18 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
   auto* rows_in = reinterpret_cast<int32_t*>(ws + L.rows_in);
   auto* rows_out = reinterpret_cast<int32_t*>(ws + L.rows_out);
   cudaStream_t s = detail::cuda_stream(stream);
-  prepare_keys_kernel<<<detail::grid_for(n, 256), 256, 0, s>>>(ids, n, vocab, keys_in, rows_in, error);
+  simt::launch(prepare_keys_kernel, detail::grid_for(n, 256), 256, 0, s, ids, n, vocab, keys_in, rows_in, error);
   ST_CHECK_KERNEL("embedding prepare_keys_kernel");
   size_t temp_bytes = L.temp_bytes;
-  ST_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out,
-                                                static_cast<int>(n), 0, key_bits(vocab), s));
+  ST_CHECK_CUDA(sort_pairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, static_cast<int>(n),
+                           key_bits(vocab), s));
   const unsigned grid = static_cast<unsigned>(n < kMaxBlocks ? n : kMaxBlocks);
   detail::dispatch_float(dout_dtype, "embedding_backward", [&](auto gtag) {
     using G = typename decltype(gtag)::type;
     detail::dispatch_float(table_dtype, "embedding_backward", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      accumulate_runs_kernel<G, T><<<grid, kThreads, 0, s>>>(keys_out, rows_out, n, static_cast<const G*>(dout), dim,
-                                                             static_cast<T*>(dtable), vocab);
+      simt::launch(accumulate_runs_kernel<G, T>, grid, kThreads, 0, s, keys_out, rows_out, n,
+                   static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab);
       ST_CHECK_KERNEL("embedding accumulate_runs_kernel");
     });
   });

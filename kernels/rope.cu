@@ -13,12 +13,12 @@ using detail::to_f32;
 constexpr int kThreads = 256;
 
 template <typename T>
-__global__ void rope_kernel(T* __restrict__ x, const int32_t* __restrict__ positions, int64_t tokens, int64_t heads,
-                            int64_t head_dim, float theta, float sign) {
+ST_GLOBAL void rope_kernel(T* __restrict__ x, const int32_t* __restrict__ positions, int64_t tokens, int64_t heads,
+                           int64_t head_dim, float theta, float sign) {
   const int64_t half = head_dim / 2;
   const int64_t total = tokens * heads * half;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t idx = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); idx < total; idx += stride) {
     const int64_t i = idx % half;
     const int64_t th = idx / half;  // token * heads + head
     const int64_t t = th / heads;
@@ -44,8 +44,8 @@ void rope(DType dtype, void* x, const int32_t* positions, int64_t tokens, int64_
   const float sign = direction == RopeDirection::Forward ? 1.0f : -1.0f;
   detail::dispatch_float(dtype, "rope", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rope_kernel<T><<<detail::grid_for(total, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(
-        static_cast<T*>(x), positions, tokens, heads, head_dim, theta, sign);
+    simt::launch(rope_kernel<T>, detail::grid_for(total, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                 static_cast<T*>(x), positions, tokens, heads, head_dim, theta, sign);
     ST_CHECK_KERNEL("rope_kernel");
   });
 }

@@ -1,11 +1,16 @@
-// The few SIMT primitives the tensor-core kernels use (thread and block indices, barriers, warp shuffles,
-// the bf16 mma.sync, shared memory, bf16 packing), behind one name each, so that a kernel body written
-// against them compiles twice:
-//   - by nvcc, where each is the CUDA intrinsic or PTX instruction it names;
+// The SIMT primitives the kernels of this folder use (thread and block indices, barriers, warp shuffles, an
+// atomic, the bf16 mma.sync, shared memory, correctly rounded fp32 operations), and the kernel launch, behind
+// one name each, so that a kernel written against them compiles twice:
+//   - by nvcc, where each is the CUDA intrinsic, PTX instruction or <<<>>> launch it names;
 //   - by the host compiler with SHARDTRAIN_SIMT_EMULATOR defined, where each is implemented by the SIMT
 //     emulator of the tests (tests/kernels/simt_emulator.cpp): every thread of a block is a fiber, barriers
 //     and warp collectives are rendezvous, and mma.sync is computed from the fragment layouts the PTX ISA
-//     documents. That runs the kernels' own source, indexing and masking included, on a machine with no GPU.
+//     documents. That runs the kernels' own source, launchers, indexing and masking included, on a machine
+//     with no GPU (tests/kernels/kernels_emulated_test.cpp, attention_mma_emulated_test.cpp).
+//
+// Kernels are declared `ST_GLOBAL void ST_LAUNCH_BOUNDS(n) name(...)`, device helpers `ST_DEV`, static shared
+// arrays `ST_SHARED(type, name, count);` (used as name[i]), dynamic shared memory through dynamic_smem(), and
+// launched with simt::launch(kernel, grid, block, smem_bytes, stream, args...).
 //
 // Fragment layout of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16"), lane = 4 g + t (g = groupID 0..7, t = threadID_in_group 0..3); a 32-bit register holds two
@@ -16,7 +21,9 @@
 //   C, D (16 x 8, fp32):    c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g+8][2t, 2t+1]
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #if defined(__CUDACC__)
 
@@ -24,6 +31,9 @@
 #include <cuda_runtime.h>
 
 #define ST_DEV __device__ __forceinline__
+#define ST_GLOBAL __global__
+#define ST_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define ST_SHARED(type, name, count) __shared__ type name[count]
 
 namespace shardtrain::simt {
 
@@ -31,11 +41,34 @@ ST_DEV int thread_x() { return static_cast<int>(threadIdx.x); }
 ST_DEV int block_x() { return static_cast<int>(blockIdx.x); }
 ST_DEV int block_y() { return static_cast<int>(blockIdx.y); }
 ST_DEV int block_z() { return static_cast<int>(blockIdx.z); }
+ST_DEV int block_dim_x() { return static_cast<int>(blockDim.x); }
 ST_DEV int grid_x() { return static_cast<int>(gridDim.x); }
+ST_DEV int grid_y() { return static_cast<int>(gridDim.y); }
 
 ST_DEV void sync() { __syncthreads(); }
 ST_DEV bool sync_or(bool p) { return __syncthreads_or(p) != 0; }
-ST_DEV float shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+// Full-warp shuffles (every lane of the warp takes part), of 4- or 8-byte arithmetic values.
+template <typename T>
+ST_DEV T shfl_xor(T v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+template <typename T>
+ST_DEV T shfl_up(T v, int delta) {
+  return __shfl_up_sync(0xffffffffu, v, delta);
+}
+ST_DEV int atomic_cas(int* p, int compare, int value) { return atomicCAS(p, compare, value); }
+
+// fp32 operations rounded to nearest and never contracted into FMAs (bit-for-bit the CPU's -ffp-contract=off).
+ST_DEV float fadd_rn(float a, float b) { return __fadd_rn(a, b); }
+ST_DEV float fsub_rn(float a, float b) { return __fsub_rn(a, b); }
+ST_DEV float fmul_rn(float a, float b) { return __fmul_rn(a, b); }
+ST_DEV float fdiv_rn(float a, float b) { return __fdiv_rn(a, b); }
+ST_DEV float fsqrt_rn(float a) { return __fsqrt_rn(a); }
+// A load through the read-only (non-coherent) cache: only for data no thread writes during the kernel.
+template <typename T>
+ST_DEV T ldg(const T* p) {
+  return __ldg(p);
+}
 
 // d += a b for one 16 x 8 x 16 tile, fp32 accumulation (sm_80 and later; shardtrain builds for 80 and 90).
 ST_DEV void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -67,15 +100,63 @@ ST_DEV uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(bf16_bits(lo)) | (static_cast<uint32_t>(bf16_bits(hi)) << 16);
 }
 
+// Host side: kernel<<<grid, block, smem_bytes, stream>>>(args...) (a pointer to a __global__ function taken in
+// host code launches it).
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
+}
+
 }  // namespace shardtrain::simt
 
 #elif defined(SHARDTRAIN_SIMT_EMULATOR)
 
+#include <cmath>
 #include <cstring>
+#include <functional>
+#include <type_traits>
 
 #include "shardtrain/runtime/dtype.hpp"
 
 #define ST_DEV inline
+#define ST_GLOBAL inline
+#define ST_LAUNCH_BOUNDS(threads)
+// Per block, per call site (a static's address is the key); starts as 0xFF bytes like dynamic_smem().
+#define ST_SHARED(type, name, count) \
+  static char name##_shared_site_;   \
+  type* const name = static_cast<type*>(::shardtrain::simt::static_smem(&name##_shared_site_, sizeof(type) * (count)))
+
+// What the launchers use of the CUDA runtime, on host memory: launch configurations, streams (ignored: the
+// emulator runs every launch to completion, in call order), float4, memset/memcpy and the function attribute
+// that allows more than 48 KiB of dynamic shared memory (the emulator enforces it, as the GPU does). In
+// namespace shardtrain, where the kernels' unqualified uses find them, so they never meet CUDA's own.
+namespace shardtrain {
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+using cudaStream_t = struct CUstream_st*;
+enum cudaError_t { cudaSuccess = 0 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost,
+  cudaMemcpyHostToDevice,
+  cudaMemcpyDeviceToHost,
+  cudaMemcpyDeviceToDevice,
+  cudaMemcpyDefault
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t = nullptr) {
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+}  // namespace shardtrain
 
 namespace shardtrain::simt {
 
@@ -84,12 +165,48 @@ int thread_x();
 int block_x();
 int block_y();
 int block_z();
+int block_dim_x();
 int grid_x();
+int grid_y();
 void sync();
 bool sync_or(bool p);
-float shfl_xor(float v, int lane_mask);
 void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 unsigned char* dynamic_smem();
+void* static_smem(const void* site, size_t bytes);
+enum class ShuffleKind { Xor, Up };
+// Exchanges the `bytes` at `value` (at most 8) with the lane the kind and operand name, across the whole warp.
+void shuffle(void* value, size_t bytes, ShuffleKind kind, int operand);
+void set_max_dynamic_smem(const void* kernel, int bytes);
+void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
+
+template <typename T> T shfl_xor(T v, int lane_mask) {
+  static_assert(std::is_arithmetic_v<T> && sizeof(T) <= 8);
+  shuffle(&v, sizeof v, ShuffleKind::Xor, lane_mask);
+  return v;
+}
+template <typename T> T shfl_up(T v, int delta) {
+  static_assert(std::is_arithmetic_v<T> && sizeof(T) <= 8);
+  shuffle(&v, sizeof v, ShuffleKind::Up, delta);
+  return v;
+}
+// Fibers switch only at barriers and warp collectives, so a plain compare-and-swap is atomic here.
+inline int atomic_cas(int* p, int compare, int value) {
+  const int old = *p;
+  if (old == compare) *p = value;
+  return old;
+}
+// IEEE single-precision operations, each rounded (the tests' host code is compiled without FMA contraction).
+inline float fadd_rn(float a, float b) { return a + b; }
+inline float fsub_rn(float a, float b) { return a - b; }
+inline float fmul_rn(float a, float b) { return a * b; }
+inline float fdiv_rn(float a, float b) { return a / b; }
+inline float fsqrt_rn(float a) { return std::sqrt(a); }
+template <typename T> T ldg(const T* p) { return *p; }
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t, Args&&... args) {
+  launch_emulated(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
+}
 
 inline uint32_t load_u32(const uint16_t* p) {
   uint32_t v;
@@ -102,7 +219,16 @@ inline uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(bf16_bits(lo)) | (static_cast<uint32_t>(bf16_bits(hi)) << 16);
 }
 
+template <typename Kernel> cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+  return cudaSuccess;
+}
+
 }  // namespace shardtrain::simt
+
+namespace shardtrain {
+using simt::cudaFuncSetAttribute;
+}  // namespace shardtrain
 
 #else
 #error "kernels/simt.cuh is device code: compile it with nvcc, or on the host with SHARDTRAIN_SIMT_EMULATOR"

@@ -13,24 +13,24 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1024;
 
 template <typename T>
-__global__ void partial_kernel(const T* __restrict__ x, int64_t n, double* __restrict__ partial) {
-  __shared__ double shared[32];
+ST_GLOBAL void partial_kernel(const T* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  ST_SHARED(double, shared, 32);
   double acc = 0.0;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) {
     const float v = to_f32(x[i]);
     acc += static_cast<double>(v * v);
   }
   acc = detail::block_sum<kThreads>(acc, shared);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  if (simt::thread_x() == 0) partial[simt::block_x()] = acc;
 }
 
-__global__ void final_kernel(const double* __restrict__ partial, int blocks, double* __restrict__ out, bool accumulate) {
-  __shared__ double shared[32];
+ST_GLOBAL void final_kernel(const double* __restrict__ partial, int blocks, double* __restrict__ out, bool accumulate) {
+  ST_SHARED(double, shared, 32);
   double acc = 0.0;
-  for (int i = threadIdx.x; i < blocks; i += blockDim.x) acc += partial[i];
+  for (int i = simt::thread_x(); i < blocks; i += simt::block_dim_x()) acc += partial[i];
   acc = detail::block_sum<kThreads>(acc, shared);
-  if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
+  if (simt::thread_x() == 0) *out = accumulate ? *out + acc : acc;
 }
 
 }  // namespace
@@ -47,11 +47,11 @@ void sum_squares(DType dtype, const void* x, int64_t n, double* out, ReduceInto 
   if (blocks > 0) {
     detail::dispatch_float(dtype, "sum_squares", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      partial_kernel<T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partial);
+      simt::launch(partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n, partial);
       ST_CHECK_KERNEL("sum_squares partial_kernel");
     });
   }
-  final_kernel<<<1, kThreads, 0, s>>>(partial, static_cast<int>(blocks), out, mode == ReduceInto::Accumulate);
+  simt::launch(final_kernel, 1, kThreads, 0, s, partial, static_cast<int>(blocks), out, mode == ReduceInto::Accumulate);
   ST_CHECK_KERNEL("sum_squares final_kernel");
 }
 

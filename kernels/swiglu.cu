@@ -11,22 +11,22 @@ using detail::to_f32;
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+ST_DEV float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 template <typename T>
-__global__ void forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+ST_GLOBAL void forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, int64_t n) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) {
     const float x = to_f32(gate[i]);
     out[i] = from_f32<T>(x * sigmoid(x) * to_f32(up[i]));
   }
 }
 
 template <typename T>
-__global__ void backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate, const T* __restrict__ up,
-                                T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+ST_GLOBAL void backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate, const T* __restrict__ up,
+                               T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
+  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
+  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) {
     const float x = to_f32(gate[i]), y = to_f32(up[i]), d = to_f32(dout[i]);
     const float s = sigmoid(x);
     const float silu = x * s;
@@ -41,8 +41,8 @@ void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, in
   if (n <= 0) return;
   detail::dispatch_float(dtype, "swiglu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    forward_kernel<T><<<detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
+    simt::launch(forward_kernel<T>, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                 static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
     ST_CHECK_KERNEL("swiglu forward_kernel");
   });
 }
@@ -52,9 +52,9 @@ void swiglu_backward(DType dtype, const void* dout, const void* gate, const void
   if (n <= 0) return;
   detail::dispatch_float(dtype, "swiglu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    backward_kernel<T><<<detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream)>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(dgate),
-        static_cast<T*>(dup), n);
+    simt::launch(backward_kernel<T>, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+                 static_cast<const T*>(dout), static_cast<const T*>(gate), static_cast<const T*>(up),
+                 static_cast<T*>(dgate), static_cast<T*>(dup), n);
     ST_CHECK_KERNEL("swiglu backward_kernel");
   });
 }

@@ -3,9 +3,14 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,7 +27,7 @@ const char* wait_name(Wait w) {
   switch (w) {
     case Wait::None: return "running";
     case Wait::Barrier: return "__syncthreads";
-    case Wait::Shuffle: return "__shfl_xor_sync";
+    case Wait::Shuffle: return "__shfl_sync";
     case Wait::Mma: return "mma.sync";
     case Wait::Done: return "exited";
   }
@@ -31,13 +36,15 @@ const char* wait_name(Wait w) {
 
 struct Fiber {
   ucontext_t ctx{};
-  std::vector<char> stack;
+  char* stack = nullptr;  // kStackBytes from Emulator::stacks
   int tid = 0;
   Wait wait = Wait::None;
   // Deposits of a barrier or warp collective, and its results.
   bool pred = false;
-  float value = 0.f;
-  int lane_mask = 0;
+  unsigned char value[8]{};  // a shuffle's operand (value_bytes of it), then its result
+  size_t value_bytes = 0;
+  simt::ShuffleKind shuffle_kind = simt::ShuffleKind::Xor;
+  int shuffle_operand = 0;
   uint32_t a[4]{}, b[2]{};
   float c[4]{};
 };
@@ -46,10 +53,13 @@ constexpr size_t kStackBytes = 256 * 1024;
 
 struct Emulator {
   ucontext_t scheduler{};
-  std::vector<Fiber> fibers;
+  std::vector<Fiber> fibers;                     // one per thread of the block
+  std::vector<std::unique_ptr<char[]>> stacks;  // grows to the largest block seen; reused by every launch
   Fiber* current = nullptr;
   Dim3 grid, block_index;
   std::vector<unsigned char> smem;
+  std::map<const void*, std::vector<unsigned char>> static_smem;  // ST_SHARED arrays of the running block
+  std::map<const void*, int> max_dynamic_smem;                    // cudaFuncSetAttribute, per kernel
   const std::function<void()>* body = nullptr;
   Schedule schedule = Schedule::Lockstep;
   Stats stats;
@@ -139,12 +149,13 @@ void run_block(Emulator& e, int bx, int by, int bz) {
   for (Fiber& f : fibers) {
     f.wait = Wait::None;
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.data();
-    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = &e.scheduler;
     makecontext(&f.ctx, fiber_main, 0);
   }
   std::memset(e.smem.data(), 0xff, e.smem.size());
+  e.static_smem.clear();
   for (;;) {
     for (Fiber& f : fibers) {
       if (f.wait != Wait::None) continue;
@@ -163,13 +174,18 @@ void run_block(Emulator& e, int bx, int by, int bz) {
       for (int l = 1; l < 32; ++l) all = all && lanes[l].wait == kind;
       if (!all) continue;
       if (kind == Wait::Shuffle) {
-        float values[32];
-        for (int l = 0; l < 32; ++l) values[l] = lanes[l].value;
+        unsigned char values[32][8];
+        for (int l = 0; l < 32; ++l) std::memcpy(values[l], lanes[l].value, sizeof values[l]);
         for (int l = 0; l < 32; ++l) {
-          if (lanes[l].lane_mask != lanes[0].lane_mask)
-            throw std::runtime_error("simt: lanes of warp " + std::to_string(w) + " shuffle with different masks in " +
-                                     where(e, bx, by, bz));
-          lanes[l].value = values[l ^ (lanes[l].lane_mask & 31)];
+          const Fiber& f = lanes[l];
+          if (f.shuffle_kind != lanes[0].shuffle_kind || f.shuffle_operand != lanes[0].shuffle_operand ||
+              f.value_bytes != lanes[0].value_bytes)
+            throw std::runtime_error("simt: lanes of warp " + std::to_string(w) +
+                                     " shuffle with different kinds, operands or types in " + where(e, bx, by, bz));
+          // xor: the lane (l ^ mask) of the warp; up: lane l - delta, or l itself when that is below 0.
+          const int src = f.shuffle_kind == simt::ShuffleKind::Xor ? l ^ (f.shuffle_operand & 31)
+                                                                     : (l >= f.shuffle_operand ? l - f.shuffle_operand : l);
+          std::memcpy(lanes[l].value, values[src], sizeof values[src]);
         }
       } else {
         complete_mma(lanes);
@@ -211,10 +227,11 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
   e.body = &body;
   e.stats = Stats{};
   if (e.fibers.size() != static_cast<size_t>(threads)) {
+    while (e.stacks.size() < static_cast<size_t>(threads)) e.stacks.emplace_back(new char[kStackBytes]);
     e.fibers.assign(static_cast<size_t>(threads), Fiber{});
     for (int i = 0; i < threads; ++i) {
       e.fibers[static_cast<size_t>(i)].tid = i;
-      e.fibers[static_cast<size_t>(i)].stack.resize(kStackBytes);
+      e.fibers[static_cast<size_t>(i)].stack = e.stacks[static_cast<size_t>(i)].get();
     }
   }
   e.smem.assign(smem_bytes, 0xff);
@@ -230,11 +247,52 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
 Stats last_stats() { return emu().stats; }
 void set_schedule(Schedule s) { emu().schedule = s; }
 
+// The limits a launch on the GPUs shardtrain builds for (sm_80, sm_90) must respect.
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;      // without cudaFuncSetAttribute
+constexpr size_t kMaxDynamicSmem = 227 * 1024;         // sm_90's opt-in maximum per block (sm_80: 163 KiB)
+constexpr unsigned kMaxGridYZ = 65535;
+
 }  // namespace shardtrain::simt_emulator
 
 namespace shardtrain::simt {
 
 using simt_emulator::emu;
+
+void set_max_dynamic_smem(const void* kernel, int bytes) {
+  if (bytes < 0 || static_cast<size_t>(bytes) > simt_emulator::kMaxDynamicSmem)
+    throw std::runtime_error("simt: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " + std::to_string(bytes) +
+                             ") is beyond what a GPU allows (" + std::to_string(simt_emulator::kMaxDynamicSmem) + ")");
+  emu().max_dynamic_smem[kernel] = bytes;
+}
+
+void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  auto& e = emu();
+  if (block.y != 1 || block.z != 1) throw std::runtime_error("simt: the emulator runs one-dimensional blocks only");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > simt_emulator::kMaxGridYZ ||
+      grid.z > simt_emulator::kMaxGridYZ || grid.x > 0x7fffffffu)
+    throw std::runtime_error("simt: invalid grid (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) + ", " +
+                             std::to_string(grid.z) + ")");
+  size_t allowed = simt_emulator::kDefaultDynamicSmem;
+  if (auto it = e.max_dynamic_smem.find(kernel); it != e.max_dynamic_smem.end())
+    allowed = std::max(allowed, static_cast<size_t>(it->second));
+  if (smem_bytes > allowed)
+    throw std::runtime_error("simt: a launch asks for " + std::to_string(smem_bytes) +
+                             " bytes of dynamic shared memory, the kernel allows " + std::to_string(allowed) +
+                             " (cudaFuncSetAttribute MaxDynamicSharedMemorySize)");
+  simt_emulator::launch(simt_emulator::Dim3{static_cast<int>(grid.x), static_cast<int>(grid.y), static_cast<int>(grid.z)},
+                        static_cast<int>(block.x), smem_bytes, body);
+}
+
+}  // namespace shardtrain::simt
+
+namespace shardtrain::simt_emulator {
+
+}  // namespace shardtrain::simt_emulator
+
+namespace shardtrain::simt {
+
+using simt_emulator::emu;
+using simt_emulator::Fiber;
 using simt_emulator::self;
 using simt_emulator::Wait;
 using simt_emulator::wait_at;
@@ -243,7 +301,9 @@ int thread_x() { return self().tid; }
 int block_x() { return emu().block_index.x; }
 int block_y() { return emu().block_index.y; }
 int block_z() { return emu().block_index.z; }
+int block_dim_x() { return static_cast<int>(emu().fibers.size()); }
 int grid_x() { return emu().grid.x; }
+int grid_y() { return emu().grid.y; }
 
 void sync() {
   self().pred = false;
@@ -256,11 +316,14 @@ bool sync_or(bool p) {
   return self().pred;
 }
 
-float shfl_xor(float v, int lane_mask) {
-  self().value = v;
-  self().lane_mask = lane_mask;
+void shuffle(void* value, size_t bytes, ShuffleKind kind, int operand) {
+  Fiber& f = self();
+  std::memcpy(f.value, value, bytes);
+  f.value_bytes = bytes;
+  f.shuffle_kind = kind;
+  f.shuffle_operand = operand;
   wait_at(Wait::Shuffle);
-  return self().value;
+  std::memcpy(value, self().value, bytes);
 }
 
 void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -273,5 +336,13 @@ void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 }
 
 unsigned char* dynamic_smem() { return emu().smem.data(); }
+
+void* static_smem(const void* site, size_t bytes) {
+  (void)self();  // only from inside a launch
+  std::vector<unsigned char>& block = emu().static_smem[site];
+  if (block.empty()) block.assign(bytes, 0xff);
+  if (block.size() != bytes) throw std::logic_error("simt: one ST_SHARED site asked for two sizes");
+  return block.data();
+}
 
 }  // namespace shardtrain::simt

@@ -1,10 +1,12 @@
-// A SIMT emulator for kernel bodies written against kernels/simt.cuh: runs a grid on the host, one block after
+// A SIMT emulator for kernels written against kernels/simt.cuh: runs a grid on the host, one block after
 // another, every thread of a block a fiber (ucontext). A fiber runs until it reaches a barrier or a warp
 // collective; when every thread of the block (or every lane of the warp) waits at the same kind of point, the
-// scheduler completes it: __syncthreads(_or), __shfl_xor_sync, and mma.sync m16n8k16 bf16 computed from the
-// fragment layouts of the PTX ISA. Divergent barriers, mismatched warp collectives and deadlocks are reported
-// as errors, not hangs. Shared memory starts as 0xFF bytes (NaN as floats and bf16), so a read of a tile
-// entry nobody wrote shows up in the results.
+// scheduler completes it: __syncthreads(_or), __shfl_xor_sync / __shfl_up_sync, and mma.sync m16n8k16 bf16
+// computed from the fragment layouts of the PTX ISA. Divergent barriers, mismatched warp collectives and
+// deadlocks are reported as errors, not hangs. Shared memory (dynamic, and each ST_SHARED array per block)
+// starts as 0xFF bytes (NaN as floats and bf16), so a read of an entry nobody wrote shows up in the results.
+// simt::launch checks what the GPU would refuse: more than 48 KiB of dynamic shared memory without the
+// function attribute, grid dimensions past their limits.
 //
 // What it checks: the kernels' own indexing, masking, tiling, online softmax and barrier structure, with the
 // arithmetic of the real algorithm, and (through Schedule) missing barriers. What it cannot: timing, races

@@ -1,0 +1,536 @@
+// Every CUDA kernel of kernels/ run on the CPU under the SIMT emulator, through its own launcher (grid sizes,
+// dtype dispatch, workspaces, dynamic shared memory attributes), against the CPU backend's op on the same
+// values: the cases of the GPU op test (gpu_ops_test.cpp), at sizes the emulator runs in seconds. Inputs and
+// outputs are host memory; every launch runs to completion, one fiber per GPU thread, with barriers and warp
+// shuffles as rendezvous, so indexing, masking, reductions and barrier structure are the kernels' own. What
+// this cannot show (speed, memory ordering between real threads, the hardware's fragment layouts) the GPU
+// tests check on a device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/ops/ops.hpp"
+#include "shardtrain/runtime/dtype.hpp"
+#include "tests/kernels/attention_cases.hpp"
+#include "tests/kernels/simt_emulator.hpp"
+#include "tests/ops/typed_tensor.hpp"
+#include "tests/optim/common.hpp"
+// Last: the launchers compiled for the emulator, in namespace shardtrain::kernels_emulated.
+#include "tests/kernels/emulated_prelude.hpp"
+#include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/attention_segments.cuh"
+#include "kernels/cast.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/data_error.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/simt.cuh"
+#include "kernels/sum_squares.cuh"
+#include "kernels/swiglu.cuh"
+
+namespace shardtrain::ops {
+namespace {
+
+namespace k = ::shardtrain::kernels;  // kernels_emulated (emulated_prelude.hpp)
+using test::expect_bitwise_equal;
+using test::expect_close;
+using test::HostT;
+using test::Tol;
+using test::tol_for;
+
+std::string name(DType d) { return dtype_name(d); }
+
+// The data-error record a kernel writes, as the CUDA backend reads it.
+struct ErrorRecord {
+  k::DataErrorRecord rec;
+  ErrorRecord() { k::data_error_reset(&rec, {}); }
+  bool set() const { return rec.code != 0; }
+};
+
+class EmulatedKernels : public ::testing::Test {
+ protected:
+  void SetUp() override { cpu_ = make_cpu_ops(CpuOpsOptions{1}); }
+  void TearDown() override { k::set_attention_kernel(k::AttentionKernel::Auto); }
+
+  HostT random(Shape s, DType d, double scale = 1.0) {
+    HostT t(s, d);
+    std::normal_distribution<double> dist(0.0, scale);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng_));
+    return t;
+  }
+  HostT random_ints(Shape s, int32_t lo, int32_t hi) {  // uniform in [lo, hi)
+    HostT t(s, DType::I32);
+    std::uniform_int_distribution<int32_t> dist(lo, hi - 1);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng_));
+    return t;
+  }
+
+  std::unique_ptr<Ops> cpu_;
+  std::mt19937_64 rng_{20261122};
+};
+
+// ------------------------------------------------------------------------------------------- casts, elementwise
+
+TEST_F(EmulatedKernels, CastsRoundToNearestEvenBitForBit) {
+  std::vector<float> in = {0.f, -0.f, 1.f, 1.00390625f, 1.01171875f, -3.3e38f, 1e-40f, -1e-45f,
+                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.f, 100.f);
+  for (int i = 0; i < 3000; ++i) in.push_back(dist(rng));
+  std::vector<uint16_t> out(in.size(), 0xdead);
+  k::cast_f32_to_bf16(in.data(), out.data(), in.size(), {});
+  size_t mismatches = 0;
+  for (size_t i = 0; i < in.size(); ++i) mismatches += out[i] != bf16(in[i]).bits;
+  EXPECT_EQ(mismatches, 0u);
+  std::vector<float> back(in.size(), -1.f);
+  k::cast_bf16_to_f32(out.data(), back.data(), out.size(), {});
+  mismatches = 0;
+  for (size_t i = 0; i < in.size(); ++i) mismatches += back[i] != static_cast<float>(bf16::from_bits(out[i]));
+  EXPECT_EQ(mismatches, 0u);
+}
+
+TEST_F(EmulatedKernels, FillCopyAddScaleMatchExactly) {
+  const Shape s{37, 72};
+  for (DType d : {DType::F32, DType::BF16}) {
+    HostT want(s, d), got = random(s, d);
+    cpu_->fill(want.view(), 0.3);
+    k::elementwise_fill(d, got.ptr(), got.numel(), 0.3f, {});
+    expect_close("fill " + name(d), got, want, Tol{0, 0});
+    HostT x = random(s, d), scaled = x;
+    k::elementwise_scale(d, scaled.ptr(), scaled.numel(), -0.75f, {});
+    HostT expected(s, d);
+    for (int64_t i = 0; i < x.numel(); ++i) expected.set(i, static_cast<float>(x.get(i)) * -0.75f);
+    expect_close("scale " + name(d), scaled, expected, Tol{0, 0});
+  }
+  for (DType from : {DType::F32, DType::BF16}) {
+    for (DType to : {DType::F32, DType::BF16}) {
+      HostT x = random(s, from), y = random(s, to), want(s, to), got(s, to);
+      HostT y_got = y;
+      cpu_->copy(x.view(), want.view());
+      k::elementwise_copy(from, x.ptr(), to, got.ptr(), x.numel(), {});
+      expect_close("copy " + name(from) + " -> " + name(to), got, want, Tol{0, 0});
+      cpu_->add(x.view(), y.view());
+      k::elementwise_add(from, x.ptr(), to, y_got.ptr(), x.numel(), {});
+      expect_close("add " + name(from) + " into " + name(to), y_got, y, Tol{0, 0});
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, SwigluForwardBackward) {
+  const Shape s{37, 136};
+  for (DType d : {DType::F32, DType::BF16}) {
+    HostT gate = random(s, d, 2.0), up = random(s, d), dout = random(s, d);
+    HostT out(s, d), dg(s, d), du(s, d), k_out(s, d), k_dg(s, d), k_du(s, d);
+    cpu_->swiglu_forward(gate.view(), up.view(), out.view());
+    k::swiglu_forward(d, gate.ptr(), up.ptr(), k_out.ptr(), out.numel(), {});
+    expect_close("swiglu out " + name(d), k_out, out, tol_for(d));
+    cpu_->swiglu_backward(dout.view(), gate.view(), up.view(), dg.view(), du.view());
+    k::swiglu_backward(d, dout.ptr(), gate.ptr(), up.ptr(), k_dg.ptr(), k_du.ptr(), out.numel(), {});
+    expect_close("swiglu dgate " + name(d), k_dg, dg, tol_for(d));
+    expect_close("swiglu dup " + name(d), k_du, du, tol_for(d));
+  }
+}
+
+TEST_F(EmulatedKernels, SumSquaresInDoubleOverManyBlocksAndDeterministic) {
+  std::vector<char> workspace(k::sum_squares_workspace_bytes());
+  for (DType d : {DType::F32, DType::BF16}) {
+    HostT x = random({20011}, d, 3.0);  // 79 blocks of 256 and a partial one
+    double want = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float v = static_cast<float>(x.get(i));
+      want += static_cast<double>(v * v);
+    }
+    double out = -1, again = -2;
+    k::sum_squares(d, x.ptr(), x.numel(), &out, k::ReduceInto::Overwrite, workspace.data(), workspace.size(), {});
+    EXPECT_NEAR(out, want, 1e-12 * want) << name(d);
+    k::sum_squares(d, x.ptr(), x.numel(), &again, k::ReduceInto::Overwrite, workspace.data(), workspace.size(), {});
+    EXPECT_EQ(again, out) << name(d);
+    k::sum_squares(d, x.ptr(), x.numel(), &again, k::ReduceInto::Accumulate, workspace.data(), workspace.size(), {});
+    EXPECT_NEAR(again, 2 * want, 2e-12 * want) << name(d);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- embedding
+
+TEST_F(EmulatedKernels, EmbeddingForwardAndDataError) {
+  const int64_t n = 37, vocab = 1003, d = 72;
+  HostT ids = random_ints({n}, 0, static_cast<int32_t>(vocab));
+  ids.set(5, vocab - 1);
+  ids.set(6, 0);
+  for (DType td : {DType::F32, DType::BF16}) {
+    for (DType od : {DType::F32, DType::BF16}) {
+      HostT table = random({vocab, d}, td), want({n, d}, od), got = random({n, d}, od);
+      cpu_->embedding_forward(ids.view(), table.view(), want.view());
+      ErrorRecord err;
+      k::embedding_forward(ids.as_ptr<int32_t>(), n, td, table.ptr(), vocab, d, od, got.ptr(), &err.rec, {});
+      expect_close("embedding " + name(td) + " -> " + name(od), got, want, Tol{0, 0});
+      EXPECT_FALSE(err.set());
+    }
+  }
+  // An id outside the vocabulary: its row is zeros and the first bad id is recorded (index, value, bound).
+  HostT bad = ids;
+  bad.set(11, vocab);
+  bad.set(20, -4);
+  HostT table = random({vocab, d}, DType::F32), out = random({n, d}, DType::F32);
+  ErrorRecord err;
+  k::embedding_forward(bad.as_ptr<int32_t>(), n, DType::F32, table.ptr(), vocab, d, DType::F32, out.ptr(), &err.rec, {});
+  ASSERT_TRUE(err.set());
+  EXPECT_EQ(err.rec.code, static_cast<int32_t>(k::DataErrorCode::TokenId));
+  EXPECT_TRUE((err.rec.index == 11 && err.rec.value == vocab) || (err.rec.index == 20 && err.rec.value == -4));
+  EXPECT_EQ(err.rec.bound, vocab);
+  for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out.get(11 * d + j), 0.0);
+}
+
+TEST_F(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
+  const int64_t n = 300, vocab = 1003, d = 72;
+  HostT ids = random_ints({n}, 0, 12);  // many repeats
+  for (int64_t i = 0; i < n; i += 7) ids.set(i, 500 + i);
+  std::vector<char> workspace(k::embedding_backward_workspace_bytes(n, vocab));
+  const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
+  for (const auto& p : pairs) {
+    const std::string what = "embedding_backward " + name(p[0]) + " into " + name(p[1]);
+    HostT dout = random({n, d}, p[0]), table0 = random({vocab, d}, p[1]);
+    HostT want = table0, got = table0, again = table0;
+    cpu_->embedding_backward(ids.view(), dout.view(), want.view());
+    k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], got.ptr(), vocab, workspace.data(),
+                          workspace.size(), nullptr, {});
+    // f32 tables are summed in the CPU's exact order; bf16 ones are rounded once instead of per token.
+    expect_close(what, got, want, p[1] == DType::F32 ? Tol{1e-6, 1e-7} : Tol{2e-2, 2e-2});
+    k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], again.ptr(), vocab, workspace.data(),
+                          workspace.size(), nullptr, {});
+    expect_bitwise_equal(what, again, got);
+  }
+  HostT bad = ids;
+  bad.set(3, -1);
+  HostT dout = random({n, d}, DType::F32), table = random({vocab, d}, DType::F32);
+  ErrorRecord err;
+  k::embedding_backward(bad.as_ptr<int32_t>(), n, DType::F32, dout.ptr(), d, DType::F32, table.ptr(), vocab,
+                        workspace.data(), workspace.size(), &err.rec, {});
+  ASSERT_TRUE(err.set());
+  EXPECT_EQ(err.rec.index, 3);
+  EXPECT_EQ(err.rec.value, -1);
+}
+
+// ------------------------------------------------------------------------------------------------ RMSNorm, RoPE
+
+TEST_F(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
+  for (int64_t d : {72, 520}) {
+    const int64_t rows = 37;
+    const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
+    for (const auto& p : pairs) {
+      for (bool residual : {false, true}) {
+        const std::string what = "rmsnorm d=" + std::to_string(d) + " " + name(p[0]) + " w " + name(p[1]) +
+                                 (residual ? " +residual" : "");
+        HostT x = random({rows, d}, p[0]), r = random({rows, d}, p[0]), w = random({d}, p[1]);
+        HostT h({rows, d}, p[0]), y({rows, d}, p[0]), rstd({rows}, DType::F32);
+        HostT kh({rows, d}, p[0]), ky({rows, d}, p[0]), krstd({rows}, DType::F32);
+        cpu_->rmsnorm_forward(x.view(), residual ? r.view() : Tensor{}, w.view(), 1e-5, residual ? h.view() : Tensor{},
+                              y.view(), rstd.view());
+        k::rmsnorm_forward(p[0], x.ptr(), residual ? r.ptr() : nullptr, p[1], w.ptr(), 1e-5f, rows, d,
+                           residual ? kh.ptr() : nullptr, ky.ptr(), krstd.as_ptr<float>(), {});
+        expect_close(what + " y", ky, y, tol_for(p[0]));
+        expect_close(what + " rstd", krstd, rstd, tol_for(DType::F32));
+        if (residual) expect_close(what + " h", kh, h, Tol{0, 0});
+      }
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
+  for (int64_t rows : {37, 200}) {  // 200: several 64-row parts of the weight gradient
+    const int64_t d = 72;
+    std::vector<char> workspace(k::rmsnorm_backward_workspace_bytes(rows, d));
+    const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
+    for (const auto& p : pairs) {
+      for (bool extra : {false, true}) {
+        const std::string what = "rmsnorm_backward rows=" + std::to_string(rows) + " " + name(p[0]) + " dw " +
+                                 name(p[1]) + (extra ? " +dh_extra" : "");
+        HostT h = random({rows, d}, p[0]), w = random({d}, p[0]), dy = random({rows, d}, p[0]);
+        HostT e = random({rows, d}, p[0]), y({rows, d}, p[0]), rstd({rows}, DType::F32), dh({rows, d}, p[0]);
+        cpu_->rmsnorm_forward(h.view(), Tensor{}, w.view(), 1e-5, Tensor{}, y.view(), rstd.view());
+        HostT dw0 = random({d}, p[1]);
+        HostT dw = dw0, kdw = dw0, kdw2 = dw0, kdh({rows, d}, p[0]);
+        cpu_->rmsnorm_backward(dy.view(), h.view(), w.view(), rstd.view(), extra ? e.view() : Tensor{}, dh.view(),
+                               dw.view());
+        auto run = [&](HostT& dweight) {
+          k::rmsnorm_backward(p[0], dy.ptr(), h.ptr(), p[0], w.ptr(), rstd.as_ptr<float>(), extra ? e.ptr() : nullptr,
+                              kdh.ptr(), rows, d, p[1], dweight.ptr(), workspace.data(), workspace.size(), {});
+        };
+        run(kdw);
+        expect_close(what + " dh", kdh, dh, tol_for(p[0]));
+        expect_close(what + " dweight", kdw, dw, p[1] == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(p[1]));
+        run(kdw2);
+        expect_bitwise_equal(what + " dweight", kdw2, kdw);
+      }
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, RopeForwardBackward) {
+  const int64_t n = 37, heads = 6;
+  HostT pos({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) pos.set(i, i < 20 ? i : (i - 20) * 3);  // a restart, then wider steps
+  for (int64_t dh : {24, 64}) {
+    for (double theta : {10000.0, 500000.0}) {
+      for (DType d : {DType::F32, DType::BF16}) {
+        for (RopeDirection dir : {RopeDirection::Forward, RopeDirection::Backward}) {
+          const std::string what = "rope dh=" + std::to_string(dh) + " theta=" + std::to_string(theta) + " " + name(d) +
+                                   (dir == RopeDirection::Forward ? " forward" : " backward");
+          HostT x = random({n, heads, dh}, d);
+          HostT kx = x;
+          cpu_->rope(x.view(), pos.view(), theta, dir);
+          k::rope(d, kx.ptr(), pos.as_ptr<int32_t>(), n, heads, dh, static_cast<float>(theta),
+                  dir == RopeDirection::Forward ? k::RopeDirection::Forward : k::RopeDirection::Backward, {});
+          expect_close(what, kx, x, d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- attention
+
+// Document ids with random boundaries (nondecreasing per row) and input ids with a few pad tokens (7).
+void make_batch(std::mt19937_64& rng, int64_t b, int64_t s, HostT& ids, HostT& docs) {
+  ids = HostT({b, s}, DType::I32);
+  docs = HostT({b, s}, DType::I32);
+  std::uniform_int_distribution<int32_t> tok(0, 49);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t r = 0; r < b; ++r) {
+    int32_t doc = static_cast<int32_t>(r * 3);
+    for (int64_t t = 0; t < s; ++t) {
+      if (t > 0 && u(rng) < 0.08) ++doc;
+      docs.set(r * s + t, doc);
+      ids.set(r * s + t, u(rng) < 0.1 ? 7 : tok(rng));
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, AttentionSegmentsMatchExactly) {
+  for (int64_t s : {45, 700}) {  // 700: several 256-token tiles per row, the carry between them
+    HostT ids, docs;
+    make_batch(rng_, 2, s, ids, docs);
+    for (int32_t pad : {7, -1}) {
+      for (bool with_docs : {false, true}) {
+        const std::string what =
+            "segments S=" + std::to_string(s) + " pad=" + std::to_string(pad) + (with_docs ? " docs" : "");
+        HostT seg({2, s}, DType::I32), pos({2, s}, DType::I32), kseg({2, s}, DType::I32), kpos({2, s}, DType::I32);
+        cpu_->attention_segments(ids.view(), pad, with_docs ? docs.view() : Tensor{}, seg.view(), pos.view());
+        ErrorRecord err;
+        k::attention_segments(ids.as_ptr<int32_t>(), pad, with_docs ? docs.as_ptr<int32_t>() : nullptr, 2, s,
+                              kseg.as_ptr<int32_t>(), kpos.as_ptr<int32_t>(), &err.rec, {});
+        expect_close(what + " segments", kseg, seg, Tol{0, 0});
+        expect_close(what + " positions", kpos, pos, Tol{0, 0});
+        EXPECT_FALSE(err.set()) << what;
+      }
+    }
+  }
+  HostT ids, docs;
+  make_batch(rng_, 2, 45, ids, docs);
+  docs.set(50, -2);
+  HostT seg({2, 45}, DType::I32), pos({2, 45}, DType::I32);
+  ErrorRecord err;
+  k::attention_segments(ids.as_ptr<int32_t>(), 7, docs.as_ptr<int32_t>(), 2, 45, seg.as_ptr<int32_t>(),
+                        pos.as_ptr<int32_t>(), &err.rec, {});
+  ASSERT_TRUE(err.set());
+  EXPECT_EQ(err.rec.code, static_cast<int32_t>(k::DataErrorCode::DocumentId));
+  EXPECT_EQ(err.rec.index, 50);
+}
+
+// The device test's attention cases (attention_cases.hpp) through kernels::attention_forward/backward: f32 on
+// the FMA kernels at every padded head dim (16, 32, 64, 96, 128), bf16 on the FMA kernels and, by default, on
+// the tensor-core ones (the launchers' dispatch included).
+void check_attention(const attention_cases::Case& c, attention_cases::MaskKind kind, DType dtype) {
+  using namespace attention_cases;
+  SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << mask_name(kind) << " B=" << c.b << " S=" << c.s
+                                  << " H=" << c.h << " Hkv=" << c.hkv << " Dh=" << c.dh << " kernel "
+                                  << (k::attention_uses_mma(dtype) ? "mma" : "fma"));
+  const Inputs in = make_inputs(c, kind, dtype);
+  const Results cpu = cpu_reference(c, in, dtype);
+  const k::AttentionDims d{c.b, c.s, c.h, c.hkv, c.dh};
+  const size_t elem = dtype_size(dtype);
+  // Results start as NaN (0xFF bytes): an element no kernel wrote shows up.
+  std::vector<uint8_t> out(in.nq * elem, 0xff), dq(in.nq * elem, 0xff), dk(in.nkv * elem, 0xff),
+      dv(in.nkv * elem, 0xff);
+  std::vector<float> lse(in.nlse, NAN);
+  std::vector<char> work(k::attention_backward_workspace_bytes(d));
+  const int32_t* seg = in.masked ? in.seg.data() : nullptr;
+  k::attention_forward(dtype, d, in.q.data(), in.k.data(), in.v.data(), seg, in.scale, out.data(), lse.data(), {});
+  k::attention_backward(dtype, d, in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), in.dout.data(), seg,
+                        in.scale, dq.data(), dk.data(), dv.data(), work.data(), {});
+  check_results(c, in, dtype, Results{decode(out, dtype), lse, decode(dq, dtype), decode(dk, dtype), decode(dv, dtype)},
+                cpu);
+}
+
+TEST_F(EmulatedKernels, AttentionF32EveryHeadDim) {
+  using namespace attention_cases;
+  for (MaskKind kind : {MaskKind::Causal, MaskKind::Packed, MaskKind::Padded})
+    for (int64_t dh : {4, 24, 64, 96, 128}) {
+      check_attention(Case{2, 45, 6, 2, dh}, kind, DType::F32);
+      if (HasFailure()) return;
+    }
+  check_attention(Case{2, 130, 4, 4, 64}, MaskKind::Padded, DType::F32);  // several query and key tiles
+  check_attention(Case{1, 1, 4, 4, 24}, MaskKind::Causal, DType::F32);
+}
+
+TEST_F(EmulatedKernels, AttentionBF16FmaAndTensorCoreKernels) {
+  using namespace attention_cases;
+  for (k::AttentionKernel choice : {k::AttentionKernel::Fma, k::AttentionKernel::Auto}) {
+    k::set_attention_kernel(choice);
+    for (MaskKind kind : {MaskKind::Causal, MaskKind::Packed, MaskKind::Padded}) {
+      check_attention(Case{2, 70, 6, 2, 64}, kind, DType::BF16);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------- losses
+
+HostT loss_targets(std::mt19937_64& rng, int64_t n, int64_t vocab, int32_t ignore_index) {
+  HostT t({n}, DType::I32);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t i = 0; i < n; ++i) t.set(i, i % 5 == 3 ? ignore_index : dist(rng));
+  t.set(0, static_cast<double>(vocab - 1));
+  return t;
+}
+
+TEST_F(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
+  const int64_t n = 37, vocab = 1003;
+  const int32_t ignore = -100;
+  HostT t = loss_targets(rng_, n, vocab, ignore);
+  for (DType d : {DType::F32, DType::BF16}) {
+    for (DType gd : {d, DType::BF16}) {
+      const std::string what = "cross_entropy " + name(d) + " dlogits " + name(gd);
+      HostT logits = random({n, vocab}, d, 3.0), dl({n, vocab}, d), kdl = random({n, vocab}, gd);
+      const LossSums want = cpu_->cross_entropy(logits.view(), t.view(), ignore, 0.37, dl.view());
+      std::vector<float> row_loss(static_cast<size_t>(n), NAN);
+      ErrorRecord err;
+      k::cross_entropy_rows(d, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 0.37f, gd, kdl.ptr(),
+                            row_loss.data(), 0, &err.rec, {});
+      k::LossSumsDevice sums, total;
+      total.loss_sum = 1.5;
+      total.tokens = 4;
+      k::cross_entropy_sum(row_loss.data(), t.as_ptr<int32_t>(), n, ignore, &sums, &total, {});
+      EXPECT_FALSE(err.set()) << what;
+      EXPECT_EQ(sums.tokens, want.tokens) << what;
+      EXPECT_NEAR(sums.loss_sum, want.loss_sum, 1e-5 * std::abs(want.loss_sum)) << what;
+      EXPECT_EQ(total.tokens, want.tokens + 4) << what;  // the running total accumulates
+      EXPECT_DOUBLE_EQ(total.loss_sum, 1.5 + sums.loss_sum) << what;
+      expect_close(what + " dlogits", kdl, dl.as(gd), tol_for(gd));
+    }
+  }
+  // In place (the CUDA backend's f32 chunks): dlogits over the logits they came from.
+  HostT logits = random({n, vocab}, DType::F32, 3.0), dl({n, vocab}, DType::F32);
+  cpu_->cross_entropy(logits.view(), t.view(), ignore, 1.0, dl.view());
+  std::vector<float> row_loss(static_cast<size_t>(n));
+  k::cross_entropy_rows(DType::F32, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
+                        logits.ptr(), row_loss.data(), 0, nullptr, {});
+  expect_close("cross_entropy in place", logits, dl, tol_for(DType::F32));
+  for (int32_t bad : {static_cast<int32_t>(vocab), -5}) {
+    HostT tb = t;
+    tb.set(9, bad);
+    ErrorRecord err;
+    HostT z = random({n, vocab}, DType::F32);
+    k::cross_entropy_rows(DType::F32, z.ptr(), n, vocab, tb.as_ptr<int32_t>(), ignore, 1.0f, DType::F32, nullptr,
+                          row_loss.data(), 100, &err.rec, {});
+    ASSERT_TRUE(err.set()) << bad;
+    EXPECT_EQ(err.rec.code, static_cast<int32_t>(k::DataErrorCode::Target));
+    EXPECT_EQ(err.rec.index, 109);  // first_row + row
+    EXPECT_EQ(err.rec.value, bad);
+    EXPECT_EQ(err.rec.aux, ignore);
+  }
+}
+
+// -------------------------------------------------------------------------------------------------------- AdamW
+
+// The fused update against the host optimizer over odd shards (decayed and exempt ranges, padding, a range
+// longer than two chunks), aligned (float4 path) and off by one float (scalar path): bit for bit, as the CPU
+// loop and the kernel do the same correctly rounded operations in the same order.
+TEST_F(EmulatedKernels, AdamWMatchesTheHostOptimizerBitForBit) {
+  using namespace testing_optim;
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  optim::AdamWConfig config;
+  config.decay = optim::DecayScope::ExemptNormsAndEmbeddings;
+  config.weight_decay = 0.1;
+  for (size_t offset : {0, 1}) {
+    SCOPED_TRACE(offset == 0 ? "aligned" : "off by one float");
+    HostShards host = make_host_shards(spec, specs, 17, 0.5f);
+    optim::AdamW on_host(host.views, spec, config, nullptr);
+    // The kernel's own copies: param, grad, exp_avg, exp_avg_sq, each `offset` floats into its buffer.
+    struct Arrays {
+      std::vector<float> p, g, m, v;
+    };
+    std::vector<Arrays> mine(specs.size());
+    std::vector<k::AdamWChunk> chunks;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const size_t n = static_cast<size_t>(specs[i].numel) + offset;
+      mine[i] = Arrays{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n, 0.f), std::vector<float>(n, 0.f)};
+      std::copy(host.param[i].begin(), host.param[i].end(), mine[i].p.begin() + static_cast<long>(offset));
+      for (const optim::DecayRange& r : on_host.ranges(i))
+        for (int64_t at = r.begin; at < r.end; at += k::kAdamWChunkElements) {
+          k::AdamWChunk c;
+          c.param = mine[i].p.data() + offset + at;
+          c.grad = mine[i].g.data() + offset + at;
+          c.exp_avg = mine[i].m.data() + offset + at;
+          c.exp_avg_sq = mine[i].v.data() + offset + at;
+          c.n = std::min(k::kAdamWChunkElements, r.end - at);
+          c.decay = r.decay ? 1 : 0;
+          chunks.push_back(c);
+        }
+    }
+    for (int step = 1; step <= 3; ++step) {
+      fill_grads(host.grad, specs, step);
+      for (size_t i = 0; i < specs.size(); ++i)
+        std::copy(host.grad[i].begin(), host.grad[i].end(), mine[i].g.begin() + static_cast<long>(offset));
+      const double lr = 1e-2 / step, scale = step == 2 ? 0.25 : 1.0;
+      on_host.step(host.views, lr, scale);
+      k::AdamWScalars s;
+      s.beta1 = static_cast<float>(config.beta1);
+      s.beta2 = static_cast<float>(config.beta2);
+      s.step_size = static_cast<float>(lr / (1.0 - std::pow(config.beta1, step)));
+      s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(config.beta2, step)));
+      s.eps = static_cast<float>(config.eps);
+      s.grad_scale = static_cast<float>(scale);
+      s.decay_factor = static_cast<float>(1.0 - lr * config.weight_decay);
+      k::adamw_step(chunks.data(), static_cast<int64_t>(chunks.size()), s, {});
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto n = static_cast<size_t>(specs[i].numel);
+      EXPECT_EQ(std::memcmp(mine[i].p.data() + offset, host.param[i].data(), n * sizeof(float)), 0) << "shard " << i;
+      std::vector<float> m(n), v(n);
+      on_host.read_state(i, optim::OptimState::ExpAvg, m);
+      on_host.read_state(i, optim::OptimState::ExpAvgSq, v);
+      EXPECT_EQ(std::memcmp(mine[i].m.data() + offset, m.data(), n * sizeof(float)), 0) << "shard " << i << " exp_avg";
+      EXPECT_EQ(std::memcmp(mine[i].v.data() + offset, v.data(), n * sizeof(float)), 0) << "shard " << i << " exp_avg_sq";
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ the emulator
+
+// What the GPU refuses, the emulated launch refuses: more than 48 KiB of dynamic shared memory without the
+// attribute, a grid dimension past its limit.
+TEST(SimtEmulatorLaunch, EnforcesTheLaunchLimitsOfTheGpu) {
+  static const char kernel = 0;  // stands for a kernel's address
+  EXPECT_THROW(simt::launch_emulated(&kernel, dim3(1), dim3(32), 64 * 1024, [] {}), std::runtime_error);
+  simt::set_max_dynamic_smem(&kernel, 64 * 1024);
+  EXPECT_NO_THROW(simt::launch_emulated(&kernel, dim3(1), dim3(32), 64 * 1024, [] {}));
+  EXPECT_THROW(simt::launch_emulated(&kernel, dim3(1), dim3(32), 64 * 1024 + 4, [] {}), std::runtime_error);
+  EXPECT_THROW(simt::launch_emulated(&kernel, dim3(1, 70000), dim3(32), 0, [] {}), std::runtime_error);
+  EXPECT_THROW(simt::launch_emulated(&kernel, dim3(1), dim3(48), 0, [] {}), std::invalid_argument);  // not whole warps
+}
+
+}  // namespace
+}  // namespace shardtrain::ops
