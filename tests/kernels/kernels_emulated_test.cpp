@@ -58,10 +58,18 @@ struct ErrorRecord {
   bool set() const { return rec.code != 0; }
 };
 
-class EmulatedKernels : public ::testing::Test {
+// Each test under the emulator's three warp schedules: warps in lockstep, and one warp running ahead of the
+// others (first or last) until it must wait, which turns a missing barrier into wrong results.
+class EmulatedKernels : public ::testing::TestWithParam<simt_emulator::Schedule> {
  protected:
-  void SetUp() override { cpu_ = make_cpu_ops(CpuOpsOptions{1}); }
-  void TearDown() override { k::set_attention_kernel(k::AttentionKernel::Auto); }
+  void SetUp() override {
+    cpu_ = make_cpu_ops(CpuOpsOptions{1});
+    simt_emulator::set_schedule(GetParam());
+  }
+  void TearDown() override {
+    k::set_attention_kernel(k::AttentionKernel::Auto);
+    simt_emulator::set_schedule(simt_emulator::Schedule::Lockstep);
+  }
 
   HostT random(Shape s, DType d, double scale = 1.0) {
     HostT t(s, d);
@@ -82,7 +90,7 @@ class EmulatedKernels : public ::testing::Test {
 
 // ------------------------------------------------------------------------------------------- casts, elementwise
 
-TEST_F(EmulatedKernels, CastsRoundToNearestEvenBitForBit) {
+TEST_P(EmulatedKernels, CastsRoundToNearestEvenBitForBit) {
   std::vector<float> in = {0.f, -0.f, 1.f, 1.00390625f, 1.01171875f, -3.3e38f, 1e-40f, -1e-45f,
                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
   std::mt19937 rng(3);
@@ -100,7 +108,7 @@ TEST_F(EmulatedKernels, CastsRoundToNearestEvenBitForBit) {
   EXPECT_EQ(mismatches, 0u);
 }
 
-TEST_F(EmulatedKernels, FillCopyAddScaleMatchExactly) {
+TEST_P(EmulatedKernels, FillCopyAddScaleMatchExactly) {
   const Shape s{37, 72};
   for (DType d : {DType::F32, DType::BF16}) {
     HostT want(s, d), got = random(s, d);
@@ -127,7 +135,7 @@ TEST_F(EmulatedKernels, FillCopyAddScaleMatchExactly) {
   }
 }
 
-TEST_F(EmulatedKernels, SwigluForwardBackward) {
+TEST_P(EmulatedKernels, SwigluForwardBackward) {
   const Shape s{37, 136};
   for (DType d : {DType::F32, DType::BF16}) {
     HostT gate = random(s, d, 2.0), up = random(s, d), dout = random(s, d);
@@ -142,7 +150,7 @@ TEST_F(EmulatedKernels, SwigluForwardBackward) {
   }
 }
 
-TEST_F(EmulatedKernels, SumSquaresInDoubleOverManyBlocksAndDeterministic) {
+TEST_P(EmulatedKernels, SumSquaresInDoubleOverManyBlocksAndDeterministic) {
   std::vector<char> workspace(k::sum_squares_workspace_bytes());
   for (DType d : {DType::F32, DType::BF16}) {
     HostT x = random({20011}, d, 3.0);  // 79 blocks of 256 and a partial one
@@ -163,7 +171,7 @@ TEST_F(EmulatedKernels, SumSquaresInDoubleOverManyBlocksAndDeterministic) {
 
 // ---------------------------------------------------------------------------------------------------- embedding
 
-TEST_F(EmulatedKernels, EmbeddingForwardAndDataError) {
+TEST_P(EmulatedKernels, EmbeddingForwardAndDataError) {
   const int64_t n = 37, vocab = 1003, d = 72;
   HostT ids = random_ints({n}, 0, static_cast<int32_t>(vocab));
   ids.set(5, vocab - 1);
@@ -192,7 +200,7 @@ TEST_F(EmulatedKernels, EmbeddingForwardAndDataError) {
   for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out.get(11 * d + j), 0.0);
 }
 
-TEST_F(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
+TEST_P(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
   const int64_t n = 300, vocab = 1003, d = 72;
   HostT ids = random_ints({n}, 0, 12);  // many repeats
   for (int64_t i = 0; i < n; i += 7) ids.set(i, 500 + i);
@@ -224,7 +232,7 @@ TEST_F(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
 
 // ------------------------------------------------------------------------------------------------ RMSNorm, RoPE
 
-TEST_F(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
+TEST_P(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
   for (int64_t d : {72, 520}) {
     const int64_t rows = 37;
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
@@ -247,7 +255,7 @@ TEST_F(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
   }
 }
 
-TEST_F(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
+TEST_P(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
   for (int64_t rows : {37, 200}) {  // 200: several 64-row parts of the weight gradient
     const int64_t d = 72;
     std::vector<char> workspace(k::rmsnorm_backward_workspace_bytes(rows, d));
@@ -277,7 +285,7 @@ TEST_F(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
   }
 }
 
-TEST_F(EmulatedKernels, RopeForwardBackward) {
+TEST_P(EmulatedKernels, RopeForwardBackward) {
   const int64_t n = 37, heads = 6;
   HostT pos({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i) pos.set(i, i < 20 ? i : (i - 20) * 3);  // a restart, then wider steps
@@ -317,7 +325,7 @@ void make_batch(std::mt19937_64& rng, int64_t b, int64_t s, HostT& ids, HostT& d
   }
 }
 
-TEST_F(EmulatedKernels, AttentionSegmentsMatchExactly) {
+TEST_P(EmulatedKernels, AttentionSegmentsMatchExactly) {
   for (int64_t s : {45, 700}) {  // 700: several 256-token tiles per row, the carry between them
     HostT ids, docs;
     make_batch(rng_, 2, s, ids, docs);
@@ -373,7 +381,7 @@ void check_attention(const attention_cases::Case& c, attention_cases::MaskKind k
                 cpu);
 }
 
-TEST_F(EmulatedKernels, AttentionF32EveryHeadDim) {
+TEST_P(EmulatedKernels, AttentionF32EveryHeadDim) {
   using namespace attention_cases;
   for (MaskKind kind : {MaskKind::Causal, MaskKind::Packed, MaskKind::Padded})
     for (int64_t dh : {4, 24, 64, 96, 128}) {
@@ -384,7 +392,7 @@ TEST_F(EmulatedKernels, AttentionF32EveryHeadDim) {
   check_attention(Case{1, 1, 4, 4, 24}, MaskKind::Causal, DType::F32);
 }
 
-TEST_F(EmulatedKernels, AttentionBF16FmaAndTensorCoreKernels) {
+TEST_P(EmulatedKernels, AttentionBF16FmaAndTensorCoreKernels) {
   using namespace attention_cases;
   for (k::AttentionKernel choice : {k::AttentionKernel::Fma, k::AttentionKernel::Auto}) {
     k::set_attention_kernel(choice);
@@ -405,7 +413,7 @@ HostT loss_targets(std::mt19937_64& rng, int64_t n, int64_t vocab, int32_t ignor
   return t;
 }
 
-TEST_F(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
+TEST_P(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
   const int64_t n = 37, vocab = 1003;
   const int32_t ignore = -100;
   HostT t = loss_targets(rng_, n, vocab, ignore);
@@ -457,7 +465,7 @@ TEST_F(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
 // The fused update against the host optimizer over odd shards (decayed and exempt ranges, padding, a range
 // longer than two chunks), aligned (float4 path) and off by one float (scalar path): bit for bit, as the CPU
 // loop and the kernel do the same correctly rounded operations in the same order.
-TEST_F(EmulatedKernels, AdamWMatchesTheHostOptimizerBitForBit) {
+TEST_P(EmulatedKernels, AdamWMatchesTheHostOptimizerBitForBit) {
   using namespace testing_optim;
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();
@@ -517,6 +525,18 @@ TEST_F(EmulatedKernels, AdamWMatchesTheHostOptimizerBitForBit) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Schedules, EmulatedKernels,
+                         ::testing::Values(simt_emulator::Schedule::Lockstep, simt_emulator::Schedule::InOrder,
+                                           simt_emulator::Schedule::Reversed),
+                         [](const ::testing::TestParamInfo<simt_emulator::Schedule>& info) {
+                           switch (info.param) {
+                             case simt_emulator::Schedule::Lockstep: return std::string("Lockstep");
+                             case simt_emulator::Schedule::InOrder: return std::string("WarpsInOrder");
+                             case simt_emulator::Schedule::Reversed: return std::string("WarpsReversed");
+                           }
+                           return std::string("Unknown");
+                         });
 
 // ------------------------------------------------------------------------------------------------ the emulator
 

@@ -157,7 +157,10 @@ void run_block(Emulator& e, int bx, int by, int bz) {
   std::memset(e.smem.data(), 0xff, e.smem.size());
   e.static_smem.clear();
   for (;;) {
-    for (Fiber& f : fibers) {
+    // Threads run between rendezvous one after another: in index order, or (Reversed) the last thread first,
+    // so that a write by a high thread lands before a low thread's read that a missing barrier no longer orders.
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = fibers[static_cast<size_t>(e.schedule == Schedule::Reversed ? n - 1 - i : i)];
       if (f.wait != Wait::None) continue;
       e.current = &f;
       swapcontext(&e.scheduler, &f.ctx);

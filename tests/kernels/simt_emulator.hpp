@@ -31,7 +31,9 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
 // The order warps advance in, between block barriers. Lockstep: every warp completes one collective per round
 // (the warps stay together). InOrder / Reversed: the first (last) warp that can go on does, as far as it can
 // before the others move: a warp runs ahead into the next step of a loop, so a missing barrier before shared
-// memory is rewritten corrupts a slower warp's reads and shows up in the results.
+// memory is rewritten corrupts a slower warp's reads and shows up in the results. Between rendezvous the threads
+// run one after another in index order, except under Reversed (the last thread first), so a write that a
+// missing barrier no longer keeps behind the other threads' reads lands before them in one of the two orders.
 enum class Schedule { Lockstep, InOrder, Reversed };
 void set_schedule(Schedule s);
 
