@@ -17,6 +17,7 @@
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/spec.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -72,10 +73,24 @@ double parse_gpu_memory(const std::string& text) {
 // rank's link, twice for an all-reduce; an axis within one node uses the intra-node bandwidth).
 struct StrategyEstimate {
   ShardingStrategy strategy;
-  double device_bytes = 0, host_bytes = 0, activations = 0;
+  double device_bytes = 0, host_bytes = 0, activations = 0, op_scratch = 0;
   double compute_s = 0, comm_s = 0;
   bool fits = false;
 };
+
+// The CUDA backend's op scratch for one micro-batch: the fused loss's chunk, kernel workspaces, cuBLASLt's.
+ops::CudaScratchBytes op_scratch(const PlanOptions& o, const model::ModelSpec& spec, DType param_dtype) {
+  const model::LlamaConfig& c = spec.config();
+  ops::CudaScratchShape shape;
+  shape.batch = o.micro_batch;
+  shape.seq = o.seq;
+  shape.hidden = c.hidden_size;
+  shape.heads = c.num_attention_heads;
+  shape.vocab = c.vocab_size;
+  shape.param_dtype = param_dtype;
+  shape.lm_head_grad_dtype = DType::F32;  // the unsharded gradient buffers are fp32
+  return ops::cuda_scratch_bytes(shape);
+}
 
 StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fsdp::FsdpConfig f, ShardingStrategy s) {
   f.strategy = s;
@@ -87,9 +102,10 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const model::ActivationPlan act(spec.config(), o.micro_batch, o.seq, f.param_dtype,
                                   o.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
   e.activations = static_cast<double>(act.bytes());
+  e.op_scratch = static_cast<double>(op_scratch(o, spec, f.param_dtype).total());
   const auto state = static_cast<double>(plan.sharded_state_bytes);
   (o.offload ? e.host_bytes : e.device_bytes) += state;
-  e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes) + e.activations;
+  e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes) + e.activations + e.op_scratch;
   if (o.offload) e.device_bytes += static_cast<double>(plan.offload_upload_bytes);
   e.fits = e.device_bytes <= o.gpu_memory_bytes;
   // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
@@ -133,7 +149,8 @@ std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, c
                        e.device_bytes / (1ull << 30), e.activations / (1ull << 30), e.host_bytes / (1ull << 30), 1e3 * e.compute_s,
                        1e3 * e.comm_s, 1e3 * step, e.fits ? "yes" : "no");
     j["strategies"].push_back({{"strategy", sharding_strategy_name(e.strategy)}, {"device_bytes", e.device_bytes},
-                               {"activation_bytes", e.activations}, {"host_bytes", e.host_bytes}, {"compute_s", e.compute_s},
+                               {"activation_bytes", e.activations}, {"op_scratch_bytes", e.op_scratch},
+                               {"host_bytes", e.host_bytes}, {"compute_s", e.compute_s},
                                {"comm_s", e.comm_s}, {"step_s", step}, {"fits", e.fits}});
     if (e.fits && (!best || step < std::max(best->compute_s, best->comm_s))) best = &e;
   }
@@ -301,7 +318,11 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
   const auto gather = static_cast<double>(plan.shard_all_gather_bytes);
   const auto reduce_scatter = static_cast<double>(plan.shard_reduce_scatter_bytes);
   const auto all_reduce = static_cast<double>(plan.replicate_all_reduce_bytes);
-  j["memory_per_rank_bytes"] = {{"sharded_state", sharded}, {"unsharded_params", unsharded}, {"unsharded_grads", grad_unit}};
+  const ops::CudaScratchBytes scratch = op_scratch(o, spec, f.param_dtype);
+  j["memory_per_rank_bytes"] = {{"sharded_state", sharded},
+                                {"unsharded_params", unsharded},
+                                {"unsharded_grads", grad_unit},
+                                {"op_scratch", static_cast<double>(scratch.total())}};
   j["traffic_per_micro_batch_bytes"] = {{"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter},
                                         {"all_reduce_replicate", all_reduce}};
   const std::string estimates = estimate_table(o, spec, f, j);
@@ -323,12 +344,15 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                                 fsdp::wrap_policy_name(f.wrap.policy));
   out += table;
   out += fmt::format("per rank: sharded state (fp32 param, grad, exp_avg, exp_avg_sq) {}, unsharded params ({}) {}, "
-                     "full fp32 gradient buffers {} (+ activations)\n",
+                     "full fp32 gradient buffers {} (+ activations and op scratch)\n",
                      gib(sharded), raf ? fmt::format("{} prefetch + root", depth) : std::string("all units kept"), gib(unsharded),
                      gib(grad_unit));
   out += fmt::format("traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
                      "on the replicate axis\n",
                      gib(gather), gib(reduce_scatter), gib(all_reduce));
+  out += fmt::format("op scratch on a GPU: {} (fused loss chunk {}, largest kernel workspace {}, cuBLASLt workspace {})\n",
+                     gib(static_cast<double>(scratch.total())), gib(static_cast<double>(scratch.loss)),
+                     gib(static_cast<double>(scratch.op_workspace)), gib(static_cast<double>(scratch.gemm_workspace)));
   out += estimates;
   std::fputs(out.c_str(), stdout);
   return 0;

@@ -7,6 +7,7 @@
 // tests check on a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/dtype.hpp"
 #include "tests/kernels/attention_cases.hpp"
@@ -537,6 +539,44 @@ INSTANTIATE_TEST_SUITE_P(Schedules, EmulatedKernels,
                            }
                            return std::string("Unknown");
                          });
+
+// ------------------------------------------------------------------------------------------ the planner's mirror
+
+// shardtrain plan sizes the CUDA backend's scratch from formulas of its own (ops::cuda_scratch_bytes, built
+// without CUDA too): they must cover what the kernels' launchers ask for (the emulated launchers are the
+// kernels' source; cub's sort storage, zero here, is estimated on top).
+TEST(CudaScratchPlan, CoversTheKernelWorkspaces) {
+  struct Shape {
+    int64_t batch, seq, hidden, heads, vocab;
+  };
+  for (const Shape& sh : {Shape{64, 512, 768, 12, 50000}, Shape{2, 45, 72, 6, 1003}, Shape{1, 4096, 8192, 64, 128256},
+                          Shape{8, 2048, 128, 96, 32000}}) {
+    SCOPED_TRACE(testing::Message() << sh.batch << " x " << sh.seq << " hidden " << sh.hidden << " heads " << sh.heads);
+    CudaScratchShape shape;
+    shape.batch = sh.batch;
+    shape.seq = sh.seq;
+    shape.hidden = sh.hidden;
+    shape.heads = sh.heads;
+    shape.vocab = sh.vocab;
+    const CudaScratchBytes b = cuda_scratch_bytes(shape);
+    const int64_t n = sh.batch * sh.seq;
+    const size_t attention = k::attention_backward_workspace_bytes(k::AttentionDims{sh.batch, sh.seq, sh.heads, 1, 64});
+    const size_t rmsnorm = k::rmsnorm_backward_workspace_bytes(n, sh.hidden);
+    const size_t embedding = k::embedding_backward_workspace_bytes(n, sh.vocab);
+    EXPECT_GE(b.op_workspace, attention);
+    EXPECT_GE(b.op_workspace, rmsnorm);
+    EXPECT_GE(b.op_workspace, embedding);
+    EXPECT_LE(b.op_workspace, std::max({attention, rmsnorm, embedding + static_cast<size_t>(n) * 8 + 256}));
+    EXPECT_GE(b.sum_partials, k::sum_squares_workspace_bytes());
+    const int64_t chunk = linear_loss_chunk_tokens(sh.vocab, n, 0);
+    EXPECT_EQ(b.loss, static_cast<size_t>(chunk * sh.vocab * 6 + n * 4));  // fp32 logits, bf16 dlogits, row losses
+  }
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 0), 1342);  // the seed: 64M logits per chunk
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 500, 0), 500);     // never more than the micro-batch
+  EXPECT_EQ(linear_loss_chunk_tokens(1 << 30, 32768, 0), 64);  // at least 64 rows
+  EXPECT_EQ(linear_loss_chunk_tokens(100, 32768, 0), 8192);    // at most 8192
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 16), 16);   // a requested size wins
+}
 
 // ------------------------------------------------------------------------------------------------ the emulator
 

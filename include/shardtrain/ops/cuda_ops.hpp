@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "shardtrain/ops/ops.hpp"
@@ -27,6 +28,29 @@ struct CudaOpsOptions {
   F32MatmulPrecision f32_matmul = F32MatmulPrecision::Full;
   size_t gemm_workspace_bytes = size_t{32} << 20;  // cuBLASLt workspace, allocated once
 };
+
+// The fused lm_head + loss's rows per chunk: `requested` when positive, else about 64M logits (256 MiB in
+// fp32), at least 64 and at most 8192 rows; never more than `tokens`. src/ops/cuda/loss.cpp uses it.
+int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requested);
+
+// The device scratch the CUDA backend's ops hold for one micro-batch (grow-only slots, each as large as its
+// largest use), which `shardtrain plan` adds to a rank's device memory beside parameters, gradients and
+// activations. The kernels' workspace formulas are mirrored here (a build without CUDA plans too);
+// kernels_emulated_test checks the mirror against the kernels' own functions.
+struct CudaScratchShape {
+  int64_t batch = 0, seq = 0, hidden = 0, heads = 0, vocab = 0;
+  int64_t loss_chunk_tokens = 0;                // as the model passes it (0: the default)
+  DType param_dtype = DType::BF16;              // bf16 h and W: bf16 dlogits for the tensor-core GEMMs
+  DType lm_head_grad_dtype = DType::F32;        // not f32: the chunks' dW is summed in an fp32 buffer first
+};
+struct CudaScratchBytes {
+  size_t loss = 0;            // fp32 logits chunk, bf16 dlogits chunk, row losses, fp32 lm_head gradient
+  size_t op_workspace = 0;    // the largest of attention's dvec, RMSNorm's weight-gradient parts, the embedding sort
+  size_t sum_partials = 0;    // the gradient norm's per-block partials
+  size_t gemm_workspace = 0;  // cuBLASLt's, allocated once
+  size_t total() const { return loss + op_workspace + sum_partials + gemm_workspace; }
+};
+CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& shape, const CudaOpsOptions& options = {});
 
 #if SHARDTRAIN_WITH_CUDA
 

@@ -39,11 +39,7 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight);
   const int64_t n = dims.tokens, d = dims.hidden, vocab = dims.vocab;
   const bool grad = dh.defined();
-  // Default: about 64M logits per chunk (256 MiB in fp32, 4x the CPU backend's): at V = 50000 that is 1342
-  // rows, so the dW GEMM (K = the chunk's rows) runs 20-odd k-iterations per tile instead of 5, and there
-  // are 4x fewer launches; still a few percent of what the full (N, V) fp32 logits would take.
-  if (chunk_tokens <= 0) chunk_tokens = std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(vocab, 1), 64, 8192);
-  chunk_tokens = std::min(chunk_tokens, std::max<int64_t>(n, 1));
+  chunk_tokens = linear_loss_chunk_tokens(vocab, n, chunk_tokens);  // cuda_ops.hpp (the planner sizes it too)
 
   // dlogits feed both backward GEMMs: bf16 when h and W are (tensor cores, fp32 accumulation), else fp32.
   const DType grad_dtype = h.dtype == DType::BF16 && weight.dtype == DType::BF16 ? DType::BF16 : DType::F32;

@@ -1,0 +1,41 @@
+// The CUDA backend's scratch sizes for the memory planner (cuda_ops.hpp), in every build.
+#include <algorithm>
+
+#include "shardtrain/ops/cuda_ops.hpp"
+#include "shardtrain/runtime/dtype.hpp"
+
+namespace shardtrain::ops {
+namespace {
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requested) {
+  // About 64M logits per chunk (4x the CPU backend's): at V = 50000 that is 1342 rows, so the dW GEMM
+  // (K = the chunk's rows) runs 20-odd k-iterations per tile, and there are few launches; still a few
+  // percent of what the full (N, V) fp32 logits would take.
+  int64_t chunk = requested > 0 ? requested : std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(vocab, 1), 64, 8192);
+  return std::min(chunk, std::max<int64_t>(tokens, 1));
+}
+
+CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOptions& options) {
+  const int64_t n = s.batch * s.seq;
+  CudaScratchBytes b;
+  const auto chunk = static_cast<size_t>(linear_loss_chunk_tokens(s.vocab, n, s.loss_chunk_tokens));
+  const auto vocab = static_cast<size_t>(s.vocab), hidden = static_cast<size_t>(s.hidden);
+  b.loss = chunk * vocab * 4 + static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;  // Logits, RowLoss
+  if (s.param_dtype == DType::BF16) b.loss += chunk * vocab * 2;                  // DLogits
+  if (s.lm_head_grad_dtype != DType::F32) b.loss += vocab * hidden * 4;           // WeightGrad
+  // kernels/attention_bwd.cu, rmsnorm.cu (64-row parts), embedding.cu (keys and rows in and out, each
+  // 256-byte aligned, then cub's radix-sort storage, counted here as one more copy of keys and rows).
+  const size_t attention = 4 * static_cast<size_t>(s.batch * s.heads * s.seq);
+  const size_t rmsnorm = static_cast<size_t>((n + 63) / 64) * hidden * 4;
+  const size_t embedding = 4 * align256(static_cast<size_t>(n) * 4) + align256(static_cast<size_t>(n) * 8);
+  b.op_workspace = std::max({attention, rmsnorm, embedding});
+  b.sum_partials = 1024 * sizeof(double);  // kernels/sum_squares.cu: at most 1024 blocks
+  b.gemm_workspace = options.gemm_workspace_bytes;
+  return b;
+}
+
+}  // namespace shardtrain::ops
