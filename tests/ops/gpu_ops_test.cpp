@@ -25,6 +25,8 @@ namespace {
 
 using test::expect_bitwise_equal;
 using test::expect_close;
+using test::loss_targets;
+using test::make_batch;
 using test::HostT;
 using test::Tol;
 using test::tol_for;
@@ -57,18 +59,8 @@ class GpuOps : public ::testing::Test {
     stream_->synchronize();
     return h;
   }
-  HostT random(Shape s, DType d, double scale = 1.0) {
-    HostT t(s, d);
-    std::normal_distribution<double> dist(0.0, scale);
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng_));
-    return t;
-  }
-  HostT random_ints(Shape s, int32_t lo, int32_t hi) {  // uniform in [lo, hi)
-    HostT t(s, DType::I32);
-    std::uniform_int_distribution<int32_t> dist(lo, hi - 1);
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng_));
-    return t;
-  }
+  HostT random(Shape s, DType d, double scale = 1.0) { return test::random_normal(rng_, s, d, scale); }
+  HostT random_ints(Shape s, int32_t lo, int32_t hi) { return test::random_ints(rng_, s, lo, hi); }
 
   std::unique_ptr<CudaStream> stream_;
   std::unique_ptr<CudaOps> gpu_;
@@ -338,22 +330,6 @@ TEST_F(GpuOps, RopeForwardBackward) {
 
 // ---------------------------------------------------------------------------------------------------- attention
 
-// Document ids with random boundaries (nondecreasing per row) and input ids with a few pad tokens.
-void make_batch(std::mt19937_64& rng, int64_t b, int64_t s, HostT& ids, HostT& docs) {
-  ids = HostT({b, s}, DType::I32);
-  docs = HostT({b, s}, DType::I32);
-  std::uniform_int_distribution<int32_t> tok(0, 49);
-  std::uniform_real_distribution<double> u(0, 1);
-  for (int64_t r = 0; r < b; ++r) {
-    int32_t doc = static_cast<int32_t>(r * 3);
-    for (int64_t t = 0; t < s; ++t) {
-      if (t > 0 && u(rng) < 0.08) ++doc;
-      docs.set(r * s + t, doc);
-      ids.set(r * s + t, u(rng) < 0.1 ? 7 : tok(rng));
-    }
-  }
-}
-
 TEST_F(GpuOps, AttentionSegmentsMatchExactly) {
   for (int64_t s : {45, 700}) {  // 700: several 256-token tiles per row
     HostT ids, docs;
@@ -419,14 +395,6 @@ TEST_F(GpuOps, AttentionForwardBackwardCausalAndSegments) {
 }
 
 // ------------------------------------------------------------------------------------------------------- losses
-
-HostT loss_targets(std::mt19937_64& rng, int64_t n, int64_t vocab, int32_t ignore_index) {
-  HostT t({n}, DType::I32);
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
-  for (int64_t i = 0; i < n; ++i) t.set(i, i % 5 == 3 ? ignore_index : dist(rng));
-  t.set(0, static_cast<double>(vocab - 1));
-  return t;
-}
 
 TEST_F(GpuOps, CrossEntropyLossGradientAndDataError) {
   const int64_t n = 37, vocab = 1003;

@@ -1,6 +1,7 @@
-// Typed host tensors for op and kernel tests (f32, bf16, f64, i32 storage behind one get/set in double),
-// and the comparisons both the GPU op test and the emulated kernel test make: elementwise within a relative
-// plus absolute tolerance, and bitwise equality (determinism).
+// Typed host tensors for op and kernel tests (f32, bf16, f64, i32 storage behind one get/set in double), the
+// batches and targets their attention and loss cases use, and the comparisons both the GPU op test and the
+// emulated kernel test make: elementwise within a relative plus absolute tolerance, and bitwise equality
+// (determinism).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,20 @@ struct HostT {
   }
 };
 
+// Normal values (mean 0) stored in dtype d; uniform integers in [lo, hi).
+inline HostT random_normal(std::mt19937_64& rng, Shape s, DType d, double scale = 1.0) {
+  HostT t(s, d);
+  std::normal_distribution<double> dist(0.0, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng));
+  return t;
+}
+inline HostT random_ints(std::mt19937_64& rng, Shape s, int32_t lo, int32_t hi) {
+  HostT t(s, DType::I32);
+  std::uniform_int_distribution<int32_t> dist(lo, hi - 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng));
+  return t;
+}
+
 struct Tol {
   double rel;
   double abs_frac;  // absolute tolerance as a fraction of the largest |expected|
@@ -86,6 +102,31 @@ inline void expect_close(const std::string& what, const HostT& got, const HostT&
 
 inline void expect_bitwise_equal(const std::string& what, const HostT& a, const HostT& b) {
   EXPECT_TRUE(a.bytes == b.bytes) << what << ": two runs differ";
+}
+
+// Document ids with random boundaries (nondecreasing per row) and input ids with a few pad tokens.
+inline void make_batch(std::mt19937_64& rng, int64_t b, int64_t s, HostT& ids, HostT& docs) {
+  ids = HostT({b, s}, DType::I32);
+  docs = HostT({b, s}, DType::I32);
+  std::uniform_int_distribution<int32_t> tok(0, 49);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t r = 0; r < b; ++r) {
+    int32_t doc = static_cast<int32_t>(r * 3);
+    for (int64_t t = 0; t < s; ++t) {
+      if (t > 0 && u(rng) < 0.08) ++doc;
+      docs.set(r * s + t, doc);
+      ids.set(r * s + t, u(rng) < 0.1 ? 7 : tok(rng));
+    }
+  }
+}
+
+// Targets for the loss tests: every fifth (from index 3) ignore_index, the first one the last class.
+inline HostT loss_targets(std::mt19937_64& rng, int64_t n, int64_t vocab, int32_t ignore_index) {
+  HostT t({n}, DType::I32);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t i = 0; i < n; ++i) t.set(i, i % 5 == 3 ? ignore_index : dist(rng));
+  t.set(0, static_cast<double>(vocab - 1));
+  return t;
 }
 
 }  // namespace shardtrain::ops::test
