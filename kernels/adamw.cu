@@ -43,7 +43,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
     const bool together = (a & 3) == 0 && ((a ^ reinterpret_cast<uintptr_t>(c.grad)) & 15) == 0 &&
                           ((a ^ reinterpret_cast<uintptr_t>(c.exp_avg)) & 15) == 0 &&
                           ((a ^ reinterpret_cast<uintptr_t>(c.exp_avg_sq)) & 15) == 0;
-    const int head = together ? detail::imin(n, static_cast<int>(((16 - (a & 15)) & 15) / 4)) : n;
+    const int head = together ? simt::imin(n, static_cast<int>(((16 - (a & 15)) & 15) / 4)) : n;
     const int vecs = (n - head) / 4;  // float4s after the head
     for (int k = simt::thread_x(); k < head; k += simt::block_dim_x()) update_at(c, k, s, decay);
     float4* p4 = reinterpret_cast<float4*>(c.param + head);

@@ -3,8 +3,10 @@
 // block per chunk, so padding is never touched and blocks get equal work whatever the ranges' sizes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "shardtrain/runtime/device.hpp"
 
@@ -23,6 +25,21 @@ struct AdamWChunk {
   int32_t decay = 0;  // 1: the range takes weight decay (param *= decay_factor first)
   int32_t unused = 0;
 };
+
+// Appends the chunks of one range: n elements of the four arrays from the given pointers.
+inline void append_adamw_chunks(std::vector<AdamWChunk>& table, float* param, const float* grad, float* exp_avg,
+                                float* exp_avg_sq, int64_t n, bool decay) {
+  for (int64_t at = 0; at < n; at += kAdamWChunkElements) {
+    AdamWChunk c;
+    c.param = param + at;
+    c.grad = grad + at;
+    c.exp_avg = exp_avg + at;
+    c.exp_avg_sq = exp_avg_sq + at;
+    c.n = std::min(kAdamWChunkElements, n - at);
+    c.decay = decay ? 1 : 0;
+    table.push_back(c);
+  }
+}
 
 // Per-step scalars, computed on the host exactly as the CPU update computes them.
 struct AdamWScalars {

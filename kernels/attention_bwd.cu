@@ -52,25 +52,6 @@ template <typename T> struct BackwardArgs {
   float scale;
 };
 
-// Query rows [first, first + n) of one head: segment (-1 when past S, padding, or lse = -inf: a row that saw
-// nothing forward gets no gradient), lse and dvec.
-ST_DEV void load_query_stats(int* seg_dst, float* lse_dst, float* dvec_dst, const int32_t* seg, const float* lse,
-                             const float* dvec, int first, int n, int seq) {
-  for (int r = simt::thread_x(); r < n; r += kThreads) {
-    const int t = first + r;
-    int sg = -1;
-    float l = 0.f, dd = 0.f;
-    if (t < seq) {
-      l = lse[t];
-      dd = dvec[t];
-      sg = l == -INFINITY ? -1 : (seg ? seg[t] : 0);
-    }
-    seg_dst[r] = sg;
-    lse_dst[r] = l;
-    dvec_dst[r] = dd;
-  }
-}
-
 // Kernel 1: one warp per (b, i, h) row of out.
 constexpr int kDotThreads = 256;
 
@@ -126,7 +107,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dkdv_kernel(Backwar
   const int64_t kv_off = int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
 
-  load_segments(row_seg, seg, k0, kRows, a.seq);
+  attention_rows::load_segments<kThreads>(row_seg, seg, k0, kRows, a.seq);
   simt::sync();
   load_tile<DMAX, kRows>(k_s, a.k + kv_off, kv_stride, k0, row_seg, a.head_dim, 1.f);  // read after a barrier
   load_tile<DMAX, kRows>(v_s, a.v + kv_off, kv_stride, k0, row_seg, a.head_dim, 1.f);
@@ -142,7 +123,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dkdv_kernel(Backwar
     const float* lse = a.lse + (int64_t(b) * a.heads + h) * a.seq;
     const float* dvec = a.dvec + (int64_t(b) * a.heads + h) * a.seq;
     for (int c0 = k0; c0 < a.seq; c0 += kCols) {  // causal: queries before the tile's first key see none of it
-      load_query_stats(col_seg, col_lse, col_dvec, seg, lse, dvec, c0, kCols, a.seq);
+      attention_rows::load_query_stats<kThreads>(col_seg, col_lse, col_dvec, seg, lse, dvec, c0, kCols, a.seq, 1.f);
       simt::sync();
       unsigned vis = 0;  // bit i * CJ + j: query tx + 16 j sees key ty + 16 i
 #pragma unroll
@@ -276,7 +257,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
   const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
 
-  load_query_stats(row_seg, row_lse, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off, q0, kRows, a.seq);
+  attention_rows::load_query_stats<kThreads>(row_seg, row_lse, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off, q0,
+                                             kRows, a.seq, 1.f);
   simt::sync();
   load_tile<DMAX, kRows>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.scale);  // read after a barrier
   load_tile<DMAX, kRows>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, 1.f);
@@ -287,9 +269,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
 #pragma unroll
     for (int d = 0; d < DJ; ++d) dq[i][d] = 0.f;
 
-  const int kv_end = detail::imin(a.seq, q0 + kRows);
+  const int kv_end = simt::imin(a.seq, q0 + kRows);
   for (int k0 = 0; k0 < kv_end; k0 += kCols) {
-    load_segments(col_seg, seg, k0, kCols, a.seq);
+    attention_rows::load_segments<kThreads>(col_seg, seg, k0, kCols, a.seq);
     simt::sync();
     unsigned vis = 0;  // bit i * CJ + j: query ty + 16 i sees key tx + 16 j
 #pragma unroll

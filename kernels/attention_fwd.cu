@@ -74,7 +74,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_forward_kernel(ForwardArgs<T
   const T* v = a.v + int64_t(b) * a.seq * kv_stride + int64_t(g) * a.head_dim;
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
 
-  load_segments(row_seg, seg, q0, kRows, a.seq);
+  attention_rows::load_segments<kThreads>(row_seg, seg, q0, kRows, a.seq);
   simt::sync();
   load_tile<DMAX, kRows>(q_s, q, q_stride, q0, row_seg, a.head_dim, a.scale);  // read after the loop's barrier
 
@@ -87,9 +87,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_forward_kernel(ForwardArgs<T
     for (int d = 0; d < DJ; ++d) o[i][d] = 0.f;
   }
 
-  const int kv_end = detail::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
+  const int kv_end = simt::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
   for (int k0 = 0; k0 < kv_end; k0 += kCols) {
-    load_segments(col_seg, seg, k0, kCols, a.seq);
+    attention_rows::load_segments<kThreads>(col_seg, seg, k0, kCols, a.seq);
     simt::sync();      // col_seg (and, the first time, q_s) visible
     unsigned vis = 0;  // bit i * CJ + j: query row ty + 16 i may see key tx + 16 j
 #pragma unroll

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention_rows.cuh"
 #include "kernels/simt.cuh"
 
 namespace shardtrain::kernels::attention_mma {
@@ -37,7 +38,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // rows a CTA owns
 constexpr int kCols = 64;           // columns per step
 constexpr int kColTiles = kCols / 8;
-static_assert(kRows == 64 && kCols == 64, "load_segments, load_query_stats and load_rows move 64 rows");
+static_assert(kRows == 64 && kCols == 64, "the row loaders move 64 rows (kRows == kCols)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -73,7 +74,6 @@ template <int DMAX> constexpr size_t dq_smem_bytes() {
   return 2 * tile_bytes<DMAX>(kRows) + 2 * tile_bytes<DMAX>(kCols) + sizeof(int) * (3 * kRows + kCols);
 }
 
-ST_DEV int imin(int a, int b) { return a < b ? a : b; }
 
 // Host side: calls f.template operator()<DMAX>() with the smallest padded head dim that holds Dh.
 template <typename F> void with_dmax(int64_t head_dim, F&& f) {
@@ -82,33 +82,6 @@ template <typename F> void with_dmax(int64_t head_dim, F&& f) {
   else if (head_dim <= 64) f.template operator()<64>();
   else if (head_dim <= 96) f.template operator()<96>();
   else f.template operator()<128>();
-}
-
-// Segments of tokens [first, first + 64): the document id (0 without segments), -1 past S.
-ST_DEV void load_segments(int* dst, const int32_t* seg, int first, int seq) {
-  for (int r = simt::thread_x(); r < kCols; r += kThreads) {
-    const int t = first + r;
-    dst[r] = t < seq ? (seg ? seg[t] : 0) : -1;
-  }
-}
-
-// Query rows [first, first + 64) of one head for the backward: segment (-1 past S, for padding, and where
-// lse = -inf: a row that saw nothing forward gets no gradient), lse * log2(e) and dvec.
-ST_DEV void load_query_stats(int* seg_dst, float* lse2_dst, float* dvec_dst, const int32_t* seg, const float* lse,
-                             const float* dvec, int first, int seq) {
-  for (int r = simt::thread_x(); r < kCols; r += kThreads) {
-    const int t = first + r;
-    int sg = -1;
-    float l = 0.f, dd = 0.f;
-    if (t < seq) {
-      l = lse[t];
-      dd = dvec[t];
-      sg = l == -INFINITY ? -1 : (seg ? seg[t] : 0);
-    }
-    seg_dst[r] = sg;
-    lse2_dst[r] = sg >= 0 ? l * kLog2e : 0.f;
-    dvec_dst[r] = dd;
-  }
 }
 
 // Tokens [first, first + 64) of a token-major bf16 tensor (stride elements between tokens) into a
@@ -210,7 +183,7 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
   const float scale2 = a.scale * kLog2e;
 
-  load_segments(row_seg, seg, q0, a.seq);
+  attention_rows::load_segments<kThreads>(row_seg, seg, q0, kRows, a.seq);
   simt::sync();
   load_rows<DMAX>(q_s, q, q_stride, q0, row_seg, a.head_dim, a.vec16);
   simt::sync();
@@ -221,9 +194,9 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) o[d][i] = 0.f;
 
-  const int kv_end = imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
+  const int kv_end = simt::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
   for (int k0 = 0; k0 < kv_end; k0 += kCols) {
-    load_segments(col_seg, seg, k0, a.seq);
+    attention_rows::load_segments<kThreads>(col_seg, seg, k0, kCols, a.seq);
     simt::sync();
     const uint32_t vis = visibility(row_seg, col_seg, row0, g, t, q0, k0, false);
     // Skip a step no pair of which is visible (other documents, padding); a barrier too: after it col_seg is
@@ -321,7 +294,7 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
   const int32_t* seg = a.seg ? a.seg + int64_t(b) * a.seq : nullptr;
   const float scale2 = a.scale * kLog2e;
 
-  load_segments(row_seg, seg, k0, a.seq);
+  attention_rows::load_segments<kThreads>(row_seg, seg, k0, kRows, a.seq);
   simt::sync();
   load_rows<DMAX>(k_s, a.k + kv_off, kv_stride, k0, row_seg, a.head_dim, a.vec16);  // read after a barrier
   load_rows<DMAX>(v_s, a.v + kv_off, kv_stride, k0, row_seg, a.head_dim, a.vec16);
@@ -334,7 +307,8 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
     const int64_t q_off = int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
     const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
     for (int c0 = k0; c0 < a.seq; c0 += kCols) {  // causal: queries before the tile's first key see none of it
-      load_query_stats(col_seg, col_lse2, col_dvec, seg, a.lse + stats_off, a.dvec + stats_off, c0, a.seq);
+      attention_rows::load_query_stats<kThreads>(col_seg, col_lse2, col_dvec, seg, a.lse + stats_off,
+                                                 a.dvec + stats_off, c0, kCols, a.seq, kLog2e);
       simt::sync();
       const uint32_t vis = visibility(row_seg, col_seg, row0, g, t, k0, c0, true);
       if (!simt::sync_or(vis != 0)) continue;
@@ -426,7 +400,8 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
   const float scale2 = a.scale * kLog2e;
 
-  load_query_stats(row_seg, row_lse2, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off, q0, a.seq);
+  attention_rows::load_query_stats<kThreads>(row_seg, row_lse2, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off,
+                                             q0, kRows, a.seq, kLog2e);
   simt::sync();
   load_rows<DMAX>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);
   load_rows<DMAX>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);
@@ -446,9 +421,9 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) dq[d][i] = 0.f;
 
-  const int kv_end = imin(a.seq, q0 + kRows);
+  const int kv_end = simt::imin(a.seq, q0 + kRows);
   for (int k0 = 0; k0 < kv_end; k0 += kCols) {
-    load_segments(col_seg, seg, k0, a.seq);
+    attention_rows::load_segments<kThreads>(col_seg, seg, k0, kCols, a.seq);
     simt::sync();
     const uint32_t vis = visibility(row_seg, col_seg, row0, g, t, q0, k0, false);
     if (!simt::sync_or(vis != 0)) continue;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_rows.cuh"
 #include "kernels/device_common.cuh"
 #include "shardtrain/runtime/error.hpp"
 
@@ -22,15 +23,6 @@ constexpr int kCols = 32;      // columns per step
 constexpr int kRowsPerThread = kRows / 16;
 constexpr int kColsPerThread = kCols / 16;
 constexpr int kPLd = kCols + 1;  // leading dim of a (kRows, kCols) probability tile
-
-// Segments of tokens [first, first + n) of one batch row: the document id, 0 without segments, -1 past S.
-// A negative value means "attends to nothing and is attended by nothing".
-ST_DEV void load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
-  for (int r = simt::thread_x(); r < n; r += kThreads) {
-    const int t = first + r;
-    dst[r] = t < seq ? (seg ? seg[t] : 0) : -1;
-  }
-}
 
 // Tokens [first, first + ROWS) of a token-major tensor (stride elements between tokens) into a (ROWS, DMAX + 1)
 // fp32 tile times mul; columns past head_dim and rows with a negative segment are zeros, so padding never

@@ -47,8 +47,6 @@ ST_DEV float round_to(float v) {
   return to_f32(from_f32<T>(v));
 }
 
-ST_DEV int imin(int a, int b) { return a < b ? a : b; }
-
 template <typename T> struct Tag {
   using type = T;
 };

@@ -233,3 +233,7 @@ using simt::cudaFuncSetAttribute;
 #else
 #error "kernels/simt.cuh is device code: compile it with nvcc, or on the host with SHARDTRAIN_SIMT_EMULATOR"
 #endif
+
+namespace shardtrain::simt {
+ST_DEV int imin(int a, int b) { return a < b ? a : b; }
+}  // namespace shardtrain::simt

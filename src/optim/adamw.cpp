@@ -187,13 +187,16 @@ void AdamW::step_host(double lr, double grad_scale) {
   }
 }
 
-void AdamW::read_state(size_t i, OptimState which, std::span<float> host_out) const {
-  if (i >= states_.size()) throw InternalError(fmt::format("AdamW::read_state: shard {} of {}", i, states_.size()));
+const AdamW::State& AdamW::state_for_copy(size_t i, size_t elements, const char* what) const {
+  if (i >= states_.size()) throw InternalError(fmt::format("AdamW::{}: shard {} of {}", what, i, states_.size()));
   const State& s = states_[i];
-  if (static_cast<int64_t>(host_out.size()) != s.numel) {
-    throw InternalError(fmt::format("AdamW::read_state: {} elements given for shard {} (expected {})", host_out.size(), i,
-                                    s.numel));
-  }
+  if (static_cast<int64_t>(elements) != s.numel)
+    throw InternalError(fmt::format("AdamW::{}: {} elements given for shard {} (expected {})", what, elements, i, s.numel));
+  return s;
+}
+
+void AdamW::read_state(size_t i, OptimState which, std::span<float> host_out) const {
+  const State& s = state_for_copy(i, host_out.size(), "read_state");
   if (host_out.empty()) return;
   if (device_ == DeviceKind::Cuda) {
     detail::device_copy_sync(host_out.data(), s.state(which), host_out.size_bytes());
@@ -203,12 +206,7 @@ void AdamW::read_state(size_t i, OptimState which, std::span<float> host_out) co
 }
 
 void AdamW::write_state(size_t i, OptimState which, std::span<const float> host_in) {
-  if (i >= states_.size()) throw InternalError(fmt::format("AdamW::write_state: shard {} of {}", i, states_.size()));
-  const State& s = states_[i];
-  if (static_cast<int64_t>(host_in.size()) != s.numel) {
-    throw InternalError(fmt::format("AdamW::write_state: {} elements given for shard {} (expected {})", host_in.size(), i,
-                                    s.numel));
-  }
+  const State& s = state_for_copy(i, host_in.size(), "write_state");
   if (host_in.empty()) return;
   if (device_ == DeviceKind::Cuda) {
     detail::device_copy_sync(s.state(which), host_in.data(), host_in.size_bytes());

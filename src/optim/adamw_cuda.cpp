@@ -2,7 +2,6 @@
 // (kernels/adamw.cu) walks, the device sum of squares, and synchronous copies for checkpoints and faults.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -31,18 +30,8 @@ void AdamW::allocate_device_state(State& s) {
 // do not wait for the legacy stream the memsets and the copy ran on) see zeroed states and the table.
 void AdamW::upload_chunk_table() {
   std::vector<kernels::AdamWChunk> chunks;
-  for (const Segment& g : segments_) {
-    for (int64_t at = 0; at < g.n; at += kernels::kAdamWChunkElements) {
-      kernels::AdamWChunk c;
-      c.param = g.param + at;
-      c.grad = g.grad + at;
-      c.exp_avg = g.exp_avg + at;
-      c.exp_avg_sq = g.exp_avg_sq + at;
-      c.n = std::min(kernels::kAdamWChunkElements, g.n - at);
-      c.decay = g.decay ? 1 : 0;
-      chunks.push_back(c);
-    }
-  }
+  for (const Segment& g : segments_)
+    kernels::append_adamw_chunks(chunks, g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.n, g.decay);
   num_chunks_ = static_cast<int64_t>(chunks.size());
   if (!chunks.empty()) {
     chunk_table_ = DeviceBuffer(chunks.size() * sizeof(kernels::AdamWChunk));

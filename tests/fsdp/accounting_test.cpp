@@ -57,8 +57,12 @@ TEST(FsdpAccounting, TrafficPerStepMatchesTheFormulas) {
       EXPECT_EQ(r.shard_gather_bytes, e.gather);
       EXPECT_EQ(r.shard_reduce_scatter_bytes, e.reduce_scatter);
       EXPECT_EQ(r.replicate_all_reduce_bytes, e.replicate_all_reduce);
-      if (m.shard_size > 1) EXPECT_GT(e.gather, 0u);
-      if (m.replicate_size > 1) EXPECT_GT(e.replicate_all_reduce, 0u);
+      if (m.shard_size > 1) {
+        EXPECT_GT(e.gather, 0u);
+      }
+      if (m.replicate_size > 1) {
+        EXPECT_GT(e.replicate_all_reduce, 0u);
+      }
     }
   }
 }

@@ -86,7 +86,9 @@ TEST(FsdpEquivalence, EveryStrategyWrapOffloadAndAccumulationMode) {
   EXPECT_EQ(checked, 60);
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world > 1) EXPECT_TRUE(padded) << "no unit needed padding: the matrix would not exercise it";
+  if (world > 1) {
+    EXPECT_TRUE(padded) << "no unit needed padding: the matrix would not exercise it";
+  }
 }
 
 TEST(FsdpEquivalence, ActivationCheckpointingUnderEveryStrategy) {
@@ -127,6 +129,8 @@ TEST(FsdpEquivalence, Bf16PolicyTracksFp32AndHalvesGatherTraffic) {
     EXPECT_NE(a.losses.back(), b.losses.back());  // bf16 really was used
     EXPECT_EQ(b.shard_gather_bytes * 2, a.shard_gather_bytes);
     EXPECT_EQ(b.shard_reduce_scatter_bytes * 2, a.shard_reduce_scatter_bytes);
-    if (world > 1) EXPECT_GT(a.shard_gather_bytes, 0u);
+    if (world > 1) {
+      EXPECT_GT(a.shard_gather_bytes, 0u);
+    }
   }
 }

@@ -456,17 +456,11 @@ TEST_P(EmulatedKernels, AdamWMatchesTheHostOptimizerBitForBit) {
       const size_t n = static_cast<size_t>(specs[i].numel) + offset;
       mine[i] = Arrays{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n, 0.f), std::vector<float>(n, 0.f)};
       std::copy(host.param[i].begin(), host.param[i].end(), mine[i].p.begin() + static_cast<long>(offset));
-      for (const optim::DecayRange& r : on_host.ranges(i))
-        for (int64_t at = r.begin; at < r.end; at += k::kAdamWChunkElements) {
-          k::AdamWChunk c;
-          c.param = mine[i].p.data() + offset + at;
-          c.grad = mine[i].g.data() + offset + at;
-          c.exp_avg = mine[i].m.data() + offset + at;
-          c.exp_avg_sq = mine[i].v.data() + offset + at;
-          c.n = std::min(k::kAdamWChunkElements, r.end - at);
-          c.decay = r.decay ? 1 : 0;
-          chunks.push_back(c);
-        }
+      for (const optim::DecayRange& r : on_host.ranges(i)) {
+        const size_t at = offset + static_cast<size_t>(r.begin);
+        k::append_adamw_chunks(chunks, mine[i].p.data() + at, mine[i].g.data() + at, mine[i].m.data() + at,
+                               mine[i].v.data() + at, r.end - r.begin, r.decay);
+      }
     }
     for (int step = 1; step <= 3; ++step) {
       fill_grads(host.grad, specs, step);

@@ -94,6 +94,8 @@ class AdamW {
   };
   void init(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec);
   void check_shards(const std::vector<fsdp::ShardView>& shards) const;
+  // Shard i's state, after checking that a copy of `elements` floats fits it exactly (what: the caller).
+  const State& state_for_copy(size_t i, size_t elements, const char* what) const;
   void step_host(double lr, double grad_scale);
   // CUDA-only parts (adamw_cuda.cpp; adamw_no_cuda.cpp throws a Device error in builds without CUDA).
   void allocate_device_state(State& s);
