@@ -1,6 +1,7 @@
 # The CUDA backend: toolkit from CUDA_HOME or /usr/local/cuda, NCCL from NCCL_HOME, the toolkit,
 # or a pip-installed nvidia-nccl wheel. Sets SHARDTRAIN_WITH_CUDA and the imported target shardtrain::nccl.
 set(SHARDTRAIN_WITH_CUDA OFF)
+set(SHARDTRAIN_CUDA_EMULATED OFF)
 set(SHARDTRAIN_WITH_CUDA_TEXT "off (SHARDTRAIN_CUDA=OFF): CPU backend only")
 if(SHARDTRAIN_CUDA STREQUAL "OFF")
   return()
@@ -13,6 +14,23 @@ foreach(_v CUDA_HOME CUDA_PATH CUDAToolkit_ROOT)
   endif()
 endforeach()
 list(APPEND _st_cuda_roots /usr/local/cuda)
+
+# EMULATED: the CUDA backend's host code built against the toolkit's headers and linked to the host CUDA
+# emulator of tests/emulator (runtime, cuBLASLt, one-rank NCCL; kernels/ through the SIMT emulator) instead of
+# the CUDA libraries: the GPU tests run, and check, on a machine without a GPU (docs/gpu.md). Test builds only.
+if(SHARDTRAIN_CUDA STREQUAL "EMULATED")
+  find_path(SHARDTRAIN_CUDA_INCLUDE cuda_runtime_api.h HINTS ${_st_cuda_roots} PATH_SUFFIXES include
+            targets/x86_64-linux/include NO_DEFAULT_PATH)
+  find_path(SHARDTRAIN_NCCL_INCLUDE nccl.h HINTS $ENV{NCCL_HOME} ${_st_cuda_roots} PATH_SUFFIXES include)
+  if(NOT SHARDTRAIN_CUDA_INCLUDE OR NOT SHARDTRAIN_NCCL_INCLUDE)
+    message(FATAL_ERROR "SHARDTRAIN_CUDA=EMULATED needs the CUDA Toolkit's headers (cuda_runtime_api.h, cublasLt.h) "
+                        "and nccl.h: set CUDA_HOME / NCCL_HOME")
+  endif()
+  set(SHARDTRAIN_WITH_CUDA ON)
+  set(SHARDTRAIN_CUDA_EMULATED ON)
+  set(SHARDTRAIN_WITH_CUDA_TEXT "EMULATED (toolkit headers at ${SHARDTRAIN_CUDA_INCLUDE}, the host CUDA emulator of tests/emulator; no GPU code)")
+  return()
+endif()
 find_program(SHARDTRAIN_NVCC nvcc HINTS ${_st_cuda_roots} PATH_SUFFIXES bin NO_CACHE)
 if(NOT SHARDTRAIN_NVCC)
   if(SHARDTRAIN_CUDA STREQUAL "ON")

@@ -39,19 +39,28 @@ int sort_pairs(void* temp, size_t& temp_bytes, const uint32_t* keys_in, uint32_t
 #if defined(__CUDACC__)
   return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, n, 0, bits, stream);
 #else
-  (void)stream;
   if (temp == nullptr) {
     temp_bytes = 0;
     return 0;
   }
-  const uint32_t mask = bits >= 32 ? ~0u : (1u << bits) - 1;
-  std::vector<int> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return (keys_in[a] & mask) < (keys_in[b] & mask); });
-  for (int i = 0; i < n; ++i) {
-    keys_out[i] = keys_in[order[static_cast<size_t>(i)]];
-    rows_out[i] = rows_in[order[static_cast<size_t>(i)]];
-  }
+  // Device work like cub's sort: queued on the stream (which the CUDA emulator runs when it gets to it).
+  for (const void* p : {static_cast<const void*>(keys_in), static_cast<const void*>(keys_out),
+                        static_cast<const void*>(rows_in), static_cast<const void*>(rows_out)})
+    simt::check_device_range(p, static_cast<size_t>(n) * 4, "sort_pairs");
+  simt::submit(
+      stream,
+      [=] {
+        const uint32_t mask = bits >= 32 ? ~0u : (1u << bits) - 1;
+        std::vector<int> order(static_cast<size_t>(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return (keys_in[a] & mask) < (keys_in[b] & mask); });
+        for (int i = 0; i < n; ++i) {
+          keys_out[i] = keys_in[order[static_cast<size_t>(i)]];
+          rows_out[i] = rows_in[order[static_cast<size_t>(i)]];
+        }
+      },
+      "sort_pairs (cub's radix sort, emulated)");
   return 0;
 #endif
 }

@@ -3,7 +3,7 @@
 // one name each, so that a kernel written against them compiles twice:
 //   - by nvcc, where each is the CUDA intrinsic, PTX instruction or <<<>>> launch it names;
 //   - by the host compiler with SHARDTRAIN_SIMT_EMULATOR defined, where each is implemented by the SIMT
-//     emulator of the tests (tests/kernels/simt_emulator.cpp): every thread of a block is a fiber, barriers
+//     emulator of the tests (tests/emulator/simt_emulator.cpp): every thread of a block is a fiber, barriers
 //     and warp collectives are rendezvous, and mma.sync is computed from the fragment layouts the PTX ISA
 //     documents. That runs the kernels' own source, launchers, indexing and masking included, on a machine
 //     with no GPU (tests/kernels/kernels_emulated_test.cpp, attention_mma_emulated_test.cpp).
@@ -148,19 +148,29 @@ enum cudaMemcpyKind {
   cudaMemcpyDefault
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
-  std::memset(p, value, bytes);
+namespace simt {
+// Where a launch or an asynchronous copy goes: run at once (the kernel tests), or queued on its stream by the
+// CUDA runtime emulator (tests/emulator/cuda_runtime.cpp, SHARDTRAIN_CUDA=EMULATED), which also checks that
+// every pointer handed to the device is device memory.
+void submit(void* stream, std::function<void()> work, const char* what);
+void check_device_range(const void* p, size_t bytes, const char* what);
+}  // namespace simt
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr) {
+  simt::check_device_range(p, bytes, "cudaMemsetAsync (a launcher's)");
+  simt::submit(stream, [=] { std::memset(p, value, bytes); }, "cudaMemsetAsync");
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t = nullptr) {
-  std::memmove(dst, src, bytes);
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream = nullptr) {
+  simt::check_device_range(dst, bytes, "cudaMemcpyAsync destination (a launcher's)");
+  simt::check_device_range(src, bytes, "cudaMemcpyAsync source (a launcher's)");
+  simt::submit(stream, [=] { std::memmove(dst, src, bytes); }, "cudaMemcpyAsync");
   return cudaSuccess;
 }
 }  // namespace shardtrain
 
 namespace shardtrain::simt {
 
-// Implemented by tests/kernels/simt_emulator.cpp for the fiber that calls them.
+// Implemented by tests/emulator/simt_emulator.cpp for the fiber that calls them.
 int thread_x();
 int block_x();
 int block_y();
@@ -177,6 +187,8 @@ enum class ShuffleKind { Xor, Up };
 // Exchanges the `bytes` at `value` (at most 8) with the lane the kind and operand name, across the whole warp.
 void shuffle(void* value, size_t bytes, ShuffleKind kind, int operand);
 void set_max_dynamic_smem(const void* kernel, int bytes);
+// Throws what the GPU would refuse (grid limits, dynamic shared memory past the kernel's attribute).
+void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
 template <typename T> T shfl_xor(T v, int lane_mask) {
@@ -203,9 +215,23 @@ inline float fdiv_rn(float a, float b) { return a / b; }
 inline float fsqrt_rn(float a) { return std::sqrt(a); }
 template <typename T> T ldg(const T* p) { return *p; }
 
+// A pointer argument must be device memory (one byte of it, at least: kernels take base pointers).
+template <typename T> void check_argument(const T& value) {
+  if constexpr (std::is_pointer_v<T>) check_device_range(value, 0, "a kernel's pointer argument");
+}
+
+// The launch is checked now, as the GPU checks it; the kernel runs when the stream gets to it, with copies of
+// its arguments (a queued launch outlives the caller's variables, as on the GPU).
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t, Args&&... args) {
-  launch_emulated(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(args...); });
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  check_launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes);
+  (check_argument(args), ...);
+  submit(
+      stream,
+      [kernel, grid, block, smem_bytes, ... a = std::decay_t<Args>(std::forward<Args>(args))]() mutable {
+        launch_emulated(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, [&] { kernel(a...); });
+      },
+      "kernel launch");
 }
 
 inline uint32_t load_u32(const uint16_t* p) {

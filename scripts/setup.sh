@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config python3 git
+  ccache                              # the test suite's second (CUDA-emulated) build reuses the first's objects
   libopenmpi-dev openmpi-bin          # MPI: ranks, meshes, host collectives
   libhdf5-dev hdf5-tools              # checkpoints and datasets (h5dump, h5ls for inspection)
   libcli11-dev libfmt-dev             # command line, formatting

@@ -14,7 +14,7 @@
 
 #include "kernels/attention_mma_body.cuh"
 #include "tests/kernels/attention_cases.hpp"
-#include "tests/kernels/simt_emulator.hpp"
+#include "tests/emulator/simt_emulator.hpp"
 
 using namespace shardtrain;
 using namespace shardtrain::attention_cases;

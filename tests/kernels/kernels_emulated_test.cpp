@@ -22,7 +22,7 @@
 #include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/dtype.hpp"
 #include "tests/kernels/attention_cases.hpp"
-#include "tests/kernels/simt_emulator.hpp"
+#include "tests/emulator/simt_emulator.hpp"
 #include "tests/ops/typed_tensor.hpp"
 #include "tests/optim/common.hpp"
 // Last: the launchers compiled for the emulator, in namespace shardtrain::kernels_emulated.

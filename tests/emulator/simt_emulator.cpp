@@ -1,6 +1,13 @@
 // The SIMT emulator (simt_emulator.hpp) and the host side of kernels/simt.cuh it implements.
-#include "tests/kernels/simt_emulator.hpp"
+//
+// Fibers: each is entered the first time through makecontext/swapcontext, and from then on switched with
+// _setjmp/_longjmp, which (unlike swapcontext) leave the signal mask alone and so make no system call. A fiber
+// never returns: it runs the kernel body for one block after another and parks at Wait::Done in between, so
+// its stack and context are made once per emulator, not once per block.
+#undef _FORTIFY_SOURCE  // __longjmp_chk refuses jumps between stacks, which is what fibers are
+#include "tests/emulator/simt_emulator.hpp"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -33,7 +40,9 @@ const char* wait_name(Wait w) {
 }
 
 struct Fiber {
-  ucontext_t ctx{};
+  ucontext_t ctx{};  // for the first entry only
+  jmp_buf jump{};    // where the fiber continues
+  bool started = false;
   char* stack = nullptr;  // kStackBytes from Emulator::stacks
   int tid = 0;
   Wait wait = Wait::None;
@@ -50,7 +59,7 @@ struct Fiber {
 constexpr size_t kStackBytes = 256 * 1024;
 
 struct Emulator {
-  ucontext_t scheduler{};
+  jmp_buf scheduler{};
   std::vector<Fiber> fibers;                     // one per thread of the block
   std::vector<std::unique_ptr<char[]>> stacks;  // grows to the largest block seen; reused by every launch
   Fiber* current = nullptr;
@@ -78,12 +87,27 @@ Fiber& self() {
 void wait_at(Wait w) {
   Fiber& f = self();
   f.wait = w;
-  swapcontext(&f.ctx, &emu().scheduler);
+  if (_setjmp(f.jump) == 0) _longjmp(emu().scheduler, 1);
 }
 
+// A fiber's whole life: the body for the current block, then park until the scheduler starts the next block.
 void fiber_main() {
-  (*emu().body)();
-  emu().current->wait = Wait::Done;  // returning resumes the scheduler through uc_link
+  for (;;) {
+    (*emu().body)();
+    wait_at(Wait::Done);
+  }
+}
+
+// Runs fiber f until it waits somewhere.
+void resume(Emulator& e, Fiber& f) {
+  e.current = &f;
+  if (_setjmp(e.scheduler) == 0) {
+    if (f.started) _longjmp(f.jump, 1);
+    f.started = true;
+    ucontext_t from;
+    swapcontext(&from, &f.ctx);  // never comes back here: the fiber jumps to e.scheduler
+  }
+  e.current = nullptr;
 }
 
 float bf16_lo(uint32_t r) { return float_from_bf16_bits(static_cast<uint16_t>(r & 0xffffu)); }
@@ -145,11 +169,12 @@ void run_block(Emulator& e, int bx, int by, int bz) {
   std::vector<Fiber>& fibers = e.fibers;
   const int n = static_cast<int>(fibers.size());
   for (Fiber& f : fibers) {
-    f.wait = Wait::None;
+    f.wait = Wait::None;  // a started fiber parked at Done goes round its loop into the body again
+    if (f.started) continue;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &e.scheduler;
+    f.ctx.uc_link = nullptr;  // fiber_main never returns
     makecontext(&f.ctx, fiber_main, 0);
   }
   std::memset(e.smem.data(), 0xff, e.smem.size());
@@ -160,9 +185,7 @@ void run_block(Emulator& e, int bx, int by, int bz) {
     for (int i = 0; i < n; ++i) {
       Fiber& f = fibers[static_cast<size_t>(e.schedule == Schedule::Reversed ? n - 1 - i : i)];
       if (f.wait != Wait::None) continue;
-      e.current = &f;
-      swapcontext(&e.scheduler, &f.ctx);
-      e.current = nullptr;
+      resume(e, f);
     }
     bool progress = false;
     const int warps = n / 32;
@@ -236,12 +259,18 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
     }
   }
   e.smem.assign(smem_bytes, 0xff);
-  for (int z = 0; z < grid.z; ++z)
-    for (int y = 0; y < grid.y; ++y)
-      for (int x = 0; x < grid.x; ++x) {
-        e.block_index = Dim3{x, y, z};
-        run_block(e, x, y, z);
-      }
+  try {
+    for (int z = 0; z < grid.z; ++z)
+      for (int y = 0; y < grid.y; ++y)
+        for (int x = 0; x < grid.x; ++x) {
+          e.block_index = Dim3{x, y, z};
+          run_block(e, x, y, z);
+        }
+  } catch (...) {
+    for (Fiber& f : e.fibers) f.started = false;  // abandoned mid-body: the next launch starts them afresh
+    e.body = nullptr;
+    throw;
+  }
   e.body = nullptr;
 }
 
@@ -266,7 +295,7 @@ void set_max_dynamic_smem(const void* kernel, int bytes) {
   emu().max_dynamic_smem[kernel] = bytes;
 }
 
-void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes) {
   auto& e = emu();
   if (block.y != 1 || block.z != 1) throw std::runtime_error("simt: the emulator runs one-dimensional blocks only");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > simt_emulator::kMaxGridYZ ||
@@ -280,6 +309,10 @@ void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_byte
     throw std::runtime_error("simt: a launch asks for " + std::to_string(smem_bytes) +
                              " bytes of dynamic shared memory, the kernel allows " + std::to_string(allowed) +
                              " (cudaFuncSetAttribute MaxDynamicSharedMemorySize)");
+}
+
+void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  check_launch(kernel, grid, block, smem_bytes);
   simt_emulator::launch(simt_emulator::Dim3{static_cast<int>(grid.x), static_cast<int>(grid.y), static_cast<int>(grid.z)},
                         static_cast<int>(block.x), smem_bytes, body);
 }
@@ -287,8 +320,27 @@ void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_byte
 }  // namespace shardtrain::simt
 
 namespace shardtrain::simt_emulator {
-
+namespace {
+RuntimeHooks runtime_hooks;  // constant-initialized: set before or after, never half
+}  // namespace
+void set_runtime_hooks(const RuntimeHooks& hooks) { runtime_hooks = hooks; }
 }  // namespace shardtrain::simt_emulator
+
+namespace shardtrain::simt {
+
+void submit(void* stream, std::function<void()> work, const char* what) {
+  if (simt_emulator::runtime_hooks.submit) {
+    simt_emulator::runtime_hooks.submit(stream, std::move(work), what);
+  } else {
+    work();
+  }
+}
+
+void check_device_range(const void* p, size_t bytes, const char* what) {
+  if (simt_emulator::runtime_hooks.check_device_range) simt_emulator::runtime_hooks.check_device_range(p, bytes, what);
+}
+
+}  // namespace shardtrain::simt
 
 namespace shardtrain::simt {
 

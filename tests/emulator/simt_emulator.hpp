@@ -37,6 +37,15 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
 enum class Schedule { Lockstep, InOrder, Reversed };
 void set_schedule(Schedule s);
 
+// The CUDA runtime emulator's hooks (tests/emulator/cuda_runtime.cpp, SHARDTRAIN_CUDA=EMULATED): where
+// simt::launch and the launchers' asynchronous copies queue their work, and how a pointer handed to the device
+// is checked. Without them (the kernel tests) work runs at once and pointers are not checked.
+struct RuntimeHooks {
+  void (*submit)(void* stream, std::function<void()> work, const char* what) = nullptr;
+  void (*check_device_range)(const void* p, size_t bytes, const char* what) = nullptr;
+};
+void set_runtime_hooks(const RuntimeHooks& hooks);
+
 // Counters of the last launch, for tests of the emulator itself.
 struct Stats {
   long long barriers = 0;          // completed block barriers (per block)

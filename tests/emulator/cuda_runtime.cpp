@@ -1,0 +1,675 @@
+// The CUDA runtime API that shardtrain uses, implemented on the host (SHARDTRAIN_CUDA=EMULATED): what the
+// CUDA backend's host code does with memory, streams and events runs as the CUDA documentation says a GPU
+// may run it, and whatever a GPU would fault on stops the process with a message.
+//
+// Memory. cudaMalloc returns fresh pages filled with 0xFF bytes (NaN as fp32 and bf16: a read of memory that
+// nothing wrote shows up in results) that the host cannot touch: they are PROT_NONE except while device work
+// runs, so host code dereferencing a device pointer faults, and the fault is reported with the allocation it
+// hit. Every pointer a kernel, a copy, a GEMM or a collective is given must lie in a live allocation.
+//
+// Streams. Work is queued per stream and runs only when the host waits (stream, event or device
+// synchronization, a synchronous copy, cudaFree), in an order chosen to expose missing dependencies:
+//   lifo (default)  among the streams whose next work may run (stream order, cudaStreamWaitEvent, the legacy
+//                   stream's implicit synchronization with blocking streams), the most recently queued runs
+//                   first: work queued later on another stream overtakes anything it was not ordered after;
+//   fifo            the oldest first: queued work still lags behind the host;
+//   immediate       every call runs its work before returning (a synchronous device).
+// SHARDTRAIN_CUDA_EMULATOR_SCHEDULE selects one. Host buffers are read and written when the copy runs (pinned
+// memory, and device-to-host copies into pageable memory), or read when the call is made (pageable sources,
+// which the runtime stages), which are the documented latitudes of cudaMemcpyAsync.
+#include <cuda_runtime_api.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/emulator/cuda_emulator.hpp"
+#include "tests/emulator/simt_emulator.hpp"
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace shardtrain::cuda_emulator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Marker {
+  bool done = false;
+  Clock::time_point at{};
+};
+
+struct Op {
+  uint64_t seq = 0;
+  const char* what = "";
+  std::function<void()> work;    // empty: only a dependency
+  std::shared_ptr<Marker> wait;  // must be done before this op runs
+  std::shared_ptr<Marker> done;
+};
+
+enum class Policy { Lifo, Fifo, Immediate };
+
+constexpr size_t kDeviceMemory = size_t{80} << 30;  // what the emulated device reports (an H100's 80 GB)
+
+}  // namespace
+}  // namespace shardtrain::cuda_emulator
+
+struct CUstream_st {
+  std::deque<shardtrain::cuda_emulator::Op> queue;
+  std::shared_ptr<shardtrain::cuda_emulator::Marker> tail;  // done marker of the last op queued
+  bool blocking = true;   // synchronizes with the legacy stream (cudaStreamDefault)
+  bool destroyed = false; // cudaStreamDestroy with work pending: freed once it has run
+};
+
+struct CUevent_st {
+  std::shared_ptr<shardtrain::cuda_emulator::Marker> last;  // of the latest cudaEventRecord
+  bool timing = true;
+};
+
+namespace shardtrain::cuda_emulator {
+namespace {
+
+struct Allocation {
+  size_t bytes = 0;      // as asked for
+  size_t mapped = 0;     // device: whole pages
+  Memory kind = Memory::Device;
+};
+
+struct State {
+  std::recursive_mutex mutex;
+  Policy policy = Policy::Lifo;
+  bool protect = true;
+  CUstream_st legacy;
+  std::vector<CUstream_st*> streams;            // the legacy stream first
+  std::map<uintptr_t, Allocation> allocations;  // by base address
+  std::map<uintptr_t, size_t> freed;            // recently freed device ranges, for messages
+  size_t device_in_use = 0;
+  uint64_t next_seq = 1;
+  int running = 0;  // > 0 while queued work runs (device memory accessible)
+  cudaError_t last_error = cudaSuccess;
+
+  State() {
+    legacy.blocking = false;  // the legacy stream itself; blocking streams synchronize with it
+    streams.push_back(&legacy);
+    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE")) {
+      const std::string v = s;
+      if (v == "lifo") policy = Policy::Lifo;
+      else if (v == "fifo") policy = Policy::Fifo;
+      else if (v == "immediate") policy = Policy::Immediate;
+      else fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo or immediate");
+    }
+    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_PROTECT")) protect = std::string(s) != "0";
+  }
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: static destructors of other objects may still free memory
+  return *s;
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+const Allocation* find_allocation(const State& g, uintptr_t a, uintptr_t* base) {
+  auto it = g.allocations.upper_bound(a);
+  if (it == g.allocations.begin()) return nullptr;
+  --it;
+  if (a > it->first + it->second.bytes) return nullptr;  // one past the end still belongs to it
+  *base = it->first;
+  return &it->second;
+}
+
+CUstream_st* resolve(State& g, void* stream) {
+  auto* s = static_cast<CUstream_st*>(stream);
+  if (s == nullptr || s == reinterpret_cast<CUstream_st*>(0x1) || s == reinterpret_cast<CUstream_st*>(0x2)) return &g.legacy;
+  if (std::find(g.streams.begin(), g.streams.end(), s) == g.streams.end() || s->destroyed)
+    fatal("work queued on stream " + hex(stream) + ", which is not a live stream (destroyed, or never created)");
+  return s;
+}
+
+void set_device_access(State& g, bool on) {
+  if (!g.protect) return;
+  for (const auto& [base, a] : g.allocations) {
+    if (a.kind != Memory::Device) continue;
+    if (mprotect(reinterpret_cast<void*>(base), a.mapped, on ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+      fatal("mprotect failed on device memory at " + hex(reinterpret_cast<void*>(base)));
+  }
+}
+
+// Device memory is accessible while queued work runs (from the first op a drain runs to its end).
+struct DeviceAccess {
+  State& g;
+  bool on = false;
+  void enable() {
+    if (!on && g.running++ == 0) set_device_access(g, true);
+    on = true;
+  }
+  ~DeviceAccess() {
+    if (on && --g.running == 0) set_device_access(g, false);
+  }
+};
+
+bool ready(const CUstream_st* s) { return !s->queue.empty() && (!s->queue.front().wait || s->queue.front().wait->done); }
+
+// Runs queued work, by the policy, until `until()` holds.
+template <typename Pred> void drain(State& g, Pred until) {
+  DeviceAccess access{g};
+  while (!until()) {
+    CUstream_st* pick = nullptr;
+    for (CUstream_st* s : g.streams) {
+      if (!ready(s)) continue;
+      if (!pick || (g.policy == Policy::Lifo ? s->queue.front().seq > pick->queue.front().seq
+                                             : s->queue.front().seq < pick->queue.front().seq))
+        pick = s;
+    }
+    if (!pick) fatal("deadlock: the host waits for work that no stream can run");
+    Op op = std::move(pick->queue.front());
+    pick->queue.pop_front();
+    if (pick->queue.empty() && pick->destroyed) {
+      g.streams.erase(std::find(g.streams.begin(), g.streams.end(), pick));
+      delete pick;
+    }
+    if (op.work) {
+      access.enable();
+      op.work();
+    }
+    op.done->done = true;
+    op.done->at = Clock::now();
+  }
+}
+
+void drain_all(State& g) {
+  drain(g, [&] {
+    for (const CUstream_st* s : g.streams)
+      if (!s->queue.empty()) return false;
+    return true;
+  });
+}
+
+void drain_stream(State& g, CUstream_st* s) {
+  std::shared_ptr<Marker> tail = s->tail;
+  drain(g, [&] { return !tail || tail->done; });
+}
+
+std::shared_ptr<Marker> enqueue(State& g, CUstream_st* s, std::function<void()> work, const char* what,
+                                std::shared_ptr<Marker> wait = nullptr) {
+  auto push = [&](std::function<void()> w, const char* name, std::shared_ptr<Marker> dep) {
+    Op op;
+    op.seq = g.next_seq++;
+    op.what = name;
+    op.work = std::move(w);
+    op.wait = std::move(dep);
+    op.done = std::make_shared<Marker>();
+    s->tail = op.done;
+    s->queue.push_back(std::move(op));
+  };
+  // The legacy stream waits for every blocking stream's queued work, and a blocking stream for the legacy's.
+  if (s == &g.legacy) {
+    for (CUstream_st* b : g.streams)
+      if (b != s && b->blocking && b->tail && !b->tail->done) push({}, "implicit synchronization", b->tail);
+  } else if (s->blocking && g.legacy.tail && !g.legacy.tail->done) {
+    push({}, "implicit synchronization", g.legacy.tail);
+  }
+  if (wait && !wait->done) push({}, "cudaStreamWaitEvent", std::move(wait));
+  push(std::move(work), what, nullptr);
+  std::shared_ptr<Marker> done = s->tail;
+  if (g.policy == Policy::Immediate) drain_all(g);
+  return done;
+}
+
+// Where the host reached a device page: report the allocation and stop.
+void on_segv(int sig, siginfo_t* info, void*) {
+  State& g = state();
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  auto it = g.allocations.upper_bound(addr);
+  const Allocation* a = nullptr;
+  uintptr_t base = 0;
+  if (it != g.allocations.begin()) {
+    --it;
+    base = it->first;
+    a = &it->second;
+  }
+  if (a && a->kind == Memory::Device && addr < base + a->mapped) {
+    char msg[512];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "cuda emulator: host code touched device memory at %p (byte %zu of a cudaMalloc "
+                                "allocation of %zu bytes); device memory is not host-accessible: copy it with "
+                                "cudaMemcpy. Backtrace:\n",
+                                info->si_addr, static_cast<size_t>(addr - base), a->bytes);
+    (void)!write(2, msg, static_cast<size_t>(n));
+    void* frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+    std::abort();
+  }
+  signal(sig, SIG_DFL);  // not ours: the default action on return (the fault repeats)
+}
+
+void install_segv_handler() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, nullptr);
+}
+
+cudaError_t fail(State& g, cudaError_t e, const std::string& message) {
+  std::fprintf(stderr, "cuda emulator: %s\n", message.c_str());
+  g.last_error = e;
+  return e;
+}
+
+const char* kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+    case cudaMemcpyDefault: return "cudaMemcpyDefault";
+  }
+  return "an unknown cudaMemcpyKind";
+}
+
+// Checks a copy's kind against where its pointers lie, and their ranges. Returns cudaSuccess or the error.
+cudaError_t check_copy(State& g, const char* api, void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  const bool dd = classify(dst) == Memory::Device, sd = classify(src) == Memory::Device;
+  bool ok = true;
+  switch (kind) {
+    case cudaMemcpyHostToHost: ok = !dd && !sd; break;
+    case cudaMemcpyHostToDevice: ok = dd && !sd; break;
+    case cudaMemcpyDeviceToHost: ok = !dd && sd; break;
+    case cudaMemcpyDeviceToDevice: ok = dd && sd; break;
+    case cudaMemcpyDefault: break;
+    default: ok = false;
+  }
+  if (!ok)
+    return fail(g, cudaErrorInvalidMemcpyDirection,
+                std::string(api) + ": " + kind_name(kind) + " from " + (sd ? "device" : "host") + " memory " +
+                    hex(src) + " to " + (dd ? "device" : "host") + " memory " + hex(dst));
+  if (dd) require_device_range(dst, count, (std::string(api) + " destination").c_str());
+  if (sd) require_device_range(src, count, (std::string(api) + " source").c_str());
+  return cudaSuccess;
+}
+
+// Queues the copy on `s` by the rules in the header comment; `synchronous`: cudaMemcpy's host waits.
+void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bool synchronous) {
+  if (count == 0) return;
+  const Memory dk = classify(dst), sk = classify(src);
+  if (dk != Memory::Device && sk != Memory::Device) {  // host to host: fully synchronous
+    drain_stream(g, s);
+    std::memmove(dst, src, count);
+    return;
+  }
+  std::shared_ptr<Marker> done;
+  if (sk == Memory::Other) {  // pageable source: staged now (after the stream's earlier work, for cudaMemcpy)
+    if (synchronous) drain_stream(g, s);
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + count);
+    done = enqueue(g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
+    return;  // the host may reuse its buffer; the device copy lands later
+  }
+  done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
+  // cudaMemcpy returns once a copy into host memory (or from pinned memory) has landed; device to device it
+  // does not wait.
+  if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain(g, [&] { return done->done; });
+}
+
+}  // namespace
+
+Memory classify(const void* p) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  uintptr_t base = 0;
+  const Allocation* a = find_allocation(g, reinterpret_cast<uintptr_t>(p), &base);
+  if (!a || p == nullptr) return Memory::Other;
+  if (reinterpret_cast<uintptr_t>(p) == base + a->bytes && a->bytes > 0) {
+    // One past the end of one allocation may be the start of the next: that one decides.
+    auto it = g.allocations.find(reinterpret_cast<uintptr_t>(p));
+    if (it != g.allocations.end()) return it->second.kind;
+  }
+  return a->kind;
+}
+
+void require_device_range(const void* p, size_t bytes, const char* what, bool pinned_ok) {
+  if (p == nullptr) return;
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uintptr_t base = 0;
+  const Allocation* alloc = find_allocation(g, a, &base);
+  if (alloc && bytes == 0 && a == base + alloc->bytes) return;  // one past the end
+  if (auto it = g.allocations.find(a); it != g.allocations.end()) {
+    alloc = &it->second;
+    base = a;
+  }
+  if (!alloc || (alloc->kind == Memory::Pinned && !pinned_ok)) {
+    std::string why = "is not device memory";
+    auto f = g.freed.upper_bound(a);
+    if (f != g.freed.begin() && a < std::prev(f)->first + std::prev(f)->second) why = "points into device memory already freed";
+    fatal(std::string(what) + ": " + hex(p) + " " + why);
+  }
+  if (a + bytes > base + alloc->bytes)
+    fatal(std::string(what) + ": " + std::to_string(bytes) + " bytes at " + hex(p) + " (byte " + std::to_string(a - base) +
+          " of an allocation of " + std::to_string(alloc->bytes) + ") run past its end");
+}
+
+void submit(void* stream, std::function<void()> work, const char* what) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  enqueue(g, resolve(g, stream), std::move(work), what);
+}
+
+[[noreturn]] void fatal(const std::string& message) {
+  std::fprintf(stderr, "cuda emulator: %s\n", message.c_str());
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  std::fflush(stderr);
+  std::abort();
+}
+
+namespace {
+// The SIMT emulator's launches and the launchers' copies come through here.
+[[maybe_unused]] const bool hooks_installed = [] {
+  simt_emulator::set_runtime_hooks({&submit, [](const void* p, size_t bytes, const char* what) {
+                                      require_device_range(p, bytes, what);
+                                    }});
+  return true;
+}();
+}  // namespace
+
+}  // namespace shardtrain::cuda_emulator
+
+using namespace shardtrain::cuda_emulator;  // NOLINT: the C API below is this file's whole purpose
+
+extern "C" {
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  if (device != 0) return fail(state(), cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + "): one device");
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return fail(state(), cudaErrorInvalidDevice, "cudaGetDeviceProperties: one device");
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "shardtrain CUDA emulator (host)");
+  prop->totalGlobalMem = kDeviceMemory;
+  prop->sharedMemPerBlock = 48 * 1024;
+  prop->sharedMemPerBlockOptin = 227 * 1024;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->multiProcessorCount = 4;
+  prop->major = 9;
+  prop->minor = 0;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  *total = kDeviceMemory;
+  *free_bytes = kDeviceMemory - g.device_in_use;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  return std::exchange(g.last_error, cudaSuccess);
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return state().last_error; }
+
+const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    default: return "unknown error (CUDA emulator)";
+  }
+}
+
+cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t size) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  install_segv_handler();
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  if (size > kDeviceMemory - g.device_in_use)
+    return fail(g, cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(size) + "): beyond the emulated 80 GB");
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t mapped = (size + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return fail(g, cudaErrorMemoryAllocation, "cudaMalloc: mmap failed");
+  std::memset(p, 0xff, mapped);  // uninitialized device memory reads as NaN
+  if (g.protect && g.running == 0 && mprotect(p, mapped, PROT_NONE) != 0) fatal("cudaMalloc: mprotect failed");
+  g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, mapped, Memory::Device};
+  g.freed.erase(reinterpret_cast<uintptr_t>(p));
+  g.device_in_use += size;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  auto it = g.allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == g.allocations.end() || it->second.kind != Memory::Device)
+    return fail(g, cudaErrorInvalidValue, "cudaFree(" + hex(ptr) + "): not the start of a live cudaMalloc allocation");
+  drain_all(g);  // cudaFree synchronizes: queued work may still use the memory
+  const Allocation a = it->second;
+  g.allocations.erase(it);
+  g.device_in_use -= a.bytes;
+  munmap(ptr, a.mapped);
+  g.freed[reinterpret_cast<uintptr_t>(ptr)] = a.bytes;
+  if (g.freed.size() > 4096) g.freed.erase(g.freed.begin());
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMallocHost(void** ptr, size_t size) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* p = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (!p) return fail(g, cudaErrorMemoryAllocation, "cudaMallocHost: out of host memory");
+  g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, 0, Memory::Pinned};
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
+
+cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  auto it = g.allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == g.allocations.end() || it->second.kind != Memory::Pinned)
+    return fail(g, cudaErrorInvalidValue, "cudaFreeHost(" + hex(ptr) + "): not a live cudaMallocHost allocation");
+  drain_all(g);  // as cudaFree: queued copies may still read or write it
+  g.allocations.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (cudaError_t e = check_copy(g, "cudaMemcpy", dst, src, count, kind); e != cudaSuccess) return e;
+  copy(g, &g.legacy, dst, src, count, true);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                      cudaStream_t stream) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (cudaError_t e = check_copy(g, "cudaMemcpyAsync", dst, src, count, kind); e != cudaSuccess) return e;
+  copy(g, resolve(g, stream), dst, src, count, false);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (count == 0) return cudaSuccess;
+  require_device_range(ptr, count, "cudaMemsetAsync");
+  enqueue(g, resolve(g, stream), [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemsetAsync");
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemset(void* ptr, int value, size_t count) {
+  // Asynchronous with respect to the host for device memory (on the legacy stream), synchronous for pinned.
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (count == 0) return cudaSuccess;
+  require_device_range(ptr, count, "cudaMemset");
+  auto done = enqueue(g, &g.legacy, [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemset");
+  if (classify(ptr) == Memory::Pinned) drain(g, [&] { return done->done; });
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  auto* s = new CUstream_st;
+  s->blocking = (flags & cudaStreamNonBlocking) == 0;
+  g.streams.push_back(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  CUstream_st* s = resolve(g, stream);
+  if (s == &g.legacy) return fail(g, cudaErrorInvalidResourceHandle, "cudaStreamDestroy of the legacy stream");
+  if (!s->queue.empty()) {  // released once its work has run
+    s->destroyed = true;
+    return cudaSuccess;
+  }
+  g.streams.erase(std::find(g.streams.begin(), g.streams.end(), s));
+  delete s;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  CUstream_st* s = resolve(g, stream);
+  drain_stream(g, s);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  drain_all(g);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  auto* e = new CUevent_st;
+  e->timing = (flags & cudaEventDisableTiming) == 0;
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  delete event;  // queued records hold their markers themselves
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
+  event->last = enqueue(g, resolve(g, stream), {}, "cudaEventRecord");
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
+  // The wait is for the record made before this call (none: nothing to wait for).
+  if (event->last && !event->last->done) enqueue(g, resolve(g, stream), {}, "cudaStreamWaitEvent", event->last);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  return !event->last || event->last->done ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  std::shared_ptr<Marker> m = event->last;
+  drain(g, [&] { return !m || m->done; });
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (!start->timing || !end->timing)
+    return fail(g, cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event created with cudaEventDisableTiming");
+  if (!start->last || !end->last) return fail(g, cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
+  if (!start->last->done || !end->last->done) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->last->at - start->last->at).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"
