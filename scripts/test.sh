@@ -10,6 +10,21 @@ if [[ -x "$ROOT/scripts/fetch-data.sh" ]]; then
   say "fetching pinned corpora and tokenizers"
   "$ROOT/scripts/fetch-data.sh"
 fi
+CMAKE_EXTRA=()
 configure_and_build
 say "running the tests"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" "$@"
+status=0
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" "$@" || status=$?
+
+# The GPU tests once more, on the host CUDA emulator (docs/gpu.md): the CUDA backend's host code, launchers and
+# kernels, the engine's streams in an adversarial order, device memory the host cannot touch. A second build
+# tree (same objects through ccache, the emulator and host-compiled kernels instead of the CUDA libraries).
+# Skipped when ctest was asked for a subset (arguments given) or SHARDTRAIN_SKIP_EMULATED=1.
+if [[ $# -eq 0 && "${SHARDTRAIN_SKIP_EMULATED:-0}" != 1 ]]; then
+  BUILD_DIR="${SHARDTRAIN_EMULATED_BUILD_DIR:-$ROOT/build-emulated}"
+  CMAKE_EXTRA=(-DSHARDTRAIN_CUDA=EMULATED)
+  configure_and_build gpu_tests
+  say "running the GPU tests on the CUDA emulator"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" -L gpu || status=$?
+fi
+exit $status

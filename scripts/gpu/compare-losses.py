@@ -2,7 +2,9 @@
 """Compares the per-step training losses of two runs of the same config (the CPU backend and the GPU),
 from their run directories' metrics.jsonl. Prints one line per step and PASS or FAIL.
 
-  compare-losses.py [--dtype fp32|bf16] RUN_DIR_A RUN_DIR_B
+  compare-losses.py [--dtype fp32|bf16] [--common] RUN_DIR_A RUN_DIR_B
+
+--common compares the steps both runs have (a run resumed from a checkpoint against the uninterrupted one).
 
 Tolerances (relative difference of the loss):
   fp32: 1e-5 at step 1 (the same weights and batch; only summation orders differ), 1e-3 at any later step
@@ -35,10 +37,14 @@ def losses(run_dir: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=sorted(TOLERANCES), default="fp32")
+    ap.add_argument("--common", action="store_true", help="compare the steps both runs have")
     ap.add_argument("a", type=Path)
     ap.add_argument("b", type=Path)
     args = ap.parse_args()
     a, b = losses(args.a), losses(args.b)
+    if args.common:
+        a = {k: v for k, v in a.items() if k in b}
+        b = {k: v for k, v in b.items() if k in a}
     if sorted(a) != sorted(b) or not a:
         print(f"FAIL: the runs have different steps: {len(a)} in {args.a}, {len(b)} in {args.b}")
         return 1

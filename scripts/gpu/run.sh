@@ -8,7 +8,8 @@
 #     tests     every GPU test binary; collectives and the FSDP equivalence matrix with 2 and 4 ranks on
 #               the one GPU (MPI backend staging device memory)
 #     sanitize  compute-sanitizer (memcheck, racecheck) over the op, kernel and optimizer tests
-#     track     the same tiny training run on the CPU and on the GPU (fp32, then bf16): losses compared
+#     track     scripts/gpu/track.sh: the same tiny runs on the CPU and on the GPU (fp32, bf16, offload on two
+#               ranks, resume onto two ranks), losses compared step by step
 #     parity    loss and gradients of shardtrain (CPU and GPU backends) against transformers' Llama
 #     ops       shardtrain bench ops on the seed model's shapes
 #     bench     scripts/bench-vs-pytorch.py: shardtrain (and with CPU offload) and PyTorch FSDP2, eager and
@@ -127,18 +128,10 @@ phase_tests() {
   fi
 }
 
-# Losses of the same run on the CPU backend and on the GPU, step by step.
+# Losses of the same runs on the CPU backend and on the GPU, step by step (fp32, bf16, offload on two ranks,
+# resume onto two ranks): scripts/gpu/track.sh, which the test suite also runs against the CUDA emulator.
 phase_track() {
-  local dt steps=30
-  for dt in fp32 bf16; do
-    for dev in cpu cuda; do
-      run "track_${dt}_${dev}" 240 mpirun -np 2 shardtrain --device "$dev" train --config "$ROOT/configs/tiny-cpu.toml" \
-        --data.path "$DATA" --schedule.max_steps "$steps" --schedule.eval_batches 0 --checkpoint.every_n_steps 0 \
-        --fsdp.param_dtype "$dt" --logging.progress lines --logging.log_every 5 --logging.run_dir "$LOGS/track_${dt}_${dev}"
-    done
-    run "track_${dt}_compare" 30 python3 "$ROOT/scripts/gpu/compare-losses.py" --dtype "$dt" \
-      "$LOGS/track_${dt}_cpu" "$LOGS/track_${dt}_cuda"
-  done
+  run track 480 "$ROOT/scripts/gpu/track.sh" "$B/bin/shardtrain" "$DATA" "$LOGS/track" 30
 }
 
 phase_ops() {

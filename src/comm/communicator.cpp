@@ -99,6 +99,23 @@ void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, 
   if (watchdog_) after_enqueue(call, stream);
 }
 
+void Communicator::host_all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  if (dtype == DType::BF16) throw InternalError("host_all_gather: bf16 host values are not supported");
+  const uint64_t bytes = count * size_ * dtype_size(dtype);
+  traffic_.add(CollectiveKind::AllGather, bytes);
+  const CollectiveCall call{CollectiveKind::AllGather, axis_, bytes, enter(), &world_ranks_};
+  CollectiveWatchdog::Guard guard(watchdog_, call);  // blocking: timed while it blocks
+  do_host_all_gather(send, recv, count, dtype);
+}
+void Communicator::host_all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  check_reduce(dtype, op, "host_all_reduce");
+  if (dtype == DType::BF16) throw InternalError("host_all_reduce: bf16 host values are not supported");
+  const uint64_t bytes = count * dtype_size(dtype);
+  traffic_.add(CollectiveKind::AllReduce, bytes);
+  const CollectiveCall call{CollectiveKind::AllReduce, axis_, bytes, enter(), &world_ranks_};
+  CollectiveWatchdog::Guard guard(watchdog_, call);
+  do_host_all_reduce(buf, count, dtype, op);
+}
 void Communicator::barrier() {
   traffic_.add(CollectiveKind::Barrier, 0);
   const CollectiveCall call{CollectiveKind::Barrier, axis_, 0, enter(), &world_ranks_};

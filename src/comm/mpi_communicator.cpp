@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "mpi_host.hpp"
 #include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -72,6 +73,28 @@ int mpi_count(size_t n, MeshAxis axis) {
   }
   return static_cast<int>(n);
 }
+
+}  // namespace
+
+namespace detail {
+
+void mpi_host_all_gather(MPI_Comm comm, const void* send, void* recv, size_t count, DType t, MeshAxis axis) {
+  ST_CHECK_MPI(MPI_Allgather(send, mpi_count(count, axis), mpi_type(t), recv, mpi_count(count, axis), mpi_type(t), comm));
+}
+
+void mpi_host_all_reduce(MPI_Comm comm, void* buf, size_t count, DType t, ReduceOp op, MeshAxis axis) {
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, axis), mpi_type(t), op == ReduceOp::Max ? MPI_MAX : MPI_SUM,
+                             comm));
+  if (op == ReduceOp::Avg) {
+    int size = 1;
+    ST_CHECK_MPI(MPI_Comm_size(comm, &size));
+    divide_in_place(buf, count, t, size);
+  }
+}
+
+}  // namespace detail
+
+namespace {
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -161,6 +184,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_barrier() override { ST_CHECK_MPI(MPI_Barrier(comm_.get())); }
+  // Host values go straight to MPI, also when the communicator stages device buffers.
+  void do_host_all_gather(const void* send, void* recv, size_t count, DType t) override {
+    detail::mpi_host_all_gather(comm_.get(), send, recv, count, t, axis());
+  }
+  void do_host_all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    detail::mpi_host_all_reduce(comm_.get(), buf, count, t, op, axis());
+  }
 
  private:
   // The host view of a caller's buffer: the buffer itself in host space, a pinned staging copy in

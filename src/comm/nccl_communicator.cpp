@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "mpi_host.hpp"
 #include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/comm/watchdog.hpp"
 #include "shardtrain/runtime/check.hpp"
@@ -115,6 +116,13 @@ class NcclCommunicator final : public Communicator {
   }
   void do_broadcast(void* buffer, size_t count, DType t, int root, StreamRef s) override {
     ST_CHECK_NCCL(ncclBroadcast(buffer, buffer, count, nccl_type(t), root, comm_, cuda(s)));
+  }
+  // Host values over the group's MPI communicator: NCCL reads device memory only.
+  void do_host_all_gather(const void* send, void* recv, size_t count, DType t) override {
+    detail::mpi_host_all_gather(mpi_.get(), send, recv, count, t, axis());
+  }
+  void do_host_all_reduce(void* buf, size_t count, DType t, ReduceOp op) override {
+    detail::mpi_host_all_reduce(mpi_.get(), buf, count, t, op, axis());
   }
   void do_barrier() override {
     ST_CHECK_CUDA(cudaDeviceSynchronize());

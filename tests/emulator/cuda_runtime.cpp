@@ -304,8 +304,9 @@ cudaError_t check_copy(State& g, const char* api, void* dst, const void* src, si
     return fail(g, cudaErrorInvalidMemcpyDirection,
                 std::string(api) + ": " + kind_name(kind) + " from " + (sd ? "device" : "host") + " memory " +
                     hex(src) + " to " + (dd ? "device" : "host") + " memory " + hex(dst));
-  if (dd) require_device_range(dst, count, (std::string(api) + " destination").c_str());
-  if (sd) require_device_range(src, count, (std::string(api) + " source").c_str());
+  // Device and pinned sides are range-checked (pageable memory cannot be).
+  if (dd || classify(dst) == Memory::Pinned) require_device_range(dst, count, (std::string(api) + " destination").c_str());
+  if (sd || classify(src) == Memory::Pinned) require_device_range(src, count, (std::string(api) + " source").c_str());
   return cudaSuccess;
 }
 

@@ -8,7 +8,9 @@
 #include "tests/emulator/simt_emulator.hpp"
 
 #include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -58,10 +60,31 @@ struct Fiber {
 
 constexpr size_t kStackBytes = 256 * 1024;
 
+// A fiber stack of kStackBytes with a PROT_NONE guard page below it: an overflow faults at once instead of
+// overwriting whatever lies below.
+class FiberStack {
+ public:
+  FiberStack() {
+    page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, kStackBytes + page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("simt: cannot map a fiber stack");
+    base_ = static_cast<char*>(p);
+    mprotect(base_, page_, PROT_NONE);
+  }
+  ~FiberStack() { munmap(base_, kStackBytes + page_); }
+  FiberStack(const FiberStack&) = delete;
+  FiberStack& operator=(const FiberStack&) = delete;
+  char* stack() const { return base_ + page_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t page_ = 0;
+};
+
 struct Emulator {
   jmp_buf scheduler{};
   std::vector<Fiber> fibers;                     // one per thread of the block
-  std::vector<std::unique_ptr<char[]>> stacks;  // grows to the largest block seen; reused by every launch
+  std::vector<std::unique_ptr<FiberStack>> stacks;  // grows to the largest block seen; reused by every launch
   Fiber* current = nullptr;
   Dim3 grid, block_index;
   std::vector<unsigned char> smem;
@@ -251,11 +274,11 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
   e.body = &body;
   e.stats = Stats{};
   if (e.fibers.size() != static_cast<size_t>(threads)) {
-    while (e.stacks.size() < static_cast<size_t>(threads)) e.stacks.emplace_back(new char[kStackBytes]);
+    while (e.stacks.size() < static_cast<size_t>(threads)) e.stacks.push_back(std::make_unique<FiberStack>());
     e.fibers.assign(static_cast<size_t>(threads), Fiber{});
     for (int i = 0; i < threads; ++i) {
       e.fibers[static_cast<size_t>(i)].tid = i;
-      e.fibers[static_cast<size_t>(i)].stack = e.stacks[static_cast<size_t>(i)].get();
+      e.fibers[static_cast<size_t>(i)].stack = e.stacks[static_cast<size_t>(i)]->stack();
     }
   }
   e.smem.assign(smem_bytes, 0xff);

@@ -76,14 +76,19 @@ class Communicator {
   void broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream = {});
   void barrier();
 
-  // Typed conveniences for host code and tests.
+  // Host memory, whatever space() is, blocking: the host's own values (a step's token count and loss,
+  // agreement checks). A device-space backend takes them over MPI on the same group, never through the
+  // device (NCCL cannot read pageable host memory). Counted and watched like the others. Not bf16.
+  void host_all_gather(const void* send, void* recv, size_t count_per_rank, DType dtype);
+  void host_all_reduce(void* buf, size_t count, DType dtype, ReduceOp op);
+  // Typed conveniences for host values.
   template <typename T>
-  void all_gather(std::span<const T> send, std::span<T> recv, StreamRef s = {}) {
-    all_gather(send.data(), recv.data(), send.size(), dtype_of_v<T>, s);
+  void all_gather(std::span<const T> send, std::span<T> recv) {
+    host_all_gather(send.data(), recv.data(), send.size(), dtype_of_v<T>);
   }
   template <typename T>
-  void all_reduce(std::span<T> buf, ReduceOp op, StreamRef s = {}) {
-    all_reduce(buf.data(), buf.data(), buf.size(), dtype_of_v<T>, op, s);
+  void all_reduce(std::span<T> buf, ReduceOp op) {
+    host_all_reduce(buf.data(), buf.size(), dtype_of_v<T>, op);
   }
 
   const TrafficCounters& traffic() const { return traffic_; }
@@ -106,6 +111,13 @@ class Communicator {
   virtual void do_all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, StreamRef stream) = 0;
   virtual void do_broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream) = 0;
   virtual void do_barrier() = 0;
+  // Host buffers; the default suits a host-space backend (the ordinary collective, no stream).
+  virtual void do_host_all_gather(const void* send, void* recv, size_t count, DType dtype) {
+    do_all_gather(send, recv, count, dtype, {});
+  }
+  virtual void do_host_all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+    do_all_reduce(buf, buf, count, dtype, op, {});
+  }
   // Called after each collective was issued, when a watchdog is set; `call` describes it.
   virtual void after_enqueue(const CollectiveCall& call, StreamRef stream) {}
   CollectiveWatchdog* watchdog() const { return watchdog_; }

@@ -144,8 +144,10 @@ class Trainer {
   TrainerOptions options_;
   std::string run_dir_, resolved_toml_;
   std::unique_ptr<DeviceMesh> mesh_;
-  std::unique_ptr<MeshComms> comms_;
+  // Before comms_, so it is destroyed after them: a communicator's destructor unregisters itself from the
+  // watchdog (NCCL's asynchronous-error source).
   std::unique_ptr<CollectiveWatchdog> watchdog_;
+  std::unique_ptr<MeshComms> comms_;
   std::unique_ptr<ops::Ops> ops_;
   DeviceBuffer batch_ids_, batch_targets_, batch_docs_;  // the micro-batch on the GPU
   std::unique_ptr<model::LlamaModel> model_;

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The same short training run on the CPU backend and on the CUDA backend, compared step by step
+# (compare-losses.py): fp32 and bf16 on one rank (NCCL), bf16 with CPU offload and activation checkpointing on
+# two ranks sharing the device (the MPI backend staging device buffers), and a run resumed from its step-2
+# checkpoint on two ranks against the uninterrupted one-rank run (exact resume with resharding, on the GPU).
+# Run by scripts/gpu/run.sh (phase track) on a GPU, and by the test suite against the CUDA emulator
+# (tests/train/CMakeLists.txt, SHARDTRAIN_CUDA=EMULATED).
+#
+#   scripts/gpu/track.sh SHARDTRAIN_BIN DATASET OUT_DIR [STEPS] [SHARDTRAIN OPTIONS...]
+#
+# Each case is one line of OUT_DIR/summary.txt; the exit status is non-zero when any case fails.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+BIN=${1:?shardtrain binary}
+DATA=${2:?dataset (.h5)}
+OUT=${3:?output directory}
+STEPS=${4:-6}
+shift $(($# < 4 ? $# : 4))
+[[ -f "$DATA" ]] || { echo "track.sh: $DATA missing (scripts/fetch-data.sh prepares it)" >&2; exit 2; }
+rm -rf "$OUT" && mkdir -p "$OUT"
+status=0
+
+# train NAME NP DEVICE [OPTIONS...]: one run, its log and run directory under $OUT; CKPT=N checkpoints every N.
+train() {
+  local name=$1 np=$2 dev=$3
+  shift 3
+  mpirun -np "$np" "$BIN" --device "$dev" train --config "$HERE/../../configs/tiny-cpu.toml" --data.path "$DATA" \
+    --schedule.max_steps "$STEPS" --schedule.warmup_steps 1 --schedule.eval_batches 0 --checkpoint.every_n_steps "${CKPT:-0}" \
+    --logging.peak_flops 1e12 --logging.progress lines --logging.log_every 1 --logging.run_dir "$OUT/$name" "$@" \
+    >"$OUT/$name.log" 2>&1 || { echo "FAIL: $name (exit $?): $OUT/$name.log" | tee -a "$OUT/summary.txt"; status=1; return 1; }
+}
+
+# compare NAME DTYPE A B [--common]
+compare() {
+  local name=$1 dtype=$2 a=$3 b=$4
+  shift 4
+  if python3 "$HERE/compare-losses.py" --dtype "$dtype" "$@" "$OUT/$a" "$OUT/$b" >"$OUT/$name.compare" 2>&1; then
+    echo "PASS: $name: $(tail -1 "$OUT/$name.compare")" | tee -a "$OUT/summary.txt"
+  else
+    echo "FAIL: $name: $(tail -1 "$OUT/$name.compare")" | tee -a "$OUT/summary.txt"
+    status=1
+  fi
+}
+
+train fp32_cpu 1 cpu "$@" && train fp32_cuda 1 cuda "$@" && compare fp32 fp32 fp32_cpu fp32_cuda
+train bf16_cpu 1 cpu --fsdp.param_dtype bf16 "$@" && train bf16_cuda 1 cuda --fsdp.param_dtype bf16 "$@" &&
+  compare bf16 bf16 bf16_cpu bf16_cuda
+offload=(--fsdp.param_dtype bf16 --fsdp.offload_params true --fsdp.activation_checkpointing true)
+train offload_cpu_np2 2 cpu "${offload[@]}" "$@" && train offload_cuda_np2 2 cuda "${offload[@]}" "$@" &&
+  compare offload_np2 bf16 offload_cpu_np2 offload_cuda_np2
+# Checkpoints every 2 steps; the copy keeps only step 2's and resumes from it on two ranks.
+if CKPT=2 train ckpt_cuda 1 cuda "$@"; then
+  mkdir -p "$OUT/resumed_cuda_np2/checkpoints"
+  cp -r "$OUT/ckpt_cuda/checkpoints/step_00000002" "$OUT/resumed_cuda_np2/checkpoints/"
+  CKPT=2 train resumed_cuda_np2 2 cuda --checkpoint.resume auto "$@" &&
+    compare resume fp32 ckpt_cuda resumed_cuda_np2 --common
+fi
+exit $status
