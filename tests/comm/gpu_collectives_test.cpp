@@ -69,6 +69,32 @@ TEST_F(GpuCollectives, NcclOnOwnGpu) {
   run(comms.world());
 }
 
+// Host values (the trainer's token counts and loss sums) through device-space communicators: over MPI, never
+// handed to NCCL (which reads device memory only) nor staged as if they were device buffers.
+TEST_F(GpuCollectives, HostValuesThroughDeviceSpaceCommunicators) {
+  DeviceMesh mesh(MPI_COMM_WORLD, topo_, {ShardingStrategy::FullShard, 0});
+  std::vector<CommBackend> backends{CommBackend::Mpi};
+  if (device_.ranks_sharing == 1) backends.push_back(CommBackend::Nccl);
+  for (CommBackend b : backends) {
+    MeshComms comms(mesh, b, MemorySpace::Device);
+    const int P = comms.world().size(), me = comms.world().rank();
+    int64_t count = me + 1;
+    double sums[2] = {0.5 * me, 1.0};
+    comms.world().all_reduce(std::span<int64_t>(&count, 1), ReduceOp::Sum);
+    comms.world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);
+    EXPECT_EQ(count, int64_t{P} * (P + 1) / 2) << comm_backend_name(b);
+    EXPECT_DOUBLE_EQ(sums[0], 0.25 * P * (P - 1)) << comm_backend_name(b);
+    EXPECT_DOUBLE_EQ(sums[1], static_cast<double>(P)) << comm_backend_name(b);
+    std::vector<int32_t> mine{me, 7 * me}, all(2 * static_cast<size_t>(P));
+    comms.world().all_gather(std::span<const int32_t>(mine), std::span<int32_t>(all));
+    for (int r = 0; r < P; ++r) {
+      EXPECT_EQ(all[2 * static_cast<size_t>(r)], r);
+      EXPECT_EQ(all[2 * static_cast<size_t>(r) + 1], 7 * r);
+    }
+    EXPECT_EQ(comms.world().entered(), 3u) << "host collectives count like the others";
+  }
+}
+
 TEST_F(GpuCollectives, MpiStagingThroughPinnedHost) {
   DeviceMesh mesh(MPI_COMM_WORLD, topo_, {ShardingStrategy::FullShard, 0});
   MeshComms comms(mesh, CommBackend::Mpi, MemorySpace::Device);

@@ -7,16 +7,17 @@
 // runs, so host code dereferencing a device pointer faults, and the fault is reported with the allocation it
 // hit. Every pointer a kernel, a copy, a GEMM or a collective is given must lie in a live allocation.
 //
-// Streams. Work is queued per stream and runs only when the host waits (stream, event or device
-// synchronization, a synchronous copy, cudaFree), in an order chosen to expose missing dependencies:
-//   lifo (default)  among the streams whose next work may run (stream order, cudaStreamWaitEvent, the legacy
-//                   stream's implicit synchronization with blocking streams), the most recently queued runs
-//                   first: work queued later on another stream overtakes anything it was not ordered after;
-//   fifo            the oldest first: queued work still lags behind the host;
-//   immediate       every call runs its work before returning (a synchronous device).
-// SHARDTRAIN_CUDA_EMULATOR_SCHEDULE selects one. Host buffers are read and written when the copy runs (pinned
-// memory, and device-to-host copies into pageable memory), or read when the call is made (pageable sources,
-// which the runtime stages), which are the documented latitudes of cudaMemcpyAsync.
+// Streams. Work is queued per stream and runs only when the host waits, and then only what the wait needs:
+// a stream or event synchronization (or a synchronous copy) runs that stream up to the point waited for,
+// and, first, the work on other streams those ops wait for (cudaStreamWaitEvent, the legacy stream's
+// implicit synchronization with blocking streams); streams nobody waits for stay behind. So a reader that
+// should have waited for another stream's writer runs before it, and a writer queued later overtakes a
+// reader it should have waited for. Device synchronization, cudaFree and cudaFreeHost run everything, the
+// stream whose next op was queued last first (SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=lifo, the default), or
+// first (fifo); `immediate` runs all work before each call returns (a synchronous device). Host buffers
+// are read and written when the copy runs (pinned memory, and device-to-host copies into pageable memory),
+// or read at the call (pageable sources, which the runtime stages): the documented latitudes of
+// cudaMemcpyAsync.
 #include <cuda_runtime_api.h>
 #include <execinfo.h>
 #include <signal.h>
@@ -50,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 struct Marker {
   bool done = false;
   Clock::time_point at{};
+  CUstream_st* stream = nullptr;  // where its op is queued (until it is done)
 };
 
 struct Op {
@@ -165,47 +167,54 @@ struct DeviceAccess {
   }
 };
 
-bool ready(const CUstream_st* s) { return !s->queue.empty() && (!s->queue.front().wait || s->queue.front().wait->done); }
+// Runs the op at the head of s, after whatever it waits for (which runs first, wherever it is queued).
+void run_until(State& g, DeviceAccess& access, const std::shared_ptr<Marker>& m);
+void run_head(State& g, DeviceAccess& access, CUstream_st* s) {
+  const std::shared_ptr<Marker> dep = s->queue.front().wait;
+  if (dep && !dep->done) run_until(g, access, dep);  // never s itself: a wait names earlier work
+  Op op = std::move(s->queue.front());
+  s->queue.pop_front();
+  if (s->queue.empty() && s->destroyed) {
+    g.streams.erase(std::find(g.streams.begin(), g.streams.end(), s));
+    delete s;
+  }
+  if (op.work) {
+    access.enable();
+    op.work();
+  }
+  op.done->done = true;
+  op.done->at = Clock::now();
+}
 
-// Runs queued work, by the policy, until `until()` holds.
-template <typename Pred> void drain(State& g, Pred until) {
+// Runs what `m` needs and nothing else: its stream up to it, and the work on other streams that those ops
+// wait for. Streams nobody waits for stay behind, as they may on a GPU.
+void run_until(State& g, DeviceAccess& access, const std::shared_ptr<Marker>& m) {
+  while (!m->done) run_head(g, access, m->stream);
+}
+
+void drain_until(State& g, const std::shared_ptr<Marker>& m) {
+  if (!m || m->done) return;
   DeviceAccess access{g};
-  while (!until()) {
+  run_until(g, access, m);
+}
+
+// Runs everything: the stream whose next op was queued last (lifo) or first (fifo) goes first.
+void drain_all(State& g) {
+  DeviceAccess access{g};
+  for (;;) {
     CUstream_st* pick = nullptr;
     for (CUstream_st* s : g.streams) {
-      if (!ready(s)) continue;
-      if (!pick || (g.policy == Policy::Lifo ? s->queue.front().seq > pick->queue.front().seq
-                                             : s->queue.front().seq < pick->queue.front().seq))
+      if (s->queue.empty()) continue;
+      if (!pick || (g.policy == Policy::Fifo ? s->queue.front().seq < pick->queue.front().seq
+                                             : s->queue.front().seq > pick->queue.front().seq))
         pick = s;
     }
-    if (!pick) fatal("deadlock: the host waits for work that no stream can run");
-    Op op = std::move(pick->queue.front());
-    pick->queue.pop_front();
-    if (pick->queue.empty() && pick->destroyed) {
-      g.streams.erase(std::find(g.streams.begin(), g.streams.end(), pick));
-      delete pick;
-    }
-    if (op.work) {
-      access.enable();
-      op.work();
-    }
-    op.done->done = true;
-    op.done->at = Clock::now();
+    if (!pick) return;
+    run_head(g, access, pick);
   }
 }
 
-void drain_all(State& g) {
-  drain(g, [&] {
-    for (const CUstream_st* s : g.streams)
-      if (!s->queue.empty()) return false;
-    return true;
-  });
-}
-
-void drain_stream(State& g, CUstream_st* s) {
-  std::shared_ptr<Marker> tail = s->tail;
-  drain(g, [&] { return !tail || tail->done; });
-}
+void drain_stream(State& g, CUstream_st* s) { drain_until(g, s->tail); }
 
 std::shared_ptr<Marker> enqueue(State& g, CUstream_st* s, std::function<void()> work, const char* what,
                                 std::shared_ptr<Marker> wait = nullptr) {
@@ -216,6 +225,7 @@ std::shared_ptr<Marker> enqueue(State& g, CUstream_st* s, std::function<void()> 
     op.work = std::move(w);
     op.wait = std::move(dep);
     op.done = std::make_shared<Marker>();
+    op.done->stream = s;
     s->tail = op.done;
     s->queue.push_back(std::move(op));
   };
@@ -330,7 +340,7 @@ void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bo
   done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
   // cudaMemcpy returns once a copy into host memory (or from pinned memory) has landed; device to device it
   // does not wait.
-  if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain(g, [&] { return done->done; });
+  if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain_until(g, done);
 }
 
 }  // namespace
@@ -572,7 +582,7 @@ cudaError_t CUDARTAPI cudaMemset(void* ptr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
   require_device_range(ptr, count, "cudaMemset");
   auto done = enqueue(g, &g.legacy, [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemset");
-  if (classify(ptr) == Memory::Pinned) drain(g, [&] { return done->done; });
+  if (classify(ptr) == Memory::Pinned) drain_until(g, done);
   return cudaSuccess;
 }
 
@@ -657,8 +667,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  std::shared_ptr<Marker> m = event->last;
-  drain(g, [&] { return !m || m->done; });
+  drain_until(g, event->last);
   return cudaSuccess;
 }
 
