@@ -75,3 +75,25 @@ function(shardtrain_add_test name)
                          SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   endforeach()
 endfunction()
+
+# The ops of kernels/, one <op>.cu each (kernels/CMakeLists.txt builds them; the SIMT emulator runs them too).
+set(SHARDTRAIN_KERNELS adamw attention_bwd attention_fwd attention_mma attention_segments cast cross_entropy data_error
+    elementwise embedding rmsnorm rope sum_squares swiglu)
+
+# shardtrain_emulated_kernel_sources(OUT PRELUDE): the kernels' source for the SIMT emulator, one generated
+# translation unit per .cu file (each keeps its helpers in an anonymous namespace) that starts with the line
+# PRELUDE; their list in OUT.
+function(shardtrain_emulated_kernel_sources out prelude)
+  set(sources)
+  foreach(k IN LISTS SHARDTRAIN_KERNELS)
+    set(f ${CMAKE_CURRENT_BINARY_DIR}/emulated/${k}.cpp)
+    file(CONFIGURE OUTPUT ${f} CONTENT "// Generated (cmake/ShardtrainTargets.cmake): kernels/${k}.cu for the SIMT emulator.
+${prelude}
+#include \"kernels/${k}.cu\"
+")
+    list(APPEND sources ${f})
+  endforeach()
+  # #pragma unroll is nvcc's; no FMA contraction, so the _rn operations round as on the GPU.
+  set_source_files_properties(${sources} PROPERTIES COMPILE_OPTIONS "-Wno-unknown-pragmas;-ffp-contract=off")
+  set(${out} ${sources} PARENT_SCOPE)
+endfunction()

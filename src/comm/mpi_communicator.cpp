@@ -65,6 +65,9 @@ void divide_in_place(void* p, size_t n, DType t, int divisor) {
   }
 }
 
+// MPI's own reduction for every dtype but bf16 (Avg: a sum, divided afterwards).
+MPI_Op builtin_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+
 int mpi_count(size_t n, MeshAxis axis) {
   if (n > static_cast<size_t>(INT_MAX)) {
     throw Error(ExitCode::Comm, fmt::format("collective of {} elements per rank on the {} axis exceeds MPI's int count "
@@ -83,8 +86,7 @@ void mpi_host_all_gather(MPI_Comm comm, const void* send, void* recv, size_t cou
 }
 
 void mpi_host_all_reduce(MPI_Comm comm, void* buf, size_t count, DType t, ReduceOp op, MeshAxis axis) {
-  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, axis), mpi_type(t), op == ReduceOp::Max ? MPI_MAX : MPI_SUM,
-                             comm));
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, axis), mpi_type(t), builtin_op(op), comm));
   if (op == ReduceOp::Avg) {
     int size = 1;
     ST_CHECK_MPI(MPI_Comm_size(comm, &size));
@@ -228,7 +230,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Op mpi_op(DType t, ReduceOp op) const {
     if (t == DType::BF16) return op == ReduceOp::Max ? bf16_max_op_ : bf16_sum_op_;
-    return op == ReduceOp::Max ? MPI_MAX : MPI_SUM;
+    return builtin_op(op);
   }
 
   MpiComm comm_;

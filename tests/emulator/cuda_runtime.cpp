@@ -5,7 +5,8 @@
 // Memory. cudaMalloc returns fresh pages filled with 0xFF bytes (NaN as fp32 and bf16: a read of memory that
 // nothing wrote shows up in results) that the host cannot touch: they are PROT_NONE except while device work
 // runs, so host code dereferencing a device pointer faults, and the fault is reported with the allocation it
-// hit. Every pointer a kernel, a copy, a GEMM or a collective is given must lie in a live allocation.
+// hit (SHARDTRAIN_CUDA_EMULATOR_PROTECT=0 leaves it accessible, for a debugger). Every pointer a kernel, a
+// copy, a GEMM or a collective is given must lie in a live allocation.
 //
 // Streams. Work is queued per stream and runs only when the host waits, and then only what the wait needs:
 // a stream or event synchronization (or a synchronous copy) runs that stream up to the point waited for,
@@ -33,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +130,8 @@ std::string hex(const void* p) {
   return buf;
 }
 
+// The live allocation holding address a, or whose end a is (one past the end still belongs to it). The last
+// allocation starting at or before a: the one starting at a, when one does, also when a ends another.
 const Allocation* find_allocation(const State& g, uintptr_t a, uintptr_t* base) {
   auto it = g.allocations.upper_bound(a);
   if (it == g.allocations.begin()) return nullptr;
@@ -180,7 +184,11 @@ void run_head(State& g, DeviceAccess& access, CUstream_st* s) {
   }
   if (op.work) {
     access.enable();
-    op.work();
+    try {
+      op.work();
+    } catch (const std::exception& e) {  // a kernel the SIMT emulator refused, say: name the queued work
+      throw std::runtime_error(std::string(op.what) + " (queued device work): " + e.what());
+    }
   }
   op.done->done = true;
   op.done->at = Clock::now();
@@ -329,15 +337,14 @@ void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bo
     std::memmove(dst, src, count);
     return;
   }
-  std::shared_ptr<Marker> done;
   if (sk == Memory::Other) {  // pageable source: staged now (after the stream's earlier work, for cudaMemcpy)
     if (synchronous) drain_stream(g, s);
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + count);
-    done = enqueue(g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
+    enqueue(g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
     return;  // the host may reuse its buffer; the device copy lands later
   }
-  done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
+  const std::shared_ptr<Marker> done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
   // cudaMemcpy returns once a copy into host memory (or from pinned memory) has landed; device to device it
   // does not wait.
   if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain_until(g, done);
@@ -349,14 +356,8 @@ Memory classify(const void* p) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   uintptr_t base = 0;
-  const Allocation* a = find_allocation(g, reinterpret_cast<uintptr_t>(p), &base);
-  if (!a || p == nullptr) return Memory::Other;
-  if (reinterpret_cast<uintptr_t>(p) == base + a->bytes && a->bytes > 0) {
-    // One past the end of one allocation may be the start of the next: that one decides.
-    auto it = g.allocations.find(reinterpret_cast<uintptr_t>(p));
-    if (it != g.allocations.end()) return it->second.kind;
-  }
-  return a->kind;
+  const Allocation* a = p ? find_allocation(g, reinterpret_cast<uintptr_t>(p), &base) : nullptr;
+  return a ? a->kind : Memory::Other;
 }
 
 void require_device_range(const void* p, size_t bytes, const char* what, bool pinned_ok) {
@@ -366,11 +367,6 @@ void require_device_range(const void* p, size_t bytes, const char* what, bool pi
   const auto a = reinterpret_cast<uintptr_t>(p);
   uintptr_t base = 0;
   const Allocation* alloc = find_allocation(g, a, &base);
-  if (alloc && bytes == 0 && a == base + alloc->bytes) return;  // one past the end
-  if (auto it = g.allocations.find(a); it != g.allocations.end()) {
-    alloc = &it->second;
-    base = a;
-  }
   if (!alloc || (alloc->kind == Memory::Pinned && !pinned_ok)) {
     std::string why = "is not device memory";
     auto f = g.freed.upper_bound(a);
