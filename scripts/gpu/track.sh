@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The same short training run on the CPU backend and on the CUDA backend, compared step by step
 # (compare-losses.py): fp32 and bf16 on one rank (NCCL), bf16 with CPU offload and activation checkpointing on
-# one rank and on two ranks sharing the device (the MPI backend staging device buffers), and a run resumed from its step-2
-# checkpoint on two ranks against the uninterrupted one-rank run (exact resume with resharding, on the GPU).
+# one rank (gradients reduced in fp32 and in bf16) and on two ranks sharing the device (the MPI backend staging
+# device buffers), and a run resumed from its step-2 checkpoint on two ranks against the uninterrupted
+# one-rank run (exact resume with resharding, on the GPU).
 # Run by scripts/gpu/run.sh (phase track) on a GPU, and by the test suite against the CUDA emulator
 # (tests/train/CMakeLists.txt, SHARDTRAIN_CUDA=EMULATED).
 #
@@ -52,8 +53,21 @@ offload=(--fsdp.param_dtype bf16 --fsdp.offload_params true --fsdp.activation_ch
 # One rank: NCCL (asynchronous) and the offload streams' events; two ranks: MPI staging (host-synchronous).
 train offload_cpu 1 cpu "${offload[@]}" "$@" && train offload_cuda 1 cuda "${offload[@]}" "$@" &&
   compare offload bf16 offload_cpu offload_cuda
+# Gradients reduced in bf16: each reaches the host shard from a scratch buffer on compute, not from the
+# download stream, and the host waits for both before AdamW.
+train offload_rbf16_cpu 1 cpu "${offload[@]}" --fsdp.reduce_dtype bf16 "$@" &&
+  train offload_rbf16_cuda 1 cuda "${offload[@]}" --fsdp.reduce_dtype bf16 "$@" &&
+  compare offload_reduce_bf16 bf16 offload_rbf16_cpu offload_rbf16_cuda
 train offload_cpu_np2 2 cpu "${offload[@]}" "$@" && train offload_cuda_np2 2 cuda "${offload[@]}" "$@" &&
   compare offload_np2 bf16 offload_cpu_np2 offload_cuda_np2
+# TRACK_NCCL_RANKS=N (a machine with N GPUs, or the CUDA emulator with as many): bf16 on N ranks with a GPU
+# each over NCCL, the engine's overlapped schedule, against the CPU backend on N ranks.
+if [[ -n "${TRACK_NCCL_RANKS:-}" ]]; then
+  n=$TRACK_NCCL_RANKS
+  train nccl_cpu_np$n "$n" cpu --fsdp.param_dtype bf16 "$@" &&
+    SHARDTRAIN_CUDA_EMULATOR_DEVICES=$n train nccl_cuda_np$n "$n" cuda --fsdp.param_dtype bf16 --fsdp.comm_backend nccl "$@" &&
+    compare nccl_np$n bf16 nccl_cpu_np$n nccl_cuda_np$n
+fi
 # Checkpoints every 2 steps; the copy keeps only step 2's and resumes from it on two ranks.
 if CKPT=2 train ckpt_cuda 1 cuda "$@"; then
   mkdir -p "$OUT/resumed_cuda_np2/checkpoints"

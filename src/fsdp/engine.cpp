@@ -218,7 +218,10 @@ void FsdpEngine::unshard(Unit& u) {
   const int64_t N = u.layout.padded_numel, n = u.shard();
   const size_t bytes = static_cast<size_t>(N) * dtype_size(pd);
   if (u.spec->is_root) {
-    u.full = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::UnshardedParams);
+    // Allocated once and kept (reshard leaves it): freeing device memory synchronizes the device, once per
+    // step here. The memory plan counts the root's buffer for the whole step anyway (plan.cpp).
+    if (!u.full)
+      u.full = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::UnshardedParams);
   } else {
     u.full = param_pool_.acquire(bytes);
     stats_.max_outstanding = std::max(stats_.max_outstanding, param_pool_.outstanding());
@@ -296,8 +299,7 @@ void FsdpEngine::reshard(Unit& u) {
   if (!u.gathered) return;
   wait_gathered(u);  // a prefetched unit nobody used: its gather must land before the buffer is reused
   for (const FlatEntry& e : u.layout.entries) model_->binding().unbind(e.param);
-  if (u.spec->is_root) u.full = FlatBuffer();
-  else param_pool_.release(std::move(u.full));
+  if (!u.spec->is_root) param_pool_.release(std::move(u.full));
   u.gathered = false;
 }
 
@@ -478,8 +480,16 @@ void FsdpEngine::release_all() {
   // compute waits on the device for the reductions still in flight, so the optimizer sees final shards.
   wait_reductions();
   if (offload_copies_pending_) {  // the host optimizer reads the offloaded gradient shards next
-    stream_synchronize({});
-    if (offload_streams_) stream_synchronize(offload_streams_->download.ref());
+    // The copies down are on compute and on the download stream: the download stream waits for compute,
+    // and the host for it, once.
+    if (offload_streams_) {
+      const StreamRef down = offload_streams_->download.ref();
+      offload_streams_->reduced.record(kCompute);
+      offload_streams_->reduced.wait(down);
+      stream_synchronize(down);
+    } else {
+      stream_synchronize({});
+    }
     offload_copies_pending_ = false;
   }
 }

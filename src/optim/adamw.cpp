@@ -228,9 +228,16 @@ DeviceKind shards_device(const std::vector<fsdp::ShardView>& shards, const char*
 
 }  // namespace
 
-double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream, GradNormScratch* scratch) {
-  if (shards_device(shards, "grad_sq_sum_local") == DeviceKind::Cuda) {
-    return detail::device_grad_sq_sum(shards, nullptr, stream, scratch);
+void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream) {
+  started_ = true;
+  host_axis_ = nullptr;
+  on_device_ = shards_device(shards, "gradient norm") == DeviceKind::Cuda;
+  const bool reduce = shard_axis != nullptr && shard_axis->size() > 1;
+  if (on_device_) {
+    const bool device_axis = reduce && shard_axis->space() == MemorySpace::Device;
+    detail::device_grad_sq_sum_start(shards, device_axis ? shard_axis : nullptr, stream, device_, host_, copied_);
+    if (reduce && !device_axis) host_axis_ = shard_axis;
+    return;
   }
   double total = 0;
   for (const fsdp::ShardView& s : shards) {
@@ -240,17 +247,36 @@ double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef s
     for (int64_t k = 0; k < s.numel; ++k) sum += static_cast<double>(g[k]) * g[k];
     total += sum;
   }
-  return total;
+  if (reduce) shard_axis->all_reduce(std::span<double>(&total, 1), ReduceOp::Sum);
+  value_ = total;
+}
+
+double GradNorm::sum_of_squares() {
+  if (!started_) throw InternalError("GradNorm: the result read before start()");
+  started_ = false;
+  if (on_device_) {
+    copied_.synchronize();
+    std::memcpy(&value_, host_.data(), sizeof(double));
+    if (host_axis_) host_axis_->all_reduce(std::span<double>(&value_, 1), ReduceOp::Sum);
+  }
+  return value_;
+}
+
+double GradNorm::norm() { return std::sqrt(sum_of_squares()); }
+
+double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream, GradNorm* reuse) {
+  GradNorm local;
+  GradNorm& g = reuse ? *reuse : local;
+  g.start(shards, nullptr, stream);
+  return g.sum_of_squares();
 }
 
 double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis, StreamRef stream,
-                        GradNormScratch* scratch) {
-  if (shards_device(shards, "grad_norm_global") == DeviceKind::Cuda) {
-    return std::sqrt(detail::device_grad_sq_sum(shards, &shard_axis, stream, scratch));
-  }
-  double sq = grad_sq_sum_local(shards);
-  if (shard_axis.size() > 1) shard_axis.all_reduce(std::span<double>(&sq, 1), ReduceOp::Sum);
-  return std::sqrt(sq);
+                        GradNorm* reuse) {
+  GradNorm local;
+  GradNorm& g = reuse ? *reuse : local;
+  g.start(shards, &shard_axis, stream);
+  return g.norm();
 }
 
 double clip_coefficient(double grad_norm, double max_norm) {

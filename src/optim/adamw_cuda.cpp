@@ -63,16 +63,15 @@ void device_copy_sync(void* dst, const void* src, size_t bytes) {
   ST_CHECK_CUDA(cudaDeviceSynchronize());
 }
 
-double device_grad_sq_sum(const std::vector<fsdp::ShardView>& shards, Communicator* axis, StreamRef stream,
-                          GradNormScratch* scratch) {
+void device_grad_sq_sum_start(const std::vector<fsdp::ShardView>& shards, Communicator* device_axis, StreamRef stream,
+                              DeviceBuffer& scratch, PinnedBuffer& host, CudaEvent& copied) {
   // Layout of the scratch: the accumulated double first, the sum-of-squares workspace from byte 256.
   constexpr size_t kWorkspaceOffset = 256;
   const size_t workspace_bytes = kernels::sum_squares_workspace_bytes();
-  GradNormScratch local;
-  GradNormScratch& sc = scratch ? *scratch : local;
-  if (sc.buffer.size() < kWorkspaceOffset + workspace_bytes) sc.buffer = DeviceBuffer(kWorkspaceOffset + workspace_bytes);
-  auto* sum = static_cast<double*>(sc.buffer.data());
-  void* workspace = static_cast<char*>(sc.buffer.data()) + kWorkspaceOffset;
+  if (scratch.size() < kWorkspaceOffset + workspace_bytes) scratch = DeviceBuffer(kWorkspaceOffset + workspace_bytes);
+  if (host.size() < sizeof(double)) host = PinnedBuffer(sizeof(double));
+  auto* sum = static_cast<double*>(scratch.data());
+  void* workspace = static_cast<char*>(scratch.data()) + kWorkspaceOffset;
   auto s = static_cast<cudaStream_t>(stream.handle);
   ST_CHECK_CUDA(cudaMemsetAsync(sum, 0, sizeof(double), s));
   for (const fsdp::ShardView& v : shards) {
@@ -80,13 +79,9 @@ double device_grad_sq_sum(const std::vector<fsdp::ShardView>& shards, Communicat
     kernels::sum_squares(DType::F32, v.grad, v.numel, sum, kernels::ReduceInto::Accumulate, workspace, workspace_bytes,
                          stream);
   }
-  const bool reduce = axis != nullptr && axis->size() > 1;
-  if (reduce && axis->space() == MemorySpace::Device) axis->all_reduce(sum, sum, 1, DType::F64, ReduceOp::Sum, stream);
-  double host = 0;
-  ST_CHECK_CUDA(cudaMemcpyAsync(&host, sum, sizeof(double), cudaMemcpyDeviceToHost, s));
-  ST_CHECK_CUDA(cudaStreamSynchronize(s));
-  if (reduce && axis->space() == MemorySpace::Host) axis->all_reduce(std::span<double>(&host, 1), ReduceOp::Sum);
-  return host;
+  if (device_axis) device_axis->all_reduce(sum, sum, 1, DType::F64, ReduceOp::Sum, stream);
+  ST_CHECK_CUDA(cudaMemcpyAsync(host.data(), sum, sizeof(double), cudaMemcpyDeviceToHost, s));
+  copied.record(stream);
 }
 
 }  // namespace detail

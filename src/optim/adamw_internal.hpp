@@ -26,10 +26,10 @@ StepScalars step_scalars(const AdamWConfig& config, int64_t step, double lr, dou
 // first (the source may still be written by a kernel on another stream) and finishes before returning.
 void device_copy_sync(void* dst, const void* src, size_t bytes);
 
-// The sum of squares of CUDA shards' gradients, in double on the device on `stream`; all-reduced over
-// `axis` when it is given, in place on the device when it takes device memory, on the host otherwise.
-// One host synchronization.
-double device_grad_sq_sum(const std::vector<fsdp::ShardView>& shards, Communicator* axis, StreamRef stream,
-                          GradNormScratch* scratch);
+// GradNorm::start for CUDA shards: queues on `stream` the sum of squares of their gradients (in double, in
+// `scratch`), its all-reduce over `device_axis` (null: none), the copy into `host` (pinned; both grown as
+// needed) and `copied` after it. No host synchronization.
+void device_grad_sq_sum_start(const std::vector<fsdp::ShardView>& shards, Communicator* device_axis, StreamRef stream,
+                              DeviceBuffer& scratch, PinnedBuffer& host, CudaEvent& copied);
 
 }  // namespace shardtrain::optim::detail

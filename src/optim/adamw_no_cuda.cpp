@@ -24,8 +24,9 @@ namespace detail {
 
 void device_copy_sync(void*, const void*, size_t) { no_cuda("AdamW state copy"); }
 
-double device_grad_sq_sum(const std::vector<fsdp::ShardView>&, Communicator*, StreamRef, GradNormScratch*) {
-  no_cuda("grad_norm_global");
+void device_grad_sq_sum_start(const std::vector<fsdp::ShardView>&, Communicator*, StreamRef, DeviceBuffer&,
+                              PinnedBuffer&, CudaEvent&) {
+  no_cuda("gradient norm");
 }
 
 }  // namespace detail

@@ -45,6 +45,7 @@ CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
 }
 void CudaEvent::record(StreamRef) {}
 void CudaEvent::wait(StreamRef) const {}
+void CudaEvent::synchronize() const {}
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;

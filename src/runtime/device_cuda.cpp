@@ -100,6 +100,9 @@ void CudaEvent::wait(StreamRef waiter) const {
   if (!recorded_) return;
   ST_CHECK_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter.handle), static_cast<cudaEvent_t>(handle_), 0));
 }
+void CudaEvent::synchronize() const {
+  if (recorded_) ST_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+}
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;

@@ -101,10 +101,13 @@ void Trainer::step_once(StepMetrics& m) {
     const model::Batch batch = model_batch(mbs[static_cast<size_t>(a)]);
     engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1);
   }
-  sums[0] = ops_->take_loss().loss_sum;  // deferred (trainer.cpp): one read for the whole step
   const int64_t step_number = state_.step + 1;
   if (options_.faults.nan_grad_at(step_number)) optim::poison_first_gradient(engine_->shards());
-  const double norm = optim::grad_norm_global(engine_->shards(), comms_->shard(), {}, &grad_norm_scratch_);
+  // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
+  // trainer.cpp: one read for the whole step) waits for the stream it was queued on.
+  grad_norm_.start(engine_->shards(), &comms_->shard());
+  sums[0] = ops_->take_loss().loss_sum;
+  const double norm = grad_norm_.norm();
   sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;
   comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);  // every rank decides the same way
   const double loss = sums[0] / static_cast<double>(global_tokens);

@@ -19,13 +19,22 @@
 // are read and written when the copy runs (pinned memory, and device-to-host copies into pageable memory),
 // or read at the call (pageable sources, which the runtime stages): the documented latitudes of
 // cudaMemcpyAsync.
+//
+// Devices. SHARDTRAIN_CUDA_EMULATOR_DEVICES=N (default 1) reports N devices, so that ranks on one machine
+// each take one of their own and talk over the emulated NCCL (nccl.cpp); each process is its own device.
+//
+// Host waits. SHARDTRAIN_CUDA_EMULATOR_WAITS=FILE appends a line "<pid> <api>" for every call that made the
+// host wait for device work not yet run (a synchronization, a synchronous copy, cudaFree): where a GPU run
+// may stall the host. Waits for work already run are not listed; on a GPU they return at once.
 #include <cuda_runtime_api.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -103,6 +112,9 @@ struct State {
   size_t device_in_use = 0;
   uint64_t next_seq = 1;
   int running = 0;  // > 0 while queued work runs (device memory accessible)
+  int waits_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
+  int devices = 1;    // SHARDTRAIN_CUDA_EMULATOR_DEVICES: what cudaGetDeviceCount reports
+  int current = 0;    // cudaSetDevice's
   cudaError_t last_error = cudaSuccess;
 
   State() {
@@ -116,6 +128,15 @@ struct State {
       else fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo or immediate");
     }
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_PROTECT")) protect = std::string(s) != "0";
+    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_DEVICES"); s && *s) {
+      devices = std::atoi(s);
+      if (devices < 1 || devices > 64)
+        fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_DEVICES=") + s + ": expected 1 to 64");
+    }
+    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_WAITS"); s && *s) {
+      waits_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (waits_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_WAITS=") + s + ": " + std::strerror(errno));
+    }
   }
 };
 
@@ -200,14 +221,26 @@ void run_until(State& g, DeviceAccess& access, const std::shared_ptr<Marker>& m)
   while (!m->done) run_head(g, access, m->stream);
 }
 
-void drain_until(State& g, const std::shared_ptr<Marker>& m) {
+// A host wait that found device work still to do: where a GPU run may stall the host. One line "<pid>
+// <api>" per wait, appended in one write (ranks may share the file).
+void note_wait(State& g, const char* api) {
+  if (g.waits_fd < 0 || api == nullptr) return;  // null: the immediate schedule's own runs
+  const std::string line = std::to_string(getpid()) + " " + api + "\n";
+  if (write(g.waits_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    fatal("SHARDTRAIN_CUDA_EMULATOR_WAITS: write failed");
+}
+
+void drain_until(State& g, const std::shared_ptr<Marker>& m, const char* api) {
   if (!m || m->done) return;
+  note_wait(g, api);
   DeviceAccess access{g};
   run_until(g, access, m);
 }
 
 // Runs everything: the stream whose next op was queued last (lifo) or first (fifo) goes first.
-void drain_all(State& g) {
+void drain_all(State& g, const char* api) {
+  if (std::any_of(g.streams.begin(), g.streams.end(), [](const CUstream_st* s) { return !s->queue.empty(); }))
+    note_wait(g, api);
   DeviceAccess access{g};
   for (;;) {
     CUstream_st* pick = nullptr;
@@ -222,7 +255,7 @@ void drain_all(State& g) {
   }
 }
 
-void drain_stream(State& g, CUstream_st* s) { drain_until(g, s->tail); }
+void drain_stream(State& g, CUstream_st* s, const char* api) { drain_until(g, s->tail, api); }
 
 std::shared_ptr<Marker> enqueue(State& g, CUstream_st* s, std::function<void()> work, const char* what,
                                 std::shared_ptr<Marker> wait = nullptr) {
@@ -247,7 +280,7 @@ std::shared_ptr<Marker> enqueue(State& g, CUstream_st* s, std::function<void()> 
   if (wait && !wait->done) push({}, "cudaStreamWaitEvent", std::move(wait));
   push(std::move(work), what, nullptr);
   std::shared_ptr<Marker> done = s->tail;
-  if (g.policy == Policy::Immediate) drain_all(g);
+  if (g.policy == Policy::Immediate) drain_all(g, nullptr);
   return done;
 }
 
@@ -329,16 +362,16 @@ cudaError_t check_copy(State& g, const char* api, void* dst, const void* src, si
 }
 
 // Queues the copy on `s` by the rules in the header comment; `synchronous`: cudaMemcpy's host waits.
-void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bool synchronous) {
+void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bool synchronous, const char* api) {
   if (count == 0) return;
   const Memory dk = classify(dst), sk = classify(src);
   if (dk != Memory::Device && sk != Memory::Device) {  // host to host: fully synchronous
-    drain_stream(g, s);
+    drain_stream(g, s, api);
     std::memmove(dst, src, count);
     return;
   }
   if (sk == Memory::Other) {  // pageable source: staged now (after the stream's earlier work, for cudaMemcpy)
-    if (synchronous) drain_stream(g, s);
+    if (synchronous) drain_stream(g, s, api);
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + count);
     enqueue(g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
@@ -347,7 +380,7 @@ void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bo
   const std::shared_ptr<Marker> done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
   // cudaMemcpy returns once a copy into host memory (or from pinned memory) has landed; device to device it
   // does not wait.
-  if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain_until(g, done);
+  if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain_until(g, done, api);
 }
 
 }  // namespace
@@ -409,22 +442,31 @@ using namespace shardtrain::cuda_emulator;  // NOLINT: the C API below is this f
 extern "C" {
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = state().devices;
   return cudaSuccess;
 }
 
+// Each process emulates one device at a time: every device number it may set shares its memory and streams
+// (ranks with GPUs of their own are processes of their own).
 cudaError_t CUDARTAPI cudaSetDevice(int device) {
-  if (device != 0) return fail(state(), cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + "): one device");
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (device < 0 || device >= g.devices)
+    return fail(g, cudaErrorInvalidDevice,
+                "cudaSetDevice(" + std::to_string(device) + "): " + std::to_string(g.devices) +
+                    " device(s) (SHARDTRAIN_CUDA_EMULATOR_DEVICES)");
+  g.current = device;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGetDevice(int* device) {
-  *device = 0;
+  *device = state().current;
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return fail(state(), cudaErrorInvalidDevice, "cudaGetDeviceProperties: one device");
+  if (device < 0 || device >= state().devices)
+    return fail(state(), cudaErrorInvalidDevice, "cudaGetDeviceProperties(" + std::to_string(device) + ")");
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "shardtrain CUDA emulator (host)");
   prop->totalGlobalMem = kDeviceMemory;
@@ -508,7 +550,7 @@ cudaError_t CUDARTAPI cudaFree(void* ptr) {
   auto it = g.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g.allocations.end() || it->second.kind != Memory::Device)
     return fail(g, cudaErrorInvalidValue, "cudaFree(" + hex(ptr) + "): not the start of a live cudaMalloc allocation");
-  drain_all(g);  // cudaFree synchronizes: queued work may still use the memory
+  drain_all(g, "cudaFree");  // cudaFree synchronizes: queued work may still use the memory
   const Allocation a = it->second;
   g.allocations.erase(it);
   g.device_in_use -= a.bytes;
@@ -539,7 +581,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
   auto it = g.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g.allocations.end() || it->second.kind != Memory::Pinned)
     return fail(g, cudaErrorInvalidValue, "cudaFreeHost(" + hex(ptr) + "): not a live cudaMallocHost allocation");
-  drain_all(g);  // as cudaFree: queued copies may still read or write it
+  drain_all(g, "cudaFreeHost");  // as cudaFree: queued copies may still read or write it
   g.allocations.erase(it);
   std::free(ptr);
   return cudaSuccess;
@@ -549,7 +591,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaM
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (cudaError_t e = check_copy(g, "cudaMemcpy", dst, src, count, kind); e != cudaSuccess) return e;
-  copy(g, &g.legacy, dst, src, count, true);
+  copy(g, &g.legacy, dst, src, count, true, "cudaMemcpy");
   return cudaSuccess;
 }
 
@@ -558,7 +600,7 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, 
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (cudaError_t e = check_copy(g, "cudaMemcpyAsync", dst, src, count, kind); e != cudaSuccess) return e;
-  copy(g, resolve(g, stream), dst, src, count, false);
+  copy(g, resolve(g, stream), dst, src, count, false, "cudaMemcpyAsync");
   return cudaSuccess;
 }
 
@@ -578,7 +620,7 @@ cudaError_t CUDARTAPI cudaMemset(void* ptr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
   require_device_range(ptr, count, "cudaMemset");
   auto done = enqueue(g, &g.legacy, [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemset");
-  if (classify(ptr) == Memory::Pinned) drain_until(g, done);
+  if (classify(ptr) == Memory::Pinned) drain_until(g, done, "cudaMemset");
   return cudaSuccess;
 }
 
@@ -612,14 +654,14 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   CUstream_st* s = resolve(g, stream);
-  drain_stream(g, s);
+  drain_stream(g, s, "cudaStreamSynchronize");
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  drain_all(g);
+  drain_all(g, "cudaDeviceSynchronize");
   return cudaSuccess;
 }
 
@@ -663,7 +705,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  drain_until(g, event->last);
+  drain_until(g, event->last, "cudaEventSynchronize");
   return cudaSuccess;
 }
 

@@ -46,9 +46,14 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   const Topology topo = discover_topology(world, ranks_per_node);
   DeviceMesh mesh(world, topo, {o.fsdp.strategy, o.fsdp.shard_size});
   // On a GPU every rank shares device 0 and the MPI backend stages device buffers through the host: the
-  // equivalence matrix on one GPU (docs/gpu.md).
+  // equivalence matrix on one GPU (docs/gpu.md). SHARDTRAIN_TEST_COMM_BACKEND=nccl: a GPU per rank and NCCL
+  // (several GPUs, or the CUDA emulator with as many devices).
   const bool gpu = test_on_gpu();
-  MeshComms comms(mesh, CommBackend::Mpi, gpu ? MemorySpace::Device : MemorySpace::Host);
+  const char* backend_env = std::getenv("SHARDTRAIN_TEST_COMM_BACKEND");
+  const bool nccl = gpu && backend_env && std::string_view(backend_env) == "nccl";
+  if (nccl && select_device(topo, DevicePreference::Cuda).ranks_sharing > 1)
+    throw Error(ExitCode::Device, "SHARDTRAIN_TEST_COMM_BACKEND=nccl needs a GPU per local rank");
+  MeshComms comms(mesh, nccl ? CommBackend::Nccl : CommBackend::Mpi, gpu ? MemorySpace::Device : MemorySpace::Host);
   auto ops = gpu ? ops::make_cuda_ops() : ops::make_cpu_ops({1});
   const DeviceKind dev = gpu ? DeviceKind::Cuda : DeviceKind::Cpu;
   model::ModelOptions mopts;
@@ -74,6 +79,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
     device_ids = DeviceBuffer(ids.size() * sizeof(int32_t));
     device_targets = DeviceBuffer(ids.size() * sizeof(int32_t));
   }
+  optim::GradNorm grad_norm;
   for (int step = o.first_step; step < o.steps; ++step) {
     // Tokens that count in the global batch: the loss is their mean.
     int64_t global_tokens = 0;
@@ -104,7 +110,10 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
     }
     MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
     out.losses.push_back(loss_sum / static_cast<double>(global_tokens));
-    const double norm = optim::grad_norm_global(engine.shards(), comms.shard());
+    // As the trainer does: one GradNorm kept across steps (no allocation, so no device-wide synchronization
+    // that would complete every stream's work before the norm reads the gradients).
+    grad_norm.start(engine.shards(), &comms.shard());
+    const double norm = grad_norm.norm();
     out.grad_norms.push_back(norm);
     adamw.step(engine.shards(), o.lr, optim::clip_coefficient(norm, o.max_grad_norm));
     if (gpu) stream_synchronize({});  // after_step may read the shards from the host

@@ -190,7 +190,7 @@ TEST_F(GpuAdamW, GradNormMatchesTheHost) {
   const double want_sq = optim::grad_sq_sum_local(host.views);
   ASSERT_GT(want_sq, 0);
   CudaStream stream;
-  optim::GradNormScratch scratch;
+  optim::GradNorm scratch;
   EXPECT_NEAR(optim::grad_sq_sum_local(dev.views), want_sq, 1e-6 * want_sq);
   EXPECT_NEAR(optim::grad_sq_sum_local(dev.views, stream.ref(), &scratch), want_sq, 1e-6 * want_sq);
   ReplicaComm host_one(1, MemorySpace::Host), host_three(3, MemorySpace::Host);
@@ -203,6 +203,14 @@ TEST_F(GpuAdamW, GradNormMatchesTheHost) {
   EXPECT_EQ(device_three.traffic().calls(CollectiveKind::AllReduce), 1u);
   // The same bits every call (a fixed reduction order), kept scratch or not.
   EXPECT_EQ(optim::grad_sq_sum_local(dev.views, stream.ref(), &scratch), optim::grad_sq_sum_local(dev.views));
+  // The two halves the training step uses, with the caller's own stream synchronization between them (the
+  // loss read): the result is the same, and a second read needs a second start.
+  scratch.start(dev.views, &device_three, stream.ref());
+  stream.synchronize();
+  EXPECT_NEAR(scratch.norm(), want3, 1e-6 * want3);
+  EXPECT_THROW(scratch.norm(), InternalError);
+  scratch.start(dev.views, &host_three, stream.ref());
+  EXPECT_NEAR(scratch.sum_of_squares(), 3 * want_sq, 1e-6 * want_sq);
 
   optim::poison_first_gradient(dev.views);
   std::vector<float> g0 = dev.download(0, false);

@@ -114,22 +114,35 @@ class AdamW {
   int64_t state_bytes_ = 0;
 };
 
-// Device memory the gradient norm of CUDA shards works in (the sum-of-squares workspace and the double it
-// accumulates into). Passing the same one every step saves an allocation and a free (which synchronizes
-// the device) per call; without one, each call allocates its own.
-struct GradNormScratch {
-  DeviceBuffer buffer;
+// The gradient norm in two halves, so that a training step reads it from the device in the same
+// synchronization as its loss: start() queues the work, sum_of_squares() (or norm()) returns the result.
+// CUDA shards: start queues on `stream` the sums of squares (in double, kernels/sum_squares), the all-reduce
+// over `shard_axis` when it takes device memory (NCCL), a copy into pinned host memory and an event; the
+// result waits for that event (nothing left to wait for once the caller synchronized `stream` since), then
+// all-reduces on the host when the axis takes host memory. Host shards: start computes it all. Kept from
+// step to step, it allocates once (freeing device memory would synchronize the device).
+class GradNorm {
+ public:
+  // Squares of this rank's shards (padding is zero and adds nothing), summed over `shard_axis` when given
+  // (the global norm: replicas hold equal shards) or this rank's alone (null).
+  void start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream = {});
+  double sum_of_squares();  // of the last start(); throws InternalError without one
+  double norm();            // its square root
+
+ private:
+  bool started_ = false;
+  double value_ = 0;                   // host shards: the result; CUDA: read from host_ once copied_ passed
+  Communicator* host_axis_ = nullptr;  // CUDA shards on a host-memory axis: reduced in sum_of_squares()
+  bool on_device_ = false;
+  DeviceBuffer device_;  // the accumulated double, then the sum-of-squares workspace
+  PinnedBuffer host_;
+  CudaEvent copied_;
 };
 
-// Sum of squared gradients of this rank's shards (padding is zero and adds nothing).
-// CUDA shards: summed in double on the device (kernels/sum_squares) on `stream`, then one synchronization.
-double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream = {},
-                         GradNormScratch* scratch = nullptr);
-// The global L2 norm: local sums of squares all-reduced over the shard axis (replicas hold equal shards).
-// CUDA shards: the device double is all-reduced in place on `stream` when the communicator takes device
-// memory (NCCL), and copied to the host once, at the end; otherwise copied first and reduced on the host.
+// Both halves at once (one host synchronization for CUDA shards).
+double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream = {}, GradNorm* reuse = nullptr);
 double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis, StreamRef stream = {},
-                        GradNormScratch* scratch = nullptr);
+                        GradNorm* reuse = nullptr);
 // The factor that brings the norm down to max_norm (1 when already below, or when max_norm <= 0).
 double clip_coefficient(double grad_norm, double max_norm);
 

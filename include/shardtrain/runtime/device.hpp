@@ -68,6 +68,7 @@ class CudaEvent {
   CudaEvent& operator=(const CudaEvent&) = delete;
   void record(StreamRef stream);
   void wait(StreamRef waiter) const;  // nothing to wait for before the first record()
+  void synchronize() const;           // the host waits for the work before the last record() (none: returns)
   bool recorded() const { return recorded_; }
 
  private:

@@ -154,7 +154,7 @@ class Trainer {
   MemoryLedger ledger_;
   std::unique_ptr<fsdp::FsdpEngine> engine_;
   std::unique_ptr<optim::AdamW> adamw_;
-  optim::GradNormScratch grad_norm_scratch_;
+  optim::GradNorm grad_norm_;
   std::shared_ptr<const data::TokenDataset> dataset_;
   std::unique_ptr<data::Loader> loader_, eval_loader_;
   std::unique_ptr<optim::LrSchedule> schedule_;

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Where a training step on the GPU makes the host wait for the device, counted on the CUDA emulator
+(SHARDTRAIN_CUDA_EMULATOR_WAITS lists every call that waited for device work not yet run). The same run for
+2 and for 4 steps: what the two extra steps add is what every step costs. The GPU backend promises one wait
+per step on one rank (the loss and the gradient norm read together); a cudaFree in a step would synchronize
+the whole device, so none is allowed. With CPU offload the gradients come down to the host for AdamW: the
+wait that adds is pinned here too, so a new one shows up as a failure."""
+import collections
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+_, ds = clitest.prepare_dataset(args, clitest.corpus(args, "sotu"), work, 4096, "sotu-bpe4k", 0.02)
+
+
+def waits(name, steps, np, extra):
+    """The host waits of one run, all ranks together: a Counter of API names. Each rank has a device of its
+    own (with two ranks: NCCL)."""
+    log = os.path.join(work, f"{name}-{steps}.waits")
+    env = dict(os.environ, SHARDTRAIN_CUDA_EMULATOR_WAITS=log, SHARDTRAIN_CUDA_EMULATOR_DEVICES=str(np))
+    cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), args.shardtrain, "--device", "cuda", "train", "--config",
+           "configs/tiny-cpu.toml", "--data.path", ds, "--schedule.max_steps", str(steps), "--schedule.warmup_steps", "1",
+           "--schedule.eval_batches", "0", "--checkpoint.every_n_steps", "0", "--logging.peak_flops", "1e12",
+           "--data.seq_len", "64", "--logging.run_dir", os.path.join(work, f"{name}-{steps}"), "--log-level", "warn", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=args.source)
+    check(p.returncode == 0, f"{name}, {steps} steps: exit {p.returncode}: {p.stderr[-2000:]}")
+    lines = open(log).read().split("\n") if os.path.exists(log) else []
+    return collections.Counter(l.split(" ", 1)[1] for l in lines if l)
+
+
+def per_step(name, np, extra):
+    """What one step adds on each rank."""
+    a, b = waits(name, 2, np, extra), waits(name, 4, np, extra)
+    diff = {api: b[api] - a[api] for api in set(a) | set(b) if b[api] != a[api]}
+    check(all(v % (2 * np) == 0 for v in diff.values()), f"{name}: two steps added {diff}, not a whole number per step and rank")
+    return {api: v // (2 * np) for api, v in diff.items()}
+
+
+cases = [
+    # name, ranks, options, the waits every step costs each rank
+    ("bf16", 1, ["--data.global_batch_size", "4", "--fsdp.param_dtype", "bf16"], {"cudaStreamSynchronize": 1}),
+    # Two micro-batches per step: still one read for the whole step.
+    ("accumulation", 1, ["--data.global_batch_size", "8", "--data.micro_batch_size", "4", "--fsdp.param_dtype", "bf16"],
+     {"cudaStreamSynchronize": 1}),
+    # Two ranks over NCCL, the collectives on the engine's streams: the gradient norm's all-reduce is on the
+    # device too, so still one.
+    ("nccl_np2", 2, ["--data.global_batch_size", "4", "--fsdp.param_dtype", "bf16", "--fsdp.comm_backend", "nccl"],
+     {"cudaStreamSynchronize": 1}),
+    # Offload: the gradient shards come down for the host AdamW (one wait, on the download stream, which
+    # waits for compute), then the loss read (a copy on an idle device).
+    ("offload", 1, ["--data.global_batch_size", "4", "--fsdp.param_dtype", "bf16", "--fsdp.offload_params", "true",
+                 "--fsdp.activation_checkpointing", "true"], {"cudaStreamSynchronize": 2}),
+]
+for name, np, extra, want in cases:
+    got = per_step(name, np, extra)
+    check(got == want, f"{name}: host waits per step {got}, expected {want}")
+    print(f"{name}: host waits per step {got}")
+
+check.finish("host waits per step as pinned")
