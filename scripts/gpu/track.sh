@@ -58,6 +58,12 @@ train offload_cpu 1 cpu "${offload[@]}" "$@" && train offload_cuda 1 cuda "${off
 train offload_rbf16_cpu 1 cpu "${offload[@]}" --fsdp.reduce_dtype bf16 "$@" &&
   train offload_rbf16_cuda 1 cuda "${offload[@]}" --fsdp.reduce_dtype bf16 "$@" &&
   compare offload_reduce_bf16 bf16 offload_rbf16_cpu offload_rbf16_cuda
+# Two micro-batches per step: the second reduction of each unit goes down into a pinned stage and a host
+# function adds it into the host shard, on the download stream.
+accum=(--data.micro_batch_size "${TRACK_MICRO_BATCH:-2}")
+train offload_accum_cpu 1 cpu "${offload[@]}" --fsdp.reduce_dtype bf16 "${accum[@]}" "$@" &&
+  train offload_accum_cuda 1 cuda "${offload[@]}" --fsdp.reduce_dtype bf16 "${accum[@]}" "$@" &&
+  compare offload_accumulation bf16 offload_accum_cpu offload_accum_cuda
 train offload_cpu_np2 2 cpu "${offload[@]}" "$@" && train offload_cuda_np2 2 cuda "${offload[@]}" "$@" &&
   compare offload_np2 bf16 offload_cpu_np2 offload_cuda_np2
 # TRACK_NCCL_RANKS=N (a machine with N GPUs, or the CUDA emulator with as many): bf16 on N ranks with a GPU

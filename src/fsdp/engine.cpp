@@ -55,10 +55,13 @@ struct FsdpEngine::Streams {
 // prefetch time, before the current unit's compute is queued), so the copy runs while that compute does; the
 // cast to param_dtype and the all-gather follow on compute at the unit's first use (finish_offload_unshard),
 // after waiting for the upload's event. download: a unit's first reduction of the step, device -> pinned
-// host, after an event on compute; the gradient buffer's fence holds it until the copy is done.
+// host, after an event on compute; the gradient buffer's fence holds it until the copy is done. Later
+// reductions (gradient accumulation) go down into a pinned stage and a host function adds them into the
+// host shard, on the same stream. The host waits once per step, for the download stream (release_all).
 struct FsdpEngine::OffloadStreams {
   CudaStream upload, download;
-  CudaEvent reduced;
+  CudaEvent reduced;  // on compute: a reduction is complete
+  CudaEvent staged;   // on download: a later reduction was copied out of its device buffer
 };
 
 namespace {
@@ -392,10 +395,24 @@ void FsdpEngine::reduce_gradients(Unit& u) {
         copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
       }
       offload_copies_pending_ = true;
-    } else if (config_.offload_params) {  // a later reduction of the step is added on the host
-      copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
-      stream_synchronize({});
-      host_add(static_cast<const float*>(host_stage_.data()), static_cast<float*>(u.grad.data()), n);
+    } else if (config_.offload_params) {
+      // A later reduction of the step is added on the host, in stream order and without a host wait: copied
+      // down into the pinned stage, then added into the host shard by a host function on the same stream
+      // (which also keeps the next unit's copy out of the stage until the add has read it). Compute waits
+      // only for the copy before it reuses the source; release_all waits once for the adds.
+      const StreamRef down = offload_streams_ ? offload_streams_->download.ref() : kCompute;
+      if (offload_streams_) {
+        offload_streams_->reduced.record(kCompute);
+        offload_streams_->reduced.wait(down);
+      }
+      copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, down);
+      if (offload_streams_) {
+        offload_streams_->staged.record(down);
+        offload_streams_->staged.wait(kCompute);
+      }
+      host_callback(down, [stage = static_cast<const float*>(host_stage_.data()),
+                           grad = static_cast<float*>(u.grad.data()), n] { host_add(stage, grad, n); });
+      offload_copies_pending_ = true;
     } else {
       ops_->add(shard_f32, grad);
     }
@@ -479,9 +496,10 @@ void FsdpEngine::release_all() {
   // No host synchronization: every buffer goes back to its pool in stream order (or with its fence), and
   // compute waits on the device for the reductions still in flight, so the optimizer sees final shards.
   wait_reductions();
-  if (offload_copies_pending_) {  // the host optimizer reads the offloaded gradient shards next
+  if (offload_copies_pending_ && last_micro_batch_) {  // the host optimizer reads the offloaded shards next
     // The copies down are on compute and on the download stream: the download stream waits for compute,
-    // and the host for it, once.
+    // and the host for it, once per step (earlier micro-batches' copies and adds are ordered before the
+    // later ones on the device; nothing on the host reads the shards in between).
     if (offload_streams_) {
       const StreamRef down = offload_streams_->download.ref();
       offload_streams_->reduced.record(kCompute);

@@ -86,4 +86,6 @@ void copy_async(void* dst, const void* src, size_t bytes, StreamRef) {
   if (bytes) std::memcpy(dst, src, bytes);  // host memory only in this build
 }
 
+void host_callback(StreamRef, std::function<void()> fn) { fn(); }
+
 }  // namespace shardtrain

@@ -1,12 +1,12 @@
 // Device selection, streams and memory on the CUDA backend. Any failure to reach a driver or a
 // device means "no GPU here": the CPU backend takes over with one notice.
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/device.hpp"
@@ -185,6 +185,23 @@ void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
     return;
   }
   ST_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream.handle)));
+}
+
+void host_callback(StreamRef stream, std::function<void()> fn) {
+  if (cuda_device_count() == 0) {
+    fn();
+    return;
+  }
+  auto* owned = new std::function<void()>(std::move(fn));
+  const cudaError_t e = cudaLaunchHostFunc(
+      static_cast<cudaStream_t>(stream.handle),
+      [](void* p) {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
+        (*f)();
+      },
+      owned);
+  if (e != cudaSuccess) delete owned;
+  ST_CHECK_CUDA(e);
 }
 
 }  // namespace shardtrain

@@ -15,7 +15,9 @@
 // should have waited for another stream's writer runs before it, and a writer queued later overtakes a
 // reader it should have waited for. Device synchronization, cudaFree and cudaFreeHost run everything, the
 // stream whose next op was queued last first (SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=lifo, the default), or
-// first (fifo); `immediate` runs all work before each call returns (a synchronous device). Host buffers
+// first (fifo); `immediate` runs all work before each call returns (a synchronous device); `lagging` is lifo
+// where, before a wait runs what it needs, every other stream first runs as far as it can without the waited
+// stream's pending work: that stream's readers then run after writers queued later elsewhere. Host buffers
 // are read and written when the copy runs (pinned memory, and device-to-host copies into pageable memory),
 // or read at the call (pageable sources, which the runtime stages): the documented latitudes of
 // cudaMemcpyAsync.
@@ -73,7 +75,7 @@ struct Op {
   std::shared_ptr<Marker> done;
 };
 
-enum class Policy { Lifo, Fifo, Immediate };
+enum class Policy { Lifo, Fifo, Immediate, Lagging };
 
 constexpr size_t kDeviceMemory = size_t{80} << 30;  // what the emulated device reports (an H100's 80 GB)
 
@@ -125,7 +127,10 @@ struct State {
       if (v == "lifo") policy = Policy::Lifo;
       else if (v == "fifo") policy = Policy::Fifo;
       else if (v == "immediate") policy = Policy::Immediate;
-      else fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo or immediate");
+      else if (v == "lagging")
+        policy = Policy::Lagging;
+      else
+        fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo, immediate or lagging");
     }
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_PROTECT")) protect = std::string(s) != "0";
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_DEVICES"); s && *s) {
@@ -230,10 +235,28 @@ void note_wait(State& g, const char* api) {
     fatal("SHARDTRAIN_CUDA_EMULATOR_WAITS: write failed");
 }
 
+// lagging: before a wait runs what it needs, every other stream runs ahead as far as it can without work still
+// queued on the waited stream, so the waited stream's readers run after writers queued later elsewhere.
+void run_others_ahead(State& g, DeviceAccess& access, CUstream_st* waited) {
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (CUstream_st* s : g.streams) {
+      while (s != waited && !s->queue.empty()) {
+        const std::shared_ptr<Marker>& dep = s->queue.front().wait;
+        if (dep && !dep->done) break;
+        run_head(g, access, s);
+        progress = true;
+      }
+      if (progress) break;  // the list may have changed (a destroyed stream released)
+    }
+  }
+}
+
 void drain_until(State& g, const std::shared_ptr<Marker>& m, const char* api) {
   if (!m || m->done) return;
   note_wait(g, api);
   DeviceAccess access{g};
+  if (g.policy == Policy::Lagging) run_others_ahead(g, access, m->stream);
   run_until(g, access, m);
 }
 
@@ -647,6 +670,17 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   }
   g.streams.erase(std::find(g.streams.begin(), g.streams.end(), s));
   delete s;
+  return cudaSuccess;
+}
+
+// Runs `fn` when the stream's work reaches it (the host thread that waited runs it, where CUDA uses one of
+// its own: the host function must not call CUDA either way).
+cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (!fn) return fail(g, cudaErrorInvalidValue, "cudaLaunchHostFunc: null function");
+  enqueue(
+      g, resolve(g, stream), [fn, user_data] { fn(user_data); }, "cudaLaunchHostFunc");
   return cudaSuccess;
 }
 

@@ -52,10 +52,12 @@ cases = [
     # device too, so still one.
     ("nccl_np2", 2, ["--data.global_batch_size", "4", "--fsdp.param_dtype", "bf16", "--fsdp.comm_backend", "nccl"],
      {"cudaStreamSynchronize": 1}),
-    # Offload: the gradient shards come down for the host AdamW (one wait, on the download stream, which
-    # waits for compute), then the loss read (a copy on an idle device).
-    ("offload", 1, ["--data.global_batch_size", "4", "--fsdp.param_dtype", "bf16", "--fsdp.offload_params", "true",
-                 "--fsdp.activation_checkpointing", "true"], {"cudaStreamSynchronize": 2}),
+    # Offload, two micro-batches: the second micro-batch's reductions are added into the host shards by host
+    # functions on the download stream, with no wait of their own; after the last micro-batch the host waits
+    # once for that stream (which waits for compute), then reads the loss (a copy on an idle device).
+    ("offload", 1, ["--data.global_batch_size", "8", "--data.micro_batch_size", "4", "--fsdp.param_dtype", "bf16",
+                    "--fsdp.offload_params", "true", "--fsdp.activation_checkpointing", "true"],
+     {"cudaStreamSynchronize": 2}),
 ]
 for name, np, extra, want in cases:
     got = per_step(name, np, extra)

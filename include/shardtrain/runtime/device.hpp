@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -131,5 +132,10 @@ void reset_device_memory_peak();  // peak = in_use
 
 // Asynchronous copies on a stream (host<->device, either direction by pointer kinds).
 void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream);
+
+// Host work in stream order (cudaLaunchHostFunc): `fn` runs on a runtime thread once the stream's earlier
+// work is done, and the stream's later work waits for it. It must not throw nor call CUDA. Without a
+// device it runs before this returns.
+void host_callback(StreamRef stream, std::function<void()> fn);
 
 }  // namespace shardtrain
