@@ -127,10 +127,8 @@ struct State {
       if (v == "lifo") policy = Policy::Lifo;
       else if (v == "fifo") policy = Policy::Fifo;
       else if (v == "immediate") policy = Policy::Immediate;
-      else if (v == "lagging")
-        policy = Policy::Lagging;
-      else
-        fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo, immediate or lagging");
+      else if (v == "lagging") policy = Policy::Lagging;
+      else fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo, immediate or lagging");
     }
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_PROTECT")) protect = std::string(s) != "0";
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_DEVICES"); s && *s) {

@@ -171,7 +171,16 @@ uint16_t to_bf16(float v) { return bf16_bits_from_float(v); }
 double widen(float v) { return v; }
 float narrow(double v) { return static_cast<float>(v); }
 
-ncclResult_t reduce_into(const ncclComm* c, size_t offset, size_t count, ncclDataType_t t, ncclRedOp_t op, void* out) {
+bool reducible(ncclDataType_t t) {
+  switch (t) {
+    case ncclFloat32: case ncclFloat64: case ncclBfloat16: case ncclInt32: case ncclInt64: case ncclUint32:
+    case ncclUint64: case ncclUint8: return true;
+    default: return false;
+  }
+}
+
+// A reducible type (checked when the collective was issued).
+void reduce_into(const ncclComm* c, size_t offset, size_t count, ncclDataType_t t, ncclRedOp_t op, void* out) {
   switch (t) {
     case ncclFloat32:
       reduce_slots<float, double>(c, offset, count, op, out, &widen, &narrow);
@@ -204,9 +213,8 @@ ncclResult_t reduce_into(const ncclComm* c, size_t offset, size_t count, ncclDat
           +[](uint64_t v) { return static_cast<uint8_t>(v); });
       break;
     default:
-      return usage("a reduction of an unsupported data type");
+      break;
   }
-  return ncclSuccess;
 }
 
 enum class Kind { AllGather, ReduceScatter, AllReduce, Broadcast };
@@ -255,6 +263,8 @@ ncclResult_t collective(const char* api, Kind kind, ncclComm_t comm, const void*
   if (!comm || comm->aborted) return usage(std::string(api) + " on a destroyed or aborted communicator");
   const size_t es = type_bytes(type);
   if (es == 0) return usage(std::string(api) + ": unknown data type");
+  if ((kind == Kind::ReduceScatter || kind == Kind::AllReduce) && !reducible(type))
+    return usage(std::string(api) + ": the emulator does not reduce data type " + std::to_string(static_cast<int>(type)));
   if (kind == Kind::Broadcast && (root < 0 || root >= comm->nranks))
     return usage(std::string(api) + ": root " + std::to_string(root) + " of a communicator of " +
                  std::to_string(comm->nranks) + " ranks");
