@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The same short training run on the CPU backend and on the CUDA backend, compared step by step
 # (compare-losses.py): fp32 and bf16 on one rank (NCCL), bf16 with CPU offload and activation checkpointing on
-# one rank (gradients reduced in fp32 and in bf16) and on two ranks sharing the device (the MPI backend staging
-# device buffers), and a run resumed from its step-2 checkpoint on two ranks against the uninterrupted
-# one-rank run (exact resume with resharding, on the GPU).
+# one rank (gradients reduced in fp32 and in bf16, and with gradient accumulation) and on two ranks sharing the
+# device (the MPI backend staging device buffers), bf16 on ranks with a GPU each over NCCL (TRACK_NCCL_RANKS),
+# and a run resumed from its step-2 checkpoint on two ranks against the uninterrupted one-rank run (exact
+# resume with resharding, on the GPU).
 # Run by scripts/gpu/run.sh (phase track) on a GPU, and by the test suite against the CUDA emulator
 # (tests/train/CMakeLists.txt, SHARDTRAIN_CUDA=EMULATED).
 #
