@@ -137,39 +137,25 @@ void barrier(ncclComm* c, const std::string& what) {
   }
 }
 
-// out[i] = op over ranks r (in rank order) of slot r's element (offset + i), for `count` elements.
+// out[i] = op over ranks r (in rank order) of slot r's element (offset + i), for `count` elements, accumulated
+// in Acc and converted back once (bf16 is shardtrain's bf16, which converts to and from float).
 template <typename T, typename Acc>
-void reduce_slots(const ncclComm* c, size_t offset, size_t count, ncclRedOp_t op, void* out, Acc (*load)(T),
-                  T (*store)(Acc)) {
+void reduce_slots(const ncclComm* c, size_t offset, size_t count, ncclRedOp_t op, void* out) {
   T* dst = static_cast<T*>(out);
   for (size_t i = 0; i < count; ++i) {
     Acc acc{};
     for (int r = 0; r < c->nranks; ++r) {
-      const Acc v = load(reinterpret_cast<const T*>(c->slots + static_cast<size_t>(r) * kSlotBytes)[offset + i]);
-      if (r == 0)
-        acc = v;
-      else if (op == ncclMax)
-        acc = v > acc ? v : acc;
-      else if (op == ncclMin)
-        acc = v < acc ? v : acc;
-      else if (op == ncclProd)
-        acc = acc * v;
-      else
-        acc = acc + v;  // ncclSum, ncclAvg
+      const auto v = static_cast<Acc>(reinterpret_cast<const T*>(c->slots + static_cast<size_t>(r) * kSlotBytes)[offset + i]);
+      if (r == 0) acc = v;
+      else if (op == ncclMax) acc = v > acc ? v : acc;
+      else if (op == ncclMin) acc = v < acc ? v : acc;
+      else if (op == ncclProd) acc = acc * v;
+      else acc = acc + v;  // ncclSum, ncclAvg
     }
     if (op == ncclAvg) acc = acc / static_cast<Acc>(c->nranks);
-    dst[i] = store(acc);
+    dst[i] = static_cast<T>(acc);
   }
 }
-
-template <typename T>
-T same(T v) {
-  return v;
-}
-float from_bf16(uint16_t b) { return float_from_bf16_bits(b); }
-uint16_t to_bf16(float v) { return bf16_bits_from_float(v); }
-double widen(float v) { return v; }
-float narrow(double v) { return static_cast<float>(v); }
 
 bool reducible(ncclDataType_t t) {
   switch (t) {
@@ -182,38 +168,15 @@ bool reducible(ncclDataType_t t) {
 // A reducible type (checked when the collective was issued).
 void reduce_into(const ncclComm* c, size_t offset, size_t count, ncclDataType_t t, ncclRedOp_t op, void* out) {
   switch (t) {
-    case ncclFloat32:
-      reduce_slots<float, double>(c, offset, count, op, out, &widen, &narrow);
-      break;
-    case ncclFloat64:
-      reduce_slots<double, double>(c, offset, count, op, out, &same<double>, &same<double>);
-      break;
-    case ncclBfloat16:
-      reduce_slots<uint16_t, float>(c, offset, count, op, out, &from_bf16, &to_bf16);
-      break;
-    case ncclInt32:
-      reduce_slots<int32_t, int64_t>(
-          c, offset, count, op, out, +[](int32_t v) -> int64_t { return v; },
-          +[](int64_t v) { return static_cast<int32_t>(v); });
-      break;
-    case ncclInt64:
-      reduce_slots<int64_t, int64_t>(c, offset, count, op, out, &same<int64_t>, &same<int64_t>);
-      break;
-    case ncclUint32:
-      reduce_slots<uint32_t, uint64_t>(
-          c, offset, count, op, out, +[](uint32_t v) -> uint64_t { return v; },
-          +[](uint64_t v) { return static_cast<uint32_t>(v); });
-      break;
-    case ncclUint64:
-      reduce_slots<uint64_t, uint64_t>(c, offset, count, op, out, &same<uint64_t>, &same<uint64_t>);
-      break;
-    case ncclUint8:
-      reduce_slots<uint8_t, uint64_t>(
-          c, offset, count, op, out, +[](uint8_t v) -> uint64_t { return v; },
-          +[](uint64_t v) { return static_cast<uint8_t>(v); });
-      break;
-    default:
-      break;
+    case ncclFloat32: reduce_slots<float, double>(c, offset, count, op, out); break;
+    case ncclFloat64: reduce_slots<double, double>(c, offset, count, op, out); break;
+    case ncclBfloat16: reduce_slots<bf16, float>(c, offset, count, op, out); break;
+    case ncclInt32: reduce_slots<int32_t, int64_t>(c, offset, count, op, out); break;
+    case ncclInt64: reduce_slots<int64_t, int64_t>(c, offset, count, op, out); break;
+    case ncclUint32: reduce_slots<uint32_t, uint64_t>(c, offset, count, op, out); break;
+    case ncclUint64: reduce_slots<uint64_t, uint64_t>(c, offset, count, op, out); break;
+    case ncclUint8: reduce_slots<uint8_t, uint64_t>(c, offset, count, op, out); break;
+    default: break;
   }
 }
 
