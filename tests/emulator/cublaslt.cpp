@@ -126,6 +126,7 @@ using namespace shardtrain::cuda_emulator;  // NOLINT: the C API below is this f
 extern "C" {
 
 cublasStatus_t CUBLASWINAPI cublasLtCreate(cublasLtHandle_t* handle) {
+  count_call("cublasLtCreate");
   *handle = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -137,6 +138,7 @@ cublasStatus_t CUBLASWINAPI cublasLtDestroy(cublasLtHandle_t handle) {
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
                                                      cudaDataType_t scale) {
+  count_call("cublasLtMatmulDescCreate");
   *desc = new cublasLtMatmulDescOpaque_t{};
   as<Desc>(*desc) = Desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N};
   return CUBLAS_STATUS_SUCCESS;
@@ -168,6 +170,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
 
 cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
                                                        uint64_t cols, int64_t ld) {
+  count_call("cublasLtMatrixLayoutCreate");
   if (ld < static_cast<int64_t>(rows) && rows > 0) return invalid("cublasLtMatrixLayoutCreate: ld below rows");
   *layout = new cublasLtMatrixLayoutOpaque_t{};
   as<Layout>(*layout) = Layout{type, rows, cols, ld};
@@ -180,6 +183,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l
 }
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  count_call("cublasLtMatmulPreferenceCreate");
   *pref = new cublasLtMatmulPreferenceOpaque_t{};
   as<Pref>(*pref) = Pref{0, {256, 256, 256, 256}};  // cuBLASLt's defaults: fully aligned, no workspace
   return CUBLAS_STATUS_SUCCESS;
@@ -222,6 +226,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cub
                                                            cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
                                                            cublasLtMatmulPreference_t pref, int requested,
                                                            cublasLtMatmulHeuristicResult_t results[], int* found) {
+  count_call("cublasLtMatmulAlgoGetHeuristic");
   *found = 0;
   if (requested < 1) return invalid("requestedAlgoCount below 1");
   Problem p;

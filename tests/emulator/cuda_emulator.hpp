@@ -14,6 +14,10 @@ namespace shardtrain::cuda_emulator {
 // names it in error messages. Under SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=immediate it runs before this returns.
 void submit(void* stream, std::function<void()> work, const char* what);
 
+// Counts one call of `name` for SHARDTRAIN_CUDA_EMULATOR_CALLS (nothing when it is not set). submit counts
+// its `what` itself.
+void count_call(const char* name);
+
 // Where a pointer lies.
 enum class Memory { Device, Pinned, Other };
 Memory classify(const void* p);

@@ -28,6 +28,13 @@
 // Host waits. SHARDTRAIN_CUDA_EMULATOR_WAITS=FILE appends a line "<pid> <api>" for every call that made the
 // host wait for device work not yet run (a synchronization, a synchronous copy, cudaFree): where a GPU run
 // may stall the host. Waits for work already run are not listed; on a GPU they return at once.
+//
+// Calls. SHARDTRAIN_CUDA_EMULATOR_CALLS=FILE appends, when the process exits, a line "<pid> <name> <count>"
+// for every kind of call it made: the runtime calls that allocate, free, create, destroy, copy, record and
+// wait, the cuBLASLt calls that build descriptors and pick algorithms, NCCL's communicator set-up, and every
+// piece of queued device work by what it is ("kernel launch", "cublasLtMatmul", "ncclAllGather", ...). The
+// same run for a few more steps shows what a step costs: what it creates (nothing, in a steady state) and
+// how much it queues.
 #include <cuda_runtime_api.h>
 #include <execinfo.h>
 #include <fcntl.h>
@@ -47,6 +54,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -115,6 +123,8 @@ struct State {
   uint64_t next_seq = 1;
   int running = 0;  // > 0 while queued work runs (device memory accessible)
   int waits_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
+  int calls_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_CALLS: where the counts below go at exit
+  std::unordered_map<std::string, uint64_t> calls;
   int devices = 1;    // SHARDTRAIN_CUDA_EMULATOR_DEVICES: what cudaGetDeviceCount reports
   int current = 0;    // cudaSetDevice's
   cudaError_t last_error = cudaSuccess;
@@ -140,12 +150,28 @@ struct State {
       waits_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (waits_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_WAITS=") + s + ": " + std::strerror(errno));
     }
+    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_CALLS"); s && *s) {
+      calls_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (calls_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_CALLS=") + s + ": " + std::strerror(errno));
+      std::atexit(write_calls);
+    }
   }
+  static void write_calls();
 };
 
 State& state() {
   static State* s = new State;  // never destroyed: static destructors of other objects may still free memory
   return *s;
+}
+
+// At exit, the counts in one write (ranks may share the file).
+void State::write_calls() {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  std::string text;
+  for (const auto& [name, n] : g.calls) text += std::to_string(getpid()) + " " + name + " " + std::to_string(n) + "\n";
+  if (!text.empty() && write(g.calls_fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    std::fprintf(stderr, "cuda emulator: SHARDTRAIN_CUDA_EMULATOR_CALLS: write failed\n");
 }
 
 std::string hex(const void* p) {
@@ -432,9 +458,17 @@ void require_device_range(const void* p, size_t bytes, const char* what, bool pi
           " of an allocation of " + std::to_string(alloc->bytes) + ") run past its end");
 }
 
+void count_call(const char* name) {
+  State& g = state();
+  if (g.calls_fd < 0) return;
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  ++g.calls[name];
+}
+
 void submit(void* stream, std::function<void()> work, const char* what) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  count_call(what);
   enqueue(g, resolve(g, stream), std::move(work), what);
 }
 
@@ -544,6 +578,7 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
 }
 
 cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t size) {
+  count_call("cudaMalloc");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   install_segv_handler();
@@ -565,6 +600,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t size) {
 }
 
 cudaError_t CUDARTAPI cudaFree(void* ptr) {
+  count_call("cudaFree");
   if (ptr == nullptr) return cudaSuccess;
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
@@ -582,6 +618,7 @@ cudaError_t CUDARTAPI cudaFree(void* ptr) {
 }
 
 cudaError_t CUDARTAPI cudaMallocHost(void** ptr, size_t size) {
+  count_call("cudaMallocHost");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   *ptr = nullptr;
@@ -596,6 +633,7 @@ cudaError_t CUDARTAPI cudaMallocHost(void** ptr, size_t size) {
 cudaError_t CUDARTAPI cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
 
 cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
+  count_call("cudaFreeHost");
   if (ptr == nullptr) return cudaSuccess;
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
@@ -609,6 +647,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
 }
 
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  count_call("cudaMemcpy");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (cudaError_t e = check_copy(g, "cudaMemcpy", dst, src, count, kind); e != cudaSuccess) return e;
@@ -618,6 +657,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaM
 
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                                       cudaStream_t stream) {
+  count_call("cudaMemcpyAsync");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (cudaError_t e = check_copy(g, "cudaMemcpyAsync", dst, src, count, kind); e != cudaSuccess) return e;
@@ -626,6 +666,7 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, 
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  count_call("cudaMemsetAsync");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (count == 0) return cudaSuccess;
@@ -635,6 +676,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaSt
 }
 
 cudaError_t CUDARTAPI cudaMemset(void* ptr, int value, size_t count) {
+  count_call("cudaMemset");
   // Asynchronous with respect to the host for device memory (on the legacy stream), synchronous for pinned.
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
@@ -646,6 +688,7 @@ cudaError_t CUDARTAPI cudaMemset(void* ptr, int value, size_t count) {
 }
 
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  count_call("cudaStreamCreateWithFlags");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   auto* s = new CUstream_st;
@@ -658,6 +701,7 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned i
 cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
+  count_call("cudaStreamDestroy");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   CUstream_st* s = resolve(g, stream);
@@ -674,6 +718,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
 // Runs `fn` when the stream's work reaches it (the host thread that waited runs it, where CUDA uses one of
 // its own: the host function must not call CUDA either way).
 cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  count_call("cudaLaunchHostFunc");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (!fn) return fail(g, cudaErrorInvalidValue, "cudaLaunchHostFunc: null function");
@@ -683,6 +728,7 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, v
 }
 
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  count_call("cudaStreamSynchronize");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   CUstream_st* s = resolve(g, stream);
@@ -691,6 +737,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  count_call("cudaDeviceSynchronize");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   drain_all(g, "cudaDeviceSynchronize");
@@ -698,6 +745,7 @@ cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
 }
 
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  count_call("cudaEventCreateWithFlags");
   auto* e = new CUevent_st;
   e->timing = (flags & cudaEventDisableTiming) == 0;
   *event = e;
@@ -707,11 +755,13 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int 
 cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
 
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  count_call("cudaEventDestroy");
   delete event;  // queued records hold their markers themselves
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  count_call("cudaEventRecord");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
@@ -720,6 +770,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  count_call("cudaStreamWaitEvent");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
@@ -735,6 +786,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
+  count_call("cudaEventSynchronize");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   drain_until(g, event->last, "cudaEventSynchronize");

@@ -280,6 +280,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  count_call("ncclCommInitRank");
   *comm = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return usage("ncclCommInitRank: rank " + std::to_string(rank) + " of " + std::to_string(nranks));

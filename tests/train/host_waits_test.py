@@ -4,7 +4,12 @@
 2 and for 4 steps: what the two extra steps add is what every step costs. The GPU backend promises one wait
 per step on one rank (the loss and the gradient norm read together); a cudaFree in a step would synchronize
 the whole device, so none is allowed. With CPU offload the gradients come down to the host for AdamW: the
-wait that adds is pinned here too, so a new one shows up as a failure."""
+wait that adds is pinned here too, so a new one shows up as a failure.
+
+The same runs count every call (SHARDTRAIN_CUDA_EMULATOR_CALLS): in a steady state a step allocates and frees
+no device or pinned memory (cudaMalloc costs milliseconds and cudaFree synchronizes the device), creates no
+stream or event, and builds no cuBLASLt descriptor and asks no heuristic (cached per shape); what it queues
+(kernel launches, GEMMs, collectives, copies) is printed."""
 import collections
 import os
 import subprocess
@@ -19,11 +24,23 @@ work = clitest.fresh_workdir(args)
 _, ds = clitest.prepare_dataset(args, clitest.corpus(args, "sotu"), work, 4096, "sotu-bpe4k", 0.02)
 
 
+# Calls a steady-state step must not make at all.
+SET_UP_ONLY = ["cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost", "cudaStreamCreateWithFlags", "cudaStreamDestroy",
+               "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaDeviceSynchronize", "cublasLtCreate",
+               "cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate",
+               "cublasLtMatmulAlgoGetHeuristic", "ncclCommInitRank"]
+
+
 def waits(name, steps, np, extra):
-    """The host waits of one run, all ranks together: a Counter of API names. Each rank has a device of its
-    own (with two ranks: NCCL)."""
+    """The host waits and the calls of one run, all ranks together: two Counters of API names. Each rank has a
+    device of its own (with two ranks: NCCL)."""
     log = os.path.join(work, f"{name}-{steps}.waits")
-    env = dict(os.environ, SHARDTRAIN_CUDA_EMULATOR_WAITS=log, SHARDTRAIN_CUDA_EMULATOR_DEVICES=str(np))
+    calls_log = os.path.join(work, f"{name}-{steps}.calls")
+    for f in (log, calls_log):
+        if os.path.exists(f):
+            os.remove(f)
+    env = dict(os.environ, SHARDTRAIN_CUDA_EMULATOR_WAITS=log, SHARDTRAIN_CUDA_EMULATOR_CALLS=calls_log,
+               SHARDTRAIN_CUDA_EMULATOR_DEVICES=str(np))
     cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), args.shardtrain, "--device", "cuda", "train", "--config",
            "configs/tiny-cpu.toml", "--data.path", ds, "--schedule.max_steps", str(steps), "--schedule.warmup_steps", "1",
            "--schedule.eval_batches", "0", "--checkpoint.every_n_steps", "0", "--logging.peak_flops", "1e12",
@@ -31,15 +48,26 @@ def waits(name, steps, np, extra):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=args.source)
     check(p.returncode == 0, f"{name}, {steps} steps: exit {p.returncode}: {p.stderr[-2000:]}")
     lines = open(log).read().split("\n") if os.path.exists(log) else []
-    return collections.Counter(l.split(" ", 1)[1] for l in lines if l)
+    calls = collections.Counter()
+    for line in open(calls_log).read().split("\n") if os.path.exists(calls_log) else []:
+        if line:
+            what, n = line.split(" ", 1)[1].rsplit(" ", 1)  # "<pid> <name, maybe with spaces> <count>"
+            calls[what] += int(n)
+    check(calls["cublasLtMatmul"] > 0 and calls["kernel launch"] > 0, f"{name}, {steps} steps: no calls counted ({calls_log})")
+    return collections.Counter(l.split(" ", 1)[1] for l in lines if l), calls
+
+
+def step_cost(a, b, name, np, what):
+    """What two more steps added, per step and rank."""
+    diff = {api: b[api] - a[api] for api in set(a) | set(b) if b[api] != a[api]}
+    check(all(v % (2 * np) == 0 for v in diff.values()), f"{name}: two steps added {what} {diff}, not a whole number per step and rank")
+    return {api: v // (2 * np) for api, v in diff.items()}
 
 
 def per_step(name, np, extra):
-    """What one step adds on each rank."""
-    a, b = waits(name, 2, np, extra), waits(name, 4, np, extra)
-    diff = {api: b[api] - a[api] for api in set(a) | set(b) if b[api] != a[api]}
-    check(all(v % (2 * np) == 0 for v in diff.values()), f"{name}: two steps added {diff}, not a whole number per step and rank")
-    return {api: v // (2 * np) for api, v in diff.items()}
+    """What one step adds on each rank: host waits, calls."""
+    (wa, ca), (wb, cb) = waits(name, 2, np, extra), waits(name, 4, np, extra)
+    return step_cost(wa, wb, name, np, "waits"), step_cost(ca, cb, name, np, "calls")
 
 
 cases = [
@@ -60,8 +88,12 @@ cases = [
      {"cudaStreamSynchronize": 2}),
 ]
 for name, np, extra, want in cases:
-    got = per_step(name, np, extra)
+    got, calls = per_step(name, np, extra)
     check(got == want, f"{name}: host waits per step {got}, expected {want}")
     print(f"{name}: host waits per step {got}")
+    made = {api: calls[api] for api in SET_UP_ONLY if calls.get(api)}
+    check(not made, f"{name}: a steady-state step makes set-up calls {made}")
+    check(calls.get("kernel launch", 0) > 0 and calls.get("cublasLtMatmul", 0) > 0, f"{name}: a step queued {calls}")
+    print(f"{name}: per step and rank " + ", ".join(f"{api} {n}" for api, n in sorted(calls.items())))
 
-check.finish("host waits per step as pinned")
+check.finish("host waits per step as pinned; no set-up call in a steady-state step")
