@@ -1,5 +1,5 @@
-// Cross-entropy rows (one block per row, an online max/sum pass then a gradient pass) and the one-block
-// deterministic sum of row losses.
+// Cross-entropy rows (one block per row, an online max/sum pass then a gradient pass, 16-byte accesses where
+// the row length and alignment allow) and the one-block deterministic sum of row losses.
 #include <cmath>
 
 #include "kernels/cross_entropy.cuh"
@@ -9,7 +9,8 @@
 namespace shardtrain::kernels {
 namespace {
 
-using detail::from_f32;
+using detail::load_floats;
+using detail::store_floats;
 using detail::to_f32;
 
 constexpr int kThreads = 512;
@@ -58,13 +59,16 @@ ST_DEV MaxSum block_max_sum(MaxSum v, float* shared_m, float* shared_s) {
   return r;
 }
 
-// No __restrict__ on logits/dlogits: they may alias.
-template <typename L, typename D>
-ST_GLOBAL void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const int32_t* __restrict__ targets,
-                           int32_t ignore_index, float grad_scale, D* dlogits, float* __restrict__ row_loss,
-                           int64_t first_row, DataErrorRecord* error) {
+// One block per row, K elements per access (16 bytes of the wider of L and D when vocab is a multiple of it and
+// both arrays are 16-byte aligned, else 1). No __restrict__ on logits/dlogits: they may alias (each thread
+// then overwrites only the elements it has just read itself, after the block has finished the max/sum pass).
+template <int K, typename L, typename D>
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
+    rows_kernel(const L* logits, int64_t rows, int64_t vocab, const int32_t* __restrict__ targets, int32_t ignore_index,
+                float grad_scale, D* dlogits, float* __restrict__ row_loss, int64_t first_row, DataErrorRecord* error) {
   ST_SHARED(float, shared_m, 32);
   ST_SHARED(float, shared_s, 32);
+  const int64_t first = int64_t(simt::thread_x()) * K, step = int64_t(simt::block_dim_x()) * K;
   for (int64_t r = simt::block_x(); r < rows; r += simt::grid_x()) {
     const L* z = logits + r * vocab;
     D* dz = dlogits != nullptr ? dlogits + r * vocab : nullptr;
@@ -73,30 +77,39 @@ ST_GLOBAL void rows_kernel(const L* logits, int64_t rows, int64_t vocab, const i
       if (t != ignore_index && simt::thread_x() == 0)
         detail::record_data_error(error, DataErrorCode::Target, t, first_row + r, vocab, ignore_index);
       if (simt::thread_x() == 0) row_loss[r] = 0.0f;
-      if (dz != nullptr)
-        for (int64_t j = simt::thread_x(); j < vocab; j += simt::block_dim_x()) dz[j] = from_f32<D>(0.0f);
+      if (dz != nullptr) {
+        float zero[K] = {};
+        for (int64_t j = first; j < vocab; j += step) store_floats(dz + j, zero);
+      }
       continue;
     }
     const float zt = to_f32(z[t]);  // read before any thread overwrites the row
     MaxSum acc{-INFINITY, 0.0f};
-    for (int64_t j = simt::thread_x(); j < vocab; j += simt::block_dim_x()) {
-      const float v = to_f32(z[j]);
-      if (v == -INFINITY) continue;
-      if (v > acc.m) {
-        acc.s = acc.s * expf(acc.m - v) + 1.0f;  // exp(-inf) = 0 on the first element
-        acc.m = v;
-      } else {
-        acc.s += expf(v - acc.m);
+    for (int64_t j = first; j < vocab; j += step) {
+      float v[K];
+      load_floats(z + j, v);
+      for (int k = 0; k < K; ++k) {
+        if (v[k] == -INFINITY) continue;
+        if (v[k] > acc.m) {
+          acc.s = acc.s * expf(acc.m - v[k]) + 1.0f;  // exp(-inf) = 0 on the first element
+          acc.m = v[k];
+        } else {
+          acc.s += expf(v[k] - acc.m);
+        }
       }
     }
     const MaxSum total = block_max_sum(acc, shared_m, shared_s);  // synchronizes: all reads of z are done
     if (simt::thread_x() == 0) row_loss[r] = total.m + logf(total.s) - zt;
     if (dz != nullptr) {
       const float f = grad_scale / total.s;
-      for (int64_t j = simt::thread_x(); j < vocab; j += simt::block_dim_x()) {
-        float g = expf(to_f32(z[j]) - total.m) * f;
-        if (j == t) g -= grad_scale;
-        dz[j] = from_f32<D>(g);
+      for (int64_t j = first; j < vocab; j += step) {
+        float g[K];
+        load_floats(z + j, g);
+        for (int k = 0; k < K; ++k) {
+          g[k] = expf(g[k] - total.m) * f;
+          if (j + k == t) g[k] -= grad_scale;
+        }
+        store_floats(dz + j, g);
       }
     }
   }
@@ -136,9 +149,17 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
     using L = typename decltype(ltag)::type;
     detail::dispatch_float(dlogits_dtype, "cross_entropy_rows", [&](auto dtag) {
       using D = typename decltype(dtag)::type;
-      simt::launch(rows_kernel<L, D>, grid, kThreads, 0, s, static_cast<const L*>(logits), rows, vocab, targets,
-                   ignore_index, grad_scale, static_cast<D*>(dlogits), row_loss, first_row, error);
-      ST_CHECK_KERNEL("cross_entropy rows_kernel");
+      constexpr int kWide = detail::vector_width<L, D>();
+      const auto launch = [&](auto kernel) {
+        simt::launch(kernel, grid, kThreads, 0, s, static_cast<const L*>(logits), rows, vocab, targets, ignore_index,
+                     grad_scale, static_cast<D*>(dlogits), row_loss, first_row, error);
+        ST_CHECK_KERNEL("cross_entropy rows_kernel");
+      };
+      if (vocab % kWide == 0 && detail::aligned16(logits, dlogits)) {
+        launch(rows_kernel<kWide, L, D>);
+      } else {
+        launch(rows_kernel<1, L, D>);
+      }
     });
   });
 }

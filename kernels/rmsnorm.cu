@@ -1,5 +1,8 @@
-// RMSNorm kernels: forward and the dh part of backward run one block per row (fp32 block reductions);
-// the weight gradient is summed over rows in fixed 64-row chunks, then over the chunks in order.
+// RMSNorm kernels: forward and the dh part of backward run one warp per row (fp32 warp sums, 16-byte accesses
+// where the row length and alignment allow); the weight gradient is summed over rows in fixed 64-row chunks,
+// then over the chunks in order.
+#include <type_traits>
+
 #include "kernels/device_common.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "shardtrain/runtime/check.hpp"
@@ -8,7 +11,9 @@ namespace shardtrain::kernels {
 namespace {
 
 using detail::from_f32;
+using detail::load_floats;
 using detail::round_to;
+using detail::store_floats;
 using detail::to_f32;
 
 constexpr int kThreads = 256;
@@ -18,59 +23,75 @@ constexpr int64_t kMaxBlocks = 1 << 20;
 
 int64_t parts_for(int64_t rows) { return (rows + kRowsPerPart - 1) / kRowsPerPart; }
 
-template <typename T, typename W>
-ST_GLOBAL void forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ weight,
-                              float eps, int64_t rows, int64_t dim, T* __restrict__ h_out, T* __restrict__ y,
-                              float* __restrict__ rstd) {
-  ST_SHARED(float, shared, 32);
-  for (int64_t r = simt::block_x(); r < rows; r += simt::grid_x()) {
-    const T* xr = x + r * dim;
+// One warp per row (grid-stride over rows), K elements per access: K = 16 bytes of the wider of T and W when
+// dim is a multiple of it and every array is 16-byte aligned, else 1. Sums of squares and dots are warp sums.
+template <int K, typename T, typename W>
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
+    forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ weight, float eps,
+                   int64_t rows, int64_t dim, T* __restrict__ h_out, T* __restrict__ y, float* __restrict__ rstd) {
+  const int lane = simt::thread_x() % 32;
+  const int64_t warps = int64_t(simt::grid_x()) * (kThreads / 32);
+  for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps) {
+    const int64_t row = r * dim;
     float ss = 0.0f;
-    if (residual != nullptr) {
-      const T* rr = residual + r * dim;
-      T* hr = h_out + r * dim;
-      for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
-        const float h = round_to<T>(to_f32(xr[j]) + to_f32(rr[j]));
-        hr[j] = from_f32<T>(h);
-        ss += h * h;
+    for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
+      float h[K];
+      load_floats(x + row + j, h);
+      if (residual != nullptr) {
+        float res[K];
+        load_floats(residual + row + j, res);
+        for (int k = 0; k < K; ++k) h[k] = round_to<T>(h[k] + res[k]);
+        store_floats(h_out + row + j, h);
       }
-    } else {
-      for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
-        const float h = to_f32(xr[j]);
-        ss += h * h;
-      }
+      for (int k = 0; k < K; ++k) ss += h[k] * h[k];
     }
-    ss = detail::block_sum<kThreads>(ss, shared);
+    ss = detail::warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-    if (simt::thread_x() == 0) rstd[r] = inv;
-    // Each thread re-reads the elements it wrote itself above, so h_out needs no extra synchronization.
-    const T* hsrc = residual != nullptr ? h_out + r * dim : xr;
-    T* yr = y + r * dim;
-    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x())
-      yr[j] = from_f32<T>(to_f32(hsrc[j]) * inv * to_f32(weight[j]));
+    if (lane == 0) rstd[r] = inv;
+    // Each lane re-reads the elements it wrote itself above, so h_out needs no extra synchronization.
+    const T* hsrc = residual != nullptr ? h_out : x;
+    for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
+      float h[K], w[K];
+      load_floats(hsrc + row + j, h);
+      load_floats(weight + j, w);
+      for (int k = 0; k < K; ++k) h[k] = h[k] * inv * w[k];
+      store_floats(y + row + j, h);
+    }
   }
 }
 
-template <typename T, typename W>
-ST_GLOBAL void backward_dh_kernel(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
-                                  const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh,
-                                  int64_t rows, int64_t dim) {
-  ST_SHARED(float, shared, 32);
-  for (int64_t r = simt::block_x(); r < rows; r += simt::grid_x()) {
-    const T* g = dy + r * dim;
-    const T* hr = h + r * dim;
+template <int K, typename T, typename W>
+ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
+    backward_dh_kernel(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
+                       const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh, int64_t rows,
+                       int64_t dim) {
+  const int lane = simt::thread_x() % 32;
+  const int64_t warps = int64_t(simt::grid_x()) * (kThreads / 32);
+  for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps) {
+    const int64_t row = r * dim;
     const float inv = rstd[r];
     float dot = 0.0f;
-    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x())
-      dot += to_f32(weight[j]) * to_f32(g[j]) * to_f32(hr[j]);
-    dot = detail::block_sum<kThreads>(dot, shared);
+    for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
+      float g[K], hv[K], w[K];
+      load_floats(dy + row + j, g);
+      load_floats(h + row + j, hv);
+      load_floats(weight + j, w);
+      for (int k = 0; k < K; ++k) dot += w[k] * g[k] * hv[k];
+    }
+    dot = detail::warp_sum(dot);
     const float c = dot * inv / static_cast<float>(dim);
-    T* o = dh + r * dim;
-    const T* e = dh_extra != nullptr ? dh_extra + r * dim : nullptr;
-    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
-      float v = inv * (to_f32(weight[j]) * to_f32(g[j]) - to_f32(hr[j]) * inv * c);
-      if (e != nullptr) v += to_f32(e[j]);
-      o[j] = from_f32<T>(v);
+    for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
+      float g[K], hv[K], w[K], e[K];
+      load_floats(dy + row + j, g);
+      load_floats(h + row + j, hv);
+      load_floats(weight + j, w);
+      if (dh_extra != nullptr) {
+        load_floats(dh_extra + row + j, e);
+      } else {
+        for (int k = 0; k < K; ++k) e[k] = 0.0f;
+      }
+      for (int k = 0; k < K; ++k) g[k] = inv * (w[k] * g[k] - hv[k] * inv * c) + e[k];
+      store_floats(dh + row + j, g);
     }
   }
 }
@@ -103,7 +124,23 @@ ST_GLOBAL void dweight_reduce_kernel(const float* __restrict__ partial, int64_t 
   }
 }
 
-unsigned row_grid(int64_t rows) { return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks); }
+// Blocks for one warp per row.
+unsigned row_grid(int64_t rows) {
+  const int64_t blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Calls f(std::integral_constant<int, K>{}) with the access width the row kernels can use: 16 bytes of the wider
+// of T and W when dim is a multiple of it and every array is 16-byte aligned (null arrays count as aligned).
+template <typename T, typename W, typename F, typename... P>
+void with_width(int64_t dim, F&& f, const P*... arrays) {
+  constexpr int kWide = detail::vector_width<T, W>();
+  if (dim % kWide == 0 && detail::aligned16(arrays...)) {
+    f(std::integral_constant<int, kWide>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
 
 }  // namespace
 
@@ -114,10 +151,15 @@ void rmsnorm_forward(DType dtype, const void* x, const void* residual, DType wei
     using T = typename decltype(ttag)::type;
     detail::dispatch_float(weight_dtype, "rmsnorm_forward", [&](auto wtag) {
       using W = typename decltype(wtag)::type;
-      simt::launch(forward_kernel<T, W>, row_grid(rows), kThreads, 0, detail::cuda_stream(stream),
-                   static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<const W*>(weight), eps, rows,
-                   dim, static_cast<T*>(h_out), static_cast<T*>(y), rstd);
-      ST_CHECK_KERNEL("rmsnorm forward_kernel");
+      with_width<T, W>(
+          dim,
+          [&](auto width) {
+            simt::launch(forward_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0,
+                         detail::cuda_stream(stream), static_cast<const T*>(x), static_cast<const T*>(residual),
+                         static_cast<const W*>(weight), eps, rows, dim, static_cast<T*>(h_out), static_cast<T*>(y), rstd);
+            ST_CHECK_KERNEL("rmsnorm forward_kernel");
+          },
+          x, residual, weight, h_out, y);
     });
   });
 }
@@ -139,10 +181,15 @@ void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_d
     using T = typename decltype(ttag)::type;
     detail::dispatch_float(weight_dtype, "rmsnorm_backward", [&](auto wtag) {
       using W = typename decltype(wtag)::type;
-      simt::launch(backward_dh_kernel<T, W>, row_grid(rows), kThreads, 0, s, static_cast<const T*>(dy),
-                   static_cast<const T*>(h), static_cast<const W*>(weight), rstd, static_cast<const T*>(dh_extra),
-                   static_cast<T*>(dh), rows, dim);
-      ST_CHECK_KERNEL("rmsnorm backward_dh_kernel");
+      with_width<T, W>(
+          dim,
+          [&](auto width) {
+            simt::launch(backward_dh_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0, s,
+                         static_cast<const T*>(dy), static_cast<const T*>(h), static_cast<const W*>(weight), rstd,
+                         static_cast<const T*>(dh_extra), static_cast<T*>(dh), rows, dim);
+            ST_CHECK_KERNEL("rmsnorm backward_dh_kernel");
+          },
+          dy, h, weight, dh_extra, dh);
     });
     const dim3 grid(static_cast<unsigned>((dim + kColThreads - 1) / kColThreads),
                     static_cast<unsigned>(parts < 65535 ? parts : 65535));

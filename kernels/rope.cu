@@ -1,5 +1,7 @@
-// RoPE: one thread per (token, head, i < head_dim / 2) pair, grid-stride; angles in fp32 with the accurate
-// powf/sincosf (not the fast intrinsics), to stay close to the CPU backend at long positions.
+// RoPE: one thread per (token, i < head_dim / 2), grid-stride, rotating pair i of every head of the token with
+// one angle; angles in fp32 with the accurate powf/sincosf (not the fast intrinsics), to stay close to the CPU
+// backend at long positions. The heads share the angle, so it is computed once per token and pair, not once
+// per head (the accurate sincosf costs more than the pair's memory traffic).
 #include "kernels/device_common.cuh"
 #include "kernels/rope.cuh"
 #include "shardtrain/runtime/check.hpp"
@@ -16,21 +18,22 @@ template <typename T>
 ST_GLOBAL void rope_kernel(T* __restrict__ x, const int32_t* __restrict__ positions, int64_t tokens, int64_t heads,
                            int64_t head_dim, float theta, float sign) {
   const int64_t half = head_dim / 2;
-  const int64_t total = tokens * heads * half;
+  const int64_t total = tokens * half;
   const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
   for (int64_t idx = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); idx < total; idx += stride) {
     const int64_t i = idx % half;
-    const int64_t th = idx / half;  // token * heads + head
-    const int64_t t = th / heads;
+    const int64_t t = idx / half;
     const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
     const float angle = static_cast<float>(positions[t]) * inv_freq;
     float s, c;
     sincosf(angle, &s, &c);
     s *= sign;
-    T* row = x + th * head_dim;
-    const float x1 = to_f32(row[i]), x2 = to_f32(row[i + half]);
-    row[i] = from_f32<T>(x1 * c - x2 * s);
-    row[i + half] = from_f32<T>(x2 * c + x1 * s);
+    for (int64_t h = 0; h < heads; ++h) {
+      T* row = x + (t * heads + h) * head_dim;
+      const float x1 = to_f32(row[i]), x2 = to_f32(row[i + half]);
+      row[i] = from_f32<T>(x1 * c - x2 * s);
+      row[i + half] = from_f32<T>(x2 * c + x1 * s);
+    }
   }
 }
 
@@ -39,8 +42,8 @@ ST_GLOBAL void rope_kernel(T* __restrict__ x, const int32_t* __restrict__ positi
 void rope(DType dtype, void* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim, float theta,
           RopeDirection direction, StreamRef stream) {
   if (head_dim % 2 != 0) throw InternalError("rope: head_dim " + std::to_string(head_dim) + " is odd");
-  const int64_t total = tokens * heads * (head_dim / 2);
-  if (total <= 0) return;
+  const int64_t total = tokens * (head_dim / 2);
+  if (total <= 0 || heads <= 0) return;
   const float sign = direction == RopeDirection::Forward ? 1.0f : -1.0f;
   detail::dispatch_float(dtype, "rope", [&](auto tag) {
     using T = typename decltype(tag)::type;

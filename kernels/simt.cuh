@@ -90,10 +90,16 @@ ST_DEV unsigned char* dynamic_smem() {
 
 // Two adjacent bf16 (4-byte aligned), the first in the low half.
 ST_DEV uint32_t load_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-// 16 bytes, both addresses 16-byte aligned.
-ST_DEV void copy16(void* dst, const void* src) {
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+// B bytes (2, 4, 8 or 16) in one access, both addresses B-byte aligned (a misaligned one faults).
+template <int B>
+ST_DEV void copy_aligned(void* dst, const void* src) {
+  static_assert(B == 2 || B == 4 || B == 8 || B == 16, "one access moves 2, 4, 8 or 16 bytes");
+  if constexpr (B == 16) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  if constexpr (B == 8) *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
+  if constexpr (B == 4) *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+  if constexpr (B == 2) *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
 }
+ST_DEV void copy16(void* dst, const void* src) { copy_aligned<16>(dst, src); }
 // Round to nearest even, as shardtrain::bf16.
 ST_DEV uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 ST_DEV uint32_t pack_bf16(float lo, float hi) {
@@ -187,6 +193,9 @@ enum class ShuffleKind { Xor, Up };
 // Exchanges the `bytes` at `value` (at most 8) with the lane the kind and operand name, across the whole warp.
 void shuffle(void* value, size_t bytes, ShuffleKind kind, int operand);
 void set_max_dynamic_smem(const void* kernel, int bytes);
+// A B-byte access at an address not B-byte aligned: the GPU's misaligned-address fault (stops the process).
+[[noreturn]] void misaligned_access(const void* dst, const void* src, int bytes);
+void count_access16();  // for simt_emulator::last_stats()
 // Throws what the GPU would refuse (grid limits, dynamic shared memory past the kernel's attribute).
 void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
@@ -239,7 +248,13 @@ inline uint32_t load_u32(const uint16_t* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+template <int B> void copy_aligned(void* dst, const void* src) {
+  static_assert(B == 2 || B == 4 || B == 8 || B == 16, "one access moves 2, 4, 8 or 16 bytes");
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % B != 0) misaligned_access(dst, src, B);
+  if constexpr (B == 16) count_access16();
+  std::memcpy(dst, src, B);
+}
+inline void copy16(void* dst, const void* src) { copy_aligned<16>(dst, src); }
 inline uint16_t bf16_bits(float v) { return bf16_bits_from_float(v); }
 inline uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(bf16_bits(lo)) | (static_cast<uint32_t>(bf16_bits(hi)) << 16);

@@ -1,5 +1,6 @@
-// Sum of squares: a first pass with a grid fixed by n (each thread squares in fp32 and sums in double,
-// each block writes one partial), then one block adds the partials in order.
+// Sum of squares: a first pass with a grid fixed by n (each thread squares in fp32 and sums in double, 16
+// bytes per load where x is 16-byte aligned; each block writes one partial), then one block adds the partials
+// in order.
 #include "kernels/device_common.cuh"
 #include "kernels/sum_squares.cuh"
 #include "shardtrain/runtime/check.hpp"
@@ -7,20 +8,18 @@
 namespace shardtrain::kernels {
 namespace {
 
-using detail::to_f32;
-
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1024;
 
 template <typename T>
-ST_GLOBAL void partial_kernel(const T* __restrict__ x, int64_t n, double* __restrict__ partial) {
+ST_GLOBAL void partial_kernel(const T* __restrict__ x, int64_t n, bool vec, double* __restrict__ partial) {
   ST_SHARED(double, shared, 32);
   double acc = 0.0;
-  const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
-  for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) {
-    const float v = to_f32(x[i]);
-    acc += static_cast<double>(v * v);
-  }
+  detail::for_each_vector<detail::vector_width<T>()>(n, vec, [&](int64_t i, auto width) {
+    float v[decltype(width)::value];
+    detail::load_floats(x + i, v);
+    for (float e : v) acc += static_cast<double>(e * e);
+  });
   acc = detail::block_sum<kThreads>(acc, shared);
   if (simt::thread_x() == 0) partial[simt::block_x()] = acc;
 }
@@ -47,7 +46,7 @@ void sum_squares(DType dtype, const void* x, int64_t n, double* out, ReduceInto 
   if (blocks > 0) {
     detail::dispatch_float(dtype, "sum_squares", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      simt::launch(partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n, partial);
+      simt::launch(partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n, detail::aligned16(x), partial);
       ST_CHECK_KERNEL("sum_squares partial_kernel");
     });
   }

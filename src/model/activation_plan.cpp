@@ -32,7 +32,6 @@ ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq,
   add("final_rstd", &final_rstd, stats, {n});
   Workspace& w = work;
   add("work.attn_out", &w.attn_out, dtype, {n, d});
-  add("work.act", &w.act, dtype, {n, f});
   add("work.grad_hidden[0]", &w.grad_hidden[0], dtype, {n, d});
   add("work.grad_hidden[1]", &w.grad_hidden[1], dtype, {n, d});
   add("work.dh", &w.dh, dtype, {n, d});
@@ -42,8 +41,6 @@ ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq,
   add("work.dk", &w.dk, dtype, {n, kv});
   add("work.dv", &w.dv, dtype, {n, kv});
   add("work.dact", &w.dact, dtype, {n, f});
-  add("work.dgate", &w.dgate, dtype, {n, f});
-  add("work.dup", &w.dup, dtype, {n, f});
 }
 
 void ActivationPlan::add_layer(const std::string& p, LayerActivations& a, DType dtype, DType stats) {
@@ -59,6 +56,7 @@ void ActivationPlan::add_layer(const std::string& p, LayerActivations& a, DType 
   add(p + "rstd2", &a.rstd2, stats, row_shape_);
   add(p + "gate", &a.gate, dtype, mlp_shape_);
   add(p + "up", &a.up, dtype, mlp_shape_);
+  add(p + "act", &a.act, dtype, mlp_shape_);
 }
 
 void ActivationPlan::add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape) {

@@ -83,9 +83,9 @@ void decoder_layer_forward(const Exec& e, int layer, const LayerActivations& a, 
     Scope s(e, m.mlp, phase);
     linear_forward(e, m.gate_proj, p.gate_proj, a.n2, a.gate, phase);
     linear_forward(e, m.up_proj, p.up_proj, a.n2, a.up, phase);
-    e.ops.swiglu_forward(a.gate, a.up, w.act);
+    e.ops.swiglu_forward(a.gate, a.up, a.act);
     e.ops.copy(a.h, x_out);
-    linear_forward(e, m.down_proj, p.down_proj, w.act, x_out, phase, 1.0);
+    linear_forward(e, m.down_proj, p.down_proj, a.act, x_out, phase, 1.0);
   }
 }
 
@@ -97,11 +97,11 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
   const double theta = e.spec.config().rope_theta;
   {
     BackwardScope s(e, m.mlp);
-    e.ops.swiglu_forward(a.gate, a.up, w.act);  // recomputed: cheaper than keeping (N, F) per layer
-    linear_backward(e, m.down_proj, p.down_proj, w.act, dy, w.dact, 0.0);
-    e.ops.swiglu_backward(w.dact, a.gate, a.up, w.dgate, w.dup);
-    linear_backward(e, m.up_proj, p.up_proj, a.n2, w.dup, w.dn, 0.0);
-    linear_backward(e, m.gate_proj, p.gate_proj, a.n2, w.dgate, w.dn, 1.0);
+    linear_backward(e, m.down_proj, p.down_proj, a.act, dy, w.dact, 0.0);
+    // In place: gate and up are dead once their gradients exist (saves two (N, F) buffers).
+    e.ops.swiglu_backward(w.dact, a.gate, a.up, a.gate, a.up);
+    linear_backward(e, m.up_proj, p.up_proj, a.n2, a.up, w.dn, 0.0);
+    linear_backward(e, m.gate_proj, p.gate_proj, a.n2, a.gate, w.dn, 1.0);
   }
   {
     // dh = norm backward + dy (h also feeds x_out directly)

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -316,6 +317,20 @@ void set_max_dynamic_smem(const void* kernel, int bytes) {
     throw std::runtime_error("simt: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " + std::to_string(bytes) +
                              ") is beyond what a GPU allows (" + std::to_string(simt_emulator::kMaxDynamicSmem) + ")");
   emu().max_dynamic_smem[kernel] = bytes;
+}
+
+void count_access16() { ++emu().stats.accesses16; }
+
+void misaligned_access(const void* dst, const void* src, int bytes) {
+  const auto& e = emu();
+  std::string at;
+  if (e.current)
+    at = " by thread " + std::to_string(e.current->tid) + " of block (" + std::to_string(e.block_index.x) + ", " +
+         std::to_string(e.block_index.y) + ", " + std::to_string(e.block_index.z) + ")";
+  std::fprintf(stderr, "simt: misaligned address: a %d-byte access from %p to %p%s (both must be %d-byte aligned)\n", bytes,
+               src, dst, at.c_str(), bytes);
+  std::fflush(stderr);
+  std::abort();
 }
 
 void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes) {

@@ -51,6 +51,7 @@ struct Stats {
   long long barriers = 0;          // completed block barriers (per block)
   long long warp_collectives = 0;  // completed warp collectives (per warp)
   long long mmas = 0;              // of which mma.sync
+  long long accesses16 = 0;        // 16-byte loads and stores (simt::copy_aligned<16>)
 };
 Stats last_stats();
 

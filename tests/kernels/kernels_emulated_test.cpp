@@ -129,6 +129,77 @@ TEST_P(EmulatedKernels, FillCopyAddScaleMatchExactly) {
   }
 }
 
+// Elements [off, off + n) of t: a pointer for a kernel, a copy for a comparison.
+void* elem(HostT& t, int64_t off) { return t.as_ptr<char>() + off * static_cast<int64_t>(dtype_size(t.dtype)); }
+HostT slice(const HostT& t, int64_t off, int64_t n) {
+  HostT r(Shape{n}, t.dtype);
+  std::memcpy(r.ptr(), static_cast<const char*>(t.ptr()) + off * static_cast<int64_t>(dtype_size(t.dtype)),
+              static_cast<size_t>(n) * dtype_size(t.dtype));
+  return r;
+}
+
+// The element-wise kernels move 16 bytes per access where every pointer is 16-byte aligned, and go one element
+// at a time otherwise and for the tail: both paths against the CPU op, at sizes with a tail and at element
+// offsets that break the alignment (the emulator stops the process at a misaligned 16-byte access, as the GPU
+// faults). The count of 16-byte accesses shows which path ran.
+TEST_P(EmulatedKernels, ElementwiseVectorAndScalarPaths) {
+  const auto wide = [] { return simt_emulator::last_stats().accesses16; };
+  for (DType d : {DType::F32, DType::BF16}) {
+    const int64_t per16 = 16 / static_cast<int64_t>(dtype_size(d));
+    for (int64_t n : {1, 7, 9, 1003}) {
+      for (int64_t off : {0, 1, 3}) {
+        const std::string at = name(d) + " n=" + std::to_string(n) + " offset=" + std::to_string(off);
+        const int64_t vectors = off == 0 ? n / per16 : 0;
+        HostT gate = random({n + off}, d), up = random({n + off}, d), dout = random({n + off}, d);
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(gate.ptr()) % 16, 0u);
+        HostT out({n + off}, d), dg({n + off}, d), du({n + off}, d);
+        HostT g = slice(gate, off, n), u = slice(up, off, n), o = slice(dout, off, n);
+        HostT want_out({n}, d), want_dg({n}, d), want_du({n}, d);
+        cpu_->swiglu_forward(g.view(), u.view(), want_out.view());
+        cpu_->swiglu_backward(o.view(), g.view(), u.view(), want_dg.view(), want_du.view());
+        k::swiglu_forward(d, elem(gate, off), elem(up, off), elem(out, off), n, {});
+        EXPECT_EQ(wide(), 3 * vectors) << at;
+        expect_close("swiglu out " + at, slice(out, off, n), want_out, tol_for(d));
+        k::swiglu_backward(d, elem(dout, off), elem(gate, off), elem(up, off), elem(dg, off), elem(du, off), n, {});
+        EXPECT_EQ(wide(), 5 * vectors) << at;
+        expect_close("swiglu dgate " + at, slice(dg, off, n), want_dg, tol_for(d));
+        expect_close("swiglu dup " + at, slice(du, off, n), want_du, tol_for(d));
+        HostT gate_in_place = gate, up_in_place = up;  // the model writes the gradients over gate and up
+        k::swiglu_backward(d, elem(dout, off), elem(gate_in_place, off), elem(up_in_place, off),
+                           elem(gate_in_place, off), elem(up_in_place, off), n, {});
+        expect_close("swiglu dgate in place " + at, slice(gate_in_place, off, n), want_dg, tol_for(d));
+        expect_close("swiglu dup in place " + at, slice(up_in_place, off, n), want_du, tol_for(d));
+
+        HostT filled({n + off}, d), want_fill({n}, d);
+        cpu_->fill(want_fill.view(), -1.25);
+        k::elementwise_fill(d, elem(filled, off), n, -1.25f, {});
+        EXPECT_EQ(wide(), vectors) << at;
+        expect_close("fill " + at, slice(filled, off, n), want_fill, Tol{0, 0});
+        HostT scaled = gate, want_scaled({n}, d);
+        for (int64_t i = 0; i < n; ++i) want_scaled.set(i, static_cast<float>(g.get(i)) * 0.375f);
+        k::elementwise_scale(d, elem(scaled, off), n, 0.375f, {});
+        EXPECT_EQ(wide(), 2 * vectors) << at;
+        expect_close("scale " + at, slice(scaled, off, n), want_scaled, Tol{0, 0});
+        for (DType to : {DType::F32, DType::BF16}) {
+          const std::string pair = at + " into " + name(to);
+          HostT y = random({n + off}, to), copied({n + off}, to);
+          HostT want_copy({n}, to), want_sum = slice(y, off, n);
+          cpu_->copy(g.view(), want_copy.view());
+          cpu_->add(g.view(), want_sum.view());
+          if (to != d) {  // the same dtype is a cudaMemcpyAsync
+            k::elementwise_copy(d, elem(gate, off), to, elem(copied, off), n, {});
+            EXPECT_EQ(wide() > 0, off == 0 && n >= 4) << "copy " << pair;
+            expect_close("copy " + pair, slice(copied, off, n), want_copy, Tol{0, 0});
+          }
+          k::elementwise_add(d, elem(gate, off), to, elem(y, off), n, {});
+          EXPECT_EQ(wide() > 0, off == 0 && n >= (d == to ? per16 : 4)) << "add " << pair;
+          expect_close("add " + pair, slice(y, off, n), want_sum, Tol{0, 0});
+        }
+      }
+    }
+  }
+}
+
 TEST_P(EmulatedKernels, SwigluForwardBackward) {
   const Shape s{37, 136};
   for (DType d : {DType::F32, DType::BF16}) {
@@ -226,8 +297,9 @@ TEST_P(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
 
 // ------------------------------------------------------------------------------------------------ RMSNorm, RoPE
 
+// d = 72 and 520: 16-byte accesses (bf16 and fp32); 70: one element at a time.
 TEST_P(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
-  for (int64_t d : {72, 520}) {
+  for (int64_t d : {72, 520, 70}) {
     const int64_t rows = 37;
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
     for (const auto& p : pairs) {
@@ -241,6 +313,7 @@ TEST_P(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
                               y.view(), rstd.view());
         k::rmsnorm_forward(p[0], x.ptr(), residual ? r.ptr() : nullptr, p[1], w.ptr(), 1e-5f, rows, d,
                            residual ? kh.ptr() : nullptr, ky.ptr(), krstd.as_ptr<float>(), {});
+        EXPECT_EQ(simt_emulator::last_stats().accesses16 > 0, d % 4 == 0) << what;
         expect_close(what + " y", ky, y, tol_for(p[0]));
         expect_close(what + " rstd", krstd, rstd, tol_for(DType::F32));
         if (residual) expect_close(what + " h", kh, h, Tol{0, 0});
@@ -250,8 +323,7 @@ TEST_P(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
 }
 
 TEST_P(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
-  for (int64_t rows : {37, 200}) {  // 200: several 64-row parts of the weight gradient
-    const int64_t d = 72;
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{37, 72}, {200, 72}, {37, 70}}) {  // 200: several 64-row parts
     std::vector<char> workspace(k::rmsnorm_backward_workspace_bytes(rows, d));
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
     for (const auto& p : pairs) {
@@ -383,38 +455,46 @@ TEST_P(EmulatedKernels, AttentionBF16FmaAndTensorCoreKernels) {
 
 // ------------------------------------------------------------------------------------------------------- losses
 
+// vocab 1003: one element per access; 1024: 16-byte accesses.
 TEST_P(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
-  const int64_t n = 37, vocab = 1003;
+  const int64_t n = 37;
   const int32_t ignore = -100;
-  HostT t = loss_targets(rng_, n, vocab, ignore);
-  for (DType d : {DType::F32, DType::BF16}) {
-    for (DType gd : {d, DType::BF16}) {
-      const std::string what = "cross_entropy " + name(d) + " dlogits " + name(gd);
-      HostT logits = random({n, vocab}, d, 3.0), dl({n, vocab}, d), kdl = random({n, vocab}, gd);
-      const LossSums want = cpu_->cross_entropy(logits.view(), t.view(), ignore, 0.37, dl.view());
-      std::vector<float> row_loss(static_cast<size_t>(n), NAN);
-      ErrorRecord err;
-      k::cross_entropy_rows(d, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 0.37f, gd, kdl.ptr(),
-                            row_loss.data(), 0, &err.rec, {});
-      k::LossSumsDevice sums, total;
-      total.loss_sum = 1.5;
-      total.tokens = 4;
-      k::cross_entropy_sum(row_loss.data(), t.as_ptr<int32_t>(), n, ignore, &sums, &total, {});
-      EXPECT_FALSE(err.set()) << what;
-      EXPECT_EQ(sums.tokens, want.tokens) << what;
-      EXPECT_NEAR(sums.loss_sum, want.loss_sum, 1e-5 * std::abs(want.loss_sum)) << what;
-      EXPECT_EQ(total.tokens, want.tokens + 4) << what;  // the running total accumulates
-      EXPECT_DOUBLE_EQ(total.loss_sum, 1.5 + sums.loss_sum) << what;
-      expect_close(what + " dlogits", kdl, dl.as(gd), tol_for(gd));
+  for (int64_t vocab : {1003, 1024}) {
+    HostT t = loss_targets(rng_, n, vocab, ignore);
+    for (DType d : {DType::F32, DType::BF16}) {
+      for (DType gd : {d, DType::BF16}) {
+        const std::string what =
+            "cross_entropy vocab " + std::to_string(vocab) + " " + name(d) + " dlogits " + name(gd);
+        HostT logits = random({n, vocab}, d, 3.0), dl({n, vocab}, d), kdl = random({n, vocab}, gd);
+        const LossSums want = cpu_->cross_entropy(logits.view(), t.view(), ignore, 0.37, dl.view());
+        std::vector<float> row_loss(static_cast<size_t>(n), NAN);
+        ErrorRecord err;
+        k::cross_entropy_rows(d, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 0.37f, gd, kdl.ptr(),
+                              row_loss.data(), 0, &err.rec, {});
+        EXPECT_EQ(simt_emulator::last_stats().accesses16 > 0, vocab % 8 == 0) << what;
+        k::LossSumsDevice sums, total;
+        total.loss_sum = 1.5;
+        total.tokens = 4;
+        k::cross_entropy_sum(row_loss.data(), t.as_ptr<int32_t>(), n, ignore, &sums, &total, {});
+        EXPECT_FALSE(err.set()) << what;
+        EXPECT_EQ(sums.tokens, want.tokens) << what;
+        EXPECT_NEAR(sums.loss_sum, want.loss_sum, 1e-5 * std::abs(want.loss_sum)) << what;
+        EXPECT_EQ(total.tokens, want.tokens + 4) << what;  // the running total accumulates
+        EXPECT_DOUBLE_EQ(total.loss_sum, 1.5 + sums.loss_sum) << what;
+        expect_close(what + " dlogits", kdl, dl.as(gd), tol_for(gd));
+      }
     }
+    // In place (the CUDA backend's f32 chunks): dlogits over the logits they came from.
+    HostT logits = random({n, vocab}, DType::F32, 3.0), dl({n, vocab}, DType::F32);
+    cpu_->cross_entropy(logits.view(), t.view(), ignore, 1.0, dl.view());
+    std::vector<float> row_loss(static_cast<size_t>(n));
+    k::cross_entropy_rows(DType::F32, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
+                          logits.ptr(), row_loss.data(), 0, nullptr, {});
+    expect_close("cross_entropy in place vocab " + std::to_string(vocab), logits, dl, tol_for(DType::F32));
   }
-  // In place (the CUDA backend's f32 chunks): dlogits over the logits they came from.
-  HostT logits = random({n, vocab}, DType::F32, 3.0), dl({n, vocab}, DType::F32);
-  cpu_->cross_entropy(logits.view(), t.view(), ignore, 1.0, dl.view());
+  const int64_t vocab = 1003;
+  HostT t = loss_targets(rng_, n, vocab, ignore);
   std::vector<float> row_loss(static_cast<size_t>(n));
-  k::cross_entropy_rows(DType::F32, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
-                        logits.ptr(), row_loss.data(), 0, nullptr, {});
-  expect_close("cross_entropy in place", logits, dl, tol_for(DType::F32));
   for (int32_t bad : {static_cast<int32_t>(vocab), -5}) {
     HostT tb = t;
     tb.set(9, bad);

@@ -21,17 +21,17 @@ struct LayerActivations {
   ops::Tensor q, k, v;       // after RoPE: (N, D), (N, Dkv), (N, Dkv)
   ops::Tensor attn, lse;     // attention output before o_proj (N, D); log-sum-exp (B, H, S)
   ops::Tensor h, n2, rstd2;  // x + attention (N, D); post_attention_layernorm output (N, D); (N)
-  ops::Tensor gate, up;      // (N, F) each
+  ops::Tensor gate, up;      // (N, F) each; backward overwrites them with their gradients
+  ops::Tensor act;           // silu(gate) * up (N, F): down_proj's input, kept for its weight gradient
 };
 
 // Temporaries reused by every layer.
 struct Workspace {
   ops::Tensor attn_out;                  // o_proj output (N, D)
-  ops::Tensor act;                       // silu(gate) * up (N, F)
   ops::Tensor grad_hidden[2];            // gradient of the residual stream, ping-pong (N, D)
   ops::Tensor dh, dn, dattn;             // (N, D)
   ops::Tensor dq, dk, dv;                // (N, D), (N, Dkv), (N, Dkv)
-  ops::Tensor dact, dgate, dup;          // (N, F)
+  ops::Tensor dact;                      // (N, F)
 };
 
 class ActivationPlan {

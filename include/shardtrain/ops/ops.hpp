@@ -93,7 +93,7 @@ class Ops {
   virtual void attention_segments(const Tensor& input_ids, int32_t pad_token_id, const Tensor& document_ids,
                                   const Tensor& segments, const Tensor& positions) = 0;
 
-  // SwiGLU: out = silu(gate) * up; all (N, F).
+  // SwiGLU: out = silu(gate) * up; all (N, F). Backward may write dgate over gate and dup over up.
   virtual void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   virtual void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                                const Tensor& dup) = 0;
