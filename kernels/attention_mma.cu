@@ -19,18 +19,18 @@ namespace {
 namespace mma = attention_mma;
 
 template <int DMAX>
-ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) forward_kernel(mma::Args a) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) attention_mma_forward_kernel(mma::Args a) {
   mma::forward_body<DMAX>(a);
 }
 template <int DMAX>
-ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) dkdv_kernel(mma::Args a) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) attention_mma_dkdv_kernel(mma::Args a) {
   mma::dkdv_body<DMAX>(a);
 }
 template <int DMAX>
-ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) dq_kernel(mma::Args a) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) attention_mma_dq_kernel(mma::Args a) {
   mma::dq_body<DMAX>(a);
 }
-ST_GLOBAL void ST_LAUNCH_BOUNDS(32) probe_kernel(const uint16_t* a, const uint16_t* bt, float* d) {
+ST_GLOBAL void ST_LAUNCH_BOUNDS(32) attention_mma_probe_kernel(const uint16_t* a, const uint16_t* bt, float* d) {
   mma::mma_probe_body(a, bt, d);
 }
 
@@ -40,8 +40,6 @@ void launch(Kernel kernel, const char* name, dim3 grid, size_t smem, const mma::
   simt::launch(kernel, grid, mma::kThreads, smem, stream, a);
   ST_CHECK_KERNEL(name);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 mma::Args make_args(const AttentionDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
                     float scale) {
@@ -56,7 +54,7 @@ mma::Args make_args(const AttentionDims& d, const void* q, const void* k, const 
   a.head_dim = int(d.head_dim);
   a.group = int(d.heads / d.kv_heads);
   a.scale = scale;
-  a.vec16 = d.head_dim % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+  a.vec16 = d.head_dim % 8 == 0 && detail::aligned16(q, k, v);
   return a;
 }
 
@@ -85,7 +83,7 @@ void attention_forward_mma(const AttentionDims& d, const void* q, const void* k,
   a.lse_out = lse;
   const dim3 grid(unsigned((d.seq + mma::kRows - 1) / mma::kRows), unsigned(d.heads), unsigned(d.batch));
   mma::with_dmax(d.head_dim, [&]<int DMAX>() {
-    launch(forward_kernel<DMAX>, "attention_mma forward_kernel", grid, mma::forward_smem_bytes<DMAX>(), a,
+    launch(attention_mma_forward_kernel<DMAX>, "attention_mma_forward_kernel", grid, mma::forward_smem_bytes<DMAX>(), a,
            detail::cuda_stream(stream));
   });
 }
@@ -94,7 +92,7 @@ void attention_backward_mma(const AttentionDims& d, const void* q, const void* k
                             const void* dout, const int32_t* segments, float scale, const float* dvec, void* dq,
                             void* dk, void* dv, StreamRef stream) {
   mma::Args a = make_args(d, q, k, v, segments, scale);
-  a.vec16 = a.vec16 && aligned16(dout);
+  a.vec16 = a.vec16 && detail::aligned16(dout);
   a.dout = static_cast<const uint16_t*>(dout);
   a.lse = lse;
   a.dvec = dvec;
@@ -104,16 +102,16 @@ void attention_backward_mma(const AttentionDims& d, const void* q, const void* k
   const unsigned tiles = unsigned((d.seq + mma::kRows - 1) / mma::kRows);
   const cudaStream_t s = detail::cuda_stream(stream);
   mma::with_dmax(d.head_dim, [&]<int DMAX>() {
-    launch(dkdv_kernel<DMAX>, "attention_mma dkdv_kernel", dim3(tiles, unsigned(d.kv_heads), unsigned(d.batch)),
-           mma::dkdv_smem_bytes<DMAX>(), a, s);
-    launch(dq_kernel<DMAX>, "attention_mma dq_kernel", dim3(tiles, unsigned(d.heads), unsigned(d.batch)),
+    launch(attention_mma_dkdv_kernel<DMAX>, "attention_mma_dkdv_kernel",
+           dim3(tiles, unsigned(d.kv_heads), unsigned(d.batch)), mma::dkdv_smem_bytes<DMAX>(), a, s);
+    launch(attention_mma_dq_kernel<DMAX>, "attention_mma_dq_kernel", dim3(tiles, unsigned(d.heads), unsigned(d.batch)),
            mma::dq_smem_bytes<DMAX>(), a, s);
   });
 }
 
 void mma_fragment_probe(const uint16_t* a, const uint16_t* bt, float* d, StreamRef stream) {
-  simt::launch(probe_kernel, 1, 32, 0, detail::cuda_stream(stream), a, bt, d);
-  ST_CHECK_KERNEL("attention_mma probe_kernel");
+  simt::launch(attention_mma_probe_kernel, 1, 32, 0, detail::cuda_stream(stream), a, bt, d);
+  ST_CHECK_KERNEL("attention_mma_probe_kernel");
 }
 
 }  // namespace shardtrain::kernels

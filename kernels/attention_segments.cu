@@ -19,9 +19,9 @@ ST_DEV int64_t warp_inclusive_max(int64_t v, int lane) {
   return v;
 }
 
-ST_GLOBAL void segments_kernel(const int32_t* __restrict__ ids, int32_t pad, const int32_t* __restrict__ docs,
-                               int64_t batch, int64_t seq, int32_t* __restrict__ segments,
-                               int32_t* __restrict__ positions, DataErrorRecord* error) {
+ST_GLOBAL void attention_segments_kernel(const int32_t* __restrict__ ids, int32_t pad, const int32_t* __restrict__ docs,
+                                         int64_t batch, int64_t seq, int32_t* __restrict__ segments,
+                                         int32_t* __restrict__ positions, DataErrorRecord* error) {
   ST_SHARED(int64_t, warp_max, 32);
   ST_SHARED(int64_t, carry, 1);  // carry[0]: the maximum over the previous tiles
   const int lane = simt::thread_x() & 31, warp = simt::thread_x() >> 5;
@@ -68,9 +68,9 @@ void attention_segments(const int32_t* input_ids, int32_t pad_token_id, const in
                         int64_t seq, int32_t* segments, int32_t* positions, DataErrorRecord* error, StreamRef stream) {
   if (batch <= 0 || seq <= 0) return;
   const unsigned grid = static_cast<unsigned>(batch < 65535 ? batch : 65535);
-  simt::launch(segments_kernel, grid, kThreads, 0, detail::cuda_stream(stream), input_ids, pad_token_id, document_ids,
-               batch, seq, segments, positions, error);
-  ST_CHECK_KERNEL("attention segments_kernel");
+  simt::launch(attention_segments_kernel, grid, kThreads, 0, detail::cuda_stream(stream), input_ids, pad_token_id,
+               document_ids, batch, seq, segments, positions, error);
+  ST_CHECK_KERNEL("attention_segments_kernel");
 }
 
 }  // namespace shardtrain::kernels

@@ -64,8 +64,9 @@ ST_DEV MaxSum block_max_sum(MaxSum v, float* shared_m, float* shared_s) {
 // then overwrites only the elements it has just read itself, after the block has finished the max/sum pass).
 template <int K, typename L, typename D>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
-    rows_kernel(const L* logits, int64_t rows, int64_t vocab, const int32_t* __restrict__ targets, int32_t ignore_index,
-                float grad_scale, D* dlogits, float* __restrict__ row_loss, int64_t first_row, DataErrorRecord* error) {
+    cross_entropy_rows_kernel(const L* logits, int64_t rows, int64_t vocab, const int32_t* __restrict__ targets,
+                              int32_t ignore_index, float grad_scale, D* dlogits, float* __restrict__ row_loss,
+                              int64_t first_row, DataErrorRecord* error) {
   ST_SHARED(float, shared_m, 32);
   ST_SHARED(float, shared_s, 32);
   const int64_t first = int64_t(simt::thread_x()) * K, step = int64_t(simt::block_dim_x()) * K;
@@ -115,8 +116,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
   }
 }
 
-ST_GLOBAL void sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets, int64_t n,
-                          int32_t ignore_index, LossSumsDevice* __restrict__ out, LossSumsDevice* __restrict__ total) {
+ST_GLOBAL void cross_entropy_sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets,
+                                        int64_t n, int32_t ignore_index, LossSumsDevice* __restrict__ out,
+                                        LossSumsDevice* __restrict__ total) {
   ST_SHARED(double, shared_d, 32);
   ST_SHARED(double, shared_c, 32);
   double loss = 0.0, count = 0.0;
@@ -153,12 +155,12 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
       const auto launch = [&](auto kernel) {
         simt::launch(kernel, grid, kThreads, 0, s, static_cast<const L*>(logits), rows, vocab, targets, ignore_index,
                      grad_scale, static_cast<D*>(dlogits), row_loss, first_row, error);
-        ST_CHECK_KERNEL("cross_entropy rows_kernel");
+        ST_CHECK_KERNEL("cross_entropy_rows_kernel");
       };
       if (vocab % kWide == 0 && detail::aligned16(logits, dlogits)) {
-        launch(rows_kernel<kWide, L, D>);
+        launch(cross_entropy_rows_kernel<kWide, L, D>);
       } else {
-        launch(rows_kernel<1, L, D>);
+        launch(cross_entropy_rows_kernel<1, L, D>);
       }
     });
   });
@@ -167,9 +169,9 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
 void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index,
                        LossSumsDevice* out, LossSumsDevice* total, StreamRef stream) {
   // Runs for n == 0 too, so that *out always holds this call's (zero) sums.
-  simt::launch(sum_kernel, 1, kSumThreads, 0, detail::cuda_stream(stream), row_loss, targets, n, ignore_index, out,
-               total);
-  ST_CHECK_KERNEL("cross_entropy sum_kernel");
+  simt::launch(cross_entropy_sum_kernel, 1, kSumThreads, 0, detail::cuda_stream(stream), row_loss, targets, n,
+               ignore_index, out, total);
+  ST_CHECK_KERNEL("cross_entropy_sum_kernel");
 }
 
 }  // namespace shardtrain::kernels

@@ -86,8 +86,8 @@ struct Layout {
 };
 
 template <typename S, typename T>
-ST_GLOBAL void forward_kernel(const int32_t* __restrict__ ids, int64_t n, const S* __restrict__ table, int64_t vocab,
-                              int64_t dim, T* __restrict__ out, DataErrorRecord* error) {
+ST_GLOBAL void embedding_forward_kernel(const int32_t* __restrict__ ids, int64_t n, const S* __restrict__ table,
+                                        int64_t vocab, int64_t dim, T* __restrict__ out, DataErrorRecord* error) {
   for (int64_t row = simt::block_x(); row < n; row += simt::grid_x()) {
     const int32_t id = ids[row];
     T* dst = out + row * dim;
@@ -102,8 +102,9 @@ ST_GLOBAL void forward_kernel(const int32_t* __restrict__ ids, int64_t n, const 
 }
 
 // keys = ids (invalid ones replaced by the sentinel `vocab`, which sorts last and is skipped), rows = 0..n-1.
-ST_GLOBAL void prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t vocab,
-                                   uint32_t* __restrict__ keys, int32_t* __restrict__ rows, DataErrorRecord* error) {
+ST_GLOBAL void embedding_prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t vocab,
+                                             uint32_t* __restrict__ keys, int32_t* __restrict__ rows,
+                                             DataErrorRecord* error) {
   const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
   for (int64_t i = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); i < n; i += stride) {
     const int32_t id = ids[i];
@@ -117,8 +118,9 @@ ST_GLOBAL void prepare_keys_kernel(const int32_t* __restrict__ ids, int64_t n, i
 // Block b handles sorted position b when it starts a run of equal keys: dtable[key, :] += dout[rows, :]
 // for the run's rows, in increasing row order (the sort is stable).
 template <typename G, typename T>
-ST_GLOBAL void accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows, int64_t n,
-                                      const G* __restrict__ dout, int64_t dim, T* __restrict__ dtable, int64_t vocab) {
+ST_GLOBAL void embedding_accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows,
+                                                int64_t n, const G* __restrict__ dout, int64_t dim,
+                                                T* __restrict__ dtable, int64_t vocab) {
   for (int64_t start = simt::block_x(); start < n; start += simt::grid_x()) {
     const uint32_t key = keys[start];
     if (static_cast<int64_t>(key) >= vocab) continue;
@@ -146,9 +148,9 @@ void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const v
     using S = typename decltype(stag)::type;
     detail::dispatch_float(out_dtype, "embedding_forward", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      simt::launch(forward_kernel<S, T>, grid, kThreads, 0, detail::cuda_stream(stream), ids, n,
+      simt::launch(embedding_forward_kernel<S, T>, grid, kThreads, 0, detail::cuda_stream(stream), ids, n,
                    static_cast<const S*>(table), vocab, dim, static_cast<T*>(out), error);
-      ST_CHECK_KERNEL("embedding forward_kernel");
+      ST_CHECK_KERNEL("embedding_forward_kernel");
     });
   });
 }
@@ -175,8 +177,9 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
   auto* rows_in = reinterpret_cast<int32_t*>(ws + L.rows_in);
   auto* rows_out = reinterpret_cast<int32_t*>(ws + L.rows_out);
   cudaStream_t s = detail::cuda_stream(stream);
-  simt::launch(prepare_keys_kernel, detail::grid_for(n, 256), 256, 0, s, ids, n, vocab, keys_in, rows_in, error);
-  ST_CHECK_KERNEL("embedding prepare_keys_kernel");
+  simt::launch(embedding_prepare_keys_kernel, detail::grid_for(n, 256), 256, 0, s, ids, n, vocab, keys_in, rows_in,
+               error);
+  ST_CHECK_KERNEL("embedding_prepare_keys_kernel");
   size_t temp_bytes = L.temp_bytes;
   ST_CHECK_CUDA(sort_pairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, static_cast<int>(n),
                            key_bits(vocab), s));
@@ -185,9 +188,9 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
     using G = typename decltype(gtag)::type;
     detail::dispatch_float(table_dtype, "embedding_backward", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      simt::launch(accumulate_runs_kernel<G, T>, grid, kThreads, 0, s, keys_out, rows_out, n,
+      simt::launch(embedding_accumulate_runs_kernel<G, T>, grid, kThreads, 0, s, keys_out, rows_out, n,
                    static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab);
-      ST_CHECK_KERNEL("embedding accumulate_runs_kernel");
+      ST_CHECK_KERNEL("embedding_accumulate_runs_kernel");
     });
   });
 }

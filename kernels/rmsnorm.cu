@@ -27,8 +27,9 @@ int64_t parts_for(int64_t rows) { return (rows + kRowsPerPart - 1) / kRowsPerPar
 // dim is a multiple of it and every array is 16-byte aligned, else 1. Sums of squares and dots are warp sums.
 template <int K, typename T, typename W>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
-    forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ weight, float eps,
-                   int64_t rows, int64_t dim, T* __restrict__ h_out, T* __restrict__ y, float* __restrict__ rstd) {
+    rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ weight,
+                           float eps, int64_t rows, int64_t dim, T* __restrict__ h_out, T* __restrict__ y,
+                           float* __restrict__ rstd) {
   const int lane = simt::thread_x() % 32;
   const int64_t warps = int64_t(simt::grid_x()) * (kThreads / 32);
   for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps) {
@@ -62,9 +63,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
 
 template <int K, typename T, typename W>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
-    backward_dh_kernel(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
-                       const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh, int64_t rows,
-                       int64_t dim) {
+    rmsnorm_backward_dh_kernel(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
+                               const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh,
+                               int64_t rows, int64_t dim) {
   const int lane = simt::thread_x() % 32;
   const int64_t warps = int64_t(simt::grid_x()) * (kThreads / 32);
   for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps) {
@@ -99,8 +100,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
 // partial[p, j] = sum over rows r in [64 p, 64 p + 64) of dy[r, j] * h[r, j] * rstd[r], rows in order.
 // grid: (column blocks, parts).
 template <typename T>
-ST_GLOBAL void dweight_partial_kernel(const T* __restrict__ dy, const T* __restrict__ h, const float* __restrict__ rstd,
-                                      int64_t rows, int64_t dim, float* __restrict__ partial) {
+ST_GLOBAL void rmsnorm_dweight_partial_kernel(const T* __restrict__ dy, const T* __restrict__ h,
+                                              const float* __restrict__ rstd, int64_t rows, int64_t dim,
+                                              float* __restrict__ partial) {
   const int64_t j = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x();
   if (j >= dim) return;
   for (int64_t p = simt::block_y(); p * kRowsPerPart < rows; p += simt::grid_y()) {
@@ -114,8 +116,8 @@ ST_GLOBAL void dweight_partial_kernel(const T* __restrict__ dy, const T* __restr
 
 // dweight[j] += sum over parts p (in order) of partial[p, j].
 template <typename D>
-ST_GLOBAL void dweight_reduce_kernel(const float* __restrict__ partial, int64_t parts, int64_t dim,
-                                     D* __restrict__ dweight) {
+ST_GLOBAL void rmsnorm_dweight_reduce_kernel(const float* __restrict__ partial, int64_t parts, int64_t dim,
+                                             D* __restrict__ dweight) {
   const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
   for (int64_t j = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); j < dim; j += stride) {
     float s = 0.0f;
@@ -154,10 +156,11 @@ void rmsnorm_forward(DType dtype, const void* x, const void* residual, DType wei
       with_width<T, W>(
           dim,
           [&](auto width) {
-            simt::launch(forward_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0,
+            simt::launch(rmsnorm_forward_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0,
                          detail::cuda_stream(stream), static_cast<const T*>(x), static_cast<const T*>(residual),
-                         static_cast<const W*>(weight), eps, rows, dim, static_cast<T*>(h_out), static_cast<T*>(y), rstd);
-            ST_CHECK_KERNEL("rmsnorm forward_kernel");
+                         static_cast<const W*>(weight), eps, rows, dim, static_cast<T*>(h_out), static_cast<T*>(y),
+                         rstd);
+            ST_CHECK_KERNEL("rmsnorm_forward_kernel");
           },
           x, residual, weight, h_out, y);
     });
@@ -184,24 +187,24 @@ void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_d
       with_width<T, W>(
           dim,
           [&](auto width) {
-            simt::launch(backward_dh_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0, s,
+            simt::launch(rmsnorm_backward_dh_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0, s,
                          static_cast<const T*>(dy), static_cast<const T*>(h), static_cast<const W*>(weight), rstd,
                          static_cast<const T*>(dh_extra), static_cast<T*>(dh), rows, dim);
-            ST_CHECK_KERNEL("rmsnorm backward_dh_kernel");
+            ST_CHECK_KERNEL("rmsnorm_backward_dh_kernel");
           },
           dy, h, weight, dh_extra, dh);
     });
     const dim3 grid(static_cast<unsigned>((dim + kColThreads - 1) / kColThreads),
                     static_cast<unsigned>(parts < 65535 ? parts : 65535));
-    simt::launch(dweight_partial_kernel<T>, grid, kColThreads, 0, s, static_cast<const T*>(dy),
+    simt::launch(rmsnorm_dweight_partial_kernel<T>, grid, kColThreads, 0, s, static_cast<const T*>(dy),
                  static_cast<const T*>(h), rstd, rows, dim, partial);
-    ST_CHECK_KERNEL("rmsnorm dweight_partial_kernel");
+    ST_CHECK_KERNEL("rmsnorm_dweight_partial_kernel");
   });
   detail::dispatch_float(dweight_dtype, "rmsnorm_backward", [&](auto dtag) {
     using D = typename decltype(dtag)::type;
-    simt::launch(dweight_reduce_kernel<D>, detail::grid_for(dim, 256), 256, 0, s, partial, parts, dim,
+    simt::launch(rmsnorm_dweight_reduce_kernel<D>, detail::grid_for(dim, 256), 256, 0, s, partial, parts, dim,
                  static_cast<D*>(dweight));
-    ST_CHECK_KERNEL("rmsnorm dweight_reduce_kernel");
+    ST_CHECK_KERNEL("rmsnorm_dweight_reduce_kernel");
   });
 }
 

@@ -12,7 +12,7 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1024;
 
 template <typename T>
-ST_GLOBAL void partial_kernel(const T* __restrict__ x, int64_t n, bool vec, double* __restrict__ partial) {
+ST_GLOBAL void sum_squares_partial_kernel(const T* __restrict__ x, int64_t n, bool vec, double* __restrict__ partial) {
   ST_SHARED(double, shared, 32);
   double acc = 0.0;
   detail::for_each_vector<detail::vector_width<T>()>(n, vec, [&](int64_t i, auto width) {
@@ -24,7 +24,8 @@ ST_GLOBAL void partial_kernel(const T* __restrict__ x, int64_t n, bool vec, doub
   if (simt::thread_x() == 0) partial[simt::block_x()] = acc;
 }
 
-ST_GLOBAL void final_kernel(const double* __restrict__ partial, int blocks, double* __restrict__ out, bool accumulate) {
+ST_GLOBAL void sum_squares_final_kernel(const double* __restrict__ partial, int blocks, double* __restrict__ out,
+                                        bool accumulate) {
   ST_SHARED(double, shared, 32);
   double acc = 0.0;
   for (int i = simt::thread_x(); i < blocks; i += simt::block_dim_x()) acc += partial[i];
@@ -46,12 +47,14 @@ void sum_squares(DType dtype, const void* x, int64_t n, double* out, ReduceInto 
   if (blocks > 0) {
     detail::dispatch_float(dtype, "sum_squares", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      simt::launch(partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n, detail::aligned16(x), partial);
-      ST_CHECK_KERNEL("sum_squares partial_kernel");
+      simt::launch(sum_squares_partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n,
+                   detail::aligned16(x), partial);
+      ST_CHECK_KERNEL("sum_squares_partial_kernel");
     });
   }
-  simt::launch(final_kernel, 1, kThreads, 0, s, partial, static_cast<int>(blocks), out, mode == ReduceInto::Accumulate);
-  ST_CHECK_KERNEL("sum_squares final_kernel");
+  simt::launch(sum_squares_final_kernel, 1, kThreads, 0, s, partial, static_cast<int>(blocks), out,
+               mode == ReduceInto::Accumulate);
+  ST_CHECK_KERNEL("sum_squares_final_kernel");
 }
 
 }  // namespace shardtrain::kernels

@@ -15,8 +15,8 @@ constexpr int kThreads = 256;
 ST_DEV float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 template <typename T>
-ST_GLOBAL void forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, int64_t n,
-                              bool vec) {
+ST_GLOBAL void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                                     int64_t n, bool vec) {
   detail::for_each_vector<detail::vector_width<T>()>(n, vec, [&](int64_t i, auto width) {
     constexpr int K = decltype(width)::value;
     float g[K], u[K], o[K];
@@ -29,8 +29,8 @@ ST_GLOBAL void forward_kernel(const T* __restrict__ gate, const T* __restrict__ 
 
 // dgate and dup may be gate and up (in place): each thread stores only elements it has already loaded.
 template <typename T>
-ST_GLOBAL void backward_kernel(const T* __restrict__ dout, const T* gate, const T* up, T* dgate, T* dup, int64_t n,
-                               bool vec) {
+ST_GLOBAL void swiglu_backward_kernel(const T* __restrict__ dout, const T* gate, const T* up, T* dgate, T* dup,
+                                      int64_t n, bool vec) {
   detail::for_each_vector<detail::vector_width<T>()>(n, vec, [&](int64_t i, auto width) {
     constexpr int K = decltype(width)::value;
     float x[K], y[K], d[K], dg[K], du[K];
@@ -56,9 +56,9 @@ void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, in
     using T = typename decltype(tag)::type;
     const bool vec = detail::aligned16(gate, up, out);
     const int64_t items = detail::vector_items(n, detail::vector_width<T>(), vec);
-    simt::launch(forward_kernel<T>, detail::grid_for(items, kThreads), kThreads, 0, detail::cuda_stream(stream),
+    simt::launch(swiglu_forward_kernel<T>, detail::grid_for(items, kThreads), kThreads, 0, detail::cuda_stream(stream),
                  static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n, vec);
-    ST_CHECK_KERNEL("swiglu forward_kernel");
+    ST_CHECK_KERNEL("swiglu_forward_kernel");
   });
 }
 
@@ -69,10 +69,10 @@ void swiglu_backward(DType dtype, const void* dout, const void* gate, const void
     using T = typename decltype(tag)::type;
     const bool vec = detail::aligned16(dout, gate, up, dgate, dup);
     const int64_t items = detail::vector_items(n, detail::vector_width<T>(), vec);
-    simt::launch(backward_kernel<T>, detail::grid_for(items, kThreads), kThreads, 0, detail::cuda_stream(stream),
+    simt::launch(swiglu_backward_kernel<T>, detail::grid_for(items, kThreads), kThreads, 0, detail::cuda_stream(stream),
                  static_cast<const T*>(dout), static_cast<const T*>(gate), static_cast<const T*>(up),
                  static_cast<T*>(dgate), static_cast<T*>(dup), n, vec);
-    ST_CHECK_KERNEL("swiglu backward_kernel");
+    ST_CHECK_KERNEL("swiglu_backward_kernel");
   });
 }
 

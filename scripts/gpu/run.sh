@@ -14,6 +14,8 @@
 #     ops       shardtrain bench ops on the seed model's shapes
 #     bench     scripts/bench-vs-pytorch.py: shardtrain (and with CPU offload) and PyTorch FSDP2, eager and
 #               compiled, on the seed model: one table
+#     profile   one step of the seed model kernel by kernel (Nsight Compute, two runs: 1 and 2 steps, their
+#               difference is one steady-state step): scripts/gpu/profile-summary.py -> profile.md
 #   (no phase: probe only). `-- CMD` runs CMD afterwards with the same environment.
 #
 # The device tool carries: .deps/gpu (the bundle) and data/sotu-bpe4k.h5 (the tiny and bench dataset).
@@ -33,7 +35,7 @@ python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2
 phases=()
 while (($#)) && [[ "$1" != -- ]]; do phases+=("$1"); shift; done
 for p in "${phases[@]}"; do
-  case "$p" in tests | sanitize | track | parity | ops | bench) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in tests | sanitize | track | parity | ops | bench | profile) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 
 # The machine's CUDA libraries: the toolkit's, then those of the Python wheels (PyTorch brings NCCL).
@@ -64,7 +66,7 @@ finish() {
     # Logs, metrics and JSON; not the parity dumps' weights and gradients (tens of MB; the tool returns
     # files of up to 16 MB, 8 of them).
     tar -czf "$OUT/logs.tar.gz" --exclude='*.safetensors' -C "$LOGS" . 2>/dev/null
-    for f in "$LOGS"/bench/*.md "$LOGS"/bench/bench-vs-pytorch.json "$LOGS"/bench/ops.json; do
+    for f in "$LOGS"/bench/*.md "$LOGS"/bench/bench-vs-pytorch.json "$LOGS"/bench/ops.json "$LOGS"/profile/profile.md; do
       [[ -f "$f" ]] && cp "$f" "$OUT/"
     done 2>/dev/null
   fi
@@ -145,6 +147,26 @@ phase_bench() {
   run bench_vs_pytorch 570 python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml" \
     --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --timeout 200 \
     --out "$LOGS/bench"
+}
+
+# Kernel times of one training step of the seed model (batch 64, seq 512, bf16) under Nsight Compute: one metric
+# (gpu__time_duration), real clocks, no replay. The runs with 1 and 2 steps (no warm-up) differ by exactly one
+# steady-state step; the step's wall time comes from a run without the profiler.
+phase_profile() {
+  local dir=$LOGS/profile steps ncu_bin
+  mkdir -p "$dir"
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n "$ncu_bin" ]] || { summary "profile: no ncu on this machine"; status=1; return; }
+  local args=(bench step --config "$ROOT/configs/llama-seed.toml" --data.path "$DATA")
+  run profile_step_time 120 mpirun -np 1 shardtrain "${args[@]}" --warmup 2 --steps 5 --json "$dir/step.json"
+  for steps in 1 2; do
+    run "profile_ncu_${steps}_steps" 210 mpirun -np 1 "$ncu_bin" --csv --page raw --print-units base --clock-control none \
+      --metrics gpu__time_duration.sum --log-file "$dir/ncu-$steps.csv" shardtrain "${args[@]}" --warmup 0 --steps "$steps"
+  done
+  local step_ms
+  step_ms=$(python3 -c "import json, sys; print(1000 * json.load(open(sys.argv[1]))['step_time_median_s'])" "$dir/step.json" 2>/dev/null)
+  run profile_summary 30 bash -c "python3 '$ROOT/scripts/gpu/profile-summary.py' '$dir/ncu-1.csv' '$dir/ncu-2.csv' \
+    ${step_ms:+--step-ms $step_ms} > '$dir/profile.md' && cat '$dir/profile.md'"
 }
 
 phase_parity() {
