@@ -1,5 +1,6 @@
 // Attention backward, FlashAttention-2 style and deterministic (no atomics), in three kernels:
-//   1. dvec[b, h, i] = dout_i . out_i                       (B, H, S) fp32, in the caller's workspace
+//   1. dvec[b, h, i] = dout_i . out_i                       (B, H, S) fp32, in the caller's workspace (one
+//      thread per row, 16-byte loads)
 //   2. one CTA per (64-key tile, kv head, batch): over every query head of the group and every 32-query step
 //      from the tile's first key to S, recompute p = exp(s - lse), ds = p (dp - dvec) with dp = dout v^T, and
 //      accumulate dv += p^T dout, dk += ds^T (q * scale); dk, dv are written once, summed over the group.
@@ -52,15 +53,15 @@ template <typename T> struct BackwardArgs {
   float scale;
 };
 
-// Kernel 1: one warp per (b, i, h) row of out.
+// Kernel 1: one thread per (b, i, h) row of out, K elements per load (16 bytes when head_dim and the two
+// pointers allow; a warp then reads 32 consecutive rows, whole cache lines).
 constexpr int kDotThreads = 256;
 
-template <typename T>
+template <int K, typename T>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kDotThreads) attention_backward_dot_kernel(BackwardArgs<T> a) {
-  const int lane = simt::thread_x() % 32;
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
-  const int64_t warps = int64_t(simt::grid_x()) * (kDotThreads / 32);
-  for (int64_t row = int64_t(simt::block_x()) * (kDotThreads / 32) + simt::thread_x() / 32; row < rows; row += warps) {
+  const int64_t stride = int64_t(simt::grid_x()) * kDotThreads;
+  for (int64_t row = int64_t(simt::block_x()) * kDotThreads + simt::thread_x(); row < rows; row += stride) {
     const int h = int(row % a.heads);
     const int64_t token = row / a.heads;  // b * S + i
     const int i = int(token % a.seq);
@@ -68,13 +69,15 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kDotThreads) attention_backward_dot_kernel(Backw
     const T* o = a.out + row * a.head_dim;
     const T* dout = a.dout + row * a.head_dim;
     float acc = 0.f;
-    for (int d = lane; d < a.head_dim; d += 32) acc = fmaf(to_f32(dout[d]), to_f32(o[d]), acc);
-    acc = detail::warp_sum(acc);
-    if (lane == 0) {
-      const int64_t at = (int64_t(b) * a.heads + h) * a.seq + i;
-      const bool dead = a.lse[at] == -INFINITY || (a.seg && a.seg[token] < 0);
-      a.dvec[at] = dead ? 0.f : acc;
+    for (int d = 0; d < a.head_dim; d += K) {
+      float x[K], y[K];
+      detail::load_floats(dout + d, x);
+      detail::load_floats(o + d, y);
+      for (int k = 0; k < K; ++k) acc = fmaf(x[k], y[k], acc);
     }
+    const int64_t at = (int64_t(b) * a.heads + h) * a.seq + i;
+    const bool dead = a.lse[at] == -INFINITY || (a.seg && a.seg[token] < 0);
+    a.dvec[at] = dead ? 0.f : acc;
   }
 }
 
@@ -359,8 +362,13 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
 
 template <typename T> void launch_dot(const BackwardArgs<T>& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
-  const int64_t dot_blocks = std::min<int64_t>((rows + kDotThreads / 32 - 1) / (kDotThreads / 32), 65535 * 8);
-  simt::launch(attention_backward_dot_kernel<T>, unsigned(dot_blocks), kDotThreads, 0, stream, a);
+  const unsigned blocks = detail::grid_for(rows, kDotThreads);
+  constexpr int kWide = detail::vector_width<T>();
+  if (a.head_dim % kWide == 0 && detail::aligned16(a.out, a.dout)) {
+    simt::launch(attention_backward_dot_kernel<kWide, T>, blocks, kDotThreads, 0, stream, a);
+  } else {
+    simt::launch(attention_backward_dot_kernel<1, T>, blocks, kDotThreads, 0, stream, a);
+  }
   ST_CHECK_KERNEL("attention_backward_dot_kernel");
 }
 

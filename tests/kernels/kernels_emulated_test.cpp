@@ -440,6 +440,7 @@ TEST_P(EmulatedKernels, AttentionF32EveryHeadDim) {
     }
   check_attention(Case{2, 130, 4, 4, 64}, MaskKind::Padded, DType::F32);  // several query and key tiles
   check_attention(Case{1, 1, 4, 4, 24}, MaskKind::Causal, DType::F32);
+  check_attention(Case{2, 45, 6, 2, 6}, MaskKind::Padded, DType::F32);  // dout . out one element at a time
 }
 
 TEST_P(EmulatedKernels, AttentionBF16FmaAndTensorCoreKernels) {
