@@ -363,13 +363,13 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
 template <typename T> void launch_dot(const BackwardArgs<T>& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
   const unsigned blocks = detail::grid_for(rows, kDotThreads);
-  constexpr int kWide = detail::vector_width<T>();
-  if (a.head_dim % kWide == 0 && detail::aligned16(a.out, a.dout)) {
-    simt::launch(attention_backward_dot_kernel<kWide, T>, blocks, kDotThreads, 0, stream, a);
-  } else {
-    simt::launch(attention_backward_dot_kernel<1, T>, blocks, kDotThreads, 0, stream, a);
-  }
-  ST_CHECK_KERNEL("attention_backward_dot_kernel");
+  detail::with_row_width<T, T>(
+      a.head_dim,
+      [&](auto width) {
+        simt::launch(attention_backward_dot_kernel<decltype(width)::value, T>, blocks, kDotThreads, 0, stream, a);
+        ST_CHECK_KERNEL("attention_backward_dot_kernel");
+      },
+      a.out, a.dout);
 }
 
 template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {

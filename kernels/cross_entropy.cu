@@ -151,17 +151,15 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
     using L = typename decltype(ltag)::type;
     detail::dispatch_float(dlogits_dtype, "cross_entropy_rows", [&](auto dtag) {
       using D = typename decltype(dtag)::type;
-      constexpr int kWide = detail::vector_width<L, D>();
-      const auto launch = [&](auto kernel) {
-        simt::launch(kernel, grid, kThreads, 0, s, static_cast<const L*>(logits), rows, vocab, targets, ignore_index,
-                     grad_scale, static_cast<D*>(dlogits), row_loss, first_row, error);
-        ST_CHECK_KERNEL("cross_entropy_rows_kernel");
-      };
-      if (vocab % kWide == 0 && detail::aligned16(logits, dlogits)) {
-        launch(cross_entropy_rows_kernel<kWide, L, D>);
-      } else {
-        launch(cross_entropy_rows_kernel<1, L, D>);
-      }
+      detail::with_row_width<L, D>(
+          vocab,
+          [&](auto width) {
+            simt::launch(cross_entropy_rows_kernel<decltype(width)::value, L, D>, grid, kThreads, 0, s,
+                         static_cast<const L*>(logits), rows, vocab, targets, ignore_index, grad_scale,
+                         static_cast<D*>(dlogits), row_loss, first_row, error);
+            ST_CHECK_KERNEL("cross_entropy_rows_kernel");
+          },
+          logits, dlogits);
     });
   });
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/data_error.cuh"
 #include "kernels/simt.cuh"
@@ -117,6 +118,19 @@ ST_DEV void for_each_vector(int64_t n, bool vec, F&& body) {
 template <typename... P>
 bool aligned16(const P*... p) {
   return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
+
+// Host side, for kernels that walk rows of n elements: calls f(std::integral_constant<int, K>{}) with K =
+// vector_width<A, B>() when n is a multiple of it and every array is 16-byte aligned (so every row start is),
+// else K = 1.
+template <typename A, typename B, typename F, typename... P>
+void with_row_width(int64_t n, F&& f, const P*... arrays) {
+  constexpr int kWide = vector_width<A, B>();
+  if (n % kWide == 0 && aligned16(arrays...)) {
+    f(std::integral_constant<int, kWide>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
 }
 
 // Threads for a for_each_vector loop: one per whole vector, or per element when !vec.

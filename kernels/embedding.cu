@@ -1,5 +1,5 @@
 // Embedding forward (one block per token row) and backward (radix sort of (id, row) pairs, then one block
-// per run of equal ids summing its rows in order).
+// per run of equal ids summing its rows in order), 16 bytes per access where dim and alignment allow.
 #if defined(__CUDACC__)
 #include <cub/device/device_radix_sort.cuh>
 #else
@@ -17,8 +17,8 @@
 namespace shardtrain::kernels {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
+using detail::load_floats;
+using detail::store_floats;
 
 constexpr int kThreads = 128;
 constexpr size_t kAlign = 256;
@@ -85,19 +85,22 @@ struct Layout {
   }
 };
 
-template <typename S, typename T>
+// K elements per access: 16 bytes of the wider type when dim is a multiple of it and both arrays are 16-byte
+// aligned, else 1 (the launchers decide).
+template <int K, typename S, typename T>
 ST_GLOBAL void embedding_forward_kernel(const int32_t* __restrict__ ids, int64_t n, const S* __restrict__ table,
                                         int64_t vocab, int64_t dim, T* __restrict__ out, DataErrorRecord* error) {
   for (int64_t row = simt::block_x(); row < n; row += simt::grid_x()) {
     const int32_t id = ids[row];
     T* dst = out + row * dim;
-    if (id < 0 || id >= vocab) {
-      if (simt::thread_x() == 0) detail::record_data_error(error, DataErrorCode::TokenId, id, row, vocab);
-      for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) dst[j] = from_f32<T>(0.0f);
-      continue;
+    const bool valid = id >= 0 && id < vocab;
+    if (!valid && simt::thread_x() == 0) detail::record_data_error(error, DataErrorCode::TokenId, id, row, vocab);
+    const S* src = table + static_cast<int64_t>(valid ? id : 0) * dim;
+    for (int64_t j = int64_t(simt::thread_x()) * K; j < dim; j += int64_t(simt::block_dim_x()) * K) {
+      float v[K] = {};
+      if (valid) load_floats(src + j, v);
+      store_floats(dst + j, v);
     }
-    const S* src = table + static_cast<int64_t>(id) * dim;
-    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) dst[j] = from_f32<T>(to_f32(src[j]));
   }
 }
 
@@ -116,8 +119,12 @@ ST_GLOBAL void embedding_prepare_keys_kernel(const int32_t* __restrict__ ids, in
 }
 
 // Block b handles sorted position b when it starts a run of equal keys: dtable[key, :] += dout[rows, :]
-// for the run's rows, in increasing row order (the sort is stable).
-template <typename G, typename T>
+// for the run's rows, in increasing row order (the sort is stable). A frequent token's run is long (thousands
+// of rows in a step) and one block sums it alone, so each thread loads kRowsAhead rows before it adds them (in
+// the same order: the result is the plain sequential sum), and K columns per access.
+constexpr int kRowsAhead = 8;
+
+template <int K, typename G, typename T>
 ST_GLOBAL void embedding_accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows,
                                                 int64_t n, const G* __restrict__ dout, int64_t dim,
                                                 T* __restrict__ dtable, int64_t vocab) {
@@ -128,10 +135,22 @@ ST_GLOBAL void embedding_accumulate_runs_kernel(const uint32_t* __restrict__ key
     int64_t end = start + 1;
     while (end < n && keys[end] == key) ++end;
     T* dst = dtable + static_cast<int64_t>(key) * dim;
-    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
-      float acc = to_f32(dst[j]);
-      for (int64_t r = start; r < end; ++r) acc += to_f32(dout[static_cast<int64_t>(rows[r]) * dim + j]);
-      dst[j] = from_f32<T>(acc);
+    for (int64_t j = int64_t(simt::thread_x()) * K; j < dim; j += int64_t(simt::block_dim_x()) * K) {
+      float acc[K];
+      load_floats(dst + j, acc);
+      int64_t r = start;
+      for (; r + kRowsAhead <= end; r += kRowsAhead) {
+        float v[kRowsAhead][K];
+        for (int u = 0; u < kRowsAhead; ++u) load_floats(dout + static_cast<int64_t>(rows[r + u]) * dim + j, v[u]);
+        for (int u = 0; u < kRowsAhead; ++u)
+          for (int k = 0; k < K; ++k) acc[k] += v[u][k];
+      }
+      for (; r < end; ++r) {
+        float v[K];
+        load_floats(dout + static_cast<int64_t>(rows[r]) * dim + j, v);
+        for (int k = 0; k < K; ++k) acc[k] += v[k];
+      }
+      store_floats(dst + j, acc);
     }
   }
 }
@@ -148,9 +167,15 @@ void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const v
     using S = typename decltype(stag)::type;
     detail::dispatch_float(out_dtype, "embedding_forward", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      simt::launch(embedding_forward_kernel<S, T>, grid, kThreads, 0, detail::cuda_stream(stream), ids, n,
-                   static_cast<const S*>(table), vocab, dim, static_cast<T*>(out), error);
-      ST_CHECK_KERNEL("embedding_forward_kernel");
+      detail::with_row_width<S, T>(
+          dim,
+          [&](auto width) {
+            simt::launch(embedding_forward_kernel<decltype(width)::value, S, T>, grid, kThreads, 0,
+                         detail::cuda_stream(stream), ids, n, static_cast<const S*>(table), vocab, dim,
+                         static_cast<T*>(out), error);
+            ST_CHECK_KERNEL("embedding_forward_kernel");
+          },
+          table, out);
     });
   });
 }
@@ -188,9 +213,14 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
     using G = typename decltype(gtag)::type;
     detail::dispatch_float(table_dtype, "embedding_backward", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
-      simt::launch(embedding_accumulate_runs_kernel<G, T>, grid, kThreads, 0, s, keys_out, rows_out, n,
-                   static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab);
-      ST_CHECK_KERNEL("embedding_accumulate_runs_kernel");
+      detail::with_row_width<G, T>(
+          dim,
+          [&](auto width) {
+            simt::launch(embedding_accumulate_runs_kernel<decltype(width)::value, G, T>, grid, kThreads, 0, s, keys_out,
+                         rows_out, n, static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab);
+            ST_CHECK_KERNEL("embedding_accumulate_runs_kernel");
+          },
+          dout, dtable);
     });
   });
 }

@@ -1,8 +1,6 @@
 // RMSNorm kernels: forward and the dh part of backward run one warp per row (fp32 warp sums, 16-byte accesses
 // where the row length and alignment allow); the weight gradient is summed over rows in fixed 64-row chunks,
 // then over the chunks in order.
-#include <type_traits>
-
 #include "kernels/device_common.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "shardtrain/runtime/check.hpp"
@@ -132,18 +130,6 @@ unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-// Calls f(std::integral_constant<int, K>{}) with the access width the row kernels can use: 16 bytes of the wider
-// of T and W when dim is a multiple of it and every array is 16-byte aligned (null arrays count as aligned).
-template <typename T, typename W, typename F, typename... P>
-void with_width(int64_t dim, F&& f, const P*... arrays) {
-  constexpr int kWide = detail::vector_width<T, W>();
-  if (dim % kWide == 0 && detail::aligned16(arrays...)) {
-    f(std::integral_constant<int, kWide>{});
-  } else {
-    f(std::integral_constant<int, 1>{});
-  }
-}
-
 }  // namespace
 
 void rmsnorm_forward(DType dtype, const void* x, const void* residual, DType weight_dtype, const void* weight, float eps,
@@ -153,7 +139,7 @@ void rmsnorm_forward(DType dtype, const void* x, const void* residual, DType wei
     using T = typename decltype(ttag)::type;
     detail::dispatch_float(weight_dtype, "rmsnorm_forward", [&](auto wtag) {
       using W = typename decltype(wtag)::type;
-      with_width<T, W>(
+      detail::with_row_width<T, W>(
           dim,
           [&](auto width) {
             simt::launch(rmsnorm_forward_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0,
@@ -184,7 +170,7 @@ void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_d
     using T = typename decltype(ttag)::type;
     detail::dispatch_float(weight_dtype, "rmsnorm_backward", [&](auto wtag) {
       using W = typename decltype(wtag)::type;
-      with_width<T, W>(
+      detail::with_row_width<T, W>(
           dim,
           [&](auto width) {
             simt::launch(rmsnorm_backward_dh_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0, s,

@@ -241,14 +241,17 @@ TEST_P(EmulatedKernels, EmbeddingForwardAndDataError) {
   HostT ids = random_ints({n}, 0, static_cast<int32_t>(vocab));
   ids.set(5, vocab - 1);
   ids.set(6, 0);
-  for (DType td : {DType::F32, DType::BF16}) {
-    for (DType od : {DType::F32, DType::BF16}) {
-      HostT table = random({vocab, d}, td), want({n, d}, od), got = random({n, d}, od);
-      cpu_->embedding_forward(ids.view(), table.view(), want.view());
-      ErrorRecord err;
-      k::embedding_forward(ids.as_ptr<int32_t>(), n, td, table.ptr(), vocab, d, od, got.ptr(), &err.rec, {});
-      expect_close("embedding " + name(td) + " -> " + name(od), got, want, Tol{0, 0});
-      EXPECT_FALSE(err.set());
+  for (int64_t dim : {d, int64_t{70}}) {  // 72: 16-byte accesses; 70: one element at a time
+    for (DType td : {DType::F32, DType::BF16}) {
+      for (DType od : {DType::F32, DType::BF16}) {
+        HostT table = random({vocab, dim}, td), want({n, dim}, od), got = random({n, dim}, od);
+        cpu_->embedding_forward(ids.view(), table.view(), want.view());
+        ErrorRecord err;
+        k::embedding_forward(ids.as_ptr<int32_t>(), n, td, table.ptr(), vocab, dim, od, got.ptr(), &err.rec, {});
+        EXPECT_EQ(simt_emulator::last_stats().accesses16 > 0, dim == d);
+        expect_close("embedding " + name(td) + " -> " + name(od), got, want, Tol{0, 0});
+        EXPECT_FALSE(err.set());
+      }
     }
   }
   // An id outside the vocabulary: its row is zeros and the first bad id is recorded (index, value, bound).
@@ -265,25 +268,29 @@ TEST_P(EmulatedKernels, EmbeddingForwardAndDataError) {
   for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out.get(11 * d + j), 0.0);
 }
 
+// Runs of about 25 rows (loaded 8 ahead, then a tail); d = 72: 16-byte accesses, 70: one element at a time.
 TEST_P(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
-  const int64_t n = 300, vocab = 1003, d = 72;
+  const int64_t n = 300, vocab = 1003;
   HostT ids = random_ints({n}, 0, 12);  // many repeats
   for (int64_t i = 0; i < n; i += 7) ids.set(i, 500 + i);
   std::vector<char> workspace(k::embedding_backward_workspace_bytes(n, vocab));
   const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
-  for (const auto& p : pairs) {
-    const std::string what = "embedding_backward " + name(p[0]) + " into " + name(p[1]);
-    HostT dout = random({n, d}, p[0]), table0 = random({vocab, d}, p[1]);
-    HostT want = table0, got = table0, again = table0;
-    cpu_->embedding_backward(ids.view(), dout.view(), want.view());
-    k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], got.ptr(), vocab, workspace.data(),
-                          workspace.size(), nullptr, {});
-    // f32 tables are summed in the CPU's exact order; bf16 ones are rounded once instead of per token.
-    expect_close(what, got, want, p[1] == DType::F32 ? Tol{1e-6, 1e-7} : Tol{2e-2, 2e-2});
-    k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], again.ptr(), vocab, workspace.data(),
-                          workspace.size(), nullptr, {});
-    expect_bitwise_equal(what, again, got);
+  for (int64_t d : {72, 70}) {
+    for (const auto& p : pairs) {
+      const std::string what = "embedding_backward d=" + std::to_string(d) + " " + name(p[0]) + " into " + name(p[1]);
+      HostT dout = random({n, d}, p[0]), table0 = random({vocab, d}, p[1]);
+      HostT want = table0, got = table0, again = table0;
+      cpu_->embedding_backward(ids.view(), dout.view(), want.view());
+      k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], got.ptr(), vocab, workspace.data(),
+                            workspace.size(), nullptr, {});
+      // f32 tables are summed in the CPU's exact order; bf16 ones are rounded once instead of per token.
+      expect_close(what, got, want, p[1] == DType::F32 ? Tol{1e-6, 1e-7} : Tol{2e-2, 2e-2});
+      k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], again.ptr(), vocab, workspace.data(),
+                            workspace.size(), nullptr, {});
+      expect_bitwise_equal(what, again, got);
+    }
   }
+  const int64_t d = 72;
   HostT bad = ids;
   bad.set(3, -1);
   HostT dout = random({n, d}, DType::F32), table = random({vocab, d}, DType::F32);
