@@ -7,7 +7,7 @@ the whole device, so none is allowed. With CPU offload the gradients come down t
 wait that adds is pinned here too, so a new one shows up as a failure.
 
 The same runs count every call (SHARDTRAIN_CUDA_EMULATOR_CALLS): in a steady state a step allocates and frees
-no device or pinned memory (cudaMalloc costs milliseconds and cudaFree synchronizes the device), creates no
+no device or pinned memory (cudaMalloc can take milliseconds, cudaFree synchronizes the device), creates no
 stream or event, and builds no cuBLASLt descriptor and asks no heuristic (cached per shape); what it queues
 (kernel launches, GEMMs, collectives, copies) is printed."""
 import collections
