@@ -29,12 +29,7 @@
 // host wait for device work not yet run (a synchronization, a synchronous copy, cudaFree): where a GPU run
 // may stall the host. Waits for work already run are not listed; on a GPU they return at once.
 //
-// Calls. SHARDTRAIN_CUDA_EMULATOR_CALLS=FILE appends, when the process exits, a line "<pid> <name> <count>"
-// for every kind of call it made: the runtime calls that allocate, free, create, destroy, copy, record and
-// wait, the cuBLASLt calls that build descriptors and pick algorithms, NCCL's communicator set-up, and every
-// piece of queued device work by what it is ("kernel launch", "cublasLtMatmul", "ncclAllGather", ...). The
-// same run for a few more steps shows what a step costs: what it creates (nothing, in a steady state) and
-// how much it queues.
+// Calls: every API entry and every piece of queued work is counted (call_counts.cpp).
 #include <cuda_runtime_api.h>
 #include <execinfo.h>
 #include <fcntl.h>
@@ -54,7 +49,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -123,8 +117,6 @@ struct State {
   uint64_t next_seq = 1;
   int running = 0;  // > 0 while queued work runs (device memory accessible)
   int waits_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
-  int calls_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_CALLS: where the counts below go at exit
-  std::unordered_map<std::string, uint64_t> calls;
   int devices = 1;    // SHARDTRAIN_CUDA_EMULATOR_DEVICES: what cudaGetDeviceCount reports
   int current = 0;    // cudaSetDevice's
   cudaError_t last_error = cudaSuccess;
@@ -150,28 +142,12 @@ struct State {
       waits_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (waits_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_WAITS=") + s + ": " + std::strerror(errno));
     }
-    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_CALLS"); s && *s) {
-      calls_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (calls_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_CALLS=") + s + ": " + std::strerror(errno));
-      std::atexit(write_calls);
-    }
   }
-  static void write_calls();
 };
 
 State& state() {
   static State* s = new State;  // never destroyed: static destructors of other objects may still free memory
   return *s;
-}
-
-// At exit, the counts in one write (ranks may share the file).
-void State::write_calls() {
-  State& g = state();
-  std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  std::string text;
-  for (const auto& [name, n] : g.calls) text += std::to_string(getpid()) + " " + name + " " + std::to_string(n) + "\n";
-  if (!text.empty() && write(g.calls_fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-    std::fprintf(stderr, "cuda emulator: SHARDTRAIN_CUDA_EMULATOR_CALLS: write failed\n");
 }
 
 std::string hex(const void* p) {
@@ -456,13 +432,6 @@ void require_device_range(const void* p, size_t bytes, const char* what, bool pi
   if (a + bytes > base + alloc->bytes)
     fatal(std::string(what) + ": " + std::to_string(bytes) + " bytes at " + hex(p) + " (byte " + std::to_string(a - base) +
           " of an allocation of " + std::to_string(alloc->bytes) + ") run past its end");
-}
-
-void count_call(const char* name) {
-  State& g = state();
-  if (g.calls_fd < 0) return;
-  std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  ++g.calls[name];
 }
 
 void submit(void* stream, std::function<void()> work, const char* what) {
