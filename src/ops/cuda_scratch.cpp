@@ -11,22 +11,28 @@ size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
 }  // namespace
 
-int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requested) {
-  // About 64M logits per chunk (4x the CPU backend's): at V = 50000 that is 1342 rows, so the dW GEMM
-  // (K = the chunk's rows) runs 20-odd k-iterations per tile, and there are few launches; still a few
-  // percent of what the full (N, V) fp32 logits would take.
-  int64_t chunk = requested > 0 ? requested : std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(vocab, 1), 64, 8192);
+int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requested, DType logits_dtype) {
+  // About 256 MiB of logits per chunk (64M in fp32, 128M in bf16; the CPU backend takes 16M): at V = 50000
+  // in bf16 that is 2684 rows, so the dW GEMM (K = the chunk's rows) runs 40-odd k-iterations per tile and
+  // dW's fp32 read-modify-write happens 13 times for a batch of 32768 tokens; still a few percent of what
+  // the full (N, V) logits would take.
+  const int64_t logits = (int64_t{256} << 20) / static_cast<int64_t>(dtype_size(logits_dtype));
+  int64_t chunk = requested > 0 ? requested : std::clamp<int64_t>(logits / std::max<int64_t>(vocab, 1), 64, 8192);
   return std::min(chunk, std::max<int64_t>(tokens, 1));
+}
+
+DType linear_loss_logits_dtype(DType h, DType weight) {
+  return h == DType::BF16 && weight == DType::BF16 ? DType::BF16 : DType::F32;
 }
 
 CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOptions& options) {
   const int64_t n = s.batch * s.seq;
   CudaScratchBytes b;
-  const auto chunk = static_cast<size_t>(linear_loss_chunk_tokens(s.vocab, n, s.loss_chunk_tokens));
+  const DType logits_dtype = linear_loss_logits_dtype(s.param_dtype, s.param_dtype);
+  const auto chunk = static_cast<size_t>(linear_loss_chunk_tokens(s.vocab, n, s.loss_chunk_tokens, logits_dtype));
   const auto vocab = static_cast<size_t>(s.vocab), hidden = static_cast<size_t>(s.hidden);
-  b.loss = chunk * vocab * 4 + static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;  // Logits, RowLoss
-  if (s.param_dtype == DType::BF16) b.loss += chunk * vocab * 2;                  // DLogits
-  if (s.lm_head_grad_dtype != DType::F32) b.loss += vocab * hidden * 4;           // WeightGrad
+  b.loss = chunk * vocab * dtype_size(logits_dtype) + static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;  // Logits, RowLoss
+  if (s.lm_head_grad_dtype != DType::F32) b.loss += vocab * hidden * 4;  // WeightGrad
   // kernels/attention_bwd.cu, rmsnorm.cu (64-row parts), embedding.cu (keys and rows in and out, each
   // 256-byte aligned, then cub's radix-sort storage, counted here as one more copy of keys and rows).
   const size_t attention = 4 * static_cast<size_t>(s.batch * s.heads * s.seq);

@@ -618,14 +618,21 @@ TEST(CudaScratchPlan, CoversTheKernelWorkspaces) {
     EXPECT_GE(b.op_workspace, embedding);
     EXPECT_LE(b.op_workspace, std::max({attention, rmsnorm, embedding + static_cast<size_t>(n) * 8 + 256}));
     EXPECT_GE(b.sum_partials, k::sum_squares_workspace_bytes());
-    const int64_t chunk = linear_loss_chunk_tokens(sh.vocab, n, 0);
-    EXPECT_EQ(b.loss, static_cast<size_t>(chunk * sh.vocab * 6 + n * 4));  // fp32 logits, bf16 dlogits, row losses
+    const int64_t chunk = linear_loss_chunk_tokens(sh.vocab, n, 0, DType::BF16);
+    EXPECT_EQ(b.loss, static_cast<size_t>(chunk * sh.vocab * 2 + n * 4));  // bf16 logits (dlogits in place), row losses
+    shape.param_dtype = DType::F32;
+    const int64_t chunk32 = linear_loss_chunk_tokens(sh.vocab, n, 0, DType::F32);
+    EXPECT_EQ(cuda_scratch_bytes(shape).loss, static_cast<size_t>(chunk32 * sh.vocab * 4 + n * 4));
   }
-  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 0), 1342);  // the seed: 64M logits per chunk
-  EXPECT_EQ(linear_loss_chunk_tokens(50000, 500, 0), 500);     // never more than the micro-batch
-  EXPECT_EQ(linear_loss_chunk_tokens(1 << 30, 32768, 0), 64);  // at least 64 rows
-  EXPECT_EQ(linear_loss_chunk_tokens(100, 32768, 0), 8192);    // at most 8192
-  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 16), 16);   // a requested size wins
+  EXPECT_EQ(linear_loss_logits_dtype(DType::BF16, DType::BF16), DType::BF16);
+  EXPECT_EQ(linear_loss_logits_dtype(DType::BF16, DType::F32), DType::F32);
+  EXPECT_EQ(linear_loss_logits_dtype(DType::F32, DType::BF16), DType::F32);
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 0, DType::BF16), 2684);  // the seed: 128M bf16 logits per chunk
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 0, DType::F32), 1342);   // 64M fp32 logits
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 500, 0, DType::BF16), 500);     // never more than the micro-batch
+  EXPECT_EQ(linear_loss_chunk_tokens(1 << 30, 32768, 0, DType::BF16), 64);  // at least 64 rows
+  EXPECT_EQ(linear_loss_chunk_tokens(100, 32768, 0, DType::F32), 8192);     // at most 8192
+  EXPECT_EQ(linear_loss_chunk_tokens(50000, 32768, 16, DType::F32), 16);    // a requested size wins
 }
 
 // ------------------------------------------------------------------------------------------------ the emulator

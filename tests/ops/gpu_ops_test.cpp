@@ -475,16 +475,18 @@ TEST_F(GpuOps, LinearCrossEntropyInChunksMatchesCpu) {
       DevT gh = up(hh), gw = up(w), gdh = up(random({n, d}, set[0])), gdw = up(dw0);
       const LossSums want = cpu_->linear_cross_entropy(hh.view(), w.view(), t.view(), ignore, 0.5, chunk, dh.view(), dw.view());
       const LossSums got = gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, gdh.view(), gdw.view());
+      // bf16 h and W: both backends round the logits and dlogits to bf16; a logit whose fp32 value lies near a
+      // rounding boundary may round the other way after cuBLAS's summation order (one bf16 step, 2^-8).
+      const bool bf16_logits = set[0] == DType::BF16 && set[1] == DType::BF16;
+      const double loss_tol = bf16_logits ? 1e-4 : 1e-5;
       EXPECT_EQ(got.tokens, want.tokens) << what;
-      EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * std::abs(want.loss_sum)) << what;
-      // bf16 h and W: dlogits are rounded to bf16 for the tensor-core GEMMs (the CPU keeps them fp32).
-      const bool bf16_grads = set[0] == DType::BF16 && set[1] == DType::BF16;
-      expect_close(what + " dh", down(gdh), dh, bf16_grads ? Tol{2e-2, 1e-2} : tol_for(set[0]));
-      expect_close(what + " dweight", down(gdw), dw, bf16_grads ? Tol{2e-2, 1e-2} : tol_for(set[2]));
+      EXPECT_NEAR(got.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
+      expect_close(what + " dh", down(gdh), dh, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[0]));
+      expect_close(what + " dweight", down(gdw), dw, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[2]));
       const LossSums loss_only = gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, Tensor{},
                                                             Tensor{});
       EXPECT_EQ(loss_only.tokens, want.tokens) << what;
-      EXPECT_NEAR(loss_only.loss_sum, want.loss_sum, 1e-5 * std::abs(want.loss_sum)) << what;
+      EXPECT_NEAR(loss_only.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
     }
   }
   HostT tb = t;

@@ -76,6 +76,41 @@ TEST(Dtypes, DeferredLossTotalsInCallOrder) {
   EXPECT_EQ(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}).loss_sum, a.loss_sum);
 }
 
+// A bf16 lm_head (bf16 h and W) stores its logits in bf16 and its dlogits in bf16, as PyTorch's does under
+// bf16 mixed precision and as the CUDA backend's chunk buffer holds them: the fused loss equals the unfused
+// chain through bf16 tensors (matmul rounding to bf16, cross_entropy in fp32 on those, bf16 dlogits, GEMMs).
+TEST(Dtypes, LinearCrossEntropyBf16RoundsLogitsAndDlogits) {
+  auto ops = cpu_ops(2);
+  std::mt19937_64 rng(31);
+  const int64_t n = 13, d = 24, vocab = 41;
+  const double scale = 0.25;
+  HostTensor h = random_tensor({n, d}, rng, 2.0), w = random_tensor({vocab, d}, rng, 2.0);
+  IntTensor t({n});
+  for (int64_t i = 0; i < n; ++i) t[i] = i == 5 ? -100 : static_cast<int32_t>((i * 13) % vocab);
+  Typed th(h, DType::BF16), tw(w, DType::BF16);
+  Typed logits({n, vocab}, DType::BF16), dlogits({n, vocab}, DType::BF16), dh_ref({n, d}, DType::BF16),
+      dw_ref({vocab, d}, DType::F32);
+  ops->matmul(Transpose::No, Transpose::Yes, 1.0, th.view(), tw.view(), 0.0, logits.view());
+  const LossSums ref = ops->cross_entropy(logits.view(), t.view(), -100, scale, dlogits.view());
+  ops->matmul(Transpose::No, Transpose::No, 1.0, dlogits.view(), tw.view(), 0.0, dh_ref.view());
+  ops->matmul(Transpose::Yes, Transpose::No, 1.0, dlogits.view(), th.view(), 0.0, dw_ref.view());
+  // fp32 logits of the same (bf16-valued) inputs give another loss: the rounding is really there.
+  Typed b32(th.view().shape, DType::F32), wb32(tw.view().shape, DType::F32);
+  for (int64_t i = 0; i < n * d; ++i) b32.set(i, th.get(i));
+  for (int64_t i = 0; i < vocab * d; ++i) wb32.set(i, tw.get(i));
+  const LossSums f32 = ops->linear_cross_entropy(b32.view(), wb32.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  EXPECT_GT(std::abs(f32.loss_sum - ref.loss_sum), 1e-5 * std::abs(ref.loss_sum));
+  for (int64_t chunk : {0, 4}) {
+    SCOPED_TRACE(chunk);
+    Typed dh({n, d}, DType::BF16), dw({vocab, d}, DType::F32);
+    const LossSums s = ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view());
+    EXPECT_EQ(s.tokens, ref.tokens);
+    EXPECT_NEAR(s.loss_sum, ref.loss_sum, 1e-6 * std::abs(ref.loss_sum));
+    for (int64_t i = 0; i < n * d; ++i) EXPECT_EQ(dh.get(i), dh_ref.get(i)) << i;  // both rounded once from fp32
+    for (int64_t i = 0; i < vocab * d; ++i) EXPECT_NEAR(dw.get(i), dw_ref.get(i), 1e-6 * (std::abs(dw_ref.get(i)) + 1e-3));
+  }
+}
+
 TEST(Dtypes, RmsnormSwigluAttentionLoss) {
   auto ops = cpu_ops(2);  // the parallel paths
   std::mt19937_64 rng(22);

@@ -29,9 +29,14 @@ struct CudaOpsOptions {
   size_t gemm_workspace_bytes = size_t{32} << 20;  // cuBLASLt workspace, allocated once
 };
 
-// The fused lm_head + loss's rows per chunk: `requested` when positive, else about 64M logits (256 MiB in
-// fp32), at least 64 and at most 8192 rows; never more than `tokens`. src/ops/cuda/loss.cpp uses it.
-int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requested);
+// The fused lm_head + loss's rows per chunk: `requested` when positive, else about 256 MiB of logits (64M
+// in fp32, 128M in bf16), at least 64 and at most 8192 rows; never more than `tokens`.
+// src/ops/cuda/loss.cpp uses it.
+int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requested, DType logits_dtype);
+
+// The dtype the fused loss stores a chunk's logits and dlogits in: bf16 when h and W both are (a bf16
+// lm_head, rounded as PyTorch's is; softmax in fp32), else fp32. Both backends round alike.
+DType linear_loss_logits_dtype(DType h, DType weight);
 
 // The device scratch the CUDA backend's ops hold for one micro-batch (grow-only slots, each as large as its
 // largest use), which `shardtrain plan` adds to a rank's device memory beside parameters, gradients and
@@ -40,7 +45,7 @@ int64_t linear_loss_chunk_tokens(int64_t vocab, int64_t tokens, int64_t requeste
 struct CudaScratchShape {
   int64_t batch = 0, seq = 0, hidden = 0, heads = 0, vocab = 0;
   int64_t loss_chunk_tokens = 0;                // as the model passes it (0: the default)
-  DType param_dtype = DType::BF16;              // bf16 h and W: bf16 dlogits for the tensor-core GEMMs
+  DType param_dtype = DType::BF16;              // bf16 h and W: bf16 logits and dlogits (one buffer)
   DType lm_head_grad_dtype = DType::F32;        // not f32: the chunks' dW is summed in an fp32 buffer first
 };
 struct CudaScratchBytes {

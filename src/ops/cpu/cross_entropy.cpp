@@ -1,8 +1,11 @@
 // Cross-entropy with ignore_index, alone and fused with lm_head. The fused form forms logits for a chunk
 // of tokens (chunk x V), turns them into the loss and dlogits in place, and immediately folds them into
-// dh and dW, so full-vocabulary probabilities exist for one chunk at a time.
+// dh and dW, so full-vocabulary probabilities exist for one chunk at a time. With bf16 h and W (mixed
+// precision) the logits and dlogits are rounded to bf16, as the CUDA backend stores them and as PyTorch's
+// bf16 lm_head produces them: the softmax itself runs in fp32 on the rounded logits.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels.hpp"
 
@@ -44,6 +47,12 @@ template <typename A> A loss_row(A* z, int64_t vocab, int32_t target, int32_t ig
   for (int64_t j = 0; j < vocab; ++j) z[j] *= f;
   z[target] -= scale;
   return loss;
+}
+
+// In place: every value rounded to the nearest bf16 (the logits and dlogits of a bf16 lm_head).
+void round_to_bf16(int threads, float* p, int64_t n) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(bf16(p[i]));
 }
 
 }  // namespace
@@ -93,6 +102,7 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   check_targets(t, n, vocab, ignore_index);
   // Default: about 16M logits (64 MiB in fp32) per chunk; more rows per chunk make the dW GEMM (K = rows) efficient.
   if (chunk_tokens <= 0) chunk_tokens = std::clamp<int64_t>((int64_t{16} << 20) / std::max<int64_t>(vocab, 1), 64, 4096);
+  const bool bf16_logits = h.dtype == DType::BF16 && weight.dtype == DType::BF16;
   LossSums sums;
   dispatch_float(h.dtype, op, [&](auto tag) {
     using T = decltype(tag);
@@ -115,10 +125,16 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
       const int64_t rows = std::min(chunk_tokens, n - c0);
       // (rows, V) = h[c0 : c0+rows] @ W^T
       gemm_raw<A>(ctx.threads, Transpose::No, Transpose::Yes, rows, vocab, d, A(1), hc + c0 * d, d, w, d, A(0), logits, vocab);
+      if constexpr (std::is_same_v<A, float>) {
+        if (bf16_logits) round_to_bf16(ctx.threads, logits, rows * vocab);
+      }
 #pragma omp parallel for num_threads(ctx.threads) schedule(static) if (rows * vocab > (1 << 14))
       for (int64_t i = 0; i < rows; ++i)
         row_loss[c0 + i] = loss_row(logits + i * vocab, vocab, t[c0 + i], ignore_index, static_cast<A>(grad_scale), grad);
       if (!grad) continue;
+      if constexpr (std::is_same_v<A, float>) {
+        if (bf16_logits) round_to_bf16(ctx.threads, logits, rows * vocab);
+      }
       // dh (rows, D) = dlogits @ W;  dW (V, D) += dlogits^T @ h
       gemm_raw<A>(ctx.threads, Transpose::No, Transpose::No, rows, d, vocab, A(1), logits, vocab, w, d, A(0), dh_buf + c0 * d, d);
       gemm_raw<A>(ctx.threads, Transpose::Yes, Transpose::No, vocab, d, rows, A(1), logits, vocab, hc + c0 * d, d, A(1), dw, d);

@@ -19,7 +19,7 @@
 namespace shardtrain::ops::cuda {
 
 // Scratch slots: each use has its own, so a helper never overwrites its caller's buffer.
-enum class Slot { GemmA, GemmB, GemmC, Logits, DLogits, RowLoss, WeightGrad, OpWorkspace, SumPartials, Count };
+enum class Slot { GemmA, GemmB, GemmC, Logits, RowLoss, WeightGrad, OpWorkspace, SumPartials, Count };
 
 // Grow-only device memory. Growing a buffer that holds memory first synchronizes the device, since work
 // queued earlier (on any stream) may still use the old buffer; once shapes repeat, nothing grows.

@@ -1,8 +1,9 @@
 // Cross-entropy on the GPU, alone and fused with lm_head in chunks of tokens (never the full (N, V) logits):
-// per chunk, logits (rows, V) fp32 = h_chunk W^T (cuBLASLt), the row kernel turns them into row losses and
-// dlogits (in place in fp32, or into a bf16 chunk buffer when h and W are bf16, so the two backward GEMMs
-// run on tensor cores), then dh_chunk = dlogits W and dW += dlogits^T h_chunk. The losses are summed once
-// at the end in a fixed order, and one small readback + stream synchronization returns them.
+// per chunk, logits (rows, V) = h_chunk W^T (cuBLASLt, fp32 accumulation; stored in bf16 when h and W are
+// bf16, as PyTorch's bf16 lm_head stores them, else fp32), the row kernel turns them into row losses (fp32
+// softmax) and dlogits in place, in the same dtype, then dh_chunk = dlogits W and dW += dlogits^T h_chunk
+// (tensor cores for bf16). The losses are summed once at the end in a fixed order, and one small readback +
+// stream synchronization returns them.
 #include <algorithm>
 
 #include "context.hpp"
@@ -39,16 +40,12 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight);
   const int64_t n = dims.tokens, d = dims.hidden, vocab = dims.vocab;
   const bool grad = dh.defined();
-  chunk_tokens = linear_loss_chunk_tokens(vocab, n, chunk_tokens);  // cuda_ops.hpp (the planner sizes it too)
-
-  // dlogits feed both backward GEMMs: bf16 when h and W are (tensor cores, fp32 accumulation), else fp32.
-  const DType grad_dtype = h.dtype == DType::BF16 && weight.dtype == DType::BF16 ? DType::BF16 : DType::F32;
-  float* logits = ctx.scratch_for<float>(Slot::Logits, chunk_tokens * vocab);
-  void* dlogits = nullptr;
-  if (grad) {
-    dlogits = grad_dtype == DType::F32 ? static_cast<void*>(logits)
-                                       : ctx.scratch_for<char>(Slot::DLogits, chunk_tokens * vocab * 2);
-  }
+  // One chunk buffer: logits, then dlogits over them (cuda_ops.hpp; the planner sizes it too). bf16 halves the
+  // bytes the row kernel moves and lets the buffer hold twice the rows, so dW is read and written half as often.
+  const DType logits_dtype = linear_loss_logits_dtype(h.dtype, weight.dtype);
+  chunk_tokens = linear_loss_chunk_tokens(vocab, n, chunk_tokens, logits_dtype);
+  void* logits = ctx.scratch_for<char>(Slot::Logits, chunk_tokens * vocab * static_cast<int64_t>(dtype_size(logits_dtype)));
+  void* dlogits = grad ? logits : nullptr;
   float* row_loss = ctx.scratch_for<float>(Slot::RowLoss, std::max<int64_t>(n, 1));
   // dW sums over chunks in fp32: straight into dweight when it is f32, else in an fp32 buffer added once at
   // the end (as the CPU backend does), so bf16 dweight is rounded once.
@@ -68,12 +65,12 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, n - c0);
     const Tensor hc = h2.row_slice(c0, rows);
-    const Tensor lc = device_view(logits, DType::F32, Shape{rows, vocab});
+    const Tensor lc = device_view(logits, logits_dtype, Shape{rows, vocab});
     matmul(ctx, Transpose::No, Transpose::Yes, 1.0, hc, w2, 0.0, lc);  // (rows, V) = h_c W^T
-    kernels::cross_entropy_rows(DType::F32, logits, rows, vocab, t + c0, ignore_index, static_cast<float>(grad_scale),
-                                grad_dtype, dlogits, row_loss + c0, c0, ctx.error_record(), ctx.stream);
+    kernels::cross_entropy_rows(logits_dtype, logits, rows, vocab, t + c0, ignore_index, static_cast<float>(grad_scale),
+                                logits_dtype, dlogits, row_loss + c0, c0, ctx.error_record(), ctx.stream);
     if (!grad) continue;
-    const Tensor gc = device_view(dlogits, grad_dtype, Shape{rows, vocab});
+    const Tensor& gc = lc;  // dlogits, in place
     matmul(ctx, Transpose::No, Transpose::No, 1.0, gc, w2, 0.0, dh2.row_slice(c0, rows));  // (rows, D) = dlogits W
     matmul(ctx, Transpose::Yes, Transpose::No, 1.0, gc, hc, 1.0, dw);                      // (V, D) += dlogits^T h_c
   }
