@@ -1,7 +1,7 @@
 // LlamaDecoderLayer forward and backward:
 //   n1 = input_layernorm(x);  q, k, v = n1 Wq^T, n1 Wk^T, n1 Wv^T;  RoPE(q, k);  attn = GQA(q, k, v)
 //   h = x + attn Wo^T;  n2 = post_attention_layernorm(h)  (add and norm fused)
-//   x_out = h + (silu(n2 Wg^T) * n2 Wu^T) Wd^T  (the residual add rides on the down_proj GEMM, beta = 1)
+//   x_out = h + (silu(n2 Wg^T) * n2 Wu^T) Wd^T  (the residual add rides on the down_proj GEMM: C = h, D = x_out)
 #include <exception>
 
 #include "layer_exec.hpp"
@@ -33,11 +33,15 @@ BackwardScope::~BackwardScope() noexcept(false) {
 
 namespace {
 
-// y (N, out) = x (N, in) W^T, W (out, in); beta = 1 adds to y.
+// y (N, out) = x (N, in) W^T, W (out, in); with a residual r (N, out): y = r + x W^T.
 void linear_forward(const Exec& e, int module, int param, const Tensor& x, const Tensor& y, ForwardPhase phase,
-                    double beta = 0.0) {
+                    const Tensor& residual = Tensor{}) {
   Scope s(e, module, phase);
-  e.ops.matmul(Transpose::No, Transpose::Yes, 1.0, x, e.param(param), beta, y);
+  if (residual.defined()) {
+    e.ops.matmul_add(Transpose::No, Transpose::Yes, 1.0, x, e.param(param), residual, y);
+  } else {
+    e.ops.matmul(Transpose::No, Transpose::Yes, 1.0, x, e.param(param), 0.0, y);
+  }
 }
 
 // dW += dy^T x;  dx = dy W (beta_dx = 0) or dx += dy W (beta_dx = 1).
@@ -84,8 +88,7 @@ void decoder_layer_forward(const Exec& e, int layer, const LayerActivations& a, 
     linear_forward(e, m.gate_proj, p.gate_proj, a.n2, a.gate, phase);
     linear_forward(e, m.up_proj, p.up_proj, a.n2, a.up, phase);
     e.ops.swiglu_forward(a.gate, a.up, a.act);
-    e.ops.copy(a.h, x_out);
-    linear_forward(e, m.down_proj, p.down_proj, a.act, x_out, phase, 1.0);
+    linear_forward(e, m.down_proj, p.down_proj, a.act, x_out, phase, a.h);
   }
 }
 

@@ -47,6 +47,23 @@ MatmulDims validate_matmul(const TensorChecks& checks, Transpose ta, Transpose t
   return MatmulDims{m, n, k};
 }
 
+MatmulDims validate_matmul_add(const TensorChecks& checks, Transpose ta, Transpose tb, const Tensor& a, const Tensor& b,
+                               const Tensor& c, const Tensor& out) {
+  const char* op = "matmul_add";
+  const MatmulDims dims = validate_matmul(checks, ta, tb, a, b, out);
+  checks.require_float(c, op, "c");
+  require(c.dtype == out.dtype && c.shape == out.shape, op, "c is {} {}, expected out's {} {}", dtype_name(c.dtype),
+          c.shape.str(), dtype_name(out.dtype), out.shape.str());
+  auto overlaps = [](const Tensor& x, const Tensor& y) {
+    const auto* x0 = static_cast<const char*>(x.data);
+    const auto* y0 = static_cast<const char*>(y.data);
+    return x0 < y0 + y.bytes() && y0 < x0 + x.bytes();
+  };
+  require(c.data == out.data || !overlaps(c, out), op, "c overlaps out without being it");
+  require(!overlaps(a, out) && !overlaps(b, out), op, "out overlaps an operand");
+  return dims;
+}
+
 void validate_copy(const TensorChecks& checks, const Tensor& src, const Tensor& dst) {
   checks.require_float(src, "copy", "src");
   checks.require_float(dst, "copy", "dst");

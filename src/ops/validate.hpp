@@ -55,6 +55,10 @@ struct MatmulDims {
 MatmulDims validate_matmul(const TensorChecks& checks, Transpose ta, Transpose tb, const Tensor& a, const Tensor& b,
                            const Tensor& c);
 
+// matmul's checks on (a, b, out), and c: out's shape and dtype, out itself or disjoint from it and from a and b.
+MatmulDims validate_matmul_add(const TensorChecks& checks, Transpose ta, Transpose tb, const Tensor& a, const Tensor& b,
+                               const Tensor& c, const Tensor& out);
+
 void validate_copy(const TensorChecks& checks, const Tensor& src, const Tensor& dst);
 void validate_add(const TensorChecks& checks, const Tensor& x, const Tensor& y);
 

@@ -104,6 +104,47 @@ TEST_F(GpuOps, MatmulEveryTransposeDtypeMixAndBeta) {
   EXPECT_EQ(gpu_->gemm_plans(), plans);
 }
 
+// out = op(a) op(b) + c with c beside out (cuBLASLt reads C, writes D) is what copying c into out and
+// accumulating with beta = 1 computes: the same plan, so the same bits; c is left untouched. Mixes cuBLASLt
+// has no native path for and c = out take the copy.
+TEST_F(GpuOps, MatmulAddReadsCAndWritesOut) {
+  const int64_t m = 37, n = 45, k = 136;
+  const DType combos[][2] = {{DType::BF16, DType::BF16}, {DType::BF16, DType::F32}, {DType::F32, DType::F32},
+                             {DType::F32, DType::BF16}};
+  for (const auto& combo : combos) {
+    for (int64_t c_offset : {0, 1}) {
+      const std::string what = name(combo[0]) + " -> " + name(combo[1]) + " c offset " + std::to_string(c_offset);
+      HostT a = random({m, k}, combo[0]), b = random({n, k}, combo[0]), c = random({m + 1, n}, combo[1]);
+      HostT out = random({m, n}, combo[1]), want = out;
+      DevT da = up(a), db = up(b), dc = up(c), dout = up(out), dref = up(out);
+      const Tensor cv = dc.view().row_slice(c_offset, m);
+      gpu_->matmul_add(Transpose::No, Transpose::Yes, 0.5, da.view(), db.view(), cv, dout.view());
+      gpu_->copy(cv, dref.view());
+      gpu_->matmul(Transpose::No, Transpose::Yes, 0.5, da.view(), db.view(), 1.0, dref.view());
+      // An aligned c gives the in-place call's plan key (and algorithm); a misaligned one may get another.
+      expect_close(what + " vs copy + beta 1", down(dout), down(dref), c_offset == 0 ? Tol{0, 0} : tol_for(combo[1]));
+      expect_close(what + " c untouched", down(dc), c, Tol{0, 0});
+      cpu_->matmul_add(Transpose::No, Transpose::Yes, 0.5, a.view(), b.view(), c.view().row_slice(c_offset, m), want.view());
+      expect_close(what + " vs cpu", down(dout), want, tol_for(combo[1]));
+    }
+  }
+  // c = out: beta = 1 in place.
+  HostT a = random({m, k}, DType::BF16), b = random({k, n}, DType::BF16), c = random({m, n}, DType::BF16);
+  DevT da = up(a), db = up(b), dc = up(c), dref = up(c);
+  gpu_->matmul_add(Transpose::No, Transpose::No, 1.0, da.view(), db.view(), dc.view(), dc.view());
+  gpu_->matmul(Transpose::No, Transpose::No, 1.0, da.view(), db.view(), 1.0, dref.view());
+  expect_close("c = out", down(dc), down(dref), Tol{0, 0});
+  // c must be out or beside it, in out's dtype and shape.
+  HostT big = random({2 * m, n}, DType::BF16);
+  DevT dbig = up(big);
+  EXPECT_THROW(gpu_->matmul_add(Transpose::No, Transpose::No, 1.0, da.view(), db.view(), dbig.view().row_slice(1, m),
+                                dbig.view().row_slice(0, m)),
+               InternalError);
+  DevT d32 = up(random({m, n}, DType::F32));
+  EXPECT_THROW(gpu_->matmul_add(Transpose::No, Transpose::No, 1.0, da.view(), db.view(), d32.view(), dc.view()),
+               InternalError);
+}
+
 TEST_F(GpuOps, MatmulOnMisalignedRowSlicesAndEmptyK) {
   // Row slices starting one row in: pointers aligned to 4 (f32, K = 45) or 2 bytes (bf16).
   const int64_t m = 37, n = 29, k = 45;

@@ -76,6 +76,8 @@ class CudaOps final : public Ops {
 
   void matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
               const Tensor& c) override;
+  void matmul_add(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                  const Tensor& out) override;
   void fill(const Tensor& out, double value) override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void add(const Tensor& x, const Tensor& y) override;

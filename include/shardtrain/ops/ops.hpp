@@ -53,6 +53,11 @@ class Ops {
   // A linear layer y = x W^T with W (out, in) is matmul(No, Yes, 1, x, W, 0, y).
   virtual void matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
                       const Tensor& c) = 0;
+  // out = alpha * op(a) @ op(b) + c: the same as copying c into out and then matmul with beta = 1 (the same
+  // bits), in one pass where the backend can (cuBLASLt reads C and writes D). c has out's shape and dtype
+  // and is either out itself or does not overlap it. A residual add riding on a projection.
+  virtual void matmul_add(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                          const Tensor& out) = 0;
 
   virtual void fill(const Tensor& out, double value) = 0;
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same numel, casts between float dtypes

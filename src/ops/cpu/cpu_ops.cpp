@@ -25,6 +25,10 @@ class CpuOps final : public Ops {
               const Tensor& c) override {
     cpu::matmul(ctx_, ta, tb, alpha, a, b, beta, c);
   }
+  void matmul_add(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                  const Tensor& out) override {
+    cpu::matmul_add(ctx_, ta, tb, alpha, a, b, c, out);
+  }
   void fill(const Tensor& out, double value) override { cpu::fill(ctx_, out, value); }
   void copy(const Tensor& src, const Tensor& dst) override { cpu::copy(ctx_, src, dst); }
   void add(const Tensor& x, const Tensor& y) override { cpu::add(ctx_, x, y); }

@@ -22,6 +22,10 @@ void CudaOps::matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, 
                      const Tensor& c) {
   cuda::matmul(*ctx_, ta, tb, alpha, a, b, beta, c);
 }
+void CudaOps::matmul_add(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                         const Tensor& out) {
+  cuda::matmul_add(*ctx_, ta, tb, alpha, a, b, c, out);
+}
 void CudaOps::fill(const Tensor& out, double value) { cuda::fill(*ctx_, out, value); }
 void CudaOps::copy(const Tensor& src, const Tensor& dst) { cuda::copy(*ctx_, src, dst); }
 void CudaOps::add(const Tensor& x, const Tensor& y) { cuda::add(*ctx_, x, y); }

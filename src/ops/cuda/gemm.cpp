@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "context.hpp"
@@ -108,13 +109,14 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
 
 bool LtGemm::run(const GemmCall& call, StreamRef stream) {
   if (!native_combination(call.a_dtype, call.b_dtype, call.c_dtype)) return false;
+  const void* c_in = call.c_in != nullptr ? call.c_in : call.c;
   const Key key{call.ta == Transpose::Yes ? 1 : 0, call.tb == Transpose::Yes ? 1 : 0, call.m, call.n, call.k,
                 call.a_dtype, call.b_dtype, call.c_dtype, alignment_of(call.a), alignment_of(call.b),
-                alignment_of(call.c)};
+                std::min(alignment_of(call.c), alignment_of(c_in))};
   const Plan& plan = plan_for(key);
   if (!plan.supported) return false;
   ST_CHECK_CUBLAS(cublasLtMatmul(handle_, plan.desc.get(), &call.alpha, call.b, plan.a.get(), call.a, plan.b.get(),
-                                 &call.beta, call.c, plan.c.get(), call.c, plan.c.get(), &plan.algo, workspace_.data(),
+                                 &call.beta, c_in, plan.c.get(), call.c, plan.c.get(), &plan.algo, workspace_.data(),
                                  workspace_.size(), static_cast<cudaStream_t>(stream.handle)));
   return true;
 }
@@ -156,6 +158,18 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
     throw InternalError(fmt::format("matmul: cuBLASLt has no fp32 algorithm for ({} x {}) @ ({} x {}), ta={}, tb={}", m,
                                     k, k, n, ta == Transpose::Yes, tb == Transpose::Yes));
   if (c.dtype != DType::F32) kernels::elementwise_copy(DType::F32, f.c, c.dtype, c.data, m * n, ctx.stream);
+}
+
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                const Tensor& out) {
+  const auto [m, n, k] = validate_matmul_add(tensor_checks, ta, tb, a, b, c, out);
+  if (c.data != out.data && m > 0 && n > 0 && k > 0) {
+    const GemmCall call{ta,      tb,        m,       n,         k,         a.data,  a.dtype, b.data,
+                        b.dtype, out.data,  out.dtype, static_cast<float>(alpha), 1.0f, c.data};
+    if (ctx.gemm.run(call, ctx.stream)) return;
+  }
+  if (c.data != out.data) copy(ctx, c, out);
+  matmul(ctx, ta, tb, alpha, a, b, 1.0, out);
 }
 
 }  // namespace shardtrain::ops::cuda

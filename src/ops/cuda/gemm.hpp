@@ -26,9 +26,10 @@ struct GemmCall {
   DType a_dtype = DType::F32;
   const void* b = nullptr;
   DType b_dtype = DType::F32;
-  void* c = nullptr;
+  void* c = nullptr;  // D, and C unless c_in is set
   DType c_dtype = DType::F32;
   float alpha = 1, beta = 0;
+  const void* c_in = nullptr;  // C when it is not D (same dtype and layout)
 };
 
 class LtGemm {
