@@ -31,8 +31,9 @@ CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOpti
   const DType logits_dtype = linear_loss_logits_dtype(s.param_dtype, s.param_dtype);
   const auto chunk = static_cast<size_t>(linear_loss_chunk_tokens(s.vocab, n, s.loss_chunk_tokens, logits_dtype));
   const auto vocab = static_cast<size_t>(s.vocab), hidden = static_cast<size_t>(s.hidden);
-  b.loss = chunk * vocab * dtype_size(logits_dtype) + static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;  // Logits, RowLoss
-  if (s.lm_head_grad_dtype != DType::F32) b.loss += vocab * hidden * 4;  // WeightGrad
+  // Logits (the dlogits in place), RowLoss, and WeightGrad unless dW is fp32 already.
+  b.loss = chunk * vocab * dtype_size(logits_dtype) + static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
+  if (s.lm_head_grad_dtype != DType::F32) b.loss += vocab * hidden * 4;
   // kernels/attention_bwd.cu, rmsnorm.cu (64-row parts), embedding.cu (keys and rows in and out, each
   // 256-byte aligned, then cub's radix-sort storage, counted here as one more copy of keys and rows).
   const size_t attention = 4 * static_cast<size_t>(s.batch * s.heads * s.seq);

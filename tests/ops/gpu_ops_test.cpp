@@ -109,8 +109,8 @@ TEST_F(GpuOps, MatmulEveryTransposeDtypeMixAndBeta) {
 // has no native path for and c = out take the copy.
 TEST_F(GpuOps, MatmulAddReadsCAndWritesOut) {
   const int64_t m = 37, n = 45, k = 136;
-  const DType combos[][2] = {{DType::BF16, DType::BF16}, {DType::BF16, DType::F32}, {DType::F32, DType::F32},
-                             {DType::F32, DType::BF16}};
+  const DType combos[][2] = {
+      {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}, {DType::F32, DType::F32}, {DType::F32, DType::BF16}};
   for (const auto& combo : combos) {
     for (int64_t c_offset : {0, 1}) {
       const std::string what = name(combo[0]) + " -> " + name(combo[1]) + " c offset " + std::to_string(c_offset);
@@ -124,7 +124,8 @@ TEST_F(GpuOps, MatmulAddReadsCAndWritesOut) {
       // An aligned c gives the in-place call's plan key (and algorithm); a misaligned one may get another.
       expect_close(what + " vs copy + beta 1", down(dout), down(dref), c_offset == 0 ? Tol{0, 0} : tol_for(combo[1]));
       expect_close(what + " c untouched", down(dc), c, Tol{0, 0});
-      cpu_->matmul_add(Transpose::No, Transpose::Yes, 0.5, a.view(), b.view(), c.view().row_slice(c_offset, m), want.view());
+      cpu_->matmul_add(Transpose::No, Transpose::Yes, 0.5, a.view(), b.view(), c.view().row_slice(c_offset, m),
+                       want.view());
       expect_close(what + " vs cpu", down(dout), want, tol_for(combo[1]));
     }
   }

@@ -103,11 +103,13 @@ TEST(Dtypes, LinearCrossEntropyBf16RoundsLogitsAndDlogits) {
   for (int64_t chunk : {0, 4}) {
     SCOPED_TRACE(chunk);
     Typed dh({n, d}, DType::BF16), dw({vocab, d}, DType::F32);
-    const LossSums s = ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view());
+    const LossSums s =
+        ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view());
     EXPECT_EQ(s.tokens, ref.tokens);
     EXPECT_NEAR(s.loss_sum, ref.loss_sum, 1e-6 * std::abs(ref.loss_sum));
     for (int64_t i = 0; i < n * d; ++i) EXPECT_EQ(dh.get(i), dh_ref.get(i)) << i;  // both rounded once from fp32
-    for (int64_t i = 0; i < vocab * d; ++i) EXPECT_NEAR(dw.get(i), dw_ref.get(i), 1e-6 * (std::abs(dw_ref.get(i)) + 1e-3));
+    for (int64_t i = 0; i < vocab * d; ++i)
+      EXPECT_NEAR(dw.get(i), dw_ref.get(i), 1e-6 * (std::abs(dw_ref.get(i)) + 1e-3));
   }
 }
 

@@ -102,8 +102,8 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
   convert_f32_to_bf16(pc, out, static_cast<size_t>(m * n));
 }
 
-void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
-                const Tensor& out) {
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
+                const Tensor& c, const Tensor& out) {
   validate_matmul_add(tensor_checks, ta, tb, a, b, c, out);
   if (c.data != out.data) copy(ctx, c, out);
   matmul(ctx, ta, tb, alpha, a, b, 1.0, out);

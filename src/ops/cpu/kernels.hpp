@@ -18,8 +18,8 @@ void gemm_raw(int threads, Transpose ta, Transpose tb, int64_t m, int64_t n, int
 void fill(Context& ctx, const Tensor& out, double value);
 void copy(Context& ctx, const Tensor& src, const Tensor& dst);
 // out = alpha op(a) op(b) + c: c copied into out, then matmul with beta = 1.
-void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
-                const Tensor& out);
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
+                const Tensor& c, const Tensor& out);
 void add(Context& ctx, const Tensor& x, const Tensor& y);
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable);

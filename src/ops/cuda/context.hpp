@@ -101,8 +101,8 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
             const Tensor& c);
 // out = alpha op(a) op(b) + c in one cuBLASLt call (C read, D written) where native, else c copied into out and
 // matmul with beta = 1.
-void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
-                const Tensor& out);
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
+                const Tensor& c, const Tensor& out);
 
 // elementwise.cpp
 void fill(Context& ctx, const Tensor& out, double value);

@@ -110,9 +110,10 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
 bool LtGemm::run(const GemmCall& call, StreamRef stream) {
   if (!native_combination(call.a_dtype, call.b_dtype, call.c_dtype)) return false;
   const void* c_in = call.c_in != nullptr ? call.c_in : call.c;
+  // C and D share a layout; the algorithm must suit the less aligned of the two.
+  const uint32_t c_align = std::min(alignment_of(call.c), alignment_of(c_in));
   const Key key{call.ta == Transpose::Yes ? 1 : 0, call.tb == Transpose::Yes ? 1 : 0, call.m, call.n, call.k,
-                call.a_dtype, call.b_dtype, call.c_dtype, alignment_of(call.a), alignment_of(call.b),
-                std::min(alignment_of(call.c), alignment_of(c_in))};
+                call.a_dtype, call.b_dtype, call.c_dtype, alignment_of(call.a), alignment_of(call.b), c_align};
   const Plan& plan = plan_for(key);
   if (!plan.supported) return false;
   ST_CHECK_CUBLAS(cublasLtMatmul(handle_, plan.desc.get(), &call.alpha, call.b, plan.a.get(), call.a, plan.b.get(),
@@ -160,12 +161,13 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
   if (c.dtype != DType::F32) kernels::elementwise_copy(DType::F32, f.c, c.dtype, c.data, m * n, ctx.stream);
 }
 
-void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
-                const Tensor& out) {
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
+                const Tensor& c, const Tensor& out) {
   const auto [m, n, k] = validate_matmul_add(tensor_checks, ta, tb, a, b, c, out);
   if (c.data != out.data && m > 0 && n > 0 && k > 0) {
-    const GemmCall call{ta,      tb,        m,       n,         k,         a.data,  a.dtype, b.data,
-                        b.dtype, out.data,  out.dtype, static_cast<float>(alpha), 1.0f, c.data};
+    GemmCall call{ta, tb, m, n, k, a.data, a.dtype, b.data, b.dtype, out.data, out.dtype, static_cast<float>(alpha),
+                  1.0f};
+    call.c_in = c.data;
     if (ctx.gemm.run(call, ctx.stream)) return;
   }
   if (c.data != out.data) copy(ctx, c, out);

@@ -44,7 +44,8 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   // bytes the row kernel moves and lets the buffer hold twice the rows, so dW is read and written half as often.
   const DType logits_dtype = linear_loss_logits_dtype(h.dtype, weight.dtype);
   chunk_tokens = linear_loss_chunk_tokens(vocab, n, chunk_tokens, logits_dtype);
-  void* logits = ctx.scratch_for<char>(Slot::Logits, chunk_tokens * vocab * static_cast<int64_t>(dtype_size(logits_dtype)));
+  void* logits =
+      ctx.scratch_for<char>(Slot::Logits, chunk_tokens * vocab * static_cast<int64_t>(dtype_size(logits_dtype)));
   void* dlogits = grad ? logits : nullptr;
   float* row_loss = ctx.scratch_for<float>(Slot::RowLoss, std::max<int64_t>(n, 1));
   // dW sums over chunks in fp32: straight into dweight when it is f32, else in an fp32 buffer added once at
@@ -70,7 +71,7 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
     kernels::cross_entropy_rows(logits_dtype, logits, rows, vocab, t + c0, ignore_index, static_cast<float>(grad_scale),
                                 logits_dtype, dlogits, row_loss + c0, c0, ctx.error_record(), ctx.stream);
     if (!grad) continue;
-    const Tensor& gc = lc;  // dlogits, in place
+    const Tensor& gc = lc;  // the dlogits, written over the logits
     matmul(ctx, Transpose::No, Transpose::No, 1.0, gc, w2, 0.0, dh2.row_slice(c0, rows));  // (rows, D) = dlogits W
     matmul(ctx, Transpose::Yes, Transpose::No, 1.0, gc, hc, 1.0, dw);                      // (V, D) += dlogits^T h_c
   }
