@@ -215,6 +215,38 @@ TEST(GradNormHost, SumOfSquaresAndReplicas) {
   EXPECT_EQ(one.traffic().calls(CollectiveKind::AllReduce), 0u);
 }
 
+// The host sum of squares adds in an order fixed by the shards (blocks, lanes), not by the threads: the same
+// double at 1, 2, 3 and 7 threads, and within rounding of a long-double sum. Sizes around the block and lane
+// boundaries, and an empty shard.
+TEST(GradNormHost, SameBitsAtAnyThreadCount) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  std::vector<std::vector<float>> grads;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{16383}, int64_t{16384},
+                    int64_t{16385}, int64_t{100003}}) {
+    std::vector<float> g(static_cast<size_t>(n));
+    for (float& x : g) x = normal(rng);
+    grads.push_back(std::move(g));
+  }
+  std::vector<fsdp::ShardView> views(grads.size());
+  long double want = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    views[i].numel = static_cast<int64_t>(grads[i].size());
+    views[i].grad = grads[i].data();
+    for (float x : grads[i]) want += static_cast<long double>(x) * x;
+  }
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = optim::host_sum_of_squares(views);
+  for (int threads : {2, 3, 7}) {
+    omp_set_num_threads(threads);
+    EXPECT_EQ(optim::host_sum_of_squares(views), one) << threads << " threads";
+  }
+  omp_set_num_threads(before);
+  EXPECT_NEAR(one, static_cast<double>(want), 1e-13 * static_cast<double>(want));
+  EXPECT_EQ(optim::host_sum_of_squares({}), 0.0);
+}
+
 TEST(GradNormHost, PoisonedGradientMakesTheNormNaN) {
   const model::ModelSpec spec(small_config());
   std::vector<ShardSpec> specs = odd_shard_specs();

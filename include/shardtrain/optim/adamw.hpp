@@ -139,6 +139,10 @@ class GradNorm {
   CudaEvent copied_;
 };
 
+// The sum of squares of host shards' gradients in double, in an order fixed by the shards alone (blocks of
+// 16384 elements in eight lanes each, then the blocks in order): the same bits at any thread count.
+double host_sum_of_squares(const std::vector<fsdp::ShardView>& shards);
+
 // Both halves at once (one host synchronization for CUDA shards).
 double grad_sq_sum_local(const std::vector<fsdp::ShardView>& shards, StreamRef stream = {}, GradNorm* reuse = nullptr);
 double grad_norm_global(const std::vector<fsdp::ShardView>& shards, Communicator& shard_axis, StreamRef stream = {},
