@@ -226,10 +226,6 @@ DeviceKind shards_device(const std::vector<fsdp::ShardView>& shards, const char*
   return d;
 }
 
-}  // namespace
-
-namespace {
-
 // Blocks of the host sum of squares: fixed, so the order of additions is too.
 constexpr int64_t kNormBlock = 16384;
 constexpr int kNormLanes = 8;
@@ -267,7 +263,10 @@ double host_sum_of_squares(const std::vector<fsdp::ShardView>& shards) {
   const auto blocks = static_cast<int64_t>(starts.size());
   std::vector<double> partial(starts.size());
 #pragma omp parallel for schedule(static) if (blocks > 2)
-  for (int64_t b = 0; b < blocks; ++b) partial[static_cast<size_t>(b)] = block_sum_of_squares(starts[static_cast<size_t>(b)], lengths[static_cast<size_t>(b)]);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto i = static_cast<size_t>(b);
+    partial[i] = block_sum_of_squares(starts[i], lengths[i]);
+  }
   double total = 0;
   for (const double p : partial) total += p;
   return total;

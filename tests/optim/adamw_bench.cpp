@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
     const double t_old = median_ms(steps, [&] { a = one_chain_sum_of_squares(s.views); });
     const double t_new = median_ms(steps, [&] { b = optim::host_sum_of_squares(s.views); });
     const double gb = static_cast<double>(n) * 4 / 1e9;
-    std::printf("%-22s %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx  (relative difference %.1e)\n", m.name,
-                static_cast<long long>(n), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3), t_old / t_new,
+    std::printf("%-22s %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx  (relative difference %.1e)\n",
+                m.name, static_cast<long long>(n), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3), t_old / t_new,
                 std::abs(a - b) / b);
   }
   return 0;
