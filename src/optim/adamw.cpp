@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -252,20 +253,17 @@ double block_sum_of_squares(const float* __restrict g, int64_t n) {
 // list is added in order: the same double at any thread count, and bandwidth-bound rather than bound by the
 // latency of one chain of dependent adds per thread.
 double host_sum_of_squares(const std::vector<fsdp::ShardView>& shards) {
-  std::vector<const float*> starts;
-  std::vector<int64_t> lengths;
+  std::vector<std::span<const float>> blocks;
   for (const fsdp::ShardView& s : shards) {
-    for (int64_t at = 0; at < s.numel; at += kNormBlock) {
-      starts.push_back(s.grad + at);
-      lengths.push_back(std::min(kNormBlock, s.numel - at));
-    }
+    for (int64_t at = 0; at < s.numel; at += kNormBlock)
+      blocks.emplace_back(s.grad + at, static_cast<size_t>(std::min(kNormBlock, s.numel - at)));
   }
-  const auto blocks = static_cast<int64_t>(starts.size());
-  std::vector<double> partial(starts.size());
-#pragma omp parallel for schedule(static) if (blocks > 2)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const auto i = static_cast<size_t>(b);
-    partial[i] = block_sum_of_squares(starts[i], lengths[i]);
+  const auto count = static_cast<int64_t>(blocks.size());
+  std::vector<double> partial(blocks.size());
+#pragma omp parallel for schedule(static) if (count > 2)
+  for (int64_t b = 0; b < count; ++b) {
+    const std::span<const float> block = blocks[static_cast<size_t>(b)];
+    partial[static_cast<size_t>(b)] = block_sum_of_squares(block.data(), static_cast<int64_t>(block.size()));
   }
   double total = 0;
   for (const double p : partial) total += p;
