@@ -2,6 +2,7 @@
 // everything both paths share; the CUDA half is in adamw_cuda.cpp.
 #include "shardtrain/optim/adamw.hpp"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -9,8 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <span>
-
-#include <fmt/format.h>
 
 #include "adamw_internal.hpp"
 #include "shardtrain/runtime/error.hpp"
