@@ -4,7 +4,7 @@
 # one rank (gradients reduced in fp32 and in bf16, and with gradient accumulation) and on two ranks sharing the
 # device (the MPI backend staging device buffers), bf16 on ranks with a GPU each over NCCL (TRACK_NCCL_RANKS),
 # and a run resumed from its step-2 checkpoint on two ranks against the uninterrupted one-rank run (exact
-# resume with resharding, on the GPU).
+# resume with resharding, on the GPU), and a CPU-offload run resumed from its step-2 checkpoint on one rank.
 # Run by scripts/gpu/run.sh (phase track) on a GPU, and by the test suite against the CUDA emulator
 # (tests/train/CMakeLists.txt, SHARDTRAIN_CUDA=EMULATED).
 #
@@ -51,6 +51,9 @@ train fp32_cpu 1 cpu "$@" && train fp32_cuda 1 cuda "$@" && compare fp32 fp32 fp
 train bf16_cpu 1 cpu --fsdp.param_dtype bf16 "$@" && train bf16_cuda 1 cuda --fsdp.param_dtype bf16 "$@" &&
   compare bf16 bf16 bf16_cpu bf16_cuda
 offload=(--fsdp.param_dtype bf16 --fsdp.offload_params true --fsdp.activation_checkpointing true)
+# With offload on the GPU the host update runs beside the next forward; slowed down (SHARDTRAIN_FAULT,
+# docs/training.md), any upload or read of a shard before its update is done shows in the losses.
+export SHARDTRAIN_FAULT=slow_update:${TRACK_SLOW_UPDATE_MS:-20}
 # One rank: NCCL (asynchronous) and the offload streams' events; two ranks: MPI staging (host-synchronous).
 train offload_cpu 1 cpu "${offload[@]}" "$@" && train offload_cuda 1 cuda "${offload[@]}" "$@" &&
   compare offload bf16 offload_cpu offload_cuda
@@ -81,5 +84,15 @@ if CKPT=2 train ckpt_cuda 1 cuda "$@"; then
   cp -r "$OUT/ckpt_cuda/checkpoints/step_00000002" "$OUT/resumed_cuda_np2/checkpoints/"
   CKPT=2 train resumed_cuda_np2 2 cuda --checkpoint.resume auto "$@" &&
     compare resume fp32 ckpt_cuda resumed_cuda_np2 --common
+fi
+# CPU offload: the host update of step 2 still runs when the step returns (it overlaps the next forward), so
+# the checkpoint must wait for it. Resumed on the same one rank, the run repeats the uninterrupted one's
+# losses (TRACK_RESUME_TOLERANCE: 0,0 on the emulator, which is deterministic).
+if CKPT=2 train ckpt_offload_cuda 1 cuda "${offload[@]}" "$@"; then
+  mkdir -p "$OUT/resumed_offload_cuda/checkpoints"
+  cp -r "$OUT/ckpt_offload_cuda/checkpoints/step_00000002" "$OUT/resumed_offload_cuda/checkpoints/"
+  CKPT=2 train resumed_offload_cuda 1 cuda "${offload[@]}" --checkpoint.resume auto "$@" &&
+    compare resume_offload fp32 ckpt_offload_cuda resumed_offload_cuda --common \
+      --tolerance "${TRACK_RESUME_TOLERANCE:-1e-6,1e-5}"
 fi
 exit $status

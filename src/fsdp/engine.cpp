@@ -154,6 +154,7 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     streams_ = std::make_unique<Streams>();
   }
   if (ops.device() == DeviceKind::Cuda && config_.offload_params) offload_streams_ = std::make_unique<OffloadStreams>();
+  for (auto& u : units_) zero_shard_grad(*u);  // defined values before the first step
   zero_grad();
 }
 
@@ -206,12 +207,22 @@ void* FsdpEngine::host_stage_scratch(size_t floats) {
   return host_scratch_.data();
 }
 
+// Marks every gradient shard zero without writing it: the step's first reduction into a shard writes it
+// (zero + x = x), and forward_backward zeroes the shards no reduction reached by the end of the step. A pass of
+// zeros over every shard would cost a write of N/S floats per unit, and with CPU offload a single-threaded
+// host memset before the step's first kernel, while the previous update may still read the gradients.
 void FsdpEngine::zero_grad() {
   for (auto& u : units_) {
-    if (u->grad.device() == DeviceKind::Cpu) std::memset(u->grad.data(), 0, u->grad.size());
-    else ops_->fill(u->grad.view(DType::F32, 0, {u->shard()}), 0.0);
     if (u->full_grad) grad_pool_.release(std::move(u->full_grad));
     u->reduced_this_step = false;
+  }
+}
+
+void FsdpEngine::zero_shard_grad(Unit& u) {
+  if (u.grad.device() == DeviceKind::Cpu) {
+    std::memset(u.grad.data(), 0, u.grad.size());
+  } else {
+    ops_->fill(u.grad.view(DType::F32, 0, {u.shard()}), 0.0);
   }
 }
 
@@ -230,7 +241,9 @@ void FsdpEngine::unshard(Unit& u) {
     stats_.max_outstanding = std::max(stats_.max_outstanding, param_pool_.outstanding());
   }
   if (config_.offload_params) {
-    // The master shard lives on the host: copy it up now, cast and gather at the first use.
+    // The master shard lives on the host: copy it up now, cast and gather at the first use. The previous
+    // step's update of this shard may still be running on the host (optim::AdamW::step_async): wait for it.
+    if (pending_writes_) pending_writes_->wait_shard(u.spec->index);
     u.upload = upload_pool_.acquire(static_cast<size_t>(n) * 4);
     const StreamRef up = offload_streams_ ? offload_streams_->upload.ref() : kCompute;
     u.upload.fence.wait(up);  // the cast that last read this buffer
@@ -413,6 +426,8 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       host_callback(down, [stage = static_cast<const float*>(host_stage_.data()),
                            grad = static_cast<float*>(u.grad.data()), n] { host_add(stage, grad, n); });
       offload_copies_pending_ = true;
+    } else if (!u.reduced_this_step) {
+      ops_->copy(shard_f32, grad);  // the step's first reduction: zero + x
     } else {
       ops_->add(shard_f32, grad);
     }
@@ -478,6 +493,12 @@ model::LossResult FsdpEngine::forward_backward(const model::Batch& batch, double
   step.loss_scale = loss_scale;
   const model::LossResult r = model_->forward_backward(batch, step);
   release_all();
+  if (last_micro_batch) {  // a shard no reduction reached this step (zero_grad did not write it)
+    for (auto& u : units_) {
+      if (!u->reduced_this_step) zero_shard_grad(*u);
+      u->reduced_this_step = true;
+    }
+  }
   return r;
 }
 
@@ -514,6 +535,7 @@ void FsdpEngine::release_all() {
 
 std::vector<float> FsdpEngine::gather_unit(int unit) {
   Unit& u = *units_.at(static_cast<size_t>(unit));
+  if (pending_writes_) pending_writes_->wait_shard(unit);
   const int64_t N = u.layout.padded_numel, n = u.shard();
   std::vector<float> out(static_cast<size_t>(N));
   FlatBuffer full(ops_->device(), Placement::Compute, static_cast<size_t>(N) * 4, ledger_, MemoryCategory::CommBuffers);

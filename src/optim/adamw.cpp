@@ -7,9 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <span>
+#include <thread>
 
 #include "adamw_internal.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -81,7 +85,30 @@ AdamW::AdamW(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec&
   init(shards, spec);
 }
 
-AdamW::~AdamW() = default;
+// step_async's thread and what it shares with the callers: one update at a time, shard by shard; `done`
+// counts the shards of the current update that are finished.
+struct AdamW::Worker {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool pending = false;  // an update was handed over and not yet taken
+  bool busy = false;     // an update was handed over and is not finished
+  bool stop = false;
+  size_t done = 0;
+  detail::StepScalars scalars;
+  std::chrono::milliseconds delay{0};
+  std::exception_ptr error;
+  std::thread thread;
+};
+
+AdamW::~AdamW() {
+  if (!worker_) return;
+  {
+    std::lock_guard<std::mutex> lock(worker_->mu);
+    worker_->stop = true;
+  }
+  worker_->cv.notify_all();
+  worker_->thread.join();  // after the update in progress, if any
+}
 
 void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec) {
   config_.validate();
@@ -126,6 +153,7 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
   // The segment table: every non-empty range of every shard, in order, with its prefix sums.
   segment_offsets_.push_back(0);
   for (const State& s : states_) {
+    shard_segments_.push_back(segments_.size());
     for (const DecayRange& r : s.ranges) {
       if (r.end == r.begin) continue;
       segments_.push_back({s.param + r.begin, s.grad + r.begin, s.exp_avg + r.begin, s.exp_avg_sq + r.begin,
@@ -133,6 +161,7 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
       segment_offsets_.push_back(segment_offsets_.back() + (r.end - r.begin));
     }
   }
+  shard_segments_.push_back(segments_.size());
   if (device_ == DeviceKind::Cuda) upload_chunk_table();
   if (ledger_) ledger_->add(MemoryCategory::OptimizerStates, state_bytes_);
 }
@@ -153,31 +182,89 @@ void AdamW::check_shards(const std::vector<fsdp::ShardView>& shards) const {
 
 void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream) {
   check_shards(shards);
+  wait();
   ++steps_;
   if (device_ == DeviceKind::Cuda) {
     step_device(lr, grad_scale, stream);
   } else {
-    step_host(lr, grad_scale);
+    update_segments(detail::step_scalars(config_, steps_, lr, grad_scale), 0, segments_.size());
   }
 }
 
-// One parallel region for the whole step: thread t of T takes elements [total t / T, total (t+1) / T) of
-// the concatenated segments, so every thread gets an equal share however small or many the ranges are.
-// Each element's arithmetic does not depend on the split, so the result is the same at any thread count.
-void AdamW::step_host(double lr, double grad_scale) {
-  const detail::StepScalars sc = detail::step_scalars(config_, steps_, lr, grad_scale);
-  const int64_t total = segment_offsets_.back();
+void AdamW::step_async(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale) {
+  check_shards(shards);
+  if (device_ == DeviceKind::Cuda) throw InternalError("AdamW::step_async: the shards are on the device (use step)");
+  wait();
+  ++steps_;
+  if (!worker_) {
+    worker_ = std::make_unique<Worker>();
+    worker_->thread = std::thread([this, w = worker_.get()] {
+      std::unique_lock<std::mutex> lock(w->mu);
+      for (;;) {
+        w->cv.wait(lock, [w] { return w->pending || w->stop; });
+        if (!w->pending) return;
+        w->pending = false;
+        const detail::StepScalars sc = w->scalars;
+        const std::chrono::milliseconds delay = w->delay;
+        for (size_t i = 0; i + 1 < shard_segments_.size(); ++i) {
+          lock.unlock();
+          if (delay.count() > 0) std::this_thread::sleep_for(delay);
+          try {
+            update_segments(sc, shard_segments_[i], shard_segments_[i + 1]);
+          } catch (...) {
+            lock.lock();
+            w->error = std::current_exception();
+            break;
+          }
+          lock.lock();
+          w->done = i + 1;
+          w->cv.notify_all();
+        }
+        w->busy = false;
+        w->cv.notify_all();
+      }
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(worker_->mu);
+    worker_->scalars = detail::step_scalars(config_, steps_, lr, grad_scale);
+    worker_->delay = async_delay_;
+    worker_->done = 0;
+    worker_->pending = worker_->busy = true;
+  }
+  worker_->cv.notify_all();
+}
+
+void AdamW::wait_shard(int shard) const {
+  if (!worker_) return;
+  std::unique_lock<std::mutex> lock(worker_->mu);
+  worker_->cv.wait(lock, [&] { return !worker_->busy || worker_->done > static_cast<size_t>(shard); });
+  if (worker_->error) std::rethrow_exception(worker_->error);
+}
+
+void AdamW::wait() const {
+  if (!worker_) return;
+  std::unique_lock<std::mutex> lock(worker_->mu);
+  worker_->cv.wait(lock, [&] { return !worker_->busy; });
+  if (worker_->error) std::rethrow_exception(worker_->error);
+}
+
+// One parallel region: thread t of T takes elements [total t / T, total (t+1) / T) of the concatenated
+// segments, so every thread gets an equal share however small or many the ranges are. Each element's
+// arithmetic does not depend on the split, so the result is the same at any thread count, and the same
+// whether a step is one call over every segment or one call per shard (step_async).
+void AdamW::update_segments(const detail::StepScalars& sc, size_t first, size_t end) const {
+  const int64_t base = segment_offsets_[first], total = segment_offsets_[end] - base;
   const Segment* segments = segments_.data();
   const int64_t* offsets = segment_offsets_.data();
-  const size_t num_segments = segments_.size();
 #pragma omp parallel if (total > kParallelMinElements)
   {
     const auto threads = static_cast<int64_t>(omp_get_num_threads()), t = static_cast<int64_t>(omp_get_thread_num());
-    const int64_t lo = total * t / threads, hi = total * (t + 1) / threads;
+    const int64_t lo = base + total * t / threads, hi = base + total * (t + 1) / threads;
     if (lo < hi) {
       // The segment holding element lo: the last offset <= lo (offsets strictly increase).
-      auto k = static_cast<size_t>(std::upper_bound(offsets, offsets + num_segments + 1, lo) - offsets - 1);
-      for (int64_t at = lo; at < hi && k < num_segments; ++k) {
+      auto k = static_cast<size_t>(std::upper_bound(offsets + first, offsets + end + 1, lo) - offsets - 1);
+      for (int64_t at = lo; at < hi && k < end; ++k) {
         const Segment& g = segments[k];
         const int64_t a = at - offsets[k], b = std::min(g.n, hi - offsets[k]);
         update_elements(g.param, g.grad, g.exp_avg, g.exp_avg_sq, a, b, sc, g.decay ? sc.decay_factor : 1.0f);
@@ -197,6 +284,7 @@ const AdamW::State& AdamW::state_for_copy(size_t i, size_t elements, const char*
 
 void AdamW::read_state(size_t i, OptimState which, std::span<float> host_out) const {
   const State& s = state_for_copy(i, host_out.size(), "read_state");
+  wait();
   if (host_out.empty()) return;
   if (device_ == DeviceKind::Cuda) {
     detail::device_copy_sync(host_out.data(), s.state(which), host_out.size_bytes());
@@ -207,6 +295,7 @@ void AdamW::read_state(size_t i, OptimState which, std::span<float> host_out) co
 
 void AdamW::write_state(size_t i, OptimState which, std::span<const float> host_in) {
   const State& s = state_for_copy(i, host_in.size(), "write_state");
+  wait();
   if (host_in.empty()) return;
   if (device_ == DeviceKind::Cuda) {
     detail::device_copy_sync(s.state(which), host_in.data(), host_in.size_bytes());

@@ -127,7 +127,12 @@ void Trainer::step_once(StepMetrics& m) {
                               state_.consecutive_nonfinite, step_number, config_.optim.max_consecutive_nonfinite));
   } else {
     state_.consecutive_nonfinite = 0;
-    adamw_->step(engine_->shards(), lr, optim::clip_coefficient(norm, config_.optim.max_grad_norm));
+    const double clip = optim::clip_coefficient(norm, config_.optim.max_grad_norm);
+    if (async_update_) {
+      adamw_->step_async(engine_->shards(), lr, clip);  // still running when the step returns (trainer.hpp)
+    } else {
+      adamw_->step(engine_->shards(), lr, clip);
+    }
     state_.optimizer_steps = adamw_->steps();
   }
   for (auto& mb : mbs) loader_->recycle(std::move(mb));
@@ -210,6 +215,7 @@ TrainSummary Trainer::run() {
     maybe_evaluate(false);
     for (TrainerHooks* h : hooks_) h->on_step_end(*this, m);
   }
+  adamw_->wait();  // the last step's update, if it runs on (step_async), ends inside the run
   maybe_evaluate(true);
   progress_->finish();
   for (TrainerHooks* h : hooks_) h->on_end(*this);

@@ -73,9 +73,10 @@ const char* rank_fault_name(RankFault::Kind k) {
 FaultPlan FaultPlan::parse(const std::string& spec) {
   FaultPlan plan;
   auto bad = [&](const std::string& why) {
-    return UsageError(fmt::format("SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
-                                  "stall:RANK@STEP, kill:RANK@STEP or freeze:RANK@STEP)",
-                                  spec, why));
+    return UsageError(fmt::format(
+        "SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
+        "slow_update:MS, stall:RANK@STEP, kill:RANK@STEP or freeze:RANK@STEP)",
+        spec, why));
   };
   // A whole non-negative number, or a usage error naming `what`.
   auto number = [&](const std::string& text, const std::string& what) -> int64_t {
@@ -111,6 +112,10 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
       f.step = number(arg.substr(at + 1), "step number");
       if (f.step < 1) throw bad(fmt::format("steps count from 1: '{}'", item));
       plan.rank_faults.push_back(f);
+      continue;
+    }
+    if (name == "slow_update") {
+      plan.slow_update_ms = static_cast<int>(std::min<int64_t>(number(arg, "delay in milliseconds"), 60'000));
       continue;
     }
     if (name != "nan_grad") throw bad(fmt::format("unknown fault '{}'", name));
@@ -236,6 +241,11 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   engine_->set_watchdog(watchdog_.get());
   engine_->initialize(config_.model.init_seed);  // and sync_module_states when the config asks for it
   adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &ledger_);
+  // CPU offload on a GPU: the host update runs beside the next forward, each unit's upload waiting for its
+  // own shard only (optim::AdamW::step_async). On the CPU backend the cores are the compute: no overlap.
+  async_update_ = on_gpu && config_.fsdp.engine.offload_params;
+  if (async_update_) engine_->set_pending_writes(adamw_.get());
+  adamw_->set_async_delay(std::chrono::milliseconds(options_.faults.slow_update_ms));
 
   // Every rank of the mesh is a data-parallel rank.
   micro_batch_ = config_.micro_batch_size_for(W);

@@ -1,6 +1,7 @@
 // AdamW on host shards: the one-region chunked update against the per-range loop it replaced (bit for bit,
 // at several thread counts) and against a plain double-precision AdamW; padding never touched; state
-// read/write round trips and a resume through them; the host gradient norm and the NaN fault helper.
+// read/write round trips and a resume through them; the update on a worker thread (step_async); the host
+// gradient norm and the NaN fault helper.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -171,6 +172,50 @@ TEST(AdamWHost, StatesRoundTripAndResumeExactly) {
   EXPECT_THROW(first.read_state(0, optim::OptimState::ExpAvg, wrong), InternalError);
   EXPECT_THROW(first.write_state(0, optim::OptimState::ExpAvg, wrong), InternalError);
   EXPECT_THROW(first.read_state(specs.size(), optim::OptimState::ExpAvg, wrong), InternalError);
+}
+
+// step_async: the same bits as step, shard by shard as each is announced done; mixed with step (which
+// waits for the update in flight); the states read through read_state (which waits too); an update still
+// running when the optimizer is destroyed finishes first.
+TEST(AdamWHost, StepAsyncGivesStepsBitsShardByShard) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards ref = make_host_shards(spec, specs, 8, kPad), got = make_host_shards(spec, specs, 8, kPad);
+  optim::AdamW sync(ref.views, spec, exempt_config(), nullptr);
+  {
+    optim::AdamW async(got.views, spec, exempt_config(), nullptr);
+    async.wait();  // nothing in flight yet: returns at once
+    for (int step = 0; step < 6; ++step) {
+      fill_grads(ref.grad, specs, step);
+      fill_grads(got.grad, specs, step);  // the previous update is finished: wait() at the end of the last step
+      sync.step(ref.views, lr_at(step), scale_at(step));
+      if (step == 3) {
+        async.step(got.views, lr_at(step), scale_at(step));
+      } else {
+        async.step_async(got.views, lr_at(step), scale_at(step));
+      }
+      EXPECT_EQ(async.steps(), step + 1);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        async.wait_shard(static_cast<int>(i));
+        ASSERT_TRUE(same_bits(got.param[i], ref.param[i])) << "step " << step << ", shard " << i;
+      }
+      for (size_t i = 0; i < specs.size(); ++i) {
+        ASSERT_TRUE(
+            same_bits(state_of(async, i, optim::OptimState::ExpAvg), state_of(sync, i, optim::OptimState::ExpAvg)));
+        ASSERT_TRUE(
+            same_bits(state_of(async, i, optim::OptimState::ExpAvgSq), state_of(sync, i, optim::OptimState::ExpAvgSq)));
+      }
+      async.wait();
+    }
+    expect_padding(specs, got, async);
+    // The last update is left running: the destructor waits for it.
+    fill_grads(ref.grad, specs, 6);
+    fill_grads(got.grad, specs, 6);
+    sync.step(ref.views, lr_at(6), scale_at(6));
+    async.step_async(got.views, lr_at(6), scale_at(6));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_TRUE(same_bits(got.param[i], ref.param[i])) << "shard " << i;
+  EXPECT_THROW(sync.step_async(got.views, 1e-3, 1.0), InternalError);  // not its shards
 }
 
 TEST(AdamWHost, RefusesShardsItWasNotBuiltFor) {

@@ -177,6 +177,11 @@ TEST(TrainLoop, StopsWithDivergedAfterNNonFiniteStepsInARow) {
   EXPECT_THROW(train::FaultPlan::parse("nan_loss:1"), UsageError);
   EXPECT_THROW(train::FaultPlan::parse("nan_grad:x"), UsageError);
   EXPECT_EQ(train::FaultPlan::parse("nan_grad:2-4,9").nan_grad_steps, (std::vector<int64_t>{2, 3, 4, 9}));
+  const train::FaultPlan slow = train::FaultPlan::parse("slow_update:25; nan_grad:2");
+  EXPECT_EQ(slow.slow_update_ms, 25);
+  EXPECT_EQ(slow.nan_grad_steps, (std::vector<int64_t>{2}));
+  EXPECT_THROW(train::FaultPlan::parse("slow_update:-3"), UsageError);
+  EXPECT_THROW(train::FaultPlan::parse("slow_update:"), UsageError);
 }
 
 int main(int argc, char** argv) {

@@ -33,6 +33,17 @@ struct ShardView {
   DeviceKind device = DeviceKind::Cpu;
 };
 
+// Whatever may still be writing master shards on the host while the engine runs: CPU offload's optimizer
+// update on a worker thread (optim::AdamW::step_async), which overlaps the next forward. The engine waits
+// for a unit's shard before it copies the shard to the device.
+class PendingShardWrites {
+ public:
+  virtual void wait_shard(int unit) const = 0;
+
+ protected:
+  ~PendingShardWrites() = default;
+};
+
 struct UnitStats {
   int gathers = 0;         // all-gathers issued this step
   int max_outstanding = 0; // most non-root units gathered at once, since the last reset
@@ -54,6 +65,7 @@ class FsdpEngine final : public model::ModuleHooks {
   model::LossResult forward_backward(const model::Batch& batch, double loss_scale, bool last_micro_batch);
   // Loss only; every unit is released afterwards.
   model::LossResult forward(const model::Batch& batch);
+  // The gradient shards count as zero from here; nothing is written (engine.cpp, zero_grad).
   void zero_grad();
 
   const std::vector<ShardView>& shards() const { return shard_views_; }
@@ -66,6 +78,8 @@ class FsdpEngine final : public model::ModuleHooks {
   const UnitStats& stats() const { return stats_; }
   // Names the unit whose collectives are in flight, for the hang watchdog's message (not owned).
   void set_watchdog(CollectiveWatchdog* w) { watchdog_ = w; }
+  // Master shards the host may still be writing (not owned; null: none). unshard and gather_unit wait.
+  void set_pending_writes(const PendingShardWrites* w) { pending_writes_ = w; }
   void reset_stats() { stats_ = {}; }
 
   // The full fp32 parameters of a unit (N elements, padding included), all-gathered over the shard
@@ -98,6 +112,7 @@ class FsdpEngine final : public model::ModuleHooks {
   void ensure_forward(int module);
   void ensure_backward(int module);
   void release_all();
+  void zero_shard_grad(Unit& u);
   void* host_stage_scratch(size_t floats);  // host memory for shards whose communicator wants host buffers
 
   model::LlamaModel* model_;
@@ -122,6 +137,7 @@ class FsdpEngine final : public model::ModuleHooks {
   bool last_micro_batch_ = true;
   bool offload_copies_pending_ = false;  // reduced gradients on their way down to offloaded shards
   CollectiveWatchdog* watchdog_ = nullptr;
+  const PendingShardWrites* pending_writes_ = nullptr;
   UnitStats stats_;
   // The overlapped schedule (a GPU with device-memory communicators, shards not offloaded): all-gathers,
   // reduce-scatters and replica all-reduces on streams of their own, ordered against the compute stream

@@ -3,7 +3,9 @@
 // one fused kernel (kernels/adamw.cu). Padding elements of a shard are never touched.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -14,6 +16,10 @@
 #include "shardtrain/runtime/device.hpp"
 
 namespace shardtrain::optim {
+
+namespace detail {
+struct StepScalars;  // adamw_internal.hpp
+}
 
 // Which parameters weight decay applies to. The seed decays everything; the common alternative exempts
 // RMSNorm weights and the embedding (and a tied lm_head).
@@ -39,7 +45,7 @@ struct DecayRange {
 // Which moment of AdamW: exp_avg (m) or exp_avg_sq (v).
 enum class OptimState { ExpAvg, ExpAvgSq };
 
-class AdamW {
+class AdamW final : public fsdp::PendingShardWrites {
  public:
   // exp_avg and exp_avg_sq live where the shards live: device memory for CUDA shards (the update is then
   // one fused kernel launch per step), host memory otherwise (one parallel region per step). All shards
@@ -58,8 +64,22 @@ class AdamW {
   // optimizer was built for. Device shards: asynchronous on `stream`, no synchronization; host shards
   // ignore it.
   void step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream = {});
+  // Host shards: the same update with the same bits, run on a worker thread of the optimizer's shard by
+  // shard in shard order (an engine's units are in forward order), and the call returns at once. Until
+  // wait_shard(i) (or wait()) returns, shard i's parameters, gradients and states belong to that thread:
+  // CPU offload gives the optimizer to the engine (set_pending_writes), whose next forward waits unit by
+  // unit before each upload, so the update of the later units overlaps the forward of the earlier ones.
+  // step, read_state, write_state and set_steps wait for the whole update first.
+  void step_async(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale);
+  void wait_shard(int shard) const override;
+  void wait() const;
+  // Tests (SHARDTRAIN_FAULT=slow_update:MS): step_async's thread sleeps this long before each shard.
+  void set_async_delay(std::chrono::milliseconds delay) { async_delay_ = delay; }
   int64_t steps() const { return steps_; }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void set_steps(int64_t steps) {
+    wait();
+    steps_ = steps;
+  }
 
   // The states of shard i (numel(i) elements, padding included), for checkpoints: copied to or from host
   // memory wherever they live. Device copies wait for all queued device work and are synchronous.
@@ -96,7 +116,9 @@ class AdamW {
   void check_shards(const std::vector<fsdp::ShardView>& shards) const;
   // Shard i's state, after checking that a copy of `elements` floats fits it exactly (what: the caller).
   const State& state_for_copy(size_t i, size_t elements, const char* what) const;
-  void step_host(double lr, double grad_scale);
+  // Segments [first, end) (segments_ indices) at one step's scalars, split evenly over the threads.
+  void update_segments(const detail::StepScalars& sc, size_t first, size_t end) const;
+  struct Worker;  // step_async's thread (adamw.cpp)
   // CUDA-only parts (adamw_cuda.cpp; adamw_no_cuda.cpp throws a Device error in builds without CUDA).
   void allocate_device_state(State& s);
   void upload_chunk_table();
@@ -107,6 +129,9 @@ class AdamW {
   std::vector<State> states_;
   std::vector<Segment> segments_;         // every range of every shard, in order
   std::vector<int64_t> segment_offsets_;  // prefix sums of segments_[k].n (size + 1)
+  std::vector<size_t> shard_segments_;    // shard i's segments: [shard_segments_[i], shard_segments_[i + 1])
+  std::unique_ptr<Worker> worker_;        // started by the first step_async
+  std::chrono::milliseconds async_delay_{0};
   DeviceBuffer chunk_table_;              // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
   int64_t num_chunks_ = 0;
   int64_t steps_ = 0;

@@ -53,10 +53,13 @@ struct RankFault {
 const char* rank_fault_name(RankFault::Kind k);  // "stall", "kill", "freeze"
 
 // Faults injected for tests, from SHARDTRAIN_FAULT (docs/training.md): faults separated by ';', each
-// "nan_grad:3,5,7-9" (a NaN in every rank's gradient shard after the backward of those steps) or a
+// "nan_grad:3,5,7-9" (a NaN in every rank's gradient shard after the backward of those steps),
+// "slow_update:MS" (the host update on its worker thread sleeps MS ms before each shard: CPU offload's
+// overlap with a slow host, which any read of a shard before its update is done turns into wrong losses) or a
 // RankFault, e.g. "nan_grad:2;kill:1@5".
 struct FaultPlan {
   std::vector<int64_t> nan_grad_steps;
+  int slow_update_ms = 0;
   std::vector<RankFault> rank_faults;
   static FaultPlan parse(const std::string& spec);  // "" = none; throws UsageError naming SHARDTRAIN_FAULT
   bool nan_grad_at(int64_t step) const;
@@ -119,8 +122,17 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
   const std::string& resolved_config_toml() const { return resolved_toml_; }
-  fsdp::FsdpEngine& engine() { return *engine_; }
-  optim::AdamW& optimizer() { return *adamw_; }
+  // With CPU offload on a GPU a step returns while its host update still runs (the next step's forward
+  // waits for it unit by unit). These two wait for the whole update first, so a hook that saves, loads or
+  // reads the shards sees them settled.
+  fsdp::FsdpEngine& engine() {
+    adamw_->wait();
+    return *engine_;
+  }
+  optim::AdamW& optimizer() {
+    adamw_->wait();
+    return *adamw_;
+  }
   const optim::LrSchedule& schedule() const { return *schedule_; }
   const DeviceMesh& mesh() const { return *mesh_; }
   MeshComms& comms() { return *comms_; }
@@ -163,6 +175,7 @@ class Trainer {
   std::vector<TrainerHooks*> hooks_;
   TrainerState state_;
   int micro_batch_ = 1, accumulation_ = 1;
+  bool async_update_ = false;  // AdamW::step_async (CPU offload on a GPU)
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
   double flops_per_token_ = 0, peak_flops_ = 0;
   int64_t eval_micro_batches_ = 0;
