@@ -3,7 +3,9 @@
 // tiny CPU model, transformer-wrapped as the configs do. Prints the median of timed steps after warm-up,
 // and the effective bandwidth (20 bytes moved per element: p, m, v read and written, g read). Then the
 // host gradient norm (optim::host_sum_of_squares: fixed blocks, eight lanes) against the loop it replaced
-// (one running double per thread, an OpenMP reduction per shard), 4 bytes read per element.
+// (one running double per thread, an OpenMP reduction per shard), 4 bytes read per element. Last, the
+// update on its worker thread (AdamW::step_async): when the call returns, when the root's and the first
+// layer's shards are ready (what CPU offload's next forward waits for), when all are, against step().
 //   optim_adamw_bench [--steps N] [--threads T]
 #include <omp.h>
 
@@ -149,6 +151,44 @@ int main(int argc, char** argv) {
     std::printf("%-22s %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx  (relative difference %.1e)\n",
                 m.name, static_cast<long long>(n), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3), t_old / t_new,
                 std::abs(a - b) / b);
+  }
+  // step_async (CPU offload on a GPU): how soon the next forward may start uploading. The root unit (embedding,
+  // final norm, lm_head) is shard 0 and comes first; each decoder layer's shard follows in forward order.
+  std::printf("\n%-22s | %-10s | %-18s | %-18s | %-12s | %s\n", "step_async", "returns", "root ready",
+              "first layer ready", "all ready", "step()");
+  for (const Model& m : models) {
+    const model::ModelSpec spec(m.config);
+    Shards s = rank0_shards(spec, m.shards);
+    optim::AdamW adamw(s.views, spec, optim::AdamWConfig{}, nullptr);
+    const double t_sync = median_ms(steps, [&] { adamw.step(s.views, 1e-4, 1.0); });
+    std::vector<double> ret, root, first, all;
+    for (int i = 0; i < steps + 2; ++i) {
+      using Clock = std::chrono::steady_clock;
+      const auto ms = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+      };
+      const auto t0 = Clock::now();
+      adamw.step_async(s.views, 1e-4, 1.0);
+      const auto t1 = Clock::now();
+      adamw.wait_shard(0);
+      const auto t2 = Clock::now();
+      adamw.wait_shard(1);
+      const auto t3 = Clock::now();
+      adamw.wait();
+      const auto t4 = Clock::now();
+      if (i < 2) continue;  // warm-up
+      ret.push_back(ms(t0, t1));
+      root.push_back(ms(t0, t2));
+      first.push_back(ms(t0, t3));
+      all.push_back(ms(t0, t4));
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double t_all = median(all);
+    std::printf("%-22s | %7.3f ms | %7.2f ms (%3.0f%%) | %7.2f ms (%3.0f%%) | %9.2f ms | %.2f ms\n", m.name, median(ret),
+                median(root), 100 * median(root) / t_all, median(first), 100 * median(first) / t_all, t_all, t_sync);
   }
   return 0;
 }
