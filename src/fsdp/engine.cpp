@@ -153,7 +153,16 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
       (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
     streams_ = std::make_unique<Streams>();
   }
-  if (ops.device() == DeviceKind::Cuda && config_.offload_params) offload_streams_ = std::make_unique<OffloadStreams>();
+  if (ops.device() == DeviceKind::Cuda && config_.offload_params) {
+    offload_streams_ = std::make_unique<OffloadStreams>();
+    // One double per unit; a unit without parameters keeps its zero.
+    unit_sq_sums_ = FlatBuffer(ops.device(), Placement::Compute, units_.size() * sizeof(double), &ledger,
+                               MemoryCategory::CommBuffers);
+    const std::vector<double> zeros(units_.size(), 0.0);
+    copy_async(unit_sq_sums_.data(), zeros.data(), zeros.size() * sizeof(double), {});
+    stream_synchronize({});
+    for (const auto& u : units_) nonempty_units_ += u->empty() ? 0 : 1;
+  }
   for (auto& u : units_) zero_shard_grad(*u);  // defined values before the first step
   zero_grad();
 }
@@ -212,6 +221,7 @@ void* FsdpEngine::host_stage_scratch(size_t floats) {
 // zeros over every shard would cost a write of N/S floats per unit, and with CPU offload a single-threaded
 // host memset before the step's first kernel, while the previous update may still read the gradients.
 void FsdpEngine::zero_grad() {
+  unit_sums_taken_ = 0;
   for (auto& u : units_) {
     if (u->full_grad) grad_pool_.release(std::move(u->full_grad));
     u->reduced_this_step = false;
@@ -395,6 +405,12 @@ void FsdpEngine::reduce_gradients(Unit& u) {
     if (config_.offload_params && !u.reduced_this_step) {
       // The first reduction of the step goes straight down into the pinned host shard (zero + x = x),
       // asynchronously: the host waits once, at the end of the micro-batch (release_all), not per unit.
+      // When it is also the step's only one (in the last micro-batch), its sum of squares is taken here on the
+      // device, before it goes down, for the gradient norm (device_grad_sq_sums).
+      if (offload_streams_ && last_micro_batch_) {
+        ops_->sum_squares(shard_f32, unit_sq_sums_.view(DType::F64, u.spec->index, {1}), ops::SumInto::Overwrite);
+        ++unit_sums_taken_;
+      }
       if (offload_streams_ && shard_f32.data == u.full_grad.data()) {
         // From the unit's own gradient buffer, on the download stream; the buffer's fence keeps its next
         // user waiting until the copy has read it.
@@ -545,6 +561,11 @@ std::vector<float> FsdpEngine::gather_unit(int unit) {
   copy_async(out.data(), full.data(), out.size() * 4, {});
   stream_synchronize({});
   return out;
+}
+
+const double* FsdpEngine::device_grad_sq_sums() const {
+  if (!offload_streams_ || unit_sums_taken_ != nonempty_units_) return nullptr;
+  return static_cast<const double*>(unit_sq_sums_.data());
 }
 
 void FsdpEngine::set_forward_prefetch(int unit, std::vector<int> units) { forward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units); }

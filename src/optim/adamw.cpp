@@ -361,6 +361,7 @@ double host_sum_of_squares(const std::vector<fsdp::ShardView>& shards) {
 void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream) {
   started_ = true;
   host_axis_ = nullptr;
+  unit_sums_ = 0;
   on_device_ = shards_device(shards, "gradient norm") == DeviceKind::Cuda;
   const bool reduce = shard_axis != nullptr && shard_axis->size() > 1;
   if (on_device_) {
@@ -374,12 +375,29 @@ void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* s
   value_ = total;
 }
 
+void GradNorm::start_from_unit_sums(const double* device_sums, size_t count, Communicator* shard_axis,
+                                    StreamRef stream) {
+  started_ = true;
+  on_device_ = true;
+  unit_sums_ = count;
+  host_axis_ = shard_axis != nullptr && shard_axis->size() > 1 ? shard_axis : nullptr;
+  if (host_.size() < count * sizeof(double)) host_ = PinnedBuffer(count * sizeof(double));  // once
+  copy_async(host_.data(), device_sums, count * sizeof(double), stream);
+  copied_.record(stream);
+}
+
 double GradNorm::sum_of_squares() {
   if (!started_) throw InternalError("GradNorm: the result read before start()");
   started_ = false;
   if (on_device_) {
     copied_.synchronize();
-    std::memcpy(&value_, host_.data(), sizeof(double));
+    if (unit_sums_ > 0) {  // in unit order, as the device adds shards in start()
+      const auto* sums = static_cast<const double*>(host_.data());
+      value_ = 0;
+      for (size_t i = 0; i < unit_sums_; ++i) value_ += sums[i];
+    } else {
+      std::memcpy(&value_, host_.data(), sizeof(double));
+    }
     if (host_axis_) host_axis_->all_reduce(std::span<double>(&value_, 1), ReduceOp::Sum);
   }
   return value_;

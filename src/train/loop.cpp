@@ -105,7 +105,14 @@ void Trainer::step_once(StepMetrics& m) {
   if (options_.faults.nan_grad_at(step_number)) optim::poison_first_gradient(engine_->shards());
   // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
   // trainer.cpp: one read for the whole step) waits for the stream it was queued on.
-  grad_norm_.start(engine_->shards(), &comms_->shard());
+  // With CPU offload on a GPU the engine took each unit's sum of squares on the device on its way down, so the
+  // host need not read every gradient (unless the nan_grad fault just wrote one on the host).
+  const double* unit_sums = options_.faults.nan_grad_at(step_number) ? nullptr : engine_->device_grad_sq_sums();
+  if (unit_sums) {
+    grad_norm_.start_from_unit_sums(unit_sums, engine_->units().size(), &comms_->shard());
+  } else {
+    grad_norm_.start(engine_->shards(), &comms_->shard());
+  }
   sums[0] = ops_->take_loss().loss_sum;
   const double norm = grad_norm_.norm();
   sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;

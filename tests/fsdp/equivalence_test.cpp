@@ -81,6 +81,12 @@ TEST(FsdpEquivalence, EveryStrategyWrapOffloadAndAccumulationMode) {
           o.fsdp.accumulation = acc;
           const RunResult r = run_training(MPI_COMM_WORLD, env_rpn(), o);
           expect_matches_reference(r, 2e-6, 2e-6, describe(o.fsdp));
+          // Offload on a GPU with one reduction per step: every norm from the per-unit device sums (the
+          // harness checks each against the host shards); reducing every micro-batch, none.
+          const bool unit_sums = test_on_gpu() && offload && acc == fsdp::GradAccumulation::NoSync;
+          EXPECT_EQ(r.unit_sum_norms, unit_sums ? static_cast<int>(r.losses.size()) : 0) << describe(o.fsdp);
+          // The device squares each element in fp32 (kernels/sum_squares.cu), the host norm in double.
+          EXPECT_LE(r.unit_sum_norm_diff, 1e-8) << describe(o.fsdp);
           for (const fsdp::FlatLayout& l : r.layouts) padded = padded || l.padded_numel > l.used;
           ++checked;
         }

@@ -1,6 +1,8 @@
 // The FSDP test driver (see harness.hpp).
 #include "harness.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -112,8 +114,19 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
     out.losses.push_back(loss_sum / static_cast<double>(global_tokens));
     // As the trainer does: one GradNorm kept across steps (no allocation, so no device-wide synchronization
     // that would complete every stream's work before the norm reads the gradients).
-    grad_norm.start(engine.shards(), &comms.shard());
-    const double norm = grad_norm.norm();
+    // With CPU offload on a GPU, from the engine's per-unit sums taken on the device (as the trainer does),
+    // checked against the host shards' own sum.
+    double norm = 0;
+    if (const double* unit_sums = engine.device_grad_sq_sums()) {
+      grad_norm.start_from_unit_sums(unit_sums, engine.units().size(), &comms.shard());
+      norm = grad_norm.norm();
+      const double host = optim::grad_norm_global(engine.shards(), comms.shard());
+      out.unit_sum_norm_diff = std::max(out.unit_sum_norm_diff, std::abs(norm - host) / host);
+      ++out.unit_sum_norms;
+    } else {
+      grad_norm.start(engine.shards(), &comms.shard());
+      norm = grad_norm.norm();
+    }
     out.grad_norms.push_back(norm);
     adamw.step(engine.shards(), o.lr, optim::clip_coefficient(norm, o.max_grad_norm));
     if (gpu) stream_synchronize({});  // after_step may read the shards from the host

@@ -37,6 +37,8 @@ struct RunResult {
   std::vector<double> losses;                       // global mean loss per step
   std::map<int, std::vector<float>> params;         // full final value of every parameter
   std::vector<double> grad_norms;
+  int unit_sum_norms = 0;                           // steps whose norm came from the engine's per-unit device sums
+  double unit_sum_norm_diff = 0;                    // their largest relative difference from the host shards' norm
   int64_t sharded_param_bytes = 0;                  // ledger, this rank
   int64_t unsharded_param_peak = 0;                 // ledger, this rank
   int64_t comm_buffer_peak = 0;                     // ledger, this rank, during training: staging, uploads

@@ -51,6 +51,37 @@ TEST(Dtypes, MatmulF32AndBf16) {
   for (int64_t i = 0; i < 9 * 13; ++i) EXPECT_EQ(c16.get(i), static_cast<float>(bf16(static_cast<float>(c32.get(i)))));
 }
 
+// The sum of squares (fp32 squares added in double) over f32 and bf16 storage: exact enough, the same bits at 1 and 3
+// threads, Overwrite and Accumulate, and an empty input (zero).
+TEST(Dtypes, SumSquaresSameBitsAtAnyThreadCount) {
+  std::mt19937_64 rng(5);
+  const HostTensor x = random_tensor({100003}, rng);
+  for (DType d : {DType::F32, DType::BF16}) {
+    Typed t(x, d);
+    double want = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const auto v = static_cast<float>(t.get(i));
+      want += static_cast<double>(v * v);  // squared in fp32, as the CUDA kernel does
+    }
+    double one = -1, three = -1, twice = 0;
+    cpu_ops(1)->sum_squares(t.view(), make_tensor(&one, DType::F64, {1}), SumInto::Overwrite);
+    auto ops = cpu_ops(3);
+    ops->sum_squares(t.view(), make_tensor(&three, DType::F64, {1}), SumInto::Overwrite);
+    EXPECT_NEAR(one, want, 1e-12 * want) << dtype_name(d);
+    EXPECT_EQ(one, three) << dtype_name(d);
+    ops->sum_squares(t.view(), make_tensor(&twice, DType::F64, {1}), SumInto::Accumulate);
+    ops->sum_squares(t.view(), make_tensor(&twice, DType::F64, {1}), SumInto::Accumulate);
+    EXPECT_EQ(twice, one + one) << dtype_name(d);
+  }
+  double empty = 7;
+  cpu_ops(2)->sum_squares(make_tensor(&empty, DType::F32, {0}), make_tensor(&empty, DType::F64, {1}),
+                          SumInto::Overwrite);
+  EXPECT_EQ(empty, 0.0);
+  float f = 1;
+  EXPECT_ANY_THROW(
+      cpu_ops(1)->sum_squares(make_tensor(&f, DType::F32, {1}), make_tensor(&f, DType::F32, {1}), SumInto::Overwrite));
+}
+
 // Deferred losses on the CPU backend: the calls return zero sums, take_loss() the total in call order (the
 // same doubles the separate calls return, added alike), then starts over.
 TEST(Dtypes, DeferredLossTotalsInCallOrder) {

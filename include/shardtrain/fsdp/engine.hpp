@@ -82,6 +82,12 @@ class FsdpEngine final : public model::ModuleHooks {
   void set_pending_writes(const PendingShardWrites* w) { pending_writes_ = w; }
   void reset_stats() { stats_ = {}; }
 
+  // CPU offload on a GPU: the sums of squares of this step's gradient shards, one double per unit (units()
+  // order) in device memory, taken on the device when each unit's reduction went down; they are complete once
+  // the work queued on the ops' stream has run. Null when a unit's shard is not one reduction this step
+  // (gradient accumulation that reduces every micro-batch): the norm must then read the host shards.
+  const double* device_grad_sq_sums() const;
+
   // The full fp32 parameters of a unit (N elements, padding included), all-gathered over the shard
   // axis from the master shards: for tests, checkpoints and export. Collective over the shard axis.
   std::vector<float> gather_unit(int unit);
@@ -133,6 +139,8 @@ class FsdpEngine final : public model::ModuleHooks {
   FlatBuffer reduce_shard_;  // (N/S) reduce_dtype: the reduce-scatter output
   FlatBuffer reduce_full_;   // (N) reduce_dtype when it is not fp32
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
+  FlatBuffer unit_sq_sums_;  // offload on a GPU: one f64 per unit, device_grad_sq_sums
+  int unit_sums_taken_ = 0, nonempty_units_ = 0;
   std::vector<float> host_scratch_;
   bool last_micro_batch_ = true;
   bool offload_copies_pending_ = false;  // reduced gradients on their way down to offloaded shards

@@ -22,7 +22,6 @@ namespace shardtrain::ops {
 
 // fp32 GEMMs in full fp32 (default) or with TF32 tensor-core inputs (10-bit mantissa, much faster).
 enum class F32MatmulPrecision { Full, Tf32 };
-enum class SumInto { Overwrite, Accumulate };
 
 struct CudaOpsOptions {
   F32MatmulPrecision f32_matmul = F32MatmulPrecision::Full;
@@ -106,9 +105,8 @@ class CudaOps final : public Ops {
   void defer_loss(bool on) override;
   LossSums take_loss() override;
 
-  // Beyond Ops. out (one f64 element, device) = or += sum of x^2 (x f32 or bf16), reduced in a fixed order:
-  // the local part of the global gradient norm. Asynchronous.
-  void sum_squares(const Tensor& x, const Tensor& out, SumInto mode);
+  void sum_squares(const Tensor& x, const Tensor& out, SumInto mode) override;  // asynchronous
+  // Beyond Ops.
   // Waits for the stream, then throws DataError if a kernel recorded bad input since the last check.
   void synchronize();
   // Distinct GEMM configurations planned so far (each asked cuBLASLt's heuristic once).

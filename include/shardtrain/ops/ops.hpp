@@ -43,6 +43,8 @@ struct LossSums {
   int64_t tokens = 0;   // tokens whose target is not ignore_index
 };
 
+enum class SumInto { Overwrite, Accumulate };  // Ops::sum_squares
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -122,6 +124,10 @@ class Ops {
   // surfaces as DataError. Off by default.
   virtual void defer_loss(bool on) = 0;
   virtual LossSums take_loss() = 0;
+
+  // out (one F64 element in the backend's memory) = or += the sum of x^2 (x F32 or BF16; each square in fp32,
+  // added in double) in an order fixed by n alone (the same bits every call): the local part of a gradient norm.
+  virtual void sum_squares(const Tensor& x, const Tensor& out, SumInto mode) = 0;
 };
 
 }  // namespace shardtrain::ops

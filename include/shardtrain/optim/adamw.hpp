@@ -151,6 +151,9 @@ class GradNorm {
   // Squares of this rank's shards (padding is zero and adds nothing), summed over `shard_axis` when given
   // (the global norm: replicas hold equal shards) or this rank's alone (null).
   void start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream = {});
+  // The same from `count` per-unit sums of squares already in device memory (FsdpEngine::device_grad_sq_sums,
+  // complete on `stream`): copied down on `stream`, added on the host in order.
+  void start_from_unit_sums(const double* device_sums, size_t count, Communicator* shard_axis, StreamRef stream = {});
   double sum_of_squares();  // of the last start(); throws InternalError without one
   double norm();            // its square root
 
@@ -159,6 +162,7 @@ class GradNorm {
   double value_ = 0;                   // host shards: the result; CUDA: read from host_ once copied_ passed
   Communicator* host_axis_ = nullptr;  // CUDA shards on a host-memory axis: reduced in sum_of_squares()
   bool on_device_ = false;
+  size_t unit_sums_ = 0;  // start_from_unit_sums: how many doubles host_ receives
   DeviceBuffer device_;  // the accumulated double, then the sum-of-squares workspace
   PinnedBuffer host_;
   CudaEvent copied_;

@@ -78,6 +78,7 @@ class CpuOps final : public Ops {
                                 const Tensor& dweight) override {
     return deferred(cpu::linear_cross_entropy(ctx_, h, weight, targets, ignore_index, grad_scale, chunk_tokens, dh, dweight));
   }
+  void sum_squares(const Tensor& x, const Tensor& out, SumInto mode) override { cpu::sum_squares(ctx_, x, out, mode); }
   void defer_loss(bool on) override { defer_ = on; }
   LossSums take_loss() override { return std::exchange(total_, LossSums{}); }
 

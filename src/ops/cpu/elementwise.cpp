@@ -1,6 +1,7 @@
-// Fill, copy/cast, add, embedding and SwiGLU on the CPU: flat OpenMP loops over elements or rows.
+// Fill, copy/cast, add, the sum of squares, embedding and SwiGLU on the CPU: flat OpenMP loops over elements or rows.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels.hpp"
 
@@ -55,6 +56,35 @@ void add(Context& ctx, const Tensor& x, const Tensor& y) {
 #pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) store(out[i], load(out[i]) + in[i]);
   });
+}
+
+// Each element squared in fp32 and added in double, as kernels/sum_squares.cu does; fixed blocks summed in
+// parallel into a list, the list added in order: the same double at any thread count.
+void sum_squares(Context& ctx, const Tensor& x, const Tensor& out, SumInto mode) {
+  const char* op = "sum_squares";
+  require_float(x, op, "x");
+  require_cpu(out, op, "out");
+  require(out.dtype == DType::F64 && out.numel() == 1, op, "out is {}, expected one f64 element", out.describe());
+  constexpr int64_t kBlock = 16384;
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks));
+  dispatch_float(x.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.as<const T>();
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (blocks > 2)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double s = 0;
+      for (int64_t k = b * kBlock, end = std::min(n, k + kBlock); k < end; ++k) {
+        const float v = static_cast<float>(load(p[k]));
+        s += static_cast<double>(v * v);
+      }
+      partial[static_cast<size_t>(b)] = s;
+    }
+  });
+  double total = 0;
+  for (const double s : partial) total += s;
+  double* o = out.as<double>();
+  *o = mode == SumInto::Accumulate ? *o + total : total;
 }
 
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out) {

@@ -21,6 +21,7 @@ void copy(Context& ctx, const Tensor& src, const Tensor& dst);
 void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
                 const Tensor& c, const Tensor& out);
 void add(Context& ctx, const Tensor& x, const Tensor& y);
+void sum_squares(Context& ctx, const Tensor& x, const Tensor& out, SumInto mode);
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable);
 void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out);
