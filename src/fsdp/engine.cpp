@@ -21,6 +21,7 @@ struct FsdpEngine::Unit {
   FlatBuffer full;       // (N) param_dtype, while gathered
   FlatBuffer full_grad;  // (N) fp32, from the unit's first backward until its reduction
   bool gathered = false;
+  bool forward_started = false;   // its first module's forward ran in this micro-batch (prefetches issued)
   bool backward_started = false;  // in this micro-batch
   // Overlap: the all-gather's completion (on the gather stream; with offload, the upload's on the upload
   // stream) and whether compute has waited for it yet;
@@ -452,11 +453,15 @@ void FsdpEngine::reduce_gradients(Unit& u) {
   grad_pool_.release(std::move(u.full_grad));
 }
 
+// A unit's forward prefetches are issued at its first use, whether a prefetch gathered it already or not: so
+// with depth 1 every unit is gathered while the one before it computes, not every other one.
 void FsdpEngine::ensure_forward(int module) {
   const std::vector<int>& uses = model_->spec().module(module).uses;
   for (int p : uses) {
     Unit& u = *units_[unit_of_param_[p]];
-    if (u.gathered) continue;
+    if (u.forward_started) continue;
+    u.forward_started = true;
+    if (!u.gathered && !u.empty()) ++stats_.forward_on_demand;
     unshard(u);
     for (int v : forward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
@@ -528,7 +533,7 @@ model::LossResult FsdpEngine::forward(const model::Batch& batch) {
 void FsdpEngine::release_all() {
   for (auto& u : units_) {
     reshard(*u);
-    u->backward_started = false;
+    u->forward_started = u->backward_started = false;
   }
   // No host synchronization: every buffer goes back to its pool in stream order (or with its fence), and
   // compute waits on the device for the reductions still in flight, so the optimizer sees final shards.

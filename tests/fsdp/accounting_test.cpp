@@ -99,6 +99,10 @@ TEST(FsdpAccounting, ShardedBytesAndThePoolBound) {
     }
     EXPECT_EQ(r.sharded_param_bytes, sharded);
     EXPECT_LE(r.max_outstanding, 1 + depth) << "prefetch depth " << depth;
+    // With prefetch every forward but the root's own finds its unit gathered already: one on demand per
+    // micro-batch (the root); without, every unit.
+    const int per_forward = depth > 0 ? 1 : static_cast<int>(r.layouts.size());
+    EXPECT_EQ(r.forward_on_demand, o.steps * o.micro_batches * per_forward) << "prefetch depth " << depth;
     EXPECT_GE(r.max_outstanding, 1);
     EXPECT_LE(r.unsharded_param_peak, (1 + depth) * max_unit + root) << "prefetch depth " << depth;
   }

@@ -150,6 +150,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   out.unsharded_param_peak = ledger.peak(MemoryCategory::UnshardedParams);
   out.unsharded_grad_peak = ledger.peak(MemoryCategory::UnshardedGrads);
   out.max_outstanding = engine.stats().max_outstanding;
+  out.forward_on_demand = engine.stats().forward_on_demand;
   return out;
 }
 

@@ -44,6 +44,7 @@ struct RunResult {
   int64_t comm_buffer_peak = 0;                     // ledger, this rank, during training: staging, uploads
   int64_t unsharded_grad_peak = 0;                  // ledger, this rank
   int max_outstanding = 0;                          // non-root units gathered at once
+  int forward_on_demand = 0;                        // units not prefetched when their forward began
   std::vector<fsdp::FlatLayout> layouts;
   std::vector<bool> unit_is_root;
   uint64_t shard_gather_bytes = 0, shard_reduce_scatter_bytes = 0, replicate_all_reduce_bytes = 0;

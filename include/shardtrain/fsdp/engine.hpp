@@ -45,8 +45,9 @@ class PendingShardWrites {
 };
 
 struct UnitStats {
-  int gathers = 0;         // all-gathers issued this step
-  int max_outstanding = 0; // most non-root units gathered at once, since the last reset
+  int gathers = 0;            // all-gathers issued this step
+  int max_outstanding = 0;    // most non-root units gathered at once, since the last reset
+  int forward_on_demand = 0;  // units no prefetch had gathered when their forward began, since the last reset
 };
 
 class FsdpEngine final : public model::ModuleHooks {
