@@ -102,12 +102,13 @@ void Trainer::step_once(StepMetrics& m) {
     engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1);
   }
   const int64_t step_number = state_.step + 1;
-  if (options_.faults.nan_grad_at(step_number)) optim::poison_first_gradient(engine_->shards());
+  const bool poisoned = options_.faults.nan_grad_at(step_number);
+  if (poisoned) optim::poison_first_gradient(engine_->shards());
   // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
   // trainer.cpp: one read for the whole step) waits for the stream it was queued on.
   // With CPU offload on a GPU the engine took each unit's sum of squares on the device on its way down, so the
   // host need not read every gradient (unless the nan_grad fault just wrote one on the host).
-  const double* unit_sums = options_.faults.nan_grad_at(step_number) ? nullptr : engine_->device_grad_sq_sums();
+  const double* unit_sums = poisoned ? nullptr : engine_->device_grad_sq_sums();
   if (unit_sums) {
     grad_norm_.start_from_unit_sums(unit_sums, engine_->units().size(), &comms_->shard());
   } else {
