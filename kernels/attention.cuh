@@ -39,9 +39,10 @@ void set_attention_kernel(AttentionKernel kernel);
 AttentionKernel attention_kernel();
 bool attention_uses_mma(DType dtype);
 
-// One warp: d (16 x 8 fp32, row-major) = a (16 x 16 bf16 bits, row-major) b, with bt = b^T (8 x 16 bf16 bits),
-// through the tensor-core kernels' fragment loaders and one mma.sync. Device pointers. Tests use it to check
-// the fragment layouts against the hardware.
-void mma_fragment_probe(const uint16_t* a, const uint16_t* bt, float* d, StreamRef stream);
+// One warp: d = a b three times (3 x (16 x 16) fp32, row-major) for a, b and bt = b^T (16 x 16 bf16 bits each,
+// row-major): with fragments loaded register by register in the documented mma layout, then with the
+// tensor-core kernels' ldmatrix and ldmatrix.trans loaders (attention_mma_body.cuh, mma_probe_body). Device
+// pointers. Tests use it to check the mma and ldmatrix layouts against the hardware.
+void mma_fragment_probe(const uint16_t* a, const uint16_t* b, const uint16_t* bt, float* d, StreamRef stream);
 
 }  // namespace shardtrain::kernels

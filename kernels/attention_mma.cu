@@ -30,8 +30,9 @@ template <int DMAX>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(mma::kThreads) attention_mma_dq_kernel(mma::Args a) {
   mma::dq_body<DMAX>(a);
 }
-ST_GLOBAL void ST_LAUNCH_BOUNDS(32) attention_mma_probe_kernel(const uint16_t* a, const uint16_t* bt, float* d) {
-  mma::mma_probe_body(a, bt, d);
+ST_GLOBAL void ST_LAUNCH_BOUNDS(32)
+    attention_mma_probe_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* bt, float* d) {
+  mma::mma_probe_body(a, b, bt, d);
 }
 
 template <typename Kernel>
@@ -109,8 +110,8 @@ void attention_backward_mma(const AttentionDims& d, const void* q, const void* k
   });
 }
 
-void mma_fragment_probe(const uint16_t* a, const uint16_t* bt, float* d, StreamRef stream) {
-  simt::launch(attention_mma_probe_kernel, 1, 32, 0, detail::cuda_stream(stream), a, bt, d);
+void mma_fragment_probe(const uint16_t* a, const uint16_t* b, const uint16_t* bt, float* d, StreamRef stream) {
+  simt::launch(attention_mma_probe_kernel, 1, 32, mma::kProbeSmemBytes, detail::cuda_stream(stream), a, b, bt, d);
   ST_CHECK_KERNEL("attention_mma_probe_kernel");
 }
 

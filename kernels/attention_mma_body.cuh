@@ -6,8 +6,12 @@
 // nothing, whose out and dq are zero.
 //
 // A CTA is 4 warps; it owns kRows = 64 rows (queries; keys in the dk/dv kernel), 16 per warp, and steps over
-// kCols = 64 columns at a time. Tiles are raw bf16 in shared memory, rows padded by 8 elements (16 bytes) so the
-// fragment loads of a warp hit 32 different banks; Dh is zero-padded to DMAX (16, 32, 64, 96 or 128). Scores
+// kCols = 64 columns at a time. Tiles are raw bf16 in shared memory, copied from global memory by cp.async
+// (16 bytes at a time, no registers), rows padded by 8 elements (16 bytes) so that the 8 row reads of an
+// ldmatrix hit 8 different 16-byte bank groups; Dh is zero-padded to DMAX (16, 32, 64, 96 or 128). Every
+// fragment comes from shared memory by ldmatrix.x4 (B operands held n-contiguous by ldmatrix.x4.trans), two
+// mma's worth of registers per instruction. The column steps are software-pipelined (pipelined_steps): step
+// i + 1's tiles are in flight while step i computes. Scores
 // and gradients are mma.sync m16n8k16 (bf16 in, fp32 accumulate); the online softmax runs in registers on the
 // accumulator fragments, in the log2 domain (exp2f of s * scale * log2 e); probabilities (and ds) are rounded to
 // bf16 once, as the A operand of the next product, which takes them straight from the accumulator registers
@@ -22,7 +26,7 @@
 //     ds = p (dp - dvec); dq += ds k, scaled at the end.
 // dvec (B, H, S) = rowsum(dout * out) comes from attention_bwd.cu's dot kernel.
 //
-// Faster later: ldmatrix(.trans) fragment loads, cp.async double-buffered K/V, wgmma on sm_90.
+// Faster later: wgmma on sm_90 (warpgroup mma from shared memory), larger CTAs for Dh <= 64.
 #pragma once
 
 #include <cmath>
@@ -64,16 +68,17 @@ struct Args {
 template <int DMAX> constexpr int tile_ld() { return DMAX + 8; }
 template <int DMAX> constexpr size_t tile_bytes(int rows) { return size_t(rows) * tile_ld<DMAX>() * sizeof(uint16_t); }
 
+// Shared memory: the row tiles, two buffers of the two column tiles of a step, and per-row and per-column data
+// (three buffers of the latter; see pipelined_steps).
 template <int DMAX> constexpr size_t forward_smem_bytes() {
-  return tile_bytes<DMAX>(kRows) + 2 * tile_bytes<DMAX>(kCols) + sizeof(int) * (kRows + kCols);
+  return tile_bytes<DMAX>(kRows) + 4 * tile_bytes<DMAX>(kCols) + sizeof(int) * (kRows + 3 * kCols);
 }
 template <int DMAX> constexpr size_t dkdv_smem_bytes() {
-  return 2 * tile_bytes<DMAX>(kRows) + 2 * tile_bytes<DMAX>(kCols) + sizeof(int) * (kRows + 3 * kCols);
+  return 2 * tile_bytes<DMAX>(kRows) + 4 * tile_bytes<DMAX>(kCols) + sizeof(int) * (kRows + 3 * 3 * kCols);
 }
 template <int DMAX> constexpr size_t dq_smem_bytes() {
-  return 2 * tile_bytes<DMAX>(kRows) + 2 * tile_bytes<DMAX>(kCols) + sizeof(int) * (3 * kRows + kCols);
+  return 2 * tile_bytes<DMAX>(kRows) + 4 * tile_bytes<DMAX>(kCols) + sizeof(int) * (3 * kRows + 3 * kCols);
 }
-
 
 // Host side: calls f.template operator()<DMAX>() with the smallest padded head dim that holds Dh.
 template <typename F> void with_dmax(int64_t head_dim, F&& f) {
@@ -84,45 +89,53 @@ template <typename F> void with_dmax(int64_t head_dim, F&& f) {
   else f.template operator()<128>();
 }
 
-// Tokens [first, first + 64) of a token-major bf16 tensor (stride elements between tokens) into a
-// (64, DMAX + 8) tile; zeros past head_dim and in rows with a negative segment (padding values, NaN or not,
-// never reach the arithmetic).
+// Starts copying tokens [first, first + 64) of a token-major bf16 tensor (stride elements between tokens) into a
+// (64, DMAX + 8) tile: cp.async 16 bytes at a time when vec16; zeros (plain stores) past head_dim and in rows
+// with a negative segment, so padding values, NaN or not, never reach the arithmetic; element by element
+// otherwise. The tile is complete after the caller's cp_async_commit, cp_async_wait and a barrier.
 template <int DMAX>
-ST_DEV void load_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg,
-                      int head_dim, bool vec16) {
+ST_DEV void issue_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg,
+                       int head_dim, bool vec16) {
   constexpr int kLd = tile_ld<DMAX>(), kChunks = DMAX / 8;
   for (int e = simt::thread_x(); e < 64 * kChunks; e += kThreads) {
     const int r = e / kChunks, c = (e % kChunks) * 8;
     uint16_t* dst = tile + r * kLd + c;
     const bool live = row_seg[r] >= 0;
     if (live && vec16 && c + 8 <= head_dim) {
-      simt::copy16(dst, src + int64_t(first + r) * stride + c);
+      simt::cp_async16(dst, src + int64_t(first + r) * stride + c);
     } else {
       for (int i = 0; i < 8; ++i) dst[i] = live && c + i < head_dim ? src[int64_t(first + r) * stride + c + i] : 0;
     }
   }
 }
+// issue_rows for a tile read right after: all of this thread's copies waited for, then a barrier.
+template <int DMAX>
+ST_DEV void load_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg,
+                      int head_dim, bool vec16) {
+  issue_rows<DMAX>(tile, src, stride, first, row_seg, head_dim, vec16);
+  simt::cp_async_commit();
+  simt::cp_async_wait<0>();
+  simt::sync();
+}
 
-// Fragments (layouts in simt.cuh). tile: row-major bf16 with leading dimension ld.
-// A = tile[r0 .. r0 + 16)[c0 .. c0 + 16).
-ST_DEV void load_a(uint32_t a[4], const uint16_t* tile, int ld, int r0, int c0, int g, int t) {
-  const uint16_t* p = tile + (r0 + g) * ld + c0 + 2 * t;
-  a[0] = simt::load_u32(p);
-  a[1] = simt::load_u32(p + 8 * ld);
-  a[2] = simt::load_u32(p + 8);
-  a[3] = simt::load_u32(p + 8 * ld + 8);
+// Fragments (layouts in simt.cuh), each pair of registers of an ldmatrix.x4 from a row-major bf16 tile in shared
+// memory whose leading dimension ld is a multiple of 8 (every row starts 16-byte aligned; the 8 rows of one
+// matrix, ld * 2 bytes apart with ld = DMAX + 8, fall in 8 different 16-byte bank groups).
+// A = tile[r0 .. r0 + 16)[c0 .. c0 + 16); matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+ST_DEV void load_a(uint32_t a[4], const uint16_t* tile, int ld, int r0, int c0, int lane) {
+  simt::ldmatrix_x4(a, tile + (r0 + lane % 16) * ld + c0 + 8 * (lane / 16));
 }
-// B[k][n] = tile[n0 + n][k0 + k]: the tile holds B transposed (k contiguous), as k holds the keys of q k^T.
-ST_DEV void load_b_t(uint32_t b[2], const uint16_t* tile, int ld, int n0, int k0, int g, int t) {
-  const uint16_t* p = tile + (n0 + g) * ld + k0 + 2 * t;
-  b[0] = simt::load_u32(p);
-  b[1] = simt::load_u32(p + 8);
+// The B fragments of two adjacent n-tiles of B[k][n] = tile[n0 + n][k0 + k] (the tile holds B transposed, k
+// contiguous, as k holds the keys of q k^T): b[0], b[1] for columns n0 .. n0 + 8 and b[2], b[3] for the next 8.
+ST_DEV void load_b_t2(uint32_t b[4], const uint16_t* tile, int ld, int n0, int k0, int lane) {
+  const int m = lane / 8;
+  simt::ldmatrix_x4(b, tile + (n0 + lane % 8 + 8 * (m / 2)) * ld + k0 + 8 * (m % 2));
 }
-// B[k][n] = tile[k0 + k][n0 + n]: the tile holds B as is (n contiguous), as v holds it for p v.
-ST_DEV void load_b(uint32_t b[2], const uint16_t* tile, int ld, int k0, int n0, int g, int t) {
-  const uint16_t* p = tile + (k0 + 2 * t) * ld + n0 + g;
-  b[0] = uint32_t(p[0]) | (uint32_t(p[ld]) << 16);
-  b[1] = uint32_t(p[8 * ld]) | (uint32_t(p[9 * ld]) << 16);
+// The same for B[k][n] = tile[k0 + k][n0 + n] (the tile holds B as is, n contiguous, as v holds it for p v),
+// transposed by ldmatrix.trans.
+ST_DEV void load_b2(uint32_t b[4], const uint16_t* tile, int ld, int k0, int n0, int lane) {
+  const int m = lane / 8;
+  simt::ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + 8 * (m % 2)) * ld + n0 + 8 * (m / 2));
 }
 // The A fragment of k-step j of a (16 x n) product held as accumulators: n-tiles 2j and 2j + 1, rounded to bf16.
 ST_DEV void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
@@ -162,15 +175,61 @@ ST_DEV uint32_t visibility(const int* row_seg, const int* col_seg, int row0, int
 }
 ST_DEV bool visible(uint32_t vis, int n, int i) { return (vis >> ((i / 2 * kColTiles + n) * 2 + i % 2)) & 1u; }
 
+// A CTA's main loop over `steps` column steps, software-pipelined: step i + 1's per-column data is loaded, its
+// visibility found and its tile copies started (cp.async) before step i computes, so the copies run under step
+// i's mma work. Per-column data lives in three buffers (step i in i % 3) and the tiles in two (i % 2), so that
+// step i + 1's writes meet no read of steps i and i - 1 that a barrier does not already order. Three barriers a
+// step, as with the loads in series. A step no pair of which is visible (other documents, padding) copies and
+// computes nothing; the decision is CTA-wide (sync_or), so every thread takes the same barriers.
+//   meta(i):             step i's per-column data into buffer i % 3 (plain stores)
+//   vis_of(i):           this lane's visibility bits of step i (after meta's barrier)
+//   issue(i):            step i's tile copies into buffer i % 2
+//   compute(i, vis):     step i (its tiles complete and visible)
+template <typename Meta, typename Vis, typename Issue, typename Compute>
+ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, const Issue& issue,
+                            const Compute& compute) {
+  uint32_t vis = 0;
+  bool any = false;
+  if (steps > 0) {
+    meta(0);
+    simt::sync();
+    vis = vis_of(0);
+    any = simt::sync_or(vis != 0);
+    if (any) issue(0);
+  }
+  simt::cp_async_commit();
+  for (int i = 0; i < steps; ++i) {
+    uint32_t vis_next = 0;
+    bool any_next = false;
+    if (i + 1 < steps) {
+      // Buffer (i + 1) % 3 was last read by step i - 2, before the barriers of step i - 1.
+      meta(i + 1);
+      simt::sync();
+      vis_next = vis_of(i + 1);
+      // After this barrier every thread is past step i - 1's compute: its tiles, buffer (i + 1) % 2, are free.
+      any_next = simt::sync_or(vis_next != 0);
+      if (any_next) issue(i + 1);
+    }
+    simt::cp_async_commit();  // step i + 1's group, empty or not
+    if (any) {
+      simt::cp_async_wait<1>();  // every group but step i + 1's
+      simt::sync();
+      compute(i, vis);
+    }
+    vis = vis_next;
+    any = any_next;
+  }
+  simt::cp_async_wait<0>();  // the last groups are empty; nothing may stay in flight past the kernel
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Forward: one CTA per (64 queries, head, batch). Grid (ceil(S / 64), H, B).
 template <int DMAX> ST_DEV void forward_body(const Args& a) {
   constexpr int kLd = tile_ld<DMAX>(), KD = DMAX / 16, ND = DMAX / 8;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (kRows, kLd)
-  uint16_t* k_s = q_s + kRows * kLd;                                     // (kCols, kLd)
-  uint16_t* v_s = k_s + kCols * kLd;                                     // (kCols, kLd)
-  int* row_seg = reinterpret_cast<int*>(v_s + kCols * kLd);              // (kRows)
-  int* col_seg = row_seg + kRows;                                        // (kCols)
+  uint16_t* kv_s = q_s + kRows * kLd;                 // two buffers of a k tile then a v tile, (kCols, kLd) each
+  int* row_seg = reinterpret_cast<int*>(kv_s + 4 * kCols * kLd);  // (kRows)
+  int* col_segs = row_seg + kRows;                                 // three buffers of (kCols)
 
   const int lane = simt::thread_x() % 32, warp = simt::thread_x() / 32, g = lane / 4, t = lane % 4;
   const int row0 = 16 * warp;
@@ -186,75 +245,77 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
   attention_rows::load_segments<kThreads>(row_seg, seg, q0, kRows, a.seq);
   simt::sync();
   load_rows<DMAX>(q_s, q, q_stride, q0, row_seg, a.head_dim, a.vec16);
-  simt::sync();
   uint32_t qa[KD][4];  // this warp's 16 query rows as A fragments, for the whole kernel
-  for (int kk = 0; kk < KD; ++kk) load_a(qa[kk], q_s, kLd, row0, 16 * kk, g, t);
+  for (int kk = 0; kk < KD; ++kk) load_a(qa[kk], q_s, kLd, row0, 16 * kk, lane);
 
   float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) o[d][i] = 0.f;
 
   const int kv_end = simt::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
-  for (int k0 = 0; k0 < kv_end; k0 += kCols) {
-    attention_rows::load_segments<kThreads>(col_seg, seg, k0, kCols, a.seq);
-    simt::sync();
-    const uint32_t vis = visibility(row_seg, col_seg, row0, g, t, q0, k0, false);
-    // Skip a step no pair of which is visible (other documents, padding); a barrier too: after it col_seg is
-    // read only by the tile loads below, which end before the next step's first barrier.
-    if (!simt::sync_or(vis != 0)) continue;
-    load_rows<DMAX>(k_s, k, kv_stride, k0, col_seg, a.head_dim, a.vec16);
-    load_rows<DMAX>(v_s, v, kv_stride, k0, col_seg, a.head_dim, a.vec16);
-    simt::sync();
+  const auto col_seg = [&](int i) { return col_segs + (i % 3) * kCols; };
+  const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
+  pipelined_steps(
+      (kv_end + kCols - 1) / kCols,
+      [&](int i) { attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
+      [&](int i) { return visibility(row_seg, col_seg(i), row0, g, t, q0, i * kCols, false); },
+      [&](int i) {
+        issue_rows<DMAX>(k_tile(i), k, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
+        issue_rows<DMAX>(k_tile(i) + kCols * kLd, v, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
+      },
+      [&](int i, uint32_t vis) {
+        const uint16_t* k_s = k_tile(i);
+        const uint16_t* v_s = k_s + kCols * kLd;
+        float s[kColTiles][4];
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+        for (int kk = 0; kk < KD; ++kk)
+          for (int n = 0; n < kColTiles; n += 2) {
+            uint32_t kb[4];
+            load_b_t2(kb, k_s, kLd, 8 * n, 16 * kk, lane);
+            simt::mma_bf16_16816(s[n], qa[kk], kb);
+            simt::mma_bf16_16816(s[n + 1], qa[kk], kb + 2);
+          }
 
-    float s[kColTiles][4];
-    for (int n = 0; n < kColTiles; ++n)
-      for (int i = 0; i < 4; ++i) s[n][i] = 0.f;
-    for (int kk = 0; kk < KD; ++kk)
-      for (int n = 0; n < kColTiles; ++n) {
-        uint32_t kb[2];
-        load_b_t(kb, k_s, kLd, 8 * n, 16 * kk, g, t);
-        simt::mma_bf16_16816(s[n], qa[kk], kb);
-      }
+        // Online softmax in the log2 domain. A row with nothing visible yet keeps m = -inf; m_use = 0 then
+        // keeps every exp2 at exp2(-inf) = 0 instead of NaN.
+        float mx[2] = {-INFINITY, -INFINITY};
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e) {
+            s[n][e] = visible(vis, n, e) ? s[n][e] * scale2 : -INFINITY;
+            mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+          }
+        float m_use[2];
+        for (int ri = 0; ri < 2; ++ri) {
+          const float m_new = fmaxf(m[ri], quad_max(mx[ri]));
+          m_use[ri] = m_new == -INFINITY ? 0.f : m_new;
+          const float alpha = exp2f(m[ri] - m_use[ri]);
+          m[ri] = m_new;
+          l[ri] *= alpha;
+          for (int d = 0; d < ND; ++d) {
+            o[d][2 * ri] *= alpha;
+            o[d][2 * ri + 1] *= alpha;
+          }
+        }
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[n][e] - m_use[e / 2]);
+            s[n][e] = p;
+            l[e / 2] += p;  // this lane's columns; summed over the quad at the end
+          }
 
-    // Online softmax in the log2 domain. A row with nothing visible yet keeps m = -inf; m_use = 0 then keeps
-    // every exp2 at exp2(-inf) = 0 instead of NaN.
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < kColTiles; ++n)
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = visible(vis, n, i) ? s[n][i] * scale2 : -INFINITY;
-        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
-      }
-    float m_use[2];
-    for (int ri = 0; ri < 2; ++ri) {
-      const float m_new = fmaxf(m[ri], quad_max(mx[ri]));
-      m_use[ri] = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m[ri] - m_use[ri]);
-      m[ri] = m_new;
-      l[ri] *= alpha;
-      for (int d = 0; d < ND; ++d) {
-        o[d][2 * ri] *= alpha;
-        o[d][2 * ri + 1] *= alpha;
-      }
-    }
-    for (int n = 0; n < kColTiles; ++n)
-      for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(s[n][i] - m_use[i / 2]);
-        s[n][i] = p;
-        l[i / 2] += p;  // this lane's columns; summed over the quad at the end
-      }
-
-    // o += p v
-    for (int j = 0; j < kCols / 16; ++j) {
-      uint32_t pa[4];
-      acc_to_a(pa, s[2 * j], s[2 * j + 1]);
-      for (int d = 0; d < ND; ++d) {
-        uint32_t vb[2];
-        load_b(vb, v_s, kLd, 16 * j, 8 * d, g, t);
-        simt::mma_bf16_16816(o[d], pa, vb);
-      }
-    }
-    // No barrier here: k_s and v_s are rewritten only after the next step's sync_or.
-  }
+        // o += p v
+        for (int j = 0; j < kCols / 16; ++j) {
+          uint32_t pa[4];
+          acc_to_a(pa, s[2 * j], s[2 * j + 1]);
+          for (int d = 0; d < ND; d += 2) {
+            uint32_t vb[4];
+            load_b2(vb, v_s, kLd, 16 * j, 8 * d, lane);
+            simt::mma_bf16_16816(o[d], pa, vb);
+            simt::mma_bf16_16816(o[d + 1], pa, vb + 2);
+          }
+        }
+      });
 
   const float l_row[2] = {quad_sum(l[0]), quad_sum(l[1])};  // every lane takes part in the shuffles
   for (int ri = 0; ri < 2; ++ri) {
@@ -273,17 +334,18 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Backward, dk and dv: one CTA per (64 keys, kv head, batch). Grid (ceil(S / 64), Hkv, B).
+// Backward, dk and dv: one CTA per (64 keys, kv head, batch). Grid (ceil(S / 64), Hkv, B). Its steps run over
+// every query head of the group and, per head, the 64-query steps from the tile's first key (causal: queries
+// before it see none of the tile).
 template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
   constexpr int kLd = tile_ld<DMAX>(), KD = DMAX / 16, ND = DMAX / 8;
   uint16_t* k_s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (kRows, kLd) keys
   uint16_t* v_s = k_s + kRows * kLd;                                     // (kRows, kLd)
-  uint16_t* q_s = v_s + kRows * kLd;                                     // (kCols, kLd) this step's queries
-  uint16_t* do_s = q_s + kCols * kLd;                                    // (kCols, kLd) their dout
-  int* row_seg = reinterpret_cast<int*>(do_s + kCols * kLd);             // (kRows) keys
-  int* col_seg = row_seg + kRows;                                        // (kCols) queries
-  float* col_lse2 = reinterpret_cast<float*>(col_seg + kCols);           // (kCols)
-  float* col_dvec = col_lse2 + kCols;                                    // (kCols)
+  uint16_t* qdo_s = v_s + kRows * kLd;        // two buffers of the step's queries then their dout, (kCols, kLd) each
+  int* row_seg = reinterpret_cast<int*>(qdo_s + 4 * kCols * kLd);  // (kRows) keys
+  int* col_segs = row_seg + kRows;                                  // three buffers of (kCols) queries
+  float* col_lse2s = reinterpret_cast<float*>(col_segs + 3 * kCols);  // three of (kCols)
+  float* col_dvecs = col_lse2s + 3 * kCols;                           // three of (kCols)
 
   const int lane = simt::thread_x() % 32, warp = simt::thread_x() / 32, g = lane / 4, t = lane % 4;
   const int row0 = 16 * warp;
@@ -296,70 +358,87 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
 
   attention_rows::load_segments<kThreads>(row_seg, seg, k0, kRows, a.seq);
   simt::sync();
-  load_rows<DMAX>(k_s, a.k + kv_off, kv_stride, k0, row_seg, a.head_dim, a.vec16);  // read after a barrier
-  load_rows<DMAX>(v_s, a.v + kv_off, kv_stride, k0, row_seg, a.head_dim, a.vec16);
+  // Complete at the first computed step's wait and barrier (the groups finish in order).
+  issue_rows<DMAX>(k_s, a.k + kv_off, kv_stride, k0, row_seg, a.head_dim, a.vec16);
+  issue_rows<DMAX>(v_s, a.v + kv_off, kv_stride, k0, row_seg, a.head_dim, a.vec16);
+  simt::cp_async_commit();
 
   float dk[ND][4], dv[ND][4];
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) dk[d][i] = dv[d][i] = 0.f;
 
-  for (int h = kvh * a.group; h < (kvh + 1) * a.group; ++h) {
-    const int64_t q_off = int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
-    const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
-    for (int c0 = k0; c0 < a.seq; c0 += kCols) {  // causal: queries before the tile's first key see none of it
-      attention_rows::load_query_stats<kThreads>(col_seg, col_lse2, col_dvec, seg, a.lse + stats_off,
-                                                 a.dvec + stats_off, c0, kCols, a.seq, kLog2e);
-      simt::sync();
-      const uint32_t vis = visibility(row_seg, col_seg, row0, g, t, k0, c0, true);
-      if (!simt::sync_or(vis != 0)) continue;
-      load_rows<DMAX>(q_s, a.q + q_off, q_stride, c0, col_seg, a.head_dim, a.vec16);
-      load_rows<DMAX>(do_s, a.dout + q_off, q_stride, c0, col_seg, a.head_dim, a.vec16);
-      simt::sync();
-
-      // s^T = k q^T and dp^T = v dout^T for this warp's 16 keys x 64 queries.
-      float st[kColTiles][4], dpt[kColTiles][4];
-      for (int n = 0; n < kColTiles; ++n)
-        for (int i = 0; i < 4; ++i) st[n][i] = dpt[n][i] = 0.f;
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t ka[4], va[4];
-        load_a(ka, k_s, kLd, row0, 16 * kk, g, t);
-        load_a(va, v_s, kLd, row0, 16 * kk, g, t);
-        for (int n = 0; n < kColTiles; ++n) {
-          uint32_t qb[2], db[2];
-          load_b_t(qb, q_s, kLd, 8 * n, 16 * kk, g, t);
-          load_b_t(db, do_s, kLd, 8 * n, 16 * kk, g, t);
-          simt::mma_bf16_16816(st[n], ka, qb);
-          simt::mma_bf16_16816(dpt[n], va, db);
-        }
-      }
-      // p^T and ds^T in place of s^T and dp^T.
-      for (int n = 0; n < kColTiles; ++n)
-        for (int i = 0; i < 4; ++i) {
-          const int c = 8 * n + 2 * t + i % 2;
-          float p = 0.f, ds = 0.f;
-          if (visible(vis, n, i)) {
-            p = exp2f(st[n][i] * scale2 - col_lse2[c]);
-            ds = p * (dpt[n][i] - col_dvec[c]);
+  const int col_steps = (a.seq - k0 + kCols - 1) / kCols;
+  const auto head = [&](int i) { return kvh * a.group + i / col_steps; };
+  const auto c0 = [&](int i) { return k0 + (i % col_steps) * kCols; };
+  const auto q_off = [&](int i) { return int64_t(b) * a.seq * q_stride + int64_t(head(i)) * a.head_dim; };
+  const auto q_tile = [&](int i) { return qdo_s + (i % 2) * 2 * kCols * kLd; };
+  pipelined_steps(
+      a.group * col_steps,
+      [&](int i) {
+        const int64_t stats_off = (int64_t(b) * a.heads + head(i)) * a.seq;
+        const int mb = (i % 3) * kCols;
+        attention_rows::load_query_stats<kThreads>(col_segs + mb, col_lse2s + mb, col_dvecs + mb, seg,
+                                                   a.lse + stats_off, a.dvec + stats_off, c0(i), kCols, a.seq,
+                                                   kLog2e);
+      },
+      [&](int i) { return visibility(row_seg, col_segs + (i % 3) * kCols, row0, g, t, k0, c0(i), true); },
+      [&](int i) {
+        const int* col_seg = col_segs + (i % 3) * kCols;
+        issue_rows<DMAX>(q_tile(i), a.q + q_off(i), q_stride, c0(i), col_seg, a.head_dim, a.vec16);
+        issue_rows<DMAX>(q_tile(i) + kCols * kLd, a.dout + q_off(i), q_stride, c0(i), col_seg, a.head_dim,
+                         a.vec16);
+      },
+      [&](int i, uint32_t vis) {
+        const uint16_t* q_s = q_tile(i);
+        const uint16_t* do_s = q_s + kCols * kLd;
+        const float* col_lse2 = col_lse2s + (i % 3) * kCols;
+        const float* col_dvec = col_dvecs + (i % 3) * kCols;
+        // s^T = k q^T and dp^T = v dout^T for this warp's 16 keys x 64 queries.
+        float st[kColTiles][4], dpt[kColTiles][4];
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+        for (int kk = 0; kk < KD; ++kk) {
+          uint32_t ka[4], va[4];
+          load_a(ka, k_s, kLd, row0, 16 * kk, lane);
+          load_a(va, v_s, kLd, row0, 16 * kk, lane);
+          for (int n = 0; n < kColTiles; n += 2) {
+            uint32_t qb[4], db[4];
+            load_b_t2(qb, q_s, kLd, 8 * n, 16 * kk, lane);
+            load_b_t2(db, do_s, kLd, 8 * n, 16 * kk, lane);
+            simt::mma_bf16_16816(st[n], ka, qb);
+            simt::mma_bf16_16816(st[n + 1], ka, qb + 2);
+            simt::mma_bf16_16816(dpt[n], va, db);
+            simt::mma_bf16_16816(dpt[n + 1], va, db + 2);
           }
-          st[n][i] = p;
-          dpt[n][i] = ds;
         }
-      // dv += p^T dout, dk += ds^T q (k-steps over the step's queries).
-      for (int j = 0; j < kCols / 16; ++j) {
-        uint32_t pa[4], sa[4];
-        acc_to_a(pa, st[2 * j], st[2 * j + 1]);
-        acc_to_a(sa, dpt[2 * j], dpt[2 * j + 1]);
-        for (int d = 0; d < ND; ++d) {
-          uint32_t db[2], qb[2];
-          load_b(db, do_s, kLd, 16 * j, 8 * d, g, t);
-          load_b(qb, q_s, kLd, 16 * j, 8 * d, g, t);
-          simt::mma_bf16_16816(dv[d], pa, db);
-          simt::mma_bf16_16816(dk[d], sa, qb);
+        // p^T and ds^T in place of s^T and dp^T.
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e) {
+            const int c = 8 * n + 2 * t + e % 2;
+            float p = 0.f, ds = 0.f;
+            if (visible(vis, n, e)) {
+              p = exp2f(st[n][e] * scale2 - col_lse2[c]);
+              ds = p * (dpt[n][e] - col_dvec[c]);
+            }
+            st[n][e] = p;
+            dpt[n][e] = ds;
+          }
+        // dv += p^T dout, dk += ds^T q (k-steps over the step's queries).
+        for (int j = 0; j < kCols / 16; ++j) {
+          uint32_t pa[4], sa[4];
+          acc_to_a(pa, st[2 * j], st[2 * j + 1]);
+          acc_to_a(sa, dpt[2 * j], dpt[2 * j + 1]);
+          for (int d = 0; d < ND; d += 2) {
+            uint32_t db[4], qb[4];
+            load_b2(db, do_s, kLd, 16 * j, 8 * d, lane);
+            load_b2(qb, q_s, kLd, 16 * j, 8 * d, lane);
+            simt::mma_bf16_16816(dv[d], pa, db);
+            simt::mma_bf16_16816(dv[d + 1], pa, db + 2);
+            simt::mma_bf16_16816(dk[d], sa, qb);
+            simt::mma_bf16_16816(dk[d + 1], sa, qb + 2);
+          }
         }
-      }
-      simt::sync();  // col_lse2 / col_dvec were read above; the next step rewrites them before its barrier
-    }
-  }
+      });
 
   for (int ri = 0; ri < 2; ++ri) {
     const int r = k0 + row0 + g + 8 * ri;
@@ -382,12 +461,11 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   constexpr int kLd = tile_ld<DMAX>(), KD = DMAX / 16, ND = DMAX / 8;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (kRows, kLd)
   uint16_t* do_s = q_s + kRows * kLd;                                    // (kRows, kLd)
-  uint16_t* k_s = do_s + kRows * kLd;                                    // (kCols, kLd) this step's keys
-  uint16_t* v_s = k_s + kCols * kLd;                                     // (kCols, kLd)
-  int* row_seg = reinterpret_cast<int*>(v_s + kCols * kLd);              // (kRows) queries
-  float* row_lse2 = reinterpret_cast<float*>(row_seg + kRows);           // (kRows)
-  float* row_dvec = row_lse2 + kRows;                                    // (kRows)
-  int* col_seg = reinterpret_cast<int*>(row_dvec + kRows);               // (kCols) keys
+  uint16_t* kv_s = do_s + kRows * kLd;             // two buffers of a k tile then a v tile, (kCols, kLd) each
+  int* row_seg = reinterpret_cast<int*>(kv_s + 4 * kCols * kLd);  // (kRows) queries
+  float* row_lse2 = reinterpret_cast<float*>(row_seg + kRows);    // (kRows)
+  float* row_dvec = row_lse2 + kRows;                              // (kRows)
+  int* col_segs = reinterpret_cast<int*>(row_dvec + kRows);        // three buffers of (kCols) keys
 
   const int lane = simt::thread_x() % 32, warp = simt::thread_x() / 32, g = lane / 4, t = lane % 4;
   const int row0 = 16 * warp;
@@ -403,13 +481,12 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   attention_rows::load_query_stats<kThreads>(row_seg, row_lse2, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off,
                                              q0, kRows, a.seq, kLog2e);
   simt::sync();
-  load_rows<DMAX>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);
-  load_rows<DMAX>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);
-  simt::sync();
+  issue_rows<DMAX>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);
+  load_rows<DMAX>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);  // waits for both
   uint32_t qa[KD][4], da[KD][4];
   for (int kk = 0; kk < KD; ++kk) {
-    load_a(qa[kk], q_s, kLd, row0, 16 * kk, g, t);
-    load_a(da[kk], do_s, kLd, row0, 16 * kk, g, t);
+    load_a(qa[kk], q_s, kLd, row0, 16 * kk, lane);
+    load_a(da[kk], do_s, kLd, row0, 16 * kk, lane);
   }
   float lse2[2], dvec[2];
   for (int ri = 0; ri < 2; ++ri) {
@@ -422,41 +499,48 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
     for (int i = 0; i < 4; ++i) dq[d][i] = 0.f;
 
   const int kv_end = simt::imin(a.seq, q0 + kRows);
-  for (int k0 = 0; k0 < kv_end; k0 += kCols) {
-    attention_rows::load_segments<kThreads>(col_seg, seg, k0, kCols, a.seq);
-    simt::sync();
-    const uint32_t vis = visibility(row_seg, col_seg, row0, g, t, q0, k0, false);
-    if (!simt::sync_or(vis != 0)) continue;
-    load_rows<DMAX>(k_s, a.k + kv_off, kv_stride, k0, col_seg, a.head_dim, a.vec16);
-    load_rows<DMAX>(v_s, a.v + kv_off, kv_stride, k0, col_seg, a.head_dim, a.vec16);
-    simt::sync();
-
-    float s[kColTiles][4], dp[kColTiles][4];
-    for (int n = 0; n < kColTiles; ++n)
-      for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.f;
-    for (int kk = 0; kk < KD; ++kk)
-      for (int n = 0; n < kColTiles; ++n) {
-        uint32_t kb[2], vb[2];
-        load_b_t(kb, k_s, kLd, 8 * n, 16 * kk, g, t);
-        load_b_t(vb, v_s, kLd, 8 * n, 16 * kk, g, t);
-        simt::mma_bf16_16816(s[n], qa[kk], kb);
-        simt::mma_bf16_16816(dp[n], da[kk], vb);
-      }
-    for (int n = 0; n < kColTiles; ++n)
-      for (int i = 0; i < 4; ++i)
-        s[n][i] = visible(vis, n, i) ? exp2f(s[n][i] * scale2 - lse2[i / 2]) * (dp[n][i] - dvec[i / 2]) : 0.f;
-    // dq += ds k
-    for (int j = 0; j < kCols / 16; ++j) {
-      uint32_t sa[4];
-      acc_to_a(sa, s[2 * j], s[2 * j + 1]);
-      for (int d = 0; d < ND; ++d) {
-        uint32_t kb[2];
-        load_b(kb, k_s, kLd, 16 * j, 8 * d, g, t);
-        simt::mma_bf16_16816(dq[d], sa, kb);
-      }
-    }
-    // No barrier here: k_s and v_s are rewritten only after the next step's sync_or.
-  }
+  const auto col_seg = [&](int i) { return col_segs + (i % 3) * kCols; };
+  const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
+  pipelined_steps(
+      (kv_end + kCols - 1) / kCols,
+      [&](int i) { attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
+      [&](int i) { return visibility(row_seg, col_seg(i), row0, g, t, q0, i * kCols, false); },
+      [&](int i) {
+        issue_rows<DMAX>(k_tile(i), a.k + kv_off, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
+        issue_rows<DMAX>(k_tile(i) + kCols * kLd, a.v + kv_off, kv_stride, i * kCols, col_seg(i), a.head_dim,
+                         a.vec16);
+      },
+      [&](int i, uint32_t vis) {
+        const uint16_t* k_s = k_tile(i);
+        const uint16_t* v_s = k_s + kCols * kLd;
+        float s[kColTiles][4], dp[kColTiles][4];
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+        for (int kk = 0; kk < KD; ++kk)
+          for (int n = 0; n < kColTiles; n += 2) {
+            uint32_t kb[4], vb[4];
+            load_b_t2(kb, k_s, kLd, 8 * n, 16 * kk, lane);
+            load_b_t2(vb, v_s, kLd, 8 * n, 16 * kk, lane);
+            simt::mma_bf16_16816(s[n], qa[kk], kb);
+            simt::mma_bf16_16816(s[n + 1], qa[kk], kb + 2);
+            simt::mma_bf16_16816(dp[n], da[kk], vb);
+            simt::mma_bf16_16816(dp[n + 1], da[kk], vb + 2);
+          }
+        for (int n = 0; n < kColTiles; ++n)
+          for (int e = 0; e < 4; ++e)
+            s[n][e] = visible(vis, n, e) ? exp2f(s[n][e] * scale2 - lse2[e / 2]) * (dp[n][e] - dvec[e / 2]) : 0.f;
+        // dq += ds k
+        for (int j = 0; j < kCols / 16; ++j) {
+          uint32_t sa[4];
+          acc_to_a(sa, s[2 * j], s[2 * j + 1]);
+          for (int d = 0; d < ND; d += 2) {
+            uint32_t kb[4];
+            load_b2(kb, k_s, kLd, 16 * j, 8 * d, lane);
+            simt::mma_bf16_16816(dq[d], sa, kb);
+            simt::mma_bf16_16816(dq[d + 1], sa, kb + 2);
+          }
+        }
+      });
 
   for (int ri = 0; ri < 2; ++ri) {
     const int r = row0 + g + 8 * ri;
@@ -472,17 +556,51 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// One warp multiplies a (16 x 16) by b (16 x 8) through the fragment loaders and one mma: d (16 x 8) fp32,
-// row-major. a row-major; bt = b transposed, (8 x 16) row-major. On the GPU this checks the fragment layouts
-// of simt.cuh against the hardware.
-ST_DEV void mma_probe_body(const uint16_t* a16x16, const uint16_t* bt8x16, float* d16x8) {
+// The fragment-layout probe: d = a b for a (16 x 16) and b (16 x 16), fp32 (16 x 16) row-major, three ways, by
+// one warp. d[0]: fragments read from global memory register by register, in the layouts simt.cuh documents
+// (checks the mma); d[1]: the kernels' ldmatrix loaders on a and on bt = b^T (checks ldmatrix); d[2]: on a and
+// on b as is (checks ldmatrix.trans). a, b, bt row-major; smem holds a, bt and b, (16, 24) each (the kernels'
+// padding of 8 elements).
+ST_DEV void mma_probe_body(const uint16_t* a16, const uint16_t* b16, const uint16_t* bt16, float* d) {
   const int lane = simt::thread_x() % 32, g = lane / 4, t = lane % 4;
-  uint32_t af[4], bf[2];
-  load_a(af, a16x16, 16, 0, 0, g, t);
-  load_b_t(bf, bt8x16, 16, 0, 0, g, t);
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
-  simt::mma_bf16_16816(d, af, bf);
-  for (int i = 0; i < 4; ++i) d16x8[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+  constexpr int kLd = 24;
+  uint16_t* s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());
+  for (int i = lane; i < 16 * 16; i += 32) {
+    s[(i / 16) * kLd + i % 16] = a16[i];
+    s[16 * kLd + (i / 16) * kLd + i % 16] = bt16[i];
+    s[32 * kLd + (i / 16) * kLd + i % 16] = b16[i];
+  }
+  simt::sync();
+  const auto store = [&](float* out, int n0, const float c[4]) {
+    for (int i = 0; i < 4; ++i) out[(g + 8 * (i / 2)) * 16 + n0 + 2 * t + i % 2] = c[i];
+  };
+  {
+    uint32_t af[4];
+    const uint16_t* p = a16 + g * 16 + 2 * t;
+    af[0] = simt::load_u32(p);
+    af[1] = simt::load_u32(p + 8 * 16);
+    af[2] = simt::load_u32(p + 8);
+    af[3] = simt::load_u32(p + 8 * 16 + 8);
+    for (int n0 = 0; n0 < 16; n0 += 8) {
+      const uint16_t* q = bt16 + (n0 + g) * 16 + 2 * t;
+      const uint32_t bf[2] = {simt::load_u32(q), simt::load_u32(q + 8)};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      simt::mma_bf16_16816(c, af, bf);
+      store(d, n0, c);
+    }
+  }
+  uint32_t af[4], bt[4], bn[4];
+  load_a(af, s, kLd, 0, 0, lane);
+  load_b_t2(bt, s + 16 * kLd, kLd, 0, 0, lane);
+  load_b2(bn, s + 32 * kLd, kLd, 0, 0, lane);
+  for (int n = 0; n < 2; ++n) {
+    float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+    simt::mma_bf16_16816(c1, af, bt + 2 * n);
+    simt::mma_bf16_16816(c2, af, bn + 2 * n);
+    store(d + 256, 8 * n, c1);
+    store(d + 512, 8 * n, c2);
+  }
 }
+constexpr size_t kProbeSmemBytes = 3 * 16 * 24 * sizeof(uint16_t);
 
 }  // namespace shardtrain::kernels::attention_mma

@@ -19,6 +19,17 @@
 //                           a[2] = A[g][2t+8, +9]    a[3] = A[g+8][2t+8, +9]
 //   B (16 x 8, "col"):      b[0] = B[2t, 2t+1][g]    b[1] = B[2t+8, 2t+9][g]
 //   C, D (16 x 8, fp32):    c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g+8][2t, 2t+1]
+//
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 (PTX ISA, "Warp-level matrix load instruction: ldmatrix")
+// reads four 8 x 8 b16 matrices from shared memory, one register of each per lane. Lane l gives the address of
+// row l % 8 of matrix l / 8 (8 contiguous b16, 16-byte aligned). Register i of lane 4g + t then holds matrix
+// i's row g, columns 2t and 2t+1 (an mma fragment register); with .trans, column g, rows 2t and 2t+1 (the
+// fragment of the transposed matrix).
+//
+// cp.async.cg.shared.global (16 bytes) copies global to shared memory without registers, asynchronously:
+// cp_async_commit closes the thread's current group of copies, cp_async_wait<N> waits until at most the N
+// newest committed groups of this thread are still in flight. The bytes are this thread's to read after the
+// wait and every thread's after a barrier that follows it.
 #pragma once
 
 #include <cstddef>
@@ -80,6 +91,49 @@ ST_DEV void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
   __trap();
+#endif
+}
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 (sm_80 and later; layouts above the includes).
+ST_DEV void ldmatrix_x4(uint32_t r[4], const uint16_t* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#else
+  __trap();
+#endif
+}
+ST_DEV void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#else
+  __trap();
+#endif
+}
+// cp.async.cg.shared.global, 16 bytes (both addresses 16-byte aligned), and its groups (layouts and rules above
+// the includes).
+ST_DEV void cp_async16(void* smem_dst, const void* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  __trap();
+#endif
+}
+ST_DEV void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+ST_DEV void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -187,6 +241,15 @@ int grid_y();
 void sync();
 bool sync_or(bool p);
 void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void ldmatrix(uint32_t* r, int matrices, bool trans, const uint16_t* row);
+inline void ldmatrix_x4(uint32_t r[4], const uint16_t* row) { ldmatrix(r, 4, false, row); }
+inline void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* row) { ldmatrix(r, 4, true, row); }
+// The copy's source is read now; its destination is written when a cp_async_wait completes its group, so a
+// read before the wait (or, by another thread, before the barrier after it) sees the old bytes.
+void cp_async16(void* smem_dst, const void* global_src);
+void cp_async_commit();
+void cp_async_wait_group(int n);
+template <int N> void cp_async_wait() { cp_async_wait_group(N); }
 unsigned char* dynamic_smem();
 void* static_smem(const void* site, size_t bytes);
 enum class ShuffleKind { Xor, Up };

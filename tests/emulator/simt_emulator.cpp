@@ -29,7 +29,7 @@
 namespace shardtrain::simt_emulator {
 namespace {
 
-enum class Wait { None, Barrier, Shuffle, Mma, Done };
+enum class Wait { None, Barrier, Shuffle, Mma, Ldmatrix, Done };
 
 const char* wait_name(Wait w) {
   switch (w) {
@@ -37,6 +37,7 @@ const char* wait_name(Wait w) {
     case Wait::Barrier: return "__syncthreads";
     case Wait::Shuffle: return "__shfl_sync";
     case Wait::Mma: return "mma.sync";
+    case Wait::Ldmatrix: return "ldmatrix";
     case Wait::Done: return "exited";
   }
   return "?";
@@ -57,6 +58,17 @@ struct Fiber {
   int shuffle_operand = 0;
   uint32_t a[4]{}, b[2]{};
   float c[4]{};
+  const uint16_t* ld_row = nullptr;  // ldmatrix: this lane's row address, the matrix count, .trans; the result in a
+  int ld_matrices = 0;
+  bool ld_trans = false;
+  // cp.async copies not yet written: the 16 bytes read at issue, and the group (open_group while uncommitted).
+  struct AsyncCopy {
+    void* dst;
+    unsigned char bytes[16];
+    long long group;
+  };
+  std::vector<AsyncCopy> async_copies;
+  long long open_group = 0;
 };
 
 constexpr size_t kStackBytes = 256 * 1024;
@@ -168,6 +180,52 @@ void complete_mma(Fiber* lanes) {
   }
 }
 
+bool in_shared_memory(const Emulator& e, const void* p, size_t bytes) {
+  const auto inside = [&](const unsigned char* base, size_t size) {
+    const auto* q = static_cast<const unsigned char*>(p);
+    return size > 0 && q >= base && q + bytes <= base + size;
+  };
+  if (inside(e.smem.data(), e.smem.size())) return true;
+  for (const auto& [site, block] : e.static_smem)
+    if (inside(block.data(), block.size())) return true;
+  return false;
+}
+
+// ldmatrix for one warp (layout in kernels/simt.cuh): lane l addressed row l % 8 of matrix l / 8.
+void complete_ldmatrix(const Emulator& e, Fiber* lanes, int warp, const std::string& at) {
+  const int count = lanes[0].ld_matrices;
+  for (int l = 0; l < 32; ++l) {
+    const Fiber& f = lanes[l];
+    if (f.ld_matrices != count || f.ld_trans != lanes[0].ld_trans)
+      throw std::runtime_error("simt: lanes of warp " + std::to_string(warp) + " run different ldmatrix shapes in " +
+                               at);
+    if (l >= 8 * count) continue;  // these lanes' addresses are not used
+    if (reinterpret_cast<uintptr_t>(f.ld_row) % 16 != 0)
+      throw std::runtime_error("simt: ldmatrix row address of lane " + std::to_string(l) + " of warp " +
+                               std::to_string(warp) + " is not 16-byte aligned in " + at);
+    if (!in_shared_memory(e, f.ld_row, 16))
+      throw std::runtime_error("simt: ldmatrix row address of lane " + std::to_string(l) + " of warp " +
+                               std::to_string(warp) + " is not in shared memory in " + at);
+  }
+  uint32_t out[32][4]{};
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < count; ++i) {
+      const Fiber* m = lanes + 8 * i;  // the lanes that addressed matrix i's rows
+      uint16_t lo, hi;
+      if (lanes[0].ld_trans) {
+        lo = m[2 * t].ld_row[g];
+        hi = m[2 * t + 1].ld_row[g];
+      } else {
+        lo = m[g].ld_row[2 * t];
+        hi = m[g].ld_row[2 * t + 1];
+      }
+      out[l][i] = uint32_t(lo) | (uint32_t(hi) << 16);
+    }
+  }
+  for (int l = 0; l < 32; ++l) std::memcpy(lanes[l].a, out[l], sizeof out[l]);
+}
+
 std::string describe(const std::vector<Fiber>& fibers) {
   std::string out;
   for (size_t w = 0; w < fibers.size() / 32; ++w) {
@@ -217,7 +275,7 @@ void run_block(Emulator& e, int bx, int by, int bz) {
       const int w = e.schedule == Schedule::Reversed ? warps - 1 - i : i;
       Fiber* lanes = &fibers[static_cast<size_t>(w) * 32];
       const Wait kind = lanes[0].wait;
-      if (kind != Wait::Shuffle && kind != Wait::Mma) continue;
+      if (kind != Wait::Shuffle && kind != Wait::Mma && kind != Wait::Ldmatrix) continue;
       bool all = true;
       for (int l = 1; l < 32; ++l) all = all && lanes[l].wait == kind;
       if (!all) continue;
@@ -235,6 +293,9 @@ void run_block(Emulator& e, int bx, int by, int bz) {
                                                                      : (l >= f.shuffle_operand ? l - f.shuffle_operand : l);
           std::memcpy(lanes[l].value, values[src], sizeof values[src]);
         }
+      } else if (kind == Wait::Ldmatrix) {
+        complete_ldmatrix(e, lanes, w, where(e, bx, by, bz));
+        ++e.stats.ldmatrices;
       } else {
         complete_mma(lanes);
         ++e.stats.mmas;
@@ -249,7 +310,14 @@ void run_block(Emulator& e, int bx, int by, int bz) {
       done += f.wait == Wait::Done;
       at_barrier += f.wait == Wait::Barrier;
     }
-    if (done == n) return;
+    if (done == n) {
+      for (const Fiber& f : fibers)
+        if (!f.async_copies.empty())
+          throw std::runtime_error("simt: thread " + std::to_string(f.tid) + " exits with " +
+                                   std::to_string(f.async_copies.size()) + " cp.async copies it never waited for in " +
+                                   where(e, bx, by, bz));
+      return;
+    }
     if (at_barrier == n) {
       bool any = false;
       for (const Fiber& f : fibers) any = any || f.pred;
@@ -291,7 +359,10 @@ void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
           run_block(e, x, y, z);
         }
   } catch (...) {
-    for (Fiber& f : e.fibers) f.started = false;  // abandoned mid-body: the next launch starts them afresh
+    for (Fiber& f : e.fibers) {
+      f.started = false;  // abandoned mid-body: the next launch starts them afresh
+      f.async_copies.clear();
+    }
     e.body = nullptr;
     throw;
   }
@@ -424,6 +495,51 @@ void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   std::memcpy(f.c, d, sizeof f.c);
   wait_at(Wait::Mma);
   std::memcpy(d, self().c, sizeof self().c);
+}
+
+void ldmatrix(uint32_t* r, int matrices, bool trans, const uint16_t* row) {
+  Fiber& f = self();
+  f.ld_row = row;
+  f.ld_matrices = matrices;
+  f.ld_trans = trans;
+  wait_at(Wait::Ldmatrix);
+  std::memcpy(r, self().a, sizeof(uint32_t) * static_cast<size_t>(matrices));
+}
+
+void cp_async16(void* smem_dst, const void* global_src) {
+  if ((reinterpret_cast<uintptr_t>(smem_dst) | reinterpret_cast<uintptr_t>(global_src)) % 16 != 0)
+    misaligned_access(smem_dst, global_src, 16);
+  if (!simt_emulator::in_shared_memory(emu(), smem_dst, 16))
+    throw std::runtime_error("simt: cp.async destination " + std::to_string(reinterpret_cast<uintptr_t>(smem_dst)) +
+                             " is not in shared memory");
+  ++emu().stats.async_copies;
+  count_access16();
+  // The GPU lands a copy any time between the issue and the wait: at once under Lockstep (a buffer still being
+  // read is overwritten early), at the wait under the other schedules (a read before it sees stale bytes).
+  if (emu().schedule == simt_emulator::Schedule::Lockstep) {
+    std::memcpy(smem_dst, global_src, 16);
+    return;
+  }
+  Fiber& f = self();
+  Fiber::AsyncCopy c{smem_dst, {}, f.open_group};
+  std::memcpy(c.bytes, global_src, sizeof c.bytes);
+  f.async_copies.push_back(c);
+}
+
+void cp_async_commit() { ++self().open_group; }
+
+void cp_async_wait_group(int n) {
+  Fiber& f = self();
+  std::vector<Fiber::AsyncCopy> still;
+  for (const Fiber::AsyncCopy& c : f.async_copies) {
+    // Committed groups are open_group - 1, open_group - 2, ...; the newest n of them may stay in flight.
+    if (c.group < f.open_group - n) {
+      std::memcpy(c.dst, c.bytes, sizeof c.bytes);
+    } else {
+      still.push_back(c);
+    }
+  }
+  f.async_copies = std::move(still);
 }
 
 unsigned char* dynamic_smem() { return emu().smem.data(); }

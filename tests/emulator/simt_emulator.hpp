@@ -1,10 +1,14 @@
 // A SIMT emulator for kernels written against kernels/simt.cuh: runs a grid on the host, one block after
 // another, every thread of a block a fiber (ucontext). A fiber runs until it reaches a barrier or a warp
 // collective; when every thread of the block (or every lane of the warp) waits at the same kind of point, the
-// scheduler completes it: __syncthreads(_or), __shfl_xor_sync / __shfl_up_sync, and mma.sync m16n8k16 bf16
-// computed from the fragment layouts of the PTX ISA. Divergent barriers, mismatched warp collectives and
-// deadlocks are reported as errors, not hangs. Shared memory (dynamic, and each ST_SHARED array per block)
-// starts as 0xFF bytes (NaN as floats and bf16), so a read of an entry nobody wrote shows up in the results.
+// scheduler completes it: __syncthreads(_or), __shfl_xor_sync / __shfl_up_sync, mma.sync m16n8k16 bf16
+// computed from the fragment layouts of the PTX ISA, and ldmatrix (x4, .trans) from the layout the ISA gives.
+// cp.async copies land at one of the two ends of what the GPU allows: when issued (Schedule::Lockstep), so a
+// copy into a buffer other warps still read corrupts their reads, or when the issuing thread's wait_group
+// completes their group (the other schedules), so a read before the wait, or before the barrier after it, sees
+// stale bytes; a thread that exits with copies it never waited for is reported. Divergent barriers, mismatched warp
+// collectives and deadlocks are reported as errors, not hangs. Shared memory (dynamic, and each ST_SHARED array per
+// block) starts as 0xFF bytes (NaN as floats and bf16), so a read of an entry nobody wrote shows up in the results.
 // simt::launch checks what the GPU would refuse: more than 48 KiB of dynamic shared memory without the
 // function attribute, grid dimensions past their limits.
 //
@@ -51,7 +55,9 @@ struct Stats {
   long long barriers = 0;          // completed block barriers (per block)
   long long warp_collectives = 0;  // completed warp collectives (per warp)
   long long mmas = 0;              // of which mma.sync
-  long long accesses16 = 0;        // 16-byte loads and stores (simt::copy_aligned<16>)
+  long long ldmatrices = 0;        // and of which ldmatrix
+  long long accesses16 = 0;        // 16-byte loads and stores (simt::copy_aligned<16>, cp_async16)
+  long long async_copies = 0;      // cp_async16
 };
 Stats last_stats();
 

@@ -215,25 +215,32 @@ inline void check_results(const Case& c, const Inputs& in, DType dtype, const Re
   expect_close("dv", got.dv, cpu.dv, tol);
 }
 
-// One mma's operands for the fragment-layout probe (kernels/attention_mma_body.cuh, mma_probe_body): a (16 x 16)
-// and bt = b^T (8 x 16) as bf16 bits, small integers so the product d = a b (16 x 8, row-major) is exact in
-// fp32 in any summation order; a wrong fragment layout permutes or mixes its entries.
+// The operands of the fragment-layout probe (kernels/attention_mma_body.cuh, mma_probe_body): a, b and bt = b^T
+// (16 x 16 each) as bf16 bits, small integers so the product d = a b (16 x 16, row-major) is exact in fp32 in
+// any summation order; a wrong fragment or ldmatrix layout permutes or mixes its entries. The probe writes d
+// three times (plain loads, ldmatrix, ldmatrix.trans): `want` is the product, `ways` its names.
 struct MmaProbeCase {
-  std::vector<uint16_t> a, bt;
-  std::vector<float> want;
+  std::vector<uint16_t> a, b, bt;
+  std::vector<float> want;  // (16, 16)
+  static constexpr const char* ways[3] = {"documented mma layout", "ldmatrix", "ldmatrix.trans"};
 };
 
 inline MmaProbeCase make_mma_probe_case() {
-  MmaProbeCase p{std::vector<uint16_t>(16 * 16), std::vector<uint16_t>(8 * 16), std::vector<float>(16 * 8, 0.f)};
+  MmaProbeCase p{std::vector<uint16_t>(16 * 16), std::vector<uint16_t>(16 * 16), std::vector<uint16_t>(16 * 16),
+                 std::vector<float>(16 * 16, 0.f)};
   for (int i = 0; i < 16; ++i)
     for (int k = 0; k < 16; ++k) p.a[static_cast<size_t>(i * 16 + k)] = bf16(float((i * 3 + k * 5) % 11 - 5)).bits;
-  for (int n = 0; n < 8; ++n)
-    for (int k = 0; k < 16; ++k) p.bt[static_cast<size_t>(n * 16 + k)] = bf16(float((n * 7 + k * 2) % 9 - 4)).bits;
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < 16; ++n) {
+      const uint16_t v = bf16(float((n * 7 + k * 2) % 9 - 4 + n / 8)).bits;  // the two n-tiles differ
+      p.b[static_cast<size_t>(k * 16 + n)] = v;
+      p.bt[static_cast<size_t>(n * 16 + k)] = v;
+    }
   for (int i = 0; i < 16; ++i)
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 16; ++n)
       for (int k = 0; k < 16; ++k)
-        p.want[static_cast<size_t>(i * 8 + n)] += float_from_bf16_bits(p.a[static_cast<size_t>(i * 16 + k)]) *
-                                                  float_from_bf16_bits(p.bt[static_cast<size_t>(n * 16 + k)]);
+        p.want[static_cast<size_t>(i * 16 + n)] += float_from_bf16_bits(p.a[static_cast<size_t>(i * 16 + k)]) *
+                                                   float_from_bf16_bits(p.b[static_cast<size_t>(k * 16 + n)]);
   return p;
 }
 

@@ -109,12 +109,16 @@ TEST(AttentionKernel, MmaFragmentLayout) {
   const MmaProbeCase p = make_mma_probe_case();
   CudaStream stream;
   const StreamRef s = stream.ref();
-  DeviceCopy a_dev(p.a.data(), p.a.size() * 2, s), bt_dev(p.bt.data(), p.bt.size() * 2, s);
-  DeviceCopy d_dev(p.want.size() * sizeof(float));
-  kernels::mma_fragment_probe(static_cast<const uint16_t*>(a_dev.buf.data()),
-                              static_cast<const uint16_t*>(bt_dev.buf.data()), static_cast<float*>(d_dev.buf.data()), s);
+  DeviceCopy a_dev(p.a.data(), p.a.size() * 2, s), b_dev(p.b.data(), p.b.size() * 2, s),
+      bt_dev(p.bt.data(), p.bt.size() * 2, s);
+  DeviceCopy d_dev(3 * p.want.size() * sizeof(float));
+  kernels::mma_fragment_probe(
+      static_cast<const uint16_t*>(a_dev.buf.data()), static_cast<const uint16_t*>(b_dev.buf.data()),
+      static_cast<const uint16_t*>(bt_dev.buf.data()), static_cast<float*>(d_dev.buf.data()), s);
   const std::vector<float> got = d_dev.fetch<float>(s);
-  for (size_t i = 0; i < p.want.size(); ++i) EXPECT_EQ(got[i], p.want[i]) << "d[" << i / 8 << "][" << i % 8 << "]";
+  for (size_t w = 0; w < 3; ++w)
+    for (size_t i = 0; i < p.want.size(); ++i)
+      EXPECT_EQ(got[w * 256 + i], p.want[i]) << MmaProbeCase::ways[w] << ": d[" << i / 16 << "][" << i % 16 << "]";
 }
 
 // No atomics: two backward passes give the same bits.

@@ -130,10 +130,14 @@ TEST(AttentionMmaEmulated, BF16Padding) { check_all(MaskKind::Padded); }
 // and sync_or return what CUDA's would; a barrier only some threads reach is reported, not hung on.
 TEST(SimtEmulator, MmaProbeIsTheMatrixProduct) {
   const MmaProbeCase p = make_mma_probe_case();
-  std::vector<float> d(p.want.size(), NAN);
-  emu::launch({1, 1, 1}, 32, 0, [&] { mma::mma_probe_body(p.a.data(), p.bt.data(), d.data()); });
-  EXPECT_EQ(emu::last_stats().mmas, 1);
-  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], p.want[i]) << "d[" << i / 8 << "][" << i % 8 << "]";
+  std::vector<float> d(3 * p.want.size(), NAN);
+  emu::launch({1, 1, 1}, 32, mma::kProbeSmemBytes,
+              [&] { mma::mma_probe_body(p.a.data(), p.b.data(), p.bt.data(), d.data()); });
+  EXPECT_EQ(emu::last_stats().mmas, 6);
+  EXPECT_EQ(emu::last_stats().ldmatrices, 3);
+  for (size_t w = 0; w < 3; ++w)
+    for (size_t i = 0; i < p.want.size(); ++i)
+      EXPECT_EQ(d[w * 256 + i], p.want[i]) << MmaProbeCase::ways[w] << ": d[" << i / 16 << "][" << i % 16 << "]";
 }
 
 TEST(SimtEmulator, ShufflesAndBarriers) {
