@@ -158,21 +158,33 @@ ST_DEV float quad_max(float x) {
 // Bit (ri * 8 + n) * 2 + e: may fragment row ri (local row row0 + g + 8 ri) see column n * 8 + 2t + e of this
 // step? Row r sees column c when both are in the same (non-negative) segment and c's token is not after r's.
 // row_first/col_first are the tokens of local row/column 0; the same for both directions of the backward.
-ST_DEV uint32_t visibility(const int* row_seg, const int* col_seg, int row0, int g, int t, int row_first,
-                           int col_first, bool rows_are_keys) {
+// When the step's columns are all in one segment (`uniform`, a CTA-wide fact from the barrier after they were
+// loaded), a row in another segment sees none of them, and one in it sees all of them unless the step crosses
+// its causal limit: only those diagonal steps, and steps whose columns span several segments, test pair by
+// pair (a shared-memory read and two compares a pair: about as many instructions as the step's mma and
+// softmax work together).
+ST_DEV uint32_t visibility(const int* row_seg, const int* col_seg, bool uniform, int row0, int g, int t,
+                           int row_first, int col_first, bool rows_are_keys) {
   uint32_t vis = 0;
+  const int col_seg0 = col_seg[0];
   for (int ri = 0; ri < 2; ++ri) {
     const int r = row0 + g + 8 * ri, rs = row_seg[r];
-    if (rs < 0) continue;
+    if (rs < 0 || (uniform && rs != col_seg0)) continue;
+    const int row_tok = row_first + r;
+    if (uniform && (rows_are_keys ? row_tok <= col_first : col_first + kCols - 1 <= row_tok)) {
+      vis |= 0xffffu << (16 * ri);  // bits (ri * 8 + n) * 2 + e for every n and e
+      continue;
+    }
     for (int n = 0; n < kColTiles; ++n)
       for (int e = 0; e < 2; ++e) {
         const int c = n * 8 + 2 * t + e;
-        const bool causal = rows_are_keys ? row_first + r <= col_first + c : col_first + c <= row_first + r;
-        if (col_seg[c] == rs && causal) vis |= 1u << ((ri * kColTiles + n) * 2 + e);
+        const bool causal = rows_are_keys ? row_tok <= col_first + c : col_first + c <= row_tok;
+        if (causal && (uniform || col_seg[c] == rs)) vis |= 1u << ((ri * kColTiles + n) * 2 + e);
       }
   }
   return vis;
 }
+static_assert(kColTiles == 8, "visibility: a fragment row's bits are 16 consecutive ones");
 ST_DEV bool visible(uint32_t vis, int n, int i) { return (vis >> ((i / 2 * kColTiles + n) * 2 + i % 2)) & 1u; }
 
 // A CTA's main loop over `steps` column steps, software-pipelined: step i + 1's per-column data is loaded, its
@@ -181,8 +193,10 @@ ST_DEV bool visible(uint32_t vis, int n, int i) { return (vis >> ((i / 2 * kColT
 // step i + 1's writes meet no read of steps i and i - 1 that a barrier does not already order. Three barriers a
 // step, as with the loads in series. A step no pair of which is visible (other documents, padding) copies and
 // computes nothing; the decision is CTA-wide (sync_or), so every thread takes the same barriers.
-//   meta(i):             step i's per-column data into buffer i % 3 (plain stores)
-//   vis_of(i):           this lane's visibility bits of step i (after meta's barrier)
+//   meta(i):             step i's per-column data into buffer i % 3 (plain stores); returns whether this
+//                        thread stored a segment that differs from the step's first
+//   vis_of(i, uniform):  this lane's visibility bits of step i (after meta's barrier, which tells whether the
+//                        step's columns are all in one segment)
 //   issue(i):            step i's tile copies into buffer i % 2
 //   compute(i, vis):     step i (its tiles complete and visible)
 template <typename Meta, typename Vis, typename Issue, typename Compute>
@@ -191,9 +205,8 @@ ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, cons
   uint32_t vis = 0;
   bool any = false;
   if (steps > 0) {
-    meta(0);
-    simt::sync();
-    vis = vis_of(0);
+    const bool uniform = !simt::sync_or(meta(0));
+    vis = vis_of(0, uniform);
     any = simt::sync_or(vis != 0);
     if (any) issue(0);
   }
@@ -203,9 +216,8 @@ ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, cons
     bool any_next = false;
     if (i + 1 < steps) {
       // Buffer (i + 1) % 3 was last read by step i - 2, before the barriers of step i - 1.
-      meta(i + 1);
-      simt::sync();
-      vis_next = vis_of(i + 1);
+      const bool uniform = !simt::sync_or(meta(i + 1));
+      vis_next = vis_of(i + 1, uniform);
       // After this barrier every thread is past step i - 1's compute: its tiles, buffer (i + 1) % 2, are free.
       any_next = simt::sync_or(vis_next != 0);
       if (any_next) issue(i + 1);
@@ -257,8 +269,10 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
   const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
   pipelined_steps(
       (kv_end + kCols - 1) / kCols,
-      [&](int i) { attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
-      [&](int i) { return visibility(row_seg, col_seg(i), row0, g, t, q0, i * kCols, false); },
+      [&](int i) { return attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
+      [&](int i, bool uniform) {
+        return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false);
+      },
       [&](int i) {
         issue_rows<DMAX>(k_tile(i), k, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
         issue_rows<DMAX>(k_tile(i) + kCols * kLd, v, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
@@ -377,11 +391,13 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
       [&](int i) {
         const int64_t stats_off = (int64_t(b) * a.heads + head(i)) * a.seq;
         const int mb = (i % 3) * kCols;
-        attention_rows::load_query_stats<kThreads>(col_segs + mb, col_lse2s + mb, col_dvecs + mb, seg,
-                                                   a.lse + stats_off, a.dvec + stats_off, c0(i), kCols, a.seq,
-                                                   kLog2e);
+        return attention_rows::load_query_stats<kThreads>(col_segs + mb, col_lse2s + mb, col_dvecs + mb, seg,
+                                                          a.lse + stats_off, a.dvec + stats_off, c0(i), kCols,
+                                                          a.seq, kLog2e);
       },
-      [&](int i) { return visibility(row_seg, col_segs + (i % 3) * kCols, row0, g, t, k0, c0(i), true); },
+      [&](int i, bool uniform) {
+        return visibility(row_seg, col_segs + (i % 3) * kCols, uniform, row0, g, t, k0, c0(i), true);
+      },
       [&](int i) {
         const int* col_seg = col_segs + (i % 3) * kCols;
         issue_rows<DMAX>(q_tile(i), a.q + q_off(i), q_stride, c0(i), col_seg, a.head_dim, a.vec16);
@@ -503,8 +519,10 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
   pipelined_steps(
       (kv_end + kCols - 1) / kCols,
-      [&](int i) { attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
-      [&](int i) { return visibility(row_seg, col_seg(i), row0, g, t, q0, i * kCols, false); },
+      [&](int i) { return attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
+      [&](int i, bool uniform) {
+        return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false);
+      },
       [&](int i) {
         issue_rows<DMAX>(k_tile(i), a.k + kv_off, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
         issue_rows<DMAX>(k_tile(i) + kCols * kLd, a.v + kv_off, kv_stride, i * kCols, col_seg(i), a.head_dim,

@@ -35,18 +35,23 @@ struct Case {
   int64_t b, s, h, hkv, dh;
 };
 
-// (B, S) segments. Packed: documents of varied lengths, ids not monotonic in row 1 (a reused id joins two runs,
-// as the op's definition says). Padded: row 0 ends in padding and has a padding token inside a document;
-// row 1 starts with padding (all of it when S = 1).
+// (B, S) segments. Packed: documents of varied lengths; in row 1 ids are not monotonic (a reused id joins two
+// runs, as the op's definition says) and the first two documents fill 64-token tiles (tokens 0-63 and 64-127),
+// so the tensor-core kernels meet key and query tiles all in one document, the rows of other documents
+// beside them. Padded: row 0 ends in padding and has a padding token inside a document; row 1 starts with
+// padding (all of it when S = 1).
 inline std::vector<int32_t> make_segments(MaskKind kind, int64_t b, int64_t s) {
   std::vector<int32_t> seg(static_cast<size_t>(b * s), 0);
-  const int64_t lengths[] = {1, 7, 20, 3, 50, 2, 33};
+  const int64_t short_docs[] = {1, 7, 20, 3, 50, 2, 33};
+  const int64_t tile_docs[] = {64, 64, 1, 7, 20, 3, 50, 2, 33};
   for (int64_t r = 0; r < b; ++r) {
-    int64_t doc = 0, left = lengths[r % 7];
+    const bool tiles = r % 2 == 1;
+    const auto length = [&](int64_t i) { return tiles ? tile_docs[i % 9] : short_docs[(r + i) % 7]; };
+    int64_t doc = 0, left = length(0);
     for (int64_t t = 0; t < s; ++t) {
       if (left == 0) {
         ++doc;
-        left = lengths[(r + doc) % 7];
+        left = length(doc);
       }
       --left;
       int32_t v = 0;
