@@ -244,8 +244,8 @@ void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void ldmatrix(uint32_t* r, int matrices, bool trans, const uint16_t* row);
 inline void ldmatrix_x4(uint32_t r[4], const uint16_t* row) { ldmatrix(r, 4, false, row); }
 inline void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* row) { ldmatrix(r, 4, true, row); }
-// The copy's source is read now; its destination is written when a cp_async_wait completes its group, so a
-// read before the wait (or, by another thread, before the barrier after it) sees the old bytes.
+// The copy's source is read now; its destination is written now or when a cp_async_wait completes its group,
+// the two ends of what the GPU allows (which one: tests/emulator/simt_emulator.hpp).
 void cp_async16(void* smem_dst, const void* global_src);
 void cp_async_commit();
 void cp_async_wait_group(int n);

@@ -509,9 +509,11 @@ void ldmatrix(uint32_t* r, int matrices, bool trans, const uint16_t* row) {
 void cp_async16(void* smem_dst, const void* global_src) {
   if ((reinterpret_cast<uintptr_t>(smem_dst) | reinterpret_cast<uintptr_t>(global_src)) % 16 != 0)
     misaligned_access(smem_dst, global_src, 16);
-  if (!simt_emulator::in_shared_memory(emu(), smem_dst, 16))
-    throw std::runtime_error("simt: cp.async destination " + std::to_string(reinterpret_cast<uintptr_t>(smem_dst)) +
-                             " is not in shared memory");
+  if (!simt_emulator::in_shared_memory(emu(), smem_dst, 16)) {  // the GPU faults: stop, as misaligned_access does
+    std::fprintf(stderr, "simt: cp.async destination %p (thread %d) is not in shared memory\n", smem_dst, self().tid);
+    std::fflush(stderr);
+    std::abort();
+  }
   ++emu().stats.async_copies;
   count_access16();
   // The GPU lands a copy any time between the issue and the wait: at once under Lockstep (a buffer still being

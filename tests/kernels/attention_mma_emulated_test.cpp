@@ -168,3 +168,86 @@ TEST(SimtEmulator, ReportsDivergentBarrier) {
                            }),
                std::runtime_error);
 }
+
+// cp.async lands at the issue under Lockstep and at the wait under the other schedules (the two ends of what
+// the GPU allows); a thread that exits with copies in flight is reported. Each thread copies 16 bytes of its
+// own and reads them back before and after the wait.
+TEST(SimtEmulator, CpAsyncLandsAtIssueOrAtTheWait) {
+  struct Restore {
+    ~Restore() { emu::set_schedule(emu::Schedule::Lockstep); }
+  } restore;
+  alignas(16) uint32_t src[32][4];
+  for (uint32_t i = 0; i < 32; ++i)
+    for (uint32_t j = 0; j < 4; ++j) src[i][j] = 100 * i + j;
+  for (emu::Schedule s : {emu::Schedule::Lockstep, emu::Schedule::InOrder}) {
+    emu::set_schedule(s);
+    std::vector<uint32_t> before(32), after(32);
+    std::vector<uint32_t> second_before(32), second_after(32);
+    emu::launch({1, 1, 1}, 32, 2 * 32 * 16, [&] {
+      const int t = simt::thread_x();
+      auto* dst = reinterpret_cast<uint32_t*>(simt::dynamic_smem()) + 4 * t;
+      simt::cp_async16(dst, src[t]);
+      simt::cp_async_commit();
+      before[size_t(t)] = dst[1];
+      simt::cp_async16(dst + 4 * 32, src[31 - t]);  // a second group, in the other half
+      simt::cp_async_commit();
+      simt::cp_async_wait<1>();  // the first group only
+      after[size_t(t)] = dst[1];
+      second_before[size_t(t)] = dst[4 * 32 + 2];
+      simt::cp_async_wait<0>();
+      second_after[size_t(t)] = dst[4 * 32 + 2];
+    });
+    const bool at_issue = s == emu::Schedule::Lockstep;
+    for (uint32_t t = 0; t < 32; ++t) {
+      EXPECT_EQ(before[t], at_issue ? 100 * t + 1 : 0xffffffffu) << t;
+      EXPECT_EQ(after[t], 100 * t + 1) << t;
+      EXPECT_EQ(second_before[t], at_issue ? 100 * (31 - t) + 2 : 0xffffffffu) << t;
+      EXPECT_EQ(second_after[t], 100 * (31 - t) + 2) << t;
+    }
+  }
+  emu::set_schedule(emu::Schedule::InOrder);
+  EXPECT_THROW(emu::launch({1, 1, 1}, 32, 512,
+                           [&] {
+                             simt::cp_async16(simt::dynamic_smem() + 16 * simt::thread_x(), src[0]);
+                             simt::cp_async_commit();
+                           }),
+               std::runtime_error);
+  alignas(16) uint32_t not_shared[4];
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the process has a second thread
+  EXPECT_DEATH(emu::launch({1, 1, 1}, 32, 512, [&] { simt::cp_async16(not_shared, src[0]); }), "not in shared memory");
+}
+
+// ldmatrix: the layout of simt.cuh from row addresses in shared memory, and what the GPU would fault on.
+TEST(SimtEmulator, LdmatrixLayoutAndChecks) {
+  std::vector<uint32_t> plain(32 * 4), trans(32 * 4);
+  const auto rows = [](int lane) { return lane % 8 + 8 * (lane / 8); };  // row lane of a (32, 8) matrix stack
+  emu::launch({1, 1, 1}, 32, 32 * 16, [&] {
+    auto* m = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (32, 8): element (r, c) = 256 r + c
+    const int lane = simt::thread_x();
+    for (int c = 0; c < 8; ++c) m[lane * 8 + c] = uint16_t(256 * lane + c);
+    simt::sync();
+    simt::ldmatrix_x4(&plain[size_t(4 * lane)], m + 8 * rows(lane));
+    simt::ldmatrix_x4_trans(&trans[size_t(4 * lane)], m + 8 * rows(lane));
+  });
+  for (uint32_t lane = 0; lane < 32; ++lane) {
+    const uint32_t g = lane / 4, t = lane % 4;
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t r = 8 * i;  // matrix i holds rows 8i .. 8i + 7
+      EXPECT_EQ(plain[4 * lane + i], (256 * (r + g) + 2 * t) | ((256 * (r + g) + 2 * t + 1) << 16)) << lane;
+      EXPECT_EQ(trans[4 * lane + i], (256 * (r + 2 * t) + g) | ((256 * (r + 2 * t + 1) + g) << 16)) << lane;
+    }
+  }
+  std::vector<uint16_t> global(32 * 8);
+  EXPECT_THROW(emu::launch({1, 1, 1}, 32, 0,
+                           [&] {
+                             uint32_t r[4];
+                             simt::ldmatrix_x4(r, global.data() + 8 * simt::thread_x());
+                           }),
+               std::runtime_error);
+  EXPECT_THROW(emu::launch({1, 1, 1}, 32, 1024,
+                           [&] {
+                             uint32_t r[4];
+                             simt::ldmatrix_x4(r, reinterpret_cast<uint16_t*>(simt::dynamic_smem()) + 1);
+                           }),
+               std::runtime_error);
+}
