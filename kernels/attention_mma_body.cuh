@@ -145,6 +145,22 @@ ST_DEV void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
   a[3] = simt::pack_bf16(c1[2], c1[3]);
 }
 
+// out (16 x DMAX, ND = DMAX / 8 accumulator tiles) += acc (16 x kCols, accumulators rounded to bf16 as the A
+// operand) times tile (kCols x DMAX, row-major in shared memory: B held n-contiguous), as o += p v.
+template <int ND>
+ST_DEV void acc_times_tile(float out[][4], const float acc[][4], const uint16_t* tile, int ld, int lane) {
+  for (int j = 0; j < kCols / 16; ++j) {
+    uint32_t a[4];
+    acc_to_a(a, acc[2 * j], acc[2 * j + 1]);
+    for (int d = 0; d < ND; d += 2) {
+      uint32_t b[4];
+      load_b2(b, tile, ld, 16 * j, 8 * d, lane);
+      simt::mma_bf16_16816(out[d], a, b);
+      simt::mma_bf16_16816(out[d + 1], a, b + 2);
+    }
+  }
+}
+
 // The sum (or max) over the 4 lanes that hold one fragment row.
 ST_DEV float quad_sum(float x) {
   x += simt::shfl_xor(x, 1);
@@ -234,6 +250,32 @@ ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, cons
   simt::cp_async_wait<0>();  // the last groups are empty; nothing may stay in flight past the kernel
 }
 
+// The key steps of a CTA's 64 queries (forward, dq): tiles of 64 keys of one kv head (k and v point at the
+// batch row and head) from the first key to the causal limit, through pipelined_steps; compute(k_s, v_s,
+// vis) runs each step that has something visible. col_segs: three buffers of (kCols); kv_s: two buffers of a
+// k tile then a v tile, (kCols, DMAX + 8) each.
+template <int DMAX, typename Compute>
+ST_DEV void over_key_steps(const Args& a, const uint16_t* k, const uint16_t* v, const int32_t* seg, int q0,
+                           const int* row_seg, int* col_segs, uint16_t* kv_s, int row0, int g, int t,
+                           const Compute& compute) {
+  constexpr int kLd = tile_ld<DMAX>();
+  const int64_t kv_stride = int64_t(a.kv_heads) * a.head_dim;
+  const int kv_end = simt::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
+  const auto col_seg = [&](int i) { return col_segs + (i % 3) * kCols; };
+  const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
+  pipelined_steps(
+      (kv_end + kCols - 1) / kCols,
+      [&](int i) { return attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
+      [&](int i, bool uniform) {
+        return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false);
+      },
+      [&](int i) {
+        issue_rows<DMAX>(k_tile(i), k, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
+        issue_rows<DMAX>(k_tile(i) + kCols * kLd, v, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
+      },
+      [&](int i, uint32_t vis) { compute(k_tile(i), k_tile(i) + kCols * kLd, vis); });
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Forward: one CTA per (64 queries, head, batch). Grid (ceil(S / 64), H, B).
 template <int DMAX> ST_DEV void forward_body(const Args& a) {
@@ -264,22 +306,9 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) o[d][i] = 0.f;
 
-  const int kv_end = simt::imin(a.seq, q0 + kRows);  // causal: no key past the tile's last query
-  const auto col_seg = [&](int i) { return col_segs + (i % 3) * kCols; };
-  const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
-  pipelined_steps(
-      (kv_end + kCols - 1) / kCols,
-      [&](int i) { return attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
-      [&](int i, bool uniform) {
-        return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false);
-      },
-      [&](int i) {
-        issue_rows<DMAX>(k_tile(i), k, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
-        issue_rows<DMAX>(k_tile(i) + kCols * kLd, v, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
-      },
-      [&](int i, uint32_t vis) {
-        const uint16_t* k_s = k_tile(i);
-        const uint16_t* v_s = k_s + kCols * kLd;
+  over_key_steps<DMAX>(
+      a, k, v, seg, q0, row_seg, col_segs, kv_s, row0, g, t,
+      [&](const uint16_t* k_s, const uint16_t* v_s, uint32_t vis) {
         float s[kColTiles][4];
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
@@ -318,17 +347,7 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
             l[e / 2] += p;  // this lane's columns; summed over the quad at the end
           }
 
-        // o += p v
-        for (int j = 0; j < kCols / 16; ++j) {
-          uint32_t pa[4];
-          acc_to_a(pa, s[2 * j], s[2 * j + 1]);
-          for (int d = 0; d < ND; d += 2) {
-            uint32_t vb[4];
-            load_b2(vb, v_s, kLd, 16 * j, 8 * d, lane);
-            simt::mma_bf16_16816(o[d], pa, vb);
-            simt::mma_bf16_16816(o[d + 1], pa, vb + 2);
-          }
-        }
+        acc_times_tile<ND>(o, s, v_s, kLd, lane);  // o += p v
       });
 
   const float l_row[2] = {quad_sum(l[0]), quad_sum(l[1])};  // every lane takes part in the shuffles
@@ -439,7 +458,8 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
             st[n][e] = p;
             dpt[n][e] = ds;
           }
-        // dv += p^T dout, dk += ds^T q (k-steps over the step's queries).
+        // dv += p^T dout, dk += ds^T q (acc_times_tile twice, interleaved: 187 registers at Dh = 64 where two
+        // calls one after the other take 231).
         for (int j = 0; j < kCols / 16; ++j) {
           uint32_t pa[4], sa[4];
           acc_to_a(pa, st[2 * j], st[2 * j + 1]);
@@ -514,23 +534,9 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) dq[d][i] = 0.f;
 
-  const int kv_end = simt::imin(a.seq, q0 + kRows);
-  const auto col_seg = [&](int i) { return col_segs + (i % 3) * kCols; };
-  const auto k_tile = [&](int i) { return kv_s + (i % 2) * 2 * kCols * kLd; };
-  pipelined_steps(
-      (kv_end + kCols - 1) / kCols,
-      [&](int i) { return attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
-      [&](int i, bool uniform) {
-        return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false);
-      },
-      [&](int i) {
-        issue_rows<DMAX>(k_tile(i), a.k + kv_off, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
-        issue_rows<DMAX>(k_tile(i) + kCols * kLd, a.v + kv_off, kv_stride, i * kCols, col_seg(i), a.head_dim,
-                         a.vec16);
-      },
-      [&](int i, uint32_t vis) {
-        const uint16_t* k_s = k_tile(i);
-        const uint16_t* v_s = k_s + kCols * kLd;
+  over_key_steps<DMAX>(
+      a, a.k + kv_off, a.v + kv_off, seg, q0, row_seg, col_segs, kv_s, row0, g, t,
+      [&](const uint16_t* k_s, const uint16_t* v_s, uint32_t vis) {
         float s[kColTiles][4], dp[kColTiles][4];
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
@@ -547,17 +553,7 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e)
             s[n][e] = visible(vis, n, e) ? exp2f(s[n][e] * scale2 - lse2[e / 2]) * (dp[n][e] - dvec[e / 2]) : 0.f;
-        // dq += ds k
-        for (int j = 0; j < kCols / 16; ++j) {
-          uint32_t sa[4];
-          acc_to_a(sa, s[2 * j], s[2 * j + 1]);
-          for (int d = 0; d < ND; d += 2) {
-            uint32_t kb[4];
-            load_b2(kb, k_s, kLd, 16 * j, 8 * d, lane);
-            simt::mma_bf16_16816(dq[d], sa, kb);
-            simt::mma_bf16_16816(dq[d + 1], sa, kb + 2);
-          }
-        }
+        acc_times_tile<ND>(dq, s, k_s, kLd, lane);  // dq += ds k
       });
 
   for (int ri = 0; ri < 2; ++ri) {
