@@ -118,9 +118,9 @@ ST_DEV void load_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int f
   simt::sync();
 }
 
-// Fragments (layouts in simt.cuh), each pair of registers of an ldmatrix.x4 from a row-major bf16 tile in shared
-// memory whose leading dimension ld is a multiple of 8 (every row starts 16-byte aligned; the 8 rows of one
-// matrix, ld * 2 bytes apart with ld = DMAX + 8, fall in 8 different 16-byte bank groups).
+// Fragments (layouts in simt.cuh), four registers per ldmatrix.x4, from a row-major bf16 tile in shared memory
+// whose leading dimension ld is a multiple of 8 (every row starts 16-byte aligned; the 8 rows of one matrix,
+// ld * 2 bytes apart with ld = DMAX + 8, fall in 8 different 16-byte bank groups).
 // A = tile[r0 .. r0 + 16)[c0 .. c0 + 16); matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
 ST_DEV void load_a(uint32_t a[4], const uint16_t* tile, int ld, int r0, int c0, int lane) {
   simt::ldmatrix_x4(a, tile + (r0 + lane % 16) * ld + c0 + 8 * (lane / 16));
