@@ -218,26 +218,22 @@ ST_DEV bool visible(uint32_t vis, int n, int i) { return (vis >> ((i / 2 * kColT
 template <typename Meta, typename Vis, typename Issue, typename Compute>
 ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, const Issue& issue,
                             const Compute& compute) {
+  // Step i's data, visibility and copies (two barriers); whether any pair of it is visible.
+  const auto prepare = [&](int i, uint32_t& vis) {
+    const bool uniform = !simt::sync_or(meta(i));
+    vis = vis_of(i, uniform);
+    const bool any = simt::sync_or(vis != 0);
+    if (any) issue(i);
+    return any;
+  };
   uint32_t vis = 0;
-  bool any = false;
-  if (steps > 0) {
-    const bool uniform = !simt::sync_or(meta(0));
-    vis = vis_of(0, uniform);
-    any = simt::sync_or(vis != 0);
-    if (any) issue(0);
-  }
+  bool any = steps > 0 && prepare(0, vis);
   simt::cp_async_commit();
   for (int i = 0; i < steps; ++i) {
     uint32_t vis_next = 0;
-    bool any_next = false;
-    if (i + 1 < steps) {
-      // Buffer (i + 1) % 3 was last read by step i - 2, before the barriers of step i - 1.
-      const bool uniform = !simt::sync_or(meta(i + 1));
-      vis_next = vis_of(i + 1, uniform);
-      // After this barrier every thread is past step i - 1's compute: its tiles, buffer (i + 1) % 2, are free.
-      any_next = simt::sync_or(vis_next != 0);
-      if (any_next) issue(i + 1);
-    }
+    // Buffer (i + 1) % 3 was last read by step i - 2, before the barriers of step i - 1; after prepare's second
+    // barrier every thread is past step i - 1's compute, so its tiles, buffer (i + 1) % 2, are free.
+    const bool any_next = i + 1 < steps && prepare(i + 1, vis_next);
     simt::cp_async_commit();  // step i + 1's group, empty or not
     if (any) {
       simt::cp_async_wait<1>();  // every group but step i + 1's

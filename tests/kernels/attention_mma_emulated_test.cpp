@@ -220,14 +220,14 @@ TEST(SimtEmulator, CpAsyncLandsAtIssueOrAtTheWait) {
 // ldmatrix: the layout of simt.cuh from row addresses in shared memory, and what the GPU would fault on.
 TEST(SimtEmulator, LdmatrixLayoutAndChecks) {
   std::vector<uint32_t> plain(32 * 4), trans(32 * 4);
-  const auto rows = [](int lane) { return lane % 8 + 8 * (lane / 8); };  // row lane of a (32, 8) matrix stack
   emu::launch({1, 1, 1}, 32, 32 * 16, [&] {
     auto* m = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (32, 8): element (r, c) = 256 r + c
     const int lane = simt::thread_x();
     for (int c = 0; c < 8; ++c) m[lane * 8 + c] = uint16_t(256 * lane + c);
     simt::sync();
-    simt::ldmatrix_x4(&plain[size_t(4 * lane)], m + 8 * rows(lane));
-    simt::ldmatrix_x4_trans(&trans[size_t(4 * lane)], m + 8 * rows(lane));
+    // Lane l addresses row l % 8 of matrix l / 8: row l of the stack.
+    simt::ldmatrix_x4(&plain[size_t(4 * lane)], m + 8 * lane);
+    simt::ldmatrix_x4_trans(&trans[size_t(4 * lane)], m + 8 * lane);
   });
   for (uint32_t lane = 0; lane < 32; ++lane) {
     const uint32_t g = lane / 4, t = lane % 4;
