@@ -202,6 +202,15 @@ ST_DEV uint32_t visibility(const int* row_seg, const int* col_seg, bool uniform,
 }
 static_assert(kColTiles == 8, "visibility: a fragment row's bits are 16 consecutive ones");
 ST_DEV bool visible(uint32_t vis, int n, int i) { return (vis >> ((i / 2 * kColTiles + n) * 2 + i % 2)) & 1u; }
+// Sets the fragment entries whose pair is not visible to `masked`. Lanes whose 32 pairs are all visible (every
+// step below the diagonal of one document) skip the test: it costs a bit test and a select per entry, about
+// what the entry's softmax costs.
+ST_DEV void mask_scores(float x[kColTiles][4], uint32_t vis, float masked) {
+  if (vis == 0xffffffffu) return;
+  for (int n = 0; n < kColTiles; ++n)
+    for (int e = 0; e < 4; ++e)
+      if (!visible(vis, n, e)) x[n][e] = masked;
+}
 
 // A CTA's main loop over `steps` column steps, software-pipelined: step i + 1's per-column data is loaded, its
 // visibility found and its tile copies started (cp.async) before step i computes, so the copies run under step
@@ -316,19 +325,20 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
             simt::mma_bf16_16816(s[n + 1], qa[kk], kb + 2);
           }
 
-        // Online softmax in the log2 domain. A row with nothing visible yet keeps m = -inf; m_use = 0 then
-        // keeps every exp2 at exp2(-inf) = 0 instead of NaN.
+        // Online softmax in the log2 domain, FlashAttention-2's way: the row max is taken over the raw scores
+        // (scale2 > 0 keeps their order, and rounding keeps it too: max(s) * scale2 == max(s * scale2)), and each
+        // probability is one FFMA and one exp2, exp2(s * scale2 - m). A row with nothing visible yet keeps
+        // m = -inf; m_use = 0 then keeps every exp2 at exp2(-inf) = 0 instead of NaN.
+        mask_scores(s, vis, -INFINITY);
         float mx[2] = {-INFINITY, -INFINITY};
         for (int n = 0; n < kColTiles; ++n)
-          for (int e = 0; e < 4; ++e) {
-            s[n][e] = visible(vis, n, e) ? s[n][e] * scale2 : -INFINITY;
-            mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-          }
-        float m_use[2];
+          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+        float neg_m[2];
         for (int ri = 0; ri < 2; ++ri) {
-          const float m_new = fmaxf(m[ri], quad_max(mx[ri]));
-          m_use[ri] = m_new == -INFINITY ? 0.f : m_new;
-          const float alpha = exp2f(m[ri] - m_use[ri]);
+          const float m_new = fmaxf(m[ri], quad_max(mx[ri]) * scale2);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;
+          const float alpha = exp2f(m[ri] - m_use);
+          neg_m[ri] = -m_use;
           m[ri] = m_new;
           l[ri] *= alpha;
           for (int d = 0; d < ND; ++d) {
@@ -338,7 +348,7 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
         }
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(s[n][e] - m_use[e / 2]);
+            const float p = exp2f(fmaf(s[n][e], scale2, neg_m[e / 2]));
             s[n][e] = p;
             l[e / 2] += p;  // this lane's columns; summed over the quad at the end
           }
@@ -443,17 +453,17 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
           }
         }
         // p^T and ds^T in place of s^T and dp^T.
+        // Every pair first (one FFMA and one exp2 each), then zeros where masked (a masked pair's value may be
+        // anything, an overflow to inf included: it is never kept).
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e) {
             const int c = 8 * n + 2 * t + e % 2;
-            float p = 0.f, ds = 0.f;
-            if (visible(vis, n, e)) {
-              p = exp2f(st[n][e] * scale2 - col_lse2[c]);
-              ds = p * (dpt[n][e] - col_dvec[c]);
-            }
+            const float p = exp2f(fmaf(st[n][e], scale2, -col_lse2[c]));
             st[n][e] = p;
-            dpt[n][e] = ds;
+            dpt[n][e] = p * (dpt[n][e] - col_dvec[c]);
           }
+        mask_scores(st, vis, 0.f);
+        mask_scores(dpt, vis, 0.f);
         // dv += p^T dout, dk += ds^T q (acc_times_tile twice, interleaved: 187 registers at Dh = 64 where two
         // calls one after the other take 231).
         for (int j = 0; j < kCols / 16; ++j) {
@@ -520,9 +530,9 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
     load_a(qa[kk], q_s, kLd, row0, 16 * kk, lane);
     load_a(da[kk], do_s, kLd, row0, 16 * kk, lane);
   }
-  float lse2[2], dvec[2];
+  float neg_lse2[2], dvec[2];
   for (int ri = 0; ri < 2; ++ri) {
-    lse2[ri] = row_lse2[row0 + g + 8 * ri];
+    neg_lse2[ri] = -row_lse2[row0 + g + 8 * ri];
     dvec[ri] = row_dvec[row0 + g + 8 * ri];
   }
 
@@ -546,9 +556,10 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
             simt::mma_bf16_16816(dp[n], da[kk], vb);
             simt::mma_bf16_16816(dp[n + 1], da[kk], vb + 2);
           }
+        // ds = p (dp - dvec); a masked score is -inf, so its p and ds are 0 (lse is finite in every row).
+        mask_scores(s, vis, -INFINITY);
         for (int n = 0; n < kColTiles; ++n)
-          for (int e = 0; e < 4; ++e)
-            s[n][e] = visible(vis, n, e) ? exp2f(s[n][e] * scale2 - lse2[e / 2]) * (dp[n][e] - dvec[e / 2]) : 0.f;
+          for (int e = 0; e < 4; ++e) s[n][e] = exp2f(fmaf(s[n][e], scale2, neg_lse2[e / 2])) * (dp[n][e] - dvec[e / 2]);
         acc_times_tile<ND>(dq, s, k_s, kLd, lane);  // dq += ds k
       });
 
