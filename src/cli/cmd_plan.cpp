@@ -105,8 +105,12 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   e.op_scratch = static_cast<double>(op_scratch(o, spec, f.param_dtype).total());
   const auto state = static_cast<double>(plan.sharded_state_bytes);
   (o.offload ? e.host_bytes : e.device_bytes) += state;
-  e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes) + e.activations + e.op_scratch;
-  if (o.offload) e.device_bytes += static_cast<double>(plan.offload_upload_bytes);
+  e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes + plan.comm_scratch_bytes) +
+                    e.activations + e.op_scratch;
+  if (o.offload) {
+    e.device_bytes += static_cast<double>(plan.offload_upload_bytes);
+    e.host_bytes += static_cast<double>(plan.offload_stage_bytes);
+  }
   e.fits = e.device_bytes <= o.gpu_memory_bytes;
   // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
   const model::LlamaConfig& c = spec.config();
@@ -322,6 +326,7 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
   j["memory_per_rank_bytes"] = {{"sharded_state", sharded},
                                 {"unsharded_params", unsharded},
                                 {"unsharded_grads", grad_unit},
+                                {"comm_scratch", static_cast<double>(plan.comm_scratch_bytes)},
                                 {"op_scratch", static_cast<double>(scratch.total())}};
   j["traffic_per_micro_batch_bytes"] = {{"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter},
                                         {"all_reduce_replicate", all_reduce}};
@@ -344,9 +349,11 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                                 fsdp::wrap_policy_name(f.wrap.policy));
   out += table;
   out += fmt::format("per rank: sharded state (fp32 param, grad, exp_avg, exp_avg_sq) {}, unsharded params ({}) {}, "
-                     "full fp32 gradient buffers {} (+ activations and op scratch)\n",
+                     "full fp32 gradient buffers {}{}, communication scratch {} (+ activations and op scratch)\n",
                      gib(sharded), raf ? fmt::format("{} prefetch + root", depth) : std::string("all units kept"), gib(unsharded),
-                     gib(grad_unit));
+                     gib(grad_unit), fsdp::grads_live_in_shards(f, plan.mesh.shard_size, plan.mesh.replicate_size)
+                                         ? " (one rank: backward writes the gradient shards)" : "",
+                     gib(static_cast<double>(plan.comm_scratch_bytes)));
   out += fmt::format("traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
                      "on the replicate axis\n",
                      gib(gather), gib(reduce_scatter), gib(all_reduce));

@@ -2,6 +2,7 @@
 // Units are visited through the model's module hooks; every parameter a module reads (ModuleInfo::uses)
 // makes its unit gathered, which also covers tied weights and nested units.
 #include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/fsdp/plan.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -92,6 +93,7 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
                                     sharding_strategy_name(mesh.strategy())));
   }
   const model::ModelSpec& spec = model.spec();
+  grads_in_shard_ = grads_live_in_shards(config_, mesh.shard_size(), mesh.replicate_size());
   unit_specs_ = plan_units(spec, config_.wrap);
   unit_of_param_.assign(spec.params().size(), -1);
   first_use_unit_.assign(spec.modules().size(), -1);
@@ -141,8 +143,15 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     max_n = std::max(max_n, u->layout.padded_numel);
     max_shard = std::max(max_shard, u->shard());
   }
-  stage_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
-  reduce_shard_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+  // Only what this mesh and config use (plan.cpp counts the same): on one GPU the two shard-sized buffers
+  // would be 2 x 307 MB of nothing for the seed model.
+  if (config_.reduce_dtype != DType::F32 || (config_.offload_params && mesh.replicate_size() > 1)) {
+    stage_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+  }
+  if (S > 1) {
+    reduce_shard_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger,
+                               MemoryCategory::CommBuffers);
+  }
   if (config_.reduce_dtype != DType::F32) {
     reduce_full_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_n) * dtype_size(config_.reduce_dtype),
                               &ledger, MemoryCategory::CommBuffers);
@@ -334,12 +343,22 @@ void FsdpEngine::begin_unit_backward(Unit& u) {
   unshard(u);
   if (u.backward_started || u.empty()) return;
   u.backward_started = true;
+  const model::ModelSpec& spec = model_->spec();
+  if (grads_in_shard_) {  // the shard is the whole flat gradient (S == 1): backward accumulates into it
+    if (!u.reduced_this_step) {
+      zero_shard_grad(u);
+      u.reduced_this_step = true;
+    }
+    for (const FlatEntry& e : u.layout.entries) {
+      model_->binding().bind_grad(e.param, u.grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))));
+    }
+    return;
+  }
   if (!u.full_grad) {  // in no_sync mode it survives from the previous micro-batch
     u.full_grad = grad_pool_.acquire(static_cast<size_t>(u.layout.padded_numel) * 4);
     u.full_grad.fence.wait(kCompute);  // a reduce-scatter may still read it for another unit
     ops_->fill(u.full_grad.view(DType::F32, 0, {u.layout.padded_numel}), 0.0);
   }
-  const model::ModelSpec& spec = model_->spec();
   for (const FlatEntry& e : u.layout.entries) {
     model_->binding().bind_grad(e.param, u.full_grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))));
   }
@@ -349,6 +368,7 @@ void FsdpEngine::begin_unit_backward(Unit& u) {
 // the fp32 gradient shard. Each rank's contribution is already scaled by 1 / (global tokens), so the
 // sums are the global mean gradient.
 void FsdpEngine::reduce_gradients(Unit& u) {
+  if (grads_in_shard_) return;  // nothing to reduce: backward wrote the shard itself
   const DType rd = config_.reduce_dtype;
   const int64_t N = u.layout.padded_numel, n = u.shard();
   const int S = mesh_->shard_size(), R = mesh_->replicate_size();

@@ -144,6 +144,9 @@ class FsdpEngine final : public model::ModuleHooks {
   int unit_sums_taken_ = 0, nonempty_units_ = 0;
   std::vector<float> host_scratch_;
   bool last_micro_batch_ = true;
+  // grads_live_in_shards (plan.hpp): backward accumulates into the gradient shards themselves, with no full
+  // gradient buffer and no reduction (one rank: a 1 x 1 mesh).
+  bool grads_in_shard_ = false;
   bool offload_copies_pending_ = false;  // reduced gradients on their way down to offloaded shards
   CollectiveWatchdog* watchdog_ = nullptr;
   const PendingShardWrites* pending_writes_ = nullptr;

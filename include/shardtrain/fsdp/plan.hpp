@@ -29,12 +29,23 @@ struct FsdpPlan {
   int64_t offload_upload_bytes = 0;        // with offload_params: fp32 device copies of master shards from
                                            // their upload to the unit's first use: the root's and at most
                                            // 1 + prefetch depth others'
+  int64_t comm_scratch_bytes = 0;          // fixed scratch on the compute device, one largest shard or unit each:
+                                           // the reduce-scatter output (S > 1), the fp32 stage (a reduce_dtype
+                                           // other than fp32, or offload with replicas), the reduce_dtype copy
+                                           // of a full gradient (reduce_dtype other than fp32)
+  int64_t offload_stage_bytes = 0;         // with offload_params: the pinned host stage (one largest shard)
   // Per micro-batch, per rank, as the communicators count them (with no_sync, the reductions happen once
   // per step, on the last micro-batch).
   uint64_t shard_all_gather_bytes = 0;
   uint64_t shard_reduce_scatter_bytes = 0;
   uint64_t replicate_all_reduce_bytes = 0;
 };
+
+// One rank (a 1 x 1 mesh), fp32 reductions and shards on the compute device: a unit's gradient shard is its
+// whole gradient, so backward accumulates into the shard itself (no full gradient buffer, no reduction copy).
+inline bool grads_live_in_shards(const FsdpConfig& config, int shard_size, int replicate_size) {
+  return shard_size == 1 && replicate_size == 1 && config.reduce_dtype == DType::F32 && !config.offload_params;
+}
 
 // Throws ConfigError when the mesh does not fit (the same errors as the engine).
 FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int world_size, int ranks_per_node);
