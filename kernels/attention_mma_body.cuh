@@ -559,7 +559,8 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
         // ds = p (dp - dvec); a masked score is -inf, so its p and ds are 0 (lse is finite in every row).
         mask_scores(s, vis, -INFINITY);
         for (int n = 0; n < kColTiles; ++n)
-          for (int e = 0; e < 4; ++e) s[n][e] = exp2f(fmaf(s[n][e], scale2, neg_lse2[e / 2])) * (dp[n][e] - dvec[e / 2]);
+          for (int e = 0; e < 4; ++e)
+            s[n][e] = exp2f(fmaf(s[n][e], scale2, neg_lse2[e / 2])) * (dp[n][e] - dvec[e / 2]);
         acc_times_tile<ND>(dq, s, k_s, kLd, lane);  // dq += ds k
       });
 

@@ -2,13 +2,13 @@
 // Units are visited through the model's module hooks; every parameter a module reads (ModuleInfo::uses)
 // makes its unit gathered, which also covers tied weights and nested units.
 #include "shardtrain/fsdp/engine.hpp"
-#include "shardtrain/fsdp/plan.hpp"
 
 #include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/model/init.hpp"
 #include "shardtrain/runtime/error.hpp"
 
