@@ -452,9 +452,9 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
             simt::mma_bf16_16816(dpt[n + 1], va, db + 2);
           }
         }
-        // p^T and ds^T in place of s^T and dp^T.
-        // Every pair first (one FFMA and one exp2 each), then zeros where masked (a masked pair's value may be
-        // anything, an overflow to inf included: it is never kept).
+        // p^T and ds^T in place of s^T and dp^T; a masked score is -inf, so its p and ds are 0 (every column's lse
+        // here is finite, and dp is: padding rows of the tiles are zeros).
+        mask_scores(st, vis, -INFINITY);
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e) {
             const int c = 8 * n + 2 * t + e % 2;
@@ -462,8 +462,6 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
             st[n][e] = p;
             dpt[n][e] = p * (dpt[n][e] - col_dvec[c]);
           }
-        mask_scores(st, vis, 0.f);
-        mask_scores(dpt, vis, 0.f);
         // dv += p^T dout, dk += ds^T q (acc_times_tile twice, interleaved: 187 registers at Dh = 64 where two
         // calls one after the other take 231).
         for (int j = 0; j < kCols / 16; ++j) {

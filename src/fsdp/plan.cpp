@@ -14,7 +14,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   const auto br = static_cast<uint64_t>(dtype_size(config.reduce_dtype));
   const bool raf = config.reshards_after_forward();
   int64_t max_unit = 0, root = 0, all_units = 0, max_grad = 0, root_grad = 0, all_grads = 0, max_shard = 0, root_shard = 0,
-          max_n = 0, max_any_shard = 0;
+          max_n = 0;
   for (const UnitSpec& u : plan_units(spec, config.wrap)) {
     if (u.params.empty()) continue;
     UnitPlan up{u, make_flat_layout(spec, u.params, S)};
@@ -28,7 +28,6 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
     if (u.is_root) root = N * bp;
     else max_unit = std::max(max_unit, N * bp);
     max_n = std::max(max_n, N);
-    max_any_shard = std::max(max_any_shard, 4 * (N / S));
     if (u.is_root) root_shard = 4 * (N / S);
     else max_shard = std::max(max_shard, 4 * (N / S));
     if (S > 1) {
@@ -46,6 +45,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   else p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : root_grad + max_grad;
   // The engine's scratch buffers (engine.cpp, constructor), each sized for the largest unit.
   const bool f32_reduce = config.reduce_dtype == DType::F32;
+  const int64_t max_any_shard = std::max(max_shard, root_shard);
   if (S > 1) p.comm_scratch_bytes += max_any_shard;
   if (!f32_reduce || (config.offload_params && R > 1)) p.comm_scratch_bytes += max_any_shard;
   if (!f32_reduce) p.comm_scratch_bytes += max_n * static_cast<int64_t>(br);
