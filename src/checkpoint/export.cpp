@@ -4,12 +4,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 
@@ -63,8 +65,39 @@ ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const Expo
   return s;
 }
 
+// The special tokens a Hugging Face directory names: the shipped tokenizer's (ids and text), else the ids
+// the checkpoint's tokenizer record holds (no text then, and no tokenizer files to name it in).
+struct SpecialRoles {
+  std::optional<data::SpecialToken> bos, eos, pad;
+};
+
+SpecialRoles roles_of(const data::Tokenizer& t) {
+  SpecialRoles r;
+  const auto role = [&t](std::optional<data::TokenId> id) -> std::optional<data::SpecialToken> {
+    if (!id) return std::nullopt;
+    for (const data::SpecialToken& s : t.special_tokens())
+      if (s.id == *id) return s;
+    return data::SpecialToken{std::string(t.token_bytes(*id)), *id};
+  };
+  r.bos = role(t.bot_id());
+  r.eos = role(t.eot_id());
+  r.pad = role(t.pad_id());
+  return r;
+}
+
+SpecialRoles roles_of(const nlohmann::json& record) {
+  SpecialRoles r;
+  const auto role = [&record](const char* key) -> std::optional<data::SpecialToken> {
+    if (!record.contains(key) || !record[key].is_number_integer() || record[key].get<int64_t>() < 0) return std::nullopt;
+    return data::SpecialToken{"", record[key].get<data::TokenId>()};
+  };
+  r.bos = role("bot_id");
+  r.eos = role("eot_id");
+  return r;
+}
+
 // Hugging Face's LlamaConfig fields.
-nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const nlohmann::json& tokenizer) {
+nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const SpecialRoles& roles) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
                       {"model_type", "llama"},
                       {"vocab_size", c.vocab_size},
@@ -87,8 +120,18 @@ nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const nlohman
                       {"pretraining_tp", 1},
                       {"use_cache", true},
                       {"torch_dtype", dtype == DType::BF16 ? "bfloat16" : "float32"}};
-  if (tokenizer.contains("bot_id") && tokenizer["bot_id"].get<int64_t>() >= 0) j["bos_token_id"] = tokenizer["bot_id"];
-  if (tokenizer.contains("eot_id") && tokenizer["eot_id"].get<int64_t>() >= 0) j["eos_token_id"] = tokenizer["eot_id"];
+  if (roles.bos) j["bos_token_id"] = roles.bos->id;
+  if (roles.eos) j["eos_token_id"] = roles.eos->id;
+  if (roles.pad) j["pad_token_id"] = roles.pad->id;
+  return j;
+}
+
+// What transformers' generate() reads first: the same ids, so decoding stops at the end-of-text token.
+nlohmann::json hf_generation_config(const SpecialRoles& roles) {
+  nlohmann::json j = {{"_from_model_config", true}};
+  if (roles.bos) j["bos_token_id"] = roles.bos->id;
+  if (roles.eos) j["eos_token_id"] = roles.eos->id;
+  if (roles.pad) j["pad_token_id"] = roles.pad->id;
   return j;
 }
 
@@ -98,25 +141,56 @@ void write_json(const fs::path& p, const nlohmann::json& j) {
   if (!out) throw IoError(fmt::format("{}: cannot write", p.string()));
 }
 
+// tokenizer_config.json: the class AutoTokenizer builds, the special tokens by their text (without them
+// the tokenizer has no eos_token and no pad_token), the model's length, and no clean-up of spaces on decode
+// (byte-level BPE decodes exactly; transformers' clean-up would change " ." into ".").
+nlohmann::json hf_tokenizer_config(const char* tokenizer_class, const SpecialRoles& roles, int64_t max_positions) {
+  nlohmann::json j = {{"tokenizer_class", tokenizer_class},
+                      {"model_max_length", max_positions},
+                      {"clean_up_tokenization_spaces", false}};
+  if (roles.bos) j["bos_token"] = roles.bos->content;
+  if (roles.eos) j["eos_token"] = roles.eos->content;
+  if (roles.pad) j["pad_token"] = roles.pad->content;
+  return j;
+}
+
+struct ShippedTokenizer {
+  std::string note;
+  std::optional<SpecialRoles> roles;  // when tokenizer files were shipped
+};
+
 // Ships the tokenizer in a form transformers reads: tokenizer.json as is, GPT-2's encoder.json +
 // vocab.bpe as vocab.json + merges.txt. A tiktoken rank file has no Hugging Face equivalent file.
-std::string ship_tokenizer(const std::string& source, const fs::path& out) {
-  if (source.empty()) return "no tokenizer recorded: none shipped (pass --tokenizer)";
+ShippedTokenizer ship_tokenizer(const std::string& source, const fs::path& out, int64_t max_positions) {
+  if (source.empty()) return {"no tokenizer recorded: none shipped (pass --tokenizer)", std::nullopt};
   const fs::path src(source);
   fs::path json = fs::is_directory(src) ? src / "tokenizer.json" : src;
+  const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
+  const char* cls = nullptr;
+  std::string note;
+  fs::path load_from;
   if (fs::is_regular_file(json) && json.extension() == ".json" && json.filename() != "encoder.json") {
     fs::copy_file(json, out / "tokenizer.json");
-    write_json(out / "tokenizer_config.json", {{"tokenizer_class", "PreTrainedTokenizerFast"}});
-    return fmt::format("tokenizer.json copied from {}", json.string());
-  }
-  const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
-  if (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) {
+    cls = "PreTrainedTokenizerFast";
+    note = fmt::format("tokenizer.json copied from {}", json.string());
+    load_from = json;
+  } else if (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) {
     fs::copy_file(dir / "encoder.json", out / "vocab.json");
     fs::copy_file(dir / "vocab.bpe", out / "merges.txt");
-    write_json(out / "tokenizer_config.json", {{"tokenizer_class", "GPT2Tokenizer"}});
-    return fmt::format("GPT-2 vocab.json and merges.txt copied from {}", dir.string());
+    cls = "GPT2Tokenizer";
+    note = fmt::format("GPT-2 vocab.json and merges.txt copied from {}", dir.string());
+    load_from = dir;
+  } else {
+    return {fmt::format("{} is not a tokenizer.json or GPT-2 encoder.json/vocab.bpe: none shipped", source), std::nullopt};
   }
-  return fmt::format("{} is not a tokenizer.json or GPT-2 encoder.json/vocab.bpe: none shipped", source);
+  SpecialRoles roles;
+  try {
+    roles = roles_of(data::Tokenizer::load(load_from.string()));
+  } catch (const DataError& e) {  // a tokenizer.json shardtrain cannot read itself: shipped, its roles unknown
+    note += fmt::format(" (special tokens not named in tokenizer_config.json: {})", e.what());
+  }
+  write_json(out / "tokenizer_config.json", hf_tokenizer_config(cls, roles, max_positions));
+  return {note, roles};
 }
 
 // Reads one tensor's values in full: from a checkpoint, or from memory.
@@ -190,10 +264,12 @@ ExportSummary write_hf_directory(const std::vector<TensorInfo>& tensors, const R
   nlohmann::json tok = nlohmann::json::object();
   if (!tokenizer_record.empty()) tok = nlohmann::json::parse(tokenizer_record, nullptr, false);
   if (tok.is_discarded()) tok = nlohmann::json::object();
-  write_json(tmp / "config.json", hf_config(config, o.dtype, tok));
-  write_json(tmp / "generation_config.json", {{"_from_model_config", true}});
   const std::string source = !o.tokenizer.empty() ? o.tokenizer : tok.value("path", std::string());
-  s.tokenizer_note = ship_tokenizer(source, tmp);
+  const ShippedTokenizer shipped = ship_tokenizer(source, tmp, config.max_position_embeddings);
+  s.tokenizer_note = shipped.note;
+  const SpecialRoles roles = shipped.roles ? *shipped.roles : roles_of(tok);
+  write_json(tmp / "config.json", hf_config(config, o.dtype, roles));
+  write_json(tmp / "generation_config.json", hf_generation_config(roles));
   fs::rename(tmp, out_dir);
   s.bytes = total;
   s.files = static_cast<int>(files.size());
