@@ -21,6 +21,11 @@ embedding unless tied) + 12 * layers * hidden * seq) and, for PyTorch, the peak 
 the median of 20 bf16 8192^3 torch.matmul after 5 warm-ups. Memory: torch.cuda.max_memory_allocated (and reserved)
 since the model was built (after the peak measurement); shardtrain's device_memory_stats().peak on a GPU.
 
+--torch-device cpu runs the PyTorch parts on the CPU (gloo, wall-clock step times, an f32 2048^3 matmul peak, the
+process's peak RSS as memory): the check of this script on a machine without a GPU (tests/torch), not a benchmark.
+--torch-python names the Python that has torch and transformers when it is not this one, e.g.
+"scripts/torch-env.sh run python3" (docs/reference-checks.md).
+
   scripts/bench-vs-pytorch.py --config configs/llama-seed.toml --shardtrain build/bin/shardtrain \\
       --launcher "mpirun -np 1" --override data.path=data/sotu-bpe4k.h5 --out bench-out
   scripts/bench-vs-pytorch.py --config configs/tiny-cpu.toml --shardtrain build/bin/shardtrain --skip-torch   # smoke test
@@ -30,7 +35,7 @@ import json
 import math
 import os
 import shlex
-import socket
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,6 +64,11 @@ def parse_args(argv=None):
     p.add_argument("--skip-torch", action="store_true", help="only the shardtrain rows (no torch needed)")
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of: " + ", ".join(PARTS))
     p.add_argument("--reuse", action="store_true", help="parts not run this time take their JSON from --out, if there")
+    p.add_argument("--torch-device", choices=["cuda", "cpu"], default="cuda",
+                   help="where the PyTorch parts run (cpu: a check of this script without a GPU, not a benchmark)")
+    p.add_argument("--torch-python", default=sys.executable,
+                   help='the command that runs Python with torch and transformers (default: this Python), '
+                        'e.g. "scripts/torch-env.sh run python3"')
     # internal: one PyTorch part in its own process
     p.add_argument("--torch-worker", choices=["eager", "compile"], help=argparse.SUPPRESS)
     p.add_argument("--worker-config", help=argparse.SUPPRESS)
@@ -158,8 +168,8 @@ def run_part(name, cmd, args, json_path):
 
 # ---------------------------------------------------------------- PyTorch part (runs in its own process)
 
-def load_batches(cfg, torch, micro, count):
-    """`count` micro-batches (inputs, targets), (micro, S) int64 on the GPU, and a description of the source."""
+def load_batches(cfg, torch, micro, count, device):
+    """`count` micro-batches (inputs, targets), (micro, S) int64 on `device`, and a description of the source."""
     data, vocab = cfg["data"], cfg["model"]["vocab_size"]
     S, layout, path = data["seq_len"], data.get("layout", "packed"), data.get("path", "")
     need = micro * count
@@ -202,27 +212,53 @@ def load_batches(cfg, torch, micro, count):
     batches = []
     for b in range(count):
         rows = [samples[(b * micro + r) % len(samples)] for r in range(micro)]
-        inp = torch.tensor([r[0] for r in rows], dtype=torch.int64, device="cuda")
-        tgt = torch.tensor([r[1] for r in rows], dtype=torch.int64, device="cuda")
+        inp = torch.tensor([r[0] for r in rows], dtype=torch.int64, device=device)
+        tgt = torch.tensor([r[1] for r in rows], dtype=torch.int64, device=device)
         batches.append((inp, tgt))
     return batches, source
 
 
-def measure_peak(torch, n=8192, warmup=5, reps=20):
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(warmup):
+class StepClock:
+    """Step times: CUDA events on the GPU (queued with the step, read once at the end), a wall clock on the CPU."""
+
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device == "cuda"
+
+    def start(self):
+        if self.cuda:
+            e = self.torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def seconds(self, start, end):
+        return start.elapsed_time(end) * 1e-3 if self.cuda else end - start
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+
+def measure_peak(torch, device, cpu_dtype):
+    """The matmul rate PyTorch reaches here: bf16 8192^3 on a GPU; on a CPU 2048^3 in the dtype the model computes
+    in (its bf16 GEMMs and its f32 ones run at very different rates there). Median of 20 after 5."""
+    n, dtype = (8192, torch.bfloat16) if device == "cuda" else (2048, cpu_dtype)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(5):
         torch.matmul(a, b)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in events:
-        s.record()
+    clock = StepClock(torch, device)
+    spans = []
+    for _ in range(20):
+        s = clock.start()
         torch.matmul(a, b)
-        e.record()
-    torch.cuda.synchronize()
-    ms = statistics.median(s.elapsed_time(e) for s, e in events)
+        spans.append((s, clock.start()))
+    clock.sync()
+    seconds = statistics.median(clock.seconds(s, e) for s, e in spans)
     del a, b
-    torch.cuda.empty_cache()
-    return 2.0 * n ** 3 / (ms * 1e-3)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / seconds
 
 
 def torch_worker(args):
@@ -236,16 +272,18 @@ def torch_worker(args):
     with open(args.worker_config) as f:
         cfg = json.load(f)
     m, fs, opt_cfg, data = cfg["model"], cfg.get("fsdp", {}), cfg.get("optim", {}), cfg["data"]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    peak = measure_peak(torch)
-
+    device = args.torch_device
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--torch-device cuda: torch sees no GPU (--torch-device cpu runs these parts on the CPU)")
+        torch.cuda.set_device(0)
+    # One process: an in-memory store, no TCP rendezvous.
+    if device == "cuda":
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "f32": torch.float32}
+    peak = measure_peak(torch, device, dtypes[fs.get("param_dtype", "bf16")])
     S, G = data["seq_len"], data["global_batch_size"]
     micro = data.get("micro_batch_size", 0) or G  # world size 1
     if G % micro:
@@ -262,8 +300,10 @@ def torch_worker(args):
                      max_position_embeddings=m.get("max_position_embeddings", 2048), rms_norm_eps=m.get("rms_norm_eps", 1e-5),
                      tie_word_embeddings=tied, attention_bias=False, mlp_bias=False, hidden_act="silu", use_cache=False,
                      attn_implementation="sdpa", **rope)
-    torch.cuda.reset_peak_memory_stats()
-    with torch.device("cuda"):
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(int(m.get("init_seed", 0)))  # eager and compile start from the same weights
+    with torch.device(device):
         model = LlamaForCausalLM(hf)
     attn = getattr(model.config, "_attn_implementation", None)
     params = sum(p.numel() for p in model.parameters())  # tied weights once, as shardtrain counts them
@@ -292,13 +332,13 @@ def torch_worker(args):
     reduce_each = fs.get("grad_accumulation", "reduce_each") == "reduce_each"
 
     total_steps = args.warmup + args.steps
-    batches, source = load_batches(cfg, torch, micro, accumulation * total_steps)
+    batches, source = load_batches(cfg, torch, micro, accumulation * total_steps, device)
     counted = [int(sum((t != -100).sum().item() for _, t in batches[s * accumulation:(s + 1) * accumulation]))
                for s in range(total_steps)]
     V = m["vocab_size"]
 
     def step(s):
-        loss_sum = torch.zeros((), device="cuda")
+        loss_sum = torch.zeros((), device=device)
         for i in range(accumulation):
             inp, tgt = batches[s * accumulation + i]
             if not reduce_each:
@@ -313,37 +353,42 @@ def torch_worker(args):
         opt.zero_grad(set_to_none=True)
         return loss_sum
 
+    clock = StepClock(torch, device)
     t0 = time.time()
-    events, losses = [], []
+    spans, losses = [], []
     for s in range(total_steps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
+        begin = clock.start()
         losses.append(step(s))
-        e1.record()
-        events.append((e0, e1))
+        spans.append((begin, clock.start()))
         if s == 0:
-            torch.cuda.synchronize()
+            clock.sync()
             first_step_s = time.time() - t0
-    torch.cuda.synchronize()
-    times = [a.elapsed_time(b) * 1e-3 for a, b in events[args.warmup:]]
+    clock.sync()
+    times = [clock.seconds(a, b) for a, b in spans[args.warmup:]]
     step_s = statistics.median(times)
     tokens_per_s = G * S / step_s
     last_loss = float(losses[-1].item())
+    if device == "cuda":
+        device_name, memory = torch.cuda.get_device_name(0), torch.cuda.max_memory_allocated()
+        reserved, memory_source = torch.cuda.max_memory_reserved(), "torch.cuda.max_memory_allocated"
+    else:  # no allocator statistics on the CPU: the process's peak resident set (Linux: KiB)
+        device_name, reserved, memory_source = "cpu", None, "peak RSS of the process"
+        memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result = {
-        "name": "PyTorch " + args.torch_worker, "device": torch.cuda.get_device_name(0),
+        "name": "PyTorch " + args.torch_worker, "device": device_name,
         "torch": torch.__version__, "transformers": transformers.__version__, "attn_implementation": attn,
         "compile": "torch.compile per decoder layer" if args.torch_worker == "compile" else "eager",
         "optimizer": opt_name, "data": source, "micro_batch": micro, "accumulation_steps": accumulation,
         "seq_len": S, "global_batch_size": G, "tokens_per_step": G * S, "warmup": args.warmup, "steps": args.steps,
         "step_times_s": times, "step_time_median_s": step_s, "first_step_s": first_step_s, "tokens_per_s": tokens_per_s,
         "params": params, "flops_per_token": fpt, "peak_flops": peak, "mfu": tokens_per_s * fpt / peak,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(), "reserved_bytes": torch.cuda.max_memory_reserved(),
+        "peak_memory_bytes": memory, "reserved_bytes": reserved, "peak_memory_source": memory_source,
         "last_loss": last_loss if math.isfinite(last_loss) else None,
     }
     with open(args.worker_json, "w") as f:
         json.dump(result, f, indent=2)
     print(f"{result['name']}: {step_s * 1e3:.1f} ms/step, {tokens_per_s:.0f} tokens/s, MFU {100 * result['mfu']:.1f} % "
-          f"(peak {peak * 1e-12:.0f} TFLOP/s), max allocated {result['peak_memory_bytes'] / 2**30:.2f} GiB, loss {last_loss:.4f}; "
+          f"(peak {fmt_flops(peak)}), peak memory {fmt_bytes(memory)} ({memory_source}), loss {last_loss:.4f}; "
           f"first step {first_step_s:.1f} s; data: {source}; attention: {attn}")
     dist.destroy_process_group()
 
@@ -393,20 +438,29 @@ def build_report(results, errors, cfg, cfg_source, args):
             continue
         mem_text = fmt_bytes(r.get("peak_memory_bytes"))
         if part.startswith("PyTorch"):
-            mem_text += f" (reserved {fmt_bytes(r['reserved_bytes'])})"
-            notes = f"{r['compile']}; {r['optimizer']}; attention {r['attn_implementation']}; data: {r['data']}"
+            if r.get("reserved_bytes") is not None:
+                mem_text += f" (reserved {fmt_bytes(r['reserved_bytes'])})"
+            notes = (f"{r['device']}; {r['compile']}; {r['optimizer']}; attention {r['attn_implementation']}; "
+                     f"memory: {r.get('peak_memory_source', 'torch.cuda.max_memory_allocated')}; data: {r['data']}; "
+                     f"loss {fmt_num(r.get('last_loss'), '.4f')}")
         else:
             notes = (f"{r['device']}; mesh {r['mesh']['replicate']} x {r['mesh']['shard']} ({r['mesh']['strategy']}); {r['comm_backend']}; "
                      f"memory: {r['peak_memory_source']}; loss {fmt_num(r.get('last_loss'), '.4f')}")
         peak_key = "peak_flops" if part.startswith("PyTorch") else "peak_flops_per_rank"
         lines.append(f"| {part} | {r['step_time_median_s'] * 1e3:.1f} ms | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | {mem_text} | "
                      f"{fmt_flops(r[peak_key])} | {notes} |")
+    def memory_ratio(torch_part):
+        """shardtrain's peak memory over PyTorch's, like for like: device memory, or both processes' peak RSS
+        where PyTorch ran on the CPU (it has no allocator statistics there)."""
+        on_cpu = get(torch_part, "device") == "cpu"
+        return ratio(get(st, "rss_peak_bytes" if on_cpu else "peak_memory_bytes"), get(torch_part, "peak_memory_bytes"))
+
     ratios = {
         "vs_eager": ratio(get(st, "tokens_per_s"), get(eager, "tokens_per_s")),
         "vs_compile": ratio(get(st, "tokens_per_s"), get(comp, "tokens_per_s")),
         "mfu": get(st, "mfu"),
-        "memory_vs_eager": ratio(get(st, "peak_memory_bytes"), get(eager, "peak_memory_bytes")),
-        "memory_vs_compile": ratio(get(st, "peak_memory_bytes"), get(comp, "peak_memory_bytes")),
+        "memory_vs_eager": memory_ratio(eager),
+        "memory_vs_compile": memory_ratio(comp),
         "offload": ratio(get(off, "tokens_per_s"), get(st, "tokens_per_s")),
     }
     mfu_text = "n/a" if ratios["mfu"] is None else f"{100 * ratios['mfu']:.1f} %"
@@ -417,6 +471,9 @@ def build_report(results, errors, cfg, cfg_source, args):
               f"| shardtrain / PyTorch eager peak memory | {fmt_ratio(ratios['memory_vs_eager'])} | <= {TARGETS['memory']}x | {verdict(ratios['memory_vs_eager'], TARGETS['memory'], False)} |",
               f"| shardtrain / PyTorch compile peak memory | {fmt_ratio(ratios['memory_vs_compile'])} | <= {TARGETS['memory']}x | {verdict(ratios['memory_vs_compile'], TARGETS['memory'], False)} |",
               f"| shardtrain+offload / shardtrain tokens/s | {fmt_ratio(ratios['offload'])} | >= {TARGETS['offload']}x | {verdict(ratios['offload'], TARGETS['offload'])} |"]
+    if any(get(p, "device") == "cpu" for p in (eager, comp)):
+        lines += ["", "NOTE: PyTorch ran on the CPU (--torch-device cpu), each side with its own BLAS: this table checks the "
+                      "script, it is not a benchmark. Its memory ratios compare peak RSS."]
     fpts = {p: results[p]["flops_per_token"] for p in PARTS if results.get(p)}
     if len(set(round(v) for v in fpts.values())) > 1:
         lines += ["", f"WARNING: the parts count different FLOPs per token: {fpts}"]
@@ -462,8 +519,9 @@ def main():
             cmd = [*shlex.split(args.launcher), args.shardtrain, "bench", "step", "--config", args.config, "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--json", json_path, *flags, *extra]
         else:
-            cmd = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--torch-worker", part.split()[1],
-                   "--worker-config", worker_config, "--worker-json", json_path, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            cmd = [*shlex.split(args.torch_python), os.path.abspath(__file__), "--config", args.config,
+                   "--torch-worker", part.split()[1], "--torch-device", args.torch_device, "--worker-config", worker_config,
+                   "--worker-json", json_path, "--steps", str(args.steps), "--warmup", str(args.warmup)]
         result, error = run_part(part, cmd, args, json_path)
         if result is not None:
             results[part] = result

@@ -10,6 +10,11 @@ if [[ -x "$ROOT/scripts/fetch-data.sh" ]]; then
   say "fetching pinned corpora and tokenizers"
   "$ROOT/scripts/fetch-data.sh"
 fi
+# PyTorch and transformers (Debian's CPU builds, in a Debian root of their own) for the tests labelled torch:
+# shardtrain against LlamaForCausalLM, its export through from_pretrained, bench-vs-pytorch.py's PyTorch side.
+# Where it cannot be made (no root, no network), those tests skip and say why.
+say "PyTorch and transformers for the reference tests (scripts/torch-env.sh)"
+"$ROOT/scripts/torch-env.sh" setup || say "no PyTorch environment: the tests labelled torch will skip"
 CMAKE_EXTRA=()
 configure_and_build
 say "running the tests"

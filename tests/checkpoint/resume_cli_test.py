@@ -80,6 +80,15 @@ for name, d in (("whole", os.path.join(work, "whole", "checkpoints")), ("resumed
     outs.append(open(os.path.join(out, "model.safetensors"), "rb").read())
 check(outs[0] == outs[1], "final parameters of the resumed run equal the uninterrupted run's, byte for byte")
 check(os.path.isfile(os.path.join(work, "resumed.safetensors.d", "tokenizer.json")), "the tokenizer ships with the export")
+# The special tokens by role, where transformers looks for them (tests/torch loads the export with transformers itself).
+hf_files = {n: json.load(open(os.path.join(work, "resumed.safetensors.d", n + ".json")))
+            for n in ("tokenizer_config", "generation_config", "config")}
+tc, gc, mc = hf_files["tokenizer_config"], hf_files["generation_config"], hf_files["config"]
+check((tc.get("bos_token"), tc.get("eos_token"), tc.get("pad_token")) == ("[BOT]", "[EOT]", "[PAD]")
+      and tc.get("clean_up_tokenization_spaces") is False and tc.get("model_max_length") == mc["max_position_embeddings"],
+      f"tokenizer_config.json: {tc}")
+check(all((d.get("bos_token_id"), d.get("eos_token_id"), d.get("pad_token_id")) == (0, 1, 2) for d in (gc, mc)),
+      f"the special ids: generation_config.json {gc}, config.json {mc}")
 
 # Refusals: a missing rank file, and a dataset made with another tokenizer. Exit code 5, file named.
 broken = os.path.join(work, "broken")

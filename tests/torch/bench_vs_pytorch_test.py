@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""scripts/bench-vs-pytorch.py whole, its PyTorch side included, before a GPU session depends on it: all four
+parts on the CPU (`--torch-device cpu`: PyTorch FSDP2 over gloo, fully_shard per decoder layer and at the
+root, a bf16 MixedPrecisionPolicy, torch.compile per layer; shardtrain's `bench step` under mpirun), on a small
+Llama and a dataset made here, in one table. Asserted:
+- every part ran (no error), and each row of the markdown table is filled, with the CPU note;
+- the same model and batch on both sides: the same tokens per step, the same FLOPs per token (from each
+  side's own parameter count), PyTorch's parameter count equal to the Llama formula's, its batches read
+  from the dataset file (not the random fallback), its attention SDPA and its MixedPrecisionPolicy bf16;
+- eager and torch.compile start from the same weights and batches, so their last losses agree (bf16
+  compute, compiled kernels round differently: 2e-2 relative) and are finite and below ln(V) + 1;
+- the ratios are the quotients of the rows' figures, and the memory ratio compares peak RSS with peak RSS.
+This checks the script; it is not a benchmark (each side on its own CPU BLAS)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+from torch_env import TorchEnv  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+env = TorchEnv(args.source)
+moby = clitest.corpus(args, "moby-dick")
+tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby-bpe512", 0.05)
+
+V, D, F, L, H, K, S, B = 512, 128, 320, 2, 4, 2, 64, 8
+config = os.path.join(work, "bench.toml")
+with open(config, "w") as f:
+    f.write(f"[model]\nvocab_size = {V}\nhidden_size = {D}\nintermediate_size = {F}\nnum_hidden_layers = {L}\n"
+            f"num_attention_heads = {H}\nnum_key_value_heads = {K}\nmax_position_embeddings = 128\n\n"
+            "[fsdp]\nstrategy = \"FULL_SHARD\"\nparam_dtype = \"bf16\"\nreduce_dtype = \"fp32\"\n\n"
+            "[optim]\nlr = 1e-3\nmax_grad_norm = 1.0\n\n"
+            f"[data]\npath = \"{ds}\"\nlayout = \"packed\"\nseq_len = {S}\nglobal_batch_size = {B}\n")
+out = os.path.join(work, "out")
+cmd = [sys.executable, os.path.join(args.source, "scripts", "bench-vs-pytorch.py"), "--config", config,
+       "--shardtrain", args.shardtrain, "--launcher", f"{args.mpiexec} --oversubscribe -np 1",
+       "--torch-device", "cpu", "--torch-python", f"{env.script} run python3", "--steps", "2", "--warmup", "1",
+       "--timeout", "400", "--out", out]
+p = subprocess.run(cmd, cwd=args.source, capture_output=True, text=True, timeout=1200)
+print(p.stdout[-6000:])
+check(p.returncode == 0, f"bench-vs-pytorch.py exit {p.returncode}: {p.stderr[-3000:]}")
+report = json.load(open(os.path.join(out, "bench-vs-pytorch.json")))
+table = open(os.path.join(out, "bench-vs-pytorch.md")).read()
+results, errors, ratios = report["results"], report["errors"], report["ratios"]
+parts = ["shardtrain", "shardtrain+offload", "PyTorch eager", "PyTorch compile"]
+check(not errors and sorted(results) == sorted(parts), f"parts: ran {sorted(results)}, errors {errors}")
+
+if not errors and sorted(results) == sorted(parts):
+    st, eager, comp = results["shardtrain"], results["PyTorch eager"], results["PyTorch compile"]
+    params = V * D * 2 + L * (D * D * 2 + 2 * D * (D // H) * K + 3 * D * F + 2 * D) + D  # untied: embedding + lm_head
+    fpt = 6.0 * (params - V * D) + 12.0 * L * D * S
+    for name in parts:
+        r = results[name]
+        check(r["tokens_per_step"] == B * S, f"{name}: {r['tokens_per_step']} tokens per step, expected {B * S}")
+        check(abs(r["flops_per_token"] - fpt) <= 1e-9 * fpt, f"{name}: {r['flops_per_token']} FLOPs per token, expected {fpt}")
+        check(r["tokens_per_s"] > 0 and r["step_time_median_s"] > 0 and 0 < r["mfu"] < 1.5,
+              f"{name}: tokens/s {r['tokens_per_s']}, step {r['step_time_median_s']}, MFU {r['mfu']}")
+        check(f"| {name} | " in table, f"the table has no row for {name}")
+        last = r.get("last_loss")
+        check(last is not None and math.isfinite(last) and last < math.log(V) + 1,
+              f"{name}: last loss {last} (ln V = {math.log(V):.3f})")
+    for r in (eager, comp):
+        check(r["params"] == params, f"{r['name']}: {r['params']} parameters, the Llama formula says {params}")
+        check(r["device"] == "cpu" and r["attn_implementation"] == "sdpa" and ds in r["data"],
+              f"{r['name']}: device {r['device']}, attention {r['attn_implementation']}, data {r['data']}")
+        check(r["peak_memory_source"] == "peak RSS of the process" and r["peak_memory_bytes"] > 0, f"{r['name']}: memory {r}")
+    check(comp["compile"].startswith("torch.compile") and eager["compile"] == "eager", "the two PyTorch parts' modes")
+    rel = abs(eager["last_loss"] - comp["last_loss"]) / abs(eager["last_loss"])
+    print(f"losses: shardtrain {st['last_loss']:.4f}, PyTorch eager {eager['last_loss']:.4f}, compile {comp['last_loss']:.4f} "
+          f"(eager vs compile {rel:.1e} relative)")
+    check(rel < 2e-2, f"eager and compiled PyTorch from the same weights and batches: losses {eager['last_loss']} and {comp['last_loss']}")
+    check(abs(ratios["vs_eager"] - st["tokens_per_s"] / eager["tokens_per_s"]) < 1e-9 * ratios["vs_eager"]
+          and abs(ratios["offload"] - results["shardtrain+offload"]["tokens_per_s"] / st["tokens_per_s"]) < 1e-9,
+          f"ratios {ratios}")
+    check(abs(ratios["memory_vs_eager"] - st["rss_peak_bytes"] / eager["peak_memory_bytes"]) < 1e-9,
+          f"memory ratio {ratios['memory_vs_eager']}: not shardtrain's peak RSS over PyTorch's")
+    check("NOTE: PyTorch ran on the CPU" in table, "the table does not say the PyTorch side ran on the CPU")
+    check("WARNING" not in table, "the table warns: " + table[table.find("WARNING"):][:300])
+
+check.finish("bench-vs-pytorch.py: four parts on the CPU, the same model and batch, consistent rows and ratios")

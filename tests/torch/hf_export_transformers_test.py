@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""A trained model's Hugging Face export, used the way a user uses it: transformers' own AutoTokenizer and
+LlamaForCausalLM.from_pretrained on the directory `shardtrain consolidate --format safetensors` wrote.
+- A tokenizer trained by `shardtrain tokenizer train` on Moby Dick, a model trained on 2 ranks (FULL_SHARD)
+  for 60 steps, its sharded checkpoint consolidated to f32 and to bf16 safetensors.
+- The exported tokenizer: AutoTokenizer gives the same ids as `shardtrain tokenizer encode` on prompts with
+  punctuation, digits, runs of spaces, newlines and non-ASCII text, decodes them back to the text, and
+  names the same beginning, end-of-text and padding tokens; so also for the two other tokenizer forms the
+  export ships (`--tokenizer`): Llama 3's tokenizer.json and GPT-2's encoder.json + vocab.bpe (as
+  vocab.json + merges.txt, GPT2Tokenizer).
+- Greedy decoding: transformers' generate (no sampling, stopping at that token) writes the same text as
+  `shardtrain generate --temperature 0` from the export, and from the sharded checkpoint itself; for the
+  bf16 export too (both sides compute in f32 on the same rounded weights)."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+from torch_env import TorchEnv  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+env = TorchEnv(args.source)
+st = args.shardtrain
+moby = clitest.corpus(args, "moby-dick")
+tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby-bpe512", 0.05)
+
+
+def run(*cmd, timeout=600):
+    p = subprocess.run(list(cmd), cwd=args.source, capture_output=True, text=True, timeout=timeout)
+    check(p.returncode == 0, f"{' '.join(cmd[:3])} ... exit {p.returncode}: {p.stderr[-2000:]}")
+    return p
+
+
+ckpts = os.path.join(work, "ckpt")
+run(args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml", "--data.path", ds,
+    "--logging.run_dir", os.path.join(work, "run"), "--checkpoint.dir", ckpts,
+    "--model.vocab_size", "512", "--model.hidden_size", "96", "--model.intermediate_size", "256",
+    "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+    "--data.seq_len", "64", "--data.global_batch_size", "16", "--schedule.max_steps", "60",
+    "--schedule.warmup_steps", "5", "--schedule.eval_every", "0", "--checkpoint.every_n_steps", "60",
+    "--logging.progress", "lines", "--logging.peak_flops", "1e10")
+losses = [json.loads(l)["loss"] for l in open(os.path.join(work, "run", "metrics.jsonl")) if '"kind":"train"' in l]
+print(f"trained: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
+check(len(losses) == 60 and losses[-1] < losses[0] - 1.0, f"training did not learn: {losses[:1]} -> {losses[-1:]}")
+
+exports = {}
+for dtype in ("f32", "bf16"):
+    out = os.path.join(work, f"hf-{dtype}")
+    run(st, "consolidate", ckpts, "--output", out, "--format", "safetensors", "--dtype", dtype)
+    files = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    print(f"export {dtype}: {files}")
+    check({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(files),
+          f"export {dtype}: files {files}")
+    exports[dtype] = out
+
+prompts = ["Call me Ishmael.", "  Some years ago--never mind how long precisely--having little or no money\n\nin my purse,",
+           "The whale, 1851: 'Thar she blows!' Café naïve — 42 ships, 7 harpoons.",
+           "It was the Pequod.\tShe was"]
+tokenizers = {"trained": tok, "llama3": os.path.join(args.source, "data/fetched/tokenizers/llama3/tokenizer.json"),
+              "gpt2": os.path.join(args.source, "data/fetched/tokenizers/gpt2")}
+info = {}
+for name, path in tokenizers.items():
+    info[name] = json.loads(run(st, "tokenizer", "info", "-t", path).stdout)
+    hf = exports["f32"] if name == "trained" else os.path.join(work, f"hf-{name}")
+    if name != "trained":
+        run(st, "consolidate", ckpts, "--output", hf, "--format", "safetensors", "--tokenizer", path)
+    theirs = env.side("tokenize", hf, *prompts)
+    ours = [json.loads(run(st, "tokenizer", "encode", "--json", "-t", path, "--text", p).stdout)["ids"] for p in prompts]
+    print(f"tokenizer {name} ({theirs['class']}): {[len(i) for i in ours]} ids; bos {theirs['bos']} eos {theirs['eos']} pad {theirs['pad']}")
+    for i, prompt in enumerate(prompts):
+        check(theirs["ids"][i] == ours[i], f"tokenizer {name}, prompt {i}: AutoTokenizer {theirs['ids'][i]} vs shardtrain {ours[i]}")
+        check(theirs["decoded"][i] == prompt, f"tokenizer {name}, prompt {i}: AutoTokenizer decodes {theirs['decoded'][i]!r}")
+    for role, key in (("bos", "bot_id"), ("eos", "eot_id"), ("pad", "pad_id")):
+        expected = info[name].get(key)
+        if name == "gpt2" and role == "bos":  # GPT2Tokenizer's default, as in GPT-2's own files: bos = eos
+            expected = info[name]["eot_id"]
+        got = theirs[role][1] if theirs[role] else None
+        check(got == expected, f"tokenizer {name}: AutoTokenizer's {role} token {theirs[role]}, shardtrain's {key} {expected}")
+    check(theirs["class"] != "GPT2Tokenizer" or name == "gpt2", f"tokenizer {name}: AutoTokenizer built {theirs['class']}")
+for dtype, hf in exports.items():
+    for i, prompt in enumerate(prompts):
+        ours = json.loads(run(st, "tokenizer", "encode", "--json", "-t", os.path.join(hf, "tokenizer.json"), "--text", prompt).stdout)
+        theirs = env.side("generate", hf, "--prompt", prompt, "--max-new-tokens", "40")
+        check(theirs["prompt_ids"] == ours["ids"],
+              f"{dtype} prompt {i}: AutoTokenizer ids {theirs['prompt_ids']} vs shardtrain's {ours['ids']}")
+        check(theirs["eos_id"] == info["trained"]["eot_id"], f"{dtype}: eos {theirs['eos_id']}, eot {info['trained']['eot_id']}")
+        sources = [hf] + ([ckpts] if dtype == "f32" else [])
+        for source in sources:
+            text = run(st, "generate", "--checkpoint", source, "--prompt", prompt, "--max-tokens", "40", "--temperature", "0",
+                       "--log-level", "warn").stdout
+            text = text[:-1] if text.endswith("\n") else text
+            where = "export" if source == hf else "sharded checkpoint"
+            print(f"{dtype} prompt {i} ({len(ours['ids'])} ids, {theirs['tokenizer_class']}), {len(theirs['new_ids'])} new: "
+                  f"{'same' if text == theirs['text'] else 'DIFFERENT'} text from shardtrain ({where}) and transformers")
+            check(text == theirs["text"], f"{dtype} prompt {i}: shardtrain generate from the {where}:\n{text!r}\n"
+                                          f"transformers:\n{theirs['text']!r}")
+        check(len(theirs["new_ids"]) > 0, f"{dtype} prompt {i}: transformers generated nothing")
+
+check.finish("Hugging Face export: AutoTokenizer and LlamaForCausalLM load it; same ids and the same greedy text (f32, bf16)")
