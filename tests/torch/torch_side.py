@@ -7,8 +7,15 @@ prints one JSON object on its last line. Verbs:
       a randomly initialized LlamaForCausalLM written by transformers' own save_pretrained (safetensors; a
       small --max-shard-size splits it into several files with an index), as a user's model would arrive
   same-weights A B
-      whether two Hugging Face directories hold the same tensors (names, shapes, values after widening both
-      to float32; a tied lm_head absent from both): {"equal": bool, "tensors": n, "differences": [...]}
+      whether two Hugging Face directories hold the same tensors (names, shapes, values after widening both;
+      a tied lm_head absent from both): {"equal": bool, "tensors": n, "differences": [...], "scaled": {name:
+      largest |A - B| over B's largest magnitude}}
+  seed-loop INIT_DIR OUT_DIR --data H5 --seq S --batch G --steps N --warmup W --total T [optimizer options]
+      the seed's training loop (shared/seeds 002): LlamaForCausalLM from INIT_DIR, fully_shard per decoder
+      layer and at the root (one process, gloo), AdamW, LinearLR(start_factor) then CosineAnnealingLR(T - W)
+      in a SequentialLR, clip_grad_norm_, mean cross-entropy over the counted targets; the data set's padded
+      samples in order (no shuffle), one global batch per step. Writes the final weights to OUT_DIR
+      (save_pretrained): {"steps": [{"step", "loss", "lr", "grad_norm"}...]}
   tokenize DIR TEXT...
       AutoTokenizer from DIR: {"class": ..., "ids": [[...] per text], "bos"/"eos"/"pad": [text, id] or null}
   generate DIR --prompt TEXT --max-new-tokens N
@@ -54,17 +61,66 @@ def save(a):
 
 def same_weights(a):
     x, y = safetensors_of(Path(a.a)), safetensors_of(Path(a.b))
-    differences = []
+    differences, scaled = [], {}
     for name in sorted(set(x) | set(y)):
         if name not in x or name not in y:
             differences.append(f"{name}: only in {a.a if name in x else a.b}")
         elif x[name].shape != y[name].shape:
             differences.append(f"{name}: shape {tuple(x[name].shape)} vs {tuple(y[name].shape)}")
-        elif not torch.equal(x[name].float(), y[name].float()):
-            diff = (x[name].float() - y[name].float()).abs().max().item()
-            differences.append(f"{name}: values differ (largest {diff:.3e})")
-    return {"equal": not differences, "tensors": len(x), "differences": differences,
+        else:
+            diff = (x[name].double() - y[name].double()).abs().max().item()
+            scaled[name] = diff / max(y[name].double().abs().max().item(), 1e-30)
+            if diff > 0:
+                differences.append(f"{name}: values differ (largest {diff:.3e})")
+    return {"equal": not differences, "tensors": len(x), "differences": differences, "scaled": scaled,
             "dtypes": sorted({str(t.dtype) for t in x.values()} | {str(t.dtype) for t in y.values()})}
+
+
+def seed_loop(a):
+    import importlib.util
+    import os
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.optim import lr_scheduler
+    from transformers import LlamaForCausalLM
+    # The batches exactly as scripts/bench-vs-pytorch.py reads the data set (padded: [BOT] doc [EOT] [PAD]...).
+    bench_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "bench-vs-pytorch.py")
+    spec = importlib.util.spec_from_file_location("bench_vs_pytorch", bench_path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = LlamaForCausalLM.from_pretrained(a.init_dir, dtype=torch.float32, attn_implementation="eager")
+    cfg = {"data": {"seq_len": a.seq, "layout": "padded", "path": a.data}, "model": {"vocab_size": model.config.vocab_size}}
+    batches, source = bench.load_batches(cfg, torch, a.batch, a.steps, "cpu")
+    if not source.startswith(a.data):
+        raise SystemExit(f"{a.data}: not read ({source})")
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                                  weight_decay=a.weight_decay, foreach=False)
+    warmup = lr_scheduler.LinearLR(optimizer, start_factor=a.start_factor, end_factor=1.0, total_iters=a.warmup)
+    cosine = lr_scheduler.CosineAnnealingLR(optimizer, T_max=a.total - a.warmup, eta_min=0)
+    scheduler = lr_scheduler.SequentialLR(optimizer, schedulers=[warmup, cosine], milestones=[a.warmup])
+    steps = []
+    for k, (inp, tgt) in enumerate(batches):
+        lr = optimizer.param_groups[0]["lr"]
+        logits = model(input_ids=inp, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm)
+        optimizer.step()
+        scheduler.step()
+        steps.append({"step": k + 1, "loss": loss.item(), "lr": lr, "grad_norm": float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm),
+                      "counted": int((tgt != -100).sum())})
+    full = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for name, p in model.named_parameters()}
+    dist.destroy_process_group()
+    plain = LlamaForCausalLM.from_pretrained(a.init_dir, dtype=torch.float32)
+    plain.load_state_dict(full, strict=True)
+    plain.save_pretrained(a.out_dir)
+    return {"steps": steps, "data": source}
 
 
 def tokenize(a):
@@ -110,6 +166,15 @@ def main():
     w = sub.add_parser("same-weights")
     w.add_argument("a")
     w.add_argument("b")
+    r = sub.add_parser("seed-loop")
+    r.add_argument("init_dir")
+    r.add_argument("out_dir")
+    r.add_argument("--data", required=True)
+    for name in ("seq", "batch", "steps", "warmup", "total"):
+        r.add_argument(f"--{name}", type=int, required=True)
+    for name, default in (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.99), ("eps", 1e-8), ("weight-decay", 0.1),
+                          ("start-factor", 0.1), ("max-norm", 1.0)):
+        r.add_argument(f"--{name}", type=float, default=default)
     t = sub.add_parser("tokenize")
     t.add_argument("dir")
     t.add_argument("texts", nargs="+")
@@ -119,7 +184,8 @@ def main():
     g.add_argument("--max-new-tokens", type=int, default=40)
     a = p.parse_args()
     torch.set_float32_matmul_precision("highest")
-    result = {"save": save, "same-weights": same_weights, "tokenize": tokenize, "generate": generate}[a.verb](a)
+    verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate}
+    result = verbs[a.verb](a)
     print(json.dumps(result))
     sys.stdout.flush()
 
