@@ -5,6 +5,8 @@ same weights (docs/model.md, "Parity with Hugging Face transformers").
     build/bin/shardtrain parity dump --config configs/tiny-cpu.toml --out /tmp/parity [--dtype bf16]
     scripts/parity-transformers.py /tmp/parity [--device cuda|cpu] [--dtype f32|bf16] [--attention eager|sdpa]
     scripts/parity-transformers.py /tmp/parity --against /tmp/parity-other     # two dumps, no torch needed
+    scripts/parity-transformers.py /tmp/parity --model HF_DIR   # a dump made with --init-from HF_DIR: transformers
+                                                                # loads HF_DIR itself, not the dump's re-export
 
 The dump holds hf/ (the weights as a Hugging Face directory), grads.safetensors (every parameter's gradient,
 fp32, under the Hugging Face names), batch.json (input_ids, targets, attention_mask) and result.json (the
@@ -100,8 +102,8 @@ class Dump:
             raise SystemExit(f"{directory}: batch.json counts {self.counted} targets, result.json {self.result['counted_tokens']}")
 
 
-def run_transformers(dump: Dump, device: str, dtype: str, attention: str):
-    """(loss, gradients by name, notes) from transformers on the dump's weights and batch."""
+def run_transformers(dump: Dump, device: str, dtype: str, attention: str, model_dir=None):
+    """(loss, gradients by name, notes) from transformers on the dump's weights (or model_dir's) and batch."""
     try:
         import torch
         import transformers
@@ -112,7 +114,7 @@ def run_transformers(dump: Dump, device: str, dtype: str, attention: str):
 
     torch.set_float32_matmul_precision("highest")  # full fp32 GEMMs: no TF32 in the reference
     torch_dtype = torch.float32 if dtype == "f32" else torch.bfloat16
-    hf = dump.dir / "hf"
+    hf = model_dir or dump.dir / "hf"
     model = LlamaForCausalLM.from_pretrained(str(hf), dtype=torch_dtype, attn_implementation=attention)
     model = model.to(device=device, dtype=torch_dtype)
     model.eval()  # no dropout (attention_dropout is 0 anyway); gradients are still computed
@@ -228,6 +230,8 @@ def main():
     parser.add_argument("--dtype", choices=["f32", "bf16"], help="transformers' dtype (default: the dump's)")
     parser.add_argument("--attention", choices=["eager", "sdpa"], default="eager", help="transformers' attention")
     parser.add_argument("--against", type=Path, help="compare with another dump instead of transformers")
+    parser.add_argument("--model", type=Path, help="transformers loads this Hugging Face directory (the one the dump "
+                        "was made --init-from) instead of the dump's hf/: its config.json and files as they are")
     a = parser.parse_args()
     dump = Dump(a.dump)
     r = dump.result
@@ -249,7 +253,7 @@ def main():
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             except ImportError:
                 device = "cpu"  # run_transformers says what is missing
-        ref_loss, ref_grads, notes = run_transformers(dump, device, dtype, a.attention)
+        ref_loss, ref_grads, notes = run_transformers(dump, device, dtype, a.attention, a.model)
         for n in notes:
             print(f"reference: {n}")
         dtype = "bf16" if "bf16" in (dtype, r["dtype"]) else "f32"

@@ -109,7 +109,8 @@ nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const Special
                       {"head_dim", c.head_dim()},
                       {"max_position_embeddings", c.max_position_embeddings},
                       {"rms_norm_eps", c.rms_norm_eps},
-                      {"rope_theta", c.rope_theta},
+                      {"rope_theta", c.rope_theta},  // transformers 4.x reads this, 5.x rope_parameters
+                      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
                       {"rope_scaling", nullptr},
                       {"tie_word_embeddings", c.tie_word_embeddings},
                       {"hidden_act", "silu"},

@@ -72,6 +72,28 @@ class ConsolidatedSource final : public TensorSource {
   bool bf16_ = false;
 };
 
+// RoPE's base from a Llama config.json. transformers 5 writes rope_parameters {rope_type, rope_theta};
+// 4.x wrote rope_theta and rope_scaling. Frequency scaling (Llama 3.1's "llama3", "linear", "yarn", ...)
+// changes every angle, and shardtrain computes plain RoPE: refused rather than silently ignored.
+double rope_theta_of(const nlohmann::json& j, const std::string& where) {
+  double theta = j.value("rope_theta", 10000.0);
+  const auto rope_type = [](const nlohmann::json& o) {
+    return o.value("rope_type", o.value("type", std::string("default")));
+  };
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null() &&
+      !(j["rope_scaling"].is_object() && rope_type(j["rope_scaling"]) == "default"))
+    fail(where, fmt::format("rope_scaling {} is not supported: shardtrain computes plain RoPE (rope_type \"default\")",
+                            j["rope_scaling"].dump()));
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const nlohmann::json& p = j["rope_parameters"];
+    if (!p.is_object()) fail(where, fmt::format("rope_parameters is {}, expected an object", p.dump()));
+    if (const std::string type = rope_type(p); type != "default")
+      fail(where, fmt::format("rope_parameters.rope_type is \"{}\": shardtrain computes plain RoPE (rope_type \"default\")", type));
+    theta = p.value("rope_theta", theta);
+  }
+  return theta;
+}
+
 // A Hugging Face directory: config.json (LlamaConfig fields) and model.safetensors or its shards.
 class SafetensorsSource final : public TensorSource {
  public:
@@ -89,12 +111,16 @@ class SafetensorsSource final : public TensorSource {
       config_.num_key_value_heads = j.value("num_key_value_heads", config_.num_attention_heads);
       config_.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
       config_.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
-      config_.rope_theta = j.value("rope_theta", 10000.0);
+      config_.rope_theta = rope_theta_of(j, cfg.string());
       config_.tie_word_embeddings = j.value("tie_word_embeddings", false);
+      // What shardtrain's Llama does not compute: refused, never dropped (their tensors would be ignored).
+      if (j.value("attention_bias", false)) fail(cfg.string(), "attention_bias is true: shardtrain's attention has no biases");
+      if (j.value("mlp_bias", false)) fail(cfg.string(), "mlp_bias is true: shardtrain's MLP has no biases");
+      if (const std::string act = j.value("hidden_act", std::string("silu")); act != "silu")
+        fail(cfg.string(), fmt::format("hidden_act is \"{}\": shardtrain's MLP is SwiGLU (silu)", act));
     } catch (const nlohmann::json::exception& e) {
       fail(cfg.string(), fmt::format("not a Llama config.json: {}", e.what()));
     }
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) fail(cfg.string(), "rope_scaling is not supported");
     if (j.contains("head_dim") && j["head_dim"].get<int64_t>() != config_.head_dim())
       fail(cfg.string(), fmt::format("head_dim {} differs from hidden_size / num_attention_heads", j["head_dim"].get<int64_t>()));
     if (fs::exists(fs::path(dir) / "tokenizer.json")) {

@@ -296,3 +296,51 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+// config.json as either transformers major version writes it: 4.x's top-level rope_theta, 5.x's
+// rope_parameters (the export writes both). What shardtrain's Llama does not compute (RoPE frequency
+// scaling, biases, another activation) is refused with the file named, never silently dropped.
+TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
+  const std::string dir = saved_run("hf_config");
+  if (world_rank() == 0) {
+    const std::string hf = dir + "/hf";
+    checkpoint::ExportOptions eo;
+    eo.format = checkpoint::ExportFormat::Safetensors;
+    checkpoint::consolidate(checkpoint::find_latest(dir), hf, eo);
+    const fs::path cfg = fs::path(hf) / "config.json";
+    const nlohmann::json exported = nlohmann::json::parse(std::ifstream(cfg));
+    EXPECT_EQ(exported["rope_theta"], exported["rope_parameters"]["rope_theta"]);
+    EXPECT_EQ(exported["rope_parameters"]["rope_type"], "default");
+    const auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+      nlohmann::json j = exported;
+      edit(j);
+      std::ofstream(cfg) << j.dump(2);
+    };
+    with([](nlohmann::json& j) {  // transformers 5
+      j.erase("rope_theta");
+      j.erase("rope_scaling");
+      j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500.0}};
+    });
+    EXPECT_EQ(checkpoint::open_tensor_source(hf)->model_config().rope_theta, 500.0);
+    with([](nlohmann::json& j) {  // transformers 4
+      j.erase("rope_parameters");
+      j["rope_theta"] = 250.0;
+    });
+    EXPECT_EQ(checkpoint::open_tensor_source(hf)->model_config().rope_theta, 250.0);
+    const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refused = {
+        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}}; },
+         "rope_parameters.rope_type is \"llama3\""},
+        {[](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; }, "rope_scaling"},
+        {[](nlohmann::json& j) { j["attention_bias"] = true; }, "attention_bias"},
+        {[](nlohmann::json& j) { j["mlp_bias"] = true; }, "mlp_bias"},
+        {[](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, "hidden_act is \"gelu\""},
+    };
+    for (const auto& [edit, what] : refused) {
+      with(edit);
+      const std::string e = error_of([&] { checkpoint::open_tensor_source(hf); });
+      EXPECT_NE(e.find(cfg.string()), std::string::npos) << e;
+      EXPECT_NE(e.find(what), std::string::npos) << e;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}

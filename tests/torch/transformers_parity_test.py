@@ -8,8 +8,9 @@ scripts/torch-env.sh), through the same scripts/parity-transformers.py the GPU s
 - tied embeddings and a RoPE base of 500 (what config.json must carry for transformers to agree);
 - bf16 activations against transformers in bf16, within the bf16 limits (5e-3; 0.999 and 0.1);
 - weights transformers wrote itself (save_pretrained, bf16 and f32, sharded into several files with an
-  index, tied and untied): `parity dump --init-from` reads them, its hf/ holds the same values, and the loss
-  and gradients agree with transformers';
+  index, tied and untied, a RoPE base of 500 in transformers 5's rope_parameters): `parity dump --init-from`
+  reads them, its hf/ holds the same values, and the loss and gradients agree with transformers' run on
+  the directory transformers wrote (its own config.json: a RoPE base read wrong fails here);
 - the check fails where it should: one gradient tensor off by 0.1 % (FAIL names it), and the q/k rows of
   every head in the interleaved RoPE order instead of transformers' rotate-half order (the classic
   conversion error: the loss moves far outside the limit)."""
@@ -126,7 +127,7 @@ for name, flags in (("import-bf16-sharded", ["--dtype", "bf16", "--max-shard-siz
     if d:
         same = env.side("same-weights", hf, os.path.join(d, "hf"))
         check(same["equal"], f"{name}: parity dump's hf/ holds other weights than transformers wrote: {same['differences']}")
-        expect_pass(name, d, 1e-6, 1e-5, 0.9999999)
+        expect_pass(name, d, 1e-6, 1e-5, 0.9999999, "--model", hf)  # transformers on its own files and config.json
 
 # ---- the check must fail where it should.
 if f32:
