@@ -21,8 +21,9 @@ embedding unless tied) + 12 * layers * hidden * seq) and, for PyTorch, the peak 
 the median of 20 bf16 8192^3 torch.matmul after 5 warm-ups. Memory: torch.cuda.max_memory_allocated (and reserved)
 since the model was built (after the peak measurement); shardtrain's device_memory_stats().peak on a GPU.
 
---torch-device cpu runs the PyTorch parts on the CPU (gloo, wall-clock step times, an f32 2048^3 matmul peak, the
-process's peak RSS as memory): the check of this script on a machine without a GPU (tests/torch), not a benchmark.
+--torch-device cpu runs the PyTorch parts on the CPU (gloo, wall-clock step times, a 2048^3 matmul peak in the
+model's param_dtype, the process's peak RSS as memory, compared with shardtrain's peak RSS): the check of this
+script on a machine without a GPU (tests/torch), not a benchmark.
 --torch-python names the Python that has torch and transformers when it is not this one, e.g.
 "scripts/torch-env.sh run python3" (docs/reference-checks.md).
 
@@ -273,12 +274,11 @@ def torch_worker(args):
         cfg = json.load(f)
     m, fs, opt_cfg, data = cfg["model"], cfg.get("fsdp", {}), cfg.get("optim", {}), cfg["data"]
     device = args.torch_device
+    # One process: an in-memory store, no TCP rendezvous.
     if device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("--torch-device cuda: torch sees no GPU (--torch-device cpu runs these parts on the CPU)")
         torch.cuda.set_device(0)
-    # One process: an in-memory store, no TCP rendezvous.
-    if device == "cuda":
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -449,6 +449,7 @@ def build_report(results, errors, cfg, cfg_source, args):
         peak_key = "peak_flops" if part.startswith("PyTorch") else "peak_flops_per_rank"
         lines.append(f"| {part} | {r['step_time_median_s'] * 1e3:.1f} ms | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | {mem_text} | "
                      f"{fmt_flops(r[peak_key])} | {notes} |")
+
     def memory_ratio(torch_part):
         """shardtrain's peak memory over PyTorch's, like for like: device memory, or both processes' peak RSS
         where PyTorch ran on the CPU (it has no allocator statistics there)."""

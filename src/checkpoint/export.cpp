@@ -96,6 +96,13 @@ SpecialRoles roles_of(const nlohmann::json& record) {
   return r;
 }
 
+// bos/eos/pad ids, in config.json and generation_config.json alike.
+void add_special_ids(nlohmann::json& j, const SpecialRoles& roles) {
+  if (roles.bos) j["bos_token_id"] = roles.bos->id;
+  if (roles.eos) j["eos_token_id"] = roles.eos->id;
+  if (roles.pad) j["pad_token_id"] = roles.pad->id;
+}
+
 // Hugging Face's LlamaConfig fields.
 nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const SpecialRoles& roles) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
@@ -121,18 +128,14 @@ nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const Special
                       {"pretraining_tp", 1},
                       {"use_cache", true},
                       {"torch_dtype", dtype == DType::BF16 ? "bfloat16" : "float32"}};
-  if (roles.bos) j["bos_token_id"] = roles.bos->id;
-  if (roles.eos) j["eos_token_id"] = roles.eos->id;
-  if (roles.pad) j["pad_token_id"] = roles.pad->id;
+  add_special_ids(j, roles);
   return j;
 }
 
 // What transformers' generate() reads first: the same ids, so decoding stops at the end-of-text token.
 nlohmann::json hf_generation_config(const SpecialRoles& roles) {
   nlohmann::json j = {{"_from_model_config", true}};
-  if (roles.bos) j["bos_token_id"] = roles.bos->id;
-  if (roles.eos) j["eos_token_id"] = roles.eos->id;
-  if (roles.pad) j["pad_token_id"] = roles.pad->id;
+  add_special_ids(j, roles);
   return j;
 }
 

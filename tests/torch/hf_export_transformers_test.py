@@ -45,7 +45,7 @@ run(args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "confi
     "--logging.progress", "lines", "--logging.peak_flops", "1e10")
 losses = [json.loads(l)["loss"] for l in open(os.path.join(work, "run", "metrics.jsonl")) if '"kind":"train"' in l]
 print(f"trained: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
-check(len(losses) == 60 and losses[-1] < losses[0] - 1.0, f"training did not learn: {losses[:1]} -> {losses[-1:]}")
+check(len(losses) == 60 and losses[-1] < losses[0] - 0.5, f"training did not learn: {losses[:1]} -> {losses[-1:]}")
 
 exports = {}
 for dtype in ("f32", "bf16"):
