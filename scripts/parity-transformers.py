@@ -133,6 +133,15 @@ def run_transformers(dump: Dump, device: str, dtype: str, attention: str, model_
     if theta is None:
         notes.append("rope theta: not found on transformers' config object, not checked")
         del seen["rope_theta"]
+    # RoPE scaling: transformers 5's rope_parameters, or 4.x's rope_scaling (None when plain).
+    scaling = rope if isinstance(rope, dict) else (getattr(cfg, "rope_scaling", None) or {})
+    seen["rope_scaling"] = scaling.get("rope_type", scaling.get("type", "default"))
+    if seen["rope_scaling"] != "default":
+        seen["rope_factor"] = scaling.get("factor")
+    if seen["rope_scaling"] == "llama3":
+        for ours_name, theirs_name in (("rope_low_freq_factor", "low_freq_factor"), ("rope_high_freq_factor", "high_freq_factor"),
+                                       ("rope_original_max_position_embeddings", "original_max_position_embeddings")):
+            seen[ours_name] = scaling.get(theirs_name)
     wrong = {k: (v, ours[k]) for k, v in seen.items() if k in ours and v != ours[k]}
     if wrong:
         raise SystemExit(f"{hf}/config.json as transformers read it differs from the dump's model: "

@@ -103,6 +103,19 @@ void add_special_ids(nlohmann::json& j, const SpecialRoles& roles) {
   if (roles.pad) j["pad_token_id"] = roles.pad->id;
 }
 
+// RoPE as transformers 5 writes it (rope_parameters: the type, the base and the type's parameters); a
+// scaled one also as 4.x read it (rope_scaling: the same without the base, which 4.x took from rope_theta).
+nlohmann::json hf_rope_parameters(const model::LlamaConfig& c) {
+  nlohmann::json p = {{"rope_type", ops::rope_scaling_name(c.rope_scaling)}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling != ops::RopeScaling::None) p["factor"] = c.rope_factor;
+  if (c.rope_scaling == ops::RopeScaling::Llama3) {
+    p["low_freq_factor"] = c.rope_low_freq_factor;
+    p["high_freq_factor"] = c.rope_high_freq_factor;
+    p["original_max_position_embeddings"] = c.rope_original_max_position_embeddings;
+  }
+  return p;
+}
+
 // Hugging Face's LlamaConfig fields.
 nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const SpecialRoles& roles) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
@@ -117,7 +130,7 @@ nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const Special
                       {"max_position_embeddings", c.max_position_embeddings},
                       {"rms_norm_eps", c.rms_norm_eps},
                       {"rope_theta", c.rope_theta},  // transformers 4.x reads this, 5.x rope_parameters
-                      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
+                      {"rope_parameters", hf_rope_parameters(c)},
                       {"rope_scaling", nullptr},
                       {"tie_word_embeddings", c.tie_word_embeddings},
                       {"hidden_act", "silu"},
@@ -128,6 +141,10 @@ nlohmann::json hf_config(const model::LlamaConfig& c, DType dtype, const Special
                       {"pretraining_tp", 1},
                       {"use_cache", true},
                       {"torch_dtype", dtype == DType::BF16 ? "bfloat16" : "float32"}};
+  if (c.rope_scaling != ops::RopeScaling::None) {
+    j["rope_scaling"] = j["rope_parameters"];
+    j["rope_scaling"].erase("rope_theta");
+  }
   add_special_ids(j, roles);
   return j;
 }

@@ -72,26 +72,58 @@ class ConsolidatedSource final : public TensorSource {
   bool bf16_ = false;
 };
 
-// RoPE's base from a Llama config.json. transformers 5 writes rope_parameters {rope_type, rope_theta};
-// 4.x wrote rope_theta and rope_scaling. Frequency scaling (Llama 3.1's "llama3", "linear", "yarn", ...)
-// changes every angle, and shardtrain computes plain RoPE: refused rather than silently ignored.
-double rope_theta_of(const nlohmann::json& j, const std::string& where) {
-  double theta = j.value("rope_theta", 10000.0);
-  const auto rope_type = [](const nlohmann::json& o) {
-    return o.value("rope_type", o.value("type", std::string("default")));
+// RoPE from a Llama config.json into c. transformers 5 writes rope_parameters {rope_type, rope_theta, the
+// type's parameters}; 4.x wrote rope_theta, and rope_scaling {rope_type (or type), parameters} when scaled.
+// shardtrain computes the default, linear and llama3 types (ops/rope.hpp); any other (dynamic, yarn, longrope,
+// ...) changes the angles in ways it does not, and is refused rather than silently ignored.
+void read_rope(const nlohmann::json& j, const std::string& where, model::LlamaConfig& c) {
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  const auto given = [&](const char* k) -> const nlohmann::json* {
+    if (!j.contains(k) || j[k].is_null()) return nullptr;
+    if (!j[k].is_object()) fail(where, fmt::format("{} is {}, expected an object", k, j[k].dump()));
+    return &j[k];
   };
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null() &&
-      !(j["rope_scaling"].is_object() && rope_type(j["rope_scaling"]) == "default"))
-    fail(where, fmt::format("rope_scaling {} is not supported: shardtrain computes plain RoPE (rope_type \"default\")",
-                            j["rope_scaling"].dump()));
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
-    const nlohmann::json& p = j["rope_parameters"];
-    if (!p.is_object()) fail(where, fmt::format("rope_parameters is {}, expected an object", p.dump()));
-    if (const std::string type = rope_type(p); type != "default")
-      fail(where, fmt::format("rope_parameters.rope_type is \"{}\": shardtrain computes plain RoPE (rope_type \"default\")", type));
-    theta = p.value("rope_theta", theta);
+  const nlohmann::json *params = given("rope_parameters"), *scaling = given("rope_scaling");
+  const auto type_of = [](const nlohmann::json& o) { return o.value("rope_type", o.value("type", std::string("default"))); };
+  if (params) {  // 5.x's form wins: it carries the base too. A 4.x form beside it must say the same.
+    c.rope_theta = params->value("rope_theta", c.rope_theta);
+    const auto differs = [&](const char* name) {
+      return scaling->contains(name) && (*scaling)[name] != params->value(name, nlohmann::json());
+    };
+    if (scaling && (type_of(*scaling) != type_of(*params) || differs("factor") || differs("low_freq_factor") ||
+                    differs("high_freq_factor") || differs("original_max_position_embeddings")))
+      fail(where, fmt::format("rope_parameters {} and rope_scaling {} disagree", params->dump(), scaling->dump()));
+    if (j.contains("rope_theta") && params->contains("rope_theta") && j["rope_theta"] != (*params)["rope_theta"])
+      fail(where, fmt::format("rope_theta {} and rope_parameters.rope_theta {} disagree (transformers 4 reads the one, "
+                              "5 the other)", j["rope_theta"].dump(), (*params)["rope_theta"].dump()));
   }
-  return theta;
+  for (const nlohmann::json* o : {&j, params, scaling})
+    if (o && o->value("partial_rotary_factor", 1.0) != 1.0)
+      fail(where, fmt::format("partial_rotary_factor is {}: shardtrain rotates the whole head",
+                              (*o)["partial_rotary_factor"].dump()));
+  const nlohmann::json* spec = params ? params : scaling;
+  if (!spec) return;
+  const std::string key = params ? "rope_parameters" : "rope_scaling";
+  const nlohmann::json& p = *spec;
+  const std::string type = type_of(p);
+  if (type != "default" && type != "linear" && type != "llama3")
+    fail(where, fmt::format("{}.rope_type is \"{}\": shardtrain computes the default, linear and llama3 RoPE types", key, type));
+  c.rope_scaling = ops::parse_rope_scaling(type);
+  const auto need = [&](const char* name) {
+    if (!p.contains(name) || !p[name].is_number())
+      fail(where, fmt::format("{} of rope_type \"{}\" has no number {}", key, type, name));
+    return p[name].get<double>();
+  };
+  if (c.rope_scaling != ops::RopeScaling::None) c.rope_factor = need("factor");
+  if (c.rope_scaling == ops::RopeScaling::Llama3) {
+    c.rope_low_freq_factor = need("low_freq_factor");
+    c.rope_high_freq_factor = need("high_freq_factor");
+    // As transformers 5: a top-level original_max_position_embeddings first, then the rope dict's, then the
+    // model's max_position_embeddings.
+    c.rope_original_max_position_embeddings = j.value(
+        "original_max_position_embeddings",
+        p.value("original_max_position_embeddings", j.value("max_position_embeddings", int64_t{2048})));
+  }
 }
 
 // A Hugging Face directory: config.json (LlamaConfig fields) and model.safetensors or its shards.
@@ -111,7 +143,7 @@ class SafetensorsSource final : public TensorSource {
       config_.num_key_value_heads = j.value("num_key_value_heads", config_.num_attention_heads);
       config_.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
       config_.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
-      config_.rope_theta = rope_theta_of(j, cfg.string());
+      read_rope(j, cfg.string(), config_);
       config_.tie_word_embeddings = j.value("tie_word_embeddings", false);
       // What shardtrain's Llama does not compute: refused, never dropped (their tensors would be ignored).
       if (j.value("attention_bias", false)) fail(cfg.string(), "attention_bias is true: shardtrain's attention has no biases");
@@ -120,6 +152,11 @@ class SafetensorsSource final : public TensorSource {
         fail(cfg.string(), fmt::format("hidden_act is \"{}\": shardtrain's MLP is SwiGLU (silu)", act));
     } catch (const nlohmann::json::exception& e) {
       fail(cfg.string(), fmt::format("not a Llama config.json: {}", e.what()));
+    }
+    try {
+      config_.validate();
+    } catch (const ConfigError& e) {
+      fail(cfg.string(), e.what());
     }
     if (j.contains("head_dim") && j["head_dim"].get<int64_t>() != config_.head_dim())
       fail(cfg.string(), fmt::format("head_dim {} differs from hidden_size / num_attention_heads", j["head_dim"].get<int64_t>()));

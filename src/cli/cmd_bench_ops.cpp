@@ -197,9 +197,9 @@ std::vector<OpRow> run_rows(OpsBench& b, const BenchShape& s, DType dt) {
   {  // RoPE in place on q and k (forward in forward, backward on dq and dk: the same work)
     const Tensor q = b.tensor(dt, {N, H, Dh}), k = b.tensor(dt, {N, Hkv, Dh}), pos = b.tensor(DType::I32, {N}, static_cast<double>(S));
     rows.push_back({"rope q", fmt::format("({}, {}, {})", N, H, Dh), WorkKind::Bytes, 2 * nd * e + 4.0 * N,
-                    b.time([&] { o.rope(q, pos, c.rope_theta, ops::RopeDirection::Forward); }), 2 * L});
+                    b.time([&] { o.rope(q, pos, c.rope_frequencies(), ops::RopeDirection::Forward); }), 2 * L});
     rows.push_back({"rope k", fmt::format("({}, {}, {})", N, Hkv, Dh), WorkKind::Bytes, 2.0 * static_cast<double>(N * KV) * e + 4.0 * N,
-                    b.time([&] { o.rope(k, pos, c.rope_theta, ops::RopeDirection::Forward); }), 2 * L});
+                    b.time([&] { o.rope(k, pos, c.rope_frequencies(), ops::RopeDirection::Forward); }), 2 * L});
     b.release();
   }
   {  // SwiGLU; the forward runs twice per layer (recomputed in backward)

@@ -291,6 +291,9 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
         {"num_hidden_layers", config.num_hidden_layers}, {"num_attention_heads", config.num_attention_heads},
         {"num_key_value_heads", config.num_key_value_heads}, {"head_dim", config.head_dim()},
         {"rms_norm_eps", config.rms_norm_eps}, {"rope_theta", config.rope_theta},
+        {"rope_scaling", ops::rope_scaling_name(config.rope_scaling)}, {"rope_factor", config.rope_factor},
+        {"rope_low_freq_factor", config.rope_low_freq_factor}, {"rope_high_freq_factor", config.rope_high_freq_factor},
+        {"rope_original_max_position_embeddings", config.rope_original_max_position_embeddings},
         {"tie_word_embeddings", config.tie_word_embeddings}}},
       {"params", shapes},
       {"files", {{"hf", "hf"}, {"grads", "grads.safetensors"}, {"batch", "batch.json"}}}};

@@ -19,6 +19,15 @@ InitScheme parse_init_scheme(std::string_view name) {
   throw ConfigError(fmt::format("model.init_scheme: '{}' is not one of reset_parameters, scaled", name));
 }
 
+ops::RopeFrequencies LlamaConfig::rope_frequencies() const {
+  return {.theta = rope_theta,
+          .scaling = rope_scaling,
+          .factor = rope_factor,
+          .low_freq_factor = rope_low_freq_factor,
+          .high_freq_factor = rope_high_freq_factor,
+          .original_max_position = static_cast<double>(rope_original_max_position_embeddings)};
+}
+
 void LlamaConfig::validate() const {
   const auto positive = [](const char* field, int64_t v) {
     if (v <= 0) throw ConfigError(fmt::format("model.{}: must be positive, got {}", field, v));
@@ -45,6 +54,17 @@ void LlamaConfig::validate() const {
     throw ConfigError(fmt::format("model.rms_norm_eps: must be a positive number, got {}", rms_norm_eps));
   if (!(rope_theta > 1) || !std::isfinite(rope_theta))
     throw ConfigError(fmt::format("model.rope_theta: must be a number above 1, got {}", rope_theta));
+  if (rope_scaling != ops::RopeScaling::None && (!(rope_factor >= 1) || !std::isfinite(rope_factor)))
+    throw ConfigError(fmt::format("model.rope_factor: the {} scaling needs a factor of 1 or more, got {}",
+                                  ops::rope_scaling_name(rope_scaling), rope_factor));
+  if (rope_scaling == ops::RopeScaling::Llama3) {
+    if (!(rope_low_freq_factor > 0) || !(rope_high_freq_factor > rope_low_freq_factor) || !std::isfinite(rope_high_freq_factor))
+      throw ConfigError(fmt::format("model.rope_high_freq_factor: llama3 scaling needs 0 < rope_low_freq_factor < "
+                                    "rope_high_freq_factor, got {} and {}", rope_low_freq_factor, rope_high_freq_factor));
+    if (rope_original_max_position_embeddings <= 0)
+      throw ConfigError(fmt::format("model.rope_original_max_position_embeddings: must be positive, got {}",
+                                    rope_original_max_position_embeddings));
+  }
   if (init_scheme == InitScheme::Scaled && (!(init_std > 0) || !std::isfinite(init_std)))
     throw ConfigError(fmt::format("model.init_std: must be positive, got {}", init_std));
 }

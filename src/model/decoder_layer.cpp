@@ -63,7 +63,8 @@ void decoder_layer_forward(const Exec& e, int layer, const LayerActivations& a, 
   const LayerIndex& li = e.spec.layer(layer);
   const auto& m = li.modules;
   const auto& p = li.params;
-  const double eps = e.spec.config().rms_norm_eps, theta = e.spec.config().rope_theta;
+  const double eps = e.spec.config().rms_norm_eps;
+  const ops::RopeFrequencies rope = e.spec.config().rope_frequencies();
   Scope layer_scope(e, m.layer, phase);
   {
     Scope s(e, m.input_layernorm, phase);
@@ -74,8 +75,8 @@ void decoder_layer_forward(const Exec& e, int layer, const LayerActivations& a, 
     linear_forward(e, m.q_proj, p.q_proj, a.n1, a.q, phase);
     linear_forward(e, m.k_proj, p.k_proj, a.n1, a.k, phase);
     linear_forward(e, m.v_proj, p.v_proj, a.n1, a.v, phase);
-    e.ops.rope(heads_view(a.q, e.shape.heads), e.positions, theta, ops::RopeDirection::Forward);
-    e.ops.rope(heads_view(a.k, e.shape.kv_heads), e.positions, theta, ops::RopeDirection::Forward);
+    e.ops.rope(heads_view(a.q, e.shape.heads), e.positions, rope, ops::RopeDirection::Forward);
+    e.ops.rope(heads_view(a.k, e.shape.kv_heads), e.positions, rope, ops::RopeDirection::Forward);
     e.ops.attention_forward(e.shape, a.q, a.k, a.v, e.mask, a.attn, a.lse);
     linear_forward(e, m.o_proj, p.o_proj, a.attn, w.attn_out, phase);
   }
@@ -97,7 +98,7 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
   const LayerIndex& li = e.spec.layer(layer);
   const auto& m = li.modules;
   const auto& p = li.params;
-  const double theta = e.spec.config().rope_theta;
+  const ops::RopeFrequencies rope = e.spec.config().rope_frequencies();
   {
     BackwardScope s(e, m.mlp);
     linear_backward(e, m.down_proj, p.down_proj, a.act, dy, w.dact, 0.0);
@@ -116,8 +117,8 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
     BackwardScope s(e, m.self_attn);
     linear_backward(e, m.o_proj, p.o_proj, a.attn, w.dh, w.dattn, 0.0);
     e.ops.attention_backward(e.shape, a.q, a.k, a.v, a.attn, a.lse, w.dattn, e.mask, w.dq, w.dk, w.dv);
-    e.ops.rope(heads_view(w.dq, e.shape.heads), e.positions, theta, ops::RopeDirection::Backward);
-    e.ops.rope(heads_view(w.dk, e.shape.kv_heads), e.positions, theta, ops::RopeDirection::Backward);
+    e.ops.rope(heads_view(w.dq, e.shape.heads), e.positions, rope, ops::RopeDirection::Backward);
+    e.ops.rope(heads_view(w.dk, e.shape.kv_heads), e.positions, rope, ops::RopeDirection::Backward);
     linear_backward(e, m.v_proj, p.v_proj, a.n1, w.dv, w.dn, 0.0);
     linear_backward(e, m.k_proj, p.k_proj, a.n1, w.dk, w.dn, 1.0);
     linear_backward(e, m.q_proj, p.q_proj, a.n1, w.dq, w.dn, 1.0);

@@ -76,8 +76,8 @@ std::span<const float> KvCacheDecoder::step(int32_t token) {
     ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.q_proj), 0.0, t(q_, {1, H_ * Dh_}));
     ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.k_proj), 0.0, t(k_, {1, Hkv_ * Dh_}));
     ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.v_proj), 0.0, t(v_, {1, Hkv_ * Dh_}));
-    ops.rope(t(q_, {1, H_, Dh_}), pos, c.rope_theta, ops::RopeDirection::Forward);
-    ops.rope(t(k_, {1, Hkv_, Dh_}), pos, c.rope_theta, ops::RopeDirection::Forward);
+    ops.rope(t(q_, {1, H_, Dh_}), pos, c.rope_frequencies(), ops::RopeDirection::Forward);
+    ops.rope(t(k_, {1, Hkv_, Dh_}), pos, c.rope_frequencies(), ops::RopeDirection::Forward);
     const auto li = static_cast<size_t>(l);
     std::copy(k_.begin(), k_.end(), k_cache_[li].begin() + length_ * Hkv_ * Dh_);
     std::copy(v_.begin(), v_.end(), v_cache_[li].begin() + length_ * Hkv_ * Dh_);

@@ -103,6 +103,14 @@ std::vector<ConfigField> build_fields() {
   t.integer("num_key_value_heads", "key/value heads (GQA)", [](auto& c) -> auto& { return c.model.num_key_value_heads; });
   t.real("rms_norm_eps", "RMSNorm epsilon", [](auto& c) -> auto& { return c.model.rms_norm_eps; });
   t.real("rope_theta", "RoPE base", [](auto& c) -> auto& { return c.model.rope_theta; });
+  t.choice("rope_scaling", "RoPE frequency scaling: default (none), linear or llama3 (Hugging Face's rope_type)",
+           [](auto& c) -> auto& { return c.model.rope_scaling; }, [](const std::string& s) { return ops::parse_rope_scaling(s); },
+           [](ops::RopeScaling s) { return ops::rope_scaling_name(s); });
+  t.real("rope_factor", "linear and llama3 scaling: the factor", [](auto& c) -> auto& { return c.model.rope_factor; });
+  t.real("rope_low_freq_factor", "llama3 scaling: low_freq_factor", [](auto& c) -> auto& { return c.model.rope_low_freq_factor; });
+  t.real("rope_high_freq_factor", "llama3 scaling: high_freq_factor", [](auto& c) -> auto& { return c.model.rope_high_freq_factor; });
+  t.integer("rope_original_max_position_embeddings", "llama3 scaling: the pretraining's context length",
+            [](auto& c) -> auto& { return c.model.rope_original_max_position_embeddings; });
   t.boolean("tie_word_embeddings", "lm_head shares embed_tokens.weight", [](auto& c) -> auto& { return c.model.tie_word_embeddings; });
   t.integer("init_seed", "seed of the counter-based parameter init", [](auto& c) -> auto& { return c.model.init_seed; });
   t.choice("init_scheme", "reset_parameters (the seed's) or scaled", [](auto& c) -> auto& { return c.model.init_scheme; },

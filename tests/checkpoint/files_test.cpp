@@ -297,9 +297,10 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// config.json as either transformers major version writes it: 4.x's top-level rope_theta, 5.x's
-// rope_parameters (the export writes both). What shardtrain's Llama does not compute (RoPE frequency
-// scaling, biases, another activation) is refused with the file named, never silently dropped.
+// config.json as either transformers major version writes it: 4.x's top-level rope_theta and rope_scaling,
+// 5.x's rope_parameters (the export writes both). RoPE scaling of the types shardtrain computes (linear, llama3)
+// is read; what its Llama does not compute (other RoPE types, partial rotation, biases, another activation) is
+// refused with the file named, never silently dropped.
 TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
   const std::string dir = saved_run("hf_config");
   if (world_rank() == 0) {
@@ -311,26 +312,90 @@ TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
     const nlohmann::json exported = nlohmann::json::parse(std::ifstream(cfg));
     EXPECT_EQ(exported["rope_theta"], exported["rope_parameters"]["rope_theta"]);
     EXPECT_EQ(exported["rope_parameters"]["rope_type"], "default");
+    EXPECT_TRUE(exported["rope_scaling"].is_null());
     const auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
       nlohmann::json j = exported;
       edit(j);
       std::ofstream(cfg) << j.dump(2);
     };
+    const auto read = [&] { return checkpoint::open_tensor_source(hf)->model_config(); };
     with([](nlohmann::json& j) {  // transformers 5
       j.erase("rope_theta");
       j.erase("rope_scaling");
       j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500.0}};
     });
-    EXPECT_EQ(checkpoint::open_tensor_source(hf)->model_config().rope_theta, 500.0);
+    EXPECT_EQ(read().rope_theta, 500.0);
+    EXPECT_EQ(read().rope_scaling, ops::RopeScaling::None);
     with([](nlohmann::json& j) {  // transformers 4
       j.erase("rope_parameters");
       j["rope_theta"] = 250.0;
     });
-    EXPECT_EQ(checkpoint::open_tensor_source(hf)->model_config().rope_theta, 250.0);
+    EXPECT_EQ(read().rope_theta, 250.0);
+    with([](nlohmann::json& j) {  // Llama 3.1's config.json, 5.x form
+      j.erase("rope_theta");
+      j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    });
+    model::LlamaConfig c = read();
+    EXPECT_EQ(c.rope_scaling, ops::RopeScaling::Llama3);
+    EXPECT_EQ(c.rope_theta, 5e5);
+    EXPECT_EQ(c.rope_factor, 32.0);
+    EXPECT_EQ(c.rope_low_freq_factor, 1.0);
+    EXPECT_EQ(c.rope_high_freq_factor, 4.0);
+    EXPECT_EQ(c.rope_original_max_position_embeddings, 8192);
+    with([](nlohmann::json& j) {  // the same in 4.x's form
+      j.erase("rope_parameters");
+      j["rope_theta"] = 5e5;
+      j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 2.0}, {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 4096}};
+    });
+    c = read();
+    EXPECT_EQ(c.rope_scaling, ops::RopeScaling::Llama3);
+    EXPECT_EQ(c.rope_theta, 5e5);
+    EXPECT_EQ(c.rope_factor, 8.0);
+    EXPECT_EQ(c.rope_low_freq_factor, 2.0);
+    EXPECT_EQ(c.rope_original_max_position_embeddings, 4096);
+    with([](nlohmann::json& j) {
+      j.erase("rope_parameters");
+      j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+    });
+    EXPECT_EQ(read().rope_scaling, ops::RopeScaling::Linear);
+    EXPECT_EQ(read().rope_factor, 2.0);
+
+    // What the export writes for a scaled model reads back the same, in both forms.
+    const std::string scaled_dir = dir + "/hf-llama3";
+    std::vector<float> zeros(16, 0.0f);
+    const std::vector<checkpoint::FullTensor> tensors = {{"model.norm.weight", {16}, zeros}};
+    checkpoint::export_hf_directory(c, tensors, scaled_dir, eo);
+    const nlohmann::json written = nlohmann::json::parse(std::ifstream(fs::path(scaled_dir) / "config.json"));
+    EXPECT_EQ(written["rope_parameters"]["rope_type"], "llama3");
+    EXPECT_EQ(written["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(written["rope_scaling"]["original_max_position_embeddings"], 4096);
+    EXPECT_FALSE(written["rope_scaling"].contains("rope_theta"));
+    for (const char* key : {"rope_parameters", "rope_scaling"}) {
+      nlohmann::json one = written;
+      one.erase(key);
+      std::ofstream(fs::path(scaled_dir) / "config.json") << one.dump(2);
+      EXPECT_EQ(checkpoint::open_tensor_source(scaled_dir)->model_config().rope_frequencies(), c.rope_frequencies()) << key;
+    }
+
     const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refused = {
-        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}}; },
-         "rope_parameters.rope_type is \"llama3\""},
-        {[](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; }, "rope_scaling"},
+        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}}; },
+         "rope_parameters.rope_type is \"yarn\""},
+        {[](nlohmann::json& j) {
+           j.erase("rope_parameters");
+           j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+         },
+         "rope_scaling.rope_type is \"dynamic\""},
+        {[](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; }, "disagree"},
+        {[](nlohmann::json& j) { j["rope_theta"] = 123.0; }, "rope_theta 123.0 and rope_parameters.rope_theta"},
+        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}, {"factor", 8.0}}; },
+         "has no number low_freq_factor"},
+        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4}, {"factor", 0.5}}; },
+         "model.rope_factor"},
+        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}; },
+         "partial_rotary_factor"},
+        {[](nlohmann::json& j) { j["partial_rotary_factor"] = 0.25; }, "partial_rotary_factor is 0.25"},
         {[](nlohmann::json& j) { j["attention_bias"] = true; }, "attention_bias"},
         {[](nlohmann::json& j) { j["mlp_bias"] = true; }, "mlp_bias"},
         {[](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, "hidden_act is \"gelu\""},

@@ -49,6 +49,7 @@ using test::expect_bitwise_equal;
 using test::expect_close;
 using test::loss_targets;
 using test::make_batch;
+using test::rope_cases;
 using test::HostT;
 using test::Tol;
 using test::tol_for;
@@ -363,15 +364,15 @@ TEST_P(EmulatedKernels, RopeForwardBackward) {
   HostT pos({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i) pos.set(i, i < 20 ? i : (i - 20) * 3);  // a restart, then wider steps
   for (int64_t dh : {24, 64}) {
-    for (double theta : {10000.0, 500000.0}) {
+    for (const auto& [freq_name, freq] : rope_cases()) {
       for (DType d : {DType::F32, DType::BF16}) {
         for (RopeDirection dir : {RopeDirection::Forward, RopeDirection::Backward}) {
-          const std::string what = "rope dh=" + std::to_string(dh) + " theta=" + std::to_string(theta) + " " + name(d) +
+          const std::string what = "rope dh=" + std::to_string(dh) + " " + freq_name + " " + name(d) +
                                    (dir == RopeDirection::Forward ? " forward" : " backward");
           HostT x = random({n, heads, dh}, d);
           HostT kx = x;
-          cpu_->rope(x.view(), pos.view(), theta, dir);
-          k::rope(d, kx.ptr(), pos.as_ptr<int32_t>(), n, heads, dh, static_cast<float>(theta),
+          cpu_->rope(x.view(), pos.view(), freq, dir);
+          k::rope(d, kx.ptr(), pos.as_ptr<int32_t>(), n, heads, dh, rope_inv_freq<float>(freq, dh).data(),
                   dir == RopeDirection::Forward ? k::RopeDirection::Forward : k::RopeDirection::Backward, {});
           expect_close(what, kx, x, d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d));
         }

@@ -27,6 +27,7 @@ using test::expect_bitwise_equal;
 using test::expect_close;
 using test::loss_targets;
 using test::make_batch;
+using test::rope_cases;
 using test::HostT;
 using test::Tol;
 using test::tol_for;
@@ -354,15 +355,15 @@ TEST_F(GpuOps, RopeForwardBackward) {
   for (int64_t i = 0; i < n; ++i) pos.set(i, i < 20 ? i : (i - 20) * 3);  // a restart, then wider steps
   DevT gpos = up(pos);
   for (int64_t dh : {24, 64}) {
-    for (double theta : {10000.0, 500000.0}) {
+    for (const auto& [freq_name, freq] : rope_cases()) {
       for (DType d : {DType::F32, DType::BF16}) {
         for (RopeDirection dir : {RopeDirection::Forward, RopeDirection::Backward}) {
-          const std::string what = "rope dh=" + std::to_string(dh) + " theta=" + std::to_string(theta) + " " + name(d) +
+          const std::string what = "rope dh=" + std::to_string(dh) + " " + freq_name + " " + name(d) +
                                    (dir == RopeDirection::Forward ? " forward" : " backward");
           HostT x = random({n, heads, dh}, d);
           DevT gx = up(x);
-          cpu_->rope(x.view(), pos.view(), theta, dir);
-          gpu_->rope(gx.view(), gpos.view(), theta, dir);
+          cpu_->rope(x.view(), pos.view(), freq, dir);
+          gpu_->rope(gx.view(), gpos.view(), freq, dir);
           expect_close(what, down(gx), x, d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d));
         }
       }

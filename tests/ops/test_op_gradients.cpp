@@ -1,5 +1,6 @@
 // Every op's backward against central finite differences in double precision, at odd shapes.
 #include <limits>
+#include <numbers>
 
 #include "op_test_util.hpp"
 
@@ -114,7 +115,7 @@ TEST(OpGradients, RopeBackwardIsTransposeAndRotateHalf) {
     for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(3 * i + 1);
     auto loss = [&] {
       y.data = x.data;
-      ops->rope(y.view(), pos.view(), 10000.0, RopeDirection::Forward);
+      ops->rope(y.view(), pos.view(), RopeFrequencies{.theta = 10000.0}, RopeDirection::Forward);
       return dot(y, r);
     };
     loss();
@@ -130,7 +131,7 @@ TEST(OpGradients, RopeBackwardIsTransposeAndRotateHalf) {
       }
     }
     HostTensor dx = r;
-    ops->rope(dx.view(), pos.view(), 10000.0, RopeDirection::Backward);
+    ops->rope(dx.view(), pos.view(), RopeFrequencies{.theta = 10000.0}, RopeDirection::Backward);
     expect_gradient("drope", x, dx, loss);
   }
 }
@@ -143,12 +144,56 @@ TEST(OpGradients, RopeScoresDependOnRelativePosition) {
   auto score = [&](int32_t pq, int32_t pk) {
     HostTensor a = q, b = k;
     IntTensor p1({1}, pq), p2({1}, pk);
-    ops->rope(a.view(), p1.view(), 10000.0, RopeDirection::Forward);
-    ops->rope(b.view(), p2.view(), 10000.0, RopeDirection::Forward);
+    ops->rope(a.view(), p1.view(), RopeFrequencies{.theta = 10000.0}, RopeDirection::Forward);
+    ops->rope(b.view(), p2.view(), RopeFrequencies{.theta = 10000.0}, RopeDirection::Forward);
     return dot(a, b);
   };
   EXPECT_NEAR(score(5, 2), score(13, 10), 1e-10);
   EXPECT_NEAR(score(0, 0), dot(q, k), 1e-12);
+}
+
+// The frequencies every backend rotates by (ops/rope.hpp): the plain ones as transformers forms them in fp32
+// (bit for bit what the kernels computed before the table), linear scaling, and Llama 3.1's three bands
+// (wavelength below original / high_freq_factor: kept; above original / low_freq_factor: divided by the factor;
+// between: blended, strictly between the two and equal to the formula evaluated in double to fp32 rounding).
+TEST(RopeFrequencies, PlainLinearAndLlama3Bands) {
+  const int64_t dh = 64;
+  const RopeFrequencies plain{.theta = 500000.0};
+  const std::vector<float> base = rope_inv_freq<float>(plain, dh);
+  for (int64_t i = 0; i < dh / 2; ++i)
+    EXPECT_EQ(base[static_cast<size_t>(i)], 1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / static_cast<float>(dh))) << i;
+  const std::vector<float> linear = rope_inv_freq<float>({.theta = 500000.0, .scaling = RopeScaling::Linear, .factor = 4.0}, dh);
+  for (int64_t i = 0; i < dh / 2; ++i) EXPECT_EQ(linear[static_cast<size_t>(i)], base[static_cast<size_t>(i)] / 4.0f) << i;
+
+  const RopeFrequencies llama3{.theta = 500000.0, .scaling = RopeScaling::Llama3, .factor = 8.0, .low_freq_factor = 1.0,
+                               .high_freq_factor = 4.0, .original_max_position = 64.0};
+  const std::vector<float> scaled = rope_inv_freq<float>(llama3, dh);
+  const std::vector<double> scaled64 = rope_inv_freq<double>(llama3, dh);
+  int kept = 0, divided = 0, blended = 0;
+  for (int64_t i = 0; i < dh / 2; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const double wavelen = 2 * std::numbers::pi / base[k];
+    if (wavelen < 64.0 / 4.0) {
+      EXPECT_EQ(scaled[k], base[k]) << i;
+      ++kept;
+    } else if (wavelen > 64.0 / 1.0) {
+      EXPECT_EQ(scaled[k], base[k] / 8.0f) << i;
+      ++divided;
+    } else {
+      const double s = (64.0 / wavelen - 1.0) / (4.0 - 1.0);
+      const double want = (1 - s) * base[k] / 8.0 + s * base[k];
+      EXPECT_GT(scaled[k], base[k] / 8.0f) << i;
+      EXPECT_LT(scaled[k], base[k]) << i;
+      EXPECT_NEAR(scaled[k], want, 4e-7 * want) << i;
+      ++blended;
+    }
+    EXPECT_NEAR(scaled64[k], scaled[k], 1e-6 * scaled[k]) << i;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+  EXPECT_EQ(parse_rope_scaling("llama3"), RopeScaling::Llama3);
+  EXPECT_THROW(parse_rope_scaling("yarn"), ConfigError);
 }
 
 TEST(OpGradients, Swiglu) {

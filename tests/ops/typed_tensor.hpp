@@ -12,8 +12,10 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "shardtrain/ops/rope.hpp"
 #include "shardtrain/ops/tensor.hpp"
 #include "shardtrain/runtime/dtype.hpp"
 
@@ -127,6 +129,17 @@ inline HostT loss_targets(std::mt19937_64& rng, int64_t n, int64_t vocab, int32_
   for (int64_t i = 0; i < n; ++i) t.set(i, i % 5 == 3 ? ignore_index : dist(rng));
   t.set(0, static_cast<double>(vocab - 1));
   return t;
+}
+
+// RoPE frequencies the op tests run: two bases, and Llama 3.1's scaling with an original context of 64 positions,
+// so that at head dims 24 and 64 some pairs keep their frequency, some are divided by the factor and some are
+// blended (wavelengths below 16, above 64 and between).
+inline std::vector<std::pair<std::string, RopeFrequencies>> rope_cases() {
+  RopeFrequencies llama3{.theta = 500000.0, .scaling = RopeScaling::Llama3, .factor = 8.0, .low_freq_factor = 1.0,
+                         .high_freq_factor = 4.0, .original_max_position = 64.0};
+  return {{"theta=1e4", RopeFrequencies{.theta = 10000.0}},
+          {"theta=5e5", RopeFrequencies{.theta = 500000.0}},
+          {"theta=5e5 llama3", llama3}};
 }
 
 }  // namespace shardtrain::ops::test

@@ -7,7 +7,8 @@ unshuffled), in f32. shardtrain runs FULL_SHARD on 2 ranks with 2 micro-batches 
 rate equal to 1e-12 relative, the loss and the gradient norm before clipping within 1e-6 and 1e-5 relative,
 the final weights within 2e-4 of each tensor's largest value (LIMITS); clipping is active (the norm is
 above max_grad_norm) at the first step. So the optimizer, the schedule, clipping, the loss normalization,
-accumulation over micro-batches and ranks, the padded data layout and init_from are the seed's."""
+accumulation over micro-batches and ranks, the padded data layout and init_from are the seed's. And
+init_from with a RoPE base other than the weights' trains with the configured one and says so once."""
 import json
 import os
 import subprocess
@@ -54,6 +55,7 @@ run_dir = os.path.join(work, "run")
 p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "train", "--config", config,
                     "--logging.run_dir", run_dir], cwd=args.source, capture_output=True, text=True, timeout=600)
 check(p.returncode == 0, f"shardtrain train exit {p.returncode}: {p.stderr[-2000:]}")
+check("configured values are used" not in p.stderr, f"init_from warned of a model difference: {p.stderr[-1500:]}")
 ours = [m for m in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if m["kind"] == "train"]
 final = os.path.join(work, "final-shardtrain")
 subprocess.run([args.shardtrain, "consolidate", os.path.join(run_dir, "checkpoints"), "--output", final, "--format",
@@ -85,5 +87,13 @@ worst_w = max(weights["scaled"].items(), key=lambda kv: kv[1])
 print(f"worst relative differences: loss {worst['loss']:.1e}, gradient norm {worst['grad_norm']:.1e}; final weights "
       f"{worst_w[1]:.1e} of the tensor's largest ({worst_w[0]}), over {weights['tensors']} tensors")
 check(worst_w[1] <= LIMITS["weights"], f"final weights: {worst_w[0]} differs by {worst_w[1]:.1e} of its largest value")
+
+# A RoPE base other than the weights' is used as configured, and said once (rank 0) naming both values.
+p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "train", "--config", config, "--logging.run_dir",
+                    os.path.join(work, "other-theta"), "--model.rope_theta", "20000", "--schedule.max_steps", "1", "--schedule.warmup_steps", "0",
+                    "--checkpoint.every_n_steps", "0"], cwd=args.source, capture_output=True, text=True, timeout=300)
+warned = [l for l in p.stderr.splitlines() if "configured values are used" in l]
+check(p.returncode == 0 and len(warned) == 1 and "rope_theta 10000 (configured: rope_theta 20000)" in warned[0],
+      f"init_from with another rope_theta: exit {p.returncode}, warnings {warned}")
 
 check.finish("shardtrain train follows the seed's PyTorch loop step for step")

@@ -3,7 +3,8 @@
 prints one JSON object on its last line. Verbs:
 
   save DIR --layers L --hidden D --intermediate F --heads H --kv-heads K --vocab V [--tied] [--dtype f32|bf16]
-           [--rope-theta T] [--max-shard-size S] [--seed N]
+           [--rope-theta T] [--rope-type default|linear|llama3 --rope-factor F --rope-low-freq-factor L
+           --rope-high-freq-factor H --rope-original-max-position P] [--max-shard-size S] [--seed N]
       a randomly initialized LlamaForCausalLM written by transformers' own save_pretrained (safetensors; a
       small --max-shard-size splits it into several files with an index), as a user's model would arrive
   same-weights A B
@@ -44,10 +45,16 @@ def safetensors_of(directory: Path) -> dict:
 def save(a):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(a.seed)
+    rope = {"rope_type": a.rope_type, "rope_theta": a.rope_theta}
+    if a.rope_type != "default":
+        rope["factor"] = a.rope_factor
+    if a.rope_type == "llama3":
+        rope.update(low_freq_factor=a.rope_low_freq_factor, high_freq_factor=a.rope_high_freq_factor,
+                    original_max_position_embeddings=a.rope_original_max_position)
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                       max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=a.tied,
-                      rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta})
+                      rope_parameters=rope)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # transformers' init leaves the norms at 1: make them matter
         for name, p in model.named_parameters():
@@ -162,6 +169,11 @@ def main():
     s.add_argument("--tied", action="store_true")
     s.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     s.add_argument("--rope-theta", type=float, default=10000.0)
+    s.add_argument("--rope-type", choices=["default", "linear", "llama3"], default="default")
+    s.add_argument("--rope-factor", type=float, default=8.0)
+    s.add_argument("--rope-low-freq-factor", type=float, default=1.0)
+    s.add_argument("--rope-high-freq-factor", type=float, default=4.0)
+    s.add_argument("--rope-original-max-position", type=int, default=8192)
     s.add_argument("--max-shard-size", default="5GB")
     w = sub.add_parser("same-weights")
     w.add_argument("a")

@@ -7,6 +7,8 @@ scripts/torch-env.sh), through the same scripts/parity-transformers.py the GPU s
   the tensor's scale), with transformers' eager attention and with its SDPA;
 - tied embeddings and a RoPE base of 500 (what config.json must carry for transformers to agree);
 - bf16 activations against transformers in bf16, within the bf16 limits (5e-3; 0.999 and 0.1);
+- Llama 3.1's RoPE scaling (rope_type llama3) from a transformers-written config, against transformers; the
+  same weights with plain RoPE differ far beyond the limits at these positions;
 - weights transformers wrote itself (save_pretrained, bf16 and f32, sharded into several files with an
   index, tied and untied, a RoPE base of 500 in transformers 5's rope_parameters): `parity dump --init-from`
   reads them, its hf/ holds the same values, and the loss and gradients agree with transformers' run on
@@ -128,6 +130,32 @@ for name, flags in (("import-bf16-sharded", ["--dtype", "bf16", "--max-shard-siz
         same = env.side("same-weights", hf, os.path.join(d, "hf"))
         check(same["equal"], f"{name}: parity dump's hf/ holds other weights than transformers wrote: {same['differences']}")
         expect_pass(name, d, 1e-6, 1e-5, 0.9999999, "--model", hf)  # transformers on its own files and config.json
+
+# ---- Llama 3.1's RoPE scaling (rope_type llama3) with an original context of 16 positions, so that over 48
+# positions the head's 8 pairs fall in all three bands (kept, blended, divided by the factor).
+llama3_hf = os.path.join(work, "llama3-hf")
+env.side("save", llama3_hf, "--rope-theta", "500000", "--rope-type", "llama3", "--rope-factor", "8", "--rope-original-max-position",
+         "16", "--seed", "6")
+llama3 = dump("llama3", "--init-from", llama3_hf, "--batch", "3", "--seq", "48", "--seed", "9")
+if llama3:
+    with open(os.path.join(llama3, "result.json")) as f:
+        model = json.load(f)["model"]
+    check(model["rope_scaling"] == "llama3" and model["rope_factor"] == 8 and model["rope_original_max_position_embeddings"] == 16,
+          f"llama3: the dump's model {model}")
+    expect_pass("llama3", llama3, 1e-6, 1e-5, 0.9999999, "--model", llama3_hf)
+    # The scaling matters at these positions: the same weights and batch with plain RoPE differ far beyond the limits.
+    plain_hf = os.path.join(work, "llama3-as-plain-hf")
+    shutil.copytree(llama3_hf, plain_hf)
+    with open(os.path.join(plain_hf, "config.json")) as f:
+        plain_cfg = json.load(f)
+    plain_cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    with open(os.path.join(plain_hf, "config.json"), "w") as f:
+        json.dump(plain_cfg, f)
+    plain = dump("llama3-as-plain", "--init-from", plain_hf, "--batch", "3", "--seq", "48", "--seed", "9")
+    if plain:
+        rc, loss, scaled, _ = parity("llama3 against plain RoPE (must differ)", llama3, "--against", plain)
+        check(rc == 1 and scaled is not None and scaled > 1e-3,
+              f"llama3 and plain RoPE on the same weights: exit {rc}, scaled gradient difference {scaled} (expected a FAIL)")
 
 # ---- the check must fail where it should.
 if f32:

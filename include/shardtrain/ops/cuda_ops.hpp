@@ -86,7 +86,7 @@ class CudaOps final : public Ops {
                        const Tensor& y, const Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                         const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) override;
-  void rope(const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) override;
+  void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) override;
   void attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionMask& mask, const Tensor& out, const Tensor& lse) override;
   void attention_backward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,

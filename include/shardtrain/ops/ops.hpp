@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "shardtrain/ops/rope.hpp"
 #include "shardtrain/ops/tensor.hpp"
 #include "shardtrain/runtime/device.hpp"
 
@@ -81,9 +82,10 @@ class Ops {
                                 const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) = 0;
 
   // Rotary position embedding in the rotate-half convention (Hugging Face Llama, the seed): for i < Dh/2,
-  // angle = pos * theta^(-2i/Dh); (x_i, x_{i+Dh/2}) -> (x_i cos - x_{i+Dh/2} sin, x_{i+Dh/2} cos + x_i sin).
-  // x (N, heads, Dh) in place; positions (N) I32.
-  virtual void rope(const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) = 0;
+  // angle = pos * inv_freq[i] (rope.hpp: theta^(-2i/Dh), optionally rescaled);
+  // (x_i, x_{i+Dh/2}) -> (x_i cos - x_{i+Dh/2} sin, x_{i+Dh/2} cos + x_i sin). x (N, heads, Dh) in place;
+  // positions (N) I32.
+  virtual void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) = 0;
 
   // Causal grouped-query attention, softmax(q k^T / sqrt(Dh) + mask) v, without repeating K/V.
   // q, out (B, S, H, Dh); k, v (B, S, Hkv, Dh); lse (B, H, S) stats: log-sum-exp of each row, -inf when

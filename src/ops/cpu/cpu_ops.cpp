@@ -46,8 +46,8 @@ class CpuOps final : public Ops {
                         const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) override {
     cpu::rmsnorm_backward(ctx_, dy, h, weight, rstd, dh_extra, dh, dweight);
   }
-  void rope(const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) override {
-    cpu::rope(ctx_, x, positions, theta, direction);
+  void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) override {
+    cpu::rope(ctx_, x, positions, freq, direction);
   }
   void attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionMask& mask, const Tensor& out, const Tensor& lse) override {

@@ -1,6 +1,7 @@
 // Rotary position embedding, rotate-half convention (x1 = first half of a head, x2 = second half):
 // forward (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); backward applies the transpose (the rotation by
-// -angle) to a gradient. Angles are formed in the compute type, as Hugging Face does in fp32.
+// -angle) to a gradient. Frequencies and angles are formed in the compute type, as Hugging Face does in fp32
+// (ops/rope.hpp).
 #include <cmath>
 #include <vector>
 
@@ -10,12 +11,10 @@ namespace shardtrain::ops::cpu {
 namespace {
 
 template <typename T>
-void rope_rows(Context& ctx, const Tensor& x, const int32_t* pos, double theta, RopeDirection direction) {
+void rope_rows(Context& ctx, const Tensor& x, const int32_t* pos, const RopeFrequencies& freq, RopeDirection direction) {
   using A = acc_t<T>;
   const int64_t heads = x.shape[1], dh = x.shape[2], half = dh / 2, n = x.shape[0];
-  std::vector<A> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[static_cast<size_t>(i)] = A(1) / std::pow(static_cast<A>(theta), static_cast<A>(2 * i) / static_cast<A>(dh));
+  const std::vector<A> inv_freq = rope_inv_freq<A>(freq, dh);
   const A sign = direction == RopeDirection::Forward ? A(1) : A(-1);
   T* base = x.as<T>();
 #pragma omp parallel num_threads(ctx.threads) if (n * heads * dh > (1 << 14))
@@ -44,11 +43,11 @@ void rope_rows(Context& ctx, const Tensor& x, const int32_t* pos, double theta, 
 
 }  // namespace
 
-void rope(Context& ctx, const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) {
+void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) {
   validate_rope(tensor_checks, x, positions);
   dispatch_float(x.dtype, "rope", [&](auto tag) {
     using T = decltype(tag);
-    rope_rows<T>(ctx, x, positions.as<const int32_t>(), theta, direction);
+    rope_rows<T>(ctx, x, positions.as<const int32_t>(), freq, direction);
   });
 }
 

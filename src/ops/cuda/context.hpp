@@ -120,7 +120,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& residual, cons
                      const Tensor& h_out, const Tensor& y, const Tensor& rstd);
 void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight);
-void rope(Context& ctx, const Tensor& x, const Tensor& positions, double theta, RopeDirection direction);
+void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction);
 
 // attention.cpp
 void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -43,8 +43,8 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& 
                                const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) {
   cuda::rmsnorm_backward(*ctx_, dy, h, weight, rstd, dh_extra, dh, dweight);
 }
-void CudaOps::rope(const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) {
-  cuda::rope(*ctx_, x, positions, theta, direction);
+void CudaOps::rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) {
+  cuda::rope(*ctx_, x, positions, freq, direction);
 }
 void CudaOps::attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const AttentionMask& mask, const Tensor& out, const Tensor& lse) {

@@ -42,10 +42,11 @@ void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Ten
                             ws, bytes, ctx.stream);
 }
 
-void rope(Context& ctx, const Tensor& x, const Tensor& positions, double theta, RopeDirection direction) {
+void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) {
   validate_rope(tensor_checks, x, positions);
-  kernels::rope(x.dtype, x.data, positions.as<const int32_t>(), x.shape[0], x.shape[1], x.shape[2],
-                static_cast<float>(theta),
+  // The frequencies the CPU backend uses, formed on the host (a few dozen fp32 operations) and passed by value.
+  const std::vector<float> inv_freq = rope_inv_freq<float>(freq, x.shape[2]);
+  kernels::rope(x.dtype, x.data, positions.as<const int32_t>(), x.shape[0], x.shape[1], x.shape[2], inv_freq.data(),
                 direction == RopeDirection::Forward ? kernels::RopeDirection::Forward : kernels::RopeDirection::Backward,
                 ctx.stream);
 }
