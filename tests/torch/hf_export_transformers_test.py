@@ -14,19 +14,12 @@ LlamaForCausalLM.from_pretrained on the directory `shardtrain consolidate --form
 import json
 import os
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-import clitest  # noqa: E402
-from torch_env import TorchEnv  # noqa: E402
+from torch_env import Test
 
-args = clitest.parse_args()
-check = clitest.Checks()
-work = clitest.fresh_workdir(args)
-env = TorchEnv(args.source)
+t = Test(with_dataset=True)
+args, check, work, env, tok, ds = t.args, t.check, t.work, t.env, t.tokenizer, t.dataset
 st = args.shardtrain
-moby = clitest.corpus(args, "moby-dick")
-tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby-bpe512", 0.05)
 
 
 def run(*cmd, timeout=600):

@@ -12,18 +12,11 @@ init_from with a RoPE base other than the weights' trains with the configured on
 import json
 import os
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-import clitest  # noqa: E402
-from torch_env import TorchEnv  # noqa: E402
+from torch_env import Test
 
-args = clitest.parse_args()
-check = clitest.Checks()
-work = clitest.fresh_workdir(args)
-env = TorchEnv(args.source)
-moby = clitest.corpus(args, "moby-dick")
-tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby-bpe512", 0.05)
+t = Test(with_dataset=True)
+args, check, work, env, tok, ds = t.args, t.check, t.work, t.env, t.tokenizer, t.dataset
 
 # Both sides are f32 and differ only in the order of their roundings; AdamW divides by sqrt(v), so an entry
 # whose gradient is near zero moves by up to lr on one side and less on the other, and the differences grow

@@ -7,6 +7,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SKIP = 77
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+import clitest  # noqa: E402
 
 
 class TorchEnv:
@@ -32,3 +34,18 @@ class TorchEnv:
             print(f"FAIL: torch_side.py {' '.join(argv)} exit {rc}\n{out}\n{err[-3000:]}", file=sys.stderr)
             sys.exit(1)
         return json.loads(out.strip().splitlines()[-1])
+
+
+class Test:
+    """What every test here starts with: its arguments, the failure list (clitest.Checks), a fresh work folder
+    and the environment (or a skip); with_dataset also trains a 512-token BPE on Moby Dick and prepares its
+    data set (self.tokenizer, self.dataset)."""
+
+    def __init__(self, with_dataset=False):
+        self.args = clitest.parse_args()
+        self.check = clitest.Checks()
+        self.work = clitest.fresh_workdir(self.args)
+        self.env = TorchEnv(self.args.source)
+        if with_dataset:
+            moby = clitest.corpus(self.args, "moby-dick")
+            self.tokenizer, self.dataset = clitest.prepare_dataset(self.args, moby, self.work, 512, "moby-bpe512", 0.05)

@@ -110,6 +110,7 @@ def seed_loop(a):
     warmup = lr_scheduler.LinearLR(optimizer, start_factor=a.start_factor, end_factor=1.0, total_iters=a.warmup)
     cosine = lr_scheduler.CosineAnnealingLR(optimizer, T_max=a.total - a.warmup, eta_min=0)
     scheduler = lr_scheduler.SequentialLR(optimizer, schedulers=[warmup, cosine], milestones=[a.warmup])
+    whole = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731 - a sharded DTensor gathered
     steps = []
     for k, (inp, tgt) in enumerate(batches):
         lr = optimizer.param_groups[0]["lr"]
@@ -120,9 +121,9 @@ def seed_loop(a):
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm)
         optimizer.step()
         scheduler.step()
-        steps.append({"step": k + 1, "loss": loss.item(), "lr": lr, "grad_norm": float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm),
+        steps.append({"step": k + 1, "loss": loss.item(), "lr": lr, "grad_norm": float(whole(norm)),
                       "counted": int((tgt != -100).sum())})
-    full = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for name, p in model.named_parameters()}
+    full = {name: whole(p).detach().clone() for name, p in model.named_parameters()}
     dist.destroy_process_group()
     plain = LlamaForCausalLM.from_pretrained(a.init_dir, dtype=torch.float32)
     plain.load_state_dict(full, strict=True)

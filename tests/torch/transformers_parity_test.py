@@ -22,18 +22,13 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-import clitest  # noqa: E402
-from torch_env import TorchEnv  # noqa: E402
+from torch_env import Test
 
-args = clitest.parse_args()
-check = clitest.Checks()
-work = clitest.fresh_workdir(args)
-env = TorchEnv(args.source)
+t = Test()
+args, check, work, env = t.args, t.check, t.work, t.env
 PARITY = os.path.join(args.source, "scripts", "parity-transformers.py")
 
 
