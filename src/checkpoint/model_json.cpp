@@ -1,11 +1,10 @@
 // The model architecture as JSON inside checkpoints (our field names: those of LlamaConfig).
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/runtime/error.hpp"
