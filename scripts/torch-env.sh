@@ -5,7 +5,7 @@
 # .deps/torch-env. The host keeps its Debian 12; Debian 12 packages neither a torch with FSDP2 nor
 # transformers, the unstable suite packages both.
 #
-#   scripts/torch-env.sh setup          make it (debootstrap + apt; about 2 minutes and 2.7 GB), or bring its
+#   scripts/torch-env.sh setup          make it (debootstrap + apt; about 2.5 minutes and 2.7 GB), or bring its
 #                                       packages up to the list below; nothing to do when it is complete
 #   scripts/torch-env.sh status         exit 0 when it is complete and usable, else 77 and one line saying why
 #   scripts/torch-env.sh versions       the versions of what it holds
@@ -47,6 +47,12 @@ check_host() {
 }
 
 complete() { [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(list_key)" ]]; }
+
+# What status, versions and run need first: a host that can enter the root, and the root complete.
+require_ready() {
+  check_host
+  complete || unavailable "not set up (run scripts/torch-env.sh setup)"
+}
 
 # enter CMD...: runs CMD inside the root, with the checkout, /tmp and /proc mounted in a private namespace
 # (the mounts vanish with the process), in the caller's working directory.
@@ -109,19 +115,16 @@ verb="${1:-}"
 case "$verb" in
   setup) setup ;;
   status)
-    check_host
-    complete || unavailable "not set up (run scripts/torch-env.sh setup)"
+    require_ready
     enter /bin/true 2>/dev/null || unavailable "$ENV_DIR cannot be entered here (unshare, mount or chroot refused)"
     ;;
   versions)
-    check_host
-    complete || unavailable "not set up (run scripts/torch-env.sh setup)"
+    require_ready
     versions
     ;;
   run)
     [[ $# -gt 0 ]] || { echo "usage: scripts/torch-env.sh run CMD [ARG...]" >&2; exit 2; }
-    check_host
-    complete || unavailable "not set up (run scripts/torch-env.sh setup)"
+    require_ready
     enter "$@"
     ;;
   *)
