@@ -53,10 +53,10 @@ HostTensor naive_attention(const Case& c, const HostTensor& q, const HostTensor&
   return out;
 }
 
-void check_case(const Case& c, IntTensor* seg) {
+void check_case(const Case& c, IntTensor* seg, int threads = 1) {
   SCOPED_TRACE(testing::Message() << "B=" << c.b << " S=" << c.s << " H=" << c.h << " Hkv=" << c.hkv << " Dh=" << c.dh
-                                  << (seg ? " masked" : ""));
-  auto ops = cpu_ops();
+                                  << (seg ? " masked" : "") << " threads=" << threads);
+  auto ops = cpu_ops(threads);
   std::mt19937_64 rng(static_cast<uint64_t>(c.s * 1000 + c.h * 10 + c.hkv));
   HostTensor q = random_tensor({c.b, c.s, c.h, c.dh}, rng), k = random_tensor({c.b, c.s, c.hkv, c.dh}, rng);
   HostTensor v = random_tensor({c.b, c.s, c.hkv, c.dh}, rng), r = random_tensor({c.b, c.s, c.h, c.dh}, rng);
@@ -100,6 +100,73 @@ TEST(Attention, PaddingAndDocumentMasks) {
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t s = 0; s < 7; ++s) seg[b * 7 + s] = rows[b][s];
   check_case(c, &seg);
+}
+
+// The CPU backend works in blocks of 64 query rows against the keys from the block's earliest document start:
+// sequences of several blocks, documents that cross block boundaries, a segment id that comes back later in
+// the row (still one "document" to the mask), padding in the middle and at the end, and a block of padding only.
+TEST(Attention, SeveralQueryBlocksWithDocumentsAcrossThem) {
+  const Case c{2, 150, 4, 2, 8};
+  IntTensor seg({2, 150});
+  for (int64_t s = 0; s < 150; ++s) {
+    seg[s] = s < 60 ? 0 : (s < 100 ? 1 : (s < 110 ? -1 : (s < 130 ? 0 : 2)));  // id 0 returns at 110
+    seg[150 + s] = s < 3 ? 5 : (s < 64 ? 6 : -1);                              // rows 64..149: padding only
+  }
+  check_case(c, &seg);
+  check_case(Case{1, 129, 3, 1, 16}, nullptr);  // one row past two full blocks
+  check_case(Case{1, 64, 2, 2, 8}, nullptr);    // exactly one block
+}
+
+// What padding positions hold is never read: NaN there changes no bit of any output or gradient (the
+// blocks' GEMMs multiply masked entries by zero, and 0 * NaN would be NaN).
+TEST(Attention, PaddingContentIsNeverRead) {
+  const AttentionShape shape{2, 90, 4, 2, 8};
+  IntTensor seg({2, 90});
+  for (int64_t s = 0; s < 90; ++s) {
+    seg[s] = s < 40 ? 0 : (s < 50 ? -1 : 1);  // padding inside the row
+    seg[90 + s] = s < 70 ? 3 : -1;            // and at its end
+  }
+  std::mt19937_64 rng(9);
+  HostTensor q = random_tensor({2, 90, 4, 8}, rng), k = random_tensor({2, 90, 2, 8}, rng);
+  HostTensor v = random_tensor({2, 90, 2, 8}, rng), dout = random_tensor({2, 90, 4, 8}, rng);
+  auto run = [&](bool poison) {
+    HostTensor pq = q, pk = k, pv = v, pd = dout;
+    if (poison) {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      for (int64_t t = 0; t < 180; ++t) {
+        if (seg[t] >= 0) continue;
+        for (int64_t e = 0; e < 4 * 8; ++e) pq[t * 32 + e] = pd[t * 32 + e] = nan;
+        for (int64_t e = 0; e < 2 * 8; ++e) pk[t * 16 + e] = pv[t * 16 + e] = nan;
+      }
+    }
+    auto ops = cpu_ops(2);
+    const AttentionMask mask{seg.view()};
+    HostTensor out(q.shape), lse({2, 4, 90}), dq(q.shape), dk(k.shape), dv(v.shape);
+    ops->attention_forward(shape, pq.view(), pk.view(), pv.view(), mask, out.view(), lse.view());
+    ops->attention_backward(shape, pq.view(), pk.view(), pv.view(), out.view(), lse.view(), pd.view(), mask,
+                            dq.view(), dk.view(), dv.view());
+    return std::vector<std::vector<double>>{out.data, lse.data, dq.data, dk.data, dv.data};
+  };
+  const auto clean = run(false), poisoned = run(true);
+  for (size_t t = 0; t < clean.size(); ++t) EXPECT_EQ(clean[t], poisoned[t]) << "tensor " << t;
+}
+
+// Blocks and tasks are split over threads, never a sum: the same bits at any thread count.
+TEST(Attention, SameBitsAtAnyThreadCount) {
+  const AttentionShape shape{3, 100, 4, 2, 16};
+  std::mt19937_64 rng(5);
+  HostTensor q = random_tensor({3, 100, 4, 16}, rng), k = random_tensor({3, 100, 2, 16}, rng);
+  HostTensor v = random_tensor({3, 100, 2, 16}, rng), dout = random_tensor({3, 100, 4, 16}, rng);
+  std::vector<std::vector<double>> results[2];
+  for (int threads : {1, 2}) {
+    auto ops = cpu_ops(threads);
+    HostTensor out(q.shape), lse({3, 4, 100}), dq(q.shape), dk(k.shape), dv(v.shape);
+    ops->attention_forward(shape, q.view(), k.view(), v.view(), AttentionMask{}, out.view(), lse.view());
+    ops->attention_backward(shape, q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), AttentionMask{},
+                            dq.view(), dk.view(), dv.view());
+    results[threads - 1] = {out.data, lse.data, dq.data, dk.data, dv.data};
+  }
+  for (size_t t = 0; t < results[0].size(); ++t) EXPECT_EQ(results[0][t], results[1][t]) << "tensor " << t;
 }
 
 TEST(Attention, FullyMaskedRowsAreZeroNotNan) {

@@ -1,17 +1,25 @@
-// Causal grouped-query attention on the CPU, forward and backward, never materializing repeated K/V or
-// the (S, S) probability matrix: each query row is scored, normalized and consumed in one pass, and the
-// backward recomputes probabilities from the saved log-sum-exp. Forward runs one task per (batch, query
-// head); backward one task per (batch, key/value head), so each task owns its dk/dv rows and the sums are
-// race-free and in a fixed order.
+// Causal grouped-query attention on the CPU, forward and backward, as blocks of matrix products: for each
+// (batch, head) the queries go in blocks of 64 rows, and a block's scores against the keys it can see (from the
+// first token of its earliest document to its last row) are one GEMM, its softmax a vectorized pass over
+// those rows, and its output another GEMM (single-threaded OpenBLAS inside the backend's OpenMP split). So
+// the (S, S) matrix is never held, only a block's (64, S) rows, and K/V are never repeated per head. The
+// backward recomputes each block's probabilities from the saved log-sum-exp (FlashAttention's way) and runs
+// five GEMMs a block. Forward parallelizes over (batch, query head); backward over (batch, key/value head), so
+// each task owns its dk/dv rows: race-free sums in a fixed order, the same bits at any thread count.
+// Before 2026-11-24 this was one query row at a time with scalar loops, at 8-10 % of the GEMM rate.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels.hpp"
+#include "vec_exp.hpp"
 
 namespace shardtrain::ops::cpu {
 namespace {
+
+constexpr int64_t kBlockRows = 64;  // query rows per block: (64, S) scores stay in a core's L2 at S <= 2048
 
 struct Layout {
   int64_t b, s, h, hkv, dh, group;
@@ -23,11 +31,75 @@ Layout layout_of(const AttentionShape& sh) {
   return Layout{sh.batch, sh.seq, sh.heads, sh.kv_heads, sh.head_dim, sh.heads / sh.kv_heads};
 }
 
-template <typename A, typename T> inline A dot(const A* a, const T* b, int64_t n) {
-  A s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * load(b[i]);
-  return s;
+// first[b * S + i]: the first key query i of row b may see (its document's first token; 0 without segments),
+// or -1 when i is padding. Segments are compared for equality anywhere before i, so "first" is the first
+// occurrence of i's segment in the row, whether or not the documents are contiguous.
+std::vector<int64_t> first_visible(const Layout& L, const int32_t* seg) {
+  std::vector<int64_t> first(static_cast<size_t>(L.b * L.s), 0);
+  if (!seg) return first;
+  std::unordered_map<int32_t, int64_t> seen;  // segment -> its first position in the row
+  for (int64_t b = 0; b < L.b; ++b) {
+    const int32_t* sg = seg + b * L.s;
+    int64_t* f = first.data() + b * L.s;
+    seen.clear();
+    for (int64_t i = 0; i < L.s; ++i) f[i] = sg[i] < 0 ? -1 : seen.try_emplace(sg[i], i).first->second;
+  }
+  return first;
+}
+
+// The keys a block of query rows [i0, i1) needs: [j0, i1), j0 the least first-visible key of its rows; -1 when
+// every row is padding.
+int64_t block_first_key(const int64_t* first, int64_t i0, int64_t i1) {
+  int64_t j0 = -1;
+  for (int64_t i = i0; i < i1; ++i)
+    if (first[i] >= 0 && (j0 < 0 || first[i] < j0)) j0 = first[i];
+  return j0;
+}
+
+// One head's rows (S, Dh) out of a (S, heads, Dh) tensor into a contiguous buffer in compute type A, and back.
+// Gathering zeroes padding rows (segment < 0): the GEMMs multiply masked entries by 0, and whatever a padding
+// position holds (NaN included) must not reach a visible result through 0 * NaN.
+template <typename T, typename A>
+void gather(const T* src, int64_t row_stride, int64_t rows, int64_t dh, const int32_t* sg, A* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    if (sg && sg[i] < 0) {
+      std::fill(dst + i * dh, dst + (i + 1) * dh, A(0));
+      continue;
+    }
+    for (int64_t d = 0; d < dh; ++d) dst[i * dh + d] = load(src[i * row_stride + d]);
+  }
+}
+template <typename T, typename A> void scatter(const A* src, int64_t rows, int64_t dh, T* dst, int64_t row_stride) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t d = 0; d < dh; ++d) store(dst[i * row_stride + d], src[i * dh + d]);
+}
+
+// Scores row -> probabilities in place for query i whose keys start at j0 (row length n = i1 - j0): masked
+// keys (another segment; past i) get 0. Returns the row's log-sum-exp.
+template <typename A> A softmax_row(A* row, int64_t n, int64_t i, int64_t j0, const int32_t* sg) {
+  const A neg_inf = -std::numeric_limits<A>::infinity();
+  const int64_t cend = i - j0 + 1;  // keys j0..i
+  if (sg) {
+    const int32_t own = sg[i];
+    const int32_t* ks = sg + j0;
+#pragma omp simd
+    for (int64_t c = 0; c < cend; ++c) row[c] = ks[c] == own ? row[c] : neg_inf;
+  }
+  A m = neg_inf;
+#pragma omp simd reduction(max : m)
+  for (int64_t c = 0; c < cend; ++c) m = std::max(m, row[c]);
+  A l = 0;
+#pragma omp simd reduction(+ : l)
+  for (int64_t c = 0; c < cend; ++c) {
+    const A p = exp_compute(row[c] - m);
+    row[c] = p;
+    l += p;
+  }
+  const A inv_l = A(1) / l;
+#pragma omp simd
+  for (int64_t c = 0; c < cend; ++c) row[c] *= inv_l;
+  std::fill(row + cend, row + n, A(0));
+  return m + std::log(l);
 }
 
 template <typename T>
@@ -36,50 +108,46 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
   using A = acc_t<T>;
   const A scale = A(1) / std::sqrt(static_cast<A>(L.dh));
   const A neg_inf = -std::numeric_limits<A>::infinity();
+  const std::vector<int64_t> first = first_visible(L, seg);
   const int64_t tasks = L.b * L.h;
+  const size_t head = static_cast<size_t>(L.s * L.dh);
 #pragma omp parallel num_threads(ctx.threads) if (tasks * L.s * L.s * L.dh > (1 << 16))
   {
-    std::vector<A> scores(static_cast<size_t>(L.s)), qi(static_cast<size_t>(L.dh)), acc(static_cast<size_t>(L.dh));
+    std::vector<A> qs(head), ks(head), vs(head), os(head), scores(static_cast<size_t>(kBlockRows * L.s));
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / L.h, h = task % L.h, g = h / L.group;
       const int32_t* sg = seg ? seg + b * L.s : nullptr;
-      for (int64_t i = 0; i < L.s; ++i) {
-        T* o = out + (b * L.s + i) * L.q_row() + h * L.dh;
-        A* row_lse = lse + (b * L.h + h) * L.s + i;
-        if (sg && sg[i] < 0) {  // padding query: attends to nothing
-          for (int64_t d = 0; d < L.dh; ++d) store(o[d], A(0));
-          *row_lse = neg_inf;
+      const int64_t* fb = first.data() + b * L.s;
+      gather(q + b * L.s * L.q_row() + h * L.dh, L.q_row(), L.s, L.dh, sg, qs.data());
+      gather(k + b * L.s * L.kv_row() + g * L.dh, L.kv_row(), L.s, L.dh, sg, ks.data());
+      gather(v + b * L.s * L.kv_row() + g * L.dh, L.kv_row(), L.s, L.dh, sg, vs.data());
+      A* row_lse = lse + (b * L.h + h) * L.s;
+      for (int64_t i0 = 0; i0 < L.s; i0 += kBlockRows) {
+        const int64_t i1 = std::min(L.s, i0 + kBlockRows), rows = i1 - i0;
+        const int64_t j0 = block_first_key(fb, i0, i1);
+        if (j0 < 0) {  // all padding: attends to nothing
+          std::fill(os.begin() + i0 * L.dh, os.begin() + i1 * L.dh, A(0));
+          std::fill(row_lse + i0, row_lse + i1, neg_inf);
           continue;
         }
-        const T* qrow = q + (b * L.s + i) * L.q_row() + h * L.dh;
-        for (int64_t d = 0; d < L.dh; ++d) qi[static_cast<size_t>(d)] = load(qrow[d]) * scale;
-        A m = neg_inf;
-        for (int64_t j = 0; j <= i; ++j) {
-          if (sg && sg[j] != sg[i]) {
-            scores[static_cast<size_t>(j)] = neg_inf;
-            continue;
+        const int64_t n = i1 - j0;
+        A* sc = scores.data();
+        gemm_raw<A>(1, Transpose::No, Transpose::Yes, rows, n, L.dh, scale, qs.data() + i0 * L.dh, L.dh,
+                    ks.data() + j0 * L.dh, L.dh, A(0), sc, n);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          if (fb[i] < 0) {  // a padding query: a zero row of probabilities, so a zero output
+            std::fill(sc + r * n, sc + (r + 1) * n, A(0));
+            row_lse[i] = neg_inf;
+          } else {
+            row_lse[i] = softmax_row(sc + r * n, n, i, j0, sg);
           }
-          const A sc = dot(qi.data(), k + (b * L.s + j) * L.kv_row() + g * L.dh, L.dh);
-          scores[static_cast<size_t>(j)] = sc;
-          m = std::max(m, sc);
         }
-        std::fill(acc.begin(), acc.end(), A(0));
-        A l = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          const A sc = scores[static_cast<size_t>(j)];
-          if (sc == neg_inf) continue;
-          const A p = std::exp(sc - m);
-          l += p;
-          const T* vrow = v + (b * L.s + j) * L.kv_row() + g * L.dh;
-          A* ap = acc.data();
-#pragma omp simd
-          for (int64_t d = 0; d < L.dh; ++d) ap[d] += p * load(vrow[d]);
-        }
-        const A inv_l = A(1) / l;
-        for (int64_t d = 0; d < L.dh; ++d) store(o[d], acc[static_cast<size_t>(d)] * inv_l);
-        *row_lse = m + std::log(l);
+        gemm_raw<A>(1, Transpose::No, Transpose::No, rows, L.dh, n, A(1), sc, n, vs.data() + j0 * L.dh, L.dh, A(0),
+                    os.data() + i0 * L.dh, L.dh);
       }
+      scatter(os.data(), L.s, L.dh, out + b * L.s * L.q_row() + h * L.dh, L.q_row());
     }
   }
 }
@@ -90,63 +158,79 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
   using A = acc_t<T>;
   const A scale = A(1) / std::sqrt(static_cast<A>(L.dh));
   const A neg_inf = -std::numeric_limits<A>::infinity();
+  const std::vector<int64_t> first = first_visible(L, seg);
   const int64_t tasks = L.b * L.hkv;
-  const size_t dh = static_cast<size_t>(L.dh);
+  const size_t head = static_cast<size_t>(L.s * L.dh), block = static_cast<size_t>(kBlockRows * L.s);
 #pragma omp parallel num_threads(ctx.threads) if (tasks * L.s * L.s * L.dh > (1 << 16))
   {
-    std::vector<A> dk_acc(static_cast<size_t>(L.s) * dh), dv_acc(static_cast<size_t>(L.s) * dh);
-    std::vector<A> qi(dh), doi(dh), dqi(dh);
+    std::vector<A> ks(head), vs(head), qs(head), dos(head), dqs(head), dk_acc(head), dv_acc(head);
+    std::vector<A> p(block), ds(block), di(static_cast<size_t>(L.s));
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / L.hkv, g = task % L.hkv;
       const int32_t* sg = seg ? seg + b * L.s : nullptr;
+      const int64_t* fb = first.data() + b * L.s;
+      gather(k + b * L.s * L.kv_row() + g * L.dh, L.kv_row(), L.s, L.dh, sg, ks.data());
+      gather(v + b * L.s * L.kv_row() + g * L.dh, L.kv_row(), L.s, L.dh, sg, vs.data());
       std::fill(dk_acc.begin(), dk_acc.end(), A(0));
       std::fill(dv_acc.begin(), dv_acc.end(), A(0));
       for (int64_t h = g * L.group; h < (g + 1) * L.group; ++h) {
-        for (int64_t i = 0; i < L.s; ++i) {
-          const int64_t qoff = (b * L.s + i) * L.q_row() + h * L.dh;
-          T* dqrow = dq + qoff;
-          const A row_lse = lse[(b * L.h + h) * L.s + i];
-          if ((sg && sg[i] < 0) || row_lse == neg_inf) {
-            for (int64_t d = 0; d < L.dh; ++d) store(dqrow[d], A(0));
+        const int64_t qoff = b * L.s * L.q_row() + h * L.dh;
+        gather(q + qoff, L.q_row(), L.s, L.dh, sg, qs.data());
+        gather(dout + qoff, L.q_row(), L.s, L.dh, sg, dos.data());
+        for (int64_t i = 0; i < L.s; ++i) {  // D_i = dout_i . out_i
+          const T* orow = out + qoff + i * L.q_row();
+          const A* drow = dos.data() + i * L.dh;
+          A sum = 0;
+          for (int64_t d = 0; d < L.dh; ++d) sum += drow[d] * load(orow[d]);
+          di[static_cast<size_t>(i)] = sum;
+        }
+        const A* row_lse = lse + (b * L.h + h) * L.s;
+        for (int64_t i0 = 0; i0 < L.s; i0 += kBlockRows) {
+          const int64_t i1 = std::min(L.s, i0 + kBlockRows), rows = i1 - i0;
+          const int64_t j0 = block_first_key(fb, i0, i1);
+          if (j0 < 0) {
+            std::fill(dqs.begin() + i0 * L.dh, dqs.begin() + i1 * L.dh, A(0));
             continue;
           }
-          A di = 0;  // D_i = dout_i . out_i
-          for (int64_t d = 0; d < L.dh; ++d) {
-            qi[static_cast<size_t>(d)] = load(q[qoff + d]) * scale;
-            doi[static_cast<size_t>(d)] = load(dout[qoff + d]);
-            di += doi[static_cast<size_t>(d)] * load(out[qoff + d]);
-          }
-          std::fill(dqi.begin(), dqi.end(), A(0));
-          for (int64_t j = 0; j <= i; ++j) {
-            if (sg && sg[j] != sg[i]) continue;
-            const T* krow = k + (b * L.s + j) * L.kv_row() + g * L.dh;
-            const T* vrow = v + (b * L.s + j) * L.kv_row() + g * L.dh;
-            const A p = std::exp(dot(qi.data(), krow, L.dh) - row_lse);
-            const A dp = dot(doi.data(), vrow, L.dh);
-            const A ds = p * (dp - di);
-            A* dkj = dk_acc.data() + static_cast<size_t>(j) * dh;
-            A* dvj = dv_acc.data() + static_cast<size_t>(j) * dh;
-            const A* qp = qi.data();
-            const A* dop = doi.data();
-            A* dqp = dqi.data();
+          const int64_t n = i1 - j0;
+          const A* qb = qs.data() + i0 * L.dh;
+          const A* dob = dos.data() + i0 * L.dh;
+          const A* kb = ks.data() + j0 * L.dh;
+          // p = exp(scale q k^T - lse) where visible, dp = dout v^T, ds = p (dp - D_i)
+          gemm_raw<A>(1, Transpose::No, Transpose::Yes, rows, n, L.dh, scale, qb, L.dh, kb, L.dh, A(0), p.data(), n);
+          gemm_raw<A>(1, Transpose::No, Transpose::Yes, rows, n, L.dh, A(1), dob, L.dh, vs.data() + j0 * L.dh, L.dh,
+                      A(0), ds.data(), n);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            A* pr = p.data() + r * n;
+            A* dsr = ds.data() + r * n;
+            const A li = row_lse[i];
+            const int64_t cend = fb[i] < 0 || li == neg_inf ? 0 : i - j0 + 1;
+            const int32_t own = sg ? sg[i] : 0;
+            const int32_t* ksg = sg ? sg + j0 : nullptr;
+            const A dii = di[static_cast<size_t>(i)];
 #pragma omp simd
-            for (int64_t d = 0; d < L.dh; ++d) {
-              dqp[d] += ds * load(krow[d]);
-              dkj[d] += ds * qp[d];  // qp already carries the 1/sqrt(Dh) scale
-              dvj[d] += p * dop[d];
+            for (int64_t c = 0; c < cend; ++c) {
+              const A pc = !ksg || ksg[c] == own ? exp_compute(pr[c] - li) : A(0);
+              pr[c] = pc;
+              dsr[c] = pc * (dsr[c] - dii);
             }
+            std::fill(pr + cend, pr + n, A(0));
+            std::fill(dsr + cend, dsr + n, A(0));
           }
-          for (int64_t d = 0; d < L.dh; ++d) store(dqrow[d], dqi[static_cast<size_t>(d)] * scale);
+          // dq = scale ds k;  dk += scale ds^T q;  dv += p^T dout
+          gemm_raw<A>(1, Transpose::No, Transpose::No, rows, L.dh, n, scale, ds.data(), n, kb, L.dh, A(0),
+                      dqs.data() + i0 * L.dh, L.dh);
+          gemm_raw<A>(1, Transpose::Yes, Transpose::No, n, L.dh, rows, scale, ds.data(), n, qb, L.dh, A(1),
+                      dk_acc.data() + j0 * L.dh, L.dh);
+          gemm_raw<A>(1, Transpose::Yes, Transpose::No, n, L.dh, rows, A(1), p.data(), n, dob, L.dh, A(1),
+                      dv_acc.data() + j0 * L.dh, L.dh);
         }
+        scatter(dqs.data(), L.s, L.dh, dq + qoff, L.q_row());
       }
-      for (int64_t j = 0; j < L.s; ++j) {
-        const int64_t off = (b * L.s + j) * L.kv_row() + g * L.dh;
-        for (int64_t d = 0; d < L.dh; ++d) {
-          store(dk[off + d], dk_acc[static_cast<size_t>(j) * dh + static_cast<size_t>(d)]);
-          store(dv[off + d], dv_acc[static_cast<size_t>(j) * dh + static_cast<size_t>(d)]);
-        }
-      }
+      scatter(dk_acc.data(), L.s, L.dh, dk + b * L.s * L.kv_row() + g * L.dh, L.kv_row());
+      scatter(dv_acc.data(), L.s, L.dh, dv + b * L.s * L.kv_row() + g * L.dh, L.kv_row());
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels.hpp"
+#include "vec_exp.hpp"
 
 namespace shardtrain::ops::cpu {
 namespace {
@@ -29,15 +30,18 @@ template <typename A> A loss_row(A* z, int64_t vocab, int32_t target, int32_t ig
   }
   const A zt = z[target];
   A m = z[0];
+#pragma omp simd reduction(max : m)
   for (int64_t j = 1; j < vocab; ++j) m = std::max(m, z[j]);
   A l = 0;
   if (grad) {
+#pragma omp simd reduction(+ : l)
     for (int64_t j = 0; j < vocab; ++j) {
-      z[j] = std::exp(z[j] - m);
+      z[j] = exp_compute(z[j] - m);
       l += z[j];
     }
   } else {
-    for (int64_t j = 0; j < vocab; ++j) l += std::exp(z[j] - m);
+#pragma omp simd reduction(+ : l)
+    for (int64_t j = 0; j < vocab; ++j) l += exp_compute(z[j] - m);
   }
   const A lse = m + std::log(l);
   const A loss = lse - zt;

@@ -4,13 +4,14 @@
 #include <vector>
 
 #include "kernels.hpp"
+#include "vec_exp.hpp"
 
 namespace shardtrain::ops::cpu {
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 14;  // below this many elements a loop runs on one thread
 
-template <typename A> inline A sigmoid(A x) { return A(1) / (A(1) + std::exp(-x)); }
+template <typename A> inline A sigmoid(A x) { return A(1) / (A(1) + exp_compute(-x)); }
 
 }  // namespace
 
@@ -157,7 +158,7 @@ void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Te
     const T* g = gate.as<const T>();
     const T* u = up.as<const T>();
     T* o = out.as<T>();
-#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const A x = load(g[i]);
       store(o[i], x * sigmoid(x) * load(u[i]));
@@ -182,7 +183,7 @@ void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const
     const T* u = up.as<const T>();
     T* dg = dgate.as<T>();
     T* du = dup.as<T>();
-#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd num_threads(ctx.threads) schedule(static) if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const A x = load(g[i]), y = load(u[i]), d = load(go[i]);
       const A s = sigmoid(x);
