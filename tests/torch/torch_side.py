@@ -22,6 +22,14 @@ prints one JSON object on its last line. Verbs:
   generate DIR --prompt TEXT --max-new-tokens N
       AutoTokenizer and LlamaForCausalLM from DIR, greedy decoding (no sampling) stopping at the
       tokenizer's end-of-text token: {"prompt_ids": [...], "new_ids": [...], "text": prompt + new text}
+  accelerate-config YAML...
+      what Accelerate makes of each `accelerate config` file: `accelerate launch --config_file YAML`'s own
+      argument handling and environment (the FSDP_* variables it hands the training processes), then the
+      FullyShardedDataParallelPlugin those build and the mixed precision AcceleratorState applies to it:
+      {"configs": {YAML: {"fsdp_version", "strategy" (FSDP1's ShardingStrategy name, or null), "reshard_after_forward",
+      "offload_params", "auto_wrap_policy", "transformer_layer_cls_to_wrap", "min_num_params", "backward_prefetch",
+      "forward_prefetch", "state_dict_type", "activation_checkpointing", "sync_module_states",
+      "cpu_ram_efficient_loading", "param_dtype", "reduce_dtype", "num_processes", "num_machines"} or {"error": ...}}}
 """
 import argparse
 import json
@@ -159,6 +167,66 @@ def generate(a):
             "tokenizer_class": type(tokenizer).__name__}
 
 
+def accelerate_config(a):
+    import os
+    import accelerate.utils.dataclasses as acc_dataclasses
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    # The plugin ends by building a param_init_fn for sync_module_states on "the current device" and refuses a
+    # machine without an accelerator. That function is only called when a model is wrapped, and the device
+    # is no part of how the file is read, so the check is told there is a CUDA device 0.
+    acc_dataclasses.is_cuda_available = lambda: True
+    torch.cuda.current_device = lambda: 0
+    dtype_names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    clean_env = dict(os.environ)
+    results = {}
+    for path in a.files:
+        os.environ.clear()
+        os.environ.update(clean_env)
+        try:
+            args = launch_command_parser().parse_args(["--config_file", path, "train.py"])
+            args = _validate_launch_command(args)[0]
+            os.environ.update(prepare_multi_gpu_env(args))
+            plugin = FullyShardedDataParallelPlugin()
+            mixed = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+            if mixed != "no":  # what AcceleratorState does with the plugin (accelerate/state.py)
+                plugin.set_mixed_precision(mixed)
+        except Exception as e:  # a file Accelerate refuses: its message
+            results[path] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        v1 = plugin.fsdp_version == 1
+        policy = plugin.auto_wrap_policy
+        policy_name = {None: "NO_WRAP"}.get(policy) or {"transformer_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                                          "size_based_auto_wrap_policy": "SIZE_BASED_WRAP"}[policy.__name__]
+        # FSDP1: sharding_strategy (reshard_after_forward only when that is unset), a ShardingStrategy
+        strategy = (plugin.sharding_strategy or plugin.reshard_after_forward).name.lstrip("_") if v1 else None
+        mp = plugin.mixed_precision_policy
+        results[path] = {
+            "fsdp_version": plugin.fsdp_version,
+            "strategy": strategy,
+            "reshard_after_forward": strategy in ("FULL_SHARD", "HYBRID_SHARD") if v1 else plugin.reshard_after_forward,
+            "offload_params": bool(plugin.cpu_offload.offload_params) if v1 else type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy",
+            "auto_wrap_policy": policy_name,
+            "transformer_layer_cls_to_wrap": plugin.transformer_cls_names_to_wrap,
+            "min_num_params": plugin.min_num_params,
+            "backward_prefetch": plugin.backward_prefetch.name if plugin.backward_prefetch is not None else None,
+            "forward_prefetch": plugin.forward_prefetch,
+            "state_dict_type": plugin.state_dict_type.name,
+            "activation_checkpointing": plugin.activation_checkpointing,
+            "sync_module_states": plugin.sync_module_states,
+            "cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
+            "param_dtype": dtype_names[mp.param_dtype] if mp is not None else "fp32",
+            "reduce_dtype": dtype_names[mp.reduce_dtype] if mp is not None else "fp32",
+            "num_processes": args.num_processes,
+            "num_machines": args.num_machines,
+        }
+    os.environ.clear()
+    os.environ.update(clean_env)
+    return {"configs": results}
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="verb", required=True)
@@ -195,9 +263,12 @@ def main():
     g.add_argument("dir")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=40)
+    c = sub.add_parser("accelerate-config")
+    c.add_argument("files", nargs="+")
     a = p.parse_args()
     torch.set_float32_matmul_precision("highest")
-    verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate}
+    verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
+             "accelerate-config": accelerate_config}
     result = verbs[a.verb](a)
     print(json.dumps(result))
     sys.stdout.flush()
