@@ -28,7 +28,7 @@ APT_OPTS=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -
 
 packages=(
   python3-torch python3-transformers   # the references: FSDP2, torch.compile, LlamaForCausalLM
-  python3-accelerate                   # how `accelerate launch` reads a config file (tests/torch/accelerate_config_test.py)
+  python3-accelerate                   # how Accelerate and Transformers read FSDP config files (tests/torch/fsdp_configs_test.py)
   python3-safetensors python3-h5py python3-numpy
   libopenblas0-pthread                 # torch's f32 GEMMs through OpenBLAS (Debian's default BLAS is the reference one)
   libtorch-dev g++ python3-dev         # torch.compile's CPU code generation compiles C++ against torch's headers

@@ -22,14 +22,18 @@ prints one JSON object on its last line. Verbs:
   generate DIR --prompt TEXT --max-new-tokens N
       AutoTokenizer and LlamaForCausalLM from DIR, greedy decoding (no sampling) stopping at the
       tokenizer's end-of-text token: {"prompt_ids": [...], "new_ids": [...], "text": prompt + new text}
-  accelerate-config YAML...
-      what Accelerate makes of each `accelerate config` file: `accelerate launch --config_file YAML`'s own
-      argument handling and environment (the FSDP_* variables it hands the training processes), then the
-      FullyShardedDataParallelPlugin those build and the mixed precision AcceleratorState applies to it:
-      {"configs": {YAML: {"fsdp_version", "strategy" (FSDP1's ShardingStrategy name, or null), "reshard_after_forward",
-      "offload_params", "auto_wrap_policy", "transformer_layer_cls_to_wrap", "min_num_params", "backward_prefetch",
-      "forward_prefetch", "state_dict_type", "activation_checkpointing", "sync_module_states",
-      "cpu_ram_efficient_loading", "param_dtype", "reduce_dtype", "num_processes", "num_machines"} or {"error": ...}}}
+  fsdp-config FILE...
+      what Accelerate and Transformers make of each FSDP configuration file. A .yaml file is an `accelerate
+      config` file: `accelerate launch --config_file FILE`'s own argument handling and environment (the FSDP_*
+      variables it hands the training processes), then the FullyShardedDataParallelPlugin those build and the
+      mixed precision AcceleratorState applies to it. A .json file is a Transformers fsdp_config:
+      TrainingArguments(fsdp=True, fsdp_config=FILE) and the plugin its Trainer builds from
+      `fsdp_plugin_args`. {"configs": {FILE: {"fsdp_version", "strategy" (FSDP1's ShardingStrategy name, the
+      one a model is wrapped with, or null), "stated_strategy" (FSDP1: the plugin's reshard_after_forward, where
+      Transformers puts the file's strategy), "reshard_after_forward", "offload_params", "auto_wrap_policy", "transformer_layer_cls_to_wrap",
+      "min_num_params", "backward_prefetch", "forward_prefetch", "state_dict_type", "activation_checkpointing",
+      "sync_module_states", "cpu_ram_efficient_loading", "param_dtype", "reduce_dtype", "num_processes",
+      "num_machines"} (the last four null for .json: TrainingArguments takes them elsewhere) or {"error": ...}}}
 """
 import argparse
 import json
@@ -167,12 +171,14 @@ def generate(a):
             "tokenizer_class": type(tokenizer).__name__}
 
 
-def accelerate_config(a):
+def fsdp_config(a):
     import os
+    import tempfile
     import accelerate.utils.dataclasses as acc_dataclasses
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env
+    from transformers import TrainingArguments
 
     # The plugin ends by building a param_init_fn for sync_module_states on "the current device" and refuses a
     # machine without an accelerator. That function is only called when a model is wrapped, and the device
@@ -185,15 +191,21 @@ def accelerate_config(a):
     for path in a.files:
         os.environ.clear()
         os.environ.update(clean_env)
+        launch = None
         try:
-            args = launch_command_parser().parse_args(["--config_file", path, "train.py"])
-            args = _validate_launch_command(args)[0]
-            os.environ.update(prepare_multi_gpu_env(args))
-            plugin = FullyShardedDataParallelPlugin()
-            mixed = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-            if mixed != "no":  # what AcceleratorState does with the plugin (accelerate/state.py)
-                plugin.set_mixed_precision(mixed)
-        except Exception as e:  # a file Accelerate refuses: its message
+            if path.endswith(".json"):
+                with tempfile.TemporaryDirectory() as out:
+                    targs = TrainingArguments(output_dir=out, fsdp=True, fsdp_config=path, report_to=[])
+                plugin = FullyShardedDataParallelPlugin(**targs.fsdp_plugin_args)  # as Trainer builds it
+            else:
+                launch = launch_command_parser().parse_args(["--config_file", path, "train.py"])
+                launch = _validate_launch_command(launch)[0]
+                os.environ.update(prepare_multi_gpu_env(launch))
+                plugin = FullyShardedDataParallelPlugin()
+                mixed = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+                if mixed != "no":  # what AcceleratorState does with the plugin (accelerate/state.py)
+                    plugin.set_mixed_precision(mixed)
+        except Exception as e:  # a file Accelerate or Transformers refuses: its message
             results[path] = {"error": f"{type(e).__name__}: {e}"}
             continue
         v1 = plugin.fsdp_version == 1
@@ -202,10 +214,13 @@ def accelerate_config(a):
                                                           "size_based_auto_wrap_policy": "SIZE_BASED_WRAP"}[policy.__name__]
         # FSDP1: sharding_strategy (reshard_after_forward only when that is unset), a ShardingStrategy
         strategy = (plugin.sharding_strategy or plugin.reshard_after_forward).name.lstrip("_") if v1 else None
+        # What the file said, where the plugin also holds it as reshard_after_forward (Transformers, FSDP1)
+        stated = getattr(plugin.reshard_after_forward, "name", None) if v1 else None
         mp = plugin.mixed_precision_policy
         results[path] = {
             "fsdp_version": plugin.fsdp_version,
             "strategy": strategy,
+            "stated_strategy": stated.lstrip("_") if stated else None,
             "reshard_after_forward": strategy in ("FULL_SHARD", "HYBRID_SHARD") if v1 else plugin.reshard_after_forward,
             "offload_params": bool(plugin.cpu_offload.offload_params) if v1 else type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy",
             "auto_wrap_policy": policy_name,
@@ -217,10 +232,10 @@ def accelerate_config(a):
             "activation_checkpointing": plugin.activation_checkpointing,
             "sync_module_states": plugin.sync_module_states,
             "cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
-            "param_dtype": dtype_names[mp.param_dtype] if mp is not None else "fp32",
-            "reduce_dtype": dtype_names[mp.reduce_dtype] if mp is not None else "fp32",
-            "num_processes": args.num_processes,
-            "num_machines": args.num_machines,
+            "param_dtype": None if launch is None else dtype_names[mp.param_dtype] if mp is not None else "fp32",
+            "reduce_dtype": None if launch is None else dtype_names[mp.reduce_dtype] if mp is not None else "fp32",
+            "num_processes": launch.num_processes if launch else None,
+            "num_machines": launch.num_machines if launch else None,
         }
     os.environ.clear()
     os.environ.update(clean_env)
@@ -263,12 +278,12 @@ def main():
     g.add_argument("dir")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=40)
-    c = sub.add_parser("accelerate-config")
+    c = sub.add_parser("fsdp-config")
     c.add_argument("files", nargs="+")
     a = p.parse_args()
     torch.set_float32_matmul_precision("highest")
     verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
-             "accelerate-config": accelerate_config}
+             "fsdp-config": fsdp_config}
     result = verbs[a.verb](a)
     print(json.dumps(result))
     sys.stdout.flush()
