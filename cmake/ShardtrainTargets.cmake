@@ -17,6 +17,8 @@ function(shardtrain_add_layer name)
   target_compile_options(shardtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${SHARDTRAIN_WARNINGS}>)
   if(SHARDTRAIN_NATIVE)
     target_compile_options(shardtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+    # Code that otherwise builds clones per instruction set (src/ops/cpu/rows_f32.cpp) builds one, for this CPU.
+    target_compile_definitions(shardtrain_${name} PRIVATE SHARDTRAIN_NATIVE_ARCH=1)
   endif()
   set_target_properties(shardtrain_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 endfunction()

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels.hpp"
-#include "vec_exp.hpp"
+#include "rows.hpp"
 
 namespace shardtrain::ops::cpu {
 namespace {
@@ -74,34 +74,6 @@ template <typename T, typename A> void scatter(const A* src, int64_t rows, int64
     for (int64_t d = 0; d < dh; ++d) store(dst[i * row_stride + d], src[i * dh + d]);
 }
 
-// Scores row -> probabilities in place for query i whose keys start at j0 (row length n = i1 - j0): masked
-// keys (another segment; past i) get 0. Returns the row's log-sum-exp.
-template <typename A> A softmax_row(A* row, int64_t n, int64_t i, int64_t j0, const int32_t* sg) {
-  const A neg_inf = -std::numeric_limits<A>::infinity();
-  const int64_t cend = i - j0 + 1;  // keys j0..i
-  if (sg) {
-    const int32_t own = sg[i];
-    const int32_t* ks = sg + j0;
-#pragma omp simd
-    for (int64_t c = 0; c < cend; ++c) row[c] = ks[c] == own ? row[c] : neg_inf;
-  }
-  A m = neg_inf;
-#pragma omp simd reduction(max : m)
-  for (int64_t c = 0; c < cend; ++c) m = std::max(m, row[c]);
-  A l = 0;
-#pragma omp simd reduction(+ : l)
-  for (int64_t c = 0; c < cend; ++c) {
-    const A p = exp_compute(row[c] - m);
-    row[c] = p;
-    l += p;
-  }
-  const A inv_l = A(1) / l;
-#pragma omp simd
-  for (int64_t c = 0; c < cend; ++c) row[c] *= inv_l;
-  std::fill(row + cend, row + n, A(0));
-  return m + std::log(l);
-}
-
 template <typename T>
 void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T* v, const int32_t* seg, T* out,
                   acc_t<T>* lse) {
@@ -141,7 +113,7 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
             std::fill(sc + r * n, sc + (r + 1) * n, A(0));
             row_lse[i] = neg_inf;
           } else {
-            row_lse[i] = softmax_row(sc + r * n, n, i, j0, sg);
+            row_lse[i] = rows::softmax(sc + r * n, n, i - j0 + 1, sg ? sg + j0 : nullptr, sg ? sg[i] : 0);
           }
         }
         gemm_raw<A>(1, Transpose::No, Transpose::No, rows, L.dh, n, A(1), sc, n, vs.data() + j0 * L.dh, L.dh, A(0),
@@ -207,17 +179,7 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
             A* dsr = ds.data() + r * n;
             const A li = row_lse[i];
             const int64_t cend = fb[i] < 0 || li == neg_inf ? 0 : i - j0 + 1;
-            const int32_t own = sg ? sg[i] : 0;
-            const int32_t* ksg = sg ? sg + j0 : nullptr;
-            const A dii = di[static_cast<size_t>(i)];
-#pragma omp simd
-            for (int64_t c = 0; c < cend; ++c) {
-              const A pc = !ksg || ksg[c] == own ? exp_compute(pr[c] - li) : A(0);
-              pr[c] = pc;
-              dsr[c] = pc * (dsr[c] - dii);
-            }
-            std::fill(pr + cend, pr + n, A(0));
-            std::fill(dsr + cend, dsr + n, A(0));
+            rows::probs_and_ds(pr, dsr, n, cend, sg ? sg + j0 : nullptr, sg ? sg[i] : 0, li, di[static_cast<size_t>(i)]);
           }
           // dq = scale ds k;  dk += scale ds^T q;  dv += p^T dout
           gemm_raw<A>(1, Transpose::No, Transpose::No, rows, L.dh, n, scale, ds.data(), n, kb, L.dh, A(0),

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "kernels.hpp"
-#include "vec_exp.hpp"
+#include "rows.hpp"
 
 namespace shardtrain::ops::cpu {
 namespace {
@@ -28,29 +28,7 @@ template <typename A> A loss_row(A* z, int64_t vocab, int32_t target, int32_t ig
     if (grad) std::fill(z, z + vocab, A(0));
     return 0;
   }
-  const A zt = z[target];
-  A m = z[0];
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 1; j < vocab; ++j) m = std::max(m, z[j]);
-  A l = 0;
-  if (grad) {
-#pragma omp simd reduction(+ : l)
-    for (int64_t j = 0; j < vocab; ++j) {
-      z[j] = exp_compute(z[j] - m);
-      l += z[j];
-    }
-  } else {
-#pragma omp simd reduction(+ : l)
-    for (int64_t j = 0; j < vocab; ++j) l += exp_compute(z[j] - m);
-  }
-  const A lse = m + std::log(l);
-  const A loss = lse - zt;
-  if (!grad) return loss;
-  const A f = scale / l;
-#pragma omp simd
-  for (int64_t j = 0; j < vocab; ++j) z[j] *= f;
-  z[target] -= scale;
-  return loss;
+  return rows::cross_entropy(z, vocab, target, scale, grad);
 }
 
 // In place: every value rounded to the nearest bf16 (the logits and dlogits of a bf16 lm_head).
