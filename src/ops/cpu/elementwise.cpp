@@ -146,35 +146,40 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
   });
 }
 
-// SwiGLU in blocks of kSwigluBlock elements over the threads: the fp32 loops of rows.hpp (vectorized for the
-// CPU at hand) on f32 tensors, converting through a block of fp32 scratch per thread otherwise.
+// SwiGLU runs in blocks of kSwigluBlock elements over the threads: the fp32 loops of rows.hpp (vectorized for
+// the CPU at hand) straight on f32 tensors, through a few blocks of fp32 scratch per thread otherwise.
 constexpr int64_t kSwigluBlock = 4096;
+template <typename A, int Buffers> using BlockScratch = A[Buffers][kSwigluBlock];
+
+// f(lo, len, scratch) for the blocks of [0, n), spread over the threads; scratch is the thread's own.
+template <typename A, int Buffers, typename F> void for_each_block(Context& ctx, int64_t n, F&& f) {
+  const int64_t blocks = (n + kSwigluBlock - 1) / kSwigluBlock;
+#pragma omp parallel num_threads(ctx.threads) if (n > kParallelMin)
+  {
+    BlockScratch<A, Buffers> scratch;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) f(b * kSwigluBlock, std::min(kSwigluBlock, n - b * kSwigluBlock), scratch);
+  }
+}
 
 void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out) {
   const char* op = "swiglu_forward";
   validate_swiglu_forward(tensor_checks, gate, up, out);
-  const int64_t n = gate.numel(), blocks = (n + kSwigluBlock - 1) / kSwigluBlock;
   dispatch_float(gate.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const T* g = gate.as<const T>();
     const T* u = up.as<const T>();
     T* o = out.as<T>();
-#pragma omp parallel num_threads(ctx.threads) if (n > kParallelMin)
-    {
-      A buf[3][kSwigluBlock];
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t lo = b * kSwigluBlock, len = std::min(kSwigluBlock, n - lo);
-        if constexpr (std::is_same_v<T, A>) {
-          rows::swiglu_forward(g + lo, u + lo, o + lo, len);
-        } else {
-          for (int64_t i = 0; i < len; ++i) buf[0][i] = load(g[lo + i]), buf[1][i] = load(u[lo + i]);
-          rows::swiglu_forward(buf[0], buf[1], buf[2], len);
-          for (int64_t i = 0; i < len; ++i) store(o[lo + i], buf[2][i]);
-        }
+    for_each_block<A, 3>(ctx, gate.numel(), [&](int64_t lo, int64_t len, BlockScratch<A, 3>& buf) {
+      if constexpr (std::is_same_v<T, A>) {
+        rows::swiglu_forward(g + lo, u + lo, o + lo, len);
+      } else {
+        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(g[lo + i]), buf[1][i] = load(u[lo + i]);
+        rows::swiglu_forward(buf[0], buf[1], buf[2], len);
+        for (int64_t i = 0; i < len; ++i) store(o[lo + i], buf[2][i]);
       }
-    }
+    });
   });
 }
 
@@ -186,7 +191,6 @@ void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const
     require(t->dtype == gate.dtype, op, "all tensors must share the dtype of gate ({})", dtype_name(gate.dtype));
     require_numel(*t, gate.numel(), op, "tensor");
   }
-  const int64_t n = gate.numel(), blocks = (n + kSwigluBlock - 1) / kSwigluBlock;
   dispatch_float(gate.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -195,21 +199,15 @@ void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const
     const T* u = up.as<const T>();
     T* dg = dgate.as<T>();
     T* du = dup.as<T>();
-#pragma omp parallel num_threads(ctx.threads) if (n > kParallelMin)
-    {
-      A buf[5][kSwigluBlock];
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t lo = b * kSwigluBlock, len = std::min(kSwigluBlock, n - lo);
-        if constexpr (std::is_same_v<T, A>) {
-          rows::swiglu_backward(go + lo, g + lo, u + lo, dg + lo, du + lo, len);
-        } else {
-          for (int64_t i = 0; i < len; ++i) buf[0][i] = load(go[lo + i]), buf[1][i] = load(g[lo + i]), buf[2][i] = load(u[lo + i]);
-          rows::swiglu_backward(buf[0], buf[1], buf[2], buf[3], buf[4], len);
-          for (int64_t i = 0; i < len; ++i) store(dg[lo + i], buf[3][i]), store(du[lo + i], buf[4][i]);
-        }
+    for_each_block<A, 5>(ctx, gate.numel(), [&](int64_t lo, int64_t len, BlockScratch<A, 5>& buf) {
+      if constexpr (std::is_same_v<T, A>) {
+        rows::swiglu_backward(go + lo, g + lo, u + lo, dg + lo, du + lo, len);
+      } else {
+        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(go[lo + i]), buf[1][i] = load(g[lo + i]), buf[2][i] = load(u[lo + i]);
+        rows::swiglu_backward(buf[0], buf[1], buf[2], buf[3], buf[4], len);
+        for (int64_t i = 0; i < len; ++i) store(dg[lo + i], buf[3][i]), store(du[lo + i], buf[4][i]);
       }
-    }
+    });
   });
 }
 
