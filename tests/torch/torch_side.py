@@ -30,8 +30,8 @@ prints one JSON object on its last line. Verbs:
       TrainingArguments(fsdp=True, fsdp_config=FILE) and the plugin its Trainer builds from
       `fsdp_plugin_args`. {"configs": {FILE: {"fsdp_version", "strategy" (FSDP1's ShardingStrategy name, the
       one a model is wrapped with, or null), "stated_strategy" (FSDP1: the plugin's reshard_after_forward, where
-      Transformers puts the file's strategy), "reshard_after_forward", "offload_params", "auto_wrap_policy", "transformer_layer_cls_to_wrap",
-      "min_num_params", "backward_prefetch", "forward_prefetch", "state_dict_type", "activation_checkpointing",
+      Transformers puts the file's strategy), "reshard_after_forward", "offload_params", "auto_wrap_policy",
+      "transformer_layer_cls_to_wrap", "min_num_params", "backward_prefetch", "forward_prefetch", "state_dict_type", "activation_checkpointing",
       "sync_module_states", "cpu_ram_efficient_loading", "param_dtype", "reduce_dtype", "num_processes",
       "num_machines"} (the last four null for .json: TrainingArguments takes them elsewhere) or {"error": ...}}}
 """

@@ -96,7 +96,7 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
       gather(v + b * L.s * L.kv_row() + g * L.dh, L.kv_row(), L.s, L.dh, sg, vs.data());
       A* row_lse = lse + (b * L.h + h) * L.s;
       for (int64_t i0 = 0; i0 < L.s; i0 += kBlockRows) {
-        const int64_t i1 = std::min(L.s, i0 + kBlockRows), rows = i1 - i0;
+        const int64_t i1 = std::min(L.s, i0 + kBlockRows), nq = i1 - i0;  // queries in the block
         const int64_t j0 = block_first_key(fb, i0, i1);
         if (j0 < 0) {  // all padding: attends to nothing
           std::fill(os.begin() + i0 * L.dh, os.begin() + i1 * L.dh, A(0));
@@ -105,9 +105,9 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
         }
         const int64_t n = i1 - j0;
         A* sc = scores.data();
-        gemm_raw<A>(1, Transpose::No, Transpose::Yes, rows, n, L.dh, scale, qs.data() + i0 * L.dh, L.dh,
+        gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, scale, qs.data() + i0 * L.dh, L.dh,
                     ks.data() + j0 * L.dh, L.dh, A(0), sc, n);
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < nq; ++r) {
           const int64_t i = i0 + r;
           if (fb[i] < 0) {  // a padding query: a zero row of probabilities, so a zero output
             std::fill(sc + r * n, sc + (r + 1) * n, A(0));
@@ -116,7 +116,7 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
             row_lse[i] = rows::softmax(sc + r * n, n, i - j0 + 1, sg ? sg + j0 : nullptr, sg ? sg[i] : 0);
           }
         }
-        gemm_raw<A>(1, Transpose::No, Transpose::No, rows, L.dh, n, A(1), sc, n, vs.data() + j0 * L.dh, L.dh, A(0),
+        gemm_raw<A>(1, Transpose::No, Transpose::No, nq, L.dh, n, A(1), sc, n, vs.data() + j0 * L.dh, L.dh, A(0),
                     os.data() + i0 * L.dh, L.dh);
       }
       scatter(os.data(), L.s, L.dh, out + b * L.s * L.q_row() + h * L.dh, L.q_row());
@@ -159,7 +159,7 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
         }
         const A* row_lse = lse + (b * L.h + h) * L.s;
         for (int64_t i0 = 0; i0 < L.s; i0 += kBlockRows) {
-          const int64_t i1 = std::min(L.s, i0 + kBlockRows), rows = i1 - i0;
+          const int64_t i1 = std::min(L.s, i0 + kBlockRows), nq = i1 - i0;  // queries in the block
           const int64_t j0 = block_first_key(fb, i0, i1);
           if (j0 < 0) {
             std::fill(dqs.begin() + i0 * L.dh, dqs.begin() + i1 * L.dh, A(0));
@@ -170,10 +170,10 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
           const A* dob = dos.data() + i0 * L.dh;
           const A* kb = ks.data() + j0 * L.dh;
           // p = exp(scale q k^T - lse) where visible, dp = dout v^T, ds = p (dp - D_i)
-          gemm_raw<A>(1, Transpose::No, Transpose::Yes, rows, n, L.dh, scale, qb, L.dh, kb, L.dh, A(0), p.data(), n);
-          gemm_raw<A>(1, Transpose::No, Transpose::Yes, rows, n, L.dh, A(1), dob, L.dh, vs.data() + j0 * L.dh, L.dh,
+          gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, scale, qb, L.dh, kb, L.dh, A(0), p.data(), n);
+          gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, A(1), dob, L.dh, vs.data() + j0 * L.dh, L.dh,
                       A(0), ds.data(), n);
-          for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t r = 0; r < nq; ++r) {
             const int64_t i = i0 + r;
             A* pr = p.data() + r * n;
             A* dsr = ds.data() + r * n;
@@ -182,11 +182,11 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
             rows::probs_and_ds(pr, dsr, n, cend, sg ? sg + j0 : nullptr, sg ? sg[i] : 0, li, di[static_cast<size_t>(i)]);
           }
           // dq = scale ds k;  dk += scale ds^T q;  dv += p^T dout
-          gemm_raw<A>(1, Transpose::No, Transpose::No, rows, L.dh, n, scale, ds.data(), n, kb, L.dh, A(0),
+          gemm_raw<A>(1, Transpose::No, Transpose::No, nq, L.dh, n, scale, ds.data(), n, kb, L.dh, A(0),
                       dqs.data() + i0 * L.dh, L.dh);
-          gemm_raw<A>(1, Transpose::Yes, Transpose::No, n, L.dh, rows, scale, ds.data(), n, qb, L.dh, A(1),
+          gemm_raw<A>(1, Transpose::Yes, Transpose::No, n, L.dh, nq, scale, ds.data(), n, qb, L.dh, A(1),
                       dk_acc.data() + j0 * L.dh, L.dh);
-          gemm_raw<A>(1, Transpose::Yes, Transpose::No, n, L.dh, rows, A(1), p.data(), n, dob, L.dh, A(1),
+          gemm_raw<A>(1, Transpose::Yes, Transpose::No, n, L.dh, nq, A(1), p.data(), n, dob, L.dh, A(1),
                       dv_acc.data() + j0 * L.dh, L.dh);
         }
         scatter(dqs.data(), L.s, L.dh, dq + qoff, L.q_row());
