@@ -35,8 +35,9 @@ ScheduleKind parse_schedule_kind(std::string_view text) {
 
 void ScheduleConfig::validate() const {
   if (warmup_steps < 0) throw ConfigError(fmt::format("schedule.warmup_steps: expected >= 0, got {}", warmup_steps));
-  if (!(warmup_start_factor > 0 && warmup_start_factor <= 1))
-    throw ConfigError(fmt::format("schedule.warmup_start_factor: expected a factor in (0, 1], got {}", warmup_start_factor));
+  // 0 is transformers' warmup (lr 0 at the first step); PyTorch's LinearLR itself wants more than 0.
+  if (!(warmup_start_factor >= 0 && warmup_start_factor <= 1))
+    throw ConfigError(fmt::format("schedule.warmup_start_factor: expected a factor in [0, 1], got {}", warmup_start_factor));
   if (!(min_lr >= 0) || !std::isfinite(min_lr)) throw ConfigError(fmt::format("schedule.min_lr: expected >= 0, got {}", min_lr));
   if (decay_steps < 0) throw ConfigError(fmt::format("schedule.decay_steps: expected >= 0, got {}", decay_steps));
 }

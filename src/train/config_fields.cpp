@@ -194,7 +194,7 @@ std::vector<ConfigField> build_fields() {
   t.choice("kind", "cosine, constant, linear or wsd", [](auto& c) -> auto& { return c.schedule.lr.kind; },
            [](const std::string& s) { return optim::parse_schedule_kind(s); }, [](optim::ScheduleKind k) { return optim::schedule_kind_name(k); });
   t.integer("warmup_steps", "linear warmup steps", [](auto& c) -> auto& { return c.schedule.lr.warmup_steps; });
-  t.real("warmup_start_factor", "warmup starts at this fraction of lr", [](auto& c) -> auto& { return c.schedule.lr.warmup_start_factor; });
+  t.real("warmup_start_factor", "warmup starts at this fraction of lr, in [0, 1] (0: transformers' warmups)", [](auto& c) -> auto& { return c.schedule.lr.warmup_start_factor; });
   t.real("min_lr", "the decay's floor (eta_min)", [](auto& c) -> auto& { return c.schedule.lr.min_lr; });
   t.integer("decay_steps", "wsd: final decay length (0 = 20% of the steps after warmup)", [](auto& c) -> auto& { return c.schedule.lr.decay_steps; });
   t.integer("max_steps", "stop after this many optimizer steps (0 = no limit)", [](auto& c) -> auto& { return c.schedule.max_steps; });

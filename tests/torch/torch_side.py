@@ -34,6 +34,9 @@ prints one JSON object on its last line. Verbs:
       "transformer_layer_cls_to_wrap", "min_num_params", "backward_prefetch", "forward_prefetch", "state_dict_type", "activation_checkpointing",
       "sync_module_states", "cpu_ram_efficient_loading", "param_dtype", "reduce_dtype", "num_processes",
       "num_machines"} (the last four null for .json: TrainingArguments takes them elsewhere) or {"error": ...}}}
+  hf-schedules --lr LR --warmup W --total T CASES_JSON
+      transformers' get_scheduler (what Trainer's lr_scheduler_type selects) for each case of CASES_JSON,
+      {NAME: [scheduler name, scheduler_specific_kwargs]}, over T optimizer steps: {NAME: [lr at step 0..T-1]}
 """
 import argparse
 import json
@@ -242,6 +245,23 @@ def fsdp_config(a):
     return {"configs": results}
 
 
+def hf_schedules(a):
+    from transformers import get_scheduler
+    out = {}
+    for name, (kind, kwargs) in json.loads(a.cases).items():
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.AdamW([p], lr=a.lr)
+        sched = get_scheduler(kind, opt, num_warmup_steps=a.warmup, num_training_steps=a.total,
+                              scheduler_specific_kwargs=kwargs)
+        lrs = []
+        for _ in range(a.total):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        out[name] = lrs
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="verb", required=True)
@@ -280,10 +300,15 @@ def main():
     g.add_argument("--max-new-tokens", type=int, default=40)
     c = sub.add_parser("fsdp-config")
     c.add_argument("files", nargs="+")
+    h = sub.add_parser("hf-schedules")
+    h.add_argument("cases")
+    h.add_argument("--lr", type=float, required=True)
+    h.add_argument("--warmup", type=int, required=True)
+    h.add_argument("--total", type=int, required=True)
     a = p.parse_args()
     torch.set_float32_matmul_precision("highest")
     verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
-             "fsdp-config": fsdp_config}
+             "fsdp-config": fsdp_config, "hf-schedules": hf_schedules}
     result = verbs[a.verb](a)
     print(json.dumps(result))
     sys.stdout.flush()

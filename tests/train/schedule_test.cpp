@@ -104,13 +104,27 @@ TEST(Schedule, OtherKinds) {
   EXPECT_THROW(optim::parse_schedule_kind("step"), ConfigError);
 }
 
+// warmup_start_factor 0: transformers' warmups (get_cosine_schedule_with_warmup and the others), lr 0 at the
+// first step; tests/torch/hf_schedules_test.py holds whole schedules to transformers itself.
+TEST(Schedule, WarmupFromZero) {
+  optim::ScheduleConfig c;
+  c.warmup_steps = 10;
+  c.warmup_start_factor = 0;
+  const optim::LrSchedule s(c, 2e-3, 100);
+  EXPECT_EQ(s.lr(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.lr(5), 1e-3);
+  EXPECT_DOUBLE_EQ(s.lr(10), 2e-3);
+}
+
 TEST(Schedule, ImpossibleSettingsAreConfigErrors) {
   optim::ScheduleConfig c;
   c.warmup_steps = 100;
   EXPECT_THROW(optim::LrSchedule(c, 1e-3, 100), ConfigError);  // no room to decay
   c.warmup_steps = 0;
-  c.warmup_start_factor = 0;
-  EXPECT_THROW(c.validate(), ConfigError);
+  for (double f : {-0.1, 1.5, std::nan("")}) {
+    c.warmup_start_factor = f;
+    EXPECT_THROW(c.validate(), ConfigError) << f;
+  }
   c.warmup_start_factor = 0.1;
   c.min_lr = 1.0;
   EXPECT_THROW(optim::LrSchedule(c, 1e-3, 100), ConfigError);
