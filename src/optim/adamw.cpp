@@ -20,10 +20,23 @@
 
 namespace shardtrain::optim {
 
+namespace {
+constexpr DecayScope kScopes[] = {DecayScope::All, DecayScope::ExemptNorms, DecayScope::ExemptNormsAndEmbeddings};
+}  // namespace
+
+const char* decay_scope_name(DecayScope scope) {
+  switch (scope) {
+    case DecayScope::All: return "all";
+    case DecayScope::ExemptNorms: return "exempt_norms";
+    case DecayScope::ExemptNormsAndEmbeddings: return "exempt_norms_and_embeddings";
+  }
+  return "?";
+}
+
 DecayScope parse_decay_scope(std::string_view t) {
-  if (t == "all") return DecayScope::All;
-  if (t == "exempt_norms_and_embeddings") return DecayScope::ExemptNormsAndEmbeddings;
-  throw ConfigError(fmt::format("optim.decay: unknown scope '{}' (expected all or exempt_norms_and_embeddings)", t));
+  for (DecayScope s : kScopes)
+    if (t == decay_scope_name(s)) return s;
+  throw ConfigError(fmt::format("optim.decay: unknown scope '{}' (expected all, exempt_norms or exempt_norms_and_embeddings)", t));
 }
 
 void AdamWConfig::validate() const {
@@ -130,8 +143,8 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
                                         r.end, v.numel));
       }
       const model::ModuleClass cls = spec.module(spec.param(r.param).module).cls;
-      const bool exempt = config_.decay == DecayScope::ExemptNormsAndEmbeddings &&
-                          (cls == model::ModuleClass::RMSNorm || cls == model::ModuleClass::Embedding);
+      const bool exempt = (config_.decay != DecayScope::All && cls == model::ModuleClass::RMSNorm) ||
+                          (config_.decay == DecayScope::ExemptNormsAndEmbeddings && cls == model::ModuleClass::Embedding);
       s.ranges.push_back({r.begin, r.end, !exempt});
     }
     if (device_ == DeviceKind::Cuda) {

@@ -183,9 +183,9 @@ std::vector<ConfigField> build_fields() {
   t.real("beta2", "AdamW beta2", [](auto& c) -> auto& { return c.optim.adamw.beta2; });
   t.real("eps", "AdamW epsilon", [](auto& c) -> auto& { return c.optim.adamw.eps; });
   t.real("weight_decay", "decoupled weight decay", [](auto& c) -> auto& { return c.optim.adamw.weight_decay; });
-  t.choice("decay", "all or exempt_norms_and_embeddings", [](auto& c) -> auto& { return c.optim.adamw.decay; },
-           [](const std::string& s) { return optim::parse_decay_scope(s); },
-           [](optim::DecayScope d) { return d == optim::DecayScope::All ? "all" : "exempt_norms_and_embeddings"; });
+  t.choice("decay", "all, exempt_norms (transformers' Trainer) or exempt_norms_and_embeddings",
+           [](auto& c) -> auto& { return c.optim.adamw.decay; }, [](const std::string& s) { return optim::parse_decay_scope(s); },
+           [](optim::DecayScope d) { return optim::decay_scope_name(d); });
   t.real("max_grad_norm", "clip the global grad norm to this (0 = off)", [](auto& c) -> auto& { return c.optim.max_grad_norm; });
   t.integer("max_consecutive_nonfinite", "skipped non-finite steps in a row that stop the run (exit 9)",
             [](auto& c) -> auto& { return c.optim.max_consecutive_nonfinite; });

@@ -79,11 +79,26 @@ TEST(AdamWHost, ChunkedEqualsPerRangeLoopBitForBitAtAnyThreadCount) {
   omp_set_num_threads(default_threads);
 }
 
-// AdamW written out in double, element by element, from the formulas (not from either loop).
-TEST(AdamWHost, MatchesADoublePrecisionReference) {
+// AdamW written out in double, element by element, from the formulas (not from either loop), under each
+// weight-decay scope.
+class AdamWHostScopes : public ::testing::TestWithParam<optim::DecayScope> {};
+INSTANTIATE_TEST_SUITE_P(Scopes, AdamWHostScopes,
+                         ::testing::Values(optim::DecayScope::All, optim::DecayScope::ExemptNorms,
+                                           optim::DecayScope::ExemptNormsAndEmbeddings),
+                         [](const auto& info) { return std::string(optim::decay_scope_name(info.param)); });
+
+TEST_P(AdamWHostScopes, MatchesADoublePrecisionReference) {
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();
-  const optim::AdamWConfig cfg = exempt_config();
+  optim::AdamWConfig cfg = exempt_config();
+  cfg.decay = GetParam();
+  EXPECT_EQ(optim::parse_decay_scope(optim::decay_scope_name(cfg.decay)), cfg.decay);
+  // Which module classes decay, from the scope's definition.
+  auto decays = [&](model::ModuleClass cls) {
+    if (cfg.decay == optim::DecayScope::All) return true;
+    if (cls == model::ModuleClass::RMSNorm) return false;
+    return !(cfg.decay == optim::DecayScope::ExemptNormsAndEmbeddings && cls == model::ModuleClass::Embedding);
+  };
   HostShards got = make_host_shards(spec, specs, 11, kPad);
   optim::AdamW adamw(got.views, spec, cfg, nullptr);
   std::vector<std::vector<double>> p, m, v;
@@ -98,7 +113,7 @@ TEST(AdamWHost, MatchesADoublePrecisionReference) {
     const double lr = lr_at(step), gs = scale_at(step), t = step + 1;
     for (size_t i = 0; i < specs.size(); ++i) {
       for (const RangeSpec& r : specs[i].ranges) {
-        const bool decay = r.cls == model::ModuleClass::Linear;
+        const bool decay = decays(r.cls);
         for (int64_t k = r.begin; k < r.end; ++k) {
           const auto u = static_cast<size_t>(k);
           const double g = static_cast<double>(got.grad[i][u]) * gs;

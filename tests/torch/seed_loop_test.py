@@ -8,7 +8,8 @@ rate equal to 1e-12 relative, the loss and the gradient norm before clipping wit
 the final weights within 2e-4 of each tensor's largest value (LIMITS); clipping is active (the norm is
 above max_grad_norm) at the first step. So the optimizer, the schedule, clipping, the loss normalization,
 accumulation over micro-batches and ranks, the padded data layout and init_from are the seed's. And
-init_from with a RoPE base other than the weights' trains with the configured one and says so once."""
+init_from with a RoPE base other than the weights' trains with the configured one and says so once. A second run
+holds optim.decay = "exempt_norms" to the same loop with transformers' Trainer's weight-decay groups."""
 import json
 import os
 import subprocess
@@ -44,42 +45,58 @@ with open(config, "w") as f:
             f"[data]\npath = \"{ds}\"\nlayout = \"padded\"\nseq_len = {S}\nglobal_batch_size = {G}\nmicro_batch_size = 2\n"
             "shuffle = false\n\n"
             f"[checkpoint]\ninit_from = \"{init}\"\nevery_n_steps = {STEPS}\n\n[logging]\nprogress = \"lines\"\npeak_flops = 1e10\n")
-run_dir = os.path.join(work, "run")
-p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "train", "--config", config,
-                    "--logging.run_dir", run_dir], cwd=args.source, capture_output=True, text=True, timeout=600)
-check(p.returncode == 0, f"shardtrain train exit {p.returncode}: {p.stderr[-2000:]}")
-check("configured values are used" not in p.stderr, f"init_from warned of a model difference: {p.stderr[-1500:]}")
-ours = [m for m in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if m["kind"] == "train"]
-final = os.path.join(work, "final-shardtrain")
-subprocess.run([args.shardtrain, "consolidate", os.path.join(run_dir, "checkpoints"), "--output", final, "--format",
-                "safetensors", "--log-level", "warn"], check=True)
+def follow(name, ours_decay, their_decay):
+    """shardtrain train with optim.decay = ours_decay against the PyTorch loop whose AdamW decays as
+    their_decay says (all: the seed's one group; trainer: transformers' Trainer's two groups), step by step."""
+    run_dir = os.path.join(work, f"run-{name}")
+    p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "train", "--config", config,
+                        "--logging.run_dir", run_dir, "--optim.decay", ours_decay], cwd=args.source, capture_output=True,
+                       text=True, timeout=600)
+    check(p.returncode == 0, f"{name}: shardtrain train exit {p.returncode}: {p.stderr[-2000:]}")
+    if p.returncode != 0:
+        return
+    check("configured values are used" not in p.stderr, f"init_from warned of a model difference: {p.stderr[-1500:]}")
+    ours = [m for m in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if m["kind"] == "train"]
+    final = os.path.join(work, f"final-shardtrain-{name}")
+    subprocess.run([args.shardtrain, "consolidate", os.path.join(run_dir, "checkpoints"), "--output", final, "--format",
+                    "safetensors", "--log-level", "warn"], check=True)
 
-theirs_dir = os.path.join(work, "final-pytorch")
-theirs = env.side("seed-loop", init, theirs_dir, "--data", ds, "--seq", str(S), "--batch", str(G), "--steps", str(STEPS),
-                  "--warmup", str(WARMUP), "--total", str(STEPS), "--lr", str(LR), "--beta1", str(BETA1), "--beta2", str(BETA2),
-                  "--eps", str(EPS), "--weight-decay", str(WD), "--start-factor", str(START), "--max-norm", str(MAX_NORM))["steps"]
+    theirs_dir = os.path.join(work, f"final-pytorch-{name}")
+    theirs = env.side("seed-loop", init, theirs_dir, "--data", ds, "--seq", str(S), "--batch", str(G), "--steps", str(STEPS),
+                      "--warmup", str(WARMUP), "--total", str(STEPS), "--lr", str(LR), "--beta1", str(BETA1), "--beta2",
+                      str(BETA2), "--eps", str(EPS), "--weight-decay", str(WD), "--start-factor", str(START), "--max-norm",
+                      str(MAX_NORM), "--decay", their_decay)["steps"]
 
-check(len(ours) == STEPS == len(theirs), f"steps: shardtrain {len(ours)}, PyTorch {len(theirs)}, expected {STEPS}")
-worst = {"loss": 0.0, "grad_norm": 0.0}
-print(f"{'step':>4} {'lr':>12} {'loss shardtrain':>16} {'loss PyTorch':>14} {'rel':>9} {'norm shardtrain':>16} {'norm PyTorch':>14} {'rel':>9}")
-for a, b in zip(ours, theirs):
-    check(a["step"] == b["step"], f"step numbers {a['step']} / {b['step']}")
-    check(abs(a["lr"] - b["lr"]) <= 1e-12 * b["lr"], f"step {b['step']}: lr {a['lr']!r} vs PyTorch's {b['lr']!r}")
-    rel = {k: abs(a[k] - b[k]) / abs(b[k]) for k in worst}
-    for k in worst:
-        worst[k] = max(worst[k], rel[k])
-        check(rel[k] <= LIMITS[k], f"step {b['step']}: {k} {a[k]!r} vs PyTorch's {b[k]!r} ({rel[k]:.1e} > {LIMITS[k]:g})")
-    print(f"{b['step']:>4} {b['lr']:>12.6e} {a['loss']:>16.9f} {b['loss']:>14.9f} {rel['loss']:>9.1e} "
-          f"{a['grad_norm']:>16.9f} {b['grad_norm']:>14.9f} {rel['grad_norm']:>9.1e}")
-check(theirs[0]["grad_norm"] > MAX_NORM, f"the first step's norm {theirs[0]['grad_norm']} does not reach max_grad_norm: clipping untested")
-check(ours[-1]["loss"] < ours[0]["loss"] - 0.5, f"the loss did not fall: {ours[0]['loss']} -> {ours[-1]['loss']}")
+    print(f"== {name}: shardtrain optim.decay = {ours_decay}, PyTorch AdamW decaying {their_decay}")
+    check(len(ours) == STEPS == len(theirs), f"{name}: steps: shardtrain {len(ours)}, PyTorch {len(theirs)}, expected {STEPS}")
+    worst = {"loss": 0.0, "grad_norm": 0.0}
+    print(f"{'step':>4} {'lr':>12} {'loss shardtrain':>16} {'loss PyTorch':>14} {'rel':>9} {'norm shardtrain':>16} "
+          f"{'norm PyTorch':>14} {'rel':>9}")
+    for a, b in zip(ours, theirs):
+        check(a["step"] == b["step"], f"{name}: step numbers {a['step']} / {b['step']}")
+        check(abs(a["lr"] - b["lr"]) <= 1e-12 * b["lr"], f"{name}: step {b['step']}: lr {a['lr']!r} vs PyTorch's {b['lr']!r}")
+        rel = {k: abs(a[k] - b[k]) / abs(b[k]) for k in worst}
+        for k in worst:
+            worst[k] = max(worst[k], rel[k])
+            check(rel[k] <= LIMITS[k], f"{name}: step {b['step']}: {k} {a[k]!r} vs PyTorch's {b[k]!r} ({rel[k]:.1e} > {LIMITS[k]:g})")
+        print(f"{b['step']:>4} {b['lr']:>12.6e} {a['loss']:>16.9f} {b['loss']:>14.9f} {rel['loss']:>9.1e} "
+              f"{a['grad_norm']:>16.9f} {b['grad_norm']:>14.9f} {rel['grad_norm']:>9.1e}")
+    check(theirs[0]["grad_norm"] > MAX_NORM, f"the first step's norm {theirs[0]['grad_norm']} does not reach max_grad_norm: clipping untested")
+    check(ours[-1]["loss"] < ours[0]["loss"] - 0.5, f"{name}: the loss did not fall: {ours[0]['loss']} -> {ours[-1]['loss']}")
 
-weights = env.side("same-weights", final, theirs_dir)
-check(not [d for d in weights["differences"] if "only in" in d or "shape" in d], f"final weights: {weights['differences']}")
-worst_w = max(weights["scaled"].items(), key=lambda kv: kv[1])
-print(f"worst relative differences: loss {worst['loss']:.1e}, gradient norm {worst['grad_norm']:.1e}; final weights "
-      f"{worst_w[1]:.1e} of the tensor's largest ({worst_w[0]}), over {weights['tensors']} tensors")
-check(worst_w[1] <= LIMITS["weights"], f"final weights: {worst_w[0]} differs by {worst_w[1]:.1e} of its largest value")
+    weights = env.side("same-weights", final, theirs_dir)
+    check(not [d for d in weights["differences"] if "only in" in d or "shape" in d], f"{name}: final weights: {weights['differences']}")
+    worst_w = max(weights["scaled"].items(), key=lambda kv: kv[1])
+    print(f"worst relative differences: loss {worst['loss']:.1e}, gradient norm {worst['grad_norm']:.1e}; final weights "
+          f"{worst_w[1]:.1e} of the tensor's largest ({worst_w[0]}), over {weights['tensors']} tensors")
+    check(worst_w[1] <= LIMITS["weights"], f"{name}: final weights: {worst_w[0]} differs by {worst_w[1]:.1e} of its largest value")
+
+
+follow("seed", "all", "all")
+# transformers' Trainer decays every parameter but those get_decay_parameter_names leaves out (the norms', here):
+# optim.decay = "exempt_norms". Decaying the norms too moves their weights by about lr * weight_decay a step,
+# past the weights' limit within the run.
+follow("trainer", "exempt_norms", "trainer")
 
 # A RoPE base other than the weights' is used as configured, and said once (rank 0) naming both values.
 p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "train", "--config", config, "--logging.run_dir",

@@ -12,9 +12,11 @@ prints one JSON object on its last line. Verbs:
       a tied lm_head absent from both): {"equal": bool, "tensors": n, "differences": [...], "scaled": {name:
       largest |A - B| over B's largest magnitude}}
   seed-loop INIT_DIR OUT_DIR --data H5 --seq S --batch G --steps N --warmup W --total T [optimizer options]
+           [--decay all|trainer]
       the seed's training loop (shared/seeds 002): LlamaForCausalLM from INIT_DIR, fully_shard per decoder
       layer and at the root (one process, gloo), AdamW, LinearLR(start_factor) then CosineAnnealingLR(T - W)
-      in a SequentialLR, clip_grad_norm_, mean cross-entropy over the counted targets; the data set's padded
+      in a SequentialLR, clip_grad_norm_, mean cross-entropy over the counted targets (AdamW decays every
+      parameter, or with --decay trainer those transformers' Trainer.get_decay_parameter_names names); the data set's padded
       samples in order (no shuffle), one global batch per step. Writes the final weights to OUT_DIR
       (save_pretrained): {"steps": [{"step", "loss", "lr", "grad_norm"}...]}
   tokenize DIR TEXT...
@@ -120,8 +122,14 @@ def seed_loop(a):
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
-                                  weight_decay=a.weight_decay, foreach=False)
+    if a.decay == "trainer":  # the two groups transformers' Trainer.create_optimizer makes
+        from transformers import Trainer
+        names = set(Trainer.get_decay_parameter_names(None, model))  # it reads only the model
+        groups = [{"params": [p for n, p in model.named_parameters() if n in names], "weight_decay": a.weight_decay},
+                  {"params": [p for n, p in model.named_parameters() if n not in names], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": list(model.parameters()), "weight_decay": a.weight_decay}]
+    optimizer = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, foreach=False)
     warmup = lr_scheduler.LinearLR(optimizer, start_factor=a.start_factor, end_factor=1.0, total_iters=a.warmup)
     cosine = lr_scheduler.CosineAnnealingLR(optimizer, T_max=a.total - a.warmup, eta_min=0)
     scheduler = lr_scheduler.SequentialLR(optimizer, schedulers=[warmup, cosine], milestones=[a.warmup])
@@ -291,6 +299,7 @@ def main():
     for name, default in (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.99), ("eps", 1e-8), ("weight-decay", 0.1),
                           ("start-factor", 0.1), ("max-norm", 1.0)):
         r.add_argument(f"--{name}", type=float, default=default)
+    r.add_argument("--decay", choices=["all", "trainer"], default="all")
     t = sub.add_parser("tokenize")
     t.add_argument("dir")
     t.add_argument("texts", nargs="+")

@@ -21,10 +21,12 @@ namespace detail {
 struct StepScalars;  // adamw_internal.hpp
 }
 
-// Which parameters weight decay applies to. The seed decays everything; the common alternative exempts
-// RMSNorm weights and the embedding (and a tied lm_head).
-enum class DecayScope { All, ExemptNormsAndEmbeddings };
-DecayScope parse_decay_scope(std::string_view text);  // "all" | "exempt_norms_and_embeddings"
+// Which parameters weight decay applies to. The seed decays everything; transformers' Trainer exempts the
+// RMSNorm weights (exempt_norms: its get_decay_parameter_names on a Llama); another common choice exempts the
+// embedding (and a tied lm_head) too.
+enum class DecayScope { All, ExemptNorms, ExemptNormsAndEmbeddings };
+DecayScope parse_decay_scope(std::string_view text);  // "all" | "exempt_norms" | "exempt_norms_and_embeddings"
+const char* decay_scope_name(DecayScope scope);
 
 struct AdamWConfig {
   double lr = 1e-3;  // the peak rate; the schedule scales it per step
