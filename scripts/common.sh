@@ -11,6 +11,10 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# Open MPI's launcher (and MPI_Init of a rank started without mpirun, which forks one) refuses to start when
+# its remote agent (ssh or rsh) is missing, even for ranks that are all local, as on a bare image (found by
+# scripts/gpu/dry-run.sh). Every rank here is local, so the agent never runs: any existing command will do.
+if ! command -v ssh >/dev/null && ! command -v rsh >/dev/null; then export OMPI_MCA_plm_rsh_agent=false; fi
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 

@@ -62,10 +62,6 @@ export PYTHONUNBUFFERED=1
 # The settings every local mpirun needs (root, no CMA, several ranks per core), as for the tests here.
 source "$ROOT/scripts/common.sh"
 unset OMPI_MCA_mpi_yield_when_idle  # that machine has a core per rank: no yielding (timings are taken there)
-# Open MPI's launcher (and MPI_Init of a rank started without mpirun, which forks one) refuses to start when
-# its remote agent (ssh or rsh) is missing, even for ranks that are all local, as on a bare image: found in a
-# bare Debian 13 chroot. Every rank here is local, so the agent never runs; any existing command will do.
-if ! command -v ssh >/dev/null && ! command -v rsh >/dev/null; then export OMPI_MCA_plm_rsh_agent=false; fi
 
 status=0
 summary() { echo "$*" | tee -a "$LOGS/summary.txt"; }
