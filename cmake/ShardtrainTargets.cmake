@@ -43,6 +43,7 @@ function(shardtrain_add_test name)
       target_link_libraries(${name} PRIVATE GTest::gtest_main)
     endif()
     target_compile_options(${name} PRIVATE ${SHARDTRAIN_WARNINGS})
+    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})  # "tests/common/..." helpers
     set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   endif()
   if("gpu" IN_LIST A_LABELS)  # the `gpu_tests` target builds these (tests/CMakeLists.txt)

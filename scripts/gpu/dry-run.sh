@@ -49,4 +49,15 @@ if [[ -n "$bad" ]] || ! grep -q 'train: done' "$R/dry-run.log" || ! grep -q 'eve
   echo "dry-run: FAILED (log: $R/dry-run.log)"
   exit 1
 fi
+# Where nvidia-smi lists a GPU that the binaries cannot reach, the GPU tests must fail, not skip.
+printf '#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-dry-run)"\n' >"$R/usr/local/bin/nvidia-smi"
+chmod +x "$R/usr/local/bin/nvidia-smi"
+rm -rf "$R/out" && mkdir -p "$R/out"
+chroot "$R" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root OUT=/out \
+  bash -c "cd /work/repo && scripts/gpu/run.sh tests" >"$R/dry-run-require.log" 2>&1 || true
+rm -f "$R/usr/local/bin/nvidia-smi"
+if ! grep -qE '^gpu_ops_test +rc=1 ' "$R/out/summary.txt"; then
+  echo "dry-run: FAILED: with a GPU listed but out of reach, gpu_ops_test did not fail (log: $R/dry-run-require.log)"
+  exit 1
+fi
 echo "dry-run: the bundle runs on a bare Debian 13 (log: $R/dry-run.log; run.sh exit $rc: the GPU-only FSDP matrix)"

@@ -59,6 +59,9 @@ export OPAL_PREFIX=$B/ompi/usr
 export PMIX_MCA_mca_base_component_path=$B/ompi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
 export PATH="$B/ompi/usr/bin:$B/bin:$PATH"
 export PYTHONUNBUFFERED=1
+# Where nvidia-smi lists a GPU, a GPU test that cannot reach it fails instead of skipping
+# (tests/common/gpu_required.hpp): a session must not come back green having run nothing on the device.
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then export SHARDTRAIN_REQUIRE_GPU=1; fi
 # The settings every local mpirun needs (root, no CMA, several ranks per core), as for the tests here.
 source "$ROOT/scripts/common.sh"
 unset OMPI_MCA_mpi_yield_when_idle  # that machine has a core per rank: no yielding (timings are taken there)

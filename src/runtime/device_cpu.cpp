@@ -19,6 +19,7 @@ namespace {
 
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() { return "shardtrain was built without CUDA"; }
 
 Device select_device(const Topology& topo, DevicePreference pref) {
   if (pref == DevicePreference::Cuda) no_cuda("--device cuda");

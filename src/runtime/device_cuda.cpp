@@ -17,18 +17,36 @@ namespace shardtrain {
 
 bool cuda_built() { return true; }
 
-int cuda_device_count() {
-  // Asked once per process: the answer cannot change while it runs (CUDA_VISIBLE_DEVICES is read at init).
-  static const int count = [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+namespace {
+
+struct DeviceCount {
+  int count = 0;
+  std::string reason;  // why count is 0
+};
+
+// Asked once per process: the answer cannot change while it runs (CUDA_VISIBLE_DEVICES is read at init).
+const DeviceCount& device_count() {
+  static const DeviceCount c = [] {
+    DeviceCount r;
+    const cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky "no driver" error
-      return 0;
+      r.count = 0;
+      r.reason = fmt::format("cudaGetDeviceCount: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+    } else if (r.count == 0) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      r.reason = visible ? fmt::format("the driver lists no device (CUDA_VISIBLE_DEVICES=\"{}\")", visible)
+                         : std::string("the driver lists no device");
     }
-    return n;
+    return r;
   }();
-  return count;
+  return c;
 }
+
+}  // namespace
+
+int cuda_device_count() { return device_count().count; }
+std::string cuda_unavailable_reason() { return device_count().reason; }
 
 Device select_device(const Topology& topo, DevicePreference pref) {
   Device d;
@@ -36,9 +54,9 @@ Device select_device(const Topology& topo, DevicePreference pref) {
   const int count = cuda_device_count();
   if (count == 0) {
     if (pref == DevicePreference::Cuda) {
-      throw Error(ExitCode::Device, "--device cuda: no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES empty)");
+      throw Error(ExitCode::Device, fmt::format("--device cuda: no CUDA device is visible: {}", cuda_unavailable_reason()));
     }
-    if (topo.world_rank == 0) log::info("no CUDA device found: using the CPU backend");
+    if (topo.world_rank == 0) log::info("no CUDA device found ({}): using the CPU backend", cuda_unavailable_reason());
     return d;
   }
   d.kind = DeviceKind::Cuda;

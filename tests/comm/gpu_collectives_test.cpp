@@ -7,6 +7,7 @@
 
 #include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/runtime/runtime.hpp"
+#include "tests/common/gpu_required.hpp"
 
 using namespace shardtrain;
 
@@ -15,7 +16,7 @@ namespace {
 class GpuCollectives : public testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU collective tests skipped";
+    ST_SKIP_WITHOUT_GPU("GPU collective tests");
     topo_ = discover_topology(MPI_COMM_WORLD, 0);
     device_ = select_device(topo_, DevicePreference::Cuda);
   }

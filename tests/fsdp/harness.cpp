@@ -40,7 +40,10 @@ void fill_row(int step, int b, int seq, int vocab, int32_t* ids, int32_t* target
 bool test_on_gpu() {
   const char* d = std::getenv("SHARDTRAIN_TEST_DEVICE");
   if (!d || std::string_view(d) != "cuda") return false;
-  if (cuda_device_count() == 0) throw Error(ExitCode::Device, "SHARDTRAIN_TEST_DEVICE=cuda, but no CUDA device is visible");
+  if (cuda_device_count() == 0) {
+    throw Error(ExitCode::Device,
+                "SHARDTRAIN_TEST_DEVICE=cuda, but no CUDA device is visible: " + cuda_unavailable_reason());
+  }
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/dtype.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "tests/common/gpu_required.hpp"
 
 using namespace shardtrain;
 
@@ -76,7 +77,7 @@ void check_case(const Case& c, MaskKind kind, DType dtype) {
 }
 
 void check_all(MaskKind kind, DType dtype) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: attention kernel test skipped";
+  ST_SKIP_WITHOUT_GPU("attention kernel test");
   for (int64_t s : {1, 45, 130, 257})
     for (auto [h, hkv] : {std::pair<int64_t, int64_t>{6, 2}, {4, 4}})
       for (int64_t dh : {4, 6, 16, 24, 32, 64, 96, 128}) {
@@ -105,7 +106,7 @@ TEST(AttentionKernel, BF16FmaKernels) {
 // One mma.sync through the kernels' fragment loaders (attention_mma_body.cuh) against a host product of
 // small integers (exact in bf16 and fp32): a wrong assumed layout permutes or mixes entries.
 TEST(AttentionKernel, MmaFragmentLayout) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: mma layout probe skipped";
+  ST_SKIP_WITHOUT_GPU("mma layout probe");
   const MmaProbeCase p = make_mma_probe_case();
   CudaStream stream;
   const StreamRef s = stream.ref();
@@ -123,7 +124,7 @@ TEST(AttentionKernel, MmaFragmentLayout) {
 
 // No atomics: two backward passes give the same bits.
 TEST(AttentionKernel, BackwardIsDeterministic) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: attention kernel test skipped";
+  ST_SKIP_WITHOUT_GPU("attention kernel test");
   const kernels::AttentionDims d{2, 300, 8, 2, 64};
   const size_t nq = static_cast<size_t>(d.batch * d.seq * d.heads * d.head_dim);
   const size_t nkv = static_cast<size_t>(d.batch * d.seq * d.kv_heads * d.head_dim);

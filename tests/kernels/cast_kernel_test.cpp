@@ -8,11 +8,12 @@
 #include "kernels/cast.cuh"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/dtype.hpp"
+#include "tests/common/gpu_required.hpp"
 
 using namespace shardtrain;
 
 TEST(CastKernel, MatchesCpuBitForBit) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: cast kernel test skipped";
+  ST_SKIP_WITHOUT_GPU("cast kernel test");
   for (size_t n : {size_t{1}, size_t{7}, size_t{1000003}}) {
     std::vector<float> in(n);
     for (size_t i = 0; i < n; ++i) in[i] = std::ldexp(std::sin(static_cast<float>(i) * 0.37f), static_cast<int>(i % 60) - 30);

@@ -19,6 +19,7 @@
 #include "shardtrain/runtime/dtype.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "tests/ops/typed_tensor.hpp"
+#include "tests/common/gpu_required.hpp"
 
 namespace shardtrain::ops {
 namespace {
@@ -42,7 +43,7 @@ struct DevT {
 class GpuOps : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU ops test skipped";
+    ST_SKIP_WITHOUT_GPU("GPU ops test");
     stream_ = std::make_unique<CudaStream>();
     gpu_ = std::make_unique<CudaOps>();
     gpu_->set_stream(stream_->ref());

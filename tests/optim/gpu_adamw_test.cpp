@@ -15,6 +15,7 @@
 #include "common.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "tests/common/gpu_required.hpp"
 
 namespace shardtrain::testing_optim {
 namespace {
@@ -24,7 +25,7 @@ constexpr float kPad = 7.25f;
 class GpuAdamW : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU AdamW test skipped";
+    ST_SKIP_WITHOUT_GPU("GPU AdamW test");
   }
 };
 

@@ -60,6 +60,20 @@ TEST(Check, CudaCheckReportsTheLibrary) {
   }
 }
 
+// Without a device the reason is the runtime's own words (or the build's); with one there is none.
+TEST(Device, UnavailableReasonSaysWhy) {
+  const std::string reason = cuda_unavailable_reason();
+  if (cuda_device_count() > 0) {
+    EXPECT_EQ(reason, "");
+  } else if (!cuda_built()) {
+    EXPECT_EQ(reason, "shardtrain was built without CUDA");
+  } else {
+    const bool runtime_error = reason.rfind("cudaGetDeviceCount: cudaError", 0) == 0;
+    const bool empty_list = reason.rfind("the driver lists no device", 0) == 0;
+    EXPECT_TRUE(runtime_error || empty_list) << reason;
+  }
+}
+
 TEST(Check, NcclAndCublasChecks) {
   EXPECT_NO_THROW(ST_CHECK_NCCL(0));
   EXPECT_NO_THROW(ST_CHECK_CUBLAS(0));

@@ -28,6 +28,9 @@ struct Device {
 
 bool cuda_built();        // compiled with the CUDA backend
 int cuda_device_count();  // 0 when not built with CUDA, no driver, or no device; never throws
+// Why cuda_device_count() is 0, in words ("" when it is not): the CUDA runtime's own error (no driver, a
+// driver too old for the runtime, ...), an empty device list, or a build without CUDA. Never throws.
+std::string cuda_unavailable_reason();
 
 // Picks local_rank % count when GPUs exist (and makes it current); the CPU otherwise.
 // Auto on a machine without GPUs logs one notice on rank 0. Cuda without GPUs throws a Device error.
