@@ -14,6 +14,8 @@
 #     ops       shardtrain bench ops on the seed model's shapes
 #     bench     scripts/bench-vs-pytorch.py: shardtrain (and with CPU offload) and PyTorch FSDP2, eager and
 #               compiled, on the seed model: one table
+#     offload   shardtrain bench step on the seed model with CPU offload: as configured, and with the embedding
+#               as a unit of its own (the root's update then no longer delays the first forward)
 #     profile   one step of the seed model kernel by kernel (Nsight Compute, two runs: 1 and 2 steps, their
 #               difference is one steady-state step): scripts/gpu/profile-summary.py -> profile.md
 #   (no phase: probe only). `-- CMD` runs CMD afterwards with the same environment.
@@ -40,7 +42,7 @@ PY
 phases=()
 while (($#)) && [[ "$1" != -- ]]; do phases+=("$1"); shift; done
 for p in "${phases[@]}"; do
-  case "$p" in tests | sanitize | track | parity | ops | bench | profile) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in tests | sanitize | track | parity | ops | bench | offload | profile) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 
 # The machine's CUDA libraries: the toolkit's, then those of the Python wheels (PyTorch brings NCCL).
@@ -155,6 +157,34 @@ phase_bench() {
   run bench_vs_pytorch 570 python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml" \
     --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --timeout 200 \
     --out "$LOGS/bench"
+}
+
+# CPU offload, two unit layouts. The root unit (embedding, final norm, lm_head: 43 % of the seed's parameters)
+# is the first unit the next forward needs, so its host update and its upload are not hidden (docs/performance.md,
+# the budget). With the embedding as a unit of its own the root (norm and lm_head) is needed last, and its
+# update runs beside the decoder layers' forward. Same model, batch and math; the step times say which is faster.
+phase_offload() {
+  mkdir -p "$LOGS/bench"
+  local args=(bench step --config "$ROOT/configs/llama-seed.toml" --data.path "$DATA" --fsdp.offload_params true
+    --warmup 2 --steps 6)
+  run offload_root_embedding 180 mpirun -np 1 shardtrain "${args[@]}" --json "$LOGS/bench/offload-root.json"
+  run offload_embedding_unit 180 mpirun -np 1 shardtrain "${args[@]}" \
+    --fsdp.transformer_layer_cls_to_wrap LlamaDecoderLayer,Embedding --json "$LOGS/bench/offload-embedding-unit.json"
+  run no_offload 150 mpirun -np 1 shardtrain bench step --config "$ROOT/configs/llama-seed.toml" --data.path "$DATA" \
+    --warmup 2 --steps 6 --json "$LOGS/bench/no-offload.json"
+  summary "$(python3 - "$LOGS/bench" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+def med(name):
+    try:
+        return 1000 * json.load(open(os.path.join(d, name)))["step_time_median_s"]
+    except Exception:
+        return float("nan")
+base = med("no-offload.json")
+for label, f in (("offload, root with the embedding", "offload-root.json"), ("offload, embedding unit", "offload-embedding-unit.json")):
+    print(f"{label}: step {med(f):.1f} ms, {base / med(f):.2f}x of no offload ({base:.1f} ms)")
+PY
+)"
 }
 
 # Kernel times of one training step of the seed model (batch 64, seq 512, bf16) under Nsight Compute: one metric
