@@ -1,5 +1,8 @@
 // Parts of device handling that are the same with and without CUDA.
 #include <atomic>
+#include <filesystem>
+#include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -19,6 +22,24 @@ std::string Device::describe() const {
   if (!is_cuda()) return "cpu";
   return fmt::format("cuda:{} ({}, {:.1f} GiB{})", index, name, static_cast<double>(memory_bytes) / (1ull << 30),
                      ranks_sharing > 1 ? fmt::format(", shared by {} ranks", ranks_sharing) : std::string());
+}
+
+std::string gpus_present_but_unreachable(const std::string& gpus_dir, const char* cuda_visible_devices) {
+  if (cuda_visible_devices != nullptr) {
+    const std::string_view v(cuda_visible_devices);
+    // Hidden on purpose: an empty list, a negative ordinal, or Slurm's value for a job with no GPU.
+    if (v.empty() || v.front() == '-' || v == "NoDevFiles") return "";
+  }
+  std::error_code ec;
+  size_t gpus = 0;
+  for (auto it = std::filesystem::directory_iterator(gpus_dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    ++gpus;
+  }
+  if (gpus == 0) return "";
+  return fmt::format("the NVIDIA driver lists {} GPU{} ({}){}", gpus, gpus == 1 ? "" : "s", gpus_dir,
+                     cuda_visible_devices ? fmt::format(" and CUDA_VISIBLE_DEVICES=\"{}\"", cuda_visible_devices)
+                                          : std::string());
 }
 
 namespace {

@@ -56,6 +56,12 @@ Device select_device(const Topology& topo, DevicePreference pref) {
     if (pref == DevicePreference::Cuda) {
       throw Error(ExitCode::Device, fmt::format("--device cuda: no CUDA device is visible: {}", cuda_unavailable_reason()));
     }
+    const std::string present = gpus_present_but_unreachable("/proc/driver/nvidia/gpus", std::getenv("CUDA_VISIBLE_DEVICES"));
+    if (!present.empty()) {
+      throw Error(ExitCode::Device,
+                  fmt::format("--device auto: {}, but CUDA sees none: {}. Fix the driver or the CUDA runtime, or pass "
+                              "--device cpu to train on the CPU backend", present, cuda_unavailable_reason()));
+    }
     if (topo.world_rank == 0) log::info("no CUDA device found ({}): using the CPU backend", cuda_unavailable_reason());
     return d;
   }

@@ -31,9 +31,15 @@ int cuda_device_count();  // 0 when not built with CUDA, no driver, or no device
 // Why cuda_device_count() is 0, in words ("" when it is not): the CUDA runtime's own error (no driver, a
 // driver too old for the runtime, ...), an empty device list, or a build without CUDA. Never throws.
 std::string cuda_unavailable_reason();
+// Whether `--device auto` may fall back to the CPU backend when CUDA sees no device. Not where the NVIDIA
+// driver lists GPUs (entries in gpus_dir, /proc/driver/nvidia/gpus) that CUDA_VISIBLE_DEVICES does not hide
+// (unset, or naming devices): that is a broken driver or runtime on a GPU machine, and falling back would
+// train on the CPU a thousand times slower without a word. Returns why not (naming the evidence), or "".
+std::string gpus_present_but_unreachable(const std::string& gpus_dir, const char* cuda_visible_devices);
 
 // Picks local_rank % count when GPUs exist (and makes it current); the CPU otherwise.
-// Auto on a machine without GPUs logs one notice on rank 0. Cuda without GPUs throws a Device error.
+// Auto on a machine without GPUs logs one notice on rank 0 (and throws a Device error where the driver lists
+// GPUs CUDA cannot reach: gpus_present_but_unreachable). Cuda without GPUs throws a Device error.
 Device select_device(const Topology& topo, DevicePreference pref);
 
 // A non-owning stream handle (cudaStream_t on the CUDA backend, null = the default/host stream).
