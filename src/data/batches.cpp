@@ -50,7 +50,7 @@ SampleSource::SampleSource(const TokenDataset& dataset, DatasetSplit split, Batc
     uint64_t pos = 0;
     for (int64_t d : docs_) {
       stream_start_.push_back(pos);
-      pos += dataset.document(static_cast<size_t>(d)).size() + 1;  // + EOT
+      pos += dataset.document_size(static_cast<size_t>(d)) + 1;  // + EOT
     }
     stream_start_.push_back(pos);
     num_samples_ = pos > 1 ? (pos - 1) / static_cast<uint64_t>(seq_len) : 0;
@@ -83,12 +83,14 @@ void SampleSource::fill(uint64_t i, int32_t* tokens, int32_t* targets, int32_t* 
     int32_t doc = 0;
     int32_t prev = packed_at(pos, &doc);
     size_t k = static_cast<size_t>(std::upper_bound(stream_start_.begin(), stream_start_.end(), pos) - stream_start_.begin()) - 1;
+    size_t dk = k;  // the document dtoks holds
+    auto dtoks = dataset_->document(static_cast<size_t>(docs_[k]));
     for (size_t j = 0; j < s; ++j) {
       tokens[j] = prev;
       doc_ids[j] = static_cast<int32_t>(docs_[k]);
       ++pos;
       while (pos >= stream_start_[k + 1]) ++k;
-      const auto dtoks = dataset_->document(static_cast<size_t>(docs_[k]));
+      if (k != dk) dtoks = dataset_->document(static_cast<size_t>(docs_[dk = k]));
       const uint64_t off = pos - stream_start_[k];
       prev = off < dtoks.size() ? static_cast<int32_t>(dtoks[off]) : static_cast<int32_t>(eot_);
       targets[j] = prev;

@@ -5,8 +5,17 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 
 #include "shardtrain/data/sampler.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -49,6 +58,69 @@ std::vector<int64_t> choose_validation_documents(size_t num_documents, double fr
   return out;
 }
 
+uint64_t fletcher64(std::span<const uint32_t> words) {
+  constexpr uint64_t kMod = 0xffffffffull;
+  // Both sums start below 2^32; 92679 words keep the second below 2^64 before it is reduced.
+  constexpr size_t kRun = 92679;
+  uint64_t a = 0, b = 0;
+  for (size_t i = 0; i < words.size();) {
+    const size_t end = std::min(words.size(), i + kRun);
+    for (; i < end; ++i) {
+      a += words[i];
+      b += a;
+    }
+    a %= kMod;
+    b %= kMod;
+  }
+  return (b << 32) | a;
+}
+
+namespace detail {
+
+// The tokens' memory. A mapping covers whole pages around the tokens; `checked` has one flag per checksum block.
+struct TokenStorage {
+  std::vector<TokenId> owned;
+  void* map = nullptr;
+  size_t map_bytes = 0;
+  std::vector<int64_t> sums;  // format 2: one per block
+  std::unique_ptr<std::atomic<bool>[]> checked;
+  int64_t block = kChecksumBlockTokens;
+
+  TokenStorage() = default;
+  TokenStorage(const TokenStorage&) = delete;
+  TokenStorage& operator=(const TokenStorage&) = delete;
+  ~TokenStorage() {
+    if (map) munmap(map, map_bytes);
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+// Maps `count` uint32 tokens at byte `offset` of `path`, read-only and shared.
+std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string& path, uint64_t offset, size_t count) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw DataError(fmt::format("{}: cannot open to map its tokens: {}", path, std::strerror(errno)));
+  struct stat sb {};
+  const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(TokenId);
+  if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < offset + bytes) {
+    ::close(fd);
+    throw DataError(fmt::format("{}: the file ends before its {} tokens do (truncated: prepare it again)", path, count));
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  st.map_bytes = static_cast<size_t>(offset + bytes - start);
+  void* m = mmap(nullptr, st.map_bytes, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (m == MAP_FAILED) throw DataError(fmt::format("{}: cannot map its tokens: {}", path, std::strerror(err)));
+  st.map = m;
+  return {reinterpret_cast<const TokenId*>(static_cast<const char*>(m) + (offset - start)), count};
+}
+
+}  // namespace
+
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
                    const DatasetInfo& info) {
   const size_t docs = doc_offsets.size() - 1;
@@ -59,9 +131,16 @@ void write_dataset(const std::string& path, std::span<const TokenId> tokens, std
     if (v < validation.size() && validation[v] == static_cast<int64_t>(d)) ++v;
     else train.push_back(static_cast<int64_t>(d));
   }
-  auto f = hdf5::create_file(path);
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  auto f = hdf5::create_file(tmp);
   const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
-  hdf5::write_u32(f, "tokens", tokens, checked);
+  hdf5::write_u32(f, "tokens", tokens);  // contiguous and unfiltered: readers map it
+  std::vector<int64_t> sums;
+  for (size_t b = 0; b < tokens.size(); b += kChecksumBlockTokens) {
+    sums.push_back(static_cast<int64_t>(fletcher64(tokens.subspan(b, std::min<size_t>(kChecksumBlockTokens, tokens.size() - b)))));
+  }
+  hdf5::write_i64(f, "tokens_checksums", sums, checked);
+  hdf5::set_attr(f, "checksum_block_tokens", kChecksumBlockTokens);
   hdf5::write_i64(f, "doc_offsets", doc_offsets, checked);
   auto split = hdf5::create_group(f, "split");
   hdf5::write_i64(split, "train", train, checked);
@@ -84,6 +163,12 @@ void write_dataset(const std::string& path, std::span<const TokenId> tokens, std
   hdf5::set_attr(f, "split_seed", static_cast<int64_t>(info.split_seed));
   split = hdf5::Handle();
   f.close();
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, ec.message()));
+  }
 }
 
 namespace {
@@ -110,9 +195,8 @@ TokenDataset TokenDataset::open(const std::string& path) {
   if (format != kDatasetFormat)
     throw DataError(fmt::format("{}: attribute 'format' is '{}', expected '{}'", path, format, kDatasetFormat));
   const int64_t version = required_int(f, path, "format_version");
-  if (version != kDatasetFormatVersion)
-    throw DataError(fmt::format("{}: format_version {} is not supported (this build reads {})", path, version,
-                                kDatasetFormatVersion));
+  if (version != 1 && version != 2)
+    throw DataError(fmt::format("{}: format_version {} is not supported (this build reads 1 and 2)", path, version));
   auto& info = ds.info_;
   info.tokenizer_name = required_string(f, path, "tokenizer_name");
   info.tokenizer_path = hdf5::get_attr_string(f, "tokenizer_path").value_or("");
@@ -131,7 +215,26 @@ TokenDataset TokenDataset::open(const std::string& path) {
   info.validation_fraction = static_cast<double>(hdf5::get_attr_int(f, "validation_fraction_ppm").value_or(0)) / 1e6;
   info.split_seed = static_cast<uint64_t>(hdf5::get_attr_int(f, "split_seed").value_or(0));
 
-  ds.tokens_ = hdf5::read_u32(f, "tokens");
+  auto st = std::make_shared<detail::TokenStorage>();
+  const size_t num_tokens = hdf5::dataset_length(f, "tokens");
+  const std::optional<uint64_t> raw = version >= 2 ? hdf5::raw_u32le_offset(f, "tokens") : std::nullopt;
+  if (version >= 2) {
+    st->block = hdf5::get_attr_int(f, "checksum_block_tokens").value_or(0);
+    if (st->block <= 0) throw DataError(fmt::format("{}: attribute 'checksum_block_tokens' is missing or not positive", path));
+    st->sums = hdf5::read_i64(f, "tokens_checksums");
+    const size_t blocks = (num_tokens + static_cast<size_t>(st->block) - 1) / static_cast<size_t>(st->block);
+    if (st->sums.size() != blocks)
+      throw DataError(fmt::format("{}: tokens_checksums holds {} values, expected {} (one per {} tokens)", path,
+                                  st->sums.size(), blocks, st->block));
+    st->checked = std::make_unique<std::atomic<bool>[]>(blocks);
+  }
+  if (raw) {
+    ds.tokens_ = map_tokens(*st, path, *raw, num_tokens);
+  } else {  // format 1, or a format-2 file rewritten with filters (h5repack): read through HDF5
+    st->owned = hdf5::read_u32(f, "tokens");
+    ds.tokens_ = st->owned;
+  }
+  ds.storage_ = st;
   ds.offsets_ = hdf5::read_i64(f, "doc_offsets");
   ds.train_ = hdf5::read_i64(f, "split/train");
   ds.validation_ = hdf5::read_i64(f, "split/validation");
@@ -151,16 +254,51 @@ TokenDataset TokenDataset::open(const std::string& path) {
                                     path, docs, d));
     }
   }
-  const auto max_token = std::max_element(ds.tokens_.begin(), ds.tokens_.end());
-  if (max_token != ds.tokens_.end() && static_cast<int64_t>(*max_token) >= info.vocab_size)
-    throw DataError(fmt::format("{}: token id {} is outside the vocabulary (vocab_size {})", path, *max_token, info.vocab_size));
+  if (version == 1) {  // read whole: check every id now (format 2 checks each block at its first use)
+    const auto max_token = std::max_element(ds.tokens_.begin(), ds.tokens_.end());
+    if (max_token != ds.tokens_.end() && static_cast<int64_t>(*max_token) >= info.vocab_size)
+      throw DataError(fmt::format("{}: token id {} is outside the vocabulary (vocab_size {})", path, *max_token, info.vocab_size));
+  }
   return ds;
 }
 
-std::span<const TokenId> TokenDataset::document(size_t d) const {
+bool TokenDataset::mapped() const { return storage_ && storage_->map != nullptr; }
+
+void TokenDataset::check_blocks(size_t begin, size_t end) const {
+  if (!storage_ || !storage_->checked || begin >= end) return;
+  const size_t block = static_cast<size_t>(storage_->block);
+  for (size_t b = begin / block; b <= (end - 1) / block; ++b) {
+    if (storage_->checked[b].load(std::memory_order_acquire)) continue;
+    // Two threads may check the same block at once: the same work twice, the same verdict.
+    const size_t from = b * block, n = std::min(block, tokens_.size() - from);
+    const auto words = tokens_.subspan(from, n);
+    if (static_cast<int64_t>(fletcher64(words)) != storage_->sums[b]) {
+      throw DataError(fmt::format("{}: tokens [{}, {}) do not match their checksum: the file is damaged (prepare it again)",
+                                  path_, from, from + n));
+    }
+    const auto max_token = std::max_element(words.begin(), words.end());
+    if (static_cast<int64_t>(*max_token) >= info_.vocab_size) {
+      throw DataError(fmt::format("{}: token id {} (at {}) is outside the vocabulary (vocab_size {})", path_, *max_token,
+                                  from + static_cast<size_t>(max_token - words.begin()), info_.vocab_size));
+    }
+    storage_->checked[b].store(true, std::memory_order_release);
+  }
+}
+
+std::span<const TokenId> TokenDataset::tokens() const {
+  check_blocks(0, tokens_.size());
+  return tokens_;
+}
+
+size_t TokenDataset::document_size(size_t d) const {
   if (d + 1 >= offsets_.size()) throw DataError(fmt::format("{}: document {} out of range ({})", path_, d, num_documents()));
-  return std::span<const TokenId>(tokens_).subspan(static_cast<size_t>(offsets_[d]),
-                                                   static_cast<size_t>(offsets_[d + 1] - offsets_[d]));
+  return static_cast<size_t>(offsets_[d + 1] - offsets_[d]);
+}
+
+std::span<const TokenId> TokenDataset::document(size_t d) const {
+  const size_t n = document_size(d), at = static_cast<size_t>(offsets_[d]);
+  check_blocks(at, at + n);
+  return tokens_.subspan(at, n);
 }
 
 void TokenDataset::check_tokenizer(const Tokenizer& tokenizer) const {

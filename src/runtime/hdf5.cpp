@@ -198,6 +198,24 @@ size_t dataset_length(const Handle& parent, const std::string& name) {
   return n;
 }
 
+std::optional<uint64_t> raw_u32le_offset(const Handle& parent, const std::string& name) {
+  QuietErrors quiet;
+  size_t n = 0;
+  Handle ds = open_1d(parent, name, &n, H5T_INTEGER);
+  Handle type = owned(ST_CHECK_HDF5(H5Dget_type(ds.get())));
+  if (n == 0 || H5Tequal(type.get(), H5T_STD_U32LE) <= 0) return std::nullopt;
+  Handle dcpl = owned(ST_CHECK_HDF5(H5Dget_create_plist(ds.get())));
+  if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS || H5Pget_nfilters(dcpl.get()) != 0) return std::nullopt;
+  const haddr_t at = H5Dget_offset(ds.get());
+  if (at == HADDR_UNDEF) return std::nullopt;
+  // Addresses count from the end of the user block, if the file has one.
+  Handle file = owned(ST_CHECK_HDF5(H5Iget_file_id(ds.get())));
+  Handle fcpl = owned(ST_CHECK_HDF5(H5Fget_create_plist(file.get())));
+  hsize_t userblock = 0;
+  ST_CHECK_HDF5(H5Pget_userblock(fcpl.get(), &userblock));
+  return static_cast<uint64_t>(at) + static_cast<uint64_t>(userblock);
+}
+
 namespace {
 template <typename T>
 void read_range(const Handle& parent, const std::string& name, size_t offset, std::span<T> out, H5T_class_t cls) {

@@ -1,8 +1,13 @@
 // bench_data: tokenizer encode throughput (one thread, cold cache per run, median of 3) on the default
 // corpus, and loader throughput (tokens/s delivered by next()) on a prepared dataset.
 //   build-data/bin/bench_data [DATASET.h5]
+// With --write-synthetic N VOCAB OUT.h5 it writes a dataset of N random tokens (documents of 1-3000);
+// with --open DATASET.h5 it times TokenDataset::open and a loader's first 100 micro-batches, and prints the
+// process's anonymous and file-backed resident memory after each (docs/performance.md, dataset files).
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,9 +24,66 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// "RssAnon" / "RssFile" of /proc/self/status, in MiB.
+double rss_mib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stod(line.substr(std::strlen(field) + 1)) / 1024.0;
+  }
+  return -1;
+}
+
+int write_synthetic(size_t n, int64_t vocab, const std::string& out) {
+  std::mt19937_64 rng(42);
+  std::vector<TokenId> tokens;
+  tokens.reserve(n);
+  std::vector<int64_t> offsets{0};
+  while (tokens.size() < n) {
+    const size_t len = std::min<size_t>(1 + rng() % 3000, n - tokens.size());
+    for (size_t i = 0; i < len; ++i) tokens.push_back(static_cast<TokenId>(rng() % static_cast<uint64_t>(vocab - 1)));
+    offsets.push_back(static_cast<int64_t>(tokens.size()));
+  }
+  DatasetInfo info;
+  info.tokenizer_name = "synthetic";
+  info.tokenizer_hash = "synthetic";
+  info.vocab_size = vocab;
+  info.eot_id = static_cast<TokenId>(vocab - 1);
+  info.validation_fraction = 0.001;
+  const auto t0 = std::chrono::steady_clock::now();
+  write_dataset(out, tokens, offsets, info);
+  fmt::print("wrote {}: {} tokens, {} documents in {:.2f} s\n", out, n, offsets.size() - 1, seconds_since(t0));
+  return 0;
+}
+
+int open_bench(const std::string& path) {
+  fmt::print("before open: anon {:.1f} MiB, file {:.1f} MiB\n", rss_mib("RssAnon:"), rss_mib("RssFile:"));
+  auto t0 = std::chrono::steady_clock::now();
+  auto ds = std::make_shared<TokenDataset>(TokenDataset::open(path));
+  fmt::print("open: {:.3f} s, {} tokens, mapped {}; anon {:.1f} MiB, file {:.1f} MiB\n", seconds_since(t0),
+             ds->num_tokens(), ds->mapped(), rss_mib("RssAnon:"), rss_mib("RssFile:"));
+  LoaderOptions o;
+  o.seq_len = 1024;
+  o.micro_batch_size = 8;
+  o.global_batch_size = 8;
+  o.seed = 1;
+  t0 = std::chrono::steady_clock::now();
+  {
+    Loader loader(ds, o);
+    for (int i = 0; i < 100; ++i) loader.recycle(loader.next());
+  }
+  fmt::print("first 100 micro-batches (8 x 1024, shuffled): {:.3f} s; anon {:.1f} MiB, file {:.1f} MiB\n",
+             seconds_since(t0), rss_mib("RssAnon:"), rss_mib("RssFile:"));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--write-synthetic")
+    return write_synthetic(std::stoull(argv[2]), std::stoll(argv[3]), argv[4]);
+  if (argc == 3 && std::string(argv[1]) == "--open") return open_bench(argv[2]);
   const fs::path fetched = fs::path(SHARDTRAIN_SOURCE_DIR) / "data" / "fetched";
   std::vector<std::string> docs;
   size_t bytes = 0;

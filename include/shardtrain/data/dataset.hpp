@@ -1,16 +1,19 @@
 // Token datasets in HDF5 (docs/data.md): one file with every document's token ids, document offsets, a
 // train/validation split by document, and attributes naming the tokenizer that made it.
 //
-//   /tokens            uint32 [T]     chunked, Fletcher32; documents back to back, no special tokens added
+//   /tokens            uint32 [T]     format 2: contiguous and unfiltered, so readers map it from the file
+//                                     (format 1: chunked with Fletcher32, read whole)
+//   /tokens_checksums  int64  [ceil(T / checksum_block_tokens)]   format 2: Fletcher-64 of each block of tokens
 //   /doc_offsets       int64  [D+1]   document d is tokens[doc_offsets[d] : doc_offsets[d+1]]
 //   /split/train       int64  [Dt]    ascending document indices
 //   /split/validation  int64  [Dv]    ascending document indices; train and validation partition [0, D)
 //   attributes on /: format, format_version, tokenizer_name, tokenizer_path, tokenizer_hash, tokenizer_format,
 //     vocab_size, eot_id, bot_id, pad_id (-1: none), special_tokens (JSON), sources (JSON), num_documents,
-//     num_tokens, validation_fraction_ppm, split_seed
+//     num_tokens, validation_fraction_ppm, split_seed, checksum_block_tokens (format 2)
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,7 +28,8 @@ DatasetSplit parse_dataset_split(const std::string& s);  // train|validation (va
 const char* dataset_split_name(DatasetSplit s);
 
 inline constexpr const char* kDatasetFormat = "shardtrain-tokens";
-inline constexpr int64_t kDatasetFormatVersion = 1;
+inline constexpr int64_t kDatasetFormatVersion = 2;       // written; 1 and 2 are read
+inline constexpr int64_t kChecksumBlockTokens = 1 << 20;  // tokens per checksum block (4 MiB)
 
 struct DatasetInfo {
   std::string tokenizer_name, tokenizer_path, tokenizer_hash, tokenizer_format;
@@ -43,31 +47,48 @@ DatasetInfo dataset_info_for(const Tokenizer& tokenizer);  // the tokenizer fiel
 // are two or more documents), uniformly by a seeded shuffle; returns them ascending.
 std::vector<int64_t> choose_validation_documents(size_t num_documents, double fraction, uint64_t seed);
 
+// Writes a format-2 dataset: into a temporary file beside `path`, renamed over it once complete, so a reader
+// never sees a half-written file and a job that has the old one mapped keeps reading the old one.
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
                    const DatasetInfo& info);
 
+// Fletcher-64 over 32-bit words (two running sums modulo 2^32 - 1; the second in the high half).
+uint64_t fletcher64(std::span<const uint32_t> words);
+
+namespace detail {
+struct TokenStorage;  // the tokens' memory: a vector, or a read-only mapping of the file (dataset.cpp)
+}
+
 class TokenDataset {
  public:
-  // Reads and validates the whole file (tokens are held in memory). Throws DataError naming the file
-  // and the dataset or attribute that is missing or inconsistent.
+  // Opens and validates a dataset file; throws DataError naming the file and the dataset or attribute that is
+  // missing or inconsistent. Format 2: the tokens are mapped from the file, not read (the page cache holds one
+  // copy per node, however many ranks map it, and only what is touched is read); each block of
+  // kChecksumBlockTokens is checked (checksum, ids inside the vocabulary) the first time a document in it is
+  // used, and a damaged block throws DataError then. Format 1: read whole and checked at once.
   static TokenDataset open(const std::string& path);
 
   const std::string& path() const { return path_; }
   const DatasetInfo& info() const { return info_; }
   size_t num_documents() const { return offsets_.size() - 1; }
   size_t num_tokens() const { return tokens_.size(); }
-  std::span<const TokenId> tokens() const { return tokens_; }
+  bool mapped() const;  // the tokens are mapped from the file (format 2), not held in memory
+  std::span<const TokenId> tokens() const;  // every token, every block checked first
   std::span<const int64_t> doc_offsets() const { return offsets_; }
-  std::span<const TokenId> document(size_t d) const;
+  std::span<const TokenId> document(size_t d) const;  // its blocks checked first
+  size_t document_size(size_t d) const;               // from the offsets alone
   std::span<const int64_t> split_documents(DatasetSplit s) const { return s == DatasetSplit::Train ? train_ : validation_; }
 
   // Checks that `tokenizer` is the one that made the dataset (hash), throwing DataError otherwise.
   void check_tokenizer(const Tokenizer& tokenizer) const;
 
  private:
+  void check_blocks(size_t begin, size_t end) const;  // the blocks holding tokens [begin, end)
+
   std::string path_;
   DatasetInfo info_;
-  std::vector<TokenId> tokens_;
+  std::shared_ptr<detail::TokenStorage> storage_;
+  std::span<const TokenId> tokens_;
   std::vector<int64_t> offsets_, train_, validation_;
 };
 

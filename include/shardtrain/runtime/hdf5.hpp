@@ -60,6 +60,10 @@ std::vector<int64_t> read_i64(const Handle& parent, const std::string& name);
 std::vector<float> read_f32(const Handle& parent, const std::string& name);
 std::vector<uint16_t> read_u16(const Handle& parent, const std::string& name);  // bf16 bits
 size_t dataset_length(const Handle& parent, const std::string& name);
+// The byte offset in the file of a 1-D dataset's elements when a reader may map them directly: stored as
+// little-endian uint32, contiguous, unfiltered, with its storage allocated (the file's user block counted).
+// nullopt otherwise (chunked, filtered, compact, another type, or empty): read it through HDF5 then.
+std::optional<uint64_t> raw_u32le_offset(const Handle& parent, const std::string& name);
 // Reads elements [offset, offset + out.size()) of a 1-D u32 dataset (a hyperslab).
 void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out);
 void read_f32_range(const Handle& parent, const std::string& name, size_t offset, std::span<float> out);

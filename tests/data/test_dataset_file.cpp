@@ -1,0 +1,198 @@
+// The dataset file (format 2): tokens mapped from the file, not read; each checksum block checked at its
+// first use, so a damaged block or an id outside the vocabulary surfaces as a DataError naming the file and
+// the tokens; format-1 files (chunked, read whole) still open; a rewrite never disturbs a reader.
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "data_test_util.hpp"
+#include "shardtrain/data/dataset.hpp"
+#include "shardtrain/runtime/hdf5.hpp"
+
+namespace shardtrain::data {
+namespace {
+
+constexpr int64_t kVocab = 50257;
+
+struct Corpus {
+  std::vector<TokenId> tokens;
+  std::vector<int64_t> offsets{0};
+};
+
+// Documents of 1 to 3000 tokens until `n` tokens, ids drawn below kVocab from `seed`.
+Corpus make_corpus(size_t n, uint32_t seed) {
+  Corpus c;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<TokenId> id(0, kVocab - 1);
+  std::uniform_int_distribution<size_t> len(1, 3000);
+  while (c.tokens.size() < n) {
+    const size_t l = std::min(len(rng), n - c.tokens.size());
+    for (size_t i = 0; i < l; ++i) c.tokens.push_back(id(rng));
+    c.offsets.push_back(static_cast<int64_t>(c.tokens.size()));
+  }
+  return c;
+}
+
+DatasetInfo info() {
+  DatasetInfo i;
+  i.tokenizer_name = "synthetic";
+  i.tokenizer_hash = "0123";
+  i.vocab_size = kVocab;
+  i.eot_id = 50256;
+  i.validation_fraction = 0.01;
+  i.split_seed = 5;
+  return i;
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "no DataError";
+}
+
+// The first document that starts inside checksum block `b`.
+size_t document_in_block(const Corpus& c, size_t b) {
+  for (size_t d = 0; d + 1 < c.offsets.size(); ++d)
+    if (static_cast<size_t>(c.offsets[d]) >= b * kChecksumBlockTokens) return d;
+  return c.offsets.size() - 2;
+}
+
+uint64_t tokens_offset(const std::string& path) {
+  auto f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  const auto at = hdf5::raw_u32le_offset(f, "tokens");
+  EXPECT_TRUE(at.has_value());
+  return at.value_or(0);
+}
+
+TEST(DatasetFile, TokensAreMappedAndEqualWhatWasWritten) {
+  const Corpus c = make_corpus(2 * kChecksumBlockTokens + 12345, 1);
+  const auto path = testing::tmp_path("mapped.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp-" + std::to_string(::getpid())));
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_TRUE(ds.mapped());
+  ASSERT_EQ(ds.num_tokens(), c.tokens.size());
+  ASSERT_EQ(ds.num_documents(), c.offsets.size() - 1);
+  for (size_t d = 0; d < ds.num_documents(); d += 97) {
+    const auto got = ds.document(d);
+    ASSERT_EQ(got.size(), ds.document_size(d));
+    ASSERT_TRUE(std::equal(got.begin(), got.end(), c.tokens.begin() + c.offsets[d])) << "document " << d;
+  }
+  const auto all = ds.tokens();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+  EXPECT_EQ(ds.split_documents(DatasetSplit::Train).size() + ds.split_documents(DatasetSplit::Validation).size(),
+            ds.num_documents());
+}
+
+TEST(DatasetFile, Fletcher64KnownValues) {
+  EXPECT_EQ(fletcher64({}), 0u);
+  const std::vector<uint32_t> w{1, 2, 3};  // a = 6, b = 1 + 3 + 6 = 10
+  EXPECT_EQ(fletcher64(w), (uint64_t{10} << 32) | 6u);
+  const std::vector<uint32_t> big(200000, 0xffffffffu);  // each word is 0 modulo 2^32 - 1
+  EXPECT_EQ(fletcher64(big), 0u);
+  // Order matters (the second sum weights by position), one flipped bit matters.
+  EXPECT_NE(fletcher64(std::vector<uint32_t>{3, 2, 1}), fletcher64(w));
+  EXPECT_NE(fletcher64(std::vector<uint32_t>{1, 2, 7}), fletcher64(w));
+}
+
+// A flipped byte in block 1: opening succeeds (nothing is read yet), blocks 0 and 2 still serve their
+// documents, and the first use of block 1 names the file and the damaged tokens.
+TEST(DatasetFile, DamagedBlockFailsAtItsFirstUse) {
+  const Corpus c = make_corpus(3 * kChecksumBlockTokens, 2);
+  const auto path = testing::tmp_path("damaged.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  const uint64_t at = tokens_offset(path);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto pos = static_cast<std::streamoff>(at + 4 * (kChecksumBlockTokens + 777) + 1);
+    f.seekg(pos);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.seekp(pos);
+    f.write(&byte, 1);
+  }
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_NO_THROW(ds.document(0));
+  EXPECT_NO_THROW(ds.document(document_in_block(c, 2)));
+  // The document holding token 1M + 777.
+  const auto pos = static_cast<int64_t>(kChecksumBlockTokens + 777);
+  const size_t bad = static_cast<size_t>(std::upper_bound(c.offsets.begin(), c.offsets.end(), pos) - c.offsets.begin()) - 1;
+  const std::string msg = error_of([&] { ds.document(bad); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tokens [1048576, 2097152) do not match their checksum"), std::string::npos) << msg;
+  EXPECT_NE(error_of([&] { ds.tokens(); }).find("do not match their checksum"), std::string::npos);
+}
+
+TEST(DatasetFile, IdOutsideTheVocabularyFailsAtFirstUse) {
+  Corpus c = make_corpus(2 * kChecksumBlockTokens, 3);
+  c.tokens[kChecksumBlockTokens + 5] = kVocab;  // written with a valid checksum: only the id is wrong
+  const auto path = testing::tmp_path("vocab.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_NO_THROW(ds.document(0));
+  const std::string msg = error_of([&] { ds.tokens(); });
+  EXPECT_NE(msg.find("token id 50257 (at 1048581) is outside the vocabulary"), std::string::npos) << msg;
+}
+
+TEST(DatasetFile, TruncatedTokensAreRefusedAtOpen) {
+  const Corpus c = make_corpus(kChecksumBlockTokens / 2, 4);
+  const auto path = testing::tmp_path("short.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  // Cut inside the token array: whether HDF5 or the mapping notices first, the error names the file.
+  const uint64_t at = tokens_offset(path);
+  std::filesystem::resize_file(path, at + 4 * c.tokens.size() / 2);
+  const std::string msg = error_of([&] { TokenDataset::open(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+// Format 1 (what earlier versions wrote): chunked tokens with Fletcher32, no block checksums; read whole.
+TEST(DatasetFile, Format1StillOpens) {
+  const Corpus c = make_corpus(300000, 5);
+  const auto path = testing::tmp_path("v1.h5").string();
+  {
+    auto f = hdf5::create_file(path);
+    const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
+    hdf5::write_u32(f, "tokens", c.tokens, checked);
+    hdf5::write_i64(f, "doc_offsets", c.offsets, checked);
+    std::vector<int64_t> train;
+    for (size_t d = 0; d + 1 < c.offsets.size(); ++d) train.push_back(static_cast<int64_t>(d));
+    auto split = hdf5::create_group(f, "split");
+    hdf5::write_i64(split, "train", train, checked);
+    hdf5::write_i64(split, "validation", std::vector<int64_t>{}, checked);
+    hdf5::set_attr(f, "format", std::string(kDatasetFormat));
+    hdf5::set_attr(f, "format_version", int64_t{1});
+    hdf5::set_attr(f, "tokenizer_name", std::string("synthetic"));
+    hdf5::set_attr(f, "tokenizer_hash", std::string("0123"));
+    hdf5::set_attr(f, "vocab_size", kVocab);
+    hdf5::set_attr(f, "eot_id", int64_t{50256});
+  }
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_FALSE(ds.mapped());
+  const auto all = ds.tokens();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+  const size_t d = ds.num_documents() / 2;
+  EXPECT_TRUE(std::equal(ds.document(d).begin(), ds.document(d).end(), c.tokens.begin() + c.offsets[d]));
+}
+
+// prepare-data run again over a dataset a job has mapped: the job keeps reading the file it opened.
+TEST(DatasetFile, RewriteLeavesAnOpenReaderItsFile) {
+  const Corpus a = make_corpus(100000, 6), b = make_corpus(120000, 7);
+  const auto path = testing::tmp_path("rewritten.h5").string();
+  write_dataset(path, a.tokens, a.offsets, info());
+  const TokenDataset old = TokenDataset::open(path);
+  write_dataset(path, b.tokens, b.offsets, info());
+  const auto kept = old.tokens();
+  EXPECT_TRUE(std::equal(kept.begin(), kept.end(), a.tokens.begin(), a.tokens.end()));
+  const TokenDataset fresh = TokenDataset::open(path);
+  const auto now = fresh.tokens();
+  EXPECT_TRUE(std::equal(now.begin(), now.end(), b.tokens.begin(), b.tokens.end()));
+}
+
+}  // namespace
+}  // namespace shardtrain::data
