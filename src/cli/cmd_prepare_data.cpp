@@ -26,11 +26,16 @@ Command add_prepare_data_command(CLI::App& parent) {
       ->check(CLI::Range(0.0, 0.999));
   app->add_option("--seed", o->seed, "seed of the train/validation choice")->capture_default_str();
   app->add_option("--threads", o->threads, "tokenizer threads (0: all cores)")->capture_default_str();
+  auto batch_mb = std::make_shared<size_t>(o->batch_bytes >> 20);
+  app->add_option("--batch-mb", *batch_mb, "MB of text read and tokenized at a time (memory does not grow with the corpus)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 
   Command c;
   c.app = app;
   c.launch = Launch::Offline;
-  c.run = [o, format, blank_lines](Runtime*) {
+  c.run = [o, format, blank_lines, batch_mb](Runtime*) {
+    o->batch_bytes = *batch_mb << 20;
     o->documents.format = data::parse_input_format(*format);
     o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
     const auto s = data::prepare_dataset(*o);

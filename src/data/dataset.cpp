@@ -123,6 +123,16 @@ std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string&
 
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
                    const DatasetInfo& info) {
+  write_dataset(
+      path, tokens.size(),
+      [&](size_t offset, std::span<TokenId> out) { std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(offset), out.size(), out.begin()); },
+      doc_offsets, info);
+}
+
+void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
+                   const DatasetInfo& info) {
+  if (doc_offsets.empty() || doc_offsets.front() != 0 || doc_offsets.back() != static_cast<int64_t>(num_tokens))
+    throw InternalError(fmt::format("write_dataset({}): doc_offsets must run from 0 to the {} tokens", path, num_tokens));
   const size_t docs = doc_offsets.size() - 1;
   const auto validation = choose_validation_documents(docs, info.validation_fraction, info.split_seed);
   std::vector<int64_t> train;
@@ -132,12 +142,28 @@ void write_dataset(const std::string& path, std::span<const TokenId> tokens, std
     else train.push_back(static_cast<int64_t>(d));
   }
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  struct RemoveUnlessMoved {  // a failed write leaves nothing behind
+    const std::string& p;
+    bool moved = false;
+    ~RemoveUnlessMoved() {
+      std::error_code ec;
+      if (!moved) std::filesystem::remove(p, ec);
+    }
+  } guard{tmp};
   auto f = hdf5::create_file(tmp);
   const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
-  hdf5::write_u32(f, "tokens", tokens);  // contiguous and unfiltered: readers map it
+  hdf5::create_u32(f, "tokens", num_tokens);  // contiguous and unfiltered: readers map it
+  // Pieces of whole checksum blocks (64 MiB), so each block's checksum is taken from one piece.
+  std::vector<TokenId> piece(std::min<size_t>(num_tokens, 16 * static_cast<size_t>(kChecksumBlockTokens)));
   std::vector<int64_t> sums;
-  for (size_t b = 0; b < tokens.size(); b += kChecksumBlockTokens) {
-    sums.push_back(static_cast<int64_t>(fletcher64(tokens.subspan(b, std::min<size_t>(kChecksumBlockTokens, tokens.size() - b)))));
+  for (size_t at = 0; at < num_tokens; at += piece.size()) {
+    const std::span<TokenId> out(piece.data(), std::min(piece.size(), num_tokens - at));
+    fill(at, out);
+    hdf5::write_u32_range(f, "tokens", at, out);
+    for (size_t b = 0; b < out.size(); b += kChecksumBlockTokens) {
+      const auto words = std::span<const TokenId>(out).subspan(b, std::min<size_t>(kChecksumBlockTokens, out.size() - b));
+      sums.push_back(static_cast<int64_t>(fletcher64(words)));
+    }
   }
   hdf5::write_i64(f, "tokens_checksums", sums, checked);
   hdf5::set_attr(f, "checksum_block_tokens", kChecksumBlockTokens);
@@ -158,17 +184,15 @@ void write_dataset(const std::string& path, std::span<const TokenId> tokens, std
   hdf5::set_attr(f, "special_tokens", info.special_tokens_json);
   hdf5::set_attr(f, "sources", nlohmann::json(info.sources).dump());
   hdf5::set_attr(f, "num_documents", static_cast<int64_t>(docs));
-  hdf5::set_attr(f, "num_tokens", static_cast<int64_t>(tokens.size()));
+  hdf5::set_attr(f, "num_tokens", static_cast<int64_t>(num_tokens));
   hdf5::set_attr(f, "validation_fraction_ppm", static_cast<int64_t>(std::llround(info.validation_fraction * 1e6)));
   hdf5::set_attr(f, "split_seed", static_cast<int64_t>(info.split_seed));
   split = hdf5::Handle();
   f.close();
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, ec.message()));
-  }
+  if (ec) throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, ec.message()));
+  guard.moved = true;
 }
 
 namespace {

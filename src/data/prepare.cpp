@@ -6,10 +6,15 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
-#include <sstream>
+#include <fstream>
+#include <memory>
 #include <thread>
 
 #include "shardtrain/data/dataset.hpp"
@@ -48,19 +53,25 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   return out;
 }
 
-std::vector<std::string> read_documents(const std::string& path, const DocumentOptions& options) {
-  const std::string text = detail::read_file(path);
-  if (text.empty()) throw DataError(fmt::format("{}: input file is empty", path));
+void for_each_document(const std::string& path, const DocumentOptions& options,
+                       const std::function<void(std::string&& document)>& emit) {
   InputFormat format = options.format;
   if (format == InputFormat::Auto) {
     const auto ext = std::filesystem::path(path).extension().string();
     format = ext == ".jsonl" || ext == ".json" || ext == ".ndjson" ? InputFormat::Jsonl : InputFormat::Text;
   }
-  std::vector<std::string> docs;
+  if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document
+    std::string text = detail::read_file(path);
+    if (text.empty()) throw DataError(fmt::format("{}: input file is empty", path));
+    emit(std::move(text));
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  if (in.peek() == std::ifstream::traits_type::eof()) throw DataError(fmt::format("{}: input file is empty", path));
+  std::string line;
   if (format == InputFormat::Jsonl) {
-    std::istringstream in(text);
-    std::string line;
-    size_t lineno = 0;
+    size_t lineno = 0, found = 0;
     while (std::getline(in, line)) {
       ++lineno;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -74,114 +85,161 @@ std::vector<std::string> read_documents(const std::string& path, const DocumentO
         throw DataError(fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
                                     "string; --text-field picks another)",
                                     path, lineno, options.text_field, options.text_field));
-      if (!j[options.text_field].is_string())
+      auto& field = j[options.text_field];
+      if (!field.is_string())
         throw DataError(fmt::format("{}:{}: field \"{}\" is not a string", path, lineno, options.text_field));
-      docs.push_back(j[options.text_field].get<std::string>());
+      ++found;
+      emit(std::move(field.get_ref<std::string&>()));
     }
-    if (docs.empty()) throw DataError(fmt::format("{}: no JSON lines found", path));
-  } else if (options.split == DocumentSplit::BlankLines) {
+    if (found == 0) throw DataError(fmt::format("{}: no JSON lines found", path));
+  } else {
     // Blocks separated by lines that are empty or only whitespace; the block's own newlines are kept.
     std::string block;
-    size_t pos = 0;
-    while (pos <= text.size()) {
-      size_t end = text.find('\n', pos);
-      if (end == std::string::npos) end = text.size();
-      const std::string_view line(text.data() + pos, end - pos);
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) {
-        if (!block.empty()) docs.push_back(std::move(block));
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) {
+        if (!block.empty()) emit(std::move(block));
         block.clear();
       } else {
         if (!block.empty()) block.push_back('\n');
         block.append(line);
       }
-      pos = end + 1;
     }
-    if (!block.empty()) docs.push_back(std::move(block));
-  } else {
-    docs.push_back(text);
+    if (!block.empty()) emit(std::move(block));
   }
+  if (in.bad()) throw DataError(fmt::format("{}: read error: {}", path, std::strerror(errno)));
+}
+
+std::vector<std::string> read_documents(const std::string& path, const DocumentOptions& options) {
+  std::vector<std::string> docs;
+  for_each_document(path, options, [&](std::string&& d) { docs.push_back(std::move(d)); });
   return docs;
 }
 
+namespace {
+
+// Tokenizes docs on `encoders.size()` threads (documents handed out 16 at a time) into ids.
+void tokenize_batch(const std::vector<std::string>& docs, std::vector<std::unique_ptr<Encoder>>& encoders,
+                    std::vector<std::vector<TokenId>>& ids) {
+  ids.assign(docs.size(), {});
+  std::atomic<size_t> cursor{0};
+  std::vector<std::exception_ptr> errors(encoders.size());
+  std::vector<std::thread> pool;
+  constexpr size_t chunk = 16;
+  for (size_t t = 0; t < encoders.size(); ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        for (size_t begin; (begin = cursor.fetch_add(chunk)) < docs.size();)
+          for (size_t d = begin; d < std::min(docs.size(), begin + chunk); ++d) ids[d] = encoders[t]->encode(docs[d]);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
 PrepareSummary prepare_dataset(const PrepareOptions& options) {
+  namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
   if (options.inputs.empty()) throw UsageError("prepare-data: no --input given");
   if (options.validation_fraction < 0 || options.validation_fraction >= 1)
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
   const auto files = expand_inputs(options.inputs);
+  if (const auto dir = fs::path(options.output).parent_path(); !dir.empty()) fs::create_directories(dir);
 
   PrepareSummary summary;
   summary.files = files.size();
-  std::vector<std::string> docs;
+  uint64_t file_bytes = 0;
   for (const auto& f : files) {
-    for (auto& d : read_documents(f, options.documents)) {
-      if (d.empty()) {
-        ++summary.empty_documents_skipped;
-        continue;
-      }
-      summary.bytes += d.size();
-      docs.push_back(std::move(d));
-    }
+    std::error_code ec;
+    file_bytes += fs::file_size(f, ec);
   }
-  if (docs.empty()) throw DataError("prepare-data: the inputs hold no non-empty document");
 
-  // Tokenize: documents in chunks of 16 from a shared cursor; each thread has its own Encoder.
-  const auto t1 = std::chrono::steady_clock::now();
-  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::vector<TokenId>> ids(docs.size());
-  std::atomic<size_t> cursor{0};
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
-  {
-    ProgressBar bar({.label = "tokenize", .total = summary.bytes, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
-    std::vector<std::thread> pool;
-    constexpr size_t chunk = 16;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        try {
-          Encoder enc(tokenizer);
-          for (size_t begin; (begin = cursor.fetch_add(chunk)) < docs.size();) {
-            uint64_t done = 0;
-            for (size_t d = begin; d < std::min(docs.size(), begin + chunk); ++d) {
-              ids[d] = enc.encode(docs[d]);
-              done += docs[d].size();
-            }
-            bar.advance(done);
-          }
-        } catch (...) {
-          errors[static_cast<size_t>(t)] = std::current_exception();
-        }
-      });
+  // Pass 1: documents in batches of about batch_bytes of text, tokenized on all cores, their ids appended to
+  // a temporary file beside the output (removed however this ends) and their lengths to the offsets.
+  const std::string raw_path = fmt::format("{}.tokens-tmp-{}", options.output, ::getpid());
+  struct RemoveOnExit {
+    const std::string& p;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      fs::remove(p, ec);
     }
-    for (auto& th : pool) th.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+  } remove_raw{raw_path};
+  std::ofstream raw(raw_path, std::ios::binary | std::ios::trunc);
+  if (!raw) throw IoError(fmt::format("{}: cannot create the temporary token file: {}", raw_path, std::strerror(errno)));
+  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
+  for (int t = 0; t < threads; ++t) encoders.push_back(std::make_unique<Encoder>(tokenizer));
+  std::vector<int64_t> offsets{0};
+  std::vector<std::string> batch;
+  std::vector<std::vector<TokenId>> ids;
+  size_t batch_text = 0;
+  {
+    ProgressBar bar({.label = "tokenize", .total = file_bytes, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
+    auto flush = [&] {
+      if (batch.empty()) return;
+      const auto t1 = std::chrono::steady_clock::now();
+      tokenize_batch(batch, encoders, ids);
+      summary.tokenize_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      for (const auto& v : ids) {
+        raw.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(TokenId)));
+        offsets.push_back(offsets.back() + static_cast<int64_t>(v.size()));
+      }
+      if (!raw) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", raw_path));
+      bar.advance(batch_text);
+      batch.clear();
+      batch_text = 0;
+    };
+    for (const auto& f : files) {
+      uint64_t text = 0;
+      for_each_document(f, options.documents, [&](std::string&& d) {
+        if (d.empty()) {
+          ++summary.empty_documents_skipped;
+          return;
+        }
+        text += d.size();
+        batch_text += d.size();
+        batch.push_back(std::move(d));
+        if (batch_text >= options.batch_bytes) flush();
+      });
+      summary.bytes += text;
+      std::error_code ec;
+      const uint64_t size = fs::file_size(f, ec);
+      bar.advance(size > text ? size - text : 0);  // what of the file is not document text (JSON, blank lines)
+    }
+    flush();
     bar.finish();
   }
-  summary.tokenize_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (offsets.size() == 1) throw DataError("prepare-data: the inputs hold no non-empty document");
+  raw.close();
+  if (!raw) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", raw_path));
 
-  std::vector<int64_t> offsets(docs.size() + 1, 0);
-  for (size_t d = 0; d < docs.size(); ++d) offsets[d + 1] = offsets[d] + static_cast<int64_t>(ids[d].size());
-  std::vector<TokenId> tokens;
-  tokens.reserve(static_cast<size_t>(offsets.back()));
-  for (auto& v : ids) {
-    tokens.insert(tokens.end(), v.begin(), v.end());
-    std::vector<TokenId>().swap(v);
-  }
+  // Pass 2: the dataset, its tokens read back from the temporary file piece by piece.
+  const size_t docs = offsets.size() - 1, num_tokens = static_cast<size_t>(offsets.back());
   DatasetInfo info = dataset_info_for(tokenizer);
   info.sources = files;
   info.validation_fraction = options.validation_fraction;
   info.split_seed = options.seed;
   if (!info.eot_id) log::warn("prepare-data: tokenizer {} has no end-of-text token; the packed layout will refuse this dataset",
                               tokenizer.name());
-  if (const auto dir = std::filesystem::path(options.output).parent_path(); !dir.empty())
-    std::filesystem::create_directories(dir);
-  write_dataset(options.output, tokens, offsets, info);
+  std::ifstream back(raw_path, std::ios::binary);
+  write_dataset(
+      options.output, num_tokens,
+      [&](size_t, std::span<TokenId> out) {
+        back.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size_bytes()));
+        if (!back) throw IoError(fmt::format("{}: cannot read back the temporary token file", raw_path));
+      },
+      offsets, info);
 
-  summary.documents = docs.size();
-  summary.tokens = tokens.size();
-  summary.validation_documents = choose_validation_documents(docs.size(), options.validation_fraction, options.seed).size();
-  summary.train_documents = docs.size() - summary.validation_documents;
+  summary.documents = docs;
+  summary.tokens = num_tokens;
+  summary.validation_documents = choose_validation_documents(docs, options.validation_fraction, options.seed).size();
+  summary.train_documents = docs - summary.validation_documents;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return summary;
 }

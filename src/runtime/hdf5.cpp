@@ -237,6 +237,33 @@ void read_range(const Handle& parent, const std::string& name, size_t offset, st
 }
 }  // namespace
 
+void create_u32(const Handle& parent, const std::string& name, size_t n) {
+  QuietErrors quiet;
+  const hsize_t dims = n;
+  Handle space = owned(ST_CHECK_HDF5(H5Screate_simple(1, &dims, nullptr)));
+  const hid_t dset = H5Dcreate2(parent.get(), name.c_str(), H5T_NATIVE_UINT32, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                H5P_DEFAULT);
+  if (dset < 0) throw IoError(fmt::format("{}: cannot create dataset '{}' ({} elements)", file_name(parent), name, n));
+  Handle ds = owned(dset);
+}
+
+void write_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<const uint32_t> data) {
+  QuietErrors quiet;
+  size_t n = 0;
+  Handle ds = open_1d(parent, name, &n, H5T_INTEGER);
+  if (offset + data.size() > n)
+    throw InternalError(fmt::format("{}: range [{}, {}) is past the end of '{}' ({} elements)", file_name(parent), offset,
+                                    offset + data.size(), name, n));
+  if (data.empty()) return;
+  Handle fspace = owned(ST_CHECK_HDF5(H5Dget_space(ds.get())));
+  const hsize_t start = offset, count = data.size();
+  ST_CHECK_HDF5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr));
+  Handle mspace = owned(ST_CHECK_HDF5(H5Screate_simple(1, &count, nullptr)));
+  if (H5Dwrite(ds.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, data.data()) < 0)
+    throw IoError(fmt::format("{}: cannot write '{}' [{}, {}) (disk full?)", file_name(parent), name, offset,
+                              offset + data.size()));
+}
+
 void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out) {
   read_range(parent, name, offset, out, H5T_INTEGER);
 }

@@ -125,6 +125,65 @@ TEST(PrepareData, ClearErrors) {
   EXPECT_NE(error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
 }
 
+// Batches of any size give the same file: here one document (an address) per batch against one batch for all.
+TEST(PrepareData, BatchesGiveTheSameDataset) {
+  if (!testing::require_fetched()) return;
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  for (size_t i = 0; i < 60; ++i) o.inputs.push_back(sotu[i].string());
+  o.validation_fraction = 0.05;
+  o.progress = ProgressStyle::Off;
+  o.output = testing::tmp_path("whole.h5").string();
+  o.batch_bytes = size_t{1} << 40;
+  const auto a = prepare_dataset(o);
+  o.output = testing::tmp_path("batched.h5").string();
+  o.batch_bytes = 1;
+  o.threads = 2;
+  const auto b = prepare_dataset(o);
+  EXPECT_EQ(a.documents, b.documents);
+  EXPECT_EQ(a.documents, 60u);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.bytes, b.bytes);
+  const auto da = TokenDataset::open(testing::tmp_path("whole.h5").string());
+  const auto db = TokenDataset::open(testing::tmp_path("batched.h5").string());
+  EXPECT_TRUE(std::equal(da.doc_offsets().begin(), da.doc_offsets().end(), db.doc_offsets().begin(), db.doc_offsets().end()));
+  const auto ta = da.tokens(), tb = db.tokens();
+  EXPECT_TRUE(std::equal(ta.begin(), ta.end(), tb.begin(), tb.end()));
+  const auto va = da.split_documents(DatasetSplit::Validation), vb = db.split_documents(DatasetSplit::Validation);
+  EXPECT_TRUE(std::equal(va.begin(), va.end(), vb.begin(), vb.end()));
+  // And the tokens are the tokenizer's, document by document.
+  const Tokenizer tok = Tokenizer::load(gpt2_path());
+  const auto first = read_documents(sotu[0].string(), o.documents);
+  for (size_t d = 0; d < first.size(); ++d) {
+    const auto ids = tok.encode(first[d]);
+    ASSERT_TRUE(std::equal(ids.begin(), ids.end(), db.document(d).begin(), db.document(d).end())) << "document " << d;
+  }
+}
+
+// A bad line in the last input: the error names it, and neither the output nor a temporary file is left.
+TEST(PrepareData, AFailureLeavesNoFiles) {
+  if (!testing::require_fetched()) return;
+  const auto dir = testing::tmp_path("fail");
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "a.jsonl") << R"({"text": "one"})" "\n" R"({"text": "two"})" "\n"; }
+  { std::ofstream(dir / "b.jsonl") << R"({"text": "three"})" "\n" "not json\n"; }
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {dir.string()};
+  o.output = (dir / "out" / "x.h5").string();
+  o.batch_bytes = 4;  // the first file's documents are already in the temporary file when b.jsonl fails
+  o.progress = ProgressStyle::Off;
+  const std::string msg = error_of([&] { prepare_dataset(o); });
+  EXPECT_NE(msg.find((dir / "b.jsonl").string() + ":2"), std::string::npos) << msg;
+  size_t left = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "out")) {
+    ADD_FAILURE() << "left behind: " << e.path();
+    ++left;
+  }
+  EXPECT_EQ(left, 0u);
+}
+
 TEST(PrepareData, ValidationChoice) {
   EXPECT_EQ(choose_validation_documents(1000, 0.01, 3).size(), 10u);
   EXPECT_EQ(choose_validation_documents(10, 0.01, 3).size(), 1u);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -50,6 +51,11 @@ std::vector<int64_t> choose_validation_documents(size_t num_documents, double fr
 // Writes a format-2 dataset: into a temporary file beside `path`, renamed over it once complete, so a reader
 // never sees a half-written file and a job that has the old one mapped keeps reading the old one.
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
+                   const DatasetInfo& info);
+// The same with tokens that are not in memory: `fill(offset, out)` writes tokens [offset, offset + out.size())
+// into out, called with consecutive pieces from offset 0 to num_tokens (prepare-data streams them from disk).
+using TokenFill = std::function<void(size_t offset, std::span<TokenId> out)>;
+void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
                    const DatasetInfo& info);
 
 // Fletcher-64 over 32-bit words (two running sums modulo 2^32 - 1; the second in the high half).

@@ -2,6 +2,7 @@
 // block) and JSONL with a text field (the fineweb layout). Shared by prepare-data and the BPE trainer.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,13 @@ struct DocumentOptions {
   std::string text_field = "text";
 };
 
-// The documents of one file, in order. Throws DataError naming the file (and line for JSONL) when the
-// file is missing or empty, a JSONL line is not JSON, or the text field is missing or not a string.
+// The documents of one file, in order, handed to `emit` as they are read: JSONL and blank-line text are read
+// line by line, so a file of any size costs one document's memory (per-file text is one document: the file).
+// Throws DataError naming the file (and line for JSONL) when the file is missing or empty, a JSONL line is not
+// JSON, or the text field is missing or not a string.
+void for_each_document(const std::string& path, const DocumentOptions& options,
+                       const std::function<void(std::string&& document)>& emit);
+// The same, collected.
 std::vector<std::string> read_documents(const std::string& path, const DocumentOptions& options);
 
 // Expands folders into their regular files (sorted, recursively); files are kept in the given order.

@@ -18,6 +18,9 @@ struct PrepareOptions {
   double validation_fraction = 0.01;
   uint64_t seed = 0;  // validation choice
   int threads = 0;    // 0: all cores
+  // Documents are read, tokenized and written in batches of this much text, so memory does not grow with the
+  // corpus (the tokens wait in a temporary file beside the output until the dataset is written).
+  size_t batch_bytes = size_t{64} << 20;
   ProgressStyle progress = ProgressStyle::Auto;
 };
 

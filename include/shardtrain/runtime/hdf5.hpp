@@ -55,6 +55,10 @@ void write_u16(const Handle& parent, const std::string& name, std::span<const ui
 
 // Reading checks that the dataset exists, is 1-D and has an integer/float class compatible with the
 // requested type; errors (DataError) name the file and dataset. HDF5 converts between widths.
+// A 1-D uint32 dataset of n elements, contiguous and unfiltered, for write_u32_range to fill piece by piece.
+void create_u32(const Handle& parent, const std::string& name, size_t n);
+void write_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<const uint32_t> data);
+
 std::vector<uint32_t> read_u32(const Handle& parent, const std::string& name);
 std::vector<int64_t> read_i64(const Handle& parent, const std::string& name);
 std::vector<float> read_f32(const Handle& parent, const std::string& name);
