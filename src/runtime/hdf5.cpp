@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -105,6 +106,14 @@ std::vector<T> read_1d(const Handle& parent, const std::string& name, H5T_class_
     throw DataError(fmt::format("{}: cannot read dataset '{}' (truncated or corrupt file? checksum mismatch?)",
                                 file_name(parent), name));
   return out;
+}
+
+// The file and memory dataspaces of elements [offset, offset + count) of a 1-D dataset.
+std::pair<Handle, Handle> range_spaces(const Handle& ds, size_t offset, size_t count) {
+  Handle fspace = owned(ST_CHECK_HDF5(H5Dget_space(ds.get())));
+  const hsize_t start = offset, n = count;
+  ST_CHECK_HDF5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr));
+  return {std::move(fspace), owned(ST_CHECK_HDF5(H5Screate_simple(1, &n, nullptr)))};
 }
 
 Handle open_attr_target(const Handle& parent, const std::string& object) {
@@ -226,10 +235,7 @@ void read_range(const Handle& parent, const std::string& name, size_t offset, st
     throw DataError(fmt::format("{}: range [{}, {}) is past the end of '{}' ({} elements)", file_name(parent), offset,
                                 offset + out.size(), name, n));
   if (out.empty()) return;
-  Handle fspace = owned(ST_CHECK_HDF5(H5Dget_space(ds.get())));
-  const hsize_t start = offset, count = out.size();
-  ST_CHECK_HDF5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr));
-  Handle mspace = owned(ST_CHECK_HDF5(H5Screate_simple(1, &count, nullptr)));
+  const auto [fspace, mspace] = range_spaces(ds, offset, out.size());
   // A failed read here is most often a Fletcher32 mismatch: the data on disk was corrupted.
   if (H5Dread(ds.get(), native_type<T>(), mspace.get(), fspace.get(), H5P_DEFAULT, out.data()) < 0)
     throw DataError(fmt::format("{}: cannot read '{}' [{}, {}) (corrupted data fails its checksum)", file_name(parent), name,
@@ -255,10 +261,7 @@ void write_u32_range(const Handle& parent, const std::string& name, size_t offse
     throw InternalError(fmt::format("{}: range [{}, {}) is past the end of '{}' ({} elements)", file_name(parent), offset,
                                     offset + data.size(), name, n));
   if (data.empty()) return;
-  Handle fspace = owned(ST_CHECK_HDF5(H5Dget_space(ds.get())));
-  const hsize_t start = offset, count = data.size();
-  ST_CHECK_HDF5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr));
-  Handle mspace = owned(ST_CHECK_HDF5(H5Screate_simple(1, &count, nullptr)));
+  const auto [fspace, mspace] = range_spaces(ds, offset, data.size());
   if (H5Dwrite(ds.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, data.data()) < 0)
     throw IoError(fmt::format("{}: cannot write '{}' [{}, {}) (disk full?)", file_name(parent), name, offset,
                               offset + data.size()));

@@ -90,6 +90,17 @@ inline std::vector<std::string> edge_texts() {
   };
 }
 
+// The message of the DataError f throws, or "no DataError".
+template <typename F>
+std::string data_error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "no DataError";
+}
+
 inline fs::path tmp_path(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("shardtrain-data-tests-" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -44,16 +44,6 @@ DatasetInfo info() {
   return i;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no DataError";
-}
-
 // The first document that starts inside checksum block `b`.
 size_t document_in_block(const Corpus& c, size_t b) {
   for (size_t d = 0; d + 1 < c.offsets.size(); ++d)
@@ -122,10 +112,10 @@ TEST(DatasetFile, DamagedBlockFailsAtItsFirstUse) {
   // The document holding token 1M + 777.
   const auto pos = static_cast<int64_t>(kChecksumBlockTokens + 777);
   const size_t bad = static_cast<size_t>(std::upper_bound(c.offsets.begin(), c.offsets.end(), pos) - c.offsets.begin()) - 1;
-  const std::string msg = error_of([&] { ds.document(bad); });
+  const std::string msg = testing::data_error_of([&] { ds.document(bad); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("tokens [1048576, 2097152) do not match their checksum"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { ds.tokens(); }).find("do not match their checksum"), std::string::npos);
+  EXPECT_NE(testing::data_error_of([&] { ds.tokens(); }).find("do not match their checksum"), std::string::npos);
 }
 
 TEST(DatasetFile, IdOutsideTheVocabularyFailsAtFirstUse) {
@@ -135,7 +125,7 @@ TEST(DatasetFile, IdOutsideTheVocabularyFailsAtFirstUse) {
   write_dataset(path, c.tokens, c.offsets, info());
   const TokenDataset ds = TokenDataset::open(path);
   EXPECT_NO_THROW(ds.document(0));
-  const std::string msg = error_of([&] { ds.tokens(); });
+  const std::string msg = testing::data_error_of([&] { ds.tokens(); });
   EXPECT_NE(msg.find("token id 50257 (at 1048581) is outside the vocabulary"), std::string::npos) << msg;
 }
 
@@ -146,7 +136,7 @@ TEST(DatasetFile, TruncatedTokensAreRefusedAtOpen) {
   // Cut inside the token array: whether HDF5 or the mapping notices first, the error names the file.
   const uint64_t at = tokens_offset(path);
   std::filesystem::resize_file(path, at + 4 * c.tokens.size() / 2);
-  const std::string msg = error_of([&] { TokenDataset::open(path); });
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
 }

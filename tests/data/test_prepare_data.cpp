@@ -73,16 +73,6 @@ TEST(PrepareData, JsonlAndBlankLineDocuments) {
   EXPECT_TRUE(ds.split_documents(DatasetSplit::Validation).empty());
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no DataError";
-}
-
 TEST(PrepareData, ClearErrors) {
   if (!testing::require_fetched()) return;
   PrepareOptions o;
@@ -93,20 +83,20 @@ TEST(PrepareData, ClearErrors) {
   const auto no_text = testing::tmp_path("no_text.jsonl");
   { std::ofstream(no_text) << R"({"text": "ok"})" "\n" R"({"content": "wrong field"})" "\n"; }
   o.inputs = {no_text.string()};
-  auto msg = error_of([&] { prepare_dataset(o); });
+  auto msg = testing::data_error_of([&] { prepare_dataset(o); });
   EXPECT_NE(msg.find(no_text.string() + ":2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("\"text\""), std::string::npos) << msg;
 
   const auto empty = testing::tmp_path("empty.txt");
   { std::ofstream(empty) << ""; }
   o.inputs = {empty.string()};
-  msg = error_of([&] { prepare_dataset(o); });
+  msg = testing::data_error_of([&] { prepare_dataset(o); });
   EXPECT_NE(msg.find(empty.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
 
   const auto not_h5 = testing::tmp_path("not.h5");
   { std::ofstream(not_h5) << "just some text, not HDF5"; }
-  msg = error_of([&] { TokenDataset::open(not_h5.string()); });
+  msg = testing::data_error_of([&] { TokenDataset::open(not_h5.string()); });
   EXPECT_NE(msg.find("not an HDF5 file"), std::string::npos) << msg;
   EXPECT_NE(msg.find(not_h5.string()), std::string::npos) << msg;
 
@@ -119,10 +109,10 @@ TEST(PrepareData, ClearErrors) {
   const auto cut = testing::tmp_path("truncated.h5");
   std::filesystem::copy_file(good, cut, std::filesystem::copy_options::overwrite_existing);
   std::filesystem::resize_file(cut, size / 2);
-  msg = error_of([&] { TokenDataset::open(cut.string()); });
+  msg = testing::data_error_of([&] { TokenDataset::open(cut.string()); });
   EXPECT_NE(msg.find(cut.string()), std::string::npos) << msg;
 
-  EXPECT_NE(error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
+  EXPECT_NE(testing::data_error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
 }
 
 // Batches of any size give the same file: here one document (an address) per batch against one batch for all.
@@ -174,7 +164,7 @@ TEST(PrepareData, AFailureLeavesNoFiles) {
   o.output = (dir / "out" / "x.h5").string();
   o.batch_bytes = 4;  // the first file's documents are already in the temporary file when b.jsonl fails
   o.progress = ProgressStyle::Off;
-  const std::string msg = error_of([&] { prepare_dataset(o); });
+  const std::string msg = testing::data_error_of([&] { prepare_dataset(o); });
   EXPECT_NE(msg.find((dir / "b.jsonl").string() + ":2"), std::string::npos) << msg;
   size_t left = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir / "out")) {
