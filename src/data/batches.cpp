@@ -32,6 +32,7 @@ MicroBatch allocate_micro_batch(int batch, int seq) {
   mb.targets = {base + n, n};
   mb.doc_ids = {base + 2 * n, n};
   mb.samples.resize(static_cast<size_t>(batch));
+  mb.sources.assign(static_cast<size_t>(batch), 0);
   return mb;
 }
 

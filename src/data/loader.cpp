@@ -8,15 +8,17 @@
 namespace shardtrain::data {
 
 namespace {
-SamplerOptions sampler_options(const SampleSource& src, const LoaderOptions& o) {
+SamplerOptions sampler_options(const MixedSource& src, const LoaderOptions& o) {
   return SamplerOptions{src.num_samples(), o.micro_batch_size, o.global_batch_size, o.dp_rank, o.dp_size, o.seed, o.shuffle};
 }
 }  // namespace
 
 Loader::Loader(std::shared_ptr<const TokenDataset> dataset, LoaderOptions options)
-    : dataset_(std::move(dataset)),
-      options_(options),
-      source_(*dataset_, options.split, options.layout, options.seq_len),
+    : Loader(std::vector<MixtureComponent>{{std::move(dataset), 1.0}}, options) {}
+
+Loader::Loader(std::vector<MixtureComponent> sources, LoaderOptions options)
+    : options_(options),
+      source_(std::move(sources), options.split, options.layout, options.seq_len, options.seed, options.shuffle),
       sampler_(sampler_options(source_, options)) {
   if (options_.prefetch < 1) options_.prefetch = 1;
   if (options_.start.index >= sampler_.micro_batches_per_epoch())
@@ -64,7 +66,8 @@ void Loader::produce() {
       sampler_.micro_batch(pos.epoch, pos.index, mb.samples);
       const auto s = static_cast<size_t>(options_.seq_len);
       for (size_t r = 0; r < mb.samples.size(); ++r)
-        source_.fill(mb.samples[r], mb.tokens.data() + r * s, mb.targets.data() + r * s, mb.doc_ids.data() + r * s);
+        mb.sources[r] = source_.fill(pos.epoch, mb.samples[r], mb.tokens.data() + r * s, mb.targets.data() + r * s,
+                                     mb.doc_ids.data() + r * s);
       {
         std::lock_guard lock(mutex_);
         if (stop_) return;

@@ -6,28 +6,10 @@
 #include <numeric>
 
 #include "shardtrain/runtime/error.hpp"
+#include "splitmix.hpp"
 
 namespace shardtrain::data {
-namespace {
-
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t bound) {  // unbiased in [0, bound), by rejection
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-    uint64_t x;
-    do x = next();
-    while (x >= limit);
-    return x % bound;
-  }
-};
-
-}  // namespace
+using detail::SplitMix64;
 
 std::vector<uint64_t> shuffled_indices(size_t n, uint64_t seed) {
   std::vector<uint64_t> v(n);

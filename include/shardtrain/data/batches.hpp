@@ -33,7 +33,8 @@ struct MicroBatch {
   std::span<int32_t> targets;  // (B, S) next-token ids, kIgnoreIndex where no loss is taken
   std::span<int32_t> doc_ids;  // (B, S) document index per position (-1: padding)
   SamplerPosition position;    // the sampler position this micro-batch was taken at
-  std::vector<uint64_t> samples;  // sample indices of the rows
+  std::vector<uint64_t> samples;  // sample indices of the rows (in the loader's mixture, mixture.hpp)
+  std::vector<uint32_t> sources;  // the mixture source of each row (0 with one dataset)
   size_t loss_tokens() const;  // targets that are not kIgnoreIndex
 };
 

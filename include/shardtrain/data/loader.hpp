@@ -12,6 +12,7 @@
 
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/mixture.hpp"
 #include "shardtrain/data/sampler.hpp"
 
 namespace shardtrain::data {
@@ -33,6 +34,9 @@ struct LoaderOptions {
 class Loader {
  public:
   Loader(std::shared_ptr<const TokenDataset> dataset, LoaderOptions options);
+  // Samples from several datasets in proportion to their weights (mixture.hpp); one source gives exactly
+  // the samples of the constructor above.
+  Loader(std::vector<MixtureComponent> sources, LoaderOptions options);
   ~Loader();  // stops and joins the thread
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -47,7 +51,7 @@ class Loader {
   void seek(SamplerPosition p);  // drops what is queued and restarts the thread at p
 
   const DistributedSampler& sampler() const { return sampler_; }
-  const SampleSource& source() const { return source_; }
+  const MixedSource& source() const { return source_; }
   const LoaderOptions& options() const { return options_; }
   size_t micro_batches_per_epoch() const { return sampler_.micro_batches_per_epoch(); }
   int accumulation_steps() const { return sampler_.accumulation_steps(); }
@@ -58,9 +62,8 @@ class Loader {
   void stop_thread();
   void produce();
 
-  std::shared_ptr<const TokenDataset> dataset_;
   LoaderOptions options_;
-  SampleSource source_;
+  MixedSource source_;
   DistributedSampler sampler_;
 
   mutable std::mutex mutex_;
