@@ -21,6 +21,8 @@ CheckpointHooks::CheckpointHooks(const Trainer& trainer)
 
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
   const data::DatasetInfo& info = trainer.dataset().info();
+  nlohmann::json sources = nlohmann::json::array();
+  for (const auto& c : trainer.sources()) sources.push_back({{"path", c.dataset->path()}, {"weight", c.weight}});
   return nlohmann::json{{"name", info.tokenizer_name},
                         {"hash", info.tokenizer_hash},
                         {"path", info.tokenizer_path},
@@ -28,7 +30,8 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
                         {"vocab_size", info.vocab_size},
                         {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
                         {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
-                        {"dataset", trainer.dataset().path()}}
+                        {"dataset", trainer.dataset().path()},
+                        {"sources", sources}}
       .dump();
 }
 

@@ -18,6 +18,25 @@ void expect(bool ok, std::string_view key, const std::string& what) {
 
 }  // namespace
 
+std::vector<data::MixtureEntry> DataSection::sources() const {
+  if (mixture.empty()) return {data::MixtureEntry{path, 1.0}};
+  std::vector<data::MixtureEntry> out;
+  for (size_t i = 0; i < mixture.size(); ++i) {
+    const std::string field = fmt::format("data.mixture[{}]", i);
+    out.push_back(data::parse_mixture_entry(mixture[i], field));
+    for (size_t j = 0; j < i; ++j)
+      expect(out[j].path != out.back().path, field, fmt::format("{} is listed twice (as data.mixture[{}] too); give it one weight", out.back().path, j));
+  }
+  return out;
+}
+
+std::string DataSection::describe() const {
+  if (mixture.empty()) return path;
+  std::string paths;
+  for (const auto& e : sources()) paths += (paths.empty() ? "" : ", ") + e.path;
+  return fmt::format("a mixture of {} datasets ({})", mixture.size(), paths);
+}
+
 void TrainConfig::validate() const {
   model.validate();
   fsdp.engine.validate();
@@ -48,7 +67,11 @@ void TrainConfig::validate() const {
     expect(schedule.lr.warmup_steps < schedule.max_steps, "schedule.warmup_steps",
            fmt::format("{} warmup steps leave nothing to decay in schedule.max_steps = {}", schedule.lr.warmup_steps, schedule.max_steps));
 
-  expect(!data.path.empty(), "data.path", "expected the dataset file written by `shardtrain prepare-data`");
+  expect(!data.path.empty() || !data.mixture.empty(), "data.path",
+         "expected the dataset file written by `shardtrain prepare-data` (or data.mixture: \"PATH:WEIGHT\" entries)");
+  expect(data.path.empty() || data.mixture.empty(), "data.mixture",
+         fmt::format("set data.path or data.mixture, not both (data.path is {})", data.path));
+  (void)data.sources();  // every mixture entry parses, and none is listed twice
   expect(data.seq_len >= 1, "data.seq_len", fmt::format("expected 1 or more, got {}", data.seq_len));
   expect(data.seq_len <= model.max_position_embeddings, "data.seq_len",
          fmt::format("{} is longer than model.max_position_embeddings = {}", data.seq_len, model.max_position_embeddings));

@@ -206,6 +206,13 @@ std::vector<ConfigField> build_fields() {
 
   t.section = "data";
   t.text("path", "the prepared dataset (HDF5 from prepare-data)", [](auto& c) -> auto& { return c.data.path; });
+  {
+    ConfigField f{"", "mixture", FieldType::StringList,
+                  "instead of path: several prepared datasets sampled in shares, \"PATH:WEIGHT\" each", {}, {}};
+    f.get = [](const TrainConfig& c) -> FieldValue { return c.data.mixture; };
+    f.set = [](TrainConfig& c, const FieldValue& v) { c.data.mixture = std::get<std::vector<std::string>>(v); };
+    t.add(std::move(f));
+  }
   t.choice("layout", "packed or padded", [](auto& c) -> auto& { return c.data.layout; },
            [](const std::string& s) {
              try {

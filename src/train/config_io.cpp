@@ -250,6 +250,9 @@ void apply_override(TrainConfig& config, std::string_view dotted_key, std::strin
     throw ConfigError(fmt::format("{}: unknown key '{}' (the keys of [{}] are: {})", where, dotted_key, section, join_keys(section)));
   }
   store(config, *f, from_text(value, *f, "command line"), "command line");
+  // data.path and data.mixture are two ways to name the data: the command line's choice replaces the file's.
+  if (section == "data" && key == "path" && !config.data.path.empty()) config.data.mixture.clear();
+  if (section == "data" && key == "mixture" && !config.data.mixture.empty()) config.data.path.clear();
 }
 
 std::vector<std::pair<std::string, std::string>> parse_override_args(const std::vector<std::string>& args) {

@@ -93,7 +93,7 @@ void Trainer::step_once(StepMetrics& m) {
   }
   comms_->world().all_reduce(std::span<int64_t>(counted, 1), ReduceOp::Sum);
   const int64_t global_tokens = counted[0];
-  if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.path));
+  if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
 
   engine_->zero_grad();
   double sums[2] = {0, 0};  // loss sum, non-finite flag

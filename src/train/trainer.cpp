@@ -205,12 +205,16 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     if (!out) throw IoError(fmt::format("{}/config.toml: cannot write the resolved configuration", run_dir_));
   }
 
-  // The dataset: every rank reads it (held in memory) and checks it against the model.
-  dataset_ = std::make_shared<data::TokenDataset>(data::TokenDataset::open(config_.data.path));
-  if (dataset_->info().vocab_size > config_.model.vocab_size)
-    throw ConfigError(fmt::format("model.vocab_size: {} is smaller than the vocabulary of {} ({}, tokenizer {}); expected at least {}",
-                                  config_.model.vocab_size, config_.data.path, dataset_->info().vocab_size,
-                                  dataset_->info().tokenizer_name, dataset_->info().vocab_size));
+  // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
+  // the model; the loader checks that a mixture's sources share one tokenizer.
+  for (const data::MixtureEntry& e : config_.data.sources()) {
+    auto ds = std::make_shared<data::TokenDataset>(data::TokenDataset::open(e.path));
+    if (ds->info().vocab_size > config_.model.vocab_size)
+      throw ConfigError(fmt::format("model.vocab_size: {} is smaller than the vocabulary of {} ({}, tokenizer {}); expected at least {}",
+                                    config_.model.vocab_size, e.path, ds->info().vocab_size, ds->info().tokenizer_name,
+                                    ds->info().vocab_size));
+    sources_.push_back({std::move(ds), e.weight});
+  }
 
   // Peak FLOP/s per rank for MFU: measured once (design.md), on the CPU before the backend sets its thread
   // count, on a GPU with a large bf16 matmul through the backend itself.
@@ -261,10 +265,10 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   lo.seed = config_.data.seed;
   lo.shuffle = config_.data.shuffle;
   lo.prefetch = static_cast<size_t>(config_.data.prefetch);
-  loader_ = std::make_unique<data::Loader>(dataset_, lo);
+  loader_ = std::make_unique<data::Loader>(sources_, lo);
   const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
   if (steps_per_epoch == 0)
-    throw DataError(fmt::format("{}: the train split has {} samples of {} tokens, fewer than one global batch of {}", config_.data.path,
+    throw DataError(fmt::format("{}: the train split has {} samples of {} tokens, fewer than one global batch of {}", config_.data.describe(),
                                 loader_->source().num_samples(), config_.data.seq_len, config_.data.global_batch_size));
 
   if (config_.schedule.eval_batches > 0) {
@@ -273,18 +277,29 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     eo.global_batch_size = micro_batch_ * W;
     eo.shuffle = false;
     eo.prefetch = 2;
-    try {
-      const data::SampleSource probe(*dataset_, eo.split, eo.layout, eo.seq_len);
-      if (probe.num_samples() >= static_cast<size_t>(eo.global_batch_size)) {
-        eval_loader_ = std::make_unique<data::Loader>(dataset_, eo);
-        eval_micro_batches_ = std::min<int64_t>(config_.schedule.eval_batches,
-                                                static_cast<int64_t>(eval_loader_->micro_batches_per_epoch()));
-      } else {
-        log::warn("train: the validation split of {} has {} samples, fewer than one evaluation batch of {}: no validation loss",
-                  config_.data.path, probe.num_samples(), eo.global_batch_size);
+    // The validation splits in the training shares; a source without validation samples is left out.
+    std::vector<data::MixtureComponent> held_out;
+    size_t held_out_samples = 0;
+    for (const auto& c : sources_) {
+      try {
+        held_out_samples += data::SampleSource(*c.dataset, eo.split, eo.layout, eo.seq_len).num_samples();
+        held_out.push_back(c);
+      } catch (const DataError& e) {
+        log::warn("train: {}{}", e.what(), sources_.size() > 1 ? ": the validation loss leaves this source out" : "");
       }
-    } catch (const DataError& e) {
-      log::warn("train: no validation loss: {}", e.what());
+    }
+    if (held_out.empty()) {
+      log::warn("train: no validation loss: no source has validation samples");
+    } else if (held_out_samples < static_cast<size_t>(eo.global_batch_size)) {
+      log::warn("train: the validation split of {} has {} samples, fewer than one evaluation batch of {}: no validation loss",
+                config_.data.describe(), held_out_samples, eo.global_batch_size);
+    } else {
+      try {
+        eval_loader_ = std::make_unique<data::Loader>(held_out, eo);
+        eval_micro_batches_ = std::min<int64_t>(config_.schedule.eval_batches, static_cast<int64_t>(eval_loader_->micro_batches_per_epoch()));
+      } catch (const ConfigError& e) {  // a share of the small validation splits that rounds to no sample
+        log::warn("train: no validation loss: the validation splits cannot be mixed in the training shares: {}", e.what());
+      }
     }
   }
 
@@ -306,8 +321,15 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
               "device {}, collectives over {}; run directory {}",
               static_cast<double>(model_->spec().num_params()) / 1e6, flops_per_token_ / 1e9, mesh_->replicate_size(), mesh_->shard_size(),
               sharding_strategy_name(config_.fsdp.engine.strategy), W, micro_batch_, accumulation_, config_.data.global_batch_size,
-              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.path, peak_flops_ / 1e9, runtime.device().describe(), comm_backend_name(comms_->backend()),
+              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), peak_flops_ / 1e9, runtime.device().describe(), comm_backend_name(comms_->backend()),
               run_dir_);
+  }
+  if (rank == 0 && sources_.size() > 1) {
+    const data::MixedSource& mix = loader_->source();
+    for (size_t k = 0; k < mix.size(); ++k)
+      log::info("train: data source {} ({}): weight {:.4g}, {} of the epoch's {} samples; it holds {}, so each is seen {:.3g} times per epoch",
+                k, mix.dataset(k).path(), mix.weight(k), mix.samples_per_epoch(k), mix.num_samples(), mix.source_samples(k),
+                static_cast<double>(mix.samples_per_epoch(k)) / static_cast<double>(mix.source_samples(k)));
   }
   progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
 }

@@ -3,7 +3,8 @@
 keeps its previous checkpoint intact and loadable; `--resume auto` continues from it, and the losses and
 final parameters equal the uninterrupted run's bit for bit; consolidation and `checkpoint info --verify`
 work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5;
-SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one."""
+SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one;
+a data mixture resumes exactly too, and one whose sources were tokenized differently is refused."""
 import json
 import os
 import shutil
@@ -123,5 +124,33 @@ if saved:
     a, b = losses("whole40"), losses("preempted_resumed")
     check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
     check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
+
+# A data mixture (docs/data.md): Moby Dick at 0.7 and eight State of the Union addresses at 0.3, prepared
+# with the same tokenizer. Resuming from the whole run's step-4 checkpoint ends exactly like the whole run
+# (the mixture is a pure function of seed, epoch and index); every source is logged with its share; a source
+# made with another tokenizer is refused with exit code 4, naming it.
+speeches = os.path.join(work, "speeches")
+os.makedirs(speeches)
+for name in sorted(os.listdir(clitest.corpus(args, "sotu")))[::30]:
+    shutil.copy(os.path.join(clitest.corpus(args, "sotu"), name), speeches)
+sotu_ds = os.path.join(work, "sotu-bpe512.h5")
+subprocess.run([st, "prepare-data", "-t", tok, "-i", speeches, "-o", sotu_ds, "--validation-fraction", "0.2",
+                "--log-level", "warn"], check=True)
+MIX = ["--data.mixture", f"{ds}:0.7,{sotu_ds}:0.3", "--checkpoint.keep_last", "0"]
+whole_mix = train("whole_mix", *MIX)
+check(whole_mix.returncode == 0, f"mixture run: {whole_mix.stderr[-2000:]}")
+check("data source 1 (" + sotu_ds + "): weight 0.3" in whole_mix.stderr, f"the sources are logged: {whole_mix.stderr[-3000:]}")
+mix_ckpt = os.path.join(work, "mix_resume", "ckpt")
+shutil.copytree(os.path.join(work, "whole_mix", "checkpoints", "step_00000004"), os.path.join(mix_ckpt, "step_00000004"))
+mix_resumed = train("mix_resumed", *MIX, "--checkpoint.dir", mix_ckpt, "--resume", "auto")
+check(mix_resumed.returncode == 0, f"resumed mixture run: {mix_resumed.stderr[-2000:]}")
+a, b = losses("whole_mix"), losses("mix_resumed")
+check(sorted(b) == list(range(5, 9)) and all(a[s] == b[s] for s in b),
+      f"the resumed mixture run's losses equal the whole run's: {[(s, a.get(s), b[s]) for s in sorted(b)]}")
+check(any(a[s] != losses("whole")[s] for s in a), "the mixture trains on other data than moby alone")
+val = [l for l in map(json.loads, open(os.path.join(work, "whole_mix", "metrics.jsonl"))) if l["kind"] == "eval"]
+check(len(val) >= 1 and all(v["val_loss"] == v["val_loss"] for v in val), f"validation over both sources: {val}")
+r = train("mix_other_tokenizer", "--data.mixture", f"{ds}:0.7,{ds2}:0.3")
+check(r.returncode == 4 and ds2 in r.stderr and "same tokenizer" in r.stderr, f"mixed tokenizers: exit {r.returncode}: {r.stderr[-1500:]}")
 
 check.finish("all checkpoint CLI checks passed")

@@ -161,6 +161,37 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_EQ(w.accumulation_steps_for(4), 4);
 }
 
+TEST(TrainConfig, DataMixtureOrPathButNotBoth) {
+  TrainConfig c = from_text("[data]\nmixture = [\"data/web.h5:0.7\", \"data/code.h5:0.3\"]\n[schedule]\nmax_steps = 1\n");
+  EXPECT_NO_THROW(c.validate());
+  const auto sources = c.data.sources();
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[1].path, "data/code.h5");
+  EXPECT_DOUBLE_EQ(sources[1].weight, 0.3);
+  EXPECT_EQ(c.data.describe(), "a mixture of 2 datasets (data/web.h5, data/code.h5)");
+  TrainConfig again;  // the printed form reads back
+  apply_toml_text(again, to_toml(c), "printed");
+  EXPECT_TRUE(again == c);
+  // A command-line choice of one replaces the file's other.
+  apply_override(c, "data.path", "data/one.h5");
+  EXPECT_TRUE(c.data.mixture.empty());
+  ASSERT_EQ(c.data.sources().size(), 1u);
+  EXPECT_DOUBLE_EQ(c.data.sources()[0].weight, 1.0);
+  apply_override(c, "data.mixture", "a.h5:1,b.h5:3");
+  EXPECT_TRUE(c.data.path.empty());
+  EXPECT_EQ(c.data.mixture.size(), 2u);
+  // In one file, both is an error; so are a bad entry, a repeated path and neither.
+  EXPECT_CONFIG_ERROR(from_text("[data]\npath = \"x.h5\"\nmixture = [\"y.h5:1\"]\n[schedule]\nmax_steps = 1\n").validate(),
+                      "data.mixture", "not both");
+  EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:1\", \"z.h5\"]\n[schedule]\nmax_steps = 1\n").validate(),
+                      "data.mixture[1]", "PATH:WEIGHT");
+  EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:1\", \"y.h5:2\"]\n[schedule]\nmax_steps = 1\n").validate(),
+                      "data.mixture[1]", "listed twice");
+  EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:0\"]\n[schedule]\nmax_steps = 1\n").validate(), "data.mixture[0]",
+                      "positive number");
+  EXPECT_CONFIG_ERROR(from_text("[schedule]\nmax_steps = 1\n").validate(), "data.path", "data.mixture");
+}
+
 TEST(TrainConfig, SeedExamplesLoadAsTheyAre) {
   TrainConfig c = load_train_config(repo("configs/tiny-cpu.toml"));
   const auto notes = apply_accelerate_config(c, repo("configs/examples/accelerate_fsdp.yaml"));

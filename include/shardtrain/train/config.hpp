@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 
 #include "shardtrain/data/batches.hpp"
+#include "shardtrain/data/mixture.hpp"
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/model/config.hpp"
@@ -52,6 +54,10 @@ struct ScheduleSection {
 // [data]
 struct DataSection {
   std::string path;                 // the dataset (prepare-data's HDF5 file); relative to the working directory
+  std::vector<std::string> mixture; // or several, "PATH:WEIGHT" each, sampled in those shares (data/mixture.hpp)
+  // The datasets to train on: `path` with weight 1, or the parsed `mixture` (ConfigError naming the entry).
+  std::vector<data::MixtureEntry> sources() const;
+  std::string describe() const;     // `path`, or "a mixture of N datasets (P1, P2...)" for messages
   data::BatchLayout layout = data::BatchLayout::Packed;
   int seq_len = 512;
   int micro_batch_size = 0;         // per rank; 0 = global_batch_size / world (no accumulation)

@@ -137,7 +137,8 @@ class Trainer {
   const DeviceMesh& mesh() const { return *mesh_; }
   MeshComms& comms() { return *comms_; }
   const Runtime& runtime() const { return *runtime_; }
-  const data::TokenDataset& dataset() const { return *dataset_; }
+  const data::TokenDataset& dataset() const { return *sources_.front().dataset; }  // the first of sources()
+  const std::vector<data::MixtureComponent>& sources() const { return sources_; }   // data.path or data.mixture
   int64_t total_steps() const { return total_steps_; }
   int accumulation_steps() const { return accumulation_; }
   double peak_flops_per_rank() const { return peak_flops_; }
@@ -167,7 +168,7 @@ class Trainer {
   std::unique_ptr<fsdp::FsdpEngine> engine_;
   std::unique_ptr<optim::AdamW> adamw_;
   optim::GradNorm grad_norm_;
-  std::shared_ptr<const data::TokenDataset> dataset_;
+  std::vector<data::MixtureComponent> sources_;
   std::unique_ptr<data::Loader> loader_, eval_loader_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<MetricsWriter> metrics_;
