@@ -3,7 +3,8 @@
 //   build-data/bin/bench_data [DATASET.h5]
 // With --write-synthetic N VOCAB OUT.h5 it writes a dataset of N random tokens (documents of 1-3000);
 // with --open DATASET.h5 it times TokenDataset::open and a loader's first 100 micro-batches, and prints the
-// process's anonymous and file-backed resident memory after each (docs/performance.md, dataset files).
+// process's anonymous and file-backed resident memory after each (docs/performance.md, dataset files);
+// with --mixture SEQ PATH:WEIGHT... it times a data mixture (mixture_bench below).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -78,12 +79,58 @@ int open_bench(const std::string& path) {
   return 0;
 }
 
+// Builds a MixedSource over the given "PATH:WEIGHT" entries at `seq` (packed, shuffled) and reports its
+// construction time and memory, the time per locate() (median of 3 runs over 10M indices) and a loader's
+// first 200 micro-batches of 8 x seq (docs/performance.md, data mixtures).
+int mixture_bench(int seq, const std::vector<std::string>& entries) {
+  std::vector<MixtureComponent> sources;
+  for (const auto& e : entries) {
+    const MixtureEntry m = parse_mixture_entry(e, "--mixture");
+    sources.push_back({std::make_shared<TokenDataset>(TokenDataset::open(m.path)), m.weight});
+  }
+  const double anon0 = rss_mib("RssAnon:");
+  auto t0 = std::chrono::steady_clock::now();
+  MixedSource mix(sources, DatasetSplit::Train, BatchLayout::Packed, seq, 1, true);
+  fmt::print("mixture of {} at seq {}: {} samples per epoch, built in {:.3f} s, +{:.1f} MiB anon\n", sources.size(), seq,
+             mix.num_samples(), seconds_since(t0), rss_mib("RssAnon:") - anon0);
+  for (size_t k = 0; k < mix.size(); ++k)
+    fmt::print("  source {} {}: weight {:.3g}, {} of its {} samples per epoch\n", k, mix.dataset(k).path(), mix.weight(k),
+               mix.samples_per_epoch(k), mix.source_samples(k));
+  std::vector<double> ns;
+  uint64_t sink = 0;
+  for (int run = 0; run < 3; ++run) {
+    std::mt19937_64 rng(run);
+    const size_t n = 10'000'000;
+    t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) sink += mix.locate(3, rng() % mix.num_samples()).sample;
+    ns.push_back(seconds_since(t0) * 1e9 / static_cast<double>(n));
+  }
+  std::sort(ns.begin(), ns.end());
+  fmt::print("locate: {:.1f} ns per sample (median of 3 x 10M random indices, checksum {})\n", ns[1], sink % 1000);
+  LoaderOptions o;
+  o.seq_len = seq;
+  o.micro_batch_size = 8;
+  o.global_batch_size = 8;
+  o.seed = 1;
+  for (const bool mixed : {false, true}) {
+    t0 = std::chrono::steady_clock::now();
+    {
+      Loader loader(mixed ? sources : std::vector<MixtureComponent>{sources.front()}, o);
+      for (int i = 0; i < 200; ++i) loader.recycle(loader.next());
+    }
+    fmt::print("{}: first 200 micro-batches (8 x {}) in {:.3f} s\n", mixed ? "mixture" : "first source alone", seq, seconds_since(t0));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--write-synthetic")
     return write_synthetic(std::stoull(argv[2]), std::stoll(argv[3]), argv[4]);
   if (argc == 3 && std::string(argv[1]) == "--open") return open_bench(argv[2]);
+  if (argc >= 4 && std::string(argv[1]) == "--mixture")
+    return mixture_bench(std::stoi(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
   const fs::path fetched = fs::path(SHARDTRAIN_SOURCE_DIR) / "data" / "fetched";
   std::vector<std::string> docs;
   size_t bytes = 0;
