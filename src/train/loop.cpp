@@ -169,30 +169,42 @@ void Trainer::step_once(StepMetrics& m) {
   step_seconds_ += m.step_time_s;
 }
 
-double Trainer::evaluate(int64_t* counted_tokens) {
-  if (!eval_loader_ || eval_micro_batches_ == 0) return std::numeric_limits<double>::quiet_NaN();
-  eval_loader_->seek({0, 0});  // the same held-out batches every time
-  double sums[2] = {0, 0};  // loss sum, tokens
-  for (int64_t i = 0; i < eval_micro_batches_; ++i) {
-    data::MicroBatch mb = eval_loader_->next();
-    engine_->forward(model_batch(mb));
-    if (ops_->device() == DeviceKind::Cuda) stream_synchronize({});  // the upload ran before the loader refills it
-    eval_loader_->recycle(std::move(mb));
+double Trainer::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source) {
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  if (eval_sources_.empty()) return nan;
+  std::vector<double> sums;  // per source: loss sum, tokens
+  for (EvalSource& e : eval_sources_) {
+    e.loader->seek({0, 0});  // the same held-out batches every time
+    for (int64_t i = 0; i < e.micro_batches; ++i) {
+      data::MicroBatch mb = e.loader->next();
+      engine_->forward(model_batch(mb));
+      if (ops_->device() == DeviceKind::Cuda) stream_synchronize({});  // the upload ran before the loader refills it
+      e.loader->recycle(std::move(mb));
+    }
+    const ops::LossSums total = ops_->take_loss();
+    sums.push_back(total.loss_sum);
+    sums.push_back(static_cast<double>(total.tokens));
   }
-  const ops::LossSums total = ops_->take_loss();
-  sums[0] = total.loss_sum;
-  sums[1] = static_cast<double>(total.tokens);
-  comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);
-  if (counted_tokens) *counted_tokens = static_cast<int64_t>(sums[1]);
-  return sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
+  comms_->world().all_reduce(std::span<double>(sums), ReduceOp::Sum);
+  double weighted = 0, weight = 0, tokens = 0;
+  for (size_t k = 0; k < eval_sources_.size(); ++k) {
+    const double loss = sums[2 * k + 1] > 0 ? sums[2 * k] / sums[2 * k + 1] : nan;
+    tokens += sums[2 * k + 1];
+    if (sums[2 * k + 1] > 0) weighted += eval_sources_[k].weight * loss, weight += eval_sources_[k].weight;
+    if (by_source && sources_.size() > 1)
+      by_source->push_back({eval_sources_[k].loader->source().dataset(0).path(), loss, static_cast<int64_t>(sums[2 * k + 1])});
+  }
+  if (counted_tokens) *counted_tokens = static_cast<int64_t>(tokens);
+  if (eval_sources_.size() == 1) return sums[1] > 0 ? sums[0] / sums[1] : nan;
+  return weight > 0 ? weighted / weight : nan;
 }
 
 void Trainer::maybe_evaluate(bool force) {
-  if (!eval_loader_ || eval_micro_batches_ == 0 || last_eval_step_ == state_.step) return;
+  if (eval_sources_.empty() || last_eval_step_ == state_.step) return;
   if (!force && !due(config_.schedule.eval_every)) return;
   const auto t0 = Clock::now();
   EvalMetrics e;
-  e.val_loss = evaluate(&e.val_tokens);
+  e.val_loss = evaluate(&e.val_tokens, &e.by_source);
   e.step = state_.step;
   e.tokens = state_.tokens_seen;
   e.eval_time_s = seconds_since(t0);

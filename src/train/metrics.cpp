@@ -53,6 +53,11 @@ std::string to_json_line(const EvalMetrics& m) {
   j["tokens"] = m.tokens;
   j["val_loss"] = number(m.val_loss);
   j["val_tokens"] = m.val_tokens;
+  if (!m.by_source.empty()) {
+    nlohmann::ordered_json by = nlohmann::ordered_json::object();
+    for (const SourceLoss& s : m.by_source) by[s.path] = number(s.loss);
+    j["val_loss_by_source"] = by;
+  }
   j["eval_time_s"] = m.eval_time_s;
   return j.dump();
 }

@@ -2,6 +2,8 @@
 #include "shardtrain/train/progress_view.hpp"
 
 #include <fmt/format.h>
+
+#include <filesystem>
 #include <unistd.h>
 
 #include <cmath>
@@ -69,8 +71,11 @@ void ProgressView::step(const StepMetrics& m) {
 
 void ProgressView::eval(const EvalMetrics& m) {
   if (style_ == ProgressStyle::Off) return;
-  const std::string text = fmt::format("eval at step {}: val_loss {:.4f} over {} tokens ({:.1f}s)", m.step, m.val_loss, m.val_tokens,
-                                       m.eval_time_s);
+  std::string by_source;
+  for (const SourceLoss& s : m.by_source)
+    by_source += fmt::format("{}{} {:.4f}", by_source.empty() ? "; " : ", ", std::filesystem::path(s.path).stem().string(), s.loss);
+  const std::string text = fmt::format("eval at step {}: val_loss {:.4f} over {} tokens{} ({:.1f}s)", m.step, m.val_loss, m.val_tokens,
+                                       by_source, m.eval_time_s);
   if (bar_) {
     bar_->set_field("val", fmt::format("{:.4f}", m.val_loss));
     return;

@@ -277,30 +277,30 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     eo.global_batch_size = micro_batch_ * W;
     eo.shuffle = false;
     eo.prefetch = 2;
-    // The validation splits in the training shares; a source without validation samples is left out.
-    std::vector<data::MixtureComponent> held_out;
-    size_t held_out_samples = 0;
+    // Each source's validation split on its own (so a mixture reports a loss per source); a source with
+    // fewer held-out samples than one evaluation batch is left out, with a warning.
+    const bool mixed = sources_.size() > 1;
     for (const auto& c : sources_) {
+      const std::string& path = c.dataset->path();
+      size_t samples = 0;
       try {
-        held_out_samples += data::SampleSource(*c.dataset, eo.split, eo.layout, eo.seq_len).num_samples();
-        held_out.push_back(c);
+        samples = data::SampleSource(*c.dataset, eo.split, eo.layout, eo.seq_len).num_samples();
       } catch (const DataError& e) {
-        log::warn("train: {}{}", e.what(), sources_.size() > 1 ? ": the validation loss leaves this source out" : "");
+        log::warn("train: {}: {}", e.what(), mixed ? "the validation loss leaves this source out" : "no validation loss");
+        continue;
       }
-    }
-    if (held_out.empty()) {
-      log::warn("train: no validation loss: no source has validation samples");
-    } else if (held_out_samples < static_cast<size_t>(eo.global_batch_size)) {
-      log::warn("train: the validation split of {} has {} samples, fewer than one evaluation batch of {}: no validation loss",
-                config_.data.describe(), held_out_samples, eo.global_batch_size);
-    } else {
-      try {
-        eval_loader_ = std::make_unique<data::Loader>(held_out, eo);
-        eval_micro_batches_ = std::min<int64_t>(config_.schedule.eval_batches, static_cast<int64_t>(eval_loader_->micro_batches_per_epoch()));
-      } catch (const ConfigError& e) {  // a share of the small validation splits that rounds to no sample
-        log::warn("train: no validation loss: the validation splits cannot be mixed in the training shares: {}", e.what());
+      if (samples < static_cast<size_t>(eo.global_batch_size)) {
+        log::warn("train: the validation split of {} has {} samples, fewer than one evaluation batch of {}: {}", path, samples,
+                  eo.global_batch_size, mixed ? "the validation loss leaves this source out" : "no validation loss");
+        continue;
       }
+      EvalSource e;
+      e.loader = std::make_unique<data::Loader>(c.dataset, eo);
+      e.micro_batches = std::min<int64_t>(config_.schedule.eval_batches, static_cast<int64_t>(e.loader->micro_batches_per_epoch()));
+      e.weight = c.weight;
+      eval_sources_.push_back(std::move(e));
     }
+    if (mixed && eval_sources_.empty()) log::warn("train: no validation loss: no source has enough validation samples");
   }
 
   // The run's length: the first of max_steps, max_tokens, epochs.

@@ -149,7 +149,14 @@ check(sorted(b) == list(range(5, 9)) and all(a[s] == b[s] for s in b),
       f"the resumed mixture run's losses equal the whole run's: {[(s, a.get(s), b[s]) for s in sorted(b)]}")
 check(any(a[s] != losses("whole")[s] for s in a), "the mixture trains on other data than moby alone")
 val = [l for l in map(json.loads, open(os.path.join(work, "whole_mix", "metrics.jsonl"))) if l["kind"] == "eval"]
-check(len(val) >= 1 and all(v["val_loss"] == v["val_loss"] for v in val), f"validation over both sources: {val}")
+check(len(val) >= 1, f"validation of the mixture run: {val}")
+for v in val:  # each source's own loss, and their mean in the mixture's weights
+    by = v.get("val_loss_by_source", {})
+    check(sorted(by) == sorted([ds, sotu_ds]) and all(x == x for x in by.values()), f"losses by source: {v}")
+    if len(by) == 2:
+        check(abs(v["val_loss"] - (0.7 * by[ds] + 0.3 * by[sotu_ds])) < 1e-9, f"val_loss is the weighted mean: {v}")
+plain_val = [l for l in map(json.loads, open(os.path.join(work, "whole", "metrics.jsonl"))) if l["kind"] == "eval"]
+check(plain_val and all("val_loss_by_source" not in v for v in plain_val), f"one dataset: no losses by source: {plain_val}")
 r = train("mix_other_tokenizer", "--data.mixture", f"{ds}:0.7,{ds2}:0.3")
 check(r.returncode == 4 and ds2 in r.stderr and "same tokenizer" in r.stderr, f"mixed tokenizers: exit {r.returncode}: {r.stderr[-1500:]}")
 

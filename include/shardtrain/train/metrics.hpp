@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shardtrain/model/spec.hpp"
 
@@ -36,12 +37,20 @@ struct StepMetrics {
   double elapsed_s = 0;         // since the loop began
 };
 
+// One source's validation loss, when training on a data mixture.
+struct SourceLoss {
+  std::string path;
+  double loss = 0;
+  int64_t tokens = 0;  // counted targets, all ranks
+};
+
 struct EvalMetrics {
   int64_t step = 0;
   int64_t tokens = 0;      // training tokens seen when evaluated
-  double val_loss = 0;
+  double val_loss = 0;     // with a mixture: the sources' losses in the mixture's weights
   int64_t val_tokens = 0;  // counted targets, all ranks
   double eval_time_s = 0;
+  std::vector<SourceLoss> by_source;  // with a mixture: each source's own (else empty)
 };
 
 std::string to_json_line(const StepMetrics& m);  // {"kind":"train",...}, no newline

@@ -108,8 +108,10 @@ class Trainer {
   void add_hooks(TrainerHooks* hooks);  // not owned; called in the order added
   TrainSummary run();
 
-  // Validation loss on the held-out split (collective); NaN when evaluation is off or impossible.
-  double evaluate(int64_t* counted_tokens = nullptr);
+  // Validation loss on the held-out split (collective); NaN when evaluation is off or impossible. With a
+  // data mixture, each source's held-out samples give its own loss (into by_source), and the result is
+  // their mean in the mixture's weights: the expected loss of a token drawn as training draws them.
+  double evaluate(int64_t* counted_tokens = nullptr, std::vector<SourceLoss>* by_source = nullptr);
 
   const TrainerState& state() const { return state_; }
   // Continues from `s` (after the shards and AdamW states were loaded): seeks the loader, sets AdamW's step.
@@ -169,7 +171,13 @@ class Trainer {
   std::unique_ptr<optim::AdamW> adamw_;
   optim::GradNorm grad_norm_;
   std::vector<data::MixtureComponent> sources_;
-  std::unique_ptr<data::Loader> loader_, eval_loader_;
+  std::unique_ptr<data::Loader> loader_;
+  struct EvalSource {  // one per source with held-out samples
+    std::unique_ptr<data::Loader> loader;
+    int64_t micro_batches = 0;
+    double weight = 1;
+  };
+  std::vector<EvalSource> eval_sources_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<ProgressView> progress_;
@@ -179,7 +187,6 @@ class Trainer {
   bool async_update_ = false;  // AdamW::step_async (CPU offload on a GPU)
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
   double flops_per_token_ = 0, peak_flops_ = 0;
-  int64_t eval_micro_batches_ = 0;
   int64_t last_eval_step_ = -1;
   double last_val_loss_;
   bool save_requested_ = false, stop_requested_ = false;
