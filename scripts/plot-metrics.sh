@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Draws a training run's loss and throughput curves from RUN/metrics.jsonl (docs/training.md) with
-# gnuplot: RUN/loss.png (training loss per step, validation loss at each evaluation) and
+# gnuplot: RUN/loss.png (training loss per step, validation loss at each evaluation, and each source's
+# with a data mixture) and
 # RUN/throughput.png (tokens/s and MFU per step).
 #   scripts/plot-metrics.sh runs/tiny-cpu-20260101-120000
 set -euo pipefail
@@ -27,6 +28,14 @@ with open(src) as f, open(out + "/train.dat", "w") as t, open(out + "/eval.dat",
             t.write(f'{j["step"]} {j["loss"]} {j["tokens_per_s"]} {100 * j["mfu"]} {j["lr"]}\n')
         elif j.get("kind") == "eval" and j.get("val_loss") is not None:
             e.write(f'{j["step"]} {j["val_loss"]}\n')
+            # A data mixture: one file per source, source-N.dat, and its name in source-N.name.
+            for k, (path, loss) in enumerate(j.get("val_loss_by_source", {}).items()):
+                if loss is None:
+                    continue
+                with open(f"{out}/source-{k}.dat", "a") as s:
+                    s.write(f'{j["step"]} {loss}\n')
+                with open(f"{out}/source-{k}.name", "w") as n:
+                    n.write(path.rsplit("/", 1)[-1].removesuffix(".h5"))
 PY
 [[ -s "$tmp/train.dat" ]] || { echo "plot-metrics: no training steps in $metrics" >&2; exit 1; }
 
@@ -34,6 +43,10 @@ eval_plot=""
 if [[ -s "$tmp/eval.dat" ]]; then
   eval_plot=", '$tmp/eval.dat' using 1:2 with linespoints lw 2 pt 7 title 'validation loss'"
 fi
+for dat in "$tmp"/source-*.dat; do
+  [[ -s "$dat" ]] || continue
+  eval_plot+=", '$dat' using 1:2 with linespoints lw 1 pt 6 title 'validation: $(cat "${dat%.dat}.name")'"
+done
 gnuplot <<GP
 set terminal pngcairo size 1000,600 noenhanced
 set grid
