@@ -116,4 +116,25 @@ void SampleSource::fill(uint64_t i, int32_t* tokens, int32_t* targets, int32_t* 
   }
 }
 
+LayoutStats layout_stats(const TokenDataset& dataset, DatasetSplit split, BatchLayout layout, int seq_len) {
+  LayoutStats st;
+  try {
+    st.samples = SampleSource(dataset, split, layout, seq_len).num_samples();
+  } catch (const DataError&) {
+    return st;  // no sample in this layout
+  }
+  if (layout != BatchLayout::Padded) return st;
+  const uint64_t lead = dataset.info().bot_id ? 1 : 0, seq = static_cast<uint64_t>(seq_len);
+  uint64_t real_inputs = 0;
+  for (int64_t d : dataset.split_documents(split)) {
+    const uint64_t n = dataset.document_size(static_cast<size_t>(d)), length = lead + n + 1;
+    if (n > seq - lead) ++st.documents_cut;                              // its EOT is past the last target
+    if (n + lead > seq + 1) st.tokens_cut += n + lead - (seq + 1);      // text never an input or a target
+    real_inputs += std::min(length, seq);
+  }
+  const double inputs = static_cast<double>(st.samples) * static_cast<double>(seq);
+  st.padding_fraction = inputs > 0 ? 1.0 - static_cast<double>(real_inputs) / inputs : 0.0;
+  return st;
+}
+
 }  // namespace shardtrain::data

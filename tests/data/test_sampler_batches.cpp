@@ -124,6 +124,20 @@ TEST(Batches, PaddedLikeTheSeed) {
   EXPECT_EQ(y, (std::vector<int32_t>{2000, 2001, 2002, 2003, 2004, 2005}));
 }
 
+TEST(Batches, LayoutStatsCountWhatPaddingCutsAndPads) {
+  const auto ds = synthetic_dataset("stats.h5", {3, 10, 5});
+  // seq 6 with a BOT: [BOT] doc [EOT] fits 7 positions, so 5 text tokens keep their EOT, 6 appear at most.
+  const LayoutStats padded = layout_stats(*ds, DatasetSplit::Train, BatchLayout::Padded, 6);
+  EXPECT_EQ(padded.samples, 3u);
+  EXPECT_EQ(padded.documents_cut, 1u);  // the 10-token document (the 5-token one ends exactly at the last target)
+  EXPECT_EQ(padded.tokens_cut, 4u);     // its tokens 1006..1009 are never an input or a target
+  EXPECT_DOUBLE_EQ(padded.padding_fraction, 1.0 - (5.0 + 6.0 + 6.0) / 18.0);  // inputs: 5, 6 and 6 real positions
+  const LayoutStats packed = layout_stats(*ds, DatasetSplit::Train, BatchLayout::Packed, 6);
+  EXPECT_EQ(packed.samples, (3u + 10u + 5u + 3u - 1u) / 6u);  // the stream with EOTs, minus the last target
+  EXPECT_EQ(packed.documents_cut, 0u);
+  EXPECT_EQ(layout_stats(*ds, DatasetSplit::Validation, BatchLayout::Packed, 6).samples, 0u);  // no validation split
+}
+
 TEST(Loader, ResumeContinuesWithTheSameSamples) {
   std::vector<size_t> lengths;
   for (size_t d = 0; d < 200; ++d) lengths.push_back(5 + d % 23);

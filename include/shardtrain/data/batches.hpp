@@ -62,4 +62,15 @@ class SampleSource {
   size_t num_samples_ = 0;
 };
 
+// What a layout makes of a split at seq_len (`shardtrain dataset info`). Padded: documents whose
+// [BOT] doc [EOT] does not fit seq_len + 1 positions (their EOT and possibly text is cut), the text tokens
+// that never appear, and the share of input positions that are padding.
+struct LayoutStats {
+  size_t samples = 0;
+  size_t documents_cut = 0;
+  uint64_t tokens_cut = 0;
+  double padding_fraction = 0;
+};
+LayoutStats layout_stats(const TokenDataset& dataset, DatasetSplit split, BatchLayout layout, int seq_len);
+
 }  // namespace shardtrain::data
