@@ -86,12 +86,16 @@ void Trainer::step_once(StepMetrics& m) {
   // The step's micro-batches first: the loss is the mean over every counted target of the global batch.
   std::vector<data::MicroBatch> mbs;
   mbs.reserve(static_cast<size_t>(accumulation_));
-  int64_t counted[2] = {0, 0};
+  // counted: the targets that take a loss, then with a mixture each source's input tokens (one row, one source).
+  const size_t mixed = sources_.size() > 1 ? sources_.size() : 0;
+  std::vector<int64_t> counted(1 + mixed, 0);
   for (int a = 0; a < accumulation_; ++a) {
     mbs.push_back(loader_->next());
     counted[0] += static_cast<int64_t>(mbs.back().loss_tokens());
+    if (mixed)
+      for (uint32_t s : mbs.back().sources) counted[1 + s] += mbs.back().seq;
   }
-  comms_->world().all_reduce(std::span<int64_t>(counted, 1), ReduceOp::Sum);
+  comms_->world().all_reduce(std::span<int64_t>(counted), ReduceOp::Sum);
   const int64_t global_tokens = counted[0];
   if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
 
@@ -146,12 +150,17 @@ void Trainer::step_once(StepMetrics& m) {
   for (auto& mb : mbs) loader_->recycle(std::move(mb));
   state_.step = step_number;
   state_.tokens_seen += tokens_per_step_;
+  for (size_t k = 0; k < mixed; ++k) state_.tokens_by_source[sources_[k].dataset->path()] += counted[1 + k];
   state_.sampler = loader_->position();
 
   m = {};
   m.step = step_number;
   m.epoch = state_.sampler.epoch;
   m.tokens = state_.tokens_seen;
+  for (size_t k = 0; k < mixed; ++k) {
+    const std::string& path = sources_[k].dataset->path();
+    m.tokens_by_source.emplace_back(path, state_.tokens_by_source[path]);
+  }
   m.loss = loss;
   m.lr = lr;
   m.grad_norm = norm;

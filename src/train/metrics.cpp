@@ -43,6 +43,11 @@ std::string to_json_line(const StepMetrics& m) {
   j["rss_peak_bytes"] = m.rss_peak_bytes;
   j["comm_bytes"] = {{"shard", m.comm_shard_bytes}, {"replicate", m.comm_replicate_bytes}, {"world", m.comm_world_bytes}};
   j["elapsed_s"] = m.elapsed_s;
+  if (!m.tokens_by_source.empty()) {
+    nlohmann::ordered_json by = nlohmann::ordered_json::object();
+    for (const auto& [path, tokens] : m.tokens_by_source) by[path] = tokens;
+    j["tokens_by_source"] = by;
+  }
   return j.dump();
 }
 

@@ -34,6 +34,7 @@ std::string trainer_state_to_json(const TrainerState& s) {
   j["optimizer_steps"] = s.optimizer_steps;
   j["consecutive_nonfinite"] = s.consecutive_nonfinite;
   j["skipped_steps"] = s.skipped_steps;
+  if (!s.tokens_by_source.empty()) j["tokens_by_source"] = s.tokens_by_source;
   return j.dump();
 }
 
@@ -55,6 +56,8 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
     s.consecutive_nonfinite = j.at("consecutive_nonfinite").get<int64_t>();
     field = "skipped_steps";
     s.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    field = "tokens_by_source";  // since data mixtures; absent before, and without one
+    if (j.contains("tokens_by_source")) s.tokens_by_source = j.at("tokens_by_source").get<std::map<std::string, int64_t>>();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("{}: trainer state{}: {}", source, field.empty() ? "" : " field '" + field + "'", e.what()));
   }

@@ -148,6 +148,19 @@ a, b = losses("whole_mix"), losses("mix_resumed")
 check(sorted(b) == list(range(5, 9)) and all(a[s] == b[s] for s in b),
       f"the resumed mixture run's losses equal the whole run's: {[(s, a.get(s), b[s]) for s in sorted(b)]}")
 check(any(a[s] != losses("whole")[s] for s in a), "the mixture trains on other data than moby alone")
+
+
+def last_train(name):
+    return [l for l in map(json.loads, open(os.path.join(work, name, "metrics.jsonl"))) if l["kind"] == "train"][-1]
+
+
+# Input tokens per source: they add up to the run's tokens, in about the weights (64 rows drawn), and the
+# resumed run carries the checkpoint's counts on to the same totals.
+by = last_train("whole_mix").get("tokens_by_source", {})
+check(sorted(by) == sorted([ds, sotu_ds]) and sum(by.values()) == last_train("whole_mix")["tokens"], f"tokens by source: {by}")
+check(by and abs(by[ds] / sum(by.values()) - 0.7) < 0.15, f"moby's share of the tokens: {by}")
+check(last_train("mix_resumed").get("tokens_by_source") == by, f"resumed counts: {last_train('mix_resumed')}")
+check("tokens_by_source" not in last_train("whole"), "one dataset: no tokens by source")
 val = [l for l in map(json.loads, open(os.path.join(work, "whole_mix", "metrics.jsonl"))) if l["kind"] == "eval"]
 check(len(val) >= 1, f"validation of the mixture run: {val}")
 for v in val:  # each source's own loss, and their mean in the mixture's weights

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardtrain/model/spec.hpp"
@@ -35,6 +36,7 @@ struct StepMetrics {
   uint64_t comm_replicate_bytes = 0;  // this step, rank 0, replicate axis
   uint64_t comm_world_bytes = 0;      // this step, rank 0, world (loss and token counts)
   double elapsed_s = 0;         // since the loop began
+  std::vector<std::pair<std::string, int64_t>> tokens_by_source;  // a data mixture's input tokens so far, per source
 };
 
 // One source's validation loss, when training on a data mixture.

@@ -7,6 +7,7 @@
 // when checkpoint.every_n_steps says so or save_requested() is set, on_end() makes the final save.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -34,6 +35,7 @@ struct TrainerState {
   int64_t optimizer_steps = 0;      // AdamW updates (its bias-correction count)
   int64_t consecutive_nonfinite = 0;
   int64_t skipped_steps = 0;
+  std::map<std::string, int64_t> tokens_by_source;  // a data mixture's input tokens per source path (else empty)
 };
 
 // TrainerState as the JSON a checkpoint stores ({"step":..,"tokens_seen":..,"sampler":{"epoch":..,"index":..},...}),
