@@ -2,7 +2,10 @@
 // writing) and full (units gathered one at a time, rank 0 streams them into one file). Both write to
 // a temporary directory, and rank 0 publishes it (rename, then DONE) after a barrier.
 #include <mpi.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -38,13 +41,6 @@ hdf5::DatasetOptions checksummed(size_t n) {
   return {std::max<size_t>(1, std::min<size_t>(n, size_t{1} << 20)), hdf5::Checksum::Fletcher32};
 }
 
-std::vector<float> to_host(const float* p, int64_t n) {
-  std::vector<float> out(static_cast<size_t>(n));
-  copy_async(out.data(), p, out.size() * sizeof(float), {});
-  stream_synchronize({});
-  return out;
-}
-
 nlohmann::json tensor_list(const model::ModelSpec& spec) {
   nlohmann::json t = nlohmann::json::array();
   for (const model::ParamInfo& p : spec.params()) t.push_back({{"name", p.name}, {"shape", p.shape}});
@@ -77,46 +73,88 @@ void write_index(const std::string& tmp, fsdp::FsdpEngine& engine, StateDictType
   fsync_path(path);
 }
 
-// One file per shard rank: every unit's param, exp_avg and exp_avg_sq slices, and which element
-// ranges of which parameters they hold.
-void write_rank_file(const std::string& path, fsdp::FsdpEngine& engine, const optim::AdamW& adamw, int64_t step) {
+// One unit's part of a rank file, copied out of the engine and the optimizer: its param, exp_avg and
+// exp_avg_sq slices, and which element ranges of which parameters they hold.
+struct UnitSnapshot {
+  int unit = 0;
+  std::string name, params;
+  int64_t padded_numel = 0, shard_begin = 0, shard_numel = 0;
+  std::vector<float> param, exp_avg, exp_avg_sq;
+};
+
+// Copies unit i into u, reusing u's buffers (an asynchronous save keeps them from one save to the next, so
+// later snapshots copy into memory that is already mapped).
+void snapshot_unit(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, size_t i, UnitSnapshot& u) {
   const model::ModelSpec& spec = engine.model_spec();
-  hdf5::Handle f = hdf5::create_file(path);
-  hdf5::set_attr(f, "format", kFormatName);
-  hdf5::set_attr(f, "format_version", kFormatVersion);
-  hdf5::set_attr(f, "step", step);
-  hdf5::set_attr(f, "shard_rank", int64_t{engine.mesh().coord().shard});
-  hdf5::Handle units = hdf5::create_group(f, "units");
-  for (size_t i = 0; i < engine.shards().size(); ++i) {
-    const fsdp::ShardView& v = engine.shards()[i];
-    const fsdp::FlatLayout& layout = engine.layout(v.unit);
-    hdf5::Handle g = hdf5::create_group(units, fmt::format("{:04}", v.unit));
-    const auto n = static_cast<size_t>(v.numel);
-    hdf5::write_f32(g, "param", to_host(v.param, v.numel), checksummed(n));
-    std::vector<float> state(n);  // host or device states alike, through one host buffer
-    adamw.read_state(i, optim::OptimState::ExpAvg, state);
-    hdf5::write_f32(g, "exp_avg", state, checksummed(n));
-    adamw.read_state(i, optim::OptimState::ExpAvgSq, state);
-    hdf5::write_f32(g, "exp_avg_sq", state, checksummed(n));
-    nlohmann::json params = nlohmann::json::array();
-    for (const fsdp::ParamRange& r : v.ranges) {
-      const model::ParamInfo& p = spec.param(r.param);
-      params.push_back({{"name", p.name},
-                        {"shape", p.shape},
-                        {"numel", p.numel},
-                        {"begin", r.param_offset},
-                        {"end", r.param_offset + (r.end - r.begin)},
-                        {"file_offset", r.begin}});
-    }
-    hdf5::set_attr(g, "name", engine.units()[static_cast<size_t>(v.unit)].name);
-    hdf5::set_attr(g, "padded_numel", layout.padded_numel);
-    hdf5::set_attr(g, "shard_begin", v.flat_begin);
-    hdf5::set_attr(g, "shard_numel", v.numel);
-    hdf5::set_attr(g, "params", params.dump());
+  const fsdp::ShardView& v = engine.shards()[i];
+  u.unit = v.unit;
+  u.name = engine.units()[static_cast<size_t>(v.unit)].name;
+  u.padded_numel = engine.layout(v.unit).padded_numel;
+  u.shard_begin = v.flat_begin;
+  u.shard_numel = v.numel;
+  const auto n = static_cast<size_t>(v.numel);
+  u.param.resize(n);
+  copy_async(u.param.data(), v.param, n * sizeof(float), {});
+  stream_synchronize({});
+  u.exp_avg.resize(n);  // host or device states alike, through host buffers
+  adamw.read_state(i, optim::OptimState::ExpAvg, u.exp_avg);
+  u.exp_avg_sq.resize(n);
+  adamw.read_state(i, optim::OptimState::ExpAvgSq, u.exp_avg_sq);
+  nlohmann::json params = nlohmann::json::array();
+  for (const fsdp::ParamRange& r : v.ranges) {
+    const model::ParamInfo& p = spec.param(r.param);
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"numel", p.numel},
+                      {"begin", r.param_offset},
+                      {"end", r.param_offset + (r.end - r.begin)},
+                      {"file_offset", r.begin}});
   }
-  units.close();
-  f.close();
-  fsync_path(path);
+  u.params = params.dump();
+}
+
+// A rank file being written: the header on open, then units one at a time, then close and fsync.
+class RankFileWriter {
+ public:
+  RankFileWriter(const std::string& path, int64_t step, int64_t shard_rank) : path_(path), file_(hdf5::create_file(path)) {
+    hdf5::set_attr(file_, "format", kFormatName);
+    hdf5::set_attr(file_, "format_version", kFormatVersion);
+    hdf5::set_attr(file_, "step", step);
+    hdf5::set_attr(file_, "shard_rank", shard_rank);
+    units_ = hdf5::create_group(file_, "units");
+  }
+  void write(const UnitSnapshot& u) {
+    hdf5::Handle g = hdf5::create_group(units_, fmt::format("{:04}", u.unit));
+    const auto n = static_cast<size_t>(u.shard_numel);
+    hdf5::write_f32(g, "param", u.param, checksummed(n));
+    hdf5::write_f32(g, "exp_avg", u.exp_avg, checksummed(n));
+    hdf5::write_f32(g, "exp_avg_sq", u.exp_avg_sq, checksummed(n));
+    hdf5::set_attr(g, "name", u.name);
+    hdf5::set_attr(g, "padded_numel", u.padded_numel);
+    hdf5::set_attr(g, "shard_begin", u.shard_begin);
+    hdf5::set_attr(g, "shard_numel", u.shard_numel);
+    hdf5::set_attr(g, "params", u.params);
+  }
+  void close() {
+    units_.close();
+    file_.close();
+    fsync_path(path_);
+  }
+
+ private:
+  std::string path_;
+  hdf5::Handle file_, units_;
+};
+
+// A synchronous save streams: one unit's copies at a time.
+void write_rank_file(const std::string& path, fsdp::FsdpEngine& engine, const optim::AdamW& adamw, int64_t step) {
+  RankFileWriter w(path, step, engine.mesh().coord().shard);
+  UnitSnapshot u;
+  for (size_t i = 0; i < engine.shards().size(); ++i) {
+    snapshot_unit(engine, adamw, i, u);
+    w.write(u);
+  }
+  w.close();
 }
 
 std::string done_text(int64_t step, StateDictType type, const std::vector<std::string>& files) {
@@ -161,16 +199,18 @@ CheckpointFault checkpoint_fault_from_env() {
   try {
     if (s == "fail_write") {
       f.fail_write = true;
-    } else if (s.rfind("stall_before_publish:", 0) == 0) {
-      const std::string arg = s.substr(21);
+    } else if (s.rfind("stall_before_publish:", 0) == 0 || s.rfind("slow_write:", 0) == 0) {
+      const bool stall = s[1] == 't';
+      const std::string arg = s.substr(stall ? 21 : 11);
       const size_t at = arg.find('@');
-      f.stall_before_publish = std::stod(arg.substr(0, at));
+      (stall ? f.stall_before_publish : f.slow_write) = std::stod(arg.substr(0, at));
       if (at != std::string::npos) f.only_step = std::stoll(arg.substr(at + 1));
     } else {
       throw std::invalid_argument(s);
     }
   } catch (const std::exception&) {
-    throw ConfigError(fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write or stall_before_publish:SECONDS[@STEP]", s));
+    throw ConfigError(fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write, stall_before_publish:SECONDS[@STEP] "
+                                  "or slow_write:SECONDS[@STEP]", s));
   }
   return f;
 }
@@ -198,19 +238,26 @@ SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t s
 }
 
 void finish_save(const SaveScope& s, fsdp::FsdpEngine& engine, StateDictType type, const SaveMeta& meta,
-                 const std::vector<std::string>& files, int64_t optimizer_steps, const std::string& dir, int keep_last) {
+                 const std::vector<std::string>& files, int64_t optimizer_steps, const std::string& dir, int keep_last,
+                 const std::string& note = {}) {
   barrier(s.world);  // every file is written
   const CheckpointFault fault = checkpoint_fault_from_env();
-  if (fault.stall_before_publish > 0 && (fault.only_step < 0 || fault.only_step == meta.step))
+  if (fault.stall_before_publish > 0 && fault.applies_to(meta.step))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault.stall_before_publish));
   if (s.rank == 0) {
     write_index(s.tmp, engine, type, meta, files, optimizer_steps);
     publish(s.tmp, s.final_dir, done_text(meta.step, type, files));
     rotate(dir, keep_last, s.final_dir);
-    log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s", s.final_dir, state_dict_type_name(type), files.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count());
+    log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s{}", s.final_dir, state_dict_type_name(type), files.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), note);
   }
   barrier(s.world);
+}
+
+std::vector<std::string> sharded_files(const DeviceMesh& mesh) {
+  std::vector<std::string> files;
+  for (int s = 0; s < mesh.shard_size(); ++s) files.push_back(rank_file_name(s));
+  return files;
 }
 
 }  // namespace
@@ -220,17 +267,112 @@ std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, co
   const SaveScope scope = begin_save(engine, dir, meta.step);
   if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
-  std::vector<std::string> files;
-  for (int s = 0; s < mesh.shard_size(); ++s) files.push_back(rank_file_name(s));
+  const std::vector<std::string> files = sharded_files(mesh);
   if (mesh.coord().replicate == 0) {  // replicas hold identical shards: the first one writes
     const std::string path = (fs::path(scope.tmp) / rank_file_name(mesh.coord().shard)).string();
-    if (checkpoint_fault_from_env().fail_write) {
-      throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
-    }
+    const CheckpointFault fault = checkpoint_fault_from_env();
+    if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
+    if (fault.slow_write > 0 && fault.applies_to(meta.step))
+      std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
     write_rank_file(path, engine, adamw, meta.step);
   }
   finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, keep_last);
   return scope.final_dir;
+}
+
+struct AsyncSave::State {
+  fsdp::FsdpEngine* engine = nullptr;
+  SaveScope scope;
+  SaveMeta meta;
+  std::vector<std::string> files;
+  int64_t optimizer_steps = 0;
+  std::string dir;
+  int keep_last = 0;
+  bool pending = false;
+  double snapshot_seconds = 0;
+  std::thread writer;
+  std::atomic<bool> written{true};  // this rank's file is written (or it writes none); release-stores `error` first
+  std::string error;                // the writer's failure, "" when it succeeded
+  std::shared_ptr<std::vector<UnitSnapshot>> units;  // the snapshot, its buffers kept for the next save
+};
+
+AsyncSave::AsyncSave() : state_(std::make_unique<State>()) {}
+
+AsyncSave::~AsyncSave() {
+  if (state_->writer.joinable()) state_->writer.join();  // an unpublished save stays a .tmp directory
+}
+
+bool AsyncSave::pending() const { return state_->pending; }
+double AsyncSave::snapshot_seconds() const { return state_->snapshot_seconds; }
+
+void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
+                      int keep_last) {
+  if (state_->pending) wait();
+  State& st = *state_;
+  const auto t0 = std::chrono::steady_clock::now();
+  st.scope = begin_save(engine, dir, meta.step);
+  if (st.scope.skip) return;
+  st.engine = &engine;
+  st.meta = meta;
+  st.files = sharded_files(engine.mesh());
+  st.optimizer_steps = adamw.steps();
+  st.dir = dir;
+  st.keep_last = keep_last;
+  st.error.clear();
+  if (engine.mesh().coord().replicate == 0) {
+    // The snapshot: every unit's param and states copied now, so training may change them right after.
+    if (!st.units) st.units = std::make_shared<std::vector<UnitSnapshot>>();
+    auto units = st.units;  // the previous writer is done with it (joined above)
+    units->resize(engine.shards().size());
+    for (size_t i = 0; i < engine.shards().size(); ++i) snapshot_unit(engine, adamw, i, (*units)[i]);
+    const std::string path = (fs::path(st.scope.tmp) / rank_file_name(engine.mesh().coord().shard)).string();
+    const CheckpointFault fault = checkpoint_fault_from_env();  // read here: getenv is not for other threads
+    const int64_t step = meta.step, shard = engine.mesh().coord().shard;
+    st.written.store(false, std::memory_order_relaxed);
+    st.writer = std::thread([&st, units, path, fault, step, shard] {
+      // The lowest priority: the writer takes what cores training leaves idle (on a GPU node nearly all of
+      // them), instead of slowing the step down on a host whose cores do the math.
+      setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+      try {
+        if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
+        if (fault.slow_write > 0 && fault.applies_to(step))
+          std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
+        RankFileWriter w(path, step, shard);
+        for (const UnitSnapshot& u : *units) w.write(u);
+        w.close();
+      } catch (const std::exception& e) {
+        st.error = e.what();
+      }
+      st.written.store(true, std::memory_order_release);
+    });
+  }
+  st.pending = true;
+  st.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string AsyncSave::poll() {
+  State& st = *state_;
+  if (!st.pending) return "";
+  const bool written = st.written.load(std::memory_order_acquire);
+  // One all-reduce: the minimum of "written" and of "-failed" (so the maximum of failed).
+  int v[2] = {written ? 1 : 0, written && !st.error.empty() ? -1 : 0};
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, st.scope.world));
+  if (v[0] == 0) return "";
+  if (st.writer.joinable()) st.writer.join();
+  st.pending = false;
+  if (v[1] < 0)
+    throw IoError(!st.error.empty() ? st.error
+                                    : fmt::format("{}: another rank could not write its checkpoint file (its log says why)", st.scope.tmp));
+  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.keep_last,
+              fmt::format(", asynchronously (training waited {:.3f} s for the snapshot)", st.snapshot_seconds));
+  return st.scope.final_dir;
+}
+
+std::string AsyncSave::wait() {
+  State& st = *state_;
+  if (!st.pending) return "";
+  if (st.writer.joinable()) st.writer.join();  // then every rank's poll sees its own file written
+  return poll();
 }
 
 std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, int keep_last) {

@@ -82,14 +82,20 @@ void CheckpointHooks::resume(Trainer& trainer) {
   log::info("checkpoint: resumed from {} at step {} ({} tokens seen)", path, state.step, state.tokens_seen);
 }
 
-void CheckpointHooks::save(Trainer& trainer) {
-  const TrainerState& s = trainer.state();
-  if (s.step == last_saved_step_) return;
+checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
   checkpoint::SaveMeta meta;
-  meta.step = s.step;
-  meta.trainer_state = trainer_state_to_json(s);
+  meta.step = trainer.state().step;
+  meta.trainer_state = trainer_state_to_json(trainer.state());
   meta.config_toml = trainer.resolved_config_toml();
   meta.tokenizer = tokenizer_json(trainer);
+  return meta;
+}
+
+void CheckpointHooks::save(Trainer& trainer) {
+  if (async_.pending()) last_saved_ = async_.wait();
+  const TrainerState& s = trainer.state();
+  if (s.step == last_saved_step_) return;
+  const checkpoint::SaveMeta meta = meta_for(trainer);
   const auto& c = trainer.config().checkpoint;
   last_saved_ = c.state_dict_type == StateDictType::Full
                     ? checkpoint::save_full(trainer.engine(), dir_, meta, c.keep_last)
@@ -97,15 +103,35 @@ void CheckpointHooks::save(Trainer& trainer) {
   last_saved_step_ = s.step;
 }
 
+void CheckpointHooks::save_async(Trainer& trainer) {
+  const TrainerState& s = trainer.state();
+  if (s.step == last_saved_step_) return;
+  const auto& c = trainer.config().checkpoint;
+  async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), c.keep_last);  // waits for the previous one
+  last_saved_step_ = s.step;
+}
+
 void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
-  const int64_t every = trainer.config().checkpoint.every_n_steps;
-  if ((every > 0 && trainer.state().step % every == 0) || trainer.save_requested()) {
+  if (async_.pending()) {  // every rank asks at every step end until all have written their files
+    const std::string published = async_.poll();
+    if (!published.empty()) last_saved_ = published;
+  }
+  const auto& c = trainer.config().checkpoint;
+  const bool periodic = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
+  if (trainer.save_requested()) {  // preemption: published before the run stops
     save(trainer);
     trainer.clear_save_request();
+  } else if (periodic) {
+    if (c.async_save && c.state_dict_type == StateDictType::Sharded) {
+      save_async(trainer);
+    } else {
+      save(trainer);
+    }
   }
 }
 
 void CheckpointHooks::on_end(Trainer& trainer) {
+  if (async_.pending()) last_saved_ = async_.wait();
   if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested()) save(trainer);
 }
 

@@ -81,6 +81,9 @@ void TrainConfig::validate() const {
     expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",
            fmt::format("{} is not a multiple of data.micro_batch_size = {}", data.global_batch_size, data.micro_batch_size));
   expect(data.prefetch >= 1, "data.prefetch", fmt::format("expected 1 or more, got {}", data.prefetch));
+  expect(!checkpoint.async_save || checkpoint.state_dict_type == StateDictType::Sharded, "checkpoint.async_save",
+         "only SHARDED_STATE_DICT saves are asynchronous (FULL_STATE_DICT gathers every unit over the shard group); "
+         "set checkpoint.state_dict_type = \"SHARDED_STATE_DICT\" or async_save = false");
 
   expect(checkpoint.every_n_steps >= 0, "checkpoint.every_n_steps", fmt::format("expected 0 or more, got {}", checkpoint.every_n_steps));
   expect(checkpoint.keep_last >= 0, "checkpoint.keep_last", fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));

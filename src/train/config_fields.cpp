@@ -240,6 +240,8 @@ std::vector<ConfigField> build_fields() {
          [](auto& c) -> auto& { return c.checkpoint.init_from; });
   t.boolean("cpu_ram_efficient_loading", "init_from: one rank per node reads, the others receive",
             [](auto& c) -> auto& { return c.checkpoint.cpu_ram_efficient_loading; });
+  t.boolean("async_save", "periodic SHARDED_STATE_DICT saves: snapshot to host memory, write while training goes on",
+            [](auto& c) -> auto& { return c.checkpoint.async_save; });
 
   t.section = "logging";
   t.text("name", "run name (\"\" = the config file's stem)", [](auto& c) -> auto& { return c.logging.name; });

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "common.hpp"
@@ -73,6 +75,85 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
     EXPECT_EQ(rest.losses[1], whole.losses[4]);
     for (const auto& [p, values] : whole.params) EXPECT_TRUE(bit_equal(rest.params.at(p), values)) << "param " << p;
   }
+}
+
+// An asynchronous save holds the step it was started at, though training changes the shards while its
+// writer (slowed down here, a slow file system) has not written them yet: resuming from it is bit-identical
+// to the uninterrupted run. start() returns after the snapshot, long before the write ends.
+TEST(Checkpoint, AsyncSaveHoldsItsStepWhileTrainingGoesOn) {
+  const int rpn = ranks_per_node_from_env();
+  for (const bool offload : {false, true}) {
+    SCOPED_TRACE(fmt::format("offload={}", offload));
+    const std::string dir = testing_ckpt::fresh_dir("async");
+    RunOptions o;
+    o.steps = 5;
+    o.fsdp.offload_params = offload;
+    const RunResult whole = run_training(MPI_COMM_WORLD, rpn, o);
+
+    ASSERT_EQ(setenv("SHARDTRAIN_CHECKPOINT_FAULT", "slow_write:3", 1), 0);
+    checkpoint::AsyncSave saver;
+    double start_seconds = -1;
+    std::vector<std::string> polled;
+    std::string published;
+    RunOptions first = o;
+    first.after_step = [&](int step, fsdp::FsdpEngine& e, optim::AdamW& a) {
+      if (step == 4) {
+        published = saver.wait();  // steps 2..4 ran while the files were being written
+        return;
+      }
+      if (saver.pending()) polled.push_back(saver.poll());
+      if (step == 1) {
+        const auto t0 = std::chrono::steady_clock::now();
+        saver.start(e, a, dir, meta_for(step + 1), 2);
+        start_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_TRUE(saver.pending());
+      }
+    };
+    run_training(MPI_COMM_WORLD, rpn, first);  // the engine lives until the save is published
+    ASSERT_EQ(unsetenv("SHARDTRAIN_CHECKPOINT_FAULT"), 0);
+    EXPECT_LT(start_seconds, 2.0) << "start() waited for the write";
+    EXPECT_EQ(polled.size(), 2u);
+    ASSERT_FALSE(published.empty());
+    EXPECT_EQ(checkpoint::find_latest(dir), published);
+
+    RunOptions second = o;
+    second.first_step = 2;
+    second.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW& a) {
+      const checkpoint::LoadResult r = checkpoint::load(e, &a, published);
+      EXPECT_EQ(r.step, 2);
+      EXPECT_TRUE(r.optimizer_loaded);
+    };
+    const RunResult rest = run_training(MPI_COMM_WORLD, rpn, second);
+    ASSERT_EQ(rest.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], whole.losses[i + 2]) << "step " << i + 2;  // bit for bit
+    for (const auto& [p, values] : whole.params) EXPECT_TRUE(bit_equal(rest.params.at(p), values)) << "param " << p;
+  }
+}
+
+// A write that fails on one rank fails the save on every rank, from poll()/wait(), with the .tmp left.
+TEST(Checkpoint, AsyncSaveFailureReachesEveryRank) {
+  const int rpn = ranks_per_node_from_env();
+  const std::string dir = testing_ckpt::fresh_dir("async_fail");
+  ASSERT_EQ(setenv("SHARDTRAIN_CHECKPOINT_FAULT", "fail_write", 1), 0);
+  checkpoint::AsyncSave saver;
+  RunOptions o;
+  o.steps = 2;
+  bool threw = false;
+  o.after_step = [&](int step, fsdp::FsdpEngine& e, optim::AdamW& a) {
+    if (step == 0) saver.start(e, a, dir, meta_for(step + 1), 2);
+    if (step == 1) {
+      try {
+        saver.wait();
+      } catch (const IoError& err) {
+        threw = std::string(err.what()).find("injected") != std::string::npos;
+      }
+    }
+  };
+  run_training(MPI_COMM_WORLD, rpn, o);
+  ASSERT_EQ(unsetenv("SHARDTRAIN_CHECKPOINT_FAULT"), 0);
+  EXPECT_TRUE(threw);
+  EXPECT_FALSE(saver.pending());
+  EXPECT_TRUE(checkpoint::find_latest(dir).empty());
 }
 
 TEST(Checkpoint, ConsolidateEqualsFullStateDictEqualsGathered) {

@@ -4,7 +4,8 @@ keeps its previous checkpoint intact and loadable; `--resume auto` continues fro
 final parameters equal the uninterrupted run's bit for bit; consolidation and `checkpoint info --verify`
 work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5;
 SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one;
-a data mixture resumes exactly too, and one whose sources were tokenized differently is refused."""
+asynchronous saves publish while training goes on and resume exactly; a data mixture resumes exactly too,
+and one whose sources were tokenized differently is refused."""
 import json
 import os
 import shutil
@@ -124,6 +125,25 @@ if saved:
     a, b = losses("whole40"), losses("preempted_resumed")
     check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
     check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
+
+# Asynchronous saves (checkpoint.async_save): the step-4 save is written on a thread that a slow file system
+# holds for 2 s while steps 5.. go on; it is published later, the run trains exactly as with synchronous
+# saves, and resuming from that checkpoint ends exactly like the whole run.
+ASYNC = ["--checkpoint.async_save", "true", "--checkpoint.keep_last", "0", "--logging.log_every", "1"]
+a_run = train("async_whole", *ASYNC, env_extra={"SHARDTRAIN_CHECKPOINT_FAULT": "slow_write:2@4"})
+check(a_run.returncode == 0, f"async run: {a_run.stderr[-2000:]}")
+saved_at = a_run.stderr.find("step_00000004 (SHARDED_STATE_DICT, 2 files) in")
+check(saved_at > 0 and "asynchronously (training waited" in a_run.stderr[saved_at:saved_at + 300], f"async save log: {a_run.stderr[-3000:]}")
+check(0 < a_run.stderr.find("step 5/8") < saved_at, "steps went on while the step-4 save was written")
+check(losses("async_whole") == losses("whole"), "async saves do not change training")
+a_ckpt = os.path.join(work, "async_resume", "ckpt")
+shutil.copytree(os.path.join(work, "async_whole", "checkpoints", "step_00000004"), os.path.join(a_ckpt, "step_00000004"))
+a_resumed = train("async_resumed", "--checkpoint.dir", a_ckpt, "--resume", "auto")
+b = losses("async_resumed")
+check(a_resumed.returncode == 0 and sorted(b) == list(range(5, 9)) and all(b[k] == losses("whole")[k] for k in b),
+      f"resumed from the async checkpoint: {a_resumed.stderr[-1500:]}")
+r = train("async_full", "--checkpoint.async_save", "true", "--checkpoint.state_dict_type", "FULL_STATE_DICT")
+check(r.returncode == 3 and "checkpoint.async_save" in r.stderr, f"async + full: exit {r.returncode}: {r.stderr[-800:]}")
 
 # A data mixture (docs/data.md): Moby Dick at 0.7 and eight State of the Union addresses at 0.3, prepared
 # with the same tokenizer. Resuming from the whole run's step-4 checkpoint ends exactly like the whole run

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -41,6 +42,33 @@ std::string find_latest(const std::string& dir);
 std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
                          int keep_last);
 std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, int keep_last);
+
+// A sharded save that does not hold up training (checkpoint.async_save). start() agrees on the step and
+// makes the temporary directory like save_sharded, then copies this rank's shards and AdamW states into
+// host memory (the only part the caller waits for) and writes its rank file from that snapshot on a thread
+// of its own. poll() publishes the checkpoint (index, rename, DONE, rotation) once every rank's file is
+// written; wait() waits for that. start(), poll() and wait() are collective over the world and must be
+// called at the same points on every rank; one save at a time (start() waits for the previous one). A
+// write that fails on any rank throws IoError from poll()/wait() on every rank and leaves the .tmp
+// directory; the destructor joins the writer and publishes nothing. The thread only writes HDF5 and
+// files: no MPI, no device. The engine (and its mesh) must outlive a pending save: poll() and wait() use them.
+class AsyncSave {
+ public:
+  AsyncSave();
+  ~AsyncSave();
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+
+  void start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta, int keep_last);
+  std::string poll();  // the published directory, or "" while some rank is still writing (or nothing is pending)
+  std::string wait();  // the published directory ("" when nothing was pending)
+  bool pending() const;
+  double snapshot_seconds() const;  // what the last start() held the caller for
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 struct LoadResult {
   int64_t step = 0;

@@ -1,7 +1,9 @@
 // Checkpointing of a training run, per the [checkpoint] config: resume at start (a path, or "auto":
 // the newest complete checkpoint in checkpoint.dir), otherwise start from init_from's weights when set
 // (a checkpoint, a consolidated file or a Hugging Face directory), a save every every_n_steps and at
-// the end, and a save whenever the trainer is asked for one (preemption). Attached as Trainer hooks.
+// the end, and a save whenever the trainer is asked for one (preemption). With checkpoint.async_save the
+// periodic sharded saves are written on a thread while training goes on and published at a later step
+// end; a requested save and the final one are synchronous. Attached as Trainer hooks.
 #pragma once
 
 #include <string>
@@ -26,12 +28,15 @@ class CheckpointHooks final : public TrainerHooks {
 
  private:
   void resume(Trainer& trainer);
-  void save(Trainer& trainer);
+  void save(Trainer& trainer);        // synchronous: published when it returns (waits for an async save first)
+  void save_async(Trainer& trainer);  // checkpoint.async_save: published by a later on_step_end or on_end
+  checkpoint::SaveMeta meta_for(const Trainer& trainer) const;
   std::string tokenizer_json(const Trainer& trainer) const;
 
   std::string dir_;
   std::string last_saved_, resumed_from_;
-  int64_t last_saved_step_ = -1;
+  int64_t last_saved_step_ = -1;  // the newest step saved or being saved
+  checkpoint::AsyncSave async_;
 };
 
 }  // namespace shardtrain::train

@@ -81,6 +81,7 @@ struct CheckpointSection {
   std::string resume;         // "" = start fresh; "auto" = the newest complete checkpoint in dir; or a path
   std::string init_from;      // weights to start from when not resuming: a checkpoint, consolidated .h5 or HF directory
   bool cpu_ram_efficient_loading = false;  // init_from: one rank per node reads, the others receive
+  bool async_save = false;    // periodic sharded saves write on a thread while training goes on (checkpoint::AsyncSave)
 };
 
 // [logging]
