@@ -66,6 +66,17 @@ SamplerPosition DistributedSampler::advance(SamplerPosition p) const {
   return p;
 }
 
+uint64_t DistributedSampler::samples_before(SamplerPosition p) const {
+  return p.index * static_cast<uint64_t>(options_.micro_batch_size) * static_cast<uint64_t>(options_.dp_size);
+}
+
+SamplerPosition DistributedSampler::position_after(uint64_t epoch, uint64_t samples) const {
+  const uint64_t per_step = static_cast<uint64_t>(options_.micro_batch_size) * static_cast<uint64_t>(options_.dp_size);
+  SamplerPosition p{epoch, samples / per_step};
+  if (p.index >= micro_batches_per_epoch()) p = {epoch + 1, 0};  // past this run's (shorter) epoch
+  return p;
+}
+
 std::string to_string(const SamplerPosition& p) { return fmt::format("epoch {} index {}", p.epoch, p.index); }
 
 }  // namespace shardtrain::data

@@ -152,6 +152,7 @@ void Trainer::step_once(StepMetrics& m) {
   state_.tokens_seen += tokens_per_step_;
   for (size_t k = 0; k < mixed; ++k) state_.tokens_by_source[sources_[k].dataset->path()] += counted[1 + k];
   state_.sampler = loader_->position();
+  state_.sampler_samples = static_cast<int64_t>(loader_->sampler().samples_before(state_.sampler));
 
   m = {};
   m.step = step_number;

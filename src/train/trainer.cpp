@@ -31,6 +31,7 @@ std::string trainer_state_to_json(const TrainerState& s) {
   j["step"] = s.step;
   j["tokens_seen"] = s.tokens_seen;
   j["sampler"] = {{"epoch", s.sampler.epoch}, {"index", s.sampler.index}};
+  if (s.sampler_samples >= 0) j["sampler"]["samples"] = s.sampler_samples;
   j["optimizer_steps"] = s.optimizer_steps;
   j["consecutive_nonfinite"] = s.consecutive_nonfinite;
   j["skipped_steps"] = s.skipped_steps;
@@ -50,6 +51,7 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
     field = "sampler";
     s.sampler.epoch = j.at("sampler").at("epoch").get<uint64_t>();
     s.sampler.index = j.at("sampler").at("index").get<uint64_t>();
+    if (j.at("sampler").contains("samples")) s.sampler_samples = j.at("sampler").at("samples").get<int64_t>();  // since 2026-11-24
     field = "optimizer_steps";
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     field = "consecutive_nonfinite";
@@ -343,7 +345,26 @@ void Trainer::add_hooks(TrainerHooks* hooks) { hooks_.push_back(hooks); }
 
 void Trainer::restore(const TrainerState& s) {
   state_ = s;
-  loader_->seek(s.sampler);
+  // The saved position in samples, which mean the same data at any world size and micro-batch size; the
+  // micro-batch index only where the checkpoint predates the sample count.
+  if (s.sampler_samples >= 0) {
+    const data::DistributedSampler& sampler = loader_->sampler();
+    const auto samples = static_cast<uint64_t>(s.sampler_samples);
+    state_.sampler = sampler.position_after(s.sampler.epoch, samples);
+    const uint64_t here = sampler.samples_before(state_.sampler);
+    if (state_.sampler.epoch != s.sampler.epoch)
+      log::warn("train: the checkpoint stopped {} samples into epoch {}, past this run's epoch of {}: starting epoch {}", samples,
+                s.sampler.epoch, sampler.micro_batches_per_epoch() * sampler.samples_before({0, 1}), state_.sampler.epoch);
+    else if (here != samples)
+      log::warn("train: the checkpoint stopped {} samples into epoch {}, not a multiple of this run's {} per micro-step "
+                "(data.global_batch_size changed?): resuming at sample {}", samples, s.sampler.epoch, sampler.samples_before({0, 1}), here);
+    else if (state_.sampler.index != s.sampler.index)
+      log::info("train: resuming {} samples into epoch {}: micro-batch {} at this run's {} ranks x {} sequences ({} in the saving run)",
+                samples, s.sampler.epoch, state_.sampler.index, sampler.options().dp_size, sampler.options().micro_batch_size,
+                s.sampler.index);
+    state_.sampler_samples = static_cast<int64_t>(sampler.samples_before(state_.sampler));
+  }
+  loader_->seek(state_.sampler);
   adamw_->set_steps(s.optimizer_steps);
 }
 

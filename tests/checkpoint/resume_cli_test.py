@@ -4,7 +4,8 @@ keeps its previous checkpoint intact and loadable; `--resume auto` continues fro
 final parameters equal the uninterrupted run's bit for bit; consolidation and `checkpoint info --verify`
 work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5;
 SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one;
-asynchronous saves publish while training goes on and resume exactly; a data mixture resumes exactly too,
+a run resumes on another number of ranks at the same data; asynchronous saves publish while training goes on
+and resume exactly; a data mixture resumes exactly too,
 and one whose sources were tokenized differently is refused."""
 import json
 import os
@@ -125,6 +126,22 @@ if saved:
     a, b = losses("whole40"), losses("preempted_resumed")
     check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
     check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
+
+# Resuming on another number of ranks with another micro-batch: the checkpoint keeps its sampler position as
+# a sample count, so 4 ranks x 1 sequence x 2 accumulation steps continue with the data the 2 ranks x 4
+# sequences would have read (a micro-batch index would mean half as many samples there and repeat steps 4-6's
+# data). Losses equal the whole run's up to the summation order of another decomposition.
+w_ckpt = os.path.join(work, "world_resume", "ckpt")
+shutil.copytree(os.path.join(ckpts, "step_00000006"), os.path.join(w_ckpt, "step_00000006"))
+cmd = [args.mpiexec, "--oversubscribe", "-np", "4", st, "train", "--config", "configs/tiny-cpu.toml", "--data.path", ds,
+       "--logging.run_dir", os.path.join(work, "world_resumed"), *SMALL, "--data.micro_batch_size", "1",
+       "--checkpoint.dir", w_ckpt, "--resume", "auto"]
+r = subprocess.run(cmd, cwd=args.source, capture_output=True, text=True, timeout=600)
+check(r.returncode == 0 and "resuming 48 samples into epoch 0: micro-batch 12 at this run's 4 ranks x 1 sequences (6 in the saving run)"
+      in r.stderr, f"resume on 4 ranks: exit {r.returncode}: {r.stderr[-2500:]}")
+a, b = losses("whole"), losses("world_resumed")
+check(sorted(b) == [7, 8] and all(abs(b[k] - a[k]) <= 1e-6 * abs(a[k]) for k in b),
+      f"losses on 4 ranks after the resume: {[(k, a[k], b[k]) for k in sorted(b)]}")
 
 # Asynchronous saves (checkpoint.async_save): the step-4 save is written on a thread that a slow file system
 # holds for 2 s while steps 5.. go on; it is published later, the run trains exactly as with synchronous

@@ -60,6 +60,38 @@ TEST(Sampler, ShufflesDifferByEpochAndRepeatBySeed) {
   EXPECT_THROW(DistributedSampler({500, 4, 8, 2, 2, 7, true}), ConfigError);
 }
 
+// A step takes the same slice of the epoch's order at any world size and micro-batch size, so a position
+// kept as a sample count resumes at the same data on another number of ranks.
+TEST(Sampler, SampleCountsMeanTheSameDataAtAnyWorldSize) {
+  const size_t n = 500;
+  auto step_samples = [&](int b, int w, size_t step) {  // every rank's micro-batches of global step `step`
+    std::multiset<uint64_t> out;
+    for (int r = 0; r < w; ++r) {
+      DistributedSampler s({n, b, 8, r, w, 7, true});
+      std::vector<uint64_t> mb(static_cast<size_t>(b));
+      const size_t a = static_cast<size_t>(s.accumulation_steps());
+      for (size_t j = 0; j < a; ++j) {
+        s.micro_batch(1, step * a + j, mb);
+        out.insert(mb.begin(), mb.end());
+      }
+    }
+    return out;
+  };
+  for (size_t step : {0u, 5u, 61u}) {
+    const auto two = step_samples(4, 2, step);  // 2 ranks x 4, no accumulation
+    EXPECT_EQ(two.size(), 8u);
+    EXPECT_EQ(two, step_samples(1, 4, step)) << "4 ranks x 1 x 2 accumulation, step " << step;
+    EXPECT_EQ(two, step_samples(8, 1, step)) << "1 rank x 8, step " << step;
+  }
+  DistributedSampler two({n, 4, 8, 0, 2, 7, true}), four({n, 1, 8, 3, 4, 7, true});
+  EXPECT_EQ(two.samples_before({1, 5}), 40u);
+  EXPECT_EQ(four.position_after(1, 40), (SamplerPosition{1, 10}));  // 10 micro-steps of 4 ranks x 1
+  EXPECT_EQ(four.samples_before({1, 10}), 40u);
+  EXPECT_EQ(four.position_after(1, 42), (SamplerPosition{1, 10}));  // rounded down to a micro-step
+  EXPECT_EQ(four.micro_batches_per_epoch(), 124u);                  // 62 global batches x 2
+  EXPECT_EQ(four.position_after(1, 496), (SamplerPosition{2, 0}));  // past the epoch: the next one
+}
+
 // A dataset of small synthetic documents whose token values encode (document, position).
 std::shared_ptr<TokenDataset> synthetic_dataset(const std::string& name, std::vector<size_t> lengths) {
   std::vector<TokenId> tokens;

@@ -131,6 +131,9 @@ TEST(TrainLoop, LearnsAndWritesConsistentMetrics) {
   EXPECT_EQ(back.step, 12);
   EXPECT_EQ(back.tokens_seen, t.state().tokens_seen);
   EXPECT_EQ(back.sampler, t.state().sampler);
+  EXPECT_EQ(back.sampler_samples, static_cast<int64_t>(t.state().sampler.index) * 4);  // micro 2 x 2 ranks per index
+  EXPECT_EQ(train::trainer_state_from_json(R"({"step": 1, "tokens_seen": 2, "sampler": {"epoch": 0, "index": 3},
+      "optimizer_steps": 1, "consecutive_nonfinite": 0, "skipped_steps": 0})", "old").sampler_samples, -1);  // before sample counts
   EXPECT_EQ(back.optimizer_steps, 12);
   EXPECT_THROW(train::trainer_state_from_json(R"({"step": 1})", "test"), CheckpointError);
 }

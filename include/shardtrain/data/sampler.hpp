@@ -49,6 +49,13 @@ class DistributedSampler {
   void micro_batch(uint64_t epoch, uint64_t index, std::span<uint64_t> out) const;
   // The position after `p`, rolling over to the next epoch.
   SamplerPosition advance(SamplerPosition p) const;
+  // Positions in units that do not depend on the world: the samples of the epoch's order that all ranks
+  // together took before `p` (micro-step j covers the order's slice [j B W, (j+1) B W)), and the position
+  // that follows `samples` of `epoch` here (rounded down to a micro-step of this sampler's B x W). A step
+  // covers the same slice of the order at every world size, so a checkpoint's sample count resumes at
+  // the same data on another number of ranks.
+  uint64_t samples_before(SamplerPosition p) const;
+  SamplerPosition position_after(uint64_t epoch, uint64_t samples) const;
 
  private:
   const std::vector<uint64_t>& order(uint64_t epoch) const;

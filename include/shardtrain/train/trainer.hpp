@@ -32,6 +32,7 @@ struct TrainerState {
   int64_t step = 0;                 // steps taken (skipped ones included): the schedule's position
   int64_t tokens_seen = 0;          // input tokens of all ranks
   data::SamplerPosition sampler{};  // the train loader's next micro-batch
+  int64_t sampler_samples = -1;     // samples of the epoch taken before it, by all ranks (-1: not recorded)
   int64_t optimizer_steps = 0;      // AdamW updates (its bias-correction count)
   int64_t consecutive_nonfinite = 0;
   int64_t skipped_steps = 0;
