@@ -72,6 +72,29 @@ void CheckpointHooks::resume(Trainer& trainer) {
                                         path, saved.value("name", std::string("?")), hash, trainer.dataset().path(),
                                         trainer.dataset().info().tokenizer_name, current));
     }
+    // Other data than the checkpoint's (a new mixture for a final phase, or a slip): allowed, and said.
+    if (saved.is_object() && saved.contains("sources") && saved["sources"].is_array()) {
+      std::vector<std::pair<std::string, double>> before, now;
+      for (const auto& e : saved["sources"])
+        if (e.is_object()) before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
+      for (const auto& c : trainer.sources()) now.emplace_back(c.dataset->path(), c.weight);
+      auto describe = [](const std::vector<std::pair<std::string, double>>& v) {
+        std::string out;
+        for (const auto& [p, w] : v) out += fmt::format("{}{}:{}", out.empty() ? "" : ", ", p, w);
+        return out;
+      };
+      auto same_file = [](const std::string& a, const std::string& b) {  // however the path is spelled
+        std::error_code ea, eb;
+        return a == b || fs::weakly_canonical(a, ea) == fs::weakly_canonical(b, eb);
+      };
+      bool same = before.size() == now.size();
+      for (size_t i = 0; same && i < now.size(); ++i)
+        same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
+      if (!same && trainer.runtime().topology().world_rank == 0)
+        log::warn("checkpoint: {} was trained on {}; this run reads {}: the sampler position is kept, so the samples that "
+                  "follow come from the new data",
+                  path, describe(before), describe(now));
+    }
   }
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
   TrainerState state = trainer_state_from_json(r.trainer_state, path);

@@ -181,6 +181,10 @@ mix_ckpt = os.path.join(work, "mix_resume", "ckpt")
 shutil.copytree(os.path.join(work, "whole_mix", "checkpoints", "step_00000004"), os.path.join(mix_ckpt, "step_00000004"))
 mix_resumed = train("mix_resumed", *MIX, "--checkpoint.dir", mix_ckpt, "--resume", "auto")
 check(mix_resumed.returncode == 0, f"resumed mixture run: {mix_resumed.stderr[-2000:]}")
+check("was trained on" not in mix_resumed.stderr, "the same mixture resumes without a warning")
+reweighted = train("mix_reweighted", "--data.mixture", f"{ds}:0.5,{sotu_ds}:0.5", "--checkpoint.dir", mix_ckpt, "--resume", "auto")
+check(reweighted.returncode == 0 and f"was trained on {ds}:0.7, {sotu_ds}:0.3; this run reads {ds}:0.5, {sotu_ds}:0.5"
+      in reweighted.stderr, f"a new mixture on resume is said: {reweighted.stderr[-2000:]}")
 a, b = losses("whole_mix"), losses("mix_resumed")
 check(sorted(b) == list(range(5, 9)) and all(a[s] == b[s] for s in b),
       f"the resumed mixture run's losses equal the whole run's: {[(s, a.get(s), b[s]) for s in sorted(b)]}")
