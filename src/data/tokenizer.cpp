@@ -72,6 +72,7 @@ std::string Tokenizer::decode(std::span<const TokenId> ids) const {
       throw DataError(fmt::format("token id {} is not in the vocabulary of {} (size {})", id, model_->name, vocab_size()));
     out += model_->id_to_bytes[id];
   }
+  if (model_->prepend_space && !out.empty() && out.front() == ' ') out.erase(0, 1);  // the Prepend's space
   return out;
 }
 
@@ -106,6 +107,7 @@ std::optional<TokenId> Tokenizer::bot_id() const {
 }
 std::optional<TokenId> Tokenizer::pad_id() const { return first_special(*model_, {"[PAD]", "<pad>", "<|pad|>", "<|padding|>"}); }
 
+bool Tokenizer::byte_fallback() const { return model_->byte_fallback; }
 const std::string& Tokenizer::name() const { return model_->name; }
 const std::string& Tokenizer::path() const { return model_->path; }
 const std::string& Tokenizer::hash() const { return model_->hash; }
@@ -129,6 +131,7 @@ struct Encoder::State {
   pcre2_match_context* match_context = nullptr;
   pcre2_jit_stack* jit_stack = nullptr;
   size_t cache_entries;
+  std::vector<TokenId> symbols;  // a byte-fallback model's initial symbols
   std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> cache;  // piece -> arena span
   std::vector<TokenId> arena;
 
@@ -195,13 +198,31 @@ struct Encoder::State {
 
   void encode_text(std::string_view text, std::vector<TokenId>& out) {
     if (text.empty()) return;
+    if (model->byte_fallback) {  // SentencePiece style: spaces (and U+2581 itself) are the vocabulary's U+2581
+      std::string owned = model->prepend_space ? " " : "";
+      owned.reserve(text.size() + 1);
+      for (size_t i = 0; i < text.size();) {
+        if (text.substr(i, 3) == "\u2581") {
+          owned.push_back(' ');
+          i += 3;
+        } else {
+          owned.push_back(text[i++]);
+        }
+      }
+      symbols.clear();
+      detail::byte_fallback_symbols(*model, owned, symbols);
+      detail::bpe_merge(*model, std::move(symbols), out);
+      return;
+    }
     std::string owned;
     if (model->nfc) {
       owned = detail::nfc_normalize(text);
       text = owned;
     }
     if (model->add_prefix_space && text.front() != ' ') {
-      owned = " " + std::string(text);
+      std::string prefixed(1, ' ');
+      prefixed.append(text);  // text may view owned: build apart, then move
+      owned = std::move(prefixed);
       text = owned;
     }
     split(0, text, out);

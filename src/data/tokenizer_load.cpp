@@ -172,6 +172,125 @@ void apply_normalizer(TokenizerModel& m, const json& n, const std::string& where
   }
 }
 
+// SentencePiece-style BPE (model.byte_fallback: Llama 2, Mistral, TinyLlama): vocabulary strings use U+2581
+// for spaces, which the model stores as ' '; <0xNN> tokens are the bytes of characters the vocabulary lacks.
+constexpr std::string_view kSpaceMark = "\u2581";
+
+std::string unmark_spaces(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (s.substr(i, kSpaceMark.size()) == kSpaceMark) {
+      out.push_back(' ');
+      i += kSpaceMark.size();
+    } else {
+      out.push_back(s[i++]);
+    }
+  }
+  return out;
+}
+
+// "<0x41>" -> 0x41, or -1.
+int byte_token(std::string_view s) {
+  if (s.size() != 6 || s.substr(0, 3) != "<0x" || s[5] != '>') return -1;
+  int v = 0;
+  for (char c : s.substr(3, 2)) {
+    v *= 16;
+    if (c >= '0' && c <= '9') v += c - '0';
+    else if (c >= 'A' && c <= 'F') v += c - 'A' + 10;
+    else if (c >= 'a' && c <= 'f') v += c - 'a' + 10;
+    else return -1;
+  }
+  return v;
+}
+
+// The normalizer SentencePiece-style tokenizer.json files carry: Prepend("\u2581") then Replace(" " -> "\u2581")
+// (or the Replace alone). Anything else is refused, naming it.
+void apply_sentencepiece_normalizer(TokenizerModel& m, const json& n, const std::string& where) {
+  std::vector<json> steps;
+  if (n.is_object() && n.value("type", "") == "Sequence") {
+    for (const auto& e : n.at("normalizers")) steps.push_back(e);
+  } else if (!n.is_null()) {
+    steps.push_back(n);
+  }
+  bool replaces = false;
+  for (const auto& e : steps) {
+    const std::string type = e.value("type", "");
+    if (type == "Prepend" && e.value("prepend", "") == kSpaceMark && !replaces) {
+      m.prepend_space = true;
+    } else if (type == "Replace" && e.contains("pattern") && e["pattern"].value("String", "") == " " &&
+               e.value("content", "") == kSpaceMark) {
+      replaces = true;
+    } else {
+      throw DataError(fmt::format("{}: normalizer '{}' is not supported for a byte_fallback BPE (expected Prepend(\u2581) "
+                                  "and Replace(' ' -> \u2581), as Llama 2's tokenizer.json has)",
+                                  where, type));
+    }
+  }
+  if (!replaces)
+    throw DataError(fmt::format("{}: a byte_fallback BPE needs the normalizer Replace(' ' -> \u2581) (spaces as the "
+                                "vocabulary writes them); a Metaspace pre_tokenizer is not supported",
+                                where));
+}
+
+void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model, const std::string& path) {
+  m.byte_fallback = true;
+  const json& vocab = model.at("vocab");
+  if (!vocab.is_object()) throw DataError(fmt::format("{}: 'vocab' should be an object of token -> id", path));
+  std::array<bool, 256> have{};
+  for (const auto& [token, idv] : vocab.items()) {
+    if (!idv.is_number_unsigned()) throw DataError(fmt::format("{}: vocab entry '{}' has no integer id", path, token));
+    const TokenId id = idv.get<TokenId>();
+    if (const int b = byte_token(token); b >= 0) {  // kept out of bytes_to_id: characters look up their own tokens
+      if (id >= m.id_to_bytes.size()) m.id_to_bytes.resize(id + 1);
+      m.id_to_bytes[id] = std::string(1, static_cast<char>(b));
+      m.byte_ids[static_cast<size_t>(b)] = id;
+      have[static_cast<size_t>(b)] = true;
+      continue;
+    }
+    add_token(m, unmark_spaces(token), id, path);
+  }
+  for (int b = 0; b < 256; ++b)
+    if (!have[static_cast<size_t>(b)])
+      throw DataError(fmt::format("{}: byte_fallback is set but the vocabulary has no <0x{:02X}> token", path, b));
+  if (j.contains("added_tokens") && j["added_tokens"].is_array())
+    for (const auto& t : j["added_tokens"]) m.specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
+  apply_sentencepiece_normalizer(m, j.value("normalizer", json()), path);
+  if (const json pre = j.value("pre_tokenizer", json()); !pre.is_null())
+    throw DataError(fmt::format("{}: pre_tokenizer '{}' with byte_fallback is not supported (Llama 2's has none)", path,
+                                pre.value("type", "?")));
+  for (const auto& s : m.specials) {
+    auto it = m.bytes_to_id.find(s.content);
+    if (it != m.bytes_to_id.end() && it->second == s.id) m.bytes_to_id.erase(it);
+    if (s.id < m.id_to_bytes.size()) m.id_to_bytes[s.id].clear();
+  }
+  finish_model(m);
+  const json& merges = model.at("merges");
+  if (!merges.is_array()) throw DataError(fmt::format("{}: 'merges' should be an array", path));
+  uint32_t rank = 0;
+  std::string a, b;
+  for (const auto& e : merges) {
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) throw DataError(fmt::format("{}: merge {} '{}' is not 'left right'", path, rank, s));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      throw DataError(fmt::format("{}: merge {} is neither 'left right' nor [left, right]", path, rank));
+    }
+    const std::string left = unmark_spaces(a), right = unmark_spaces(b);
+    auto l = m.bytes_to_id.find(left), r = m.bytes_to_id.find(right), res = m.bytes_to_id.find(left + right);
+    if (l == m.bytes_to_id.end() || r == m.bytes_to_id.end() || res == m.bytes_to_id.end())
+      throw DataError(fmt::format("{}: merge {} ('{}' '{}') uses or makes a token missing from the vocab", path, rank, a, b));
+    m.merges.emplace(pair_key(l->second, r->second), Merge{rank, res->second});
+    ++rank;
+  }
+}
+
 void compile_splits(TokenizerModel& m) {
   for (const auto& p : m.split_patterns) m.splits.push_back(std::make_unique<Regex>(p, m.path));
 }
@@ -239,11 +358,17 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
   const json& model = j["model"];
   const std::string type = model.value("type", "BPE");
   if (type != "BPE") throw DataError(fmt::format("{}: model.type is '{}'; only byte-level BPE is supported", path, type));
-  if (model.value("byte_fallback", false))
-    throw DataError(fmt::format("{}: model.byte_fallback is set (a SentencePiece-style BPE); only byte-level BPE is supported", path));
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(f) && model[f].is_string() && !model[f].get<std::string>().empty())
       throw DataError(fmt::format("{}: model.{} is set; byte-level BPE expects none", path, f));
+  }
+  if (model.value("byte_fallback", false)) {
+    try {
+      load_sentencepiece_bpe(*m, j, model, path);
+    } catch (const json::exception& e) {
+      throw DataError(fmt::format("{}: unexpected structure: {}", path, e.what()));
+    }
+    return m;
   }
   try {
     m->whole_piece_lookup = model.value("ignore_merges", false);

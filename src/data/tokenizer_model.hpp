@@ -47,6 +47,11 @@ struct TokenizerModel {
   std::array<TokenId, 256> byte_ids{};                 // the token of each single byte
   std::unordered_map<uint64_t, Merge> merges;          // pair_key(left, right) -> rank, result
   bool whole_piece_lookup = false;  // a piece that is itself a token is emitted directly (tiktoken, ignore_merges)
+  // SentencePiece-style BPE (Llama 2, Mistral's tokenizer.json: model.byte_fallback): the symbols are characters
+  // (a token of the character when the vocabulary has one, else its UTF-8 bytes as the <0xNN> tokens, which
+  // byte_ids then holds), spaces are stored as ' ' (the vocabulary's U+2581), and the text is one piece.
+  bool byte_fallback = false;
+  bool prepend_space = false;  // the normalizer's Prepend("\u2581"): encode adds one leading space, decode strips one
   bool nfc = false;
   bool add_prefix_space = false;
   std::vector<std::unique_ptr<Regex>> splits;  // applied in order: each stage splits the previous pieces
@@ -71,6 +76,10 @@ void finish_model(TokenizerModel& m);  // byte_ids check, specials sorting; thro
 
 // Merges one piece (raw bytes) into ids appended to out.
 void bpe_encode_piece(const TokenizerModel& m, std::string_view piece, std::vector<TokenId>& out);
+// The same from initial symbols (a byte-fallback model's characters), merged in place and appended to out.
+void bpe_merge(const TokenizerModel& m, std::vector<TokenId> symbols, std::vector<TokenId>& out);
+// A byte-fallback model's initial symbols for text: each valid UTF-8 character's token, or its bytes'.
+void byte_fallback_symbols(const TokenizerModel& m, std::string_view text, std::vector<TokenId>& symbols);
 
 std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path);
 std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std::string& path);

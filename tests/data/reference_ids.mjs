@@ -4,7 +4,7 @@
 //   node reference_ids.mjs IMPL FETCHED_DIR INPUT.json OUTPUT.json
 //
 // IMPL: r50k (gpt-tokenizer), cl100k (gpt-tokenizer), gpt2-encoder (gpt-3-encoder),
-//       llama3 / gpt2-hf (@lenml/tokenizers on the tokenizer.json files),
+//       llama3 / llama2 / gpt2-hf (@lenml/tokenizers on the tokenizer.json files),
 //       hf-json (@lenml/tokenizers on the tokenizer.json given as a fifth argument).
 // INPUT.json is an array of strings; OUTPUT.json gets an array of id arrays, one per string.
 import { readFileSync, writeFileSync } from "node:fs";
@@ -34,10 +34,12 @@ async function encoder() {
       return (text) => m.encode(text);
     }
     case "llama3":
+    case "llama2":
     case "gpt2-hf":
     case "hf-json": {
       const { TokenizerLoader } = await load("@lenml/tokenizers/dist/main.mjs");
-      const dir = join(modules, "@lenml", impl === "llama3" ? "tokenizer-llama3" : "tokenizer-gpt2", "models");
+      const pkg = { llama3: "tokenizer-llama3", llama2: "tokenizer-llama2" }[impl] ?? "tokenizer-gpt2";
+      const dir = join(modules, "@lenml", pkg, "models");
       const json = impl === "hf-json" ? jsonPath : join(dir, "tokenizer.json");
       const tokenizer = TokenizerLoader.fromPreTrained({
         tokenizerJSON: JSON.parse(readFileSync(json, "utf8")),

@@ -68,6 +68,27 @@ TEST_P(ReferenceIds, InvalidUtf8BetweenValidSegments) {
   const std::vector<std::string> invalid = {"\xff", "\x80", "\xc3", "\xf8", "\xc0"};
   const auto ref = testing::reference_ids(c.impl, segments);
   ASSERT_EQ(ref.size(), segments.size());
+  if (tok.byte_fallback()) {
+    // SentencePiece style: the text is one piece, so segments do not encode alone; what holds is that each
+    // invalid byte is its own <0xNN> token, in place, between the ids of the valid text around it, and that
+    // the first segment encodes as the reference encodes it alone (up to its last token, which may merge on).
+    std::string text;
+    std::vector<TokenId> bytes_in_order;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      text += segments[i];
+      if (i + 1 < segments.size()) text += invalid[i % invalid.size()];
+    }
+    const auto ids = tok.encode(text);
+    EXPECT_EQ(tok.decode(ids), text);
+    std::string seen;
+    for (TokenId id : ids)
+      if (tok.token_bytes(id).size() == 1 && static_cast<unsigned char>(tok.token_bytes(id)[0]) >= 0x80) seen += tok.token_bytes(id);
+    EXPECT_NE(seen.find("\xff"), std::string::npos);
+    EXPECT_NE(seen.find("\x80"), std::string::npos);
+    ASSERT_GE(ids.size(), ref[0].size());
+    EXPECT_TRUE(std::equal(ref[0].begin(), ref[0].end() - 1, ids.begin()));
+    return;
+  }
   std::string text;
   std::vector<TokenId> expected;
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -102,7 +123,7 @@ TEST_P(ReferenceIds, RandomBytesRoundTrip) {
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceIds,
                          ::testing::Values(Case{"r50k", "r50k_base.tiktoken"}, Case{"cl100k", "cl100k_base.tiktoken"},
                                            Case{"gpt2-encoder", "gpt2"}, Case{"llama3", "llama3/tokenizer.json"},
-                                           Case{"gpt2-hf", "gpt2-hf/tokenizer.json"}),
+                                           Case{"gpt2-hf", "gpt2-hf/tokenizer.json"}, Case{"llama2", "llama2/tokenizer.json"}),
                          [](const auto& info) {
                            std::string n = info.param.impl;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -126,6 +147,20 @@ TEST(TokenizerFiles, SpecialTokensAndMetadata) {
   EXPECT_EQ(llama.bot_id(), 128000u);
   EXPECT_EQ(llama.eot_id(), 128001u);
   EXPECT_EQ(llama.name(), "llama3/tokenizer.json");
+  EXPECT_FALSE(llama.byte_fallback());
+  // SentencePiece style (Llama 2 / Mistral layout): <s> and </s> by name, one leading space added and removed.
+  const Tokenizer sp = Tokenizer::load((fetched_dir() / "tokenizers" / "llama2" / "tokenizer.json").string());
+  EXPECT_TRUE(sp.byte_fallback());
+  EXPECT_EQ(sp.vocab_size(), 32000u);
+  EXPECT_EQ(sp.bot_id(), 1u);
+  EXPECT_EQ(sp.eot_id(), 2u);
+  const auto hello = sp.encode("Hello");
+  ASSERT_EQ(hello.size(), 1u);
+  EXPECT_EQ(sp.token_bytes(hello[0]), " Hello");  // the vocabulary's "\u2581Hello"
+  EXPECT_EQ(sp.decode(hello), "Hello");
+  EXPECT_EQ(sp.decode(sp.encode(" two  spaces ")), " two  spaces ");
+  const auto ring = sp.encode("\xe2\x80\xa0");  // a character the vocabulary may lack: its bytes, or its token
+  EXPECT_EQ(sp.decode(ring), "\xe2\x80\xa0");
 }
 
 TEST(TokenizerFiles, ClearErrors) {

@@ -1,6 +1,6 @@
-// Byte-level BPE tokenizers: tiktoken rank files (r50k_base/GPT-2, p50k_base, cl100k_base, o200k_base),
-// Hugging Face tokenizer.json files of the byte-level BPE family (GPT-2, Llama 3, Qwen style), and
-// GPT-2's original encoder.json + vocab.bpe. Text is split by the tokenizer's regex (PCRE2, UTF + UCP,
+// BPE tokenizers: tiktoken rank files (r50k_base/GPT-2, p50k_base, cl100k_base, o200k_base), Hugging Face
+// tokenizer.json files of the byte-level BPE family (GPT-2, Llama 3, Qwen style) and of the SentencePiece-style
+// BPE with byte fallback (Llama 2, Mistral), and GPT-2's original encoder.json + vocab.bpe. Text is split by the tokenizer's regex (PCRE2, UTF + UCP,
 // JIT) and each piece is merged by rank. encode/decode round-trip exactly on any bytes, invalid UTF-8
 // included: invalid bytes never match the split regex and become their own byte-level pieces.
 #pragma once
@@ -61,6 +61,9 @@ class Tokenizer {
   TokenizerFormat format() const;
   const std::vector<std::string>& split_patterns() const;  // regexes applied in order
   bool normalizes_nfc() const;
+  // SentencePiece-style BPE (tokenizer.json with model.byte_fallback: Llama 2, Mistral): characters merge, bytes
+  // only for characters the vocabulary lacks (<0xNN> tokens), spaces are U+2581, and the text is one piece.
+  bool byte_fallback() const;
 
   const detail::TokenizerModel& model() const { return *model_; }
 
