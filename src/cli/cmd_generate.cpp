@@ -68,7 +68,16 @@ int run_generate(const GenerateOptions& o) {
     logits = decoder.step(next);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s%s\n", o.prompt.c_str(), tokenizer.decode(out).c_str());
+  // The continuation decoded after the prompt's tokens, not alone: a SentencePiece-style tokenizer drops one
+  // leading space from what it decodes, which must be the prompt's, not the continuation's.
+  std::string continuation = tokenizer.decode(out);
+  if (!o.prompt.empty() && !out.empty()) {
+    std::vector<data::TokenId> all = ids;
+    all.insert(all.end(), out.begin(), out.end());
+    const std::string whole = tokenizer.decode(all), prompt = tokenizer.decode(ids);
+    if (whole.compare(0, prompt.size(), prompt) == 0) continuation = whole.substr(prompt.size());
+  }
+  std::printf("%s%s\n", o.prompt.c_str(), continuation.c_str());
   std::fflush(stdout);
   log::info("generate: {} prompt + {} new tokens in {:.2f} s ({:.1f} tokens/s), from {}", ids.size(), out.size(), secs,
             static_cast<double>(ids.size() + out.size()) / std::max(secs, 1e-9), source->path());
