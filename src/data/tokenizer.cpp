@@ -162,6 +162,26 @@ struct Encoder::State {
     cache.emplace(std::string(piece), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
   }
 
+  // A byte-fallback model's word: its characters (or their bytes) merged, through the same cache.
+  void encode_word(std::string_view word, std::vector<TokenId>& out) {
+    auto it = cache.find(word);
+    if (it != cache.end()) {
+      out.insert(out.end(), arena.begin() + it->second.first, arena.begin() + it->second.first + it->second.second);
+      return;
+    }
+    const size_t before = out.size();
+    symbols.clear();
+    detail::byte_fallback_symbols(*model, word, symbols);
+    detail::bpe_merge(*model, std::move(symbols), out);
+    if (cache.size() >= cache_entries || arena.size() > (size_t{1} << 30)) {
+      cache.clear();
+      arena.clear();
+    }
+    const auto offset = static_cast<uint32_t>(arena.size());
+    arena.insert(arena.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
+    cache.emplace(std::string(word), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
+  }
+
   // Splits `text` with regex `stage` (matches and the gaps between them are both pieces), recursing
   // into later stages; the last stage's pieces are merged.
   void split(size_t stage, std::string_view text, std::vector<TokenId>& out) {
@@ -209,9 +229,21 @@ struct Encoder::State {
           owned.push_back(text[i++]);
         }
       }
-      symbols.clear();
-      detail::byte_fallback_symbols(*model, owned, symbols);
-      detail::bpe_merge(*model, std::move(symbols), out);
+      if (!model->words_are_exact) {
+        symbols.clear();
+        detail::byte_fallback_symbols(*model, owned, symbols);
+        detail::bpe_merge(*model, std::move(symbols), out);
+        return;
+      }
+      // Words: cut before every space that follows a non-space (no token spans such a cut), each cached.
+      const std::string_view t(owned);
+      size_t begin = 0;
+      for (size_t i = 1; i <= t.size(); ++i) {
+        if (i == t.size() || (t[i] == ' ' && t[i - 1] != ' ')) {
+          encode_word(t.substr(begin, i - begin), out);
+          begin = i;
+        }
+      }
       return;
     }
     std::string owned;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
@@ -289,6 +290,12 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
     m.merges.emplace(pair_key(l->second, r->second), Merge{rank, res->second});
     ++rank;
   }
+  m.words_are_exact = std::none_of(m.bytes_to_id.begin(), m.bytes_to_id.end(), [](const auto& entry) {
+    const std::string& t = entry.first;
+    for (size_t i = 1; i < t.size(); ++i)
+      if (t[i] == ' ' && t[i - 1] != ' ') return true;
+    return false;
+  });
 }
 
 void compile_splits(TokenizerModel& m) {

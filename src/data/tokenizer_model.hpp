@@ -52,6 +52,9 @@ struct TokenizerModel {
   // byte_ids then holds), spaces are stored as ' ' (the vocabulary's U+2581), and the text is one piece.
   bool byte_fallback = false;
   bool prepend_space = false;  // the normalizer's Prepend("\u2581"): encode adds one leading space, decode strips one
+  // No token of the vocabulary holds a non-space byte followed by a space, so no merge can join the text on both
+  // sides of such a boundary: the text may be cut there into words, each merged (and cached) alone, exactly.
+  bool words_are_exact = false;
   bool nfc = false;
   bool add_prefix_space = false;
   std::vector<std::unique_ptr<Regex>> splits;  // applied in order: each stage splits the previous pieces

@@ -2,6 +2,8 @@
 // plus hand-made edge cases, invalid UTF-8 and random bytes (round trip).
 #include <random>
 
+#include <fmt/format.h>
+
 #include "data_test_util.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 
@@ -161,6 +163,37 @@ TEST(TokenizerFiles, SpecialTokensAndMetadata) {
   EXPECT_EQ(sp.decode(sp.encode(" two  spaces ")), " two  spaces ");
   const auto ring = sp.encode("\xe2\x80\xa0");  // a character the vocabulary may lack: its bytes, or its token
   EXPECT_EQ(sp.decode(ring), "\xe2\x80\xa0");
+}
+
+// A SentencePiece-style vocabulary with a token across a space ("a\u2581b") must not be cut into words: the
+// whole text merges, so "a b" becomes [\u2581, a\u2581b]; cut at the space it would be [\u2581a, \u2581b].
+TEST(TokenizerFiles, ByteFallbackWordsOnlyWhereNoTokenSpansThem) {
+  auto tokenizer_json = [](bool spanning) {
+    nlohmann::json vocab = nlohmann::json::object();
+    uint32_t id = 0;
+    vocab["<unk>"] = id++;
+    for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+    for (const char* t : {"\u2581", "a", "b", "\u2581a", "\u2581b"}) vocab[t] = id++;
+    nlohmann::json merges = nlohmann::json::array({"\u2581 a", "\u2581 b"});
+    if (spanning) {
+      vocab["a\u2581"] = id++;
+      vocab["a\u2581b"] = id++;
+      merges = nlohmann::json::array({"a \u2581", "a\u2581 b", "\u2581 a", "\u2581 b"});
+    }
+    nlohmann::json j = {{"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", merges}}},
+                        {"normalizer", {{"type", "Sequence"}, {"normalizers", nlohmann::json::array({
+                            {{"type", "Prepend"}, {"prepend", "\u2581"}},
+                            {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}}},
+                        {"pre_tokenizer", nullptr},
+                        {"added_tokens", nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}}})}};
+    return j.dump();
+  };
+  const Tokenizer words = Tokenizer::from_json_text(tokenizer_json(false), "words.json");
+  EXPECT_EQ(words.encode("a b"), (std::vector<TokenId>{*words.token_id(" a"), *words.token_id(" b")}));
+  const Tokenizer spanning = Tokenizer::from_json_text(tokenizer_json(true), "spanning.json");
+  EXPECT_EQ(spanning.encode("a b"), (std::vector<TokenId>{*spanning.token_id(" "), *spanning.token_id("a b")}));
+  EXPECT_EQ(spanning.decode(spanning.encode("a b")), "a b");
+  EXPECT_EQ(words.encode("\xc3\xa9"), (std::vector<TokenId>{*words.token_id(" "), 1 + 0xc3, 1 + 0xa9}));  // byte fallback
 }
 
 TEST(TokenizerFiles, ClearErrors) {
