@@ -141,45 +141,40 @@ struct Encoder::State {
     if (jit_stack) pcre2_jit_stack_free(jit_stack);
   }
 
+  // Appends the ids of `key` from the cache, or merges them with `merge(out)` and caches them.
+  template <typename Merge>
+  void cached(std::string_view key, std::vector<TokenId>& out, Merge merge) {
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      out.insert(out.end(), arena.begin() + it->second.first, arena.begin() + it->second.first + it->second.second);
+      return;
+    }
+    const size_t before = out.size();
+    merge(out);
+    if (cache.size() >= cache_entries || arena.size() > (size_t{1} << 30)) {
+      cache.clear();
+      arena.clear();
+    }
+    const auto offset = static_cast<uint32_t>(arena.size());
+    arena.insert(arena.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
+    cache.emplace(std::string(key), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
+  }
+
   void encode_piece(std::string_view piece, std::vector<TokenId>& out) {
     if (piece.size() == 1) {
       out.push_back(model->byte_ids[static_cast<unsigned char>(piece[0])]);
       return;
     }
-    auto it = cache.find(piece);
-    if (it != cache.end()) {
-      out.insert(out.end(), arena.begin() + it->second.first, arena.begin() + it->second.first + it->second.second);
-      return;
-    }
-    const size_t before = out.size();
-    detail::bpe_encode_piece(*model, piece, out);
-    if (cache.size() >= cache_entries || arena.size() > (size_t{1} << 30)) {
-      cache.clear();
-      arena.clear();
-    }
-    const auto offset = static_cast<uint32_t>(arena.size());
-    arena.insert(arena.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
-    cache.emplace(std::string(piece), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
+    cached(piece, out, [&](std::vector<TokenId>& o) { detail::bpe_encode_piece(*model, piece, o); });
   }
 
   // A byte-fallback model's word: its characters (or their bytes) merged, through the same cache.
   void encode_word(std::string_view word, std::vector<TokenId>& out) {
-    auto it = cache.find(word);
-    if (it != cache.end()) {
-      out.insert(out.end(), arena.begin() + it->second.first, arena.begin() + it->second.first + it->second.second);
-      return;
-    }
-    const size_t before = out.size();
-    symbols.clear();
-    detail::byte_fallback_symbols(*model, word, symbols);
-    detail::bpe_merge(*model, std::move(symbols), out);
-    if (cache.size() >= cache_entries || arena.size() > (size_t{1} << 30)) {
-      cache.clear();
-      arena.clear();
-    }
-    const auto offset = static_cast<uint32_t>(arena.size());
-    arena.insert(arena.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
-    cache.emplace(std::string(word), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
+    cached(word, out, [&](std::vector<TokenId>& o) {
+      symbols.clear();
+      detail::byte_fallback_symbols(*model, word, symbols);
+      detail::bpe_merge(*model, std::move(symbols), o);
+    });
   }
 
   // Splits `text` with regex `stage` (matches and the gaps between them are both pieces), recursing

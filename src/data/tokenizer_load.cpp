@@ -101,8 +101,10 @@ void load_mapped_vocab(TokenizerModel& m, const json& vocab, const std::string& 
   }
 }
 
-// Reads merges in the string ("a b") or pair (["a", "b"]) format; rank = position in the list.
-void load_mapped_merges(TokenizerModel& m, const json& merges, const std::string& where) {
+// Reads merges in the string ("a b") or pair (["a", "b"]) format; rank = position in the list. `to_bytes`
+// turns a vocabulary string into the model's bytes (false: not a string of this vocabulary's kind).
+template <typename ToBytes>
+void load_merges(TokenizerModel& m, const json& merges, const std::string& where, ToBytes to_bytes) {
   if (!merges.is_array()) throw DataError(fmt::format("{}: 'merges' should be an array", where));
   std::string a, b, left, right;
   uint32_t rank = 0;
@@ -119,7 +121,7 @@ void load_mapped_merges(TokenizerModel& m, const json& merges, const std::string
     } else {
       throw DataError(fmt::format("{}: merge {} is neither 'left right' nor [left, right]", where, rank));
     }
-    if (!unmap_byte_level(a, left) || !unmap_byte_level(b, right))
+    if (!to_bytes(a, left) || !to_bytes(b, right))
       throw DataError(fmt::format("{}: merge {} ('{}' '{}') is not byte-level", where, rank, a, b));
     auto l = m.bytes_to_id.find(left), r = m.bytes_to_id.find(right), res = m.bytes_to_id.find(left + right);
     if (l == m.bytes_to_id.end() || r == m.bytes_to_id.end() || res == m.bytes_to_id.end())
@@ -127,6 +129,10 @@ void load_mapped_merges(TokenizerModel& m, const json& merges, const std::string
     m.merges.emplace(pair_key(l->second, r->second), Merge{rank, res->second});
     ++rank;
   }
+}
+
+void load_mapped_merges(TokenizerModel& m, const json& merges, const std::string& where) {
+  load_merges(m, merges, where, [](std::string_view s, std::string& out) { return unmap_byte_level(s, out); });
 }
 
 void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& where, bool& byte_level_seen) {
@@ -266,30 +272,10 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
     if (s.id < m.id_to_bytes.size()) m.id_to_bytes[s.id].clear();
   }
   finish_model(m);
-  const json& merges = model.at("merges");
-  if (!merges.is_array()) throw DataError(fmt::format("{}: 'merges' should be an array", path));
-  uint32_t rank = 0;
-  std::string a, b;
-  for (const auto& e : merges) {
-    if (e.is_string()) {
-      const std::string s = e.get<std::string>();
-      const size_t sp = s.find(' ', 1);
-      if (sp == std::string::npos) throw DataError(fmt::format("{}: merge {} '{}' is not 'left right'", path, rank, s));
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else {
-      throw DataError(fmt::format("{}: merge {} is neither 'left right' nor [left, right]", path, rank));
-    }
-    const std::string left = unmark_spaces(a), right = unmark_spaces(b);
-    auto l = m.bytes_to_id.find(left), r = m.bytes_to_id.find(right), res = m.bytes_to_id.find(left + right);
-    if (l == m.bytes_to_id.end() || r == m.bytes_to_id.end() || res == m.bytes_to_id.end())
-      throw DataError(fmt::format("{}: merge {} ('{}' '{}') uses or makes a token missing from the vocab", path, rank, a, b));
-    m.merges.emplace(pair_key(l->second, r->second), Merge{rank, res->second});
-    ++rank;
-  }
+  load_merges(m, model.at("merges"), path, [](std::string_view s, std::string& out) {
+    out = unmark_spaces(s);
+    return true;
+  });
   m.words_are_exact = std::none_of(m.bytes_to_id.begin(), m.bytes_to_id.end(), [](const auto& entry) {
     const std::string& t = entry.first;
     for (size_t i = 1; i < t.size(); ++i)

@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
+#include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 
@@ -105,6 +107,23 @@ inline fs::path tmp_path(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("shardtrain-data-tests-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   return dir / name;
+}
+
+// Writes tokens in documents of the given offsets as tmp_path(name), with a synthetic tokenizer record
+// (BOT 2, EOT 1, PAD 3) of the given hash and vocabulary, and opens it.
+inline std::shared_ptr<TokenDataset> open_synthetic(const std::string& name, const std::vector<TokenId>& tokens,
+                                                    const std::vector<int64_t>& offsets, int64_t vocab_size,
+                                                    const std::string& tokenizer_hash = "none") {
+  DatasetInfo info;
+  info.tokenizer_name = "synthetic";
+  info.tokenizer_hash = tokenizer_hash;
+  info.vocab_size = vocab_size;
+  info.eot_id = 1;
+  info.bot_id = 2;
+  info.pad_id = 3;
+  const auto path = tmp_path(name).string();
+  write_dataset(path, tokens, offsets, info);
+  return std::make_shared<TokenDataset>(TokenDataset::open(path));
 }
 
 // Reference ids for each text from the JavaScript implementation `impl` (see reference_ids.mjs).

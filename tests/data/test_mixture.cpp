@@ -22,16 +22,7 @@ std::shared_ptr<const TokenDataset> tagged_dataset(const std::string& name, int 
     for (size_t k = 0; k < length; ++k) tokens.push_back(static_cast<TokenId>(100000 * tag + 100 * d + k + 10));
     offsets.push_back(static_cast<int64_t>(tokens.size()));
   }
-  DatasetInfo info;
-  info.tokenizer_name = "synthetic";
-  info.tokenizer_hash = tokenizer_hash;
-  info.vocab_size = 1 << 22;
-  info.eot_id = 1;
-  info.bot_id = 2;
-  info.pad_id = 3;
-  const auto path = testing::tmp_path(name).string();
-  write_dataset(path, tokens, offsets, info);
-  return std::make_shared<TokenDataset>(TokenDataset::open(path));
+  return testing::open_synthetic(name, tokens, offsets, 1 << 22, tokenizer_hash);
 }
 
 TEST(Mixture, PermuteIndexIsABijectionPerKey) {

@@ -100,16 +100,7 @@ std::shared_ptr<TokenDataset> synthetic_dataset(const std::string& name, std::ve
     for (size_t k = 0; k < lengths[d]; ++k) tokens.push_back(static_cast<TokenId>(1000 * (d + 1) + k));
     offsets.push_back(static_cast<int64_t>(tokens.size()));
   }
-  DatasetInfo info;
-  info.tokenizer_name = "synthetic";
-  info.tokenizer_hash = "none";
-  info.vocab_size = 1 << 20;
-  info.eot_id = 1;
-  info.bot_id = 2;
-  info.pad_id = 3;
-  const auto path = testing::tmp_path(name).string();
-  write_dataset(path, tokens, offsets, info);
-  return std::make_shared<TokenDataset>(TokenDataset::open(path));
+  return testing::open_synthetic(name, tokens, offsets, 1 << 20);
 }
 
 TEST(Batches, PackedWindowsCoverStreamWithDocumentIds) {
