@@ -303,7 +303,6 @@ AsyncSave::~AsyncSave() {
 }
 
 bool AsyncSave::pending() const { return state_->pending; }
-double AsyncSave::snapshot_seconds() const { return state_->snapshot_seconds; }
 
 void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
                       int keep_last) {

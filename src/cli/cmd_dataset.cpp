@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <numeric>
 
 #include "command.hpp"
 #include "shardtrain/data/batches.hpp"

@@ -63,7 +63,6 @@ class AsyncSave {
   std::string poll();  // the published directory, or "" while some rank is still writing (or nothing is pending)
   std::string wait();  // the published directory ("" when nothing was pending)
   bool pending() const;
-  double snapshot_seconds() const;  // what the last start() held the caller for
 
  private:
   struct State;
