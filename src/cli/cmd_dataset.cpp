@@ -14,7 +14,6 @@
 #include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/mixture.hpp"
 #include "shardtrain/runtime/error.hpp"
-#include "shardtrain/runtime/progress.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -74,14 +73,6 @@ nlohmann::ordered_json summarize(const data::TokenDataset& ds, int seq) {
   return j;
 }
 
-// Reads every token through the dataset, so each block's checksum and ids are checked now.
-void verify(const data::TokenDataset& ds, bool quiet) {
-  ProgressBar bar({.label = "verify", .total = ds.num_tokens() * sizeof(data::TokenId), .unit = "MB", .unit_scale = 1e-6,
-                   .style = quiet ? ProgressStyle::Off : ProgressStyle::Auto});
-  for (size_t d = 0; d < ds.num_documents(); ++d) bar.advance(ds.document(d).size() * sizeof(data::TokenId));
-  bar.finish();
-}
-
 std::string print(const nlohmann::ordered_json& j, int seq) {
   const auto& t = j["tokenizer"];
   std::string out = fmt::format("dataset {}\n", j["path"].get<std::string>());
@@ -135,8 +126,7 @@ int run_dataset_info(const DatasetInfoOptions& o) {
     if (!o.json) std::fputs(print(j, o.seq_len).c_str(), stdout);
     std::fflush(stdout);
     if (o.verify) {
-      verify(*ds, o.json);
-      const uint64_t blocks = (ds->num_tokens() + data::kChecksumBlockTokens - 1) / data::kChecksumBlockTokens;
+      const uint64_t blocks = data::verify_dataset(*ds, !o.json);
       j["verified"] = true;
       if (!o.json)
         std::printf("  checksums: ok (%llu blocks of %llu tokens read; every id below %lld)\n", static_cast<unsigned long long>(blocks),

@@ -20,6 +20,7 @@
 #include "shardtrain/data/sampler.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/progress.hpp"
 
 namespace shardtrain::data {
 
@@ -329,6 +330,14 @@ void TokenDataset::check_tokenizer(const Tokenizer& tokenizer) const {
   if (tokenizer.hash() != info_.tokenizer_hash)
     throw DataError(fmt::format("{}: made with tokenizer {} ({}), but {} ({}) was given", path_, info_.tokenizer_name,
                                 info_.tokenizer_hash, tokenizer.name(), tokenizer.hash()));
+}
+
+uint64_t verify_dataset(const TokenDataset& ds, bool show_progress) {
+  ProgressBar bar({.label = "verify", .total = ds.num_tokens() * sizeof(TokenId), .unit = "MB", .unit_scale = 1e-6,
+                   .style = show_progress ? ProgressStyle::Auto : ProgressStyle::Off});
+  for (size_t d = 0; d < ds.num_documents(); ++d) bar.advance(ds.document(d).size() * sizeof(TokenId));
+  bar.finish();
+  return (ds.num_tokens() + kChecksumBlockTokens - 1) / kChecksumBlockTokens;
 }
 
 }  // namespace shardtrain::data

@@ -9,6 +9,7 @@ namespace shardtrain::data {
 
 namespace {
 SamplerOptions sampler_options(const MixedSource& src, const LoaderOptions& o) {
+  src.require_global_batch(o.global_batch_size);
   return SamplerOptions{src.num_samples(), o.micro_batch_size, o.global_batch_size, o.dp_rank, o.dp_size, o.seed, o.shuffle};
 }
 }  // namespace

@@ -2,6 +2,7 @@
 #include "shardtrain/data/mixture.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -54,9 +55,26 @@ uint64_t permute_index(uint64_t i, uint64_t n, uint64_t key) {
   return x;
 }
 
+std::string describe_sources(const std::vector<std::string>& paths) {
+  if (paths.size() == 1) return paths.front();
+  return fmt::format("a mixture of {} datasets ({})", paths.size(), fmt::join(paths, ", "));
+}
+
+std::string MixedSource::describe() const {
+  std::vector<std::string> paths;
+  for (const Part& p : parts_) paths.push_back(p.component.dataset->path());
+  return describe_sources(paths);
+}
+
+void MixedSource::require_global_batch(int global_batch_size) const {
+  if (total_ < static_cast<size_t>(global_batch_size))
+    throw DataError(fmt::format("{}: the {} split has {} samples of {} tokens, fewer than one global batch of {}", describe(),
+                                dataset_split_name(split_), total_, seq_len_, global_batch_size));
+}
+
 MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit split, BatchLayout layout, int seq_len,
                          uint64_t seed, bool shuffle)
-    : layout_(layout), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
+    : split_(split), layout_(layout), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
   if (components.empty()) throw ConfigError("data: no dataset to draw samples from");
   if (components.size() > 255)
     throw ConfigError(fmt::format("data.mixture: {} sources; at most 255 are supported", components.size()));

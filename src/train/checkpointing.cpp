@@ -10,14 +10,14 @@
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/inputs.hpp"
 
 namespace fs = std::filesystem;
 
 namespace shardtrain::train {
 
 CheckpointHooks::CheckpointHooks(const Trainer& trainer)
-    : dir_(trainer.config().checkpoint.dir.empty() ? (fs::path(trainer.run_dir()) / "checkpoints").string()
-                                                    : trainer.config().checkpoint.dir) {}
+    : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
 
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
   const data::DatasetInfo& info = trainer.dataset().info();
@@ -49,53 +49,17 @@ void CheckpointHooks::on_start(Trainer& trainer) {
 void CheckpointHooks::resume(Trainer& trainer) {
   const std::string& resume = trainer.config().checkpoint.resume;
   if (resume.empty()) return;
-  std::string path = resume;
-  if (resume == "auto") {
-    path = checkpoint::find_latest(dir_);
-    if (path.empty()) {
-      log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
-      return;
-    }
-  } else if (!checkpoint::is_complete(path)) {
-    const std::string latest = checkpoint::find_latest(path);  // a directory of checkpoints: its newest
-    if (!latest.empty()) path = latest;
+  const std::string path = resolve_resume_path(resume, dir_);
+  if (path.empty()) {
+    log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
+    return;
   }
   // The tokens in the dataset must be the ones the checkpoint's model was trained on.
   checkpoint::CheckpointReader reader(path);
-  if (!reader.tokenizer().empty()) {
-    const auto saved = nlohmann::json::parse(reader.tokenizer(), nullptr, false);
-    const std::string hash = saved.is_object() ? saved.value("hash", std::string()) : std::string();
-    const std::string& current = trainer.dataset().info().tokenizer_hash;
-    if (!hash.empty() && !current.empty() && hash != current) {
-      throw CheckpointError(fmt::format("{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
-                                        "use a dataset prepared with the checkpoint's tokenizer",
-                                        path, saved.value("name", std::string("?")), hash, trainer.dataset().path(),
-                                        trainer.dataset().info().tokenizer_name, current));
-    }
-    // Other data than the checkpoint's (a new mixture for a final phase, or a slip): allowed, and said.
-    if (saved.is_object() && saved.contains("sources") && saved["sources"].is_array()) {
-      std::vector<std::pair<std::string, double>> before, now;
-      for (const auto& e : saved["sources"])
-        if (e.is_object()) before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
-      for (const auto& c : trainer.sources()) now.emplace_back(c.dataset->path(), c.weight);
-      auto describe = [](const std::vector<std::pair<std::string, double>>& v) {
-        std::string out;
-        for (const auto& [p, w] : v) out += fmt::format("{}{}:{}", out.empty() ? "" : ", ", p, w);
-        return out;
-      };
-      auto same_file = [](const std::string& a, const std::string& b) {  // however the path is spelled
-        std::error_code ea, eb;
-        return a == b || fs::weakly_canonical(a, ea) == fs::weakly_canonical(b, eb);
-      };
-      bool same = before.size() == now.size();
-      for (size_t i = 0; same && i < now.size(); ++i)
-        same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
-      if (!same && trainer.runtime().topology().world_rank == 0)
-        log::warn("checkpoint: {} was trained on {}; this run reads {}: the sampler position is kept, so the samples that "
-                  "follow come from the new data",
-                  path, describe(before), describe(now));
-    }
-  }
+  check_resume_tokenizer(reader, trainer.dataset());
+  // Other data than the checkpoint's (a new mixture for a final phase, or a slip): allowed, and said.
+  const std::string change = resume_data_change(reader, trainer.sources());
+  if (!change.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", change);
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
   TrainerState state = trainer_state_from_json(r.trainer_state, path);
   if (!r.optimizer_loaded) state.optimizer_steps = 0;

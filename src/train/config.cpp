@@ -32,9 +32,9 @@ std::vector<data::MixtureEntry> DataSection::sources() const {
 
 std::string DataSection::describe() const {
   if (mixture.empty()) return path;
-  std::string paths;
-  for (const auto& e : sources()) paths += (paths.empty() ? "" : ", ") + e.path;
-  return fmt::format("a mixture of {} datasets ({})", mixture.size(), paths);
+  std::vector<std::string> paths;
+  for (const auto& e : sources()) paths.push_back(e.path);
+  return data::describe_sources(paths);
 }
 
 void TrainConfig::validate() const {

@@ -1,6 +1,7 @@
 // Trainer construction: run directory, mesh, model, engine, optimizer, loaders, schedule (trainer.hpp).
 // The loop itself is in loop.cpp.
 #include "shardtrain/train/trainer.hpp"
+#include "shardtrain/train/inputs.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -212,14 +213,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
   // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
   // the model; the loader checks that a mixture's sources share one tokenizer.
-  for (const data::MixtureEntry& e : config_.data.sources()) {
-    auto ds = std::make_shared<data::TokenDataset>(data::TokenDataset::open(e.path));
-    if (ds->info().vocab_size > config_.model.vocab_size)
-      throw ConfigError(fmt::format("model.vocab_size: {} is smaller than the vocabulary of {} ({}, tokenizer {}); expected at least {}",
-                                    config_.model.vocab_size, e.path, ds->info().vocab_size, ds->info().tokenizer_name,
-                                    ds->info().vocab_size));
-    sources_.push_back({std::move(ds), e.weight});
-  }
+  sources_ = open_data_sources(config_);
 
   // Peak FLOP/s per rank for MFU: measured once (design.md), on the CPU before the backend sets its thread
   // count, on a GPU with a large bf16 matmul through the backend itself.
@@ -272,9 +266,6 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   lo.prefetch = static_cast<size_t>(config_.data.prefetch);
   loader_ = std::make_unique<data::Loader>(sources_, lo);
   const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
-  if (steps_per_epoch == 0)
-    throw DataError(fmt::format("{}: the train split has {} samples of {} tokens, fewer than one global batch of {}", config_.data.describe(),
-                                loader_->source().num_samples(), config_.data.seq_len, config_.data.global_batch_size));
 
   if (config_.schedule.eval_batches > 0) {
     data::LoaderOptions eo = lo;
@@ -310,11 +301,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
   // The run's length: the first of max_steps, max_tokens, epochs.
   tokens_per_step_ = static_cast<int64_t>(config_.data.global_batch_size) * config_.data.seq_len;
-  total_steps_ = std::numeric_limits<int64_t>::max();
-  if (config_.schedule.max_steps > 0) total_steps_ = std::min(total_steps_, config_.schedule.max_steps);
-  if (config_.schedule.max_tokens > 0)
-    total_steps_ = std::min(total_steps_, (config_.schedule.max_tokens + tokens_per_step_ - 1) / tokens_per_step_);
-  if (config_.schedule.epochs > 0) total_steps_ = std::min(total_steps_, config_.schedule.epochs * steps_per_epoch);
+  total_steps_ = planned_steps(config_, steps_per_epoch);
   schedule_ = std::make_unique<optim::LrSchedule>(config_.schedule.lr, config_.optim.adamw.lr, total_steps_);
   flops_per_token_ = flops_per_token(model_->spec(), config_.data.seq_len);
 

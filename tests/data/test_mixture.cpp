@@ -201,8 +201,11 @@ TEST(Mixture, LoaderRowsComeFromTheirSourceAndResumeExactly) {
       const std::vector<int32_t> row(mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16), mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16 + 16));
       ASSERT_EQ(row, x);
       // Tokens carry their dataset's tag: a row never mixes sources (EOT is 1).
-      for (int32_t t : row)
-        if (t != 1) ASSERT_EQ(t / 100000, static_cast<int32_t>(draw.source) + 1);
+      for (int32_t t : row) {
+        if (t != 1) {
+          ASSERT_EQ(t / 100000, static_cast<int32_t>(draw.source) + 1);
+        }
+      }
       rows.push_back(row);
       row_sources.push_back(mb.sources[r]);
     }

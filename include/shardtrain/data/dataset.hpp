@@ -98,4 +98,9 @@ class TokenDataset {
   std::vector<int64_t> offsets_, train_, validation_;
 };
 
+// Reads every token now, so that each block's checksum and ids are checked before a run depends on them
+// (a damaged block throws DataError naming the file). A progress bar on a terminal when show_progress.
+// Returns the number of checksum blocks read.
+uint64_t verify_dataset(const TokenDataset& ds, bool show_progress);
+
 }  // namespace shardtrain::data

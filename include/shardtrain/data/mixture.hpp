@@ -34,6 +34,9 @@ MixtureEntry parse_mixture_entry(std::string_view text, const std::string& field
 // falls inside [0, n) (under four steps on average). n must be in [1, 2^62).
 uint64_t permute_index(uint64_t i, uint64_t n, uint64_t key);
 
+// For messages: the path of one dataset, or "a mixture of N datasets (P1, P2...)".
+std::string describe_sources(const std::vector<std::string>& paths);
+
 struct MixtureComponent {
   std::shared_ptr<const TokenDataset> dataset;
   double weight = 1.0;
@@ -47,6 +50,10 @@ class MixedSource {
               bool shuffle);
 
   size_t num_samples() const { return total_; }  // per epoch
+  DatasetSplit split() const { return split_; }
+  std::string describe() const;  // describe_sources() of the datasets
+  // DataError naming the datasets when an epoch holds fewer samples than one global batch (no step at all).
+  void require_global_batch(int global_batch_size) const;
   int seq_len() const { return seq_len_; }
   BatchLayout layout() const { return layout_; }
   size_t size() const { return parts_.size(); }  // sources
@@ -75,6 +82,7 @@ class MixedSource {
   static constexpr uint64_t kBlock = 64;
 
   std::vector<Part> parts_;
+  DatasetSplit split_;
   BatchLayout layout_;
   int seq_len_;
   uint64_t seed_;

@@ -1,0 +1,38 @@
+// What a run reads before its first step: its datasets, the length of the run, the checkpoint it resumes
+// from. The Trainer and CheckpointHooks use these, and so does `shardtrain check` (offline, no MPI, on a
+// login node or in a job before the ranks start), so the preflight and the run agree on every error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/mixture.hpp"
+#include "shardtrain/train/config.hpp"
+
+namespace shardtrain::train {
+
+// data.path or each source of data.mixture, mapped, each checked against model.vocab_size (ConfigError);
+// a missing or damaged file throws DataError naming it.
+std::vector<data::MixtureComponent> open_data_sources(const TrainConfig& c);
+
+// The run's length in optimizer steps: the first of schedule.max_steps, max_tokens and epochs reached.
+int64_t planned_steps(const TrainConfig& c, int64_t steps_per_epoch);
+
+// Where the run's checkpoints go: checkpoint.dir, or <run_dir>/checkpoints when it is empty.
+std::string checkpoint_dir_for(const TrainConfig& c, const std::string& run_dir);
+
+// The checkpoint that `checkpoint.resume` names: "" (no resume, or "auto" with no complete checkpoint in
+// `dir`), the newest complete one for "auto", or the given path (a directory of checkpoints: its newest).
+std::string resolve_resume_path(const std::string& resume, const std::string& dir);
+
+// The checkpoint's model must have been trained on tokens of the dataset's tokenizer (CheckpointError).
+void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const data::TokenDataset& dataset);
+
+// "" when the run reads the data the checkpoint was trained on (the same files, however spelled, and
+// weights); otherwise a sentence saying what changed. Allowed (a new mixture for a last phase), but said.
+std::string resume_data_change(const checkpoint::CheckpointReader& reader, const std::vector<data::MixtureComponent>& sources);
+
+}  // namespace shardtrain::train

@@ -1,0 +1,252 @@
+// `shardtrain check`: a preflight of a training run, offline (no MPI, no device) and in seconds: the same
+// command line as `train`, resolved and validated the same way, then everything the run reads or writes
+// before its first step: the mesh and batch for an allocation, the datasets (and, with --verify-data, every
+// block's checksum), the checkpoint it would resume from and whether it fits the model and the data, and
+// whether its output directories can be written. Every check runs and reports, so one call names every
+// problem; the exit code is the first problem's (docs/exit-codes.md). Job scripts run it before the ranks
+// start and submit.sh before the job is queued (docs/cluster.md, "Preflight").
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "config_args.hpp"
+#include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/data/batches.hpp"
+#include "shardtrain/model/spec.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/trainer.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CheckOptions {
+  ConfigArgs args;
+  int nodes = 1;
+  int gpus_per_node = 0;  // 0: the allocation is not known (submit time): the mesh is not checked
+  bool verify_data = false;
+  bool verify_checkpoint = false;
+};
+
+// One line per check: "  data        ok: ...", "  resume      note: ...", "  outputs     FAILED: ...".
+class Report {
+ public:
+  void ok(const char* what, const std::string& text) { line(what, "ok", text); }
+  void note(const char* what, const std::string& text) { line(what, "note", text); }
+  void failed(const char* what, const std::exception& e, ExitCode code) {
+    line(what, "FAILED", fmt::format("{}: {}", exit_code_name(code), e.what()));
+    if (problems_++ == 0) first_ = code;
+  }
+  // Runs one check; an exception is its failure (the run would have stopped with it). Returns success.
+  template <class F>
+  bool run(const char* what, F&& check) {
+    try {
+      check();
+      return true;
+    } catch (const Error& e) {
+      failed(what, e, e.code());
+    } catch (const std::exception& e) {
+      failed(what, e, ExitCode::Internal);
+    }
+    return false;
+  }
+  int problems() const { return problems_; }
+  ExitCode first() const { return first_; }
+
+ private:
+  static void line(const char* what, const char* verdict, const std::string& text) {
+    std::printf("  %-10s %s: %s\n", what, verdict, text.c_str());
+    std::fflush(stdout);
+  }
+  int problems_ = 0;
+  ExitCode first_ = ExitCode::Ok;
+};
+
+// A directory the run will create or write into: it, or the nearest ancestor that exists, must be a
+// directory where a directory can be made. Probed by making one and removing it at once (access() would
+// say yes to root, which the job scripts often run as, even on a read-only file system or /proc).
+void require_writable(const std::string& key, const std::string& path) {
+  const fs::path p = fs::absolute(path).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec)) throw IoError(fmt::format("{}: {} exists and is not a directory", key, path));
+  fs::path existing = p;
+  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path()) existing = existing.parent_path();
+  if (!fs::is_directory(existing, ec))
+    throw IoError(fmt::format("{}: cannot create {}: {} is not a directory", key, path, existing.string()));
+  const fs::path probe = existing / fmt::format(".shardtrain-check-{}", ::getpid());
+  if (!fs::create_directory(probe, ec) || ec)
+    throw IoError(fmt::format("{}: cannot {} {}: {} is not writable{}", key, existing == p ? "write into" : "create", path, existing.string(),
+                              ec ? fmt::format(" ({})", ec.message()) : std::string()));
+  fs::remove(probe, ec);
+}
+
+std::string count(double n) { return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6) : fmt::format("{:.0f}", n); }
+
+int run_check(const CheckOptions& o) {
+  Report report;
+  std::vector<std::string> notes;
+  std::string source;
+  train::TrainConfig c;
+  std::printf("check: %s\n", o.args.config.c_str());
+  if (!report.run("config", [&] { c = o.args.resolve(notes, source); })) {
+    log::error("check: the config does not resolve; nothing else was checked");
+    return static_cast<int>(report.first());
+  }
+  for (const auto& n : notes) report.note("config", n);
+  report.run("config", [&] {
+    const model::ModelSpec spec(c.model);
+    report.ok("config", fmt::format("{}: model {} parameters ({} layers, hidden {}), {}, seq_len {}, global batch {}", source,
+                                    count(static_cast<double>(spec.num_params())), c.model.num_hidden_layers, c.model.hidden_size,
+                                    sharding_strategy_name(c.fsdp.engine.strategy), c.data.seq_len, c.data.global_batch_size));
+  });
+
+  // The mesh and batch of the allocation, when it is known; the data checks below count for its world size.
+  int world = 1;
+  if (o.gpus_per_node > 0) {
+    world = o.nodes * o.gpus_per_node;
+    report.run("world", [&] {
+      c.validate_for_world(world, o.nodes);
+      report.ok("world", fmt::format("{} node(s) x {} ranks: micro-batch {} x {} accumulation step(s) per rank = {} sequences per step",
+                                     o.nodes, o.gpus_per_node, c.micro_batch_size_for(world), c.accumulation_steps_for(world),
+                                     c.data.global_batch_size));
+    });
+  } else {
+    report.note("world", "not checked (give --nodes and --gpus-per-node for an allocation)");
+  }
+
+  // The datasets and what the run makes of them.
+  std::vector<data::MixtureComponent> sources;
+  int64_t total_steps = 0;
+  const bool data_ok = report.run("data", [&] {
+    sources = train::open_data_sources(c);
+    const data::MixedSource mix(sources, data::DatasetSplit::Train, c.data.layout, c.data.seq_len, c.data.seed, c.data.shuffle);
+    mix.require_global_batch(c.data.global_batch_size);
+    const int64_t per_epoch = static_cast<int64_t>(mix.num_samples() / static_cast<size_t>(c.data.global_batch_size));  // drop_last
+    total_steps = train::planned_steps(c, per_epoch);
+    const double tokens = static_cast<double>(total_steps) * c.data.global_batch_size * c.data.seq_len;
+    report.ok("data", fmt::format("{}: {} training samples ({}, seq_len {}) = {} steps per epoch; the run: {} steps, {} tokens, {:.3g} epochs",
+                                  c.data.describe(), mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch,
+                                  total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
+    if (mix.size() > 1)
+      for (size_t k = 0; k < mix.size(); ++k)
+        report.note("data", fmt::format("{}: weight {:.4g}, {} of the epoch's samples; it holds {}, each seen {:.3g} times per epoch",
+                                        mix.dataset(k).path(), mix.weight(k), mix.samples_per_epoch(k), mix.source_samples(k),
+                                        static_cast<double>(mix.samples_per_epoch(k)) / static_cast<double>(mix.source_samples(k))));
+  });
+  if (data_ok && c.schedule.eval_batches > 0) {
+    // As the trainer decides: a source whose validation split holds less than one evaluation batch
+    // (micro-batch x world) has no validation loss. Said, not failed: the run goes on without it.
+    int64_t eval_batch = c.data.global_batch_size;
+    try {
+      eval_batch /= c.accumulation_steps_for(world);
+    } catch (const Error&) {  // the world check above said why
+    }
+    for (const auto& s : sources) {
+      size_t samples = 0;
+      try {
+        samples = data::SampleSource(*s.dataset, data::DatasetSplit::Validation, c.data.layout, c.data.seq_len).num_samples();
+      } catch (const DataError&) {
+      }
+      if (samples < static_cast<size_t>(eval_batch))
+        report.note("validation", fmt::format("{}: {} validation samples, fewer than one evaluation batch of {}: no validation loss from it",
+                                              s.dataset->path(), samples, eval_batch));
+      else
+        report.ok("validation", fmt::format("{}: {} samples, {} evaluation batch(es) of {}", s.dataset->path(), samples,
+                                            std::min<int64_t>(c.schedule.eval_batches, static_cast<int64_t>(samples) / eval_batch), eval_batch));
+    }
+  }
+  if (data_ok && o.verify_data) {
+    for (const auto& s : sources)
+      report.run("verify", [&] {
+        const uint64_t blocks = data::verify_dataset(*s.dataset, false);
+        report.ok("verify", fmt::format("{}: {} checksum block(s) read, every id below {}", s.dataset->path(), blocks, s.dataset->info().vocab_size));
+      });
+  }
+
+  // The checkpoint the run would resume from, read as the run would: complete, this model, this tokenizer.
+  const std::string& run_dir = c.logging.run_dir;
+  const std::string ckpt_dir = c.checkpoint.dir.empty() && run_dir.empty() ? std::string() : train::checkpoint_dir_for(c, run_dir);
+  report.run("resume", [&] {
+    if (c.checkpoint.resume.empty()) {
+      report.ok("resume", "off (checkpoint.resume is empty): the run starts at step 0");
+      return;
+    }
+    if (ckpt_dir.empty() && c.checkpoint.resume == "auto") {
+      report.ok("resume", "auto, in a new run directory (logging.run_dir and checkpoint.dir are empty): the run starts at step 0");
+      return;
+    }
+    const std::string path = train::resolve_resume_path(c.checkpoint.resume, ckpt_dir);
+    if (path.empty()) {
+      report.ok("resume", fmt::format("auto: no complete checkpoint in {} yet: the run starts at step 0", ckpt_dir));
+      return;
+    }
+    checkpoint::CheckpointReader reader(path);
+    checkpoint::check_same_model(reader.model_config(), c.model, path);
+    if (!sources.empty()) train::check_resume_tokenizer(reader, *sources.front().dataset);
+    const train::TrainerState state = train::trainer_state_from_json(reader.trainer_state(), path);
+    std::string left = total_steps > 0 ? fmt::format("; {} of {} steps left", std::max<int64_t>(0, total_steps - state.step), total_steps)
+                                       : std::string();
+    report.ok("resume", fmt::format("{}: step {}, {} tokens seen, {}{}", path, state.step, count(static_cast<double>(state.tokens_seen)),
+                                    reader.has_optimizer() ? "with the AdamW states" : "weights only (a full checkpoint: AdamW starts over)",
+                                    left));
+    if (total_steps > 0 && state.step >= total_steps)
+      report.note("resume", fmt::format("the run has taken its {} steps already: it would save nothing new and stop at once "
+                                        "(raise schedule.max_steps to train on)", total_steps));
+    if (!sources.empty()) {
+      const std::string change = train::resume_data_change(reader, sources);
+      if (!change.empty()) report.note("resume", change);
+    }
+    if (o.verify_checkpoint) {
+      const int64_t n = reader.verify_checksums();
+      report.ok("resume", fmt::format("{}: {} elements read, every chunk's checksum verified", path, n));
+    }
+  });
+
+  // Where the run writes: nothing is created here.
+  report.run("outputs", [&] {
+    if (run_dir.empty()) {
+      require_writable("logging.runs_root", c.logging.runs_root);
+    } else {
+      require_writable("logging.run_dir", run_dir);
+    }
+    if (!ckpt_dir.empty()) require_writable("checkpoint.dir", ckpt_dir);
+    report.ok("outputs", fmt::format("{} and {} can be written",
+                                     run_dir.empty() ? fmt::format("a new run directory under {}", c.logging.runs_root) : run_dir,
+                                     ckpt_dir.empty() ? std::string("its checkpoints directory") : ckpt_dir));
+  });
+
+  if (report.problems() > 0) {
+    log::error("check: {} problem(s); the run would stop on the first ({})", report.problems(), exit_code_name(report.first()));
+    return static_cast<int>(report.first());
+  }
+  std::printf("check: ok\n");
+  return 0;
+}
+
+}  // namespace
+
+Command add_check_command(CLI::App& parent) {
+  auto o = std::make_shared<CheckOptions>();
+  Command c;
+  c.app = parent.add_subcommand("check", "preflight a training run offline: the same options as train; config, mesh, data, resume, outputs");
+  o->args.add_to(c.app);
+  c.app->add_option("--nodes", o->nodes, "nodes of the allocation (with --gpus-per-node)")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node of the allocation: checks the mesh and batch for it")
+      ->check(CLI::PositiveNumber);
+  c.app->add_flag("--verify-data", o->verify_data, "read every token of the datasets now: each block's checksum and ids");
+  c.app->add_flag("--verify-checkpoint", o->verify_checkpoint, "read the checkpoint to resume from whole: every chunk's checksum");
+  c.app->footer("Exit code: 0 when the run can start; otherwise the first problem's (docs/exit-codes.md), every problem listed.");
+  c.launch = Launch::Offline;
+  c.run = [o](Runtime*) { return run_check(*o); };
+  return c;
+}
+
+}  // namespace shardtrain::cli

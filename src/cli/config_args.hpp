@@ -1,0 +1,29 @@
+// The options that make a run's configuration, shared by `train` and `check` so that both read the same
+// command line the same way: --config, the seeds' --fsdp-config / --accelerate-config, --resume, and one
+// --section.key option per config field.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/train/config.hpp"
+
+namespace shardtrain::cli {
+
+struct ConfigArgs {
+  std::string config;
+  std::string fsdp_config;
+  std::string accelerate_config;
+  std::string resume;                        // --resume: overrides checkpoint.resume
+  std::vector<std::string> override_values;  // one per config field, in config_fields() order
+  std::vector<CLI::Option*> override_options;
+
+  void add_to(CLI::App* app);
+  // TOML file < --fsdp-config / --accelerate-config < --section.key overrides < --resume; validated.
+  // `notes` gets what the seeds' files changed, `source` a description ("a.toml + 2 override(s)").
+  train::TrainConfig resolve(std::vector<std::string>& notes, std::string& source) const;
+};
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""`shardtrain check`, the offline preflight of a training run, against values computed here and against what
+`train` itself does. The dataset is byte-level (no merges: one token per byte), so its sample counts follow
+from the texts. Checked: the run's length (steps per epoch, steps, epochs) for max_steps, epochs and
+max_tokens; the mesh and batch of an allocation; every problem of a command line reported in one call with
+the first one's exit code; a damaged block found by --verify-data and by nothing less; the checkpoint
+`--resume auto` would load (its step, the steps left) and its refusals (another model, another tokenizer, a
+path that is no checkpoint); output directories that cannot be made; and that check creates nothing. Where
+the run itself would stop (a model that does not match the checkpoint, data too small for one batch), the
+same command under mpirun stops with the same exit code and message."""
+import os
+import struct
+import subprocess
+import sys
+import json
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = args.shardtrain
+
+# Documents of known lengths; ASCII, so one token per byte.
+lengths = [300 + 37 * i for i in range(40)]
+corpus = os.path.join(work, "corpus")
+os.makedirs(corpus)
+for i, n in enumerate(lengths):
+    with open(os.path.join(corpus, f"doc_{i:02d}.txt"), "w") as f:
+        f.write("".join(chr(97 + (i * 5 + k * 3) % 26) for k in range(n)))
+tok, ds = os.path.join(work, "bytes.json"), os.path.join(work, "bytes.h5")
+subprocess.run([st, "tokenizer", "train", "--input", corpus, "--vocab-size", "260", "--min-frequency", "1000000000", "--output", tok,
+                "--log-level", "error"], check=True)
+subprocess.run([st, "prepare-data", "-t", tok, "-i", corpus, "-o", ds, "--validation-fraction", "0.1", "--log-level", "warn"], check=True)
+# The same texts with another tokenizer (a BPE with merges): a checkpoint trained on `ds` must refuse it.
+tok2, ds2 = os.path.join(work, "bpe.json"), os.path.join(work, "bpe.h5")
+subprocess.run([st, "tokenizer", "train", "--input", corpus, "--vocab-size", "300", "--output", tok2, "--log-level", "error"], check=True)
+subprocess.run([st, "prepare-data", "-t", tok2, "-i", corpus, "-o", ds2, "--validation-fraction", "0.1", "--log-level", "warn"], check=True)
+
+SEQ, GB = 32, 8
+config = os.path.join(work, "run.toml")
+with open(config, "w") as f:
+    f.write(f"""[model]
+vocab_size = 300
+max_position_embeddings = 64
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 2
+num_attention_heads = 2
+num_key_value_heads = 1
+
+[schedule]
+warmup_steps = 1
+max_steps = 40
+eval_every = 0
+eval_batches = 2
+
+[data]
+path = "{ds}"
+seq_len = {SEQ}
+global_batch_size = {GB}
+
+[logging]
+progress = "lines"
+peak_flops = 1e10
+""")
+
+info = json.loads(subprocess.run([st, "dataset", "info", ds, "--seq-len", str(SEQ), "--json"], capture_output=True, text=True,
+                                 check=True).stdout)["datasets"][0]
+samples = info["train"]["packed"]["samples"]
+val_samples = info["validation"]["packed"]["samples"]
+per_epoch = samples // GB
+big = (samples // 2 + 1) * 2  # a global batch larger than the data that 2 ranks can split
+
+
+def run_check(*extra):
+    return subprocess.run([st, "check", "--config", config, *extra], capture_output=True, text=True)
+
+
+def line(r, what):
+    """The report's lines for one check, e.g. line(r, "data")."""
+    return [l.strip() for l in r.stdout.splitlines() if l.strip().startswith(what + " ")]
+
+
+# ---- the run's length, from the data --------------------------------------------------------------------
+r = run_check()
+check(r.returncode == 0 and r.stdout.rstrip().endswith("check: ok"), f"a good run: exit {r.returncode}: {r.stdout} {r.stderr}")
+data = " ".join(line(r, "data"))
+check(f"{samples} training samples (packed, seq_len {SEQ}) = {per_epoch} steps per epoch; the run: 40 steps, "
+      f"{40 * GB * SEQ} tokens, {40 / per_epoch:.3g} epochs" in data, f"data line: {data} (expected {samples} samples)")
+check(line(r, "world") == ["world      note: not checked (give --nodes and --gpus-per-node for an allocation)"], f"world: {line(r, 'world')}")
+check(f"{val_samples} samples, 2 evaluation batch(es) of {GB}" in " ".join(line(r, "validation")), f"validation: {line(r, 'validation')}")
+check("off (checkpoint.resume is empty)" in " ".join(line(r, "resume")), f"resume: {line(r, 'resume')}")
+r = run_check("--schedule.max_steps", "0", "--schedule.epochs", "2")
+check(f"the run: {2 * per_epoch} steps" in " ".join(line(r, "data")), f"epochs = 2: {line(r, 'data')}")
+r = run_check("--schedule.max_tokens", str(5 * GB * SEQ + 1))
+check("the run: 6 steps" in " ".join(line(r, "data")), f"max_tokens just over 5 steps: {line(r, 'data')}")
+
+# ---- an allocation: its mesh and batch ------------------------------------------------------------------
+r = run_check("--nodes", "2", "--gpus-per-node", "2", "--data.micro_batch_size", "1")
+check(r.returncode == 0 and "2 node(s) x 2 ranks: micro-batch 1 x 2 accumulation step(s) per rank = 8 sequences per step"
+      in " ".join(line(r, "world")), f"2 x 2 with micro-batch 1: {r.stdout}")
+check(f"{val_samples} samples, 2 evaluation batch(es) of 4" in " ".join(line(r, "validation")),
+      f"an evaluation batch is micro-batch x world: {line(r, 'validation')}")
+r = run_check("--nodes", "1", "--gpus-per-node", "3")
+check(r.returncode == 3 and "data.global_batch_size: 8 sequences cannot be split evenly over 3 ranks" in " ".join(line(r, "world")),
+      f"3 ranks: exit {r.returncode}: {r.stdout}")
+check(r.stdout.count(" ok: ") >= 4, f"the other checks still ran: {r.stdout}")
+
+# ---- several problems in one call: each named, the first one's exit code --------------------------------
+r = run_check("--data.path", os.path.join(work, "missing.h5"), "--checkpoint.dir", "/proc/shardtrain-check", "--resume", "auto")
+check(r.returncode == 4, f"missing data + unwritable checkpoints: exit {r.returncode}, expected 4 (data, the first): {r.stdout} {r.stderr}")
+check("missing.h5" in " ".join(line(r, "data")) and "FAILED" in " ".join(line(r, "data")), f"data named: {line(r, 'data')}")
+check("checkpoint.dir: cannot create /proc/shardtrain-check" in " ".join(line(r, "outputs")), f"outputs named: {line(r, 'outputs')}")
+check("2 problem(s)" in r.stderr, f"the count of problems: {r.stderr}")
+r = run_check("--model.vocab_size", "200")
+check(r.returncode == 3 and "model.vocab_size: 200 is smaller than the vocabulary" in r.stdout, f"vocab 200: {r.returncode} {r.stdout}")
+r = run_check("--data.global_batch_size", str(big))
+check(r.returncode == 4 and f"the train split has {samples} samples of {SEQ} tokens, fewer than one global batch of {big}" in r.stdout,
+      f"a batch larger than the data: {r.returncode} {r.stdout}")
+r = run_check("--model.num_attention_heads", "3")
+check(r.returncode == 3 and "nothing else was checked" in r.stderr and "data " not in r.stdout, f"a config that does not resolve: {r.stdout} {r.stderr}")
+
+# ---- --verify-data: a damaged block (an id that stays inside the vocabulary: only the checksum tells) ------
+raw = bytearray(open(ds, "rb").read())
+enc = json.loads(subprocess.run([st, "tokenizer", "encode", "-t", tok, "--json", "--text", "".join(chr(97 + (k * 3) % 26) for k in range(8))],
+                                capture_output=True, text=True, check=True).stdout)
+first = enc["ids"] if isinstance(enc, dict) else enc
+at = raw.find(struct.pack("<8I", *first))
+check(at > 0, "the first document's ids are in the file")
+damaged = os.path.join(work, "damaged.h5")
+raw[at + 4] ^= 0x01
+open(damaged, "wb").write(raw)
+r = run_check("--data.path", damaged)
+check(r.returncode == 0, f"without --verify-data the damage goes unseen (the run would stop on it when it reads it): {r.stdout} {r.stderr}")
+r = run_check("--data.path", damaged, "--verify-data")
+check(r.returncode == 4 and damaged in " ".join(line(r, "verify")) and "checksum" in " ".join(line(r, "verify")),
+      f"--verify-data finds it: exit {r.returncode}: {r.stdout}")
+r = run_check("--verify-data")
+check(r.returncode == 0 and f"{ds}: 1 checksum block(s) read, every id below 259" in " ".join(line(r, "verify")), f"intact: {r.stdout}")
+
+# ---- resume: the checkpoint --resume auto would load ------------------------------------------------------
+run_dir = os.path.join(work, "run")
+train = [args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", config, "--logging.run_dir", run_dir]
+t = subprocess.run([*train, "--schedule.max_steps", "6", "--checkpoint.every_n_steps", "3", "--log-level", "warn"], capture_output=True,
+                   text=True, timeout=300)
+check(t.returncode == 0, f"the training run that leaves checkpoints: {t.stderr[-1500:]}")
+ckpt6 = os.path.join(run_dir, "checkpoints", "step_00000006")
+r = run_check("--logging.run_dir", run_dir, "--resume", "auto", "--verify-checkpoint")
+res = " ".join(line(r, "resume"))
+check(r.returncode == 0 and f"{ckpt6}: step 6, {6 * GB * SEQ} tokens seen, with the AdamW states; 34 of 40 steps left" in res,
+      f"resume auto: {r.stdout} {r.stderr}")
+check("elements read, every chunk's checksum verified" in res, f"--verify-checkpoint: {res}")
+r = run_check("--logging.run_dir", run_dir, "--resume", "auto", "--schedule.max_steps", "6")
+check(r.returncode == 0 and "the run has taken its 6 steps already" in " ".join(line(r, "resume")), f"nothing left: {r.stdout}")
+r = run_check("--logging.run_dir", run_dir, "--resume", os.path.join(run_dir, "checkpoints", "step_00000003"))
+check(r.returncode == 0 and "step_00000003: step 3," in " ".join(line(r, "resume")), f"an explicit checkpoint: {r.stdout}")
+r = run_check("--logging.run_dir", run_dir, "--resume", os.path.join(work, "no-such-checkpoint"))
+check(r.returncode == 5 and "no-such-checkpoint" in " ".join(line(r, "resume")), f"no checkpoint there: {r.returncode} {r.stdout}")
+r = run_check("--logging.run_dir", run_dir, "--resume", "auto", "--data.path", ds2, "--data.global_batch_size", "2")
+check(r.returncode == 5 and "trained with tokenizer" in " ".join(line(r, "resume")), f"another tokenizer: {r.returncode} {r.stdout}")
+r = run_check("--logging.run_dir", run_dir, "--resume", "auto", "--model.num_hidden_layers", "3")
+message = "the checkpoint's model has num_hidden_layers = 2, the configured model 3"
+check(r.returncode == 5 and message in " ".join(line(r, "resume")), f"another model: {r.returncode} {r.stdout}")
+
+# The run itself stops on the same problems, with the same exit code and message.
+t = subprocess.run([*train, "--resume", "auto", "--model.num_hidden_layers", "3"], capture_output=True, text=True, timeout=300)
+check(t.returncode == 5 and message in t.stderr, f"train agrees on the model: exit {t.returncode}: {t.stderr[-1500:]}")
+t = subprocess.run([*train, "--data.global_batch_size", str(big)], capture_output=True, text=True, timeout=300)
+check(t.returncode == 4 and f"fewer than one global batch of {big}" in t.stderr,
+      f"train agrees on data too small for a batch: exit {t.returncode}: {t.stderr[-1500:]}")
+
+# ---- outputs: what cannot be made is named; check itself makes nothing -------------------------------------
+r = run_check("--logging.run_dir", config)
+check(r.returncode == 8 and f"logging.run_dir: {config} exists and is not a directory" in " ".join(line(r, "outputs")),
+      f"run_dir is a file: {r.returncode} {r.stdout}")
+fresh = os.path.join(work, "fresh", "run")
+r = run_check("--logging.run_dir", fresh, "--resume", "auto")
+check(r.returncode == 0 and not os.path.exists(os.path.join(work, "fresh")), f"check created {fresh}: {r.stdout}")
+check(f"auto: no complete checkpoint in {fresh}/checkpoints yet" in " ".join(line(r, "resume")), f"a fresh run: {line(r, 'resume')}")
+check(not [n for n in os.listdir(work) if n.startswith(".shardtrain-check")], "the writability probes are removed")
+
+check.finish("all check checks passed")
