@@ -154,6 +154,39 @@ st_requeue_or_exit() {
   exit "$ST_EXIT"
 }
 
+# st_run_args: the run's command line after `train` (or `check`), from the variables the script set: CONFIG,
+# RUN_DIR, CHECKPOINT_DIR, STRATEGY, SHARD_SIZE, TRAIN_ARGS. Sets the array ST_RUN_ARGS.
+st_run_args() {
+  ST_RUN_ARGS=(--config "$CONFIG" --ranks-per-node "${ST_RANKS_PER_NODE:-1}" --logging.run_dir "$RUN_DIR"
+    --checkpoint.dir "$CHECKPOINT_DIR" --resume auto)
+  [[ -n "${STRATEGY:-}" ]] && ST_RUN_ARGS+=(--fsdp.strategy "$STRATEGY")
+  [[ -n "${SHARD_SIZE:-}" ]] && ST_RUN_ARGS+=(--fsdp.shard_size "$SHARD_SIZE")
+  # shellcheck disable=SC2206  # TRAIN_ARGS is a list of words on purpose
+  ST_RUN_ARGS+=(${TRAIN_ARGS:-})
+}
+
+# st_check_run CMD...: `shardtrain check` with the run's own command line (offline, seconds): the config,
+# the mesh and batch of this allocation, the datasets, the checkpoint --resume auto would load, the output
+# directories. Its report goes to the job's log. On a job's first start (not a requeue) it also reads every
+# block of the data, so damage stops the job now rather than hours in: VERIFY_DATA=auto (the default),
+# 1 (every start) or 0 (never; a large dataset on a slow file system). A problem ends the job with check's
+# exit code, before any rank starts.
+st_check_run() {
+  local out rc verify=()
+  case "${VERIFY_DATA:-auto}" in
+    auto) ((${SLURM_RESTART_COUNT:-0} == 0)) && verify=(--verify-data) ;;
+    1) verify=(--verify-data) ;;
+    0) ;;
+    *) st_die 3 "VERIFY_DATA=$VERIFY_DATA: expected auto, 1 or 0" ;;
+  esac
+  out=$("$@" "${verify[@]}" 2>&1)
+  rc=$?
+  printf '%s\n' "$out" | sed -n 's/^  //p' | while IFS= read -r line; do st_log "check: $line"; done
+  if ((rc != 0)); then
+    st_die "$rc" "the preflight (shardtrain check) stopped the job: $(printf '%s\n' "$out" | grep -m1 'FAILED: ' | sed 's/.*FAILED: //')"
+  fi
+}
+
 # st_setup BIN_VAR: the shardtrain binary, the job's identity, and what the log should show first.
 st_setup() {
   SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
@@ -181,13 +214,11 @@ st_train_job() {
   st_check_dir RUN_DIR
   st_check_dir CHECKPOINT_DIR
 
+  st_run_args
+  st_check_run "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" --nodes "$SLURM_JOB_NUM_NODES" --gpus-per-node "$ST_RANKS_PER_NODE"
+
   local train launch
-  train=("$SHARDTRAIN_BIN" train --config "$CONFIG" --ranks-per-node "$ST_RANKS_PER_NODE" --logging.run_dir "$RUN_DIR"
-    --checkpoint.dir "$CHECKPOINT_DIR" --resume auto --logging.progress lines)
-  [[ -n "$STRATEGY" ]] && train+=(--fsdp.strategy "$STRATEGY")
-  [[ -n "$SHARD_SIZE" ]] && train+=(--fsdp.shard_size "$SHARD_SIZE")
-  # shellcheck disable=SC2206  # TRAIN_ARGS is a list of words on purpose
-  train+=($TRAIN_ARGS)
+  train=("$SHARDTRAIN_BIN" train "${ST_RUN_ARGS[@]}" --logging.progress lines)
   case "$LAUNCHER" in
     # --kill-on-bad-exit: a rank that dies ends the whole step at once instead of leaving the others waiting.
     srun) launch=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$ST_RANKS_PER_NODE") ;;

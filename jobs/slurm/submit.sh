@@ -12,12 +12,33 @@ shift || true
 export RUN_DIR=${RUN_DIR:-runs/$(basename "${CONFIG%.*}")-$(date +%Y%m%d-%H%M%S)}
 export CHECKPOINT_DIR=${CHECKPOINT_DIR:-$RUN_DIR/checkpoints}
 export OUTPUT=${OUTPUT:-$RUN_DIR/hf}
-train=$(sbatch --parsable "$@" "$script")
-train=${train%%;*}
+
+# The preflight, here on the login node and before the queue wait: `shardtrain check` with the run's own
+# command line (offline, seconds). A typo, a missing dataset, a checkpoint of another model or a directory
+# that cannot be made is reported now, not after the job has waited for its nodes. The job checks again when
+# it starts, with its allocation's mesh and the data's checksums. PREFLIGHT=0 submits without it.
+SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-$PWD}
+SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
+if [[ "${PREFLIGHT:-1}" != 0 ]]; then
+  [[ -x "$SHARDTRAIN_BIN" ]] ||
+    { echo "error: SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)" >&2; exit 3; }
+  # shellcheck source=jobs/slurm/lib.sh
+  source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
+  [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
+  st_run_args
+  rc=0
+  "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" >&2 || rc=$?
+  if ((rc != 0)); then
+    echo "error: not submitted: shardtrain check found the problem(s) above (exit $rc; PREFLIGHT=0 submits anyway)" >&2
+    exit "$rc"
+  fi
+fi
+train_job=$(sbatch --parsable "$@" "$script")
+train_job=${train_job%%;*}
 mkdir -p "$RUN_DIR"
-consolidate=$(sbatch --parsable --dependency="afterok:$train" --kill-on-invalid-dep=yes \
+consolidate=$(sbatch --parsable --dependency="afterok:$train_job" --kill-on-invalid-dep=yes \
   --output="$RUN_DIR/consolidate-%j.out" jobs/slurm/consolidate.sbatch)
 consolidate=${consolidate%%;*}
-echo "training job $train ($script), run directory $RUN_DIR"
+echo "training job $train_job ($script), run directory $RUN_DIR"
 echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
-echo "follow: squeue -j $train,$consolidate ; tail -f shardtrain-$train.out"
+echo "follow: squeue -j $train_job,$consolidate ; tail -f shardtrain-$train_job.out"

@@ -3,8 +3,10 @@
 slurmctld and two slurmd's) runs them through sbatch, as a user would.
 
 1. Bad input ends a job at once, before training: no CONFIG, a shard size the nodes cannot mesh, tasks
-   spread unevenly over the nodes, an unwritable checkpoint directory.
-2. jobs/slurm/submit.sh: HYBRID_SHARD on 2 nodes x 2 ranks (srun, PMIx) runs to completion, and the
+   spread unevenly over the nodes, an unwritable checkpoint directory, a dataset damaged on disk (the
+   preflight, `shardtrain check --verify-data`, reads every block on a job's first start).
+2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary) is not
+   submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks (srun, PMIx) runs to completion, and the
    consolidation job it queued behind (afterok) writes a Hugging Face directory.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
@@ -32,6 +34,11 @@ if os.geteuid() != 0:
 check = clitest.Checks()
 work = clitest.fresh_workdir(args)
 tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
+# A copy with one bit flipped half-way through the file (inside the tokens, which are most of it).
+damaged = os.path.join(work, "damaged.h5")
+raw = bytearray(open(ds, "rb").read())
+raw[len(raw) // 2] ^= 0x01
+open(damaged, "wb").write(raw)
 
 STEPS = 24
 TRAIN_ARGS = " ".join([
@@ -90,6 +97,8 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
         ("uneven", [*sbatch_opts("uneven"), "--ntasks=3"], {}, 3, "3 tasks on 2 nodes is not 2 per node"),
         ("bad-ckpt-dir", sbatch_opts("bad-ckpt-dir"), dict(CHECKPOINT_DIR="/proc/shardtrain-checkpoints"), 8,
          "CHECKPOINT_DIR=/proc/shardtrain-checkpoints: cannot create"),
+        ("damaged-data", sbatch_opts("damaged-data"), dict(TRAIN_ARGS=TRAIN_ARGS.replace(ds, damaged)), 4,
+         f"the preflight (shardtrain check) stopped the job: data error: {damaged}"),
     ]
     bad_jobs = []
     for name, opts, extra, _, _ in bad_cases:
@@ -101,7 +110,18 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
         check(message in out, f"{name}: the output names the problem ({message!r}): {out[-800:]}")
         check("running:" not in out and not losses(os.path.join(work, name)), f"{name}: training started: {out[-800:]}")
 
-    # ---- 2. submit.sh: training on 2 nodes (HYBRID_SHARD, srun) and the dependent consolidation ----------
+    # ---- 2. submit.sh: refused before the queue; then training on 2 nodes (HYBRID_SHARD, srun) and the
+    # dependent consolidation ----------------------------------------------------------------------------
+    bad_dir = os.path.join(work, "not-submitted")
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("not-submitted")], cwd=args.source,
+                       env=dict(job_env(RUN_DIR=bad_dir, TRAIN_ARGS=TRAIN_ARGS.replace("--model.vocab_size 512", "--model.vocab_size 100")), SLURM_CONF=slurm.conf),
+                       capture_output=True, text=True)
+    check(p.returncode == 3 and "not submitted" in p.stderr and "model.vocab_size: 100 is smaller than the vocabulary" in p.stderr,
+          f"submit.sh with a model smaller than the vocabulary: exit {p.returncode}: {p.stderr[-1500:]}")
+    queued = subprocess.run(["squeue", "-h", "-n", "not-submitted"], env=dict(os.environ, SLURM_CONF=slurm.conf), capture_output=True, text=True)
+    check(queued.returncode == 0 and queued.stdout.strip() == "" and "training job" not in p.stdout and not os.path.exists(bad_dir),
+          f"nothing was queued or created: {queued.stdout} {p.stdout}")
+
     ref_dir = os.path.join(work, "reference")
     p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("reference")],
                        cwd=args.source, env=dict(job_env(RUN_DIR=ref_dir), SLURM_CONF=slurm.conf), capture_output=True, text=True)
@@ -118,6 +138,8 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
               f"reference job: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}")
         check("mesh: 2 node(s) x 2 ranks per node, strategy HYBRID_SHARD" in out, f"the mesh is logged at start: {out[:1500]}")
         check("mesh 2 x 2" in out, f"training reports the 2 x 2 mesh: {out[-2500:]}")
+        check("check: world      ok: 2 node(s) x 2 ranks" in out and "check: verify     ok: " in out,
+              f"the job's preflight checked the allocation and read the data: {out[:3000]}")
         info = slurm.wait(consolidate_job, timeout=200)
         hf = os.path.join(ref_dir, "hf")
         check(info.get("JobState") == "COMPLETED" and os.path.exists(os.path.join(hf, "config.json")) and
@@ -139,6 +161,8 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
     check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and info.get("Restarts") == "1",
           f"preempted job: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')}: {out[-2500:]}")
     check("requeueing job" in out and "restart 1" in out, f"the job requeued itself and ran again: {out[-2500:]}")
+    check(out.count("check: verify     ok: ") == 1 and re.search(r"check: resume     ok: \S+step_\d+: step \d+", out) is not None,
+          f"the restart's preflight found the checkpoint and did not read the data again: {out[-4000:]}")
     m = re.search(r"resumed from \S+ at step (\d+)", out)
     check(m is not None and int(m.group(1)) >= 11, f"the requeued run resumed from the checkpoint saved on the signal: {out[-2500:]}")
     resumed = losses(pre_dir)
