@@ -3,7 +3,7 @@
 # tokenizer on it, prepare the dataset, train configs/tiny-cpu.toml on 2 ranks with FULL_SHARD for about
 # a minute (the loss falls from ~8.4 to ~5.4) with checkpoints, plot the metrics, consolidate the last
 # checkpoint into a Hugging Face directory, sample text from it, and say where everything is.
-# Extra arguments go to `shardtrain train` (e.g. --schedule.max_steps 50).
+# Extra arguments go to `shardtrain check` and `shardtrain train` (e.g. --schedule.max_steps 50).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$ROOT"
@@ -36,6 +36,9 @@ if [[ ! -f data/moby-bpe4k.h5 || "$tokenizer" -nt data/moby-bpe4k.h5 ]]; then
 fi
 
 run_dir="runs/tiny-cpu-$(date +%Y%m%d-%H%M%S)"
+say "the preflight: the run's own command line checked offline (mesh, data read whole, outputs)"
+"$bin" check --config configs/tiny-cpu.toml --data.path "$dataset" --logging.run_dir "$run_dir" --nodes 1 --gpus-per-node 2 \
+  --verify-data "$@"
 say "training configs/tiny-cpu.toml on 2 ranks, FULL_SHARD (about a minute on 2 cores)"
 # Under mpirun the ranks' stdout is a pseudo-terminal even when this script's output goes to a file,
 # so the progress style follows this script's own stdout: a bar on a terminal, plain lines in a log.
