@@ -211,10 +211,14 @@ struct Encoder::State {
     if (gap < n) split(stage + 1, text.substr(gap), out);
   }
 
-  void encode_text(std::string_view text, std::vector<TokenId>& out) {
+  // `first`: the segment starts the input (no special token before it).
+  void encode_text(std::string_view text, std::vector<TokenId>& out, bool first) {
     if (text.empty()) return;
     if (model->byte_fallback) {  // SentencePiece style: spaces (and U+2581 itself) are the vocabulary's U+2581
-      std::string owned = model->prepend_space ? " " : "";
+      const bool spaced = text.front() == ' ' || text.substr(0, 3) == "\u2581";
+      const bool prepend = model->prepend_space && (first || !model->prepend_first_segment_only) &&
+                           !(spaced && model->prepend_unless_spaced);
+      std::string owned = prepend ? " " : "";
       owned.reserve(text.size() + 1);
       for (size_t i = 0; i < text.size();) {
         if (text.substr(i, 3) == "\u2581") {
@@ -223,6 +227,17 @@ struct Encoder::State {
         } else {
           owned.push_back(text[i++]);
         }
+      }
+      if (model->split_at_spaces) {  // Metaspace's split: a piece begins at every space
+        const std::string_view t(owned);
+        size_t begin = 0;
+        for (size_t i = 1; i <= t.size(); ++i) {
+          if (i == t.size() || t[i] == ' ') {
+            encode_word(t.substr(begin, i - begin), out);
+            begin = i;
+          }
+        }
+        return;
       }
       if (!model->words_are_exact) {
         symbols.clear();
@@ -282,7 +297,7 @@ std::vector<TokenId> Encoder::encode(std::string_view text, SpecialTokenMode mod
 void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode) {
   const auto& specials = state_->model->specials;
   if (mode == SpecialTokenMode::AsText || specials.empty()) {
-    state_->encode_text(text, out);
+    state_->encode_text(text, out, true);
     return;
   }
   // Leftmost special token wins; among those starting at the same byte, the longest (specials are sorted).
@@ -295,11 +310,11 @@ void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, Sp
       if (at < best) best = at, hit = &s;
     }
     if (!hit) break;
-    state_->encode_text(text.substr(pos, best - pos), out);
+    state_->encode_text(text.substr(pos, best - pos), out, pos == 0);
     out.push_back(hit->id);
     pos = best + hit->content.size();
   }
-  if (pos < text.size()) state_->encode_text(text.substr(pos), out);
+  if (pos < text.size()) state_->encode_text(text.substr(pos), out, pos == 0);
 }
 
 size_t Encoder::cache_size() const { return state_->cache.size(); }

@@ -236,8 +236,35 @@ void apply_sentencepiece_normalizer(TokenizerModel& m, const json& n, const std:
   }
   if (!replaces)
     throw DataError(fmt::format("{}: a byte_fallback BPE needs the normalizer Replace(' ' -> \u2581) (spaces as the "
-                                "vocabulary writes them); a Metaspace pre_tokenizer is not supported",
+                                "vocabulary writes them), or a Metaspace pre_tokenizer",
                                 where));
+}
+
+// The newer layout of the same tokenizers: no normalizer and a Metaspace pre_tokenizer that writes spaces as
+// \u2581 and adds one in front by its prepend_scheme ("always", "first": only before the first special token,
+// "never"; older files say add_prefix_space instead), never to a segment that already starts with one; with
+// split (the default) every \u2581 starts a new piece.
+void apply_metaspace(TokenizerModel& m, const json& pre, const json& normalizer, const std::string& where) {
+  if (!normalizer.is_null())
+    throw DataError(fmt::format("{}: normalizer '{}' together with a Metaspace pre_tokenizer is not supported for a byte_fallback "
+                                "BPE (expected no normalizer)",
+                                where, normalizer.value("type", "?")));
+  if (pre.value("replacement", std::string(kSpaceMark)) != kSpaceMark)
+    throw DataError(fmt::format("{}: Metaspace replacement '{}' is not supported (expected \u2581)", where, pre.value("replacement", "")));
+  std::string scheme;
+  if (pre.contains("prepend_scheme")) {
+    scheme = pre.value("prepend_scheme", "");
+    if (scheme != "always" && scheme != "first" && scheme != "never")
+      throw DataError(fmt::format("{}: Metaspace prepend_scheme '{}': expected always, first or never", where, scheme));
+    if (pre.contains("add_prefix_space") && pre["add_prefix_space"].is_boolean() && !pre["add_prefix_space"].get<bool>() && scheme != "never")
+      throw DataError(fmt::format("{}: Metaspace add_prefix_space false contradicts prepend_scheme '{}'", where, scheme));
+  } else {
+    scheme = pre.value("add_prefix_space", true) ? "always" : "never";
+  }
+  m.prepend_space = scheme != "never";
+  m.prepend_first_segment_only = scheme == "first";
+  m.prepend_unless_spaced = true;
+  m.split_at_spaces = pre.value("split", true);
 }
 
 void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model, const std::string& path) {
@@ -262,10 +289,15 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
       throw DataError(fmt::format("{}: byte_fallback is set but the vocabulary has no <0x{:02X}> token", path, b));
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const auto& t : j["added_tokens"]) m.specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
-  apply_sentencepiece_normalizer(m, j.value("normalizer", json()), path);
-  if (const json pre = j.value("pre_tokenizer", json()); !pre.is_null())
-    throw DataError(fmt::format("{}: pre_tokenizer '{}' with byte_fallback is not supported (Llama 2's has none)", path,
-                                pre.value("type", "?")));
+  if (const json pre = j.value("pre_tokenizer", json()); pre.is_object() && pre.value("type", "") == "Metaspace") {
+    apply_metaspace(m, pre, j.value("normalizer", json()), path);
+  } else if (!pre.is_null()) {
+    throw DataError(fmt::format("{}: pre_tokenizer '{}' with byte_fallback is not supported (expected none, with the normalizer "
+                                "Prepend + Replace, or Metaspace)",
+                                path, pre.value("type", "?")));
+  } else {
+    apply_sentencepiece_normalizer(m, j.value("normalizer", json()), path);
+  }
   for (const auto& s : m.specials) {
     auto it = m.bytes_to_id.find(s.content);
     if (it != m.bytes_to_id.end() && it->second == s.id) m.bytes_to_id.erase(it);

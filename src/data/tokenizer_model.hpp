@@ -52,6 +52,11 @@ struct TokenizerModel {
   // byte_ids then holds), spaces are stored as ' ' (the vocabulary's U+2581), and the text is one piece.
   bool byte_fallback = false;
   bool prepend_space = false;  // the normalizer's Prepend("\u2581"): encode adds one leading space, decode strips one
+  // A Metaspace pre_tokenizer instead of the normalizer: its prepend_scheme "first" adds the space only to the text
+  // before any special token (the segment at offset 0), and it adds none to a segment that starts with a space.
+  bool prepend_first_segment_only = false;
+  bool prepend_unless_spaced = false;
+  bool split_at_spaces = false;  // Metaspace's split: every space starts a new piece ("a\u2581\u2581b": a, \u2581, \u2581b)
   // No token of the vocabulary holds a non-space byte followed by a space, so no merge can join the text on both
   // sides of such a boundary: the text may be cut there into words, each merged (and cached) alone, exactly.
   bool words_are_exact = false;

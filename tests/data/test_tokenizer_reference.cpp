@@ -1,5 +1,6 @@
 // Tokenizer ids against independent reference implementations on ~300 KB of real text per tokenizer,
 // plus hand-made edge cases, invalid UTF-8 and random bytes (round trip).
+#include <fstream>
 #include <random>
 
 #include <fmt/format.h>
@@ -194,6 +195,97 @@ TEST(TokenizerFiles, ByteFallbackWordsOnlyWhereNoTokenSpansThem) {
   EXPECT_EQ(spanning.encode("a b"), (std::vector<TokenId>{*spanning.token_id(" "), *spanning.token_id("a b")}));
   EXPECT_EQ(spanning.decode(spanning.encode("a b")), "a b");
   EXPECT_EQ(words.encode("\xc3\xa9"), (std::vector<TokenId>{*words.token_id(" "), 1 + 0xc3, 1 + 0xa9}));  // byte fallback
+}
+
+// The newer layout of Llama 2's tokenizer.json (tokenizers 0.14 and later, legacy = false): no normalizer, and a
+// Metaspace pre_tokenizer with prepend_scheme "first". Its ids against the JavaScript reference given the same file,
+// on the real texts and edge cases; the space goes in front of the text before any special token only, and not
+// in front of text that starts with a space (which therefore does not round-trip: the decoder strips one).
+TEST(TokenizerFiles, MetaspacePreTokenizerMatchesTheReference) {
+  if (!testing::require_fetched()) return;
+  std::ifstream in(fetched_dir() / "tokenizers" / "llama2" / "tokenizer.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["normalizer"] = nullptr;
+  // add_prefix_space for the reference, which reads it (the Rust library reads prepend_scheme alone).
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}, {"prepend_scheme", "first"},
+                        {"split", false}};
+  const auto path = testing::tmp_path("llama2-metaspace.json");
+  { std::ofstream(path) << j.dump(); }
+  const Tokenizer tok = Tokenizer::load(path.string());
+  const Tokenizer legacy = Tokenizer::load((fetched_dir() / "tokenizers" / "llama2" / "tokenizer.json").string());
+  auto texts = testing::real_texts(kRealBytes / 3);
+  for (auto& t : testing::edge_texts()) texts.push_back(t);
+  texts.push_back(" one leading space");
+  const auto ref = testing::reference_ids("hf-json", texts, path.string());
+  ASSERT_EQ(ref.size(), texts.size());
+  size_t mismatched = 0, differs_from_legacy = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ids = tok.encode(texts[i]);
+    if (ids != ref[i] && ++mismatched <= 3) ADD_FAILURE() << "text " << i << " ('" << texts[i].substr(0, 40) << "') differs from the reference";
+    const bool spaced = !texts[i].empty() && texts[i].front() == ' ';
+    if (!spaced) {
+      EXPECT_EQ(tok.decode(ids), texts[i]) << "text " << i;
+      EXPECT_EQ(ids, legacy.encode(texts[i])) << "text " << i << ": the two layouts agree on text that starts with no space";
+    } else {
+      ++differs_from_legacy;
+      EXPECT_NE(ids, legacy.encode(texts[i])) << "text " << i << ": Metaspace adds no second space";
+      EXPECT_EQ(tok.decode(ids), texts[i].substr(1)) << "text " << i;
+    }
+  }
+  EXPECT_EQ(mismatched, 0u);
+  EXPECT_GE(differs_from_legacy, 2u);  // the edge case with leading spaces and the one added here
+  // Special tokens recognized: the space goes before the first segment only (the legacy layout adds it to each).
+  const std::vector<std::string> with_specials = {"Hello</s>world", "</s>world", "a</s> b</s>c"};
+  const auto ref_specials = testing::reference_ids("hf-json", with_specials, path.string());
+  ASSERT_EQ(ref_specials.size(), with_specials.size());
+  for (size_t i = 0; i < with_specials.size(); ++i)
+    EXPECT_EQ(tok.encode(with_specials[i], SpecialTokenMode::Recognize), ref_specials[i]) << with_specials[i];
+  const auto hw = tok.encode("Hello</s>world", SpecialTokenMode::Recognize);
+  const auto legacy_hw = legacy.encode("Hello</s>world", SpecialTokenMode::Recognize);
+  EXPECT_NE(hw, legacy_hw);
+  EXPECT_EQ(tok.decode(hw), "Hello</s>world");
+}
+
+// Metaspace's split (the default, and always so in older files): every space starts a piece, so merges never join
+// two spaces; without it the text is one piece. "a  b" is \u2581a\u2581\u2581b: with a merge of two spaces ranked
+// first, one piece merges to [\u2581\u2581, ...] while the split pieces \u2581a, \u2581, \u2581b cannot.
+TEST(TokenizerFiles, MetaspaceSplitStartsAPieceAtEverySpace) {
+  auto tokenizer_json = [](const nlohmann::json& pre) {
+    nlohmann::json vocab = nlohmann::json::object();
+    uint32_t id = 0;
+    vocab["<unk>"] = id++;
+    for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+    for (const char* t : {"\u2581", "a", "b", "\u2581a", "\u2581b", "\u2581\u2581"}) vocab[t] = id++;
+    nlohmann::json j = {{"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab},
+                                   {"merges", nlohmann::json::array({"\u2581 \u2581", "\u2581 a", "\u2581 b"})}}},
+                        {"normalizer", nullptr},
+                        {"pre_tokenizer", pre},
+                        {"added_tokens", nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}}})}};
+    return j.dump();
+  };
+  const nlohmann::json base = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}};
+  nlohmann::json no_split = base, old_style = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}};
+  no_split["split"] = false;
+  const Tokenizer split = Tokenizer::from_json_text(tokenizer_json(base), "split.json");
+  const Tokenizer whole = Tokenizer::from_json_text(tokenizer_json(no_split), "whole.json");
+  const Tokenizer old = Tokenizer::from_json_text(tokenizer_json(old_style), "old.json");
+  auto id = [&](const char* t) { return *split.token_id(t); };
+  EXPECT_EQ(split.encode("a  b"), (std::vector<TokenId>{id(" a"), id(" "), id(" b")}));
+  EXPECT_EQ(old.encode("a  b"), split.encode("a  b"));  // add_prefix_space alone: always, split
+  EXPECT_EQ(whole.encode("a  b"), (std::vector<TokenId>{id(" a"), id("  "), id("b")}));
+  EXPECT_EQ(split.decode(split.encode("a  b")), "a  b");
+  EXPECT_EQ(whole.decode(whole.encode("a  b")), "a  b");
+  nlohmann::json never = base;
+  never["prepend_scheme"] = "never";
+  EXPECT_EQ(Tokenizer::from_json_text(tokenizer_json(never), "never.json").encode("a b"), (std::vector<TokenId>{id("a"), id(" b")}));
+  nlohmann::json bad = base;
+  bad["prepend_scheme"] = "sometimes";
+  try {
+    Tokenizer::from_json_text(tokenizer_json(bad), "bad.json");
+    ADD_FAILURE() << "an unknown prepend_scheme should be refused";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("prepend_scheme 'sometimes'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TokenizerFiles, ClearErrors) {
