@@ -137,9 +137,7 @@ int run_check(const CheckOptions& o) {
                                   total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
     if (mix.size() > 1)
       for (size_t k = 0; k < mix.size(); ++k)
-        report.note("data", fmt::format("{}: weight {:.4g}, {} of the epoch's samples; it holds {}, each seen {:.3g} times per epoch",
-                                        mix.dataset(k).path(), mix.weight(k), mix.samples_per_epoch(k), mix.source_samples(k),
-                                        static_cast<double>(mix.samples_per_epoch(k)) / static_cast<double>(mix.source_samples(k))));
+        report.note("data", fmt::format("{}: {}", mix.dataset(k).path(), mix.share(k)));
   });
   if (data_ok && c.schedule.eval_batches > 0) {
     // As the trainer decides: a source whose validation split holds less than one evaluation batch

@@ -146,12 +146,10 @@ int run_dataset_info(const DatasetInfoOptions& o) {
     std::string text = fmt::format("mixture ({} layout, seq_len {}): {} samples per epoch\n", data::batch_layout_name(layout),
                                    o.seq_len, mix.num_samples());
     for (size_t k = 0; k < mix.size(); ++k) {
-      const double seen = static_cast<double>(mix.samples_per_epoch(k)) / static_cast<double>(mix.source_samples(k));
       mixture["sources"].push_back({{"path", mix.dataset(k).path()}, {"weight", mix.weight(k)},
                                     {"samples_per_epoch", mix.samples_per_epoch(k)}, {"source_samples", mix.source_samples(k)},
-                                    {"times_seen_per_epoch", seen}});
-      text += fmt::format("  {:<40} weight {:.4f}: {} of the epoch's samples; it holds {}, each seen {:.3g} times per epoch\n",
-                          mix.dataset(k).path(), mix.weight(k), mix.samples_per_epoch(k), mix.source_samples(k), seen);
+                                    {"times_seen_per_epoch", mix.times_seen_per_epoch(k)}});
+      text += fmt::format("  {:<40} {}\n", mix.dataset(k).path(), mix.share(k));
     }
     if (!o.json) std::fputs(text.c_str(), stdout);
   }

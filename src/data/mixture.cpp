@@ -66,6 +66,15 @@ std::string MixedSource::describe() const {
   return describe_sources(paths);
 }
 
+double MixedSource::times_seen_per_epoch(size_t k) const {
+  return static_cast<double>(samples_per_epoch(k)) / static_cast<double>(source_samples(k));
+}
+
+std::string MixedSource::share(size_t k) const {
+  return fmt::format("weight {:.4g}: {} of the epoch's {} samples; it holds {}, each seen {:.3g} times per epoch", weight(k),
+                     samples_per_epoch(k), num_samples(), source_samples(k), times_seen_per_epoch(k));
+}
+
 void MixedSource::require_global_batch(int global_batch_size) const {
   if (total_ < static_cast<size_t>(global_batch_size))
     throw DataError(fmt::format("{}: the {} split has {} samples of {} tokens, fewer than one global batch of {}", describe(),

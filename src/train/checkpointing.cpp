@@ -1,8 +1,6 @@
 // Resume and periodic saves through the checkpoint layer.
 #include "shardtrain/train/checkpointing.hpp"
 
-#include <filesystem>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -11,8 +9,6 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/inputs.hpp"
-
-namespace fs = std::filesystem;
 
 namespace shardtrain::train {
 

@@ -1,7 +1,6 @@
 // Trainer construction: run directory, mesh, model, engine, optimizer, loaders, schedule (trainer.hpp).
 // The loop itself is in loop.cpp.
 #include "shardtrain/train/trainer.hpp"
-#include "shardtrain/train/inputs.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,6 +21,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/progress_view.hpp"
 
 namespace shardtrain::train {
@@ -319,9 +319,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   if (rank == 0 && sources_.size() > 1) {
     const data::MixedSource& mix = loader_->source();
     for (size_t k = 0; k < mix.size(); ++k)
-      log::info("train: data source {} ({}): weight {:.4g}, {} of the epoch's {} samples; it holds {}, so each is seen {:.3g} times per epoch",
-                k, mix.dataset(k).path(), mix.weight(k), mix.samples_per_epoch(k), mix.num_samples(), mix.source_samples(k),
-                static_cast<double>(mix.samples_per_epoch(k)) / static_cast<double>(mix.source_samples(k)));
+      log::info("train: data source {} ({}): {}", k, mix.dataset(k).path(), mix.share(k));
   }
   progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
 }

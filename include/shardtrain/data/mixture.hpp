@@ -62,6 +62,10 @@ class MixedSource {
   double weight(size_t k) const { return parts_[k].weight; }             // normalized: the weights sum to 1
   size_t source_samples(size_t k) const { return parts_[k].source.num_samples(); }  // what the source holds
   size_t samples_per_epoch(size_t k) const { return parts_[k].per_epoch; }          // what it gives per epoch
+  double times_seen_per_epoch(size_t k) const;  // samples_per_epoch(k) / source_samples(k)
+  // Source k's share for logs and reports: "weight 0.7: 700 of the epoch's 1000 samples; it holds 500, each seen 1.4
+  // times per epoch".
+  std::string share(size_t k) const;
 
   struct Draw {
     uint32_t source = 0;  // k
