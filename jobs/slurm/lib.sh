@@ -56,6 +56,50 @@ st_ranks_per_node() {
   ST_RANKS_PER_NODE=$rpn
 }
 
+# st_sbatch_shape SCRIPT [SBATCH OPTION...]: the nodes and tasks per node a submission asks for, before Slurm
+# has an allocation: the script's #SBATCH lines (read as sbatch reads them: up to the first line that is not a
+# comment), then the options given to sbatch, which override them. Understands --nodes=N, --nodes N, -N N,
+# -NN, --ntasks-per-node=G and --ntasks-per-node G. Sets ST_SHAPE_NODES and ST_SHAPE_PER_NODE, or leaves
+# them empty and says why in ST_SHAPE_WHY: a node range (--nodes=2-4: Slurm picks), no --ntasks-per-node, or
+# a count that is not a positive integer.
+st_sbatch_shape() {
+  local script=$1 line words=() nodes="" per_node="" i w
+  shift
+  while IFS= read -r line; do
+    [[ "$line" =~ ^#! ]] && continue
+    [[ "$line" =~ ^[[:space:]]*$ ]] && continue
+    [[ "$line" =~ ^# ]] || break
+    # shellcheck disable=SC2206  # an #SBATCH line is words, as sbatch splits it
+    [[ "$line" =~ ^#SBATCH[[:space:]]+(.*)$ ]] && words+=(${BASH_REMATCH[1]%%#*})
+  done <"$script"
+  words+=("$@")
+  for ((i = 0; i < ${#words[@]}; ++i)); do
+    w=${words[i]}
+    case "$w" in
+      --nodes=*) nodes=${w#--nodes=} ;;
+      --nodes | -N) nodes=${words[i + 1]:-}; ((++i)) ;;
+      -N*) nodes=${w#-N} ;;
+      --ntasks-per-node=*) per_node=${w#--ntasks-per-node=} ;;
+      --ntasks-per-node) per_node=${words[i + 1]:-}; ((++i)) ;;
+    esac
+  done
+  ST_SHAPE_NODES="" ST_SHAPE_PER_NODE="" ST_SHAPE_WHY=""
+  if [[ -z "$nodes" ]]; then
+    nodes=1  # sbatch's default without --nodes (or --ntasks)
+  fi
+  if [[ "$nodes" =~ ^[0-9]+-[0-9]+$ ]]; then
+    ST_SHAPE_WHY="--nodes=$nodes is a range (Slurm picks the count): the mesh is checked when the job starts"
+  elif ! [[ "$nodes" =~ ^[0-9]+$ && "$nodes" -gt 0 ]]; then
+    ST_SHAPE_WHY="--nodes=$nodes: not a positive node count; the mesh is checked when the job starts"
+  elif [[ -z "$per_node" ]]; then
+    ST_SHAPE_WHY="no --ntasks-per-node in $script or the sbatch options: the ranks per node are known when the job starts"
+  elif ! [[ "$per_node" =~ ^[0-9]+$ && "$per_node" -gt 0 ]]; then
+    ST_SHAPE_WHY="--ntasks-per-node=$per_node: not a positive task count"
+  else
+    ST_SHAPE_NODES=$nodes ST_SHAPE_PER_NODE=$per_node
+  fi
+}
+
 # st_check_mesh BIN CONFIG STRATEGY SHARD_SIZE: `shardtrain plan` builds the mesh this allocation gives the
 # configured strategy (offline, in a second) and prints what each rank will hold; a node count or shard size
 # that does not fit (or a config plan cannot read) ends the job here, with plan's message, before any rank starts.

@@ -25,9 +25,19 @@ if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   # shellcheck source=jobs/slurm/lib.sh
   source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
   [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
+  # The allocation the job asks for (its #SBATCH lines and these options), so that the mesh and the batch
+  # split are checked too: HYBRID_SHARD's shard groups, a global batch the ranks cannot divide.
+  st_sbatch_shape "$script" "$@"
+  world=()
+  if [[ -n "$ST_SHAPE_NODES" ]]; then
+    ST_RANKS_PER_NODE=$ST_SHAPE_PER_NODE
+    world=(--nodes "$ST_SHAPE_NODES" --gpus-per-node "$ST_SHAPE_PER_NODE")
+  else
+    echo "note: the mesh is not checked before submission: $ST_SHAPE_WHY" >&2
+  fi
   st_run_args
   rc=0
-  "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" >&2 || rc=$?
+  "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" "${world[@]}" >&2 || rc=$?
   if ((rc != 0)); then
     echo "error: not submitted: shardtrain check found the problem(s) above (exit $rc; PREFLIGHT=0 submits anyway)" >&2
     exit "$rc"

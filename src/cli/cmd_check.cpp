@@ -17,6 +17,7 @@
 #include "config_args.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/data/batches.hpp"
+#include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -113,9 +114,12 @@ int run_check(const CheckOptions& o) {
   if (o.gpus_per_node > 0) {
     world = o.nodes * o.gpus_per_node;
     report.run("world", [&] {
+      // The mesh as the trainer builds it (DeviceMesh): a hybrid shard size that does not divide the world
+      // or cross nodes is refused here, with the trainer's message.
+      const MeshLayout mesh = make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node);
       c.validate_for_world(world, o.nodes);
-      report.ok("world", fmt::format("{} node(s) x {} ranks: micro-batch {} x {} accumulation step(s) per rank = {} sequences per step",
-                                     o.nodes, o.gpus_per_node, c.micro_batch_size_for(world), c.accumulation_steps_for(world),
+      report.ok("world", fmt::format("{} node(s) x {} ranks, mesh {}: micro-batch {} x {} accumulation step(s) per rank = {} sequences per step",
+                                     o.nodes, o.gpus_per_node, mesh.describe(), c.micro_batch_size_for(world), c.accumulation_steps_for(world),
                                      c.data.global_batch_size));
     });
   } else {

@@ -99,14 +99,25 @@ check("the run: 6 steps" in " ".join(line(r, "data")), f"max_tokens just over 5 
 
 # ---- an allocation: its mesh and batch ------------------------------------------------------------------
 r = run_check("--nodes", "2", "--gpus-per-node", "2", "--data.micro_batch_size", "1")
-check(r.returncode == 0 and "2 node(s) x 2 ranks: micro-batch 1 x 2 accumulation step(s) per rank = 8 sequences per step"
-      in " ".join(line(r, "world")), f"2 x 2 with micro-batch 1: {r.stdout}")
+check(r.returncode == 0 and "2 node(s) x 2 ranks, mesh 1 (replicate) x 4 (shard): micro-batch 1 x 2 accumulation step(s) per rank = 8 "
+      "sequences per step" in " ".join(line(r, "world")), f"2 x 2 (FULL_SHARD) with micro-batch 1: {r.stdout}")
 check(f"{val_samples} samples, 2 evaluation batch(es) of 4" in " ".join(line(r, "validation")),
       f"an evaluation batch is micro-batch x world: {line(r, 'validation')}")
 r = run_check("--nodes", "1", "--gpus-per-node", "3")
 check(r.returncode == 3 and "data.global_batch_size: 8 sequences cannot be split evenly over 3 ranks" in " ".join(line(r, "world")),
       f"3 ranks: exit {r.returncode}: {r.stdout}")
 check(r.stdout.count(" ok: ") >= 4, f"the other checks still ran: {r.stdout}")
+# The mesh is the trainer's: HYBRID_SHARD puts one shard group in each node, and a shard size that does not
+# fit the allocation is refused with the trainer's message.
+r = run_check("--nodes", "2", "--gpus-per-node", "2", "--fsdp.strategy", "HYBRID_SHARD")
+check(r.returncode == 0 and "mesh 2 (replicate) x 2 (shard)" in " ".join(line(r, "world")), f"HYBRID_SHARD on 2 x 2: {r.stdout}")
+r = run_check("--nodes", "2", "--gpus-per-node", "2", "--fsdp.strategy", "HYBRID_SHARD", "--fsdp.shard_size", "3")
+check(r.returncode == 3 and "shard_size 3 does not divide world size 4" in " ".join(line(r, "world")),
+      f"shard size 3 on 4 ranks: exit {r.returncode}: {r.stdout}")
+r = run_check("--nodes", "3", "--gpus-per-node", "4", "--fsdp.strategy", "HYBRID_SHARD", "--fsdp.shard_size", "6",
+              "--data.global_batch_size", "12")
+check(r.returncode == 3 and "shard_size 6 neither divides nor is a multiple of ranks_per_node 4" in " ".join(line(r, "world")),
+      f"a shard group across part of a node: exit {r.returncode}: {r.stdout}")
 
 # ---- several problems in one call: each named, the first one's exit code --------------------------------
 r = run_check("--data.path", os.path.join(work, "missing.h5"), "--checkpoint.dir", "/proc/shardtrain-check", "--resume", "auto")

@@ -5,9 +5,10 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 1. Bad input ends a job at once, before training: no CONFIG, a shard size the nodes cannot mesh, tasks
    spread unevenly over the nodes, an unwritable checkpoint directory, a dataset damaged on disk (the
    preflight, `shardtrain check --verify-data`, reads every block on a job's first start).
-2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary) is not
-   submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks (srun, PMIx) runs to completion, and the
-   consolidation job it queued behind (afterok) writes a Hugging Face directory.
+2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
+   size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
+   (srun, PMIx) runs to completion, and the consolidation job it queued behind (afterok) writes a Hugging
+   Face directory.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
@@ -120,6 +121,15 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
           f"submit.sh with a model smaller than the vocabulary: exit {p.returncode}: {p.stderr[-1500:]}")
     queued = subprocess.run(["squeue", "-h", "-n", "not-submitted"], env=dict(os.environ, SLURM_CONF=slurm.conf), capture_output=True, text=True)
     check(queued.returncode == 0 and queued.stdout.strip() == "" and "training job" not in p.stdout and not os.path.exists(bad_dir),
+          f"nothing was queued or created: {queued.stdout} {p.stdout}")
+    # The mesh of the allocation asked for: --nodes=2 --ntasks-per-node=2 from the options (the script says 4 x 8),
+    # where a shard size of 3 cannot divide 4 ranks. The job would stop on it at start; submit.sh says so now.
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("not-submitted")], cwd=args.source,
+                       env=dict(job_env(RUN_DIR=bad_dir, SHARD_SIZE="3"), SLURM_CONF=slurm.conf), capture_output=True, text=True)
+    check(p.returncode == 3 and "not submitted" in p.stderr and "world      FAILED: configuration error: shard_size 3 does not divide world size 4" in p.stderr,
+          f"submit.sh with a shard size the allocation cannot mesh: exit {p.returncode}: {p.stderr[-1500:]}")
+    queued = subprocess.run(["squeue", "-h", "-n", "not-submitted"], env=dict(os.environ, SLURM_CONF=slurm.conf), capture_output=True, text=True)
+    check(queued.returncode == 0 and queued.stdout.strip() == "" and not os.path.exists(bad_dir),
           f"nothing was queued or created: {queued.stdout} {p.stdout}")
 
     ref_dir = os.path.join(work, "reference")

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""st_sbatch_shape (jobs/slurm/lib.sh): the nodes and tasks per node that jobs/slurm/submit.sh reads from a job
+script's #SBATCH lines and the sbatch options before queueing, so that `shardtrain check` tests the mesh then.
+No Slurm needed: the function only reads text. Each case asserts the shape found, or that none was found and why."""
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
+LIB = os.path.join(SOURCE, "jobs", "slurm", "lib.sh")
+failures = []
+
+
+def shape(script_text, *opts):
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
+        f.write(script_text)
+    try:
+        # set -euo pipefail as submit.sh runs it: the function must not trip it.
+        p = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; st_sbatch_shape "$@"; '
+                            'printf "%s|%s|%s\\n" "$ST_SHAPE_NODES" "$ST_SHAPE_PER_NODE" "$ST_SHAPE_WHY"', LIB, f.name, *opts],
+                           capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if p.returncode != 0:
+        return ("exit", p.returncode, p.stderr)
+    nodes, per_node, why = p.stdout.rstrip("\n").split("|", 2)
+    return (nodes, per_node, why)
+
+
+def expect(name, got, nodes, per_node, why_part=""):
+    ok = got[0] == nodes and got[1] == per_node and why_part in got[2]
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: {got}")
+    if not ok:
+        failures.append(name)
+
+
+MULTI = """#!/bin/bash
+# A comment, then the directives; a comment after an option is not part of it.
+#SBATCH --job-name=shardtrain
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=8   # one per GPU
+#SBATCH --gpus-per-node=8
+
+CONFIG=${CONFIG:-}
+#SBATCH --nodes=99
+"""
+expect("the script's lines (and none after its first command)", shape(MULTI), "4", "8")
+expect("options override the script: --nodes=2", shape(MULTI, "--nodes=2"), "2", "8")
+expect("--nodes N and --ntasks-per-node G as two words", shape(MULTI, "--nodes", "3", "--ntasks-per-node", "2"), "3", "2")
+expect("-N N", shape(MULTI, "-N", "5", "--time=10"), "5", "8")
+expect("-NN", shape(MULTI, "-N6"), "6", "8")
+expect("--ntasks-per-node=G", shape(MULTI, "--ntasks-per-node=4", "--job-name=x"), "4", "4")
+expect("the last of several wins", shape(MULTI, "--nodes=2", "--nodes=7"), "7", "8")
+expect("a node range is left to the job", shape(MULTI, "--nodes=2-4"), "", "", "is a range")
+expect("no --ntasks-per-node", shape("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks=8\nsrun true\n"), "", "",
+       "no --ntasks-per-node")
+expect("no --nodes means one node", shape("#!/bin/bash\n#SBATCH --ntasks-per-node=4\n"), "1", "4")
+expect("a count that is not a number", shape(MULTI, "--ntasks-per-node=eight"), "", "", "not a positive task count")
+expect("nodes zero", shape(MULTI, "--nodes=0"), "", "", "not a positive node count")
+expect("the repository's multi-node script", shape(open(os.path.join(SOURCE, "jobs/slurm/train-multi-node.sbatch")).read()), "4", "8")
+expect("the repository's single-node script", shape(open(os.path.join(SOURCE, "jobs/slurm/train-single-node.sbatch")).read()), "1", "8")
+
+if failures:
+    print(f"FAILED: {len(failures)} case(s): {', '.join(failures)}")
+    sys.exit(1)
+print("all cases passed")
