@@ -24,6 +24,8 @@ class CheckpointSource final : public TensorSource {
   const std::string& path() const override { return reader_.path(); }
   const model::LlamaConfig& model_config() const override { return reader_.model_config(); }
   std::string tokenizer() const override { return reader_.tokenizer(); }
+  std::string config_toml() const override { return reader_.config_toml(); }
+  int64_t step() const override { return reader_.step(); }
   bool has(const std::string& name) const override {
     for (const TensorInfo& t : reader_.tensors())
       if (t.name == name) return true;

@@ -1,7 +1,7 @@
 // How a subcommand plugs into the `shardtrain` binary. Each command lives in cmd_<name>.cpp and
 // exposes one add_<name>_command() that declares its options and returns how to run it.
 // Offline commands (check, tokenizer, prepare-data, dataset, consolidate, plan, generate, parity) never initialize MPI,
-// so they run on a login node; MPI commands (train, env, bench: `bench step` runs the trainer under
+// so they run on a login node; MPI commands (train, evaluate, env, bench: `bench step` runs the trainer under
 // mpirun, `bench model` and `bench ops` take one rank) get a Runtime built after MPI_Init_thread.
 #pragma once
 
@@ -43,6 +43,7 @@ Command add_bench_command(CLI::App& parent);          // cmd_bench.cpp
 Command add_parity_command(CLI::App& parent);         // cmd_parity.cpp
 Command add_train_command(CLI::App& parent);          // cmd_train.cpp
 Command add_check_command(CLI::App& parent);          // cmd_check.cpp
+Command add_evaluate_command(CLI::App& parent);       // cmd_evaluate.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
 
 }  // namespace shardtrain::cli

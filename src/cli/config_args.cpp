@@ -7,11 +7,12 @@
 
 namespace shardtrain::cli {
 
-void ConfigArgs::add_to(CLI::App* app) {
-  app->add_option("--config,-c", config, "the run's TOML config, e.g. configs/tiny-cpu.toml")->required();
+void ConfigArgs::add_to(CLI::App* app, Use use) {
+  auto* c = app->add_option("--config,-c", config, "the run's TOML config, e.g. configs/tiny-cpu.toml");
+  if (use == Use::Run) c->required();
   app->add_option("--fsdp-config", fsdp_config, "a Transformers fsdp_config JSON file (applied over the TOML)");
   app->add_option("--accelerate-config", accelerate_config, "an Accelerate config YAML file (applied over the TOML)");
-  app->add_option("--resume", resume, "auto (the newest complete checkpoint in checkpoint.dir) or a checkpoint path");
+  if (use == Use::Run) app->add_option("--resume", resume, "auto (the newest complete checkpoint in checkpoint.dir) or a checkpoint path");
   // Every config key is an option of its own: --section.key value (or =value), listed by --help.
   const auto& fields = train::config_fields();
   override_values.resize(fields.size());
@@ -21,9 +22,16 @@ void ConfigArgs::add_to(CLI::App* app) {
   }
 }
 
-train::TrainConfig ConfigArgs::resolve(std::vector<std::string>& notes, std::string& source) const {
-  train::TrainConfig c = train::load_train_config(config);
-  source = config;
+train::TrainConfig ConfigArgs::resolve(std::vector<std::string>& notes, std::string& source, std::string_view base_toml,
+                                       const std::string& base_source) const {
+  train::TrainConfig c;
+  if (!config.empty()) {
+    c = train::load_train_config(config);
+    source = config;
+  } else {
+    train::apply_toml_text(c, base_toml, base_source);
+    source = base_source;
+  }
   if (!fsdp_config.empty()) {
     for (auto& n : train::apply_fsdp_config_json(c, fsdp_config)) notes.push_back(std::move(n));
     source += " + " + fsdp_config;

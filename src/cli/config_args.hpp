@@ -20,10 +20,15 @@ struct ConfigArgs {
   std::vector<std::string> override_values;  // one per config field, in config_fields() order
   std::vector<CLI::Option*> override_options;
 
-  void add_to(CLI::App* app);
+  // train and check: --config is required and --resume offered. evaluate: --config is optional (the
+  // checkpoint's own config stands in for it) and there is no --resume.
+  enum class Use { Run, Evaluate };
+  void add_to(CLI::App* app, Use use = Use::Run);
   // TOML file < --fsdp-config / --accelerate-config < --section.key overrides < --resume; validated.
-  // `notes` gets what the seeds' files changed, `source` a description ("a.toml + 2 override(s)").
-  train::TrainConfig resolve(std::vector<std::string>& notes, std::string& source) const;
+  // `notes` gets what the seeds' files changed, `source` a description ("a.toml + 2 override(s)"). Without
+  // --config the defaults and then `base_toml` (named `base_source`) take the file's place.
+  train::TrainConfig resolve(std::vector<std::string>& notes, std::string& source, std::string_view base_toml = {},
+                             const std::string& base_source = {}) const;
 };
 
 }  // namespace shardtrain::cli

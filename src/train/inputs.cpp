@@ -52,17 +52,21 @@ std::string resolve_resume_path(const std::string& resume, const std::string& di
   return resume;  // the reader says what is wrong with it, if anything
 }
 
-void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const data::TokenDataset& dataset) {
-  if (reader.tokenizer().empty()) return;
-  const auto saved = nlohmann::json::parse(reader.tokenizer(), nullptr, false);
+void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json, const data::TokenDataset& dataset) {
+  if (tokenizer_json.empty()) return;
+  const auto saved = nlohmann::json::parse(tokenizer_json, nullptr, false);
   const std::string hash = saved.is_object() ? saved.value("hash", std::string()) : std::string();
   const std::string& current = dataset.info().tokenizer_hash;
   if (!hash.empty() && !current.empty() && hash != current) {
     throw CheckpointError(fmt::format("{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
                                       "use a dataset prepared with the checkpoint's tokenizer",
-                                      reader.path(), saved.value("name", std::string("?")), hash, dataset.path(),
+                                      weights, saved.value("name", std::string("?")), hash, dataset.path(),
                                       dataset.info().tokenizer_name, current));
   }
+}
+
+void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const data::TokenDataset& dataset) {
+  check_weights_tokenizer(reader.path(), reader.tokenizer(), dataset);
 }
 
 std::string resume_data_change(const checkpoint::CheckpointReader& reader, const std::vector<data::MixtureComponent>& sources) {

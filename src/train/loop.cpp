@@ -230,6 +230,7 @@ void Trainer::report(const StepMetrics& m) {
 }
 
 TrainSummary Trainer::run() {
+  if (options_.evaluation_only) throw InternalError("train: run() on an evaluation-only trainer");
   for (TrainerHooks* h : hooks_) h->on_start(*this);
   const auto start = Clock::now();
   TrainSummary s;

@@ -204,8 +204,9 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   const int W = topo.world_size, rank = topo.world_rank;
   resolved_toml_ = to_toml(config_);
 
-  run_dir_ = make_run_dir(config_, runtime.world(), rank);
-  if (rank == 0) {
+  const bool eval_only = options_.evaluation_only;
+  if (!eval_only) run_dir_ = make_run_dir(config_, runtime.world(), rank);
+  if (rank == 0 && !eval_only) {
     std::ofstream out(fs::path(run_dir_) / "config.toml");
     out << "# resolved configuration of this run (" << options_.config_source << ")\n" << resolved_toml_;
     if (!out) throw IoError(fmt::format("{}/config.toml: cannot write the resolved configuration", run_dir_));
@@ -220,8 +221,8 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   const bool on_gpu = runtime.device().is_cuda();
   const int threads = runtime.host_threads();
   ops_ = on_gpu ? ops::make_cuda_ops() : nullptr;
-  if (config_.logging.peak_flops > 0) {
-    peak_flops_ = config_.logging.peak_flops;
+  if (config_.logging.peak_flops > 0 || eval_only) {
+    peak_flops_ = config_.logging.peak_flops;  // evaluation reports no MFU
   } else {
     double gflops = on_gpu ? ops::measure_matmul_flops(*ops_, DType::BF16, 8192, 5) * 1e-9
                            : ops::measure_cpu_sgemm(threads, 1024, 3).peak_gflops();
@@ -243,12 +244,14 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config_.fsdp.engine, ledger_);
   engine_->set_watchdog(watchdog_.get());
   engine_->initialize(config_.model.init_seed);  // and sync_module_states when the config asks for it
-  adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &ledger_);
-  // CPU offload on a GPU: the host update runs beside the next forward, each unit's upload waiting for its
-  // own shard only (optim::AdamW::step_async). On the CPU backend the cores are the compute: no overlap.
-  async_update_ = on_gpu && config_.fsdp.engine.offload_params;
-  if (async_update_) engine_->set_pending_writes(adamw_.get());
-  adamw_->set_async_delay(std::chrono::milliseconds(options_.faults.slow_update_ms));
+  if (!eval_only) {
+    adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &ledger_);
+    // CPU offload on a GPU: the host update runs beside the next forward, each unit's upload waiting for its
+    // own shard only (optim::AdamW::step_async). On the CPU backend the cores are the compute: no overlap.
+    async_update_ = on_gpu && config_.fsdp.engine.offload_params;
+    if (async_update_) engine_->set_pending_writes(adamw_.get());
+    adamw_->set_async_delay(std::chrono::milliseconds(options_.faults.slow_update_ms));
+  }
 
   // Every rank of the mesh is a data-parallel rank.
   micro_batch_ = config_.micro_batch_size_for(W);
@@ -264,12 +267,11 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   lo.seed = config_.data.seed;
   lo.shuffle = config_.data.shuffle;
   lo.prefetch = static_cast<size_t>(config_.data.prefetch);
-  loader_ = std::make_unique<data::Loader>(sources_, lo);
-  const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
+  if (!eval_only) loader_ = std::make_unique<data::Loader>(sources_, lo);
 
-  if (config_.schedule.eval_batches > 0) {
+  if (config_.schedule.eval_batches > 0 || eval_only) {
     data::LoaderOptions eo = lo;
-    eo.split = data::DatasetSplit::Validation;
+    eo.split = eval_only ? options_.eval_split : data::DatasetSplit::Validation;
     eo.global_batch_size = micro_batch_ * W;
     eo.shuffle = false;
     eo.prefetch = 2;
@@ -286,18 +288,28 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
         continue;
       }
       if (samples < static_cast<size_t>(eo.global_batch_size)) {
-        log::warn("train: the validation split of {} has {} samples, fewer than one evaluation batch of {}: {}", path, samples,
-                  eo.global_batch_size, mixed ? "the validation loss leaves this source out" : "no validation loss");
+        log::warn("train: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}", data::dataset_split_name(eo.split), path,
+                  samples, eo.global_batch_size, mixed ? "the validation loss leaves this source out" : "no validation loss");
         continue;
       }
       EvalSource e;
       e.loader = std::make_unique<data::Loader>(c.dataset, eo);
-      e.micro_batches = std::min<int64_t>(config_.schedule.eval_batches, static_cast<int64_t>(e.loader->micro_batches_per_epoch()));
+      const auto per_epoch = static_cast<int64_t>(e.loader->micro_batches_per_epoch());
+      const int64_t wanted = eval_only ? options_.eval_micro_batches : config_.schedule.eval_batches;
+      e.micro_batches = wanted > 0 ? std::min<int64_t>(wanted, per_epoch) : per_epoch;
       e.weight = c.weight;
       eval_sources_.push_back(std::move(e));
     }
+    if (eval_only && eval_sources_.empty())
+      throw DataError(fmt::format("{}: no source has {} {} samples, one evaluation batch (micro-batch {} x {} ranks)", config_.data.describe(),
+                                  eo.global_batch_size, data::dataset_split_name(eo.split), micro_batch_, W));
     if (mixed && eval_sources_.empty()) log::warn("train: no validation loss: no source has enough validation samples");
   }
+  if (eval_only) {
+    progress_ = std::make_unique<ProgressView>(config_.logging, 0, false);
+    return;
+  }
+  const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
 
   // The run's length: the first of max_steps, max_tokens, epochs.
   tokens_per_step_ = static_cast<int64_t>(config_.data.global_batch_size) * config_.data.seq_len;
@@ -328,7 +340,23 @@ Trainer::~Trainer() = default;
 
 void Trainer::add_hooks(TrainerHooks* hooks) { hooks_.push_back(hooks); }
 
+optim::AdamW& Trainer::optimizer() {
+  if (!adamw_) throw InternalError("train: an evaluation-only trainer has no optimizer");
+  adamw_->wait();
+  return *adamw_;
+}
+
+std::vector<Trainer::EvalPlan> Trainer::eval_plan() const {
+  std::vector<EvalPlan> plan;
+  for (const EvalSource& e : eval_sources_)
+    plan.push_back({e.loader->source().dataset(0).path(), e.micro_batches,
+                    e.micro_batches * micro_batch_ * runtime_->topology().world_size,
+                    static_cast<int64_t>(e.loader->source().num_samples())});
+  return plan;
+}
+
 void Trainer::restore(const TrainerState& s) {
+  if (options_.evaluation_only) throw InternalError("train: restore() on an evaluation-only trainer");
   state_ = s;
   // The saved position in samples, which mean the same data at any world size and micro-batch size; the
   // micro-batch index only where the checkpoint predates the sample count.

@@ -20,6 +20,8 @@ class TensorSource {
   virtual const std::string& path() const = 0;
   virtual const model::LlamaConfig& model_config() const = 0;
   virtual std::string tokenizer() const = 0;  // identity JSON, or "" when unknown
+  virtual std::string config_toml() const { return {}; }  // a checkpoint's resolved run config, else ""
+  virtual int64_t step() const { return -1; }             // a checkpoint's step, else -1
   virtual bool has(const std::string& name) const = 0;
   // Elements [begin, begin + out.size()) of a parameter's flattened values, as fp32.
   virtual void read(const std::string& name, int64_t begin, std::span<float> out) = 0;

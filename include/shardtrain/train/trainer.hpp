@@ -85,6 +85,12 @@ class TrainerHooks {
 struct TrainerOptions {
   FaultPlan faults;
   std::string config_source;  // shown in the log: "configs/tiny-cpu.toml + overrides"
+  // Evaluation only (`shardtrain evaluate`): the mesh, model, engine and held-out loaders, nothing else: no
+  // run directory or metrics file, no AdamW states, no training loader; run() is refused. The loaders read
+  // `eval_split` of every source, `eval_micro_batches` micro-batches per rank each (0: the whole split).
+  bool evaluation_only = false;
+  data::DatasetSplit eval_split = data::DatasetSplit::Validation;
+  int64_t eval_micro_batches = 0;
 };
 
 struct TrainSummary {
@@ -131,13 +137,19 @@ class Trainer {
   // waits for it unit by unit). These two wait for the whole update first, so a hook that saves, loads or
   // reads the shards sees them settled.
   fsdp::FsdpEngine& engine() {
-    adamw_->wait();
+    if (adamw_) adamw_->wait();
     return *engine_;
   }
-  optim::AdamW& optimizer() {
-    adamw_->wait();
-    return *adamw_;
-  }
+  optim::AdamW& optimizer();  // InternalError in evaluation_only mode, which has none
+  // The held-out loaders evaluate() reads: one per source with enough samples, each with its micro-batches
+  // per rank and its sequences over all ranks.
+  struct EvalPlan {
+    std::string path;
+    int64_t micro_batches = 0;  // per rank
+    int64_t sequences = 0;      // over all ranks
+    int64_t samples = 0;        // in the split (the last partial batch is not read)
+  };
+  std::vector<EvalPlan> eval_plan() const;
   const optim::LrSchedule& schedule() const { return *schedule_; }
   const DeviceMesh& mesh() const { return *mesh_; }
   MeshComms& comms() { return *comms_; }

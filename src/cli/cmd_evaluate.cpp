@@ -1,0 +1,163 @@
+// `shardtrain evaluate`: the loss and perplexity of trained weights (a checkpoint, a directory of them, a
+// consolidated file or a Hugging Face directory) on a dataset's held-out or training split. It is the
+// trainer's own evaluation (Trainer::evaluate on an evaluation-only Trainer): the same mesh, engine,
+// backend and loaders, so on the training run's ranks and batches it gives the run's validation loss, and it
+// runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "config_args.hpp"
+#include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/trainer.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EvaluateOptions {
+  ConfigArgs args;
+  std::string weights;
+  std::string split = "validation";
+  std::string batches = "all";
+  std::string json;
+};
+
+int64_t parse_batches(const std::string& text) {
+  if (text == "all") return 0;
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(text, &used);
+    if (used == text.size() && n > 0) return n;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("--batches '{}': expected all or a positive number of evaluation batches per source", text));
+}
+
+data::DatasetSplit parse_split(const std::string& text) {
+  if (text == "validation") return data::DatasetSplit::Validation;
+  if (text == "train") return data::DatasetSplit::Train;
+  throw UsageError(fmt::format("--split '{}': expected validation (the held-out samples) or train", text));
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j) {
+  const fs::path out(path), tmp = fs::path(path + ".tmp");
+  {
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+    if (!f) throw IoError(fmt::format("--json {}: cannot write the file", path));
+  }
+  fs::rename(tmp, out);  // whole or not at all
+}
+
+int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
+  const int64_t batches = parse_batches(o.batches);
+  const data::DatasetSplit split = parse_split(o.split);
+  auto source = checkpoint::open_tensor_source(o.weights);
+
+  // The run's configuration: --config, else the one the checkpoint was trained with (its data, layout,
+  // sequence length, mesh), else the defaults; then the overrides. The architecture is the weights'.
+  std::vector<std::string> notes;
+  std::string config_source;
+  // Weights without a run config (a consolidated file, a Hugging Face directory) and no --config: the
+  // defaults, given a run length only because a config must have one (evaluation takes no steps).
+  const std::string saved = source->config_toml();
+  train::TrainConfig c = o.args.resolve(notes, config_source, saved.empty() ? "[schedule]\nmax_steps = 1\n" : saved,
+                                        saved.empty() ? "the defaults" : "the run config saved with the weights");
+  for (const auto& n : notes) log::info("evaluate: {}", n);
+  c.model = source->model_config();
+  c.checkpoint.resume.clear();
+  c.checkpoint.init_from.clear();
+  c.validate();
+
+  train::TrainerOptions topts;
+  topts.config_source = config_source;
+  topts.evaluation_only = true;
+  topts.eval_split = split;
+  topts.eval_micro_batches = batches;
+  train::Trainer trainer(*rt, c, topts);
+  train::check_weights_tokenizer(source->path(), source->tokenizer(), trainer.dataset());
+  checkpoint::import_weights(trainer.engine(), *source,
+                             c.checkpoint.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
+                                                                   : checkpoint::ImportMode::EveryRankReadsItsSlices);
+
+  const std::vector<train::Trainer::EvalPlan> plan = trainer.eval_plan();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  std::vector<train::SourceLoss> by_source;
+  const double loss = trainer.evaluate(&tokens, &by_source);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (by_source.empty()) by_source.push_back({plan.front().path, loss, tokens});  // one source: the total is its own
+
+  if (rt->topology().world_rank != 0) return 0;
+  const auto ppl = [](double l) { return std::exp(l); };
+  std::printf("evaluate: %s%s on the %s split; config: %s\n", source->path().c_str(),
+              source->step() >= 0 ? fmt::format(" (step {})", source->step()).c_str() : "", data::dataset_split_name(split),
+              config_source.c_str());
+  nlohmann::json sources = nlohmann::json::array();
+  for (size_t k = 0; k < by_source.size(); ++k) {
+    const train::SourceLoss& s = by_source[k];
+    const train::Trainer::EvalPlan& p = plan[k];  // evaluate() reports the sources in the plan's order
+    std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens: loss %.6f, perplexity %.4g, %.4f bits per token\n",
+                s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
+                static_cast<long long>(p.micro_batches), static_cast<long long>(p.sequences / p.micro_batches),
+                static_cast<long long>(s.tokens), s.loss, ppl(s.loss), s.loss / std::log(2.0));
+    sources.push_back({{"path", s.path},
+                       {"samples", p.samples},
+                       {"sequences", p.sequences},
+                       {"tokens", s.tokens},
+                       {"loss", s.loss},
+                       {"perplexity", ppl(s.loss)}});
+  }
+  if (by_source.size() > 1)
+    std::printf("  mixture (the sources' losses in their weights): loss %.6f, perplexity %.4g\n", loss, ppl(loss));
+  std::printf("  %lld tokens in %.2f s, %.0f tokens/s on %d rank(s)\n", static_cast<long long>(tokens), seconds,
+              seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, rt->topology().world_size);
+  if (!o.json.empty()) {
+    write_json_file(o.json, {{"weights", source->path()},
+                             {"step", source->step()},
+                             {"split", data::dataset_split_name(split)},
+                             {"config", config_source},
+                             {"seq_len", c.data.seq_len},
+                             {"layout", data::batch_layout_name(c.data.layout)},
+                             {"ranks", rt->topology().world_size},
+                             {"sources", sources},
+                             {"loss", loss},
+                             {"perplexity", ppl(loss)},
+                             {"tokens", tokens},
+                             {"seconds", seconds}});
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_evaluate_command(CLI::App& parent) {
+  auto o = std::make_shared<EvaluateOptions>();
+  Command c;
+  c.app = parent.add_subcommand("evaluate", "the loss and perplexity of trained weights on a dataset's validation or training split");
+  c.app->add_option("--weights,-w", o->weights,
+                    "a checkpoint, a directory of checkpoints (its newest), a consolidated .h5 or a Hugging Face directory")
+      ->required();
+  c.app->add_option("--split", o->split, "validation (the held-out samples) or train")->capture_default_str();
+  c.app->add_option("--batches", o->batches, "evaluation batches (micro-batch x ranks sequences) per source, or all")->capture_default_str();
+  c.app->add_option("--json", o->json, "also write the results to this JSON file");
+  o->args.add_to(c.app, ConfigArgs::Use::Evaluate);
+  c.app->footer("The data, sequence length, layout and mesh come from --config, else from the checkpoint's own run config, "
+                "else the defaults; --section.key overrides any of them (e.g. --data.path other.h5). The model is the weights'.\n"
+                "docs/training.md, \"Evaluating weights\".");
+  c.launch = Launch::Mpi;
+  c.run = [o](Runtime* rt) { return run_evaluate(*o, rt); };
+  return c;
+}
+
+}  // namespace shardtrain::cli

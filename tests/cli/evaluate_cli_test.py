@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""`shardtrain evaluate`: the loss of trained weights on a dataset split, checked against the training run itself.
+A 2-rank run logs its validation loss at steps 6 and 12 and saves a checkpoint at each; evaluate must give
+the same loss, to the last bit, from each checkpoint on the same ranks and batches, and from the f32
+consolidated file and Hugging Face directory of step 12 (the same weights); a bf16 export is close but not
+equal. Over the whole split the loss does not depend on the rank count, and the counts follow from the
+dataset (whole batches of the split's samples, every position a target in the packed layout). Bad input:
+weights of another tokenizer, a missing path, bad --batches / --split, no dataset: one error each, the
+documented exit code. evaluate writes nothing into the run directory, only --json, whole."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = args.shardtrain
+moby = clitest.corpus(args, "moby-dick")
+tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby512", 0.1)
+_, other = clitest.prepare_dataset(args, moby, work, 384, "moby384", 0.1)  # another tokenizer, same texts
+
+SEQ, GB = 64, 8
+config = os.path.join(work, "run.toml")
+with open(config, "w") as f:
+    f.write(f"""[model]
+vocab_size = 512
+max_position_embeddings = 128
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+
+[schedule]
+warmup_steps = 2
+max_steps = 12
+eval_every = 6
+eval_batches = 3
+
+[data]
+path = "{ds}"
+seq_len = {SEQ}
+global_batch_size = {GB}
+
+[checkpoint]
+every_n_steps = 6
+
+[logging]
+progress = "off"
+peak_flops = 1e10
+""")
+info = json.loads(subprocess.run([st, "dataset", "info", ds, "--seq-len", str(SEQ), "--json"], capture_output=True, text=True,
+                                 check=True).stdout)["datasets"][0]
+val_samples, train_samples = info["validation"]["packed"]["samples"], info["train"]["packed"]["samples"]
+
+run_dir = os.path.join(work, "run")
+mpi = [args.mpiexec, "--oversubscribe", "-np", "2"]
+p = subprocess.run([*mpi, st, "train", "--config", config, "--logging.run_dir", run_dir], capture_output=True, text=True)
+if p.returncode != 0:
+    check(False, f"the training run: exit {p.returncode}: {p.stderr[-2000:]}")
+    check.finish("")
+evals = {e["step"]: e for e in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if e["kind"] == "eval"}
+check(sorted(evals) == [6, 12], f"validation losses at steps 6 and 12: {sorted(evals)}")
+before = sorted(os.listdir(run_dir)), open(os.path.join(run_dir, "metrics.jsonl")).read()
+ckpts = os.path.join(run_dir, "checkpoints")
+
+
+def evaluate(*extra, ranks=2, name="out"):
+    """Runs evaluate with --json; returns (process, the JSON or None)."""
+    out = os.path.join(work, f"{name}.json")
+    if os.path.exists(out):
+        os.unlink(out)
+    cmd = [st, "evaluate", *extra, "--json", out]
+    p = subprocess.run([*([args.mpiexec, "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []), *cmd], capture_output=True, text=True)
+    return p, (json.load(open(out)) if os.path.exists(out) else None)
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+# ---- the run's own validation loss, from each checkpoint: same ranks, same batches -------------------------
+for step in (6, 12):
+    p, j = evaluate("--weights", os.path.join(ckpts, f"step_{step:08d}"), "--batches", "3", name=f"step{step}")
+    check(p.returncode == 0 and j is not None, f"step {step}: exit {p.returncode}: {p.stderr[-1500:]}")
+    if j:
+        check(j["loss"] == evals[step]["val_loss"] and j["tokens"] == evals[step]["val_tokens"] and j["step"] == step,
+              f"step {step}: evaluate {j['loss']!r} ({j['tokens']} tokens), the run logged {evals[step]['val_loss']!r} "
+              f"({evals[step]['val_tokens']} tokens)")
+        check(j["sources"][0]["sequences"] == 3 * GB and j["tokens"] == 3 * GB * SEQ and j["config"] == "the run config saved with the weights",
+              f"step {step}: 3 batches of {GB} x {SEQ} tokens, the checkpoint's config: {j}")
+        check(f"loss {j['loss']:.6f}" in p.stdout and f"{3 * GB} of {val_samples} samples (3 batch(es) of {GB})" in p.stdout,
+              f"step {step}: the printed report: {p.stdout}")
+p, j = evaluate("--weights", ckpts, "--batches", "3", name="newest")
+check(j is not None and j["step"] == 12 and j["loss"] == evals[12]["val_loss"], f"a directory of checkpoints: its newest: {j} {p.stderr[-800:]}")
+
+# ---- the same weights in the other forms ---------------------------------------------------------------------
+exports = {}
+for name, cmd in (("full.h5", []), ("hf", ["--format", "safetensors"]), ("hf-bf16", ["--format", "safetensors", "--dtype", "bf16"])):
+    exports[name] = os.path.join(work, name)
+    subprocess.run([st, "consolidate", os.path.join(ckpts, "step_00000012"), "-o", exports[name], *cmd, "--log-level", "warn"], check=True)
+for name in ("full.h5", "hf"):
+    p, j = evaluate("--weights", exports[name], "--config", config, "--batches", "3", name=name)
+    check(j is not None and j["loss"] == evals[12]["val_loss"] and j["step"] == -1,
+          f"{name} (f32, the step-12 weights): {j and j['loss']!r} vs {evals[12]['val_loss']!r}: {p.stderr[-800:]}")
+p, j = evaluate("--weights", exports["hf-bf16"], "--config", config, "--batches", "3", name="bf16")
+check(j is not None and 0 < rel(j["loss"], evals[12]["val_loss"]) < 1e-2,
+      f"bf16 export: near the f32 loss but not equal: {j and j['loss']!r} vs {evals[12]['val_loss']!r}")
+# Without a config, a Hugging Face directory has no data: said, exit 3 (the defaults' data.path is empty).
+p, j = evaluate("--weights", exports["hf"], ranks=1, name="noconfig")
+check(p.returncode == 3 and "data.path" in p.stderr and j is None, f"no config, no data: exit {p.returncode}: {p.stderr[-800:]}")
+p, j = evaluate("--weights", exports["hf"], "--data.path", ds, "--data.seq_len", str(SEQ), "--data.global_batch_size", str(GB),
+                "--batches", "3", name="hfdata")
+check(j is not None and j["loss"] == evals[12]["val_loss"], f"a Hugging Face directory with --data.*: {j and j['loss']!r}: {p.stderr[-800:]}")
+
+# ---- the whole split: the counts from the dataset; the loss independent of the rank count ------------------
+whole = val_samples - val_samples % GB
+p1, j1 = evaluate("--weights", ckpts, ranks=1, name="whole1")
+p2, j2 = evaluate("--weights", ckpts, ranks=2, name="whole2")
+for r, (p, j) in enumerate(((p1, j1), (p2, j2)), 1):
+    check(j is not None and j["sources"][0]["samples"] == val_samples and j["sources"][0]["sequences"] == whole and j["tokens"] == whole * SEQ
+          and j["ranks"] == r, f"the whole split on {r} rank(s): {whole} sequences of {val_samples}: {j} {p.stderr[-800:]}")
+if j1 and j2:
+    check(rel(j1["loss"], j2["loss"]) < 1e-6, f"1 rank vs 2 ranks: {j1['loss']!r} vs {j2['loss']!r}")
+    check(j1["loss"] != evals[12]["val_loss"], "the whole split is more than the run's 3 batches")
+p, j = evaluate("--weights", ckpts, "--split", "train", "--batches", "2", name="train")
+check(j is not None and j["split"] == "train" and j["sources"][0]["samples"] == train_samples and j["tokens"] == 2 * GB * SEQ,
+      f"--split train --batches 2: {j} {p.stderr[-800:]}")
+
+# ---- bad input: one error each, its exit code, no JSON -------------------------------------------------------
+p, j = evaluate("--weights", ckpts, "--data.path", other, ranks=2, name="othertok")
+check(p.returncode == 5 and "trained with tokenizer" in p.stderr and other in p.stderr and j is None,
+      f"weights of another tokenizer: exit {p.returncode}: {p.stderr[-800:]}")
+big = 2 * (val_samples // 2 + 1)  # one evaluation batch (micro-batch x 2 ranks) larger than the split
+p, j = evaluate("--weights", ckpts, "--data.global_batch_size", str(big), ranks=2, name="toobig")
+check(p.returncode == 4 and f"no source has {big} validation samples" in p.stderr and j is None,
+      f"a split smaller than one batch: exit {p.returncode}: {p.stderr[-800:]}")
+p, j = evaluate("--weights", os.path.join(work, "nowhere"), ranks=1, name="missing")
+check(p.returncode == 5 and "nowhere" in p.stderr and j is None, f"missing weights: exit {p.returncode}: {p.stderr[-800:]}")
+for bad, what in ((["--batches", "0"], "--batches '0'"), (["--split", "test"], "--split 'test'")):
+    p, j = evaluate("--weights", ckpts, *bad, ranks=1, name="bad")
+    check(p.returncode == 2 and what in p.stderr and j is None, f"{bad}: exit {p.returncode}: {p.stderr[-800:]}")
+
+# ---- nothing written but --json -------------------------------------------------------------------------------
+after = sorted(os.listdir(run_dir)), open(os.path.join(run_dir, "metrics.jsonl")).read()
+check(after == before, f"the run directory is unchanged: {before[0]} -> {after[0]}")
+check(not [n for n in os.listdir(work) if n.endswith(".tmp")], f"no temporary files left: {os.listdir(work)}")
+check.finish(f"evaluate: the run's validation losses at steps 6 and 12 bit for bit (from checkpoints, f32 exports), the whole split "
+             f"({whole} of {val_samples} samples) on 1 and 2 ranks, bad input refused: all passed")
