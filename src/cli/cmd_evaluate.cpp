@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "command.hpp"
 #include "config_args.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/inputs.hpp"
@@ -30,7 +32,36 @@ struct EvaluateOptions {
   std::string split = "validation";
   std::string batches = "all";
   std::string json;
+  std::string tokenizer;  // for bits per byte; "" = the one the dataset names
 };
+
+// Each id's length in bytes under the dataset's tokenizer (0 for special tokens: they stand for no text),
+// for bits per byte, the measure that does not depend on the tokenizer. Empty, with a warning, when the
+// tokenizer cannot be read; a tokenizer other than the dataset's is an error.
+std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDataset& dataset) {
+  const data::DatasetInfo& info = dataset.info();
+  const std::string path = given.empty() ? info.tokenizer_path : given;
+  std::optional<data::Tokenizer> tok;
+  try {
+    if (!path.empty()) tok = data::Tokenizer::load(path);
+  } catch (const DataError& e) {
+    if (!given.empty()) throw;
+    log::warn("evaluate: no bits per byte: the dataset's tokenizer cannot be read ({}); give it with --tokenizer", e.what());
+    return {};
+  }
+  if (!tok) {
+    log::warn("evaluate: no bits per byte: {} names no tokenizer file; give it with --tokenizer", dataset.path());
+    return {};
+  }
+  if (!info.tokenizer_hash.empty() && tok->hash() != info.tokenizer_hash)
+    throw DataError(fmt::format("--tokenizer {}: {} is not the tokenizer of {} ({}, {})", path, tok->hash(), dataset.path(),
+                                info.tokenizer_name, info.tokenizer_hash));
+  std::vector<uint32_t> bytes(tok->vocab_size());
+  for (size_t id = 0; id < bytes.size(); ++id) bytes[id] = static_cast<uint32_t>(tok->token_bytes(static_cast<data::TokenId>(id)).size());
+  for (const data::SpecialToken& s : tok->special_tokens())  // token_bytes gives their content ("<|endoftext|>")
+    if (s.id < bytes.size()) bytes[s.id] = 0;
+  return bytes;
+}
 
 int64_t parse_batches(const std::string& text) {
   if (text == "all") return 0;
@@ -92,14 +123,19 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
 
   const std::vector<train::Trainer::EvalPlan> plan = trainer.eval_plan();
   const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, trainer.dataset());  // a mixture's sources share one
   int64_t tokens = 0;
   std::vector<train::SourceLoss> by_source;
-  const double loss = trainer.evaluate(&tokens, &by_source);
+  const double loss = trainer.evaluate(&tokens, &by_source, id_bytes.empty() ? nullptr : &id_bytes);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (by_source.empty()) by_source.push_back({plan.front().path, loss, tokens});  // one source: the total is its own
 
   if (rt->topology().world_rank != 0) return 0;
   const auto ppl = [](double l) { return std::exp(l); };
+  // Bits per byte: the source's loss in bits over its targets' bytes. A mixture's is the sources' in their
+  // weights, as its loss.
+  const auto bpb = [](const train::SourceLoss& s) {
+    return s.bytes > 0 ? s.loss * static_cast<double>(s.tokens) / std::log(2.0) / static_cast<double>(s.bytes) : 0.0;
+  };
   std::printf("evaluate: %s%s on the %s split; config: %s\n", source->path().c_str(),
               source->step() >= 0 ? fmt::format(" (step {})", source->step()).c_str() : "", data::dataset_split_name(split),
               config_source.c_str());
@@ -107,19 +143,23 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   for (size_t k = 0; k < by_source.size(); ++k) {
     const train::SourceLoss& s = by_source[k];
     const train::Trainer::EvalPlan& p = plan[k];  // evaluate() reports the sources in the plan's order
-    std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens: loss %.6f, perplexity %.4g, %.4f bits per token\n",
+    std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens%s: loss %.6f, perplexity %.4g, %.4f bits per token%s\n",
                 s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
                 static_cast<long long>(p.micro_batches), static_cast<long long>(p.sequences / p.micro_batches),
-                static_cast<long long>(s.tokens), s.loss, ppl(s.loss), s.loss / std::log(2.0));
-    sources.push_back({{"path", s.path},
-                       {"samples", p.samples},
-                       {"sequences", p.sequences},
-                       {"tokens", s.tokens},
-                       {"loss", s.loss},
-                       {"perplexity", ppl(s.loss)}});
+                static_cast<long long>(s.tokens), s.bytes ? fmt::format(" ({} bytes)", s.bytes).c_str() : "", s.loss, ppl(s.loss),
+                s.loss / std::log(2.0), s.bytes ? fmt::format(", {:.4f} bits per byte", bpb(s)).c_str() : "");
+    nlohmann::json j = {{"path", s.path},         {"samples", p.samples}, {"sequences", p.sequences},
+                        {"tokens", s.tokens},     {"loss", s.loss},       {"perplexity", ppl(s.loss)},
+                        {"bits_per_token", s.loss / std::log(2.0)}};
+    if (s.bytes) j["bytes"] = s.bytes, j["bits_per_byte"] = bpb(s);
+    sources.push_back(std::move(j));
   }
+  double mixed_bpb = 0, weights = 0;
+  for (size_t k = 0; k < by_source.size(); ++k) mixed_bpb += plan[k].weight * bpb(by_source[k]), weights += plan[k].weight;
+  mixed_bpb = id_bytes.empty() || weights <= 0 ? 0.0 : mixed_bpb / weights;
   if (by_source.size() > 1)
-    std::printf("  mixture (the sources' losses in their weights): loss %.6f, perplexity %.4g\n", loss, ppl(loss));
+    std::printf("  mixture (the sources' losses in their weights): loss %.6f, perplexity %.4g%s\n", loss, ppl(loss),
+                mixed_bpb > 0 ? fmt::format(", {:.4f} bits per byte", mixed_bpb).c_str() : "");
   std::printf("  %lld tokens in %.2f s, %.0f tokens/s on %d rank(s)\n", static_cast<long long>(tokens), seconds,
               seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, rt->topology().world_size);
   if (!o.json.empty()) {
@@ -133,6 +173,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
                              {"sources", sources},
                              {"loss", loss},
                              {"perplexity", ppl(loss)},
+                             {"bits_per_byte", mixed_bpb > 0 ? nlohmann::json(mixed_bpb) : nlohmann::json()},
                              {"tokens", tokens},
                              {"seconds", seconds}});
   }
@@ -151,6 +192,7 @@ Command add_evaluate_command(CLI::App& parent) {
   c.app->add_option("--split", o->split, "validation (the held-out samples) or train")->capture_default_str();
   c.app->add_option("--batches", o->batches, "evaluation batches (micro-batch x ranks sequences) per source, or all")->capture_default_str();
   c.app->add_option("--json", o->json, "also write the results to this JSON file");
+  c.app->add_option("--tokenizer", o->tokenizer, "the dataset's tokenizer, for bits per byte (default: the file the dataset names)");
   o->args.add_to(c.app, ConfigArgs::Use::Evaluate);
   c.app->footer("The data, sequence length, layout and mesh come from --config, else from the checkpoint's own run config, "
                 "else the defaults; --section.key overrides any of them (e.g. --data.path other.h5). The model is the weights'.\n"

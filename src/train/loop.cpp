@@ -179,14 +179,20 @@ void Trainer::step_once(StepMetrics& m) {
   step_seconds_ += m.step_time_s;
 }
 
-double Trainer::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source) {
+double Trainer::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source, const std::vector<uint32_t>* bytes_per_id) {
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   if (eval_sources_.empty()) return nan;
   std::vector<double> sums;  // per source: loss sum, tokens
-  for (EvalSource& e : eval_sources_) {
+  std::vector<int64_t> bytes(eval_sources_.size(), 0);
+  for (size_t k = 0; k < eval_sources_.size(); ++k) {
+    EvalSource& e = eval_sources_[k];
     e.loader->seek({0, 0});  // the same held-out batches every time
     for (int64_t i = 0; i < e.micro_batches; ++i) {
       data::MicroBatch mb = e.loader->next();
+      if (bytes_per_id) {
+        for (const int32_t t : mb.targets)
+          if (t >= 0 && static_cast<size_t>(t) < bytes_per_id->size()) bytes[k] += (*bytes_per_id)[static_cast<size_t>(t)];
+      }
       engine_->forward(model_batch(mb));
       if (ops_->device() == DeviceKind::Cuda) stream_synchronize({});  // the upload ran before the loader refills it
       e.loader->recycle(std::move(mb));
@@ -196,13 +202,14 @@ double Trainer::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_so
     sums.push_back(static_cast<double>(total.tokens));
   }
   comms_->world().all_reduce(std::span<double>(sums), ReduceOp::Sum);
+  if (bytes_per_id) comms_->world().all_reduce(std::span<int64_t>(bytes), ReduceOp::Sum);
   double weighted = 0, weight = 0, tokens = 0;
   for (size_t k = 0; k < eval_sources_.size(); ++k) {
     const double loss = sums[2 * k + 1] > 0 ? sums[2 * k] / sums[2 * k + 1] : nan;
     tokens += sums[2 * k + 1];
     if (sums[2 * k + 1] > 0) weighted += eval_sources_[k].weight * loss, weight += eval_sources_[k].weight;
-    if (by_source && sources_.size() > 1)
-      by_source->push_back({eval_sources_[k].loader->source().dataset(0).path(), loss, static_cast<int64_t>(sums[2 * k + 1])});
+    if (by_source)
+      by_source->push_back({eval_sources_[k].loader->source().dataset(0).path(), loss, static_cast<int64_t>(sums[2 * k + 1]), bytes[k]});
   }
   if (counted_tokens) *counted_tokens = static_cast<int64_t>(tokens);
   if (eval_sources_.size() == 1) return sums[1] > 0 ? sums[0] / sums[1] : nan;
@@ -215,6 +222,7 @@ void Trainer::maybe_evaluate(bool force) {
   const auto t0 = Clock::now();
   EvalMetrics e;
   e.val_loss = evaluate(&e.val_tokens, &e.by_source);
+  if (sources_.size() == 1) e.by_source.clear();  // one source: its loss is val_loss
   e.step = state_.step;
   e.tokens = state_.tokens_seen;
   e.eval_time_s = seconds_since(t0);

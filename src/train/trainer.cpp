@@ -351,7 +351,7 @@ std::vector<Trainer::EvalPlan> Trainer::eval_plan() const {
   for (const EvalSource& e : eval_sources_)
     plan.push_back({e.loader->source().dataset(0).path(), e.micro_batches,
                     e.micro_batches * micro_batch_ * runtime_->topology().world_size,
-                    static_cast<int64_t>(e.loader->source().num_samples())});
+                    static_cast<int64_t>(e.loader->source().num_samples()), e.weight});
   return plan;
 }
 

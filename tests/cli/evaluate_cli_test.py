@@ -8,6 +8,7 @@ dataset (whole batches of the split's samples, every position a target in the pa
 weights of another tokenizer, a missing path, bad --batches / --split, no dataset: one error each, the
 documented exit code. evaluate writes nothing into the run directory, only --json, whole."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -130,6 +131,46 @@ if j1 and j2:
 p, j = evaluate("--weights", ckpts, "--split", "train", "--batches", "2", name="train")
 check(j is not None and j["split"] == "train" and j["sources"][0]["samples"] == train_samples and j["tokens"] == 2 * GB * SEQ,
       f"--split train --batches 2: {j} {p.stderr[-800:]}")
+
+# ---- bits per byte: the targets' bytes, counted independently of the tokenizer ---------------------------------
+# Short documents of known text, each whole in one padded row ([BOT] doc [EOT]: every byte of it is a target,
+# and one [EOT] per row, which stands for no bytes). A byte-level tokenizer (one token per byte) and a BPE with
+# merges must count the same bytes: the validation documents' text, which is the byte-level dataset's token count.
+short = os.path.join(work, "short")
+os.makedirs(short)
+for i in range(40):
+    with open(os.path.join(short, f"doc_{i:02d}.txt"), "w") as f:
+        f.write("".join("the quick brown fox jumps over a lazy dog "[(i * 5 + k * 3) % 42] for k in range(20 + 2 * i)))
+bytes_tok, bytes_ds = os.path.join(work, "bytes.json"), os.path.join(work, "bytes.h5")
+subprocess.run([st, "tokenizer", "train", "--input", short, "--vocab-size", "260", "--min-frequency", "1000000000", "--output", bytes_tok,
+                "--log-level", "error"], check=True)
+subprocess.run([st, "prepare-data", "-t", bytes_tok, "-i", short, "-o", bytes_ds, "--validation-fraction", "0.2", "--log-level", "warn"],
+               check=True)
+bpe_tok, bpe_ds = clitest.prepare_dataset(args, short, work, 300, "short-bpe", 0.2)
+vinfo = {}
+for d in (bytes_ds, bpe_ds):
+    vinfo[d] = json.loads(subprocess.run([st, "dataset", "info", d, "--seq-len", "128", "--json"], capture_output=True, text=True,
+                                         check=True).stdout)["datasets"][0]["validation"]
+text_bytes, docs = vinfo[bytes_ds]["tokens"], vinfo[bytes_ds]["documents"]
+padded = ["--weights", exports["hf"], "--config", config, "--data.layout", "padded", "--data.seq_len", "128"]  # rows hold every document
+for d in (bytes_ds, bpe_ds):
+    p, j = evaluate(*padded, "--data.path", d, name="bpb")
+    s = j["sources"][0] if j else {}
+    check(j is not None and s["sequences"] == docs and s["tokens"] == vinfo[d]["tokens"] + docs and s["bytes"] == text_bytes,
+          f"{os.path.basename(d)}: {docs} rows, tokens = the documents' {vinfo[d]['tokens']} + one [EOT] each, bytes = the text's "
+          f"{text_bytes}: {s} {p.stderr[-800:]}")
+    if j:
+        check(vinfo[d]["padded"]["documents_cut"] == 0 and abs(s["bits_per_byte"] - s["loss"] * s["tokens"] / math.log(2) / s["bytes"]) < 1e-12 and j["bits_per_byte"] == s["bits_per_byte"],
+              f"bits per byte = loss x tokens / ln 2 / bytes: {s}")
+p, j = evaluate(*padded, "--data.path", bytes_ds, "--tokenizer", bpe_tok, name="wrongtok")
+check(p.returncode == 4 and "is not the tokenizer of" in p.stderr and j is None, f"--tokenizer of another dataset: exit {p.returncode}: {p.stderr[-800:]}")
+# A mixture: each source's loss and bytes, and the sources' mean in the mixture's weights.
+p, j = evaluate(*padded, "--data.mixture", f"{bytes_ds}:1,{ds}:3", "--batches", "1", name="mixture")
+check(j is not None and len(j["sources"]) == 2, f"a mixture reports each source: {j} {p.stderr[-800:]}")
+if j and len(j["sources"]) == 2:
+    a, b = j["sources"]
+    check(abs(j["loss"] - (a["loss"] + 3 * b["loss"]) / 4) < 1e-12 and abs(j["bits_per_byte"] - (a["bits_per_byte"] + 3 * b["bits_per_byte"]) / 4) < 1e-12,
+          f"the mixture's loss and bits per byte are the sources' in weights 1:3: {j}")
 
 # ---- bad input: one error each, its exit code, no JSON -------------------------------------------------------
 p, j = evaluate("--weights", ckpts, "--data.path", other, ranks=2, name="othertok")

@@ -44,6 +44,7 @@ struct SourceLoss {
   std::string path;
   double loss = 0;
   int64_t tokens = 0;  // counted targets, all ranks
+  int64_t bytes = 0;   // those targets' bytes, when evaluate() was given each id's byte length (else 0)
 };
 
 struct EvalMetrics {

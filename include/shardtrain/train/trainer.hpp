@@ -117,10 +117,13 @@ class Trainer {
   void add_hooks(TrainerHooks* hooks);  // not owned; called in the order added
   TrainSummary run();
 
-  // Validation loss on the held-out split (collective); NaN when evaluation is off or impossible. With a
-  // data mixture, each source's held-out samples give its own loss (into by_source), and the result is
-  // their mean in the mixture's weights: the expected loss of a token drawn as training draws them.
-  double evaluate(int64_t* counted_tokens = nullptr, std::vector<SourceLoss>* by_source = nullptr);
+  // Validation loss on the held-out split (collective); NaN when evaluation is off or impossible. Each
+  // source's held-out samples give its own loss (into by_source, one entry per evaluated source), and with
+  // a data mixture the result is their mean in the mixture's weights: the expected loss of a token drawn as
+  // training draws them. `bytes_per_id` (a tokenizer's byte length of each id, 0 for special tokens) adds
+  // up the counted targets' bytes into by_source, for bits per byte.
+  double evaluate(int64_t* counted_tokens = nullptr, std::vector<SourceLoss>* by_source = nullptr,
+                  const std::vector<uint32_t>* bytes_per_id = nullptr);
 
   const TrainerState& state() const { return state_; }
   // Continues from `s` (after the shards and AdamW states were loaded): seeks the loader, sets AdamW's step.
@@ -148,6 +151,7 @@ class Trainer {
     int64_t micro_batches = 0;  // per rank
     int64_t sequences = 0;      // over all ranks
     int64_t samples = 0;        // in the split (the last partial batch is not read)
+    double weight = 1;          // in the mixture
   };
   std::vector<EvalPlan> eval_plan() const;
   const optim::LrSchedule& schedule() const { return *schedule_; }
