@@ -2,7 +2,8 @@
 # The main job on a fresh machine: install, build, fetch the default corpus, train a small BPE
 # tokenizer on it, prepare the dataset, train configs/tiny-cpu.toml on 2 ranks with FULL_SHARD for about
 # a minute (the loss falls from ~8.4 to ~5.4) with checkpoints, plot the metrics, consolidate the last
-# checkpoint into a Hugging Face directory, sample text from it, and say where everything is.
+# checkpoint into a Hugging Face directory, evaluate it on the held-out split, sample text from it, and say
+# where everything is.
 # Extra arguments go to `shardtrain check` and `shardtrain train` (e.g. --schedule.max_steps 50).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -57,6 +58,9 @@ say "the last checkpoint, its checksums verified"
 say "consolidating it into a Hugging Face directory (safetensors, config.json, tokenizer.json)"
 "$bin" consolidate "$checkpoint" --output "$run_dir/hf" --format safetensors
 
+say "the trained model on the held-out split: loss, perplexity, bits per byte (2 ranks, the run's own config)"
+mpirun --oversubscribe -np 2 "$bin" evaluate --weights "$checkpoint" --json "$run_dir/eval.json" --log-level warn
+
 say "a sample from the trained model"
 "$bin" generate --checkpoint "$run_dir/hf" --prompt "My fellow citizens," --max-tokens 60 --seed 7 --log-level warn
 
@@ -79,7 +83,7 @@ cat <<EOF_SUMMARY
     dataset             $dataset
     run directory       $run_dir
       resolved config   $run_dir/config.toml   (train --config $run_dir/config.toml repeats the run)
-      metrics           $run_dir/metrics.jsonl (one JSON line per step and per evaluation)
+      metrics           $run_dir/metrics.jsonl (one JSON line per step and per evaluation); evaluate's: $run_dir/eval.json
       plots             $run_dir/loss.png, $run_dir/throughput.png
       checkpoints       $run_dir/checkpoints/  (resume: add --resume auto --checkpoint.dir $run_dir/checkpoints)
       Hugging Face      $run_dir/hf/  (LlamaForCausalLM.from_pretrained loads it)
