@@ -169,8 +169,9 @@ def run_part(name, cmd, args, json_path):
 
 # ---------------------------------------------------------------- PyTorch part (runs in its own process)
 
-def load_batches(cfg, torch, micro, count, device):
-    """`count` micro-batches (inputs, targets), (micro, S) int64 on `device`, and a description of the source."""
+def load_batches(cfg, torch, micro, count, device, split="train"):
+    """`count` micro-batches (inputs, targets), (micro, S) int64 on `device`, and a description of the source;
+    the samples of the data set's `split` (train or validation) in order."""
     data, vocab = cfg["data"], cfg["model"]["vocab_size"]
     S, layout, path = data["seq_len"], data.get("layout", "packed"), data.get("path", "")
     need = micro * count
@@ -180,7 +181,7 @@ def load_batches(cfg, torch, micro, count, device):
         try:
             import h5py
             with h5py.File(path, "r") as h:
-                tokens, offsets, docs = h["tokens"], h["doc_offsets"][...], h["split/train"][...]
+                tokens, offsets, docs = h["tokens"], h["doc_offsets"][...], h[f"split/{split}"][...]
                 eot, bot, pad = int(h.attrs["eot_id"]), int(h.attrs.get("bot_id", -1)), int(h.attrs.get("pad_id", -1))
                 if layout == "packed":
                     stream, d = [], 0
@@ -201,7 +202,7 @@ def load_batches(cfg, torch, micro, count, device):
                         tgt = [t if i < real - 1 else -100 for i, t in enumerate(seq[1:])]
                         samples.append((seq[:S], tgt))
             if samples:
-                source = f"{path} ({layout}, first {min(len(samples), need)} samples of the train split, in order)"
+                source = f"{path} ({layout}, first {min(len(samples), need)} samples of the {split} split, in order)"
         except Exception as e:  # noqa: BLE001 - any unreadable file falls back to random ids, said in the table
             print(f"note: reading {path} failed ({e}); using random token ids", file=sys.stderr)
             samples = []

@@ -93,4 +93,21 @@ for dtype, hf in exports.items():
                                           f"transformers:\n{theirs['text']!r}")
         check(len(theirs["new_ids"]) > 0, f"{dtype} prompt {i}: transformers generated nothing")
 
-check.finish("Hugging Face export: AutoTokenizer and LlamaForCausalLM load it; same ids and the same greedy text (f32, bf16)")
+# `shardtrain evaluate` on the export (2 ranks, the padded layout, the held-out split in batches of 2: its
+# 7 documents give 3) against LlamaForCausalLM's own loss over the same samples, read from the data set by
+# an independent reader.
+for dtype, hf in exports.items():
+    out = os.path.join(work, f"eval-{dtype}.json")
+    run(args.mpiexec, "--oversubscribe", "-np", "2", st, "evaluate", "--weights", hf, "--config", "configs/tiny-cpu.toml",
+        "--data.path", ds, "--data.layout", "padded", "--data.seq_len", "64", "--data.global_batch_size", "2",
+        "--json", out, "--log-level", "warn")
+    ours = json.load(open(out)) if os.path.exists(out) else {"loss": float("nan"), "tokens": -1}
+    theirs = env.side("evaluate", hf, "--data", ds, "--seq", "64", "--samples", str(ours.get("sources", [{}])[0].get("sequences", 1)))
+    diff = abs(ours["loss"] - theirs["loss"]) / theirs["loss"]
+    print(f"evaluate {dtype}: shardtrain loss {ours['loss']:.7f} over {ours['tokens']} tokens, transformers {theirs['loss']:.7f} over "
+          f"{theirs['tokens']}: {diff:.1e} relative")
+    check(ours["tokens"] == theirs["tokens"] and diff < 1e-5,
+          f"evaluate {dtype}: shardtrain {ours['loss']!r} ({ours['tokens']} tokens) vs transformers {theirs['loss']!r} ({theirs['tokens']})")
+
+check.finish("Hugging Face export: AutoTokenizer and LlamaForCausalLM load it; same ids and the same greedy text (f32, bf16); "
+             "shardtrain evaluate's loss is transformers' on the same held-out samples")

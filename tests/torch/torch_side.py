@@ -19,6 +19,9 @@ prints one JSON object on its last line. Verbs:
       parameter, or with --decay trainer those transformers' Trainer.get_decay_parameter_names names); the data set's padded
       samples in order (no shuffle), one global batch per step. Writes the final weights to OUT_DIR
       (save_pretrained): {"steps": [{"step", "loss", "lr", "grad_norm"}...]}
+  evaluate DIR --data H5 --seq S --samples N
+      LlamaForCausalLM from DIR, in f32, over the first N padded samples of the data set's validation split:
+      {"loss": the mean cross-entropy over the counted targets (summed in float64), "tokens": their count}
   tokenize DIR TEXT...
       AutoTokenizer from DIR: {"class": ..., "ids": [[...] per text], "bos"/"eos"/"pad": [text, id] or null}
   generate DIR --prompt TEXT --max-new-tokens N
@@ -152,6 +155,31 @@ def seed_loop(a):
     plain.load_state_dict(full, strict=True)
     plain.save_pretrained(a.out_dir)
     return {"steps": steps, "data": source}
+
+
+def evaluate(a):
+    """The mean loss of LlamaForCausalLM from a.dir over the first a.samples padded samples of the data set's
+    validation split, as `shardtrain evaluate` reads them (bench-vs-pytorch.py's reader: [BOT] doc [EOT] [PAD]...)."""
+    import importlib.util
+    import os
+    from transformers import LlamaForCausalLM
+    bench_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "bench-vs-pytorch.py")
+    spec = importlib.util.spec_from_file_location("bench_vs_pytorch", bench_path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = LlamaForCausalLM.from_pretrained(a.dir, dtype=torch.float32, attn_implementation="eager").eval()
+    cfg = {"data": {"seq_len": a.seq, "layout": "padded", "path": a.data}, "model": {"vocab_size": model.config.vocab_size}}
+    batches, source = bench.load_batches(cfg, torch, 1, a.samples, "cpu", split="validation")
+    if not source.startswith(a.data):
+        raise SystemExit(f"{a.data}: not read ({source})")
+    total, counted = 0.0, 0
+    with torch.no_grad():
+        for inp, tgt in batches:
+            logits = model(input_ids=inp, use_cache=False).logits
+            total += float(torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).double(), tgt.view(-1),
+                                                             ignore_index=-100, reduction="sum"))
+            counted += int((tgt != -100).sum())
+    return {"loss": total / counted, "tokens": counted, "data": source}
 
 
 def tokenize(a):
@@ -307,6 +335,11 @@ def main():
     g.add_argument("dir")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=40)
+    e = sub.add_parser("evaluate")
+    e.add_argument("dir")
+    e.add_argument("--data", required=True)
+    e.add_argument("--seq", type=int, required=True)
+    e.add_argument("--samples", type=int, required=True)
     c = sub.add_parser("fsdp-config")
     c.add_argument("files", nargs="+")
     h = sub.add_parser("hf-schedules")
@@ -317,7 +350,7 @@ def main():
     a = p.parse_args()
     torch.set_float32_matmul_precision("highest")
     verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
-             "fsdp-config": fsdp_config, "hf-schedules": hf_schedules}
+             "fsdp-config": fsdp_config, "hf-schedules": hf_schedules, "evaluate": evaluate}
     result = verbs[a.verb](a)
     print(json.dumps(result))
     sys.stdout.flush()
