@@ -4,7 +4,8 @@
 # one rank (gradients reduced in fp32 and in bf16, and with gradient accumulation) and on two ranks sharing the
 # device (the MPI backend staging device buffers), bf16 on ranks with a GPU each over NCCL (TRACK_NCCL_RANKS),
 # and a run resumed from its step-2 checkpoint on two ranks against the uninterrupted one-rank run (exact
-# resume with resharding, on the GPU), and a CPU-offload run resumed from its step-2 checkpoint on one rank.
+# resume with resharding, on the GPU), a CPU-offload run resumed from its step-2 checkpoint on one rank, and
+# `shardtrain evaluate` of a checkpoint on the CPU, the GPU and two ranks sharing it (TRACK_EVAL_TOLERANCE).
 # Run by scripts/gpu/run.sh (phase track) on a GPU, and by the test suite against the CUDA emulator
 # (tests/train/CMakeLists.txt, SHARDTRAIN_CUDA=EMULATED).
 #
@@ -84,6 +85,33 @@ if CKPT=2 train ckpt_cuda 1 cuda "$@"; then
   cp -r "$OUT/ckpt_cuda/checkpoints/step_00000002" "$OUT/resumed_cuda_np2/checkpoints/"
   CKPT=2 train resumed_cuda_np2 2 cuda --checkpoint.resume auto "$@" &&
     compare resume fp32 ckpt_cuda resumed_cuda_np2 --common
+fi
+# shardtrain evaluate (the evaluation-only trainer) on the GPU: ckpt_cuda's last checkpoint scored on the
+# CPU, on the GPU, and on two ranks sharing the GPU (MPI staging), the same held-out batches each time.
+# evaluate NAME NP DEVICE: its JSON in $OUT/NAME.json.
+evaluate() {
+  local name=$1 np=$2 dev=$3
+  mpirun -np "$np" "$BIN" --device "$dev" evaluate --weights "$OUT/ckpt_cuda/checkpoints" --batches 2 --json "$OUT/$name.json" \
+    >"$OUT/$name.log" 2>&1 || { echo "FAIL: $name (exit $?): $OUT/$name.log" | tee -a "$OUT/summary.txt"; status=1; return 1; }
+}
+if [[ -d "$OUT/ckpt_cuda/checkpoints" ]] && evaluate eval_cpu 1 cpu && evaluate eval_cuda 1 cuda && evaluate eval_cuda_np2 2 cuda; then
+  if line=$(python3 - "$OUT" "${TRACK_EVAL_TOLERANCE:-1e-5}" <<'PY'
+import json, sys
+out, tol = sys.argv[1], float(sys.argv[2])
+r = {n: json.load(open(f"{out}/{n}.json")) for n in ("eval_cpu", "eval_cuda", "eval_cuda_np2")}
+ref = r["eval_cpu"]
+worst = max(abs(v["loss"] - ref["loss"]) / ref["loss"] for v in r.values())
+same = all(v["tokens"] == ref["tokens"] for v in r.values())
+print(f"loss cpu {ref['loss']:.7f}, cuda {r['eval_cuda']['loss']:.7f}, cuda x2 ranks {r['eval_cuda_np2']['loss']:.7f} over "
+      f"{ref['tokens']} tokens: {worst:.1e} relative (tolerance {tol:g})")
+sys.exit(0 if same and worst <= tol else 1)
+PY
+  ); then
+    echo "PASS: evaluate: $line" | tee -a "$OUT/summary.txt"
+  else
+    echo "FAIL: evaluate: $line" | tee -a "$OUT/summary.txt"
+    status=1
+  fi
 fi
 # CPU offload: the host update of step 2 still runs when the step returns (it overlaps the next forward), so
 # the checkpoint must wait for it. Resumed on the same one rank, the run repeats the uninterrupted one's
