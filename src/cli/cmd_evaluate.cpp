@@ -3,6 +3,7 @@
 // trainer's own evaluation (Trainer::evaluate on an evaluation-only Trainer): the same mesh, engine,
 // backend and loaders, so on the training run's ranks and batches it gives the run's validation loss, and it
 // runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -122,8 +123,8 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
                                                                    : checkpoint::ImportMode::EveryRankReadsItsSlices);
 
   const std::vector<train::Trainer::EvalPlan> plan = trainer.eval_plan();
-  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, trainer.dataset());  // a mixture's sources share one
+  const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   std::vector<train::SourceLoss> by_source;
   const double loss = trainer.evaluate(&tokens, &by_source, id_bytes.empty() ? nullptr : &id_bytes);

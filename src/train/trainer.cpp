@@ -288,8 +288,9 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
         continue;
       }
       if (samples < static_cast<size_t>(eo.global_batch_size)) {
-        log::warn("train: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}", data::dataset_split_name(eo.split), path,
-                  samples, eo.global_batch_size, mixed ? "the validation loss leaves this source out" : "no validation loss");
+        log::warn("{}: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}", eval_only ? "evaluate" : "train",
+                  data::dataset_split_name(eo.split), path, samples, eo.global_batch_size,
+                  eval_only ? "not evaluated" : mixed ? "the validation loss leaves this source out" : "no validation loss");
         continue;
       }
       EvalSource e;
