@@ -78,20 +78,6 @@ struct StrategyEstimate {
   bool fits = false;
 };
 
-// The CUDA backend's op scratch for one micro-batch: the fused loss's chunk, kernel workspaces, cuBLASLt's.
-ops::CudaScratchBytes op_scratch(const PlanOptions& o, const model::ModelSpec& spec, DType param_dtype) {
-  const model::LlamaConfig& c = spec.config();
-  ops::CudaScratchShape shape;
-  shape.batch = o.micro_batch;
-  shape.seq = o.seq;
-  shape.hidden = c.hidden_size;
-  shape.heads = c.num_attention_heads;
-  shape.vocab = c.vocab_size;
-  shape.param_dtype = param_dtype;
-  shape.lm_head_grad_dtype = DType::F32;  // the unsharded gradient buffers are fp32
-  return ops::cuda_scratch_bytes(shape);
-}
-
 StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fsdp::FsdpConfig f, ShardingStrategy s) {
   f.strategy = s;
   f.reshard_after_forward.reset();
@@ -99,18 +85,11 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const int world = o.nodes * o.gpus_per_node;
   const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
   StrategyEstimate e{s};
-  const model::ActivationPlan act(spec.config(), o.micro_batch, o.seq, f.param_dtype,
-                                  o.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
-  e.activations = static_cast<double>(act.bytes());
-  e.op_scratch = static_cast<double>(op_scratch(o, spec, f.param_dtype).total());
-  const auto state = static_cast<double>(plan.sharded_state_bytes);
-  (o.offload ? e.host_bytes : e.device_bytes) += state;
-  e.device_bytes += static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes + plan.comm_scratch_bytes) +
-                    e.activations + e.op_scratch;
-  if (o.offload) {
-    e.device_bytes += static_cast<double>(plan.offload_upload_bytes);
-    e.host_bytes += static_cast<double>(plan.offload_stage_bytes);
-  }
+  const fsdp::MemoryEstimate m = fsdp::estimate_memory(spec, f, plan, o.micro_batch, o.seq);  // f carries o's checkpointing, offload
+  e.activations = m.activations;
+  e.op_scratch = m.op_scratch;
+  e.device_bytes = m.device;
+  e.host_bytes = m.host;
   e.fits = e.device_bytes <= o.gpu_memory_bytes;
   // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
   const model::LlamaConfig& c = spec.config();
@@ -322,7 +301,7 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
   const auto gather = static_cast<double>(plan.shard_all_gather_bytes);
   const auto reduce_scatter = static_cast<double>(plan.shard_reduce_scatter_bytes);
   const auto all_reduce = static_cast<double>(plan.replicate_all_reduce_bytes);
-  const ops::CudaScratchBytes scratch = op_scratch(o, spec, f.param_dtype);
+  const ops::CudaScratchBytes scratch = fsdp::op_scratch_bytes(spec, f.param_dtype, o.micro_batch, o.seq);
   j["memory_per_rank_bytes"] = {{"sharded_state", sharded},
                                 {"unsharded_params", unsharded},
                                 {"unsharded_grads", grad_unit},

@@ -3,7 +3,39 @@
 
 #include <algorithm>
 
+#include "shardtrain/model/activation_plan.hpp"
+
 namespace shardtrain::fsdp {
+
+ops::CudaScratchBytes op_scratch_bytes(const model::ModelSpec& spec, DType param_dtype, int64_t micro_batch, int64_t seq) {
+  const model::LlamaConfig& c = spec.config();
+  ops::CudaScratchShape shape;
+  shape.batch = micro_batch;
+  shape.seq = seq;
+  shape.hidden = c.hidden_size;
+  shape.heads = c.num_attention_heads;
+  shape.vocab = c.vocab_size;
+  shape.param_dtype = param_dtype;
+  shape.lm_head_grad_dtype = DType::F32;  // the unsharded gradient buffers are fp32
+  return ops::cuda_scratch_bytes(shape);
+}
+
+MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan, int64_t micro_batch,
+                               int64_t seq) {
+  MemoryEstimate m;
+  const model::ActivationPlan act(spec.config(), micro_batch, seq, config.param_dtype,
+                                  config.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
+  m.activations = static_cast<double>(act.bytes());
+  m.op_scratch = static_cast<double>(op_scratch_bytes(spec, config.param_dtype, micro_batch, seq).total());
+  m.state = static_cast<double>(plan.sharded_state_bytes);
+  m.buffers = static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes + plan.comm_scratch_bytes);
+  if (config.offload_params) {
+    m.buffers += static_cast<double>(plan.offload_upload_bytes);
+    m.host = m.state + static_cast<double>(plan.offload_stage_bytes);
+  }
+  m.device = (config.offload_params ? 0.0 : m.state) + m.buffers + m.activations + m.op_scratch;
+  return m;
+}
 
 FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int world_size, int ranks_per_node) {
   config.validate();

@@ -9,6 +9,7 @@
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/fsdp/units.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
 
 namespace shardtrain::fsdp {
 
@@ -49,5 +50,22 @@ inline bool grads_live_in_shards(const FsdpConfig& config, int shard_size, int r
 
 // Throws ConfigError when the mesh does not fit (the same errors as the engine).
 FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int world_size, int ranks_per_node);
+
+// Memory per rank for micro-batches of `micro_batch` x `seq` tokens on the CUDA backend: the plan's sharded
+// state (in host memory with offload_params) and buffers, the activations of the model's activation plan
+// (config.activation_checkpointing), and the backend's op scratch (the fused loss's chunk, kernel and
+// cuBLASLt workspaces). What `shardtrain plan` and `shardtrain check --gpu-memory` hold against a GPU.
+struct MemoryEstimate {
+  double state = 0;        // fp32 param, grad, exp_avg, exp_avg_sq shards
+  double buffers = 0;      // gathered parameters, full gradients, communication scratch, offload uploads
+  double activations = 0;
+  double op_scratch = 0;
+  double device = 0;       // the total on the GPU
+  double host = 0;         // with offload_params: the state and the pinned stage
+};
+MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan, int64_t micro_batch,
+                               int64_t seq);
+// The op scratch part of it, item by item.
+ops::CudaScratchBytes op_scratch_bytes(const model::ModelSpec& spec, DType param_dtype, int64_t micro_batch, int64_t seq);
 
 }  // namespace shardtrain::fsdp
