@@ -209,21 +209,43 @@ st_run_args() {
   ST_RUN_ARGS+=(${TRAIN_ARGS:-})
 }
 
+# st_gpu_memory: what --gpu-memory check gets: GPU_MEMORY as given (80GiB, 80GB, 80), or with GPU_MEMORY=auto
+# (the job's default) the smallest GPU of this node as nvidia-smi reports it; nothing without nvidia-smi or
+# with GPU_MEMORY=0. Sets ST_GPU_MEMORY ("" = the memory is not checked).
+st_gpu_memory() {
+  ST_GPU_MEMORY=""
+  case "${GPU_MEMORY:-auto}" in
+    0) ;;
+    auto)
+      local mib
+      if command -v nvidia-smi >/dev/null 2>&1 &&
+        mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | sort -n | head -n1) &&
+        [[ "$mib" =~ ^[0-9]+$ ]]; then
+        ST_GPU_MEMORY=$(awk -v m="$mib" 'BEGIN { printf "%.3fGiB", m / 1024 }')
+      fi
+      ;;
+    *) ST_GPU_MEMORY=$GPU_MEMORY ;;
+  esac
+}
+
 # st_check_run CMD...: `shardtrain check` with the run's own command line (offline, seconds): the config,
 # the mesh and batch of this allocation, the datasets, the checkpoint --resume auto would load, the output
-# directories. Its report goes to the job's log. On a job's first start (not a requeue) it also reads every
+# directories, what each GPU will hold against its memory (GPU_MEMORY, st_gpu_memory). Its report goes to
+# the job's log. On a job's first start (not a requeue) it also reads every
 # block of the data, so damage stops the job now rather than hours in: VERIFY_DATA=auto (the default),
 # 1 (every start) or 0 (never; a large dataset on a slow file system). A problem ends the job with check's
 # exit code, before any rank starts.
 st_check_run() {
-  local out rc verify=()
+  local out rc verify=() memory=()
+  st_gpu_memory
+  [[ -n "$ST_GPU_MEMORY" ]] && memory=(--gpu-memory "$ST_GPU_MEMORY")
   case "${VERIFY_DATA:-auto}" in
     auto) ((${SLURM_RESTART_COUNT:-0} == 0)) && verify=(--verify-data) ;;
     1) verify=(--verify-data) ;;
     0) ;;
     *) st_die 3 "VERIFY_DATA=$VERIFY_DATA: expected auto, 1 or 0" ;;
   esac
-  out=$("$@" "${verify[@]}" 2>&1)
+  out=$("$@" "${verify[@]}" "${memory[@]}" 2>&1)
   rc=$?
   printf '%s\n' "$out" | sed -n 's/^  //p' | while IFS= read -r line; do st_log "check: $line"; done
   if ((rc != 0)); then

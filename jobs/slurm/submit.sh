@@ -32,6 +32,8 @@ if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   if [[ -n "$ST_SHAPE_NODES" ]]; then
     ST_RANKS_PER_NODE=$ST_SHAPE_PER_NODE
     world=(--nodes "$ST_SHAPE_NODES" --gpus-per-node "$ST_SHAPE_PER_NODE")
+    # GPU_MEMORY=80GiB: what each GPU will hold, against that (the login node has no GPU to ask).
+    [[ -n "${GPU_MEMORY:-}" && "${GPU_MEMORY}" != auto && "${GPU_MEMORY}" != 0 ]] && world+=(--gpu-memory "$GPU_MEMORY")
   else
     echo "note: the mesh is not checked before submission: $ST_SHAPE_WHY" >&2
   fi

@@ -17,6 +17,7 @@
 #include "config_args.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/data/batches.hpp"
+#include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -35,6 +36,7 @@ struct CheckOptions {
   int gpus_per_node = 0;  // 0: the allocation is not known (submit time): the mesh is not checked
   bool verify_data = false;
   bool verify_checkpoint = false;
+  std::string gpu_memory;  // "": the memory is not checked
 };
 
 // One line per check: "  data        ok: ...", "  resume      note: ...", "  outputs     FAILED: ...".
@@ -96,6 +98,7 @@ int run_check(const CheckOptions& o) {
   std::vector<std::string> notes;
   std::string source;
   train::TrainConfig c;
+  const double gpu_memory = o.gpu_memory.empty() ? 0.0 : parse_gpu_memory(o.gpu_memory);  // a usage error first
   std::printf("check: %s\n", o.args.config.c_str());
   if (!report.run("config", [&] { c = o.args.resolve(notes, source); })) {
     log::error("check: the config does not resolve; nothing else was checked");
@@ -111,9 +114,10 @@ int run_check(const CheckOptions& o) {
 
   // The mesh and batch of the allocation, when it is known; the data checks below count for its world size.
   int world = 1;
+  bool world_ok = false;
   if (o.gpus_per_node > 0) {
     world = o.nodes * o.gpus_per_node;
-    report.run("world", [&] {
+    world_ok = report.run("world", [&] {
       // The mesh as the trainer builds it (DeviceMesh): a hybrid shard size that does not divide the world
       // or cross nodes is refused here, with the trainer's message.
       const MeshLayout mesh = make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node);
@@ -124,6 +128,37 @@ int run_check(const CheckOptions& o) {
     });
   } else {
     report.note("world", "not checked (give --nodes and --gpus-per-node for an allocation)");
+  }
+  // What each GPU will hold, by `shardtrain plan`'s accounting (fsdp::estimate_memory, which the engine's
+  // ledger is tested against), against --gpu-memory: an out-of-memory found now, not after the queue wait.
+  if (world_ok && gpu_memory > 0) {
+    report.run("memory", [&] {
+      const model::ModelSpec spec(c.model);
+      const fsdp::FsdpConfig& f = c.fsdp.engine;
+      const int64_t micro = c.micro_batch_size_for(world);
+      const fsdp::MemoryEstimate m = fsdp::estimate_memory(spec, f, fsdp::plan_fsdp(spec, f, world, o.gpus_per_node), micro, c.data.seq_len);
+      const auto gib = [](double bytes) { return bytes / static_cast<double>(1ull << 30); };
+      const std::string parts =
+          fmt::format("sharded state {:.2f}{}, gathered parameters and gradients {:.2f}, activations {:.2f} (micro-batch {} x {}), op scratch "
+                      "{:.2f} GiB",
+                      gib(m.state), f.offload_params ? " in host memory" : "", gib(m.buffers), gib(m.activations), micro, c.data.seq_len,
+                      gib(m.op_scratch));
+      if (m.device > gpu_memory) {
+        std::vector<std::string> options;
+        if (!f.activation_checkpointing) options.emplace_back("fsdp.activation_checkpointing = true");
+        if (micro > 1) options.emplace_back("a smaller data.micro_batch_size");
+        if (!f.offload_params) options.emplace_back("fsdp.offload_params = true");
+        options.emplace_back("more GPUs");
+        std::string advice;
+        for (size_t k = 0; k < options.size(); ++k) advice += (k ? k + 1 == options.size() ? " or " : ", " : "") + options[k];
+        throw ConfigError(fmt::format("about {:.2f} GiB per GPU ({}), more than --gpu-memory {:.4g} GiB: try {} (`shardtrain plan` compares "
+                                      "the strategies)",
+                                      gib(m.device), parts, gib(gpu_memory), advice));
+      }
+      report.ok("memory", fmt::format("about {:.2f} of {:.4g} GiB per GPU: {}", gib(m.device), gib(gpu_memory), parts));
+    });
+  } else if (gpu_memory > 0) {
+    report.note("memory", "not checked (--gpu-memory needs --nodes and --gpus-per-node, and a mesh that fits them)");
   }
 
   // The datasets and what the run makes of them.
@@ -245,6 +280,8 @@ Command add_check_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   c.app->add_flag("--verify-data", o->verify_data, "read every token of the datasets now: each block's checksum and ids");
   c.app->add_flag("--verify-checkpoint", o->verify_checkpoint, "read the checkpoint to resume from whole: every chunk's checksum");
+  c.app->add_option("--gpu-memory", o->gpu_memory,
+                    "memory per GPU (80GiB, 80GB): with --nodes/--gpus-per-node, checks that the run's estimate fits it");
   c.app->footer("Exit code: 0 when the run can start; otherwise the first problem's (docs/exit-codes.md), every problem listed.");
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_check(*o); };

@@ -24,6 +24,27 @@
 #include "shardtrain/train/hf_configs.hpp"
 
 namespace shardtrain::cli {
+
+double parse_gpu_memory(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  std::string unit = text.substr(digits);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  double value = 0;
+  size_t used = 0;
+  try {
+    value = digits ? std::stod(text.substr(0, digits), &used) : 0;
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  const double scale = unit.empty() || unit == "gib" ? static_cast<double>(1ull << 30) : unit == "gb" ? 1e9 : 0;
+  if (digits == 0 || used != digits || scale == 0 || !std::isfinite(value) || value <= 0)
+    throw UsageError(fmt::format("--gpu-memory: '{}' is not a memory size; expected a positive number of GiB (80), or one with a unit: "
+                                 "80GiB (2^30 bytes each) or 80GB (10^9 bytes each)",
+                                 text));
+  return std::round(value * scale);  // whole bytes
+}
+
 namespace {
 
 struct PlanOptions {
@@ -47,26 +68,6 @@ struct PlanOptions {
   double gpu_tflops = 790, mfu = 0.5, intra_gbps = 360, inter_gbps = 50;
 };
 
-// "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes); the unit in any case.
-double parse_gpu_memory(const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
-  std::string unit = text.substr(digits);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  double value = 0;
-  size_t used = 0;
-  try {
-    value = digits ? std::stod(text.substr(0, digits), &used) : 0;
-  } catch (const std::logic_error&) {
-    used = 0;
-  }
-  const double scale = unit.empty() || unit == "gib" ? static_cast<double>(1ull << 30) : unit == "gb" ? 1e9 : 0;
-  if (digits == 0 || used != digits || scale == 0 || !std::isfinite(value) || value <= 0)
-    throw UsageError(fmt::format("--gpu-memory: '{}' is not a memory size; expected a positive number of GiB (80), or one with a unit: "
-                                 "80GiB (2^30 bytes each) or 80GB (10^9 bytes each)",
-                                 text));
-  return std::round(value * scale);  // whole bytes
-}
 
 // One strategy on this model and cluster: device memory per rank, and a step-time estimate from the
 // stated FLOP rate and link bandwidths (ring collectives: (n-1)/n of the counted bytes cross each

@@ -46,4 +46,8 @@ Command add_check_command(CLI::App& parent);          // cmd_check.cpp
 Command add_evaluate_command(CLI::App& parent);       // cmd_evaluate.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
 
+// --gpu-memory of plan and check (cmd_plan.cpp): "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes), the
+// unit in any case; bytes. Throws UsageError naming the option otherwise.
+double parse_gpu_memory(const std::string& text);
+
 }  // namespace shardtrain::cli

@@ -119,6 +119,30 @@ r = run_check("--nodes", "3", "--gpus-per-node", "4", "--fsdp.strategy", "HYBRID
 check(r.returncode == 3 and "shard_size 6 neither divides nor is a multiple of ranks_per_node 4" in " ".join(line(r, "world")),
       f"a shard group across part of a node: exit {r.returncode}: {r.stdout}")
 
+# ---- --gpu-memory: the seed's model on 2 x 2, by plan's accounting -------------------------------------------
+seed_cfg = os.path.join(args.source, "configs", "llama-seed.toml")
+plan = json.loads(subprocess.run([st, "plan", "--config", seed_cfg, "--nodes", "2", "--gpus-per-node", "2", "--json"], capture_output=True,
+                                 text=True, check=True).stdout)
+need = next(e["device_bytes"] for e in plan["strategies"] if e["strategy"] == "FULL_SHARD") / 2**30
+# (This small data set holds fewer than the seed's 64 sequences of a global batch: the data check fails, exit 4,
+# after the memory check, which comes first and is what is asserted here.)
+seed = ["--config", seed_cfg, "--data.path", ds, "--nodes", "2", "--gpus-per-node", "2"]
+r = subprocess.run([st, "check", *seed, "--gpu-memory", "80GiB"], capture_output=True, text=True)
+check(f"memory     ok: about {need:.2f} of 80 GiB per GPU" in r.stdout,
+      f"the seed's model on 2 x 2 GPUs: plan says {need:.2f} GiB: exit {r.returncode}: {line(r, 'memory')} {r.stderr[-500:]}")
+budget = f"{need - 0.5:.2f}GiB"  # just short of it: refused, with what would help
+r = subprocess.run([st, "check", *seed, "--gpu-memory", budget], capture_output=True, text=True)
+mem = " ".join(line(r, "memory"))
+check(r.returncode == 3 and f"about {need:.2f} GiB per GPU" in mem and "fsdp.activation_checkpointing = true" in mem,
+      f"--gpu-memory {budget}: exit {r.returncode}: {mem}")
+r = subprocess.run([st, "check", *seed, "--gpu-memory", budget, "--fsdp.activation_checkpointing", "true"], capture_output=True, text=True)
+mem = " ".join(line(r, "memory"))
+check("memory     ok" in r.stdout and "activation_checkpointing" not in mem, f"with activation checkpointing it fits: {mem}")
+r = run_check("--gpu-memory", "80GiB")
+check(r.returncode == 0 and "not checked" in " ".join(line(r, "memory")), f"--gpu-memory without an allocation: a note: {r.stdout}")
+r = run_check("--gpu-memory", "lots")
+check(r.returncode == 2 and "--gpu-memory: 'lots'" in r.stderr, f"--gpu-memory lots: exit {r.returncode}: {r.stderr[-300:]}")
+
 # ---- several problems in one call: each named, the first one's exit code --------------------------------
 r = run_check("--data.path", os.path.join(work, "missing.h5"), "--checkpoint.dir", "/proc/shardtrain-check", "--resume", "auto")
 check(r.returncode == 4, f"missing data + unwritable checkpoints: exit {r.returncode}, expected 4 (data, the first): {r.stdout} {r.stderr}")

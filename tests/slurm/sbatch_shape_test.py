@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """st_sbatch_shape (jobs/slurm/lib.sh): the nodes and tasks per node that jobs/slurm/submit.sh reads from a job
 script's #SBATCH lines and the sbatch options before queueing, so that `shardtrain check` tests the mesh then.
-No Slurm needed: the function only reads text. Each case asserts the shape found, or that none was found and why."""
+No Slurm needed: the function only reads text. Each case asserts the shape found, or that none was found and why.
+Also st_gpu_memory, the GPU memory the job's preflight checks against (GPU_MEMORY, or nvidia-smi's, here a stub)."""
 import os
 import subprocess
 import sys
@@ -61,6 +62,33 @@ expect("a count that is not a number", shape(MULTI, "--ntasks-per-node=eight"), 
 expect("nodes zero", shape(MULTI, "--nodes=0"), "", "", "not a positive node count")
 expect("the repository's multi-node script", shape(open(os.path.join(SOURCE, "jobs/slurm/train-multi-node.sbatch")).read()), "4", "8")
 expect("the repository's single-node script", shape(open(os.path.join(SOURCE, "jobs/slurm/train-single-node.sbatch")).read()), "1", "8")
+
+# st_gpu_memory: GPU_MEMORY as given, or (auto, the default) the smallest GPU nvidia-smi lists, in GiB.
+def gpu_memory(smi_output, value=None):
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, PATH=f"{d}:/usr/bin:/bin")
+        if smi_output is not None:
+            with open(os.path.join(d, "nvidia-smi"), "w") as f:
+                f.write(f"#!/bin/sh\nprintf '{smi_output}'\n")
+            os.chmod(os.path.join(d, "nvidia-smi"), 0o755)
+        if value is not None:
+            env["GPU_MEMORY"] = value
+        else:
+            env.pop("GPU_MEMORY", None)
+        p = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; st_gpu_memory; printf "%s" "$ST_GPU_MEMORY"', LIB],
+                           capture_output=True, text=True, env=env)
+        return p.stdout if p.returncode == 0 else f"exit {p.returncode}: {p.stderr}"
+
+
+for name, got, want in (("auto: the smallest of the node's GPUs", gpu_memory("81559\\n40960\\n"), "40.000GiB"),
+                        ("auto without nvidia-smi: not checked", gpu_memory(None), ""),
+                        ("auto, nvidia-smi says no number", gpu_memory("No devices were found\\n"), ""),
+                        ("given", gpu_memory("81559\\n", "80GB"), "80GB"),
+                        ("0: not checked", gpu_memory("81559\\n", "0"), "")):
+    ok = got == want
+    print(f"{'ok  ' if ok else 'FAIL'} st_gpu_memory, {name}: {got!r}")
+    if not ok:
+        failures.append(name)
 
 if failures:
     print(f"FAILED: {len(failures)} case(s): {', '.join(failures)}")

@@ -4,7 +4,8 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 
 1. Bad input ends a job at once, before training: no CONFIG, a shard size the nodes cannot mesh, tasks
    spread unevenly over the nodes, an unwritable checkpoint directory, a dataset damaged on disk (the
-   preflight, `shardtrain check --verify-data`, reads every block on a job's first start).
+   preflight, `shardtrain check --verify-data`, reads every block on a job's first start), GPUs too small
+   for the run's memory estimate (GPU_MEMORY).
 2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
    size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
    (srun, PMIx) runs to completion, and the consolidation job it queued behind (afterok) writes a Hugging
@@ -100,6 +101,10 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
          "CHECKPOINT_DIR=/proc/shardtrain-checkpoints: cannot create"),
         ("damaged-data", sbatch_opts("damaged-data"), dict(TRAIN_ARGS=TRAIN_ARGS.replace(ds, damaged)), 4,
          f"the preflight (shardtrain check) stopped the job: data error: {damaged}"),
+        # GPUs of 16 MiB (GPU_MEMORY; on a GPU node nvidia-smi says): the run's estimate is more (cuBLASLt's
+        # workspace alone is 32 MiB), so the job stops before training rather than at its first out-of-memory.
+        ("no-memory", sbatch_opts("no-memory"), dict(GPU_MEMORY="0.015625GiB"), 3,
+         "the preflight (shardtrain check) stopped the job: configuration error: about"),
     ]
     bad_jobs = []
     for name, opts, extra, _, _ in bad_cases:
@@ -131,6 +136,11 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
     queued = subprocess.run(["squeue", "-h", "-n", "not-submitted"], env=dict(os.environ, SLURM_CONF=slurm.conf), capture_output=True, text=True)
     check(queued.returncode == 0 and queued.stdout.strip() == "" and not os.path.exists(bad_dir),
           f"nothing was queued or created: {queued.stdout} {p.stdout}")
+    # GPU_MEMORY at submission: the same estimate, before the queue.
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("not-submitted")], cwd=args.source,
+                       env=dict(job_env(RUN_DIR=bad_dir, GPU_MEMORY="0.015625GiB"), SLURM_CONF=slurm.conf), capture_output=True, text=True)
+    check(p.returncode == 3 and "not submitted" in p.stderr and "memory     FAILED: configuration error: about" in p.stderr
+          and "more than --gpu-memory 0.01562 GiB" in p.stderr, f"submit.sh with GPUs too small: exit {p.returncode}: {p.stderr[-1500:]}")
 
     ref_dir = os.path.join(work, "reference")
     p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("reference")],
