@@ -85,18 +85,18 @@ void publish(const std::string& tmp, const std::string& final_dir, const std::st
   fsync_path(final_dir);
 }
 
-void rotate(const std::string& dir, int keep_last, const std::string& keep) {
-  if (keep_last <= 0) return;
-  auto all = complete_checkpoints(dir);
+void rotate(const std::string& dir, Retention retention, const std::string& keep) {
+  if (retention.keep_last <= 0) return;
+  const auto all = complete_checkpoints(dir);  // oldest first
   std::error_code ec;
-  while (static_cast<int>(all.size()) > keep_last) {
-    if (all.front().second != keep) {
-      log::info("checkpoint: removing {} (keep_last = {})", all.front().second, keep_last);
-      // DONE goes first, so a removal cut short leaves an incomplete directory, never a broken "complete" one.
-      fs::remove(fs::path(all.front().second) / kDoneFile, ec);
-      fs::remove_all(all.front().second, ec);
-    }
-    all.erase(all.begin());
+  for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) < all.size(); ++i) {
+    const auto& [step, path] = all[i];
+    if (path == keep || (retention.keep_every > 0 && step % retention.keep_every == 0)) continue;  // a milestone
+    log::info("checkpoint: removing {} (keep_last = {}{})", path, retention.keep_last,
+              retention.keep_every > 0 ? fmt::format(", keep_every = {}", retention.keep_every) : std::string());
+    // DONE goes first, so a removal cut short leaves an incomplete directory, never a broken "complete" one.
+    fs::remove(fs::path(path) / kDoneFile, ec);
+    fs::remove_all(path, ec);
   }
 }
 

@@ -24,7 +24,7 @@ void write_text_durably(const std::string& path, const std::string& text);
 std::string prepare_temporary(const std::string& final_dir);
 // Renames tmp to final_dir, flushes the parent directory, then writes DONE last.
 void publish(const std::string& tmp, const std::string& final_dir, const std::string& done_text);
-// Removes the oldest complete checkpoints beyond keep_last, never `keep`.
-void rotate(const std::string& dir, int keep_last, const std::string& keep);
+// Removes the complete checkpoints that `retention` does not keep (docs/checkpoints.md), never `keep`.
+void rotate(const std::string& dir, Retention retention, const std::string& keep);
 
 }  // namespace shardtrain::checkpoint

@@ -238,7 +238,7 @@ SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t s
 }
 
 void finish_save(const SaveScope& s, fsdp::FsdpEngine& engine, StateDictType type, const SaveMeta& meta,
-                 const std::vector<std::string>& files, int64_t optimizer_steps, const std::string& dir, int keep_last,
+                 const std::vector<std::string>& files, int64_t optimizer_steps, const std::string& dir, Retention retention,
                  const std::string& note = {}) {
   barrier(s.world);  // every file is written
   const CheckpointFault fault = checkpoint_fault_from_env();
@@ -247,7 +247,7 @@ void finish_save(const SaveScope& s, fsdp::FsdpEngine& engine, StateDictType typ
   if (s.rank == 0) {
     write_index(s.tmp, engine, type, meta, files, optimizer_steps);
     publish(s.tmp, s.final_dir, done_text(meta.step, type, files));
-    rotate(dir, keep_last, s.final_dir);
+    rotate(dir, retention, s.final_dir);
     log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s{}", s.final_dir, state_dict_type_name(type), files.size(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), note);
   }
@@ -263,7 +263,7 @@ std::vector<std::string> sharded_files(const DeviceMesh& mesh) {
 }  // namespace
 
 std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
-                         int keep_last) {
+                         Retention retention) {
   const SaveScope scope = begin_save(engine, dir, meta.step);
   if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
@@ -276,7 +276,7 @@ std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, co
       std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
     write_rank_file(path, engine, adamw, meta.step);
   }
-  finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, keep_last);
+  finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, retention);
   return scope.final_dir;
 }
 
@@ -287,7 +287,7 @@ struct AsyncSave::State {
   std::vector<std::string> files;
   int64_t optimizer_steps = 0;
   std::string dir;
-  int keep_last = 0;
+  Retention retention;
   bool pending = false;
   double snapshot_seconds = 0;
   std::thread writer;
@@ -305,7 +305,7 @@ AsyncSave::~AsyncSave() {
 bool AsyncSave::pending() const { return state_->pending; }
 
 void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
-                      int keep_last) {
+                      Retention retention) {
   if (state_->pending) wait();
   State& st = *state_;
   const auto t0 = std::chrono::steady_clock::now();
@@ -316,7 +316,7 @@ void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const
   st.files = sharded_files(engine.mesh());
   st.optimizer_steps = adamw.steps();
   st.dir = dir;
-  st.keep_last = keep_last;
+  st.retention = retention;
   st.error.clear();
   if (engine.mesh().coord().replicate == 0) {
     // The snapshot: every unit's param and states copied now, so training may change them right after.
@@ -362,7 +362,7 @@ std::string AsyncSave::poll() {
   if (v[1] < 0)
     throw IoError(!st.error.empty() ? st.error
                                     : fmt::format("{}: another rank could not write its checkpoint file (its log says why)", st.scope.tmp));
-  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.keep_last,
+  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.retention,
               fmt::format(", asynchronously (training waited {:.3f} s for the snapshot)", st.snapshot_seconds));
   return st.scope.final_dir;
 }
@@ -374,7 +374,7 @@ std::string AsyncSave::wait() {
   return poll();
 }
 
-std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, int keep_last) {
+std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, Retention retention) {
   const SaveScope scope = begin_save(engine, dir, meta.step);
   if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
@@ -401,7 +401,7 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
     f.close();
     fsync_path(path);
   }
-  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, keep_last);
+  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, retention);
   return scope.final_dir;
 }
 

@@ -81,8 +81,8 @@ void CheckpointHooks::save(Trainer& trainer) {
   const checkpoint::SaveMeta meta = meta_for(trainer);
   const auto& c = trainer.config().checkpoint;
   last_saved_ = c.state_dict_type == StateDictType::Full
-                    ? checkpoint::save_full(trainer.engine(), dir_, meta, c.keep_last)
-                    : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, c.keep_last);
+                    ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
+                    : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
   last_saved_step_ = s.step;
 }
 
@@ -90,7 +90,7 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   const auto& c = trainer.config().checkpoint;
-  async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), c.keep_last);  // waits for the previous one
+  async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});  // waits for the previous one
   last_saved_step_ = s.step;
 }
 

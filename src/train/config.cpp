@@ -87,6 +87,11 @@ void TrainConfig::validate() const {
 
   expect(checkpoint.every_n_steps >= 0, "checkpoint.every_n_steps", fmt::format("expected 0 or more, got {}", checkpoint.every_n_steps));
   expect(checkpoint.keep_last >= 0, "checkpoint.keep_last", fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));
+  expect(checkpoint.keep_every >= 0, "checkpoint.keep_every", fmt::format("expected 0 (none) or more, got {}", checkpoint.keep_every));
+  expect(checkpoint.keep_every == 0 || checkpoint.every_n_steps == 0 || checkpoint.keep_every % checkpoint.every_n_steps == 0,
+         "checkpoint.keep_every",
+         fmt::format("{} is not a multiple of checkpoint.every_n_steps = {}: no periodic save would land on most of its milestones",
+                     checkpoint.keep_every, checkpoint.every_n_steps));
 
   expect(logging.log_every >= 1, "logging.log_every", fmt::format("expected 1 or more, got {}", logging.log_every));
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",

@@ -233,6 +233,8 @@ std::vector<ConfigField> build_fields() {
   t.text("dir", "checkpoint directory (\"\" = <run_dir>/checkpoints)", [](auto& c) -> auto& { return c.checkpoint.dir; });
   t.integer("every_n_steps", "save every N steps (0 = never periodically)", [](auto& c) -> auto& { return c.checkpoint.every_n_steps; });
   t.integer("keep_last", "checkpoints kept (0 = all)", [](auto& c) -> auto& { return c.checkpoint.keep_last; });
+  t.integer("keep_every", "also keep every checkpoint whose step is a multiple of N (0 = none)",
+            [](auto& c) -> auto& { return c.checkpoint.keep_every; });
   t.choice("state_dict_type", "SHARDED_STATE_DICT or FULL_STATE_DICT", [](auto& c) -> auto& { return c.checkpoint.state_dict_type; },
            [](const std::string& s) { return parse_state_dict_type(s); }, [](StateDictType s) { return state_dict_type_name(s); });
   t.text("resume", "\"\" (fresh), \"auto\" (newest in dir) or a checkpoint path", [](auto& c) -> auto& { return c.checkpoint.resume; });

@@ -5,7 +5,8 @@ final parameters equal the uninterrupted run's bit for bit; consolidation and `c
 work on the result; a damaged checkpoint or a dataset from another tokenizer is refused with exit code 5;
 SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactly like an uninterrupted one;
 a run resumes on another number of ranks at the same data; asynchronous saves publish while training goes on
-and resume exactly; a data mixture resumes exactly too,
+and resume exactly; keep_last and keep_every leave the newest and the milestone checkpoints; a data mixture
+resumes exactly too,
 and one whose sources were tokenized differently is refused."""
 import json
 import os
@@ -161,6 +162,19 @@ check(a_resumed.returncode == 0 and sorted(b) == list(range(5, 9)) and all(b[k] 
       f"resumed from the async checkpoint: {a_resumed.stderr[-1500:]}")
 r = train("async_full", "--checkpoint.async_save", "true", "--checkpoint.state_dict_type", "FULL_STATE_DICT")
 check(r.returncode == 3 and "checkpoint.async_save" in r.stderr, f"async + full: exit {r.returncode}: {r.stderr[-800:]}")
+
+# Retention: saves every 2 steps of 8, keep_last 1: only step 8 stays; with keep_every 4 the milestone step 4
+# stays too; so with asynchronous saves. keep_every 3 (not a multiple of every_n_steps) is refused.
+for name, extra, want in (("keep_last", [], ["step_00000008"]),
+                          ("keep_every", ["--checkpoint.keep_every", "4"], ["step_00000004", "step_00000008"]),
+                          ("keep_every_async", ["--checkpoint.keep_every", "4", "--checkpoint.async_save", "true"],
+                           ["step_00000004", "step_00000008"])):
+    r = train(f"retain_{name}", "--checkpoint.keep_last", "1", *extra)
+    kept = sorted(os.listdir(os.path.join(work, f"retain_{name}", "checkpoints"))) if r.returncode == 0 else []
+    check(r.returncode == 0 and kept == want, f"retention {name}: exit {r.returncode}, kept {kept}, expected {want}: {r.stderr[-800:]}")
+r = train("retain_bad", "--checkpoint.keep_last", "1", "--checkpoint.keep_every", "3")
+check(r.returncode == 3 and "checkpoint.keep_every: 3 is not a multiple of checkpoint.every_n_steps = 2" in r.stderr,
+      f"keep_every 3 with saves every 2: exit {r.returncode}: {r.stderr[-800:]}")
 
 # A data mixture (docs/data.md): Moby Dick at 0.7 and eight State of the Union addresses at 0.3, prepared
 # with the same tokenizer. Resuming from the whole run's step-4 checkpoint ends exactly like the whole run

@@ -36,12 +36,20 @@ bool is_complete(const std::string& checkpoint_dir);    // DONE present
 // (a save killed half-way) are ignored.
 std::string find_latest(const std::string& dir);
 
+// Which complete checkpoints of a directory a save leaves: the newest `keep_last` (0 = all), and besides
+// them every one whose step is a multiple of `keep_every` (0 = none: milestones for later evaluation).
+struct Retention {
+  Retention(int keep_last_ = 0, int64_t keep_every_ = 0) : keep_last(keep_last_), keep_every(keep_every_) {}  // NOLINT: from keep_last
+  int keep_last = 0;
+  int64_t keep_every = 0;
+};
+
 // Collective over the mesh's world. Returns the final directory (dir/step_XXXXXXXX). An existing
-// complete checkpoint of the same step is left as it is (nothing is ever overwritten). Keeps the
-// newest `keep_last` complete checkpoints of `dir` (0 = all).
+// complete checkpoint of the same step is left as it is (nothing is ever overwritten). Then removes the
+// complete checkpoints of `dir` that `retention` does not keep.
 std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
-                         int keep_last);
-std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, int keep_last);
+                         Retention retention);
+std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, Retention retention);
 
 // A sharded save that does not hold up training (checkpoint.async_save). start() agrees on the step and
 // makes the temporary directory like save_sharded, then copies this rank's shards and AdamW states into
@@ -59,7 +67,7 @@ class AsyncSave {
   AsyncSave(const AsyncSave&) = delete;
   AsyncSave& operator=(const AsyncSave&) = delete;
 
-  void start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta, int keep_last);
+  void start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta, Retention retention);
   std::string poll();  // the published directory, or "" while some rank is still writing (or nothing is pending)
   std::string wait();  // the published directory ("" when nothing was pending)
   bool pending() const;

@@ -77,6 +77,7 @@ struct CheckpointSection {
   std::string dir;            // "" = <run_dir>/checkpoints
   int64_t every_n_steps = 0;  // 0 = no periodic saves
   int keep_last = 0;          // 0 = keep all
+  int64_t keep_every = 0;     // checkpoints at multiples of this step survive keep_last (0 = none)
   StateDictType state_dict_type = StateDictType::Sharded;
   std::string resume;         // "" = start fresh; "auto" = the newest complete checkpoint in dir; or a path
   std::string init_from;      // weights to start from when not resuming: a checkpoint, consolidated .h5 or HF directory
