@@ -17,7 +17,6 @@ inline constexpr const char* kFullFile = "model.h5";
 std::string rank_file_name(int shard_rank);  // "rank_00003.h5"
 
 std::optional<int64_t> parse_step_dir(const std::string& name);
-std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir);  // oldest first
 void fsync_path(const std::string& path);
 void write_text_durably(const std::string& path, const std::string& text);
 // final_dir + ".tmp", emptied and created.

@@ -34,6 +34,7 @@ struct EvaluateOptions {
   std::string batches = "all";
   std::string json;
   std::string tokenizer;  // for bits per byte; "" = the one the dataset names
+  bool every_checkpoint = false;
 };
 
 // Each id's length in bytes under the dataset's tokenizer (0 for special tokens: they stand for no text),
@@ -91,13 +92,82 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
   fs::rename(tmp, out);  // whole or not at all
 }
 
+// One set of weights through the trainer's evaluation: imported into the engine (collective), evaluated,
+// printed by rank 0; returns its JSON record.
+nlohmann::json evaluate_weights(train::Trainer& trainer, checkpoint::TensorSource& source, const train::TrainConfig& c,
+                                const std::vector<uint32_t>& id_bytes, Runtime* rt) {
+  train::check_weights_tokenizer(source.path(), source.tokenizer(), trainer.dataset());
+  checkpoint::import_weights(trainer.engine(), source,
+                             c.checkpoint.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
+                                                                   : checkpoint::ImportMode::EveryRankReadsItsSlices);
+  const std::vector<train::Trainer::EvalPlan> plan = trainer.eval_plan();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  std::vector<train::SourceLoss> by_source;
+  const double loss = trainer.evaluate(&tokens, &by_source, id_bytes.empty() ? nullptr : &id_bytes);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  const auto ppl = [](double l) { return std::exp(l); };
+  // Bits per byte: the source's loss in bits over its targets' bytes. A mixture's is the sources' in their
+  // weights, as its loss.
+  const auto bpb = [](const train::SourceLoss& s) {
+    return s.bytes > 0 ? s.loss * static_cast<double>(s.tokens) / std::log(2.0) / static_cast<double>(s.bytes) : 0.0;
+  };
+  const bool print = rt->topology().world_rank == 0;
+  if (print)
+    std::printf("evaluate: %s%s\n", source.path().c_str(), source.step() >= 0 ? fmt::format(" (step {})", source.step()).c_str() : "");
+  nlohmann::json sources = nlohmann::json::array();
+  for (size_t k = 0; k < by_source.size(); ++k) {
+    const train::SourceLoss& s = by_source[k];
+    const train::Trainer::EvalPlan& p = plan[k];  // evaluate() reports the sources in the plan's order
+    if (print)
+      std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens%s: loss %.6f, perplexity %.4g, %.4f bits per token%s\n",
+                  s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
+                  static_cast<long long>(p.micro_batches), static_cast<long long>(p.sequences / p.micro_batches),
+                  static_cast<long long>(s.tokens), s.bytes ? fmt::format(" ({} bytes)", s.bytes).c_str() : "", s.loss, ppl(s.loss),
+                  s.loss / std::log(2.0), s.bytes ? fmt::format(", {:.4f} bits per byte", bpb(s)).c_str() : "");
+    nlohmann::json j = {{"path", s.path},         {"samples", p.samples}, {"sequences", p.sequences},
+                        {"tokens", s.tokens},     {"loss", s.loss},       {"perplexity", ppl(s.loss)},
+                        {"bits_per_token", s.loss / std::log(2.0)}};
+    if (s.bytes) j["bytes"] = s.bytes, j["bits_per_byte"] = bpb(s);
+    sources.push_back(std::move(j));
+  }
+  double mixed_bpb = 0, weights = 0;
+  for (size_t k = 0; k < by_source.size(); ++k) mixed_bpb += plan[k].weight * bpb(by_source[k]), weights += plan[k].weight;
+  mixed_bpb = id_bytes.empty() || weights <= 0 ? 0.0 : mixed_bpb / weights;
+  if (print && by_source.size() > 1)
+    std::printf("  mixture (the sources' losses in their weights): loss %.6f, perplexity %.4g%s\n", loss, ppl(loss),
+                mixed_bpb > 0 ? fmt::format(", {:.4f} bits per byte", mixed_bpb).c_str() : "");
+  if (print)
+    std::printf("  %lld tokens in %.2f s, %.0f tokens/s on %d rank(s)\n", static_cast<long long>(tokens), seconds,
+                seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, rt->topology().world_size);
+  return {{"weights", source.path()},
+          {"step", source.step()},
+          {"sources", sources},
+          {"loss", loss},
+          {"perplexity", ppl(loss)},
+          {"bits_per_byte", mixed_bpb > 0 ? nlohmann::json(mixed_bpb) : nlohmann::json()},
+          {"tokens", tokens},
+          {"seconds", seconds}};
+}
+
 int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   const int64_t batches = parse_batches(o.batches);
   const data::DatasetSplit split = parse_split(o.split);
-  auto source = checkpoint::open_tensor_source(o.weights);
+  // What to evaluate: the weights, or with --every-checkpoint each complete checkpoint of the directory,
+  // oldest first (the milestones keep_every keeps, and the newest).
+  std::vector<std::string> targets;
+  if (o.every_checkpoint) {
+    for (const auto& [step, path] : checkpoint::complete_checkpoints(o.weights)) targets.push_back(path);
+    if (targets.empty())
+      throw CheckpointError(fmt::format("{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory", o.weights));
+  } else {
+    targets.push_back(o.weights);
+  }
+  auto source = checkpoint::open_tensor_source(targets.back());
 
-  // The run's configuration: --config, else the one the checkpoint was trained with (its data, layout,
-  // sequence length, mesh), else the defaults; then the overrides. The architecture is the weights'.
+  // The run's configuration: --config, else the one the (newest) checkpoint was trained with (its data,
+  // layout, sequence length, mesh), else the defaults; then the overrides. The architecture is the weights'.
   std::vector<std::string> notes;
   std::string config_source;
   // Weights without a run config (a consolidated file, a Hugging Face directory) and no --config: the
@@ -117,66 +187,35 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   topts.eval_split = split;
   topts.eval_micro_batches = batches;
   train::Trainer trainer(*rt, c, topts);
-  train::check_weights_tokenizer(source->path(), source->tokenizer(), trainer.dataset());
-  checkpoint::import_weights(trainer.engine(), *source,
-                             c.checkpoint.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
-                                                                   : checkpoint::ImportMode::EveryRankReadsItsSlices);
-
-  const std::vector<train::Trainer::EvalPlan> plan = trainer.eval_plan();
   const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, trainer.dataset());  // a mixture's sources share one
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t tokens = 0;
-  std::vector<train::SourceLoss> by_source;
-  const double loss = trainer.evaluate(&tokens, &by_source, id_bytes.empty() ? nullptr : &id_bytes);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rt->topology().world_rank == 0)
+    std::printf("evaluate: the %s split; config: %s\n", data::dataset_split_name(split), config_source.c_str());
 
-  if (rt->topology().world_rank != 0) return 0;
-  const auto ppl = [](double l) { return std::exp(l); };
-  // Bits per byte: the source's loss in bits over its targets' bytes. A mixture's is the sources' in their
-  // weights, as its loss.
-  const auto bpb = [](const train::SourceLoss& s) {
-    return s.bytes > 0 ? s.loss * static_cast<double>(s.tokens) / std::log(2.0) / static_cast<double>(s.bytes) : 0.0;
-  };
-  std::printf("evaluate: %s%s on the %s split; config: %s\n", source->path().c_str(),
-              source->step() >= 0 ? fmt::format(" (step {})", source->step()).c_str() : "", data::dataset_split_name(split),
-              config_source.c_str());
-  nlohmann::json sources = nlohmann::json::array();
-  for (size_t k = 0; k < by_source.size(); ++k) {
-    const train::SourceLoss& s = by_source[k];
-    const train::Trainer::EvalPlan& p = plan[k];  // evaluate() reports the sources in the plan's order
-    std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens%s: loss %.6f, perplexity %.4g, %.4f bits per token%s\n",
-                s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
-                static_cast<long long>(p.micro_batches), static_cast<long long>(p.sequences / p.micro_batches),
-                static_cast<long long>(s.tokens), s.bytes ? fmt::format(" ({} bytes)", s.bytes).c_str() : "", s.loss, ppl(s.loss),
-                s.loss / std::log(2.0), s.bytes ? fmt::format(", {:.4f} bits per byte", bpb(s)).c_str() : "");
-    nlohmann::json j = {{"path", s.path},         {"samples", p.samples}, {"sequences", p.sequences},
-                        {"tokens", s.tokens},     {"loss", s.loss},       {"perplexity", ppl(s.loss)},
-                        {"bits_per_token", s.loss / std::log(2.0)}};
-    if (s.bytes) j["bytes"] = s.bytes, j["bits_per_byte"] = bpb(s);
-    sources.push_back(std::move(j));
+  std::vector<nlohmann::json> results;
+  for (size_t k = 0; k < targets.size(); ++k) {
+    // Each checkpoint must be of the same model (import_weights refuses another architecture, naming it).
+    const auto weights = k + 1 == targets.size() ? std::move(source) : checkpoint::open_tensor_source(targets[k]);
+    results.push_back(evaluate_weights(trainer, *weights, c, id_bytes, rt));
   }
-  double mixed_bpb = 0, weights = 0;
-  for (size_t k = 0; k < by_source.size(); ++k) mixed_bpb += plan[k].weight * bpb(by_source[k]), weights += plan[k].weight;
-  mixed_bpb = id_bytes.empty() || weights <= 0 ? 0.0 : mixed_bpb / weights;
-  if (by_source.size() > 1)
-    std::printf("  mixture (the sources' losses in their weights): loss %.6f, perplexity %.4g%s\n", loss, ppl(loss),
-                mixed_bpb > 0 ? fmt::format(", {:.4f} bits per byte", mixed_bpb).c_str() : "");
-  std::printf("  %lld tokens in %.2f s, %.0f tokens/s on %d rank(s)\n", static_cast<long long>(tokens), seconds,
-              seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, rt->topology().world_size);
+  if (rt->topology().world_rank != 0) return 0;
+  if (results.size() > 1) {
+    std::printf("every checkpoint of %s:\n  %10s  %10s  %12s  %14s\n", o.weights.c_str(), "step", "loss", "perplexity", "bits per byte");
+    for (const nlohmann::json& r : results)
+      std::printf("  %10lld  %10.6f  %12.4g  %14s\n", static_cast<long long>(r["step"].get<int64_t>()), r["loss"].get<double>(),
+                  r["perplexity"].get<double>(), r["bits_per_byte"].is_null() ? "-" : fmt::format("{:.4f}", r["bits_per_byte"].get<double>()).c_str());
+  }
   if (!o.json.empty()) {
-    write_json_file(o.json, {{"weights", source->path()},
-                             {"step", source->step()},
-                             {"split", data::dataset_split_name(split)},
-                             {"config", config_source},
-                             {"seq_len", c.data.seq_len},
-                             {"layout", data::batch_layout_name(c.data.layout)},
-                             {"ranks", rt->topology().world_size},
-                             {"sources", sources},
-                             {"loss", loss},
-                             {"perplexity", ppl(loss)},
-                             {"bits_per_byte", mixed_bpb > 0 ? nlohmann::json(mixed_bpb) : nlohmann::json()},
-                             {"tokens", tokens},
-                             {"seconds", seconds}});
+    nlohmann::json j = {{"split", data::dataset_split_name(split)},
+                        {"config", config_source},
+                        {"seq_len", c.data.seq_len},
+                        {"layout", data::batch_layout_name(c.data.layout)},
+                        {"ranks", rt->topology().world_size}};
+    if (o.every_checkpoint) {
+      j["checkpoints"] = results;
+    } else {
+      j.update(results.front());
+    }
+    write_json_file(o.json, j);
   }
   return 0;
 }
@@ -194,6 +233,8 @@ Command add_evaluate_command(CLI::App& parent) {
   c.app->add_option("--batches", o->batches, "evaluation batches (micro-batch x ranks sequences) per source, or all")->capture_default_str();
   c.app->add_option("--json", o->json, "also write the results to this JSON file");
   c.app->add_option("--tokenizer", o->tokenizer, "the dataset's tokenizer, for bits per byte (default: the file the dataset names)");
+  c.app->add_flag("--every-checkpoint", o->every_checkpoint,
+                  "--weights is a directory of checkpoints: evaluate each complete one, oldest first, and tabulate them");
   o->args.add_to(c.app, ConfigArgs::Use::Evaluate);
   c.app->footer("The data, sequence length, layout and mesh come from --config, else from the checkpoint's own run config, "
                 "else the defaults; --section.key overrides any of them (e.g. --data.path other.h5). The model is the weights'.\n"

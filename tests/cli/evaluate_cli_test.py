@@ -98,6 +98,16 @@ for step in (6, 12):
               f"step {step}: the printed report: {p.stdout}")
 p, j = evaluate("--weights", ckpts, "--batches", "3", name="newest")
 check(j is not None and j["step"] == 12 and j["loss"] == evals[12]["val_loss"], f"a directory of checkpoints: its newest: {j} {p.stderr[-800:]}")
+# Every checkpoint of the directory in one call (one trainer, the weights imported in turn): the run's losses
+# at 6 and 12 again, in step order, and a table.
+p, j = evaluate("--weights", ckpts, "--every-checkpoint", "--batches", "3", name="every")
+got = [(c["step"], c["loss"], c["tokens"]) for c in j["checkpoints"]] if j else None
+check(got == [(s, evals[s]["val_loss"], evals[s]["val_tokens"]) for s in (6, 12)], f"--every-checkpoint: {got} {p.stderr[-800:]}")
+check("every checkpoint of" in p.stdout and f"{evals[6]['val_loss']:.6f}" in p.stdout.split("every checkpoint of")[-1],
+      f"--every-checkpoint prints the table: {p.stdout}")
+p, j = evaluate("--weights", os.path.join(ckpts, "step_00000006"), "--every-checkpoint", ranks=1, name="every_none")
+check(p.returncode == 5 and "--every-checkpoint: no complete checkpoint" in p.stderr and j is None,
+      f"--every-checkpoint on one checkpoint: exit {p.returncode}: {p.stderr[-600:]}")
 
 # ---- the same weights in the other forms ---------------------------------------------------------------------
 exports = {}

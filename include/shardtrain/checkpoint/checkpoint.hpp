@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "shardtrain/fsdp/engine.hpp"
 #include "shardtrain/optim/adamw.hpp"
@@ -32,6 +34,8 @@ struct SaveMeta {
 
 std::string step_dir_name(int64_t step);               // "step_00000120"
 bool is_complete(const std::string& checkpoint_dir);    // DONE present
+// The complete checkpoints (step_N with DONE) of a directory, oldest first: (step, path).
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir);
 // The newest complete checkpoint directly under `dir` ("" when there is none). Incomplete ones
 // (a save killed half-way) are ignored.
 std::string find_latest(const std::string& dir);
