@@ -262,6 +262,17 @@ st_setup() {
   st_log "job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on $SLURM_JOB_NUM_NODES node(s) [$SLURM_JOB_NODELIST], restart ${SLURM_RESTART_COUNT:-0}"
 }
 
+# st_launcher: how LAUNCHER (srun or mpirun) starts one rank per task of this allocation. Sets the array ST_LAUNCH.
+st_launcher() {
+  case "$LAUNCHER" in
+    # --kill-on-bad-exit: a rank that dies ends the whole step at once instead of leaving the others waiting.
+    srun) ST_LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$ST_RANKS_PER_NODE") ;;
+    # ppr:G:node keeps ranks node-major (ranks 0..G-1 on the first node), as the mesh expects.
+    mpirun) ST_LAUNCH=(mpirun -np "$SLURM_NTASKS" --map-by "ppr:$ST_RANKS_PER_NODE:node" --bind-to none) ;;
+    *) st_die 3 "LAUNCHER=$LAUNCHER: expected srun or mpirun" ;;
+  esac
+}
+
 # st_train_job SCRIPT [--single-node]: the whole training job, from the variables the script set (CONFIG,
 # RUN_DIR, CHECKPOINT_DIR, STRATEGY, SHARD_SIZE, TRAIN_ARGS, LAUNCHER): checks, then the launch, then
 # requeue or exit.
@@ -283,17 +294,11 @@ st_train_job() {
   st_run_args
   st_check_run "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" --nodes "$SLURM_JOB_NUM_NODES" --gpus-per-node "$ST_RANKS_PER_NODE"
 
-  local train launch
+  local train
   train=("$SHARDTRAIN_BIN" train "${ST_RUN_ARGS[@]}" --logging.progress lines)
-  case "$LAUNCHER" in
-    # --kill-on-bad-exit: a rank that dies ends the whole step at once instead of leaving the others waiting.
-    srun) launch=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$ST_RANKS_PER_NODE") ;;
-    # ppr:G:node keeps ranks node-major (ranks 0..G-1 on the first node), as the mesh expects.
-    mpirun) launch=(mpirun -np "$SLURM_NTASKS" --map-by "ppr:$ST_RANKS_PER_NODE:node" --bind-to none) ;;
-    *) st_die 3 "LAUNCHER=$LAUNCHER: expected srun or mpirun" ;;
-  esac
-  st_log "running: ${launch[*]} ${train[*]}"
+  st_launcher
+  st_log "running: ${ST_LAUNCH[*]} ${train[*]}"
   rm -f "$RUN_DIR/result.json"  # written again by this run when it finishes or stops
-  st_launch "${launch[@]}" "${train[@]}"
+  st_launch "${ST_LAUNCH[@]}" "${train[@]}"
   st_requeue_or_exit "$RUN_DIR"
 }

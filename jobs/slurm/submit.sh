@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Submits a training job and, behind it, the consolidation job that runs only when training has
-# succeeded (--dependency=afterok), requeues included. Run from the repository root:
+# succeeded (--dependency=afterok), requeues included; with EVALUATE=1 also an evaluation job that scores
+# every checkpoint on held-out data (jobs/slurm/evaluate.sbatch). Run from the repository root:
 #     CONFIG=configs/llama-1b-hybrid.toml jobs/slurm/submit.sh [jobs/slurm/train-multi-node.sbatch] [more sbatch options]
 # Both jobs read the variables of their scripts from this environment (CONFIG, STRATEGY, TRAIN_ARGS, ...).
 # The run directory is fixed here, before the job id exists, so that the consolidation job knows it.
@@ -51,6 +52,17 @@ mkdir -p "$RUN_DIR"
 consolidate=$(sbatch --parsable --dependency="afterok:$train_job" --kill-on-invalid-dep=yes \
   --output="$RUN_DIR/consolidate-%j.out" jobs/slurm/consolidate.sbatch)
 consolidate=${consolidate%%;*}
+jobs_list=$train_job,$consolidate
 echo "training job $train_job ($script), run directory $RUN_DIR"
 echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
-echo "follow: squeue -j $train_job,$consolidate ; tail -f shardtrain-$train_job.out"
+if [[ "${EVALUATE:-0}" == 1 ]]; then
+  # The held-out curve over the run's checkpoints, on GPUs (jobs/slurm/evaluate.sbatch; its #SBATCH lines ask
+  # for one node of 8; EVAL_SBATCH_ARGS="--ntasks-per-node=4 --gpus-per-node=4 ..." changes that).
+  # shellcheck disable=SC2086  # EVAL_SBATCH_ARGS is a list of words on purpose
+  evaluation=$(OUTPUT_JSON=${OUTPUT_JSON:-$RUN_DIR/eval.json} sbatch --parsable --dependency="afterok:$train_job" --kill-on-invalid-dep=yes \
+    --output="$RUN_DIR/evaluate-%j.out" ${EVAL_SBATCH_ARGS:-} jobs/slurm/evaluate.sbatch)
+  evaluation=${evaluation%%;*}
+  jobs_list+=,$evaluation
+  echo "evaluation job $evaluation (after training succeeds) -> ${OUTPUT_JSON:-$RUN_DIR/eval.json}, log $RUN_DIR/evaluate-$evaluation.out"
+fi
+echo "follow: squeue -j $jobs_list ; tail -f shardtrain-$train_job.out"

@@ -8,8 +8,9 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    for the run's memory estimate (GPU_MEMORY).
 2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
    size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
-   (srun, PMIx) runs to completion, and the consolidation job it queued behind (afterok) writes a Hugging
-   Face directory.
+   (srun, PMIx) runs to completion, the consolidation job it queued behind (afterok) writes a Hugging
+   Face directory, and the evaluation job (EVALUATE=1, mpirun on 2 ranks) scores every checkpoint left,
+   the last one at the run's own closing validation loss.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
@@ -143,13 +144,17 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
           and "more than --gpu-memory 0.01562 GiB" in p.stderr, f"submit.sh with GPUs too small: exit {p.returncode}: {p.stderr[-1500:]}")
 
     ref_dir = os.path.join(work, "reference")
+    # EVALUATE=1: an evaluation job behind training too, on one node of 2 ranks, the run's evaluation batches.
+    eval_sbatch = f"--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=15 --chdir={args.source}"
     p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("reference")],
-                       cwd=args.source, env=dict(job_env(RUN_DIR=ref_dir), SLURM_CONF=slurm.conf), capture_output=True, text=True)
+                       cwd=args.source, env=dict(job_env(RUN_DIR=ref_dir, EVALUATE="1", EVAL_SBATCH_ARGS=eval_sbatch,
+                                                         EVAL_ARGS="--batches 4"), SLURM_CONF=slurm.conf),
+                       capture_output=True, text=True)
     check(p.returncode == 0, f"submit.sh: {p.returncode}: {p.stderr}")
     ids = [int(w) for line in p.stdout.splitlines() for w in line.split()[2:3] if w.isdigit()]
-    check(len(ids) == 2, f"submit.sh names two jobs: {p.stdout}")
-    if len(ids) == 2:
-        train_job, consolidate_job = ids
+    check(len(ids) == 3, f"submit.sh names three jobs: {p.stdout}")
+    if len(ids) == 3:
+        train_job, consolidate_job, eval_job = ids
         dep = slurm.job(consolidate_job)
         check(f"afterok:{train_job}" in dep.get("Dependency", ""), f"consolidation depends on training: {dep.get('Dependency')}")
         info = slurm.wait(train_job, timeout=400)
@@ -165,6 +170,21 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
         check(info.get("JobState") == "COMPLETED" and os.path.exists(os.path.join(hf, "config.json")) and
               any(f.endswith(".safetensors") for f in os.listdir(hf) if os.path.isdir(hf)),
               f"consolidation job: {info.get('JobState')} {info.get('ExitCode')}: {output(info)[-1500:]}")
+        # The evaluation job: every checkpoint left (keep_last 2 of saves every 8: steps 16 and 24); at step 24,
+        # on 2 ranks instead of 4, the same 4 evaluation batches of 8 sequences as the run's closing validation.
+        info = slurm.wait(eval_job, timeout=200)
+        eval_json = os.path.join(ref_dir, "eval.json")
+        result = json.load(open(eval_json)) if os.path.exists(eval_json) else {}
+        rows = {c["step"]: c for c in result.get("checkpoints", [])}
+        final = [json.loads(l) for l in open(os.path.join(ref_dir, "metrics.jsonl")) if '"kind":"eval"' in l]
+        check(info.get("JobState") == "COMPLETED" and sorted(rows) == [16, 24] and result.get("ranks") == 2,
+              f"evaluation job: {info.get('JobState')} {info.get('ExitCode')}, rows {sorted(rows)}: {output(info)[-1500:]}")
+        if rows.get(24) and final and final[-1]["step"] == STEPS:
+            got, want = rows[24]["loss"], final[-1]["val_loss"]
+            check(abs(got - want) <= 1e-5 * want and rows[24]["tokens"] == final[-1]["val_tokens"],
+                  f"evaluation of step 24 on 2 ranks: {got!r} ({rows[24]['tokens']} tokens), the run's: {want!r} ({final[-1]['val_tokens']})")
+        else:
+            check(False, f"a step-24 row and the run's closing validation loss: {sorted(rows)} {final[-1:]}")
     reference = losses(ref_dir)
     check(sorted(reference) == list(range(1, STEPS + 1)), f"the reference run logged steps 1..{STEPS}: {sorted(reference)}")
 
