@@ -6,8 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
@@ -24,8 +22,6 @@
 
 namespace shardtrain::cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct EvaluateOptions {
   ConfigArgs args;
@@ -80,16 +76,6 @@ data::DatasetSplit parse_split(const std::string& text) {
   if (text == "validation") return data::DatasetSplit::Validation;
   if (text == "train") return data::DatasetSplit::Train;
   throw UsageError(fmt::format("--split '{}': expected validation (the held-out samples) or train", text));
-}
-
-void write_json_file(const std::string& path, const nlohmann::json& j) {
-  const fs::path out(path), tmp = fs::path(path + ".tmp");
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-    if (!f) throw IoError(fmt::format("--json {}: cannot write the file", path));
-  }
-  fs::rename(tmp, out);  // whole or not at all
 }
 
 // One set of weights through the trainer's evaluation: imported into the engine (collective), evaluated,
@@ -215,7 +201,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     } else {
       j.update(results.front());
     }
-    write_json_file(o.json, j);
+    write_json_file(o.json, j, "the evaluation (--json)");
   }
   return 0;
 }

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -37,13 +36,7 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps,
                             {"max_steps", max_steps},
                             {"last_loss", s.last_loss},
                             {"last_checkpoint", checkpoint}};
-  const fs::path out = fs::path(s.run_dir) / "result.json", tmp = fs::path(s.run_dir) / "result.json.tmp";
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-    if (!f) throw IoError(fmt::format("{}: cannot write the run's result", tmp.string()));
-  }
-  fs::rename(tmp, out);
+  write_json_file((fs::path(s.run_dir) / "result.json").string(), j, "the run's result");
 }
 
 int run_train(const TrainOptions& o, Runtime* rt) {

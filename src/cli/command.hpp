@@ -8,7 +8,10 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "shardtrain/runtime/runtime.hpp"
 
@@ -49,5 +52,9 @@ void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: t
 // --gpu-memory of plan and check (cmd_plan.cpp): "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes), the
 // unit in any case; bytes. Throws UsageError naming the option otherwise.
 double parse_gpu_memory(const std::string& text);
+
+// Writes `j` (indented) to PATH whole or not at all: a temporary file beside it, then a rename
+// (commands.cpp). Throws IoError naming the file and `what` it holds.
+void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& what);
 
 }  // namespace shardtrain::cli
