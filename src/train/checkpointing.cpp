@@ -65,6 +65,27 @@ void CheckpointHooks::resume(Trainer& trainer) {
   log::info("checkpoint: resumed from {} at step {} ({} tokens seen)", path, state.step, state.tokens_seen);
 }
 
+std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
+  if (async_.pending()) last_saved_ = async_.wait();  // an asynchronous save in flight is the newest
+  std::string path = checkpoint::find_latest(dir_);
+  if (path.empty()) path = resumed_from_;
+  if (path.empty()) return std::nullopt;
+  checkpoint::CheckpointReader reader(path);
+  optim::AdamW& adamw = trainer.optimizer();
+  const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &adamw, reader);
+  RollbackPoint point{trainer_state_from_json(r.trainer_state, path), path};
+  if (!r.optimizer_loaded) {  // the diverged run's moments must not survive
+    for (size_t i = 0; i < adamw.num_shards(); ++i) {
+      const std::vector<float> zeros(static_cast<size_t>(adamw.numel(i)), 0.0f);
+      adamw.write_state(i, optim::OptimState::ExpAvg, zeros);
+      adamw.write_state(i, optim::OptimState::ExpAvgSq, zeros);
+    }
+    point.state.optimizer_steps = 0;
+  }
+  last_saved_step_ = point.state.step;
+  return point;
+}
+
 checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
   checkpoint::SaveMeta meta;
   meta.step = trainer.state().step;

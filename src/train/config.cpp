@@ -30,6 +30,8 @@ std::vector<data::MixtureEntry> DataSection::sources() const {
   return out;
 }
 
+const char* divergence_policy_name(DivergencePolicy p) { return p == DivergencePolicy::Rollback ? "rollback" : "stop"; }
+
 std::string DataSection::describe() const {
   if (mixture.empty()) return path;
   std::vector<std::string> paths;
@@ -52,6 +54,14 @@ void TrainConfig::validate() const {
          fmt::format("expected 0 (no clipping) or a positive norm, got {}", optim.max_grad_norm));
   expect(optim.max_consecutive_nonfinite >= 1, "optim.max_consecutive_nonfinite",
          fmt::format("expected 1 or more, got {}", optim.max_consecutive_nonfinite));
+  expect(optim.loss_spike_factor == 0 || (std::isfinite(optim.loss_spike_factor) && optim.loss_spike_factor > 1), "optim.loss_spike_factor",
+         fmt::format("expected 0 (off) or a factor above 1, got {}", optim.loss_spike_factor));
+  expect(optim.loss_spike_window >= 1, "optim.loss_spike_window", fmt::format("expected 1 or more, got {}", optim.loss_spike_window));
+  expect(optim.max_rollbacks >= 0, "optim.max_rollbacks", fmt::format("expected 0 or more, got {}", optim.max_rollbacks));
+  expect(optim.rollback_skip_steps >= 0, "optim.rollback_skip_steps", fmt::format("expected 0 or more, got {}", optim.rollback_skip_steps));
+  if (optim.on_divergence == DivergencePolicy::Rollback)
+    expect(checkpoint.every_n_steps > 0, "optim.on_divergence",
+           "rollback goes back to the run's newest checkpoint: set checkpoint.every_n_steps to save some");
 
   schedule.lr.validate();
   expect(schedule.max_steps >= 0, "schedule.max_steps", fmt::format("expected 0 or more, got {}", schedule.max_steps));

@@ -88,6 +88,12 @@ ProgressStyle parse_progress_style(std::string_view s) {
   throw ConfigError(fmt::format("unknown progress style '{}' (expected auto, bar, lines or off)", s));
 }
 
+DivergencePolicy parse_divergence_policy(std::string_view s) {
+  for (DivergencePolicy p : {DivergencePolicy::Stop, DivergencePolicy::Rollback})
+    if (s == divergence_policy_name(p)) return p;
+  throw ConfigError(fmt::format("unknown divergence policy '{}' (expected stop or rollback)", s));
+}
+
 // Dtype names as configs spell them.
 const char* config_dtype_name(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F32 ? "fp32" : dtype_name(t); }
 
@@ -187,8 +193,17 @@ std::vector<ConfigField> build_fields() {
            [](auto& c) -> auto& { return c.optim.adamw.decay; }, [](const std::string& s) { return optim::parse_decay_scope(s); },
            [](optim::DecayScope d) { return optim::decay_scope_name(d); });
   t.real("max_grad_norm", "clip the global grad norm to this (0 = off)", [](auto& c) -> auto& { return c.optim.max_grad_norm; });
-  t.integer("max_consecutive_nonfinite", "skipped non-finite steps in a row that stop the run (exit 9)",
+  t.integer("max_consecutive_nonfinite", "skipped steps in a row (non-finite, or loss spikes) that make a divergence",
             [](auto& c) -> auto& { return c.optim.max_consecutive_nonfinite; });
+  t.real("loss_spike_factor", "skip a step whose loss exceeds this x the recent mean (0 = off; else > 1)",
+         [](auto& c) -> auto& { return c.optim.loss_spike_factor; });
+  t.integer("loss_spike_window", "updated steps in the recent mean of loss_spike_factor", [](auto& c) -> auto& { return c.optim.loss_spike_window; });
+  t.choice("on_divergence", "stop (exit 9) or rollback (to the newest checkpoint, skipping the data since)",
+           [](auto& c) -> auto& { return c.optim.on_divergence; }, [](const std::string& s) { return parse_divergence_policy(s); },
+           divergence_policy_name);
+  t.integer("max_rollbacks", "rollbacks in the run's life before a divergence stops it", [](auto& c) -> auto& { return c.optim.max_rollbacks; });
+  t.integer("rollback_skip_steps", "global batches skipped past the diverged step's data on a rollback",
+            [](auto& c) -> auto& { return c.optim.rollback_skip_steps; });
 
   t.section = "schedule";
   t.choice("kind", "cosine, constant, linear or wsd", [](auto& c) -> auto& { return c.schedule.lr.kind; },

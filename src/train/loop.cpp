@@ -86,6 +86,7 @@ void Trainer::step_once(StepMetrics& m) {
   // The step's micro-batches first: the loss is the mean over every counted target of the global batch.
   std::vector<data::MicroBatch> mbs;
   mbs.reserve(static_cast<size_t>(accumulation_));
+  const data::SamplerPosition start = loader_->position();
   // counted: the targets that take a loss, then with a mixture each source's input tokens (one row, one source).
   const size_t mixed = sources_.size() > 1 ? sources_.size() : 0;
   std::vector<int64_t> counted(1 + mixed, 0);
@@ -106,7 +107,12 @@ void Trainer::step_once(StepMetrics& m) {
     engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1);
   }
   const int64_t step_number = state_.step + 1;
-  const bool poisoned = options_.faults.nan_grad_at(step_number);
+  const data::DistributedSampler& sampler = loader_->sampler();
+  const uint64_t first_sample = sampler.samples_before(start);
+  const bool poisoned =
+      options_.faults.nan_grad_at(step_number) ||
+      options_.faults.bad_data_in(start.epoch, first_sample,
+                                  sampler.samples_before({start.epoch, start.index + static_cast<uint64_t>(accumulation_)}) - first_sample);
   if (poisoned) optim::poison_first_gradient(engine_->shards());
   // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
   // trainer.cpp: one read for the whole step) waits for the stream it was queued on.
@@ -123,22 +129,42 @@ void Trainer::step_once(StepMetrics& m) {
   sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;
   comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);  // every rank decides the same way
   const double loss = sums[0] / static_cast<double>(global_tokens);
-  const bool skip = sums[1] > 0 || !std::isfinite(loss);
+  const bool nonfinite = sums[1] > 0 || !std::isfinite(loss);
+  double recent_mean = 0;
+  const bool spike = !nonfinite && loss_spike(loss, &recent_mean);
+  const bool skip = nonfinite || spike;
   const double lr = schedule_->lr(state_.step);
 
   if (skip) {
     ++state_.consecutive_nonfinite;
     ++state_.skipped_steps;
-    log::warn("train: step {} skipped: non-finite {} (loss {}, grad norm {}); {} in a row, the run stops at {}", step_number,
-              std::isfinite(norm) ? "loss" : "gradient norm", loss, norm, state_.consecutive_nonfinite,
-              config_.optim.max_consecutive_nonfinite);
-    if (state_.consecutive_nonfinite >= config_.optim.max_consecutive_nonfinite)
-      throw Error(ExitCode::Diverged,
-                  fmt::format("training diverged: {} steps in a row (up to step {}) had a non-finite loss or gradient norm "
-                              "(optim.max_consecutive_nonfinite = {}); lower optim.lr or resume from an earlier checkpoint",
-                              state_.consecutive_nonfinite, step_number, config_.optim.max_consecutive_nonfinite));
+    const bool rollback = config_.optim.on_divergence == DivergencePolicy::Rollback;
+    const std::string then = rollback ? "rolls back" : "stops";
+    if (nonfinite) {
+      log::warn("train: step {} skipped: non-finite {} (loss {}, grad norm {}); {} in a row, the run {} at {}", step_number,
+                std::isfinite(norm) ? "loss" : "gradient norm", loss, norm, state_.consecutive_nonfinite, then,
+                config_.optim.max_consecutive_nonfinite);
+    } else {
+      log::warn("train: step {} skipped: loss {:.4f} is {:.2f}x the mean {:.4f} of the last {} updated steps (optim.loss_spike_factor = {}); "
+                "{} in a row, the run {} at {}",
+                step_number, loss, loss / recent_mean, recent_mean, state_.recent_losses.size(), config_.optim.loss_spike_factor,
+                state_.consecutive_nonfinite, then, config_.optim.max_consecutive_nonfinite);
+    }
+    if (state_.consecutive_nonfinite >= config_.optim.max_consecutive_nonfinite) {
+      const std::string why = fmt::format("{} steps in a row (up to step {}) had {} (optim.max_consecutive_nonfinite = {})",
+                                          state_.consecutive_nonfinite, step_number,
+                                          config_.optim.loss_spike_factor > 0 ? "a non-finite loss or gradient norm, or a loss spike"
+                                                                              : "a non-finite loss or gradient norm",
+                                          config_.optim.max_consecutive_nonfinite);
+      if (!rollback)
+        throw Error(ExitCode::Diverged, fmt::format("training diverged: {}; lower optim.lr, resume from an earlier checkpoint, or set "
+                                                    "optim.on_divergence = \"rollback\"",
+                                                    why));
+      divergence_ = why;  // run() rolls back once this step is reported
+    }
   } else {
     state_.consecutive_nonfinite = 0;
+    remember_loss(loss);
     const double clip = optim::clip_coefficient(norm, config_.optim.max_grad_norm);
     if (async_update_) {
       adamw_->step_async(engine_->shards(), lr, clip);  // still running when the step returns (trainer.hpp)
@@ -166,6 +192,7 @@ void Trainer::step_once(StepMetrics& m) {
   m.lr = lr;
   m.grad_norm = norm;
   m.skipped = skip;
+  if (skip) m.skip_reason = nonfinite ? "nonfinite" : "loss_spike";
   m.step_time_s = seconds_since(t0);
   m.tokens_per_s = static_cast<double>(tokens_per_step_) / m.step_time_s;
   m.mfu = m.tokens_per_s * flops_per_token_ / (peak_flops_ * runtime_->topology().world_size);
@@ -177,6 +204,64 @@ void Trainer::step_once(StepMetrics& m) {
   m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
   m.comm_world_bytes = axis_bytes(*comms_, MeshAxis::World) - world0;
   step_seconds_ += m.step_time_s;
+}
+
+bool Trainer::loss_spike(double loss, double* mean) const {
+  const std::vector<double>& recent = state_.recent_losses;
+  if (config_.optim.loss_spike_factor <= 0 || recent.size() < static_cast<size_t>(config_.optim.loss_spike_window)) return false;
+  double sum = 0;
+  for (const double l : recent) sum += l;  // oldest first: the same sum on every rank, and after a resume
+  *mean = sum / static_cast<double>(recent.size());
+  return loss > config_.optim.loss_spike_factor * *mean;
+}
+
+void Trainer::remember_loss(double loss) {
+  if (config_.optim.loss_spike_factor <= 0) return;
+  std::vector<double>& recent = state_.recent_losses;
+  recent.push_back(loss);
+  const auto window = static_cast<size_t>(config_.optim.loss_spike_window);
+  if (recent.size() > window) recent.erase(recent.begin(), recent.end() - static_cast<std::ptrdiff_t>(window));
+}
+
+void Trainer::roll_back(const std::string& why) {
+  const TrainerState at = state_;  // after the diverged step: its data read
+  auto stop = [&](const std::string& more) {
+    return Error(ExitCode::Diverged, fmt::format("training diverged: {}; {}", why, more));
+  };
+  if (at.rollbacks >= config_.optim.max_rollbacks)
+    throw stop(fmt::format("the run has rolled back {} times already (optim.max_rollbacks = {}); lower optim.lr or resume from an "
+                           "earlier checkpoint",
+                           at.rollbacks, config_.optim.max_rollbacks));
+  adamw_->wait();
+  std::optional<RollbackPoint> point;
+  for (TrainerHooks* h : hooks_)
+    if ((point = h->load_rollback_point(*this))) break;
+  if (!point) throw stop("there is no checkpoint to roll back to yet (optim.on_divergence = \"rollback\")");
+  restore(point->state);
+
+  // Past the data since the checkpoint: from where the diverged step stopped reading, and
+  // optim.rollback_skip_steps global batches further.
+  const data::DistributedSampler& sampler = loader_->sampler();
+  data::SamplerPosition p = at.sampler;
+  for (int64_t k = 0; k < config_.optim.rollback_skip_steps * accumulation_; ++k) p = sampler.advance(p);
+  const uint64_t per_epoch = sampler.samples_before({0, sampler.micro_batches_per_epoch()});
+  auto absolute = [&](data::SamplerPosition q) { return q.epoch * per_epoch + sampler.samples_before(q); };
+  RollbackMetrics r;
+  r.step = at.step;
+  r.to_step = state_.step;
+  r.checkpoint = point->path;
+  r.skipped_samples = absolute(p) - absolute(state_.sampler);
+  r.rollbacks = at.rollbacks + 1;
+  r.reason = why;
+  loader_->seek(p);
+  state_.sampler = p;
+  state_.sampler_samples = static_cast<int64_t>(sampler.samples_before(p));
+  state_.rollbacks = r.rollbacks;
+  state_.skipped_steps = at.skipped_steps;  // a count over the run's life, as rollbacks are
+  state_.consecutive_nonfinite = 0;
+  log::warn("train: {}: rolled back to step {} ({}), skipping {} samples of data past it (rollback {} of at most {})", why, r.to_step,
+            r.checkpoint, r.skipped_samples, r.rollbacks, config_.optim.max_rollbacks);
+  if (metrics_) metrics_->write(to_json_line(r));
 }
 
 double Trainer::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source, const std::vector<uint32_t>* bytes_per_id) {
@@ -244,13 +329,20 @@ TrainSummary Trainer::run() {
   TrainSummary s;
   s.first_loss = std::numeric_limits<double>::quiet_NaN();
   StepMetrics m;
-  const int64_t first_step = state_.step;
+  int64_t steps_run = 0;  // not state_.step's advance: a rollback takes the count back
   while (state_.step < total_steps_ && !stop_requested_) {
     step_once(m);
+    ++steps_run;
     m.elapsed_s = seconds_since(start);
     if (std::isnan(s.first_loss) && !m.skipped) s.first_loss = m.loss;
     s.last_loss = m.loss;
     report(m);
+    if (!divergence_.empty()) {  // optim.on_divergence = rollback
+      const std::string why = std::move(divergence_);
+      divergence_.clear();
+      roll_back(why);
+      continue;
+    }
     maybe_evaluate(false);
     for (TrainerHooks* h : hooks_) h->on_step_end(*this, m);
   }
@@ -260,7 +352,7 @@ TrainSummary Trainer::run() {
   for (TrainerHooks* h : hooks_) h->on_end(*this);
   loop_seconds_ = seconds_since(start);
 
-  s.steps = state_.step - first_step;
+  s.steps = steps_run;
   s.tokens = state_.tokens_seen;
   s.last_val_loss = last_val_loss_;
   s.seconds = loop_seconds_;

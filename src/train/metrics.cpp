@@ -36,6 +36,7 @@ std::string to_json_line(const StepMetrics& m) {
   j["lr"] = m.lr;
   j["grad_norm"] = number(m.grad_norm);
   j["skipped"] = m.skipped;
+  if (m.skipped) j["skip_reason"] = m.skip_reason;
   j["step_time_s"] = m.step_time_s;
   j["tokens_per_s"] = m.tokens_per_s;
   j["mfu"] = m.mfu;
@@ -48,6 +49,18 @@ std::string to_json_line(const StepMetrics& m) {
     for (const auto& [path, tokens] : m.tokens_by_source) by[path] = tokens;
     j["tokens_by_source"] = by;
   }
+  return j.dump();
+}
+
+std::string to_json_line(const RollbackMetrics& m) {
+  nlohmann::ordered_json j;
+  j["kind"] = "rollback";
+  j["step"] = m.step;
+  j["to_step"] = m.to_step;
+  j["checkpoint"] = m.checkpoint;
+  j["skipped_samples"] = m.skipped_samples;
+  j["rollbacks"] = m.rollbacks;
+  j["reason"] = m.reason;
   return j.dump();
 }
 

@@ -37,6 +37,8 @@ std::string trainer_state_to_json(const TrainerState& s) {
   j["consecutive_nonfinite"] = s.consecutive_nonfinite;
   j["skipped_steps"] = s.skipped_steps;
   if (!s.tokens_by_source.empty()) j["tokens_by_source"] = s.tokens_by_source;
+  if (s.rollbacks > 0) j["rollbacks"] = s.rollbacks;
+  if (!s.recent_losses.empty()) j["recent_losses"] = s.recent_losses;  // shortest round-trip form: exact on reading
   return j.dump();
 }
 
@@ -61,6 +63,10 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
     s.skipped_steps = j.at("skipped_steps").get<int64_t>();
     field = "tokens_by_source";  // since data mixtures; absent before, and without one
     if (j.contains("tokens_by_source")) s.tokens_by_source = j.at("tokens_by_source").get<std::map<std::string, int64_t>>();
+    field = "rollbacks";  // since 2026-11-25, and only once there was one
+    if (j.contains("rollbacks")) s.rollbacks = j.at("rollbacks").get<int64_t>();
+    field = "recent_losses";  // since 2026-11-25, with optim.loss_spike_factor
+    if (j.contains("recent_losses")) s.recent_losses = j.at("recent_losses").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("{}: trainer state{}: {}", source, field.empty() ? "" : " field '" + field + "'", e.what()));
   }
@@ -81,7 +87,7 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   auto bad = [&](const std::string& why) {
     return UsageError(fmt::format(
         "SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
-        "slow_update:MS, stall:RANK@STEP, kill:RANK@STEP or freeze:RANK@STEP)",
+        "bad_data:FIRST-LAST, slow_update:MS, stall:RANK@STEP, kill:RANK@STEP or freeze:RANK@STEP)",
         spec, why));
   };
   // A whole non-negative number, or a usage error naming `what`.
@@ -124,6 +130,14 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
       plan.slow_update_ms = static_cast<int>(std::min<int64_t>(number(arg, "delay in milliseconds"), 60'000));
       continue;
     }
+    if (name == "bad_data") {
+      const size_t dash = arg.find('-');
+      const auto first = static_cast<uint64_t>(number(arg.substr(0, dash), "sample number"));
+      const auto last = dash == std::string::npos ? first : static_cast<uint64_t>(number(arg.substr(dash + 1), "sample number"));
+      if (last < first) throw bad(fmt::format("expected bad_data:FIRST-LAST with FIRST <= LAST, got '{}'", item));
+      plan.bad_samples.emplace_back(first, last);
+      continue;
+    }
     if (name != "nan_grad") throw bad(fmt::format("unknown fault '{}'", name));
     size_t start = 0;
     while (start <= arg.size()) {
@@ -143,6 +157,13 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
 
 bool FaultPlan::nan_grad_at(int64_t step) const {
   return std::find(nan_grad_steps.begin(), nan_grad_steps.end(), step) != nan_grad_steps.end();
+}
+
+bool FaultPlan::bad_data_in(uint64_t epoch, uint64_t first, uint64_t count) const {
+  if (epoch != 0 || count == 0) return false;
+  for (const auto& [a, b] : bad_samples)
+    if (first <= b && a < first + count) return true;
+  return false;
 }
 
 const RankFault* FaultPlan::rank_fault_at(int rank, int64_t step) const {

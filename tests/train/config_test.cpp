@@ -149,6 +149,23 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"data.global_batch_size", "10"}, {"data.micro_batch_size", "4"}}), "data.global_batch_size", "multiple");
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.state_dict_type", "LOCAL"}}), "checkpoint.state_dict_type", "SHARDED_STATE_DICT");
   EXPECT_CONFIG_ERROR(invalid({{"optim.max_consecutive_nonfinite", "0"}}), "optim.max_consecutive_nonfinite");
+  // Divergence: spikes and rollbacks.
+  EXPECT_NO_THROW(invalid({{"optim.loss_spike_factor", "1.5"}, {"optim.loss_spike_window", "20"}}));
+  EXPECT_CONFIG_ERROR(invalid({{"optim.loss_spike_factor", "0.9"}}), "optim.loss_spike_factor", "above 1");
+  EXPECT_CONFIG_ERROR(invalid({{"optim.loss_spike_window", "0"}}), "optim.loss_spike_window", "1 or more");
+  EXPECT_CONFIG_ERROR(invalid({{"optim.on_divergence", "retry"}}), "optim.on_divergence", "stop or rollback");
+  EXPECT_CONFIG_ERROR(invalid({{"optim.on_divergence", "rollback"}}), "optim.on_divergence", "checkpoint.every_n_steps");
+  EXPECT_NO_THROW(invalid({{"optim.on_divergence", "rollback"}, {"checkpoint.every_n_steps", "5"}}));
+  EXPECT_CONFIG_ERROR(invalid({{"optim.max_rollbacks", "-1"}}), "optim.max_rollbacks");
+  EXPECT_CONFIG_ERROR(invalid({{"optim.rollback_skip_steps", "-2"}}), "optim.rollback_skip_steps");
+  {
+    TrainConfig r = from_text("[data]\npath = \"x.h5\"\n[schedule]\nmax_steps = 10\n[optim]\non_divergence = \"rollback\"\n"
+                              "rollback_skip_steps = 50\n[checkpoint]\nevery_n_steps = 5\n");
+    EXPECT_EQ(r.optim.on_divergence, DivergencePolicy::Rollback);
+    EXPECT_EQ(r.optim.rollback_skip_steps, 50);
+    EXPECT_EQ(r.optim.max_rollbacks, 3);
+    EXPECT_NE(to_toml(r).find("on_divergence = \"rollback\""), std::string::npos) << to_toml(r);
+  }
   EXPECT_CONFIG_ERROR(from_text("[data]\npath = \"x.h5\"\nseq_len = -3\n[schedule]\nmax_steps = 1\n").validate(), "data.seq_len", "expected 1 or more");
   // World-size mismatches, checked against the running world.
   TrainConfig w = from_text("[data]\npath = \"x.h5\"\nglobal_batch_size = 64\n[schedule]\nmax_steps = 1\n[fsdp]\nnum_processes = 2\n");

@@ -1,7 +1,11 @@
 // The training loop on 2 ranks over a small synthetic dataset: the loss falls, metrics lines parse and
 // agree with each other (tokens, tokens/s, MFU, constant FULL_SHARD traffic per step), an injected NaN
-// gradient is skipped and training continues, and N non-finite steps in a row stop with ExitCode::Diverged.
+// gradient is skipped and training continues, and N non-finite steps in a row stop with ExitCode::Diverged,
+// or, with optim.on_divergence = rollback, go back to the newest checkpoint past the bad data (exactly as a
+// fresh process resuming there would), and loss spikes are skipped by the rule docs/training.md gives.
 // This binary has its own main (below): the tests need the Runtime that main builds after MPI_Init.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <nlohmann/json.hpp>
@@ -14,6 +18,8 @@
 #include "shardtrain/data/dataset.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/runtime.hpp"
+#include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 using namespace shardtrain;
@@ -185,6 +191,188 @@ TEST(TrainLoop, StopsWithDivergedAfterNNonFiniteStepsInARow) {
   EXPECT_EQ(slow.nan_grad_steps, (std::vector<int64_t>{2}));
   EXPECT_THROW(train::FaultPlan::parse("slow_update:-3"), UsageError);
   EXPECT_THROW(train::FaultPlan::parse("slow_update:"), UsageError);
+  EXPECT_EQ(train::FaultPlan::parse("bad_data:40-55;bad_data:7").bad_samples,
+            (std::vector<std::pair<uint64_t, uint64_t>>{{40, 55}, {7, 7}}));
+  EXPECT_THROW(train::FaultPlan::parse("bad_data:9-3"), UsageError);
+  const train::FaultPlan bad = train::FaultPlan::parse("bad_data:40-55");
+  EXPECT_FALSE(bad.bad_data_in(0, 32, 8));
+  EXPECT_TRUE(bad.bad_data_in(0, 33, 8));
+  EXPECT_TRUE(bad.bad_data_in(0, 55, 8));
+  EXPECT_FALSE(bad.bad_data_in(0, 56, 8));
+  EXPECT_FALSE(bad.bad_data_in(1, 40, 8));  // the first epoch's order only
+}
+
+// Losses by step as the loop reports them (every rank sees the same, all-reduced values).
+struct LossLog final : train::TrainerHooks {
+  std::vector<std::pair<int64_t, double>> losses;
+  void on_step_end(train::Trainer&, const train::StepMetrics& m) override { losses.emplace_back(m.step, m.loss); }
+};
+
+// 8 samples a step (tiny_config): step k reads samples [8 (k - 1), 8 k) of the epoch's order.
+train::TrainConfig rollback_config(const std::string& run_dir) {
+  train::TrainConfig c = tiny_config(run_dir);
+  c.schedule.max_steps = 14;
+  c.checkpoint.every_n_steps = 4;
+  c.optim.max_consecutive_nonfinite = 2;
+  c.optim.on_divergence = train::DivergencePolicy::Rollback;
+  c.optim.rollback_skip_steps = 1;
+  return c;
+}
+
+TEST(TrainLoop, RollsBackPastBadDataExactlyAsAResumeThereWould) {
+  const train::TrainConfig c = rollback_config("train_loop_test_run_rollback");
+  train::TrainerOptions o;
+  o.faults = train::FaultPlan::parse("bad_data:40-55");  // the data of steps 6 and 7: it diverges after step 7
+  train::Trainer t(*g_runtime, c, o);
+  train::CheckpointHooks checkpoints(t);
+  LossLog log;
+  t.add_hooks(&checkpoints);
+  t.add_hooks(&log);
+  const train::TrainSummary s = t.run();
+  // Steps 1-7 (6 and 7 skipped; step 7 is reported but never reaches the hooks), then 5-14 again.
+  EXPECT_EQ(s.steps, 7 + 10);
+  EXPECT_EQ(t.state().step, 14);
+  EXPECT_EQ(t.state().rollbacks, 1);
+  EXPECT_EQ(t.state().skipped_steps, 2);
+  EXPECT_EQ(t.state().optimizer_steps, 14);  // the checkpoint's 4, then 10 updates
+  // Back at step 4's data position (32 samples), then past steps 5-7 (to 56) and rollback_skip_steps = 1 (to 64):
+  // 10 more steps end at sample 144.
+  ASSERT_EQ(t.state().sampler.epoch, 0u) << "the test's epoch must hold 18 steps";
+  EXPECT_EQ(t.state().sampler_samples, 144);
+  EXPECT_TRUE(std::isfinite(s.last_loss));
+  std::vector<double> after;  // the losses of steps 5-14 after the rollback
+  for (size_t k = 0; k < log.losses.size(); ++k) {
+    if (k > 0 && log.losses[k].first <= log.losses[k - 1].first) after.clear();
+    after.push_back(log.losses[k].second);
+  }
+  ASSERT_EQ(after.size(), 10u);
+  const std::string step4 = checkpoints.dir() + "/step_00000004";
+  if (rank() == 0) {
+    std::vector<std::string> kinds;
+    for (const auto& j : read_metrics(s.run_dir)) {
+      if (j["kind"] == "rollback") {
+        EXPECT_EQ(j["step"].get<int>(), 7);
+        EXPECT_EQ(j["to_step"].get<int>(), 4);
+        EXPECT_EQ(j["checkpoint"].get<std::string>(), step4);
+        EXPECT_EQ(j["skipped_samples"].get<int>(), 64 - 32);
+        EXPECT_EQ(j["rollbacks"].get<int>(), 1);
+        EXPECT_NE(j["reason"].get<std::string>().find("2 steps in a row (up to step 7)"), std::string::npos) << j.dump();
+      }
+      if (j["kind"] == "train") {
+        const int step = j["step"];
+        const bool bad = kinds.size() < 7 && (step == 6 || step == 7);
+        EXPECT_EQ(j["skipped"].get<bool>(), bad) << j.dump();
+        if (bad) EXPECT_EQ(j["skip_reason"].get<std::string>(), "nonfinite");
+        kinds.push_back(fmt::format("{}", step));
+      } else if (j["kind"] == "rollback") {
+        kinds.push_back("rollback");
+      }
+    }
+    EXPECT_EQ(fmt::format("{}", fmt::join(kinds, " ")), "1 2 3 4 5 6 7 rollback 5 6 7 8 9 10 11 12 13 14");
+  }
+
+  // A fresh trainer that loads step 4's checkpoint and starts at sample 64 trains the same steps bit for bit:
+  // nothing of the diverged steps survives the rollback in the engine, AdamW or the loader.
+  train::TrainConfig fresh_config = tiny_config("train_loop_test_run_rollback_fresh");
+  fresh_config.schedule.max_steps = 14;
+  struct ResumeAt64 final : train::TrainerHooks {
+    std::string path;
+    void on_start(train::Trainer& t) override {
+      const checkpoint::LoadResult r = checkpoint::load(t.engine(), &t.optimizer(), path);
+      train::TrainerState state = train::trainer_state_from_json(r.trainer_state, path);
+      state.sampler_samples = 64;
+      t.restore(state);
+    }
+  } resume;
+  resume.path = step4;
+  train::Trainer fresh(*g_runtime, fresh_config);
+  LossLog fresh_log;
+  fresh.add_hooks(&resume);
+  fresh.add_hooks(&fresh_log);
+  fresh.run();
+  ASSERT_EQ(fresh_log.losses.size(), 10u);
+  for (size_t k = 0; k < 10; ++k) {
+    EXPECT_EQ(fresh_log.losses[k].first, static_cast<int64_t>(5 + k));
+    EXPECT_EQ(fresh_log.losses[k].second, after[k]) << "step " << 5 + k;
+  }
+  EXPECT_EQ(fresh.state().sampler_samples, 144);
+}
+
+TEST(TrainLoop, ADivergenceWithoutACheckpointOrRollbacksLeftStops) {
+  {  // bad data at steps 2 and 3, before the first checkpoint (step 4)
+    const train::TrainConfig c = rollback_config("train_loop_test_run_rollback_none");
+    train::TrainerOptions o;
+    o.faults = train::FaultPlan::parse("bad_data:8-23");
+    train::Trainer t(*g_runtime, c, o);
+    train::CheckpointHooks checkpoints(t);
+    t.add_hooks(&checkpoints);
+    std::string what;
+    try {
+      t.run();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::Diverged);
+      what = e.what();
+    }
+    EXPECT_NE(what.find("no checkpoint to roll back to"), std::string::npos) << what;
+    EXPECT_EQ(t.state().step, 3);
+  }
+  {  // bad data twice, at steps 6-7 and (after the first rollback, at sample 64) at the second step after it
+    train::TrainConfig c = rollback_config("train_loop_test_run_rollback_twice");
+    c.optim.max_rollbacks = 1;
+    train::TrainerOptions o;
+    o.faults = train::FaultPlan::parse("bad_data:40-55;bad_data:72-87");
+    train::Trainer t(*g_runtime, c, o);
+    train::CheckpointHooks checkpoints(t);
+    t.add_hooks(&checkpoints);
+    std::string what;
+    try {
+      t.run();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::Diverged);
+      what = e.what();
+    }
+    EXPECT_NE(what.find("rolled back 1 times already (optim.max_rollbacks = 1)"), std::string::npos) << what;
+    EXPECT_EQ(t.state().rollbacks, 1);
+    EXPECT_EQ(t.state().step, 7);  // 4, then 5 (samples 64-71), 6 and 7 (72-87) skipped
+  }
+}
+
+TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
+  train::TrainConfig c = tiny_config("train_loop_test_run_spikes");
+  c.optim.adamw.lr = 0.5;  // far too high: the loss jumps about (9 spikes from step 13, then it recovers)
+  c.schedule.lr.warmup_steps = 0;
+  c.schedule.lr.kind = optim::ScheduleKind::Constant;
+  c.schedule.max_steps = 24;
+  c.optim.loss_spike_factor = 1.05;
+  c.optim.loss_spike_window = 3;
+  c.optim.max_consecutive_nonfinite = 100;
+  train::Trainer t(*g_runtime, c);
+  const train::TrainSummary s = t.run();
+  if (rank() != 0) return;
+  // Recompute every decision from the losses the metrics report.
+  std::vector<double> recent;
+  int spikes = 0;
+  for (const auto& j : read_metrics(s.run_dir)) {
+    if (j["kind"] != "train") continue;
+    const double loss = j["loss"];
+    double mean = 0;
+    for (double l : recent) mean += l;
+    mean /= static_cast<double>(recent.size());
+    const bool spike = recent.size() == 3 && loss > 1.05 * mean;
+    EXPECT_EQ(j["skipped"].get<bool>(), spike) << j.dump() << " mean " << mean;
+    if (spike) {
+      EXPECT_EQ(j["skip_reason"].get<std::string>(), "loss_spike");
+      ++spikes;
+      continue;
+    }
+    recent.push_back(loss);
+    if (recent.size() > 3) recent.erase(recent.begin());
+  }
+  EXPECT_GE(spikes, 1) << "the test needs a spiking run";
+  EXPECT_EQ(s.skipped_steps, spikes);
+  EXPECT_EQ(t.state().recent_losses, recent);
+  // The window is part of the state a checkpoint stores, exactly.
+  EXPECT_EQ(train::trainer_state_from_json(train::trainer_state_to_json(t.state()), "test").recent_losses, recent);
 }
 
 int main(int argc, char** argv) {

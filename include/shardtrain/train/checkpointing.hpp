@@ -3,7 +3,8 @@
 // (a checkpoint, a consolidated file or a Hugging Face directory), a save every every_n_steps and at
 // the end, and a save whenever the trainer is asked for one (preemption). With checkpoint.async_save the
 // periodic sharded saves are written on a thread while training goes on and published at a later step
-// end; a requested save and the final one are synchronous. Attached as Trainer hooks.
+// end; a requested save and the final one are synchronous. After a divergence with optim.on_divergence =
+// rollback, the newest checkpoint is loaded again. Attached as Trainer hooks.
 #pragma once
 
 #include <string>
@@ -21,6 +22,9 @@ class CheckpointHooks final : public TrainerHooks {
   void on_start(Trainer& trainer) override;
   void on_step_end(Trainer& trainer, const StepMetrics& metrics) override;
   void on_end(Trainer& trainer) override;
+  // The newest complete checkpoint of dir() (or, with none there yet, the one the run resumed from), loaded
+  // with its AdamW states; a full-state-dict checkpoint has none, so the optimizer starts fresh.
+  std::optional<RollbackPoint> load_rollback_point(Trainer& trainer) override;
 
   const std::string& dir() const { return dir_; }
   const std::string& last_saved() const { return last_saved_; }

@@ -34,11 +34,24 @@ struct FsdpSection {
   CommBackendPreference comm_backend = CommBackendPreference::Auto;
 };
 
-// [optim]: AdamW, clipping, and what to do about non-finite steps.
+// What a diverged run does (optim.on_divergence): stop with exit 9, or go back to its newest checkpoint and
+// skip the data that led there (docs/training.md, "Divergence").
+enum class DivergencePolicy { Stop, Rollback };
+const char* divergence_policy_name(DivergencePolicy p);  // "stop", "rollback"
+
+// [optim]: AdamW, clipping, and what to do about bad steps.
 struct OptimSection {
   optim::AdamWConfig adamw;
   double max_grad_norm = 1.0;         // clip_grad_norm_ max_norm; 0 = no clipping
-  int max_consecutive_nonfinite = 5;  // a run of this many skipped (non-finite) steps stops the job (exit 9)
+  // A skipped step is one with a non-finite loss or gradient norm, or (loss_spike_factor > 0) a loss above
+  // loss_spike_factor x the mean loss of the last loss_spike_window steps that updated. This many skipped
+  // steps in a row is a divergence.
+  int max_consecutive_nonfinite = 5;
+  double loss_spike_factor = 0;       // 0 = no spike detection; else > 1
+  int loss_spike_window = 100;        // updated steps whose mean loss a spike is measured against
+  DivergencePolicy on_divergence = DivergencePolicy::Stop;
+  int max_rollbacks = 3;              // rollbacks in the run's life (resumes included) before a divergence stops it
+  int64_t rollback_skip_steps = 0;    // global batches skipped past the diverged step's data, beyond those it read
 };
 
 // [schedule]: the LR schedule, when the run stops, and when it evaluates.

@@ -25,7 +25,8 @@ struct StepMetrics {
   double loss = 0;              // mean over the global batch's counted targets
   double lr = 0;                // the rate this step used
   double grad_norm = 0;         // before clipping
-  bool skipped = false;         // non-finite loss or norm: no update
+  bool skipped = false;         // no update: a non-finite loss or norm, or a loss spike
+  std::string skip_reason;      // when skipped: "nonfinite" or "loss_spike"
   double step_time_s = 0;       // data, forward, backward, optimizer (no eval, no checkpoint)
   double tokens_per_s = 0;      // step tokens / step_time_s
   double mfu = 0;               // tokens_per_s * flops_per_token / (peak per rank * ranks)
@@ -56,7 +57,19 @@ struct EvalMetrics {
   std::vector<SourceLoss> by_source;  // with a mixture: each source's own (else empty)
 };
 
+// A rollback (optim.on_divergence = rollback): after step `step` diverged the run went back to `checkpoint`
+// at `to_step` and skipped `skipped_samples` samples (all ranks) past the checkpoint's data position.
+struct RollbackMetrics {
+  int64_t step = 0;
+  int64_t to_step = 0;
+  std::string checkpoint;
+  uint64_t skipped_samples = 0;
+  int64_t rollbacks = 0;  // this one included
+  std::string reason;
+};
+
 std::string to_json_line(const StepMetrics& m);  // {"kind":"train",...}, no newline
+std::string to_json_line(const RollbackMetrics& m);  // {"kind":"rollback",...}
 std::string to_json_line(const EvalMetrics& m);  // {"kind":"eval",...}
 
 // Appends lines and flushes each one, so a killed job keeps every finished step. RAII over FILE*.

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,9 +35,11 @@ struct TrainerState {
   data::SamplerPosition sampler{};  // the train loader's next micro-batch
   int64_t sampler_samples = -1;     // samples of the epoch taken before it, by all ranks (-1: not recorded)
   int64_t optimizer_steps = 0;      // AdamW updates (its bias-correction count)
-  int64_t consecutive_nonfinite = 0;
+  int64_t consecutive_nonfinite = 0;  // skipped steps in a row (non-finite or loss spikes)
   int64_t skipped_steps = 0;
   std::map<std::string, int64_t> tokens_by_source;  // a data mixture's input tokens per source path (else empty)
+  int64_t rollbacks = 0;              // optim.on_divergence = rollback: rollbacks so far
+  std::vector<double> recent_losses;  // optim.loss_spike_factor: the last updated steps' losses, oldest first
 };
 
 // TrainerState as the JSON a checkpoint stores ({"step":..,"tokens_seen":..,"sampler":{"epoch":..,"index":..},...}),
@@ -60,18 +63,30 @@ const char* rank_fault_name(RankFault::Kind k);  // "stall", "kill", "freeze"
 // "slow_update:MS" (the host update on its worker thread sleeps MS ms before each shard: CPU offload's
 // overlap with a slow host, which any read of a shard before its update is done turns into wrong losses) or a
 // RankFault, e.g. "nan_grad:2;kill:1@5".
+// "bad_data:FIRST-LAST" poisons the gradient of every step whose global batch reads any of the samples
+// FIRST..LAST (0-based, counted over all ranks in the first epoch's order): bad data rather than a bad step, so
+// it strikes again unless a rollback skips that data.
 struct FaultPlan {
   std::vector<int64_t> nan_grad_steps;
+  std::vector<std::pair<uint64_t, uint64_t>> bad_samples;  // [first, last] of epoch 0
   int slow_update_ms = 0;
   std::vector<RankFault> rank_faults;
   static FaultPlan parse(const std::string& spec);  // "" = none; throws UsageError naming SHARDTRAIN_FAULT
   bool nan_grad_at(int64_t step) const;
+  // Whether a global batch of epoch `epoch` covering samples [first, first + count) reads bad data.
+  bool bad_data_in(uint64_t epoch, uint64_t first, uint64_t count) const;
   const RankFault* rank_fault_at(int rank, int64_t step) const;  // nullptr: none
   void check_ranks(int world_size) const;  // throws UsageError for a rank outside the world
 };
 
 class Trainer;
 class ProgressView;
+
+// A checkpoint a diverged run goes back to (optim.on_divergence = rollback), loaded by a hook.
+struct RollbackPoint {
+  TrainerState state;  // the checkpoint's
+  std::string path;
+};
 
 // Callbacks at fixed points of the loop, on every rank (they may run collectives).
 class TrainerHooks {
@@ -80,6 +95,9 @@ class TrainerHooks {
   virtual void on_start(Trainer& trainer) {}                               // after init, before step 1
   virtual void on_step_end(Trainer& trainer, const StepMetrics& metrics) {}  // after each step's update and eval
   virtual void on_end(Trainer& trainer) {}                                 // after the last step
+  // The run diverged and optim.on_divergence = rollback: load the checkpoint to go back to into the engine and
+  // the optimizer and return its state, or nullopt when this hook has none (the first hook that has one wins).
+  virtual std::optional<RollbackPoint> load_rollback_point(Trainer& trainer) { return std::nullopt; }
 };
 
 struct TrainerOptions {
@@ -166,6 +184,12 @@ class Trainer {
 
  private:
   void step_once(StepMetrics& m);
+  // Whether step `m` was a spike: its loss above optim.loss_spike_factor x the recent mean (window full).
+  bool loss_spike(double loss, double* mean) const;
+  void remember_loss(double loss);
+  // After a divergence with optim.on_divergence = rollback: back to a hook's checkpoint, past the data read
+  // since, or the Diverged error when there is none or max_rollbacks are spent.
+  void roll_back(const std::string& why);
   // The micro-batch as the model reads it: host views on the CPU backend; on a GPU, copied into device
   // buffers (asynchronously, in stream order) that the next call reuses.
   model::Batch model_batch(data::MicroBatch& mb);
@@ -209,6 +233,7 @@ class Trainer {
   int64_t last_eval_step_ = -1;
   double last_val_loss_;
   bool save_requested_ = false, stop_requested_ = false;
+  std::string divergence_;  // set by step_once when the run diverged and should roll back: why
   double loop_seconds_ = 0, step_seconds_ = 0;
 };
 
