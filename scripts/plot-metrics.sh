@@ -14,28 +14,43 @@ command -v python3 >/dev/null 2>&1 || { echo "plot-metrics: python3 not found" >
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-# JSON lines -> whitespace columns gnuplot reads (skipped steps have a null loss: left out).
+# JSON lines -> whitespace columns gnuplot reads (skipped steps have a null loss: left out). When the steps go
+# back (a rollback after a divergence, or a resume from an older checkpoint into the same run directory), the
+# points of the abandoned stretch are dropped: the curves show the run the weights come from.
 python3 - "$metrics" "$tmp" <<'PY'
 import json, sys
 src, out = sys.argv[1], sys.argv[2]
-with open(src) as f, open(out + "/train.dat", "w") as t, open(out + "/eval.dat", "w") as e:
+train, evals, last = [], [], 0
+with open(src) as f:
     for line in f:
         line = line.strip()
         if not line:
             continue
         j = json.loads(line)
-        if j.get("kind") == "train" and j.get("loss") is not None:
+        if j.get("kind") not in ("train", "eval"):
+            continue
+        if j["kind"] == "train" and j["step"] <= last:
+            train = [t for t in train if t["step"] < j["step"]]
+            evals = [e for e in evals if e["step"] < j["step"]]
+        last = j["step"] if j["kind"] == "train" else last
+        (train if j["kind"] == "train" else evals).append(j)
+with open(out + "/train.dat", "w") as t:
+    for j in train:
+        if j.get("loss") is not None:
             t.write(f'{j["step"]} {j["loss"]} {j["tokens_per_s"]} {100 * j["mfu"]} {j["lr"]}\n')
-        elif j.get("kind") == "eval" and j.get("val_loss") is not None:
-            e.write(f'{j["step"]} {j["val_loss"]}\n')
-            # A data mixture: one file per source, source-N.dat, and its name in source-N.name.
-            for k, (path, loss) in enumerate(j.get("val_loss_by_source", {}).items()):
-                if loss is None:
-                    continue
-                with open(f"{out}/source-{k}.dat", "a") as s:
-                    s.write(f'{j["step"]} {loss}\n')
-                with open(f"{out}/source-{k}.name", "w") as n:
-                    n.write(path.rsplit("/", 1)[-1].removesuffix(".h5"))
+with open(out + "/eval.dat", "w") as e:
+    for j in evals:
+        if j.get("val_loss") is None:
+            continue
+        e.write(f'{j["step"]} {j["val_loss"]}\n')
+        # A data mixture: one file per source, source-N.dat, and its name in source-N.name.
+        for k, (path, loss) in enumerate(j.get("val_loss_by_source", {}).items()):
+            if loss is None:
+                continue
+            with open(f"{out}/source-{k}.dat", "a") as s:
+                s.write(f'{j["step"]} {loss}\n')
+            with open(f"{out}/source-{k}.name", "w") as n:
+                n.write(path.rsplit("/", 1)[-1].removesuffix(".h5"))
 PY
 [[ -s "$tmp/train.dat" ]] || { echo "plot-metrics: no training steps in $metrics" >&2; exit 1; }
 

@@ -7,7 +7,8 @@ SIGUSR1 makes the run save and exit with 75, and the resumed run finishes exactl
 a run resumes on another number of ranks at the same data; asynchronous saves publish while training goes on
 and resume exactly; keep_last and keep_every leave the newest and the milestone checkpoints; a data mixture
 resumes exactly too,
-and one whose sources were tokenized differently is refused."""
+and one whose sources were tokenized differently is refused; a diverged run rolls back to its newest checkpoint
+past the bad data, and resumes exactly after that."""
 import json
 import os
 import shutil
@@ -227,5 +228,32 @@ plain_val = [l for l in map(json.loads, open(os.path.join(work, "whole", "metric
 check(plain_val and all("val_loss_by_source" not in v for v in plain_val), f"one dataset: no losses by source: {plain_val}")
 r = train("mix_other_tokenizer", "--data.mixture", f"{ds}:0.7,{ds2}:0.3")
 check(r.returncode == 4 and ds2 in r.stderr and "same tokenizer" in r.stderr, f"mixed tokenizers: exit {r.returncode}: {r.stderr[-1500:]}")
+
+# Divergence with optim.on_divergence = rollback (docs/training.md, "Divergence"): bad data read by steps 4 and 5
+# (samples 24-39 of 8 a step) makes two non-finite steps in a row; the run goes back to its newest checkpoint
+# (step 4's, saved asynchronously while step 5 ran: it holds step 3's weights, as a skipped step changes nothing),
+# moves past the 8 samples step 5 read, and finishes; resuming from a checkpoint saved after the rollback ends
+# exactly like it. Diverging before the first save stops with exit 9.
+ROLLBACK = ["--optim.on_divergence", "rollback", "--optim.max_consecutive_nonfinite", "2", "--checkpoint.async_save", "true",
+            "--checkpoint.keep_last", "0"]
+r = train("rollback", *ROLLBACK, env_extra={"SHARDTRAIN_FAULT": "bad_data:24-39"})
+check(r.returncode == 0 and "rolled back to step 4" in r.stderr, f"rollback run: exit {r.returncode}: {r.stderr[-2500:]}")
+lines = [l for l in map(json.loads, open(os.path.join(work, "rollback", "metrics.jsonl"))) if l["kind"] in ("train", "rollback")]
+seen = [str(l["step"]) if l["kind"] == "train" else "rollback" for l in lines]
+check(seen == "1 2 3 4 5 rollback 5 6 7 8".split(), f"steps of the rollback run: {seen}")
+back = [l for l in lines if l["kind"] == "rollback"]
+check(len(back) == 1 and back[0]["to_step"] == 4 and back[0]["skipped_samples"] == 8 and back[0]["checkpoint"].endswith("step_00000004"),
+      f"the rollback line: {back}")
+check([l["step"] for l in lines if l.get("skipped")] == [4, 5] and all(l["loss"] == l["loss"] for l in lines[6:]),
+      f"steps 4 and 5 skipped, the rest finite: {lines}")
+rb = losses("rollback")  # the last loss of each step: after the rollback
+check(rb[1] == losses("whole")[1] and rb[3] == losses("whole")[3], "before the bad data, the run is the uninterrupted one")
+rb_ckpt = os.path.join(work, "rollback_resume", "ckpt")
+shutil.copytree(os.path.join(work, "rollback", "checkpoints", "step_00000006"), os.path.join(rb_ckpt, "step_00000006"))
+r = train("rollback_resumed", *ROLLBACK, "--checkpoint.dir", rb_ckpt, "--resume", "auto", env_extra={"SHARDTRAIN_FAULT": "bad_data:24-39"})
+b = losses("rollback_resumed") if r.returncode == 0 else {}
+check(sorted(b) == [7, 8] and all(b[s] == rb[s] for s in b), f"resumed after the rollback: {b} vs {rb}: {r.stderr[-1500:]}")
+r = train("rollback_none", *ROLLBACK, env_extra={"SHARDTRAIN_FAULT": "bad_data:0-15"})
+check(r.returncode == 9 and "no checkpoint to roll back to" in r.stderr, f"divergence before any save: exit {r.returncode}: {r.stderr[-1500:]}")
 
 check.finish("all checkpoint CLI checks passed")
