@@ -4,8 +4,9 @@
 # one rank (gradients reduced in fp32 and in bf16, and with gradient accumulation) and on two ranks sharing the
 # device (the MPI backend staging device buffers), bf16 on ranks with a GPU each over NCCL (TRACK_NCCL_RANKS),
 # and a run resumed from its step-2 checkpoint on two ranks against the uninterrupted one-rank run (exact
-# resume with resharding, on the GPU), a CPU-offload run resumed from its step-2 checkpoint on one rank, and
-# `shardtrain evaluate` of a checkpoint on the CPU, the GPU and two ranks sharing it (TRACK_EVAL_TOLERANCE).
+# resume with resharding, on the GPU), a CPU-offload run resumed from its step-2 checkpoint on one rank,
+# `shardtrain evaluate` of a checkpoint on the CPU, the GPU and two ranks sharing it (TRACK_EVAL_TOLERANCE), and
+# a CPU-offload run that diverges and rolls back to its step-2 checkpoint mid-run (optim.on_divergence).
 # Run by scripts/gpu/run.sh (phase track) on a GPU, and by the test suite against the CUDA emulator
 # (tests/train/CMakeLists.txt, SHARDTRAIN_CUDA=EMULATED).
 #
@@ -123,4 +124,11 @@ if CKPT=2 train ckpt_offload_cuda 1 cuda "${offload[@]}" "$@"; then
     compare resume_offload fp32 ckpt_offload_cuda resumed_offload_cuda --common \
       --tolerance "${TRACK_RESUME_TOLERANCE:-1e-6,1e-5}"
 fi
+# A divergence and a rollback mid-run, with CPU offload (the host update of the step before may still be running
+# when the checkpoint is loaded back): non-finite gradients at steps 2 and 3 make the run go back to step 2's
+# checkpoint; step 3 is poisoned again, once, and the run goes on. The surviving steps on the GPU track the CPU's.
+rollback=(--optim.on_divergence rollback --optim.max_consecutive_nonfinite 2)
+SHARDTRAIN_FAULT="$SHARDTRAIN_FAULT;nan_grad:2-3" CKPT=2 train rollback_cpu 1 cpu "${offload[@]}" "${rollback[@]}" "$@" &&
+  SHARDTRAIN_FAULT="$SHARDTRAIN_FAULT;nan_grad:2-3" CKPT=2 train rollback_cuda 1 cuda "${offload[@]}" "${rollback[@]}" "$@" &&
+  compare rollback bf16 rollback_cpu rollback_cuda --rollback
 exit $status
