@@ -35,6 +35,8 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps,
                             {"step", step},
                             {"max_steps", max_steps},
                             {"last_loss", s.last_loss},
+                            {"skipped_steps", s.skipped_steps},
+                            {"rollbacks", s.rollbacks},
                             {"last_checkpoint", checkpoint}};
   write_json_file((fs::path(s.run_dir) / "result.json").string(), j, "the run's result");
 }
@@ -58,10 +60,11 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
   const train::TrainSummary s = trainer.run();
-  log::info("train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}; run directory {} (metrics {})",
+  log::info("train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
             s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
             std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
-            s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(), s.run_dir, s.metrics_path);
+            s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
+            s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
   if (rt->topology().world_rank == 0) {
     write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints.last_saved());

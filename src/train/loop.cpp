@@ -358,6 +358,7 @@ TrainSummary Trainer::run() {
   s.seconds = loop_seconds_;
   s.tokens_per_s = step_seconds_ > 0 ? static_cast<double>(s.steps * tokens_per_step_) / step_seconds_ : 0;
   s.skipped_steps = state_.skipped_steps;
+  s.rollbacks = state_.rollbacks;
   s.run_dir = run_dir_;
   s.metrics_path = metrics_ ? metrics_->path() : std::string();
   return s;

@@ -48,7 +48,8 @@ ProgressView::~ProgressView() { finish(); }
 std::string ProgressView::line(const StepMetrics& m, int64_t total_steps, double eta_s) {
   return fmt::format("step {}/{} loss {:.4f} lr {:.3e} gnorm {:.3f} {:.0f} tok/s mfu {:.1f}% mem {} step {:.2f}s eta {}{}", m.step,
                      total_steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100 * m.mfu, mib(m.peak_mem_bytes), m.step_time_s,
-                     format_duration(eta_s), m.skipped ? " (skipped: non-finite)" : "");
+                     format_duration(eta_s),
+                     !m.skipped ? "" : m.skip_reason == "loss_spike" ? " (skipped: loss spike)" : " (skipped: non-finite)");
 }
 
 void ProgressView::step(const StepMetrics& m) {

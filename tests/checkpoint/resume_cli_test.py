@@ -247,6 +247,9 @@ check(len(back) == 1 and back[0]["to_step"] == 4 and back[0]["skipped_samples"] 
 check([l["step"] for l in lines if l.get("skipped")] == [4, 5] and all(l["loss"] == l["loss"] for l in lines[6:]),
       f"steps 4 and 5 skipped, the rest finite: {lines}")
 rb = losses("rollback")  # the last loss of each step: after the rollback
+result = json.load(open(os.path.join(work, "rollback", "result.json")))
+check(result["status"] == "finished" and result["step"] == 8 and result["rollbacks"] == 1 and result["skipped_steps"] == 2,
+      f"result.json of the rollback run: {result}")
 check(rb[1] == losses("whole")[1] and rb[3] == losses("whole")[3], "before the bad data, the run is the uninterrupted one")
 rb_ckpt = os.path.join(work, "rollback_resume", "ckpt")
 shutil.copytree(os.path.join(work, "rollback", "checkpoints", "step_00000006"), os.path.join(rb_ckpt, "step_00000006"))

@@ -119,6 +119,7 @@ struct TrainSummary {
   double seconds = 0;
   double tokens_per_s = 0;   // tokens / time spent in steps
   int64_t skipped_steps = 0;
+  int64_t rollbacks = 0;     // over the run's life (optim.on_divergence = rollback)
   std::string run_dir;
   std::string metrics_path;
 };
