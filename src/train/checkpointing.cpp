@@ -67,8 +67,19 @@ void CheckpointHooks::resume(Trainer& trainer) {
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
   if (async_.pending()) last_saved_ = async_.wait();  // an asynchronous save in flight is the newest
-  std::string path = checkpoint::find_latest(dir_);
-  if (path.empty()) path = resumed_from_;
+  const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
+  std::string path = saved.empty() ? resumed_from_ : saved.back().second;
+  const int64_t again = trainer.state().last_rollback_to;
+  if (!saved.empty() && saved.back().first == again) {
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      if (it->first < again) {
+        log::warn("checkpoint: the run diverged again from step {} without a newer checkpoint: going back further, to step {}", again,
+                  it->first);
+        path = it->second;
+        break;
+      }
+    }
+  }
   if (path.empty()) return std::nullopt;
   checkpoint::CheckpointReader reader(path);
   optim::AdamW& adamw = trainer.optimizer();

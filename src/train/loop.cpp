@@ -257,6 +257,7 @@ void Trainer::roll_back(const std::string& why) {
   state_.sampler = p;
   state_.sampler_samples = static_cast<int64_t>(sampler.samples_before(p));
   state_.rollbacks = r.rollbacks;
+  state_.last_rollback_to = r.to_step;
   state_.skipped_steps = at.skipped_steps;  // a count over the run's life, as rollbacks are
   state_.consecutive_nonfinite = 0;
   log::warn("train: {}: rolled back to step {} ({}), skipping {} samples of data past it (rollback {} of at most {})", why, r.to_step,

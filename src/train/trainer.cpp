@@ -38,6 +38,7 @@ std::string trainer_state_to_json(const TrainerState& s) {
   j["skipped_steps"] = s.skipped_steps;
   if (!s.tokens_by_source.empty()) j["tokens_by_source"] = s.tokens_by_source;
   if (s.rollbacks > 0) j["rollbacks"] = s.rollbacks;
+  if (s.last_rollback_to >= 0) j["last_rollback_to"] = s.last_rollback_to;
   if (!s.recent_losses.empty()) j["recent_losses"] = s.recent_losses;  // shortest round-trip form: exact on reading
   return j.dump();
 }
@@ -65,6 +66,8 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
     if (j.contains("tokens_by_source")) s.tokens_by_source = j.at("tokens_by_source").get<std::map<std::string, int64_t>>();
     field = "rollbacks";  // since 2026-11-25, and only once there was one
     if (j.contains("rollbacks")) s.rollbacks = j.at("rollbacks").get<int64_t>();
+    field = "last_rollback_to";
+    if (j.contains("last_rollback_to")) s.last_rollback_to = j.at("last_rollback_to").get<int64_t>();
     field = "recent_losses";  // since 2026-11-25, with optim.loss_spike_factor
     if (j.contains("recent_losses")) s.recent_losses = j.at("recent_losses").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {

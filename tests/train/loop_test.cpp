@@ -298,6 +298,33 @@ TEST(TrainLoop, RollsBackPastBadDataExactlyAsAResumeThereWould) {
   EXPECT_EQ(fresh.state().sampler_samples, 144);
 }
 
+TEST(TrainLoop, DivergingAgainFromTheSameCheckpointGoesFurtherBack) {
+  train::TrainConfig c = rollback_config("train_loop_test_run_rollback_further");
+  c.checkpoint.every_n_steps = 2;
+  c.optim.rollback_skip_steps = 0;
+  train::TrainerOptions o;
+  // Steps 6-7 read bad data (saves at 2, 4 and 6: step 6 was skipped, its checkpoint holds step 5's weights);
+  // back at step 6 the run reads samples 56-71 next, bad again: diverged at step 8 with no newer checkpoint,
+  // so the second rollback goes to step 4, and the run reads on from sample 72.
+  o.faults = train::FaultPlan::parse("bad_data:40-71");
+  train::Trainer t(*g_runtime, c, o);
+  train::CheckpointHooks checkpoints(t);
+  t.add_hooks(&checkpoints);
+  t.run();
+  EXPECT_EQ(t.state().step, 14);
+  EXPECT_EQ(t.state().rollbacks, 2);
+  EXPECT_EQ(t.state().last_rollback_to, 4);
+  EXPECT_EQ(t.state().sampler_samples, 72 + 10 * 8);
+  EXPECT_EQ(train::trainer_state_from_json(train::trainer_state_to_json(t.state()), "test").last_rollback_to, 4);
+  if (rank() != 0) return;
+  std::vector<std::string> seen;
+  for (const auto& j : read_metrics(checkpoints.dir() + "/..")) {
+    if (j["kind"] == "train") seen.push_back(fmt::format("{}", j["step"].get<int>()));
+    if (j["kind"] == "rollback") seen.push_back(fmt::format("rollback-to-{}", j["to_step"].get<int>()));
+  }
+  EXPECT_EQ(fmt::format("{}", fmt::join(seen, " ")), "1 2 3 4 5 6 7 rollback-to-6 7 8 rollback-to-4 5 6 7 8 9 10 11 12 13 14");
+}
+
 TEST(TrainLoop, ADivergenceWithoutACheckpointOrRollbacksLeftStops) {
   {  // bad data at steps 2 and 3, before the first checkpoint (step 4)
     const train::TrainConfig c = rollback_config("train_loop_test_run_rollback_none");

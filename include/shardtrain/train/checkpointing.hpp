@@ -23,7 +23,9 @@ class CheckpointHooks final : public TrainerHooks {
   void on_step_end(Trainer& trainer, const StepMetrics& metrics) override;
   void on_end(Trainer& trainer) override;
   // The newest complete checkpoint of dir() (or, with none there yet, the one the run resumed from), loaded
-  // with its AdamW states; a full-state-dict checkpoint has none, so the optimizer starts fresh.
+  // with its AdamW states; a full-state-dict checkpoint has none, so the optimizer starts fresh. When the run
+  // went back to that checkpoint before and has saved none since, the newest one older than it: weights that
+  // diverged again from the same checkpoint were probably already on their way there when it was saved.
   std::optional<RollbackPoint> load_rollback_point(Trainer& trainer) override;
 
   const std::string& dir() const { return dir_; }

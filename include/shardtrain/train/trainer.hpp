@@ -39,6 +39,7 @@ struct TrainerState {
   int64_t skipped_steps = 0;
   std::map<std::string, int64_t> tokens_by_source;  // a data mixture's input tokens per source path (else empty)
   int64_t rollbacks = 0;              // optim.on_divergence = rollback: rollbacks so far
+  int64_t last_rollback_to = -1;      // the step of the checkpoint the last rollback went back to (-1: none)
   std::vector<double> recent_losses;  // optim.loss_spike_factor: the last updated steps' losses, oldest first
 };
 
