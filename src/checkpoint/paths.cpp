@@ -12,6 +12,7 @@
 
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/progress.hpp"
 
 namespace fs = std::filesystem;
 
@@ -83,6 +84,45 @@ void publish(const std::string& tmp, const std::string& final_dir, const std::st
   fsync_path(fs::path(final_dir).parent_path().string());
   write_text_durably((fs::path(final_dir) / kDoneFile).string(), done_text);
   fsync_path(final_dir);
+}
+
+uint64_t available_bytes(const std::string& dir) {
+  fs::path p = fs::absolute(dir);
+  std::error_code ec;
+  while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
+  const fs::space_info s = fs::space(p.empty() ? fs::path("/") : p, ec);
+  if (ec) throw IoError(fmt::format("{}: cannot read the file system's free space: {}", p.string(), ec.message()));
+  return static_cast<uint64_t>(s.available);
+}
+
+uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType type, int files) {
+  constexpr uint64_t kPerFile = 64 << 10;  // HDF5's own per file: superblock, groups, attributes (about 30 KiB seen)
+  const auto numel = static_cast<uint64_t>(spec.num_params());
+  const uint64_t tensors = numel * 4 * (type == StateDictType::Sharded ? 3 : 1);
+  return tensors + tensors / 100 + kPerFile * static_cast<uint64_t>(files + 1);  // + the index
+}
+
+std::vector<std::string> make_room(const std::string& dir, Retention retention, uint64_t bytes) {
+  std::vector<std::string> removed;
+  if (retention.keep_last < 2) return removed;
+  const auto all = complete_checkpoints(dir);  // oldest first
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) - 1 < all.size(); ++i) {
+    if (available_bytes(dir) >= bytes) break;
+    const auto& [step, path] = all[i];
+    if (retention.keep_every > 0 && step % retention.keep_every == 0) continue;
+    log::warn("checkpoint: {} free in {}, a checkpoint takes {}: removing {} before the save instead of after it (keep_last = {})",
+              format_bytes(available_bytes(dir)), dir, format_bytes(bytes), path, retention.keep_last);
+    fs::remove(fs::path(path) / kDoneFile, ec);
+    fs::remove_all(path, ec);
+    removed.push_back(path);
+  }
+  return removed;
+}
+
+void discard(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
 }
 
 void rotate(const std::string& dir, Retention retention, const std::string& keep) {

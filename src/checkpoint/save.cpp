@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/progress.hpp"
 
 namespace fs = std::filesystem;
 
@@ -227,31 +229,81 @@ struct SaveScope {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
-SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t step) {
+// Collective: whether any rank failed (`error` not empty there). If one did, every rank throws the same IoError,
+// the lowest failing rank's message, after rank 0 removed the save's temporary directory (and a final one
+// left without DONE), so the space goes back and no rank ends the job on its own with a message the others lack.
+void agree(const SaveScope& s, const std::string& error) {
+  int v[2] = {error.empty() ? 0 : -1, error.empty() ? INT_MAX : s.rank};
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, s.world));
+  if (v[0] == 0) return;
+  const int root = v[1];
+  std::string text = s.rank == root ? error : std::string();
+  int length = static_cast<int>(text.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, root, s.world));
+  text.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, s.world));
+  if (s.rank == 0) {
+    if (!s.tmp.empty()) discard(s.tmp);
+    if (!is_complete(s.final_dir)) discard(s.final_dir);
+  }
+  barrier(s.world);  // every rank throws after the space went back
+  throw IoError(root == 0 ? text : fmt::format("rank {}: {}", root, text));
+}
+
+// Every rank agrees on whether to save; rank 0 makes room if it must (make_room), and then every rank that
+// writes checks that the whole checkpoint fits where it writes.
+SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t step, StateDictType type, Retention retention) {
   SaveScope s;
   s.world = engine.mesh().world_comm();
   ST_CHECK_MPI(MPI_Comm_rank(s.world, &s.rank));
   s.final_dir = (fs::path(dir) / step_dir_name(step)).string();
   s.skip = already_saved(s.final_dir, s.world);
-  if (!s.skip) s.tmp = make_temporary(s.final_dir, s.world, s.rank);
+  if (s.skip) return s;
+  const int files = type == StateDictType::Full ? 1 : engine.mesh().shard_size();
+  const uint64_t need = checkpoint_bytes(engine.model_spec(), type, files);
+  std::string error;
+  try {
+    if (s.rank == 0 && available_bytes(dir) < need) make_room(dir, retention, need);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(s, error);  // also: rank 0 is done removing before anyone measures
+  const bool writes = s.rank == 0 || (type == StateDictType::Sharded && engine.mesh().coord().replicate == 0);
+  try {
+    const uint64_t free = writes ? available_bytes(dir) : need;
+    if (free < need)
+      error = fmt::format("{}: not enough space for the checkpoint of step {}: {} free, it takes {} ({}; checkpoint.keep_last {})", dir,
+                          step, format_bytes(free), format_bytes(need), state_dict_type_name(type),
+                          retention.keep_last >= 2 ? "older checkpoints that keep_last lets go are removed first"
+                                                   : "2 or more lets the save remove the oldest first");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(s, error);
+  s.tmp = make_temporary(s.final_dir, s.world, s.rank);
   return s;
 }
 
 void finish_save(const SaveScope& s, fsdp::FsdpEngine& engine, StateDictType type, const SaveMeta& meta,
                  const std::vector<std::string>& files, int64_t optimizer_steps, const std::string& dir, Retention retention,
-                 const std::string& note = {}) {
-  barrier(s.world);  // every file is written
+                 const std::string& write_error, const std::string& note = {}) {
+  agree(s, write_error);  // every file is written, on every rank
   const CheckpointFault fault = checkpoint_fault_from_env();
   if (fault.stall_before_publish > 0 && fault.applies_to(meta.step))
     std::this_thread::sleep_for(std::chrono::duration<double>(fault.stall_before_publish));
+  std::string error;
   if (s.rank == 0) {
-    write_index(s.tmp, engine, type, meta, files, optimizer_steps);
-    publish(s.tmp, s.final_dir, done_text(meta.step, type, files));
-    rotate(dir, retention, s.final_dir);
-    log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s{}", s.final_dir, state_dict_type_name(type), files.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), note);
+    try {
+      write_index(s.tmp, engine, type, meta, files, optimizer_steps);
+      publish(s.tmp, s.final_dir, done_text(meta.step, type, files));
+      rotate(dir, retention, s.final_dir);
+      log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s{}", s.final_dir, state_dict_type_name(type), files.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), note);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
-  barrier(s.world);
+  agree(s, error);
 }
 
 std::vector<std::string> sharded_files(const DeviceMesh& mesh) {
@@ -264,19 +316,25 @@ std::vector<std::string> sharded_files(const DeviceMesh& mesh) {
 
 std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
                          Retention retention) {
-  const SaveScope scope = begin_save(engine, dir, meta.step);
+  const SaveScope scope = begin_save(engine, dir, meta.step, StateDictType::Sharded, retention);
   if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
   const std::vector<std::string> files = sharded_files(mesh);
+  std::string error;
   if (mesh.coord().replicate == 0) {  // replicas hold identical shards: the first one writes
     const std::string path = (fs::path(scope.tmp) / rank_file_name(mesh.coord().shard)).string();
-    const CheckpointFault fault = checkpoint_fault_from_env();
-    if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
-    if (fault.slow_write > 0 && fault.applies_to(meta.step))
-      std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
-    write_rank_file(path, engine, adamw, meta.step);
+    try {
+      const CheckpointFault fault = checkpoint_fault_from_env();
+      if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
+      if (fault.slow_write > 0 && fault.applies_to(meta.step))
+        std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
+      write_rank_file(path, engine, adamw, meta.step);
+    } catch (const Error& e) {  // HDF5 and file errors; a device error is not the file system's, and ends the job
+      if (e.code() != ExitCode::Io) throw;
+      error = e.what();
+    }
   }
-  finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, retention);
+  finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, retention, error);
   return scope.final_dir;
 }
 
@@ -309,7 +367,7 @@ void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const
   if (state_->pending) wait();
   State& st = *state_;
   const auto t0 = std::chrono::steady_clock::now();
-  st.scope = begin_save(engine, dir, meta.step);
+  st.scope = begin_save(engine, dir, meta.step, StateDictType::Sharded, retention);
   if (st.scope.skip) return;
   st.engine = &engine;
   st.meta = meta;
@@ -352,17 +410,12 @@ void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const
 std::string AsyncSave::poll() {
   State& st = *state_;
   if (!st.pending) return "";
-  const bool written = st.written.load(std::memory_order_acquire);
-  // One all-reduce: the minimum of "written" and of "-failed" (so the maximum of failed).
-  int v[2] = {written ? 1 : 0, written && !st.error.empty() ? -1 : 0};
-  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, st.scope.world));
-  if (v[0] == 0) return "";
+  int written = st.written.load(std::memory_order_acquire) ? 1 : 0;  // every rank's file written (or failed)?
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &written, 1, MPI_INT, MPI_MIN, st.scope.world));
+  if (!written) return "";
   if (st.writer.joinable()) st.writer.join();
   st.pending = false;
-  if (v[1] < 0)
-    throw IoError(!st.error.empty() ? st.error
-                                    : fmt::format("{}: another rank could not write its checkpoint file (its log says why)", st.scope.tmp));
-  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.retention,
+  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.retention, st.error,
               fmt::format(", asynchronously (training waited {:.3f} s for the snapshot)", st.snapshot_seconds));
   return st.scope.final_dir;
 }
@@ -375,33 +428,45 @@ std::string AsyncSave::wait() {
 }
 
 std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, Retention retention) {
-  const SaveScope scope = begin_save(engine, dir, meta.step);
+  const SaveScope scope = begin_save(engine, dir, meta.step, StateDictType::Full, retention);
   if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
   const model::ModelSpec& spec = engine.model_spec();
   const std::string path = (fs::path(scope.tmp) / kFullFile).string();
+  std::string error;  // rank 0's: it stops writing but goes on taking part in the gathers
+  auto writing = [&](auto&& write) {
+    if (scope.rank != 0 || !error.empty()) return;
+    try {
+      write();
+    } catch (const Error& e) {
+      if (e.code() != ExitCode::Io) throw;
+      error = e.what();
+    }
+  };
   hdf5::Handle f;
-  if (scope.rank == 0) f = hdf5::create_file(path);
+  writing([&] { f = hdf5::create_file(path); });
   // Unit by unit: the first replica's shard group gathers one unit (every member takes part, nobody
   // idles in a long wait), rank 0 writes its parameters, and the buffer is dropped before the next.
   if (mesh.coord().replicate == 0) {
     for (size_t u = 0; u < engine.units().size(); ++u) {
       const std::vector<float> full = engine.gather_unit(static_cast<int>(u));
-      if (scope.rank != 0) continue;
-      for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {
-        const model::ParamInfo& p = spec.param(e.param);
-        const auto first = full.begin() + e.offset;
-        hdf5::write_f32(f, p.name, std::span<const float>(&*first, static_cast<size_t>(e.numel)),
-                        checksummed(static_cast<size_t>(e.numel)));
-        hdf5::set_attr(f, "shape", nlohmann::json(p.shape).dump(), p.name);
-      }
+      writing([&] {
+        for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {
+          const model::ParamInfo& p = spec.param(e.param);
+          const auto first = full.begin() + e.offset;
+          hdf5::write_f32(f, p.name, std::span<const float>(&*first, static_cast<size_t>(e.numel)),
+                          checksummed(static_cast<size_t>(e.numel)));
+          hdf5::set_attr(f, "shape", nlohmann::json(p.shape).dump(), p.name);
+        }
+      });
     }
   }
-  if (scope.rank == 0) {
+  writing([&] {
     f.close();
     fsync_path(path);
-  }
-  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, retention);
+  });
+  if (scope.rank == 0) f = hdf5::Handle();  // a failed file is closed before its directory goes
+  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, retention, error);
   return scope.final_dir;
 }
 

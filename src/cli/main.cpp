@@ -1,6 +1,7 @@
 // shardtrain: one binary, one subcommand per job. main() owns the MPI session (created first,
 // destroyed last) and is the only place that turns an exception into a log line and an exit code.
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <thread>
 #include <exception>
@@ -35,6 +36,9 @@ int fail(const std::exception& e, ExitCode code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file that outgrows the process's size limit (ulimit -f) fails its write with EFBIG, which the writer turns
+  // into an error naming the file, instead of the kernel killing the process mid-checkpoint with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"shardtrain: native sharded (FSDP) pretraining of Llama-style models over MPI, NCCL and HDF5",
                "shardtrain"};
   app.require_subcommand(1);

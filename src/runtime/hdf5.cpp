@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -15,6 +17,15 @@
 
 namespace shardtrain::hdf5 {
 namespace {
+
+// HDF5 closes whatever is still open when the process exits. After a write that the file system refused (full,
+// over a size limit), a file's close fails and leaves HDF5's record of it half torn down, and that exit-time close
+// then crashes (seen with 1.10). Every file shardtrain writes is closed explicitly and checked, so the exit-time
+// pass has nothing to do: it is turned off before HDF5 starts (this runs before main).
+[[maybe_unused]] const bool kNoExitTimeClose = [] {
+  H5dont_atexit();
+  return true;
+}();
 
 // Turns HDF5's stderr error dump off for the lifetime of the object and restores it after.
 class QuietErrors {
@@ -140,9 +151,15 @@ Handle& Handle::operator=(Handle&& o) noexcept {
 void Handle::close() {
   if (id_ < 0) return;
   const hid_t id = static_cast<hid_t>(id_);
-  id_ = -1;
   QuietErrors quiet;
-  if (close_any(id) < 0) throw IoError("HDF5: closing a handle failed (data may not have been flushed)");
+  const std::string name = file_name(*this);  // before the handle goes
+  id_ = -1;
+  errno = 0;
+  if (close_any(id) < 0) {
+    const int err = errno;  // the file system's answer, when the failure was a write (ENOSPC, EFBIG, EDQUOT...)
+    throw IoError(fmt::format("{}: closing failed, the data was not all written{}", name,
+                              err != 0 ? fmt::format(" ({})", std::strerror(err)) : std::string()));
+  }
 }
 
 Handle open_file(const std::string& path, FileMode mode) {

@@ -8,6 +8,7 @@
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/train/inputs.hpp"
 
 namespace shardtrain::train {
@@ -31,7 +32,61 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
       .dump();
 }
 
+void CheckpointHooks::report_space(Trainer& trainer) const {
+  const auto& c = trainer.config().checkpoint;
+  if (c.every_n_steps <= 0 || trainer.runtime().topology().world_rank != 0) return;
+  const int files = c.state_dict_type == StateDictType::Full ? 1 : trainer.mesh().shard_size();
+  const uint64_t need = checkpoint::checkpoint_bytes(trainer.engine().model_spec(), c.state_dict_type, files);
+  const uint64_t free = checkpoint::available_bytes(dir_);
+  const uint64_t fit = free / need;
+  if (fit == 0) {
+    log::warn("checkpoint: {} has {} free, but a checkpoint takes {}: saves will fail until there is room", dir_, format_bytes(free),
+              format_bytes(need));
+  } else if (c.keep_last > 0 && fit < static_cast<uint64_t>(c.keep_last) + 1) {
+    log::warn("checkpoint: {} has {} free, room for {} checkpoint(s) of {}; keep_last = {} needs {} at a save (older ones then go "
+              "before a save, not after it)",
+              dir_, format_bytes(free), fit, format_bytes(need), c.keep_last, c.keep_last + 1);
+  } else {
+    log::info("checkpoint: {} each, {} free in {} (room for {})", format_bytes(need), format_bytes(free), dir_, fit);
+  }
+}
+
+template <typename Fn>
+void CheckpointHooks::periodic(Trainer& trainer, Fn&& fn) {
+  try {
+    fn();
+  } catch (const IoError& e) {
+    failed_save(trainer, e.what());
+  }
+}
+
+void CheckpointHooks::published(const std::string& path) {
+  if (path.empty()) return;
+  last_saved_ = path;
+  failed_saves_ = 0;
+}
+
+void CheckpointHooks::failed_save(Trainer& trainer, const std::string& why) {
+  ++failed_saves_;
+  last_saved_step_ = -1;  // a later save of the same step is not "already done"
+  const int max = trainer.config().checkpoint.max_failed_saves;
+  const std::string newest = checkpoint::find_latest(dir_);
+  const std::string keep = newest.empty() ? "there is no checkpoint yet" : "the newest checkpoint is " + newest;
+  if (failed_saves_ > max)
+    throw IoError(fmt::format("checkpoint: {} save(s) in a row failed (checkpoint.max_failed_saves = {}); {}; the last: {}", failed_saves_,
+                              max, keep, why));
+  if (trainer.runtime().topology().world_rank == 0)
+    log::error("checkpoint: a save failed, training goes on ({} failed in a row; the run stops after {}); {}: {}", failed_saves_, max + 1,
+               keep, why);
+  trainer.record_event(nlohmann::json{{"kind", "checkpoint_failed"},
+                                      {"step", trainer.state().step},
+                                      {"failed_in_a_row", failed_saves_},
+                                      {"error", why}}
+                           .dump());
+}
+
 void CheckpointHooks::on_start(Trainer& trainer) {
+  report_space(trainer);
   resume(trainer);
   const auto& c = trainer.config().checkpoint;
   if (resumed_from_.empty() && !c.init_from.empty()) {
@@ -66,7 +121,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
 }
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
-  if (async_.pending()) last_saved_ = async_.wait();  // an asynchronous save in flight is the newest
+  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });  // a save in flight is the newest
   const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
   std::string path = saved.empty() ? resumed_from_ : saved.back().second;
   const int64_t again = trainer.state().last_rollback_to;
@@ -107,7 +162,7 @@ checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
 }
 
 void CheckpointHooks::save(Trainer& trainer) {
-  if (async_.pending()) last_saved_ = async_.wait();
+  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
@@ -116,37 +171,38 @@ void CheckpointHooks::save(Trainer& trainer) {
                     ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
                     : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
   last_saved_step_ = s.step;
+  published(last_saved_);
 }
 
 void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
+  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });  // the previous one first: its failure is its own
   const auto& c = trainer.config().checkpoint;
-  async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});  // waits for the previous one
   last_saved_step_ = s.step;
+  async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
 }
 
 void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
-  if (async_.pending()) {  // every rank asks at every step end until all have written their files
-    const std::string published = async_.poll();
-    if (!published.empty()) last_saved_ = published;
-  }
+  if (async_.pending()) periodic(trainer, [&] { published(async_.poll()); });  // every rank asks, every step, until all have written
   const auto& c = trainer.config().checkpoint;
-  const bool periodic = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
+  const bool due = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
   if (trainer.save_requested()) {  // preemption: published before the run stops
     save(trainer);
     trainer.clear_save_request();
-  } else if (periodic) {
-    if (c.async_save && c.state_dict_type == StateDictType::Sharded) {
-      save_async(trainer);
-    } else {
-      save(trainer);
-    }
+  } else if (due) {
+    periodic(trainer, [&] {
+      if (c.async_save && c.state_dict_type == StateDictType::Sharded) {
+        save_async(trainer);
+      } else {
+        save(trainer);
+      }
+    });
   }
 }
 
 void CheckpointHooks::on_end(Trainer& trainer) {
-  if (async_.pending()) last_saved_ = async_.wait();
+  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });
   if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested()) save(trainer);
 }
 

@@ -250,6 +250,8 @@ std::vector<ConfigField> build_fields() {
   t.integer("keep_last", "checkpoints kept (0 = all)", [](auto& c) -> auto& { return c.checkpoint.keep_last; });
   t.integer("keep_every", "also keep every checkpoint whose step is a multiple of N (0 = none)",
             [](auto& c) -> auto& { return c.checkpoint.keep_every; });
+  t.integer("max_failed_saves", "periodic saves that may fail in a row while training goes on (0 = the first ends the run)",
+            [](auto& c) -> auto& { return c.checkpoint.max_failed_saves; });
   t.choice("state_dict_type", "SHARDED_STATE_DICT or FULL_STATE_DICT", [](auto& c) -> auto& { return c.checkpoint.state_dict_type; },
            [](const std::string& s) { return parse_state_dict_type(s); }, [](StateDictType s) { return state_dict_type_name(s); });
   t.text("resume", "\"\" (fresh), \"auto\" (newest in dir) or a checkpoint path", [](auto& c) -> auto& { return c.checkpoint.resume; });

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
+#include <csignal>
+#include <filesystem>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,6 +21,7 @@
 
 using namespace shardtrain;
 using namespace shardtrain::testing_fsdp;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -154,6 +159,69 @@ TEST(Checkpoint, AsyncSaveFailureReachesEveryRank) {
   EXPECT_TRUE(threw);
   EXPECT_FALSE(saver.pending());
   EXPECT_TRUE(checkpoint::find_latest(dir).empty());
+}
+
+// A write that fails for real on one rank (its files may not grow past 4 KiB: RLIMIT_FSIZE, so the kernel
+// answers EFBIG) fails the save on every rank with that rank's message, synchronous or asynchronous, and the
+// save's temporary directory is gone; once the limit is lifted the same save succeeds. The estimate of a
+// checkpoint's size covers what was written, and not by much more.
+TEST(Checkpoint, AWriteFailingOnOneRankFailsTheSaveEverywhereAndFreesItsSpace) {
+  const int rpn = ranks_per_node_from_env();
+  const std::string dir = testing_ckpt::fresh_dir("one_rank_fails");
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::signal(SIGXFSZ, SIG_IGN);  // as shardtrain's main does
+  RunOptions o;
+  o.steps = 2;
+  std::string first, sync_error, async_error, retried;
+  bool tmp_left = true;
+  uint64_t estimate = 0;
+  o.after_step = [&](int step, fsdp::FsdpEngine& e, optim::AdamW& a) {
+    if (step == 0) {
+      first = checkpoint::save_sharded(e, a, dir, meta_for(1), 0);
+      estimate = checkpoint::checkpoint_bytes(e.model_spec(), checkpoint::StateDictType::Sharded, e.mesh().shard_size());
+      return;
+    }
+    rlimit old{};
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+    if (rank == world - 1) {
+      rlimit small = old;
+      small.rlim_cur = 4096;
+      ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+    }
+    try {
+      checkpoint::save_sharded(e, a, dir, meta_for(2), 0);
+    } catch (const IoError& err) {
+      sync_error = err.what();
+    }
+    tmp_left = fs::exists(dir + "/step_00000002.tmp");
+    checkpoint::AsyncSave saver;
+    try {
+      saver.start(e, a, dir, meta_for(2), 0);
+      saver.wait();
+    } catch (const IoError& err) {
+      async_error = err.what();
+    }
+    if (rank == world - 1) ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+    retried = checkpoint::save_sharded(e, a, dir, meta_for(2), 0);
+  };
+  run_training(MPI_COMM_WORLD, rpn, o);
+  const std::string who = fmt::format("rank {}: ", world - 1);
+  EXPECT_EQ(sync_error.rfind(who, 0), 0u) << sync_error;
+  EXPECT_NE(sync_error.find(fmt::format("rank_{:05}.h5", world - 1)), std::string::npos) << sync_error;
+  EXPECT_EQ(async_error.rfind(who, 0), 0u) << async_error;
+  EXPECT_FALSE(tmp_left);
+  EXPECT_EQ(retried, dir + "/step_00000002");
+  EXPECT_EQ(checkpoint::find_latest(dir), retried);
+  EXPECT_TRUE(checkpoint::is_complete(first));
+  uint64_t written = 0;
+  for (const auto& f : fs::directory_iterator(retried)) written += fs::file_size(f.path());
+  EXPECT_GE(estimate, written);
+  EXPECT_LE(estimate, written * 3 / 2 + (256u << 10)) << "written " << written;
+  if (rank == 0)
+    std::printf("checkpoint of %llu bytes, estimated %llu; the failed save: %s\n", static_cast<unsigned long long>(written),
+                static_cast<unsigned long long>(estimate), sync_error.c_str());
 }
 
 TEST(Checkpoint, ConsolidateEqualsFullStateDictEqualsGathered) {

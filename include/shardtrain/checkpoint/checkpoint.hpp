@@ -48,9 +48,21 @@ struct Retention {
   int64_t keep_every = 0;
 };
 
+// Disk space. What a checkpoint of this model takes, all its files together: the tensors' bytes (sharded:
+// parameters and both AdamW states in fp32; full: the parameters in fp32) plus a margin for HDF5's own and the
+// index. And the bytes an unprivileged writer may still use where `dir` is, or would be created (its nearest
+// existing ancestor).
+uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType type, int files);
+uint64_t available_bytes(const std::string& dir);
+
 // Collective over the mesh's world. Returns the final directory (dir/step_XXXXXXXX). An existing
 // complete checkpoint of the same step is left as it is (nothing is ever overwritten). Then removes the
 // complete checkpoints of `dir` that `retention` does not keep.
+// Before writing, every writer checks that its file system holds a whole checkpoint (checkpoint_bytes). When it
+// does not and `retention` keeps at least 2, the checkpoints this save's rotation would remove anyway go first
+// (never the newest); if that is not enough, nothing is written. Any failure, this check or a write on any rank,
+// throws IoError on every rank alike, and the temporary directory is removed: the space goes back, and the
+// complete checkpoints are as they were.
 std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
                          Retention retention);
 std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, Retention retention);

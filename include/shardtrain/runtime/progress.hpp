@@ -57,5 +57,6 @@ class ProgressBar {
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m07s", "12s"
+std::string format_bytes(uint64_t bytes);      // "812 B", "1.8 MiB", "41.20 GiB"
 
 }  // namespace shardtrain

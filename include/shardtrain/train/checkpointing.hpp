@@ -3,8 +3,11 @@
 // (a checkpoint, a consolidated file or a Hugging Face directory), a save every every_n_steps and at
 // the end, and a save whenever the trainer is asked for one (preemption). With checkpoint.async_save the
 // periodic sharded saves are written on a thread while training goes on and published at a later step
-// end; a requested save and the final one are synchronous. After a divergence with optim.on_divergence =
-// rollback, the newest checkpoint is loaded again. Attached as Trainer hooks.
+// end; a requested save and the final one are synchronous. A periodic save that fails (a full disk, a file
+// system error: IoError, the same on every rank) is logged and recorded in the metrics, and training goes on,
+// up to checkpoint.max_failed_saves in a row; a failed requested or final save ends the run. After a divergence
+// with optim.on_divergence = rollback, the newest checkpoint is loaded again. Attached as Trainer hooks.
+// At start, rank 0 says what a checkpoint takes and whether the directory's file system holds it.
 #pragma once
 
 #include <string>
@@ -36,12 +39,20 @@ class CheckpointHooks final : public TrainerHooks {
   void resume(Trainer& trainer);
   void save(Trainer& trainer);        // synchronous: published when it returns (waits for an async save first)
   void save_async(Trainer& trainer);  // checkpoint.async_save: published by a later on_step_end or on_end
+  // Runs a periodic save's part (a save, or publishing an asynchronous one); an IoError from it counts as a
+  // failed save (failed_save), any other error ends the run.
+  template <typename Fn>
+  void periodic(Trainer& trainer, Fn&& fn);
+  void failed_save(Trainer& trainer, const std::string& why);
+  void published(const std::string& path);
+  void report_space(Trainer& trainer) const;
   checkpoint::SaveMeta meta_for(const Trainer& trainer) const;
   std::string tokenizer_json(const Trainer& trainer) const;
 
   std::string dir_;
   std::string last_saved_, resumed_from_;
-  int64_t last_saved_step_ = -1;  // the newest step saved or being saved
+  int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)
+  int failed_saves_ = 0;          // periodic saves failed in a row
   checkpoint::AsyncSave async_;
 };
 

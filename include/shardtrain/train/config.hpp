@@ -96,6 +96,7 @@ struct CheckpointSection {
   std::string init_from;      // weights to start from when not resuming: a checkpoint, consolidated .h5 or HF directory
   bool cpu_ram_efficient_loading = false;  // init_from: one rank per node reads, the others receive
   bool async_save = false;    // periodic sharded saves write on a thread while training goes on (checkpoint::AsyncSave)
+  int max_failed_saves = 3;   // periodic saves that may fail in a row (disk full...) while training goes on; 0 = none
 };
 
 // [logging]

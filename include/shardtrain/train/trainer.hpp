@@ -152,6 +152,11 @@ class Trainer {
   bool save_requested() const { return save_requested_; }
   void clear_save_request() { save_requested_ = false; }
   void request_stop() { stop_requested_ = true; }          // ends the loop after the current step
+  // One more line of metrics.jsonl (a JSON object with a "kind"), from a hook: written by the rank that keeps
+  // the file, ignored on the others.
+  void record_event(const std::string& json_line) {
+    if (metrics_) metrics_->write(json_line);
+  }
 
   const TrainConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
