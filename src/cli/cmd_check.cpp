@@ -19,6 +19,7 @@
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
+#include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -259,6 +260,35 @@ int run_check(const CheckOptions& o) {
                                      run_dir.empty() ? fmt::format("a new run directory under {}", c.logging.runs_root) : run_dir,
                                      ckpt_dir.empty() ? std::string("its checkpoints directory") : ckpt_dir));
   });
+
+  // Disk space for checkpoints, by the saves' own estimate (checkpoint::checkpoint_bytes): one must fit, and as
+  // many as are kept at a save (keep_last, as the oldest goes before a save that lacks room; 2 with keep_last =
+  // 1, whose only checkpoint is removed after the next is written). Too little for those is a note: the run
+  // starts, and a periodic save that does not fit is skipped (checkpoint.max_failed_saves).
+  if (c.checkpoint.every_n_steps > 0) {
+    report.run("space", [&] {
+      const std::string where = ckpt_dir.empty() ? c.logging.runs_root : ckpt_dir;
+      const bool sharded = c.checkpoint.state_dict_type == train::StateDictType::Sharded;
+      const int files = sharded && world_ok ? make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node).shard_size : 1;
+      const uint64_t need = checkpoint::checkpoint_bytes(model::ModelSpec(c.model), c.checkpoint.state_dict_type, files);
+      const uint64_t free = checkpoint::available_bytes(where);
+      const std::string what = fmt::format("a checkpoint takes {} ({}{}), {} free in {}", format_bytes(need),
+                                           train::state_dict_type_name(c.checkpoint.state_dict_type),
+                                           sharded ? ": parameters and AdamW states in fp32" : ": parameters in fp32", format_bytes(free), where);
+      if (free < need) throw IoError(fmt::format("{}: not even one fits", what));
+      const uint64_t room = free / need;
+      const int keep = c.checkpoint.keep_last;
+      const uint64_t at_save = keep == 0 ? 0 : keep == 1 ? 2 : static_cast<uint64_t>(keep);
+      if (keep == 0) {
+        report.note("space", fmt::format("{}: room for {}; checkpoint.keep_last = 0 keeps every one, so later saves fail once it is full", what, room));
+      } else if (room < at_save) {
+        report.note("space", fmt::format("{}: room for {}, keep_last = {} needs {} at a save: saves will fail", what, room, keep, at_save));
+      } else {
+        report.ok("space", fmt::format("{}: room for {}, keep_last = {} needs {}{}", what, room, keep, at_save,
+                                       c.checkpoint.keep_every > 0 ? " (plus the keep_every milestones)" : ""));
+      }
+    });
+  }
 
   if (report.problems() > 0) {
     log::error("check: {} problem(s); the run would stop on the first ({})", report.problems(), exit_code_name(report.first()));

@@ -52,11 +52,11 @@ void CheckpointHooks::report_space(Trainer& trainer) const {
 }
 
 template <typename Fn>
-void CheckpointHooks::periodic(Trainer& trainer, Fn&& fn) {
+void CheckpointHooks::periodic(Trainer& trainer, int64_t step, Fn&& fn) {
   try {
     fn();
   } catch (const IoError& e) {
-    failed_save(trainer, e.what());
+    failed_save(trainer, step, e.what());
   }
 }
 
@@ -66,7 +66,7 @@ void CheckpointHooks::published(const std::string& path) {
   failed_saves_ = 0;
 }
 
-void CheckpointHooks::failed_save(Trainer& trainer, const std::string& why) {
+void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::string& why) {
   ++failed_saves_;
   last_saved_step_ = -1;  // a later save of the same step is not "already done"
   const int max = trainer.config().checkpoint.max_failed_saves;
@@ -76,10 +76,11 @@ void CheckpointHooks::failed_save(Trainer& trainer, const std::string& why) {
     throw IoError(fmt::format("checkpoint: {} save(s) in a row failed (checkpoint.max_failed_saves = {}); {}; the last: {}", failed_saves_,
                               max, keep, why));
   if (trainer.runtime().topology().world_rank == 0)
-    log::error("checkpoint: a save failed, training goes on ({} failed in a row; the run stops after {}); {}: {}", failed_saves_, max + 1,
-               keep, why);
+    log::error("checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops after {}); {}: {}", step,
+               failed_saves_, max + 1, keep, why);
   trainer.record_event(nlohmann::json{{"kind", "checkpoint_failed"},
                                       {"step", trainer.state().step},
+                                      {"save_step", step},
                                       {"failed_in_a_row", failed_saves_},
                                       {"error", why}}
                            .dump());
@@ -121,7 +122,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
 }
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
-  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });  // a save in flight is the newest
+  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });  // a save in flight is the newest
   const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
   std::string path = saved.empty() ? resumed_from_ : saved.back().second;
   const int64_t again = trainer.state().last_rollback_to;
@@ -162,7 +163,7 @@ checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
 }
 
 void CheckpointHooks::save(Trainer& trainer) {
-  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });
+  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
@@ -177,21 +178,21 @@ void CheckpointHooks::save(Trainer& trainer) {
 void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
-  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });  // the previous one first: its failure is its own
+  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });  // the previous one first: its failure is its own
   const auto& c = trainer.config().checkpoint;
-  last_saved_step_ = s.step;
+  last_saved_step_ = async_step_ = s.step;
   async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
 }
 
 void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
-  if (async_.pending()) periodic(trainer, [&] { published(async_.poll()); });  // every rank asks, every step, until all have written
+  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.poll()); });  // every rank asks, every step, until all have written
   const auto& c = trainer.config().checkpoint;
   const bool due = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
   if (trainer.save_requested()) {  // preemption: published before the run stops
     save(trainer);
     trainer.clear_save_request();
   } else if (due) {
-    periodic(trainer, [&] {
+    periodic(trainer, trainer.state().step, [&] {
       if (c.async_save && c.state_dict_type == StateDictType::Sharded) {
         save_async(trainer);
       } else {
@@ -202,7 +203,7 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
 }
 
 void CheckpointHooks::on_end(Trainer& trainer) {
-  if (async_.pending()) periodic(trainer, [&] { published(async_.wait()); });
+  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });
   if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested()) save(trainer);
 }
 

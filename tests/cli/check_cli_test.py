@@ -216,4 +216,16 @@ check(r.returncode == 0 and not os.path.exists(os.path.join(work, "fresh")), f"c
 check(f"auto: no complete checkpoint in {fresh}/checkpoints yet" in " ".join(line(r, "resume")), f"a fresh run: {line(r, 'resume')}")
 check(not [n for n in os.listdir(work) if n.startswith(".shardtrain-check")], "the writability probes are removed")
 
+# ---- space: a checkpoint, by the save's own estimate, against the file system's free space --------------------
+r = run_check("--logging.run_dir", fresh, "--checkpoint.every_n_steps", "10", "--checkpoint.keep_last", "2")
+space = " ".join(line(r, "space"))
+check(r.returncode == 0 and space.startswith("space      ok: a checkpoint takes") and "keep_last = 2 needs 2" in space, f"space: {r.stdout}")
+# A 400B-parameter model: its checkpoint (about 4.8 TB) fits on no disk a test runs on.
+r = run_check("--logging.run_dir", fresh, "--checkpoint.every_n_steps", "10", "--model.hidden_size", "16384", "--model.intermediate_size",
+              "65536", "--model.num_hidden_layers", "100", "--model.num_attention_heads", "128", "--model.num_key_value_heads", "8")
+space = " ".join(line(r, "space"))
+check(r.returncode == 8 and "space      FAILED: I/O error: a checkpoint takes 4" in space and "TiB" not in space and "not even one fits" in space,
+      f"a checkpoint larger than the disk: exit {r.returncode}: {r.stdout}")
+check(not line(run_check(), "space"), "no periodic saves, no space line")
+
 check.finish("all check checks passed")

@@ -39,11 +39,11 @@ class CheckpointHooks final : public TrainerHooks {
   void resume(Trainer& trainer);
   void save(Trainer& trainer);        // synchronous: published when it returns (waits for an async save first)
   void save_async(Trainer& trainer);  // checkpoint.async_save: published by a later on_step_end or on_end
-  // Runs a periodic save's part (a save, or publishing an asynchronous one); an IoError from it counts as a
-  // failed save (failed_save), any other error ends the run.
+  // Runs a periodic save's part (the save of step `step`, or publishing an asynchronous one); an IoError from
+  // it counts as a failed save (failed_save), any other error ends the run.
   template <typename Fn>
-  void periodic(Trainer& trainer, Fn&& fn);
-  void failed_save(Trainer& trainer, const std::string& why);
+  void periodic(Trainer& trainer, int64_t step, Fn&& fn);
+  void failed_save(Trainer& trainer, int64_t step, const std::string& why);
   void published(const std::string& path);
   void report_space(Trainer& trainer) const;
   checkpoint::SaveMeta meta_for(const Trainer& trainer) const;
@@ -53,6 +53,7 @@ class CheckpointHooks final : public TrainerHooks {
   std::string last_saved_, resumed_from_;
   int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)
   int failed_saves_ = 0;          // periodic saves failed in a row
+  int64_t async_step_ = -1;       // the step of the asynchronous save in flight
   checkpoint::AsyncSave async_;
 };
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""A checkpoint directory on a file system that fills up, for real: a 5 MiB tmpfs mounted for the test, where a
+checkpoint of the test model takes about 1.9 MB (2.0 MB estimated).
+
+- keep_last 0 (keep all): the saves of steps 2 and 4 fit; step 6's does not, so nothing is written, the run
+  says so and trains on (metrics.jsonl records it); step 8's does not fit either, nor does the final save that
+  tries it again, and the run ends with exit code 8 naming the directory and the space. Steps 2 and 4 stay complete, no .tmp is left.
+- keep_last 2: at step 6 the save first removes step 2 (which its rotation would remove anyway), then writes;
+  the same at step 8; the run ends normally with steps 6 and 8.
+- A size limit instead (ulimit -f: each write past it fails with EFBIG, whatever the free space), with
+  asynchronous saves and checkpoint.max_failed_saves 1: the first failed save is survived, the second ends the
+  run with exit code 8 and the kernel's reason.
+
+Needs root, to mount the tmpfs; exits 77 (skipped) where mounting is not allowed."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = args.shardtrain
+tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 600, "moby-bpe600", 0.05)
+
+mnt = os.path.join(work, "small-disk")
+os.makedirs(mnt)
+if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", mnt]).returncode != 0:
+    print("SKIPPED: cannot mount a tmpfs here (needs root and mount rights)")
+    sys.exit(77)
+
+MODEL = ["--model.vocab_size", "600", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+         "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+         "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2", "--schedule.eval_every", "0",
+         "--schedule.max_steps", "8", "--checkpoint.every_n_steps", "2", "--logging.progress", "lines", "--logging.peak_flops", "1e10"]
+
+
+def train(name, ckpt_dir, *extra, limit_kib=None):
+    env = dict(os.environ)
+    # The size limit holds for the ranks only (bash's ulimit -f counts KiB), and MPI talks over TCP: its
+    # shared-memory transport's backing files are larger than the limit.
+    wrap = ["bash", "-c", f"ulimit -f {limit_kib} && exec \"$@\"", "bash"] if limit_kib else []
+    if limit_kib:
+        env["OMPI_MCA_btl"] = "tcp,self"
+    cmd = [args.mpiexec, "--oversubscribe", "-np", "2", *wrap, st, "train", "--config", "configs/tiny-cpu.toml", "--data.path", ds,
+           "--logging.run_dir", os.path.join(work, name), "--checkpoint.dir", ckpt_dir, *MODEL, *extra]
+    return subprocess.run(cmd, cwd=args.source, env=env, capture_output=True, text=True, timeout=300)
+
+
+def events(name, kind):
+    return [l for l in map(json.loads, open(os.path.join(work, name, "metrics.jsonl"))) if l["kind"] == kind]
+
+
+def contents(path):
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+try:
+    # keep_last 0: two checkpoints fit, the third does not.
+    keep_all = os.path.join(mnt, "keep_all")
+    r = train("keep_all", keep_all, "--checkpoint.keep_last", "0")
+    check(r.returncode == 8 and f"{keep_all}: not enough space for the checkpoint of step 8" in r.stderr,
+          f"the final save does not fit: exit {r.returncode}: {r.stderr[-2500:]}")
+    check("the save of step 6 failed, training goes on" in r.stderr and "not enough space for the checkpoint of step 6" in r.stderr,
+          f"step 6's save is refused and training goes on: {r.stderr[-2500:]}")
+    check(contents(keep_all) == ["step_00000002", "step_00000004"], f"left in {keep_all}: {contents(keep_all)}")
+    failed = events("keep_all", "checkpoint_failed")
+    # Step 8's periodic save fails too (recorded), then the final save tries once more and ends the run.
+    check([f["save_step"] for f in failed] == [6, 8] and "not enough space" in failed[0]["error"], f"metrics: {failed}")
+    check(max(l["step"] for l in events("keep_all", "train")) == 8, "training went on to step 8")
+    subprocess.run(["rm", "-rf", keep_all])
+
+    # keep_last 2: the save makes room by removing what its rotation would remove.
+    keep_two = os.path.join(mnt, "keep_two")
+    r = train("keep_two", keep_two, "--checkpoint.keep_last", "2")
+    check(r.returncode == 0 and contents(keep_two) == ["step_00000006", "step_00000008"],
+          f"keep_last 2: exit {r.returncode}, left {contents(keep_two)}: {r.stderr[-2500:]}")
+    check("removing " + os.path.join(keep_two, "step_00000002") + " before the save instead of after it" in r.stderr,
+          f"room made before the save: {r.stderr[-2500:]}")
+    check(not events("keep_two", "checkpoint_failed"), "no failed save with keep_last 2")
+    subprocess.run(["rm", "-rf", keep_two])
+finally:
+    subprocess.run(["umount", mnt])
+
+# A file size limit: the space is there, the writes fail anyway (EFBIG), on both ranks' files.
+limited = os.path.join(work, "limited-ckpt")
+r = train("limited", limited, "--checkpoint.async_save", "true", "--checkpoint.max_failed_saves", "1", limit_kib=256)
+check(r.returncode == 8 and "2 save(s) in a row failed (checkpoint.max_failed_saves = 1)" in r.stderr and "File too large" in r.stderr,
+      f"writes over the size limit: exit {r.returncode}: {r.stderr[-2500:]}")
+check(contents(limited) == [], f"nothing left behind in {limited}: {contents(limited)}")
+check([f["save_step"] for f in events("limited", "checkpoint_failed")] == [2], f"metrics: {events('limited', 'checkpoint_failed')}")
+
+check.finish("all disk-full checks passed")
