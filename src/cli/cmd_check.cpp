@@ -278,7 +278,7 @@ int run_check(const CheckOptions& o) {
       if (free < need) throw IoError(fmt::format("{}: not even one fits", what));
       const uint64_t room = free / need;
       const int keep = c.checkpoint.keep_last;
-      const uint64_t at_save = keep == 0 ? 0 : keep == 1 ? 2 : static_cast<uint64_t>(keep);
+      const auto at_save = static_cast<uint64_t>(checkpoint::checkpoints_at_save(keep));
       if (keep == 0) {
         report.note("space", fmt::format("{}: room for {}; checkpoint.keep_last = 0 keeps every one, so later saves fail once it is full", what, room));
       } else if (room < at_save) {

@@ -39,13 +39,13 @@ void CheckpointHooks::report_space(Trainer& trainer) const {
   const uint64_t need = checkpoint::checkpoint_bytes(trainer.engine().model_spec(), c.state_dict_type, files);
   const uint64_t free = checkpoint::available_bytes(dir_);
   const uint64_t fit = free / need;
+  const auto at_save = static_cast<uint64_t>(checkpoint::checkpoints_at_save(c.keep_last));
   if (fit == 0) {
     log::warn("checkpoint: {} has {} free, but a checkpoint takes {}: saves will fail until there is room", dir_, format_bytes(free),
               format_bytes(need));
-  } else if (c.keep_last > 0 && fit < static_cast<uint64_t>(c.keep_last) + 1) {
-    log::warn("checkpoint: {} has {} free, room for {} checkpoint(s) of {}; keep_last = {} needs {} at a save (older ones then go "
-              "before a save, not after it)",
-              dir_, format_bytes(free), fit, format_bytes(need), c.keep_last, c.keep_last + 1);
+  } else if (fit < at_save) {
+    log::warn("checkpoint: {} has {} free, room for {} checkpoint(s) of {}, but keep_last = {} needs {} at a save: saves will fail",
+              dir_, format_bytes(free), fit, format_bytes(need), c.keep_last, at_save);
   } else {
     log::info("checkpoint: {} each, {} free in {} (room for {})", format_bytes(need), format_bytes(free), dir_, fit);
   }

@@ -54,6 +54,10 @@ struct Retention {
 // existing ancestor).
 uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType type, int files);
 uint64_t available_bytes(const std::string& dir);
+// How many checkpoints a directory holds at once during a save, milestones aside: keep_last (the save removes the
+// ones its rotation lets go first when it lacks room), 2 with keep_last = 1 (the one kept goes only after the
+// next is written), 0 with keep_last = 0 (every one is kept: no bound).
+inline int checkpoints_at_save(int keep_last) { return keep_last == 1 ? 2 : keep_last; }
 
 // Collective over the mesh's world. Returns the final directory (dir/step_XXXXXXXX). An existing
 // complete checkpoint of the same step is left as it is (nothing is ever overwritten). Then removes the
