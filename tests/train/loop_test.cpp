@@ -325,43 +325,37 @@ TEST(TrainLoop, DivergingAgainFromTheSameCheckpointGoesFurtherBack) {
   EXPECT_EQ(fmt::format("{}", fmt::join(seen, " ")), "1 2 3 4 5 6 7 rollback-to-6 7 8 rollback-to-4 5 6 7 8 9 10 11 12 13 14");
 }
 
+// A rollback run that must end diverged: the error's text, and the trainer's state then.
+static std::string run_to_divergence(const train::TrainConfig& c, const std::string& faults, train::TrainerState* end) {
+  train::TrainerOptions o;
+  o.faults = train::FaultPlan::parse(faults);
+  train::Trainer t(*g_runtime, c, o);
+  train::CheckpointHooks checkpoints(t);
+  t.add_hooks(&checkpoints);
+  std::string what;
+  try {
+    t.run();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::Diverged);
+    what = e.what();
+  }
+  *end = t.state();
+  return what;
+}
+
 TEST(TrainLoop, ADivergenceWithoutACheckpointOrRollbacksLeftStops) {
-  {  // bad data at steps 2 and 3, before the first checkpoint (step 4)
-    const train::TrainConfig c = rollback_config("train_loop_test_run_rollback_none");
-    train::TrainerOptions o;
-    o.faults = train::FaultPlan::parse("bad_data:8-23");
-    train::Trainer t(*g_runtime, c, o);
-    train::CheckpointHooks checkpoints(t);
-    t.add_hooks(&checkpoints);
-    std::string what;
-    try {
-      t.run();
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::Diverged);
-      what = e.what();
-    }
-    EXPECT_NE(what.find("no checkpoint to roll back to"), std::string::npos) << what;
-    EXPECT_EQ(t.state().step, 3);
-  }
-  {  // bad data twice, at steps 6-7 and (after the first rollback, at sample 64) at the second step after it
-    train::TrainConfig c = rollback_config("train_loop_test_run_rollback_twice");
-    c.optim.max_rollbacks = 1;
-    train::TrainerOptions o;
-    o.faults = train::FaultPlan::parse("bad_data:40-55;bad_data:72-87");
-    train::Trainer t(*g_runtime, c, o);
-    train::CheckpointHooks checkpoints(t);
-    t.add_hooks(&checkpoints);
-    std::string what;
-    try {
-      t.run();
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::Diverged);
-      what = e.what();
-    }
-    EXPECT_NE(what.find("rolled back 1 times already (optim.max_rollbacks = 1)"), std::string::npos) << what;
-    EXPECT_EQ(t.state().rollbacks, 1);
-    EXPECT_EQ(t.state().step, 7);  // 4, then 5 (samples 64-71), 6 and 7 (72-87) skipped
-  }
+  train::TrainerState end;
+  // Bad data at steps 2 and 3, before the first checkpoint (step 4).
+  std::string what = run_to_divergence(rollback_config("train_loop_test_run_rollback_none"), "bad_data:8-23", &end);
+  EXPECT_NE(what.find("no checkpoint to roll back to"), std::string::npos) << what;
+  EXPECT_EQ(end.step, 3);
+  // Bad data twice, at steps 6-7 and (after the first rollback, at sample 64) at the second step after it.
+  train::TrainConfig c = rollback_config("train_loop_test_run_rollback_twice");
+  c.optim.max_rollbacks = 1;
+  what = run_to_divergence(c, "bad_data:40-55;bad_data:72-87", &end);
+  EXPECT_NE(what.find("rolled back 1 times already (optim.max_rollbacks = 1)"), std::string::npos) << what;
+  EXPECT_EQ(end.rollbacks, 1);
+  EXPECT_EQ(end.step, 7);  // 4, then 5 (samples 64-71), 6 and 7 (72-87) skipped
 }
 
 TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
