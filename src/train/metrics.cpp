@@ -4,12 +4,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::train {
 
@@ -81,17 +85,42 @@ std::string to_json_line(const EvalMetrics& m) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "a");
-  if (!file_) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const std::string& line) {
-  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF || std::fflush(file_) != 0)
-    throw IoError(fmt::format("{}: writing a metrics line failed: {}", path_, std::strerror(errno)));
+  std::string text;
+  if (dropped_ > 0) text = fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
+  text += line;
+  text += '\n';
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  int err = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0) {
+    if (dropped_ > 0) log::warn("train: {}: writing metrics again, {} line(s) were lost", path_, dropped_);
+    dropped_ = 0;
+    return;
+  }
+  // Full, or over a size limit: the line is dropped whole (a half-written one is cut off again, so every line
+  // of the file stays valid JSON) and training goes on; the weights matter more than their log.
+  if (before >= 0 && ::ftruncate(fd_, before) != 0) err = errno;
+  if (dropped_++ == 0)
+    log::error("train: {}: a metrics line could not be written ({}); training goes on, and lines are dropped until one can be", path_,
+               std::strerror(err));
 }
 
 int64_t peak_rss_bytes() {

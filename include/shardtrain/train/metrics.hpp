@@ -72,7 +72,10 @@ std::string to_json_line(const StepMetrics& m);  // {"kind":"train",...}, no new
 std::string to_json_line(const RollbackMetrics& m);  // {"kind":"rollback",...}
 std::string to_json_line(const EvalMetrics& m);  // {"kind":"eval",...}
 
-// Appends lines and flushes each one, so a killed job keeps every finished step. RAII over FILE*.
+// Appends lines, each with one write(2), so a killed job keeps every finished step. A line the file system
+// refuses (full, over a size limit) is dropped whole: the file is cut back to where it was, an error is logged
+// once, and training goes on; the next line that can be written is preceded by {"kind":"metrics_gap",
+// "dropped":N}. Every line of the file is valid JSON, whatever happened. RAII over the descriptor.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // throws IoError naming the path
@@ -81,10 +84,12 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const std::string& line);
   const std::string& path() const { return path_; }
+  int64_t dropped() const { return dropped_; }  // lines lost since the last one written
 
  private:
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  int64_t dropped_ = 0;
 };
 
 int64_t peak_rss_bytes();  // VmHWM of this process; 0 when /proc is unavailable
