@@ -2,16 +2,70 @@
 #include "shardtrain/train/checkpointing.hpp"
 
 #include <fmt/format.h>
+#include <mpi.h>
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
+#include "shardtrain/runtime/session.hpp"
 #include "shardtrain/train/inputs.hpp"
 
 namespace shardtrain::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void save_expired(const std::string& what, double seconds) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(5));  // one line, rank 0's, when it fires too (its abort ends us)
+  log::error("checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout): the file system may have stopped answering; "
+             "ending the job rather than holding the allocation until its time limit (complete checkpoints are intact)",
+             what, seconds);
+  MpiSession::abort(ExitCode::Io);
+}
+
+// Ends the whole job when the blocking part of a save outlasts checkpoint.save_timeout: a file system that
+// stopped answering would otherwise hold the allocation until its time limit, every rank waiting on the stuck
+// one. Armed on every rank; the first to fire ends the job (exit code 8).
+class SaveDeadline {
+ public:
+  // Fires after `wait` seconds (0: never), reporting `timeout`, the configured limit.
+  SaveDeadline(double wait, double timeout, std::string what) {
+    if (wait <= 0) return;
+    thread_ = std::thread([this, wait, timeout, what = std::move(what)] {
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(wait), [this] { return done_; })) save_expired(what, timeout);
+    });
+  }
+  ~SaveDeadline() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  SaveDeadline(const SaveDeadline&) = delete;
+  SaveDeadline& operator=(const SaveDeadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 CheckpointHooks::CheckpointHooks(const Trainer& trainer)
     : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
@@ -122,7 +176,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
 }
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
-  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });  // a save in flight is the newest
+  if (async_.pending()) wait_async(trainer);  // a save in flight is the newest
   const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
   std::string path = saved.empty() ? resumed_from_ : saved.back().second;
   const int64_t again = trainer.state().last_rollback_to;
@@ -163,11 +217,12 @@ checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
 }
 
 void CheckpointHooks::save(Trainer& trainer) {
-  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });
+  if (async_.pending()) wait_async(trainer);
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
   const auto& c = trainer.config().checkpoint;
+  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
   last_saved_ = c.state_dict_type == StateDictType::Full
                     ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
                     : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
@@ -178,14 +233,30 @@ void CheckpointHooks::save(Trainer& trainer) {
 void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
-  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });  // the previous one first: its failure is its own
+  if (async_.pending()) wait_async(trainer);  // the previous one first: its failure is its own
   const auto& c = trainer.config().checkpoint;
   last_saved_step_ = async_step_ = s.step;
+  async_started_ = Clock::now();
+  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the start of the asynchronous save of step {}", s.step));
   async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
 }
 
+void CheckpointHooks::wait_async(Trainer& trainer) {
+  periodic(trainer, async_step_, [&] {
+    const double timeout = trainer.config().checkpoint.save_timeout;
+    const double left = timeout - std::chrono::duration<double>(Clock::now() - async_started_).count();
+    const SaveDeadline deadline(timeout > 0 ? std::max(left, 1e-3) : 0, timeout, fmt::format("the asynchronous save of step {}", async_step_));
+    published(async_.wait());
+  });
+}
+
 void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
-  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.poll()); });  // every rank asks, every step, until all have written
+  if (async_.pending()) {  // every rank asks, every step, until all have written
+    const double timeout = trainer.config().checkpoint.save_timeout;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - async_started_).count();
+    if (timeout > 0 && elapsed > timeout) save_expired(fmt::format("the asynchronous save of step {}", async_step_), timeout);
+    periodic(trainer, async_step_, [&] { published(async_.poll()); });
+  }
   const auto& c = trainer.config().checkpoint;
   const bool due = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
   if (trainer.save_requested()) {  // preemption: published before the run stops
@@ -203,7 +274,7 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
 }
 
 void CheckpointHooks::on_end(Trainer& trainer) {
-  if (async_.pending()) periodic(trainer, async_step_, [&] { published(async_.wait()); });
+  if (async_.pending()) wait_async(trainer);
   if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested()) save(trainer);
 }
 

@@ -99,6 +99,8 @@ void TrainConfig::validate() const {
   expect(checkpoint.keep_last >= 0, "checkpoint.keep_last", fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));
   expect(checkpoint.max_failed_saves >= 0, "checkpoint.max_failed_saves",
          fmt::format("expected 0 (the first failed save ends the run) or more, got {}", checkpoint.max_failed_saves));
+  expect(std::isfinite(checkpoint.save_timeout) && checkpoint.save_timeout >= 0, "checkpoint.save_timeout",
+         fmt::format("expected 0 (off) or seconds, got {}", checkpoint.save_timeout));
   expect(checkpoint.keep_every >= 0, "checkpoint.keep_every", fmt::format("expected 0 (none) or more, got {}", checkpoint.keep_every));
   expect(checkpoint.keep_every == 0 || checkpoint.every_n_steps == 0 || checkpoint.keep_every % checkpoint.every_n_steps == 0,
          "checkpoint.keep_every",

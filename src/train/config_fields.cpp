@@ -252,6 +252,8 @@ std::vector<ConfigField> build_fields() {
             [](auto& c) -> auto& { return c.checkpoint.keep_every; });
   t.integer("max_failed_saves", "periodic saves that may fail in a row while training goes on (0 = the first ends the run)",
             [](auto& c) -> auto& { return c.checkpoint.max_failed_saves; });
+  t.real("save_timeout", "seconds a save may take before the job is ended: a stuck file system (0 = off)",
+         [](auto& c) -> auto& { return c.checkpoint.save_timeout; });
   t.choice("state_dict_type", "SHARDED_STATE_DICT or FULL_STATE_DICT", [](auto& c) -> auto& { return c.checkpoint.state_dict_type; },
            [](const std::string& s) { return parse_state_dict_type(s); }, [](StateDictType s) { return state_dict_type_name(s); });
   t.text("resume", "\"\" (fresh), \"auto\" (newest in dir) or a checkpoint path", [](auto& c) -> auto& { return c.checkpoint.resume; });

@@ -259,4 +259,18 @@ check(sorted(b) == [7, 8] and all(b[s] == rb[s] for s in b), f"resumed after the
 r = train("rollback_none", *ROLLBACK, env_extra={"SHARDTRAIN_FAULT": "bad_data:0-15"})
 check(r.returncode == 9 and "no checkpoint to roll back to" in r.stderr, f"divergence before any save: exit {r.returncode}: {r.stderr[-1500:]}")
 
+# A save that hangs (a file system that stopped answering; here the step-4 save's writes sleep 120 s) ends the job
+# after checkpoint.save_timeout with exit code 8, synchronous or asynchronous, instead of holding the allocation;
+# the step-2 checkpoint is intact, and only rank 0 says so.
+for mode in ("false", "true"):
+    t0 = time.time()
+    r = train(f"save_hangs_{mode}", "--checkpoint.async_save", mode, "--checkpoint.save_timeout", "2",
+              env_extra={"SHARDTRAIN_CHECKPOINT_FAULT": "slow_write:120@4"})
+    took = time.time() - t0
+    what = "the asynchronous save of step 4" if mode == "true" else "the save of step 4"
+    ckpts = os.path.join(work, f"save_hangs_{mode}", "checkpoints")
+    check(r.returncode == 8 and r.stderr.count(f"{what} has not finished after 2 s (checkpoint.save_timeout)") == 1 and took < 60,
+          f"a hanging save (async_save {mode}): exit {r.returncode} after {took:.1f} s: {r.stderr[-2000:]}")
+    check(os.path.exists(os.path.join(ckpts, "step_00000002", "DONE")), f"step 2 intact (async_save {mode}): {os.listdir(ckpts)}")
+
 check.finish("all checkpoint CLI checks passed")

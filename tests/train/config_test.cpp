@@ -158,6 +158,8 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_NO_THROW(invalid({{"optim.on_divergence", "rollback"}, {"checkpoint.every_n_steps", "5"}}));
   EXPECT_CONFIG_ERROR(invalid({{"optim.max_rollbacks", "-1"}}), "optim.max_rollbacks");
   EXPECT_CONFIG_ERROR(invalid({{"optim.rollback_skip_steps", "-2"}}), "optim.rollback_skip_steps");
+  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.save_timeout", "-1"}}), "checkpoint.save_timeout", "expected 0 (off) or seconds");
+  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
   {
     TrainConfig r = from_text("[data]\npath = \"x.h5\"\n[schedule]\nmax_steps = 10\n[optim]\non_divergence = \"rollback\"\n"
                               "rollback_skip_steps = 50\n[checkpoint]\nevery_n_steps = 5\n");

@@ -10,6 +10,7 @@
 // At start, rank 0 says what a checkpoint takes and whether the directory's file system holds it.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
@@ -39,6 +40,7 @@ class CheckpointHooks final : public TrainerHooks {
   void resume(Trainer& trainer);
   void save(Trainer& trainer);        // synchronous: published when it returns (waits for an async save first)
   void save_async(Trainer& trainer);  // checkpoint.async_save: published by a later on_step_end or on_end
+  void wait_async(Trainer& trainer);  // the asynchronous save in flight, published or failed (within save_timeout)
   // Runs a periodic save's part (the save of step `step`, or publishing an asynchronous one); an IoError from
   // it counts as a failed save (failed_save), any other error ends the run.
   template <typename Fn>
@@ -54,6 +56,7 @@ class CheckpointHooks final : public TrainerHooks {
   int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)
   int failed_saves_ = 0;          // periodic saves failed in a row
   int64_t async_step_ = -1;       // the step of the asynchronous save in flight
+  std::chrono::steady_clock::time_point async_started_{};
   checkpoint::AsyncSave async_;
 };
 

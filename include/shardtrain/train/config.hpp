@@ -97,6 +97,7 @@ struct CheckpointSection {
   bool cpu_ram_efficient_loading = false;  // init_from: one rank per node reads, the others receive
   bool async_save = false;    // periodic sharded saves write on a thread while training goes on (checkpoint::AsyncSave)
   int max_failed_saves = 3;   // periodic saves that may fail in a row (disk full...) while training goes on; 0 = none
+  double save_timeout = 3600;  // seconds a save may take before the job is ended (a stuck file system); 0 = off
 };
 
 // [logging]
