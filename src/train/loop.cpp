@@ -246,6 +246,7 @@ void Trainer::roll_back(const std::string& why) {
   for (int64_t k = 0; k < config_.optim.rollback_skip_steps * accumulation_; ++k) p = sampler.advance(p);
   const uint64_t per_epoch = sampler.samples_before({0, sampler.micro_batches_per_epoch()});
   auto absolute = [&](data::SamplerPosition q) { return q.epoch * per_epoch + sampler.samples_before(q); };
+  if (absolute(p) < absolute(state_.sampler)) p = state_.sampler;  // a checkpoint ahead in the data (another run's): from there
   RollbackMetrics r;
   r.step = at.step;
   r.to_step = state_.step;
