@@ -220,7 +220,7 @@ check(not [n for n in os.listdir(work) if n.startswith(".shardtrain-check")], "t
 r = run_check("--logging.run_dir", fresh, "--checkpoint.every_n_steps", "10", "--checkpoint.keep_last", "2")
 space = " ".join(line(r, "space"))
 check(r.returncode == 0 and space.startswith("space      ok: a checkpoint takes") and "keep_last = 2 needs 2" in space, f"space: {r.stdout}")
-# A 400B-parameter model: its checkpoint (about 4.8 TB) fits on no disk a test runs on.
+# A 379B-parameter model: its checkpoint (4281 GiB) fits on no disk a test runs on.
 r = run_check("--logging.run_dir", fresh, "--checkpoint.every_n_steps", "10", "--model.hidden_size", "16384", "--model.intermediate_size",
               "65536", "--model.num_hidden_layers", "100", "--model.num_attention_heads", "128", "--model.num_key_value_heads", "8")
 space = " ".join(line(r, "space"))
