@@ -135,7 +135,7 @@ TEST(Checkpoint, AsyncSaveHoldsItsStepWhileTrainingGoesOn) {
   }
 }
 
-// A write that fails on one rank fails the save on every rank, from poll()/wait(), with the .tmp left.
+// A write that fails fails the save on every rank, from poll()/wait(); nothing is published.
 TEST(Checkpoint, AsyncSaveFailureReachesEveryRank) {
   const int rpn = ranks_per_node_from_env();
   const std::string dir = testing_ckpt::fresh_dir("async_fail");

@@ -77,8 +77,8 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
 // of its own. poll() publishes the checkpoint (index, rename, DONE, rotation) once every rank's file is
 // written; wait() waits for that. start(), poll() and wait() are collective over the world and must be
 // called at the same points on every rank; one save at a time (start() waits for the previous one). A
-// write that fails on any rank throws IoError from poll()/wait() on every rank and leaves the .tmp
-// directory; the destructor joins the writer and publishes nothing. The thread only writes HDF5 and
+// write that fails on any rank throws the same IoError from poll()/wait() on every rank, after rank 0 removed
+// the .tmp directory; the destructor joins the writer and publishes nothing (its .tmp stays). The thread only writes HDF5 and
 // files: no MPI, no device. The engine (and its mesh) must outlive a pending save: poll() and wait() use them.
 class AsyncSave {
  public:
