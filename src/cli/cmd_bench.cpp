@@ -120,11 +120,6 @@ std::string format_flops(double flops_per_s) {
   return flops_per_s >= 1e12 ? fmt::format("{:.1f} TFLOP/s", flops_per_s * 1e-12) : fmt::format("{:.3g} GFLOP/s", flops_per_s * 1e-9);
 }
 
-std::string format_bytes(double bytes) {
-  if (bytes >= double(1 << 30)) return fmt::format("{:.2f} GiB", bytes / double(1 << 30));
-  return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
-}
-
 // `bench` is an MPI command because `bench step` trains on the world; `bench model` and `bench ops` run
 // on one rank (without mpirun, MPI starts a singleton).
 Command add_bench_command(CLI::App& parent) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "shardtrain/runtime/runtime.hpp"
+#include "shardtrain/runtime/progress.hpp"  // format_bytes, shared with the rest
 
 namespace shardtrain::cli {
 
@@ -27,7 +28,5 @@ void write_text_file(const std::string& path, const std::string& text);
 std::string format_seconds(double s);
 // "312.4 TFLOP/s", "72.5 GFLOP/s"
 std::string format_flops(double flops_per_s);
-// "1.23 GiB", "456.7 MiB"
-std::string format_bytes(double bytes);
 
 }  // namespace shardtrain::cli

@@ -275,7 +275,7 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
   // Ceilings: bf16 8192^3 on a GPU (f32 when --dtype f32), f32 2048^3 on the CPU; copies of 1 GiB / 256 MiB.
   const int64_t peak_n = cuda ? 8192 : 2048;
   const size_t copy_bytes = cuda ? (size_t{1} << 30) : (size_t{256} << 20);
-  log::info("bench ops: measuring the ceilings ({} {}^3 matmul, {} copy) on {}", dtype_name(dt), peak_n, format_bytes(double(copy_bytes)),
+  log::info("bench ops: measuring the ceilings ({} {}^3 matmul, {} copy) on {}", dtype_name(dt), peak_n, format_bytes(copy_bytes),
             device.describe());
   const double peak_flops = ops::measure_matmul_flops(*backend, dt, peak_n, cuda ? 20 : 5, sref);
   const double copy_bw = ops::measure_copy_bandwidth(*backend, copy_bytes, cuda ? 20 : 5, sref);

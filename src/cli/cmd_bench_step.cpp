@@ -162,9 +162,9 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   fmt::print("{:<34} {:.0f}\n", "tokens/s (all ranks)", tokens_per_s);
   fmt::print("{:<34} {:.2f} %  ({:.4g} GFLOP per token, peak {} per rank, the trainer's)\n", "MFU", 100 * mfu, fpt * 1e-9,
              format_flops(peak_per_rank));
-  if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(double(device_peak)));
-  fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(double(last.peak_mem_bytes)));
-  fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(double(rss_peak)));
+  if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
+  fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(static_cast<uint64_t>(last.peak_mem_bytes)));
+  fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(static_cast<uint64_t>(rss_peak)));
   fmt::print("{:<34} {:.4f}{}\n", "loss of the last step", last.loss, skipped ? fmt::format(" ({} timed step(s) skipped)", skipped) : std::string());
   if (cuda && device_peak == 0)
     log::warn("bench step: the device is a GPU but the trainer allocated no device memory: the step ran on the CPU ops");
