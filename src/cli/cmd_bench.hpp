@@ -8,8 +8,8 @@
 #include <functional>
 #include <string>
 
-#include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/runtime/progress.hpp"  // format_bytes, shared with the rest
+#include "shardtrain/runtime/runtime.hpp"
 
 namespace shardtrain::cli {
 
