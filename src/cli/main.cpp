@@ -11,6 +11,7 @@
 
 #include "command.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/runtime.hpp"
 
@@ -27,6 +28,7 @@ int fail(const std::exception& e, ExitCode code) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
     log::error("{}: {}", exit_code_name(code), e.what());
+    failure_record::write(code, e.what());  // for the job script that decides on a restart (once training has a run directory)
     MpiSession::abort(code);
   }
   log::error("{}: {}", exit_code_name(code), e.what());

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/session.hpp"
 
@@ -337,6 +338,7 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lock) {
     int rank = -1;
     if (MpiSession::active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     log::error("{}: {} on rank {}: ending the job", exit_code_name(ExitCode::Comm), message, rank);
+    failure_record::write(ExitCode::Comm, fmt::format("{} on rank {}", message, rank));
     MpiSession::abort(ExitCode::Comm);
   }
 }
@@ -365,6 +367,7 @@ void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std:
   int rank = -1;
   if (MpiSession::active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::string peers = "some rank of that axis never arrived (stalled, dead or on another code path)";
+  std::vector<int> suspects;  // the ranks that did not arrive or answer: their nodes go into the failure record
   if (mailbox_ && group.size() > 1) {
     const std::chrono::duration<double> wait = std::min(std::chrono::duration<double>(2.0), timeout_ / 2);
     std::vector<PeerReport> reports = run_survey(Survey{call.axis, call.seq, group, wait, std::nullopt});
@@ -374,14 +377,17 @@ void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std:
     self.entered = call.seq;
     reports.push_back(self);
     peers = describe_peer_reports(call.axis, call.seq, reports);
+    for (const PeerReport& r : reports)
+      if (r.status == PeerReport::Status::Behind || r.status == PeerReport::Status::NoAnswer) suspects.push_back(r.world_rank);
   }
-  log::error("{}: {} of {} bytes on the {} axis (collective #{} there) has not finished{} after {:.1f} s (collective_timeout {:.1f} s) "
-             "on rank {}{}; {}: ending the job",
-             exit_code_name(ExitCode::Timeout), collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, where,
-             waited, timeout_.count(), rank,
-             (step >= 0 ? fmt::format(", during step {}", step) : std::string()) +
-                 (unit.empty() ? std::string() : fmt::format(", unit {}", unit)),
-             peers);
+  const std::string message = fmt::format(
+      "{} of {} bytes on the {} axis (collective #{} there) has not finished{} after {:.1f} s (collective_timeout {:.1f} s) "
+      "on rank {}{}; {}",
+      collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, where, waited, timeout_.count(), rank,
+      (step >= 0 ? fmt::format(", during step {}", step) : std::string()) + (unit.empty() ? std::string() : fmt::format(", unit {}", unit)),
+      peers);
+  log::error("{}: {}: ending the job", exit_code_name(ExitCode::Timeout), message);
+  failure_record::write(ExitCode::Timeout, message, suspects);
   MpiSession::abort(ExitCode::Timeout);
 }
 

@@ -13,6 +13,7 @@
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/runtime/session.hpp"
@@ -27,9 +28,12 @@ using Clock = std::chrono::steady_clock;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(5));  // one line, rank 0's, when it fires too (its abort ends us)
-  log::error("checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout): the file system may have stopped answering; "
-             "ending the job rather than holding the allocation until its time limit (complete checkpoints are intact)",
-             what, seconds);
+  const std::string message =
+      fmt::format("checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout): the file system may have stopped answering; "
+                  "ending the job rather than holding the allocation until its time limit (complete checkpoints are intact)",
+                  what, seconds);
+  log::error("{}", message);
+  failure_record::write(ExitCode::Io, message);
   MpiSession::abort(ExitCode::Io);
 }
 

@@ -11,6 +11,7 @@
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/progress_view.hpp"
 #include "shardtrain/train/trainer.hpp"
@@ -33,6 +34,10 @@ void inject(const RankFault& f) {
       std::fflush(nullptr);
       std::raise(SIGKILL);
       break;
+    case RankFault::Kind::DeviceError:
+      throw Error(ExitCode::Device, fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) before step {}, as a GPU "
+                                                "with an uncorrectable ECC error gives",
+                                                f.rank, failure_record::node_name(), f.step));
     case RankFault::Kind::Freeze:
       log::warn("train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}", f.rank,
                 f.step);
@@ -79,6 +84,7 @@ model::Batch Trainer::model_batch(data::MicroBatch& mb) {
 void Trainer::step_once(StepMetrics& m) {
   const auto t0 = Clock::now();
   watchdog_->set_step(state_.step + 1);
+  failure_record::set_step(state_.step + 1);
   if (const RankFault* f = options_.faults.rank_fault_at(runtime_->topology().world_rank, state_.step + 1)) inject(*f);
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);

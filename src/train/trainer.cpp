@@ -19,6 +19,7 @@
 #include "shardtrain/ops/peak.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
@@ -81,6 +82,7 @@ const char* rank_fault_name(RankFault::Kind k) {
     case RankFault::Kind::Stall: return "stall";
     case RankFault::Kind::Kill: return "kill";
     case RankFault::Kind::Freeze: return "freeze";
+    case RankFault::Kind::DeviceError: return "device_error";
   }
   return "?";
 }
@@ -90,7 +92,8 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   auto bad = [&](const std::string& why) {
     return UsageError(fmt::format(
         "SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
-        "bad_data:FIRST-LAST, slow_update:MS, stall:RANK@STEP, kill:RANK@STEP or freeze:RANK@STEP)",
+        "bad_data:FIRST-LAST, slow_update:MS, stall:RANK@STEP, kill:RANK@STEP, freeze:RANK@STEP or device_error:RANK@STEP, "
+        "the last four optionally @NODE)",
         spec, why));
   };
   // A whole non-negative number, or a usage error naming `what`.
@@ -118,13 +121,21 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
     const size_t colon = item.find(':');
     const std::string name = item.substr(0, colon), arg = colon == std::string::npos ? std::string() : item.substr(colon + 1);
     if (colon == std::string::npos) throw bad(fmt::format("unknown fault '{}'", item));
-    if (name == "stall" || name == "kill" || name == "freeze") {
+    if (name == "stall" || name == "kill" || name == "freeze" || name == "device_error") {
       const size_t at = arg.find('@');
       if (at == std::string::npos) throw bad(fmt::format("expected {}:RANK@STEP, got '{}'", name, item));
       RankFault f;
-      f.kind = name == "stall" ? RankFault::Kind::Stall : name == "kill" ? RankFault::Kind::Kill : RankFault::Kind::Freeze;
+      f.kind = name == "stall"  ? RankFault::Kind::Stall
+               : name == "kill" ? RankFault::Kind::Kill
+               : name == "freeze" ? RankFault::Kind::Freeze
+                                  : RankFault::Kind::DeviceError;
       f.rank = static_cast<int>(number(arg.substr(0, at), "rank"));
-      f.step = number(arg.substr(at + 1), "step number");
+      const size_t node_at = arg.find('@', at + 1);
+      f.step = number(arg.substr(at + 1, node_at == std::string::npos ? std::string::npos : node_at - at - 1), "step number");
+      if (node_at != std::string::npos) {
+        f.node = arg.substr(node_at + 1);
+        if (f.node.empty()) throw bad(fmt::format("expected a node name after the second '@', got '{}'", item));
+      }
       if (f.step < 1) throw bad(fmt::format("steps count from 1: '{}'", item));
       plan.rank_faults.push_back(f);
       continue;
@@ -171,7 +182,7 @@ bool FaultPlan::bad_data_in(uint64_t epoch, uint64_t first, uint64_t count) cons
 
 const RankFault* FaultPlan::rank_fault_at(int rank, int64_t step) const {
   for (const RankFault& f : rank_faults) {
-    if (f.rank == rank && f.step == step) return &f;
+    if (f.rank == rank && f.step == step && (f.node.empty() || f.node == failure_record::node_name())) return &f;
   }
   return nullptr;
 }
@@ -229,7 +240,10 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   resolved_toml_ = to_toml(config_);
 
   const bool eval_only = options_.evaluation_only;
-  if (!eval_only) run_dir_ = make_run_dir(config_, runtime.world(), rank);
+  if (!eval_only) {
+    run_dir_ = make_run_dir(config_, runtime.world(), rank);
+    failure_record::enable(run_dir_, runtime.world());  // a fatal error from here on leaves RUN_DIR/failures/rank_N.json
+  }
   if (rank == 0 && !eval_only) {
     std::ofstream out(fs::path(run_dir_) / "config.toml");
     out << "# resolved configuration of this run (" << options_.config_source << ")\n" << resolved_toml_;

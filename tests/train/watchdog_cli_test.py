@@ -7,9 +7,15 @@
   not arrived, and the other three as arrived;
 - freeze:1@3 (SIGSTOP: the rank's watchdog thread stops too): rank 1 is named as not answering;
 - kill:1@3: the job ends promptly with a non-zero exit (mpirun's 137: a rank died of SIGKILL), never a hang;
-- faults combine with ';' (nan_grad:2;stall:1@3 skips step 2, then stalls)."""
+- faults combine with ';' (nan_grad:2;stall:1@3 skips step 2, then stalls);
+- failure records (RUN_DIR/failures/rank_N.json, what a Slurm job reads to restart elsewhere): the ranks run
+  as two named nodes (SLURMD_NODENAME per rank); a stalled or frozen rank 1 makes rank 0's record name rank 1's
+  node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
+  device_error:1@3@nodeC (no such node) never fires; a healthy run, a bad config and a killed rank leave none."""
 import os
+import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -23,19 +29,28 @@ work = clitest.fresh_workdir(args)
 tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
 
 
-def train(name, np=2, fault=None, extra=()):
+def train(name, np=2, fault=None, extra=(), nodes=None):
+    """nodes: one Slurm node name per rank (SLURMD_NODENAME, set per rank through mpirun's MPMD form)."""
     env = dict(os.environ)
     env.pop("SHARDTRAIN_FAULT", None)
     env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+    env.pop("SLURMD_NODENAME", None)
     if fault:
         env["SHARDTRAIN_FAULT"] = fault
-    cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), args.shardtrain, "train", "--config", "configs/tiny-cpu.toml",
+    program = [args.shardtrain, "train", "--config", "configs/tiny-cpu.toml",
            "--data.path", ds, "--logging.run_dir", os.path.join(work, name), "--model.vocab_size", "512",
            "--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
            "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2", "--data.seq_len", "64",
            "--data.global_batch_size", "8", "--schedule.max_steps", "12", "--schedule.warmup_steps", "2",
            "--schedule.eval_every", "0", "--checkpoint.every_n_steps", "0", "--logging.progress", "lines",
            "--fsdp.collective_timeout", "3", *extra]
+    if nodes:
+        cmd = [args.mpiexec, "--oversubscribe"]
+        for i, node in enumerate(nodes):
+            cmd += ([":"] if i else []) + ["-np", "1", "-x", f"SLURMD_NODENAME={node}", *program]
+    else:
+        cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), *program]
+    shutil.rmtree(os.path.join(work, name), ignore_errors=True)
     start = time.time()
     p = subprocess.run(cmd, cwd=args.source, env=env, capture_output=True, text=True, timeout=240)
     secs = time.time() - start
@@ -118,7 +133,56 @@ check(rc == 10 and "step 2 skipped" in err and "ranks that did not arrive: 1 (at
 
 # A bad fault specification or a rank outside the world: a usage error (exit 2) naming the variable.
 for fault, message in [("kill:1", "expected kill:RANK@STEP, got 'kill:1'"), ("kill:x@3", "not a rank: 'x'"),
+                       ("device_error:1@3@", "expected a node name after the second '@'"), ("device_error:1@x@n1", "not a step number: 'x'"),
                        ("stall:5@3", "names rank 5, but the world has ranks 0-1")]:
     rc, err, secs = train("bad", fault=fault)
     check(rc == 2 and message in err and "SHARDTRAIN_FAULT" in err, f"SHARDTRAIN_FAULT={fault}: exit {rc}: {err[-800:]}")
+
+
+# ---- failure records ---------------------------------------------------------------------------------------
+def records(name):
+    """RUN_DIR/failures/rank_N.json by rank; each file must be one line of JSON with every field."""
+    d = os.path.join(work, name, "failures")
+    out = {}
+    for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        text = open(os.path.join(d, f)).read()
+        check(f.endswith(".json") and text.count("\n") == 1, f"{name}: {f} is one line of JSON: {text!r}")
+        r = json.loads(text)
+        check(set(r) == {"exit_code", "kind", "rank", "node", "step", "restartable", "suspect_nodes", "message"}, f"{name}: fields {sorted(r)}")
+        out[r["rank"]] = r
+    return out
+
+
+two_nodes = ["nodeA", "nodeB"]
+rc, err, _ = train("rec-healthy", nodes=two_nodes)
+check(rc == 0 and not os.path.exists(os.path.join(work, "rec-healthy", "failures")), f"a healthy run leaves no failure record: {rc}")
+
+rc, err, _ = train("rec-stalled", fault="stall:1@3", nodes=two_nodes)
+recs = records("rec-stalled")
+check(rc == 10 and sorted(recs) == [0], f"stalled rank 1: exit {rc}, records of ranks {sorted(recs)} (rank 0's expected)")
+r = recs.get(0, {})
+check(r.get("exit_code") == 10 and r.get("kind") == "collective timeout" and r.get("node") == "nodeA" and r.get("step") == 3
+      and r.get("restartable") is True and r.get("suspect_nodes") == ["nodeB"] and "ranks that did not arrive: 1" in r.get("message", ""),
+      f"rank 0's record names rank 1's node: {r}")
+
+rc, err, _ = train("rec-frozen", fault="freeze:1@3", nodes=two_nodes)
+r = records("rec-frozen").get(0, {})
+check(rc == 10 and r.get("suspect_nodes") == ["nodeB"] and "did not answer" in r.get("message", ""),
+      f"a frozen rank 1 (not answering) is a suspect too: exit {rc}: {r}")
+
+rc, err, _ = train("rec-device", fault="device_error:1@3@nodeB", nodes=two_nodes)
+recs = records("rec-device")
+r = recs.get(1, {})
+check(rc == 7 and "an injected device error on rank 1 (node nodeB) before step 3" in err, f"device_error:1@3@nodeB: exit {rc}: {err[-1500:]}")
+check(r.get("exit_code") == 7 and r.get("kind") == "device error" and r.get("node") == "nodeB" and r.get("step") == 3
+      and r.get("restartable") is True and r.get("suspect_nodes") == ["nodeB"], f"rank 1's record names its own node: {recs}")
+
+rc, err, _ = train("rec-other-node", fault="device_error:1@3@nodeC", nodes=two_nodes)
+check(rc == 0 and not records("rec-other-node"), f"a fault for another node does not fire: exit {rc}: {err[-800:]}")
+
+rc, err, _ = train("rec-killed", fault="kill:1@3")
+check(rc != 0 and not records("rec-killed"), f"a rank killed outright leaves no record (the job script counts it as a crash): {rc}")
+rc, err, _ = train("rec-bad-config", extra=("--optim.lr", "-1"))
+check(rc == 3 and not records("rec-bad-config"), f"an error before training (a bad config) leaves no record: exit {rc}")
+
 check.finish("all watchdog checks passed")

@@ -1,0 +1,45 @@
+// The record a failing rank leaves in its run directory before the job is aborted, so that whatever
+// restarts the run (jobs/slurm/lib.sh) knows what ended it and which node, if any, is to blame:
+//   RUN_DIR/failures/rank_00001.json, one line of JSON:
+//   {"exit_code":10,"kind":"collective timeout","rank":0,"node":"gpu017","step":12,"restartable":true,
+//    "suspect_nodes":["gpu018"],"message":"..."}
+// Records are written only once enable() has run (the trainer does, when the run directory exists), by
+// each rank that logs the job's fatal error; writing never throws. docs/cluster.md, "Restarts after a failure".
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::failure_record {
+
+// This rank's node as the scheduler names it: SLURMD_NODENAME under Slurm (srun or mpirun inside an
+// allocation), else the host name. A job script excludes nodes by these names.
+std::string node_name();
+
+// Collective over `world`: gathers every rank's node name (so a rank can name the nodes of others) and
+// records that failures go to run_dir/failures/.
+void enable(const std::string& run_dir, MPI_Comm world);
+void disable();  // tests
+
+void set_step(int64_t step);  // the step in progress, written into records (-1: none yet)
+
+// Whether a failure may go away on a restart (elsewhere): a communication error, a collective timeout, or a
+// device error other than running out of memory. Out of memory, bad input and bugs fail the same way again.
+bool restartable(ExitCode code, const std::string& message);
+
+// The nodes this failure points to: for a device error other than out of memory, this rank's node; for a
+// collective timeout, the nodes of `suspect_ranks` (those that did not arrive or answer); otherwise none.
+std::vector<std::string> suspects(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks);
+
+// Writes this rank's record (atomically: a temporary file, then rename). No-op before enable().
+void write(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks = {});
+
+// The record's line, without writing it (tests).
+std::string format(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks);
+
+}  // namespace shardtrain::failure_record

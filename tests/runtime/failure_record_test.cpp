@@ -1,0 +1,116 @@
+// Failure records (runtime/failure_record.hpp) on 2 ranks: each rank plays its own Slurm node
+// (SLURMD_NODENAME = "node-<rank>"), so a record can be checked to name the node of another rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/runtime/failure_record.hpp"
+
+using namespace shardtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+class FailureRecord : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rank_ = world_rank();
+    setenv("SLURMD_NODENAME", ("node-" + std::to_string(rank_)).c_str(), 1);
+    // One directory for both ranks, named after rank 0's pid.
+    int pid = static_cast<int>(getpid());
+    MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    dir_ = (fs::temp_directory_path() / ("failure-record-test-" + std::to_string(pid))).string();
+    if (rank_ == 0) fs::remove_all(dir_);
+    MPI_Barrier(MPI_COMM_WORLD);
+    failure_record::enable(dir_, MPI_COMM_WORLD);
+    failure_record::set_step(-1);
+  }
+  void TearDown() override {
+    failure_record::disable();
+    unsetenv("SLURMD_NODENAME");
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank_ == 0) fs::remove_all(dir_);
+  }
+  nlohmann::json read(int rank) const {
+    std::ifstream in(fs::path(dir_) / "failures" / (rank == 0 ? "rank_00000.json" : "rank_00001.json"));
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    const std::string text = buffer.str();
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+    return nlohmann::json::parse(text);
+  }
+  int rank_ = 0;
+  std::string dir_;
+};
+
+}  // namespace
+
+TEST_F(FailureRecord, ATimeoutNamesTheNodesOfTheRanksThatDidNotArrive) {
+  failure_record::set_step(12);
+  // Rank 0 fires: rank 1 did not arrive. Its message carries quotes and a newline, escaped in the JSON.
+  if (rank_ == 0) failure_record::write(ExitCode::Timeout, "all_reduce \"stuck\"\non rank 0", {1});
+  MPI_Barrier(MPI_COMM_WORLD);
+  const nlohmann::json r = read(0);
+  EXPECT_EQ(r["exit_code"], 10);
+  EXPECT_EQ(r["kind"], "collective timeout");
+  EXPECT_EQ(r["rank"], 0);
+  EXPECT_EQ(r["node"], "node-0");
+  EXPECT_EQ(r["step"], 12);
+  EXPECT_EQ(r["restartable"], true);
+  EXPECT_EQ(r["suspect_nodes"], nlohmann::json::array({"node-1"}));
+  EXPECT_EQ(r["message"], "all_reduce \"stuck\"\non rank 0");
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "failures" / "rank_00001.json"));
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "failures" / "rank_00000.json.tmp"));
+}
+
+TEST_F(FailureRecord, ADeviceErrorNamesItsOwnNodeButOutOfMemoryNamesNone) {
+  if (rank_ == 1) failure_record::write(ExitCode::Device, "an illegal memory access was encountered (cudaErrorIllegalAddress)");
+  if (rank_ == 0) failure_record::write(ExitCode::Device, "out of GPU memory: 512.0 MiB requested, 10.0 MiB free of 81559.0 MiB");
+  MPI_Barrier(MPI_COMM_WORLD);
+  const nlohmann::json hw = read(1), oom = read(0);
+  EXPECT_EQ(hw["exit_code"], 7);
+  EXPECT_EQ(hw["restartable"], true);
+  EXPECT_EQ(hw["suspect_nodes"], nlohmann::json::array({"node-1"}));
+  EXPECT_EQ(oom["restartable"], false);  // the same batch runs out of memory again, on any node
+  EXPECT_TRUE(oom["suspect_nodes"].empty());
+}
+
+TEST_F(FailureRecord, OnlyCommunicationTimeoutsAndDeviceFaultsAreRestartable) {
+  EXPECT_TRUE(failure_record::restartable(ExitCode::Comm, "NCCL: remote process exited"));
+  EXPECT_TRUE(failure_record::restartable(ExitCode::Timeout, ""));
+  EXPECT_TRUE(failure_record::restartable(ExitCode::Device, "uncorrectable ECC error encountered (cudaErrorECCUncorrectable)"));
+  for (const char* m : {"out of memory (cudaErrorMemoryAllocation)", "resource allocation failed (CUBLAS_STATUS_ALLOC_FAILED)"})
+    EXPECT_FALSE(failure_record::restartable(ExitCode::Device, m)) << m;
+  for (ExitCode c : {ExitCode::Internal, ExitCode::Config, ExitCode::Data, ExitCode::Checkpoint, ExitCode::Io, ExitCode::Diverged})
+    EXPECT_FALSE(failure_record::restartable(c, "x")) << static_cast<int>(c);
+  // A communication error names no node: the rank that reports it is usually the victim of a peer.
+  EXPECT_TRUE(failure_record::suspects(ExitCode::Comm, "x", {1}).empty());
+  // Ranks outside the world are ignored, a node is named once.
+  EXPECT_EQ(failure_record::suspects(ExitCode::Timeout, "x", {1, 1, 7, -1}), std::vector<std::string>{"node-1"});
+}
+
+TEST(FailureRecordDisabled, WritesNothingAndNamesTheHostWithoutSlurm) {
+  failure_record::disable();
+  unsetenv("SLURMD_NODENAME");
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  EXPECT_EQ(failure_record::node_name(), std::string(host));
+  const fs::path cwd = fs::current_path();
+  failure_record::write(ExitCode::Timeout, "x", {0});  // must not create ./failures or throw
+  EXPECT_FALSE(fs::exists(cwd / "failures"));
+}
