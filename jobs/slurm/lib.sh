@@ -171,16 +171,113 @@ st_result() {
   sed -n 's/.*"status": *"\([a-z]*\)".*/\1/p' "$1/result.json" 2>/dev/null | head -n1
 }
 
+# st_last_step RUN_DIR: the last training step RUN_DIR/metrics.jsonl records (0 when none).
+st_last_step() {
+  local step
+  step=$(tac "$1/metrics.jsonl" 2>/dev/null | grep -m1 '"kind": *"train"' | sed -n 's/.*"step": *\([0-9]*\).*/\1/p')
+  printf '%s\n' "${step:-0}"
+}
+
+# st_failure_field RUN_DIR FIELD: FIELD of every failure record the ranks left (RUN_DIR/failures/rank_N.json,
+# one line of JSON each, written by shardtrain before it aborts), one value per line; suspect_nodes gives
+# one node per line.
+st_failure_field() {
+  local f
+  for f in "$1"/failures/rank_*.json; do
+    [[ -f "$f" ]] || continue
+    case "$2" in
+      suspect_nodes) sed -n 's/.*"suspect_nodes":\[\([^]]*\)\].*/\1/p' "$f" | tr ',' '\n' | tr -d '"' | sed '/^$/d' ;;
+      *) sed -n "s/.*\"$2\":\\([0-9a-z-]*\\).*/\\1/p" "$f" ;;
+    esac
+  done
+}
+
+# st_job_field FIELD: FIELD of this job as scontrol shows it (ExcNodeList, Partition), "" for (null).
+st_job_field() {
+  local v
+  v=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n1)
+  [[ "$v" == "(null)" ]] && v=""
+  printf '%s\n' "$v"
+}
+
+# st_restart_after_failure RUN_DIR: a failed run that may succeed on a second try is requeued instead of
+# ended: its exit code is one of RESTART_ON (default "6 7 10 crash": communication error, device error,
+# collective timeout, a rank killed by a signal), none of the ranks' failure records says it is not
+# restartable (out of memory fails the same way on any node), fewer than MAX_RESTARTS (default 3) failure
+# restarts were made before, and the run got past the step where the previous failure struck (a fault that
+# strikes at the same step again is in the run, not the machine). With EXCLUDE_FAILED_NODES=1 (the default)
+# the nodes the records name (a GPU's device error, the ranks a collective timeout waited for) are left out
+# of the requeued job (ExcNodeList), when the partition still has enough nodes without them. Each restart is
+# a line of RUN_DIR/restarts.log. Returns 1 when the job is not to be restarted; otherwise the requeue ends
+# this script.
+st_restart_after_failure() {
+  local run_dir=$1 class word wanted=0 verdicts step previous restarts=0 nodes=() excluded new partition total
+  if ((ST_EXIT >= 1 && ST_EXIT <= 10)); then class=$ST_EXIT; else class=crash; fi
+  for word in ${RESTART_ON-6 7 10 crash}; do [[ "$word" == "$class" ]] && wanted=1; done
+  ((wanted)) || return 1
+  verdicts=$(st_failure_field "$run_dir" restartable)  # a variable, not a pipe: grep -q would cut it short under pipefail
+  if [[ -n "$verdicts" && $'\n'"$verdicts"$'\n' != *$'\n'true$'\n'* ]]; then
+    st_log "not restarting: the ranks report a failure that a restart would repeat: $(sed -n 's/.*"message":"\(.*\)"}$/\1/p' "$run_dir"/failures/rank_*.json | head -n1)"
+    return 1
+  fi
+  step=$(st_failure_field "$run_dir" step | sort -n | tail -n1)
+  [[ -z "$step" || "$step" -lt 1 ]] && step=$(($(st_last_step "$run_dir") + 1))  # no record (a crash): the step after the last logged
+  if [[ -f "$run_dir/restarts.log" ]]; then
+    restarts=$(grep -c . "$run_dir/restarts.log")
+    previous=$(tail -n1 "$run_dir/restarts.log" | sed -n 's/.* step=\([0-9]*\).*/\1/p')
+  fi
+  if ((restarts >= ${MAX_RESTARTS:-3})); then
+    st_log "not restarting: $restarts restart(s) after failures already (MAX_RESTARTS=${MAX_RESTARTS:-3}); $run_dir/restarts.log lists them"
+    return 1
+  fi
+  if [[ -n "${previous:-}" ]] && ((step <= previous)); then
+    st_log "not restarting: the run failed at step $step, no further than the previous failure (step $previous): a fault that strikes at the same point again is not transient"
+    return 1
+  fi
+  excluded=$(st_job_field ExcNodeList)
+  if [[ "${EXCLUDE_FAILED_NODES:-1}" == 1 ]]; then
+    mapfile -t nodes < <(st_failure_field "$run_dir" suspect_nodes | sort -u)
+  fi
+  new=""
+  if ((${#nodes[@]} > 0)); then
+    new=$(IFS=,; echo "${excluded:+$excluded,}${nodes[*]}")
+    partition=$(st_job_field Partition)
+    total=$(sinfo -h -p "${partition%%,*}" -o '%D' 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
+    if (($(scontrol show hostnames "$new" 2>/dev/null | sort -u | wc -l) > total - SLURM_JOB_NUM_NODES)); then
+      st_log "not leaving out ${nodes[*]}: partition ${partition:-?} has $total node(s), too few for $SLURM_JOB_NUM_NODES without them"
+      new=""
+    fi
+  fi
+  st_log "training failed with exit code $ST_EXIT at step $step (docs/exit-codes.md); restarting from the last checkpoint: restart $((restarts + 1)) of ${MAX_RESTARTS:-3} after a failure${new:+, leaving out node(s) ${nodes[*]}}"
+  # The requeue sends SIGTERM to this script and everything it runs: ignored (and so ignored by the scontrol
+  # below too, which inherits that), so that the exclusion is still made.
+  trap '' TERM
+  if ! scontrol requeue "$SLURM_JOB_ID"; then
+    st_die "$ST_EXIT" "scontrol requeue $SLURM_JOB_ID was refused (is the job requeueable? #SBATCH --requeue); resubmit it: it resumes from the last checkpoint"
+  fi
+  printf '%s job=%s restart=%s exit=%s step=%s excluded=%s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" \
+    "$ST_EXIT" "$step" "${new:--}" >>"$run_dir/restarts.log"
+  # Only a pending job's ExcNodeList can change: the requeue made it pending (it waits before it may start).
+  if [[ -n "$new" ]] && ! scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$new"; then
+    st_log "warning: could not leave out ${nodes[*]} (scontrol update ExcNodeList refused): the job may run there again"
+  fi
+  exit "$ST_EXIT"  # the job is back in the queue: this run of it is over
+}
+
 # st_requeue_or_exit RUN_DIR: the job's ending, from ST_EXIT and the run's result.json. A launcher's exit
 # status is not trusted alone: srun returns 0 when it could not start the ranks at all, so 0 counts only
 # when the run says it finished. 75 = the ranks saved a checkpoint and asked to be requeued: scontrol
-# requeue puts this job back in the queue (Slurm ends this run of the script at once).
+# requeue puts this job back in the queue (Slurm ends this run of the script at once). A failure a restart
+# may cure is requeued too (st_restart_after_failure).
 st_requeue_or_exit() {
   local result
   result=$(st_result "$1")
   if ((ST_EXIT == 0)) && [[ "$result" == preempted ]]; then ST_EXIT=75; fi
   if ((ST_EXIT == 0)) && [[ "$result" != finished ]]; then
     st_die 1 "the launcher exited with 0 but the run did not finish (no \"finished\" in $1/result.json): see the launcher's messages above"
+  fi
+  if ((ST_EXIT != 0 && ST_EXIT != 75)); then
+    st_restart_after_failure "$1"
   fi
   if ((ST_EXIT == 75)); then
     st_log "checkpoint saved; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)))"
@@ -298,7 +395,7 @@ st_train_job() {
   train=("$SHARDTRAIN_BIN" train "${ST_RUN_ARGS[@]}" --logging.progress lines)
   st_launcher
   st_log "running: ${ST_LAUNCH[*]} ${train[*]}"
-  rm -f "$RUN_DIR/result.json"  # written again by this run when it finishes or stops
+  rm -rf "$RUN_DIR/result.json" "$RUN_DIR/failures"  # written again by this run when it finishes, stops or fails
   st_launch "${ST_LAUNCH[@]}" "${train[@]}"
   st_requeue_or_exit "$RUN_DIR"
 }

@@ -14,8 +14,12 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
-4. One node, mpirun, a rank that stops answering (SHARDTRAIN_FAULT=stall): the hang watchdog ends the job
-   with exit code 10 within seconds of its timeout.
+4. A bad node: a device error that strikes only on node1 (SHARDTRAIN_FAULT=device_error:1@12@node1) ends the
+   first run with exit 7; the job requeues itself with node1 excluded, resumes on node2 from the step-8
+   checkpoint and finishes, its repeated steps bit-equal to the first run's.
+5. A fault in the run, not the machine: a rank that stops answering at step 3 on every node
+   (SHARDTRAIN_FAULT=stall:1@3): the hang watchdog ends the job with exit code 10 within seconds of its
+   timeout; the job restarts once, elsewhere, fails at step 3 again, and stops there (FAILED 10:0).
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import json
 import subprocess
@@ -210,19 +214,53 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
     diff = [(s, reference.get(s), resumed[s]) for s in sorted(resumed) if reference.get(s) != resumed[s]]
     check(not diff, f"losses equal the uninterrupted run's at every step: {diff[:5]}")
 
-    # ---- 4. a stalled rank: the watchdog ends the job ----------------------------------------------------
+    # ---- 4. a bad node: a device error on node1 only; the job requeues itself without node1 -----------------
+    bad_node_dir = os.path.join(work, "bad-node")
+    job = slurm.sbatch([*sbatch_opts("bad-node", nodes=1, per_node=2), single],
+                       job_env(RUN_DIR=bad_node_dir, SHARDTRAIN_FAULT="device_error:1@12@node1"))
+    info = slurm.wait(job, timeout=400)
+    out = output(info)
+    check("on 1 node(s) [node1], restart 0" in out, f"the first run was placed on node1 (Slurm's first idle node): {out[:1500]}")
+    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and info.get("Restarts") == "1"
+          and info.get("ExcNodeList") == "node1" and info.get("NodeList") == "node2",
+          f"bad node: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')} "
+          f"on {info.get('NodeList')}: {out[-3000:]}")
+    check("an injected device error on rank 1 (node node1) before step 12" in out and
+          "training failed with exit code 7 at step 12 (docs/exit-codes.md); restarting from the last checkpoint: restart 1 of 3 "
+          "after a failure, leaving out node(s) node1" in out, f"the failure and the restart are logged: {out[-3000:]}")
+    check(re.search(r"resumed from \S+step_0*8\b.* at step 8", out) is not None and "on 1 node(s) [node2], restart 1" in out,
+          f"the restart ran on node2 from the step-8 checkpoint: {out[-3000:]}")
+    log_path = os.path.join(bad_node_dir, "restarts.log")
+    log = open(log_path).read().splitlines() if os.path.exists(log_path) else []
+    check(len(log) == 1 and re.search(rf"job={job} restart=0 exit=7 step=12 excluded=node1$", log[0] or "") is not None,
+          f"restarts.log has the one restart: {log}")
+    records = [json.loads(l) for l in open(os.path.join(bad_node_dir, "metrics.jsonl")) if '"kind":"train"' in l]
+    by_step = {}
+    for r in records:
+        by_step.setdefault(r["step"], []).append(r["loss"])
+    check(sorted(by_step) == list(range(1, STEPS + 1)) and [len(by_step[k]) for k in (9, 10, 11)] == [2, 2, 2]
+          and all(len(by_step[k]) == 1 for k in by_step if k not in (9, 10, 11)),
+          f"steps 1-11 on node1, then 9-24 on node2: {[(k, len(v)) for k, v in sorted(by_step.items())]}")
+    check(all(by_step[k][0] == by_step[k][1] for k in (9, 10, 11) if len(by_step.get(k, [])) == 2),
+          f"steps 9-11 run twice give the same losses, bit for bit: {[by_step.get(k) for k in (9, 10, 11)]}")
+    check(not os.path.exists(os.path.join(bad_node_dir, "failures")), "the finished run's directory has no failure records left")
+
+    # ---- 5. a stalled rank on every node: the watchdog ends the job; one restart, then it stops ---------------
     stall_dir = os.path.join(work, "stalled")
     start = time.time()
     job = slurm.sbatch([*sbatch_opts("stalled", nodes=1, per_node=2), single],
                        job_env(RUN_DIR=stall_dir, SHARDTRAIN_FAULT="stall:1@3",
                                TRAIN_ARGS=TRAIN_ARGS + " --fsdp.collective_timeout 3"))
-    info = slurm.wait(job, timeout=200)
+    info = slurm.wait(job, timeout=300)
     elapsed = time.time() - start
     out = output(info)
-    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "10:0",
-          f"stalled job: {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 10:0: {out[-2000:]}")
-    check("collective timeout" in out and "during step 3" in out and "ranks that did not arrive: 1 (" in out,
-          f"the watchdog's message names the step and the rank that did not arrive: {out[-2000:]}")
-    check(elapsed < 90, f"the stalled job took {elapsed:.0f} s; the watchdog should end it seconds after the 3 s timeout")
+    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "10:0" and info.get("Restarts") == "1",
+          f"stalled job: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')}, expected FAILED 10:0 after one restart: {out[-3000:]}")
+    check(out.count("collective timeout") >= 2 and "during step 3" in out and "ranks that did not arrive: 1 (" in out,
+          f"the watchdog's message names the step and the rank that did not arrive, in both runs: {out[-3000:]}")
+    check("restart 1 of 3 after a failure, leaving out node(s) node1" in out and
+          "not restarting: the run failed at step 3, no further than the previous failure (step 3)" in out,
+          f"restarted once without node1, then stopped: {out[-3000:]}")
+    check(elapsed < 150, f"the stalled job took {elapsed:.0f} s; two runs that each end seconds after the 3 s timeout, and one requeue")
 
 check.finish("all Slurm job checks passed")

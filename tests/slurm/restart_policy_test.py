@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""jobs/slurm/lib.sh's decision after a failed run (st_requeue_or_exit -> st_restart_after_failure), case by
+case, in seconds and without root: lib.sh is sourced by bash with scontrol and sinfo replaced by scripts that
+record each call and answer as Slurm would (the job's Partition and ExcNodeList, a partition's node count;
+`scontrol requeue` signals the batch script with SIGTERM, as Slurm does). The run directory holds the
+failure records shardtrain writes (failures/rank_N.json), metrics.jsonl and restarts.log. Every case checks
+the exit code, whether the job was requeued, which nodes it leaves out and the line it logs.
+slurm_jobs_test.py runs the two main cases on a real Slurm."""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIB = os.path.join(HERE, "..", "..", "jobs", "slurm", "lib.sh")
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+FAKE_SCONTROL = r"""#!/bin/bash
+echo "scontrol $*" >> "$FAKE_LOG"
+case "$1 $2" in
+  "show job") echo "JobId=$SLURM_JOB_ID JobName=t Partition=debug ExcNodeList=${FAKE_EXC:-(null)} NodeList=node1" ;;
+  "show hostnames") tr ',' '\n' <<<"$3" ;;
+  requeue*) [[ "${FAKE_REQUEUE_RC:-0}" == 0 ]] || exit "$FAKE_REQUEUE_RC"; kill -TERM "$PPID" ;;
+  update*) exit "${FAKE_UPDATE_RC:-0}" ;;
+esac
+"""
+FAKE_SINFO = r"""#!/bin/bash
+echo "sinfo $*" >> "$FAKE_LOG"
+echo "${FAKE_NODES:-4}"
+"""
+
+
+def record(code, step, restartable, suspects, message="m", rank=0):
+    return json.dumps({"exit_code": code, "kind": "k", "rank": rank, "node": "node1", "step": step, "restartable": restartable,
+                       "suspect_nodes": suspects, "message": message}, separators=(",", ":")) + "\n"
+
+
+def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, **env):
+    """One decision. Returns (exit code, stderr+stdout, calls to scontrol/sinfo, restarts.log lines)."""
+    root = tempfile.mkdtemp(prefix=f"restart-{name}-")
+    try:
+        bin_dir, run_dir = os.path.join(root, "bin"), os.path.join(root, "run")
+        os.makedirs(bin_dir)
+        os.makedirs(run_dir)
+        for tool, text in (("scontrol", FAKE_SCONTROL), ("sinfo", FAKE_SINFO)):
+            path = os.path.join(bin_dir, tool)
+            open(path, "w").write(text)
+            os.chmod(path, stat.S_IRWXU)
+        if records:
+            os.makedirs(os.path.join(run_dir, "failures"))
+            for i, r in enumerate(records):
+                open(os.path.join(run_dir, "failures", f"rank_{i:05d}.json"), "w").write(r)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            for s in range(1, metrics_steps + 1):
+                f.write(json.dumps({"kind": "train", "step": s, "loss": 1.0}) + "\n")
+            f.write('{"kind":"checkpoint","step":4}\n')
+        if restarts_log is not None:
+            open(os.path.join(run_dir, "restarts.log"), "w").write("".join(l + "\n" for l in restarts_log))
+        log = os.path.join(root, "calls")
+        open(log, "w").close()
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
+        e.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=log, SLURM_JOB_ID="42", SLURM_JOB_NUM_NODES="1",
+                 SLURM_RESTART_COUNT="0")
+        e.update({k: v for k, v in env.items() if v is not None})
+        script = f'source "{LIB}"; set -uo pipefail; ST_EXIT={exit_code}; st_requeue_or_exit "{run_dir}"'
+        p = subprocess.run(["bash", "-c", script], env=e, capture_output=True, text=True, timeout=30)
+        calls = open(log).read().splitlines()
+        path = os.path.join(run_dir, "restarts.log")
+        lines = open(path).read().splitlines() if os.path.exists(path) else []
+        print(f"{name}: exit {p.returncode}; calls {calls}")
+        return p.returncode, p.stdout + p.stderr, calls, lines
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def requeued(calls):
+    return "scontrol requeue 42" in calls
+
+
+def excluded(calls):
+    return [c.split("ExcNodeList=")[1] for c in calls if c.startswith("scontrol update JobId=42 ExcNodeList=")]
+
+
+# A device error on node1: requeued, node1 left out, one line in restarts.log, the run's exit code.
+rc, out, calls, lines = run("device", 7, [record(7, 12, True, ["node1"]), record(7, 12, True, [], rank=1)], metrics_steps=11)
+check(rc == 7 and requeued(calls) and excluded(calls) == ["node1"], f"device error: exit {rc}, calls {calls}: {out}")
+check(len(lines) == 1 and lines[0].endswith("job=42 restart=0 exit=7 step=12 excluded=node1"), f"device error: restarts.log {lines}")
+check("training failed with exit code 7 at step 12 (docs/exit-codes.md); restarting from the last checkpoint: restart 1 of 3 after "
+      "a failure, leaving out node(s) node1" in out, f"device error: the log line: {out}")
+# The requeue comes before the exclusion (only a pending job's ExcNodeList can change).
+check(calls.index("scontrol requeue 42") < next((i for i, c in enumerate(calls) if c.startswith("scontrol update")), -1),
+      f"requeue, then update: {calls}")
+
+# Nodes excluded before are kept; two suspects from two records are both added, once each.
+rc, out, calls, lines = run("more", 10, [record(10, 5, True, ["node2", "node3"]), record(10, 5, True, ["node3"], rank=1)],
+                            FAKE_EXC="node7", FAKE_NODES="8")
+check(rc == 10 and excluded(calls) == ["node7,node2,node3"], f"a second exclusion keeps the first: {calls}")
+
+# A partition too small to run the job without the suspect: requeued, nothing excluded, and said why.
+rc, out, calls, lines = run("small", 7, [record(7, 12, True, ["node1"])], FAKE_NODES="1")
+check(rc == 7 and requeued(calls) and excluded(calls) == [] and "not leaving out node1: partition debug has 1 node(s)" in out
+      and lines and lines[0].endswith("excluded=-"), f"too few nodes: {calls}: {out}")
+
+# EXCLUDE_FAILED_NODES=0: requeued where Slurm likes.
+rc, out, calls, lines = run("no-exclude", 7, [record(7, 12, True, ["node1"])], EXCLUDE_FAILED_NODES="0")
+check(rc == 7 and requeued(calls) and excluded(calls) == [], f"EXCLUDE_FAILED_NODES=0: {calls}")
+
+# Out of memory: the records say a restart would repeat it. Not requeued.
+rc, out, calls, lines = run("oom", 7, [record(7, 3, False, [], message="out of GPU memory: 512.0 MiB requested")])
+check(rc == 7 and not requeued(calls) and not lines and "not restarting: the ranks report a failure that a restart would repeat: "
+      "out of GPU memory" in out, f"out of memory: exit {rc}: {calls}: {out}")
+
+# A rank killed by a signal (no records): a crash, requeued without exclusion, at the step after the last logged.
+rc, out, calls, lines = run("crash", 137, metrics_steps=20)
+check(rc == 137 and requeued(calls) and excluded(calls) == [] and lines and lines[0].endswith("exit=137 step=21 excluded=-"),
+      f"crash: exit {rc}, {calls}, {lines}")
+
+# RESTART_ON decides which codes restart: "" never, a list without "crash" not after a crash, 3 (config) never by default.
+for name, code, env in [("off", 10, dict(RESTART_ON="")), ("no-crash", 137, dict(RESTART_ON="6 7 10")), ("config", 3, {}),
+                        ("diverged", 9, {}), ("io", 8, {})]:
+    rc, out, calls, lines = run(name, code, [record(code, 4, True, ["node1"])], **env)
+    check(rc == code and not requeued(calls) and not lines, f"{name}: exit {rc}, expected {code} and no requeue: {calls}")
+rc, out, calls, lines = run("io-opt-in", 8, [record(8, 4, True, [])], RESTART_ON="8")
+check(rc == 8 and requeued(calls), f"RESTART_ON=8 restarts after an I/O error: {calls}")
+
+# MAX_RESTARTS: two restarts made, a limit of 2.
+prior = ["2026-11-25T01:00:00Z job=42 restart=0 exit=7 step=12 excluded=node1", "2026-11-25T02:00:00Z job=42 restart=1 exit=10 step=30 excluded=-"]
+rc, out, calls, lines = run("budget", 7, [record(7, 50, True, ["node2"])], restarts_log=prior, MAX_RESTARTS="2")
+check(rc == 7 and not requeued(calls) and "not restarting: 2 restart(s) after failures already (MAX_RESTARTS=2)" in out,
+      f"MAX_RESTARTS reached: {calls}: {out}")
+rc, out, calls, lines = run("budget-left", 7, [record(7, 50, True, ["node2"])], restarts_log=prior)
+check(rc == 7 and requeued(calls) and len(lines) == 3 and "restart 3 of 3" in out, f"the third of 3: {calls}: {lines}")
+
+# No progress: the same step as the previous failure (30) stops; a later one restarts.
+rc, out, calls, lines = run("same-step", 10, [record(10, 30, True, [])], restarts_log=prior)
+check(rc == 10 and not requeued(calls) and "not restarting: the run failed at step 30, no further than the previous failure (step 30)" in out,
+      f"no progress: {calls}: {out}")
+rc, out, calls, lines = run("crash-same-step", 137, metrics_steps=29, restarts_log=prior)
+check(rc == 137 and not requeued(calls), f"a crash at the step of the previous failure: {calls}")
+
+# A job Slurm will not requeue: the run's exit code and a message saying what to do.
+rc, out, calls, lines = run("refused", 7, [record(7, 12, True, ["node1"])], FAKE_REQUEUE_RC="1")
+check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue)" in out and excluded(calls) == []
+      and not lines,
+      f"requeue refused: exit {rc}: {calls}: {out}")
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all restart-policy checks passed")
