@@ -2,6 +2,8 @@
 #include "shardtrain/runtime/failure_record.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 
@@ -52,6 +55,118 @@ bool out_of_memory(const std::string& message) {
   return false;
 }
 
+// ---- crash records: a rank killed by a fatal signal ---------------------------------------------------------
+// The handler may only use async-signal-safe calls, so everything it needs is prepared by enable(): the paths
+// and the record's fixed fields. It writes the record (unless this rank already wrote one), then restores the
+// previous action (Open MPI's backtrace printer, or the default) and raises the signal again, so the process
+// still dies of it and the launcher reports 128 + signal as before.
+struct CrashRecord {
+  char dir[4096] = {};
+  char path[4096] = {};
+  char tmp[4096] = {};
+  char fields[1024] = {};  // "\"rank\":3,\"node\":\"gpu017\","
+  char node[600] = {};     // "\"gpu017\""
+};
+CrashRecord g_crash;
+std::atomic<bool> g_crash_ready{false};
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+struct sigaction g_previous[NSIG];
+bool g_handlers_installed = false;
+
+// Appends to buf[0..cap) at n, never past it.
+void put(char* buf, size_t cap, size_t& n, const char* s) {
+  while (*s && n + 1 < cap) buf[n++] = *s++;
+}
+void put_int(char* buf, size_t cap, size_t& n, int64_t v) {
+  char digits[24];
+  int k = 0;
+  const bool negative = v < 0;
+  uint64_t u = negative ? static_cast<uint64_t>(-(v + 1)) + 1 : static_cast<uint64_t>(v);
+  do {
+    digits[k++] = static_cast<char>('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (negative) put(buf, cap, n, "-");
+  while (k) {
+    const char c[2] = {digits[--k], 0};
+    put(buf, cap, n, c);
+  }
+}
+
+const char* signal_words(int sig, int code, bool& hardware) {
+  hardware = false;
+  switch (sig) {
+    case SIGBUS:
+      if (code == BUS_MCEERR_AR || code == BUS_MCEERR_AO) {
+        hardware = true;
+        return code == BUS_MCEERR_AR ? "SIGBUS (BUS_MCEERR_AR): the kernel found an uncorrectable memory error (machine check) in memory this rank used"
+                                     : "SIGBUS (BUS_MCEERR_AO): the kernel found an uncorrectable memory error (machine check) in this rank's memory";
+      }
+      return "SIGBUS (bus error)";
+    case SIGSEGV: return "SIGSEGV (segmentation fault)";
+    case SIGILL: return "SIGILL (illegal instruction)";
+    case SIGFPE: return "SIGFPE (arithmetic exception)";
+    case SIGABRT: return "SIGABRT (aborted)";
+    default: return "a fatal signal";
+  }
+}
+
+void on_crash(int sig, siginfo_t* info, void*) {
+  if (g_crash_ready.load() && access(g_crash.path, F_OK) != 0) {
+    bool hardware = false;
+    const char* words = signal_words(sig, info ? info->si_code : 0, hardware);
+    char line[2048];
+    size_t n = 0;
+    const int64_t step = g_step.load(std::memory_order_relaxed);
+    put(line, sizeof line, n, "{\"exit_code\":");
+    put_int(line, sizeof line, n, 128 + sig);
+    put(line, sizeof line, n, ",\"kind\":\"crash\",");
+    put(line, sizeof line, n, g_crash.fields);
+    put(line, sizeof line, n, "\"step\":");
+    put_int(line, sizeof line, n, step);
+    // A crash may be a bug (the same step crashes again, and the job script stops there) or the machine; only
+    // a machine check names the node.
+    put(line, sizeof line, n, ",\"restartable\":true,\"suspect_nodes\":[");
+    if (hardware) put(line, sizeof line, n, g_crash.node);
+    put(line, sizeof line, n, "],\"message\":\"killed by ");
+    put(line, sizeof line, n, words);
+    put(line, sizeof line, n, step >= 1 ? " during step " : "");
+    if (step >= 1) put_int(line, sizeof line, n, step);
+    put(line, sizeof line, n, "\"}\n");
+    ::mkdir(g_crash.dir, 0755);  // made here, not in advance: a run that never fails has no failures/ directory
+    const int fd = ::open(g_crash.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      const bool ok = ::write(fd, line, n) == static_cast<ssize_t>(n);
+      ::close(fd);
+      if (ok) ::rename(g_crash.tmp, g_crash.path);
+    }
+  }
+  sigaction(sig, &g_previous[sig], nullptr);
+  raise(sig);  // delivered when this handler returns (the signal is blocked inside it), to the previous action
+}
+
+void prepare_crash_record(const std::string& dir, int rank, const std::string& node) {
+  const std::string path = fmt::format("{}/rank_{:05d}.json", dir, rank), tmp = path + ".tmp";
+  const std::string quoted = json_string(node), fields = fmt::format("\"rank\":{},\"node\":{},", rank, quoted);
+  g_crash_ready.store(false);
+  if (path.size() >= sizeof g_crash.tmp - 1 || fields.size() >= sizeof g_crash.fields || quoted.size() >= sizeof g_crash.node) return;
+  std::snprintf(g_crash.dir, sizeof g_crash.dir, "%s", dir.c_str());
+  std::snprintf(g_crash.path, sizeof g_crash.path, "%s", path.c_str());
+  std::snprintf(g_crash.tmp, sizeof g_crash.tmp, "%s", tmp.c_str());
+  std::snprintf(g_crash.fields, sizeof g_crash.fields, "%s", fields.c_str());
+  std::snprintf(g_crash.node, sizeof g_crash.node, "%s", quoted.c_str());
+  g_crash_ready.store(true);
+  if (g_handlers_installed) return;
+  g_handlers_installed = true;
+  for (const int sig : kCrashSignals) {
+    struct sigaction a {};
+    a.sa_sigaction = on_crash;
+    a.sa_flags = SA_SIGINFO;
+    sigemptyset(&a.sa_mask);
+    sigaction(sig, &a, &g_previous[sig]);
+  }
+}
+
 }  // namespace
 
 std::string node_name() {
@@ -79,9 +194,11 @@ void enable(const std::string& run_dir, MPI_Comm world) {
   s.nodes.assign(static_cast<size_t>(size), std::string());
   for (int r = 0; r < size; ++r) s.nodes[static_cast<size_t>(r)] = gathered ? std::string(all.data() + r * mine.size()) : std::string();
   s.nodes[static_cast<size_t>(rank)] = name;
+  prepare_crash_record(s.dir, rank, name);
 }
 
 void disable() {
+  g_crash_ready.store(false);
   State& s = state();
   std::lock_guard lock(s.mutex);
   s.dir.clear();

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <cstdio>
 #include <limits>
 #include <thread>
@@ -38,6 +40,20 @@ void inject(const RankFault& f) {
       throw Error(ExitCode::Device, fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) before step {}, as a GPU "
                                                 "with an uncorrectable ECC error gives",
                                                 f.rank, failure_record::node_name(), f.step));
+    case RankFault::Kind::MachineCheck: {
+      // What the kernel sends a process that touches memory with an uncorrectable error: SIGBUS with
+      // si_code BUS_MCEERR_AR. A process may send itself a signal with a kernel si_code.
+      log::warn("train: SHARDTRAIN_FAULT: rank {} receives SIGBUS (BUS_MCEERR_AR: a machine check) before step {}", f.rank, f.step);
+      std::fflush(nullptr);
+      siginfo_t info{};
+      info.si_signo = SIGBUS;
+      info.si_code = BUS_MCEERR_AR;
+      info.si_pid = getpid();
+      info.si_uid = getuid();
+      syscall(SYS_rt_tgsigqueueinfo, getpid(), gettid(), SIGBUS, &info);
+      std::this_thread::sleep_for(std::chrono::hours(1));  // the signal ends the process first
+      break;
+    }
     case RankFault::Kind::Freeze:
       log::warn("train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}", f.rank,
                 f.step);

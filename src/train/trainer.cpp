@@ -83,6 +83,7 @@ const char* rank_fault_name(RankFault::Kind k) {
     case RankFault::Kind::Kill: return "kill";
     case RankFault::Kind::Freeze: return "freeze";
     case RankFault::Kind::DeviceError: return "device_error";
+    case RankFault::Kind::MachineCheck: return "mce";
   }
   return "?";
 }
@@ -92,8 +93,8 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   auto bad = [&](const std::string& why) {
     return UsageError(fmt::format(
         "SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
-        "bad_data:FIRST-LAST, slow_update:MS, stall:RANK@STEP, kill:RANK@STEP, freeze:RANK@STEP or device_error:RANK@STEP, "
-        "the last four optionally @NODE)",
+        "bad_data:FIRST-LAST, slow_update:MS, stall:RANK@STEP, kill:RANK@STEP, freeze:RANK@STEP, device_error:RANK@STEP or "
+        "mce:RANK@STEP, the last five optionally @NODE)",
         spec, why));
   };
   // A whole non-negative number, or a usage error naming `what`.
@@ -121,13 +122,14 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
     const size_t colon = item.find(':');
     const std::string name = item.substr(0, colon), arg = colon == std::string::npos ? std::string() : item.substr(colon + 1);
     if (colon == std::string::npos) throw bad(fmt::format("unknown fault '{}'", item));
-    if (name == "stall" || name == "kill" || name == "freeze" || name == "device_error") {
+    if (name == "stall" || name == "kill" || name == "freeze" || name == "device_error" || name == "mce") {
       const size_t at = arg.find('@');
       if (at == std::string::npos) throw bad(fmt::format("expected {}:RANK@STEP, got '{}'", name, item));
       RankFault f;
       f.kind = name == "stall"  ? RankFault::Kind::Stall
                : name == "kill" ? RankFault::Kind::Kill
                : name == "freeze" ? RankFault::Kind::Freeze
+               : name == "mce"    ? RankFault::Kind::MachineCheck
                                   : RankFault::Kind::DeviceError;
       f.rank = static_cast<int>(number(arg.substr(0, at), "rank"));
       const size_t node_at = arg.find('@', at + 1);

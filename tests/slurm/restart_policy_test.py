@@ -125,6 +125,11 @@ rc, out, calls, lines = run("crash", 137, metrics_steps=20)
 check(rc == 137 and requeued(calls) and excluded(calls) == [] and lines and lines[0].endswith("exit=137 step=21 excluded=-"),
       f"crash: exit {rc}, {calls}, {lines}")
 
+# A crash with a record (a machine check: the rank's signal handler names its node): requeued, the node left out.
+rc, out, calls, lines = run("mce", 135, [record(135, 40, True, ["node4"], message="killed by SIGBUS (BUS_MCEERR_AR): ...")])
+check(rc == 135 and requeued(calls) and excluded(calls) == ["node4"] and lines and lines[0].endswith("exit=135 step=40 excluded=node4"),
+      f"machine check: exit {rc}, {calls}, {lines}")
+
 # RESTART_ON decides which codes restart: "" never, a list without "crash" not after a crash, 3 (config) never by default.
 for name, code, env in [("off", 10, dict(RESTART_ON="")), ("no-crash", 137, dict(RESTART_ON="6 7 10")), ("config", 3, {}),
                         ("diverged", 9, {}), ("io", 8, {})]:

@@ -11,7 +11,9 @@
 - failure records (RUN_DIR/failures/rank_N.json, what a Slurm job reads to restart elsewhere): the ranks run
   as two named nodes (SLURMD_NODENAME per rank); a stalled or frozen rank 1 makes rank 0's record name rank 1's
   node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
-  device_error:1@3@nodeC (no such node) never fires; a healthy run, a bad config and a killed rank leave none."""
+  device_error:1@3@nodeC (no such node) never fires; mce:1@3@nodeB (SIGBUS with BUS_MCEERR_AR, a machine check)
+  kills rank 1 with the signal, and its handler's crash record names nodeB; a healthy run, a bad config and a
+  rank killed with SIGKILL leave none."""
 import os
 import json
 import re
@@ -179,6 +181,15 @@ check(r.get("exit_code") == 7 and r.get("kind") == "device error" and r.get("nod
 
 rc, err, _ = train("rec-other-node", fault="device_error:1@3@nodeC", nodes=two_nodes)
 check(rc == 0 and not records("rec-other-node"), f"a fault for another node does not fire: exit {rc}: {err[-800:]}")
+
+# A machine check (SIGBUS, BUS_MCEERR_AR, as the kernel sends it) on rank 1: the rank dies of the signal (mpirun: 135),
+# and its signal handler leaves a crash record naming its own node before it does.
+rc, err, _ = train("rec-mce", fault="mce:1@3@nodeB", nodes=two_nodes)
+r = records("rec-mce").get(1, {})
+check(rc == 135 and r.get("exit_code") == 135 and r.get("kind") == "crash" and r.get("node") == "nodeB" and r.get("step") == 3
+      and r.get("restartable") is True and r.get("suspect_nodes") == ["nodeB"]
+      and r.get("message") == "killed by SIGBUS (BUS_MCEERR_AR): the kernel found an uncorrectable memory error (machine check) "
+                              "in memory this rank used during step 3", f"machine check on rank 1: exit {rc}: {r}: {err[-1200:]}")
 
 rc, err, _ = train("rec-killed", fault="kill:1@3")
 check(rc != 0 and not records("rec-killed"), f"a rank killed outright leaves no record (the job script counts it as a crash): {rc}")

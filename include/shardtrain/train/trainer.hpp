@@ -51,16 +51,17 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
 // One rank's fault before a (1-based) step: "stall:RANK@STEP" sleeps in the loop (the watchdog thread
 // still answers), "kill:RANK@STEP" raises SIGKILL on the process, "freeze:RANK@STEP" raises SIGSTOP
 // (every thread stops: a rank that no longer makes MPI progress), "device_error:RANK@STEP" throws the device
-// error a failing GPU gives (exit code 7). "...@STEP@NODE" strikes only where the rank runs on NODE
+// error a failing GPU gives (exit code 7), "mce:RANK@STEP" sends the rank the SIGBUS (BUS_MCEERR_AR) the kernel
+// sends on an uncorrectable host memory error. "...@STEP@NODE" strikes only where the rank runs on NODE
 // (failure_record::node_name: Slurm's node name, else the host name): a bad node, gone once the job moves.
 struct RankFault {
-  enum class Kind { Stall, Kill, Freeze, DeviceError };
+  enum class Kind { Stall, Kill, Freeze, DeviceError, MachineCheck };
   Kind kind = Kind::Stall;
   int rank = 0;
   int64_t step = 1;
   std::string node;  // "" = on any node
 };
-const char* rank_fault_name(RankFault::Kind k);  // "stall", "kill", "freeze", "device_error"
+const char* rank_fault_name(RankFault::Kind k);  // "stall", "kill", "freeze", "device_error", "mce"
 
 // Faults injected for tests, from SHARDTRAIN_FAULT (docs/training.md): faults separated by ';', each
 // "nan_grad:3,5,7-9" (a NaN in every rank's gradient shard after the backward of those steps),
