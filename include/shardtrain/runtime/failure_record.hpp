@@ -4,7 +4,9 @@
 //   {"exit_code":10,"kind":"collective timeout","rank":0,"node":"gpu017","step":12,"restartable":true,
 //    "suspect_nodes":["gpu018"],"message":"..."}
 // Records are written only once enable() has run (the trainer does, when the run directory exists), by
-// each rank that logs the job's fatal error; writing never throws. docs/cluster.md, "Restarts after a failure".
+// each rank that logs the job's fatal error; writing never throws. enable() also installs handlers for
+// SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT that write a "crash" record (naming the node only for a machine
+// check, SIGBUS with BUS_MCEERR_AR/AO) and pass the signal on. docs/cluster.md, "Restarts after a failure".
 #pragma once
 
 #include <mpi.h>
@@ -21,8 +23,8 @@ namespace shardtrain::failure_record {
 // allocation), else the host name. A job script excludes nodes by these names.
 std::string node_name();
 
-// Collective over `world`: gathers every rank's node name (so a rank can name the nodes of others) and
-// records that failures go to run_dir/failures/.
+// Collective over `world`: gathers every rank's node name (so a rank can name the nodes of others), records
+// that failures go to run_dir/failures/, and prepares the crash record and its signal handlers.
 void enable(const std::string& run_dir, MPI_Comm world);
 void disable();  // tests
 
