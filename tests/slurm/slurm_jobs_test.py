@@ -20,9 +20,11 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 5. A fault in the run, not the machine: a rank that stops answering at step 3 on every node
    (SHARDTRAIN_FAULT=stall:1@3): the hang watchdog ends the job with exit code 10 within seconds of its
    timeout; the job restarts once, elsewhere, fails at step 3 again, and stops there (FAILED 10:0).
-6. The multi-node script (srun, PMIx) with the device error on node1: srun passes the rank's exit code 7 on;
-   the partition has no node to spare for a 2-node job, so the job restarts without excluding node1,
-   resumes from step 8, fails at step 12 again and stops (FAILED 7:0).
+6. The multi-node script (srun, PMIx) with a machine check on node1 (SHARDTRAIN_FAULT=mce:1@12@node1: the
+   SIGBUS the kernel sends on an uncorrectable memory error): srun reports 137 (the highest of its tasks'
+   statuses: the peers it killed), the rank's crash record names node1, but the partition has no node to spare
+   for a 2-node job, so the job restarts without excluding it, resumes from step 8, dies at step 12 again and
+   stops (FAILED 137:0).
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import json
 import subprocess
@@ -266,16 +268,16 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
           f"restarted once without node1, then stopped: {out[-3000:]}")
     check(elapsed < 150, f"the stalled job took {elapsed:.0f} s; two runs that each end seconds after the 3 s timeout, and one requeue")
 
-    # ---- 6. 2 nodes through srun, the device error on node1: no node to spare, one restart, then it stops ------
+    # ---- 6. 2 nodes through srun, a machine check on node1: no node to spare, one restart, then it stops ------
     spare_dir = os.path.join(work, "no-spare-node")
-    job = slurm.sbatch([*sbatch_opts("no-spare-node"), multi], job_env(RUN_DIR=spare_dir, SHARDTRAIN_FAULT="device_error:1@12@node1"))
+    job = slurm.sbatch([*sbatch_opts("no-spare-node"), multi], job_env(RUN_DIR=spare_dir, SHARDTRAIN_FAULT="mce:1@12@node1"))
     info = slurm.wait(job, timeout=300)
     out = output(info)
-    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "7:0" and info.get("Restarts") == "1"
+    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "137:0" and info.get("Restarts") == "1"
           and info.get("ExcNodeList") == "(null)",
-          f"2 nodes, node1 failing: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')}: {out[-3000:]}")
+          f"2 nodes, a machine check on node1: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')}: {out[-3000:]}")
     check("not leaving out node1: partition debug has 2 node(s), too few for 2 without them" in out
-          and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from \S+step_0*8\b", out) is not None
+          and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from \S+step_0*8\b", out) is not None
           and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
           f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
 
