@@ -212,6 +212,9 @@ bool restartable(ExitCode code, const std::string& message) {
     case ExitCode::Comm:
     case ExitCode::Timeout: return true;
     case ExitCode::Device: return !out_of_memory(message);
+    // A save that hung (a file system that stopped answering) may well go through after a restart; a disk
+    // that is full or refuses writes stays so.
+    case ExitCode::Io: return message.find("(checkpoint.save_timeout)") != std::string::npos;
     default: return false;
   }
 }

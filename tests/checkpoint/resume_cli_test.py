@@ -272,5 +272,10 @@ for mode in ("false", "true"):
     check(r.returncode == 8 and r.stderr.count(f"{what} has not finished after 2 s (checkpoint.save_timeout)") == 1 and took < 60,
           f"a hanging save (async_save {mode}): exit {r.returncode} after {took:.1f} s: {r.stderr[-2000:]}")
     check(os.path.exists(os.path.join(ckpts, "step_00000002", "DONE")), f"step 2 intact (async_save {mode}): {os.listdir(ckpts)}")
+    # The failure record says a restart may cure it (RESTART_ON="8" in a Slurm job then requeues it; a full disk does not).
+    rec_dir = os.path.join(work, f"save_hangs_{mode}", "failures")
+    recs = [json.loads(open(os.path.join(rec_dir, f)).read()) for f in sorted(os.listdir(rec_dir))] if os.path.isdir(rec_dir) else []
+    check(recs and all(x["exit_code"] == 8 and x["restartable"] is True and x["suspect_nodes"] == [] and "(checkpoint.save_timeout)" in x["message"]
+                       for x in recs), f"the hung save's failure records (async_save {mode}): {recs}")
 
 check.finish("all checkpoint CLI checks passed")

@@ -96,6 +96,10 @@ TEST_F(FailureRecord, OnlyCommunicationTimeoutsAndDeviceFaultsAreRestartable) {
   EXPECT_TRUE(failure_record::restartable(ExitCode::Device, "uncorrectable ECC error encountered (cudaErrorECCUncorrectable)"));
   for (const char* m : {"out of memory (cudaErrorMemoryAllocation)", "resource allocation failed (CUBLAS_STATUS_ALLOC_FAILED)"})
     EXPECT_FALSE(failure_record::restartable(ExitCode::Device, m)) << m;
+  // A hung save may go through on a restart; a full disk does not empty itself.
+  EXPECT_TRUE(failure_record::restartable(
+      ExitCode::Io, "checkpoint: the save of step 4 has not finished after 2 s (checkpoint.save_timeout): the file system may ..."));
+  EXPECT_FALSE(failure_record::restartable(ExitCode::Io, "checkpoint: 3 periodic saves in a row failed: no room"));
   for (ExitCode c : {ExitCode::Internal, ExitCode::Config, ExitCode::Data, ExitCode::Checkpoint, ExitCode::Io, ExitCode::Diverged})
     EXPECT_FALSE(failure_record::restartable(c, "x")) << static_cast<int>(c);
   // A communication error names no node: the rank that reports it is usually the victim of a peer.

@@ -135,8 +135,11 @@ for name, code, env in [("off", 10, dict(RESTART_ON="")), ("no-crash", 137, dict
                         ("diverged", 9, {}), ("io", 8, {})]:
     rc, out, calls, lines = run(name, code, [record(code, 4, True, ["node1"])], **env)
     check(rc == code and not requeued(calls) and not lines, f"{name}: exit {rc}, expected {code} and no requeue: {calls}")
-rc, out, calls, lines = run("io-opt-in", 8, [record(8, 4, True, [])], RESTART_ON="8")
-check(rc == 8 and requeued(calls), f"RESTART_ON=8 restarts after an I/O error: {calls}")
+# RESTART_ON="8": a save that hung (shardtrain says restartable) restarts; a full disk (not restartable) does not.
+rc, out, calls, lines = run("io-hung-save", 8, [record(8, 4, True, [], message="checkpoint: ... (checkpoint.save_timeout): ...")], RESTART_ON="8")
+check(rc == 8 and requeued(calls), f"RESTART_ON=8 restarts after a hung save: {calls}")
+rc, out, calls, lines = run("io-disk-full", 8, [record(8, 4, False, [], message="no room for a checkpoint")], RESTART_ON="8")
+check(rc == 8 and not requeued(calls) and "a restart would repeat: no room for a checkpoint" in out, f"RESTART_ON=8, disk full: {calls}: {out}")
 
 # MAX_RESTARTS: two restarts made, a limit of 2.
 prior = ["2026-11-25T01:00:00Z job=42 restart=0 exit=7 step=12 excluded=node1", "2026-11-25T02:00:00Z job=42 restart=1 exit=10 step=30 excluded=-"]

@@ -30,8 +30,9 @@ void disable();  // tests
 
 void set_step(int64_t step);  // the step in progress, written into records (-1: none yet)
 
-// Whether a failure may go away on a restart (elsewhere): a communication error, a collective timeout, or a
-// device error other than running out of memory. Out of memory, bad input and bugs fail the same way again.
+// Whether a failure may go away on a restart (elsewhere): a communication error, a collective timeout, a
+// device error other than running out of memory, or a checkpoint save that outlasted checkpoint.save_timeout.
+// Out of memory, a full disk, bad input and bugs fail the same way again.
 bool restartable(ExitCode code, const std::string& message);
 
 // The nodes this failure points to: for a device error other than out of memory, this rank's node; for a
