@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "shardtrain/runtime/strings.hpp"
+
 namespace shardtrain::failure_record {
 namespace {
 
@@ -31,23 +33,6 @@ State& state() {
   return s;
 }
 std::atomic<int64_t> g_step{-1};
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        else out += c;
-    }
-  }
-  return out + "\"";
-}
 
 bool out_of_memory(const std::string& message) {
   for (const char* m : {"out of GPU memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory"})
@@ -147,14 +132,14 @@ void on_crash(int sig, siginfo_t* info, void*) {
 
 void prepare_crash_record(const std::string& dir, int rank, const std::string& node) {
   const std::string path = fmt::format("{}/rank_{:05d}.json", dir, rank), tmp = path + ".tmp";
-  const std::string quoted = json_string(node), fields = fmt::format("\"rank\":{},\"node\":{},", rank, quoted);
+  const std::string node_json = quoted_string(node), fields = fmt::format("\"rank\":{},\"node\":{},", rank, node_json);
   g_crash_ready.store(false);
-  if (path.size() >= sizeof g_crash.tmp - 1 || fields.size() >= sizeof g_crash.fields || quoted.size() >= sizeof g_crash.node) return;
+  if (path.size() >= sizeof g_crash.tmp - 1 || fields.size() >= sizeof g_crash.fields || node_json.size() >= sizeof g_crash.node) return;
   std::snprintf(g_crash.dir, sizeof g_crash.dir, "%s", dir.c_str());
   std::snprintf(g_crash.path, sizeof g_crash.path, "%s", path.c_str());
   std::snprintf(g_crash.tmp, sizeof g_crash.tmp, "%s", tmp.c_str());
   std::snprintf(g_crash.fields, sizeof g_crash.fields, "%s", fields.c_str());
-  std::snprintf(g_crash.node, sizeof g_crash.node, "%s", quoted.c_str());
+  std::snprintf(g_crash.node, sizeof g_crash.node, "%s", node_json.c_str());
   g_crash_ready.store(true);
   if (g_handlers_installed) return;
   g_handlers_installed = true;
@@ -239,7 +224,7 @@ std::string format(ExitCode code, const std::string& message, const std::vector<
   std::string list;
   for (const std::string& n : nodes) {
     if (!list.empty()) list += ',';
-    list += json_string(n);
+    list += quoted_string(n);
   }
   State& s = state();
   int rank = 0;
@@ -250,8 +235,8 @@ std::string format(ExitCode code, const std::string& message, const std::vector<
     node = s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)];
   }
   return fmt::format(R"({{"exit_code":{},"kind":{},"rank":{},"node":{},"step":{},"restartable":{},"suspect_nodes":[{}],"message":{}}})",
-                     static_cast<int>(code), json_string(exit_code_name(code)), rank, json_string(node),
-                     g_step.load(std::memory_order_relaxed), restartable(code, message) ? "true" : "false", list, json_string(message)) +
+                     static_cast<int>(code), quoted_string(exit_code_name(code)), rank, quoted_string(node),
+                     g_step.load(std::memory_order_relaxed), restartable(code, message) ? "true" : "false", list, quoted_string(message)) +
          "\n";
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/strings.hpp"
 
 namespace shardtrain::train {
 namespace {
@@ -151,23 +152,6 @@ FieldValue from_text(std::string_view s, const ConfigField& f, const std::string
   return {};
 }
 
-std::string toml_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(ch));
-        else out += ch;
-    }
-  }
-  return out + "\"";
-}
-
 std::string toml_value(const FieldValue& v) {
   if (auto* i = std::get_if<int64_t>(&v)) return fmt::format("{}", *i);
   if (auto* d = std::get_if<double>(&v)) {
@@ -178,9 +162,9 @@ std::string toml_value(const FieldValue& v) {
     return s;
   }
   if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
-  if (auto* s = std::get_if<std::string>(&v)) return toml_string(*s);
+  if (auto* s = std::get_if<std::string>(&v)) return quoted_string(*s);
   std::string out = "[";
-  for (const auto& s : std::get<std::vector<std::string>>(v)) out += (out.size() > 1 ? ", " : "") + toml_string(s);
+  for (const auto& s : std::get<std::vector<std::string>>(v)) out += (out.size() > 1 ? ", " : "") + quoted_string(s);
   return out + "]";
 }
 
