@@ -203,8 +203,8 @@ st_job_field() {
 # st_restart_after_failure RUN_DIR: a failed run that may succeed on a second try is requeued instead of
 # ended: its exit code is one of RESTART_ON (default "6 7 10 crash": communication error, device error,
 # collective timeout, a rank killed by a signal), none of the ranks' failure records says it is not
-# restartable (out of memory fails the same way on any node), fewer than MAX_RESTARTS (default 3) failure
-# restarts were made before, and the run got past the step where the previous failure struck (a fault that
+# restartable (out of memory fails the same way on any node), this job made fewer than MAX_RESTARTS (default 3)
+# failure restarts before, and the run got past the step where its previous failure struck (a fault that
 # strikes at the same step again is in the run, not the machine). With EXCLUDE_FAILED_NODES=1 (the default)
 # the nodes the records name (a GPU's device error, the ranks a collective timeout waited for) are left out
 # of the requeued job (ExcNodeList), when the partition still has enough nodes without them. Each restart is
@@ -222,12 +222,12 @@ st_restart_after_failure() {
   fi
   step=$(st_failure_field "$run_dir" step | sort -n | tail -n1)
   [[ -z "$step" || "$step" -lt 1 ]] && step=$(($(st_last_step "$run_dir") + 1))  # no record (a crash): the step after the last logged
-  if [[ -f "$run_dir/restarts.log" ]]; then
-    restarts=$(grep -c . "$run_dir/restarts.log")
-    previous=$(tail -n1 "$run_dir/restarts.log" | sed -n 's/.* step=\([0-9]*\).*/\1/p')
+  if [[ -f "$run_dir/restarts.log" ]]; then  # this job's lines: a run resubmitted by hand starts a fresh count
+    restarts=$(grep -c " job=$SLURM_JOB_ID " "$run_dir/restarts.log")
+    previous=$(grep " job=$SLURM_JOB_ID " "$run_dir/restarts.log" | tail -n1 | sed -n 's/.* step=\([0-9]*\).*/\1/p')
   fi
   if ((restarts >= ${MAX_RESTARTS:-3})); then
-    st_log "not restarting: $restarts restart(s) after failures already (MAX_RESTARTS=${MAX_RESTARTS:-3}); $run_dir/restarts.log lists them"
+    st_log "not restarting: job $SLURM_JOB_ID made $restarts restart(s) after failures already (MAX_RESTARTS=${MAX_RESTARTS:-3}); $run_dir/restarts.log lists them"
     return 1
   fi
   if [[ -n "${previous:-}" ]] && ((step <= previous)); then

@@ -142,12 +142,16 @@ rc, out, calls, lines = run("io-disk-full", 8, [record(8, 4, False, [], message=
 check(rc == 8 and not requeued(calls) and "a restart would repeat: no room for a checkpoint" in out, f"RESTART_ON=8, disk full: {calls}: {out}")
 
 # MAX_RESTARTS: two restarts made, a limit of 2.
-prior = ["2026-11-25T01:00:00Z job=42 restart=0 exit=7 step=12 excluded=node1", "2026-11-25T02:00:00Z job=42 restart=1 exit=10 step=30 excluded=-"]
+# An earlier job of the same run directory (a resubmission by hand) does not count: its restarts nor its step.
+prior = ["2026-11-24T01:00:00Z job=41 restart=0 exit=7 step=90 excluded=node9",
+         "2026-11-25T01:00:00Z job=42 restart=0 exit=7 step=12 excluded=node1", "2026-11-25T02:00:00Z job=42 restart=1 exit=10 step=30 excluded=-"]
 rc, out, calls, lines = run("budget", 7, [record(7, 50, True, ["node2"])], restarts_log=prior, MAX_RESTARTS="2")
-check(rc == 7 and not requeued(calls) and "not restarting: 2 restart(s) after failures already (MAX_RESTARTS=2)" in out,
+check(rc == 7 and not requeued(calls) and "not restarting: job 42 made 2 restart(s) after failures already (MAX_RESTARTS=2)" in out,
       f"MAX_RESTARTS reached: {calls}: {out}")
 rc, out, calls, lines = run("budget-left", 7, [record(7, 50, True, ["node2"])], restarts_log=prior)
-check(rc == 7 and requeued(calls) and len(lines) == 3 and "restart 3 of 3" in out, f"the third of 3: {calls}: {lines}")
+check(rc == 7 and requeued(calls) and len(lines) == 4 and "restart 3 of 3" in out, f"the third of 3: {calls}: {lines}")
+rc, out, calls, lines = run("other-job", 7, [record(7, 50, True, [])], restarts_log=prior[:1], MAX_RESTARTS="1")
+check(rc == 7 and requeued(calls) and "restart 1 of 1" in out, f"job 41's restart and its step 90 do not count for job 42: {calls}: {out}")
 
 # No progress: the same step as the previous failure (30) stops; a later one restarts.
 rc, out, calls, lines = run("same-step", 10, [record(10, 30, True, [])], restarts_log=prior)
