@@ -217,6 +217,9 @@ std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {
         for (int k = 2; fs::exists(dir); ++k) dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
       }
       fs::create_directories(dir);
+      // A resumed run's directory may hold the failure records of the run before it (failure_record.hpp). They
+      // go now, before any rank can write one of this run's: every rank enables its records after this.
+      fs::remove_all(fs::path(dir) / "failures");
     } catch (const std::exception& e) {
       error = fmt::format("logging.run_dir: cannot create '{}': {}", dir, e.what());
     }

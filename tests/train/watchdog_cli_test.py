@@ -11,7 +11,7 @@
 - failure records (RUN_DIR/failures/rank_N.json, what a Slurm job reads to restart elsewhere): the ranks run
   as two named nodes (SLURMD_NODENAME per rank); a stalled or frozen rank 1 makes rank 0's record name rank 1's
   node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
-  device_error:1@3@nodeC (no such node) never fires; mce:1@3@nodeB (SIGBUS with BUS_MCEERR_AR, a machine check)
+  device_error:1@3@nodeC (no such node) never fires; the next run in a directory removes the last one's records; mce:1@3@nodeB (SIGBUS with BUS_MCEERR_AR, a machine check)
   kills rank 1 with the signal, and its handler's crash record names nodeB; a healthy run, a bad config and a
   rank killed with SIGKILL leave none."""
 import os
@@ -31,7 +31,7 @@ work = clitest.fresh_workdir(args)
 tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
 
 
-def train(name, np=2, fault=None, extra=(), nodes=None):
+def train(name, np=2, fault=None, extra=(), nodes=None, fresh=True):
     """nodes: one Slurm node name per rank (SLURMD_NODENAME, set per rank through mpirun's MPMD form)."""
     env = dict(os.environ)
     env.pop("SHARDTRAIN_FAULT", None)
@@ -52,7 +52,8 @@ def train(name, np=2, fault=None, extra=(), nodes=None):
             cmd += ([":"] if i else []) + ["-np", "1", "-x", f"SLURMD_NODENAME={node}", *program]
     else:
         cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), *program]
-    shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+    if fresh:
+        shutil.rmtree(os.path.join(work, name), ignore_errors=True)
     start = time.time()
     p = subprocess.run(cmd, cwd=args.source, env=env, capture_output=True, text=True, timeout=240)
     secs = time.time() - start
@@ -166,6 +167,10 @@ r = recs.get(0, {})
 check(r.get("exit_code") == 10 and r.get("kind") == "collective timeout" and r.get("node") == "nodeA" and r.get("step") == 3
       and r.get("restartable") is True and r.get("suspect_nodes") == ["nodeB"] and "ranks that did not arrive: 1" in r.get("message", ""),
       f"rank 0's record names rank 1's node: {r}")
+
+# The next run in the same directory starts without the last one's records.
+rc, err, _ = train("rec-stalled", nodes=two_nodes, fresh=False)
+check(rc == 0 and not os.path.exists(os.path.join(work, "rec-stalled", "failures")), f"a new run clears the old records: exit {rc}")
 
 rc, err, _ = train("rec-frozen", fault="freeze:1@3", nodes=two_nodes)
 r = records("rec-frozen").get(0, {})
