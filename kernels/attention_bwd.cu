@@ -146,31 +146,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dkdv_kernel(Backwar
 
       // s^T = k (q * scale)^T and dp^T = v dout^T for this thread's (RI x CJ) entries.
       float s[RI][CJ], dp[RI][CJ];
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int j = 0; j < CJ; ++j) s[i][j] = dp[i][j] = 0.f;
-#pragma unroll 8
-      for (int c = 0; c < DMAX; ++c) {
-        float ka[RI], va[RI], qb[CJ], db[CJ];
-#pragma unroll
-        for (int i = 0; i < RI; ++i) {
-          ka[i] = k_s[(ty + 16 * i) * kLd + c];
-          va[i] = v_s[(ty + 16 * i) * kLd + c];
-        }
-#pragma unroll
-        for (int j = 0; j < CJ; ++j) {
-          qb[j] = q_s[(tx + 16 * j) * kLd + c];
-          db[j] = do_s[(tx + 16 * j) * kLd + c];
-        }
-#pragma unroll
-        for (int i = 0; i < RI; ++i)
-#pragma unroll
-          for (int j = 0; j < CJ; ++j) {
-            s[i][j] = fmaf(ka[i], qb[j], s[i][j]);
-            dp[i][j] = fmaf(va[i], db[j], dp[i][j]);
-          }
-      }
+      dual_tile_products<DMAX>(k_s, v_s, q_s, do_s, tx, ty, s, dp);
 #pragma unroll
       for (int i = 0; i < RI; ++i)
 #pragma unroll
@@ -292,32 +268,9 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
     load_tile<DMAX, kCols>(v_s, a.v + kv_off, kv_stride, k0, col_seg, a.head_dim, 1.f);
     simt::sync();
 
+    // s = (q * scale) k^T and dp = dout v^T for this thread's (RI x CJ) entries.
     float s[RI][CJ], dp[RI][CJ];
-#pragma unroll
-    for (int i = 0; i < RI; ++i)
-#pragma unroll
-      for (int j = 0; j < CJ; ++j) s[i][j] = dp[i][j] = 0.f;
-#pragma unroll 8
-    for (int c = 0; c < DMAX; ++c) {
-      float qa[RI], da[RI], kb[CJ], vb[CJ];
-#pragma unroll
-      for (int i = 0; i < RI; ++i) {
-        qa[i] = q_s[(ty + 16 * i) * kLd + c];
-        da[i] = do_s[(ty + 16 * i) * kLd + c];
-      }
-#pragma unroll
-      for (int j = 0; j < CJ; ++j) {
-        kb[j] = k_s[(tx + 16 * j) * kLd + c];
-        vb[j] = v_s[(tx + 16 * j) * kLd + c];
-      }
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int j = 0; j < CJ; ++j) {
-          s[i][j] = fmaf(qa[i], kb[j], s[i][j]);
-          dp[i][j] = fmaf(da[i], vb[j], dp[i][j]);
-        }
-    }
+    dual_tile_products<DMAX>(q_s, do_s, k_s, v_s, tx, ty, s, dp);
 #pragma unroll
     for (int i = 0; i < RI; ++i) {
       const int r = ty + 16 * i;
@@ -330,19 +283,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
     }
     simt::sync();
 
-    // dq += ds k
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float sa[RI], kb[DJ];
-#pragma unroll
-      for (int i = 0; i < RI; ++i) sa[i] = ds_s[(ty + 16 * i) * kPLd + c];
-#pragma unroll
-      for (int d = 0; d < DJ; ++d) kb[d] = k_s[c * kLd + tx + 16 * d];
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int d = 0; d < DJ; ++d) dq[i][d] = fmaf(sa[i], kb[d], dq[i][d]);
-    }
+    accumulate_tile<DMAX>(ds_s, k_s, tx, ty, dq);  // dq += ds k
     simt::sync();  // step boundary (redundant with the next step's first barrier; kept for clarity)
   }
 

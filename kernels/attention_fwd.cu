@@ -155,19 +155,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_forward_kernel(ForwardArgs<T
     }
     simt::sync();
 
-    // o += p v
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float pa[RI], vb[DJ];
-#pragma unroll
-      for (int i = 0; i < RI; ++i) pa[i] = p_s[(ty + 16 * i) * kPLd + c];
-#pragma unroll
-      for (int d = 0; d < DJ; ++d) vb[d] = v_s[c * kLd + tx + 16 * d];
-#pragma unroll
-      for (int i = 0; i < RI; ++i)
-#pragma unroll
-        for (int d = 0; d < DJ; ++d) o[i][d] = fmaf(pa[i], vb[d], o[i][d]);
-    }
+    accumulate_tile<DMAX>(p_s, v_s, tx, ty, o);  // o += p v
     // The next step rewrites k_s, v_s, p_s only after its first barrier, so this one is not strictly
     // needed; it keeps each step self-contained (one barrier per step, cheap beside the tile math).
     simt::sync();

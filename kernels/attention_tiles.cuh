@@ -39,6 +39,59 @@ ST_DEV void load_tile(float* tile, const T* __restrict__ src, int64_t stride, in
   }
 }
 
+// Two (RI x CJ) register tiles of dot products over DMAX at once, for the backward kernels: with row i the
+// tile row ty + 16 i and column j the tile column tx + 16 j (tiles of leading dimension DMAX + 1),
+//   s[i][j] = a0[row i] . b0[col j]   and   dp[i][j] = a1[row i] . b1[col j].
+template <int DMAX, int RI, int CJ>
+ST_DEV void dual_tile_products(const float* a0, const float* a1, const float* b0, const float* b1, int tx, int ty,
+                               float (&s)[RI][CJ], float (&dp)[RI][CJ]) {
+  constexpr int kLd = DMAX + 1;
+#pragma unroll
+  for (int i = 0; i < RI; ++i)
+#pragma unroll
+    for (int j = 0; j < CJ; ++j) s[i][j] = dp[i][j] = 0.f;
+#pragma unroll 8
+  for (int c = 0; c < DMAX; ++c) {
+    float x0[RI], x1[RI], y0[CJ], y1[CJ];
+#pragma unroll
+    for (int i = 0; i < RI; ++i) {
+      x0[i] = a0[(ty + 16 * i) * kLd + c];
+      x1[i] = a1[(ty + 16 * i) * kLd + c];
+    }
+#pragma unroll
+    for (int j = 0; j < CJ; ++j) {
+      y0[j] = b0[(tx + 16 * j) * kLd + c];
+      y1[j] = b1[(tx + 16 * j) * kLd + c];
+    }
+#pragma unroll
+    for (int i = 0; i < RI; ++i)
+#pragma unroll
+      for (int j = 0; j < CJ; ++j) {
+        s[i][j] = fmaf(x0[i], y0[j], s[i][j]);
+        dp[i][j] = fmaf(x1[i], y1[j], dp[i][j]);
+      }
+  }
+}
+
+// acc[i][d] += sum over the kCols columns c of p[row i][c] * m[c][tx + 16 d]: a (kRows, kCols) tile p of leading
+// dimension kPLd (probabilities, or their gradients) times kCols rows of a (kCols, DMAX + 1) tile m.
+template <int DMAX, int RI, int DJ>
+ST_DEV void accumulate_tile(const float* p, const float* m, int tx, int ty, float (&acc)[RI][DJ]) {
+  constexpr int kLd = DMAX + 1;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    float pa[RI], mb[DJ];
+#pragma unroll
+    for (int i = 0; i < RI; ++i) pa[i] = p[(ty + 16 * i) * kPLd + c];
+#pragma unroll
+    for (int d = 0; d < DJ; ++d) mb[d] = m[c * kLd + tx + 16 * d];
+#pragma unroll
+    for (int i = 0; i < RI; ++i)
+#pragma unroll
+      for (int d = 0; d < DJ; ++d) acc[i][d] = fmaf(pa[i], mb[d], acc[i][d]);
+  }
+}
+
 // The shapes the kernels' grids and int indexing can take; head_dim at most 128 (the largest DMAX).
 inline void check_dims(const AttentionDims& d, const char* op) {
   const bool ok = d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 &&
