@@ -200,6 +200,18 @@ st_job_field() {
   printf '%s\n' "$v"
 }
 
+# st_check_restart_settings SCRIPT: RESTART_ON, MAX_RESTARTS and EXCLUDE_FAILED_NODES hold what
+# st_restart_after_failure understands; a typo would otherwise turn restarts off without a word, hours later.
+st_check_restart_settings() {
+  local word
+  for word in ${RESTART_ON-6 7 10 crash}; do
+    [[ "$word" =~ ^([1-9]|10|crash)$ ]] ||
+      st_die 3 "RESTART_ON=${RESTART_ON-}: '$word' is not an exit code from 1 to 10 or 'crash' (set at the top of $1 or in the environment of sbatch)"
+  done
+  [[ "${MAX_RESTARTS:-3}" =~ ^[0-9]+$ ]] || st_die 3 "MAX_RESTARTS=$MAX_RESTARTS: expected a whole number (0 = never restart after a failure)"
+  [[ "${EXCLUDE_FAILED_NODES:-1}" =~ ^[01]$ ]] || st_die 3 "EXCLUDE_FAILED_NODES=$EXCLUDE_FAILED_NODES: expected 1 (leave out the node at fault) or 0"
+}
+
 # st_restart_after_failure RUN_DIR: a failed run that may succeed on a second try is requeued instead of
 # ended: its exit code is one of RESTART_ON (default "6 7 10 crash": communication error, device error,
 # collective timeout, a rank killed by a signal), none of the ranks' failure records says it is not
@@ -378,6 +390,7 @@ st_train_job() {
   st_require_slurm
   st_require_vars "$script" CONFIG RUN_DIR CHECKPOINT_DIR
   st_require_file CONFIG
+  st_check_restart_settings "$script"
   st_setup
   st_ranks_per_node
   if [[ "$single" == --single-node ]] && ((SLURM_JOB_NUM_NODES != 1)); then

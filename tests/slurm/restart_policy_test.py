@@ -4,7 +4,8 @@ case, in seconds and without root: lib.sh is sourced by bash with scontrol and s
 record each call and answer as Slurm would (the job's Partition and ExcNodeList, a partition's node count;
 `scontrol requeue` signals the batch script with SIGTERM, as Slurm does). The run directory holds the
 failure records shardtrain writes (failures/rank_N.json), metrics.jsonl and restarts.log. Every case checks
-the exit code, whether the job was requeued, which nodes it leaves out and the line it logs.
+the exit code, whether the job was requeued, which nodes it leaves out and the line it logs. Bad values of
+RESTART_ON, MAX_RESTARTS and EXCLUDE_FAILED_NODES end the job at its start, naming the variable.
 slurm_jobs_test.py runs the two main cases on a real Slurm."""
 import json
 import os
@@ -165,6 +166,23 @@ rc, out, calls, lines = run("refused", 7, [record(7, 12, True, ["node1"])], FAKE
 check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue)" in out and excluded(calls) == []
       and not lines,
       f"requeue refused: exit {rc}: {calls}: {out}")
+
+# The settings are checked when the job starts (st_check_restart_settings): one line naming the variable, exit 3.
+for env, message in [(dict(RESTART_ON="6 7 11"), "RESTART_ON=6 7 11: '11' is not an exit code from 1 to 10 or 'crash'"),
+                     (dict(RESTART_ON="crash,7"), "'crash,7' is not an exit code"),
+                     (dict(MAX_RESTARTS="three"), "MAX_RESTARTS=three: expected a whole number"),
+                     (dict(EXCLUDE_FAILED_NODES="yes"), "EXCLUDE_FAILED_NODES=yes: expected 1")]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
+    e.update(env, SLURM_JOB_ID="42")
+    p = subprocess.run(["bash", "-c", f'source "{LIB}"; st_check_restart_settings job.sbatch; echo accepted'], env=e,
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode == 3 and message in p.stderr and "accepted" not in p.stdout, f"{env}: exit {p.returncode}: {p.stderr}")
+for env in [{}, dict(RESTART_ON=""), dict(RESTART_ON="6 7 8 10 crash", MAX_RESTARTS="0", EXCLUDE_FAILED_NODES="0")]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
+    e.update(env, SLURM_JOB_ID="42")
+    p = subprocess.run(["bash", "-c", f'source "{LIB}"; st_check_restart_settings job.sbatch; echo accepted'], env=e,
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode == 0 and p.stdout.strip() == "accepted", f"{env} is accepted: {p.returncode}: {p.stderr}")
 
 if failures:
     print(f"{len(failures)} check(s) failed")
