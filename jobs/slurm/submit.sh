@@ -25,6 +25,7 @@ if [[ "${PREFLIGHT:-1}" != 0 ]]; then
     { echo "error: SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)" >&2; exit 3; }
   # shellcheck source=jobs/slurm/lib.sh
   source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
+  st_check_restart_settings "$script"  # RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, as the job will read them
   [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
   # The allocation the job asks for (its #SBATCH lines and these options), so that the mesh and the batch
   # split are checked too: HYBRID_SHARD's shard groups, a global batch the ranks cannot divide.

@@ -184,6 +184,13 @@ for env in [{}, dict(RESTART_ON=""), dict(RESTART_ON="6 7 8 10 crash", MAX_RESTA
                        capture_output=True, text=True, timeout=30)
     check(p.returncode == 0 and p.stdout.strip() == "accepted", f"{env} is accepted: {p.returncode}: {p.stderr}")
 
+# submit.sh checks them before anything is queued (its preflight; sbatch is never reached).
+e = {k: v for k, v in os.environ.items() if not k.startswith(("RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED", "SLURM"))}
+e.update(MAX_RESTARTS="-1", CONFIG="configs/tiny-cpu.toml", SHARDTRAIN_HOME=os.path.join(HERE, "..", ".."), SHARDTRAIN_BIN="/bin/true", PATH="/usr/bin:/bin")
+p = subprocess.run([os.path.join(HERE, "..", "..", "jobs", "slurm", "submit.sh"), os.path.join(HERE, "..", "..", "jobs", "slurm", "train-single-node.sbatch")],
+                   env=e, capture_output=True, text=True, timeout=30)
+check(p.returncode == 3 and "MAX_RESTARTS=-1: expected a whole number" in p.stderr, f"submit.sh with MAX_RESTARTS=-1: exit {p.returncode}: {p.stderr}")
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)
