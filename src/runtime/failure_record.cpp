@@ -219,7 +219,10 @@ std::vector<std::string> suspects(ExitCode code, const std::string& message, con
   return out;
 }
 
-std::string format(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks) {
+namespace {
+
+// This rank's record: one line of JSON.
+std::string record_line(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks) {
   const std::vector<std::string> nodes = suspects(code, message, suspect_ranks);
   std::string list;
   for (const std::string& n : nodes) {
@@ -240,6 +243,8 @@ std::string format(ExitCode code, const std::string& message, const std::vector<
          "\n";
 }
 
+}  // namespace
+
 void write(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks) {
   std::string dir;
   int rank = 0;
@@ -251,7 +256,7 @@ void write(ExitCode code, const std::string& message, const std::vector<int>& su
   }
   if (dir.empty()) return;
   try {
-    const std::string line = format(code, message, suspect_ranks);
+    const std::string line = record_line(code, message, suspect_ranks);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     const std::string path = fmt::format("{}/rank_{:05d}.json", dir, rank), tmp = path + ".tmp";

@@ -11,9 +11,9 @@
 - failure records (RUN_DIR/failures/rank_N.json, what a Slurm job reads to restart elsewhere): the ranks run
   as two named nodes (SLURMD_NODENAME per rank); a stalled or frozen rank 1 makes rank 0's record name rank 1's
   node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
-  device_error:1@3@nodeC (no such node) never fires; the next run in a directory removes the last one's records; mce:1@3@nodeB (SIGBUS with BUS_MCEERR_AR, a machine check)
-  kills rank 1 with the signal, and its handler's crash record names nodeB; a healthy run, a bad config and a
-  rank killed with SIGKILL leave none."""
+  device_error:1@3@nodeC (no such node) never fires; the next run in a directory removes the last one's
+  records; mce:1@3@nodeB (SIGBUS with BUS_MCEERR_AR, a machine check) kills rank 1 with the signal, and its
+  handler's crash record names nodeB; a healthy run, a bad config and a rank killed with SIGKILL leave none."""
 import os
 import json
 import re

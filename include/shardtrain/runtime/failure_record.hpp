@@ -42,7 +42,4 @@ std::vector<std::string> suspects(ExitCode code, const std::string& message, con
 // Writes this rank's record (atomically: a temporary file, then rename). No-op before enable().
 void write(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks = {});
 
-// The record's line, without writing it (tests).
-std::string format(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks);
-
 }  // namespace shardtrain::failure_record
