@@ -224,15 +224,23 @@ class MiniSlurm:
     def wait(self, job_id, timeout, until=None):
         """Polls until the job reaches a final state (or `until(info)` holds); returns the job's fields."""
         deadline = time.time() + timeout
+        held_since = None  # when this wait first saw the job held for its requeue delay
         while True:
             info = self.job(job_id)
             if (until and until(info)) or (not until and info.get("JobState") in FINAL_STATES):
                 return info
             if time.time() > deadline:
                 raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout} s")
-            if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime" and not self._steps_alive(job_id):
-                # A requeued job waits two minutes before it may start again; a test starts it as soon as the
-                # previous run's step daemons have exited (as they have long done on a cluster after two minutes).
+            held = info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
+            if not held:
+                held_since = None
+            elif held_since is None:
+                held_since = time.time()
+            if held and time.time() - held_since >= 2 and not self._steps_alive(job_id):
+                # A requeued job waits two minutes before it may start again; a test starts it once the previous
+                # run's step daemons have exited (as they have long done on a cluster after two minutes), and not in
+                # the second of the requeue: slurmd counts a credential made in the second its job's credentials were
+                # revoked as revoked too ("Job credential revoked"), and the batch job would fail to start.
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=self.env, capture_output=True)
             time.sleep(0.5)
 
