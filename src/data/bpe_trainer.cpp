@@ -91,10 +91,10 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
         try {
           pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex.code(), nullptr);
           for (size_t i; (i = next.fetch_add(1)) < files.size();) {
-            for (const auto& doc : read_documents(files[i], options.documents)) {
+            for_each_document(files[i], options.documents, [&](std::string&& doc) {  // streamed: files of any size
               count_words(regex, doc, partial[static_cast<size_t>(t)], md);
               bytes += doc.size();
-            }
+            });
             bar.advance(1);
           }
           pcre2_match_data_free(md);

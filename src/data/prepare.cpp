@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/parquet.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -29,7 +30,8 @@ InputFormat parse_input_format(const std::string& s) {
   if (s == "auto") return InputFormat::Auto;
   if (s == "text" || s == "txt") return InputFormat::Text;
   if (s == "jsonl" || s == "json") return InputFormat::Jsonl;
-  throw UsageError(fmt::format("unknown input format '{}': expected auto, text or jsonl", s));
+  if (s == "parquet") return InputFormat::Parquet;
+  throw UsageError(fmt::format("unknown input format '{}': expected auto, text, jsonl or parquet", s));
 }
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
@@ -39,8 +41,14 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
     std::error_code ec;
     if (fs::is_directory(in, ec)) {
       std::vector<std::string> found;
-      for (const auto& e : fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink))
-        if (e.is_regular_file()) found.push_back(e.path().string());
+      for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink);
+           it != fs::recursive_directory_iterator(); ++it) {
+        if (it->path().filename().string().starts_with(".")) {
+          if (it->is_directory()) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_regular_file()) found.push_back(it->path().string());
+      }
       if (found.empty()) throw DataError(fmt::format("{}: folder has no files", in));
       std::sort(found.begin(), found.end());
       out.insert(out.end(), found.begin(), found.end());
@@ -53,12 +61,51 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   return out;
 }
 
+namespace {
+
+InputFormat format_of(const std::string& path, const DocumentOptions& options) {
+  if (options.format != InputFormat::Auto) return options.format;
+  const auto ext = std::filesystem::path(path).extension().string();
+  if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return InputFormat::Jsonl;
+  if (ext == ".parquet") return InputFormat::Parquet;
+  return InputFormat::Text;
+}
+
+// A Parquet file's text column, row by row; a null text is an error, as a missing JSONL field is.
+void for_each_parquet_document(const std::string& path, const std::string& column,
+                               const std::function<void(std::string&& document)>& emit) {
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) == 0 && !ec) throw DataError(fmt::format("{}: input file is empty", path));
+  const auto file = ParquetFile::open(path);
+  const auto& text = file.string_column(column);
+  int64_t row = 0;
+  file.for_each_string(text, [&](std::optional<std::string_view> value) {
+    if (!value)
+      throw DataError(fmt::format("{}: row {}: column \"{}\" is null (every row needs a text)", path, row, column));
+    ++row;
+    emit(std::string(*value));
+  });
+  if (row == 0) throw DataError(fmt::format("{}: no rows", path));
+}
+
+}  // namespace
+
+uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
+  if (format_of(path, options) == InputFormat::Parquet) {
+    const auto file = ParquetFile::open(path);
+    return file.uncompressed_bytes(file.string_column(options.text_field));
+  }
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
 void for_each_document(const std::string& path, const DocumentOptions& options,
                        const std::function<void(std::string&& document)>& emit) {
-  InputFormat format = options.format;
-  if (format == InputFormat::Auto) {
-    const auto ext = std::filesystem::path(path).extension().string();
-    format = ext == ".jsonl" || ext == ".json" || ext == ".ndjson" ? InputFormat::Jsonl : InputFormat::Text;
+  const InputFormat format = format_of(path, options);
+  if (format == InputFormat::Parquet) {
+    for_each_parquet_document(path, options.text_field, emit);
+    return;
   }
   if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document
     std::string text = detail::read_file(path);
@@ -154,11 +201,10 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
 
   PrepareSummary summary;
   summary.files = files.size();
-  uint64_t file_bytes = 0;
-  for (const auto& f : files) {
-    std::error_code ec;
-    file_bytes += fs::file_size(f, ec);
-  }
+  // The progress bar counts text: a Parquet file's what its text column decompresses to, the others' their size.
+  std::vector<uint64_t> file_text(files.size());
+  uint64_t total_text = 0;
+  for (size_t i = 0; i < files.size(); ++i) total_text += file_text[i] = document_bytes_estimate(files[i], options.documents);
 
   // Pass 1: documents in batches of about batch_bytes of text, tokenized on all cores, their ids appended to
   // a temporary file beside the output (removed however this ends) and their lengths to the offsets.
@@ -180,7 +226,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::vector<std::vector<TokenId>> ids;
   size_t batch_text = 0;
   {
-    ProgressBar bar({.label = "tokenize", .total = file_bytes, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
+    ProgressBar bar({.label = "tokenize", .total = total_text, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
     auto flush = [&] {
       if (batch.empty()) return;
       const auto t1 = std::chrono::steady_clock::now();
@@ -195,9 +241,9 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
       batch.clear();
       batch_text = 0;
     };
-    for (const auto& f : files) {
+    for (size_t i = 0; i < files.size(); ++i) {
       uint64_t text = 0;
-      for_each_document(f, options.documents, [&](std::string&& d) {
+      for_each_document(files[i], options.documents, [&](std::string&& d) {
         if (d.empty()) {
           ++summary.empty_documents_skipped;
           return;
@@ -208,9 +254,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         if (batch_text >= options.batch_bytes) flush();
       });
       summary.bytes += text;
-      std::error_code ec;
-      const uint64_t size = fs::file_size(f, ec);
-      bar.advance(size > text ? size - text : 0);  // what of the file is not document text (JSON, blank lines)
+      bar.advance(file_text[i] > text ? file_text[i] - text : 0);  // what the estimate counted beyond the text
     }
     flush();
     bar.finish();

@@ -1,0 +1,347 @@
+// Parquet inputs: files written by two independent writers (arrow-rs through parquet-wasm, and
+// hyparquet-writer; tests/data/write_parquet.mjs) in every codec, data page version and string encoding
+// read back exactly, nulls and empty strings included; prepare-data from Parquet gives the dataset JSONL
+// gives; and bad files (truncated, not Parquet, mutated bytes, null texts, missing or non-string columns)
+// are DataErrors that name the file, never crashes.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "data_test_util.hpp"
+#include "shardtrain/data/bpe_trainer.hpp"
+#include "shardtrain/data/parquet.hpp"
+#include "shardtrain/data/prepare.hpp"
+
+namespace shardtrain::data {
+namespace {
+
+namespace fs = std::filesystem;
+using Texts = std::vector<std::optional<std::string>>;
+
+// Runs write_parquet.mjs on `texts` for each file spec (JSON objects; "path" is filled in from "name").
+std::vector<std::string> write_parquet(const Texts& texts, std::vector<nlohmann::json> files) {
+  nlohmann::json spec;
+  spec["texts"] = nlohmann::json::array();
+  for (const auto& t : texts) spec["texts"].push_back(t ? nlohmann::json(*t) : nlohmann::json(nullptr));
+  std::vector<std::string> paths;
+  for (auto& f : files) {
+    f["path"] = testing::tmp_path(f["name"].get<std::string>() + ".parquet").string();
+    paths.push_back(f["path"]);
+  }
+  spec["files"] = files;
+  const auto spec_path = testing::tmp_path("parquet-spec.json");
+  std::ofstream(spec_path, std::ios::binary) << spec.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  const auto script = fs::path(SHARDTRAIN_SOURCE_DIR) / "tests" / "data" / "write_parquet.mjs";
+  const std::string cmd = "node '" + script.string() + "' '" + testing::fetched_dir().string() + "' '" + spec_path.string() + "'";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    ADD_FAILURE() << "the Parquet writers failed (rc " << rc << "): " << cmd;
+    return {};
+  }
+  return paths;
+}
+
+Texts read_column(const std::string& path, const std::string& column, ParquetReadStats* stats = nullptr) {
+  const auto file = ParquetFile::open(path);
+  Texts out;
+  file.for_each_string(
+      file.string_column(column), [&](std::optional<std::string_view> v) { out.push_back(v ? std::optional<std::string>(*v) : std::nullopt); },
+      stats);
+  return out;
+}
+
+// Real prose in sentences and lines of every length, repeated ones (so dictionaries form), the hand-made edge cases,
+// nulls, empty strings, and one text longer than a page.
+Texts sample_texts() {
+  Texts out;
+  size_t k = 0;
+  for (const auto& doc : testing::real_texts(400'000)) {
+    for (size_t begin = 0, end; begin < doc.size(); begin = end) {  // sentences and lines, with their ends
+      end = std::min(doc.find('\n', begin), doc.find(". ", begin));
+      end = end == std::string::npos ? doc.size() : end + 1;
+      out.emplace_back(doc.substr(begin, end - begin));
+      if (++k % 37 == 0) out.emplace_back(std::nullopt);
+      if (k % 41 == 0) out.emplace_back("");
+      if (k % 29 == 0) out.emplace_back("Applause.");
+    }
+  }
+  for (const auto& e : testing::edge_texts()) out.emplace_back(e);
+  std::string long_text;
+  for (const auto& doc : testing::real_texts(300'000)) long_text += doc;
+  out.emplace_back(long_text);
+  out.emplace_back(std::string("a NUL \x00 inside", 15));
+  return out;
+}
+
+size_t pages_matching(const ParquetReadStats& s, const std::string& part) {
+  size_t n = 0;
+  for (const auto& [kind, count] : s.pages)
+    if (kind.find(part) != std::string::npos) n += count;
+  return n;
+}
+
+std::string describe(const ParquetReadStats& s) {
+  std::string out;
+  for (const auto& [kind, count] : s.pages) out += fmt::format("{} x{}; ", kind, count);
+  return out;
+}
+
+TEST(Parquet, EveryCodecPageVersionAndEncodingReadsBackExactly) {
+  if (!testing::require_fetched()) return;
+  const Texts texts = sample_texts();
+  ASSERT_GT(texts.size(), 2000u);
+  struct Case {
+    nlohmann::json spec;
+    std::string column = "text";
+    std::vector<std::string> pages;  // kinds of page the file must have made the reader go through
+  };
+  std::vector<Case> cases;
+  // arrow-rs: each codec, data pages v1 and v2, small pages and row groups so that every file has many of
+  // both and its dictionaries overflow into the fallback encoding.
+  for (const char* codec : {"UNCOMPRESSED", "SNAPPY", "GZIP", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW"}) {
+    for (int version : {1, 2}) {
+      cases.push_back({{{"name", fmt::format("arrow-{}-v{}", codec, version)}, {"writer", "arrow-rs"}, {"compression", codec},
+                        {"version", version}, {"row_group_size", 700}, {"page_bytes", 16384}},
+                       "text",
+                       {fmt::format("DICTIONARY_PAGE PLAIN {}", codec),
+                        fmt::format("{} RLE_DICTIONARY {}", version == 1 ? "DATA_PAGE" : "DATA_PAGE_V2", codec)}});
+    }
+  }
+  // Without dictionaries: each string encoding, both page versions.
+  for (const char* encoding : {"PLAIN", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY"}) {
+    for (int version : {1, 2}) {
+      cases.push_back({{{"name", fmt::format("arrow-{}-v{}", encoding, version)}, {"writer", "arrow-rs"}, {"compression", "ZSTD"},
+                        {"version", version}, {"dictionary", false}, {"encoding", encoding}, {"page_bytes", 32768}},
+                       "text",
+                       {fmt::format("{} {} ZSTD", version == 1 ? "DATA_PAGE" : "DATA_PAGE_V2", encoding)}});
+    }
+  }
+  // fineweb's layout (the text among other columns) and a text inside a struct.
+  cases.push_back({{{"name", "arrow-fineweb"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}, {"row_group_size", 1000}},
+                   "text", {"DATA_PAGE RLE_DICTIONARY SNAPPY"}});
+  cases.push_back({{{"name", "arrow-nested"}, {"writer", "arrow-rs"}, {"columns", "nested"}, {"version", 2}}, "meta.text",
+                   {"DATA_PAGE_V2"}});
+  // hyparquet-writer: its defaults (snappy, v2 pages), the fineweb layout, uncompressed and delta-encoded.
+  cases.push_back({{{"name", "hyparquet"}, {"writer", "hyparquet"}, {"row_group_size", 900}}, "text", {"DATA_PAGE_V2"}});
+  cases.push_back({{{"name", "hyparquet-fineweb"}, {"writer", "hyparquet"}, {"columns", "fineweb"}}, "text", {"SNAPPY"}});
+  cases.push_back({{{"name", "hyparquet-plain"}, {"writer", "hyparquet"}, {"compression", "UNCOMPRESSED"}, {"encoding", "PLAIN"}},
+                   "text", {"DATA_PAGE_V2 PLAIN UNCOMPRESSED"}});
+  cases.push_back({{{"name", "hyparquet-delta"}, {"writer", "hyparquet"}, {"encoding", "DELTA_BYTE_ARRAY"}}, "text",
+                   {"DATA_PAGE_V2 DELTA_BYTE_ARRAY SNAPPY"}});
+
+  std::vector<nlohmann::json> specs;
+  for (const auto& c : cases) specs.push_back(c.spec);
+  const auto paths = write_parquet(texts, specs);
+  ASSERT_EQ(paths.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].spec.dump());
+    ParquetReadStats stats;
+    const Texts got = read_column(paths[i], cases[i].column, &stats);
+    ASSERT_EQ(got.size(), texts.size());
+    size_t wrong = 0;
+    for (size_t r = 0; r < texts.size(); ++r) {
+      if (got[r] != texts[r] && wrong++ < 3) {
+        ADD_FAILURE() << "row " << r << " differs";
+      }
+    }
+    EXPECT_EQ(wrong, 0u);
+    for (const auto& kind : cases[i].pages) EXPECT_GT(pages_matching(stats, kind), 0u) << kind << " not among " << describe(stats);
+    std::printf("%-28s %zu row groups: %s\n", cases[i].spec["name"].get<std::string>().c_str(),
+                ParquetFile::open(paths[i]).num_row_groups(), describe(stats).c_str());
+    EXPECT_EQ(ParquetFile::open(paths[i]).num_rows(), static_cast<int64_t>(texts.size()));
+    if (cases[i].spec.contains("row_group_size")) {
+      EXPECT_GT(ParquetFile::open(paths[i]).num_row_groups(), 1u);
+    }
+  }
+}
+
+TEST(Parquet, PrepareDataFromParquetEqualsJsonl) {
+  if (!testing::require_fetched()) return;
+  // The default corpus, as JSONL and as a fineweb-layout Parquet file of several row groups.
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  Texts texts;
+  const auto jsonl = testing::tmp_path("sotu.jsonl");
+  {
+    std::ofstream out(jsonl, std::ios::binary);
+    for (const auto& f : sotu) {
+      texts.emplace_back(testing::slurp(f));
+      out << nlohmann::json{{"text", *texts.back()}}.dump() << "\n";
+    }
+  }
+  const auto paths = write_parquet(texts, {{{"name", "sotu"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}, {"row_group_size", 50}}});
+  ASSERT_EQ(paths.size(), 1u);
+  auto prepare = [&](const std::string& input, const std::string& name) {
+    PrepareOptions o;
+    o.tokenizer = (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
+    o.inputs = {input};
+    o.output = testing::tmp_path(name).string();
+    o.validation_fraction = 0.05;
+    o.batch_bytes = size_t{1} << 20;  // several batches
+    o.progress = ProgressStyle::Off;
+    return std::pair{prepare_dataset(o), TokenDataset::open(o.output)};
+  };
+  const auto [from_jsonl, a] = prepare(jsonl.string(), "sotu-jsonl.h5");
+  const auto [from_parquet, b] = prepare(paths[0], "sotu-parquet.h5");
+  EXPECT_EQ(from_parquet.documents, sotu.size());
+  EXPECT_EQ(from_parquet.tokens, from_jsonl.tokens);
+  EXPECT_EQ(from_parquet.bytes, from_jsonl.bytes);
+  EXPECT_GT(from_parquet.tokens, 2'000'000u);
+  ASSERT_EQ(b.num_documents(), a.num_documents());
+  for (size_t d = 0; d < a.num_documents(); ++d) {
+    const auto x = a.document(d), y = b.document(d);
+    ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "document " << d;
+  }
+  EXPECT_EQ(b.split_documents(DatasetSplit::Validation).size(), a.split_documents(DatasetSplit::Validation).size());
+  EXPECT_EQ(b.info().sources, std::vector<std::string>{paths[0]});
+  // The progress estimate: what the text column decompresses to, a little over the text itself.
+  const uint64_t estimate = document_bytes_estimate(paths[0], {});
+  EXPECT_GE(estimate, from_parquet.bytes);
+  EXPECT_LT(static_cast<double>(estimate), 1.05 * static_cast<double>(from_parquet.bytes));
+}
+
+TEST(Parquet, NullsMissingColumnsAndWrongTypesNameTheFile) {
+  if (!testing::require_fetched()) return;
+  const auto paths = write_parquet({"one", "two", std::nullopt, "four"},
+                                   {{{"name", "with-null"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}}});
+  ASSERT_EQ(paths.size(), 1u);
+  const auto& p = paths[0];
+  const DocumentOptions options;  // auto: *.parquet is Parquet, column "text"
+  std::vector<std::string> seen;
+  const auto null_error = testing::data_error_of([&] { for_each_document(p, options, [&](std::string&& d) { seen.push_back(d); }); });
+  EXPECT_EQ(null_error, p + ": row 2: column \"text\" is null (every row needs a text)");
+  EXPECT_EQ(seen, (std::vector<std::string>{"one", "two"}));
+
+  DocumentOptions missing;
+  missing.text_field = "content";
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(p, missing); }),
+            p + ": no column \"content\" (its columns: id, text, url, language_score, token_count; --text-field picks another)");
+  DocumentOptions numbers;
+  numbers.text_field = "token_count";
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(p, numbers); }),
+            p + ": column \"token_count\" holds INT64, not strings (BYTE_ARRAY)");
+  const auto file = ParquetFile::open(p);
+  ASSERT_EQ(file.columns().size(), 5u);
+  EXPECT_EQ(file.columns()[1].max_definition_level, 1);
+  EXPECT_NE(file.created_by().find("parquet-rs"), std::string::npos) << file.created_by();
+
+  // --format parquet on a file of another name; and a file that is not Parquet.
+  const auto renamed = testing::tmp_path("fineweb-shard.bin");
+  fs::copy_file(p, renamed, fs::copy_options::overwrite_existing);
+  DocumentOptions forced;
+  forced.format = parse_input_format("parquet");
+  forced.text_field = "id";
+  EXPECT_EQ(read_documents(renamed.string(), forced).size(), 4u);
+  const auto text_file = testing::tmp_path("notes.parquet");
+  std::ofstream(text_file) << "just some text, long enough to have a footer";
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(text_file.string(), options); }),
+            text_file.string() + ": not a Parquet file (44 bytes; a Parquet file starts and ends with \"PAR1\")");
+  const auto empty = testing::tmp_path("empty.parquet");
+  std::ofstream(empty).flush();
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(empty.string(), options); }), empty.string() + ": input file is empty");
+}
+
+TEST(Parquet, TruncatedAndMutatedFilesAreDataErrors) {
+  if (!testing::require_fetched()) return;
+  Texts texts;
+  for (const auto& t : testing::real_texts(60'000)) texts.emplace_back(t.substr(0, 3000));
+  texts.emplace_back(std::nullopt);
+  const auto paths = write_parquet(texts, {{{"name", "m-snappy-v1"}, {"writer", "arrow-rs"}, {"page_bytes", 4096}},
+                                           {{"name", "m-zstd-v2"}, {"writer", "arrow-rs"}, {"compression", "ZSTD"}, {"version", 2},
+                                            {"dictionary", false}, {"encoding", "DELTA_BYTE_ARRAY"}, {"page_bytes", 4096}},
+                                           {{"name", "m-hyparquet"}, {"writer", "hyparquet"}, {"page_bytes", 4096}}});
+  ASSERT_EQ(paths.size(), 3u);
+  for (const auto& p : paths) {
+    SCOPED_TRACE(p);
+    const std::string good = testing::slurp(p);
+    const auto path = testing::tmp_path("mutated.parquet").string();
+    auto attempt = [&](const std::string& bytes) -> std::string {
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+      try {
+        read_column(path, "text");
+        return "";
+      } catch (const DataError& e) {
+        return e.what();
+      }  // anything else escapes and fails the test
+    };
+    // Cut short anywhere: always an error naming the file.
+    for (size_t keep : {good.size() - 1, good.size() - 9, good.size() / 2, size_t{100}, size_t{4}}) {
+      const auto err = attempt(good.substr(0, keep));
+      EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << "kept " << keep << ": " << err;
+    }
+    // A footer length past the start of the file.
+    std::string long_footer = good;
+    const uint32_t huge = static_cast<uint32_t>(good.size());
+    std::memcpy(long_footer.data() + good.size() - 8, &huge, 4);
+    EXPECT_NE(attempt(long_footer).find("its footer claims"), std::string::npos);
+    // Random bytes changed anywhere: a DataError or a read that ends (a changed letter is still text), and
+    // the footer and page headers, where most changes land in lengths and offsets, mostly errors.
+    std::mt19937_64 rng(12345);
+    size_t errors = 0, reads = 0;
+    for (int trial = 0; trial < 1500; ++trial) {
+      std::string bad = good;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) {
+        const size_t at = trial % 2 == 0 ? rng() % bad.size() : bad.size() - 1 - rng() % std::min<size_t>(bad.size(), 600);
+        bad[at] = static_cast<char>(rng() % 256);
+      }
+      const auto err = attempt(bad);
+      if (err.empty()) {
+        ++reads;
+      } else {
+        ++errors;
+        EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << err;
+      }
+    }
+    EXPECT_GT(errors, 300u) << reads << " mutated files read to the end";
+    std::printf("%s: 1500 mutations: %zu DataErrors, %zu reads to the end\n", p.c_str(), errors, reads);
+  }
+}
+
+TEST(Parquet, FoldersLeaveOutHiddenFiles) {
+  if (!testing::require_fetched()) return;
+  // The layout a Hub download leaves: the data, and .cache/ beside it with the download's metadata.
+  const auto dir = testing::tmp_path("hub-download");
+  fs::remove_all(dir);
+  fs::create_directories(dir / "sample" / "10BT");
+  fs::create_directories(dir / ".cache" / "huggingface" / "download" / "sample" / "10BT");
+  std::ofstream(dir / ".cache" / "huggingface" / "download" / "sample" / "10BT" / "000_00000.parquet.metadata") << "abc\n123\n";
+  std::ofstream(dir / ".gitattributes") << "*.parquet filter=lfs\n";
+  const Texts texts = {"first document", "second document"};
+  const auto paths = write_parquet(texts, {{{"name", "shard0"}, {"writer", "arrow-rs"}}});
+  ASSERT_EQ(paths.size(), 1u);
+  fs::copy_file(paths[0], dir / "sample" / "10BT" / "000_00000.parquet");
+  const auto files = expand_inputs({dir.string()});
+  EXPECT_EQ(files, std::vector<std::string>{(dir / "sample" / "10BT" / "000_00000.parquet").string()});
+  // A hidden file named on its own is read.
+  EXPECT_EQ(expand_inputs({(dir / ".gitattributes").string()}).size(), 1u);
+  EXPECT_EQ(read_documents(files[0], {}), (std::vector<std::string>{"first document", "second document"}));
+}
+
+TEST(Parquet, TokenizerTrainsOnParquetAsOnJsonl) {
+  if (!testing::require_fetched()) return;
+  Texts texts;
+  const auto jsonl = testing::tmp_path("moby.jsonl");
+  {
+    std::ofstream out(jsonl, std::ios::binary);
+    for (const auto& f : testing::sorted_files(testing::fetched_dir() / "corpus" / "moby-dick", ".txt")) {
+      texts.emplace_back(testing::slurp(f));
+      out << nlohmann::json{{"text", *texts.back()}}.dump() << "\n";
+    }
+  }
+  const auto paths = write_parquet(texts, {{{"name", "moby"}, {"writer", "hyparquet"}, {"row_group_size", 40}}});
+  ASSERT_EQ(paths.size(), 1u);
+  BpeTrainOptions o;
+  o.vocab_size = 1024;
+  o.progress = ProgressStyle::Off;
+  const auto from_jsonl = train_bpe({jsonl.string()}, o);
+  const auto from_parquet = train_bpe({paths[0]}, o);
+  EXPECT_EQ(from_parquet.input_bytes, from_jsonl.input_bytes);
+  EXPECT_GT(from_parquet.input_bytes, 1'000'000u);
+  EXPECT_EQ(from_parquet.merges, 1024u - 259u);
+  EXPECT_EQ(from_parquet.tokenizer_json, from_jsonl.tokenizer_json);
+}
+
+}  // namespace
+}  // namespace shardtrain::data
