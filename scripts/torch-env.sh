@@ -32,6 +32,7 @@ packages=(
   python3-safetensors python3-h5py python3-numpy
   libopenblas0-pthread                 # torch's f32 GEMMs through OpenBLAS (Debian's default BLAS is the reference one)
   libtorch-dev g++ python3-dev         # torch.compile's CPU code generation compiles C++ against torch's headers
+  python3-pyarrow                      # Parquet files as fineweb's were written (tests/torch/parquet_pyarrow_test.py)
 )
 
 unavailable() {

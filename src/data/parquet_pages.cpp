@@ -230,6 +230,7 @@ std::span<const uint8_t> decompress(int32_t codec, std::span<const uint8_t> src,
     if (src.size() != size) fail("an uncompressed page of {} bytes says it holds {}", src.size(), size);
     return src;
   }
+  if (size == 0) return {};  // a page of nulls only: nothing to decompress
   buf.resize(size);
   const auto* in = reinterpret_cast<const char*>(src.data());
   auto* out = reinterpret_cast<char*>(buf.data());
@@ -511,6 +512,7 @@ void read_column_chunk(const FileMetadata& file, size_t row_group, const Parquet
       fail("the chunk holds {}, not strings", physical_type_name(chunk.type));
     if (chunk.num_values != group.num_rows)
       fail("{} values in a row group of {} rows", chunk.num_values, group.num_rows);
+    if (chunk.num_values == 0) return;
     // The chunk starts at its dictionary page when it has one (some writers record an offset of 0 for none).
     int64_t start = chunk.data_page_offset;
     if (chunk.dictionary_page_offset && *chunk.dictionary_page_offset > 0 && *chunk.dictionary_page_offset < start)

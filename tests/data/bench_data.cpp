@@ -4,7 +4,8 @@
 // With --write-synthetic N VOCAB OUT.h5 it writes a dataset of N random tokens (documents of 1-3000);
 // with --open DATASET.h5 it times TokenDataset::open and a loader's first 100 micro-batches, and prints the
 // process's anonymous and file-backed resident memory after each (docs/performance.md, dataset files);
-// with --mixture SEQ PATH:WEIGHT... it times a data mixture (mixture_bench below).
+// with --mixture SEQ PATH:WEIGHT... it times a data mixture (mixture_bench below);
+// with --parquet FILE [COLUMN] it times reading a Parquet file's text column (parquet_bench below).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "shardtrain/data/loader.hpp"
+#include "shardtrain/data/parquet.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 
 using namespace shardtrain::data;
@@ -123,12 +125,40 @@ int mixture_bench(int seq, const std::vector<std::string>& entries) {
   return 0;
 }
 
+// Reads the column whole (what prepare-data's reading costs before tokenizing), median of 3 after one
+// warm-up, with the page cache warm: MB/s of text and of file.
+int parquet_bench(const std::string& path, const std::string& column) {
+  std::vector<double> seconds;
+  uint64_t text = 0, rows = 0;
+  ParquetReadStats stats;
+  for (int run = 0; run < 4; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto file = ParquetFile::open(path);
+    text = rows = 0;
+    stats = {};
+    file.for_each_string(file.string_column(column), [&](std::optional<std::string_view> v) {
+      rows += 1;
+      text += v ? v->size() : 0;
+    }, &stats);
+    if (run > 0) seconds.push_back(seconds_since(t0));
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double s = seconds[1];
+  const double file_mb = static_cast<double>(fs::file_size(path)) / 1e6;
+  fmt::print("{}: {} rows, {:.1f} MB of text in a {:.1f} MB file: {:.3f} s (median of 3), {:.0f} MB/s of text, "
+             "{:.0f} MB/s of file\n", path, rows, static_cast<double>(text) / 1e6, file_mb, s,
+             static_cast<double>(text) / 1e6 / s, file_mb / s);
+  for (const auto& [kind, count] : stats.pages) fmt::print("  {} x{}\n", kind, count);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--write-synthetic")
     return write_synthetic(std::stoull(argv[2]), std::stoll(argv[3]), argv[4]);
   if (argc == 3 && std::string(argv[1]) == "--open") return open_bench(argv[2]);
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--parquet") return parquet_bench(argv[2], argc == 4 ? argv[3] : "text");
   if (argc >= 4 && std::string(argv[1]) == "--mixture")
     return mixture_bench(std::stoi(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
   const fs::path fetched = fs::path(SHARDTRAIN_SOURCE_DIR) / "data" / "fetched";
