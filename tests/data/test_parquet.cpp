@@ -299,7 +299,7 @@ TEST(Parquet, TruncatedAndMutatedFilesAreDataErrors) {
   }
 }
 
-TEST(Parquet, FoldersLeaveOutHiddenFiles) {
+TEST(Parquet, FoldersLeaveOutHiddenFilesAndFollowTheHubCachesLinks) {
   if (!testing::require_fetched()) return;
   // The layout a Hub download leaves: the data, and .cache/ beside it with the download's metadata.
   const auto dir = testing::tmp_path("hub-download");
@@ -317,6 +317,18 @@ TEST(Parquet, FoldersLeaveOutHiddenFiles) {
   // A hidden file named on its own is read.
   EXPECT_EQ(expand_inputs({(dir / ".gitattributes").string()}).size(), 1u);
   EXPECT_EQ(read_documents(files[0], {}), (std::vector<std::string>{"first document", "second document"}));
+
+  // The Hub's cache (~/.cache/huggingface/hub) keeps a snapshot's files as links to content-named blobs: the
+  // links are read, by their names, and the blobs beside them are not (they sit in another folder).
+  const auto hub = testing::tmp_path("hub-cache") / "datasets--HuggingFaceFW--fineweb";
+  fs::remove_all(hub);
+  fs::create_directories(hub / "blobs");
+  fs::create_directories(hub / "snapshots" / "0123abcd" / "sample" / "10BT");
+  fs::copy_file(paths[0], hub / "blobs" / "9f2c4e");
+  fs::create_symlink("../../../../blobs/9f2c4e", hub / "snapshots" / "0123abcd" / "sample" / "10BT" / "000_00000.parquet");
+  const auto linked = expand_inputs({(hub / "snapshots" / "0123abcd").string()});
+  ASSERT_EQ(linked, std::vector<std::string>{(hub / "snapshots" / "0123abcd" / "sample" / "10BT" / "000_00000.parquet").string()});
+  EXPECT_EQ(read_documents(linked[0], {}), (std::vector<std::string>{"first document", "second document"}));
 }
 
 TEST(Parquet, TokenizerTrainsOnParquetAsOnJsonl) {
