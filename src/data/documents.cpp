@@ -1,0 +1,150 @@
+// Reading documents (documents.hpp): text, JSONL and Parquet inputs, plain or, for text and JSONL, compressed
+// with gzip or zstd (input_file.hpp); folders expanded into their files.
+#include "shardtrain/data/documents.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "input_file.hpp"
+#include "shardtrain/data/parquet.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::data {
+
+InputFormat parse_input_format(const std::string& s) {
+  if (s == "auto") return InputFormat::Auto;
+  if (s == "text" || s == "txt") return InputFormat::Text;
+  if (s == "jsonl" || s == "json") return InputFormat::Jsonl;
+  if (s == "parquet") return InputFormat::Parquet;
+  throw UsageError(fmt::format("unknown input format '{}': expected auto, text, jsonl or parquet", s));
+}
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
+      std::vector<std::string> found;
+      for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink);
+           it != fs::recursive_directory_iterator(); ++it) {
+        if (it->path().filename().string().starts_with(".")) {
+          if (it->is_directory()) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_regular_file()) found.push_back(it->path().string());
+      }
+      if (found.empty()) throw DataError(fmt::format("{}: folder has no files", in));
+      std::sort(found.begin(), found.end());
+      out.insert(out.end(), found.begin(), found.end());
+    } else if (fs::exists(in, ec)) {
+      out.push_back(in);
+    } else {
+      throw DataError(fmt::format("{}: input not found", in));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+InputFormat format_of(const std::string& path, const DocumentOptions& options) {
+  if (options.format != InputFormat::Auto) return options.format;
+  // "c4-train.00000-of-01024.json.gz" is JSONL: the extension inside the compression's
+  const auto ext = std::filesystem::path(without_compression_extension(path)).extension().string();
+  if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return InputFormat::Jsonl;
+  if (ext == ".parquet") return InputFormat::Parquet;
+  return InputFormat::Text;
+}
+
+// A Parquet file's text column, row by row; a null text is an error, as a missing JSONL field is.
+void for_each_parquet_document(const std::string& path, const std::string& column,
+                               const std::function<void(std::string&& document)>& emit) {
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) == 0 && !ec) throw DataError(fmt::format("{}: input file is empty", path));
+  const auto file = ParquetFile::open(path);
+  const auto& text = file.string_column(column);
+  int64_t row = 0;
+  file.for_each_string(text, [&](std::optional<std::string_view> value) {
+    if (!value)
+      throw DataError(fmt::format("{}: row {}: column \"{}\" is null (every row needs a text)", path, row, column));
+    ++row;
+    emit(std::string(*value));
+  });
+  if (row == 0) throw DataError(fmt::format("{}: no rows", path));
+}
+
+}  // namespace
+
+uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
+  if (format_of(path, options) == InputFormat::Parquet) {
+    const auto file = ParquetFile::open(path);
+    return file.uncompressed_bytes(file.string_column(options.text_field));
+  }
+  return InputFile::estimate_size(path);
+}
+
+void for_each_document(const std::string& path, const DocumentOptions& options,
+                       const std::function<void(std::string&& document)>& emit) {
+  const InputFormat format = format_of(path, options);
+  if (format == InputFormat::Parquet) {
+    for_each_parquet_document(path, options.text_field, emit);
+    return;
+  }
+  InputFile in(path);
+  if (in.empty()) throw DataError(fmt::format("{}: input file is empty", path));
+  if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document
+    emit(in.read_all());
+    return;
+  }
+  std::string line;
+  if (format == InputFormat::Jsonl) {
+    size_t lineno = 0, found = 0;
+    while (in.read_line(line)) {
+      ++lineno;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, lineno, e.what()));
+      }
+      if (!j.is_object() || !j.contains(options.text_field))
+        throw DataError(fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
+                                    "string; --text-field picks another)",
+                                    path, lineno, options.text_field, options.text_field));
+      auto& field = j[options.text_field];
+      if (!field.is_string())
+        throw DataError(fmt::format("{}:{}: field \"{}\" is not a string", path, lineno, options.text_field));
+      ++found;
+      emit(std::move(field.get_ref<std::string&>()));
+    }
+    if (found == 0) throw DataError(fmt::format("{}: no JSON lines found", path));
+  } else {
+    // Blocks separated by lines that are empty or only whitespace; the block's own newlines are kept.
+    std::string block;
+    while (in.read_line(line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) {
+        if (!block.empty()) emit(std::move(block));
+        block.clear();
+      } else {
+        if (!block.empty()) block.push_back('\n');
+        block.append(line);
+      }
+    }
+    if (!block.empty()) emit(std::move(block));
+  }
+}
+
+std::vector<std::string> read_documents(const std::string& path, const DocumentOptions& options) {
+  std::vector<std::string> docs;
+  for_each_document(path, options, [&](std::string&& d) { docs.push_back(std::move(d)); });
+  return docs;
+}
+
+}  // namespace shardtrain::data
