@@ -140,7 +140,7 @@ Command add_tokenizer_command(CLI::App& parent) {
   app->require_subcommand(1);
 
   auto* train = app->add_subcommand("train", "train a byte-level BPE on text, JSONL or Parquet files and write a tokenizer.json");
-  train->add_option("--input,-i", args->inputs, "text, JSONL or Parquet files, or folders of them")->required();
+  train->add_option("--input,-i", args->inputs, "text or JSONL files (plain, .gz or .zst) or Parquet files, or folders of them")->required();
   train->add_option("--output,-o", args->output, "tokenizer.json to write")->capture_default_str();
   train->add_option("--vocab-size", args->vocab_size, "vocabulary size: special tokens + 256 bytes + merges")
       ->capture_default_str()
