@@ -13,7 +13,12 @@ namespace fs = std::filesystem;
 
 void run(const std::string& cmd) { ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd; }
 
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+std::string q(const fs::path& p) {  // quoted for the shell
+  std::string s = "'";
+  s += p.string();
+  s += '\'';
+  return s;
+}
 
 // The default corpus as two JSONL files (one document per address, a 3 MB record among them: longer than the
 // 1 MiB window a line is read through), their gzip and zstd forms, and the two concatenated, which makes a
