@@ -89,40 +89,50 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
   return InputFile::estimate_size(path);
 }
 
+std::string document_text(RawDocument&& raw, const std::string& path, const DocumentOptions& options) {
+  if (raw.line == 0) return std::move(raw.bytes);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(raw.bytes);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
+  }
+  if (!j.is_object() || !j.contains(options.text_field))
+    throw DataError(fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
+                                "string; --text-field picks another)",
+                                path, raw.line, options.text_field, options.text_field));
+  auto& field = j[options.text_field];
+  if (!field.is_string()) throw DataError(fmt::format("{}:{}: field \"{}\" is not a string", path, raw.line, options.text_field));
+  return std::move(field.get_ref<std::string&>());
+}
+
 void for_each_document(const std::string& path, const DocumentOptions& options,
                        const std::function<void(std::string&& document)>& emit) {
+  for_each_raw_document(path, options, [&](RawDocument&& raw) { emit(document_text(std::move(raw), path, options)); });
+}
+
+void for_each_raw_document(const std::string& path, const DocumentOptions& options,
+                           const std::function<void(RawDocument&& document)>& emit) {
   const InputFormat format = format_of(path, options);
   if (format == InputFormat::Parquet) {
-    for_each_parquet_document(path, options.text_field, emit);
+    for_each_parquet_document(path, options.text_field, [&](std::string&& text) { emit({std::move(text), 0}); });
     return;
   }
   InputFile in(path);
   if (in.empty()) throw DataError(fmt::format("{}: input file is empty", path));
   if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document
-    emit(in.read_all());
+    emit({in.read_all(), 0});
     return;
   }
   std::string line;
   if (format == InputFormat::Jsonl) {
-    size_t lineno = 0, found = 0;
+    uint64_t lineno = 0, found = 0;
     while (in.read_line(line)) {
       ++lineno;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, lineno, e.what()));
-      }
-      if (!j.is_object() || !j.contains(options.text_field))
-        throw DataError(fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
-                                    "string; --text-field picks another)",
-                                    path, lineno, options.text_field, options.text_field));
-      auto& field = j[options.text_field];
-      if (!field.is_string())
-        throw DataError(fmt::format("{}:{}: field \"{}\" is not a string", path, lineno, options.text_field));
       ++found;
-      emit(std::move(field.get_ref<std::string&>()));
+      emit({std::move(line), lineno});
+      line = std::string();
     }
     if (found == 0) throw DataError(fmt::format("{}: no JSON lines found", path));
   } else {
@@ -130,14 +140,14 @@ void for_each_document(const std::string& path, const DocumentOptions& options,
     std::string block;
     while (in.read_line(line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) {
-        if (!block.empty()) emit(std::move(block));
+        if (!block.empty()) emit({std::move(block), 0});
         block.clear();
       } else {
         if (!block.empty()) block.push_back('\n');
         block.append(line);
       }
     }
-    if (!block.empty()) emit(std::move(block));
+    if (!block.empty()) emit({std::move(block), 0});
   }
 }
 

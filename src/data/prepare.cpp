@@ -24,27 +24,56 @@ namespace shardtrain::data {
 
 namespace {
 
-// Tokenizes docs on `encoders.size()` threads (documents handed out 16 at a time) into ids.
-void tokenize_batch(const std::vector<std::string>& docs, std::vector<std::unique_ptr<Encoder>>& encoders,
-                    std::vector<std::vector<TokenId>>& ids) {
-  ids.assign(docs.size(), {});
+// Documents as read (JSONL lines not yet parsed), with the file each came from.
+struct Batch {
+  std::vector<RawDocument> docs;
+  std::vector<uint32_t> file;
+  size_t bytes = 0;  // of the raw documents
+  void clear() {
+    docs.clear();
+    file.clear();
+    bytes = 0;
+  }
+};
+
+// Turns a batch into ids on `encoders.size()` threads (documents handed out 16 at a time in order): each
+// document's text (a JSONL line parsed here, off the reading thread), its byte count, and its ids; an empty
+// text gets no ids and skipped[d] = 1. Of the documents that fail, the first in order is the error thrown,
+// as a single thread would have found it: after a failure no thread takes a new chunk, and every chunk
+// before the failing one was taken already.
+void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const DocumentOptions& options,
+                    std::vector<std::unique_ptr<Encoder>>& encoders, std::vector<std::vector<TokenId>>& ids,
+                    std::vector<uint8_t>& skipped, std::vector<size_t>& text_bytes) {
+  const size_t n = batch.docs.size();
+  ids.assign(n, {});
+  skipped.assign(n, 0);
+  text_bytes.assign(n, 0);
   std::atomic<size_t> cursor{0};
-  std::vector<std::exception_ptr> errors(encoders.size());
+  std::atomic<bool> failed{false};
+  std::vector<std::pair<size_t, std::exception_ptr>> errors(encoders.size(), {n, nullptr});
   std::vector<std::thread> pool;
   constexpr size_t chunk = 16;
   for (size_t t = 0; t < encoders.size(); ++t) {
     pool.emplace_back([&, t] {
+      size_t d = 0;
       try {
-        for (size_t begin; (begin = cursor.fetch_add(chunk)) < docs.size();)
-          for (size_t d = begin; d < std::min(docs.size(), begin + chunk); ++d) ids[d] = encoders[t]->encode(docs[d]);
+        for (size_t begin; !failed && (begin = cursor.fetch_add(chunk)) < n;) {
+          for (d = begin; d < std::min(n, begin + chunk); ++d) {
+            const std::string text = document_text(std::move(batch.docs[d]), files[batch.file[d]], options);
+            text_bytes[d] = text.size();
+            if (text.empty()) skipped[d] = 1;
+            else ids[d] = encoders[t]->encode(text);
+          }
+        }
       } catch (...) {
-        errors[t] = std::current_exception();
+        errors[t] = {d, std::current_exception()};
+        failed = true;
       }
     });
   }
   for (auto& th : pool) th.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  const auto first = std::min_element(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (first->second) std::rethrow_exception(first->second);
 }
 
 }  // namespace
@@ -61,7 +90,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
 
   PrepareSummary summary;
   summary.files = files.size();
-  // The progress bar counts text: a Parquet file's what its text column decompresses to, the others' their size.
+  // The progress bar counts what the reading hands out: a Parquet file's text column, the others' bytes.
   std::vector<uint64_t> file_text(files.size());
   uint64_t total_text = 0;
   for (size_t i = 0; i < files.size(); ++i) total_text += file_text[i] = document_bytes_estimate(files[i], options.documents);
@@ -82,39 +111,44 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
   for (int t = 0; t < threads; ++t) encoders.push_back(std::make_unique<Encoder>(tokenizer));
   std::vector<int64_t> offsets{0};
-  std::vector<std::string> batch;
+  Batch batch;
   std::vector<std::vector<TokenId>> ids;
-  size_t batch_text = 0;
+  std::vector<uint8_t> skipped;
+  std::vector<size_t> text_bytes;
   {
     ProgressBar bar({.label = "tokenize", .total = total_text, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
     auto flush = [&] {
-      if (batch.empty()) return;
+      if (batch.docs.empty()) return;
       const auto t1 = std::chrono::steady_clock::now();
-      tokenize_batch(batch, encoders, ids);
+      tokenize_batch(batch, files, options.documents, encoders, ids, skipped, text_bytes);
       summary.tokenize_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-      for (const auto& v : ids) {
-        raw.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(TokenId)));
-        offsets.push_back(offsets.back() + static_cast<int64_t>(v.size()));
+      for (size_t d = 0; d < ids.size(); ++d) {
+        summary.bytes += text_bytes[d];
+        if (skipped[d]) {
+          ++summary.empty_documents_skipped;
+          continue;
+        }
+        raw.write(reinterpret_cast<const char*>(ids[d].data()), static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
+        offsets.push_back(offsets.back() + static_cast<int64_t>(ids[d].size()));
       }
       if (!raw) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", raw_path));
-      bar.advance(batch_text);
+      bar.advance(batch.bytes);
       batch.clear();
-      batch_text = 0;
     };
     for (size_t i = 0; i < files.size(); ++i) {
-      uint64_t text = 0;
-      for_each_document(files[i], options.documents, [&](std::string&& d) {
-        if (d.empty()) {
+      uint64_t read = 0;
+      for_each_raw_document(files[i], options.documents, [&](RawDocument&& d) {
+        if (d.bytes.empty()) {  // an empty text file or blank-line block; an empty JSONL text is found later
           ++summary.empty_documents_skipped;
           return;
         }
-        text += d.size();
-        batch_text += d.size();
-        batch.push_back(std::move(d));
-        if (batch_text >= options.batch_bytes) flush();
+        read += d.bytes.size();
+        batch.bytes += d.bytes.size();
+        batch.docs.push_back(std::move(d));
+        batch.file.push_back(static_cast<uint32_t>(i));
+        if (batch.bytes >= options.batch_bytes) flush();
       });
-      summary.bytes += text;
-      bar.advance(file_text[i] > text ? file_text[i] - text : 0);  // what the estimate counted beyond the text
+      bar.advance(file_text[i] > read ? file_text[i] - read : 0);  // what the estimate counted beyond the reading
     }
     flush();
     bar.finish();

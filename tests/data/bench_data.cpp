@@ -6,7 +6,8 @@
 // process's anonymous and file-backed resident memory after each (docs/performance.md, dataset files);
 // with --mixture SEQ PATH:WEIGHT... it times a data mixture (mixture_bench below);
 // with --parquet FILE [COLUMN] it times reading a Parquet file's text column (parquet_bench below);
-// with --documents INPUT... it times reading the inputs' documents as prepare-data does (any format).
+// with --documents INPUT... it times reading the inputs' documents (any format), JSONL lines parsed, and
+// with --raw-documents INPUT... the reading prepare-data does on its one reading thread (JSONL lines not parsed).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -156,21 +157,25 @@ int parquet_bench(const std::string& path, const std::string& column) {
 
 // for_each_document over the inputs, on one thread, median of 3 after one warm-up: the serial part of
 // prepare-data, which tokenizing on all cores does not hide.
-int documents_bench(const std::vector<std::string>& inputs) {
+int documents_bench(const std::vector<std::string>& inputs, bool raw) {
   const auto files = expand_inputs(inputs);
   std::vector<double> seconds;
   uint64_t text = 0, docs = 0;
   for (int run = 0; run < 4; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
     text = docs = 0;
-    for (const auto& f : files) for_each_document(f, {}, [&](std::string&& d) { text += d.size(), ++docs; });
+    for (const auto& f : files) {
+      if (raw) for_each_raw_document(f, {}, [&](RawDocument&& d) { text += d.bytes.size(), ++docs; });
+      else for_each_document(f, {}, [&](std::string&& d) { text += d.size(), ++docs; });
+    }
     if (run > 0) seconds.push_back(seconds_since(t0));
   }
   std::sort(seconds.begin(), seconds.end());
   uint64_t file_bytes = 0;
   for (const auto& f : files) file_bytes += fs::file_size(f);
-  fmt::print("{} files, {} documents, {:.1f} MB of text in {:.1f} MB of files: {:.3f} s (median of 3), {:.0f} MB/s of text\n",
-             files.size(), docs, static_cast<double>(text) / 1e6, static_cast<double>(file_bytes) / 1e6, seconds[1],
+  fmt::print("{} files, {} documents, {:.1f} MB of {} in {:.1f} MB of files: {:.3f} s (median of 3), {:.0f} MB/s\n",
+             files.size(), docs, static_cast<double>(text) / 1e6, raw ? "documents as read" : "text",
+             static_cast<double>(file_bytes) / 1e6, seconds[1],
              static_cast<double>(text) / 1e6 / seconds[1]);
   return 0;
 }
@@ -181,7 +186,8 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--write-synthetic")
     return write_synthetic(std::stoull(argv[2]), std::stoll(argv[3]), argv[4]);
   if (argc == 3 && std::string(argv[1]) == "--open") return open_bench(argv[2]);
-  if (argc >= 3 && std::string(argv[1]) == "--documents") return documents_bench(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc >= 3 && (std::string(argv[1]) == "--documents" || std::string(argv[1]) == "--raw-documents"))
+    return documents_bench(std::vector<std::string>(argv + 2, argv + argc), std::string(argv[1]) == "--raw-documents");
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--parquet") return parquet_bench(argv[2], argc == 4 ? argv[3] : "text");
   if (argc >= 4 && std::string(argv[1]) == "--mixture")
     return mixture_bench(std::stoi(argv[2]), std::vector<std::string>(argv + 3, argv + argc));

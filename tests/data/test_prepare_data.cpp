@@ -115,6 +115,32 @@ TEST(PrepareData, ClearErrors) {
   EXPECT_NE(testing::data_error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
 }
 
+// JSONL lines are parsed on the tokenizing threads; of several bad lines the first is the one reported, on
+// any thread count, as one thread reading in order would.
+TEST(PrepareData, TheFirstBadJsonlLineIsTheOneReported) {
+  if (!testing::require_fetched()) return;
+  const auto path = testing::tmp_path("bad-lines.jsonl");
+  {
+    std::ofstream out(path);
+    for (int i = 1; i <= 3000; ++i) {
+      if (i == 1217) out << R"({"content": "the wrong field"})" << "\n";
+      else if (i > 1217) out << R"({"text": "cut short)" << "\n";  // every thread meets errors from here on
+      else out << nlohmann::json{{"text", "document number " + std::to_string(i)}}.dump() << "\n";
+    }
+  }
+  for (int threads : {1, 2, 4, 7, 7, 7, 7, 7, 16, 16}) {  // repeated: which thread meets which error varies
+    PrepareOptions o;
+    o.tokenizer = gpt2_path();
+    o.inputs = {path.string()};
+    o.output = testing::tmp_path("bad-lines.h5").string();
+    o.threads = threads;
+    o.progress = ProgressStyle::Off;
+    const auto msg = testing::data_error_of([&] { prepare_dataset(o); });
+    EXPECT_EQ(msg.rfind(path.string() + ":1217: field \"text\" is missing", 0), 0u) << threads << " threads: " << msg;
+    EXPECT_FALSE(std::filesystem::exists(o.output));
+  }
+}
+
 // Batches of any size give the same file: here one document (an address) per batch against one batch for all.
 TEST(PrepareData, BatchesGiveTheSameDataset) {
   if (!testing::require_fetched()) return;
