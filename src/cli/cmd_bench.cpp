@@ -11,7 +11,6 @@
 #include <cmath>
 #include <fstream>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "cmd_bench.hpp"
@@ -20,6 +19,7 @@
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/topology.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -38,7 +38,7 @@ double matmul_params_per_token(const model::LlamaConfig& c) {
 }
 
 int run_bench_model(const BenchModelOptions& o) {
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0 ? o.threads : usable_cores();
   model::LlamaConfig c;
   c.num_hidden_layers = o.layers;
   c.hidden_size = o.hidden;

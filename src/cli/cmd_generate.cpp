@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/model/sampling.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/runtime/topology.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -39,7 +39,7 @@ int run_generate(const GenerateOptions& o) {
   const data::Tokenizer tokenizer = data::Tokenizer::load(tok_path);
 
   const model::LlamaConfig config = source->model_config();
-  auto ops = ops::make_cpu_ops({static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))});
+  auto ops = ops::make_cpu_ops({usable_cores()});
   model::LlamaModel llama(config, *ops);
   model::DenseParams params(llama.spec());
   checkpoint::load_dense(*source, params);

@@ -10,7 +10,6 @@
 #include <fstream>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -25,6 +24,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
+#include "shardtrain/runtime/topology.hpp"
 
 namespace fs = std::filesystem;
 
@@ -189,7 +189,7 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
   const ParityBatch pb = make_batch(o, config.vocab_size);
 
   // The backend: CUDA when asked for, or by default when a GPU exists and the model can run there.
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0 ? o.threads : usable_cores();
   bool cuda = device == DevicePreference::Cuda || (device == DevicePreference::Auto && cuda_device_count() > 0);
   model::ModelOptions mo;
   mo.activation_dtype = act;

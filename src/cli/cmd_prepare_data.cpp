@@ -25,7 +25,7 @@ Command add_prepare_data_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999));
   app->add_option("--seed", o->seed, "seed of the train/validation choice")->capture_default_str();
-  app->add_option("--threads", o->threads, "tokenizer threads (0: all cores)")->capture_default_str();
+  app->add_option("--threads", o->threads, "tokenizer threads (0: every core this process may use, e.g. Slurm's --cpus-per-task)")->capture_default_str();
   auto batch_mb = std::make_shared<size_t>(o->batch_bytes >> 20);
   app->add_option("--batch-mb", *batch_mb, "MB of text read and tokenized at a time (memory does not grow with the corpus)")
       ->capture_default_str()
@@ -40,10 +40,10 @@ Command add_prepare_data_command(CLI::App& parent) {
     o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
     const auto s = data::prepare_dataset(*o);
     log::info("prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens from {:.1f} MB; "
-              "tokenized at {:.1f} MB/s, {:.1f}s in all; wrote {}",
+              "tokenized at {:.1f} MB/s on {} thread{}, {:.1f}s in all; wrote {}",
               s.files, s.documents, s.train_documents, s.validation_documents,
               s.empty_documents_skipped ? fmt::format(", {} empty skipped", s.empty_documents_skipped) : std::string(),
-              s.tokens, static_cast<double>(s.bytes) / 1e6, s.mb_per_second(), s.seconds, o->output);
+              s.tokens, static_cast<double>(s.bytes) / 1e6, s.mb_per_second(), s.threads, s.threads == 1 ? "" : "s", s.seconds, o->output);
     return 0;
   };
   return c;

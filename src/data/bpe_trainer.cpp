@@ -17,6 +17,7 @@
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/topology.hpp"
 #include "tokenizer_model.hpp"
 
 namespace shardtrain::data {
@@ -78,7 +79,7 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   const detail::Regex regex(pattern, "--pattern");
 
   // 1. Word counts, one map per thread over a shared file cursor.
-  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = options.threads > 0 ? options.threads : usable_cores();
   std::vector<WordCounts> partial(static_cast<size_t>(threads));
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> bytes{0};

@@ -19,6 +19,7 @@
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/topology.hpp"
 
 namespace shardtrain::data {
 
@@ -107,7 +108,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   } remove_raw{raw_path};
   std::ofstream raw(raw_path, std::ios::binary | std::ios::trunc);
   if (!raw) throw IoError(fmt::format("{}: cannot create the temporary token file: {}", raw_path, std::strerror(errno)));
-  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = options.threads > 0 ? options.threads : usable_cores();
+  summary.threads = threads;
   std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
   for (int t = 0; t < threads; ++t) encoders.push_back(std::make_unique<Encoder>(tokenizer));
   std::vector<int64_t> offsets{0};

@@ -1,21 +1,9 @@
 // Runtime construction: logging first (so every later message is rank-prefixed), then topology and device.
 #include "shardtrain/runtime/runtime.hpp"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <thread>
 
 namespace shardtrain {
-
-namespace {
-int cores_available() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-}  // namespace
 
 Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options) : options_(options) {
   log::configure(LogConfig{session.world_rank(), session.world_size(), options.log_level, options.log_all_ranks});
@@ -25,7 +13,7 @@ Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options) : opt
   device_ = select_device(topology_, options.device);
   // Simulated nodes share one machine: the cores are split among all ranks, not among a node's.
   const int sharing = topology_.simulated_nodes ? topology_.world_size : topology_.local_size;
-  host_threads_ = std::max(1, cores_available() / std::max(1, sharing));
+  host_threads_ = std::max(1, usable_cores() / std::max(1, sharing));
 }
 
 }  // namespace shardtrain

@@ -2,8 +2,10 @@
 // `ranks_per_node` consecutive world ranks.
 #include "shardtrain/runtime/topology.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdlib>
@@ -15,6 +17,13 @@
 #include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+}
 
 int ranks_per_node_from_env() {
   const char* v = std::getenv("SHARDTRAIN_RANKS_PER_NODE");

@@ -1,5 +1,7 @@
 // prepare-data: token counts equal the tokenizer's, offsets are consistent, split sizes are right, and bad
 // inputs (non-HDF5 or truncated files, a missing "text" field, empty inputs) give errors that name them.
+#include <sched.h>
+
 #include <filesystem>
 
 #include "data_test_util.hpp"
@@ -113,6 +115,31 @@ TEST(PrepareData, ClearErrors) {
   EXPECT_NE(msg.find(cut.string()), std::string::npos) << msg;
 
   EXPECT_NE(testing::data_error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
+}
+
+// With threads = 0 the tokenizing threads are the cores the process may use: one under a one-core affinity
+// (a Slurm task with --cpus-per-task=1, taskset -c 0), whatever the machine has.
+TEST(PrepareData, ThreadsFollowTheAffinityMask) {
+  if (!testing::require_fetched()) return;
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &before)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {(testing::fetched_dir() / "corpus" / "sotu" / "1790_george_washington_n.txt").string()};
+  o.output = testing::tmp_path("one-core.h5").string();
+  o.progress = ProgressStyle::Off;
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const auto summary = prepare_dataset(o);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+  EXPECT_EQ(summary.threads, 1);
+  EXPECT_EQ(prepare_dataset(o).threads, CPU_COUNT(&before));
 }
 
 // JSONL lines are parsed on the tokenizing threads; of several bad lines the first is the one reported, on

@@ -17,7 +17,7 @@ struct PrepareOptions {
   DocumentOptions documents;
   double validation_fraction = 0.01;
   uint64_t seed = 0;  // validation choice
-  int threads = 0;    // 0: all cores
+  int threads = 0;    // 0: every core this process may use (usable_cores: its CPU affinity)
   // Documents are read, tokenized and written in batches of this much text, so memory does not grow with the
   // corpus (the tokens wait in a temporary file beside the output until the dataset is written).
   size_t batch_bytes = size_t{64} << 20;
@@ -26,6 +26,7 @@ struct PrepareOptions {
 
 struct PrepareSummary {
   size_t files = 0, documents = 0, empty_documents_skipped = 0;
+  int threads = 0;  // tokenizing threads used
   size_t train_documents = 0, validation_documents = 0;
   uint64_t tokens = 0, bytes = 0;
   double seconds = 0, tokenize_seconds = 0;

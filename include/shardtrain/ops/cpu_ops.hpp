@@ -11,7 +11,7 @@
 namespace shardtrain::ops {
 
 struct CpuOpsOptions {
-  int threads = 0;  // OpenMP and OpenBLAS threads; 0 = the hardware cores (std::thread::hardware_concurrency)
+  int threads = 0;  // OpenMP and OpenBLAS threads; 0 = the cores this process may use (usable_cores())
 };
 
 // OpenBLAS keeps its thread count process-wide: creating a CPU backend sets it to 1, because the backend

@@ -25,6 +25,11 @@ struct Topology {
   int node_major_rank() const { return node_index * local_size + local_rank; }
 };
 
+// The cores this process may run on: its CPU affinity (what Slurm's --cpus-per-task, taskset or a cgroup
+// cpuset gives it), not the machine's count, so a job on part of a node does not start a thread per core of
+// the node. At least 1.
+int usable_cores();
+
 // Reads SHARDTRAIN_RANKS_PER_NODE; 0 when unset. Throws ConfigError on a value that is not a positive integer.
 int ranks_per_node_from_env();
 

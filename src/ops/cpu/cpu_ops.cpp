@@ -1,11 +1,11 @@
 // CpuOps: the Ops interface on the host, forwarding to the kernels in this folder.
 #include <cblas.h>
 
-#include <thread>
 #include <utility>
 
 #include "kernels.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/runtime/topology.hpp"
 
 namespace shardtrain::ops {
 namespace {
@@ -13,8 +13,7 @@ namespace {
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(const CpuOpsOptions& options) {
-    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    ctx_.threads = options.threads > 0 ? options.threads : hw;
+    ctx_.threads = options.threads > 0 ? options.threads : usable_cores();
     openblas_set_num_threads(1);  // the backend splits GEMMs over its own OpenMP threads (gemm.cpp)
   }
 
