@@ -38,6 +38,30 @@ st_require_file() {
   [[ -r "${!v}" && -f "${!v}" ]] || st_die 3 "$v=${!v}: no such readable file (relative paths start at the submit directory, $PWD)"
 }
 
+# st_check_prepare_settings SCRIPT: the variables of jobs/slurm/prepare-data.sbatch (INPUT, TOKENIZER,
+# TOKENIZER_VOCAB, DATASET, OVERWRITE), as the job and submit.sh (PREPARE=1) read them: every input there, the
+# tokenizer there (or, to be trained, not there yet), and DATASET not there unless OVERWRITE=1, in a directory
+# that can be written.
+st_check_prepare_settings() {
+  local script=$1 i dir
+  st_require_vars "$script" INPUT TOKENIZER DATASET
+  [[ "${TOKENIZER_VOCAB:-0}" =~ ^[0-9]+$ ]] || st_die 3 "TOKENIZER_VOCAB=$TOKENIZER_VOCAB: expected a vocabulary size (0: use TOKENIZER as it is)"
+  [[ "${OVERWRITE:-0}" == 0 || "${OVERWRITE:-0}" == 1 ]] || st_die 3 "OVERWRITE=$OVERWRITE: expected 0 or 1"
+  for i in $INPUT; do
+    [[ -e "$i" ]] || st_die 4 "INPUT: $i: no such file or folder (relative paths start at the submit directory, $PWD)"
+  done
+  if ((${TOKENIZER_VOCAB:-0} > 0)); then
+    [[ ! -e "$TOKENIZER" || "${OVERWRITE:-0}" == 1 ]] ||
+      st_die 3 "TOKENIZER=$TOKENIZER exists: with TOKENIZER_VOCAB it is where the trained tokenizer goes; OVERWRITE=1 replaces it"
+  else
+    [[ -e "$TOKENIZER" ]] || st_die 4 "TOKENIZER=$TOKENIZER: no such tokenizer file or folder (TOKENIZER_VOCAB=N trains one there)"
+  fi
+  [[ ! -e "$DATASET" || "${OVERWRITE:-0}" == 1 ]] ||
+    st_die 3 "DATASET=$DATASET exists: a run may be training or resuming on it; OVERWRITE=1 replaces it, or choose another DATASET"
+  dir=$(dirname "$DATASET")
+  mkdir -p "$dir" 2>/dev/null && [[ -w "$dir" ]] || st_die 8 "DATASET=$DATASET: its directory $dir cannot be created or written"
+}
+
 # Ranks per node from Slurm: --ntasks-per-node sets SLURM_NTASKS_PER_NODE; otherwise SLURM_TASKS_PER_NODE
 # ("4(x2)" or "4,4") must name one count for every node. The mesh puts one shard group inside each node, so
 # uneven nodes cannot be meshed. Sets ST_RANKS_PER_NODE.

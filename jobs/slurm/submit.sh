@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Submits a training job and, behind it, the consolidation job that runs only when training has
 # succeeded (--dependency=afterok), requeues included; with EVALUATE=1 also an evaluation job that scores
-# every checkpoint on held-out data (jobs/slurm/evaluate.sbatch). Run from the repository root:
+# every checkpoint on held-out data (jobs/slurm/evaluate.sbatch); with PREPARE=1, in front of training, a job
+# that prepares the dataset it trains on (jobs/slurm/prepare-data.sbatch: INPUT, TOKENIZER, DATASET, ...).
+# Run from the repository root:
 #     CONFIG=configs/llama-1b-hybrid.toml jobs/slurm/submit.sh [jobs/slurm/train-multi-node.sbatch] [more sbatch options]
+#     PREPARE=1 INPUT=fineweb/sample/10BT TOKENIZER=bpe_50K.json DATASET=data/fineweb.h5 CONFIG=... jobs/slurm/submit.sh
 # Both jobs read the variables of their scripts from this environment (CONFIG, STRATEGY, TRAIN_ARGS, ...).
 # The run directory is fixed here, before the job id exists, so that the consolidation job knows it.
 set -euo pipefail
@@ -13,18 +16,31 @@ shift || true
 export RUN_DIR=${RUN_DIR:-runs/$(basename "${CONFIG%.*}")-$(date +%Y%m%d-%H%M%S)}
 export CHECKPOINT_DIR=${CHECKPOINT_DIR:-$RUN_DIR/checkpoints}
 export OUTPUT=${OUTPUT:-$RUN_DIR/hf}
+SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-$PWD}
+SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
+# shellcheck source=jobs/slurm/lib.sh
+source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
+pending=()
+if [[ "${PREPARE:-0}" == 1 ]]; then
+  # The dataset does not exist yet: its job's settings are checked now, the run trains on DATASET, and the
+  # preflight below leaves the data to the training job's own check at its start.
+  st_check_prepare_settings jobs/slurm/prepare-data.sbatch
+  [[ " ${TRAIN_ARGS:-} " != *" --data.path "* && " ${TRAIN_ARGS:-} " != *" --data.mixture "* ]] ||
+    { echo "error: PREPARE=1 trains on DATASET=$DATASET: leave --data.path and --data.mixture out of TRAIN_ARGS" >&2; exit 3; }
+  export TRAIN_ARGS="${TRAIN_ARGS:-} --data.path $DATASET"
+  pending=(--data-pending)
+elif [[ "${PREPARE:-0}" != 0 ]]; then
+  echo "error: PREPARE=$PREPARE: expected 0 or 1" >&2
+  exit 3
+fi
 
 # The preflight, here on the login node and before the queue wait: `shardtrain check` with the run's own
 # command line (offline, seconds). A typo, a missing dataset, a checkpoint of another model or a directory
 # that cannot be made is reported now, not after the job has waited for its nodes. The job checks again when
 # it starts, with its allocation's mesh and the data's checksums. PREFLIGHT=0 submits without it.
-SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-$PWD}
-SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
 if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   [[ -x "$SHARDTRAIN_BIN" ]] ||
     { echo "error: SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)" >&2; exit 3; }
-  # shellcheck source=jobs/slurm/lib.sh
-  source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
   st_check_restart_settings "$script"  # RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, as the job will read them
   [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
   # The allocation the job asks for (its #SBATCH lines and these options), so that the mesh and the batch
@@ -41,19 +57,27 @@ if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   fi
   st_run_args
   rc=0
-  "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" "${world[@]}" >&2 || rc=$?
+  "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" "${world[@]}" "${pending[@]}" >&2 || rc=$?
   if ((rc != 0)); then
     echo "error: not submitted: shardtrain check found the problem(s) above (exit $rc; PREFLIGHT=0 submits anyway)" >&2
     exit "$rc"
   fi
 fi
-train_job=$(sbatch --parsable "$@" "$script")
-train_job=${train_job%%;*}
 mkdir -p "$RUN_DIR"
+after_prepare=()
+if [[ "${PREPARE:-0}" == 1 ]]; then
+  # shellcheck disable=SC2086  # PREPARE_SBATCH_ARGS is a list of words on purpose
+  prepare=$(sbatch --parsable --output="$RUN_DIR/prepare-%j.out" ${PREPARE_SBATCH_ARGS:-} jobs/slurm/prepare-data.sbatch)
+  prepare=${prepare%%;*}
+  after_prepare=(--dependency="afterok:$prepare" --kill-on-invalid-dep=yes)
+  echo "preparation job $prepare -> $DATASET, log $RUN_DIR/prepare-$prepare.out"
+fi
+train_job=$(sbatch --parsable "${after_prepare[@]}" "$@" "$script")
+train_job=${train_job%%;*}
 consolidate=$(sbatch --parsable --dependency="afterok:$train_job" --kill-on-invalid-dep=yes \
   --output="$RUN_DIR/consolidate-%j.out" jobs/slurm/consolidate.sbatch)
 consolidate=${consolidate%%;*}
-jobs_list=$train_job,$consolidate
+jobs_list=${prepare:+$prepare,}$train_job,$consolidate
 echo "training job $train_job ($script), run directory $RUN_DIR"
 echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
 if [[ "${EVALUATE:-0}" == 1 ]]; then

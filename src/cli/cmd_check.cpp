@@ -37,7 +37,8 @@ struct CheckOptions {
   int gpus_per_node = 0;  // 0: the allocation is not known (submit time): the mesh is not checked
   bool verify_data = false;
   bool verify_checkpoint = false;
-  std::string gpu_memory;  // "": the memory is not checked
+  bool data_pending = false;  // the datasets are made by a job queued before the run: not there yet
+  std::string gpu_memory;     // "": the memory is not checked
 };
 
 // One line per check: "  data        ok: ...", "  resume      note: ...", "  outputs     FAILED: ...".
@@ -165,20 +166,26 @@ int run_check(const CheckOptions& o) {
   // The datasets and what the run makes of them.
   std::vector<data::MixtureComponent> sources;
   int64_t total_steps = 0;
-  const bool data_ok = report.run("data", [&] {
-    sources = train::open_data_sources(c);
-    const data::MixedSource mix(sources, data::DatasetSplit::Train, c.data.layout, c.data.seq_len, c.data.seed, c.data.shuffle);
-    mix.require_global_batch(c.data.global_batch_size);
-    const int64_t per_epoch = static_cast<int64_t>(mix.num_samples() / static_cast<size_t>(c.data.global_batch_size));  // drop_last
-    total_steps = train::planned_steps(c, per_epoch);
-    const double tokens = static_cast<double>(total_steps) * c.data.global_batch_size * c.data.seq_len;
-    report.ok("data", fmt::format("{}: {} training samples ({}, seq_len {}) = {} steps per epoch; the run: {} steps, {} tokens, {:.3g} epochs",
-                                  c.data.describe(), mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch,
-                                  total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
-    if (mix.size() > 1)
-      for (size_t k = 0; k < mix.size(); ++k)
-        report.note("data", fmt::format("{}: {}", mix.dataset(k).path(), mix.share(k)));
-  });
+  bool data_ok = false;
+  if (o.data_pending) {
+    report.note("data", fmt::format("{}: not checked: a job queued before the run makes it (--data-pending); the run "
+                                    "checks it when it starts", c.data.describe()));
+  } else {
+    data_ok = report.run("data", [&] {
+      sources = train::open_data_sources(c);
+      const data::MixedSource mix(sources, data::DatasetSplit::Train, c.data.layout, c.data.seq_len, c.data.seed, c.data.shuffle);
+      mix.require_global_batch(c.data.global_batch_size);
+      const int64_t per_epoch = static_cast<int64_t>(mix.num_samples() / static_cast<size_t>(c.data.global_batch_size));  // drop_last
+      total_steps = train::planned_steps(c, per_epoch);
+      const double tokens = static_cast<double>(total_steps) * c.data.global_batch_size * c.data.seq_len;
+      report.ok("data", fmt::format("{}: {} training samples ({}, seq_len {}) = {} steps per epoch; the run: {} steps, {} tokens, {:.3g} epochs",
+                                    c.data.describe(), mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch,
+                                    total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
+      if (mix.size() > 1)
+        for (size_t k = 0; k < mix.size(); ++k)
+          report.note("data", fmt::format("{}: {}", mix.dataset(k).path(), mix.share(k)));
+    });
+  }
   if (data_ok && c.schedule.eval_batches > 0) {
     // As the trainer decides: a source whose validation split holds less than one evaluation batch
     // (micro-batch x world) has no validation loss. Said, not failed: the run goes on without it.
@@ -310,6 +317,8 @@ Command add_check_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   c.app->add_flag("--verify-data", o->verify_data, "read every token of the datasets now: each block's checksum and ids");
   c.app->add_flag("--verify-checkpoint", o->verify_checkpoint, "read the checkpoint to resume from whole: every chunk's checksum");
+  c.app->add_flag("--data-pending", o->data_pending,
+                  "the datasets do not exist yet (a job queued before the run makes them): leave them unchecked");
   c.app->add_option("--gpu-memory", o->gpu_memory,
                     "memory per GPU (80GiB, 80GB): with --nodes/--gpus-per-node, checks that the run's estimate fits it");
   c.app->footer("Exit code: 0 when the run can start; otherwise the first problem's (docs/exit-codes.md), every problem listed.");

@@ -25,7 +25,12 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    statuses: the peers it killed), the rank's crash record names node1, but the partition has no node to spare
    for a 2-node job, so the job restarts without excluding it, resumes from step 8, dies at step 12 again and
    stops (FAILED 137:0).
+7. Preparing the data as a job (jobs/slurm/prepare-data.sbatch): a missing input, an existing dataset and no
+   INPUT end it at once; submit.sh PREPARE=1 queues it in front of training, which waits for it (afterok): it
+   trains a tokenizer on gzip-compressed JSONL and prepares the dataset on the one CPU the job asked for, and
+   the run trains on that dataset to the end.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
+import gzip
 import json
 import subprocess
 import os
@@ -280,5 +285,54 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
           and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from \S+step_0*8\b", out) is not None
           and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
           f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
+
+    # ---- 7. the data prepared by a job, and training queued behind it --------------------------------------
+    prep = os.path.join(args.source, "jobs/slurm/prepare-data.sbatch")
+    corpus_gz = os.path.join(work, "moby.jsonl.gz")
+    with gzip.open(corpus_gz, "wt", encoding="utf-8") as f:
+        moby = clitest.corpus(args, "moby-dick")
+        for name in sorted(os.listdir(moby)):
+            f.write(json.dumps({"text": open(os.path.join(moby, name), encoding="utf-8").read()}) + "\n")
+    prep_opts = ["--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=15", f"--output={work}/%x-%j.out", f"--chdir={args.source}"]
+    prep_env = dict(INPUT=corpus_gz, TOKENIZER=tok, DATASET=os.path.join(work, "prep-bad.h5"))
+    bad_prep = [
+        ("prep-no-input", dict(INPUT=None), 3, "INPUT is not set"),
+        ("prep-missing", dict(INPUT=f"{corpus_gz} /nonexistent/corpus"), 4, "INPUT: /nonexistent/corpus: no such file or folder"),
+        ("prep-exists", dict(DATASET=ds), 3, f"DATASET={ds} exists: a run may be training or resuming on it"),
+    ]
+    jobs = [slurm.sbatch([f"--job-name={name}", *prep_opts, prep], job_env(**{**prep_env, **extra})) for name, extra, _, _ in bad_prep]
+    for (name, _, code, message), job in zip(bad_prep, jobs):
+        info = slurm.wait(job, timeout=120)
+        out = output(info)
+        check(info.get("ExitCode") == f"{code}:0" and message in out and "running:" not in out,
+              f"{name}: exit {info.get('ExitCode')}, expected {code}:0 and {message!r}: {out[-800:]}")
+    check(os.path.getsize(ds) > 0 and not os.path.exists(os.path.join(work, "prep-bad.h5")), "a refused preparation wrote nothing")
+
+    prep_dir = os.path.join(work, "prepared-run")
+    prepared = os.path.join(work, "prepared.h5")
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), single, *sbatch_opts("prepared-run", nodes=1, per_node=2)],
+                       cwd=args.source, capture_output=True, text=True,
+                       env=dict(job_env(RUN_DIR=prep_dir, PREPARE="1", INPUT=corpus_gz, TOKENIZER=os.path.join(work, "prep-tok.json"),
+                                        TOKENIZER_VOCAB="512", DATASET=prepared, PREPARE_SBATCH_ARGS="--cpus-per-task=1 --time=15",
+                                        TRAIN_ARGS=TRAIN_ARGS.replace(f"--data.path {ds} ", "")), SLURM_CONF=slurm.conf))
+    check(p.returncode == 0 and "data       note: " in p.stderr and "--data-pending" in p.stderr,
+          f"submit.sh PREPARE=1: exit {p.returncode}, the preflight leaves the data to the job: {p.stdout} {p.stderr[-1500:]}")
+    ids = [int(w) for line in p.stdout.splitlines() for w in line.split()[2:3] if w.isdigit()]
+    check(len(ids) == 3, f"submit.sh names three jobs: {p.stdout}")
+    if len(ids) == 3:
+        prep_job, train_job, consolidate_job = ids
+        check(f"afterok:{prep_job}" in slurm.job(train_job).get("Dependency", ""), f"training waits for the preparation: {slurm.job(train_job)}")
+        info = slurm.wait(prep_job, timeout=300)
+        out = output(info)
+        check(info.get("JobState") == "COMPLETED" and f"prepared: {prepared}" in out and "tokenized at" in out and "on 1 thread," in out,
+              f"preparation job: {info.get('JobState')} {info.get('ExitCode')}, one thread: {out[-1500:]}")
+        info = slurm.wait(train_job, timeout=400)
+        out = output(info)
+        config = open(os.path.join(prep_dir, "config.toml")).read() if os.path.exists(os.path.join(prep_dir, "config.toml")) else ""
+        check(info.get("JobState") == "COMPLETED" and sorted(losses(prep_dir)) == list(range(1, STEPS + 1))
+              and f'path = "{prepared}"' in config and f"check: data       ok: {prepared}" in out,
+              f"training on the prepared data: {info.get('JobState')} {info.get('ExitCode')}: {out[-2000:]}")
+        info = slurm.wait(consolidate_job, timeout=200)
+        check(info.get("JobState") == "COMPLETED", f"its consolidation: {info.get('JobState')} {output(info)[-800:]}")
 
 check.finish("all Slurm job checks passed")
