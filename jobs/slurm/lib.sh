@@ -59,7 +59,9 @@ st_check_prepare_settings() {
   [[ ! -e "$DATASET" || "${OVERWRITE:-0}" == 1 ]] ||
     st_die 3 "DATASET=$DATASET exists: a run may be training or resuming on it; OVERWRITE=1 replaces it, or choose another DATASET"
   dir=$(dirname "$DATASET")
-  mkdir -p "$dir" 2>/dev/null && [[ -w "$dir" ]] || st_die 8 "DATASET=$DATASET: its directory $dir cannot be created or written"
+  if ! mkdir -p "$dir" 2>/dev/null || [[ ! -w "$dir" ]]; then
+    st_die 8 "DATASET=$DATASET: its directory $dir cannot be created or written"
+  fi
 }
 
 # Ranks per node from Slurm: --ntasks-per-node sets SLURM_NTASKS_PER_NODE; otherwise SLURM_TASKS_PER_NODE
