@@ -149,6 +149,13 @@ check(r.returncode == 4, f"missing data + unwritable checkpoints: exit {r.return
 check("missing.h5" in " ".join(line(r, "data")) and "FAILED" in " ".join(line(r, "data")), f"data named: {line(r, 'data')}")
 check("checkpoint.dir: cannot create /proc/shardtrain-check" in " ".join(line(r, "outputs")), f"outputs named: {line(r, 'outputs')}")
 check("2 problem(s)" in r.stderr, f"the count of problems: {r.stderr}")
+# The data a job queued before the run will make (submit.sh PREPARE=1): a note, and the rest still checked.
+r = run_check("--data.path", os.path.join(work, "missing.h5"), "--data-pending", "--verify-data")
+data = " ".join(line(r, "data"))
+check(r.returncode == 0 and "missing.h5: not checked: a job queued before the run makes it" in data and "data       note:" in r.stdout
+      and not line(r, "verify") and not line(r, "validation") and line(r, "outputs"), f"--data-pending: exit {r.returncode}: {r.stdout}")
+r = run_check("--data.path", os.path.join(work, "missing.h5"), "--data-pending", "--checkpoint.dir", "/proc/shardtrain-check")
+check(r.returncode == 8, f"--data-pending checks the outputs still: exit {r.returncode}: {r.stdout}")
 r = run_check("--model.vocab_size", "200")
 check(r.returncode == 3 and "model.vocab_size: 200 is smaller than the vocabulary" in r.stdout, f"vocab 200: {r.returncode} {r.stdout}")
 r = run_check("--data.global_batch_size", str(big))
