@@ -184,13 +184,13 @@ uint64_t InputFile::estimate_size(const std::string& path) {
   const uint64_t guess = 4 * size;  // text compresses about this much
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return guess;
-  uint8_t head[18] = {};  // a zstd frame header is at most 18 bytes
   uint64_t estimate = guess;
   if (compression == InputCompression::Gzip && size >= 4) {
     // The last member's length mod 2^32: the whole when the file is one member of under 4 GiB.
     uint32_t isize = 0;
     if (pread(fd, &isize, 4, static_cast<off_t>(size - 4)) == 4 && isize >= size) estimate = isize;
   } else if (compression == InputCompression::Zstd) {
+    uint8_t head[18] = {};  // a zstd frame header is at most 18 bytes
     const ssize_t got = pread(fd, head, sizeof(head), 0);
     const auto content = got > 0 ? ZSTD_getFrameContentSize(head, static_cast<size_t>(got)) : ZSTD_CONTENTSIZE_UNKNOWN;
     if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != ZSTD_CONTENTSIZE_ERROR && content >= size) estimate = content;
