@@ -173,12 +173,6 @@ std::vector<int64_t> delta_binary_packed(const uint8_t*& p, const uint8_t* end, 
   return out;
 }
 
-// Decoded values of one page: views into the page (or dictionary), or strings made by DELTA_BYTE_ARRAY.
-struct PageValues {
-  std::vector<std::string_view> views;
-  std::vector<std::string> owned;
-};
-
 void plain_byte_arrays(const uint8_t* p, const uint8_t* end, size_t count, std::vector<std::string_view>& out) {
   if (count > static_cast<size_t>(end - p) / 4) fail("{} PLAIN values in a page of {} bytes", count, end - p);
   out.reserve(out.size() + count);
@@ -421,10 +415,9 @@ class ChunkReader {
     if (v2 && rows - present != static_cast<size_t>(h.v2_num_nulls))
       fail("a v2 data page of {} nulls whose levels say {}", h.v2_num_nulls, rows - present);
     decode_values(h.encoding, p, end, present);
-    const auto& values = values_.owned.empty() ? values_.views : owned_views_;
     size_t next = 0;
     for (const uint32_t level : levels_) {
-      if (level == static_cast<uint32_t>(max_def)) emit_(values[next++]);
+      if (level == static_cast<uint32_t>(max_def)) emit_(values_[next++]);
       else emit_(std::nullopt);
     }
     return rows;
@@ -458,10 +451,10 @@ class ChunkReader {
   }
 
   void decode_values(int32_t encoding, const uint8_t* p, const uint8_t* end, size_t count) {
-    values_.views.clear();
-    values_.owned.clear();
+    values_.clear();
+    owned_.clear();
     switch (static_cast<Encoding>(encoding)) {
-      case Encoding::Plain: plain_byte_arrays(p, end, count, values_.views); return;
+      case Encoding::Plain: plain_byte_arrays(p, end, count, values_); return;
       case Encoding::PlainDictionary:
       case Encoding::RleDictionary: {
         if (!have_dictionary_) fail("a dictionary-encoded page with no dictionary page before it");
@@ -470,17 +463,17 @@ class ChunkReader {
         const int width = *p++;
         indices_.resize(count);
         HybridDecoder(p, end, width).read(indices_.data(), count);
-        values_.views.reserve(count);
+        values_.reserve(count);
         for (const uint32_t i : indices_) {
           if (i >= dictionary_.size()) fail("a dictionary index of {} into {} entries", i, dictionary_.size());
-          values_.views.push_back(dictionary_[i]);
+          values_.push_back(dictionary_[i]);
         }
         return;
       }
-      case Encoding::DeltaLengthByteArray: delta_length_byte_arrays(p, end, count, values_.views); return;
+      case Encoding::DeltaLengthByteArray: delta_length_byte_arrays(p, end, count, values_); return;
       case Encoding::DeltaByteArray: {
-        delta_byte_arrays(p, end, count, values_.owned);
-        owned_views_.assign(values_.owned.begin(), values_.owned.end());
+        delta_byte_arrays(p, end, count, owned_);  // each value is made: a prefix of the one before, then its suffix
+        values_.assign(owned_.begin(), owned_.end());
         return;
       }
       default: fail("string values in {}, which this reader does not decode", encoding_name(encoding));
@@ -494,8 +487,8 @@ class ChunkReader {
   std::vector<uint8_t> dictionary_buffer_, page_buffer_;
   std::vector<std::string_view> dictionary_;
   std::vector<uint32_t> levels_, indices_;
-  PageValues values_;
-  std::vector<std::string_view> owned_views_;
+  std::vector<std::string_view> values_;  // the page's values: into the page, the dictionary, or owned_
+  std::vector<std::string> owned_;
 };
 
 }  // namespace
