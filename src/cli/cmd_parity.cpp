@@ -23,8 +23,8 @@
 #include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
-#include "shardtrain/train/config_io.hpp"
 #include "shardtrain/runtime/topology.hpp"
+#include "shardtrain/train/config_io.hpp"
 
 namespace fs = std::filesystem;
 

@@ -92,22 +92,22 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   PrepareSummary summary;
   summary.files = files.size();
   // The progress bar counts what the reading hands out: a Parquet file's text column, the others' bytes.
-  std::vector<uint64_t> file_text(files.size());
-  uint64_t total_text = 0;
-  for (size_t i = 0; i < files.size(); ++i) total_text += file_text[i] = document_bytes_estimate(files[i], options.documents);
+  std::vector<uint64_t> file_estimate(files.size());
+  uint64_t total_estimate = 0;
+  for (size_t i = 0; i < files.size(); ++i) total_estimate += file_estimate[i] = document_bytes_estimate(files[i], options.documents);
 
-  // Pass 1: documents in batches of about batch_bytes of text, tokenized on all cores, their ids appended to
+  // Pass 1: documents as read in batches of about batch_bytes, tokenized on all cores, their ids appended to
   // a temporary file beside the output (removed however this ends) and their lengths to the offsets.
-  const std::string raw_path = fmt::format("{}.tokens-tmp-{}", options.output, ::getpid());
+  const std::string tokens_tmp_path = fmt::format("{}.tokens-tmp-{}", options.output, ::getpid());
   struct RemoveOnExit {
     const std::string& p;
     ~RemoveOnExit() {
       std::error_code ec;
       fs::remove(p, ec);
     }
-  } remove_raw{raw_path};
-  std::ofstream raw(raw_path, std::ios::binary | std::ios::trunc);
-  if (!raw) throw IoError(fmt::format("{}: cannot create the temporary token file: {}", raw_path, std::strerror(errno)));
+  } remove_tmp{tokens_tmp_path};
+  std::ofstream tokens_tmp(tokens_tmp_path, std::ios::binary | std::ios::trunc);
+  if (!tokens_tmp) throw IoError(fmt::format("{}: cannot create the temporary token file: {}", tokens_tmp_path, std::strerror(errno)));
   const int threads = options.threads > 0 ? options.threads : usable_cores();
   summary.threads = threads;
   std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
@@ -118,7 +118,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::vector<uint8_t> skipped;
   std::vector<size_t> text_bytes;
   {
-    ProgressBar bar({.label = "tokenize", .total = total_text, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
+    ProgressBar bar({.label = "tokenize", .total = total_estimate, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
     auto flush = [&] {
       if (batch.docs.empty()) return;
       const auto t1 = std::chrono::steady_clock::now();
@@ -130,10 +130,10 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
           ++summary.empty_documents_skipped;
           continue;
         }
-        raw.write(reinterpret_cast<const char*>(ids[d].data()), static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
+        tokens_tmp.write(reinterpret_cast<const char*>(ids[d].data()), static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
         offsets.push_back(offsets.back() + static_cast<int64_t>(ids[d].size()));
       }
-      if (!raw) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", raw_path));
+      if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
       bar.advance(batch.bytes);
       batch.clear();
     };
@@ -150,14 +150,14 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         batch.file.push_back(static_cast<uint32_t>(i));
         if (batch.bytes >= options.batch_bytes) flush();
       });
-      bar.advance(file_text[i] > read ? file_text[i] - read : 0);  // what the estimate counted beyond the reading
+      bar.advance(file_estimate[i] > read ? file_estimate[i] - read : 0);  // what the estimate counted beyond the reading
     }
     flush();
     bar.finish();
   }
   if (offsets.size() == 1) throw DataError("prepare-data: the inputs hold no non-empty document");
-  raw.close();
-  if (!raw) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", raw_path));
+  tokens_tmp.close();
+  if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
 
   // Pass 2: the dataset, its tokens read back from the temporary file piece by piece.
   const size_t docs = offsets.size() - 1, num_tokens = static_cast<size_t>(offsets.back());
@@ -167,12 +167,12 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   info.split_seed = options.seed;
   if (!info.eot_id) log::warn("prepare-data: tokenizer {} has no end-of-text token; the packed layout will refuse this dataset",
                               tokenizer.name());
-  std::ifstream back(raw_path, std::ios::binary);
+  std::ifstream back(tokens_tmp_path, std::ios::binary);
   write_dataset(
       options.output, num_tokens,
       [&](size_t, std::span<TokenId> out) {
         back.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size_bytes()));
-        if (!back) throw IoError(fmt::format("{}: cannot read back the temporary token file", raw_path));
+        if (!back) throw IoError(fmt::format("{}: cannot read back the temporary token file", tokens_tmp_path));
       },
       offsets, info);
 
