@@ -1,4 +1,4 @@
-// `shardtrain prepare-data`: tokenize text, JSONL or Parquet files with all cores into one HDF5 dataset (docs/data.md).
+// `shardtrain prepare-data`: tokenize text, JSONL, Parquet or Arrow files with all cores into one HDF5 dataset (docs/data.md).
 #include <fmt/format.h>
 
 #include <memory>
@@ -14,13 +14,13 @@ Command add_prepare_data_command(CLI::App& parent) {
   auto o = std::make_shared<data::PrepareOptions>();
   auto format = std::make_shared<std::string>("auto");
   auto blank_lines = std::make_shared<bool>(false);
-  auto* app = parent.add_subcommand("prepare-data", "tokenize text, JSONL or Parquet files into an HDF5 token dataset");
+  auto* app = parent.add_subcommand("prepare-data", "tokenize text, JSONL, Parquet or Arrow files into an HDF5 token dataset");
   app->add_option("--tokenizer,-t", o->tokenizer, "*.tiktoken, tokenizer.json, or a folder with one")->required();
-  app->add_option("--input,-i", o->inputs, "text or JSONL files (plain, .gz or .zst) or Parquet files, or folders of them (sorted)")->required();
+  app->add_option("--input,-i", o->inputs, "text or JSONL files (plain, .gz or .zst), Parquet or Arrow files, or folders of them (sorted; a save_to_disk folder: its files)")->required();
   app->add_option("--output,-o", o->output, "the dataset to write, e.g. data/sotu.h5")->required();
-  app->add_option("--format", *format, "auto (*.jsonl/*.json[.gz|.zst] are JSONL, *.parquet Parquet), text, jsonl or parquet")->capture_default_str();
+  app->add_option("--format", *format, "auto (*.jsonl/*.json[.gz|.zst] are JSONL, *.parquet Parquet, *.arrow/*.feather Arrow), text, jsonl, parquet or arrow")->capture_default_str();
   app->add_flag("--blank-line-documents", *blank_lines, "text: one document per blank-line-separated block (default: per file)");
-  app->add_option("--text-field", o->documents.text_field, "JSONL: the field holding the text; Parquet: the column")->capture_default_str();
+  app->add_option("--text-field", o->documents.text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")->capture_default_str();
   app->add_option("--validation-fraction", o->validation_fraction, "share of documents held out for validation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999));

@@ -1,5 +1,5 @@
-// Reading documents (documents.hpp): text, JSONL and Parquet inputs, plain or, for text and JSONL, compressed
-// with gzip or zstd (input_file.hpp); folders expanded into their files.
+// Reading documents (documents.hpp): text, JSONL, Parquet and Arrow inputs, plain or, for text and JSONL,
+// compressed with gzip or zstd (input_file.hpp); folders expanded into their files.
 #include "shardtrain/data/documents.hpp"
 
 #include <nlohmann/json.hpp>
@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "input_file.hpp"
+#include "shardtrain/data/arrow_ipc.hpp"
 #include "shardtrain/data/parquet.hpp"
 #include "shardtrain/runtime/error.hpp"
 
@@ -21,7 +22,8 @@ InputFormat parse_input_format(const std::string& s) {
   if (s == "text" || s == "txt") return InputFormat::Text;
   if (s == "jsonl" || s == "json") return InputFormat::Jsonl;
   if (s == "parquet") return InputFormat::Parquet;
-  throw UsageError(fmt::format("unknown input format '{}': expected auto, text, jsonl or parquet", s));
+  if (s == "arrow") return InputFormat::Arrow;
+  throw UsageError(fmt::format("unknown input format '{}': expected auto, text, jsonl, parquet or arrow", s));
 }
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
@@ -30,18 +32,30 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   for (const auto& in : inputs) {
     std::error_code ec;
     if (fs::is_directory(in, ec)) {
-      std::vector<std::string> found;
+      if (auto files = hf_dataset_files(in)) {
+        out.insert(out.end(), files->begin(), files->end());
+        continue;
+      }
+      // Sorted by path; a save_to_disk folder inside keeps its own order, sorted where its folder falls.
+      std::vector<std::pair<std::string, std::vector<std::string>>> found;
       for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink);
            it != fs::recursive_directory_iterator(); ++it) {
         if (it->path().filename().string().starts_with(".")) {
           if (it->is_directory()) it.disable_recursion_pending();
           continue;
         }
-        if (it->is_regular_file()) found.push_back(it->path().string());
+        if (it->is_directory()) {
+          if (auto files = hf_dataset_files(it->path().string())) {
+            it.disable_recursion_pending();
+            found.emplace_back(it->path().string() + "/", std::move(*files));
+          }
+        } else if (it->is_regular_file()) {
+          found.emplace_back(it->path().string(), std::vector<std::string>{it->path().string()});
+        }
       }
       if (found.empty()) throw DataError(fmt::format("{}: folder has no files", in));
       std::sort(found.begin(), found.end());
-      out.insert(out.end(), found.begin(), found.end());
+      for (auto& [key, files] : found) out.insert(out.end(), files.begin(), files.end());
     } else if (fs::exists(in, ec)) {
       out.push_back(in);
     } else {
@@ -59,15 +73,17 @@ InputFormat format_of(const std::string& path, const DocumentOptions& options) {
   const auto ext = std::filesystem::path(without_compression_extension(path)).extension().string();
   if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return InputFormat::Jsonl;
   if (ext == ".parquet") return InputFormat::Parquet;
+  if (ext == ".arrow" || ext == ".arrows" || ext == ".feather" || ext == ".ipc") return InputFormat::Arrow;
   return InputFormat::Text;
 }
 
-// A Parquet file's text column, row by row; a null text is an error, as a missing JSONL field is.
-void for_each_parquet_document(const std::string& path, const std::string& column,
-                               const std::function<void(std::string&& document)>& emit) {
+// A Parquet or Arrow file's text column, row by row; a null text is an error, as a missing JSONL field is.
+template <typename File>
+void for_each_column_document(const std::string& path, const std::string& column,
+                              const std::function<void(std::string&& document)>& emit) {
   std::error_code ec;
   if (std::filesystem::file_size(path, ec) == 0 && !ec) throw DataError(fmt::format("{}: input file is empty", path));
-  const auto file = ParquetFile::open(path);
+  const auto file = File::open(path);
   const auto& text = file.string_column(column);
   int64_t row = 0;
   file.for_each_string(text, [&](std::optional<std::string_view> value) {
@@ -82,9 +98,14 @@ void for_each_parquet_document(const std::string& path, const std::string& colum
 }  // namespace
 
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
-  if (format_of(path, options) == InputFormat::Parquet) {
+  const InputFormat format = format_of(path, options);
+  if (format == InputFormat::Parquet) {
     const auto file = ParquetFile::open(path);
     return file.uncompressed_bytes(file.string_column(options.text_field));
+  }
+  if (format == InputFormat::Arrow) {
+    const auto file = ArrowIpcFile::open(path);
+    return file.string_bytes_estimate(file.string_column(options.text_field));
   }
   return InputFile::estimate_size(path);
 }
@@ -114,8 +135,10 @@ void for_each_document(const std::string& path, const DocumentOptions& options,
 void for_each_raw_document(const std::string& path, const DocumentOptions& options,
                            const std::function<void(RawDocument&& document)>& emit) {
   const InputFormat format = format_of(path, options);
-  if (format == InputFormat::Parquet) {
-    for_each_parquet_document(path, options.text_field, [&](std::string&& text) { emit({std::move(text), 0}); });
+  if (format == InputFormat::Parquet || format == InputFormat::Arrow) {
+    const auto as_raw = [&](std::string&& text) { emit({std::move(text), 0}); };
+    if (format == InputFormat::Parquet) for_each_column_document<ParquetFile>(path, options.text_field, as_raw);
+    else for_each_column_document<ArrowIpcFile>(path, options.text_field, as_raw);
     return;
   }
   InputFile in(path);

@@ -5,12 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include "parquet_format.hpp"
@@ -39,10 +33,6 @@ std::string encoding_name(int32_t encoding) {
                                            "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY",
                                            "RLE_DICTIONARY", "BYTE_STREAM_SPLIT"};
   return encoding >= 0 && encoding < 10 ? kNames[encoding] : fmt::format("encoding {}", encoding);
-}
-
-MappedFile::~MappedFile() {
-  if (data != nullptr && size > 0) munmap(const_cast<uint8_t*>(data), size);
 }
 
 namespace {
@@ -202,28 +192,8 @@ ParquetFile ParquetFile::open(const std::string& path) {
   ParquetFile f;
   FileMetadata& m = *f.meta_;
   m.path = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  struct stat sb {};
-  if (fstat(fd, &sb) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw DataError(fmt::format("{}: cannot stat: {}", path, std::strerror(err)));
-  }
-  const auto size = static_cast<size_t>(sb.st_size);
-  if (size > 0) {
-    void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      throw DataError(fmt::format("{}: cannot map: {}", path, std::strerror(err)));
-    }
-    m.file.data = static_cast<const uint8_t*>(p);
-    m.file.size = size;
-    madvise(p, size, MADV_SEQUENTIAL);
-  }
-  ::close(fd);  // the mapping keeps the file
-
+  m.file.map(path);
+  const size_t size = m.file.size;
   const uint8_t* d = m.file.data;
   if (size >= 4 && std::memcmp(d + size - 4, "PARE", 4) == 0)
     throw DataError(fmt::format("{}: an encrypted Parquet file (its footer is encrypted), which is not supported", path));

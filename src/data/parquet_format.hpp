@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mapped_file.hpp"
 #include "shardtrain/data/parquet.hpp"
 
 namespace shardtrain::data::parquet_detail {
@@ -27,16 +28,6 @@ enum class PageType : int32_t { DataPage = 0, IndexPage = 1, DictionaryPage = 2,
 const char* physical_type_name(int32_t type);
 std::string codec_name(int32_t codec);
 std::string encoding_name(int32_t encoding);
-
-// The file, mapped read-only for as long as the ParquetFile lives.
-struct MappedFile {
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-  MappedFile() = default;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile();
-};
 
 struct ColumnChunk {
   int32_t type = -1;
@@ -57,7 +48,7 @@ struct RowGroup {
 
 struct FileMetadata {
   std::string path;
-  MappedFile file;
+  MappedFile file;  // mapped for as long as the ParquetFile lives
   size_t footer_begin = 0;  // where the column data ends
   int64_t num_rows = 0;
   std::string created_by;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -107,6 +108,56 @@ inline fs::path tmp_path(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("shardtrain-data-tests-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   return dir / name;
+}
+
+// Real prose in sentences and lines of every length, repeated ones (so dictionaries form), the hand-made edge cases,
+// nulls, empty strings, and one text longer than a page.
+inline std::vector<std::optional<std::string>> texts_with_nulls() {
+  std::vector<std::optional<std::string>> out;
+  size_t k = 0;
+  for (const auto& doc : real_texts(400'000)) {
+    for (size_t begin = 0, end; begin < doc.size(); begin = end) {  // sentences and lines, with their ends
+      end = std::min(doc.find('\n', begin), doc.find(". ", begin));
+      end = end == std::string::npos ? doc.size() : end + 1;
+      out.emplace_back(doc.substr(begin, end - begin));
+      if (++k % 37 == 0) out.emplace_back(std::nullopt);
+      if (k % 41 == 0) out.emplace_back("");
+      if (k % 29 == 0) out.emplace_back("Applause.");
+    }
+  }
+  for (const auto& e : edge_texts()) out.emplace_back(e);
+  std::string long_text;
+  for (const auto& doc : real_texts(300'000)) long_text += doc;
+  out.emplace_back(long_text);
+  out.emplace_back(std::string("a NUL \x00 inside", 15));
+  return out;
+}
+
+// Runs a file writer of tests/data (write_parquet.mjs, write_arrow.mjs) on `texts` (nullopt: a null) for each
+// file spec, a JSON object whose "path" is filled in as tmp_path(name + extension); the paths written, in order,
+// or none after a failure the test reports.
+inline std::vector<std::string> write_with_node(const std::string& script_name, const std::string& extension,
+                                                const std::vector<std::optional<std::string>>& texts,
+                                                std::vector<nlohmann::json> files) {
+  nlohmann::json spec;
+  spec["texts"] = nlohmann::json::array();
+  for (const auto& t : texts) spec["texts"].push_back(t ? nlohmann::json(*t) : nlohmann::json(nullptr));
+  std::vector<std::string> paths;
+  for (auto& f : files) {
+    f["path"] = tmp_path(f["name"].get<std::string>() + extension).string();
+    paths.push_back(f["path"]);
+  }
+  spec["files"] = files;
+  const auto spec_path = tmp_path(script_name + "-spec.json");
+  std::ofstream(spec_path, std::ios::binary) << spec.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  const auto script = fs::path(SHARDTRAIN_SOURCE_DIR) / "tests" / "data" / script_name;
+  const std::string cmd = "node '" + script.string() + "' '" + fetched_dir().string() + "' '" + spec_path.string() + "'";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    ADD_FAILURE() << script_name << " failed (rc " << rc << "): " << cmd;
+    return {};
+  }
+  return paths;
 }
 
 // Writes tokens in documents of the given offsets as tmp_path(name), with a synthetic tokenizer record

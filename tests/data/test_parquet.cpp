@@ -20,27 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 using Texts = std::vector<std::optional<std::string>>;
 
-// Runs write_parquet.mjs on `texts` for each file spec (JSON objects; "path" is filled in from "name").
 std::vector<std::string> write_parquet(const Texts& texts, std::vector<nlohmann::json> files) {
-  nlohmann::json spec;
-  spec["texts"] = nlohmann::json::array();
-  for (const auto& t : texts) spec["texts"].push_back(t ? nlohmann::json(*t) : nlohmann::json(nullptr));
-  std::vector<std::string> paths;
-  for (auto& f : files) {
-    f["path"] = testing::tmp_path(f["name"].get<std::string>() + ".parquet").string();
-    paths.push_back(f["path"]);
-  }
-  spec["files"] = files;
-  const auto spec_path = testing::tmp_path("parquet-spec.json");
-  std::ofstream(spec_path, std::ios::binary) << spec.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
-  const auto script = fs::path(SHARDTRAIN_SOURCE_DIR) / "tests" / "data" / "write_parquet.mjs";
-  const std::string cmd = "node '" + script.string() + "' '" + testing::fetched_dir().string() + "' '" + spec_path.string() + "'";
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    ADD_FAILURE() << "the Parquet writers failed (rc " << rc << "): " << cmd;
-    return {};
-  }
-  return paths;
+  return testing::write_with_node("write_parquet.mjs", ".parquet", texts, std::move(files));
 }
 
 Texts read_column(const std::string& path, const std::string& column, ParquetReadStats* stats = nullptr) {
@@ -49,29 +30,6 @@ Texts read_column(const std::string& path, const std::string& column, ParquetRea
   file.for_each_string(
       file.string_column(column), [&](std::optional<std::string_view> v) { out.push_back(v ? std::optional<std::string>(*v) : std::nullopt); },
       stats);
-  return out;
-}
-
-// Real prose in sentences and lines of every length, repeated ones (so dictionaries form), the hand-made edge cases,
-// nulls, empty strings, and one text longer than a page.
-Texts sample_texts() {
-  Texts out;
-  size_t k = 0;
-  for (const auto& doc : testing::real_texts(400'000)) {
-    for (size_t begin = 0, end; begin < doc.size(); begin = end) {  // sentences and lines, with their ends
-      end = std::min(doc.find('\n', begin), doc.find(". ", begin));
-      end = end == std::string::npos ? doc.size() : end + 1;
-      out.emplace_back(doc.substr(begin, end - begin));
-      if (++k % 37 == 0) out.emplace_back(std::nullopt);
-      if (k % 41 == 0) out.emplace_back("");
-      if (k % 29 == 0) out.emplace_back("Applause.");
-    }
-  }
-  for (const auto& e : testing::edge_texts()) out.emplace_back(e);
-  std::string long_text;
-  for (const auto& doc : testing::real_texts(300'000)) long_text += doc;
-  out.emplace_back(long_text);
-  out.emplace_back(std::string("a NUL \x00 inside", 15));
   return out;
 }
 
@@ -90,7 +48,7 @@ std::string describe(const ParquetReadStats& s) {
 
 TEST(Parquet, EveryCodecPageVersionAndEncodingReadsBackExactly) {
   if (!testing::require_fetched()) return;
-  const Texts texts = sample_texts();
+  const Texts texts = testing::texts_with_nulls();
   ASSERT_GT(texts.size(), 2000u);
   struct Case {
     nlohmann::json spec;

@@ -4,32 +4,18 @@ files): fineweb's columns and pyarrow's defaults, each codec, data pages v2, the
 large_string, page checksums. Each file's dataset must equal, token for token, the one prepared from the
 JSONL of pyarrow's own reading of the same file. A byte changed in a checksummed page, and a null text, are
 exit 4 with the file named."""
-import json
 import os
 import shutil
-import subprocess
 
-from torch_env import HERE, Test
+from pyarrow_common import prepare as prepare_file, pyarrow_side, same_tokens, sample_texts
+from torch_env import Test
 
 t = Test()
 args, check, work, env = t.args, t.check, t.work, t.env
-tokenizer = os.path.join(args.source, "data", "fetched", "tokenizers", "r50k_base.tiktoken")
-
-# The default corpus in sentences (the short ones repeat, so dictionaries form), and text no address has.
-texts = []
-sotu = os.path.join(args.source, "data", "fetched", "corpus", "sotu")
-for name in sorted(os.listdir(sotu)):
-    text = open(os.path.join(sotu, name), encoding="utf-8").read()
-    texts += [s + "." for s in text.replace("\n", " ").split(". ") if s.strip()]
-texts += ["", "Ünïcödé café, 中文文本, emoji 😀👍🏽, a NUL \x00 inside", "x" * 200_000]
-with open(os.path.join(work, "texts.json"), "w", encoding="utf-8") as f:
-    json.dump(texts, f, ensure_ascii=False)
-
-rc, out, err = env.run("python3", os.path.join(HERE, "pyarrow_side.py"), os.path.join(work, "texts.json"), work)
-if rc != 0:
-    print(f"FAIL: pyarrow_side.py exit {rc}\n{out}\n{err[-3000:]}")
+texts = sample_texts(args.source)
+report = pyarrow_side(env, "parquet", texts, work)
+if report is None:
     raise SystemExit(1)
-report = json.loads(out.strip().splitlines()[-1])
 print(f"pyarrow {report['pyarrow']}: {len(texts)} texts in {len(report['cases'])} files")
 
 # What each case must have made pyarrow write, read from the files' own metadata.
@@ -43,16 +29,7 @@ expected = {
 
 
 def prepare(inp, name):
-    """prepare-data of INP into WORK/NAME.h5 in 1 MB batches: (exit code, dataset, stderr)."""
-    ds = os.path.join(work, f"{name}.h5")
-    p = subprocess.run([args.shardtrain, "prepare-data", "-t", tokenizer, "-i", inp, "-o", ds, "--batch-mb", "1",
-                        "--validation-fraction", "0.01", "--log-level", "warn"], capture_output=True, text=True, timeout=300)
-    return p.returncode, ds, p.stderr
-
-
-def same_tokens(a, b):
-    return all(subprocess.run(["h5diff", a, b, obj, obj], capture_output=True).returncode == 0
-               for obj in ("/tokens", "/doc_offsets", "/split/train", "/split/validation"))
+    return prepare_file(args, work, inp, name)
 
 
 for name, (codec, encoding) in expected.items():

@@ -1,20 +1,24 @@
-"""Inside scripts/torch-env.sh: Parquet files written by pyarrow (Arrow C++, the library fineweb's own files
-were written with) for parquet_pyarrow_test.py to give to shardtrain prepare-data.
+"""Inside scripts/torch-env.sh: Parquet and Arrow IPC files written by pyarrow (Arrow C++: the library
+fineweb's own files were written with, and the one the `datasets` library saves with) for
+parquet_pyarrow_test.py and arrow_pyarrow_test.py to give to shardtrain prepare-data.
 
-    python3 pyarrow_side.py TEXTS.json OUT_DIR
+    python3 pyarrow_side.py parquet|arrow TEXTS.json OUT_DIR
 
 TEXTS.json is a list of strings. OUT_DIR gets one file per case below, and pyarrow's own reading of each
 text column as CASE.jsonl ({"text": ...} per row), for the test to prepare the same texts from; prints a
-JSON object {"pyarrow": version, "cases": {case: {"rows", "row_groups", "codec", "encodings", "chunk_end",
-"created_by"}}}; chunk_end is where the text column's last chunk ends (inside its last page)."""
+JSON object {"pyarrow": version, "cases": {case: {...}}}. Parquet cases report "rows", "row_groups",
+"codec", "encodings", "chunk_end" (where the text column's last chunk ends, inside its last page) and
+"created_by"; Arrow cases "rows", "batches", "bytes", "path" and pyarrow's reading "stats" (record batches,
+dictionary batches, deltas)."""
 import json
 import os
 import sys
 
 import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-texts_path, out = sys.argv[1], sys.argv[2]
+mode, texts_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
 texts = json.load(open(texts_path, encoding="utf-8"))
 n = len(texts)
 
@@ -34,7 +38,7 @@ def fineweb_table(text_type=pa.string()):
     })
 
 
-CASES = {
+PARQUET_CASES = {
     # what fineweb's writer asked of pyarrow: snappy, its defaults otherwise (dictionary, data pages v1)
     "fineweb-snappy": dict(compression="snappy"),
     "zstd-v2-pages": dict(compression="zstd", data_page_version="2.0", row_group_size=2000, data_page_size=16384),
@@ -49,27 +53,120 @@ CASES = {
     "checksums": dict(compression="snappy", write_page_checksum=True, data_page_size=65536),
 }
 
-report = {}
-for name, options in CASES.items():
-    options = dict(options)
-    table = fineweb_table(options.pop("text_type", pa.string()))
-    path = os.path.join(out, f"{name}.parquet")
-    pq.write_table(table, path, **options)
-    back = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+
+def write_jsonl(name, back):
     assert back == texts, name
     with open(os.path.join(out, f"{name}.jsonl"), "w", encoding="utf-8") as f:
         for t in back:
             f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
-    meta = pq.ParquetFile(path).metadata
-    last = meta.row_group(meta.num_row_groups - 1).column(0)  # the text column's last chunk
-    start = last.dictionary_page_offset if last.has_dictionary_page else last.data_page_offset
-    report[name] = {
-        "rows": meta.num_rows, "row_groups": meta.num_row_groups, "codec": last.compression,
-        "encodings": sorted(set(e for g in range(meta.num_row_groups) for e in meta.row_group(g).column(0).encodings)),
-        "chunk_end": start + last.total_compressed_size, "created_by": meta.created_by,
-    }
 
-# A null text among the others, for the error.
-with_null = pa.table({"text": pa.array(texts[:10] + [None] + texts[10:20])})
-pq.write_table(with_null, os.path.join(out, "with-null.parquet"))
+
+def parquet_cases():
+    report = {}
+    for name, options in PARQUET_CASES.items():
+        options = dict(options)
+        table = fineweb_table(options.pop("text_type", pa.string()))
+        path = os.path.join(out, f"{name}.parquet")
+        pq.write_table(table, path, **options)
+        write_jsonl(name, pq.read_table(path, columns=["text"]).column("text").to_pylist())
+        meta = pq.ParquetFile(path).metadata
+        last = meta.row_group(meta.num_row_groups - 1).column(0)  # the text column's last chunk
+        start = last.dictionary_page_offset if last.has_dictionary_page else last.data_page_offset
+        report[name] = {
+            "rows": meta.num_rows, "row_groups": meta.num_row_groups, "codec": last.compression,
+            "encodings": sorted(set(e for g in range(meta.num_row_groups) for e in meta.row_group(g).column(0).encodings)),
+            "chunk_end": start + last.total_compressed_size, "created_by": meta.created_by,
+        }
+    # A null text among the others, for the error.
+    with_null = pa.table({"text": pa.array(texts[:10] + [None] + texts[10:20])})
+    pq.write_table(with_null, os.path.join(out, "with-null.parquet"))
+    return report
+
+
+def dictionary_batches(batch_rows):
+    """The texts dictionary-encoded, batch by batch, each batch's dictionary extending the one before (what
+    emit_dictionary_deltas turns into delta dictionary batches)."""
+    uniques, index, batches = [], {}, []
+    for begin in range(0, n, batch_rows):
+        ids = []
+        for t in texts[begin:begin + batch_rows]:
+            if t not in index:
+                index[t] = len(uniques)
+                uniques.append(t)
+            ids.append(index[t])
+        column = pa.DictionaryArray.from_arrays(pa.array(ids, type=pa.int32()), pa.array(list(uniques)))
+        batches.append(pa.record_batch({"text": column}))
+    return batches
+
+
+def arrow_cases():
+    """Arrow streams as `datasets` writes them (its ArrowWriter: a RecordBatchStreamWriter, batches of 1000 rows,
+    its features in the schema's metadata) in a save_to_disk folder, and pyarrow's other forms: LZ4 and zstd
+    bodies, the file format, Feather v2, string views, large strings, dictionary deltas."""
+    hf_meta = {b"huggingface": json.dumps({"info": {"features": {"text": {"dtype": "string", "_type": "Value"}}}}).encode()}
+    fineweb = fineweb_table()
+    # Views built 1000 rows at a time: a slice of one big view array would carry all of its data buffers into
+    # every batch (63 x 11 MB).
+    views = fineweb.set_column(0, "text", pa.chunked_array([pa.array(texts[i:i + 1000], type=pa.string_view())
+                                                            for i in range(0, n, 1000)]))
+    lz4 = pa.ipc.IpcWriteOptions(compression="lz4")
+    zstd = pa.ipc.IpcWriteOptions(compression="zstd")
+    cases = {
+        "plain": ("stream", fineweb, None, 1000),
+        "lz4": ("stream", fineweb, lz4, 1000),
+        "zstd-file": ("file", fineweb, zstd, 700),
+        "feather": ("feather", fineweb, None, 1500),
+        "string-view": ("stream", views, None, 1000),
+        "large-string-zstd": ("stream", fineweb_table(pa.large_string()), zstd, 1000),
+        "dictionary-deltas": ("stream", dictionary_batches(900),
+                              pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="lz4"), None),
+    }
+    report = {}
+    for name, (form, table, options, chunk) in cases.items():
+        path = os.path.join(out, f"{name}.feather" if form == "feather" else f"{name}.arrow")
+        if form == "feather":  # Feather v2: the file format, LZ4 by default
+            feather.write_feather(table, path, chunksize=chunk)
+            back = feather.read_table(path)
+        else:
+            schema = table[0].schema if isinstance(table, list) else table.schema
+            opener = pa.ipc.new_file if form == "file" else pa.ipc.new_stream
+            with opener(path, schema, options=options) as w:
+                if isinstance(table, list):
+                    for b in table:
+                        w.write_batch(b)
+                else:
+                    w.write_table(table, max_chunksize=chunk)
+            reader = pa.ipc.open_file(path) if form == "file" else pa.ipc.open_stream(path)
+            back = reader.read_all()
+            stats = {k: getattr(reader.stats, k) for k in ("num_record_batches", "num_dictionary_batches",
+                                                           "num_dictionary_deltas", "num_replaced_dictionaries")}
+        write_jsonl(name, back.column("text").cast(pa.string()).to_pylist())
+        report[name] = {"rows": back.num_rows, "batches": len(back.to_batches()), "bytes": os.path.getsize(path),
+                        "path": path, "stats": stats if form != "feather" else {}}
+
+    # A save_to_disk folder: two stream files of the texts in halves, state.json and dataset_info.json.
+    saved = os.path.join(out, "saved")
+    os.makedirs(saved, exist_ok=True)
+    half = n // 2
+    files = []
+    for k, part in enumerate([fineweb.slice(0, half), fineweb.slice(half)]):
+        name = f"data-{k:05d}-of-00002.arrow"
+        with pa.RecordBatchStreamWriter(os.path.join(saved, name), part.schema.with_metadata(hf_meta)) as w:
+            w.write_table(part, max_chunksize=1000)
+        files.append({"filename": name})
+    with open(os.path.join(saved, "state.json"), "w") as f:
+        json.dump({"_data_files": files, "_fingerprint": "a1b2c3", "_format_columns": None, "_format_kwargs": {},
+                   "_format_type": None, "_output_all_columns": False, "_split": "train"}, f, indent=2)
+    with open(os.path.join(saved, "dataset_info.json"), "w") as f:
+        json.dump({"features": {"text": {"dtype": "string", "_type": "Value"}}}, f, indent=2)
+    back = pa.concat_tables([pa.ipc.open_stream(os.path.join(saved, x["filename"])).read_all() for x in files])
+    write_jsonl("saved", back.column("text").to_pylist())
+    report["saved"] = {"rows": back.num_rows, "batches": len(back.to_batches()), "bytes": 0, "path": saved}
+
+    with pa.ipc.new_stream(os.path.join(out, "with-null.arrow"), pa.schema([("text", pa.string())]), options=zstd) as w:
+        w.write_table(pa.table({"text": pa.array(texts[:10] + [None] + texts[10:20])}))
+    return report
+
+
+report = parquet_cases() if mode == "parquet" else arrow_cases()
 print(json.dumps({"pyarrow": pa.__version__, "cases": report}))

@@ -1,6 +1,7 @@
 // Reading documents from input files: plain text (one document per file, or per blank-line-separated
-// block), JSONL with a text field, and Parquet with a text column (the layout the Hugging Face Hub serves
-// fineweb in). Shared by prepare-data and the BPE trainer.
+// block), JSONL with a text field, Parquet with a text column (the layout the Hugging Face Hub serves
+// fineweb in), and Arrow IPC with a text column (what the `datasets` library saves). Shared by prepare-data
+// and the BPE trainer.
 #pragma once
 
 #include <cstdint>
@@ -10,23 +11,25 @@
 
 namespace shardtrain::data {
 
-// Auto: *.jsonl / *.json / *.ndjson are JSONL, *.parquet Parquet, the rest text.
-enum class InputFormat { Auto, Text, Jsonl, Parquet };
+// Auto: *.jsonl / *.json / *.ndjson are JSONL, *.parquet Parquet, *.arrow / *.arrows / *.feather / *.ipc
+// Arrow IPC, the rest text.
+enum class InputFormat { Auto, Text, Jsonl, Parquet, Arrow };
 enum class DocumentSplit { PerFile, BlankLines };      // for text inputs
 
-InputFormat parse_input_format(const std::string& s);  // auto|text|jsonl|parquet, throws UsageError
+InputFormat parse_input_format(const std::string& s);  // auto|text|jsonl|parquet|arrow, throws UsageError
 
 struct DocumentOptions {
   InputFormat format = InputFormat::Auto;
   DocumentSplit split = DocumentSplit::PerFile;
-  std::string text_field = "text";  // JSONL field, or Parquet column ("meta.text" inside a struct)
+  std::string text_field = "text";  // JSONL field, or Parquet / Arrow column ("meta.text" inside a struct)
 };
 
 // The documents of one file, in order, handed to `emit` as they are read: JSONL and blank-line text are read
 // line by line, so a file of any size costs one document's memory (per-file text is one document: the file).
 // Parquet files are read a page at a time. Throws DataError naming the file (and line for JSONL, row for
-// Parquet) when the file is missing or empty, a JSONL line is not JSON, the text field is missing or not a
-// string, a Parquet text is null, or a Parquet file cannot be read.
+// Parquet and Arrow) when the file is missing or empty, a JSONL line is not JSON, the text field is missing or
+// not a string, a Parquet or Arrow text is null, or such a file cannot be read. Arrow files are read a record
+// batch at a time.
 void for_each_document(const std::string& path, const DocumentOptions& options,
                        const std::function<void(std::string&& document)>& emit);
 // The same, collected.
@@ -44,12 +47,14 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
 // would), else its bytes.
 std::string document_text(RawDocument&& raw, const std::string& path, const DocumentOptions& options);
 // About how many bytes the reading of the file hands out, known before reading it (for a progress bar): the
-// file's size (decompressed, where the format records it), or for Parquet what its text column decompresses to.
+// file's size (decompressed, where the format records it), or for Parquet and Arrow what their text column
+// decompresses to.
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options);
 
 // Expands folders into their regular files (sorted, recursively), leaving out hidden files and folders (a
 // name starting with '.': .gitattributes, the .cache/ that a Hub download leaves beside the files); files
-// named themselves are kept, in the given order.
+// named themselves are kept, in the given order. A folder written by `datasets`' save_to_disk stands for the
+// Arrow files its state.json lists, in that order (arrow_ipc.hpp, hf_dataset_files).
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
 
 }  // namespace shardtrain::data
