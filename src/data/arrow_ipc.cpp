@@ -653,6 +653,7 @@ void ArrowIpcFile::for_each_string(const ArrowColumn& column,
       return false;
     };
     const Place& at = layout.path.back();
+    if (batch.length == 0) return;
     if (!target.dictionary) {
       const StringArray strings(batch, f, target, at, layout.variadic_count, batch.length, stats);
       for (int64_t i = 0; i < batch.length; ++i) emit(null_at(i) ? std::nullopt : std::optional(strings.at(i)));
@@ -728,7 +729,12 @@ std::optional<std::vector<std::string>> hf_dataset_files(const std::string& fold
                                 splits.empty() ? "none listed" : splits));
   }
   if (!fs::exists(dir / "state.json", ec)) {
-    if (fs::exists(dir / "dataset_info.json", ec))
+    const auto has_arrow_files = [&] {
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.path().extension() == ".arrow") return true;
+      return false;
+    };
+    if (fs::exists(dir / "dataset_info.json", ec) && has_arrow_files())
       throw DataError(fmt::format("{}: a folder of the datasets cache (dataset_info.json, no state.json), whose Arrow "
                                   "files may repeat each other's rows (cache-*.arrow); give its NAME-SPLIT-*.arrow files, "
                                   "or a folder written by save_to_disk",

@@ -37,7 +37,7 @@ std::string encoding_name(int32_t encoding) {
 
 namespace {
 
-constexpr int32_t kRequired = 0, kOptional = 1, kRepeated = 2;
+constexpr int32_t kRequired = 0, kRepeated = 2;  // FieldRepetitionType; OPTIONAL is 1
 
 struct SchemaElement {
   std::optional<int32_t> type;  // set on leaves

@@ -1,5 +1,6 @@
-// Dataset preparation (prepare.hpp): read the inputs (documents.cpp), tokenize the documents on all cores (one
-// Encoder per thread, documents handed out in chunks), write the HDF5 file.
+// Dataset preparation (prepare.hpp): read the inputs (documents.cpp) on a thread of their own, tokenize the
+// documents on all cores (one Encoder per thread, documents handed out in chunks) while the next batch is read,
+// write the HDF5 file.
 #include "shardtrain/data/prepare.hpp"
 
 #include <fmt/format.h>
@@ -9,10 +10,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "shardtrain/data/dataset.hpp"
@@ -29,12 +33,57 @@ namespace {
 struct Batch {
   std::vector<RawDocument> docs;
   std::vector<uint32_t> file;
-  size_t bytes = 0;  // of the raw documents
-  void clear() {
-    docs.clear();
-    file.clear();
-    bytes = 0;
+  size_t bytes = 0;          // of the raw documents
+  size_t empty_skipped = 0;  // empty text files and blank-line blocks met while reading it
+  uint64_t beyond = 0;       // what the files' progress estimates counted beyond their reading, for the bar
+};
+
+// Batches from the reading thread to the tokenizing one. At most one waits, so memory holds three (one being
+// read, one waiting, one being tokenized). The end comes after every batch pushed before it, and so does the
+// reading's error: a bad document in an earlier batch is still the error reported, as reading and tokenizing
+// one after the other would have found it.
+class BatchQueue {
+ public:
+  // The reading side; false when the tokenizing side has stopped (it failed), so the reading stops too.
+  bool push(Batch&& batch) {
+    std::unique_lock lock(mutex_);
+    space_.wait(lock, [&] { return waiting_.empty() || stopped_; });
+    if (stopped_) return false;
+    waiting_.push_back(std::move(batch));
+    ready_.notify_one();
+    return true;
   }
+  void finish(std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    error_ = std::move(error);
+    ready_.notify_one();
+  }
+  // The tokenizing side: the next batch, or false at the end; the reading's error is thrown in its place.
+  bool pop(Batch& out) {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return !waiting_.empty() || done_; });
+    if (!waiting_.empty()) {
+      out = std::move(waiting_.front());
+      waiting_.pop_front();
+      space_.notify_one();
+      return true;
+    }
+    if (error_) std::rethrow_exception(error_);
+    return false;
+  }
+  void stop() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    space_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable space_, ready_;
+  std::deque<Batch> waiting_;
+  bool done_ = false, stopped_ = false;
+  std::exception_ptr error_;
 };
 
 // Turns a batch into ids on `encoders.size()` threads (documents handed out 16 at a time in order): each
@@ -96,8 +145,9 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   uint64_t total_estimate = 0;
   for (size_t i = 0; i < files.size(); ++i) total_estimate += file_estimate[i] = document_bytes_estimate(files[i], options.documents);
 
-  // Pass 1: documents as read in batches of about batch_bytes, tokenized on all cores, their ids appended to
-  // a temporary file beside the output (removed however this ends) and their lengths to the offsets.
+  // Pass 1: documents read in batches of about batch_bytes on a thread of their own, tokenized on all cores,
+  // their ids appended to a temporary file beside the output (removed however this ends) and their lengths to
+  // the offsets.
   const std::string tokens_tmp_path = fmt::format("{}.tokens-tmp-{}", options.output, ::getpid());
   struct RemoveOnExit {
     const std::string& p;
@@ -113,17 +163,67 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
   for (int t = 0; t < threads; ++t) encoders.push_back(std::make_unique<Encoder>(tokenizer));
   std::vector<int64_t> offsets{0};
-  Batch batch;
   std::vector<std::vector<TokenId>> ids;
   std::vector<uint8_t> skipped;
   std::vector<size_t> text_bytes;
   {
     ProgressBar bar({.label = "tokenize", .total = total_estimate, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
-    auto flush = [&] {
-      if (batch.docs.empty()) return;
-      const auto t1 = std::chrono::steady_clock::now();
-      tokenize_batch(batch, files, options.documents, encoders, ids, skipped, text_bytes);
-      summary.tokenize_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    // The reading thread: batches of about batch_bytes, handed over as they fill, so that the next batch is read
+    // while the last is tokenized (on a node of many cores the serial reading would otherwise add to the time).
+    BatchQueue queue;
+    struct Stopped {};
+    std::thread reader([&] {
+      Batch batch;
+      std::exception_ptr error;
+      try {
+        const auto hand_over = [&] {
+          if (!queue.push(std::move(batch))) throw Stopped{};
+          batch = Batch();
+        };
+        for (size_t i = 0; i < files.size(); ++i) {
+          uint64_t read = 0;
+          for_each_raw_document(files[i], options.documents, [&](RawDocument&& d) {
+            if (d.bytes.empty()) {  // an empty text file or blank-line block; an empty JSONL text is found later
+              ++batch.empty_skipped;
+              return;
+            }
+            read += d.bytes.size();
+            batch.bytes += d.bytes.size();
+            batch.docs.push_back(std::move(d));
+            batch.file.push_back(static_cast<uint32_t>(i));
+            if (batch.bytes >= options.batch_bytes) hand_over();
+          });
+          batch.beyond += file_estimate[i] > read ? file_estimate[i] - read : 0;
+        }
+        hand_over();
+      } catch (const Stopped&) {
+        queue.finish(nullptr);
+        return;
+      } catch (...) {
+        error = std::current_exception();
+      }
+      // The documents read before a reading error are tokenized first: a bad one among them is the error.
+      if (error && !batch.docs.empty()) queue.push(std::move(batch));
+      queue.finish(std::move(error));
+    });
+    struct JoinReader {  // however the tokenizing ends, the reading stops and its thread is joined
+      BatchQueue& queue;
+      std::thread& reader;
+      ~JoinReader() {
+        queue.stop();
+        reader.join();
+      }
+    } join_reader{queue, reader};
+
+    for (Batch batch; queue.pop(batch);) {
+      summary.empty_documents_skipped += batch.empty_skipped;
+      if (!batch.docs.empty()) {
+        const auto t1 = std::chrono::steady_clock::now();
+        tokenize_batch(batch, files, options.documents, encoders, ids, skipped, text_bytes);
+        summary.tokenize_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      } else {
+        ids.clear();
+      }
       for (size_t d = 0; d < ids.size(); ++d) {
         summary.bytes += text_bytes[d];
         if (skipped[d]) {
@@ -134,25 +234,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         offsets.push_back(offsets.back() + static_cast<int64_t>(ids[d].size()));
       }
       if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
-      bar.advance(batch.bytes);
-      batch.clear();
-    };
-    for (size_t i = 0; i < files.size(); ++i) {
-      uint64_t read = 0;
-      for_each_raw_document(files[i], options.documents, [&](RawDocument&& d) {
-        if (d.bytes.empty()) {  // an empty text file or blank-line block; an empty JSONL text is found later
-          ++summary.empty_documents_skipped;
-          return;
-        }
-        read += d.bytes.size();
-        batch.bytes += d.bytes.size();
-        batch.docs.push_back(std::move(d));
-        batch.file.push_back(static_cast<uint32_t>(i));
-        if (batch.bytes >= options.batch_bytes) flush();
-      });
-      bar.advance(file_estimate[i] > read ? file_estimate[i] - read : 0);  // what the estimate counted beyond the reading
+      bar.advance(batch.bytes + batch.beyond);
     }
-    flush();
     bar.finish();
   }
   if (offsets.size() == 1) throw DataError("prepare-data: the inputs hold no non-empty document");

@@ -216,6 +216,15 @@ TEST(Arrow, FoldersOfTheDatasetsLibrary) {
   EXPECT_EQ(read_documents((cache / "fineweb-train-00000-of-00001.arrow").string(), {}),
             (std::vector<std::string>{"one", "two"}));
 
+  // dataset_info.json beside files that are not Arrow (a Hub repository's metadata): an ordinary folder.
+  const auto repo = testing::tmp_path("hub-repo");
+  fs::remove_all(repo);
+  fs::create_directories(repo);
+  std::ofstream(repo / "dataset_info.json") << "{}";
+  std::ofstream(repo / "train.txt") << "text";
+  EXPECT_EQ(expand_inputs({repo.string()}),
+            (std::vector<std::string>{(repo / "dataset_info.json").string(), (repo / "train.txt").string()}));
+
   // state.json naming a file that is not there, or without its list.
   const auto broken = save_to_disk_folder("saved-broken", {one[0]}, {"data-00000-of-00001.arrow", "data-00001-of-00001.arrow"});
   EXPECT_EQ(testing::data_error_of([&] { expand_inputs({broken.string()}); }),

@@ -2,6 +2,7 @@
 // inputs (non-HDF5 or truncated files, a missing "text" field, empty inputs) give errors that name them.
 #include <sched.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include "data_test_util.hpp"
@@ -166,6 +167,53 @@ TEST(PrepareData, TheFirstBadJsonlLineIsTheOneReported) {
     EXPECT_EQ(msg.rfind(path.string() + ":1217: field \"text\" is missing", 0), 0u) << threads << " threads: " << msg;
     EXPECT_FALSE(std::filesystem::exists(o.output));
   }
+}
+
+// The reading runs ahead of the tokenizing, on a thread of its own: an error it meets in a later file is
+// reported only when no document before it failed, so the error is the first in input order, as when reading
+// and tokenizing took turns. And a tokenizing failure stops the reading.
+TEST(PrepareData, ReadingAheadReportsErrorsInInputOrder) {
+  if (!testing::require_fetched()) return;
+  const auto bad_line = testing::tmp_path("ahead-bad-line.jsonl"), good = testing::tmp_path("ahead-good.jsonl");
+  const auto corrupt = testing::tmp_path("ahead-corrupt.jsonl.gz");
+  {
+    std::ofstream a(bad_line), b(good);
+    for (int i = 1; i <= 400; ++i) {
+      a << (i == 400 ? std::string(R"({"text": 12})") : nlohmann::json{{"text", "line " + std::to_string(i)}}.dump()) << "\n";
+      b << nlohmann::json{{"text", "good line " + std::to_string(i)}}.dump() << "\n";
+    }
+    std::ofstream(corrupt, std::ios::binary) << std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage that inflates to nothing", 42);
+  }
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.output = testing::tmp_path("ahead.h5").string();
+  o.progress = ProgressStyle::Off;
+  // Batches of a few lines (the reading runs ahead of the tokenizing) and one batch for all (the bad line is in
+  // the batch the reading is still filling when it meets the corrupt file).
+  for (size_t batch_bytes : {size_t{64}, size_t{1} << 20}) {
+    o.batch_bytes = batch_bytes;
+    for (int threads : {1, 2, 2}) {
+      o.threads = threads;
+      o.inputs = {bad_line.string(), corrupt.string()};
+      const auto msg = testing::data_error_of([&] { prepare_dataset(o); });
+      EXPECT_EQ(msg.rfind(bad_line.string() + ":400: field \"text\" is not a string", 0), 0u)
+          << threads << " threads, batches of " << batch_bytes << ": " << msg;
+      EXPECT_FALSE(std::filesystem::exists(o.output));
+      // With the bad line gone, the corrupt file's error is the one.
+      o.inputs = {good.string(), corrupt.string()};
+      const auto second = testing::data_error_of([&] { prepare_dataset(o); });
+      EXPECT_EQ(second.rfind(corrupt.string() + ": ", 0), 0u) << second;
+      EXPECT_FALSE(std::filesystem::exists(o.output));
+    }
+  }
+  // A failure while the reading has a long way to go: the reading is told to stop and the run ends (no hang).
+  o.batch_bytes = 64;
+  std::vector<std::string> many(200, good.string());
+  o.inputs = {bad_line.string()};
+  o.inputs.insert(o.inputs.end(), many.begin(), many.end());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(testing::data_error_of([&] { prepare_dataset(o); }).find(":400:"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
 }
 
 // Batches of any size give the same file: here one document (an address) per batch against one batch for all.

@@ -56,8 +56,9 @@ class ArrowIpcFile {
   // lengths, decompressed where the batch is compressed.
   uint64_t string_bytes_estimate(const ArrowColumn& column) const;
 
-  // Calls emit(value) for every row of the column in order: the bytes, or nullopt for a null (the value's or
-  // an enclosing struct's). The view lives until emit returns.
+  // Calls emit(value) for every row of the column (one of this file's columns(), as string_column returns it)
+  // in order: the bytes, or nullopt for a null (the value's or an enclosing struct's). The view lives until
+  // emit returns.
   void for_each_string(const ArrowColumn& column, const std::function<void(std::optional<std::string_view> value)>& emit,
                        ArrowReadStats* stats = nullptr) const;
 
@@ -68,8 +69,8 @@ class ArrowIpcFile {
 
 // A folder written by `datasets`' save_to_disk (a state.json listing its Arrow files): those files, in the
 // order state.json gives; nullopt for any other folder. A DatasetDict's folder (dataset_dict.json) is a
-// DataError naming its splits, since it holds several datasets; so is a folder of the `datasets` cache (a
-// dataset_info.json without state.json), whose Arrow files may include cached copies of the same rows.
+// DataError naming its splits, since it holds several datasets; so is a folder of the `datasets` cache (Arrow
+// files and a dataset_info.json, no state.json), whose Arrow files may include cached copies of the same rows.
 std::optional<std::vector<std::string>> hf_dataset_files(const std::string& folder);
 
 }  // namespace shardtrain::data
