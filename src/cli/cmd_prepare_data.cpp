@@ -21,6 +21,9 @@ Command add_prepare_data_command(CLI::App& parent) {
   app->add_option("--format", *format, "auto (*.jsonl/*.json[.gz|.zst] are JSONL, *.parquet Parquet, *.arrow/*.feather Arrow), text, jsonl, parquet or arrow")->capture_default_str();
   app->add_flag("--blank-line-documents", *blank_lines, "text: one document per blank-line-separated block (default: per file)");
   app->add_option("--text-field", o->documents.text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")->capture_default_str();
+  app->add_option("--token-field", o->documents.token_field,
+                  "inputs already tokenized: the JSONL field or Arrow column of each document's token ids (e.g. input_ids), "
+                  "imported as they are; the tokenizer must be the one that made them");
   app->add_option("--validation-fraction", o->validation_fraction, "share of documents held out for validation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999));
@@ -39,6 +42,14 @@ Command add_prepare_data_command(CLI::App& parent) {
     o->documents.format = data::parse_input_format(*format);
     o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
     const auto s = data::prepare_dataset(*o);
+    if (s.imported) {
+      log::info("prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens imported from \"{}\" on {} "
+                "thread{}, {:.1f}s in all; wrote {}",
+                s.files, s.documents, s.train_documents, s.validation_documents,
+                s.empty_documents_skipped ? fmt::format(", {} empty skipped", s.empty_documents_skipped) : std::string(),
+                s.tokens, o->documents.token_field, s.threads, s.threads == 1 ? "" : "s", s.seconds, o->output);
+      return 0;
+    }
     log::info("prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens from {:.1f} MB; "
               "tokenized at {:.1f} MB/s on {} thread{}, {:.1f}s in all; wrote {}",
               s.files, s.documents, s.train_documents, s.validation_documents,

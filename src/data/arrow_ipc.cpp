@@ -54,6 +54,9 @@ struct Field {
   int64_t dictionary_id = 0;
   int index_bits = 32;
   bool index_signed = true;
+  int int_bits = 0;       // Int: its width
+  bool int_signed = true;
+  int32_t list_size = 0;  // FixedSizeList: values per list
   bool in_list = false;  // under a list, map, union or run-end encoding: not one value per row
   std::vector<Field> children;
 };
@@ -93,10 +96,41 @@ struct IpcFile {
 
 namespace {
 
+bool is_list_type(uint8_t t) { return t == kList || t == kLargeList || t == kFixedSizeList; }
+
+// A list of integers, not inside another list: a column of token ids.
+bool is_id_list(const Field& f) {
+  return is_list_type(f.type) && !f.dictionary && !f.in_list && f.children.size() == 1 && f.children[0].type == kInt &&
+         !f.children[0].dictionary;
+}
+
 std::string type_name(const Field& f) {
-  const std::string value = f.type < kTypeCount ? kTypeNames[f.type] : fmt::format("type {}", f.type);
+  std::string value = f.type < kTypeCount ? kTypeNames[f.type] : fmt::format("type {}", f.type);
+  if (f.type == kInt) value = fmt::format("{}Int{}", f.int_signed ? "" : "U", f.int_bits);
+  if (is_list_type(f.type) && f.children.size() == 1) value = fmt::format("{}<{}>", value, type_name(f.children[0]));
   if (!f.dictionary) return value;
   return fmt::format("Dictionary<{}Int{}, {}>", f.index_signed ? "" : "U", f.index_bits, value);
+}
+
+// Value k of a buffer of integers of that width (in bits) and signedness; an unsigned 64-bit value past
+// int64's range reads as -1 (an impossible id or index either way).
+int64_t load_int(std::string_view buf, size_t k, int bits, bool is_signed) {
+  const char* p = buf.data() + k * static_cast<size_t>(bits / 8);
+  const auto get = [p]<typename T>(T) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+  };
+  switch (bits) {
+    case 8: return is_signed ? get(int8_t{}) : get(uint8_t{});
+    case 16: return is_signed ? get(int16_t{}) : get(uint16_t{});
+    case 32: return is_signed ? get(int32_t{}) : get(uint32_t{});
+    default: {
+      if (is_signed) return get(int64_t{});
+      const uint64_t v = get(uint64_t{});
+      return v > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(v);
+    }
+  }
 }
 
 Field read_field(const flat::Table& t, const std::string& prefix, bool in_list, int depth) {
@@ -108,6 +142,16 @@ Field read_field(const flat::Table& t, const std::string& prefix, bool in_list, 
   if (f.type == kNone || f.type >= kTypeCount)
     throw FlatError(fmt::format("field \"{}\" has type {}, which this reader does not know", f.path, f.type));
   if (f.type == kUnion) f.union_mode = t.table(3).scalar<int16_t>(0, 0);
+  if (f.type == kInt) {
+    f.int_bits = t.table(3).scalar<int32_t>(0, 0);
+    f.int_signed = t.table(3).scalar<uint8_t>(1, 0) != 0;
+    if (f.int_bits != 8 && f.int_bits != 16 && f.int_bits != 32 && f.int_bits != 64)
+      throw FlatError(fmt::format("field \"{}\" is a {}-bit integer", f.path, f.int_bits));
+  }
+  if (f.type == kFixedSizeList) {
+    f.list_size = t.table(3).scalar<int32_t>(0, 0);
+    if (f.list_size < 0) throw FlatError(fmt::format("field \"{}\" is a list of {} values", f.path, f.list_size));
+  }
   const flat::Table dict = t.table(4);
   if (dict.valid()) {
     f.dictionary = true;
@@ -149,7 +193,7 @@ size_t own_buffers(const Field& f) {
 }
 
 void flatten(const Field& f, std::vector<ArrowColumn>& columns, std::vector<const Field*>& fields) {
-  columns.push_back({f.path, type_name(f), is_string_type(f.type) && !f.in_list});
+  columns.push_back({f.path, type_name(f), is_string_type(f.type) && !f.in_list, is_id_list(f)});
   fields.push_back(&f);
   if (f.dictionary) return;  // its children describe the dictionary's values
   for (const auto& c : f.children) flatten(c, columns, fields);
@@ -535,24 +579,39 @@ int64_t ArrowIpcFile::num_rows() const { return file_->num_rows; }
 size_t ArrowIpcFile::num_record_batches() const { return file_->batches.size(); }
 const std::vector<ArrowColumn>& ArrowIpcFile::columns() const { return file_->columns; }
 
-const ArrowColumn& ArrowIpcFile::string_column(const std::string& path) const {
-  const auto& f = *file_;
+namespace {
+
+// The column of that path, if `wanted` says it is what the caller reads; DataErrors naming the file otherwise.
+const ArrowColumn& column_named(const IpcFile& f, const std::string& path, bool ArrowColumn::*wanted, const char* what,
+                                const char* option) {
   for (size_t i = 0; i < f.columns.size(); ++i) {
     const auto& c = f.columns[i];
     if (c.path != path) continue;
     if (f.column_fields[i]->in_list)
-      throw DataError(fmt::format("{}: column \"{}\" lies inside a list, map or union, not one string per row", f.path, path));
-    if (!c.is_string)
-      throw DataError(fmt::format("{}: column \"{}\" holds {}, not strings (Utf8, LargeUtf8, Utf8View or their Binary "
-                                  "forms)",
-                                  f.path, path, c.type));
+      throw DataError(fmt::format("{}: column \"{}\" lies inside a list, map or union, not one value per row", f.path, path));
+    if (!(c.*wanted)) throw DataError(fmt::format("{}: column \"{}\" holds {}, not {}", f.path, path, c.type, what));
     return c;
   }
   std::string names;
   for (size_t i = 0; i < f.columns.size() && i < 12; ++i) names += (i ? ", " : "") + f.columns[i].path;
   if (f.columns.size() > 12) names += fmt::format(", ... ({} in all)", f.columns.size());
-  throw DataError(fmt::format("{}: no column \"{}\" (its columns: {}; --text-field picks another)", f.path, path,
-                              names.empty() ? "none" : names));
+  std::string hint;  // a tokenized dataset read for its text: say how it is imported
+  for (const auto& c : f.columns)
+    if (wanted == &ArrowColumn::is_string && c.is_id_list && hint.empty())
+      hint = fmt::format("; it holds token ids: --token-field {} imports them", c.path);
+  throw DataError(fmt::format("{}: no column \"{}\" (its columns: {}; {} picks another{})", f.path, path,
+                              names.empty() ? "none" : names, option, hint));
+}
+
+}  // namespace
+
+const ArrowColumn& ArrowIpcFile::string_column(const std::string& path) const {
+  return column_named(*file_, path, &ArrowColumn::is_string,
+                      "strings (Utf8, LargeUtf8, Utf8View or their Binary forms)", "--text-field");
+}
+
+const ArrowColumn& ArrowIpcFile::id_list_column(const std::string& path) const {
+  return column_named(*file_, path, &ArrowColumn::is_id_list, "lists of integers (token ids)", "--token-field");
 }
 
 namespace {
@@ -562,6 +621,43 @@ const Field& field_of(const IpcFile& f, const ArrowColumn& column) {
     if (&f.columns[i] == &column) return *f.column_fields[i];
   throw InternalError("ArrowIpcFile: a column of another file");
 }
+
+// Every dictionary and record batch message, in the order they apply (file format: the dictionaries first), with
+// a message's FlatError turned into a DataError naming it.
+void for_each_batch_message(const IpcFile& f, const std::function<void(const Message&)>& on_dictionary,
+                            const std::function<void(const Message&)>& on_batch) {
+  const Message* current = nullptr;
+  try {
+    if (f.file_format) {
+      for (const auto& m : f.dictionaries) on_dictionary(*(current = &m));
+      for (const auto& m : f.batches) on_batch(*(current = &m));
+    } else {
+      for (const auto& m : f.stream) {
+        current = &m;
+        if (m.header == arrow_detail::kDictionaryBatch) on_dictionary(m);
+        else on_batch(m);
+      }
+    }
+  } catch (const FlatError& e) {
+    f.fail(current, "{}", e.what());
+  }
+}
+
+// The validity bitmaps of a column and the structs around it: a row is null when any of them says so.
+class PathValidity {
+ public:
+  PathValidity(Batch& batch, const IpcFile& f, const arrow_detail::Layout& layout, ArrowReadStats* stats) {
+    for (const auto& at : layout.path) bits_.push_back(arrow_detail::validity(batch, f, at, batch.length, stats));
+  }
+  bool null_at(int64_t i) const {
+    for (const uint8_t* bits : bits_)
+      if (!arrow_detail::valid_at(bits, i)) return true;
+    return false;
+  }
+
+ private:
+  std::vector<const uint8_t*> bits_;
+};
 
 arrow_detail::Layout layout_of(const IpcFile& f, const Batch& batch, const Field& target) {
   arrow_detail::Layout layout;
@@ -612,7 +708,6 @@ void ArrowIpcFile::for_each_string(const ArrowColumn& column,
   const auto& f = *file_;
   const Field& target = field_of(f, column);
   std::unordered_map<int64_t, Dictionary> dictionaries;
-  const Message* current = nullptr;
   const auto read_dictionary = [&](const Message& m) {
     flat::Table header;
     Batch batch(f, m, &header);
@@ -645,18 +740,12 @@ void ArrowIpcFile::for_each_string(const ArrowColumn& column,
     Batch batch(f, m);
     if (stats) ++stats->counts["record batches"];
     const auto layout = layout_of(f, batch, target);
-    std::vector<const uint8_t*> valid;
-    for (const auto& at : layout.path) valid.push_back(validity(batch, f, at, batch.length, stats));
-    const auto null_at = [&](int64_t i) {
-      for (const uint8_t* bits : valid)
-        if (!valid_at(bits, i)) return true;
-      return false;
-    };
+    const PathValidity valid(batch, f, layout, stats);
     const Place& at = layout.path.back();
     if (batch.length == 0) return;
     if (!target.dictionary) {
       const StringArray strings(batch, f, target, at, layout.variadic_count, batch.length, stats);
-      for (int64_t i = 0; i < batch.length; ++i) emit(null_at(i) ? std::nullopt : std::optional(strings.at(i)));
+      for (int64_t i = 0; i < batch.length; ++i) emit(valid.null_at(i) ? std::nullopt : std::optional(strings.at(i)));
       return;
     }
     const auto it = dictionaries.find(target.dictionary_id);
@@ -664,22 +753,14 @@ void ArrowIpcFile::for_each_string(const ArrowColumn& column,
       throw FlatError(fmt::format("the batch uses dictionary {} before any dictionary batch gave it", target.dictionary_id));
     const Dictionary& dict = it->second;
     const std::string_view indices = batch.buffer(f, at.buffer + 1, stats);
-    const size_t width = static_cast<size_t>(target.index_bits / 8);
-    if (indices.size() / width < static_cast<size_t>(batch.length))
+    if (indices.size() / static_cast<size_t>(target.index_bits / 8) < static_cast<size_t>(batch.length))
       throw FlatError(fmt::format("{} dictionary indices in a {}-byte buffer", batch.length, indices.size()));
     for (int64_t i = 0; i < batch.length; ++i) {
-      if (null_at(i)) {
+      if (valid.null_at(i)) {
         emit(std::nullopt);
         continue;
       }
-      const auto k = static_cast<size_t>(i);
-      int64_t index = 0;
-      switch (width) {
-        case 1: index = target.index_signed ? load_at<int8_t>(indices, k) : load_at<uint8_t>(indices, k); break;
-        case 2: index = target.index_signed ? load_at<int16_t>(indices, k) : load_at<uint16_t>(indices, k); break;
-        case 4: index = target.index_signed ? load_at<int32_t>(indices, k) : load_at<uint32_t>(indices, k); break;
-        default: index = load_at<int64_t>(indices, k);
-      }
+      const int64_t index = load_int(indices, static_cast<size_t>(i), target.index_bits, target.index_signed);
       if (index < 0 || static_cast<uint64_t>(index) >= dict.ends.size())
         throw FlatError(fmt::format("row {} of the batch has dictionary index {} of {}", i, index, dict.ends.size()));
       const auto j = static_cast<size_t>(index);
@@ -691,20 +772,99 @@ void ArrowIpcFile::for_each_string(const ArrowColumn& column,
       emit(std::string_view(dict.bytes).substr(begin, dict.ends[j] - begin));
     }
   };
-  try {
-    if (f.file_format) {
-      for (const auto& m : f.dictionaries) read_dictionary(*(current = &m));
-      for (const auto& m : f.batches) read_batch(*(current = &m));
-    } else {
-      for (const auto& m : f.stream) {
-        current = &m;
-        if (m.header == kDictionaryBatch) read_dictionary(m);
-        else read_batch(m);
-      }
-    }
-  } catch (const FlatError& e) {
-    f.fail(current, "{}", e.what());
+  for_each_batch_message(f, read_dictionary, read_batch);
+}
+
+namespace {
+
+// Where a list column's values lie in a batch: the list's offsets (or its fixed size) and its child's array.
+struct ListValues {
+  std::string_view offsets, values;
+  int64_t child_length = 0;
+};
+
+ListValues list_values(Batch& batch, const IpcFile& f, const Field& list, const arrow_detail::Place& at,
+                       ArrowReadStats* stats) {
+  using namespace arrow_detail;
+  const Field& item = list.children.at(0);
+  const Place child{at.node + 1, at.buffer + own_buffers(list), at.variadic};
+  const auto node = batch.node(child.node);
+  if (node.null_count > 0) throw FlatError(fmt::format("the lists of \"{}\" hold {} null values", list.path, node.null_count));
+  ListValues v;
+  v.child_length = node.length;
+  const auto rows = static_cast<size_t>(batch.length);
+  if (list.type != kFixedSizeList) {
+    v.offsets = batch.buffer(f, at.buffer + 1, stats);
+    const size_t width = list.type == kLargeList ? 8 : 4;
+    if (v.offsets.size() / width < rows + 1)
+      throw FlatError(fmt::format("{} list offsets in a {}-byte buffer", rows + 1, v.offsets.size()));
+  } else if (list.list_size == 0 || rows > static_cast<uint64_t>(node.length) / static_cast<uint64_t>(list.list_size)) {
+    throw FlatError(fmt::format("{} lists of {} in {} values", rows, list.list_size, node.length));  // bounds rows too
   }
+  v.values = batch.buffer(f, child.buffer + 1, stats);
+  if (v.values.size() / static_cast<size_t>(item.int_bits / 8) < static_cast<uint64_t>(node.length))
+    throw FlatError(fmt::format("{} values in a {}-byte buffer", node.length, v.values.size()));
+  return v;
+}
+
+}  // namespace
+
+uint64_t ArrowIpcFile::id_count_estimate(const ArrowColumn& column) const {
+  const auto& f = *file_;
+  const Field& field = field_of(f, column);
+  uint64_t total = 0;
+  try {
+    for (const auto& m : f.batches) {
+      Batch batch(f, m);
+      const auto layout = layout_of(f, batch, field);
+      const int64_t n = batch.node(layout.path.back().node + 1).length;
+      if (n > 0) total += static_cast<uint64_t>(n);
+    }
+  } catch (const FlatError&) {
+    return f.file.size / 4;  // the read reports what is wrong
+  }
+  return total;
+}
+
+void ArrowIpcFile::for_each_id_list(const ArrowColumn& column,
+                                    const std::function<void(std::optional<std::span<const int64_t>>)>& emit,
+                                    ArrowReadStats* stats) const {
+  using namespace arrow_detail;
+  const auto& f = *file_;
+  const Field& target = field_of(f, column);
+  const Field& item = target.children.at(0);
+  std::vector<int64_t> ids;
+  const auto skip_dictionary = [&](const Message&) {
+    if (stats) ++stats->counts["dictionary batches"];
+  };
+  const auto read_batch = [&](const Message& m) {
+    Batch batch(f, m);
+    if (stats) ++stats->counts["record batches"];
+    const auto layout = layout_of(f, batch, target);
+    const PathValidity valid(batch, f, layout, stats);
+    if (batch.length == 0) return;
+    const ListValues lists = list_values(batch, f, target, layout.path.back(), stats);
+    for (int64_t i = 0; i < batch.length; ++i) {
+      if (valid.null_at(i)) {
+        emit(std::nullopt);
+        continue;
+      }
+      const auto k = static_cast<size_t>(i);
+      int64_t begin = i * target.list_size, end = (i + 1) * target.list_size;
+      if (target.type != kFixedSizeList) {
+        const bool wide = target.type == kLargeList;
+        begin = wide ? load_at<int64_t>(lists.offsets, k) : load_at<int32_t>(lists.offsets, k);
+        end = wide ? load_at<int64_t>(lists.offsets, k + 1) : load_at<int32_t>(lists.offsets, k + 1);
+      }
+      if (begin < 0 || end < begin || end > lists.child_length)
+        throw FlatError(fmt::format("list {} has offsets {} to {} in {} values", i, begin, end, lists.child_length));
+      ids.resize(static_cast<size_t>(end - begin));
+      for (size_t j = 0; j < ids.size(); ++j)
+        ids[j] = load_int(lists.values, static_cast<size_t>(begin) + j, item.int_bits, item.int_signed);
+      emit(std::span<const int64_t>(ids));
+    }
+  };
+  for_each_batch_message(f, skip_dictionary, read_batch);
 }
 
 std::optional<std::vector<std::string>> hf_dataset_files(const std::string& folder) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -95,10 +96,42 @@ void for_each_column_document(const std::string& path, const std::string& column
   if (row == 0) throw DataError(fmt::format("{}: no rows", path));
 }
 
+// A pre-tokenized Arrow file's id column, row by row, each row's ids checked against the vocabulary and packed
+// 4 bytes each; a null row is an error, as a null text is.
+void for_each_arrow_ids(const std::string& path, const DocumentOptions& options,
+                        const std::function<void(std::string&& packed)>& emit) {
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) == 0 && !ec) throw DataError(fmt::format("{}: input file is empty", path));
+  const auto file = ArrowIpcFile::open(path);
+  const auto& column = file.id_list_column(options.token_field);
+  int64_t row = 0;
+  file.for_each_id_list(column, [&](std::optional<std::span<const int64_t>> ids) {
+    if (!ids)
+      throw DataError(fmt::format("{}: row {}: column \"{}\" is null (every row needs its ids)", path, row, options.token_field));
+    std::string packed(ids->size() * sizeof(TokenId), '\0');
+    for (size_t j = 0; j < ids->size(); ++j) {
+      const int64_t id = (*ids)[j];
+      if (id < 0 || id >= options.vocab_size)
+        throw DataError(fmt::format("{}: row {}: id {} at position {} of column \"{}\" is outside the tokenizer's "
+                                    "vocabulary (0 to {})",
+                                    path, row, id, j, options.token_field, options.vocab_size - 1));
+      const auto v = static_cast<TokenId>(id);
+      std::memcpy(packed.data() + j * sizeof(TokenId), &v, sizeof(TokenId));
+    }
+    ++row;
+    emit(std::move(packed));
+  });
+  if (row == 0) throw DataError(fmt::format("{}: no rows", path));
+}
+
 }  // namespace
 
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
   const InputFormat format = format_of(path, options);
+  if (!options.token_field.empty() && format == InputFormat::Arrow) {
+    const auto file = ArrowIpcFile::open(path);
+    return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
+  }
   if (format == InputFormat::Parquet) {
     const auto file = ParquetFile::open(path);
     return file.uncompressed_bytes(file.string_column(options.text_field));
@@ -127,6 +160,38 @@ std::string document_text(RawDocument&& raw, const std::string& path, const Docu
   return std::move(field.get_ref<std::string&>());
 }
 
+std::vector<TokenId> document_ids(RawDocument&& raw, const std::string& path, const DocumentOptions& options) {
+  std::vector<TokenId> ids;
+  if (raw.line == 0) {  // packed by for_each_arrow_ids, checked there
+    ids.resize(raw.bytes.size() / sizeof(TokenId));
+    std::memcpy(ids.data(), raw.bytes.data(), ids.size() * sizeof(TokenId));
+    return ids;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(raw.bytes);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
+  }
+  const std::string& field = options.token_field;
+  if (!j.is_object() || !j.contains(field))
+    throw DataError(fmt::format("{}:{}: field \"{}\" is missing (pre-tokenized JSONL needs one object per line with "
+                                "a \"{}\" array of token ids)",
+                                path, raw.line, field, field));
+  const auto& array = j[field];
+  if (!array.is_array()) throw DataError(fmt::format("{}:{}: field \"{}\" is not an array of token ids", path, raw.line, field));
+  ids.reserve(array.size());
+  for (size_t k = 0; k < array.size(); ++k) {
+    const auto& v = array[k];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= options.vocab_size)
+      throw DataError(fmt::format("{}:{}: value {} at position {} of \"{}\" is not a token id of the tokenizer's "
+                                  "vocabulary (0 to {})",
+                                  path, raw.line, v.dump(), k, field, options.vocab_size - 1));
+    ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
+  }
+  return ids;
+}
+
 void for_each_document(const std::string& path, const DocumentOptions& options,
                        const std::function<void(std::string&& document)>& emit) {
   for_each_raw_document(path, options, [&](RawDocument&& raw) { emit(document_text(std::move(raw), path, options)); });
@@ -137,10 +202,18 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
   const InputFormat format = format_of(path, options);
   if (format == InputFormat::Parquet || format == InputFormat::Arrow) {
     const auto as_raw = [&](std::string&& text) { emit({std::move(text), 0}); };
+    if (!options.token_field.empty()) {
+      if (format == InputFormat::Arrow) return for_each_arrow_ids(path, options, as_raw);
+      throw DataError(fmt::format("{}: --token-field reads JSONL and Arrow inputs, and this is Parquet (Parquet token "
+                                  "columns are not read yet: save the dataset with datasets' save_to_disk, or as JSONL)",
+                                  path));
+    }
     if (format == InputFormat::Parquet) for_each_column_document<ParquetFile>(path, options.text_field, as_raw);
     else for_each_column_document<ArrowIpcFile>(path, options.text_field, as_raw);
     return;
   }
+  if (!options.token_field.empty() && format != InputFormat::Jsonl)
+    throw DataError(fmt::format("{}: --token-field reads JSONL and Arrow inputs, and this is text", path));
   InputFile in(path);
   if (in.empty()) throw DataError(fmt::format("{}: input file is empty", path));
   if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document

@@ -88,9 +88,9 @@ class BatchQueue {
 
 // Turns a batch into ids on `encoders.size()` threads (documents handed out 16 at a time in order): each
 // document's text (a JSONL line parsed here, off the reading thread), its byte count, and its ids; an empty
-// text gets no ids and skipped[d] = 1. Of the documents that fail, the first in order is the error thrown,
-// as a single thread would have found it: after a failure no thread takes a new chunk, and every chunk
-// before the failing one was taken already.
+// text gets no ids and skipped[d] = 1. Pre-tokenized documents (options.token_field) give their ids instead.
+// Of the documents that fail, the first in order is the error thrown, as a single thread would have found it:
+// after a failure no thread takes a new chunk, and every chunk before the failing one was taken already.
 void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const DocumentOptions& options,
                     std::vector<std::unique_ptr<Encoder>>& encoders, std::vector<std::vector<TokenId>>& ids,
                     std::vector<uint8_t>& skipped, std::vector<size_t>& text_bytes) {
@@ -109,6 +109,11 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
       try {
         for (size_t begin; !failed && (begin = cursor.fetch_add(chunk)) < n;) {
           for (d = begin; d < std::min(n, begin + chunk); ++d) {
+            if (!options.token_field.empty()) {  // already tokenized: the ids as they are
+              ids[d] = document_ids(std::move(batch.docs[d]), files[batch.file[d]], options);
+              skipped[d] = ids[d].empty();
+              continue;
+            }
             const std::string text = document_text(std::move(batch.docs[d]), files[batch.file[d]], options);
             text_bytes[d] = text.size();
             if (text.empty()) skipped[d] = 1;
@@ -135,6 +140,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   if (options.validation_fraction < 0 || options.validation_fraction >= 1)
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
+  DocumentOptions documents = options.documents;
+  documents.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());
   const auto files = expand_inputs(options.inputs);
   if (const auto dir = fs::path(options.output).parent_path(); !dir.empty()) fs::create_directories(dir);
 
@@ -143,7 +150,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   // The progress bar counts what the reading hands out: a Parquet file's text column, the others' bytes.
   std::vector<uint64_t> file_estimate(files.size());
   uint64_t total_estimate = 0;
-  for (size_t i = 0; i < files.size(); ++i) total_estimate += file_estimate[i] = document_bytes_estimate(files[i], options.documents);
+  for (size_t i = 0; i < files.size(); ++i) total_estimate += file_estimate[i] = document_bytes_estimate(files[i], documents);
 
   // Pass 1: documents read in batches of about batch_bytes on a thread of their own, tokenized on all cores,
   // their ids appended to a temporary file beside the output (removed however this ends) and their lengths to
@@ -167,7 +174,11 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::vector<uint8_t> skipped;
   std::vector<size_t> text_bytes;
   {
-    ProgressBar bar({.label = "tokenize", .total = total_estimate, .unit = "MB", .unit_scale = 1e-6, .style = options.progress});
+    ProgressBar bar({.label = documents.token_field.empty() ? "tokenize" : "import",
+                     .total = total_estimate,
+                     .unit = "MB",
+                     .unit_scale = 1e-6,
+                     .style = options.progress});
     // The reading thread: batches of about batch_bytes, handed over as they fill, so that the next batch is read
     // while the last is tokenized (on a node of many cores the serial reading would otherwise add to the time).
     BatchQueue queue;
@@ -182,7 +193,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         };
         for (size_t i = 0; i < files.size(); ++i) {
           uint64_t read = 0;
-          for_each_raw_document(files[i], options.documents, [&](RawDocument&& d) {
+          for_each_raw_document(files[i], documents, [&](RawDocument&& d) {
             if (d.bytes.empty()) {  // an empty text file or blank-line block; an empty JSONL text is found later
               ++batch.empty_skipped;
               return;
@@ -219,7 +230,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
       summary.empty_documents_skipped += batch.empty_skipped;
       if (!batch.docs.empty()) {
         const auto t1 = std::chrono::steady_clock::now();
-        tokenize_batch(batch, files, options.documents, encoders, ids, skipped, text_bytes);
+        tokenize_batch(batch, files, documents, encoders, ids, skipped, text_bytes);
         summary.tokenize_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
       } else {
         ids.clear();
@@ -259,6 +270,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
       },
       offsets, info);
 
+  summary.imported = !documents.token_field.empty();
   summary.documents = docs;
   summary.tokens = num_tokens;
   summary.validation_documents = choose_validation_documents(docs, options.validation_fraction, options.seed).size();

@@ -133,23 +133,19 @@ inline std::vector<std::optional<std::string>> texts_with_nulls() {
   return out;
 }
 
-// Runs a file writer of tests/data (write_parquet.mjs, write_arrow.mjs) on `texts` (nullopt: a null) for each
-// file spec, a JSON object whose "path" is filled in as tmp_path(name + extension); the paths written, in order,
-// or none after a failure the test reports.
+// Runs a file writer of tests/data (write_parquet.mjs, write_arrow.mjs) on `data` (the spec's "texts", and
+// "ids" for write_arrow's token columns) for each file spec, a JSON object whose "path" is filled in as
+// tmp_path(name + extension); the paths written, in order, or none after a failure the test reports.
 inline std::vector<std::string> write_with_node(const std::string& script_name, const std::string& extension,
-                                                const std::vector<std::optional<std::string>>& texts,
-                                                std::vector<nlohmann::json> files) {
-  nlohmann::json spec;
-  spec["texts"] = nlohmann::json::array();
-  for (const auto& t : texts) spec["texts"].push_back(t ? nlohmann::json(*t) : nlohmann::json(nullptr));
+                                                nlohmann::json data, std::vector<nlohmann::json> files) {
   std::vector<std::string> paths;
   for (auto& f : files) {
     f["path"] = tmp_path(f["name"].get<std::string>() + extension).string();
     paths.push_back(f["path"]);
   }
-  spec["files"] = files;
+  data["files"] = files;
   const auto spec_path = tmp_path(script_name + "-spec.json");
-  std::ofstream(spec_path, std::ios::binary) << spec.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  std::ofstream(spec_path, std::ios::binary) << data.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
   const auto script = fs::path(SHARDTRAIN_SOURCE_DIR) / "tests" / "data" / script_name;
   const std::string cmd = "node '" + script.string() + "' '" + fetched_dir().string() + "' '" + spec_path.string() + "'";
   const int rc = std::system(cmd.c_str());
@@ -158,6 +154,16 @@ inline std::vector<std::string> write_with_node(const std::string& script_name, 
     return {};
   }
   return paths;
+}
+
+// The same with texts (nullopt: a null).
+inline std::vector<std::string> write_with_node(const std::string& script_name, const std::string& extension,
+                                                const std::vector<std::optional<std::string>>& texts,
+                                                std::vector<nlohmann::json> files) {
+  nlohmann::json data;
+  data["texts"] = nlohmann::json::array();
+  for (const auto& t : texts) data["texts"].push_back(t ? nlohmann::json(*t) : nlohmann::json(nullptr));
+  return write_with_node(script_name, extension, std::move(data), std::move(files));
 }
 
 // Writes tokens in documents of the given offsets as tmp_path(name), with a synthetic tokenizer record

@@ -14,6 +14,7 @@
 #include "shardtrain/data/arrow_ipc.hpp"
 #include "shardtrain/data/documents.hpp"
 #include "shardtrain/data/prepare.hpp"
+#include "shardtrain/data/tokenizer.hpp"
 
 namespace shardtrain::data {
 namespace {
@@ -103,11 +104,165 @@ TEST(Arrow, EveryLayoutAndWriterReadsBackExactly) {
   std::vector<std::string> names;
   for (const auto& col : fineweb.columns()) names.push_back(col.path + " " + col.type);
   EXPECT_EQ(names, (std::vector<std::string>{"id Utf8", "text Utf8", "url Utf8", "language_score FloatingPoint",
-                                             "token_count Int", "kept Bool", "tags List", "tags.item Utf8"}));
+                                             "token_count Int64", "kept Bool", "tags List<Utf8>", "tags.item Utf8"}));
   // The column after the list reads too: the list's offsets and its child's buffers were counted right.
   const auto urls = read_column(paths.back(), "url");
   ASSERT_EQ(urls.size(), n);
   EXPECT_EQ(urls[1234], "https://example.org/page/1234");
+}
+
+// Token ids of real text: the default corpus's first addresses tokenized by GPT-2's tokenizer, a document per
+// address, with an empty one.
+std::vector<std::vector<TokenId>> corpus_ids(size_t documents) {
+  const auto tokenizer = Tokenizer::load((testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string());
+  std::vector<std::vector<TokenId>> out;
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  for (size_t i = 0; i < documents && i < sotu.size(); ++i) out.push_back(tokenizer.encode(testing::slurp(sotu[i])));
+  out.insert(out.begin() + 3, std::vector<TokenId>{});
+  return out;
+}
+
+std::vector<std::string> write_ids(const std::vector<std::optional<std::vector<TokenId>>>& ids,
+                                   std::vector<nlohmann::json> files) {
+  nlohmann::json data = {{"texts", nlohmann::json::array()}, {"ids", nlohmann::json::array()}};
+  for (const auto& r : ids) data["ids"].push_back(r ? nlohmann::json(*r) : nlohmann::json(nullptr));
+  for (auto& f : files) f["columns"] = "tokens";
+  return testing::write_with_node("write_arrow.mjs", ".arrow", std::move(data), std::move(files));
+}
+
+TEST(Arrow, PreTokenizedDatasetsImportTheirIds) {
+  if (!testing::require_fetched()) return;
+  const auto docs = corpus_ids(40);
+  std::vector<std::optional<std::vector<TokenId>>> rows(docs.begin(), docs.end());
+  // Blocks of 256 ids, as group_texts makes them for a FixedSizeList (every row the same length).
+  std::vector<std::optional<std::vector<TokenId>>> blocks;
+  for (size_t k = 0; k + 256 <= docs[0].size(); k += 256) blocks.emplace_back(std::vector<TokenId>(docs[0].begin() + k, docs[0].begin() + k + 256));
+  const auto paths = write_ids(rows, {{{"name", "ids-list32"}, {"type", "List<Int32>"}, {"batch_rows", 7}},
+                                      {{"name", "ids-list16"}, {"type", "List<UInt16>"}, {"batch_rows", 9}},
+                                      {{"name", "ids-large64-file"}, {"type", "LargeList<Int64>"}, {"format", "file"}},
+                                      {{"name", "ids-rs"}, {"type", "List<Int32>"}, {"writer", "arrow-rs"}, {"batch_rows", 10}}});
+  const auto fixed = write_ids(blocks, {{{"name", "ids-fixed"}, {"type", "FixedSizeList<Int32>"}, {"batch_rows", 5}}});
+  ASSERT_EQ(paths.size() + fixed.size(), 5u);
+  const auto jsonl = testing::tmp_path("ids.jsonl");
+  {
+    std::ofstream out(jsonl);
+    for (const auto& d : docs) out << nlohmann::json{{"input_ids", d}, {"attention_mask", std::vector<int>(d.size(), 1)}}.dump() << "\n";
+  }
+  // Read back: every row's ids, in every list layout.
+  for (const auto& p : paths) {
+    SCOPED_TRACE(p);
+    const auto file = ArrowIpcFile::open(p);
+    const auto& column = file.id_list_column("input_ids");
+    EXPECT_TRUE(column.is_id_list);
+    size_t r = 0, values = 0;
+    file.for_each_id_list(column, [&](std::optional<std::span<const int64_t>> ids) {
+      ASSERT_TRUE(ids);
+      ASSERT_LT(r, docs.size());
+      EXPECT_TRUE(std::equal(ids->begin(), ids->end(), docs[r].begin(), docs[r].end())) << "row " << r;
+      values += ids->size();
+      ++r;
+    });
+    EXPECT_EQ(r, docs.size());
+    EXPECT_EQ(file.id_count_estimate(column), values);
+  }
+  EXPECT_EQ(ArrowIpcFile::open(paths[1]).id_list_column("input_ids").type, "List<UInt16>");
+  EXPECT_EQ(ArrowIpcFile::open(paths[2]).id_list_column("input_ids").type, "LargeList<Int64>");
+  EXPECT_EQ(ArrowIpcFile::open(fixed[0]).id_list_column("input_ids").type, "FixedSizeList<Int32>");
+
+  // prepare-data imports them: the dataset of the text itself, tokenized by prepare-data, id for id.
+  auto prepare = [&](const std::vector<std::string>& inputs, const std::string& name, const std::string& token_field) {
+    PrepareOptions o;
+    o.tokenizer = (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
+    o.inputs = inputs;
+    o.output = testing::tmp_path(name).string();
+    o.documents.token_field = token_field;
+    o.batch_bytes = 64 << 10;  // several batches
+    o.progress = ProgressStyle::Off;
+    return std::pair{prepare_dataset(o), TokenDataset::open(o.output)};
+  };
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < 40; ++i) texts.push_back(sotu[i].string());
+  const auto [from_text, reference] = prepare(texts, "ids-text.h5", "");
+  for (const auto& input : {paths[0], paths[1], paths[2], paths[3], jsonl.string()}) {
+    SCOPED_TRACE(input);
+    const auto [summary, ds] = prepare({input}, "ids-imported.h5", "input_ids");
+    EXPECT_TRUE(summary.imported);
+    EXPECT_EQ(summary.documents, 40u);
+    EXPECT_EQ(summary.empty_documents_skipped, 1u);
+    EXPECT_EQ(summary.tokens, from_text.tokens);
+    ASSERT_EQ(ds.num_documents(), reference.num_documents());
+    for (size_t d = 0; d < ds.num_documents(); ++d) {
+      const auto x = ds.document(d), y = reference.document(d);
+      ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "document " << d;
+    }
+    EXPECT_EQ(ds.split_documents(DatasetSplit::Validation).size(), reference.split_documents(DatasetSplit::Validation).size());
+  }
+  const auto [blocks_summary, blocks_ds] = prepare({fixed[0]}, "ids-blocks.h5", "input_ids");
+  EXPECT_EQ(blocks_summary.documents, blocks.size());
+  EXPECT_EQ(blocks_summary.tokens, 256 * blocks.size());
+}
+
+TEST(Arrow, PreTokenizedInputsRefuseWhatTheyCannotImport) {
+  if (!testing::require_fetched()) return;
+  std::vector<std::optional<std::vector<TokenId>>> rows = {std::vector<TokenId>{1, 2, 3}, std::vector<TokenId>{50256, 50257}};
+  const auto over = write_ids(rows, {{{"name", "ids-over"}, {"type", "List<Int32>"}}});
+  rows[1] = std::nullopt;
+  const auto null_row = write_ids(rows, {{{"name", "ids-null"}, {"type", "List<Int32>"}}});
+  ASSERT_EQ(over.size() + null_row.size(), 2u);
+  DocumentOptions o;
+  o.token_field = "input_ids";
+  o.vocab_size = 50257;  // r50k_base
+  const auto ids_of = [&](const std::string& path) {
+    std::vector<std::vector<TokenId>> out;
+    for_each_raw_document(path, o, [&](RawDocument&& raw) { out.push_back(document_ids(std::move(raw), path, o)); });
+    return out;
+  };
+  EXPECT_EQ(testing::data_error_of([&] { ids_of(over[0]); }),
+            over[0] + ": row 1: id 50257 at position 1 of column \"input_ids\" is outside the tokenizer's vocabulary (0 to 50256)");
+  EXPECT_EQ(testing::data_error_of([&] { ids_of(null_row[0]); }),
+            null_row[0] + ": row 1: column \"input_ids\" is null (every row needs its ids)");
+  DocumentOptions mask = o;
+  mask.token_field = "labels";
+  EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(over[0], mask, [](RawDocument&&) {}); }),
+            over[0] + ": no column \"labels\" (its columns: input_ids, input_ids.item, attention_mask, attention_mask.item; "
+                      "--token-field picks another)");
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(over[0], {}); }),
+            over[0] + ": no column \"text\" (its columns: input_ids, input_ids.item, attention_mask, attention_mask.item; "
+                      "--text-field picks another; it holds token ids: --token-field input_ids imports them)");
+  const auto text = write_arrow({"some text"}, {{{"name", "ids-text-column"}}});
+  ASSERT_EQ(text.size(), 1u);
+  DocumentOptions on_text = o;
+  on_text.token_field = "text";
+  EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(text[0], on_text, [](RawDocument&&) {}); }),
+            text[0] + ": column \"text\" holds Utf8, not lists of integers (token ids)");
+
+  // JSONL: each line's field checked on the tokenizing side, named by line.
+  const auto jsonl = testing::tmp_path("ids-bad.jsonl");
+  std::ofstream(jsonl) << R"({"input_ids": [1, 2]})" << "\n" << R"({"input_ids": [3, -4]})" << "\n"
+                       << R"({"input_ids": "5 6"})" << "\n" << R"({"ids": [1]})" << "\n" << R"({"input_ids": [1.5]})" << "\n";
+  std::vector<std::string> errors;
+  uint64_t lines = 0;
+  for_each_raw_document(jsonl.string(), o, [&](RawDocument&& raw) {
+    ++lines;
+    errors.push_back(testing::data_error_of([&] { document_ids(std::move(raw), jsonl.string(), o); }));
+  });
+  ASSERT_EQ(lines, 5u);
+  EXPECT_EQ(errors[0], "no DataError");
+  EXPECT_EQ(errors[1], jsonl.string() + ":2: value -4 at position 1 of \"input_ids\" is not a token id of the tokenizer's vocabulary (0 to 50256)");
+  EXPECT_EQ(errors[2], jsonl.string() + ":3: field \"input_ids\" is not an array of token ids");
+  EXPECT_EQ(errors[3].rfind(jsonl.string() + ":4: field \"input_ids\" is missing", 0), 0u) << errors[3];
+  EXPECT_EQ(errors[4].rfind(jsonl.string() + ":5: value 1.5 at position 0", 0), 0u) << errors[4];
+
+  // Parquet and text inputs have no token column this reads.
+  const auto txt = testing::tmp_path("ids.txt");
+  std::ofstream(txt) << "1 2 3";
+  EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(txt.string(), o, [](RawDocument&&) {}); }),
+            txt.string() + ": --token-field reads JSONL and Arrow inputs, and this is text");
+  const auto pq = testing::tmp_path("ids.parquet");
+  std::ofstream(pq) << "PAR1";
+  EXPECT_NE(testing::data_error_of([&] { for_each_raw_document(pq.string(), o, [](RawDocument&&) {}); }).find("Parquet token columns are not read yet"),
+            std::string::npos);
 }
 
 // A folder as datasets' save_to_disk writes it: the Arrow files, state.json listing them, dataset_info.json.
@@ -252,11 +407,11 @@ TEST(Arrow, NullsMissingColumnsAndWrongTypesNameTheFile) {
   DocumentOptions numbers;
   numbers.text_field = "token_count";
   EXPECT_EQ(testing::data_error_of([&] { read_documents(p, numbers); }),
-            p + ": column \"token_count\" holds Int, not strings (Utf8, LargeUtf8, Utf8View or their Binary forms)");
+            p + ": column \"token_count\" holds Int64, not strings (Utf8, LargeUtf8, Utf8View or their Binary forms)");
   DocumentOptions listed;
   listed.text_field = "tags.item";
   EXPECT_EQ(testing::data_error_of([&] { read_documents(p, listed); }),
-            p + ": column \"tags.item\" lies inside a list, map or union, not one string per row");
+            p + ": column \"tags.item\" lies inside a list, map or union, not one value per row");
 
   // --format arrow on a file of another name (datasets' cache names its files *.arrow; Feather v2 is *.feather).
   const auto renamed = testing::tmp_path("shard.bin");

@@ -5,13 +5,17 @@
 //
 //   node write_arrow.mjs FETCHED_DIR SPEC.json
 //
-// SPEC.json: {"texts": [string or null, ...], "files": [{"path": ..., "writer": "arrow-js" | "arrow-rs",
-//   "format": "stream" | "file", "type": "Utf8" | "LargeUtf8" | "Utf8View" | "Binary" | "Dictionary",
-//   "columns": "text" | "fineweb" | "nested", "batch_rows": N}, ...]}
+// SPEC.json: {"texts": [string or null, ...], "ids": [[integer, ...] or null, ...], "files": [{"path": ...,
+//   "writer": "arrow-js" | "arrow-rs", "format": "stream" | "file",
+//   "type": "Utf8" | "LargeUtf8" | "Utf8View" | "Binary" | "Dictionary"
+//         | "List<Int32>" | "List<UInt16>" | "LargeList<Int64>" | "FixedSizeList<Int32>",
+//   "columns": "text" | "fineweb" | "nested" | "tokens", "batch_rows": N}, ...]}
 // columns: "text" is the one column; "fineweb" puts fineweb's other columns around it (id, url, a double, an
 // int64, a boolean and a list of strings); "nested" puts the text in a nullable struct, as "meta.text" (a null
 // text is a null struct or a null inside one, in turn).
-// batch_rows cuts the rows into record batches of that many (the last one shorter).
+// "tokens" writes "ids" (instead of "texts") as a tokenized dataset does: input_ids in the list type given, and
+// an attention_mask of Int8 ones. batch_rows cuts the rows into record batches of that many (the last one
+// shorter).
 import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
@@ -29,6 +33,17 @@ const pw = require(join(modules, "parquet-wasm", "node", "parquet_wasm.js"));
 const spec = JSON.parse(readFileSync(specPath, "utf8"));
 const encoder = new TextEncoder();
 
+function idsType(name) {
+  const item = (t) => new arrow.Field("item", t, true);
+  switch (name) {
+    case "List<Int32>": return new arrow.List(item(new arrow.Int32()));
+    case "List<UInt16>": return new arrow.List(item(new arrow.Uint16()));
+    case "LargeList<Int64>": return new arrow.LargeList(item(new arrow.Int64()));
+    case "FixedSizeList<Int32>": return new arrow.FixedSizeList(spec.ids.find((r) => r !== null).length, item(new arrow.Int32()));
+    default: throw new Error(`unknown ids type ${name}`);
+  }
+}
+
 function textType(name) {
   switch (name ?? "Utf8") {
     case "Utf8": return new arrow.Utf8();
@@ -42,6 +57,16 @@ function textType(name) {
 
 // One record batch of rows [begin, end).
 function batchTable(f, begin, end) {
+  if (f.columns === "tokens") {
+    const rows = spec.ids.slice(begin, end);
+    const wide = f.type === "LargeList<Int64>";
+    const values = rows.map((r) => (r === null ? null : wide ? r.map((x) => BigInt(x)) : r));
+    const mask = rows.map((r) => (r === null ? null : r.map(() => 1)));
+    return new arrow.Table({
+      input_ids: arrow.vectorFromArray(values, idsType(f.type)),
+      attention_mask: arrow.vectorFromArray(mask, new arrow.List(new arrow.Field("item", new arrow.Int8(), true))),
+    });
+  }
   const texts = spec.texts.slice(begin, end);
   const type = textType(f.type);
   const values = f.type === "Binary" ? texts.map((t) => (t === null ? null : encoder.encode(t))) : texts;
@@ -74,7 +99,7 @@ function batchTable(f, begin, end) {
 }
 
 function table(f) {
-  const n = spec.texts.length;
+  const n = (f.columns === "tokens" ? spec.ids : spec.texts).length;
   const step = f.batch_rows ?? n;
   let t = null;
   for (let begin = 0; begin < n; begin += step) {

@@ -3,8 +3,10 @@
 saves with): a save_to_disk folder as datasets writes it (two streams of 1000-row batches with its metadata,
 state.json, dataset_info.json), LZ4-frame and zstd bodies, the file format, Feather v2, string views, large
 strings and dictionary deltas. Each dataset must equal, token for token, the one prepared from the JSONL of
-pyarrow's own reading. A null text and a cut-short compressed file are exit 4 with the file named and no
-dataset left behind."""
+pyarrow's own reading. A dataset tokenized by transformers' fast tokenizer (GPT-2's tokenizer.json), saved
+as datasets saves one, imported with --token-field input_ids, must equal the one shardtrain tokenizes from the
+same texts with the same file. A null text and a cut-short compressed file are exit 4 with the file named and
+no dataset left behind."""
 import os
 
 from pyarrow_common import prepare as prepare_file, pyarrow_side, same_tokens, sample_texts
@@ -13,7 +15,8 @@ from torch_env import Test
 t = Test()
 args, check, work, env = t.args, t.check, t.work, t.env
 texts = sample_texts(args.source)
-report = pyarrow_side(env, "arrow", texts, work)
+gpt2 = os.path.join(args.source, "data", "fetched", "tokenizers", "gpt2-hf", "tokenizer.json")
+report = pyarrow_side(env, "arrow", texts, work, gpt2)
 if report is None:
     raise SystemExit(1)
 cases = report["cases"]
@@ -25,6 +28,7 @@ def prepare(inp, name):
 
 
 plain = cases["plain"]["bytes"]
+tokenized = cases.pop("tokenized")
 for name, case in cases.items():
     check(case["rows"] == len(texts), f"{name}: {case['rows']} rows for {len(texts)} texts")
     rc_a, from_arrow, err_a = prepare(case["path"], f"{name}-arrow")
@@ -44,6 +48,16 @@ check(deltas["num_dictionary_deltas"] >= 2 and deltas["num_replaced_dictionaries
       f"dictionary-deltas: pyarrow read {deltas}, expected delta dictionaries and no replacements")
 check(cases["saved"]["batches"] >= 2 * ((len(texts) // 2) // 1000), f"saved: {cases['saved']['batches']} batches")
 
+# Already tokenized by transformers: imported as they are, they equal shardtrain's own tokenization.
+rc_i, imported, err_i = prepare_file(args, work, tokenized["path"], "tokenized-imported", gpt2, ("--token-field", "input_ids"))
+rc_t, own, err_t = prepare_file(args, work, os.path.join(work, "tokenized.jsonl"), "tokenized-own", gpt2)
+check(rc_i == 0, f"tokenized: prepare-data --token-field input_ids: exit {rc_i}: {err_i[-1500:]}")
+check(rc_t == 0, f"tokenized: prepare-data of the texts: exit {rc_t}: {err_t[-1500:]}")
+equal = rc_i == 0 and rc_t == 0 and same_tokens(imported, own)
+check(equal, "tokenized: the ids transformers' tokenizer made differ from shardtrain's tokenization of the same texts")
+print(f"tokenized by {tokenized['tokenizer']}: {tokenized['tokens']:,d} ids in {tokenized['rows']} rows, imported: "
+      f"{'the same tokens as shardtrain tokenizing the texts' if equal else 'DIFFERENT'}")
+
 rc, ds, err = prepare(os.path.join(work, "with-null.arrow"), "with-null")
 check(rc == 4 and 'with-null.arrow: row 10: column "text" is null' in err, f"a null text: exit {rc}: {err[-600:]}")
 check(not os.path.exists(ds), "a failed prepare-data left a dataset behind")
@@ -59,4 +73,4 @@ check(rc == 4 and f"{cut}: the message at byte" in err, f"a cut-short stream: ex
 check(not os.path.exists(ds), "a failed prepare-data left a dataset behind")
 print("cut short:", err.strip().splitlines()[-1] if err.strip() else "(no message)")
 
-check.finish("PASS: prepare-data reads pyarrow's Arrow files and datasets' save_to_disk folders as pyarrow does")
+check.finish("PASS: prepare-data reads pyarrow's Arrow files and datasets' save_to_disk folders as pyarrow does, and imports transformers' token ids as shardtrain tokenizes")

@@ -2,14 +2,16 @@
 fineweb's own files were written with, and the one the `datasets` library saves with) for
 parquet_pyarrow_test.py and arrow_pyarrow_test.py to give to shardtrain prepare-data.
 
-    python3 pyarrow_side.py parquet|arrow TEXTS.json OUT_DIR
+    python3 pyarrow_side.py parquet|arrow TEXTS.json OUT_DIR [TOKENIZER_JSON]
 
 TEXTS.json is a list of strings. OUT_DIR gets one file per case below, and pyarrow's own reading of each
 text column as CASE.jsonl ({"text": ...} per row), for the test to prepare the same texts from; prints a
 JSON object {"pyarrow": version, "cases": {case: {...}}}. Parquet cases report "rows", "row_groups",
 "codec", "encodings", "chunk_end" (where the text column's last chunk ends, inside its last page) and
 "created_by"; Arrow cases "rows", "batches", "bytes", "path" and pyarrow's reading "stats" (record batches,
-dictionary batches, deltas)."""
+dictionary batches, deltas). With TOKENIZER_JSON, arrow also writes OUT_DIR/tokenized, a save_to_disk folder of
+the texts as transformers' fast tokenizer of that file tokenizes them (input_ids, attention_mask), the way
+`dataset.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=["text"])` leaves them."""
 import json
 import os
 import sys
@@ -19,6 +21,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 mode, texts_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
+tokenizer_json = sys.argv[4] if len(sys.argv) > 4 else None
 texts = json.load(open(texts_path, encoding="utf-8"))
 n = len(texts)
 
@@ -99,6 +102,42 @@ def dictionary_batches(batch_rows):
     return batches
 
 
+def save_to_disk(folder, parts, metadata):
+    """A folder as datasets' save_to_disk writes one: a stream per part (1000-row batches), state.json,
+    dataset_info.json."""
+    os.makedirs(folder, exist_ok=True)
+    files = []
+    for k, part in enumerate(parts):
+        name = f"data-{k:05d}-of-{len(parts):05d}.arrow"
+        with pa.RecordBatchStreamWriter(os.path.join(folder, name), part.schema.with_metadata(metadata)) as w:
+            w.write_table(part, max_chunksize=1000)
+        files.append({"filename": name})
+    with open(os.path.join(folder, "state.json"), "w") as f:
+        json.dump({"_data_files": files, "_fingerprint": "a1b2c3", "_format_columns": None, "_format_kwargs": {},
+                   "_format_type": None, "_output_all_columns": False, "_split": "train"}, f, indent=2)
+    with open(os.path.join(folder, "dataset_info.json"), "w") as f:
+        json.dump({"features": {c: {"_type": "Value"} for c in parts[0].column_names}}, f, indent=2)
+    return [os.path.join(folder, x["filename"]) for x in files]
+
+
+def tokenized_case():
+    """The texts through transformers' fast tokenizer, saved as a tokenized dataset is."""
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json)
+    enc = tok(texts)
+    table = pa.table({"input_ids": pa.array(enc["input_ids"], type=pa.list_(pa.int32())),
+                      "attention_mask": pa.array(enc["attention_mask"], type=pa.list_(pa.int8()))})
+    meta = {b"huggingface": json.dumps({"info": {"features": {
+        "input_ids": {"feature": {"dtype": "int32", "_type": "Value"}, "_type": "Sequence"},
+        "attention_mask": {"feature": {"dtype": "int8", "_type": "Value"}, "_type": "Sequence"}}}}).encode()}
+    half = n // 2
+    save_to_disk(os.path.join(out, "tokenized"), [table.slice(0, half), table.slice(half)], meta)
+    write_jsonl("tokenized", texts)
+    return {"rows": table.num_rows, "batches": (half + 999) // 1000 + (n - half + 999) // 1000, "bytes": 0,
+            "path": os.path.join(out, "tokenized"), "tokens": sum(len(x) for x in enc["input_ids"]),
+            "tokenizer": type(tok).__name__}
+
+
 def arrow_cases():
     """Arrow streams as `datasets` writes them (its ArrowWriter: a RecordBatchStreamWriter, batches of 1000 rows,
     its features in the schema's metadata) in a save_to_disk folder, and pyarrow's other forms: LZ4 and zstd
@@ -145,23 +184,14 @@ def arrow_cases():
                         "path": path, "stats": stats if form != "feather" else {}}
 
     # A save_to_disk folder: two stream files of the texts in halves, state.json and dataset_info.json.
-    saved = os.path.join(out, "saved")
-    os.makedirs(saved, exist_ok=True)
     half = n // 2
-    files = []
-    for k, part in enumerate([fineweb.slice(0, half), fineweb.slice(half)]):
-        name = f"data-{k:05d}-of-00002.arrow"
-        with pa.RecordBatchStreamWriter(os.path.join(saved, name), part.schema.with_metadata(hf_meta)) as w:
-            w.write_table(part, max_chunksize=1000)
-        files.append({"filename": name})
-    with open(os.path.join(saved, "state.json"), "w") as f:
-        json.dump({"_data_files": files, "_fingerprint": "a1b2c3", "_format_columns": None, "_format_kwargs": {},
-                   "_format_type": None, "_output_all_columns": False, "_split": "train"}, f, indent=2)
-    with open(os.path.join(saved, "dataset_info.json"), "w") as f:
-        json.dump({"features": {"text": {"dtype": "string", "_type": "Value"}}}, f, indent=2)
-    back = pa.concat_tables([pa.ipc.open_stream(os.path.join(saved, x["filename"])).read_all() for x in files])
+    saved = save_to_disk(os.path.join(out, "saved"), [fineweb.slice(0, half), fineweb.slice(half)], hf_meta)
+    back = pa.concat_tables([pa.ipc.open_stream(f).read_all() for f in saved])
     write_jsonl("saved", back.column("text").to_pylist())
-    report["saved"] = {"rows": back.num_rows, "batches": len(back.to_batches()), "bytes": 0, "path": saved}
+    report["saved"] = {"rows": back.num_rows, "batches": len(back.to_batches()), "bytes": 0,
+                       "path": os.path.join(out, "saved")}
+    if tokenizer_json:
+        report["tokenized"] = tokenized_case()
 
     with pa.ipc.new_stream(os.path.join(out, "with-null.arrow"), pa.schema([("text", pa.string())]), options=zstd) as w:
         w.write_table(pa.table({"text": pa.array(texts[:10] + [None] + texts[10:20])}))

@@ -3,9 +3,10 @@
 // reader of the published format: the encapsulated messages (FlatBuffers metadata, then a body), the schema,
 // record batches and dictionary batches (deltas too), LZ4-frame and zstd body compression, and the string
 // layouts: Utf8 / Binary with 32-bit offsets, their Large forms with 64-bit ones, the Utf8View / BinaryView
-// views, and dictionary-encoded strings; a column inside structs is reached by its dotted path. One record
-// batch's buffers of the column are in memory at a time (the file itself is mapped). Anything else is a
-// DataError naming the file, the message and what was found.
+// views, and dictionary-encoded strings; also lists of integers, for datasets already tokenized (input_ids);
+// a column inside structs is reached by its dotted path. One record batch's buffers of the column are in
+// memory at a time (the file itself is mapped). Anything else is a DataError naming the file, the message and
+// what was found.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,9 +22,10 @@
 namespace shardtrain::data {
 
 struct ArrowColumn {
-  std::string path;        // dotted, "text" or "meta.text"
-  std::string type;        // "Utf8", "LargeUtf8", "Int64", "Struct", "Dictionary<Int32, Utf8>", ...
-  bool is_string = false;  // a string or binary type, plain, viewed or dictionary-encoded, not inside a list
+  std::string path;          // dotted, "text" or "meta.text"
+  std::string type;          // "Utf8", "LargeUtf8", "Int64", "List<Int32>", "Struct", "Dictionary<Int32, Utf8>", ...
+  bool is_string = false;    // a string or binary type, plain, viewed or dictionary-encoded, not inside a list
+  bool is_id_list = false;   // a list (List, LargeList, FixedSizeList) of integers, not inside a list: token ids
 };
 
 // What a read went through: "record batches", "dictionary batches", "delta dictionary batches",
@@ -52,6 +55,8 @@ class ArrowIpcFile {
   const std::vector<ArrowColumn>& columns() const;  // every field, depth first, in the schema's order
   // The column of that dotted path that holds strings; DataError naming the file's columns otherwise.
   const ArrowColumn& string_column(const std::string& path) const;
+  // The same for a column of integer lists (what `datasets` keeps tokenized text in: input_ids).
+  const ArrowColumn& id_list_column(const std::string& path) const;
   // About how many bytes of strings the column holds (a progress bar's estimate): the string data buffers'
   // lengths, decompressed where the batch is compressed.
   uint64_t string_bytes_estimate(const ArrowColumn& column) const;
@@ -61,6 +66,12 @@ class ArrowIpcFile {
   // emit returns.
   void for_each_string(const ArrowColumn& column, const std::function<void(std::optional<std::string_view> value)>& emit,
                        ArrowReadStats* stats = nullptr) const;
+  // The same for a column of integer lists: each row's values (widened; an unsigned 64-bit value past int64
+  // reads as -1), or nullopt for a null list. Null values inside a list are a DataError.
+  void for_each_id_list(const ArrowColumn& column, const std::function<void(std::optional<std::span<const int64_t>> ids)>& emit,
+                        ArrowReadStats* stats = nullptr) const;
+  // How many values the lists of the column hold, from the batches' metadata (a progress bar's estimate).
+  uint64_t id_count_estimate(const ArrowColumn& column) const;
 
  private:
   ArrowIpcFile();
