@@ -11,12 +11,14 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/prepare.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 
@@ -164,6 +166,83 @@ inline std::vector<std::string> write_with_node(const std::string& script_name, 
   data["texts"] = nlohmann::json::array();
   for (const auto& t : texts) data["texts"].push_back(t ? nlohmann::json(*t) : nlohmann::json(nullptr));
   return write_with_node(script_name, extension, std::move(data), std::move(files));
+}
+
+// A text column of a Parquet or Arrow file (File: ParquetFile or ArrowIpcFile), row by row (nullopt: a null).
+template <typename File, typename Stats>
+std::vector<std::optional<std::string>> read_text_column(const std::string& path, const std::string& column, Stats* stats) {
+  const auto file = File::open(path);
+  std::vector<std::optional<std::string>> out;
+  file.for_each_string(
+      file.string_column(column),
+      [&](std::optional<std::string_view> v) { out.push_back(v ? std::optional<std::string>(*v) : std::nullopt); }, stats);
+  return out;
+}
+
+// prepare-data with GPT-2's r50k_base of `inputs` into tmp_path(name), quietly: the summary and the dataset.
+inline std::pair<PrepareSummary, TokenDataset> prepare_r50k(const std::vector<std::string>& inputs, const std::string& name,
+                                                            size_t batch_bytes, double validation_fraction = 0.05,
+                                                            const std::string& token_field = "") {
+  PrepareOptions o;
+  o.tokenizer = (fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
+  o.inputs = inputs;
+  o.output = tmp_path(name).string();
+  o.validation_fraction = validation_fraction;
+  o.documents.token_field = token_field;
+  o.batch_bytes = batch_bytes;
+  o.progress = ProgressStyle::Off;
+  auto summary = prepare_dataset(o);
+  return {summary, TokenDataset::open(o.output)};
+}
+
+// The two datasets hold the same documents, token for token, and the same validation split.
+inline void expect_same_documents(const TokenDataset& a, const TokenDataset& b) {
+  ASSERT_EQ(a.num_documents(), b.num_documents());
+  for (size_t d = 0; d < a.num_documents(); ++d) {
+    const auto x = a.document(d), y = b.document(d);
+    ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "document " << d;
+  }
+  const auto va = a.split_documents(DatasetSplit::Validation), vb = b.split_documents(DatasetSplit::Validation);
+  EXPECT_TRUE(std::equal(va.begin(), va.end(), vb.begin(), vb.end()));
+}
+
+// Reading damaged copies of a good file: `read(path)` on `bytes` written as `path` gives "" when it reads to the
+// end, or the DataError's message (anything else escapes and fails the test).
+template <typename Read>
+std::string read_error(const std::string& path, const std::string& bytes, Read&& read) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    read(path);
+    return "";
+  } catch (const DataError& e) {
+    return e.what();
+  }
+}
+
+// 1500 copies of the file `source` with 1 to 4 bytes changed, each at where(rng, size, trial), read as `path`:
+// every error names the file. Prints and returns how many ended in a DataError.
+template <typename Read, typename Where>
+size_t mutations_refused(const std::string& source, const std::string& path, uint64_t seed, Read&& read, Where&& where) {
+  const std::string good = slurp(source);
+  std::mt19937_64 rng(seed);
+  size_t errors = 0, reads = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    std::string bad = good;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = where(rng, bad.size(), trial);
+      bad[at] = static_cast<char>(rng() % 256);
+    }
+    const auto err = read_error(path, bad, read);
+    if (err.empty()) {
+      ++reads;
+    } else {
+      ++errors;
+      EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << err;
+    }
+  }
+  std::printf("%s: 1500 mutations: %zu DataErrors, %zu reads to the end\n", source.c_str(), errors, reads);
+  return errors;
 }
 
 // Writes tokens in documents of the given offsets as tmp_path(name), with a synthetic tokenizer record

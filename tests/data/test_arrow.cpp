@@ -27,12 +27,7 @@ std::vector<std::string> write_arrow(const Texts& texts, std::vector<nlohmann::j
 }
 
 Texts read_column(const std::string& path, const std::string& column, ArrowReadStats* stats = nullptr) {
-  const auto file = ArrowIpcFile::open(path);
-  Texts out;
-  file.for_each_string(
-      file.string_column(column),
-      [&](std::optional<std::string_view> v) { out.push_back(v ? std::optional<std::string>(*v) : std::nullopt); }, stats);
-  return out;
+  return testing::read_text_column<ArrowIpcFile>(path, column, stats);
 }
 
 size_t count(const ArrowReadStats& s, const std::string& kind) {
@@ -171,14 +166,7 @@ TEST(Arrow, PreTokenizedDatasetsImportTheirIds) {
 
   // prepare-data imports them: the dataset of the text itself, tokenized by prepare-data, id for id.
   auto prepare = [&](const std::vector<std::string>& inputs, const std::string& name, const std::string& token_field) {
-    PrepareOptions o;
-    o.tokenizer = (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
-    o.inputs = inputs;
-    o.output = testing::tmp_path(name).string();
-    o.documents.token_field = token_field;
-    o.batch_bytes = 64 << 10;  // several batches
-    o.progress = ProgressStyle::Off;
-    return std::pair{prepare_dataset(o), TokenDataset::open(o.output)};
+    return testing::prepare_r50k(inputs, name, 64 << 10, 0.05, token_field);  // several batches
   };
   const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
   std::vector<std::string> texts;
@@ -191,12 +179,7 @@ TEST(Arrow, PreTokenizedDatasetsImportTheirIds) {
     EXPECT_EQ(summary.documents, 40u);
     EXPECT_EQ(summary.empty_documents_skipped, 1u);
     EXPECT_EQ(summary.tokens, from_text.tokens);
-    ASSERT_EQ(ds.num_documents(), reference.num_documents());
-    for (size_t d = 0; d < ds.num_documents(); ++d) {
-      const auto x = ds.document(d), y = reference.document(d);
-      ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "document " << d;
-    }
-    EXPECT_EQ(ds.split_documents(DatasetSplit::Validation).size(), reference.split_documents(DatasetSplit::Validation).size());
+    testing::expect_same_documents(ds, reference);
   }
   const auto [blocks_summary, blocks_ds] = prepare({fixed[0]}, "ids-blocks.h5", "input_ids");
   EXPECT_EQ(blocks_summary.documents, blocks.size());
@@ -299,27 +282,12 @@ TEST(Arrow, PrepareDataFromASaveToDiskFolderEqualsJsonl) {
   const auto b = write_arrow(second, {{{"name", "sotu-1"}, {"writer", "arrow-js"}, {"columns", "fineweb"}, {"batch_rows", 40}}});
   ASSERT_EQ(a.size() + b.size(), 2u);
   const auto dir = save_to_disk_folder("sotu-saved", {a[0], b[0]}, {"data-00000-of-00002.arrow", "data-00001-of-00002.arrow"});
-  auto prepare = [&](const std::string& input, const std::string& name) {
-    PrepareOptions o;
-    o.tokenizer = (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
-    o.inputs = {input};
-    o.output = testing::tmp_path(name).string();
-    o.validation_fraction = 0.05;
-    o.batch_bytes = size_t{1} << 20;  // several batches
-    o.progress = ProgressStyle::Off;
-    return std::pair{prepare_dataset(o), TokenDataset::open(o.output)};
-  };
-  const auto [from_jsonl, x] = prepare(jsonl.string(), "sotu-jsonl.h5");
-  const auto [from_arrow, y] = prepare(dir.string(), "sotu-arrow.h5");
+  const auto [from_jsonl, x] = testing::prepare_r50k({jsonl.string()}, "sotu-jsonl.h5", size_t{1} << 20);  // several batches
+  const auto [from_arrow, y] = testing::prepare_r50k({dir.string()}, "sotu-arrow.h5", size_t{1} << 20);
   EXPECT_EQ(from_arrow.documents, sotu.size());
   EXPECT_EQ(from_arrow.tokens, from_jsonl.tokens);
   EXPECT_GT(from_arrow.tokens, 2'000'000u);
-  ASSERT_EQ(y.num_documents(), x.num_documents());
-  for (size_t d = 0; d < x.num_documents(); ++d) {
-    const auto p = x.document(d), q = y.document(d);
-    ASSERT_TRUE(std::equal(p.begin(), p.end(), q.begin(), q.end())) << "document " << d;
-  }
-  EXPECT_EQ(y.split_documents(DatasetSplit::Validation).size(), x.split_documents(DatasetSplit::Validation).size());
+  testing::expect_same_documents(x, y);
   EXPECT_EQ(y.info().sources, (std::vector<std::string>{(dir / "data-00000-of-00002.arrow").string(),
                                                         (dir / "data-00001-of-00002.arrow").string()}));
 }
@@ -445,46 +413,21 @@ TEST(Arrow, TruncatedAndMutatedFilesAreDataErrors) {
     const std::string good = testing::slurp(p);
     const std::string column = p.find("m-dict") != std::string::npos ? "meta.text" : "text";
     const auto path = testing::tmp_path("mutated.arrow").string();
-    auto attempt = [&](const std::string& bytes) -> std::string {
-      std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-      try {
-        read_column(path, column);
-        return "";
-      } catch (const DataError& e) {
-        return e.what();
-      }  // anything else escapes and fails the test
-    };
+    const auto read = [&](const std::string& file) { read_column(file, column); };
     // Cut short inside a message: always an error naming the file. (A stream cut between two messages is a
     // shorter stream, as the format allows, so the cuts land inside the last message's body.)
     for (size_t keep : {good.size() - 1, good.size() - 9, good.size() / 2 + 3, size_t{100}, size_t{4}}) {
-      const auto err = attempt(good.substr(0, keep));
+      const auto err = testing::read_error(path, good.substr(0, keep), read);
       EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << "kept " << keep << ": " << err;
     }
     // Random bytes changed anywhere (a changed letter is still text), and in the schema and first batches'
     // metadata or a file's footer, where most changes land in lengths, offsets and types: a DataError or a
     // read to the end, never anything else.
-    std::mt19937_64 rng(4242);
-    size_t errors = 0, reads = 0;
-    for (int trial = 0; trial < 1500; ++trial) {
-      std::string bad = good;
-      const int flips = 1 + static_cast<int>(rng() % 4);
-      for (int f = 0; f < flips; ++f) {
-        const size_t near = std::min<size_t>(bad.size(), 1200);
-        const size_t at = trial % 3 == 0   ? rng() % bad.size()
-                          : trial % 3 == 1 ? rng() % near
-                                           : bad.size() - 1 - rng() % near;
-        bad[at] = static_cast<char>(rng() % 256);
-      }
-      const auto err = attempt(bad);
-      if (err.empty()) {
-        ++reads;
-      } else {
-        ++errors;
-        EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << err;
-      }
-    }
-    EXPECT_GT(errors, 300u) << reads << " mutated files read to the end";
-    std::printf("%s: 1500 mutations: %zu DataErrors, %zu reads to the end\n", p.c_str(), errors, reads);
+    const size_t errors = testing::mutations_refused(p, path, 4242, read, [](std::mt19937_64& rng, size_t size, int trial) {
+      const size_t near = std::min<size_t>(size, 1200);
+      return trial % 3 == 0 ? rng() % size : trial % 3 == 1 ? rng() % near : size - 1 - rng() % near;
+    });
+    EXPECT_GT(errors, 300u);
   }
 }
 

@@ -25,12 +25,7 @@ std::vector<std::string> write_parquet(const Texts& texts, std::vector<nlohmann:
 }
 
 Texts read_column(const std::string& path, const std::string& column, ParquetReadStats* stats = nullptr) {
-  const auto file = ParquetFile::open(path);
-  Texts out;
-  file.for_each_string(
-      file.string_column(column), [&](std::optional<std::string_view> v) { out.push_back(v ? std::optional<std::string>(*v) : std::nullopt); },
-      stats);
-  return out;
+  return testing::read_text_column<ParquetFile>(path, column, stats);
 }
 
 size_t pages_matching(const ParquetReadStats& s, const std::string& part) {
@@ -130,28 +125,13 @@ TEST(Parquet, PrepareDataFromParquetEqualsJsonl) {
   }
   const auto paths = write_parquet(texts, {{{"name", "sotu"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}, {"row_group_size", 50}}});
   ASSERT_EQ(paths.size(), 1u);
-  auto prepare = [&](const std::string& input, const std::string& name) {
-    PrepareOptions o;
-    o.tokenizer = (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
-    o.inputs = {input};
-    o.output = testing::tmp_path(name).string();
-    o.validation_fraction = 0.05;
-    o.batch_bytes = size_t{1} << 20;  // several batches
-    o.progress = ProgressStyle::Off;
-    return std::pair{prepare_dataset(o), TokenDataset::open(o.output)};
-  };
-  const auto [from_jsonl, a] = prepare(jsonl.string(), "sotu-jsonl.h5");
-  const auto [from_parquet, b] = prepare(paths[0], "sotu-parquet.h5");
+  const auto [from_jsonl, a] = testing::prepare_r50k({jsonl.string()}, "sotu-jsonl.h5", size_t{1} << 20);  // several batches
+  const auto [from_parquet, b] = testing::prepare_r50k({paths[0]}, "sotu-parquet.h5", size_t{1} << 20);
   EXPECT_EQ(from_parquet.documents, sotu.size());
   EXPECT_EQ(from_parquet.tokens, from_jsonl.tokens);
   EXPECT_EQ(from_parquet.bytes, from_jsonl.bytes);
   EXPECT_GT(from_parquet.tokens, 2'000'000u);
-  ASSERT_EQ(b.num_documents(), a.num_documents());
-  for (size_t d = 0; d < a.num_documents(); ++d) {
-    const auto x = a.document(d), y = b.document(d);
-    ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << "document " << d;
-  }
-  EXPECT_EQ(b.split_documents(DatasetSplit::Validation).size(), a.split_documents(DatasetSplit::Validation).size());
+  testing::expect_same_documents(a, b);
   EXPECT_EQ(b.info().sources, std::vector<std::string>{paths[0]});
   // The progress estimate: what the text column decompresses to, a little over the text itself.
   const uint64_t estimate = document_bytes_estimate(paths[0], {});
@@ -214,46 +194,23 @@ TEST(Parquet, TruncatedAndMutatedFilesAreDataErrors) {
     SCOPED_TRACE(p);
     const std::string good = testing::slurp(p);
     const auto path = testing::tmp_path("mutated.parquet").string();
-    auto attempt = [&](const std::string& bytes) -> std::string {
-      std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-      try {
-        read_column(path, "text");
-        return "";
-      } catch (const DataError& e) {
-        return e.what();
-      }  // anything else escapes and fails the test
-    };
+    const auto read = [](const std::string& file) { read_column(file, "text"); };
     // Cut short anywhere: always an error naming the file.
     for (size_t keep : {good.size() - 1, good.size() - 9, good.size() / 2, size_t{100}, size_t{4}}) {
-      const auto err = attempt(good.substr(0, keep));
+      const auto err = testing::read_error(path, good.substr(0, keep), read);
       EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << "kept " << keep << ": " << err;
     }
     // A footer length past the start of the file.
     std::string long_footer = good;
     const uint32_t huge = static_cast<uint32_t>(good.size());
     std::memcpy(long_footer.data() + good.size() - 8, &huge, 4);
-    EXPECT_NE(attempt(long_footer).find("its footer claims"), std::string::npos);
+    EXPECT_NE(testing::read_error(path, long_footer, read).find("its footer claims"), std::string::npos);
     // Random bytes changed anywhere: a DataError or a read that ends (a changed letter is still text), and
     // the footer and page headers, where most changes land in lengths and offsets, mostly errors.
-    std::mt19937_64 rng(12345);
-    size_t errors = 0, reads = 0;
-    for (int trial = 0; trial < 1500; ++trial) {
-      std::string bad = good;
-      const int flips = 1 + static_cast<int>(rng() % 4);
-      for (int f = 0; f < flips; ++f) {
-        const size_t at = trial % 2 == 0 ? rng() % bad.size() : bad.size() - 1 - rng() % std::min<size_t>(bad.size(), 600);
-        bad[at] = static_cast<char>(rng() % 256);
-      }
-      const auto err = attempt(bad);
-      if (err.empty()) {
-        ++reads;
-      } else {
-        ++errors;
-        EXPECT_EQ(err.rfind(path + ": ", 0), 0u) << err;
-      }
-    }
-    EXPECT_GT(errors, 300u) << reads << " mutated files read to the end";
-    std::printf("%s: 1500 mutations: %zu DataErrors, %zu reads to the end\n", p.c_str(), errors, reads);
+    const size_t errors = testing::mutations_refused(p, path, 12345, read, [](std::mt19937_64& rng, size_t size, int trial) {
+      return trial % 2 == 0 ? rng() % size : size - 1 - rng() % std::min<size_t>(size, 600);
+    });
+    EXPECT_GT(errors, 300u);
   }
 }
 
