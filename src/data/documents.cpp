@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "input_file.hpp"
@@ -26,6 +27,66 @@ InputFormat parse_input_format(const std::string& s) {
   if (s == "arrow") return InputFormat::Arrow;
   throw UsageError(fmt::format("unknown input format '{}': expected auto, text, jsonl, parquet or arrow", s));
 }
+
+namespace {
+
+// A folder written by `datasets`' save_to_disk (a state.json listing its Arrow files): those files, in the
+// order state.json gives; nullopt for any other folder. A DatasetDict's folder (dataset_dict.json) is a
+// DataError naming its splits, since it holds several datasets; so is a folder of the `datasets` cache (Arrow
+// files and a dataset_info.json, no state.json), whose Arrow files may include cached copies of the same rows.
+std::optional<std::vector<std::string>> hf_dataset_files(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const fs::path dir(folder);
+  const auto read_json = [&](const fs::path& p) {
+    std::ifstream in(p);
+    try {
+      return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("{}: not JSON ({})", p.string(), e.what()));
+    }
+  };
+  std::error_code ec;
+  if (fs::exists(dir / "dataset_dict.json", ec)) {
+    const auto j = read_json(dir / "dataset_dict.json");
+    std::string splits;
+    if (j.contains("splits") && j["splits"].is_array())
+      for (const auto& s : j["splits"])
+        if (s.is_string()) splits += (splits.empty() ? "" : ", ") + (dir / s.get<std::string>()).string();
+    throw DataError(fmt::format("{}: a DatasetDict saved by datasets' save_to_disk; give one split's folder ({})", folder,
+                                splits.empty() ? "none listed" : splits));
+  }
+  if (!fs::exists(dir / "state.json", ec)) {
+    const auto has_arrow_files = [&] {
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.path().extension() == ".arrow") return true;
+      return false;
+    };
+    if (fs::exists(dir / "dataset_info.json", ec) && has_arrow_files())
+      throw DataError(fmt::format("{}: a folder of the datasets cache (dataset_info.json, no state.json), whose Arrow "
+                                  "files may repeat each other's rows (cache-*.arrow); give its NAME-SPLIT-*.arrow files, "
+                                  "or a folder written by save_to_disk",
+                                  folder));
+    return std::nullopt;
+  }
+  const auto state = read_json(dir / "state.json");
+  if (!state.contains("_data_files") || !state["_data_files"].is_array() || state["_data_files"].empty())
+    throw DataError(fmt::format("{}: \"_data_files\" is missing or empty (expected the list of the dataset's Arrow "
+                                "files that save_to_disk writes)",
+                                (dir / "state.json").string()));
+  std::vector<std::string> files;
+  for (const auto& entry : state["_data_files"]) {
+    if (!entry.is_object() || !entry.contains("filename") || !entry["filename"].is_string())
+      throw DataError(fmt::format("{}: an entry of \"_data_files\" has no \"filename\" string",
+                                  (dir / "state.json").string()));
+    const fs::path file = dir / entry["filename"].get<std::string>();
+    if (!fs::is_regular_file(file, ec))
+      throw DataError(fmt::format("{}: lists {}, which is not there", (dir / "state.json").string(), file.string()));
+    files.push_back(file.string());
+  }
+  return files;
+}
+
+}  // namespace
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   namespace fs = std::filesystem;

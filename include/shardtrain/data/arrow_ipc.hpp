@@ -78,10 +78,4 @@ class ArrowIpcFile {
   std::unique_ptr<arrow_detail::IpcFile> file_;
 };
 
-// A folder written by `datasets`' save_to_disk (a state.json listing its Arrow files): those files, in the
-// order state.json gives; nullopt for any other folder. A DatasetDict's folder (dataset_dict.json) is a
-// DataError naming its splits, since it holds several datasets; so is a folder of the `datasets` cache (Arrow
-// files and a dataset_info.json, no state.json), whose Arrow files may include cached copies of the same rows.
-std::optional<std::vector<std::string>> hf_dataset_files(const std::string& folder);
-
 }  // namespace shardtrain::data

@@ -64,7 +64,8 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
 // Expands folders into their regular files (sorted, recursively), leaving out hidden files and folders (a
 // name starting with '.': .gitattributes, the .cache/ that a Hub download leaves beside the files); files
 // named themselves are kept, in the given order. A folder written by `datasets`' save_to_disk stands for the
-// Arrow files its state.json lists, in that order (arrow_ipc.hpp, hf_dataset_files).
+// Arrow files its state.json lists, in that order; a DatasetDict's folder and a folder of the `datasets` cache
+// are DataErrors that say what to give instead.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
 
 }  // namespace shardtrain::data
