@@ -38,8 +38,7 @@ int64_t load_int(std::string_view buf, size_t k, int bits, bool is_signed) {
 class StringArray {
  public:
   StringArray(Batch& batch, const IpcFile& file, const Field& f, const Place& at, size_t variadic, int64_t rows,
-              ArrowReadStats* stats)
-  {
+              ArrowReadStats* stats) {
     const size_t n = static_cast<size_t>(rows);
     if (is_view_string(f.type)) {
       views_ = batch.buffer(file, at.buffer + 1, stats);
@@ -88,10 +87,6 @@ struct Dictionary {
   std::vector<uint64_t> ends;  // value i is bytes[ends[i-1], ends[i])
   std::vector<bool> valid;
 };
-
-}  // namespace
-
-namespace {
 
 // The column of that path, if `wanted` says it is what the caller reads; DataErrors naming the file otherwise.
 const ArrowColumn& column_named(const IpcFile& f, const std::string& path, bool ArrowColumn::*wanted, const char* what,
@@ -171,7 +166,6 @@ class PathValidity {
   std::vector<const uint8_t*> bits_;
 };
 
-
 }  // namespace
 
 uint64_t ArrowIpcFile::string_bytes_estimate(const ArrowColumn& column) const {
@@ -184,8 +178,8 @@ uint64_t ArrowIpcFile::string_bytes_estimate(const ArrowColumn& column) const {
       Batch batch(f, m);
       const auto layout = layout_of(f, batch, field);
       const auto& at = layout.path.back();
-      const size_t first = arrow_detail::is_view_string(field.type) ? at.buffer + 1 : at.buffer + 2;
-      const size_t last = arrow_detail::is_view_string(field.type) ? at.buffer + 1 + layout.variadic_count : first;
+      const size_t first = is_view_string(field.type) ? at.buffer + 1 : at.buffer + 2;
+      const size_t last = is_view_string(field.type) ? at.buffer + 1 + layout.variadic_count : first;
       const flat::Vector buffers = batch.record.vector(2);
       for (size_t b = first; b <= last && b < buffers.size(); ++b) {
         const size_t pos = buffers.struct_at(b, 16);
@@ -208,7 +202,6 @@ uint64_t ArrowIpcFile::string_bytes_estimate(const ArrowColumn& column) const {
 void ArrowIpcFile::for_each_string(const ArrowColumn& column,
                                    const std::function<void(std::optional<std::string_view>)>& emit,
                                    ArrowReadStats* stats) const {
-  using namespace arrow_detail;
   const auto& f = *file_;
   const Field& target = field_of(f, column);
   std::unordered_map<int64_t, Dictionary> dictionaries;
@@ -287,9 +280,7 @@ struct ListValues {
   int64_t child_length = 0;
 };
 
-ListValues list_values(Batch& batch, const IpcFile& f, const Field& list, const Place& at,
-                       ArrowReadStats* stats) {
-  using namespace arrow_detail;
+ListValues list_values(Batch& batch, const IpcFile& f, const Field& list, const Place& at, ArrowReadStats* stats) {
   const Field& item = list.children.at(0);
   const Place child{at.node + 1, at.buffer + own_buffers(list), at.variadic};
   const auto node = batch.node(child.node);
@@ -333,7 +324,6 @@ uint64_t ArrowIpcFile::id_count_estimate(const ArrowColumn& column) const {
 void ArrowIpcFile::for_each_id_list(const ArrowColumn& column,
                                     const std::function<void(std::optional<std::span<const int64_t>>)>& emit,
                                     ArrowReadStats* stats) const {
-  using namespace arrow_detail;
   const auto& f = *file_;
   const Field& target = field_of(f, column);
   const Field& item = target.children.at(0);
@@ -370,4 +360,5 @@ void ArrowIpcFile::for_each_id_list(const ArrowColumn& column,
   };
   for_each_batch_message(f, skip_dictionary, read_batch);
 }
+
 }  // namespace shardtrain::data
