@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -90,15 +91,16 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         try {
-          pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex.code(), nullptr);
+          // Freed however the thread ends (a bad input file throws out of the loop).
+          const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+              pcre2_match_data_create_from_pattern(regex.code(), nullptr), pcre2_match_data_free);
           for (size_t i; (i = next.fetch_add(1)) < files.size();) {
             for_each_document(files[i], options.documents, [&](std::string&& doc) {  // streamed: files of any size
-              count_words(regex, doc, partial[static_cast<size_t>(t)], md);
+              count_words(regex, doc, partial[static_cast<size_t>(t)], md.get());
               bytes += doc.size();
             });
             bar.advance(1);
           }
-          pcre2_match_data_free(md);
         } catch (...) {
           errors[static_cast<size_t>(t)] = std::current_exception();
         }
