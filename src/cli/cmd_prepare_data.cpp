@@ -42,7 +42,7 @@ Command add_prepare_data_command(CLI::App& parent) {
     o->documents.format = data::parse_input_format(*format);
     o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
     const auto s = data::prepare_dataset(*o);
-    if (s.imported) {
+    if (!o->documents.token_field.empty()) {  // imported, not tokenized: no text to count
       log::info("prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens imported from \"{}\" on {} "
                 "thread{}, {:.1f}s in all; wrote {}",
                 s.files, s.documents, s.train_documents, s.validation_documents,

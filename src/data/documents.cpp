@@ -189,7 +189,8 @@ void for_each_arrow_ids(const std::string& path, const DocumentOptions& options,
 
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
   const InputFormat format = format_of(path, options);
-  if (!options.token_field.empty() && format == InputFormat::Arrow) {
+  if (!options.token_field.empty()) {  // ids: an Arrow column's count; other inputs are refused when read
+    if (format != InputFormat::Arrow) return InputFile::estimate_size(path);
     const auto file = ArrowIpcFile::open(path);
     return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
   }

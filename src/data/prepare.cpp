@@ -270,7 +270,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
       },
       offsets, info);
 
-  summary.imported = !documents.token_field.empty();
   summary.documents = docs;
   summary.tokens = num_tokens;
   summary.validation_documents = choose_validation_documents(docs, options.validation_fraction, options.seed).size();

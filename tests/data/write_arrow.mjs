@@ -11,7 +11,7 @@
 //         | "List<Int32>" | "List<UInt16>" | "LargeList<Int64>" | "FixedSizeList<Int32>",
 //   "columns": "text" | "fineweb" | "nested" | "tokens", "batch_rows": N}, ...]}
 // columns: "text" is the one column; "fineweb" puts fineweb's other columns around it (id, url, a double, an
-// int64, a boolean and a list of strings); "nested" puts the text in a nullable struct, as "meta.text" (a null
+// int64), and a boolean and a list of strings before it, whose buffers a reader must step over; "nested" puts the text in a nullable struct, as "meta.text" (a null
 // text is a null struct or a null inside one, in turn).
 // "tokens" writes "ids" (instead of "texts") as a tokenized dataset does: input_ids in the list type given, and
 // an attention_mask of Int8 ones. batch_rows cuts the rows into record batches of that many (the last one
@@ -85,13 +85,13 @@ function batchTable(f, begin, end) {
     case "fineweb":
       return new arrow.Table({
         id: utf8(rows.map((i) => `<urn:uuid:${String(i).padStart(8, "0")}>`)),
+        kept: arrow.vectorFromArray(rows.map((i) => i % 3 !== 0), new arrow.Bool()),
+        tags: arrow.vectorFromArray(rows.map((i) => (i % 4 === 0 ? null : ["a", `t${i}`])),
+                                    new arrow.List(new arrow.Field("item", new arrow.Utf8(), true))),
         text,
         url: utf8(rows.map((i) => `https://example.org/page/${i}`)),
         language_score: arrow.vectorFromArray(rows.map((i) => 0.5 + (i % 7) / 16), new arrow.Float64()),
         token_count: arrow.vectorFromArray(rows.map((i) => BigInt(i * 3)), new arrow.Int64()),
-        kept: arrow.vectorFromArray(rows.map((i) => i % 3 !== 0), new arrow.Bool()),
-        tags: arrow.vectorFromArray(rows.map((i) => (i % 4 === 0 ? null : ["a", `t${i}`])),
-                                    new arrow.List(new arrow.Field("item", new arrow.Utf8(), true))),
       });
     default:
       return new arrow.Table({ text });

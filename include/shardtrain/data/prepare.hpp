@@ -32,7 +32,6 @@ struct PrepareSummary {
   uint64_t tokens = 0, bytes = 0;
   double seconds = 0, tokenize_seconds = 0;
   double mb_per_second() const { return tokenize_seconds > 0 ? static_cast<double>(bytes) / 1e6 / tokenize_seconds : 0; }
-  bool imported = false;  // the inputs were already tokenized (token_field): bytes is 0
 };
 
 PrepareSummary prepare_dataset(const PrepareOptions& options);
