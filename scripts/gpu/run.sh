@@ -5,8 +5,8 @@
 # one 10-minute device call; run them in one call or several.
 #
 #   scripts/gpu/run.sh [PHASE ...] [-- CMD ARGS...]
-#     tests     every GPU test binary; collectives and the FSDP equivalence matrix with 2 and 4 ranks on
-#               the one GPU (MPI backend staging device memory)
+#     tests     every GPU test binary; the collectives with 2 ranks on the one GPU (MPI staging device memory)
+#     matrix    the FSDP equivalence matrix with 4 ranks (2 "nodes" of 2) on the one GPU
 #     sanitize  compute-sanitizer (memcheck, racecheck) over the op, kernel and optimizer tests
 #     track     scripts/gpu/track.sh: the same tiny runs on the CPU and on the GPU (fp32, bf16, offload on two
 #               ranks, resume onto two ranks), losses compared step by step
@@ -19,6 +19,7 @@
 #     profile   one step of the seed model kernel by kernel (Nsight Compute, two runs: 1 and 2 steps, their
 #               difference is one steady-state step): scripts/gpu/profile-summary.py -> profile.md
 #   (no phase: probe only). `-- CMD` runs CMD afterwards with the same environment.
+#   SHARDTRAIN_GPU_BUDGET_S=N bounds the whole script to N seconds (steps that no longer fit are skipped).
 #
 # The device tool carries: .deps/gpu (the bundle) and data/sotu-bpe4k.h5 (the tiny and bench dataset).
 # Everything is logged under $LOGS; at the end the logs are packed into $OUT/logs.tar.gz and a summary
@@ -42,7 +43,7 @@ PY
 phases=()
 while (($#)) && [[ "$1" != -- ]]; do phases+=("$1"); shift; done
 for p in "${phases[@]}"; do
-  case "$p" in tests | sanitize | track | parity | ops | bench | offload | profile) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in tests | matrix | sanitize | track | parity | ops | bench | offload | profile) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 
 # The machine's CUDA libraries: the toolkit's, then those of the Python wheels (PyTorch brings NCCL).
@@ -83,11 +84,24 @@ finish() {
 }
 trap finish EXIT
 
+# SHARDTRAIN_GPU_BUDGET_S: seconds this whole script may take (the device call's timeout_s less a margin). Each
+# step's limit is cut to what is left, and a step that would get under 20 s is skipped, so the phases named
+# first always run and the call still returns its files. Unset: every step gets its own limit.
+BUDGET_END=$((SECONDS + ${SHARDTRAIN_GPU_BUDGET_S:-100000}))
+time_left() { echo $((BUDGET_END - SECONDS)); }
+
 # run NAME TIMEOUT CMD...: one step, its log in $LOGS/NAME.log, one summary line.
 run() {
   local name=$1 limit=$2
   shift 2
-  local start rc
+  local start rc left
+  left=$(time_left)
+  if ((left < 20)); then
+    summary "$(printf '%-36s skipped: %d s of the budget left' "$name" "$left")"
+    status=1
+    return 3
+  fi
+  ((limit > left - 5)) && limit=$((left - 5))
   start=$(date +%s%N)
   timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   rc=$?
@@ -132,12 +146,14 @@ phase_tests() {
   local t
   while IFS= read -r t; do run "$(basename "$t")" 150 "$t"; done < <(gpu_tests)
   [[ -x "$B/bin/collectives_test" ]] && run collectives_np2 120 mpirun -np 2 "$B/bin/collectives_test"
-  # The FSDP equivalence matrix on the GPU: every rank on device 0, MPI staging device buffers, two
-  # "nodes" of two ranks for the hybrid strategies (the same command line as the CPU test).
-  if [[ -x "$B/bin/fsdp_equivalence_test" ]]; then
-    run fsdp_equivalence_gpu_np4 180 env SHARDTRAIN_TEST_DEVICE=cuda \
-      mpirun -np 4 -x SHARDTRAIN_TEST_DEVICE -x SHARDTRAIN_RANKS_PER_NODE=2 "$B/bin/fsdp_equivalence_test"
-  fi
+}
+
+# The FSDP equivalence matrix on the GPU: every rank on device 0, MPI staging device buffers, two "nodes" of two
+# ranks for the hybrid strategies (the same command line as the CPU test).
+phase_matrix() {
+  [[ -x "$B/bin/fsdp_equivalence_test" ]] || return 0
+  run fsdp_equivalence_gpu_np4 180 env SHARDTRAIN_TEST_DEVICE=cuda \
+    mpirun -np 4 -x SHARDTRAIN_TEST_DEVICE -x SHARDTRAIN_RANKS_PER_NODE=2 "$B/bin/fsdp_equivalence_test"
 }
 
 # Losses of the same runs on the CPU backend and on the GPU, step by step (fp32, bf16, offload on two ranks,
@@ -152,11 +168,19 @@ phase_ops() {
 }
 
 # All four parts in one call (each in its own process, bounded): the table needs them side by side.
+# Two runs of the script: shardtrain and both PyTorch parts first (the comparison the issue asks for), then
+# shardtrain with CPU offload, whose run reuses the first three parts' JSON for the one table. A call cut short by
+# its budget still brings back the first table. Each part gets at most what is left, less a margin.
 phase_bench() {
   mkdir -p "$LOGS/bench"
-  run bench_vs_pytorch 570 python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml" \
-    --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --timeout 200 \
-    --out "$LOGS/bench"
+  local bench=(python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml"
+    --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --out "$LOGS/bench")
+  local part_limit=$(($(time_left) / 3))
+  ((part_limit > 200)) && part_limit=200
+  run bench_vs_pytorch 570 "${bench[@]}" --timeout "$part_limit" --parts "shardtrain,PyTorch eager,PyTorch compile"
+  part_limit=$(($(time_left) - 15))
+  ((part_limit > 150)) && part_limit=150
+  run bench_offload 200 "${bench[@]}" --timeout "$part_limit" --parts "shardtrain+offload" --reuse
 }
 
 # CPU offload, two unit layouts. The root unit (embedding, final norm, lm_head: 43 % of the seed's parameters)

@@ -28,6 +28,7 @@ struct EnvOptions {
 // One rank's row, gathered to rank 0 as plain bytes.
 struct RankRow {
   int world_rank, node, local_rank, local_size, device_index, replicate, shard;
+  int cores_at_start, host_threads, binding_released;
   std::array<char, 64> host;
   std::array<char, 96> device;
 };
@@ -84,6 +85,9 @@ int run_env(Runtime& rt, const EnvOptions& o) {
   row.device_index = rt.device().index;
   row.replicate = mesh.coord().replicate;
   row.shard = mesh.coord().shard;
+  row.cores_at_start = rt.cpu_binding().cores_at_start;
+  row.host_threads = rt.host_threads();
+  row.binding_released = rt.cpu_binding().released ? 1 : 0;
   std::snprintf(row.host.data(), row.host.size(), "%s", t.hostname.c_str());
   std::snprintf(row.device.data(), row.device.size(), "%s", rt.device().describe().c_str());
   std::vector<RankRow> rows(t.world_rank == 0 ? t.world_size : 0);
@@ -114,6 +118,9 @@ int run_env(Runtime& rt, const EnvOptions& o) {
                             {"node", r.node},
                             {"local_rank", r.local_rank},
                             {"device", r.device.data()},
+                            {"cores_at_start", r.cores_at_start},
+                            {"host_threads", r.host_threads},
+                            {"cpu_binding_released", r.binding_released == 1},
                             {"coord", {{"replicate", r.replicate}, {"shard", r.shard}}}});
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -132,6 +139,11 @@ int run_env(Runtime& rt, const EnvOptions& o) {
       out += fmt::format("{:>5}  {:<16} {:>4} {:>5}  {:>9} {:>5}  {}\n", r.world_rank, r.host.data(), r.node, r.local_rank,
                          r.replicate, r.shard, r.device.data());
     }
+    std::vector<int> threads;
+    for (const RankRow& r : rows) threads.push_back(r.host_threads);
+    const CpuBinding& b = rt.cpu_binding();
+    out += fmt::format("host threads per rank: {} (rank 0: {} core(s) at start; {})\n", fmt::join(threads, " "),
+                       b.cores_at_start, b.reason);
     out += fmt::format("axis check (all-reduce of ranks on shard, replicate, world): {}\n", all_ok ? "ok" : "FAILED");
     std::fputs(out.c_str(), stdout);
   }

@@ -88,13 +88,13 @@ inline void update_elements(float* __restrict p, const float* __restrict g, floa
 }  // namespace
 
 AdamW::AdamW(const fsdp::FsdpEngine& engine, const AdamWConfig& config, MemoryLedger* ledger)
-    : config_(config), ledger_(ledger) {
+    : config_(config), threads_(omp_get_max_threads()), ledger_(ledger) {
   init(engine.shards(), engine.model_spec());
 }
 
 AdamW::AdamW(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec, const AdamWConfig& config,
              MemoryLedger* ledger)
-    : config_(config), ledger_(ledger) {
+    : config_(config), threads_(omp_get_max_threads()), ledger_(ledger) {
   init(shards, spec);
 }
 
@@ -270,9 +270,10 @@ void AdamW::update_segments(const detail::StepScalars& sc, size_t first, size_t 
   const int64_t base = segment_offsets_[first], total = segment_offsets_[end] - base;
   const Segment* segments = segments_.data();
   const int64_t* offsets = segment_offsets_.data();
-#pragma omp parallel if (total > kParallelMinElements)
+#pragma omp parallel num_threads(threads_) if (total > kParallelMinElements)
   {
     const auto threads = static_cast<int64_t>(omp_get_num_threads()), t = static_cast<int64_t>(omp_get_thread_num());
+    if (t == 0 && total > kParallelMinElements) last_update_threads_.store(static_cast<int>(threads));
     const int64_t lo = base + total * t / threads, hi = base + total * (t + 1) / threads;
     if (lo < hi) {
       // The segment holding element lo: the last offset <= lo (offsets strictly increase).

@@ -3,6 +3,7 @@
 documented exit code (no hang) for each kind of bad input."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -13,13 +14,14 @@ args = parser.parse_args()
 failures = []
 
 
-def run(np, *cli, env_rpn=None):
-    import os
+def run(np, *cli, env_rpn=None, mpi_flags=(), extra_env=None):
     env = dict(os.environ)
     env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+    env.pop("SHARDTRAIN_CPU_BINDING", None)
+    env.update(extra_env or {})
     if env_rpn:
         env["SHARDTRAIN_RANKS_PER_NODE"] = str(env_rpn)
-    cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), args.shardtrain, *cli]
+    cmd = [args.mpiexec, "--oversubscribe", *mpi_flags, "-np", str(np), args.shardtrain, *cli]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     return p.returncode, p.stdout, p.stderr
 
@@ -56,6 +58,33 @@ check(rc == 0 and json.loads(out)["mesh"]["shard_groups"] == [[0, 1], [2, 3]], f
 # The human-readable form names the mesh.
 rc, out, err = run(2, "env", "--strategy", "NO_SHARD")
 check(rc == 0 and "mesh 2 (replicate) x 1 (shard)" in out and "axis check" in out, f"text output: {out} {err}")
+
+# CPU binding: Open MPI binds each of 2 ranks or fewer to one core unless told otherwise; shardtrain releases that
+# default (its host work, CPU offload's optimizer above all, would run on one thread), keeps a binding asked
+# for (and says what it costs), and SHARDTRAIN_CPU_BINDING=keep keeps the default one too.
+cores = len(os.sched_getaffinity(0))
+if cores < 2:
+    print(f"cpu binding checks skipped: this process may use {cores} core")
+else:
+    rc, out, err = run(1, "env", "--json")
+    r = json.loads(out)["ranks"][0] if rc == 0 else {}
+    check(rc == 0 and r.get("cores_at_start") == 1 and r.get("cpu_binding_released") is True and r.get("host_threads", 0) >= 2,
+          f"mpirun -np 1 (default binding): expected 1 core at start, released, >= 2 host threads: rc {rc} {r} {err[-300:]}")
+    check("released: Open MPI's default binding" in err, f"the release is logged: {err[-300:]}")
+    for label, flags, extra in (("--bind-to core", ["--bind-to", "core"], None),
+                                ("SHARDTRAIN_CPU_BINDING=keep", [], {"SHARDTRAIN_CPU_BINDING": "keep"})):
+        rc, out, err = run(1, "env", "--json", mpi_flags=flags, extra_env=extra)
+        r = json.loads(out)["ranks"][0] if rc == 0 else {}
+        check(rc == 0 and r.get("cpu_binding_released") is False and r.get("host_threads") == 1,
+              f"{label}: expected the binding kept and 1 host thread: rc {rc} {r} {err[-300:]}")
+        check("cpu binding: this rank may use 1 of the" in err, f"{label}: the warning: {err[-400:]}")
+    rc, out, err = run(1, "env", "--json", mpi_flags=["--bind-to", "none"])
+    r = json.loads(out)["ranks"][0] if rc == 0 else {}
+    check(rc == 0 and r.get("cores_at_start", 0) >= 2 and r.get("cpu_binding_released") is False and "cpu binding" not in err,
+          f"--bind-to none: nothing to release, nothing said: rc {rc} {r} {err[-300:]}")
+    rc, out, err = run(1, "env", extra_env={"SHARDTRAIN_CPU_BINDING": "loose"})
+    check(rc == 3 and "SHARDTRAIN_CPU_BINDING='loose': expected auto, keep or release" in err,
+          f"SHARDTRAIN_CPU_BINDING=loose: exit {rc}, expected 3 and the variable named: {err[-300:]}")
 
 # Bad input: one clear error each, the documented exit code, and no hang (the timeout above).
 bad = [

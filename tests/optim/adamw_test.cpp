@@ -233,6 +233,37 @@ TEST(AdamWHost, StepAsyncGivesStepsBitsShardByShard) {
   EXPECT_THROW(sync.step_async(got.views, 1e-3, 1.0), InternalError);  // not its shards
 }
 
+// The update's OpenMP threads are the constructing thread's default (Runtime sets it to host_threads()), on
+// step_async's worker thread too: a thread of its own, whose default would be the one OpenMP read off the
+// process's affinity at start. Under mpirun's default one-core binding that was one thread (the first GPU
+// run's offloaded step: 340 ms instead of 73).
+TEST(AdamWHost, UpdatesRunOnTheThreadCountSetWhenBuilt) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();  // shard 1: 70001 elements, enough for several threads
+  HostShards ref = make_host_shards(spec, specs, 5, kPad), got = make_host_shards(spec, specs, 5, kPad);
+  optim::AdamW sync(ref.views, spec, exempt_config(), nullptr);
+  const int before = omp_get_max_threads();
+  const int want = before + 1;  // a count OpenMP would not choose by itself
+  omp_set_num_threads(want);
+  optim::AdamW adamw(got.views, spec, exempt_config(), nullptr);
+  omp_set_num_threads(before);
+  EXPECT_EQ(adamw.threads(), want);
+  EXPECT_EQ(adamw.last_update_threads(), 0);  // no update yet
+  for (int step = 0; step < 2; ++step) {
+    fill_grads(ref.grad, specs, step);
+    fill_grads(got.grad, specs, step);
+    sync.step(ref.views, lr_at(step), scale_at(step));
+    if (step == 0) {
+      adamw.step(got.views, lr_at(step), scale_at(step));  // this thread, whose default is `before` again
+    } else {
+      adamw.step_async(got.views, lr_at(step), scale_at(step));
+      adamw.wait();
+    }
+    EXPECT_EQ(adamw.last_update_threads(), want) << "step " << step;
+  }
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_TRUE(same_bits(got.param[i], ref.param[i])) << "shard " << i;
+}
+
 TEST(AdamWHost, RefusesShardsItWasNotBuiltFor) {
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();

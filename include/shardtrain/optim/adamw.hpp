@@ -3,6 +3,7 @@
 // one fused kernel (kernels/adamw.cu). Padding elements of a shard are never touched.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,12 @@ class AdamW final : public fsdp::PendingShardWrites {
   // Tests (SHARDTRAIN_FAULT=slow_update:MS): step_async's thread sleeps this long before each shard.
   void set_async_delay(std::chrono::milliseconds delay) { async_delay_ = delay; }
   int64_t steps() const { return steps_; }
+  // Host shards: the OpenMP threads each update runs on, fixed at construction to the constructing thread's
+  // default (Runtime sets it to host_threads()), since step_async's worker is a thread of its own whose
+  // default would be the one OpenMP read off the process's affinity at start (one core under mpirun's
+  // default binding). last_update_threads(): what the last update with more than one chunk of work had.
+  int threads() const { return threads_; }
+  int last_update_threads() const { return last_update_threads_.load(); }
   void set_steps(int64_t steps) {
     wait();
     steps_ = steps;
@@ -137,6 +144,8 @@ class AdamW final : public fsdp::PendingShardWrites {
   DeviceBuffer chunk_table_;              // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
   int64_t num_chunks_ = 0;
   int64_t steps_ = 0;
+  int threads_ = 1;
+  mutable std::atomic<int> last_update_threads_{0};
   MemoryLedger* ledger_;
   int64_t state_bytes_ = 0;
 };

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include "shardtrain/runtime/cpu_binding.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/session.hpp"
@@ -20,20 +21,25 @@ struct RuntimeOptions {
 
 class Runtime {
  public:
-  // Collective over MPI_COMM_WORLD: configures logging, discovers the topology, selects the device,
-  // and sizes host thread pools to the cores this rank can use.
+  // Collective over MPI_COMM_WORLD: configures logging, discovers the topology, releases Open MPI's default
+  // one-core binding (cpu_binding.hpp), sizes host thread pools to the cores this rank can use (and sets
+  // OpenMP's default thread count to it), and selects the device.
   Runtime(const MpiSession& session, const RuntimeOptions& options);
 
   const Topology& topology() const { return topology_; }
   const Device& device() const { return device_; }
   const RuntimeOptions& options() const { return options_; }
   MPI_Comm world() const { return MPI_COMM_WORLD; }
-  int host_threads() const { return host_threads_; }  // cores per local rank, at least 1
+  // Threads for this rank's host work: its own cores when the launcher gave it some (srun --cpus-per-task),
+  // else its share of the cores the ranks on the machine see. At least 1.
+  int host_threads() const { return host_threads_; }
+  const CpuBinding& cpu_binding() const { return cpu_binding_; }
 
  private:
   RuntimeOptions options_;
   Topology topology_;
   Device device_;
+  CpuBinding cpu_binding_;
   int host_threads_ = 1;
 };
 
