@@ -447,6 +447,9 @@ def build_report(results, errors, cfg, cfg_source, args):
         else:
             notes = (f"{r['device']}; mesh {r['mesh']['replicate']} x {r['mesh']['shard']} ({r['mesh']['strategy']}); {r['comm_backend']}; "
                      f"memory: {r['peak_memory_source']}; loss {fmt_num(r.get('last_loss'), '.4f')}")
+            if r.get("host_update_median_s"):  # CPU offload on a GPU: the host update beside the forward
+                notes += (f"; host update {1e3 * r['host_update_median_s']:.1f} ms, of which the step waited "
+                          f"{1e3 * r.get('update_wait_median_s', 0):.1f} ms")
         peak_key = "peak_flops" if part.startswith("PyTorch") else "peak_flops_per_rank"
         lines.append(f"| {part} | {r['step_time_median_s'] * 1e3:.1f} ms | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | {mem_text} | "
                      f"{fmt_flops(r[peak_key])} | {notes} |")

@@ -135,12 +135,16 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   const std::vector<train::StepMetrics>& all = recorder.steps;
   if (static_cast<int>(all.size()) != o.warmup + o.steps)
     throw InternalError(fmt::format("bench step: the trainer ran {} steps, expected {} warm-up + {} timed", all.size(), o.warmup, o.steps));
-  std::vector<double> seconds;
+  std::vector<double> seconds, update_s, wait_s;
   int64_t skipped = 0;
   for (size_t i = static_cast<size_t>(o.warmup); i < all.size(); ++i) {
     seconds.push_back(all[i].step_time_s);
+    update_s.push_back(all[i].host_update_s);
+    wait_s.push_back(all[i].update_wait_s);
     skipped += all[i].skipped ? 1 : 0;
   }
+  // CPU offload on a GPU: the host update beside the forward (rank 0's; 0 when the update is not asynchronous).
+  const double host_update_s = median(update_s), update_wait_s = median(wait_s);
   const double step_s = median(seconds);
   const auto [min_s, max_s] = std::minmax_element(seconds.begin(), seconds.end());
   const int64_t tokens_per_step = static_cast<int64_t>(config.data.global_batch_size) * config.data.seq_len;
@@ -165,6 +169,10 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
   fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(static_cast<uint64_t>(last.peak_mem_bytes)));
   fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(static_cast<uint64_t>(rss_peak)));
+  if (host_update_s > 0) {
+    fmt::print("{:<34} {} median, of which the step waited {} (rank 0)\n", "host optimizer update (offload)",
+               format_seconds(host_update_s), format_seconds(update_wait_s));
+  }
   fmt::print("{:<34} {:.4f}{}\n", "loss of the last step", last.loss, skipped ? fmt::format(" ({} timed step(s) skipped)", skipped) : std::string());
   if (cuda && device_peak == 0)
     log::warn("bench step: the device is a GPU but the trainer allocated no device memory: the step ran on the CPU ops");
@@ -199,6 +207,8 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     j["last_loss"] = std::isfinite(last.loss) ? nlohmann::ordered_json(last.loss) : nlohmann::ordered_json(nullptr);
     j["skipped_steps"] = skipped;
     j["offload_params"] = config.fsdp.engine.offload_params;
+    j["host_update_median_s"] = host_update_s;
+    j["update_wait_median_s"] = update_wait_s;
     j["param_dtype"] = dtype_name(config.fsdp.engine.param_dtype);
     write_text_file(o.json, j.dump(2) + "\n");
   }

@@ -110,8 +110,16 @@ struct AdamW::Worker {
   detail::StepScalars scalars;
   std::chrono::milliseconds delay{0};
   std::exception_ptr error;
+  double last_update_s = 0;  // the last finished update's wall time (0 once taken)
+  double waited_s = 0;       // callers blocked in wait_shard / wait since the last take
   std::thread thread;
 };
+
+namespace {
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
 
 AdamW::~AdamW() {
   if (!worker_) return;
@@ -217,6 +225,7 @@ void AdamW::step_async(const std::vector<fsdp::ShardView>& shards, double lr, do
         w->cv.wait(lock, [w] { return w->pending || w->stop; });
         if (!w->pending) return;
         w->pending = false;
+        const auto started = std::chrono::steady_clock::now();
         const detail::StepScalars sc = w->scalars;
         const std::chrono::milliseconds delay = w->delay;
         for (size_t i = 0; i + 1 < shard_segments_.size(); ++i) {
@@ -233,6 +242,7 @@ void AdamW::step_async(const std::vector<fsdp::ShardView>& shards, double lr, do
           w->done = i + 1;
           w->cv.notify_all();
         }
+        w->last_update_s = seconds_between(started, std::chrono::steady_clock::now());
         w->busy = false;
         w->cv.notify_all();
       }
@@ -251,14 +261,31 @@ void AdamW::step_async(const std::vector<fsdp::ShardView>& shards, double lr, do
 void AdamW::wait_shard(int shard) const {
   if (!worker_) return;
   std::unique_lock<std::mutex> lock(worker_->mu);
-  worker_->cv.wait(lock, [&] { return !worker_->busy || worker_->done > static_cast<size_t>(shard); });
+  const auto ready = [&] { return !worker_->busy || worker_->done > static_cast<size_t>(shard); };
+  if (!ready()) {
+    const auto from = std::chrono::steady_clock::now();
+    worker_->cv.wait(lock, ready);
+    worker_->waited_s += seconds_between(from, std::chrono::steady_clock::now());
+  }
   if (worker_->error) std::rethrow_exception(worker_->error);
+}
+
+AdamW::AsyncTimes AdamW::take_async_times() const {
+  if (!worker_) return {};
+  std::lock_guard<std::mutex> lock(worker_->mu);
+  const AsyncTimes t{worker_->last_update_s, worker_->waited_s};
+  worker_->last_update_s = worker_->waited_s = 0;
+  return t;
 }
 
 void AdamW::wait() const {
   if (!worker_) return;
   std::unique_lock<std::mutex> lock(worker_->mu);
-  worker_->cv.wait(lock, [&] { return !worker_->busy; });
+  if (worker_->busy) {
+    const auto from = std::chrono::steady_clock::now();
+    worker_->cv.wait(lock, [&] { return !worker_->busy; });
+    worker_->waited_s += seconds_between(from, std::chrono::steady_clock::now());
+  }
   if (worker_->error) std::rethrow_exception(worker_->error);
 }
 

@@ -184,7 +184,11 @@ void Trainer::step_once(StepMetrics& m) {
                                                     why));
       divergence_ = why;  // run() rolls back once this step is reported
     }
-  } else {
+  }
+  // The previous step's host update (CPU offload) finished during this step's forward, before its last unit
+  // was uploaded: taken now, before this step's update starts.
+  const optim::AdamW::AsyncTimes update_times = async_update_ ? adamw_->take_async_times() : optim::AdamW::AsyncTimes{};
+  if (!skip) {
     state_.consecutive_nonfinite = 0;
     remember_loss(loss);
     const double clip = optim::clip_coefficient(norm, config_.optim.max_grad_norm);
@@ -225,6 +229,8 @@ void Trainer::step_once(StepMetrics& m) {
   m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
   m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
   m.comm_world_bytes = axis_bytes(*comms_, MeshAxis::World) - world0;
+  m.host_update_s = update_times.update_s;
+  m.update_wait_s = update_times.waited_s;
   step_seconds_ += m.step_time_s;
 }
 

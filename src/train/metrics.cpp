@@ -47,6 +47,10 @@ std::string to_json_line(const StepMetrics& m) {
   j["peak_mem_bytes"] = m.peak_mem_bytes;
   j["rss_peak_bytes"] = m.rss_peak_bytes;
   j["comm_bytes"] = {{"shard", m.comm_shard_bytes}, {"replicate", m.comm_replicate_bytes}, {"world", m.comm_world_bytes}};
+  if (m.host_update_s > 0 || m.update_wait_s > 0) {
+    j["host_update_s"] = m.host_update_s;
+    j["update_wait_s"] = m.update_wait_s;
+  }
   j["elapsed_s"] = m.elapsed_s;
   if (!m.tokens_by_source.empty()) {
     nlohmann::ordered_json by = nlohmann::ordered_json::object();

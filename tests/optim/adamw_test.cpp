@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -262,6 +263,40 @@ TEST(AdamWHost, UpdatesRunOnTheThreadCountSetWhenBuilt) {
     EXPECT_EQ(adamw.last_update_threads(), want) << "step " << step;
   }
   for (size_t i = 0; i < specs.size(); ++i) EXPECT_TRUE(same_bits(got.param[i], ref.param[i])) << "shard " << i;
+}
+
+// take_async_times: the last update's wall time and the time callers were blocked waiting for it (CPU offload's
+// step metrics), each reported once.
+TEST(AdamWHost, AsyncTimesCountTheUpdateAndTheWaits) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards a = make_host_shards(spec, specs, 9, kPad);
+  optim::AdamW adamw(a.views, spec, exempt_config(), nullptr);
+  optim::AdamW::AsyncTimes t = adamw.take_async_times();
+  EXPECT_EQ(t.update_s, 0.0);  // no update yet
+  EXPECT_EQ(t.waited_s, 0.0);
+  const auto delay = std::chrono::milliseconds(20);  // before each shard's part
+  adamw.set_async_delay(delay);
+  fill_grads(a.grad, specs, 0);
+  adamw.step_async(a.views, lr_at(0), scale_at(0));
+  adamw.wait_shard(0);  // blocks for the first shard's delay at least
+  adamw.wait();         // and for the rest
+  t = adamw.take_async_times();
+  const double all_delays = 1e-3 * static_cast<double>(delay.count() * static_cast<int64_t>(specs.size()));
+  EXPECT_GE(t.update_s, all_delays);
+  EXPECT_GE(t.waited_s, 0.9 * all_delays);  // this thread waited from (about) the start to the end
+  EXPECT_LE(t.waited_s, t.update_s + 0.05);
+  t = adamw.take_async_times();  // reported once
+  EXPECT_EQ(t.update_s, 0.0);
+  EXPECT_EQ(t.waited_s, 0.0);
+  // The next update is reported afresh.
+  adamw.set_async_delay(std::chrono::milliseconds(0));
+  fill_grads(a.grad, specs, 1);
+  adamw.step_async(a.views, lr_at(1), scale_at(1));
+  adamw.wait();
+  t = adamw.take_async_times();
+  EXPECT_GT(t.update_s, 0.0);
+  EXPECT_LE(t.waited_s, t.update_s + 0.05);
 }
 
 TEST(AdamWHost, RefusesShardsItWasNotBuiltFor) {

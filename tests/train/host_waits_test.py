@@ -11,6 +11,7 @@ no device or pinned memory (cudaMalloc can take milliseconds, cudaFree synchroni
 stream or event, and builds no cuBLASLt descriptor and asks no heuristic (cached per shape); what it queues
 (kernel launches, GEMMs, collectives, copies) is printed."""
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -96,4 +97,21 @@ for name, np, extra, want in cases:
     check(calls.get("kernel launch", 0) > 0 and calls.get("cublasLtMatmul", 0) > 0, f"{name}: a step queued {calls}")
     print(f"{name}: per step and rank " + ", ".join(f"{api} {n}" for api, n in sorted(calls.items())))
 
-check.finish("host waits per step as pinned; no set-up call in a steady-state step")
+# The offload runs' step metrics: from step 2 on, the previous step's host update (its wall time, and how long the
+# step waited for it: never more than the update took); step 1 has no previous update, a run without offload none.
+def train_steps(run):
+    with open(os.path.join(work, run, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r.get("kind") == "train"]
+
+
+offload = train_steps("offload-4")
+check([r["step"] for r in offload] == [1, 2, 3, 4], f"offload-4: steps {[r['step'] for r in offload]}")
+check("host_update_s" not in offload[0], f"offload-4: step 1 reports a host update {offload[0]}")
+for r in offload[1:]:
+    check(r.get("host_update_s", 0) > 0 and 0 <= r.get("update_wait_s", -1) <= r["host_update_s"] + 1e-3,
+          f"offload-4: step {r['step']}: host_update_s {r.get('host_update_s')}, update_wait_s {r.get('update_wait_s')}")
+print("offload: host update per step (s) " + ", ".join(f"{r.get('host_update_s', 0):.4f} (waited {r.get('update_wait_s', 0):.4f})"
+                                                       for r in offload[1:]))
+check(all("host_update_s" not in r for r in train_steps("bf16-4")), "bf16-4: a run without offload reports a host update")
+
+check.finish("host waits per step as pinned; no set-up call in a steady-state step; offload's update timed")

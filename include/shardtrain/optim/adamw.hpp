@@ -85,6 +85,14 @@ class AdamW final : public fsdp::PendingShardWrites {
   // default binding). last_update_threads(): what the last update with more than one chunk of work had.
   int threads() const { return threads_; }
   int last_update_threads() const { return last_update_threads_.load(); }
+  // step_async's timing, for the step metrics of CPU offload: the wall time of the last update that finished
+  // (0 when none finished since the last take), and how long callers were blocked in wait_shard / wait since
+  // the last take: the part of the update the next forward could not hide. Resets both.
+  struct AsyncTimes {
+    double update_s = 0;
+    double waited_s = 0;
+  };
+  AsyncTimes take_async_times() const;
   void set_steps(int64_t steps) {
     wait();
     steps_ = steps;

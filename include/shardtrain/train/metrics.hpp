@@ -36,6 +36,10 @@ struct StepMetrics {
   uint64_t comm_shard_bytes = 0;      // this step, rank 0, shard axis (all collectives)
   uint64_t comm_replicate_bytes = 0;  // this step, rank 0, replicate axis
   uint64_t comm_world_bytes = 0;      // this step, rank 0, world (loss and token counts)
+  // CPU offload on a GPU (the host update runs beside the next forward): the wall time of the update that
+  // finished during this step (the previous step's), and how long this step waited for it. Both 0 otherwise.
+  double host_update_s = 0;
+  double update_wait_s = 0;
   double elapsed_s = 0;         // since the loop began
   std::vector<std::pair<std::string, int64_t>> tokens_by_source;  // a data mixture's input tokens so far, per source
 };
