@@ -366,11 +366,11 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     log::info("train: resolved configuration ({}):\n{}", options_.config_source, resolved_toml_);
     log::info("train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
               "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); peak {:.1f} GFLOP/s per rank; "
-              "device {}, collectives over {}; run directory {}",
+              "device {}, collectives over {}; {} host thread(s) per rank; run directory {}",
               static_cast<double>(model_->spec().num_params()) / 1e6, flops_per_token_ / 1e9, mesh_->replicate_size(), mesh_->shard_size(),
               sharding_strategy_name(config_.fsdp.engine.strategy), W, micro_batch_, accumulation_, config_.data.global_batch_size,
               config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), peak_flops_ / 1e9, runtime.device().describe(), comm_backend_name(comms_->backend()),
-              run_dir_);
+              runtime.host_threads(), run_dir_);
   }
   if (rank == 0 && sources_.size() > 1) {
     const data::MixedSource& mix = loader_->source();
