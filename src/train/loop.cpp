@@ -98,6 +98,7 @@ model::Batch Trainer::model_batch(data::MicroBatch& mb) {
 }
 
 void Trainer::step_once(StepMetrics& m) {
+  if (options_.faults.slow_step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.faults.slow_step_ms));
   const auto t0 = Clock::now();
   watchdog_->set_step(state_.step + 1);
   failure_record::set_step(state_.step + 1);

@@ -93,7 +93,7 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
   auto bad = [&](const std::string& why) {
     return UsageError(fmt::format(
         "SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
-        "bad_data:FIRST-LAST, slow_update:MS, stall:RANK@STEP, kill:RANK@STEP, freeze:RANK@STEP, device_error:RANK@STEP or "
+        "bad_data:FIRST-LAST, slow_update:MS, slow_step:MS, stall:RANK@STEP, kill:RANK@STEP, freeze:RANK@STEP, device_error:RANK@STEP or "
         "mce:RANK@STEP, the last five optionally @NODE)",
         spec, why));
   };
@@ -144,6 +144,10 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
     }
     if (name == "slow_update") {
       plan.slow_update_ms = static_cast<int>(std::min<int64_t>(number(arg, "delay in milliseconds"), 60'000));
+      continue;
+    }
+    if (name == "slow_step") {
+      plan.slow_step_ms = static_cast<int>(std::min<int64_t>(number(arg, "delay in milliseconds"), 60'000));
       continue;
     }
     if (name == "bad_data") {

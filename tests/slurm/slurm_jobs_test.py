@@ -204,7 +204,9 @@ with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
 
     # ---- 3. preempted: signal, checkpoint, requeue, resume, same losses --------------------------------------
     pre_dir = os.path.join(work, "preempted")
-    job = slurm.sbatch([*sbatch_opts("preempted"), multi], job_env(RUN_DIR=pre_dir))
+    # Each step sleeps 100 ms first (the math is the reference's): on a fast machine the tiny run's 24 steps took
+    # 0.2 s, inside one poll below, and the signal came after the run had finished.
+    job = slurm.sbatch([*sbatch_opts("preempted"), multi], job_env(RUN_DIR=pre_dir, SHARDTRAIN_FAULT="slow_step:100"))
     deadline = time.time() + 300
     while time.time() < deadline and len(losses(pre_dir)) < 11:
         time.sleep(0.3)

@@ -190,6 +190,9 @@ TEST(TrainLoop, StopsWithDivergedAfterNNonFiniteStepsInARow) {
   EXPECT_EQ(slow.slow_update_ms, 25);
   EXPECT_EQ(slow.nan_grad_steps, (std::vector<int64_t>{2}));
   EXPECT_THROW(train::FaultPlan::parse("slow_update:-3"), UsageError);
+  EXPECT_EQ(train::FaultPlan::parse("slow_step:100").slow_step_ms, 100);
+  EXPECT_EQ(train::FaultPlan::parse("slow_step:100").slow_update_ms, 0);
+  EXPECT_THROW(train::FaultPlan::parse("slow_step:x"), UsageError);
   EXPECT_THROW(train::FaultPlan::parse("slow_update:"), UsageError);
   EXPECT_EQ(train::FaultPlan::parse("bad_data:40-55;bad_data:7").bad_samples,
             (std::vector<std::pair<uint64_t, uint64_t>>{{40, 55}, {7, 7}}));
@@ -360,11 +363,14 @@ TEST(TrainLoop, ADivergenceWithoutACheckpointOrRollbacksLeftStops) {
 
 TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
   train::TrainConfig c = tiny_config("train_loop_test_run_spikes");
-  c.optim.adamw.lr = 0.5;  // far too high: the loss jumps about (9 spikes from step 13, then it recovers)
+  // Far too high: the loss jumps about. How much depends on the machine's floating-point paths (on an AVX2 EPYC
+  // there were 9 spikes of 5 % from step 13; on an AVX-512 one none, its largest rise over the recent mean 2.9 %),
+  // so the threshold is 1 %: every decision is recomputed below from the reported losses whatever it is.
+  c.optim.adamw.lr = 0.5;
   c.schedule.lr.warmup_steps = 0;
   c.schedule.lr.kind = optim::ScheduleKind::Constant;
   c.schedule.max_steps = 24;
-  c.optim.loss_spike_factor = 1.05;
+  c.optim.loss_spike_factor = 1.01;
   c.optim.loss_spike_window = 3;
   c.optim.max_consecutive_nonfinite = 100;
   train::Trainer t(*g_runtime, c);
@@ -379,7 +385,7 @@ TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
     double mean = 0;
     for (double l : recent) mean += l;
     mean /= static_cast<double>(recent.size());
-    const bool spike = recent.size() == 3 && loss > 1.05 * mean;
+    const bool spike = recent.size() == 3 && loss > 1.01 * mean;
     EXPECT_EQ(j["skipped"].get<bool>(), spike) << j.dump() << " mean " << mean;
     if (spike) {
       EXPECT_EQ(j["skip_reason"].get<std::string>(), "loss_spike");

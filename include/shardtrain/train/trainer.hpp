@@ -75,6 +75,8 @@ struct FaultPlan {
   std::vector<int64_t> nan_grad_steps;
   std::vector<std::pair<uint64_t, uint64_t>> bad_samples;  // [first, last] of epoch 0
   int slow_update_ms = 0;
+  int slow_step_ms = 0;  // "slow_step:MS": every rank sleeps MS ms before each step (outside its timing), so a
+                         // test can signal a run of a tiny model part-way on any machine
   std::vector<RankFault> rank_faults;
   static FaultPlan parse(const std::string& spec);  // "" = none; throws UsageError naming SHARDTRAIN_FAULT
   bool nan_grad_at(int64_t step) const;
