@@ -17,8 +17,8 @@ struct CpuBinding {
 // Open MPI's mpirun binds each rank to one core when it starts two ranks or fewer (to a socket above), unless
 // told otherwise with --bind-to. A rank driving a GPU then runs all of its host work on one core: CPU
 // offload's optimizer (an OpenMP region sized by that affinity), the gradient norm, the data loader. On the
-// first GPU run (2026-11-25, `mpirun -np 1` on a 16-core H200 machine) that made the offloaded seed step
-// 4.7x slower than the step without offload instead of the 1.5-2x its traffic accounts for.
+// first GPU run (2026-11-25, `mpirun -np 1` on a 16-core H200 machine) the offloaded seed step took 4.7x the
+// step without offload, about 240 ms of it the host update on one core.
 //
 // So, called early on the main thread (before OpenMP, CUDA or any worker thread starts, since threads keep
 // the affinity they were created with), this widens the affinity to every CPU the process's cgroup allows
