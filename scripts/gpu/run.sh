@@ -198,6 +198,9 @@ phase_offload() {
     --fsdp.transformer_layer_cls_to_wrap LlamaDecoderLayer,Embedding --json "$LOGS/bench/offload-embedding-unit.json"
   run no_offload 150 mpirun -np 1 shardtrain bench step --config "$ROOT/configs/llama-seed.toml" --data.path "$DATA" \
     --warmup 2 --steps 6 --json "$LOGS/bench/no-offload.json"
+  # The first GPU run's condition, for a before/after on the same machine: mpirun's one-core binding kept.
+  run offload_binding_kept 180 mpirun -np 1 -x SHARDTRAIN_CPU_BINDING=keep shardtrain "${args[@]}" \
+    --json "$LOGS/bench/offload-binding-kept.json"
   summary "$(python3 - "$LOGS/bench" <<'PY'
 import json, os, sys
 d = sys.argv[1]
@@ -207,8 +210,15 @@ def med(name):
     except Exception:
         return float("nan")
 base = med("no-offload.json")
-for label, f in (("offload, root with the embedding", "offload-root.json"), ("offload, embedding unit", "offload-embedding-unit.json")):
-    print(f"{label}: step {med(f):.1f} ms, {base / med(f):.2f}x of no offload ({base:.1f} ms)")
+def update(name):
+    try:
+        j = json.load(open(os.path.join(d, name)))
+        return f"; host update {1000 * j['host_update_median_s']:.1f} ms, waited {1000 * j['update_wait_median_s']:.1f} ms"
+    except Exception:
+        return ""
+for label, f in (("offload, root with the embedding", "offload-root.json"), ("offload, embedding unit", "offload-embedding-unit.json"),
+                 ("offload, one core (binding kept)", "offload-binding-kept.json")):
+    print(f"{label}: step {med(f):.1f} ms, {base / med(f):.2f}x of no offload ({base:.1f} ms){update(f)}")
 PY
 )"
 }
