@@ -237,7 +237,7 @@ TEST(AdamWHost, StepAsyncGivesStepsBitsShardByShard) {
 // The update's OpenMP threads are the constructing thread's default (Runtime sets it to host_threads()), on
 // step_async's worker thread too: a thread of its own, whose default would be the one OpenMP read off the
 // process's affinity at start. Under mpirun's default one-core binding that was one thread (the first GPU
-// run's offloaded step: 340 ms instead of 73).
+// run's offloaded step: 340 ms, against 72.5 without offload).
 TEST(AdamWHost, UpdatesRunOnTheThreadCountSetWhenBuilt) {
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();  // shard 1: 70001 elements, enough for several threads

@@ -370,7 +370,8 @@ TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
   c.schedule.lr.warmup_steps = 0;
   c.schedule.lr.kind = optim::ScheduleKind::Constant;
   c.schedule.max_steps = 24;
-  c.optim.loss_spike_factor = 1.01;
+  const double factor = 1.01;
+  c.optim.loss_spike_factor = factor;
   c.optim.loss_spike_window = 3;
   c.optim.max_consecutive_nonfinite = 100;
   train::Trainer t(*g_runtime, c);
@@ -385,7 +386,7 @@ TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
     double mean = 0;
     for (double l : recent) mean += l;
     mean /= static_cast<double>(recent.size());
-    const bool spike = recent.size() == 3 && loss > 1.01 * mean;
+    const bool spike = recent.size() == 3 && loss > factor * mean;
     EXPECT_EQ(j["skipped"].get<bool>(), spike) << j.dump() << " mean " << mean;
     if (spike) {
       EXPECT_EQ(j["skip_reason"].get<std::string>(), "loss_spike");
