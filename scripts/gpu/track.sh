@@ -35,6 +35,25 @@ train() {
     >"$OUT/$name.log" 2>&1 || { echo "FAIL: $name (exit $?): $OUT/$name.log" | tee -a "$OUT/summary.txt"; status=1; return 1; }
 }
 
+# resume_from NAME SOURCE_RUN RESUMED_RUN: copies SOURCE_RUN's step-2 checkpoint as RESUMED_RUN's only one. Fails
+# (and says so) when it is missing: a resumed run that finds no checkpoint trains from step 0 and matches the
+# uninterrupted run, a pass that tests nothing (the 2026-11-25 and -26 GPU runs: keep_last = 2 had removed it).
+resume_from() {
+  local name=$1 src=$OUT/$2/checkpoints/step_00000002 dst=$OUT/$3/checkpoints
+  mkdir -p "$dst" && cp -r "$src" "$dst/" && return 0
+  echo "FAIL: $name: no step-2 checkpoint in $OUT/$2/checkpoints" | tee -a "$OUT/summary.txt"
+  status=1
+  return 1
+}
+
+# resumed NAME RUN: RUN's log says it resumed from step 2.
+resumed() {
+  grep -q "checkpoint: resumed from .* at step 2 " "$OUT/$2.log" && return 0
+  echo "FAIL: $1: $OUT/$2.log does not say it resumed from step 2" | tee -a "$OUT/summary.txt"
+  status=1
+  return 1
+}
+
 # compare NAME DTYPE A B [--common]
 compare() {
   local name=$1 dtype=$2 a=$3 b=$4
@@ -80,11 +99,9 @@ if [[ -n "${TRACK_NCCL_RANKS:-}" ]]; then
     SHARDTRAIN_CUDA_EMULATOR_DEVICES=$n train nccl_cuda_np$n "$n" cuda --fsdp.param_dtype bf16 --fsdp.comm_backend nccl "$@" &&
     compare nccl_np$n bf16 nccl_cpu_np$n nccl_cuda_np$n
 fi
-# Checkpoints every 2 steps; the copy keeps only step 2's and resumes from it on two ranks.
-if CKPT=2 train ckpt_cuda 1 cuda "$@"; then
-  mkdir -p "$OUT/resumed_cuda_np2/checkpoints"
-  cp -r "$OUT/ckpt_cuda/checkpoints/step_00000002" "$OUT/resumed_cuda_np2/checkpoints/"
-  CKPT=2 train resumed_cuda_np2 2 cuda --checkpoint.resume auto "$@" &&
+# Checkpoints every 2 steps, all kept; the copy holds only step 2's and resumes from it on two ranks.
+if CKPT=2 train ckpt_cuda 1 cuda --checkpoint.keep_last 0 "$@" && resume_from resume ckpt_cuda resumed_cuda_np2; then
+  CKPT=2 train resumed_cuda_np2 2 cuda --checkpoint.resume auto "$@" && resumed resume resumed_cuda_np2 &&
     compare resume fp32 ckpt_cuda resumed_cuda_np2 --common
 fi
 # shardtrain evaluate (the evaluation-only trainer) on the GPU: ckpt_cuda's last checkpoint scored on the
@@ -117,10 +134,10 @@ fi
 # CPU offload: the host update of step 2 still runs when the step returns (it overlaps the next forward), so
 # the checkpoint must wait for it. Resumed on the same one rank, the run repeats the uninterrupted one's
 # losses (TRACK_RESUME_TOLERANCE: 0,0 on the emulator, which is deterministic).
-if CKPT=2 train ckpt_offload_cuda 1 cuda "${offload[@]}" "$@"; then
-  mkdir -p "$OUT/resumed_offload_cuda/checkpoints"
-  cp -r "$OUT/ckpt_offload_cuda/checkpoints/step_00000002" "$OUT/resumed_offload_cuda/checkpoints/"
+if CKPT=2 train ckpt_offload_cuda 1 cuda "${offload[@]}" --checkpoint.keep_last 0 "$@" &&
+  resume_from resume_offload ckpt_offload_cuda resumed_offload_cuda; then
   CKPT=2 train resumed_offload_cuda 1 cuda "${offload[@]}" --checkpoint.resume auto "$@" &&
+    resumed resume_offload resumed_offload_cuda &&
     compare resume_offload fp32 ckpt_offload_cuda resumed_offload_cuda --common \
       --tolerance "${TRACK_RESUME_TOLERANCE:-1e-6,1e-5}"
 fi
