@@ -85,19 +85,20 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
       continue;
     }
     const float zt = to_f32(z[t]);  // read before any thread overwrites the row
+    // One rescale per access: the K values' max first, then K independent exponentials (an update per element
+    // chained every exponential on the one before it).
     MaxSum acc{-INFINITY, 0.0f};
     for (int64_t j = first; j < vocab; j += step) {
       float v[K];
       load_floats(z + j, v);
-      for (int k = 0; k < K; ++k) {
-        if (v[k] == -INFINITY) continue;
-        if (v[k] > acc.m) {
-          acc.s = acc.s * expf(acc.m - v[k]) + 1.0f;  // exp(-inf) = 0 on the first element
-          acc.m = v[k];
-        } else {
-          acc.s += expf(v[k] - acc.m);
-        }
-      }
+      float vmax = v[0];
+      for (int k = 1; k < K; ++k) vmax = v[k] > vmax ? v[k] : vmax;
+      if (vmax == -INFINITY) continue;  // all masked (a NaN is not skipped: it reaches the loss)
+      const float m = vmax > acc.m ? vmax : acc.m;
+      float add = 0.0f;
+      for (int k = 0; k < K; ++k) add += expf(v[k] - m);  // exp(-inf) = 0 for a masked logit
+      acc.s = acc.s * expf(acc.m - m) + add;              // exp(-inf) = 0 on the first access
+      acc.m = m;
     }
     const MaxSum total = block_max_sum(acc, shared_m, shared_s);  // synchronizes: all reads of z are done
     if (simt::thread_x() == 0) row_loss[r] = total.m + logf(total.s) - zt;

@@ -1,5 +1,6 @@
-// Embedding forward (one block per token row) and backward (radix sort of (id, row) pairs, then one block
-// per run of equal ids summing its rows in order), 16 bytes per access where dim and alignment allow.
+// Embedding forward (one block per token row) and backward (radix sort of (id, row) pairs, then one block per
+// 64 sorted positions summing each run of equal ids in them in row order, and a second kernel adding up the
+// pieces of runs that cross those segments, in order), 16 bytes per access where dim and alignment allow.
 #if defined(__CUDACC__)
 #include <cub/device/device_radix_sort.cuh>
 #else
@@ -17,8 +18,10 @@
 namespace shardtrain::kernels {
 namespace {
 
+using detail::from_f32;
 using detail::load_floats;
 using detail::store_floats;
+using detail::to_f32;
 
 constexpr int kThreads = 128;
 constexpr size_t kAlign = 256;
@@ -71,15 +74,29 @@ size_t radix_temp_bytes(int64_t n, int64_t vocab) {
   return bytes;
 }
 
-// Workspace regions, each 256-byte aligned: keys_in, keys_out (u32), rows_in, rows_out (i32), CUB temp.
+// Sorted positions per block of the backward's first kernel.
+constexpr int64_t kSegment = 64;
+
+// The launcher's and the kernels'.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int64_t segments_for(int64_t n) { return (n + kSegment - 1) / kSegment; }
+
+// Workspace regions, each 256-byte aligned: keys_in, keys_out (u32), rows_in, rows_out (i32), the fp32 sums of
+// the pieces of runs that cross segments (head and tail, one row of dim per segment each), CUB temp.
 struct Layout {
-  size_t keys_in = 0, keys_out = 0, rows_in = 0, rows_out = 0, temp = 0, temp_bytes = 0, total = 0;
-  Layout(int64_t n, int64_t vocab) {
+  size_t keys_in = 0, keys_out = 0, rows_in = 0, rows_out = 0, head = 0, tail = 0, temp = 0, temp_bytes = 0,
+         total = 0;
+  Layout(int64_t n, int64_t vocab, int64_t dim) {
     const size_t arr = align_up(static_cast<size_t>(n) * 4);
+    const size_t pieces = align_up(static_cast<size_t>(segments_for(n) * dim) * sizeof(float));
     keys_out = arr;
     rows_in = 2 * arr;
     rows_out = 3 * arr;
-    temp = 4 * arr;
+    head = 4 * arr;
+    tail = head + pieces;
+    temp = tail + pieces;
     temp_bytes = radix_temp_bytes(n, vocab);
     total = temp + align_up(temp_bytes);
   }
@@ -118,39 +135,76 @@ ST_GLOBAL void embedding_prepare_keys_kernel(const int32_t* __restrict__ ids, in
   }
 }
 
-// Block b handles sorted position b when it starts a run of equal keys: dtable[key, :] += dout[rows, :]
-// for the run's rows, in increasing row order (the sort is stable). A frequent token's run is long (thousands
-// of rows in a step) and one block sums it alone, so each thread loads kRowsAhead rows before it adds them (in
-// the same order: the result is the plain sequential sum), and K columns per access.
+// Block b sums sorted positions [64 b, 64 b + 64) piece by piece (a piece: the positions of one key in the
+// segment, its rows in increasing order, as the sort is stable). A piece whose run lies wholly in the segment
+// is added into dtable[key, :] (the running fp32 sum starts at the table's value: the CPU's order). The first
+// piece, when its run began in an earlier segment, is summed from 0 into head[b, :]; the last, when its run
+// begins here and goes on past the segment, into tail[b, :]; embedding_join_runs_kernel adds those. So a
+// frequent token (thousands of rows in a step) no longer leaves one block summing it alone. Each thread loads
+// kRowsAhead rows before it adds them (in the same order), K columns per access.
 constexpr int kRowsAhead = 8;
 
 template <int K, typename G, typename T>
-ST_GLOBAL void embedding_accumulate_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows,
-                                                int64_t n, const G* __restrict__ dout, int64_t dim,
-                                                T* __restrict__ dtable, int64_t vocab) {
-  for (int64_t start = simt::block_x(); start < n; start += simt::grid_x()) {
-    const uint32_t key = keys[start];
-    if (static_cast<int64_t>(key) >= vocab) continue;
-    if (start > 0 && keys[start - 1] == key) continue;
-    int64_t end = start + 1;
-    while (end < n && keys[end] == key) ++end;
-    T* dst = dtable + static_cast<int64_t>(key) * dim;
-    for (int64_t j = int64_t(simt::thread_x()) * K; j < dim; j += int64_t(simt::block_dim_x()) * K) {
-      float acc[K];
-      load_floats(dst + j, acc);
-      int64_t r = start;
-      for (; r + kRowsAhead <= end; r += kRowsAhead) {
-        float v[kRowsAhead][K];
-        for (int u = 0; u < kRowsAhead; ++u) load_floats(dout + static_cast<int64_t>(rows[r + u]) * dim + j, v[u]);
-        for (int u = 0; u < kRowsAhead; ++u)
-          for (int k = 0; k < K; ++k) acc[k] += v[u][k];
+ST_GLOBAL void embedding_accumulate_segments_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ rows,
+                                                    int64_t n, const G* __restrict__ dout, int64_t dim,
+                                                    T* __restrict__ dtable, int64_t vocab, float* __restrict__ head,
+                                                    float* __restrict__ tail) {
+  const int64_t segments = segments_for(n);
+  for (int64_t b = simt::block_x(); b < segments; b += simt::grid_x()) {
+    const int64_t s0 = b * kSegment, s1 = s0 + kSegment < n ? s0 + kSegment : n;
+    for (int64_t start = s0; start < s1;) {
+      const uint32_t key = keys[start];
+      if (static_cast<int64_t>(key) >= vocab) break;  // the sentinel of invalid ids sorts last
+      int64_t end = start + 1;
+      while (end < s1 && keys[end] == key) ++end;
+      const bool is_head = start == s0 && s0 > 0 && keys[s0 - 1] == key;
+      const bool is_tail = !is_head && end == s1 && s1 < n && keys[s1] == key;
+      float* const piece = is_head ? head + b * dim : is_tail ? tail + b * dim : nullptr;
+      T* const dst = dtable + static_cast<int64_t>(key) * dim;
+      for (int64_t j = int64_t(simt::thread_x()) * K; j < dim; j += int64_t(simt::block_dim_x()) * K) {
+        float acc[K] = {};
+        if (piece == nullptr) load_floats(dst + j, acc);
+        int64_t r = start;
+        for (; r + kRowsAhead <= end; r += kRowsAhead) {
+          float v[kRowsAhead][K];
+          for (int u = 0; u < kRowsAhead; ++u) load_floats(dout + static_cast<int64_t>(rows[r + u]) * dim + j, v[u]);
+          for (int u = 0; u < kRowsAhead; ++u)
+            for (int k = 0; k < K; ++k) acc[k] += v[u][k];
+        }
+        for (; r < end; ++r) {
+          float v[K];
+          load_floats(dout + static_cast<int64_t>(rows[r]) * dim + j, v);
+          for (int k = 0; k < K; ++k) acc[k] += v[k];
+        }
+        if (piece == nullptr) {
+          store_floats(dst + j, acc);
+        } else {
+          for (int k = 0; k < K; ++k) piece[j + k] = acc[k];
+        }
       }
-      for (; r < end; ++r) {
-        float v[K];
-        load_floats(dout + static_cast<int64_t>(rows[r]) * dim + j, v);
-        for (int k = 0; k < K; ++k) acc[k] += v[k];
-      }
-      store_floats(dst + j, acc);
+      start = end;
+    }
+  }
+}
+
+// Block b: when segment b ends in a tail piece, dtable[key, :] += tail[b, :], then head[c, :] for the segments
+// c = b + 1, b + 2, ... the run goes on into, in order, in one fp32 sum rounded once.
+template <typename T>
+ST_GLOBAL void embedding_join_runs_kernel(const uint32_t* __restrict__ keys, int64_t n, int64_t dim,
+                                          T* __restrict__ dtable, int64_t vocab, const float* __restrict__ head,
+                                          const float* __restrict__ tail) {
+  const int64_t segments = segments_for(n);
+  for (int64_t b = simt::block_x(); b < segments; b += simt::grid_x()) {
+    const int64_t s0 = b * kSegment, s1 = s0 + kSegment;
+    if (s1 >= n) continue;
+    const uint32_t key = keys[s1 - 1];
+    if (static_cast<int64_t>(key) >= vocab || keys[s1] != key) continue;
+    if (keys[s0] == key && s0 > 0 && keys[s0 - 1] == key) continue;  // the run began earlier: a head piece here
+    T* const dst = dtable + static_cast<int64_t>(key) * dim;
+    for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
+      float acc = to_f32(dst[j]) + tail[b * dim + j];
+      for (int64_t c = b + 1; c < segments && keys[c * kSegment] == key; ++c) acc += head[c * dim + j];
+      dst[j] = from_f32<T>(acc);
     }
   }
 }
@@ -180,19 +234,19 @@ void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const v
   });
 }
 
-size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab) {
+size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab, int64_t dim) {
   if (n <= 0) return 0;
   if (n >= INT_MAX || vocab >= UINT32_MAX)
     throw InternalError("embedding_backward: " + std::to_string(n) + " tokens or vocabulary " + std::to_string(vocab) +
                         " exceeds the 32-bit radix sort");
-  return Layout(n, vocab).total;
+  return Layout(n, vocab, dim).total;
 }
 
 void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim,
                         DType table_dtype, void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes,
                         DataErrorRecord* error, StreamRef stream) {
   if (n <= 0 || dim <= 0) return;
-  const Layout L(n, vocab);
+  const Layout L(n, vocab, dim);
   if (workspace_bytes < L.total)
     throw InternalError("embedding_backward: workspace of " + std::to_string(workspace_bytes) + " bytes, needs " +
                         std::to_string(L.total));
@@ -201,6 +255,8 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
   auto* keys_out = reinterpret_cast<uint32_t*>(ws + L.keys_out);
   auto* rows_in = reinterpret_cast<int32_t*>(ws + L.rows_in);
   auto* rows_out = reinterpret_cast<int32_t*>(ws + L.rows_out);
+  auto* head = reinterpret_cast<float*>(ws + L.head);
+  auto* tail = reinterpret_cast<float*>(ws + L.tail);
   cudaStream_t s = detail::cuda_stream(stream);
   simt::launch(embedding_prepare_keys_kernel, detail::grid_for(n, 256), 256, 0, s, ids, n, vocab, keys_in, rows_in,
                error);
@@ -208,7 +264,8 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
   size_t temp_bytes = L.temp_bytes;
   ST_CHECK_CUDA(sort_pairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, static_cast<int>(n),
                            key_bits(vocab), s));
-  const unsigned grid = static_cast<unsigned>(n < kMaxBlocks ? n : kMaxBlocks);
+  const int64_t segments = segments_for(n);
+  const unsigned grid = static_cast<unsigned>(segments < kMaxBlocks ? segments : kMaxBlocks);
   detail::dispatch_float(dout_dtype, "embedding_backward", [&](auto gtag) {
     using G = typename decltype(gtag)::type;
     detail::dispatch_float(table_dtype, "embedding_backward", [&](auto ttag) {
@@ -216,11 +273,17 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
       detail::with_row_width<G, T>(
           dim,
           [&](auto width) {
-            simt::launch(embedding_accumulate_runs_kernel<decltype(width)::value, G, T>, grid, kThreads, 0, s, keys_out,
-                         rows_out, n, static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab);
-            ST_CHECK_KERNEL("embedding_accumulate_runs_kernel");
+            simt::launch(embedding_accumulate_segments_kernel<decltype(width)::value, G, T>, grid, kThreads, 0, s,
+                         keys_out, rows_out, n, static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab, head,
+                         tail);
+            ST_CHECK_KERNEL("embedding_accumulate_segments_kernel");
           },
           dout, dtable);
+      if (segments > 1) {
+        simt::launch(embedding_join_runs_kernel<T>, grid, kThreads, 0, s, keys_out, n, dim, static_cast<T*>(dtable),
+                     vocab, static_cast<const float*>(head), static_cast<const float*>(tail));
+        ST_CHECK_KERNEL("embedding_join_runs_kernel");
+      }
     });
   });
 }

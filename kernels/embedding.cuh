@@ -16,12 +16,14 @@ namespace shardtrain::kernels {
 void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const void* table, int64_t vocab, int64_t dim,
                        DType out_dtype, void* out, DataErrorRecord* error, StreamRef stream);
 
-// Workspace for embedding_backward with these sizes (sorted keys and rows, CUB's radix-sort storage).
-size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab);
+// Workspace for embedding_backward with these sizes (sorted keys and rows, the fp32 sums of pieces of runs,
+// CUB's radix-sort storage).
+size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab, int64_t dim);
 
-// dtable[ids[i], :] += dout[i, :] (accumulates). The (id, row) pairs are radix-sorted (stable), then one
-// block per distinct id adds that id's rows in token order into a running fp32 sum that starts at the
-// table's value: no atomics, the same bits every run, and for f32 the CPU backend's exact order.
+// dtable[ids[i], :] += dout[i, :] (accumulates). The (id, row) pairs are radix-sorted (stable); one block per 64
+// sorted positions adds each id's rows there in token order into a running fp32 sum that starts at the table's
+// value (the CPU backend's exact order for an id whose rows all sort into one segment); an id whose rows cross
+// segments is summed piece by piece, the pieces then added in order. No atomics: the same bits every run.
 void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim,
                         DType table_dtype, void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes,
                         DataErrorRecord* error, StreamRef stream);

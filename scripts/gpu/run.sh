@@ -137,7 +137,7 @@ phase_sanitize() {
   done
   # Races inside the block reductions and the scans: a few representative tests, racecheck is slow.
   run racecheck_gpu_ops 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_ops_test" \
-    --gtest_filter='*RmsNorm*:*SumSquares*:*Segments*:*CrossEntropy*' --gtest_brief=1
+    --gtest_filter='*Rmsnorm*:*SumSquares*:*Segments*:*CrossEntropy*' --gtest_brief=1
   # Shared-memory hazards of the tensor-core attention kernels (bf16 runs them).
   run racecheck_attention_mma 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/bin/attention_kernel_test" --gtest_filter='*MmaFragmentLayout*:*BF16Padding*' --gtest_brief=1

@@ -34,11 +34,13 @@ CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOpti
   // Logits (the dlogits in place), RowLoss, and WeightGrad unless dW is fp32 already.
   b.loss = chunk * vocab * dtype_size(logits_dtype) + static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
   if (s.lm_head_grad_dtype != DType::F32) b.loss += vocab * hidden * 4;
-  // kernels/attention_bwd.cu, rmsnorm.cu (64-row parts), embedding.cu (keys and rows in and out, each
-  // 256-byte aligned, then cub's radix-sort storage, counted here as one more copy of keys and rows).
+  // kernels/attention_bwd.cu, rmsnorm.cu (64-row parts), embedding.cu (keys and rows in and out, the fp32 head
+  // and tail pieces of 64-position segments, each 256-byte aligned, then cub's radix-sort storage, counted here
+  // as one more copy of keys and rows).
   const size_t attention = 4 * static_cast<size_t>(s.batch * s.heads * s.seq);
   const size_t rmsnorm = static_cast<size_t>((n + 63) / 64) * hidden * 4;
-  const size_t embedding = 4 * align256(static_cast<size_t>(n) * 4) + align256(static_cast<size_t>(n) * 8);
+  const size_t embedding = 4 * align256(static_cast<size_t>(n) * 4) + 2 * align256(rmsnorm) +
+                           align256(static_cast<size_t>(n) * 8);
   b.op_workspace = std::max({attention, rmsnorm, embedding});
   b.sum_partials = 1024 * sizeof(double);  // kernels/sum_squares.cu: at most 1024 blocks
   b.gemm_workspace = options.gemm_workspace_bytes;

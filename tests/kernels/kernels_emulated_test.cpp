@@ -269,12 +269,15 @@ TEST_P(EmulatedKernels, EmbeddingForwardAndDataError) {
   for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out.get(11 * d + j), 0.0);
 }
 
-// Runs of about 25 rows (loaded 8 ahead, then a tail); d = 72: 16-byte accesses, 70: one element at a time.
+// Runs of about 20 rows (loaded 8 ahead, then a tail), several crossing the 64-position segments of the sorted
+// ids, and one of about 110 rows over three segments (a piece in the middle one is all of it); d = 72: 16-byte
+// accesses, 70: one element at a time.
 TEST_P(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
   const int64_t n = 300, vocab = 1003;
   HostT ids = random_ints({n}, 0, 12);  // many repeats
+  for (int64_t i = 40; i < 260; i += 2) ids.set(i, 7);
   for (int64_t i = 0; i < n; i += 7) ids.set(i, 500 + i);
-  std::vector<char> workspace(k::embedding_backward_workspace_bytes(n, vocab));
+  std::vector<char> workspace(k::embedding_backward_workspace_bytes(n, vocab, 72));
   const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
   for (int64_t d : {72, 70}) {
     for (const auto& p : pairs) {
@@ -284,7 +287,8 @@ TEST_P(EmulatedKernels, EmbeddingBackwardAccumulatesDeterministically) {
       cpu_->embedding_backward(ids.view(), dout.view(), want.view());
       k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], got.ptr(), vocab, workspace.data(),
                             workspace.size(), nullptr, {});
-      // f32 tables are summed in the CPU's exact order; bf16 ones are rounded once instead of per token.
+      // f32 tables: the CPU's exact order within a segment, pieces of a run added in order across them; bf16
+      // ones are rounded once instead of per token.
       expect_close(what, got, want, p[1] == DType::F32 ? Tol{1e-6, 1e-7} : Tol{2e-2, 2e-2});
       k::embedding_backward(ids.as_ptr<int32_t>(), n, p[0], dout.ptr(), d, p[1], again.ptr(), vocab, workspace.data(),
                             workspace.size(), nullptr, {});
@@ -331,7 +335,9 @@ TEST_P(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
 }
 
 TEST_P(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
-  for (auto [rows, d] : {std::pair<int64_t, int64_t>{37, 72}, {200, 72}, {37, 70}}) {  // 200: several 64-row parts
+  // 200: several 64-row parts; 1600: 8 warps a block at most (dim <= 1536: 8, then fewer); 12290: past the
+  // shared memory of the fused kernel, the dh kernel and a second pass for dweight.
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{37, 72}, {200, 72}, {37, 70}, {130, 1600}, {5, 12290}}) {
     std::vector<char> workspace(k::rmsnorm_backward_workspace_bytes(rows, d));
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
     for (const auto& p : pairs) {
@@ -500,6 +506,23 @@ TEST_P(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
     k::cross_entropy_rows(DType::F32, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
                           logits.ptr(), row_loss.data(), 0, nullptr, {});
     expect_close("cross_entropy in place vocab " + std::to_string(vocab), logits, dl, tol_for(DType::F32));
+    // Masked logits (-inf, never a row's target): scattered, and every value of whole 16-byte accesses (64..95),
+    // including a row's first accesses, where the running max is still -inf.
+    HostT masked = random({n, vocab}, DType::F32, 3.0), mdl({n, vocab}, DType::F32), kmdl({n, vocab}, DType::F32);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < vocab; ++j)
+        if ((j % 7 == 3 || (j >= 64 && j < 96) || (r % 5 == 0 && j < 200)) && j != static_cast<int64_t>(t.get(r)))
+          masked.set(r * vocab + j, -INFINITY);
+    const LossSums mwant = cpu_->cross_entropy(masked.view(), t.view(), ignore, 1.0, mdl.view());
+    std::vector<float> mrow(static_cast<size_t>(n));
+    k::cross_entropy_rows(DType::F32, masked.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
+                          kmdl.ptr(), mrow.data(), 0, nullptr, {});
+    double msum = 0.0;
+    for (int64_t r = 0; r < n; ++r)
+      if (t.get(r) != ignore) msum += mrow[static_cast<size_t>(r)];
+    EXPECT_TRUE(std::isfinite(msum)) << "masked vocab " << vocab;
+    EXPECT_NEAR(msum, mwant.loss_sum, 1e-5 * std::abs(mwant.loss_sum)) << "masked vocab " << vocab;
+    expect_close("cross_entropy masked vocab " + std::to_string(vocab), kmdl, mdl, tol_for(DType::F32));
   }
   const int64_t vocab = 1003;
   HostT t = loss_targets(rng_, n, vocab, ignore);
@@ -613,7 +636,7 @@ TEST(CudaScratchPlan, CoversTheKernelWorkspaces) {
     const int64_t n = sh.batch * sh.seq;
     const size_t attention = k::attention_backward_workspace_bytes(k::AttentionDims{sh.batch, sh.seq, sh.heads, 1, 64});
     const size_t rmsnorm = k::rmsnorm_backward_workspace_bytes(n, sh.hidden);
-    const size_t embedding = k::embedding_backward_workspace_bytes(n, sh.vocab);
+    const size_t embedding = k::embedding_backward_workspace_bytes(n, sh.vocab, sh.hidden);
     EXPECT_GE(b.op_workspace, attention);
     EXPECT_GE(b.op_workspace, rmsnorm);
     EXPECT_GE(b.op_workspace, embedding);

@@ -271,7 +271,8 @@ TEST_F(GpuOps, EmbeddingForwardAndDataError) {
 
 TEST_F(GpuOps, EmbeddingBackwardAccumulatesDeterministically) {
   const int64_t n = 300, vocab = 1003, d = 72;
-  HostT ids = random_ints({n}, 0, 12);  // many repeats
+  HostT ids = random_ints({n}, 0, 12);  // many repeats, runs crossing the kernel's 64-position segments
+  for (int64_t i = 40; i < 260; i += 2) ids.set(i, 7);  // one run over three segments
   for (int64_t i = 0; i < n; i += 7) ids.set(i, 500 + i);
   DevT g_ids = up(ids);
   const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
@@ -283,7 +284,8 @@ TEST_F(GpuOps, EmbeddingBackwardAccumulatesDeterministically) {
     cpu_->embedding_backward(ids.view(), dout.view(), table.view());
     gpu_->embedding_backward(g_ids.view(), g_dout.view(), g_table.view());
     const HostT first = down(g_table);
-    // f32 tables are summed in the CPU's exact order; bf16 ones are rounded once instead of per token.
+    // f32 tables: the CPU's exact order within a segment, pieces of a run added in order across them; bf16
+    // ones are rounded once instead of per token.
     expect_close(what, first, table, p[1] == DType::F32 ? Tol{1e-6, 1e-7} : Tol{2e-2, 2e-2});
     DevT again = up(table0);
     gpu_->embedding_backward(g_ids.view(), g_dout.view(), again.view());
@@ -322,8 +324,8 @@ TEST_F(GpuOps, RmsnormForwardWithAndWithoutResidual) {
 }
 
 TEST_F(GpuOps, RmsnormBackwardAccumulatesWeightGradDeterministically) {
-  for (int64_t rows : {37, 200}) {
-    const int64_t d = 72;
+  // 200 rows: several 64-row parts; dim 768: 8 warps a block (the seed's), 1600: 7, 12290: the unfused path.
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{37, 72}, {200, 72}, {200, 768}, {130, 1600}, {5, 12290}}) {
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
     for (const auto& p : pairs) {
       for (bool extra : {false, true}) {

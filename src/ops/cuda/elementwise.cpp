@@ -33,7 +33,7 @@ void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, con
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
   const auto [n, vocab, d] = validate_embedding_backward(tensor_checks, ids, dout, dtable);
   if (n == 0) return;
-  const size_t bytes = kernels::embedding_backward_workspace_bytes(n, vocab);
+  const size_t bytes = kernels::embedding_backward_workspace_bytes(n, vocab, d);
   void* ws = ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes));
   kernels::embedding_backward(ids.as<const int32_t>(), n, dout.dtype, dout.data, d, dtable.dtype, dtable.data, vocab, ws,
                               bytes, ctx.error_record(), ctx.stream);
