@@ -72,6 +72,43 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
   }
 }
 
+// dh[r, :] = rstd * (weight * dy - h * rstd * c) + dh_extra, c = rstd * dot(weight * dy, h) / dim, for one row r
+// by one warp (each lane its own K-wide columns); with sums != nullptr, also sums[j] += dy[r, j] * h[r, j] *
+// rstd[r] over the lane's columns, from the same loads.
+template <int K, typename T, typename W>
+ST_DEV void backward_row(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
+                         const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh,
+                         int64_t r, int64_t dim, int lane, float* __restrict__ sums) {
+  const int64_t row = r * dim;
+  const float inv = rstd[r];
+  float dot = 0.0f;
+  for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
+    float g[K], hv[K], w[K];
+    load_floats(dy + row + j, g);
+    load_floats(h + row + j, hv);
+    load_floats(weight + j, w);
+    for (int k = 0; k < K; ++k) dot += w[k] * g[k] * hv[k];
+  }
+  dot = detail::warp_sum(dot);
+  const float c = dot * inv / static_cast<float>(dim);
+  for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
+    float g[K], hv[K], w[K], e[K];
+    load_floats(dy + row + j, g);
+    load_floats(h + row + j, hv);
+    load_floats(weight + j, w);
+    if (dh_extra != nullptr) {
+      load_floats(dh_extra + row + j, e);
+    } else {
+      for (int k = 0; k < K; ++k) e[k] = 0.0f;
+    }
+    if (sums != nullptr)
+      for (int k = 0; k < K; ++k) sums[j + k] += g[k] * hv[k] * inv;
+    for (int k = 0; k < K; ++k) g[k] = inv * (w[k] * g[k] - hv[k] * inv * c) + e[k];
+    store_floats(dh + row + j, g);
+  }
+}
+
+// One warp per row (grid-stride): dh only (dweight by a second pass, rmsnorm_dweight_partial_kernel).
 template <int K, typename T, typename W>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
     rmsnorm_backward_dh_kernel(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
@@ -79,33 +116,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
                                int64_t rows, int64_t dim) {
   const int lane = simt::thread_x() % 32;
   const int64_t warps = int64_t(simt::grid_x()) * (kThreads / 32);
-  for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps) {
-    const int64_t row = r * dim;
-    const float inv = rstd[r];
-    float dot = 0.0f;
-    for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
-      float g[K], hv[K], w[K];
-      load_floats(dy + row + j, g);
-      load_floats(h + row + j, hv);
-      load_floats(weight + j, w);
-      for (int k = 0; k < K; ++k) dot += w[k] * g[k] * hv[k];
-    }
-    dot = detail::warp_sum(dot);
-    const float c = dot * inv / static_cast<float>(dim);
-    for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
-      float g[K], hv[K], w[K], e[K];
-      load_floats(dy + row + j, g);
-      load_floats(h + row + j, hv);
-      load_floats(weight + j, w);
-      if (dh_extra != nullptr) {
-        load_floats(dh_extra + row + j, e);
-      } else {
-        for (int k = 0; k < K; ++k) e[k] = 0.0f;
-      }
-      for (int k = 0; k < K; ++k) g[k] = inv * (w[k] * g[k] - hv[k] * inv * c) + e[k];
-      store_floats(dh + row + j, g);
-    }
-  }
+  for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps)
+    backward_row<K>(dy, h, weight, rstd, dh_extra, dh, r, dim, lane, static_cast<float*>(nullptr));
 }
 
 // dh as rmsnorm_backward_dh_kernel computes it, and partial[p, j] = the sum over rows r in [64 p, 64 p + 64) of
@@ -124,36 +136,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
     for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K)
       for (int k = 0; k < K; ++k) mine[j + k] = 0.0f;
     const int64_t r1 = (p + 1) * kRowsPerPart < rows ? (p + 1) * kRowsPerPart : rows;
-    for (int64_t r = p * kRowsPerPart + warp; r < r1; r += warps) {
-      const int64_t row = r * dim;
-      const float inv = rstd[r];
-      float dot = 0.0f;
-      for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
-        float g[K], hv[K], w[K];
-        load_floats(dy + row + j, g);
-        load_floats(h + row + j, hv);
-        load_floats(weight + j, w);
-        for (int k = 0; k < K; ++k) dot += w[k] * g[k] * hv[k];
-      }
-      dot = detail::warp_sum(dot);
-      const float c = dot * inv / static_cast<float>(dim);
-      for (int64_t j = int64_t(lane) * K; j < dim; j += 32 * K) {
-        float g[K], hv[K], w[K], e[K];
-        load_floats(dy + row + j, g);
-        load_floats(h + row + j, hv);
-        load_floats(weight + j, w);
-        if (dh_extra != nullptr) {
-          load_floats(dh_extra + row + j, e);
-        } else {
-          for (int k = 0; k < K; ++k) e[k] = 0.0f;
-        }
-        for (int k = 0; k < K; ++k) {
-          mine[j + k] += g[k] * hv[k] * inv;
-          g[k] = inv * (w[k] * g[k] - hv[k] * inv * c) + e[k];
-        }
-        store_floats(dh + row + j, g);
-      }
-    }
+    for (int64_t r = p * kRowsPerPart + warp; r < r1; r += warps)
+      backward_row<K>(dy, h, weight, rstd, dh_extra, dh, r, dim, lane, mine);
     simt::sync();
     for (int64_t j = simt::thread_x(); j < dim; j += simt::block_dim_x()) {
       float s = 0.0f;
