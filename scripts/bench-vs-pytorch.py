@@ -400,8 +400,23 @@ def fmt_num(v, spec):
     return "n/a" if v is None else format(v, spec)
 
 
-def fmt_ratio(v):
-    return "n/a" if v is None else f"{v:.2f}x"
+def decimals_for(value, target, higher_is_better, decimals):
+    """The decimals that show `value` on the same side of `target` as it is: 49.99 % shown as "50.0 %" would read
+    as meeting a 50 % target that it misses (the 2026-11-26 GPU table did that)."""
+    ok = value >= target if higher_is_better else value <= target
+    while decimals < 6:
+        shown = round(value, decimals)
+        if (shown >= target if higher_is_better else shown <= target) == ok:
+            break
+        decimals += 1
+    return decimals
+
+
+def fmt_ratio(v, target=None, higher_is_better=True):
+    if v is None:
+        return "n/a"
+    d = 2 if target is None else decimals_for(v, target, higher_is_better, 2)
+    return f"{v:.{d}f}x"
 
 
 def fmt_bytes(v):
@@ -468,14 +483,15 @@ def build_report(results, errors, cfg, cfg_source, args):
         "memory_vs_compile": memory_ratio(comp),
         "offload": ratio(get(off, "tokens_per_s"), get(st, "tokens_per_s")),
     }
-    mfu_text = "n/a" if ratios["mfu"] is None else f"{100 * ratios['mfu']:.1f} %"
+    mfu = ratios["mfu"]
+    mfu_text = "n/a" if mfu is None else f"{100 * mfu:.{decimals_for(100 * mfu, 100 * TARGETS['mfu'], True, 1)}f} %"
     lines += ["", "| ratio | value | target | |", "|---|---|---|---|",
-              f"| shardtrain / PyTorch eager tokens/s | {fmt_ratio(ratios['vs_eager'])} | >= {TARGETS['vs_eager']}x | {verdict(ratios['vs_eager'], TARGETS['vs_eager'])} |",
-              f"| shardtrain / PyTorch compile tokens/s | {fmt_ratio(ratios['vs_compile'])} | >= {TARGETS['vs_compile']}x | {verdict(ratios['vs_compile'], TARGETS['vs_compile'])} |",
+              f"| shardtrain / PyTorch eager tokens/s | {fmt_ratio(ratios['vs_eager'], TARGETS['vs_eager'])} | >= {TARGETS['vs_eager']}x | {verdict(ratios['vs_eager'], TARGETS['vs_eager'])} |",
+              f"| shardtrain / PyTorch compile tokens/s | {fmt_ratio(ratios['vs_compile'], TARGETS['vs_compile'])} | >= {TARGETS['vs_compile']}x | {verdict(ratios['vs_compile'], TARGETS['vs_compile'])} |",
               f"| shardtrain MFU | {mfu_text} | >= {100 * TARGETS['mfu']:.0f} % | {verdict(ratios['mfu'], TARGETS['mfu'])} |",
-              f"| shardtrain / PyTorch eager peak memory | {fmt_ratio(ratios['memory_vs_eager'])} | <= {TARGETS['memory']}x | {verdict(ratios['memory_vs_eager'], TARGETS['memory'], False)} |",
-              f"| shardtrain / PyTorch compile peak memory | {fmt_ratio(ratios['memory_vs_compile'])} | <= {TARGETS['memory']}x | {verdict(ratios['memory_vs_compile'], TARGETS['memory'], False)} |",
-              f"| shardtrain+offload / shardtrain tokens/s | {fmt_ratio(ratios['offload'])} | >= {TARGETS['offload']}x | {verdict(ratios['offload'], TARGETS['offload'])} |"]
+              f"| shardtrain / PyTorch eager peak memory | {fmt_ratio(ratios['memory_vs_eager'], TARGETS['memory'], False)} | <= {TARGETS['memory']}x | {verdict(ratios['memory_vs_eager'], TARGETS['memory'], False)} |",
+              f"| shardtrain / PyTorch compile peak memory | {fmt_ratio(ratios['memory_vs_compile'], TARGETS['memory'], False)} | <= {TARGETS['memory']}x | {verdict(ratios['memory_vs_compile'], TARGETS['memory'], False)} |",
+              f"| shardtrain+offload / shardtrain tokens/s | {fmt_ratio(ratios['offload'], TARGETS['offload'])} | >= {TARGETS['offload']}x | {verdict(ratios['offload'], TARGETS['offload'])} |"]
     if any(get(p, "device") == "cpu" for p in (eager, comp)):
         lines += ["", "NOTE: PyTorch ran on the CPU (--torch-device cpu), each side with its own BLAS: this table checks the "
                       "script, it is not a benchmark. Its memory ratios compare peak RSS."]

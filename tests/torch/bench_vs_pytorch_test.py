@@ -11,6 +11,7 @@ Llama and a dataset made here, in one table. Asserted:
   compute, compiled kernels round differently: 2e-2 relative) and are finite and below ln(V) + 1;
 - the ratios are the quotients of the rows' figures, and the memory ratio compares peak RSS with peak RSS.
 This checks the script; it is not a benchmark (each side on its own CPU BLAS)."""
+import importlib.util
 import json
 import math
 import os
@@ -73,7 +74,27 @@ if not errors and sorted(results) == sorted(parts):
           f"ratios {ratios}")
     check(abs(ratios["memory_vs_eager"] - st["rss_peak_bytes"] / eager["peak_memory_bytes"]) < 1e-9,
           f"memory ratio {ratios['memory_vs_eager']}: not shardtrain's peak RSS over PyTorch's")
+    # Each ratio row shows its value on the side of the target its verdict says (49.99 % is not "50.0 %").
+    for row in table.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) != 4 or cells[3] not in ("meets", "misses"):
+            continue
+        value = float(cells[1].rstrip("x%").strip())
+        op, target = cells[2].split()[0], float(cells[2].split()[1].rstrip("x%"))
+        shown_meets = value >= target if op == ">=" else value <= target
+        check(shown_meets == (cells[3] == "meets"), f"ratio row shows {cells[1]} against {cells[2]} but says {cells[3]}")
     check("NOTE: PyTorch ran on the CPU" in table, "the table does not say the PyTorch side ran on the CPU")
     check("WARNING" not in table, "the table warns: " + table[table.find("WARNING"):][:300])
+
+# The decimals of a figure next to its target: as many as keep it on its side of the target.
+spec = importlib.util.spec_from_file_location("bench_vs_pytorch", os.path.join(args.source, "scripts", "bench-vs-pytorch.py"))
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+for value, target, higher, want in ((0.4999173551, 0.5, True, "0.4999x"), (0.526, 0.5, True, "0.53x"), (0.4996, 0.5, True, "0.4996x"),
+                                    (1.004, 1.0, False, "1.004x"), (0.37, 1.0, False, "0.37x"), (1.3, 1.3, True, "1.30x")):
+    got = bench.fmt_ratio(value, target, higher)
+    check(got == want, f"fmt_ratio({value}, {target}, {higher}) = {got}, expected {want}")
+check(bench.decimals_for(49.991735, 50.0, True, 1) == 2 and bench.decimals_for(52.6, 50.0, True, 1) == 1,
+      "decimals_for: 49.991735 % against 50 % needs 2 decimals, 52.6 % needs 1")
 
 check.finish("bench-vs-pytorch.py: four parts on the CPU, the same model and batch, consistent rows and ratios")
