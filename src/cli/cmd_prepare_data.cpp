@@ -22,7 +22,7 @@ Command add_prepare_data_command(CLI::App& parent) {
   app->add_flag("--blank-line-documents", *blank_lines, "text: one document per blank-line-separated block (default: per file)");
   app->add_option("--text-field", o->documents.text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")->capture_default_str();
   app->add_option("--token-field", o->documents.token_field,
-                  "inputs already tokenized: the JSONL field or Arrow column of each document's token ids (e.g. input_ids), "
+                  "inputs already tokenized: the JSONL field, or Arrow or Parquet column, of each document's token ids (e.g. input_ids), "
                   "imported as they are; the tokenizer must be the one that made them");
   app->add_option("--validation-fraction", o->validation_fraction, "share of documents held out for validation")
       ->capture_default_str()

@@ -157,13 +157,14 @@ void for_each_column_document(const std::string& path, const std::string& column
   if (row == 0) throw DataError(fmt::format("{}: no rows", path));
 }
 
-// A pre-tokenized Arrow file's id column, row by row, each row's ids checked against the vocabulary and packed
-// 4 bytes each; a null row is an error, as a null text is.
-void for_each_arrow_ids(const std::string& path, const DocumentOptions& options,
-                        const std::function<void(std::string&& packed)>& emit) {
+// A pre-tokenized Arrow or Parquet file's id column, row by row, each row's ids checked against the vocabulary and
+// packed 4 bytes each; a null row is an error, as a null text is.
+template <typename File>
+void for_each_file_ids(const std::string& path, const DocumentOptions& options,
+                       const std::function<void(std::string&& packed)>& emit) {
   std::error_code ec;
   if (std::filesystem::file_size(path, ec) == 0 && !ec) throw DataError(fmt::format("{}: input file is empty", path));
-  const auto file = ArrowIpcFile::open(path);
+  const auto file = File::open(path);
   const auto& column = file.id_list_column(options.token_field);
   int64_t row = 0;
   file.for_each_id_list(column, [&](std::optional<std::span<const int64_t>> ids) {
@@ -189,10 +190,16 @@ void for_each_arrow_ids(const std::string& path, const DocumentOptions& options,
 
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
   const InputFormat format = format_of(path, options);
-  if (!options.token_field.empty()) {  // ids: an Arrow column's count; other inputs are refused when read
-    if (format != InputFormat::Arrow) return InputFile::estimate_size(path);
-    const auto file = ArrowIpcFile::open(path);
-    return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
+  if (!options.token_field.empty()) {  // ids: an Arrow or Parquet column's count; text inputs are refused when read
+    if (format == InputFormat::Arrow) {
+      const auto file = ArrowIpcFile::open(path);
+      return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
+    }
+    if (format == InputFormat::Parquet) {
+      const auto file = ParquetFile::open(path);
+      return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
+    }
+    return InputFile::estimate_size(path);
   }
   if (format == InputFormat::Parquet) {
     const auto file = ParquetFile::open(path);
@@ -265,17 +272,15 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
   if (format == InputFormat::Parquet || format == InputFormat::Arrow) {
     const auto as_raw = [&](std::string&& text) { emit({std::move(text), 0}); };
     if (!options.token_field.empty()) {
-      if (format == InputFormat::Arrow) return for_each_arrow_ids(path, options, as_raw);
-      throw DataError(fmt::format("{}: --token-field reads JSONL and Arrow inputs, and this is Parquet (Parquet token "
-                                  "columns are not read yet: save the dataset with datasets' save_to_disk, or as JSONL)",
-                                  path));
+      if (format == InputFormat::Arrow) return for_each_file_ids<ArrowIpcFile>(path, options, as_raw);
+      return for_each_file_ids<ParquetFile>(path, options, as_raw);
     }
     if (format == InputFormat::Parquet) for_each_column_document<ParquetFile>(path, options.text_field, as_raw);
     else for_each_column_document<ArrowIpcFile>(path, options.text_field, as_raw);
     return;
   }
   if (!options.token_field.empty() && format != InputFormat::Jsonl)
-    throw DataError(fmt::format("{}: --token-field reads JSONL and Arrow inputs, and this is text", path));
+    throw DataError(fmt::format("{}: --token-field reads JSONL, Arrow and Parquet inputs, and this is text", path));
   InputFile in(path);
   if (in.empty()) throw DataError(fmt::format("{}: input file is empty", path));
   if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document

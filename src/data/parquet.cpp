@@ -89,25 +89,30 @@ ColumnChunk read_column_chunk_meta(CompactReader& r, std::vector<std::string>& p
 
 // The leaves of the schema tree (flattened depth-first in the file), with their levels: each optional or
 // repeated field on the way adds a definition level, each repeated one a repetition level.
+// `entry`: the definition level of the innermost repeated field so far (0 when none).
 void collect_leaves(const std::vector<SchemaElement>& schema, size_t& next, int32_t children, const std::string& prefix,
-                    int def, int rep, int depth, std::vector<ParquetColumn>& out) {
+                    int def, int rep, int entry, int depth, std::vector<ParquetColumn>& out) {
   if (depth > 64) throw thrift::ThriftError("the schema nests deeper than 64 levels");
   for (int32_t c = 0; c < children; ++c) {
     if (next >= schema.size()) throw thrift::ThriftError("the schema names more fields than it holds");
     const SchemaElement& e = schema[next++];
     const int d = def + (e.repetition != kRequired ? 1 : 0), r = rep + (e.repetition == kRepeated ? 1 : 0);
+    const int at = e.repetition == kRepeated ? d : entry;
     const std::string path = prefix.empty() ? e.name : prefix + "." + e.name;
     if (!e.type) {
       if (e.num_children < 0) throw thrift::ThriftError(fmt::format("field {} has {} children", path, e.num_children));
-      collect_leaves(schema, next, e.num_children, path, d, r, depth + 1, out);
+      collect_leaves(schema, next, e.num_children, path, d, r, at, depth + 1, out);
       continue;
     }
     ParquetColumn col;
     col.path = path;
     col.physical_type = physical_type_name(*e.type);
     col.is_string = *e.type == static_cast<int32_t>(PhysicalType::ByteArray) && r == 0;
+    col.is_id_list = r == 1 && (*e.type == static_cast<int32_t>(PhysicalType::Int32) ||
+                                *e.type == static_cast<int32_t>(PhysicalType::Int64));
     col.max_definition_level = d;
     col.max_repetition_level = r;
+    col.repeated_definition_level = at;
     col.leaf_index = static_cast<int>(out.size());
     out.push_back(std::move(col));
   }
@@ -152,7 +157,7 @@ void read_file_metadata(FileMetadata& m, const uint8_t* p, size_t n) {
   });
   if (schema.empty()) throw thrift::ThriftError("the footer has no schema");
   size_t next = 1;
-  collect_leaves(schema, next, schema[0].num_children, "", 0, 0, 0, m.columns);
+  collect_leaves(schema, next, schema[0].num_children, "", 0, 0, 0, 0, m.columns);
   if (next != schema.size())
     throw thrift::ThriftError(fmt::format("the schema's root claims fewer fields than the {} it holds", schema.size()));
   if (m.num_rows < 0) throw thrift::ThriftError(fmt::format("the footer says {} rows", m.num_rows));
@@ -220,21 +225,60 @@ size_t ParquetFile::num_row_groups() const { return meta_->row_groups.size(); }
 std::string ParquetFile::created_by() const { return meta_->created_by; }
 const std::vector<ParquetColumn>& ParquetFile::columns() const { return meta_->columns; }
 
+namespace {
+
+// The leaves of `field`: the leaf of that path, or every leaf under it.
+std::vector<const ParquetColumn*> leaves_of(const std::vector<ParquetColumn>& columns, const std::string& field) {
+  std::vector<const ParquetColumn*> out;
+  for (const auto& c : columns)
+    if (c.path == field || c.path.starts_with(field + ".")) out.push_back(&c);
+  return out;
+}
+
+[[noreturn]] void no_column(const std::string& file, const std::vector<ParquetColumn>& columns, const std::string& field,
+                            const char* option) {
+  std::string names;
+  for (size_t i = 0; i < columns.size() && i < 12; ++i) names += (i ? ", " : "") + columns[i].path;
+  if (columns.size() > 12) names += fmt::format(", ... ({} in all)", columns.size());
+  throw DataError(fmt::format("{}: no column \"{}\" (its columns: {}; {} picks another)", file, field,
+                              names.empty() ? "none" : names, option));
+}
+
+}  // namespace
+
 const ParquetColumn& ParquetFile::string_column(const std::string& path) const {
   for (const auto& c : meta_->columns) {
     if (c.path != path) continue;
     if (c.max_repetition_level > 0)
-      throw DataError(fmt::format("{}: column \"{}\" is a list (repeated), not one string per row", meta_->path, path));
+      throw DataError(fmt::format("{}: column \"{}\" is a list (repeated), not one string per row{}", meta_->path, path,
+                                  c.is_id_list ? fmt::format("; it holds integers: --token-field {} imports them as token ids", path)
+                                               : std::string()));
     if (!c.is_string)
       throw DataError(fmt::format("{}: column \"{}\" holds {}, not strings (BYTE_ARRAY)", meta_->path, path,
                                   c.physical_type));
     return c;
   }
-  std::string names;
-  for (size_t i = 0; i < meta_->columns.size() && i < 12; ++i) names += (i ? ", " : "") + meta_->columns[i].path;
-  if (meta_->columns.size() > 12) names += fmt::format(", ... ({} in all)", meta_->columns.size());
-  throw DataError(fmt::format("{}: no column \"{}\" (its columns: {}; --text-field picks another)", meta_->path, path,
-                              names.empty() ? "none" : names));
+  const auto under = leaves_of(meta_->columns, path);
+  if (under.size() == 1 && under[0]->is_id_list)
+    throw DataError(fmt::format("{}: column \"{}\" is a list of integers ({}), not strings; it holds token ids: "
+                                "--token-field {} imports them",
+                                meta_->path, path, under[0]->physical_type, path));
+  no_column(meta_->path, meta_->columns, path, "--text-field");
+}
+
+const ParquetColumn& ParquetFile::id_list_column(const std::string& field) const {
+  const auto under = leaves_of(meta_->columns, field);
+  if (under.empty()) no_column(meta_->path, meta_->columns, field, "--token-field");
+  if (under.size() > 1)
+    throw DataError(fmt::format("{}: column \"{}\" has {} fields inside it (\"{}\", ...), not one list of integers",
+                                meta_->path, field, under.size(), under[0]->path));
+  const ParquetColumn& c = *under[0];
+  if (!c.is_id_list)
+    throw DataError(fmt::format("{}: column \"{}\" ({}) is {}, not a list of integers (token ids)", meta_->path, field,
+                                c.path, c.max_repetition_level > 1   ? "a list of lists"
+                                        : c.max_repetition_level == 0 ? fmt::format("one {} per row", c.physical_type)
+                                                                      : fmt::format("a list of {}", c.physical_type)));
+  return c;
 }
 
 uint64_t ParquetFile::uncompressed_bytes(const ParquetColumn& column) const {
@@ -244,6 +288,21 @@ uint64_t ParquetFile::uncompressed_bytes(const ParquetColumn& column) const {
     if (c.total_uncompressed_size > 0) total += static_cast<uint64_t>(c.total_uncompressed_size);
   }
   return total;
+}
+
+uint64_t ParquetFile::id_count_estimate(const ParquetColumn& column) const {
+  uint64_t total = 0;
+  for (const auto& g : meta_->row_groups) {
+    const auto& c = g.columns.at(static_cast<size_t>(column.leaf_index));
+    if (c.num_values > 0) total += static_cast<uint64_t>(c.num_values);
+  }
+  return total;
+}
+
+void ParquetFile::for_each_id_list(const ParquetColumn& column,
+                                   const std::function<void(std::optional<std::span<const int64_t>>)>& emit,
+                                   ParquetReadStats* stats) const {
+  for (size_t g = 0; g < meta_->row_groups.size(); ++g) parquet_detail::read_id_list_chunk(*meta_, g, column, emit, stats);
 }
 
 void ParquetFile::for_each_string(const ParquetColumn& column,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,5 +60,8 @@ struct FileMetadata {
 // Every value of one column chunk, rows in order: the bytes, or nullopt for a null (parquet_pages.cpp).
 void read_column_chunk(const FileMetadata& file, size_t row_group, const ParquetColumn& column,
                        const std::function<void(std::optional<std::string_view>)>& emit, ParquetReadStats* stats);
+// Every row of one chunk of a list-of-integers column, in order: its values, or nullopt for a null row.
+void read_id_list_chunk(const FileMetadata& file, size_t row_group, const ParquetColumn& column,
+                        const std::function<void(std::optional<std::span<const int64_t>>)>& emit, ParquetReadStats* stats);
 
 }  // namespace shardtrain::data::parquet_detail

@@ -1,8 +1,10 @@
-// Reading one Parquet column chunk of strings, page by page (parquet_format.hpp): page headers, their
-// CRCs, decompression, definition levels (RLE/bit-packed hybrid, or the old BIT_PACKED), and the values in
-// PLAIN, dictionary (PLAIN_DICTIONARY / RLE_DICTIONARY), DELTA_LENGTH_BYTE_ARRAY or DELTA_BYTE_ARRAY
-// encoding, in data pages of version 1 or 2. Every length and offset is checked against its buffer: a
-// corrupt file is a DataError naming the file, row group, column and byte, never a crash.
+// Reading one Parquet column chunk page by page (parquet_format.hpp): page headers, their CRCs,
+// decompression, repetition and definition levels (RLE/bit-packed hybrid, or the old BIT_PACKED), in data
+// pages of version 1 or 2. Strings: values in PLAIN, dictionary (PLAIN_DICTIONARY / RLE_DICTIONARY),
+// DELTA_LENGTH_BYTE_ARRAY or DELTA_BYTE_ARRAY encoding. Lists of INT32 / INT64 (token ids): PLAIN,
+// dictionary or DELTA_BINARY_PACKED, rows assembled from the levels, across pages. Every length and offset is
+// checked against its buffer: a corrupt file is a DataError naming the file, row group, column and byte,
+// never a crash.
 #include <brotli/decode.h>
 #include <lz4.h>
 #include <snappy-c.h>
@@ -313,7 +315,7 @@ struct PageHeader {
   std::optional<int32_t> crc;
   int32_t num_values = -1;  // data and dictionary pages
   int32_t encoding = 0;
-  int32_t def_encoding = static_cast<int32_t>(Encoding::Rle);
+  int32_t def_encoding = static_cast<int32_t>(Encoding::Rle), rep_encoding = static_cast<int32_t>(Encoding::Rle);
   int32_t v2_num_nulls = 0, v2_def_bytes = 0, v2_rep_bytes = 0;
   bool v2_compressed = true;
 };
@@ -332,6 +334,7 @@ PageHeader read_page_header(CompactReader& r) {
           if (f == 1) h.num_values = i32(ft);
           else if (f == 2) h.encoding = i32(ft);
           else if (f == 3) h.def_encoding = i32(ft);
+          else if (f == 4) h.rep_encoding = i32(ft);
           else r.skip(ft);
         });
         break;
@@ -363,7 +366,84 @@ PageHeader read_page_header(CompactReader& r) {
   return h;
 }
 
-// The reading of one chunk: its dictionary, and the pages' buffers reused from page to page.
+// A v1 page's repetition or definition levels (`what`), `count` of them at most max_level into out: RLE (a
+// 4-byte length, then the hybrid runs) or the deprecated BIT_PACKED (most significant bit first). Returns the
+// byte after them.
+const uint8_t* v1_levels(const char* what, int32_t encoding, const uint8_t* p, const uint8_t* end, size_t count,
+                         int max_level, std::vector<uint32_t>& out) {
+  const int width = bit_width(static_cast<uint32_t>(max_level));
+  if (encoding == static_cast<int32_t>(Encoding::Rle)) {
+    if (end - p < 4) fail("a data page too short for its {} levels", what);
+    const uint32_t n = load_u32(p);
+    p += 4;
+    if (n > static_cast<uint64_t>(end - p)) fail("{} levels of {} bytes run past their page", what, n);
+    HybridDecoder(p, p + n, width).read(out.data(), count);
+    return p + n;
+  }
+  if (encoding == static_cast<int32_t>(Encoding::BitPacked)) {
+    const uint64_t bytes = (count * static_cast<uint64_t>(width) + 7) / 8;
+    if (bytes > static_cast<uint64_t>(end - p)) fail("BIT_PACKED {} levels run past their page", what);
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t v = 0;
+      for (int b = 0; b < width; ++b) {
+        const uint64_t bit = i * static_cast<uint64_t>(width) + static_cast<uint64_t>(b);
+        v = (v << 1) | ((p[bit >> 3] >> (7 - (bit & 7))) & 1u);
+      }
+      out[i] = v;
+    }
+    return p + bytes;
+  }
+  fail("{} levels in {} (RLE expected)", what, encoding_name(encoding));
+}
+
+// A data page's levels, and where its values start and end: v1 (levels inside the compressed data) or v2
+// (levels before it, uncompressed). Repetition levels go to rep and definition levels to def when the column
+// has them (both sized to the page's num_values by the caller, and left as they are otherwise).
+struct PageValues {
+  const uint8_t* p;
+  const uint8_t* end;
+};
+PageValues page_levels(const ColumnChunk& chunk, const ParquetColumn& column, const PageHeader& h,
+                       std::span<const uint8_t> body, bool v2, std::vector<uint8_t>& page_buffer,
+                       std::vector<uint32_t>& rep, std::vector<uint32_t>& def) {
+  const auto count = static_cast<size_t>(h.num_values);
+  const int max_rep = column.max_repetition_level, max_def = column.max_definition_level;
+  if (!v2) {
+    const auto data = decompress(chunk.codec, body, static_cast<size_t>(h.uncompressed_size), page_buffer);
+    const uint8_t* p = data.data();
+    const uint8_t* end = p + data.size();
+    if (max_rep > 0) p = v1_levels("repetition", h.rep_encoding, p, end, count, max_rep, rep);
+    if (max_def > 0) p = v1_levels("definition", h.def_encoding, p, end, count, max_def, def);
+    return {p, end};
+  }
+  const auto levels = static_cast<int64_t>(h.v2_def_bytes) + h.v2_rep_bytes;
+  if (h.v2_def_bytes < 0 || h.v2_rep_bytes < 0 || levels > h.compressed_size || levels > h.uncompressed_size)
+    fail("a v2 data page whose levels ({} + {} bytes) exceed the page", h.v2_rep_bytes, h.v2_def_bytes);
+  const uint8_t* r = body.data();
+  if (max_rep > 0) HybridDecoder(r, r + h.v2_rep_bytes, bit_width(static_cast<uint32_t>(max_rep))).read(rep.data(), count);
+  const uint8_t* d = r + h.v2_rep_bytes;
+  if (max_def > 0) HybridDecoder(d, d + h.v2_def_bytes, bit_width(static_cast<uint32_t>(max_def))).read(def.data(), count);
+  const auto values = body.subspan(static_cast<size_t>(levels));
+  const auto size = static_cast<size_t>(h.uncompressed_size - levels);
+  const auto data = h.v2_compressed ? decompress(chunk.codec, values, size, page_buffer) : values;
+  if (!h.v2_compressed && data.size() != size) fail("an uncompressed v2 page of {} bytes says it holds {}", data.size(), size);
+  return {data.data(), data.data() + data.size()};
+}
+
+// How many of the page's definition levels say a value is there (max_def); each must be at most max_def, and a
+// v2 page's count of nulls must agree.
+size_t present_values(const std::vector<uint32_t>& def, int max_def, const PageHeader& h, bool v2) {
+  size_t present = 0;
+  for (const uint32_t level : def) {
+    if (level > static_cast<uint32_t>(max_def)) fail("a definition level of {} (at most {})", level, max_def);
+    present += level == static_cast<uint32_t>(max_def);
+  }
+  if (v2 && def.size() - present != static_cast<size_t>(h.v2_num_nulls))
+    fail("a v2 data page of {} nulls whose levels say {}", h.v2_num_nulls, def.size() - present);
+  return present;
+}
+
+// The reading of one chunk of strings: its dictionary, and the pages' buffers reused from page to page.
 class ChunkReader {
  public:
   ChunkReader(const ColumnChunk& chunk, const ParquetColumn& column,
@@ -380,41 +460,22 @@ class ChunkReader {
     have_dictionary_ = true;
   }
 
-  // A data page's values, v1 (levels inside the compressed data) or v2 (levels before it, uncompressed).
-  // `left`: the chunk's values not yet read, which bounds the page's.
+  // Before the pages: the chunk is what this reader reads.
+  void check(const ColumnChunk& chunk, const RowGroup& group) const {
+    if (chunk.type != static_cast<int32_t>(PhysicalType::ByteArray))
+      fail("the chunk holds {}, not strings", physical_type_name(chunk.type));
+    if (chunk.num_values != group.num_rows) fail("{} values in a row group of {} rows", chunk.num_values, group.num_rows);
+  }
+  void finish(const RowGroup&) {}
+
+  // A data page's values. `left`: the chunk's values not yet read, which bounds the page's.
   size_t data_page(const PageHeader& h, std::span<const uint8_t> body, bool v2, int64_t left) {
     if (h.num_values < 0 || h.num_values > left) fail("a data page of {} values where the chunk has {} left", h.num_values, left);
     const auto rows = static_cast<size_t>(h.num_values);
     const int max_def = column_.max_definition_level;
-    const uint8_t* p;
-    const uint8_t* end;
     levels_.assign(rows, static_cast<uint32_t>(max_def));
-    if (!v2) {
-      const auto data = decompress(chunk_.codec, body, static_cast<size_t>(h.uncompressed_size), page_buffer_);
-      p = data.data();
-      end = p + data.size();
-      if (max_def > 0) p = v1_levels(h.def_encoding, p, end, rows, max_def);
-    } else {
-      const auto levels = static_cast<int64_t>(h.v2_def_bytes) + h.v2_rep_bytes;
-      if (h.v2_def_bytes < 0 || h.v2_rep_bytes < 0 || levels > h.compressed_size || levels > h.uncompressed_size)
-        fail("a v2 data page whose levels ({} + {} bytes) exceed the page", h.v2_rep_bytes, h.v2_def_bytes);
-      const uint8_t* def = body.data() + h.v2_rep_bytes;
-      if (max_def > 0) HybridDecoder(def, def + h.v2_def_bytes, bit_width(static_cast<uint32_t>(max_def))).read(levels_.data(), rows);
-      const auto values = body.subspan(static_cast<size_t>(levels));
-      const auto size = static_cast<size_t>(h.uncompressed_size - levels);
-      const auto data = h.v2_compressed ? decompress(chunk_.codec, values, size, page_buffer_) : values;
-      if (!h.v2_compressed && data.size() != size) fail("an uncompressed v2 page of {} bytes says it holds {}", data.size(), size);
-      p = data.data();
-      end = p + data.size();
-    }
-    size_t present = 0;
-    for (const uint32_t level : levels_) {
-      if (level > static_cast<uint32_t>(max_def)) fail("a definition level of {} (at most {})", level, max_def);
-      present += level == static_cast<uint32_t>(max_def);
-    }
-    if (v2 && rows - present != static_cast<size_t>(h.v2_num_nulls))
-      fail("a v2 data page of {} nulls whose levels say {}", h.v2_num_nulls, rows - present);
-    decode_values(h.encoding, p, end, present);
+    const PageValues v = page_levels(chunk_, column_, h, body, v2, page_buffer_, levels_, levels_);
+    decode_values(h.encoding, v.p, v.end, present_values(levels_, max_def, h, v2));
     size_t next = 0;
     for (const uint32_t level : levels_) {
       if (level == static_cast<uint32_t>(max_def)) emit_(values_[next++]);
@@ -424,32 +485,6 @@ class ChunkReader {
   }
 
  private:
-  const uint8_t* v1_levels(int32_t encoding, const uint8_t* p, const uint8_t* end, size_t rows, int max_def) {
-    const int width = bit_width(static_cast<uint32_t>(max_def));
-    if (encoding == static_cast<int32_t>(Encoding::Rle)) {
-      if (end - p < 4) fail("a data page too short for its definition levels");
-      const uint32_t n = load_u32(p);
-      p += 4;
-      if (n > static_cast<uint64_t>(end - p)) fail("definition levels of {} bytes run past their page", n);
-      HybridDecoder(p, p + n, width).read(levels_.data(), rows);
-      return p + n;
-    }
-    if (encoding == static_cast<int32_t>(Encoding::BitPacked)) {  // deprecated: most significant bit first
-      const uint64_t bytes = (rows * static_cast<uint64_t>(width) + 7) / 8;
-      if (bytes > static_cast<uint64_t>(end - p)) fail("BIT_PACKED definition levels run past their page");
-      for (size_t i = 0; i < rows; ++i) {
-        uint32_t v = 0;
-        for (int b = 0; b < width; ++b) {
-          const uint64_t bit = i * static_cast<uint64_t>(width) + static_cast<uint64_t>(b);
-          v = (v << 1) | ((p[bit >> 3] >> (7 - (bit & 7))) & 1u);
-        }
-        levels_[i] = v;
-      }
-      return p + bytes;
-    }
-    fail("definition levels in {} (RLE expected)", encoding_name(encoding));
-  }
-
   void decode_values(int32_t encoding, const uint8_t* p, const uint8_t* end, size_t count) {
     values_.clear();
     owned_.clear();
@@ -491,21 +526,143 @@ class ChunkReader {
   std::vector<std::string> owned_;
 };
 
-}  // namespace
+// PLAIN integers of the chunk's physical type (INT32 sign-extended, or INT64), `count` of them.
+void plain_ints(int32_t type, const uint8_t* p, const uint8_t* end, size_t count, std::vector<int64_t>& out) {
+  const size_t width = type == static_cast<int32_t>(PhysicalType::Int32) ? 4 : 8;
+  if (count > static_cast<size_t>(end - p) / width) fail("{} PLAIN values of {} bytes run past their page", count, width);
+  out.resize(count);
+  for (size_t i = 0; i < count; ++i, p += width) {
+    if (width == 4) {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      out[i] = v;
+    } else {
+      std::memcpy(&out[i], p, 8);
+    }
+  }
+}
 
-void read_column_chunk(const FileMetadata& file, size_t row_group, const ParquetColumn& column,
-                       const std::function<void(std::optional<std::string_view>)>& emit, ParquetReadStats* stats) {
+// The reading of one chunk of a list-of-integers column (ParquetColumn::is_id_list): each row's values
+// assembled from the levels (repetition 0 starts a row; a definition level of max_def is a value, of
+// repeated_definition_level - 1 an empty list, below that a null row, between a null inside the list), rows
+// carried across pages, every row emitted once complete.
+class IdChunkReader {
+ public:
+  IdChunkReader(const ColumnChunk& chunk, const ParquetColumn& column,
+                const std::function<void(std::optional<std::span<const int64_t>>)>& emit)
+      : chunk_(chunk), column_(column), emit_(emit) {}
+
+  void check(const ColumnChunk& chunk, const RowGroup&) const {
+    if (chunk.type != static_cast<int32_t>(PhysicalType::Int32) && chunk.type != static_cast<int32_t>(PhysicalType::Int64))
+      fail("the chunk holds {}, not integers", physical_type_name(chunk.type));
+  }
+
+  void dictionary_page(const PageHeader& h, std::span<const uint8_t> body) {
+    if (have_dictionary_) fail("a second dictionary page");
+    if (h.encoding != static_cast<int32_t>(Encoding::Plain) && h.encoding != static_cast<int32_t>(Encoding::PlainDictionary))
+      fail("a dictionary page in {} (PLAIN expected)", encoding_name(h.encoding));
+    if (h.num_values < 0) fail("a dictionary page of {} values", h.num_values);
+    const auto data = decompress(chunk_.codec, body, static_cast<size_t>(h.uncompressed_size), page_buffer_);
+    plain_ints(chunk_.type, data.data(), data.data() + data.size(), static_cast<size_t>(h.num_values), dictionary_);
+    have_dictionary_ = true;
+  }
+
+  size_t data_page(const PageHeader& h, std::span<const uint8_t> body, bool v2, int64_t left) {
+    if (h.num_values < 0 || h.num_values > left) fail("a data page of {} values where the chunk has {} left", h.num_values, left);
+    const auto count = static_cast<size_t>(h.num_values);
+    const int max_def = column_.max_definition_level, entry = column_.repeated_definition_level;
+    rep_.assign(count, 0);
+    def_.assign(count, static_cast<uint32_t>(max_def));
+    const PageValues v = page_levels(chunk_, column_, h, body, v2, page_buffer_, rep_, def_);
+    decode_values(h.encoding, v.p, v.end, present_values(def_, max_def, h, v2));
+    size_t next = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const auto def = static_cast<int>(def_[i]);
+      if (rep_[i] > 1) fail("a repetition level of {} (at most 1)", rep_[i]);
+      if (rep_[i] == 0) {
+        flush();
+        started_ = true;
+      } else if (!started_ || def < entry) {
+        fail("a list continues where no list has started (repetition 1, definition {})", def);
+      }
+      if (def == max_def) {
+        row_.push_back(values_[next++]);
+      } else if (def >= entry) {
+        fail("row {} holds a null inside its list of ids", rows_);
+      } else if (def < entry - 1) {
+        null_row_ = true;
+      }  // def == entry - 1: an empty list
+    }
+    return count;
+  }
+
+  void finish(const RowGroup& group) {
+    flush();
+    if (rows_ != group.num_rows) fail("its levels hold {} rows in a row group of {}", rows_, group.num_rows);
+  }
+
+ private:
+  void flush() {
+    if (!started_) return;
+    if (null_row_) emit_(std::nullopt);
+    else emit_(std::span<const int64_t>(row_));
+    row_.clear();
+    null_row_ = started_ = false;
+    ++rows_;
+  }
+
+  void decode_values(int32_t encoding, const uint8_t* p, const uint8_t* end, size_t count) {
+    const bool int32 = chunk_.type == static_cast<int32_t>(PhysicalType::Int32);
+    switch (static_cast<Encoding>(encoding)) {
+      case Encoding::Plain: plain_ints(chunk_.type, p, end, count, values_); return;
+      case Encoding::PlainDictionary:
+      case Encoding::RleDictionary: {
+        if (!have_dictionary_) fail("a dictionary-encoded page with no dictionary page before it");
+        values_.resize(count);
+        if (count == 0) return;
+        if (p >= end) fail("a dictionary-encoded page without its bit width");
+        const int width = *p++;
+        indices_.resize(count);
+        HybridDecoder(p, end, width).read(indices_.data(), count);
+        for (size_t i = 0; i < count; ++i) {
+          if (indices_[i] >= dictionary_.size()) fail("a dictionary index of {} into {} entries", indices_[i], dictionary_.size());
+          values_[i] = dictionary_[indices_[i]];
+        }
+        return;
+      }
+      case Encoding::DeltaBinaryPacked:
+        values_ = delta_binary_packed(p, end, count);
+        if (int32)  // INT32 deltas wrap at 32 bits
+          for (int64_t& v : values_) v = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)));
+        return;
+      default: fail("integer values in {}, which this reader does not decode", encoding_name(encoding));
+    }
+  }
+
+  const ColumnChunk& chunk_;
+  const ParquetColumn& column_;
+  const std::function<void(std::optional<std::span<const int64_t>>)>& emit_;
+  bool have_dictionary_ = false, started_ = false, null_row_ = false;
+  int64_t rows_ = 0;
+  std::vector<uint8_t> page_buffer_;
+  std::vector<int64_t> dictionary_, values_, row_;
+  std::vector<uint32_t> rep_, def_, indices_;
+};
+
+// The pages of one column chunk, in order, to the reader (a ChunkReader or an IdChunkReader): its check
+// first, the dictionary page and the data pages, then its finish. A ChunkError becomes a DataError naming the
+// file, the row group, the column and the page's byte.
+template <typename Reader>
+void read_pages(const FileMetadata& file, size_t row_group, const ParquetColumn& column, Reader& reader,
+                ParquetReadStats* stats) {
   const RowGroup& group = file.row_groups[row_group];
   const ColumnChunk& chunk = group.columns[static_cast<size_t>(column.leaf_index)];
   size_t at = 0;  // the page being read, for messages
   try {
     if (!chunk.has_metadata) fail("its metadata is encrypted, which is not supported");
     if (!chunk.external_path.empty()) fail("its data is in another file ({}), which is not supported", chunk.external_path);
-    if (chunk.type != static_cast<int32_t>(PhysicalType::ByteArray))
-      fail("the chunk holds {}, not strings", physical_type_name(chunk.type));
-    if (chunk.num_values != group.num_rows)
-      fail("{} values in a row group of {} rows", chunk.num_values, group.num_rows);
-    if (chunk.num_values == 0) return;
+    reader.check(chunk, group);
+    if (chunk.num_values == 0) return reader.finish(group);
     // The chunk starts at its dictionary page when it has one (some writers record an offset of 0 for none).
     int64_t start = chunk.data_page_offset;
     if (chunk.dictionary_page_offset && *chunk.dictionary_page_offset > 0 && *chunk.dictionary_page_offset < start)
@@ -513,7 +670,6 @@ void read_column_chunk(const FileMetadata& file, size_t row_group, const Parquet
     const int64_t end = start + chunk.total_compressed_size;
     if (start < 4 || chunk.total_compressed_size <= 0 || end > static_cast<int64_t>(file.footer_begin) || end < start)
       fail("its bytes [{}, {}) are not inside the file's data [4, {})", start, end, file.footer_begin);
-    ChunkReader reader(chunk, column, emit);
     int64_t rows = 0;
     auto pos = static_cast<size_t>(start);
     while (rows < chunk.num_values) {
@@ -549,10 +705,28 @@ void read_column_chunk(const FileMetadata& file, size_t row_group, const Parquet
       pos = body_at + body.size();
     }
     if (rows != chunk.num_values) fail("its pages hold {} values where the chunk says {}", rows, chunk.num_values);
+    at = 0;
+    reader.finish(group);
   } catch (const ChunkError& e) {
     throw DataError(fmt::format("{}: row group {}, column \"{}\"{}: {}", file.path, row_group, column.path,
                                 at ? fmt::format(", page at byte {}", at) : std::string(), e.what()));
   }
+}
+
+}  // namespace
+
+void read_column_chunk(const FileMetadata& file, size_t row_group, const ParquetColumn& column,
+                       const std::function<void(std::optional<std::string_view>)>& emit, ParquetReadStats* stats) {
+  const ColumnChunk& chunk = file.row_groups[row_group].columns[static_cast<size_t>(column.leaf_index)];
+  ChunkReader reader(chunk, column, emit);
+  read_pages(file, row_group, column, reader, stats);
+}
+
+void read_id_list_chunk(const FileMetadata& file, size_t row_group, const ParquetColumn& column,
+                        const std::function<void(std::optional<std::span<const int64_t>>)>& emit, ParquetReadStats* stats) {
+  const ColumnChunk& chunk = file.row_groups[row_group].columns[static_cast<size_t>(column.leaf_index)];
+  IdChunkReader reader(chunk, column, emit);
+  read_pages(file, row_group, column, reader, stats);
 }
 
 }  // namespace shardtrain::data::parquet_detail

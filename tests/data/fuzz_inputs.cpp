@@ -1,5 +1,5 @@
-// libFuzzer targets for the readers of binary inputs: any bytes, as a file, opened and every string column
-// (and, for Arrow, every column of token id lists) read. Anything but a DataError (a crash, an overflow the sanitizers see, another exception) is a finding.
+// libFuzzer targets for the readers of binary inputs: any bytes, as a file, opened and every string column and
+// every column of token id lists read. Anything but a DataError (a crash, an overflow the sanitizers see, another exception) is a finding.
 // One source, two targets: fuzz_parquet (ParquetFile) and fuzz_arrow (ArrowIpcFile), chosen by
 // SHARDTRAIN_FUZZ_ARROW. Built with clang when SHARDTRAIN_FUZZ=ON (docs/data.md, "Parquet inputs"):
 //   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DSHARDTRAIN_CUDA=OFF -DSHARDTRAIN_FUZZ=ON
@@ -34,7 +34,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       size_t bytes = 0;
       file.for_each_string(file.string_column(c.path), [&](std::optional<std::string_view> v) { bytes += v ? v->size() : 0; });
     }
-#ifdef SHARDTRAIN_FUZZ_ARROW
     for (const auto& c : file.columns()) {  // token id columns too
       if (!c.is_id_list) continue;
       int64_t sum = 0;
@@ -42,7 +41,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (ids) sum += static_cast<int64_t>(ids->size());
       });
     }
-#endif
   } catch (const shardtrain::DataError&) {
   }
   return 0;

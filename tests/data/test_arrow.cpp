@@ -236,18 +236,18 @@ TEST(Arrow, PreTokenizedInputsRefuseWhatTheyCannotImport) {
   EXPECT_EQ(errors[3].rfind(jsonl.string() + ":4: field \"input_ids\" is missing", 0), 0u) << errors[3];
   EXPECT_EQ(errors[4].rfind(jsonl.string() + ":5: value 1.5 at position 0", 0), 0u) << errors[4];
 
-  // Parquet and text inputs have no token column this reads.
+  // Text inputs have no token column; a Parquet input is read as Parquet (a cut-short one is refused as such).
   const auto txt = testing::tmp_path("ids.txt");
   std::ofstream(txt) << "1 2 3";
   EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(txt.string(), o, [](RawDocument&&) {}); }),
-            txt.string() + ": --token-field reads JSONL and Arrow inputs, and this is text");
+            txt.string() + ": --token-field reads JSONL, Arrow and Parquet inputs, and this is text");
   const auto pq = testing::tmp_path("ids.parquet");
   std::ofstream(pq) << "PAR1";
-  EXPECT_NE(testing::data_error_of([&] { for_each_raw_document(pq.string(), o, [](RawDocument&&) {}); }).find("Parquet token columns are not read yet"),
+  EXPECT_NE(testing::data_error_of([&] { for_each_raw_document(pq.string(), o, [](RawDocument&&) {}); }).find("not a Parquet file (4 bytes"),
             std::string::npos);
-  // The same refusal from prepare-data, which estimates every input's size first.
+  // The same from prepare-data, which estimates every input's size first.
   EXPECT_NE(testing::data_error_of([&] { testing::prepare_r50k({pq.string()}, "ids-parquet.h5", 1 << 20, 0.05, "input_ids"); })
-                .find("Parquet token columns are not read yet"),
+                .find("not a Parquet file (4 bytes"),
             std::string::npos);
 }
 

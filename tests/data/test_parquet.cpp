@@ -270,5 +270,112 @@ TEST(Parquet, TokenizerTrainsOnParquetAsOnJsonl) {
   EXPECT_EQ(from_parquet.tokenizer_json, from_jsonl.tokenizer_json);
 }
 
+// A tokenized dataset's input_ids (List<Int32> and List<Int64>, arrow-rs): dictionary, PLAIN and DELTA_BINARY_PACKED
+// (arrow-rs's v2 choice without a dictionary), data pages v1 and v2, pages of a few KiB (rows over several
+// pages), several row groups, empty lists; read back row for row, and imported by prepare-data --token-field as
+// the JSONL of the same ids is. A null row and a null inside a list are refused naming the file and the row.
+TEST(Parquet, TokenIdListsReadBackRowForRow) {
+  if (!testing::require_fetched()) return;
+  std::mt19937 rng(7);
+  std::vector<std::vector<int64_t>> rows;
+  nlohmann::json data;
+  data["texts"] = nlohmann::json::array();
+  const auto jsonl = testing::tmp_path("ids.jsonl");
+  {
+    std::ofstream out(jsonl, std::ios::binary);
+    for (int i = 0; i < 700; ++i) {
+      std::vector<int64_t> r(i % 50 == 3 ? 0 : rng() % 300);  // every 50th row empty, and a few others
+      for (auto& v : r) v = static_cast<int64_t>(rng() % 50257);
+      if (i == 5) r = {0, 50256, 0};
+      rows.push_back(r);
+      data["texts"].push_back(fmt::format("row {}", i));
+      out << nlohmann::json{{"input_ids", r}}.dump() << "\n";
+    }
+  }
+  data["ids"] = rows;
+  const std::vector<nlohmann::json> specs = {
+      {{"name", "ids-dictionary-v1"}, {"writer", "arrow-rs"}, {"columns", "ids"}},
+      {{"name", "ids-plain-v2-zstd"}, {"writer", "arrow-rs"}, {"columns", "ids"}, {"dictionary", false}, {"version", 2},
+       {"compression", "ZSTD"}, {"page_bytes", 4096}, {"row_group_size", 250}},
+      {{"name", "ids-plain-v1"}, {"writer", "arrow-rs"}, {"columns", "ids"}, {"dictionary", false},
+       {"compression", "UNCOMPRESSED"}, {"page_bytes", 2048}},
+      {{"name", "ids64-v2"}, {"writer", "arrow-rs"}, {"columns", "ids64"}, {"version", 2}, {"page_bytes", 4096}},
+  };
+  const auto paths = testing::write_with_node("write_parquet.mjs", ".parquet", data, specs);
+  ASSERT_EQ(paths.size(), specs.size());
+  DocumentOptions ids;
+  ids.token_field = "input_ids";
+  ids.vocab_size = 50257;
+  const auto [want, reference] = testing::prepare_r50k({jsonl.string()}, "ids-jsonl.h5", size_t{1} << 20, 0.05, "input_ids");
+  const auto empty = static_cast<uint64_t>(std::count_if(rows.begin(), rows.end(), [](const auto& r) { return r.empty(); }));
+  EXPECT_GE(empty, 14u);
+  EXPECT_EQ(want.documents, rows.size() - empty);  // empty rows are skipped
+  for (size_t k = 0; k < paths.size(); ++k) {
+    SCOPED_TRACE(paths[k]);
+    const auto file = ParquetFile::open(paths[k]);
+    const auto& column = file.id_list_column("input_ids");
+    EXPECT_EQ(column.path, "input_ids.list.item");
+    EXPECT_EQ(column.max_repetition_level, 1);
+    EXPECT_EQ(column.max_definition_level, 3);
+    EXPECT_EQ(column.repeated_definition_level, 2);
+    ParquetReadStats stats;
+    std::vector<std::vector<int64_t>> got;
+    file.for_each_id_list(column, [&](std::optional<std::span<const int64_t>> r) {
+      ASSERT_TRUE(r.has_value());
+      got.emplace_back(r->begin(), r->end());
+    }, &stats);
+    EXPECT_EQ(got, rows);
+    std::string kinds;
+    for (const auto& [kind, count] : stats.pages) kinds += fmt::format("{} x{}; ", kind, count);
+    const bool v2 = k == 1 || k == 3;
+    EXPECT_NE(kinds.find(v2 ? "DATA_PAGE_V2" : "DATA_PAGE "), std::string::npos) << kinds;
+    if (k == 0) {
+      EXPECT_NE(kinds.find("RLE_DICTIONARY"), std::string::npos) << kinds;
+    }
+    if (k == 1) {
+      EXPECT_NE(kinds.find("DATA_PAGE_V2 DELTA_BINARY_PACKED ZSTD"), std::string::npos) << kinds;
+    }
+    if (k == 2) {
+      EXPECT_NE(kinds.find("DATA_PAGE PLAIN UNCOMPRESSED"), std::string::npos) << kinds;
+    }
+    if (k != 0) {  // small pages
+      EXPECT_GT(stats.pages.begin()->second + std::prev(stats.pages.end())->second, 4u) << kinds;
+    }
+    EXPECT_EQ(document_bytes_estimate(paths[k], ids), 4 * (want.tokens + empty));  // ids, and the empty rows' one level
+    const auto [summary, dataset] = testing::prepare_r50k({paths[k]}, fmt::format("ids-{}.h5", k), size_t{1} << 20, 0.05, "input_ids");
+    EXPECT_EQ(summary.documents, want.documents);
+    EXPECT_EQ(summary.tokens, want.tokens);
+    testing::expect_same_documents(reference, dataset);
+  }
+  // The text column is not ids, the ids are not text: each says which option reads it.
+  const auto& p = paths[0];
+  DocumentOptions text_field;
+  text_field.text_field = "input_ids";
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(p, text_field); }),
+            p + ": column \"input_ids\" is a list of integers (INT32), not strings; it holds token ids: --token-field "
+                "input_ids imports them");
+  DocumentOptions wrong = ids;
+  wrong.token_field = "text";
+  EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(p, wrong, [](RawDocument&&) {}); }),
+            p + ": column \"text\" (text) is one BYTE_ARRAY per row, not a list of integers (token ids)");
+  wrong.token_field = "ids";
+  EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(p, wrong, [](RawDocument&&) {}); }),
+            p + ": no column \"ids\" (its columns: text, input_ids.list.item; --token-field picks another)");
+
+  // A null row, a null id inside a list.
+  nlohmann::json bad;
+  bad["texts"] = {"a", "b", "c"};
+  bad["ids"] = nlohmann::json::parse("[[1, 2], null, [3]]");
+  const auto null_row = testing::write_with_node("write_parquet.mjs", ".parquet", bad, {{{"name", "ids-null-row"}, {"writer", "arrow-rs"}, {"columns", "ids"}}});
+  bad["ids"] = nlohmann::json::parse("[[1, 2], [3, null, 4], [5]]");
+  const auto null_id = testing::write_with_node("write_parquet.mjs", ".parquet", bad, {{{"name", "ids-null-id"}, {"writer", "arrow-rs"}, {"columns", "ids"}}});
+  ASSERT_EQ(null_row.size() + null_id.size(), 2u);
+  EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(null_row[0], ids, [](RawDocument&&) {}); }),
+            null_row[0] + ": row 1: column \"input_ids\" is null (every row needs its ids)");
+  const auto null_id_error = testing::data_error_of([&] { for_each_raw_document(null_id[0], ids, [](RawDocument&&) {}); });
+  EXPECT_EQ(null_id_error.rfind(null_id[0] + ": row group 0, column \"input_ids.list.item\", page at byte ", 0), 0u) << null_id_error;
+  EXPECT_TRUE(null_id_error.ends_with(": row 1 holds a null inside its list of ids")) << null_id_error;
+}
+
 }  // namespace
 }  // namespace shardtrain::data

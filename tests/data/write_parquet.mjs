@@ -7,9 +7,11 @@
 //
 // SPEC.json: {"texts": [string or null, ...], "files": [{"path": ..., "writer": "arrow-rs" | "hyparquet",
 //   "compression": "SNAPPY", "version": 1 | 2, "dictionary": true, "encoding": "PLAIN",
-//   "row_group_size": N, "page_bytes": N, "columns": "text" | "fineweb" | "nested"}, ...]}
+//   "row_group_size": N, "page_bytes": N, "columns": "text" | "fineweb" | "nested" | "ids" | "ids64"}, ...]}
 // columns: "text" is the one column; "fineweb" adds fineweb's other columns around it (id, url, a double
-// and an int64); "nested" puts the text in an optional struct, as "meta.text".
+// and an int64); "nested" puts the text in an optional struct, as "meta.text"; "ids" and "ids64" are a
+// tokenized dataset's: "input_ids", a List<Int32> (List<Int64>) of the spec's "ids" ([[int or null, ...] or
+// null, ...]: a null row, or a null inside a list), beside the text ("ids") or alone ("ids64"); arrow-rs only.
 import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
@@ -40,6 +42,13 @@ function arrowTable(columns) {
     const type = new arrow.Struct([new arrow.Field("text", new arrow.Utf8(), true), new arrow.Field("lang", new arrow.Utf8(), true)]);
     const meta = arrow.vectorFromArray(texts.map((t) => ({ text: t, lang: "en" })), type);
     return new arrow.Table({ id: utf8(ids), meta });
+  }
+  if (columns === "ids" || columns === "ids64") {
+    const wide = columns === "ids64";
+    const item = new arrow.Field("item", wide ? new arrow.Int64() : new arrow.Int32(), true);
+    const lists = spec.ids.map((row) => (row === null ? null : row.map((v) => (v === null ? null : wide ? BigInt(v) : v))));
+    const input_ids = arrow.vectorFromArray(lists, new arrow.List(item));
+    return wide ? new arrow.Table({ input_ids }) : new arrow.Table({ text: utf8(texts), input_ids });
   }
   if (columns === "fineweb") {
     return new arrow.Table({

@@ -4,7 +4,8 @@ saves with): a save_to_disk folder as datasets writes it (two streams of 1000-ro
 state.json, dataset_info.json), LZ4-frame and zstd bodies, the file format, Feather v2, string views, large
 strings and dictionary deltas. Each dataset must equal, token for token, the one prepared from the JSONL of
 pyarrow's own reading. A dataset tokenized by transformers' fast tokenizer (GPT-2's tokenizer.json), saved
-as datasets saves one, imported with --token-field input_ids, must equal the one shardtrain tokenizes from the
+as datasets saves one and as Parquet files pyarrow writes (its defaults; v2 pages, zstd, no dictionary, small
+pages; int64 ids), imported with --token-field input_ids, must equal the one shardtrain tokenizes from the
 same texts with the same file. A null text and a cut-short compressed file are exit 4 with the file named and
 no dataset left behind."""
 import os
@@ -57,6 +58,21 @@ equal = rc_i == 0 and rc_t == 0 and same_tokens(imported, own)
 check(equal, "tokenized: the ids transformers' tokenizer made differ from shardtrain's tokenization of the same texts")
 print(f"tokenized by {tokenized['tokenizer']}: {tokenized['tokens']:,d} ids in {tokenized['rows']} rows, imported: "
       f"{'the same tokens as shardtrain tokenizing the texts' if equal else 'DIFFERENT'}")
+
+# The same ids as Parquet files pyarrow wrote (Arrow C++'s writer), imported with --token-field as well.
+want = {"defaults": ("SNAPPY", "RLE_DICTIONARY", "INT32"), "v2-zstd-plain": ("ZSTD", "PLAIN", "INT32"),
+        "int64-gzip": ("GZIP", "RLE_DICTIONARY", "INT64")}
+for name, (codec, encoding, physical) in want.items():
+    case = tokenized["parquet"][name]
+    check(case["codec"] == codec and encoding in case["encodings"] and case["physical_type"] == physical
+          and case["column"] == "input_ids.list.element",
+          f"tokenized-{name}: pyarrow wrote {case}, the case asks for {codec}, {encoding}, {physical}")
+    rc_p, from_parquet, err_p = prepare_file(args, work, case["path"], f"tokenized-{name}", gpt2, ("--token-field", "input_ids"))
+    check(rc_p == 0, f"tokenized-{name}: prepare-data --token-field input_ids: exit {rc_p}: {err_p[-1500:]}")
+    same = rc_p == 0 and rc_t == 0 and same_tokens(from_parquet, own)
+    check(same, f"tokenized-{name}: the ids imported from Parquet differ from shardtrain's tokenization of the texts")
+    print(f"tokenized-{name}.parquet ({case['row_groups']} row groups, {case['codec']}, {'/'.join(case['encodings'])}, "
+          f"{case['physical_type']}): {'the same tokens' if same else 'DIFFERENT'}")
 
 rc, ds, err = prepare(os.path.join(work, "with-null.arrow"), "with-null")
 check(rc == 4 and 'with-null.arrow: row 10: column "text" is null' in err, f"a null text: exit {rc}: {err[-600:]}")

@@ -133,9 +133,24 @@ def tokenized_case():
     half = n // 2
     save_to_disk(os.path.join(out, "tokenized"), [table.slice(0, half), table.slice(half)], meta)
     write_jsonl("tokenized", texts)
+    # The same table as Parquet (what the Hub's Parquet export of a tokenized dataset holds): pyarrow's defaults
+    # (snappy, dictionary, v1 pages); v2 pages, zstd, no dictionary, small pages and row groups; int64 ids.
+    parquet = {}
+    wide = table.set_column(0, "input_ids", table.column("input_ids").cast(pa.list_(pa.int64())))
+    for name, t, options in (("defaults", table, {}),
+                             ("v2-zstd-plain", table, {"data_page_version": "2.0", "compression": "zstd", "use_dictionary": False,
+                                                       "row_group_size": 5000, "data_page_size": 8192}),
+                             ("int64-gzip", wide, {"compression": "gzip", "row_group_size": 20000})):
+        path = os.path.join(out, f"tokenized-{name}.parquet")
+        pq.write_table(t, path, **options)
+        md = pq.ParquetFile(path).metadata
+        chunks = [md.row_group(g).column(0) for g in range(md.num_row_groups)]
+        parquet[name] = {"path": path, "row_groups": md.num_row_groups, "codec": chunks[0].compression,
+                         "encodings": sorted({e for c in chunks for e in c.encodings}),
+                         "physical_type": chunks[0].physical_type, "column": chunks[0].path_in_schema}
     return {"rows": table.num_rows, "batches": (half + 999) // 1000 + (n - half + 999) // 1000, "bytes": 0,
             "path": os.path.join(out, "tokenized"), "tokens": sum(len(x) for x in enc["input_ids"]),
-            "tokenizer": type(tok).__name__}
+            "tokenizer": type(tok).__name__, "parquet": parquet}
 
 
 def arrow_cases():

@@ -24,7 +24,7 @@ struct DocumentOptions {
   InputFormat format = InputFormat::Auto;
   DocumentSplit split = DocumentSplit::PerFile;
   std::string text_field = "text";  // JSONL field, or Parquet / Arrow column ("meta.text" inside a struct)
-  // Inputs already tokenized: a JSONL field or Arrow column holding each document's token ids (a list of
+  // Inputs already tokenized: a JSONL field, or Arrow or Parquet column, holding each document's token ids (a list of
   // integers), imported as they are instead of tokenizing text_field. Empty: the inputs are text.
   std::string token_field;
   int64_t vocab_size = 0;  // with token_field: every id must be below it
@@ -53,12 +53,12 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
 // would), else its bytes.
 std::string document_text(RawDocument&& raw, const std::string& path, const DocumentOptions& options);
 // With token_field: the token ids of a raw document. A JSONL line's field must be an array of integers in
-// [0, vocab_size) (DataError naming path:line otherwise); an Arrow row was checked as it was read, and its ids
+// [0, vocab_size) (DataError naming path:line otherwise); an Arrow or Parquet row was checked as it was read, and its ids
 // come packed in `bytes`, 4 bytes each.
 std::vector<TokenId> document_ids(RawDocument&& raw, const std::string& path, const DocumentOptions& options);
 // About how many bytes the reading of the file hands out, known before reading it (for a progress bar): the
 // file's size (decompressed, where the format records it), or for Parquet and Arrow what their text column
-// decompresses to (with token_field: 4 bytes per id of an Arrow column, as its rows are handed out).
+// decompresses to (with token_field: 4 bytes per id of an Arrow or Parquet column, as its rows are handed out).
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options);
 
 // Expands folders into their regular files (sorted, recursively), leaving out hidden files and folders (a
