@@ -281,22 +281,26 @@ const ParquetColumn& ParquetFile::id_list_column(const std::string& field) const
   return c;
 }
 
-uint64_t ParquetFile::uncompressed_bytes(const ParquetColumn& column) const {
+namespace {
+
+// The sum over the column's chunks of one of their counts (negative ones, which a corrupt footer may hold, as 0).
+uint64_t chunk_sum(const parquet_detail::FileMetadata& m, const ParquetColumn& column, int64_t parquet_detail::ColumnChunk::*count) {
   uint64_t total = 0;
-  for (const auto& g : meta_->row_groups) {
-    const auto& c = g.columns.at(static_cast<size_t>(column.leaf_index));
-    if (c.total_uncompressed_size > 0) total += static_cast<uint64_t>(c.total_uncompressed_size);
+  for (const auto& g : m.row_groups) {
+    const int64_t v = g.columns.at(static_cast<size_t>(column.leaf_index)).*count;
+    if (v > 0) total += static_cast<uint64_t>(v);
   }
   return total;
 }
 
+}  // namespace
+
+uint64_t ParquetFile::uncompressed_bytes(const ParquetColumn& column) const {
+  return chunk_sum(*meta_, column, &parquet_detail::ColumnChunk::total_uncompressed_size);
+}
+
 uint64_t ParquetFile::id_count_estimate(const ParquetColumn& column) const {
-  uint64_t total = 0;
-  for (const auto& g : meta_->row_groups) {
-    const auto& c = g.columns.at(static_cast<size_t>(column.leaf_index));
-    if (c.num_values > 0) total += static_cast<uint64_t>(c.num_values);
-  }
-  return total;
+  return chunk_sum(*meta_, column, &parquet_detail::ColumnChunk::num_values);
 }
 
 void ParquetFile::for_each_id_list(const ParquetColumn& column,

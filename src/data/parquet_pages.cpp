@@ -430,6 +430,16 @@ PageValues page_levels(const ColumnChunk& chunk, const ParquetColumn& column, co
   return {data.data(), data.data() + data.size()};
 }
 
+// A dictionary page's values, decompressed (PLAIN: the one encoding a dictionary page has), once per chunk.
+std::span<const uint8_t> dictionary_values(const ColumnChunk& chunk, const PageHeader& h, std::span<const uint8_t> body,
+                                           bool have_dictionary, std::vector<uint8_t>& buffer) {
+  if (have_dictionary) fail("a second dictionary page");
+  if (h.encoding != static_cast<int32_t>(Encoding::Plain) && h.encoding != static_cast<int32_t>(Encoding::PlainDictionary))
+    fail("a dictionary page in {} (PLAIN expected)", encoding_name(h.encoding));
+  if (h.num_values < 0) fail("a dictionary page of {} values", h.num_values);
+  return decompress(chunk.codec, body, static_cast<size_t>(h.uncompressed_size), buffer);
+}
+
 // How many of the page's definition levels say a value is there (max_def); each must be at most max_def, and a
 // v2 page's count of nulls must agree.
 size_t present_values(const std::vector<uint32_t>& def, int max_def, const PageHeader& h, bool v2) {
@@ -451,11 +461,7 @@ class ChunkReader {
       : chunk_(chunk), column_(column), emit_(emit) {}
 
   void dictionary_page(const PageHeader& h, std::span<const uint8_t> body) {
-    if (have_dictionary_) fail("a second dictionary page");
-    if (h.encoding != static_cast<int32_t>(Encoding::Plain) && h.encoding != static_cast<int32_t>(Encoding::PlainDictionary))
-      fail("a dictionary page in {} (PLAIN expected)", encoding_name(h.encoding));
-    if (h.num_values < 0) fail("a dictionary page of {} values", h.num_values);
-    const auto data = decompress(chunk_.codec, body, static_cast<size_t>(h.uncompressed_size), dictionary_buffer_);
+    const auto data = dictionary_values(chunk_, h, body, have_dictionary_, dictionary_buffer_);
     plain_byte_arrays(data.data(), data.data() + data.size(), static_cast<size_t>(h.num_values), dictionary_);
     have_dictionary_ = true;
   }
@@ -558,11 +564,7 @@ class IdChunkReader {
   }
 
   void dictionary_page(const PageHeader& h, std::span<const uint8_t> body) {
-    if (have_dictionary_) fail("a second dictionary page");
-    if (h.encoding != static_cast<int32_t>(Encoding::Plain) && h.encoding != static_cast<int32_t>(Encoding::PlainDictionary))
-      fail("a dictionary page in {} (PLAIN expected)", encoding_name(h.encoding));
-    if (h.num_values < 0) fail("a dictionary page of {} values", h.num_values);
-    const auto data = decompress(chunk_.codec, body, static_cast<size_t>(h.uncompressed_size), page_buffer_);
+    const auto data = dictionary_values(chunk_, h, body, have_dictionary_, page_buffer_);
     plain_ints(chunk_.type, data.data(), data.data() + data.size(), static_cast<size_t>(h.num_values), dictionary_);
     have_dictionary_ = true;
   }
