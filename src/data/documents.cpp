@@ -186,19 +186,20 @@ void for_each_file_ids(const std::string& path, const DocumentOptions& options,
   if (row == 0) throw DataError(fmt::format("{}: no rows", path));
 }
 
+// The bytes an Arrow or Parquet file's id column hands out: 4 per id its chunks or batches count.
+template <typename File>
+uint64_t ids_bytes_estimate(const std::string& path, const std::string& field) {
+  const auto file = File::open(path);
+  return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(field));
+}
+
 }  // namespace
 
 uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions& options) {
   const InputFormat format = format_of(path, options);
   if (!options.token_field.empty()) {  // ids: an Arrow or Parquet column's count; text inputs are refused when read
-    if (format == InputFormat::Arrow) {
-      const auto file = ArrowIpcFile::open(path);
-      return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
-    }
-    if (format == InputFormat::Parquet) {
-      const auto file = ParquetFile::open(path);
-      return sizeof(TokenId) * file.id_count_estimate(file.id_list_column(options.token_field));
-    }
+    if (format == InputFormat::Arrow) return ids_bytes_estimate<ArrowIpcFile>(path, options.token_field);
+    if (format == InputFormat::Parquet) return ids_bytes_estimate<ParquetFile>(path, options.token_field);
     return InputFile::estimate_size(path);
   }
   if (format == InputFormat::Parquet) {

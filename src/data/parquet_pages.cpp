@@ -480,6 +480,7 @@ class ChunkReader {
     const auto rows = static_cast<size_t>(h.num_values);
     const int max_def = column_.max_definition_level;
     levels_.assign(rows, static_cast<uint32_t>(max_def));
+    // A string column has no repetition levels (string_column refuses lists): levels_ only takes definition ones.
     const PageValues v = page_levels(chunk_, column_, h, body, v2, page_buffer_, levels_, levels_);
     decode_values(h.encoding, v.p, v.end, present_values(levels_, max_def, h, v2));
     size_t next = 0;
