@@ -110,7 +110,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
 
   StepRecorder recorder;
   int64_t device_peak = 0;
-  double peak_per_rank = 0;
+  train::MfuMeter meter;
   std::string mesh, comm_backend, strategy;
   int replicate = 0, shard = 0;
   {
@@ -120,7 +120,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     reset_device_memory_peak();
     trainer.run();
     device_peak = max_over_ranks(static_cast<int64_t>(device_memory_stats().peak), rt->world());
-    peak_per_rank = trainer.peak_flops_per_rank();
+    meter = trainer.mfu_meter();  // after the run: a peak a step outran has been raised
     replicate = trainer.mesh().replicate_size(), shard = trainer.mesh().shard_size();
     strategy = sharding_strategy_name(trainer.mesh().strategy());
     mesh = fmt::format("{} x {} ({})", replicate, shard, strategy);
@@ -150,7 +150,8 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   const int64_t tokens_per_step = static_cast<int64_t>(config.data.global_batch_size) * config.data.seq_len;
   const double tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
   const double fpt = train::flops_per_token(model::ModelSpec(config.model), config.data.seq_len);
-  const double mfu = tokens_per_s * fpt / (peak_per_rank * W);
+  const double mfu = meter.mfu(tokens_per_s * fpt, W);
+  const double mfu_measured = meter.mfu_of_measured(tokens_per_s * fpt, W);
   const train::StepMetrics& last = all.back();
   const bool cuda = rt->device().is_cuda();
   const int64_t peak_mem = cuda ? device_peak : last.peak_mem_bytes;
@@ -164,8 +165,11 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   fmt::print("{:<34} {}\n", "step time median (min, max)",
              fmt::format("{} ({}, {})", format_seconds(step_s), format_seconds(*min_s), format_seconds(*max_s)));
   fmt::print("{:<34} {:.0f}\n", "tokens/s (all ranks)", tokens_per_s);
-  fmt::print("{:<34} {:.2f} %  ({:.4g} GFLOP per token, peak {} per rank, the trainer's)\n", "MFU", 100 * mfu, fpt * 1e-9,
-             format_flops(peak_per_rank));
+  fmt::print("{:<34} {:.2f} %  ({:.4g} GFLOP per token = 6 (params - input embedding) + 12 L H S; against {})\n", "MFU",
+             100 * mfu, fpt * 1e-9, meter.label());
+  if (meter.kind() != train::PeakKind::Measured && meter.measured_per_rank() > 0)
+    fmt::print("{:<34} {:.2f} %  (against the matmul measured at start, {} per rank)\n", "MFU of the measured peak",
+               100 * mfu_measured, format_flops(meter.measured_per_rank()));
   if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
   fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(static_cast<uint64_t>(last.peak_mem_bytes)));
   fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(static_cast<uint64_t>(rss_peak)));
@@ -197,8 +201,12 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     j["step_time_median_s"] = step_s;
     j["tokens_per_s"] = tokens_per_s;
     j["flops_per_token"] = fpt;
-    j["peak_flops_per_rank"] = peak_per_rank;
+    j["peak_flops_per_rank"] = meter.peak_per_rank();
+    j["peak_kind"] = train::peak_kind_name(meter.kind());
+    j["peak_label"] = meter.label();
     j["mfu"] = mfu;
+    j["measured_peak_flops_per_rank"] = meter.measured_per_rank();
+    j["mfu_measured_peak"] = mfu_measured;
     j["peak_memory_bytes"] = peak_mem;
     j["peak_memory_source"] = cuda ? "device_memory_stats (max over ranks)" : "memory ledger (rank 0)";
     j["device_peak_bytes"] = device_peak;

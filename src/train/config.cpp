@@ -109,7 +109,7 @@ void TrainConfig::validate() const {
 
   expect(logging.log_every >= 1, "logging.log_every", fmt::format("expected 1 or more, got {}", logging.log_every));
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
-         fmt::format("expected 0 (measure) or a FLOP/s figure, got {}", logging.peak_flops));
+         fmt::format("expected 0 (the datasheet or a measured peak) or a FLOP/s figure, got {}", logging.peak_flops));
   expect(!logging.metrics_file.empty(), "logging.metrics_file", "expected a file name");
   expect(!logging.runs_root.empty() || !logging.run_dir.empty(), "logging.runs_root", "expected a directory");
 }

@@ -222,7 +222,8 @@ void Trainer::step_once(StepMetrics& m) {
   if (skip) m.skip_reason = nonfinite ? "nonfinite" : "loss_spike";
   m.step_time_s = seconds_since(t0);
   m.tokens_per_s = static_cast<double>(tokens_per_step_) / m.step_time_s;
-  m.mfu = m.tokens_per_s * flops_per_token_ / (peak_flops_ * runtime_->topology().world_size);
+  m.mfu = mfu_.mfu(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
+  m.mfu_measured_peak = mfu_.mfu_of_measured(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
   // On a GPU: everything shardtrain allocated there (activations and op scratch too, which the ledger
   // does not count); on the CPU: what the ledger counts (FSDP buffers, optimizer states).
   m.peak_mem_bytes = ops_->device() == DeviceKind::Cuda ? static_cast<int64_t>(device_memory_stats().peak) : ledger_.peak_total();

@@ -44,6 +44,7 @@ std::string to_json_line(const StepMetrics& m) {
   j["step_time_s"] = m.step_time_s;
   j["tokens_per_s"] = m.tokens_per_s;
   j["mfu"] = m.mfu;
+  j["mfu_measured_peak"] = m.mfu_measured_peak;
   j["peak_mem_bytes"] = m.peak_mem_bytes;
   j["rss_peak_bytes"] = m.rss_peak_bytes;
   j["comm_bytes"] = {{"shard", m.comm_shard_bytes}, {"replicate", m.comm_replicate_bytes}, {"world", m.comm_world_bytes}};

@@ -17,6 +17,7 @@
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/ops/peak.hpp"
+#include "shardtrain/ops/peak_spec.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
@@ -263,18 +264,22 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   // the model; the loader checks that a mixture's sources share one tokenizer.
   sources_ = open_data_sources(config_);
 
-  // Peak FLOP/s per rank for MFU: measured once (design.md), on the CPU before the backend sets its thread
-  // count, on a GPU with a large bf16 matmul through the backend itself.
+  // The peak MFU is reported against (mfu.hpp): on a GPU its datasheet figure, with a bf16 matmul measured
+  // through the backend itself beside it; on the CPU the best of several sgemms at the step's thread count,
+  // before the backend sets its thread count, bounded by the CPU's ceiling. Evaluation reports no MFU.
   const bool on_gpu = runtime.device().is_cuda();
   const int threads = runtime.host_threads();
   ops_ = on_gpu ? ops::make_cuda_ops() : nullptr;
-  if (config_.logging.peak_flops > 0 || eval_only) {
-    peak_flops_ = config_.logging.peak_flops;  // evaluation reports no MFU
-  } else {
-    double gflops = on_gpu ? ops::measure_matmul_flops(*ops_, DType::BF16, 8192, 5) * 1e-9
-                           : ops::measure_cpu_sgemm(threads, 1024, 3).peak_gflops();
+  if (!eval_only) {
+    // logging.peak_flops set: nothing is measured (the tests set it to start faster).
+    double gflops = config_.logging.peak_flops > 0 ? 0.0
+                    : on_gpu ? ops::measure_matmul_flops(*ops_, DType::BF16, 8192, 5) * 1e-9
+                             : ops::measure_cpu_sgemm(threads, 1024, 5).best_gflops;
     ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &gflops, 1, MPI_DOUBLE, MPI_SUM, runtime.world()));
-    peak_flops_ = gflops / W * 1e9;  // the ranks' mean, so every rank reports the same MFU
+    const ops::CpuCeiling ceiling = on_gpu ? ops::CpuCeiling{} : ops::cpu_fp32_ceiling(threads);
+    // The ranks' mean, so every rank reports the same MFU.
+    mfu_ = MfuMeter::choose(config_.logging.peak_flops, on_gpu, runtime.device().name, gflops / W * 1e9, ceiling.flops_per_s,
+                            ceiling.how);
   }
   if (!on_gpu) ops_ = ops::make_cpu_ops({threads});
   ops_->defer_loss(true);  // the losses of a step's micro-batches are read once, after the last one
@@ -369,11 +374,11 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
     metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string());
     log::info("train: resolved configuration ({}):\n{}", options_.config_source, resolved_toml_);
     log::info("train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
-              "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); peak {:.1f} GFLOP/s per rank; "
+              "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); MFU against {}; "
               "device {}, collectives over {}; {} host thread(s) per rank; run directory {}",
               static_cast<double>(model_->spec().num_params()) / 1e6, flops_per_token_ / 1e9, mesh_->replicate_size(), mesh_->shard_size(),
               sharding_strategy_name(config_.fsdp.engine.strategy), W, micro_batch_, accumulation_, config_.data.global_batch_size,
-              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), peak_flops_ / 1e9, runtime.device().describe(), comm_backend_name(comms_->backend()),
+              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), mfu_.label(), runtime.device().describe(), comm_backend_name(comms_->backend()),
               runtime.host_threads(), run_dir_);
   }
   if (rank == 0 && sources_.size() > 1) {

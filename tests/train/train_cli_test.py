@@ -20,7 +20,7 @@ check = clitest.Checks()
 # at step 60. Deterministic for a given thread count; the margins absorb thread-count differences.
 LAST10_MEAN_BELOW = 6.5
 VAL_LOSS_BELOW = 6.3
-PEAK = 2e10  # fixed peak FLOP/s per rank, so MFU can be checked exactly
+PEAK = 1e13  # fixed peak FLOP/s per rank (no CPU step reaches it: a peak a step outruns is raised), so MFU can be checked exactly
 
 
 def run(np, *cli, env_extra=None, timeout=600):

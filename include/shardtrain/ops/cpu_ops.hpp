@@ -24,6 +24,7 @@ std::unique_ptr<Ops> make_cpu_ops(const CpuOpsOptions& options = {});
 struct SgemmRate {
   double openblas_gflops = 0;  // median, OpenBLAS with `threads` threads
   double backend_gflops = 0;   // median, the backend's split
+  double best_gflops = 0;      // the fastest single call of either: a busy machine slows calls, never speeds them
   double peak_gflops() const { return openblas_gflops > backend_gflops ? openblas_gflops : backend_gflops; }
 };
 SgemmRate measure_cpu_sgemm(int threads, int64_t n = 2048, int repeats = 5);

@@ -29,7 +29,9 @@ struct StepMetrics {
   std::string skip_reason;      // when skipped: "nonfinite" or "loss_spike"
   double step_time_s = 0;       // data, forward, backward, optimizer (no eval, no checkpoint)
   double tokens_per_s = 0;      // step tokens / step_time_s
-  double mfu = 0;               // tokens_per_s * flops_per_token / (peak per rank * ranks)
+  double mfu = 0;               // tokens_per_s * flops_per_token / (peak per rank * ranks), the peak of mfu.hpp
+                                // (a GPU's datasheet figure), never above 1
+  double mfu_measured_peak = 0; // the same against the matmul measured at start (0 when none was)
   int64_t peak_mem_bytes = 0;   // rank 0: on a GPU every byte shardtrain allocated there (device_memory_stats);
                                 // on the CPU the ledger peak: shards, gathered units, grads, activations, comm buffers
   int64_t rss_peak_bytes = 0;   // rank 0's peak resident set (VmHWM)

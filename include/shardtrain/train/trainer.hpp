@@ -25,6 +25,7 @@
 #include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/train/config.hpp"
 #include "shardtrain/train/metrics.hpp"
+#include "shardtrain/train/mfu.hpp"
 
 namespace shardtrain::train {
 
@@ -193,7 +194,7 @@ class Trainer {
   const std::vector<data::MixtureComponent>& sources() const { return sources_; }   // data.path or data.mixture
   int64_t total_steps() const { return total_steps_; }
   int accumulation_steps() const { return accumulation_; }
-  double peak_flops_per_rank() const { return peak_flops_; }
+  const MfuMeter& mfu_meter() const { return mfu_; }
 
  private:
   void step_once(StepMetrics& m);
@@ -242,7 +243,8 @@ class Trainer {
   int micro_batch_ = 1, accumulation_ = 1;
   bool async_update_ = false;  // AdamW::step_async (CPU offload on a GPU)
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
-  double flops_per_token_ = 0, peak_flops_ = 0;
+  double flops_per_token_ = 0;
+  MfuMeter mfu_;  // the peak MFU is reported against, labelled
   int64_t last_eval_step_ = -1;
   double last_val_loss_;
   bool save_requested_ = false, stop_requested_ = false;

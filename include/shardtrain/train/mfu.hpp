@@ -1,0 +1,48 @@
+// The denominator of MFU, chosen once and labelled (docs/training.md, "MFU"), and the utilisation figures
+// reported against it. On a GPU the industry's convention: the device's dense bf16 datasheet peak; the matmul
+// measured at start stands beside it as a second, labelled figure. No figure above 100 % is ever reported: a
+// measured peak that a step outruns (the measurement was disturbed) is raised, and the change logged.
+#pragma once
+
+#include <string>
+
+namespace shardtrain::train {
+
+enum class PeakKind {
+  Configured,  // logging.peak_flops
+  Spec,        // the GPU's datasheet figure (ops::gpu_spec_peak)
+  Measured,    // the matmul measured at start: an unknown GPU, or the CPU
+};
+
+class MfuMeter {
+ public:
+  MfuMeter() = default;
+  // configured: logging.peak_flops (0 = none); measured: per rank, the ranks' mean of the matmul measured at start
+  // (0 = not measured); cpu_ceiling: per rank, ops::cpu_fp32_ceiling (0 = unknown; CPU only).
+  static MfuMeter choose(double configured, bool gpu, const std::string& device_name, double measured,
+                         double cpu_ceiling, const std::string& cpu_ceiling_how);
+
+  // achieved FLOP/s over `ranks` ranks as a fraction of the chosen peak, in [0, 1].
+  double mfu(double achieved, int ranks);
+  // The same against the matmul measured at start (0 when none was measured), in [0, 1].
+  double mfu_of_measured(double achieved, int ranks);
+
+  double peak_per_rank() const { return peak_; }
+  double measured_per_rank() const { return measured_; }
+  PeakKind kind() const { return kind_; }
+  const std::string& label() const { return label_; }  // e.g. "datasheet: H200 SXM dense bf16, 989 TFLOP/s"
+
+ private:
+  // Raises `peak` when `achieved_per_rank` outran it: to the CPU ceiling when that is known and higher, else
+  // to the rate itself; logs the first time with `what`.
+  double raise(double& peak, double achieved_per_rank, const char* what, bool& warned);
+
+  double peak_ = 0, measured_ = 0, ceiling_ = 0;
+  PeakKind kind_ = PeakKind::Measured;
+  std::string label_, ceiling_how_;
+  bool warned_peak_ = false, warned_measured_ = false;
+};
+
+const char* peak_kind_name(PeakKind kind);  // "configured" | "spec" | "measured"
+
+}  // namespace shardtrain::train

@@ -1,0 +1,84 @@
+// MFU against a labelled peak (mfu.hpp).
+#include "shardtrain/train/mfu.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "shardtrain/ops/peak_spec.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace shardtrain::train {
+namespace {
+
+std::string flops_text(double f) { return f >= 1e12 ? fmt::format("{:.1f} TFLOP/s", f * 1e-12) : fmt::format("{:.1f} GFLOP/s", f * 1e-9); }
+
+}  // namespace
+
+const char* peak_kind_name(PeakKind kind) {
+  switch (kind) {
+    case PeakKind::Configured: return "configured";
+    case PeakKind::Spec: return "spec";
+    case PeakKind::Measured: return "measured";
+  }
+  return "?";
+}
+
+MfuMeter MfuMeter::choose(double configured, bool gpu, const std::string& device_name, double measured,
+                          double cpu_ceiling, const std::string& cpu_ceiling_how) {
+  MfuMeter m;
+  m.measured_ = measured;
+  m.ceiling_ = gpu ? 0.0 : cpu_ceiling;
+  m.ceiling_how_ = cpu_ceiling_how;
+  const ops::SpecPeak spec = gpu ? ops::gpu_spec_peak(device_name) : ops::SpecPeak{};
+  if (configured > 0) {
+    m.kind_ = PeakKind::Configured;
+    m.peak_ = configured;
+    m.label_ = fmt::format("logging.peak_flops: {} per rank", flops_text(configured));
+  } else if (spec.flops_per_s > 0) {
+    m.kind_ = PeakKind::Spec;
+    m.peak_ = spec.flops_per_s;
+    m.label_ = fmt::format("datasheet: {} dense bf16, {} per GPU", spec.part, flops_text(spec.flops_per_s));
+  } else {
+    m.kind_ = PeakKind::Measured;
+    m.peak_ = measured;
+    m.label_ = gpu ? fmt::format("measured: bf16 8192^3 matmul at start, {} per GPU ({} is not in the datasheet table)",
+                                 flops_text(measured), device_name)
+                   : fmt::format("measured: the best of several fp32 1024^3 sgemms at the step's thread count, {} per rank",
+                                 flops_text(measured));
+  }
+  return m;
+}
+
+double MfuMeter::raise(double& peak, double achieved_per_rank, const char* what, bool& warned) {
+  if (achieved_per_rank <= peak) return peak;
+  const double before = peak;
+  peak = ceiling_ > achieved_per_rank ? ceiling_ : achieved_per_rank;
+  if (!warned) {
+    log::warn("MFU: a step ran at {} per rank, above the {} peak of {}; that peak is now {}{} (a peak measured "
+              "while the machine was busy comes out low)",
+              flops_text(achieved_per_rank), what, flops_text(before), flops_text(peak),
+              peak == ceiling_ ? fmt::format(", the CPU's ceiling: {}", ceiling_how_) : std::string(", the step's own rate"));
+    warned = true;
+  }
+  return peak;
+}
+
+double MfuMeter::mfu(double achieved, int ranks) {
+  if (peak_ <= 0 || ranks <= 0 || !(achieved > 0)) return 0.0;
+  const double per_rank = achieved / ranks;
+  if (per_rank > peak_) {
+    if (!warned_peak_) label_ += " (raised: a step outran it)";
+    raise(peak_, per_rank, peak_kind_name(kind_), warned_peak_);
+  }
+  return std::min(1.0, per_rank / peak_);
+}
+
+double MfuMeter::mfu_of_measured(double achieved, int ranks) {
+  if (measured_ <= 0 || ranks <= 0 || !(achieved > 0)) return 0.0;
+  const double per_rank = achieved / ranks;
+  raise(measured_, per_rank, "measured", warned_measured_);
+  return std::min(1.0, per_rank / measured_);
+}
+
+}  // namespace shardtrain::train
