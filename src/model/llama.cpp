@@ -14,6 +14,23 @@ namespace shardtrain::model {
 
 using ops::Tensor;
 
+namespace {
+
+// The segments and what the batch says of them (ops::SegmentsHint).
+ops::AttentionMask attention_mask(const Batch& batch, const Tensor& segments) {
+  ops::AttentionMask mask{segments};
+  if (batch.pad_token_id >= 0) return mask;  // padding may sit anywhere: Unknown
+  if (!batch.document_ids.defined()) {
+    mask.hint = ops::SegmentsHint::Causal;
+  } else if (batch.document_runs > 0) {
+    mask.hint = ops::SegmentsHint::Documents;
+    mask.runs = batch.document_runs;
+  }
+  return mask;
+}
+
+}  // namespace
+
 LlamaModel::LlamaModel(const LlamaConfig& config, ops::Ops& ops, const ModelOptions& options)
     : spec_(config), ops_(&ops), options_(options), binding_(spec_) {
   if (!dtype_is_float(options.activation_dtype))
@@ -81,7 +98,7 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
                  binding_,
                  *hooks_,
                  ops::AttentionShape{b, s, c.num_attention_heads, c.num_key_value_heads, c.head_dim()},
-                 ops::AttentionMask{plan.segments},
+                 attention_mask(batch, plan.segments),
                  plan.positions.reshaped({n})};
   const Tensor flat_ids = ids.reshaped({n});
   const Tensor flat_targets = batch.targets.reshaped({n});

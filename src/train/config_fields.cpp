@@ -237,6 +237,8 @@ std::vector<ConfigField> build_fields() {
              }
            },
            [](data::BatchLayout l) { return data::batch_layout_name(l); });
+  t.boolean("document_mask", "packed: attention and positions restart at each document (false: causal over the row)",
+            [](auto& c) -> auto& { return c.data.document_mask; });
   t.integer("seq_len", "tokens per sequence", [](auto& c) -> auto& { return c.data.seq_len; });
   t.integer("micro_batch_size", "sequences per rank per micro-batch (0 = global / world)", [](auto& c) -> auto& { return c.data.micro_batch_size; });
   t.integer("global_batch_size", "sequences per optimizer step", [](auto& c) -> auto& { return c.data.global_batch_size; });

@@ -72,9 +72,16 @@ uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
 }  // namespace
 
 model::Batch Trainer::model_batch(data::MicroBatch& mb) {
-  const bool with_documents = config_.data.layout == data::BatchLayout::Packed;
+  const bool with_documents = config_.data.layout == data::BatchLayout::Packed && config_.data.document_mask;
   model::Batch b;
   const ops::Shape shape{mb.batch, mb.seq};
+  if (with_documents) {  // the runs of one document in each row: lets the GPU pick a kernel without reading them
+    for (int64_t r = 0; r < mb.batch; ++r)
+      for (int64_t i = 0; i < mb.seq; ++i) {
+        const size_t at = static_cast<size_t>(r * mb.seq + i);
+        b.document_runs += i == 0 || mb.doc_ids[at] != mb.doc_ids[at - 1];
+      }
+  }
   if (ops_->device() != DeviceKind::Cuda) {
     b.input_ids = ops::make_tensor(mb.tokens.data(), DType::I32, shape);
     b.targets = ops::make_tensor(mb.targets.data(), DType::I32, shape);

@@ -7,6 +7,8 @@ Llama and a dataset made here, in one table. Asserted:
 - the same model and batch on both sides: the same tokens per step, the same FLOPs per token (from each
   side's own parameter count), PyTorch's parameter count equal to the Llama formula's, its batches read
   from the dataset file (not the random fallback), its attention SDPA and its MixedPrecisionPolicy bf16;
+- the compiled part compiles the loss too, the attention backend and graph breaks are recorded, and every MFU
+  says its denominator (on a CPU: each side's own measured peak);
 - eager and torch.compile start from the same weights and batches, so their last losses agree (bf16
   compute, compiled kernels round differently: 2e-2 relative) and are finite and below ln(V) + 1;
 - the ratios are the quotients of the rows' figures, and the memory ratio compares peak RSS with peak RSS.
@@ -64,7 +66,15 @@ if not errors and sorted(results) == sorted(parts):
         check(r["device"] == "cpu" and r["attn_implementation"] == "sdpa" and ds in r["data"],
               f"{r['name']}: device {r['device']}, attention {r['attn_implementation']}, data {r['data']}")
         check(r["peak_memory_source"] == "peak RSS of the process" and r["peak_memory_bytes"] > 0, f"{r['name']}: memory {r}")
-    check(comp["compile"].startswith("torch.compile") and eager["compile"] == "eager", "the two PyTorch parts' modes")
+    check(comp["compile"] == "torch.compile per decoder layer and of the loss" and eager["compile"] == "eager",
+          f"the two PyTorch parts' modes: {comp['compile']!r}, {eager['compile']!r}")
+    check(eager["sdpa_backend"] == "default (CPU)" and isinstance(comp["graph_breaks"], dict),
+          f"attention backend and graph breaks recorded: {eager.get('sdpa_backend')}, {comp.get('graph_breaks')}")
+    # No datasheet figure for a CPU: every MFU is of its side's own measured peak, and the table says so.
+    check("of each side's own measured peak" in table and st.get("peak_kind") == "measured",
+          f"the MFU's denominator: peak_kind {st.get('peak_kind')}")
+    for r in (eager, comp):
+        check(abs(r["mfu"] - r["mfu_measured_peak"]) < 1e-12, f"{r['name']}: MFU {r['mfu']} is not of its measured peak")
     rel = abs(eager["last_loss"] - comp["last_loss"]) / abs(eager["last_loss"])
     print(f"losses: shardtrain {st['last_loss']:.4f}, PyTorch eager {eager['last_loss']:.4f}, compile {comp['last_loss']:.4f} "
           f"(eager vs compile {rel:.1e} relative)")

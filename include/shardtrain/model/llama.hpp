@@ -33,6 +33,9 @@ struct Batch {
   ops::Tensor document_ids;  // optional (B, S) I32: packed documents attend only within themselves, and
                              // their positions restart at 0
   int32_t pad_token_id = -1;  // >= 0: positions whose input is this id attend to nothing and are not attended
+  // With document_ids: the number of runs of one document in the batch's rows (each row's runs counted
+  // apart), or an upper bound; 0 = not known. A hint for choosing the attention kernel (ops::AttentionMask).
+  int64_t document_runs = 0;
 };
 
 struct StepOptions {

@@ -35,8 +35,16 @@ struct AttentionShape {
 // Which keys a query may attend to. Causal always; with segments, query i attends key j only when
 // segment[i] == segment[j] >= 0 (documents of a packed sequence). A negative segment marks padding: such a
 // query attends to nothing (its output is zero, never NaN) and no query attends to it.
+// What the caller knows of the segments on the host, so a backend can choose a kernel without reading them
+// (the segments still decide the result; a backend may ignore the hint):
+//   Causal     every segment is 0: no documents, no padding;
+//   Documents  each row is contiguous runs of one document each (no padding), at most `runs` in the batch;
+//   Unknown    anything else.
+enum class SegmentsHint { Unknown, Causal, Documents };
 struct AttentionMask {
   Tensor segments;  // (B, S) I32, or undefined: plain causal
+  SegmentsHint hint = SegmentsHint::Unknown;
+  int64_t runs = 0;  // Documents: an upper bound on the runs of documents in the batch (all rows together)
 };
 
 struct LossSums {

@@ -72,6 +72,9 @@ struct DataSection {
   std::vector<data::MixtureEntry> sources() const;
   std::string describe() const;     // `path`, or "a mixture of N datasets (P1, P2...)" for messages
   data::BatchLayout layout = data::BatchLayout::Packed;
+  // packed: attention and RoPE positions restart at each document (false: one causal sequence per row, as
+  // torchtitan and Hugging Face treat packed rows)
+  bool document_mask = true;
   int seq_len = 512;
   int micro_batch_size = 0;         // per rank; 0 = global_batch_size / world (no accumulation)
   int global_batch_size = 64;       // sequences per optimizer step, all ranks and micro-batches together
