@@ -11,9 +11,13 @@
 #     track     scripts/gpu/track.sh: the same tiny runs on the CPU and on the GPU (fp32, bf16, offload on two
 #               ranks, resume onto two ranks), losses compared step by step
 #     parity    loss and gradients of shardtrain (CPU and GPU backends) against transformers' Llama
-#     ops       shardtrain bench ops on the seed model's shapes
-#     bench     scripts/bench-vs-pytorch.py: shardtrain (and with CPU offload) and PyTorch FSDP2, eager and
-#               compiled, on the seed model: one table
+#     attention shardtrain bench attention: every attention kernel (cuDNN's fused flash attention, deterministic
+#               or not; our tensor-core and FMA kernels) at the seed's, the 1B's and the 8B's shapes
+#     ops       shardtrain bench ops at the three shapes' micro-batches (seed, 1B, 8B layers): ops-<shape>.json
+#     bench     scripts/bench-vs-pytorch.py at three shapes (configs/llama-seed.toml, llama-1b.toml,
+#               llama-8b-layers.toml): shardtrain, PyTorch FSDP2 eager and compiled, a table each; then the
+#               8B shape's largest layer counts on 80 GB (shardtrain alone, with and without checkpointing)
+#     seedoffload  the seed's table with its CPU-offload row (issue 8's comparison, as before)
 #     offload   shardtrain bench step on the seed model with CPU offload: as configured, and with the embedding
 #               as a unit of its own (the root's update then no longer delays the first forward)
 #     profile   one step of the seed model kernel by kernel (Nsight Compute, two runs: 1 and 2 steps, their
@@ -43,7 +47,8 @@ PY
 phases=()
 while (($#)) && [[ "$1" != -- ]]; do phases+=("$1"); shift; done
 for p in "${phases[@]}"; do
-  case "$p" in tests | matrix | sanitize | track | parity | ops | bench | offload | profile) ;; *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in tests | matrix | sanitize | track | parity | attention | ops | bench | seedoffload | offload | profile) ;;
+    *) echo "run.sh: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 
 # The machine's CUDA libraries: the toolkit's, then those of the Python wheels (PyTorch brings NCCL).
@@ -78,7 +83,10 @@ finish() {
     # files of up to 16 MB, 8 of them).
     # Nor the training runs' checkpoints (track.sh's came to over 16 MB on 2026-11-25, and nothing came back).
     tar -czf "$OUT/logs.tar.gz" --exclude='*.safetensors' --exclude='*.h5' --exclude='checkpoints' -C "$LOGS" . 2>/dev/null
-    for f in "$LOGS"/bench/*.md "$LOGS"/bench/bench-vs-pytorch.json "$LOGS"/bench/ops.json "$LOGS"/profile/profile.md; do
+    # At most 8 files come back: the tables in one markdown file, the attention table, the profile; the rest
+    # (every part's log and JSON) is in logs.tar.gz.
+    cat "$LOGS"/bench/*/bench-vs-pytorch.md >"$OUT/bench-tables.md" 2>/dev/null || rm -f "$OUT/bench-tables.md"
+    for f in "$LOGS"/bench/attention.md "$LOGS"/profile/profile.md; do
       [[ -f "$f" ]] && cp "$f" "$OUT/"
     done 2>/dev/null
   fi
@@ -164,25 +172,59 @@ phase_track() {
   run track 420 "$ROOT/scripts/gpu/track.sh" "$B/bin/shardtrain" "$DATA" "$LOGS/track" 16
 }
 
-phase_ops() {
+# The three shapes of issue 35, each with the micro-batch one GPU takes per step (the seed's whole global batch;
+# the 1B's micro-batch of 8 x 2048; the 8B's 1 x 8192), all on the carried corpus (packed rows as one causal
+# sequence for the 1B and 8B, as the PyTorch side reads them).
+SHAPES=(seed 1b 8b)
+declare -A SHAPE_CONFIG=([seed]=llama-seed [1b]=llama-1b [8b]=llama-8b-layers)
+declare -A SHAPE_OVERRIDES=([seed]="" [1b]="data.global_batch_size=8" [8b]="")
+declare -A SHAPE_MFU_TARGET=([seed]=0.5 [1b]=0.5 [8b]=0.55)
+declare -A SHAPE_TITLE=([seed]="the seed (124M, seq 512)" [1b]="Llama 3.2 1B's shape, seq 2048" [8b]="Llama 3 8B's layers (8 of 32), seq 8192")
+
+phase_attention() {
   mkdir -p "$LOGS/bench"
-  run bench_ops_seed 300 shardtrain bench ops --config "$ROOT/configs/llama-seed.toml" --json "$LOGS/bench/ops.json"
+  run bench_attention 150 shardtrain bench attention --json "$LOGS/bench/attention.json" --markdown "$LOGS/bench/attention.md"
 }
 
-# All four parts in one call (each in its own process, bounded): the table needs them side by side.
-# Two runs of the script: shardtrain and both PyTorch parts first (the comparison the issue asks for), then
-# shardtrain with CPU offload, whose run reuses the first three parts' JSON for the one table. A call cut short by
-# its budget still brings back the first table. Each part gets at most what is left, less a margin.
-phase_bench() {
+phase_ops() {
   mkdir -p "$LOGS/bench"
-  local bench=(python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml"
-    --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --out "$LOGS/bench")
-  local part_limit=$(($(time_left) / 3))
-  ((part_limit > 200)) && part_limit=200
-  run bench_vs_pytorch 570 "${bench[@]}" --timeout "$part_limit" --parts "shardtrain,PyTorch eager,PyTorch compile"
-  part_limit=$(($(time_left) - 15))
-  ((part_limit > 150)) && part_limit=150
-  run bench_offload 200 "${bench[@]}" --timeout "$part_limit" --parts "shardtrain+offload" --reuse
+  local shape
+  for shape in "${SHAPES[@]}"; do  # the micro-batch is the config's (data.micro_batch_size, else the global batch)
+    run "bench_ops_$shape" 120 shardtrain bench ops --config "$ROOT/configs/${SHAPE_CONFIG[$shape]}.toml" \
+      --json "$LOGS/bench/ops-$shape.json"
+  done
+}
+
+# Per shape, shardtrain and both PyTorch parts in one table (each part in its own process, bounded by what is
+# left of the budget). A call cut short still brings back the tables that ran.
+phase_bench() {
+  local shape o overrides part_limit
+  for shape in "${SHAPES[@]}"; do
+    mkdir -p "$LOGS/bench/$shape"
+    overrides=(--override "data.path=$DATA")
+    for o in ${SHAPE_OVERRIDES[$shape]}; do overrides+=(--override "$o"); done
+    part_limit=$(($(time_left) / 3))
+    ((part_limit > 200)) && part_limit=200
+    run "bench_vs_pytorch_$shape" 560 python3 "$ROOT/scripts/bench-vs-pytorch.py" \
+      --config "$ROOT/configs/${SHAPE_CONFIG[$shape]}.toml" "${overrides[@]}" --shardtrain "$B/bin/shardtrain" \
+      --launcher "mpirun -np 1" --out "$LOGS/bench/$shape" --timeout "$part_limit" --title "${SHAPE_TITLE[$shape]}" \
+      --mfu-target "${SHAPE_MFU_TARGET[$shape]}" --parts "shardtrain,PyTorch eager,PyTorch compile"
+  done
+  # How many of the 8B's layers shardtrain trains on one 80 GB GPU: `shardtrain plan` says 13 without activation
+  # checkpointing and 17 with it (docs/performance.md); measured here (the peak device memory is the figure).
+  local args=(bench step --config "$ROOT/configs/llama-8b-layers.toml" --data.path "$DATA" --warmup 1 --steps 3)
+  run bench_8b_13_layers 120 mpirun -np 1 shardtrain "${args[@]}" --model.num_hidden_layers 13 \
+    --json "$LOGS/bench/8b-13-layers.json"
+  run bench_8b_17_layers_ckpt 150 mpirun -np 1 shardtrain "${args[@]}" --model.num_hidden_layers 17 \
+    --fsdp.activation_checkpointing true --json "$LOGS/bench/8b-17-layers-ckpt.json"
+}
+
+# The seed's table with shardtrain's CPU-offload row beside the others (issue 8's comparison).
+phase_seedoffload() {
+  mkdir -p "$LOGS/bench/seed-offload"
+  run bench_vs_pytorch_seed_offload 560 python3 "$ROOT/scripts/bench-vs-pytorch.py" --config "$ROOT/configs/llama-seed.toml" \
+    --override "data.path=$DATA" --shardtrain "$B/bin/shardtrain" --launcher "mpirun -np 1" --out "$LOGS/bench/seed-offload" \
+    --timeout 200 --title "the seed, with CPU offload"
 }
 
 # CPU offload, two unit layouts. The root unit (embedding, final norm, lm_head: 43 % of the seed's parameters)

@@ -144,6 +144,26 @@ TEST(TrainLoop, LearnsAndWritesConsistentMetrics) {
   EXPECT_THROW(train::trainer_state_from_json(R"({"step": 1})", "test"), CheckpointError);
 }
 
+// data.document_mask = false: a packed row is one causal sequence (torchtitan's and transformers' way). Rows of
+// 32 tokens from documents of 100-199 cross a document boundary in about a quarter of the rows, so the first
+// step's loss (before any update: the same weights and batches) differs from the masked run's, by little.
+// (That no document ids means plain causal attention is the model's own contract, tested there.)
+TEST(TrainLoop, DocumentMaskOffMakesAPackedRowOneCausalSequence) {  // 3 steps: the schedule's 2 of warm-up + 1
+  train::TrainConfig c = tiny_config("train_loop_test_run_docmask");
+  c.schedule.max_steps = 3;
+  c.schedule.eval_every = 0;
+  c.data.document_mask = true;
+  const train::TrainSummary masked = train::Trainer(*g_runtime, c).run();
+  c = tiny_config("train_loop_test_run_docmask_off");
+  c.schedule.max_steps = 3;
+  c.schedule.eval_every = 0;
+  c.data.document_mask = false;
+  const train::TrainSummary causal = train::Trainer(*g_runtime, c).run();
+  EXPECT_TRUE(std::isfinite(masked.first_loss) && std::isfinite(causal.first_loss));
+  EXPECT_NE(masked.first_loss, causal.first_loss) << "masking documents must change attention on rows that cross one";
+  EXPECT_NEAR(masked.first_loss, causal.first_loss, 0.05 * masked.first_loss) << "the same model, data and weights";
+}
+
 TEST(TrainLoop, SkipsAnInjectedNanGradientAndContinues) {
   const train::TrainConfig c = tiny_config("train_loop_test_run_nan");
   train::TrainerOptions o;
