@@ -135,12 +135,17 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   const std::vector<train::StepMetrics>& all = recorder.steps;
   if (static_cast<int>(all.size()) != o.warmup + o.steps)
     throw InternalError(fmt::format("bench step: the trainer ran {} steps, expected {} warm-up + {} timed", all.size(), o.warmup, o.steps));
-  std::vector<double> seconds, update_s, wait_s;
+  std::vector<double> seconds, update_s, wait_s, gpu_busy, gpu_idle, host_queue;
   int64_t skipped = 0;
   for (size_t i = static_cast<size_t>(o.warmup); i < all.size(); ++i) {
     seconds.push_back(all[i].step_time_s);
     update_s.push_back(all[i].host_update_s);
     wait_s.push_back(all[i].update_wait_s);
+    if (all[i].gpu_busy_s >= 0) {  // a GPU, from the second step
+      gpu_busy.push_back(all[i].gpu_busy_s);
+      gpu_idle.push_back(all[i].gpu_idle_before_s);
+      host_queue.push_back(all[i].host_queue_s);
+    }
     skipped += all[i].skipped ? 1 : 0;
   }
   // CPU offload on a GPU: the host update beside the forward (rank 0's; 0 when the update is not asynchronous).
@@ -173,6 +178,11 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
   fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(static_cast<uint64_t>(last.peak_mem_bytes)));
   fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(static_cast<uint64_t>(rss_peak)));
+  if (!gpu_busy.empty()) {
+    fmt::print("{:<34} {} busy, {} idle between steps; the host queued forward and backward in {} (medians, rank 0)\n",
+               "GPU compute stream per step", format_seconds(median(gpu_busy)), format_seconds(median(gpu_idle)),
+               format_seconds(median(host_queue)));
+  }
   if (host_update_s > 0) {
     fmt::print("{:<34} {} median, of which the step waited {} (rank 0)\n", "host optimizer update (offload)",
                format_seconds(host_update_s), format_seconds(update_wait_s));
@@ -216,6 +226,11 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     j["skipped_steps"] = skipped;
     j["offload_params"] = config.fsdp.engine.offload_params;
     j["host_update_median_s"] = host_update_s;
+    if (!gpu_busy.empty()) {
+      j["gpu_busy_median_s"] = median(gpu_busy);
+      j["gpu_idle_between_steps_median_s"] = median(gpu_idle);
+      j["host_queue_median_s"] = median(host_queue);
+    }
     j["update_wait_median_s"] = update_wait_s;
     j["param_dtype"] = dtype_name(config.fsdp.engine.param_dtype);
     write_text_file(o.json, j.dump(2) + "\n");

@@ -130,6 +130,7 @@ void Trainer::step_once(StepMetrics& m) {
   const int64_t global_tokens = counted[0];
   if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
 
+  timeline_->step_begins();
   engine_->zero_grad();
   double sums[2] = {0, 0};  // loss sum, non-finite flag
   for (int a = 0; a < accumulation_; ++a) {
@@ -154,6 +155,7 @@ void Trainer::step_once(StepMetrics& m) {
   } else {
     grad_norm_.start(engine_->shards(), &comms_->shard());
   }
+  timeline_->work_queued();
   sums[0] = ops_->take_loss().loss_sum;
   const double norm = grad_norm_.norm();
   sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;
@@ -207,6 +209,7 @@ void Trainer::step_once(StepMetrics& m) {
     }
     state_.optimizer_steps = adamw_->steps();
   }
+  timeline_->step_ends();
   for (auto& mb : mbs) loader_->recycle(std::move(mb));
   state_.step = step_number;
   state_.tokens_seen += tokens_per_step_;
@@ -238,6 +241,11 @@ void Trainer::step_once(StepMetrics& m) {
   m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
   m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
   m.comm_world_bytes = axis_bytes(*comms_, MeshAxis::World) - world0;
+  if (const std::optional<StepTimes> t = timeline_->read()) {
+    m.gpu_busy_s = t->gpu_busy_s;
+    m.gpu_idle_before_s = t->gpu_idle_before_s;
+    m.host_queue_s = t->host_queue_s;
+  }
   m.host_update_s = update_times.update_s;
   m.update_wait_s = update_times.waited_s;
   step_seconds_ += m.step_time_s;

@@ -45,6 +45,11 @@ std::string to_json_line(const StepMetrics& m) {
   j["tokens_per_s"] = m.tokens_per_s;
   j["mfu"] = m.mfu;
   j["mfu_measured_peak"] = m.mfu_measured_peak;
+  if (m.gpu_busy_s >= 0) {
+    j["gpu_busy_prev_s"] = m.gpu_busy_s;
+    j["gpu_idle_before_s"] = m.gpu_idle_before_s;
+    j["host_queue_s"] = m.host_queue_s;
+  }
   j["peak_mem_bytes"] = m.peak_mem_bytes;
   j["rss_peak_bytes"] = m.rss_peak_bytes;
   j["comm_bytes"] = {{"shard", m.comm_shard_bytes}, {"replicate", m.comm_replicate_bytes}, {"world", m.comm_world_bytes}};

@@ -387,6 +387,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
       log::info("train: data source {} ({}): {}", k, mix.dataset(k).path(), mix.share(k));
   }
   progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
+  timeline_ = std::make_unique<StepTimeline>(on_gpu);
 }
 
 Trainer::~Trainer() = default;

@@ -42,6 +42,10 @@ struct StepMetrics {
   // finished during this step (the previous step's), and how long this step waited for it. Both 0 otherwise.
   double host_update_s = 0;
   double update_wait_s = 0;
+  // On a GPU, from the second step (train/step_timeline.hpp): the previous step's time on the compute stream,
+  // the stream's idle time before this step's first op, and the host's time to queue this step's forward and
+  // backward. Negative: not measured (the CPU, the first step).
+  double gpu_busy_s = -1, gpu_idle_before_s = -1, host_queue_s = -1;
   double elapsed_s = 0;         // since the loop began
   std::vector<std::pair<std::string, int64_t>> tokens_by_source;  // a data mixture's input tokens so far, per source
 };

@@ -26,6 +26,7 @@
 #include "shardtrain/train/config.hpp"
 #include "shardtrain/train/metrics.hpp"
 #include "shardtrain/train/mfu.hpp"
+#include "shardtrain/train/step_timeline.hpp"
 
 namespace shardtrain::train {
 
@@ -245,6 +246,7 @@ class Trainer {
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
   double flops_per_token_ = 0;
   MfuMeter mfu_;  // the peak MFU is reported against, labelled
+  std::unique_ptr<StepTimeline> timeline_;  // the GPU's busy and idle time around the host's phases
   int64_t last_eval_step_ = -1;
   double last_val_loss_;
   bool save_requested_ = false, stop_requested_ = false;
