@@ -30,11 +30,14 @@ void attention_backward(DType dtype, const AttentionDims& d, const void* q, cons
                         const void* out, const float* lse, const void* dout, const int32_t* segments, float scale,
                         void* dq, void* dk, void* dv, void* workspace, StreamRef stream);
 
-// Which kernels run. Auto: the tensor-core kernels (attention_mma.cu: mma.sync, bf16 tiles) for bf16 and the
-// fp32-FMA kernels for f32; Fma: the FMA kernels for both (the reference the tensor-core kernels were checked
-// against, and a fallback). The initial value comes from SHARDTRAIN_ATTENTION_KERNEL = auto | fma (unset:
-// auto; anything else throws UsageError naming the variable).
-enum class AttentionKernel { Auto, Fma };
+// Which attention runs. Auto: cuDNN's fused flash attention where it can run the call (the CUDA backend decides,
+// src/ops/cuda/attention.cpp), else the tensor-core kernels (attention_mma.cu: mma.sync, bf16 tiles) for bf16 and
+// the fp32-FMA kernels for f32; Cudnn: cuDNN or an error naming why it cannot; Mma: the tensor-core kernels for
+// bf16; Fma: the FMA kernels for both (the reference the tensor-core kernels were checked against). Here, in the
+// kernels, Auto, Cudnn and Mma all mean the tensor-core kernels for bf16. The initial value comes from
+// SHARDTRAIN_ATTENTION_KERNEL = auto | cudnn | mma | fma (unset: auto; anything else throws UsageError naming the
+// variable).
+enum class AttentionKernel { Auto, Cudnn, Mma, Fma };
 void set_attention_kernel(AttentionKernel kernel);
 AttentionKernel attention_kernel();
 bool attention_uses_mma(DType dtype);

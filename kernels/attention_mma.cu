@@ -62,8 +62,10 @@ mma::Args make_args(const AttentionDims& d, const void* q, const void* k, const 
 AttentionKernel kernel_from_environment() {
   const char* env = std::getenv("SHARDTRAIN_ATTENTION_KERNEL");
   if (env == nullptr || std::string(env).empty() || std::string(env) == "auto") return AttentionKernel::Auto;
+  if (std::string(env) == "cudnn") return AttentionKernel::Cudnn;
+  if (std::string(env) == "mma") return AttentionKernel::Mma;
   if (std::string(env) == "fma") return AttentionKernel::Fma;
-  throw UsageError(std::string("SHARDTRAIN_ATTENTION_KERNEL='") + env + "': expected auto or fma");
+  throw UsageError(std::string("SHARDTRAIN_ATTENTION_KERNEL='") + env + "': expected auto, cudnn, mma or fma");
 }
 
 std::atomic<int>& kernel_choice() {
@@ -75,7 +77,7 @@ std::atomic<int>& kernel_choice() {
 
 void set_attention_kernel(AttentionKernel kernel) { kernel_choice().store(static_cast<int>(kernel)); }
 AttentionKernel attention_kernel() { return static_cast<AttentionKernel>(kernel_choice().load()); }
-bool attention_uses_mma(DType dtype) { return dtype == DType::BF16 && attention_kernel() == AttentionKernel::Auto; }
+bool attention_uses_mma(DType dtype) { return dtype == DType::BF16 && attention_kernel() != AttentionKernel::Fma; }
 
 void attention_forward_mma(const AttentionDims& d, const void* q, const void* k, const void* v,
                            const int32_t* segments, float scale, void* out, float* lse, StreamRef stream) {

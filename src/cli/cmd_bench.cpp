@@ -144,8 +144,10 @@ Command add_bench_command(CLI::App& parent) {
   m->add_flag("--checkpointing", opts->checkpointing, "per-layer activation checkpointing");
   const BenchSubcommand ops = add_bench_ops_command(*c.app);
   const BenchSubcommand step = add_bench_step_command(*c.app);
-  c.run = [opts, ops, step](Runtime* rt) {
+  const BenchSubcommand attention = add_bench_attention_command(*c.app);
+  c.run = [opts, ops, step, attention](Runtime* rt) {
     if (ops.app->parsed()) return ops.run(rt);
+    if (attention.app->parsed()) return attention.run(rt);
     if (step.app->parsed()) return step.run(rt);
     if (rt->topology().world_size > 1) throw UsageError("bench model: runs on one rank (start it without mpirun, or with -np 1)");
     return run_bench_model(*opts);

@@ -1,5 +1,5 @@
-// The `shardtrain bench` subcommands, one file each: model (cmd_bench.cpp), ops (cmd_bench_ops.cpp) and
-// step (cmd_bench_step.cpp). `bench` is one MPI command (step needs the world; the others run as a
+// The `shardtrain bench` subcommands, one file each: model (cmd_bench.cpp), ops (cmd_bench_ops.cpp), step
+// (cmd_bench_step.cpp) and attention (cmd_bench_attention.cpp). `bench` is one MPI command (step needs the world; the others run as a
 // single-rank singleton without mpirun), so each subcommand hands back how to run it.
 #pragma once
 
@@ -20,6 +20,7 @@ struct BenchSubcommand {
 
 BenchSubcommand add_bench_ops_command(CLI::App& bench);   // cmd_bench_ops.cpp
 BenchSubcommand add_bench_step_command(CLI::App& bench);  // cmd_bench_step.cpp
+BenchSubcommand add_bench_attention_command(CLI::App& bench);  // cmd_bench_attention.cpp
 
 // Writes `text` to `path` (a JSON document); throws IoError naming the path.
 void write_text_file(const std::string& path, const std::string& text);

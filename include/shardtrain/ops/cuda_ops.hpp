@@ -15,10 +15,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "shardtrain/ops/ops.hpp"
 
 namespace shardtrain::ops {
+
+// The attention implementations of the CUDA backend (CudaOps::set_attention_impl).
+enum class AttentionImpl { Auto, Cudnn, Mma, Fma };
+const char* attention_impl_name(AttentionImpl impl);  // "auto" | "cudnn" | "mma" | "fma"
 
 // fp32 GEMMs in full fp32 (default) or with TF32 tensor-core inputs (10-bit mantissa, much faster).
 enum class F32MatmulPrecision { Full, Tf32 };
@@ -111,10 +116,21 @@ class CudaOps final : public Ops {
   void synchronize();
   // Distinct GEMM configurations planned so far (each asked cuBLASLt's heuristic once).
   size_t gemm_plans() const;
-  // The attention kernels, process-wide: tensor cores for bf16 (default) or the fp32-FMA kernels for every
-  // dtype (kernels/attention.cuh; SHARDTRAIN_ATTENTION_KERNEL=fma sets the initial choice). bench ops times both.
-  static void use_fma_attention(bool on);
+  // Which attention runs, process-wide (docs/gpu.md, "Attention: cuDNN and our kernels"): Auto runs cuDNN's
+  // fused flash attention where it can run the call and our tensor-core kernels where it cannot (bf16; f32
+  // always runs the FMA kernels), logging the choice and its reason once per shape; Cudnn insists (a call cuDNN
+  // cannot run throws, naming why); Mma and Fma run our kernels alone. SHARDTRAIN_ATTENTION_KERNEL =
+  // auto | cudnn | mma | fma sets the initial choice.
+  static void set_attention_impl(AttentionImpl impl);
+  static AttentionImpl attention_impl();
+  static void use_fma_attention(bool on);  // Fma, or back to Auto
   static bool fma_attention();
+  // cuDNN's backward: deterministic (its dQ without atomics: the same bits every run; the default, as every
+  // other op here) or its faster variant. SHARDTRAIN_ATTENTION_DETERMINISTIC=0 sets the initial choice.
+  void set_deterministic_attention(bool on);
+  bool deterministic_attention() const;
+  // What Auto runs for this call, and why: "cudnn 9.19.0" or "mma (cuDNN: <why it cannot>)".
+  std::string attention_choice(const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward);
 
  private:
   std::unique_ptr<cuda::Context> ctx_;

@@ -1,11 +1,14 @@
-// Attention on the GPU: the argument checks (shared with the CPU backend through ../validate.hpp) and the
-// calls into the flash attention kernels (kernels/attention.cuh) and the segments kernel.
+// Attention on the GPU: the argument checks (shared with the CPU backend through ../validate.hpp), the choice
+// between cuDNN's fused flash attention and our kernels (kernels/attention.cuh), and the segments kernel.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "context.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
 #include "kernels/attention.cuh"
 #include "kernels/attention_segments.cuh"
+#include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::ops::cuda {
 namespace {
@@ -21,11 +24,51 @@ const int32_t* segments_of(const AttentionMask& mask) {
 // 1 / sqrt(Dh) in fp32, exactly as the CPU backend forms it.
 float scale_of(const AttentionShape& sh) { return 1.0f / std::sqrt(static_cast<float>(sh.head_dim)); }
 
+std::string describe(const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward) {
+  const char* masking = mask.hint == SegmentsHint::Causal ? "causal"
+                        : mask.hint == SegmentsHint::Documents ? "documents"
+                                                               : "segments";
+  return fmt::format("{} {} B={} S={} H={}/{} Dh={} {}", backward ? "backward" : "forward", dtype_name(dtype), sh.batch,
+                     sh.seq, sh.heads, sh.kv_heads, sh.head_dim, masking);
+}
+
+// Why cuDNN cannot run this call here ("" when it can).
+std::string cudnn_reason(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward) {
+  (void)ctx, (void)sh, (void)dtype, (void)mask, (void)backward;
+  return "cuDNN is not built into this binary";
+}
+
+// Auto and Cudnn ask cuDNN first. Each distinct call's choice is logged once, with the reason.
+bool use_cudnn(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward) {
+  const kernels::AttentionKernel impl = kernels::attention_kernel();
+  if (impl == kernels::AttentionKernel::Mma || impl == kernels::AttentionKernel::Fma) return false;
+  const std::string reason = cudnn_reason(ctx, sh, dtype, mask, backward);
+  const std::string call = describe(sh, dtype, mask, backward);
+  if (!reason.empty() && impl == kernels::AttentionKernel::Cudnn)
+    throw UsageError(fmt::format("SHARDTRAIN_ATTENTION_KERNEL=cudnn: cuDNN cannot run attention {}: {}", call, reason));
+  if (ctx.attention_logged.insert(call).second) {
+    if (reason.empty()) log::info("attention {}: cuDNN's fused flash attention", call);
+    else log::info("attention {}: our {} kernels (cuDNN: {})", call, kernels::attention_uses_mma(dtype) ? "tensor-core" : "FMA", reason);
+  }
+  return reason.empty();
+}
+
 }  // namespace
+
+std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward) {
+  const kernels::AttentionKernel impl = kernels::attention_kernel();
+  const char* ours = kernels::attention_uses_mma(dtype) ? "mma" : "fma";
+  if (impl == kernels::AttentionKernel::Mma || impl == kernels::AttentionKernel::Fma) return ours;
+  const std::string reason = cudnn_reason(ctx, shape, dtype, mask, backward);
+  return reason.empty() ? std::string("cudnn") : fmt::format("{} (cuDNN: {})", ours, reason);
+}
 
 void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionMask& mask, const Tensor& out, const Tensor& lse) {
   validate_attention_forward(tensor_checks, shape, q, k, v, mask, out, lse);
+  if (use_cudnn(ctx, shape, q.dtype, mask, false)) {
+    throw InternalError("attention_forward: the cuDNN path is not built");
+  }
   kernels::attention_forward(q.dtype, dims_of(shape), q.data, k.data, v.data, segments_of(mask), scale_of(shape),
                              out.data, lse.as<float>(), ctx.stream);
 }
@@ -49,6 +92,9 @@ void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor&
     require(kv_like[i]->dtype == q.dtype && kv_like[i]->numel() == k.numel(), op, "{} {} is not shaped like k",
             kv_names[i], kv_like[i]->describe());
   }
+  if (use_cudnn(ctx, shape, q.dtype, mask, true)) {
+    throw InternalError("attention_backward: the cuDNN path is not built");
+  }
   const kernels::AttentionDims dims = dims_of(shape);
   const size_t bytes = kernels::attention_backward_workspace_bytes(dims);
   void* ws = ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes));
@@ -68,9 +114,43 @@ void attention_segments(Context& ctx, const Tensor& input_ids, int32_t pad_token
 
 namespace shardtrain::ops {
 
-void CudaOps::use_fma_attention(bool on) {
-  kernels::set_attention_kernel(on ? kernels::AttentionKernel::Fma : kernels::AttentionKernel::Auto);
+const char* attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::Auto: return "auto";
+    case AttentionImpl::Cudnn: return "cudnn";
+    case AttentionImpl::Mma: return "mma";
+    case AttentionImpl::Fma: return "fma";
+  }
+  return "?";
 }
-bool CudaOps::fma_attention() { return kernels::attention_kernel() == kernels::AttentionKernel::Fma; }
+
+void CudaOps::set_attention_impl(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::Auto: kernels::set_attention_kernel(kernels::AttentionKernel::Auto); break;
+    case AttentionImpl::Cudnn: kernels::set_attention_kernel(kernels::AttentionKernel::Cudnn); break;
+    case AttentionImpl::Mma: kernels::set_attention_kernel(kernels::AttentionKernel::Mma); break;
+    case AttentionImpl::Fma: kernels::set_attention_kernel(kernels::AttentionKernel::Fma); break;
+  }
+}
+
+AttentionImpl CudaOps::attention_impl() {
+  switch (kernels::attention_kernel()) {
+    case kernels::AttentionKernel::Auto: return AttentionImpl::Auto;
+    case kernels::AttentionKernel::Cudnn: return AttentionImpl::Cudnn;
+    case kernels::AttentionKernel::Mma: return AttentionImpl::Mma;
+    case kernels::AttentionKernel::Fma: return AttentionImpl::Fma;
+  }
+  return AttentionImpl::Auto;
+}
+
+void CudaOps::use_fma_attention(bool on) { set_attention_impl(on ? AttentionImpl::Fma : AttentionImpl::Auto); }
+bool CudaOps::fma_attention() { return attention_impl() == AttentionImpl::Fma; }
+
+void CudaOps::set_deterministic_attention(bool on) { ctx_->deterministic_attention = on; }
+bool CudaOps::deterministic_attention() const { return ctx_->deterministic_attention; }
+
+std::string CudaOps::attention_choice(const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward) {
+  return cuda::attention_choice(*ctx_, shape, dtype, mask, backward);
+}
 
 }  // namespace shardtrain::ops

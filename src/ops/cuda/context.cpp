@@ -1,6 +1,9 @@
 // The CUDA backend's context: scratch growth, the readback of loss sums and data errors.
 #include "context.hpp"
 
+#include <cstdlib>
+#include <string>
+
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -46,6 +49,12 @@ Context::Context(const CudaOpsOptions& opts)
   ST_CHECK_CUDA(cudaMemset(readback_device.data(), 0, sizeof(Readback)));
   ST_CHECK_CUDA(cudaDeviceSynchronize());
   ST_CHECK_CUDA(cudaEventCreateWithFlags(&stream_switch, cudaEventDisableTiming));
+  // SHARDTRAIN_ATTENTION_DETERMINISTIC=0: cuDNN's faster, nondeterministic attention backward.
+  if (const char* env = std::getenv("SHARDTRAIN_ATTENTION_DETERMINISTIC"); env && *env) {
+    const std::string v = env;
+    if (v != "0" && v != "1") throw UsageError("SHARDTRAIN_ATTENTION_DETERMINISTIC='" + v + "': expected 0 or 1");
+    deterministic_attention = v == "1";
+  }
 }
 
 Context::~Context() {

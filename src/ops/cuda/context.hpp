@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <set>
+#include <string>
 #include <vector>
 
 #include "../validate.hpp"
@@ -64,7 +66,13 @@ struct Context {
   DeviceBuffer readback_device;  // one Readback
   PinnedBuffer readback_host;    // its host mirror
   LtGemm gemm;
+  // Attention: cuDNN's backward deterministic or not (CudaOps::set_deterministic_attention), and the calls whose
+  // choice of implementation was logged.
+  bool deterministic_attention = true;
+  std::set<std::string> attention_logged;
 };
+
+std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward);
 
 inline void require_device(const Tensor& t, const char* op, const char* name) {
   require(t.defined(), op, "{} is not bound", name);
