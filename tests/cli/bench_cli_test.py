@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """`shardtrain bench ops` and `shardtrain bench step` end to end on the CPU backend:
 - bench ops with configs/tiny-cpu.toml: one row per op in the table and the JSON, the shapes from the config
-  (an explicit --batch over it), positive times, the work of each row by its stated formula, FLOP rates below
-  3x the measured matmul ceiling (the margin absorbs a shared machine's load), positive ceilings;
+  (an explicit --batch over it), positive times, the work of each row by its stated formula, each row's fraction
+  its rate over its ceiling (no bound on it: the load of a shared machine moves both), positive ceilings;
 - bench step on 2 ranks with tiny-cpu on a small dataset made here from the repository's own docs: the timed
   steps, tokens/s = tokens per step / median step time, MFU by the trainer's formula with a fixed peak, a
   finite loss near ln(vocab), the mesh (1 x 2, FULL_SHARD over MPI), memory figures, and the temporary run
   directory removed;
+- bench attention on the CPU backend: two shapes with documents, FlashAttention's work count, determinism, the
+  markdown table, a shape refused;
 - bad input: a missing config (exit 3, the path named), --steps 0 (exit 2), each with one clear message."""
 import glob
 import json
@@ -56,8 +58,11 @@ check(ceil.get("matmul_flops_per_s", 0) > 1e8 and ceil.get("copy_bytes_per_s", 0
 for r in j.get("rows", []):
     check(r["seconds"] > 0 and math.isfinite(r["seconds"]), f"{r['op']}: time {r['seconds']}")
     check(math.isclose(r["rate"], r["work"] / r["seconds"], rel_tol=1e-9), f"{r['op']}: rate = work / time")
-    if r["kind"] == "flops":  # the ceiling and the ops are timed seconds apart on a shared machine: a wide margin
-        check(0 < r["fraction_of_ceiling"] < 3.0, f"{r['op']}: {r['fraction_of_ceiling']:.2f} of the matmul ceiling (at most 3x)")
+    # The fraction is the rate over the ceiling measured in the same process. No bound on it: the ceiling and the
+    # ops are timed seconds apart, and on a shared machine a disturbed ceiling put ops at 3.1x of it (issue 36).
+    ceiling = ceil.get("matmul_flops_per_s" if r["kind"] == "flops" else "copy_bytes_per_s", 0)
+    check(ceiling > 0 and math.isclose(r["fraction_of_ceiling"], r["rate"] / ceiling, rel_tol=1e-9),
+          f"{r['op']}: fraction {r['fraction_of_ceiling']} is not its rate over the {r['kind']} ceiling")
 # The work of each kind of row, by the formulas the command prints (f32: 4 bytes).
 N, D, H, KV, Dh, F, V, B, S, L = 16 * 128, 192, 6, 2 * 32, 32, 512, 4096, 16, 128, 4
 expect = {"q_proj fwd": 2 * N * D * D, "k_proj, v_proj bwd dW": 2 * N * D * KV, "down_proj bwd dx": 2 * N * F * D,
@@ -109,6 +114,25 @@ check(j.get("backend") == "cpu" and j.get("ledger_peak_bytes", 0) > 0 and j.get(
       and j.get("rss_peak_bytes", 0) > 0, f"memory: {j.get('peak_memory_bytes')} {j.get('rss_peak_bytes')}")
 check("tokens/s (all ranks)" in out and "MFU" in out, f"the printed summary: {out}")
 check(os.listdir(tmp) == [], f"the temporary run directory is removed: {os.listdir(tmp)}")
+
+# ---- bench attention on the CPU backend: its one implementation, two shapes, causal and with documents
+att_json, att_md = os.path.join(work, "attention.json"), os.path.join(work, "attention.md")
+rc, out, err = run([args.shardtrain, "bench", "attention", "--shape", "2,64,4,2,16", "--shape", "1,96,6,3,24", "--documents", "3",
+                    "--iters", "2", "--warmup", "1", "--json", att_json, "--markdown", att_md])
+check(rc == 0, f"bench attention exit {rc}: {err[-2000:]}")
+a = json.load(open(att_json)) if rc == 0 else {"rows": []}
+check([r["shape"] for r in a["rows"]] == ["B=2 S=64 H=4/2 Dh=16 documents 3/row", "B=1 S=96 H=6/3 Dh=24 documents 3/row"]
+      and all(r["implementation"] == "cpu" and r["ran"] == "ran" for r in a["rows"]), f"rows: {a['rows']}")
+for r in a["rows"]:
+    f = dict(x.split("=") for x in r["shape"].split()[:4])  # "B=2 S=64 H=4/2 Dh=16 ..."
+    B, S, H, Dh = int(f["B"]), int(f["S"]), int(f["H"].split("/")[0]), int(f["Dh"])
+    fwd = 4 * B * H * S * S * Dh / 2
+    check(math.isclose(r["forward_tflops"], fwd / r["forward_s"] * 1e-12, rel_tol=1e-9) and
+          math.isclose(r["backward_tflops"], 2.5 * fwd / r["backward_s"] * 1e-12, rel_tol=1e-9) and r["deterministic"],
+          f"FlashAttention's count and determinism: {r}")
+check(os.path.exists(att_md) and "| implementation |" in open(att_md).read(), "the markdown table")
+rc, out, err = run([args.shardtrain, "bench", "attention", "--shape", "2,64,5,2,16"])
+check(rc == 2 and "B,S,H,Hkv,Dh" in err, f"a shape whose KV heads do not divide the heads: exit {rc}: {err[-600:]}")
 
 # ---- bad input: one clear line each
 missing = os.path.join(work, "missing.toml")
