@@ -98,7 +98,7 @@ for name, np, extra, want in cases:
     print(f"{name}: per step and rank " + ", ".join(f"{api} {n}" for api, n in sorted(calls.items())))
 
 # The offload runs' step metrics: from step 2 on, the previous step's host update (its wall time, and how long the
-# step waited for it: never more than the update took); step 1 has no previous update, a run without offload none.
+# step waited for it); step 1 has no previous update, a run without offload none.
 def train_steps(run):
     with open(os.path.join(work, run, "metrics.jsonl")) as f:
         return [r for r in map(json.loads, f) if r.get("kind") == "train"]
@@ -107,9 +107,14 @@ def train_steps(run):
 offload = train_steps("offload-4")
 check([r["step"] for r in offload] == [1, 2, 3, 4], f"offload-4: steps {[r['step'] for r in offload]}")
 check("host_update_s" not in offload[0], f"offload-4: step 1 reports a host update {offload[0]}")
+# The wait is timed on the main thread and the update on the optimizer's worker: how they compare depends on when
+# each thread is woken (on a busy 2-core machine a wait read 5.2 ms against an update of 2.6: issue 36). What
+# the code guarantees: an update every step after the first, a wait that is not negative, and a wait inside
+# its own step's wall time.
 for r in offload[1:]:
-    check(r.get("host_update_s", 0) > 0 and 0 <= r.get("update_wait_s", -1) <= r["host_update_s"] + 1e-3,
-          f"offload-4: step {r['step']}: host_update_s {r.get('host_update_s')}, update_wait_s {r.get('update_wait_s')}")
+    check(r.get("host_update_s", 0) > 0 and 0 <= r.get("update_wait_s", -1) <= r["step_time_s"],
+          f"offload-4: step {r['step']}: host_update_s {r.get('host_update_s')}, update_wait_s {r.get('update_wait_s')}, "
+          f"step_time_s {r.get('step_time_s')}")
 print("offload: host update per step (s) " + ", ".join(f"{r.get('host_update_s', 0):.4f} (waited {r.get('update_wait_s', 0):.4f})"
                                                        for r in offload[1:]))
 check(all("host_update_s" not in r for r in train_steps("bf16-4")), "bf16-4: a run without offload reports a host update")
