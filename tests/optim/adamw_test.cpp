@@ -279,14 +279,17 @@ TEST(AdamWHost, AsyncTimesCountTheUpdateAndTheWaits) {
   adamw.set_async_delay(delay);
   fill_grads(a.grad, specs, 0);
   adamw.step_async(a.views, lr_at(0), scale_at(0));
-  adamw.wait_shard(0);  // blocks for the first shard's delay at least
+  const auto before = std::chrono::steady_clock::now();
+  adamw.wait_shard(0);  // blocks for the first shard's delay, unless this thread runs late
   adamw.wait();         // and for the rest
+  const double bracket = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   t = adamw.take_async_times();
   const double all_delays = 1e-3 * static_cast<double>(delay.count() * static_cast<int64_t>(specs.size()));
+  // What holds on any machine, however loaded (issue 36: bounds between two threads' clocks do not): the update
+  // slept through every delay; the waits were counted inside the interval this thread spent in them.
   EXPECT_GE(t.update_s, all_delays);
-  EXPECT_GE(t.waited_s, 0.5 * all_delays);  // this thread waited from (about) the start to the end (0.5: a
-                                            // loaded machine may run it late)
-  EXPECT_LE(t.waited_s, t.update_s + 0.05);
+  EXPECT_GE(t.waited_s, 0.0);
+  EXPECT_LE(t.waited_s, bracket);
   t = adamw.take_async_times();  // reported once
   EXPECT_EQ(t.update_s, 0.0);
   EXPECT_EQ(t.waited_s, 0.0);
@@ -294,10 +297,13 @@ TEST(AdamWHost, AsyncTimesCountTheUpdateAndTheWaits) {
   adamw.set_async_delay(std::chrono::milliseconds(0));
   fill_grads(a.grad, specs, 1);
   adamw.step_async(a.views, lr_at(1), scale_at(1));
+  const auto before2 = std::chrono::steady_clock::now();
   adamw.wait();
+  const double bracket2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - before2).count();
   t = adamw.take_async_times();
   EXPECT_GT(t.update_s, 0.0);
-  EXPECT_LE(t.waited_s, t.update_s + 0.05);
+  EXPECT_GE(t.waited_s, 0.0);
+  EXPECT_LE(t.waited_s, bracket2);
 }
 
 TEST(AdamWHost, RefusesShardsItWasNotBuiltFor) {
