@@ -43,7 +43,7 @@ copy_deps() {  # every resolved library of the given ELF files, once
 # 1. Executables.
 bins=("$BUILD/bin/shardtrain")
 while IFS= read -r t; do bins+=("$t"); done < <(find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x \
-  \( -name 'gpu_*_test' -o -name '*kernel_test' -o -name collectives_test -o -name fsdp_equivalence_test \) | sort)
+  \( -name '*gpu*_test' -o -name '*kernel_test' -o -name collectives_test -o -name fsdp_equivalence_test \) | sort)
 for b in "${bins[@]}"; do [[ -x "$b" ]] && cp "$b" "$OUT/bin/"; done
 copy_deps "$OUT"/bin/*
 
