@@ -126,7 +126,8 @@ run() {
   echo "== bundle $(cat "$B/COMMIT" 2>/dev/null), machine: $(. /etc/os-release 2>/dev/null; echo "$PRETTY_NAME"), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1
   nvcc --version 2>/dev/null | tail -1
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" 2>&1
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'transformers', transformers.__version__)" 2>&1
+  ls "${cuda_libs[@]}" 2>/dev/null | grep -E '^libcudnn(_graph)?\.so' | sort -u | tr '\n' ' '; echo
   echo "CUDA library folders: ${cuda_libs[*]}"
   missing=$(ldd "$B/bin/shardtrain" | grep 'not found')
   [[ -z "$missing" ]] && echo "shardtrain: every library found" || echo "shardtrain: MISSING $missing"
