@@ -20,6 +20,7 @@
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 
@@ -71,6 +72,7 @@ void write_index(const std::string& tmp, fsdp::FsdpEngine& engine, StateDictType
   hdf5::set_attr(f, "config", meta.config_toml);
   hdf5::set_attr(f, "tokenizer", meta.tokenizer);
   hdf5::set_attr(f, "optimizer_steps", optimizer_steps);
+  hdf5::record_metadata_checksums(f);
   f.close();
   fsync_path(path);
 }
@@ -139,6 +141,7 @@ class RankFileWriter {
   }
   void close() {
     units_.close();
+    hdf5::record_metadata_checksums(file_);
     file_.close();
     fsync_path(path_);
   }
@@ -462,6 +465,7 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
     }
   }
   writing([&] {
+    hdf5::record_metadata_checksums(f);
     f.close();
     fsync_path(path);
   });
