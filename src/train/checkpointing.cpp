@@ -303,12 +303,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
   if (async_.pending()) wait_async(trainer);  // a save in flight is the newest
-  std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
-  // Not one saved in a streak of skipped steps (Diverging): the divergence was already under way there.
-  std::vector<std::pair<int64_t, std::string>> sound;
-  std::copy_if(saved.begin(), saved.end(), std::back_inserter(sound),
-               [](const auto& c) { return checkpoint::checkpoint_health(c.second) == checkpoint::Health::Healthy; });
-  if (!sound.empty()) saved = std::move(sound);
+  const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
   std::string path = saved.empty() ? resumed_from_ : saved.back().second;
   const int64_t again = trainer.state().last_rollback_to;
   if (!saved.empty() && saved.back().first == again) {
