@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -294,7 +296,12 @@ void walk(hid_t file, const std::string& fname, const std::string& path,
 void record_metadata_checksums(const Handle& file) {
   Quiet quiet;
   const hid_t f = static_cast<hid_t>(file.get());
-  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) throw IoError(fmt::format("{}: cannot flush the file before recording its checksums", file_name(file)));
+  errno = 0;
+  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) {
+    const int err = errno;  // the file system's answer, when a write was refused (ENOSPC, EFBIG, EDQUOT...)
+    throw IoError(fmt::format("{}: writing failed, the data was not all written{}", file_name(file),
+                              err != 0 ? fmt::format(" ({})", std::strerror(err)) : std::string()));
+  }
   std::vector<std::pair<std::string, std::string>> records;
   walk(f, file_name(file), ".", [&](const std::string& path, hid_t, const Entries& e) { records.emplace_back(path, nlohmann::json(e).dump()); });
   for (const auto& [path, record] : records) set_attr(file, kMetadataChecksums, record, path);
