@@ -181,8 +181,11 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
 void CheckpointHooks::on_start(Trainer& trainer) {
   report_space(trainer);
   // What saves killed half-way (or removals cut short) left: only rank 0 touches the directory, and no save of this
-  // run is in flight yet. Complete checkpoints are never touched.
-  if (trainer.runtime().topology().world_rank == 0) checkpoint::remove_incomplete(dir_);
+  // run is in flight yet. Complete checkpoints are never touched. Not when the run names a checkpoint to resume
+  // from (it may be one of them, named to be refused with its reason): the first save cleans up then.
+  const std::string& resume_setting = trainer.config().checkpoint.resume;
+  if (trainer.runtime().topology().world_rank == 0 && (resume_setting.empty() || resume_setting == "auto"))
+    checkpoint::remove_incomplete(dir_);
   resume(trainer);
   const auto& c = trainer.config().checkpoint;
   if (resumed_from_.empty() && !c.init_from.empty()) {
