@@ -275,7 +275,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
   if (resumed_from_.empty()) {
     std::string why;
     for (const Fallback& d : damaged) why += fmt::format("; {}", d.error);
-    throw checkpoint::CheckpointDamaged(fmt::format("checkpoint: none of the {} complete checkpoints in {} loads (resume = auto){}; "
+    throw checkpoint::CheckpointDamaged(fmt::format("none of the {} complete checkpoints in {} loads (resume = auto){}; "
                                                     "nothing was changed or removed",
                                                     damaged.size(), dir_, why));
   }
@@ -357,9 +357,10 @@ bool CheckpointHooks::weights_savable(Trainer& trainer, SaveCause cause) {
     if (checkpoint::checkpoint_health(path) == checkpoint::Health::Healthy) newest = path;
   const std::string keep = newest.empty() ? "there is no sound checkpoint yet" : "the newest sound checkpoint is " + newest;
   if (cause != SaveCause::Periodic)
-    throw Error(ExitCode::Diverged, fmt::format("the weights are not finite at step {}, so the {} save is not made; {}; "
-                                                "lower optim.lr and resume from it",
-                                                step, cause == SaveCause::Final ? "final" : "requested", keep));
+    throw Error(ExitCode::Diverged, fmt::format("the weights are not finite at step {}, so the {} save is not made; {}; lower optim.lr "
+                                                "and {}",
+                                                step, cause == SaveCause::Final ? "final" : "requested", keep,
+                                                newest.empty() ? "start again" : "resume from it"));
   if (trainer.runtime().topology().world_rank == 0)
     log::error("checkpoint: the save of step {} is skipped: the weights are not finite (a checkpoint of them could only diverge); {}",
                step, keep);
