@@ -28,12 +28,12 @@ if [[ ! -f "$tokenizer" ]]; then
 fi
 if [[ ! -f "$dataset" || "$tokenizer" -nt "$dataset" ]]; then
   say "preparing $dataset (2% of the addresses held out for validation)"
-  "$bin" prepare-data --tokenizer "$tokenizer" --input data/fetched/corpus/sotu --output "$dataset" --validation-fraction 0.02
+  "$bin" prepare-data --tokenizer "$tokenizer" --input data/fetched/corpus/sotu --output "$dataset" --validation-fraction 0.02 --overwrite
 fi
 # A second source with the same tokenizer, for mixtures (README: --data.mixture; docs/data.md).
 if [[ ! -f data/moby-bpe4k.h5 || "$tokenizer" -nt data/moby-bpe4k.h5 ]]; then
   say "preparing data/moby-bpe4k.h5 (Moby Dick, the same tokenizer: a second source for data mixtures)"
-  "$bin" prepare-data --tokenizer "$tokenizer" --input data/fetched/corpus/moby-dick --output data/moby-bpe4k.h5 --validation-fraction 0.02
+  "$bin" prepare-data --tokenizer "$tokenizer" --input data/fetched/corpus/moby-dick --output data/moby-bpe4k.h5 --validation-fraction 0.02 --overwrite
 fi
 
 run_dir="runs/tiny-cpu-$(date +%Y%m%d-%H%M%S)"

@@ -14,6 +14,7 @@
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
 
 namespace fs = std::filesystem;
 
@@ -58,6 +59,7 @@ ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const Expo
       ++s.tensors;
       s.bytes += v.size() * dtype_size(o.dtype);
     }
+    hdf5::record_metadata_checksums(f);
     f.close();
   }
   fs::rename(tmp, out);

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -47,6 +48,78 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
 std::string find_latest(const std::string& dir) {
   const auto all = complete_checkpoints(dir);
   return all.empty() ? std::string() : all.back().second;
+}
+
+Health checkpoint_health(const std::string& checkpoint_dir) {
+  std::ifstream in(fs::path(checkpoint_dir) / kDoneFile);
+  const auto done = nlohmann::json::parse(in, nullptr, false);
+  return done.is_object() && done.value("healthy", true) == false ? Health::Diverging : Health::Healthy;
+}
+
+namespace {
+
+// The newest Healthy checkpoint among `all` (oldest first), "" when none is.
+std::string newest_healthy(const std::vector<std::pair<int64_t, std::string>>& all) {
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (checkpoint_health(it->second) == Health::Healthy) return it->second;
+  return {};
+}
+
+// A file a save writes into a checkpoint directory (DONE aside).
+bool save_file_name(const std::string& name) {
+  if (name == kIndexFile || name == kFullFile) return true;
+  if (name.size() < 10 || name.rfind("rank_", 0) != 0 || name.substr(name.size() - 3) != ".h5") return false;
+  const std::string digits = name.substr(5, name.size() - 8);
+  return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+std::vector<std::string> remove_incomplete(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  std::vector<fs::path> candidates;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp") name.resize(name.size() - 4);
+    if (!parse_step_dir(name) || !e.is_directory(ec) || e.is_symlink(ec) || is_complete(e.path().string())) continue;
+    candidates.push_back(e.path());
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (const fs::path& path : candidates) {
+    uint64_t files = 0, bytes = 0;
+    bool ours = true;
+    for (const auto& f : fs::directory_iterator(path, ec)) {
+      ours = ours && !f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string());
+      ++files;
+      bytes += f.is_regular_file(ec) ? f.file_size(ec) : 0;
+    }
+    if (ec || !ours) {
+      log::warn("checkpoint: {} is incomplete (no DONE) but holds more than a save writes: left as it is", path.string());
+      ec.clear();
+      continue;
+    }
+    fs::remove_all(path, ec);
+    if (ec) {
+      log::warn("checkpoint: cannot remove the incomplete {}: {}", path.string(), ec.message());
+      ec.clear();
+      continue;
+    }
+    log::info("checkpoint: removed {}, what a save that did not finish left ({} files, {})", path.string(), files, format_bytes(bytes));
+    removed.push_back(path.string());
+  }
+  return removed;
+}
+
+std::string set_aside_damaged(const std::string& checkpoint_dir) {
+  std::string target = checkpoint_dir + ".damaged";
+  for (int k = 2; fs::exists(target); ++k) target = fmt::format("{}.damaged-{}", checkpoint_dir, k);
+  std::error_code ec;
+  fs::rename(checkpoint_dir, target, ec);
+  if (ec) throw IoError(fmt::format("cannot rename the damaged checkpoint {} to {}: {}", checkpoint_dir, target, ec.message()));
+  fsync_path(fs::path(checkpoint_dir).parent_path().string());
+  return target;
 }
 
 void fsync_path(const std::string& path) {
@@ -106,11 +179,12 @@ std::vector<std::string> make_room(const std::string& dir, Retention retention, 
   std::vector<std::string> removed;
   if (retention.keep_last < 2) return removed;
   const auto all = complete_checkpoints(dir);  // oldest first
+  const std::string healthy = newest_healthy(all);
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) - 1 < all.size(); ++i) {
     if (available_bytes(dir) >= bytes) break;
     const auto& [step, path] = all[i];
-    if (retention.keep_every > 0 && step % retention.keep_every == 0) continue;
+    if ((retention.keep_every > 0 && step % retention.keep_every == 0) || path == healthy) continue;
     log::warn("checkpoint: {} free in {}, a checkpoint takes {}: removing {} before the save instead of after it (keep_last = {})",
               format_bytes(available_bytes(dir)), dir, format_bytes(bytes), path, retention.keep_last);
     fs::remove(fs::path(path) / kDoneFile, ec);
@@ -128,10 +202,17 @@ void discard(const std::string& path) {
 void rotate(const std::string& dir, Retention retention, const std::string& keep) {
   if (retention.keep_last <= 0) return;
   const auto all = complete_checkpoints(dir);  // oldest first
+  const std::string healthy = newest_healthy(all);
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) < all.size(); ++i) {
     const auto& [step, path] = all[i];
     if (path == keep || (retention.keep_every > 0 && step % retention.keep_every == 0)) continue;  // a milestone
+    if (path == healthy) {  // every newer one was saved while steps were being skipped
+      log::warn("checkpoint: keeping {} beyond keep_last = {}: it is the newest checkpoint saved while training was sound (the {} "
+                "after it were saved during a streak of skipped steps)",
+                path, retention.keep_last, all.size() - 1 - i);
+      continue;
+    }
     log::info("checkpoint: removing {} (keep_last = {}{})", path, retention.keep_last,
               retention.keep_every > 0 ? fmt::format(", keep_every = {}", retention.keep_every) : std::string());
     // DONE goes first, so a removal cut short leaves an incomplete directory, never a broken "complete" one.

@@ -9,6 +9,8 @@
 
 #include "paths.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/log.hpp"
 
 namespace fs = std::filesystem;
 
@@ -24,7 +26,7 @@ struct CheckpointReader::Piece {
 namespace {
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw CheckpointError(fmt::format("{}: {}", where, what));
+  throw CheckpointDamaged(fmt::format("{}: {}", where, what));
 }
 
 std::string required_string(const hdf5::Handle& f, const std::string& name, const std::string& where) {
@@ -39,14 +41,24 @@ int64_t required_int(const hdf5::Handle& f, const std::string& name, const std::
   return *v;
 }
 
-// Opening through the HDF5 helpers reports DataError; a checkpoint's files are checkpoint errors.
-hdf5::Handle open_checkpoint_file(const std::string& path) {
+// Opening through the HDF5 helpers reports DataError; a checkpoint's files are checkpoint errors. Every file's
+// metadata (attributes, layouts, links) is checked against its checksums here, before anything is read from it.
+hdf5::Handle open_checkpoint_file(const std::string& path, MetadataSummary& summary) {
   if (!fs::exists(path)) fail(path, "file is missing (an incomplete or damaged checkpoint)");
+  hdf5::Handle f;
   try {
-    return hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+    f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
   } catch (const Error& e) {
     fail(path, fmt::format("cannot be opened: {}", e.what()));
   }
+  try {
+    const hdf5::MetadataCheck c = hdf5::verify_metadata_checksums(f);
+    ++(c.recorded ? summary.files_checked : summary.files_unrecorded);
+    summary.entries += c.entries;
+  } catch (const Error& e) {
+    throw CheckpointDamaged(fmt::format("{}; the checkpoint cannot be trusted: use an older one", e.what()));
+  }
+  return f;
 }
 
 }  // namespace
@@ -57,7 +69,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
     fail(dir, "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint");
   }
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
-  hdf5::Handle index = open_checkpoint_file(index_path);
+  hdf5::Handle index = open_checkpoint_file(index_path, metadata_);
   if (required_string(index, "format", index_path) != kFormatName) fail(index_path, "not a shardtrain checkpoint index");
   const int64_t version = required_int(index, "format_version", index_path);
   if (version != kFormatVersion) {
@@ -105,11 +117,15 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
       if (!hdf5::exists(f, group)) break;
       const auto params = hdf5::get_attr_string(f, "params", group);
       if (!params) fail(where, fmt::format("{} has no parameter record", group));
-      for (const auto& p : nlohmann::json::parse(*params)) {
-        const std::string name = p.at("name").get<std::string>();
-        if (!by_name_.count(name)) fail(where, fmt::format("holds '{}', which the index does not list", name));
-        pieces_[name].push_back({static_cast<int>(fi), group, p.at("file_offset").get<int64_t>(), p.at("begin").get<int64_t>(),
-                                 p.at("end").get<int64_t>()});
+      try {
+        for (const auto& p : nlohmann::json::parse(*params)) {
+          const std::string name = p.at("name").get<std::string>();
+          if (!by_name_.count(name)) fail(where, fmt::format("holds '{}', which the index does not list", name));
+          pieces_[name].push_back({static_cast<int>(fi), group, p.at("file_offset").get<int64_t>(), p.at("begin").get<int64_t>(),
+                                   p.at("end").get<int64_t>()});
+        }
+      } catch (const nlohmann::json::exception& e) {
+        fail(where, fmt::format("{} has a malformed parameter record: {}", group, e.what()));
       }
     }
   }
@@ -126,13 +142,17 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
       fail(dir, fmt::format("'{}' elements [{}, {}) are in no file (a rank file is missing or truncated)", t.name, at, t.numel));
     }
   }
+  if (metadata_.files_unrecorded > 0 && log::config().rank == 0)
+    log::warn("checkpoint {}: {} of its files have no metadata checksums (saved by a build before they existed): their attributes "
+              "and layouts are not checked; a checkpoint saved now has them",
+              dir, metadata_.files_unrecorded);
 }
 
 CheckpointReader::~CheckpointReader() = default;
 
 hdf5::Handle& CheckpointReader::file(int index) {
   auto& slot = files_.at(static_cast<size_t>(index));
-  if (!slot) slot = std::make_unique<hdf5::Handle>(open_checkpoint_file((fs::path(path_) / file_names_[index]).string()));
+  if (!slot) slot = std::make_unique<hdf5::Handle>(open_checkpoint_file((fs::path(path_) / file_names_[index]).string(), metadata_));
   return *slot;
 }
 

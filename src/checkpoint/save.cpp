@@ -20,6 +20,7 @@
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 
@@ -71,6 +72,7 @@ void write_index(const std::string& tmp, fsdp::FsdpEngine& engine, StateDictType
   hdf5::set_attr(f, "config", meta.config_toml);
   hdf5::set_attr(f, "tokenizer", meta.tokenizer);
   hdf5::set_attr(f, "optimizer_steps", optimizer_steps);
+  hdf5::record_metadata_checksums(f);
   f.close();
   fsync_path(path);
 }
@@ -139,6 +141,7 @@ class RankFileWriter {
   }
   void close() {
     units_.close();
+    hdf5::record_metadata_checksums(file_);
     file_.close();
     fsync_path(path_);
   }
@@ -159,9 +162,12 @@ void write_rank_file(const std::string& path, fsdp::FsdpEngine& engine, const op
   w.close();
 }
 
-std::string done_text(int64_t step, StateDictType type, const std::vector<std::string>& files) {
+std::string done_text(int64_t step, StateDictType type, const std::vector<std::string>& files, Health health) {
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  return nlohmann::json{{"step", step}, {"type", state_dict_type_name(type)}, {"files", files}, {"time", now}}.dump() + "\n";
+  return nlohmann::json{{"step", step}, {"type", state_dict_type_name(type)}, {"files", files}, {"time", now},
+                        {"healthy", health == Health::Healthy}}
+             .dump() +
+         "\n";
 }
 
 // Agrees on whether to save at all: an existing complete checkpoint of this step is never touched.
@@ -295,8 +301,9 @@ void finish_save(const SaveScope& s, fsdp::FsdpEngine& engine, StateDictType typ
   if (s.rank == 0) {
     try {
       write_index(s.tmp, engine, type, meta, files, optimizer_steps);
-      publish(s.tmp, s.final_dir, done_text(meta.step, type, files));
+      publish(s.tmp, s.final_dir, done_text(meta.step, type, files, meta.health));
       rotate(dir, retention, s.final_dir);
+      remove_incomplete(dir);
       log::info("checkpoint: saved {} ({}, {} files) in {:.2f} s{}", s.final_dir, state_dict_type_name(type), files.size(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count(), note);
     } catch (const std::exception& e) {
@@ -462,6 +469,7 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
     }
   }
   writing([&] {
+    hdf5::record_metadata_checksums(f);
     f.close();
     fsync_path(path);
   });

@@ -10,6 +10,7 @@
 
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
 
 namespace fs = std::filesystem;
 
@@ -43,6 +44,7 @@ class ConsolidatedSource final : public TensorSource {
   explicit ConsolidatedSource(const std::string& file) : path_(file) {
     try {
       file_ = hdf5::open_file(file, hdf5::FileMode::ReadOnly);
+      hdf5::verify_metadata_checksums(file_);  // consolidated before the checksums existed: not checked
     } catch (const Error& e) {
       fail(file, e.what());
     }

@@ -45,6 +45,13 @@ int run_info(const std::string& path, bool verify) {
   out += fmt::format("  files: {}\n  optimizer states: {} (AdamW step {})\n", fmt::join(r.files(), ", "),
                      r.has_optimizer() ? "yes" : "no", r.optimizer_steps());
   out += fmt::format("  tokenizer: {}\n  trainer state: {}\n", r.tokenizer().empty() ? "-" : r.tokenizer(), r.trainer_state());
+  const checkpoint::MetadataSummary& m = r.metadata();  // checked on opening: a mismatch never gets here
+  if (m.files_unrecorded == 0)
+    out += fmt::format("  metadata: ok ({} attributes, layouts and links in {} files match their checksums)\n", m.entries, m.files_checked);
+  else
+    out += fmt::format("  metadata: NOT CHECKED in {} of {} files (saved before metadata checksums existed){}\n", m.files_unrecorded,
+                       m.files_unrecorded + m.files_checked,
+                       m.files_checked ? fmt::format("; {} entries in the others match", m.entries) : std::string());
   for (const checkpoint::TensorInfo& t : r.tensors()) {
     out += fmt::format("  {:<52} {:<14} {:>10}\n", t.name, fmt::format("({})", fmt::join(t.shape, ", ")), t.numel);
     total += t.numel;

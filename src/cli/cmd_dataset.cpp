@@ -47,6 +47,7 @@ nlohmann::ordered_json summarize(const data::TokenDataset& ds, int seq) {
   std::error_code ec;
   j["file_bytes"] = fs::file_size(ds.path(), ec);
   j["tokens_mapped"] = ds.mapped();
+  j["metadata_checksums"] = {{"recorded", ds.metadata_recorded()}, {"entries", ds.metadata_entries()}};
   auto id = [](const std::optional<data::TokenId>& t) { return t ? int64_t{*t} : int64_t{-1}; };
   j["tokenizer"] = {{"name", info.tokenizer_name}, {"format", info.tokenizer_format}, {"hash", info.tokenizer_hash},
                     {"path", info.tokenizer_path}, {"vocab_size", info.vocab_size}, {"eot_id", id(info.eot_id)},
@@ -78,6 +79,10 @@ std::string print(const nlohmann::ordered_json& j, int seq) {
   std::string out = fmt::format("dataset {}\n", j["path"].get<std::string>());
   out += fmt::format("  {:.1f} MB; tokens {}\n", j["file_bytes"].get<double>() / 1e6,
                      j["tokens_mapped"].get<bool>() ? "mapped from the file (format 2)" : "read whole (format 1)");
+  const auto& m = j["metadata_checksums"];
+  out += m["recorded"].get<bool>()
+             ? fmt::format("  metadata: ok ({} attributes, layouts and links match their checksums)\n", m["entries"].get<int64_t>())
+             : std::string("  metadata: NOT CHECKED (prepared before metadata checksums existed; prepare it again to add them)\n");
   out += fmt::format("  tokenizer {} ({}, {}), vocab {}; eot {}, bot {}, pad {}\n", t["name"].get<std::string>(),
                      t["format"].get<std::string>(), t["hash"].get<std::string>(), t["vocab_size"].get<int64_t>(),
                      t["eot_id"].get<int64_t>(), t["bot_id"].get<int64_t>(), t["pad_id"].get<int64_t>());

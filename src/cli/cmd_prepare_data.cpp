@@ -14,10 +14,12 @@ Command add_prepare_data_command(CLI::App& parent) {
   auto o = std::make_shared<data::PrepareOptions>();
   auto format = std::make_shared<std::string>("auto");
   auto blank_lines = std::make_shared<bool>(false);
+  auto overwrite = std::make_shared<bool>(false);
   auto* app = parent.add_subcommand("prepare-data", "tokenize text, JSONL, Parquet or Arrow files into an HDF5 token dataset");
   app->add_option("--tokenizer,-t", o->tokenizer, "*.tiktoken, tokenizer.json, or a folder with one")->required();
   app->add_option("--input,-i", o->inputs, "text or JSONL files (plain, .gz or .zst), Parquet or Arrow files, or folders of them (sorted; a save_to_disk folder: its files)")->required();
-  app->add_option("--output,-o", o->output, "the dataset to write, e.g. data/sotu.h5")->required();
+  app->add_option("--output,-o", o->output, "the dataset to write, e.g. data/sotu.h5 (an existing one only with --overwrite)")->required();
+  app->add_flag("--overwrite", *overwrite, "replace an existing output (by a whole new file, once it is written)");
   app->add_option("--format", *format, "auto (*.jsonl/*.json[.gz|.zst] are JSONL, *.parquet Parquet, *.arrow/*.feather Arrow), text, jsonl, parquet or arrow")->capture_default_str();
   app->add_flag("--blank-line-documents", *blank_lines, "text: one document per blank-line-separated block (default: per file)");
   app->add_option("--text-field", o->documents.text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")->capture_default_str();
@@ -37,8 +39,9 @@ Command add_prepare_data_command(CLI::App& parent) {
   Command c;
   c.app = app;
   c.launch = Launch::Offline;
-  c.run = [o, format, blank_lines, batch_mb](Runtime*) {
+  c.run = [o, format, blank_lines, overwrite, batch_mb](Runtime*) {
     o->batch_bytes = *batch_mb << 20;
+    o->existing = *overwrite ? data::ExistingOutput::Replace : data::ExistingOutput::Refuse;
     o->documents.format = data::parse_input_format(*format);
     o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
     const auto s = data::prepare_dataset(*o);

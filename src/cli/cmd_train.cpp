@@ -28,9 +28,10 @@ struct TrainOptions {
 // <run_dir>/result.json, written last by rank 0 (temporary file + rename): how the run ended. Job scripts
 // read it because a launcher's exit status alone can lie (srun returns 0 when it could not start the
 // ranks), and a run directory then says whether it finished, was stopped for a requeue, or neither.
-void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps, bool preempted, const std::string& checkpoint) {
+void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps, bool preempted, const train::CheckpointHooks& checkpoints) {
   namespace fs = std::filesystem;
-  const nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
+  const std::string& checkpoint = checkpoints.last_saved();
+  nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
                             {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
                             {"step", step},
                             {"max_steps", max_steps},
@@ -38,6 +39,10 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps,
                             {"skipped_steps", s.skipped_steps},
                             {"rollbacks", s.rollbacks},
                             {"last_checkpoint", checkpoint}};
+  if (!checkpoints.resumed_from().empty()) j["resumed_from"] = checkpoints.resumed_from();
+  // --resume auto passed over damaged checkpoints (docs/checkpoints.md, "Damaged checkpoints")
+  for (const auto& f : checkpoints.resume_fallbacks())
+    j["damaged_checkpoints"].push_back({{"checkpoint", f.checkpoint}, {"set_aside_as", f.set_aside_as}, {"error", f.error}});
   write_json_file((fs::path(s.run_dir) / "result.json").string(), j, "the run's result");
 }
 
@@ -67,7 +72,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
             s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
   if (rt->topology().world_rank == 0) {
-    write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints.last_saved());
+    write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints);
   }
   if (preemption.preempted()) {
     log::warn("train: stopped by a signal after step {}; resume with --resume auto (exit code 75 asks for a requeue)",

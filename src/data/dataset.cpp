@@ -14,13 +14,17 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "shardtrain/data/sampler.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
+#include "tokenizer_model.hpp"
 
 namespace shardtrain::data {
 
@@ -120,18 +124,47 @@ std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string&
   return {reinterpret_cast<const TokenId*>(static_cast<const char*>(m) + (offset - start)), count};
 }
 
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int rc = fd < 0 ? -1 : ::fsync(fd);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (rc != 0) throw IoError(fmt::format("{}: cannot flush it to disk: {}", path, std::strerror(err)));
+}
+
+// Moves the finished file into place. Refuse: never over a file, even one that appeared since the start (an
+// atomic no-replace rename where the file system has one; otherwise checked just before).
+void move_into_place(const std::string& tmp, const std::string& path, ExistingOutput existing) {
+  namespace fs = std::filesystem;
+  const auto exists_error = [&] {
+    return UsageError(fmt::format("{}: already exists; a dataset is not replaced unless asked (prepare-data --overwrite); the new one "
+                                  "was not kept", path));
+  };
+  if (existing == ExistingOutput::Refuse) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return;
+    if (errno == EEXIST) throw exists_error();
+    if (errno != EINVAL && errno != ENOSYS)
+      throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, std::strerror(errno)));
+    std::error_code ec;
+    if (fs::exists(path, ec)) throw exists_error();
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, ec.message()));
+}
+
 }  // namespace
 
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info) {
+                   const DatasetInfo& info, ExistingOutput existing) {
   write_dataset(
       path, tokens.size(),
       [&](size_t offset, std::span<TokenId> out) { std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(offset), out.size(), out.begin()); },
-      doc_offsets, info);
+      doc_offsets, info, existing);
 }
 
 void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info) {
+                   const DatasetInfo& info, ExistingOutput existing) {
   if (doc_offsets.empty() || doc_offsets.front() != 0 || doc_offsets.back() != static_cast<int64_t>(num_tokens))
     throw InternalError(fmt::format("write_dataset({}): doc_offsets must run from 0 to the {} tokens", path, num_tokens));
   const size_t docs = doc_offsets.size() - 1;
@@ -189,11 +222,13 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   hdf5::set_attr(f, "validation_fraction_ppm", static_cast<int64_t>(std::llround(info.validation_fraction * 1e6)));
   hdf5::set_attr(f, "split_seed", static_cast<int64_t>(info.split_seed));
   split = hdf5::Handle();
+  hdf5::record_metadata_checksums(f);
   f.close();
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, ec.message()));
+  fsync_file(tmp);  // on disk before it takes the name: a crash leaves the old file or the whole new one
+  move_into_place(tmp, path, existing);
   guard.moved = true;
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  fsync_file(dir.string());  // the rename itself
 }
 
 namespace {
@@ -216,6 +251,20 @@ TokenDataset TokenDataset::open(const std::string& path) {
   TokenDataset ds;
   ds.path_ = path;
   auto f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  // Every attribute, layout and link against its checksum, before any of them is believed.
+  try {
+    const hdf5::MetadataCheck check = hdf5::verify_metadata_checksums(f);
+    ds.metadata_recorded_ = check.recorded;
+    ds.metadata_entries_ = check.entries;
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}; prepare the dataset again", e.what()));
+  }
+  if (ds.metadata_recorded_) {
+    ds.metadata_record_ = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value_or("");
+  } else if (log::config().rank == 0) {
+    log::warn("{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
+              "are not checked; prepare it again to add them", path);
+  }
   const std::string format = required_string(f, path, "format");
   if (format != kDatasetFormat)
     throw DataError(fmt::format("{}: attribute 'format' is '{}', expected '{}'", path, format, kDatasetFormat));
@@ -288,6 +337,18 @@ TokenDataset TokenDataset::open(const std::string& path) {
 }
 
 bool TokenDataset::mapped() const { return storage_ && storage_->map != nullptr; }
+
+std::string TokenDataset::identity() const {
+  const auto bytes_of = [](const auto& v) {
+    return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  std::string parts = metadata_record_ + "|" + detail::fnv1a64_hex(bytes_of(offsets_)) + "|" + detail::fnv1a64_hex(bytes_of(train_)) + "|" +
+                      detail::fnv1a64_hex(bytes_of(validation_)) + "|";
+  parts += storage_ && !storage_->sums.empty() ? detail::fnv1a64_hex(bytes_of(storage_->sums)) : detail::fnv1a64_hex(bytes_of(tokens_));
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path_, ec);
+  return fmt::format("{} bytes, {} tokens in {} documents, content {}", ec ? 0 : size, num_tokens(), num_documents(), detail::fnv1a64_hex(parts));
+}
 
 void TokenDataset::check_blocks(size_t begin, size_t end) const {
   if (!storage_ || !storage_->checked || begin >= end) return;

@@ -137,6 +137,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
   if (options.inputs.empty()) throw UsageError("prepare-data: no --input given");
+  if (std::error_code ec; options.existing == ExistingOutput::Refuse && fs::exists(options.output, ec))
+    throw UsageError(fmt::format("{}: already exists; prepare-data does not replace a dataset unless asked (--overwrite)", options.output));
   if (options.validation_fraction < 0 || options.validation_fraction >= 1)
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
@@ -268,7 +270,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         back.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size_bytes()));
         if (!back) throw IoError(fmt::format("{}: cannot read back the temporary token file", tokens_tmp_path));
       },
-      offsets, info);
+      offsets, info, options.existing);
 
   summary.documents = docs;
   summary.tokens = num_tokens;

@@ -6,12 +6,16 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -68,6 +72,36 @@ class SaveDeadline {
   bool done_ = false;
   std::thread thread_;
 };
+
+// Collective: "" when no rank has an error, else the lowest failing rank's ("rank N: " before any but rank 0's).
+std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {
+  int v[2] = {error.empty() ? 0 : -1, error.empty() ? INT_MAX : rank};
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, world));
+  if (v[0] == 0) return {};
+  std::string text = rank == v[1] ? error : std::string();
+  int length = static_cast<int>(text.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, v[1], world));
+  text.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, v[1], world));
+  return v[1] == 0 ? text : fmt::format("rank {}: {}", v[1], text);
+}
+
+// Whether every element of this rank's weight shards is finite (host or device shards alike).
+bool shards_finite(const std::vector<fsdp::ShardView>& shards) {
+  std::vector<float> host;
+  for (const fsdp::ShardView& v : shards) {
+    const auto n = static_cast<size_t>(v.numel);
+    const float* p = v.param;
+    if (v.device != DeviceKind::Cpu) {
+      host.resize(n);
+      copy_async(host.data(), v.param, n * sizeof(float), {});
+      stream_synchronize({});
+      p = host.data();
+    }
+    if (!std::all_of(p, p + n, [](float x) { return std::isfinite(x); })) return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -146,6 +180,12 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
 
 void CheckpointHooks::on_start(Trainer& trainer) {
   report_space(trainer);
+  // What saves killed half-way (or removals cut short) left: only rank 0 touches the directory, and no save of this
+  // run is in flight yet. Complete checkpoints are never touched. Not when the run names a checkpoint to resume
+  // from (it may be one of them, named to be refused with its reason): the first save cleans up then.
+  const std::string& resume_setting = trainer.config().checkpoint.resume;
+  if (trainer.runtime().topology().world_rank == 0 && (resume_setting.empty() || resume_setting == "auto"))
+    checkpoint::remove_incomplete(dir_);
   resume(trainer);
   const auto& c = trainer.config().checkpoint;
   if (resumed_from_.empty() && !c.init_from.empty()) {
@@ -156,14 +196,7 @@ void CheckpointHooks::on_start(Trainer& trainer) {
   }
 }
 
-void CheckpointHooks::resume(Trainer& trainer) {
-  const std::string& resume = trainer.config().checkpoint.resume;
-  if (resume.empty()) return;
-  const std::string path = resolve_resume_path(resume, dir_);
-  if (path.empty()) {
-    log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
-    return;
-  }
+TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::string& path) {
   // The tokens in the dataset must be the ones the checkpoint's model was trained on.
   checkpoint::CheckpointReader reader(path);
   check_resume_tokenizer(reader, trainer.dataset());
@@ -171,12 +204,104 @@ void CheckpointHooks::resume(Trainer& trainer) {
   const std::string change = resume_data_change(reader, trainer.sources());
   if (!change.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", change);
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
-  TrainerState state = trainer_state_from_json(r.trainer_state, path);
-  if (!r.optimizer_loaded) state.optimizer_steps = 0;
-  trainer.restore(state);
-  resumed_from_ = path;
-  last_saved_step_ = state.step;
-  log::info("checkpoint: resumed from {} at step {} ({} tokens seen)", path, state.step, state.tokens_seen);
+  TrainerState state;
+  try {
+    state = trainer_state_from_json(r.trainer_state, path);
+  } catch (const CheckpointError& e) {
+    throw checkpoint::CheckpointDamaged(e.what());
+  }
+  if (!r.optimizer_loaded) {  // a full checkpoint: fresh moments, also after a damaged one was partly loaded
+    optim::AdamW& adamw = trainer.optimizer();
+    for (size_t i = 0; i < adamw.num_shards(); ++i) {
+      const std::vector<float> zeros(static_cast<size_t>(adamw.numel(i)), 0.0f);
+      adamw.write_state(i, optim::OptimState::ExpAvg, zeros);
+      adamw.write_state(i, optim::OptimState::ExpAvgSq, zeros);
+    }
+    state.optimizer_steps = 0;
+  }
+  return state;
+}
+
+void CheckpointHooks::resume(Trainer& trainer) {
+  const std::string& resume = trainer.config().checkpoint.resume;
+  if (resume.empty()) return;
+  // An explicit checkpoint is loaded or refused; `auto` takes the newest complete one that loads, newest first, so
+  // that a damaged newest checkpoint does not stop a requeued job forever.
+  const bool fall_back = resume == "auto";
+  std::vector<std::string> candidates;
+  if (fall_back) {
+    const auto all = checkpoint::complete_checkpoints(dir_);
+    for (auto it = all.rbegin(); it != all.rend(); ++it) candidates.push_back(it->second);
+  } else {
+    candidates.push_back(resolve_resume_path(resume, dir_));
+  }
+  if (candidates.empty()) {
+    log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
+    return;
+  }
+  const MPI_Comm world = trainer.runtime().world();
+  const int rank = trainer.runtime().topology().world_rank;
+  std::vector<Fallback> damaged;
+  for (const std::string& path : candidates) {
+    std::string error;
+    TrainerState state;
+    try {
+      state = load_for_resume(trainer, path);
+    } catch (const checkpoint::CheckpointDamaged& e) {
+      if (!fall_back) throw;
+      error = e.what();
+    }
+    // Every rank read other parts of the files: a damaged chunk only one of them met fails the checkpoint for all.
+    if (fall_back) error = lowest_error(world, rank, error);
+    if (!error.empty()) {
+      if (rank == 0) log::error("checkpoint: {} does not load, trying the one before it: {}", path, error);
+      damaged.push_back({path, "", error});
+      continue;
+    }
+    trainer.restore(state);
+    resumed_from_ = path;
+    last_saved_step_ = state.step;
+    log::info("checkpoint: resumed from {} at step {} ({} tokens seen)", path, state.step, state.tokens_seen);
+    if (rank == 0 && checkpoint::checkpoint_health(path) == checkpoint::Health::Diverging) {
+      std::string sound;
+      for (const auto& [step, p] : checkpoint::complete_checkpoints(dir_))
+        if (checkpoint::checkpoint_health(p) == checkpoint::Health::Healthy) sound = p;
+      log::warn("checkpoint: {} was saved during a streak of skipped steps (the run was diverging); {}", path,
+                sound.empty() ? std::string("no checkpoint of this directory was saved while training was sound")
+                              : fmt::format("the newest one saved while training was sound is {} (--resume {})", sound, sound));
+    }
+    break;
+  }
+  if (resumed_from_.empty()) {
+    std::string why;
+    for (const Fallback& d : damaged) why += fmt::format("; {}", d.error);
+    throw checkpoint::CheckpointDamaged(fmt::format("none of the {} complete checkpoints in {} loads (resume = auto){}; "
+                                                    "nothing was changed or removed",
+                                                    damaged.size(), dir_, why));
+  }
+  if (damaged.empty()) return;
+  // Set aside, not deleted: the damaged ones stay for inspection but are no longer candidates, and their steps
+  // can be saved again.
+  for (Fallback& d : damaged) {
+    if (rank == 0) {
+      try {
+        d.set_aside_as = checkpoint::set_aside_damaged(d.checkpoint);
+      } catch (const IoError& e) {
+        log::error("checkpoint: {}", e.what());
+      }
+      log::error("checkpoint: RESUMED FROM AN OLDER CHECKPOINT: {} is damaged ({}); {}; resumed from {}, so the steps after it are "
+                 "trained again",
+                 d.checkpoint, d.error, d.set_aside_as.empty() ? "it stays where it is" : "set aside as " + d.set_aside_as, resumed_from_);
+    }
+    trainer.record_event(nlohmann::json{{"kind", "resume_fallback"},
+                                        {"damaged", d.checkpoint},
+                                        {"set_aside_as", d.set_aside_as},
+                                        {"error", d.error},
+                                        {"resumed_from", resumed_from_},
+                                        {"step", trainer.state().step}}
+                             .dump());
+  }
+  fallbacks_ = std::move(damaged);
 }
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
@@ -217,13 +342,37 @@ checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
   meta.trainer_state = trainer_state_to_json(trainer.state());
   meta.config_toml = trainer.resolved_config_toml();
   meta.tokenizer = tokenizer_json(trainer);
+  meta.health = trainer.state().consecutive_nonfinite == 0 ? checkpoint::Health::Healthy : checkpoint::Health::Diverging;
   return meta;
 }
 
-void CheckpointHooks::save(Trainer& trainer) {
+bool CheckpointHooks::weights_savable(Trainer& trainer, SaveCause cause) {
+  trainer.optimizer();  // waits for CPU offload's update in flight: the shards are final
+  int finite = shards_finite(trainer.engine().shards()) ? 1 : 0;
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &finite, 1, MPI_INT, MPI_MIN, trainer.runtime().world()));
+  if (finite) return true;
+  const int64_t step = trainer.state().step;
+  std::string newest;
+  for (const auto& [saved_step, path] : checkpoint::complete_checkpoints(dir_))
+    if (checkpoint::checkpoint_health(path) == checkpoint::Health::Healthy) newest = path;
+  const std::string keep = newest.empty() ? "there is no sound checkpoint yet" : "the newest sound checkpoint is " + newest;
+  if (cause != SaveCause::Periodic)
+    throw Error(ExitCode::Diverged, fmt::format("the weights are not finite at step {}, so the {} save is not made; {}; lower optim.lr "
+                                                "and {}",
+                                                step, cause == SaveCause::Final ? "final" : "requested", keep,
+                                                newest.empty() ? "start again" : "resume from it"));
+  if (trainer.runtime().topology().world_rank == 0)
+    log::error("checkpoint: the save of step {} is skipped: the weights are not finite (a checkpoint of them could only diverge); {}",
+               step, keep);
+  trainer.record_event(nlohmann::json{{"kind", "checkpoint_skipped"}, {"step", step}, {"reason", "non-finite weights"}}.dump());
+  return false;
+}
+
+void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   if (async_.pending()) wait_async(trainer);
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
+  if (!weights_savable(trainer, cause)) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
   const auto& c = trainer.config().checkpoint;
   const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
@@ -238,6 +387,7 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   if (async_.pending()) wait_async(trainer);  // the previous one first: its failure is its own
+  if (!weights_savable(trainer, SaveCause::Periodic)) return;
   const auto& c = trainer.config().checkpoint;
   last_saved_step_ = async_step_ = s.step;
   async_started_ = Clock::now();
@@ -264,14 +414,14 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   const auto& c = trainer.config().checkpoint;
   const bool due = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
   if (trainer.save_requested()) {  // preemption: published before the run stops
-    save(trainer);
+    save(trainer, SaveCause::Requested);
     trainer.clear_save_request();
   } else if (due) {
     periodic(trainer, trainer.state().step, [&] {
       if (c.async_save && c.state_dict_type == StateDictType::Sharded) {
         save_async(trainer);
       } else {
-        save(trainer);
+        save(trainer, SaveCause::Periodic);
       }
     });
   }
@@ -279,7 +429,8 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
 
 void CheckpointHooks::on_end(Trainer& trainer) {
   if (async_.pending()) wait_async(trainer);
-  if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested()) save(trainer);
+  if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested())
+    save(trainer, trainer.save_requested() ? SaveCause::Requested : SaveCause::Final);
 }
 
 }  // namespace shardtrain::train

@@ -25,6 +25,7 @@
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/progress_view.hpp"
+#include "shardtrain/train/rank_agreement.hpp"
 
 namespace shardtrain::train {
 namespace fs = std::filesystem;
@@ -248,6 +249,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   options_.faults.check_ranks(topo.world_size);
   const int W = topo.world_size, rank = topo.world_rank;
   resolved_toml_ = to_toml(config_);
+  check_ranks_agree_on_config(runtime.world(), resolved_toml_);  // before any collective a difference could mismatch
 
   const bool eval_only = options_.evaluation_only;
   if (!eval_only) {
@@ -263,6 +265,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
   // the model; the loader checks that a mixture's sources share one tokenizer.
   sources_ = open_data_sources(config_);
+  check_ranks_agree_on_data(runtime.world(), sources_);
 
   // The peak MFU is reported against (mfu.hpp): on a GPU its datasheet figure, with a bf16 matmul measured
   // through the backend itself beside it; on the CPU the best of several sgemms at the step's thread count,

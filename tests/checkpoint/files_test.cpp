@@ -20,6 +20,7 @@
 #include "shardtrain/checkpoint/export.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardtrain;
@@ -204,6 +205,58 @@ TEST(CheckpointFiles, BadInputGivesOneClearErrorNamingTheFile) {
     // The good checkpoint is untouched by all of the above, and still verifies.
     checkpoint::CheckpointReader ok(good);
     EXPECT_GT(ok.verify_checksums(), 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Every attribute, layout and link of every file is checked against its metadata checksum when the checkpoint is
+// opened: a trainer state rewritten with one digit changed (as an HDF5 tool would) is refused, naming the file, the
+// object and the attribute. A checkpoint saved before the records existed opens, reported as unchecked.
+TEST(CheckpointFiles, MetadataIsCheckedOnOpening) {
+  const std::string dir = saved_run("metadata");
+  if (world_rank() == 0) {
+    const std::string good = checkpoint::find_latest(dir);
+    {
+      checkpoint::CheckpointReader r(good);
+      EXPECT_EQ(r.metadata().files_checked, 3);  // index.h5 and both rank files
+      EXPECT_EQ(r.metadata().files_unrecorded, 0);
+      EXPECT_GT(r.metadata().entries, 40);
+    }
+
+    const std::string changed = copy_of(good, "tokenizer_changed");
+    {
+      auto f = hdf5::open_file(changed + "/index.h5", hdf5::FileMode::ReadWrite);
+      std::string record = hdf5::get_attr_string(f, "tokenizer").value();  // {"name": "test", "eot_id": 3}
+      const size_t at = record.find('3');
+      EXPECT_NE(at, std::string::npos) << record;
+      if (at != std::string::npos) record[at] = '2';
+      hdf5::set_attr(f, "tokenizer", record);
+    }
+    try {
+      checkpoint::CheckpointReader r(changed);
+      ADD_FAILURE() << "no CheckpointDamaged";
+    } catch (const checkpoint::CheckpointDamaged& e) {
+      EXPECT_NE(std::string(e.what()).find(changed + "/index.h5: the root group: attribute 'tokenizer' does not match the checksum"),
+                std::string::npos)
+          << e.what();
+    }
+
+    const std::string unrecorded = copy_of(good, "unrecorded");
+    for (const char* name : {"index.h5", "rank_00000.h5", "rank_00001.h5"}) {
+      auto f = hdf5::open_file(unrecorded + "/" + name, hdf5::FileMode::ReadWrite);
+      std::vector<std::string> objects{"."};
+      if (hdf5::exists(f, "units")) {
+        objects.push_back("units");
+        for (int u = 0; hdf5::exists(f, fmt::format("units/{:04}", u)); ++u)
+          for (const char* o : {"", "/param", "/exp_avg", "/exp_avg_sq"}) objects.push_back(fmt::format("units/{:04}{}", u, o));
+      }
+      for (const std::string& o : objects)
+        EXPECT_GE(H5Adelete_by_name(static_cast<hid_t>(f.get()), o.c_str(), hdf5::kMetadataChecksums, H5P_DEFAULT), 0) << name << " " << o;
+    }
+    checkpoint::CheckpointReader old(unrecorded);
+    EXPECT_EQ(old.metadata().files_unrecorded, 3);
+    EXPECT_EQ(old.metadata().files_checked, 0);
+    EXPECT_GT(old.verify_checksums(), 0);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -187,6 +187,7 @@ inline std::pair<PrepareSummary, TokenDataset> prepare_r50k(const std::vector<st
   o.tokenizer = (fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string();
   o.inputs = inputs;
   o.output = tmp_path(name).string();
+  o.existing = ExistingOutput::Replace;  // tests prepare one name again with other inputs
   o.validation_fraction = validation_fraction;
   o.documents.token_field = token_field;
   o.batch_bytes = batch_bytes;

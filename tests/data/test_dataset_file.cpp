@@ -1,6 +1,10 @@
 // The dataset file (format 2): tokens mapped from the file, not read; each checksum block checked at its
 // first use, so a damaged block or an id outside the vocabulary surfaces as a DataError naming the file and
-// the tokens; format-1 files (chunked, read whole) still open; a rewrite never disturbs a reader.
+// the tokens; every attribute and layout checked against its metadata checksum at open; format-1 files
+// (chunked, read whole) still open; a rewrite never disturbs a reader, and an existing file is replaced only
+// when asked.
+#include <hdf5.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -8,6 +12,7 @@
 #include "data_test_util.hpp"
 #include "shardtrain/data/dataset.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "shardtrain/runtime/hdf5_checksum.hpp"
 
 namespace shardtrain::data {
 namespace {
@@ -182,6 +187,124 @@ TEST(DatasetFile, RewriteLeavesAnOpenReaderItsFile) {
   const TokenDataset fresh = TokenDataset::open(path);
   const auto now = fresh.tokens();
   EXPECT_TRUE(std::equal(now.begin(), now.end(), b.tokens.begin(), b.tokens.end()));
+}
+
+// What one flipped bit of an integer attribute does to it: the value changes, nothing else in the file does.
+void flip_int_attribute(const std::string& path, const char* object, const char* name, int64_t bits) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t a = H5Aopen_by_name(f, object, name, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  int64_t v = 0;
+  ASSERT_GE(H5Aread(a, H5T_NATIVE_INT64, &v), 0);
+  v ^= bits;
+  ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+// The case: the EOT id 50256 becomes 50258 (one bit). Before, the file opened and training used another
+// separator; now opening names the file, the attribute and what to do.
+TEST(DatasetFile, FlippedAttributeBitIsRefusedAtOpen) {
+  const Corpus c = make_corpus(100000, 8);
+  const auto path = testing::tmp_path("eot-flipped.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  const TokenDataset good = TokenDataset::open(path);
+  EXPECT_TRUE(good.metadata_recorded());
+  EXPECT_GE(good.metadata_entries(), 20);  // the root's attributes and links, every dataset's layout
+  flip_int_attribute(path, ".", "eot_id", 2);
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
+  EXPECT_NE(msg.find(path + ": the root group: attribute 'eot_id' does not match the checksum recorded with it"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("prepare the dataset again"), std::string::npos) << msg;
+}
+
+// A dataset's type changed (split/train as int32 with the same values, its record kept): the layout no longer matches.
+TEST(DatasetFile, ChangedDatasetTypeIsRefusedAtOpen) {
+  const Corpus c = make_corpus(100000, 9);
+  const auto path = testing::tmp_path("retyped.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  {
+    const TokenDataset ds = TokenDataset::open(path);
+    const auto train = ds.split_documents(DatasetSplit::Train);
+    std::vector<int32_t> narrow(train.begin(), train.end());
+    auto f = hdf5::open_file(path, hdf5::FileMode::ReadWrite);
+    const std::string record = hdf5::get_attr_string(f, hdf5::kMetadataChecksums, "split/train").value();
+    const hid_t fid = static_cast<hid_t>(f.get());
+    ASSERT_GE(H5Ldelete(fid, "split/train", H5P_DEFAULT), 0);
+    const hsize_t n = narrow.size();
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t d = H5Dcreate2(fid, "split/train", H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, narrow.data()), 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    hdf5::set_attr(f, hdf5::kMetadataChecksums, record, "split/train");
+  }
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
+  EXPECT_NE(msg.find("split/train: the dataset's type, shape or layout does not match the checksum recorded with it"), std::string::npos)
+      << msg;
+}
+
+// The record itself damaged: refused too (it cannot vouch for anything any more).
+TEST(DatasetFile, DamagedChecksumRecordIsRefused) {
+  const Corpus c = make_corpus(50000, 10);
+  const auto path = testing::tmp_path("record.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  {
+    auto f = hdf5::open_file(path, hdf5::FileMode::ReadWrite);
+    std::string record = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value();
+    const size_t at = record.find("attr:vocab_size\":\"") + 19;  // the first hex digit of its checksum
+    record[at] = record[at] == '0' ? '1' : '0';
+    hdf5::set_attr(f, hdf5::kMetadataChecksums, record);
+  }
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
+  EXPECT_NE(msg.find("attribute 'vocab_size' does not match"), std::string::npos) << msg;
+}
+
+// A file prepared before the checksums existed (no records): opened as before, and said to be unchecked.
+TEST(DatasetFile, FileWithoutChecksumsOpensUnchecked) {
+  const Corpus c = make_corpus(50000, 11);
+  const auto path = testing::tmp_path("unrecorded.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  for (const char* object : {".", "tokens", "tokens_checksums", "doc_offsets", "split", "split/train", "split/validation"})
+    ASSERT_GE(H5Adelete_by_name(hdf5::open_file(path, hdf5::FileMode::ReadWrite).get(), object, hdf5::kMetadataChecksums, H5P_DEFAULT), 0)
+        << object;
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_FALSE(ds.metadata_recorded());
+  EXPECT_EQ(ds.metadata_entries(), 0);
+  EXPECT_EQ(ds.num_tokens(), c.tokens.size());
+}
+
+// What ranks compare at start: the same content (another file, the same bytes) gives the same identity, one
+// token more another.
+TEST(DatasetFile, IdentityFollowsTheContent) {
+  Corpus c = make_corpus(200000, 12);
+  const auto a = testing::tmp_path("identity-a.h5").string(), b = testing::tmp_path("identity-b.h5").string();
+  write_dataset(a, c.tokens, c.offsets, info());
+  write_dataset(b, c.tokens, c.offsets, info());
+  EXPECT_EQ(TokenDataset::open(a).identity(), TokenDataset::open(b).identity());
+  c.tokens[1234] ^= 1;
+  write_dataset(b, c.tokens, c.offsets, info());
+  EXPECT_NE(TokenDataset::open(a).identity(), TokenDataset::open(b).identity());
+}
+
+// ExistingOutput::Refuse never writes over a file, and leaves no temporary file beside it.
+TEST(DatasetFile, RefuseKeepsAnExistingFile) {
+  const Corpus a = make_corpus(60000, 13), b = make_corpus(70000, 14);
+  const auto path = testing::tmp_path("kept.h5").string();
+  write_dataset(path, a.tokens, a.offsets, info(), ExistingOutput::Refuse);
+  const auto size = std::filesystem::file_size(path);
+  try {
+    write_dataset(path, b.tokens, b.offsets, info(), ExistingOutput::Refuse);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": already exists"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(path), size);
+  EXPECT_EQ(TokenDataset::open(path).num_tokens(), a.tokens.size());
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    EXPECT_EQ(e.path().string().find(path + ".tmp"), std::string::npos) << e.path();
 }
 
 }  // namespace

@@ -118,6 +118,46 @@ TEST(PrepareData, ClearErrors) {
   EXPECT_NE(testing::data_error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
 }
 
+// The issue's case: prepare-data from a 2-byte input over a prepared dataset replaced it, exit 0. An existing output
+// is now refused before anything is read, unless asked; and a preparation that fails leaves it as it was.
+TEST(PrepareData, ExistingOutputIsReplacedOnlyWhenAsked) {
+  if (!testing::require_fetched()) return;
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {(testing::fetched_dir() / "corpus" / "sotu" / "1790_george_washington_n.txt").string()};
+  o.output = testing::tmp_path("existing.h5").string();
+  o.progress = ProgressStyle::Off;
+  const auto first = prepare_dataset(o);
+  const auto size = std::filesystem::file_size(o.output);
+
+  const auto tiny = testing::tmp_path("tiny.txt");
+  { std::ofstream(tiny) << "hi"; }
+  o.inputs = {tiny.string()};
+  try {
+    prepare_dataset(o);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(o.output + ": already exists"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(o.output), size);
+
+  // Replace, but the inputs fail half-way: the old file stays whole, nothing is left beside it.
+  const auto bad = testing::tmp_path("bad-field.jsonl");
+  { std::ofstream(bad) << R"({"text": "ok"})" "\n" R"({"content": "wrong field"})" "\n"; }
+  o.inputs = {bad.string()};
+  o.existing = ExistingOutput::Replace;
+  EXPECT_NE(testing::data_error_of([&] { prepare_dataset(o); }), "no DataError");
+  EXPECT_EQ(TokenDataset::open(o.output).num_tokens(), first.tokens);
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(o.output).parent_path()))
+    EXPECT_EQ(e.path().filename().string().rfind("existing.h5.", 0), std::string::npos) << "left behind: " << e.path();
+
+  o.inputs = {tiny.string()};
+  const auto replaced = prepare_dataset(o);
+  EXPECT_EQ(TokenDataset::open(o.output).num_tokens(), replaced.tokens);
+  EXPECT_LT(replaced.tokens, first.tokens);
+}
+
 // With threads = 0 the tokenizing threads are the cores the process may use: one under a one-core affinity
 // (a Slurm task with --cpus-per-task=1, taskset -c 0), whatever the machine has.
 TEST(PrepareData, ThreadsFollowTheAffinityMask) {
@@ -140,6 +180,7 @@ TEST(PrepareData, ThreadsFollowTheAffinityMask) {
   const auto summary = prepare_dataset(o);
   ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
   EXPECT_EQ(summary.threads, 1);
+  o.existing = ExistingOutput::Replace;  // the same output again
   EXPECT_EQ(prepare_dataset(o).threads, CPU_COUNT(&before));
 }
 

@@ -24,12 +24,18 @@ enum class StateDictType { Sharded, Full };
 StateDictType parse_state_dict_type(std::string_view text);  // SHARDED_STATE_DICT | FULL_STATE_DICT; throws ConfigError
 const char* state_dict_type_name(StateDictType t);
 
+// Whether training was sound when a checkpoint was saved: its last step updated the weights (a finite loss, no
+// spike). A checkpoint saved in a streak of skipped steps is Diverging; the rotation never removes the newest
+// Healthy one (docs/checkpoints.md, "Retention and divergence"). Recorded in DONE.
+enum class Health { Healthy, Diverging };
+
 // What the layers above store beside the tensors (opaque to this layer).
 struct SaveMeta {
   int64_t step = 0;
   std::string trainer_state = "{}";  // JSON: step, tokens, sampler position, schedule... (the train layer's)
   std::string config_toml;           // the resolved configuration
   std::string tokenizer;             // JSON: tokenizer name and hash
+  Health health = Health::Healthy;
 };
 
 std::string step_dir_name(int64_t step);               // "step_00000120"
@@ -39,9 +45,20 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
 // The newest complete checkpoint directly under `dir` ("" when there is none). Incomplete ones
 // (a save killed half-way) are ignored.
 std::string find_latest(const std::string& dir);
+// What DONE says of a complete checkpoint's health (Healthy when it predates the record).
+Health checkpoint_health(const std::string& checkpoint_dir);
+// Removes what killed saves and cut-short removals left in `dir`: step_N.tmp and step_N directories without DONE
+// whose every entry is a file a save writes (index.h5, rank_NNNNN.h5, model.h5). Anything else is left alone. Not
+// while a save of this directory may be in flight (rank 0 calls it at a run's start and after each save it
+// published). Returns what it removed.
+std::vector<std::string> remove_incomplete(const std::string& dir);
+// Renames a complete checkpoint that does not load to step_N.damaged (step_N.damaged-2, ... if taken): kept for
+// inspection, no longer a candidate for --resume auto, and its step may be saved again. Returns the new name.
+std::string set_aside_damaged(const std::string& checkpoint_dir);
 
 // Which complete checkpoints of a directory a save leaves: the newest `keep_last` (0 = all), and besides
-// them every one whose step is a multiple of `keep_every` (0 = none: milestones for later evaluation).
+// them every one whose step is a multiple of `keep_every` (0 = none: milestones for later evaluation), and the
+// newest Healthy one, however many Diverging ones came after it.
 struct Retention {
   Retention(int keep_last_ = 0, int64_t keep_every_ = 0) : keep_last(keep_last_), keep_every(keep_every_) {}  // NOLINT: from keep_last
   int keep_last = 0;

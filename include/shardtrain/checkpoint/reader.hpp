@@ -12,9 +12,25 @@
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/model/config.hpp"
+#include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 
 namespace shardtrain::checkpoint {
+
+// A checkpoint whose files are missing, unreadable, or fail a checksum (of their data or their metadata), as
+// opposed to one that is whole but does not fit the run (another model, another tokenizer). `--resume auto` falls
+// back past a damaged one to the newest one that loads (docs/checkpoints.md, "Damaged checkpoints").
+class CheckpointDamaged : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
+// What opening a checkpoint checked of its files' metadata checksums (runtime/hdf5_checksum.hpp).
+struct MetadataSummary {
+  int files_checked = 0;     // files whose every attribute, layout and link matched its record
+  int files_unrecorded = 0;  // files written before the records existed: accepted, not checked
+  int64_t entries = 0;       // attributes, layouts and links checked
+};
 
 struct TensorInfo {
   std::string name;
@@ -24,8 +40,8 @@ struct TensorInfo {
 
 class CheckpointReader {
  public:
-  // Validates the DONE marker, the index, the format version, and that every element of every tensor
-  // is held by some file. Throws CheckpointError naming the file and what is wrong.
+  // Validates the DONE marker, the index, the format version, every file's metadata checksums, and that every
+  // element of every tensor is held by some file. Throws CheckpointDamaged naming the file and what is wrong.
   explicit CheckpointReader(const std::string& checkpoint_dir);
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
@@ -44,11 +60,13 @@ class CheckpointReader {
   int64_t optimizer_steps() const { return optimizer_steps_; }
   std::vector<std::string> files() const;  // data files, relative to path()
   std::string mesh_description() const { return mesh_; }
+  const MetadataSummary& metadata() const { return metadata_; }
 
   // Elements [begin, begin + out.size()) of a tensor's flattened values; kind is "param", "exp_avg" or
   // "exp_avg_sq" (the last two only in sharded checkpoints).
   void read(const std::string& name, const std::string& kind, int64_t begin, std::span<float> out);
-  // Reads every dataset of every file, so HDF5 verifies each chunk's Fletcher32 checksum.
+  // Reads every dataset of every file, so HDF5 verifies each chunk's Fletcher32 checksum (the metadata's were
+  // checked on opening).
   // Returns the number of elements verified.
   int64_t verify_checksums();
 
@@ -67,6 +85,7 @@ class CheckpointReader {
   std::map<std::string, std::vector<Piece>> pieces_;
   std::vector<std::string> file_names_;
   std::vector<std::unique_ptr<hdf5::Handle>> files_;
+  MetadataSummary metadata_;
 };
 
 // The model's architecture as JSON (our field names), and back; errors name the field.

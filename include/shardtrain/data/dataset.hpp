@@ -10,6 +10,8 @@
 //   attributes on /: format, format_version, tokenizer_name, tokenizer_path, tokenizer_hash, tokenizer_format,
 //     vocab_size, eot_id, bot_id, pad_id (-1: none), special_tokens (JSON), sources (JSON), num_documents,
 //     num_tokens, validation_fraction_ppm, split_seed, checksum_block_tokens (format 2)
+//   metadata_checksums on every object: a checksum of each attribute, layout and link (runtime/hdf5_checksum.hpp),
+//     checked on opening; files prepared before 2026-11-27 have none and are read with a warning
 #pragma once
 
 #include <cstdint>
@@ -48,15 +50,20 @@ DatasetInfo dataset_info_for(const Tokenizer& tokenizer);  // the tokenizer fiel
 // are two or more documents), uniformly by a seeded shuffle; returns them ascending.
 std::vector<int64_t> choose_validation_documents(size_t num_documents, double fraction, uint64_t seed);
 
-// Writes a format-2 dataset: into a temporary file beside `path`, renamed over it once complete, so a reader
-// never sees a half-written file and a job that has the old one mapped keeps reading the old one.
+// What write_dataset does when `path` exists: replace it, or refuse (UsageError naming it, nothing written over).
+enum class ExistingOutput { Replace, Refuse };
+
+// Writes a format-2 dataset: into a temporary file beside `path`, flushed to disk and then renamed into place,
+// so a reader never sees a half-written file (a kill leaves the old one, or none), and a job that has the old one
+// mapped keeps reading the old one. With ExistingOutput::Refuse the rename never replaces a file that appeared
+// meanwhile.
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info);
+                   const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
 // The same with tokens that are not in memory: `fill(offset, out)` writes tokens [offset, offset + out.size())
 // into out, called with consecutive pieces from offset 0 to num_tokens (prepare-data streams them from disk).
 using TokenFill = std::function<void(size_t offset, std::span<TokenId> out)>;
 void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info);
+                   const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
 
 // Fletcher-64 over 32-bit words (two running sums modulo 2^32 - 1; the second in the high half).
 uint64_t fletcher64(std::span<const uint32_t> words);
@@ -68,7 +75,7 @@ struct TokenStorage;  // the tokens' memory: a vector, or a read-only mapping of
 class TokenDataset {
  public:
   // Opens and validates a dataset file; throws DataError naming the file and the dataset or attribute that is
-  // missing or inconsistent. Format 2: the tokens are mapped from the file, not read (the page cache holds one
+  // missing, inconsistent, or does not match its metadata checksum. Format 2: the tokens are mapped from the file, not read (the page cache holds one
   // copy per node, however many ranks map it, and only what is touched is read); each block of
   // kChecksumBlockTokens is checked (checksum, ids inside the vocabulary) the first time a document in it is
   // used, and a damaged block throws DataError then. Format 1: read whole and checked at once.
@@ -84,6 +91,14 @@ class TokenDataset {
   std::span<const TokenId> document(size_t d) const;  // its blocks checked first
   size_t document_size(size_t d) const;               // from the offsets alone
   std::span<const int64_t> split_documents(DatasetSplit s) const { return s == DatasetSplit::Train ? train_ : validation_; }
+  // Whether the file's metadata had checksums to check (false: prepared before they existed), and how many
+  // attributes, layouts and links they covered.
+  bool metadata_recorded() const { return metadata_recorded_; }
+  int64_t metadata_entries() const { return metadata_entries_; }
+  // What the file holds, in a line that two ranks compare (docs/cluster.md): its size and a checksum of its
+  // metadata record, document offsets, split, and token checksums (format 1: the tokens), with nothing read
+  // beyond what open() read.
+  std::string identity() const;
 
   // Checks that `tokenizer` is the one that made the dataset (hash), throwing DataError otherwise.
   void check_tokenizer(const Tokenizer& tokenizer) const;
@@ -96,6 +111,9 @@ class TokenDataset {
   std::shared_ptr<detail::TokenStorage> storage_;
   std::span<const TokenId> tokens_;
   std::vector<int64_t> offsets_, train_, validation_;
+  bool metadata_recorded_ = false;
+  int64_t metadata_entries_ = 0;
+  std::string metadata_record_;  // the root's record, "" without one
 };
 
 // Reads every token now, so that each block's checksum and ids are checked before a run depends on them

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/documents.hpp"
 #include "shardtrain/runtime/progress.hpp"
 
@@ -15,6 +16,9 @@ struct PrepareOptions {
   std::string tokenizer;            // path for Tokenizer::load
   std::vector<std::string> inputs;  // files or folders (expanded, sorted)
   std::string output;               // data/NAME.h5
+  // An output that exists is refused before anything is read (UsageError), unless Replace (--overwrite); either
+  // way it is replaced only by a whole new file (dataset.hpp, write_dataset).
+  ExistingOutput existing = ExistingOutput::Refuse;
   DocumentOptions documents;
   double validation_fraction = 0.01;
   uint64_t seed = 0;  // validation choice

@@ -7,11 +7,15 @@
 // system error: IoError, the same on every rank) is logged and recorded in the metrics, and training goes on,
 // up to checkpoint.max_failed_saves in a row; a failed requested or final save ends the run. After a divergence
 // with optim.on_divergence = rollback, the newest checkpoint is loaded again. Attached as Trainer hooks.
-// At start, rank 0 says what a checkpoint takes and whether the directory's file system holds it.
+// At start, rank 0 says what a checkpoint takes and whether the directory's file system holds it, and removes
+// what killed saves left there (incomplete step directories). A checkpoint of non-finite weights is never saved;
+// one saved during a streak of skipped steps is marked Diverging, and the rotation keeps the newest Healthy one.
+// `resume = auto` falls back past damaged checkpoints to the newest one that loads, says so and sets them aside.
 #pragma once
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/train/trainer.hpp"
@@ -35,10 +39,21 @@ class CheckpointHooks final : public TrainerHooks {
   const std::string& dir() const { return dir_; }
   const std::string& last_saved() const { return last_saved_; }
   const std::string& resumed_from() const { return resumed_from_; }
+  // The newer checkpoints `resume = auto` found damaged and passed over, newest first.
+  struct Fallback {
+    std::string checkpoint, set_aside_as, error;
+  };
+  const std::vector<Fallback>& resume_fallbacks() const { return fallbacks_; }
 
  private:
+  enum class SaveCause { Periodic, Requested, Final };
   void resume(Trainer& trainer);
-  void save(Trainer& trainer);        // synchronous: published when it returns (waits for an async save first)
+  // Loads `path` for a resume: the state to restore, or CheckpointDamaged (the trainer state too, when it does not parse).
+  TrainerState load_for_resume(Trainer& trainer, const std::string& path);
+  // Collective: whether this save may go ahead. Non-finite weights are never saved: a periodic save is skipped (logged
+  // and recorded), a requested or final one ends the run (training diverged).
+  bool weights_savable(Trainer& trainer, SaveCause cause);
+  void save(Trainer& trainer, SaveCause cause);  // synchronous: published when it returns (waits for an async save first)
   void save_async(Trainer& trainer);  // checkpoint.async_save: published by a later on_step_end or on_end
   void wait_async(Trainer& trainer);  // the asynchronous save in flight, published or failed (within save_timeout)
   // Runs a periodic save's part (the save of step `step`, or publishing an asynchronous one); an IoError from
@@ -53,6 +68,7 @@ class CheckpointHooks final : public TrainerHooks {
 
   std::string dir_;
   std::string last_saved_, resumed_from_;
+  std::vector<Fallback> fallbacks_;
   int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)
   int failed_saves_ = 0;          // periodic saves failed in a row
   int64_t async_step_ = -1;       // the step of the asynchronous save in flight

@@ -1,0 +1,31 @@
+// Every rank of a run must train the same configuration on the same data. Ranks that resolved different ones (a
+// config file edited between their reads, overrides that differ per rank, a node with another copy of a dataset)
+// would issue different collectives and hang until the watchdog fires, or fail in MPI with a message about a
+// call. So the ranks compare them at start, before any collective that depends on them (docs/cluster.md, "Ranks
+// that disagree").
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardtrain/data/mixture.hpp"
+
+namespace shardtrain::train {
+
+// (key, value) pairs of a resolved configuration's TOML (to_toml): "optim.lr" -> "0.001".
+std::vector<std::pair<std::string, std::string>> config_entries(const std::string& resolved_toml);
+
+// Collective over `world`: compares every rank's entries with rank 0's by a checksum, and only when they differ
+// looks for the first differing key. Returns "" when all agree; otherwise the same description on every rank:
+// the first key that differs, its value on the lowest differing rank and on rank 0, and which ranks differ.
+std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::string, std::string>>& entries);
+
+// The two checks a Trainer makes at start: the resolved configuration (throws ConfigError) and each data source's
+// identity, data::TokenDataset::identity (throws DataError), on every rank alike.
+void check_ranks_agree_on_config(MPI_Comm world, const std::string& resolved_toml);
+void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureComponent>& sources);
+
+}  // namespace shardtrain::train

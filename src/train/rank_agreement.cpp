@@ -1,0 +1,143 @@
+// Ranks comparing their resolved configuration and data at start (rank_agreement.hpp): one checksum all-reduce
+// when they agree; when they do not, rank 0's entries go to every rank, each finds its first differing key, and
+// the lowest differing rank's finding is the one every rank reports.
+#include "shardtrain/train/rank_agreement.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <sstream>
+
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::train {
+namespace {
+
+using Entries = std::vector<std::pair<std::string, std::string>>;
+
+std::string serialize(const Entries& entries) {
+  std::string out;
+  for (const auto& [k, v] : entries) {
+    out += k;
+    out.push_back('\0');
+    out += v;
+    out.push_back('\n');
+  }
+  return out;
+}
+
+Entries deserialize(const std::string& text) {
+  Entries out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t nul = text.find('\0', at), end = text.find('\n', nul);
+    out.emplace_back(text.substr(at, nul - at), text.substr(nul + 1, end - nul - 1));
+    at = end + 1;
+  }
+  return out;
+}
+
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// This rank's first difference from rank 0's entries, "" when there is none.
+std::string difference(const Entries& mine, const Entries& root, int rank) {
+  std::map<std::string, std::string> theirs(root.begin(), root.end()), ours(mine.begin(), mine.end());
+  for (const auto& [k, v] : mine) {
+    const auto it = theirs.find(k);
+    if (it == theirs.end()) return fmt::format("{} = {} on rank {}, absent on rank 0", k, v, rank);
+    if (it->second != v) return fmt::format("{} = {} on rank {}, {} on rank 0", k, v, rank, it->second);
+  }
+  for (const auto& [k, v] : root)
+    if (!ours.count(k)) return fmt::format("{} = {} on rank 0, absent on rank {}", k, v, rank);
+  return {};
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size() && i < 16; ++i) out += fmt::format("{}{}", i ? ", " : "", ranks[i]);
+  if (ranks.size() > 16) out += fmt::format(" and {} more", ranks.size() - 16);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> config_entries(const std::string& resolved_toml) {
+  Entries out;
+  std::istringstream in(resolved_toml);
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    out.emplace_back(section.empty() ? line.substr(0, eq) : section + "." + line.substr(0, eq), line.substr(eq + 3));
+  }
+  return out;
+}
+
+std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::string, std::string>>& entries) {
+  int rank = 0, size = 1;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  ST_CHECK_MPI(MPI_Comm_size(world, &size));
+  const std::string mine = serialize(entries);
+  const uint64_t h = fnv1a64(mine);
+  uint64_t v[2] = {h, ~h};  // the minimum and (as ~min of ~h) the maximum at once
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, world));
+  if (v[0] == ~v[1]) return {};
+
+  std::string root = rank == 0 ? mine : std::string();
+  int length = static_cast<int>(root.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
+  root.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(root.data(), length, MPI_CHAR, 0, world));
+  std::string found = rank == 0 ? std::string() : difference(entries, deserialize(root), rank);
+  int differs = found.empty() ? 0 : 1;
+  std::vector<int> flags(static_cast<size_t>(size));
+  ST_CHECK_MPI(MPI_Allgather(&differs, 1, MPI_INT, flags.data(), 1, MPI_INT, world));
+  std::vector<int> ranks;
+  for (int r = 0; r < size; ++r)
+    if (flags[static_cast<size_t>(r)]) ranks.push_back(r);
+  if (ranks.empty()) return {};  // equal entries, unequal checksums: cannot happen (one serialization)
+  int n = static_cast<int>(found.size());
+  ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, ranks.front(), world));
+  found.resize(static_cast<size_t>(n));
+  ST_CHECK_MPI(MPI_Bcast(found.data(), n, MPI_CHAR, ranks.front(), world));
+  return fmt::format("{} (rank{} {} of {} differ{} from rank 0)", found, ranks.size() == 1 ? "" : "s", rank_list(ranks), size,
+                     ranks.size() == 1 ? "s" : "");
+}
+
+void check_ranks_agree_on_config(MPI_Comm world, const std::string& resolved_toml) {
+  const std::string d = first_disagreement(world, config_entries(resolved_toml));
+  if (!d.empty())
+    throw ConfigError(fmt::format("the ranks resolved different configurations: {}; every rank must read the same config file and "
+                                  "overrides (was the file edited while the job started, or do the ranks' command lines differ?)",
+                                  d));
+}
+
+void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureComponent>& sources) {
+  Entries entries;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const std::string& path = sources[k].dataset->path();
+    entries.emplace_back(sources.size() == 1 ? fmt::format("data.path ({})", path) : fmt::format("data.mixture source {} ({})", k, path),
+                         sources[k].dataset->identity());
+  }
+  const std::string d = first_disagreement(world, entries);
+  if (!d.empty())
+    throw DataError(fmt::format("the ranks read different datasets: {}; every rank must read the same file (a node with another or a "
+                                "partial copy?)",
+                                d));
+}
+
+}  // namespace shardtrain::train
