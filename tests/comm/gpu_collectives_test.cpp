@@ -18,7 +18,7 @@ class GpuCollectives : public testing::Test {
   void SetUp() override {
     ST_SKIP_WITHOUT_GPU("GPU collective tests");
     topo_ = discover_topology(MPI_COMM_WORLD, 0);
-    device_ = select_device(topo_, DevicePreference::Cuda);
+    device_ = select_device(topo_, DevicePreference::Cuda, machine_comm(MPI_COMM_WORLD).get());
   }
 
   // all_gather, reduce_scatter (sum), all_reduce (avg) and broadcast on device buffers, checked on the host.
