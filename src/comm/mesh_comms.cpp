@@ -145,7 +145,9 @@ MeshComms::MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace sp
     c->set_world_ranks(world_ranks_of(mesh.comm(a)));  // whom the hang watchdog asks about this axis
     return c;
   };
-  world_ = make(MeshAxis::World);
+  // The world axis: MPI on every backend (see world() in the header). Its device buffers, if any, are staged.
+  world_ = make_mpi_communicator(mesh.comm(MeshAxis::World), MeshAxis::World, space);
+  world_->set_world_ranks(world_ranks_of(mesh.comm(MeshAxis::World)));
   shard_ = make(MeshAxis::Shard);
   replicate_ = make(MeshAxis::Replicate);
 }

@@ -27,7 +27,7 @@ Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm) {
   return Device{};
 }
 
-CudaStream::CudaStream() { no_cuda("CUDA stream"); }
+CudaStream::CudaStream(StreamPriority) { no_cuda("CUDA stream"); }
 CudaStream::~CudaStream() = default;
 CudaStream::CudaStream(CudaStream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
 CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {

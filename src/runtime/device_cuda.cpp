@@ -101,9 +101,15 @@ Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machi
   return d;
 }
 
-CudaStream::CudaStream() {
+CudaStream::CudaStream(StreamPriority priority) {
   cudaStream_t s = nullptr;
-  ST_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (priority == StreamPriority::High) {
+    int least = 0, greatest = 0;
+    ST_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    ST_CHECK_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  } else {
+    ST_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
   handle_ = s;
 }
 CudaStream::~CudaStream() {

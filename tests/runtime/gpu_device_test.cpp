@@ -1,4 +1,4 @@
-// The selected GPU's identity and the ranks found on it (select_device). On a GPU
+// The selected GPU's identity and the ranks found on it (select_device), and high-priority streams. On a GPU
 // machine and on the CUDA emulator (two ranks: a device each there); skipped without a device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -56,6 +56,18 @@ TEST_F(GpuDevice, RanksOnTheSameGpuAreFoundByIdentity) {
     if (std::string(all[r].host.data()) == topo_.hostname && std::string(all[r].uuid.data()) == device_.uuid) want.push_back(r);
   EXPECT_EQ(device_.sharing_ranks, want);
   EXPECT_EQ(device_.ranks_sharing, static_cast<int>(want.size()));
+}
+
+TEST_F(GpuDevice, CommunicationStreamsAtTheGreatestPriority) {
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  EXPECT_LT(greatest, least) << "the device has priorities to give";
+  CudaStream high(StreamPriority::High), normal;
+  int p = 1;
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(high.ref().handle), &p), cudaSuccess);
+  EXPECT_EQ(p, greatest);
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(normal.ref().handle), &p), cudaSuccess);
+  EXPECT_EQ(p, least);
 }
 
 }  // namespace

@@ -47,6 +47,9 @@ class MeshComms {
   // Collective over the mesh's world. Buffers live in `space` (Device with a GPU, Host otherwise).
   MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace space);
 
+  // The world axis carries host values only in training (token counts, loss sums, agreement checks: through
+  // host_all_reduce, over MPI whatever the backend), so it is an MPI communicator even on the NCCL backend:
+  // no NCCL communicator (its buffers, its set-up) for it. Device buffers given to it are staged.
   Communicator& world() { return *world_; }
   Communicator& shard() { return *shard_; }
   Communicator& replicate() { return *replicate_; }

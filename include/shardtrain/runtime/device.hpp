@@ -74,10 +74,15 @@ struct StreamRef {
   void* handle = nullptr;
 };
 
+// Normal: the default priority. High: the device's greatest, so that a stream's ready work is scheduled
+// ahead of compute's (the communication streams, as PyTorch's FSDP makes them: a collective's kernels start
+// as soon as they can instead of waiting behind a queue of compute blocks).
+enum class StreamPriority { Normal, High };
+
 // Owns a non-blocking CUDA stream.
 class CudaStream {
  public:
-  CudaStream();  // throws when CUDA is not built or no device is current
+  explicit CudaStream(StreamPriority priority = StreamPriority::Normal);  // throws when CUDA is not built or no device is current
   ~CudaStream();
   CudaStream(CudaStream&& o) noexcept;
   CudaStream& operator=(CudaStream&& o) noexcept;
