@@ -397,7 +397,11 @@ st_setup() {
   st_log "job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on $SLURM_JOB_NUM_NODES node(s) [$SLURM_JOB_NODELIST], restart ${SLURM_RESTART_COUNT:-0}"
 }
 
-# st_launcher: how LAUNCHER (srun or mpirun) starts one rank per task of this allocation. Sets the array ST_LAUNCH.
+# st_launcher: how LAUNCHER (srun or mpirun) starts one rank per task of this allocation, its GPUs bound as
+# GPU_BIND says (node, the default: every rank sees the node's GPUs and shardtrain takes the one at its local
+# rank; task: each rank sees only its own, through srun --gpus-per-task=1 or, under mpirun, bind-gpu.sh).
+# Either way shardtrain matches the ranks' GPUs by identity and uses NCCL when no two share one
+# (docs/cluster.md, "GPU binding"). Sets the array ST_LAUNCH.
 st_launcher() {
   case "$LAUNCHER" in
     # --kill-on-bad-exit: a rank that dies ends the whole step at once instead of leaving the others waiting.
@@ -405,6 +409,17 @@ st_launcher() {
     # ppr:G:node keeps ranks node-major (ranks 0..G-1 on the first node), as the mesh expects.
     mpirun) ST_LAUNCH=(mpirun -np "$SLURM_NTASKS" --map-by "ppr:$ST_RANKS_PER_NODE:node" --bind-to none) ;;
     *) st_die 3 "LAUNCHER=$LAUNCHER: expected srun or mpirun" ;;
+  esac
+  case "${GPU_BIND:-node}" in
+    node) ;;
+    task)
+      if [[ "$LAUNCHER" == srun ]]; then
+        ST_LAUNCH+=(--gpus-per-task=1)  # Slurm sets each task's CUDA_VISIBLE_DEVICES to its own GPU
+      else
+        ST_LAUNCH+=("$SHARDTRAIN_HOME/jobs/slurm/bind-gpu.sh")  # the same, per rank, from the node's list
+      fi
+      ;;
+    *) st_die 3 "GPU_BIND=$GPU_BIND: expected node (every rank sees the node's GPUs) or task (one GPU per rank)" ;;
   esac
 }
 

@@ -1,6 +1,7 @@
-// `shardtrain env`: what the job sees: ranks, nodes, devices, the communication backend, and the
-// device mesh of a strategy with each rank's coordinates. Each axis is checked with an all-reduce of
-// world ranks, so a broken interconnect shows here, before a training job hangs on it.
+// `shardtrain env`: what the job sees: ranks, nodes, devices (each rank's GPU by identity: UUID and PCI bus
+// id), the communication backend and why it was chosen, and the device mesh of a strategy with each rank's
+// coordinates. Each axis is checked with an all-reduce of world ranks, so a broken interconnect shows here,
+// before a training job hangs on it.
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -27,10 +28,12 @@ struct EnvOptions {
 
 // One rank's row, gathered to rank 0 as plain bytes.
 struct RankRow {
-  int world_rank, node, local_rank, local_size, device_index, replicate, shard;
+  int world_rank, node, local_rank, local_size, device_index, replicate, shard, ranks_sharing;
   int cores_at_start, host_threads, binding_released;
   std::array<char, 64> host;
   std::array<char, 96> device;
+  std::array<char, 48> uuid;  // the physical GPU ("" on the CPU)
+  std::array<char, 16> pci_bus_id;
 };
 
 // Sum of world ranks over an axis, checked against the group the mesh says this rank is in.
@@ -44,14 +47,17 @@ int run_env(Runtime& rt, const EnvOptions& o) {
   const Topology& t = rt.topology();
   const MeshSpec spec{parse_sharding_strategy(o.strategy), o.shard_size};
   DeviceMesh mesh(rt.world(), t, spec);
-  const CommBackend backend = choose_comm_backend(rt, parse_comm_backend(o.comm_backend));
-  MeshComms comms(mesh, backend, backend == CommBackend::Nccl ? MemorySpace::Device : MemorySpace::Host);
+  const CommBackendChoice choice = choose_comm_backend(rt, parse_comm_backend(o.comm_backend));
+  const CommBackend backend = choice.backend;
+  // Device buffers with a GPU on every rank (NCCL, or MPI staging through the host), host memory otherwise.
+  const bool device_space = backend == CommBackend::Nccl || choice.host_staging;
+  MeshComms comms(mesh, backend, device_space ? MemorySpace::Device : MemorySpace::Host);
 
   // With a GPU and NCCL the check needs device memory; host memory otherwise.
   const auto shard_groups = mesh.shard_groups_world();
   const auto replicate_groups = mesh.replicate_groups_world();
   bool ok = true;
-  if (backend == CommBackend::Mpi) {
+  if (!device_space) {
     std::vector<int> world(t.world_size);
     std::iota(world.begin(), world.end(), 0);
     ok = check_axis(comms.shard(), shard_groups[mesh.coord().replicate], t.world_rank) &&
@@ -83,6 +89,9 @@ int run_env(Runtime& rt, const EnvOptions& o) {
   row.local_rank = t.local_rank;
   row.local_size = t.local_size;
   row.device_index = rt.device().index;
+  row.ranks_sharing = rt.device().ranks_sharing;
+  std::snprintf(row.uuid.data(), row.uuid.size(), "%s", rt.device().uuid.c_str());
+  std::snprintf(row.pci_bus_id.data(), row.pci_bus_id.size(), "%s", rt.device().pci_bus_id.c_str());
   row.replicate = mesh.coord().replicate;
   row.shard = mesh.coord().shard;
   row.cores_at_start = rt.cpu_binding().cores_at_start;
@@ -104,6 +113,8 @@ int run_env(Runtime& rt, const EnvOptions& o) {
     j["backend"] = rt.device().is_cuda() ? "cuda" : "cpu";
     j["cuda_built"] = cuda_built();
     j["comm_backend"] = comm_backend_name(backend);
+    j["comm_backend_reason"] = choice.reason;
+    j["comm_host_staging"] = choice.host_staging;
     j["strategy"] = sharding_strategy_name(m.strategy);
     j["mesh"] = {{"shape", {m.replicate_size, m.shard_size}},
                  {"axes", {"replicate", "shard"}},
@@ -118,6 +129,10 @@ int run_env(Runtime& rt, const EnvOptions& o) {
                             {"node", r.node},
                             {"local_rank", r.local_rank},
                             {"device", r.device.data()},
+                            {"device_index", r.device_index},
+                            {"gpu_uuid", r.uuid.data()},
+                            {"pci_bus_id", r.pci_bus_id.data()},
+                            {"ranks_sharing_gpu", r.ranks_sharing},
                             {"cores_at_start", r.cores_at_start},
                             {"host_threads", r.host_threads},
                             {"cpu_binding_released", r.binding_released == 1},
@@ -129,7 +144,7 @@ int run_env(Runtime& rt, const EnvOptions& o) {
     out += fmt::format("shardtrain {}: {} ranks on {} node(s){}, {} per node\n", SHARDTRAIN_VERSION, t.world_size,
                        t.node_count, t.simulated_nodes ? " (simulated by --ranks-per-node)" : "", t.local_size);
     out += fmt::format("backend: {} (CUDA {}), collectives: {}\n", rt.device().is_cuda() ? "cuda" : "cpu",
-                       cuda_built() ? "built in" : "not built", comm_backend_name(backend));
+                       cuda_built() ? "built in" : "not built", choice.describe());
     out += fmt::format("strategy {}: mesh {}\n", sharding_strategy_name(m.strategy), m.describe());
     out += fmt::format("  shard groups:     {}\n", fmt::join(shard_groups, " "));
     out += fmt::format("  replicate groups: {}\n", fmt::join(replicate_groups, " "));
@@ -138,6 +153,11 @@ int run_env(Runtime& rt, const EnvOptions& o) {
     for (const RankRow& r : rows) {
       out += fmt::format("{:>5}  {:<16} {:>4} {:>5}  {:>9} {:>5}  {}\n", r.world_rank, r.host.data(), r.node, r.local_rank,
                          r.replicate, r.shard, r.device.data());
+    }
+    if (rt.device().is_cuda()) {  // the physical GPUs, as nvidia-smi -L names them
+      out += fmt::format("{:>5}  {:<40} {:<12}  {}\n", "rank", "GPU", "PCI bus id", "ranks on it");
+      for (const RankRow& r : rows)
+        out += fmt::format("{:>5}  {:<40} {:<12}  {}\n", r.world_rank, r.uuid.data(), r.pci_bus_id.data(), r.ranks_sharing);
     }
     std::vector<int> threads;
     for (const RankRow& r : rows) threads.push_back(r.host_threads);

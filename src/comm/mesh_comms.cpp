@@ -1,6 +1,10 @@
 // Choosing a backend and building the communicators of a mesh.
 #include "shardtrain/comm/mesh_comms.hpp"
 
+#include <array>
+#include <cstdio>
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "shardtrain/runtime/check.hpp"
@@ -24,21 +28,100 @@ const char* comm_backend_preference_name(CommBackendPreference p) {
   return "auto";
 }
 
-CommBackend choose_comm_backend(const Runtime& rt, CommBackendPreference pref) {
+std::string CommBackendChoice::describe() const {
+  return fmt::format("{}{}: {}", comm_backend_name(backend), host_staging ? " (host staging)" : "", reason);
+}
+
+namespace {
+
+constexpr int kNoRank = std::numeric_limits<int>::max();
+
+// The lowest world rank for which `mine` holds (kNoRank: none), the same on every rank.
+int lowest_rank_where(bool mine, int world_rank, MPI_Comm world) {
+  int r = mine ? world_rank : kNoRank;
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MIN, world));
+  return r;
+}
+
+// `text` as `root` has it, on every rank.
+std::string from_rank(const std::string& text, int root, int world_rank, MPI_Comm world) {
+  std::array<char, 512> buf{};
+  if (world_rank == root) std::snprintf(buf.data(), buf.size(), "%s", text.c_str());
+  ST_CHECK_MPI(MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, root, world));
+  return buf.data();
+}
+
+}  // namespace
+
+CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference pref) {
   const Device& d = rt.device();
-  // NCCL refuses two ranks of one communicator on the same GPU; every rank must agree on the choice.
-  int shared_anywhere = d.is_cuda() && d.ranks_sharing > 1 ? 1 : 0;
-  int cpu_anywhere = d.is_cuda() ? 0 : 1;
-  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &shared_anywhere, 1, MPI_INT, MPI_MAX, rt.world()));
-  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &cpu_anywhere, 1, MPI_INT, MPI_MAX, rt.world()));
-  const bool nccl_possible = nccl_built() && !cpu_anywhere && !shared_anywhere;
-  if (pref == CommBackendPreference::Mpi) return CommBackend::Mpi;
-  if (pref == CommBackendPreference::Nccl && !nccl_possible) {
-    throw ConfigError(cpu_anywhere ? "comm backend nccl (fsdp.comm_backend or --comm-backend): NCCL needs a GPU on every rank, and some rank runs on the CPU"
-                                   : "comm backend nccl (fsdp.comm_backend or --comm-backend): NCCL needs one GPU per rank, and some GPU is shared by several "
-                                     "ranks (use mpi, which stages device memory through the host)");
+  const Topology& t = rt.topology();
+  MPI_Comm world = rt.world();
+  // NCCL refuses two ranks of one communicator on the same GPU; every rank must agree on the choice, and say
+  // the same reason. The first rank (in world order) of a GPU shared, or without a GPU, speaks for it.
+  const int first_cpu = lowest_rank_where(!d.is_cuda(), t.world_rank, world);
+  const int first_gpu = lowest_rank_where(d.is_cuda(), t.world_rank, world);
+  const int first_shared = lowest_rank_where(d.is_cuda() && d.ranks_sharing > 1 && d.sharing_ranks.front() == t.world_rank,
+                                             t.world_rank, world);
+  int machine_rank = 0, machine_size = 1;
+  ST_CHECK_MPI(MPI_Comm_rank(rt.machine(), &machine_rank));
+  ST_CHECK_MPI(MPI_Comm_size(rt.machine(), &machine_size));
+  int machines = machine_rank == 0 ? 1 : 0, fewest = machine_size, most = machine_size;
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &machines, 1, MPI_INT, MPI_SUM, world));
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &fewest, 1, MPI_INT, MPI_MIN, world));
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, world));
+
+  std::string shared;  // "ranks 0 and 1 share GPU-... (0000:18:00.0)": the first such GPU in world-rank order
+  if (first_shared != kNoRank) {
+    std::string mine;
+    if (t.world_rank == first_shared)
+      mine = fmt::format("{} share {} ({}{})", describe_ranks(d.sharing_ranks), d.uuid, d.pci_bus_id,
+                         machines > 1 ? fmt::format(" on {}", t.hostname) : std::string());
+    shared = from_rank(mine, first_shared, t.world_rank, world);
   }
-  return nccl_possible ? CommBackend::Nccl : CommBackend::Mpi;
+  const std::string placement =
+      machines == 1    ? fmt::format("{} rank{} on this node", t.world_size, t.world_size == 1 ? "" : "s")
+      : fewest == most ? fmt::format("{} ranks on each of {} nodes", most, machines)
+                       : fmt::format("{} ranks on {} nodes", t.world_size, machines);
+  const char* key = "fsdp.comm_backend or --comm-backend";
+
+  CommBackendChoice c;
+  if (first_cpu != kNoRank) {  // host memory: MPI without staging
+    c.reason = first_gpu == kNoRank ? "the CPU backend" : fmt::format("rank {} has no GPU (the CPU backend)", first_cpu);
+    if (pref == CommBackendPreference::Nccl)
+      throw ConfigError(fmt::format("comm backend nccl ({}): NCCL needs a GPU on every rank, and {}", key,
+                                    first_gpu == kNoRank ? std::string("every rank runs on the CPU backend")
+                                                         : fmt::format("rank {} has no GPU", first_cpu)));
+    return c;
+  }
+  if (pref == CommBackendPreference::Mpi) {
+    c.backend = CommBackend::Mpi;
+    c.host_staging = true;
+    c.reason = fmt::format("{} is mpi", key);
+    return c;
+  }
+  if (!shared.empty()) {
+    if (pref == CommBackendPreference::Nccl)
+      throw ConfigError(fmt::format(
+          "comm backend nccl ({}): {}, and NCCL needs a GPU of its own for each rank. Give each rank its own GPU (as "
+          "many ranks per node as GPUs; srun --gpus-per-task=1 or CUDA_VISIBLE_DEVICES per rank are matched by GPU "
+          "identity), or use mpi, which stages device memory through the host",
+          key, shared));
+    c.backend = CommBackend::Mpi;
+    c.host_staging = true;
+    c.reason = shared;
+    return c;
+  }
+  if (!nccl_built()) {
+    if (pref == CommBackendPreference::Nccl) throw ConfigError(fmt::format("comm backend nccl ({}): shardtrain was built without NCCL", key));
+    c.backend = CommBackend::Mpi;
+    c.host_staging = true;
+    c.reason = "shardtrain was built without NCCL";
+    return c;
+  }
+  c.backend = CommBackend::Nccl;
+  c.reason = fmt::format("{}, each on its own GPU", placement);
+  return c;
 }
 
 std::vector<int> world_ranks_of(MPI_Comm comm) {
@@ -62,7 +145,9 @@ MeshComms::MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace sp
     c->set_world_ranks(world_ranks_of(mesh.comm(a)));  // whom the hang watchdog asks about this axis
     return c;
   };
-  world_ = make(MeshAxis::World);
+  // The world axis: MPI on every backend (see world() in the header). Its device buffers, if any, are staged.
+  world_ = make_mpi_communicator(mesh.comm(MeshAxis::World), MeshAxis::World, space);
+  world_->set_world_ranks(world_ranks_of(mesh.comm(MeshAxis::World)));
   shard_ = make(MeshAxis::Shard);
   replicate_ = make(MeshAxis::Replicate);
 }

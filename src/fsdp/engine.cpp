@@ -48,8 +48,10 @@ struct FsdpEngine::Unit {
 // (zero + reduction = reduction) and compute waits for it only at the end of the micro-batch
 // (wait_reductions). Otherwise (bf16 reduction, several reductions per step) compute waits for the reduction
 // before adding it into the shard: correct, with less overlap.
+// The three are high-priority streams (as PyTorch FSDP's are): a collective ready to start is not queued
+// behind compute's blocks.
 struct FsdpEngine::Streams {
-  CudaStream gather, reduce, replicate;
+  CudaStream gather{StreamPriority::High}, reduce{StreamPriority::High}, replicate{StreamPriority::High};
   CudaEvent cast_done, grad_ready, scattered;
 };
 

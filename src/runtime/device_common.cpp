@@ -1,11 +1,15 @@
 // Parts of device handling that are the same with and without CUDA.
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <string_view>
 #include <system_error>
 
 #include <fmt/format.h>
 
+#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
 
@@ -22,6 +26,44 @@ std::string Device::describe() const {
   if (!is_cuda()) return "cpu";
   return fmt::format("cuda:{} ({}, {:.1f} GiB{})", index, name, static_cast<double>(memory_bytes) / (1ull << 30),
                      ranks_sharing > 1 ? fmt::format(", shared by {} ranks", ranks_sharing) : std::string());
+}
+
+std::vector<int> ranks_on_gpu(const std::vector<GpuSeat>& seats, const std::string& uuid) {
+  std::vector<int> out;
+  if (uuid.empty()) return out;
+  for (const GpuSeat& s : seats)
+    if (s.uuid == uuid) out.push_back(s.world_rank);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string describe_ranks(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "no rank";
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
+  std::string out = "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
+    out += std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+void find_ranks_sharing(Device& d, int world_rank, MPI_Comm machine) {
+  struct Row {  // plain bytes: one per rank of the machine
+    int world_rank;
+    std::array<char, 64> uuid;
+  };
+  Row mine{};
+  mine.world_rank = world_rank;
+  std::snprintf(mine.uuid.data(), mine.uuid.size(), "%s", d.uuid.c_str());
+  int n = 0;
+  ST_CHECK_MPI(MPI_Comm_size(machine, &n));
+  std::vector<Row> rows(static_cast<size_t>(n));
+  ST_CHECK_MPI(MPI_Allgather(&mine, sizeof(Row), MPI_BYTE, rows.data(), sizeof(Row), MPI_BYTE, machine));
+  std::vector<GpuSeat> seats;
+  for (const Row& r : rows) seats.push_back({r.world_rank, r.uuid.data()});
+  d.sharing_ranks = ranks_on_gpu(seats, d.uuid);
+  d.ranks_sharing = std::max<int>(1, static_cast<int>(d.sharing_ranks.size()));
 }
 
 std::string gpus_present_but_unreachable(const std::string& gpus_dir, const char* cuda_visible_devices) {

@@ -21,13 +21,13 @@ bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "shardtrain was built without CUDA"; }
 
-Device select_device(const Topology& topo, DevicePreference pref) {
+Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm) {
   if (pref == DevicePreference::Cuda) no_cuda("--device cuda");
   if (pref == DevicePreference::Auto && topo.world_rank == 0) log::info("built without CUDA: using the CPU backend");
   return Device{};
 }
 
-CudaStream::CudaStream() { no_cuda("CUDA stream"); }
+CudaStream::CudaStream(StreamPriority) { no_cuda("CUDA stream"); }
 CudaStream::~CudaStream() = default;
 CudaStream::CudaStream(CudaStream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
 CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {

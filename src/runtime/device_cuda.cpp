@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -48,9 +49,23 @@ const DeviceCount& device_count() {
 int cuda_device_count() { return device_count().count; }
 std::string cuda_unavailable_reason() { return device_count().reason; }
 
-Device select_device(const Topology& topo, DevicePreference pref) {
+namespace {
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L and CUDA_VISIBLE_DEVICES write it.
+std::string uuid_text(const cudaUUID_t& u) {
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += fmt::format("{:02x}", static_cast<unsigned char>(u.bytes[i]));
+  }
+  return out;
+}
+
+}  // namespace
+
+Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machine) {
   Device d;
-  if (pref == DevicePreference::Cpu) return d;
+  if (pref == DevicePreference::Cpu) return d;  // every rank: the preference is the job's
   const int count = cuda_device_count();
   if (count == 0) {
     if (pref == DevicePreference::Cuda) {
@@ -63,22 +78,38 @@ Device select_device(const Topology& topo, DevicePreference pref) {
                               "--device cpu to train on the CPU backend", present, cuda_unavailable_reason()));
     }
     if (topo.world_rank == 0) log::info("no CUDA device found ({}): using the CPU backend", cuda_unavailable_reason());
+    find_ranks_sharing(d, topo.world_rank, machine);  // the machine's other ranks may have GPUs: the exchange is collective
     return d;
   }
+  // The rank's place on the machine, not in its (maybe simulated) node: ranks of two simulated nodes on one
+  // machine see the same GPUs, and each must take a different one while there are enough.
+  int machine_rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(machine, &machine_rank));
   d.kind = DeviceKind::Cuda;
-  d.index = topo.local_rank % count;
-  d.ranks_sharing = (topo.local_size + count - 1 - d.index) / count;
+  d.index = machine_rank % count;
   ST_CHECK_CUDA(cudaSetDevice(d.index));
   cudaDeviceProp prop{};
   ST_CHECK_CUDA(cudaGetDeviceProperties(&prop, d.index));
   d.name = prop.name;
   d.memory_bytes = prop.totalGlobalMem;
+  d.uuid = uuid_text(prop.uuid);
+  char bus[32] = {};
+  ST_CHECK_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, d.index));
+  d.pci_bus_id = bus;
+  for (char& c : d.pci_bus_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  find_ranks_sharing(d, topo.world_rank, machine);
   return d;
 }
 
-CudaStream::CudaStream() {
+CudaStream::CudaStream(StreamPriority priority) {
   cudaStream_t s = nullptr;
-  ST_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (priority == StreamPriority::High) {
+    int least = 0, greatest = 0;
+    ST_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    ST_CHECK_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  } else {
+    ST_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
   handle_ = s;
 }
 CudaStream::~CudaStream() {

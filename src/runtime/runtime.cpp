@@ -35,7 +35,8 @@ Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options) : opt
               "srun --cpus-per-task=N, or SHARDTRAIN_CPU_BINDING=release",
               b.cores_at_start, b.allowed / sharing, b.reason, host_threads_);
   }
-  device_ = select_device(topology_, options.device);
+  machine_ = machine_comm(MPI_COMM_WORLD);
+  device_ = select_device(topology_, options.device, machine_.get());
 }
 
 }  // namespace shardtrain

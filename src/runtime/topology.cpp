@@ -44,6 +44,14 @@ int launcher_rank() {
   return 0;
 }
 
+MpiComm machine_comm(MPI_Comm world) {
+  int rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  MPI_Comm c = MPI_COMM_NULL;
+  ST_CHECK_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &c));
+  return MpiComm(c);
+}
+
 Topology discover_topology(MPI_Comm world, int ranks_per_node) {
   Topology t;
   ST_CHECK_MPI(MPI_Comm_rank(world, &t.world_rank));
@@ -68,11 +76,7 @@ Topology discover_topology(MPI_Comm world, int ranks_per_node) {
     return t;
   }
 
-  MpiComm local = [&] {
-    MPI_Comm c = MPI_COMM_NULL;
-    ST_CHECK_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, t.world_rank, MPI_INFO_NULL, &c));
-    return MpiComm(c);
-  }();
+  MpiComm local = machine_comm(world);
   t.local_rank = local.rank();
   t.local_size = local.size();
   // Node leaders number the nodes in world-rank order of their first rank; the index reaches the rest.

@@ -288,8 +288,8 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   ops_->defer_loss(true);  // the losses of a step's micro-batches are read once, after the last one
 
   mesh_ = std::make_unique<DeviceMesh>(runtime.world(), topo, MeshSpec{config_.fsdp.engine.strategy, config_.fsdp.engine.shard_size});
-  const CommBackend backend = choose_comm_backend(runtime, config_.fsdp.comm_backend);
-  comms_ = std::make_unique<MeshComms>(*mesh_, backend, on_gpu ? MemorySpace::Device : MemorySpace::Host);
+  const CommBackendChoice backend = choose_comm_backend(runtime, config_.fsdp.comm_backend);
+  comms_ = std::make_unique<MeshComms>(*mesh_, backend.backend, on_gpu ? MemorySpace::Device : MemorySpace::Host);
   watchdog_ = std::make_unique<CollectiveWatchdog>(std::chrono::duration<double>(config_.fsdp.collective_timeout));
   comms_->set_watchdog(watchdog_.get());
   model::ModelOptions mopts;
@@ -381,7 +381,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
               "device {}, collectives over {}; {} host thread(s) per rank; run directory {}",
               static_cast<double>(model_->spec().num_params()) / 1e6, flops_per_token_ / 1e9, mesh_->replicate_size(), mesh_->shard_size(),
               sharding_strategy_name(config_.fsdp.engine.strategy), W, micro_batch_, accumulation_, config_.data.global_batch_size,
-              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), mfu_.label(), runtime.device().describe(), comm_backend_name(comms_->backend()),
+              config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), mfu_.label(), runtime.device().describe(), backend.describe(),
               runtime.host_threads(), run_dir_);
   }
   if (rank == 0 && sources_.size() > 1) {

@@ -18,7 +18,7 @@ class GpuCollectives : public testing::Test {
   void SetUp() override {
     ST_SKIP_WITHOUT_GPU("GPU collective tests");
     topo_ = discover_topology(MPI_COMM_WORLD, 0);
-    device_ = select_device(topo_, DevicePreference::Cuda);
+    device_ = select_device(topo_, DevicePreference::Cuda, machine_comm(MPI_COMM_WORLD).get());
   }
 
   // all_gather, reduce_scatter (sum), all_reduce (avg) and broadcast on device buffers, checked on the host.
@@ -66,6 +66,11 @@ TEST_F(GpuCollectives, NcclOnOwnGpu) {
   if (device_.ranks_sharing > 1) GTEST_SKIP() << "ranks share a GPU: NCCL needs one GPU per rank";
   DeviceMesh mesh(MPI_COMM_WORLD, topo_, {ShardingStrategy::FullShard, 0});
   MeshComms comms(mesh, CommBackend::Nccl, MemorySpace::Device);
+  EXPECT_STREQ(comm_backend_name(comms.shard().backend()), "nccl");
+  EXPECT_STREQ(comm_backend_name(comms.replicate().backend()), "nccl");
+  // The world axis carries the trainer's host values only: MPI, no NCCL communicator of its own. Device
+  // buffers given to it still arrive (staged through the host).
+  EXPECT_STREQ(comm_backend_name(comms.world().backend()), "mpi");
   run(comms.shard());
   run(comms.world());
 }

@@ -22,8 +22,15 @@
 // or read at the call (pageable sources, which the runtime stages): the documented latitudes of
 // cudaMemcpyAsync.
 //
-// Devices. SHARDTRAIN_CUDA_EMULATOR_DEVICES=N (default 1) reports N devices, so that ranks on one machine
-// each take one of their own and talk over the emulated NCCL (nccl.cpp); each process is its own device.
+// Devices. SHARDTRAIN_CUDA_EMULATOR_DEVICES=N (default 1) gives the machine N physical devices, so that ranks
+// on one machine each take one of their own and talk over the emulated NCCL (nccl.cpp); each process is its
+// own device. Physical device p has an identity as a GPU does: a UUID (cudaDeviceProp::uuid, derived from p
+// and the host name) and a PCI bus id (0000:<0x10 + p>:00.0, cudaDeviceGetPCIBusId and the pci* properties).
+// CUDA_VISIBLE_DEVICES is honored as the CUDA runtime does: a comma-separated list of physical indices or
+// UUIDs (GPU-..., a unique prefix is enough) makes those devices, in that order, ordinals 0, 1, ...; the list
+// ends at the first entry that names no device (or one already listed), and a list naming none leaves no
+// device (cudaGetDeviceCount fails with cudaErrorNoDevice). So a rank that sees "2" has one device, ordinal
+// 0, with physical device 2's identity.
 //
 // Host waits. SHARDTRAIN_CUDA_EMULATOR_WAITS=FILE appends a line "<pid> <api>" for every call that made the
 // host wait for device work not yet run (a synchronization, a synchronous copy, cudaFree): where a GPU run
@@ -86,6 +93,7 @@ constexpr size_t kDeviceMemory = size_t{80} << 30;  // what the emulated device 
 
 struct CUstream_st {
   std::deque<shardtrain::cuda_emulator::Op> queue;
+  int priority = 0;       // cudaStreamCreateWithPriority's, clamped to the range (recorded; the schedule ignores it)
   std::shared_ptr<shardtrain::cuda_emulator::Marker> tail;  // done marker of the last op queued
   bool blocking = true;   // synchronizes with the legacy stream (cudaStreamDefault)
   bool destroyed = false; // cudaStreamDestroy with work pending: freed once it has run
@@ -105,6 +113,68 @@ struct Allocation {
   Memory kind = Memory::Device;
 };
 
+// Physical device p's UUID: 16 bytes from p and the host name, so that devices of different machines differ.
+cudaUUID_t device_uuid(int p) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  uint32_t h = 2166136261u;  // FNV-1a of the host name
+  for (const char* c = host; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  const unsigned char bytes[16] = {0x5e, 0x7d, 0xa1, 0x00, static_cast<unsigned char>(h >> 24), static_cast<unsigned char>(h >> 16),
+                                   0x40, static_cast<unsigned char>(h >> 8), 0x80, static_cast<unsigned char>(h), 0, 0, 0, 0, 0,
+                                   static_cast<unsigned char>(p)};
+  cudaUUID_t u{};
+  std::memcpy(u.bytes, bytes, sizeof bytes);
+  return u;
+}
+
+// As nvidia-smi and CUDA_VISIBLE_DEVICES write it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+std::string uuid_text(const cudaUUID_t& u) {
+  std::string out = "GPU-";
+  char hex2[3];
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    std::snprintf(hex2, sizeof hex2, "%02x", static_cast<unsigned char>(u.bytes[i]));
+    out += hex2;
+  }
+  return out;
+}
+
+// CUDA_VISIBLE_DEVICES as the runtime reads it (see the header comment); unset: every physical device.
+std::vector<int> visible_devices(const char* list, int physical) {
+  std::vector<int> out;
+  if (list == nullptr) {
+    for (int p = 0; p < physical; ++p) out.push_back(p);
+    return out;
+  }
+  std::string v = list;
+  size_t start = 0;
+  while (start <= v.size()) {
+    const size_t comma = v.find(',', start);
+    std::string entry = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    int found = -1;
+    if (entry.rfind("GPU-", 0) == 0) {
+      for (int p = 0; p < physical; ++p) {
+        if (uuid_text(device_uuid(p)).rfind(entry, 0) != 0) continue;
+        if (found >= 0) {  // a prefix that names two devices names none
+          found = -1;
+          break;
+        }
+        found = p;
+      }
+    } else if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos && entry.size() < 4) {
+      found = std::atoi(entry.c_str());
+      if (found >= physical) found = -1;
+    }
+    if (found < 0 || std::find(out.begin(), out.end(), found) != out.end()) break;
+    out.push_back(found);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
 struct State {
   std::recursive_mutex mutex;
   Policy policy = Policy::Lifo;
@@ -117,8 +187,9 @@ struct State {
   uint64_t next_seq = 1;
   int running = 0;  // > 0 while queued work runs (device memory accessible)
   int waits_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
-  int devices = 1;    // SHARDTRAIN_CUDA_EMULATOR_DEVICES: what cudaGetDeviceCount reports
-  int current = 0;    // cudaSetDevice's
+  int physical = 1;   // SHARDTRAIN_CUDA_EMULATOR_DEVICES: the machine's devices
+  std::vector<int> visible;  // the physical device of each ordinal (CUDA_VISIBLE_DEVICES); its size is the count
+  int current = 0;    // cudaSetDevice's ordinal
   cudaError_t last_error = cudaSuccess;
 
   State() {
@@ -134,10 +205,11 @@ struct State {
     }
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_PROTECT")) protect = std::string(s) != "0";
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_DEVICES"); s && *s) {
-      devices = std::atoi(s);
-      if (devices < 1 || devices > 64)
+      physical = std::atoi(s);
+      if (physical < 1 || physical > 64)
         fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_DEVICES=") + s + ": expected 1 to 64");
     }
+    visible = visible_devices(std::getenv("CUDA_VISIBLE_DEVICES"), physical);
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_WAITS"); s && *s) {
       waits_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (waits_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_WAITS=") + s + ": " + std::strerror(errno));
@@ -466,8 +538,12 @@ using namespace shardtrain::cuda_emulator;  // NOLINT: the C API below is this f
 extern "C" {
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
-  *count = state().devices;
-  return cudaSuccess;
+  State& g = state();
+  *count = static_cast<int>(g.visible.size());
+  if (*count > 0) return cudaSuccess;
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  g.last_error = cudaErrorNoDevice;  // the runtime's answer (silent) when CUDA_VISIBLE_DEVICES hides every device
+  return cudaErrorNoDevice;
 }
 
 // Each process emulates one device at a time: every device number it may set shares its memory and streams
@@ -475,10 +551,10 @@ cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
 cudaError_t CUDARTAPI cudaSetDevice(int device) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  if (device < 0 || device >= g.devices)
+  if (device < 0 || device >= static_cast<int>(g.visible.size()))
     return fail(g, cudaErrorInvalidDevice,
-                "cudaSetDevice(" + std::to_string(device) + "): " + std::to_string(g.devices) +
-                    " device(s) (SHARDTRAIN_CUDA_EMULATOR_DEVICES)");
+                "cudaSetDevice(" + std::to_string(device) + "): " + std::to_string(g.visible.size()) +
+                    " visible device(s) (SHARDTRAIN_CUDA_EMULATOR_DEVICES, CUDA_VISIBLE_DEVICES)");
   g.current = device;
   return cudaSuccess;
 }
@@ -489,10 +565,16 @@ cudaError_t CUDARTAPI cudaGetDevice(int* device) {
 }
 
 cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device < 0 || device >= state().devices)
-    return fail(state(), cudaErrorInvalidDevice, "cudaGetDeviceProperties(" + std::to_string(device) + ")");
+  State& g = state();
+  if (device < 0 || device >= static_cast<int>(g.visible.size()))
+    return fail(g, cudaErrorInvalidDevice, "cudaGetDeviceProperties(" + std::to_string(device) + ")");
+  const int p = g.visible[static_cast<size_t>(device)];
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "shardtrain CUDA emulator (host)");
+  prop->uuid = device_uuid(p);
+  prop->pciDomainID = 0;
+  prop->pciBusID = 0x10 + p;
+  prop->pciDeviceID = 0;
   prop->totalGlobalMem = kDeviceMemory;
   prop->sharedMemPerBlock = 48 * 1024;
   prop->sharedMemPerBlockOptin = 227 * 1024;
@@ -501,6 +583,15 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) 
   prop->multiProcessorCount = 4;
   prop->major = 9;
   prop->minor = 0;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  State& g = state();
+  if (device < 0 || device >= static_cast<int>(g.visible.size()))
+    return fail(g, cudaErrorInvalidDevice, "cudaDeviceGetPCIBusId(" + std::to_string(device) + ")");
+  if (pci_bus_id == nullptr || len < 13) return fail(g, cudaErrorInvalidValue, "cudaDeviceGetPCIBusId: len < 13");
+  std::snprintf(pci_bus_id, static_cast<size_t>(len), "0000:%02x:00.0", 0x10 + g.visible[static_cast<size_t>(device)]);
   return cudaSuccess;
 }
 
@@ -526,6 +617,7 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
@@ -539,6 +631,7 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
@@ -668,6 +761,35 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned i
 }
 
 cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+// An H100's range: 0 (the default, least) to -5 (greatest). Lower numbers are higher priorities.
+constexpr int kLeastStreamPriority = 0, kGreatestStreamPriority = -5;
+
+cudaError_t CUDARTAPI cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = kLeastStreamPriority;
+  if (greatest) *greatest = kGreatestStreamPriority;
+  return cudaSuccess;
+}
+
+// As CUDA does, a priority outside the range is clamped into it.
+cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  count_call("cudaStreamCreateWithPriority");
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  auto* s = new CUstream_st;
+  s->blocking = (flags & cudaStreamNonBlocking) == 0;
+  s->priority = std::clamp(priority, kGreatestStreamPriority, kLeastStreamPriority);
+  g.streams.push_back(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  *priority = resolve(g, stream)->priority;
+  return cudaSuccess;
+}
 
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   count_call("cudaStreamDestroy");

@@ -7,7 +7,9 @@
 // their schedules allow, and a rank whose streams were ordered wrongly reads a gather or a reduction before
 // it landed, as on a GPU. The ranks of a communicator share one POSIX shared-memory segment, named by the
 // unique id: each puts its send buffer in its slot, waits for the others (a barrier), computes its receive
-// buffer from the slots, and waits again before the slots are reused. Reductions run in rank order with an
+// buffer from the slots, and waits again before the slots are reused. As NCCL does, ncclCommInitRank refuses
+// two ranks of one communicator on the same GPU (the same physical device of the emulator: its UUID, whatever
+// ordinal CUDA_VISIBLE_DEVICES gave it) with ncclInvalidUsage on every rank. Reductions run in rank order with an
 // fp32 (or wider) accumulator rounded once, so every rank gets the same bits, whichever ranks they are. Send
 // and receive buffers must be device memory of a live allocation. A rank that waits more than
 // SHARDTRAIN_CUDA_EMULATOR_NCCL_TIMEOUT seconds (default 600) for its peers stops the process, naming the
@@ -56,6 +58,7 @@ struct Header {
   std::atomic<uint32_t> generation;  // barriers completed
   uint32_t nranks;
   Call calls[kMaxRanks];  // by rank, written before the barrier of each collective
+  unsigned char uuid[kMaxRanks][16];  // by rank: the UUID of its current device, written before the init barrier
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "process-shared atomics must be lock-free");
@@ -332,9 +335,27 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
       fatal("ncclCommInitRank: " + c->name + " has " + std::to_string(c->header->nranks) + " ranks, rank " +
             std::to_string(rank) + " asked for " + std::to_string(nranks));
   }
+  int device = 0;
+  cudaDeviceProp prop{};
+  cudaGetDevice(&device);
+  cudaGetDeviceProperties(&prop, device);
+  std::memcpy(c->header->uuid[rank], prop.uuid.bytes, 16);
   // Blocking, as NCCL's is: every rank has mapped the segment when it returns, and its name can go.
   barrier(c, "ncclCommInitRank");
   if (rank == 0) shm_unlink(c->name.c_str());
+  for (int r = 0; r < nranks; ++r) {  // every rank finds the same pair, so every rank fails alike
+    for (int q = 0; q < r; ++q) {
+      if (std::memcmp(c->header->uuid[r], c->header->uuid[q], 16) != 0) continue;
+      char text[40];
+      const unsigned char* u = c->header->uuid[r];
+      std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-...-%02x", u[0], u[1], u[2], u[3], u[4], u[5], u[15]);
+      munmap(c->header, c->mapped);
+      cudaEventDestroy(c->last);
+      delete c;
+      return usage("ncclCommInitRank: duplicate GPU detected: rank " + std::to_string(r) + " and rank " + std::to_string(q) +
+                   " both on " + text + " (NCCL needs a GPU of its own for each rank of a communicator)");
+    }
+  }
   *comm = c;
   return ncclSuccess;
 }

@@ -56,8 +56,8 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   const bool gpu = test_on_gpu();
   const char* backend_env = std::getenv("SHARDTRAIN_TEST_COMM_BACKEND");
   const bool nccl = gpu && backend_env && std::string_view(backend_env) == "nccl";
-  if (nccl && select_device(topo, DevicePreference::Cuda).ranks_sharing > 1)
-    throw Error(ExitCode::Device, "SHARDTRAIN_TEST_COMM_BACKEND=nccl needs a GPU per local rank");
+  if (nccl && select_device(topo, DevicePreference::Cuda, machine_comm(world).get()).ranks_sharing > 1)
+    throw Error(ExitCode::Device, "SHARDTRAIN_TEST_COMM_BACKEND=nccl needs a GPU per rank");
   MeshComms comms(mesh, nccl ? CommBackend::Nccl : CommBackend::Mpi, gpu ? MemorySpace::Device : MemorySpace::Host);
   auto ops = gpu ? ops::make_cuda_ops() : ops::make_cpu_ops({1});
   const DeviceKind dev = gpu ? DeviceKind::Cuda : DeviceKind::Cpu;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "shardtrain/comm/communicator.hpp"
@@ -15,9 +16,22 @@ enum class CommBackendPreference { Auto, Mpi, Nccl };
 CommBackendPreference parse_comm_backend(std::string_view s);  // auto|mpi|nccl, throws UsageError
 const char* comm_backend_preference_name(CommBackendPreference p);
 
-// Auto: NCCL when the device is a GPU of its own (one rank per GPU on every node); MPI otherwise
-// (the CPU backend, or several ranks sharing a GPU, staged through pinned host memory).
-CommBackend choose_comm_backend(const Runtime& rt, CommBackendPreference pref);
+// The backend chosen, and why, in the same words on every rank.
+struct CommBackendChoice {
+  CommBackend backend = CommBackend::Mpi;
+  // "8 ranks on this node, each on its own GPU", "ranks 0 and 1 share GPU-8f6c1a2b-... (0000:18:00.0)",
+  // "the CPU backend", "fsdp.comm_backend or --comm-backend is mpi"
+  std::string reason;
+  bool host_staging = false;  // MPI with device buffers staged through pinned host memory
+  // "nccl: 8 ranks on this node, each on its own GPU", "mpi (host staging): ranks 0 and 1 share GPU-..."
+  std::string describe() const;
+};
+
+// Collective over the world. Auto: NCCL when no two ranks share a physical GPU (matched by identity:
+// Device::sharing_ranks, whatever CUDA_VISIBLE_DEVICES numbered them) and every rank has one; MPI otherwise
+// (the CPU backend, or ranks sharing a GPU, staged through pinned host memory). Nccl where that is not so
+// throws one ConfigError (the same on every rank) naming the ranks and the GPU they share.
+CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference pref);
 
 // An MPI communicator over a duplicate of `comm`. Device-space communicators stage through pinned host memory.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, MeshAxis axis, MemorySpace space);
@@ -33,6 +47,9 @@ class MeshComms {
   // Collective over the mesh's world. Buffers live in `space` (Device with a GPU, Host otherwise).
   MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace space);
 
+  // The world axis carries host values only in training (token counts, loss sums, agreement checks: through
+  // host_all_reduce, over MPI whatever the backend), so it is an MPI communicator even on the NCCL backend:
+  // no NCCL communicator (its buffers, its set-up) for it. Device buffers given to it are staged.
   Communicator& world() { return *world_; }
   Communicator& shard() { return *shard_; }
   Communicator& replicate() { return *replicate_; }

@@ -1,11 +1,15 @@
-// Device selection (by local rank when GPUs exist, the CPU backend otherwise), stream handles and
-// move-only memory owners. The CUDA half lives in device_cuda.cpp; without CUDA, device_cpu.cpp.
+// Device selection (by the rank's place on its machine when GPUs exist, the CPU backend otherwise; which ranks
+// share a physical GPU, by its identity), stream handles and move-only memory owners. The CUDA half lives in
+// device_cuda.cpp; without CUDA, device_cpu.cpp.
 #pragma once
+
+#include <mpi.h>
 
 #include <cstddef>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardtrain/runtime/topology.hpp"
 
@@ -18,13 +22,31 @@ DevicePreference parse_device_preference(std::string_view s);  // auto|cpu|cuda,
 
 struct Device {
   DeviceKind kind = DeviceKind::Cpu;
-  int index = -1;              // CUDA ordinal, -1 on the CPU
+  int index = -1;              // CUDA ordinal among the devices this rank sees, -1 on the CPU
   std::string name = "cpu";    // e.g. "NVIDIA H100 80GB HBM3"
   size_t memory_bytes = 0;     // total device memory, 0 on the CPU
-  int ranks_sharing = 1;       // local ranks placed on this same device
+  // The physical GPU, whatever ordinal CUDA_VISIBLE_DEVICES gave it here: its UUID as nvidia-smi prints it
+  // ("GPU-8f6c1a2b-..."), and its PCI bus id ("0000:18:00.0"). Empty on the CPU.
+  std::string uuid;
+  std::string pci_bus_id;
+  int ranks_sharing = 1;            // ranks of this machine on this same physical GPU (this one included)
+  std::vector<int> sharing_ranks;   // their world ranks, ascending; empty on the CPU
   bool is_cuda() const { return kind == DeviceKind::Cuda; }
   std::string describe() const;  // "cpu" or "cuda:0 (NVIDIA H100 ...)"
 };
+
+// One rank's seat: its world rank and the UUID of its GPU ("" on the CPU). Gathered among a machine's ranks.
+struct GpuSeat {
+  int world_rank = 0;
+  std::string uuid;
+};
+// The world ranks among `seats` whose GPU is `uuid`, ascending (none for "").
+std::vector<int> ranks_on_gpu(const std::vector<GpuSeat>& seats, const std::string& uuid);
+// "ranks 0 and 1", "ranks 0, 1 and 2", "rank 3": world ranks in words.
+std::string describe_ranks(const std::vector<int>& ranks);
+// Collective over `machine`: every rank's seat (world_rank, d.uuid) to every rank of the machine, then
+// d.sharing_ranks and d.ranks_sharing from them (select_device's last step).
+void find_ranks_sharing(Device& d, int world_rank, MPI_Comm machine);
 
 bool cuda_built();        // compiled with the CUDA backend
 int cuda_device_count();  // 0 when not built with CUDA, no driver, or no device; never throws
@@ -37,20 +59,30 @@ std::string cuda_unavailable_reason();
 // train on the CPU a thousand times slower without a word. Returns why not (naming the evidence), or "".
 std::string gpus_present_but_unreachable(const std::string& gpus_dir, const char* cuda_visible_devices);
 
-// Picks local_rank % count when GPUs exist (and makes it current); the CPU otherwise.
+// Collective over `machine`, the ranks of this machine (machine_comm: MPI_COMM_TYPE_SHARED, whatever
+// --ranks-per-node simulates). When GPUs are visible, picks the one at this rank's place on the machine
+// (machine rank % visible count: each rank sees every GPU, as with srun --gpus-per-node, and takes its own;
+// or each rank sees one, as with srun --gpus-per-task=1 or CUDA_VISIBLE_DEVICES set per rank, and takes it),
+// makes it current, and reads its identity; then the machine's ranks exchange identities, so ranks_sharing
+// counts the ranks on the same physical GPU, however each one numbers it. The CPU otherwise.
 // Auto on a machine without GPUs logs one notice on rank 0 (and throws a Device error where the driver lists
 // GPUs CUDA cannot reach: gpus_present_but_unreachable). Cuda without GPUs throws a Device error.
-Device select_device(const Topology& topo, DevicePreference pref);
+Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machine);
 
 // A non-owning stream handle (cudaStream_t on the CUDA backend, null = the default/host stream).
 struct StreamRef {
   void* handle = nullptr;
 };
 
+// Normal: the default priority. High: the device's greatest, so that a stream's ready work is scheduled
+// ahead of compute's (the communication streams, as PyTorch's FSDP makes them: a collective's kernels start
+// as soon as they can instead of waiting behind a queue of compute blocks).
+enum class StreamPriority { Normal, High };
+
 // Owns a non-blocking CUDA stream.
 class CudaStream {
  public:
-  CudaStream();  // throws when CUDA is not built or no device is current
+  explicit CudaStream(StreamPriority priority = StreamPriority::Normal);  // throws when CUDA is not built or no device is current
   ~CudaStream();
   CudaStream(CudaStream&& o) noexcept;
   CudaStream& operator=(CudaStream&& o) noexcept;

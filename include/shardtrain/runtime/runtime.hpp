@@ -30,6 +30,9 @@ class Runtime {
   const Device& device() const { return device_; }
   const RuntimeOptions& options() const { return options_; }
   MPI_Comm world() const { return MPI_COMM_WORLD; }
+  // The ranks on this machine (machine_comm), physical even where --ranks-per-node simulates nodes: the
+  // ranks that may share a GPU.
+  MPI_Comm machine() const { return machine_.get(); }
   // Threads for this rank's host work: its own cores when the launcher gave it some (srun --cpus-per-task),
   // else its share of the cores the ranks on the machine see. At least 1.
   int host_threads() const { return host_threads_; }
@@ -38,6 +41,7 @@ class Runtime {
  private:
   RuntimeOptions options_;
   Topology topology_;
+  MpiComm machine_;
   Device device_;
   CpuBinding cpu_binding_;
   int host_threads_ = 1;

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "shardtrain/runtime/session.hpp"
+
 namespace shardtrain {
 
 struct Topology {
@@ -39,5 +41,10 @@ int launcher_rank();
 
 // Collective over `world`. Throws ConfigError when ranks_per_node does not divide the world size.
 Topology discover_topology(MPI_Comm world, int ranks_per_node);
+
+// The ranks of `world` on this machine (MPI_COMM_TYPE_SHARED), ordered by world rank. Unlike the topology's
+// node, never simulated: what ranks share is physical (a GPU, memory), whatever --ranks-per-node says.
+// Collective over `world`.
+MpiComm machine_comm(MPI_Comm world);
 
 }  // namespace shardtrain
