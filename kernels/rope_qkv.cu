@@ -42,9 +42,11 @@ ST_DEV void copy_pairs(const T* in, T* out, int64_t half) {
   store_floats(out + half, b);
 }
 
-// forward: packed -> q, k, v; else q, k, v -> packed (sign -1: the transposed rotation).
+// forward: packed -> q, k, v; else q, k, v -> packed (sign -1: the transposed rotation). The four arrays never
+// overlap (the op checks), so the loads of the next head need not wait for this head's stores.
 template <typename T, int K>
-ST_GLOBAL void rope_qkv_kernel(T* packed, T* q, T* k, T* v, const int32_t* __restrict__ positions, int64_t tokens,
+ST_GLOBAL void rope_qkv_kernel(T* __restrict__ packed, T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
+                               const int32_t* __restrict__ positions, int64_t tokens,
                                int64_t heads, int64_t kv_heads, int64_t head_dim, InvFreq freq, float sign, bool forward) {
   const int64_t half = head_dim / 2, per_token = half / K, width = (heads + 2 * kv_heads) * head_dim;
   const int64_t total = tokens * per_token;

@@ -179,6 +179,7 @@ QkvDims validate_rope_qkv(const TensorChecks& checks, const char* op, const Tens
             parts[i]->shape.str());
     require(!overlaps(*parts[i], qkv), op, "{} overlaps {}", names[i + 1], names[0]);
   }
+  require(!overlaps(q, k) && !overlaps(q, v) && !overlaps(k, v), op, "{}, {} and {} overlap", names[1], names[2], names[3]);
   const int64_t n = q.shape[0], heads = q.shape[1], dh = q.shape[2], kv_heads = k.shape[1];
   require(dh % 2 == 0, op, "head_dim {} is odd", dh);
   require(k.shape[0] == n && k.shape[2] == dh, op, "{} is {}, expected ({}, kv_heads, {})", names[2], k.shape.str(), n, dh);

@@ -93,7 +93,7 @@ struct QkvDims {
   int64_t tokens, heads, kv_heads, head_dim;  // N, H, Hkv, Dh
 };
 // rope_qkv_forward and _backward: the packed (N, (H + 2 Hkv) Dh) tensor and the three (N, heads, Dh) ones, named
-// by names[0..3] (qkv, q, k, v or dqkv, dq, dk, dv), all one float dtype, the three disjoint from the packed one.
+// by names[0..3] (qkv, q, k, v or dqkv, dq, dk, dv), all one float dtype, no two of the four overlapping.
 QkvDims validate_rope_qkv(const TensorChecks& checks, const char* op, const Tensor& qkv, const Tensor& positions,
                           const Tensor& q, const Tensor& k, const Tensor& v, const char* const names[4]);
 

@@ -140,6 +140,11 @@ TEST(FusedOps, ArgumentChecks) {
   const Tensor q_inside = make_tensor(packed.ptr(), DType::F32, {4, 3, 8});
   expect_internal_error("rope_qkv_forward: q overlaps qkv",
                         [&] { ops->rope_qkv_forward(packed.view(), pos.view(), freq, q_inside, k.view(), v.view()); });
+  HostT kv_buf({4, 2, 8}, DType::F32);
+  const Tensor k_in = make_tensor(kv_buf.ptr(), DType::F32, {4, 1, 8});
+  const Tensor v_over_k = make_tensor(kv_buf.as_ptr<float>() + 8, DType::F32, {4, 1, 8});
+  expect_internal_error("rope_qkv_forward: q, k and v overlap",
+                        [&] { ops->rope_qkv_forward(packed.view(), pos.view(), freq, q.view(), k_in, v_over_k); });
   HostT v_bf16({4, 1, 8}, DType::BF16);
   expect_internal_error("rope_qkv_backward: dv is bf16, expected dqkv's dtype f32",
                         [&] { ops->rope_qkv_backward(q.view(), k.view(), v_bf16.view(), pos.view(), freq, packed.view()); });

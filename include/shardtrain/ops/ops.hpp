@@ -101,7 +101,7 @@ class Ops {
   virtual void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) = 0;
   // q, k, v out of one projection [Wq; Wk; Wv]: qkv (N, (H + 2 Hkv) Dh), row n = q_n, k_n, v_n as one GEMM
   // n1 [Wq; Wk; Wv]^T writes it; q (N, H, Dh) and k (N, Hkv, Dh) receive it rotated (rope, Forward), v
-  // (N, Hkv, Dh) a copy. q, k, v are contiguous and do not overlap qkv. positions (N) I32.
+  // (N, Hkv, Dh) a copy. q, k, v are contiguous; no two of the four overlap. positions (N) I32.
   virtual void rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
                                 const Tensor& q, const Tensor& k, const Tensor& v) = 0;
   // Its transpose: dqkv (N, (H + 2 Hkv) Dh) = rows of (rope Backward of dq, rope Backward of dk, dv), the
