@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "shardtrain/ops/host_buffer.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::model {
 
@@ -40,7 +43,9 @@ ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq,
   add("work.dq", &w.dq, dtype, {n, d});
   add("work.dk", &w.dk, dtype, {n, kv});
   add("work.dv", &w.dv, dtype, {n, kv});
-  add("work.dact", &w.dact, dtype, {n, f});
+  const int64_t qkv_cols = d + 2 * kv;
+  add("work.dact", &w.dact, dtype, {n, f}, static_cast<size_t>(n * std::max(f, qkv_cols)) * dtype_size(dtype));
+  share_last("work.qkv", &w.qkv, dtype, {n, qkv_cols});
 }
 
 void ActivationPlan::add_layer(const std::string& p, LayerActivations& a, DType dtype, DType stats) {
@@ -54,25 +59,38 @@ void ActivationPlan::add_layer(const std::string& p, LayerActivations& a, DType 
   add(p + "h", &a.h, dtype, token_shape_);
   add(p + "n2", &a.n2, dtype, token_shape_);
   add(p + "rstd2", &a.rstd2, stats, row_shape_);
-  add(p + "gate", &a.gate, dtype, mlp_shape_);
-  add(p + "up", &a.up, dtype, mlp_shape_);
+  add(p + "gate_up", &a.gate_up, dtype, {mlp_shape_[0], 2 * mlp_shape_[1]});
   add(p + "act", &a.act, dtype, mlp_shape_);
 }
 
-void ActivationPlan::add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape) {
+void ActivationPlan::add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape, size_t reserve) {
   view->dtype = dtype;
   view->shape = shape;
   view->device = DeviceKind::Cpu;
   view->data = nullptr;
   entries_.push_back(Entry{std::move(name), view, bytes_});
   const size_t a = kAlignment;
-  bytes_ += (view->bytes() + a - 1) / a * a;
+  bytes_ += (std::max(view->bytes(), reserve) + a - 1) / a * a;
+}
+
+void ActivationPlan::share_last(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape) {
+  view->dtype = dtype;
+  view->shape = shape;
+  view->device = DeviceKind::Cpu;
+  view->data = nullptr;
+  const size_t at = entries_.back().offset;
+  if (at + view->bytes() > bytes_)
+    throw InternalError(fmt::format("activation plan: {} ({} B) does not fit in {}", name, view->bytes(),
+                                    entries_.back().name));
+  shared_views_.push_back(Entry{std::move(name), view, at});
 }
 
 void ActivationPlan::place(void* base, DeviceKind device) {
-  for (Entry& e : entries_) {
-    e.view->data = static_cast<char*>(base) + e.offset;
-    e.view->device = device;
+  for (std::vector<Entry>* list : {&entries_, &shared_views_}) {
+    for (Entry& e : *list) {
+      e.view->data = static_cast<char*>(base) + e.offset;
+      e.view->device = device;
+    }
   }
   if (checkpointing_ == Checkpointing::PerLayer)
     for (LayerActivations& a : layers) a = shared_;
@@ -84,6 +102,11 @@ std::string ActivationPlan::describe() const {
   for (const Entry& e : entries_)
     s += fmt::format("  {:<24} {:<5} {:<18} {:>12} B\n", e.name, dtype_name(e.view->dtype), e.view->shape.str(),
                      e.view->bytes());
+  for (const Entry& e : shared_views_) {
+    const auto owner = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.offset == e.offset; });
+    s += fmt::format("  {:<24} {:<5} {:<18} {:>12} B, in {}'s memory\n", e.name, dtype_name(e.view->dtype),
+                     e.view->shape.str(), e.view->bytes(), owner->name);
+  }
   return s;
 }
 

@@ -1,4 +1,4 @@
-// ParamBinding: per-parameter views with shape checks at bind time.
+// ParamBinding: per-parameter views with shape checks, and which neighbours they continue, at bind time.
 #include "shardtrain/model/binding.hpp"
 
 #include <fmt/format.h>
@@ -26,21 +26,55 @@ void check_view(const ParamInfo& p, const ops::Tensor& view, const char* what) {
                                     view.shape.str(), view.numel(), p.numel));
 }
 
+// b starts where a ends, in the same memory and dtype.
+bool follows(const ops::Tensor& a, const ops::Tensor& b) {
+  return a.defined() && b.defined() && a.dtype == b.dtype && a.device == b.device &&
+         static_cast<const char*>(a.data) + a.bytes() == static_cast<const char*>(b.data);
+}
+
 }  // namespace
+
+void ParamBinding::update_follows(int index) {
+  const auto i = static_cast<size_t>(index);
+  for (size_t j : {i, i + 1}) {
+    if (j == 0 || j >= views_.size()) continue;
+    views_[j].param_follows = follows(views_[j - 1].param, views_[j].param);
+    views_[j].grad_follows = follows(views_[j - 1].grad, views_[j].grad);
+  }
+}
 
 void ParamBinding::bind_param(int index, const ops::Tensor& view) {
   const ParamInfo& p = spec_->param(index);
   check_view(p, view, "param");
   views_[static_cast<size_t>(index)].param = view.reshaped(param_shape(p));
+  update_follows(index);
 }
 
 void ParamBinding::bind_grad(int index, const ops::Tensor& view) {
   const ParamInfo& p = spec_->param(index);
   check_view(p, view, "grad");
   views_[static_cast<size_t>(index)].grad = view.reshaped(param_shape(p));
+  update_follows(index);
 }
 
-void ParamBinding::unbind(int index) { views_.at(static_cast<size_t>(index)) = Views{}; }
+void ParamBinding::unbind(int index) {
+  views_.at(static_cast<size_t>(index)) = Views{};
+  update_follows(index);
+}
+
+bool ParamBinding::params_adjacent(int first, int count) const {
+  if (!param_bound(first)) return false;
+  for (int i = first + 1; i < first + count; ++i)
+    if (!views_.at(static_cast<size_t>(i)).param_follows) return false;
+  return true;
+}
+
+bool ParamBinding::grads_adjacent(int first, int count) const {
+  if (!grad_bound(first)) return false;
+  for (int i = first + 1; i < first + count; ++i)
+    if (!views_.at(static_cast<size_t>(i)).grad_follows) return false;
+  return true;
+}
 
 const ops::Tensor& ParamBinding::param(int index) const {
   const ops::Tensor& t = views_.at(static_cast<size_t>(index)).param;

@@ -24,7 +24,7 @@ KvCacheDecoder::KvCacheDecoder(const ModelSpec& spec, const ParamBinding& params
   k_cache_.assign(layers, std::vector<float>(static_cast<size_t>(max_len_ * Hkv_ * Dh_)));
   v_cache_.assign(layers, std::vector<float>(static_cast<size_t>(max_len_ * Hkv_ * Dh_)));
   x_.resize(D_), h_.resize(D_), n_.resize(D_), rstd_.resize(1), q_.resize(H_ * Dh_), k_.resize(Hkv_ * Dh_);
-  v_.resize(Hkv_ * Dh_), attn_.resize(H_ * Dh_), o_.resize(D_), gate_.resize(F_), up_.resize(F_), act_.resize(F_);
+  v_.resize(Hkv_ * Dh_), attn_.resize(H_ * Dh_), o_.resize(D_), gate_up_.resize(2 * F_), act_.resize(F_);
   down_.resize(D_), logits_.resize(V_), scores_.resize(max_len_);
   position_.resize(1), token_.resize(1);
 }
@@ -86,9 +86,11 @@ std::span<const float> KvCacheDecoder::step(int32_t token) {
     // h = x + attention output; n = RMSNorm(h) (the residual add fused, as in training)
     ops.rmsnorm_forward(t(o_, {1, D_}), t(x_, {1, D_}), p.param(w.post_attention_layernorm), eps, t(h_, {1, D_}),
                         t(n_, {1, D_}), t(rstd_, {1}));
-    ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.gate_proj), 0.0, t(gate_, {1, F_}));
-    ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.up_proj), 0.0, t(up_, {1, F_}));
-    ops.swiglu_forward(t(gate_, {1, F_}), t(up_, {1, F_}), t(act_, {1, F_}));
+    // gate then up: for one token the (2, 1, F) halves and the (1, 2F) row are the same memory
+    ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.gate_proj), 0.0, t(gate_up_, {1, F_}));
+    ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(n_, {1, D_}), p.param(w.up_proj), 0.0,
+               ops::make_tensor(gate_up_.data() + F_, DType::F32, {1, F_}));
+    ops.swiglu_forward(t(gate_up_, {2, 1, F_}), ops::GateUpLayout::Halves, t(act_, {1, F_}));
     ops.matmul(Transpose::No, Transpose::Yes, 1.0, t(act_, {1, F_}), p.param(w.down_proj), 0.0, t(down_, {1, D_}));
     for (int64_t d = 0; d < D_; ++d) x_[static_cast<size_t>(d)] = h_[static_cast<size_t>(d)] + down_[static_cast<size_t>(d)];
   }

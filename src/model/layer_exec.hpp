@@ -5,6 +5,7 @@
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/binding.hpp"
 #include "shardtrain/model/hooks.hpp"
+#include "shardtrain/model/llama.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/ops/ops.hpp"
 
@@ -18,6 +19,8 @@ struct Exec {
   ops::AttentionShape shape;
   ops::AttentionMask mask;
   ops::Tensor positions;  // (N) I32
+  ProjectionFusion fusion;
+  std::vector<LayerProjections>& projections;  // per layer: how its projections ran (decoder_layer.cpp)
 
   const ops::Tensor& param(int i) const { return binding.param(i); }
   const ops::Tensor& grad(int i) const { return binding.grad(i); }

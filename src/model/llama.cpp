@@ -32,7 +32,8 @@ ops::AttentionMask attention_mask(const Batch& batch, const Tensor& segments) {
 }  // namespace
 
 LlamaModel::LlamaModel(const LlamaConfig& config, ops::Ops& ops, const ModelOptions& options)
-    : spec_(config), ops_(&ops), options_(options), binding_(spec_) {
+    : spec_(config), ops_(&ops), options_(options), binding_(spec_),
+      projections_(static_cast<size_t>(spec_.num_layers())) {
   if (!dtype_is_float(options.activation_dtype))
     throw ConfigError(fmt::format("model activation dtype {} is not a float type", dtype_name(options.activation_dtype)));
 }
@@ -99,7 +100,9 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
                  *hooks_,
                  ops::AttentionShape{b, s, c.num_attention_heads, c.num_key_value_heads, c.head_dim()},
                  attention_mask(batch, plan.segments),
-                 plan.positions.reshaped({n})};
+                 plan.positions.reshaped({n}),
+                 options_.projection_fusion,
+                 projections_};
   const Tensor flat_ids = ids.reshaped({n});
   const Tensor flat_targets = batch.targets.reshaped({n});
 

@@ -5,6 +5,15 @@
 #include "shardtrain/runtime/dtype.hpp"
 
 namespace shardtrain::ops {
+namespace {
+
+bool overlaps(const Tensor& x, const Tensor& y) {
+  const auto* x0 = static_cast<const char*>(x.data);
+  const auto* y0 = static_cast<const char*>(y.data);
+  return x0 < y0 + y.bytes() && y0 < x0 + x.bytes();
+}
+
+}  // namespace
 
 void require_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
   require(t.numel() == n, op, "{} {} has {} elements, expected {}", name, t.shape.str(), t.numel(), n);
@@ -54,11 +63,6 @@ MatmulDims validate_matmul_add(const TensorChecks& checks, Transpose ta, Transpo
   checks.require_float(c, op, "c");
   require(c.dtype == out.dtype && c.shape == out.shape, op, "c is {} {}, expected out's {} {}", dtype_name(c.dtype),
           c.shape.str(), dtype_name(out.dtype), out.shape.str());
-  auto overlaps = [](const Tensor& x, const Tensor& y) {
-    const auto* x0 = static_cast<const char*>(x.data);
-    const auto* y0 = static_cast<const char*>(y.data);
-    return x0 < y0 + y.bytes() && y0 < x0 + x.bytes();
-  };
   require(c.data == out.data || !overlaps(c, out), op, "c overlaps out without being it");
   require(!overlaps(a, out) && !overlaps(b, out), op, "out overlaps an operand");
   return dims;
@@ -101,14 +105,24 @@ EmbeddingDims validate_embedding_backward(const TensorChecks& checks, const Tens
   return EmbeddingDims{n, vocab, d};
 }
 
-void validate_swiglu_forward(const TensorChecks& checks, const Tensor& gate, const Tensor& up, const Tensor& out) {
-  const char* op = "swiglu_forward";
-  checks.require_float(gate, op, "gate");
-  checks.require_peer(up, op, "up");
-  checks.require_peer(out, op, "out");
-  require(up.dtype == gate.dtype && out.dtype == gate.dtype, op, "gate, up and out must share a dtype");
-  require_numel(up, gate.numel(), op, "up");
-  require_numel(out, gate.numel(), op, "out");
+RowDims validate_swiglu(const TensorChecks& checks, const char* op, const Tensor& gate_up, GateUpLayout layout,
+                        const Tensor& out, const char* out_name, const Tensor& dgate_up) {
+  checks.require_float(gate_up, op, "gate_up");
+  checks.require_peer(out, op, out_name);
+  require(out.dtype == gate_up.dtype, op, "gate_up and {} must share a dtype", out_name);
+  const int64_t rows = out.shape.rows(), f = out.shape.cols();
+  require_numel(gate_up, 2 * rows * f, op, "gate_up");
+  if (layout == GateUpLayout::Rows)
+    require(gate_up.shape.cols() == 2 * f, op, "gate_up {} in rows of gate and up: expected ({}, {})",
+            gate_up.shape.str(), rows, 2 * f);
+  if (dgate_up.defined()) {
+    checks.require_peer(dgate_up, op, "dgate_up");
+    require(dgate_up.dtype == gate_up.dtype && dgate_up.shape == gate_up.shape, op,
+            "dgate_up is {}, expected like gate_up {}", dgate_up.describe(), gate_up.describe());
+    require(dgate_up.data == gate_up.data || !overlaps(dgate_up, gate_up), op,
+            "dgate_up overlaps gate_up without being it");
+  }
+  return RowDims{rows, f};
 }
 
 RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, const Tensor& residual,
@@ -150,6 +164,31 @@ void validate_rope(const TensorChecks& checks, const Tensor& x, const Tensor& po
   require(x.shape.rank == 3, op, "x must be (tokens, heads, head_dim), got {}", x.shape.str());
   require(x.shape[2] % 2 == 0, op, "head_dim {} is odd", x.shape[2]);
   require_numel(positions, x.shape[0], op, "positions");
+}
+
+QkvDims validate_rope_qkv(const TensorChecks& checks, const char* op, const Tensor& qkv, const Tensor& positions,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const char* const names[4]) {
+  checks.require_float(qkv, op, names[0]);
+  require_i32(checks, positions, op, "positions");
+  const Tensor* parts[] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    checks.require_peer(*parts[i], op, names[i + 1]);
+    require(parts[i]->dtype == qkv.dtype, op, "{} is {}, expected {}'s dtype {}", names[i + 1], dtype_name(parts[i]->dtype),
+            names[0], dtype_name(qkv.dtype));
+    require(parts[i]->shape.rank == 3, op, "{} must be (tokens, heads, head_dim), got {}", names[i + 1],
+            parts[i]->shape.str());
+    require(!overlaps(*parts[i], qkv), op, "{} overlaps {}", names[i + 1], names[0]);
+  }
+  require(!overlaps(q, k) && !overlaps(q, v) && !overlaps(k, v), op, "{}, {} and {} overlap", names[1], names[2], names[3]);
+  const int64_t n = q.shape[0], heads = q.shape[1], dh = q.shape[2], kv_heads = k.shape[1];
+  require(dh % 2 == 0, op, "head_dim {} is odd", dh);
+  require(k.shape[0] == n && k.shape[2] == dh, op, "{} is {}, expected ({}, kv_heads, {})", names[2], k.shape.str(), n, dh);
+  require(v.shape == k.shape, op, "{} is {}, expected like {} {}", names[3], v.shape.str(), names[2], k.shape.str());
+  const int64_t width = (heads + 2 * kv_heads) * dh;
+  require(qkv.numel() == n * width && qkv.shape.cols() == width, op, "{} is {}, expected ({}, {})", names[0],
+          qkv.shape.str(), n, width);
+  require_numel(positions, n, op, "positions");
+  return QkvDims{n, heads, kv_heads, dh};
 }
 
 void validate_attention(const TensorChecks& checks, const char* op, const AttentionShape& sh, const Tensor& q,

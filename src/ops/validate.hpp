@@ -70,11 +70,15 @@ EmbeddingDims validate_embedding_forward(const TensorChecks& checks, const Tenso
 EmbeddingDims validate_embedding_backward(const TensorChecks& checks, const Tensor& ids, const Tensor& dout,
                                           const Tensor& dtable);
 
-void validate_swiglu_forward(const TensorChecks& checks, const Tensor& gate, const Tensor& up, const Tensor& out);
-
 struct RowDims {
   int64_t rows, cols;  // a tensor folded to (rows, last dim)
 };
+
+// SwiGLU's gate_up (2 N F elements in `layout`) against out (forward) or dout (backward), folded to (N, F), named
+// out_name; for the backward also dgate_up (undefined in the forward): gate_up's dtype and shape, gate_up itself
+// or disjoint from it. Returns (N, F).
+RowDims validate_swiglu(const TensorChecks& checks, const char* op, const Tensor& gate_up, GateUpLayout layout,
+                        const Tensor& out, const char* out_name, const Tensor& dgate_up);
 // x, weight, y and residual. The backend then checks h_out (its messages differ between the backends) and
 // rstd (require_stats).
 RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, const Tensor& residual,
@@ -84,6 +88,14 @@ RowDims validate_rmsnorm_backward(const TensorChecks& checks, const Tensor& h, c
                                   const Tensor& dweight);
 
 void validate_rope(const TensorChecks& checks, const Tensor& x, const Tensor& positions);
+
+struct QkvDims {
+  int64_t tokens, heads, kv_heads, head_dim;  // N, H, Hkv, Dh
+};
+// rope_qkv_forward and _backward: the packed (N, (H + 2 Hkv) Dh) tensor and the three (N, heads, Dh) ones, named
+// by names[0..3] (qkv, q, k, v or dqkv, dq, dk, dv), all one float dtype, no two of the four overlapping.
+QkvDims validate_rope_qkv(const TensorChecks& checks, const char* op, const Tensor& qkv, const Tensor& positions,
+                          const Tensor& q, const Tensor& k, const Tensor& v, const char* const names[4]);
 
 // The shape, q, k, v, the mask and lse, as attention_forward and attention_backward both take them. The
 // backward's other tensors are the backend's to check (messages differ).

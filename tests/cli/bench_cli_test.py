@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`shardtrain bench ops` and `shardtrain bench step` end to end on the CPU backend:
-- bench ops with configs/tiny-cpu.toml: one row per op in the table and the JSON, the shapes from the config
-  (an explicit --batch over it), positive times, the work of each row by its stated formula, each row's fraction
-  its rate over its ceiling (no bound on it: the load of a shared machine moves both), positive ceilings;
+- bench ops with configs/tiny-cpu.toml: every row's calls per micro-batch the model's own (--check-calls), one row
+  per op in the table and the JSON, the shapes from the config (an explicit --batch over it), positive times,
+  the work of each row by its stated formula, each row's fraction its rate over its ceiling (no bound on it: the
+  load of a shared machine moves both), positive ceilings;
 - bench step on 2 ranks with tiny-cpu on a small dataset made here from the repository's own docs: the timed
   steps, tokens/s = tokens per step / median step time, MFU by the trainer's formula with a fixed peak, a
   finite loss near ln(vocab), the mesh (1 x 2, FULL_SHARD over MPI), memory figures, and the temporary run
@@ -27,12 +28,12 @@ tmp = os.path.join(work, "tmp")
 os.makedirs(tmp)
 ENV = dict(os.environ, TMPDIR=tmp)
 
-OPS = ["q_proj fwd", "q_proj bwd dx", "q_proj bwd dW", "k_proj, v_proj fwd", "k_proj, v_proj bwd dx", "k_proj, v_proj bwd dW",
-       "o_proj fwd", "o_proj bwd dx", "o_proj bwd dW", "gate_proj, up_proj fwd", "gate_proj, up_proj bwd dx",
-       "gate_proj, up_proj bwd dW", "down_proj fwd", "down_proj bwd dx", "down_proj bwd dW", "attention fwd", "attention bwd",
-       "rmsnorm fwd", "rmsnorm fwd +residual", "rmsnorm bwd +dh_extra", "rope q", "rope k", "swiglu fwd", "swiglu bwd",
-       "embedding fwd", "embedding bwd", "linear_cross_entropy fwd+bwd", "linear_cross_entropy loss only", "copy",
-       "cast f32 -> bf16"]
+OPS = ["qkv_proj fwd", "qkv_proj bwd dx", "qkv_proj bwd dW", "o_proj fwd", "o_proj bwd dx", "o_proj bwd dW",
+       "gate_up_proj fwd", "gate_up_proj bwd dx", "gate_up_proj bwd dW", "down_proj fwd", "down_proj bwd dx",
+       "down_proj bwd dW", "attention fwd", "attention bwd", "rmsnorm fwd", "rmsnorm fwd +residual",
+       "rmsnorm bwd +dh_extra", "rmsnorm bwd", "rope_qkv fwd", "rope_qkv bwd", "swiglu fwd", "swiglu bwd",
+       "embedding fwd", "embedding bwd", "attention_segments", "linear_cross_entropy fwd+bwd",
+       "linear_cross_entropy loss only", "copy", "cast f32 -> bf16"]
 
 
 def run(cmd, timeout=600):
@@ -40,11 +41,13 @@ def run(cmd, timeout=600):
     return p.returncode, p.stdout, p.stderr
 
 
-# ---- bench ops: tiny-cpu's model and micro-batch (global 16 on one rank), then --batch 4 over it
+# ---- bench ops: tiny-cpu's model and micro-batch (global 16 on one rank), then --batch 4 over it; --check-calls
+# first runs the model through a recorder of op calls and fails unless every row's calls per micro-batch are its own
 ops_json = os.path.join(work, "ops.json")
 rc, out, err = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--iters", "3", "--warmup", "1",
-                    "--json", ops_json, "--device", "cpu"])
+                    "--json", ops_json, "--device", "cpu", "--check-calls"])
 check(rc == 0, f"bench ops exit {rc}: {err[-2000:]}")
+check("every row's calls per micro-batch are the model's" in err, f"--check-calls: the model's calls matched: {err[-2000:]}")
 j = json.load(open(ops_json)) if rc == 0 else {}
 rows = {r["op"]: r for r in j.get("rows", [])}
 check([r["op"] for r in j.get("rows", [])] == OPS, f"one row per op, in order: {list(rows)}")
@@ -65,14 +68,16 @@ for r in j.get("rows", []):
           f"{r['op']}: fraction {r['fraction_of_ceiling']} is not its rate over the {r['kind']} ceiling")
 # The work of each kind of row, by the formulas the command prints (f32: 4 bytes).
 N, D, H, KV, Dh, F, V, B, S, L = 16 * 128, 192, 6, 2 * 32, 32, 512, 4096, 16, 128, 4
-expect = {"q_proj fwd": 2 * N * D * D, "k_proj, v_proj bwd dW": 2 * N * D * KV, "down_proj bwd dx": 2 * N * F * D,
+expect = {"qkv_proj fwd": 2 * N * D * (D + 2 * KV), "gate_up_proj bwd dW": 2 * N * D * 2 * F, "down_proj bwd dx": 2 * N * F * D,
           "attention fwd": 2 * B * H * S * S * Dh, "attention bwd": 4 * B * H * S * S * Dh,
           "linear_cross_entropy fwd+bwd": 6 * N * D * V, "linear_cross_entropy loss only": 2 * N * D * V,
-          "rmsnorm fwd +residual": 4 * N * D * 4 + D * 4 + 4 * N, "swiglu bwd": 5 * N * F * 4, "copy": 2 * N * D * 4}
+          "rmsnorm fwd +residual": 4 * N * D * 4 + D * 4 + 4 * N, "swiglu bwd": 5 * N * F * 4, "copy": 2 * N * D * 4,
+          "rope_qkv fwd": 2 * N * (D + 2 * KV) * 4 + 4 * N}
 for op, w in expect.items():
     check(math.isclose(rows.get(op, {}).get("work", 0), w, rel_tol=1e-12), f"{op}: work {rows.get(op, {}).get('work')}, expected {w}")
-check(rows.get("q_proj fwd", {}).get("calls_per_microbatch") == L and rows.get("k_proj, v_proj fwd", {}).get("calls_per_microbatch") == 2 * L,
-      "calls per micro-batch: q_proj once per layer, k_proj and v_proj twice")
+calls = {op: rows.get(op, {}).get("calls_per_microbatch") for op in ("qkv_proj fwd", "gate_up_proj fwd", "swiglu fwd", "rope_qkv bwd", "copy")}
+check(calls == {"qkv_proj fwd": L, "gate_up_proj fwd": L, "swiglu fwd": L, "rope_qkv bwd": L, "copy": 0},
+      f"calls per micro-batch: one fused q/k/v and one gate/up GEMM, SwiGLU forward and rope_qkv once per layer: {calls}")
 total = sum(r["seconds"] * r["calls_per_microbatch"] for r in j.get("rows", []))
 check(math.isclose(j.get("model_op_seconds_per_microbatch", 0), total, rel_tol=1e-9), "the per-micro-batch sum")
 

@@ -37,6 +37,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_qkv.cuh"
 #include "kernels/simt.cuh"
 #include "kernels/sum_squares.cuh"
 #include "kernels/swiglu.cuh"
@@ -155,19 +156,23 @@ TEST_P(EmulatedKernels, ElementwiseVectorAndScalarPaths) {
         ASSERT_EQ(reinterpret_cast<uintptr_t>(gate.ptr()) % 16, 0u);
         HostT out({n + off}, d), dg({n + off}, d), du({n + off}, d);
         HostT g = slice(gate, off, n), u = slice(up, off, n), o = slice(dout, off, n);
-        HostT want_out({n}, d), want_dg({n}, d), want_du({n}, d);
-        cpu_->swiglu_forward(g.view(), u.view(), want_out.view());
-        cpu_->swiglu_backward(o.view(), g.view(), u.view(), want_dg.view(), want_du.view());
-        k::swiglu_forward(d, elem(gate, off), elem(up, off), elem(out, off), n, {});
+        HostT want_out({n}, d), want_dgu({2, n}, d);
+        HostT gu({2, n}, d);  // the CPU op takes gate and up as (2, N, F) halves: here one row of n
+        std::memcpy(gu.ptr(), g.ptr(), g.bytes.size());
+        std::memcpy(gu.as_ptr<char>() + g.bytes.size(), u.ptr(), u.bytes.size());
+        cpu_->swiglu_forward(gu.view(), GateUpLayout::Halves, want_out.view());
+        cpu_->swiglu_backward(o.view(), gu.view(), GateUpLayout::Halves, want_dgu.view());
+        const HostT want_dg = slice(want_dgu, 0, n), want_du = slice(want_dgu, n, n);
+        k::swiglu_forward(d, elem(gate, off), elem(up, off), n, elem(out, off), 1, n, {});
         EXPECT_EQ(wide(), 3 * vectors) << at;
         expect_close("swiglu out " + at, slice(out, off, n), want_out, tol_for(d));
-        k::swiglu_backward(d, elem(dout, off), elem(gate, off), elem(up, off), elem(dg, off), elem(du, off), n, {});
+        k::swiglu_backward(d, elem(dout, off), elem(gate, off), elem(up, off), n, elem(dg, off), elem(du, off), 1, n, {});
         EXPECT_EQ(wide(), 5 * vectors) << at;
         expect_close("swiglu dgate " + at, slice(dg, off, n), want_dg, tol_for(d));
         expect_close("swiglu dup " + at, slice(du, off, n), want_du, tol_for(d));
         HostT gate_in_place = gate, up_in_place = up;  // the model writes the gradients over gate and up
-        k::swiglu_backward(d, elem(dout, off), elem(gate_in_place, off), elem(up_in_place, off),
-                           elem(gate_in_place, off), elem(up_in_place, off), n, {});
+        k::swiglu_backward(d, elem(dout, off), elem(gate_in_place, off), elem(up_in_place, off), n,
+                           elem(gate_in_place, off), elem(up_in_place, off), 1, n, {});
         expect_close("swiglu dgate in place " + at, slice(gate_in_place, off, n), want_dg, tol_for(d));
         expect_close("swiglu dup in place " + at, slice(up_in_place, off, n), want_du, tol_for(d));
 
@@ -201,18 +206,26 @@ TEST_P(EmulatedKernels, ElementwiseVectorAndScalarPaths) {
   }
 }
 
+// Both layouts of gate and up at the GPU op test's shape: (2, N, F) halves (one row of N F to the kernel) and
+// (N, 2F) rows.
 TEST_P(EmulatedKernels, SwigluForwardBackward) {
-  const Shape s{37, 136};
+  const int64_t n = 37, f = 136;
   for (DType d : {DType::F32, DType::BF16}) {
-    HostT gate = random(s, d, 2.0), up = random(s, d), dout = random(s, d);
-    HostT out(s, d), dg(s, d), du(s, d), k_out(s, d), k_dg(s, d), k_du(s, d);
-    cpu_->swiglu_forward(gate.view(), up.view(), out.view());
-    k::swiglu_forward(d, gate.ptr(), up.ptr(), k_out.ptr(), out.numel(), {});
-    expect_close("swiglu out " + name(d), k_out, out, tol_for(d));
-    cpu_->swiglu_backward(dout.view(), gate.view(), up.view(), dg.view(), du.view());
-    k::swiglu_backward(d, dout.ptr(), gate.ptr(), up.ptr(), k_dg.ptr(), k_du.ptr(), out.numel(), {});
-    expect_close("swiglu dgate " + name(d), k_dg, dg, tol_for(d));
-    expect_close("swiglu dup " + name(d), k_du, du, tol_for(d));
+    for (bool rows : {false, true}) {
+      const std::string what = name(d) + (rows ? " rows" : " halves");
+      HostT gate = random({n, f}, d, 2.0), up = random({n, f}, d), dout = random({n, f}, d);
+      HostT gu = test::gate_up_tensor(gate, up, rows);
+      const GateUpLayout layout = rows ? GateUpLayout::Rows : GateUpLayout::Halves;
+      HostT out({n, f}, d), dgu(gu.shape, d), k_out({n, f}, d), k_dgu(gu.shape, d);
+      cpu_->swiglu_forward(gu.view(), layout, out.view());
+      cpu_->swiglu_backward(dout.view(), gu.view(), layout, dgu.view());
+      const int64_t k_rows = rows ? n : 1, cols = rows ? f : n * f, stride = rows ? 2 * f : n * f;
+      const int64_t up_at = rows ? f : n * f;
+      k::swiglu_forward(d, gu.ptr(), elem(gu, up_at), stride, k_out.ptr(), k_rows, cols, {});
+      expect_close("swiglu out " + what, k_out, out, tol_for(d));
+      k::swiglu_backward(d, dout.ptr(), gu.ptr(), elem(gu, up_at), stride, k_dgu.ptr(), elem(k_dgu, up_at), k_rows, cols, {});
+      expect_close("swiglu dgate_up " + what, k_dgu, dgu, tol_for(d));
+    }
   }
 }
 
@@ -360,6 +373,95 @@ TEST_P(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
         expect_close(what + " dweight", kdw, dw, p[1] == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(p[1]));
         run(kdw2);
         expect_bitwise_equal(what + " dweight", kdw2, kdw);
+      }
+    }
+  }
+}
+
+// SwiGLU on the (N, 2F) rows of the fused gate/up GEMM: 16-byte accesses when each row of gate and up starts
+// aligned (F a whole number of vectors, the arrays aligned), one element at a time otherwise; the gradients in the
+// same rows, in place as the model writes them.
+TEST_P(EmulatedKernels, SwigluRowsVectorAndScalarPaths) {
+  const auto wide = [] { return simt_emulator::last_stats().accesses16; };
+  const int64_t n = 7;
+  for (DType d : {DType::F32, DType::BF16}) {
+    const int64_t per16 = 16 / static_cast<int64_t>(dtype_size(d));
+    for (int64_t f : {16, 12, 13}) {
+      for (int64_t off : {0, 1}) {
+        const std::string at = name(d) + " F=" + std::to_string(f) + " offset=" + std::to_string(off);
+        const bool vec = off == 0 && f % per16 == 0;
+        const int64_t vectors = vec ? n * f / per16 : 0;
+        HostT gate = random({n, f}, d, 2.0), up = random({n, f}, d), dout_rows = random({n, f}, d);
+        HostT rows = test::gate_up_tensor(gate, up, true);
+        HostT want_out({n, f}, d), want_d(rows.shape, d);
+        cpu_->swiglu_forward(rows.view(), GateUpLayout::Rows, want_out.view());
+        cpu_->swiglu_backward(dout_rows.view(), rows.view(), GateUpLayout::Rows, want_d.view());
+        // the kernel's arrays `off` elements into their buffers
+        HostT gu_buf({n * 2 * f + off}, d), out_buf({n * f + off}, d), dout_buf({n * f + off}, d);
+        const size_t e = dtype_size(d);
+        std::memcpy(static_cast<char*>(elem(gu_buf, off)), rows.ptr(), rows.bytes.size());
+        std::memcpy(static_cast<char*>(elem(dout_buf, off)), dout_rows.ptr(), dout_rows.bytes.size());
+        void* g0 = elem(gu_buf, off);
+        void* u0 = static_cast<char*>(g0) + f * static_cast<int64_t>(e);
+        k::swiglu_forward(d, g0, u0, 2 * f, elem(out_buf, off), n, f, {});
+        EXPECT_EQ(wide(), 3 * vectors) << at;
+        expect_close("swiglu rows out " + at, slice(out_buf, off, n * f), want_out, tol_for(d));
+        k::swiglu_backward(d, elem(dout_buf, off), g0, u0, 2 * f, g0, u0, n, f, {});
+        EXPECT_EQ(wide(), 5 * vectors) << at;
+        expect_close("swiglu rows dgate_up in place " + at, slice(gu_buf, off, 2 * n * f), want_d, tol_for(d));
+      }
+    }
+  }
+}
+
+// rope_qkv against the CPU op (itself rope's to the bit, tests/ops/test_fused_ops.cpp), both directions: 16-byte
+// accesses where half a head is a whole number of vectors and every array is aligned, one pair at a time where
+// not (Dh 24 in bf16: 12 pairs; arrays an element off their alignment).
+TEST_P(EmulatedKernels, RopeQkvForwardBackward) {
+  const auto wide = [] { return simt_emulator::last_stats().accesses16; };
+  const int64_t n = 37;
+  HostT pos({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) pos.set(i, i < 20 ? i : (i - 20) * 3);
+  struct Heads {
+    int64_t q, kv;
+  };
+  for (Heads h : {Heads{6, 2}, Heads{8, 8}}) {
+    for (int64_t dh : {24, 64}) {
+      for (const auto& [freq_name, freq] : rope_cases()) {
+        for (DType d : {DType::F32, DType::BF16}) {
+          for (int64_t off : {0, 1}) {
+            const std::string what = "rope_qkv H " + std::to_string(h.q) + " Hkv " + std::to_string(h.kv) + " dh=" +
+                                     std::to_string(dh) + " " + freq_name + " " + name(d) + " offset " + std::to_string(off);
+            const int64_t width = (h.q + 2 * h.kv) * dh, per16 = 16 / static_cast<int64_t>(dtype_size(d));
+            const bool vec = off == 0 && (dh / 2) % per16 == 0;
+            const int64_t accesses = vec ? n * (dh / 2 / per16) * 4 * (h.q + 2 * h.kv) : 0;
+            const std::vector<float> inv_freq = rope_inv_freq<float>(freq, dh);
+            const Tol tol = d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d);
+            // forward
+            HostT packed = random({n, width}, d);
+            HostT q({n, h.q, dh}, d), kk({n, h.kv, dh}, d), v({n, h.kv, dh}, d);
+            cpu_->rope_qkv_forward(packed.view(), pos.view(), freq, q.view(), kk.view(), v.view());
+            HostT packed_buf({n * width + off}, d), q_buf({q.numel() + off}, d), k_buf({kk.numel() + off}, d),
+                v_buf({v.numel() + off}, d);
+            std::memcpy(elem(packed_buf, off), packed.ptr(), packed.bytes.size());
+            k::rope_qkv(d, elem(packed_buf, off), elem(q_buf, off), elem(k_buf, off), elem(v_buf, off),
+                        pos.as_ptr<int32_t>(), n, h.q, h.kv, dh, inv_freq.data(), k::RopeDirection::Forward, {});
+            EXPECT_EQ(wide(), accesses) << what;
+            expect_close(what + " q", slice(q_buf, off, q.numel()), q, tol);
+            expect_close(what + " k", slice(k_buf, off, kk.numel()), kk, tol);
+            expect_close(what + " v", slice(v_buf, off, v.numel()), v, Tol{0, 0});
+            // backward
+            HostT dq = random(q.shape, d), dk = random(kk.shape, d), dv = random(v.shape, d), dpacked({n, width}, d);
+            cpu_->rope_qkv_backward(dq.view(), dk.view(), dv.view(), pos.view(), freq, dpacked.view());
+            std::memcpy(elem(q_buf, off), dq.ptr(), dq.bytes.size());
+            std::memcpy(elem(k_buf, off), dk.ptr(), dk.bytes.size());
+            std::memcpy(elem(v_buf, off), dv.ptr(), dv.bytes.size());
+            k::rope_qkv(d, elem(packed_buf, off), elem(q_buf, off), elem(k_buf, off), elem(v_buf, off),
+                        pos.as_ptr<int32_t>(), n, h.q, h.kv, dh, inv_freq.data(), k::RopeDirection::Backward, {});
+            EXPECT_EQ(wide(), accesses) << what << " backward";
+            expect_close(what + " dqkv", slice(packed_buf, off, n * width), dpacked, tol);
+          }
+        }
       }
     }
   }

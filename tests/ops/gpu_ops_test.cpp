@@ -209,18 +209,25 @@ TEST_F(GpuOps, FillCopyAddMatchExactly) {
   }
 }
 
+// Gate and up in both layouts: (N, 2F) rows (the fused gate/up GEMM's output) and (2, N, F) halves; the backward
+// out of place and in place (the model's).
 TEST_F(GpuOps, SwigluForwardBackward) {
-  const Shape s{37, 136};
+  const int64_t n = 37, f = 136;
   for (DType d : {DType::F32, DType::BF16}) {
-    HostT gate = random(s, d, 2.0), upv = random(s, d), dout = random(s, d), out(s, d), dg(s, d), du(s, d);
-    DevT g_gate = up(gate), g_up = up(upv), g_dout = up(dout), g_out = up(out), g_dg = up(dg), g_du = up(du);
-    cpu_->swiglu_forward(gate.view(), upv.view(), out.view());
-    gpu_->swiglu_forward(g_gate.view(), g_up.view(), g_out.view());
-    expect_close("swiglu out " + name(d), down(g_out), out, tol_for(d));
-    cpu_->swiglu_backward(dout.view(), gate.view(), upv.view(), dg.view(), du.view());
-    gpu_->swiglu_backward(g_dout.view(), g_gate.view(), g_up.view(), g_dg.view(), g_du.view());
-    expect_close("swiglu dgate " + name(d), down(g_dg), dg, tol_for(d));
-    expect_close("swiglu dup " + name(d), down(g_du), du, tol_for(d));
+    for (GateUpLayout layout : {GateUpLayout::Rows, GateUpLayout::Halves}) {
+      const std::string what = name(d) + (layout == GateUpLayout::Rows ? " rows" : " halves");
+      HostT gu = test::gate_up_tensor(random({n, f}, d, 2.0), random({n, f}, d), layout == GateUpLayout::Rows);
+      HostT dout = random({n, f}, d), out({n, f}, d), dgu(gu.shape, d);
+      DevT g_gu = up(gu), g_dout = up(dout), g_out = up(out), g_dgu = up(dgu);
+      cpu_->swiglu_forward(gu.view(), layout, out.view());
+      gpu_->swiglu_forward(g_gu.view(), layout, g_out.view());
+      expect_close("swiglu out " + what, down(g_out), out, tol_for(d));
+      cpu_->swiglu_backward(dout.view(), gu.view(), layout, dgu.view());
+      gpu_->swiglu_backward(g_dout.view(), g_gu.view(), layout, g_dgu.view());
+      expect_close("swiglu dgate_up " + what, down(g_dgu), dgu, tol_for(d));
+      gpu_->swiglu_backward(g_dout.view(), g_gu.view(), layout, g_gu.view());
+      expect_close("swiglu dgate_up in place " + what, down(g_gu), dgu, tol_for(d));
+    }
   }
 }
 
@@ -368,6 +375,41 @@ TEST_F(GpuOps, RopeForwardBackward) {
           cpu_->rope(x.view(), pos.view(), freq, dir);
           gpu_->rope(gx.view(), gpos.view(), freq, dir);
           expect_close(what, down(gx), x, d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d));
+        }
+      }
+    }
+  }
+}
+
+// RoPE of q and k fused with the split of the packed q/k/v projection, and its transpose, against the CPU op (rope's
+// own to the bit): GQA and not, Dh 24 (bf16: one pair per thread) and 64 (16-byte accesses).
+TEST_F(GpuOps, RopeQkvForwardBackward) {
+  const int64_t n = 37;
+  HostT pos({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) pos.set(i, i < 20 ? i : (i - 20) * 3);
+  DevT gpos = up(pos);
+  const int64_t head_cases[][2] = {{6, 2}, {8, 8}};
+  for (const auto& hc : head_cases) {
+    const int64_t heads = hc[0], kv = hc[1];
+    for (int64_t dh : {24, 64}) {
+      for (const auto& [freq_name, freq] : rope_cases()) {
+        for (DType d : {DType::F32, DType::BF16}) {
+          const std::string what = "rope_qkv H " + std::to_string(heads) + " Hkv " + std::to_string(kv) + " dh=" +
+                                   std::to_string(dh) + " " + freq_name + " " + name(d);
+          const Tol tol = d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d);
+          const int64_t width = (heads + 2 * kv) * dh;
+          HostT packed = random({n, width}, d), q({n, heads, dh}, d), k({n, kv, dh}, d), v({n, kv, dh}, d);
+          DevT g_packed = up(packed), g_q = up(q), g_k = up(k), g_v = up(v);
+          cpu_->rope_qkv_forward(packed.view(), pos.view(), freq, q.view(), k.view(), v.view());
+          gpu_->rope_qkv_forward(g_packed.view(), gpos.view(), freq, g_q.view(), g_k.view(), g_v.view());
+          expect_close(what + " q", down(g_q), q, tol);
+          expect_close(what + " k", down(g_k), k, tol);
+          expect_close(what + " v", down(g_v), v, Tol{0, 0});
+          HostT dq = random(q.shape, d), dk = random(k.shape, d), dv = random(v.shape, d), dpacked({n, width}, d);
+          DevT g_dq = up(dq), g_dk = up(dk), g_dv = up(dv), g_dpacked = up(dpacked);
+          cpu_->rope_qkv_backward(dq.view(), dk.view(), dv.view(), pos.view(), freq, dpacked.view());
+          gpu_->rope_qkv_backward(g_dq.view(), g_dk.view(), g_dv.view(), gpos.view(), freq, g_dpacked.view());
+          expect_close(what + " dqkv", down(g_dpacked), dpacked, tol);
         }
       }
     }

@@ -1,4 +1,6 @@
 // The fp32 family: f32 and bf16 storage (fp32 arithmetic) against the f64 results of the same ops.
+#include <algorithm>
+
 #include "op_test_util.hpp"
 
 namespace shardtrain::ops::test {
@@ -153,8 +155,11 @@ TEST(Dtypes, RmsnormSwigluAttentionLoss) {
   HostTensor x = random_tensor({n, d}, rng), r = random_tensor({n, d}, rng), w = random_tensor({d}, rng);
   HostTensor h({n, d}), y({n, d}), rstd({n});
   ops->rmsnorm_forward(x.view(), r.view(), w.view(), 1e-5, h.view(), y.view(), rstd.view());
+  HostTensor xr({2, n, d});  // gate x, up r: SwiGLU's halves layout
+  std::copy(x.data.begin(), x.data.end(), xr.data.begin());
+  std::copy(r.data.begin(), r.data.end(), xr.data.begin() + n * d);
   HostTensor sw({n, d});
-  ops->swiglu_forward(x.view(), r.view(), sw.view());
+  ops->swiglu_forward(xr.view(), GateUpLayout::Halves, sw.view());
   const AttentionShape shape{2, 7, 4, 2, 8};
   HostTensor q = random_tensor({2, 7, 4, 8}, rng), k = random_tensor({2, 7, 2, 8}, rng), v = random_tensor({2, 7, 2, 8}, rng);
   HostTensor ao({2, 7, 4, 8}), lse({2, 4, 7});
@@ -172,7 +177,8 @@ TEST(Dtypes, RmsnormSwigluAttentionLoss) {
     ops->rmsnorm_forward(tx.view(), tr.view(), tw.view(), 1e-5, th.view(), ty.view(), make_tensor(trstd.data(), DType::F32, {n}));
     EXPECT_LT(worst_error(ty, y), tolerance(dt) * 3);
     Typed tsw({n, d}, dt);
-    ops->swiglu_forward(tx.view(), tr.view(), tsw.view());
+    Typed txr(xr, dt);
+    ops->swiglu_forward(txr.view(), GateUpLayout::Halves, tsw.view());
     EXPECT_LT(worst_error(tsw, sw), tolerance(dt));
     Typed tq(q, dt), tk(k, dt), tv(v, dt), tao(ao.shape, dt);
     std::vector<float> tlse(2 * 4 * 7);

@@ -196,22 +196,31 @@ TEST(RopeFrequencies, PlainLinearAndLlama3Bands) {
   EXPECT_THROW(parse_rope_scaling("yarn"), ConfigError);
 }
 
+// Both layouts of gate and up: (N, 2F) rows of [gate | up] and (2, N, F) halves; the gradient lands in the same layout.
 TEST(OpGradients, Swiglu) {
   auto ops = cpu_ops();
   std::mt19937_64 rng(7);
   const int64_t n = 3, f = 33;
-  HostTensor g = random_tensor({n, f}, rng, 2.0), u = random_tensor({n, f}, rng), r = random_tensor({n, f}, rng);
-  HostTensor out({n, f});
-  auto loss = [&] {
-    ops->swiglu_forward(g.view(), u.view(), out.view());
-    return dot(out, r);
-  };
-  loss();
-  EXPECT_NEAR(out[4], g[4] / (1 + std::exp(-g[4])) * u[4], 1e-12);
-  HostTensor dg({n, f}), du({n, f});
-  ops->swiglu_backward(r.view(), g.view(), u.view(), dg.view(), du.view());
-  expect_gradient("dgate", g, dg, loss, 200);
-  expect_gradient("dup", u, du, loss, 200);
+  for (GateUpLayout layout : {GateUpLayout::Rows, GateUpLayout::Halves}) {
+    const bool rows = layout == GateUpLayout::Rows;
+    SCOPED_TRACE(rows ? "rows" : "halves");
+    HostTensor gu = random_tensor(rows ? Shape{n, 2 * f} : Shape{2, n, f}, rng, 2.0), r = random_tensor({n, f}, rng);
+    HostTensor out({n, f});
+    auto loss = [&] {
+      ops->swiglu_forward(gu.view(), layout, out.view());
+      return dot(out, r);
+    };
+    loss();
+    // element (1, 4): gate at row 1 column 4, up F (rows) or N F (halves) further
+    const int64_t gate_at = rows ? 2 * f + 4 : f + 4, up_at = gate_at + (rows ? f : n * f);
+    EXPECT_NEAR(out[f + 4], gu[gate_at] / (1 + std::exp(-gu[gate_at])) * gu[up_at], 1e-12);
+    HostTensor dgu(gu.shape);
+    ops->swiglu_backward(r.view(), gu.view(), layout, dgu.view());
+    expect_gradient("dgate_up", gu, dgu, loss, 200);
+    HostTensor in_place = gu;  // the model writes the gradients over gate_up
+    ops->swiglu_backward(r.view(), in_place.view(), layout, in_place.view());
+    EXPECT_EQ(in_place.data, dgu.data);
+  }
 }
 
 TEST(OpGradients, CrossEntropyWithIgnoreIndex) {

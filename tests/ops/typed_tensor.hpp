@@ -142,4 +142,49 @@ inline std::vector<std::pair<std::string, RopeFrequencies>> rope_cases() {
           {"theta=5e5 llama3", llama3}};
 }
 
+// The packed (N, (H + 2 Hkv) Dh) q/k/v projection and its three parts (N, H, Dh), (N, Hkv, Dh), (N, Hkv, Dh), moved
+// element by element (no arithmetic): the references for rope_qkv_forward and _backward.
+struct QkvParts {
+  HostT q, k, v;
+};
+inline QkvParts split_qkv(const HostT& packed, int64_t heads, int64_t kv_heads, int64_t dh) {
+  const int64_t n = packed.shape[0], width = (heads + 2 * kv_heads) * dh;
+  QkvParts p{HostT({n, heads, dh}, packed.dtype), HostT({n, kv_heads, dh}, packed.dtype), HostT({n, kv_heads, dh}, packed.dtype)};
+  const size_t e = dtype_size(packed.dtype);
+  for (int64_t t = 0; t < n; ++t) {
+    const char* row = packed.bytes.data() + static_cast<size_t>(t * width) * e;
+    std::copy(row, row + heads * dh * e, p.q.bytes.data() + static_cast<size_t>(t * heads * dh) * e);
+    std::copy(row + heads * dh * e, row + (heads + kv_heads) * dh * e, p.k.bytes.data() + static_cast<size_t>(t * kv_heads * dh) * e);
+    std::copy(row + (heads + kv_heads) * dh * e, row + width * e, p.v.bytes.data() + static_cast<size_t>(t * kv_heads * dh) * e);
+  }
+  return p;
+}
+inline HostT pack_qkv(const QkvParts& p) {
+  const int64_t n = p.q.shape[0], heads = p.q.shape[1], kv_heads = p.k.shape[1], dh = p.q.shape[2];
+  const int64_t width = (heads + 2 * kv_heads) * dh;
+  HostT packed({n, width}, p.q.dtype);
+  const size_t e = dtype_size(p.q.dtype);
+  for (int64_t t = 0; t < n; ++t) {
+    char* row = packed.bytes.data() + static_cast<size_t>(t * width) * e;
+    const auto part = [&](const HostT& x, int64_t h) { return x.bytes.data() + static_cast<size_t>(t * h * dh) * e; };
+    std::copy(part(p.q, heads), part(p.q, heads) + heads * dh * e, row);
+    std::copy(part(p.k, kv_heads), part(p.k, kv_heads) + kv_heads * dh * e, row + heads * dh * e);
+    std::copy(part(p.v, kv_heads), part(p.v, kv_heads) + kv_heads * dh * e, row + (heads + kv_heads) * dh * e);
+  }
+  return packed;
+}
+
+// SwiGLU's gate and up (N, F each) as one tensor in either layout (ops.hpp, GateUpLayout).
+inline HostT gate_up_tensor(const HostT& gate, const HostT& up, bool rows) {
+  const int64_t n = gate.shape[0], f = gate.shape[1];
+  HostT gu(rows ? Shape{n, 2 * f} : Shape{2, n, f}, gate.dtype);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < f; ++c) {
+      gu.set(rows ? r * 2 * f + c : r * f + c, gate.get(r * f + c));
+      gu.set(rows ? r * 2 * f + f + c : n * f + r * f + c, up.get(r * f + c));
+    }
+  }
+  return gu;
+}
+
 }  // namespace shardtrain::ops::test

@@ -21,7 +21,9 @@ struct LayerActivations {
   ops::Tensor q, k, v;       // after RoPE: (N, D), (N, Dkv), (N, Dkv)
   ops::Tensor attn, lse;     // attention output before o_proj (N, D); log-sum-exp (B, H, S)
   ops::Tensor h, n2, rstd2;  // x + attention (N, D); post_attention_layernorm output (N, D); (N)
-  ops::Tensor gate, up;      // (N, F) each; backward overwrites them with their gradients
+  // gate and up, 2 N F elements: (N, 2F) rows of [gate | up] when one GEMM with [Wg; Wu] wrote them, else (2, N, F)
+  // (ops::GateUpLayout; the layer's forward decides, decoder_layer.cpp); backward overwrites them with their gradients
+  ops::Tensor gate_up;
   ops::Tensor act;           // silu(gate) * up (N, F): down_proj's input, kept for its weight gradient
 };
 
@@ -32,6 +34,9 @@ struct Workspace {
   ops::Tensor dh, dn, dattn;             // (N, D)
   ops::Tensor dq, dk, dv;                // (N, D), (N, Dkv), (N, Dkv)
   ops::Tensor dact;                      // (N, F)
+  // (N, D + 2 Dkv): the fused q/k/v projection's output in forward (rows of [q | k | v], before RoPE), its gradient
+  // in backward. It shares dact's memory: dact lives only inside the MLP's backward, qkv never across it.
+  ops::Tensor qkv;
 };
 
 class ActivationPlan {
@@ -61,7 +66,10 @@ class ActivationPlan {
     ops::Tensor* view;
     size_t offset;
   };
-  void add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape);
+  // reserve: at least this many bytes (for a view that shares the entry).
+  void add(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape, size_t reserve = 0);
+  // view starts where the last entry added starts (it fits in that entry's bytes).
+  void share_last(std::string name, ops::Tensor* view, DType dtype, ops::Shape shape);
   void add_layer(const std::string& prefix, LayerActivations& a, DType dtype, DType stats);
 
   int64_t batch_, seq_;
@@ -69,6 +77,7 @@ class ActivationPlan {
   ops::Shape token_shape_, kv_shape_, mlp_shape_, lse_shape_, row_shape_;  // (N, D), (N, Dkv), (N, F), (B, H, S), (N)
   LayerActivations shared_;
   std::vector<Entry> entries_;
+  std::vector<Entry> shared_views_;  // offset: that of the entry they share
   size_t bytes_ = 0;
 };
 

@@ -22,11 +22,21 @@ class ParamBinding {
   const ops::Tensor& grad(int index) const;
   bool param_bound(int index) const { return views_.at(static_cast<size_t>(index)).param.defined(); }
   bool grad_bound(int index) const { return views_.at(static_cast<size_t>(index)).grad.defined(); }
+  // Whether parameters first .. first + count - 1 are bound to views that follow one another in memory, in index
+  // order, with nothing between and one dtype and device: then they are one matrix in place (q, k, v: one
+  // ((H + 2 Hkv) Dh, D) matrix), and the model fuses their GEMMs. Settled when the views are bound, not per use.
+  // grads_adjacent: the same of their gradient views. Drivers bind every gradient at its parameter's offset in a
+  // buffer of the same layout (DenseParams, the FSDP engine), so the two agree.
+  bool params_adjacent(int first, int count) const;
+  bool grads_adjacent(int first, int count) const;
 
  private:
   struct Views {
     ops::Tensor param, grad;
+    bool param_follows = false;  // param starts where index - 1's param ends (same dtype and device)
+    bool grad_follows = false;
   };
+  void update_follows(int index);  // index's and index + 1's flags, from the views bound now
   const ModelSpec* spec_;
   std::vector<Views> views_;
 };

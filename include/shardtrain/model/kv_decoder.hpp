@@ -35,7 +35,7 @@ class KvCacheDecoder {
   int64_t max_len_ = 0, length_ = 0;
   int64_t D_ = 0, H_ = 0, Hkv_ = 0, Dh_ = 0, F_ = 0, V_ = 0;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: (max_len, Hkv, Dh), after RoPE
-  std::vector<float> x_, h_, n_, rstd_, q_, k_, v_, attn_, o_, gate_, up_, act_, down_, logits_, scores_;
+  std::vector<float> x_, h_, n_, rstd_, q_, k_, v_, attn_, o_, gate_up_, act_, down_, logits_, scores_;
   std::vector<int32_t> position_, token_;
 };
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/binding.hpp"
@@ -20,11 +21,25 @@
 
 namespace shardtrain::model {
 
+// q, k, v as one GEMM with [Wq; Wk; Wv] and gate, up as one with [Wg; Wu], wherever their parameters (and, in
+// backward, their gradients) are bound adjacent in memory (ParamBinding::params_adjacent: DenseParams and the
+// FSDP units lay them out so, unless a wrap policy puts them in different units); or always one GEMM per
+// projection (Never: the reference the fused path is tested against).
+enum class ProjectionFusion { WhereAdjacent, Never };
+
 struct ModelOptions {
   DType activation_dtype = DType::F32;  // F32 or BF16 (storage; math in fp32); F64 on the CPU for checks
   Checkpointing checkpointing = Checkpointing::None;
   int32_t ignore_index = -100;          // targets equal to this add no loss (the seed uses the pad id)
   int64_t loss_chunk_tokens = 0;        // tokens per lm_head + loss chunk; 0 = about 16M logits per chunk
+  ProjectionFusion projection_fusion = ProjectionFusion::WhereAdjacent;
+};
+
+// How a decoder layer ran a group of projections the last time: not yet, one GEMM for the group, or one each.
+enum class ProjectionPath : uint8_t { NotRun, Fused, Separate };
+struct LayerProjections {
+  ProjectionPath qkv_forward = ProjectionPath::NotRun, qkv_backward = ProjectionPath::NotRun;
+  ProjectionPath gate_up_forward = ProjectionPath::NotRun, gate_up_backward = ProjectionPath::NotRun;
 };
 
 struct Batch {
@@ -70,6 +85,8 @@ class LlamaModel {
   void last_logits(const ops::Tensor& input_ids, const ops::Tensor& logits);
   // Activation buffers for this shape: planned and allocated on first use, reused while the shape repeats.
   const ActivationPlan& prepare(int64_t batch, int64_t seq);
+  // How layer `layer` ran its q/k/v and gate/up projections last (fused or not: ProjectionFusion).
+  const LayerProjections& projections(int layer) const { return projections_.at(static_cast<size_t>(layer)); }
 
  private:
   enum class Mode { Forward, ForwardBackward, LastLogits };
@@ -82,6 +99,7 @@ class LlamaModel {
   ModuleHooks no_hooks_;
   ModuleHooks* hooks_ = &no_hooks_;
   std::unique_ptr<ActivationPlan> plan_;
+  std::vector<LayerProjections> projections_;  // per layer
   ops::HostBuffer arena_;       // the activations on the CPU backend
   DeviceBuffer device_arena_;   // and on a GPU backend
 };

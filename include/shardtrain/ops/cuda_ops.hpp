@@ -92,6 +92,10 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                         const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) override;
   void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) override;
+  void rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq, const Tensor& q,
+                        const Tensor& k, const Tensor& v) override;
+  void rope_qkv_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                         const RopeFrequencies& freq, const Tensor& dqkv) override;
   void attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionMask& mask, const Tensor& out, const Tensor& lse) override;
   void attention_backward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -99,9 +103,8 @@ class CudaOps final : public Ops {
                           const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
   void attention_segments(const Tensor& input_ids, int32_t pad_token_id, const Tensor& document_ids,
                           const Tensor& segments, const Tensor& positions) override;
-  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-  void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                       const Tensor& dup) override;
+  void swiglu_forward(const Tensor& gate_up, GateUpLayout layout, const Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) override;
   LossSums cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
                          const Tensor& dlogits) override;
   LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t ignore_index,

@@ -24,6 +24,11 @@ namespace shardtrain::ops {
 enum class Transpose { No, Yes };
 enum class RopeDirection { Forward, Backward };  // Backward applies the transposed rotation to a gradient
 
+// How SwiGLU's gate and up (N, F each) lie in one tensor of 2 N F elements:
+//   Rows:   (N, 2F), row n = gate_n then up_n: what one GEMM n2 [Wg; Wu]^T writes;
+//   Halves: (2, N, F), all of gate then all of up: what two GEMMs n2 Wg^T, n2 Wu^T write.
+enum class GateUpLayout { Rows, Halves };
+
 struct AttentionShape {
   int64_t batch = 0;
   int64_t seq = 0;
@@ -94,6 +99,15 @@ class Ops {
   // (x_i, x_{i+Dh/2}) -> (x_i cos - x_{i+Dh/2} sin, x_{i+Dh/2} cos + x_i sin). x (N, heads, Dh) in place;
   // positions (N) I32.
   virtual void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) = 0;
+  // q, k, v out of one projection [Wq; Wk; Wv]: qkv (N, (H + 2 Hkv) Dh), row n = q_n, k_n, v_n as one GEMM
+  // n1 [Wq; Wk; Wv]^T writes it; q (N, H, Dh) and k (N, Hkv, Dh) receive it rotated (rope, Forward), v
+  // (N, Hkv, Dh) a copy. q, k, v are contiguous; no two of the four overlap. positions (N) I32.
+  virtual void rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
+                                const Tensor& q, const Tensor& k, const Tensor& v) = 0;
+  // Its transpose: dqkv (N, (H + 2 Hkv) Dh) = rows of (rope Backward of dq, rope Backward of dk, dv), the
+  // gradient at the projection's output (overwritten; disjoint from dq, dk, dv).
+  virtual void rope_qkv_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                                 const RopeFrequencies& freq, const Tensor& dqkv) = 0;
 
   // Causal grouped-query attention, softmax(q k^T / sqrt(Dh) + mask) v, without repeating K/V.
   // q, out (B, S, H, Dh); k, v (B, S, Hkv, Dh); lse (B, H, S) stats: log-sum-exp of each row, -inf when
@@ -110,10 +124,12 @@ class Ops {
   virtual void attention_segments(const Tensor& input_ids, int32_t pad_token_id, const Tensor& document_ids,
                                   const Tensor& segments, const Tensor& positions) = 0;
 
-  // SwiGLU: out = silu(gate) * up; all (N, F). Backward may write dgate over gate and dup over up.
-  virtual void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-  virtual void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                               const Tensor& dup) = 0;
+  // SwiGLU: out (N, F) = silu(gate) * up, gate and up (N, F) read from one tensor gate_up of 2 N F elements
+  // laid out as `layout` says (GateUpLayout). Backward writes dgate and dup into dgate_up in the same layout;
+  // dgate_up may be gate_up itself (in place), else it does not overlap it.
+  virtual void swiglu_forward(const Tensor& gate_up, GateUpLayout layout, const Tensor& out) = 0;
+  virtual void swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
+                               const Tensor& dgate_up) = 0;
 
   // Cross-entropy of logits (N, V) against targets (N) I32, skipping ignore_index. When dlogits is defined it
   // receives grad_scale * d(loss_sum)/d(logits) (zero rows for ignored targets). Throws DataError on a target

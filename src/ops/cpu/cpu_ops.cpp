@@ -48,6 +48,14 @@ class CpuOps final : public Ops {
   void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) override {
     cpu::rope(ctx_, x, positions, freq, direction);
   }
+  void rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq, const Tensor& q,
+                        const Tensor& k, const Tensor& v) override {
+    cpu::rope_qkv_forward(ctx_, qkv, positions, freq, q, k, v);
+  }
+  void rope_qkv_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                         const RopeFrequencies& freq, const Tensor& dqkv) override {
+    cpu::rope_qkv_backward(ctx_, dq, dk, dv, positions, freq, dqkv);
+  }
   void attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionMask& mask, const Tensor& out, const Tensor& lse) override {
     cpu::attention_forward(ctx_, shape, q, k, v, mask, out, lse);
@@ -61,12 +69,11 @@ class CpuOps final : public Ops {
                           const Tensor& segments, const Tensor& positions) override {
     cpu::attention_segments(ctx_, input_ids, pad_token_id, document_ids, segments, positions);
   }
-  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-    cpu::swiglu_forward(ctx_, gate, up, out);
+  void swiglu_forward(const Tensor& gate_up, GateUpLayout layout, const Tensor& out) override {
+    cpu::swiglu_forward(ctx_, gate_up, layout, out);
   }
-  void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                       const Tensor& dup) override {
-    cpu::swiglu_backward(ctx_, dout, gate, up, dgate, dup);
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) override {
+    cpu::swiglu_backward(ctx_, dout, gate_up, layout, dgate_up);
   }
   LossSums cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
                          const Tensor& dlogits) override {

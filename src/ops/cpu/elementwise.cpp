@@ -146,66 +146,81 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
   });
 }
 
-// SwiGLU runs in blocks of kSwigluBlock elements over the threads: the fp32 loops of rows.hpp (vectorized for
-// the CPU at hand) straight on f32 tensors, through a few blocks of fp32 scratch per thread otherwise.
+// SwiGLU runs in blocks of up to kSwigluBlock elements of one row over the threads: the fp32 loops of rows.hpp
+// (vectorized for the CPU at hand) straight on f32 tensors, through a few blocks of fp32 scratch per thread
+// otherwise. Gate and up are read from gate_up in either layout (ops.hpp, GateUpLayout) as rows of `cols`
+// elements `stride` apart, up at `up_offset` from gate: Rows (N rows of F, stride 2F, up at F) and Halves (one row
+// of N F, up at N F).
 constexpr int64_t kSwigluBlock = 4096;
 template <typename A, int Buffers> using BlockScratch = A[Buffers][kSwigluBlock];
 
-// f(lo, len, scratch) for the blocks of [0, n), spread over the threads; scratch is the thread's own.
-template <typename A, int Buffers, typename F> void for_each_block(Context& ctx, int64_t n, F&& f) {
-  const int64_t blocks = (n + kSwigluBlock - 1) / kSwigluBlock;
-#pragma omp parallel num_threads(ctx.threads) if (n > kParallelMin)
+struct GateUpRows {
+  int64_t rows, cols, stride, up_offset;
+  GateUpRows(int64_t n, int64_t f, GateUpLayout layout)
+      : rows(layout == GateUpLayout::Rows ? n : 1),
+        cols(layout == GateUpLayout::Rows ? f : n * f),
+        stride(layout == GateUpLayout::Rows ? 2 * f : n * f),
+        up_offset(layout == GateUpLayout::Rows ? f : n * f) {}
+};
+
+// f(gate_at, out_at, len, scratch) for the blocks of every row, spread over the threads: gate_at is the block's
+// first element in gate_up (up's is gate_at + up_offset), out_at in the (rows x cols) output; scratch is the
+// thread's own.
+template <typename A, int Buffers, typename F> void for_each_block(Context& ctx, const GateUpRows& g, F&& f) {
+  const int64_t per_row = (g.cols + kSwigluBlock - 1) / kSwigluBlock, blocks = g.rows * per_row;
+#pragma omp parallel num_threads(ctx.threads) if (g.rows * g.cols > kParallelMin)
   {
     BlockScratch<A, Buffers> scratch;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) f(b * kSwigluBlock, std::min(kSwigluBlock, n - b * kSwigluBlock), scratch);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r = b / per_row, lo = b % per_row * kSwigluBlock;
+      f(r * g.stride + lo, r * g.cols + lo, std::min(kSwigluBlock, g.cols - lo), scratch);
+    }
   }
 }
 
-void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out) {
+void swiglu_forward(Context& ctx, const Tensor& gate_up, GateUpLayout layout, const Tensor& out) {
   const char* op = "swiglu_forward";
-  validate_swiglu_forward(tensor_checks, gate, up, out);
-  dispatch_float(gate.dtype, op, [&](auto tag) {
+  const auto [n, f] = validate_swiglu(tensor_checks, op, gate_up, layout, out, "out", Tensor{});
+  const GateUpRows rows(n, f, layout);
+  dispatch_float(gate_up.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    const T* g = gate.as<const T>();
-    const T* u = up.as<const T>();
+    const T* g = gate_up.as<const T>();
+    const T* u = g + rows.up_offset;
     T* o = out.as<T>();
-    for_each_block<A, 3>(ctx, gate.numel(), [&](int64_t lo, int64_t len, BlockScratch<A, 3>& buf) {
+    for_each_block<A, 3>(ctx, rows, [&](int64_t gi, int64_t oi, int64_t len, BlockScratch<A, 3>& buf) {
       if constexpr (std::is_same_v<T, A>) {
-        rows::swiglu_forward(g + lo, u + lo, o + lo, len);
+        rows::swiglu_forward(g + gi, u + gi, o + oi, len);
       } else {
-        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(g[lo + i]), buf[1][i] = load(u[lo + i]);
+        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(g[gi + i]), buf[1][i] = load(u[gi + i]);
         rows::swiglu_forward(buf[0], buf[1], buf[2], len);
-        for (int64_t i = 0; i < len; ++i) store(o[lo + i], buf[2][i]);
+        for (int64_t i = 0; i < len; ++i) store(o[oi + i], buf[2][i]);
       }
     });
   });
 }
 
-void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                     const Tensor& dup) {
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
+                     const Tensor& dgate_up) {
   const char* op = "swiglu_backward";
-  require_float(gate, op, "gate");
-  for (const Tensor* t : {&dout, &up, &dgate, &dup}) {
-    require(t->dtype == gate.dtype, op, "all tensors must share the dtype of gate ({})", dtype_name(gate.dtype));
-    require_numel(*t, gate.numel(), op, "tensor");
-  }
-  dispatch_float(gate.dtype, op, [&](auto tag) {
+  const auto [n, f] = validate_swiglu(tensor_checks, op, gate_up, layout, dout, "dout", dgate_up);
+  const GateUpRows rows(n, f, layout);
+  dispatch_float(gate_up.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const T* go = dout.as<const T>();
-    const T* g = gate.as<const T>();
-    const T* u = up.as<const T>();
-    T* dg = dgate.as<T>();
-    T* du = dup.as<T>();
-    for_each_block<A, 5>(ctx, gate.numel(), [&](int64_t lo, int64_t len, BlockScratch<A, 5>& buf) {
+    const T* g = gate_up.as<const T>();
+    const T* u = g + rows.up_offset;
+    T* dg = dgate_up.as<T>();
+    T* du = dg + rows.up_offset;
+    for_each_block<A, 5>(ctx, rows, [&](int64_t gi, int64_t oi, int64_t len, BlockScratch<A, 5>& buf) {
       if constexpr (std::is_same_v<T, A>) {
-        rows::swiglu_backward(go + lo, g + lo, u + lo, dg + lo, du + lo, len);
+        rows::swiglu_backward(go + oi, g + gi, u + gi, dg + gi, du + gi, len);
       } else {
-        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(go[lo + i]), buf[1][i] = load(g[lo + i]), buf[2][i] = load(u[lo + i]);
+        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(go[oi + i]), buf[1][i] = load(g[gi + i]), buf[2][i] = load(u[gi + i]);
         rows::swiglu_backward(buf[0], buf[1], buf[2], buf[3], buf[4], len);
-        for (int64_t i = 0; i < len; ++i) store(dg[lo + i], buf[3][i]), store(du[lo + i], buf[4][i]);
+        for (int64_t i = 0; i < len; ++i) store(dg[gi + i], buf[3][i]), store(du[gi + i], buf[4][i]);
       }
     });
   });

@@ -24,9 +24,9 @@ void add(Context& ctx, const Tensor& x, const Tensor& y);
 void sum_squares(Context& ctx, const Tensor& x, const Tensor& out, SumInto mode);
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable);
-void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out);
-void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                     const Tensor& dup);
+void swiglu_forward(Context& ctx, const Tensor& gate_up, GateUpLayout layout, const Tensor& out);
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
+                     const Tensor& dgate_up);
 
 // rmsnorm.cpp
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
@@ -36,6 +36,10 @@ void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Ten
 
 // rope.cpp
 void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction);
+void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
+                      const Tensor& q, const Tensor& k, const Tensor& v);
+void rope_qkv_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                       const RopeFrequencies& freq, const Tensor& dqkv);
 
 // attention.cpp
 void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -118,9 +118,9 @@ void copy(Context& ctx, const Tensor& src, const Tensor& dst);
 void add(Context& ctx, const Tensor& x, const Tensor& y);
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable);
-void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out);
-void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                     const Tensor& dup);
+void swiglu_forward(Context& ctx, const Tensor& gate_up, GateUpLayout layout, const Tensor& out);
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
+                     const Tensor& dgate_up);
 void sum_squares(Context& ctx, const Tensor& x, const Tensor& out, SumInto mode);
 
 // norm_rope.cpp
@@ -129,6 +129,10 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& residual, cons
 void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                       const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight);
 void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction);
+void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
+                      const Tensor& q, const Tensor& k, const Tensor& v);
+void rope_qkv_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                       const RopeFrequencies& freq, const Tensor& dqkv);
 
 // attention.cpp
 void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,

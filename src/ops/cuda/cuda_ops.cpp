@@ -46,6 +46,14 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& 
 void CudaOps::rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) {
   cuda::rope(*ctx_, x, positions, freq, direction);
 }
+void CudaOps::rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq, const Tensor& q,
+                               const Tensor& k, const Tensor& v) {
+  cuda::rope_qkv_forward(*ctx_, qkv, positions, freq, q, k, v);
+}
+void CudaOps::rope_qkv_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                                const RopeFrequencies& freq, const Tensor& dqkv) {
+  cuda::rope_qkv_backward(*ctx_, dq, dk, dv, positions, freq, dqkv);
+}
 void CudaOps::attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const AttentionMask& mask, const Tensor& out, const Tensor& lse) {
   cuda::attention_forward(*ctx_, shape, q, k, v, mask, out, lse);
@@ -59,12 +67,11 @@ void CudaOps::attention_segments(const Tensor& input_ids, int32_t pad_token_id, 
                                  const Tensor& segments, const Tensor& positions) {
   cuda::attention_segments(*ctx_, input_ids, pad_token_id, document_ids, segments, positions);
 }
-void CudaOps::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  cuda::swiglu_forward(*ctx_, gate, up, out);
+void CudaOps::swiglu_forward(const Tensor& gate_up, GateUpLayout layout, const Tensor& out) {
+  cuda::swiglu_forward(*ctx_, gate_up, layout, out);
 }
-void CudaOps::swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                              const Tensor& dup) {
-  cuda::swiglu_backward(*ctx_, dout, gate, up, dgate, dup);
+void CudaOps::swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) {
+  cuda::swiglu_backward(*ctx_, dout, gate_up, layout, dgate_up);
 }
 LossSums CudaOps::cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
                                 const Tensor& dlogits) {

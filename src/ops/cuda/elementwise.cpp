@@ -39,23 +39,42 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
                               bytes, ctx.error_record(), ctx.stream);
 }
 
-void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& out) {
-  validate_swiglu_forward(tensor_checks, gate, up, out);
-  kernels::swiglu_forward(gate.dtype, gate.data, up.data, out.data, gate.numel(), ctx.stream);
+namespace {
+
+// gate_up's rows as the kernels walk them (kernels/swiglu.cuh): Rows is N rows of F, 2F apart, up F after gate;
+// Halves is one row of N F, up N F after gate.
+struct GateUpRows {
+  int64_t rows, cols, stride, up_offset;
+  GateUpRows(int64_t n, int64_t f, GateUpLayout layout)
+      : rows(layout == GateUpLayout::Rows ? n : 1),
+        cols(layout == GateUpLayout::Rows ? f : n * f),
+        stride(layout == GateUpLayout::Rows ? 2 * f : n * f),
+        up_offset(layout == GateUpLayout::Rows ? f : n * f) {}
+};
+
+const void* elements_after(const Tensor& t, int64_t n) {
+  return static_cast<const char*>(t.data) + n * static_cast<int64_t>(dtype_size(t.dtype));
+}
+void* elements_after(void* p, DType dtype, int64_t n) {
+  return static_cast<char*>(p) + n * static_cast<int64_t>(dtype_size(dtype));
 }
 
-void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
-                     const Tensor& dup) {
-  const char* op = "swiglu_backward";
-  require_float(gate, op, "gate");
-  const char* names[] = {"dout", "up", "dgate", "dup"};
-  const Tensor* tensors[] = {&dout, &up, &dgate, &dup};
-  for (int i = 0; i < 4; ++i) {
-    require_float(*tensors[i], op, names[i]);
-    require(tensors[i]->dtype == gate.dtype, op, "{} must share the dtype of gate ({})", names[i], dtype_name(gate.dtype));
-    require_numel(*tensors[i], gate.numel(), op, names[i]);
-  }
-  kernels::swiglu_backward(gate.dtype, dout.data, gate.data, up.data, dgate.data, dup.data, gate.numel(), ctx.stream);
+}  // namespace
+
+void swiglu_forward(Context& ctx, const Tensor& gate_up, GateUpLayout layout, const Tensor& out) {
+  const auto [n, f] = validate_swiglu(tensor_checks, "swiglu_forward", gate_up, layout, out, "out", Tensor{});
+  const GateUpRows r(n, f, layout);
+  kernels::swiglu_forward(gate_up.dtype, gate_up.data, elements_after(gate_up, r.up_offset), r.stride, out.data, r.rows,
+                          r.cols, ctx.stream);
+}
+
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
+                     const Tensor& dgate_up) {
+  const auto [n, f] = validate_swiglu(tensor_checks, "swiglu_backward", gate_up, layout, dout, "dout", dgate_up);
+  const GateUpRows r(n, f, layout);
+  kernels::swiglu_backward(gate_up.dtype, dout.data, gate_up.data, elements_after(gate_up, r.up_offset), r.stride,
+                           dgate_up.data, elements_after(dgate_up.data, dgate_up.dtype, r.up_offset), r.rows, r.cols,
+                           ctx.stream);
 }
 
 void sum_squares(Context& ctx, const Tensor& x, const Tensor& out, SumInto mode) {

@@ -1,8 +1,9 @@
-// RMSNorm and RoPE on the GPU: argument checks (shared with src/ops/cpu/rmsnorm.cpp and rope.cpp through
-// ../validate.hpp, but for the messages that differ) and launches.
+// RMSNorm, RoPE and RoPE fused with the q/k/v split on the GPU: argument checks (shared with
+// src/ops/cpu/rmsnorm.cpp and rope.cpp through ../validate.hpp, but for the messages that differ) and launches.
 #include "context.hpp"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_qkv.cuh"
 
 namespace shardtrain::ops::cuda {
 
@@ -49,6 +50,27 @@ void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFreq
   kernels::rope(x.dtype, x.data, positions.as<const int32_t>(), x.shape[0], x.shape[1], x.shape[2], inv_freq.data(),
                 direction == RopeDirection::Forward ? kernels::RopeDirection::Forward : kernels::RopeDirection::Backward,
                 ctx.stream);
+}
+
+namespace {
+const char* const kQkvNames[4] = {"qkv", "q", "k", "v"};
+const char* const kDqkvNames[4] = {"dqkv", "dq", "dk", "dv"};
+}  // namespace
+
+void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
+                      const Tensor& q, const Tensor& k, const Tensor& v) {
+  const QkvDims d = validate_rope_qkv(tensor_checks, "rope_qkv_forward", qkv, positions, q, k, v, kQkvNames);
+  const std::vector<float> inv_freq = rope_inv_freq<float>(freq, d.head_dim);
+  kernels::rope_qkv(qkv.dtype, qkv.data, q.data, k.data, v.data, positions.as<const int32_t>(), d.tokens, d.heads,
+                    d.kv_heads, d.head_dim, inv_freq.data(), kernels::RopeDirection::Forward, ctx.stream);
+}
+
+void rope_qkv_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
+                       const RopeFrequencies& freq, const Tensor& dqkv) {
+  const QkvDims d = validate_rope_qkv(tensor_checks, "rope_qkv_backward", dqkv, positions, dq, dk, dv, kDqkvNames);
+  const std::vector<float> inv_freq = rope_inv_freq<float>(freq, d.head_dim);
+  kernels::rope_qkv(dqkv.dtype, dqkv.data, dq.data, dk.data, dv.data, positions.as<const int32_t>(), d.tokens, d.heads,
+                    d.kv_heads, d.head_dim, inv_freq.data(), kernels::RopeDirection::Backward, ctx.stream);
 }
 
 }  // namespace shardtrain::ops::cuda
