@@ -80,7 +80,7 @@ function(shardtrain_add_test name)
 endfunction()
 
 # The ops of kernels/, one <op>.cu each (kernels/CMakeLists.txt builds them; the SIMT emulator runs them too).
-set(SHARDTRAIN_KERNELS adamw attention_bwd attention_fwd attention_mma attention_segments cast cross_entropy data_error
+set(SHARDTRAIN_KERNELS adamw attention_bwd attention_fwd attention_mma attention_segments attention_sequences cast cross_entropy data_error
     elementwise embedding rmsnorm rope sum_squares swiglu)
 
 # shardtrain_emulated_kernel_sources(OUT PRELUDE): the kernels' source for the SIMT emulator, one generated
