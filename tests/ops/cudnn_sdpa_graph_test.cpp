@@ -11,7 +11,9 @@
 #include <set>
 #include <string>
 
+#include "shardtrain/ops/tensor.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "src/ops/cuda/cudnn_attention.hpp"
 #include "src/ops/cuda/cudnn_sdpa_graph.hpp"
 
 namespace shardtrain::ops::cuda {
@@ -343,6 +345,28 @@ TEST(CudnnSdpaGraph, StaticReasons) {
                                SdpaTarget{91900, 86}),
             "compute capability 8.6: cuDNN has no deterministic backward for packed documents");
   EXPECT_THROW(describe_sdpa(call(SdpaDirection::Forward, SdpaMasking::Causal, 2, 64, 4, 4, 60), kH100), InternalError);
+}
+
+// The Ops-level call (shape, mask and its hint) as an SdpaCall.
+TEST(CudnnSdpaGraph, CallsFromTheOpsInterface) {
+  const AttentionShape shape{2, 64, 8, 2, 64};
+  int32_t segments[2 * 64] = {};
+  SdpaCall c;
+  EXPECT_EQ(sdpa_call_of(shape, AttentionMask{}, SdpaDirection::Backward, true, &c), "");
+  EXPECT_EQ(c, call(SdpaDirection::Backward, SdpaMasking::Causal, 2, 64, 8, 2, 64, 0, true));
+  AttentionMask mask{make_tensor(segments, DType::I32, Shape{2, 64})};
+  mask.hint = SegmentsHint::Causal;
+  EXPECT_EQ(sdpa_call_of(shape, mask, SdpaDirection::Forward, false, &c), "");
+  EXPECT_EQ(c.masking, SdpaMasking::Causal);
+  mask.hint = SegmentsHint::Documents;
+  mask.runs = 9;
+  EXPECT_EQ(sdpa_call_of(shape, mask, SdpaDirection::Forward, false, &c), "");
+  EXPECT_EQ(c, call(SdpaDirection::Forward, SdpaMasking::Documents, 2, 64, 8, 2, 64, 9));
+  mask.runs = 0;
+  EXPECT_EQ(sdpa_call_of(shape, mask, SdpaDirection::Forward, false, &c), "packed documents without a bound on their runs");
+  mask.hint = SegmentsHint::Unknown;
+  EXPECT_EQ(sdpa_call_of(shape, mask, SdpaDirection::Forward, false, &c),
+            "segments the batch does not describe (padding or documents without a hint)");
 }
 
 }  // namespace

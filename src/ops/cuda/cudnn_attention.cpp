@@ -28,6 +28,26 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
+std::string sdpa_call_of(const AttentionShape& shape, const AttentionMask& mask, SdpaDirection direction,
+                         bool deterministic, SdpaCall* call) {
+  *call = SdpaCall{};
+  call->batch = shape.batch;
+  call->seq = shape.seq;
+  call->heads = shape.heads;
+  call->kv_heads = shape.kv_heads;
+  call->head_dim = shape.head_dim;
+  call->direction = direction;
+  call->deterministic = deterministic;
+  if (!mask.segments.defined() || mask.hint == SegmentsHint::Causal) return "";
+  if (mask.hint == SegmentsHint::Documents) {
+    if (mask.runs <= 0) return "packed documents without a bound on their runs";
+    call->masking = SdpaMasking::Documents;
+    call->max_sequences = mask.runs;
+    return "";
+  }
+  return "segments the batch does not describe (padding or documents without a hint)";
+}
+
 struct CudnnAttention::Plan {
   SdpaGraph graph;
   RealizedGraph realized;

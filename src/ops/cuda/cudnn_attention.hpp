@@ -35,6 +35,7 @@
 #include "cudnn_library.hpp"
 #include "cudnn_sdpa_graph.hpp"
 #include "kernels/data_error.cuh"
+#include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/dtype.hpp"
 
@@ -73,6 +74,13 @@ struct SdpaBackwardTensors {
   void* dk = nullptr;
   void* dv = nullptr;
 };
+
+// The SdpaCall of an Ops attention call (include/shardtrain/ops/ops.hpp): the mask's hint picks the masking
+// (SegmentsHint::Causal: Causal, the segments all 0 or absent; Documents: Documents, mask.runs bounding the runs).
+// Returns the reason cuDNN's path cannot take the call ("" when it can be asked): a hint of Unknown (padding or
+// documents the batch did not describe), Documents without a bound.
+std::string sdpa_call_of(const AttentionShape& shape, const AttentionMask& mask, SdpaDirection direction,
+                         bool deterministic, SdpaCall* call);
 
 // What was built for a call, for logs and tests.
 struct SdpaPlanInfo {
