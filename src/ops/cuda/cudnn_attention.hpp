@@ -9,17 +9,17 @@
 // unsupported_reason() then says so. One CudnnAttention per CudaOps Context (its handle is the current device's).
 //
 // Costs. A plan (graph, engine choice, execution plan) is built the first time a call's key (sdpa_plan_key:
-// dims, masking, the graph batch, the deterministic flag) is met, and cached: tens to hundreds of milliseconds
-// the first time (runtime-compiled engines), nothing afterwards. forward() and backward() never synchronize and
+// dims, masking, the graph batch, the deterministic flag) is met, and cached: up to about a second the first
+// time (the attention engines are runtime-compiled, with NVRTC), nothing afterwards. forward() and backward() never synchronize and
 // never allocate device memory: they queue on the caller's stream a small kernel deriving the sequence arrays
 // (packed documents, or cuDNN <= 9.15's padding workaround), cuDNN's kernels, and for packed documents the
 // statistics' layout change and the zeroing of padding rows. Each call creates one cuDNN variant-pack descriptor
 // (host memory inside cuDNN, as cudnn-frontend does per execute).
 //
-// Determinism. The backward's default graph accumulates dQ over the key blocks in an fp32 buffer (dQAccum) with
-// atomic adds, so the last bits may vary between runs (cuDNN 9.19's engines carry no NONDETERMINISTIC note for
-// it: the knowledge is cudnn-frontend's, which builds the graph below whenever a deterministic backward is asked
-// for). SdpaCall::deterministic selects the graph without the accumulator (dQ is the output of the dS @ K matmul
+// Determinism. The backward's default graph accumulates dQ across key blocks in an fp32 buffer (dQAccum), in an
+// order that is not fixed (FlashAttention-2's atomic adds), so the last bits may vary between runs; cuDNN 9.19's
+// engines carry no NONDETERMINISTIC note for it: the knowledge is cudnn-frontend's, which builds the graph below
+// whenever a deterministic backward is asked for. SdpaCall::deterministic selects the graph without the accumulator (dQ is the output of the dS @ K matmul
 // itself; the frontend's "dP workspace" variant) and only engines without that note: bit-identical runs, at the
 // cost of a dP buffer of about B' * H * S * S * 2 bytes in cuDNN's workspace (the frontend's sizing: 4 GiB at
 // B' * H = 32 and S = 8192; B' is the sequence bound with packed documents) and the time to write and read it.
