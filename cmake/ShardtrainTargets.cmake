@@ -80,8 +80,8 @@ function(shardtrain_add_test name)
 endfunction()
 
 # The ops of kernels/, one <op>.cu each (kernels/CMakeLists.txt builds them; the SIMT emulator runs them too).
-set(SHARDTRAIN_KERNELS adamw attention_bwd attention_fwd attention_mma attention_segments cast cross_entropy data_error
-    elementwise embedding rmsnorm rope rope_qkv sum_squares swiglu)
+set(SHARDTRAIN_KERNELS adamw attention_bwd attention_fwd attention_mma attention_segments attention_sequences cast
+    cross_entropy data_error elementwise embedding rmsnorm rope rope_qkv sum_squares swiglu)
 
 # shardtrain_emulated_kernel_sources(OUT PRELUDE): the kernels' source for the SIMT emulator, one generated
 # translation unit per .cu file (each keeps its helpers in an anonymous namespace) that starts with the line

@@ -14,6 +14,12 @@ enum class DataErrorCode : int32_t {
   TokenId = 1,     // embedding: ids[index] = value is outside [0, bound)
   Target = 2,      // cross-entropy: targets[index] = value is outside [0, bound) and is not ignore_index (aux)
   DocumentId = 3,  // attention_segments: document_ids[index] = value < 0; bound = sequence length
+  // attention_sequences (cuDNN's packed-documents layout): run `value` of documents, starting at token `index`,
+  // is past the bound `bound` on runs the caller gave
+  SequenceCount = 4,
+  // attention_sequences: segment id `value` starts a second run in one row at token `index` (bound = sequence
+  // length), which the packed-documents layout cannot express
+  DocumentSplit = 5,
 };
 
 // Zeroed memory means "no error". Only the first error is kept (the thread that moves code away from 0

@@ -24,6 +24,16 @@ std::string describe(const kernels::DataErrorRecord& e) {
       const int64_t seq = e.bound > 0 ? e.bound : 1;
       return fmt::format("document id {} at (row {}, position {}) is negative", e.value, e.index / seq, e.index % seq);
     }
+    case kernels::DataErrorCode::SequenceCount:
+      return fmt::format("cuDNN attention: more runs of documents than the bound of {} given for the batch (run {} "
+                         "starts at token {})",
+                         e.bound, e.value, e.index);
+    case kernels::DataErrorCode::DocumentSplit: {
+      const int64_t seq = e.bound > 0 ? e.bound : 1;
+      return fmt::format("cuDNN attention: document {} has two separate runs in row {} (the second starts at position "
+                         "{}); its packed-documents layout needs each document contiguous within a row",
+                         e.value, e.index / seq, e.index % seq);
+    }
     case kernels::DataErrorCode::None: break;
   }
   return fmt::format("bad input recorded by a kernel (code {}, value {}, index {})", e.code, e.value, e.index);
