@@ -14,6 +14,7 @@
 #include "command.hpp"
 #include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/mesh/device_mesh.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/check.hpp"
 
 namespace shardtrain::cli {
@@ -115,6 +116,9 @@ int run_env(Runtime& rt, const EnvOptions& o) {
     j["comm_backend"] = comm_backend_name(backend);
     j["comm_backend_reason"] = choice.reason;
     j["comm_host_staging"] = choice.host_staging;
+#if SHARDTRAIN_WITH_CUDA
+    if (rt.device().is_cuda()) j["cudnn_attention"] = ops::cudnn_attention_status();
+#endif
     j["strategy"] = sharding_strategy_name(m.strategy);
     j["mesh"] = {{"shape", {m.replicate_size, m.shard_size}},
                  {"axes", {"replicate", "shard"}},
@@ -154,6 +158,9 @@ int run_env(Runtime& rt, const EnvOptions& o) {
       out += fmt::format("{:>5}  {:<16} {:>4} {:>5}  {:>9} {:>5}  {}\n", r.world_rank, r.host.data(), r.node, r.local_rank,
                          r.replicate, r.shard, r.device.data());
     }
+#if SHARDTRAIN_WITH_CUDA
+    if (rt.device().is_cuda()) out += fmt::format("attention: cuDNN on rank 0: {}\n", ops::cudnn_attention_status());
+#endif
     if (rt.device().is_cuda()) {  // the physical GPUs, as nvidia-smi -L names them
       out += fmt::format("{:>5}  {:<40} {:<12}  {}\n", "rank", "GPU", "PCI bus id", "ranks on it");
       for (const RankRow& r : rows)

@@ -12,6 +12,7 @@
 // embedding_forward itself.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,13 +52,21 @@ struct CudaScratchShape {
   int64_t loss_chunk_tokens = 0;                // as the model passes it (0: the default)
   DType param_dtype = DType::BF16;              // bf16 h and W: bf16 logits and dlogits (one buffer)
   DType lm_head_grad_dtype = DType::F32;        // not f32: the chunks' dW is summed in an fp32 buffer first
+  // cuDNN's fused attention may run (a GPU with cuDNN 9): its workspace shares the op workspace's slot.
+  bool cudnn_attention = false;
+  bool deterministic_attention = true;          // CudaOps::set_deterministic_attention
+  int64_t head_dim = 0;                         // 0: hidden / heads
 };
 struct CudaScratchBytes {
   size_t loss = 0;            // fp32 logits chunk, bf16 dlogits chunk, row losses, fp32 lm_head gradient
   size_t op_workspace = 0;    // the largest of attention's dvec, RMSNorm's weight-gradient parts, the embedding sort
   size_t sum_partials = 0;    // the gradient norm's per-block partials
   size_t gemm_workspace = 0;  // cuBLASLt's, allocated once
-  size_t total() const { return loss + op_workspace + sum_partials + gemm_workspace; }
+  // cuDNN's attention workspace where it runs (an estimate: its own engines' part is known only at run time):
+  // the deterministic backward's dP, B*H*S*S*2 bytes, or the dQ accumulator, B*S*H*Dh*4 bytes, and the
+  // row sums. In the op workspace's slot, so the larger of the two counts.
+  size_t cudnn_attention = 0;
+  size_t total() const { return loss + std::max(op_workspace, cudnn_attention) + sum_partials + gemm_workspace; }
 };
 CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& shape, const CudaOpsOptions& options = {});
 
@@ -132,12 +141,16 @@ class CudaOps final : public Ops {
   // other op here) or its faster variant. SHARDTRAIN_ATTENTION_DETERMINISTIC=0 sets the initial choice.
   void set_deterministic_attention(bool on);
   bool deterministic_attention() const;
-  // What Auto runs for this call, and why: "cudnn 9.19.0" or "mma (cuDNN: <why it cannot>)".
+  // What Auto runs for this call, and why: "cudnn", or "mma (cuDNN: <why it cannot>)" (and "fma ...").
   std::string attention_choice(const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward);
 
  private:
   std::unique_ptr<cuda::Context> ctx_;
 };
+
+// Which cuDNN the attention would use on the current device: "cuDNN 9.19.0 (libcudnn.so.9)", or
+// "none: <why>" (not found, too old, the emulator). Loads cuDNN; for `shardtrain env`.
+std::string cudnn_attention_status();
 
 #endif  // SHARDTRAIN_WITH_CUDA
 

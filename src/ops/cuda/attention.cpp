@@ -5,6 +5,7 @@
 #include <string>
 
 #include "context.hpp"
+#include "cudnn_attention.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
 #include "kernels/attention.cuh"
 #include "kernels/attention_segments.cuh"
@@ -32,23 +33,32 @@ std::string describe(const AttentionShape& sh, DType dtype, const AttentionMask&
                      sh.seq, sh.heads, sh.kv_heads, sh.head_dim, masking);
 }
 
-// Why cuDNN cannot run this call here ("" when it can).
-std::string cudnn_reason(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward) {
-  (void)ctx, (void)sh, (void)dtype, (void)mask, (void)backward;
-  return "cuDNN is not built into this binary";
+// Why cuDNN cannot run this call here ("" when it can), and the call as cuDNN's path takes it. A shape cuDNN
+// can run has its plan built here, the first time (cached after: a map lookup per call).
+std::string cudnn_reason(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward,
+                         SdpaCall* call) {
+  const std::string why = sdpa_call_of(sh, mask, backward ? SdpaDirection::Backward : SdpaDirection::Forward,
+                                       ctx.deterministic_attention, call);
+  if (!why.empty()) return why;
+  return ctx.cudnn_attention().unsupported_reason(*call, dtype);
 }
 
 // Auto and Cudnn ask cuDNN first. Each distinct call's choice is logged once, with the reason.
-bool use_cudnn(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward) {
+bool use_cudnn(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward,
+               SdpaCall* call) {
   const kernels::AttentionKernel impl = kernels::attention_kernel();
   if (impl == kernels::AttentionKernel::Mma || impl == kernels::AttentionKernel::Fma) return false;
-  const std::string reason = cudnn_reason(ctx, sh, dtype, mask, backward);
-  const std::string call = describe(sh, dtype, mask, backward);
+  const std::string reason = cudnn_reason(ctx, sh, dtype, mask, backward, call);
+  const std::string described = describe(sh, dtype, mask, backward);
   if (!reason.empty() && impl == kernels::AttentionKernel::Cudnn)
-    throw UsageError(fmt::format("SHARDTRAIN_ATTENTION_KERNEL=cudnn: cuDNN cannot run attention {}: {}", call, reason));
-  if (ctx.attention_logged.insert(call).second) {
-    if (reason.empty()) log::info("attention {}: cuDNN's fused flash attention", call);
-    else log::info("attention {}: our {} kernels (cuDNN: {})", call, kernels::attention_uses_mma(dtype) ? "tensor-core" : "FMA", reason);
+    throw UsageError(fmt::format("SHARDTRAIN_ATTENTION_KERNEL=cudnn: cuDNN cannot run attention {}: {}", described, reason));
+  if (ctx.attention_logged.insert(described).second) {
+    if (reason.empty())
+      log::info("attention {}: cuDNN's fused flash attention{}", described,
+                backward ? (call->deterministic ? " (deterministic backward)" : " (nondeterministic backward)") : "");
+    else
+      log::info("attention {}: our {} kernels (cuDNN: {})", described,
+                kernels::attention_uses_mma(dtype) ? "tensor-core" : "FMA", reason);
   }
   return reason.empty();
 }
@@ -59,15 +69,21 @@ std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dt
   const kernels::AttentionKernel impl = kernels::attention_kernel();
   const char* ours = kernels::attention_uses_mma(dtype) ? "mma" : "fma";
   if (impl == kernels::AttentionKernel::Mma || impl == kernels::AttentionKernel::Fma) return ours;
-  const std::string reason = cudnn_reason(ctx, shape, dtype, mask, backward);
+  SdpaCall call;
+  const std::string reason = cudnn_reason(ctx, shape, dtype, mask, backward, &call);
   return reason.empty() ? std::string("cudnn") : fmt::format("{} (cuDNN: {})", ours, reason);
 }
 
 void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionMask& mask, const Tensor& out, const Tensor& lse) {
   validate_attention_forward(tensor_checks, shape, q, k, v, mask, out, lse);
-  if (use_cudnn(ctx, shape, q.dtype, mask, false)) {
-    throw InternalError("attention_forward: the cuDNN path is not built");
+  if (SdpaCall call; use_cudnn(ctx, shape, q.dtype, mask, false, &call)) {
+    CudnnAttention& cudnn = ctx.cudnn_attention();
+    const size_t bytes = cudnn.workspace_bytes(call);
+    void* ws = bytes > 0 ? ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes)) : nullptr;
+    cudnn.forward(call, SdpaForwardTensors{q.data, k.data, v.data, segments_of(mask), out.data, lse.as<float>()}, ws,
+                  bytes, ctx.error_record(), ctx.stream);
+    return;
   }
   kernels::attention_forward(q.dtype, dims_of(shape), q.data, k.data, v.data, segments_of(mask), scale_of(shape),
                              out.data, lse.as<float>(), ctx.stream);
@@ -92,8 +108,15 @@ void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor&
     require(kv_like[i]->dtype == q.dtype && kv_like[i]->numel() == k.numel(), op, "{} {} is not shaped like k",
             kv_names[i], kv_like[i]->describe());
   }
-  if (use_cudnn(ctx, shape, q.dtype, mask, true)) {
-    throw InternalError("attention_backward: the cuDNN path is not built");
+  if (SdpaCall call; use_cudnn(ctx, shape, q.dtype, mask, true, &call)) {
+    CudnnAttention& cudnn = ctx.cudnn_attention();
+    const size_t bytes = cudnn.workspace_bytes(call);
+    void* ws = bytes > 0 ? ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes)) : nullptr;
+    cudnn.backward(call,
+                   SdpaBackwardTensors{q.data, k.data, v.data, out.data, lse.as<const float>(), dout.data,
+                                       segments_of(mask), dq.data, dk.data, dv.data},
+                   ws, bytes, ctx.error_record(), ctx.stream);
+    return;
   }
   const kernels::AttentionDims dims = dims_of(shape);
   const size_t bytes = kernels::attention_backward_workspace_bytes(dims);
@@ -113,6 +136,12 @@ void attention_segments(Context& ctx, const Tensor& input_ids, int32_t pad_token
 }  // namespace shardtrain::ops::cuda
 
 namespace shardtrain::ops {
+
+std::string cudnn_attention_status() {
+  cuda::CudnnAttention cudnn;
+  const std::string why = cudnn.unavailable_reason();
+  return why.empty() ? cudnn.library_description() : "none: " + why;
+}
 
 const char* attention_impl_name(AttentionImpl impl) {
   switch (impl) {

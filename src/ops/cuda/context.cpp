@@ -1,13 +1,13 @@
 // The CUDA backend's context: scratch growth, the readback of loss sums and data errors.
 #include "context.hpp"
 
-#include <cstdlib>
-#include <string>
-
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
+#include "cudnn_attention.hpp"
 #include "shardtrain/runtime/check.hpp"
 
 namespace shardtrain::ops::cuda {
@@ -71,6 +71,11 @@ Context::~Context() {
   // Queued work may still use the scratch buffers freed next; errors cannot be reported from here.
   cudaDeviceSynchronize();
   if (stream_switch) cudaEventDestroy(stream_switch);
+}
+
+CudnnAttention& Context::cudnn_attention() {
+  if (!cudnn) cudnn = std::make_unique<CudnnAttention>();
+  return *cudnn;
 }
 
 void Context::switch_stream(StreamRef next) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +20,8 @@
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::ops::cuda {
+
+class CudnnAttention;
 
 // Scratch slots: each use has its own, so a helper never overwrites its caller's buffer.
 enum class Slot { GemmA, GemmB, GemmC, Logits, RowLoss, WeightGrad, OpWorkspace, SumPartials, Count };
@@ -70,6 +73,9 @@ struct Context {
   // choice of implementation was logged.
   bool deterministic_attention = true;
   std::set<std::string> attention_logged;
+  // cuDNN's fused attention (cudnn_attention.hpp), made at the first attention call that may use it.
+  std::unique_ptr<CudnnAttention> cudnn;
+  CudnnAttention& cudnn_attention();
 };
 
 std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward);
