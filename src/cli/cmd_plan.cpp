@@ -307,7 +307,8 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                                 {"unsharded_params", unsharded},
                                 {"unsharded_grads", grad_unit},
                                 {"comm_scratch", static_cast<double>(plan.comm_scratch_bytes)},
-                                {"op_scratch", static_cast<double>(scratch.total())}};
+                                {"op_scratch", static_cast<double>(scratch.total())},
+                                {"cudnn_attention_workspace", static_cast<double>(scratch.cudnn_attention)}};
   j["traffic_per_micro_batch_bytes"] = {{"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter},
                                         {"all_reduce_replicate", all_reduce}};
   const std::string estimates = estimate_table(o, spec, f, j);
@@ -337,9 +338,12 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
   out += fmt::format("traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
                      "on the replicate axis\n",
                      gib(gather), gib(reduce_scatter), gib(all_reduce));
-  out += fmt::format("op scratch on a GPU: {} (fused loss chunk {}, largest kernel workspace {}, cuBLASLt workspace {})\n",
+  out += fmt::format("op scratch on a GPU: {} (fused loss chunk {}, largest kernel workspace {}, cuDNN attention "
+                     "workspace {}{}, cuBLASLt workspace {})\n",
                      gib(static_cast<double>(scratch.total())), gib(static_cast<double>(scratch.loss)),
-                     gib(static_cast<double>(scratch.op_workspace)), gib(static_cast<double>(scratch.gemm_workspace)));
+                     gib(static_cast<double>(scratch.op_workspace)), gib(static_cast<double>(scratch.cudnn_attention)),
+                     scratch.cudnn_attention > 0 ? " (deterministic backward's dP; the two share one buffer)" : "",
+                     gib(static_cast<double>(scratch.gemm_workspace)));
   out += estimates;
   std::fputs(out.c_str(), stdout);
   return 0;
