@@ -11,7 +11,7 @@
 namespace shardtrain::kernels {
 
 // h = x + residual (stored to h_out, and the stored, rounded value is what gets normalized) or h = x when
-// residual is null; rstd = 1 / sqrt(mean(h^2) + eps); y = h * rstd * weight. One block per row.
+// residual is null; rstd = 1 / sqrt(mean(h^2) + eps); y = h * rstd * weight. One warp per row (rmsnorm.cu).
 void rmsnorm_forward(DType dtype, const void* x, const void* residual, DType weight_dtype, const void* weight, float eps,
                      int64_t rows, int64_t dim, void* h_out, void* y, float* rstd, StreamRef stream);
 

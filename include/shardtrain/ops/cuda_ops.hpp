@@ -87,42 +87,13 @@ class CudaOps final : public Ops {
   DeviceKind device() const override { return DeviceKind::Cuda; }
   void set_stream(StreamRef stream) override;
 
-  void matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
-              const Tensor& c) override;
-  void matmul_add(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
-                  const Tensor& out) override;
-  void fill(const Tensor& out, double value) override;
-  void copy(const Tensor& src, const Tensor& dst) override;
-  void add(const Tensor& x, const Tensor& y) override;
-  void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override;
-  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override;
-  void rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& h_out,
-                       const Tensor& y, const Tensor& rstd) override;
-  void rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd,
-                        const Tensor& dh_extra, const Tensor& dh, const Tensor& dweight) override;
-  void rope(const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) override;
-  void rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq, const Tensor& q,
-                        const Tensor& k, const Tensor& v) override;
-  void rope_qkv_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
-                         const RopeFrequencies& freq, const Tensor& dqkv) override;
-  void attention_forward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const AttentionMask& mask, const Tensor& out, const Tensor& lse) override;
-  void attention_backward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& out, const Tensor& lse, const Tensor& dout, const AttentionMask& mask,
-                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
-  void attention_segments(const Tensor& input_ids, int32_t pad_token_id, const Tensor& document_ids,
-                          const Tensor& segments, const Tensor& positions) override;
-  void swiglu_forward(const Tensor& gate_up, GateUpLayout layout, const Tensor& out) override;
-  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) override;
-  LossSums cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
-                         const Tensor& dlogits) override;
-  LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t ignore_index,
-                                double grad_scale, int64_t chunk_tokens, const Tensor& dh,
-                                const Tensor& dweight) override;
+  // Every op of op_list.inc (asynchronous on the stream: nothing waits for the GPU).
+#define SHARDTRAIN_OP(R, name, params, args) R name params override;
+#include "shardtrain/ops/op_list.inc"
+#undef SHARDTRAIN_OP
   void defer_loss(bool on) override;
   LossSums take_loss() override;
 
-  void sum_squares(const Tensor& x, const Tensor& out, SumInto mode) override;  // asynchronous
   // Beyond Ops.
   // Waits for the stream, then throws DataError if a kernel recorded bad input since the last check.
   void synchronize();

@@ -23,6 +23,16 @@ enum class Slot { GemmA, GemmB, GemmC, Weight, WeightGrad, Logits, LossRows, Cou
 struct Context {
   int threads = 1;
   std::vector<HostBuffer> scratch = std::vector<HostBuffer>(static_cast<size_t>(Slot::Count));
+  // Ops::defer_loss: while on, the loss ops return zero sums and add theirs to deferred_total.
+  bool defer_loss = false;
+  LossSums deferred_total;
+
+  LossSums deferred(const LossSums& s) {
+    if (!defer_loss) return s;
+    deferred_total.loss_sum += s.loss_sum;
+    deferred_total.tokens += s.tokens;
+    return {};
+  }
 
   template <typename T> T* scratch_for(Slot slot, int64_t count) {
     HostBuffer& b = scratch[static_cast<size_t>(slot)];

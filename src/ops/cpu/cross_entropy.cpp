@@ -70,7 +70,7 @@ LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets
       for (int64_t i = 0; i < n * vocab; ++i) store(dz[i], rows[i]);
     }
   });
-  return sums;
+  return ctx.deferred(sums);
 }
 
 LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weight, const Tensor& targets,
@@ -132,7 +132,7 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
     }
     if (grad && !dw_direct) accumulate_into(dw, dweight);
   });
-  return sums;
+  return ctx.deferred(sums);
 }
 
 }  // namespace shardtrain::ops::cpu
