@@ -25,7 +25,7 @@ namespace shardtrain::train {
 namespace {
 namespace fs = std::filesystem;
 
-void add_scalar(std::vector<TensorBoardScalar>& out, std::string tag, const nlohmann::json& v) {
+void add_scalar(std::vector<TensorBoardScalar>& out, std::string tag, const nlohmann::ordered_json& v) {
   if (v.is_number()) out.push_back({std::move(tag), v.get<double>()});  // null (a NaN), strings and booleans: none
 }
 
@@ -46,7 +46,9 @@ std::string host_name() {
 
 std::vector<TensorBoardScalar> tensorboard_scalars(const std::string& json_line, int64_t* step) {
   std::vector<TensorBoardScalar> out;
-  const nlohmann::json j = nlohmann::json::parse(json_line, nullptr, /*allow_exceptions=*/false);
+  // Parsed back from the line itself, so the scalars are metrics.jsonl's values whoever wrote the line (a hook
+  // too); ordered: the tags follow the line's keys.
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(json_line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return out;
   const auto kind = j.find("kind");
   const auto at = j.find("step");

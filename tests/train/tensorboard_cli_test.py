@@ -5,8 +5,8 @@ the Event and Summary message classes are built at run time from TensorFlow's pu
 algorithm (Castagnoli polynomial, reflected), not with the library shardtrain links. On 2 ranks, a data
 mixture (a validation loss per source) with one non-finite step: one event file in the run directory (rank 0
 only), the file version first, then one Event per train and eval line of metrics.jsonl whose scalars are that
-line's numbers, as floats. logging.tensorboard = false writes none; a preempted run's files hold every
-record metrics.jsonl holds."""
+line's numbers, as floats. logging.tensorboard = false writes none; a preempted run's file holds every
+record metrics.jsonl holds, and resumed in the same directory it adds a second file that continues it."""
 import glob
 import json
 import os
@@ -130,24 +130,26 @@ def expected_scalars(line):
     return out
 
 
-def compare(run_dir, started, ended):
-    """The run's one event file against its metrics.jsonl; returns the train lines' steps."""
+def compare(run_dir, started, ended, files_expected=1):
+    """The run's event files (rank 0's: one per process start) against its metrics.jsonl, in file-name order;
+    returns the train lines' steps."""
     files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
-    check(len(files) == 1, f"{run_dir}: one event file (rank 0's), found {files}")
-    if not files:
-        return []
-    name = os.path.basename(files[0]).split(".")
-    check(len(name) >= 5 and name[3].isdigit() and started - 2 <= int(name[3]) <= ended, f"events.out.tfevents.<time>.<host>: {files[0]}")
-    events = read_events(files[0])
+    check(len(files) == files_expected, f"{run_dir}: {files_expected} event file(s), found {files}")
+    scalars = []
+    for path in files:
+        name = os.path.basename(path).split(".")
+        check(len(name) >= 5 and name[3].isdigit() and started - 2 <= int(name[3]) <= ended, f"events.out.tfevents.<time>.<host>: {path}")
+        events = read_events(path)
+        check(events and events[0].WhichOneof("what") == "file_version" and events[0].file_version == "brain.Event:2",
+              f"{path}: the first event names the file version")
+        check(all(e.WhichOneof("what") == "summary" for e in events[1:]), f"{path}: summaries after the file version")
+        scalars += [(path, e) for e in events[1:]]
     lines = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     lines = [l for l in lines if l["kind"] in ("train", "eval")]
-    check(events and events[0].WhichOneof("what") == "file_version" and events[0].file_version == "brain.Event:2",
-          f"{files[0]}: the first event names the file version")
-    scalars = events[1:]
-    check(len(scalars) == len(lines), f"{files[0]}: {len(scalars)} summary events for {len(lines)} train and eval lines")
-    for e, line in zip(scalars, lines):
-        what = f"{files[0]}: the {line['kind']} line of step {line['step']}"
-        check(e.WhichOneof("what") == "summary" and e.step == line["step"], f"{what}: event step {e.step}")
+    check(len(scalars) == len(lines), f"{run_dir}: {len(scalars)} summary events for {len(lines)} train and eval lines")
+    for (path, e), line in zip(scalars, lines):
+        what = f"{path}: the {line['kind']} line of step {line['step']}"
+        check(e.step == line["step"], f"{what}: event step {e.step}")
         check(started - 2 <= e.wall_time <= ended, f"{what}: wall time {e.wall_time} outside the run")
         got = {v.tag: v.simple_value for v in e.summary.value}
         check(len(got) == len(e.summary.value), f"{what}: a tag twice")
@@ -226,5 +228,15 @@ check(p.returncode == 75, f"preempted run: exit code {p.returncode}, expected 75
 steps = compare(os.path.join(work, "preempted"), started, ended)
 check(3 <= len(steps) < 40 and steps == list(range(1, len(steps) + 1)), f"preempted run's train events: steps {steps}")
 print(f"preempted at step {steps[-1] if steps else None}: every metrics line has its event")
+
+# Resumed in the same run directory: a second file, and the two together hold metrics.jsonl's lines, the
+# resumed steps' included.
+time.sleep(1.1)  # another second: its own file name without the ".N" suffix
+r = train("preempted", "--schedule.max_steps", "40", "--schedule.eval_every", "0", "--checkpoint.dir", os.path.join(work, "preempted", "ckpt"),
+          "--resume", "auto")
+ended = time.time() + 1
+check(r.returncode == 0, f"resumed run: {r.stderr[-1500:]}")
+steps = compare(os.path.join(work, "preempted"), started, ended, files_expected=2)
+check(steps == list(range(1, 41)), f"preempted and resumed run's train events: steps {steps}")
 
 check.finish("tensorboard_cli_test: all checks passed")
