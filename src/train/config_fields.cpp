@@ -274,6 +274,8 @@ std::vector<ConfigField> build_fields() {
   t.choice("progress", "auto (bar on a terminal, lines otherwise), bar, lines or off", [](auto& c) -> auto& { return c.logging.progress; },
            [](const std::string& s) { return parse_progress_style(s); }, progress_style_name);
   t.text("metrics_file", "JSON lines, inside the run directory", [](auto& c) -> auto& { return c.logging.metrics_file; });
+  t.boolean("tensorboard", "also TensorBoard event files (events.out.tfevents.*) in the run directory",
+            [](auto& c) -> auto& { return c.logging.tensorboard; });
   t.real("peak_flops", "per-rank peak FLOP/s for MFU (0 = a GPU's datasheet figure, else the best of several measured matmuls)", [](auto& c) -> auto& { return c.logging.peak_flops; });
   return std::move(t.fields);
 }

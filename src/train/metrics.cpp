@@ -12,8 +12,10 @@
 #include <cstring>
 #include <fstream>
 
+#include "file_append.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/tensorboard.hpp"
 
 namespace shardtrain::train {
 
@@ -94,9 +96,15 @@ std::string to_json_line(const EvalMetrics& m) {
   return j.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, const std::string& tensorboard_dir) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
+  try {
+    if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -104,22 +112,18 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const std::string& line) {
+  append(line);
+  // Every record of both files is written when this returns (one write(2) each, no buffer): a preemption save
+  // or a killed job loses none.
+  if (tensorboard_) tensorboard_->write_metrics_line(line);
+}
+
+void MetricsWriter::append(const std::string& line) {
   std::string text;
   if (dropped_ > 0) text = fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
   text += line;
   text += '\n';
-  const off_t before = ::lseek(fd_, 0, SEEK_END);
-  size_t done = 0;
-  int err = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : ENOSPC;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
+  const int err = append_whole(fd_, text);
   if (err == 0) {
     if (dropped_ > 0) log::warn("train: {}: writing metrics again, {} line(s) were lost", path_, dropped_);
     dropped_ = 0;
@@ -127,7 +131,6 @@ void MetricsWriter::write(const std::string& line) {
   }
   // Full, or over a size limit: the line is dropped whole (a half-written one is cut off again, so every line
   // of the file stays valid JSON) and training goes on; the weights matter more than their log.
-  if (before >= 0 && ::ftruncate(fd_, before) != 0) err = errno;
   if (dropped_++ == 0)
     log::error("train: {}: a metrics line could not be written ({}); training goes on, and lines are dropped until one can be", path_,
                std::strerror(err));

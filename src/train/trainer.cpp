@@ -374,7 +374,8 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   flops_per_token_ = flops_per_token(model_->spec(), config_.data.seq_len);
 
   if (rank == 0) {
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string());
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string(),
+                                               config_.logging.tensorboard ? run_dir_ : std::string());
     log::info("train: resolved configuration ({}):\n{}", options_.config_source, resolved_toml_);
     log::info("train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
               "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); MFU against {}; "

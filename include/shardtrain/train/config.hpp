@@ -111,6 +111,7 @@ struct LoggingSection {
   int64_t log_every = 10;      // plain progress lines (no terminal) every N steps
   ProgressStyle progress = ProgressStyle::Auto;
   std::string metrics_file = "metrics.jsonl";  // inside the run directory
+  bool tensorboard = true;     // also TensorBoard event files in the run directory (train/tensorboard.hpp)
   double peak_flops = 0;       // per rank, FLOP/s, for MFU; 0 = measure an sgemm at start
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -86,20 +87,27 @@ std::string to_json_line(const EvalMetrics& m);  // {"kind":"eval",...}
 // refuses (full, over a size limit) is dropped whole: the file is cut back to where it was, an error is logged
 // once, and training goes on; the next line that can be written is preceded by {"kind":"metrics_gap",
 // "dropped":N}. Every line of the file is valid JSON, whatever happened. RAII over the descriptor.
+// Given a directory for TensorBoard, each train and eval line also goes to an event file there as scalars
+// (tensorboard.hpp; logging.tensorboard), so the two always hold the same values.
+class TensorBoardWriter;
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);  // throws IoError naming the path
+  // Throws IoError naming the path (or the event file). `tensorboard_dir` "": no TensorBoard events.
+  explicit MetricsWriter(const std::string& path, const std::string& tensorboard_dir = {});
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const std::string& line);
   const std::string& path() const { return path_; }
   int64_t dropped() const { return dropped_; }  // lines lost since the last one written
+  const TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }  // null when off
 
  private:
+  void append(const std::string& line);
   std::string path_;
   int fd_ = -1;
   int64_t dropped_ = 0;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 int64_t peak_rss_bytes();  // VmHWM of this process; 0 when /proc is unavailable
