@@ -86,6 +86,7 @@ class CudaOps final : public Ops {
 
   DeviceKind device() const override { return DeviceKind::Cuda; }
   void set_stream(StreamRef stream) override;
+  StreamRef stream() const override;
 
   void matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
               const Tensor& c) override;

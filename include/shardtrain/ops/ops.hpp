@@ -1,5 +1,5 @@
 // The backend-neutral op interface the model is written against. One implementation per backend:
-// the CPU one (OpenBLAS + OpenMP loops, cpu_ops.hpp) and, later, CUDA (kernels/ + cuBLASLt).
+// the CPU one (OpenBLAS + OpenMP loops, cpu_ops.hpp) and CUDA (kernels/ + cuBLASLt, cuda_ops.hpp).
 //
 // Conventions shared by every op:
 //  - Tensors are contiguous row-major views (tensor.hpp). Float tensors may be F32 or BF16 (storage;
@@ -64,6 +64,9 @@ class Ops {
   virtual ~Ops() = default;
   virtual DeviceKind device() const = 0;
   virtual void set_stream(StreamRef stream) = 0;
+  // The stream ops run on (the null stream until set_stream; always the null stream on the CPU): what a caller
+  // copies a kernel's inputs on, synchronizes before reading its results, or orders other streams after.
+  virtual StreamRef stream() const = 0;
 
   // c = alpha * op(a) @ op(b) + beta * c; op(a): (M, K), op(b): (K, N), c: (M, N).
   // A linear layer y = x W^T with W (out, in) is matmul(No, Yes, 1, x, W, 0, y).

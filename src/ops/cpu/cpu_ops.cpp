@@ -19,6 +19,7 @@ class CpuOps final : public Ops {
 
   DeviceKind device() const override { return DeviceKind::Cpu; }
   void set_stream(StreamRef) override {}  // the host runs ops in call order
+  StreamRef stream() const override { return {}; }
 
   void matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
               const Tensor& c) override {

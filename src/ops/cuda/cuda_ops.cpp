@@ -17,6 +17,7 @@ CudaOps::CudaOps(const CudaOpsOptions& options) {
 CudaOps::~CudaOps() = default;
 
 void CudaOps::set_stream(StreamRef stream) { ctx_->switch_stream(stream); }
+StreamRef CudaOps::stream() const { return ctx_->stream; }
 
 void CudaOps::matmul(Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, double beta,
                      const Tensor& c) {
