@@ -200,7 +200,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   if (rank == 0) metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string());
   log_start(steps_per_epoch);
   progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
-  timeline_ = std::make_unique<StepTimeline>(on_gpu);
+  timeline_ = std::make_unique<StepTimeline>(on_gpu, ops_->stream());
 }
 
 Trainer::~Trainer() = default;
