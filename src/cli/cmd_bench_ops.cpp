@@ -117,6 +117,7 @@ class CallRecorder final : public ops::Ops {
 
   DeviceKind device() const override { return DeviceKind::Cpu; }
   void set_stream(StreamRef) override {}
+  StreamRef stream() const override { return {}; }
   void matmul(Transpose ta, Transpose tb, double, const Tensor& a, const Tensor& b, double beta, const Tensor& c) override {
     keys.push_back("matmul " + gemm(ta, tb, a, b, c) + (beta != 0.0 ? " +=" : ""));
   }

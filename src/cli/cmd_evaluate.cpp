@@ -1,8 +1,8 @@
 // `shardtrain evaluate`: the loss and perplexity of trained weights (a checkpoint, a directory of them, a
 // consolidated file or a Hugging Face directory) on a dataset's held-out or training split. It is the
-// trainer's own evaluation (Trainer::evaluate on an evaluation-only Trainer): the same mesh, engine,
-// backend and loaders, so on the training run's ranks and batches it gives the run's validation loss, and it
-// runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
+// trainer's own evaluation (train::Evaluator on a train::Replica, as the trainer builds them): the same mesh,
+// engine, backend and loaders, so on the training run's ranks and batches it gives the run's validation loss,
+// and it runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,8 +17,11 @@
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/evaluator.hpp"
 #include "shardtrain/train/inputs.hpp"
-#include "shardtrain/train/trainer.hpp"
+#include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/replica.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -78,19 +81,20 @@ data::DatasetSplit parse_split(const std::string& text) {
   throw UsageError(fmt::format("--split '{}': expected validation (the held-out samples) or train", text));
 }
 
-// One set of weights through the trainer's evaluation: imported into the engine (collective), evaluated,
-// printed by rank 0; returns its JSON record.
-nlohmann::json evaluate_weights(train::Trainer& trainer, checkpoint::TensorSource& source, const train::TrainConfig& c,
-                                const std::vector<uint32_t>& id_bytes, Runtime* rt) {
-  train::check_weights_tokenizer(source.path(), source.tokenizer(), trainer.dataset());
-  checkpoint::import_weights(trainer.engine(), source,
+// One set of weights through the trainer's evaluation: imported into the replica's engine (collective),
+// evaluated, printed by rank 0; returns its JSON record.
+nlohmann::json evaluate_weights(train::Replica& replica, train::Evaluator& evaluator, const data::TokenDataset& dataset,
+                                checkpoint::TensorSource& source, const train::TrainConfig& c, const std::vector<uint32_t>& id_bytes,
+                                Runtime* rt) {
+  train::check_weights_tokenizer(source.path(), source.tokenizer(), dataset);
+  checkpoint::import_weights(replica.engine(), source,
                              c.checkpoint.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
                                                                    : checkpoint::ImportMode::EveryRankReadsItsSlices);
-  const std::vector<train::Trainer::EvalPlan> plan = trainer.eval_plan();
+  const std::vector<train::Evaluator::SourcePlan> plan = evaluator.plan();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   std::vector<train::SourceLoss> by_source;
-  const double loss = trainer.evaluate(&tokens, &by_source, id_bytes.empty() ? nullptr : &id_bytes);
+  const double loss = evaluator.evaluate(&tokens, &by_source, id_bytes.empty() ? nullptr : &id_bytes);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const auto ppl = [](double l) { return std::exp(l); };
@@ -105,7 +109,7 @@ nlohmann::json evaluate_weights(train::Trainer& trainer, checkpoint::TensorSourc
   nlohmann::json sources = nlohmann::json::array();
   for (size_t k = 0; k < by_source.size(); ++k) {
     const train::SourceLoss& s = by_source[k];
-    const train::Trainer::EvalPlan& p = plan[k];  // evaluate() reports the sources in the plan's order
+    const train::Evaluator::SourcePlan& p = plan[k];  // evaluate() reports the sources in the plan's order
     if (print)
       std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens%s: loss %.6f, perplexity %.4g, %.4f bits per token%s\n",
                   s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
@@ -166,14 +170,20 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   c.checkpoint.resume.clear();
   c.checkpoint.init_from.clear();
   c.validate();
+  c.validate_for_world(rt->topology().world_size, rt->topology().node_count);
+  train::check_ranks_agree_on_config(rt->world(), train::to_toml(c));  // before any collective a difference could mismatch
 
-  train::TrainerOptions topts;
-  topts.config_source = config_source;
-  topts.evaluation_only = true;
-  topts.eval_split = split;
-  topts.eval_micro_batches = batches;
-  train::Trainer trainer(*rt, c, topts);
-  const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, trainer.dataset());  // a mixture's sources share one
+  // The trainer's inputs, replica and evaluation, without its optimizer, training loader or run directory.
+  const std::vector<data::MixtureComponent> sources = train::open_data_sources(c);
+  train::check_ranks_agree_on_data(rt->world(), sources);
+  train::Replica replica(*rt, c);
+  train::Evaluator evaluator(replica, c, sources, {train::EvaluatorOptions::Use::Evaluation, split, batches});
+  if (evaluator.empty())
+    throw DataError(fmt::format("{}: no source has {} {} samples, one evaluation batch (micro-batch {} x {} ranks)", c.data.describe(),
+                                evaluator.batch_sequences(), data::dataset_split_name(split), c.micro_batch_size_for(rt->topology().world_size),
+                                rt->topology().world_size));
+  const data::TokenDataset& dataset = *sources.front().dataset;
+  const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset);  // a mixture's sources share one
   if (rt->topology().world_rank == 0)
     std::printf("evaluate: the %s split; config: %s\n", data::dataset_split_name(split), config_source.c_str());
 
@@ -181,7 +191,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   for (size_t k = 0; k < targets.size(); ++k) {
     // Each checkpoint must be of the same model (import_weights refuses another architecture, naming it).
     const auto weights = k + 1 == targets.size() ? std::move(source) : checkpoint::open_tensor_source(targets[k]);
-    results.push_back(evaluate_weights(trainer, *weights, c, id_bytes, rt));
+    results.push_back(evaluate_weights(replica, evaluator, dataset, *weights, c, id_bytes, rt));
   }
   if (rt->topology().world_rank != 0) return 0;
   if (results.size() > 1) {

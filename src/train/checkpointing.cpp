@@ -86,16 +86,17 @@ std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {
   return v[1] == 0 ? text : fmt::format("rank {}: {}", v[1], text);
 }
 
-// Whether every element of this rank's weight shards is finite (host or device shards alike).
-bool shards_finite(const std::vector<fsdp::ShardView>& shards) {
+// Whether every element of this rank's weight shards is finite (host or device shards alike; device shards are
+// read on `stream`, the ops' stream, after the work queued there).
+bool shards_finite(const std::vector<fsdp::ShardView>& shards, StreamRef stream) {
   std::vector<float> host;
   for (const fsdp::ShardView& v : shards) {
     const auto n = static_cast<size_t>(v.numel);
     const float* p = v.param;
     if (v.device != DeviceKind::Cpu) {
       host.resize(n);
-      copy_async(host.data(), v.param, n * sizeof(float), {});
-      stream_synchronize({});
+      copy_async(host.data(), v.param, n * sizeof(float), stream);
+      stream_synchronize(stream);
       p = host.data();
     }
     if (!std::all_of(p, p + n, [](float x) { return std::isfinite(x); })) return false;
@@ -348,7 +349,7 @@ checkpoint::SaveMeta CheckpointHooks::meta_for(const Trainer& trainer) const {
 
 bool CheckpointHooks::weights_savable(Trainer& trainer, SaveCause cause) {
   trainer.optimizer();  // waits for CPU offload's update in flight: the shards are final
-  int finite = shards_finite(trainer.engine().shards()) ? 1 : 0;
+  int finite = shards_finite(trainer.engine().shards(), trainer.replica().ops().stream()) ? 1 : 0;
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &finite, 1, MPI_INT, MPI_MIN, trainer.runtime().world()));
   if (finite) return true;
   const int64_t step = trainer.state().step;

@@ -4,10 +4,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <csignal>
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <cstdio>
 #include <limits>
 #include <thread>
 
@@ -24,45 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// SHARDTRAIN_FAULT's faults of one rank (trainer.hpp), for the watchdog and launcher tests.
-void inject(const RankFault& f) {
-  switch (f.kind) {
-    case RankFault::Kind::Stall:
-      log::warn("train: SHARDTRAIN_FAULT: rank {} stops answering before step {}", f.rank, f.step);
-      std::this_thread::sleep_for(std::chrono::hours(1));
-      break;
-    case RankFault::Kind::Kill:
-      log::warn("train: SHARDTRAIN_FAULT: rank {} kills itself (SIGKILL) before step {}", f.rank, f.step);
-      std::fflush(nullptr);
-      std::raise(SIGKILL);
-      break;
-    case RankFault::Kind::DeviceError:
-      throw Error(ExitCode::Device, fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) before step {}, as a GPU "
-                                                "with an uncorrectable ECC error gives",
-                                                f.rank, failure_record::node_name(), f.step));
-    case RankFault::Kind::MachineCheck: {
-      // What the kernel sends a process that touches memory with an uncorrectable error: SIGBUS with
-      // si_code BUS_MCEERR_AR. A process may send itself a signal with a kernel si_code.
-      log::warn("train: SHARDTRAIN_FAULT: rank {} receives SIGBUS (BUS_MCEERR_AR: a machine check) before step {}", f.rank, f.step);
-      std::fflush(nullptr);
-      siginfo_t info{};
-      info.si_signo = SIGBUS;
-      info.si_code = BUS_MCEERR_AR;
-      info.si_pid = getpid();
-      info.si_uid = getuid();
-      syscall(SYS_rt_tgsigqueueinfo, getpid(), gettid(), SIGBUS, &info);
-      std::this_thread::sleep_for(std::chrono::hours(1));  // the signal ends the process first
-      break;
-    }
-    case RankFault::Kind::Freeze:
-      log::warn("train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}", f.rank,
-                f.step);
-      std::fflush(nullptr);
-      std::raise(SIGSTOP);
-      break;
-  }
-}
-
 uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
   uint64_t total = 0;
   for (int k = 0; k < kCollectiveKinds; ++k) total += comms.bytes(axis, static_cast<CollectiveKind>(k));
@@ -71,38 +28,20 @@ uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
 
 }  // namespace
 
-model::Batch Trainer::model_batch(data::MicroBatch& mb) {
-  const bool with_documents = config_.data.layout == data::BatchLayout::Packed && config_.data.document_mask;
-  model::Batch b;
-  const ops::Shape shape{mb.batch, mb.seq};
-  if (with_documents) {  // the runs of one document in each row: lets the GPU pick a kernel without reading them
-    for (int64_t r = 0; r < mb.batch; ++r)
-      for (int64_t i = 0; i < mb.seq; ++i) {
-        const size_t at = static_cast<size_t>(r * mb.seq + i);
-        b.document_runs += i == 0 || mb.doc_ids[at] != mb.doc_ids[at - 1];
-      }
-  }
-  if (ops_->device() != DeviceKind::Cuda) {
-    b.input_ids = ops::make_tensor(mb.tokens.data(), DType::I32, shape);
-    b.targets = ops::make_tensor(mb.targets.data(), DType::I32, shape);
-    if (with_documents) b.document_ids = ops::make_tensor(mb.doc_ids.data(), DType::I32, shape);
-    return b;
-  }
-  // Asynchronous copies from the micro-batch's pinned storage, in stream order: the previous micro-batch's
-  // kernels have read these device buffers before the copies land. The loader may refill the host storage
-  // only after the copies ran: a training step recycles its micro-batches after the loss and gradient norm
-  // were read (stream synchronizations that follow every copy), evaluation synchronizes before it recycles.
-  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(int32_t);
-  auto upload = [&](DeviceBuffer& buf, std::span<const int32_t> host) {
-    if (buf.size() < bytes) buf = DeviceBuffer(bytes);
-    copy_async(buf.data(), host.data(), bytes, {});
-    return ops::make_tensor(buf.data(), DType::I32, shape, DeviceKind::Cuda);
-  };
-  b.input_ids = upload(batch_ids_, mb.tokens);
-  b.targets = upload(batch_targets_, mb.targets);
-  if (with_documents) b.document_ids = upload(batch_docs_, mb.doc_ids);
-  return b;
-}
+// A step's micro-batches, read before any compute, and what they count over all ranks.
+struct Trainer::StepInput {
+  std::vector<data::MicroBatch> mbs;
+  data::SamplerPosition start;  // the loader's position before them
+  std::vector<int64_t> counted;  // the targets that take a loss, then with a mixture each source's input tokens
+  int64_t global_tokens = 0;     // counted[0]: the loss is the mean over these
+};
+
+// What forward, backward and the decision made of a step.
+struct Trainer::StepResult {
+  double loss = 0, norm = 0, lr = 0;
+  bool nonfinite = false;  // the loss or the gradient norm, on any rank
+  bool skip = false;       // non-finite, or a loss spike
+};
 
 void Trainer::step_once(StepMetrics& m) {
   if (options_.faults.slow_step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.faults.slow_step_ms));
@@ -113,13 +52,60 @@ void Trainer::step_once(StepMetrics& m) {
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);
 
+  StepInput in = read_step_input();
+  timeline_->step_begins();
+  StepResult r = forward_backward(in);
+  const int64_t step_number = state_.step + 1;
+  r.lr = schedule_->lr(state_.step);
+  r.skip = decide_skip(r, step_number);
+  const optim::AdamW::AsyncTimes update_times = update(r);
+  timeline_->step_ends();
+  advance(in, step_number);
+
+  m = {};
+  m.step = step_number;
+  m.epoch = state_.sampler.epoch;
+  m.tokens = state_.tokens_seen;
+  for (size_t k = 0; k + 1 < in.counted.size(); ++k) {
+    const std::string& path = sources_[k].dataset->path();
+    m.tokens_by_source.emplace_back(path, state_.tokens_by_source[path]);
+  }
+  m.loss = r.loss;
+  m.lr = r.lr;
+  m.grad_norm = r.norm;
+  m.skipped = r.skip;
+  if (r.skip) m.skip_reason = r.nonfinite ? "nonfinite" : "loss_spike";
+  m.step_time_s = seconds_since(t0);
+  m.tokens_per_s = static_cast<double>(tokens_per_step_) / m.step_time_s;
+  m.mfu = mfu_.mfu(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
+  m.mfu_measured_peak = mfu_.mfu_of_measured(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
+  // On a GPU: everything shardtrain allocated there (activations and op scratch too, which the ledger
+  // does not count); on the CPU: what the ledger counts (FSDP buffers, optimizer states).
+  m.peak_mem_bytes = ops_->device() == DeviceKind::Cuda ? static_cast<int64_t>(device_memory_stats().peak) : replica_->ledger().peak_total();
+  m.rss_peak_bytes = peak_rss_bytes();
+  m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
+  m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
+  m.comm_world_bytes = axis_bytes(*comms_, MeshAxis::World) - world0;
+  if (const std::optional<StepTimes> t = timeline_->read()) {
+    m.gpu_busy_s = t->gpu_busy_s;
+    m.gpu_idle_before_s = t->gpu_idle_before_s;
+    m.host_queue_s = t->host_queue_s;
+  }
+  m.host_update_s = update_times.update_s;
+  m.update_wait_s = update_times.waited_s;
+  step_seconds_ += m.step_time_s;
+}
+
+Trainer::StepInput Trainer::read_step_input() {
   // The step's micro-batches first: the loss is the mean over every counted target of the global batch.
-  std::vector<data::MicroBatch> mbs;
+  StepInput in;
+  std::vector<data::MicroBatch>& mbs = in.mbs;
   mbs.reserve(static_cast<size_t>(accumulation_));
-  const data::SamplerPosition start = loader_->position();
+  in.start = loader_->position();
   // counted: the targets that take a loss, then with a mixture each source's input tokens (one row, one source).
   const size_t mixed = sources_.size() > 1 ? sources_.size() : 0;
-  std::vector<int64_t> counted(1 + mixed, 0);
+  std::vector<int64_t>& counted = in.counted;
+  counted.assign(1 + mixed, 0);
   for (int a = 0; a < accumulation_; ++a) {
     mbs.push_back(loader_->next());
     counted[0] += static_cast<int64_t>(mbs.back().loss_tokens());
@@ -127,14 +113,19 @@ void Trainer::step_once(StepMetrics& m) {
       for (uint32_t s : mbs.back().sources) counted[1 + s] += mbs.back().seq;
   }
   comms_->world().all_reduce(std::span<int64_t>(counted), ReduceOp::Sum);
-  const int64_t global_tokens = counted[0];
+  const int64_t global_tokens = in.global_tokens = counted[0];
   if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
+  return in;
+}
 
-  timeline_->step_begins();
+// Forward and backward of every micro-batch, then the step's loss and gradient norm, the same on every rank.
+Trainer::StepResult Trainer::forward_backward(StepInput& in) {
+  const int64_t global_tokens = in.global_tokens;
+  const data::SamplerPosition start = in.start;
   engine_->zero_grad();
   double sums[2] = {0, 0};  // loss sum, non-finite flag
   for (int a = 0; a < accumulation_; ++a) {
-    const model::Batch batch = model_batch(mbs[static_cast<size_t>(a)]);
+    const model::Batch batch = replica_->model_batch(in.mbs[static_cast<size_t>(a)]);
     engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1);
   }
   const int64_t step_number = state_.step + 1;
@@ -146,7 +137,7 @@ void Trainer::step_once(StepMetrics& m) {
                                   sampler.samples_before({start.epoch, start.index + static_cast<uint64_t>(accumulation_)}) - first_sample);
   if (poisoned) optim::poison_first_gradient(engine_->shards());
   // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
-  // trainer.cpp: one read for the whole step) waits for the stream it was queued on.
+  // replica.hpp: one read for the whole step) waits for the stream it was queued on.
   // With CPU offload on a GPU the engine took each unit's sum of squares on the device on its way down, so the
   // host need not read every gradient (unless the nan_grad fault just wrote one on the host).
   const double* unit_sums = poisoned ? nullptr : engine_->device_grad_sq_sums();
@@ -162,11 +153,17 @@ void Trainer::step_once(StepMetrics& m) {
   comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);  // every rank decides the same way
   const double loss = sums[0] / static_cast<double>(global_tokens);
   const bool nonfinite = sums[1] > 0 || !std::isfinite(loss);
+  return {loss, norm, 0.0, nonfinite, false};
+}
+
+// Whether step `step_number` is skipped (its loss or norm non-finite, or its loss a spike): logged, and after
+// too many in a row the Diverged error, or with optim.on_divergence = rollback a divergence run() acts on.
+bool Trainer::decide_skip(const StepResult& r, int64_t step_number) {
+  const double loss = r.loss, norm = r.norm;
+  const bool nonfinite = r.nonfinite;
   double recent_mean = 0;
   const bool spike = !nonfinite && loss_spike(loss, &recent_mean);
   const bool skip = nonfinite || spike;
-  const double lr = schedule_->lr(state_.step);
-
   if (skip) {
     ++state_.consecutive_nonfinite;
     ++state_.skipped_steps;
@@ -195,6 +192,13 @@ void Trainer::step_once(StepMetrics& m) {
       divergence_ = why;  // run() rolls back once this step is reported
     }
   }
+  return skip;
+}
+
+// AdamW on the shards unless the step is skipped; the previous step's host update times (CPU offload).
+optim::AdamW::AsyncTimes Trainer::update(const StepResult& r) {
+  const bool skip = r.skip;
+  const double loss = r.loss, norm = r.norm, lr = r.lr;
   // The previous step's host update (CPU offload) finished during this step's forward, before its last unit
   // was uploaded: taken now, before this step's update starts.
   const optim::AdamW::AsyncTimes update_times = async_update_ ? adamw_->take_async_times() : optim::AdamW::AsyncTimes{};
@@ -209,46 +213,20 @@ void Trainer::step_once(StepMetrics& m) {
     }
     state_.optimizer_steps = adamw_->steps();
   }
-  timeline_->step_ends();
+  return update_times;
+}
+
+// Past the step: its micro-batches back to the loader, the state one step on.
+void Trainer::advance(StepInput& in, int64_t step_number) {
+  const size_t mixed = in.counted.size() - 1;
+  const std::vector<int64_t>& counted = in.counted;
+  std::vector<data::MicroBatch>& mbs = in.mbs;
   for (auto& mb : mbs) loader_->recycle(std::move(mb));
   state_.step = step_number;
   state_.tokens_seen += tokens_per_step_;
   for (size_t k = 0; k < mixed; ++k) state_.tokens_by_source[sources_[k].dataset->path()] += counted[1 + k];
   state_.sampler = loader_->position();
   state_.sampler_samples = static_cast<int64_t>(loader_->sampler().samples_before(state_.sampler));
-
-  m = {};
-  m.step = step_number;
-  m.epoch = state_.sampler.epoch;
-  m.tokens = state_.tokens_seen;
-  for (size_t k = 0; k < mixed; ++k) {
-    const std::string& path = sources_[k].dataset->path();
-    m.tokens_by_source.emplace_back(path, state_.tokens_by_source[path]);
-  }
-  m.loss = loss;
-  m.lr = lr;
-  m.grad_norm = norm;
-  m.skipped = skip;
-  if (skip) m.skip_reason = nonfinite ? "nonfinite" : "loss_spike";
-  m.step_time_s = seconds_since(t0);
-  m.tokens_per_s = static_cast<double>(tokens_per_step_) / m.step_time_s;
-  m.mfu = mfu_.mfu(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
-  m.mfu_measured_peak = mfu_.mfu_of_measured(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
-  // On a GPU: everything shardtrain allocated there (activations and op scratch too, which the ledger
-  // does not count); on the CPU: what the ledger counts (FSDP buffers, optimizer states).
-  m.peak_mem_bytes = ops_->device() == DeviceKind::Cuda ? static_cast<int64_t>(device_memory_stats().peak) : ledger_.peak_total();
-  m.rss_peak_bytes = peak_rss_bytes();
-  m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
-  m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
-  m.comm_world_bytes = axis_bytes(*comms_, MeshAxis::World) - world0;
-  if (const std::optional<StepTimes> t = timeline_->read()) {
-    m.gpu_busy_s = t->gpu_busy_s;
-    m.gpu_idle_before_s = t->gpu_idle_before_s;
-    m.host_queue_s = t->host_queue_s;
-  }
-  m.host_update_s = update_times.update_s;
-  m.update_wait_s = update_times.waited_s;
-  step_seconds_ += m.step_time_s;
 }
 
 bool Trainer::loss_spike(double loss, double* mean) const {
@@ -311,49 +289,12 @@ void Trainer::roll_back(const std::string& why) {
   if (metrics_) metrics_->write(to_json_line(r));
 }
 
-double Trainer::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source, const std::vector<uint32_t>* bytes_per_id) {
-  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
-  if (eval_sources_.empty()) return nan;
-  std::vector<double> sums;  // per source: loss sum, tokens
-  std::vector<int64_t> bytes(eval_sources_.size(), 0);
-  for (size_t k = 0; k < eval_sources_.size(); ++k) {
-    EvalSource& e = eval_sources_[k];
-    e.loader->seek({0, 0});  // the same held-out batches every time
-    for (int64_t i = 0; i < e.micro_batches; ++i) {
-      data::MicroBatch mb = e.loader->next();
-      if (bytes_per_id) {
-        for (const int32_t t : mb.targets)
-          if (t >= 0 && static_cast<size_t>(t) < bytes_per_id->size()) bytes[k] += (*bytes_per_id)[static_cast<size_t>(t)];
-      }
-      engine_->forward(model_batch(mb));
-      if (ops_->device() == DeviceKind::Cuda) stream_synchronize({});  // the upload ran before the loader refills it
-      e.loader->recycle(std::move(mb));
-    }
-    const ops::LossSums total = ops_->take_loss();
-    sums.push_back(total.loss_sum);
-    sums.push_back(static_cast<double>(total.tokens));
-  }
-  comms_->world().all_reduce(std::span<double>(sums), ReduceOp::Sum);
-  if (bytes_per_id) comms_->world().all_reduce(std::span<int64_t>(bytes), ReduceOp::Sum);
-  double weighted = 0, weight = 0, tokens = 0;
-  for (size_t k = 0; k < eval_sources_.size(); ++k) {
-    const double loss = sums[2 * k + 1] > 0 ? sums[2 * k] / sums[2 * k + 1] : nan;
-    tokens += sums[2 * k + 1];
-    if (sums[2 * k + 1] > 0) weighted += eval_sources_[k].weight * loss, weight += eval_sources_[k].weight;
-    if (by_source)
-      by_source->push_back({eval_sources_[k].loader->source().dataset(0).path(), loss, static_cast<int64_t>(sums[2 * k + 1]), bytes[k]});
-  }
-  if (counted_tokens) *counted_tokens = static_cast<int64_t>(tokens);
-  if (eval_sources_.size() == 1) return sums[1] > 0 ? sums[0] / sums[1] : nan;
-  return weight > 0 ? weighted / weight : nan;
-}
-
 void Trainer::maybe_evaluate(bool force) {
-  if (eval_sources_.empty() || last_eval_step_ == state_.step) return;
+  if (!evaluator_ || evaluator_->empty() || last_eval_step_ == state_.step) return;
   if (!force && !due(config_.schedule.eval_every)) return;
   const auto t0 = Clock::now();
   EvalMetrics e;
-  e.val_loss = evaluate(&e.val_tokens, &e.by_source);
+  e.val_loss = evaluator_->evaluate(&e.val_tokens, &e.by_source);
   if (sources_.size() == 1) e.by_source.clear();  // one source: its loss is val_loss
   e.step = state_.step;
   e.tokens = state_.tokens_seen;
@@ -370,7 +311,6 @@ void Trainer::report(const StepMetrics& m) {
 }
 
 TrainSummary Trainer::run() {
-  if (options_.evaluation_only) throw InternalError("train: run() on an evaluation-only trainer");
   for (TrainerHooks* h : hooks_) h->on_start(*this);
   const auto start = Clock::now();
   TrainSummary s;

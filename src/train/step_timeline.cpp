@@ -5,10 +5,10 @@
 
 namespace shardtrain::train {
 
-StepTimeline::StepTimeline(bool gpu) : gpu_(gpu) {
+StepTimeline::StepTimeline(bool gpu, StreamRef stream) : gpu_(gpu) {
   if (!gpu_) return;
-  for (auto& t : busy_) t.emplace(DeviceKind::Cuda);  // the events, once: a steady-state step creates none
-  for (auto& t : idle_) t.emplace(DeviceKind::Cuda);
+  for (auto& t : busy_) t.emplace(DeviceKind::Cuda, stream);  // the events, once: a steady-state step creates none
+  for (auto& t : idle_) t.emplace(DeviceKind::Cuda, stream);
 }
 
 void StepTimeline::step_begins() {

@@ -3,6 +3,8 @@
 // gradient is skipped and training continues, and N non-finite steps in a row stop with ExitCode::Diverged,
 // or, with optim.on_divergence = rollback, go back to the newest checkpoint past the bad data (exactly as a
 // fresh process resuming there would), and loss spikes are skipped by the rule docs/training.md gives.
+// The evaluator on a replica of its own (as `shardtrain evaluate` builds them) gives the run's validation loss
+// bit for bit from the run's weights.
 // This binary has its own main (below): the tests need the Runtime that main builds after MPI_Init.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,6 +12,8 @@
 #include <mpi.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +24,8 @@
 #include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/train/checkpointing.hpp"
+#include "shardtrain/train/evaluator.hpp"
+#include "shardtrain/train/replica.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 using namespace shardtrain;
@@ -162,6 +168,44 @@ TEST(TrainLoop, DocumentMaskOffMakesAPackedRowOneCausalSequence) {  // 3 steps: 
   EXPECT_TRUE(std::isfinite(masked.first_loss) && std::isfinite(causal.first_loss));
   EXPECT_NE(masked.first_loss, causal.first_loss) << "masking documents must change attention on rows that cross one";
   EXPECT_NEAR(masked.first_loss, causal.first_loss, 0.05 * masked.first_loss) << "the same model, data and weights";
+}
+
+// Training's validation and `shardtrain evaluate` are one Evaluator: on a replica of its own, built from the same
+// config and given the run's shards, it gives the loss the run logged at its last step, to the bit, and the
+// same held-out tokens. Before the shards are copied (the initial weights) it gives another loss: the
+// comparison can fail.
+TEST(TrainLoop, EvaluationOfTheRunsWeightsIsItsValidationLossBitForBit) {
+  train::TrainConfig c = tiny_config("train_loop_test_run_evaluator");
+  c.schedule.max_steps = 5;  // validation at step 4 and at the end, after step 5
+  train::Trainer t(*g_runtime, c);
+  const train::TrainSummary s = t.run();
+  ASSERT_TRUE(std::isfinite(s.last_val_loss));
+  ASSERT_NE(t.evaluator(), nullptr);
+
+  train::Replica replica(*g_runtime, c);
+  train::Evaluator evaluator(replica, c, t.sources(), {train::EvaluatorOptions::Use::Evaluation, data::DatasetSplit::Validation,
+                                                       c.schedule.eval_batches});
+  ASSERT_EQ(evaluator.plan().size(), 1u);
+  EXPECT_EQ(evaluator.plan()[0].micro_batches, 2);
+  const double initial = evaluator.evaluate();
+  EXPECT_TRUE(std::isfinite(initial));
+  EXPECT_NE(initial, s.last_val_loss) << "the initial weights give another loss";
+
+  const std::vector<fsdp::ShardView>& from = t.engine().shards();
+  const std::vector<fsdp::ShardView>& to = replica.engine().shards();
+  ASSERT_EQ(from.size(), to.size());
+  for (size_t u = 0; u < from.size(); ++u) {
+    ASSERT_EQ(from[u].numel, to[u].numel);
+    ASSERT_EQ(to[u].device, DeviceKind::Cpu);  // this test runs on the CPU backend: host shards
+    std::copy_n(from[u].param, from[u].numel, to[u].param);
+  }
+  int64_t tokens = 0, run_tokens = 0;
+  const double loss = evaluator.evaluate(&tokens);
+  EXPECT_EQ(std::bit_cast<uint64_t>(loss), std::bit_cast<uint64_t>(s.last_val_loss))
+      << fmt::format("evaluate {:.17g}, the run's validation {:.17g}", loss, s.last_val_loss);
+  EXPECT_EQ(std::bit_cast<uint64_t>(t.evaluator()->evaluate(&run_tokens)), std::bit_cast<uint64_t>(s.last_val_loss));
+  EXPECT_EQ(tokens, run_tokens);
+  EXPECT_GT(tokens, 0);
 }
 
 TEST(TrainLoop, SkipsAnInjectedNanGradientAndContinues) {

@@ -63,8 +63,10 @@ class FsdpEngine final : public model::ModuleHooks {
 
   // One micro-batch: forward, backward, and (in lean mode, or on the last micro-batch) the gradient
   // reduction into the shards. loss_scale multiplies the summed token loss (1 / global tokens for a mean).
+  // The loss returned is the backend's answer: with Ops::defer_loss on (as train::Replica sets it) it is zero,
+  // and the real sum waits in the backend, added to its running total, until ops.take_loss().
   model::LossResult forward_backward(const model::Batch& batch, double loss_scale, bool last_micro_batch);
-  // Loss only; every unit is released afterwards.
+  // Loss only; every unit is released afterwards. Deferred as forward_backward's.
   model::LossResult forward(const model::Batch& batch);
   // The gradient shards count as zero from here; nothing is written (engine.cpp, zero_grad).
   void zero_grad();

@@ -86,6 +86,7 @@ class CudaOps final : public Ops {
 
   DeviceKind device() const override { return DeviceKind::Cuda; }
   void set_stream(StreamRef stream) override;
+  StreamRef stream() const override;
 
   // Every op of op_list.inc (asynchronous on the stream: nothing waits for the GPU).
 #define SHARDTRAIN_OP(R, name, params, args) R name params override;

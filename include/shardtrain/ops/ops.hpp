@@ -68,6 +68,9 @@ class Ops {
   virtual ~Ops() = default;
   virtual DeviceKind device() const = 0;
   virtual void set_stream(StreamRef stream) = 0;
+  // The stream ops run on (the null stream until set_stream; always the null stream on the CPU): what a caller
+  // copies a kernel's inputs on, synchronizes before reading its results, or orders other streams after.
+  virtual StreamRef stream() const = 0;
 
   // The ops, one pure virtual member each, as op_list.inc declares them (with what each computes).
 #define SHARDTRAIN_OP(R, name, params, args) virtual R name params = 0;

@@ -22,7 +22,8 @@ struct StepTimes {
 
 class StepTimeline {
  public:
-  explicit StepTimeline(bool gpu);
+  // `stream`: the compute stream (the ops' stream) the timers time.
+  explicit StepTimeline(bool gpu, StreamRef stream = {});
   void step_begins();   // before the step's first device work is queued
   void work_queued();   // forward and backward are queued (before the loss read waits)
   void step_ends();     // the update is queued

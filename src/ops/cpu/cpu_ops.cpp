@@ -19,6 +19,7 @@ class CpuOps final : public Ops {
 
   DeviceKind device() const override { return DeviceKind::Cpu; }
   void set_stream(StreamRef) override {}  // the host runs ops in call order
+  StreamRef stream() const override { return {}; }
 
 #define SHARDTRAIN_OP(R, name, params, args) \
   R name params override { return cpu::name(ctx_, SHARDTRAIN_OP_UNPAREN args); }

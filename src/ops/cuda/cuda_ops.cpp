@@ -18,6 +18,7 @@ CudaOps::CudaOps(const CudaOpsOptions& options) {
 CudaOps::~CudaOps() = default;
 
 void CudaOps::set_stream(StreamRef stream) { ctx_->switch_stream(stream); }
+StreamRef CudaOps::stream() const { return ctx_->stream; }
 
 #define SHARDTRAIN_OP(R, name, params, args) \
   R CudaOps::name params { return cuda::name(*ctx_, SHARDTRAIN_OP_UNPAREN args); }
