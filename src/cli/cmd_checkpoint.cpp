@@ -6,6 +6,7 @@
 #include "command.hpp"
 #include "shardtrain/checkpoint/export.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -20,6 +21,9 @@ int run_consolidate(const ConsolidateOptions& o) {
   e.format = checkpoint::parse_export_format(o.format);
   e.dtype = parse_dtype(o.dtype);
   e.tokenizer = o.tokenizer;
+  // Below one MiB a safetensors file would hold a handful of values; a negative or non-finite size is a typo.
+  if (!(o.max_shard_gib >= 1.0 / 1024 && o.max_shard_gib <= 1024 * 1024))
+    throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576", o.max_shard_gib));
   e.max_shard_bytes = static_cast<uint64_t>(o.max_shard_gib * (1ull << 30));
   std::string path = o.checkpoint;
   if (!checkpoint::is_complete(path)) {  // a run directory: take its newest complete checkpoint
