@@ -223,6 +223,7 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
   f.activation_checkpointing = o.activation_checkpointing;
   f.offload_params = o.offload;
   o.model.validate();
+  train::validate_model_size(o.model);  // before the spec is built, layer by layer
   f.validate();
   if (cfg) {
     // The per-rank micro-batch as the trainer derives it, on the planned world (which may differ from

@@ -23,6 +23,7 @@ void expect(bool ok, std::string_view key, const std::string& what) {
 // Beyond 2^50 parameters (16 PiB of fp32 training state) no machine holds a model, and element counts near
 // 2^53 lose exactness in double: such sizes are mistakes, refused before any spec or buffer is built.
 constexpr double kMaxParameters = 1125899906842624.0;  // 2^50
+constexpr int64_t kMaxLayers = 65536;
 
 // The size key that makes a model too large: the one furthest above its usual value (LlamaConfig's defaults).
 std::string largest_size_key(const model::LlamaConfig& m) {
@@ -47,7 +48,7 @@ std::string largest_size_key(const model::LlamaConfig& m) {
 
 }  // namespace
 
-double TrainConfig::parameter_estimate() const {
+double model_parameter_estimate(const model::LlamaConfig& model) {
   // (V, D) embedding, (D) final norm, (V, D) lm_head unless tied; per layer: two (D) norms, q and o (D, D),
   // k and v (kv_dim, D), gate, up and down (I, D).
   const auto d = static_cast<double>(model.hidden_size), v = static_cast<double>(model.vocab_size);
@@ -55,6 +56,22 @@ double TrainConfig::parameter_estimate() const {
   const double layer = 2 * d + 2 * d * d + 2 * d * kv_dim + 3 * d * static_cast<double>(model.intermediate_size);
   return v * d * (model.tie_word_embeddings ? 1 : 2) + d + static_cast<double>(model.num_hidden_layers) * layer;
 }
+
+void validate_model_size(const model::LlamaConfig& model) {
+  // The model's description (its units, their tensors) is built per layer before any memory estimate can run.
+  expect(model.num_hidden_layers <= kMaxLayers, "model.num_hidden_layers",
+         fmt::format("{} is beyond the {} layers a model may have (the deepest trained ones have a few hundred)", model.num_hidden_layers,
+                     kMaxLayers));
+  expect(model.max_position_embeddings <= std::numeric_limits<int32_t>::max(), "model.max_position_embeddings",
+         fmt::format("{} is beyond the int32 positions the model computes with (at most {})", model.max_position_embeddings,
+                     std::numeric_limits<int32_t>::max()));
+  if (const double params = model_parameter_estimate(model); params > kMaxParameters)
+    throw ConfigError(fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
+                                  "(16 bytes each in training)",
+                                  largest_size_key(model), params, kMaxParameters));
+}
+
+double TrainConfig::parameter_estimate() const { return model_parameter_estimate(model); }
 
 void TrainConfig::validate_memory(int shard_ranks, double memory_bytes, std::string_view memory_name) const {
   const double params = parameter_estimate();
@@ -95,13 +112,7 @@ void TrainConfig::validate() const {
       if (const double x = std::get<double>(f.get(*this)); !std::isfinite(x))
         throw ConfigError(fmt::format("{}.{}: expected a finite number, got {}", f.section, f.key, x));
   model.validate();
-  if (const double params = parameter_estimate(); params > kMaxParameters)
-    throw ConfigError(fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
-                                  "(16 bytes each in training)",
-                                  largest_size_key(model), params, kMaxParameters));
-  expect(model.max_position_embeddings <= std::numeric_limits<int32_t>::max(), "model.max_position_embeddings",
-         fmt::format("{} is beyond the int32 positions the model computes with (at most {})", model.max_position_embeddings,
-                     std::numeric_limits<int32_t>::max()));
+  validate_model_size(model);
   fsdp.engine.validate();
   if (fsdp.engine.wrap.policy == fsdp::WrapPolicy::TransformerBased)
     expect(!fsdp.engine.wrap.transformer_layer_cls.empty(), "fsdp.transformer_layer_cls_to_wrap",

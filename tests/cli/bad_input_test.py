@@ -58,14 +58,24 @@ train = ["train", "--config", "configs/tiny-cpu.toml", "--data.path", ds, "--log
 
 # 6. Sizes that overflow or cannot fit: refused by key before any allocation (no std::bad_alloc, no shape error).
 expect("num_hidden_layers 1e12", run([*train, "--model.num_hidden_layers", "1000000000000"], np=1), 3,
-       "model.num_hidden_layers = 1000000000000", "parameters", absent=("bad_alloc", "internal error"))
+       "model.num_hidden_layers: 1000000000000 is beyond the 65536 layers", absent=("bad_alloc", "internal error"))
 expect("intermediate_size 2^62", run([*train, "--model.intermediate_size", str(2**62)], np=1), 3,
-       f"model.intermediate_size = {2**62}", absent=("internal error",))
+       f"model.intermediate_size = {2**62}: the model would have", "parameters, more than the 2^50", absent=("internal error",))
 expect("max_position_embeddings 2^62", run([*train, "--model.max_position_embeddings", str(2**62)], np=1), 3,
        "model.max_position_embeddings", "int32 positions", absent=("internal error",))
-# 100,000 layers of tiny-cpu: 1.5e11 parameters, 2.2 TiB of state over 2 ranks, more than any test machine has.
-expect("num_hidden_layers 100000", run([*train, "--model.num_hidden_layers", "100000"], np=2), 3,
-       "model.num_hidden_layers = 100000", "per rank over 2 shard rank(s)", "host memory", absent=("bad_alloc", "internal error"))
+expect("num_hidden_layers 100000", run([*train, "--model.num_hidden_layers", "100000", "--print-config"], np=1), 3,
+       "model.num_hidden_layers: 100000 is beyond the 65536 layers")
+# 60,000 layers of tiny-cpu: 3.6e10 parameters, 268 GiB of state per rank over 2 ranks, more than a test machine has:
+# refused before the Trainer builds anything (this was an OOM kill).
+expect("num_hidden_layers 60000", run([*train, "--model.num_hidden_layers", "60000"], np=2), 3,
+       "model.num_hidden_layers = 60000", "per rank over 2 shard rank(s)", absent=("bad_alloc", "internal error"))
+# plan and check build the model's description layer by layer: the same sizes are refused first.
+expect("plan --layers 1e12", run(["plan", "--layers", "1000000000000", "--nodes", "1", "--gpus-per-node", "8"]), 3,
+       "model.num_hidden_layers: 1000000000000 is beyond", absent=("bad_alloc",))
+rc, out, err = run(["check", "--config", "configs/tiny-cpu.toml", "--data.path", ds, "--model.num_hidden_layers", "100000000",
+                    "--nodes", "1", "--gpus-per-node", "8", "--gpu-memory", "80GiB"])
+check(rc == 3 and "config     FAILED: configuration error: model.num_hidden_layers: 100000000 is beyond" in out,
+      f"check with 1e8 layers: exit {rc} (expected 3, the key named in its config line): {out[-500:]} {err[-500:]}")
 
 # 7. Values that were accepted silently.
 for value in ("inf", "nan", "-inf"):

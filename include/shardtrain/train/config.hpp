@@ -138,6 +138,12 @@ struct TrainConfig {
   int accumulation_steps_for(int world_size) const;
 };
 
+// The parameter count of a model's sizes, in floating point (no overflow), before any spec exists.
+double model_parameter_estimate(const model::LlamaConfig& model);
+// Sizes no machine could hold or describe: at most 65536 layers, int32 positions, 2^50 parameters. Throws
+// ConfigError naming the key (for the parameters, the size key furthest above its usual value).
+void validate_model_size(const model::LlamaConfig& model);
+
 bool operator==(const TrainConfig& a, const TrainConfig& b);  // field by field, via the printed form
 
 }  // namespace shardtrain::train
