@@ -37,6 +37,10 @@ struct GlobalOptions {
   std::string device = "auto";
 };
 
+// A count's bounds for an option: CLI::PositiveNumber's message names a 300-digit upper bound ("Value 0 not in
+// range 0.000000 to 1797693..."); this one reads "Value 0 not in range 1 to 1073741824".
+inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { return CLI::Range(lo, hi); }
+
 Command add_env_command(CLI::App& parent);
 Command add_plan_command(CLI::App& parent);          // cmd_plan.cpp
 Command add_consolidate_command(CLI::App& parent);   // cmd_checkpoint.cpp

@@ -101,6 +101,14 @@ expect("SHARDTRAIN_RANKS_PER_NODE=0", run(["env"], env_extra={"SHARDTRAIN_RANKS_
        "SHARDTRAIN_RANKS_PER_NODE='0': expected a number of ranks per node from 1 to 4096", absent=("--ranks-per-node",))
 expect("SHARDTRAIN_RANKS_PER_NODE=two", run(["env"], env_extra={"SHARDTRAIN_RANKS_PER_NODE": "two"}), 2,
        "SHARDTRAIN_RANKS_PER_NODE='two'")
+# Counts of other commands: bounded ranges, short messages (CLI11's PositiveNumber printed a 300-digit bound).
+for cmd, needle in ((["plan", "--nodes", "0", "--gpus-per-node", "8"], "--nodes: Value 0 not in range 1 to 1073741824"),
+                    (["plan", "--nodes", "1", "--gpus-per-node", "8", "--micro-batch", "-1"], "--micro-batch: Value -1 not in range 1"),
+                    (["plan", "--nodes", "1", "--gpus-per-node", "8", "--seq", "0"], "--seq: Value 0 not in range 1"),
+                    (["prepare-data", "-t", "x", "-i", "y", "-o", "z", "--threads", "-1"], "--threads: Value -1 not in range 0 to 65536")):
+    r = run(cmd)
+    expect(" ".join(cmd), r, 2, needle, absent=("internal error",))
+    check(len(r[2]) < 300, f"{' '.join(cmd)}: a short message, got {len(r[2])} characters")
 empty = os.path.join(work, "not-a-checkpoint")
 os.makedirs(empty)
 open(os.path.join(empty, "notes.txt"), "w").write("hello\n")
