@@ -28,22 +28,18 @@ constexpr int64_t kMaxLayers = 65536;
 // The size key that makes a model too large: the one furthest above its usual value (LlamaConfig's defaults).
 std::string largest_size_key(const model::LlamaConfig& m) {
   const model::LlamaConfig usual;
-  const std::pair<const char*, double> ratios[] = {
-      {"num_hidden_layers", static_cast<double>(m.num_hidden_layers) / static_cast<double>(usual.num_hidden_layers)},
-      {"hidden_size", static_cast<double>(m.hidden_size) / static_cast<double>(usual.hidden_size)},
-      {"intermediate_size", static_cast<double>(m.intermediate_size) / static_cast<double>(usual.intermediate_size)},
-      {"vocab_size", static_cast<double>(m.vocab_size) / static_cast<double>(usual.vocab_size)},
-      {"max_position_embeddings", static_cast<double>(m.max_position_embeddings) / static_cast<double>(usual.max_position_embeddings)},
+  struct Size {
+    const char* key;
+    int64_t value, usual;
   };
-  const auto* best = &ratios[0];
-  for (const auto& r : ratios)
-    if (r.second > best->second) best = &r;
-  const int64_t value = best->first == std::string_view("num_hidden_layers")   ? m.num_hidden_layers
-                        : best->first == std::string_view("hidden_size")       ? m.hidden_size
-                        : best->first == std::string_view("intermediate_size") ? m.intermediate_size
-                        : best->first == std::string_view("vocab_size")        ? m.vocab_size
-                                                                               : m.max_position_embeddings;
-  return fmt::format("model.{} = {}", best->first, value);
+  const Size sizes[] = {{"num_hidden_layers", m.num_hidden_layers, usual.num_hidden_layers},
+                        {"hidden_size", m.hidden_size, usual.hidden_size},
+                        {"intermediate_size", m.intermediate_size, usual.intermediate_size},
+                        {"vocab_size", m.vocab_size, usual.vocab_size},
+                        {"max_position_embeddings", m.max_position_embeddings, usual.max_position_embeddings}};
+  const auto ratio = [](const Size& s) { return static_cast<double>(s.value) / static_cast<double>(s.usual); };
+  const Size& top = *std::max_element(std::begin(sizes), std::end(sizes), [&](const Size& x, const Size& y) { return ratio(x) < ratio(y); });
+  return fmt::format("model.{} = {}", top.key, top.value);
 }
 
 }  // namespace
@@ -106,7 +102,7 @@ std::string DataSection::describe() const {
 }
 
 void TrainConfig::validate() const {
-  // Every float key is a finite number (\"inf\" and \"nan\" parse as floats, and would train to non-finite weights).
+  // Every float key is a finite number ("inf" and "nan" parse as floats, and would train to non-finite weights).
   for (const ConfigField& f : config_fields())
     if (f.type == FieldType::Float)
       if (const double x = std::get<double>(f.get(*this)); !std::isfinite(x))
