@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "shardtrain/checkpoint/export.hpp"
@@ -29,6 +30,16 @@ int run_consolidate(const ConsolidateOptions& o) {
   if (!checkpoint::is_complete(path)) {  // a run directory: take its newest complete checkpoint
     const std::string latest = checkpoint::find_latest(path);
     if (!latest.empty()) path = latest;
+  }
+  if (e.tokenizer.empty()) {
+    // The tokenizer the checkpoint names, relative to the folder its run started in: found from here too.
+    try {
+      const auto j = nlohmann::json::parse(checkpoint::CheckpointReader(path).tokenizer(), nullptr, false);
+      const std::string recorded = j.is_object() ? j.value("path", std::string()) : std::string();
+      if (const std::string found = resolve_recorded_path(recorded, path); found != recorded) e.tokenizer = found;
+    } catch (const Error&) {
+      // consolidate() reports an unreadable checkpoint itself
+    }
   }
   const checkpoint::ExportSummary s = checkpoint::consolidate(path, o.output, e);
   std::printf("consolidated %s -> %s: %lld tensors, %.1f MiB in %d file(s), %s\n", path.c_str(), o.output.c_str(),

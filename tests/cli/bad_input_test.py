@@ -139,6 +139,9 @@ warn = [l for l in err.splitlines() if "--max-tokens 1000000" in l]
 check(len(warn) == 1 and "max_position_embeddings = 96" in warn[0], f"generate names the context it stops at: {err[-800:]}")
 m = [l.split("generate: ")[1].split() for l in err.splitlines() if "prompt + " in l]
 check(m and int(m[0][0]) + int(m[0][3]) == 96, f"generate stops at the 96 positions: {m}")
+rc, out, err = run(["consolidate", ckpts, "--output", "export", "--format", "safetensors"], cwd=elsewhere)
+check(rc == 0 and os.path.isfile(os.path.join(elsewhere, "export", "tokenizer.json")),
+      f"consolidate from another folder ships the run's tokenizer: exit {rc}: {out[-300:]} {err[-500:]}")
 rc, out, err = run(["evaluate", "--weights", step4, "--batches", "1"], np=1, cwd=elsewhere)
 check(rc == 0 and "bits per byte" in out and "no bits per byte" not in err, f"evaluate from another folder: exit {rc}: {out[-500:]} {err[-800:]}")
 
