@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -126,16 +128,18 @@ void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw IoError(fmt::format("{}: cannot open to flush it to disk", path));
   const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
-  if (rc != 0) throw IoError(fmt::format("{}: fsync failed", path));
+  if (rc != 0) throw IoError(fmt::format("{}: fsync failed: {}", path, std::strerror(err)));
 }
 
 void write_text_durably(const std::string& path, const std::string& text) {
   {
+    errno = 0;
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << text;
     out.flush();
-    if (!out) throw IoError(fmt::format("{}: cannot write", path));
+    if (!out) throw IoError(fmt::format("{}: cannot write{}", path, errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string()));
   }
   fsync_path(path);
 }

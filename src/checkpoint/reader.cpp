@@ -61,13 +61,33 @@ hdf5::Handle open_checkpoint_file(const std::string& path, MetadataSummary& summ
   return f;
 }
 
+// Why a directory without DONE is not read: a save that did not finish leaves a step_N (or .tmp) folder with some
+// of a checkpoint's files; a folder with none of them is no checkpoint at all, or a folder of checkpoints.
+std::string incomplete_reason(const std::string& dir) {
+  const fs::path p(dir);
+  bool has_files = false;
+  std::vector<std::string> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == kIndexFile || name == kFullFile || (name.rfind("rank_", 0) == 0 && e.path().extension() == ".h5")) has_files = true;
+    if (parse_step_dir(name) && e.is_directory(ec)) steps.push_back(name);
+  }
+  const std::string name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+  if (has_files || parse_step_dir(name) || name.ends_with(".tmp"))
+    return "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint";
+  if (!steps.empty())
+    return fmt::format("a folder of checkpoints, none complete ({} step_N folder(s), none with its DONE marker: no save finished)",
+                       steps.size());
+  return fmt::format("not a checkpoint: no {}, no {} or rank files, no {} marker (expected a step_N folder that `shardtrain train` "
+                     "saved, or the checkpoint directory above them)", kIndexFile, kFullFile, kDoneFile);
+}
+
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
   if (!fs::is_directory(dir)) fail(dir, "no such checkpoint directory");
-  if (!is_complete(dir)) {
-    fail(dir, "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint");
-  }
+  if (!is_complete(dir)) fail(dir, incomplete_reason(dir));
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
   hdf5::Handle index = open_checkpoint_file(index_path, metadata_);
   if (required_string(index, "format", index_path) != kFormatName) fail(index_path, "not a shardtrain checkpoint index");

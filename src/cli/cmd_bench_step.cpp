@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cmd_bench.hpp"
+#include "command.hpp"
 #include "shardtrain/comm/communicator.hpp"
 #include "shardtrain/mesh/strategy.hpp"
 #include "shardtrain/model/spec.hpp"
@@ -114,6 +115,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   std::string mesh, comm_backend, strategy;
   int replicate = 0, shard = 0;
   {
+    check_model_fits(config, *rt);
     train::Trainer trainer(*rt, config, topts);
     trainer.add_hooks(&recorder);
     // The peak counts what training holds, not the trainer's own peak-FLOP/s measurement before it.

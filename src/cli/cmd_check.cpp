@@ -312,9 +312,9 @@ Command add_check_command(CLI::App& parent) {
   Command c;
   c.app = parent.add_subcommand("check", "preflight a training run offline: the same options as train; config, mesh, data, resume, outputs");
   o->args.add_to(c.app);
-  c.app->add_option("--nodes", o->nodes, "nodes of the allocation (with --gpus-per-node)")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--nodes", o->nodes, "nodes of the allocation (with --gpus-per-node)")->check(count_range())->capture_default_str();
   c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node of the allocation: checks the mesh and batch for it")
-      ->check(CLI::PositiveNumber);
+      ->check(count_range());
   c.app->add_flag("--verify-data", o->verify_data, "read every token of the datasets now: each block's checksum and ids");
   c.app->add_flag("--verify-checkpoint", o->verify_checkpoint, "read the checkpoint to resume from whole: every chunk's checksum");
   c.app->add_flag("--data-pending", o->data_pending,

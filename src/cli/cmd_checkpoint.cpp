@@ -2,10 +2,12 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "shardtrain/checkpoint/export.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -20,11 +22,24 @@ int run_consolidate(const ConsolidateOptions& o) {
   e.format = checkpoint::parse_export_format(o.format);
   e.dtype = parse_dtype(o.dtype);
   e.tokenizer = o.tokenizer;
+  // Below one MiB a safetensors file would hold a handful of values; a negative or non-finite size is a typo.
+  if (!(o.max_shard_gib >= 1.0 / 1024 && o.max_shard_gib <= 1024 * 1024))
+    throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576", o.max_shard_gib));
   e.max_shard_bytes = static_cast<uint64_t>(o.max_shard_gib * (1ull << 30));
   std::string path = o.checkpoint;
   if (!checkpoint::is_complete(path)) {  // a run directory: take its newest complete checkpoint
     const std::string latest = checkpoint::find_latest(path);
     if (!latest.empty()) path = latest;
+  }
+  if (e.tokenizer.empty()) {
+    // The tokenizer the checkpoint names, relative to the folder its run started in: found from here too.
+    try {
+      const auto j = nlohmann::json::parse(checkpoint::CheckpointReader(path).tokenizer(), nullptr, false);
+      const std::string recorded = j.is_object() ? j.value("path", std::string()) : std::string();
+      if (const std::string found = resolve_recorded_path(recorded, path); found != recorded) e.tokenizer = found;
+    } catch (const Error&) {
+      // consolidate() reports an unreadable checkpoint itself
+    }
   }
   const checkpoint::ExportSummary s = checkpoint::consolidate(path, o.output, e);
   std::printf("consolidated %s -> %s: %lld tensors, %.1f MiB in %d file(s), %s\n", path.c_str(), o.output.c_str(),

@@ -189,7 +189,7 @@ Command add_env_command(CLI::App& parent) {
                     "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or 1-5)")
       ->capture_default_str();
   c.app->add_option("--shard-size", opts->shard_size, "hybrid strategies: ranks per shard group (default: ranks per node)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(count_range(0));
   c.app->add_option("--comm-backend", opts->comm_backend, "auto, mpi or nccl")->capture_default_str();
   c.app->add_flag("--json", opts->json, "print one JSON object on rank 0 (stdout)");
   c.launch = Launch::Mpi;

@@ -41,7 +41,8 @@ struct EvaluateOptions {
 // tokenizer cannot be read; a tokenizer other than the dataset's is an error.
 std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDataset& dataset) {
   const data::DatasetInfo& info = dataset.info();
-  const std::string path = given.empty() ? info.tokenizer_path : given;
+  // The recorded path is relative to the folder prepare-data ran in: looked for above the dataset too.
+  const std::string path = given.empty() ? resolve_recorded_path(info.tokenizer_path, dataset.path()) : given;
   std::optional<data::Tokenizer> tok;
   try {
     if (!path.empty()) tok = data::Tokenizer::load(path);
@@ -167,6 +168,12 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
                                         saved.empty() ? "the defaults" : "the run config saved with the weights");
   for (const auto& n : notes) log::info("evaluate: {}", n);
   c.model = source->model_config();
+  // The saved config's datasets are relative to the folder the run started in, which may not be this one.
+  c.data.path = resolve_recorded_path(c.data.path, source->path());
+  for (size_t i = 0; i < c.data.mixture.size(); ++i) {
+    const data::MixtureEntry e = data::parse_mixture_entry(c.data.mixture[i], fmt::format("data.mixture[{}]", i));
+    if (const std::string p = resolve_recorded_path(e.path, source->path()); p != e.path) c.data.mixture[i] = fmt::format("{}:{}", p, e.weight);
+  }
   c.checkpoint.resume.clear();
   c.checkpoint.init_from.clear();
   c.validate();
@@ -176,6 +183,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // The trainer's inputs, replica and evaluation, without its optimizer, training loader or run directory.
   const std::vector<data::MixtureComponent> sources = train::open_data_sources(c);
   train::check_ranks_agree_on_data(rt->world(), sources);
+  check_model_fits(c, *rt);
   train::Replica replica(*rt, c);
   train::Evaluator evaluator(replica, c, sources, {train::EvaluatorOptions::Use::Evaluation, split, batches});
   if (evaluator.empty())

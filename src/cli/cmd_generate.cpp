@@ -33,7 +33,7 @@ int run_generate(const GenerateOptions& o) {
   std::string tok_path = o.tokenizer;
   if (tok_path.empty()) {
     const auto j = nlohmann::json::parse(source->tokenizer().empty() ? std::string("{}") : source->tokenizer(), nullptr, false);
-    if (j.is_object()) tok_path = j.value("path", std::string());
+    if (j.is_object()) tok_path = resolve_recorded_path(j.value("path", std::string()), source->path());
   }
   if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));
   const data::Tokenizer tokenizer = data::Tokenizer::load(tok_path);
@@ -51,10 +51,16 @@ int run_generate(const GenerateOptions& o) {
     if (!start) throw UsageError("--prompt is empty and the tokenizer has no start or end-of-text token to begin from");
     ids.push_back(*start);
   }
-  const int64_t capacity = std::min<int64_t>(config.max_position_embeddings, static_cast<int64_t>(ids.size()) + o.max_tokens);
-  if (static_cast<int64_t>(ids.size()) >= capacity) {
-    throw UsageError(fmt::format("the prompt is {} tokens; the model holds {} positions", ids.size(), config.max_position_embeddings));
+  const auto prompt_tokens = static_cast<int64_t>(ids.size());
+  const int64_t capacity = std::min<int64_t>(config.max_position_embeddings, prompt_tokens + o.max_tokens);
+  if (prompt_tokens >= capacity) {
+    throw UsageError(fmt::format("the prompt is {} tokens; the model holds {} positions (max_position_embeddings)", ids.size(),
+                                 config.max_position_embeddings));
   }
+  if (prompt_tokens + o.max_tokens > config.max_position_embeddings)
+    log::warn("generate: --max-tokens {} does not fit the model's context: the prompt's {} tokens and the new ones stop at "
+              "max_position_embeddings = {}, so at most {} new tokens",
+              o.max_tokens, prompt_tokens, config.max_position_embeddings, capacity - prompt_tokens);
   model::KvCacheDecoder decoder(llama.spec(), llama.binding(), *ops, capacity);
   std::mt19937_64 rng(o.seed);
   const auto t0 = std::chrono::steady_clock::now();

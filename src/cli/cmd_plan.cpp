@@ -223,6 +223,7 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
   f.activation_checkpointing = o.activation_checkpointing;
   f.offload_params = o.offload;
   o.model.validate();
+  train::validate_model_size(o.model);  // before the spec is built, layer by layer
   f.validate();
   if (cfg) {
     // The per-rank micro-batch as the trainer derives it, on the planned world (which may differ from
@@ -369,8 +370,8 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--heads", o->model.num_attention_heads, "num_attention_heads")->capture_default_str();
   c.app->add_option("--kv-heads", o->model.num_key_value_heads, "num_key_value_heads")->capture_default_str();
   c.app->add_flag("--tie-word-embeddings", o->model.tie_word_embeddings, "share embed_tokens and lm_head");
-  c.app->add_option("--nodes", o->nodes, "nodes")->capture_default_str()->check(CLI::PositiveNumber);
-  c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node (one per GPU)")->capture_default_str()->check(CLI::PositiveNumber);
+  c.app->add_option("--nodes", o->nodes, "nodes")->capture_default_str()->check(count_range());
+  c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node (one per GPU)")->capture_default_str()->check(count_range());
   c.app->add_option("--strategy", o->strategy, "sharding strategy")->capture_default_str();
   c.app->add_option("--shard-size", o->shard_size, "hybrid: ranks per shard group");
   c.app->add_option("--wrap", o->wrap, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP")->capture_default_str();
@@ -381,10 +382,11 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--forward-prefetch", o->forward_prefetch)->capture_default_str();
   c.app->add_option("--backward-prefetch", o->backward_prefetch)->capture_default_str();
   c.app->add_flag("--json", o->json, "one JSON object");
-  c.app->add_option("--seq", o->seq, "sequence length (activations, FLOPs)")->capture_default_str();
+  c.app->add_option("--seq", o->seq, "sequence length (activations, FLOPs)")->capture_default_str()->check(count_range());
   c.app->add_option("--micro-batch", o->micro_batch,
                     "sequences per rank per micro-batch (with --config: data.micro_batch_size, or global_batch_size / ranks)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(count_range());
   c.app->add_flag("--activation-checkpointing", o->activation_checkpointing, "per decoder layer");
   c.app->add_flag("--offload", o->offload, "CPU offload: sharded state in host memory");
   c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")->capture_default_str();

@@ -30,11 +30,11 @@ Command add_prepare_data_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999));
   app->add_option("--seed", o->seed, "seed of the train/validation choice")->capture_default_str();
-  app->add_option("--threads", o->threads, "tokenizer threads (0: every core this process may use, e.g. Slurm's --cpus-per-task)")->capture_default_str();
+  app->add_option("--threads", o->threads, "tokenizer threads (0: every core this process may use, e.g. Slurm's --cpus-per-task)")->capture_default_str()->check(count_range(0, 65536));
   auto batch_mb = std::make_shared<size_t>(o->batch_bytes >> 20);
   app->add_option("--batch-mb", *batch_mb, "MB of text read and tokenized at a time (memory does not grow with the corpus)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_range());
 
   Command c;
   c.app = app;

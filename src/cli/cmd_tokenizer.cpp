@@ -148,7 +148,7 @@ Command add_tokenizer_command(CLI::App& parent) {
   train->add_option("--special", args->specials, "special tokens, given ids 0, 1, ...")->capture_default_str();
   train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's");
   train->add_option("--min-frequency", args->min_frequency, "stop when the best pair is rarer")->capture_default_str();
-  train->add_option("--threads", args->threads, "word-counting threads (0: every core this process may use)")->capture_default_str();
+  train->add_option("--threads", args->threads, "word-counting threads (0: every core this process may use)")->capture_default_str()->check(count_range(0, 65536));
   train->add_option("--format", args->format, "auto, text, jsonl, parquet or arrow")->capture_default_str();
   train->add_flag("--blank-line-documents", args->blank_lines, "text: a document per blank-line-separated block");
   train->add_option("--text-field", args->text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")->capture_default_str();

@@ -1,5 +1,6 @@
 // `shardtrain train`: one training run from a TOML config (docs/training.md), optionally adjusted by the
 // seeds' Transformers fsdp_config JSON or Accelerate YAML, then by --section.key overrides.
+#include <csignal>
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
@@ -59,6 +60,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
+  check_model_fits(config, *rt);
   train::Trainer trainer(*rt, config, topts);
   train::PreemptionHooks preemption(rt->world());  // before checkpoints: a requested save happens in the same step
   train::CheckpointHooks checkpoints(trainer);
@@ -75,8 +77,14 @@ int run_train(const TrainOptions& o, Runtime* rt) {
     write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints);
   }
   if (preemption.preempted()) {
-    log::warn("train: stopped by a signal after step {}; resume with --resume auto (exit code 75 asks for a requeue)",
-              trainer.state().step);
+    // mpirun sent SIGTERM for a SIGTERM or Ctrl-C of its own, and will exit 1 whatever the ranks return.
+    const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
+    log::warn("train: stopped by a signal after step {}; resume with --resume auto (exit code 75 asks for a requeue{})",
+              trainer.state().step,
+              preemption.signal() == SIGTERM && under_mpirun
+                  ? "; mpirun itself exits 1 when it is sent SIGTERM or Ctrl-C: start it through jobs/launch.sh to read 75, "
+                    "docs/exit-codes.md"
+                  : "");
     return static_cast<int>(ExitCode::Requeue);
   }
   return 0;

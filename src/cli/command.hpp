@@ -15,6 +15,10 @@
 
 #include "shardtrain/runtime/runtime.hpp"
 
+namespace shardtrain::train {
+struct TrainConfig;
+}
+
 namespace shardtrain::cli {
 
 enum class Launch { Offline, Mpi };
@@ -30,9 +34,12 @@ struct Command {
 struct GlobalOptions {
   std::string log_level = "info";
   bool log_all_ranks = false;
-  int ranks_per_node = 0;
   std::string device = "auto";
 };
+
+// A count's bounds for an option: CLI::PositiveNumber's message names a 300-digit upper bound ("Value 0 not in
+// range 0.000000 to 1797693..."); this one reads "Value 0 not in range 1 to 1073741824".
+inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { return CLI::Range(lo, hi); }
 
 Command add_env_command(CLI::App& parent);
 Command add_plan_command(CLI::App& parent);          // cmd_plan.cpp
@@ -52,6 +59,16 @@ void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: t
 // --gpu-memory of plan and check (cmd_plan.cpp): "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes), the
 // unit in any case; bytes. Throws UsageError naming the option otherwise.
 double parse_gpu_memory(const std::string& text);
+
+// Before a Trainer allocates anything: the model's fp32 training state must fit this rank's share of its device's
+// memory (the host's with offload_params or on the CPU). Throws ConfigError naming the size key otherwise.
+void check_model_fits(const train::TrainConfig& config, const Runtime& rt);
+
+// A path an earlier command recorded (a checkpoint's tokenizer and dataset, a dataset's tokenizer) is relative to
+// the folder that command ran in. Kept as it is when absolute or found from here; otherwise the first existing
+// `recorded` below `anchor`'s folder or one of its parents (a run's checkpoints lie below the folder it ran in),
+// logged; otherwise unchanged, for the reader's own error to name.
+std::string resolve_recorded_path(const std::string& recorded, const std::string& anchor);
 
 // Writes `j` (indented) to PATH whole or not at all: a temporary file beside it, then a rename
 // (commands.cpp). Throws IoError naming the file and `what` it holds.

@@ -1,13 +1,18 @@
 // shardtrain: one binary, one subcommand per job. main() owns the MPI session (created first,
 // destroyed last) and is the only place that turns an exception into a log line and an exit code.
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 #include <thread>
 #include <exception>
 #include <optional>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "command.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -35,6 +40,30 @@ int fail(const std::exception& e, ExitCode code) {
   return static_cast<int>(code);
 }
 
+// Ranks per simulated node: a count a machine could hold (the flag, or SHARDTRAIN_RANKS_PER_NODE when the flag is
+// absent). Throws UsageError naming where the value came from.
+constexpr int kMaxRanksPerNode = 4096;
+int parse_ranks_per_node(std::string_view text, std::string_view from) {
+  int n = 0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || p != text.data() + text.size() || n < 1 || n > kMaxRanksPerNode)
+    throw UsageError(fmt::format("{}: expected a number of ranks per node from 1 to {}", from, kMaxRanksPerNode));
+  return n;
+}
+
+// The first word on the command line that is not an option or a global option's value: the subcommand asked for.
+std::string subcommand_word(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.rfind("-", 0) == 0) {
+      if ((a == "--log-level" || a == "--ranks-per-node" || a == "--device") && i + 1 < argc) ++i;
+      continue;
+    }
+    return std::string(a);
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,9 +79,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", global.log_level, "trace, debug, info, warn, error or off (rank 0; other ranks log warnings)")
       ->capture_default_str();
   app.add_flag("--log-all-ranks", global.log_all_ranks, "every rank logs at --log-level");
-  app.add_option("--ranks-per-node", global.ranks_per_node, "simulate nodes of N consecutive ranks (hybrid meshes on one machine)")
-      ->envname("SHARDTRAIN_RANKS_PER_NODE")
-      ->check(CLI::PositiveNumber);
+  std::string ranks_per_node_text;
+  app.add_option("--ranks-per-node", ranks_per_node_text,
+                 fmt::format("simulate nodes of N consecutive ranks (hybrid meshes on one machine), 1 to {} (default: "
+                             "SHARDTRAIN_RANKS_PER_NODE, else the real nodes)", kMaxRanksPerNode));
   app.add_option("--device", global.device, "auto, cpu or cuda")->capture_default_str();
 
   std::vector<cli::Command> commands;
@@ -62,6 +92,16 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // CLI11 reports an unknown subcommand as an unexpected argument (or as none given): name it and the commands.
+    if (const std::string word = subcommand_word(argc, argv); !word.empty() && e.get_exit_code() != 0 &&
+                                                               std::none_of(commands.begin(), commands.end(),
+                                                                            [&](const cli::Command& c) { return c.app->check_name(word); })) {
+      std::string names;
+      for (const auto& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
+      if (launcher_rank() == 0)
+        std::fprintf(stderr, "shardtrain: unknown command '%s' (expected one of: %s; see shardtrain --help)\n", word.c_str(), names.c_str());
+      return static_cast<int>(ExitCode::Usage);
+    }
     if (launcher_rank() == 0) {
       const int rc = app.exit(e);
       return rc == 0 ? 0 : static_cast<int>(ExitCode::Usage);
@@ -79,7 +119,11 @@ int main(int argc, char** argv) {
   try {
     options.log_level = parse_log_level(global.log_level);
     options.device = parse_device_preference(global.device);
-    options.ranks_per_node = global.ranks_per_node;
+    if (!ranks_per_node_text.empty()) {
+      options.ranks_per_node = parse_ranks_per_node(ranks_per_node_text, fmt::format("--ranks-per-node {}", ranks_per_node_text));
+    } else if (const char* env = std::getenv("SHARDTRAIN_RANKS_PER_NODE"); env && *env) {
+      options.ranks_per_node = parse_ranks_per_node(env, fmt::format("SHARDTRAIN_RANKS_PER_NODE='{}'", env));
+    }
     options.log_all_ranks = global.log_all_ranks;
   } catch (const Error& e) {
     if (launcher_rank() == 0) std::fprintf(stderr, "shardtrain: %s\n", e.what());

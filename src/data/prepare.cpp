@@ -139,13 +139,19 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   if (options.inputs.empty()) throw UsageError("prepare-data: no --input given");
   if (std::error_code ec; options.existing == ExistingOutput::Refuse && fs::exists(options.output, ec))
     throw UsageError(fmt::format("{}: already exists; prepare-data does not replace a dataset unless asked (--overwrite)", options.output));
+  // The output's folder must exist before any work: a typo in it would otherwise show only after the whole corpus.
+  if (const auto dir = fs::path(options.output).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw UsageError(fmt::format("{}: the output's folder {} does not exist{} (prepare-data makes no folders)", options.output,
+                                   dir.string(), fs::exists(dir, ec) ? " as a folder" : ""));
+  }
   if (options.validation_fraction < 0 || options.validation_fraction >= 1)
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
   DocumentOptions documents = options.documents;
   documents.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());
   const auto files = expand_inputs(options.inputs);
-  if (const auto dir = fs::path(options.output).parent_path(); !dir.empty()) fs::create_directories(dir);
 
   PrepareSummary summary;
   summary.files = files.size();

@@ -176,8 +176,14 @@ Handle open_file(const std::string& path, FileMode mode) {
 
 Handle create_file(const std::string& path) {
   QuietErrors quiet;
+  errno = 0;
   const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (f < 0) throw IoError(fmt::format("{}: cannot create HDF5 file (does the folder exist and is it writable?)", path));
+  if (f < 0) {
+    // The file system's answer when it gave one (ENOSPC for no room or no inode left, EDQUOT, EACCES, ENOENT...).
+    const int err = errno;
+    throw IoError(err != 0 ? fmt::format("{}: cannot create HDF5 file: {}", path, std::strerror(err))
+                           : fmt::format("{}: cannot create HDF5 file (does the folder exist and is it writable?)", path));
+  }
   return owned(f);
 }
 

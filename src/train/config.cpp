@@ -3,10 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/progress.hpp"
+#include "shardtrain/train/config_io.hpp"
 
 namespace shardtrain::train {
 
@@ -16,7 +20,65 @@ void expect(bool ok, std::string_view key, const std::string& what) {
   if (!ok) throw ConfigError(fmt::format("{}: {}", key, what));
 }
 
+// Beyond 2^50 parameters (16 PiB of fp32 training state) no machine holds a model, and element counts near
+// 2^53 lose exactness in double: such sizes are mistakes, refused before any spec or buffer is built.
+constexpr double kMaxParameters = 1125899906842624.0;  // 2^50
+constexpr int64_t kMaxLayers = 65536;
+
+// The size key that makes a model too large: the one furthest above its usual value (LlamaConfig's defaults).
+std::string largest_size_key(const model::LlamaConfig& m) {
+  const model::LlamaConfig usual;
+  struct Size {
+    const char* key;
+    int64_t value, usual;
+  };
+  const Size sizes[] = {{"num_hidden_layers", m.num_hidden_layers, usual.num_hidden_layers},
+                        {"hidden_size", m.hidden_size, usual.hidden_size},
+                        {"intermediate_size", m.intermediate_size, usual.intermediate_size},
+                        {"vocab_size", m.vocab_size, usual.vocab_size},
+                        {"max_position_embeddings", m.max_position_embeddings, usual.max_position_embeddings}};
+  const auto ratio = [](const Size& s) { return static_cast<double>(s.value) / static_cast<double>(s.usual); };
+  const Size& top = *std::max_element(std::begin(sizes), std::end(sizes), [&](const Size& x, const Size& y) { return ratio(x) < ratio(y); });
+  return fmt::format("model.{} = {}", top.key, top.value);
+}
+
 }  // namespace
+
+double model_parameter_estimate(const model::LlamaConfig& model) {
+  // (V, D) embedding, (D) final norm, (V, D) lm_head unless tied; per layer: two (D) norms, q and o (D, D),
+  // k and v (kv_dim, D), gate, up and down (I, D).
+  const auto d = static_cast<double>(model.hidden_size), v = static_cast<double>(model.vocab_size);
+  const double kv_dim = static_cast<double>(model.num_key_value_heads) * d / static_cast<double>(model.num_attention_heads);
+  const double layer = 2 * d + 2 * d * d + 2 * d * kv_dim + 3 * d * static_cast<double>(model.intermediate_size);
+  return v * d * (model.tie_word_embeddings ? 1 : 2) + d + static_cast<double>(model.num_hidden_layers) * layer;
+}
+
+void validate_model_size(const model::LlamaConfig& model) {
+  // The model's description (its units, their tensors) is built per layer before any memory estimate can run.
+  expect(model.num_hidden_layers <= kMaxLayers, "model.num_hidden_layers",
+         fmt::format("{} is beyond the {} layers a model may have (the deepest trained ones have a few hundred)", model.num_hidden_layers,
+                     kMaxLayers));
+  expect(model.max_position_embeddings <= std::numeric_limits<int32_t>::max(), "model.max_position_embeddings",
+         fmt::format("{} is beyond the int32 positions the model computes with (at most {})", model.max_position_embeddings,
+                     std::numeric_limits<int32_t>::max()));
+  if (const double params = model_parameter_estimate(model); params > kMaxParameters)
+    throw ConfigError(fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
+                                  "(16 bytes each in training)",
+                                  largest_size_key(model), params, kMaxParameters));
+}
+
+double TrainConfig::parameter_estimate() const { return model_parameter_estimate(model); }
+
+void TrainConfig::validate_memory(int shard_ranks, double memory_bytes, std::string_view memory_name) const {
+  const double params = parameter_estimate();
+  // fp32 weights, gradients and both Adam moments: a lower bound (no buffers, no activations).
+  const double state = 16 * params / std::max(shard_ranks, 1);
+  if (state <= memory_bytes) return;
+  throw ConfigError(fmt::format("{}: the model has {:.3g} parameters, whose fp32 weights, gradients and Adam state take "
+                                "{} per rank over {} shard rank(s); {} has {} for this rank",
+                                largest_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))),
+                                shard_ranks, memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
+}
 
 std::vector<data::MixtureEntry> DataSection::sources() const {
   if (mixture.empty()) return {data::MixtureEntry{path, 1.0}};
@@ -40,13 +102,21 @@ std::string DataSection::describe() const {
 }
 
 void TrainConfig::validate() const {
+  // Every float key is a finite number ("inf" and "nan" parse as floats, and would train to non-finite weights).
+  for (const ConfigField& f : config_fields())
+    if (f.type == FieldType::Float)
+      if (const double x = std::get<double>(f.get(*this)); !std::isfinite(x))
+        throw ConfigError(fmt::format("{}.{}: expected a finite number, got {}", f.section, f.key, x));
   model.validate();
+  validate_model_size(model);
   fsdp.engine.validate();
   if (fsdp.engine.wrap.policy == fsdp::WrapPolicy::TransformerBased)
     expect(!fsdp.engine.wrap.transformer_layer_cls.empty(), "fsdp.transformer_layer_cls_to_wrap",
            "expected at least one class for TRANSFORMER_BASED_WRAP");
   expect(fsdp.engine.wrap.min_num_params > 0, "fsdp.min_num_params", fmt::format("expected a positive count, got {}", fsdp.engine.wrap.min_num_params));
   expect(fsdp.num_processes >= 0, "fsdp.num_processes", fmt::format("expected 0 (any) or a rank count, got {}", fsdp.num_processes));
+  expect(fsdp.collective_timeout >= 0, "fsdp.collective_timeout",
+         fmt::format("expected 0 (no watchdog) or seconds, got {}", fsdp.collective_timeout));
   expect(fsdp.num_machines >= 0, "fsdp.num_machines", fmt::format("expected 0 (any) or a node count, got {}", fsdp.num_machines));
 
   optim.adamw.validate();

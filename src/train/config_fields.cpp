@@ -2,6 +2,7 @@
 // entry's accessor is one generic lambda that returns a reference into the config, for reading and writing.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 
 #include "shardtrain/runtime/error.hpp"
@@ -42,7 +43,11 @@ struct Table {
   void real(std::string key, std::string help, Ref ref) {
     ConfigField f{section, std::move(key), FieldType::Float, std::move(help), {}, {}};
     f.get = [ref](const TrainConfig& c) -> FieldValue { return static_cast<double>(ref(c)); };
-    f.set = [ref](TrainConfig& c, const FieldValue& v) { ref(c) = std::get<double>(v); };
+    f.set = [ref](TrainConfig& c, const FieldValue& v) {
+      const double x = std::get<double>(v);
+      if (!std::isfinite(x)) throw ConfigError(fmt::format("expected a finite number, got {}", x));
+      ref(c) = x;
+    };
     fields.push_back(std::move(f));
   }
   template <typename Ref>

@@ -303,6 +303,7 @@ TEST(PrepareData, AFailureLeavesNoFiles) {
   PrepareOptions o;
   o.tokenizer = gpt2_path();
   o.inputs = {dir.string()};
+  std::filesystem::create_directories(dir / "out");  // prepare-data makes no folders
   o.output = (dir / "out" / "x.h5").string();
   o.batch_bytes = 4;  // the first file's documents are already in the temporary file when b.jsonl fails
   o.progress = ProgressStyle::Off;

@@ -128,10 +128,22 @@ struct TrainConfig {
   void validate() const;
   // The checks against the running world (num_processes, num_machines, batch divisibility, the mesh).
   void validate_for_world(int world_size, int node_count) const;
+  // The model's parameter count, computed from its sizes in floating point (no overflow), before anything exists.
+  double parameter_estimate() const;
+  // Before anything is allocated: throws ConfigError, naming the size key furthest above its usual value, when
+  // one rank's share of the fp32 training state (16 bytes per parameter over `shard_ranks`) cannot fit
+  // `memory_bytes`, the memory `memory_name` has for this rank.
+  void validate_memory(int shard_ranks, double memory_bytes, std::string_view memory_name) const;
   // Micro-batch size per rank and accumulation steps for `world_size` data-parallel ranks.
   int micro_batch_size_for(int world_size) const;
   int accumulation_steps_for(int world_size) const;
 };
+
+// The parameter count of a model's sizes, in floating point (no overflow), before any spec exists.
+double model_parameter_estimate(const model::LlamaConfig& model);
+// Sizes no machine could hold or describe: at most 65536 layers, int32 positions, 2^50 parameters. Throws
+// ConfigError naming the key (for the parameters, the size key furthest above its usual value).
+void validate_model_size(const model::LlamaConfig& model);
 
 bool operator==(const TrainConfig& a, const TrainConfig& b);  // field by field, via the printed form
 
