@@ -160,14 +160,17 @@ else:
     finally:
         subprocess.run(["umount", mnt])
 
-# 9. SIGTERM or Ctrl-C to a run started through jobs/launch.sh: the ranks save and stop, the status is 75.
+# 9. SIGTERM or Ctrl-C to a run started through jobs/launch.sh: the ranks save and stop, the status is 75. The run
+# is long and saves only when stopped, so that how fast this machine trains decides nothing (500 steps and the
+# periodic saves once made the signal arrive after the first save on a quiet machine).
 launch = os.path.join(args.source, "jobs/launch.sh")
 
 
 def interrupted(name, send, code=75, through=(launch,)):
     run_dir = os.path.join(work, name)
     cmd = [*through, args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml", "--data.path", ds,
-           "--logging.run_dir", run_dir, *MODEL, "--schedule.max_steps", "500", "--checkpoint.dir", os.path.join(run_dir, "ckpt")]
+           "--logging.run_dir", run_dir, *MODEL, "--schedule.max_steps", "100000", "--checkpoint.every_n_steps", "0",
+           "--checkpoint.dir", os.path.join(run_dir, "ckpt")]
     p = subprocess.Popen(cmd, cwd=args.source, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     metrics, deadline = os.path.join(run_dir, "metrics.jsonl"), time.time() + 120
     while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 2):
