@@ -10,7 +10,8 @@ mkdir -p "$BUILD_DIR"
 # The pinned corpora and tokenizers, and PyTorch and transformers (Debian's CPU builds, in a Debian root of their
 # own) for the tests labelled torch: shardtrain against LlamaForCausalLM, its export through from_pretrained,
 # bench-vs-pytorch.py's PyTorch side. Both wait on the network and the disk more than on the cores, and the build
-# needs neither: they run beside it (on a clean clone, minutes), their output kept for when the build is done.
+# needs neither: they run beside it (on a clean clone, minutes), their output kept for when they are needed (the
+# PyTorch environment only by the tests labelled torch, which run last).
 # Where the PyTorch environment cannot be made (no root, no network), the tests labelled torch skip and say why.
 fetch_log="$BUILD_DIR/fetch-data.log" torch_log="$BUILD_DIR/torch-env.log"
 fetch_pid="" torch_pid=""
@@ -52,16 +53,29 @@ if [[ -n "$fetch_pid" ]]; then
     exit 1
   fi
 fi
-if wait "$torch_pid"; then tail -n 1 "$torch_log"; else
-  tail -n 5 "$torch_log"
-  say "no PyTorch environment: the tests labelled torch will skip"
-fi
-trap - EXIT
+wait_torch_env() {
+  if wait "$torch_pid"; then tail -n 1 "$torch_log"; else
+    tail -n 5 "$torch_log"
+    say "no PyTorch environment: the tests labelled torch will skip"
+  fi
+  trap - EXIT
+}
 
-say "running the tests"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" "$@" || status=$?
+if [[ $# -gt 0 ]]; then
+  wait_torch_env
+  say "running the tests"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" "$@" || status=$?
+  exit $status
+fi
+# The whole suite: the tests that need no PyTorch first, so that a PyTorch environment still being made (a clean
+# clone's debootstrap) is made beside them; then the GPU tests on the emulator; then those labelled torch.
+say "running the tests (those labelled torch last)"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" -LE torch || status=$?
 if ((emulated)); then
   say "running the GPU tests on the CUDA emulator"
   ctest --test-dir "$EMULATED_BUILD_DIR" --output-on-failure -j"$JOBS" -L gpu || status=$?
 fi
+wait_torch_env
+say "running the tests labelled torch"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS" -L torch || status=$?
 exit $status
