@@ -23,16 +23,28 @@ STEPS=${4:-6}
 shift $(($# < 4 ? $# : 4))
 [[ -f "$DATA" ]] || { echo "track.sh: $DATA missing (scripts/fetch-data.sh prepares it)" >&2; exit 2; }
 rm -rf "$OUT" && mkdir -p "$OUT"
+BIN_ID=$(sha256sum "$BIN" | cut -c1-64)
 status=0
 
 # train NAME NP DEVICE [OPTIONS...]: one run, its log and run directory under $OUT; CKPT=N checkpoints every N.
+# TRACK_REUSE_CPU_RUNS=DIR (another track's OUT_DIR): a CPU run that finished there with the same binary, data,
+# options, fault injection and steps is copied instead of run again (the test suite's second track, under another
+# emulator schedule, which the CPU backend does not read).
 train() {
   local name=$1 np=$2 dev=$3
   shift 3
+  local key
+  key="$BIN_ID $DATA $np $dev steps=$STEPS ckpt=${CKPT:-0} fault=${SHARDTRAIN_FAULT:-} $*"
+  local reuse=${TRACK_REUSE_CPU_RUNS:-}
+  if [[ $dev == cpu && -n $reuse && -f "$reuse/$name.key" && "$(cat "$reuse/$name.key")" == "$key" ]]; then
+    cp -r "$reuse/$name" "$reuse/$name.log" "$OUT/" && printf '%s\n' "$key" >"$OUT/$name.key" &&
+      echo "$name: the same CPU run as $reuse/$name, copied" && return 0
+  fi
   mpirun -np "$np" "$BIN" --device "$dev" train --config "$HERE/../../configs/tiny-cpu.toml" --data.path "$DATA" \
     --schedule.max_steps "$STEPS" --schedule.warmup_steps 1 --schedule.eval_batches 0 --checkpoint.every_n_steps "${CKPT:-0}" \
     --logging.peak_flops 1e12 --logging.progress lines --logging.log_every 1 --logging.run_dir "$OUT/$name" "$@" \
     >"$OUT/$name.log" 2>&1 || { echo "FAIL: $name (exit $?): $OUT/$name.log" | tee -a "$OUT/summary.txt"; status=1; return 1; }
+  printf '%s\n' "$key" >"$OUT/$name.key"
 }
 
 # resume_from NAME SOURCE_RUN RESUMED_RUN: copies SOURCE_RUN's step-2 checkpoint as RESUMED_RUN's only one. Fails

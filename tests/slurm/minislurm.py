@@ -126,7 +126,11 @@ class MiniSlurm:
             "GresTypes=gpu",
             "MpiDefault=none", "ReturnToService=2",
             "MinJobAge=3600",  # keep finished jobs visible to scontrol (there is no accounting database)
-            "KillWait=15", "JobRequeue=1",
+            # KillWait: from SIGTERM to SIGKILL, also what srun waits for the rest of a step after a task died with
+            # --kill-on-bad-exit (the ranks blocked in a collective with the dead one never exit on SIGTERM): 15 s
+            # twice per such job was most of its time. 5 s still covers what the job scripts do after a requeue's
+            # SIGTERM (they ignore it for a scontrol update and a line of restarts.log, well under a second).
+            "KillWait=5", "JobRequeue=1",
         ]
         for n, port in zip(self.nodes, node_ports):
             lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} Boards=1 "
@@ -236,11 +240,13 @@ class MiniSlurm:
                 held_since = None
             elif held_since is None:
                 held_since = time.time()
-            if held and time.time() - held_since >= 2 and not self._steps_alive(job_id):
+            if held and time.time() - held_since >= 1.1 and not self._steps_alive(job_id):
                 # A requeued job waits two minutes before it may start again; a test starts it once the previous
                 # run's step daemons have exited (as they have long done on a cluster after two minutes), and not in
                 # the second of the requeue: slurmd counts a credential made in the second its job's credentials were
-                # revoked as revoked too ("Job credential revoked"), and the batch job would fail to start.
+                # revoked as revoked too ("Job credential revoked"), and the batch job would fail to start. Held for
+                # more than a second since this wait first saw it held, the revocation (before that) was in an
+                # earlier second than now.
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=self.env, capture_output=True)
             time.sleep(0.5)
 

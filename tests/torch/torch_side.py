@@ -42,10 +42,22 @@ prints one JSON object on its last line. Verbs:
   hf-schedules --lr LR --warmup W --total T CASES_JSON
       transformers' get_scheduler (what Trainer's lr_scheduler_type selects) for each case of CASES_JSON,
       {NAME: [scheduler name, scheduler_specific_kwargs]}, over T optimizer steps: {NAME: [lr at step 0..T-1]}
+  serve
+      one process for all of a test's calls (importing torch and transformers takes seconds of CPU each time,
+      the most of most calls): first a line {"versions": ...}, then one answer per request line on stdin,
+      {"argv": [VERB, ...]} (a verb above), {"argv": ["-c", CODE, ARG...]} or {"argv": [SCRIPT.py, ARG...]}
+      (as python3 would run them), each answered by one line {"rc": exit code, "out": stdout, "err": stderr}
+      on the descriptor stdout was at start (stdout itself goes to stderr, so what a library writes there at C
+      level cannot mix into the answers); ends at the end of stdin.
 """
 import argparse
+import contextlib
+import io
 import json
+import os
+import runpy
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -298,7 +310,7 @@ def hf_schedules(a):
     return out
 
 
-def main():
+def parser():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="verb", required=True)
     s = sub.add_parser("save")
@@ -347,11 +359,72 @@ def main():
     h.add_argument("--lr", type=float, required=True)
     h.add_argument("--warmup", type=int, required=True)
     h.add_argument("--total", type=int, required=True)
-    a = p.parse_args()
+    sub.add_parser("serve")
+    return p
+
+
+VERBS = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
+         "fsdp-config": fsdp_config, "hf-schedules": hf_schedules, "evaluate": evaluate}
+
+
+def run_request(argv):
+    """One request of serve: (exit code, stdout, stderr), as a python3 process running it would give them."""
+    out, err = io.StringIO(), io.StringIO()
+    rc = 0
+    saved_argv, saved_cwd = sys.argv, os.getcwd()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            if argv and argv[0] == "-c":
+                sys.argv = ["-c", *argv[2:]]
+                exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+            elif argv and argv[0].endswith(".py"):
+                sys.argv = list(argv)
+                runpy.run_path(argv[0], run_name="__main__")
+            else:
+                a = parser().parse_args(argv)
+                torch.set_float32_matmul_precision("highest")
+                print(json.dumps(VERBS[a.verb](a)))
+        except SystemExit as e:  # sys.exit(N) or SystemExit("message"), as the interpreter reports them
+            if isinstance(e.code, int) or e.code is None:
+                rc = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                rc = 1
+        except BaseException:  # noqa: B036 - the interpreter's own report of an uncaught exception
+            traceback.print_exc()
+            rc = 1
+        finally:
+            sys.argv = saved_argv
+            os.chdir(saved_cwd)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def serve():
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    import transformers
+    try:
+        import accelerate
+        accelerate_version = accelerate.__version__
+    except ImportError:
+        accelerate_version = None
+    answers.write(json.dumps({"versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                           "transformers": transformers.__version__, "accelerate": accelerate_version}}) + "\n")
+    answers.flush()
+    for line in sys.stdin:
+        if line.strip():
+            rc, out, err = run_request(json.loads(line)["argv"])
+            answers.write(json.dumps({"rc": rc, "out": out, "err": err}) + "\n")
+            answers.flush()
+
+
+def main():
+    a = parser().parse_args()
+    if a.verb == "serve":
+        serve()
+        return
     torch.set_float32_matmul_precision("highest")
-    verbs = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
-             "fsdp-config": fsdp_config, "hf-schedules": hf_schedules, "evaluate": evaluate}
-    result = verbs[a.verb](a)
+    result = VERBS[a.verb](a)
     print(json.dumps(result))
     sys.stdout.flush()
 
