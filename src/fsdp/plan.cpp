@@ -98,7 +98,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   const auto bp = static_cast<int64_t>(dtype_size(config.param_dtype));
   const auto br = static_cast<uint64_t>(dtype_size(config.reduce_dtype));
   const bool raf = config.reshards_after_forward();
-  int64_t max_unit = 0, root = 0, all_units = 0, all_grads = 0, max_shard = 0, root_shard = 0,
+  int64_t max_unit = 0, root = 0, spanning = 0, all_units = 0, all_grads = 0, max_shard = 0, root_shard = 0,
           max_n = 0;
   const std::vector<UnitSpec> units = plan_units(spec, config.wrap);
   std::vector<int64_t> grad_bytes(units.size(), 0);
@@ -111,7 +111,13 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
     all_grads += 4 * N;
     grad_bytes[u.index] = 4 * N;
     all_units += N * bp;
+    // A unit whose uses span another unit's (the base model's embedding and final norm around the layers) stays
+    // gathered through them: counted on top, like the root.
+    const bool spans = std::any_of(units.begin(), units.end(), [&](const UnitSpec& o) {
+      return o.index != u.index && !o.params.empty() && o.first_use > u.first_use && o.first_use < u.last_use;
+    });
     if (u.is_root) root = N * bp;
+    else if (spans) spanning += N * bp;
     else max_unit = std::max(max_unit, N * bp);
     max_n = std::max(max_n, N);
     if (u.is_root) root_shard = 4 * (N / S);
@@ -124,7 +130,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
     p.units.push_back(std::move(up));
   }
   const int64_t depth = std::max(config.forward_prefetch, config.backward_prefetch);
-  p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + root) : all_units;
+  p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + spanning + root) : all_units;
   p.offload_upload_bytes = std::min(p.sharded_param_bytes, (1 + depth) * max_shard + root_shard);
   // The root's backward spans the whole backward (lm_head first, the embedding last); each other unit's buffer
   // lives through its backward and, held back, through the next unit's reduction being issued.

@@ -91,26 +91,29 @@ TEST(FsdpAccounting, ShardedBytesAndThePoolBound) {
     o.fsdp.forward_prefetch = depth;
     o.fsdp.backward_prefetch = depth;
     const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
-    int64_t sharded = 0, max_unit = 0, root = 0;
+    int64_t sharded = 0, max_unit = 0, root = 0, base = 0;
     for (size_t u = 0; u < r.layouts.size(); ++u) {
       sharded += r.layouts[u].shard_numel() * 4;
       if (r.unit_is_root[u]) root = r.layouts[u].padded_numel * 4;
+      else if (u == 0) base = r.layouts[u].padded_numel * 4;  // the base model's, first in forward
       else max_unit = std::max(max_unit, r.layouts[u].padded_numel * 4);
     }
     EXPECT_EQ(r.sharded_param_bytes, sharded);
-    EXPECT_LE(r.max_outstanding, 1 + depth) << "prefetch depth " << depth;
+    // The base model's unit (embedding, final norm) stays gathered through the forward, beside the current unit and
+    // its prefetches.
+    EXPECT_LE(r.max_outstanding, 2 + depth) << "prefetch depth " << depth;
     // With prefetch every forward but the root's own finds its unit gathered already: one on demand per
     // micro-batch (the root); without, every unit.
     const int per_forward = depth > 0 ? 1 : static_cast<int>(r.layouts.size());
     EXPECT_EQ(r.forward_on_demand, o.steps * o.micro_batches * per_forward) << "prefetch depth " << depth;
     EXPECT_GE(r.max_outstanding, 1);
-    EXPECT_LE(r.unsharded_param_peak, (1 + depth) * max_unit + root) << "prefetch depth " << depth;
+    EXPECT_LE(r.unsharded_param_peak, (1 + depth) * max_unit + base + root) << "prefetch depth " << depth;
   }
   // Without resharding after forward every layer unit stays gathered until its backward.
   RunOptions keep;
   keep.steps = 1;
   keep.fsdp.strategy = ShardingStrategy::ShardGradOp;
-  EXPECT_EQ(run_training(MPI_COMM_WORLD, rpn, keep).max_outstanding, 3);  // the three decoder layers
+  EXPECT_EQ(run_training(MPI_COMM_WORLD, rpn, keep).max_outstanding, 4);  // the three decoder layers and the base model
 }
 
 TEST(FsdpAccounting, SyncModuleStatesBroadcastsTheFirstReplica) {
