@@ -293,8 +293,7 @@ void FsdpEngine::unshard(Unit& u) {
     }
     copy_async(upload.data(), u.master.data(), static_cast<size_t>(n) * 4, cast_stream);
     up_ops->copy(upload.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
-    upload.fence.record(cast_stream);
-    upload_pool_.release(std::move(upload));
+    upload_pool_.release(std::move(upload));  // its next upload is queued on this same stream, after the cast
     if (offload_streams_) {
       u.gathered_event.record(cast_stream);
       u.wait_gathered = true;

@@ -131,7 +131,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   }
   const int64_t depth = std::max(config.forward_prefetch, config.backward_prefetch);
   p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + spanning + root) : all_units;
-  p.offload_upload_bytes = std::min(p.sharded_param_bytes, (1 + depth) * max_shard + root_shard);
+  p.offload_upload_bytes = std::max(max_shard, root_shard);
   // The root's backward spans the whole backward (lm_head first, the embedding last); each other unit's buffer
   // lives through its backward and, held back, through the next unit's reduction being issued.
   if (grads_live_in_shards(config, S, R)) p.unsharded_grad_bytes = 0;
