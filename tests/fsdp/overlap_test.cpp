@@ -137,7 +137,9 @@ TEST(FsdpOverlap, EveryStrategyReductionAccumulationOffloadAndReshard) {
     }
   }
   EXPECT_EQ(checked, 80);
-  std::printf("bf16 reductions: gradient norm within %.2g of fp32's\n", worst_bf16_norm);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::printf("bf16 reductions: gradient norm within %.2g of fp32's\n", worst_bf16_norm);
 }
 
 // Each property's check fails when the schedule is broken on purpose.
