@@ -58,7 +58,8 @@ struct PlanOptions {
   std::vector<std::string> wrap_cls = {"LlamaDecoderLayer"};
   int64_t min_num_params = 100'000'000;
   std::string param_dtype = "bf16", reduce_dtype = "fp32";
-  int forward_prefetch = 0, backward_prefetch = 1;
+  int forward_prefetch = 1, backward_prefetch = 1;
+  std::string grad_accumulation = "reduce_each";
   bool json = false;
   // The step-time estimate: stated rates, not measurements.
   int seq = 2048, micro_batch = 1;
@@ -200,6 +201,7 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
   if (take("--reduce-dtype")) f.reduce_dtype = parse_dtype(cli.reduce_dtype);
   if (take("--forward-prefetch")) f.forward_prefetch = cli.forward_prefetch;
   if (take("--backward-prefetch")) f.backward_prefetch = cli.backward_prefetch;
+  if (take("--grad-accumulation")) f.accumulation = fsdp::parse_grad_accumulation(cli.grad_accumulation);
   if (cfg) {
     if (!given(app, "--activation-checkpointing")) o.activation_checkpointing = f.activation_checkpointing;
     if (!given(app, "--offload")) o.offload = f.offload_params;
@@ -263,7 +265,8 @@ nlohmann::json inputs_json(const PlanOptions& o, const fsdp::FsdpConfig& f) {
            {{"strategy", sharding_strategy_name(f.strategy)}, {"shard_size", f.shard_size}, {"wrap", fsdp::wrap_policy_name(f.wrap.policy)},
             {"wrap_cls", cls}, {"min_num_params", f.wrap.min_num_params}, {"param_dtype", dtype_name(f.param_dtype)},
             {"reduce_dtype", dtype_name(f.reduce_dtype)}, {"forward_prefetch", f.forward_prefetch},
-            {"backward_prefetch", f.backward_prefetch}, {"activation_checkpointing", o.activation_checkpointing},
+            {"backward_prefetch", f.backward_prefetch}, {"grad_accumulation", fsdp::grad_accumulation_name(f.accumulation)},
+            {"activation_checkpointing", o.activation_checkpointing},
             {"offload", o.offload}}},
           {"seq", o.seq},
           {"micro_batch", o.micro_batch},
@@ -381,6 +384,9 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--reduce-dtype", o->reduce_dtype, "fp32 or bf16")->capture_default_str();
   c.app->add_option("--forward-prefetch", o->forward_prefetch)->capture_default_str();
   c.app->add_option("--backward-prefetch", o->backward_prefetch)->capture_default_str();
+  c.app->add_option("--grad-accumulation", o->grad_accumulation,
+                    "reduce_each, no_sync (unsharded gradients of every unit kept until the last micro-batch) or all_reduce_last")
+      ->capture_default_str();
   c.app->add_flag("--json", o->json, "one JSON object");
   c.app->add_option("--seq", o->seq, "sequence length (activations, FLOPs)")->capture_default_str()->check(count_range());
   c.app->add_option("--micro-batch", o->micro_batch,

@@ -10,6 +10,7 @@
 
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/model/init.hpp"
+#include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::fsdp {
@@ -29,9 +30,6 @@ struct FsdpEngine::Unit {
   // the gradient reduction's completion (on the reduce or replicate stream), and whether it is pending.
   CudaEvent gathered_event, reduced_event;
   bool wait_gathered = false, wait_reduced = false;
-  // Offload: the master shard uploaded by unshard, cast (and all-gathered) at the unit's first use.
-  FlatBuffer upload;
-  bool cast_pending = false;
   bool reduced_this_step = false;  // the gradient shard holds this step's reduction already
   int64_t shard() const { return layout.shard_numel(); }
   bool empty() const { return layout.entries.empty(); }
@@ -41,31 +39,38 @@ struct FsdpEngine::Unit {
 //   gather:    all-gathers. Each waits for the cast of the master shard into the unshard buffer (on compute,
 //              after every earlier use of that buffer), and compute waits for the gather before the unit's
 //              first use (wait_gathered): prefetched units gather while the current one computes.
-//   reduce:    reduce-scatters. Each waits for the unit's backward (grad_ready); the unshard-gradient buffer
-//              returns to its pool with a fence on the last stream that read it, and its next user waits.
-//   replicate: the hybrid strategies' all-reduce of the reduced shard, after the reduce-scatter.
-// When a unit's reduction is its first this step and in fp32, it writes the gradient shard directly
-// (zero + reduction = reduction) and compute waits for it only at the end of the micro-batch
-// (wait_reductions). Otherwise (bf16 reduction, several reductions per step) compute waits for the reduction
-// before adding it into the shard: correct, with less overlap.
+//   reduce:    reduce-scatters. Each waits for the unit's backward (grad_ready); a bf16 reduction's cast of the
+//              full gradient runs there too (reduce_ops_). The unsharded gradient buffer returns to its pool with
+//              a fence on the last stream that read it, one reduction late (grad_held_), so the next unit's
+//              backward takes the other buffer and does not wait.
+//   replicate: the hybrid strategies' all-reduce of the reduced shard, after the reduce-scatter (NO_SHARD's
+//              whole all-reduce); reduce_shard_ alternates between two buffers there, each freed by an event.
+// Whatever a reduction still has to do after its collectives (cast to fp32, add into the shard: a reduction in
+// bf16, or a later one in the step) runs on the stream of its last collective, with that stream's own ops; the
+// step's first fp32 reduction writes the gradient shard directly (zero + x = x). Compute waits for reductions
+// only at the end of the step's last micro-batch (wait_reductions), before the optimizer reads the shards.
 // The three are high-priority streams (as PyTorch FSDP's are): a collective ready to start is not queued
 // behind compute's blocks.
 struct FsdpEngine::Streams {
   CudaStream gather{StreamPriority::High}, reduce{StreamPriority::High}, replicate{StreamPriority::High};
   CudaEvent cast_done, grad_ready, scattered;
+  CudaEvent slot_free[2];  // reduce_shard_[i] read for the last time (replicate stream)
+  int next_slot = 0;
 };
 
 // Offload on a GPU. upload: a unit's master shard, host -> device, issued when the unit is unsharded (at
-// prefetch time, before the current unit's compute is queued), so the copy runs while that compute does; the
-// cast to param_dtype and the all-gather follow on compute at the unit's first use (finish_offload_unshard),
-// after waiting for the upload's event. download: a unit's first reduction of the step, device -> pinned
-// host, after an event on compute; the gradient buffer's fence holds it until the copy is done. Later
-// reductions (gradient accumulation) go down into a pinned stage and a host function adds them into the
-// host shard, on the same stream. The host waits once per step, for the download stream (release_all).
+// prefetch time, before the current unit's compute is queued), then its cast to param_dtype on the same stream
+// (upload_ops_), after the unshard buffer's previous reader on compute (its fence); the all-gather follows on the
+// gather stream. All of it runs while the current unit computes, which waits by an event only at the unit's first
+// use. download: reduced gradients, device -> pinned host, after an event on the stream that reduced them; the
+// stream that writes the source next waits for the copy (an event), and the host waits once per step, for the
+// download stream (release_all). Later reductions of a step (gradient accumulation) go down into a pinned stage and
+// a host function adds them into the host shard, on the same stream.
 struct FsdpEngine::OffloadStreams {
-  CudaStream upload, download;
-  CudaEvent reduced;  // on compute: a reduction is complete
-  CudaEvent staged;   // on download: a later reduction was copied out of its device buffer
+  CudaStream upload{StreamPriority::High}, download{StreamPriority::High};
+  CudaEvent reduced;  // on the reducing stream: a reduction is complete
+  CudaEvent staged;   // on download: a reduction was copied out of its device buffer
+
 };
 
 namespace {
@@ -150,9 +155,9 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
   if (config_.reduce_dtype != DType::F32 || (config_.offload_params && mesh.replicate_size() > 1)) {
     stage_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
   }
-  if (S > 1) {
-    reduce_shard_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger,
-                               MemoryCategory::CommBuffers);
+  for (int i = 0; i < (S > 1 ? (mesh.replicate_size() > 1 ? 2 : 1) : 0); ++i) {
+    reduce_shard_[i] = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger,
+                                  MemoryCategory::CommBuffers);
   }
   if (config_.reduce_dtype != DType::F32) {
     reduce_full_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_n) * dtype_size(config_.reduce_dtype),
@@ -161,12 +166,23 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
   if (config_.offload_params) {
     host_stage_ = FlatBuffer(ops.device(), Placement::PinnedHost, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
   }
-  if (ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device && !config_.offload_params &&
+  if (ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device &&
       (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
     streams_ = std::make_unique<Streams>();
+    // No cuBLASLt workspace: they cast and add only.
+    ops::CudaOpsOptions side;
+    side.gemm_workspace_bytes = 0;
+    reduce_ops_ = ops::make_cuda_ops(side);
+    reduce_ops_->set_stream(streams_->reduce.ref());
+    replicate_ops_ = ops::make_cuda_ops(side);
+    replicate_ops_->set_stream(streams_->replicate.ref());
   }
   if (ops.device() == DeviceKind::Cuda && config_.offload_params) {
     offload_streams_ = std::make_unique<OffloadStreams>();
+    ops::CudaOpsOptions side;
+    side.gemm_workspace_bytes = 0;
+    upload_ops_ = ops::make_cuda_ops(side);
+    upload_ops_->set_stream(offload_streams_->upload.ref());
     // One double per unit; a unit without parameters keeps its zero.
     unit_sq_sums_ = FlatBuffer(ops.device(), Placement::Compute, units_.size() * sizeof(double), &ledger,
                                MemoryCategory::CommBuffers);
@@ -234,6 +250,7 @@ void* FsdpEngine::host_stage_scratch(size_t floats) {
 // host memset before the step's first kernel, while the previous update may still read the gradients.
 void FsdpEngine::zero_grad() {
   unit_sums_taken_ = 0;
+  if (grad_held_) grad_pool_.release(std::move(grad_held_));
   for (auto& u : units_) {
     if (u->full_grad) grad_pool_.release(std::move(u->full_grad));
     u->reduced_this_step = false;
@@ -262,26 +279,37 @@ void FsdpEngine::unshard(Unit& u) {
     u.full = param_pool_.acquire(bytes);
     stats_.max_outstanding = std::max(stats_.max_outstanding, param_pool_.outstanding());
   }
+  StreamRef cast_stream = kCompute;
   if (config_.offload_params) {
-    // The master shard lives on the host: copy it up now, cast and gather at the first use. The previous
-    // step's update of this shard may still be running on the host (optim::AdamW::step_async): wait for it.
+    // The master shard lives on the host: copy it up, and cast it into the unshard buffer, on the upload stream.
+    // The previous step's update of this shard may still be running on the host (optim::AdamW::step_async): wait.
     if (pending_writes_) pending_writes_->wait_shard(u.spec->index);
-    u.upload = upload_pool_.acquire(static_cast<size_t>(n) * 4);
-    const StreamRef up = offload_streams_ ? offload_streams_->upload.ref() : kCompute;
-    u.upload.fence.wait(up);  // the cast that last read this buffer
-    copy_async(u.upload.data(), u.master.data(), static_cast<size_t>(n) * 4, up);
-    u.gathered_event.record(up);
-    u.wait_gathered = true;
-    u.cast_pending = true;
+    FlatBuffer upload = upload_pool_.acquire(static_cast<size_t>(n) * 4);
+    ops::Ops* up_ops = ops_;
+    if (offload_streams_) {
+      cast_stream = offload_streams_->upload.ref();
+      up_ops = upload_ops_.get();
+      u.full.fence.wait(cast_stream);  // compute's last read of this unshard buffer
+    }
+    copy_async(upload.data(), u.master.data(), static_cast<size_t>(n) * 4, cast_stream);
+    up_ops->copy(upload.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
+    upload_pool_.release(std::move(upload));  // its next upload is queued on this same stream, after the cast
+    if (offload_streams_) {
+      u.gathered_event.record(cast_stream);
+      u.wait_gathered = true;
+    }
   } else {
     ops_->copy(u.master.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
   }
-  if (mesh_->shard_size() > 1 && !u.cast_pending) {
+  if (mesh_->shard_size() > 1) {
     StreamRef stream = kCompute;
     if (streams_) {
       stream = streams_->gather.ref();
-      streams_->cast_done.record(kCompute);
+      streams_->cast_done.record(cast_stream);
       streams_->cast_done.wait(stream);
+    } else if (offload_streams_) {  // MPI staging: the gather on compute, after the cast
+      u.gathered_event.wait(kCompute);
+      u.wait_gathered = false;
     }
     all_gather_unit(u, stream);
     if (streams_) {
@@ -300,24 +328,13 @@ void FsdpEngine::wait_gathered(Unit& u) {
   if (!u.wait_gathered) return;
   u.gathered_event.wait(kCompute);
   u.wait_gathered = false;
-  if (u.cast_pending) finish_offload_unshard(u);
-}
-
-// Offload, at the unit's first use (its upload has landed): cast into the unshard buffer, then all-gather, on
-// compute. The all-gathers thus run in first-use order, the same on every rank.
-void FsdpEngine::finish_offload_unshard(Unit& u) {
-  const int64_t n = u.shard();
-  ops_->copy(u.upload.view(DType::F32, 0, {n}), u.full.view(config_.param_dtype, mesh_->coord().shard * n, {n}));
-  u.upload.fence.record(kCompute);
-  upload_pool_.release(std::move(u.upload));
-  u.cast_pending = false;
-  if (mesh_->shard_size() > 1) all_gather_unit(u, kCompute);
 }
 
 // The all-gather of a unit whose own shard is already in its slice of the unshard buffer, on `stream`.
 void FsdpEngine::all_gather_unit(Unit& u, StreamRef stream) {
   const DType pd = config_.param_dtype;
   const int64_t n = u.shard();
+  if (observer_) observer_->schedule_point(SchedulePoint::GatherIssued, u.spec->index);
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
   comms_->shard().all_gather(u.full.view(pd, mesh_->coord().shard * n, {n}).data, u.full.data(),
                              static_cast<size_t>(n), pd, stream);
@@ -337,6 +354,8 @@ void FsdpEngine::reshard(Unit& u) {
   if (!u.gathered) return;
   wait_gathered(u);  // a prefetched unit nobody used: its gather must land before the buffer is reused
   for (const FlatEntry& e : u.layout.entries) model_->binding().unbind(e.param);
+  // With offload the next cast into this buffer runs on the upload stream: it waits for compute's reads.
+  if (offload_streams_) u.full.fence.record(kCompute);
   if (!u.spec->is_root) param_pool_.release(std::move(u.full));
   u.gathered = false;
 }
@@ -368,111 +387,150 @@ void FsdpEngine::begin_unit_backward(Unit& u) {
 
 // Reduce-scatter (shard axis) in reduce_dtype, all-reduce of the shard (replicate axis), then add into
 // the fp32 gradient shard. Each rank's contribution is already scaled by 1 / (global tokens), so the
-// sums are the global mean gradient.
+// sums are the global mean gradient. With overlap every step of it runs on the reduce and replicate streams
+// (see "Overlap" above); compute waits for it at the end of the step.
 void FsdpEngine::reduce_gradients(Unit& u) {
   if (grads_in_shard_) return;  // nothing to reduce: backward wrote the shard itself
+  if (observer_) observer_->schedule_point(SchedulePoint::ReductionIssued, u.spec->index);
   const DType rd = config_.reduce_dtype;
   const int64_t N = u.layout.padded_numel, n = u.shard();
   const int S = mesh_->shard_size(), R = mesh_->replicate_size();
+  // all_reduce_last: replicas all-reduce only on the last micro-batch, the shard accumulated over the step; when
+  // earlier micro-batches reduced into it already, that all-reduce follows the add (accumulated_all_reduce).
+  const bool all_reduce_last = config_.accumulation == GradAccumulation::AllReduceLast;
+  const bool replicas = R > 1 && (!all_reduce_last || last_micro_batch_);
+  const bool accumulated_all_reduce = replicas && all_reduce_last && u.reduced_this_step;
+  const bool collective = S > 1 || (replicas && !accumulated_all_reduce);  // one on the full gradient
+  // The stream of the latest work on this unit's gradient, and the ops that queue there.
+  StreamRef last = kCompute;
+  ops::Ops* last_ops = ops_;
+  if (streams_ && collective) {
+    last = S > 1 ? streams_->reduce.ref() : streams_->replicate.ref();
+    last_ops = S > 1 ? reduce_ops_.get() : replicate_ops_.get();
+    streams_->grad_ready.record(kCompute);
+    streams_->grad_ready.wait(last);
+  }
   ops::Tensor full = u.full_grad.view(DType::F32, 0, {N});
-  if (rd != DType::F32) {
+  if (rd != DType::F32 && collective) {
     const ops::Tensor cast = reduce_full_.view(rd, 0, {N});
-    ops_->copy(full, cast);
+    last_ops->copy(full, cast);
     full = cast;
   }
   // Overlap, first fp32 reduction of the step: the collectives write the gradient shard itself.
-  const bool direct = streams_ && rd == DType::F32 && !u.reduced_this_step;
+  const bool direct = streams_ && collective && rd == DType::F32 && !u.reduced_this_step && !config_.offload_params;
   const ops::Tensor grad = u.grad.view(DType::F32, 0, {n});
-  StreamRef last = kCompute;  // the stream of the latest collective on this unit's gradient
-  if (streams_) streams_->grad_ready.record(kCompute);
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, gradient reduction)", u.spec->index, u.spec->name));
   ops::Tensor shard = full;  // S == 1: the whole buffer is this rank's shard
+  int slot = 0;
   if (S > 1) {
-    shard = direct ? grad : reduce_shard_.view(rd, 0, {n});
-    if (streams_) {
-      last = streams_->reduce.ref();
-      streams_->grad_ready.wait(last);
+    if (streams_ && R > 1) {  // the previous user of this reduce buffer was an all-reduce on the replicate stream
+      slot = streams_->next_slot;
+      streams_->next_slot ^= 1;
+      streams_->slot_free[slot].wait(last);
     }
+    shard = direct ? grad : reduce_shard_[slot].view(rd, 0, {n});
     comms_->shard().reduce_scatter(full.data, shard.data, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
+    u.full_grad.fence.record(last);  // its next user waits for the collective (or cast) that read it last
   }
-  if (R > 1) {
+  if (replicas && !accumulated_all_reduce) {
     void* out = direct ? grad.data : shard.data;  // S == 1 and direct: from the full gradient into the shard
-    if (streams_) {
+    if (streams_ && S > 1) {
       const StreamRef replicate = streams_->replicate.ref();
-      if (same(last, kCompute)) {
-        streams_->grad_ready.wait(replicate);
-      } else {
-        streams_->scattered.record(last);
-        streams_->scattered.wait(replicate);
-      }
+      streams_->scattered.record(last);
+      streams_->scattered.wait(replicate);
       last = replicate;
+      last_ops = replicate_ops_.get();
     }
     comms_->replicate().all_reduce(shard.data, out, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
     if (direct) shard = grad;
   }
   if (watchdog_) watchdog_->set_unit("");
-  u.full_grad.fence.record(last);  // its next user waits for the collectives that read it
-  if (direct && (S > 1 || R > 1)) {
-    u.reduced_event.record(last);
-    u.wait_reduced = true;
-  } else {
-    if (!same(last, kCompute)) {  // compute adds the reduction in: it waits for it here
-      streams_->scattered.record(last);
-      streams_->scattered.wait(kCompute);
-    }
+  // S == 1: the collective and the finish below read the full gradient buffer itself; this is the stream of the
+  // last of them (the download stream when offload copies the buffer down from there).
+  StreamRef full_grad_reader = last;
+  if (!direct) {
     ops::Tensor shard_f32 = shard;
-    if (rd != DType::F32) {
+    if (shard.dtype != DType::F32) {
       shard_f32 = stage_.view(DType::F32, 0, {n});
-      ops_->copy(shard, shard_f32);
+      last_ops->copy(shard, shard_f32);
     }
-    if (config_.offload_params && !u.reduced_this_step) {
-      // The first reduction of the step goes straight down into the pinned host shard (zero + x = x),
-      // asynchronously: the host waits once, at the end of the micro-batch (release_all), not per unit.
-      // When it is also the step's only one (in the last micro-batch), its sum of squares is taken here on the
-      // device, before it goes down, for the gradient norm (device_grad_sq_sums).
-      if (offload_streams_ && last_micro_batch_) {
-        ops_->sum_squares(shard_f32, unit_sq_sums_.view(DType::F64, u.spec->index, {1}), ops::SumInto::Overwrite);
+    if (config_.offload_params) {
+      // Down into pinned host memory on the download stream, after the reducing stream's event; the stream that
+      // writes the source next (the reducing stream, or compute for a full gradient buffer) waits for the copy.
+      // The step's first reduction goes straight into the host shard (zero + x = x); when it is also the step's
+      // only one (in the last micro-batch), its sum of squares is taken first on the device, for the gradient norm
+      // (device_grad_sq_sums). A later one goes into the pinned stage and a host function on the same stream adds
+      // it into the host shard (which also keeps the next copy out of the stage until the add has read it). The
+      // host waits once, at the end of the step (release_all).
+      const bool first = !u.reduced_this_step;
+      if (first && offload_streams_ && last_micro_batch_) {
+        last_ops->sum_squares(shard_f32, unit_sq_sums_.view(DType::F64, u.spec->index, {1}), ops::SumInto::Overwrite);
         ++unit_sums_taken_;
       }
-      if (offload_streams_ && shard_f32.data == u.full_grad.data()) {
-        // From the unit's own gradient buffer, on the download stream; the buffer's fence keeps its next
-        // user waiting until the copy has read it.
-        const StreamRef down = offload_streams_->download.ref();
-        offload_streams_->reduced.record(kCompute);
-        offload_streams_->reduced.wait(down);
-        copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, down);
-        u.full_grad.fence.record(down);
-      } else {
-        // A shared scratch buffer (reduce_shard_, stage_): copied on compute, before its next use there.
-        copy_async(u.grad.data(), shard_f32.data, static_cast<size_t>(n) * 4, {});
-      }
-      offload_copies_pending_ = true;
-    } else if (config_.offload_params) {
-      // A later reduction of the step is added on the host, in stream order and without a host wait: copied
-      // down into the pinned stage, then added into the host shard by a host function on the same stream
-      // (which also keeps the next unit's copy out of the stage until the add has read it). Compute waits
-      // only for the copy before it reuses the source; release_all waits once for the adds.
       const StreamRef down = offload_streams_ ? offload_streams_->download.ref() : kCompute;
       if (offload_streams_) {
-        offload_streams_->reduced.record(kCompute);
+        offload_streams_->reduced.record(last);
         offload_streams_->reduced.wait(down);
       }
-      copy_async(host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, down);
+      copy_async(first ? u.grad.data() : host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, down);
       if (offload_streams_) {
-        offload_streams_->staged.record(down);
-        offload_streams_->staged.wait(kCompute);
+        if (shard_f32.data == u.full_grad.data()) {
+          full_grad_reader = down;  // its next user (compute, through the pool) waits for the copy
+        } else {
+          offload_streams_->staged.record(down);
+          offload_streams_->staged.wait(last);
+        }
       }
-      host_callback(down, [stage = static_cast<const float*>(host_stage_.data()),
-                           grad = static_cast<float*>(u.grad.data()), n] { host_add(stage, grad, n); });
+      if (!first) {
+        host_callback(down, [stage = static_cast<const float*>(host_stage_.data()),
+                             grad = static_cast<float*>(u.grad.data()), n] { host_add(stage, grad, n); });
+      }
       offload_copies_pending_ = true;
     } else if (!u.reduced_this_step) {
-      ops_->copy(shard_f32, grad);  // the step's first reduction: zero + x
+      last_ops->copy(shard_f32, grad);  // the step's first reduction: zero + x
     } else {
-      ops_->add(shard_f32, grad);
+      last_ops->add(shard_f32, grad);
+    }
+  }
+  if (S == 1) u.full_grad.fence.record(full_grad_reader);
+  if (accumulated_all_reduce) {
+    // The shard holds this replica's sum over the step: all-reduce it once, in reduce_dtype, in place.
+    StreamRef replicate = kCompute;
+    ops::Ops* replicate_ops = ops_;
+    if (streams_) {
+      replicate = streams_->replicate.ref();
+      replicate_ops = replicate_ops_.get();
+      if (!same(last, replicate)) {
+        streams_->scattered.record(last);
+        streams_->scattered.wait(replicate);
+      }
+    }
+    last = replicate;
+    if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, replica all-reduce)", u.spec->index, u.spec->name));
+    if (rd == DType::F32) {
+      comms_->replicate().all_reduce(grad.data, grad.data, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
+    } else {
+      // A reduce_dtype buffer of n elements used on the replicate stream only: the slot (S > 1, freed by its
+      // event below) or the full-gradient cast buffer (S == 1: NO_SHARD, whose casts run on this stream too).
+      const ops::Tensor t = S > 1 ? reduce_shard_[slot].view(rd, 0, {n}) : reduce_full_.view(rd, 0, {n});
+      replicate_ops->copy(grad, t);
+      comms_->replicate().all_reduce(t.data, t.data, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
+      replicate_ops->copy(t, grad);
+    }
+    if (watchdog_) watchdog_->set_unit("");
+  }
+  if (streams_) {
+    if (S > 1 && R > 1) streams_->slot_free[slot].record(last);
+    if (!same(last, kCompute)) {
+      u.reduced_event.record(last);
+      u.wait_reduced = true;
+      if (config_.reduce_schedule == ReduceSchedule::Synchronous) wait_reductions();
     }
   }
   u.reduced_this_step = true;
-  grad_pool_.release(std::move(u.full_grad));
+  // Held back one reduction (grad_held_): the next unit's backward takes another buffer.
+  if (grad_held_) grad_pool_.release(std::move(grad_held_));
+  grad_held_ = std::move(u.full_grad);
 }
 
 // A unit's forward prefetches are issued at its first use, whether a prefetch gathered it already or not: so
@@ -488,6 +546,8 @@ void FsdpEngine::ensure_forward(int module) {
     for (int v : forward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
   for (int p : uses) wait_gathered(*units_[unit_of_param_[p]]);  // after the prefetches were issued
+  if (observer_ && first_use_unit_[module] >= 0)
+    observer_->schedule_point(SchedulePoint::ForwardBegins, first_use_unit_[module]);
 }
 
 void FsdpEngine::ensure_backward(int module) {
@@ -498,6 +558,10 @@ void FsdpEngine::ensure_backward(int module) {
     for (int v : backward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
   for (int p : model_->spec().module(module).uses) wait_gathered(*units_[unit_of_param_[p]]);
+  if (observer_) {
+    for (const UnitSpec& us : unit_specs_)
+      if (us.last_use == module) observer_->schedule_point(SchedulePoint::BackwardBegins, us.index);
+  }
 }
 
 void FsdpEngine::before_forward(int module, model::ForwardPhase phase) {
@@ -524,7 +588,7 @@ void FsdpEngine::after_backward(int module) {
   const int ui = first_use_unit_[module];
   if (ui < 0) return;
   Unit& u = *units_[ui];
-  if (config_.accumulation == GradAccumulation::ReduceEachMicroBatch || last_micro_batch_) reduce_gradients(u);
+  if (config_.accumulation != GradAccumulation::NoSync || last_micro_batch_) reduce_gradients(u);
   reshard(u);
   u.backward_started = false;
 }
@@ -557,9 +621,12 @@ void FsdpEngine::release_all() {
     reshard(*u);
     u->forward_started = u->backward_started = false;
   }
-  // No host synchronization: every buffer goes back to its pool in stream order (or with its fence), and
-  // compute waits on the device for the reductions still in flight, so the optimizer sees final shards.
-  wait_reductions();
+  if (grad_held_) grad_pool_.release(std::move(grad_held_));
+  // No host synchronization: every buffer goes back to its pool in stream order (or with its fence), and, at
+  // the end of the step, compute waits on the device for the reductions still in flight, so the optimizer sees
+  // final shards. Between micro-batches it does not: the next micro-batch's forward overlaps them, and its
+  // reductions into the same shards queue behind them on the same streams.
+  if (last_micro_batch_) wait_reductions();
   if (offload_copies_pending_ && last_micro_batch_) {  // the host optimizer reads the offloaded shards next
     // The copies down are on compute and on the download stream: the download stream waits for compute,
     // and the host for it, once per step (earlier micro-batches' copies and adds are ordered before the

@@ -39,6 +39,57 @@ MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& c
   return m;
 }
 
+namespace {
+
+// The engine's full gradient buffers through one backward (engine.cpp: begin_unit_backward takes one from the
+// pool when a unit's backward begins, reduce_gradients holds it back until the next reduction, and then it goes
+// back to the pool, FlatPool's rules): the most bytes allocated at once, as the ledger measures them.
+int64_t grad_buffer_peak(const model::ModelSpec& spec, const std::vector<UnitSpec>& units, const std::vector<int64_t>& bytes) {
+  std::vector<int> unit_of(spec.params().size(), -1);
+  for (const UnitSpec& u : units)
+    for (int p : u.params) unit_of[p] = u.index;
+  std::vector<bool> started(units.size(), false);
+  std::vector<int64_t> free_sizes;
+  int64_t live = 0, peak = 0, held = 0;
+  auto acquire = [&](int64_t b) {
+    size_t best = free_sizes.size();
+    for (size_t i = 0; i < free_sizes.size(); ++i)
+      if (free_sizes[i] >= b && (best == free_sizes.size() || free_sizes[i] < free_sizes[best])) best = i;
+    if (best < free_sizes.size()) {
+      const int64_t got = free_sizes[best];
+      free_sizes.erase(free_sizes.begin() + static_cast<long>(best));
+      return got;
+    }
+    if (!free_sizes.empty()) {  // nothing fits: the largest free buffer is given back first
+      const auto largest = std::max_element(free_sizes.begin(), free_sizes.end());
+      live -= *largest;
+      free_sizes.erase(largest);
+    }
+    live += b;
+    peak = std::max(peak, live);
+    return b;
+  };
+  std::vector<int64_t> buffer(units.size(), 0);
+  const auto& modules = spec.modules();
+  for (auto m = modules.rbegin(); m != modules.rend(); ++m) {
+    for (int p : m->uses) {
+      const int u = unit_of[p];
+      if (started[u] || bytes[u] == 0) continue;
+      started[u] = true;
+      buffer[u] = acquire(bytes[u]);
+    }
+    for (const UnitSpec& u : units) {
+      if (u.first_use != m->index || buffer[u.index] == 0) continue;
+      if (held > 0) free_sizes.push_back(held);
+      held = buffer[u.index];
+      buffer[u.index] = 0;
+    }
+  }
+  return peak;
+}
+
+}  // namespace
+
 FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int world_size, int ranks_per_node) {
   config.validate();
   FsdpPlan p;
@@ -47,19 +98,26 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   const auto bp = static_cast<int64_t>(dtype_size(config.param_dtype));
   const auto br = static_cast<uint64_t>(dtype_size(config.reduce_dtype));
   const bool raf = config.reshards_after_forward();
-  int64_t max_unit = 0, root = 0, all_units = 0, max_grad = 0, root_grad = 0, all_grads = 0, max_shard = 0, root_shard = 0,
+  int64_t max_unit = 0, root = 0, spanning = 0, all_units = 0, all_grads = 0, max_shard = 0, root_shard = 0,
           max_n = 0;
-  for (const UnitSpec& u : plan_units(spec, config.wrap)) {
+  const std::vector<UnitSpec> units = plan_units(spec, config.wrap);
+  std::vector<int64_t> grad_bytes(units.size(), 0);
+  for (const UnitSpec& u : units) {
     if (u.params.empty()) continue;
     UnitPlan up{u, make_flat_layout(spec, u.params, S)};
     const int64_t N = up.layout.padded_numel;
     p.sharded_param_bytes += 4 * (N / S);
     p.sharded_state_bytes += 16 * (N / S);
     all_grads += 4 * N;
-    if (u.is_root) root_grad = 4 * N;
-    else max_grad = std::max(max_grad, 4 * N);
+    grad_bytes[u.index] = 4 * N;
     all_units += N * bp;
+    // A unit whose uses span another unit's (the base model's embedding and final norm around the layers) stays
+    // gathered through them: counted on top, like the root.
+    const bool spans = std::any_of(units.begin(), units.end(), [&](const UnitSpec& o) {
+      return o.index != u.index && !o.params.empty() && o.first_use > u.first_use && o.first_use < u.last_use;
+    });
     if (u.is_root) root = N * bp;
+    else if (spans) spanning += N * bp;
     else max_unit = std::max(max_unit, N * bp);
     max_n = std::max(max_n, N);
     if (u.is_root) root_shard = 4 * (N / S);
@@ -72,15 +130,16 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
     p.units.push_back(std::move(up));
   }
   const int64_t depth = std::max(config.forward_prefetch, config.backward_prefetch);
-  p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + root) : all_units;
-  p.offload_upload_bytes = std::min(p.sharded_param_bytes, (1 + depth) * max_shard + root_shard);
-  // The root's backward spans the whole backward (lm_head first, the embedding last).
+  p.unsharded_param_bytes = raf ? std::min(all_units, (1 + depth) * max_unit + spanning + root) : all_units;
+  p.offload_upload_bytes = std::max(max_shard, root_shard);
+  // The root's backward spans the whole backward (lm_head first, the embedding last); each other unit's buffer
+  // lives through its backward and, held back, through the next unit's reduction being issued.
   if (grads_live_in_shards(config, S, R)) p.unsharded_grad_bytes = 0;
-  else p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : root_grad + max_grad;
+  else p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : grad_buffer_peak(spec, units, grad_bytes);
   // The engine's scratch buffers (engine.cpp, constructor), each sized for the largest unit.
   const bool f32_reduce = config.reduce_dtype == DType::F32;
   const int64_t max_any_shard = std::max(max_shard, root_shard);
-  if (S > 1) p.comm_scratch_bytes += max_any_shard;
+  if (S > 1) p.comm_scratch_bytes += (R > 1 ? 2 : 1) * max_any_shard;  // two reduce-scatter outputs with replicas
   if (!f32_reduce || (config.offload_params && R > 1)) p.comm_scratch_bytes += max_any_shard;
   if (!f32_reduce) p.comm_scratch_bytes += max_n * static_cast<int64_t>(br);
   if (config.offload_params) p.offload_stage_bytes = max_any_shard;

@@ -69,6 +69,17 @@ std::vector<UnitSpec> plan_units(const model::ModelSpec& spec, const WrapConfig&
     for (const model::ModuleInfo& m : modules)
       if (owner[m.index] >= 0)
         for (int p : m.params) groups[owner[m.index]].push_back(p);
+    // The seed's wrapping (fully_shard on each layer, then on model.model, then on the root): what the layers leave
+    // of the base model (the embedding and the final norm) is a unit of its own, "model", and the root keeps lm_head
+    // alone, so the lm_head's gather is prefetched behind the last layers and its reduction overlaps theirs.
+    std::vector<int> base;
+    for (const model::ModuleInfo& m : modules)
+      if (owner[m.index] < 0 && m.name.rfind("model.", 0) == 0)
+        for (int p : m.params) base.push_back(p);
+    if (!base.empty()) {
+      groups.push_back(std::move(base));
+      names.push_back("model");
+    }
   } else if (config.policy == WrapPolicy::SizeBased) {
     if (config.min_num_params <= 0) throw ConfigError(fmt::format("min_num_params {}: expected a positive count", config.min_num_params));
     int64_t in_group = 0;

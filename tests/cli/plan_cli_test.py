@@ -50,7 +50,7 @@ explicit = ["--nodes", "2", "--gpus-per-node", "2", "--vocab", str(m["vocab_size
             "--heads", str(m["num_attention_heads"]), "--kv-heads", str(m["num_key_value_heads"]),
             "--strategy", fs["strategy"], "--wrap", fs["auto_wrap_policy"], "--wrap-cls", *fs["transformer_layer_cls_to_wrap"],
             "--param-dtype", fs["param_dtype"], "--reduce-dtype", fs["reduce_dtype"],
-            "--forward-prefetch", "0", "--backward-prefetch", "1",  # [fsdp]'s defaults, the file leaves them out
+            "--forward-prefetch", "1", "--backward-prefetch", "1",  # [fsdp]'s defaults, the file leaves them out
             "--seq", str(data["seq_len"]), "--micro-batch", str(data["global_batch_size"] // world)]
 from_config = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2")
 from_options = plan_json(*explicit)

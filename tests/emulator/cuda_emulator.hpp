@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <functional>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace shardtrain::cuda_emulator {
 
@@ -25,6 +27,26 @@ Memory classify(const void* p);
 // [p, p + bytes) must lie inside one live cudaMalloc allocation (or cudaMallocHost, when pinned_ok), else the
 // process stops with a message naming `what`. bytes 0: p may also be one past the end. Null passes.
 void require_device_range(const void* p, size_t bytes, const char* what, bool pinned_ok = true);
+
+// The streams' dependency graph, for tests that assert a schedule's structure (tests/fsdp/schedule_checker.hpp):
+// between trace_begin() and trace_end(), every op queued on a stream is listed in queue order, each
+// cudaStreamWaitEvent with the op it waits for (also when that has run already: the dependency is in the
+// program either way), and each copy with where its ends lie. The process's own thread only (tests call it
+// around one engine's work).
+struct TraceOp {
+  uint64_t seq = 0;              // queue order, process-wide (an op's own number; waits for done work get one too)
+  const void* stream = nullptr;  // the cudaStream_t; nullptr: the legacy default stream
+  std::string what;              // as queued: "kernel launch", "ncclAllGather", "cudaEventRecord", "cudaStreamWaitEvent",
+                                 // "memcpy", "cudaLaunchHostFunc", "implicit synchronization", ...; "mark" for trace_mark
+  uint64_t waits_for = 0;        // a wait: the seq of the op it waits for (a record; 0: an event never recorded)
+  std::string detail;            // a copy: "<src>-><dst>" with each end "device", "pinned" or "pageable"; a mark: its label
+  size_t bytes = 0;              // a copy's size
+};
+void trace_begin();
+std::vector<TraceOp> trace_end();
+// Puts a label into the trace at this point of queue order (what the test knows and the device does not:
+// "unit 3 forward begins").
+void trace_mark(std::string label);
 
 // Stops the process with `message` on stderr: the emulator's way to report what a GPU would fault on.
 [[noreturn]] void fatal(const std::string& message);

@@ -72,6 +72,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Marker {
   bool done = false;
+  uint64_t seq = 0;  // its op's (the trace's waits_for)
   Clock::time_point at{};
   CUstream_st* stream = nullptr;  // where its op is queued (until it is done)
 };
@@ -191,6 +192,8 @@ struct State {
   std::vector<int> visible;  // the physical device of each ordinal (CUDA_VISIBLE_DEVICES); its size is the count
   int current = 0;    // cudaSetDevice's ordinal
   cudaError_t last_error = cudaSuccess;
+  bool tracing = false;        // trace_begin .. trace_end
+  std::vector<TraceOp> trace;
 
   State() {
     legacy.blocking = false;  // the legacy stream itself; blocking streams synchronize with it
@@ -362,6 +365,16 @@ std::shared_ptr<Marker> enqueue(State& g, CUstream_st* s, std::function<void()> 
     op.wait = std::move(dep);
     op.done = std::make_shared<Marker>();
     op.done->stream = s;
+    op.done->seq = op.seq;
+    // Waits for events are traced by cudaStreamWaitEvent itself (also those that queue nothing).
+    if (g.tracing && std::strcmp(name, "cudaStreamWaitEvent") != 0) {
+      TraceOp t;
+      t.seq = op.seq;
+      t.stream = s == &g.legacy ? nullptr : s;
+      t.what = name;
+      t.waits_for = op.wait ? op.wait->seq : 0;
+      g.trace.push_back(std::move(t));
+    }
     s->tail = op.done;
     s->queue.push_back(std::move(op));
   };
@@ -457,6 +470,15 @@ cudaError_t check_copy(State& g, const char* api, void* dst, const void* src, si
 }
 
 // Queues the copy on `s` by the rules in the header comment; `synchronous`: cudaMemcpy's host waits.
+const char* memory_name(Memory m) { return m == Memory::Device ? "device" : m == Memory::Pinned ? "pinned" : "pageable"; }
+
+// The trace's note on the copy just queued (the last op traced).
+void trace_copy(State& g, Memory sk, Memory dk, size_t count) {
+  if (!g.tracing || g.trace.empty()) return;
+  g.trace.back().detail = std::string(memory_name(sk)) + "->" + memory_name(dk);
+  g.trace.back().bytes = count;
+}
+
 void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bool synchronous, const char* api) {
   if (count == 0) return;
   const Memory dk = classify(dst), sk = classify(src);
@@ -470,9 +492,11 @@ void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bo
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + count);
     enqueue(g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
+    trace_copy(g, sk, dk, count);
     return;  // the host may reuse its buffer; the device copy lands later
   }
   const std::shared_ptr<Marker> done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
+  trace_copy(g, sk, dk, count);
   // cudaMemcpy returns once a copy into host memory (or from pinned memory) has landed; device to device it
   // does not wait.
   if (synchronous && !(dk == Memory::Device && sk == Memory::Device)) drain_until(g, done, api);
@@ -511,6 +535,31 @@ void submit(void* stream, std::function<void()> work, const char* what) {
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   count_call(what);
   enqueue(g, resolve(g, stream), std::move(work), what);
+}
+
+void trace_begin() {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  g.trace.clear();
+  g.tracing = true;
+}
+
+std::vector<TraceOp> trace_end() {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  g.tracing = false;
+  return std::move(g.trace);
+}
+
+void trace_mark(std::string label) {
+  State& g = state();
+  std::lock_guard<std::recursive_mutex> lock(g.mutex);
+  if (!g.tracing) return;
+  TraceOp t;
+  t.seq = g.next_seq++;
+  t.what = "mark";
+  t.detail = std::move(label);
+  g.trace.push_back(std::move(t));
 }
 
 [[noreturn]] void fatal(const std::string& message) {
@@ -866,7 +915,21 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
   // The wait is for the record made before this call (none: nothing to wait for).
-  if (event->last && !event->last->done) enqueue(g, resolve(g, stream), {}, "cudaStreamWaitEvent", event->last);
+  CUstream_st* s = resolve(g, stream);
+  uint64_t seq = 0;
+  if (event->last && !event->last->done) {
+    seq = enqueue(g, s, {}, "cudaStreamWaitEvent", event->last)->seq;
+  } else if (g.tracing) {
+    seq = g.next_seq++;
+  }
+  if (g.tracing) {
+    TraceOp t;
+    t.seq = seq;
+    t.stream = s == &g.legacy ? nullptr : s;
+    t.what = "cudaStreamWaitEvent";
+    t.waits_for = event->last ? event->last->seq : 0;
+    g.trace.push_back(std::move(t));
+  }
   return cudaSuccess;
 }
 

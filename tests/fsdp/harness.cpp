@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
+
+#include <fmt/format.h>
 
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
@@ -112,6 +115,7 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       batch.input_ids = ops::make_tensor(id_data, DType::I32, {rows_per_micro, o.seq}, dev);
       batch.targets = ops::make_tensor(target_data, DType::I32, {rows_per_micro, o.seq}, dev);
       loss_sum += engine.forward_backward(batch, 1.0 / static_cast<double>(global_tokens), mb == o.micro_batches - 1).loss_sum;
+      if (o.after_micro_batch) o.after_micro_batch(mb);
     }
     MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
     out.losses.push_back(loss_sum / static_cast<double>(global_tokens));
@@ -140,8 +144,15 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);
     }
   }
+  // SHARDTRAIN_TEST_PRINT_LOSSES=1: every run's losses and norms with all their digits, on rank 0 (to compare two
+  // builds bit for bit).
+  if (const char* p = std::getenv("SHARDTRAIN_TEST_PRINT_LOSSES"); p && std::string_view(p) == "1" && rank == 0) {
+    std::string line = "losses";
+    for (size_t i = 0; i < out.losses.size(); ++i) line += fmt::format(" {:.17g}/{:.17g}", out.losses[i], out.grad_norms[i]);
+    std::printf("%s\n", line.c_str());
+  }
   out.comm_buffer_peak = ledger.peak(MemoryCategory::CommBuffers);  // training's, before gather_unit's buffers
-  for (size_t u = 0; u < engine.units().size(); ++u) {
+  for (size_t u = 0; u < (o.gather_params ? engine.units().size() : 0); ++u) {
     const std::vector<float> full = engine.gather_unit(static_cast<int>(u));
     for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {
       out.params[e.param].assign(full.begin() + e.offset, full.begin() + e.offset + e.numel);

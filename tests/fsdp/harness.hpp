@@ -31,6 +31,8 @@ struct RunOptions {
   int first_step = 0;
   std::function<void(fsdp::FsdpEngine&, optim::AdamW&)> before_first_step;
   std::function<void(int, fsdp::FsdpEngine&, optim::AdamW&)> after_step;
+  std::function<void(int)> after_micro_batch;
+  bool gather_params = true;  // fill RunResult::params and layouts at the end (collectives over every unit)  // after each forward_backward, with the micro-batch's index
 };
 
 struct RunResult {

@@ -34,14 +34,21 @@ void expect_partition(const model::ModelSpec& spec, const std::vector<UnitSpec>&
 TEST(WrapPolicy, TransformerBasedWrapsEachDecoderLayer) {
   const model::ModelSpec spec(config(false));
   const auto units = plan_units(spec, {});
-  ASSERT_EQ(units.size(), 4u);  // three layers and the root
+  ASSERT_EQ(units.size(), 5u);  // the base model, three layers and the root
   expect_partition(spec, units);
-  // Ordered by first use: the root (embedding first) leads, then the layers.
-  EXPECT_TRUE(units[0].is_root);
+  // The seed's wrapping, ordered by first use: the base model (embedding and final norm) leads, then the layers, then
+  // the root with lm_head alone, whose gather a prefetch can issue behind the last layer.
+  EXPECT_EQ(units[0].name, "model");
+  EXPECT_FALSE(units[0].is_root);
+  EXPECT_EQ(units[0].params.size(), 2u);  // embed_tokens, norm
+  EXPECT_EQ(units[0].first_use, spec.embed_module());
+  EXPECT_LT(units[0].last_use, spec.lm_head_module());
   EXPECT_EQ(units[1].name, "model.layers.0");
   EXPECT_EQ(units[3].name, "model.layers.2");
   EXPECT_EQ(units[1].params.size(), 9u);
-  EXPECT_EQ(units[0].params.size(), 3u);  // embed_tokens, norm, lm_head
+  EXPECT_TRUE(units[4].is_root);
+  ASSERT_EQ(units[4].params.size(), 1u);
+  EXPECT_EQ(spec.param(units[4].params[0]).name, "lm_head.weight");
 }
 
 TEST(WrapPolicy, NestedClassesAndTiedEmbeddings) {
@@ -50,10 +57,14 @@ TEST(WrapPolicy, NestedClassesAndTiedEmbeddings) {
   w.transformer_layer_cls = {model::ModuleClass::LlamaMLP, model::ModuleClass::Embedding};
   const auto units = plan_units(spec, w);
   expect_partition(spec, units);
-  // embed_tokens, three MLPs, and the root (norms and attention) .
-  ASSERT_EQ(units.size(), 5u);
+  // embed_tokens, the base model (norms and attention, as FSDP2's fully_shard(model.model) takes what the nested
+  // units leave), three MLPs, and the root (empty: the tied lm_head owns no parameter).
+  ASSERT_EQ(units.size(), 6u);
   const UnitSpec& embed = units[0];
   EXPECT_EQ(embed.name, "model.embed_tokens");
+  EXPECT_EQ(units[1].name, "model");
+  EXPECT_TRUE(units.back().is_root);
+  EXPECT_TRUE(units.back().params.empty());
   // The tied lm_head reads the embedding: its unit stays in use until the end of forward.
   EXPECT_EQ(embed.last_use, spec.lm_head_module());
   EXPECT_EQ(embed.first_use, spec.embed_module());

@@ -13,11 +13,20 @@ namespace shardtrain::fsdp {
 
 // How gradients of several micro-batches are accumulated.
 enum class GradAccumulation {
-  ReduceEachMicroBatch,  // lean: reduce-scatter after every micro-batch into the fp32 gradient shard
-  NoSync,                // keep full unsharded fp32 gradients until the last micro-batch (one reduction, +4P bytes/rank)
+  ReduceEachMicroBatch,  // lean: reduce-scatter (and all-reduce over replicas) after every micro-batch into the fp32 shard
+  NoSync,                // keep full unsharded fp32 gradients until the last micro-batch (one reduction, +4P bytes/rank);
+                         // FSDP2's set_requires_gradient_sync(False) on every micro-batch but the last
+  AllReduceLast,         // reduce-scatter every micro-batch, all-reduce the accumulated shard over replicas on the last
+                         // only (FSDP2's set_requires_all_reduce(False)); the same as reduce_each without replicas
 };
 const char* grad_accumulation_name(GradAccumulation g);
-GradAccumulation parse_grad_accumulation(std::string_view text);  // "reduce_each" | "no_sync"
+GradAccumulation parse_grad_accumulation(std::string_view text);  // "reduce_each" | "no_sync" | "all_reduce_last"
+
+// When compute waits for a unit's gradient reduction (on a GPU with device-memory communicators; elsewhere the
+// reductions run in call order anyway). Async: never, until the optimizer needs the shards or a buffer the
+// reduction reads is reused. Synchronous: right after issuing it, as an engine without overlap would; for the
+// schedule tests (tests/fsdp/overlap_test.cpp) and for comparisons, not a configuration key.
+enum class ReduceSchedule { Async, Synchronous };
 
 struct FsdpConfig {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
@@ -27,9 +36,10 @@ struct FsdpConfig {
   DType param_dtype = DType::F32;              // gathered and computed with: f32 or bf16
   DType reduce_dtype = DType::F32;             // gradients reduced in: f32 or bf16
   bool offload_params = false;                 // master, gradient and optimizer shards in pinned host memory
-  int forward_prefetch = 0;                    // units all-gathered ahead in forward
+  int forward_prefetch = 1;                    // units all-gathered ahead in forward (FSDP2's implicit prefetch)
   int backward_prefetch = 1;                   // units all-gathered ahead in backward (BACKWARD_PRE)
   GradAccumulation accumulation = GradAccumulation::ReduceEachMicroBatch;
+  ReduceSchedule reduce_schedule = ReduceSchedule::Async;
   bool activation_checkpointing = false;       // per decoder layer
   bool sync_module_states = false;             // broadcast replica 0's shards after init/load
 

@@ -44,6 +44,19 @@ class PendingShardWrites {
   ~PendingShardWrites() = default;
 };
 
+// What the engine is about to queue, for tests of its schedule (tests/fsdp/overlap_test.cpp marks these points in
+// the CUDA emulator's stream trace): called before a unit's all-gather is issued, once the unit's forward or
+// backward may start computing (its gather waited for, its prefetches issued), and before its gradient reduction
+// is issued.
+enum class SchedulePoint { GatherIssued, ForwardBegins, BackwardBegins, ReductionIssued };
+class ScheduleObserver {
+ public:
+  virtual void schedule_point(SchedulePoint what, int unit) = 0;
+
+ protected:
+  ~ScheduleObserver() = default;
+};
+
 struct UnitStats {
   int gathers = 0;            // all-gathers issued this step
   int max_outstanding = 0;    // most non-root units gathered at once, since the last reset
@@ -84,6 +97,7 @@ class FsdpEngine final : public model::ModuleHooks {
   // Master shards the host may still be writing (not owned; null: none). unshard and gather_unit wait.
   void set_pending_writes(const PendingShardWrites* w) { pending_writes_ = w; }
   void reset_stats() { stats_ = {}; }
+  void set_schedule_observer(ScheduleObserver* o) { observer_ = o; }  // not owned; null: none
 
   // CPU offload on a GPU: the sums of squares of this step's gradient shards, one double per unit (units()
   // order) in device memory, taken on the device when each unit's reduction went down; they are complete once
@@ -111,7 +125,6 @@ class FsdpEngine final : public model::ModuleHooks {
   struct Streams;
   struct OffloadStreams;
   void unshard(Unit& u);
-  void finish_offload_unshard(Unit& u);
   void all_gather_unit(Unit& u, StreamRef stream);
   void wait_gathered(Unit& u);
   void wait_reductions();
@@ -137,9 +150,20 @@ class FsdpEngine final : public model::ModuleHooks {
   std::vector<ShardView> shard_views_;
   std::vector<std::vector<int>> forward_prefetch_, backward_prefetch_;
   FlatPool param_pool_, grad_pool_;
-  FlatPool upload_pool_;     // offload: (N/S) fp32 device copies of master shards, from upload to first use
+  FlatPool upload_pool_;     // offload: (N/S) fp32 device copies of master shards, from upload to their cast
   FlatBuffer stage_;         // (N/S) fp32 on the compute device: reduce_dtype casts
-  FlatBuffer reduce_shard_;  // (N/S) reduce_dtype: the reduce-scatter output
+  // (N/S) reduce_dtype: the reduce-scatter output; two with replicas (hybrid), used in turn, so that a unit's
+  // reduce-scatter does not wait for the previous unit's all-reduce over replicas.
+  FlatBuffer reduce_shard_[2];
+  // The full gradient buffer of the unit reduced last, held back from the pool until the next unit's reduction
+  // is issued: the unit whose backward starts next takes another buffer, so compute does not wait for the
+  // reduction just issued (double buffering; the plan counts it).
+  FlatBuffer grad_held_;
+  // On a GPU with overlap: ops on the reduce and replicate streams (their own contexts, so that compute never
+  // waits for them through a stream switch): the casts and adds of reductions run there, beside compute.
+  std::unique_ptr<ops::Ops> reduce_ops_, replicate_ops_;
+  std::unique_ptr<ops::Ops> upload_ops_;  // offload on a GPU: casts of uploaded master shards, on the upload stream
+  ScheduleObserver* observer_ = nullptr;
   FlatBuffer reduce_full_;   // (N) reduce_dtype when it is not fp32
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
   FlatBuffer unit_sq_sums_;  // offload on a GPU: one f64 per unit, device_grad_sq_sums

@@ -25,13 +25,14 @@ struct FsdpPlan {
   int64_t sharded_param_bytes = 0;         // fp32 master shards: sum of 4 * N/S
   int64_t sharded_state_bytes = 0;         // fp32 param, grad, exp_avg, exp_avg_sq: 16 * N/S
   int64_t unsharded_param_bytes = 0;       // gathered param_dtype buffers at most at once
-  int64_t unsharded_grad_bytes = 0;        // fp32 full gradient buffers alive at once: the root's and one
-                                           // other unit's (reduce_each), every unit's (no_sync)
-  int64_t offload_upload_bytes = 0;        // with offload_params: fp32 device copies of master shards from
-                                           // their upload to the unit's first use: the root's and at most
-                                           // 1 + prefetch depth others'
+  int64_t unsharded_grad_bytes = 0;        // fp32 full gradient buffers alive at once (reduce_each, all_reduce_last:
+                                           // the root's, the unit's in backward and the one whose reduction was
+                                           // issued last, held back one reduction; no_sync: every unit's)
+  int64_t offload_upload_bytes = 0;        // with offload_params: the fp32 device copy of a master shard between
+                                           // its upload and its cast (on the upload stream, one at a time): the
+                                           // largest shard
   int64_t comm_scratch_bytes = 0;          // fixed scratch on the compute device, one largest shard or unit each:
-                                           // the reduce-scatter output (S > 1), the fp32 stage (a reduce_dtype
+                                           // the reduce-scatter output (S > 1; two with replicas), the fp32 stage (a reduce_dtype
                                            // other than fp32, or offload with replicas), the reduce_dtype copy
                                            // of a full gradient (reduce_dtype other than fp32)
   int64_t offload_stage_bytes = 0;         // with offload_params: the pinned host stage (one largest shard)
