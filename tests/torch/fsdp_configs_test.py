@@ -150,7 +150,7 @@ for name, path in files.items():
         # default of one unit of prefetch, FSDP2's own.
         same("reshard_after_forward", a["reshard_after_forward"], our_reshard, "reshard_after_forward")
         same("fsdp2 shards gradients and optimizer state", True, fsdp["strategy"] in ("FULL_SHARD", "SHARD_GRAD_OP"))
-        same("fsdp2 implicit prefetch", (1, 0), (fsdp["backward_prefetch"], fsdp["forward_prefetch"]))
+        same("fsdp2 implicit prefetch", (1, 1), (fsdp["backward_prefetch"], fsdp["forward_prefetch"]))
     same("offload_params", a["offload_params"], fsdp["offload_params"], "offload_params", "cpu_offload")
     same("auto_wrap_policy", a["auto_wrap_policy"], fsdp["auto_wrap_policy"], "auto_wrap_policy")
     if a["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP":
