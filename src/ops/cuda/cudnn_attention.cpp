@@ -271,15 +271,10 @@ void CudnnAttention::execute(Plan& p, void* cudnn_workspace, StreamRef stream) {
   ST_CHECK_CUDNN(*lib_, api.BackendExecute(handle_, p.exec.plan.get(), pack));
 }
 
-void CudnnAttention::forward(const SdpaCall& call, const SdpaForwardTensors& t, void* workspace, size_t workspace_bytes,
-                             kernels::DataErrorRecord* error, StreamRef stream) {
-  Plan& p = ready_plan(call, SdpaDirection::Forward, workspace, workspace_bytes);
+kernels::AttentionSequences CudnnAttention::queue_sequence_arrays(const Plan& p, const SdpaCall& call,
+                                                                  const int32_t* segments, char* ws,
+                                                                  kernels::DataErrorRecord* error, StreamRef stream) {
   const SdpaGraph& g = p.graph;
-  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.out), static_cast<const void*>(t.lse)})
-    if (ptr == nullptr || !aligned16(ptr))
-      throw InternalError("cuDNN attention forward: q, k, v, out and lse must be 16-byte aligned device pointers");
-  if (g.ragged && t.segments == nullptr) throw InternalError("cuDNN attention forward: packed documents need segments");
-  char* ws = static_cast<char*>(workspace);
   const auto dims = kernels::AttentionSequenceDims{call.batch, call.seq, call.heads, call.kv_heads, call.head_dim,
                                                     g.graph_batch};
   kernels::AttentionSequences arrays;
@@ -289,7 +284,20 @@ void CudnnAttention::forward(const SdpaCall& call, const SdpaForwardTensors& t, 
     arrays.kv_offsets = reinterpret_cast<int64_t*>(ws + p.offsets_kv_at);
     arrays.stats_offsets = reinterpret_cast<int64_t*>(ws + p.offsets_stats_at);
   }
-  if (g.padding_mask) kernels::attention_sequences(g.ragged ? t.segments : nullptr, dims, arrays, error, stream);
+  if (g.padding_mask) kernels::attention_sequences(g.ragged ? segments : nullptr, dims, arrays, error, stream);
+  return arrays;
+}
+
+void CudnnAttention::forward(const SdpaCall& call, const SdpaForwardTensors& t, void* workspace, size_t workspace_bytes,
+                             kernels::DataErrorRecord* error, StreamRef stream) {
+  Plan& p = ready_plan(call, SdpaDirection::Forward, workspace, workspace_bytes);
+  const SdpaGraph& g = p.graph;
+  for (const void* ptr : {t.q, t.k, t.v, static_cast<const void*>(t.out), static_cast<const void*>(t.lse)})
+    if (ptr == nullptr || !aligned16(ptr))
+      throw InternalError("cuDNN attention forward: q, k, v, out and lse must be 16-byte aligned device pointers");
+  if (g.ragged && t.segments == nullptr) throw InternalError("cuDNN attention forward: packed documents need segments");
+  char* ws = static_cast<char*>(workspace);
+  const kernels::AttentionSequences arrays = queue_sequence_arrays(p, call, t.segments, ws, error, stream);
   float* stats = g.ragged ? reinterpret_cast<float*>(ws + p.scratch_at(sdpa_uid::Stats)) : t.lse;
   using namespace sdpa_uid;
   p.bind(Q, t.q);
@@ -323,16 +331,7 @@ void CudnnAttention::backward(const SdpaCall& call, const SdpaBackwardTensors& t
           "cuDNN attention backward: q, k, v, out, lse, dout, dq, dk and dv must be 16-byte aligned device pointers");
   if (g.ragged && t.segments == nullptr) throw InternalError("cuDNN attention backward: packed documents need segments");
   char* ws = static_cast<char*>(workspace);
-  const auto dims = kernels::AttentionSequenceDims{call.batch, call.seq, call.heads, call.kv_heads, call.head_dim,
-                                                    g.graph_batch};
-  kernels::AttentionSequences arrays;
-  if (g.padding_mask) arrays.lengths = reinterpret_cast<int32_t*>(ws + p.seq_lens_at);
-  if (g.ragged) {
-    arrays.q_offsets = reinterpret_cast<int64_t*>(ws + p.offsets_qo_at);
-    arrays.kv_offsets = reinterpret_cast<int64_t*>(ws + p.offsets_kv_at);
-    arrays.stats_offsets = reinterpret_cast<int64_t*>(ws + p.offsets_stats_at);
-  }
-  if (g.padding_mask) kernels::attention_sequences(g.ragged ? t.segments : nullptr, dims, arrays, error, stream);
+  const kernels::AttentionSequences arrays = queue_sequence_arrays(p, call, t.segments, ws, error, stream);
   const float* stats = t.lse;
   if (g.ragged) {
     float* tokens_major = reinterpret_cast<float*>(ws + p.scratch_at(sdpa_uid::Stats));

@@ -34,6 +34,7 @@
 
 #include "cudnn_library.hpp"
 #include "cudnn_sdpa_graph.hpp"
+#include "kernels/attention_sequences.cuh"
 #include "kernels/data_error.cuh"
 #include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/device.hpp"
@@ -140,6 +141,10 @@ class CudnnAttention {
   Plan& plan_for(const SdpaCall& call);
   Plan& ready_plan(const SdpaCall& call, SdpaDirection direction, void* workspace, size_t workspace_bytes);
   void execute(Plan& p, void* cudnn_workspace, StreamRef stream);
+  // The sequence arrays a plan with a padding mask or ragged offsets reads: their places in `ws`, and (with a
+  // padding mask) the kernel that derives them from the segments queued on `stream`.
+  kernels::AttentionSequences queue_sequence_arrays(const Plan& p, const SdpaCall& call, const int32_t* segments,
+                                                    char* ws, kernels::DataErrorRecord* error, StreamRef stream);
 
   CudnnAttentionOptions options_;
   bool initialized_ = false;
