@@ -176,7 +176,8 @@ phase_track() {
 # The three shapes of issue 35, each with the micro-batch one GPU takes per step (the seed's whole global batch;
 # the 1B's micro-batch of 8 x 2048; the 8B's 1 x 8192), all on the carried corpus (packed rows as one causal
 # sequence for the 1B and 8B, as the PyTorch side reads them).
-SHAPES=(seed 1b 8b)
+# SHARDTRAIN_GPU_SHAPES="1b 8b" runs a subset (a second call with another setting, say).
+read -r -a SHAPES <<<"${SHARDTRAIN_GPU_SHAPES:-seed 1b 8b}"
 declare -A SHAPE_CONFIG=([seed]=llama-seed [1b]=llama-1b [8b]=llama-8b-layers)
 declare -A SHAPE_OVERRIDES=([seed]="" [1b]="data.global_batch_size=8" [8b]="")
 declare -A SHAPE_MFU_TARGET=([seed]=0.5 [1b]=0.5 [8b]=0.55)
@@ -213,6 +214,8 @@ phase_bench() {
   done
   # How many of the 8B's layers shardtrain trains on one 80 GB GPU: `shardtrain plan` says 13 without activation
   # checkpointing and 17 with it (docs/performance.md); measured here (the peak device memory is the figure).
+  # SHARDTRAIN_GPU_LAYER_FIT=0 skips them.
+  [[ "${SHARDTRAIN_GPU_LAYER_FIT:-1}" == 0 ]] && return 0
   local args=(bench step --config "$ROOT/configs/llama-8b-layers.toml" --data.path "$DATA" --warmup 1 --steps 3)
   run bench_8b_13_layers 120 mpirun -np 1 shardtrain "${args[@]}" --model.num_hidden_layers 13 \
     --json "$LOGS/bench/8b-13-layers.json"
