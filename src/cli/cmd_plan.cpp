@@ -346,7 +346,9 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                      "workspace {}{}, cuBLASLt workspace {})\n",
                      gib(static_cast<double>(scratch.total())), gib(static_cast<double>(scratch.loss)),
                      gib(static_cast<double>(scratch.op_workspace)), gib(static_cast<double>(scratch.cudnn_attention)),
-                     scratch.cudnn_attention > 0 ? " (deterministic backward's dP; the two share one buffer)" : "",
+                     scratch.cudnn_attention == 0 ? ""
+                     : ops::deterministic_attention_from_env() ? " (deterministic backward's dP; the two share one buffer)"
+                                                               : " (backward's dQ accumulator; the two share one buffer)",
                      gib(static_cast<double>(scratch.gemm_workspace)));
   out += estimates;
   std::fputs(out.c_str(), stdout);

@@ -19,6 +19,7 @@ ops::CudaScratchBytes op_scratch_bytes(const model::ModelSpec& spec, DType param
   shape.lm_head_grad_dtype = DType::F32;  // the unsharded gradient buffers are fp32
   shape.head_dim = c.head_dim();
   shape.cudnn_attention = param_dtype == DType::BF16;  // cuDNN's flash attention takes bf16 (docs/gpu.md)
+  shape.deterministic_attention = ops::deterministic_attention_from_env();
   return ops::cuda_scratch_bytes(shape);
 }
 

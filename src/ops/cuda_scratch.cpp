@@ -1,8 +1,11 @@
 // The CUDA backend's scratch sizes for the memory planner (cuda_ops.hpp), in every build.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/dtype.hpp"
+#include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::ops {
 namespace {
@@ -55,6 +58,14 @@ CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOpti
   b.sum_partials = 1024 * sizeof(double);  // kernels/sum_squares.cu: at most 1024 blocks
   b.gemm_workspace = options.gemm_workspace_bytes;
   return b;
+}
+
+bool deterministic_attention_from_env() {
+  const char* env = std::getenv("SHARDTRAIN_ATTENTION_DETERMINISTIC");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string v = env;
+  if (v != "0" && v != "1") throw UsageError("SHARDTRAIN_ATTENTION_DETERMINISTIC='" + v + "': expected 0 or 1");
+  return v == "1";
 }
 
 }  // namespace shardtrain::ops

@@ -54,7 +54,7 @@ struct CudaScratchShape {
   DType lm_head_grad_dtype = DType::F32;        // not f32: the chunks' dW is summed in an fp32 buffer first
   // cuDNN's fused attention may run (a GPU with cuDNN 9): its workspace shares the op workspace's slot.
   bool cudnn_attention = false;
-  bool deterministic_attention = true;          // CudaOps::set_deterministic_attention
+  bool deterministic_attention = false;         // deterministic_attention_from_env()
   int64_t head_dim = 0;                         // 0: hidden / heads
 };
 struct CudaScratchBytes {
@@ -69,6 +69,12 @@ struct CudaScratchBytes {
   size_t total() const { return loss + std::max(op_workspace, cudnn_attention) + sum_partials + gemm_workspace; }
 };
 CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& shape, const CudaOpsOptions& options = {});
+
+// Whether cuDNN's attention backward is asked for its deterministic variant: SHARDTRAIN_ATTENTION_DETERMINISTIC=1
+// (the same bits every run; slower, and past the workspace limit at long sequences, where our kernels' backward
+// runs instead), 0 or unset the faster one whose dQ accumulates with atomics (PyTorch's default too; measured in
+// docs/performance.md). Anything else is a UsageError naming the variable. The backend and the planner both ask.
+bool deterministic_attention_from_env();
 
 #if SHARDTRAIN_WITH_CUDA
 
@@ -109,8 +115,8 @@ class CudaOps final : public Ops {
   static AttentionImpl attention_impl();
   static void use_fma_attention(bool on);  // Fma, or back to Auto
   static bool fma_attention();
-  // cuDNN's backward: deterministic (its dQ without atomics: the same bits every run; the default, as every
-  // other op here) or its faster variant. SHARDTRAIN_ATTENTION_DETERMINISTIC=0 sets the initial choice.
+  // cuDNN's backward: its faster variant (dQ accumulated with atomics: the last bits may differ between runs; the
+  // default) or the deterministic one. deterministic_attention_from_env() sets the initial choice.
   void set_deterministic_attention(bool on);
   bool deterministic_attention() const;
   // What Auto runs for this call, and why: "cudnn", or "mma (cuDNN: <why it cannot>)" (and "fma ...").

@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -59,12 +58,7 @@ Context::Context(const CudaOpsOptions& opts)
   ST_CHECK_CUDA(cudaMemset(readback_device.data(), 0, sizeof(Readback)));
   ST_CHECK_CUDA(cudaDeviceSynchronize());
   ST_CHECK_CUDA(cudaEventCreateWithFlags(&stream_switch, cudaEventDisableTiming));
-  // SHARDTRAIN_ATTENTION_DETERMINISTIC=0: cuDNN's faster, nondeterministic attention backward.
-  if (const char* env = std::getenv("SHARDTRAIN_ATTENTION_DETERMINISTIC"); env && *env) {
-    const std::string v = env;
-    if (v != "0" && v != "1") throw UsageError("SHARDTRAIN_ATTENTION_DETERMINISTIC='" + v + "': expected 0 or 1");
-    deterministic_attention = v == "1";
-  }
+  deterministic_attention = deterministic_attention_from_env();
 }
 
 Context::~Context() {

@@ -69,9 +69,9 @@ struct Context {
   DeviceBuffer readback_device;  // one Readback
   PinnedBuffer readback_host;    // its host mirror
   LtGemm gemm;
-  // Attention: cuDNN's backward deterministic or not (CudaOps::set_deterministic_attention), and the calls whose
-  // choice of implementation was logged.
-  bool deterministic_attention = true;
+  // Attention: cuDNN's backward deterministic or not (deterministic_attention_from_env() at start,
+  // CudaOps::set_deterministic_attention), and the calls whose choice of implementation was logged.
+  bool deterministic_attention = false;
   std::set<std::string> attention_logged;
   // cuDNN's fused attention (cudnn_attention.hpp), made at the first attention call that may use it.
   std::unique_ptr<CudnnAttention> cudnn;
