@@ -20,7 +20,7 @@
 #     seedoffload  the seed's table with its CPU-offload row (issue 8's comparison, as before)
 #     offload   shardtrain bench step on the seed model with CPU offload: as configured, and with the embedding
 #               as a unit of its own (the root's update then no longer delays the first forward)
-#     profile   one step of the seed model kernel by kernel (Nsight Compute, two runs: 1 and 2 steps, their
+#     profile   one step of the seed model (SHARDTRAIN_GPU_PROFILE_CONFIG: another config) kernel by kernel (Nsight Compute, two runs: 1 and 2 steps, their
 #               difference is one steady-state step): scripts/gpu/profile-summary.py -> profile.md
 #   (no phase: probe only). `-- CMD` runs CMD afterwards with the same environment.
 #   SHARDTRAIN_GPU_BUDGET_S=N bounds the whole script to N seconds (steps that no longer fit are skipped).
@@ -277,7 +277,8 @@ phase_profile() {
   mkdir -p "$dir"
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [[ -n "$ncu_bin" ]] || { summary "profile: no ncu on this machine"; status=1; return; }
-  local args=(bench step --config "$ROOT/configs/llama-seed.toml" --data.path "$DATA")
+  # SHARDTRAIN_GPU_PROFILE_CONFIG=llama-1b (a configs/ name) profiles another shape's step.
+  local args=(bench step --config "$ROOT/configs/${SHARDTRAIN_GPU_PROFILE_CONFIG:-llama-seed}.toml" --data.path "$DATA")
   run profile_step_time 120 mpirun -np 1 shardtrain "${args[@]}" --warmup 2 --steps 5 --json "$dir/step.json"
   for steps in 1 2; do
     run "profile_ncu_${steps}_steps" 210 mpirun -np 1 "$ncu_bin" --csv --page raw --print-units base --clock-control none \
