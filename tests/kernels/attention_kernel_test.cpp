@@ -78,9 +78,13 @@ void check_case(const Case& c, MaskKind kind, DType dtype) {
 
 void check_all(MaskKind kind, DType dtype) {
   ST_SKIP_WITHOUT_GPU("attention kernel test");
+  // Every head dim at 1, 45 and 130 rows (one tile, a partial tile, three with the causal diagonal inside the
+  // last); 257 (five tiles) only at the head dims models use, 64 and 128: under the emulator 257 rows cost four
+  // times 130's, and at every head dim they were 78 % of the test's time for no structure 130 lacks.
   for (int64_t s : {1, 45, 130, 257})
     for (auto [h, hkv] : {std::pair<int64_t, int64_t>{6, 2}, {4, 4}})
       for (int64_t dh : {4, 6, 16, 24, 32, 64, 96, 128}) {
+        if (s == 257 && dh != 64 && dh != 128) continue;
         check_case(Case{2, s, h, hkv, dh}, kind, dtype);
         if (testing::Test::HasFailure()) return;  // one failing shape is enough to read
       }
