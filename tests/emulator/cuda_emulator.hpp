@@ -1,8 +1,11 @@
 // The CUDA emulator's shared core (SHARDTRAIN_CUDA=EMULATED builds; see docs/gpu.md "The whole CUDA backend
 // on the host"): device memory, streams and the schedule that runs their work. cuda_runtime.cpp implements the
-// runtime API on top of it, cublaslt.cpp and nccl.cpp queue their work through it, and the SIMT emulator's
-// launches reach it through simt_emulator::RuntimeHooks.
+// runtime API on top of it (devices.cpp the device queries, errors.cpp the last error), cublaslt.cpp and
+// nccl.cpp queue their work through it, and the SIMT emulator's launches reach it through
+// simt_emulator::RuntimeHooks.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <functional>
@@ -47,6 +50,13 @@ std::vector<TraceOp> trace_end();
 // Puts a label into the trace at this point of queue order (what the test knows and the device does not:
 // "unit 3 forward begins").
 void trace_mark(std::string label);
+
+// What the emulated device reports as its memory (an H100's 80 GB); cudaMalloc refuses more.
+inline constexpr size_t kDeviceMemory = size_t{80} << 30;
+
+// Sets the runtime's last error (cudaGetLastError) to `e` and returns it; a non-empty `message` goes to stderr
+// first, as every failed call of the emulator says why (devices.cpp's calls fail through this).
+cudaError_t record_error(cudaError_t e, const std::string& message);
 
 // Stops the process with `message` on stderr: the emulator's way to report what a GPU would fault on.
 [[noreturn]] void fatal(const std::string& message);

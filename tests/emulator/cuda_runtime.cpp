@@ -22,15 +22,7 @@
 // or read at the call (pageable sources, which the runtime stages): the documented latitudes of
 // cudaMemcpyAsync.
 //
-// Devices. SHARDTRAIN_CUDA_EMULATOR_DEVICES=N (default 1) gives the machine N physical devices, so that ranks
-// on one machine each take one of their own and talk over the emulated NCCL (nccl.cpp); each process is its
-// own device. Physical device p has an identity as a GPU does: a UUID (cudaDeviceProp::uuid, derived from p
-// and the host name) and a PCI bus id (0000:<0x10 + p>:00.0, cudaDeviceGetPCIBusId and the pci* properties).
-// CUDA_VISIBLE_DEVICES is honored as the CUDA runtime does: a comma-separated list of physical indices or
-// UUIDs (GPU-..., a unique prefix is enough) makes those devices, in that order, ordinals 0, 1, ...; the list
-// ends at the first entry that names no device (or one already listed), and a list naming none leaves no
-// device (cudaGetDeviceCount fails with cudaErrorNoDevice). So a rank that sees "2" has one device, ordinal
-// 0, with physical device 2's identity.
+// Devices: devices.cpp (how many, which CUDA_VISIBLE_DEVICES shows, their identities).
 //
 // Host waits. SHARDTRAIN_CUDA_EMULATOR_WAITS=FILE appends a line "<pid> <api>" for every call that made the
 // host wait for device work not yet run (a synchronization, a synchronous copy, cudaFree): where a GPU run
@@ -87,8 +79,6 @@ struct Op {
 
 enum class Policy { Lifo, Fifo, Immediate, Lagging };
 
-constexpr size_t kDeviceMemory = size_t{80} << 30;  // what the emulated device reports (an H100's 80 GB)
-
 }  // namespace
 }  // namespace shardtrain::cuda_emulator
 
@@ -114,68 +104,6 @@ struct Allocation {
   Memory kind = Memory::Device;
 };
 
-// Physical device p's UUID: 16 bytes from p and the host name, so that devices of different machines differ.
-cudaUUID_t device_uuid(int p) {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  uint32_t h = 2166136261u;  // FNV-1a of the host name
-  for (const char* c = host; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
-  const unsigned char bytes[16] = {0x5e, 0x7d, 0xa1, 0x00, static_cast<unsigned char>(h >> 24), static_cast<unsigned char>(h >> 16),
-                                   0x40, static_cast<unsigned char>(h >> 8), 0x80, static_cast<unsigned char>(h), 0, 0, 0, 0, 0,
-                                   static_cast<unsigned char>(p)};
-  cudaUUID_t u{};
-  std::memcpy(u.bytes, bytes, sizeof bytes);
-  return u;
-}
-
-// As nvidia-smi and CUDA_VISIBLE_DEVICES write it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
-std::string uuid_text(const cudaUUID_t& u) {
-  std::string out = "GPU-";
-  char hex2[3];
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    std::snprintf(hex2, sizeof hex2, "%02x", static_cast<unsigned char>(u.bytes[i]));
-    out += hex2;
-  }
-  return out;
-}
-
-// CUDA_VISIBLE_DEVICES as the runtime reads it (see the header comment); unset: every physical device.
-std::vector<int> visible_devices(const char* list, int physical) {
-  std::vector<int> out;
-  if (list == nullptr) {
-    for (int p = 0; p < physical; ++p) out.push_back(p);
-    return out;
-  }
-  std::string v = list;
-  size_t start = 0;
-  while (start <= v.size()) {
-    const size_t comma = v.find(',', start);
-    std::string entry = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    entry.erase(0, entry.find_first_not_of(" \t"));
-    entry.erase(entry.find_last_not_of(" \t") + 1);
-    int found = -1;
-    if (entry.rfind("GPU-", 0) == 0) {
-      for (int p = 0; p < physical; ++p) {
-        if (uuid_text(device_uuid(p)).rfind(entry, 0) != 0) continue;
-        if (found >= 0) {  // a prefix that names two devices names none
-          found = -1;
-          break;
-        }
-        found = p;
-      }
-    } else if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos && entry.size() < 4) {
-      found = std::atoi(entry.c_str());
-      if (found >= physical) found = -1;
-    }
-    if (found < 0 || std::find(out.begin(), out.end(), found) != out.end()) break;
-    out.push_back(found);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
 struct State {
   std::recursive_mutex mutex;
   Policy policy = Policy::Lifo;
@@ -188,10 +116,6 @@ struct State {
   uint64_t next_seq = 1;
   int running = 0;  // > 0 while queued work runs (device memory accessible)
   int waits_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
-  int physical = 1;   // SHARDTRAIN_CUDA_EMULATOR_DEVICES: the machine's devices
-  std::vector<int> visible;  // the physical device of each ordinal (CUDA_VISIBLE_DEVICES); its size is the count
-  int current = 0;    // cudaSetDevice's ordinal
-  cudaError_t last_error = cudaSuccess;
   bool tracing = false;        // trace_begin .. trace_end
   std::vector<TraceOp> trace;
 
@@ -207,12 +131,6 @@ struct State {
       else fatal("SHARDTRAIN_CUDA_EMULATOR_SCHEDULE=" + v + ": expected lifo, fifo, immediate or lagging");
     }
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_PROTECT")) protect = std::string(s) != "0";
-    if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_DEVICES"); s && *s) {
-      physical = std::atoi(s);
-      if (physical < 1 || physical > 64)
-        fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_DEVICES=") + s + ": expected 1 to 64");
-    }
-    visible = visible_devices(std::getenv("CUDA_VISIBLE_DEVICES"), physical);
     if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_WAITS"); s && *s) {
       waits_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (waits_fd < 0) fatal(std::string("SHARDTRAIN_CUDA_EMULATOR_WAITS=") + s + ": " + std::strerror(errno));
@@ -430,12 +348,6 @@ void install_segv_handler() {
   sigaction(SIGSEGV, &sa, nullptr);
 }
 
-cudaError_t fail(State& g, cudaError_t e, const std::string& message) {
-  std::fprintf(stderr, "cuda emulator: %s\n", message.c_str());
-  g.last_error = e;
-  return e;
-}
-
 const char* kind_name(cudaMemcpyKind k) {
   switch (k) {
     case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
@@ -460,7 +372,7 @@ cudaError_t check_copy(State& g, const char* api, void* dst, const void* src, si
     default: ok = false;
   }
   if (!ok)
-    return fail(g, cudaErrorInvalidMemcpyDirection,
+    return record_error(cudaErrorInvalidMemcpyDirection,
                 std::string(api) + ": " + kind_name(kind) + " from " + (sd ? "device" : "host") + " memory " +
                     hex(src) + " to " + (dd ? "device" : "host") + " memory " + hex(dst));
   // Device and pinned sides are range-checked (pageable memory cannot be).
@@ -586,106 +498,12 @@ using namespace shardtrain::cuda_emulator;  // NOLINT: the C API below is this f
 
 extern "C" {
 
-cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
-  State& g = state();
-  *count = static_cast<int>(g.visible.size());
-  if (*count > 0) return cudaSuccess;
-  std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  g.last_error = cudaErrorNoDevice;  // the runtime's answer (silent) when CUDA_VISIBLE_DEVICES hides every device
-  return cudaErrorNoDevice;
-}
-
-// Each process emulates one device at a time: every device number it may set shares its memory and streams
-// (ranks with GPUs of their own are processes of their own).
-cudaError_t CUDARTAPI cudaSetDevice(int device) {
-  State& g = state();
-  std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  if (device < 0 || device >= static_cast<int>(g.visible.size()))
-    return fail(g, cudaErrorInvalidDevice,
-                "cudaSetDevice(" + std::to_string(device) + "): " + std::to_string(g.visible.size()) +
-                    " visible device(s) (SHARDTRAIN_CUDA_EMULATOR_DEVICES, CUDA_VISIBLE_DEVICES)");
-  g.current = device;
-  return cudaSuccess;
-}
-
-cudaError_t CUDARTAPI cudaGetDevice(int* device) {
-  *device = state().current;
-  return cudaSuccess;
-}
-
-cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  State& g = state();
-  if (device < 0 || device >= static_cast<int>(g.visible.size()))
-    return fail(g, cudaErrorInvalidDevice, "cudaGetDeviceProperties(" + std::to_string(device) + ")");
-  const int p = g.visible[static_cast<size_t>(device)];
-  *prop = cudaDeviceProp{};
-  std::snprintf(prop->name, sizeof prop->name, "shardtrain CUDA emulator (host)");
-  prop->uuid = device_uuid(p);
-  prop->pciDomainID = 0;
-  prop->pciBusID = 0x10 + p;
-  prop->pciDeviceID = 0;
-  prop->totalGlobalMem = kDeviceMemory;
-  prop->sharedMemPerBlock = 48 * 1024;
-  prop->sharedMemPerBlockOptin = 227 * 1024;
-  prop->warpSize = 32;
-  prop->maxThreadsPerBlock = 1024;
-  prop->multiProcessorCount = 4;
-  prop->major = 9;
-  prop->minor = 0;
-  return cudaSuccess;
-}
-
-cudaError_t CUDARTAPI cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
-  State& g = state();
-  if (device < 0 || device >= static_cast<int>(g.visible.size()))
-    return fail(g, cudaErrorInvalidDevice, "cudaDeviceGetPCIBusId(" + std::to_string(device) + ")");
-  if (pci_bus_id == nullptr || len < 13) return fail(g, cudaErrorInvalidValue, "cudaDeviceGetPCIBusId: len < 13");
-  std::snprintf(pci_bus_id, static_cast<size_t>(len), "0000:%02x:00.0", 0x10 + g.visible[static_cast<size_t>(device)]);
-  return cudaSuccess;
-}
-
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   *total = kDeviceMemory;
   *free_bytes = kDeviceMemory - g.device_in_use;
   return cudaSuccess;
-}
-
-cudaError_t CUDARTAPI cudaGetLastError(void) {
-  State& g = state();
-  std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  return std::exchange(g.last_error, cudaSuccess);
-}
-
-cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return state().last_error; }
-
-const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    default: return "cudaErrorUnknown";
-  }
-}
-
-const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    default: return "unknown error (CUDA emulator)";
-  }
 }
 
 cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t size) {
@@ -696,11 +514,11 @@ cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t size) {
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
   if (size > kDeviceMemory - g.device_in_use)
-    return fail(g, cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(size) + "): beyond the emulated 80 GB");
+    return record_error(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(size) + "): beyond the emulated 80 GB");
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = (size + page - 1) / page * page;
   void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return fail(g, cudaErrorMemoryAllocation, "cudaMalloc: mmap failed");
+  if (p == MAP_FAILED) return record_error(cudaErrorMemoryAllocation, "cudaMalloc: mmap failed");
   std::memset(p, 0xff, mapped);  // uninitialized device memory reads as NaN
   if (g.protect && g.running == 0 && mprotect(p, mapped, PROT_NONE) != 0) fatal("cudaMalloc: mprotect failed");
   g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, mapped, Memory::Device};
@@ -717,7 +535,7 @@ cudaError_t CUDARTAPI cudaFree(void* ptr) {
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   auto it = g.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g.allocations.end() || it->second.kind != Memory::Device)
-    return fail(g, cudaErrorInvalidValue, "cudaFree(" + hex(ptr) + "): not the start of a live cudaMalloc allocation");
+    return record_error(cudaErrorInvalidValue, "cudaFree(" + hex(ptr) + "): not the start of a live cudaMalloc allocation");
   drain_all(g, "cudaFree");  // cudaFree synchronizes: queued work may still use the memory
   const Allocation a = it->second;
   g.allocations.erase(it);
@@ -735,7 +553,7 @@ cudaError_t CUDARTAPI cudaMallocHost(void** ptr, size_t size) {
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
   void* p = std::aligned_alloc(256, (size + 255) / 256 * 256);
-  if (!p) return fail(g, cudaErrorMemoryAllocation, "cudaMallocHost: out of host memory");
+  if (!p) return record_error(cudaErrorMemoryAllocation, "cudaMallocHost: out of host memory");
   g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, 0, Memory::Pinned};
   *ptr = p;
   return cudaSuccess;
@@ -750,7 +568,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   auto it = g.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g.allocations.end() || it->second.kind != Memory::Pinned)
-    return fail(g, cudaErrorInvalidValue, "cudaFreeHost(" + hex(ptr) + "): not a live cudaMallocHost allocation");
+    return record_error(cudaErrorInvalidValue, "cudaFreeHost(" + hex(ptr) + "): not a live cudaMallocHost allocation");
   drain_all(g, "cudaFreeHost");  // as cudaFree: queued copies may still read or write it
   g.allocations.erase(it);
   std::free(ptr);
@@ -845,7 +663,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   CUstream_st* s = resolve(g, stream);
-  if (s == &g.legacy) return fail(g, cudaErrorInvalidResourceHandle, "cudaStreamDestroy of the legacy stream");
+  if (s == &g.legacy) return record_error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy of the legacy stream");
   if (!s->queue.empty()) {  // released once its work has run
     s->destroyed = true;
     return cudaSuccess;
@@ -861,7 +679,7 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, v
   count_call("cudaLaunchHostFunc");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  if (!fn) return fail(g, cudaErrorInvalidValue, "cudaLaunchHostFunc: null function");
+  if (!fn) return record_error(cudaErrorInvalidValue, "cudaLaunchHostFunc: null function");
   enqueue(
       g, resolve(g, stream), [fn, user_data] { fn(user_data); }, "cudaLaunchHostFunc");
   return cudaSuccess;
@@ -904,7 +722,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   count_call("cudaEventRecord");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
+  if (!event) return record_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: null event");
   event->last = enqueue(g, resolve(g, stream), {}, "cudaEventRecord");
   return cudaSuccess;
 }
@@ -913,7 +731,7 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
   count_call("cudaStreamWaitEvent");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
-  if (!event) return fail(g, cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
+  if (!event) return record_error(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
   // The wait is for the record made before this call (none: nothing to wait for).
   CUstream_st* s = resolve(g, stream);
   uint64_t seq = 0;
@@ -951,8 +769,8 @@ cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEve
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (!start->timing || !end->timing)
-    return fail(g, cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event created with cudaEventDisableTiming");
-  if (!start->last || !end->last) return fail(g, cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
+    return record_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event created with cudaEventDisableTiming");
+  if (!start->last || !end->last) return record_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
   if (!start->last->done || !end->last->done) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(end->last->at - start->last->at).count();
   return cudaSuccess;
