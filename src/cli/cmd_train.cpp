@@ -62,7 +62,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   topts.config_source = source;
   check_model_fits(config, *rt);
   train::Trainer trainer(*rt, config, topts);
-  train::PreemptionHooks preemption(rt->world());  // before checkpoints: a requested save happens in the same step
+  train::PreemptionHooks preemption;  // before checkpoints: a requested save happens in the same step
   train::CheckpointHooks checkpoints(trainer);
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);

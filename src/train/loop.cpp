@@ -28,14 +28,6 @@ uint64_t axis_bytes(MeshComms& comms, MeshAxis axis) {
 
 }  // namespace
 
-// A step's micro-batches, read before any compute, and what they count over all ranks.
-struct Trainer::StepInput {
-  std::vector<data::MicroBatch> mbs;
-  data::SamplerPosition start;  // the loader's position before them
-  std::vector<int64_t> counted;  // the targets that take a loss, then with a mixture each source's input tokens
-  int64_t global_tokens = 0;     // counted[0]: the loss is the mean over these
-};
-
 // What forward, backward and the decision made of a step.
 struct Trainer::StepResult {
   double loss = 0, norm = 0, lr = 0;
@@ -52,7 +44,7 @@ void Trainer::step_once(StepMetrics& m) {
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);
 
-  StepInput in = read_step_input();
+  StepInput in = take_step_input();
   timeline_->step_begins();
   StepResult r = forward_backward(in);
   const int64_t step_number = state_.step + 1;
@@ -96,8 +88,7 @@ void Trainer::step_once(StepMetrics& m) {
   step_seconds_ += m.step_time_s;
 }
 
-Trainer::StepInput Trainer::read_step_input() {
-  // The step's micro-batches first: the loss is the mean over every counted target of the global batch.
+Trainer::StepInput Trainer::read_micro_batches() {
   StepInput in;
   std::vector<data::MicroBatch>& mbs = in.mbs;
   mbs.reserve(static_cast<size_t>(accumulation_));
@@ -112,18 +103,37 @@ Trainer::StepInput Trainer::read_step_input() {
     if (mixed)
       for (uint32_t s : mbs.back().sources) counted[1 + s] += mbs.back().seq;
   }
-  comms_->world().all_reduce(std::span<int64_t>(counted), ReduceOp::Sum);
-  const int64_t global_tokens = in.global_tokens = counted[0];
-  if (global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
+  in.end = loader_->position();
   return in;
 }
 
-// Forward and backward of every micro-batch, then the step's loss and gradient norm, the same on every rank.
+Trainer::StepInput Trainer::take_step_input() {
+  StepInput in;
+  if (read_ahead_) {  // the steady state: read during the last step, counted over all ranks in its all-reduce
+    in = std::move(*read_ahead_);
+    read_ahead_.reset();
+  } else {  // the first step, or the first after a restore: nothing read ahead, the counts reduced on their own
+    in = read_micro_batches();
+    comms_->world().all_reduce(std::span<int64_t>(in.counted), ReduceOp::Sum);
+    in.global_tokens = in.counted[0];
+  }
+  // The loss is the mean over every counted target of the global batch.
+  if (in.global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
+  return in;
+}
+
+void Trainer::drop_read_ahead() {
+  if (!read_ahead_) return;
+  for (auto& mb : read_ahead_->mbs) loader_->recycle(std::move(mb));
+  read_ahead_.reset();
+}
+
+// Forward and backward of every micro-batch, then the step's loss and gradient norm, the same on every rank; and
+// the next step's micro-batches read ahead, their counts reduced with this step's loss.
 Trainer::StepResult Trainer::forward_backward(StepInput& in) {
   const int64_t global_tokens = in.global_tokens;
   const data::SamplerPosition start = in.start;
   engine_->zero_grad();
-  double sums[2] = {0, 0};  // loss sum, non-finite flag
   for (int a = 0; a < accumulation_; ++a) {
     const model::Batch batch = replica_->model_batch(in.mbs[static_cast<size_t>(a)]);
     engine_->forward_backward(batch, 1.0 / static_cast<double>(global_tokens), a == accumulation_ - 1);
@@ -147,12 +157,42 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
     grad_norm_.start(engine_->shards(), &comms_->shard());
   }
   timeline_->work_queued();
-  sums[0] = ops_->take_loss().loss_sum;
+  // The next step's micro-batches, read now (on a GPU while the device still runs this step): their counts are
+  // known before this step's all-reduce, so they travel in it, and the next forward is queued right after this
+  // update with nothing to wait for. Not past the run's last step. The loader's position the state records stays
+  // this step's end (advance()), so a checkpoint, a rollback or a stop never counts these as consumed.
+  std::optional<StepInput> ahead;
+  if (step_number < total_steps_) ahead = read_micro_batches();
+  const double loss_sum = ops_->take_loss().loss_sum;
   const double norm = grad_norm_.norm();
-  sums[1] = std::isfinite(sums[0]) && std::isfinite(norm) ? 0.0 : 1.0;
-  comms_->world().all_reduce(std::span<double>(sums, 2), ReduceOp::Sum);  // every rank decides the same way
-  const double loss = sums[0] / static_cast<double>(global_tokens);
-  const bool nonfinite = sums[1] > 0 || !std::isfinite(loss);
+  // The step's one host all-reduce, over the world: [0] the loss sum, [1] the non-finite flag (every rank decides
+  // the same way), the hooks' agreed values (the preemption flag), then the next step's counted targets (and
+  // per-source tokens), exact in doubles (far below 2^53).
+  std::vector<double>& values = step_values_;
+  values.assign(2, 0.0);
+  values[0] = loss_sum;
+  values[1] = std::isfinite(loss_sum) && std::isfinite(norm) ? 0.0 : 1.0;
+  for (TrainerHooks* h : hooks_) {
+    const size_t at = values.size(), n = h->agreed_slots();
+    values.resize(at + n, 0.0);
+    h->contribute(std::span<double>(values).subspan(at, n));
+  }
+  const size_t counts_at = values.size();
+  if (ahead)
+    for (const int64_t c : ahead->counted) values.push_back(static_cast<double>(c));
+  comms_->world().all_reduce(std::span<double>(values), ReduceOp::Sum);
+  for (size_t at = 2; TrainerHooks* h : hooks_) {
+    const size_t n = h->agreed_slots();
+    h->agreed(std::span<const double>(values).subspan(at, n));
+    at += n;
+  }
+  if (ahead) {
+    for (size_t k = 0; k < ahead->counted.size(); ++k) ahead->counted[k] = static_cast<int64_t>(values[counts_at + k]);
+    ahead->global_tokens = ahead->counted[0];
+    read_ahead_ = std::move(ahead);
+  }
+  const double loss = values[0] / static_cast<double>(global_tokens);
+  const bool nonfinite = values[1] > 0 || !std::isfinite(loss);
   return {loss, norm, 0.0, nonfinite, false};
 }
 
@@ -225,7 +265,7 @@ void Trainer::advance(StepInput& in, int64_t step_number) {
   state_.step = step_number;
   state_.tokens_seen += tokens_per_step_;
   for (size_t k = 0; k < mixed; ++k) state_.tokens_by_source[sources_[k].dataset->path()] += counted[1 + k];
-  state_.sampler = loader_->position();
+  state_.sampler = in.end;  // not the loader's position: that is past the next step's input, read ahead
   state_.sampler_samples = static_cast<int64_t>(loader_->sampler().samples_before(state_.sampler));
 }
 

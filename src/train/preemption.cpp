@@ -1,9 +1,8 @@
-// Signal flag, agreement at step boundaries, save-and-stop.
+// Signal flag, agreement in the step's own all-reduce, save-and-stop.
 #include "shardtrain/train/preemption.hpp"
 
 #include <csignal>
 
-#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::train {
@@ -17,7 +16,7 @@ extern "C" void on_preemption_signal(int sig) { g_signal = sig; }
 
 }  // namespace
 
-PreemptionHooks::PreemptionHooks(MPI_Comm world) : world_(world) {
+PreemptionHooks::PreemptionHooks() {
   g_signal = 0;
   struct ::sigaction sa {};
   sa.sa_handler = on_preemption_signal;
@@ -32,10 +31,20 @@ PreemptionHooks::~PreemptionHooks() {
   ::sigaction(SIGTERM, &old_term_, nullptr);
 }
 
+void PreemptionHooks::contribute(std::span<double> mine) {
+  const int sig = static_cast<int>(g_signal);
+  mine[0] = sig == SIGUSR1 ? 1.0 : 0.0;
+  mine[1] = sig == SIGTERM ? 1.0 : 0.0;
+}
+
+void PreemptionHooks::agreed(std::span<const double> sums) {
+  // Signals reach ranks at different moments: SIGTERM if any rank has one, else SIGUSR1 if any has that (the
+  // larger signal number, as before), so all stop after the same step.
+  agreed_signal_ = sums[1] > 0 ? SIGTERM : sums[0] > 0 ? SIGUSR1 : 0;
+}
+
 void PreemptionHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
-  // Signals reach ranks at different moments: agree on the largest, so all stop after the same step.
-  int sig = static_cast<int>(g_signal);
-  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, world_));
+  const int sig = agreed_signal_;
   if (sig == 0 || preempted_) return;
   preempted_ = true;
   signal_ = sig;

@@ -239,6 +239,7 @@ void Trainer::log_start(int64_t steps_per_epoch) const {
 void Trainer::add_hooks(TrainerHooks* hooks) { hooks_.push_back(hooks); }
 
 void Trainer::restore(const TrainerState& s) {
+  drop_read_ahead();  // read from where the loader was; it seeks below
   state_ = s;
   // The saved position in samples, which mean the same data at any world size and micro-batch size; the
   // micro-batch index only where the checkpoint predates the sample count.

@@ -3,8 +3,9 @@
 - a run without a fault and a 3 s collective timeout finishes normally (no false alarm);
 - stall:1@3 on 2 ranks: rank 0, blocked in a collective, ends the job with exit code 10 within seconds, and
   its message names the collective, axis and step, and rank 1 as the rank that did not arrive;
-- stall:2@3 on 4 ranks (HYBRID_SHARD, 2 simulated nodes): every message names rank 2, and only rank 2, as
-  not arrived, and the other three as arrived;
+- stall:2@3 on 4 ranks (HYBRID_SHARD, 2 simulated nodes): the blocked ranks wait on their own axes (no world
+  collective opens a step); a message names rank 2 as not arrived and outside any collective, and every other
+  message names rank 2 or rank 3 (blocked in its all-gather with rank 2), never a rank that arrived;
 - freeze:1@3 (SIGSTOP: the rank's watchdog thread stops too): rank 1 is named as not answering;
 - kill:1@3: the job ends promptly with a non-zero exit (mpirun's 137: a rank died of SIGKILL), never a hang;
 - faults combine with ';' (nan_grad:2;stall:1@3 skips step 2, then stalls);
@@ -91,25 +92,38 @@ lines = timeout_lines(err)
 check(rc == 10, f"stalled rank: exit code {rc}, expected 10: {err[-1500:]}")
 check(len(lines) == 1, f"one timeout line (only rank 0 is blocked): {lines}")
 line = lines[0] if lines else ""
-check("on the world axis" in line and "during step 3" in line and "on rank 0" in line,
+# Step 3's first collective is its forward's first all-gather (its token counts travelled in step 2's all-reduce).
+check("all_gather of" in line and "on the shard axis" in line and "during step 3" in line and "on rank 0" in line,
       f"the message names collective, axis, step and rank: {line}")
 check("ranks that did not arrive: 1 (at step 3, not in a collective; 1 collective behind)" in line,
       f"the message names rank 1 as not arrived, at step 3 and outside any collective: {line}")
 check(not_arrived(line) == [1] and arrived(line) == [0], f"not arrived {not_arrived(line)}, arrived {arrived(line)}: {line}")
 check(secs < 60, f"the job ended {secs:.0f} s after start; the watchdog should end it within seconds of the 3 s timeout")
 
-# 4 ranks as 2 simulated nodes (HYBRID_SHARD 2 x 2); rank 2 stalls. Ranks 0, 1 and 3 all fire; the first
-# abort ends the job, so one to three lines arrive, each naming rank 2 alone as not arrived.
+# 4 ranks as 2 simulated nodes (HYBRID_SHARD 2 x 2); rank 2 stalls before step 3. No world collective opens a
+# step (step 3's counts travelled in step 2's all-reduce), so the others block on their own axes: rank 3 in
+# step 3's first all-gather with rank 2 (shard axis), ranks 0 and 1 in the gradient all-reduce across the
+# nodes (replicate axis), with rank 2 and rank 3. Ranks 0, 1 and 3 all fire; the first abort ends the job, so
+# one to three lines arrive. Each names one rank as not arrived: rank 2, outside any collective (the stalled
+# one), or rank 3, itself blocked in a collective (the chain leads on to rank 2); none names an arrived rank
+# other than its own.
 rc, err, secs = train("stalled4", np=4, fault="stall:2@3",
                       extra=("--ranks-per-node", "2", "--fsdp.strategy", "HYBRID_SHARD"))
 lines = timeout_lines(err)
 check(rc == 10, f"4 ranks, rank 2 stalled: exit code {rc}, expected 10: {err[-1500:]}")
 check(1 <= len(lines) <= 3, f"one timeout line per blocked rank at most: {lines}")
 for line in lines:
-    check(not_arrived(line) == [2], f"only rank 2 named as not arrived: {not_arrived(line)}: {line}")
-    check(arrived(line) == [0, 1, 3], f"ranks 0, 1 and 3 arrived: {arrived(line)}: {line}")
+    m = re.search(r"on rank ([013]),", line)
+    check(m is not None, f"a blocked rank (not 2) fired: {line}")
+    check(not_arrived(line) in ([2], [3]), f"rank 2 or rank 3 named as not arrived: {not_arrived(line)}: {line}")
+    if not_arrived(line) == [2]:
+        check("2 (at step 3, not in a collective" in line, f"rank 2 named as stalled outside any collective: {line}")
+    else:
+        check("3 (at step 3, in all_gather on the shard axis" in line, f"rank 3 named as blocked in its all-gather: {line}")
+    check(m is None or arrived(line) == [int(m.group(1))], f"only the firing rank arrived in its 2-rank group: {arrived(line)}: {line}")
     check("did not answer" not in line, f"every rank answered: {line}")
-    check(re.search(r"on rank [013],", line) is not None, f"a blocked rank (not 2) fired: {line}")
+# Rank 3 blocks first (step 3's first collective), so its line, naming rank 2, is among those that arrive.
+check(any("2 (at step 3, not in a collective" in line for line in lines), f"a line names rank 2 as the stalled rank: {lines}")
 check(secs < 60, f"4 ranks: the job ended {secs:.0f} s after start")
 
 # A frozen rank (SIGSTOP, every thread) cannot answer: it is named as such.

@@ -1,10 +1,9 @@
 // Preemption: SIGUSR1 (Slurm's `--signal=B:USR1@N` warning) or SIGTERM (a time limit, scancel) asks the
-// run to stop. Every rank checks at each step boundary, all ranks agree (an all-reduce of the flag), the
-// run saves a checkpoint and stops, and the process exits with ExitCode::Requeue (75) so the job script
-// can requeue itself; the requeued job resumes with --resume auto.
+// run to stop. Every rank's flag rides in the step's own all-reduce (TrainerHooks::agreed_slots: no collective
+// of its own), so all ranks agree; after that step the run saves a checkpoint and stops, and the process exits
+// with ExitCode::Requeue (75) so the job script can requeue itself; the requeued job resumes with --resume auto.
 #pragma once
 
-#include <mpi.h>
 #include <signal.h>
 
 #include "shardtrain/train/trainer.hpp"
@@ -15,17 +14,21 @@ class PreemptionHooks final : public TrainerHooks {
  public:
   // Installs the SIGUSR1 and SIGTERM handlers (they only set a flag); the previous ones are restored
   // on destruction.
-  explicit PreemptionHooks(MPI_Comm world);
+  PreemptionHooks();
   ~PreemptionHooks() override;
   PreemptionHooks(const PreemptionHooks&) = delete;
   PreemptionHooks& operator=(const PreemptionHooks&) = delete;
 
   void on_step_end(Trainer& trainer, const StepMetrics& metrics) override;
+  // [SIGUSR1 received, SIGTERM received] on this rank, summed over the world with the step's values.
+  size_t agreed_slots() const override { return 2; }
+  void contribute(std::span<double> mine) override;
+  void agreed(std::span<const double> sums) override;
   bool preempted() const { return preempted_; }
   int signal() const { return signal_; }
 
  private:
-  MPI_Comm world_;
+  int agreed_signal_ = 0;  // the last step's agreed signal (0: none)
   bool preempted_ = false;
   int signal_ = 0;
   struct ::sigaction old_usr1_ {};

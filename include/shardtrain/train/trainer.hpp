@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,13 @@ class TrainerHooks {
   // The run diverged and optim.on_divergence = rollback: load the checkpoint to go back to into the engine and
   // the optimizer and return its state, or nullopt when this hook has none (the first hook that has one wins).
   virtual std::optional<RollbackPoint> load_rollback_point(Trainer& trainer) { return std::nullopt; }
+  // Host values every rank must agree on at each step (a signal flag), summed over the world in the step's own
+  // all-reduce, so that a hook issues no collective of its own at each step: agreed_slots() doubles, filled by
+  // contribute() on every rank just before that all-reduce (after the step's backward, before its update), the
+  // sums handed to agreed() right after it, before on_step_end. The count must not change during a run.
+  virtual size_t agreed_slots() const { return 0; }
+  virtual void contribute(std::span<double> mine) {}
+  virtual void agreed(std::span<const double> sums) {}
 };
 
 struct TrainerOptions {
@@ -142,12 +150,25 @@ class Trainer {
   const MfuMeter& mfu_meter() const { return mfu_; }
 
  private:
-  struct StepInput;
+  // A step's micro-batches and what they count. The next step's are read while this one runs (read ahead), so
+  // their counts travel in this step's one world all-reduce (loop.cpp).
+  struct StepInput {
+    std::vector<data::MicroBatch> mbs;
+    data::SamplerPosition start;   // the loader's position before them
+    data::SamplerPosition end;     // and after them: the state's position once the step is taken
+    std::vector<int64_t> counted;  // the targets that take a loss, then with a mixture each source's input tokens
+    int64_t global_tokens = 0;     // counted[0] over all ranks (once reduced): the loss is the mean over these
+  };
   struct StepResult;
   void make_run_dir_and_config();  // the run directory, its config.toml, the failure records
   void log_start(int64_t steps_per_epoch) const;
   void step_once(StepMetrics& m);
-  StepInput read_step_input();
+  // The next A micro-batches off the loader, counted on this rank only (no collective).
+  StepInput read_micro_batches();
+  // The step's input: the one read ahead, or (first step, after a restore or rollback) read now and its counts
+  // all-reduced on their own.
+  StepInput take_step_input();
+  void drop_read_ahead();  // its micro-batches back to the loader (the loader is about to seek)
   StepResult forward_backward(StepInput& in);
   bool decide_skip(const StepResult& r, int64_t step_number);  // whether the step is skipped; logs it, or stops the run
   optim::AdamW::AsyncTimes update(const StepResult& r);
@@ -182,6 +203,10 @@ class Trainer {
   std::unique_ptr<ProgressView> progress_;
   std::vector<TrainerHooks*> hooks_;
   TrainerState state_;
+  // The next step's input, read during this step with its counts reduced in this step's all-reduce; empty before
+  // the first step, after the last, and after a restore (the loader moved).
+  std::optional<StepInput> read_ahead_;
+  std::vector<double> step_values_;  // the step's all-reduce buffer (forward_backward), kept to allocate once
   int micro_batch_ = 1, accumulation_ = 1;
   bool async_update_ = false;  // AdamW::step_async (CPU offload on a GPU)
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
