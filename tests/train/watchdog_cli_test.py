@@ -122,8 +122,8 @@ for line in lines:
         check("3 (at step 3, in all_gather on the shard axis" in line, f"rank 3 named as blocked in its all-gather: {line}")
     check(m is None or arrived(line) == [int(m.group(1))], f"only the firing rank arrived in its 2-rank group: {arrived(line)}: {line}")
     check("did not answer" not in line, f"every rank answered: {line}")
-# Rank 3 blocks first (step 3's first collective), so its line, naming rank 2, is among those that arrive.
-check(any("2 (at step 3, not in a collective" in line for line in lines), f"a line names rank 2 as the stalled rank: {lines}")
+# Which of the blocked ranks fires first is a race between their watchdog threads (rank 3 blocks first, by the
+# length of a forward and backward on ranks 0 and 1): the lines above hold for any of them, so no line is required.
 check(secs < 60, f"4 ranks: the job ended {secs:.0f} s after start")
 
 # A frozen rank (SIGSTOP, every thread) cannot answer: it is named as such.
