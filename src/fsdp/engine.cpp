@@ -86,7 +86,7 @@ const char* unit_state_name(UnitState state) {
   return "unknown";
 }
 
-void check_unit_transition(const std::string& unit, UnitState from, UnitState to) {
+void check_unit_transition(int unit, std::string_view name, UnitState from, UnitState to) {
   bool legal = false;
   switch (to) {
     case UnitState::Sharded: legal = from != UnitState::Sharded; break;
@@ -95,8 +95,8 @@ void check_unit_transition(const std::string& unit, UnitState from, UnitState to
     case UnitState::InBackward: legal = from == UnitState::Gathered || from == UnitState::InForward; break;
   }
   if (!legal) {
-    throw InternalError(fmt::format("FSDP unit {}: illegal state change from {} to {}", unit, unit_state_name(from),
-                                    unit_state_name(to)));
+    throw InternalError(fmt::format("FSDP unit {} ({}): illegal state change from {} to {}", unit, name,
+                                    unit_state_name(from), unit_state_name(to)));
   }
 }
 
@@ -358,7 +358,7 @@ void FsdpEngine::wait_gathered(Unit& u) {
 }
 
 void FsdpEngine::move_to(Unit& u, UnitState to) {
-  check_unit_transition(fmt::format("{} ({})", u.spec->index, u.spec->name), u.state, to);
+  check_unit_transition(u.spec->index, u.spec->name, u.state, to);
   u.state = to;
 }
 

@@ -33,7 +33,7 @@ TEST(UnitState, LegalTransitionsPass) {
   for (UnitState from : kStates) {
     for (UnitState to : kStates) {
       if (!legal(from, to)) continue;
-      EXPECT_NO_THROW(check_unit_transition("2 (layers.1)", from, to))
+      EXPECT_NO_THROW(check_unit_transition(2, "layers.1", from, to))
           << unit_state_name(from) << " -> " << unit_state_name(to);
       ++n;
     }
@@ -48,7 +48,7 @@ TEST(UnitState, IllegalTransitionsThrowNamingUnitAndStates) {
       if (legal(from, to)) continue;
       ++n;
       try {
-        check_unit_transition("2 (layers.1)", from, to);
+        check_unit_transition(2, "layers.1", from, to);
         ADD_FAILURE() << "no error for " << unit_state_name(from) << " -> " << unit_state_name(to);
       } catch (const InternalError& e) {
         EXPECT_EQ(std::string(e.what()), std::string("FSDP unit 2 (layers.1): illegal state change from ") +
@@ -63,7 +63,7 @@ TEST(UnitState, IllegalTransitionsThrowNamingUnitAndStates) {
 TEST(UnitState, ErrorTextOfAForwardWithoutAGather) {
   // A unit whose forward would begin while it holds only its shard: the engine gathers first (unshard).
   try {
-    check_unit_transition("0 (model)", UnitState::Sharded, UnitState::InForward);
+    check_unit_transition(0, "model", UnitState::Sharded, UnitState::InForward);
     FAIL() << "no error";
   } catch (const InternalError& e) {
     EXPECT_STREQ(e.what(), "FSDP unit 0 (model): illegal state change from sharded to in forward");

@@ -10,7 +10,7 @@
 #pragma once
 
 #include <memory>
-#include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardtrain/comm/mesh_comms.hpp"
@@ -70,8 +70,9 @@ class ScheduleObserver {
 // its last reduction is still in flight.
 enum class UnitState { Sharded, Gathered, InForward, InBackward };
 const char* unit_state_name(UnitState state);
-// Throws InternalError naming `unit` and both states unless `from -> to` is one of the transitions above.
-void check_unit_transition(const std::string& unit, UnitState from, UnitState to);
+// Throws InternalError naming the unit (its index and name) and both states unless `from -> to` is one of the
+// transitions above. Allocates nothing when it is.
+void check_unit_transition(int unit, std::string_view name, UnitState from, UnitState to);
 
 struct UnitStats {
   int gathers = 0;            // all-gathers issued this step
