@@ -2,9 +2,15 @@
 #
 #   shardtrain_add_layer(NAME SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
 #     -> static library shardtrain_NAME, alias shardtrain::NAME, public include/ directory.
-#   shardtrain_add_test(NAME SOURCES ... LIBS ... LABELS cpu|mpi|gpu|slurm [RANKS n ...]
-#                       [RANKS_PER_NODE n] [TIMEOUT s] [MPI_MAIN])
+#   shardtrain_add_test(NAME SOURCES ... LIBS ... LABELS cpu|mpi|gpu|slurm|torch [RANKS n ...]
+#                       [RANKS_PER_NODE n] [TIMEOUT s] [MPI_MAIN] [ENV VAR=value ...])
 #     -> one gtest binary, registered with ctest once per rank count (NAME.npN when RANKS is given).
+#   shardtrain_add_test(NAME TARGET binary LABELS ... [RANKS n ...] [RANKS_PER_NODE n] [TIMEOUT s] [ENV ...])
+#     -> the gtest binary of an earlier call registered again under NAME (another environment, say).
+#   shardtrain_add_test(NAME COMMAND cmd arg ... LABELS ... [TIMEOUT s] [PROCESSORS n] [ENV ...]
+#                       [SKIP_RETURN_CODE n])
+#     -> a script test, registered once as NAME (it starts mpirun itself where it needs ranks).
+#   Every test runs with SHARDTRAIN_MPI_TEST_ENV (and SHARDTRAIN_RANKS_PER_NODE, ENV); TIMEOUT defaults to 300.
 
 set(SHARDTRAIN_WARNINGS -Wall -Wextra -Wpedantic -Wno-unused-parameter)
 
@@ -33,8 +39,31 @@ set(SHARDTRAIN_MPI_TEST_ENV
   OMPI_MCA_rmaps_base_oversubscribe=1)
 
 function(shardtrain_add_test name)
-  cmake_parse_arguments(A "MPI_MAIN" "RANKS_PER_NODE;TIMEOUT" "SOURCES;LIBS;LABELS;RANKS" ${ARGN})
-  if(NOT TARGET ${name})  # a second call registers more rank counts for the same binary
+  cmake_parse_arguments(A "MPI_MAIN" "TARGET;RANKS_PER_NODE;TIMEOUT;PROCESSORS;SKIP_RETURN_CODE"
+                        "SOURCES;LIBS;LABELS;RANKS;COMMAND;ENV" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  set(env ${SHARDTRAIN_MPI_TEST_ENV})
+  if(A_RANKS_PER_NODE)
+    list(APPEND env SHARDTRAIN_RANKS_PER_NODE=${A_RANKS_PER_NODE})
+  endif()
+  list(APPEND env ${A_ENV})
+  if(A_COMMAND)
+    add_test(NAME ${name} COMMAND ${A_COMMAND})
+    set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env}")
+    if(A_PROCESSORS)
+      set_tests_properties(${name} PROPERTIES PROCESSORS ${A_PROCESSORS})
+    endif()
+    if(A_SKIP_RETURN_CODE)
+      set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE ${A_SKIP_RETURN_CODE})
+    endif()
+    return()
+  endif()
+  set(binary ${name})
+  if(A_TARGET)
+    set(binary ${A_TARGET})
+  elseif(NOT TARGET ${name})  # a second call registers more rank counts for the same binary
     add_executable(${name} ${A_SOURCES})
     target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest)
     if(A_MPI_MAIN)
@@ -47,17 +76,10 @@ function(shardtrain_add_test name)
     set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   endif()
   if("gpu" IN_LIST A_LABELS)  # the `gpu_tests` target builds these (tests/CMakeLists.txt)
-    set_property(GLOBAL APPEND PROPERTY SHARDTRAIN_GPU_TEST_TARGETS ${name})
-  endif()
-  if(NOT A_TIMEOUT)
-    set(A_TIMEOUT 300)
-  endif()
-  set(env ${SHARDTRAIN_MPI_TEST_ENV})
-  if(A_RANKS_PER_NODE)
-    list(APPEND env SHARDTRAIN_RANKS_PER_NODE=${A_RANKS_PER_NODE})
+    set_property(GLOBAL APPEND PROPERTY SHARDTRAIN_GPU_TEST_TARGETS ${binary})
   endif()
   if(NOT A_RANKS)
-    add_test(NAME ${name} COMMAND ${name})
+    add_test(NAME ${name} COMMAND ${binary})
     set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env}"
                          SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
     return()
@@ -68,7 +90,7 @@ function(shardtrain_add_test name)
       set(test_name ${name}.np${np}.rpn${A_RANKS_PER_NODE})
     endif()
     add_test(NAME ${test_name}
-             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe $<TARGET_FILE:${name}>)
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe $<TARGET_FILE:${binary}>)
     set(procs ${np})
     if(procs GREATER 2)
       set(procs 2)

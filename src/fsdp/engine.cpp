@@ -22,15 +22,18 @@ struct FsdpEngine::Unit {
   FlatBuffer grad;       // (N/S) fp32
   FlatBuffer full;       // (N) param_dtype, while gathered
   FlatBuffer full_grad;  // (N) fp32, from the unit's first backward until its reduction
-  bool gathered = false;
-  bool forward_started = false;   // its first module's forward ran in this micro-batch (prefetches issued)
-  bool backward_started = false;  // in this micro-batch
+  UnitState state = UnitState::Sharded;  // changed by move_to only
+  // Not the parameters' lifecycle, so not in `state`: stream bookkeeping and the gradient shard's step.
   // Overlap: the all-gather's completion (on the gather stream; with offload, the upload's on the upload
-  // stream) and whether compute has waited for it yet;
-  // the gradient reduction's completion (on the reduce or replicate stream), and whether it is pending.
+  // stream) and whether compute has yet to wait for it (in any gathered state: a prefetch's gather lands
+  // while other units compute); the gradient reduction's completion (on the reduce or replicate stream) and
+  // whether compute has yet to wait for it (until the step's last micro-batch ends: the unit is gathered and
+  // used again by later micro-batches meanwhile).
   CudaEvent gathered_event, reduced_event;
-  bool wait_gathered = false, wait_reduced = false;
-  bool reduced_this_step = false;  // the gradient shard holds this step's reduction already
+  bool gather_unwaited = false, reduction_unwaited = false;
+  // The gradient shard holds this step's gradient already (reduced into, or zeroed for backward to accumulate
+  // into it); false from zero_grad on: the shard counts as zero without being written. Per step, not per pass.
+  bool reduced_this_step = false;
   int64_t shard() const { return layout.shard_numel(); }
   bool empty() const { return layout.entries.empty(); }
 };
@@ -72,6 +75,30 @@ struct FsdpEngine::OffloadStreams {
   CudaEvent staged;   // on download: a reduction was copied out of its device buffer
 
 };
+
+const char* unit_state_name(UnitState state) {
+  switch (state) {
+    case UnitState::Sharded: return "sharded";
+    case UnitState::Gathered: return "gathered";
+    case UnitState::InForward: return "in forward";
+    case UnitState::InBackward: return "in backward";
+  }
+  return "unknown";
+}
+
+void check_unit_transition(int unit, std::string_view name, UnitState from, UnitState to) {
+  bool legal = false;
+  switch (to) {
+    case UnitState::Sharded: legal = from != UnitState::Sharded; break;
+    case UnitState::Gathered: legal = from == UnitState::Sharded; break;
+    case UnitState::InForward: legal = from == UnitState::Gathered; break;
+    case UnitState::InBackward: legal = from == UnitState::Gathered || from == UnitState::InForward; break;
+  }
+  if (!legal) {
+    throw InternalError(fmt::format("FSDP unit {} ({}): illegal state change from {} to {}", unit, name,
+                                    unit_state_name(from), unit_state_name(to)));
+  }
+}
 
 namespace {
 constexpr StreamRef kCompute{};
@@ -266,7 +293,7 @@ void FsdpEngine::zero_shard_grad(Unit& u) {
 }
 
 void FsdpEngine::unshard(Unit& u) {
-  if (u.gathered || u.empty()) return;
+  if (u.state != UnitState::Sharded || u.empty()) return;
   const DType pd = config_.param_dtype;
   const int64_t N = u.layout.padded_numel, n = u.shard();
   const size_t bytes = static_cast<size_t>(N) * dtype_size(pd);
@@ -296,7 +323,7 @@ void FsdpEngine::unshard(Unit& u) {
     upload_pool_.release(std::move(upload));  // its next upload is queued on this same stream, after the cast
     if (offload_streams_) {
       u.gathered_event.record(cast_stream);
-      u.wait_gathered = true;
+      u.gather_unwaited = true;
     }
   } else {
     ops_->copy(u.master.view(DType::F32, 0, {n}), u.full.view(pd, mesh_->coord().shard * n, {n}));
@@ -309,25 +336,30 @@ void FsdpEngine::unshard(Unit& u) {
       streams_->cast_done.wait(stream);
     } else if (offload_streams_) {  // MPI staging: the gather on compute, after the cast
       u.gathered_event.wait(kCompute);
-      u.wait_gathered = false;
+      u.gather_unwaited = false;
     }
     all_gather_unit(u, stream);
     if (streams_) {
       u.gathered_event.record(stream);
-      u.wait_gathered = true;
+      u.gather_unwaited = true;
     }
   }
   const model::ModelSpec& spec = model_->spec();
   for (const FlatEntry& e : u.layout.entries) {
     model_->binding().bind_param(e.param, u.full.view(pd, e.offset, model::param_shape(spec.param(e.param))));
   }
-  u.gathered = true;
+  move_to(u, UnitState::Gathered);
 }
 
 void FsdpEngine::wait_gathered(Unit& u) {
-  if (!u.wait_gathered) return;
+  if (!u.gather_unwaited) return;
   u.gathered_event.wait(kCompute);
-  u.wait_gathered = false;
+  u.gather_unwaited = false;
+}
+
+void FsdpEngine::move_to(Unit& u, UnitState to) {
+  check_unit_transition(u.spec->index, u.spec->name, u.state, to);
+  u.state = to;
 }
 
 // The all-gather of a unit whose own shard is already in its slice of the unshard buffer, on `stream`.
@@ -344,26 +376,26 @@ void FsdpEngine::all_gather_unit(Unit& u, StreamRef stream) {
 
 void FsdpEngine::wait_reductions() {
   for (auto& u : units_) {
-    if (!u->wait_reduced) continue;
+    if (!u->reduction_unwaited) continue;
     u->reduced_event.wait(kCompute);
-    u->wait_reduced = false;
+    u->reduction_unwaited = false;
   }
 }
 
 void FsdpEngine::reshard(Unit& u) {
-  if (!u.gathered) return;
+  if (u.state == UnitState::Sharded) return;
   wait_gathered(u);  // a prefetched unit nobody used: its gather must land before the buffer is reused
   for (const FlatEntry& e : u.layout.entries) model_->binding().unbind(e.param);
   // With offload the next cast into this buffer runs on the upload stream: it waits for compute's reads.
   if (offload_streams_) u.full.fence.record(kCompute);
   if (!u.spec->is_root) param_pool_.release(std::move(u.full));
-  u.gathered = false;
+  move_to(u, UnitState::Sharded);
 }
 
 void FsdpEngine::begin_unit_backward(Unit& u) {
   unshard(u);
-  if (u.backward_started || u.empty()) return;
-  u.backward_started = true;
+  if (u.state == UnitState::InBackward || u.empty()) return;
+  move_to(u, UnitState::InBackward);
   const model::ModelSpec& spec = model_->spec();
   if (grads_in_shard_) {  // the shard is the whole flat gradient (S == 1): backward accumulates into it
     if (!u.reduced_this_step) {
@@ -523,7 +555,7 @@ void FsdpEngine::reduce_gradients(Unit& u) {
     if (S > 1 && R > 1) streams_->slot_free[slot].record(last);
     if (!same(last, kCompute)) {
       u.reduced_event.record(last);
-      u.wait_reduced = true;
+      u.reduction_unwaited = true;
       if (config_.reduce_schedule == ReduceSchedule::Synchronous) wait_reductions();
     }
   }
@@ -539,10 +571,10 @@ void FsdpEngine::ensure_forward(int module) {
   const std::vector<int>& uses = model_->spec().module(module).uses;
   for (int p : uses) {
     Unit& u = *units_[unit_of_param_[p]];
-    if (u.forward_started) continue;
-    u.forward_started = true;
-    if (!u.gathered && !u.empty()) ++stats_.forward_on_demand;
+    if (u.state == UnitState::InForward) continue;
+    if (u.state == UnitState::Sharded && !u.empty()) ++stats_.forward_on_demand;
     unshard(u);
+    if (!u.empty()) move_to(u, UnitState::InForward);
     for (int v : forward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
   for (int p : uses) wait_gathered(*units_[unit_of_param_[p]]);  // after the prefetches were issued
@@ -553,7 +585,7 @@ void FsdpEngine::ensure_forward(int module) {
 void FsdpEngine::ensure_backward(int module) {
   for (int p : model_->spec().module(module).uses) {
     Unit& u = *units_[unit_of_param_[p]];
-    if (u.backward_started) continue;
+    if (u.state == UnitState::InBackward) continue;
     begin_unit_backward(u);
     for (int v : backward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
@@ -578,7 +610,7 @@ void FsdpEngine::before_forward(int module, model::ForwardPhase phase) {
 void FsdpEngine::after_forward(int module, model::ForwardPhase phase) {
   if (phase == model::ForwardPhase::Recompute || !config_.reshards_after_forward()) return;
   for (auto& u : units_) {
-    if (u->spec->last_use == module && !u->spec->is_root && !u->backward_started) reshard(*u);
+    if (u->spec->last_use == module && !u->spec->is_root && u->state != UnitState::InBackward) reshard(*u);
   }
 }
 
@@ -590,7 +622,6 @@ void FsdpEngine::after_backward(int module) {
   Unit& u = *units_[ui];
   if (config_.accumulation != GradAccumulation::NoSync || last_micro_batch_) reduce_gradients(u);
   reshard(u);
-  u.backward_started = false;
 }
 
 model::LossResult FsdpEngine::forward_backward(const model::Batch& batch, double loss_scale, bool last_micro_batch) {
@@ -617,10 +648,7 @@ model::LossResult FsdpEngine::forward(const model::Batch& batch) {
 }
 
 void FsdpEngine::release_all() {
-  for (auto& u : units_) {
-    reshard(*u);
-    u->forward_started = u->backward_started = false;
-  }
+  for (auto& u : units_) reshard(*u);
   if (grad_held_) grad_pool_.release(std::move(grad_held_));
   // No host synchronization: every buffer goes back to its pool in stream order (or with its fence), and, at
   // the end of the step, compute waits on the device for the reductions still in flight, so the optimizer sees

@@ -1,5 +1,5 @@
 // Reference token ids from independent JavaScript tokenizers (fetched by scripts/fetch-data.sh),
-// for tests/data/test_tokenizer_reference.cpp to compare shardtrain's tokenizers against.
+// for tests/data/tokenizer_reference_test.cpp to compare shardtrain's tokenizers against.
 //
 //   node reference_ids.mjs IMPL FETCHED_DIR INPUT.json OUTPUT.json
 //

@@ -1,4 +1,4 @@
-// Writes Arrow IPC files with two independent writers, for tests/data/test_arrow.cpp to read back: the Arrow
+// Writes Arrow IPC files with two independent writers, for tests/data/arrow_test.cpp to read back: the Arrow
 // JavaScript library (streams and files, every string layout it builds) and arrow-rs (the Rust Arrow
 // implementation, through parquet-wasm, which writes the stream it is handed back out as its own). Both are
 // fetched by scripts/fetch-data.sh.

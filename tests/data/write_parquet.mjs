@@ -1,4 +1,4 @@
-// Writes Parquet files with two independent writers, for tests/data/test_parquet.cpp to read back:
+// Writes Parquet files with two independent writers, for tests/data/parquet_test.cpp to read back:
 // arrow-rs (the Rust Arrow implementation, through parquet-wasm; every codec, data pages v1 and v2,
 // dictionary on or off, a chosen fallback encoding) and hyparquet-writer (a JavaScript writer of its own:
 // snappy, data pages v2). Both are fetched by scripts/fetch-data.sh.

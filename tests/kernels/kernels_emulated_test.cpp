@@ -414,7 +414,7 @@ TEST_P(EmulatedKernels, SwigluRowsVectorAndScalarPaths) {
   }
 }
 
-// rope_qkv against the CPU op (itself rope's to the bit, tests/ops/test_fused_ops.cpp), both directions: 16-byte
+// rope_qkv against the CPU op (itself rope's to the bit, tests/ops/fused_ops_test.cpp), both directions: 16-byte
 // accesses where half a head is a whole number of vectors and every array is aligned, one pair at a time where
 // not (Dh 24 in bf16: 12 pairs; arrays an element off their alignment).
 TEST_P(EmulatedKernels, RopeQkvForwardBackward) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "shardtrain/comm/mesh_comms.hpp"
@@ -56,6 +57,22 @@ class ScheduleObserver {
  protected:
   ~ScheduleObserver() = default;
 };
+
+// A unit's parameters through one pass of forward_backward or forward (docs/fsdp.md, "Unit lifecycle"). Every
+// change goes through check_unit_transition, which throws InternalError on any other than these:
+//   Sharded    -> Gathered    unshard: a prefetch, a recompute, or the unit's first use gathers the parameters
+//   Gathered   -> InForward   its forward begins (its forward prefetches are issued then)
+//   Gathered   -> InBackward  its backward begins (gradients bound to a buffer)
+//   InForward  -> InBackward  the same, the unit kept gathered since its forward
+//   Gathered, InForward, InBackward -> Sharded   reshard: after its forward, after its backward, release_all
+// Its gradient shard's state over the step, and whether compute still has to wait for its gather's or its
+// reduction's event, are separate (engine.cpp, struct Unit): a unit is gathered for the next micro-batch while
+// its last reduction is still in flight.
+enum class UnitState { Sharded, Gathered, InForward, InBackward };
+const char* unit_state_name(UnitState state);
+// Throws InternalError naming the unit (its index and name) and both states unless `from -> to` is one of the
+// transitions above. Allocates nothing when it is.
+void check_unit_transition(int unit, std::string_view name, UnitState from, UnitState to);
 
 struct UnitStats {
   int gathers = 0;            // all-gathers issued this step
@@ -129,6 +146,7 @@ class FsdpEngine final : public model::ModuleHooks {
   void wait_gathered(Unit& u);
   void wait_reductions();
   void reshard(Unit& u);
+  void move_to(Unit& u, UnitState to);  // check_unit_transition, then the new state
   void begin_unit_backward(Unit& u);
   void reduce_gradients(Unit& u);
   void ensure_forward(int module);

@@ -5,7 +5,7 @@
 // Method: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2; exp(r) by its Taylor series to degree 7
 // (truncation error r^8 / 8! <= 5.3e-9 relative, below fp32's half ulp), times 2^n built in the exponent
 // bits. Rounding to an integer adds and subtracts 1.5 * 2^23, which needs no SSE4.1 rounding instruction.
-// Measured against glibc's expf over [-87, 88] (tests/ops/test_vec_exp.cpp): at most 2 ulp apart.
+// Measured against glibc's expf over [-87, 88] (tests/ops/vec_exp_test.cpp): at most 2 ulp apart.
 // Edges: exp(-inf) = 0, and so is anything below -86.9 (true results under 1.7e-38, near fp32's subnormals:
 // a softmax or SiLU term that small is nothing next to the others); above the largest x whose exp is finite,
 // +inf; NaN stays NaN.
