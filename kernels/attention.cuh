@@ -26,9 +26,9 @@ size_t attention_backward_workspace_bytes(const AttentionDims& d);
 
 // dq (B, S, H, Dh), dk and dv (B, S, Hkv, Dh) are overwritten; dk, dv are summed over the query heads of each
 // group. Deterministic: no atomics.
-void attention_backward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v,
-                        const void* out, const float* lse, const void* dout, const int32_t* segments, float scale,
-                        void* dq, void* dk, void* dv, void* workspace, StreamRef stream);
+void attention_backward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout, const int32_t* segments, float scale, void* dq, void* dk,
+                        void* dv, void* workspace, StreamRef stream);
 
 // Which attention runs. Auto: cuDNN's fused flash attention where it can run the call (the CUDA backend decides,
 // src/ops/cuda/attention.cpp), else the tensor-core kernels (attention_mma.cu: mma.sync, bf16 tiles) for bf16 and

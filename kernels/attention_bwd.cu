@@ -37,18 +37,19 @@ using namespace attention_tiles;
 using detail::from_f32;
 using detail::to_f32;
 
-template <typename T> struct BackwardArgs {
-  const T* q;            // (B, S, H, Dh)
-  const T* k;            // (B, S, Hkv, Dh)
-  const T* v;            // (B, S, Hkv, Dh)
-  const T* out;          // (B, S, H, Dh)
-  const float* lse;      // (B, H, S)
-  const T* dout;         // (B, S, H, Dh)
-  const int32_t* seg;    // (B, S) or nullptr
-  float* dvec;           // (B, H, S) workspace
-  T* dq;                 // (B, S, H, Dh)
-  T* dk;                 // (B, S, Hkv, Dh)
-  T* dv;                 // (B, S, Hkv, Dh)
+template <typename T>
+struct BackwardArgs {
+  const T* q;          // (B, S, H, Dh)
+  const T* k;          // (B, S, Hkv, Dh)
+  const T* v;          // (B, S, Hkv, Dh)
+  const T* out;        // (B, S, H, Dh)
+  const float* lse;    // (B, H, S)
+  const T* dout;       // (B, S, H, Dh)
+  const int32_t* seg;  // (B, S) or nullptr
+  float* dvec;         // (B, H, S) workspace
+  T* dq;               // (B, S, H, Dh)
+  T* dk;               // (B, S, Hkv, Dh)
+  T* dv;               // (B, S, Hkv, Dh)
   int batch, seq, heads, kv_heads, head_dim, group;
   float scale;
 };
@@ -81,9 +82,10 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kDotThreads) attention_backward_dot_kernel(Backw
   }
 }
 
-template <int DMAX> constexpr size_t dkdv_smem_bytes() {
-  return sizeof(float) * (2 * size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + 2 * size_t(kRows) * kPLd +
-                          2 * kCols) +
+template <int DMAX>
+constexpr size_t dkdv_smem_bytes() {
+  return sizeof(float) *
+             (2 * size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + 2 * size_t(kRows) * kPLd + 2 * kCols) +
          sizeof(int) * (kRows + kCols);
 }
 
@@ -92,16 +94,16 @@ template <typename T, int DMAX>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dkdv_kernel(BackwardArgs<T> a) {
   constexpr int kLd = DMAX + 1, RI = kRowsPerThread, CJ = kColsPerThread, DJ = DMAX / 16;
   float* const smem = reinterpret_cast<float*>(simt::dynamic_smem());
-  float* k_s = smem;                        // (kRows, kLd) keys
-  float* v_s = k_s + kRows * kLd;           // (kRows, kLd)
-  float* q_s = v_s + kRows * kLd;           // (kCols, kLd) q * scale of this step's queries
-  float* do_s = q_s + kCols * kLd;          // (kCols, kLd) dout
-  float* pt_s = do_s + kCols * kLd;         // (kRows, kPLd) p^T: key x query
-  float* dst_s = pt_s + kRows * kPLd;       // (kRows, kPLd) ds^T
-  float* col_lse = dst_s + kRows * kPLd;    // (kCols)
-  float* col_dvec = col_lse + kCols;        // (kCols)
+  float* k_s = smem;                                        // (kRows, kLd) keys
+  float* v_s = k_s + kRows * kLd;                           // (kRows, kLd)
+  float* q_s = v_s + kRows * kLd;                           // (kCols, kLd) q * scale of this step's queries
+  float* do_s = q_s + kCols * kLd;                          // (kCols, kLd) dout
+  float* pt_s = do_s + kCols * kLd;                         // (kRows, kPLd) p^T: key x query
+  float* dst_s = pt_s + kRows * kPLd;                       // (kRows, kPLd) ds^T
+  float* col_lse = dst_s + kRows * kPLd;                    // (kCols)
+  float* col_dvec = col_lse + kCols;                        // (kCols)
   int* row_seg = reinterpret_cast<int*>(col_dvec + kCols);  // (kRows) keys
-  int* col_seg = row_seg + kRows;                            // (kCols) queries
+  int* col_seg = row_seg + kRows;                           // (kCols) queries
 
   const int tx = simt::thread_x() % 16, ty = simt::thread_x() / 16;
   const int k0 = int(simt::block_x()) * kRows;  // the first tiles see the most queries and start first
@@ -205,9 +207,10 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dkdv_kernel(Backwar
   }
 }
 
-template <int DMAX> constexpr size_t dq_smem_bytes() {
-  return sizeof(float) * (2 * size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + size_t(kRows) * kPLd +
-                          2 * kRows) +
+template <int DMAX>
+constexpr size_t dq_smem_bytes() {
+  return sizeof(float) *
+             (2 * size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + size_t(kRows) * kPLd + 2 * kRows) +
          sizeof(int) * (kRows + kCols);
 }
 
@@ -216,19 +219,18 @@ template <typename T, int DMAX>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardArgs<T> a) {
   constexpr int kLd = DMAX + 1, RI = kRowsPerThread, CJ = kColsPerThread, DJ = DMAX / 16;
   float* const smem = reinterpret_cast<float*>(simt::dynamic_smem());
-  float* q_s = smem;                        // (kRows, kLd) q * scale
-  float* do_s = q_s + kRows * kLd;          // (kRows, kLd) dout
-  float* k_s = do_s + kRows * kLd;          // (kCols, kLd) this step's keys
-  float* v_s = k_s + kCols * kLd;           // (kCols, kLd)
-  float* ds_s = v_s + kCols * kLd;          // (kRows, kPLd) ds: query x key
-  float* row_lse = ds_s + kRows * kPLd;     // (kRows)
-  float* row_dvec = row_lse + kRows;        // (kRows)
+  float* q_s = smem;                                        // (kRows, kLd) q * scale
+  float* do_s = q_s + kRows * kLd;                          // (kRows, kLd) dout
+  float* k_s = do_s + kRows * kLd;                          // (kCols, kLd) this step's keys
+  float* v_s = k_s + kCols * kLd;                           // (kCols, kLd)
+  float* ds_s = v_s + kCols * kLd;                          // (kRows, kPLd) ds: query x key
+  float* row_lse = ds_s + kRows * kPLd;                     // (kRows)
+  float* row_dvec = row_lse + kRows;                        // (kRows)
   int* row_seg = reinterpret_cast<int*>(row_dvec + kRows);  // (kRows) queries
-  int* col_seg = row_seg + kRows;                            // (kCols) keys
+  int* col_seg = row_seg + kRows;                           // (kCols) keys
 
   const int tx = simt::thread_x() % 16, ty = simt::thread_x() / 16;
-  const int q0 =
-      int(simt::grid_x() - 1 - simt::block_x()) * kRows;  // the last tiles see the most keys: start them first
+  const int q0 = int(simt::grid_x() - 1 - simt::block_x()) * kRows;  // the last tiles see the most keys: start them first
   const int h = simt::block_y(), b = simt::block_z(), g = h / a.group;
   const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
   const int64_t q_off = int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
@@ -301,7 +303,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_backward_dq_kernel(BackwardA
   }
 }
 
-template <typename T> void launch_dot(const BackwardArgs<T>& a, cudaStream_t stream) {
+template <typename T>
+void launch_dot(const BackwardArgs<T>& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.batch) * a.seq * a.heads;
   const unsigned blocks = detail::grid_for(rows, kDotThreads);
   detail::with_row_width<T, T>(
@@ -313,21 +316,22 @@ template <typename T> void launch_dot(const BackwardArgs<T>& a, cudaStream_t str
       a.out, a.dout);
 }
 
-template <typename T, int DMAX> void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {
+template <typename T, int DMAX>
+void launch_backward(const BackwardArgs<T>& a, cudaStream_t stream) {
   launch_dot(a, stream);
   const unsigned tiles = unsigned((a.seq + kRows - 1) / kRows);
   constexpr size_t dkdv_smem = dkdv_smem_bytes<DMAX>();
-  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dkdv_kernel<T, DMAX>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem)));
+  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dkdv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(dkdv_smem)));
   simt::launch(attention_backward_dkdv_kernel<T, DMAX>, dim3(tiles, unsigned(a.kv_heads), unsigned(a.batch)), kThreads,
                dkdv_smem, stream, a);
   ST_CHECK_KERNEL("attention_backward_dkdv_kernel");
 
   constexpr size_t dq_smem = dq_smem_bytes<DMAX>();
-  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dq_kernel<T, DMAX>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq_smem)));
-  simt::launch(attention_backward_dq_kernel<T, DMAX>, dim3(tiles, unsigned(a.heads), unsigned(a.batch)), kThreads,
-               dq_smem, stream, a);
+  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_dq_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(dq_smem)));
+  simt::launch(attention_backward_dq_kernel<T, DMAX>, dim3(tiles, unsigned(a.heads), unsigned(a.batch)), kThreads, dq_smem,
+               stream, a);
   ST_CHECK_KERNEL("attention_backward_dq_kernel");
 }
 
@@ -335,11 +339,24 @@ template <typename T>
 void backward_for_dtype(const AttentionDims& d, const void* q, const void* k, const void* v, const void* out,
                         const float* lse, const void* dout, const int32_t* segments, float scale, void* dq, void* dk,
                         void* dv, void* workspace, cudaStream_t stream) {
-  const BackwardArgs<T> a{static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                          static_cast<const T*>(out), lse, static_cast<const T*>(dout), segments,
-                          static_cast<float*>(workspace), static_cast<T*>(dq), static_cast<T*>(dk),
-                          static_cast<T*>(dv), int(d.batch), int(d.seq), int(d.heads), int(d.kv_heads),
-                          int(d.head_dim), int(d.heads / d.kv_heads), scale};
+  const BackwardArgs<T> a{static_cast<const T*>(q),
+                          static_cast<const T*>(k),
+                          static_cast<const T*>(v),
+                          static_cast<const T*>(out),
+                          lse,
+                          static_cast<const T*>(dout),
+                          segments,
+                          static_cast<float*>(workspace),
+                          static_cast<T*>(dq),
+                          static_cast<T*>(dk),
+                          static_cast<T*>(dv),
+                          int(d.batch),
+                          int(d.seq),
+                          int(d.heads),
+                          int(d.kv_heads),
+                          int(d.head_dim),
+                          int(d.heads / d.kv_heads),
+                          scale};
   if (std::is_same_v<T, detail::bf16_t> && attention_uses_mma(DType::BF16)) {  // the dot here, the rest on tensor cores
     launch_dot(a, stream);
     attention_backward_mma(d, q, k, v, lse, dout, segments, scale, a.dvec, dq, dk, dv, StreamRef{stream});
@@ -358,17 +375,16 @@ size_t attention_backward_workspace_bytes(const AttentionDims& d) {
   return sizeof(float) * static_cast<size_t>(d.batch * d.heads * d.seq);
 }
 
-void attention_backward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v,
-                        const void* out, const float* lse, const void* dout, const int32_t* segments, float scale,
-                        void* dq, void* dk, void* dv, void* workspace, StreamRef stream) {
+void attention_backward(DType dtype, const AttentionDims& d, const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout, const int32_t* segments, float scale, void* dq, void* dk,
+                        void* dv, void* workspace, StreamRef stream) {
   check_dims(d, "attention_backward");
   if (!workspace)
     throw InternalError("attention_backward: no workspace (attention_backward_workspace_bytes = " +
                         std::to_string(attention_backward_workspace_bytes(d)) + ")");
   detail::dispatch_float(dtype, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    backward_for_dtype<T>(d, q, k, v, out, lse, dout, segments, scale, dq, dk, dv, workspace,
-                          detail::cuda_stream(stream));
+    backward_for_dtype<T>(d, q, k, v, out, lse, dout, segments, scale, dq, dk, dv, workspace, detail::cuda_stream(stream));
   });
 }
 

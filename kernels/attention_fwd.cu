@@ -24,13 +24,14 @@ namespace {
 using namespace attention_tiles;  // kRows query rows per CTA, kCols keys per step
 using detail::from_f32;
 
-template <typename T> struct ForwardArgs {
-  const T* q;             // (B, S, H, Dh)
-  const T* k;             // (B, S, Hkv, Dh)
-  const T* v;             // (B, S, Hkv, Dh)
-  const int32_t* seg;     // (B, S) or nullptr
-  T* out;                 // (B, S, H, Dh)
-  float* lse;             // (B, H, S)
+template <typename T>
+struct ForwardArgs {
+  const T* q;          // (B, S, H, Dh)
+  const T* k;          // (B, S, Hkv, Dh)
+  const T* v;          // (B, S, Hkv, Dh)
+  const int32_t* seg;  // (B, S) or nullptr
+  T* out;              // (B, S, H, Dh)
+  float* lse;          // (B, H, S)
   int seq, heads, kv_heads, head_dim, group;
   float scale;
 };
@@ -47,7 +48,8 @@ ST_DEV float half_warp_sum(float x) {
   return x;
 }
 
-template <int DMAX> constexpr size_t forward_smem_bytes() {
+template <int DMAX>
+constexpr size_t forward_smem_bytes() {
   return sizeof(float) * (size_t(kRows) * (DMAX + 1) + 2 * size_t(kCols) * (DMAX + 1) + size_t(kRows) * kPLd) +
          sizeof(int) * (kRows + kCols);
 }
@@ -65,8 +67,7 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_forward_kernel(ForwardArgs<T
   int* col_seg = row_seg + kRows;                             // (kCols)
 
   const int tx = simt::thread_x() % 16, ty = simt::thread_x() / 16;
-  const int q0 =
-      int(simt::grid_x() - 1 - simt::block_x()) * kRows;  // the last tiles see the most keys: start them first
+  const int q0 = int(simt::grid_x() - 1 - simt::block_x()) * kRows;  // the last tiles see the most keys: start them first
   const int h = simt::block_y(), b = simt::block_z(), g = h / a.group;
   const int64_t q_stride = int64_t(a.heads) * a.head_dim, kv_stride = int64_t(a.kv_heads) * a.head_dim;
   const T* q = a.q + int64_t(b) * a.seq * q_stride + int64_t(h) * a.head_dim;
@@ -181,12 +182,21 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads) attention_forward_kernel(ForwardArgs<T
 template <typename T, int DMAX>
 void launch_forward(const AttentionDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
                     float scale, void* out, float* lse, cudaStream_t stream) {
-  const ForwardArgs<T> a{static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), segments,
-                         static_cast<T*>(out), lse, int(d.seq), int(d.heads), int(d.kv_heads), int(d.head_dim),
-                         int(d.heads / d.kv_heads), scale};
+  const ForwardArgs<T> a{static_cast<const T*>(q),
+                         static_cast<const T*>(k),
+                         static_cast<const T*>(v),
+                         segments,
+                         static_cast<T*>(out),
+                         lse,
+                         int(d.seq),
+                         int(d.heads),
+                         int(d.kv_heads),
+                         int(d.head_dim),
+                         int(d.heads / d.kv_heads),
+                         scale};
   constexpr size_t smem = forward_smem_bytes<DMAX>();
-  ST_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(smem)));
+  ST_CHECK_CUDA(
+      cudaFuncSetAttribute(attention_forward_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((d.seq + kRows - 1) / kRows), unsigned(d.heads), unsigned(d.batch));
   simt::launch(attention_forward_kernel<T, DMAX>, grid, kThreads, smem, stream, a);
   ST_CHECK_KERNEL("attention_forward_kernel");

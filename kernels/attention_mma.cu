@@ -79,8 +79,8 @@ void set_attention_kernel(AttentionKernel kernel) { kernel_choice().store(static
 AttentionKernel attention_kernel() { return static_cast<AttentionKernel>(kernel_choice().load()); }
 bool attention_uses_mma(DType dtype) { return dtype == DType::BF16 && attention_kernel() != AttentionKernel::Fma; }
 
-void attention_forward_mma(const AttentionDims& d, const void* q, const void* k, const void* v,
-                           const int32_t* segments, float scale, void* out, float* lse, StreamRef stream) {
+void attention_forward_mma(const AttentionDims& d, const void* q, const void* k, const void* v, const int32_t* segments,
+                           float scale, void* out, float* lse, StreamRef stream) {
   mma::Args a = make_args(d, q, k, v, segments, scale);
   a.out = static_cast<uint16_t*>(out);
   a.lse_out = lse;
@@ -92,8 +92,8 @@ void attention_forward_mma(const AttentionDims& d, const void* q, const void* k,
 }
 
 void attention_backward_mma(const AttentionDims& d, const void* q, const void* k, const void* v, const float* lse,
-                            const void* dout, const int32_t* segments, float scale, const float* dvec, void* dq,
-                            void* dk, void* dv, StreamRef stream) {
+                            const void* dout, const int32_t* segments, float scale, const float* dvec, void* dq, void* dk,
+                            void* dv, StreamRef stream) {
   mma::Args a = make_args(d, q, k, v, segments, scale);
   a.vec16 = a.vec16 && detail::aligned16(dout);
   a.dout = static_cast<const uint16_t*>(dout);

@@ -65,23 +65,33 @@ struct Args {
   bool vec16;   // Dh % 8 == 0 and every tensor 16-byte aligned: tiles load 16 bytes at a time
 };
 
-template <int DMAX> constexpr int tile_ld() { return DMAX + 8; }
-template <int DMAX> constexpr size_t tile_bytes(int rows) { return size_t(rows) * tile_ld<DMAX>() * sizeof(uint16_t); }
+template <int DMAX>
+constexpr int tile_ld() {
+  return DMAX + 8;
+}
+template <int DMAX>
+constexpr size_t tile_bytes(int rows) {
+  return size_t(rows) * tile_ld<DMAX>() * sizeof(uint16_t);
+}
 
 // Shared memory: the row tiles, two buffers of the two column tiles of a step, and per-row and per-column data
 // (three buffers of the latter; see pipelined_steps).
-template <int DMAX> constexpr size_t forward_smem_bytes() {
+template <int DMAX>
+constexpr size_t forward_smem_bytes() {
   return tile_bytes<DMAX>(kRows) + 4 * tile_bytes<DMAX>(kCols) + sizeof(int) * (kRows + 3 * kCols);
 }
-template <int DMAX> constexpr size_t dkdv_smem_bytes() {
+template <int DMAX>
+constexpr size_t dkdv_smem_bytes() {
   return 2 * tile_bytes<DMAX>(kRows) + 4 * tile_bytes<DMAX>(kCols) + sizeof(int) * (kRows + 3 * 3 * kCols);
 }
-template <int DMAX> constexpr size_t dq_smem_bytes() {
+template <int DMAX>
+constexpr size_t dq_smem_bytes() {
   return 2 * tile_bytes<DMAX>(kRows) + 4 * tile_bytes<DMAX>(kCols) + sizeof(int) * (3 * kRows + 3 * kCols);
 }
 
 // Host side: calls f.template operator()<DMAX>() with the smallest padded head dim that holds Dh.
-template <typename F> void with_dmax(int64_t head_dim, F&& f) {
+template <typename F>
+void with_dmax(int64_t head_dim, F&& f) {
   if (head_dim <= 16) f.template operator()<16>();
   else if (head_dim <= 32) f.template operator()<32>();
   else if (head_dim <= 64) f.template operator()<64>();
@@ -94,8 +104,8 @@ template <typename F> void with_dmax(int64_t head_dim, F&& f) {
 // with a negative segment, so padding values, NaN or not, never reach the arithmetic; element by element
 // otherwise. The tile is complete after the caller's cp_async_commit, cp_async_wait and a barrier.
 template <int DMAX>
-ST_DEV void issue_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg,
-                       int head_dim, bool vec16) {
+ST_DEV void issue_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg, int head_dim,
+                       bool vec16) {
   constexpr int kLd = tile_ld<DMAX>(), kChunks = DMAX / 8;
   for (int e = simt::thread_x(); e < 64 * kChunks; e += kThreads) {
     const int r = e / kChunks, c = (e % kChunks) * 8;
@@ -110,8 +120,8 @@ ST_DEV void issue_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int 
 }
 // issue_rows for a tile read right after: all of this thread's copies waited for, then a barrier.
 template <int DMAX>
-ST_DEV void load_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg,
-                      int head_dim, bool vec16) {
+ST_DEV void load_rows(uint16_t* tile, const uint16_t* src, int64_t stride, int first, const int* row_seg, int head_dim,
+                      bool vec16) {
   issue_rows<DMAX>(tile, src, stride, first, row_seg, head_dim, vec16);
   simt::cp_async_commit();
   simt::cp_async_wait<0>();
@@ -179,8 +189,8 @@ ST_DEV float quad_max(float x) {
 // its causal limit: only those diagonal steps, and steps whose columns span several segments, test pair by
 // pair (a shared-memory read and two compares a pair: about as many instructions as the step's mma and
 // softmax work together).
-ST_DEV uint32_t visibility(const int* row_seg, const int* col_seg, bool uniform, int row0, int g, int t,
-                           int row_first, int col_first, bool rows_are_keys) {
+ST_DEV uint32_t visibility(const int* row_seg, const int* col_seg, bool uniform, int row0, int g, int t, int row_first,
+                           int col_first, bool rows_are_keys) {
   uint32_t vis = 0;
   const int col_seg0 = col_seg[0];
   for (int ri = 0; ri < 2; ++ri) {
@@ -225,8 +235,7 @@ ST_DEV void mask_scores(float x[kColTiles][4], uint32_t vis, float masked) {
 //   issue(i):            step i's tile copies into buffer i % 2
 //   compute(i, vis):     step i (its tiles complete and visible)
 template <typename Meta, typename Vis, typename Issue, typename Compute>
-ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, const Issue& issue,
-                            const Compute& compute) {
+ST_DEV void pipelined_steps(int steps, const Meta& meta, const Vis& vis_of, const Issue& issue, const Compute& compute) {
   // Step i's data, visibility and copies (two barriers); whether any pair of it is visible.
   const auto prepare = [&](int i, uint32_t& vis) {
     const bool uniform = !simt::sync_or(meta(i));
@@ -271,9 +280,7 @@ ST_DEV void over_key_steps(const Args& a, const uint16_t* k, const uint16_t* v, 
   pipelined_steps(
       (kv_end + kCols - 1) / kCols,
       [&](int i) { return attention_rows::load_segments<kThreads>(col_seg(i), seg, i * kCols, kCols, a.seq); },
-      [&](int i, bool uniform) {
-        return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false);
-      },
+      [&](int i, bool uniform) { return visibility(row_seg, col_seg(i), uniform, row0, g, t, q0, i * kCols, false); },
       [&](int i) {
         issue_rows<DMAX>(k_tile(i), k, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
         issue_rows<DMAX>(k_tile(i) + kCols * kLd, v, kv_stride, i * kCols, col_seg(i), a.head_dim, a.vec16);
@@ -283,12 +290,13 @@ ST_DEV void over_key_steps(const Args& a, const uint16_t* k, const uint16_t* v, 
 
 // ---------------------------------------------------------------------------------------------------------
 // Forward: one CTA per (64 queries, head, batch). Grid (ceil(S / 64), H, B).
-template <int DMAX> ST_DEV void forward_body(const Args& a) {
+template <int DMAX>
+ST_DEV void forward_body(const Args& a) {
   constexpr int kLd = tile_ld<DMAX>(), KD = DMAX / 16, ND = DMAX / 8;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (kRows, kLd)
-  uint16_t* kv_s = q_s + kRows * kLd;                 // two buffers of a k tile then a v tile, (kCols, kLd) each
+  uint16_t* kv_s = q_s + kRows * kLd;                             // two buffers of a k tile then a v tile, (kCols, kLd) each
   int* row_seg = reinterpret_cast<int*>(kv_s + 4 * kCols * kLd);  // (kRows)
-  int* col_segs = row_seg + kRows;                                 // three buffers of (kCols)
+  int* col_segs = row_seg + kRows;                                // three buffers of (kCols)
 
   const int lane = simt::thread_x() % 32, warp = simt::thread_x() / 32, g = lane / 4, t = lane % 4;
   const int row0 = 16 * warp;
@@ -312,8 +320,7 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
     for (int i = 0; i < 4; ++i) o[d][i] = 0.f;
 
   over_key_steps<DMAX>(
-      a, k, v, seg, q0, row_seg, col_segs, kv_s, row0, g, t,
-      [&](const uint16_t* k_s, const uint16_t* v_s, uint32_t vis) {
+      a, k, v, seg, q0, row_seg, col_segs, kv_s, row0, g, t, [&](const uint16_t* k_s, const uint16_t* v_s, uint32_t vis) {
         float s[kColTiles][4];
         for (int n = 0; n < kColTiles; ++n)
           for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
@@ -376,13 +383,14 @@ template <int DMAX> ST_DEV void forward_body(const Args& a) {
 // Backward, dk and dv: one CTA per (64 keys, kv head, batch). Grid (ceil(S / 64), Hkv, B). Its steps run over
 // every query head of the group and, per head, the 64-query steps from the tile's first key (causal: queries
 // before it see none of the tile).
-template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
+template <int DMAX>
+ST_DEV void dkdv_body(const Args& a) {
   constexpr int kLd = tile_ld<DMAX>(), KD = DMAX / 16, ND = DMAX / 8;
   uint16_t* k_s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (kRows, kLd) keys
-  uint16_t* v_s = k_s + kRows * kLd;                                     // (kRows, kLd)
-  uint16_t* qdo_s = v_s + kRows * kLd;        // two buffers of the step's queries then their dout, (kCols, kLd) each
-  int* row_seg = reinterpret_cast<int*>(qdo_s + 4 * kCols * kLd);  // (kRows) keys
-  int* col_segs = row_seg + kRows;                                  // three buffers of (kCols) queries
+  uint16_t* v_s = k_s + kRows * kLd;                                  // (kRows, kLd)
+  uint16_t* qdo_s = v_s + kRows * kLd;  // two buffers of the step's queries then their dout, (kCols, kLd) each
+  int* row_seg = reinterpret_cast<int*>(qdo_s + 4 * kCols * kLd);     // (kRows) keys
+  int* col_segs = row_seg + kRows;                                    // three buffers of (kCols) queries
   float* col_lse2s = reinterpret_cast<float*>(col_segs + 3 * kCols);  // three of (kCols)
   float* col_dvecs = col_lse2s + 3 * kCols;                           // three of (kCols)
 
@@ -417,8 +425,8 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
         const int64_t stats_off = (int64_t(b) * a.heads + head(i)) * a.seq;
         const int mb = (i % 3) * kCols;
         return attention_rows::load_query_stats<kThreads>(col_segs + mb, col_lse2s + mb, col_dvecs + mb, seg,
-                                                          a.lse + stats_off, a.dvec + stats_off, c0(i), kCols,
-                                                          a.seq, kLog2e);
+                                                          a.lse + stats_off, a.dvec + stats_off, c0(i), kCols, a.seq,
+                                                          kLog2e);
       },
       [&](int i, bool uniform) {
         return visibility(row_seg, col_segs + (i % 3) * kCols, uniform, row0, g, t, k0, c0(i), true);
@@ -426,8 +434,7 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
       [&](int i) {
         const int* col_seg = col_segs + (i % 3) * kCols;
         issue_rows<DMAX>(q_tile(i), a.q + q_off(i), q_stride, c0(i), col_seg, a.head_dim, a.vec16);
-        issue_rows<DMAX>(q_tile(i) + kCols * kLd, a.dout + q_off(i), q_stride, c0(i), col_seg, a.head_dim,
-                         a.vec16);
+        issue_rows<DMAX>(q_tile(i) + kCols * kLd, a.dout + q_off(i), q_stride, c0(i), col_seg, a.head_dim, a.vec16);
       },
       [&](int i, uint32_t vis) {
         const uint16_t* q_s = q_tile(i);
@@ -497,15 +504,16 @@ template <int DMAX> ST_DEV void dkdv_body(const Args& a) {
 
 // ---------------------------------------------------------------------------------------------------------
 // Backward, dq: one CTA per (64 queries, head, batch). Grid (ceil(S / 64), H, B).
-template <int DMAX> ST_DEV void dq_body(const Args& a) {
+template <int DMAX>
+ST_DEV void dq_body(const Args& a) {
   constexpr int kLd = tile_ld<DMAX>(), KD = DMAX / 16, ND = DMAX / 8;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(simt::dynamic_smem());  // (kRows, kLd)
-  uint16_t* do_s = q_s + kRows * kLd;                                    // (kRows, kLd)
-  uint16_t* kv_s = do_s + kRows * kLd;             // two buffers of a k tile then a v tile, (kCols, kLd) each
+  uint16_t* do_s = q_s + kRows * kLd;                                 // (kRows, kLd)
+  uint16_t* kv_s = do_s + kRows * kLd;                            // two buffers of a k tile then a v tile, (kCols, kLd) each
   int* row_seg = reinterpret_cast<int*>(kv_s + 4 * kCols * kLd);  // (kRows) queries
   float* row_lse2 = reinterpret_cast<float*>(row_seg + kRows);    // (kRows)
-  float* row_dvec = row_lse2 + kRows;                              // (kRows)
-  int* col_segs = reinterpret_cast<int*>(row_dvec + kRows);        // three buffers of (kCols) keys
+  float* row_dvec = row_lse2 + kRows;                             // (kRows)
+  int* col_segs = reinterpret_cast<int*>(row_dvec + kRows);       // three buffers of (kCols) keys
 
   const int lane = simt::thread_x() % 32, warp = simt::thread_x() / 32, g = lane / 4, t = lane % 4;
   const int row0 = 16 * warp;
@@ -518,8 +526,8 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   const int64_t stats_off = (int64_t(b) * a.heads + h) * a.seq;
   const float scale2 = a.scale * kLog2e;
 
-  attention_rows::load_query_stats<kThreads>(row_seg, row_lse2, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off,
-                                             q0, kRows, a.seq, kLog2e);
+  attention_rows::load_query_stats<kThreads>(row_seg, row_lse2, row_dvec, seg, a.lse + stats_off, a.dvec + stats_off, q0,
+                                             kRows, a.seq, kLog2e);
   simt::sync();
   issue_rows<DMAX>(q_s, a.q + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);
   load_rows<DMAX>(do_s, a.dout + q_off, q_stride, q0, row_seg, a.head_dim, a.vec16);  // waits for both
@@ -538,29 +546,28 @@ template <int DMAX> ST_DEV void dq_body(const Args& a) {
   for (int d = 0; d < ND; ++d)
     for (int i = 0; i < 4; ++i) dq[d][i] = 0.f;
 
-  over_key_steps<DMAX>(
-      a, a.k + kv_off, a.v + kv_off, seg, q0, row_seg, col_segs, kv_s, row0, g, t,
-      [&](const uint16_t* k_s, const uint16_t* v_s, uint32_t vis) {
-        float s[kColTiles][4], dp[kColTiles][4];
-        for (int n = 0; n < kColTiles; ++n)
-          for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-        for (int kk = 0; kk < KD; ++kk)
-          for (int n = 0; n < kColTiles; n += 2) {
-            uint32_t kb[4], vb[4];
-            load_b_t2(kb, k_s, kLd, 8 * n, 16 * kk, lane);
-            load_b_t2(vb, v_s, kLd, 8 * n, 16 * kk, lane);
-            simt::mma_bf16_16816(s[n], qa[kk], kb);
-            simt::mma_bf16_16816(s[n + 1], qa[kk], kb + 2);
-            simt::mma_bf16_16816(dp[n], da[kk], vb);
-            simt::mma_bf16_16816(dp[n + 1], da[kk], vb + 2);
-          }
-        // ds = p (dp - dvec); a masked score is -inf, so its p and ds are 0 (lse is finite in every row).
-        mask_scores(s, vis, -INFINITY);
-        for (int n = 0; n < kColTiles; ++n)
-          for (int e = 0; e < 4; ++e)
-            s[n][e] = exp2f(fmaf(s[n][e], scale2, neg_lse2[e / 2])) * (dp[n][e] - dvec[e / 2]);
-        acc_times_tile<ND>(dq, s, k_s, kLd, lane);  // dq += ds k
-      });
+  over_key_steps<DMAX>(a, a.k + kv_off, a.v + kv_off, seg, q0, row_seg, col_segs, kv_s, row0, g, t,
+                       [&](const uint16_t* k_s, const uint16_t* v_s, uint32_t vis) {
+                         float s[kColTiles][4], dp[kColTiles][4];
+                         for (int n = 0; n < kColTiles; ++n)
+                           for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+                         for (int kk = 0; kk < KD; ++kk)
+                           for (int n = 0; n < kColTiles; n += 2) {
+                             uint32_t kb[4], vb[4];
+                             load_b_t2(kb, k_s, kLd, 8 * n, 16 * kk, lane);
+                             load_b_t2(vb, v_s, kLd, 8 * n, 16 * kk, lane);
+                             simt::mma_bf16_16816(s[n], qa[kk], kb);
+                             simt::mma_bf16_16816(s[n + 1], qa[kk], kb + 2);
+                             simt::mma_bf16_16816(dp[n], da[kk], vb);
+                             simt::mma_bf16_16816(dp[n + 1], da[kk], vb + 2);
+                           }
+                         // ds = p (dp - dvec); a masked score is -inf, so its p and ds are 0 (lse is finite in every row).
+                         mask_scores(s, vis, -INFINITY);
+                         for (int n = 0; n < kColTiles; ++n)
+                           for (int e = 0; e < 4; ++e)
+                             s[n][e] = exp2f(fmaf(s[n][e], scale2, neg_lse2[e / 2])) * (dp[n][e] - dvec[e / 2]);
+                         acc_times_tile<ND>(dq, s, k_s, kLd, lane);  // dq += ds k
+                       });
 
   for (int ri = 0; ri < 2; ++ri) {
     const int r = row0 + g + 8 * ri;

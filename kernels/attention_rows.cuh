@@ -13,7 +13,8 @@ namespace shardtrain::kernels::attention_rows {
 // Segments of tokens [first, first + n) of one batch row: the document id (0 without segments), -1 past S.
 // A negative value means "attends to nothing and is attended by nothing". Returns whether a value this thread
 // stored differs from dst[0] (a barrier's OR of it tells whether the n segments are all one).
-template <int THREADS> ST_DEV bool load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
+template <int THREADS>
+ST_DEV bool load_segments(int* dst, const int32_t* seg, int first, int n, int seq) {
   const auto segment = [&](int t) { return t < seq ? (seg ? seg[t] : 0) : -1; };
   const int first_seg = segment(first);
   bool differs = false;

@@ -125,8 +125,8 @@ ST_GLOBAL void attention_stats_from_tokens_kernel(const float* __restrict__ stat
   }
 }
 
-ST_GLOBAL void attention_stats_to_tokens_kernel(const float* __restrict__ lse, int64_t batch, int64_t seq,
-                                                int64_t heads, float* __restrict__ stats) {
+ST_GLOBAL void attention_stats_to_tokens_kernel(const float* __restrict__ lse, int64_t batch, int64_t seq, int64_t heads,
+                                                float* __restrict__ stats) {
   const int64_t n = batch * heads * seq;
   const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
   for (int64_t e = int64_t(simt::block_x()) * simt::block_dim_x() + simt::thread_x(); e < n; e += stride) {
@@ -136,7 +136,7 @@ ST_GLOBAL void attention_stats_to_tokens_kernel(const float* __restrict__ lse, i
 }
 
 ST_GLOBAL void attention_zero_padding_rows_kernel(const int32_t* __restrict__ seg, int64_t tokens, int64_t row,
-                                                 uint16_t* __restrict__ x, bool vec) {
+                                                  uint16_t* __restrict__ x, bool vec) {
   for (int64_t t = simt::block_x(); t < tokens; t += simt::grid_x()) {
     if (seg[t] >= 0) continue;  // the same for every thread of the block: no divergence at the barrier-free loop
     uint16_t* r = x + t * row;
@@ -155,28 +155,27 @@ void attention_sequences(const int32_t* segments, const AttentionSequenceDims& d
                          DataErrorRecord* error, StreamRef stream) {
   if (d.count <= 0 || d.batch <= 0 || d.seq <= 0) return;
   if (segments == nullptr && d.count < d.batch) {
-    throw InternalError("attention_sequences: plain causal needs one sequence per row (count " +
-                        std::to_string(d.count) + " < batch " + std::to_string(d.batch) + ")");
+    throw InternalError("attention_sequences: plain causal needs one sequence per row (count " + std::to_string(d.count) +
+                        " < batch " + std::to_string(d.batch) + ")");
   }
   simt::launch(attention_sequences_kernel, 1, kThreads, 0, detail::cuda_stream(stream), segments, d, out, error);
   ST_CHECK_KERNEL("attention_sequences_kernel");
 }
 
-void attention_stats_from_tokens(const float* stats, const int32_t* segments, int64_t batch, int64_t seq,
-                                 int64_t heads, float* lse, StreamRef stream) {
+void attention_stats_from_tokens(const float* stats, const int32_t* segments, int64_t batch, int64_t seq, int64_t heads,
+                                 float* lse, StreamRef stream) {
   const int64_t n = batch * heads * seq;
   if (n <= 0) return;
-  simt::launch(attention_stats_from_tokens_kernel, detail::grid_for(n, kThreads), kThreads, 0,
-               detail::cuda_stream(stream), stats, segments, batch, seq, heads, lse);
+  simt::launch(attention_stats_from_tokens_kernel, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+               stats, segments, batch, seq, heads, lse);
   ST_CHECK_KERNEL("attention_stats_from_tokens_kernel");
 }
 
-void attention_stats_to_tokens(const float* lse, int64_t batch, int64_t seq, int64_t heads, float* stats,
-                               StreamRef stream) {
+void attention_stats_to_tokens(const float* lse, int64_t batch, int64_t seq, int64_t heads, float* stats, StreamRef stream) {
   const int64_t n = batch * heads * seq;
   if (n <= 0) return;
-  simt::launch(attention_stats_to_tokens_kernel, detail::grid_for(n, kThreads), kThreads, 0,
-               detail::cuda_stream(stream), lse, batch, seq, heads, stats);
+  simt::launch(attention_stats_to_tokens_kernel, detail::grid_for(n, kThreads), kThreads, 0, detail::cuda_stream(stream),
+               lse, batch, seq, heads, stats);
   ST_CHECK_KERNEL("attention_stats_to_tokens_kernel");
 }
 
@@ -184,8 +183,8 @@ void attention_zero_padding_rows(const int32_t* segments, int64_t tokens, int64_
   if (tokens <= 0 || row <= 0) return;
   const bool vec = row % 8 == 0 && detail::aligned16(x);
   const unsigned grid = static_cast<unsigned>(tokens < 65535 ? tokens : 65535);
-  simt::launch(attention_zero_padding_rows_kernel, grid, kThreads, 0, detail::cuda_stream(stream), segments, tokens, row,
-               x, vec);
+  simt::launch(attention_zero_padding_rows_kernel, grid, kThreads, 0, detail::cuda_stream(stream), segments, tokens, row, x,
+               vec);
   ST_CHECK_KERNEL("attention_zero_padding_rows_kernel");
 }
 

@@ -41,12 +41,11 @@ void attention_sequences(const int32_t* segments, const AttentionSequenceDims& d
 
 // lse (B, H, S) from token-major stats (B * S, H): lse[b, h, t] = stats[(b * S + t) * H + h] where
 // segments[b, t] >= 0, and -inf at padding (segments < 0) whatever stats holds there.
-void attention_stats_from_tokens(const float* stats, const int32_t* segments, int64_t batch, int64_t seq,
-                                 int64_t heads, float* lse, StreamRef stream);
+void attention_stats_from_tokens(const float* stats, const int32_t* segments, int64_t batch, int64_t seq, int64_t heads,
+                                 float* lse, StreamRef stream);
 
 // Token-major stats (B * S, H) from lse (B, H, S): the inverse layout change (every element copied).
-void attention_stats_to_tokens(const float* lse, int64_t batch, int64_t seq, int64_t heads, float* stats,
-                               StreamRef stream);
+void attention_stats_to_tokens(const float* lse, int64_t batch, int64_t seq, int64_t heads, float* stats, StreamRef stream);
 
 // Zeroes the rows of x (tokens, row) whose segment is negative (padding): x holds `row` 2-byte elements (bf16) per
 // token. cuDNN's packed layout leaves the rows of tokens outside every sequence as they were.

@@ -28,8 +28,8 @@ constexpr int kPLd = kCols + 1;  // leading dim of a (kRows, kCols) probability 
 // fp32 tile times mul; columns past head_dim and rows with a negative segment are zeros, so padding never
 // reaches the arithmetic even if its values are not finite.
 template <int DMAX, int ROWS, typename T>
-ST_DEV void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first, const int* row_seg,
-                      int head_dim, float mul) {
+ST_DEV void load_tile(float* tile, const T* __restrict__ src, int64_t stride, int first, const int* row_seg, int head_dim,
+                      float mul) {
   constexpr int kLd = DMAX + 1;
   for (int e = simt::thread_x(); e < ROWS * DMAX; e += kThreads) {
     const int r = e / DMAX, c = e % DMAX;
@@ -94,13 +94,12 @@ ST_DEV void accumulate_tile(const float* p, const float* m, int tx, int ty, floa
 
 // The shapes the kernels' grids and int indexing can take; head_dim at most 128 (the largest DMAX).
 inline void check_dims(const AttentionDims& d, const char* op) {
-  const bool ok = d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 &&
-                  d.heads % d.kv_heads == 0 && d.batch <= 65535 && d.kv_heads <= 65535 && d.heads <= 65535 &&
-                  d.seq <= INT_MAX - 2 * kRows;
+  const bool ok = d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 && d.heads % d.kv_heads == 0 &&
+                  d.batch <= 65535 && d.kv_heads <= 65535 && d.heads <= 65535 && d.seq <= INT_MAX - 2 * kRows;
   if (!ok)
-    throw InternalError(std::string(op) + ": unsupported shape B=" + std::to_string(d.batch) + " S=" +
-                        std::to_string(d.seq) + " H=" + std::to_string(d.heads) + " Hkv=" + std::to_string(d.kv_heads) +
-                        " Dh=" + std::to_string(d.head_dim));
+    throw InternalError(std::string(op) + ": unsupported shape B=" + std::to_string(d.batch) +
+                        " S=" + std::to_string(d.seq) + " H=" + std::to_string(d.heads) +
+                        " Hkv=" + std::to_string(d.kv_heads) + " Dh=" + std::to_string(d.head_dim));
   if (d.head_dim > 128)
     throw InternalError(std::string(op) + ": head_dim " + std::to_string(d.head_dim) +
                         " is not supported by the CUDA attention kernels (at most 128)");

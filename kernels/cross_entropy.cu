@@ -117,8 +117,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
   }
 }
 
-ST_GLOBAL void cross_entropy_sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets,
-                                        int64_t n, int32_t ignore_index, LossSumsDevice* __restrict__ out,
+ST_GLOBAL void cross_entropy_sum_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets, int64_t n,
+                                        int32_t ignore_index, LossSumsDevice* __restrict__ out,
                                         LossSumsDevice* __restrict__ total) {
   ST_SHARED(double, shared_d, 32);
   ST_SHARED(double, shared_c, 32);
@@ -165,11 +165,11 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
   });
 }
 
-void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index,
-                       LossSumsDevice* out, LossSumsDevice* total, StreamRef stream) {
+void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index, LossSumsDevice* out,
+                       LossSumsDevice* total, StreamRef stream) {
   // Runs for n == 0 too, so that *out always holds this call's (zero) sums.
-  simt::launch(cross_entropy_sum_kernel, 1, kSumThreads, 0, detail::cuda_stream(stream), row_loss, targets, n,
-               ignore_index, out, total);
+  simt::launch(cross_entropy_sum_kernel, 1, kSumThreads, 0, detail::cuda_stream(stream), row_loss, targets, n, ignore_index,
+               out, total);
   ST_CHECK_KERNEL("cross_entropy_sum_kernel");
 }
 

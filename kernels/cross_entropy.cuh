@@ -30,7 +30,7 @@ void cross_entropy_rows(DType logits_dtype, const void* logits, int64_t rows, in
 // out->loss_sum = sum of row_loss[i] (in double, fixed order) and out->tokens = count, over the n rows
 // whose target is not ignore_index; when total is non-null the same sums are also added into *total (the
 // deferred loss of several calls, in call order). One block.
-void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index,
-                       LossSumsDevice* out, LossSumsDevice* total, StreamRef stream);
+void cross_entropy_sum(const float* row_loss, const int32_t* targets, int64_t n, int32_t ignore_index, LossSumsDevice* out,
+                       LossSumsDevice* total, StreamRef stream);
 
 }  // namespace shardtrain::kernels

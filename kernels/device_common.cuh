@@ -48,12 +48,14 @@ ST_DEV float round_to(float v) {
   return to_f32(from_f32<T>(v));
 }
 
-template <typename T> struct Tag {
+template <typename T>
+struct Tag {
   using type = T;
 };
 
 // Calls f(Tag<T>{}) with T the device storage type of a float dtype (f32 or bf16); anything else throws.
-template <typename F> void dispatch_float(DType t, const char* what, F&& f) {
+template <typename F>
+void dispatch_float(DType t, const char* what, F&& f) {
   switch (t) {
     case DType::F32: f(Tag<float>{}); return;
     case DType::BF16: f(Tag<bf16_t>{}); return;
@@ -80,14 +82,14 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 
 template <int K, typename T>
 ST_DEV void load_floats(const T* p, float (&out)[K]) {
   alignas(16) T raw[K];
-  simt::copy_aligned<K * static_cast<int>(sizeof(T))>(raw, p);
+  simt::copy_aligned<K* static_cast<int>(sizeof(T))>(raw, p);
   for (int k = 0; k < K; ++k) out[k] = to_f32(raw[k]);
 }
 template <int K, typename T>
 ST_DEV void store_floats(T* p, const float (&in)[K]) {
   alignas(16) T raw[K];
   for (int k = 0; k < K; ++k) raw[k] = from_f32<T>(in[k]);
-  simt::copy_aligned<K * static_cast<int>(sizeof(T))>(p, raw);
+  simt::copy_aligned<K* static_cast<int>(sizeof(T))>(p, raw);
 }
 
 // Elements per vector access over arrays of these storage types: 16 bytes of the widest.
@@ -98,7 +100,8 @@ constexpr int vector_width() {
   return static_cast<int>(16 / widest);
 }
 
-template <int K> struct Width {
+template <int K>
+struct Width {
   static constexpr int value = K;
 };
 

@@ -84,8 +84,8 @@ void elementwise_copy(DType src_dtype, const void* src, DType dst_dtype, void* d
     detail::dispatch_float(dst_dtype, "elementwise_copy", [&](auto ttag) {
       using T = typename decltype(ttag)::type;
       const bool vec = detail::aligned16(src, dst);
-      simt::launch(copy_kernel<S, T>, blocks(n, detail::vector_width<S, T>(), vec), kThreads, 0,
-                   detail::cuda_stream(stream), static_cast<const S*>(src), static_cast<T*>(dst), n, vec);
+      simt::launch(copy_kernel<S, T>, blocks(n, detail::vector_width<S, T>(), vec), kThreads, 0, detail::cuda_stream(stream),
+                   static_cast<const S*>(src), static_cast<T*>(dst), n, vec);
       ST_CHECK_KERNEL("copy_kernel");
     });
   });
@@ -98,8 +98,8 @@ void elementwise_add(DType x_dtype, const void* x, DType y_dtype, void* y, int64
     detail::dispatch_float(y_dtype, "elementwise_add", [&](auto ytag) {
       using Y = typename decltype(ytag)::type;
       const bool vec = detail::aligned16(x, y);
-      simt::launch(add_kernel<X, Y>, blocks(n, detail::vector_width<X, Y>(), vec), kThreads, 0,
-                   detail::cuda_stream(stream), static_cast<const X*>(x), static_cast<Y*>(y), n, vec);
+      simt::launch(add_kernel<X, Y>, blocks(n, detail::vector_width<X, Y>(), vec), kThreads, 0, detail::cuda_stream(stream),
+                   static_cast<const X*>(x), static_cast<Y*>(y), n, vec);
       ST_CHECK_KERNEL("add_kernel");
     });
   });

@@ -81,13 +81,15 @@ constexpr int64_t kSegment = 64;
 #if defined(__CUDACC__)
 __host__ __device__
 #endif
-inline int64_t segments_for(int64_t n) { return (n + kSegment - 1) / kSegment; }
+    inline int64_t
+    segments_for(int64_t n) {
+  return (n + kSegment - 1) / kSegment;
+}
 
 // Workspace regions, each 256-byte aligned: keys_in, keys_out (u32), rows_in, rows_out (i32), the fp32 sums of
 // the pieces of runs that cross segments (head and tail, one row of dim per segment each), CUB temp.
 struct Layout {
-  size_t keys_in = 0, keys_out = 0, rows_in = 0, rows_out = 0, head = 0, tail = 0, temp = 0, temp_bytes = 0,
-         total = 0;
+  size_t keys_in = 0, keys_out = 0, rows_in = 0, rows_out = 0, head = 0, tail = 0, temp = 0, temp_bytes = 0, total = 0;
   Layout(int64_t n, int64_t vocab, int64_t dim) {
     const size_t arr = align_up(static_cast<size_t>(n) * 4);
     const size_t pieces = align_up(static_cast<size_t>(segments_for(n) * dim) * sizeof(float));
@@ -190,9 +192,8 @@ ST_GLOBAL void embedding_accumulate_segments_kernel(const uint32_t* __restrict__
 // Block b: when segment b ends in a tail piece, dtable[key, :] += tail[b, :], then head[c, :] for the segments
 // c = b + 1, b + 2, ... the run goes on into, in order, in one fp32 sum rounded once.
 template <typename T>
-ST_GLOBAL void embedding_join_runs_kernel(const uint32_t* __restrict__ keys, int64_t n, int64_t dim,
-                                          T* __restrict__ dtable, int64_t vocab, const float* __restrict__ head,
-                                          const float* __restrict__ tail) {
+ST_GLOBAL void embedding_join_runs_kernel(const uint32_t* __restrict__ keys, int64_t n, int64_t dim, T* __restrict__ dtable,
+                                          int64_t vocab, const float* __restrict__ head, const float* __restrict__ tail) {
   const int64_t segments = segments_for(n);
   for (int64_t b = simt::block_x(); b < segments; b += simt::grid_x()) {
     const int64_t s0 = b * kSegment, s1 = s0 + kSegment;
@@ -225,8 +226,8 @@ void embedding_forward(const int32_t* ids, int64_t n, DType table_dtype, const v
           dim,
           [&](auto width) {
             simt::launch(embedding_forward_kernel<decltype(width)::value, S, T>, grid, kThreads, 0,
-                         detail::cuda_stream(stream), ids, n, static_cast<const S*>(table), vocab, dim,
-                         static_cast<T*>(out), error);
+                         detail::cuda_stream(stream), ids, n, static_cast<const S*>(table), vocab, dim, static_cast<T*>(out),
+                         error);
             ST_CHECK_KERNEL("embedding_forward_kernel");
           },
           table, out);
@@ -242,9 +243,9 @@ size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab, int64_t dim)
   return Layout(n, vocab, dim).total;
 }
 
-void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim,
-                        DType table_dtype, void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes,
-                        DataErrorRecord* error, StreamRef stream) {
+void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim, DType table_dtype,
+                        void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes, DataErrorRecord* error,
+                        StreamRef stream) {
   if (n <= 0 || dim <= 0) return;
   const Layout L(n, vocab, dim);
   if (workspace_bytes < L.total)
@@ -258,12 +259,11 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
   auto* head = reinterpret_cast<float*>(ws + L.head);
   auto* tail = reinterpret_cast<float*>(ws + L.tail);
   cudaStream_t s = detail::cuda_stream(stream);
-  simt::launch(embedding_prepare_keys_kernel, detail::grid_for(n, 256), 256, 0, s, ids, n, vocab, keys_in, rows_in,
-               error);
+  simt::launch(embedding_prepare_keys_kernel, detail::grid_for(n, 256), 256, 0, s, ids, n, vocab, keys_in, rows_in, error);
   ST_CHECK_KERNEL("embedding_prepare_keys_kernel");
   size_t temp_bytes = L.temp_bytes;
-  ST_CHECK_CUDA(sort_pairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, static_cast<int>(n),
-                           key_bits(vocab), s));
+  ST_CHECK_CUDA(
+      sort_pairs(ws + L.temp, temp_bytes, keys_in, keys_out, rows_in, rows_out, static_cast<int>(n), key_bits(vocab), s));
   const int64_t segments = segments_for(n);
   const unsigned grid = static_cast<unsigned>(segments < kMaxBlocks ? segments : kMaxBlocks);
   detail::dispatch_float(dout_dtype, "embedding_backward", [&](auto gtag) {
@@ -273,15 +273,14 @@ void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const v
       detail::with_row_width<G, T>(
           dim,
           [&](auto width) {
-            simt::launch(embedding_accumulate_segments_kernel<decltype(width)::value, G, T>, grid, kThreads, 0, s,
-                         keys_out, rows_out, n, static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab, head,
-                         tail);
+            simt::launch(embedding_accumulate_segments_kernel<decltype(width)::value, G, T>, grid, kThreads, 0, s, keys_out,
+                         rows_out, n, static_cast<const G*>(dout), dim, static_cast<T*>(dtable), vocab, head, tail);
             ST_CHECK_KERNEL("embedding_accumulate_segments_kernel");
           },
           dout, dtable);
       if (segments > 1) {
-        simt::launch(embedding_join_runs_kernel<T>, grid, kThreads, 0, s, keys_out, n, dim, static_cast<T*>(dtable),
-                     vocab, static_cast<const float*>(head), static_cast<const float*>(tail));
+        simt::launch(embedding_join_runs_kernel<T>, grid, kThreads, 0, s, keys_out, n, dim, static_cast<T*>(dtable), vocab,
+                     static_cast<const float*>(head), static_cast<const float*>(tail));
         ST_CHECK_KERNEL("embedding_join_runs_kernel");
       }
     });

@@ -24,8 +24,8 @@ size_t embedding_backward_workspace_bytes(int64_t n, int64_t vocab, int64_t dim)
 // sorted positions adds each id's rows there in token order into a running fp32 sum that starts at the table's
 // value (the CPU backend's exact order for an id whose rows all sort into one segment); an id whose rows cross
 // segments is summed piece by piece, the pieces then added in order. No atomics: the same bits every run.
-void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim,
-                        DType table_dtype, void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes,
-                        DataErrorRecord* error, StreamRef stream);
+void embedding_backward(const int32_t* ids, int64_t n, DType dout_dtype, const void* dout, int64_t dim, DType table_dtype,
+                        void* dtable, int64_t vocab, void* workspace, size_t workspace_bytes, DataErrorRecord* error,
+                        StreamRef stream);
 
 }  // namespace shardtrain::kernels

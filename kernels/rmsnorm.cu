@@ -38,9 +38,8 @@ int64_t parts_for(int64_t rows) { return (rows + kRowsPerPart - 1) / kRowsPerPar
 // dim is a multiple of it and every array is 16-byte aligned, else 1. Sums of squares and dots are warp sums.
 template <int K, typename T, typename W>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
-    rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ weight,
-                           float eps, int64_t rows, int64_t dim, T* __restrict__ h_out, T* __restrict__ y,
-                           float* __restrict__ rstd) {
+    rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ weight, float eps,
+                           int64_t rows, int64_t dim, T* __restrict__ h_out, T* __restrict__ y, float* __restrict__ rstd) {
   const int lane = simt::thread_x() % 32;
   const int64_t warps = int64_t(simt::grid_x()) * (kThreads / 32);
   for (int64_t r = int64_t(simt::block_x()) * (kThreads / 32) + simt::thread_x() / 32; r < rows; r += warps) {
@@ -77,8 +76,8 @@ ST_GLOBAL void ST_LAUNCH_BOUNDS(kThreads)
 // rstd[r] over the lane's columns, from the same loads.
 template <int K, typename T, typename W>
 ST_DEV void backward_row(const T* __restrict__ dy, const T* __restrict__ h, const W* __restrict__ weight,
-                         const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh,
-                         int64_t r, int64_t dim, int lane, float* __restrict__ sums) {
+                         const float* __restrict__ rstd, const T* __restrict__ dh_extra, T* __restrict__ dh, int64_t r,
+                         int64_t dim, int lane, float* __restrict__ sums) {
   const int64_t row = r * dim;
   const float inv = rstd[r];
   float dot = 0.0f;
@@ -169,9 +168,8 @@ ST_GLOBAL void rmsnorm_dweight_partial_kernel(const T* __restrict__ dy, const T*
 // groups' sums are added in order. A block per 32 columns, each warp one group (the loads of a warp coalesce).
 template <typename D>
 ST_GLOBAL void ST_LAUNCH_BOUNDS(kReduceCols* kReduceGroups)
-    rmsnorm_dweight_reduce_kernel(const float* __restrict__ partial, int64_t parts, int64_t dim,
-                                  D* __restrict__ dweight) {
-  ST_SHARED(float, group_sums, kReduceCols * kReduceGroups);
+    rmsnorm_dweight_reduce_kernel(const float* __restrict__ partial, int64_t parts, int64_t dim, D* __restrict__ dweight) {
+  ST_SHARED(float, group_sums, kReduceCols* kReduceGroups);
   const int c = simt::thread_x() % kReduceCols, g = simt::thread_x() / kReduceCols;
   const int64_t j = int64_t(simt::block_x()) * kReduceCols + c;
   float s = 0.0f;
@@ -206,8 +204,7 @@ void rmsnorm_forward(DType dtype, const void* x, const void* residual, DType wei
           [&](auto width) {
             simt::launch(rmsnorm_forward_kernel<decltype(width)::value, T, W>, row_grid(rows), kThreads, 0,
                          detail::cuda_stream(stream), static_cast<const T*>(x), static_cast<const T*>(residual),
-                         static_cast<const W*>(weight), eps, rows, dim, static_cast<T*>(h_out), static_cast<T*>(y),
-                         rstd);
+                         static_cast<const W*>(weight), eps, rows, dim, static_cast<T*>(h_out), static_cast<T*>(y), rstd);
             ST_CHECK_KERNEL("rmsnorm_forward_kernel");
           },
           x, residual, weight, h_out, y);
@@ -219,9 +216,9 @@ size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t dim) {
   return rows <= 0 || dim <= 0 ? 0 : static_cast<size_t>(parts_for(rows) * dim) * sizeof(float);
 }
 
-void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_dtype, const void* weight,
-                      const float* rstd, const void* dh_extra, void* dh, int64_t rows, int64_t dim, DType dweight_dtype,
-                      void* dweight, void* workspace, size_t workspace_bytes, StreamRef stream) {
+void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_dtype, const void* weight, const float* rstd,
+                      const void* dh_extra, void* dh, int64_t rows, int64_t dim, DType dweight_dtype, void* dweight,
+                      void* workspace, size_t workspace_bytes, StreamRef stream) {
   if (rows <= 0 || dim <= 0) return;
   if (workspace_bytes < rmsnorm_backward_workspace_bytes(rows, dim))
     throw InternalError("rmsnorm_backward: workspace of " + std::to_string(workspace_bytes) + " bytes is too small");
@@ -238,15 +235,16 @@ void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_d
           [&](auto width) {
             constexpr int K = decltype(width)::value;
             if (warps > 0) {
-              simt::launch(rmsnorm_backward_fused_kernel<K, T, W>, static_cast<unsigned>(parts < kMaxBlocks ? parts : kMaxBlocks),
-                           warps * 32, static_cast<size_t>(warps * dim) * sizeof(float), s, static_cast<const T*>(dy),
-                           static_cast<const T*>(h), static_cast<const W*>(weight), rstd,
-                           static_cast<const T*>(dh_extra), static_cast<T*>(dh), rows, dim, partial);
+              simt::launch(rmsnorm_backward_fused_kernel<K, T, W>,
+                           static_cast<unsigned>(parts < kMaxBlocks ? parts : kMaxBlocks), warps * 32,
+                           static_cast<size_t>(warps * dim) * sizeof(float), s, static_cast<const T*>(dy),
+                           static_cast<const T*>(h), static_cast<const W*>(weight), rstd, static_cast<const T*>(dh_extra),
+                           static_cast<T*>(dh), rows, dim, partial);
               ST_CHECK_KERNEL("rmsnorm_backward_fused_kernel");
             } else {
-              simt::launch(rmsnorm_backward_dh_kernel<K, T, W>, row_grid(rows), kThreads, 0, s,
-                           static_cast<const T*>(dy), static_cast<const T*>(h), static_cast<const W*>(weight), rstd,
-                           static_cast<const T*>(dh_extra), static_cast<T*>(dh), rows, dim);
+              simt::launch(rmsnorm_backward_dh_kernel<K, T, W>, row_grid(rows), kThreads, 0, s, static_cast<const T*>(dy),
+                           static_cast<const T*>(h), static_cast<const W*>(weight), rstd, static_cast<const T*>(dh_extra),
+                           static_cast<T*>(dh), rows, dim);
               ST_CHECK_KERNEL("rmsnorm_backward_dh_kernel");
             }
           },

@@ -21,8 +21,8 @@ size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t dim);
 // dh = rstd * (w * dy - h * rstd * mean(w * dy * h * rstd)) + dh_extra (dh_extra may be null);
 // dweight += sum over rows of dy * h * rstd, reduced deterministically: fixed 64-row partial sums into the
 // workspace, then one pass adding them in order.
-void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_dtype, const void* weight,
-                      const float* rstd, const void* dh_extra, void* dh, int64_t rows, int64_t dim, DType dweight_dtype,
-                      void* dweight, void* workspace, size_t workspace_bytes, StreamRef stream);
+void rmsnorm_backward(DType dtype, const void* dy, const void* h, DType weight_dtype, const void* weight, const float* rstd,
+                      const void* dh_extra, void* dh, int64_t rows, int64_t dim, DType dweight_dtype, void* dweight,
+                      void* workspace, size_t workspace_bytes, StreamRef stream);
 
 }  // namespace shardtrain::kernels

@@ -46,8 +46,8 @@ ST_DEV void copy_pairs(const T* in, T* out, int64_t half) {
 // overlap (the op checks), so the loads of the next head need not wait for this head's stores.
 template <typename T, int K>
 ST_GLOBAL void rope_qkv_kernel(T* __restrict__ packed, T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
-                               const int32_t* __restrict__ positions, int64_t tokens,
-                               int64_t heads, int64_t kv_heads, int64_t head_dim, InvFreq freq, float sign, bool forward) {
+                               const int32_t* __restrict__ positions, int64_t tokens, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, InvFreq freq, float sign, bool forward) {
   const int64_t half = head_dim / 2, per_token = half / K, width = (heads + 2 * kv_heads) * head_dim;
   const int64_t total = tokens * per_token;
   const int64_t stride = int64_t(simt::grid_x()) * simt::block_dim_x();
@@ -82,9 +82,8 @@ ST_GLOBAL void rope_qkv_kernel(T* __restrict__ packed, T* __restrict__ q, T* __r
 
 }  // namespace
 
-void rope_qkv(DType dtype, void* packed, void* q, void* k, void* v, const int32_t* positions, int64_t tokens,
-              int64_t heads, int64_t kv_heads, int64_t head_dim, const float* inv_freq, RopeDirection direction,
-              StreamRef stream) {
+void rope_qkv(DType dtype, void* packed, void* q, void* k, void* v, const int32_t* positions, int64_t tokens, int64_t heads,
+              int64_t kv_heads, int64_t head_dim, const float* inv_freq, RopeDirection direction, StreamRef stream) {
   if (head_dim % 2 != 0) throw InternalError("rope_qkv: head_dim " + std::to_string(head_dim) + " is odd");
   if (head_dim / 2 > kRopeMaxPairs)
     throw InternalError("rope_qkv: head_dim " + std::to_string(head_dim) + " above " + std::to_string(2 * kRopeMaxPairs));
@@ -98,8 +97,8 @@ void rope_qkv(DType dtype, void* packed, void* q, void* k, void* v, const int32_
       constexpr int K = decltype(width)::value;
       const int64_t total = tokens * (head_dim / 2 / K);
       simt::launch(rope_qkv_kernel<T, K>, detail::grid_for(total, kThreads), kThreads, 0, detail::cuda_stream(stream),
-                   static_cast<T*>(packed), static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions,
-                   tokens, heads, kv_heads, head_dim, freq, forward ? 1.0f : -1.0f, forward);
+                   static_cast<T*>(packed), static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions, tokens,
+                   heads, kv_heads, head_dim, freq, forward ? 1.0f : -1.0f, forward);
       ST_CHECK_KERNEL("rope_qkv_kernel");
     };
     // Every access starts at a multiple of half a head's K-vectors from an array start: whole vectors per half.

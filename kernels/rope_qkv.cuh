@@ -14,8 +14,7 @@ namespace shardtrain::kernels {
 
 // inv_freq: head_dim / 2 <= kRopeMaxPairs values in host memory (ops/rope.hpp forms them), copied into the launch.
 // packed does not overlap q, k or v.
-void rope_qkv(DType dtype, void* packed, void* q, void* k, void* v, const int32_t* positions, int64_t tokens,
-              int64_t heads, int64_t kv_heads, int64_t head_dim, const float* inv_freq, RopeDirection direction,
-              StreamRef stream);
+void rope_qkv(DType dtype, void* packed, void* q, void* k, void* v, const int32_t* positions, int64_t tokens, int64_t heads,
+              int64_t kv_heads, int64_t head_dim, const float* inv_freq, RopeDirection direction, StreamRef stream);
 
 }  // namespace shardtrain::kernels

@@ -217,13 +217,15 @@ void check_device_range(const void* p, size_t bytes, const char* what);
 }  // namespace simt
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr) {
   simt::check_device_range(p, bytes, "cudaMemsetAsync (a launcher's)");
-  simt::submit(stream, [=] { std::memset(p, value, bytes); }, "cudaMemsetAsync");
+  simt::submit(
+      stream, [=] { std::memset(p, value, bytes); }, "cudaMemsetAsync");
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream = nullptr) {
   simt::check_device_range(dst, bytes, "cudaMemcpyAsync destination (a launcher's)");
   simt::check_device_range(src, bytes, "cudaMemcpyAsync source (a launcher's)");
-  simt::submit(stream, [=] { std::memmove(dst, src, bytes); }, "cudaMemcpyAsync");
+  simt::submit(
+      stream, [=] { std::memmove(dst, src, bytes); }, "cudaMemcpyAsync");
   return cudaSuccess;
 }
 }  // namespace shardtrain
@@ -249,7 +251,10 @@ inline void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* row) { ldmatrix(r, 
 void cp_async16(void* smem_dst, const void* global_src);
 void cp_async_commit();
 void cp_async_wait_group(int n);
-template <int N> void cp_async_wait() { cp_async_wait_group(N); }
+template <int N>
+void cp_async_wait() {
+  cp_async_wait_group(N);
+}
 unsigned char* dynamic_smem();
 void* static_smem(const void* site, size_t bytes);
 enum class ShuffleKind { Xor, Up };
@@ -263,12 +268,14 @@ void count_access16();  // for simt_emulator::last_stats()
 void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 void launch_emulated(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
-template <typename T> T shfl_xor(T v, int lane_mask) {
+template <typename T>
+T shfl_xor(T v, int lane_mask) {
   static_assert(std::is_arithmetic_v<T> && sizeof(T) <= 8);
   shuffle(&v, sizeof v, ShuffleKind::Xor, lane_mask);
   return v;
 }
-template <typename T> T shfl_up(T v, int delta) {
+template <typename T>
+T shfl_up(T v, int delta) {
   static_assert(std::is_arithmetic_v<T> && sizeof(T) <= 8);
   shuffle(&v, sizeof v, ShuffleKind::Up, delta);
   return v;
@@ -285,10 +292,14 @@ inline float fsub_rn(float a, float b) { return a - b; }
 inline float fmul_rn(float a, float b) { return a * b; }
 inline float fdiv_rn(float a, float b) { return a / b; }
 inline float fsqrt_rn(float a) { return std::sqrt(a); }
-template <typename T> T ldg(const T* p) { return *p; }
+template <typename T>
+T ldg(const T* p) {
+  return *p;
+}
 
 // A pointer argument must be device memory (one byte of it, at least: kernels take base pointers).
-template <typename T> void check_argument(const T& value) {
+template <typename T>
+void check_argument(const T& value) {
   if constexpr (std::is_pointer_v<T>) check_device_range(value, 0, "a kernel's pointer argument");
 }
 
@@ -311,7 +322,8 @@ inline uint32_t load_u32(const uint16_t* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-template <int B> void copy_aligned(void* dst, const void* src) {
+template <int B>
+void copy_aligned(void* dst, const void* src) {
   static_assert(B == 2 || B == 4 || B == 8 || B == 16, "one access moves 2, 4, 8 or 16 bytes");
   if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % B != 0) misaligned_access(dst, src, B);
   if constexpr (B == 16) count_access16();
@@ -323,7 +335,8 @@ inline uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(bf16_bits(lo)) | (static_cast<uint32_t>(bf16_bits(hi)) << 16);
 }
 
-template <typename Kernel> cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
   return cudaSuccess;
 }

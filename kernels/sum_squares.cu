@@ -47,8 +47,8 @@ void sum_squares(DType dtype, const void* x, int64_t n, double* out, ReduceInto 
   if (blocks > 0) {
     detail::dispatch_float(dtype, "sum_squares", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      simt::launch(sum_squares_partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n,
-                   detail::aligned16(x), partial);
+      simt::launch(sum_squares_partial_kernel<T>, blocks, kThreads, 0, s, static_cast<const T*>(x), n, detail::aligned16(x),
+                   partial);
       ST_CHECK_KERNEL("sum_squares_partial_kernel");
     });
   }

@@ -87,29 +87,36 @@ void swiglu_forward(DType dtype, const void* gate, const void* up, int64_t strid
   if (rows <= 0 || cols <= 0) return;
   detail::dispatch_float(dtype, "swiglu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_width<T>(rows, cols, stride, [&](auto width) {
-      constexpr int K = decltype(width)::value;
-      const int64_t items = rows * (cols / K) + rows * (cols % K);
-      simt::launch(swiglu_forward_kernel<T, K>, detail::grid_for(items, kThreads), kThreads, 0, detail::cuda_stream(stream),
-                   static_cast<const T*>(gate), static_cast<const T*>(up), stride, static_cast<T*>(out), rows, cols);
-      ST_CHECK_KERNEL("swiglu_forward_kernel");
-    }, gate, up, out);
+    with_width<T>(
+        rows, cols, stride,
+        [&](auto width) {
+          constexpr int K = decltype(width)::value;
+          const int64_t items = rows * (cols / K) + rows * (cols % K);
+          simt::launch(swiglu_forward_kernel<T, K>, detail::grid_for(items, kThreads), kThreads, 0,
+                       detail::cuda_stream(stream), static_cast<const T*>(gate), static_cast<const T*>(up), stride,
+                       static_cast<T*>(out), rows, cols);
+          ST_CHECK_KERNEL("swiglu_forward_kernel");
+        },
+        gate, up, out);
   });
 }
 
-void swiglu_backward(DType dtype, const void* dout, const void* gate, const void* up, int64_t stride, void* dgate,
-                     void* dup, int64_t rows, int64_t cols, StreamRef stream) {
+void swiglu_backward(DType dtype, const void* dout, const void* gate, const void* up, int64_t stride, void* dgate, void* dup,
+                     int64_t rows, int64_t cols, StreamRef stream) {
   if (rows <= 0 || cols <= 0) return;
   detail::dispatch_float(dtype, "swiglu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_width<T>(rows, cols, stride, [&](auto width) {
-      constexpr int K = decltype(width)::value;
-      const int64_t items = rows * (cols / K) + rows * (cols % K);
-      simt::launch(swiglu_backward_kernel<T, K>, detail::grid_for(items, kThreads), kThreads, 0,
-                   detail::cuda_stream(stream), static_cast<const T*>(dout), static_cast<const T*>(gate),
-                   static_cast<const T*>(up), stride, static_cast<T*>(dgate), static_cast<T*>(dup), rows, cols);
-      ST_CHECK_KERNEL("swiglu_backward_kernel");
-    }, dout, gate, up, dgate, dup);
+    with_width<T>(
+        rows, cols, stride,
+        [&](auto width) {
+          constexpr int K = decltype(width)::value;
+          const int64_t items = rows * (cols / K) + rows * (cols % K);
+          simt::launch(swiglu_backward_kernel<T, K>, detail::grid_for(items, kThreads), kThreads, 0,
+                       detail::cuda_stream(stream), static_cast<const T*>(dout), static_cast<const T*>(gate),
+                       static_cast<const T*>(up), stride, static_cast<T*>(dgate), static_cast<T*>(dup), rows, cols);
+          ST_CHECK_KERNEL("swiglu_backward_kernel");
+        },
+        dout, gate, up, dgate, dup);
   });
 }
 

@@ -14,7 +14,7 @@ void swiglu_forward(DType dtype, const void* gate, const void* up, int64_t strid
                     StreamRef stream);
 // dup = dout * silu(gate); dgate = dout * up * silu'(gate), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x); dgate and
 // dup in gate's row layout (stride), dout in out's. dgate may be gate and dup may be up (in place).
-void swiglu_backward(DType dtype, const void* dout, const void* gate, const void* up, int64_t stride, void* dgate,
-                     void* dup, int64_t rows, int64_t cols, StreamRef stream);
+void swiglu_backward(DType dtype, const void* dout, const void* gate, const void* up, int64_t stride, void* dgate, void* dup,
+                     int64_t rows, int64_t cols, StreamRef stream);
 
 }  // namespace shardtrain::kernels

@@ -52,7 +52,8 @@ ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const Expo
     hdf5::set_attr(f, "tokenizer", r.tokenizer());
     for (const TensorInfo& t : r.tensors()) {
       const std::vector<float> v = read_all(r, t);
-      const hdf5::DatasetOptions opt{std::max<size_t>(1, std::min<size_t>(v.size(), size_t{1} << 20)), hdf5::Checksum::Fletcher32};
+      const hdf5::DatasetOptions opt{std::max<size_t>(1, std::min<size_t>(v.size(), size_t{1} << 20)),
+                                     hdf5::Checksum::Fletcher32};
       if (o.dtype == DType::BF16) hdf5::write_u16(f, t.name, to_bf16(v), opt);
       else hdf5::write_f32(f, t.name, v, opt);
       hdf5::set_attr(f, "shape", nlohmann::json(t.shape).dump(), t.name);
@@ -168,9 +169,8 @@ void write_json(const fs::path& p, const nlohmann::json& j) {
 // the tokenizer has no eos_token and no pad_token), the model's length, and no clean-up of spaces on decode
 // (byte-level BPE decodes exactly; transformers' clean-up would change " ." into ".").
 nlohmann::json hf_tokenizer_config(const char* tokenizer_class, const SpecialRoles& roles, int64_t max_positions) {
-  nlohmann::json j = {{"tokenizer_class", tokenizer_class},
-                      {"model_max_length", max_positions},
-                      {"clean_up_tokenization_spaces", false}};
+  nlohmann::json j = {
+      {"tokenizer_class", tokenizer_class}, {"model_max_length", max_positions}, {"clean_up_tokenization_spaces", false}};
   if (roles.bos) j["bos_token"] = roles.bos->content;
   if (roles.eos) j["eos_token"] = roles.eos->content;
   if (roles.pad) j["pad_token"] = roles.pad->content;
@@ -228,7 +228,8 @@ uint64_t write_safetensors_at(const fs::path& path, const std::vector<const Tens
   uint64_t at = 0;
   for (const TensorInfo* t : tensors) {
     const uint64_t bytes = static_cast<uint64_t>(t->numel) * esz;
-    header[t->name] = {{"dtype", dtype == DType::BF16 ? "BF16" : "F32"}, {"shape", t->shape}, {"data_offsets", {at, at + bytes}}};
+    header[t->name] = {
+        {"dtype", dtype == DType::BF16 ? "BF16" : "F32"}, {"shape", t->shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }
   std::string text = header.dump();
@@ -277,13 +278,14 @@ ExportSummary write_hf_directory(const std::vector<TensorInfo>& tensors, const R
   ExportSummary s;
   nlohmann::json weight_map;
   for (size_t fi = 0; fi < files.size(); ++fi) {
-    const std::string name = files.size() == 1 ? "model.safetensors"
-                                               : fmt::format("model-{:05}-of-{:05}.safetensors", fi + 1, files.size());
+    const std::string name =
+        files.size() == 1 ? "model.safetensors" : fmt::format("model-{:05}-of-{:05}.safetensors", fi + 1, files.size());
     for (const TensorInfo* t : files[fi]) weight_map[t->name] = name;
     write_safetensors_at(tmp / name, files[fi], read, o.dtype);
     s.tensors += static_cast<int64_t>(files[fi].size());
   }
-  if (files.size() > 1) write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  if (files.size() > 1)
+    write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
   nlohmann::json tok = nlohmann::json::object();
   if (!tokenizer_record.empty()) tok = nlohmann::json::parse(tokenizer_record, nullptr, false);
   if (tok.is_discarded()) tok = nlohmann::json::object();
@@ -334,8 +336,9 @@ ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& 
   if (fs::exists(output)) throw UsageError(fmt::format("{}: already exists; consolidation never overwrites", output));
   CheckpointReader reader(checkpoint_dir);
   if (o.format == ExportFormat::Hdf5) return write_hdf5(reader, output, o);
-  return write_hf_directory(reader.tensors(), [&reader](const TensorInfo& t) { return read_all(reader, t); },
-                            reader.model_config(), reader.tokenizer(), output, o);
+  return write_hf_directory(
+      reader.tensors(), [&reader](const TensorInfo& t) { return read_all(reader, t); }, reader.model_config(),
+      reader.tokenizer(), output, o);
 }
 
 ExportSummary export_hf_directory(const model::LlamaConfig& config, std::span<const FullTensor> tensors,

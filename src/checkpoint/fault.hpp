@@ -13,7 +13,7 @@ namespace shardtrain::checkpoint {
 struct CheckpointFault {
   double stall_before_publish = 0;  // seconds
   int64_t only_step = -1;           // stall only the save of this step ("stall_before_publish:20@4"); -1: every save
-  double slow_write = 0;             // seconds, before each rank file is written (only_step applies)
+  double slow_write = 0;            // seconds, before each rank file is written (only_step applies)
   bool fail_write = false;
   bool applies_to(int64_t step) const { return only_step < 0 || only_step == step; }
 };

@@ -42,7 +42,8 @@ LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, CheckpointReader&
   }
   if (with_optimizer) adamw->set_steps(reader.optimizer_steps());
   if (adamw && !with_optimizer) {
-    log::warn("checkpoint {} is a {}: the model is loaded, the optimizer starts fresh", dir, state_dict_type_name(reader.type()));
+    log::warn("checkpoint {} is a {}: the model is loaded, the optimizer starts fresh", dir,
+              state_dict_type_name(reader.type()));
   }
   engine.zero_grad();
   LoadResult r;

@@ -73,9 +73,11 @@ std::string describe_rope(const model::LlamaConfig& c) {
     case ops::RopeScaling::None: return fmt::format("rope_theta {}", c.rope_theta);
     case ops::RopeScaling::Linear: return fmt::format("rope_theta {}, linear scaling by {}", c.rope_theta, c.rope_factor);
     case ops::RopeScaling::Llama3:
-      return fmt::format("rope_theta {}, llama3 scaling (factor {}, low_freq_factor {}, high_freq_factor {}, "
-                         "original_max_position_embeddings {})", c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
-                         c.rope_high_freq_factor, c.rope_original_max_position_embeddings);
+      return fmt::format(
+          "rope_theta {}, llama3 scaling (factor {}, low_freq_factor {}, high_freq_factor {}, "
+          "original_max_position_embeddings {})",
+          c.rope_theta, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+          c.rope_original_max_position_embeddings);
   }
   return "?";
 }
@@ -85,9 +87,10 @@ std::string describe_rope(const model::LlamaConfig& c) {
 void check_same_model(const model::LlamaConfig& s, const model::LlamaConfig& c, const std::string& origin) {
   auto differ = [&](const char* field, auto a, auto b) {
     if (a != b) {
-      throw CheckpointError(fmt::format("{}: the checkpoint's model has {} = {}, the configured model {} (model.{} must match "
-                                        "to load it)",
-                                        origin, field, a, b, field));
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint's model has {} = {}, the configured model {} (model.{} must match "
+                      "to load it)",
+                      origin, field, a, b, field));
     }
   };
   differ("vocab_size", s.vocab_size, c.vocab_size);
@@ -105,8 +108,10 @@ void check_same_model(const model::LlamaConfig& s, const model::LlamaConfig& c, 
   if (s.rope_frequencies() != c.rope_frequencies())
     notes.push_back(fmt::format("{} (configured: {})", describe_rope(s), describe_rope(c)));
   if (!notes.empty() && log::config().rank == 0)
-    log::warn("{}: the checkpoint's model has {}; the configured values are used (set model.* to the checkpoint's to keep "
-              "them)", origin, fmt::join(notes, "; "));
+    log::warn(
+        "{}: the checkpoint's model has {}; the configured values are used (set model.* to the checkpoint's to keep "
+        "them)",
+        origin, fmt::join(notes, "; "));
 }
 
 }  // namespace shardtrain::checkpoint

@@ -108,7 +108,8 @@ std::vector<std::string> remove_incomplete(const std::string& dir) {
       ec.clear();
       continue;
     }
-    log::info("checkpoint: removed {}, what a save that did not finish left ({} files, {})", path.string(), files, format_bytes(bytes));
+    log::info("checkpoint: removed {}, what a save that did not finish left ({} files, {})", path.string(), files,
+              format_bytes(bytes));
     removed.push_back(path.string());
   }
   return removed;
@@ -119,7 +120,8 @@ std::string set_aside_damaged(const std::string& checkpoint_dir) {
   for (int k = 2; fs::exists(target); ++k) target = fmt::format("{}.damaged-{}", checkpoint_dir, k);
   std::error_code ec;
   fs::rename(checkpoint_dir, target, ec);
-  if (ec) throw IoError(fmt::format("cannot rename the damaged checkpoint {} to {}: {}", checkpoint_dir, target, ec.message()));
+  if (ec)
+    throw IoError(fmt::format("cannot rename the damaged checkpoint {} to {}: {}", checkpoint_dir, target, ec.message()));
   fsync_path(fs::path(checkpoint_dir).parent_path().string());
   return target;
 }
@@ -139,7 +141,9 @@ void write_text_durably(const std::string& path, const std::string& text) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << text;
     out.flush();
-    if (!out) throw IoError(fmt::format("{}: cannot write{}", path, errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string()));
+    if (!out)
+      throw IoError(
+          fmt::format("{}: cannot write{}", path, errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string()));
   }
   fsync_path(path);
 }
@@ -189,8 +193,9 @@ std::vector<std::string> make_room(const std::string& dir, Retention retention, 
     if (available_bytes(dir) >= bytes) break;
     const auto& [step, path] = all[i];
     if ((retention.keep_every > 0 && step % retention.keep_every == 0) || path == healthy) continue;
-    log::warn("checkpoint: {} free in {}, a checkpoint takes {}: removing {} before the save instead of after it (keep_last = {})",
-              format_bytes(available_bytes(dir)), dir, format_bytes(bytes), path, retention.keep_last);
+    log::warn(
+        "checkpoint: {} free in {}, a checkpoint takes {}: removing {} before the save instead of after it (keep_last = {})",
+        format_bytes(available_bytes(dir)), dir, format_bytes(bytes), path, retention.keep_last);
     fs::remove(fs::path(path) / kDoneFile, ec);
     fs::remove_all(path, ec);
     removed.push_back(path);
@@ -212,9 +217,10 @@ void rotate(const std::string& dir, Retention retention, const std::string& keep
     const auto& [step, path] = all[i];
     if (path == keep || (retention.keep_every > 0 && step % retention.keep_every == 0)) continue;  // a milestone
     if (path == healthy) {  // every newer one was saved while steps were being skipped
-      log::warn("checkpoint: keeping {} beyond keep_last = {}: it is the newest checkpoint saved while training was sound (the {} "
-                "after it were saved during a streak of skipped steps)",
-                path, retention.keep_last, all.size() - 1 - i);
+      log::warn(
+          "checkpoint: keeping {} beyond keep_last = {}: it is the newest checkpoint saved while training was sound (the {} "
+          "after it were saved during a streak of skipped steps)",
+          path, retention.keep_last, all.size() - 1 - i);
       continue;
     }
     log::info("checkpoint: removing {} (keep_last = {}{})", path, retention.keep_last,

@@ -18,8 +18,8 @@ namespace shardtrain::checkpoint {
 
 struct CheckpointReader::Piece {
   int file = 0;
-  std::string group;        // sharded: "units/0003"; full: the tensor's name
-  int64_t file_offset = 0;  // element of the dataset where `begin` sits
+  std::string group;           // sharded: "units/0003"; full: the tensor's name
+  int64_t file_offset = 0;     // element of the dataset where `begin` sits
   int64_t begin = 0, end = 0;  // element range of the tensor
 };
 
@@ -70,17 +70,21 @@ std::string incomplete_reason(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(p, ec)) {
     const std::string name = e.path().filename().string();
-    if (name == kIndexFile || name == kFullFile || (name.rfind("rank_", 0) == 0 && e.path().extension() == ".h5")) has_files = true;
+    if (name == kIndexFile || name == kFullFile || (name.rfind("rank_", 0) == 0 && e.path().extension() == ".h5"))
+      has_files = true;
     if (parse_step_dir(name) && e.is_directory(ec)) steps.push_back(name);
   }
   const std::string name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
   if (has_files || parse_step_dir(name) || name.ends_with(".tmp"))
     return "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint";
   if (!steps.empty())
-    return fmt::format("a folder of checkpoints, none complete ({} step_N folder(s), none with its DONE marker: no save finished)",
-                       steps.size());
-  return fmt::format("not a checkpoint: no {}, no {} or rank files, no {} marker (expected a step_N folder that `shardtrain train` "
-                     "saved, or the checkpoint directory above them)", kIndexFile, kFullFile, kDoneFile);
+    return fmt::format(
+        "a folder of checkpoints, none complete ({} step_N folder(s), none with its DONE marker: no save finished)",
+        steps.size());
+  return fmt::format(
+      "not a checkpoint: no {}, no {} or rank files, no {} marker (expected a step_N folder that `shardtrain train` "
+      "saved, or the checkpoint directory above them)",
+      kIndexFile, kFullFile, kDoneFile);
 }
 
 }  // namespace
@@ -102,7 +106,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
   config_toml_ = hdf5::get_attr_string(index, "config").value_or("");
   tokenizer_ = hdf5::get_attr_string(index, "tokenizer").value_or("");
   mesh_ = fmt::format("{} on {} ranks ({} x {})", hdf5::get_attr_string(index, "strategy").value_or("?"),
-                      hdf5::get_attr_int(index, "world_size").value_or(0), hdf5::get_attr_int(index, "replicate_size").value_or(0),
+                      hdf5::get_attr_int(index, "world_size").value_or(0),
+                      hdf5::get_attr_int(index, "replicate_size").value_or(0),
                       hdf5::get_attr_int(index, "shard_size").value_or(0));
   model_config_ = model_config_from_json(required_string(index, "model_config", index_path), index_path);
   try {
@@ -141,8 +146,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
         for (const auto& p : nlohmann::json::parse(*params)) {
           const std::string name = p.at("name").get<std::string>();
           if (!by_name_.count(name)) fail(where, fmt::format("holds '{}', which the index does not list", name));
-          pieces_[name].push_back({static_cast<int>(fi), group, p.at("file_offset").get<int64_t>(), p.at("begin").get<int64_t>(),
-                                   p.at("end").get<int64_t>()});
+          pieces_[name].push_back({static_cast<int>(fi), group, p.at("file_offset").get<int64_t>(),
+                                   p.at("begin").get<int64_t>(), p.at("end").get<int64_t>()});
         }
       } catch (const nlohmann::json::exception& e) {
         fail(where, fmt::format("{} has a malformed parameter record: {}", group, e.what()));
@@ -159,20 +164,23 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
       at = p.end;
     }
     if (at != t.numel) {
-      fail(dir, fmt::format("'{}' elements [{}, {}) are in no file (a rank file is missing or truncated)", t.name, at, t.numel));
+      fail(dir,
+           fmt::format("'{}' elements [{}, {}) are in no file (a rank file is missing or truncated)", t.name, at, t.numel));
     }
   }
   if (metadata_.files_unrecorded > 0 && log::config().rank == 0)
-    log::warn("checkpoint {}: {} of its files have no metadata checksums (saved by a build before they existed): their attributes "
-              "and layouts are not checked; a checkpoint saved now has them",
-              dir, metadata_.files_unrecorded);
+    log::warn(
+        "checkpoint {}: {} of its files have no metadata checksums (saved by a build before they existed): their attributes "
+        "and layouts are not checked; a checkpoint saved now has them",
+        dir, metadata_.files_unrecorded);
 }
 
 CheckpointReader::~CheckpointReader() = default;
 
 hdf5::Handle& CheckpointReader::file(int index) {
   auto& slot = files_.at(static_cast<size_t>(index));
-  if (!slot) slot = std::make_unique<hdf5::Handle>(open_checkpoint_file((fs::path(path_) / file_names_[index]).string(), metadata_));
+  if (!slot)
+    slot = std::make_unique<hdf5::Handle>(open_checkpoint_file((fs::path(path_) / file_names_[index]).string(), metadata_));
   return *slot;
 }
 
@@ -187,7 +195,8 @@ const TensorInfo& CheckpointReader::tensor(const std::string& name) const {
 void CheckpointReader::read(const std::string& name, const std::string& kind, int64_t begin, std::span<float> out) {
   const TensorInfo& t = tensor(name);
   const int64_t end = begin + static_cast<int64_t>(out.size());
-  if (begin < 0 || end > t.numel) fail(path_, fmt::format("'{}' has {} elements, [{}, {}) was asked", name, t.numel, begin, end));
+  if (begin < 0 || end > t.numel)
+    fail(path_, fmt::format("'{}' has {} elements, [{}, {}) was asked", name, t.numel, begin, end));
   if (kind != "param" && type_ == StateDictType::Full) fail(path_, fmt::format("a full state dict holds no '{}'", kind));
   for (const Piece& p : pieces_.at(name)) {
     const int64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
@@ -206,8 +215,9 @@ void CheckpointReader::read(const std::string& name, const std::string& kind, in
 
 int64_t CheckpointReader::verify_checksums() {
   int64_t verified = 0;
-  const std::vector<std::string> kinds = type_ == StateDictType::Full ? std::vector<std::string>{"param"}
-                                                                      : std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"};
+  const std::vector<std::string> kinds = type_ == StateDictType::Full
+                                             ? std::vector<std::string>{"param"}
+                                             : std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"};
   for (const TensorInfo& t : tensors_) {
     std::vector<float> buf(static_cast<size_t>(t.numel));
     for (const std::string& k : kinds) {

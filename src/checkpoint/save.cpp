@@ -36,7 +36,9 @@ StateDictType parse_state_dict_type(std::string_view t) {
   throw ConfigError(fmt::format("state_dict_type: unknown type '{}' (expected SHARDED_STATE_DICT or FULL_STATE_DICT)", t));
 }
 
-const char* state_dict_type_name(StateDictType t) { return t == StateDictType::Full ? "FULL_STATE_DICT" : "SHARDED_STATE_DICT"; }
+const char* state_dict_type_name(StateDictType t) {
+  return t == StateDictType::Full ? "FULL_STATE_DICT" : "SHARDED_STATE_DICT";
+}
 
 namespace {
 
@@ -164,7 +166,10 @@ void write_rank_file(const std::string& path, fsdp::FsdpEngine& engine, const op
 
 std::string done_text(int64_t step, StateDictType type, const std::vector<std::string>& files, Health health) {
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  return nlohmann::json{{"step", step}, {"type", state_dict_type_name(type)}, {"files", files}, {"time", now},
+  return nlohmann::json{{"step", step},
+                        {"type", state_dict_type_name(type)},
+                        {"files", files},
+                        {"time", now},
                         {"healthy", health == Health::Healthy}}
              .dump() +
          "\n";
@@ -217,8 +222,10 @@ CheckpointFault checkpoint_fault_from_env() {
       throw std::invalid_argument(s);
     }
   } catch (const std::exception&) {
-    throw ConfigError(fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write, stall_before_publish:SECONDS[@STEP] "
-                                  "or slow_write:SECONDS[@STEP]", s));
+    throw ConfigError(
+        fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write, stall_before_publish:SECONDS[@STEP] "
+                    "or slow_write:SECONDS[@STEP]",
+                    s));
   }
   return f;
 }
@@ -258,7 +265,8 @@ void agree(const SaveScope& s, const std::string& error) {
 
 // Every rank agrees on whether to save; rank 0 makes room if it must (make_room), and then every rank that
 // writes checks that the whole checkpoint fits where it writes.
-SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t step, StateDictType type, Retention retention) {
+SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t step, StateDictType type,
+                     Retention retention) {
   SaveScope s;
   s.world = engine.mesh().world_comm();
   ST_CHECK_MPI(MPI_Comm_rank(s.world, &s.rank));
@@ -278,10 +286,11 @@ SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t s
   try {
     const uint64_t free = writes ? available_bytes(dir) : need;
     if (free < need)
-      error = fmt::format("{}: not enough space for the checkpoint of step {}: {} free, it takes {} ({}; checkpoint.keep_last {})", dir,
-                          step, format_bytes(free), format_bytes(need), state_dict_type_name(type),
-                          retention.keep_last >= 2 ? "older checkpoints that keep_last lets go are removed first"
-                                                   : "2 or more lets the save remove the oldest first");
+      error = fmt::format(
+          "{}: not enough space for the checkpoint of step {}: {} free, it takes {} ({}; checkpoint.keep_last {})", dir,
+          step, format_bytes(free), format_bytes(need), state_dict_type_name(type),
+          retention.keep_last >= 2 ? "older checkpoints that keep_last lets go are removed first"
+                                   : "2 or more lets the save remove the oldest first");
   } catch (const Error& e) {
     error = e.what();
   }
@@ -422,8 +431,8 @@ std::string AsyncSave::poll() {
   if (!written) return "";
   if (st.writer.joinable()) st.writer.join();
   st.pending = false;
-  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.retention, st.error,
-              fmt::format(", asynchronously (training waited {:.3f} s for the snapshot)", st.snapshot_seconds));
+  finish_save(st.scope, *st.engine, StateDictType::Sharded, st.meta, st.files, st.optimizer_steps, st.dir, st.retention,
+              st.error, fmt::format(", asynchronously (training waited {:.3f} s for the snapshot)", st.snapshot_seconds));
   return st.scope.final_dir;
 }
 

@@ -17,7 +17,9 @@ namespace fs = std::filesystem;
 namespace shardtrain::checkpoint {
 namespace {
 
-[[noreturn]] void fail(const std::string& where, const std::string& what) { throw CheckpointError(fmt::format("{}: {}", where, what)); }
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw CheckpointError(fmt::format("{}: {}", where, what));
+}
 
 class CheckpointSource final : public TensorSource {
  public:
@@ -32,7 +34,9 @@ class CheckpointSource final : public TensorSource {
       if (t.name == name) return true;
     return false;
   }
-  void read(const std::string& name, int64_t begin, std::span<float> out) override { reader_.read(name, "param", begin, out); }
+  void read(const std::string& name, int64_t begin, std::span<float> out) override {
+    reader_.read(name, "param", begin, out);
+  }
 
  private:
   CheckpointReader reader_;
@@ -65,7 +69,8 @@ class ConsolidatedSource final : public TensorSource {
       return;
     }
     const std::vector<uint16_t> all = hdf5::read_u16(file_, name);
-    if (begin + static_cast<int64_t>(out.size()) > static_cast<int64_t>(all.size())) fail(path_, fmt::format("'{}' is too short", name));
+    if (begin + static_cast<int64_t>(out.size()) > static_cast<int64_t>(all.size()))
+      fail(path_, fmt::format("'{}' is too short", name));
     for (size_t i = 0; i < out.size(); ++i) out[i] = float_from_bf16_bits(all[static_cast<size_t>(begin) + i]);
   }
 
@@ -99,7 +104,8 @@ void read_rope(const nlohmann::json& j, const std::string& where, model::LlamaCo
       fail(where, fmt::format("rope_parameters {} and rope_scaling {} disagree", params->dump(), scaling->dump()));
     if (j.contains("rope_theta") && params->contains("rope_theta") && j["rope_theta"] != (*params)["rope_theta"])
       fail(where, fmt::format("rope_theta {} and rope_parameters.rope_theta {} disagree (transformers 4 reads the one, "
-                              "5 the other)", j["rope_theta"].dump(), (*params)["rope_theta"].dump()));
+                              "5 the other)",
+                              j["rope_theta"].dump(), (*params)["rope_theta"].dump()));
   }
   for (const nlohmann::json* o : {&j, params, scaling})
     if (o && o->value("partial_rotary_factor", 1.0) != 1.0)
@@ -111,7 +117,8 @@ void read_rope(const nlohmann::json& j, const std::string& where, model::LlamaCo
   const nlohmann::json& p = *spec;
   const std::string type = type_of(p);
   if (type != "default" && type != "linear" && type != "llama3")
-    fail(where, fmt::format("{}.rope_type is \"{}\": shardtrain computes the default, linear and llama3 RoPE types", key, type));
+    fail(where,
+         fmt::format("{}.rope_type is \"{}\": shardtrain computes the default, linear and llama3 RoPE types", key, type));
   c.rope_scaling = ops::parse_rope_scaling(type);
   const auto need = [&](const char* name) {
     if (!p.contains(name) || !p[name].is_number())
@@ -124,9 +131,9 @@ void read_rope(const nlohmann::json& j, const std::string& where, model::LlamaCo
     c.rope_high_freq_factor = need("high_freq_factor");
     // As transformers 5: a top-level original_max_position_embeddings first, then the rope dict's, then the
     // model's max_position_embeddings.
-    c.rope_original_max_position_embeddings = j.value(
-        "original_max_position_embeddings",
-        p.value("original_max_position_embeddings", j.value("max_position_embeddings", int64_t{2048})));
+    c.rope_original_max_position_embeddings =
+        j.value("original_max_position_embeddings",
+                p.value("original_max_position_embeddings", j.value("max_position_embeddings", int64_t{2048})));
   }
 }
 
@@ -150,7 +157,8 @@ class SafetensorsSource final : public TensorSource {
       read_rope(j, cfg.string(), config_);
       config_.tie_word_embeddings = j.value("tie_word_embeddings", false);
       // What shardtrain's Llama does not compute: refused, never dropped (their tensors would be ignored).
-      if (j.value("attention_bias", false)) fail(cfg.string(), "attention_bias is true: shardtrain's attention has no biases");
+      if (j.value("attention_bias", false))
+        fail(cfg.string(), "attention_bias is true: shardtrain's attention has no biases");
       if (j.value("mlp_bias", false)) fail(cfg.string(), "mlp_bias is true: shardtrain's MLP has no biases");
       if (const std::string act = j.value("hidden_act", std::string("silu")); act != "silu")
         fail(cfg.string(), fmt::format("hidden_act is \"{}\": shardtrain's MLP is SwiGLU (silu)", act));
@@ -163,7 +171,8 @@ class SafetensorsSource final : public TensorSource {
       fail(cfg.string(), e.what());
     }
     if (j.contains("head_dim") && j["head_dim"].get<int64_t>() != config_.head_dim())
-      fail(cfg.string(), fmt::format("head_dim {} differs from hidden_size / num_attention_heads", j["head_dim"].get<int64_t>()));
+      fail(cfg.string(),
+           fmt::format("head_dim {} differs from hidden_size / num_attention_heads", j["head_dim"].get<int64_t>()));
     if (fs::exists(fs::path(dir) / "tokenizer.json")) {
       tokenizer_ = nlohmann::json{{"name", "tokenizer.json"}, {"path", (fs::path(dir) / "tokenizer.json").string()}}.dump();
     }
@@ -184,7 +193,8 @@ class SafetensorsSource final : public TensorSource {
           if (name == "__metadata__") continue;
           Entry en{file, 8 + n + info.at("data_offsets")[0].get<uint64_t>(), info.at("dtype").get<std::string>(), 1};
           for (int64_t d : info.at("shape").get<std::vector<int64_t>>()) en.numel *= d;
-          if (en.dtype != "F32" && en.dtype != "BF16") fail(file, fmt::format("'{}' is {} (expected F32 or BF16)", name, en.dtype));
+          if (en.dtype != "F32" && en.dtype != "BF16")
+            fail(file, fmt::format("'{}' is {} (expected F32 or BF16)", name, en.dtype));
           entries_[name] = en;
         }
       } catch (const nlohmann::json::exception& ex) {
@@ -201,7 +211,8 @@ class SafetensorsSource final : public TensorSource {
     auto it = entries_.find(name);
     if (it == entries_.end()) fail(path_, fmt::format("no tensor named '{}'", name));
     const Entry& e = it->second;
-    if (begin + static_cast<int64_t>(out.size()) > e.numel) fail(e.file, fmt::format("'{}' has only {} elements", name, e.numel));
+    if (begin + static_cast<int64_t>(out.size()) > e.numel)
+      fail(e.file, fmt::format("'{}' has only {} elements", name, e.numel));
     const size_t esz = e.dtype == "BF16" ? 2 : 4;
     std::ifstream in(e.file, std::ios::binary);
     in.seekg(static_cast<std::streamoff>(e.offset + static_cast<uint64_t>(begin) * esz));

@@ -84,10 +84,11 @@ int run_bench_model(const BenchModelOptions& o) {
   const double flops = 6.0 * matmul_params_per_token(c) * tokens +
                        12.0 * static_cast<double>(c.num_hidden_layers * c.hidden_size * o.seq) * tokens;
   const double gflops = flops / median * 1e-9;
-  fmt::print("model: layers {} hidden {} heads {}/{} (kv) intermediate {} vocab {} | batch {} x seq {} | "
-             "checkpointing {} | threads {}\n",
-             c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size,
-             c.vocab_size, o.batch, o.seq, o.checkpointing ? "per-layer" : "off", threads);
+  fmt::print(
+      "model: layers {} hidden {} heads {}/{} (kv) intermediate {} vocab {} | batch {} x seq {} | "
+      "checkpointing {} | threads {}\n",
+      c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size,
+      o.batch, o.seq, o.checkpointing ? "per-layer" : "off", threads);
   fmt::print("parameters {:.2f} M, activations {:.1f} MiB, loss {:.4f} (ln V = {:.4f})\n",
              static_cast<double>(llama.spec().num_params()) * 1e-6,
              static_cast<double>(llama.prepare(o.batch, o.seq).bytes()) / (1 << 20), loss,
@@ -98,7 +99,8 @@ int run_bench_model(const BenchModelOptions& o) {
              fmt::format("{:.1f} ms ({:.1f}, {:.1f})", median * 1e3, seconds.front() * 1e3, seconds.back() * 1e3));
   fmt::print("{:<34} {:>12.0f}\n", "tokens/s", tokens / median);
   fmt::print("{:<34} {:>12}\n", "model FLOP rate", fmt::format("{:.1f} GFLOP/s", gflops));
-  fmt::print("{:<34} {:>12}\n", "fraction of measured sgemm peak", fmt::format("{:.1f} %", 100.0 * gflops / rate.peak_gflops()));
+  fmt::print("{:<34} {:>12}\n", "fraction of measured sgemm peak",
+             fmt::format("{:.1f} %", 100.0 * gflops / rate.peak_gflops()));
   return 0;
 }
 
@@ -117,15 +119,17 @@ std::string format_seconds(double s) {
 }
 
 std::string format_flops(double flops_per_s) {
-  return flops_per_s >= 1e12 ? fmt::format("{:.1f} TFLOP/s", flops_per_s * 1e-12) : fmt::format("{:.3g} GFLOP/s", flops_per_s * 1e-9);
+  return flops_per_s >= 1e12 ? fmt::format("{:.1f} TFLOP/s", flops_per_s * 1e-12)
+                             : fmt::format("{:.3g} GFLOP/s", flops_per_s * 1e-9);
 }
 
 // `bench` is an MPI command because `bench step` trains on the world; `bench model` and `bench ops` run
 // on one rank (without mpirun, MPI starts a singleton).
 Command add_bench_command(CLI::App& parent) {
   Command c;
-  c.app = parent.add_subcommand("bench", "benchmarks: model (CPU forward+backward), ops (every op at a model's shapes), "
-                                         "step (the whole training step)");
+  c.app = parent.add_subcommand("bench",
+                                "benchmarks: model (CPU forward+backward), ops (every op at a model's shapes), "
+                                "step (the whole training step)");
   c.app->require_subcommand(1);
   c.launch = Launch::Mpi;
   auto opts = std::make_shared<BenchModelOptions>();
@@ -140,7 +144,9 @@ Command add_bench_command(CLI::App& parent) {
   m->add_option("--intermediate", opts->intermediate, "MLP size (0 = 4 * hidden, as in the seed)")->capture_default_str();
   m->add_option("--iters", opts->iters, "timed iterations")->capture_default_str()->check(count_range());
   m->add_option("--warmup", opts->warmup, "untimed iterations first")->capture_default_str();
-  m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores)")->capture_default_str()->check(count_range(0, 65536));
+  m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores)")
+      ->capture_default_str()
+      ->check(count_range(0, 65536));
   m->add_flag("--checkpointing", opts->checkpointing, "per-layer activation checkpointing");
   const BenchSubcommand ops = add_bench_ops_command(*c.app);
   const BenchSubcommand step = add_bench_step_command(*c.app);
@@ -149,7 +155,8 @@ Command add_bench_command(CLI::App& parent) {
     if (ops.app->parsed()) return ops.run(rt);
     if (attention.app->parsed()) return attention.run(rt);
     if (step.app->parsed()) return step.run(rt);
-    if (rt->topology().world_size > 1) throw UsageError("bench model: runs on one rank (start it without mpirun, or with -np 1)");
+    if (rt->topology().world_size > 1)
+      throw UsageError("bench model: runs on one rank (start it without mpirun, or with -np 1)");
     return run_bench_model(*opts);
   };
   return c;

@@ -18,8 +18,8 @@ struct BenchSubcommand {
   std::function<int(Runtime*)> run;
 };
 
-BenchSubcommand add_bench_ops_command(CLI::App& bench);   // cmd_bench_ops.cpp
-BenchSubcommand add_bench_step_command(CLI::App& bench);  // cmd_bench_step.cpp
+BenchSubcommand add_bench_ops_command(CLI::App& bench);        // cmd_bench_ops.cpp
+BenchSubcommand add_bench_step_command(CLI::App& bench);       // cmd_bench_step.cpp
 BenchSubcommand add_bench_attention_command(CLI::App& bench);  // cmd_bench_attention.cpp
 
 // Writes `text` to `path` (a JSON document); throws IoError naming the path.

@@ -108,7 +108,8 @@ double rel_err(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, D
 }
 
 int run_bench_attention(const BenchAttentionOptions& o, Runtime* rt) {
-  if (rt->topology().world_size > 1) throw UsageError("bench attention: runs on one rank (start it without mpirun, or with -np 1)");
+  if (rt->topology().world_size > 1)
+    throw UsageError("bench attention: runs on one rank (start it without mpirun, or with -np 1)");
   if (o.documents < 0) throw UsageError(fmt::format("bench attention: --documents {}: expected 0 or more", o.documents));
   std::vector<Shape> shapes;
   for (const std::string& s : o.shapes) shapes.push_back(parse_shape(s));
@@ -155,7 +156,8 @@ int run_bench_attention(const BenchAttentionOptions& o, Runtime* rt) {
       std::vector<int32_t> seg(static_cast<size_t>(n), 0);
       const int64_t docs = std::max<int64_t>(1, o.documents);
       for (int64_t r = 0; r < sh.b; ++r)
-        for (int64_t i = 0; i < sh.s; ++i) seg[static_cast<size_t>(r * sh.s + i)] = static_cast<int32_t>(r * docs + i * docs / sh.s);
+        for (int64_t i = 0; i < sh.s; ++i)
+          seg[static_cast<size_t>(r * sh.s + i)] = static_cast<int32_t>(r * docs + i * docs / sh.s);
       copy_async(segments.data, seg.data(), seg.size() * 4, sref);
       stream_synchronize(sref);
     }
@@ -205,9 +207,8 @@ int run_bench_attention(const BenchAttentionOptions& o, Runtime* rt) {
       try {
         r.fwd_s = median_call_seconds(backend->device(), sref, o.warmup, o.iters,
                                       [&] { backend->attention_forward(as, q, k, v, mask, out, lse); });
-        r.bwd_s = median_call_seconds(backend->device(), sref, o.warmup, o.iters, [&] {
-          backend->attention_backward(as, q, k, v, out, lse, dout, mask, dq, dk, dv);
-        });
+        r.bwd_s = median_call_seconds(backend->device(), sref, o.warmup, o.iters,
+                                      [&] { backend->attention_backward(as, q, k, v, out, lse, dout, mask, dq, dk, dv); });
         r.ran = "ran";
         // Correctness beside the speed: the output and gradients against the first implementation that ran.
         backend->attention_forward(as, q, k, v, mask, out, lse);
@@ -234,19 +235,21 @@ int run_bench_attention(const BenchAttentionOptions& o, Runtime* rt) {
 #endif
 
   const std::string ref_name = cuda ? "mma" : "cpu";
-  fmt::print("bench attention on {}: {} in, fp32 statistics; median of {} calls after {} warm-up; TFLOP/s as FlashAttention "
-             "counts (forward 2 B H S^2 Dh causal, backward 2.5x); errors: relative L2 against {}\n\n",
-             device.describe(), dtype_name(dt), o.iters, o.warmup, ref_name);
-  std::string md = fmt::format("| shape | implementation | forward | TFLOP/s | backward | TFLOP/s | out err | grad err | deterministic | note |\n"
-                               "|---|---|---|---|---|---|---|---|---|---|\n");
+  fmt::print(
+      "bench attention on {}: {} in, fp32 statistics; median of {} calls after {} warm-up; TFLOP/s as FlashAttention "
+      "counts (forward 2 B H S^2 Dh causal, backward 2.5x); errors: relative L2 against {}\n\n",
+      device.describe(), dtype_name(dt), o.iters, o.warmup, ref_name);
+  std::string md = fmt::format(
+      "| shape | implementation | forward | TFLOP/s | backward | TFLOP/s | out err | grad err | deterministic | note |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     const bool ran = r.ran == "ran";
     auto err = [](double e) { return e < 0 ? std::string("ref") : fmt::format("{:.2e}", e); };
-    const std::string line = ran ? fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |", r.shape, r.impl,
-                                               format_seconds(r.fwd_s), tflops(r.fwd_flops / r.fwd_s), format_seconds(r.bwd_s),
-                                               tflops(2.5 * r.fwd_flops / r.bwd_s), err(r.out_err), err(r.grad_err),
-                                               r.deterministic == 1 ? "yes" : "no", r.note)
-                                 : fmt::format("| {} | {} | | | | | | | | {}: {} |", r.shape, r.impl, r.ran, r.note);
+    const std::string line =
+        ran ? fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |", r.shape, r.impl, format_seconds(r.fwd_s),
+                          tflops(r.fwd_flops / r.fwd_s), format_seconds(r.bwd_s), tflops(2.5 * r.fwd_flops / r.bwd_s),
+                          err(r.out_err), err(r.grad_err), r.deterministic == 1 ? "yes" : "no", r.note)
+            : fmt::format("| {} | {} | | | | | | | | {}: {} |", r.shape, r.impl, r.ran, r.note);
     md += line + "\n";
   }
   fmt::print("{}", md);
@@ -294,8 +297,9 @@ int run_bench_attention(const BenchAttentionOptions& o, Runtime* rt) {
 
 BenchSubcommand add_bench_attention_command(CLI::App& bench) {
   auto o = std::make_shared<BenchAttentionOptions>();
-  CLI::App* a = bench.add_subcommand("attention", "time every attention implementation (cuDNN, our tensor-core and FMA "
-                                                  "kernels) forward and backward at given shapes, with their errors");
+  CLI::App* a = bench.add_subcommand("attention",
+                                     "time every attention implementation (cuDNN, our tensor-core and FMA "
+                                     "kernels) forward and backward at given shapes, with their errors");
   a->add_option("--shape", o->shapes, "B,S,H,Hkv,Dh (repeatable; default: the seed's, the 1B's and the 8B's micro-batches)");
   a->add_option("--documents", o->documents, "documents per row, packed (0: plain causal)")->capture_default_str();
   a->add_option("--iters", o->iters, "timed calls per row")->capture_default_str()->check(CLI::Range(1, 100000));

@@ -59,9 +59,9 @@ struct OpRow {
   std::string op;
   std::string shapes;
   WorkKind kind = WorkKind::Flops;
-  double work = 0;      // FLOPs or bytes per call
-  double seconds = 0;   // median per call
-  int64_t calls = 0;    // per micro-batch forward+backward of the whole model (0: not part of it)
+  double work = 0;     // FLOPs or bytes per call
+  double seconds = 0;  // median per call
+  int64_t calls = 0;   // per micro-batch forward+backward of the whole model (0: not part of it)
   double rate() const { return work / seconds; }
 };
 
@@ -84,7 +84,8 @@ BenchShape resolve_shape(const BenchOpsOptions& o) {
                                     c.data.global_batch_size, o.ranks));
     s.source = o.config;
   } else {  // `bench model`'s defaults
-    s.model.num_hidden_layers = 4, s.model.hidden_size = 256, s.model.num_attention_heads = 4, s.model.num_key_value_heads = 4;
+    s.model.num_hidden_layers = 4, s.model.hidden_size = 256, s.model.num_attention_heads = 4,
+    s.model.num_key_value_heads = 4;
     s.model.intermediate_size = 1024, s.model.vocab_size = 32000;
     s.seq = 256, s.batch = 4;
     s.source = "options";
@@ -136,7 +137,8 @@ class CallRecorder final : public ops::Ops {
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double, const Tensor& h_out,
                        const Tensor& y, const Tensor& rstd) override {
-    keys.push_back("rmsnorm_forward " + t(x) + " " + t(residual) + " " + t(weight) + " " + t(h_out) + " " + t(y) + " " + t(rstd));
+    keys.push_back("rmsnorm_forward " + t(x) + " " + t(residual) + " " + t(weight) + " " + t(h_out) + " " + t(y) + " " +
+                   t(rstd));
   }
   void rmsnorm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& rstd, const Tensor& dh_extra,
                         const Tensor& dh, const Tensor& dweight) override {
@@ -158,9 +160,9 @@ class CallRecorder final : public ops::Ops {
                          const ops::AttentionMask&, const Tensor& out, const Tensor& lse) override {
     keys.push_back("attention_forward " + shape(s) + " " + t(q) + " " + t(k) + " " + t(v) + " " + t(out) + " " + t(lse));
   }
-  void attention_backward(const ops::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& out, const Tensor& lse, const Tensor& dout, const ops::AttentionMask&,
-                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+  void attention_backward(const ops::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& dout, const ops::AttentionMask&, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv) override {
     keys.push_back("attention_backward " + shape(s) + " " + t(q) + " " + t(k) + " " + t(v) + " " + t(out) + " " + t(lse) +
                    " " + t(dout) + " " + t(dq) + " " + t(dk) + " " + t(dv));
   }
@@ -171,7 +173,8 @@ class CallRecorder final : public ops::Ops {
   void swiglu_forward(const Tensor& gate_up, ops::GateUpLayout layout, const Tensor& out) override {
     keys.push_back("swiglu_forward " + t(gate_up) + " " + layout_name(layout) + " " + t(out));
   }
-  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, ops::GateUpLayout layout, const Tensor& dgate_up) override {
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, ops::GateUpLayout layout,
+                       const Tensor& dgate_up) override {
     keys.push_back("swiglu_backward " + t(dout) + " " + t(gate_up) + " " + layout_name(layout) + " " + t(dgate_up) +
                    (dgate_up.data == gate_up.data ? " in place" : ""));
   }
@@ -203,8 +206,8 @@ class CallRecorder final : public ops::Ops {
     const int64_t m = ta == Transpose::No ? a.shape.rows() : a.shape.cols();
     const int64_t k = ta == Transpose::No ? a.shape.cols() : a.shape.rows();
     const int64_t n = tb == Transpose::No ? b.shape.cols() : b.shape.rows();
-    return fmt::format("{}{} m {} n {} k {} {} {} {}", ta == Transpose::Yes ? "T" : "N", tb == Transpose::Yes ? "T" : "N",
-                       m, n, k, dtype_name(a.dtype), dtype_name(b.dtype), dtype_name(c.dtype));
+    return fmt::format("{}{} m {} n {} k {} {} {} {}", ta == Transpose::Yes ? "T" : "N", tb == Transpose::Yes ? "T" : "N", m,
+                       n, k, dtype_name(a.dtype), dtype_name(b.dtype), dtype_name(c.dtype));
   }
 };
 
@@ -213,7 +216,8 @@ class CallRecorder final : public ops::Ops {
 // kept, one list per time() call, in order.
 class OpsBench {
  public:
-  OpsBench(ops::Ops& ops, StreamRef stream, int warmup, int iters) : ops_(ops), stream_(stream), warmup_(warmup), iters_(iters) {}
+  OpsBench(ops::Ops& ops, StreamRef stream, int warmup, int iters)
+      : ops_(ops), stream_(stream), warmup_(warmup), iters_(iters) {}
   explicit OpsBench(CallRecorder& recorder) : ops_(recorder), recorder_(&recorder) {}
 
   Tensor tensor(DType dtype, Shape shape, double scale = 1.0) {
@@ -288,11 +292,14 @@ std::vector<OpRow> run_rows(OpsBench& b, const BenchShape& s, DType dt) {
   {  // attention, plain causal (no document segments)
     const ops::AttentionShape as{B, S, H, Hkv, Dh};
     const Tensor q = b.tensor(dt, {B, S, H, Dh}), k = b.tensor(dt, {B, S, Hkv, Dh}), v = b.tensor(dt, {B, S, Hkv, Dh});
-    const Tensor out = b.tensor(dt, {B, S, H, Dh}), lse = b.tensor(DType::F32, {B, H, S}), dout = b.tensor(dt, {B, S, H, Dh});
+    const Tensor out = b.tensor(dt, {B, S, H, Dh}), lse = b.tensor(DType::F32, {B, H, S}),
+                 dout = b.tensor(dt, {B, S, H, Dh});
     const Tensor dq = b.tensor(dt, {B, S, H, Dh}), dk = b.tensor(dt, {B, S, Hkv, Dh}), dv = b.tensor(dt, {B, S, Hkv, Dh});
-    const double fwd = 2.0 * static_cast<double>(B * H) * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(Dh);
+    const double fwd =
+        2.0 * static_cast<double>(B * H) * static_cast<double>(S) * static_cast<double>(S) * static_cast<double>(Dh);
     const std::string shapes = fmt::format("B {} S {} H {} Hkv {} Dh {}, causal", B, S, H, Hkv, Dh);
-    rows.push_back({"attention fwd", shapes, WorkKind::Flops, fwd, b.time([&] { o.attention_forward(as, q, k, v, {}, out, lse); }), L});
+    rows.push_back(
+        {"attention fwd", shapes, WorkKind::Flops, fwd, b.time([&] { o.attention_forward(as, q, k, v, {}, out, lse); }), L});
     rows.push_back({"attention bwd", shapes, WorkKind::Flops, 2 * fwd,
                     b.time([&] { o.attention_backward(as, q, k, v, out, lse, dout, {}, dq, dk, dv); }), L});
 #if SHARDTRAIN_WITH_CUDA
@@ -350,7 +357,8 @@ std::vector<OpRow> run_rows(OpsBench& b, const BenchShape& s, DType dt) {
     const Tensor ids = b.tensor(DType::I32, {N}, static_cast<double>(V)), table = b.tensor(dt, {V, D}, 0.02);
     const Tensor out = b.tensor(dt, {N, D}), dout = b.tensor(dt, {N, D}), dtable = b.tensor(DType::F32, {V, D}, 0.0);
     const std::string shapes = fmt::format("ids ({}) table ({}, {})", N, V, D);
-    rows.push_back({"embedding fwd", shapes, WorkKind::Bytes, 2 * nd * e + 4.0 * N, b.time([&] { o.embedding_forward(ids, table, out); }), 1});
+    rows.push_back({"embedding fwd", shapes, WorkKind::Bytes, 2 * nd * e + 4.0 * N,
+                    b.time([&] { o.embedding_forward(ids, table, out); }), 1});
     rows.push_back({"embedding bwd", shapes, WorkKind::Bytes, nd * e + 8 * nd + 4.0 * N,
                     b.time([&] { o.embedding_backward(ids, dout, dtable); }), 1});
     b.release();
@@ -363,7 +371,8 @@ std::vector<OpRow> run_rows(OpsBench& b, const BenchShape& s, DType dt) {
     b.release();
   }
   {  // lm_head fused with the loss (chunks as the model runs it: chunk_tokens 0 = the backend's default)
-    const Tensor h = b.tensor(dt, {N, D}), w = b.tensor(dt, {V, D}, 0.02), tgt = b.tensor(DType::I32, {N}, static_cast<double>(V));
+    const Tensor h = b.tensor(dt, {N, D}), w = b.tensor(dt, {V, D}, 0.02),
+                 tgt = b.tensor(DType::I32, {N}, static_cast<double>(V));
     const Tensor dh = b.tensor(dt, {N, D}), dw = b.tensor(DType::F32, {V, D}, 0.0);
     const double fwd = 2.0 * nd * static_cast<double>(V), scale = 1.0 / static_cast<double>(N);
     const std::string shapes = fmt::format("h ({}, {}) W ({}, {})", N, D, V, D);
@@ -378,9 +387,10 @@ std::vector<OpRow> run_rows(OpsBench& b, const BenchShape& s, DType dt) {
     const int64_t P = 2 * D + D * H * Dh * 2 + 2 * D * KV + 3 * D * F;
     const Tensor src = b.tensor(dt, {N, D}), dst = b.tensor(dt, {N, D});
     const Tensor master = b.tensor(DType::F32, {P}), half = b.tensor(DType::BF16, {P});
-    rows.push_back({"copy", fmt::format("({}, {}) {}", N, D, dtype_name(dt)), WorkKind::Bytes, 2 * nd * e, b.time([&] { o.copy(src, dst); }), 0});
-    rows.push_back({"cast f32 -> bf16", fmt::format("({}) one layer's params", P), WorkKind::Bytes, 6.0 * static_cast<double>(P),
-                    b.time([&] { o.copy(master, half); }), 0});
+    rows.push_back({"copy", fmt::format("({}, {}) {}", N, D, dtype_name(dt)), WorkKind::Bytes, 2 * nd * e,
+                    b.time([&] { o.copy(src, dst); }), 0});
+    rows.push_back({"cast f32 -> bf16", fmt::format("({}) one layer's params", P), WorkKind::Bytes,
+                    6.0 * static_cast<double>(P), b.time([&] { o.copy(master, half); }), 0});
     b.release();
   }
   return rows;
@@ -421,8 +431,8 @@ void check_calls(const BenchShape& shape, DType dt) {
     const auto it = want.find(key);
     if (it == want.end()) mismatches += fmt::format("\n  {}: {} per micro-batch in the model, no row times it", key, n);
     else if (it->second != n)
-      mismatches += fmt::format("\n  {} ({}): {} per micro-batch in the rows, {} in the model", key, row_names[key],
-                                it->second, n);
+      mismatches +=
+          fmt::format("\n  {} ({}): {} per micro-batch in the rows, {} in the model", key, row_names[key], it->second, n);
   }
   for (const auto& [key, n] : want)
     if (n != 0 && !got.count(key))
@@ -434,7 +444,8 @@ void check_calls(const BenchShape& shape, DType dt) {
 }
 
 std::string format_work(const OpRow& r) {
-  if (r.kind == WorkKind::Flops) return r.work >= 1e12 ? fmt::format("{:.2f} TFLOP", r.work * 1e-12) : fmt::format("{:.3g} GFLOP", r.work * 1e-9);
+  if (r.kind == WorkKind::Flops)
+    return r.work >= 1e12 ? fmt::format("{:.2f} TFLOP", r.work * 1e-12) : fmt::format("{:.3g} GFLOP", r.work * 1e-9);
   return r.work >= 1e9 ? fmt::format("{:.2f} GB", r.work * 1e-9) : fmt::format("{:.3g} MB", r.work * 1e-6);
 }
 
@@ -443,13 +454,15 @@ std::string format_rate(const OpRow& r) {
 }
 
 int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
-  if (rt->topology().world_size > 1) throw UsageError("bench ops: runs on one rank (start it without mpirun, or with -np 1)");
+  if (rt->topology().world_size > 1)
+    throw UsageError("bench ops: runs on one rank (start it without mpirun, or with -np 1)");
   if (o.ranks < 1) throw UsageError(fmt::format("bench ops: --ranks {}: expected 1 or more", o.ranks));
   const BenchShape shape = resolve_shape(o);
   const Device& device = rt->device();
   const bool cuda = device.is_cuda();
   const DType dt = o.dtype.empty() ? (cuda ? DType::BF16 : DType::F32) : parse_dtype(o.dtype);
-  if (dt != DType::F32 && dt != DType::BF16) throw UsageError(fmt::format("bench ops: --dtype {}: expected f32 or bf16", o.dtype));
+  if (dt != DType::F32 && dt != DType::BF16)
+    throw UsageError(fmt::format("bench ops: --dtype {}: expected f32 or bf16", o.dtype));
 
   const int threads = o.threads > 0 ? o.threads : rt->host_threads();
   std::unique_ptr<CudaStream> stream;
@@ -467,8 +480,8 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
   // Ceilings: bf16 8192^3 on a GPU (f32 when --dtype f32), f32 2048^3 on the CPU; copies of 1 GiB / 256 MiB.
   const int64_t peak_n = cuda ? 8192 : 2048;
   const size_t copy_bytes = cuda ? (size_t{1} << 30) : (size_t{256} << 20);
-  log::info("bench ops: measuring the ceilings ({} {}^3 matmul, {} copy) on {}", dtype_name(dt), peak_n, format_bytes(copy_bytes),
-            device.describe());
+  log::info("bench ops: measuring the ceilings ({} {}^3 matmul, {} copy) on {}", dtype_name(dt), peak_n,
+            format_bytes(copy_bytes), device.describe());
   const double peak_flops = ops::measure_matmul_flops(*backend, dt, peak_n, cuda ? 20 : 5, sref);
   const double copy_bw = ops::measure_copy_bandwidth(*backend, copy_bytes, cuda ? 20 : 5, sref);
 
@@ -481,21 +494,26 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
   for (const OpRow& r : rows) model_seconds += r.seconds * static_cast<double>(r.calls);
 
   fmt::print("bench ops on {} ({} backend{}), {} storage, median of {} calls after {} warm-up\n", device.describe(),
-             cuda ? "CUDA" : "CPU", cuda ? std::string() : fmt::format(", {} threads", threads), dtype_name(dt), o.iters, o.warmup);
-  fmt::print("model ({}): layers {} hidden {} heads {}/{} (kv) head_dim {} intermediate {} vocab {} | micro-batch {} x seq {} = {} tokens\n",
-             shape.source, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim(),
-             c.intermediate_size, c.vocab_size, shape.batch, shape.seq, tokens);
-  fmt::print("ceilings: matmul {} {}^3 {}; copy {:.3g} GB/s (read + write)\n", dtype_name(dt), peak_n, format_flops(peak_flops),
-             copy_bw * 1e-9);
-  fmt::print("work: GEMMs 2*M*N*K; attention fwd 2*B*H*S^2*Dh (causal half of 4*B*H*S^2*Dh), bwd 2x fwd; "
-             "linear_cross_entropy 2*N*D*V (+4*N*D*V with the gradient); memory-bound ops: bytes of each tensor read once + written once\n\n");
-  fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>8} {:>6}\n", "op", "shapes", "median", "work", "rate", "% ceil", "calls");
+             cuda ? "CUDA" : "CPU", cuda ? std::string() : fmt::format(", {} threads", threads), dtype_name(dt), o.iters,
+             o.warmup);
+  fmt::print(
+      "model ({}): layers {} hidden {} heads {}/{} (kv) head_dim {} intermediate {} vocab {} | micro-batch {} x seq {} = {} tokens\n",
+      shape.source, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim(),
+      c.intermediate_size, c.vocab_size, shape.batch, shape.seq, tokens);
+  fmt::print("ceilings: matmul {} {}^3 {}; copy {:.3g} GB/s (read + write)\n", dtype_name(dt), peak_n,
+             format_flops(peak_flops), copy_bw * 1e-9);
+  fmt::print(
+      "work: GEMMs 2*M*N*K; attention fwd 2*B*H*S^2*Dh (causal half of 4*B*H*S^2*Dh), bwd 2x fwd; "
+      "linear_cross_entropy 2*N*D*V (+4*N*D*V with the gradient); memory-bound ops: bytes of each tensor read once + written once\n\n");
+  fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>8} {:>6}\n", "op", "shapes", "median", "work", "rate", "% ceil",
+             "calls");
   for (const OpRow& r : rows) {
     const double ceiling = r.kind == WorkKind::Flops ? peak_flops : copy_bw;
-    fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>7.1f}% {:>6}\n", r.op, r.shapes, format_seconds(r.seconds), format_work(r),
-               format_rate(r), 100.0 * r.rate() / ceiling, r.calls);
+    fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>7.1f}% {:>6}\n", r.op, r.shapes, format_seconds(r.seconds),
+               format_work(r), format_rate(r), 100.0 * r.rate() / ceiling, r.calls);
   }
-  fmt::print("\n% ceil: of the matmul ceiling (FLOP rows) or the copy ceiling (byte rows; above 100% the data stayed in cache).\n");
+  fmt::print(
+      "\n% ceil: of the matmul ceiling (FLOP rows) or the copy ceiling (byte rows; above 100% the data stayed in cache).\n");
   fmt::print("sum of medians x calls (one micro-batch's forward+backward ops, no FSDP, no optimizer): {}, {:.0f} tokens/s\n",
              format_seconds(model_seconds), static_cast<double>(tokens) / model_seconds);
 
@@ -518,7 +536,8 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
     j["batch"] = shape.batch;
     j["seq"] = shape.seq;
     j["tokens"] = tokens;
-    j["ceilings"] = {{"matmul_flops_per_s", peak_flops}, {"matmul_n", peak_n}, {"copy_bytes_per_s", copy_bw}, {"copy_bytes", copy_bytes}};
+    j["ceilings"] = {
+        {"matmul_flops_per_s", peak_flops}, {"matmul_n", peak_n}, {"copy_bytes_per_s", copy_bw}, {"copy_bytes", copy_bytes}};
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const OpRow& r : rows) {
       const double ceiling = r.kind == WorkKind::Flops ? peak_flops : copy_bw;
@@ -542,11 +561,14 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
 
 BenchSubcommand add_bench_ops_command(CLI::App& bench) {
   auto o = std::make_shared<BenchOpsOptions>();
-  CLI::App* a = bench.add_subcommand("ops", "time every op of a training step at a model's shapes on the current backend "
-                                            "(CUDA on a GPU, else the CPU), against a measured matmul and copy ceiling");
-  a->add_option("--config,-c", o->config, "take the model and micro-batch from a training config (TOML); options below override it");
-  a->add_option("--ranks", o->ranks, "with --config: the data-parallel ranks the micro-batch is derived for "
-                                     "(data.micro_batch_size, or global_batch_size / ranks)")
+  CLI::App* a = bench.add_subcommand("ops",
+                                     "time every op of a training step at a model's shapes on the current backend "
+                                     "(CUDA on a GPU, else the CPU), against a measured matmul and copy ceiling");
+  a->add_option("--config,-c", o->config,
+                "take the model and micro-batch from a training config (TOML); options below override it");
+  a->add_option("--ranks", o->ranks,
+                "with --config: the data-parallel ranks the micro-batch is derived for "
+                "(data.micro_batch_size, or global_batch_size / ranks)")
       ->capture_default_str();
   a->add_option("--layers", o->layers, "decoder layers (default: the config's, or 4)");
   a->add_option("--hidden", o->hidden, "hidden size (default: the config's, or 256)");
@@ -561,8 +583,9 @@ BenchSubcommand add_bench_ops_command(CLI::App& bench) {
   a->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str()->check(CLI::Range(0, 100000));
   a->add_option("--threads", o->threads, "CPU backend threads (0 = the rank's cores)")->capture_default_str();
   a->add_option("--json", o->json, "also write every row as JSON to this file");
-  a->add_flag("--check-calls", o->check_calls, "first run the model once (batch 1, no math) through a recorder of op "
-                                               "calls and fail unless each row's calls per micro-batch are the model's");
+  a->add_flag("--check-calls", o->check_calls,
+              "first run the model once (batch 1, no math) through a recorder of op "
+              "calls and fail unless each row's calls per micro-batch are the model's");
   return {a, [o](Runtime* rt) { return run_bench_ops(*o, rt); }};
 }
 

@@ -107,7 +107,8 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     config.logging.run_dir = (fs::path(temp_dir) / "run").string();
   }
   train::TrainerOptions topts;
-  topts.config_source = o.config + (overrides ? fmt::format(" + {} override(s)", overrides) : std::string()) + " (bench step)";
+  topts.config_source =
+      o.config + (overrides ? fmt::format(" + {} override(s)", overrides) : std::string()) + " (bench step)";
 
   StepRecorder recorder;
   int64_t device_peak = 0;
@@ -136,7 +137,8 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
 
   const std::vector<train::StepMetrics>& all = recorder.steps;
   if (static_cast<int>(all.size()) != o.warmup + o.steps)
-    throw InternalError(fmt::format("bench step: the trainer ran {} steps, expected {} warm-up + {} timed", all.size(), o.warmup, o.steps));
+    throw InternalError(
+        fmt::format("bench step: the trainer ran {} steps, expected {} warm-up + {} timed", all.size(), o.warmup, o.steps));
   std::vector<double> seconds, update_s, wait_s, gpu_busy, gpu_idle, host_queue;
   int64_t skipped = 0;
   for (size_t i = static_cast<size_t>(o.warmup); i < all.size(); ++i) {
@@ -165,10 +167,11 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   const int micro = config.micro_batch_size_for(W), accumulation = config.accumulation_steps_for(W);
   if (rank != 0) return 0;
 
-  fmt::print("bench step: {} ({} + {} override(s)), {} timed steps after {} warm-up\n", config.logging.name.empty() ? o.config : config.logging.name,
-             o.config, overrides, o.steps, o.warmup);
-  fmt::print("device {} | {} ranks, mesh {} | collectives {} | micro-batch {} x seq {} x {} accumulation x {} ranks = {} tokens per step\n",
-             rt->device().describe(), W, mesh, comm_backend, micro, config.data.seq_len, accumulation, W, tokens_per_step);
+  fmt::print("bench step: {} ({} + {} override(s)), {} timed steps after {} warm-up\n",
+             config.logging.name.empty() ? o.config : config.logging.name, o.config, overrides, o.steps, o.warmup);
+  fmt::print(
+      "device {} | {} ranks, mesh {} | collectives {} | micro-batch {} x seq {} x {} accumulation x {} ranks = {} tokens per step\n",
+      rt->device().describe(), W, mesh, comm_backend, micro, config.data.seq_len, accumulation, W, tokens_per_step);
   fmt::print("{:<34} {}\n", "step time median (min, max)",
              fmt::format("{} ({}, {})", format_seconds(step_s), format_seconds(*min_s), format_seconds(*max_s)));
   fmt::print("{:<34} {:.0f}\n", "tokens/s (all ranks)", tokens_per_s);
@@ -177,7 +180,8 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   if (meter.kind() != train::PeakKind::Measured && meter.measured_per_rank() > 0)
     fmt::print("{:<34} {:.2f} %  (against the matmul measured at start, {} per rank)\n", "MFU of the measured peak",
                100 * mfu_measured, format_flops(meter.measured_per_rank()));
-  if (cuda) fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
+  if (cuda)
+    fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
   fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(static_cast<uint64_t>(last.peak_mem_bytes)));
   fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(static_cast<uint64_t>(rss_peak)));
   if (!gpu_busy.empty()) {
@@ -189,7 +193,8 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     fmt::print("{:<34} {} median, of which the step waited {} (rank 0)\n", "host optimizer update (offload)",
                format_seconds(host_update_s), format_seconds(update_wait_s));
   }
-  fmt::print("{:<34} {:.4f}{}\n", "loss of the last step", last.loss, skipped ? fmt::format(" ({} timed step(s) skipped)", skipped) : std::string());
+  fmt::print("{:<34} {:.4f}{}\n", "loss of the last step", last.loss,
+             skipped ? fmt::format(" ({} timed step(s) skipped)", skipped) : std::string());
   if (cuda && device_peak == 0)
     log::warn("bench step: the device is a GPU but the trainer allocated no device memory: the step ran on the CPU ops");
 
@@ -244,10 +249,13 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
 
 BenchSubcommand add_bench_step_command(CLI::App& bench) {
   auto o = std::make_shared<BenchStepOptions>();
-  CLI::App* a = bench.add_subcommand("step", "time the whole training step (train::Trainer) for a config under mpirun: "
-                                             "step time, tokens/s, MFU, peak memory");
+  CLI::App* a = bench.add_subcommand("step",
+                                     "time the whole training step (train::Trainer) for a config under mpirun: "
+                                     "step time, tokens/s, MFU, peak memory");
   a->add_option("--config,-c", o->config, "the run's TOML config, e.g. configs/tiny-cpu.toml")->required();
-  a->add_option("--steps", o->steps, "timed steps (their median is reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
+  a->add_option("--steps", o->steps, "timed steps (their median is reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   a->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0)");
   a->add_flag("--keep-run-dir", o->keep_run_dir, "keep the temporary run directory (config.toml, metrics.jsonl)");
@@ -255,10 +263,12 @@ BenchSubcommand add_bench_step_command(CLI::App& bench) {
   o->override_values.resize(fields.size());
   for (size_t i = 0; i < fields.size(); ++i) {
     const train::ConfigField& f = fields[i];
-    o->override_options.push_back(a->add_option("--" + f.dotted(), o->override_values[i], f.help)->group("Config keys (override the file)"));
+    o->override_options.push_back(
+        a->add_option("--" + f.dotted(), o->override_values[i], f.help)->group("Config keys (override the file)"));
   }
-  a->footer("The run directory is a temporary one, removed at the end, unless logging.run_dir names one. The schedule is cut to\n"
-            "warmup + steps steps (LR warm-up shortened to fit), with no evaluation and no checkpoints.");
+  a->footer(
+      "The run directory is a temporary one, removed at the end, unless logging.run_dir names one. The schedule is cut to\n"
+      "warmup + steps steps (LR warm-up shortened to fit), with no evaluation and no checkpoints.");
   return {a, [o](Runtime* rt) { return run_bench_step(*o, rt); }};
 }
 

@@ -81,19 +81,23 @@ class Report {
 void require_writable(const std::string& key, const std::string& path) {
   const fs::path p = fs::absolute(path).lexically_normal();
   std::error_code ec;
-  if (fs::exists(p, ec) && !fs::is_directory(p, ec)) throw IoError(fmt::format("{}: {} exists and is not a directory", key, path));
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    throw IoError(fmt::format("{}: {} exists and is not a directory", key, path));
   fs::path existing = p;
-  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path()) existing = existing.parent_path();
+  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path())
+    existing = existing.parent_path();
   if (!fs::is_directory(existing, ec))
     throw IoError(fmt::format("{}: cannot create {}: {} is not a directory", key, path, existing.string()));
   const fs::path probe = existing / fmt::format(".shardtrain-check-{}", ::getpid());
   if (!fs::create_directory(probe, ec) || ec)
-    throw IoError(fmt::format("{}: cannot {} {}: {} is not writable{}", key, existing == p ? "write into" : "create", path, existing.string(),
-                              ec ? fmt::format(" ({})", ec.message()) : std::string()));
+    throw IoError(fmt::format("{}: cannot {} {}: {} is not writable{}", key, existing == p ? "write into" : "create", path,
+                              existing.string(), ec ? fmt::format(" ({})", ec.message()) : std::string()));
   fs::remove(probe, ec);
 }
 
-std::string count(double n) { return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6) : fmt::format("{:.0f}", n); }
+std::string count(double n) {
+  return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6) : fmt::format("{:.0f}", n);
+}
 
 int run_check(const CheckOptions& o) {
   Report report;
@@ -109,9 +113,10 @@ int run_check(const CheckOptions& o) {
   for (const auto& n : notes) report.note("config", n);
   report.run("config", [&] {
     const model::ModelSpec spec(c.model);
-    report.ok("config", fmt::format("{}: model {} parameters ({} layers, hidden {}), {}, seq_len {}, global batch {}", source,
-                                    count(static_cast<double>(spec.num_params())), c.model.num_hidden_layers, c.model.hidden_size,
-                                    sharding_strategy_name(c.fsdp.engine.strategy), c.data.seq_len, c.data.global_batch_size));
+    report.ok("config",
+              fmt::format("{}: model {} parameters ({} layers, hidden {}), {}, seq_len {}, global batch {}", source,
+                          count(static_cast<double>(spec.num_params())), c.model.num_hidden_layers, c.model.hidden_size,
+                          sharding_strategy_name(c.fsdp.engine.strategy), c.data.seq_len, c.data.global_batch_size));
   });
 
   // The mesh and batch of the allocation, when it is known; the data checks below count for its world size.
@@ -124,9 +129,12 @@ int run_check(const CheckOptions& o) {
       // or cross nodes is refused here, with the trainer's message.
       const MeshLayout mesh = make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node);
       c.validate_for_world(world, o.nodes);
-      report.ok("world", fmt::format("{} node(s) x {} ranks, mesh {}: micro-batch {} x {} accumulation step(s) per rank = {} sequences per step",
-                                     o.nodes, o.gpus_per_node, mesh.describe(), c.micro_batch_size_for(world), c.accumulation_steps_for(world),
-                                     c.data.global_batch_size));
+      report.ok(
+          "world",
+          fmt::format(
+              "{} node(s) x {} ranks, mesh {}: micro-batch {} x {} accumulation step(s) per rank = {} sequences per step",
+              o.nodes, o.gpus_per_node, mesh.describe(), c.micro_batch_size_for(world), c.accumulation_steps_for(world),
+              c.data.global_batch_size));
     });
   } else {
     report.note("world", "not checked (give --nodes and --gpus-per-node for an allocation)");
@@ -138,13 +146,14 @@ int run_check(const CheckOptions& o) {
       const model::ModelSpec spec(c.model);
       const fsdp::FsdpConfig& f = c.fsdp.engine;
       const int64_t micro = c.micro_batch_size_for(world);
-      const fsdp::MemoryEstimate m = fsdp::estimate_memory(spec, f, fsdp::plan_fsdp(spec, f, world, o.gpus_per_node), micro, c.data.seq_len);
+      const fsdp::MemoryEstimate m =
+          fsdp::estimate_memory(spec, f, fsdp::plan_fsdp(spec, f, world, o.gpus_per_node), micro, c.data.seq_len);
       const auto gib = [](double bytes) { return bytes / static_cast<double>(1ull << 30); };
-      const std::string parts =
-          fmt::format("sharded state {:.2f}{}, gathered parameters and gradients {:.2f}, activations {:.2f} (micro-batch {} x {}), op scratch "
-                      "{:.2f} GiB",
-                      gib(m.state), f.offload_params ? " in host memory" : "", gib(m.buffers), gib(m.activations), micro, c.data.seq_len,
-                      gib(m.op_scratch));
+      const std::string parts = fmt::format(
+          "sharded state {:.2f}{}, gathered parameters and gradients {:.2f}, activations {:.2f} (micro-batch {} x {}), op scratch "
+          "{:.2f} GiB",
+          gib(m.state), f.offload_params ? " in host memory" : "", gib(m.buffers), gib(m.activations), micro, c.data.seq_len,
+          gib(m.op_scratch));
       if (m.device > gpu_memory) {
         std::vector<std::string> options;
         if (!f.activation_checkpointing) options.emplace_back("fsdp.activation_checkpointing = true");
@@ -152,10 +161,12 @@ int run_check(const CheckOptions& o) {
         if (!f.offload_params) options.emplace_back("fsdp.offload_params = true");
         options.emplace_back("more GPUs");
         std::string advice;
-        for (size_t k = 0; k < options.size(); ++k) advice += (k ? k + 1 == options.size() ? " or " : ", " : "") + options[k];
-        throw ConfigError(fmt::format("about {:.2f} GiB per GPU ({}), more than --gpu-memory {:.4g} GiB: try {} (`shardtrain plan` compares "
-                                      "the strategies)",
-                                      gib(m.device), parts, gib(gpu_memory), advice));
+        for (size_t k = 0; k < options.size(); ++k)
+          advice += (k ? k + 1 == options.size() ? " or " : ", " : "") + options[k];
+        throw ConfigError(fmt::format(
+            "about {:.2f} GiB per GPU ({}), more than --gpu-memory {:.4g} GiB: try {} (`shardtrain plan` compares "
+            "the strategies)",
+            gib(m.device), parts, gib(gpu_memory), advice));
       }
       report.ok("memory", fmt::format("about {:.2f} of {:.4g} GiB per GPU: {}", gib(m.device), gib(gpu_memory), parts));
     });
@@ -169,18 +180,24 @@ int run_check(const CheckOptions& o) {
   bool data_ok = false;
   if (o.data_pending) {
     report.note("data", fmt::format("{}: not checked: a job queued before the run makes it (--data-pending); the run "
-                                    "checks it when it starts", c.data.describe()));
+                                    "checks it when it starts",
+                                    c.data.describe()));
   } else {
     data_ok = report.run("data", [&] {
       sources = train::open_data_sources(c);
-      const data::MixedSource mix(sources, data::DatasetSplit::Train, c.data.layout, c.data.seq_len, c.data.seed, c.data.shuffle);
+      const data::MixedSource mix(sources, data::DatasetSplit::Train, c.data.layout, c.data.seq_len, c.data.seed,
+                                  c.data.shuffle);
       mix.require_global_batch(c.data.global_batch_size);
-      const int64_t per_epoch = static_cast<int64_t>(mix.num_samples() / static_cast<size_t>(c.data.global_batch_size));  // drop_last
+      const int64_t per_epoch =
+          static_cast<int64_t>(mix.num_samples() / static_cast<size_t>(c.data.global_batch_size));  // drop_last
       total_steps = train::planned_steps(c, per_epoch);
       const double tokens = static_cast<double>(total_steps) * c.data.global_batch_size * c.data.seq_len;
-      report.ok("data", fmt::format("{}: {} training samples ({}, seq_len {}) = {} steps per epoch; the run: {} steps, {} tokens, {:.3g} epochs",
-                                    c.data.describe(), mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch,
-                                    total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
+      report.ok(
+          "data",
+          fmt::format(
+              "{}: {} training samples ({}, seq_len {}) = {} steps per epoch; the run: {} steps, {} tokens, {:.3g} epochs",
+              c.data.describe(), mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch,
+              total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
       if (mix.size() > 1)
         for (size_t k = 0; k < mix.size(); ++k)
           report.note("data", fmt::format("{}: {}", mix.dataset(k).path(), mix.share(k)));
@@ -197,35 +214,43 @@ int run_check(const CheckOptions& o) {
     for (const auto& s : sources) {
       size_t samples = 0;
       try {
-        samples = data::SampleSource(*s.dataset, data::DatasetSplit::Validation, c.data.layout, c.data.seq_len).num_samples();
+        samples =
+            data::SampleSource(*s.dataset, data::DatasetSplit::Validation, c.data.layout, c.data.seq_len).num_samples();
       } catch (const DataError&) {
       }
       if (samples < static_cast<size_t>(eval_batch))
-        report.note("validation", fmt::format("{}: {} validation samples, fewer than one evaluation batch of {}: no validation loss from it",
-                                              s.dataset->path(), samples, eval_batch));
+        report.note(
+            "validation",
+            fmt::format("{}: {} validation samples, fewer than one evaluation batch of {}: no validation loss from it",
+                        s.dataset->path(), samples, eval_batch));
       else
-        report.ok("validation", fmt::format("{}: {} samples, {} evaluation batch(es) of {}", s.dataset->path(), samples,
-                                            std::min<int64_t>(c.schedule.eval_batches, static_cast<int64_t>(samples) / eval_batch), eval_batch));
+        report.ok(
+            "validation",
+            fmt::format("{}: {} samples, {} evaluation batch(es) of {}", s.dataset->path(), samples,
+                        std::min<int64_t>(c.schedule.eval_batches, static_cast<int64_t>(samples) / eval_batch), eval_batch));
     }
   }
   if (data_ok && o.verify_data) {
     for (const auto& s : sources)
       report.run("verify", [&] {
         const uint64_t blocks = data::verify_dataset(*s.dataset, false);
-        report.ok("verify", fmt::format("{}: {} checksum block(s) read, every id below {}", s.dataset->path(), blocks, s.dataset->info().vocab_size));
+        report.ok("verify", fmt::format("{}: {} checksum block(s) read, every id below {}", s.dataset->path(), blocks,
+                                        s.dataset->info().vocab_size));
       });
   }
 
   // The checkpoint the run would resume from, read as the run would: complete, this model, this tokenizer.
   const std::string& run_dir = c.logging.run_dir;
-  const std::string ckpt_dir = c.checkpoint.dir.empty() && run_dir.empty() ? std::string() : train::checkpoint_dir_for(c, run_dir);
+  const std::string ckpt_dir =
+      c.checkpoint.dir.empty() && run_dir.empty() ? std::string() : train::checkpoint_dir_for(c, run_dir);
   report.run("resume", [&] {
     if (c.checkpoint.resume.empty()) {
       report.ok("resume", "off (checkpoint.resume is empty): the run starts at step 0");
       return;
     }
     if (ckpt_dir.empty() && c.checkpoint.resume == "auto") {
-      report.ok("resume", "auto, in a new run directory (logging.run_dir and checkpoint.dir are empty): the run starts at step 0");
+      report.ok("resume",
+                "auto, in a new run directory (logging.run_dir and checkpoint.dir are empty): the run starts at step 0");
       return;
     }
     const std::string path = train::resolve_resume_path(c.checkpoint.resume, ckpt_dir);
@@ -237,14 +262,18 @@ int run_check(const CheckOptions& o) {
     checkpoint::check_same_model(reader.model_config(), c.model, path);
     if (!sources.empty()) train::check_resume_tokenizer(reader, *sources.front().dataset);
     const train::TrainerState state = train::trainer_state_from_json(reader.trainer_state(), path);
-    std::string left = total_steps > 0 ? fmt::format("; {} of {} steps left", std::max<int64_t>(0, total_steps - state.step), total_steps)
-                                       : std::string();
-    report.ok("resume", fmt::format("{}: step {}, {} tokens seen, {}{}", path, state.step, count(static_cast<double>(state.tokens_seen)),
-                                    reader.has_optimizer() ? "with the AdamW states" : "weights only (a full checkpoint: AdamW starts over)",
-                                    left));
+    std::string left =
+        total_steps > 0 ? fmt::format("; {} of {} steps left", std::max<int64_t>(0, total_steps - state.step), total_steps)
+                        : std::string();
+    report.ok(
+        "resume",
+        fmt::format("{}: step {}, {} tokens seen, {}{}", path, state.step, count(static_cast<double>(state.tokens_seen)),
+                    reader.has_optimizer() ? "with the AdamW states" : "weights only (a full checkpoint: AdamW starts over)",
+                    left));
     if (total_steps > 0 && state.step >= total_steps)
       report.note("resume", fmt::format("the run has taken its {} steps already: it would save nothing new and stop at once "
-                                        "(raise schedule.max_steps to train on)", total_steps));
+                                        "(raise schedule.max_steps to train on)",
+                                        total_steps));
     if (!sources.empty()) {
       const std::string change = train::resume_data_change(reader, sources);
       if (!change.empty()) report.note("resume", change);
@@ -263,9 +292,10 @@ int run_check(const CheckOptions& o) {
       require_writable("logging.run_dir", run_dir);
     }
     if (!ckpt_dir.empty()) require_writable("checkpoint.dir", ckpt_dir);
-    report.ok("outputs", fmt::format("{} and {} can be written",
-                                     run_dir.empty() ? fmt::format("a new run directory under {}", c.logging.runs_root) : run_dir,
-                                     ckpt_dir.empty() ? std::string("its checkpoints directory") : ckpt_dir));
+    report.ok("outputs",
+              fmt::format("{} and {} can be written",
+                          run_dir.empty() ? fmt::format("a new run directory under {}", c.logging.runs_root) : run_dir,
+                          ckpt_dir.empty() ? std::string("its checkpoints directory") : ckpt_dir));
   });
 
   // Disk space for checkpoints, by the saves' own estimate (checkpoint::checkpoint_bytes): one must fit, and as
@@ -276,20 +306,28 @@ int run_check(const CheckOptions& o) {
     report.run("space", [&] {
       const std::string where = ckpt_dir.empty() ? c.logging.runs_root : ckpt_dir;
       const bool sharded = c.checkpoint.state_dict_type == train::StateDictType::Sharded;
-      const int files = sharded && world_ok ? make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node).shard_size : 1;
+      const int files =
+          sharded && world_ok
+              ? make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node).shard_size
+              : 1;
       const uint64_t need = checkpoint::checkpoint_bytes(model::ModelSpec(c.model), c.checkpoint.state_dict_type, files);
       const uint64_t free = checkpoint::available_bytes(where);
-      const std::string what = fmt::format("a checkpoint takes {} ({}{}), {} free in {}", format_bytes(need),
-                                           train::state_dict_type_name(c.checkpoint.state_dict_type),
-                                           sharded ? ": parameters and AdamW states in fp32" : ": parameters in fp32", format_bytes(free), where);
+      const std::string what =
+          fmt::format("a checkpoint takes {} ({}{}), {} free in {}", format_bytes(need),
+                      train::state_dict_type_name(c.checkpoint.state_dict_type),
+                      sharded ? ": parameters and AdamW states in fp32" : ": parameters in fp32", format_bytes(free), where);
       if (free < need) throw IoError(fmt::format("{}: not even one fits", what));
       const uint64_t room = free / need;
       const int keep = c.checkpoint.keep_last;
       const auto at_save = static_cast<uint64_t>(checkpoint::checkpoints_at_save(keep));
       if (keep == 0) {
-        report.note("space", fmt::format("{}: room for {}; checkpoint.keep_last = 0 keeps every one, so later saves fail once it is full", what, room));
+        report.note(
+            "space",
+            fmt::format("{}: room for {}; checkpoint.keep_last = 0 keeps every one, so later saves fail once it is full",
+                        what, room));
       } else if (room < at_save) {
-        report.note("space", fmt::format("{}: room for {}, keep_last = {} needs {} at a save: saves will fail", what, room, keep, at_save));
+        report.note("space", fmt::format("{}: room for {}, keep_last = {} needs {} at a save: saves will fail", what, room,
+                                         keep, at_save));
       } else {
         report.ok("space", fmt::format("{}: room for {}, keep_last = {} needs {}{}", what, room, keep, at_save,
                                        c.checkpoint.keep_every > 0 ? " (plus the keep_every milestones)" : ""));
@@ -298,7 +336,8 @@ int run_check(const CheckOptions& o) {
   }
 
   if (report.problems() > 0) {
-    log::error("check: {} problem(s); the run would stop on the first ({})", report.problems(), exit_code_name(report.first()));
+    log::error("check: {} problem(s); the run would stop on the first ({})", report.problems(),
+               exit_code_name(report.first()));
     return static_cast<int>(report.first());
   }
   std::printf("check: ok\n");
@@ -310,18 +349,24 @@ int run_check(const CheckOptions& o) {
 Command add_check_command(CLI::App& parent) {
   auto o = std::make_shared<CheckOptions>();
   Command c;
-  c.app = parent.add_subcommand("check", "preflight a training run offline: the same options as train; config, mesh, data, resume, outputs");
+  c.app = parent.add_subcommand(
+      "check", "preflight a training run offline: the same options as train; config, mesh, data, resume, outputs");
   o->args.add_to(c.app);
-  c.app->add_option("--nodes", o->nodes, "nodes of the allocation (with --gpus-per-node)")->check(count_range())->capture_default_str();
-  c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node of the allocation: checks the mesh and batch for it")
+  c.app->add_option("--nodes", o->nodes, "nodes of the allocation (with --gpus-per-node)")
+      ->check(count_range())
+      ->capture_default_str();
+  c.app
+      ->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node of the allocation: checks the mesh and batch for it")
       ->check(count_range());
   c.app->add_flag("--verify-data", o->verify_data, "read every token of the datasets now: each block's checksum and ids");
-  c.app->add_flag("--verify-checkpoint", o->verify_checkpoint, "read the checkpoint to resume from whole: every chunk's checksum");
+  c.app->add_flag("--verify-checkpoint", o->verify_checkpoint,
+                  "read the checkpoint to resume from whole: every chunk's checksum");
   c.app->add_flag("--data-pending", o->data_pending,
                   "the datasets do not exist yet (a job queued before the run makes them): leave them unchecked");
   c.app->add_option("--gpu-memory", o->gpu_memory,
                     "memory per GPU (80GiB, 80GB): with --nodes/--gpus-per-node, checks that the run's estimate fits it");
-  c.app->footer("Exit code: 0 when the run can start; otherwise the first problem's (docs/exit-codes.md), every problem listed.");
+  c.app->footer(
+      "Exit code: 0 when the run can start; otherwise the first problem's (docs/exit-codes.md), every problem listed.");
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_check(*o); };
   return c;

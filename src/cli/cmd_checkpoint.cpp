@@ -24,7 +24,8 @@ int run_consolidate(const ConsolidateOptions& o) {
   e.tokenizer = o.tokenizer;
   // Below one MiB a safetensors file would hold a handful of values; a negative or non-finite size is a typo.
   if (!(o.max_shard_gib >= 1.0 / 1024 && o.max_shard_gib <= 1024 * 1024))
-    throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576", o.max_shard_gib));
+    throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576",
+                                 o.max_shard_gib));
   e.max_shard_bytes = static_cast<uint64_t>(o.max_shard_gib * (1ull << 30));
   std::string path = o.checkpoint;
   if (!checkpoint::is_complete(path)) {  // a run directory: take its newest complete checkpoint
@@ -51,21 +52,23 @@ int run_consolidate(const ConsolidateOptions& o) {
 int run_info(const std::string& path, bool verify) {
   checkpoint::CheckpointReader r(path);
   int64_t total = 0;
-  std::string out = fmt::format("checkpoint {}\n  type {}, step {}, saved by {}\n", r.path(), state_dict_type_name(r.type()), r.step(),
-                                r.mesh_description());
+  std::string out = fmt::format("checkpoint {}\n  type {}, step {}, saved by {}\n", r.path(), state_dict_type_name(r.type()),
+                                r.step(), r.mesh_description());
   const model::LlamaConfig& c = r.model_config();
   out += fmt::format("  model: vocab {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), tied {}\n", c.vocab_size,
                      c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
                      c.tie_word_embeddings);
   out += fmt::format("  files: {}\n  optimizer states: {} (AdamW step {})\n", fmt::join(r.files(), ", "),
                      r.has_optimizer() ? "yes" : "no", r.optimizer_steps());
-  out += fmt::format("  tokenizer: {}\n  trainer state: {}\n", r.tokenizer().empty() ? "-" : r.tokenizer(), r.trainer_state());
+  out +=
+      fmt::format("  tokenizer: {}\n  trainer state: {}\n", r.tokenizer().empty() ? "-" : r.tokenizer(), r.trainer_state());
   const checkpoint::MetadataSummary& m = r.metadata();  // checked on opening: a mismatch never gets here
   if (m.files_unrecorded == 0)
-    out += fmt::format("  metadata: ok ({} attributes, layouts and links in {} files match their checksums)\n", m.entries, m.files_checked);
+    out += fmt::format("  metadata: ok ({} attributes, layouts and links in {} files match their checksums)\n", m.entries,
+                       m.files_checked);
   else
-    out += fmt::format("  metadata: NOT CHECKED in {} of {} files (saved before metadata checksums existed){}\n", m.files_unrecorded,
-                       m.files_unrecorded + m.files_checked,
+    out += fmt::format("  metadata: NOT CHECKED in {} of {} files (saved before metadata checksums existed){}\n",
+                       m.files_unrecorded, m.files_unrecorded + m.files_checked,
                        m.files_checked ? fmt::format("; {} entries in the others match", m.entries) : std::string());
   for (const checkpoint::TensorInfo& t : r.tensors()) {
     out += fmt::format("  {:<52} {:<14} {:>10}\n", t.name, fmt::format("({})", fmt::join(t.shape, ", ")), t.numel);
@@ -86,12 +89,16 @@ int run_info(const std::string& path, bool verify) {
 Command add_consolidate_command(CLI::App& parent) {
   auto o = std::make_shared<ConsolidateOptions>();
   Command c;
-  c.app = parent.add_subcommand("consolidate", "merge a checkpoint into full tensors: one HDF5 file, or a Hugging Face directory");
-  c.app->add_option("checkpoint", o->checkpoint, "a checkpoint directory (or a run's checkpoint directory: its newest)")->required();
-  c.app->add_option("--output,-o", o->output, "output file (hdf5) or directory (safetensors); never overwritten")->required();
+  c.app = parent.add_subcommand("consolidate",
+                                "merge a checkpoint into full tensors: one HDF5 file, or a Hugging Face directory");
+  c.app->add_option("checkpoint", o->checkpoint, "a checkpoint directory (or a run's checkpoint directory: its newest)")
+      ->required();
+  c.app->add_option("--output,-o", o->output, "output file (hdf5) or directory (safetensors); never overwritten")
+      ->required();
   c.app->add_option("--format", o->format, "hdf5 or safetensors")->capture_default_str();
   c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->capture_default_str();
-  c.app->add_option("--tokenizer", o->tokenizer, "tokenizer to ship with safetensors (default: the one the checkpoint names)");
+  c.app->add_option("--tokenizer", o->tokenizer,
+                    "tokenizer to ship with safetensors (default: the one the checkpoint names)");
   c.app->add_option("--max-shard-gib", o->max_shard_gib, "safetensors: split files above this size")->capture_default_str();
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_consolidate(*o); };

@@ -28,7 +28,8 @@ struct DatasetInfoOptions {
   bool json = false;
 };
 
-nlohmann::ordered_json layout_summary(const data::TokenDataset& ds, data::DatasetSplit split, data::BatchLayout layout, int seq) {
+nlohmann::ordered_json layout_summary(const data::TokenDataset& ds, data::DatasetSplit split, data::BatchLayout layout,
+                                      int seq) {
   const data::LayoutStats st = data::layout_stats(ds, split, layout, seq);
   nlohmann::ordered_json j;
   j["samples"] = st.samples;
@@ -50,16 +51,18 @@ nlohmann::ordered_json summarize(const data::TokenDataset& ds, int seq) {
   j["metadata_checksums"] = {{"recorded", ds.metadata_recorded()}, {"entries", ds.metadata_entries()}};
   auto id = [](const std::optional<data::TokenId>& t) { return t ? int64_t{*t} : int64_t{-1}; };
   j["tokenizer"] = {{"name", info.tokenizer_name}, {"format", info.tokenizer_format}, {"hash", info.tokenizer_hash},
-                    {"path", info.tokenizer_path}, {"vocab_size", info.vocab_size}, {"eot_id", id(info.eot_id)},
-                    {"bot_id", id(info.bot_id)}, {"pad_id", id(info.pad_id)}};
+                    {"path", info.tokenizer_path}, {"vocab_size", info.vocab_size},   {"eot_id", id(info.eot_id)},
+                    {"bot_id", id(info.bot_id)},   {"pad_id", id(info.pad_id)}};
   j["documents"] = ds.num_documents();
   j["tokens"] = ds.num_tokens();
   std::vector<uint64_t> sizes(ds.num_documents());
   for (size_t d = 0; d < sizes.size(); ++d) sizes[d] = ds.document_size(d);
   std::sort(sizes.begin(), sizes.end());
   if (!sizes.empty())
-    j["document_tokens"] = {{"min", sizes.front()}, {"median", sizes[sizes.size() / 2]},
-                            {"mean", static_cast<double>(ds.num_tokens()) / static_cast<double>(sizes.size())}, {"max", sizes.back()}};
+    j["document_tokens"] = {{"min", sizes.front()},
+                            {"median", sizes[sizes.size() / 2]},
+                            {"mean", static_cast<double>(ds.num_tokens()) / static_cast<double>(sizes.size())},
+                            {"max", sizes.back()}};
   for (const auto split : {data::DatasetSplit::Train, data::DatasetSplit::Validation}) {
     uint64_t tokens = 0;
     for (int64_t d : ds.split_documents(split)) tokens += ds.document_size(static_cast<size_t>(d));
@@ -81,8 +84,10 @@ std::string print(const nlohmann::ordered_json& j, int seq) {
                      j["tokens_mapped"].get<bool>() ? "mapped from the file (format 2)" : "read whole (format 1)");
   const auto& m = j["metadata_checksums"];
   out += m["recorded"].get<bool>()
-             ? fmt::format("  metadata: ok ({} attributes, layouts and links match their checksums)\n", m["entries"].get<int64_t>())
-             : std::string("  metadata: NOT CHECKED (prepared before metadata checksums existed; prepare it again to add them)\n");
+             ? fmt::format("  metadata: ok ({} attributes, layouts and links match their checksums)\n",
+                           m["entries"].get<int64_t>())
+             : std::string(
+                   "  metadata: NOT CHECKED (prepared before metadata checksums existed; prepare it again to add them)\n");
   out += fmt::format("  tokenizer {} ({}, {}), vocab {}; eot {}, bot {}, pad {}\n", t["name"].get<std::string>(),
                      t["format"].get<std::string>(), t["hash"].get<std::string>(), t["vocab_size"].get<int64_t>(),
                      t["eot_id"].get<int64_t>(), t["bot_id"].get<int64_t>(), t["pad_id"].get<int64_t>());
@@ -96,12 +101,13 @@ std::string print(const nlohmann::ordered_json& j, int seq) {
   for (const char* split : {"train", "validation"}) {
     const auto& s = j[split];
     out += fmt::format("  {:<10} {} documents, {} tokens; at seq_len {}: packed {} samples, padded {} samples", split,
-                       s["documents"].get<uint64_t>(), s["tokens"].get<uint64_t>(), seq, s["packed"]["samples"].get<uint64_t>(),
-                       s["padded"]["samples"].get<uint64_t>());
+                       s["documents"].get<uint64_t>(), s["tokens"].get<uint64_t>(), seq,
+                       s["packed"]["samples"].get<uint64_t>(), s["padded"]["samples"].get<uint64_t>());
     const auto& p = s["padded"];
     const auto tokens = s["tokens"].get<uint64_t>();
     if (p["samples"].get<uint64_t>() > 0 && tokens > 0)
-      out += fmt::format(" ({} documents cut, {:.1f}% of the tokens never seen; {:.1f}% padding)", p["documents_cut"].get<uint64_t>(),
+      out += fmt::format(" ({} documents cut, {:.1f}% of the tokens never seen; {:.1f}% padding)",
+                         p["documents_cut"].get<uint64_t>(),
                          100.0 * static_cast<double>(p["tokens_cut"].get<uint64_t>()) / static_cast<double>(tokens),
                          100 * p["padding_fraction"].get<double>());
     out += "\n";
@@ -134,8 +140,9 @@ int run_dataset_info(const DatasetInfoOptions& o) {
       const uint64_t blocks = data::verify_dataset(*ds, !o.json);
       j["verified"] = true;
       if (!o.json)
-        std::printf("  checksums: ok (%llu blocks of %llu tokens read; every id below %lld)\n", static_cast<unsigned long long>(blocks),
-                    static_cast<unsigned long long>(data::kChecksumBlockTokens), static_cast<long long>(ds->info().vocab_size));
+        std::printf("  checksums: ok (%llu blocks of %llu tokens read; every id below %lld)\n",
+                    static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(data::kChecksumBlockTokens),
+                    static_cast<long long>(ds->info().vocab_size));
     }
     all.push_back(j);
     components.push_back({ds, e.weight});
@@ -148,11 +155,13 @@ int run_dataset_info(const DatasetInfoOptions& o) {
     mixture["seq_len"] = o.seq_len;
     mixture["samples_per_epoch"] = mix.num_samples();
     mixture["sources"] = nlohmann::ordered_json::array();
-    std::string text = fmt::format("mixture ({} layout, seq_len {}): {} samples per epoch\n", data::batch_layout_name(layout),
-                                   o.seq_len, mix.num_samples());
+    std::string text = fmt::format("mixture ({} layout, seq_len {}): {} samples per epoch\n",
+                                   data::batch_layout_name(layout), o.seq_len, mix.num_samples());
     for (size_t k = 0; k < mix.size(); ++k) {
-      mixture["sources"].push_back({{"path", mix.dataset(k).path()}, {"weight", mix.weight(k)},
-                                    {"samples_per_epoch", mix.samples_per_epoch(k)}, {"source_samples", mix.source_samples(k)},
+      mixture["sources"].push_back({{"path", mix.dataset(k).path()},
+                                    {"weight", mix.weight(k)},
+                                    {"samples_per_epoch", mix.samples_per_epoch(k)},
+                                    {"source_samples", mix.source_samples(k)},
                                     {"times_seen_per_epoch", mix.times_seen_per_epoch(k)}});
       text += fmt::format("  {:<40} {}\n", mix.dataset(k).path(), mix.share(k));
     }
@@ -171,9 +180,12 @@ int run_dataset_info(const DatasetInfoOptions& o) {
 Command add_dataset_command(CLI::App& parent) {
   auto o = std::make_shared<DatasetInfoOptions>();
   Command c;
-  c.app = parent.add_subcommand("dataset", "inspect prepared datasets: contents, samples per layout, a mixture's shares, checksums");
-  CLI::App* info = c.app->add_subcommand("info", "print what datasets hold and what the layouts make of them; --verify reads every block");
-  info->add_option("datasets", o->entries, "prepared datasets (HDF5 from prepare-data), or PATH:WEIGHT entries to preview a mixture")
+  c.app = parent.add_subcommand("dataset",
+                                "inspect prepared datasets: contents, samples per layout, a mixture's shares, checksums");
+  CLI::App* info = c.app->add_subcommand(
+      "info", "print what datasets hold and what the layouts make of them; --verify reads every block");
+  info->add_option("datasets", o->entries,
+                   "prepared datasets (HDF5 from prepare-data), or PATH:WEIGHT entries to preview a mixture")
       ->required();
   info->add_option("--seq-len", o->seq_len, "sequence length for the sample counts")->capture_default_str();
   info->add_option("--layout", o->layout, "packed or padded: the mixture preview's layout")->capture_default_str();

@@ -152,8 +152,8 @@ int run_env(Runtime& rt, const EnvOptions& o) {
     out += fmt::format("strategy {}: mesh {}\n", sharding_strategy_name(m.strategy), m.describe());
     out += fmt::format("  shard groups:     {}\n", fmt::join(shard_groups, " "));
     out += fmt::format("  replicate groups: {}\n", fmt::join(replicate_groups, " "));
-    out += fmt::format("{:>5}  {:<16} {:>4} {:>5}  {:>9} {:>5}  {}\n", "rank", "host", "node", "local", "replicate",
-                       "shard", "device");
+    out += fmt::format("{:>5}  {:<16} {:>4} {:>5}  {:>9} {:>5}  {}\n", "rank", "host", "node", "local", "replicate", "shard",
+                       "device");
     for (const RankRow& r : rows) {
       out += fmt::format("{:>5}  {:<16} {:>4} {:>5}  {:>9} {:>5}  {}\n", r.world_rank, r.host.data(), r.node, r.local_rank,
                          r.replicate, r.shard, r.device.data());
@@ -185,8 +185,9 @@ Command add_env_command(CLI::App& parent) {
   auto opts = std::make_shared<EnvOptions>();
   Command c;
   c.app = parent.add_subcommand("env", "print ranks, nodes, devices and the device mesh of a strategy");
-  c.app->add_option("--strategy", opts->strategy,
-                    "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or 1-5)")
+  c.app
+      ->add_option("--strategy", opts->strategy,
+                   "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or 1-5)")
       ->capture_default_str();
   c.app->add_option("--shard-size", opts->shard_size, "hybrid strategies: ranks per shard group (default: ranks per node)")
       ->check(count_range(0));

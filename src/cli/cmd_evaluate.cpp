@@ -59,7 +59,8 @@ std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDa
     throw DataError(fmt::format("--tokenizer {}: {} is not the tokenizer of {} ({}, {})", path, tok->hash(), dataset.path(),
                                 info.tokenizer_name, info.tokenizer_hash));
   std::vector<uint32_t> bytes(tok->vocab_size());
-  for (size_t id = 0; id < bytes.size(); ++id) bytes[id] = static_cast<uint32_t>(tok->token_bytes(static_cast<data::TokenId>(id)).size());
+  for (size_t id = 0; id < bytes.size(); ++id)
+    bytes[id] = static_cast<uint32_t>(tok->token_bytes(static_cast<data::TokenId>(id)).size());
   for (const data::SpecialToken& s : tok->special_tokens())  // token_bytes gives their content ("<|endoftext|>")
     if (s.id < bytes.size()) bytes[s.id] = 0;
   return bytes;
@@ -85,12 +86,12 @@ data::DatasetSplit parse_split(const std::string& text) {
 // One set of weights through the trainer's evaluation: imported into the replica's engine (collective),
 // evaluated, printed by rank 0; returns its JSON record.
 nlohmann::json evaluate_weights(train::Replica& replica, train::Evaluator& evaluator, const data::TokenDataset& dataset,
-                                checkpoint::TensorSource& source, const train::TrainConfig& c, const std::vector<uint32_t>& id_bytes,
-                                Runtime* rt) {
+                                checkpoint::TensorSource& source, const train::TrainConfig& c,
+                                const std::vector<uint32_t>& id_bytes, Runtime* rt) {
   train::check_weights_tokenizer(source.path(), source.tokenizer(), dataset);
   checkpoint::import_weights(replica.engine(), source,
                              c.checkpoint.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
-                                                                   : checkpoint::ImportMode::EveryRankReadsItsSlices);
+                                                                    : checkpoint::ImportMode::EveryRankReadsItsSlices);
   const std::vector<train::Evaluator::SourcePlan> plan = evaluator.plan();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
@@ -106,19 +107,25 @@ nlohmann::json evaluate_weights(train::Replica& replica, train::Evaluator& evalu
   };
   const bool print = rt->topology().world_rank == 0;
   if (print)
-    std::printf("evaluate: %s%s\n", source.path().c_str(), source.step() >= 0 ? fmt::format(" (step {})", source.step()).c_str() : "");
+    std::printf("evaluate: %s%s\n", source.path().c_str(),
+                source.step() >= 0 ? fmt::format(" (step {})", source.step()).c_str() : "");
   nlohmann::json sources = nlohmann::json::array();
   for (size_t k = 0; k < by_source.size(); ++k) {
     const train::SourceLoss& s = by_source[k];
     const train::Evaluator::SourcePlan& p = plan[k];  // evaluate() reports the sources in the plan's order
     if (print)
-      std::printf("  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens%s: loss %.6f, perplexity %.4g, %.4f bits per token%s\n",
-                  s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
-                  static_cast<long long>(p.micro_batches), static_cast<long long>(p.sequences / p.micro_batches),
-                  static_cast<long long>(s.tokens), s.bytes ? fmt::format(" ({} bytes)", s.bytes).c_str() : "", s.loss, ppl(s.loss),
-                  s.loss / std::log(2.0), s.bytes ? fmt::format(", {:.4f} bits per byte", bpb(s)).c_str() : "");
-    nlohmann::json j = {{"path", s.path},         {"samples", p.samples}, {"sequences", p.sequences},
-                        {"tokens", s.tokens},     {"loss", s.loss},       {"perplexity", ppl(s.loss)},
+      std::printf(
+          "  %s: %lld of %lld samples (%lld batch(es) of %lld), %lld tokens%s: loss %.6f, perplexity %.4g, %.4f bits per token%s\n",
+          s.path.c_str(), static_cast<long long>(p.sequences), static_cast<long long>(p.samples),
+          static_cast<long long>(p.micro_batches), static_cast<long long>(p.sequences / p.micro_batches),
+          static_cast<long long>(s.tokens), s.bytes ? fmt::format(" ({} bytes)", s.bytes).c_str() : "", s.loss, ppl(s.loss),
+          s.loss / std::log(2.0), s.bytes ? fmt::format(", {:.4f} bits per byte", bpb(s)).c_str() : "");
+    nlohmann::json j = {{"path", s.path},
+                        {"samples", p.samples},
+                        {"sequences", p.sequences},
+                        {"tokens", s.tokens},
+                        {"loss", s.loss},
+                        {"perplexity", ppl(s.loss)},
                         {"bits_per_token", s.loss / std::log(2.0)}};
     if (s.bytes) j["bytes"] = s.bytes, j["bits_per_byte"] = bpb(s);
     sources.push_back(std::move(j));
@@ -132,14 +139,10 @@ nlohmann::json evaluate_weights(train::Replica& replica, train::Evaluator& evalu
   if (print)
     std::printf("  %lld tokens in %.2f s, %.0f tokens/s on %d rank(s)\n", static_cast<long long>(tokens), seconds,
                 seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, rt->topology().world_size);
-  return {{"weights", source.path()},
-          {"step", source.step()},
-          {"sources", sources},
-          {"loss", loss},
-          {"perplexity", ppl(loss)},
-          {"bits_per_byte", mixed_bpb > 0 ? nlohmann::json(mixed_bpb) : nlohmann::json()},
-          {"tokens", tokens},
-          {"seconds", seconds}};
+  return {{"weights", source.path()}, {"step", source.step()},
+          {"sources", sources},       {"loss", loss},
+          {"perplexity", ppl(loss)},  {"bits_per_byte", mixed_bpb > 0 ? nlohmann::json(mixed_bpb) : nlohmann::json()},
+          {"tokens", tokens},         {"seconds", seconds}};
 }
 
 int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
@@ -151,7 +154,8 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   if (o.every_checkpoint) {
     for (const auto& [step, path] : checkpoint::complete_checkpoints(o.weights)) targets.push_back(path);
     if (targets.empty())
-      throw CheckpointError(fmt::format("{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory", o.weights));
+      throw CheckpointError(
+          fmt::format("{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory", o.weights));
   } else {
     targets.push_back(o.weights);
   }
@@ -172,7 +176,8 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   c.data.path = resolve_recorded_path(c.data.path, source->path());
   for (size_t i = 0; i < c.data.mixture.size(); ++i) {
     const data::MixtureEntry e = data::parse_mixture_entry(c.data.mixture[i], fmt::format("data.mixture[{}]", i));
-    if (const std::string p = resolve_recorded_path(e.path, source->path()); p != e.path) c.data.mixture[i] = fmt::format("{}:{}", p, e.weight);
+    if (const std::string p = resolve_recorded_path(e.path, source->path()); p != e.path)
+      c.data.mixture[i] = fmt::format("{}:{}", p, e.weight);
   }
   c.checkpoint.resume.clear();
   c.checkpoint.init_from.clear();
@@ -187,9 +192,9 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   train::Replica replica(*rt, c);
   train::Evaluator evaluator(replica, c, sources, {train::EvaluatorOptions::Use::Evaluation, split, batches});
   if (evaluator.empty())
-    throw DataError(fmt::format("{}: no source has {} {} samples, one evaluation batch (micro-batch {} x {} ranks)", c.data.describe(),
-                                evaluator.batch_sequences(), data::dataset_split_name(split), c.micro_batch_size_for(rt->topology().world_size),
-                                rt->topology().world_size));
+    throw DataError(fmt::format("{}: no source has {} {} samples, one evaluation batch (micro-batch {} x {} ranks)",
+                                c.data.describe(), evaluator.batch_sequences(), data::dataset_split_name(split),
+                                c.micro_batch_size_for(rt->topology().world_size), rt->topology().world_size));
   const data::TokenDataset& dataset = *sources.front().dataset;
   const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset);  // a mixture's sources share one
   if (rt->topology().world_rank == 0)
@@ -203,10 +208,12 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   }
   if (rt->topology().world_rank != 0) return 0;
   if (results.size() > 1) {
-    std::printf("every checkpoint of %s:\n  %10s  %10s  %12s  %14s\n", o.weights.c_str(), "step", "loss", "perplexity", "bits per byte");
+    std::printf("every checkpoint of %s:\n  %10s  %10s  %12s  %14s\n", o.weights.c_str(), "step", "loss", "perplexity",
+                "bits per byte");
     for (const nlohmann::json& r : results)
-      std::printf("  %10lld  %10.6f  %12.4g  %14s\n", static_cast<long long>(r["step"].get<int64_t>()), r["loss"].get<double>(),
-                  r["perplexity"].get<double>(), r["bits_per_byte"].is_null() ? "-" : fmt::format("{:.4f}", r["bits_per_byte"].get<double>()).c_str());
+      std::printf("  %10lld  %10.6f  %12.4g  %14s\n", static_cast<long long>(r["step"].get<int64_t>()),
+                  r["loss"].get<double>(), r["perplexity"].get<double>(),
+                  r["bits_per_byte"].is_null() ? "-" : fmt::format("{:.4f}", r["bits_per_byte"].get<double>()).c_str());
   }
   if (!o.json.empty()) {
     nlohmann::json j = {{"split", data::dataset_split_name(split)},
@@ -229,20 +236,25 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
 Command add_evaluate_command(CLI::App& parent) {
   auto o = std::make_shared<EvaluateOptions>();
   Command c;
-  c.app = parent.add_subcommand("evaluate", "the loss and perplexity of trained weights on a dataset's validation or training split");
-  c.app->add_option("--weights,-w", o->weights,
-                    "a checkpoint, a directory of checkpoints (its newest), a consolidated .h5 or a Hugging Face directory")
+  c.app = parent.add_subcommand("evaluate",
+                                "the loss and perplexity of trained weights on a dataset's validation or training split");
+  c.app
+      ->add_option("--weights,-w", o->weights,
+                   "a checkpoint, a directory of checkpoints (its newest), a consolidated .h5 or a Hugging Face directory")
       ->required();
   c.app->add_option("--split", o->split, "validation (the held-out samples) or train")->capture_default_str();
-  c.app->add_option("--batches", o->batches, "evaluation batches (micro-batch x ranks sequences) per source, or all")->capture_default_str();
+  c.app->add_option("--batches", o->batches, "evaluation batches (micro-batch x ranks sequences) per source, or all")
+      ->capture_default_str();
   c.app->add_option("--json", o->json, "also write the results to this JSON file");
-  c.app->add_option("--tokenizer", o->tokenizer, "the dataset's tokenizer, for bits per byte (default: the file the dataset names)");
+  c.app->add_option("--tokenizer", o->tokenizer,
+                    "the dataset's tokenizer, for bits per byte (default: the file the dataset names)");
   c.app->add_flag("--every-checkpoint", o->every_checkpoint,
                   "--weights is a directory of checkpoints: evaluate each complete one, oldest first, and tabulate them");
   o->args.add_to(c.app, ConfigArgs::Use::Evaluate);
-  c.app->footer("The data, sequence length, layout and mesh come from --config, else from the checkpoint's own run config, "
-                "else the defaults; --section.key overrides any of them (e.g. --data.path other.h5). The model is the weights'.\n"
-                "docs/training.md, \"Evaluating weights\".");
+  c.app->footer(
+      "The data, sequence length, layout and mesh come from --config, else from the checkpoint's own run config, "
+      "else the defaults; --section.key overrides any of them (e.g. --data.path other.h5). The model is the weights'.\n"
+      "docs/training.md, \"Evaluating weights\".");
   c.launch = Launch::Mpi;
   c.run = [o](Runtime* rt) { return run_evaluate(*o, rt); };
   return c;

@@ -32,7 +32,8 @@ int run_generate(const GenerateOptions& o) {
   auto source = checkpoint::open_tensor_source(o.checkpoint);
   std::string tok_path = o.tokenizer;
   if (tok_path.empty()) {
-    const auto j = nlohmann::json::parse(source->tokenizer().empty() ? std::string("{}") : source->tokenizer(), nullptr, false);
+    const auto j =
+        nlohmann::json::parse(source->tokenizer().empty() ? std::string("{}") : source->tokenizer(), nullptr, false);
     if (j.is_object()) tok_path = resolve_recorded_path(j.value("path", std::string()), source->path());
   }
   if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));
@@ -54,13 +55,14 @@ int run_generate(const GenerateOptions& o) {
   const auto prompt_tokens = static_cast<int64_t>(ids.size());
   const int64_t capacity = std::min<int64_t>(config.max_position_embeddings, prompt_tokens + o.max_tokens);
   if (prompt_tokens >= capacity) {
-    throw UsageError(fmt::format("the prompt is {} tokens; the model holds {} positions (max_position_embeddings)", ids.size(),
-                                 config.max_position_embeddings));
+    throw UsageError(fmt::format("the prompt is {} tokens; the model holds {} positions (max_position_embeddings)",
+                                 ids.size(), config.max_position_embeddings));
   }
   if (prompt_tokens + o.max_tokens > config.max_position_embeddings)
-    log::warn("generate: --max-tokens {} does not fit the model's context: the prompt's {} tokens and the new ones stop at "
-              "max_position_embeddings = {}, so at most {} new tokens",
-              o.max_tokens, prompt_tokens, config.max_position_embeddings, capacity - prompt_tokens);
+    log::warn(
+        "generate: --max-tokens {} does not fit the model's context: the prompt's {} tokens and the new ones stop at "
+        "max_position_embeddings = {}, so at most {} new tokens",
+        o.max_tokens, prompt_tokens, config.max_position_embeddings, capacity - prompt_tokens);
   model::KvCacheDecoder decoder(llama.spec(), llama.binding(), *ops, capacity);
   std::mt19937_64 rng(o.seed);
   const auto t0 = std::chrono::steady_clock::now();
@@ -95,15 +97,19 @@ int run_generate(const GenerateOptions& o) {
 Command add_generate_command(CLI::App& parent) {
   auto o = std::make_shared<GenerateOptions>();
   Command c;
-  c.app = parent.add_subcommand("generate", "sample text from a checkpoint, a consolidated file or a Hugging Face directory");
-  c.app->add_option("--checkpoint", o->checkpoint, "checkpoint (or a directory of them: the newest), .h5 file, or HF directory")
+  c.app =
+      parent.add_subcommand("generate", "sample text from a checkpoint, a consolidated file or a Hugging Face directory");
+  c.app
+      ->add_option("--checkpoint", o->checkpoint,
+                   "checkpoint (or a directory of them: the newest), .h5 file, or HF directory")
       ->required();
   c.app->add_option("--prompt", o->prompt, "text to continue")->capture_default_str();
   c.app->add_option("--tokenizer", o->tokenizer, "tokenizer file (default: the one the checkpoint names)");
   c.app->add_option("--max-tokens", o->max_tokens, "new tokens at most")->capture_default_str();
   c.app->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
   c.app->add_option("--top-k", o->sampling.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
-  c.app->add_option("--top-p", o->sampling.top_p, "nucleus: the most likely tokens up to this probability")->capture_default_str();
+  c.app->add_option("--top-p", o->sampling.top_p, "nucleus: the most likely tokens up to this probability")
+      ->capture_default_str();
   c.app->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_generate(*o); };

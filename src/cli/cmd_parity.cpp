@@ -54,13 +54,15 @@ DType parse_parity_dtype(const std::string& text) {
 // --init-from's weights were saved with.
 model::LlamaConfig resolve_model(const ParityOptions& o, std::unique_ptr<checkpoint::TensorSource>& source) {
   if (o.config.empty() == o.init_from.empty())
-    throw UsageError("parity dump: give the model with --config FILE (a training config's [model]) or with --init-from PATH "
-                     "(weights and their architecture), one of the two");
+    throw UsageError(
+        "parity dump: give the model with --config FILE (a training config's [model]) or with --init-from PATH "
+        "(weights and their architecture), one of the two");
   const bool overridden = o.layers || o.hidden || o.intermediate || o.heads || o.kv_heads || o.vocab;
   if (!o.init_from.empty()) {
     if (overridden)
-      throw UsageError("--layers/--hidden/--intermediate/--heads/--kv-heads/--vocab change the architecture: not with "
-                       "--init-from, whose weights fix it");
+      throw UsageError(
+          "--layers/--hidden/--intermediate/--heads/--kv-heads/--vocab change the architecture: not with "
+          "--init-from, whose weights fix it");
     source = checkpoint::open_tensor_source(o.init_from);
     return source->model_config();
   }
@@ -99,7 +101,8 @@ ParityBatch make_batch(const ParityOptions& o, int64_t vocab) {
   const int64_t run = o.pad_len >= 0 ? o.pad_len : std::max<int64_t>(1, o.seq / 4);
   if (rows > o.batch) throw UsageError(fmt::format("--padded-rows {}: expected at most --batch ({})", rows, o.batch));
   if (rows > 0 && (run < 1 || run >= o.seq))
-    throw UsageError(fmt::format("--pad-len {}: expected 1 to seq - 1 ({}) pad tokens, so a padded row keeps a real token", run, o.seq - 1));
+    throw UsageError(fmt::format("--pad-len {}: expected 1 to seq - 1 ({}) pad tokens, so a padded row keeps a real token",
+                                 run, o.seq - 1));
   std::mt19937_64 gen(o.seed);  // fully specified by the standard: the same ids everywhere
   const auto draw = [&] {
     const auto id = static_cast<int64_t>(gen() % static_cast<uint64_t>(vocab - 1));
@@ -185,7 +188,8 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
   const model::LlamaConfig config = resolve_model(o, source);
   const fs::path out(o.out);
   if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
-    throw UsageError(fmt::format("--out {}: already exists and is not an empty directory; the dump never overwrites", o.out));
+    throw UsageError(
+        fmt::format("--out {}: already exists and is not an empty directory; the dump never overwrites", o.out));
   const ParityBatch pb = make_batch(o, config.vocab_size);
 
   // The backend: CUDA when asked for, or by default when a GPU exists and the model can run there.
@@ -197,7 +201,8 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
   std::unique_ptr<ops::Ops> ops = cuda ? ops::make_cuda_ops() : ops::make_cpu_ops(ops::CpuOpsOptions{threads});
   auto llama = std::make_unique<model::LlamaModel>(config, *ops, mo);
   if (cuda && llama->prepare(pb.batch, pb.seq).hidden[0].device != DeviceKind::Cuda) {
-    const char* why = "the model places its activations in host memory (docs/model.md, \"Not yet\"), which the CUDA ops refuse";
+    const char* why =
+        "the model places its activations in host memory (docs/model.md, \"Not yet\"), which the CUDA ops refuse";
     if (device == DevicePreference::Cuda)
       throw Error(ExitCode::Device, fmt::format("parity dump --device cuda: {}; run with --device cpu", why));
     log::warn("parity dump: {}: running on the CPU ops backend", why);
@@ -217,7 +222,8 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
   if (act == DType::BF16) {
     rounded.emplace(spec, DType::BF16, DType::F32);
     for (const model::ParamInfo& p : spec.params())
-      convert_f32_to_bf16(master.param(p.index).as<const float>(), rounded->param(p.index).as<bf16>(), static_cast<size_t>(p.numel));
+      convert_f32_to_bf16(master.param(p.index).as<const float>(), rounded->param(p.index).as<bf16>(),
+                          static_cast<size_t>(p.numel));
   }
   model::DenseParams& params = rounded ? *rounded : master;
   params.zero_grads();
@@ -287,12 +293,19 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
                          : fmt::format("init {} (seed {})", model::init_scheme_name(config.init_scheme), config.init_seed)},
       {"config", o.config},
       {"model",
-       {{"vocab_size", config.vocab_size}, {"hidden_size", config.hidden_size}, {"intermediate_size", config.intermediate_size},
-        {"num_hidden_layers", config.num_hidden_layers}, {"num_attention_heads", config.num_attention_heads},
-        {"num_key_value_heads", config.num_key_value_heads}, {"head_dim", config.head_dim()},
-        {"rms_norm_eps", config.rms_norm_eps}, {"rope_theta", config.rope_theta},
-        {"rope_scaling", ops::rope_scaling_name(config.rope_scaling)}, {"rope_factor", config.rope_factor},
-        {"rope_low_freq_factor", config.rope_low_freq_factor}, {"rope_high_freq_factor", config.rope_high_freq_factor},
+       {{"vocab_size", config.vocab_size},
+        {"hidden_size", config.hidden_size},
+        {"intermediate_size", config.intermediate_size},
+        {"num_hidden_layers", config.num_hidden_layers},
+        {"num_attention_heads", config.num_attention_heads},
+        {"num_key_value_heads", config.num_key_value_heads},
+        {"head_dim", config.head_dim()},
+        {"rms_norm_eps", config.rms_norm_eps},
+        {"rope_theta", config.rope_theta},
+        {"rope_scaling", ops::rope_scaling_name(config.rope_scaling)},
+        {"rope_factor", config.rope_factor},
+        {"rope_low_freq_factor", config.rope_low_freq_factor},
+        {"rope_high_freq_factor", config.rope_high_freq_factor},
         {"rope_original_max_position_embeddings", config.rope_original_max_position_embeddings},
         {"tie_word_embeddings", config.tie_word_embeddings}}},
       {"params", shapes},
@@ -301,7 +314,9 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
   std::printf("parity dump: loss %.9g over %lld targets (%s, %s activations), %zu gradients -> %s\n", r.mean(),
               static_cast<long long>(r.tokens), cuda ? "cuda" : "cpu", dtype_name(act), grads.size(), o.out.c_str());
   std::fflush(stdout);
-  if (!finite) throw DataError(fmt::format("parity dump: the loss or a gradient is not finite (see {})", (out / "result.json").string()));
+  if (!finite)
+    throw DataError(
+        fmt::format("parity dump: the loss or a gradient is not finite (see {})", (out / "result.json").string()));
   return 0;
 }
 
@@ -316,7 +331,8 @@ Command add_parity_command(CLI::App& parent) {
   CLI::App* d = c.app->add_subcommand(
       "dump", "one forward+backward on a fixed padded batch: weights (HF directory), gradients, batch and loss into --out");
   d->add_option("--config,-c", o->config, "a training config (TOML): its [model] section");
-  d->add_option("--init-from", o->init_from, "weights instead of the model's init: a checkpoint, consolidated .h5 or HF directory");
+  d->add_option("--init-from", o->init_from,
+                "weights instead of the model's init: a checkpoint, consolidated .h5 or HF directory");
   d->add_option("--out,-o", o->out, "output directory (new or empty)")->required();
   d->add_option("--dtype", o->dtype, "activations: f32 or bf16 (bf16 also rounds the weights)")->capture_default_str();
   d->add_option("--layers", o->layers, "num_hidden_layers over the config's")->check(count_range());

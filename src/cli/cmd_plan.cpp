@@ -29,7 +29,8 @@ double parse_gpu_memory(const std::string& text) {
   size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
   std::string unit = text.substr(digits);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   double value = 0;
   size_t used = 0;
   try {
@@ -39,9 +40,10 @@ double parse_gpu_memory(const std::string& text) {
   }
   const double scale = unit.empty() || unit == "gib" ? static_cast<double>(1ull << 30) : unit == "gb" ? 1e9 : 0;
   if (digits == 0 || used != digits || scale == 0 || !std::isfinite(value) || value <= 0)
-    throw UsageError(fmt::format("--gpu-memory: '{}' is not a memory size; expected a positive number of GiB (80), or one with a unit: "
-                                 "80GiB (2^30 bytes each) or 80GB (10^9 bytes each)",
-                                 text));
+    throw UsageError(
+        fmt::format("--gpu-memory: '{}' is not a memory size; expected a positive number of GiB (80), or one with a unit: "
+                    "80GiB (2^30 bytes each) or 80GB (10^9 bytes each)",
+                    text));
   return std::round(value * scale);  // whole bytes
 }
 
@@ -69,7 +71,6 @@ struct PlanOptions {
   double gpu_tflops = 790, mfu = 0.5, intra_gbps = 360, inter_gbps = 50;
 };
 
-
 // One strategy on this model and cluster: device memory per rank, and a step-time estimate from the
 // stated FLOP rate and link bandwidths (ring collectives: (n-1)/n of the counted bytes cross each
 // rank's link, twice for an all-reduce; an axis within one node uses the intra-node bandwidth).
@@ -87,7 +88,8 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const int world = o.nodes * o.gpus_per_node;
   const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
   StrategyEstimate e{s};
-  const fsdp::MemoryEstimate m = fsdp::estimate_memory(spec, f, plan, o.micro_batch, o.seq);  // f carries o's checkpointing, offload
+  const fsdp::MemoryEstimate m =
+      fsdp::estimate_memory(spec, f, plan, o.micro_batch, o.seq);  // f carries o's checkpointing, offload
   e.activations = m.activations;
   e.op_scratch = m.op_scratch;
   e.device_bytes = m.device;
@@ -104,21 +106,23 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const double shard_bw = (S <= o.gpus_per_node ? o.intra_gbps : o.inter_gbps) * 1e9;
   const double rep_bw = (o.nodes == 1 ? o.intra_gbps : o.inter_gbps) * 1e9;
   if (S > 1) {
-    e.comm_s += (S - 1.0) / S *
-                static_cast<double>(plan.shard_all_gather_bytes + plan.shard_reduce_scatter_bytes) / shard_bw;
+    e.comm_s +=
+        (S - 1.0) / S * static_cast<double>(plan.shard_all_gather_bytes + plan.shard_reduce_scatter_bytes) / shard_bw;
   }
   if (R > 1) e.comm_s += 2.0 * (R - 1.0) / R * static_cast<double>(plan.replicate_all_reduce_bytes) / rep_bw;
   return e;
 }
 
-std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, const fsdp::FsdpConfig& f, nlohmann::json& j) {
+std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, const fsdp::FsdpConfig& f,
+                           nlohmann::json& j) {
   std::string out = fmt::format(
       "\nevery strategy on {} node(s) x {} GPUs, micro-batch {} x seq {}{}{}; {:.4g} GiB per GPU, {:.0f} TFLOP/s at {:.0f}% MFU, "
       "links {:.0f} GB/s in a node and {:.0f} GB/s between nodes (stated, not measured):\n",
       o.nodes, o.gpus_per_node, o.micro_batch, o.seq, o.activation_checkpointing ? ", activation checkpointing" : "",
-      o.offload ? ", CPU offload" : "", o.gpu_memory_bytes / (1ull << 30), o.gpu_tflops, 100 * o.mfu, o.intra_gbps, o.inter_gbps);
-  out += fmt::format("{:<20} {:>12} {:>12} {:>10} {:>11} {:>9} {:>10}  {}\n", "strategy", "device GiB", "activations", "host GiB",
-                     "compute ms", "comm ms", "step ms", "fits");
+      o.offload ? ", CPU offload" : "", o.gpu_memory_bytes / (1ull << 30), o.gpu_tflops, 100 * o.mfu, o.intra_gbps,
+      o.inter_gbps);
+  out += fmt::format("{:<20} {:>12} {:>12} {:>10} {:>11} {:>9} {:>10}  {}\n", "strategy", "device GiB", "activations",
+                     "host GiB", "compute ms", "comm ms", "step ms", "fits");
   const StrategyEstimate* best = nullptr;
   std::vector<StrategyEstimate> all;
   for (int s = 1; s <= 5; ++s) {
@@ -130,13 +134,18 @@ std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, c
   }
   for (const StrategyEstimate& e : all) {
     const double step = std::max(e.compute_s, e.comm_s);  // communication overlapped with compute
-    out += fmt::format("{:<20} {:>12.2f} {:>12.2f} {:>10.2f} {:>11.1f} {:>9.1f} {:>10.1f}  {}\n", sharding_strategy_name(e.strategy),
-                       e.device_bytes / (1ull << 30), e.activations / (1ull << 30), e.host_bytes / (1ull << 30), 1e3 * e.compute_s,
-                       1e3 * e.comm_s, 1e3 * step, e.fits ? "yes" : "no");
-    j["strategies"].push_back({{"strategy", sharding_strategy_name(e.strategy)}, {"device_bytes", e.device_bytes},
-                               {"activation_bytes", e.activations}, {"op_scratch_bytes", e.op_scratch},
-                               {"host_bytes", e.host_bytes}, {"compute_s", e.compute_s},
-                               {"comm_s", e.comm_s}, {"step_s", step}, {"fits", e.fits}});
+    out += fmt::format("{:<20} {:>12.2f} {:>12.2f} {:>10.2f} {:>11.1f} {:>9.1f} {:>10.1f}  {}\n",
+                       sharding_strategy_name(e.strategy), e.device_bytes / (1ull << 30), e.activations / (1ull << 30),
+                       e.host_bytes / (1ull << 30), 1e3 * e.compute_s, 1e3 * e.comm_s, 1e3 * step, e.fits ? "yes" : "no");
+    j["strategies"].push_back({{"strategy", sharding_strategy_name(e.strategy)},
+                               {"device_bytes", e.device_bytes},
+                               {"activation_bytes", e.activations},
+                               {"op_scratch_bytes", e.op_scratch},
+                               {"host_bytes", e.host_bytes},
+                               {"compute_s", e.compute_s},
+                               {"comm_s", e.comm_s},
+                               {"step_s", step},
+                               {"fits", e.fits}});
     if (e.fits && (!best || step < std::max(best->compute_s, best->comm_s))) best = &e;
   }
   if (best) {
@@ -238,15 +247,17 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
       try {
         c.validate_for_world(world, o.nodes);
       } catch (const ConfigError& e) {
-        throw ConfigError(fmt::format("{}: {} (planning {} node(s) x {} GPUs); give --micro-batch or another --nodes/--gpus-per-node",
-                                      source, e.what(), o.nodes, o.gpus_per_node));
+        throw ConfigError(
+            fmt::format("{}: {} (planning {} node(s) x {} GPUs); give --micro-batch or another --nodes/--gpus-per-node",
+                        source, e.what(), o.nodes, o.gpus_per_node));
       }
       o.micro_batch = c.micro_batch_size_for(world);
     }
     const int per_step = o.micro_batch * world;
     r.config = {{"source", source},
                 {"global_batch_size", cfg->data.global_batch_size},
-                {"accumulation_steps", per_step > 0 && cfg->data.global_batch_size % per_step == 0 ? cfg->data.global_batch_size / per_step : 0}};
+                {"accumulation_steps",
+                 per_step > 0 && cfg->data.global_batch_size % per_step == 0 ? cfg->data.global_batch_size / per_step : 0}};
   }
   return r;
 }
@@ -258,14 +269,24 @@ nlohmann::json inputs_json(const PlanOptions& o, const fsdp::FsdpConfig& f) {
   return {{"nodes", o.nodes},
           {"gpus_per_node", o.gpus_per_node},
           {"model",
-           {{"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"intermediate_size", m.intermediate_size},
-            {"num_hidden_layers", m.num_hidden_layers}, {"num_attention_heads", m.num_attention_heads},
-            {"num_key_value_heads", m.num_key_value_heads}, {"tie_word_embeddings", m.tie_word_embeddings}}},
+           {{"vocab_size", m.vocab_size},
+            {"hidden_size", m.hidden_size},
+            {"intermediate_size", m.intermediate_size},
+            {"num_hidden_layers", m.num_hidden_layers},
+            {"num_attention_heads", m.num_attention_heads},
+            {"num_key_value_heads", m.num_key_value_heads},
+            {"tie_word_embeddings", m.tie_word_embeddings}}},
           {"fsdp",
-           {{"strategy", sharding_strategy_name(f.strategy)}, {"shard_size", f.shard_size}, {"wrap", fsdp::wrap_policy_name(f.wrap.policy)},
-            {"wrap_cls", cls}, {"min_num_params", f.wrap.min_num_params}, {"param_dtype", dtype_name(f.param_dtype)},
-            {"reduce_dtype", dtype_name(f.reduce_dtype)}, {"forward_prefetch", f.forward_prefetch},
-            {"backward_prefetch", f.backward_prefetch}, {"grad_accumulation", fsdp::grad_accumulation_name(f.accumulation)},
+           {{"strategy", sharding_strategy_name(f.strategy)},
+            {"shard_size", f.shard_size},
+            {"wrap", fsdp::wrap_policy_name(f.wrap.policy)},
+            {"wrap_cls", cls},
+            {"min_num_params", f.wrap.min_num_params},
+            {"param_dtype", dtype_name(f.param_dtype)},
+            {"reduce_dtype", dtype_name(f.reduce_dtype)},
+            {"forward_prefetch", f.forward_prefetch},
+            {"backward_prefetch", f.backward_prefetch},
+            {"grad_accumulation", fsdp::grad_accumulation_name(f.accumulation)},
             {"activation_checkpointing", o.activation_checkpointing},
             {"offload", o.offload}}},
           {"seq", o.seq},
@@ -289,15 +310,20 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
   if (!resolved.config.is_null()) j["config"] = resolved.config;
   j["mesh"] = {{"replicate", R}, {"shard", mesh.shard_size}, {"strategy", sharding_strategy_name(f.strategy)}};
   j["params"] = spec.num_params();
-  std::string table = fmt::format("{:>4}  {:<28} {:>6} {:>12} {:>8} {:>12}\n", "unit", "first module", "params", "N (padded)",
-                                  "padding", "N/S per rank");
+  std::string table = fmt::format("{:>4}  {:<28} {:>6} {:>12} {:>8} {:>12}\n", "unit", "first module", "params",
+                                  "N (padded)", "padding", "N/S per rank");
   for (const fsdp::UnitPlan& up : plan.units) {
     const fsdp::UnitSpec& u = up.spec;
     const fsdp::FlatLayout& l = up.layout;
     table += fmt::format("{:>4}  {:<28} {:>6} {:>12} {:>8} {:>12}\n", u.index, u.is_root ? "root" : u.name, u.params.size(),
                          l.padded_numel, l.padded_numel - l.used, l.shard_numel());
-    j["units"].push_back({{"index", u.index}, {"name", u.name}, {"root", u.is_root}, {"params", u.params.size()},
-                          {"padded_numel", l.padded_numel}, {"padding", l.padded_numel - l.used}, {"shard_numel", l.shard_numel()}});
+    j["units"].push_back({{"index", u.index},
+                          {"name", u.name},
+                          {"root", u.is_root},
+                          {"params", u.params.size()},
+                          {"padded_numel", l.padded_numel},
+                          {"padding", l.padded_numel - l.used},
+                          {"shard_numel", l.shard_numel()}});
   }
   const double depth = std::max(f.forward_prefetch, f.backward_prefetch);
   const auto sharded = static_cast<double>(plan.sharded_state_bytes);
@@ -313,8 +339,8 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                                 {"comm_scratch", static_cast<double>(plan.comm_scratch_bytes)},
                                 {"op_scratch", static_cast<double>(scratch.total())},
                                 {"cudnn_attention_workspace", static_cast<double>(scratch.cudnn_attention)}};
-  j["traffic_per_micro_batch_bytes"] = {{"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter},
-                                        {"all_reduce_replicate", all_reduce}};
+  j["traffic_per_micro_batch_bytes"] = {
+      {"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter}, {"all_reduce_replicate", all_reduce}};
   const std::string estimates = estimate_table(o, spec, f, j);
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -330,26 +356,31 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                                          resolved.config["accumulation_steps"].get<int>())
                            : std::string());
   out += fmt::format("model: {} parameters, {} layers; mesh {} for {} on {} ranks; wrap {}\n", spec.num_params(),
-                                spec.num_layers(), mesh.describe(), sharding_strategy_name(f.strategy), world,
-                                fsdp::wrap_policy_name(f.wrap.policy));
+                     spec.num_layers(), mesh.describe(), sharding_strategy_name(f.strategy), world,
+                     fsdp::wrap_policy_name(f.wrap.policy));
   out += table;
-  out += fmt::format("per rank: sharded state (fp32 param, grad, exp_avg, exp_avg_sq) {}, unsharded params ({}) {}, "
-                     "full fp32 gradient buffers {}{}, communication scratch {} (+ activations and op scratch)\n",
-                     gib(sharded), raf ? fmt::format("{} prefetch + root", depth) : std::string("all units kept"), gib(unsharded),
-                     gib(grad_unit), fsdp::grads_live_in_shards(f, plan.mesh.shard_size, plan.mesh.replicate_size)
-                                         ? " (one rank: backward writes the gradient shards)" : "",
-                     gib(static_cast<double>(plan.comm_scratch_bytes)));
-  out += fmt::format("traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
-                     "on the replicate axis\n",
-                     gib(gather), gib(reduce_scatter), gib(all_reduce));
-  out += fmt::format("op scratch on a GPU: {} (fused loss chunk {}, largest kernel workspace {}, cuDNN attention "
-                     "workspace {}{}, cuBLASLt workspace {})\n",
-                     gib(static_cast<double>(scratch.total())), gib(static_cast<double>(scratch.loss)),
-                     gib(static_cast<double>(scratch.op_workspace)), gib(static_cast<double>(scratch.cudnn_attention)),
-                     scratch.cudnn_attention == 0 ? ""
-                     : ops::deterministic_attention_from_env() ? " (deterministic backward's dP; the two share one buffer)"
-                                                               : " (backward's dQ accumulator; the two share one buffer)",
-                     gib(static_cast<double>(scratch.gemm_workspace)));
+  out += fmt::format(
+      "per rank: sharded state (fp32 param, grad, exp_avg, exp_avg_sq) {}, unsharded params ({}) {}, "
+      "full fp32 gradient buffers {}{}, communication scratch {} (+ activations and op scratch)\n",
+      gib(sharded), raf ? fmt::format("{} prefetch + root", depth) : std::string("all units kept"), gib(unsharded),
+      gib(grad_unit),
+      fsdp::grads_live_in_shards(f, plan.mesh.shard_size, plan.mesh.replicate_size)
+          ? " (one rank: backward writes the gradient shards)"
+          : "",
+      gib(static_cast<double>(plan.comm_scratch_bytes)));
+  out += fmt::format(
+      "traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
+      "on the replicate axis\n",
+      gib(gather), gib(reduce_scatter), gib(all_reduce));
+  out += fmt::format(
+      "op scratch on a GPU: {} (fused loss chunk {}, largest kernel workspace {}, cuDNN attention "
+      "workspace {}{}, cuBLASLt workspace {})\n",
+      gib(static_cast<double>(scratch.total())), gib(static_cast<double>(scratch.loss)),
+      gib(static_cast<double>(scratch.op_workspace)), gib(static_cast<double>(scratch.cudnn_attention)),
+      scratch.cudnn_attention == 0              ? ""
+      : ops::deterministic_attention_from_env() ? " (deterministic backward's dP; the two share one buffer)"
+                                                : " (backward's dQ accumulator; the two share one buffer)",
+      gib(static_cast<double>(scratch.gemm_workspace)));
   out += estimates;
   std::fputs(out.c_str(), stdout);
   return 0;
@@ -361,9 +392,10 @@ Command add_plan_command(CLI::App& parent) {
   auto o = std::make_shared<PlanOptions>();
   Command c;
   c.app = parent.add_subcommand("plan", "print the FSDP unit layout, per-rank memory and traffic of a model on a mesh");
-  c.app->add_option("--config,-c", o->config,
-                    "a training config (TOML, as `shardtrain train` reads it): the model, fsdp, seq_len and micro-batch come "
-                    "from it; options given explicitly override it");
+  c.app->add_option(
+      "--config,-c", o->config,
+      "a training config (TOML, as `shardtrain train` reads it): the model, fsdp, seq_len and micro-batch come "
+      "from it; options given explicitly override it");
   c.app->add_option("--fsdp-config", o->fsdp_config, "a Transformers fsdp_config JSON applied over --config");
   c.app->add_option("--accelerate-config", o->accelerate_config,
                     "an Accelerate config YAML applied over --config (its num_processes/num_machines give the cluster "
@@ -376,7 +408,9 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--kv-heads", o->model.num_key_value_heads, "num_key_value_heads")->capture_default_str();
   c.app->add_flag("--tie-word-embeddings", o->model.tie_word_embeddings, "share embed_tokens and lm_head");
   c.app->add_option("--nodes", o->nodes, "nodes")->capture_default_str()->check(count_range());
-  c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node (one per GPU)")->capture_default_str()->check(count_range());
+  c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node (one per GPU)")
+      ->capture_default_str()
+      ->check(count_range());
   c.app->add_option("--strategy", o->strategy, "sharding strategy")->capture_default_str();
   c.app->add_option("--shard-size", o->shard_size, "hybrid: ranks per shard group");
   c.app->add_option("--wrap", o->wrap, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP")->capture_default_str();
@@ -386,21 +420,27 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--reduce-dtype", o->reduce_dtype, "fp32 or bf16")->capture_default_str();
   c.app->add_option("--forward-prefetch", o->forward_prefetch)->capture_default_str();
   c.app->add_option("--backward-prefetch", o->backward_prefetch)->capture_default_str();
-  c.app->add_option("--grad-accumulation", o->grad_accumulation,
-                    "reduce_each, no_sync (unsharded gradients of every unit kept until the last micro-batch) or all_reduce_last")
+  c.app
+      ->add_option(
+          "--grad-accumulation", o->grad_accumulation,
+          "reduce_each, no_sync (unsharded gradients of every unit kept until the last micro-batch) or all_reduce_last")
       ->capture_default_str();
   c.app->add_flag("--json", o->json, "one JSON object");
   c.app->add_option("--seq", o->seq, "sequence length (activations, FLOPs)")->capture_default_str()->check(count_range());
-  c.app->add_option("--micro-batch", o->micro_batch,
-                    "sequences per rank per micro-batch (with --config: data.micro_batch_size, or global_batch_size / ranks)")
+  c.app
+      ->add_option("--micro-batch", o->micro_batch,
+                   "sequences per rank per micro-batch (with --config: data.micro_batch_size, or global_batch_size / ranks)")
       ->capture_default_str()
       ->check(count_range());
   c.app->add_flag("--activation-checkpointing", o->activation_checkpointing, "per decoder layer");
   c.app->add_flag("--offload", o->offload, "CPU offload: sharded state in host memory");
-  c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")->capture_default_str();
-  c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")->capture_default_str();
+  c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")
+      ->capture_default_str();
+  c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")
+      ->capture_default_str();
   c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")->capture_default_str();
-  c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")->capture_default_str();
+  c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")
+      ->capture_default_str();
   c.app->add_option("--inter-gbps", o->inter_gbps, "GB/s per GPU between nodes (network)")->capture_default_str();
   c.launch = Launch::Offline;
   c.app->footer("With --config, an option left out takes the config's value rather than its default shown here.");

@@ -76,13 +76,16 @@ int run_train(const TokenizerArgs& a) {
 int run_encode(const TokenizerArgs& a) {
   const auto tok = data::Tokenizer::load(a.tokenizer);
   const std::string text = read_input(a);
-  const auto ids = tok.encode(text, a.recognize_special ? data::SpecialTokenMode::Recognize : data::SpecialTokenMode::AsText);
+  const auto ids =
+      tok.encode(text, a.recognize_special ? data::SpecialTokenMode::Recognize : data::SpecialTokenMode::AsText);
   if (a.json) {
     nlohmann::json pieces = nlohmann::json::array();
-    for (auto id : ids) pieces.push_back(nlohmann::json(std::string(tok.token_bytes(id))).dump(-1, ' ', false,
-                                                                          nlohmann::json::error_handler_t::replace));
-    std::cout << nlohmann::json{{"tokenizer", tok.name()}, {"ids", ids}, {"count", ids.size()}, {"bytes", text.size()}}.dump()
-              << "\n";
+    for (auto id : ids)
+      pieces.push_back(
+          nlohmann::json(std::string(tok.token_bytes(id))).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    std::cout
+        << nlohmann::json{{"tokenizer", tok.name()}, {"ids", ids}, {"count", ids.size()}, {"bytes", text.size()}}.dump()
+        << "\n";
   } else {
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
@@ -139,8 +142,12 @@ Command add_tokenizer_command(CLI::App& parent) {
   auto* app = parent.add_subcommand("tokenizer", "train a byte-level BPE tokenizer, or inspect one (encode, decode, info)");
   app->require_subcommand(1);
 
-  auto* train = app->add_subcommand("train", "train a byte-level BPE on text, JSONL, Parquet or Arrow files and write a tokenizer.json");
-  train->add_option("--input,-i", args->inputs, "text or JSONL files (plain, .gz or .zst), Parquet or Arrow files, or folders of them")->required();
+  auto* train = app->add_subcommand(
+      "train", "train a byte-level BPE on text, JSONL, Parquet or Arrow files and write a tokenizer.json");
+  train
+      ->add_option("--input,-i", args->inputs,
+                   "text or JSONL files (plain, .gz or .zst), Parquet or Arrow files, or folders of them")
+      ->required();
   train->add_option("--output,-o", args->output, "tokenizer.json to write")->capture_default_str();
   train->add_option("--vocab-size", args->vocab_size, "vocabulary size: special tokens + 256 bytes + merges")
       ->capture_default_str()
@@ -148,10 +155,13 @@ Command add_tokenizer_command(CLI::App& parent) {
   train->add_option("--special", args->specials, "special tokens, given ids 0, 1, ...")->capture_default_str();
   train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's");
   train->add_option("--min-frequency", args->min_frequency, "stop when the best pair is rarer")->capture_default_str();
-  train->add_option("--threads", args->threads, "word-counting threads (0: every core this process may use)")->capture_default_str()->check(count_range(0, 65536));
+  train->add_option("--threads", args->threads, "word-counting threads (0: every core this process may use)")
+      ->capture_default_str()
+      ->check(count_range(0, 65536));
   train->add_option("--format", args->format, "auto, text, jsonl, parquet or arrow")->capture_default_str();
   train->add_flag("--blank-line-documents", args->blank_lines, "text: a document per blank-line-separated block");
-  train->add_option("--text-field", args->text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")->capture_default_str();
+  train->add_option("--text-field", args->text_field, "JSONL: the field holding the text; Parquet, Arrow: the column")
+      ->capture_default_str();
 
   auto* encode = app->add_subcommand("encode", "print the token ids of text (--text, --input FILE, or stdin)");
   encode->add_option("--tokenizer,-t", args->tokenizer, "*.tiktoken, tokenizer.json, or a folder")->required();

@@ -29,17 +29,18 @@ struct TrainOptions {
 // <run_dir>/result.json, written last by rank 0 (temporary file + rename): how the run ended. Job scripts
 // read it because a launcher's exit status alone can lie (srun returns 0 when it could not start the
 // ranks), and a run directory then says whether it finished, was stopped for a requeue, or neither.
-void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps, bool preempted, const train::CheckpointHooks& checkpoints) {
+void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps, bool preempted,
+                  const train::CheckpointHooks& checkpoints) {
   namespace fs = std::filesystem;
   const std::string& checkpoint = checkpoints.last_saved();
   nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
-                            {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
-                            {"step", step},
-                            {"max_steps", max_steps},
-                            {"last_loss", s.last_loss},
-                            {"skipped_steps", s.skipped_steps},
-                            {"rollbacks", s.rollbacks},
-                            {"last_checkpoint", checkpoint}};
+                      {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
+                      {"step", step},
+                      {"max_steps", max_steps},
+                      {"last_loss", s.last_loss},
+                      {"skipped_steps", s.skipped_steps},
+                      {"rollbacks", s.rollbacks},
+                      {"last_checkpoint", checkpoint}};
   if (!checkpoints.resumed_from().empty()) j["resumed_from"] = checkpoints.resumed_from();
   // --resume auto passed over damaged checkpoints (docs/checkpoints.md, "Damaged checkpoints")
   for (const auto& f : checkpoints.resume_fallbacks())
@@ -67,11 +68,12 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
   const train::TrainSummary s = trainer.run();
-  log::info("train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
-            s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
-            std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
-            s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
-            s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
+  log::info(
+      "train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
+      s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
+      std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
+      s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
+      s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
   if (rt->topology().world_rank == 0) {
     write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints);
@@ -95,11 +97,13 @@ int run_train(const TrainOptions& o, Runtime* rt) {
 Command add_train_command(CLI::App& parent) {
   auto o = std::make_shared<TrainOptions>();
   Command c;
-  c.app = parent.add_subcommand("train", "train a Llama model with FSDP from a TOML config (--section.key value overrides any key)");
+  c.app = parent.add_subcommand("train",
+                                "train a Llama model with FSDP from a TOML config (--section.key value overrides any key)");
   o->args.add_to(c.app);
   c.app->add_flag("--print-config", o->print_config, "print the resolved config as TOML on stdout and exit");
-  c.app->footer("Precedence: the TOML file < --fsdp-config / --accelerate-config < --section.key overrides.\n"
-                "Keys and defaults: docs/training.md.");
+  c.app->footer(
+      "Precedence: the TOML file < --fsdp-config / --accelerate-config < --section.key overrides.\n"
+      "Keys and defaults: docs/training.md.");
   c.launch = Launch::Mpi;
   c.run = [o](Runtime* rt) { return run_train(*o, rt); };
   return c;

@@ -42,18 +42,18 @@ struct GlobalOptions {
 inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { return CLI::Range(lo, hi); }
 
 Command add_env_command(CLI::App& parent);
-Command add_plan_command(CLI::App& parent);          // cmd_plan.cpp
-Command add_consolidate_command(CLI::App& parent);   // cmd_checkpoint.cpp
-Command add_checkpoint_command(CLI::App& parent);    // cmd_checkpoint.cpp
-Command add_generate_command(CLI::App& parent);      // cmd_generate.cpp
-Command add_tokenizer_command(CLI::App& parent);      // cmd_tokenizer.cpp
-Command add_prepare_data_command(CLI::App& parent);   // cmd_prepare_data.cpp
-Command add_dataset_command(CLI::App& parent);        // cmd_dataset.cpp
-Command add_bench_command(CLI::App& parent);          // cmd_bench.cpp
-Command add_parity_command(CLI::App& parent);         // cmd_parity.cpp
-Command add_train_command(CLI::App& parent);          // cmd_train.cpp
-Command add_check_command(CLI::App& parent);          // cmd_check.cpp
-Command add_evaluate_command(CLI::App& parent);       // cmd_evaluate.cpp
+Command add_plan_command(CLI::App& parent);                   // cmd_plan.cpp
+Command add_consolidate_command(CLI::App& parent);            // cmd_checkpoint.cpp
+Command add_checkpoint_command(CLI::App& parent);             // cmd_checkpoint.cpp
+Command add_generate_command(CLI::App& parent);               // cmd_generate.cpp
+Command add_tokenizer_command(CLI::App& parent);              // cmd_tokenizer.cpp
+Command add_prepare_data_command(CLI::App& parent);           // cmd_prepare_data.cpp
+Command add_dataset_command(CLI::App& parent);                // cmd_dataset.cpp
+Command add_bench_command(CLI::App& parent);                  // cmd_bench.cpp
+Command add_parity_command(CLI::App& parent);                 // cmd_parity.cpp
+Command add_train_command(CLI::App& parent);                  // cmd_train.cpp
+Command add_check_command(CLI::App& parent);                  // cmd_check.cpp
+Command add_evaluate_command(CLI::App& parent);               // cmd_evaluate.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
 
 // --gpu-memory of plan and check (cmd_plan.cpp): "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes), the

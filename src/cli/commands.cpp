@@ -41,8 +41,8 @@ void check_model_fits(const train::TrainConfig& config, const Runtime& rt) {
                            fmt::format("{} ({} rank(s) on it)", d.describe(), d.ranks_sharing));
   } else {
     config.validate_memory(shard_ranks, host / std::max(t.local_size, 1),
-                           fmt::format("host memory ({} over {} rank(s) on {})", format_bytes(static_cast<uint64_t>(host)), t.local_size,
-                                       t.hostname));
+                           fmt::format("host memory ({} over {} rank(s) on {})", format_bytes(static_cast<uint64_t>(host)),
+                                       t.local_size, t.hostname));
   }
 }
 

@@ -12,13 +12,15 @@ void ConfigArgs::add_to(CLI::App* app, Use use) {
   if (use == Use::Run) c->required();
   app->add_option("--fsdp-config", fsdp_config, "a Transformers fsdp_config JSON file (applied over the TOML)");
   app->add_option("--accelerate-config", accelerate_config, "an Accelerate config YAML file (applied over the TOML)");
-  if (use == Use::Run) app->add_option("--resume", resume, "auto (the newest complete checkpoint in checkpoint.dir) or a checkpoint path");
+  if (use == Use::Run)
+    app->add_option("--resume", resume, "auto (the newest complete checkpoint in checkpoint.dir) or a checkpoint path");
   // Every config key is an option of its own: --section.key value (or =value), listed by --help.
   const auto& fields = train::config_fields();
   override_values.resize(fields.size());
   for (size_t i = 0; i < fields.size(); ++i) {
     const train::ConfigField& f = fields[i];
-    override_options.push_back(app->add_option("--" + f.dotted(), override_values[i], f.help)->group("Config keys (override the file)"));
+    override_options.push_back(
+        app->add_option("--" + f.dotted(), override_values[i], f.help)->group("Config keys (override the file)"));
   }
 }
 

@@ -33,7 +33,8 @@ int fail(const std::exception& e, ExitCode code) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
     log::error("{}: {}", exit_code_name(code), e.what());
-    failure_record::write(code, e.what());  // for the job script that decides on a restart (once training has a run directory)
+    failure_record::write(code,
+                          e.what());  // for the job script that decides on a restart (once training has a run directory)
     MpiSession::abort(code);
   }
   log::error("{}: {}", exit_code_name(code), e.what());
@@ -70,19 +71,20 @@ int main(int argc, char** argv) {
   // A file that outgrows the process's size limit (ulimit -f) fails its write with EFBIG, which the writer turns
   // into an error naming the file, instead of the kernel killing the process mid-checkpoint with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{"shardtrain: native sharded (FSDP) pretraining of Llama-style models over MPI, NCCL and HDF5",
-               "shardtrain"};
+  CLI::App app{"shardtrain: native sharded (FSDP) pretraining of Llama-style models over MPI, NCCL and HDF5", "shardtrain"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the subcommand name
   app.set_version_flag("--version", std::string(SHARDTRAIN_VERSION));
   cli::GlobalOptions global;
-  app.add_option("--log-level", global.log_level, "trace, debug, info, warn, error or off (rank 0; other ranks log warnings)")
+  app.add_option("--log-level", global.log_level,
+                 "trace, debug, info, warn, error or off (rank 0; other ranks log warnings)")
       ->capture_default_str();
   app.add_flag("--log-all-ranks", global.log_all_ranks, "every rank logs at --log-level");
   std::string ranks_per_node_text;
   app.add_option("--ranks-per-node", ranks_per_node_text,
                  fmt::format("simulate nodes of N consecutive ranks (hybrid meshes on one machine), 1 to {} (default: "
-                             "SHARDTRAIN_RANKS_PER_NODE, else the real nodes)", kMaxRanksPerNode));
+                             "SHARDTRAIN_RANKS_PER_NODE, else the real nodes)",
+                             kMaxRanksPerNode));
   app.add_option("--device", global.device, "auto, cpu or cuda")->capture_default_str();
 
   std::vector<cli::Command> commands;
@@ -93,13 +95,14 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // CLI11 reports an unknown subcommand as an unexpected argument (or as none given): name it and the commands.
-    if (const std::string word = subcommand_word(argc, argv); !word.empty() && e.get_exit_code() != 0 &&
-                                                               std::none_of(commands.begin(), commands.end(),
-                                                                            [&](const cli::Command& c) { return c.app->check_name(word); })) {
+    if (const std::string word = subcommand_word(argc, argv);
+        !word.empty() && e.get_exit_code() != 0 &&
+        std::none_of(commands.begin(), commands.end(), [&](const cli::Command& c) { return c.app->check_name(word); })) {
       std::string names;
       for (const auto& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
       if (launcher_rank() == 0)
-        std::fprintf(stderr, "shardtrain: unknown command '%s' (expected one of: %s; see shardtrain --help)\n", word.c_str(), names.c_str());
+        std::fprintf(stderr, "shardtrain: unknown command '%s' (expected one of: %s; see shardtrain --help)\n", word.c_str(),
+                     names.c_str());
       return static_cast<int>(ExitCode::Usage);
     }
     if (launcher_rank() == 0) {
@@ -120,7 +123,8 @@ int main(int argc, char** argv) {
     options.log_level = parse_log_level(global.log_level);
     options.device = parse_device_preference(global.device);
     if (!ranks_per_node_text.empty()) {
-      options.ranks_per_node = parse_ranks_per_node(ranks_per_node_text, fmt::format("--ranks-per-node {}", ranks_per_node_text));
+      options.ranks_per_node =
+          parse_ranks_per_node(ranks_per_node_text, fmt::format("--ranks-per-node {}", ranks_per_node_text));
     } else if (const char* env = std::getenv("SHARDTRAIN_RANKS_PER_NODE"); env && *env) {
       options.ranks_per_node = parse_ranks_per_node(env, fmt::format("SHARDTRAIN_RANKS_PER_NODE='{}'", env));
     }

@@ -87,7 +87,8 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, DType 
 
 void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root, StreamRef stream) {
   if (root < 0 || root >= size_) {
-    throw InternalError(fmt::format("broadcast on the {} axis: root {} outside [0, {})", mesh_axis_name(axis_), root, size_));
+    throw InternalError(
+        fmt::format("broadcast on the {} axis: root {} outside [0, {})", mesh_axis_name(axis_), root, size_));
   }
   const uint64_t bytes = count * dtype_size(dtype);
   traffic_.add(CollectiveKind::Broadcast, bytes);

@@ -61,8 +61,8 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
   // the same reason. The first rank (in world order) of a GPU shared, or without a GPU, speaks for it.
   const int first_cpu = lowest_rank_where(!d.is_cuda(), t.world_rank, world);
   const int first_gpu = lowest_rank_where(d.is_cuda(), t.world_rank, world);
-  const int first_shared = lowest_rank_where(d.is_cuda() && d.ranks_sharing > 1 && d.sharing_ranks.front() == t.world_rank,
-                                             t.world_rank, world);
+  const int first_shared =
+      lowest_rank_where(d.is_cuda() && d.ranks_sharing > 1 && d.sharing_ranks.front() == t.world_rank, t.world_rank, world);
   int machine_rank = 0, machine_size = 1;
   ST_CHECK_MPI(MPI_Comm_rank(rt.machine(), &machine_rank));
   ST_CHECK_MPI(MPI_Comm_size(rt.machine(), &machine_size));
@@ -79,10 +79,10 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
                          machines > 1 ? fmt::format(" on {}", t.hostname) : std::string());
     shared = from_rank(mine, first_shared, t.world_rank, world);
   }
-  const std::string placement =
-      machines == 1    ? fmt::format("{} rank{} on this node", t.world_size, t.world_size == 1 ? "" : "s")
-      : fewest == most ? fmt::format("{} ranks on each of {} nodes", most, machines)
-                       : fmt::format("{} ranks on {} nodes", t.world_size, machines);
+  const std::string placement = machines == 1
+                                    ? fmt::format("{} rank{} on this node", t.world_size, t.world_size == 1 ? "" : "s")
+                                : fewest == most ? fmt::format("{} ranks on each of {} nodes", most, machines)
+                                                 : fmt::format("{} ranks on {} nodes", t.world_size, machines);
   const char* key = "fsdp.comm_backend or --comm-backend";
 
   CommBackendChoice c;
@@ -113,7 +113,8 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
     return c;
   }
   if (!nccl_built()) {
-    if (pref == CommBackendPreference::Nccl) throw ConfigError(fmt::format("comm backend nccl ({}): shardtrain was built without NCCL", key));
+    if (pref == CommBackendPreference::Nccl)
+      throw ConfigError(fmt::format("comm backend nccl ({}): shardtrain was built without NCCL", key));
     c.backend = CommBackend::Mpi;
     c.host_staging = true;
     c.reason = "shardtrain was built without NCCL";
@@ -140,8 +141,8 @@ std::vector<int> world_ranks_of(MPI_Comm comm) {
 
 MeshComms::MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace space) : backend_(backend) {
   auto make = [&](MeshAxis a) {
-    std::unique_ptr<Communicator> c =
-        backend == CommBackend::Nccl ? make_nccl_communicator(mesh.comm(a), a) : make_mpi_communicator(mesh.comm(a), a, space);
+    std::unique_ptr<Communicator> c = backend == CommBackend::Nccl ? make_nccl_communicator(mesh.comm(a), a)
+                                                                   : make_mpi_communicator(mesh.comm(a), a, space);
     c->set_world_ranks(world_ranks_of(mesh.comm(a)));  // whom the hang watchdog asks about this axis
     return c;
   };

@@ -151,7 +151,8 @@ class MpiCommunicator final : public Communicator {
       } else {
         host = static_cast<char*>(const_cast<void*>(send));
       }
-      ST_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, host, mpi_count(count, axis()), mpi_type(t), mpi_op(t, op), comm_.get()));
+      ST_CHECK_MPI(
+          MPI_Reduce_scatter_block(MPI_IN_PLACE, host, mpi_count(count, axis()), mpi_type(t), mpi_op(t, op), comm_.get()));
       if (op == ReduceOp::Avg) divide_in_place(host, count, t, size());
       if (space() == MemorySpace::Device) {
         copy_async(recv, host, block, stream);

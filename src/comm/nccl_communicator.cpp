@@ -74,7 +74,8 @@ class EventPool : public std::enable_shared_from_this<EventPool> {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MpiComm mpi, MeshAxis axis) : Communicator(axis, mpi.rank(), mpi.size(), MemorySpace::Device), mpi_(std::move(mpi)) {
+  NcclCommunicator(MpiComm mpi, MeshAxis axis)
+      : Communicator(axis, mpi.rank(), mpi.size(), MemorySpace::Device), mpi_(std::move(mpi)) {
     ncclUniqueId id{};
     if (rank() == 0) ST_CHECK_NCCL(ncclGetUniqueId(&id));
     ST_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_.get()));

@@ -59,13 +59,15 @@ std::string describe_peer_reports(MeshAxis axis, uint64_t seq, const std::vector
       case PeerReport::Status::Arrived: arrived.push_back(r.world_rank); break;
       case PeerReport::Status::NoAnswer: silent.push_back(r.world_rank); break;
       case PeerReport::Status::Behind: {
-        const std::string gap = seq > r.entered ? fmt::format("; {} collective{} behind", seq - r.entered, seq - r.entered == 1 ? "" : "s")
-                                                : std::string();
+        const std::string gap =
+            seq > r.entered ? fmt::format("; {} collective{} behind", seq - r.entered, seq - r.entered == 1 ? "" : "s")
+                            : std::string();
         behind.push_back(fmt::format("{} ({}{})", r.world_rank, doing(r), gap));
         break;
       }
       case PeerReport::Status::Ahead:
-        ahead.push_back(fmt::format("{} ({}; entered #{} on the {} axis)", r.world_rank, doing(r), r.entered, mesh_axis_name(axis)));
+        ahead.push_back(
+            fmt::format("{} ({}; entered #{} on the {} axis)", r.world_rank, doing(r), r.entered, mesh_axis_name(axis)));
         break;
     }
   }
@@ -75,14 +77,16 @@ std::string describe_peer_reports(MeshAxis axis, uint64_t seq, const std::vector
     for (size_t i = 0; i < behind.size(); ++i) s += (i ? ", " : "") + behind[i];
     parts.push_back(s);
   }
-  if (!silent.empty()) parts.push_back("ranks that did not answer (dead, or not making MPI progress): " + rank_ranges(silent));
+  if (!silent.empty())
+    parts.push_back("ranks that did not answer (dead, or not making MPI progress): " + rank_ranges(silent));
   if (!ahead.empty()) {
     std::string s = "ranks past this collective (another code path): ";
     for (size_t i = 0; i < ahead.size(); ++i) s += (i ? ", " : "") + ahead[i];
     parts.push_back(s);
   }
   if (parts.empty())
-    parts.push_back(fmt::format("every rank of the {} axis arrived: the collective itself is stuck (network or MPI)", mesh_axis_name(axis)));
+    parts.push_back(fmt::format("every rank of the {} axis arrived: the collective itself is stuck (network or MPI)",
+                                mesh_axis_name(axis)));
   if (!arrived.empty()) parts.push_back("arrived: " + rank_ranges(arrived));
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : "") + parts[i];
@@ -102,7 +106,8 @@ struct CollectiveWatchdog::Mailbox {
 
   // Calls are unchecked: the thread must not throw, and a failed send just means no answer.
   void post() {
-    if (MPI_Irecv(in.data(), kWords, MPI_INT64_T, MPI_ANY_SOURCE, kTag, comm.get(), &recv) != MPI_SUCCESS) recv = MPI_REQUEST_NULL;
+    if (MPI_Irecv(in.data(), kWords, MPI_INT64_T, MPI_ANY_SOURCE, kTag, comm.get(), &recv) != MPI_SUCCESS)
+      recv = MPI_REQUEST_NULL;
   }
   // The next message, if one arrived: its source and content; the receive is posted again.
   bool next(int& source, Message& m) {
@@ -221,8 +226,14 @@ void CollectiveWatchdog::serve(Survey* survey, int64_t token, std::vector<PeerRe
       Message a{};
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        a = {kAnswer, m[1], static_cast<int64_t>(entered_[static_cast<size_t>(m[2])]), in_flight_ ? 1 : 0,
-             static_cast<int64_t>(call_.kind), static_cast<int64_t>(call_.axis), step_, 0};
+        a = {kAnswer,
+             m[1],
+             static_cast<int64_t>(entered_[static_cast<size_t>(m[2])]),
+             in_flight_ ? 1 : 0,
+             static_cast<int64_t>(call_.kind),
+             static_cast<int64_t>(call_.axis),
+             step_,
+             0};
       }
       mailbox_->send(source, a);
     } else if (m[0] == kAnswer && survey && reports && m[1] == token) {
@@ -254,7 +265,8 @@ std::vector<PeerReport> CollectiveWatchdog::run_survey(const Survey& s) {
   }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(s.wait);
   auto answered = [&] {
-    return std::all_of(reports.begin(), reports.end(), [](const PeerReport& p) { return p.status != PeerReport::Status::NoAnswer; });
+    return std::all_of(reports.begin(), reports.end(),
+                       [](const PeerReport& p) { return p.status != PeerReport::Status::NoAnswer; });
   };
   Survey copy = s;  // serve() compares against its seq
   for (;;) {
@@ -266,8 +278,9 @@ std::vector<PeerReport> CollectiveWatchdog::run_survey(const Survey& s) {
 }
 
 void CollectiveWatchdog::run() {
-  const auto tick = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_ / 4) + std::chrono::milliseconds(1),
-                             std::chrono::milliseconds(20));
+  const auto tick =
+      std::min(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_ / 4) + std::chrono::milliseconds(1),
+               std::chrono::milliseconds(20));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     wake_.wait_for(lock, tick);
@@ -378,13 +391,16 @@ void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std:
     reports.push_back(self);
     peers = describe_peer_reports(call.axis, call.seq, reports);
     for (const PeerReport& r : reports)
-      if (r.status == PeerReport::Status::Behind || r.status == PeerReport::Status::NoAnswer) suspects.push_back(r.world_rank);
+      if (r.status == PeerReport::Status::Behind || r.status == PeerReport::Status::NoAnswer)
+        suspects.push_back(r.world_rank);
   }
   const std::string message = fmt::format(
       "{} of {} bytes on the {} axis (collective #{} there) has not finished{} after {:.1f} s (collective_timeout {:.1f} s) "
       "on rank {}{}; {}",
-      collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, where, waited, timeout_.count(), rank,
-      (step >= 0 ? fmt::format(", during step {}", step) : std::string()) + (unit.empty() ? std::string() : fmt::format(", unit {}", unit)),
+      collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, where, waited, timeout_.count(),
+      rank,
+      (step >= 0 ? fmt::format(", during step {}", step) : std::string()) +
+          (unit.empty() ? std::string() : fmt::format(", unit {}", unit)),
       peers);
   log::error("{}: {}: ending the job", exit_code_name(ExitCode::Timeout), message);
   failure_record::write(ExitCode::Timeout, message, suspects);

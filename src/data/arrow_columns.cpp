@@ -64,8 +64,8 @@ class StringArray {
       const int32_t offset = load_at<int32_t>(views_.substr(i * 16 + 12, 4), 0);
       if (index < 0 || static_cast<size_t>(index) >= data_.size() || offset < 0 ||
           static_cast<size_t>(offset) + static_cast<size_t>(size) > data_[static_cast<size_t>(index)].size())
-        throw FlatError(fmt::format("view {} ({} bytes at {} of data buffer {}) lies outside its {} data buffers", row,
-                                    size, offset, index, data_.size()));
+        throw FlatError(fmt::format("view {} ({} bytes at {} of data buffer {}) lies outside its {} data buffers", row, size,
+                                    offset, index, data_.size()));
       return data_[static_cast<size_t>(index)].substr(static_cast<size_t>(offset), static_cast<size_t>(size));
     }
     const int64_t begin = wide_ ? load_at<int64_t>(offsets_, i) : load_at<int32_t>(offsets_, i);
@@ -95,7 +95,8 @@ const ArrowColumn& column_named(const IpcFile& f, const std::string& path, bool 
     const auto& c = f.columns[i];
     if (c.path != path) continue;
     if (f.column_fields[i]->in_list)
-      throw DataError(fmt::format("{}: column \"{}\" lies inside a list, map or union, not one value per row", f.path, path));
+      throw DataError(
+          fmt::format("{}: column \"{}\" lies inside a list, map or union, not one value per row", f.path, path));
     if (!(c.*wanted)) throw DataError(fmt::format("{}: column \"{}\" holds {}, not {}", f.path, path, c.type, what));
     return c;
   }
@@ -113,8 +114,8 @@ const ArrowColumn& column_named(const IpcFile& f, const std::string& path, bool 
 }  // namespace
 
 const ArrowColumn& ArrowIpcFile::string_column(const std::string& path) const {
-  return column_named(*file_, path, &ArrowColumn::is_string,
-                      "strings (Utf8, LargeUtf8, Utf8View or their Binary forms)", "--text-field");
+  return column_named(*file_, path, &ArrowColumn::is_string, "strings (Utf8, LargeUtf8, Utf8View or their Binary forms)",
+                      "--text-field");
 }
 
 const ArrowColumn& ArrowIpcFile::id_list_column(const std::string& path) const {
@@ -284,7 +285,8 @@ ListValues list_values(Batch& batch, const IpcFile& f, const Field& list, const 
   const Field& item = list.children.at(0);
   const Place child{at.node + 1, at.buffer + own_buffers(list), at.variadic};
   const auto node = batch.node(child.node);
-  if (node.null_count > 0) throw FlatError(fmt::format("the lists of \"{}\" hold {} null values", list.path, node.null_count));
+  if (node.null_count > 0)
+    throw FlatError(fmt::format("the lists of \"{}\" hold {} null values", list.path, node.null_count));
   ListValues v;
   v.child_length = node.length;
   const auto rows = static_cast<size_t>(batch.length);

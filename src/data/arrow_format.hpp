@@ -22,14 +22,42 @@ using flat::FlatError;
 
 // Schema.fbs's Type union, in its order.
 enum TypeId : uint8_t {
-  kNone = 0, kNull, kInt, kFloatingPoint, kBinary, kUtf8, kBool, kDecimal, kDate, kTime, kTimestamp, kInterval, kList,
-  kStruct, kUnion, kFixedSizeBinary, kFixedSizeList, kMap, kDuration, kLargeBinary, kLargeUtf8, kLargeList,
-  kRunEndEncoded, kBinaryView, kUtf8View, kListView, kLargeListView, kTypeCount
+  kNone = 0,
+  kNull,
+  kInt,
+  kFloatingPoint,
+  kBinary,
+  kUtf8,
+  kBool,
+  kDecimal,
+  kDate,
+  kTime,
+  kTimestamp,
+  kInterval,
+  kList,
+  kStruct,
+  kUnion,
+  kFixedSizeBinary,
+  kFixedSizeList,
+  kMap,
+  kDuration,
+  kLargeBinary,
+  kLargeUtf8,
+  kLargeList,
+  kRunEndEncoded,
+  kBinaryView,
+  kUtf8View,
+  kListView,
+  kLargeListView,
+  kTypeCount
 };
-inline constexpr const char* kTypeNames[kTypeCount] = {
-    "NONE", "Null", "Int", "FloatingPoint", "Binary", "Utf8", "Bool", "Decimal", "Date", "Time", "Timestamp",
-    "Interval", "List", "Struct", "Union", "FixedSizeBinary", "FixedSizeList", "Map", "Duration", "LargeBinary",
-    "LargeUtf8", "LargeList", "RunEndEncoded", "BinaryView", "Utf8View", "ListView", "LargeListView"};
+inline constexpr const char* kTypeNames[kTypeCount] = {"NONE",          "Null",      "Int",           "FloatingPoint",
+                                                       "Binary",        "Utf8",      "Bool",          "Decimal",
+                                                       "Date",          "Time",      "Timestamp",     "Interval",
+                                                       "List",          "Struct",    "Union",         "FixedSizeBinary",
+                                                       "FixedSizeList", "Map",       "Duration",      "LargeBinary",
+                                                       "LargeUtf8",     "LargeList", "RunEndEncoded", "BinaryView",
+                                                       "Utf8View",      "ListView",  "LargeListView"};
 
 // Message.fbs's MessageHeader union.
 enum HeaderType : uint8_t { kSchema = 1, kDictionaryBatch = 2, kRecordBatch = 3 };
@@ -48,10 +76,10 @@ struct Field {
   int64_t dictionary_id = 0;
   int index_bits = 32;
   bool index_signed = true;
-  int int_bits = 0;       // Int: its width
+  int int_bits = 0;  // Int: its width
   bool int_signed = true;
   int32_t list_size = 0;  // FixedSizeList: values per list
-  bool in_list = false;  // under a list, map, union or run-end encoding: not one value per row
+  bool in_list = false;   // under a list, map, union or run-end encoding: not one value per row
   std::vector<Field> children;
 };
 
@@ -69,7 +97,7 @@ struct IpcFile {
   bool file_format = false;
   std::vector<Field> fields;
   std::vector<ArrowColumn> columns;
-  std::vector<const Field*> column_fields;  // beside columns
+  std::vector<const Field*> column_fields;     // beside columns
   std::vector<Message> dictionaries, batches;  // in the order they apply
   std::vector<Message> stream;                 // stream format: every batch message, in order
   int64_t num_rows = 0;
@@ -117,7 +145,8 @@ struct Batch {
     const flat::Table compression = record.table(3);
     if (compression.valid()) {
       codec = compression.scalar<int8_t>(0, 0);
-      if (codec != 0 && codec != 1) throw FlatError(fmt::format("body compression codec {} (known: LZ4_FRAME, ZSTD)", codec));
+      if (codec != 0 && codec != 1)
+        throw FlatError(fmt::format("body compression codec {} (known: LZ4_FRAME, ZSTD)", codec));
       if (compression.scalar<int8_t>(1, 0) != 0) throw FlatError("body compression other than per buffer");
     }
   }
@@ -143,12 +172,13 @@ struct Batch {
     const int64_t offset = meta.load<int64_t>(at), size = meta.load<int64_t>(at + 8);
     if (offset < 0 || size < 0 || static_cast<uint64_t>(offset) > message->body_size ||
         static_cast<uint64_t>(size) > message->body_size - static_cast<uint64_t>(offset))
-      throw FlatError(fmt::format("buffer {} ({} bytes at {}) lies outside the {}-byte body", i, size, offset,
-                                  message->body_size));
+      throw FlatError(
+          fmt::format("buffer {} ({} bytes at {}) lies outside the {}-byte body", i, size, offset, message->body_size));
     const auto* p = reinterpret_cast<const char*>(file.file.data + message->body + offset);
     std::string_view raw(p, static_cast<size_t>(size));
     if (codec < 0 || raw.empty()) return raw;
-    if (raw.size() < 8) throw FlatError(fmt::format("compressed buffer {} has {} bytes, fewer than its length", i, raw.size()));
+    if (raw.size() < 8)
+      throw FlatError(fmt::format("compressed buffer {} has {} bytes, fewer than its length", i, raw.size()));
     int64_t n = 0;
     std::memcpy(&n, raw.data(), 8);
     raw.remove_prefix(8);

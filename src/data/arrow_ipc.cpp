@@ -200,8 +200,7 @@ std::vector<uint8_t> Batch::decompress(std::string_view src, uint64_t n, size_t 
       if (produced == out.size() && out.size() < n) grow();
       size_t dst = out.size() - produced, srcn = src.size() - consumed;
       const size_t hint = LZ4F_decompress(ctx, out.data() + produced, &dst, src.data() + consumed, &srcn, nullptr);
-      if (LZ4F_isError(hint))
-        throw FlatError(fmt::format("the LZ4 frame of buffer {}: {}", index, LZ4F_getErrorName(hint)));
+      if (LZ4F_isError(hint)) throw FlatError(fmt::format("the LZ4 frame of buffer {}: {}", index, LZ4F_getErrorName(hint)));
       produced += dst;
       consumed += srcn;
       if (hint == 0) break;  // the frame is complete
@@ -236,8 +235,8 @@ const uint8_t* validity(Batch& batch, const IpcFile& file, const Place& at, int6
   if (node.null_count == 0) return nullptr;
   const std::string_view bits = batch.buffer(file, at.buffer, stats);
   if (bits.size() < static_cast<size_t>((rows + 7) / 8))
-    throw FlatError(fmt::format("field node {} has nulls but a {}-byte validity bitmap for {} rows", at.node,
-                                bits.size(), rows));
+    throw FlatError(
+        fmt::format("field node {} has nulls but a {}-byte validity bitmap for {} rows", at.node, bits.size(), rows));
   return reinterpret_cast<const uint8_t*>(bits.data());
 }
 

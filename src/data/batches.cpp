@@ -83,7 +83,8 @@ void SampleSource::fill(uint64_t i, int32_t* tokens, int32_t* targets, int32_t* 
     uint64_t pos = i * s;
     int32_t doc = 0;
     int32_t prev = packed_at(pos, &doc);
-    size_t k = static_cast<size_t>(std::upper_bound(stream_start_.begin(), stream_start_.end(), pos) - stream_start_.begin()) - 1;
+    size_t k =
+        static_cast<size_t>(std::upper_bound(stream_start_.begin(), stream_start_.end(), pos) - stream_start_.begin()) - 1;
     size_t dk = k;  // the document dtoks holds
     auto dtoks = dataset_->document(static_cast<size_t>(docs_[k]));
     for (size_t j = 0; j < s; ++j) {
@@ -128,8 +129,8 @@ LayoutStats layout_stats(const TokenDataset& dataset, DatasetSplit split, BatchL
   uint64_t real_inputs = 0;
   for (int64_t d : dataset.split_documents(split)) {
     const uint64_t n = dataset.document_size(static_cast<size_t>(d)), length = lead + n + 1;
-    if (n > seq - lead) ++st.documents_cut;                              // its EOT is past the last target
-    if (n + lead > seq + 1) st.tokens_cut += n + lead - (seq + 1);      // text never an input or a target
+    if (n > seq - lead) ++st.documents_cut;                         // its EOT is past the last target
+    if (n + lead > seq + 1) st.tokens_cut += n + lead - (seq + 1);  // text never an input or a target
     real_inputs += std::min(length, seq);
   }
   const double inputs = static_cast<double>(st.samples) * static_cast<double>(seq);

@@ -190,7 +190,8 @@ void bpe_merge(const TokenizerModel& m, std::vector<TokenId> symbols, std::vecto
     const int32_t nx = nodes[pos].next;
     if (nx < 0) return;
     auto it = m.merges.find(pair_key(nodes[pos].token, nodes[nx].token));
-    if (it != m.merges.end()) heap.push({it->second.rank, static_cast<uint32_t>(pos), nodes[pos].token, nodes[nx].token, it->second.result});
+    if (it != m.merges.end())
+      heap.push({it->second.rank, static_cast<uint32_t>(pos), nodes[pos].token, nodes[nx].token, it->second.result});
   };
   for (size_t i = 0; i + 1 < n; ++i) consider(static_cast<int32_t>(i));
   std::vector<bool> dead(n, false);

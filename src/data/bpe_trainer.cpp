@@ -138,7 +138,8 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   nlohmann::json merges = nlohmann::json::array();
   std::vector<uint32_t> stamp(tr.words.size(), 0);
   uint32_t merge_no = 0;
-  ProgressBar bar({.label = "merge", .total = options.vocab_size - vocab.size(), .unit = "merges", .style = options.progress});
+  ProgressBar bar(
+      {.label = "merge", .total = options.vocab_size - vocab.size(), .unit = "merges", .style = options.progress});
   while (vocab.size() < options.vocab_size && !tr.heap.empty()) {
     const auto top = tr.heap.top();
     tr.heap.pop();
@@ -199,20 +200,32 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   j["padding"] = nullptr;
   j["added_tokens"] = nlohmann::json::array();
   for (size_t i = 0; i < n_special; ++i)
-    j["added_tokens"].push_back({{"id", i}, {"content", options.special_tokens[i]}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    j["added_tokens"].push_back({{"id", i},
+                                 {"content", options.special_tokens[i]},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
   j["post_processor"] = nullptr;
   j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
   nlohmann::json v = nlohmann::json::object();
   for (size_t i = 0; i < vocab.size(); ++i) v[i < n_special ? vocab[i] : detail::map_byte_level(vocab[i])] = i;
-  j["model"] = {{"type", "BPE"},          {"dropout", nullptr},       {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", v},
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", v},
                 {"merges", merges}};
   BpeTrainResult r;
   r.tokenizer_json = j.dump(1);

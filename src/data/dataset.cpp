@@ -137,14 +137,17 @@ void fsync_file(const std::string& path) {
 void move_into_place(const std::string& tmp, const std::string& path, ExistingOutput existing) {
   namespace fs = std::filesystem;
   const auto exists_error = [&] {
-    return UsageError(fmt::format("{}: already exists; a dataset is not replaced unless asked (prepare-data --overwrite); the new one "
-                                  "was not kept", path));
+    return UsageError(
+        fmt::format("{}: already exists; a dataset is not replaced unless asked (prepare-data --overwrite); the new one "
+                    "was not kept",
+                    path));
   };
   if (existing == ExistingOutput::Refuse) {
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return;
     if (errno == EEXIST) throw exists_error();
     if (errno != EINVAL && errno != ENOSYS)
-      throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, std::strerror(errno)));
+      throw IoError(
+          fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, std::strerror(errno)));
     std::error_code ec;
     if (fs::exists(path, ec)) throw exists_error();
   }
@@ -159,7 +162,9 @@ void write_dataset(const std::string& path, std::span<const TokenId> tokens, std
                    const DatasetInfo& info, ExistingOutput existing) {
   write_dataset(
       path, tokens.size(),
-      [&](size_t offset, std::span<TokenId> out) { std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(offset), out.size(), out.begin()); },
+      [&](size_t offset, std::span<TokenId> out) {
+        std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(offset), out.size(), out.begin());
+      },
       doc_offsets, info, existing);
 }
 
@@ -262,8 +267,10 @@ TokenDataset TokenDataset::open(const std::string& path) {
   if (ds.metadata_recorded_) {
     ds.metadata_record_ = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value_or("");
   } else if (log::config().rank == 0) {
-    log::warn("{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
-              "are not checked; prepare it again to add them", path);
+    log::warn(
+        "{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
+        "are not checked; prepare it again to add them",
+        path);
   }
   const std::string format = required_string(f, path, "format");
   if (format != kDatasetFormat)
@@ -294,7 +301,8 @@ TokenDataset TokenDataset::open(const std::string& path) {
   const std::optional<uint64_t> raw = version >= 2 ? hdf5::raw_u32le_offset(f, "tokens") : std::nullopt;
   if (version >= 2) {
     st->block = hdf5::get_attr_int(f, "checksum_block_tokens").value_or(0);
-    if (st->block <= 0) throw DataError(fmt::format("{}: attribute 'checksum_block_tokens' is missing or not positive", path));
+    if (st->block <= 0)
+      throw DataError(fmt::format("{}: attribute 'checksum_block_tokens' is missing or not positive", path));
     st->sums = hdf5::read_i64(f, "tokens_checksums");
     const size_t blocks = (num_tokens + static_cast<size_t>(st->block) - 1) / static_cast<size_t>(st->block);
     if (st->sums.size() != blocks)
@@ -324,14 +332,15 @@ TokenDataset TokenDataset::open(const std::string& path) {
     for (size_t i = 0; i < list->size(); ++i) {
       const int64_t d = (*list)[i];
       if (d < 0 || static_cast<size_t>(d) >= docs || (i > 0 && d <= (*list)[i - 1]) || seen[static_cast<size_t>(d)]++)
-        throw DataError(fmt::format("{}: split lists must hold ascending, disjoint document indices in [0, {}); bad entry {}",
-                                    path, docs, d));
+        throw DataError(fmt::format(
+            "{}: split lists must hold ascending, disjoint document indices in [0, {}); bad entry {}", path, docs, d));
     }
   }
   if (version == 1) {  // read whole: check every id now (format 2 checks each block at its first use)
     const auto max_token = std::max_element(ds.tokens_.begin(), ds.tokens_.end());
     if (max_token != ds.tokens_.end() && static_cast<int64_t>(*max_token) >= info.vocab_size)
-      throw DataError(fmt::format("{}: token id {} is outside the vocabulary (vocab_size {})", path, *max_token, info.vocab_size));
+      throw DataError(
+          fmt::format("{}: token id {} is outside the vocabulary (vocab_size {})", path, *max_token, info.vocab_size));
   }
   return ds;
 }
@@ -342,12 +351,14 @@ std::string TokenDataset::identity() const {
   const auto bytes_of = [](const auto& v) {
     return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
   };
-  std::string parts = metadata_record_ + "|" + detail::fnv1a64_hex(bytes_of(offsets_)) + "|" + detail::fnv1a64_hex(bytes_of(train_)) + "|" +
-                      detail::fnv1a64_hex(bytes_of(validation_)) + "|";
-  parts += storage_ && !storage_->sums.empty() ? detail::fnv1a64_hex(bytes_of(storage_->sums)) : detail::fnv1a64_hex(bytes_of(tokens_));
+  std::string parts = metadata_record_ + "|" + detail::fnv1a64_hex(bytes_of(offsets_)) + "|" +
+                      detail::fnv1a64_hex(bytes_of(train_)) + "|" + detail::fnv1a64_hex(bytes_of(validation_)) + "|";
+  parts += storage_ && !storage_->sums.empty() ? detail::fnv1a64_hex(bytes_of(storage_->sums))
+                                               : detail::fnv1a64_hex(bytes_of(tokens_));
   std::error_code ec;
   const auto size = std::filesystem::file_size(path_, ec);
-  return fmt::format("{} bytes, {} tokens in {} documents, content {}", ec ? 0 : size, num_tokens(), num_documents(), detail::fnv1a64_hex(parts));
+  return fmt::format("{} bytes, {} tokens in {} documents, content {}", ec ? 0 : size, num_tokens(), num_documents(),
+                     detail::fnv1a64_hex(parts));
 }
 
 void TokenDataset::check_blocks(size_t begin, size_t end) const {
@@ -394,7 +405,10 @@ void TokenDataset::check_tokenizer(const Tokenizer& tokenizer) const {
 }
 
 uint64_t verify_dataset(const TokenDataset& ds, bool show_progress) {
-  ProgressBar bar({.label = "verify", .total = ds.num_tokens() * sizeof(TokenId), .unit = "MB", .unit_scale = 1e-6,
+  ProgressBar bar({.label = "verify",
+                   .total = ds.num_tokens() * sizeof(TokenId),
+                   .unit = "MB",
+                   .unit_scale = 1e-6,
                    .style = show_progress ? ProgressStyle::Auto : ProgressStyle::Off});
   for (size_t d = 0; d < ds.num_documents(); ++d) bar.advance(ds.document(d).size() * sizeof(TokenId));
   bar.finish();

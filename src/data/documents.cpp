@@ -62,22 +62,24 @@ std::optional<std::vector<std::string>> hf_dataset_files(const std::string& fold
       return false;
     };
     if (fs::exists(dir / "dataset_info.json", ec) && has_arrow_files())
-      throw DataError(fmt::format("{}: a folder of the datasets cache (dataset_info.json, no state.json), whose Arrow "
-                                  "files may repeat each other's rows (cache-*.arrow); give its NAME-SPLIT-*.arrow files, "
-                                  "or a folder written by save_to_disk",
-                                  folder));
+      throw DataError(
+          fmt::format("{}: a folder of the datasets cache (dataset_info.json, no state.json), whose Arrow "
+                      "files may repeat each other's rows (cache-*.arrow); give its NAME-SPLIT-*.arrow files, "
+                      "or a folder written by save_to_disk",
+                      folder));
     return std::nullopt;
   }
   const auto state = read_json(dir / "state.json");
   if (!state.contains("_data_files") || !state["_data_files"].is_array() || state["_data_files"].empty())
-    throw DataError(fmt::format("{}: \"_data_files\" is missing or empty (expected the list of the dataset's Arrow "
-                                "files that save_to_disk writes)",
-                                (dir / "state.json").string()));
+    throw DataError(
+        fmt::format("{}: \"_data_files\" is missing or empty (expected the list of the dataset's Arrow "
+                    "files that save_to_disk writes)",
+                    (dir / "state.json").string()));
   std::vector<std::string> files;
   for (const auto& entry : state["_data_files"]) {
     if (!entry.is_object() || !entry.contains("filename") || !entry["filename"].is_string())
-      throw DataError(fmt::format("{}: an entry of \"_data_files\" has no \"filename\" string",
-                                  (dir / "state.json").string()));
+      throw DataError(
+          fmt::format("{}: an entry of \"_data_files\" has no \"filename\" string", (dir / "state.json").string()));
     const fs::path file = dir / entry["filename"].get<std::string>();
     if (!fs::is_regular_file(file, ec))
       throw DataError(fmt::format("{}: lists {}, which is not there", (dir / "state.json").string(), file.string()));
@@ -169,14 +171,16 @@ void for_each_file_ids(const std::string& path, const DocumentOptions& options,
   int64_t row = 0;
   file.for_each_id_list(column, [&](std::optional<std::span<const int64_t>> ids) {
     if (!ids)
-      throw DataError(fmt::format("{}: row {}: column \"{}\" is null (every row needs its ids)", path, row, options.token_field));
+      throw DataError(
+          fmt::format("{}: row {}: column \"{}\" is null (every row needs its ids)", path, row, options.token_field));
     std::string packed(ids->size() * sizeof(TokenId), '\0');
     for (size_t j = 0; j < ids->size(); ++j) {
       const int64_t id = (*ids)[j];
       if (id < 0 || id >= options.vocab_size)
-        throw DataError(fmt::format("{}: row {}: id {} at position {} of column \"{}\" is outside the tokenizer's "
-                                    "vocabulary (0 to {})",
-                                    path, row, id, j, options.token_field, options.vocab_size - 1));
+        throw DataError(
+            fmt::format("{}: row {}: id {} at position {} of column \"{}\" is outside the tokenizer's "
+                        "vocabulary (0 to {})",
+                        path, row, id, j, options.token_field, options.vocab_size - 1));
       const auto v = static_cast<TokenId>(id);
       std::memcpy(packed.data() + j * sizeof(TokenId), &v, sizeof(TokenId));
     }
@@ -222,11 +226,13 @@ std::string document_text(RawDocument&& raw, const std::string& path, const Docu
     throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
   }
   if (!j.is_object() || !j.contains(options.text_field))
-    throw DataError(fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
-                                "string; --text-field picks another)",
-                                path, raw.line, options.text_field, options.text_field));
+    throw DataError(
+        fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
+                    "string; --text-field picks another)",
+                    path, raw.line, options.text_field, options.text_field));
   auto& field = j[options.text_field];
-  if (!field.is_string()) throw DataError(fmt::format("{}:{}: field \"{}\" is not a string", path, raw.line, options.text_field));
+  if (!field.is_string())
+    throw DataError(fmt::format("{}:{}: field \"{}\" is not a string", path, raw.line, options.text_field));
   return std::move(field.get_ref<std::string&>());
 }
 
@@ -245,18 +251,21 @@ std::vector<TokenId> document_ids(RawDocument&& raw, const std::string& path, co
   }
   const std::string& field = options.token_field;
   if (!j.is_object() || !j.contains(field))
-    throw DataError(fmt::format("{}:{}: field \"{}\" is missing (pre-tokenized JSONL needs one object per line with "
-                                "a \"{}\" array of token ids)",
-                                path, raw.line, field, field));
+    throw DataError(
+        fmt::format("{}:{}: field \"{}\" is missing (pre-tokenized JSONL needs one object per line with "
+                    "a \"{}\" array of token ids)",
+                    path, raw.line, field, field));
   const auto& array = j[field];
-  if (!array.is_array()) throw DataError(fmt::format("{}:{}: field \"{}\" is not an array of token ids", path, raw.line, field));
+  if (!array.is_array())
+    throw DataError(fmt::format("{}:{}: field \"{}\" is not an array of token ids", path, raw.line, field));
   ids.reserve(array.size());
   for (size_t k = 0; k < array.size(); ++k) {
     const auto& v = array[k];
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= options.vocab_size)
-      throw DataError(fmt::format("{}:{}: value {} at position {} of \"{}\" is not a token id of the tokenizer's "
-                                  "vocabulary (0 to {})",
-                                  path, raw.line, v.dump(), k, field, options.vocab_size - 1));
+      throw DataError(
+          fmt::format("{}:{}: value {} at position {} of \"{}\" is not a token id of the tokenizer's "
+                      "vocabulary (0 to {})",
+                      path, raw.line, v.dump(), k, field, options.vocab_size - 1));
     ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
   }
   return ids;

@@ -23,9 +23,10 @@ Loader::Loader(std::vector<MixtureComponent> sources, LoaderOptions options)
       sampler_(sampler_options(source_, options)) {
   if (options_.prefetch < 1) options_.prefetch = 1;
   if (options_.start.index >= sampler_.micro_batches_per_epoch())
-    throw CheckpointError(fmt::format("loader: saved position {} is past the epoch's {} micro-batches (different dataset, "
-                                      "batch size or world size?)",
-                                      to_string(options_.start), sampler_.micro_batches_per_epoch()));
+    throw CheckpointError(
+        fmt::format("loader: saved position {} is past the epoch's {} micro-batches (different dataset, "
+                    "batch size or world size?)",
+                    to_string(options_.start), sampler_.micro_batches_per_epoch()));
   consumer_pos_ = producer_pos_ = options_.start;
   start_thread();
 }

@@ -20,8 +20,8 @@ __extension__ typedef __int128 int128;  // exact deficits: c_k (i + 1) may pass 
 MixtureEntry parse_mixture_entry(std::string_view text, const std::string& field) {
   const size_t colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size())
-    throw ConfigError(fmt::format("{}: expected PATH:WEIGHT (a prepared dataset and its share, e.g. \"data/web.h5:0.7\"), got \"{}\"",
-                                  field, text));
+    throw ConfigError(fmt::format(
+        "{}: expected PATH:WEIGHT (a prepared dataset and its share, e.g. \"data/web.h5:0.7\"), got \"{}\"", field, text));
   MixtureEntry e;
   e.path = std::string(text.substr(0, colon));
   const std::string w(text.substr(colon + 1));
@@ -77,8 +77,8 @@ std::string MixedSource::share(size_t k) const {
 
 void MixedSource::require_global_batch(int global_batch_size) const {
   if (total_ < static_cast<size_t>(global_batch_size))
-    throw DataError(fmt::format("{}: the {} split has {} samples of {} tokens, fewer than one global batch of {}", describe(),
-                                dataset_split_name(split_), total_, seq_len_, global_batch_size));
+    throw DataError(fmt::format("{}: the {} split has {} samples of {} tokens, fewer than one global batch of {}",
+                                describe(), dataset_split_name(split_), total_, seq_len_, global_batch_size));
 }
 
 MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit split, BatchLayout layout, int seq_len,
@@ -90,16 +90,18 @@ MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit 
   double weight_sum = 0;
   for (const auto& c : components) {
     if (!(std::isfinite(c.weight) && c.weight > 0))
-      throw ConfigError(fmt::format("data.mixture: the weight of {} must be a positive number, got {}", c.dataset->path(), c.weight));
+      throw ConfigError(
+          fmt::format("data.mixture: the weight of {} must be a positive number, got {}", c.dataset->path(), c.weight));
     weight_sum += c.weight;
   }
   const DatasetInfo& first = components.front().dataset->info();
   for (const auto& c : components) {
     const DatasetInfo& info = c.dataset->info();
     if (info.tokenizer_hash != first.tokenizer_hash)
-      throw DataError(fmt::format("{}: tokenized with {} ({}), but {} with {} ({}); every source of a mixture must use the same tokenizer",
-                                  c.dataset->path(), info.tokenizer_name, info.tokenizer_hash, components.front().dataset->path(),
-                                  first.tokenizer_name, first.tokenizer_hash));
+      throw DataError(fmt::format(
+          "{}: tokenized with {} ({}), but {} with {} ({}); every source of a mixture must use the same tokenizer",
+          c.dataset->path(), info.tokenizer_name, info.tokenizer_hash, components.front().dataset->path(),
+          first.tokenizer_name, first.tokenizer_hash));
     SampleSource source(*c.dataset, split, layout, seq_len);
     total_ += source.num_samples();
     parts_.push_back(Part{c, std::move(source), c.weight / weight_sum, 0});
@@ -116,17 +118,17 @@ MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit 
   }
   std::vector<size_t> by_fraction(k_count);
   std::iota(by_fraction.begin(), by_fraction.end(), size_t{0});
-  std::stable_sort(by_fraction.begin(), by_fraction.end(), [&](size_t a, size_t b) {
-    return exact[a] - std::floor(exact[a]) > exact[b] - std::floor(exact[b]);
-  });
+  std::stable_sort(by_fraction.begin(), by_fraction.end(),
+                   [&](size_t a, size_t b) { return exact[a] - std::floor(exact[a]) > exact[b] - std::floor(exact[b]); });
   for (size_t j = 0; given < total_; j = (j + 1) % k_count, ++given) ++parts_[by_fraction[j]].per_epoch;
   for (size_t j = k_count; given > total_ && j-- > 0;)  // floors past N (weights summing to 1 + rounding)
     if (parts_[by_fraction[j]].per_epoch > 0) --parts_[by_fraction[j]].per_epoch, --given;
   for (const Part& p : parts_)
     if (p.per_epoch == 0)
-      throw ConfigError(fmt::format("data.mixture: the share {:.3g} of {} is less than one of the epoch's {} samples; "
-                                    "raise its weight or leave it out",
-                                    p.weight, p.component.dataset->path(), total_));
+      throw ConfigError(
+          fmt::format("data.mixture: the share {:.3g} of {} is less than one of the epoch's {} samples; "
+                      "raise its weight or leave it out",
+                      p.weight, p.component.dataset->path(), total_));
   if (k_count == 1) return;
 
   // The interleave: index i goes to the source furthest behind its share of the first i + 1 indices, that
@@ -137,7 +139,8 @@ MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit 
   std::vector<uint64_t> count(k_count, 0);
   const auto n = static_cast<int128>(total_);
   for (size_t i = 0; i < total_; ++i) {
-    if (i % kBlock == 0) std::copy(count.begin(), count.end(), block_start_.begin() + static_cast<ptrdiff_t>(i / kBlock * k_count));
+    if (i % kBlock == 0)
+      std::copy(count.begin(), count.end(), block_start_.begin() + static_cast<ptrdiff_t>(i / kBlock * k_count));
     size_t best = 0;
     int128 best_deficit = 0;
     for (size_t k = 0; k < k_count; ++k) {

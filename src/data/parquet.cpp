@@ -18,8 +18,8 @@ using thrift::CompactReader;
 using thrift::Type;
 
 const char* physical_type_name(int32_t type) {
-  static constexpr const char* kNames[] = {"BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY",
-                                           "FIXED_LEN_BYTE_ARRAY"};
+  static constexpr const char* kNames[] = {"BOOLEAN", "INT32",  "INT64",      "INT96",
+                                           "FLOAT",   "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"};
   return type >= 0 && type < 8 ? kNames[type] : "an unknown type";
 }
 
@@ -29,9 +29,10 @@ std::string codec_name(int32_t codec) {
 }
 
 std::string encoding_name(int32_t encoding) {
-  static constexpr const char* kNames[] = {"PLAIN", "GROUP_VAR_INT", "PLAIN_DICTIONARY", "RLE", "BIT_PACKED",
-                                           "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY",
-                                           "RLE_DICTIONARY", "BYTE_STREAM_SPLIT"};
+  static constexpr const char* kNames[] = {
+      "PLAIN",          "GROUP_VAR_INT",       "PLAIN_DICTIONARY",        "RLE",
+      "BIT_PACKED",     "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY",
+      "RLE_DICTIONARY", "BYTE_STREAM_SPLIT"};
   return encoding >= 0 && encoding < 10 ? kNames[encoding] : fmt::format("encoding {}", encoding);
 }
 
@@ -129,7 +130,12 @@ void read_file_metadata(FileMetadata& m, const uint8_t* p, size_t n) {
   std::vector<std::vector<std::string>> chunk_paths;  // path_in_schema of every chunk, checked below
   r.read_struct([&](int16_t id, Type t) {
     switch (id) {
-      case 2: r.read_list(t, [&](Type et) { expect_struct(et); schema.push_back(read_schema_element(r)); }); break;
+      case 2:
+        r.read_list(t, [&](Type et) {
+          expect_struct(et);
+          schema.push_back(read_schema_element(r));
+        });
+        break;
       case 3: m.num_rows = r.read_int(t); break;
       case 4:
         r.read_list(t, [&](Type et) {
@@ -166,8 +172,8 @@ void read_file_metadata(FileMetadata& m, const uint8_t* p, size_t n) {
   for (size_t g = 0; g < m.row_groups.size(); ++g) {
     const RowGroup& group = m.row_groups[g];
     if (group.columns.size() != m.columns.size())
-      throw thrift::ThriftError(fmt::format("row group {} has {} column chunks for {} columns", g, group.columns.size(),
-                                            m.columns.size()));
+      throw thrift::ThriftError(
+          fmt::format("row group {} has {} column chunks for {} columns", g, group.columns.size(), m.columns.size()));
     if (group.num_rows < 0) throw thrift::ThriftError(fmt::format("row group {} says {} rows", g, group.num_rows));
     for (size_t c = 0; c < group.columns.size(); ++c, ++chunk) {
       const auto& parts = chunk_paths[chunk];
@@ -208,8 +214,8 @@ ParquetFile ParquetFile::open(const std::string& path) {
   uint32_t footer_len = 0;
   std::memcpy(&footer_len, d + size - 8, 4);  // little-endian, as this host
   if (footer_len > size - 12)
-    throw DataError(fmt::format("{}: its footer claims {} bytes of a {}-byte file (truncated or corrupt)", path,
-                                footer_len, size));
+    throw DataError(
+        fmt::format("{}: its footer claims {} bytes of a {}-byte file (truncated or corrupt)", path, footer_len, size));
   m.footer_begin = size - 8 - footer_len;
   try {
     parquet_detail::read_file_metadata(m, d + m.footer_begin, footer_len);
@@ -251,18 +257,20 @@ const ParquetColumn& ParquetFile::string_column(const std::string& path) const {
     if (c.path != path) continue;
     if (c.max_repetition_level > 0)
       throw DataError(fmt::format("{}: column \"{}\" is a list (repeated), not one string per row{}", meta_->path, path,
-                                  c.is_id_list ? fmt::format("; it holds integers: --token-field {} imports them as token ids", path)
-                                               : std::string()));
+                                  c.is_id_list
+                                      ? fmt::format("; it holds integers: --token-field {} imports them as token ids", path)
+                                      : std::string()));
     if (!c.is_string)
-      throw DataError(fmt::format("{}: column \"{}\" holds {}, not strings (BYTE_ARRAY)", meta_->path, path,
-                                  c.physical_type));
+      throw DataError(
+          fmt::format("{}: column \"{}\" holds {}, not strings (BYTE_ARRAY)", meta_->path, path, c.physical_type));
     return c;
   }
   const auto under = leaves_of(meta_->columns, path);
   if (under.size() == 1 && under[0]->is_id_list)
-    throw DataError(fmt::format("{}: column \"{}\" is a list of integers ({}), not strings; it holds token ids: "
-                                "--token-field {} imports them",
-                                meta_->path, path, under[0]->physical_type, path));
+    throw DataError(
+        fmt::format("{}: column \"{}\" is a list of integers ({}), not strings; it holds token ids: "
+                    "--token-field {} imports them",
+                    meta_->path, path, under[0]->physical_type, path));
   no_column(meta_->path, meta_->columns, path, "--text-field");
 }
 
@@ -275,16 +283,18 @@ const ParquetColumn& ParquetFile::id_list_column(const std::string& field) const
   const ParquetColumn& c = *under[0];
   if (!c.is_id_list)
     throw DataError(fmt::format("{}: column \"{}\" ({}) is {}, not a list of integers (token ids)", meta_->path, field,
-                                c.path, c.max_repetition_level > 1   ? "a list of lists"
-                                        : c.max_repetition_level == 0 ? fmt::format("one {} per row", c.physical_type)
-                                                                      : fmt::format("a list of {}", c.physical_type)));
+                                c.path,
+                                c.max_repetition_level > 1    ? "a list of lists"
+                                : c.max_repetition_level == 0 ? fmt::format("one {} per row", c.physical_type)
+                                                              : fmt::format("a list of {}", c.physical_type)));
   return c;
 }
 
 namespace {
 
 // The sum over the column's chunks of one of their counts (negative ones, which a corrupt footer may hold, as 0).
-uint64_t chunk_sum(const parquet_detail::FileMetadata& m, const ParquetColumn& column, int64_t parquet_detail::ColumnChunk::*count) {
+uint64_t chunk_sum(const parquet_detail::FileMetadata& m, const ParquetColumn& column,
+                   int64_t parquet_detail::ColumnChunk::*count) {
   uint64_t total = 0;
   for (const auto& g : m.row_groups) {
     const int64_t v = g.columns.at(static_cast<size_t>(column.leaf_index)).*count;

@@ -17,12 +17,26 @@
 namespace shardtrain::data::parquet_detail {
 
 enum class PhysicalType : int32_t {
-  Boolean = 0, Int32 = 1, Int64 = 2, Int96 = 3, Float = 4, Double = 5, ByteArray = 6, FixedLenByteArray = 7,
+  Boolean = 0,
+  Int32 = 1,
+  Int64 = 2,
+  Int96 = 3,
+  Float = 4,
+  Double = 5,
+  ByteArray = 6,
+  FixedLenByteArray = 7,
 };
 enum class Codec : int32_t { Uncompressed = 0, Snappy = 1, Gzip = 2, Lzo = 3, Brotli = 4, Lz4 = 5, Zstd = 6, Lz4Raw = 7 };
 enum class Encoding : int32_t {
-  Plain = 0, PlainDictionary = 2, Rle = 3, BitPacked = 4, DeltaBinaryPacked = 5, DeltaLengthByteArray = 6,
-  DeltaByteArray = 7, RleDictionary = 8, ByteStreamSplit = 9,
+  Plain = 0,
+  PlainDictionary = 2,
+  Rle = 3,
+  BitPacked = 4,
+  DeltaBinaryPacked = 5,
+  DeltaLengthByteArray = 6,
+  DeltaByteArray = 7,
+  RleDictionary = 8,
+  ByteStreamSplit = 9,
 };
 enum class PageType : int32_t { DataPage = 0, IndexPage = 1, DictionaryPage = 2, DataPageV2 = 3 };
 
@@ -38,8 +52,8 @@ struct ColumnChunk {
   int64_t total_uncompressed_size = 0;
   int64_t data_page_offset = -1;
   std::optional<int64_t> dictionary_page_offset;
-  bool has_metadata = false;     // false: encrypted column metadata
-  std::string external_path;     // ColumnChunk.file_path: the data lives in another file
+  bool has_metadata = false;  // false: encrypted column metadata
+  std::string external_path;  // ColumnChunk.file_path: the data lives in another file
 };
 
 struct RowGroup {
@@ -49,7 +63,7 @@ struct RowGroup {
 
 struct FileMetadata {
   std::string path;
-  MappedFile file;  // mapped for as long as the ParquetFile lives
+  MappedFile file;          // mapped for as long as the ParquetFile lives
   size_t footer_begin = 0;  // where the column data ends
   int64_t num_rows = 0;
   std::string created_by;

@@ -182,7 +182,8 @@ void plain_byte_arrays(const uint8_t* p, const uint8_t* end, size_t count, std::
     if (end - p < 4) fail("PLAIN value {} of {} runs past the end of its page", i, count);
     const uint32_t n = load_u32(p);
     p += 4;
-    if (n > static_cast<uint64_t>(end - p)) fail("PLAIN value {} of {} ({} bytes) runs past the end of its page", i, count, n);
+    if (n > static_cast<uint64_t>(end - p))
+      fail("PLAIN value {} of {} ({} bytes) runs past the end of its page", i, count, n);
     out.emplace_back(reinterpret_cast<const char*>(p), n);
     p += n;
   }
@@ -268,7 +269,8 @@ std::span<const uint8_t> decompress(int32_t codec, std::span<const uint8_t> src,
     case Codec::Zstd: {
       const size_t rc = ZSTD_decompress(out, size, in, src.size());
       if (ZSTD_isError(rc) || rc != size)
-        fail("a ZSTD page does not decompress to its {} bytes ({})", size, ZSTD_isError(rc) ? ZSTD_getErrorName(rc) : "short");
+        fail("a ZSTD page does not decompress to its {} bytes ({})", size,
+             ZSTD_isError(rc) ? ZSTD_getErrorName(rc) : "short");
       break;
     }
     case Codec::Lz4Raw: {
@@ -283,7 +285,10 @@ std::span<const uint8_t> decompress(int32_t codec, std::span<const uint8_t> src,
       const uint8_t* end = p + src.size();
       bool framed = true;
       while (framed && p < end) {
-        if (end - p < 8) { framed = false; break; }
+        if (end - p < 8) {
+          framed = false;
+          break;
+        }
         const uint32_t raw = __builtin_bswap32(load_u32(p)), packed = __builtin_bswap32(load_u32(p + 4));
         p += 8;
         if (packed > static_cast<size_t>(end - p) || raw > size - got ||
@@ -302,8 +307,9 @@ std::span<const uint8_t> decompress(int32_t codec, std::span<const uint8_t> src,
       break;
     }
     case Codec::Lzo:
-      fail("its pages are LZO-compressed, which no common writer uses and this reader does not read: "
-           "rewrite the file with SNAPPY or ZSTD");
+      fail(
+          "its pages are LZO-compressed, which no common writer uses and this reader does not read: "
+          "rewrite the file with SNAPPY or ZSTD");
     default: fail("its pages use {}, which is not a Parquet codec", codec_name(codec));
   }
   return {buf.data(), size};
@@ -404,8 +410,8 @@ struct PageValues {
   const uint8_t* end;
 };
 PageValues page_levels(const ColumnChunk& chunk, const ParquetColumn& column, const PageHeader& h,
-                       std::span<const uint8_t> body, bool v2, std::vector<uint8_t>& page_buffer,
-                       std::vector<uint32_t>& rep, std::vector<uint32_t>& def) {
+                       std::span<const uint8_t> body, bool v2, std::vector<uint8_t>& page_buffer, std::vector<uint32_t>& rep,
+                       std::vector<uint32_t>& def) {
   const auto count = static_cast<size_t>(h.num_values);
   const int max_rep = column.max_repetition_level, max_def = column.max_definition_level;
   if (!v2) {
@@ -426,7 +432,8 @@ PageValues page_levels(const ColumnChunk& chunk, const ParquetColumn& column, co
   const auto values = body.subspan(static_cast<size_t>(levels));
   const auto size = static_cast<size_t>(h.uncompressed_size - levels);
   const auto data = h.v2_compressed ? decompress(chunk.codec, values, size, page_buffer) : values;
-  if (!h.v2_compressed && data.size() != size) fail("an uncompressed v2 page of {} bytes says it holds {}", data.size(), size);
+  if (!h.v2_compressed && data.size() != size)
+    fail("an uncompressed v2 page of {} bytes says it holds {}", data.size(), size);
   return {data.data(), data.data() + data.size()};
 }
 
@@ -476,7 +483,8 @@ class ChunkReader {
 
   // A data page's values. `left`: the chunk's values not yet read, which bounds the page's.
   size_t data_page(const PageHeader& h, std::span<const uint8_t> body, bool v2, int64_t left) {
-    if (h.num_values < 0 || h.num_values > left) fail("a data page of {} values where the chunk has {} left", h.num_values, left);
+    if (h.num_values < 0 || h.num_values > left)
+      fail("a data page of {} values where the chunk has {} left", h.num_values, left);
     const auto rows = static_cast<size_t>(h.num_values);
     const int max_def = column_.max_definition_level;
     levels_.assign(rows, static_cast<uint32_t>(max_def));
@@ -571,7 +579,8 @@ class IdChunkReader {
   }
 
   size_t data_page(const PageHeader& h, std::span<const uint8_t> body, bool v2, int64_t left) {
-    if (h.num_values < 0 || h.num_values > left) fail("a data page of {} values where the chunk has {} left", h.num_values, left);
+    if (h.num_values < 0 || h.num_values > left)
+      fail("a data page of {} values where the chunk has {} left", h.num_values, left);
     const auto count = static_cast<size_t>(h.num_values);
     const int max_def = column_.max_definition_level, entry = column_.repeated_definition_level;
     rep_.assign(count, 0);
@@ -628,7 +637,8 @@ class IdChunkReader {
         indices_.resize(count);
         HybridDecoder(p, end, width).read(indices_.data(), count);
         for (size_t i = 0; i < count; ++i) {
-          if (indices_[i] >= dictionary_.size()) fail("a dictionary index of {} into {} entries", indices_[i], dictionary_.size());
+          if (indices_[i] >= dictionary_.size())
+            fail("a dictionary index of {} into {} entries", indices_[i], dictionary_.size());
           values_[i] = dictionary_[indices_[i]];
         }
         return;
@@ -689,15 +699,20 @@ void read_pages(const FileMetadata& file, size_t row_group, const ParquetColumn&
       if (static_cast<size_t>(h.compressed_size) > static_cast<size_t>(end) - body_at)
         fail("a page of {} bytes runs past the end of the chunk", h.compressed_size);
       const std::span<const uint8_t> body(file.file.data + body_at, static_cast<size_t>(h.compressed_size));
-      if (h.crc && static_cast<uint32_t>(*h.crc) != static_cast<uint32_t>(crc32(0, body.data(), static_cast<uInt>(body.size()))))
+      if (h.crc &&
+          static_cast<uint32_t>(*h.crc) != static_cast<uint32_t>(crc32(0, body.data(), static_cast<uInt>(body.size()))))
         fail("the page's CRC does not match its bytes: the file is corrupt");
       switch (static_cast<PageType>(h.type)) {
         case PageType::DictionaryPage:
           if (rows > 0) fail("a dictionary page after data pages");
           reader.dictionary_page(h, body);
           break;
-        case PageType::DataPage: rows += static_cast<int64_t>(reader.data_page(h, body, false, chunk.num_values - rows)); break;
-        case PageType::DataPageV2: rows += static_cast<int64_t>(reader.data_page(h, body, true, chunk.num_values - rows)); break;
+        case PageType::DataPage:
+          rows += static_cast<int64_t>(reader.data_page(h, body, false, chunk.num_values - rows));
+          break;
+        case PageType::DataPageV2:
+          rows += static_cast<int64_t>(reader.data_page(h, body, true, chunk.num_values - rows));
+          break;
         default: break;  // index pages, and page types newer than this reader, hold no values
       }
       if (stats) {

@@ -127,7 +127,8 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
     });
   }
   for (auto& th : pool) th.join();
-  const auto first = std::min_element(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const auto first =
+      std::min_element(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   if (first->second) std::rethrow_exception(first->second);
 }
 
@@ -138,13 +139,14 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   if (options.inputs.empty()) throw UsageError("prepare-data: no --input given");
   if (std::error_code ec; options.existing == ExistingOutput::Refuse && fs::exists(options.output, ec))
-    throw UsageError(fmt::format("{}: already exists; prepare-data does not replace a dataset unless asked (--overwrite)", options.output));
+    throw UsageError(fmt::format("{}: already exists; prepare-data does not replace a dataset unless asked (--overwrite)",
+                                 options.output));
   // The output's folder must exist before any work: a typo in it would otherwise show only after the whole corpus.
   if (const auto dir = fs::path(options.output).parent_path(); !dir.empty()) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
-      throw UsageError(fmt::format("{}: the output's folder {} does not exist{} (prepare-data makes no folders)", options.output,
-                                   dir.string(), fs::exists(dir, ec) ? " as a folder" : ""));
+      throw UsageError(fmt::format("{}: the output's folder {} does not exist{} (prepare-data makes no folders)",
+                                   options.output, dir.string(), fs::exists(dir, ec) ? " as a folder" : ""));
   }
   if (options.validation_fraction < 0 || options.validation_fraction >= 1)
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
@@ -158,7 +160,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   // The progress bar counts what the reading hands out: a Parquet file's text column, the others' bytes.
   std::vector<uint64_t> file_estimate(files.size());
   uint64_t total_estimate = 0;
-  for (size_t i = 0; i < files.size(); ++i) total_estimate += file_estimate[i] = document_bytes_estimate(files[i], documents);
+  for (size_t i = 0; i < files.size(); ++i)
+    total_estimate += file_estimate[i] = document_bytes_estimate(files[i], documents);
 
   // Pass 1: documents read in batches of about batch_bytes on a thread of their own, tokenized on all cores,
   // their ids appended to a temporary file beside the output (removed however this ends) and their lengths to
@@ -172,7 +175,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
     }
   } remove_tmp{tokens_tmp_path};
   std::ofstream tokens_tmp(tokens_tmp_path, std::ios::binary | std::ios::trunc);
-  if (!tokens_tmp) throw IoError(fmt::format("{}: cannot create the temporary token file: {}", tokens_tmp_path, std::strerror(errno)));
+  if (!tokens_tmp)
+    throw IoError(fmt::format("{}: cannot create the temporary token file: {}", tokens_tmp_path, std::strerror(errno)));
   const int threads = options.threads > 0 ? options.threads : usable_cores();
   summary.threads = threads;
   std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
@@ -249,7 +253,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
           ++summary.empty_documents_skipped;
           continue;
         }
-        tokens_tmp.write(reinterpret_cast<const char*>(ids[d].data()), static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
+        tokens_tmp.write(reinterpret_cast<const char*>(ids[d].data()),
+                         static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
         offsets.push_back(offsets.back() + static_cast<int64_t>(ids[d].size()));
       }
       if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
@@ -267,8 +272,9 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   info.sources = files;
   info.validation_fraction = options.validation_fraction;
   info.split_seed = options.seed;
-  if (!info.eot_id) log::warn("prepare-data: tokenizer {} has no end-of-text token; the packed layout will refuse this dataset",
-                              tokenizer.name());
+  if (!info.eot_id)
+    log::warn("prepare-data: tokenizer {} has no end-of-text token; the packed layout will refuse this dataset",
+              tokenizer.name());
   std::ifstream back(tokens_tmp_path, std::ios::binary);
   write_dataset(
       options.output, num_tokens,

@@ -26,14 +26,15 @@ DistributedSampler::DistributedSampler(SamplerOptions o) : options_(o) {
   if (o.micro_batch_size < 1) throw ConfigError(fmt::format("micro_batch_size must be >= 1 (got {})", o.micro_batch_size));
   const int per_step = o.micro_batch_size * o.dp_size;
   if (o.global_batch_size < per_step || o.global_batch_size % per_step != 0)
-    throw ConfigError(fmt::format("global_batch_size {} must be a positive multiple of micro_batch_size x data-parallel size "
-                                  "= {} x {} = {}",
-                                  o.global_batch_size, o.micro_batch_size, o.dp_size, per_step));
+    throw ConfigError(
+        fmt::format("global_batch_size {} must be a positive multiple of micro_batch_size x data-parallel size "
+                    "= {} x {} = {}",
+                    o.global_batch_size, o.micro_batch_size, o.dp_size, per_step));
   accumulation_ = o.global_batch_size / per_step;
   global_batches_ = o.num_samples / static_cast<size_t>(o.global_batch_size);
   if (global_batches_ == 0)
-    throw ConfigError(fmt::format("the split has {} samples, fewer than one global batch of {}", o.num_samples,
-                                  o.global_batch_size));
+    throw ConfigError(
+        fmt::format("the split has {} samples, fewer than one global batch of {}", o.num_samples, o.global_batch_size));
 }
 
 const std::vector<uint64_t>& DistributedSampler::order(uint64_t epoch) const {

@@ -19,8 +19,19 @@ class ThriftError : public std::runtime_error {
 
 // Compact protocol type ids (the low nibble of a field header).
 enum class Type : uint8_t {
-  Stop = 0, BoolTrue = 1, BoolFalse = 2, Byte = 3, I16 = 4, I32 = 5, I64 = 6, Double = 7,
-  Binary = 8, List = 9, Set = 10, Map = 11, Struct = 12,
+  Stop = 0,
+  BoolTrue = 1,
+  BoolFalse = 2,
+  Byte = 3,
+  I16 = 4,
+  I32 = 5,
+  I64 = 6,
+  Double = 7,
+  Binary = 8,
+  List = 9,
+  Set = 10,
+  Map = 11,
+  Struct = 12,
 };
 
 class CompactReader {

@@ -52,8 +52,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string ext = fs::path(path).extension().string();
   if (ext == ".tiktoken") return Tokenizer(detail::load_tiktoken(path));
   if (ext == ".json") return Tokenizer(detail::load_hf_json(detail::read_file(path), path));
-  throw DataError(fmt::format("{}: unknown tokenizer format (expected *.tiktoken, tokenizer.json, or a folder with "
-                              "encoder.json + vocab.bpe)", path));
+  throw DataError(
+      fmt::format("{}: unknown tokenizer format (expected *.tiktoken, tokenizer.json, or a folder with "
+                  "encoder.json + vocab.bpe)",
+                  path));
 }
 
 Tokenizer Tokenizer::from_json_text(const std::string& json_text, const std::string& origin) {
@@ -105,7 +107,9 @@ std::optional<TokenId> Tokenizer::eot_id() const {
 std::optional<TokenId> Tokenizer::bot_id() const {
   return first_special(*model_, {"[BOT]", "<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>"});
 }
-std::optional<TokenId> Tokenizer::pad_id() const { return first_special(*model_, {"[PAD]", "<pad>", "<|pad|>", "<|padding|>"}); }
+std::optional<TokenId> Tokenizer::pad_id() const {
+  return first_special(*model_, {"[PAD]", "<pad>", "<|pad|>", "<|padding|>"});
+}
 
 bool Tokenizer::byte_fallback() const { return model_->byte_fallback; }
 const std::string& Tokenizer::name() const { return model_->name; }
@@ -216,8 +220,8 @@ struct Encoder::State {
     if (text.empty()) return;
     if (model->byte_fallback) {  // SentencePiece style: spaces (and U+2581 itself) are the vocabulary's U+2581
       const bool spaced = text.front() == ' ' || text.substr(0, 3) == "\u2581";
-      const bool prepend = model->prepend_space && (first || !model->prepend_first_segment_only) &&
-                           !(spaced && model->prepend_unless_spaced);
+      const bool prepend =
+          model->prepend_space && (first || !model->prepend_first_segment_only) && !(spaced && model->prepend_unless_spaced);
       std::string owned = prepend ? " " : "";
       owned.reserve(text.size() + 1);
       for (size_t i = 0; i < text.size();) {

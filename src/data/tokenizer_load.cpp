@@ -80,8 +80,7 @@ std::vector<TiktokenSpec> tiktoken_specs() {
 
 void add_token(TokenizerModel& m, std::string bytes, TokenId id, const std::string& where) {
   if (id >= m.id_to_bytes.size()) m.id_to_bytes.resize(id + 1);
-  if (!m.id_to_bytes[id].empty())
-    throw DataError(fmt::format("{}: id {} is assigned twice", where, id));
+  if (!m.id_to_bytes[id].empty()) throw DataError(fmt::format("{}: id {} is assigned twice", where, id));
   m.id_to_bytes[id] = bytes;
   m.bytes_to_id.emplace(std::move(bytes), id);
 }
@@ -125,7 +124,8 @@ void load_merges(TokenizerModel& m, const json& merges, const std::string& where
       throw DataError(fmt::format("{}: merge {} ('{}' '{}') is not byte-level", where, rank, a, b));
     auto l = m.bytes_to_id.find(left), r = m.bytes_to_id.find(right), res = m.bytes_to_id.find(left + right);
     if (l == m.bytes_to_id.end() || r == m.bytes_to_id.end() || res == m.bytes_to_id.end())
-      throw DataError(fmt::format("{}: merge {} ('{}' '{}') uses or makes a token missing from the vocab", where, rank, a, b));
+      throw DataError(
+          fmt::format("{}: merge {} ('{}' '{}') uses or makes a token missing from the vocab", where, rank, a, b));
     m.merges.emplace(pair_key(l->second, r->second), Merge{rank, res->second});
     ++rank;
   }
@@ -148,8 +148,9 @@ void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& w
     const json& pattern = pt.at("pattern");
     const std::string behavior = pt.value("behavior", "Isolated");
     if (behavior != "Isolated" || pt.value("invert", false))
-      throw DataError(fmt::format("{}: pre_tokenizer Split with behavior '{}' (invert {}) is not supported; expected Isolated",
-                                  where, behavior, pt.value("invert", false)));
+      throw DataError(
+          fmt::format("{}: pre_tokenizer Split with behavior '{}' (invert {}) is not supported; expected Isolated", where,
+                      behavior, pt.value("invert", false)));
     if (pattern.contains("Regex")) {
       m.split_patterns.push_back(pattern["Regex"].get<std::string>());
     } else if (pattern.contains("String")) {
@@ -163,7 +164,8 @@ void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& w
       throw DataError(fmt::format("{}: pre_tokenizer Split needs pattern.Regex or pattern.String", where));
     }
   } else {
-    throw DataError(fmt::format("{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split or Sequence)", where, type));
+    throw DataError(
+        fmt::format("{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split or Sequence)", where, type));
   }
 }
 
@@ -175,7 +177,8 @@ void apply_normalizer(TokenizerModel& m, const json& n, const std::string& where
   } else if (type == "Sequence") {
     for (const auto& e : n.at("normalizers")) apply_normalizer(m, e, where);
   } else {
-    throw DataError(fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers use none or NFC)", where, type));
+    throw DataError(
+        fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers use none or NFC)", where, type));
   }
 }
 
@@ -229,15 +232,17 @@ void apply_sentencepiece_normalizer(TokenizerModel& m, const json& n, const std:
                e.value("content", "") == kSpaceMark) {
       replaces = true;
     } else {
-      throw DataError(fmt::format("{}: normalizer '{}' is not supported for a byte_fallback BPE (expected Prepend(\u2581) "
-                                  "and Replace(' ' -> \u2581), as Llama 2's tokenizer.json has)",
-                                  where, type));
+      throw DataError(
+          fmt::format("{}: normalizer '{}' is not supported for a byte_fallback BPE (expected Prepend(\u2581) "
+                      "and Replace(' ' -> \u2581), as Llama 2's tokenizer.json has)",
+                      where, type));
     }
   }
   if (!replaces)
-    throw DataError(fmt::format("{}: a byte_fallback BPE needs the normalizer Replace(' ' -> \u2581) (spaces as the "
-                                "vocabulary writes them), or a Metaspace pre_tokenizer",
-                                where));
+    throw DataError(
+        fmt::format("{}: a byte_fallback BPE needs the normalizer Replace(' ' -> \u2581) (spaces as the "
+                    "vocabulary writes them), or a Metaspace pre_tokenizer",
+                    where));
 }
 
 // The newer layout of the same tokenizers: no normalizer and a Metaspace pre_tokenizer that writes spaces as
@@ -246,17 +251,20 @@ void apply_sentencepiece_normalizer(TokenizerModel& m, const json& n, const std:
 // split (the default) every \u2581 starts a new piece.
 void apply_metaspace(TokenizerModel& m, const json& pre, const json& normalizer, const std::string& where) {
   if (!normalizer.is_null())
-    throw DataError(fmt::format("{}: normalizer '{}' together with a Metaspace pre_tokenizer is not supported for a byte_fallback "
-                                "BPE (expected no normalizer)",
-                                where, normalizer.value("type", "?")));
+    throw DataError(
+        fmt::format("{}: normalizer '{}' together with a Metaspace pre_tokenizer is not supported for a byte_fallback "
+                    "BPE (expected no normalizer)",
+                    where, normalizer.value("type", "?")));
   if (pre.value("replacement", std::string(kSpaceMark)) != kSpaceMark)
-    throw DataError(fmt::format("{}: Metaspace replacement '{}' is not supported (expected \u2581)", where, pre.value("replacement", "")));
+    throw DataError(fmt::format("{}: Metaspace replacement '{}' is not supported (expected \u2581)", where,
+                                pre.value("replacement", "")));
   std::string scheme;
   if (pre.contains("prepend_scheme")) {
     scheme = pre.value("prepend_scheme", "");
     if (scheme != "always" && scheme != "first" && scheme != "never")
       throw DataError(fmt::format("{}: Metaspace prepend_scheme '{}': expected always, first or never", where, scheme));
-    if (pre.contains("add_prefix_space") && pre["add_prefix_space"].is_boolean() && !pre["add_prefix_space"].get<bool>() && scheme != "never")
+    if (pre.contains("add_prefix_space") && pre["add_prefix_space"].is_boolean() && !pre["add_prefix_space"].get<bool>() &&
+        scheme != "never")
       throw DataError(fmt::format("{}: Metaspace add_prefix_space false contradicts prepend_scheme '{}'", where, scheme));
   } else {
     scheme = pre.value("add_prefix_space", true) ? "always" : "never";
@@ -288,13 +296,15 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
     if (!have[static_cast<size_t>(b)])
       throw DataError(fmt::format("{}: byte_fallback is set but the vocabulary has no <0x{:02X}> token", path, b));
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
-    for (const auto& t : j["added_tokens"]) m.specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
+    for (const auto& t : j["added_tokens"])
+      m.specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
   if (const json pre = j.value("pre_tokenizer", json()); pre.is_object() && pre.value("type", "") == "Metaspace") {
     apply_metaspace(m, pre, j.value("normalizer", json()), path);
   } else if (!pre.is_null()) {
-    throw DataError(fmt::format("{}: pre_tokenizer '{}' with byte_fallback is not supported (expected none, with the normalizer "
-                                "Prepend + Replace, or Metaspace)",
-                                path, pre.value("type", "?")));
+    throw DataError(
+        fmt::format("{}: pre_tokenizer '{}' with byte_fallback is not supported (expected none, with the normalizer "
+                    "Prepend + Replace, or Metaspace)",
+                    path, pre.value("type", "?")));
   } else {
     apply_sentencepiece_normalizer(m, j.value("normalizer", json()), path);
   }
@@ -336,9 +346,10 @@ std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path) {
   for (const auto& s : specs)
     if (s.name == stem) spec = &s;
   if (!spec)
-    throw DataError(fmt::format("{}: unknown tiktoken encoding '{}': the file name must be r50k_base, p50k_base, cl100k_base "
-                                "or o200k_base (.tiktoken), which picks the split pattern and special tokens",
-                                path, stem));
+    throw DataError(
+        fmt::format("{}: unknown tiktoken encoding '{}': the file name must be r50k_base, p50k_base, cl100k_base "
+                    "or o200k_base (.tiktoken), which picks the split pattern and special tokens",
+                    path, stem));
   std::istringstream in(text);
   std::string line, bytes;
   size_t lineno = 0;
@@ -399,14 +410,16 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
     m->whole_piece_lookup = model.value("ignore_merges", false);
     load_mapped_vocab(*m, model.at("vocab"), path);
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const auto& t : j["added_tokens"]) m->specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
+      for (const auto& t : j["added_tokens"])
+        m->specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
     }
     bool byte_level = false;
     apply_normalizer(*m, j.value("normalizer", json()), path);
     apply_pre_tokenizer(*m, j.value("pre_tokenizer", json()), path, byte_level);
     const json decoder = j.value("decoder", json());
     if (!byte_level && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel"))
-      throw DataError(fmt::format("{}: neither pre_tokenizer nor decoder is ByteLevel; only byte-level BPE is supported", path));
+      throw DataError(
+          fmt::format("{}: neither pre_tokenizer nor decoder is ByteLevel; only byte-level BPE is supported", path));
     // Added tokens take their ids even when the vocab holds them too; remove them from the regular map.
     for (const auto& s : m->specials) {
       auto it = m->bytes_to_id.find(s.content);

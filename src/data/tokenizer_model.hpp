@@ -42,10 +42,10 @@ inline uint64_t pair_key(TokenId a, TokenId b) { return (static_cast<uint64_t>(a
 struct TokenizerModel {
   std::string name, path, hash;
   TokenizerFormat format = TokenizerFormat::Tiktoken;
-  std::vector<std::string> id_to_bytes;                // regular and special tokens; "" = unused id
+  std::vector<std::string> id_to_bytes;                  // regular and special tokens; "" = unused id
   std::unordered_map<std::string, TokenId> bytes_to_id;  // regular tokens only
-  std::array<TokenId, 256> byte_ids{};                 // the token of each single byte
-  std::unordered_map<uint64_t, Merge> merges;          // pair_key(left, right) -> rank, result
+  std::array<TokenId, 256> byte_ids{};                   // the token of each single byte
+  std::unordered_map<uint64_t, Merge> merges;            // pair_key(left, right) -> rank, result
   bool whole_piece_lookup = false;  // a piece that is itself a token is emitted directly (tiktoken, ignore_merges)
   // SentencePiece-style BPE (Llama 2, Mistral's tokenizer.json: model.byte_fallback): the symbols are characters
   // (a token of the character when the vocabulary has one, else its UTF-8 bytes as the <0xNN> tokens, which

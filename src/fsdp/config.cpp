@@ -28,9 +28,12 @@ void FsdpConfig::validate() const {
   if (param_dtype != DType::F32 && param_dtype != DType::BF16)
     throw ConfigError(fmt::format("fsdp.param_dtype: {} is not supported (expected fp32 or bf16)", dtype_name(param_dtype)));
   if (reduce_dtype != DType::F32 && reduce_dtype != DType::BF16)
-    throw ConfigError(fmt::format("fsdp.reduce_dtype: {} is not supported (expected fp32 or bf16)", dtype_name(reduce_dtype)));
-  if (forward_prefetch < 0) throw ConfigError(fmt::format("fsdp.forward_prefetch: {} (expected 0 or more)", forward_prefetch));
-  if (backward_prefetch < 0) throw ConfigError(fmt::format("fsdp.backward_prefetch: {} (expected 0 or more)", backward_prefetch));
+    throw ConfigError(
+        fmt::format("fsdp.reduce_dtype: {} is not supported (expected fp32 or bf16)", dtype_name(reduce_dtype)));
+  if (forward_prefetch < 0)
+    throw ConfigError(fmt::format("fsdp.forward_prefetch: {} (expected 0 or more)", forward_prefetch));
+  if (backward_prefetch < 0)
+    throw ConfigError(fmt::format("fsdp.backward_prefetch: {} (expected 0 or more)", backward_prefetch));
   if (accumulation == GradAccumulation::AllReduceLast && offload_params) {
     // The accumulated shard lives in host memory there, and its all-reduce would need a round trip to the device.
     throw ConfigError(

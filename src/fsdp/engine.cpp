@@ -18,10 +18,10 @@ namespace shardtrain::fsdp {
 struct FsdpEngine::Unit {
   const UnitSpec* spec = nullptr;
   FlatLayout layout;
-  FlatBuffer master;     // (N/S) fp32
-  FlatBuffer grad;       // (N/S) fp32
-  FlatBuffer full;       // (N) param_dtype, while gathered
-  FlatBuffer full_grad;  // (N) fp32, from the unit's first backward until its reduction
+  FlatBuffer master;                     // (N/S) fp32
+  FlatBuffer grad;                       // (N/S) fp32
+  FlatBuffer full;                       // (N) param_dtype, while gathered
+  FlatBuffer full_grad;                  // (N) fp32, from the unit's first backward until its reduction
   UnitState state = UnitState::Sharded;  // changed by move_to only
   // Not the parameters' lifecycle, so not in `state`: stream bookkeeping and the gradient shard's step.
   // Overlap: the all-gather's completion (on the gather stream; with offload, the upload's on the upload
@@ -73,7 +73,6 @@ struct FsdpEngine::OffloadStreams {
   CudaStream upload{StreamPriority::High}, download{StreamPriority::High};
   CudaEvent reduced;  // on the reducing stream: a reduction is complete
   CudaEvent staged;   // on download: a reduction was copied out of its device buffer
-
 };
 
 const char* unit_state_name(UnitState state) {
@@ -123,8 +122,8 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
       upload_pool_(ops.device(), &ledger, MemoryCategory::CommBuffers) {
   config_.validate();
   if (config_.strategy != mesh.strategy()) {
-    throw InternalError(fmt::format("FSDP config strategy {} differs from the mesh's {}", sharding_strategy_name(config_.strategy),
-                                    sharding_strategy_name(mesh.strategy())));
+    throw InternalError(fmt::format("FSDP config strategy {} differs from the mesh's {}",
+                                    sharding_strategy_name(config_.strategy), sharding_strategy_name(mesh.strategy())));
   }
   const model::ModelSpec& spec = model.spec();
   grads_in_shard_ = grads_live_in_shards(config_, mesh.shard_size(), mesh.replicate_size());
@@ -180,18 +179,21 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
   // Only what this mesh and config use (plan.cpp counts the same): on one GPU the two shard-sized buffers
   // would be 2 x 307 MB of nothing for the seed model.
   if (config_.reduce_dtype != DType::F32 || (config_.offload_params && mesh.replicate_size() > 1)) {
-    stage_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+    stage_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger,
+                        MemoryCategory::CommBuffers);
   }
   for (int i = 0; i < (S > 1 ? (mesh.replicate_size() > 1 ? 2 : 1) : 0); ++i) {
     reduce_shard_[i] = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_shard) * 4, &ledger,
                                   MemoryCategory::CommBuffers);
   }
   if (config_.reduce_dtype != DType::F32) {
-    reduce_full_ = FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_n) * dtype_size(config_.reduce_dtype),
-                              &ledger, MemoryCategory::CommBuffers);
+    reduce_full_ =
+        FlatBuffer(ops.device(), Placement::Compute, static_cast<size_t>(max_n) * dtype_size(config_.reduce_dtype), &ledger,
+                   MemoryCategory::CommBuffers);
   }
   if (config_.offload_params) {
-    host_stage_ = FlatBuffer(ops.device(), Placement::PinnedHost, static_cast<size_t>(max_shard) * 4, &ledger, MemoryCategory::CommBuffers);
+    host_stage_ = FlatBuffer(ops.device(), Placement::PinnedHost, static_cast<size_t>(max_shard) * 4, &ledger,
+                             MemoryCategory::CommBuffers);
   }
   if (ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device &&
       (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
@@ -211,8 +213,8 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     upload_ops_ = ops::make_cuda_ops(side);
     upload_ops_->set_stream(offload_streams_->upload.ref());
     // One double per unit; a unit without parameters keeps its zero.
-    unit_sq_sums_ = FlatBuffer(ops.device(), Placement::Compute, units_.size() * sizeof(double), &ledger,
-                               MemoryCategory::CommBuffers);
+    unit_sq_sums_ =
+        FlatBuffer(ops.device(), Placement::Compute, units_.size() * sizeof(double), &ledger, MemoryCategory::CommBuffers);
     const std::vector<double> zeros(units_.size(), 0.0);
     copy_async(unit_sq_sums_.data(), zeros.data(), zeros.size() * sizeof(double), {});
     stream_synchronize({});
@@ -300,8 +302,7 @@ void FsdpEngine::unshard(Unit& u) {
   if (u.spec->is_root) {
     // Allocated once and kept (reshard leaves it): freeing device memory synchronizes the device, once per
     // step here. The memory plan counts the root's buffer for the whole step anyway (plan.cpp).
-    if (!u.full)
-      u.full = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::UnshardedParams);
+    if (!u.full) u.full = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::UnshardedParams);
   } else {
     u.full = param_pool_.acquire(bytes);
     stats_.max_outstanding = std::max(stats_.max_outstanding, param_pool_.outstanding());
@@ -368,8 +369,8 @@ void FsdpEngine::all_gather_unit(Unit& u, StreamRef stream) {
   const int64_t n = u.shard();
   if (observer_) observer_->schedule_point(SchedulePoint::GatherIssued, u.spec->index);
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, all-gather)", u.spec->index, u.spec->name));
-  comms_->shard().all_gather(u.full.view(pd, mesh_->coord().shard * n, {n}).data, u.full.data(),
-                             static_cast<size_t>(n), pd, stream);
+  comms_->shard().all_gather(u.full.view(pd, mesh_->coord().shard * n, {n}).data, u.full.data(), static_cast<size_t>(n), pd,
+                             stream);
   if (watchdog_) watchdog_->set_unit("");
   ++stats_.gathers;
 }
@@ -690,7 +691,11 @@ const double* FsdpEngine::device_grad_sq_sums() const {
   return static_cast<const double*>(unit_sq_sums_.data());
 }
 
-void FsdpEngine::set_forward_prefetch(int unit, std::vector<int> units) { forward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units); }
-void FsdpEngine::set_backward_prefetch(int unit, std::vector<int> units) { backward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units); }
+void FsdpEngine::set_forward_prefetch(int unit, std::vector<int> units) {
+  forward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units);
+}
+void FsdpEngine::set_backward_prefetch(int unit, std::vector<int> units) {
+  backward_prefetch_.at(static_cast<size_t>(unit)) = std::move(units);
+}
 
 }  // namespace shardtrain::fsdp

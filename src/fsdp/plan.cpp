@@ -23,11 +23,12 @@ ops::CudaScratchBytes op_scratch_bytes(const model::ModelSpec& spec, DType param
   return ops::cuda_scratch_bytes(shape);
 }
 
-MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan, int64_t micro_batch,
-                               int64_t seq) {
+MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan,
+                               int64_t micro_batch, int64_t seq) {
   MemoryEstimate m;
-  const model::ActivationPlan act(spec.config(), micro_batch, seq, config.param_dtype,
-                                  config.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
+  const model::ActivationPlan act(
+      spec.config(), micro_batch, seq, config.param_dtype,
+      config.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
   m.activations = static_cast<double>(act.bytes());
   m.op_scratch = static_cast<double>(op_scratch_bytes(spec, config.param_dtype, micro_batch, seq).total());
   m.state = static_cast<double>(plan.sharded_state_bytes);
@@ -45,7 +46,8 @@ namespace {
 // The engine's full gradient buffers through one backward (engine.cpp: begin_unit_backward takes one from the
 // pool when a unit's backward begins, reduce_gradients holds it back until the next reduction, and then it goes
 // back to the pool, FlatPool's rules): the most bytes allocated at once, as the ledger measures them.
-int64_t grad_buffer_peak(const model::ModelSpec& spec, const std::vector<UnitSpec>& units, const std::vector<int64_t>& bytes) {
+int64_t grad_buffer_peak(const model::ModelSpec& spec, const std::vector<UnitSpec>& units,
+                         const std::vector<int64_t>& bytes) {
   std::vector<int> unit_of(spec.params().size(), -1);
   for (const UnitSpec& u : units)
     for (int p : u.params) unit_of[p] = u.index;
@@ -99,8 +101,7 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   const auto bp = static_cast<int64_t>(dtype_size(config.param_dtype));
   const auto br = static_cast<uint64_t>(dtype_size(config.reduce_dtype));
   const bool raf = config.reshards_after_forward();
-  int64_t max_unit = 0, root = 0, spanning = 0, all_units = 0, all_grads = 0, max_shard = 0, root_shard = 0,
-          max_n = 0;
+  int64_t max_unit = 0, root = 0, spanning = 0, all_units = 0, all_grads = 0, max_shard = 0, root_shard = 0, max_n = 0;
   const std::vector<UnitSpec> units = plan_units(spec, config.wrap);
   std::vector<int64_t> grad_bytes(units.size(), 0);
   for (const UnitSpec& u : units) {
@@ -136,7 +137,9 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
   // The root's backward spans the whole backward (lm_head first, the embedding last); each other unit's buffer
   // lives through its backward and, held back, through the next unit's reduction being issued.
   if (grads_live_in_shards(config, S, R)) p.unsharded_grad_bytes = 0;
-  else p.unsharded_grad_bytes = config.accumulation == GradAccumulation::NoSync ? all_grads : grad_buffer_peak(spec, units, grad_bytes);
+  else
+    p.unsharded_grad_bytes =
+        config.accumulation == GradAccumulation::NoSync ? all_grads : grad_buffer_peak(spec, units, grad_bytes);
   // The engine's scratch buffers (engine.cpp, constructor), each sized for the largest unit.
   const bool f32_reduce = config.reduce_dtype == DType::F32;
   const int64_t max_any_shard = std::max(max_shard, root_shard);

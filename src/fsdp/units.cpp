@@ -26,7 +26,8 @@ WrapPolicy parse_wrap_policy(std::string_view text) {
   if (k == "TRANSFORMER_BASED_WRAP" || k == "TRANSFORMER") return WrapPolicy::TransformerBased;
   if (k == "SIZE_BASED_WRAP" || k == "SIZE") return WrapPolicy::SizeBased;
   if (k == "NO_WRAP" || k == "NONE") return WrapPolicy::NoWrap;
-  throw ConfigError(fmt::format("unknown wrap policy '{}' (expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP)", text));
+  throw ConfigError(
+      fmt::format("unknown wrap policy '{}' (expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP)", text));
 }
 
 namespace {
@@ -50,11 +51,12 @@ void mark_uses(const model::ModelSpec& spec, std::vector<UnitSpec>& units) {
 std::vector<UnitSpec> plan_units(const model::ModelSpec& spec, const WrapConfig& config) {
   const auto& modules = spec.modules();
   std::vector<int> owner(modules.size(), -1);  // unit (by creation) that claims each module
-  std::vector<std::vector<int>> groups;         // params per claimed group
+  std::vector<std::vector<int>> groups;        // params per claimed group
   std::vector<std::string> names;
 
   if (config.policy == WrapPolicy::TransformerBased) {
-    if (config.transformer_layer_cls.empty()) throw ConfigError("transformer_layer_cls_to_wrap: expected at least one class");
+    if (config.transformer_layer_cls.empty())
+      throw ConfigError("transformer_layer_cls_to_wrap: expected at least one class");
     for (const model::ModuleInfo& m : modules) {  // pre-order: parents before children
       const bool listed = std::find(config.transformer_layer_cls.begin(), config.transformer_layer_cls.end(), m.cls) !=
                           config.transformer_layer_cls.end();
@@ -81,7 +83,8 @@ std::vector<UnitSpec> plan_units(const model::ModelSpec& spec, const WrapConfig&
       names.push_back("model");
     }
   } else if (config.policy == WrapPolicy::SizeBased) {
-    if (config.min_num_params <= 0) throw ConfigError(fmt::format("min_num_params {}: expected a positive count", config.min_num_params));
+    if (config.min_num_params <= 0)
+      throw ConfigError(fmt::format("min_num_params {}: expected a positive count", config.min_num_params));
     int64_t in_group = 0;
     bool open = false;
     for (const model::ModuleInfo& m : modules) {

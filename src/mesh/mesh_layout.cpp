@@ -21,10 +21,12 @@ MeshLayout make_mesh_layout(const MeshSpec& spec, int world_size, int ranks_per_
   if (world_size <= 0) throw ConfigError(fmt::format("world size {}: expected at least 1 rank", world_size));
   if (ranks_per_node <= 0) throw ConfigError(fmt::format("ranks_per_node {}: expected a positive integer", ranks_per_node));
   if (world_size % ranks_per_node != 0) {
-    throw ConfigError(fmt::format("world size {} is not divisible by ranks_per_node {}: nodes must hold equal numbers of ranks",
-                                  world_size, ranks_per_node));
+    throw ConfigError(
+        fmt::format("world size {} is not divisible by ranks_per_node {}: nodes must hold equal numbers of ranks",
+                    world_size, ranks_per_node));
   }
-  if (spec.shard_size < 0) throw ConfigError(fmt::format("shard_size {}: expected a positive integer (or 0 for ranks_per_node)", spec.shard_size));
+  if (spec.shard_size < 0)
+    throw ConfigError(fmt::format("shard_size {}: expected a positive integer (or 0 for ranks_per_node)", spec.shard_size));
   if (spec.shard_size > 0 && !strategy_is_hybrid(spec.strategy)) {
     throw ConfigError(fmt::format("shard_size {} applies only to HYBRID_SHARD and HYBRID_SHARD_ZERO2, not to {}",
                                   spec.shard_size, sharding_strategy_name(spec.strategy)));
@@ -36,24 +38,22 @@ MeshLayout make_mesh_layout(const MeshSpec& spec, int world_size, int ranks_per_
   m.ranks_per_node = ranks_per_node;
   switch (spec.strategy) {
     case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp:
-      m.shard_size = world_size;
-      break;
-    case ShardingStrategy::NoShard:
-      m.shard_size = 1;
-      break;
+    case ShardingStrategy::ShardGradOp: m.shard_size = world_size; break;
+    case ShardingStrategy::NoShard: m.shard_size = 1; break;
     case ShardingStrategy::HybridShard:
     case ShardingStrategy::HybridShardZero2: {
       const int s = spec.shard_size > 0 ? spec.shard_size : ranks_per_node;
       if (world_size % s != 0) {
-        throw ConfigError(fmt::format("shard_size {} does not divide world size {}: {} needs shard groups of equal size "
-                                      "(a divisor of {})",
-                                      s, world_size, sharding_strategy_name(spec.strategy), world_size));
+        throw ConfigError(
+            fmt::format("shard_size {} does not divide world size {}: {} needs shard groups of equal size "
+                        "(a divisor of {})",
+                        s, world_size, sharding_strategy_name(spec.strategy), world_size));
       }
       if (s % ranks_per_node != 0 && ranks_per_node % s != 0) {
-        throw ConfigError(fmt::format("shard_size {} neither divides nor is a multiple of ranks_per_node {}: a shard group "
-                                      "must be part of one node or a run of whole nodes",
-                                      s, ranks_per_node));
+        throw ConfigError(
+            fmt::format("shard_size {} neither divides nor is a multiple of ranks_per_node {}: a shard group "
+                        "must be part of one node or a run of whole nodes",
+                        s, ranks_per_node));
       }
       m.shard_size = s;
       break;
@@ -87,8 +87,6 @@ std::vector<std::vector<int>> MeshLayout::replicate_groups() const {
   return out;
 }
 
-std::string MeshLayout::describe() const {
-  return fmt::format("{} (replicate) x {} (shard)", replicate_size, shard_size);
-}
+std::string MeshLayout::describe() const { return fmt::format("{} (replicate) x {} (shard)", replicate_size, shard_size); }
 
 }  // namespace shardtrain

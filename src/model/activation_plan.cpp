@@ -10,8 +10,7 @@
 
 namespace shardtrain::model {
 
-ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq, DType dtype,
-                               Checkpointing checkpointing)
+ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq, DType dtype, Checkpointing checkpointing)
     : batch_(batch), seq_(seq), checkpointing_(checkpointing) {
   const int64_t n = batch * seq, d = c.hidden_size, f = c.intermediate_size, kv = c.kv_dim();
   const DType stats = dtype == DType::F64 ? DType::F64 : DType::F32;
@@ -80,8 +79,8 @@ void ActivationPlan::share_last(std::string name, ops::Tensor* view, DType dtype
   view->data = nullptr;
   const size_t at = entries_.back().offset;
   if (at + view->bytes() > bytes_)
-    throw InternalError(fmt::format("activation plan: {} ({} B) does not fit in {}", name, view->bytes(),
-                                    entries_.back().name));
+    throw InternalError(
+        fmt::format("activation plan: {} ({} B) does not fit in {}", name, view->bytes(), entries_.back().name));
   shared_views_.push_back(Entry{std::move(name), view, at});
 }
 

@@ -22,8 +22,8 @@ void check_view(const ParamInfo& p, const ops::Tensor& view, const char* what) {
   if (!dtype_is_float(view.dtype))
     throw InternalError(fmt::format("bind {} of {}: dtype {} is not a float type", what, p.name, dtype_name(view.dtype)));
   if (view.numel() != p.numel)
-    throw InternalError(fmt::format("bind {} of {}: view {} has {} elements, expected {}", what, p.name,
-                                    view.shape.str(), view.numel(), p.numel));
+    throw InternalError(fmt::format("bind {} of {}: view {} has {} elements, expected {}", what, p.name, view.shape.str(),
+                                    view.numel(), p.numel));
 }
 
 // b starts where a ends, in the same memory and dtype.
@@ -86,8 +86,8 @@ const ops::Tensor& ParamBinding::param(int index) const {
 const ops::Tensor& ParamBinding::grad(int index) const {
   const ops::Tensor& t = views_.at(static_cast<size_t>(index)).grad;
   if (!t.defined())
-    throw InternalError(fmt::format("gradient of {} is not bound: bind it before the module's backward",
-                                    spec_->param(index).name));
+    throw InternalError(
+        fmt::format("gradient of {} is not bound: bind it before the module's backward", spec_->param(index).name));
   return t;
 }
 

@@ -9,9 +9,7 @@
 
 namespace shardtrain::model {
 
-const char* init_scheme_name(InitScheme s) {
-  return s == InitScheme::ResetParameters ? "reset_parameters" : "scaled";
-}
+const char* init_scheme_name(InitScheme s) { return s == InitScheme::ResetParameters ? "reset_parameters" : "scaled"; }
 
 InitScheme parse_init_scheme(std::string_view name) {
   if (name == "reset_parameters") return InitScheme::ResetParameters;
@@ -42,14 +40,16 @@ void LlamaConfig::validate() const {
   if (vocab_size > (int64_t{1} << 31) - 1)
     throw ConfigError(fmt::format("model.vocab_size: {} does not fit the int32 token ids", vocab_size));
   if (hidden_size % num_attention_heads != 0)
-    throw ConfigError(fmt::format("model.num_attention_heads: {} does not divide hidden_size {}", num_attention_heads,
-                                  hidden_size));
+    throw ConfigError(
+        fmt::format("model.num_attention_heads: {} does not divide hidden_size {}", num_attention_heads, hidden_size));
   if (num_attention_heads % num_key_value_heads != 0)
     throw ConfigError(fmt::format("model.num_key_value_heads: {} does not divide num_attention_heads {}",
                                   num_key_value_heads, num_attention_heads));
   if (head_dim() % 2 != 0)
-    throw ConfigError(fmt::format("model.num_attention_heads: head_dim = hidden_size / num_attention_heads = {} is odd; "
-                                  "rotary embeddings need an even head_dim", head_dim()));
+    throw ConfigError(
+        fmt::format("model.num_attention_heads: head_dim = hidden_size / num_attention_heads = {} is odd; "
+                    "rotary embeddings need an even head_dim",
+                    head_dim()));
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
     throw ConfigError(fmt::format("model.rms_norm_eps: must be a positive number, got {}", rms_norm_eps));
   if (!(rope_theta > 1) || !std::isfinite(rope_theta))
@@ -58,9 +58,12 @@ void LlamaConfig::validate() const {
     throw ConfigError(fmt::format("model.rope_factor: the {} scaling needs a factor of 1 or more, got {}",
                                   ops::rope_scaling_name(rope_scaling), rope_factor));
   if (rope_scaling == ops::RopeScaling::Llama3) {
-    if (!(rope_low_freq_factor > 0) || !(rope_high_freq_factor > rope_low_freq_factor) || !std::isfinite(rope_high_freq_factor))
-      throw ConfigError(fmt::format("model.rope_high_freq_factor: llama3 scaling needs 0 < rope_low_freq_factor < "
-                                    "rope_high_freq_factor, got {} and {}", rope_low_freq_factor, rope_high_freq_factor));
+    if (!(rope_low_freq_factor > 0) || !(rope_high_freq_factor > rope_low_freq_factor) ||
+        !std::isfinite(rope_high_freq_factor))
+      throw ConfigError(
+          fmt::format("model.rope_high_freq_factor: llama3 scaling needs 0 < rope_low_freq_factor < "
+                      "rope_high_freq_factor, got {} and {}",
+                      rope_low_freq_factor, rope_high_freq_factor));
     if (rope_original_max_position_embeddings <= 0)
       throw ConfigError(fmt::format("model.rope_original_max_position_embeddings: must be positive, got {}",
                                     rope_original_max_position_embeddings));

@@ -31,8 +31,7 @@ Scope::~Scope() noexcept(false) {
   if (std::uncaught_exceptions() == exceptions_) e_.hooks.after_forward(module_, phase_);
 }
 
-BackwardScope::BackwardScope(const Exec& e, int module)
-    : e_(e), module_(module), exceptions_(std::uncaught_exceptions()) {
+BackwardScope::BackwardScope(const Exec& e, int module) : e_(e), module_(module), exceptions_(std::uncaught_exceptions()) {
   e.hooks.before_backward(module);
 }
 BackwardScope::~BackwardScope() noexcept(false) {
@@ -79,8 +78,8 @@ const char* path_name(ProjectionPath p) { return p == ProjectionPath::Fused ? "o
 
 // Records how a group ran, with a debug line when that differs from the last time (the first step, a rebinding
 // that separates or joins the parameters).
-void record_path(const Exec& e, int layer, ProjectionPath LayerProjections::*field, ProjectionPath path,
-                 const char* group, const char* why_separate) {
+void record_path(const Exec& e, int layer, ProjectionPath LayerProjections::*field, ProjectionPath path, const char* group,
+                 const char* why_separate) {
   ProjectionPath& last = e.projections.at(static_cast<size_t>(layer)).*field;
   if (last != path) {
     log::debug("{}: {} {}{}", e.spec.module(e.spec.layer(layer).modules.layer).name, group, path_name(path),
@@ -91,8 +90,9 @@ void record_path(const Exec& e, int layer, ProjectionPath LayerProjections::*fie
 
 // Why a group that could be fused is not.
 const char* separate_reason(const Exec& e) {
-  return e.fusion == ProjectionFusion::Never ? " (projection fusion off)"
-                                             : " (not adjacent in memory: different FSDP units, or a binding that separates them)";
+  return e.fusion == ProjectionFusion::Never
+             ? " (projection fusion off)"
+             : " (not adjacent in memory: different FSDP units, or a binding that separates them)";
 }
 
 }  // namespace
@@ -179,9 +179,10 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
     e.ops.swiglu_backward(w.dact, a.gate_up, rows ? ops::GateUpLayout::Rows : ops::GateUpLayout::Halves, a.gate_up);
     if (rows) {
       if (!e.binding.grads_adjacent(p.gate_proj, 2))
-        throw InternalError(fmt::format("{}: the gradients of gate_proj and up_proj are not bound adjacent, while their "
-                                        "parameters were: bind each gradient in its parameter's layout",
-                                        e.spec.module(m.layer).name));
+        throw InternalError(
+            fmt::format("{}: the gradients of gate_proj and up_proj are not bound adjacent, while their "
+                        "parameters were: bind each gradient in its parameter's layout",
+                        e.spec.module(m.layer).name));
       const Tensor dgate_up = a.gate_up.reshaped({n, 2 * f});
       e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, dgate_up, a.n2, 1.0, stacked(e.grad(p.gate_proj), 2 * f));
       e.ops.matmul(Transpose::No, Transpose::No, 1.0, dgate_up, stacked(e.param(p.gate_proj), 2 * f), 0.0, w.dn);
@@ -208,8 +209,8 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
                        e.binding.grads_adjacent(p.q_proj, 3);
     if (fused) {
       // dq, dk rotated back and dv, packed into rows of [dq | dk | dv] (in dact's memory, dead by now)
-      e.ops.rope_qkv_backward(heads_view(w.dq, heads), heads_view(w.dk, kv_heads), heads_view(w.dv, kv_heads),
-                              e.positions, rope, w.qkv);
+      e.ops.rope_qkv_backward(heads_view(w.dq, heads), heads_view(w.dk, kv_heads), heads_view(w.dv, kv_heads), e.positions,
+                              rope, w.qkv);
       const int64_t rows_qkv = w.qkv.shape[1];
       e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, w.qkv, a.n1, 1.0, stacked(e.grad(p.q_proj), rows_qkv));
       e.ops.matmul(Transpose::No, Transpose::No, 1.0, w.qkv, stacked(e.param(p.q_proj), rows_qkv), 0.0, w.dn);

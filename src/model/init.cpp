@@ -22,8 +22,8 @@ double unit_open(uint32_t hi, uint32_t lo) {
 double init_value(InitKind kind, double scale, uint64_t seed, uint64_t param_id, int64_t element) {
   if (kind == InitKind::Ones) return 1.0;
   const auto e = static_cast<uint64_t>(element);
-  const auto r = philox4x32_10({static_cast<uint32_t>(e), static_cast<uint32_t>(e >> 32),
-                                static_cast<uint32_t>(param_id), static_cast<uint32_t>(param_id >> 32)},
+  const auto r = philox4x32_10({static_cast<uint32_t>(e), static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(param_id),
+                                static_cast<uint32_t>(param_id >> 32)},
                                {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
   const double u1 = unit_open(r[0], r[1]);
   if (kind == InitKind::Uniform) return scale * (2.0 * u1 - 1.0);
@@ -34,8 +34,8 @@ double init_value(InitKind kind, double scale, uint64_t seed, uint64_t param_id,
 void init_param_slice(const ParamInfo& param, uint64_t seed, int64_t first, const ops::Tensor& out) {
   const int64_t count = out.numel();
   if (first < 0 || first + count > param.numel)
-    throw InternalError(fmt::format("init {}: slice [{}, {}) is outside its {} elements", param.name, first,
-                                    first + count, param.numel));
+    throw InternalError(
+        fmt::format("init {}: slice [{}, {}) is outside its {} elements", param.name, first, first + count, param.numel));
   if (out.device != DeviceKind::Cpu) throw InternalError(fmt::format("init {}: output is not in host memory", param.name));
   const auto fill = [&](auto* dst) {
     using T = std::remove_pointer_t<decltype(dst)>;
@@ -50,7 +50,8 @@ void init_param_slice(const ParamInfo& param, uint64_t seed, int64_t first, cons
     case DType::F32: fill(out.as<float>()); break;
     case DType::BF16: fill(out.as<bf16>()); break;
     case DType::F64: fill(out.as<double>()); break;
-    default: throw InternalError(fmt::format("init {}: output dtype {} is not a float type", param.name, dtype_name(out.dtype)));
+    default:
+      throw InternalError(fmt::format("init {}: output dtype {} is not a float type", param.name, dtype_name(out.dtype)));
   }
 }
 

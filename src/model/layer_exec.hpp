@@ -55,10 +55,10 @@ class BackwardScope {
 };
 
 // x (N, D) -> x_out (N, D), saving what backward needs into a.
-void decoder_layer_forward(const Exec& e, int layer, const LayerActivations& a, const Workspace& w,
-                           const ops::Tensor& x, const ops::Tensor& x_out, ForwardPhase phase);
+void decoder_layer_forward(const Exec& e, int layer, const LayerActivations& a, const Workspace& w, const ops::Tensor& x,
+                           const ops::Tensor& x_out, ForwardPhase phase);
 // dy: gradient at x_out (N, D) -> dx: gradient at x (N, D); parameter gradients accumulate. dx != dy.
-void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a, const Workspace& w,
-                            const ops::Tensor& x, const ops::Tensor& dy, const ops::Tensor& dx);
+void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a, const Workspace& w, const ops::Tensor& x,
+                            const ops::Tensor& dy, const ops::Tensor& dx);
 
 }  // namespace shardtrain::model::detail

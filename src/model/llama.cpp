@@ -32,8 +32,7 @@ ops::AttentionMask attention_mask(const Batch& batch, const Tensor& segments) {
 }  // namespace
 
 LlamaModel::LlamaModel(const LlamaConfig& config, ops::Ops& ops, const ModelOptions& options)
-    : spec_(config), ops_(&ops), options_(options), binding_(spec_),
-      projections_(static_cast<size_t>(spec_.num_layers())) {
+    : spec_(config), ops_(&ops), options_(options), binding_(spec_), projections_(static_cast<size_t>(spec_.num_layers())) {
   if (!dtype_is_float(options.activation_dtype))
     throw ConfigError(fmt::format("model activation dtype {} is not a float type", dtype_name(options.activation_dtype)));
 }
@@ -43,11 +42,10 @@ void LlamaModel::set_hooks(ModuleHooks* hooks) { hooks_ = hooks ? hooks : &no_ho
 const ActivationPlan& LlamaModel::prepare(int64_t batch, int64_t seq) {
   if (batch <= 0 || seq <= 0) throw DataError(fmt::format("micro-batch shape ({}, {}) is empty", batch, seq));
   if (seq > spec_.config().max_position_embeddings)
-    throw DataError(fmt::format("sequence length {} exceeds max_position_embeddings {}", seq,
-                                spec_.config().max_position_embeddings));
+    throw DataError(
+        fmt::format("sequence length {} exceeds max_position_embeddings {}", seq, spec_.config().max_position_embeddings));
   if (!plan_ || plan_->batch() != batch || plan_->seq() != seq) {
-    plan_ = std::make_unique<ActivationPlan>(spec_.config(), batch, seq, options_.activation_dtype,
-                                             options_.checkpointing);
+    plan_ = std::make_unique<ActivationPlan>(spec_.config(), batch, seq, options_.activation_dtype, options_.checkpointing);
     if (ops_->device() == DeviceKind::Cuda) {
       if (device_arena_.size() < plan_->bytes()) {
         device_arena_ = DeviceBuffer();  // free the old arena before asking for the larger one
@@ -133,8 +131,8 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
   if (!grads) {
     detail::Scope sc(e, head, ForwardPhase::Normal);
     const ops::LossSums sums =
-        ops.linear_cross_entropy(plan.final_norm, binding_.param(spec_.lm_head_param()), flat_targets,
-                                 options_.ignore_index, 0.0, options_.loss_chunk_tokens, Tensor{}, Tensor{});
+        ops.linear_cross_entropy(plan.final_norm, binding_.param(spec_.lm_head_param()), flat_targets, options_.ignore_index,
+                                 0.0, options_.loss_chunk_tokens, Tensor{}, Tensor{});
     return LossResult{sums.loss_sum, sums.tokens};
   }
 
@@ -151,9 +149,9 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
     if (step.loss_scale == 0.0)
       for (int64_t i = 0; i < n; ++i) counted += t[i] != options_.ignore_index;
     const double scale = step.loss_scale != 0.0 ? step.loss_scale : (counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
-    sums = ops.linear_cross_entropy(plan.final_norm, binding_.param(spec_.lm_head_param()), flat_targets,
-                                    options_.ignore_index, scale, options_.loss_chunk_tokens, w.dn,
-                                    binding_.grad(spec_.lm_head_param()));
+    sums =
+        ops.linear_cross_entropy(plan.final_norm, binding_.param(spec_.lm_head_param()), flat_targets, options_.ignore_index,
+                                 scale, options_.loss_chunk_tokens, w.dn, binding_.grad(spec_.lm_head_param()));
     hooks_->after_forward(head, ForwardPhase::Normal);
     hooks_->after_backward(head);
   }
@@ -161,17 +159,15 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
   int cur = 0;  // grad_hidden[cur] holds the gradient at the current residual-stream point
   {
     detail::BackwardScope sc(e, spec_.norm_module());
-    ops.rmsnorm_backward(w.dn, plan.hidden[static_cast<size_t>(layers)], binding_.param(spec_.norm_param()),
-                         plan.final_rstd, Tensor{}, w.grad_hidden[cur], binding_.grad(spec_.norm_param()));
+    ops.rmsnorm_backward(w.dn, plan.hidden[static_cast<size_t>(layers)], binding_.param(spec_.norm_param()), plan.final_rstd,
+                         Tensor{}, w.grad_hidden[cur], binding_.grad(spec_.norm_param()));
   }
   for (int l = layers - 1; l >= 0; --l) {
     const auto li = static_cast<size_t>(l);
     detail::BackwardScope sc(e, spec_.layer(l).modules.layer);
     if (ckpt)
-      detail::decoder_layer_forward(e, l, plan.layers[li], w, plan.hidden[li], plan.hidden[li + 1],
-                                    ForwardPhase::Recompute);
-    detail::decoder_layer_backward(e, l, plan.layers[li], w, plan.hidden[li], w.grad_hidden[cur],
-                                   w.grad_hidden[1 - cur]);
+      detail::decoder_layer_forward(e, l, plan.layers[li], w, plan.hidden[li], plan.hidden[li + 1], ForwardPhase::Recompute);
+    detail::decoder_layer_backward(e, l, plan.layers[li], w, plan.hidden[li], w.grad_hidden[cur], w.grad_hidden[1 - cur]);
     cur = 1 - cur;
   }
   {

@@ -30,7 +30,8 @@ int32_t sample_token(std::span<const float> logits, const SamplingOptions& o, st
   std::vector<double> p(order.size());
   const double top = logits[static_cast<size_t>(order[0])];
   double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) sum += p[i] = std::exp((logits[static_cast<size_t>(order[i])] - top) / o.temperature);
+  for (size_t i = 0; i < order.size(); ++i)
+    sum += p[i] = std::exp((logits[static_cast<size_t>(order[i])] - top) / o.temperature);
   // Nucleus: the most likely tokens until their probability reaches top_p (at least one).
   size_t keep = 0;
   double mass = 0;

@@ -27,8 +27,10 @@ ModuleClass parse_module_class(std::string_view name) {
                         ModuleClass::LlamaMLP, ModuleClass::RMSNorm, ModuleClass::Linear}) {
     if (name == module_class_name(c)) return c;
   }
-  throw ConfigError(fmt::format("module class '{}' is not one of Embedding, LlamaDecoderLayer, LlamaAttention, "
-                                "LlamaMLP, RMSNorm, Linear", name));
+  throw ConfigError(
+      fmt::format("module class '{}' is not one of Embedding, LlamaDecoderLayer, LlamaAttention, "
+                  "LlamaMLP, RMSNorm, Linear",
+                  name));
 }
 
 int ModelSpec::add_module(std::string name, ModuleClass cls, int parent, int layer) {
@@ -84,8 +86,8 @@ ModelSpec::ModelSpec(const LlamaConfig& config) : config_(config) {
   };
 
   embed_module_ = add_module("model.embed_tokens", ModuleClass::Embedding, -1, -1);
-  embed_param_ = add_param(embed_module_, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size},
-                           InitKind::Normal, scaled ? c.init_std : 1.0);
+  embed_param_ = add_param(embed_module_, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, InitKind::Normal,
+                           scaled ? c.init_std : 1.0);
   const int64_t d = c.hidden_size, kv = c.kv_dim(), f = c.intermediate_size;
   for (int i = 0; i < static_cast<int>(c.num_hidden_layers); ++i) {
     const std::string base = fmt::format("model.layers.{}", i);

@@ -42,8 +42,8 @@ CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOpti
   // as one more copy of keys and rows).
   const size_t attention = 4 * static_cast<size_t>(s.batch * s.heads * s.seq);
   const size_t rmsnorm = static_cast<size_t>((n + 63) / 64) * hidden * 4;
-  const size_t embedding = 4 * align256(static_cast<size_t>(n) * 4) + 2 * align256(rmsnorm) +
-                           align256(static_cast<size_t>(n) * 8);
+  const size_t embedding =
+      4 * align256(static_cast<size_t>(n) * 4) + 2 * align256(rmsnorm) + align256(static_cast<size_t>(n) * 8);
   b.op_workspace = std::max({attention, rmsnorm, embedding});
   if (s.cudnn_attention) {
     // Mirrors src/ops/cuda/cudnn_attention.cpp's sizing; past CudnnAttentionOptions::max_workspace_bytes (4 GiB)
@@ -51,8 +51,8 @@ CudaScratchBytes cuda_scratch_bytes(const CudaScratchShape& s, const CudaOpsOpti
     const auto bhs = static_cast<size_t>(s.batch * s.heads * s.seq);
     const auto dh = static_cast<size_t>(s.head_dim > 0 ? s.head_dim : s.hidden / std::max<int64_t>(s.heads, 1));
     const size_t rows = align256(bhs * 4);
-    const size_t need = s.deterministic_attention ? align256(bhs * static_cast<size_t>(s.seq) * 2) + rows
-                                                  : align256(bhs * dh * 4) + rows;
+    const size_t need =
+        s.deterministic_attention ? align256(bhs * static_cast<size_t>(s.seq) * 2) + rows : align256(bhs * dh * 4) + rows;
     b.cudnn_attention = need <= (size_t{4} << 30) ? need : 0;
   }
   b.sum_partials = 1024 * sizeof(double);  // kernels/sum_squares.cu: at most 1024 blocks

@@ -20,7 +20,8 @@ OpsBuffer::OpsBuffer(DeviceKind device, size_t bytes) : device_(device), bytes_(
 Tensor OpsBuffer::view(DType dtype, Shape shape) const {
   const size_t need = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   if (need > bytes_)
-    throw InternalError(fmt::format("OpsBuffer::view: {} {} needs {} bytes, the buffer has {}", dtype_name(dtype), shape.str(), need, bytes_));
+    throw InternalError(fmt::format("OpsBuffer::view: {} {} needs {} bytes, the buffer has {}", dtype_name(dtype),
+                                    shape.str(), need, bytes_));
   return make_tensor(data(), dtype, shape, device_);
 }
 
@@ -32,7 +33,7 @@ void fill_uniform(const Tensor& t, uint64_t seed, double scale, StreamRef stream
   std::vector<char> pattern(static_cast<size_t>(tile) * esize);
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
   for (int64_t i = 0; i < tile; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;                    // xorshift64
     const double u = static_cast<double>(x >> 11) * 0x1.0p-53;  // [0, 1)
     char* p = pattern.data() + static_cast<size_t>(i) * esize;
     switch (t.dtype) {
@@ -45,13 +46,15 @@ void fill_uniform(const Tensor& t, uint64_t seed, double scale, StreamRef stream
   }
   for (int64_t first = 0; first < n; first += tile) {
     const int64_t count = std::min(tile, n - first);
-    copy_async(static_cast<char*>(t.data) + static_cast<size_t>(first) * esize, pattern.data(), static_cast<size_t>(count) * esize, stream);
+    copy_async(static_cast<char*>(t.data) + static_cast<size_t>(first) * esize, pattern.data(),
+               static_cast<size_t>(count) * esize, stream);
   }
   stream_synchronize(stream);  // the pattern goes out of scope
 }
 
 double measure_matmul_flops(Ops& ops, DType dtype, int64_t n, int reps, StreamRef stream) {
-  if (n < 1 || reps < 1) throw InternalError(fmt::format("measure_matmul_flops: n = {} and reps = {} must be positive", n, reps));
+  if (n < 1 || reps < 1)
+    throw InternalError(fmt::format("measure_matmul_flops: n = {} and reps = {} must be positive", n, reps));
   const size_t bytes = static_cast<size_t>(n * n) * dtype_size(dtype);
   const OpsBuffer a(ops.device(), bytes), b(ops.device(), bytes), c(ops.device(), bytes);
   const Tensor ta = a.view(dtype, {n, n}), tb = b.view(dtype, {n, n}), tc = c.view(dtype, {n, n});
@@ -64,7 +67,8 @@ double measure_matmul_flops(Ops& ops, DType dtype, int64_t n, int reps, StreamRe
 
 double measure_copy_bandwidth(Ops& ops, size_t bytes, int reps, StreamRef stream) {
   const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  if (n < 1 || reps < 1) throw InternalError(fmt::format("measure_copy_bandwidth: {} bytes and reps = {} must be positive", bytes, reps));
+  if (n < 1 || reps < 1)
+    throw InternalError(fmt::format("measure_copy_bandwidth: {} bytes and reps = {} must be positive", bytes, reps));
   const OpsBuffer src(ops.device(), bytes), dst(ops.device(), bytes);
   const Tensor ts = src.view(DType::F32, {n}), td = dst.view(DType::F32, {n});
   ops.fill(ts, 1.0);

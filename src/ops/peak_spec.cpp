@@ -20,12 +20,24 @@ struct Entry {
 // Vendor datasheets (dense, i.e. half the "with sparsity" figure). Order matters: the first entry whose name
 // part occurs in the device's name wins, so the specific names come first ("A10G" before "A10").
 constexpr Entry kTable[] = {
-    {"H100 PCIe", "H100 PCIe", 756},  {"H100 NVL", "H100 NVL", 835},     {"H100", "H100 SXM", 989},
-    {"H800", "H800 SXM", 989},        {"H200 NVL", "H200 NVL", 835},     {"GH200", "GH200", 989},
-    {"H200", "H200 SXM", 989},        {"H20", "H20", 148},               {"B200", "B200", 2250},
-    {"GB200", "GB200", 2500},         {"A100", "A100", 312},             {"A800", "A800", 312},
-    {"A30", "A30", 165},              {"A10G", "A10G", 0},              {"A10", "A10", 125},
-    {"L40S", "L40S", 362},            {"L40", "L40", 181},               {"L4", "L4", 121},
+    {"H100 PCIe", "H100 PCIe", 756},
+    {"H100 NVL", "H100 NVL", 835},
+    {"H100", "H100 SXM", 989},
+    {"H800", "H800 SXM", 989},
+    {"H200 NVL", "H200 NVL", 835},
+    {"GH200", "GH200", 989},
+    {"H200", "H200 SXM", 989},
+    {"H20", "H20", 148},
+    {"B200", "B200", 2250},
+    {"GB200", "GB200", 2500},
+    {"A100", "A100", 312},
+    {"A800", "A800", 312},
+    {"A30", "A30", 165},
+    {"A10G", "A10G", 0},
+    {"A10", "A10", 125},
+    {"L40S", "L40S", 362},
+    {"L40", "L40", 181},
+    {"L4", "L4", 121},
 };
 
 double read_double(const char* path) {
@@ -85,8 +97,8 @@ CpuCeiling cpu_fp32_ceiling(int threads) {
 #endif
   const double per_cycle = 2.0 /* FMA pipes */ * lanes * 2.0 /* multiply + add */;
   return CpuCeiling{threads * per_cycle * hz,
-                    fmt::format("{} core(s) x {:.0f} FLOP/cycle ({}, 2 FMA pipes) x {:.2f} GHz ({})", threads, per_cycle, isa,
-                                hz * 1e-9, clock_source)};
+                    fmt::format("{} core(s) x {:.0f} FLOP/cycle ({}, 2 FMA pipes) x {:.2f} GHz ({})", threads, per_cycle,
+                                isa, hz * 1e-9, clock_source)};
 }
 
 }  // namespace shardtrain::ops

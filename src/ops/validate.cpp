@@ -26,12 +26,12 @@ void require_i32(const TensorChecks& checks, const Tensor& t, const char* op, co
 
 void require_same_family(const Tensor& main, const Tensor& other, const char* op, const char* name) {
   if (!other.defined()) return;
-  require((main.dtype == DType::F64) == (other.dtype == DType::F64), op, "{} is {} but the activations are {}",
-          name, dtype_name(other.dtype), dtype_name(main.dtype));
+  require((main.dtype == DType::F64) == (other.dtype == DType::F64), op, "{} is {} but the activations are {}", name,
+          dtype_name(other.dtype), dtype_name(main.dtype));
 }
 
-void require_stats(const TensorChecks& checks, const Tensor& stats, const Tensor& activations, int64_t n,
-                   const char* op, const char* name) {
+void require_stats(const TensorChecks& checks, const Tensor& stats, const Tensor& activations, int64_t n, const char* op,
+                   const char* name) {
   checks.require_resident(stats, op, name);
   const DType want = activations.dtype == DType::F64 ? DType::F64 : DType::F32;
   require(stats.dtype == want, op, "{} is {}, expected {}", name, dtype_name(stats.dtype), dtype_name(want));
@@ -113,20 +113,19 @@ RowDims validate_swiglu(const TensorChecks& checks, const char* op, const Tensor
   const int64_t rows = out.shape.rows(), f = out.shape.cols();
   require_numel(gate_up, 2 * rows * f, op, "gate_up");
   if (layout == GateUpLayout::Rows)
-    require(gate_up.shape.cols() == 2 * f, op, "gate_up {} in rows of gate and up: expected ({}, {})",
-            gate_up.shape.str(), rows, 2 * f);
+    require(gate_up.shape.cols() == 2 * f, op, "gate_up {} in rows of gate and up: expected ({}, {})", gate_up.shape.str(),
+            rows, 2 * f);
   if (dgate_up.defined()) {
     checks.require_peer(dgate_up, op, "dgate_up");
     require(dgate_up.dtype == gate_up.dtype && dgate_up.shape == gate_up.shape, op,
             "dgate_up is {}, expected like gate_up {}", dgate_up.describe(), gate_up.describe());
-    require(dgate_up.data == gate_up.data || !overlaps(dgate_up, gate_up), op,
-            "dgate_up overlaps gate_up without being it");
+    require(dgate_up.data == gate_up.data || !overlaps(dgate_up, gate_up), op, "dgate_up overlaps gate_up without being it");
   }
   return RowDims{rows, f};
 }
 
-RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, const Tensor& residual,
-                                 const Tensor& weight, const Tensor& y) {
+RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                 const Tensor& y) {
   const char* op = "rmsnorm_forward";
   checks.require_float(x, op, "x");
   checks.require_float(weight, op, "weight");
@@ -143,8 +142,7 @@ RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, co
   return RowDims{rows, d};
 }
 
-RowDims validate_rmsnorm_backward(const TensorChecks& checks, const Tensor& h, const Tensor& weight,
-                                  const Tensor& dweight) {
+RowDims validate_rmsnorm_backward(const TensorChecks& checks, const Tensor& h, const Tensor& weight, const Tensor& dweight) {
   const char* op = "rmsnorm_backward";
   checks.require_float(h, op, "h");
   checks.require_float(weight, op, "weight");
@@ -210,9 +208,8 @@ void validate_attention(const TensorChecks& checks, const char* op, const Attent
   require_stats(checks, lse, q, sh.batch * sh.heads * sh.seq, op, "lse");
 }
 
-void validate_attention_forward(const TensorChecks& checks, const AttentionShape& shape, const Tensor& q,
-                                const Tensor& k, const Tensor& v, const AttentionMask& mask, const Tensor& out,
-                                const Tensor& lse) {
+void validate_attention_forward(const TensorChecks& checks, const AttentionShape& shape, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const AttentionMask& mask, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_forward";
   validate_attention(checks, op, shape, q, k, v, mask, lse);
   checks.require_peer(out, op, "out");

@@ -44,8 +44,8 @@ void require_i32(const TensorChecks& checks, const Tensor& t, const char* op, co
 void require_same_family(const Tensor& main, const Tensor& other, const char* op, const char* name);
 
 // Stats saved for backward (rstd, lse): resident, f32 (f64 when the activations are f64), n elements.
-void require_stats(const TensorChecks& checks, const Tensor& stats, const Tensor& activations, int64_t n,
-                   const char* op, const char* name);
+void require_stats(const TensorChecks& checks, const Tensor& stats, const Tensor& activations, int64_t n, const char* op,
+                   const char* name);
 
 // ----------------------------------------------------------------------------------------------- one per op
 
@@ -81,11 +81,10 @@ RowDims validate_swiglu(const TensorChecks& checks, const char* op, const Tensor
                         const Tensor& out, const char* out_name, const Tensor& dgate_up);
 // x, weight, y and residual. The backend then checks h_out (its messages differ between the backends) and
 // rstd (require_stats).
-RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, const Tensor& residual,
-                                 const Tensor& weight, const Tensor& y);
+RowDims validate_rmsnorm_forward(const TensorChecks& checks, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                 const Tensor& y);
 // h, weight and dweight. The backend then checks dy, dh, dh_extra (messages differ) and rstd (require_stats).
-RowDims validate_rmsnorm_backward(const TensorChecks& checks, const Tensor& h, const Tensor& weight,
-                                  const Tensor& dweight);
+RowDims validate_rmsnorm_backward(const TensorChecks& checks, const Tensor& h, const Tensor& weight, const Tensor& dweight);
 
 void validate_rope(const TensorChecks& checks, const Tensor& x, const Tensor& positions);
 
@@ -101,9 +100,8 @@ QkvDims validate_rope_qkv(const TensorChecks& checks, const char* op, const Tens
 // backward's other tensors are the backend's to check (messages differ).
 void validate_attention(const TensorChecks& checks, const char* op, const AttentionShape& shape, const Tensor& q,
                         const Tensor& k, const Tensor& v, const AttentionMask& mask, const Tensor& lse);
-void validate_attention_forward(const TensorChecks& checks, const AttentionShape& shape, const Tensor& q,
-                                const Tensor& k, const Tensor& v, const AttentionMask& mask, const Tensor& out,
-                                const Tensor& lse);
+void validate_attention_forward(const TensorChecks& checks, const AttentionShape& shape, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const AttentionMask& mask, const Tensor& out, const Tensor& lse);
 
 struct BatchDims {
   int64_t batch, seq;  // (B, S)

@@ -36,7 +36,8 @@ const char* decay_scope_name(DecayScope scope) {
 DecayScope parse_decay_scope(std::string_view t) {
   for (DecayScope s : kScopes)
     if (t == decay_scope_name(s)) return s;
-  throw ConfigError(fmt::format("optim.decay: unknown scope '{}' (expected all, exempt_norms or exempt_norms_and_embeddings)", t));
+  throw ConfigError(
+      fmt::format("optim.decay: unknown scope '{}' (expected all, exempt_norms or exempt_norms_and_embeddings)", t));
 }
 
 void AdamWConfig::validate() const {
@@ -147,8 +148,8 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
     s.grad = v.grad;
     for (const fsdp::ParamRange& r : v.ranges) {
       if (r.begin < 0 || r.begin > r.end || r.end > v.numel) {
-        throw InternalError(fmt::format("AdamW: shard {} has the range [{}, {}) (expected one inside [0, {}))", i, r.begin,
-                                        r.end, v.numel));
+        throw InternalError(
+            fmt::format("AdamW: shard {} has the range [{}, {}) (expected one inside [0, {}))", i, r.begin, r.end, v.numel));
       }
       const model::ModuleClass cls = spec.module(spec.param(r.param).module).cls;
       const bool exempt = (config_.decay != DecayScope::All && cls == model::ModuleClass::RMSNorm) ||
@@ -177,8 +178,8 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
     shard_segments_.push_back(segments_.size());
     for (const DecayRange& r : s.ranges) {
       if (r.end == r.begin) continue;
-      segments_.push_back({s.param + r.begin, s.grad + r.begin, s.exp_avg + r.begin, s.exp_avg_sq + r.begin,
-                           r.end - r.begin, r.decay});
+      segments_.push_back(
+          {s.param + r.begin, s.grad + r.begin, s.exp_avg + r.begin, s.exp_avg_sq + r.begin, r.end - r.begin, r.decay});
       segment_offsets_.push_back(segment_offsets_.back() + (r.end - r.begin));
     }
   }
@@ -189,14 +190,16 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
 
 void AdamW::check_shards(const std::vector<fsdp::ShardView>& shards) const {
   if (shards.size() != states_.size()) {
-    throw InternalError(fmt::format("AdamW::step: {} shards given, the optimizer was built for {}", shards.size(),
-                                    states_.size()));
+    throw InternalError(
+        fmt::format("AdamW::step: {} shards given, the optimizer was built for {}", shards.size(), states_.size()));
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     const State& s = states_[i];
     if (shards[i].param != s.param || shards[i].grad != s.grad || shards[i].numel != s.numel) {
-      throw InternalError(fmt::format("AdamW::step: shard {} is not the one the optimizer was built for (its buffers or "
-                                      "size changed)", i));
+      throw InternalError(
+          fmt::format("AdamW::step: shard {} is not the one the optimizer was built for (its buffers or "
+                      "size changed)",
+                      i));
     }
   }
 }
@@ -351,7 +354,8 @@ namespace {
 DeviceKind shards_device(const std::vector<fsdp::ShardView>& shards, const char* what) {
   const DeviceKind d = shards.empty() ? DeviceKind::Cpu : shards.front().device;
   for (const fsdp::ShardView& s : shards) {
-    if (s.device != d) throw InternalError(fmt::format("{}: shards in both host and device memory (expected one kind)", what));
+    if (s.device != d)
+      throw InternalError(fmt::format("{}: shards in both host and device memory (expected one kind)", what));
   }
   return d;
 }
@@ -416,8 +420,7 @@ void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* s
   value_ = total;
 }
 
-void GradNorm::start_from_unit_sums(const double* device_sums, size_t count, Communicator* shard_axis,
-                                    StreamRef stream) {
+void GradNorm::start_from_unit_sums(const double* device_sums, size_t count, Communicator* shard_axis, StreamRef stream) {
   started_ = true;
   on_device_ = true;
   unit_sums_ = count;

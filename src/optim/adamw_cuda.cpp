@@ -2,7 +2,6 @@
 // (kernels/adamw.cu) walks, the device sum of squares, and synchronous copies for checkpoints and faults.
 #include <cuda_runtime.h>
 
-
 #include <fmt/format.h>
 
 #include "adamw_internal.hpp"

@@ -11,7 +11,8 @@ namespace {
 
 [[noreturn]] void no_cuda(const char* what) {
   throw Error(ExitCode::Device, fmt::format("{}: device shards need CUDA, and shardtrain was built without it "
-                                            "(SHARDTRAIN_CUDA=OFF)", what));
+                                            "(SHARDTRAIN_CUDA=OFF)",
+                                            what));
 }
 
 }  // namespace
@@ -24,8 +25,8 @@ namespace detail {
 
 void device_copy_sync(void*, const void*, size_t) { no_cuda("AdamW state copy"); }
 
-void device_grad_sq_sum_start(const std::vector<fsdp::ShardView>&, Communicator*, StreamRef, DeviceBuffer&,
-                              PinnedBuffer&, CudaEvent&) {
+void device_grad_sq_sum_start(const std::vector<fsdp::ShardView>&, Communicator*, StreamRef, DeviceBuffer&, PinnedBuffer&,
+                              CudaEvent&) {
   no_cuda("gradient norm");
 }
 

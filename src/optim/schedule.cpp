@@ -24,8 +24,8 @@ const char* schedule_kind_name(ScheduleKind k) {
 }
 
 ScheduleKind parse_schedule_kind(std::string_view text) {
-  for (ScheduleKind k : {ScheduleKind::WarmupCosine, ScheduleKind::Constant, ScheduleKind::WarmupLinear,
-                         ScheduleKind::WarmupStableDecay}) {
+  for (ScheduleKind k :
+       {ScheduleKind::WarmupCosine, ScheduleKind::Constant, ScheduleKind::WarmupLinear, ScheduleKind::WarmupStableDecay}) {
     if (text == schedule_kind_name(k)) return k;
   }
   if (text == "warmup_cosine") return ScheduleKind::WarmupCosine;
@@ -38,7 +38,8 @@ void ScheduleConfig::validate() const {
   // 0 is transformers' warmup (lr 0 at the first step); PyTorch's LinearLR itself wants more than 0.
   if (!(warmup_start_factor >= 0 && warmup_start_factor <= 1))
     throw ConfigError(fmt::format("schedule.warmup_start_factor: expected a factor in [0, 1], got {}", warmup_start_factor));
-  if (!(min_lr >= 0) || !std::isfinite(min_lr)) throw ConfigError(fmt::format("schedule.min_lr: expected >= 0, got {}", min_lr));
+  if (!(min_lr >= 0) || !std::isfinite(min_lr))
+    throw ConfigError(fmt::format("schedule.min_lr: expected >= 0, got {}", min_lr));
   if (decay_steps < 0) throw ConfigError(fmt::format("schedule.decay_steps: expected >= 0, got {}", decay_steps));
 }
 
@@ -47,16 +48,18 @@ LrSchedule::LrSchedule(const ScheduleConfig& config, double peak_lr, int64_t tot
   config_.validate();
   if (total_ <= 0) throw ConfigError(fmt::format("schedule: the run has {} optimizer steps; expected at least 1", total_));
   if (config_.warmup_steps >= total_ && config_.kind != ScheduleKind::Constant)
-    throw ConfigError(fmt::format("schedule.warmup_steps: {} warmup steps leave no decay in a run of {} steps", config_.warmup_steps,
-                                  total_));
-  if (config_.min_lr > peak_) throw ConfigError(fmt::format("schedule.min_lr: {} is above optim.lr {}", config_.min_lr, peak_));
+    throw ConfigError(fmt::format("schedule.warmup_steps: {} warmup steps leave no decay in a run of {} steps",
+                                  config_.warmup_steps, total_));
+  if (config_.min_lr > peak_)
+    throw ConfigError(fmt::format("schedule.min_lr: {} is above optim.lr {}", config_.min_lr, peak_));
 }
 
 double LrSchedule::lr(int64_t step) const {
   const int64_t w = config_.warmup_steps;
   if (step < w) {
     // LinearLR: factor goes from start_factor to 1 over w steps.
-    const double f = config_.warmup_start_factor + (1.0 - config_.warmup_start_factor) * static_cast<double>(step) / static_cast<double>(w);
+    const double f = config_.warmup_start_factor +
+                     (1.0 - config_.warmup_start_factor) * static_cast<double>(step) / static_cast<double>(w);
     return peak_ * f;
   }
   const double lo = config_.min_lr;
@@ -72,8 +75,8 @@ double LrSchedule::lr(int64_t step) const {
       return peak_ + (lo - peak_) * std::min(1.0, t / span);
     }
     case ScheduleKind::WarmupStableDecay: {
-      const int64_t d = config_.decay_steps > 0 ? std::min(config_.decay_steps, total_ - w)
-                                                : std::max<int64_t>(1, (total_ - w) / 5);
+      const int64_t d =
+          config_.decay_steps > 0 ? std::min(config_.decay_steps, total_ - w) : std::max<int64_t>(1, (total_ - w) / 5);
       const int64_t decay_begin = total_ - d;
       if (step < decay_begin) return peak_;
       // Like the cosine and linear decays, reaches min_lr at step total (one past the last update).

@@ -29,8 +29,8 @@ void check_nccl(int status, const char* statement, const char* file, int line) {
   const auto r = static_cast<ncclResult_t>(status);
   const char* last = ncclGetLastError(nullptr);
   throw_library_error("NCCL", ExitCode::Comm,
-                      fmt::format("{}{}{}", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : ""),
-                      statement, file, line);
+                      fmt::format("{}{}{}", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : ""), statement,
+                      file, line);
 }
 
 void check_kernel_launch(const char* kernel, const char* file, int line) {

@@ -7,8 +7,8 @@ namespace shardtrain::detail {
 namespace {
 void no_cuda(const char* lib, int status, const char* statement, const char* file, int line) {
   if (status == 0) return;
-  throw_library_error(lib, ExitCode::Device, fmt::format("status {} (shardtrain was built without CUDA)", status),
-                      statement, file, line);
+  throw_library_error(lib, ExitCode::Device, fmt::format("status {} (shardtrain was built without CUDA)", status), statement,
+                      file, line);
 }
 }  // namespace
 void check_cuda(int s, const char* st, const char* f, int l) { no_cuda("CUDA", s, st, f, l); }

@@ -54,8 +54,8 @@ CpuBinding adjust_cpu_binding(int ranks_sharing, const std::string& policy) {
   b.allowed = usable_cores();
   const int share = std::max(1, b.allowed / std::max(1, ranks_sharing));
 
-  const bool launcher_default = env_is("OMPI_MCA_orte_bound_at_launch", "1") &&
-                                std::getenv("OMPI_MCA_hwloc_base_binding_policy") == nullptr;
+  const bool launcher_default =
+      env_is("OMPI_MCA_orte_bound_at_launch", "1") && std::getenv("OMPI_MCA_hwloc_base_binding_policy") == nullptr;
   if (b.cores_at_start >= share) {
     b.reason = fmt::format("{} of the {} cores this process may use, its share at {} per machine", b.cores_at_start,
                            b.allowed, ranks_sharing);

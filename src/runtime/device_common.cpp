@@ -79,9 +79,9 @@ std::string gpus_present_but_unreachable(const std::string& gpus_dir, const char
     ++gpus;
   }
   if (gpus == 0) return "";
-  return fmt::format("the NVIDIA driver lists {} GPU{} ({}){}", gpus, gpus == 1 ? "" : "s", gpus_dir,
-                     cuda_visible_devices ? fmt::format(" and CUDA_VISIBLE_DEVICES=\"{}\"", cuda_visible_devices)
-                                          : std::string());
+  return fmt::format(
+      "the NVIDIA driver lists {} GPU{} ({}){}", gpus, gpus == 1 ? "" : "s", gpus_dir,
+      cuda_visible_devices ? fmt::format(" and CUDA_VISIBLE_DEVICES=\"{}\"", cuda_visible_devices) : std::string());
 }
 
 namespace {
@@ -101,6 +101,8 @@ void note_device_free(size_t bytes) { g_device_in_use.fetch_sub(bytes, std::memo
 DeviceMemoryStats device_memory_stats() {
   return {g_device_in_use.load(std::memory_order_relaxed), g_device_peak.load(std::memory_order_relaxed)};
 }
-void reset_device_memory_peak() { g_device_peak.store(g_device_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+void reset_device_memory_peak() {
+  g_device_peak.store(g_device_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
 
 }  // namespace shardtrain

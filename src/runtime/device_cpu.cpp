@@ -38,7 +38,8 @@ void CudaStream::synchronize() const {}
 void stream_synchronize(StreamRef) {}
 
 CudaEvent::~CudaEvent() = default;
-CudaEvent::CudaEvent(CudaEvent&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
+CudaEvent::CudaEvent(CudaEvent&& o) noexcept
+    : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
 CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
   handle_ = std::exchange(o.handle_, nullptr);
   recorded_ = std::exchange(o.recorded_, false);

@@ -71,11 +71,13 @@ Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machi
     if (pref == DevicePreference::Cuda) {
       throw Error(ExitCode::Device, fmt::format("--device cuda: no CUDA device is visible: {}", cuda_unavailable_reason()));
     }
-    const std::string present = gpus_present_but_unreachable("/proc/driver/nvidia/gpus", std::getenv("CUDA_VISIBLE_DEVICES"));
+    const std::string present =
+        gpus_present_but_unreachable("/proc/driver/nvidia/gpus", std::getenv("CUDA_VISIBLE_DEVICES"));
     if (!present.empty()) {
       throw Error(ExitCode::Device,
                   fmt::format("--device auto: {}, but CUDA sees none: {}. Fix the driver or the CUDA runtime, or pass "
-                              "--device cpu to train on the CPU backend", present, cuda_unavailable_reason()));
+                              "--device cpu to train on the CPU backend",
+                              present, cuda_unavailable_reason()));
     }
     if (topo.world_rank == 0) log::info("no CUDA device found ({}): using the CPU backend", cuda_unavailable_reason());
     find_ranks_sharing(d, topo.world_rank, machine);  // the machine's other ranks may have GPUs: the exchange is collective
@@ -132,7 +134,8 @@ void stream_synchronize(StreamRef s) {
 CudaEvent::~CudaEvent() {
   if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
 }
-CudaEvent::CudaEvent(CudaEvent&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
+CudaEvent::CudaEvent(CudaEvent&& o) noexcept
+    : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
 CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
   if (this != &o) {
     if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
@@ -204,11 +207,12 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
     size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
     const DeviceMemoryStats s = device_memory_stats();
-    throw Error(ExitCode::Device,
-                fmt::format("out of GPU memory: {:.1f} MiB requested, {:.1f} MiB free of {:.1f} MiB; shardtrain holds {:.1f} MiB "
-                            "(`shardtrain plan` estimates a config's memory; lower data.micro_batch_size or enable "
-                            "fsdp.activation_checkpointing)",
-                            bytes / 1048576.0, free_bytes / 1048576.0, total / 1048576.0, s.in_use / 1048576.0));
+    throw Error(
+        ExitCode::Device,
+        fmt::format("out of GPU memory: {:.1f} MiB requested, {:.1f} MiB free of {:.1f} MiB; shardtrain holds {:.1f} MiB "
+                    "(`shardtrain plan` estimates a config's memory; lower data.micro_batch_size or enable "
+                    "fsdp.activation_checkpointing)",
+                    bytes / 1048576.0, free_bytes / 1048576.0, total / 1048576.0, s.in_use / 1048576.0));
   }
   ST_CHECK_CUDA(e);
   detail::note_device_alloc(bytes);

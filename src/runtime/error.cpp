@@ -57,8 +57,9 @@ herr_t hdf5_walk(unsigned n, const H5E_error2_t* e, void* out) {
 
 void throw_library_error(const char* library, ExitCode code, const std::string& what, const char* statement,
                          const char* file, int line) {
-  throw LibraryError(code, library,
-                     fmt::format("{} call failed: {} at {}:{} ({}): {}", library, statement, file, line, where_am_i(), what));
+  throw LibraryError(
+      code, library,
+      fmt::format("{} call failed: {} at {}:{} ({}): {}", library, statement, file, line, where_am_i(), what));
 }
 
 void check_mpi(int status, const char* statement, const char* file, int line) {

@@ -84,8 +84,9 @@ const char* signal_words(int sig, int code, bool& hardware) {
     case SIGBUS:
       if (code == BUS_MCEERR_AR || code == BUS_MCEERR_AO) {
         hardware = true;
-        return code == BUS_MCEERR_AR ? "SIGBUS (BUS_MCEERR_AR): the kernel found an uncorrectable memory error (machine check) in memory this rank used"
-                                     : "SIGBUS (BUS_MCEERR_AO): the kernel found an uncorrectable memory error (machine check) in this rank's memory";
+        return code == BUS_MCEERR_AR
+                   ? "SIGBUS (BUS_MCEERR_AR): the kernel found an uncorrectable memory error (machine check) in memory this rank used"
+                   : "SIGBUS (BUS_MCEERR_AO): the kernel found an uncorrectable memory error (machine check) in this rank's memory";
       }
       return "SIGBUS (bus error)";
     case SIGSEGV: return "SIGSEGV (segmentation fault)";
@@ -134,7 +135,9 @@ void prepare_crash_record(const std::string& dir, int rank, const std::string& n
   const std::string path = fmt::format("{}/rank_{:05d}.json", dir, rank), tmp = path + ".tmp";
   const std::string node_json = quoted_string(node), fields = fmt::format("\"rank\":{},\"node\":{},", rank, node_json);
   g_crash_ready.store(false);
-  if (path.size() >= sizeof g_crash.tmp - 1 || fields.size() >= sizeof g_crash.fields || node_json.size() >= sizeof g_crash.node) return;
+  if (path.size() >= sizeof g_crash.tmp - 1 || fields.size() >= sizeof g_crash.fields ||
+      node_json.size() >= sizeof g_crash.node)
+    return;
   std::snprintf(g_crash.dir, sizeof g_crash.dir, "%s", dir.c_str());
   std::snprintf(g_crash.path, sizeof g_crash.path, "%s", path.c_str());
   std::snprintf(g_crash.tmp, sizeof g_crash.tmp, "%s", tmp.c_str());
@@ -170,14 +173,15 @@ void enable(const std::string& run_dir, MPI_Comm world) {
   std::snprintf(mine.data(), mine.size(), "%s", name.c_str());
   std::vector<char> all(mine.size() * static_cast<size_t>(size));
   // Unchecked like the rest of this file: without the names a record still names this rank's own node.
-  const bool gathered = MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(), static_cast<int>(mine.size()),
-                                      MPI_CHAR, world) == MPI_SUCCESS;
+  const bool gathered = MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(),
+                                      static_cast<int>(mine.size()), MPI_CHAR, world) == MPI_SUCCESS;
   State& s = state();
   std::lock_guard lock(s.mutex);
   s.dir = (std::filesystem::path(run_dir) / "failures").string();
   s.rank = rank;
   s.nodes.assign(static_cast<size_t>(size), std::string());
-  for (int r = 0; r < size; ++r) s.nodes[static_cast<size_t>(r)] = gathered ? std::string(all.data() + r * mine.size()) : std::string();
+  for (int r = 0; r < size; ++r)
+    s.nodes[static_cast<size_t>(r)] = gathered ? std::string(all.data() + r * mine.size()) : std::string();
   s.nodes[static_cast<size_t>(rank)] = name;
   prepare_crash_record(s.dir, rank, name);
 }
@@ -211,7 +215,8 @@ std::vector<std::string> suspects(ExitCode code, const std::string& message, con
   auto add = [&](const std::string& n) {
     if (!n.empty() && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   };
-  if (code == ExitCode::Device && !out_of_memory(message)) add(s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)]);
+  if (code == ExitCode::Device && !out_of_memory(message))
+    add(s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)]);
   if (code == ExitCode::Timeout) {
     for (const int r : suspect_ranks)
       if (r >= 0 && static_cast<size_t>(r) < s.nodes.size()) add(s.nodes[static_cast<size_t>(r)]);
@@ -237,9 +242,11 @@ std::string record_line(ExitCode code, const std::string& message, const std::ve
     rank = s.rank;
     node = s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)];
   }
-  return fmt::format(R"({{"exit_code":{},"kind":{},"rank":{},"node":{},"step":{},"restartable":{},"suspect_nodes":[{}],"message":{}}})",
-                     static_cast<int>(code), quoted_string(exit_code_name(code)), rank, quoted_string(node),
-                     g_step.load(std::memory_order_relaxed), restartable(code, message) ? "true" : "false", list, quoted_string(message)) +
+  return fmt::format(
+             R"({{"exit_code":{},"kind":{},"rank":{},"node":{},"step":{},"restartable":{},"suspect_nodes":[{}],"message":{}}})",
+             static_cast<int>(code), quoted_string(exit_code_name(code)), rank, quoted_string(node),
+             g_step.load(std::memory_order_relaxed), restartable(code, message) ? "true" : "false", list,
+             quoted_string(message)) +
          "\n";
 }
 

@@ -61,13 +61,21 @@ Handle owned(hid_t id) { return Handle(static_cast<hid>(id)); }
 template <typename T>
 hid_t native_type();
 template <>
-hid_t native_type<uint32_t>() { return H5T_NATIVE_UINT32; }
+hid_t native_type<uint32_t>() {
+  return H5T_NATIVE_UINT32;
+}
 template <>
-hid_t native_type<int64_t>() { return H5T_NATIVE_INT64; }
+hid_t native_type<int64_t>() {
+  return H5T_NATIVE_INT64;
+}
 template <>
-hid_t native_type<float>() { return H5T_NATIVE_FLOAT; }
+hid_t native_type<float>() {
+  return H5T_NATIVE_FLOAT;
+}
 template <>
-hid_t native_type<uint16_t>() { return H5T_NATIVE_UINT16; }
+hid_t native_type<uint16_t>() {
+  return H5T_NATIVE_UINT16;
+}
 
 template <typename T>
 void write_1d(const Handle& parent, const std::string& name, std::span<const T> data, DatasetOptions opt) {
@@ -81,7 +89,8 @@ void write_1d(const Handle& parent, const std::string& name, std::span<const T> 
     ST_CHECK_HDF5(H5Pset_chunk(dcpl.get(), 1, &chunk));
     if (opt.checksum == Checksum::Fletcher32) ST_CHECK_HDF5(H5Pset_fletcher32(dcpl.get()));
   }
-  const hid_t dset = H5Dcreate2(parent.get(), name.c_str(), native_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
+  const hid_t dset =
+      H5Dcreate2(parent.get(), name.c_str(), native_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
   if (dset < 0) throw IoError(fmt::format("{}: cannot create dataset '{}'", file_name(parent), name));
   Handle ds = owned(dset);
   if (n > 0 && H5Dwrite(ds.get(), native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
@@ -89,8 +98,7 @@ void write_1d(const Handle& parent, const std::string& name, std::span<const T> 
 }
 
 Handle open_1d(const Handle& parent, const std::string& name, size_t* length, H5T_class_t want) {
-  if (!exists(parent, name))
-    throw DataError(fmt::format("{}: dataset '{}' is missing", file_name(parent), name));
+  if (!exists(parent, name)) throw DataError(fmt::format("{}: dataset '{}' is missing", file_name(parent), name));
   const hid_t d = H5Dopen2(parent.get(), name.c_str(), H5P_DEFAULT);
   if (d < 0) throw DataError(fmt::format("{}: '{}' is not a readable dataset", file_name(parent), name));
   Handle ds = owned(d);
@@ -165,8 +173,7 @@ void Handle::close() {
 Handle open_file(const std::string& path, FileMode mode) {
   QuietErrors quiet;
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw DataError(fmt::format("{}: no such file", path));
+  if (!std::filesystem::is_regular_file(path, ec)) throw DataError(fmt::format("{}: no such file", path));
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) throw DataError(fmt::format("{}: not an HDF5 file (no HDF5 signature)", path));
   const hid_t f = H5Fopen(path.c_str(), mode == FileMode::ReadOnly ? H5F_ACC_RDONLY : H5F_ACC_RDWR, H5P_DEFAULT);
@@ -214,10 +221,14 @@ bool exists(const Handle& parent, const std::string& path) {
   }
 }
 
-void write_u32(const Handle& p, const std::string& n, std::span<const uint32_t> d, DatasetOptions o) { write_1d(p, n, d, o); }
+void write_u32(const Handle& p, const std::string& n, std::span<const uint32_t> d, DatasetOptions o) {
+  write_1d(p, n, d, o);
+}
 void write_i64(const Handle& p, const std::string& n, std::span<const int64_t> d, DatasetOptions o) { write_1d(p, n, d, o); }
 void write_f32(const Handle& p, const std::string& n, std::span<const float> d, DatasetOptions o) { write_1d(p, n, d, o); }
-void write_u16(const Handle& p, const std::string& n, std::span<const uint16_t> d, DatasetOptions o) { write_1d(p, n, d, o); }
+void write_u16(const Handle& p, const std::string& n, std::span<const uint16_t> d, DatasetOptions o) {
+  write_1d(p, n, d, o);
+}
 std::vector<uint32_t> read_u32(const Handle& p, const std::string& n) { return read_1d<uint32_t>(p, n, H5T_INTEGER); }
 std::vector<int64_t> read_i64(const Handle& p, const std::string& n) { return read_1d<int64_t>(p, n, H5T_INTEGER); }
 std::vector<float> read_f32(const Handle& p, const std::string& n) { return read_1d<float>(p, n, H5T_FLOAT); }
@@ -270,8 +281,8 @@ void create_u32(const Handle& parent, const std::string& name, size_t n) {
   QuietErrors quiet;
   const hsize_t dims = n;
   Handle space = owned(ST_CHECK_HDF5(H5Screate_simple(1, &dims, nullptr)));
-  const hid_t dset = H5Dcreate2(parent.get(), name.c_str(), H5T_NATIVE_UINT32, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                H5P_DEFAULT);
+  const hid_t dset =
+      H5Dcreate2(parent.get(), name.c_str(), H5T_NATIVE_UINT32, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   if (dset < 0) throw IoError(fmt::format("{}: cannot create dataset '{}' ({} elements)", file_name(parent), name, n));
   Handle ds = owned(dset);
 }
@@ -286,8 +297,8 @@ void write_u32_range(const Handle& parent, const std::string& name, size_t offse
   if (data.empty()) return;
   const auto [fspace, mspace] = range_spaces(ds, offset, data.size());
   if (H5Dwrite(ds.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, data.data()) < 0)
-    throw IoError(fmt::format("{}: cannot write '{}' [{}, {}) (disk full?)", file_name(parent), name, offset,
-                              offset + data.size()));
+    throw IoError(
+        fmt::format("{}: cannot write '{}' [{}, {}) (disk full?)", file_name(parent), name, offset, offset + data.size()));
 }
 
 void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out) {
@@ -306,7 +317,8 @@ void set_attr(const Handle& parent, const std::string& name, const std::string& 
   ST_CHECK_HDF5(H5Tset_size(type.get(), std::max<size_t>(value.size(), 1)));
   ST_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
   Handle space = owned(ST_CHECK_HDF5(H5Screate(H5S_SCALAR)));
-  Handle attr = owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
+  Handle attr =
+      owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
   const std::string padded = value.empty() ? std::string(1, '\0') : value;
   ST_CHECK_HDF5(H5Awrite(attr.get(), type.get(), padded.data()));
 }
@@ -316,7 +328,8 @@ void set_attr(const Handle& parent, const std::string& name, int64_t value, cons
   Handle target = open_attr_target(parent, object);
   if (H5Aexists(target.get(), name.c_str()) > 0) ST_CHECK_HDF5(H5Adelete(target.get(), name.c_str()));
   Handle space = owned(ST_CHECK_HDF5(H5Screate(H5S_SCALAR)));
-  Handle attr = owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
+  Handle attr =
+      owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
   ST_CHECK_HDF5(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value));
 }
 

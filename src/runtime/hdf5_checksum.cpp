@@ -90,15 +90,15 @@ std::string describe_type(hid_t t) {
   std::string d = fmt::format("class {} size {}", static_cast<int>(cls), H5Tget_size(t));
   switch (cls) {
     case H5T_INTEGER:
-      d += fmt::format(" order {} sign {} precision {} offset {}", static_cast<int>(H5Tget_order(t)), static_cast<int>(H5Tget_sign(t)),
-                       H5Tget_precision(t), H5Tget_offset(t));
+      d += fmt::format(" order {} sign {} precision {} offset {}", static_cast<int>(H5Tget_order(t)),
+                       static_cast<int>(H5Tget_sign(t)), H5Tget_precision(t), H5Tget_offset(t));
       break;
     case H5T_FLOAT: {
       size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
       checked(H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize), "the float type's fields");
-      d += fmt::format(" order {} precision {} offset {} fields {} {} {} {} {} ebias {} norm {}", static_cast<int>(H5Tget_order(t)),
-                       H5Tget_precision(t), H5Tget_offset(t), spos, epos, esize, mpos, msize, H5Tget_ebias(t),
-                       static_cast<int>(H5Tget_norm(t)));
+      d += fmt::format(" order {} precision {} offset {} fields {} {} {} {} {} ebias {} norm {}",
+                       static_cast<int>(H5Tget_order(t)), H5Tget_precision(t), H5Tget_offset(t), spos, epos, esize, mpos,
+                       msize, H5Tget_ebias(t), static_cast<int>(H5Tget_norm(t)));
       break;
     }
     case H5T_STRING:
@@ -173,7 +173,8 @@ std::string attribute_bytes(hid_t object, const std::string& name) {
   if (H5Tdetect_class(type.get(), H5T_VLEN) > 0 || H5Tdetect_class(type.get(), H5T_REFERENCE) > 0)
     return bytes + "(values in memory form only)";  // pointers and addresses: the type and shape are what can be compared
   std::string value(static_cast<size_t>(n) * H5Tget_size(type.get()), '\0');
-  checked(H5Aread(attr.get(), type.get(), value.data()), "the attribute's value");  // the file's own type: the bytes as stored
+  checked(H5Aread(attr.get(), type.get(), value.data()),
+          "the attribute's value");  // the file's own type: the bytes as stored
   return bytes + value;
 }
 
@@ -198,7 +199,8 @@ std::string layout_bytes(hid_t dataset) {
     size_t nvalues = 16;
     unsigned values[16] = {};
     char name[64] = {};
-    const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nvalues, values, sizeof name, name, &config);
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nvalues, values, sizeof name, name, &config);
     checked(id, "a filter");
     d += fmt::format("; filter {} flags {} values", static_cast<int>(id), flags);
     for (size_t k = 0; k < std::min<size_t>(nvalues, 16); ++k) d += fmt::format(" {}", values[k]);
@@ -241,9 +243,11 @@ std::vector<std::string> link_names(hid_t group) {
   checked(H5Gget_info(group, &info), "the group's links");
   std::vector<std::string> names;
   for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const ssize_t n = checked(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT), "a link name");
+    const ssize_t n =
+        checked(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT), "a link name");
     std::string name(static_cast<size_t>(n) + 1, '\0');
-    checked(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT), "a link name");
+    checked(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT),
+            "a link name");
     name.resize(static_cast<size_t>(n));
     names.push_back(std::move(name));
   }
@@ -284,7 +288,8 @@ void walk(hid_t file, const std::string& fname, const std::string& path,
       }
     }
   } catch (const Unreadable& u) {
-    throw DataError(fmt::format("{}: {}: HDF5 cannot read {} (the file's metadata is damaged)", fname, object_name(path), u.what));
+    throw DataError(
+        fmt::format("{}: {}: HDF5 cannot read {} (the file's metadata is damaged)", fname, object_name(path), u.what));
   }
   fn(path, object->get(), entries);
   for (const auto& [child, kind] : children)
@@ -303,7 +308,8 @@ void record_metadata_checksums(const Handle& file) {
                               err != 0 ? fmt::format(" ({})", std::strerror(err)) : std::string()));
   }
   std::vector<std::pair<std::string, std::string>> records;
-  walk(f, file_name(file), ".", [&](const std::string& path, hid_t, const Entries& e) { records.emplace_back(path, nlohmann::json(e).dump()); });
+  walk(f, file_name(file), ".",
+       [&](const std::string& path, hid_t, const Entries& e) { records.emplace_back(path, nlohmann::json(e).dump()); });
   for (const auto& [path, record] : records) set_attr(file, kMetadataChecksums, record, path);
 }
 
@@ -314,8 +320,8 @@ MetadataCheck verify_metadata_checksums(const Handle& file) {
   const htri_t has_record = H5Aexists(static_cast<hid_t>(file.get()), kMetadataChecksums);
   if (has_record < 0) {  // not "absent": the root's attributes cannot be read at all
     const std::string reason = hdf5_reason();
-    throw DataError(fmt::format("{}: the root group: HDF5 cannot read its attributes{} (the file's metadata is damaged)", fname,
-                                reason.empty() ? std::string() : fmt::format(" ({})", reason)));
+    throw DataError(fmt::format("{}: the root group: HDF5 cannot read its attributes{} (the file's metadata is damaged)",
+                                fname, reason.empty() ? std::string() : fmt::format(" ({})", reason)));
   }
   if (has_record == 0) return check;
   check.recorded = true;
@@ -324,13 +330,14 @@ MetadataCheck verify_metadata_checksums(const Handle& file) {
     const std::string where = fmt::format("{}: {}", fname, object_name(path));
     const std::optional<std::string> text = get_attr_string(file, kMetadataChecksums, path);
     if (!text)
-      throw DataError(fmt::format("{}: has no '{}' record, though the file has one (the object or its record is damaged)", where,
-                                  kMetadataChecksums));
+      throw DataError(fmt::format("{}: has no '{}' record, though the file has one (the object or its record is damaged)",
+                                  where, kMetadataChecksums));
     Entries recorded;
     try {
       recorded = nlohmann::json::parse(*text).get<Entries>();
     } catch (const nlohmann::json::exception&) {
-      throw DataError(fmt::format("{}: its '{}' record is not a JSON object of checksums (the record is damaged)", where, kMetadataChecksums));
+      throw DataError(fmt::format("{}: its '{}' record is not a JSON object of checksums (the record is damaged)", where,
+                                  kMetadataChecksums));
     }
     auto what = [](const std::string& key) {
       if (key == "layout") return std::string("the dataset's type, shape or layout");
@@ -340,15 +347,17 @@ MetadataCheck verify_metadata_checksums(const Handle& file) {
     for (const auto& [key, value] : recorded) {
       const auto it = now.find(key);
       if (it == now.end())
-        throw DataError(fmt::format("{}: {} is missing (its checksum record lists it): the file's metadata is damaged", where, what(key)));
+        throw DataError(fmt::format("{}: {} is missing (its checksum record lists it): the file's metadata is damaged",
+                                    where, what(key)));
       if (it->second != value)
-        throw DataError(fmt::format("{}: {} does not match the checksum recorded with it{}: the file's metadata is damaged", where, what(key),
-                                    key.rfind("link:", 0) == 0 ? fmt::format(" (a {}, recorded as a {})", it->second, value) : std::string()));
+        throw DataError(fmt::format(
+            "{}: {} does not match the checksum recorded with it{}: the file's metadata is damaged", where, what(key),
+            key.rfind("link:", 0) == 0 ? fmt::format(" (a {}, recorded as a {})", it->second, value) : std::string()));
     }
     for (const auto& [key, value] : now)
       if (!recorded.count(key))
-        throw DataError(fmt::format("{}: {} is not in its checksum record (added after the file was written, or a damaged name)", where,
-                                    what(key)));
+        throw DataError(fmt::format(
+            "{}: {} is not in its checksum record (added after the file was written, or a damaged name)", where, what(key)));
     ++check.objects;
     check.entries += static_cast<int64_t>(now.size());
   });

@@ -73,16 +73,14 @@ void write(LogLevel level, std::string_view message) {
   State& s = state();
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const int ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  const int ms =
+      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
   std::tm tm{};
   localtime_r(&t, &tm);
-  std::string line =
-      level >= LogLevel::Warn
-          ? fmt::format("[r{}@{} {:02}:{:02}:{:02}.{:03} {}] {}\n", s.config.rank, s.host, tm.tm_hour, tm.tm_min,
-                        tm.tm_sec, ms, letter(level), message)
-          : fmt::format("[r{} {:02}:{:02}:{:02}.{:03} {}] {}\n", s.config.rank, tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
-                        letter(level), message);
+  std::string line = level >= LogLevel::Warn ? fmt::format("[r{}@{} {:02}:{:02}:{:02}.{:03} {}] {}\n", s.config.rank, s.host,
+                                                           tm.tm_hour, tm.tm_min, tm.tm_sec, ms, letter(level), message)
+                                             : fmt::format("[r{} {:02}:{:02}:{:02}.{:03} {}] {}\n", s.config.rank,
+                                                           tm.tm_hour, tm.tm_min, tm.tm_sec, ms, letter(level), message);
   std::lock_guard<std::mutex> lock(s.mutex);
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);

@@ -84,12 +84,12 @@ std::string ProgressBar::render_locked(bool final_draw) const {
       const int filled = static_cast<int>(frac * width);
       s += "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
     }
-    s += fmt::format("{:3.0f}% {:.4g}/{:.4g} {}", frac * 100, shown, static_cast<double>(options_.total) * scale, options_.unit);
+    s += fmt::format("{:3.0f}% {:.4g}/{:.4g} {}", frac * 100, shown, static_cast<double>(options_.total) * scale,
+                     options_.unit);
     if (!final_draw && rate > 0)
       s += fmt::format(" {:.4g} {}/s eta {}", rate, options_.unit,
                        format_duration((static_cast<double>(options_.total) * scale - shown) / rate));
-    else
-      s += fmt::format(" {:.4g} {}/s in {}", rate, options_.unit, format_duration(elapsed));
+    else s += fmt::format(" {:.4g} {}/s in {}", rate, options_.unit, format_duration(elapsed));
   } else {
     s += fmt::format("{:.4g} {} {:.4g} {}/s {}", shown, options_.unit, rate, options_.unit, format_duration(elapsed));
   }
@@ -104,10 +104,8 @@ void ProgressBar::draw_locked(bool final_draw) {
   if (!final_draw && now - last_draw_ < interval) return;
   last_draw_ = now;
   const std::string line = render_locked(final_draw);
-  if (style_ == ProgressStyle::Bar)
-    fmt::print(options_.stream, "\r\033[2K{}{}", line, final_draw ? "\n" : "");
-  else
-    fmt::print(options_.stream, "{}\n", line);
+  if (style_ == ProgressStyle::Bar) fmt::print(options_.stream, "\r\033[2K{}{}", line, final_draw ? "\n" : "");
+  else fmt::print(options_.stream, "{}\n", line);
   std::fflush(options_.stream);
 }
 

@@ -30,10 +30,11 @@ Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options) : opt
   if (b.released) {
     log::info("cpu binding: {} core(s) at start, {}; {} host thread(s) per rank", b.cores_at_start, b.reason, host_threads_);
   } else if (b.cores_at_start < b.allowed / sharing) {
-    log::warn("cpu binding: this rank may use {} of the {} cores that are its share ({}): its host work (CPU offload's "
-              "optimizer, the data loader) runs on {} thread(s). To give it more: mpirun --bind-to none, "
-              "srun --cpus-per-task=N, or SHARDTRAIN_CPU_BINDING=release",
-              b.cores_at_start, b.allowed / sharing, b.reason, host_threads_);
+    log::warn(
+        "cpu binding: this rank may use {} of the {} cores that are its share ({}): its host work (CPU offload's "
+        "optimizer, the data loader) runs on {} thread(s). To give it more: mpirun --bind-to none, "
+        "srun --cpus-per-task=N, or SHARDTRAIN_CPU_BINDING=release",
+        b.cores_at_start, b.allowed / sharing, b.reason, host_threads_);
   }
   machine_ = machine_comm(MPI_COMM_WORLD);
   device_ = select_device(topology_, options.device, machine_.get());

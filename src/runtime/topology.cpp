@@ -63,10 +63,10 @@ Topology discover_topology(MPI_Comm world, int ranks_per_node) {
   if (ranks_per_node < 0) throw ConfigError(fmt::format("ranks_per_node {}: expected a positive integer", ranks_per_node));
   if (ranks_per_node > 0) {
     if (t.world_size % ranks_per_node != 0) {
-      throw ConfigError(fmt::format(
-          "world size {} is not divisible by ranks_per_node {} (--ranks-per-node / SHARDTRAIN_RANKS_PER_NODE): "
-          "launch a multiple of {} ranks or choose a ranks_per_node that divides {}",
-          t.world_size, ranks_per_node, ranks_per_node, t.world_size));
+      throw ConfigError(
+          fmt::format("world size {} is not divisible by ranks_per_node {} (--ranks-per-node / SHARDTRAIN_RANKS_PER_NODE): "
+                      "launch a multiple of {} ranks or choose a ranks_per_node that divides {}",
+                      t.world_size, ranks_per_node, ranks_per_node, t.world_size));
     }
     t.simulated_nodes = true;
     t.local_size = ranks_per_node;

@@ -31,11 +31,12 @@ using Clock = std::chrono::steady_clock;
 [[noreturn]] void save_expired(const std::string& what, double seconds) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(5));  // one line, rank 0's, when it fires too (its abort ends us)
-  const std::string message =
-      fmt::format("checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout): the file system may have stopped answering; "
-                  "ending the job rather than holding the allocation until its time limit (complete checkpoints are intact)",
-                  what, seconds);
+  if (rank != 0)
+    std::this_thread::sleep_for(std::chrono::seconds(5));  // one line, rank 0's, when it fires too (its abort ends us)
+  const std::string message = fmt::format(
+      "checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout): the file system may have stopped answering; "
+      "ending the job rather than holding the allocation until its time limit (complete checkpoints are intact)",
+      what, seconds);
   log::error("{}", message);
   failure_record::write(ExitCode::Io, message);
   MpiSession::abort(ExitCode::Io);
@@ -106,8 +107,7 @@ bool shards_finite(const std::vector<fsdp::ShardView>& shards, StreamRef stream)
 
 }  // namespace
 
-CheckpointHooks::CheckpointHooks(const Trainer& trainer)
-    : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
+CheckpointHooks::CheckpointHooks(const Trainer& trainer) : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
 
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
   const data::DatasetInfo& info = trainer.dataset().info();
@@ -134,11 +134,12 @@ void CheckpointHooks::report_space(Trainer& trainer) const {
   const uint64_t fit = free / need;
   const auto at_save = static_cast<uint64_t>(checkpoint::checkpoints_at_save(c.keep_last));
   if (fit == 0) {
-    log::warn("checkpoint: {} has {} free, but a checkpoint takes {}: saves will fail until there is room", dir_, format_bytes(free),
-              format_bytes(need));
+    log::warn("checkpoint: {} has {} free, but a checkpoint takes {}: saves will fail until there is room", dir_,
+              format_bytes(free), format_bytes(need));
   } else if (fit < at_save) {
-    log::warn("checkpoint: {} has {} free, room for {} checkpoint(s) of {}, but keep_last = {} needs {} at a save: saves will fail",
-              dir_, format_bytes(free), fit, format_bytes(need), c.keep_last, at_save);
+    log::warn(
+        "checkpoint: {} has {} free, room for {} checkpoint(s) of {}, but keep_last = {} needs {} at a save: saves will fail",
+        dir_, format_bytes(free), fit, format_bytes(need), c.keep_last, at_save);
   } else {
     log::info("checkpoint: {} each, {} free in {} (room for {})", format_bytes(need), format_bytes(free), dir_, fit);
   }
@@ -166,17 +167,18 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
   const std::string newest = checkpoint::find_latest(dir_);
   const std::string keep = newest.empty() ? "there is no checkpoint yet" : "the newest checkpoint is " + newest;
   if (failed_saves_ > max)
-    throw IoError(fmt::format("checkpoint: {} save(s) in a row failed (checkpoint.max_failed_saves = {}); {}; the last: {}", failed_saves_,
-                              max, keep, why));
+    throw IoError(fmt::format("checkpoint: {} save(s) in a row failed (checkpoint.max_failed_saves = {}); {}; the last: {}",
+                              failed_saves_, max, keep, why));
   if (trainer.runtime().topology().world_rank == 0)
-    log::error("checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops after {}); {}: {}", step,
-               failed_saves_, max + 1, keep, why);
-  trainer.record_event(nlohmann::json{{"kind", "checkpoint_failed"},
-                                      {"step", trainer.state().step},
-                                      {"save_step", step},
-                                      {"failed_in_a_row", failed_saves_},
-                                      {"error", why}}
-                           .dump());
+    log::error(
+        "checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops after {}); {}: {}",
+        step, failed_saves_, max + 1, keep, why);
+  trainer.record_event(nlohmann::json{
+      {"kind", "checkpoint_failed"},
+      {"step", trainer.state().step},
+      {"save_step", step},
+      {"failed_in_a_row", failed_saves_},
+      {"error", why}}.dump());
 }
 
 void CheckpointHooks::on_start(Trainer& trainer) {
@@ -268,17 +270,19 @@ void CheckpointHooks::resume(Trainer& trainer) {
       for (const auto& [step, p] : checkpoint::complete_checkpoints(dir_))
         if (checkpoint::checkpoint_health(p) == checkpoint::Health::Healthy) sound = p;
       log::warn("checkpoint: {} was saved during a streak of skipped steps (the run was diverging); {}", path,
-                sound.empty() ? std::string("no checkpoint of this directory was saved while training was sound")
-                              : fmt::format("the newest one saved while training was sound is {} (--resume {})", sound, sound));
+                sound.empty()
+                    ? std::string("no checkpoint of this directory was saved while training was sound")
+                    : fmt::format("the newest one saved while training was sound is {} (--resume {})", sound, sound));
     }
     break;
   }
   if (resumed_from_.empty()) {
     std::string why;
     for (const Fallback& d : damaged) why += fmt::format("; {}", d.error);
-    throw checkpoint::CheckpointDamaged(fmt::format("none of the {} complete checkpoints in {} loads (resume = auto){}; "
-                                                    "nothing was changed or removed",
-                                                    damaged.size(), dir_, why));
+    throw checkpoint::CheckpointDamaged(
+        fmt::format("none of the {} complete checkpoints in {} loads (resume = auto){}; "
+                    "nothing was changed or removed",
+                    damaged.size(), dir_, why));
   }
   if (damaged.empty()) return;
   // Set aside, not deleted: the damaged ones stay for inspection but are no longer candidates, and their steps
@@ -290,9 +294,11 @@ void CheckpointHooks::resume(Trainer& trainer) {
       } catch (const IoError& e) {
         log::error("checkpoint: {}", e.what());
       }
-      log::error("checkpoint: RESUMED FROM AN OLDER CHECKPOINT: {} is damaged ({}); {}; resumed from {}, so the steps after it are "
-                 "trained again",
-                 d.checkpoint, d.error, d.set_aside_as.empty() ? "it stays where it is" : "set aside as " + d.set_aside_as, resumed_from_);
+      log::error(
+          "checkpoint: RESUMED FROM AN OLDER CHECKPOINT: {} is damaged ({}); {}; resumed from {}, so the steps after it are "
+          "trained again",
+          d.checkpoint, d.error, d.set_aside_as.empty() ? "it stays where it is" : "set aside as " + d.set_aside_as,
+          resumed_from_);
     }
     trainer.record_event(nlohmann::json{{"kind", "resume_fallback"},
                                         {"damaged", d.checkpoint},
@@ -313,8 +319,9 @@ std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& train
   if (!saved.empty() && saved.back().first == again) {
     for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
       if (it->first < again) {
-        log::warn("checkpoint: the run diverged again from step {} without a newer checkpoint: going back further, to step {}", again,
-                  it->first);
+        log::warn(
+            "checkpoint: the run diverged again from step {} without a newer checkpoint: going back further, to step {}",
+            again, it->first);
         path = it->second;
         break;
       }
@@ -358,14 +365,17 @@ bool CheckpointHooks::weights_savable(Trainer& trainer, SaveCause cause) {
     if (checkpoint::checkpoint_health(path) == checkpoint::Health::Healthy) newest = path;
   const std::string keep = newest.empty() ? "there is no sound checkpoint yet" : "the newest sound checkpoint is " + newest;
   if (cause != SaveCause::Periodic)
-    throw Error(ExitCode::Diverged, fmt::format("the weights are not finite at step {}, so the {} save is not made; {}; lower optim.lr "
-                                                "and {}",
-                                                step, cause == SaveCause::Final ? "final" : "requested", keep,
-                                                newest.empty() ? "start again" : "resume from it"));
+    throw Error(ExitCode::Diverged,
+                fmt::format("the weights are not finite at step {}, so the {} save is not made; {}; lower optim.lr "
+                            "and {}",
+                            step, cause == SaveCause::Final ? "final" : "requested", keep,
+                            newest.empty() ? "start again" : "resume from it"));
   if (trainer.runtime().topology().world_rank == 0)
-    log::error("checkpoint: the save of step {} is skipped: the weights are not finite (a checkpoint of them could only diverge); {}",
-               step, keep);
-  trainer.record_event(nlohmann::json{{"kind", "checkpoint_skipped"}, {"step", step}, {"reason", "non-finite weights"}}.dump());
+    log::error(
+        "checkpoint: the save of step {} is skipped: the weights are not finite (a checkpoint of them could only diverge); {}",
+        step, keep);
+  trainer.record_event(
+      nlohmann::json{{"kind", "checkpoint_skipped"}, {"step", step}, {"reason", "non-finite weights"}}.dump());
   return false;
 }
 
@@ -377,9 +387,10 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   const checkpoint::SaveMeta meta = meta_for(trainer);
   const auto& c = trainer.config().checkpoint;
   const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
-  last_saved_ = c.state_dict_type == StateDictType::Full
-                    ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
-                    : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
+  last_saved_ =
+      c.state_dict_type == StateDictType::Full
+          ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
+          : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
   last_saved_step_ = s.step;
   published(last_saved_);
 }
@@ -392,7 +403,8 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   const auto& c = trainer.config().checkpoint;
   last_saved_step_ = async_step_ = s.step;
   async_started_ = Clock::now();
-  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the start of the asynchronous save of step {}", s.step));
+  const SaveDeadline deadline(c.save_timeout, c.save_timeout,
+                              fmt::format("the start of the asynchronous save of step {}", s.step));
   async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
 }
 
@@ -400,7 +412,8 @@ void CheckpointHooks::wait_async(Trainer& trainer) {
   periodic(trainer, async_step_, [&] {
     const double timeout = trainer.config().checkpoint.save_timeout;
     const double left = timeout - std::chrono::duration<double>(Clock::now() - async_started_).count();
-    const SaveDeadline deadline(timeout > 0 ? std::max(left, 1e-3) : 0, timeout, fmt::format("the asynchronous save of step {}", async_step_));
+    const SaveDeadline deadline(timeout > 0 ? std::max(left, 1e-3) : 0, timeout,
+                                fmt::format("the asynchronous save of step {}", async_step_));
     published(async_.wait());
   });
 }
@@ -409,7 +422,8 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   if (async_.pending()) {  // every rank asks, every step, until all have written
     const double timeout = trainer.config().checkpoint.save_timeout;
     const double elapsed = std::chrono::duration<double>(Clock::now() - async_started_).count();
-    if (timeout > 0 && elapsed > timeout) save_expired(fmt::format("the asynchronous save of step {}", async_step_), timeout);
+    if (timeout > 0 && elapsed > timeout)
+      save_expired(fmt::format("the asynchronous save of step {}", async_step_), timeout);
     periodic(trainer, async_step_, [&] { published(async_.poll()); });
   }
   const auto& c = trainer.config().checkpoint;

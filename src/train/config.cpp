@@ -38,7 +38,8 @@ std::string largest_size_key(const model::LlamaConfig& m) {
                         {"vocab_size", m.vocab_size, usual.vocab_size},
                         {"max_position_embeddings", m.max_position_embeddings, usual.max_position_embeddings}};
   const auto ratio = [](const Size& s) { return static_cast<double>(s.value) / static_cast<double>(s.usual); };
-  const Size& top = *std::max_element(std::begin(sizes), std::end(sizes), [&](const Size& x, const Size& y) { return ratio(x) < ratio(y); });
+  const Size& top = *std::max_element(std::begin(sizes), std::end(sizes),
+                                      [&](const Size& x, const Size& y) { return ratio(x) < ratio(y); });
   return fmt::format("model.{} = {}", top.key, top.value);
 }
 
@@ -56,15 +57,16 @@ double model_parameter_estimate(const model::LlamaConfig& model) {
 void validate_model_size(const model::LlamaConfig& model) {
   // The model's description (its units, their tensors) is built per layer before any memory estimate can run.
   expect(model.num_hidden_layers <= kMaxLayers, "model.num_hidden_layers",
-         fmt::format("{} is beyond the {} layers a model may have (the deepest trained ones have a few hundred)", model.num_hidden_layers,
-                     kMaxLayers));
+         fmt::format("{} is beyond the {} layers a model may have (the deepest trained ones have a few hundred)",
+                     model.num_hidden_layers, kMaxLayers));
   expect(model.max_position_embeddings <= std::numeric_limits<int32_t>::max(), "model.max_position_embeddings",
          fmt::format("{} is beyond the int32 positions the model computes with (at most {})", model.max_position_embeddings,
                      std::numeric_limits<int32_t>::max()));
   if (const double params = model_parameter_estimate(model); params > kMaxParameters)
-    throw ConfigError(fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
-                                  "(16 bytes each in training)",
-                                  largest_size_key(model), params, kMaxParameters));
+    throw ConfigError(
+        fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
+                    "(16 bytes each in training)",
+                    largest_size_key(model), params, kMaxParameters));
 }
 
 double TrainConfig::parameter_estimate() const { return model_parameter_estimate(model); }
@@ -74,10 +76,11 @@ void TrainConfig::validate_memory(int shard_ranks, double memory_bytes, std::str
   // fp32 weights, gradients and both Adam moments: a lower bound (no buffers, no activations).
   const double state = 16 * params / std::max(shard_ranks, 1);
   if (state <= memory_bytes) return;
-  throw ConfigError(fmt::format("{}: the model has {:.3g} parameters, whose fp32 weights, gradients and Adam state take "
-                                "{} per rank over {} shard rank(s); {} has {} for this rank",
-                                largest_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))),
-                                shard_ranks, memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
+  throw ConfigError(
+      fmt::format("{}: the model has {:.3g} parameters, whose fp32 weights, gradients and Adam state take "
+                  "{} per rank over {} shard rank(s); {} has {} for this rank",
+                  largest_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))), shard_ranks,
+                  memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
 }
 
 std::vector<data::MixtureEntry> DataSection::sources() const {
@@ -87,7 +90,8 @@ std::vector<data::MixtureEntry> DataSection::sources() const {
     const std::string field = fmt::format("data.mixture[{}]", i);
     out.push_back(data::parse_mixture_entry(mixture[i], field));
     for (size_t j = 0; j < i; ++j)
-      expect(out[j].path != out.back().path, field, fmt::format("{} is listed twice (as data.mixture[{}] too); give it one weight", out.back().path, j));
+      expect(out[j].path != out.back().path, field,
+             fmt::format("{} is listed twice (as data.mixture[{}] too); give it one weight", out.back().path, j));
   }
   return out;
 }
@@ -113,22 +117,27 @@ void TrainConfig::validate() const {
   if (fsdp.engine.wrap.policy == fsdp::WrapPolicy::TransformerBased)
     expect(!fsdp.engine.wrap.transformer_layer_cls.empty(), "fsdp.transformer_layer_cls_to_wrap",
            "expected at least one class for TRANSFORMER_BASED_WRAP");
-  expect(fsdp.engine.wrap.min_num_params > 0, "fsdp.min_num_params", fmt::format("expected a positive count, got {}", fsdp.engine.wrap.min_num_params));
-  expect(fsdp.num_processes >= 0, "fsdp.num_processes", fmt::format("expected 0 (any) or a rank count, got {}", fsdp.num_processes));
+  expect(fsdp.engine.wrap.min_num_params > 0, "fsdp.min_num_params",
+         fmt::format("expected a positive count, got {}", fsdp.engine.wrap.min_num_params));
+  expect(fsdp.num_processes >= 0, "fsdp.num_processes",
+         fmt::format("expected 0 (any) or a rank count, got {}", fsdp.num_processes));
   expect(fsdp.collective_timeout >= 0, "fsdp.collective_timeout",
          fmt::format("expected 0 (no watchdog) or seconds, got {}", fsdp.collective_timeout));
-  expect(fsdp.num_machines >= 0, "fsdp.num_machines", fmt::format("expected 0 (any) or a node count, got {}", fsdp.num_machines));
+  expect(fsdp.num_machines >= 0, "fsdp.num_machines",
+         fmt::format("expected 0 (any) or a node count, got {}", fsdp.num_machines));
 
   optim.adamw.validate();
   expect(std::isfinite(optim.max_grad_norm) && optim.max_grad_norm >= 0, "optim.max_grad_norm",
          fmt::format("expected 0 (no clipping) or a positive norm, got {}", optim.max_grad_norm));
   expect(optim.max_consecutive_nonfinite >= 1, "optim.max_consecutive_nonfinite",
          fmt::format("expected 1 or more, got {}", optim.max_consecutive_nonfinite));
-  expect(optim.loss_spike_factor == 0 || (std::isfinite(optim.loss_spike_factor) && optim.loss_spike_factor > 1), "optim.loss_spike_factor",
-         fmt::format("expected 0 (off) or a factor above 1, got {}", optim.loss_spike_factor));
-  expect(optim.loss_spike_window >= 1, "optim.loss_spike_window", fmt::format("expected 1 or more, got {}", optim.loss_spike_window));
+  expect(optim.loss_spike_factor == 0 || (std::isfinite(optim.loss_spike_factor) && optim.loss_spike_factor > 1),
+         "optim.loss_spike_factor", fmt::format("expected 0 (off) or a factor above 1, got {}", optim.loss_spike_factor));
+  expect(optim.loss_spike_window >= 1, "optim.loss_spike_window",
+         fmt::format("expected 1 or more, got {}", optim.loss_spike_window));
   expect(optim.max_rollbacks >= 0, "optim.max_rollbacks", fmt::format("expected 0 or more, got {}", optim.max_rollbacks));
-  expect(optim.rollback_skip_steps >= 0, "optim.rollback_skip_steps", fmt::format("expected 0 or more, got {}", optim.rollback_skip_steps));
+  expect(optim.rollback_skip_steps >= 0, "optim.rollback_skip_steps",
+         fmt::format("expected 0 or more, got {}", optim.rollback_skip_steps));
   if (optim.on_divergence == DivergencePolicy::Rollback)
     expect(checkpoint.every_n_steps > 0, "optim.on_divergence",
            "rollback goes back to the run's newest checkpoint: set checkpoint.every_n_steps to save some");
@@ -140,12 +149,14 @@ void TrainConfig::validate() const {
   expect(schedule.max_steps > 0 || schedule.max_tokens > 0 || schedule.epochs > 0, "schedule.max_steps",
          "the run never ends: set at least one of schedule.max_steps, schedule.max_tokens, schedule.epochs");
   expect(schedule.eval_every >= 0, "schedule.eval_every", fmt::format("expected 0 or more, got {}", schedule.eval_every));
-  expect(schedule.eval_batches >= 0, "schedule.eval_batches", fmt::format("expected 0 or more, got {}", schedule.eval_batches));
+  expect(schedule.eval_batches >= 0, "schedule.eval_batches",
+         fmt::format("expected 0 or more, got {}", schedule.eval_batches));
   expect(schedule.lr.min_lr <= optim.adamw.lr, "schedule.min_lr",
          fmt::format("{} is above the peak optim.lr {}", schedule.lr.min_lr, optim.adamw.lr));
   if (schedule.max_steps > 0 && schedule.lr.kind != optim::ScheduleKind::Constant)
     expect(schedule.lr.warmup_steps < schedule.max_steps, "schedule.warmup_steps",
-           fmt::format("{} warmup steps leave nothing to decay in schedule.max_steps = {}", schedule.lr.warmup_steps, schedule.max_steps));
+           fmt::format("{} warmup steps leave nothing to decay in schedule.max_steps = {}", schedule.lr.warmup_steps,
+                       schedule.max_steps));
 
   expect(!data.path.empty() || !data.mixture.empty(), "data.path",
          "expected the dataset file written by `shardtrain prepare-data` (or data.mixture: \"PATH:WEIGHT\" entries)");
@@ -155,8 +166,10 @@ void TrainConfig::validate() const {
   expect(data.seq_len >= 1, "data.seq_len", fmt::format("expected 1 or more, got {}", data.seq_len));
   expect(data.seq_len <= model.max_position_embeddings, "data.seq_len",
          fmt::format("{} is longer than model.max_position_embeddings = {}", data.seq_len, model.max_position_embeddings));
-  expect(data.micro_batch_size >= 0, "data.micro_batch_size", fmt::format("expected 0 (global / world) or more, got {}", data.micro_batch_size));
-  expect(data.global_batch_size >= 1, "data.global_batch_size", fmt::format("expected 1 or more, got {}", data.global_batch_size));
+  expect(data.micro_batch_size >= 0, "data.micro_batch_size",
+         fmt::format("expected 0 (global / world) or more, got {}", data.micro_batch_size));
+  expect(data.global_batch_size >= 1, "data.global_batch_size",
+         fmt::format("expected 1 or more, got {}", data.global_batch_size));
   if (data.micro_batch_size > 0)
     expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",
            fmt::format("{} is not a multiple of data.micro_batch_size = {}", data.global_batch_size, data.micro_batch_size));
@@ -165,17 +178,22 @@ void TrainConfig::validate() const {
          "only SHARDED_STATE_DICT saves are asynchronous (FULL_STATE_DICT gathers every unit over the shard group); "
          "set checkpoint.state_dict_type = \"SHARDED_STATE_DICT\" or async_save = false");
 
-  expect(checkpoint.every_n_steps >= 0, "checkpoint.every_n_steps", fmt::format("expected 0 or more, got {}", checkpoint.every_n_steps));
-  expect(checkpoint.keep_last >= 0, "checkpoint.keep_last", fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));
+  expect(checkpoint.every_n_steps >= 0, "checkpoint.every_n_steps",
+         fmt::format("expected 0 or more, got {}", checkpoint.every_n_steps));
+  expect(checkpoint.keep_last >= 0, "checkpoint.keep_last",
+         fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));
   expect(checkpoint.max_failed_saves >= 0, "checkpoint.max_failed_saves",
          fmt::format("expected 0 (the first failed save ends the run) or more, got {}", checkpoint.max_failed_saves));
   expect(std::isfinite(checkpoint.save_timeout) && checkpoint.save_timeout >= 0, "checkpoint.save_timeout",
          fmt::format("expected 0 (off) or seconds, got {}", checkpoint.save_timeout));
-  expect(checkpoint.keep_every >= 0, "checkpoint.keep_every", fmt::format("expected 0 (none) or more, got {}", checkpoint.keep_every));
-  expect(checkpoint.keep_every == 0 || checkpoint.every_n_steps == 0 || checkpoint.keep_every % checkpoint.every_n_steps == 0,
-         "checkpoint.keep_every",
-         fmt::format("{} is not a multiple of checkpoint.every_n_steps = {}: no periodic save would land on most of its milestones",
-                     checkpoint.keep_every, checkpoint.every_n_steps));
+  expect(checkpoint.keep_every >= 0, "checkpoint.keep_every",
+         fmt::format("expected 0 (none) or more, got {}", checkpoint.keep_every));
+  expect(
+      checkpoint.keep_every == 0 || checkpoint.every_n_steps == 0 || checkpoint.keep_every % checkpoint.every_n_steps == 0,
+      "checkpoint.keep_every",
+      fmt::format(
+          "{} is not a multiple of checkpoint.every_n_steps = {}: no periodic save would land on most of its milestones",
+          checkpoint.keep_every, checkpoint.every_n_steps));
 
   expect(logging.log_every >= 1, "logging.log_every", fmt::format("expected 1 or more, got {}", logging.log_every));
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
@@ -198,12 +216,12 @@ void TrainConfig::validate_for_world(int world_size, int node_count) const {
     throw ConfigError(fmt::format("fsdp.num_processes: the config expects {} processes, but MPI started {} (mpirun -np {})",
                                   fsdp.num_processes, world_size, fsdp.num_processes));
   if (fsdp.num_machines > 0 && fsdp.num_machines != node_count)
-    throw ConfigError(fmt::format("fsdp.num_machines: the config expects {} machines, but the job spans {} node(s)", fsdp.num_machines,
-                                  node_count));
+    throw ConfigError(fmt::format("fsdp.num_machines: the config expects {} machines, but the job spans {} node(s)",
+                                  fsdp.num_machines, node_count));
   const int mb = micro_batch_size_for(world_size);
   if (data.micro_batch_size == 0 && (data.global_batch_size % world_size != 0 || mb == 0))
-    throw ConfigError(fmt::format("data.global_batch_size: {} sequences cannot be split evenly over {} ranks", data.global_batch_size,
-                                  world_size));
+    throw ConfigError(fmt::format("data.global_batch_size: {} sequences cannot be split evenly over {} ranks",
+                                  data.global_batch_size, world_size));
   if (data.global_batch_size % (mb * world_size) != 0)
     throw ConfigError(fmt::format("data.global_batch_size: {} is not a multiple of data.micro_batch_size x world = {} x {}",
                                   data.global_batch_size, mb, world_size));

@@ -15,7 +15,8 @@ template <typename T>
 T narrow_int(int64_t v) {
   if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
       (v > 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
-    throw ConfigError(fmt::format("{} does not fit ({}..{})", v, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+    throw ConfigError(
+        fmt::format("{} does not fit ({}..{})", v, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
   return static_cast<T>(v);
 }
 
@@ -102,6 +103,8 @@ DivergencePolicy parse_divergence_policy(std::string_view s) {
 // Dtype names as configs spell them.
 const char* config_dtype_name(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F32 ? "fp32" : dtype_name(t); }
 
+// One field a line, as a table reads (clang-format 14 would break each lambda argument onto lines of its own).
+// clang-format off
 std::vector<ConfigField> build_fields() {
   Table t;
   t.section = "model";
@@ -284,6 +287,7 @@ std::vector<ConfigField> build_fields() {
   t.real("peak_flops", "per-rank peak FLOP/s for MFU (0 = a GPU's datasheet figure, else the best of several measured matmuls)", [](auto& c) -> auto& { return c.logging.peak_flops; });
   return std::move(t.fields);
 }
+// clang-format on
 
 }  // namespace
 

@@ -89,7 +89,8 @@ FieldValue from_toml(const toml::node& n, const ConfigField& f, const std::strin
         std::vector<std::string> out;
         for (const toml::node& e : *a) {
           auto s = e.value_exact<std::string>();
-          if (!s) fail_key(where, f, fmt::format("expected an array of strings, got an element that is {}", toml_type_name(e)));
+          if (!s)
+            fail_key(where, f, fmt::format("expected an array of strings, got an element that is {}", toml_type_name(e)));
           out.push_back(*s);
         }
         return out;
@@ -141,7 +142,8 @@ FieldValue from_text(std::string_view s, const ConfigField& f, const std::string
       size_t start = 0;
       while (start <= s.size() && !s.empty()) {
         const size_t comma = s.find(',', start);
-        const std::string_view part = s.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+        const std::string_view part =
+            s.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
         if (!part.empty()) out.emplace_back(part);
         if (comma == std::string_view::npos) break;
         start = comma + 1;
@@ -187,23 +189,26 @@ void apply_toml_text(TrainConfig& config, std::string_view text, const std::stri
   try {
     doc = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    throw ConfigError(fmt::format("{}:{}:{}: not valid TOML: {}", source, e.source().begin.line, e.source().begin.column, e.description()));
+    throw ConfigError(fmt::format("{}:{}:{}: not valid TOML: {}", source, e.source().begin.line, e.source().begin.column,
+                                  e.description()));
   }
   for (auto&& [section_key, node] : doc) {
     const std::string section(section_key.str());
     const std::string at = fmt::format("{}:{}", source, node.source().begin.line);
     const toml::table* table = node.as_table();
     if (!table)
-      throw ConfigError(fmt::format("{}: '{}' is outside any section; keys belong in one of {}", at, section, join_sections()));
+      throw ConfigError(
+          fmt::format("{}: '{}' is outside any section; keys belong in one of {}", at, section, join_sections()));
     bool known = false;
     for (const auto& s : config_sections()) known = known || s == section;
-    if (!known) throw ConfigError(fmt::format("{}: unknown section [{}] (expected one of {})", at, section, join_sections()));
+    if (!known)
+      throw ConfigError(fmt::format("{}: unknown section [{}] (expected one of {})", at, section, join_sections()));
     for (auto&& [key, value] : *table) {
       const std::string where = fmt::format("{}:{}", source, value.source().begin.line);
       const ConfigField* f = find_config_field(section, key.str());
       if (!f)
-        throw ConfigError(fmt::format("{}: unknown key '{}.{}' (the keys of [{}] are: {})", where, section, key.str(), section,
-                                      join_keys(section)));
+        throw ConfigError(fmt::format("{}: unknown key '{}.{}' (the keys of [{}] are: {})", where, section, key.str(),
+                                      section, join_keys(section)));
       store(config, *f, from_toml(value, *f, where), where);
     }
   }
@@ -211,7 +216,9 @@ void apply_toml_text(TrainConfig& config, std::string_view text, const std::stri
 
 TrainConfig load_train_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read the config file (expected a TOML file, e.g. configs/tiny-cpu.toml)", path));
+  if (!in)
+    throw ConfigError(
+        fmt::format("{}: cannot read the config file (expected a TOML file, e.g. configs/tiny-cpu.toml)", path));
   std::stringstream ss;
   ss << in.rdbuf();
   TrainConfig config;
@@ -230,8 +237,10 @@ void apply_override(TrainConfig& config, std::string_view dotted_key, std::strin
   if (!f) {
     bool known = false;
     for (const auto& s : config_sections()) known = known || s == section;
-    if (!known) throw ConfigError(fmt::format("{}: unknown section '{}' (expected one of {})", where, section, join_sections()));
-    throw ConfigError(fmt::format("{}: unknown key '{}' (the keys of [{}] are: {})", where, dotted_key, section, join_keys(section)));
+    if (!known)
+      throw ConfigError(fmt::format("{}: unknown section '{}' (expected one of {})", where, section, join_sections()));
+    throw ConfigError(
+        fmt::format("{}: unknown key '{}' (the keys of [{}] are: {})", where, dotted_key, section, join_keys(section)));
   }
   store(config, *f, from_text(value, *f, "command line"), "command line");
   // data.path and data.mixture are two ways to name the data: the command line's choice replaces the file's.
@@ -244,7 +253,8 @@ std::vector<std::pair<std::string, std::string>> parse_override_args(const std::
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0 || a.find('.') == std::string::npos)
-      throw UsageError(fmt::format("unexpected argument '{}' (overrides are --section.key value or --section.key=value)", a));
+      throw UsageError(
+          fmt::format("unexpected argument '{}' (overrides are --section.key value or --section.key=value)", a));
     const size_t eq = a.find('=');
     if (eq != std::string::npos) {
       out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));

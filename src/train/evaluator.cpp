@@ -42,9 +42,11 @@ Evaluator::Evaluator(Replica& replica, const TrainConfig& config, const std::vec
       continue;
     }
     if (samples < static_cast<size_t>(eo.global_batch_size)) {
-      log::warn("{}: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}", eval_only ? "evaluate" : "train",
-                data::dataset_split_name(eo.split), path, samples, eo.global_batch_size,
-                eval_only ? "not evaluated" : mixed ? "the validation loss leaves this source out" : "no validation loss");
+      log::warn("{}: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}",
+                eval_only ? "evaluate" : "train", data::dataset_split_name(eo.split), path, samples, eo.global_batch_size,
+                eval_only ? "not evaluated"
+                : mixed   ? "the validation loss leaves this source out"
+                          : "no validation loss");
       continue;
     }
     Source e;
@@ -54,7 +56,8 @@ Evaluator::Evaluator(Replica& replica, const TrainConfig& config, const std::vec
     e.weight = c.weight;
     sources_.push_back(std::move(e));
   }
-  if (!eval_only && mixed && sources_.empty()) log::warn("train: no validation loss: no source has enough validation samples");
+  if (!eval_only && mixed && sources_.empty())
+    log::warn("train: no validation loss: no source has enough validation samples");
 }
 
 Evaluator::~Evaluator() = default;
@@ -67,7 +70,8 @@ std::vector<Evaluator::SourcePlan> Evaluator::plan() const {
   return plan;
 }
 
-double Evaluator::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source, const std::vector<uint32_t>* bytes_per_id) {
+double Evaluator::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_source,
+                           const std::vector<uint32_t>* bytes_per_id) {
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   if (sources_.empty()) return nan;
   std::vector<double> sums;  // per source: loss sum, tokens
@@ -82,7 +86,8 @@ double Evaluator::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_
           if (t >= 0 && static_cast<size_t>(t) < bytes_per_id->size()) bytes[k] += (*bytes_per_id)[static_cast<size_t>(t)];
       }
       replica_->engine().forward(replica_->model_batch(mb));
-      if (replica_->ops().device() == DeviceKind::Cuda) stream_synchronize(replica_->ops().stream());  // the upload ran before the loader refills it
+      if (replica_->ops().device() == DeviceKind::Cuda)
+        stream_synchronize(replica_->ops().stream());  // the upload ran before the loader refills it
       e.loader->recycle(std::move(mb));
     }
     const ops::LossSums total = replica_->ops().take_loss();
@@ -97,7 +102,8 @@ double Evaluator::evaluate(int64_t* counted_tokens, std::vector<SourceLoss>* by_
     tokens += sums[2 * k + 1];
     if (sums[2 * k + 1] > 0) weighted += sources_[k].weight * loss, weight += sources_[k].weight;
     if (by_source)
-      by_source->push_back({sources_[k].loader->source().dataset(0).path(), loss, static_cast<int64_t>(sums[2 * k + 1]), bytes[k]});
+      by_source->push_back(
+          {sources_[k].loader->source().dataset(0).path(), loss, static_cast<int64_t>(sums[2 * k + 1]), bytes[k]});
   }
   if (counted_tokens) *counted_tokens = static_cast<int64_t>(tokens);
   if (sources_.size() == 1) return sums[1] > 0 ? sums[0] / sums[1] : nan;

@@ -63,20 +63,22 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) continue;
     const size_t colon = item.find(':');
-    const std::string name = item.substr(0, colon), arg = colon == std::string::npos ? std::string() : item.substr(colon + 1);
+    const std::string name = item.substr(0, colon),
+                      arg = colon == std::string::npos ? std::string() : item.substr(colon + 1);
     if (colon == std::string::npos) throw bad(fmt::format("unknown fault '{}'", item));
     if (name == "stall" || name == "kill" || name == "freeze" || name == "device_error" || name == "mce") {
       const size_t at = arg.find('@');
       if (at == std::string::npos) throw bad(fmt::format("expected {}:RANK@STEP, got '{}'", name, item));
       RankFault f;
-      f.kind = name == "stall"  ? RankFault::Kind::Stall
-               : name == "kill" ? RankFault::Kind::Kill
+      f.kind = name == "stall"    ? RankFault::Kind::Stall
+               : name == "kill"   ? RankFault::Kind::Kill
                : name == "freeze" ? RankFault::Kind::Freeze
                : name == "mce"    ? RankFault::Kind::MachineCheck
                                   : RankFault::Kind::DeviceError;
       f.rank = static_cast<int>(number(arg.substr(0, at), "rank"));
       const size_t node_at = arg.find('@', at + 1);
-      f.step = number(arg.substr(at + 1, node_at == std::string::npos ? std::string::npos : node_at - at - 1), "step number");
+      f.step =
+          number(arg.substr(at + 1, node_at == std::string::npos ? std::string::npos : node_at - at - 1), "step number");
       if (node_at != std::string::npos) {
         f.node = arg.substr(node_at + 1);
         if (f.node.empty()) throw bad(fmt::format("expected a node name after the second '@', got '{}'", item));
@@ -96,7 +98,8 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
     if (name == "bad_data") {
       const size_t dash = arg.find('-');
       const auto first = static_cast<uint64_t>(number(arg.substr(0, dash), "sample number"));
-      const auto last = dash == std::string::npos ? first : static_cast<uint64_t>(number(arg.substr(dash + 1), "sample number"));
+      const auto last =
+          dash == std::string::npos ? first : static_cast<uint64_t>(number(arg.substr(dash + 1), "sample number"));
       if (last < first) throw bad(fmt::format("expected bad_data:FIRST-LAST with FIRST <= LAST, got '{}'", item));
       plan.bad_samples.emplace_back(first, last);
       continue;
@@ -139,8 +142,8 @@ const RankFault* FaultPlan::rank_fault_at(int rank, int64_t step) const {
 void FaultPlan::check_ranks(int world_size) const {
   for (const RankFault& f : rank_faults) {
     if (f.rank >= world_size)
-      throw UsageError(fmt::format("SHARDTRAIN_FAULT: {}:{}@{} names rank {}, but the world has ranks 0-{}", rank_fault_name(f.kind), f.rank,
-                                   f.step, f.rank, world_size - 1));
+      throw UsageError(fmt::format("SHARDTRAIN_FAULT: {}:{}@{} names rank {}, but the world has ranks 0-{}",
+                                   rank_fault_name(f.kind), f.rank, f.step, f.rank, world_size - 1));
   }
 }
 
@@ -157,13 +160,15 @@ void inject(const RankFault& f) {
       std::raise(SIGKILL);
       break;
     case RankFault::Kind::DeviceError:
-      throw Error(ExitCode::Device, fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) before step {}, as a GPU "
-                                                "with an uncorrectable ECC error gives",
-                                                f.rank, failure_record::node_name(), f.step));
+      throw Error(ExitCode::Device,
+                  fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) before step {}, as a GPU "
+                              "with an uncorrectable ECC error gives",
+                              f.rank, failure_record::node_name(), f.step));
     case RankFault::Kind::MachineCheck: {
       // What the kernel sends a process that touches memory with an uncorrectable error: SIGBUS with
       // si_code BUS_MCEERR_AR. A process may send itself a signal with a kernel si_code.
-      log::warn("train: SHARDTRAIN_FAULT: rank {} receives SIGBUS (BUS_MCEERR_AR: a machine check) before step {}", f.rank, f.step);
+      log::warn("train: SHARDTRAIN_FAULT: rank {} receives SIGBUS (BUS_MCEERR_AR: a machine check) before step {}", f.rank,
+                f.step);
       std::fflush(nullptr);
       siginfo_t info{};
       info.si_signo = SIGBUS;
@@ -175,8 +180,9 @@ void inject(const RankFault& f) {
       break;
     }
     case RankFault::Kind::Freeze:
-      log::warn("train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}", f.rank,
-                f.step);
+      log::warn(
+          "train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}",
+          f.rank, f.step);
       std::fflush(nullptr);
       std::raise(SIGSTOP);
       break;

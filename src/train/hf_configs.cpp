@@ -38,7 +38,8 @@ bool as_bool(const Value& v) {
 }
 int64_t as_int(const Value& v) {
   if (v.kind == Value::Kind::Int) return v.i;
-  if (v.kind == Value::Kind::Float && v.f == static_cast<double>(static_cast<int64_t>(v.f))) return static_cast<int64_t>(v.f);
+  if (v.kind == Value::Kind::Float && v.f == static_cast<double>(static_cast<int64_t>(v.f)))
+    return static_cast<int64_t>(v.f);
   fail(v, "expected an integer");
 }
 std::string as_string(const Value& v) {
@@ -59,7 +60,8 @@ std::vector<std::string> as_names(const Value& v) {
     }
   };
   if (v.kind == Value::Kind::String) add_split(v.s);
-  else if (v.kind == Value::Kind::List) for (const auto& s : v.list) add_split(s);
+  else if (v.kind == Value::Kind::List)
+    for (const auto& s : v.list) add_split(s);
   else if (v.kind != Value::Kind::Null) fail(v, "expected a class name or a list of class names");
   return out;
 }
@@ -86,8 +88,9 @@ void set_layer_classes(Context& c, const Value& v) {
     try {
       cls.push_back(model::parse_module_class(name));
     } catch (const ConfigError&) {
-      c.notes.push_back(fmt::format("{}: '{}' is not a Llama module class; ignored (the Llama transformer block is LlamaDecoderLayer)",
-                                    v.where, name));
+      c.notes.push_back(
+          fmt::format("{}: '{}' is not a Llama module class; ignored (the Llama transformer block is LlamaDecoderLayer)",
+                      v.where, name));
     }
   }
   if (cls.empty()) {
@@ -97,7 +100,9 @@ void set_layer_classes(Context& c, const Value& v) {
   c.config->fsdp.engine.wrap.transformer_layer_cls = std::move(cls);
 }
 
-void accepted(Context& c, const Value& v, const char* why) { c.notes.push_back(fmt::format("{}: accepted, no effect ({})", v.where, why)); }
+void accepted(Context& c, const Value& v, const char* why) {
+  c.notes.push_back(fmt::format("{}: accepted, no effect ({})", v.where, why));
+}
 
 int backward_prefetch_depth(const Value& v) {
   if (v.kind == Value::Kind::Null) return 0;
@@ -110,49 +115,65 @@ int backward_prefetch_depth(const Value& v) {
 // Options both formats share, by their Transformers name (Accelerate's is the same with fsdp_ in front).
 const std::map<std::string, Handler>& fsdp_options() {
   static const std::map<std::string, Handler> table = {
-      {"version", [](Context& c, const Value& v) {
+      {"version",
+       [](Context& c, const Value& v) {
          const int64_t ver = as_int(v);
          if (ver != 1 && ver != 2) fail(v, fmt::format("expected FSDP version 1 or 2, got {}", ver));
        }},
-      {"sharding_strategy", [](Context& c, const Value& v) {
+      {"sharding_strategy",
+       [](Context& c, const Value& v) {
          c.config->fsdp.engine.strategy = rethrow_at(v, [&] { return parse_sharding_strategy(as_string(v)); });
        }},
-      {"reshard_after_forward", [](Context& c, const Value& v) {
+      {"reshard_after_forward",
+       [](Context& c, const Value& v) {
          if (v.kind == Value::Kind::Bool) c.config->fsdp.engine.reshard_after_forward = v.b;
-         else c.config->fsdp.engine.strategy = rethrow_at(v, [&] { return parse_sharding_strategy(as_string(v)); });  // FSDP1 spelling
+         else
+           c.config->fsdp.engine.strategy =
+               rethrow_at(v, [&] { return parse_sharding_strategy(as_string(v)); });  // FSDP1 spelling
        }},
       {"cpu_offload", [](Context& c, const Value& v) { c.config->fsdp.engine.offload_params = as_bool(v); }},
       {"offload_params", [](Context& c, const Value& v) { c.config->fsdp.engine.offload_params = as_bool(v); }},
-      {"auto_wrap_policy", [](Context& c, const Value& v) {
+      {"auto_wrap_policy",
+       [](Context& c, const Value& v) {
          c.config->fsdp.engine.wrap.policy = rethrow_at(v, [&] { return fsdp::parse_wrap_policy(as_string(v)); });
        }},
       {"transformer_layer_cls_to_wrap", set_layer_classes},
-      {"min_num_params", [](Context& c, const Value& v) {
+      {"min_num_params",
+       [](Context& c, const Value& v) {
          const int64_t n = as_int(v);
          if (n <= 0) fail(v, fmt::format("expected a positive parameter count, got {}", n));
          c.config->fsdp.engine.wrap.min_num_params = n;
        }},
-      {"state_dict_type", [](Context& c, const Value& v) {
+      {"state_dict_type",
+       [](Context& c, const Value& v) {
          c.config->checkpoint.state_dict_type = rethrow_at(v, [&] { return parse_state_dict_type(as_string(v)); });
        }},
-      {"cpu_ram_efficient_loading", [](Context& c, const Value& v) { c.config->checkpoint.cpu_ram_efficient_loading = as_bool(v); }},
-      {"activation_checkpointing", [](Context& c, const Value& v) { c.config->fsdp.engine.activation_checkpointing = as_bool(v); }},
-      {"backward_prefetch", [](Context& c, const Value& v) { c.config->fsdp.engine.backward_prefetch = backward_prefetch_depth(v); }},
-      {"backward_prefetch_policy", [](Context& c, const Value& v) { c.config->fsdp.engine.backward_prefetch = backward_prefetch_depth(v); }},
+      {"cpu_ram_efficient_loading",
+       [](Context& c, const Value& v) { c.config->checkpoint.cpu_ram_efficient_loading = as_bool(v); }},
+      {"activation_checkpointing",
+       [](Context& c, const Value& v) { c.config->fsdp.engine.activation_checkpointing = as_bool(v); }},
+      {"backward_prefetch",
+       [](Context& c, const Value& v) { c.config->fsdp.engine.backward_prefetch = backward_prefetch_depth(v); }},
+      {"backward_prefetch_policy",
+       [](Context& c, const Value& v) { c.config->fsdp.engine.backward_prefetch = backward_prefetch_depth(v); }},
       {"forward_prefetch", [](Context& c, const Value& v) { c.config->fsdp.engine.forward_prefetch = as_bool(v) ? 1 : 0; }},
       {"sync_module_states", [](Context& c, const Value& v) { c.config->fsdp.engine.sync_module_states = as_bool(v); }},
-      {"use_orig_params", [](Context& c, const Value& v) {
+      {"use_orig_params",
+       [](Context& c, const Value& v) {
          as_bool(v);
          accepted(c, v, "parameters are always views into the flat buffers");
        }},
-      {"limit_all_gathers", [](Context& c, const Value& v) {
+      {"limit_all_gathers",
+       [](Context& c, const Value& v) {
          as_bool(v);
          accepted(c, v, "gathers are bounded by the prefetch depth");
        }},
-      {"xla", [](Context& c, const Value& v) {
+      {"xla",
+       [](Context& c, const Value& v) {
          if (as_bool(v)) fail(v, "PyTorch/XLA (TPU) is not a shardtrain backend; expected false");
        }},
-      {"xla_fsdp_grad_ckpt", [](Context& c, const Value& v) {
+      {"xla_fsdp_grad_ckpt",
+       [](Context& c, const Value& v) {
          if (as_bool(v)) fail(v, "XLA options are not supported; use activation_checkpointing");
        }},
   };
@@ -236,7 +257,8 @@ std::vector<std::string> apply_fsdp_config_json_text(TrainConfig& config, std::s
   Context c{&config, {}};
   for (const auto& [key, value] : j.items()) {
     if (key == "xla_fsdp_settings") {
-      if (!value.is_object() || !value.empty()) throw ConfigError(fmt::format("{}: {}: XLA settings are not supported", source, key));
+      if (!value.is_object() || !value.empty())
+        throw ConfigError(fmt::format("{}: {}: XLA settings are not supported", source, key));
       continue;
     }
     // Transformers accepts the fsdp_ prefix on every key and strips it.
@@ -250,19 +272,38 @@ std::vector<std::string> apply_fsdp_config_json(TrainConfig& config, const std::
   return apply_fsdp_config_json_text(config, read_file(path, "Transformers fsdp_config JSON file"), path);
 }
 
-std::vector<std::string> apply_accelerate_config_text(TrainConfig& config, std::string_view text, const std::string& source) {
+std::vector<std::string> apply_accelerate_config_text(TrainConfig& config, std::string_view text,
+                                                      const std::string& source) {
   const YamlNode root = parse_yaml_subset(text, source);
-  if (root.kind != YamlNode::Kind::Map) throw ConfigError(fmt::format("{}:{}: expected a mapping of Accelerate options", source, root.line));
+  if (root.kind != YamlNode::Kind::Map)
+    throw ConfigError(fmt::format("{}:{}: expected a mapping of Accelerate options", source, root.line));
   Context c{&config, {}};
   // Keys of `accelerate config` that describe the launcher or other backends, with no native meaning.
-  static const char* const no_effect[] = {"compute_environment", "debug", "downcast_bf16", "machine_rank", "main_training_function",
-                                          "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu",
-                                          "main_process_ip", "main_process_port", "gpu_ids", "enable_cpu_affinity", "dynamo_config",
-                                          "tpu_name", "tpu_zone", "commands", "command_file"};
+  static const char* const no_effect[] = {"compute_environment",
+                                          "debug",
+                                          "downcast_bf16",
+                                          "machine_rank",
+                                          "main_training_function",
+                                          "rdzv_backend",
+                                          "same_network",
+                                          "tpu_env",
+                                          "tpu_use_cluster",
+                                          "tpu_use_sudo",
+                                          "use_cpu",
+                                          "main_process_ip",
+                                          "main_process_port",
+                                          "gpu_ids",
+                                          "enable_cpu_affinity",
+                                          "dynamo_config",
+                                          "tpu_name",
+                                          "tpu_zone",
+                                          "commands",
+                                          "command_file"};
   for (const auto& [key, node] : root.map) {
     const std::string where = fmt::format("{}:{}: {}", source, node.line, key);
     if (key == "fsdp_config") {
-      if (node.kind != YamlNode::Kind::Map) throw ConfigError(fmt::format("{}: expected a mapping of fsdp_* options", where));
+      if (node.kind != YamlNode::Kind::Map)
+        throw ConfigError(fmt::format("{}: expected a mapping of fsdp_* options", where));
       for (const auto& [k, n] : node.map) {
         const std::string w = fmt::format("{}:{}: fsdp_config.{}", source, n.line, k);
         const std::string name = k.rfind("fsdp_", 0) == 0 ? k.substr(5) : k;
@@ -272,7 +313,8 @@ std::vector<std::string> apply_accelerate_config_text(TrainConfig& config, std::
     }
     const Value v = from_yaml(node, where);
     if (key == "distributed_type") {
-      if (as_string(v) != "FSDP") fail(v, fmt::format("'{}' is not FSDP: shardtrain trains with FSDP (expected distributed_type: FSDP)", v.s));
+      if (as_string(v) != "FSDP")
+        fail(v, fmt::format("'{}' is not FSDP: shardtrain trains with FSDP (expected distributed_type: FSDP)", v.s));
     } else if (key == "mixed_precision") {
       const std::string mp = v.kind == Value::Kind::Bool ? (v.b ? "yes" : "no") : as_string(v);
       if (mp == "no") {
@@ -294,9 +336,12 @@ std::vector<std::string> apply_accelerate_config_text(TrainConfig& config, std::
       bool known = false;
       for (const char* k : no_effect) known = known || key == k;
       if (!known)
-        fail(v, "unknown Accelerate option (expected distributed_type, mixed_precision, num_processes, num_machines, fsdp_config, "
-                "or a launcher option such as compute_environment)");
-      if (key == "use_cpu" && v.kind == Value::Kind::Bool && v.b) c.notes.push_back(fmt::format("{}: the device comes from --device", where));
+        fail(
+            v,
+            "unknown Accelerate option (expected distributed_type, mixed_precision, num_processes, num_machines, fsdp_config, "
+            "or a launcher option such as compute_environment)");
+      if (key == "use_cpu" && v.kind == Value::Kind::Bool && v.b)
+        c.notes.push_back(fmt::format("{}: the device comes from --device", where));
     }
   }
   return c.notes;

@@ -21,9 +21,9 @@ std::vector<data::MixtureComponent> open_data_sources(const TrainConfig& c) {
   for (const data::MixtureEntry& e : c.data.sources()) {
     auto ds = std::make_shared<data::TokenDataset>(data::TokenDataset::open(e.path));
     if (ds->info().vocab_size > c.model.vocab_size)
-      throw ConfigError(fmt::format("model.vocab_size: {} is smaller than the vocabulary of {} ({}, tokenizer {}); expected at least {}",
-                                    c.model.vocab_size, e.path, ds->info().vocab_size, ds->info().tokenizer_name,
-                                    ds->info().vocab_size));
+      throw ConfigError(
+          fmt::format("model.vocab_size: {} is smaller than the vocabulary of {} ({}, tokenizer {}); expected at least {}",
+                      c.model.vocab_size, e.path, ds->info().vocab_size, ds->info().tokenizer_name, ds->info().vocab_size));
     out.push_back({std::move(ds), e.weight});
   }
   return out;
@@ -52,16 +52,17 @@ std::string resolve_resume_path(const std::string& resume, const std::string& di
   return resume;  // the reader says what is wrong with it, if anything
 }
 
-void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json, const data::TokenDataset& dataset) {
+void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json,
+                             const data::TokenDataset& dataset) {
   if (tokenizer_json.empty()) return;
   const auto saved = nlohmann::json::parse(tokenizer_json, nullptr, false);
   const std::string hash = saved.is_object() ? saved.value("hash", std::string()) : std::string();
   const std::string& current = dataset.info().tokenizer_hash;
   if (!hash.empty() && !current.empty() && hash != current) {
-    throw CheckpointError(fmt::format("{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
-                                      "use a dataset prepared with the checkpoint's tokenizer",
-                                      weights, saved.value("name", std::string("?")), hash, dataset.path(),
-                                      dataset.info().tokenizer_name, current));
+    throw CheckpointError(fmt::format(
+        "{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
+        "use a dataset prepared with the checkpoint's tokenizer",
+        weights, saved.value("name", std::string("?")), hash, dataset.path(), dataset.info().tokenizer_name, current));
   }
 }
 
@@ -69,7 +70,8 @@ void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const da
   check_weights_tokenizer(reader.path(), reader.tokenizer(), dataset);
 }
 
-std::string resume_data_change(const checkpoint::CheckpointReader& reader, const std::vector<data::MixtureComponent>& sources) {
+std::string resume_data_change(const checkpoint::CheckpointReader& reader,
+                               const std::vector<data::MixtureComponent>& sources) {
   const auto saved = nlohmann::json::parse(reader.tokenizer().empty() ? "{}" : reader.tokenizer(), nullptr, false);
   if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) return {};
   std::vector<std::pair<std::string, double>> before, now;
@@ -86,10 +88,12 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
     return a == b || fs::weakly_canonical(a, ea) == fs::weakly_canonical(b, eb);
   };
   bool same = before.size() == now.size();
-  for (size_t i = 0; same && i < now.size(); ++i) same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
+  for (size_t i = 0; same && i < now.size(); ++i)
+    same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
   if (same) return {};
-  return fmt::format("{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the new data",
-                     reader.path(), describe(before), describe(now));
+  return fmt::format(
+      "{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the new data",
+      reader.path(), describe(before), describe(now));
 }
 
 }  // namespace shardtrain::train

@@ -73,7 +73,8 @@ void Trainer::step_once(StepMetrics& m) {
   m.mfu_measured_peak = mfu_.mfu_of_measured(m.tokens_per_s * flops_per_token_, runtime_->topology().world_size);
   // On a GPU: everything shardtrain allocated there (activations and op scratch too, which the ledger
   // does not count); on the CPU: what the ledger counts (FSDP buffers, optimizer states).
-  m.peak_mem_bytes = ops_->device() == DeviceKind::Cuda ? static_cast<int64_t>(device_memory_stats().peak) : replica_->ledger().peak_total();
+  m.peak_mem_bytes = ops_->device() == DeviceKind::Cuda ? static_cast<int64_t>(device_memory_stats().peak)
+                                                        : replica_->ledger().peak_total();
   m.rss_peak_bytes = peak_rss_bytes();
   m.comm_shard_bytes = axis_bytes(*comms_, MeshAxis::Shard) - shard0;
   m.comm_replicate_bytes = axis_bytes(*comms_, MeshAxis::Replicate) - rep0;
@@ -118,7 +119,8 @@ Trainer::StepInput Trainer::take_step_input() {
     in.global_tokens = in.counted[0];
   }
   // The loss is the mean over every counted target of the global batch.
-  if (in.global_tokens == 0) throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
+  if (in.global_tokens == 0)
+    throw DataError(fmt::format("{}: a global batch without any target to learn from", config_.data.describe()));
   return in;
 }
 
@@ -143,8 +145,9 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
   const uint64_t first_sample = sampler.samples_before(start);
   const bool poisoned =
       options_.faults.nan_grad_at(step_number) ||
-      options_.faults.bad_data_in(start.epoch, first_sample,
-                                  sampler.samples_before({start.epoch, start.index + static_cast<uint64_t>(accumulation_)}) - first_sample);
+      options_.faults.bad_data_in(
+          start.epoch, first_sample,
+          sampler.samples_before({start.epoch, start.index + static_cast<uint64_t>(accumulation_)}) - first_sample);
   if (poisoned) optim::poison_first_gradient(engine_->shards());
   // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
   // replica.hpp: one read for the whole step) waits for the stream it was queued on.
@@ -181,7 +184,7 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
   if (ahead)
     for (const int64_t c : ahead->counted) values.push_back(static_cast<double>(c));
   comms_->world().all_reduce(std::span<double>(values), ReduceOp::Sum);
-  for (size_t at = 2; TrainerHooks* h : hooks_) {
+  for (size_t at = 2; TrainerHooks * h : hooks_) {
     const size_t n = h->agreed_slots();
     h->agreed(std::span<const double>(values).subspan(at, n));
     at += n;
@@ -214,21 +217,24 @@ bool Trainer::decide_skip(const StepResult& r, int64_t step_number) {
                 std::isfinite(norm) ? "loss" : "gradient norm", loss, norm, state_.consecutive_nonfinite, then,
                 config_.optim.max_consecutive_nonfinite);
     } else {
-      log::warn("train: step {} skipped: loss {:.4f} is {:.2f}x the mean {:.4f} of the last {} updated steps (optim.loss_spike_factor = {}); "
-                "{} in a row, the run {} at {}",
-                step_number, loss, loss / recent_mean, recent_mean, state_.recent_losses.size(), config_.optim.loss_spike_factor,
-                state_.consecutive_nonfinite, then, config_.optim.max_consecutive_nonfinite);
+      log::warn(
+          "train: step {} skipped: loss {:.4f} is {:.2f}x the mean {:.4f} of the last {} updated steps (optim.loss_spike_factor = {}); "
+          "{} in a row, the run {} at {}",
+          step_number, loss, loss / recent_mean, recent_mean, state_.recent_losses.size(), config_.optim.loss_spike_factor,
+          state_.consecutive_nonfinite, then, config_.optim.max_consecutive_nonfinite);
     }
     if (state_.consecutive_nonfinite >= config_.optim.max_consecutive_nonfinite) {
-      const std::string why = fmt::format("{} steps in a row (up to step {}) had {} (optim.max_consecutive_nonfinite = {})",
-                                          state_.consecutive_nonfinite, step_number,
-                                          config_.optim.loss_spike_factor > 0 ? "a non-finite loss or gradient norm, or a loss spike"
-                                                                              : "a non-finite loss or gradient norm",
-                                          config_.optim.max_consecutive_nonfinite);
+      const std::string why =
+          fmt::format("{} steps in a row (up to step {}) had {} (optim.max_consecutive_nonfinite = {})",
+                      state_.consecutive_nonfinite, step_number,
+                      config_.optim.loss_spike_factor > 0 ? "a non-finite loss or gradient norm, or a loss spike"
+                                                          : "a non-finite loss or gradient norm",
+                      config_.optim.max_consecutive_nonfinite);
       if (!rollback)
-        throw Error(ExitCode::Diverged, fmt::format("training diverged: {}; lower optim.lr, resume from an earlier checkpoint, or set "
-                                                    "optim.on_divergence = \"rollback\"",
-                                                    why));
+        throw Error(ExitCode::Diverged,
+                    fmt::format("training diverged: {}; lower optim.lr, resume from an earlier checkpoint, or set "
+                                "optim.on_divergence = \"rollback\"",
+                                why));
       divergence_ = why;  // run() rolls back once this step is reported
     }
   }
@@ -271,7 +277,8 @@ void Trainer::advance(StepInput& in, int64_t step_number) {
 
 bool Trainer::loss_spike(double loss, double* mean) const {
   const std::vector<double>& recent = state_.recent_losses;
-  if (config_.optim.loss_spike_factor <= 0 || recent.size() < static_cast<size_t>(config_.optim.loss_spike_window)) return false;
+  if (config_.optim.loss_spike_factor <= 0 || recent.size() < static_cast<size_t>(config_.optim.loss_spike_window))
+    return false;
   double sum = 0;
   for (const double l : recent) sum += l;  // oldest first: the same sum on every rank, and after a resume
   *mean = sum / static_cast<double>(recent.size());
@@ -292,9 +299,10 @@ void Trainer::roll_back(const std::string& why) {
     return Error(ExitCode::Diverged, fmt::format("training diverged: {}; {}", why, more));
   };
   if (at.rollbacks >= config_.optim.max_rollbacks)
-    throw stop(fmt::format("the run has rolled back {} times already (optim.max_rollbacks = {}); lower optim.lr or resume from an "
-                           "earlier checkpoint",
-                           at.rollbacks, config_.optim.max_rollbacks));
+    throw stop(
+        fmt::format("the run has rolled back {} times already (optim.max_rollbacks = {}); lower optim.lr or resume from an "
+                    "earlier checkpoint",
+                    at.rollbacks, config_.optim.max_rollbacks));
   adamw_->wait();
   std::optional<RollbackPoint> point;
   for (TrainerHooks* h : hooks_)
@@ -309,7 +317,8 @@ void Trainer::roll_back(const std::string& why) {
   for (int64_t k = 0; k < config_.optim.rollback_skip_steps * accumulation_; ++k) p = sampler.advance(p);
   const uint64_t per_epoch = sampler.samples_before({0, sampler.micro_batches_per_epoch()});
   auto absolute = [&](data::SamplerPosition q) { return q.epoch * per_epoch + sampler.samples_before(q); };
-  if (absolute(p) < absolute(state_.sampler)) p = state_.sampler;  // a checkpoint ahead in the data (another run's): from there
+  if (absolute(p) < absolute(state_.sampler))
+    p = state_.sampler;  // a checkpoint ahead in the data (another run's): from there
   RollbackMetrics r;
   r.step = at.step;
   r.to_step = state_.step;
@@ -324,8 +333,8 @@ void Trainer::roll_back(const std::string& why) {
   state_.last_rollback_to = r.to_step;
   state_.skipped_steps = at.skipped_steps;  // a count over the run's life, as rollbacks are
   state_.consecutive_nonfinite = 0;
-  log::warn("train: {}: rolled back to step {} ({}), skipping {} samples of data past it (rollback {} of at most {})", why, r.to_step,
-            r.checkpoint, r.skipped_samples, r.rollbacks, config_.optim.max_rollbacks);
+  log::warn("train: {}: rolled back to step {} ({}), skipping {} samples of data past it (rollback {} of at most {})", why,
+            r.to_step, r.checkpoint, r.skipped_samples, r.rollbacks, config_.optim.max_rollbacks);
   if (metrics_) metrics_->write(to_json_line(r));
 }
 

@@ -132,8 +132,9 @@ void MetricsWriter::append(const std::string& line) {
   // Full, or over a size limit: the line is dropped whole (a half-written one is cut off again, so every line
   // of the file stays valid JSON) and training goes on; the weights matter more than their log.
   if (dropped_++ == 0)
-    log::error("train: {}: a metrics line could not be written ({}); training goes on, and lines are dropped until one can be", path_,
-               std::strerror(err));
+    log::error(
+        "train: {}: a metrics line could not be written ({}); training goes on, and lines are dropped until one can be",
+        path_, std::strerror(err));
 }
 
 int64_t peak_rss_bytes() {

@@ -11,7 +11,9 @@
 namespace shardtrain::train {
 namespace {
 
-std::string flops_text(double f) { return f >= 1e12 ? fmt::format("{:.1f} TFLOP/s", f * 1e-12) : fmt::format("{:.1f} GFLOP/s", f * 1e-9); }
+std::string flops_text(double f) {
+  return f >= 1e12 ? fmt::format("{:.1f} TFLOP/s", f * 1e-12) : fmt::format("{:.1f} GFLOP/s", f * 1e-9);
+}
 
 }  // namespace
 
@@ -24,8 +26,8 @@ const char* peak_kind_name(PeakKind kind) {
   return "?";
 }
 
-MfuMeter MfuMeter::choose(double configured, bool gpu, const std::string& device_name, double measured,
-                          double cpu_ceiling, const std::string& cpu_ceiling_how) {
+MfuMeter MfuMeter::choose(double configured, bool gpu, const std::string& device_name, double measured, double cpu_ceiling,
+                          const std::string& cpu_ceiling_how) {
   MfuMeter m;
   m.measured_ = measured;
   m.ceiling_ = gpu ? 0.0 : cpu_ceiling;
@@ -55,10 +57,11 @@ double MfuMeter::raise(double& peak, double achieved_per_rank, const char* what,
   const double before = peak;
   peak = ceiling_ > achieved_per_rank ? ceiling_ : achieved_per_rank;
   if (!warned) {
-    log::warn("MFU: a step ran at {} per rank, above the {} peak of {}; that peak is now {}{} (a peak measured "
-              "while the machine was busy comes out low)",
-              flops_text(achieved_per_rank), what, flops_text(before), flops_text(peak),
-              peak == ceiling_ ? fmt::format(", the CPU's ceiling: {}", ceiling_how_) : std::string(", the step's own rate"));
+    log::warn(
+        "MFU: a step ran at {} per rank, above the {} peak of {}; that peak is now {}{} (a peak measured "
+        "while the machine was busy comes out low)",
+        flops_text(achieved_per_rank), what, flops_text(before), flops_text(peak),
+        peak == ceiling_ ? fmt::format(", the CPU's ceiling: {}", ceiling_how_) : std::string(", the step's own rate"));
     warned = true;
   }
   return peak;

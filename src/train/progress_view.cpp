@@ -46,10 +46,12 @@ ProgressView::ProgressView(const LoggingSection& logging, int64_t total_steps, b
 ProgressView::~ProgressView() { finish(); }
 
 std::string ProgressView::line(const StepMetrics& m, int64_t total_steps, double eta_s) {
-  return fmt::format("step {}/{} loss {:.4f} lr {:.3e} gnorm {:.3f} {:.0f} tok/s mfu {:.1f}% mem {} step {:.2f}s eta {}{}", m.step,
-                     total_steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100 * m.mfu, mib(m.peak_mem_bytes), m.step_time_s,
-                     format_duration(eta_s),
-                     !m.skipped ? "" : m.skip_reason == "loss_spike" ? " (skipped: loss spike)" : " (skipped: non-finite)");
+  return fmt::format("step {}/{} loss {:.4f} lr {:.3e} gnorm {:.3f} {:.0f} tok/s mfu {:.1f}% mem {} step {:.2f}s eta {}{}",
+                     m.step, total_steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100 * m.mfu, mib(m.peak_mem_bytes),
+                     m.step_time_s, format_duration(eta_s),
+                     !m.skipped                      ? ""
+                     : m.skip_reason == "loss_spike" ? " (skipped: loss spike)"
+                                                     : " (skipped: non-finite)");
 }
 
 void ProgressView::step(const StepMetrics& m) {
@@ -74,9 +76,10 @@ void ProgressView::eval(const EvalMetrics& m) {
   if (style_ == ProgressStyle::Off) return;
   std::string by_source;
   for (const SourceLoss& s : m.by_source)
-    by_source += fmt::format("{}{} {:.4f}", by_source.empty() ? "; " : ", ", std::filesystem::path(s.path).stem().string(), s.loss);
-  const std::string text = fmt::format("eval at step {}: val_loss {:.4f} over {} tokens{} ({:.1f}s)", m.step, m.val_loss, m.val_tokens,
-                                       by_source, m.eval_time_s);
+    by_source +=
+        fmt::format("{}{} {:.4f}", by_source.empty() ? "; " : ", ", std::filesystem::path(s.path).stem().string(), s.loss);
+  const std::string text = fmt::format("eval at step {}: val_loss {:.4f} over {} tokens{} ({:.1f}s)", m.step, m.val_loss,
+                                       m.val_tokens, by_source, m.eval_time_s);
   if (bar_) {
     bar_->set_field("val", fmt::format("{:.4f}", m.val_loss));
     return;

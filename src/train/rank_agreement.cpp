@@ -114,30 +114,33 @@ std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::
   ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, ranks.front(), world));
   found.resize(static_cast<size_t>(n));
   ST_CHECK_MPI(MPI_Bcast(found.data(), n, MPI_CHAR, ranks.front(), world));
-  return fmt::format("{} (rank{} {} of {} differ{} from rank 0)", found, ranks.size() == 1 ? "" : "s", rank_list(ranks), size,
-                     ranks.size() == 1 ? "s" : "");
+  return fmt::format("{} (rank{} {} of {} differ{} from rank 0)", found, ranks.size() == 1 ? "" : "s", rank_list(ranks),
+                     size, ranks.size() == 1 ? "s" : "");
 }
 
 void check_ranks_agree_on_config(MPI_Comm world, const std::string& resolved_toml) {
   const std::string d = first_disagreement(world, config_entries(resolved_toml));
   if (!d.empty())
-    throw ConfigError(fmt::format("the ranks resolved different configurations: {}; every rank must read the same config file and "
-                                  "overrides (was the file edited while the job started, or do the ranks' command lines differ?)",
-                                  d));
+    throw ConfigError(
+        fmt::format("the ranks resolved different configurations: {}; every rank must read the same config file and "
+                    "overrides (was the file edited while the job started, or do the ranks' command lines differ?)",
+                    d));
 }
 
 void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureComponent>& sources) {
   Entries entries;
   for (size_t k = 0; k < sources.size(); ++k) {
     const std::string& path = sources[k].dataset->path();
-    entries.emplace_back(sources.size() == 1 ? fmt::format("data.path ({})", path) : fmt::format("data.mixture source {} ({})", k, path),
-                         sources[k].dataset->identity());
+    entries.emplace_back(
+        sources.size() == 1 ? fmt::format("data.path ({})", path) : fmt::format("data.mixture source {} ({})", k, path),
+        sources[k].dataset->identity());
   }
   const std::string d = first_disagreement(world, entries);
   if (!d.empty())
-    throw DataError(fmt::format("the ranks read different datasets: {}; every rank must read the same file (a node with another or a "
-                                "partial copy?)",
-                                d));
+    throw DataError(
+        fmt::format("the ranks read different datasets: {}; every rank must read the same file (a node with another or a "
+                    "partial copy?)",
+                    d));
 }
 
 }  // namespace shardtrain::train

@@ -16,14 +16,16 @@ Replica::Replica(const Runtime& runtime, const TrainConfig& config, std::unique_
   ops_ = ops ? std::move(ops) : on_gpu ? ops::make_cuda_ops() : ops::make_cpu_ops({runtime.host_threads()});
   ops_->defer_loss(true);  // the losses of a step's micro-batches are read once, after the last one
 
-  mesh_ = std::make_unique<DeviceMesh>(runtime.world(), runtime.topology(), MeshSpec{config.fsdp.engine.strategy, config.fsdp.engine.shard_size});
+  mesh_ = std::make_unique<DeviceMesh>(runtime.world(), runtime.topology(),
+                                       MeshSpec{config.fsdp.engine.strategy, config.fsdp.engine.shard_size});
   backend_ = choose_comm_backend(runtime, config.fsdp.comm_backend);
   comms_ = std::make_unique<MeshComms>(*mesh_, backend_.backend, on_gpu ? MemorySpace::Device : MemorySpace::Host);
   watchdog_ = std::make_unique<CollectiveWatchdog>(std::chrono::duration<double>(config.fsdp.collective_timeout));
   comms_->set_watchdog(watchdog_.get());
   model::ModelOptions mopts;
   mopts.activation_dtype = config.fsdp.engine.param_dtype;
-  mopts.checkpointing = config.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
+  mopts.checkpointing =
+      config.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
   model_ = std::make_unique<model::LlamaModel>(config.model, *ops_, mopts);
   engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config.fsdp.engine, ledger_);
   engine_->set_watchdog(watchdog_.get());

@@ -29,9 +29,7 @@ void add_scalar(std::vector<TensorBoardScalar>& out, std::string tag, const nloh
   if (v.is_number()) out.push_back({std::move(tag), v.get<double>()});  // null (a NaN), strings and booleans: none
 }
 
-double wall_time_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double wall_time_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -69,8 +67,8 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const std::string& json_line,
 
 uint32_t masked_crc32c(std::string_view bytes) {
   // ISA-L's crc32_iscsi leaves the initial and final inversions of CRC-32C to the caller.
-  const uint32_t crc = ~crc32_iscsi(reinterpret_cast<unsigned char*>(const_cast<char*>(bytes.data())), static_cast<int>(bytes.size()),
-                                    0xffffffffu);
+  const uint32_t crc = ~crc32_iscsi(reinterpret_cast<unsigned char*>(const_cast<char*>(bytes.data())),
+                                    static_cast<int>(bytes.size()), 0xffffffffu);
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
@@ -85,7 +83,8 @@ std::string tfrecord(std::string_view data) {
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string base = (fs::path(dir) / fmt::format("events.out.tfevents.{}.{}", seconds, host_name())).string();
   for (int n = 0; fd_ < 0; ++n) {
     path_ = n == 0 ? base : fmt::format("{}.{}", base, n);
@@ -135,8 +134,9 @@ void TensorBoardWriter::append(const std::string& record) {
   // As metrics.jsonl: the record is dropped whole (a torn one would end TensorBoard's reading of the file)
   // and training goes on.
   if (dropped_++ == 0)
-    log::error("train: {}: a TensorBoard record could not be written ({}); training goes on, and records are dropped until one can be",
-               path_, std::strerror(err));
+    log::error(
+        "train: {}: a TensorBoard record could not be written ({}); training goes on, and records are dropped until one can be",
+        path_, std::strerror(err));
 }
 
 }  // namespace shardtrain::train

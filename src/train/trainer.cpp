@@ -58,7 +58,8 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
     field = "sampler";
     s.sampler.epoch = j.at("sampler").at("epoch").get<uint64_t>();
     s.sampler.index = j.at("sampler").at("index").get<uint64_t>();
-    if (j.at("sampler").contains("samples")) s.sampler_samples = j.at("sampler").at("samples").get<int64_t>();  // since 2026-11-24
+    if (j.at("sampler").contains("samples"))
+      s.sampler_samples = j.at("sampler").at("samples").get<int64_t>();  // since 2026-11-24
     field = "optimizer_steps";
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     field = "consecutive_nonfinite";
@@ -74,7 +75,8 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
     field = "recent_losses";  // since 2026-11-25, with optim.loss_spike_factor
     if (j.contains("recent_losses")) s.recent_losses = j.at("recent_losses").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("{}: trainer state{}: {}", source, field.empty() ? "" : " field '" + field + "'", e.what()));
+    throw CheckpointError(
+        fmt::format("{}: trainer state{}: {}", source, field.empty() ? "" : " field '" + field + "'", e.what()));
   }
   return s;
 }
@@ -96,7 +98,8 @@ std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {
         std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
         const std::string name = c.logging.name.empty() ? "run" : c.logging.name;
         dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}", name, stamp)).string();
-        for (int k = 2; fs::exists(dir); ++k) dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
+        for (int k = 2; fs::exists(dir); ++k)
+          dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
       }
       fs::create_directories(dir);
       // A resumed run's directory may hold the failure records of the run before it (failure_record.hpp). They
@@ -131,8 +134,8 @@ MfuMeter measure_peak(const Runtime& runtime, const TrainConfig& config, ops::Op
                            : ops::measure_cpu_sgemm(threads, 1024, 5).best_gflops;
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &gflops, 1, MPI_DOUBLE, MPI_SUM, runtime.world()));
   const ops::CpuCeiling ceiling = on_gpu ? ops::CpuCeiling{} : ops::cpu_fp32_ceiling(threads);
-  return MfuMeter::choose(config.logging.peak_flops, on_gpu, runtime.device().name, gflops / runtime.topology().world_size * 1e9,
-                          ceiling.flops_per_s, ceiling.how);
+  return MfuMeter::choose(config.logging.peak_flops, on_gpu, runtime.device().name,
+                          gflops / runtime.topology().world_size * 1e9, ceiling.flops_per_s, ceiling.how);
 }
 
 // The training loader's options: every rank of the mesh is a data-parallel rank.
@@ -154,7 +157,10 @@ data::LoaderOptions train_loader_options(const TrainConfig& c, int micro_batch, 
 }  // namespace
 
 Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptions options)
-    : runtime_(&runtime), config_(config), options_(std::move(options)), last_val_loss_(std::numeric_limits<double>::quiet_NaN()) {
+    : runtime_(&runtime),
+      config_(config),
+      options_(std::move(options)),
+      last_val_loss_(std::numeric_limits<double>::quiet_NaN()) {
   const Topology& topo = runtime.topology();
   config_.validate();
   config_.validate_for_world(topo.world_size, topo.node_count);
@@ -188,7 +194,8 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   accumulation_ = config_.accumulation_steps_for(W);
   loader_ = std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, rank, W));
   if (config_.schedule.eval_batches > 0)
-    evaluator_ = std::make_unique<Evaluator>(*replica_, config_, sources_, EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});
+    evaluator_ = std::make_unique<Evaluator>(*replica_, config_, sources_,
+                                             EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});
 
   // The run's length: the first of max_steps, max_tokens, epochs.
   const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
@@ -222,13 +229,14 @@ void Trainer::log_start(int64_t steps_per_epoch) const {
   const model::ModelSpec& spec = replica_->model().spec();
   const DeviceMesh& mesh = replica_->mesh();
   log::info("train: resolved configuration ({}):\n{}", options_.config_source, resolved_toml_);
-  log::info("train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
-            "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); MFU against {}; "
-            "device {}, collectives over {}; {} host thread(s) per rank; run directory {}",
-            static_cast<double>(spec.num_params()) / 1e6, flops_per_token_ / 1e9, mesh.replicate_size(), mesh.shard_size(),
-            sharding_strategy_name(config_.fsdp.engine.strategy), runtime_->topology().world_size, micro_batch_, accumulation_,
-            config_.data.global_batch_size, config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(), mfu_.label(),
-            runtime_->device().describe(), replica_->comm_backend().describe(), runtime_->host_threads(), run_dir_);
+  log::info(
+      "train: model {:.2f}M parameters ({:.3g} GFLOP per token), mesh {} x {} ({}), {} ranks x micro-batch {} x {} "
+      "accumulation = {} sequences of {} tokens per step; {} steps ({} per epoch of {}); MFU against {}; "
+      "device {}, collectives over {}; {} host thread(s) per rank; run directory {}",
+      static_cast<double>(spec.num_params()) / 1e6, flops_per_token_ / 1e9, mesh.replicate_size(), mesh.shard_size(),
+      sharding_strategy_name(config_.fsdp.engine.strategy), runtime_->topology().world_size, micro_batch_, accumulation_,
+      config_.data.global_batch_size, config_.data.seq_len, total_steps_, steps_per_epoch, config_.data.describe(),
+      mfu_.label(), runtime_->device().describe(), replica_->comm_backend().describe(), runtime_->host_threads(), run_dir_);
   if (sources_.size() > 1) {
     const data::MixedSource& mix = loader_->source();
     for (size_t k = 0; k < mix.size(); ++k)
@@ -249,15 +257,19 @@ void Trainer::restore(const TrainerState& s) {
     state_.sampler = sampler.position_after(s.sampler.epoch, samples);
     const uint64_t here = sampler.samples_before(state_.sampler);
     if (state_.sampler.epoch != s.sampler.epoch)
-      log::warn("train: the checkpoint stopped {} samples into epoch {}, past this run's epoch of {}: starting epoch {}", samples,
-                s.sampler.epoch, sampler.micro_batches_per_epoch() * sampler.samples_before({0, 1}), state_.sampler.epoch);
+      log::warn("train: the checkpoint stopped {} samples into epoch {}, past this run's epoch of {}: starting epoch {}",
+                samples, s.sampler.epoch, sampler.micro_batches_per_epoch() * sampler.samples_before({0, 1}),
+                state_.sampler.epoch);
     else if (here != samples)
-      log::warn("train: the checkpoint stopped {} samples into epoch {}, not a multiple of this run's {} per micro-step "
-                "(data.global_batch_size changed?): resuming at sample {}", samples, s.sampler.epoch, sampler.samples_before({0, 1}), here);
+      log::warn(
+          "train: the checkpoint stopped {} samples into epoch {}, not a multiple of this run's {} per micro-step "
+          "(data.global_batch_size changed?): resuming at sample {}",
+          samples, s.sampler.epoch, sampler.samples_before({0, 1}), here);
     else if (state_.sampler.index != s.sampler.index)
-      log::info("train: resuming {} samples into epoch {}: micro-batch {} at this run's {} ranks x {} sequences ({} in the saving run)",
-                samples, s.sampler.epoch, state_.sampler.index, sampler.options().dp_size, sampler.options().micro_batch_size,
-                s.sampler.index);
+      log::info(
+          "train: resuming {} samples into epoch {}: micro-batch {} at this run's {} ranks x {} sequences ({} in the saving run)",
+          samples, s.sampler.epoch, state_.sampler.index, sampler.options().dp_size, sampler.options().micro_batch_size,
+          s.sampler.index);
     state_.sampler_samples = static_cast<int64_t>(sampler.samples_before(state_.sampler));
   }
   loader_->seek(state_.sampler);

@@ -38,9 +38,10 @@ class Parser {
 
  private:
   [[noreturn]] void fail(int line, const std::string& what) const {
-    throw ConfigError(fmt::format("{}:{}: {} (Accelerate configs are read as a YAML subset: nested key: value mappings, "
-                                  "- item lists, quoted or plain scalars, [] and {{}})",
-                                  source_, line, what));
+    throw ConfigError(
+        fmt::format("{}:{}: {} (Accelerate configs are read as a YAML subset: nested key: value mappings, "
+                    "- item lists, quoted or plain scalars, [] and {{}})",
+                    source_, line, what));
   }
 
   // Removes a # comment that is outside quotes (a # starts a comment at the line start or after a space).
@@ -101,7 +102,8 @@ class Parser {
     }
     const char c0 = s[0];
     if (c0 == '&' || c0 == '*' || c0 == '!' || c0 == '|' || c0 == '>' || c0 == '%' || c0 == '@' || c0 == '`')
-      fail(number, fmt::format("'{}' starts an anchor, alias, tag or multi-line scalar, which this reader does not take", c0));
+      fail(number,
+           fmt::format("'{}' starts an anchor, alias, tag or multi-line scalar, which this reader does not take", c0));
     if (c0 == '\'' || c0 == '"') {
       if (s.size() < 2 || s.back() != c0) fail(number, "text after a quoted scalar");
       std::string body = s.substr(1, s.size() - 2), out;
@@ -152,7 +154,8 @@ class Parser {
       return n;
     }
     if (c0 == '{') {
-      if (s.find_first_not_of(' ', 1) != s.size() - 1 || s.back() != '}') fail(number, "only the empty flow mapping {} is supported");
+      if (s.find_first_not_of(' ', 1) != s.size() - 1 || s.back() != '}')
+        fail(number, "only the empty flow mapping {} is supported");
       n.kind = YamlNode::Kind::Map;
       return n;
     }
@@ -197,7 +200,8 @@ class Parser {
       ++pos_;
       if (rest.empty() && pos_ < lines_.size() && lines_[pos_].indent > indent) {
         n.map.emplace_back(key, block(lines_[pos_].indent));
-      } else if (rest.empty() && pos_ < lines_.size() && lines_[pos_].indent == indent && lines_[pos_].text.rfind("- ", 0) == 0) {
+      } else if (rest.empty() && pos_ < lines_.size() && lines_[pos_].indent == indent &&
+                 lines_[pos_].text.rfind("- ", 0) == 0) {
         n.map.emplace_back(key, block(indent));  // a list at the key's own indentation (common YAML style)
       } else {
         n.map.emplace_back(key, scalar(rest, l.number));

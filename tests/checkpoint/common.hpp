@@ -39,7 +39,8 @@ class CleanupEnvironment : public ::testing::Environment {
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
       std::error_code ec;
-      std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("shardtrain_test_" + std::to_string(::getpid())), ec);
+      std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("shardtrain_test_" + std::to_string(::getpid())),
+                                  ec);
     }
   }
 };

@@ -111,7 +111,8 @@ TEST(CheckpointFiles, SafetensorsFollowTheFormat) {
           const uint64_t n = le64(bytes.data());
           ASSERT_LE(8 + n, bytes.size());
           EXPECT_EQ((8 + n) % 8, 0u);  // data 8-byte aligned
-          const auto header = nlohmann::json::parse(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n)));
+          const auto header =
+              nlohmann::json::parse(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n)));
           uint64_t expect_begin = 0;
           std::vector<std::pair<uint64_t, std::string>> spans;
           for (auto& [name, info] : header.items()) {
@@ -236,7 +237,8 @@ TEST(CheckpointFiles, MetadataIsCheckedOnOpening) {
       checkpoint::CheckpointReader r(changed);
       ADD_FAILURE() << "no CheckpointDamaged";
     } catch (const checkpoint::CheckpointDamaged& e) {
-      EXPECT_NE(std::string(e.what()).find(changed + "/index.h5: the root group: attribute 'tokenizer' does not match the checksum"),
+      EXPECT_NE(std::string(e.what()).find(changed +
+                                           "/index.h5: the root group: attribute 'tokenizer' does not match the checksum"),
                 std::string::npos)
           << e.what();
     }
@@ -248,10 +250,12 @@ TEST(CheckpointFiles, MetadataIsCheckedOnOpening) {
       if (hdf5::exists(f, "units")) {
         objects.push_back("units");
         for (int u = 0; hdf5::exists(f, fmt::format("units/{:04}", u)); ++u)
-          for (const char* o : {"", "/param", "/exp_avg", "/exp_avg_sq"}) objects.push_back(fmt::format("units/{:04}{}", u, o));
+          for (const char* o : {"", "/param", "/exp_avg", "/exp_avg_sq"})
+            objects.push_back(fmt::format("units/{:04}{}", u, o));
       }
       for (const std::string& o : objects)
-        EXPECT_GE(H5Adelete_by_name(static_cast<hid_t>(f.get()), o.c_str(), hdf5::kMetadataChecksums, H5P_DEFAULT), 0) << name << " " << o;
+        EXPECT_GE(H5Adelete_by_name(static_cast<hid_t>(f.get()), o.c_str(), hdf5::kMetadataChecksums, H5P_DEFAULT), 0)
+            << name << " " << o;
     }
     checkpoint::CheckpointReader old(unrecorded);
     EXPECT_EQ(old.metadata().files_unrecorded, 3);
@@ -300,7 +304,7 @@ TEST(CheckpointFiles, FailedAndRepeatedSavesLoseNothing) {
     run_training(MPI_COMM_SELF, 0, o);
     EXPECT_EQ(fs::last_write_time(good + "/DONE"), done_time);
     EXPECT_EQ(fs::last_write_time(good + "/rank_00000.h5"), rank_time);
-    EXPECT_EQ(checkpoint::find_latest(dir), good);     // the failed save is not a checkpoint
+    EXPECT_EQ(checkpoint::find_latest(dir), good);         // the failed save is not a checkpoint
     EXPECT_FALSE(fs::exists(dir + "/step_00000007.tmp"));  // removed: a failed save gives its space back
     EXPECT_FALSE(fs::exists(dir + "/step_00000007"));
     checkpoint::CheckpointReader still(good);
@@ -323,7 +327,8 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   MPI_Barrier(MPI_COMM_WORLD);
   checkpoint::CheckpointReader reader(ckpt);
   for (const std::string& path : {ckpt, h5, hf}) {
-    for (checkpoint::ImportMode mode : {checkpoint::ImportMode::EveryRankReadsItsSlices, checkpoint::ImportMode::NodeLeaderReads}) {
+    for (checkpoint::ImportMode mode :
+         {checkpoint::ImportMode::EveryRankReadsItsSlices, checkpoint::ImportMode::NodeLeaderReads}) {
       SCOPED_TRACE(path + (mode == checkpoint::ImportMode::NodeLeaderReads ? " node leader" : " every rank"));
       RunOptions o;
       o.steps = 0;
@@ -386,7 +391,8 @@ TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
     EXPECT_EQ(read().rope_theta, 250.0);
     with([](nlohmann::json& j) {  // Llama 3.1's config.json, 5.x form
       j.erase("rope_theta");
-      j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+      j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 5e5},
+                              {"factor", 32.0},          {"low_freq_factor", 1.0},
                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
     });
     model::LlamaConfig c = read();
@@ -399,7 +405,10 @@ TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
     with([](nlohmann::json& j) {  // the same in 4.x's form
       j.erase("rope_parameters");
       j["rope_theta"] = 5e5;
-      j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 2.0}, {"high_freq_factor", 4.0},
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 2.0},
+                           {"high_freq_factor", 4.0},
                            {"original_max_position_embeddings", 4096}};
     });
     c = read();
@@ -433,20 +442,31 @@ TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
     }
 
     const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refused = {
-        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}}; },
+        {[](nlohmann::json& j) {
+           j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}};
+         },
          "rope_parameters.rope_type is \"yarn\""},
         {[](nlohmann::json& j) {
            j.erase("rope_parameters");
            j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
          },
          "rope_scaling.rope_type is \"dynamic\""},
-        {[](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; }, "disagree"},
+        {[](nlohmann::json& j) {
+           j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+         },
+         "disagree"},
         {[](nlohmann::json& j) { j["rope_theta"] = 123.0; }, "rope_theta 123.0 and rope_parameters.rope_theta"},
-        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}, {"factor", 8.0}}; },
+        {[](nlohmann::json& j) {
+           j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}, {"factor", 8.0}};
+         },
          "has no number low_freq_factor"},
-        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4}, {"factor", 0.5}}; },
+        {[](nlohmann::json& j) {
+           j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4}, {"factor", 0.5}};
+         },
          "model.rope_factor"},
-        {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}; },
+        {[](nlohmann::json& j) {
+           j["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+         },
          "partial_rotary_factor"},
         {[](nlohmann::json& j) { j["partial_rotary_factor"] = 0.25; }, "partial_rotary_factor is 0.25"},
         {[](nlohmann::json& j) { j["attention_bias"] = true; }, "attention_bias"},

@@ -78,6 +78,7 @@ TEST(HfExport, MatchesAnIndependentReference) {
   }
   const std::string case_path = root + "/case.json";
   std::ofstream(case_path) << c.dump();
-  const std::string cmd = fmt::format("{} {} {}", SHARDTRAIN_TEST_PYTHON, SHARDTRAIN_TEST_SOURCE_DIR "/hf_llama_reference.py", case_path);
+  const std::string cmd =
+      fmt::format("{} {} {}", SHARDTRAIN_TEST_PYTHON, SHARDTRAIN_TEST_SOURCE_DIR "/hf_llama_reference.py", case_path);
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }

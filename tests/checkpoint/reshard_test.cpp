@@ -33,7 +33,8 @@ void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
 }
 
 // Continues training from `ckpt` on `comm` (steps 2..3), first re-saving what it loaded into `resave_dir`.
-RunResult continue_from(MPI_Comm comm, int rpn, const std::string& ckpt, const RunOptions& base, const std::string& resave_dir) {
+RunResult continue_from(MPI_Comm comm, int rpn, const std::string& ckpt, const RunOptions& base,
+                        const std::string& resave_dir) {
   RunOptions o = base;
   o.first_step = 2;
   o.steps = 4;
@@ -103,10 +104,12 @@ TEST(Reshard, SaveHereLoadOnTwoRanksAndOneAcrossStrategiesAndWraps) {
       if (rank == 0) {
         expect_same_tensors(ckpt, checkpoint::find_latest(resave));
         ASSERT_EQ(r.losses.size(), reference.losses.size());
-        for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_NEAR(r.losses[i], reference.losses[i], 2e-6 * reference.losses[i]);
+        for (size_t i = 0; i < r.losses.size(); ++i)
+          EXPECT_NEAR(r.losses[i], reference.losses[i], 2e-6 * reference.losses[i]);
         for (const auto& [p, values] : reference.params) {
           const auto& got = r.params.at(p);
-          for (size_t i = 0; i < values.size(); ++i) ASSERT_NEAR(got[i], values[i], 2e-6) << "param " << p << " [" << i << "]";
+          for (size_t i = 0; i < values.size(); ++i)
+            ASSERT_NEAR(got[i], values[i], 2e-6) << "param " << p << " [" << i << "]";
         }
       }
       MPI_Comm_free(&sub);

@@ -116,7 +116,8 @@ TEST_F(Watchdog, SurveySeesPeersInsideTheCollective) {
     bool all_in = false;
     while (!all_in && std::chrono::steady_clock::now() < deadline) {
       reports = w.survey(MeshAxis::World, 1, comms.world().world_ranks(), 5s);
-      all_in = std::all_of(reports.begin(), reports.end(), [](const PeerReport& p) { return p.status == PeerReport::Status::Arrived; });
+      all_in = std::all_of(reports.begin(), reports.end(),
+                           [](const PeerReport& p) { return p.status == PeerReport::Status::Arrived; });
       if (!all_in) std::this_thread::sleep_for(20ms);
     }
     ASSERT_TRUE(all_in) << describe_peer_reports(MeshAxis::World, 1, reports);
@@ -141,8 +142,9 @@ TEST_F(Watchdog, AsyncCollectivesAreDroppedInIssueOrderOnceFinished) {
   std::array<std::atomic<bool>, 3> finished{};
   std::atomic<int> aborts{0};
   for (size_t i = 0; i < finished.size(); ++i) {
-    w.watch_async({CollectiveKind::AllGather, MeshAxis::Shard, 1024, i + 1, nullptr}, [&finished, i] { return finished[i].load(); },
-                  [&aborts] { ++aborts; });
+    w.watch_async(
+        {CollectiveKind::AllGather, MeshAxis::Shard, 1024, i + 1, nullptr}, [&finished, i] { return finished[i].load(); },
+        [&aborts] { ++aborts; });
   }
   EXPECT_EQ(w.async_in_flight(), 3u);
   const auto wait_for = [&w](size_t n) {
@@ -162,7 +164,12 @@ TEST_F(Watchdog, AsyncCollectivesAreDroppedInIssueOrderOnceFinished) {
 TEST_F(Watchdog, AsyncErrorSourcesArePolledUntilRemoved) {
   CollectiveWatchdog w(std::chrono::duration<double>(30.0));
   std::atomic<int> polls{0};
-  const int id = w.add_error_source([&polls] { ++polls; return std::string(); }, [] {});
+  const int id = w.add_error_source(
+      [&polls] {
+        ++polls;
+        return std::string();
+      },
+      [] {});
   for (int i = 0; i < 200 && polls.load() < 3; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_GE(polls.load(), 3) << "the thread polls every tick";
   w.remove_error_source(id);
@@ -185,17 +192,17 @@ TEST(WatchdogMessage, NamesEveryKindOfPeer) {
     return p;
   };
   using S = PeerReport::Status;
-  const std::vector<PeerReport> reports = {report(0, S::Arrived, 7, true, 3),  report(1, S::Behind, 5, true, 3),
-                                           report(2, S::Arrived, 7, true, 3),  report(3, S::NoAnswer, 0, false, -1),
-                                           report(4, S::NoAnswer, 0, false, -1), report(6, S::Behind, 6, false, -1),
-                                           report(7, S::Ahead, 9, false, 4),   report(5, S::NoAnswer, 0, false, -1),
-                                           report(9, S::Arrived, 7, true, 3)};
-  EXPECT_EQ(describe_peer_reports(MeshAxis::World, 7, reports),
-            "ranks that did not arrive: 1 (at step 3, in all_gather on the shard axis; 2 collectives behind), "
-            "6 (not in a collective; 1 collective behind); "
-            "ranks that did not answer (dead, or not making MPI progress): 3-5; "
-            "ranks past this collective (another code path): 7 (at step 4, not in a collective; entered #9 on the world axis); "
-            "arrived: 0, 2, 9");
+  const std::vector<PeerReport> reports = {
+      report(0, S::Arrived, 7, true, 3),    report(1, S::Behind, 5, true, 3),     report(2, S::Arrived, 7, true, 3),
+      report(3, S::NoAnswer, 0, false, -1), report(4, S::NoAnswer, 0, false, -1), report(6, S::Behind, 6, false, -1),
+      report(7, S::Ahead, 9, false, 4),     report(5, S::NoAnswer, 0, false, -1), report(9, S::Arrived, 7, true, 3)};
+  EXPECT_EQ(
+      describe_peer_reports(MeshAxis::World, 7, reports),
+      "ranks that did not arrive: 1 (at step 3, in all_gather on the shard axis; 2 collectives behind), "
+      "6 (not in a collective; 1 collective behind); "
+      "ranks that did not answer (dead, or not making MPI progress): 3-5; "
+      "ranks past this collective (another code path): 7 (at step 4, not in a collective; entered #9 on the world axis); "
+      "arrived: 0, 2, 9");
 }
 
 }  // namespace

@@ -22,14 +22,12 @@ inline bool gpu_required() {
 
 // In a TEST body or a fixture's SetUp: returns from it (skipped, or failed under SHARDTRAIN_REQUIRE_GPU=1)
 // when no CUDA device is visible. `what` names what is skipped ("GPU ops test").
-#define ST_SKIP_WITHOUT_GPU(what)                                                                          \
-  do {                                                                                                     \
-    if (::shardtrain::cuda_device_count() == 0) {                                                          \
-      if (::shardtrain::test_env::gpu_required()) {                                                         \
-        FAIL() << "SHARDTRAIN_REQUIRE_GPU=1, but no CUDA device is visible: "                              \
-               << ::shardtrain::cuda_unavailable_reason();                                                 \
-      }                                                                                                    \
-      GTEST_SKIP() << "no CUDA device (" << ::shardtrain::cuda_unavailable_reason() << "): " << (what)     \
-                   << " skipped";                                                                          \
-    }                                                                                                      \
+#define ST_SKIP_WITHOUT_GPU(what)                                                                                         \
+  do {                                                                                                                    \
+    if (::shardtrain::cuda_device_count() == 0) {                                                                         \
+      if (::shardtrain::test_env::gpu_required()) {                                                                       \
+        FAIL() << "SHARDTRAIN_REQUIRE_GPU=1, but no CUDA device is visible: " << ::shardtrain::cuda_unavailable_reason(); \
+      }                                                                                                                   \
+      GTEST_SKIP() << "no CUDA device (" << ::shardtrain::cuda_unavailable_reason() << "): " << (what) << " skipped";     \
+    }                                                                                                                     \
   } while (0)

@@ -15,8 +15,9 @@ class FailurePrinter : public testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const testing::TestPartResult& r) override {
-    if (r.failed()) std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                                 r.line_number(), r.summary());
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
+                   r.summary());
   }
 
  private:
@@ -35,7 +36,8 @@ class CrossRankStatus : public testing::EmptyTestEventListener {
     MPI_Gather(&failed, 1, MPI_INT, all.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (rank_ != 0) return;
     for (int r = 1; r < size_; ++r) {
-      if (all[static_cast<size_t>(r)]) std::fprintf(stderr, "[  FAILED  ] %s.%s on rank %d\n", info.test_suite_name(), info.name(), r);
+      if (all[static_cast<size_t>(r)])
+        std::fprintf(stderr, "[  FAILED  ] %s.%s on rank %d\n", info.test_suite_name(), info.name(), r);
     }
   }
 

@@ -67,8 +67,8 @@ int open_bench(const std::string& path) {
   fmt::print("before open: anon {:.1f} MiB, file {:.1f} MiB\n", rss_mib("RssAnon:"), rss_mib("RssFile:"));
   auto t0 = std::chrono::steady_clock::now();
   auto ds = std::make_shared<TokenDataset>(TokenDataset::open(path));
-  fmt::print("open: {:.3f} s, {} tokens, mapped {}; anon {:.1f} MiB, file {:.1f} MiB\n", seconds_since(t0),
-             ds->num_tokens(), ds->mapped(), rss_mib("RssAnon:"), rss_mib("RssFile:"));
+  fmt::print("open: {:.3f} s, {} tokens, mapped {}; anon {:.1f} MiB, file {:.1f} MiB\n", seconds_since(t0), ds->num_tokens(),
+             ds->mapped(), rss_mib("RssAnon:"), rss_mib("RssFile:"));
   LoaderOptions o;
   o.seq_len = 1024;
   o.micro_batch_size = 8;
@@ -79,8 +79,8 @@ int open_bench(const std::string& path) {
     Loader loader(ds, o);
     for (int i = 0; i < 100; ++i) loader.recycle(loader.next());
   }
-  fmt::print("first 100 micro-batches (8 x 1024, shuffled): {:.3f} s; anon {:.1f} MiB, file {:.1f} MiB\n",
-             seconds_since(t0), rss_mib("RssAnon:"), rss_mib("RssFile:"));
+  fmt::print("first 100 micro-batches (8 x 1024, shuffled): {:.3f} s; anon {:.1f} MiB, file {:.1f} MiB\n", seconds_since(t0),
+             rss_mib("RssAnon:"), rss_mib("RssFile:"));
   return 0;
 }
 
@@ -123,7 +123,8 @@ int mixture_bench(int seq, const std::vector<std::string>& entries) {
       Loader loader(mixed ? sources : std::vector<MixtureComponent>{sources.front()}, o);
       for (int i = 0; i < 200; ++i) loader.recycle(loader.next());
     }
-    fmt::print("{}: first 200 micro-batches (8 x {}) in {:.3f} s\n", mixed ? "mixture" : "first source alone", seq, seconds_since(t0));
+    fmt::print("{}: first 200 micro-batches (8 x {}) in {:.3f} s\n", mixed ? "mixture" : "first source alone", seq,
+               seconds_since(t0));
   }
   return 0;
 }
@@ -139,18 +140,22 @@ int parquet_bench(const std::string& path, const std::string& column) {
     const auto file = ParquetFile::open(path);
     text = rows = 0;
     stats = {};
-    file.for_each_string(file.string_column(column), [&](std::optional<std::string_view> v) {
-      rows += 1;
-      text += v ? v->size() : 0;
-    }, &stats);
+    file.for_each_string(
+        file.string_column(column),
+        [&](std::optional<std::string_view> v) {
+          rows += 1;
+          text += v ? v->size() : 0;
+        },
+        &stats);
     if (run > 0) seconds.push_back(seconds_since(t0));
   }
   std::sort(seconds.begin(), seconds.end());
   const double s = seconds[1];
   const double file_mb = static_cast<double>(fs::file_size(path)) / 1e6;
-  fmt::print("{}: {} rows, {:.1f} MB of text in a {:.1f} MB file: {:.3f} s (median of 3), {:.0f} MB/s of text, "
-             "{:.0f} MB/s of file\n", path, rows, static_cast<double>(text) / 1e6, file_mb, s,
-             static_cast<double>(text) / 1e6 / s, file_mb / s);
+  fmt::print(
+      "{}: {} rows, {:.1f} MB of text in a {:.1f} MB file: {:.3f} s (median of 3), {:.0f} MB/s of text, "
+      "{:.0f} MB/s of file\n",
+      path, rows, static_cast<double>(text) / 1e6, file_mb, s, static_cast<double>(text) / 1e6 / s, file_mb / s);
   for (const auto& [kind, count] : stats.pages) fmt::print("  {} x{}\n", kind, count);
   return 0;
 }
@@ -175,8 +180,7 @@ int documents_bench(const std::vector<std::string>& inputs, bool raw) {
   for (const auto& f : files) file_bytes += fs::file_size(f);
   fmt::print("{} files, {} documents, {:.1f} MB of {} in {:.1f} MB of files: {:.3f} s (median of 3), {:.0f} MB/s\n",
              files.size(), docs, static_cast<double>(text) / 1e6, raw ? "documents as read" : "text",
-             static_cast<double>(file_bytes) / 1e6, seconds[1],
-             static_cast<double>(text) / 1e6 / seconds[1]);
+             static_cast<double>(file_bytes) / 1e6, seconds[1], static_cast<double>(text) / 1e6 / seconds[1]);
   return 0;
 }
 
@@ -188,7 +192,8 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--open") return open_bench(argv[2]);
   if (argc >= 3 && (std::string(argv[1]) == "--documents" || std::string(argv[1]) == "--raw-documents"))
     return documents_bench(std::vector<std::string>(argv + 2, argv + argc), std::string(argv[1]) == "--raw-documents");
-  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--parquet") return parquet_bench(argv[2], argc == 4 ? argv[3] : "text");
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--parquet")
+    return parquet_bench(argv[2], argc == 4 ? argv[3] : "text");
   if (argc >= 4 && std::string(argv[1]) == "--mixture")
     return mixture_bench(std::stoi(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
   const fs::path fetched = fs::path(SHARDTRAIN_SOURCE_DIR) / "data" / "fetched";

@@ -69,11 +69,16 @@ TEST(BpeTrainer, DeterministicAcrossThreadCounts) {
 TEST(BpeTrainer, BadInputIsADataErrorNamingTheLine) {
   if (!testing::require_fetched()) return;
   const auto bad = testing::tmp_path("bpe-bad.jsonl");
-  std::ofstream(bad) << R"({"text": "fine"})" << "\n" << R"({"text": 7})" << "\n";
+  std::ofstream(bad) << R"({"text": "fine"})"
+                     << "\n"
+                     << R"({"text": 7})"
+                     << "\n";
   auto o = small_options();
   for (int threads : {1, 2}) {
     o.threads = threads;
-    EXPECT_EQ(testing::data_error_of([&] { train_bpe({bad.string(), bad.string()}, o); }),
+    EXPECT_EQ(testing::data_error_of([&] {
+                train_bpe({bad.string(), bad.string()}, o);
+              }),
               bad.string() + ":2: field \"text\" is not a string");
   }
 }

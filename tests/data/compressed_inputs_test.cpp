@@ -71,8 +71,8 @@ TEST(CompressedInputs, GzipAndZstdGiveThePlainFilesDocuments) {
   ASSERT_EQ(plain.size(), c.documents.size());
   EXPECT_EQ(read_all({d("part0.jsonl.gz"), d("part1.jsonl.gz")}), plain);
   EXPECT_EQ(read_all({d("part0.jsonl.zst"), d("part1.jsonl.zst")}), plain);
-  EXPECT_EQ(read_all({d("both.json.gz")}), plain);      // two gzip members; .json.gz is JSONL, as C4 names it
-  EXPECT_EQ(read_all({d("both.jsonl.zstd")}), plain);   // two zstd frames
+  EXPECT_EQ(read_all({d("both.json.gz")}), plain);     // two gzip members; .json.gz is JSONL, as C4 names it
+  EXPECT_EQ(read_all({d("both.jsonl.zstd")}), plain);  // two zstd frames
   // The estimates a progress bar starts from: exact for one member or frame whose size is recorded.
   EXPECT_EQ(document_bytes_estimate(d("part0.jsonl.gz"), {}), fs::file_size(d("part0.jsonl")));
   EXPECT_EQ(document_bytes_estimate(d("part0.jsonl.zst"), {}), fs::file_size(d("part0.jsonl")));
@@ -144,9 +144,11 @@ TEST(CompressedInputs, CutShortCorruptAndEmptyFilesNameTheFile) {
   run("gzip -k " + q(c.dir / "nothing.jsonl"));
   EXPECT_EQ(testing::data_error_of([&] { read_documents((c.dir / "nothing.jsonl.gz").string(), {}); }),
             (c.dir / "nothing.jsonl.gz").string() + ": input file is empty");
-  std::ofstream(c.dir / "plain-named.jsonl.gz") << R"({"text": "not compressed"})" << "\n";
+  std::ofstream(c.dir / "plain-named.jsonl.gz") << R"({"text": "not compressed"})"
+                                                << "\n";
   const auto err = testing::data_error_of([&] { read_documents((c.dir / "plain-named.jsonl.gz").string(), {}); });
-  EXPECT_EQ(err, (c.dir / "plain-named.jsonl.gz").string() + ": the gzip data is corrupt near compressed byte 2 (incorrect header check)");
+  EXPECT_EQ(err, (c.dir / "plain-named.jsonl.gz").string() +
+                     ": the gzip data is corrupt near compressed byte 2 (incorrect header check)");
 }
 
 }  // namespace

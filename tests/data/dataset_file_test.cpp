@@ -214,7 +214,8 @@ TEST(DatasetFile, FlippedAttributeBitIsRefusedAtOpen) {
   EXPECT_GE(good.metadata_entries(), 20);  // the root's attributes and links, every dataset's layout
   flip_int_attribute(path, ".", "eot_id", 2);
   const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
-  EXPECT_NE(msg.find(path + ": the root group: attribute 'eot_id' does not match the checksum recorded with it"), std::string::npos)
+  EXPECT_NE(msg.find(path + ": the root group: attribute 'eot_id' does not match the checksum recorded with it"),
+            std::string::npos)
       << msg;
   EXPECT_NE(msg.find("prepare the dataset again"), std::string::npos) << msg;
 }
@@ -242,7 +243,8 @@ TEST(DatasetFile, ChangedDatasetTypeIsRefusedAtOpen) {
     hdf5::set_attr(f, hdf5::kMetadataChecksums, record, "split/train");
   }
   const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
-  EXPECT_NE(msg.find("split/train: the dataset's type, shape or layout does not match the checksum recorded with it"), std::string::npos)
+  EXPECT_NE(msg.find("split/train: the dataset's type, shape or layout does not match the checksum recorded with it"),
+            std::string::npos)
       << msg;
 }
 
@@ -268,7 +270,9 @@ TEST(DatasetFile, FileWithoutChecksumsOpensUnchecked) {
   const auto path = testing::tmp_path("unrecorded.h5").string();
   write_dataset(path, c.tokens, c.offsets, info());
   for (const char* object : {".", "tokens", "tokens_checksums", "doc_offsets", "split", "split/train", "split/validation"})
-    ASSERT_GE(H5Adelete_by_name(hdf5::open_file(path, hdf5::FileMode::ReadWrite).get(), object, hdf5::kMetadataChecksums, H5P_DEFAULT), 0)
+    ASSERT_GE(H5Adelete_by_name(hdf5::open_file(path, hdf5::FileMode::ReadWrite).get(), object, hdf5::kMetadataChecksums,
+                                H5P_DEFAULT),
+              0)
         << object;
   const TokenDataset ds = TokenDataset::open(path);
   EXPECT_FALSE(ds.metadata_recorded());

@@ -32,7 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& c : file.columns()) {
       if (!c.is_string) continue;
       size_t bytes = 0;
-      file.for_each_string(file.string_column(c.path), [&](std::optional<std::string_view> v) { bytes += v ? v->size() : 0; });
+      file.for_each_string(file.string_column(c.path),
+                           [&](std::optional<std::string_view> v) { bytes += v ? v->size() : 0; });
     }
     for (const auto& c : file.columns()) {  // token id columns too
       if (!c.is_id_list) continue;

@@ -56,7 +56,8 @@ TEST(Mixture, EntriesParseOrNameTheField) {
   e = parse_mixture_entry("odd:name.h5:2", "data.mixture[1]");  // split at the last ':'
   EXPECT_EQ(e.path, "odd:name.h5");
   EXPECT_DOUBLE_EQ(e.weight, 2.0);
-  for (const char* bad : {"data/web.h5", ":0.5", "data/web.h5:", "web.h5:-1", "web.h5:0", "web.h5:abc", "web.h5:inf", "web.h5:1x"}) {
+  for (const char* bad :
+       {"data/web.h5", ":0.5", "data/web.h5:", "web.h5:-1", "web.h5:0", "web.h5:abc", "web.h5:inf", "web.h5:1x"}) {
     try {
       parse_mixture_entry(bad, "data.mixture[3]");
       ADD_FAILURE() << bad << " was accepted";
@@ -198,7 +199,8 @@ TEST(Mixture, LoaderRowsComeFromTheirSourceAndResumeExactly) {
       const auto draw = mix.locate(mb.position.epoch, mb.samples[r]);
       ASSERT_EQ(mb.sources[r], draw.source);
       (draw.source == 0 ? web_samples : code_samples).fill(draw.sample, x.data(), y.data(), d.data());
-      const std::vector<int32_t> row(mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16), mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16 + 16));
+      const std::vector<int32_t> row(mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16),
+                                     mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16 + 16));
       ASSERT_EQ(row, x);
       // Tokens carry their dataset's tag: a row never mixes sources (EOT is 1).
       for (int32_t t : row) {
@@ -224,7 +226,8 @@ TEST(Mixture, LoaderRowsComeFromTheirSourceAndResumeExactly) {
   for (size_t i = cut; i < steps; ++i) {
     MicroBatch mb = resumed.next();
     for (size_t r = 0; r < 2; ++r) {
-      const std::vector<int32_t> row(mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16), mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16 + 16));
+      const std::vector<int32_t> row(mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16),
+                                     mb.tokens.begin() + static_cast<ptrdiff_t>(r * 16 + 16));
       ASSERT_EQ(row, rows[i * 2 + r]) << "micro-batch " << i << " row " << r;
     }
   }

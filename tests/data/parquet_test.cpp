@@ -55,8 +55,12 @@ TEST(Parquet, EveryCodecPageVersionAndEncodingReadsBackExactly) {
   // both and its dictionaries overflow into the fallback encoding.
   for (const char* codec : {"UNCOMPRESSED", "SNAPPY", "GZIP", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW"}) {
     for (int version : {1, 2}) {
-      cases.push_back({{{"name", fmt::format("arrow-{}-v{}", codec, version)}, {"writer", "arrow-rs"}, {"compression", codec},
-                        {"version", version}, {"row_group_size", 700}, {"page_bytes", 16384}},
+      cases.push_back({{{"name", fmt::format("arrow-{}-v{}", codec, version)},
+                        {"writer", "arrow-rs"},
+                        {"compression", codec},
+                        {"version", version},
+                        {"row_group_size", 700},
+                        {"page_bytes", 16384}},
                        "text",
                        {fmt::format("DICTIONARY_PAGE PLAIN {}", codec),
                         fmt::format("{} RLE_DICTIONARY {}", version == 1 ? "DATA_PAGE" : "DATA_PAGE_V2", codec)}});
@@ -65,23 +69,33 @@ TEST(Parquet, EveryCodecPageVersionAndEncodingReadsBackExactly) {
   // Without dictionaries: each string encoding, both page versions.
   for (const char* encoding : {"PLAIN", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY"}) {
     for (int version : {1, 2}) {
-      cases.push_back({{{"name", fmt::format("arrow-{}-v{}", encoding, version)}, {"writer", "arrow-rs"}, {"compression", "ZSTD"},
-                        {"version", version}, {"dictionary", false}, {"encoding", encoding}, {"page_bytes", 32768}},
+      cases.push_back({{{"name", fmt::format("arrow-{}-v{}", encoding, version)},
+                        {"writer", "arrow-rs"},
+                        {"compression", "ZSTD"},
+                        {"version", version},
+                        {"dictionary", false},
+                        {"encoding", encoding},
+                        {"page_bytes", 32768}},
                        "text",
                        {fmt::format("{} {} ZSTD", version == 1 ? "DATA_PAGE" : "DATA_PAGE_V2", encoding)}});
     }
   }
   // fineweb's layout (the text among other columns) and a text inside a struct.
   cases.push_back({{{"name", "arrow-fineweb"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}, {"row_group_size", 1000}},
-                   "text", {"DATA_PAGE RLE_DICTIONARY SNAPPY"}});
-  cases.push_back({{{"name", "arrow-nested"}, {"writer", "arrow-rs"}, {"columns", "nested"}, {"version", 2}}, "meta.text",
+                   "text",
+                   {"DATA_PAGE RLE_DICTIONARY SNAPPY"}});
+  cases.push_back({{{"name", "arrow-nested"}, {"writer", "arrow-rs"}, {"columns", "nested"}, {"version", 2}},
+                   "meta.text",
                    {"DATA_PAGE_V2"}});
   // hyparquet-writer: its defaults (snappy, v2 pages), the fineweb layout, uncompressed and delta-encoded.
   cases.push_back({{{"name", "hyparquet"}, {"writer", "hyparquet"}, {"row_group_size", 900}}, "text", {"DATA_PAGE_V2"}});
   cases.push_back({{{"name", "hyparquet-fineweb"}, {"writer", "hyparquet"}, {"columns", "fineweb"}}, "text", {"SNAPPY"}});
-  cases.push_back({{{"name", "hyparquet-plain"}, {"writer", "hyparquet"}, {"compression", "UNCOMPRESSED"}, {"encoding", "PLAIN"}},
-                   "text", {"DATA_PAGE_V2 PLAIN UNCOMPRESSED"}});
-  cases.push_back({{{"name", "hyparquet-delta"}, {"writer", "hyparquet"}, {"encoding", "DELTA_BYTE_ARRAY"}}, "text",
+  cases.push_back(
+      {{{"name", "hyparquet-plain"}, {"writer", "hyparquet"}, {"compression", "UNCOMPRESSED"}, {"encoding", "PLAIN"}},
+       "text",
+       {"DATA_PAGE_V2 PLAIN UNCOMPRESSED"}});
+  cases.push_back({{{"name", "hyparquet-delta"}, {"writer", "hyparquet"}, {"encoding", "DELTA_BYTE_ARRAY"}},
+                   "text",
                    {"DATA_PAGE_V2 DELTA_BYTE_ARRAY SNAPPY"}});
 
   std::vector<nlohmann::json> specs;
@@ -100,7 +114,8 @@ TEST(Parquet, EveryCodecPageVersionAndEncodingReadsBackExactly) {
       }
     }
     EXPECT_EQ(wrong, 0u);
-    for (const auto& kind : cases[i].pages) EXPECT_GT(pages_matching(stats, kind), 0u) << kind << " not among " << describe(stats);
+    for (const auto& kind : cases[i].pages)
+      EXPECT_GT(pages_matching(stats, kind), 0u) << kind << " not among " << describe(stats);
     std::printf("%-28s %zu row groups: %s\n", cases[i].spec["name"].get<std::string>().c_str(),
                 ParquetFile::open(paths[i]).num_row_groups(), describe(stats).c_str());
     EXPECT_EQ(ParquetFile::open(paths[i]).num_rows(), static_cast<int64_t>(texts.size()));
@@ -123,7 +138,8 @@ TEST(Parquet, PrepareDataFromParquetEqualsJsonl) {
       out << nlohmann::json{{"text", *texts.back()}}.dump() << "\n";
     }
   }
-  const auto paths = write_parquet(texts, {{{"name", "sotu"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}, {"row_group_size", 50}}});
+  const auto paths =
+      write_parquet(texts, {{{"name", "sotu"}, {"writer", "arrow-rs"}, {"columns", "fineweb"}, {"row_group_size", 50}}});
   ASSERT_EQ(paths.size(), 1u);
   const auto [from_jsonl, a] = testing::prepare_r50k({jsonl.string()}, "sotu-jsonl.h5", size_t{1} << 20);  // several batches
   const auto [from_parquet, b] = testing::prepare_r50k({paths[0]}, "sotu-parquet.h5", size_t{1} << 20);
@@ -147,14 +163,16 @@ TEST(Parquet, NullsMissingColumnsAndWrongTypesNameTheFile) {
   const auto& p = paths[0];
   const DocumentOptions options;  // auto: *.parquet is Parquet, column "text"
   std::vector<std::string> seen;
-  const auto null_error = testing::data_error_of([&] { for_each_document(p, options, [&](std::string&& d) { seen.push_back(d); }); });
+  const auto null_error =
+      testing::data_error_of([&] { for_each_document(p, options, [&](std::string&& d) { seen.push_back(d); }); });
   EXPECT_EQ(null_error, p + ": row 2: column \"text\" is null (every row needs a text)");
   EXPECT_EQ(seen, (std::vector<std::string>{"one", "two"}));
 
   DocumentOptions missing;
   missing.text_field = "content";
-  EXPECT_EQ(testing::data_error_of([&] { read_documents(p, missing); }),
-            p + ": no column \"content\" (its columns: id, text, url, language_score, token_count; --text-field picks another)");
+  EXPECT_EQ(
+      testing::data_error_of([&] { read_documents(p, missing); }),
+      p + ": no column \"content\" (its columns: id, text, url, language_score, token_count; --text-field picks another)");
   DocumentOptions numbers;
   numbers.text_field = "token_count";
   EXPECT_EQ(testing::data_error_of([&] { read_documents(p, numbers); }),
@@ -177,7 +195,8 @@ TEST(Parquet, NullsMissingColumnsAndWrongTypesNameTheFile) {
             text_file.string() + ": not a Parquet file (44 bytes; a Parquet file starts and ends with \"PAR1\")");
   const auto empty = testing::tmp_path("empty.parquet");
   std::ofstream(empty).flush();
-  EXPECT_EQ(testing::data_error_of([&] { read_documents(empty.string(), options); }), empty.string() + ": input file is empty");
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(empty.string(), options); }),
+            empty.string() + ": input file is empty");
 }
 
 TEST(Parquet, TruncatedAndMutatedFilesAreDataErrors) {
@@ -186,8 +205,13 @@ TEST(Parquet, TruncatedAndMutatedFilesAreDataErrors) {
   for (const auto& t : testing::real_texts(60'000)) texts.emplace_back(t.substr(0, 3000));
   texts.emplace_back(std::nullopt);
   const auto paths = write_parquet(texts, {{{"name", "m-snappy-v1"}, {"writer", "arrow-rs"}, {"page_bytes", 4096}},
-                                           {{"name", "m-zstd-v2"}, {"writer", "arrow-rs"}, {"compression", "ZSTD"}, {"version", 2},
-                                            {"dictionary", false}, {"encoding", "DELTA_BYTE_ARRAY"}, {"page_bytes", 4096}},
+                                           {{"name", "m-zstd-v2"},
+                                            {"writer", "arrow-rs"},
+                                            {"compression", "ZSTD"},
+                                            {"version", 2},
+                                            {"dictionary", false},
+                                            {"encoding", "DELTA_BYTE_ARRAY"},
+                                            {"page_bytes", 4096}},
                                            {{"name", "m-hyparquet"}, {"writer", "hyparquet"}, {"page_bytes", 4096}}});
   ASSERT_EQ(paths.size(), 3u);
   for (const auto& p : paths) {
@@ -221,7 +245,8 @@ TEST(Parquet, FoldersLeaveOutHiddenFilesAndFollowTheHubCachesLinks) {
   fs::remove_all(dir);
   fs::create_directories(dir / "sample" / "10BT");
   fs::create_directories(dir / ".cache" / "huggingface" / "download" / "sample" / "10BT");
-  std::ofstream(dir / ".cache" / "huggingface" / "download" / "sample" / "10BT" / "000_00000.parquet.metadata") << "abc\n123\n";
+  std::ofstream(dir / ".cache" / "huggingface" / "download" / "sample" / "10BT" / "000_00000.parquet.metadata")
+      << "abc\n123\n";
   std::ofstream(dir / ".gitattributes") << "*.parquet filter=lfs\n";
   const Texts texts = {"first document", "second document"};
   const auto paths = write_parquet(texts, {{{"name", "shard0"}, {"writer", "arrow-rs"}}});
@@ -242,7 +267,8 @@ TEST(Parquet, FoldersLeaveOutHiddenFilesAndFollowTheHubCachesLinks) {
   fs::copy_file(paths[0], hub / "blobs" / "9f2c4e");
   fs::create_symlink("../../../../blobs/9f2c4e", hub / "snapshots" / "0123abcd" / "sample" / "10BT" / "000_00000.parquet");
   const auto linked = expand_inputs({(hub / "snapshots" / "0123abcd").string()});
-  ASSERT_EQ(linked, std::vector<std::string>{(hub / "snapshots" / "0123abcd" / "sample" / "10BT" / "000_00000.parquet").string()});
+  ASSERT_EQ(linked,
+            std::vector<std::string>{(hub / "snapshots" / "0123abcd" / "sample" / "10BT" / "000_00000.parquet").string()});
   EXPECT_EQ(read_documents(linked[0], {}), (std::vector<std::string>{"first document", "second document"}));
 }
 
@@ -295,10 +321,20 @@ TEST(Parquet, TokenIdListsReadBackRowForRow) {
   data["ids"] = rows;
   const std::vector<nlohmann::json> specs = {
       {{"name", "ids-dictionary-v1"}, {"writer", "arrow-rs"}, {"columns", "ids"}},
-      {{"name", "ids-plain-v2-zstd"}, {"writer", "arrow-rs"}, {"columns", "ids"}, {"dictionary", false}, {"version", 2},
-       {"compression", "ZSTD"}, {"page_bytes", 4096}, {"row_group_size", 250}},
-      {{"name", "ids-plain-v1"}, {"writer", "arrow-rs"}, {"columns", "ids"}, {"dictionary", false},
-       {"compression", "UNCOMPRESSED"}, {"page_bytes", 2048}},
+      {{"name", "ids-plain-v2-zstd"},
+       {"writer", "arrow-rs"},
+       {"columns", "ids"},
+       {"dictionary", false},
+       {"version", 2},
+       {"compression", "ZSTD"},
+       {"page_bytes", 4096},
+       {"row_group_size", 250}},
+      {{"name", "ids-plain-v1"},
+       {"writer", "arrow-rs"},
+       {"columns", "ids"},
+       {"dictionary", false},
+       {"compression", "UNCOMPRESSED"},
+       {"page_bytes", 2048}},
       {{"name", "ids64-v2"}, {"writer", "arrow-rs"}, {"columns", "ids64"}, {"version", 2}, {"page_bytes", 4096}},
   };
   const auto paths = testing::write_with_node("write_parquet.mjs", ".parquet", data, specs);
@@ -320,10 +356,13 @@ TEST(Parquet, TokenIdListsReadBackRowForRow) {
     EXPECT_EQ(column.repeated_definition_level, 2);
     ParquetReadStats stats;
     std::vector<std::vector<int64_t>> got;
-    file.for_each_id_list(column, [&](std::optional<std::span<const int64_t>> r) {
-      ASSERT_TRUE(r.has_value());
-      got.emplace_back(r->begin(), r->end());
-    }, &stats);
+    file.for_each_id_list(
+        column,
+        [&](std::optional<std::span<const int64_t>> r) {
+          ASSERT_TRUE(r.has_value());
+          got.emplace_back(r->begin(), r->end());
+        },
+        &stats);
     EXPECT_EQ(got, rows);
     std::string kinds;
     for (const auto& [kind, count] : stats.pages) kinds += fmt::format("{} x{}; ", kind, count);
@@ -342,7 +381,8 @@ TEST(Parquet, TokenIdListsReadBackRowForRow) {
       EXPECT_GT(stats.pages.begin()->second + std::prev(stats.pages.end())->second, 4u) << kinds;
     }
     EXPECT_EQ(document_bytes_estimate(paths[k], ids), 4 * (want.tokens + empty));  // ids, and the empty rows' one level
-    const auto [summary, dataset] = testing::prepare_r50k({paths[k]}, fmt::format("ids-{}.h5", k), size_t{1} << 20, 0.05, "input_ids");
+    const auto [summary, dataset] =
+        testing::prepare_r50k({paths[k]}, fmt::format("ids-{}.h5", k), size_t{1} << 20, 0.05, "input_ids");
     EXPECT_EQ(summary.documents, want.documents);
     EXPECT_EQ(summary.tokens, want.tokens);
     testing::expect_same_documents(reference, dataset);
@@ -366,14 +406,17 @@ TEST(Parquet, TokenIdListsReadBackRowForRow) {
   nlohmann::json bad;
   bad["texts"] = {"a", "b", "c"};
   bad["ids"] = nlohmann::json::parse("[[1, 2], null, [3]]");
-  const auto null_row = testing::write_with_node("write_parquet.mjs", ".parquet", bad, {{{"name", "ids-null-row"}, {"writer", "arrow-rs"}, {"columns", "ids"}}});
+  const auto null_row = testing::write_with_node("write_parquet.mjs", ".parquet", bad,
+                                                 {{{"name", "ids-null-row"}, {"writer", "arrow-rs"}, {"columns", "ids"}}});
   bad["ids"] = nlohmann::json::parse("[[1, 2], [3, null, 4], [5]]");
-  const auto null_id = testing::write_with_node("write_parquet.mjs", ".parquet", bad, {{{"name", "ids-null-id"}, {"writer", "arrow-rs"}, {"columns", "ids"}}});
+  const auto null_id = testing::write_with_node("write_parquet.mjs", ".parquet", bad,
+                                                {{{"name", "ids-null-id"}, {"writer", "arrow-rs"}, {"columns", "ids"}}});
   ASSERT_EQ(null_row.size() + null_id.size(), 2u);
   EXPECT_EQ(testing::data_error_of([&] { for_each_raw_document(null_row[0], ids, [](RawDocument&&) {}); }),
             null_row[0] + ": row 1: column \"input_ids\" is null (every row needs its ids)");
   const auto null_id_error = testing::data_error_of([&] { for_each_raw_document(null_id[0], ids, [](RawDocument&&) {}); });
-  EXPECT_EQ(null_id_error.rfind(null_id[0] + ": row group 0, column \"input_ids.list.item\", page at byte ", 0), 0u) << null_id_error;
+  EXPECT_EQ(null_id_error.rfind(null_id[0] + ": row group 0, column \"input_ids.list.item\", page at byte ", 0), 0u)
+      << null_id_error;
   EXPECT_TRUE(null_id_error.ends_with(": row 1 holds a null inside its list of ids")) << null_id_error;
 }
 

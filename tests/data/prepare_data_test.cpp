@@ -56,7 +56,14 @@ TEST(PrepareData, JsonlAndBlankLineDocuments) {
   if (!testing::require_fetched()) return;
   const auto dir = testing::tmp_path("inputs");
   std::filesystem::create_directories(dir);
-  { std::ofstream(dir / "a.jsonl") << R"({"text": "first doc", "id": 1})" "\n\n" R"({"text": "second doc"})" "\n" R"({"text": ""})" "\n"; }
+  {
+    std::ofstream(dir / "a.jsonl") << R"({"text": "first doc", "id": 1})"
+                                      "\n\n"
+                                      R"({"text": "second doc"})"
+                                      "\n"
+                                      R"({"text": ""})"
+                                      "\n";
+  }
   { std::ofstream(dir / "b.txt") << "block one\nstill one\n\n\nblock two\n  \nblock three"; }
   PrepareOptions o;
   o.tokenizer = gpt2_path();
@@ -84,7 +91,12 @@ TEST(PrepareData, ClearErrors) {
   o.progress = ProgressStyle::Off;
 
   const auto no_text = testing::tmp_path("no_text.jsonl");
-  { std::ofstream(no_text) << R"({"text": "ok"})" "\n" R"({"content": "wrong field"})" "\n"; }
+  {
+    std::ofstream(no_text) << R"({"text": "ok"})"
+                              "\n"
+                              R"({"content": "wrong field"})"
+                              "\n";
+  }
   o.inputs = {no_text.string()};
   auto msg = testing::data_error_of([&] { prepare_dataset(o); });
   EXPECT_NE(msg.find(no_text.string() + ":2"), std::string::npos) << msg;
@@ -115,7 +127,8 @@ TEST(PrepareData, ClearErrors) {
   msg = testing::data_error_of([&] { TokenDataset::open(cut.string()); });
   EXPECT_NE(msg.find(cut.string()), std::string::npos) << msg;
 
-  EXPECT_NE(testing::data_error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"), std::string::npos);
+  EXPECT_NE(testing::data_error_of([&] { TokenDataset::open("/nonexistent/x.h5"); }).find("no such file"),
+            std::string::npos);
 }
 
 // The issue's case: prepare-data from a 2-byte input over a prepared dataset replaced it, exit 0. An existing output
@@ -144,7 +157,12 @@ TEST(PrepareData, ExistingOutputIsReplacedOnlyWhenAsked) {
 
   // Replace, but the inputs fail half-way: the old file stays whole, nothing is left beside it.
   const auto bad = testing::tmp_path("bad-field.jsonl");
-  { std::ofstream(bad) << R"({"text": "ok"})" "\n" R"({"content": "wrong field"})" "\n"; }
+  {
+    std::ofstream(bad) << R"({"text": "ok"})"
+                          "\n"
+                          R"({"content": "wrong field"})"
+                          "\n";
+  }
   o.inputs = {bad.string()};
   o.existing = ExistingOutput::Replace;
   EXPECT_NE(testing::data_error_of([&] { prepare_dataset(o); }), "no DataError");
@@ -192,8 +210,12 @@ TEST(PrepareData, TheFirstBadJsonlLineIsTheOneReported) {
   {
     std::ofstream out(path);
     for (int i = 1; i <= 3000; ++i) {
-      if (i == 1217) out << R"({"content": "the wrong field"})" << "\n";
-      else if (i > 1217) out << R"({"text": "cut short)" << "\n";  // every thread meets errors from here on
+      if (i == 1217)
+        out << R"({"content": "the wrong field"})"
+            << "\n";
+      else if (i > 1217)
+        out << R"({"text": "cut short)"
+            << "\n";  // every thread meets errors from here on
       else out << nlohmann::json{{"text", "document number " + std::to_string(i)}}.dump() << "\n";
     }
   }
@@ -220,10 +242,12 @@ TEST(PrepareData, ReadingAheadReportsErrorsInInputOrder) {
   {
     std::ofstream a(bad_line), b(good);
     for (int i = 1; i <= 400; ++i) {
-      a << (i == 400 ? std::string(R"({"text": 12})") : nlohmann::json{{"text", "line " + std::to_string(i)}}.dump()) << "\n";
+      a << (i == 400 ? std::string(R"({"text": 12})") : nlohmann::json{{"text", "line " + std::to_string(i)}}.dump())
+        << "\n";
       b << nlohmann::json{{"text", "good line " + std::to_string(i)}}.dump() << "\n";
     }
-    std::ofstream(corrupt, std::ios::binary) << std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage that inflates to nothing", 42);
+    std::ofstream(corrupt, std::ios::binary)
+        << std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage that inflates to nothing", 42);
   }
   PrepareOptions o;
   o.tokenizer = gpt2_path();
@@ -279,7 +303,8 @@ TEST(PrepareData, BatchesGiveTheSameDataset) {
   EXPECT_EQ(a.bytes, b.bytes);
   const auto da = TokenDataset::open(testing::tmp_path("whole.h5").string());
   const auto db = TokenDataset::open(testing::tmp_path("batched.h5").string());
-  EXPECT_TRUE(std::equal(da.doc_offsets().begin(), da.doc_offsets().end(), db.doc_offsets().begin(), db.doc_offsets().end()));
+  EXPECT_TRUE(
+      std::equal(da.doc_offsets().begin(), da.doc_offsets().end(), db.doc_offsets().begin(), db.doc_offsets().end()));
   const auto ta = da.tokens(), tb = db.tokens();
   EXPECT_TRUE(std::equal(ta.begin(), ta.end(), tb.begin(), tb.end()));
   const auto va = da.split_documents(DatasetSplit::Validation), vb = db.split_documents(DatasetSplit::Validation);
@@ -298,8 +323,17 @@ TEST(PrepareData, AFailureLeavesNoFiles) {
   if (!testing::require_fetched()) return;
   const auto dir = testing::tmp_path("fail");
   std::filesystem::create_directories(dir);
-  { std::ofstream(dir / "a.jsonl") << R"({"text": "one"})" "\n" R"({"text": "two"})" "\n"; }
-  { std::ofstream(dir / "b.jsonl") << R"({"text": "three"})" "\n" "not json\n"; }
+  {
+    std::ofstream(dir / "a.jsonl") << R"({"text": "one"})"
+                                      "\n"
+                                      R"({"text": "two"})"
+                                      "\n";
+  }
+  {
+    std::ofstream(dir / "b.jsonl") << R"({"text": "three"})"
+                                      "\n"
+                                      "not json\n";
+  }
   PrepareOptions o;
   o.tokenizer = gpt2_path();
   o.inputs = {dir.string()};

@@ -46,8 +46,12 @@ TEST(Hdf5, RoundTripsDatasetsAndAttributes) {
 TEST(Progress, PlainLinesWhenNotATerminal) {
   std::FILE* out = std::tmpfile();
   {
-    ProgressBar bar({.label = "tok", .total = 100, .unit = "MB", .style = ProgressStyle::Lines,
-                     .line_interval = std::chrono::milliseconds(0), .stream = out});
+    ProgressBar bar({.label = "tok",
+                     .total = 100,
+                     .unit = "MB",
+                     .style = ProgressStyle::Lines,
+                     .line_interval = std::chrono::milliseconds(0),
+                     .stream = out});
     bar.set_field("loss", "2.5");
     bar.advance(50);
     bar.advance(50);

@@ -16,8 +16,8 @@ using testing::fetched_dir;
 constexpr size_t kRealBytes = 300 * 1024;
 
 struct Case {
-  const char* impl;      // reference_ids.mjs implementation
-  const char* relpath;   // under data/fetched/tokenizers
+  const char* impl;     // reference_ids.mjs implementation
+  const char* relpath;  // under data/fetched/tokenizers
 };
 
 class ReferenceIds : public ::testing::TestWithParam<Case> {};
@@ -34,10 +34,11 @@ void expect_same_ids(const Tokenizer& tok, const std::vector<std::string>& texts
       ++mismatched;
       size_t k = 0;
       while (k < ids.size() && k < ref[i].size() && ids[k] == ref[i][k]) ++k;
-      ADD_FAILURE() << what << " text " << i << ": first difference at token " << k << " of " << ref[i].size()
-                    << " (ours " << (k < ids.size() ? std::to_string(ids[k]) : "end") << ", reference "
+      ADD_FAILURE() << what << " text " << i << ": first difference at token " << k << " of " << ref[i].size() << " (ours "
+                    << (k < ids.size() ? std::to_string(ids[k]) : "end") << ", reference "
                     << (k < ref[i].size() ? std::to_string(ref[i][k]) : "end") << ") near '"
-                    << tok.decode(std::span(ref[i]).subspan(k > 3 ? k - 3 : 0, std::min<size_t>(8, ref[i].size() - (k > 3 ? k - 3 : 0))))
+                    << tok.decode(std::span(ref[i]).subspan(k > 3 ? k - 3 : 0,
+                                                            std::min<size_t>(8, ref[i].size() - (k > 3 ? k - 3 : 0))))
                     << "'";
       if (mismatched > 3) return;
     }
@@ -65,8 +66,8 @@ TEST_P(ReferenceIds, InvalidUtf8BetweenValidSegments) {
   if (!testing::require_fetched()) return;
   const Case c = GetParam();
   const Tokenizer tok = Tokenizer::load((fetched_dir() / "tokenizers" / c.relpath).string());
-  const std::vector<std::string> segments = {"The quick brown fox", " jumps over", "the lazy dog's 1234 tails!",
-                                             " 😀 emoji", "naïve café", "end."};
+  const std::vector<std::string> segments = {"The quick brown fox", " jumps over", "the lazy dog's 1234 tails!", " 😀 emoji",
+                                             "naïve café",          "end."};
   // Single invalid bytes: a stray lead byte, a lone continuation byte, bytes that never occur in UTF-8.
   const std::vector<std::string> invalid = {"\xff", "\x80", "\xc3", "\xf8", "\xc0"};
   const auto ref = testing::reference_ids(c.impl, segments);
@@ -85,7 +86,8 @@ TEST_P(ReferenceIds, InvalidUtf8BetweenValidSegments) {
     EXPECT_EQ(tok.decode(ids), text);
     std::string seen;
     for (TokenId id : ids)
-      if (tok.token_bytes(id).size() == 1 && static_cast<unsigned char>(tok.token_bytes(id)[0]) >= 0x80) seen += tok.token_bytes(id);
+      if (tok.token_bytes(id).size() == 1 && static_cast<unsigned char>(tok.token_bytes(id)[0]) >= 0x80)
+        seen += tok.token_bytes(id);
     EXPECT_NE(seen.find("\xff"), std::string::npos);
     EXPECT_NE(seen.find("\x80"), std::string::npos);
     ASSERT_GE(ids.size(), ref[0].size());
@@ -126,7 +128,8 @@ TEST_P(ReferenceIds, RandomBytesRoundTrip) {
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceIds,
                          ::testing::Values(Case{"r50k", "r50k_base.tiktoken"}, Case{"cl100k", "cl100k_base.tiktoken"},
                                            Case{"gpt2-encoder", "gpt2"}, Case{"llama3", "llama3/tokenizer.json"},
-                                           Case{"gpt2-hf", "gpt2-hf/tokenizer.json"}, Case{"llama2", "llama2/tokenizer.json"}),
+                                           Case{"gpt2-hf", "gpt2-hf/tokenizer.json"},
+                                           Case{"llama2", "llama2/tokenizer.json"}),
                          [](const auto& info) {
                            std::string n = info.param.impl;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -181,12 +184,15 @@ TEST(TokenizerFiles, ByteFallbackWordsOnlyWhereNoTokenSpansThem) {
       vocab["a\u2581b"] = id++;
       merges = nlohmann::json::array({"a \u2581", "a\u2581 b", "\u2581 a", "\u2581 b"});
     }
-    nlohmann::json j = {{"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", merges}}},
-                        {"normalizer", {{"type", "Sequence"}, {"normalizers", nlohmann::json::array({
-                            {{"type", "Prepend"}, {"prepend", "\u2581"}},
-                            {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}}},
-                        {"pre_tokenizer", nullptr},
-                        {"added_tokens", nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}}})}};
+    nlohmann::json j = {
+        {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", merges}}},
+        {"normalizer",
+         {{"type", "Sequence"},
+          {"normalizers",
+           nlohmann::json::array({{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                  {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}}},
+        {"pre_tokenizer", nullptr},
+        {"added_tokens", nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}}})}};
     return j.dump();
   };
   const Tokenizer words = Tokenizer::from_json_text(tokenizer_json(false), "words.json");
@@ -207,7 +213,10 @@ TEST(TokenizerFiles, MetaspacePreTokenizerMatchesTheReference) {
   nlohmann::json j = nlohmann::json::parse(in);
   j["normalizer"] = nullptr;
   // add_prefix_space for the reference, which reads it (the Rust library reads prepend_scheme alone).
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}, {"prepend_scheme", "first"},
+  j["pre_tokenizer"] = {{"type", "Metaspace"},
+                        {"replacement", "\u2581"},
+                        {"add_prefix_space", true},
+                        {"prepend_scheme", "first"},
                         {"split", false}};
   const auto path = testing::tmp_path("llama2-metaspace.json");
   { std::ofstream(path) << j.dump(); }
@@ -221,7 +230,8 @@ TEST(TokenizerFiles, MetaspacePreTokenizerMatchesTheReference) {
   size_t mismatched = 0, differs_from_legacy = 0;
   for (size_t i = 0; i < texts.size(); ++i) {
     const auto ids = tok.encode(texts[i]);
-    if (ids != ref[i] && ++mismatched <= 3) ADD_FAILURE() << "text " << i << " ('" << texts[i].substr(0, 40) << "') differs from the reference";
+    if (ids != ref[i] && ++mismatched <= 3)
+      ADD_FAILURE() << "text " << i << " ('" << texts[i].substr(0, 40) << "') differs from the reference";
     const bool spaced = !texts[i].empty() && texts[i].front() == ' ';
     if (!spaced) {
       EXPECT_EQ(tok.decode(ids), texts[i]) << "text " << i;
@@ -256,8 +266,11 @@ TEST(TokenizerFiles, MetaspaceSplitStartsAPieceAtEverySpace) {
     vocab["<unk>"] = id++;
     for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
     for (const char* t : {"\u2581", "a", "b", "\u2581a", "\u2581b", "\u2581\u2581"}) vocab[t] = id++;
-    nlohmann::json j = {{"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab},
-                                   {"merges", nlohmann::json::array({"\u2581 \u2581", "\u2581 a", "\u2581 b"})}}},
+    nlohmann::json j = {{"model",
+                         {{"type", "BPE"},
+                          {"byte_fallback", true},
+                          {"vocab", vocab},
+                          {"merges", nlohmann::json::array({"\u2581 \u2581", "\u2581 a", "\u2581 b"})}}},
                         {"normalizer", nullptr},
                         {"pre_tokenizer", pre},
                         {"added_tokens", nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}}})}};
@@ -277,7 +290,8 @@ TEST(TokenizerFiles, MetaspaceSplitStartsAPieceAtEverySpace) {
   EXPECT_EQ(whole.decode(whole.encode("a  b")), "a  b");
   nlohmann::json never = base;
   never["prepend_scheme"] = "never";
-  EXPECT_EQ(Tokenizer::from_json_text(tokenizer_json(never), "never.json").encode("a b"), (std::vector<TokenId>{id("a"), id(" b")}));
+  EXPECT_EQ(Tokenizer::from_json_text(tokenizer_json(never), "never.json").encode("a b"),
+            (std::vector<TokenId>{id("a"), id(" b")}));
   nlohmann::json bad = base;
   bad["prepend_scheme"] = "sometimes";
   try {

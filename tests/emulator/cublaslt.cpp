@@ -46,7 +46,10 @@ static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t));
 static_assert(sizeof(Pref) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
 static_assert(4 * sizeof(uint32_t) <= sizeof(cublasLtMatmulAlgo_t));
 
-template <typename T, typename Opaque> T& as(Opaque* o) { return *reinterpret_cast<T*>(o->data); }
+template <typename T, typename Opaque>
+T& as(Opaque* o) {
+  return *reinterpret_cast<T*>(o->data);
+}
 
 cublasStatus_t invalid(const std::string& message) {
   std::fprintf(stderr, "cuda emulator (cuBLASLt): %s\n", message.c_str());
@@ -64,7 +67,8 @@ struct Problem {
 cublasStatus_t check_problem(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dl,
                              Problem* p) {
   const bool ta = d.transa == CUBLAS_OP_T, tb = d.transb == CUBLAS_OP_T;
-  if ((d.transa != CUBLAS_OP_N && !ta) || (d.transb != CUBLAS_OP_N && !tb)) return invalid("only CUBLAS_OP_N and CUBLAS_OP_T");
+  if ((d.transa != CUBLAS_OP_N && !ta) || (d.transb != CUBLAS_OP_N && !tb))
+    return invalid("only CUBLAS_OP_N and CUBLAS_OP_T");
   p->m = ta ? a.cols : a.rows;
   p->k = ta ? a.rows : a.cols;
   const uint64_t kb = tb ? b.cols : b.rows;
@@ -162,8 +166,10 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
       return CUBLAS_STATUS_SUCCESS;
     }
     default:
-      std::fprintf(stderr, "cuda emulator (cuBLASLt): matmul descriptor attribute %d is not modelled: add it to "
-                   "tests/emulator/cublaslt.cpp\n", static_cast<int>(attr));
+      std::fprintf(stderr,
+                   "cuda emulator (cuBLASLt): matmul descriptor attribute %d is not modelled: add it to "
+                   "tests/emulator/cublaslt.cpp\n",
+                   static_cast<int>(attr));
       return CUBLAS_STATUS_NOT_SUPPORTED;
   }
 }
@@ -195,8 +201,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceDestroy(cublasLtMatmulPrefer
 }
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
-                                                                 cublasLtMatmulPreferenceAttributes_t attr,
-                                                                 const void* buf, size_t bytes) {
+                                                                 cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                                 size_t bytes) {
   Pref& p = as<Pref>(pref);
   switch (attr) {
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
@@ -250,8 +256,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cub
 cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
                                            cublasLtMatrixLayout_t adesc, const void* B, cublasLtMatrixLayout_t bdesc,
                                            const void* beta, const void* C, cublasLtMatrixLayout_t cdesc, void* D,
-                                           cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
-                                           void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                                           cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                                           size_t workspace_bytes, cudaStream_t stream) {
   const Desc dsc = as<Desc>(desc);
   const Layout la = as<Layout>(adesc), lb = as<Layout>(bdesc), lc = as<Layout>(cdesc), ld = as<Layout>(ddesc);
   Problem p;

@@ -84,10 +84,10 @@ enum class Policy { Lifo, Fifo, Immediate, Lagging };
 
 struct CUstream_st {
   std::deque<shardtrain::cuda_emulator::Op> queue;
-  int priority = 0;       // cudaStreamCreateWithPriority's, clamped to the range (recorded; the schedule ignores it)
+  int priority = 0;  // cudaStreamCreateWithPriority's, clamped to the range (recorded; the schedule ignores it)
   std::shared_ptr<shardtrain::cuda_emulator::Marker> tail;  // done marker of the last op queued
-  bool blocking = true;   // synchronizes with the legacy stream (cudaStreamDefault)
-  bool destroyed = false; // cudaStreamDestroy with work pending: freed once it has run
+  bool blocking = true;                                     // synchronizes with the legacy stream (cudaStreamDefault)
+  bool destroyed = false;                                   // cudaStreamDestroy with work pending: freed once it has run
 };
 
 struct CUevent_st {
@@ -99,8 +99,8 @@ namespace shardtrain::cuda_emulator {
 namespace {
 
 struct Allocation {
-  size_t bytes = 0;      // as asked for
-  size_t mapped = 0;     // device: whole pages
+  size_t bytes = 0;   // as asked for
+  size_t mapped = 0;  // device: whole pages
   Memory kind = Memory::Device;
 };
 
@@ -114,9 +114,9 @@ struct State {
   std::map<uintptr_t, size_t> freed;            // recently freed device ranges, for messages
   size_t device_in_use = 0;
   uint64_t next_seq = 1;
-  int running = 0;  // > 0 while queued work runs (device memory accessible)
-  int waits_fd = -1;  // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
-  bool tracing = false;        // trace_begin .. trace_end
+  int running = 0;       // > 0 while queued work runs (device memory accessible)
+  int waits_fd = -1;     // SHARDTRAIN_CUDA_EMULATOR_WAITS: where host waits for unfinished work are listed
+  bool tracing = false;  // trace_begin .. trace_end
   std::vector<TraceOp> trace;
 
   State() {
@@ -372,9 +372,9 @@ cudaError_t check_copy(State& g, const char* api, void* dst, const void* src, si
     default: ok = false;
   }
   if (!ok)
-    return record_error(cudaErrorInvalidMemcpyDirection,
-                std::string(api) + ": " + kind_name(kind) + " from " + (sd ? "device" : "host") + " memory " +
-                    hex(src) + " to " + (dd ? "device" : "host") + " memory " + hex(dst));
+    return record_error(cudaErrorInvalidMemcpyDirection, std::string(api) + ": " + kind_name(kind) + " from " +
+                                                             (sd ? "device" : "host") + " memory " + hex(src) + " to " +
+                                                             (dd ? "device" : "host") + " memory " + hex(dst));
   // Device and pinned sides are range-checked (pageable memory cannot be).
   if (dd || classify(dst) == Memory::Pinned) require_device_range(dst, count, (std::string(api) + " destination").c_str());
   if (sd || classify(src) == Memory::Pinned) require_device_range(src, count, (std::string(api) + " source").c_str());
@@ -403,11 +403,13 @@ void copy(State& g, CUstream_st* s, void* dst, const void* src, size_t count, bo
     if (synchronous) drain_stream(g, s, api);
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + count);
-    enqueue(g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
+    enqueue(
+        g, s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "memcpy (staged source)");
     trace_copy(g, sk, dk, count);
     return;  // the host may reuse its buffer; the device copy lands later
   }
-  const std::shared_ptr<Marker> done = enqueue(g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
+  const std::shared_ptr<Marker> done = enqueue(
+      g, s, [dst, src, count] { std::memmove(dst, src, count); }, "memcpy");
   trace_copy(g, sk, dk, count);
   // cudaMemcpy returns once a copy into host memory (or from pinned memory) has landed; device to device it
   // does not wait.
@@ -434,7 +436,8 @@ void require_device_range(const void* p, size_t bytes, const char* what, bool pi
   if (!alloc || (alloc->kind == Memory::Pinned && !pinned_ok)) {
     std::string why = "is not device memory";
     auto f = g.freed.upper_bound(a);
-    if (f != g.freed.begin() && a < std::prev(f)->first + std::prev(f)->second) why = "points into device memory already freed";
+    if (f != g.freed.begin() && a < std::prev(f)->first + std::prev(f)->second)
+      why = "points into device memory already freed";
     fatal(std::string(what) + ": " + hex(p) + " " + why);
   }
   if (a + bytes > base + alloc->bytes)
@@ -485,9 +488,8 @@ void trace_mark(std::string label) {
 namespace {
 // The SIMT emulator's launches and the launchers' copies come through here.
 [[maybe_unused]] const bool hooks_installed = [] {
-  simt_emulator::set_runtime_hooks({&submit, [](const void* p, size_t bytes, const char* what) {
-                                      require_device_range(p, bytes, what);
-                                    }});
+  simt_emulator::set_runtime_hooks(
+      {&submit, [](const void* p, size_t bytes, const char* what) { require_device_range(p, bytes, what); }});
   return true;
 }();
 }  // namespace
@@ -584,8 +586,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaM
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
-                                      cudaStream_t stream) {
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
   count_call("cudaMemcpyAsync");
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
@@ -600,7 +601,8 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaSt
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (count == 0) return cudaSuccess;
   require_device_range(ptr, count, "cudaMemsetAsync");
-  enqueue(g, resolve(g, stream), [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemsetAsync");
+  enqueue(
+      g, resolve(g, stream), [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemsetAsync");
   return cudaSuccess;
 }
 
@@ -611,7 +613,8 @@ cudaError_t CUDARTAPI cudaMemset(void* ptr, int value, size_t count) {
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (count == 0) return cudaSuccess;
   require_device_range(ptr, count, "cudaMemset");
-  auto done = enqueue(g, &g.legacy, [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemset");
+  auto done = enqueue(
+      g, &g.legacy, [ptr, value, count] { std::memset(ptr, value, count); }, "cudaMemset");
   if (classify(ptr) == Memory::Pinned) drain_until(g, done, "cudaMemset");
   return cudaSuccess;
 }
@@ -769,8 +772,10 @@ cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEve
   State& g = state();
   std::lock_guard<std::recursive_mutex> lock(g.mutex);
   if (!start->timing || !end->timing)
-    return record_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event created with cudaEventDisableTiming");
-  if (!start->last || !end->last) return record_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
+    return record_error(cudaErrorInvalidResourceHandle,
+                        "cudaEventElapsedTime on an event created with cudaEventDisableTiming");
+  if (!start->last || !end->last)
+    return record_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
   if (!start->last->done || !end->last->done) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(end->last->at - start->last->at).count();
   return cudaSuccess;

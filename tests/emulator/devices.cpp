@@ -32,8 +32,21 @@ cudaUUID_t device_uuid(int p) {
   gethostname(host, sizeof host - 1);
   uint32_t h = 2166136261u;  // FNV-1a of the host name
   for (const char* c = host; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
-  const unsigned char bytes[16] = {0x5e, 0x7d, 0xa1, 0x00, static_cast<unsigned char>(h >> 24), static_cast<unsigned char>(h >> 16),
-                                   0x40, static_cast<unsigned char>(h >> 8), 0x80, static_cast<unsigned char>(h), 0, 0, 0, 0, 0,
+  const unsigned char bytes[16] = {0x5e,
+                                   0x7d,
+                                   0xa1,
+                                   0x00,
+                                   static_cast<unsigned char>(h >> 24),
+                                   static_cast<unsigned char>(h >> 16),
+                                   0x40,
+                                   static_cast<unsigned char>(h >> 8),
+                                   0x80,
+                                   static_cast<unsigned char>(h),
+                                   0,
+                                   0,
+                                   0,
+                                   0,
+                                   0,
                                    static_cast<unsigned char>(p)};
   cudaUUID_t u{};
   std::memcpy(u.bytes, bytes, sizeof bytes);
@@ -89,8 +102,8 @@ std::vector<int> visible_devices(const char* list, int physical) {
 }
 
 struct Devices {
-  int physical = 1;          // SHARDTRAIN_CUDA_EMULATOR_DEVICES: the machine's devices
-  std::vector<int> visible;  // the physical device of each ordinal (CUDA_VISIBLE_DEVICES); its size is the count
+  int physical = 1;             // SHARDTRAIN_CUDA_EMULATOR_DEVICES: the machine's devices
+  std::vector<int> visible;     // the physical device of each ordinal (CUDA_VISIBLE_DEVICES); its size is the count
   std::atomic<int> current{0};  // cudaSetDevice's ordinal
 
   Devices() {

@@ -57,7 +57,7 @@ struct Header {
   std::atomic<uint32_t> arrived;     // at the current barrier
   std::atomic<uint32_t> generation;  // barriers completed
   uint32_t nranks;
-  Call calls[kMaxRanks];  // by rank, written before the barrier of each collective
+  Call calls[kMaxRanks];              // by rank, written before the barrier of each collective
   unsigned char uuid[kMaxRanks][16];  // by rank: the UUID of its current device, written before the init barrier
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
@@ -99,21 +99,16 @@ size_t type_bytes(ncclDataType_t t) {
     case ncclInt8:
     case ncclUint8:
     case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
+    case ncclFloat8e5m2: return 1;
     case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
+    case ncclBfloat16: return 2;
     case ncclInt32:
     case ncclUint32:
-    case ncclFloat32:
-      return 4;
+    case ncclFloat32: return 4;
     case ncclInt64:
     case ncclUint64:
-    case ncclFloat64:
-      return 8;
-    default:
-      return 0;
+    case ncclFloat64: return 8;
+    default: return 0;
   }
 }
 
@@ -148,7 +143,8 @@ void reduce_slots(const ncclComm* c, size_t offset, size_t count, ncclRedOp_t op
   for (size_t i = 0; i < count; ++i) {
     Acc acc{};
     for (int r = 0; r < c->nranks; ++r) {
-      const auto v = static_cast<Acc>(reinterpret_cast<const T*>(c->slots + static_cast<size_t>(r) * kSlotBytes)[offset + i]);
+      const auto v =
+          static_cast<Acc>(reinterpret_cast<const T*>(c->slots + static_cast<size_t>(r) * kSlotBytes)[offset + i]);
       if (r == 0) acc = v;
       else if (op == ncclMax) acc = v > acc ? v : acc;
       else if (op == ncclMin) acc = v < acc ? v : acc;
@@ -162,8 +158,14 @@ void reduce_slots(const ncclComm* c, size_t offset, size_t count, ncclRedOp_t op
 
 bool reducible(ncclDataType_t t) {
   switch (t) {
-    case ncclFloat32: case ncclFloat64: case ncclBfloat16: case ncclInt32: case ncclInt64: case ncclUint32:
-    case ncclUint64: case ncclUint8: return true;
+    case ncclFloat32:
+    case ncclFloat64:
+    case ncclBfloat16:
+    case ncclInt32:
+    case ncclInt64:
+    case ncclUint32:
+    case ncclUint64:
+    case ncclUint8: return true;
     default: return false;
   }
 }
@@ -199,8 +201,8 @@ void exchange(ncclComm* comm, const Call& call, const std::string& what, Kind ki
     const Call& c = comm->header->calls[r];
     if (!(c == call))
       fatal(what + " (kind " + std::to_string(call.kind) + ", " + std::to_string(call.count) + " elements of type " +
-            std::to_string(call.type) + ") on rank " + std::to_string(me) + ", while rank " + std::to_string(r) +
-            " runs #" + std::to_string(c.seq) + " (kind " + std::to_string(c.kind) + ", " + std::to_string(c.count) +
+            std::to_string(call.type) + ") on rank " + std::to_string(me) + ", while rank " + std::to_string(r) + " runs #" +
+            std::to_string(c.seq) + " (kind " + std::to_string(c.kind) + ", " + std::to_string(c.count) +
             " elements of type " + std::to_string(c.type) +
             "): the ranks issued this communicator's collectives differently; a GPU would hang or mix data");
   }
@@ -209,15 +211,9 @@ void exchange(ncclComm* comm, const Call& call, const std::string& what, Kind ki
       for (size_t r = 0; r < n; ++r)
         std::memcpy(static_cast<unsigned char*>(recv) + r * count * es, comm->slots + r * kSlotBytes, count * es);
       break;
-    case Kind::ReduceScatter:
-      reduce_into(comm, me * count, count, type, op, recv);
-      break;
-    case Kind::AllReduce:
-      reduce_into(comm, 0, count, type, op, recv);
-      break;
-    case Kind::Broadcast:
-      std::memcpy(recv, comm->slots + static_cast<size_t>(root) * kSlotBytes, count * es);
-      break;
+    case Kind::ReduceScatter: reduce_into(comm, me * count, count, type, op, recv); break;
+    case Kind::AllReduce: reduce_into(comm, 0, count, type, op, recv); break;
+    case Kind::Broadcast: std::memcpy(recv, comm->slots + static_cast<size_t>(root) * kSlotBytes, count * es); break;
   }
   barrier(comm, what);  // the slots are read before anyone writes the next collective's
 }
@@ -245,12 +241,9 @@ ncclResult_t collective(const char* api, Kind kind, ncclComm_t comm, const void*
     return usage(std::string(api) + ": " + std::to_string(send_bytes) + " bytes per rank, more than the emulator's " +
                  std::to_string(kSlotBytes) + "-byte exchange slot");
   if (send_bytes == 0) return ncclSuccess;
-  const Call call{++comm->collectives,
-                  static_cast<int32_t>(kind),
-                  static_cast<int32_t>(type),
-                  static_cast<int32_t>(op),
-                  root,
-                  static_cast<uint64_t>(count)};
+  const Call call{
+      ++comm->collectives,         static_cast<int32_t>(kind), static_cast<int32_t>(type), static_cast<int32_t>(op), root,
+      static_cast<uint64_t>(count)};
   const std::string what = std::string(api) + " #" + std::to_string(call.seq);
   // A communicator's collectives run in the order they were issued, whatever their streams (as NCCL
   // orders them): each waits for the one before.
@@ -385,14 +378,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess:
-      return "no error";
-    case ncclInvalidArgument:
-      return "invalid argument";
-    case ncclInvalidUsage:
-      return "invalid usage (see the CUDA emulator's message)";
-    default:
-      return "unhandled error (CUDA emulator)";
+    case ncclSuccess: return "no error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage (see the CUDA emulator's message)";
+    default: return "unhandled error (CUDA emulator)";
   }
 }
 
@@ -408,8 +397,8 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   return collective("ncclReduceScatter", Kind::ReduceScatter, comm, send, recv, count, type, op, 0, stream);
 }
 
-ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
   return collective("ncclAllReduce", Kind::AllReduce, comm, send, recv, count, type, op, 0, stream);
 }
 

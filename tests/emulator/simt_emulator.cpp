@@ -96,7 +96,7 @@ class FiberStack {
 
 struct Emulator {
   jmp_buf scheduler{};
-  std::vector<Fiber> fibers;                     // one per thread of the block
+  std::vector<Fiber> fibers;                        // one per thread of the block
   std::vector<std::unique_ptr<FiberStack>> stacks;  // grows to the largest block seen; reused by every launch
   Fiber* current = nullptr;
   Dim3 grid, block_index;
@@ -197,8 +197,7 @@ void complete_ldmatrix(const Emulator& e, Fiber* lanes, int warp, const std::str
   for (int l = 0; l < 32; ++l) {
     const Fiber& f = lanes[l];
     if (f.ld_matrices != count || f.ld_trans != lanes[0].ld_trans)
-      throw std::runtime_error("simt: lanes of warp " + std::to_string(warp) + " run different ldmatrix shapes in " +
-                               at);
+      throw std::runtime_error("simt: lanes of warp " + std::to_string(warp) + " run different ldmatrix shapes in " + at);
     if (l >= 8 * count) continue;  // these lanes' addresses are not used
     if (reinterpret_cast<uintptr_t>(f.ld_row) % 16 != 0)
       throw std::runtime_error("simt: ldmatrix row address of lane " + std::to_string(l) + " of warp " +
@@ -290,7 +289,7 @@ void run_block(Emulator& e, int bx, int by, int bz) {
                                      " shuffle with different kinds, operands or types in " + where(e, bx, by, bz));
           // xor: the lane (l ^ mask) of the warp; up: lane l - delta, or l itself when that is below 0.
           const int src = f.shuffle_kind == simt::ShuffleKind::Xor ? l ^ (f.shuffle_operand & 31)
-                                                                     : (l >= f.shuffle_operand ? l - f.shuffle_operand : l);
+                                                                   : (l >= f.shuffle_operand ? l - f.shuffle_operand : l);
           std::memcpy(lanes[l].value, values[src], sizeof values[src]);
         }
       } else if (kind == Wait::Ldmatrix) {
@@ -373,8 +372,8 @@ Stats last_stats() { return emu().stats; }
 void set_schedule(Schedule s) { emu().schedule = s; }
 
 // The limits a launch on the GPUs shardtrain builds for (sm_80, sm_90) must respect.
-constexpr size_t kDefaultDynamicSmem = 48 * 1024;      // without cudaFuncSetAttribute
-constexpr size_t kMaxDynamicSmem = 227 * 1024;         // sm_90's opt-in maximum per block (sm_80: 163 KiB)
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // without cudaFuncSetAttribute
+constexpr size_t kMaxDynamicSmem = 227 * 1024;     // sm_90's opt-in maximum per block (sm_80: 163 KiB)
 constexpr unsigned kMaxGridYZ = 65535;
 
 }  // namespace shardtrain::simt_emulator

@@ -52,7 +52,8 @@ TEST(FsdpAccounting, TrafficPerStepMatchesTheFormulas) {
       o.fsdp.reduce_dtype = dt;
       const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);
       const MeshLayout m = make_mesh_layout({o.fsdp.strategy, 0}, world, rpn > 0 ? rpn : world);
-      const Expected e = expected_traffic(r, m, o.fsdp.reshards_after_forward(), dtype_size(dt), dtype_size(dt), o.micro_batches);
+      const Expected e =
+          expected_traffic(r, m, o.fsdp.reshards_after_forward(), dtype_size(dt), dtype_size(dt), o.micro_batches);
       SCOPED_TRACE(fmt::format("{} {}", sharding_strategy_name(o.fsdp.strategy), dtype_name(dt)));
       EXPECT_EQ(r.shard_gather_bytes, e.gather);
       EXPECT_EQ(r.shard_reduce_scatter_bytes, e.reduce_scatter);
@@ -131,7 +132,8 @@ TEST(FsdpAccounting, SyncModuleStatesBroadcastsTheFirstReplica) {
     RunOptions ref = o;
     ref.before_first_step = [](fsdp::FsdpEngine& e, optim::AdamW&) { e.initialize(100); };
     const RunResult want = run_training(MPI_COMM_WORLD, rpn, ref);
-    for (const auto& [p, values] : want.params) EXPECT_EQ(synced.params.at(p), values) << sharding_strategy_name(s) << " param " << p;
+    for (const auto& [p, values] : want.params)
+      EXPECT_EQ(synced.params.at(p), values) << sharding_strategy_name(s) << " param " << p;
   }
 }
 

@@ -52,8 +52,9 @@ void expect_matches_reference(const RunResult& got, double loss_tol, double para
 }
 
 std::string describe(const fsdp::FsdpConfig& c) {
-  return fmt::format("{} {} offload={} {} ckpt={}", sharding_strategy_name(c.strategy), fsdp::wrap_policy_name(c.wrap.policy),
-                     c.offload_params, fsdp::grad_accumulation_name(c.accumulation), c.activation_checkpointing);
+  return fmt::format("{} {} offload={} {} ckpt={}", sharding_strategy_name(c.strategy),
+                     fsdp::wrap_policy_name(c.wrap.policy), c.offload_params, fsdp::grad_accumulation_name(c.accumulation),
+                     c.activation_checkpointing);
 }
 
 }  // namespace
@@ -70,7 +71,8 @@ TEST(FsdpEquivalence, EveryStrategyWrapOffloadAndAccumulationMode) {
   int checked = 0;
   bool padded = false;
   for (int s = 1; s <= 5; ++s) {
-    for (fsdp::WrapPolicy wrap : {fsdp::WrapPolicy::TransformerBased, fsdp::WrapPolicy::SizeBased, fsdp::WrapPolicy::NoWrap}) {
+    for (fsdp::WrapPolicy wrap :
+         {fsdp::WrapPolicy::TransformerBased, fsdp::WrapPolicy::SizeBased, fsdp::WrapPolicy::NoWrap}) {
       for (bool offload : {false, true}) {
         for (fsdp::GradAccumulation acc : {fsdp::GradAccumulation::ReduceEachMicroBatch, fsdp::GradAccumulation::NoSync}) {
           RunOptions o;
@@ -160,7 +162,8 @@ TEST(FsdpEquivalence, AllReduceOnTheLastMicroBatchOnly) {
       if (rd == DType::F32) {
         expect_matches_reference(r, 2e-6, 2e-6, what);
       } else {
-        for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_NEAR(r.losses[i], reference().losses[i], 2e-3 * reference().losses[i]) << what;
+        for (size_t i = 0; i < r.losses.size(); ++i)
+          EXPECT_NEAR(r.losses[i], reference().losses[i], 2e-3 * reference().losses[i]) << what;
       }
       RunOptions each = o;
       each.fsdp.accumulation = fsdp::GradAccumulation::ReduceEachMicroBatch;

@@ -114,7 +114,8 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       }
       batch.input_ids = ops::make_tensor(id_data, DType::I32, {rows_per_micro, o.seq}, dev);
       batch.targets = ops::make_tensor(target_data, DType::I32, {rows_per_micro, o.seq}, dev);
-      loss_sum += engine.forward_backward(batch, 1.0 / static_cast<double>(global_tokens), mb == o.micro_batches - 1).loss_sum;
+      loss_sum +=
+          engine.forward_backward(batch, 1.0 / static_cast<double>(global_tokens), mb == o.micro_batches - 1).loss_sum;
       if (o.after_micro_batch) o.after_micro_batch(mb);
     }
     MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);

@@ -32,21 +32,22 @@ struct RunOptions {
   std::function<void(fsdp::FsdpEngine&, optim::AdamW&)> before_first_step;
   std::function<void(int, fsdp::FsdpEngine&, optim::AdamW&)> after_step;
   std::function<void(int)> after_micro_batch;
-  bool gather_params = true;  // fill RunResult::params and layouts at the end (collectives over every unit)  // after each forward_backward, with the micro-batch's index
+  bool gather_params =
+      true;  // fill RunResult::params and layouts at the end (collectives over every unit)  // after each forward_backward, with the micro-batch's index
 };
 
 struct RunResult {
-  std::vector<double> losses;                       // global mean loss per step
-  std::map<int, std::vector<float>> params;         // full final value of every parameter
+  std::vector<double> losses;                // global mean loss per step
+  std::map<int, std::vector<float>> params;  // full final value of every parameter
   std::vector<double> grad_norms;
-  int unit_sum_norms = 0;                           // steps whose norm came from the engine's per-unit device sums
-  double unit_sum_norm_diff = 0;                    // their largest relative difference from the host shards' norm
-  int64_t sharded_param_bytes = 0;                  // ledger, this rank
-  int64_t unsharded_param_peak = 0;                 // ledger, this rank
-  int64_t comm_buffer_peak = 0;                     // ledger, this rank, during training: staging, uploads
-  int64_t unsharded_grad_peak = 0;                  // ledger, this rank
-  int max_outstanding = 0;                          // non-root units gathered at once
-  int forward_on_demand = 0;                        // units not prefetched when their forward began
+  int unit_sum_norms = 0;            // steps whose norm came from the engine's per-unit device sums
+  double unit_sum_norm_diff = 0;     // their largest relative difference from the host shards' norm
+  int64_t sharded_param_bytes = 0;   // ledger, this rank
+  int64_t unsharded_param_peak = 0;  // ledger, this rank
+  int64_t comm_buffer_peak = 0;      // ledger, this rank, during training: staging, uploads
+  int64_t unsharded_grad_peak = 0;   // ledger, this rank
+  int max_outstanding = 0;           // non-root units gathered at once
+  int forward_on_demand = 0;         // units not prefetched when their forward began
   std::vector<fsdp::FlatLayout> layouts;
   std::vector<bool> unit_is_root;
   uint64_t shard_gather_bytes = 0, shard_reduce_scatter_bytes = 0, replicate_all_reduce_bytes = 0;

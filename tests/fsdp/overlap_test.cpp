@@ -26,7 +26,7 @@ class TraceMarks final : public fsdp::ScheduleObserver {
 };
 
 constexpr int kGlobalBatch = 32;  // 8 ranks x 4 micro-batches x 1 row
-constexpr int kSteps = 1;  // the traced step: its loss, gradient norm (every reduction in it) and update
+constexpr int kSteps = 1;         // the traced step: its loss, gradient norm (every reduction in it) and update
 
 RunOptions base_options() {
   RunOptions o;
@@ -57,7 +57,8 @@ Traced run_traced(RunOptions o, ScheduleExpectations expect) {
   std::vector<cuda_emulator::TraceOp> trace;
   std::set<size_t> shard_bytes;
   o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW&) {
-    for (size_t u = 0; u < e.units().size(); ++u) shard_bytes.insert(static_cast<size_t>(e.layout(static_cast<int>(u)).shard_numel()) * 4);
+    for (size_t u = 0; u < e.units().size(); ++u)
+      shard_bytes.insert(static_cast<size_t>(e.layout(static_cast<int>(u)).shard_numel()) * 4);
     e.set_schedule_observer(&marks);
     cuda_emulator::trace_begin();
   };
@@ -121,7 +122,8 @@ TEST(FsdpOverlap, EveryStrategyReductionAccumulationOffloadAndReshard) {
             const double norm_tol = rd == DType::F32 ? 2e-6 : 1e-2;
             EXPECT_NEAR(t.result.grad_norms[0], ref.grad_norms[0], norm_tol * ref.grad_norms[0]) << what;
             if (rd == DType::BF16)
-              worst_bf16_norm = std::max(worst_bf16_norm, std::abs(t.result.grad_norms[0] - ref.grad_norms[0]) / ref.grad_norms[0]);
+              worst_bf16_norm =
+                  std::max(worst_bf16_norm, std::abs(t.result.grad_norms[0] - ref.grad_norms[0]) / ref.grad_norms[0]);
             EXPECT_TRUE(t.report.violations.empty()) << what << violations(t.report);
             const auto strategy = o.fsdp.strategy;
             if (strategy != ShardingStrategy::NoShard) {
@@ -167,7 +169,8 @@ TEST(FsdpOverlap, TheChecksCatchABrokenSchedule) {
       only.prefetch = false;
       const Traced t = run_traced(p, only);
       ASSERT_FALSE(t.report.violations.empty()) << sharding_strategy_name(s) << ": a synchronous reduction passed";
-      EXPECT_NE(t.report.violations.front().find("compute waits for unit"), std::string::npos) << t.report.violations.front();
+      EXPECT_NE(t.report.violations.front().find("compute waits for unit"), std::string::npos)
+          << t.report.violations.front();
     }
   }
 }

@@ -21,9 +21,7 @@ using Clock = std::map<const void*, size_t>;  // stream -> trace index of the la
 bool is_wait(const TraceOp& op) { return op.what == "cudaStreamWaitEvent" || op.what == "implicit synchronization"; }
 bool is_collective(const TraceOp& op) { return op.what.rfind("nccl", 0) == 0; }
 bool is_reduction(const TraceOp& op) { return op.what == "ncclReduceScatter" || op.what == "ncclAllReduce"; }
-bool is_work(const TraceOp& op) {
-  return !is_wait(op) && op.what != "cudaEventRecord" && op.what != "mark";
-}
+bool is_work(const TraceOp& op) { return !is_wait(op) && op.what != "cudaEventRecord" && op.what != "mark"; }
 bool on_compute(const TraceOp& op) { return op.stream == nullptr; }
 
 struct Mark {
@@ -107,8 +105,8 @@ ScheduleReport check_schedule(const std::vector<TraceOp>& trace, const ScheduleE
       const std::optional<size_t> use = g.first_compute_work_after(marks[m].at);
       if (!use) break;
       if (!g.depends(*use, *gather)) {
-        r.violations.push_back(fmt::format("unit {} computes (#{}) without waiting for its all-gather (#{})", marks[k].unit,
-                                           *use, *gather));
+        r.violations.push_back(
+            fmt::format("unit {} computes (#{}) without waiting for its all-gather (#{})", marks[k].unit, *use, *gather));
       }
       ++r.gathers_waited;
       break;
@@ -152,14 +150,16 @@ ScheduleReport check_schedule(const std::vector<TraceOp>& trace, const ScheduleE
         if (!is_reduction(trace[i])) continue;
         ++r.reductions;
         if (on_compute(trace[i])) {
-          r.violations.push_back(fmt::format("unit {}'s {} (#{}) runs on the compute stream", marks[k].unit, trace[i].what, i));
+          r.violations.push_back(
+              fmt::format("unit {}'s {} (#{}) runs on the compute stream", marks[k].unit, trace[i].what, i));
           continue;
         }
         if (!next_work) continue;  // the step's last: the optimizer waits for it
         for (size_t j = i + 1; j < *next_work; ++j) {
           if (!on_compute(trace[j]) || !g.depends(j, i)) continue;
-          r.violations.push_back(fmt::format("compute waits for unit {}'s {} (#{}) at #{}, before the next unit's work (#{})",
-                                             marks[k].unit, trace[i].what, i, j, *next_work));
+          r.violations.push_back(
+              fmt::format("compute waits for unit {}'s {} (#{}) at #{}, before the next unit's work (#{})", marks[k].unit,
+                          trace[i].what, i, j, *next_work));
           break;
         }
       }
@@ -173,7 +173,8 @@ ScheduleReport check_schedule(const std::vector<TraceOp>& trace, const ScheduleE
       if (op.what.rfind("memcpy", 0) != 0 || (op.detail != "pinned->device" && op.detail != "device->pinned")) continue;
       if (expect.shard_bytes.count(op.bytes) == 0) continue;
       ++r.offload_copies;
-      if (on_compute(op)) r.violations.push_back(fmt::format("a {}-byte {} copy (#{}) runs on the compute stream", op.bytes, op.detail, i));
+      if (on_compute(op))
+        r.violations.push_back(fmt::format("a {}-byte {} copy (#{}) runs on the compute stream", op.bytes, op.detail, i));
     }
   }
   return r;

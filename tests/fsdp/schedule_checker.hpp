@@ -13,7 +13,7 @@
 namespace shardtrain::testing_fsdp {
 
 struct ScheduleExpectations {
-  bool prefetch = true;         // unit i+1's all-gather is queued before unit i's first compute op, in forward and backward
+  bool prefetch = true;          // unit i+1's all-gather is queued before unit i's first compute op, in forward and backward
   bool async_reductions = true;  // no compute op depends on a reduction before the next unit's work is queued
   bool offload_copies = false;   // shard-sized copies between pinned host memory and the device run off compute
   std::set<size_t> shard_bytes;  // offload: the sizes of the master and gradient shards' copies

@@ -105,7 +105,7 @@ TEST(ScheduleChecker, AsynchronousReductionsPassAndWaitingOnesAreReported) {
 TEST(ScheduleChecker, ShardCopiesMustRunOffCompute) {
   Trace t;
   t.add(kUpload, "memcpy", 0, "pinned->device", 64);
-  t.add(nullptr, "memcpy", 0, "device->pinned", 8);    // not a shard's size: the loss read
+  t.add(nullptr, "memcpy", 0, "device->pinned", 8);                     // not a shard's size: the loss read
   t.add(nullptr, "memcpy (staged source)", 0, "pageable->device", 64);  // not pinned
   ScheduleExpectations e;
   e.offload_copies = true;

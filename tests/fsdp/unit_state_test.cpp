@@ -18,9 +18,8 @@ constexpr UnitState kStates[] = {UnitState::Sharded, UnitState::Gathered, UnitSt
 bool legal(UnitState from, UnitState to) {
   using S = UnitState;
   const std::vector<std::pair<S, S>> table = {
-      {S::Sharded, S::Gathered},      {S::Gathered, S::InForward}, {S::Gathered, S::InBackward},
-      {S::InForward, S::InBackward},  {S::Gathered, S::Sharded},   {S::InForward, S::Sharded},
-      {S::InBackward, S::Sharded},
+      {S::Sharded, S::Gathered}, {S::Gathered, S::InForward}, {S::Gathered, S::InBackward}, {S::InForward, S::InBackward},
+      {S::Gathered, S::Sharded}, {S::InForward, S::Sharded},  {S::InBackward, S::Sharded},
   };
   for (const auto& [f, t] : table)
     if (f == from && t == to) return true;

@@ -121,9 +121,9 @@ inline void expect_close(const char* what, const std::vector<float>& got, const 
       worst_i = i;
     }
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements off; worst at " << worst_i
-                     << ": got " << got[worst_i] << " cpu " << cpu[worst_i] << " (relative error " << worst
-                     << ", tolerance " << tol << ")";
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements off; worst at " << worst_i << ": got "
+                     << got[worst_i] << " cpu " << cpu[worst_i] << " (relative error " << worst << ", tolerance " << tol
+                     << ")";
 }
 
 struct Results {

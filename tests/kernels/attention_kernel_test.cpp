@@ -32,7 +32,8 @@ struct DeviceCopy {
   DeviceBuffer buf;
   DeviceCopy(const void* src, size_t bytes, StreamRef s) : buf(bytes) { copy_async(buf.data(), src, bytes, s); }
   explicit DeviceCopy(size_t bytes) : buf(bytes) {}
-  template <typename T> std::vector<T> fetch(StreamRef s) const {
+  template <typename T>
+  std::vector<T> fetch(StreamRef s) const {
     std::vector<T> out(buf.size() / sizeof(T));
     copy_async(out.data(), buf.data(), buf.size(), s);
     stream_synchronize(s);
@@ -68,9 +69,8 @@ void check_case(const Case& c, MaskKind kind, DType dtype) {
     kernels::attention_backward(dtype, d, q_dev.buf.data(), k_dev.buf.data(), v_dev.buf.data(), out_dev.buf.data(),
                                 static_cast<const float*>(lse_dev.buf.data()), dout_dev.buf.data(), segp, scale,
                                 dq_dev.buf.data(), dk_dev.buf.data(), dv_dev.buf.data(), work.buf.data(), s);
-    gpu = Results{decode(out_dev.fetch<uint8_t>(s), dtype), lse_dev.fetch<float>(s),
-                  decode(dq_dev.fetch<uint8_t>(s), dtype), decode(dk_dev.fetch<uint8_t>(s), dtype),
-                  decode(dv_dev.fetch<uint8_t>(s), dtype)};
+    gpu = Results{decode(out_dev.fetch<uint8_t>(s), dtype), lse_dev.fetch<float>(s), decode(dq_dev.fetch<uint8_t>(s), dtype),
+                  decode(dk_dev.fetch<uint8_t>(s), dtype), decode(dv_dev.fetch<uint8_t>(s), dtype)};
   }
 
   check_results(c, in, dtype, gpu, cpu);
@@ -117,9 +117,8 @@ TEST(AttentionKernel, MmaFragmentLayout) {
   DeviceCopy a_dev(p.a.data(), p.a.size() * 2, s), b_dev(p.b.data(), p.b.size() * 2, s),
       bt_dev(p.bt.data(), p.bt.size() * 2, s);
   DeviceCopy d_dev(3 * p.want.size() * sizeof(float));
-  kernels::mma_fragment_probe(
-      static_cast<const uint16_t*>(a_dev.buf.data()), static_cast<const uint16_t*>(b_dev.buf.data()),
-      static_cast<const uint16_t*>(bt_dev.buf.data()), static_cast<float*>(d_dev.buf.data()), s);
+  kernels::mma_fragment_probe(static_cast<const uint16_t*>(a_dev.buf.data()), static_cast<const uint16_t*>(b_dev.buf.data()),
+                              static_cast<const uint16_t*>(bt_dev.buf.data()), static_cast<float*>(d_dev.buf.data()), s);
   const std::vector<float> got = d_dev.fetch<float>(s);
   for (size_t w = 0; w < 3; ++w)
     for (size_t i = 0; i < p.want.size(); ++i)
@@ -148,9 +147,9 @@ TEST(AttentionKernel, BackwardIsDeterministic) {
                              out_dev.buf.data(), static_cast<float*>(lse_dev.buf.data()), s);
   std::vector<uint8_t> first[3];
   for (int run = 0; run < 2; ++run) {
-    kernels::attention_backward(DType::BF16, d, q_dev.buf.data(), k_dev.buf.data(), v_dev.buf.data(),
-                                out_dev.buf.data(), static_cast<const float*>(lse_dev.buf.data()), g_dev.buf.data(),
-                                nullptr, scale, dq.buf.data(), dk.buf.data(), dv.buf.data(), work.buf.data(), s);
+    kernels::attention_backward(DType::BF16, d, q_dev.buf.data(), k_dev.buf.data(), v_dev.buf.data(), out_dev.buf.data(),
+                                static_cast<const float*>(lse_dev.buf.data()), g_dev.buf.data(), nullptr, scale,
+                                dq.buf.data(), dk.buf.data(), dv.buf.data(), work.buf.data(), s);
     const std::vector<uint8_t> now[3] = {dq.fetch<uint8_t>(s), dk.fetch<uint8_t>(s), dv.fetch<uint8_t>(s)};
     for (int t = 0; t < 3; ++t) {
       if (run == 0) first[t] = now[t];
@@ -162,14 +161,14 @@ TEST(AttentionKernel, BackwardIsDeterministic) {
 // Shape checks happen on the host before any launch, so this runs without a device too.
 TEST(AttentionKernel, RejectsUnsupportedShapes) {
   const kernels::AttentionDims too_wide{1, 4, 2, 1, 136}, bad_group{1, 4, 3, 2, 64};
-  EXPECT_THROW(kernels::attention_forward(DType::F32, too_wide, nullptr, nullptr, nullptr, nullptr, 1.f, nullptr,
-                                          nullptr, StreamRef{}),
+  EXPECT_THROW(kernels::attention_forward(DType::F32, too_wide, nullptr, nullptr, nullptr, nullptr, 1.f, nullptr, nullptr,
+                                          StreamRef{}),
                InternalError);
-  EXPECT_THROW(kernels::attention_forward(DType::F32, bad_group, nullptr, nullptr, nullptr, nullptr, 1.f, nullptr,
-                                          nullptr, StreamRef{}),
+  EXPECT_THROW(kernels::attention_forward(DType::F32, bad_group, nullptr, nullptr, nullptr, nullptr, 1.f, nullptr, nullptr,
+                                          StreamRef{}),
                InternalError);
-  EXPECT_THROW(kernels::attention_backward(DType::F64, kernels::AttentionDims{1, 4, 2, 1, 64}, nullptr, nullptr,
-                                           nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, nullptr, nullptr, nullptr,
+  EXPECT_THROW(kernels::attention_backward(DType::F64, kernels::AttentionDims{1, 4, 2, 1, 64}, nullptr, nullptr, nullptr,
+                                           nullptr, nullptr, nullptr, nullptr, 1.f, nullptr, nullptr, nullptr,
                                            reinterpret_cast<void*>(64), StreamRef{}),
                InternalError);
 }

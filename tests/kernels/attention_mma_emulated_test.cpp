@@ -37,7 +37,8 @@ std::vector<float> bits_to_float(const std::vector<uint16_t>& bits) {
   return out;
 }
 
-template <int DMAX> Results run_kernels(const Case& c, const Inputs& in) {
+template <int DMAX>
+Results run_kernels(const Case& c, const Inputs& in) {
   const std::vector<uint16_t> q = as_bits(in.q), k = as_bits(in.k), v = as_bits(in.v), dout = as_bits(in.dout);
   std::vector<uint16_t> out(in.nq, kNanBits), dq(in.nq, kNanBits), dk(in.nkv, kNanBits), dv(in.nkv, kNanBits);
   std::vector<float> lse(in.nlse, NAN), dvec(in.nlse, NAN);
@@ -77,8 +78,7 @@ template <int DMAX> Results run_kernels(const Case& c, const Inputs& in) {
         const bool dead = lse[at] == -INFINITY || (in.masked && in.seg[static_cast<size_t>(b * c.s + i)] < 0);
         dvec[at] = dead ? 0.f : acc;
       }
-  emu::launch({tiles, int(c.hkv), int(c.b)}, mma::kThreads, mma::dkdv_smem_bytes<DMAX>(),
-              [&] { mma::dkdv_body<DMAX>(a); });
+  emu::launch({tiles, int(c.hkv), int(c.b)}, mma::kThreads, mma::dkdv_smem_bytes<DMAX>(), [&] { mma::dkdv_body<DMAX>(a); });
   emu::launch({tiles, int(c.h), int(c.b)}, mma::kThreads, mma::dq_smem_bytes<DMAX>(), [&] { mma::dq_body<DMAX>(a); });
   return Results{bits_to_float(out), lse, bits_to_float(dq), bits_to_float(dk), bits_to_float(dv)};
 }
@@ -111,9 +111,8 @@ void check_all(MaskKind kind) {
         const Case c{2, s, h, hkv, dh};
         const emu::Schedule schedule = static_cast<emu::Schedule>(n++ % 3);
         emu::set_schedule(schedule);
-        SCOPED_TRACE(testing::Message() << "emulated bf16 " << mask_name(kind) << " B=" << c.b << " S=" << c.s
-                                        << " H=" << c.h << " Hkv=" << c.hkv << " Dh=" << c.dh << ", "
-                                        << schedule_name(schedule));
+        SCOPED_TRACE(testing::Message() << "emulated bf16 " << mask_name(kind) << " B=" << c.b << " S=" << c.s << " H="
+                                        << c.h << " Hkv=" << c.hkv << " Dh=" << c.dh << ", " << schedule_name(schedule));
         const Inputs in = make_inputs(c, kind, DType::BF16);
         check_results(c, in, DType::BF16, emulate(c, in), cpu_reference(c, in, DType::BF16));
         if (testing::Test::HasFailure()) return;  // one failing shape is enough to read

@@ -47,8 +47,10 @@ struct Arrays {
   std::vector<int64_t> q, kv, stats;
   k::DataErrorRecord error{};
   explicit Arrays(int64_t count)
-      : lengths(static_cast<size_t>(count), -7), q(static_cast<size_t>(count + 1), -7),
-        kv(static_cast<size_t>(count + 1), -7), stats(static_cast<size_t>(count + 1), -7) {
+      : lengths(static_cast<size_t>(count), -7),
+        q(static_cast<size_t>(count + 1), -7),
+        kv(static_cast<size_t>(count + 1), -7),
+        stats(static_cast<size_t>(count + 1), -7) {
     k::data_error_reset(&error, {});
   }
   k::AttentionSequences view() { return {lengths.data(), q.data(), kv.data(), stats.data()}; }
@@ -102,8 +104,8 @@ TEST_P(AttentionSequencesEmulated, PlainCausalIsOneSequencePerRow) {
 TEST_P(AttentionSequencesEmulated, RunsOfDocumentsWithPadding) {
   // Row 0: documents of 3, 1 and 2 tokens, then padding; row 1: padding, a document with row 0's last id (a new
   // run: rows never join), padding, a 1-token document, a last document to the row's end.
-  const std::vector<int32_t> seg = {4, 4, 4, 9, 2, 2, -1, -1,   //
-                                    -1, 2, 2, -1, 5, 7, 7, 7};
+  const std::vector<int32_t> seg = {4,  4, 4, 9,  2, 2, -1, -1,  //
+                                    -1, 2, 2, -1, 5, 7, 7,  7};
   check(seg, 2, 8, 8, "two short rows");
   check(seg, 2, 8, 6, "the bound equal to the runs");
   std::vector<int32_t> all_padding(16, -1);
@@ -145,7 +147,7 @@ TEST_P(AttentionSequencesEmulated, RecordsTooManyRunsAndSplitDocuments) {
   EXPECT_EQ(a.lengths, (std::vector<int32_t>{2, 2, 2}));
   EXPECT_EQ(a.q, (std::vector<int64_t>{0, 2 * H * D, 4 * H * D, 8 * H * D}));
   // Document 0 twice in row 1 (positions 0-1 and 4-5): the op would join them, the packed layout cannot.
-  const std::vector<int32_t> split = {0, 0, 1, 1, 2, 2, 2, 2,  //
+  const std::vector<int32_t> split = {0, 0, 1, 1, 2, 2, 2,  2,  //
                                       0, 0, 3, 3, 0, 0, -1, -1};
   Arrays b(8);
   k::attention_sequences(split.data(), k::AttentionSequenceDims{2, 8, H, Hk, D, 8}, b.view(), &b.error, {});
@@ -176,8 +178,8 @@ TEST_P(AttentionSequencesEmulated, StatsLayoutChangesAndPaddingRows) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < S; ++t) {
         const float got = lse[static_cast<size_t>((b * H + h) * S + t)];
-        const float want = seg[static_cast<size_t>(b * S + t)] < 0 ? -INFINITY
-                                                                     : tokens_major[static_cast<size_t>((b * S + t) * H + h)];
+        const float want =
+            seg[static_cast<size_t>(b * S + t)] < 0 ? -INFINITY : tokens_major[static_cast<size_t>((b * S + t) * H + h)];
         wrong += !(got == want);
       }
   EXPECT_EQ(wrong, 0u);

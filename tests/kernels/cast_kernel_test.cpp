@@ -16,7 +16,8 @@ TEST(CastKernel, MatchesCpuBitForBit) {
   ST_SKIP_WITHOUT_GPU("cast kernel test");
   for (size_t n : {size_t{1}, size_t{7}, size_t{1000003}}) {
     std::vector<float> in(n);
-    for (size_t i = 0; i < n; ++i) in[i] = std::ldexp(std::sin(static_cast<float>(i) * 0.37f), static_cast<int>(i % 60) - 30);
+    for (size_t i = 0; i < n; ++i)
+      in[i] = std::ldexp(std::sin(static_cast<float>(i) * 0.37f), static_cast<int>(i % 60) - 30);
     if (n > 4) {
       in[1] = std::numeric_limits<float>::infinity();
       in[2] = std::bit_cast<float>(0x3f808000u);  // a tie: rounds to even

@@ -22,8 +22,8 @@
 // The launchers' CUDA checks: the emulator's runtime stand-ins return 0 or throw themselves, and a launch has
 // run to completion (or thrown) when simt::launch returns.
 #undef ST_CHECK_CUDA
-#define ST_CHECK_CUDA(stmt)                                                                        \
-  do {                                                                                             \
+#define ST_CHECK_CUDA(stmt)                                                                       \
+  do {                                                                                            \
     if (static_cast<int>(stmt) != 0) throw std::runtime_error(std::string("emulated: ") + #stmt); \
   } while (0)
 #undef ST_CHECK_KERNEL

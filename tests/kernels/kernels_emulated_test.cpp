@@ -48,10 +48,10 @@ namespace {
 namespace k = ::shardtrain::kernels;  // kernels_emulated (emulated_prelude.hpp)
 using test::expect_bitwise_equal;
 using test::expect_close;
+using test::HostT;
 using test::loss_targets;
 using test::make_batch;
 using test::rope_cases;
-using test::HostT;
 using test::Tol;
 using test::tol_for;
 
@@ -87,8 +87,16 @@ class EmulatedKernels : public ::testing::TestWithParam<simt_emulator::Schedule>
 // ------------------------------------------------------------------------------------------- casts, elementwise
 
 TEST_P(EmulatedKernels, CastsRoundToNearestEvenBitForBit) {
-  std::vector<float> in = {0.f, -0.f, 1.f, 1.00390625f, 1.01171875f, -3.3e38f, 1e-40f, -1e-45f,
-                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  std::vector<float> in = {0.f,
+                           -0.f,
+                           1.f,
+                           1.00390625f,
+                           1.01171875f,
+                           -3.3e38f,
+                           1e-40f,
+                           -1e-45f,
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity()};
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.f, 100.f);
   for (int i = 0; i < 3000; ++i) in.push_back(dist(rng));
@@ -171,8 +179,8 @@ TEST_P(EmulatedKernels, ElementwiseVectorAndScalarPaths) {
         expect_close("swiglu dgate " + at, slice(dg, off, n), want_dg, tol_for(d));
         expect_close("swiglu dup " + at, slice(du, off, n), want_du, tol_for(d));
         HostT gate_in_place = gate, up_in_place = up;  // the model writes the gradients over gate and up
-        k::swiglu_backward(d, elem(dout, off), elem(gate_in_place, off), elem(up_in_place, off), n,
-                           elem(gate_in_place, off), elem(up_in_place, off), 1, n, {});
+        k::swiglu_backward(d, elem(dout, off), elem(gate_in_place, off), elem(up_in_place, off), n, elem(gate_in_place, off),
+                           elem(up_in_place, off), 1, n, {});
         expect_close("swiglu dgate in place " + at, slice(gate_in_place, off, n), want_dg, tol_for(d));
         expect_close("swiglu dup in place " + at, slice(up_in_place, off, n), want_du, tol_for(d));
 
@@ -223,7 +231,8 @@ TEST_P(EmulatedKernels, SwigluForwardBackward) {
       const int64_t up_at = rows ? f : n * f;
       k::swiglu_forward(d, gu.ptr(), elem(gu, up_at), stride, k_out.ptr(), k_rows, cols, {});
       expect_close("swiglu out " + what, k_out, out, tol_for(d));
-      k::swiglu_backward(d, dout.ptr(), gu.ptr(), elem(gu, up_at), stride, k_dgu.ptr(), elem(k_dgu, up_at), k_rows, cols, {});
+      k::swiglu_backward(d, dout.ptr(), gu.ptr(), elem(gu, up_at), stride, k_dgu.ptr(), elem(k_dgu, up_at), k_rows, cols,
+                         {});
       expect_close("swiglu dgate_up " + what, k_dgu, dgu, tol_for(d));
     }
   }
@@ -329,8 +338,8 @@ TEST_P(EmulatedKernels, RmsnormForwardWithAndWithoutResidual) {
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
     for (const auto& p : pairs) {
       for (bool residual : {false, true}) {
-        const std::string what = "rmsnorm d=" + std::to_string(d) + " " + name(p[0]) + " w " + name(p[1]) +
-                                 (residual ? " +residual" : "");
+        const std::string what =
+            "rmsnorm d=" + std::to_string(d) + " " + name(p[0]) + " w " + name(p[1]) + (residual ? " +residual" : "");
         HostT x = random({rows, d}, p[0]), r = random({rows, d}, p[0]), w = random({d}, p[1]);
         HostT h({rows, d}, p[0]), y({rows, d}, p[0]), rstd({rows}, DType::F32);
         HostT kh({rows, d}, p[0]), ky({rows, d}, p[0]), krstd({rows}, DType::F32);
@@ -355,8 +364,8 @@ TEST_P(EmulatedKernels, RmsnormBackwardAccumulatesWeightGradDeterministically) {
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
     for (const auto& p : pairs) {
       for (bool extra : {false, true}) {
-        const std::string what = "rmsnorm_backward rows=" + std::to_string(rows) + " " + name(p[0]) + " dw " +
-                                 name(p[1]) + (extra ? " +dh_extra" : "");
+        const std::string what = "rmsnorm_backward rows=" + std::to_string(rows) + " " + name(p[0]) + " dw " + name(p[1]) +
+                                 (extra ? " +dh_extra" : "");
         HostT h = random({rows, d}, p[0]), w = random({d}, p[0]), dy = random({rows, d}, p[0]);
         HostT e = random({rows, d}, p[0]), y({rows, d}, p[0]), rstd({rows}, DType::F32), dh({rows, d}, p[0]);
         cpu_->rmsnorm_forward(h.view(), Tensor{}, w.view(), 1e-5, Tensor{}, y.view(), rstd.view());
@@ -430,8 +439,9 @@ TEST_P(EmulatedKernels, RopeQkvForwardBackward) {
       for (const auto& [freq_name, freq] : rope_cases()) {
         for (DType d : {DType::F32, DType::BF16}) {
           for (int64_t off : {0, 1}) {
-            const std::string what = "rope_qkv H " + std::to_string(h.q) + " Hkv " + std::to_string(h.kv) + " dh=" +
-                                     std::to_string(dh) + " " + freq_name + " " + name(d) + " offset " + std::to_string(off);
+            const std::string what = "rope_qkv H " + std::to_string(h.q) + " Hkv " + std::to_string(h.kv) +
+                                     " dh=" + std::to_string(dh) + " " + freq_name + " " + name(d) + " offset " +
+                                     std::to_string(off);
             const int64_t width = (h.q + 2 * h.kv) * dh, per16 = 16 / static_cast<int64_t>(dtype_size(d));
             const bool vec = off == 0 && (dh / 2) % per16 == 0;
             const int64_t accesses = vec ? n * (dh / 2 / per16) * 4 * (h.q + 2 * h.kv) : 0;
@@ -535,8 +545,7 @@ void check_attention(const attention_cases::Case& c, attention_cases::MaskKind k
   const k::AttentionDims d{c.b, c.s, c.h, c.hkv, c.dh};
   const size_t elem = dtype_size(dtype);
   // Results start as NaN (0xFF bytes): an element no kernel wrote shows up.
-  std::vector<uint8_t> out(in.nq * elem, 0xff), dq(in.nq * elem, 0xff), dk(in.nkv * elem, 0xff),
-      dv(in.nkv * elem, 0xff);
+  std::vector<uint8_t> out(in.nq * elem, 0xff), dq(in.nq * elem, 0xff), dk(in.nkv * elem, 0xff), dv(in.nkv * elem, 0xff);
   std::vector<float> lse(in.nlse, NAN);
   std::vector<char> work(k::attention_backward_workspace_bytes(d));
   const int32_t* seg = in.masked ? in.seg.data() : nullptr;
@@ -580,14 +589,13 @@ TEST_P(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
     HostT t = loss_targets(rng_, n, vocab, ignore);
     for (DType d : {DType::F32, DType::BF16}) {
       for (DType gd : {d, DType::BF16}) {
-        const std::string what =
-            "cross_entropy vocab " + std::to_string(vocab) + " " + name(d) + " dlogits " + name(gd);
+        const std::string what = "cross_entropy vocab " + std::to_string(vocab) + " " + name(d) + " dlogits " + name(gd);
         HostT logits = random({n, vocab}, d, 3.0), dl({n, vocab}, d), kdl = random({n, vocab}, gd);
         const LossSums want = cpu_->cross_entropy(logits.view(), t.view(), ignore, 0.37, dl.view());
         std::vector<float> row_loss(static_cast<size_t>(n), NAN);
         ErrorRecord err;
-        k::cross_entropy_rows(d, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 0.37f, gd, kdl.ptr(),
-                              row_loss.data(), 0, &err.rec, {});
+        k::cross_entropy_rows(d, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 0.37f, gd, kdl.ptr(), row_loss.data(),
+                              0, &err.rec, {});
         EXPECT_EQ(simt_emulator::last_stats().accesses16 > 0, vocab % 8 == 0) << what;
         k::LossSumsDevice sums, total;
         total.loss_sum = 1.5;
@@ -605,8 +613,8 @@ TEST_P(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
     HostT logits = random({n, vocab}, DType::F32, 3.0), dl({n, vocab}, DType::F32);
     cpu_->cross_entropy(logits.view(), t.view(), ignore, 1.0, dl.view());
     std::vector<float> row_loss(static_cast<size_t>(n));
-    k::cross_entropy_rows(DType::F32, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
-                          logits.ptr(), row_loss.data(), 0, nullptr, {});
+    k::cross_entropy_rows(DType::F32, logits.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32, logits.ptr(),
+                          row_loss.data(), 0, nullptr, {});
     expect_close("cross_entropy in place vocab " + std::to_string(vocab), logits, dl, tol_for(DType::F32));
     // Masked logits (-inf, never a row's target): scattered, and every value of whole 16-byte accesses (64..95),
     // including a row's first accesses, where the running max is still -inf.
@@ -617,8 +625,8 @@ TEST_P(EmulatedKernels, CrossEntropyLossGradientSumAndDataError) {
           masked.set(r * vocab + j, -INFINITY);
     const LossSums mwant = cpu_->cross_entropy(masked.view(), t.view(), ignore, 1.0, mdl.view());
     std::vector<float> mrow(static_cast<size_t>(n));
-    k::cross_entropy_rows(DType::F32, masked.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32,
-                          kmdl.ptr(), mrow.data(), 0, nullptr, {});
+    k::cross_entropy_rows(DType::F32, masked.ptr(), n, vocab, t.as_ptr<int32_t>(), ignore, 1.0f, DType::F32, kmdl.ptr(),
+                          mrow.data(), 0, nullptr, {});
     double msum = 0.0;
     for (int64_t r = 0; r < n; ++r)
       if (t.get(r) != ignore) msum += mrow[static_cast<size_t>(r)];

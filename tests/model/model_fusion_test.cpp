@@ -283,10 +283,10 @@ TEST(ModelFusion, HooksNestAroundEachGroup) {
   HostBatch hb = random_batch(1, 4, 19, 2);
   model.forward_backward(hb.batch());
   const std::vector<std::string> want = {
-      "F+q_proj", "F+k_proj", "F+v_proj", "F-v_proj", "F-k_proj", "F-q_proj", "F+o_proj", "F-o_proj",
-      "F+gate_proj", "F+up_proj", "F-up_proj", "F-gate_proj", "F+down_proj", "F-down_proj",
-      "B+down_proj", "B-down_proj", "B+up_proj", "B+gate_proj", "B-gate_proj", "B-up_proj",
-      "B+o_proj", "B-o_proj", "B+v_proj", "B+k_proj", "B+q_proj", "B-q_proj", "B-k_proj", "B-v_proj"};
+      "F+q_proj",    "F+k_proj",    "F+v_proj",  "F-v_proj",    "F-k_proj",    "F-q_proj",    "F+o_proj",
+      "F-o_proj",    "F+gate_proj", "F+up_proj", "F-up_proj",   "F-gate_proj", "F+down_proj", "F-down_proj",
+      "B+down_proj", "B-down_proj", "B+up_proj", "B+gate_proj", "B-gate_proj", "B-up_proj",   "B+o_proj",
+      "B-o_proj",    "B+v_proj",    "B+k_proj",  "B+q_proj",    "B-q_proj",    "B-k_proj",    "B-v_proj"};
   EXPECT_EQ(hooks.log, want);
   EXPECT_EQ(model.projections(0).qkv_forward, ProjectionPath::Fused);
 }

@@ -16,8 +16,7 @@ namespace shardtrain::model::test {
 namespace {
 
 // Three sequences of token ids (inputs are seq[0:L], targets seq[1:L+1]); 0 is the pad id.
-const std::vector<std::vector<int32_t>> kSequences = {
-    {3, 7, 1, 18, 5, 9, 2}, {4, 4, 11, 6, 13}, {8, 15, 10, 12}};
+const std::vector<std::vector<int32_t>> kSequences = {{3, 7, 1, 18, 5, 9, 2}, {4, 4, 11, 6, 13}, {8, 15, 10, 12}};
 
 struct Run {
   double loss_sum = 0;

@@ -41,7 +41,8 @@ TEST(ModelSpec, ModuleTreeForWrapPolicies) {
   const ModelSpec spec(tiny_config());
   std::vector<std::string> top;
   for (int m : spec.top_level_modules()) top.push_back(spec.module(m).name);
-  EXPECT_EQ(top, (std::vector<std::string>{"model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"}));
+  EXPECT_EQ(top,
+            (std::vector<std::string>{"model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"}));
   const ModuleInfo& layer = spec.module(spec.find_module("model.layers.1"));
   EXPECT_EQ(layer.cls, ModuleClass::LlamaDecoderLayer);
   EXPECT_EQ(layer.layer, 1);

@@ -23,9 +23,10 @@ HostTensor naive_attention(const Case& c, const HostTensor& q, const HostTensor&
         std::vector<double> w(static_cast<size_t>(c.s), 0.0);
         double m = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < c.s; ++j) {
-          const bool allowed = j <= i && (!seg || (seg->data[static_cast<size_t>(b * c.s + i)] >= 0 &&
-                                                   seg->data[static_cast<size_t>(b * c.s + i)] ==
-                                                       seg->data[static_cast<size_t>(b * c.s + j)]));
+          const bool allowed =
+              j <= i &&
+              (!seg || (seg->data[static_cast<size_t>(b * c.s + i)] >= 0 &&
+                        seg->data[static_cast<size_t>(b * c.s + i)] == seg->data[static_cast<size_t>(b * c.s + j)]));
           if (!allowed) {
             w[static_cast<size_t>(j)] = -std::numeric_limits<double>::infinity();
             continue;
@@ -74,8 +75,8 @@ void check_case(const Case& c, IntTensor* seg, int threads = 1) {
     ASSERT_NEAR(out[i], ref.data[static_cast<size_t>(i)], 1e-12) << i;
   }
   HostTensor dq(q.shape), dk(k.shape), dv(v.shape);
-  ops->attention_backward(shape, q.view(), k.view(), v.view(), out.view(), lse.view(), r.view(), mask, dq.view(),
-                          dk.view(), dv.view());
+  ops->attention_backward(shape, q.view(), k.view(), v.view(), out.view(), lse.view(), r.view(), mask, dq.view(), dk.view(),
+                          dv.view());
   expect_gradient("dq", q, dq, loss);
   expect_gradient("dk", k, dk, loss);
   expect_gradient("dv", v, dv, loss);
@@ -143,8 +144,8 @@ TEST(Attention, PaddingContentIsNeverRead) {
     const AttentionMask mask{seg.view()};
     HostTensor out(q.shape), lse({2, 4, 90}), dq(q.shape), dk(k.shape), dv(v.shape);
     ops->attention_forward(shape, pq.view(), pk.view(), pv.view(), mask, out.view(), lse.view());
-    ops->attention_backward(shape, pq.view(), pk.view(), pv.view(), out.view(), lse.view(), pd.view(), mask,
-                            dq.view(), dk.view(), dv.view());
+    ops->attention_backward(shape, pq.view(), pk.view(), pv.view(), out.view(), lse.view(), pd.view(), mask, dq.view(),
+                            dk.view(), dv.view());
     return std::vector<std::vector<double>>{out.data, lse.data, dq.data, dk.data, dv.data};
   };
   const auto clean = run(false), poisoned = run(true);
@@ -173,7 +174,8 @@ TEST(Attention, FullyMaskedRowsAreZeroNotNan) {
   auto ops = cpu_ops();
   std::mt19937_64 rng(11);
   const AttentionShape shape{1, 5, 2, 1, 8};
-  HostTensor q = random_tensor({1, 5, 2, 8}, rng), k = random_tensor({1, 5, 1, 8}, rng), v = random_tensor({1, 5, 1, 8}, rng);
+  HostTensor q = random_tensor({1, 5, 2, 8}, rng), k = random_tensor({1, 5, 1, 8}, rng),
+             v = random_tensor({1, 5, 1, 8}, rng);
   HostTensor out({1, 5, 2, 8}), lse({1, 2, 5});
   IntTensor seg({1, 5}, -1);  // every position is padding
   ops->attention_forward(shape, q.view(), k.view(), v.view(), AttentionMask{seg.view()}, out.view(), lse.view());

@@ -72,10 +72,14 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
 struct Dev {
   DeviceBuffer buf;
   explicit Dev(size_t bytes) : buf(bytes) {}
-  template <typename T> Dev(const std::vector<T>& host, StreamRef s) : buf(host.size() * sizeof(T)) {
+  template <typename T>
+  Dev(const std::vector<T>& host, StreamRef s) : buf(host.size() * sizeof(T)) {
     copy_async(buf.data(), host.data(), buf.size(), s);
   }
-  template <typename T> T* as() const { return static_cast<T*>(buf.data()); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(buf.data());
+  }
   void poison(StreamRef s) const {  // 0xFF bytes: NaN in bf16 and fp32
     std::vector<uint8_t> ff(buf.size(), 0xff);
     copy_async(buf.data(), ff.data(), ff.size(), s);
@@ -236,13 +240,15 @@ void CudnnAttentionGpu::run_case(const Case& c) {
   out.poison(s());
   lse.poison(s());
   Dev ws_fwd(std::max<size_t>(attention_->workspace_bytes(fwd), 1));
-  attention_->forward(fwd, SdpaForwardTensors{q.buf.data(), k.buf.data(), v.buf.data(), segp, out.buf.data(), lse.as<float>()},
+  attention_->forward(fwd,
+                      SdpaForwardTensors{q.buf.data(), k.buf.data(), v.buf.data(), segp, out.buf.data(), lse.as<float>()},
                       ws_fwd.buf.data(), ws_fwd.buf.size(), error_->as<kernels::DataErrorRecord>(), s());
   const std::vector<float> got_out = out.bf16_values(s()), got_lse = lse.f32_values(s());
   expect_close("out", got_out, want_out, kTol);
   expect_close("lse", got_lse, want_lse, kLseTol);
   size_t lse_mismatch = 0;  // -inf exactly where ours is (padding rows), finite elsewhere
-  for (size_t i = 0; i < nlse; ++i) lse_mismatch += std::isinf(want_lse[i]) != std::isinf(got_lse[i]) || std::isnan(got_lse[i]);
+  for (size_t i = 0; i < nlse; ++i)
+    lse_mismatch += std::isinf(want_lse[i]) != std::isinf(got_lse[i]) || std::isnan(got_lse[i]);
   EXPECT_EQ(lse_mismatch, 0u) << "lse: -inf rows differ from ours, or NaN";
   EXPECT_EQ(nonzero_padding(got_out, seg, c.h * c.dh), 0u) << "out: padding rows not zero";
 
@@ -263,11 +269,11 @@ void CudnnAttentionGpu::run_case(const Case& c) {
       dq.poison(s());
       dk.poison(s());
       dv.poison(s());
-      attention_->backward(bwd,
-                           SdpaBackwardTensors{q.buf.data(), k.buf.data(), v.buf.data(), out_ref.buf.data(),
-                                               lse_ref.as<float>(), dout.buf.data(), segp, dq.buf.data(), dk.buf.data(),
-                                               dv.buf.data()},
-                           ws.buf.data(), ws.buf.size(), error_->as<kernels::DataErrorRecord>(), s());
+      attention_->backward(
+          bwd,
+          SdpaBackwardTensors{q.buf.data(), k.buf.data(), v.buf.data(), out_ref.buf.data(), lse_ref.as<float>(),
+                              dout.buf.data(), segp, dq.buf.data(), dk.buf.data(), dv.buf.data()},
+          ws.buf.data(), ws.buf.size(), error_->as<kernels::DataErrorRecord>(), s());
       const std::vector<uint8_t> now[3] = {dq.bytes(s()), dk.bytes(s()), dv.bytes(s())};
       if (run == 0) {
         const std::vector<float> got_dq = dq.bf16_values(s()), got_dk = dk.bf16_values(s()), got_dv = dv.bf16_values(s());
@@ -327,9 +333,9 @@ TEST_F(CudnnAttentionGpu, SplitDocumentIsADataError) {
   const size_t n = 64 * 4 * 64;
   Dev q(random_bf16(n, rng), s()), k(random_bf16(n, rng), s()), v(random_bf16(n, rng), s()), segd(seg, s());
   Dev out(n * 2), lse(4 * 64 * 4), ws(std::max<size_t>(attention_->workspace_bytes(fwd), 1));
-  attention_->forward(fwd, SdpaForwardTensors{q.buf.data(), k.buf.data(), v.buf.data(), segd.as<int32_t>(), out.buf.data(),
-                                              lse.as<float>()},
-                      ws.buf.data(), ws.buf.size(), error_->as<kernels::DataErrorRecord>(), s());
+  attention_->forward(
+      fwd, SdpaForwardTensors{q.buf.data(), k.buf.data(), v.buf.data(), segd.as<int32_t>(), out.buf.data(), lse.as<float>()},
+      ws.buf.data(), ws.buf.size(), error_->as<kernels::DataErrorRecord>(), s());
   const kernels::DataErrorRecord e = read_error();
   EXPECT_EQ(e.code, static_cast<int32_t>(kernels::DataErrorCode::DocumentSplit));
   EXPECT_EQ(e.value, 0);

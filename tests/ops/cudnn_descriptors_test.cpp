@@ -65,11 +65,11 @@ bool planned(CudnnAttention& attention, const SdpaCall& c) {
                 info->build_ms);
     return true;
   }
-  const bool compiled = driver() == Driver::Stub &&
-                        std::any_of(attempts.begin(), attempts.end(), [](const PlanAttempt& a) {
+  const bool compiled = driver() == Driver::Stub && std::any_of(attempts.begin(), attempts.end(), [](const PlanAttempt& a) {
                           return a.status == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER;
                         });
-  std::printf("  %-56s %s\n", describe_call(c).c_str(), compiled ? "compiled, the stub driver cannot load it:" : why.c_str());
+  std::printf("  %-56s %s\n", describe_call(c).c_str(),
+              compiled ? "compiled, the stub driver cannot load it:" : why.c_str());
   for (const PlanAttempt& a : attempts) std::printf("      %s\n", a.describe().c_str());
   return compiled;
 }

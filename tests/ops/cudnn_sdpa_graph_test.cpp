@@ -67,8 +67,8 @@ void expect_well_formed(const SdpaGraph& g) {
     ++writes[op.y];
   }
   const bool backward = g.call.direction == SdpaDirection::Backward;
-  const std::set<int64_t> outputs = backward ? std::set<int64_t>{dQ, dK, dV, SoftmaxSum, dQAccum, dKFull, dVFull}
-                                             : std::set<int64_t>{O, Stats};
+  const std::set<int64_t> outputs =
+      backward ? std::set<int64_t>{dQ, dK, dV, SoftmaxSum, dQAccum, dKFull, dVFull} : std::set<int64_t>{O, Stats};
   for (const GraphTensor& t : g.tensors) {
     SCOPED_TRACE(describe_tensor(t));
     if (t.is_virtual) {
@@ -223,8 +223,8 @@ TEST(CudnnSdpaGraph, BackwardCausalAccumulatesDqInDenseScratch) {
   EXPECT_EQ(g.tensor(op_named(g, "reshape_k").y).dims, (Dims{B, Hk, S, D}));
   EXPECT_EQ(op_named(g, "sub_s_m").b, Stats);
   EXPECT_EQ(op_named(g, "scale_dropout_inv").b, One);
-  EXPECT_EQ(g.bound_uids(), (std::vector<int64_t>{Q, K, V, O, dO, Stats, dQ, dK, dV, Scale, MaskFill, SoftmaxSum, One,
-                                                  dQAccum}));
+  EXPECT_EQ(g.bound_uids(),
+            (std::vector<int64_t>{Q, K, V, O, dO, Stats, dQ, dK, dV, Scale, MaskFill, SoftmaxSum, One, dQAccum}));
   // Heads of equal count: dK and dV straight from their matmuls.
   const SdpaGraph mha = describe_sdpa(call(SdpaDirection::Backward, SdpaMasking::Causal, B, S, 4, 4, 64), kH100);
   expect_well_formed(mha);
@@ -233,8 +233,7 @@ TEST(CudnnSdpaGraph, BackwardCausalAccumulatesDqInDenseScratch) {
 }
 
 TEST(CudnnSdpaGraph, DeterministicBackwardHasNoAccumulator) {
-  const SdpaGraph g =
-      describe_sdpa(call(SdpaDirection::Backward, SdpaMasking::Causal, 2, 512, 8, 2, 64, 0, true), kH100);
+  const SdpaGraph g = describe_sdpa(call(SdpaDirection::Backward, SdpaMasking::Causal, 2, 512, 8, 2, 64, 0, true), kH100);
   expect_well_formed(g);
   EXPECT_FALSE(g.dq_accumulated);
   EXPECT_FALSE(g.has(dQAccum));
@@ -299,8 +298,8 @@ TEST(CudnnSdpaGraph, DocumentsArePackedSequences) {
   for (int64_t u : {dK, dV}) EXPECT_EQ(b.tensor(u).ragged_offset_uid, OffsetsKV);
 
   // Ampere: the fp32 scratch sized by the graph's batch (the frontend drops token sizing there).
-  const SdpaGraph a = describe_sdpa(call(SdpaDirection::Backward, SdpaMasking::Documents, B, S, H, Hk, D, runs),
-                                    SdpaTarget{91900, 80});
+  const SdpaGraph a =
+      describe_sdpa(call(SdpaDirection::Backward, SdpaMasking::Documents, B, S, H, Hk, D, runs), SdpaTarget{91900, 80});
   expect_well_formed(a);
   EXPECT_FALSE(a.ragged_intermediates);
   EXPECT_EQ(a.tensor(dQAccum).strides, (Dims{H * S * D, S * D, D, 1}));
@@ -318,9 +317,9 @@ TEST(CudnnSdpaGraph, StaticReasons) {
   EXPECT_EQ(sdpa_static_reason(call(SdpaDirection::Forward, SdpaMasking::Causal, 2, 64, 4, 4, 264), "bf16", kH100),
             "head dim 264 (multiple of 8 up to 256 needed)");
   EXPECT_EQ(sdpa_static_reason(call(SdpaDirection::Forward, SdpaMasking::Causal, 2, 64, 4, 4, 72), "bf16", kH100), "");
-  EXPECT_EQ(sdpa_static_reason(call(SdpaDirection::Forward, SdpaMasking::Causal, 2, 64, 4, 4, 192), "bf16",
-                               SdpaTarget{91900, 80}),
-            "head dim 192 (multiple of 8 up to 128 needed)");
+  EXPECT_EQ(
+      sdpa_static_reason(call(SdpaDirection::Forward, SdpaMasking::Causal, 2, 64, 4, 4, 192), "bf16", SdpaTarget{91900, 80}),
+      "head dim 192 (multiple of 8 up to 128 needed)");
   EXPECT_EQ(sdpa_static_reason(ok, "bf16", SdpaTarget{91900, 75}),
             "compute capability 7.5: cuDNN's flash attention needs 8.0 or newer");
   EXPECT_EQ(sdpa_static_reason(ok, "bf16", SdpaTarget{91001, 90}),

@@ -30,7 +30,8 @@ struct Typed {
 double worst_error(const Typed& a, const HostTensor& b, double floor = 1.0) {
   double worst = 0;
   for (int64_t i = 0; i < b.numel(); ++i)
-    worst = std::max(worst, std::abs(a.get(i) - b.data[static_cast<size_t>(i)]) / (std::abs(b.data[static_cast<size_t>(i)]) + floor));
+    worst = std::max(
+        worst, std::abs(a.get(i) - b.data[static_cast<size_t>(i)]) / (std::abs(b.data[static_cast<size_t>(i)]) + floor));
   return worst;
 }
 
@@ -76,8 +77,7 @@ TEST(Dtypes, SumSquaresSameBitsAtAnyThreadCount) {
     EXPECT_EQ(twice, one + one) << dtype_name(d);
   }
   double empty = 7;
-  cpu_ops(2)->sum_squares(make_tensor(&empty, DType::F32, {0}), make_tensor(&empty, DType::F64, {1}),
-                          SumInto::Overwrite);
+  cpu_ops(2)->sum_squares(make_tensor(&empty, DType::F32, {0}), make_tensor(&empty, DType::F64, {1}), SumInto::Overwrite);
   EXPECT_EQ(empty, 0.0);
   float f = 1;
   EXPECT_ANY_THROW(
@@ -136,15 +136,13 @@ TEST(Dtypes, LinearCrossEntropyBf16RoundsLogitsAndDlogits) {
   for (int64_t chunk : {0, 4}) {
     SCOPED_TRACE(chunk);
     Typed dh({n, d}, DType::BF16), dw({vocab, d}, DType::F32);
-    const LossSums s =
-        ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view());
+    const LossSums s = ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view());
     EXPECT_EQ(s.tokens, ref.tokens);
     EXPECT_NEAR(s.loss_sum, ref.loss_sum, 1e-6 * std::abs(ref.loss_sum));
     // Both rounded once from fp32 sums of the same products: equal, or one bf16 step apart where a GEMM's
     // blocking summed them in another order.
     for (int64_t i = 0; i < n * d; ++i) EXPECT_NEAR(dh.get(i), dh_ref.get(i), std::abs(dh_ref.get(i)) * 0x1p-8) << i;
-    for (int64_t i = 0; i < vocab * d; ++i)
-      EXPECT_NEAR(dw.get(i), dw_ref.get(i), 1e-6 * (std::abs(dw_ref.get(i)) + 1e-3));
+    for (int64_t i = 0; i < vocab * d; ++i) EXPECT_NEAR(dw.get(i), dw_ref.get(i), 1e-6 * (std::abs(dw_ref.get(i)) + 1e-3));
   }
 }
 
@@ -161,7 +159,8 @@ TEST(Dtypes, RmsnormSwigluAttentionLoss) {
   HostTensor sw({n, d});
   ops->swiglu_forward(xr.view(), GateUpLayout::Halves, sw.view());
   const AttentionShape shape{2, 7, 4, 2, 8};
-  HostTensor q = random_tensor({2, 7, 4, 8}, rng), k = random_tensor({2, 7, 2, 8}, rng), v = random_tensor({2, 7, 2, 8}, rng);
+  HostTensor q = random_tensor({2, 7, 4, 8}, rng), k = random_tensor({2, 7, 2, 8}, rng),
+             v = random_tensor({2, 7, 2, 8}, rng);
   HostTensor ao({2, 7, 4, 8}), lse({2, 4, 7});
   ops->attention_forward(shape, q.view(), k.view(), v.view(), AttentionMask{}, ao.view(), lse.view());
   HostTensor emb = random_tensor({vocab, d}, rng, 0.2);
@@ -174,7 +173,8 @@ TEST(Dtypes, RmsnormSwigluAttentionLoss) {
     Typed tx(x, dt), tr(r, dt), th({n, d}, dt), ty({n, d}, dt);
     std::vector<float> trstd(static_cast<size_t>(n));
     Typed tw(w, dt);
-    ops->rmsnorm_forward(tx.view(), tr.view(), tw.view(), 1e-5, th.view(), ty.view(), make_tensor(trstd.data(), DType::F32, {n}));
+    ops->rmsnorm_forward(tx.view(), tr.view(), tw.view(), 1e-5, th.view(), ty.view(),
+                         make_tensor(trstd.data(), DType::F32, {n}));
     EXPECT_LT(worst_error(ty, y), tolerance(dt) * 3);
     Typed tsw({n, d}, dt);
     Typed txr(xr, dt);

@@ -25,8 +25,8 @@ HostT positions(int64_t n) {
 }
 
 std::string describe(const QkvCase& c, const std::string& freq, DType d) {
-  return "H " + std::to_string(c.heads) + " Hkv " + std::to_string(c.kv_heads) + " Dh " + std::to_string(c.dh) + " " +
-         freq + " " + dtype_name(d);
+  return "H " + std::to_string(c.heads) + " Hkv " + std::to_string(c.kv_heads) + " Dh " + std::to_string(c.dh) + " " + freq +
+         " " + dtype_name(d);
 }
 
 TEST(FusedOps, RopeQkvIsRopeOfEachPartBitForBit) {
@@ -95,7 +95,8 @@ TEST(FusedOps, SwigluRowsAndHalvesAgreeBitForBit) {
     const int64_t n = 5;
     for (DType d : {DType::F32, DType::BF16, DType::F64}) {
       const std::string what = std::string(dtype_name(d)) + " F " + std::to_string(f);
-      HostT gate = random_normal(rng, {n, f}, d, 2.0), up = random_normal(rng, {n, f}, d), dout = random_normal(rng, {n, f}, d);
+      HostT gate = random_normal(rng, {n, f}, d, 2.0), up = random_normal(rng, {n, f}, d),
+            dout = random_normal(rng, {n, f}, d);
       HostT rows = gate_up_tensor(gate, up, true), halves = gate_up_tensor(gate, up, false);
       HostT out_rows({n, f}, d), out_halves({n, f}, d);
       ops->swiglu_forward(rows.view(), GateUpLayout::Rows, out_rows.view());

@@ -26,10 +26,10 @@ namespace {
 
 using test::expect_bitwise_equal;
 using test::expect_close;
+using test::HostT;
 using test::loss_targets;
 using test::make_batch;
 using test::rope_cases;
-using test::HostT;
 using test::Tol;
 using test::tol_for;
 
@@ -126,8 +126,7 @@ TEST_F(GpuOps, MatmulAddReadsCAndWritesOut) {
       // An aligned c gives the in-place call's plan key (and algorithm); a misaligned one may get another.
       expect_close(what + " vs copy + beta 1", down(dout), down(dref), c_offset == 0 ? Tol{0, 0} : tol_for(combo[1]));
       expect_close(what + " c untouched", down(dc), c, Tol{0, 0});
-      cpu_->matmul_add(Transpose::No, Transpose::Yes, 0.5, a.view(), b.view(), c.view().row_slice(c_offset, m),
-                       want.view());
+      cpu_->matmul_add(Transpose::No, Transpose::Yes, 0.5, a.view(), b.view(), c.view().row_slice(c_offset, m), want.view());
       expect_close(what + " vs cpu", down(dout), want, tol_for(combo[1]));
     }
   }
@@ -278,7 +277,7 @@ TEST_F(GpuOps, EmbeddingForwardAndDataError) {
 
 TEST_F(GpuOps, EmbeddingBackwardAccumulatesDeterministically) {
   const int64_t n = 300, vocab = 1003, d = 72;
-  HostT ids = random_ints({n}, 0, 12);  // many repeats, runs crossing the kernel's 64-position segments
+  HostT ids = random_ints({n}, 0, 12);                  // many repeats, runs crossing the kernel's 64-position segments
   for (int64_t i = 40; i < 260; i += 2) ids.set(i, 7);  // one run over three segments
   for (int64_t i = 0; i < n; i += 7) ids.set(i, 500 + i);
   DevT g_ids = up(ids);
@@ -313,15 +312,15 @@ TEST_F(GpuOps, RmsnormForwardWithAndWithoutResidual) {
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
     for (const auto& p : pairs) {
       for (bool residual : {false, true}) {
-        const std::string what = "rmsnorm d=" + std::to_string(d) + " " + name(p[0]) + " w " + name(p[1]) +
-                                 (residual ? " +residual" : "");
+        const std::string what =
+            "rmsnorm d=" + std::to_string(d) + " " + name(p[0]) + " w " + name(p[1]) + (residual ? " +residual" : "");
         HostT x = random({rows, d}, p[0]), r = random({rows, d}, p[0]), w = random({d}, p[1]);
         HostT h({rows, d}, p[0]), y({rows, d}, p[0]), rstd({rows}, DType::F32);
         DevT gx = up(x), gr = up(r), gw = up(w), gh = up(h), gy = up(y), grstd = up(rstd);
         cpu_->rmsnorm_forward(x.view(), residual ? r.view() : Tensor{}, w.view(), 1e-5, residual ? h.view() : Tensor{},
                               y.view(), rstd.view());
-        gpu_->rmsnorm_forward(gx.view(), residual ? gr.view() : Tensor{}, gw.view(), 1e-5,
-                              residual ? gh.view() : Tensor{}, gy.view(), grstd.view());
+        gpu_->rmsnorm_forward(gx.view(), residual ? gr.view() : Tensor{}, gw.view(), 1e-5, residual ? gh.view() : Tensor{},
+                              gy.view(), grstd.view());
         expect_close(what + " y", down(gy), y, tol_for(p[0]));
         expect_close(what + " rstd", down(grstd), rstd, tol_for(DType::F32));
         if (residual) expect_close(what + " h", down(gh), h, Tol{0, 0});
@@ -336,15 +335,16 @@ TEST_F(GpuOps, RmsnormBackwardAccumulatesWeightGradDeterministically) {
     const DType pairs[][2] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
     for (const auto& p : pairs) {
       for (bool extra : {false, true}) {
-        const std::string what = "rmsnorm_backward rows=" + std::to_string(rows) + " " + name(p[0]) + " dw " +
-                                 name(p[1]) + (extra ? " +dh_extra" : "");
+        const std::string what = "rmsnorm_backward rows=" + std::to_string(rows) + " " + name(p[0]) + " dw " + name(p[1]) +
+                                 (extra ? " +dh_extra" : "");
         HostT h = random({rows, d}, p[0]), w = random({d}, p[0]), dy = random({rows, d}, p[0]);
         HostT e = random({rows, d}, p[0]), y({rows, d}, p[0]), rstd({rows}, DType::F32), dh({rows, d}, p[0]);
         cpu_->rmsnorm_forward(h.view(), Tensor{}, w.view(), 1e-5, Tensor{}, y.view(), rstd.view());
         HostT dw0 = random({d}, p[1]);
         HostT dw = dw0;
         DevT gh = up(h), gw = up(w), gdy = up(dy), ge = up(e), grstd = up(rstd), gdh = up(dh), gdw = up(dw0);
-        cpu_->rmsnorm_backward(dy.view(), h.view(), w.view(), rstd.view(), extra ? e.view() : Tensor{}, dh.view(), dw.view());
+        cpu_->rmsnorm_backward(dy.view(), h.view(), w.view(), rstd.view(), extra ? e.view() : Tensor{}, dh.view(),
+                               dw.view());
         gpu_->rmsnorm_backward(gdy.view(), gh.view(), gw.view(), grstd.view(), extra ? ge.view() : Tensor{}, gdh.view(),
                                gdw.view());
         expect_close(what + " dh", down(gdh), dh, tol_for(p[0]));
@@ -394,8 +394,8 @@ TEST_F(GpuOps, RopeQkvForwardBackward) {
     for (int64_t dh : {24, 64}) {
       for (const auto& [freq_name, freq] : rope_cases()) {
         for (DType d : {DType::F32, DType::BF16}) {
-          const std::string what = "rope_qkv H " + std::to_string(heads) + " Hkv " + std::to_string(kv) + " dh=" +
-                                   std::to_string(dh) + " " + freq_name + " " + name(d);
+          const std::string what = "rope_qkv H " + std::to_string(heads) + " Hkv " + std::to_string(kv) +
+                                   " dh=" + std::to_string(dh) + " " + freq_name + " " + name(d);
           const Tol tol = d == DType::F32 ? Tol{1e-5, 1e-5} : tol_for(d);
           const int64_t width = (heads + 2 * kv) * dh;
           HostT packed = random({n, width}, d), q({n, heads, dh}, d), k({n, kv, dh}, d), v({n, kv, dh}, d);
@@ -425,8 +425,8 @@ TEST_F(GpuOps, AttentionSegmentsMatchExactly) {
     DevT gids = up(ids), gdocs = up(docs);
     for (int32_t pad : {7, -1}) {
       for (bool with_docs : {false, true}) {
-        const std::string what = "segments S=" + std::to_string(s) + " pad=" + std::to_string(pad) +
-                                 (with_docs ? " docs" : "");
+        const std::string what =
+            "segments S=" + std::to_string(s) + " pad=" + std::to_string(pad) + (with_docs ? " docs" : "");
         HostT seg({2, s}, DType::I32), pos({2, s}, DType::I32);
         DevT gseg = up(seg), gpos = up(pos);
         cpu_->attention_segments(ids.view(), pad, with_docs ? docs.view() : Tensor{}, seg.view(), pos.view());
@@ -469,8 +469,8 @@ TEST_F(GpuOps, AttentionForwardBackwardCausalAndSegments) {
         DevT cout_dev = up(out), clse_dev = up(lse);
         HostT dq({b, s, h, dh}, d), dk({b, s, hkv, dh}, d), dv({b, s, hkv, dh}, d);
         DevT gdq = up(random({b, s, h, dh}, d)), gdk = up(random({b, s, hkv, dh}, d)), gdv = up(random({b, s, hkv, dh}, d));
-        cpu_->attention_backward(shape, q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), cmask,
-                                 dq.view(), dk.view(), dv.view());
+        cpu_->attention_backward(shape, q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), cmask, dq.view(),
+                                 dk.view(), dv.view());
         gpu_->attention_backward(shape, gq.view(), gk.view(), gv.view(), cout_dev.view(), clse_dev.view(), gdout.view(),
                                  gmask, gdq.view(), gdk.view(), gdv.view());
         const Tol t = d == DType::F32 ? Tol{1e-4, 1e-5} : tol_for(d);
@@ -531,7 +531,7 @@ TEST_F(GpuOps, DeferredLossIsReadOncePerTake) {
   const LossSums total = gpu_->take_loss();
   EXPECT_EQ(total.tokens, a.tokens + b.tokens);
   EXPECT_EQ(total.loss_sum, a.loss_sum + b.loss_sum);  // the same doubles, added in the same order
-  EXPECT_EQ(gpu_->take_loss().tokens, 0);               // started over
+  EXPECT_EQ(gpu_->take_loss().tokens, 0);              // started over
   HostT tb = t;
   tb.set(3, static_cast<int32_t>(vocab));
   DevT gtb = up(tb);
@@ -561,8 +561,10 @@ TEST_F(GpuOps, LinearCrossEntropyInChunksMatchesCpu) {
       HostT dw0 = random({vocab, d}, set[2], 0.1);
       HostT dw = dw0;
       DevT gh = up(hh), gw = up(w), gdh = up(random({n, d}, set[0])), gdw = up(dw0);
-      const LossSums want = cpu_->linear_cross_entropy(hh.view(), w.view(), t.view(), ignore, 0.5, chunk, dh.view(), dw.view());
-      const LossSums got = gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, gdh.view(), gdw.view());
+      const LossSums want =
+          cpu_->linear_cross_entropy(hh.view(), w.view(), t.view(), ignore, 0.5, chunk, dh.view(), dw.view());
+      const LossSums got =
+          gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, gdh.view(), gdw.view());
       // bf16 h and W: both backends round the logits and dlogits to bf16; a logit whose fp32 value lies near a
       // rounding boundary may round the other way after cuBLAS's summation order (one bf16 step, 2^-8).
       const bool bf16_logits = set[0] == DType::BF16 && set[1] == DType::BF16;
@@ -571,8 +573,8 @@ TEST_F(GpuOps, LinearCrossEntropyInChunksMatchesCpu) {
       EXPECT_NEAR(got.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
       expect_close(what + " dh", down(gdh), dh, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[0]));
       expect_close(what + " dweight", down(gdw), dw, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[2]));
-      const LossSums loss_only = gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, Tensor{},
-                                                            Tensor{});
+      const LossSums loss_only =
+          gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, Tensor{}, Tensor{});
       EXPECT_EQ(loss_only.tokens, want.tokens) << what;
       EXPECT_NEAR(loss_only.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
     }
@@ -580,8 +582,7 @@ TEST_F(GpuOps, LinearCrossEntropyInChunksMatchesCpu) {
   HostT tb = t;
   tb.set(30, vocab + 3);
   DevT gtb = up(tb), gh = up(random({n, d}, DType::F32)), gw = up(random({vocab, d}, DType::F32));
-  EXPECT_THROW(gpu_->linear_cross_entropy(gh.view(), gw.view(), gtb.view(), ignore, 1.0, 16, Tensor{}, Tensor{}),
-               DataError);
+  EXPECT_THROW(gpu_->linear_cross_entropy(gh.view(), gw.view(), gtb.view(), ignore, 1.0, 16, Tensor{}, Tensor{}), DataError);
 }
 
 // ------------------------------------------------------------------------------------------------------- checks

@@ -75,8 +75,8 @@ void check_rmsnorm(int64_t n, int64_t d, bool residual) {
   HostTensor h({n, d}), y({n, d}), rstd({n});
   const double eps = 1e-5;
   auto loss = [&] {
-    ops->rmsnorm_forward(x.view(), residual ? res.view() : Tensor{}, w.view(), eps, residual ? h.view() : Tensor{},
-                         y.view(), rstd.view());
+    ops->rmsnorm_forward(x.view(), residual ? res.view() : Tensor{}, w.view(), eps, residual ? h.view() : Tensor{}, y.view(),
+                         rstd.view());
     return dot(y, ry) + (residual ? dot(h, rh) : 0.0);
   };
   loss();
@@ -92,8 +92,8 @@ void check_rmsnorm(int64_t n, int64_t d, bool residual) {
     EXPECT_NEAR(y[i * d], (x[i * d] + (residual ? res[i * d] : 0.0)) * inv * w[0], 1e-12);
   }
   HostTensor dh({n, d}), dw({d});
-  ops->rmsnorm_backward(ry.view(), residual ? h.view() : x.view(), w.view(), rstd.view(),
-                        residual ? rh.view() : Tensor{}, dh.view(), dw.view());
+  ops->rmsnorm_backward(ry.view(), residual ? h.view() : x.view(), w.view(), rstd.view(), residual ? rh.view() : Tensor{},
+                        dh.view(), dw.view());
   expect_gradient("dx", x, dh, loss);
   if (residual) expect_gradient("dresidual", res, dh, loss);
   expect_gradient("dweight", w, dw, loss);
@@ -161,12 +161,18 @@ TEST(RopeFrequencies, PlainLinearAndLlama3Bands) {
   const RopeFrequencies plain{.theta = 500000.0};
   const std::vector<float> base = rope_inv_freq<float>(plain, dh);
   for (int64_t i = 0; i < dh / 2; ++i)
-    EXPECT_EQ(base[static_cast<size_t>(i)], 1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / static_cast<float>(dh))) << i;
-  const std::vector<float> linear = rope_inv_freq<float>({.theta = 500000.0, .scaling = RopeScaling::Linear, .factor = 4.0}, dh);
+    EXPECT_EQ(base[static_cast<size_t>(i)], 1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / static_cast<float>(dh)))
+        << i;
+  const std::vector<float> linear =
+      rope_inv_freq<float>({.theta = 500000.0, .scaling = RopeScaling::Linear, .factor = 4.0}, dh);
   for (int64_t i = 0; i < dh / 2; ++i) EXPECT_EQ(linear[static_cast<size_t>(i)], base[static_cast<size_t>(i)] / 4.0f) << i;
 
-  const RopeFrequencies llama3{.theta = 500000.0, .scaling = RopeScaling::Llama3, .factor = 8.0, .low_freq_factor = 1.0,
-                               .high_freq_factor = 4.0, .original_max_position = 64.0};
+  const RopeFrequencies llama3{.theta = 500000.0,
+                               .scaling = RopeScaling::Llama3,
+                               .factor = 8.0,
+                               .low_freq_factor = 1.0,
+                               .high_freq_factor = 4.0,
+                               .original_max_position = 64.0};
   const std::vector<float> scaled = rope_inv_freq<float>(llama3, dh);
   const std::vector<double> scaled64 = rope_inv_freq<double>(llama3, dh);
   int kept = 0, divided = 0, blended = 0;

@@ -49,9 +49,8 @@ inline double dot(const HostTensor& a, const HostTensor& b) {
 
 // Compares analytic[i] with the central difference of loss() with respect to x[i], for up to max_checks
 // elements spread over x. loss() must read x's current contents.
-inline void expect_gradient(const char* what, HostTensor& x, const HostTensor& analytic,
-                            const std::function<double()>& loss, int max_checks = 80, double eps = 1e-5,
-                            double tol = 1e-6) {
+inline void expect_gradient(const char* what, HostTensor& x, const HostTensor& analytic, const std::function<double()>& loss,
+                            int max_checks = 80, double eps = 1e-5, double tol = 1e-6) {
   ASSERT_EQ(x.numel(), analytic.numel()) << what;
   const int64_t n = x.numel();
   const int64_t stride = std::max<int64_t>(1, n / max_checks);

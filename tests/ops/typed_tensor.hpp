@@ -32,7 +32,10 @@ struct HostT {
   Tensor view() { return make_tensor(bytes.data(), dtype, shape); }
   void* ptr() { return bytes.data(); }
   const void* ptr() const { return bytes.data(); }
-  template <typename T> T* as_ptr() { return reinterpret_cast<T*>(bytes.data()); }
+  template <typename T>
+  T* as_ptr() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
   double get(int64_t i) const {
     const char* p = bytes.data();
     switch (dtype) {
@@ -135,8 +138,12 @@ inline HostT loss_targets(std::mt19937_64& rng, int64_t n, int64_t vocab, int32_
 // so that at head dims 24 and 64 some pairs keep their frequency, some are divided by the factor and some are
 // blended (wavelengths below 16, above 64 and between).
 inline std::vector<std::pair<std::string, RopeFrequencies>> rope_cases() {
-  RopeFrequencies llama3{.theta = 500000.0, .scaling = RopeScaling::Llama3, .factor = 8.0, .low_freq_factor = 1.0,
-                         .high_freq_factor = 4.0, .original_max_position = 64.0};
+  RopeFrequencies llama3{.theta = 500000.0,
+                         .scaling = RopeScaling::Llama3,
+                         .factor = 8.0,
+                         .low_freq_factor = 1.0,
+                         .high_freq_factor = 4.0,
+                         .original_max_position = 64.0};
   return {{"theta=1e4", RopeFrequencies{.theta = 10000.0}},
           {"theta=5e5", RopeFrequencies{.theta = 500000.0}},
           {"theta=5e5 llama3", llama3}};
@@ -149,13 +156,16 @@ struct QkvParts {
 };
 inline QkvParts split_qkv(const HostT& packed, int64_t heads, int64_t kv_heads, int64_t dh) {
   const int64_t n = packed.shape[0], width = (heads + 2 * kv_heads) * dh;
-  QkvParts p{HostT({n, heads, dh}, packed.dtype), HostT({n, kv_heads, dh}, packed.dtype), HostT({n, kv_heads, dh}, packed.dtype)};
+  QkvParts p{HostT({n, heads, dh}, packed.dtype), HostT({n, kv_heads, dh}, packed.dtype),
+             HostT({n, kv_heads, dh}, packed.dtype)};
   const size_t e = dtype_size(packed.dtype);
   for (int64_t t = 0; t < n; ++t) {
     const char* row = packed.bytes.data() + static_cast<size_t>(t * width) * e;
     std::copy(row, row + heads * dh * e, p.q.bytes.data() + static_cast<size_t>(t * heads * dh) * e);
-    std::copy(row + heads * dh * e, row + (heads + kv_heads) * dh * e, p.k.bytes.data() + static_cast<size_t>(t * kv_heads * dh) * e);
-    std::copy(row + (heads + kv_heads) * dh * e, row + width * e, p.v.bytes.data() + static_cast<size_t>(t * kv_heads * dh) * e);
+    std::copy(row + heads * dh * e, row + (heads + kv_heads) * dh * e,
+              p.k.bytes.data() + static_cast<size_t>(t * kv_heads * dh) * e);
+    std::copy(row + (heads + kv_heads) * dh * e, row + width * e,
+              p.v.bytes.data() + static_cast<size_t>(t * kv_heads * dh) * e);
   }
   return p;
 }

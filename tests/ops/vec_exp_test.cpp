@@ -85,7 +85,8 @@ TEST(RowLoops, Fp32AgainstF64) {
       if (seg[static_cast<size_t>(c)] == 4) l += std::exp(scores[static_cast<size_t>(c)] - m);
     EXPECT_NEAR(lse, m + std::log(l), 2e-6 * std::abs(m + std::log(l)) + 1e-6);
     for (int64_t c = 0; c < n; ++c) {
-      const double ref = c < cend && seg[static_cast<size_t>(c)] == 4 ? std::exp(scores[static_cast<size_t>(c)] - m) / l : 0.0;
+      const double ref =
+          c < cend && seg[static_cast<size_t>(c)] == 4 ? std::exp(scores[static_cast<size_t>(c)] - m) / l : 0.0;
       ASSERT_NEAR(row[static_cast<size_t>(c)], ref, 4e-6 * ref) << c;
     }
     // The backward row recomputes the same probabilities from lse: ds = p (dp - d).

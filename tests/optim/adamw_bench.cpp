@@ -94,7 +94,8 @@ double one_chain_sum_of_squares(const std::vector<fsdp::ShardView>& shards) {
   return total;
 }
 
-template <typename F> double median_ms(int steps, F&& f) {
+template <typename F>
+double median_ms(int steps, F&& f) {
   for (int w = 0; w < 2; ++w) f();
   std::vector<double> ms;
   for (int i = 0; i < steps; ++i) {
@@ -118,8 +119,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--threads") == 0) omp_set_num_threads(std::atoi(argv[i + 1]));
   }
   std::printf("threads %d, median of %d steps after 2 warm-up steps\n", omp_get_max_threads(), steps);
-  std::printf("%-22s %7s %8s %10s | %-22s | %-22s | %s\n", "shard set", "shards", "ranges", "elements",
-              "per-range loop", "one region", "speed-up");
+  std::printf("%-22s %7s %8s %10s | %-22s | %-22s | %s\n", "shard set", "shards", "ranges", "elements", "per-range loop",
+              "one region", "speed-up");
   const Model models[] = {{"seed 12L, 1 rank", seed_config(), 1},
                           {"seed 12L, shard 0 of 8", seed_config(), 8},
                           {"tiny-cpu, 1 rank", tiny_cpu_config(), 1},
@@ -134,11 +135,12 @@ int main(int argc, char** argv) {
     const double t_old = median_ms(steps, [&] { old.step(s.views, 1e-4, 1.0); });
     const double t_new = median_ms(steps, [&] { adamw.step(s.views, 1e-4, 1.0); });
     const double gb = static_cast<double>(s.elements) * 20 / 1e9;
-    std::printf("%-22s %7zu %8zu %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx\n", m.name, s.views.size(), ranges,
-                static_cast<long long>(s.elements), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3), t_old / t_new);
+    std::printf("%-22s %7zu %8zu %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx\n", m.name, s.views.size(),
+                ranges, static_cast<long long>(s.elements), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3),
+                t_old / t_new);
   }
-  std::printf("\n%-22s %10s | %-22s | %-22s | %s\n", "gradient norm", "elements", "one chain per thread",
-              "blocks x 8 lanes", "speed-up");
+  std::printf("\n%-22s %10s | %-22s | %-22s | %s\n", "gradient norm", "elements", "one chain per thread", "blocks x 8 lanes",
+              "speed-up");
   for (const Model& m : models) {
     const model::ModelSpec spec(m.config);
     Shards s = rank0_shards(spec, m.shards);
@@ -148,14 +150,14 @@ int main(int argc, char** argv) {
     const double t_old = median_ms(steps, [&] { a = one_chain_sum_of_squares(s.views); });
     const double t_new = median_ms(steps, [&] { b = optim::host_sum_of_squares(s.views); });
     const double gb = static_cast<double>(n) * 4 / 1e9;
-    std::printf("%-22s %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx  (relative difference %.1e)\n",
-                m.name, static_cast<long long>(n), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3), t_old / t_new,
+    std::printf("%-22s %10lld | %8.3f ms %6.1f GB/s | %8.3f ms %6.1f GB/s | %.2fx  (relative difference %.1e)\n", m.name,
+                static_cast<long long>(n), t_old, gb / (t_old / 1e3), t_new, gb / (t_new / 1e3), t_old / t_new,
                 std::abs(a - b) / b);
   }
   // step_async (CPU offload on a GPU): how soon the next forward may start uploading. The root unit (embedding,
   // final norm, lm_head) is shard 0 and comes first; each decoder layer's shard follows in forward order.
-  std::printf("\n%-22s | %-10s | %-18s | %-18s | %-12s | %s\n", "step_async", "returns", "root ready",
-              "first layer ready", "all ready", "step()");
+  std::printf("\n%-22s | %-10s | %-18s | %-18s | %-12s | %s\n", "step_async", "returns", "root ready", "first layer ready",
+              "all ready", "step()");
   for (const Model& m : models) {
     const model::ModelSpec spec(m.config);
     Shards s = rank0_shards(spec, m.shards);

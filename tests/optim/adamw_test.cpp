@@ -70,8 +70,10 @@ TEST(AdamWHost, ChunkedEqualsPerRangeLoopBitForBitAtAnyThreadCount) {
       adamw.step(got.views, lr_at(step), scale_at(step));
       for (size_t i = 0; i < specs.size(); ++i) {
         ASSERT_TRUE(same_bits(got.param[i], ref.param[i])) << threads << " threads, step " << step << ", shard " << i;
-        ASSERT_TRUE(same_bits(state_of(adamw, i, optim::OptimState::ExpAvg), old.m[i])) << threads << " threads, shard " << i;
-        ASSERT_TRUE(same_bits(state_of(adamw, i, optim::OptimState::ExpAvgSq), old.v[i])) << threads << " threads, shard " << i;
+        ASSERT_TRUE(same_bits(state_of(adamw, i, optim::OptimState::ExpAvg), old.m[i]))
+            << threads << " threads, shard " << i;
+        ASSERT_TRUE(same_bits(state_of(adamw, i, optim::OptimState::ExpAvgSq), old.v[i]))
+            << threads << " threads, shard " << i;
       }
     }
     EXPECT_EQ(adamw.steps(), 5);
@@ -178,7 +180,8 @@ TEST(AdamWHost, StatesRoundTripAndResumeExactly) {
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(same_bits(a.param[i], b.param[i])) << "shard " << i;
-    EXPECT_TRUE(same_bits(state_of(first, i, optim::OptimState::ExpAvgSq), state_of(second, i, optim::OptimState::ExpAvgSq)));
+    EXPECT_TRUE(
+        same_bits(state_of(first, i, optim::OptimState::ExpAvgSq), state_of(second, i, optim::OptimState::ExpAvgSq)));
   }
   // Nonzero states were written and moved the update: the states are not all zero.
   const std::vector<float> m1 = state_of(first, 1, optim::OptimState::ExpAvg);
@@ -216,8 +219,7 @@ TEST(AdamWHost, StepAsyncGivesStepsBitsShardByShard) {
         ASSERT_TRUE(same_bits(got.param[i], ref.param[i])) << "step " << step << ", shard " << i;
       }
       for (size_t i = 0; i < specs.size(); ++i) {
-        ASSERT_TRUE(
-            same_bits(state_of(async, i, optim::OptimState::ExpAvg), state_of(sync, i, optim::OptimState::ExpAvg)));
+        ASSERT_TRUE(same_bits(state_of(async, i, optim::OptimState::ExpAvg), state_of(sync, i, optim::OptimState::ExpAvg)));
         ASSERT_TRUE(
             same_bits(state_of(async, i, optim::OptimState::ExpAvgSq), state_of(sync, i, optim::OptimState::ExpAvgSq)));
       }

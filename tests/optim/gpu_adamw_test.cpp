@@ -24,9 +24,7 @@ constexpr float kPad = 7.25f;
 
 class GpuAdamW : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ST_SKIP_WITHOUT_GPU("GPU AdamW test");
-  }
+  void SetUp() override { ST_SKIP_WITHOUT_GPU("GPU AdamW test"); }
 };
 
 // Device copies of a host shard set. With `offset` 1 each shard's param and grad start one float past a
@@ -86,15 +84,16 @@ void expect_close(const std::string& what, const std::vector<float>& got, const 
   size_t worst_k = 0, differing = 0;
   for (size_t k = 0; k < want.size(); ++k) {
     if (!in_ranges(spec, static_cast<int64_t>(k))) {
-      ASSERT_EQ(std::memcmp(&got[k], &want[k], sizeof(float)), 0) << what << ": padding element " << k << " is " << got[k]
-                                                                 << ", was " << want[k];
+      ASSERT_EQ(std::memcmp(&got[k], &want[k], sizeof(float)), 0)
+          << what << ": padding element " << k << " is " << got[k] << ", was " << want[k];
       continue;
     }
     differing += std::memcmp(&got[k], &want[k], sizeof(float)) != 0;
     const double excess = std::abs(static_cast<double>(got[k]) - want[k]) - (1e-6 * std::abs(want[k]) + 1e-6 * maxabs);
     if (excess > worst) worst = excess, worst_k = k;
   }
-  if (differing > 0) std::printf("  %s: %zu of %zu elements differ from the host in their last bits\n", what.c_str(), differing, want.size());
+  if (differing > 0)
+    std::printf("  %s: %zu of %zu elements differ from the host in their last bits\n", what.c_str(), differing, want.size());
   if (!want.empty()) {
     EXPECT_LE(worst, 0.0) << what << " element " << worst_k << ": GPU " << got[worst_k] << ", CPU " << want[worst_k];
   }
@@ -135,8 +134,8 @@ TEST_F(GpuAdamW, MatchesTheHostUpdateOverFiveSteps) {
       const std::string shard = "shard " + std::to_string(i);
       expect_close(shard + " param", dev.download(i, true), host.param[i], specs[i]);
       for (optim::OptimState which : {optim::OptimState::ExpAvg, optim::OptimState::ExpAvgSq}) {
-        expect_close(shard + (which == optim::OptimState::ExpAvg ? " exp_avg" : " exp_avg_sq"), state_of(on_device, i, which),
-                     state_of(on_host, i, which), specs[i]);
+        expect_close(shard + (which == optim::OptimState::ExpAvg ? " exp_avg" : " exp_avg_sq"),
+                     state_of(on_device, i, which), state_of(on_host, i, which), specs[i]);
       }
       // Gradients are read only.
       if (!host.grad[i].empty()) {

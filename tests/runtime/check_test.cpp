@@ -79,16 +79,15 @@ TEST(Device, UnavailableReasonSaysWhy) {
 
 // --device auto falls back to the CPU only where no NVIDIA driver lists a GPU, or the GPUs are hidden on purpose.
 TEST(Device, AutoRefusesTheCpuWhereTheDriverListsGpus) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("shardtrain-gpus-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("shardtrain-gpus-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   EXPECT_EQ(gpus_present_but_unreachable(dir.string(), nullptr), "");  // no driver: a CPU machine
   std::filesystem::create_directories(dir);
   EXPECT_EQ(gpus_present_but_unreachable(dir.string(), nullptr), "");  // a driver without GPUs
   std::filesystem::create_directories(dir / "0000:18:00.0");
   std::filesystem::create_directories(dir / "0000:2a:00.0");
-  EXPECT_EQ(gpus_present_but_unreachable(dir.string(), nullptr),
-            "the NVIDIA driver lists 2 GPUs (" + dir.string() + ")");
+  EXPECT_EQ(gpus_present_but_unreachable(dir.string(), nullptr), "the NVIDIA driver lists 2 GPUs (" + dir.string() + ")");
   EXPECT_EQ(gpus_present_but_unreachable(dir.string(), "0,1"),
             "the NVIDIA driver lists 2 GPUs (" + dir.string() + ") and CUDA_VISIBLE_DEVICES=\"0,1\"");
   for (const char* hidden : {"", "-1", "NoDevFiles"}) {

@@ -79,8 +79,10 @@ TEST_F(FailureRecord, ATimeoutNamesTheNodesOfTheRanksThatDidNotArrive) {
 }
 
 TEST_F(FailureRecord, ADeviceErrorNamesItsOwnNodeButOutOfMemoryNamesNone) {
-  if (rank_ == 1) failure_record::write(ExitCode::Device, "an illegal memory access was encountered (cudaErrorIllegalAddress)");
-  if (rank_ == 0) failure_record::write(ExitCode::Device, "out of GPU memory: 512.0 MiB requested, 10.0 MiB free of 81559.0 MiB");
+  if (rank_ == 1)
+    failure_record::write(ExitCode::Device, "an illegal memory access was encountered (cudaErrorIllegalAddress)");
+  if (rank_ == 0)
+    failure_record::write(ExitCode::Device, "out of GPU memory: 512.0 MiB requested, 10.0 MiB free of 81559.0 MiB");
   MPI_Barrier(MPI_COMM_WORLD);
   const nlohmann::json hw = read(1), oom = read(0);
   EXPECT_EQ(hw["exit_code"], 7);
@@ -93,14 +95,18 @@ TEST_F(FailureRecord, ADeviceErrorNamesItsOwnNodeButOutOfMemoryNamesNone) {
 TEST_F(FailureRecord, OnlyCommunicationTimeoutsAndDeviceFaultsAreRestartable) {
   EXPECT_TRUE(failure_record::restartable(ExitCode::Comm, "NCCL: remote process exited"));
   EXPECT_TRUE(failure_record::restartable(ExitCode::Timeout, ""));
-  EXPECT_TRUE(failure_record::restartable(ExitCode::Device, "uncorrectable ECC error encountered (cudaErrorECCUncorrectable)"));
-  for (const char* m : {"out of memory (cudaErrorMemoryAllocation)", "resource allocation failed (CUBLAS_STATUS_ALLOC_FAILED)"})
+  EXPECT_TRUE(
+      failure_record::restartable(ExitCode::Device, "uncorrectable ECC error encountered (cudaErrorECCUncorrectable)"));
+  for (const char* m :
+       {"out of memory (cudaErrorMemoryAllocation)", "resource allocation failed (CUBLAS_STATUS_ALLOC_FAILED)"})
     EXPECT_FALSE(failure_record::restartable(ExitCode::Device, m)) << m;
   // A hung save may go through on a restart; a full disk does not empty itself.
   EXPECT_TRUE(failure_record::restartable(
-      ExitCode::Io, "checkpoint: the save of step 4 has not finished after 2 s (checkpoint.save_timeout): the file system may ..."));
+      ExitCode::Io,
+      "checkpoint: the save of step 4 has not finished after 2 s (checkpoint.save_timeout): the file system may ..."));
   EXPECT_FALSE(failure_record::restartable(ExitCode::Io, "checkpoint: 3 periodic saves in a row failed: no room"));
-  for (ExitCode c : {ExitCode::Internal, ExitCode::Config, ExitCode::Data, ExitCode::Checkpoint, ExitCode::Io, ExitCode::Diverged})
+  for (ExitCode c :
+       {ExitCode::Internal, ExitCode::Config, ExitCode::Data, ExitCode::Checkpoint, ExitCode::Io, ExitCode::Diverged})
     EXPECT_FALSE(failure_record::restartable(c, "x")) << static_cast<int>(c);
   // A communication error names no node: the rank that reports it is usually the victim of a peer.
   EXPECT_TRUE(failure_record::suspects(ExitCode::Comm, "x", {1}).empty());

@@ -34,7 +34,8 @@ class GpuDevice : public testing::Test {
 TEST_F(GpuDevice, IdentityAsNvidiaSmiPrintsIt) {
   EXPECT_TRUE(std::regex_match(device_.uuid, std::regex("GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")))
       << device_.uuid;
-  EXPECT_TRUE(std::regex_match(device_.pci_bus_id, std::regex("[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-9a-f]"))) << device_.pci_bus_id;
+  EXPECT_TRUE(std::regex_match(device_.pci_bus_id, std::regex("[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-9a-f]")))
+      << device_.pci_bus_id;
   int current = -1;
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, device_.index) << "the selected device is made current";
@@ -53,7 +54,8 @@ TEST_F(GpuDevice, RanksOnTheSameGpuAreFoundByIdentity) {
   ASSERT_EQ(MPI_Allgather(&mine, sizeof(Row), MPI_BYTE, all.data(), sizeof(Row), MPI_BYTE, MPI_COMM_WORLD), MPI_SUCCESS);
   std::vector<int> want;
   for (int r = 0; r < topo_.world_size; ++r)
-    if (std::string(all[r].host.data()) == topo_.hostname && std::string(all[r].uuid.data()) == device_.uuid) want.push_back(r);
+    if (std::string(all[r].host.data()) == topo_.hostname && std::string(all[r].uuid.data()) == device_.uuid)
+      want.push_back(r);
   EXPECT_EQ(device_.sharing_ranks, want);
   EXPECT_EQ(device_.ranks_sharing, static_cast<int>(want.size()));
 }

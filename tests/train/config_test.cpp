@@ -32,10 +32,10 @@ std::string config_error(F&& f) {
   return "";
 }
 
-#define EXPECT_CONFIG_ERROR(stmt, ...)                                                  \
-  do {                                                                                  \
-    const std::string msg_ = config_error([&] { stmt; });                               \
-    ASSERT_FALSE(msg_.empty()) << "expected a ConfigError from " #stmt;                 \
+#define EXPECT_CONFIG_ERROR(stmt, ...)                                                                                     \
+  do {                                                                                                                     \
+    const std::string msg_ = config_error([&] { stmt; });                                                                  \
+    ASSERT_FALSE(msg_.empty()) << "expected a ConfigError from " #stmt;                                                    \
     for (const char* part : {__VA_ARGS__}) EXPECT_NE(msg_.find(part), std::string::npos) << msg_ << "\n  lacks: " << part; \
   } while (0)
 
@@ -117,21 +117,24 @@ TEST(TrainConfig, OverridesAreTypedAndWin) {
   EXPECT_CONFIG_ERROR(apply_override(c, "optimizer.lr", "1"), "unknown section 'optimizer'");
   EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.strategy", "ZERO3"), "fsdp.strategy", "FULL_SHARD");
   EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.param_dtype", "fp16"), "fsdp.param_dtype");
-  EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.comm_backend", "gloo"), "fsdp.comm_backend", "unknown backend 'gloo'", "auto, mpi or nccl");
+  EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.comm_backend", "gloo"), "fsdp.comm_backend", "unknown backend 'gloo'",
+                      "auto, mpi or nccl");
   EXPECT_CONFIG_ERROR(apply_override(c, "data.seq_len", "99999999999"), "data.seq_len", "does not fit");
 }
 
 TEST(TrainConfig, BadFilesNameTheKey) {
   // Unknown key, with its line and the section's keys.
-  EXPECT_CONFIG_ERROR(from_text("[optim]\nlr = 1e-3\nlearning_rate = 1e-3\n"), "test.toml:3", "unknown key 'optim.learning_rate'",
-                      "lr, beta1, beta2");
+  EXPECT_CONFIG_ERROR(from_text("[optim]\nlr = 1e-3\nlearning_rate = 1e-3\n"), "test.toml:3",
+                      "unknown key 'optim.learning_rate'", "lr, beta1, beta2");
   EXPECT_CONFIG_ERROR(from_text("[trainer]\nsteps = 1\n"), "test.toml:1", "unknown section [trainer]");
   EXPECT_CONFIG_ERROR(from_text("lr = 1\n"), "outside any section");
   // Wrong types.
-  EXPECT_CONFIG_ERROR(from_text("[model]\nhidden_size = \"768\"\n"), "test.toml:2", "model.hidden_size", "expected an integer, got a string");
+  EXPECT_CONFIG_ERROR(from_text("[model]\nhidden_size = \"768\"\n"), "test.toml:2", "model.hidden_size",
+                      "expected an integer, got a string");
   EXPECT_CONFIG_ERROR(from_text("[optim]\nlr = true\n"), "optim.lr", "expected a number, got a boolean");
   EXPECT_CONFIG_ERROR(from_text("[data]\nshuffle = 1\n"), "data.shuffle", "expected a boolean");
-  EXPECT_CONFIG_ERROR(from_text("[fsdp]\ntransformer_layer_cls_to_wrap = [1]\n"), "fsdp.transformer_layer_cls_to_wrap", "array of strings");
+  EXPECT_CONFIG_ERROR(from_text("[fsdp]\ntransformer_layer_cls_to_wrap = [1]\n"), "fsdp.transformer_layer_cls_to_wrap",
+                      "array of strings");
   EXPECT_CONFIG_ERROR(from_text("[fsdp]\nreshard_after_forward = \"yes\"\n"), "fsdp.reshard_after_forward", "\"auto\"");
   EXPECT_CONFIG_ERROR(from_text("[model\nx = 1\n"), "test.toml:1", "not valid TOML");
   // Impossible values: caught by the one validate().
@@ -141,13 +144,16 @@ TEST(TrainConfig, BadFilesNameTheKey) {
     c.validate();
   };
   EXPECT_NO_THROW(invalid({}));
-  EXPECT_CONFIG_ERROR(invalid({{"model.num_attention_heads", "5"}}), "model.num_attention_heads", "does not divide hidden_size");
+  EXPECT_CONFIG_ERROR(invalid({{"model.num_attention_heads", "5"}}), "model.num_attention_heads",
+                      "does not divide hidden_size");
   EXPECT_CONFIG_ERROR(invalid({{"optim.lr", "-1"}}), "optim.lr");
   EXPECT_CONFIG_ERROR(invalid({{"data.seq_len", "4096"}}), "data.seq_len", "max_position_embeddings");
   EXPECT_CONFIG_ERROR(invalid({{"schedule.max_steps", "0"}}), "never ends");
   EXPECT_CONFIG_ERROR(invalid({{"schedule.warmup_steps", "10"}}), "schedule.warmup_steps");
-  EXPECT_CONFIG_ERROR(invalid({{"data.global_batch_size", "10"}, {"data.micro_batch_size", "4"}}), "data.global_batch_size", "multiple");
-  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.state_dict_type", "LOCAL"}}), "checkpoint.state_dict_type", "SHARDED_STATE_DICT");
+  EXPECT_CONFIG_ERROR(invalid({{"data.global_batch_size", "10"}, {"data.micro_batch_size", "4"}}), "data.global_batch_size",
+                      "multiple");
+  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.state_dict_type", "LOCAL"}}), "checkpoint.state_dict_type",
+                      "SHARDED_STATE_DICT");
   EXPECT_CONFIG_ERROR(invalid({{"optim.max_consecutive_nonfinite", "0"}}), "optim.max_consecutive_nonfinite");
   // Divergence: spikes and rollbacks.
   EXPECT_NO_THROW(invalid({{"optim.loss_spike_factor", "1.5"}, {"optim.loss_spike_window", "20"}}));
@@ -158,19 +164,23 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_NO_THROW(invalid({{"optim.on_divergence", "rollback"}, {"checkpoint.every_n_steps", "5"}}));
   EXPECT_CONFIG_ERROR(invalid({{"optim.max_rollbacks", "-1"}}), "optim.max_rollbacks");
   EXPECT_CONFIG_ERROR(invalid({{"optim.rollback_skip_steps", "-2"}}), "optim.rollback_skip_steps");
-  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.save_timeout", "-1"}}), "checkpoint.save_timeout", "expected 0 (off) or seconds");
+  EXPECT_CONFIG_ERROR(invalid({{"checkpoint.save_timeout", "-1"}}), "checkpoint.save_timeout",
+                      "expected 0 (off) or seconds");
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
   {
-    TrainConfig r = from_text("[data]\npath = \"x.h5\"\n[schedule]\nmax_steps = 10\n[optim]\non_divergence = \"rollback\"\n"
-                              "rollback_skip_steps = 50\n[checkpoint]\nevery_n_steps = 5\n");
+    TrainConfig r = from_text(
+        "[data]\npath = \"x.h5\"\n[schedule]\nmax_steps = 10\n[optim]\non_divergence = \"rollback\"\n"
+        "rollback_skip_steps = 50\n[checkpoint]\nevery_n_steps = 5\n");
     EXPECT_EQ(r.optim.on_divergence, DivergencePolicy::Rollback);
     EXPECT_EQ(r.optim.rollback_skip_steps, 50);
     EXPECT_EQ(r.optim.max_rollbacks, 3);
     EXPECT_NE(to_toml(r).find("on_divergence = \"rollback\""), std::string::npos) << to_toml(r);
   }
-  EXPECT_CONFIG_ERROR(from_text("[data]\npath = \"x.h5\"\nseq_len = -3\n[schedule]\nmax_steps = 1\n").validate(), "data.seq_len", "expected 1 or more");
+  EXPECT_CONFIG_ERROR(from_text("[data]\npath = \"x.h5\"\nseq_len = -3\n[schedule]\nmax_steps = 1\n").validate(),
+                      "data.seq_len", "expected 1 or more");
   // World-size mismatches, checked against the running world.
-  TrainConfig w = from_text("[data]\npath = \"x.h5\"\nglobal_batch_size = 64\n[schedule]\nmax_steps = 1\n[fsdp]\nnum_processes = 2\n");
+  TrainConfig w =
+      from_text("[data]\npath = \"x.h5\"\nglobal_batch_size = 64\n[schedule]\nmax_steps = 1\n[fsdp]\nnum_processes = 2\n");
   EXPECT_NO_THROW(w.validate_for_world(2, 1));
   EXPECT_CONFIG_ERROR(w.validate_for_world(4, 1), "fsdp.num_processes", "expects 2 processes", "MPI started 4");
   w.fsdp.num_processes = 0;
@@ -216,14 +226,15 @@ TEST(TrainConfig, SeedExamplesLoadAsTheyAre) {
   const auto notes = apply_accelerate_config(c, repo("configs/examples/accelerate_fsdp.yaml"));
   EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::FullShard);  // fsdp_sharding_strategy: 1
   EXPECT_TRUE(c.fsdp.engine.offload_params);
-  EXPECT_EQ(c.fsdp.engine.param_dtype, DType::BF16);                // mixed_precision: bf16
-  EXPECT_EQ(c.fsdp.engine.backward_prefetch, 1);                    // BACKWARD_PRE
+  EXPECT_EQ(c.fsdp.engine.param_dtype, DType::BF16);  // mixed_precision: bf16
+  EXPECT_EQ(c.fsdp.engine.backward_prefetch, 1);      // BACKWARD_PRE
   EXPECT_EQ(c.fsdp.engine.forward_prefetch, 0);
   EXPECT_TRUE(c.fsdp.engine.sync_module_states);
   EXPECT_EQ(c.checkpoint.state_dict_type, StateDictType::Sharded);
   EXPECT_EQ(c.fsdp.num_processes, 2);
   EXPECT_EQ(c.fsdp.num_machines, 1);
-  ASSERT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(), 1u);  // BertLayer is not a Llama module: noted, Llama's block used
+  ASSERT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(),
+            1u);  // BertLayer is not a Llama module: noted, Llama's block used
   EXPECT_EQ(c.fsdp.engine.wrap.transformer_layer_cls[0], model::ModuleClass::LlamaDecoderLayer);
   bool noted = false;
   for (const auto& n : notes) noted = noted || n.find("BertLayer") != std::string::npos;
@@ -259,15 +270,17 @@ TEST(TrainConfig, HfFileVariantsAndErrors) {
   EXPECT_EQ(c.fsdp.engine.wrap.transformer_layer_cls.size(), 2u);
   EXPECT_EQ(c.fsdp.engine.param_dtype, DType::F32);
   for (const char* s : {"4", "5", "SHARD_GRAD_OP", "NO_SHARD"}) {
-    EXPECT_NO_THROW(apply_accelerate_config_text(c, std::string("fsdp_config:\n  fsdp_sharding_strategy: ") + s + "\n", "a.yaml"));
+    EXPECT_NO_THROW(
+        apply_accelerate_config_text(c, std::string("fsdp_config:\n  fsdp_sharding_strategy: ") + s + "\n", "a.yaml"));
   }
   EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::NoShard);
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "fsdp_config:\n  fsdp_sharding_strategy: 7\n", "a.yaml"), "a.yaml:2",
                       "fsdp_sharding_strategy");
-  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "distributed_type: DEEPSPEED\n", "a.yaml"), "a.yaml:1", "distributed_type", "FSDP");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "distributed_type: DEEPSPEED\n", "a.yaml"), "a.yaml:1",
+                      "distributed_type", "FSDP");
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "mixed_precision: fp16\n", "a.yaml"), "mixed_precision", "fp16");
-  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "fsdp_config:\n  fsdp_magic: true\n", "a.yaml"), "a.yaml:2", "fsdp_magic",
-                      "unknown");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "fsdp_config:\n  fsdp_magic: true\n", "a.yaml"), "a.yaml:2",
+                      "fsdp_magic", "unknown");
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "num_processes: two\n", "a.yaml"), "num_processes", "integer");
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "colour: blue\n", "a.yaml"), "colour", "unknown Accelerate option");
   // Outside the YAML subset: file:line and what was not understood.
@@ -287,11 +300,14 @@ TEST(TrainConfig, HfFileVariantsAndErrors) {
 
   TrainConfig j;
   EXPECT_NO_THROW(apply_fsdp_config_json_text(j, R"({"fsdp_min_num_params": 5000, "auto_wrap_policy": "SIZE_BASED_WRAP",
-      "transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "backward_prefetch": "BACKWARD_POST", "use_orig_params": true})", "f.json"));
+      "transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "backward_prefetch": "BACKWARD_POST", "use_orig_params": true})",
+                                              "f.json"));
   EXPECT_EQ(j.fsdp.engine.wrap.min_num_params, 5000);
   EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"version": 3})", "f.json"), "f.json", "version");
-  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"cpu_offload": "maybe"})", "f.json"), "f.json: cpu_offload", "true or false");
-  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"sharding": 1})", "f.json"), "f.json: sharding", "unknown fsdp_config option");
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"cpu_offload": "maybe"})", "f.json"), "f.json: cpu_offload",
+                      "true or false");
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"sharding": 1})", "f.json"), "f.json: sharding",
+                      "unknown fsdp_config option");
   EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"xla": true})", "f.json"), "xla");
   EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, "{", "f.json"), "f.json", "not valid JSON");
 }

@@ -145,7 +145,10 @@ TEST(TrainLoop, LearnsAndWritesConsistentMetrics) {
   EXPECT_EQ(back.sampler, t.state().sampler);
   EXPECT_EQ(back.sampler_samples, static_cast<int64_t>(t.state().sampler.index) * 4);  // micro 2 x 2 ranks per index
   EXPECT_EQ(train::trainer_state_from_json(R"({"step": 1, "tokens_seen": 2, "sampler": {"epoch": 0, "index": 3},
-      "optimizer_steps": 1, "consecutive_nonfinite": 0, "skipped_steps": 0})", "old").sampler_samples, -1);  // before sample counts
+      "optimizer_steps": 1, "consecutive_nonfinite": 0, "skipped_steps": 0})",
+                                           "old")
+                .sampler_samples,
+            -1);  // before sample counts
   EXPECT_EQ(back.optimizer_steps, 12);
   EXPECT_THROW(train::trainer_state_from_json(R"({"step": 1})", "test"), CheckpointError);
 }
@@ -183,8 +186,9 @@ TEST(TrainLoop, EvaluationOfTheRunsWeightsIsItsValidationLossBitForBit) {
   ASSERT_NE(t.evaluator(), nullptr);
 
   train::Replica replica(*g_runtime, c);
-  train::Evaluator evaluator(replica, c, t.sources(), {train::EvaluatorOptions::Use::Evaluation, data::DatasetSplit::Validation,
-                                                       c.schedule.eval_batches});
+  train::Evaluator evaluator(
+      replica, c, t.sources(),
+      {train::EvaluatorOptions::Use::Evaluation, data::DatasetSplit::Validation, c.schedule.eval_batches});
   ASSERT_EQ(evaluator.plan().size(), 1u);
   EXPECT_EQ(evaluator.plan()[0].micro_batches, 2);
   const double initial = evaluator.evaluate();
@@ -389,7 +393,8 @@ TEST(TrainLoop, DivergingAgainFromTheSameCheckpointGoesFurtherBack) {
     if (j["kind"] == "train") seen.push_back(fmt::format("{}", j["step"].get<int>()));
     if (j["kind"] == "rollback") seen.push_back(fmt::format("rollback-to-{}", j["to_step"].get<int>()));
   }
-  EXPECT_EQ(fmt::format("{}", fmt::join(seen, " ")), "1 2 3 4 5 6 7 rollback-to-6 7 8 rollback-to-4 5 6 7 8 9 10 11 12 13 14");
+  EXPECT_EQ(fmt::format("{}", fmt::join(seen, " ")),
+            "1 2 3 4 5 6 7 rollback-to-6 7 8 rollback-to-4 5 6 7 8 9 10 11 12 13 14");
 }
 
 // A rollback run that must end diverged: the error's text, and the trainer's state then.

@@ -28,12 +28,14 @@ std::vector<double> torch_sequential_lr(double base, double start, int64_t warmu
   const int64_t t_max = total - warmup;
   for (int64_t epoch = 1; epoch < total; ++epoch) {
     if (epoch < warmup) {
-      lr = lr * (1.0 + (end - start) / (static_cast<double>(warmup) * start + static_cast<double>(epoch - 1) * (end - start)));
+      lr = lr *
+           (1.0 + (end - start) / (static_cast<double>(warmup) * start + static_cast<double>(epoch - 1) * (end - start)));
     } else if (epoch == warmup) {
       lr = eta_min + (base - eta_min) * (1.0 + std::cos(0.0)) / 2.0;  // cosine.step(0): closed form at 0
     } else {
       const double e = static_cast<double>(epoch - warmup), t = static_cast<double>(t_max);
-      lr = (1.0 + std::cos(std::numbers::pi * e / t)) / (1.0 + std::cos(std::numbers::pi * (e - 1) / t)) * (lr - eta_min) + eta_min;
+      lr = (1.0 + std::cos(std::numbers::pi * e / t)) / (1.0 + std::cos(std::numbers::pi * (e - 1) / t)) * (lr - eta_min) +
+           eta_min;
     }
     out.push_back(lr);
   }
@@ -57,16 +59,16 @@ TEST(Schedule, SeedWarmupCosineMatchesTorchSequentialLR) {
       const double rel = std::abs(s.lr(k) - ref[static_cast<size_t>(k)]) / 1e-3;
       if (rel > worst) worst = rel, worst_step = k;
     }
-    EXPECT_LT(worst, 1e-9) << "total " << total << ": worst at step " << worst_step << ": " << s.lr(worst_step) << " vs torch "
-                           << ref[static_cast<size_t>(worst_step)];
+    EXPECT_LT(worst, 1e-9) << "total " << total << ": worst at step " << worst_step << ": " << s.lr(worst_step)
+                           << " vs torch " << ref[static_cast<size_t>(worst_step)];
   }
   optim::ScheduleConfig c;
   c.warmup_steps = 1000;
   const optim::LrSchedule s(c, 1e-3, 3000);
-  EXPECT_DOUBLE_EQ(s.lr(0), 1e-4);                 // 0.1 x lr
+  EXPECT_DOUBLE_EQ(s.lr(0), 1e-4);  // 0.1 x lr
   EXPECT_DOUBLE_EQ(s.lr(500), 1e-3 * (0.1 + 0.9 * 0.5));
-  EXPECT_DOUBLE_EQ(s.lr(1000), 1e-3);              // the milestone: the peak
-  EXPECT_NEAR(s.lr(2000), 0.5e-3, 1e-15);          // halfway down the cosine
+  EXPECT_DOUBLE_EQ(s.lr(1000), 1e-3);      // the milestone: the peak
+  EXPECT_NEAR(s.lr(2000), 0.5e-3, 1e-15);  // halfway down the cosine
   EXPECT_NEAR(s.lr(2999), 1e-3 * (1 + std::cos(std::numbers::pi * 1999 / 2000)) / 2, 1e-18);
 }
 

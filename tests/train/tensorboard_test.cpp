@@ -25,7 +25,8 @@ uint32_t mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; 
 
 uint64_t le(const std::string& s, size_t at, int bytes) {
   uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(s[at + static_cast<size_t>(i)])) << (8 * i);
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(s[at + static_cast<size_t>(i)])) << (8 * i);
   return v;
 }
 
@@ -95,17 +96,22 @@ TEST(TensorBoard, ScalarsOfAMetricsLine) {
   EXPECT_EQ(step, 7);
   std::map<std::string, double> got;
   for (const auto& x : s) got[x.tag] = x.value;
-  const std::map<std::string, double> want = {{"train/loss", 2.5}, {"train/lr", 0.001}, {"train/comm_bytes/shard", 1024},
-                                              {"train/comm_bytes/replicate", 0}, {"train/comm_bytes/world", 16}};
+  const std::map<std::string, double> want = {{"train/loss", 2.5},
+                                              {"train/lr", 0.001},
+                                              {"train/comm_bytes/shard", 1024},
+                                              {"train/comm_bytes/replicate", 0},
+                                              {"train/comm_bytes/world", 16}};
   EXPECT_EQ(got, want) << "numbers only: no step, no null (a NaN), no string, no boolean";
 
-  s = train::tensorboard_scalars(R"({"kind":"eval","step":30,"val_loss":5.5,"val_loss_by_source":{"a.h5":5.25,"b.h5":null}})", &step);
+  s = train::tensorboard_scalars(
+      R"({"kind":"eval","step":30,"val_loss":5.5,"val_loss_by_source":{"a.h5":5.25,"b.h5":null}})", &step);
   got.clear();
   for (const auto& x : s) got[x.tag] = x.value;
   EXPECT_EQ(step, 30);
   EXPECT_EQ(got, (std::map<std::string, double>{{"eval/val_loss", 5.5}, {"eval/val_loss_by_source/a.h5", 5.25}}));
 
-  for (const char* other : {R"({"kind":"rollback","step":5,"to_step":2})", R"({"kind":"train","loss":1})", "not json", R"([1,2])"})
+  for (const char* other :
+       {R"({"kind":"rollback","step":5,"to_step":2})", R"({"kind":"train","loss":1})", "not json", R"([1,2])"})
     EXPECT_TRUE(train::tensorboard_scalars(other, &step).empty()) << other;
 }
 
@@ -123,7 +129,10 @@ TEST(TensorBoard, MetricsWriterWritesBothFilesAndTensorBoardCanBeOff) {
     EXPECT_EQ(records(read_all(files[0])).size(), 3u) << "file version, step 1, step 2";
   }
   // A second writer in the same second gets its own file.
-  { train::TensorBoardWriter a(dir.string()), b(dir.string()); EXPECT_NE(a.path(), b.path()); }
+  {
+    train::TensorBoardWriter a(dir.string()), b(dir.string());
+    EXPECT_NE(a.path(), b.path());
+  }
   const fs::path off = fresh_dir("shardtrain_tensorboard_test_off");
   {
     train::MetricsWriter w((off / "metrics.jsonl").string());

@@ -38,8 +38,8 @@ struct SaveMeta {
   Health health = Health::Healthy;
 };
 
-std::string step_dir_name(int64_t step);               // "step_00000120"
-bool is_complete(const std::string& checkpoint_dir);    // DONE present
+std::string step_dir_name(int64_t step);              // "step_00000120"
+bool is_complete(const std::string& checkpoint_dir);  // DONE present
 // The complete checkpoints (step_N with DONE) of a directory, oldest first: (step, path).
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir);
 // The newest complete checkpoint directly under `dir` ("" when there is none). Incomplete ones
@@ -60,7 +60,8 @@ std::string set_aside_damaged(const std::string& checkpoint_dir);
 // them every one whose step is a multiple of `keep_every` (0 = none: milestones for later evaluation), and the
 // newest Healthy one, however many Diverging ones came after it.
 struct Retention {
-  Retention(int keep_last_ = 0, int64_t keep_every_ = 0) : keep_last(keep_last_), keep_every(keep_every_) {}  // NOLINT: from keep_last
+  Retention(int keep_last_ = 0, int64_t keep_every_ = 0)
+      : keep_last(keep_last_), keep_every(keep_every_) {}  // NOLINT: from keep_last
   int keep_last = 0;
   int64_t keep_every = 0;
 };
@@ -104,7 +105,8 @@ class AsyncSave {
   AsyncSave(const AsyncSave&) = delete;
   AsyncSave& operator=(const AsyncSave&) = delete;
 
-  void start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta, Retention retention);
+  void start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
+             Retention retention);
   std::string poll();  // the published directory, or "" while some rank is still writing (or nothing is pending)
   std::string wait();  // the published directory ("" when nothing was pending)
   bool pending() const;

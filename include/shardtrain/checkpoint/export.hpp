@@ -20,9 +20,9 @@ ExportFormat parse_export_format(std::string_view text);  // hdf5 | safetensors;
 
 struct ExportOptions {
   ExportFormat format = ExportFormat::Hdf5;
-  DType dtype = DType::F32;                        // F32 or BF16 (round to nearest even)
-  uint64_t max_shard_bytes = uint64_t{2} << 30;    // safetensors: above this, model-0000k-of-0000n files + index
-  std::string tokenizer;                           // tokenizer file/folder to ship; "" = the one the checkpoint names
+  DType dtype = DType::F32;                      // F32 or BF16 (round to nearest even)
+  uint64_t max_shard_bytes = uint64_t{2} << 30;  // safetensors: above this, model-0000k-of-0000n files + index
+  std::string tokenizer;                         // tokenizer file/folder to ship; "" = the one the checkpoint names
 };
 
 struct ExportSummary {

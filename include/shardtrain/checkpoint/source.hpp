@@ -19,7 +19,7 @@ class TensorSource {
   virtual ~TensorSource() = default;
   virtual const std::string& path() const = 0;
   virtual const model::LlamaConfig& model_config() const = 0;
-  virtual std::string tokenizer() const = 0;  // identity JSON, or "" when unknown
+  virtual std::string tokenizer() const = 0;              // identity JSON, or "" when unknown
   virtual std::string config_toml() const { return {}; }  // a checkpoint's resolved run config, else ""
   virtual int64_t step() const { return -1; }             // a checkpoint's step, else -1
   virtual bool has(const std::string& name) const = 0;

@@ -54,7 +54,8 @@ struct CollectiveCall;
 
 class Communicator {
  public:
-  Communicator(MeshAxis axis, int rank, int size, MemorySpace space) : axis_(axis), rank_(rank), size_(size), space_(space) {}
+  Communicator(MeshAxis axis, int rank, int size, MemorySpace space)
+      : axis_(axis), rank_(rank), size_(size), space_(space) {}
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;

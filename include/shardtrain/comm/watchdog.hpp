@@ -30,8 +30,8 @@ struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::Barrier;
   MeshAxis axis = MeshAxis::World;
   uint64_t bytes = 0;
-  uint64_t seq = 0;                          // collectives entered on this communicator, this one included
-  const std::vector<int>* group = nullptr;   // world ranks of the axis group (may be empty: unknown)
+  uint64_t seq = 0;                         // collectives entered on this communicator, this one included
+  const std::vector<int>* group = nullptr;  // world ranks of the axis group (may be empty: unknown)
 };
 
 // What a peer said about itself when asked about one collective (axis, seq).
@@ -39,11 +39,11 @@ struct PeerReport {
   enum class Status { Arrived, Behind, Ahead, NoAnswer };
   int world_rank = -1;
   Status status = Status::NoAnswer;
-  uint64_t entered = 0;       // collectives the peer has entered on the axis asked about
-  bool in_collective = false; // the peer's own collective in flight, if any:
+  uint64_t entered = 0;        // collectives the peer has entered on the axis asked about
+  bool in_collective = false;  // the peer's own collective in flight, if any:
   CollectiveKind kind = CollectiveKind::Barrier;
   MeshAxis axis = MeshAxis::World;
-  int64_t step = -1;          // the peer's step (-1: none set)
+  int64_t step = -1;  // the peer's step (-1: none set)
 };
 
 // The part of the timeout message about the peers asked about collective `seq` on `axis`, e.g.
@@ -97,8 +97,8 @@ class CollectiveWatchdog {
   };
 
  private:
-  struct Mailbox;   // the private communicator, its posted receive and the answers in flight (watchdog.cpp)
-  struct Survey {   // a survey asked of the watchdog thread
+  struct Mailbox;  // the private communicator, its posted receive and the answers in flight (watchdog.cpp)
+  struct Survey {  // a survey asked of the watchdog thread
     MeshAxis axis;
     uint64_t seq;
     std::vector<int> group;
@@ -141,7 +141,7 @@ class CollectiveWatchdog {
   std::array<uint64_t, 3> entered_{};
   int64_t step_ = -1;
   std::string unit_;
-  std::deque<AsyncCall> async_;       // device collectives in issue order
+  std::deque<AsyncCall> async_;  // device collectives in issue order
   std::map<int, ErrorSource> error_sources_;
   int next_error_source_ = 0;
   Survey* survey_request_ = nullptr;  // set by survey(), run and answered by the thread

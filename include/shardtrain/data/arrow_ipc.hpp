@@ -22,10 +22,10 @@
 namespace shardtrain::data {
 
 struct ArrowColumn {
-  std::string path;          // dotted, "text" or "meta.text"
-  std::string type;          // "Utf8", "LargeUtf8", "Int64", "List<Int32>", "Struct", "Dictionary<Int32, Utf8>", ...
-  bool is_string = false;    // a string or binary type, plain, viewed or dictionary-encoded, not inside a list
-  bool is_id_list = false;   // a list (List, LargeList, FixedSizeList) of integers, not inside a list: token ids
+  std::string path;         // dotted, "text" or "meta.text"
+  std::string type;         // "Utf8", "LargeUtf8", "Int64", "List<Int32>", "Struct", "Dictionary<Int32, Utf8>", ...
+  bool is_string = false;   // a string or binary type, plain, viewed or dictionary-encoded, not inside a list
+  bool is_id_list = false;  // a list (List, LargeList, FixedSizeList) of integers, not inside a list: token ids
 };
 
 // What a read went through: "record batches", "dictionary batches", "delta dictionary batches",
@@ -68,7 +68,8 @@ class ArrowIpcFile {
                        ArrowReadStats* stats = nullptr) const;
   // The same for a column of integer lists: each row's values (widened; an unsigned 64-bit value past int64
   // reads as -1), or nullopt for a null list. Null values inside a list are a DataError.
-  void for_each_id_list(const ArrowColumn& column, const std::function<void(std::optional<std::span<const int64_t>> ids)>& emit,
+  void for_each_id_list(const ArrowColumn& column,
+                        const std::function<void(std::optional<std::span<const int64_t>> ids)>& emit,
                         ArrowReadStats* stats = nullptr) const;
   // How many values the lists of the column hold, from the batches' metadata (a progress bar's estimate).
   uint64_t id_count_estimate(const ArrowColumn& column) const;

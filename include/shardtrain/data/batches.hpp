@@ -28,14 +28,14 @@ inline constexpr int32_t kIgnoreIndex = -100;
 // page-locked when CUDA is built and a device exists, so host-to-device copies are asynchronous). Move-only.
 struct MicroBatch {
   int batch = 0, seq = 0;
-  PinnedBuffer storage;        // tokens | targets | doc_ids
-  std::span<int32_t> tokens;   // (B, S) input ids
-  std::span<int32_t> targets;  // (B, S) next-token ids, kIgnoreIndex where no loss is taken
-  std::span<int32_t> doc_ids;  // (B, S) document index per position (-1: padding)
-  SamplerPosition position;    // the sampler position this micro-batch was taken at
+  PinnedBuffer storage;           // tokens | targets | doc_ids
+  std::span<int32_t> tokens;      // (B, S) input ids
+  std::span<int32_t> targets;     // (B, S) next-token ids, kIgnoreIndex where no loss is taken
+  std::span<int32_t> doc_ids;     // (B, S) document index per position (-1: padding)
+  SamplerPosition position;       // the sampler position this micro-batch was taken at
   std::vector<uint64_t> samples;  // sample indices of the rows (in the loader's mixture, mixture.hpp)
   std::vector<uint32_t> sources;  // the mixture source of each row (0 with one dataset)
-  size_t loss_tokens() const;  // targets that are not kIgnoreIndex
+  size_t loss_tokens() const;     // targets that are not kIgnoreIndex
 };
 
 MicroBatch allocate_micro_batch(int batch, int seq);

@@ -13,11 +13,11 @@
 namespace shardtrain::data {
 
 struct BpeTrainOptions {
-  size_t vocab_size = 8192;  // special tokens + 256 bytes + merges
+  size_t vocab_size = 8192;                                               // special tokens + 256 bytes + merges
   std::vector<std::string> special_tokens = {"[BOT]", "[EOT]", "[PAD]"};  // the seed's, ids 0, 1, 2
-  std::string split_pattern;                                             // empty: llama3_split_pattern()
-  uint64_t min_frequency = 2;  // stop when the best pair occurs fewer times
-  int threads = 0;             // 0: every core this process may use (its CPU affinity)
+  std::string split_pattern;                                              // empty: llama3_split_pattern()
+  uint64_t min_frequency = 2;                                             // stop when the best pair occurs fewer times
+  int threads = 0;  // 0: every core this process may use (its CPU affinity)
   DocumentOptions documents;
   ProgressStyle progress = ProgressStyle::Auto;
 };

@@ -85,7 +85,7 @@ class TokenDataset {
   const DatasetInfo& info() const { return info_; }
   size_t num_documents() const { return offsets_.size() - 1; }
   size_t num_tokens() const { return tokens_.size(); }
-  bool mapped() const;  // the tokens are mapped from the file (format 2), not held in memory
+  bool mapped() const;                      // the tokens are mapped from the file (format 2), not held in memory
   std::span<const TokenId> tokens() const;  // every token, every block checked first
   std::span<const int64_t> doc_offsets() const { return offsets_; }
   std::span<const TokenId> document(size_t d) const;  // its blocks checked first

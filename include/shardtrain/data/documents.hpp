@@ -16,7 +16,7 @@ namespace shardtrain::data {
 // Auto: *.jsonl / *.json / *.ndjson are JSONL, *.parquet Parquet, *.arrow / *.arrows / *.feather / *.ipc
 // Arrow IPC, the rest text.
 enum class InputFormat { Auto, Text, Jsonl, Parquet, Arrow };
-enum class DocumentSplit { PerFile, BlankLines };      // for text inputs
+enum class DocumentSplit { PerFile, BlankLines };  // for text inputs
 
 InputFormat parse_input_format(const std::string& s);  // auto|text|jsonl|parquet|arrow, throws UsageError
 

@@ -27,8 +27,8 @@ struct LoaderOptions {
   int dp_size = 1;
   uint64_t seed = 0;
   bool shuffle = true;
-  size_t prefetch = 4;        // micro-batches kept ready
-  SamplerPosition start{};    // resume here
+  size_t prefetch = 4;      // micro-batches kept ready
+  SamplerPosition start{};  // resume here
 };
 
 class Loader {

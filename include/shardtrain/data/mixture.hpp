@@ -59,7 +59,7 @@ class MixedSource {
   size_t size() const { return parts_.size(); }  // sources
 
   const TokenDataset& dataset(size_t k) const { return *parts_[k].component.dataset; }
-  double weight(size_t k) const { return parts_[k].weight; }             // normalized: the weights sum to 1
+  double weight(size_t k) const { return parts_[k].weight; }                        // normalized: the weights sum to 1
   size_t source_samples(size_t k) const { return parts_[k].source.num_samples(); }  // what the source holds
   size_t samples_per_epoch(size_t k) const { return parts_[k].per_epoch; }          // what it gives per epoch
   double times_seen_per_epoch(size_t k) const;  // samples_per_epoch(k) / source_samples(k)

@@ -21,14 +21,14 @@
 namespace shardtrain::data {
 
 struct ParquetColumn {
-  std::string path;          // dotted, "text" or "meta.text"
-  std::string physical_type; // BYTE_ARRAY, INT64, ...
-  bool is_string = false;    // BYTE_ARRAY (text or binary), not repeated
-  bool is_id_list = false;   // INT32 or INT64 inside one repeated field (a list of integers): token ids
+  std::string path;           // dotted, "text" or "meta.text"
+  std::string physical_type;  // BYTE_ARRAY, INT64, ...
+  bool is_string = false;     // BYTE_ARRAY (text or binary), not repeated
+  bool is_id_list = false;    // INT32 or INT64 inside one repeated field (a list of integers): token ids
   int max_definition_level = 0;
   int max_repetition_level = 0;
   int repeated_definition_level = 0;  // lists: the definition level at which the list has an entry
-  int leaf_index = 0;        // the column chunk's index in each row group
+  int leaf_index = 0;                 // the column chunk's index in each row group
 };
 
 // The pages a read went through, by kind: "DATA_PAGE_V2 RLE_DICTIONARY ZSTD" -> how many.
@@ -69,7 +69,8 @@ class ParquetFile {
                        ParquetReadStats* stats = nullptr) const;
   // Calls emit(ids) for every row of an id_list_column in order: its integers, or nullopt for a null row (a
   // null inside a list is a DataError). The span lives until emit returns.
-  void for_each_id_list(const ParquetColumn& column, const std::function<void(std::optional<std::span<const int64_t>> ids)>& emit,
+  void for_each_id_list(const ParquetColumn& column,
+                        const std::function<void(std::optional<std::span<const int64_t>> ids)>& emit,
                         ParquetReadStats* stats = nullptr) const;
 
  private:

@@ -45,8 +45,8 @@ class Tokenizer {
   std::vector<TokenId> encode(std::string_view text, SpecialTokenMode mode = SpecialTokenMode::AsText) const;
   std::string decode(std::span<const TokenId> ids) const;  // throws DataError on an unknown id
 
-  size_t vocab_size() const;                   // largest id + 1 (special tokens included)
-  std::string_view token_bytes(TokenId id) const;  // empty for an unused id
+  size_t vocab_size() const;                                      // largest id + 1 (special tokens included)
+  std::string_view token_bytes(TokenId id) const;                 // empty for an unused id
   std::optional<TokenId> token_id(std::string_view bytes) const;  // a special token's content or a token's bytes
   const std::vector<SpecialToken>& special_tokens() const;
   // Well-known roles, found by name: end of text (<|endoftext|>, <|end_of_text|>, [EOT], </s>, <|im_end|>...),
@@ -55,9 +55,9 @@ class Tokenizer {
   std::optional<TokenId> bot_id() const;
   std::optional<TokenId> pad_id() const;
 
-  const std::string& name() const;     // "r50k_base", "llama3/tokenizer.json", ...
+  const std::string& name() const;  // "r50k_base", "llama3/tokenizer.json", ...
   const std::string& path() const;
-  const std::string& hash() const;     // "fnv1a64:<16 hex>" of the file contents: the identity datasets record
+  const std::string& hash() const;  // "fnv1a64:<16 hex>" of the file contents: the identity datasets record
   TokenizerFormat format() const;
   const std::vector<std::string>& split_patterns() const;  // regexes applied in order
   bool normalizes_nfc() const;

@@ -30,22 +30,20 @@ enum class ReduceSchedule { Async, Synchronous };
 
 struct FsdpConfig {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
-  int shard_size = 0;                          // hybrid only (0: ranks per node)
-  std::optional<bool> reshard_after_forward;   // unset: the strategy's default (FULL_SHARD/HYBRID_SHARD: true)
+  int shard_size = 0;                         // hybrid only (0: ranks per node)
+  std::optional<bool> reshard_after_forward;  // unset: the strategy's default (FULL_SHARD/HYBRID_SHARD: true)
   WrapConfig wrap;
-  DType param_dtype = DType::F32;              // gathered and computed with: f32 or bf16
-  DType reduce_dtype = DType::F32;             // gradients reduced in: f32 or bf16
-  bool offload_params = false;                 // master, gradient and optimizer shards in pinned host memory
-  int forward_prefetch = 1;                    // units all-gathered ahead in forward (FSDP2's implicit prefetch)
-  int backward_prefetch = 1;                   // units all-gathered ahead in backward (BACKWARD_PRE)
+  DType param_dtype = DType::F32;   // gathered and computed with: f32 or bf16
+  DType reduce_dtype = DType::F32;  // gradients reduced in: f32 or bf16
+  bool offload_params = false;      // master, gradient and optimizer shards in pinned host memory
+  int forward_prefetch = 1;         // units all-gathered ahead in forward (FSDP2's implicit prefetch)
+  int backward_prefetch = 1;        // units all-gathered ahead in backward (BACKWARD_PRE)
   GradAccumulation accumulation = GradAccumulation::ReduceEachMicroBatch;
   ReduceSchedule reduce_schedule = ReduceSchedule::Async;
-  bool activation_checkpointing = false;       // per decoder layer
-  bool sync_module_states = false;             // broadcast replica 0's shards after init/load
+  bool activation_checkpointing = false;  // per decoder layer
+  bool sync_module_states = false;        // broadcast replica 0's shards after init/load
 
-  bool reshards_after_forward() const {
-    return reshard_after_forward.value_or(strategy_reshards_after_forward(strategy));
-  }
+  bool reshards_after_forward() const { return reshard_after_forward.value_or(strategy_reshards_after_forward(strategy)); }
   void validate() const;  // throws ConfigError naming the field
 };
 

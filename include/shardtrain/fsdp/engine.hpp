@@ -26,11 +26,11 @@ namespace shardtrain::fsdp {
 // One unit's shard as the optimizer and checkpoints see it: fp32, in host memory when offloaded.
 struct ShardView {
   int unit = 0;
-  float* param = nullptr;           // master shard
-  float* grad = nullptr;            // gradient shard (reduced, accumulated over micro-batches)
-  int64_t numel = 0;                // N / S, padding included
-  int64_t flat_begin = 0;           // where the shard starts in the unit's flat buffer
-  std::vector<ParamRange> ranges;   // parameter parts inside the shard, shard-relative offsets
+  float* param = nullptr;          // master shard
+  float* grad = nullptr;           // gradient shard (reduced, accumulated over micro-batches)
+  int64_t numel = 0;               // N / S, padding included
+  int64_t flat_begin = 0;          // where the shard starts in the unit's flat buffer
+  std::vector<ParamRange> ranges;  // parameter parts inside the shard, shard-relative offsets
   DeviceKind device = DeviceKind::Cpu;
 };
 
@@ -168,8 +168,8 @@ class FsdpEngine final : public model::ModuleHooks {
   std::vector<ShardView> shard_views_;
   std::vector<std::vector<int>> forward_prefetch_, backward_prefetch_;
   FlatPool param_pool_, grad_pool_;
-  FlatPool upload_pool_;     // offload: (N/S) fp32 device copies of master shards, from upload to their cast
-  FlatBuffer stage_;         // (N/S) fp32 on the compute device: reduce_dtype casts
+  FlatPool upload_pool_;  // offload: (N/S) fp32 device copies of master shards, from upload to their cast
+  FlatBuffer stage_;      // (N/S) fp32 on the compute device: reduce_dtype casts
   // (N/S) reduce_dtype: the reduce-scatter output; two with replicas (hybrid), used in turn, so that a unit's
   // reduce-scatter does not wait for the previous unit's all-reduce over replicas.
   FlatBuffer reduce_shard_[2];

@@ -22,20 +22,20 @@ struct FsdpPlan {
   MeshLayout mesh;
   std::vector<UnitPlan> units;  // units holding parameters
   // Per rank.
-  int64_t sharded_param_bytes = 0;         // fp32 master shards: sum of 4 * N/S
-  int64_t sharded_state_bytes = 0;         // fp32 param, grad, exp_avg, exp_avg_sq: 16 * N/S
-  int64_t unsharded_param_bytes = 0;       // gathered param_dtype buffers at most at once
-  int64_t unsharded_grad_bytes = 0;        // fp32 full gradient buffers alive at once (reduce_each, all_reduce_last:
-                                           // the root's, the unit's in backward and the one whose reduction was
-                                           // issued last, held back one reduction; no_sync: every unit's)
-  int64_t offload_upload_bytes = 0;        // with offload_params: the fp32 device copy of a master shard between
-                                           // its upload and its cast (on the upload stream, one at a time): the
-                                           // largest shard
-  int64_t comm_scratch_bytes = 0;          // fixed scratch on the compute device, one largest shard or unit each:
-                                           // the reduce-scatter output (S > 1; two with replicas), the fp32 stage (a reduce_dtype
-                                           // other than fp32, or offload with replicas), the reduce_dtype copy
-                                           // of a full gradient (reduce_dtype other than fp32)
-  int64_t offload_stage_bytes = 0;         // with offload_params: the pinned host stage (one largest shard)
+  int64_t sharded_param_bytes = 0;    // fp32 master shards: sum of 4 * N/S
+  int64_t sharded_state_bytes = 0;    // fp32 param, grad, exp_avg, exp_avg_sq: 16 * N/S
+  int64_t unsharded_param_bytes = 0;  // gathered param_dtype buffers at most at once
+  int64_t unsharded_grad_bytes = 0;   // fp32 full gradient buffers alive at once (reduce_each, all_reduce_last:
+                                      // the root's, the unit's in backward and the one whose reduction was
+                                      // issued last, held back one reduction; no_sync: every unit's)
+  int64_t offload_upload_bytes = 0;   // with offload_params: the fp32 device copy of a master shard between
+                                      // its upload and its cast (on the upload stream, one at a time): the
+                                      // largest shard
+  int64_t comm_scratch_bytes = 0;     // fixed scratch on the compute device, one largest shard or unit each:
+                                      // the reduce-scatter output (S > 1; two with replicas), the fp32 stage (a reduce_dtype
+                                      // other than fp32, or offload with replicas), the reduce_dtype copy
+                                      // of a full gradient (reduce_dtype other than fp32)
+  int64_t offload_stage_bytes = 0;    // with offload_params: the pinned host stage (one largest shard)
   // Per micro-batch, per rank, as the communicators count them (with no_sync, the reductions happen once
   // per step, on the last micro-batch).
   uint64_t shard_all_gather_bytes = 0;
@@ -57,15 +57,15 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
 // (config.activation_checkpointing), and the backend's op scratch (the fused loss's chunk, kernel and
 // cuBLASLt workspaces). What `shardtrain plan` and `shardtrain check --gpu-memory` hold against a GPU.
 struct MemoryEstimate {
-  double state = 0;        // fp32 param, grad, exp_avg, exp_avg_sq shards
-  double buffers = 0;      // gathered parameters, full gradients, communication scratch, offload uploads
+  double state = 0;    // fp32 param, grad, exp_avg, exp_avg_sq shards
+  double buffers = 0;  // gathered parameters, full gradients, communication scratch, offload uploads
   double activations = 0;
   double op_scratch = 0;
-  double device = 0;       // the total on the GPU
-  double host = 0;         // with offload_params: the state and the pinned stage
+  double device = 0;  // the total on the GPU
+  double host = 0;    // with offload_params: the state and the pinned stage
 };
-MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan, int64_t micro_batch,
-                               int64_t seq);
+MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan,
+                               int64_t micro_batch, int64_t seq);
 // The op scratch part of it, item by item.
 ops::CudaScratchBytes op_scratch_bytes(const model::ModelSpec& spec, DType param_dtype, int64_t micro_batch, int64_t seq);
 

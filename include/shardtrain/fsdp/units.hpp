@@ -12,7 +12,7 @@
 namespace shardtrain::fsdp {
 
 enum class WrapPolicy { TransformerBased, SizeBased, NoWrap };
-const char* wrap_policy_name(WrapPolicy p);          // "TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"
+const char* wrap_policy_name(WrapPolicy p);           // "TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"
 WrapPolicy parse_wrap_policy(std::string_view text);  // also accepts transformer|size|none; throws ConfigError
 
 struct WrapConfig {
@@ -23,11 +23,11 @@ struct WrapConfig {
 
 struct UnitSpec {
   int index = 0;
-  std::string name;        // the first module's name, or "root"
-  bool is_root = false;    // the unclaimed rest: gathered from first use in forward to the end of backward
+  std::string name;         // the first module's name, or "root"
+  bool is_root = false;     // the unclaimed rest: gathered from first use in forward to the end of backward
   std::vector<int> params;  // in execution order
-  int first_use = -1;      // first module (execution order) reading one of its params
-  int last_use = -1;       // last such module
+  int first_use = -1;       // first module (execution order) reading one of its params
+  int last_use = -1;        // last such module
 };
 
 // Units in the order of their first use in forward; the root unit is always present (possibly empty
@@ -67,7 +67,6 @@ struct FlatLayout {
 
 // Offsets aligned to `alignment` elements (so every view starts 16-byte aligned in bf16 and fp32),
 // total padded to a multiple of `shards`.
-FlatLayout make_flat_layout(const model::ModelSpec& spec, const std::vector<int>& params, int shards,
-                            int64_t alignment = 8);
+FlatLayout make_flat_layout(const model::ModelSpec& spec, const std::vector<int>& params, int shards, int64_t alignment = 8);
 
 }  // namespace shardtrain::fsdp

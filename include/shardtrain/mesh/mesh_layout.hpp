@@ -34,8 +34,8 @@ struct MeshLayout {
   // ranks under block placement. Shard groups are contiguous runs of S positions.
   MeshCoord coord_of(int position) const { return {position / shard_size, position % shard_size}; }
   int position_of(MeshCoord c) const { return c.replicate * shard_size + c.shard; }
-  std::vector<int> shard_group(int replicate_index) const;     // positions, ordered by shard index
-  std::vector<int> replicate_group(int shard_index) const;     // positions, ordered by replicate index
+  std::vector<int> shard_group(int replicate_index) const;  // positions, ordered by shard index
+  std::vector<int> replicate_group(int shard_index) const;  // positions, ordered by replicate index
   std::vector<std::vector<int>> shard_groups() const;
   std::vector<std::vector<int>> replicate_groups() const;
   std::string describe() const;  // "2 (replicate) x 2 (shard)"

@@ -24,16 +24,16 @@ struct LayerActivations {
   // gate and up, 2 N F elements: (N, 2F) rows of [gate | up] when one GEMM with [Wg; Wu] wrote them, else (2, N, F)
   // (ops::GateUpLayout; the layer's forward decides, decoder_layer.cpp); backward overwrites them with their gradients
   ops::Tensor gate_up;
-  ops::Tensor act;           // silu(gate) * up (N, F): down_proj's input, kept for its weight gradient
+  ops::Tensor act;  // silu(gate) * up (N, F): down_proj's input, kept for its weight gradient
 };
 
 // Temporaries reused by every layer.
 struct Workspace {
-  ops::Tensor attn_out;                  // o_proj output (N, D)
-  ops::Tensor grad_hidden[2];            // gradient of the residual stream, ping-pong (N, D)
-  ops::Tensor dh, dn, dattn;             // (N, D)
-  ops::Tensor dq, dk, dv;                // (N, D), (N, Dkv), (N, Dkv)
-  ops::Tensor dact;                      // (N, F)
+  ops::Tensor attn_out;        // o_proj output (N, D)
+  ops::Tensor grad_hidden[2];  // gradient of the residual stream, ping-pong (N, D)
+  ops::Tensor dh, dn, dattn;   // (N, D)
+  ops::Tensor dq, dk, dv;      // (N, D), (N, Dkv), (N, Dkv)
+  ops::Tensor dact;            // (N, F)
   // (N, D + 2 Dkv): the fused q/k/v projection's output in forward (rows of [q | k | v], before RoPE), its gradient
   // in backward. It shares dact's memory: dact lives only inside the MLP's backward, qkv never across it.
   ops::Tensor qkv;
@@ -56,7 +56,7 @@ class ActivationPlan {
 
   std::vector<ops::Tensor> hidden;  // (N, D) x L+1: hidden[l] is layer l's input, hidden[L] the last output
   std::vector<LayerActivations> layers;
-  ops::Tensor segments, positions;  // (B, S) I32
+  ops::Tensor segments, positions;     // (B, S) I32
   ops::Tensor final_norm, final_rstd;  // model.norm output (N, D) and (N)
   Workspace work;
 

@@ -30,11 +30,11 @@ struct LlamaConfig {
   // RoPE frequency scaling: Hugging Face's rope_type and its parameters (ops/rope.hpp). None for the seed and
   // for pretraining from scratch; "llama3" is what Llama 3.1 and later checkpoints use.
   ops::RopeScaling rope_scaling = ops::RopeScaling::None;
-  double rope_factor = 1.0;                               // linear, llama3
-  double rope_low_freq_factor = 1.0;                      // llama3
-  double rope_high_freq_factor = 4.0;                     // llama3
+  double rope_factor = 1.0;                              // linear, llama3
+  double rope_low_freq_factor = 1.0;                     // llama3
+  double rope_high_freq_factor = 4.0;                    // llama3
   int64_t rope_original_max_position_embeddings = 8192;  // llama3
-  bool tie_word_embeddings = false;  // a Hugging Face config field, kept under its name
+  bool tie_word_embeddings = false;                      // a Hugging Face config field, kept under its name
   uint64_t init_seed = 0;
   InitScheme init_scheme = InitScheme::ResetParameters;
   double init_std = 0.02;  // InitScheme::Scaled only

@@ -30,8 +30,8 @@ enum class ProjectionFusion { WhereAdjacent, Never };
 struct ModelOptions {
   DType activation_dtype = DType::F32;  // F32 or BF16 (storage; math in fp32); F64 on the CPU for checks
   Checkpointing checkpointing = Checkpointing::None;
-  int32_t ignore_index = -100;          // targets equal to this add no loss (the seed uses the pad id)
-  int64_t loss_chunk_tokens = 0;        // tokens per lm_head + loss chunk; 0 = about 16M logits per chunk
+  int32_t ignore_index = -100;    // targets equal to this add no loss (the seed uses the pad id)
+  int64_t loss_chunk_tokens = 0;  // tokens per lm_head + loss chunk; 0 = about 16M logits per chunk
   ProjectionFusion projection_fusion = ProjectionFusion::WhereAdjacent;
 };
 
@@ -43,10 +43,10 @@ struct LayerProjections {
 };
 
 struct Batch {
-  ops::Tensor input_ids;     // (B, S) I32
-  ops::Tensor targets;       // (B, S) I32; ignore_index where no loss is wanted
-  ops::Tensor document_ids;  // optional (B, S) I32: packed documents attend only within themselves, and
-                             // their positions restart at 0
+  ops::Tensor input_ids;      // (B, S) I32
+  ops::Tensor targets;        // (B, S) I32; ignore_index where no loss is wanted
+  ops::Tensor document_ids;   // optional (B, S) I32: packed documents attend only within themselves, and
+                              // their positions restart at 0
   int32_t pad_token_id = -1;  // >= 0: positions whose input is this id attend to nothing and are not attended
   // With document_ids: the number of runs of one document in the batch's rows (each row's runs counted
   // apart), or an upper bound; 0 = not known. A hint for choosing the attention kernel (ops::AttentionMask).
@@ -100,8 +100,8 @@ class LlamaModel {
   ModuleHooks* hooks_ = &no_hooks_;
   std::unique_ptr<ActivationPlan> plan_;
   std::vector<LayerProjections> projections_;  // per layer
-  ops::HostBuffer arena_;       // the activations on the CPU backend
-  DeviceBuffer device_arena_;   // and on a GPU backend
+  ops::HostBuffer arena_;                      // the activations on the CPU backend
+  DeviceBuffer device_arena_;                  // and on a GPU backend
 };
 
 }  // namespace shardtrain::model

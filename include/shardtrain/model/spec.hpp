@@ -24,7 +24,7 @@
 namespace shardtrain::model {
 
 enum class ModuleClass : uint8_t { Embedding, LlamaDecoderLayer, LlamaAttention, LlamaMLP, RMSNorm, Linear };
-const char* module_class_name(ModuleClass c);        // the PyTorch class name: "LlamaDecoderLayer", ...
+const char* module_class_name(ModuleClass c);           // the PyTorch class name: "LlamaDecoderLayer", ...
 ModuleClass parse_module_class(std::string_view name);  // throws ConfigError listing the accepted names
 
 enum class InitKind : uint8_t {
@@ -35,32 +35,32 @@ enum class InitKind : uint8_t {
 
 struct ParamInfo {
   int index = 0;
-  std::string name;              // "model.layers.3.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;    // (out, in) for linears, (V, D) for the embedding, (D) for norms
+  std::string name;            // "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // (out, in) for linears, (V, D) for the embedding, (D) for norms
   int64_t numel = 0;
-  int module = 0;                // the module that owns it
-  uint64_t stable_id = 0;        // hash of the name: keys the init RNG, independent of slicing and units
+  int module = 0;          // the module that owns it
+  uint64_t stable_id = 0;  // hash of the name: keys the init RNG, independent of slicing and units
   InitKind init = InitKind::Ones;
   double init_scale = 0;
 };
 
 struct ModuleInfo {
   int index = 0;
-  std::string name;              // "model.layers.3.mlp"
+  std::string name;  // "model.layers.3.mlp"
   ModuleClass cls = ModuleClass::Linear;
-  int parent = -1;               // -1: a top-level module
-  int layer = -1;                // decoder layer index, -1 outside the layers
-  std::vector<int> children;     // in execution order
-  std::vector<int> params;       // parameters this module owns directly
-  std::vector<int> uses;         // parameters its forward reads (owned, plus the tied embedding for lm_head)
-  int64_t subtree_numel = 0;     // elements owned by this module and its descendants
+  int parent = -1;            // -1: a top-level module
+  int layer = -1;             // decoder layer index, -1 outside the layers
+  std::vector<int> children;  // in execution order
+  std::vector<int> params;    // parameters this module owns directly
+  std::vector<int> uses;      // parameters its forward reads (owned, plus the tied embedding for lm_head)
+  int64_t subtree_numel = 0;  // elements owned by this module and its descendants
 };
 
 // Indices of one decoder layer's modules and parameters.
 struct LayerIndex {
   struct Modules {
-    int layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, mlp, gate_proj,
-        up_proj, down_proj;
+    int layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, mlp, gate_proj, up_proj,
+        down_proj;
   } modules;
   struct Params {
     int input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj, up_proj, down_proj;

@@ -49,13 +49,13 @@ DType linear_loss_logits_dtype(DType h, DType weight);
 // kernels_emulated_test checks the mirror against the kernels' own functions.
 struct CudaScratchShape {
   int64_t batch = 0, seq = 0, hidden = 0, heads = 0, vocab = 0;
-  int64_t loss_chunk_tokens = 0;                // as the model passes it (0: the default)
-  DType param_dtype = DType::BF16;              // bf16 h and W: bf16 logits and dlogits (one buffer)
-  DType lm_head_grad_dtype = DType::F32;        // not f32: the chunks' dW is summed in an fp32 buffer first
+  int64_t loss_chunk_tokens = 0;          // as the model passes it (0: the default)
+  DType param_dtype = DType::BF16;        // bf16 h and W: bf16 logits and dlogits (one buffer)
+  DType lm_head_grad_dtype = DType::F32;  // not f32: the chunks' dW is summed in an fp32 buffer first
   // cuDNN's fused attention may run (a GPU with cuDNN 9): its workspace shares the op workspace's slot.
   bool cudnn_attention = false;
-  bool deterministic_attention = false;         // deterministic_attention_from_env()
-  int64_t head_dim = 0;                         // 0: hidden / heads
+  bool deterministic_attention = false;  // deterministic_attention_from_env()
+  int64_t head_dim = 0;                  // 0: hidden / heads
 };
 struct CudaScratchBytes {
   size_t loss = 0;            // fp32 logits chunk, bf16 dlogits chunk, row losses, fp32 lm_head gradient

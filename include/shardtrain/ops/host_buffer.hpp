@@ -20,7 +20,10 @@ class HostBuffer {
 
   void* data() const { return data_; }
   size_t size() const { return bytes_; }
-  template <typename T> T* as() const { return static_cast<T*>(data_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   // Grows (never shrinks) to at least `bytes`; the old contents are lost when it grows.
   void reserve(size_t bytes);
 

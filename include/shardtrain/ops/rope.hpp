@@ -16,7 +16,7 @@ namespace shardtrain::ops {
 
 enum class RopeScaling { None, Linear, Llama3 };
 
-const char* rope_scaling_name(RopeScaling s);          // "default", "linear", "llama3" (Hugging Face's rope_type)
+const char* rope_scaling_name(RopeScaling s);           // "default", "linear", "llama3" (Hugging Face's rope_type)
 RopeScaling parse_rope_scaling(std::string_view name);  // throws ConfigError naming the accepted names
 
 struct RopeFrequencies {

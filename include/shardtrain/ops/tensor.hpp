@@ -39,7 +39,10 @@ struct Tensor {
   bool defined() const { return data != nullptr; }
   int64_t numel() const { return shape.numel(); }
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
-  template <typename T> T* as() const { return static_cast<T*>(data); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
   // The same memory seen with another shape of the same element count.
   Tensor reshaped(Shape s) const;
   // Rows [first, first + count) of the (rows x cols) view.

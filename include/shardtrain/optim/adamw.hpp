@@ -110,11 +110,11 @@ class AdamW final : public fsdp::PendingShardWrites {
 
  private:
   struct State {
-    ops::HostBuffer host_exp_avg, host_exp_avg_sq;  // host shards
+    ops::HostBuffer host_exp_avg, host_exp_avg_sq;   // host shards
     DeviceBuffer device_exp_avg, device_exp_avg_sq;  // CUDA shards
-    std::vector<DecayRange> ranges;  // the parameter parts of the shard (padding excluded)
+    std::vector<DecayRange> ranges;                  // the parameter parts of the shard (padding excluded)
     int64_t numel = 0;
-    float* param = nullptr;       // the shard's buffers at construction, checked at every step
+    float* param = nullptr;  // the shard's buffers at construction, checked at every step
     const float* grad = nullptr;
     float* exp_avg = nullptr;  // whichever of the two buffers holds it
     float* exp_avg_sq = nullptr;
@@ -149,7 +149,7 @@ class AdamW final : public fsdp::PendingShardWrites {
   std::vector<size_t> shard_segments_;    // shard i's segments: [shard_segments_[i], shard_segments_[i + 1])
   std::unique_ptr<Worker> worker_;        // started by the first step_async
   std::chrono::milliseconds async_delay_{0};
-  DeviceBuffer chunk_table_;              // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
+  DeviceBuffer chunk_table_;  // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
   int64_t num_chunks_ = 0;
   int64_t steps_ = 0;
   int threads_ = 1;
@@ -182,7 +182,7 @@ class GradNorm {
   Communicator* host_axis_ = nullptr;  // CUDA shards on a host-memory axis: reduced in sum_of_squares()
   bool on_device_ = false;
   size_t unit_sums_ = 0;  // start_from_unit_sums: how many doubles host_ receives
-  DeviceBuffer device_;  // the accumulated double, then the sum-of-squares workspace
+  DeviceBuffer device_;   // the accumulated double, then the sum-of-squares workspace
   PinnedBuffer host_;
   CudaEvent copied_;
 };

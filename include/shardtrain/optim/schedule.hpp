@@ -9,12 +9,12 @@
 namespace shardtrain::optim {
 
 enum class ScheduleKind {
-  WarmupCosine,  // linear warmup from warmup_start_factor * lr to lr, then cosine to min_lr (the seed)
-  Constant,      // linear warmup, then lr
-  WarmupLinear,  // linear warmup, then linear decay to min_lr at the last step
+  WarmupCosine,       // linear warmup from warmup_start_factor * lr to lr, then cosine to min_lr (the seed)
+  Constant,           // linear warmup, then lr
+  WarmupLinear,       // linear warmup, then linear decay to min_lr at the last step
   WarmupStableDecay,  // linear warmup, lr until the last decay_steps, then linear decay to min_lr
 };
-const char* schedule_kind_name(ScheduleKind k);         // "cosine", "constant", "linear", "wsd"
+const char* schedule_kind_name(ScheduleKind k);           // "cosine", "constant", "linear", "wsd"
 ScheduleKind parse_schedule_kind(std::string_view text);  // the names above; throws ConfigError listing them
 
 struct ScheduleConfig {

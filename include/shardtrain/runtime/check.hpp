@@ -10,8 +10,8 @@
 
 namespace shardtrain::detail {
 
-[[noreturn]] void throw_library_error(const char* library, ExitCode code, const std::string& what,
-                                      const char* statement, const char* file, int line);
+[[noreturn]] void throw_library_error(const char* library, ExitCode code, const std::string& what, const char* statement,
+                                      const char* file, int line);
 void check_mpi(int status, const char* statement, const char* file, int line);
 // HDF5 returns a negative herr_t/hid_t on failure; the value is passed through on success.
 int64_t check_hdf5(int64_t status, const char* statement, const char* file, int line);

@@ -22,15 +22,15 @@ DevicePreference parse_device_preference(std::string_view s);  // auto|cpu|cuda,
 
 struct Device {
   DeviceKind kind = DeviceKind::Cpu;
-  int index = -1;              // CUDA ordinal among the devices this rank sees, -1 on the CPU
-  std::string name = "cpu";    // e.g. "NVIDIA H100 80GB HBM3"
-  size_t memory_bytes = 0;     // total device memory, 0 on the CPU
+  int index = -1;            // CUDA ordinal among the devices this rank sees, -1 on the CPU
+  std::string name = "cpu";  // e.g. "NVIDIA H100 80GB HBM3"
+  size_t memory_bytes = 0;   // total device memory, 0 on the CPU
   // The physical GPU, whatever ordinal CUDA_VISIBLE_DEVICES gave it here: its UUID as nvidia-smi prints it
   // ("GPU-8f6c1a2b-..."), and its PCI bus id ("0000:18:00.0"). Empty on the CPU.
   std::string uuid;
   std::string pci_bus_id;
-  int ranks_sharing = 1;            // ranks of this machine on this same physical GPU (this one included)
-  std::vector<int> sharing_ranks;   // their world ranks, ascending; empty on the CPU
+  int ranks_sharing = 1;           // ranks of this machine on this same physical GPU (this one included)
+  std::vector<int> sharing_ranks;  // their world ranks, ascending; empty on the CPU
   bool is_cuda() const { return kind == DeviceKind::Cuda; }
   std::string describe() const;  // "cpu" or "cuda:0 (NVIDIA H100 ...)"
 };
@@ -82,7 +82,8 @@ enum class StreamPriority { Normal, High };
 // Owns a non-blocking CUDA stream.
 class CudaStream {
  public:
-  explicit CudaStream(StreamPriority priority = StreamPriority::Normal);  // throws when CUDA is not built or no device is current
+  explicit CudaStream(
+      StreamPriority priority = StreamPriority::Normal);  // throws when CUDA is not built or no device is current
   ~CudaStream();
   CudaStream(CudaStream&& o) noexcept;
   CudaStream& operator=(CudaStream&& o) noexcept;

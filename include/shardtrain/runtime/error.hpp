@@ -10,17 +10,17 @@ namespace shardtrain {
 // Exit codes of every shardtrain process. Stable: job scripts branch on them.
 enum class ExitCode : int {
   Ok = 0,
-  Internal = 1,     // a bug: an exception nobody classified
-  Usage = 2,        // bad command line
-  Config = 3,       // invalid configuration (file, key, value, or a mesh that cannot be built)
-  Data = 4,         // invalid dataset, tokenizer or input text
-  Checkpoint = 5,   // missing, incomplete, corrupt or mismatched checkpoint
-  Comm = 6,         // MPI or NCCL failure
-  Device = 7,       // CUDA or cuBLAS failure, device out of memory
-  Io = 8,           // file system or HDF5 failure on an output
-  Diverged = 9,     // too many non-finite steps in a row
-  Timeout = 10,     // the hang watchdog ended the job
-  Requeue = 75,     // preempted: a checkpoint was saved, requeue the job (EX_TEMPFAIL)
+  Internal = 1,    // a bug: an exception nobody classified
+  Usage = 2,       // bad command line
+  Config = 3,      // invalid configuration (file, key, value, or a mesh that cannot be built)
+  Data = 4,        // invalid dataset, tokenizer or input text
+  Checkpoint = 5,  // missing, incomplete, corrupt or mismatched checkpoint
+  Comm = 6,        // MPI or NCCL failure
+  Device = 7,      // CUDA or cuBLAS failure, device out of memory
+  Io = 8,          // file system or HDF5 failure on an output
+  Diverged = 9,    // too many non-finite steps in a row
+  Timeout = 10,    // the hang watchdog ended the job
+  Requeue = 75,    // preempted: a checkpoint was saved, requeue the job (EX_TEMPFAIL)
 };
 
 const char* exit_code_name(ExitCode code);

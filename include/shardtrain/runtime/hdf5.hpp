@@ -51,7 +51,8 @@ bool exists(const Handle& parent, const std::string& path);  // a link (dataset 
 void write_u32(const Handle& parent, const std::string& name, std::span<const uint32_t> data, DatasetOptions opt = {});
 void write_i64(const Handle& parent, const std::string& name, std::span<const int64_t> data, DatasetOptions opt = {});
 void write_f32(const Handle& parent, const std::string& name, std::span<const float> data, DatasetOptions opt = {});
-void write_u16(const Handle& parent, const std::string& name, std::span<const uint16_t> data, DatasetOptions opt = {});  // bf16 bits
+void write_u16(const Handle& parent, const std::string& name, std::span<const uint16_t> data,
+               DatasetOptions opt = {});  // bf16 bits
 
 // Reading checks that the dataset exists, is 1-D and has an integer/float class compatible with the
 // requested type; errors (DataError) name the file and dataset. HDF5 converts between widths.

@@ -35,15 +35,25 @@ void at(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {
   if (enabled(level)) write(level, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
-void trace(fmt::format_string<Args...> f, Args&&... args) { at(LogLevel::Trace, f, std::forward<Args>(args)...); }
+void trace(fmt::format_string<Args...> f, Args&&... args) {
+  at(LogLevel::Trace, f, std::forward<Args>(args)...);
+}
 template <typename... Args>
-void debug(fmt::format_string<Args...> f, Args&&... args) { at(LogLevel::Debug, f, std::forward<Args>(args)...); }
+void debug(fmt::format_string<Args...> f, Args&&... args) {
+  at(LogLevel::Debug, f, std::forward<Args>(args)...);
+}
 template <typename... Args>
-void info(fmt::format_string<Args...> f, Args&&... args) { at(LogLevel::Info, f, std::forward<Args>(args)...); }
+void info(fmt::format_string<Args...> f, Args&&... args) {
+  at(LogLevel::Info, f, std::forward<Args>(args)...);
+}
 template <typename... Args>
-void warn(fmt::format_string<Args...> f, Args&&... args) { at(LogLevel::Warn, f, std::forward<Args>(args)...); }
+void warn(fmt::format_string<Args...> f, Args&&... args) {
+  at(LogLevel::Warn, f, std::forward<Args>(args)...);
+}
 template <typename... Args>
-void error(fmt::format_string<Args...> f, Args&&... args) { at(LogLevel::Error, f, std::forward<Args>(args)...); }
+void error(fmt::format_string<Args...> f, Args&&... args) {
+  at(LogLevel::Error, f, std::forward<Args>(args)...);
+}
 
 }  // namespace log
 }  // namespace shardtrain

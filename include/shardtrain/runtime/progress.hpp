@@ -16,12 +16,12 @@ namespace shardtrain {
 enum class ProgressStyle { Auto, Bar, Lines, Off };  // Auto: Bar on a TTY, Lines otherwise
 
 struct ProgressOptions {
-  std::string label;                 // "tokenize", "train"
-  uint64_t total = 0;                // 0 = unknown (no percentage or ETA)
-  std::string unit = "it";           // shown after the rate: "MB" -> "12.3 MB/s"
-  double unit_scale = 1.0;           // counts are multiplied by this for display (1e-6: bytes -> MB)
+  std::string label;        // "tokenize", "train"
+  uint64_t total = 0;       // 0 = unknown (no percentage or ETA)
+  std::string unit = "it";  // shown after the rate: "MB" -> "12.3 MB/s"
+  double unit_scale = 1.0;  // counts are multiplied by this for display (1e-6: bytes -> MB)
   ProgressStyle style = ProgressStyle::Auto;
-  std::chrono::milliseconds bar_interval{100};  // redraw at most this often
+  std::chrono::milliseconds bar_interval{100};     // redraw at most this often
   std::chrono::milliseconds line_interval{10000};  // plain lines at most this often
   std::FILE* stream = stderr;
 };
@@ -36,7 +36,7 @@ class ProgressBar {
   void advance(uint64_t n);
   void set(uint64_t done);
   void set_field(const std::string& name, const std::string& value);  // shown as "name=value"
-  void finish();  // draws the final state and ends the line
+  void finish();                                                      // draws the final state and ends the line
 
   uint64_t done() const;
   double elapsed_seconds() const;
@@ -57,6 +57,6 @@ class ProgressBar {
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m07s", "12s"
-std::string format_bytes(uint64_t bytes);      // "812 B", "1.8 MiB", "41.20 GiB"
+std::string format_bytes(uint64_t bytes);     // "812 B", "1.8 MiB", "41.20 GiB"
 
 }  // namespace shardtrain

@@ -49,7 +49,7 @@ class MpiComm {
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
 
-  static MpiComm duplicate(MPI_Comm comm);            // MPI_Comm_dup, errors returned instead of aborting
+  static MpiComm duplicate(MPI_Comm comm);  // MPI_Comm_dup, errors returned instead of aborting
   static MpiComm split(MPI_Comm comm, int color, int key);
 
   MPI_Comm get() const { return comm_; }

@@ -14,8 +14,8 @@ namespace shardtrain {
 struct Topology {
   int world_rank = 0;
   int world_size = 1;
-  int local_rank = 0;   // rank within its (real or simulated) node
-  int local_size = 1;   // ranks on that node
+  int local_rank = 0;  // rank within its (real or simulated) node
+  int local_size = 1;  // ranks on that node
   int node_index = 0;
   int node_count = 1;
   bool simulated_nodes = false;

@@ -54,7 +54,7 @@ class CheckpointHooks final : public TrainerHooks {
   // and recorded), a requested or final one ends the run (training diverged).
   bool weights_savable(Trainer& trainer, SaveCause cause);
   void save(Trainer& trainer, SaveCause cause);  // synchronous: published when it returns (waits for an async save first)
-  void save_async(Trainer& trainer);  // checkpoint.async_save: published by a later on_step_end or on_end
+  void save_async(Trainer& trainer);             // checkpoint.async_save: published by a later on_step_end or on_end
   void wait_async(Trainer& trainer);  // the asynchronous save in flight, published or failed (within save_timeout)
   // Runs a periodic save's part (the save of step `step`, or publishing an asynchronous one); an IoError from
   // it counts as a failed save (failed_save), any other error ends the run.

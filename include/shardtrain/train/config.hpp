@@ -42,16 +42,16 @@ const char* divergence_policy_name(DivergencePolicy p);  // "stop", "rollback"
 // [optim]: AdamW, clipping, and what to do about bad steps.
 struct OptimSection {
   optim::AdamWConfig adamw;
-  double max_grad_norm = 1.0;         // clip_grad_norm_ max_norm; 0 = no clipping
+  double max_grad_norm = 1.0;  // clip_grad_norm_ max_norm; 0 = no clipping
   // A skipped step is one with a non-finite loss or gradient norm, or (loss_spike_factor > 0) a loss above
   // loss_spike_factor x the mean loss of the last loss_spike_window steps that updated. This many skipped
   // steps in a row is a divergence.
   int max_consecutive_nonfinite = 5;
-  double loss_spike_factor = 0;       // 0 = no spike detection; else > 1
-  int loss_spike_window = 100;        // updated steps whose mean loss a spike is measured against
+  double loss_spike_factor = 0;  // 0 = no spike detection; else > 1
+  int loss_spike_window = 100;   // updated steps whose mean loss a spike is measured against
   DivergencePolicy on_divergence = DivergencePolicy::Stop;
-  int max_rollbacks = 3;              // rollbacks in the run's life (resumes included) before a divergence stops it
-  int64_t rollback_skip_steps = 0;    // global batches skipped past the diverged step's data, beyond those it read
+  int max_rollbacks = 3;            // rollbacks in the run's life (resumes included) before a divergence stops it
+  int64_t rollback_skip_steps = 0;  // global batches skipped past the diverged step's data, beyond those it read
 };
 
 // [schedule]: the LR schedule, when the run stops, and when it evaluates.
@@ -66,27 +66,27 @@ struct ScheduleSection {
 
 // [data]
 struct DataSection {
-  std::string path;                 // the dataset (prepare-data's HDF5 file); relative to the working directory
-  std::vector<std::string> mixture; // or several, "PATH:WEIGHT" each, sampled in those shares (data/mixture.hpp)
+  std::string path;                  // the dataset (prepare-data's HDF5 file); relative to the working directory
+  std::vector<std::string> mixture;  // or several, "PATH:WEIGHT" each, sampled in those shares (data/mixture.hpp)
   // The datasets to train on: `path` with weight 1, or the parsed `mixture` (ConfigError naming the entry).
   std::vector<data::MixtureEntry> sources() const;
-  std::string describe() const;     // `path`, or "a mixture of N datasets (P1, P2...)" for messages
+  std::string describe() const;  // `path`, or "a mixture of N datasets (P1, P2...)" for messages
   data::BatchLayout layout = data::BatchLayout::Packed;
   // packed: attention and RoPE positions restart at each document (false: one causal sequence per row, as
   // torchtitan and Hugging Face treat packed rows)
   bool document_mask = true;
   int seq_len = 512;
-  int micro_batch_size = 0;         // per rank; 0 = global_batch_size / world (no accumulation)
-  int global_batch_size = 64;       // sequences per optimizer step, all ranks and micro-batches together
-  uint64_t seed = 1234;             // sampler shuffle
+  int micro_batch_size = 0;    // per rank; 0 = global_batch_size / world (no accumulation)
+  int global_batch_size = 64;  // sequences per optimizer step, all ranks and micro-batches together
+  uint64_t seed = 1234;        // sampler shuffle
   bool shuffle = true;
-  int prefetch = 4;                 // micro-batches the loader thread keeps ready
+  int prefetch = 4;  // micro-batches the loader thread keeps ready
 };
 
 // The checkpoint layer's names (SHARDED_STATE_DICT, FULL_STATE_DICT; also sharded|full|LOCAL_STATE_DICT).
-using checkpoint::StateDictType;
 using checkpoint::parse_state_dict_type;
 using checkpoint::state_dict_type_name;
+using checkpoint::StateDictType;
 
 // [checkpoint]: read and validated here; the checkpoint layer acts on it through Trainer hooks.
 struct CheckpointSection {
@@ -95,24 +95,24 @@ struct CheckpointSection {
   int keep_last = 0;          // 0 = keep all
   int64_t keep_every = 0;     // checkpoints at multiples of this step survive keep_last (0 = none)
   StateDictType state_dict_type = StateDictType::Sharded;
-  std::string resume;         // "" = start fresh; "auto" = the newest complete checkpoint in dir; or a path
-  std::string init_from;      // weights to start from when not resuming: a checkpoint, consolidated .h5 or HF directory
+  std::string resume;     // "" = start fresh; "auto" = the newest complete checkpoint in dir; or a path
+  std::string init_from;  // weights to start from when not resuming: a checkpoint, consolidated .h5 or HF directory
   bool cpu_ram_efficient_loading = false;  // init_from: one rank per node reads, the others receive
-  bool async_save = false;    // periodic sharded saves write on a thread while training goes on (checkpoint::AsyncSave)
-  int max_failed_saves = 3;   // periodic saves that may fail in a row (disk full...) while training goes on; 0 = none
+  bool async_save = false;     // periodic sharded saves write on a thread while training goes on (checkpoint::AsyncSave)
+  int max_failed_saves = 3;    // periodic saves that may fail in a row (disk full...) while training goes on; 0 = none
   double save_timeout = 3600;  // seconds a save may take before the job is ended (a stuck file system); 0 = off
 };
 
 // [logging]
 struct LoggingSection {
-  std::string name;            // run name; "" = the config file's stem
-  std::string run_dir;         // "" = <runs_root>/<name>-<YYYYmmdd-HHMMSS>
+  std::string name;     // run name; "" = the config file's stem
+  std::string run_dir;  // "" = <runs_root>/<name>-<YYYYmmdd-HHMMSS>
   std::string runs_root = "runs";
-  int64_t log_every = 10;      // plain progress lines (no terminal) every N steps
+  int64_t log_every = 10;  // plain progress lines (no terminal) every N steps
   ProgressStyle progress = ProgressStyle::Auto;
   std::string metrics_file = "metrics.jsonl";  // inside the run directory
-  bool tensorboard = true;     // also TensorBoard event files in the run directory (train/tensorboard.hpp)
-  double peak_flops = 0;       // per rank, FLOP/s, for MFU; 0 = measure an sgemm at start
+  bool tensorboard = true;                     // also TensorBoard event files in the run directory (train/tensorboard.hpp)
+  double peak_flops = 0;                       // per rank, FLOP/s, for MFU; 0 = measure an sgemm at start
 };
 
 struct TrainConfig {

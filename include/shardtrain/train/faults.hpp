@@ -46,7 +46,7 @@ struct FaultPlan {
   // Whether a global batch of epoch `epoch` covering samples [first, first + count) reads bad data.
   bool bad_data_in(uint64_t epoch, uint64_t first, uint64_t count) const;
   const RankFault* rank_fault_at(int rank, int64_t step) const;  // nullptr: none
-  void check_ranks(int world_size) const;  // throws UsageError for a rank outside the world
+  void check_ranks(int world_size) const;                        // throws UsageError for a rank outside the world
 };
 
 }  // namespace shardtrain::train

@@ -31,10 +31,12 @@ std::string resolve_resume_path(const std::string& resume, const std::string& di
 // The checkpoint's model must have been trained on tokens of the dataset's tokenizer (CheckpointError).
 void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const data::TokenDataset& dataset);
 // The same for any weights whose tokenizer identity (JSON with a "hash") is known; "" passes.
-void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json, const data::TokenDataset& dataset);
+void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json,
+                             const data::TokenDataset& dataset);
 
 // "" when the run reads the data the checkpoint was trained on (the same files, however spelled, and
 // weights); otherwise a sentence saying what changed. Allowed (a new mixture for a last phase), but said.
-std::string resume_data_change(const checkpoint::CheckpointReader& reader, const std::vector<data::MixtureComponent>& sources);
+std::string resume_data_change(const checkpoint::CheckpointReader& reader,
+                               const std::vector<data::MixtureComponent>& sources);
 
 }  // namespace shardtrain::train

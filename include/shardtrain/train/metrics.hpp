@@ -20,22 +20,22 @@ namespace shardtrain::train {
 double flops_per_token(const model::ModelSpec& spec, int64_t seq_len);
 
 struct StepMetrics {
-  int64_t step = 0;             // 1-based: the step just finished
-  uint64_t epoch = 0;           // of the next micro-batch
-  int64_t tokens = 0;           // input tokens seen so far, all ranks
-  double loss = 0;              // mean over the global batch's counted targets
-  double lr = 0;                // the rate this step used
-  double grad_norm = 0;         // before clipping
-  bool skipped = false;         // no update: a non-finite loss or norm, or a loss spike
-  std::string skip_reason;      // when skipped: "nonfinite" or "loss_spike"
-  double step_time_s = 0;       // data, forward, backward, optimizer (no eval, no checkpoint)
-  double tokens_per_s = 0;      // step tokens / step_time_s
-  double mfu = 0;               // tokens_per_s * flops_per_token / (peak per rank * ranks), the peak of mfu.hpp
-                                // (a GPU's datasheet figure), never above 1
-  double mfu_measured_peak = 0; // the same against the matmul measured at start (0 when none was)
-  int64_t peak_mem_bytes = 0;   // rank 0: on a GPU every byte shardtrain allocated there (device_memory_stats);
-                                // on the CPU the ledger peak: shards, gathered units, grads, activations, comm buffers
-  int64_t rss_peak_bytes = 0;   // rank 0's peak resident set (VmHWM)
+  int64_t step = 0;                   // 1-based: the step just finished
+  uint64_t epoch = 0;                 // of the next micro-batch
+  int64_t tokens = 0;                 // input tokens seen so far, all ranks
+  double loss = 0;                    // mean over the global batch's counted targets
+  double lr = 0;                      // the rate this step used
+  double grad_norm = 0;               // before clipping
+  bool skipped = false;               // no update: a non-finite loss or norm, or a loss spike
+  std::string skip_reason;            // when skipped: "nonfinite" or "loss_spike"
+  double step_time_s = 0;             // data, forward, backward, optimizer (no eval, no checkpoint)
+  double tokens_per_s = 0;            // step tokens / step_time_s
+  double mfu = 0;                     // tokens_per_s * flops_per_token / (peak per rank * ranks), the peak of mfu.hpp
+                                      // (a GPU's datasheet figure), never above 1
+  double mfu_measured_peak = 0;       // the same against the matmul measured at start (0 when none was)
+  int64_t peak_mem_bytes = 0;         // rank 0: on a GPU every byte shardtrain allocated there (device_memory_stats);
+                                      // on the CPU the ledger peak: shards, gathered units, grads, activations, comm buffers
+  int64_t rss_peak_bytes = 0;         // rank 0's peak resident set (VmHWM)
   uint64_t comm_shard_bytes = 0;      // this step, rank 0, shard axis (all collectives)
   uint64_t comm_replicate_bytes = 0;  // this step, rank 0, replicate axis
   uint64_t comm_world_bytes = 0;      // this step, rank 0, world (loss and token counts)
@@ -47,7 +47,7 @@ struct StepMetrics {
   // the stream's idle time before this step's first op, and the host's time to queue this step's forward and
   // backward. Negative: not measured (the CPU, the first step).
   double gpu_busy_s = -1, gpu_idle_before_s = -1, host_queue_s = -1;
-  double elapsed_s = 0;         // since the loop began
+  double elapsed_s = 0;                                           // since the loop began
   std::vector<std::pair<std::string, int64_t>> tokens_by_source;  // a data mixture's input tokens so far, per source
 };
 
@@ -79,9 +79,9 @@ struct RollbackMetrics {
   std::string reason;
 };
 
-std::string to_json_line(const StepMetrics& m);  // {"kind":"train",...}, no newline
+std::string to_json_line(const StepMetrics& m);      // {"kind":"train",...}, no newline
 std::string to_json_line(const RollbackMetrics& m);  // {"kind":"rollback",...}
-std::string to_json_line(const EvalMetrics& m);  // {"kind":"eval",...}
+std::string to_json_line(const EvalMetrics& m);      // {"kind":"eval",...}
 
 // Appends lines, each with one write(2), so a killed job keeps every finished step. A line the file system
 // refuses (full, over a size limit) is dropped whole: the file is cut back to where it was, an error is logged
@@ -99,7 +99,7 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const std::string& line);
   const std::string& path() const { return path_; }
-  int64_t dropped() const { return dropped_; }  // lines lost since the last one written
+  int64_t dropped() const { return dropped_; }                                 // lines lost since the last one written
   const TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }  // null when off
 
  private:

@@ -19,8 +19,8 @@ class MfuMeter {
   MfuMeter() = default;
   // configured: logging.peak_flops (0 = none); measured: per rank, the ranks' mean of the matmul measured at start
   // (0 = not measured); cpu_ceiling: per rank, ops::cpu_fp32_ceiling (0 = unknown; CPU only).
-  static MfuMeter choose(double configured, bool gpu, const std::string& device_name, double measured,
-                         double cpu_ceiling, const std::string& cpu_ceiling_how);
+  static MfuMeter choose(double configured, bool gpu, const std::string& device_name, double measured, double cpu_ceiling,
+                         const std::string& cpu_ceiling_how);
 
   // achieved FLOP/s over `ranks` ranks as a fraction of the chosen peak, in [0, 1].
   double mfu(double achieved, int ranks);

@@ -24,9 +24,9 @@ class StepTimeline {
  public:
   // `stream`: the compute stream (the ops' stream) the timers time.
   explicit StepTimeline(bool gpu, StreamRef stream = {});
-  void step_begins();   // before the step's first device work is queued
-  void work_queued();   // forward and backward are queued (before the loss read waits)
-  void step_ends();     // the update is queued
+  void step_begins();  // before the step's first device work is queued
+  void work_queued();  // forward and backward are queued (before the loss read waits)
+  void step_ends();    // the update is queued
   // After this step's loss read (a synchronization past step_begins): the figures above; nullopt on the CPU
   // and for the first step (no previous step to read).
   std::optional<StepTimes> read();

@@ -12,7 +12,7 @@
 namespace shardtrain::train {
 
 struct TensorBoardScalar {
-  std::string tag;  // "<kind>/<key>", or "<kind>/<key>/<name>" inside an object: "train/loss", "train/comm_bytes/shard"
+  std::string tag;   // "<kind>/<key>", or "<kind>/<key>/<name>" inside an object: "train/loss", "train/comm_bytes/shard"
   double value = 0;  // written as TensorBoard's simple_value, a float
 };
 
@@ -41,7 +41,7 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   void write_scalars(int64_t step, const std::vector<TensorBoardScalar>& scalars);  // one Event, at wall time now
-  void write_metrics_line(const std::string& json_line);  // its tensorboard_scalars, if it has any
+  void write_metrics_line(const std::string& json_line);                            // its tensorboard_scalars, if it has any
   const std::string& path() const { return path_; }
   int64_t dropped() const { return dropped_; }  // records lost since the last one written
 

@@ -33,17 +33,17 @@ namespace shardtrain::train {
 
 // Everything beyond the shards and AdamW states that a resumed run needs to continue exactly.
 struct TrainerState {
-  int64_t step = 0;                 // steps taken (skipped ones included): the schedule's position
-  int64_t tokens_seen = 0;          // input tokens of all ranks
-  data::SamplerPosition sampler{};  // the train loader's next micro-batch
-  int64_t sampler_samples = -1;     // samples of the epoch taken before it, by all ranks (-1: not recorded)
-  int64_t optimizer_steps = 0;      // AdamW updates (its bias-correction count)
+  int64_t step = 0;                   // steps taken (skipped ones included): the schedule's position
+  int64_t tokens_seen = 0;            // input tokens of all ranks
+  data::SamplerPosition sampler{};    // the train loader's next micro-batch
+  int64_t sampler_samples = -1;       // samples of the epoch taken before it, by all ranks (-1: not recorded)
+  int64_t optimizer_steps = 0;        // AdamW updates (its bias-correction count)
   int64_t consecutive_nonfinite = 0;  // skipped steps in a row (non-finite or loss spikes)
   int64_t skipped_steps = 0;
   std::map<std::string, int64_t> tokens_by_source;  // a data mixture's input tokens per source path (else empty)
-  int64_t rollbacks = 0;              // optim.on_divergence = rollback: rollbacks so far
-  int64_t last_rollback_to = -1;      // the step of the checkpoint the last rollback went back to (-1: none)
-  std::vector<double> recent_losses;  // optim.loss_spike_factor: the last updated steps' losses, oldest first
+  int64_t rollbacks = 0;                            // optim.on_divergence = rollback: rollbacks so far
+  int64_t last_rollback_to = -1;                    // the step of the checkpoint the last rollback went back to (-1: none)
+  std::vector<double> recent_losses;                // optim.loss_spike_factor: the last updated steps' losses, oldest first
 };
 
 // TrainerState as the JSON a checkpoint stores ({"step":..,"tokens_seen":..,"sampler":{"epoch":..,"index":..},...}),
@@ -64,9 +64,9 @@ struct RollbackPoint {
 class TrainerHooks {
  public:
   virtual ~TrainerHooks() = default;
-  virtual void on_start(Trainer& trainer) {}                               // after init, before step 1
+  virtual void on_start(Trainer& trainer) {}                                 // after init, before step 1
   virtual void on_step_end(Trainer& trainer, const StepMetrics& metrics) {}  // after each step's update and eval
-  virtual void on_end(Trainer& trainer) {}                                 // after the last step
+  virtual void on_end(Trainer& trainer) {}                                   // after the last step
   // The run diverged and optim.on_divergence = rollback: load the checkpoint to go back to into the engine and
   // the optimizer and return its state, or nullopt when this hook has none (the first hook that has one wins).
   virtual std::optional<RollbackPoint> load_rollback_point(Trainer& trainer) { return std::nullopt; }
@@ -90,9 +90,9 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0;
   double last_val_loss = 0;  // NaN when never evaluated
   double seconds = 0;
-  double tokens_per_s = 0;   // tokens / time spent in steps
+  double tokens_per_s = 0;  // tokens / time spent in steps
   int64_t skipped_steps = 0;
-  int64_t rollbacks = 0;     // over the run's life (optim.on_divergence = rollback)
+  int64_t rollbacks = 0;  // over the run's life (optim.on_divergence = rollback)
   std::string run_dir;
   std::string metrics_path;
 };
@@ -112,10 +112,10 @@ class Trainer {
   const TrainerState& state() const { return state_; }
   // Continues from `s` (after the shards and AdamW states were loaded): seeks the loader, sets AdamW's step.
   void restore(const TrainerState& s);
-  void request_save() { save_requested_ = true; }          // e.g. from a signal handler's flag, or a hook
+  void request_save() { save_requested_ = true; }  // e.g. from a signal handler's flag, or a hook
   bool save_requested() const { return save_requested_; }
   void clear_save_request() { save_requested_ = false; }
-  void request_stop() { stop_requested_ = true; }          // ends the loop after the current step
+  void request_stop() { stop_requested_ = true; }  // ends the loop after the current step
   // One more line of metrics.jsonl (a JSON object with a "kind"), from a hook: written by the rank that keeps
   // the file, ignored on the others.
   void record_event(const std::string& json_line) {
@@ -144,7 +144,7 @@ class Trainer {
   MeshComms& comms() { return *comms_; }
   const Runtime& runtime() const { return *runtime_; }
   const data::TokenDataset& dataset() const { return *sources_.front().dataset; }  // the first of sources()
-  const std::vector<data::MixtureComponent>& sources() const { return sources_; }   // data.path or data.mixture
+  const std::vector<data::MixtureComponent>& sources() const { return sources_; }  // data.path or data.mixture
   int64_t total_steps() const { return total_steps_; }
   int accumulation_steps() const { return accumulation_; }
   const MfuMeter& mfu_meter() const { return mfu_; }
@@ -211,7 +211,7 @@ class Trainer {
   bool async_update_ = false;  // AdamW::step_async (CPU offload on a GPU)
   int64_t total_steps_ = 0, tokens_per_step_ = 0;
   double flops_per_token_ = 0;
-  MfuMeter mfu_;  // the peak MFU is reported against, labelled
+  MfuMeter mfu_;                            // the peak MFU is reported against, labelled
   std::unique_ptr<StepTimeline> timeline_;  // the GPU's busy and idle time around the host's phases
   int64_t last_eval_step_ = -1;
   double last_val_loss_;

@@ -14,12 +14,12 @@ namespace shardtrain::train {
 struct YamlNode {
   enum class Kind { Scalar, Map, List };
   Kind kind = Kind::Scalar;
-  std::string scalar;  // Scalar: the text, quotes removed
-  bool quoted = false;  // Scalar: written in quotes (always a string)
-  bool null = false;    // Scalar: empty, ~ or null
+  std::string scalar;                                 // Scalar: the text, quotes removed
+  bool quoted = false;                                // Scalar: written in quotes (always a string)
+  bool null = false;                                  // Scalar: empty, ~ or null
   std::vector<std::pair<std::string, YamlNode>> map;  // Map, in file order
-  std::vector<YamlNode> list;                          // List
-  int line = 0;         // 1-based line where the node starts
+  std::vector<YamlNode> list;                         // List
+  int line = 0;                                       // 1-based line where the node starts
 };
 
 // Throws ConfigError("source:line: ...") for anything outside the subset, and for duplicate keys.

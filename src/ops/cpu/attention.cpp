@@ -23,7 +23,7 @@ constexpr int64_t kBlockRows = 64;  // query rows per block: (64, S) scores stay
 
 struct Layout {
   int64_t b, s, h, hkv, dh, group;
-  int64_t q_row() const { return h * dh; }    // stride between tokens in q, out, dq
+  int64_t q_row() const { return h * dh; }     // stride between tokens in q, out, dq
   int64_t kv_row() const { return hkv * dh; }  // stride between tokens in k, v, dk, dv
 };
 
@@ -69,7 +69,8 @@ void gather(const T* src, int64_t row_stride, int64_t rows, int64_t dh, const in
     for (int64_t d = 0; d < dh; ++d) dst[i * dh + d] = load(src[i * row_stride + d]);
   }
 }
-template <typename T, typename A> void scatter(const A* src, int64_t rows, int64_t dh, T* dst, int64_t row_stride) {
+template <typename T, typename A>
+void scatter(const A* src, int64_t rows, int64_t dh, T* dst, int64_t row_stride) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t d = 0; d < dh; ++d) store(dst[i * row_stride + d], src[i * dh + d]);
 }
@@ -105,8 +106,8 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
         }
         const int64_t n = i1 - j0;
         A* sc = scores.data();
-        gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, scale, qs.data() + i0 * L.dh, L.dh,
-                    ks.data() + j0 * L.dh, L.dh, A(0), sc, n);
+        gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, scale, qs.data() + i0 * L.dh, L.dh, ks.data() + j0 * L.dh,
+                    L.dh, A(0), sc, n);
         for (int64_t r = 0; r < nq; ++r) {
           const int64_t i = i0 + r;
           if (fb[i] < 0) {  // a padding query: a zero row of probabilities, so a zero output
@@ -125,8 +126,8 @@ void forward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T
 }
 
 template <typename T>
-void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T* v, const T* out,
-                   const acc_t<T>* lse, const T* dout, const int32_t* seg, T* dq, T* dk, T* dv) {
+void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse,
+                   const T* dout, const int32_t* seg, T* dq, T* dk, T* dv) {
   using A = acc_t<T>;
   const A scale = A(1) / std::sqrt(static_cast<A>(L.dh));
   const A neg_inf = -std::numeric_limits<A>::infinity();
@@ -171,8 +172,8 @@ void backward_impl(Context& ctx, const Layout& L, const T* q, const T* k, const 
           const A* kb = ks.data() + j0 * L.dh;
           // p = exp(scale q k^T - lse) where visible, dp = dout v^T, ds = p (dp - D_i)
           gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, scale, qb, L.dh, kb, L.dh, A(0), p.data(), n);
-          gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, A(1), dob, L.dh, vs.data() + j0 * L.dh, L.dh,
-                      A(0), ds.data(), n);
+          gemm_raw<A>(1, Transpose::No, Transpose::Yes, nq, n, L.dh, A(1), dob, L.dh, vs.data() + j0 * L.dh, L.dh, A(0),
+                      ds.data(), n);
           for (int64_t r = 0; r < nq; ++r) {
             const int64_t i = i0 + r;
             A* pr = p.data() + r * n;
@@ -208,8 +209,8 @@ void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& 
   validate_attention_forward(tensor_checks, shape, q, k, v, mask, out, lse);
   dispatch_float(q.dtype, "attention_forward", [&](auto tag) {
     using T = decltype(tag);
-    forward_impl<T>(ctx, layout_of(shape), q.as<const T>(), k.as<const T>(), v.as<const T>(), segments_of(mask),
-                    out.as<T>(), lse.as<acc_t<T>>());
+    forward_impl<T>(ctx, layout_of(shape), q.as<const T>(), k.as<const T>(), v.as<const T>(), segments_of(mask), out.as<T>(),
+                    lse.as<acc_t<T>>());
   });
 }
 
@@ -225,8 +226,7 @@ void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor&
   dispatch_float(q.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     backward_impl<T>(ctx, layout_of(shape), q.as<const T>(), k.as<const T>(), v.as<const T>(), out.as<const T>(),
-                     lse.as<const acc_t<T>>(), dout.as<const T>(), segments_of(mask), dq.as<T>(), dk.as<T>(),
-                     dv.as<T>());
+                     lse.as<const acc_t<T>>(), dout.as<const T>(), segments_of(mask), dq.as<T>(), dk.as<T>(), dv.as<T>());
   });
 }
 

@@ -34,19 +34,31 @@ struct Context {
     return {};
   }
 
-  template <typename T> T* scratch_for(Slot slot, int64_t count) {
+  template <typename T>
+  T* scratch_for(Slot slot, int64_t count) {
     HostBuffer& b = scratch[static_cast<size_t>(slot)];
     b.reserve(static_cast<size_t>(count) * sizeof(T));
     return b.as<T>();
   }
 };
 
-template <typename T> struct compute_type { using type = float; };
-template <> struct compute_type<double> { using type = double; };
-template <typename T> using acc_t = typename compute_type<T>::type;
+template <typename T>
+struct compute_type {
+  using type = float;
+};
+template <>
+struct compute_type<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename compute_type<T>::type;
 
-template <typename T> inline acc_t<T> load(const T& v) { return static_cast<acc_t<T>>(v); }
-template <typename T, typename A> inline void store(T& dst, A v) {
+template <typename T>
+inline acc_t<T> load(const T& v) {
+  return static_cast<acc_t<T>>(v);
+}
+template <typename T, typename A>
+inline void store(T& dst, A v) {
   if constexpr (std::is_same_v<T, bf16>) dst = bf16(static_cast<float>(v));
   else dst = static_cast<T>(v);
 }
@@ -66,16 +78,15 @@ inline void require_float(const Tensor& t, const char* op, const char* name) {
 class HostTensorChecks final : public TensorChecks {
  public:
   void require_resident(const Tensor& t, const char* op, const char* name) const override { require_cpu(t, op, name); }
-  void require_float(const Tensor& t, const char* op, const char* name) const override {
-    cpu::require_float(t, op, name);
-  }
+  void require_float(const Tensor& t, const char* op, const char* name) const override { cpu::require_float(t, op, name); }
   // Peers too: an unbound k, v, out or dout must be an error, not a null dereference.
   void require_peer(const Tensor& t, const char* op, const char* name) const override { cpu::require_float(t, op, name); }
 };
 inline constexpr HostTensorChecks tensor_checks{};
 
 // Calls f(T{}) with T the storage type of dtype t.
-template <typename F> decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
+template <typename F>
+decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
   switch (t) {
     case DType::F32: return f(float{});
     case DType::BF16: return f(bf16{});
@@ -86,7 +97,8 @@ template <typename F> decltype(auto) dispatch_float(DType t, const char* op, F&&
 }
 
 // A float tensor in compute type A: the tensor's own memory when it already is A, else a converted copy.
-template <typename A> const A* as_compute(Context& ctx, Slot slot, const Tensor& t) {
+template <typename A>
+const A* as_compute(Context& ctx, Slot slot, const Tensor& t) {
   if (t.dtype == dtype_of_v<A>) return t.as<const A>();
   A* out = ctx.scratch_for<A>(slot, t.numel());
   const int64_t n = t.numel();
@@ -99,7 +111,8 @@ template <typename A> const A* as_compute(Context& ctx, Slot slot, const Tensor&
 }
 
 // dst += src (src in compute type A, dst any float dtype).
-template <typename A> void accumulate_into(const A* src, const Tensor& dst) {
+template <typename A>
+void accumulate_into(const A* src, const Tensor& dst) {
   const int64_t n = dst.numel();
   dispatch_float(dst.dtype, "accumulate_into", [&](auto tag) {
     using T = decltype(tag);

@@ -16,14 +16,17 @@ namespace {
 void check_targets(const int32_t* t, int64_t n, int64_t vocab, int32_t ignore_index) {
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] != ignore_index && (t[i] < 0 || t[i] >= vocab))
-      throw DataError(fmt::format("target {} at position {} is outside the vocabulary [0, {}) and is not "
-                                  "ignore_index {}", t[i], i, vocab, ignore_index));
+      throw DataError(
+          fmt::format("target {} at position {} is outside the vocabulary [0, {}) and is not "
+                      "ignore_index {}",
+                      t[i], i, vocab, ignore_index));
   }
 }
 
 // One row of logits z (V) in place: returns -log softmax(z)[target]; when grad, z becomes
 // scale * (softmax(z) - onehot(target)). Ignored rows return 0 and, with grad, become zeros.
-template <typename A> A loss_row(A* z, int64_t vocab, int32_t target, int32_t ignore_index, A scale, bool grad) {
+template <typename A>
+A loss_row(A* z, int64_t vocab, int32_t target, int32_t ignore_index, A scale, bool grad) {
   if (target == ignore_index) {
     if (grad) std::fill(z, z + vocab, A(0));
     return 0;
@@ -39,8 +42,8 @@ void round_to_bf16(int threads, float* p, int64_t n) {
 
 }  // namespace
 
-LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index,
-                       double grad_scale, const Tensor& dlogits) {
+LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
+                       const Tensor& dlogits) {
   const char* op = "cross_entropy";
   const RowDims dims = validate_cross_entropy(tensor_checks, logits, targets, dlogits);
   const int64_t n = dims.rows, vocab = dims.cols;
@@ -106,7 +109,8 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
     for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
       const int64_t rows = std::min(chunk_tokens, n - c0);
       // (rows, V) = h[c0 : c0+rows] @ W^T
-      gemm_raw<A>(ctx.threads, Transpose::No, Transpose::Yes, rows, vocab, d, A(1), hc + c0 * d, d, w, d, A(0), logits, vocab);
+      gemm_raw<A>(ctx.threads, Transpose::No, Transpose::Yes, rows, vocab, d, A(1), hc + c0 * d, d, w, d, A(0), logits,
+                  vocab);
       if constexpr (std::is_same_v<A, float>) {
         if (bf16_logits) round_to_bf16(ctx.threads, logits, rows * vocab);
       }
@@ -118,8 +122,10 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
         if (bf16_logits) round_to_bf16(ctx.threads, logits, rows * vocab);
       }
       // dh (rows, D) = dlogits @ W;  dW (V, D) += dlogits^T @ h
-      gemm_raw<A>(ctx.threads, Transpose::No, Transpose::No, rows, d, vocab, A(1), logits, vocab, w, d, A(0), dh_buf + c0 * d, d);
-      gemm_raw<A>(ctx.threads, Transpose::Yes, Transpose::No, vocab, d, rows, A(1), logits, vocab, hc + c0 * d, d, A(1), dw, d);
+      gemm_raw<A>(ctx.threads, Transpose::No, Transpose::No, rows, d, vocab, A(1), logits, vocab, w, d, A(0),
+                  dh_buf + c0 * d, d);
+      gemm_raw<A>(ctx.threads, Transpose::Yes, Transpose::No, vocab, d, rows, A(1), logits, vocab, hc + c0 * d, d, A(1), dw,
+                  d);
     }
     for (int64_t i = 0; i < n; ++i) {
       if (t[i] == ignore_index) continue;

@@ -152,7 +152,8 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
 // elements `stride` apart, up at `up_offset` from gate: Rows (N rows of F, stride 2F, up at F) and Halves (one row
 // of N F, up at N F).
 constexpr int64_t kSwigluBlock = 4096;
-template <typename A, int Buffers> using BlockScratch = A[Buffers][kSwigluBlock];
+template <typename A, int Buffers>
+using BlockScratch = A[Buffers][kSwigluBlock];
 
 struct GateUpRows {
   int64_t rows, cols, stride, up_offset;
@@ -166,7 +167,8 @@ struct GateUpRows {
 // f(gate_at, out_at, len, scratch) for the blocks of every row, spread over the threads: gate_at is the block's
 // first element in gate_up (up's is gate_at + up_offset), out_at in the (rows x cols) output; scratch is the
 // thread's own.
-template <typename A, int Buffers, typename F> void for_each_block(Context& ctx, const GateUpRows& g, F&& f) {
+template <typename A, int Buffers, typename F>
+void for_each_block(Context& ctx, const GateUpRows& g, F&& f) {
   const int64_t per_row = (g.cols + kSwigluBlock - 1) / kSwigluBlock, blocks = g.rows * per_row;
 #pragma omp parallel num_threads(ctx.threads) if (g.rows * g.cols > kParallelMin)
   {
@@ -201,8 +203,7 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, GateUpLayout layout, co
   });
 }
 
-void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
-                     const Tensor& dgate_up) {
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) {
   const char* op = "swiglu_backward";
   const auto [n, f] = validate_swiglu(tensor_checks, op, gate_up, layout, dout, "dout", dgate_up);
   const GateUpRows rows(n, f, layout);
@@ -218,7 +219,8 @@ void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, Ga
       if constexpr (std::is_same_v<T, A>) {
         rows::swiglu_backward(go + oi, g + gi, u + gi, dg + gi, du + gi, len);
       } else {
-        for (int64_t i = 0; i < len; ++i) buf[0][i] = load(go[oi + i]), buf[1][i] = load(g[gi + i]), buf[2][i] = load(u[gi + i]);
+        for (int64_t i = 0; i < len; ++i)
+          buf[0][i] = load(go[oi + i]), buf[1][i] = load(g[gi + i]), buf[2][i] = load(u[gi + i]);
         rows::swiglu_backward(buf[0], buf[1], buf[2], buf[3], buf[4], len);
         for (int64_t i = 0; i < len; ++i) store(dg[gi + i], buf[3][i]), store(du[gi + i], buf[4][i]);
       }

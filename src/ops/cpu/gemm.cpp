@@ -27,8 +27,8 @@ void scale_in_place(Context& ctx, const Tensor& c, double beta) {
 }
 
 template <typename A>
-void gemm_block(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a, int64_t lda,
-                const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
+void gemm_block(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a, int64_t lda, const A* b,
+                int64_t ldb, A beta, A* c, int64_t ldc) {
   const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
   if constexpr (std::is_same_v<A, float>) {
     cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), bm, bn, bk, alpha, a, static_cast<blasint>(lda), b,
@@ -42,8 +42,8 @@ void gemm_block(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, A a
 }  // namespace
 
 template <typename A>
-void gemm_raw(int threads, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a,
-              int64_t lda, const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
+void gemm_raw(int threads, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a, int64_t lda,
+              const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   // Split the larger of M and N into blocks of whole 16-row/column panels, one per thread.
   constexpr int64_t kPanel = 16;
@@ -55,9 +55,11 @@ void gemm_raw(int threads, Transpose ta, Transpose tb, int64_t m, int64_t n, int
     return;
   }
   const int64_t panels = (extent + kPanel - 1) / kPanel;
-#pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static)
+  const int team = static_cast<int>(parts);  // a name: clang-format mangles a cast inside the pragma
+#pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t p = 0; p < parts; ++p) {
-    const int64_t lo = std::min(extent, panels * p / parts * kPanel), hi = std::min(extent, panels * (p + 1) / parts * kPanel);
+    const int64_t lo = std::min(extent, panels * p / parts * kPanel),
+                  hi = std::min(extent, panels * (p + 1) / parts * kPanel);
     if (hi <= lo) continue;
     if (split_rows) {  // rows [lo, hi) of C = rows of op(A)
       const A* ap = ta == Transpose::No ? a + lo * lda : a + lo;
@@ -90,20 +92,21 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
   const float* pa = as_compute<float>(ctx, Slot::GemmA, a);
   const float* pb = as_compute<float>(ctx, Slot::GemmB, b);
   if (c.dtype == DType::F32) {
-    gemm_raw<float>(ctx.threads, ta, tb, m, n, k, static_cast<float>(alpha), pa, a_cols, pb, b_cols, static_cast<float>(beta),
-                    c.as<float>(), n);
+    gemm_raw<float>(ctx.threads, ta, tb, m, n, k, static_cast<float>(alpha), pa, a_cols, pb, b_cols,
+                    static_cast<float>(beta), c.as<float>(), n);
     return;
   }
   // bf16 output: compute in an fp32 copy of c, then round once.
   float* pc = ctx.scratch_for<float>(Slot::GemmC, m * n);
   bf16* out = c.as<bf16>();
   if (beta != 0.0) convert_bf16_to_f32(out, pc, static_cast<size_t>(m * n));
-  gemm_raw<float>(ctx.threads, ta, tb, m, n, k, static_cast<float>(alpha), pa, a_cols, pb, b_cols, static_cast<float>(beta), pc, n);
+  gemm_raw<float>(ctx.threads, ta, tb, m, n, k, static_cast<float>(alpha), pa, a_cols, pb, b_cols, static_cast<float>(beta),
+                  pc, n);
   convert_f32_to_bf16(pc, out, static_cast<size_t>(m * n));
 }
 
-void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
-                const Tensor& c, const Tensor& out) {
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                const Tensor& out) {
   validate_matmul_add(tensor_checks, ta, tb, a, b, c, out);
   if (c.data != out.data) copy(ctx, c, out);
   matmul(ctx, ta, tb, alpha, a, b, 1.0, out);

@@ -10,8 +10,8 @@ namespace shardtrain::ops::cpu {
 namespace {
 
 template <typename T>
-void forward_rows(Context& ctx, const Tensor& x, const Tensor& residual, const acc_t<T>* w, double eps,
-                  const Tensor& h_out, const Tensor& y, const Tensor& rstd) {
+void forward_rows(Context& ctx, const Tensor& x, const Tensor& residual, const acc_t<T>* w, double eps, const Tensor& h_out,
+                  const Tensor& y, const Tensor& rstd) {
   using A = acc_t<T>;
   const int64_t rows = x.shape.rows(), d = x.shape.cols();
   const T* xp = x.as<const T>();
@@ -108,8 +108,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Ten
   const int64_t rows = validate_rmsnorm_backward(tensor_checks, h, weight, dweight).rows;
   for (const Tensor* t : {&dy, &dh, &dh_extra}) {
     if (t == &dh_extra && !t->defined()) continue;
-    require(t->dtype == h.dtype && t->numel() == h.numel(), op, "{} is not shaped like h {}", t->describe(),
-            h.describe());
+    require(t->dtype == h.dtype && t->numel() == h.numel(), op, "{} is not shaped like h {}", t->describe(), h.describe());
   }
   require_stats(tensor_checks, rstd, h, rows, op, "rstd");
   dispatch_float(h.dtype, op, [&](auto tag) {

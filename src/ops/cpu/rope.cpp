@@ -106,8 +106,8 @@ void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFreq
   });
 }
 
-void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
-                      const Tensor& q, const Tensor& k, const Tensor& v) {
+void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq, const Tensor& q,
+                      const Tensor& k, const Tensor& v) {
   const char* op = "rope_qkv_forward";
   const QkvDims dims = validate_rope_qkv(tensor_checks, op, qkv, positions, q, k, v, kQkvNames);
   dispatch_float(qkv.dtype, op, [&](auto tag) {

@@ -62,7 +62,8 @@ ST_ROW_INLINE void probs_and_ds(A* p, A* ds, int64_t n, int64_t cend, const int3
 
 // One row of logits z (V) in place, a counted target: returns -log softmax(z)[target]; with grad, z becomes
 // scale * (softmax(z) - onehot(target)).
-template <typename A> ST_ROW_INLINE A cross_entropy(A* z, int64_t vocab, int32_t target, A scale, bool grad) {
+template <typename A>
+ST_ROW_INLINE A cross_entropy(A* z, int64_t vocab, int32_t target, A scale, bool grad) {
   const A zt = z[target];
   A m = z[0];
 #pragma omp simd reduction(max : m)
@@ -87,10 +88,14 @@ template <typename A> ST_ROW_INLINE A cross_entropy(A* z, int64_t vocab, int32_t
   return loss;
 }
 
-template <typename A> ST_ROW_INLINE A sigmoid(A x) { return A(1) / (A(1) + exp_compute(-x)); }
+template <typename A>
+ST_ROW_INLINE A sigmoid(A x) {
+  return A(1) / (A(1) + exp_compute(-x));
+}
 
 // out = silu(gate) * up over n elements.
-template <typename A> ST_ROW_INLINE void swiglu_forward(const A* gate, const A* up, A* out, int64_t n) {
+template <typename A>
+ST_ROW_INLINE void swiglu_forward(const A* gate, const A* up, A* out, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
 }

@@ -17,8 +17,8 @@ ST_CPU_CLONES float softmax(float* row, int64_t n, int64_t cend, const int32_t* 
   return softmax<float>(row, n, cend, key_seg, own);
 }
 
-ST_CPU_CLONES void probs_and_ds(float* p, float* ds, int64_t n, int64_t cend, const int32_t* key_seg, int32_t own,
-                                    float lse, float d) {
+ST_CPU_CLONES void probs_and_ds(float* p, float* ds, int64_t n, int64_t cend, const int32_t* key_seg, int32_t own, float lse,
+                                float d) {
   probs_and_ds<float>(p, ds, n, cend, key_seg, own, lse, d);
 }
 
@@ -31,7 +31,7 @@ ST_CPU_CLONES void swiglu_forward(const float* gate, const float* up, float* out
 }
 
 ST_CPU_CLONES void swiglu_backward(const float* dout, const float* gate, const float* up, float* dgate, float* dup,
-                                       int64_t n) {
+                                   int64_t n) {
   swiglu_backward<float>(dout, gate, up, dgate, dup, n);
 }
 

@@ -11,7 +11,8 @@
 namespace shardtrain::ops {
 namespace {
 
-template <typename F> double median_gflops(double flops, int repeats, double& best, F&& run) {
+template <typename F>
+double median_gflops(double flops, int repeats, double& best, F&& run) {
   run();  // warm-up: page faults, OpenBLAS buffers
   std::vector<double> rates;
   for (int r = 0; r < repeats; ++r) {
@@ -42,8 +43,7 @@ SgemmRate measure_cpu_sgemm(int threads, int64_t n, int repeats) {
   });
   openblas_set_num_threads(1);
   rate.backend_gflops = median_gflops(flops, repeats, rate.best_gflops, [&] {
-    cpu::gemm_raw<float>(threads, Transpose::No, Transpose::Yes, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
-                         c.data(), n);
+    cpu::gemm_raw<float>(threads, Transpose::No, Transpose::Yes, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
   return rate;
 }

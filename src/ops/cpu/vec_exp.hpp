@@ -23,8 +23,8 @@ inline float vexp(float x) {
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi + kLn2Lo; kLn2Hi has 9 significant bits, so n * kLn2Hi is exact
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: t + kRound rounds t to an integer in the low mantissa bits
-  constexpr float kLow = -86.9f;        // n >= -125 from here on, so 2^(n - 1) below is a normal fp32
-  constexpr float kHigh = 88.7228317f;  // the largest fp32 x with a finite exp(x)
+  constexpr float kLow = -86.9f;         // n >= -125 from here on, so 2^(n - 1) below is a normal fp32
+  constexpr float kHigh = 88.7228317f;   // the largest fp32 x with a finite exp(x)
   const float xc = x < kLow ? kLow : (x > kHigh ? kHigh : x);
   const float shifted = xc * kLog2e + kRound;
   const float n = shifted - kRound;
@@ -47,7 +47,8 @@ inline float vexp(float x) {
 }
 
 // exp in the compute type: vexp for fp32, std::exp for f64 (the gradient checks' precision).
-template <typename A> inline A exp_compute(A x) {
+template <typename A>
+inline A exp_compute(A x) {
   if constexpr (std::is_same_v<A, float>) return vexp(x);
   else return std::exp(x);
 }

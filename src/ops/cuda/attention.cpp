@@ -26,7 +26,7 @@ const int32_t* segments_of(const AttentionMask& mask) {
 float scale_of(const AttentionShape& sh) { return 1.0f / std::sqrt(static_cast<float>(sh.head_dim)); }
 
 std::string describe(const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward) {
-  const char* masking = mask.hint == SegmentsHint::Causal ? "causal"
+  const char* masking = mask.hint == SegmentsHint::Causal      ? "causal"
                         : mask.hint == SegmentsHint::Documents ? "documents"
                                                                : "segments";
   return fmt::format("{} {} B={} S={} H={}/{} Dh={} {}", backward ? "backward" : "forward", dtype_name(dtype), sh.batch,
@@ -37,8 +37,8 @@ std::string describe(const AttentionShape& sh, DType dtype, const AttentionMask&
 // can run has its plan built here, the first time (cached after: a map lookup per call).
 std::string cudnn_reason(Context& ctx, const AttentionShape& sh, DType dtype, const AttentionMask& mask, bool backward,
                          SdpaCall* call) {
-  const std::string why = sdpa_call_of(sh, mask, backward ? SdpaDirection::Backward : SdpaDirection::Forward,
-                                       ctx.deterministic_attention, call);
+  const std::string why =
+      sdpa_call_of(sh, mask, backward ? SdpaDirection::Backward : SdpaDirection::Forward, ctx.deterministic_attention, call);
   if (!why.empty()) return why;
   return ctx.cudnn_attention().unsupported_reason(*call, dtype);
 }
@@ -65,7 +65,8 @@ bool use_cudnn(Context& ctx, const AttentionShape& sh, DType dtype, const Attent
 
 }  // namespace
 
-std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward) {
+std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask,
+                             bool backward) {
   const kernels::AttentionKernel impl = kernels::attention_kernel();
   const char* ours = kernels::attention_uses_mma(dtype) ? "mma" : "fma";
   if (impl == kernels::AttentionKernel::Mma || impl == kernels::AttentionKernel::Fma) return ours;
@@ -81,12 +82,12 @@ void attention_forward(Context& ctx, const AttentionShape& shape, const Tensor& 
     CudnnAttention& cudnn = ctx.cudnn_attention();
     const size_t bytes = cudnn.workspace_bytes(call);
     void* ws = bytes > 0 ? ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes)) : nullptr;
-    cudnn.forward(call, SdpaForwardTensors{q.data, k.data, v.data, segments_of(mask), out.data, lse.as<float>()}, ws,
-                  bytes, ctx.error_record(), ctx.stream);
+    cudnn.forward(call, SdpaForwardTensors{q.data, k.data, v.data, segments_of(mask), out.data, lse.as<float>()}, ws, bytes,
+                  ctx.error_record(), ctx.stream);
     return;
   }
-  kernels::attention_forward(q.dtype, dims_of(shape), q.data, k.data, v.data, segments_of(mask), scale_of(shape),
-                             out.data, lse.as<float>(), ctx.stream);
+  kernels::attention_forward(q.dtype, dims_of(shape), q.data, k.data, v.data, segments_of(mask), scale_of(shape), out.data,
+                             lse.as<float>(), ctx.stream);
 }
 
 void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -105,16 +106,16 @@ void attention_backward(Context& ctx, const AttentionShape& shape, const Tensor&
   const Tensor* kv_like[] = {&dk, &dv};
   for (int i = 0; i < 2; ++i) {
     require_float(*kv_like[i], op, kv_names[i]);
-    require(kv_like[i]->dtype == q.dtype && kv_like[i]->numel() == k.numel(), op, "{} {} is not shaped like k",
-            kv_names[i], kv_like[i]->describe());
+    require(kv_like[i]->dtype == q.dtype && kv_like[i]->numel() == k.numel(), op, "{} {} is not shaped like k", kv_names[i],
+            kv_like[i]->describe());
   }
   if (SdpaCall call; use_cudnn(ctx, shape, q.dtype, mask, true, &call)) {
     CudnnAttention& cudnn = ctx.cudnn_attention();
     const size_t bytes = cudnn.workspace_bytes(call);
     void* ws = bytes > 0 ? ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes)) : nullptr;
     cudnn.backward(call,
-                   SdpaBackwardTensors{q.data, k.data, v.data, out.data, lse.as<const float>(), dout.data,
-                                       segments_of(mask), dq.data, dk.data, dv.data},
+                   SdpaBackwardTensors{q.data, k.data, v.data, out.data, lse.as<const float>(), dout.data, segments_of(mask),
+                                       dq.data, dk.data, dv.data},
                    ws, bytes, ctx.error_record(), ctx.stream);
     return;
   }

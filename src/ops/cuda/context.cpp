@@ -24,14 +24,16 @@ std::string describe(const kernels::DataErrorRecord& e) {
       return fmt::format("document id {} at (row {}, position {}) is negative", e.value, e.index / seq, e.index % seq);
     }
     case kernels::DataErrorCode::SequenceCount:
-      return fmt::format("cuDNN attention: more runs of documents than the bound of {} given for the batch (run {} "
-                         "starts at token {})",
-                         e.bound, e.value, e.index);
+      return fmt::format(
+          "cuDNN attention: more runs of documents than the bound of {} given for the batch (run {} "
+          "starts at token {})",
+          e.bound, e.value, e.index);
     case kernels::DataErrorCode::DocumentSplit: {
       const int64_t seq = e.bound > 0 ? e.bound : 1;
-      return fmt::format("cuDNN attention: document {} has two separate runs in row {} (the second starts at position "
-                         "{}); its packed-documents layout needs each document contiguous within a row",
-                         e.value, e.index / seq, e.index % seq);
+      return fmt::format(
+          "cuDNN attention: document {} has two separate runs in row {} (the second starts at position "
+          "{}); its packed-documents layout needs each document contiguous within a row",
+          e.value, e.index / seq, e.index % seq);
     }
     case kernels::DataErrorCode::None: break;
   }
@@ -53,7 +55,9 @@ void* Scratch::get(size_t bytes) {
 }
 
 Context::Context(const CudaOpsOptions& opts)
-    : options(opts), readback_device(sizeof(Readback)), readback_host(sizeof(Readback)),
+    : options(opts),
+      readback_device(sizeof(Readback)),
+      readback_host(sizeof(Readback)),
       gemm(opts.gemm_workspace_bytes, opts.f32_matmul) {
   ST_CHECK_CUDA(cudaMemset(readback_device.data(), 0, sizeof(Readback)));
   ST_CHECK_CUDA(cudaDeviceSynchronize());

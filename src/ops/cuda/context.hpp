@@ -47,7 +47,8 @@ struct Context {
   explicit Context(const CudaOpsOptions& options);
   ~Context();
 
-  template <typename T> T* scratch_for(Slot slot, int64_t count) {
+  template <typename T>
+  T* scratch_for(Slot slot, int64_t count) {
     return static_cast<T*>(scratch[static_cast<size_t>(slot)].get(static_cast<size_t>(count) * sizeof(T)));
   }
   kernels::DataErrorRecord* error_record() { return &static_cast<Readback*>(readback_device.data())->error; }
@@ -78,12 +79,13 @@ struct Context {
   CudnnAttention& cudnn_attention();
 };
 
-std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask, bool backward);
+std::string attention_choice(Context& ctx, const AttentionShape& shape, DType dtype, const AttentionMask& mask,
+                             bool backward);
 
 inline void require_device(const Tensor& t, const char* op, const char* name) {
   require(t.defined(), op, "{} is not bound", name);
-  require(t.device == DeviceKind::Cuda, op, "{} ({}) is not in device memory: the CUDA backend takes CUDA tensors",
-          name, t.describe());
+  require(t.device == DeviceKind::Cuda, op, "{} ({}) is not in device memory: the CUDA backend takes CUDA tensors", name,
+          t.describe());
 }
 
 inline void require_float(const Tensor& t, const char* op, const char* name) {
@@ -97,15 +99,9 @@ inline void require_float(const Tensor& t, const char* op, const char* name) {
 // touches is checked, peers included.
 class DeviceTensorChecks final : public TensorChecks {
  public:
-  void require_resident(const Tensor& t, const char* op, const char* name) const override {
-    require_device(t, op, name);
-  }
-  void require_float(const Tensor& t, const char* op, const char* name) const override {
-    cuda::require_float(t, op, name);
-  }
-  void require_peer(const Tensor& t, const char* op, const char* name) const override {
-    cuda::require_float(t, op, name);
-  }
+  void require_resident(const Tensor& t, const char* op, const char* name) const override { require_device(t, op, name); }
+  void require_float(const Tensor& t, const char* op, const char* name) const override { cuda::require_float(t, op, name); }
+  void require_peer(const Tensor& t, const char* op, const char* name) const override { cuda::require_float(t, op, name); }
 };
 inline constexpr DeviceTensorChecks tensor_checks{};
 

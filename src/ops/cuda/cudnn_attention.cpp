@@ -28,8 +28,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-std::string sdpa_call_of(const AttentionShape& shape, const AttentionMask& mask, SdpaDirection direction,
-                         bool deterministic, SdpaCall* call) {
+std::string sdpa_call_of(const AttentionShape& shape, const AttentionMask& mask, SdpaDirection direction, bool deterministic,
+                         SdpaCall* call) {
   *call = SdpaCall{};
   call->batch = shape.batch;
   call->seq = shape.seq;
@@ -176,8 +176,8 @@ CudnnAttention::Plan& CudnnAttention::plan_for(const SdpaCall& call) {
     p->realized = realize_operations(*lib_, p->graph);
     finalize_graph(*lib_, p->realized, handle_);
     const bool deterministic = key.direction == SdpaDirection::Backward && key.deterministic;
-    p->exec = choose_plan(*lib_, p->realized.graph, handle_, device_.get() != nullptr ? &device_ : nullptr,
-                          deterministic, &p->attempts);
+    p->exec = choose_plan(*lib_, p->realized.graph, handle_, device_.get() != nullptr ? &device_ : nullptr, deterministic,
+                          &p->attempts);
   } catch (const CudnnBuildError& e) {
     p->reason = fmt::format("cuDNN {}: {}", lib_->version_text(), e.what());
   }
@@ -217,8 +217,8 @@ CudnnAttention::Plan& CudnnAttention::plan_for(const SdpaCall& call) {
     info.ragged = g.ragged;
     info.ragged_intermediates = g.ragged_intermediates;
     if (p->total > options_.max_workspace_bytes) {
-      p->reason = fmt::format("needs {} of workspace (limit {})", bytes_text(p->total),
-                              bytes_text(options_.max_workspace_bytes));
+      p->reason =
+          fmt::format("needs {} of workspace (limit {})", bytes_text(p->total), bytes_text(options_.max_workspace_bytes));
     } else {
       log::info("cuDNN {} attention plan for {}: {}, built in {:.0f} ms, workspace {}", lib_->version_text(),
                 describe_call(key), info.engine, build_ms, bytes_text(p->total));
@@ -242,7 +242,8 @@ CudnnAttention::Plan& CudnnAttention::ready_plan(const SdpaCall& call, SdpaDirec
     throw InternalError(fmt::format("{} cannot run {}: {}", op, describe_call(call), why));
   if (handle_ == nullptr) throw InternalError(fmt::format("{}: plans built for a described device do not run", op));
   Plan& p = plan_for(call);
-  if (workspace_bytes < p.total || (p.total > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % kAlign != 0)))
+  if (workspace_bytes < p.total ||
+      (p.total > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % kAlign != 0)))
     throw InternalError(fmt::format("{} {}: the workspace ({} bytes at {}) must be {} bytes, {}-byte aligned", op,
                                     describe_call(call), workspace_bytes, workspace, p.total, kAlign));
   return p;
@@ -262,11 +263,12 @@ void CudnnAttention::execute(Plan& p, void* cudnn_workspace, StreamRef stream) {
     ~Release() { api.BackendDestroyDescriptor(d); }
   } release{api, pack};
   const auto n = static_cast<int64_t>(p.uids.size());
-  ST_CHECK_CUDNN(*lib_, api.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, p.uids.data()));
+  ST_CHECK_CUDNN(*lib_,
+                 api.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, p.uids.data()));
   ST_CHECK_CUDNN(*lib_, api.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n,
                                                 p.pointers.data()));
-  ST_CHECK_CUDNN(*lib_, api.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
-                                                &cudnn_workspace));
+  ST_CHECK_CUDNN(*lib_,
+                 api.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &cudnn_workspace));
   ST_CHECK_CUDNN(*lib_, api.BackendFinalize(pack));
   ST_CHECK_CUDNN(*lib_, api.BackendExecute(handle_, p.exec.plan.get(), pack));
 }
@@ -275,8 +277,8 @@ kernels::AttentionSequences CudnnAttention::queue_sequence_arrays(const Plan& p,
                                                                   const int32_t* segments, char* ws,
                                                                   kernels::DataErrorRecord* error, StreamRef stream) {
   const SdpaGraph& g = p.graph;
-  const auto dims = kernels::AttentionSequenceDims{call.batch, call.seq, call.heads, call.kv_heads, call.head_dim,
-                                                    g.graph_batch};
+  const auto dims =
+      kernels::AttentionSequenceDims{call.batch, call.seq, call.heads, call.kv_heads, call.head_dim, g.graph_batch};
   kernels::AttentionSequences arrays;
   if (g.padding_mask) arrays.lengths = reinterpret_cast<int32_t*>(ws + p.seq_lens_at);
   if (g.ragged) {
@@ -320,8 +322,8 @@ void CudnnAttention::forward(const SdpaCall& call, const SdpaForwardTensors& t, 
   }
 }
 
-void CudnnAttention::backward(const SdpaCall& call, const SdpaBackwardTensors& t, void* workspace,
-                              size_t workspace_bytes, kernels::DataErrorRecord* error, StreamRef stream) {
+void CudnnAttention::backward(const SdpaCall& call, const SdpaBackwardTensors& t, void* workspace, size_t workspace_bytes,
+                              kernels::DataErrorRecord* error, StreamRef stream) {
   Plan& p = ready_plan(call, SdpaDirection::Backward, workspace, workspace_bytes);
   const SdpaGraph& g = p.graph;
   for (const void* ptr : {t.q, t.k, t.v, t.out, static_cast<const void*>(t.lse), t.dout, static_cast<const void*>(t.dq),
@@ -368,10 +370,10 @@ void CudnnAttention::backward(const SdpaCall& call, const SdpaBackwardTensors& t
     const int64_t tokens = call.batch * call.seq;
     kernels::attention_zero_padding_rows(t.segments, tokens, call.heads * call.head_dim, static_cast<uint16_t*>(t.dq),
                                          stream);
-    kernels::attention_zero_padding_rows(t.segments, tokens, call.kv_heads * call.head_dim,
-                                         static_cast<uint16_t*>(t.dk), stream);
-    kernels::attention_zero_padding_rows(t.segments, tokens, call.kv_heads * call.head_dim,
-                                         static_cast<uint16_t*>(t.dv), stream);
+    kernels::attention_zero_padding_rows(t.segments, tokens, call.kv_heads * call.head_dim, static_cast<uint16_t*>(t.dk),
+                                         stream);
+    kernels::attention_zero_padding_rows(t.segments, tokens, call.kv_heads * call.head_dim, static_cast<uint16_t*>(t.dv),
+                                         stream);
   }
 }
 

@@ -80,14 +80,14 @@ struct SdpaBackwardTensors {
 // (SegmentsHint::Causal: Causal, the segments all 0 or absent; Documents: Documents, mask.runs bounding the runs).
 // Returns the reason cuDNN's path cannot take the call ("" when it can be asked): a hint of Unknown (padding or
 // documents the batch did not describe), Documents without a bound.
-std::string sdpa_call_of(const AttentionShape& shape, const AttentionMask& mask, SdpaDirection direction,
-                         bool deterministic, SdpaCall* call);
+std::string sdpa_call_of(const AttentionShape& shape, const AttentionMask& mask, SdpaDirection direction, bool deterministic,
+                         SdpaCall* call);
 
 // What was built for a call, for logs and tests.
 struct SdpaPlanInfo {
-  std::string engine;          // ExecutionPlan::describe()
+  std::string engine;  // ExecutionPlan::describe()
   bool nondeterministic = false;
-  double build_ms = 0;         // graph, heuristics and plan
+  double build_ms = 0;  // graph, heuristics and plan
   int64_t cudnn_workspace_bytes = 0;
   size_t workspace_bytes = 0;  // all of it: cuDNN's, the fp32 scratch, the sequence arrays
   int64_t graph_batch = 0;
@@ -143,8 +143,8 @@ class CudnnAttention {
   void execute(Plan& p, void* cudnn_workspace, StreamRef stream);
   // The sequence arrays a plan with a padding mask or ragged offsets reads: their places in `ws`, and (with a
   // padding mask) the kernel that derives them from the segments queued on `stream`.
-  kernels::AttentionSequences queue_sequence_arrays(const Plan& p, const SdpaCall& call, const int32_t* segments,
-                                                    char* ws, kernels::DataErrorRecord* error, StreamRef stream);
+  kernels::AttentionSequences queue_sequence_arrays(const Plan& p, const SdpaCall& call, const int32_t* segments, char* ws,
+                                                    kernels::DataErrorRecord* error, StreamRef stream);
 
   CudnnAttentionOptions options_;
   bool initialized_ = false;

@@ -13,7 +13,8 @@
 namespace shardtrain::ops::cuda {
 namespace {
 
-template <typename F> bool resolve(void* lib, const char* name, F*& out) {
+template <typename F>
+bool resolve(void* lib, const char* name, F*& out) {
   out = reinterpret_cast<F*>(dlsym(lib, name));
   return out != nullptr;
 }
@@ -128,8 +129,8 @@ BackendDescriptor::BackendDescriptor(const CudnnLibrary& lib, cudnnBackendDescri
   const cudnnStatus_t st = lib.api().BackendCreateDescriptor(type, &desc_);
   if (st != CUDNN_STATUS_SUCCESS) {
     desc_ = nullptr;
-    throw CudnnBuildError(fmt::format("cudnnBackendCreateDescriptor({}, type {}): {}", what_, static_cast<int>(type),
-                                      lib.error_text(st)));
+    throw CudnnBuildError(
+        fmt::format("cudnnBackendCreateDescriptor({}, type {}): {}", what_, static_cast<int>(type), lib.error_text(st)));
   }
 }
 
@@ -303,7 +304,8 @@ BackendDescriptor device_properties(const CudnnLibrary& lib, const std::string& 
 
 std::string ExecutionPlan::describe() const {
   return fmt::format("engine {}{}{}{}", engine, knobs.empty() ? "" : " (" + knobs + ")",
-                     runtime_compiled ? ", runtime-compiled" : "", nondeterministic ? ", nondeterministic" : ", deterministic");
+                     runtime_compiled ? ", runtime-compiled" : "",
+                     nondeterministic ? ", nondeterministic" : ", deterministic");
 }
 
 std::string PlanAttempt::describe() const {
@@ -386,10 +388,10 @@ ExecutionPlan choose_plan(const CudnnLibrary& lib, const BackendDescriptor& grap
         for (int64_t k = 0; k < n; ++k) {
           cudnnBackendKnobType_t type{};
           int64_t value = 0, m = 0;
-          api.BackendGetAttribute(knobs_raw[static_cast<size_t>(k)], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
-                                  CUDNN_TYPE_KNOB_TYPE, 1, &m, &type);
-          api.BackendGetAttribute(knobs_raw[static_cast<size_t>(k)], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64,
-                                  1, &m, &value);
+          api.BackendGetAttribute(knobs_raw[static_cast<size_t>(k)], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE,
+                                  1, &m, &type);
+          api.BackendGetAttribute(knobs_raw[static_cast<size_t>(k)], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+                                  &m, &value);
           const char* name = knob_name(type);
           at.knobs += fmt::format("{}{}={}", at.knobs.empty() ? "" : " ",
                                   name ? std::string(name) : fmt::format("knob{}", static_cast<int>(type)), value);
@@ -405,7 +407,8 @@ ExecutionPlan choose_plan(const CudnnLibrary& lib, const BackendDescriptor& grap
         record(at);
         continue;
       }
-      BackendDescriptor plan(lib, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, fmt::format("execution plan (engine {})", at.engine));
+      BackendDescriptor plan(lib, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
+                             fmt::format("execution plan (engine {})", at.engine));
       if (handle != nullptr) {
         plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
       } else if (device != nullptr) {
@@ -414,8 +417,8 @@ ExecutionPlan choose_plan(const CudnnLibrary& lib, const BackendDescriptor& grap
       plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
       at.status = plan.try_finalize();
       if (at.status == CUDNN_STATUS_SUCCESS)
-        at.status = api.BackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                            &n, &p.workspace_bytes);
+        at.status = api.BackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                            &p.workspace_bytes);
       at.text = lib.error_text(at.status);
       if (at.status != CUDNN_STATUS_SUCCESS) {
         record(at);

@@ -35,7 +35,7 @@ class CudnnLibrary {
   CudnnLibrary& operator=(const CudnnLibrary&) = delete;
 
   int64_t version() const { return version_; }  // cudnnGetVersion(): 91900 for 9.19.0
-  std::string version_text() const;              // "9.19.0"
+  std::string version_text() const;             // "9.19.0"
   const std::string& soname() const { return soname_; }
   // "<status name> (<code>): <cuDNN's last error message>" (the message when cudnnGetLastErrorString exists and
   // has one). Call right after the failing call: the message is the calling thread's latest.
@@ -52,10 +52,10 @@ class CudnnLibrary {
     cudnnStatus_t (*SetStream)(cudnnHandle_t, cudaStream_t);
     cudnnStatus_t (*BackendCreateDescriptor)(cudnnBackendDescriptorType_t, cudnnBackendDescriptor_t*);
     cudnnStatus_t (*BackendDestroyDescriptor)(cudnnBackendDescriptor_t);
-    cudnnStatus_t (*BackendSetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
-                                         cudnnBackendAttributeType_t, int64_t, const void*);
-    cudnnStatus_t (*BackendGetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t,
-                                         cudnnBackendAttributeType_t, int64_t, int64_t*, void*);
+    cudnnStatus_t (*BackendSetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t, cudnnBackendAttributeType_t,
+                                         int64_t, const void*);
+    cudnnStatus_t (*BackendGetAttribute)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t, cudnnBackendAttributeType_t,
+                                         int64_t, int64_t*, void*);
     cudnnStatus_t (*BackendFinalize)(cudnnBackendDescriptor_t);
     cudnnStatus_t (*BackendExecute)(cudnnHandle_t, cudnnBackendDescriptor_t, cudnnBackendDescriptor_t);
   };
@@ -120,14 +120,14 @@ BackendDescriptor device_properties(const CudnnLibrary& lib, const std::string& 
 
 struct ExecutionPlan {
   BackendDescriptor plan;
-  BackendDescriptor config;           // the engine config the plan was finalized from
+  BackendDescriptor config;  // the engine config the plan was finalized from
   int64_t workspace_bytes = 0;
-  int64_t engine = -1;                // the engine's global index
-  std::string knobs;                  // "TILE_M=2 STAGES=4 ..." (knob type numbers where no name is known)
-  bool nondeterministic = false;      // the engine carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
-  bool runtime_compiled = false;      // CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION
-  int tried = 0;                      // engine configs tried before this one finalized
-  std::string describe() const;       // "engine 8 (knobs ...), runtime-compiled, deterministic"
+  int64_t engine = -1;            // the engine's global index
+  std::string knobs;              // "TILE_M=2 STAGES=4 ..." (knob type numbers where no name is known)
+  bool nondeterministic = false;  // the engine carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
+  bool runtime_compiled = false;  // CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION
+  int tried = 0;                  // engine configs tried before this one finalized
+  std::string describe() const;   // "engine 8 (knobs ...), runtime-compiled, deterministic"
 };
 
 // One engine config the heuristics proposed, and what became of it.
@@ -135,7 +135,7 @@ struct PlanAttempt {
   int64_t engine = -1;
   std::string knobs;
   bool nondeterministic = false, runtime_compiled = false;
-  bool skipped = false;  // nondeterministic where a deterministic engine was wanted
+  bool skipped = false;                         // nondeterministic where a deterministic engine was wanted
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;  // of the execution plan's finalize
   std::string text;                             // CudnnLibrary::error_text(status)
   std::string describe() const;

@@ -33,8 +33,8 @@ class Builder {
  public:
   explicit Builder(SdpaGraph& g) : g_(g) {}
 
-  int64_t tensor(int64_t uid, std::string name, cudnnDataType_t dtype, Dims dims, Dims strides,
-                 int64_t ragged_offset = 0, int64_t scratch_bytes = 0) {
+  int64_t tensor(int64_t uid, std::string name, cudnnDataType_t dtype, Dims dims, Dims strides, int64_t ragged_offset = 0,
+                 int64_t scratch_bytes = 0) {
     GraphTensor t;
     t.uid = uid;
     t.name = std::move(name);
@@ -175,7 +175,8 @@ std::string describe_call(const SdpaCall& c) {
 std::string sdpa_static_reason(const SdpaCall& c, const std::string& dtype_name, const SdpaTarget& t) {
   const int64_t v = t.cudnn_version;
   const bool backward = c.direction == SdpaDirection::Backward;
-  if (dtype_name != "bf16") return fmt::format("{} (cuDNN's flash attention takes bf16/fp16; shardtrain uses bf16)", dtype_name);
+  if (dtype_name != "bf16")
+    return fmt::format("{} (cuDNN's flash attention takes bf16/fp16; shardtrain uses bf16)", dtype_name);
   if (c.batch <= 0 || c.seq <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.head_dim <= 0)
     return fmt::format("empty shape ({})", describe_call(c));
   if (c.heads % c.kv_heads != 0) return fmt::format("H = {} is not a multiple of Hkv = {}", c.heads, c.kv_heads);
@@ -193,13 +194,15 @@ std::string sdpa_static_reason(const SdpaCall& c, const std::string& dtype_name,
   if (c.masking == SdpaMasking::Documents) {
     if (c.max_sequences <= 0) return "packed documents without a bound on their runs (max_sequences = 0)";
     if (v < 90600)
-      return fmt::format("cuDNN {} older than 9.6.0 needed for packed documents (token-major statistics, "
-                         "grouped-query ragged tensors)",
-                         version_text(v));
+      return fmt::format(
+          "cuDNN {} older than 9.6.0 needed for packed documents (token-major statistics, "
+          "grouped-query ragged tensors)",
+          version_text(v));
     if (t.sm < 90 && v < 91801)
-      return fmt::format("compute capability {}.{}: cuDNN {} runs packed documents on 9.0 and newer only (8.x from "
-                         "9.18.1)",
-                         t.sm / 10, t.sm % 10, version_text(v));
+      return fmt::format(
+          "compute capability {}.{}: cuDNN {} runs packed documents on 9.0 and newer only (8.x from "
+          "9.18.1)",
+          t.sm / 10, t.sm % 10, version_text(v));
     if (backward && c.deterministic && (t.sm / 10 == 8 || t.sm / 10 == 12))
       return fmt::format("compute capability {}.{}: cuDNN has no deterministic backward for packed documents", t.sm / 10,
                          t.sm % 10);
@@ -324,9 +327,8 @@ SdpaGraph describe_sdpa(const SdpaCall& call_in, const SdpaTarget& target) {
 
   // CompositeSDPABackwardNode. softmax_sum = rowsum(dO * O) * 1 (the 1 is the dropout-scale slot).
   const int64_t rs_scratch = g.ragged_intermediates ? tokens * H * 4 : B * H * S * 4;
-  bld.tensor(SoftmaxSum, "softmax_sum", CUDNN_DATA_FLOAT, row_dims,
-             g.ragged_intermediates ? stats_strides : row_strides, g.ragged_intermediates ? stats_offsets : 0,
-             rs_scratch);
+  bld.tensor(SoftmaxSum, "softmax_sum", CUDNN_DATA_FLOAT, row_dims, g.ragged_intermediates ? stats_strides : row_strides,
+             g.ragged_intermediates ? stats_offsets : 0, rs_scratch);
   bld.scalar(One, "one");
   const int64_t doo = bld.virt("mul_dO_O", CUDNN_DATA_FLOAT, q_dims, {H * S * D, S * D, H * D, 1});
   bld.pointwise("mul_dO_O", CUDNN_POINTWISE_MUL, dO, O, 0, doo);

@@ -57,7 +57,7 @@ std::string sdpa_static_reason(const SdpaCall& call, const std::string& dtype_na
 // Unique ids of the tensors bound at execute time (the variant pack). Virtual tensors get ids from kFirstVirtual.
 namespace sdpa_uid {
 inline constexpr int64_t Q = 1, K = 2, V = 3, O = 4, Stats = 5, dO = 6, dQ = 7, dK = 8, dV = 9;
-inline constexpr int64_t SeqLenQ = 10, SeqLenKV = 11;                      // (B', 1, 1, 1) int32
+inline constexpr int64_t SeqLenQ = 10, SeqLenKV = 11;                        // (B', 1, 1, 1) int32
 inline constexpr int64_t OffsetsQO = 12, OffsetsKV = 13, OffsetsStats = 14;  // (B' + 1, 1, 1, 1) int64
 inline constexpr int64_t SoftmaxSum = 15, dQAccum = 16, dKFull = 17, dVFull = 18;
 inline constexpr int64_t Scale = 19, MaskFill = 20, One = 21;  // fp32 scalars passed by value
@@ -97,13 +97,13 @@ struct GraphOp {
 };
 
 struct SdpaGraph {
-  SdpaCall call;      // the plan key
+  SdpaCall call;  // the plan key
   SdpaTarget target;
-  int64_t graph_batch = 0;          // B'
-  bool padding_mask = false;        // sequence lengths bound the GEMMs and mask the scores
-  bool ragged = false;              // Documents: q, k, v, o (and grads) in the packed layout, stats token-major
-  bool ragged_intermediates = false;  // the backward's fp32 scratch sized by tokens (B * S), not by B' * S
-  bool dq_accumulated = false;      // backward: dQ through the fp32 dQAccum tensor (atomics: nondeterministic)
+  int64_t graph_batch = 0;                  // B'
+  bool padding_mask = false;                // sequence lengths bound the GEMMs and mask the scores
+  bool ragged = false;                      // Documents: q, k, v, o (and grads) in the packed layout, stats token-major
+  bool ragged_intermediates = false;        // the backward's fp32 scratch sized by tokens (B * S), not by B' * S
+  bool dq_accumulated = false;              // backward: dQ through the fp32 dQAccum tensor (atomics: nondeterministic)
   float scale = 0, mask_fill = 0, one = 1;  // the by-value scalars' values
   std::vector<GraphTensor> tensors;
   std::vector<GraphOp> ops;

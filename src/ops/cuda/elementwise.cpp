@@ -68,8 +68,7 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, GateUpLayout layout, co
                           r.cols, ctx.stream);
 }
 
-void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
-                     const Tensor& dgate_up) {
+void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) {
   const auto [n, f] = validate_swiglu(tensor_checks, "swiglu_backward", gate_up, layout, dout, "dout", dgate_up);
   const GateUpRows r(n, f, layout);
   kernels::swiglu_backward(gate_up.dtype, dout.data, gate_up.data, elements_after(gate_up, r.up_offset), r.stride,

@@ -43,10 +43,12 @@ struct PreferenceDeleter {
   void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
 };
 
-template <typename T> void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, T value) {
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, T value) {
   ST_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
 }
-template <typename T> void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, T value) {
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, T value) {
   ST_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
 }
 
@@ -77,7 +79,8 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
   const int64_t b_rows = key.tb ? key.n : key.k, b_cols = key.tb ? key.k : key.n;
   auto make_layout = [](DType t, int64_t rows, int64_t cols) {
     cublasLtMatrixLayout_t l = nullptr;
-    ST_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), rows));
+    ST_CHECK_CUBLAS(
+        cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), rows));
     return LayoutPtr(l);
   };
   p.a = make_layout(key.b_dtype, b_cols, b_rows);
@@ -97,7 +100,8 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, desc, p.a.get(), p.b.get(), p.c.get(), p.c.get(),
                                                                pref_raw, 1, &result, &found);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
+      (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
     p.supported = false;
   } else {
     ST_CHECK_CUBLAS(status);
@@ -112,8 +116,17 @@ bool LtGemm::run(const GemmCall& call, StreamRef stream) {
   const void* c_in = call.c_in != nullptr ? call.c_in : call.c;
   // C and D share a layout; the algorithm must suit the less aligned of the two.
   const uint32_t c_align = std::min(alignment_of(call.c), alignment_of(c_in));
-  const Key key{call.ta == Transpose::Yes ? 1 : 0, call.tb == Transpose::Yes ? 1 : 0, call.m, call.n, call.k,
-                call.a_dtype, call.b_dtype, call.c_dtype, alignment_of(call.a), alignment_of(call.b), c_align};
+  const Key key{call.ta == Transpose::Yes ? 1 : 0,
+                call.tb == Transpose::Yes ? 1 : 0,
+                call.m,
+                call.n,
+                call.k,
+                call.a_dtype,
+                call.b_dtype,
+                call.c_dtype,
+                alignment_of(call.a),
+                alignment_of(call.b),
+                c_align};
   const Plan& plan = plan_for(key);
   if (!plan.supported) return false;
   ST_CHECK_CUBLAS(cublasLtMatmul(handle_, plan.desc.get(), &call.alpha, call.b, plan.a.get(), call.a, plan.b.get(),
@@ -131,7 +144,18 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
     else if (beta != 1.0) kernels::elementwise_scale(c.dtype, c.data, c.numel(), static_cast<float>(beta), ctx.stream);
     return;
   }
-  const GemmCall call{ta, tb, m, n, k, a.data, a.dtype, b.data, b.dtype, c.data, c.dtype, static_cast<float>(alpha),
+  const GemmCall call{ta,
+                      tb,
+                      m,
+                      n,
+                      k,
+                      a.data,
+                      a.dtype,
+                      b.data,
+                      b.dtype,
+                      c.data,
+                      c.dtype,
+                      static_cast<float>(alpha),
                       static_cast<float>(beta)};
   if (ctx.gemm.run(call, ctx.stream)) return;
 
@@ -156,17 +180,16 @@ void matmul(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor
     f.c_dtype = DType::F32;
   }
   if (!ctx.gemm.run(f, ctx.stream))
-    throw InternalError(fmt::format("matmul: cuBLASLt has no fp32 algorithm for ({} x {}) @ ({} x {}), ta={}, tb={}", m,
-                                    k, k, n, ta == Transpose::Yes, tb == Transpose::Yes));
+    throw InternalError(fmt::format("matmul: cuBLASLt has no fp32 algorithm for ({} x {}) @ ({} x {}), ta={}, tb={}", m, k,
+                                    k, n, ta == Transpose::Yes, tb == Transpose::Yes));
   if (c.dtype != DType::F32) kernels::elementwise_copy(DType::F32, f.c, c.dtype, c.data, m * n, ctx.stream);
 }
 
-void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b,
-                const Tensor& c, const Tensor& out) {
+void matmul_add(Context& ctx, Transpose ta, Transpose tb, double alpha, const Tensor& a, const Tensor& b, const Tensor& c,
+                const Tensor& out) {
   const auto [m, n, k] = validate_matmul_add(tensor_checks, ta, tb, a, b, c, out);
   if (c.data != out.data && m > 0 && n > 0 && k > 0) {
-    GemmCall call{ta, tb, m, n, k, a.data, a.dtype, b.data, b.dtype, out.data, out.dtype, static_cast<float>(alpha),
-                  1.0f};
+    GemmCall call{ta, tb, m, n, k, a.data, a.dtype, b.data, b.dtype, out.data, out.dtype, static_cast<float>(alpha), 1.0f};
     call.c_in = c.data;
     if (ctx.gemm.run(call, ctx.stream)) return;
   }

@@ -19,8 +19,8 @@ Tensor device_view(void* data, DType dtype, Shape shape) { return make_tensor(da
 
 }  // namespace
 
-LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index,
-                       double grad_scale, const Tensor& dlogits) {
+LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, int32_t ignore_index, double grad_scale,
+                       const Tensor& dlogits) {
   const RowDims dims = validate_cross_entropy(tensor_checks, logits, targets, dlogits);
   const int64_t n = dims.rows, vocab = dims.cols;
   const bool grad = dlogits.defined();
@@ -44,8 +44,7 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   // bytes the row kernel moves and lets the buffer hold twice the rows, so dW is read and written half as often.
   const DType logits_dtype = linear_loss_logits_dtype(h.dtype, weight.dtype);
   chunk_tokens = linear_loss_chunk_tokens(vocab, n, chunk_tokens, logits_dtype);
-  void* logits =
-      ctx.scratch_for<char>(Slot::Logits, chunk_tokens * vocab * static_cast<int64_t>(dtype_size(logits_dtype)));
+  void* logits = ctx.scratch_for<char>(Slot::Logits, chunk_tokens * vocab * static_cast<int64_t>(dtype_size(logits_dtype)));
   void* dlogits = grad ? logits : nullptr;
   float* row_loss = ctx.scratch_for<float>(Slot::RowLoss, std::max<int64_t>(n, 1));
   // dW sums over chunks in fp32: straight into dweight when it is f32, else in an fp32 buffer added once at

@@ -32,15 +32,15 @@ void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& h, const Ten
   for (int i = 0; i < 3; ++i) {
     if (tensors[i] == &dh_extra && !dh_extra.defined()) continue;
     require_float(*tensors[i], op, names[i]);
-    require(tensors[i]->dtype == h.dtype && tensors[i]->numel() == h.numel(), op, "{} is {}, not shaped like h {}",
-            names[i], tensors[i]->describe(), h.describe());
+    require(tensors[i]->dtype == h.dtype && tensors[i]->numel() == h.numel(), op, "{} is {}, not shaped like h {}", names[i],
+            tensors[i]->describe(), h.describe());
   }
   require_stats(tensor_checks, rstd, h, rows, op, "rstd");
   const size_t bytes = kernels::rmsnorm_backward_workspace_bytes(rows, d);
   void* ws = ctx.scratch_for<char>(Slot::OpWorkspace, static_cast<int64_t>(bytes));
   kernels::rmsnorm_backward(h.dtype, dy.data, h.data, weight.dtype, weight.data, rstd.as<const float>(),
-                            dh_extra.defined() ? dh_extra.data : nullptr, dh.data, rows, d, dweight.dtype, dweight.data,
-                            ws, bytes, ctx.stream);
+                            dh_extra.defined() ? dh_extra.data : nullptr, dh.data, rows, d, dweight.dtype, dweight.data, ws,
+                            bytes, ctx.stream);
 }
 
 void rope(Context& ctx, const Tensor& x, const Tensor& positions, const RopeFrequencies& freq, RopeDirection direction) {
@@ -57,8 +57,8 @@ const char* const kQkvNames[4] = {"qkv", "q", "k", "v"};
 const char* const kDqkvNames[4] = {"dqkv", "dq", "dk", "dv"};
 }  // namespace
 
-void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq,
-                      const Tensor& q, const Tensor& k, const Tensor& v) {
+void rope_qkv_forward(Context& ctx, const Tensor& qkv, const Tensor& positions, const RopeFrequencies& freq, const Tensor& q,
+                      const Tensor& k, const Tensor& v) {
   const QkvDims d = validate_rope_qkv(tensor_checks, "rope_qkv_forward", qkv, positions, q, k, v, kQkvNames);
   const std::vector<float> inv_freq = rope_inv_freq<float>(freq, d.head_dim);
   kernels::rope_qkv(qkv.dtype, qkv.data, q.data, k.data, v.data, positions.as<const int32_t>(), d.tokens, d.heads,
