@@ -28,6 +28,11 @@ Loader::Loader(std::vector<MixtureComponent> sources, LoaderOptions options)
                     "batch size or world size?)",
                     to_string(options_.start), sampler_.micro_batches_per_epoch()));
   consumer_pos_ = producer_pos_ = options_.start;
+  // Every buffer a steady run has in flight at once (the queue and what the consumer holds), made here: with
+  // them made on demand, how many exist by step N depended on how far ahead the thread ran, and a later step
+  // could still allocate page-locked memory (a host synchronization on a GPU).
+  for (size_t i = 0; i < options_.prefetch + options_.held; ++i)
+    free_.push_back(allocate_micro_batch(options_.micro_batch_size, options_.seq_len));
   start_thread();
 }
 
@@ -99,7 +104,8 @@ MicroBatch Loader::next() {
 
 void Loader::recycle(MicroBatch&& used) {
   std::lock_guard lock(mutex_);
-  if (used.batch == options_.micro_batch_size && used.seq == options_.seq_len && free_.size() < options_.prefetch + 2)
+  if (used.batch == options_.micro_batch_size && used.seq == options_.seq_len &&
+      free_.size() < options_.prefetch + options_.held)
     free_.push_back(std::move(used));
 }
 
@@ -116,7 +122,7 @@ void Loader::seek(SamplerPosition p) {
   {
     std::lock_guard lock(mutex_);
     while (!queue_.empty()) {
-      if (free_.size() < options_.prefetch + 2) free_.push_back(std::move(queue_.front()));
+      if (free_.size() < options_.prefetch + options_.held) free_.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
     consumer_pos_ = producer_pos_ = p;

@@ -139,7 +139,7 @@ MfuMeter measure_peak(const Runtime& runtime, const TrainConfig& config, ops::Op
 }
 
 // The training loader's options: every rank of the mesh is a data-parallel rank.
-data::LoaderOptions train_loader_options(const TrainConfig& c, int micro_batch, int rank, int world_size) {
+data::LoaderOptions train_loader_options(const TrainConfig& c, int micro_batch, int accumulation, int rank, int world_size) {
   data::LoaderOptions lo;
   lo.split = data::DatasetSplit::Train;
   lo.layout = c.data.layout;
@@ -151,6 +151,7 @@ data::LoaderOptions train_loader_options(const TrainConfig& c, int micro_batch, 
   lo.seed = c.data.seed;
   lo.shuffle = c.data.shuffle;
   lo.prefetch = static_cast<size_t>(c.data.prefetch);
+  lo.held = 2 * static_cast<size_t>(accumulation);  // the step's micro-batches and the next step's (read ahead)
   return lo;
 }
 
@@ -192,7 +193,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
   micro_batch_ = config_.micro_batch_size_for(W);
   accumulation_ = config_.accumulation_steps_for(W);
-  loader_ = std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, rank, W));
+  loader_ = std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, accumulation_, rank, W));
   if (config_.schedule.eval_batches > 0)
     evaluator_ = std::make_unique<Evaluator>(*replica_, config_, sources_,
                                              EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});

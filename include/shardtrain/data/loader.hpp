@@ -27,7 +27,10 @@ struct LoaderOptions {
   int dp_size = 1;
   uint64_t seed = 0;
   bool shuffle = true;
-  size_t prefetch = 4;      // micro-batches kept ready
+  size_t prefetch = 4;  // micro-batches kept ready
+  // Micro-batches the consumer holds at most between next() and recycle() (the trainer: a step's and the next
+  // step's, read ahead): with `prefetch`, how many recycled buffers are kept, so a steady run allocates none.
+  size_t held = 2;
   SamplerPosition start{};  // resume here
 };
 
