@@ -21,6 +21,7 @@
 #include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/train/preemption.hpp"
 #include "shardtrain/train/trainer.hpp"
+#include "tests/train/tiny_train.hpp"
 
 using namespace shardtrain;
 namespace fs = std::filesystem;
@@ -50,57 +51,13 @@ int rank() { return g_runtime->topology().world_rank; }
 int world_size() { return g_runtime->topology().world_size; }
 std::string tag(const std::string& name) { return "train_host_reduce_test_np" + std::to_string(world_size()) + "_" + name; }
 
-// 60 documents of a learnable pattern over 63 ids; EOT = 63. Written by rank 0 once per world size.
-std::string dataset_path() {
-  const std::string path = tag("data.h5");
-  if (rank() == 0) {
-    std::vector<data::TokenId> tokens;
-    std::vector<int64_t> offsets{0};
-    for (int d = 0; d < 60; ++d) {
-      const int len = 100 + (d * 37) % 100;
-      for (int i = 0; i < len; ++i) tokens.push_back(static_cast<data::TokenId>((d % 5 + i * (1 + d % 3)) % 63));
-      offsets.push_back(static_cast<int64_t>(tokens.size()));
-    }
-    data::DatasetInfo info;
-    info.tokenizer_name = "synthetic";
-    info.tokenizer_format = "tokenizer.json";
-    info.tokenizer_hash = "none";
-    info.vocab_size = 64;
-    info.eot_id = 63;
-    info.validation_fraction = 0.1;
-    info.split_seed = 3;
-    data::write_dataset(path, tokens, offsets, info);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
-
 // 16 sequences a step: 2 ranks x 2 x 4 micro-batches, or 4 ranks x 2 x 2; 8 steps fit in the epoch.
 train::TrainConfig tiny_config(const std::string& name) {
-  const std::string run_dir = tag(name);
-  train::TrainConfig c;
-  c.model.vocab_size = 64;
-  c.model.max_position_embeddings = 64;
-  c.model.hidden_size = 32;
-  c.model.intermediate_size = 64;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.init_scheme = model::InitScheme::Scaled;
+  train::TrainConfig c = test::tiny_train_config(test::write_pattern_dataset(tag("data.h5"), rank()), tag(name), rank());
   c.fsdp.engine.strategy = world_size() == 4 ? ShardingStrategy::HybridShard : ShardingStrategy::FullShard;
-  c.optim.adamw.lr = 1e-2;
-  c.schedule.lr.warmup_steps = 2;
   c.schedule.max_steps = 8;
   c.schedule.eval_batches = 0;
-  c.data.path = dataset_path();
-  c.data.seq_len = 32;
-  c.data.micro_batch_size = 2;
   c.data.global_batch_size = 16;
-  c.logging.run_dir = run_dir;
-  c.logging.progress = ProgressStyle::Off;
-  c.logging.peak_flops = 1e13;
-  if (rank() == 0) fs::remove_all(run_dir);
-  MPI_Barrier(MPI_COMM_WORLD);
   return c;
 }
 

@@ -27,6 +27,7 @@
 #include "shardtrain/train/evaluator.hpp"
 #include "shardtrain/train/replica.hpp"
 #include "shardtrain/train/trainer.hpp"
+#include "tests/train/tiny_train.hpp"
 
 using namespace shardtrain;
 namespace fs = std::filesystem;
@@ -37,55 +38,13 @@ const Runtime* g_runtime = nullptr;  // set once in main before any test runs
 
 int rank() { return g_runtime->topology().world_rank; }
 
-// 60 documents of a learnable pattern over 63 ids; EOT = 63. Written by rank 0 once.
-std::string dataset_path() {
-  const std::string path = "train_loop_test_data.h5";
-  if (rank() == 0) {
-    std::vector<data::TokenId> tokens;
-    std::vector<int64_t> offsets{0};
-    for (int d = 0; d < 60; ++d) {
-      const int len = 100 + (d * 37) % 100;
-      for (int i = 0; i < len; ++i) tokens.push_back(static_cast<data::TokenId>((d % 5 + i * (1 + d % 3)) % 63));
-      offsets.push_back(static_cast<int64_t>(tokens.size()));
-    }
-    data::DatasetInfo info;
-    info.tokenizer_name = "synthetic";
-    info.tokenizer_format = "tokenizer.json";
-    info.tokenizer_hash = "none";
-    info.vocab_size = 64;
-    info.eot_id = 63;
-    info.validation_fraction = 0.1;
-    info.split_seed = 3;
-    data::write_dataset(path, tokens, offsets, info);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
-
 train::TrainConfig tiny_config(const std::string& run_dir) {
-  train::TrainConfig c;
-  c.model.vocab_size = 64;
-  c.model.max_position_embeddings = 64;
-  c.model.hidden_size = 32;
-  c.model.intermediate_size = 64;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.init_scheme = model::InitScheme::Scaled;
-  c.optim.adamw.lr = 1e-2;
-  c.schedule.lr.warmup_steps = 2;
+  train::TrainConfig c =
+      test::tiny_train_config(test::write_pattern_dataset("train_loop_test_data.h5", rank()), run_dir, rank());
   c.schedule.max_steps = 12;
   c.schedule.eval_every = 4;
   c.schedule.eval_batches = 2;
-  c.data.path = dataset_path();
-  c.data.seq_len = 32;
-  c.data.micro_batch_size = 2;
   c.data.global_batch_size = 8;  // 2 ranks x 2 x 2 accumulation steps
-  c.logging.run_dir = run_dir;
-  c.logging.progress = ProgressStyle::Off;
-  c.logging.peak_flops = 1e13;  // no CPU step outruns it (an outrun peak is raised: MFU never above 1)
-  if (rank() == 0) fs::remove_all(run_dir);
-  MPI_Barrier(MPI_COMM_WORLD);
   return c;
 }
 
