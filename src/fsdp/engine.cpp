@@ -573,9 +573,9 @@ void FsdpEngine::ensure_forward(int module) {
   for (int p : uses) {
     Unit& u = *units_[unit_of_param_[p]];
     if (u.state == UnitState::InForward) continue;
-    if (u.state == UnitState::Sharded && !u.empty()) ++stats_.forward_on_demand;
+    if (u.state == UnitState::Sharded) ++stats_.forward_on_demand;  // a unit holding a used parameter is not empty
     unshard(u);
-    if (!u.empty()) move_to(u, UnitState::InForward);
+    move_to(u, UnitState::InForward);
     for (int v : forward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
   for (int p : uses) wait_gathered(*units_[unit_of_param_[p]]);  // after the prefetches were issued

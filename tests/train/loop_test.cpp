@@ -431,18 +431,4 @@ TEST(TrainLoop, SkipsLossSpikesByTheRecentMean) {
   EXPECT_EQ(train::trainer_state_from_json(train::trainer_state_to_json(t.state()), "test").recent_losses, recent);
 }
 
-int main(int argc, char** argv) {
-  MpiSession session(&argc, &argv);
-  testing::InitGoogleTest(&argc, argv);
-  RuntimeOptions ro;
-  ro.log_level = LogLevel::Warn;
-  const Runtime runtime(session, ro);
-  g_runtime = &runtime;
-  if (session.world_rank() != 0) {
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int local = RUN_ALL_TESTS(), global = 0;
-  MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return global;
-}
+int main(int argc, char** argv) { return test::run_tests_with_runtime(argc, argv, &g_runtime); }

@@ -1,7 +1,8 @@
-// The tiny training run the train tests share: a synthetic dataset of a learnable pattern and a 2-layer
-// model's config around it. Each test sets its own schedule, batch and strategy on top.
+// The tiny training run the train tests share: a synthetic dataset of a learnable pattern, a 2-layer model's
+// config around it (each test sets its own schedule, batch and strategy on top), and the tests' main.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/train/config.hpp"
 
 namespace shardtrain::test {
@@ -63,6 +65,25 @@ inline train::TrainConfig tiny_train_config(const std::string& data_path, const 
   if (rank == 0) std::filesystem::remove_all(run_dir);
   MPI_Barrier(MPI_COMM_WORLD);
   return c;
+}
+
+// gtest's main for tests that build Trainers: the Runtime they need exists only after MPI_Init, so main owns it and
+// points *runtime at it while the tests run. Rank 0 prints the report; the exit code is non-zero if any rank failed.
+inline int run_tests_with_runtime(int argc, char** argv, const Runtime** runtime) {
+  MpiSession session(&argc, &argv);
+  testing::InitGoogleTest(&argc, argv);
+  RuntimeOptions ro;
+  ro.log_level = LogLevel::Warn;
+  const Runtime owned(session, ro);
+  *runtime = &owned;
+  if (session.world_rank() != 0) {
+    auto& listeners = testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int local = RUN_ALL_TESTS(), global = 0;
+  MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  *runtime = nullptr;
+  return global;
 }
 
 }  // namespace shardtrain::test
