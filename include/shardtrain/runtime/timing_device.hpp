@@ -1,0 +1,131 @@
+// A timing device: a GPU that computes nothing and keeps time. While one is installed (TimingScope), the
+// runtime's stream, event, copy and buffer calls (device.hpp) act on it instead of CUDA: every stream is a clock,
+// work queued on a stream starts once the stream's earlier work is done and the host has issued it, events carry
+// times, waits move clocks, and device buffers are address ranges that hold no memory (their bytes still count in
+// device_memory_stats, so the peak is the engine's own). The timing ops (ops/timing_ops.hpp) and the simulated
+// communicators (comm/sim_communicator.hpp) queue their work here, so that the FSDP engine, run unchanged against
+// them, lays out its own schedule in time: `shardtrain predict` (docs/predict.md).
+//
+// It is installed process-wide, not passed along, because the seam it replaces is process-wide too: CudaStream,
+// CudaEvent and copy_async are called from every layer with no context object, as the CUDA runtime is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardtrain/runtime/device.hpp"
+
+namespace shardtrain::timing {
+
+enum class WorkKind { Compute, Comm, Copy, Host };
+const char* work_kind_name(WorkKind k);
+
+// What the host pays to issue work, and how fast copies go.
+struct HostCosts {
+  double launch_s = 4e-6;           // one kernel launch (the host's side, with the op's own host code)
+  double comm_launch_s = 8e-6;      // one collective call
+  double sync_s = 10e-6;            // a stream or event synchronization, once the work is done
+  double h2d_bytes_per_s = 25e9;    // pinned host -> device
+  double d2h_bytes_per_s = 25e9;    // device -> pinned host
+  double d2d_bytes_per_s = 1.5e12;  // device -> device (read + write of the bytes)
+};
+
+// One task on a stream's timeline.
+struct Task {
+  int stream = 0;  // 0 the null stream (where the ops of the compute context run), then in creation order
+  WorkKind kind = WorkKind::Compute;
+  double issued = 0, start = 0, end = 0;
+  std::string label;
+};
+
+// Time the compute stream (the null stream) stood idle before a task, and why: waiting for an event recorded
+// after `cause` (the label of the last task on the recorded stream: a collective's), or for the host.
+struct ComputeIdle {
+  double waiting_s = 0;  // on events
+  double host_s = 0;     // on the host issuing its next task
+};
+
+class TimingDevice {
+ public:
+  explicit TimingDevice(HostCosts costs = {});
+
+  // Streams and events (handles no CUDA call ever sees).
+  void* create_stream();
+  void destroy_stream(void* handle);
+  void* create_event();
+  void destroy_event(void* handle);
+  void record_event(void* event, StreamRef stream);
+  void wait_event(void* event, StreamRef waiter);
+  void synchronize_event(void* event);  // the host waits
+  void synchronize_stream(StreamRef stream);
+  void synchronize_all();
+
+  // Work of `seconds` issued by the host now on `stream`; the host pays `issue_s` first. Labels name what it is
+  // ("matmul 4096x14336x4096", "all-gather shard layers.3").
+  void enqueue(StreamRef stream, WorkKind kind, double seconds, double issue_s, std::string_view label);
+  // The host busy for `seconds` (host collectives, host arithmetic, the CPU backend's ops).
+  void host_work(double seconds, std::string_view label);
+  void copy(void* dst, const void* src, size_t bytes, StreamRef stream);
+
+  // Device memory: addresses from a range no allocation of the process can return (never dereferenced).
+  void* allocate(size_t bytes);
+  void release(void* p, size_t bytes);
+  static bool is_device_address(const void* p);
+
+  double host_now() const { return host_; }
+  double stream_now(StreamRef stream) const;
+
+  // The prefix under which the next tasks are labelled ("layers.3"), set by whoever knows (the FSDP schedule).
+  void set_context(std::string context) { context_ = std::move(context); }
+  const std::string& context() const { return context_; }
+
+  // Everything recorded since the last clear_record(): the tasks, and the compute stream's idle time per cause.
+  const std::vector<Task>& tasks() const { return tasks_; }
+  const std::map<std::string, ComputeIdle>& compute_idle() const { return idle_; }
+  void clear_record();
+
+ private:
+  struct Stream {
+    double end = 0;          // when its last task ends
+    double wait_floor = 0;   // its next task starts no earlier (events waited on)
+    std::string wait_cause;  // the label behind wait_floor
+    std::string last_label;  // of its last task
+  };
+  struct Event {
+    double time = 0;
+    std::string cause;
+    bool recorded = false;
+  };
+  Stream& stream(StreamRef s);
+  const Stream& stream(StreamRef s) const;
+  int stream_index(StreamRef s) const;
+  Event& event(void* handle);
+
+  HostCosts costs_;
+  double host_ = 0;
+  std::map<uintptr_t, Stream> streams_;  // key 0: the null stream
+  std::map<uintptr_t, Event> events_;
+  uintptr_t next_handle_ = 1;
+  uintptr_t next_address_ = 0;
+  std::string context_;
+  std::vector<Task> tasks_;
+  std::map<std::string, ComputeIdle> idle_;
+};
+
+// The installed timing device, or null (the ordinary runtime).
+TimingDevice* current();
+
+// Installs `device` for its lifetime (one at a time; nothing made on a timing device may outlive the scope).
+class TimingScope {
+ public:
+  explicit TimingScope(TimingDevice& device);
+  ~TimingScope();
+  TimingScope(const TimingScope&) = delete;
+  TimingScope& operator=(const TimingScope&) = delete;
+};
+
+}  // namespace shardtrain::timing
