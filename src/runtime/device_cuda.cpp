@@ -13,6 +13,7 @@
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/timing_device.hpp"
 
 namespace shardtrain {
 
@@ -103,7 +104,31 @@ Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machi
   return d;
 }
 
+namespace {
+// Streams and events of a timing device (timing_device.hpp) go back to it, never to CUDA.
+void destroy_stream(void* handle) {
+  if (!handle) return;
+  if (timing::TimingDevice::is_handle(handle)) {
+    if (timing::TimingDevice* t = timing::current()) t->destroy_stream(handle);
+  } else {
+    cudaStreamDestroy(static_cast<cudaStream_t>(handle));
+  }
+}
+void destroy_event(void* handle) {
+  if (!handle) return;
+  if (timing::TimingDevice::is_handle(handle)) {
+    if (timing::TimingDevice* t = timing::current()) t->destroy_event(handle);
+  } else {
+    cudaEventDestroy(static_cast<cudaEvent_t>(handle));
+  }
+}
+}  // namespace
+
 CudaStream::CudaStream(StreamPriority priority) {
+  if (timing::TimingDevice* t = timing::current()) {
+    handle_ = t->create_stream();
+    return;
+  }
   cudaStream_t s = nullptr;
   if (priority == StreamPriority::High) {
     int least = 0, greatest = 0;
@@ -114,13 +139,11 @@ CudaStream::CudaStream(StreamPriority priority) {
   }
   handle_ = s;
 }
-CudaStream::~CudaStream() {
-  if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
-}
+CudaStream::~CudaStream() { destroy_stream(handle_); }
 CudaStream::CudaStream(CudaStream&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
 CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
   if (this != &o) {
-    if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+    destroy_stream(handle_);
     handle_ = std::exchange(o.handle_, nullptr);
   }
   return *this;
@@ -128,23 +151,28 @@ CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
 void CudaStream::synchronize() const { stream_synchronize(ref()); }
 
 void stream_synchronize(StreamRef s) {
+  if (timing::TimingDevice* t = timing::current()) return t->synchronize_stream(s);
   if (s.handle || cuda_device_count() > 0) ST_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
 }
 
-CudaEvent::~CudaEvent() {
-  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
-}
+CudaEvent::~CudaEvent() { destroy_event(handle_); }
 CudaEvent::CudaEvent(CudaEvent&& o) noexcept
     : handle_(std::exchange(o.handle_, nullptr)), recorded_(std::exchange(o.recorded_, false)) {}
 CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
   if (this != &o) {
-    if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+    destroy_event(handle_);
     handle_ = std::exchange(o.handle_, nullptr);
     recorded_ = std::exchange(o.recorded_, false);
   }
   return *this;
 }
 void CudaEvent::record(StreamRef stream) {
+  if (timing::TimingDevice* t = timing::current()) {
+    if (!handle_) handle_ = t->create_event();
+    t->record_event(handle_, stream);
+    recorded_ = true;
+    return;
+  }
   if (cuda_device_count() == 0) return;
   if (!handle_) {
     cudaEvent_t e = nullptr;
@@ -156,15 +184,17 @@ void CudaEvent::record(StreamRef stream) {
 }
 void CudaEvent::wait(StreamRef waiter) const {
   if (!recorded_) return;
+  if (timing::TimingDevice::is_handle(handle_)) return timing::current()->wait_event(handle_, waiter);
   ST_CHECK_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter.handle), static_cast<cudaEvent_t>(handle_), 0));
 }
 void CudaEvent::synchronize() const {
+  if (recorded_ && timing::TimingDevice::is_handle(handle_)) return timing::current()->synchronize_event(handle_);
   if (recorded_) ST_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
 }
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  if (cuda_device_count() > 0 && cudaMallocHost(&data_, bytes) == cudaSuccess) {
+  if (!timing::current() && cuda_device_count() > 0 && cudaMallocHost(&data_, bytes) == cudaSuccess) {
     pinned_ = true;
     return;
   }
@@ -201,6 +231,11 @@ void note_device_free(size_t bytes);
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
+  if (timing::TimingDevice* t = timing::current()) {
+    data_ = t->allocate(bytes);
+    detail::note_device_alloc(bytes);
+    return;
+  }
   const cudaError_t e = cudaMalloc(&data_, bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
@@ -219,7 +254,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
 }
 void DeviceBuffer::release() {
   if (data_) {
-    cudaFree(data_);
+    if (!timing::TimingDevice::is_device_address(data_)) cudaFree(data_);
     detail::note_device_free(bytes_);
   }
   data_ = nullptr;
@@ -239,6 +274,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
   if (bytes == 0) return;
+  if (timing::TimingDevice* t = timing::current()) return t->copy(dst, src, bytes, stream);
   if (cuda_device_count() == 0) {  // the CPU backend of a CUDA build: every buffer is host memory
     std::memcpy(dst, src, bytes);
     return;
@@ -247,7 +283,7 @@ void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
 }
 
 void host_callback(StreamRef stream, std::function<void()> fn) {
-  if (cuda_device_count() == 0) {
+  if (timing::current() || cuda_device_count() == 0) {
     fn();
     return;
   }

@@ -24,14 +24,15 @@ namespace shardtrain::timing {
 enum class WorkKind { Compute, Comm, Copy, Host };
 const char* work_kind_name(WorkKind k);
 
-// What the host pays to issue work, and how fast copies go.
+// What the host pays to issue work, and how fast copies and plain memory-bound kernels go.
 struct HostCosts {
-  double launch_s = 4e-6;           // one kernel launch (the host's side, with the op's own host code)
-  double comm_launch_s = 8e-6;      // one collective call
-  double sync_s = 10e-6;            // a stream or event synchronization, once the work is done
-  double h2d_bytes_per_s = 25e9;    // pinned host -> device
-  double d2h_bytes_per_s = 25e9;    // device -> pinned host
-  double d2d_bytes_per_s = 1.5e12;  // device -> device (read + write of the bytes)
+  double launch_s = 4e-6;              // one kernel launch (the host's side, with the op's own host code)
+  double comm_launch_s = 8e-6;         // one collective call
+  double sync_s = 10e-6;               // a stream or event synchronization, once the work is done
+  double h2d_bytes_per_s = 25e9;       // pinned host -> device (PCIe 5 x16 in practice)
+  double d2h_bytes_per_s = 25e9;       // device -> pinned host
+  double memory_bytes_per_s = 3.0e12;  // device memory, bytes read + written (copies, the optimizer's kernels)
+  double kernel_overhead_s = 3e-6;     // the least a kernel takes on the device
 };
 
 // One task on a stream's timeline.
@@ -52,6 +53,9 @@ struct ComputeIdle {
 class TimingDevice {
  public:
   explicit TimingDevice(HostCosts costs = {});
+  const HostCosts& costs() const { return costs_; }
+  // A memory-bound kernel moving `bytes` (read + written) on the device.
+  double memory_bound_seconds(double bytes) const { return costs_.kernel_overhead_s + bytes / costs_.memory_bytes_per_s; }
 
   // Streams and events (handles no CUDA call ever sees).
   void* create_stream();
@@ -75,6 +79,7 @@ class TimingDevice {
   void* allocate(size_t bytes);
   void release(void* p, size_t bytes);
   static bool is_device_address(const void* p);
+  static bool is_handle(const void* p);  // a stream or event made by a timing device
 
   double host_now() const { return host_; }
   double stream_now(StreamRef stream) const;

@@ -1,0 +1,176 @@
+// The timing device (timing_device.hpp): clocks per stream, times per event, a host clock, and address ranges
+// for device buffers.
+#include "shardtrain/runtime/timing_device.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::timing {
+namespace {
+
+// Handles and device addresses are non-canonical x86-64 / AArch64 addresses: no allocation of the process can
+// return one, so they are told apart from real CUDA handles and host pointers by value, and a dereference faults.
+constexpr uintptr_t kHandleBase = 0xF100'0000'0000'0000ull;
+constexpr uintptr_t kDeviceBase = 0xD000'0000'0000'0000ull;
+constexpr uintptr_t kDeviceEnd = 0xE000'0000'0000'0000ull;
+
+TimingDevice* g_current = nullptr;
+
+}  // namespace
+
+const char* work_kind_name(WorkKind k) {
+  switch (k) {
+    case WorkKind::Compute: return "compute";
+    case WorkKind::Comm: return "comm";
+    case WorkKind::Copy: return "copy";
+    case WorkKind::Host: return "host";
+  }
+  return "?";
+}
+
+TimingDevice::TimingDevice(HostCosts costs) : costs_(costs) { streams_[0] = Stream{}; }
+
+void* TimingDevice::create_stream() {
+  const uintptr_t h = kHandleBase + 16 * next_handle_++;
+  Stream st;
+  st.end = host_;
+  streams_[h] = st;
+  return reinterpret_cast<void*>(h);
+}
+void TimingDevice::destroy_stream(void* handle) { streams_.erase(reinterpret_cast<uintptr_t>(handle)); }
+void* TimingDevice::create_event() {
+  const uintptr_t h = kHandleBase + 16 * next_handle_++;
+  events_[h] = Event{};
+  return reinterpret_cast<void*>(h);
+}
+void TimingDevice::destroy_event(void* handle) { events_.erase(reinterpret_cast<uintptr_t>(handle)); }
+
+TimingDevice::Stream& TimingDevice::stream(StreamRef s) {
+  const auto it = streams_.find(reinterpret_cast<uintptr_t>(s.handle));
+  if (it == streams_.end()) throw InternalError(fmt::format("timing device: stream {} was not made on it", s.handle));
+  return it->second;
+}
+const TimingDevice::Stream& TimingDevice::stream(StreamRef s) const { return const_cast<TimingDevice*>(this)->stream(s); }
+int TimingDevice::stream_index(StreamRef s) const {
+  if (!s.handle) return 0;
+  return static_cast<int>((reinterpret_cast<uintptr_t>(s.handle) - kHandleBase) / 16);
+}
+TimingDevice::Event& TimingDevice::event(void* handle) {
+  const auto it = events_.find(reinterpret_cast<uintptr_t>(handle));
+  if (it == events_.end()) throw InternalError(fmt::format("timing device: event {} was not made on it", handle));
+  return it->second;
+}
+
+double TimingDevice::stream_now(StreamRef s) const {
+  const Stream& st = stream(s);
+  return std::max(st.end, st.wait_floor);
+}
+
+void TimingDevice::record_event(void* e, StreamRef s) {
+  Stream& st = stream(s);
+  Event& ev = event(e);
+  // Done once the stream's earlier work and waits are, and not before the host issued it.
+  ev.time = std::max({st.end, st.wait_floor, host_});
+  ev.cause = st.wait_floor > st.end ? st.wait_cause : st.last_label;
+  ev.recorded = true;
+}
+
+void TimingDevice::wait_event(void* e, StreamRef waiter) {
+  const Event& ev = event(e);
+  if (!ev.recorded) return;
+  Stream& st = stream(waiter);
+  if (ev.time > st.wait_floor) {
+    st.wait_floor = ev.time;
+    st.wait_cause = ev.cause;
+  }
+}
+
+void TimingDevice::synchronize_event(void* e) {
+  const Event& ev = event(e);
+  if (ev.recorded) host_ = std::max(host_, ev.time);
+  host_ += costs_.sync_s;
+}
+
+void TimingDevice::synchronize_stream(StreamRef s) {
+  host_ = std::max(host_, stream_now(s)) + costs_.sync_s;
+}
+
+void TimingDevice::synchronize_all() {
+  for (const auto& [h, st] : streams_) host_ = std::max({host_, st.end, st.wait_floor});
+  host_ += costs_.sync_s;
+}
+
+void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double issue_s, std::string_view label) {
+  host_ += issue_s;
+  Stream& st = stream(s);
+  const double start = std::max({st.end, st.wait_floor, host_});
+  std::string full = context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label);
+  if (!s.handle && start > st.end) {
+    // The compute stream stood idle: for the host (issuing late) or for an event (a collective, a copy).
+    const double host_part = std::max(0.0, std::min(host_, start) - st.end);
+    const double wait_part = start - std::max(st.end, host_);
+    if (host_part > 0) idle_["host"].host_s += host_part;
+    if (wait_part > 0) idle_[st.wait_cause.empty() ? std::string("?") : st.wait_cause].waiting_s += wait_part;
+  }
+  tasks_.push_back(Task{stream_index(s), kind, host_, start, start + seconds, full});
+  st.end = start + seconds;
+  st.wait_floor = 0;
+  st.wait_cause.clear();
+  st.last_label = std::move(full);
+}
+
+void TimingDevice::host_work(double seconds, std::string_view label) {
+  const double start = host_;
+  host_ += seconds;
+  tasks_.push_back(Task{-1, WorkKind::Host, start, start, host_,
+                        context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label)});
+}
+
+void TimingDevice::copy(void* dst, const void* src, size_t bytes, StreamRef s) {
+  if (bytes == 0) return;
+  const bool to_device = is_device_address(dst), from_device = is_device_address(src);
+  if (!to_device && !from_device) {
+    std::memcpy(dst, src, bytes);  // host to host: real bytes, nothing on a stream
+    return;
+  }
+  if (!to_device) std::memset(dst, 0, bytes);  // what the device "holds": zeros (losses, norms, flags read back)
+  const double seconds = to_device && from_device ? memory_bound_seconds(2.0 * static_cast<double>(bytes))
+                         : to_device              ? static_cast<double>(bytes) / costs_.h2d_bytes_per_s
+                                                  : static_cast<double>(bytes) / costs_.d2h_bytes_per_s;
+  const char* what = to_device && from_device ? "copy d2d" : to_device ? "copy h2d" : "copy d2h";
+  enqueue(s, WorkKind::Copy, seconds, costs_.launch_s, fmt::format("{} {} B", what, bytes));
+}
+
+void* TimingDevice::allocate(size_t bytes) {
+  const uintptr_t p = kDeviceBase + next_address_;
+  next_address_ += (bytes + 511) / 256 * 256;  // aligned, with a gap: no two buffers touch
+  if (kDeviceBase + next_address_ >= kDeviceEnd) throw InternalError("timing device: address range exhausted");
+  return reinterpret_cast<void*>(p);
+}
+void TimingDevice::release(void*, size_t) {}  // addresses are never reused: a stale pointer cannot alias a new one
+
+bool TimingDevice::is_device_address(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return v >= kDeviceBase && v < kDeviceEnd;
+}
+
+bool TimingDevice::is_handle(const void* p) { return reinterpret_cast<uintptr_t>(p) >= kHandleBase; }
+
+void TimingDevice::clear_record() {
+  tasks_.clear();
+  idle_.clear();
+}
+
+TimingDevice* current() { return g_current; }
+
+TimingScope::TimingScope(TimingDevice& device) {
+  if (g_current) throw InternalError("a timing device is already installed");
+  g_current = &device;
+}
+TimingScope::~TimingScope() { g_current = nullptr; }
+
+}  // namespace shardtrain::timing
