@@ -199,18 +199,14 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
       (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
     streams_ = std::make_unique<Streams>();
     // No cuBLASLt workspace: they cast and add only.
-    ops::CudaOpsOptions side;
-    side.gemm_workspace_bytes = 0;
-    reduce_ops_ = ops::make_cuda_ops(side);
+    reduce_ops_ = ops.make_side_ops();
     reduce_ops_->set_stream(streams_->reduce.ref());
-    replicate_ops_ = ops::make_cuda_ops(side);
+    replicate_ops_ = ops.make_side_ops();
     replicate_ops_->set_stream(streams_->replicate.ref());
   }
   if (ops.device() == DeviceKind::Cuda && config_.offload_params) {
     offload_streams_ = std::make_unique<OffloadStreams>();
-    ops::CudaOpsOptions side;
-    side.gemm_workspace_bytes = 0;
-    upload_ops_ = ops::make_cuda_ops(side);
+    upload_ops_ = ops.make_side_ops();
     upload_ops_->set_stream(offload_streams_->upload.ref());
     // One double per unit; a unit without parameters keeps its zero.
     unit_sq_sums_ =

@@ -93,6 +93,8 @@ class CudaOps final : public Ops {
   DeviceKind device() const override { return DeviceKind::Cuda; }
   void set_stream(StreamRef stream) override;
   StreamRef stream() const override;
+  // A CudaOps with this one's options but no cuBLASLt workspace (side streams cast and add only).
+  std::unique_ptr<Ops> make_side_ops() const override;
 
   // Every op of op_list.inc (asynchronous on the stream: nothing waits for the GPU).
 #define SHARDTRAIN_OP(R, name, params, args) R name params override;

@@ -71,6 +71,9 @@ class Ops {
   // The stream ops run on (the null stream until set_stream; always the null stream on the CPU): what a caller
   // copies a kernel's inputs on, synchronizes before reading its results, or orders other streams after.
   virtual StreamRef stream() const = 0;
+  // Another Ops of the same backend for a side stream, without a GEMM workspace (the FSDP engine's casts and adds
+  // beside compute). Its own stream is the null stream until set_stream.
+  virtual std::unique_ptr<Ops> make_side_ops() const = 0;
 
   // The ops, one pure virtual member each, as op_list.inc declares them (with what each computes).
 #define SHARDTRAIN_OP(R, name, params, args) virtual R name params = 0;

@@ -1,6 +1,7 @@
 // CpuOps: the Ops interface on the host, each op (op_list.inc) forwarding to its function in this folder.
 #include <cblas.h>
 
+#include <memory>
 #include <utility>
 
 #include "kernels.hpp"
@@ -20,6 +21,7 @@ class CpuOps final : public Ops {
   DeviceKind device() const override { return DeviceKind::Cpu; }
   void set_stream(StreamRef) override {}  // the host runs ops in call order
   StreamRef stream() const override { return {}; }
+  std::unique_ptr<Ops> make_side_ops() const override { return std::make_unique<CpuOps>(CpuOpsOptions{ctx_.threads}); }
 
 #define SHARDTRAIN_OP(R, name, params, args) \
   R name params override { return cpu::name(ctx_, SHARDTRAIN_OP_UNPAREN args); }

@@ -19,6 +19,11 @@ CudaOps::~CudaOps() = default;
 
 void CudaOps::set_stream(StreamRef stream) { ctx_->switch_stream(stream); }
 StreamRef CudaOps::stream() const { return ctx_->stream; }
+std::unique_ptr<Ops> CudaOps::make_side_ops() const {
+  CudaOpsOptions side = ctx_->options;
+  side.gemm_workspace_bytes = 0;
+  return std::make_unique<CudaOps>(side);
+}
 
 #define SHARDTRAIN_OP(R, name, params, args) \
   R CudaOps::name params { return cuda::name(*ctx_, SHARDTRAIN_OP_UNPAREN args); }
