@@ -2,8 +2,9 @@
 """`shardtrain bench ops` and `shardtrain bench step` end to end on the CPU backend:
 - bench ops with configs/tiny-cpu.toml: every row's calls per micro-batch the model's own (--check-calls), one row
   per op in the table and the JSON, the shapes from the config (an explicit --batch over it), positive times,
-  the work of each row by its stated formula, each row's fraction its rate over its ceiling (no bound on it: the
-  load of a shared machine moves both), positive ceilings;
+  the work of each row by its stated formula and as the sum of the op calls it makes (their keys in the JSON),
+  each row's fraction its rate over its ceiling (no bound on it: the load of a shared machine moves both),
+  positive ceilings;
 - bench step on 2 ranks with tiny-cpu on a small dataset made here from the repository's own docs: the timed
   steps, tokens/s = tokens per step / median step time, MFU by the trainer's formula with a fixed peak, a
   finite loss near ln(vocab), the mesh (1 x 2, FULL_SHARD over MPI), memory figures, and the temporary run
@@ -78,6 +79,13 @@ for op, w in expect.items():
 calls = {op: rows.get(op, {}).get("calls_per_microbatch") for op in ("qkv_proj fwd", "gate_up_proj fwd", "swiglu fwd", "rope_qkv bwd", "copy")}
 check(calls == {"qkv_proj fwd": L, "gate_up_proj fwd": L, "swiglu fwd": L, "rope_qkv bwd": L, "copy": 0},
       f"calls per micro-batch: one fused q/k/v and one gate/up GEMM, SwiGLU forward and rope_qkv once per layer: {calls}")
+# Each row's calls (the keys a profile maps to seconds: ops/op_calls.hpp), their work summing to the row's.
+for r in j.get("rows", []):
+    cs = r.get("calls", [])
+    work = sum(c["flops"] if r["kind"] == "flops" else c["bytes"] for c in cs)
+    check(len(cs) >= 1 and math.isclose(work, r["work"], rel_tol=1e-12), f"{r['op']}: calls {cs}, work {r['work']}")
+check([c["key"] for c in rows.get("qkv_proj fwd", {}).get("calls", [])] == [f"matmul NT m {N} n {D + 2 * KV} k {D} f32 f32 f32"],
+      f"qkv_proj fwd's key: {rows.get('qkv_proj fwd', {}).get('calls')}")
 total = sum(r["seconds"] * r["calls_per_microbatch"] for r in j.get("rows", []))
 check(math.isclose(j.get("model_op_seconds_per_microbatch", 0), total, rel_tol=1e-9), "the per-micro-batch sum")
 
