@@ -1,0 +1,76 @@
+// What an op call costs in seconds on a device (the timing ops charge it, timing_ops.hpp): measured seconds per call
+// from a profile (`bench ops --json`) where the profile has the call's key, an analytic estimate from the device's
+// rates where it does not.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardtrain/ops/op_calls.hpp"
+
+namespace shardtrain::ops {
+
+class OpCostModel {
+ public:
+  virtual ~OpCostModel() = default;
+  virtual double seconds(const OpCall& call) const = 0;
+};
+
+// How fast a device runs each kind of work, counted as OpCall counts it (op_calls.hpp).
+struct DeviceRates {
+  std::string name;
+  double matmul_flops_per_s = 0;              // GEMMs and the fused lm_head + loss
+  double memory_bytes_per_s = 0;              // bytes read + written
+  double attention_forward_flops_per_s = 0;   // forward counted 2 B H S^2 Dh
+  double attention_backward_flops_per_s = 0;  // backward counted twice the forward (not FlashAttention's 2.5x)
+  double kernel_overhead_s = 0;               // what the smallest kernel takes beyond its work
+};
+
+// The built-in rates by name ("h100-sxm", "h200"); UsageError naming the known ones for another name.
+DeviceRates device_rates(std::string_view name);
+std::vector<std::string> device_rates_names();
+
+// kernel_overhead_s + max(flops / rate, bytes / memory_bytes_per_s); rate: the attention rates for
+// attention_forward and attention_backward, the matmul rate for every other op with FLOPs.
+double analytic_seconds(const OpCall& call, const DeviceRates& rates);
+
+// Seconds per call from a table of keys (a profile's), the analytic estimate at `fallback` for the keys it lacks.
+// Counts which calls came from where (the counts, not the costs, change under a const call; safe across threads).
+class TableCostModel final : public OpCostModel {
+ public:
+  // ConfigError when a rate is not positive or the overhead negative (naming the rates' name and the field), or a
+  // table entry is negative or not finite.
+  TableCostModel(std::map<std::string, double> seconds_per_call, DeviceRates fallback);
+
+  struct Lookup {
+    double seconds = 0;
+    bool from_table = false;
+  };
+  Lookup lookup(const OpCall& call) const;  // counted
+  double seconds(const OpCall& call) const override { return lookup(call).seconds; }
+
+  struct Miss {
+    int64_t calls = 0;
+    double seconds_per_call = 0;  // the analytic estimate
+  };
+  int64_t hits() const;
+  int64_t misses() const;
+  std::map<std::string, Miss> missed() const;  // by key
+  void reset_counts();
+
+  const std::map<std::string, double>& table() const { return table_; }
+  const DeviceRates& fallback() const { return fallback_; }
+
+ private:
+  std::map<std::string, double> table_;
+  DeviceRates fallback_;
+  mutable std::mutex mutex_;
+  mutable int64_t hits_ = 0;
+  mutable std::map<std::string, Miss> missed_;
+};
+
+}  // namespace shardtrain::ops

@@ -1,0 +1,120 @@
+// Op costs: the built-in device rates (each number's source beside it), the analytic estimate, and the table model.
+#include "shardtrain/ops/op_cost.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::ops {
+namespace {
+
+// H200 (141 GB HBM3e), measured in this repository on one H200 (bf16, CUDA 13):
+//   matmul: the ceiling of `bench ops`, a bf16 8192^3 GEMM, docs/gpu-runs/2026-11-25-h200/ops.json
+//     (ceilings.matmul_flops_per_s = 806.06e12);
+//   memory: the same file's copy ceiling, a 1 GiB copy read + written (ceilings.copy_bytes_per_s = 4.232e12);
+//   attention: cuDNN's fused flash attention at B 1 S 8192 H 32/8 Dh 128 causal, the fast backward,
+//     docs/gpu-runs/2026-11-27-h200/1aeba62/attention.md: forward 876 us = 627.2 TFLOP/s; backward 2.58 ms, which
+//     that table counts 2.5x the forward (533.2 TFLOP/s) and OpCall counts 2x: 533.2 * 2 / 2.5 = 426.6e12;
+//   kernel overhead: the (32768, 768) bf16 copy row of the 2026-11-25 ops.json, 28.0 us against 23.8 us at the
+//     copy ceiling: about 4 us.
+constexpr double kH200MatmulFlops = 806.06e12;
+constexpr double kH200MemoryBytes = 4.232e12;
+constexpr double kH200AttentionForwardFlops = 627.2e12;
+constexpr double kH200AttentionBackwardFlops = 533.2e12 * 2.0 / 2.5;
+constexpr double kH200KernelOverhead = 4e-6;
+// H100 SXM (80 GB HBM3): the same GH100 chip with the same 132 SMs and boost clock as the H200, so every compute
+// rate is the H200's; memory-bound work scaled by the datasheets' bandwidths, 3.35 TB/s against the H200's 4.8.
+constexpr double kH100MemoryBytes = kH200MemoryBytes * 3.35 / 4.8;
+
+DeviceRates h200_rates() {
+  return {"h200", kH200MatmulFlops, kH200MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
+          kH200KernelOverhead};
+}
+DeviceRates h100_sxm_rates() {
+  return {"h100-sxm", kH200MatmulFlops, kH100MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
+          kH200KernelOverhead};
+}
+
+void check_rates(const DeviceRates& r) {
+  auto positive = [&](double v, const char* field) {
+    if (!(v > 0) || !std::isfinite(v))
+      throw ConfigError(fmt::format("device rates '{}': {} = {}: expected a positive number", r.name, field, v));
+  };
+  positive(r.matmul_flops_per_s, "matmul_flops_per_s");
+  positive(r.memory_bytes_per_s, "memory_bytes_per_s");
+  positive(r.attention_forward_flops_per_s, "attention_forward_flops_per_s");
+  positive(r.attention_backward_flops_per_s, "attention_backward_flops_per_s");
+  if (!(r.kernel_overhead_s >= 0) || !std::isfinite(r.kernel_overhead_s))
+    throw ConfigError(
+        fmt::format("device rates '{}': kernel_overhead_s = {}: expected 0 or more", r.name, r.kernel_overhead_s));
+}
+
+}  // namespace
+
+std::vector<std::string> device_rates_names() { return {"h100-sxm", "h200"}; }
+
+DeviceRates device_rates(std::string_view name) {
+  if (name == "h200") return h200_rates();
+  if (name == "h100-sxm") return h100_sxm_rates();
+  throw UsageError(fmt::format("device rates '{}': expected one of {}", name, fmt::join(device_rates_names(), ", ")));
+}
+
+double analytic_seconds(const OpCall& call, const DeviceRates& rates) {
+  double compute = 0;
+  if (call.flops > 0) {
+    const double rate = call.name == "attention_forward"    ? rates.attention_forward_flops_per_s
+                        : call.name == "attention_backward" ? rates.attention_backward_flops_per_s
+                                                            : rates.matmul_flops_per_s;
+    compute = call.flops / rate;
+  }
+  return rates.kernel_overhead_s + std::max(compute, call.bytes / rates.memory_bytes_per_s);
+}
+
+TableCostModel::TableCostModel(std::map<std::string, double> seconds_per_call, DeviceRates fallback)
+    : table_(std::move(seconds_per_call)), fallback_(std::move(fallback)) {
+  check_rates(fallback_);
+  for (const auto& [key, s] : table_)
+    if (!(s >= 0) || !std::isfinite(s))
+      throw ConfigError(fmt::format("op cost table: '{}': {} seconds per call: expected 0 or more", key, s));
+}
+
+TableCostModel::Lookup TableCostModel::lookup(const OpCall& call) const {
+  const auto it = table_.find(call.key);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (it != table_.end()) {
+    ++hits_;
+    return {it->second, true};
+  }
+  Miss& m = missed_[call.key];
+  if (m.calls++ == 0) m.seconds_per_call = analytic_seconds(call, fallback_);
+  return {m.seconds_per_call, false};
+}
+
+int64_t TableCostModel::hits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return hits_;
+}
+
+int64_t TableCostModel::misses() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t n = 0;
+  for (const auto& [key, m] : missed_) n += m.calls;
+  return n;
+}
+
+std::map<std::string, TableCostModel::Miss> TableCostModel::missed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return missed_;
+}
+
+void TableCostModel::reset_counts() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  hits_ = 0;
+  missed_.clear();
+}
+
+}  // namespace shardtrain::ops

@@ -1,0 +1,91 @@
+// Op costs: the analytic estimate's arithmetic per kind of op, the table model's hits and misses, the built-in
+// device rates, and bad rates.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "shardtrain/ops/op_cost.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::ops {
+namespace {
+
+// matmul 1 TFLOP/s, memory 100 GB/s, attention 500 / 250 TFLOP/s, 2 us per kernel.
+DeviceRates test_rates() { return {"test", 1e12, 1e11, 5e11, 2.5e11, 2e-6}; }
+
+OpCall call(const std::string& name, const std::string& key, double flops, double bytes) {
+  return {name, key, "", flops, bytes};
+}
+
+TEST(OpCost, AnalyticSecondsTakeTheSlowerOfComputeAndMemory) {
+  const DeviceRates r = test_rates();
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("matmul", "", 2e9, 1e6), r), 2e-6 + 2e-3);      // compute-bound
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("matmul_add", "", 2e3, 1e6), r), 2e-6 + 1e-5);  // memory-bound GEMM
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("rmsnorm_forward", "", 0, 1e9), r), 2e-6 + 1e-2);
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("attention_forward", "", 1e9, 1e3), r), 2e-6 + 2e-3);
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("attention_backward", "", 1e9, 1e3), r), 2e-6 + 4e-3);
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("linear_cross_entropy", "", 1e12, 1e9), r), 2e-6 + 1.0);
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("fill", "", 0, 0), r), 2e-6);
+}
+
+TEST(OpCost, TableHitsAndFallbackMisses) {
+  const TableCostModel m({{"matmul NT m 8 n 8 k 8 f32 f32 f32", 7e-6}}, test_rates());
+  const OpCall hit = call("matmul", "matmul NT m 8 n 8 k 8 f32 f32 f32", 1024, 768);
+  const OpCall miss = call("matmul", "matmul NT m 16 n 8 k 8 f32 f32 f32", 2e9, 1e6);
+  const TableCostModel::Lookup a = m.lookup(hit);
+  EXPECT_TRUE(a.from_table);
+  EXPECT_DOUBLE_EQ(a.seconds, 7e-6);  // the table's, not the analytic 2 us + 7.68 ns
+  const TableCostModel::Lookup b = m.lookup(miss);
+  EXPECT_FALSE(b.from_table);
+  EXPECT_DOUBLE_EQ(b.seconds, 2e-6 + 2e-3);
+  EXPECT_DOUBLE_EQ(m.seconds(miss), 2e-6 + 2e-3);
+  EXPECT_EQ(m.hits(), 1);
+  EXPECT_EQ(m.misses(), 2);
+  const auto missed = m.missed();
+  ASSERT_EQ(missed.size(), 1u);
+  EXPECT_EQ(missed.at(miss.key).calls, 2);
+  EXPECT_DOUBLE_EQ(missed.at(miss.key).seconds_per_call, 2e-6 + 2e-3);
+  const_cast<TableCostModel&>(m).reset_counts();
+  EXPECT_EQ(m.hits(), 0);
+  EXPECT_EQ(m.misses(), 0);
+}
+
+TEST(OpCost, BuiltInRates) {
+  const DeviceRates h200 = device_rates("h200"), h100 = device_rates("h100-sxm");
+  EXPECT_EQ(h200.name, "h200");
+  EXPECT_DOUBLE_EQ(h200.matmul_flops_per_s, 806.06e12);
+  EXPECT_DOUBLE_EQ(h200.memory_bytes_per_s, 4.232e12);
+  EXPECT_DOUBLE_EQ(h200.attention_forward_flops_per_s, 627.2e12);
+  EXPECT_DOUBLE_EQ(h200.attention_backward_flops_per_s, 426.56e12);  // 533.2 counted at 2.5x, at 2x
+  EXPECT_DOUBLE_EQ(h200.kernel_overhead_s, 4e-6);
+  EXPECT_EQ(h100.name, "h100-sxm");
+  EXPECT_DOUBLE_EQ(h100.matmul_flops_per_s, h200.matmul_flops_per_s);
+  EXPECT_DOUBLE_EQ(h100.attention_forward_flops_per_s, h200.attention_forward_flops_per_s);
+  EXPECT_DOUBLE_EQ(h100.attention_backward_flops_per_s, h200.attention_backward_flops_per_s);
+  EXPECT_DOUBLE_EQ(h100.memory_bytes_per_s, 4.232e12 * 3.35 / 4.8);
+  EXPECT_EQ(device_rates_names(), (std::vector<std::string>{"h100-sxm", "h200"}));
+  try {
+    device_rates("a100");
+    ADD_FAILURE() << "no error for an unknown device";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "device rates 'a100': expected one of h100-sxm, h200");
+  }
+}
+
+TEST(OpCost, BadRatesAndTablesAreConfigErrors) {
+  DeviceRates r = test_rates();
+  r.memory_bytes_per_s = 0;
+  try {
+    TableCostModel m({}, r);
+    ADD_FAILURE() << "no error for a zero bandwidth";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "device rates 'test': memory_bytes_per_s = 0: expected a positive number");
+  }
+  r = test_rates();
+  r.kernel_overhead_s = -1;
+  EXPECT_THROW(TableCostModel({}, r), ConfigError);
+  EXPECT_THROW(TableCostModel({{"k", -1.0}}, test_rates()), ConfigError);
+}
+
+}  // namespace
+}  // namespace shardtrain::ops
