@@ -1,0 +1,219 @@
+// load_op_profile (op_profile.hpp): a `bench ops --json` file as key -> seconds per call, older files keyed through
+// today's rows (op_rows.hpp) in record mode.
+#include "op_profile.hpp"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "op_rows.hpp"
+#include "shardtrain/runtime/error.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+using nlohmann::json;
+
+// Fields read with the file and the field's path in every error.
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& expected) const {
+    throw ConfigError(fmt::format("{}: {}: expected {}", path_, field, expected));
+  }
+  const json& at(const json& j, const std::string& parent, const char* name, const char* expected) const {
+    const std::string field = parent.empty() ? name : parent + "." + name;
+    if (!j.is_object() || !j.contains(name)) fail(field, fmt::format("{} (missing)", expected));
+    return j.at(name);
+  }
+  double number(const json& j, const std::string& parent, const char* name) const {
+    const json& v = at(j, parent, name, "a number");
+    if (!v.is_number()) fail(parent.empty() ? name : parent + "." + name, fmt::format("a number, not {}", v.dump()));
+    return v.get<double>();
+  }
+  double positive(const json& j, const std::string& parent, const char* name) const {
+    const double v = number(j, parent, name);
+    if (!(v > 0) || !std::isfinite(v)) fail(parent.empty() ? name : parent + "." + name, fmt::format("a positive number, not {}", v));
+    return v;
+  }
+  int64_t count(const json& j, const std::string& parent, const char* name) const {
+    const json& v = at(j, parent, name, "an integer");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      fail(parent.empty() ? name : parent + "." + name, fmt::format("an integer of 0 or more, not {}", v.dump()));
+    return v.get<int64_t>();
+  }
+  std::string text(const json& j, const std::string& parent, const char* name) const {
+    const json& v = at(j, parent, name, "a string");
+    if (!v.is_string()) fail(parent.empty() ? name : parent + "." + name, fmt::format("a string, not {}", v.dump()));
+    return v.get<std::string>();
+  }
+
+ private:
+  std::string path_;
+};
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open for reading (an op profile: `shardtrain bench ops --json`)", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ConfigError(fmt::format("{}: not valid JSON (expected `shardtrain bench ops --json` output)", path));
+  if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object (`shardtrain bench ops --json` output)", path));
+  return j;
+}
+
+// The profile's own model, micro-batch and dtype, to record today's rows at.
+BenchShape profile_shape(const Reader& r, const json& j) {
+  const json& m = r.at(j, "", "model", "an object");
+  BenchShape s;
+  s.model.num_hidden_layers = r.count(m, "model", "layers");
+  s.model.hidden_size = r.count(m, "model", "hidden");
+  s.model.num_attention_heads = r.count(m, "model", "heads");
+  s.model.num_key_value_heads = r.count(m, "model", "kv_heads");
+  s.model.intermediate_size = r.count(m, "model", "intermediate");
+  s.model.vocab_size = r.count(m, "model", "vocab");
+  s.batch = r.count(j, "", "batch");
+  s.seq = r.count(j, "", "seq");
+  s.model.max_position_embeddings = std::max<int64_t>(s.model.max_position_embeddings, s.seq);
+  try {
+    s.model.validate();
+  } catch (const Error& e) {
+    r.fail("model", fmt::format("a valid model ({})", e.what()));
+  }
+  const int64_t head_dim = r.count(m, "model", "head_dim");
+  if (head_dim != s.model.head_dim())
+    r.fail("model.head_dim", fmt::format("hidden / heads = {} (the only head dim the model has), not {}", s.model.head_dim(), head_dim));
+  if (s.batch < 1 || s.seq < 1) r.fail("batch, seq", "1 or more");
+  s.source = "profile";
+  return s;
+}
+
+struct Row {
+  std::string op, shapes;
+  double seconds = 0, work = 0;
+  int64_t calls_per_microbatch = 0;
+  std::vector<ops::OpCall> calls;
+};
+
+ops::DeviceRates profile_rates(const OpTimeTable& t, const std::vector<Row>& rows) {
+  ops::DeviceRates r{t.device, t.matmul_flops_per_s, t.copy_bytes_per_s, t.matmul_flops_per_s, t.matmul_flops_per_s, 0};
+  for (const Row& row : rows) {
+    if (row.op == "attention fwd" && row.calls_per_microbatch > 0) r.attention_forward_flops_per_s = row.work / row.seconds;
+    if (row.op == "attention bwd" && row.calls_per_microbatch > 0) r.attention_backward_flops_per_s = row.work / row.seconds;
+    if (row.op == "copy") r.kernel_overhead_s = std::max(0.0, row.seconds - row.work / t.copy_bytes_per_s);
+  }
+  return r;
+}
+
+}  // namespace
+
+OpTimeTable load_op_profile(const std::string& path) {
+  const json j = read_json(path);
+  const Reader r(path);
+  OpTimeTable t;
+  t.path = path;
+  t.device = r.text(j, "", "device");
+  t.backend = r.text(j, "", "backend");
+  if (t.backend != "cuda" && t.backend != "cpu") r.fail("backend", fmt::format("\"cuda\" or \"cpu\", not \"{}\"", t.backend));
+  t.dtype = r.text(j, "", "dtype");
+  if (t.dtype != "bf16" && t.dtype != "f32") r.fail("dtype", fmt::format("\"bf16\" or \"f32\", not \"{}\"", t.dtype));
+  const json& ceilings = r.at(j, "", "ceilings", "an object");
+  t.matmul_flops_per_s = r.positive(ceilings, "ceilings", "matmul_flops_per_s");
+  t.copy_bytes_per_s = r.positive(ceilings, "ceilings", "copy_bytes_per_s");
+
+  const json& list = r.at(j, "", "rows", "an array of rows");
+  if (!list.is_array() || list.empty()) r.fail("rows", "a non-empty array of rows");
+  std::vector<Row> rows;
+  bool with_calls = false;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = fmt::format("rows[{}]", i);
+    const json& e = list[i];
+    if (!e.is_object()) r.fail(where, "an object");
+    Row row;
+    row.op = r.text(e, where, "op");
+    row.shapes = r.text(e, where, "shapes");
+    row.seconds = r.positive(e, where, "seconds");
+    row.work = r.positive(e, where, "work");
+    row.calls_per_microbatch = r.count(e, where, "calls_per_microbatch");
+    if (e.contains("calls")) {
+      with_calls = true;
+      const json& calls = e.at("calls");
+      if (!calls.is_array() || calls.empty()) r.fail(where + ".calls", "a non-empty array of calls");
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const std::string cw = fmt::format("{}.calls[{}]", where, k);
+        ops::OpCall call;
+        call.key = r.text(calls[k], cw, "key");
+        call.name = call.key.substr(0, call.key.find(' '));
+        call.flops = r.number(calls[k], cw, "flops");
+        call.bytes = r.number(calls[k], cw, "bytes");
+        row.calls.push_back(std::move(call));
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+
+  if (!with_calls) {  // an older profile: keys from today's rows of the same name and shapes
+    t.keys_reconstructed = true;
+    const std::vector<RecordedRow> today = record_rows(profile_shape(r, j), parse_dtype(t.dtype),
+                                                       t.backend == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
+    for (Row& row : rows) {
+      const auto it =
+          std::find_if(today.begin(), today.end(), [&](const RecordedRow& x) { return x.row.op == row.op; });
+      if (it == today.end()) {
+        t.rows_without_keys.push_back(row.op + ": not a row of today's bench ops");
+      } else if (it->row.shapes != row.shapes) {
+        t.rows_without_keys.push_back(
+            fmt::format("{}: shapes '{}' in the file, '{}' in today's row (the row has changed)", row.op, row.shapes,
+                        it->row.shapes));
+      } else if (std::abs(it->row.work - row.work) > 1e-9 * row.work) {
+        t.rows_without_keys.push_back(fmt::format("{}: work {} in the file, {} in today's row (the row has changed)",
+                                                  row.op, row.work, it->row.work));
+      } else {
+        row.calls = it->calls;
+      }
+    }
+  }
+  t.rates = profile_rates(t, rows);
+
+  // Seconds per call for each of a row's keys; then per key, the step's rows first.
+  struct Candidate {
+    double seconds = 0;
+    bool step_row = false;
+    std::string row;
+  };
+  std::map<std::string, std::vector<Candidate>> candidates;
+  for (const Row& row : rows) {
+    double analytic = 0;
+    for (const ops::OpCall& call : row.calls) analytic += ops::analytic_seconds(call, t.rates);
+    for (const ops::OpCall& call : row.calls) {
+      const double share = row.calls.size() == 1 ? 1.0 : ops::analytic_seconds(call, t.rates) / analytic;
+      std::vector<Candidate>& c = candidates[call.key];
+      const bool seen = std::any_of(c.begin(), c.end(), [&](const Candidate& x) { return x.row == row.op; });
+      if (!seen) c.push_back({row.seconds * share, row.calls_per_microbatch > 0, row.op});
+    }
+  }
+  for (const auto& [key, c] : candidates) {
+    const bool any_step = std::any_of(c.begin(), c.end(), [](const Candidate& x) { return x.step_row; });
+    double sum = 0;
+    int n = 0;
+    std::string from;
+    for (const Candidate& x : c) {
+      if (any_step && !x.step_row) continue;
+      sum += x.seconds;
+      ++n;
+      from += (from.empty() ? "" : ", ") + x.row;
+    }
+    t.seconds[key] = sum / n;
+    t.row_of[key] = from;
+  }
+  return t;
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,41 @@
+// A profile of op times (`shardtrain bench ops --json`) read as a table: op call key (ops/op_calls.hpp) -> measured
+// seconds per call, with what it was measured on. `shardtrain predict` prices op calls with it (ops::TableCostModel).
+//
+// A row's keys are the calls its timed function made ("calls", written since the keys existed). An older profile has
+// none: its rows are matched by op name to today's `bench ops` rows, recorded at the profile's model, micro-batch,
+// dtype and backend; a row whose name or shapes today's rows lack (a row that has changed) gives no keys. A row whose
+// function makes several calls has its seconds split among them in proportion to their analytic times (at the
+// profile's rates). Where rows share a key, the rows the model's step runs decide it (the mean of their seconds);
+// rows for the record only (calls_per_microbatch 0: other kernels of the same call) count only for keys no step row
+// has.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardtrain/ops/op_cost.hpp"
+
+namespace shardtrain::cli {
+
+struct OpTimeTable {
+  std::string path;
+  std::string device;   // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
+  std::string backend;  // "cuda" | "cpu"
+  std::string dtype;    // "bf16" | "f32"
+  double matmul_flops_per_s = 0;  // the profile's ceilings
+  double copy_bytes_per_s = 0;
+  std::map<std::string, double> seconds;      // seconds per call, by key
+  std::map<std::string, std::string> row_of;  // the row each key's seconds came from, by key
+  bool keys_reconstructed = false;            // no "calls" in the file: keys recorded from today's rows
+  std::vector<std::string> rows_without_keys;  // "rope q: not a row of today's bench ops", ...
+  // The analytic fallback at the profile's own rates: the ceilings; attention from its "attention fwd" and
+  // "attention bwd" rows (the matmul ceiling without them); the kernel overhead from its "copy" row (what the copy
+  // took beyond the copy ceiling's time; 0 without one).
+  ops::DeviceRates rates;
+};
+
+// ConfigError naming the file (and the field, and what was expected) for a missing file, bad JSON or a bad field.
+OpTimeTable load_op_profile(const std::string& path);
+
+}  // namespace shardtrain::cli
