@@ -234,7 +234,8 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const OpRow& r = rows[i];
       if (recorded[i].row.op != r.op)
-        throw InternalError(fmt::format("bench ops: row {} timed as '{}' but recorded as '{}'", i, r.op, recorded[i].row.op));
+        throw InternalError(
+            fmt::format("bench ops: row {} timed as '{}' but recorded as '{}'", i, r.op, recorded[i].row.op));
       nlohmann::ordered_json calls = nlohmann::ordered_json::array();
       for (const ops::OpCall& call : recorded[i].calls)
         calls.push_back({{"key", call.key}, {"flops", call.flops}, {"bytes", call.bytes}});

@@ -39,7 +39,8 @@ class Reader {
   }
   double positive(const json& j, const std::string& parent, const char* name) const {
     const double v = number(j, parent, name);
-    if (!(v > 0) || !std::isfinite(v)) fail(parent.empty() ? name : parent + "." + name, fmt::format("a positive number, not {}", v));
+    if (!(v > 0) || !std::isfinite(v))
+      fail(parent.empty() ? name : parent + "." + name, fmt::format("a positive number, not {}", v));
     return v;
   }
   int64_t count(const json& j, const std::string& parent, const char* name) const {
@@ -60,12 +61,15 @@ class Reader {
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open for reading (an op profile: `shardtrain bench ops --json`)", path));
+  if (!in)
+    throw ConfigError(fmt::format("{}: cannot open for reading (an op profile: `shardtrain bench ops --json`)", path));
   std::stringstream text;
   text << in.rdbuf();
   json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw ConfigError(fmt::format("{}: not valid JSON (expected `shardtrain bench ops --json` output)", path));
-  if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object (`shardtrain bench ops --json` output)", path));
+  if (j.is_discarded())
+    throw ConfigError(fmt::format("{}: not valid JSON (expected `shardtrain bench ops --json` output)", path));
+  if (!j.is_object())
+    throw ConfigError(fmt::format("{}: expected a JSON object (`shardtrain bench ops --json` output)", path));
   return j;
 }
 
@@ -89,7 +93,8 @@ BenchShape profile_shape(const Reader& r, const json& j) {
   }
   const int64_t head_dim = r.count(m, "model", "head_dim");
   if (head_dim != s.model.head_dim())
-    r.fail("model.head_dim", fmt::format("hidden / heads = {} (the only head dim the model has), not {}", s.model.head_dim(), head_dim));
+    r.fail("model.head_dim",
+           fmt::format("hidden / heads = {} (the only head dim the model has), not {}", s.model.head_dim(), head_dim));
   if (s.batch < 1 || s.seq < 1) r.fail("batch, seq", "1 or more");
   s.source = "profile";
   return s;
@@ -121,7 +126,8 @@ OpTimeTable load_op_profile(const std::string& path) {
   t.path = path;
   t.device = r.text(j, "", "device");
   t.backend = r.text(j, "", "backend");
-  if (t.backend != "cuda" && t.backend != "cpu") r.fail("backend", fmt::format("\"cuda\" or \"cpu\", not \"{}\"", t.backend));
+  if (t.backend != "cuda" && t.backend != "cpu")
+    r.fail("backend", fmt::format("\"cuda\" or \"cpu\", not \"{}\"", t.backend));
   t.dtype = r.text(j, "", "dtype");
   if (t.dtype != "bf16" && t.dtype != "f32") r.fail("dtype", fmt::format("\"bf16\" or \"f32\", not \"{}\"", t.dtype));
   const json& ceilings = r.at(j, "", "ceilings", "an object");
@@ -161,20 +167,18 @@ OpTimeTable load_op_profile(const std::string& path) {
 
   if (!with_calls) {  // an older profile: keys from today's rows of the same name and shapes
     t.keys_reconstructed = true;
-    const std::vector<RecordedRow> today = record_rows(profile_shape(r, j), parse_dtype(t.dtype),
-                                                       t.backend == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
+    const std::vector<RecordedRow> today =
+        record_rows(profile_shape(r, j), parse_dtype(t.dtype), t.backend == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
     for (Row& row : rows) {
-      const auto it =
-          std::find_if(today.begin(), today.end(), [&](const RecordedRow& x) { return x.row.op == row.op; });
+      const auto it = std::find_if(today.begin(), today.end(), [&](const RecordedRow& x) { return x.row.op == row.op; });
       if (it == today.end()) {
         t.rows_without_keys.push_back(row.op + ": not a row of today's bench ops");
       } else if (it->row.shapes != row.shapes) {
-        t.rows_without_keys.push_back(
-            fmt::format("{}: shapes '{}' in the file, '{}' in today's row (the row has changed)", row.op, row.shapes,
-                        it->row.shapes));
+        t.rows_without_keys.push_back(fmt::format("{}: shapes '{}' in the file, '{}' in today's row (the row has changed)",
+                                                  row.op, row.shapes, it->row.shapes));
       } else if (std::abs(it->row.work - row.work) > 1e-9 * row.work) {
-        t.rows_without_keys.push_back(fmt::format("{}: work {} in the file, {} in today's row (the row has changed)",
-                                                  row.op, row.work, it->row.work));
+        t.rows_without_keys.push_back(
+            fmt::format("{}: work {} in the file, {} in today's row (the row has changed)", row.op, row.work, it->row.work));
       } else {
         row.calls = it->calls;
       }

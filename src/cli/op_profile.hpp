@@ -20,14 +20,14 @@ namespace shardtrain::cli {
 
 struct OpTimeTable {
   std::string path;
-  std::string device;   // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
-  std::string backend;  // "cuda" | "cpu"
-  std::string dtype;    // "bf16" | "f32"
+  std::string device;             // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
+  std::string backend;            // "cuda" | "cpu"
+  std::string dtype;              // "bf16" | "f32"
   double matmul_flops_per_s = 0;  // the profile's ceilings
   double copy_bytes_per_s = 0;
-  std::map<std::string, double> seconds;      // seconds per call, by key
-  std::map<std::string, std::string> row_of;  // the row each key's seconds came from, by key
-  bool keys_reconstructed = false;            // no "calls" in the file: keys recorded from today's rows
+  std::map<std::string, double> seconds;       // seconds per call, by key
+  std::map<std::string, std::string> row_of;   // the row each key's seconds came from, by key
+  bool keys_reconstructed = false;             // no "calls" in the file: keys recorded from today's rows
   std::vector<std::string> rows_without_keys;  // "rope q: not a row of today's bench ops", ...
   // The analytic fallback at the profile's own rates: the ceilings; attention from its "attention fwd" and
   // "attention bwd" rows (the matmul ceiling without them); the kernel overhead from its "copy" row (what the copy

@@ -89,8 +89,7 @@ void DescribingOps::embedding_forward(const Tensor& ids, const Tensor& table, co
 }
 
 void DescribingOps::embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
-  const double rows =
-      static_cast<double>(ids.numel() * dtable.shape.cols()) * static_cast<double>(dtype_size(dtable.dtype));
+  const double rows = static_cast<double>(ids.numel() * dtable.shape.cols()) * static_cast<double>(dtype_size(dtable.dtype));
   on_call({"embedding_backward", "embedding_backward " + t(ids) + " " + t(dout) + " " + t(dtable), dims(dout), 0,
            bytes_of(ids) + bytes_of(dout) + 2 * rows});
 }
@@ -117,11 +116,10 @@ void DescribingOps::rope(const Tensor& x, const Tensor& positions, const RopeFre
   on_call({"rope", "rope " + t(x) + " " + t(positions), dims(x), 0, 2 * bytes_of(x) + bytes_of(positions)});
 }
 
-void DescribingOps::rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies&,
-                                     const Tensor& q, const Tensor& k, const Tensor& v) {
-  on_call({"rope_qkv_forward",
-           "rope_qkv_forward " + t(qkv) + " " + t(positions) + " " + t(q) + " " + t(k) + " " + t(v), dims(qkv), 0,
-           bytes_of(qkv) + bytes_of(positions) + bytes_of(q) + bytes_of(k) + bytes_of(v)});
+void DescribingOps::rope_qkv_forward(const Tensor& qkv, const Tensor& positions, const RopeFrequencies&, const Tensor& q,
+                                     const Tensor& k, const Tensor& v) {
+  on_call({"rope_qkv_forward", "rope_qkv_forward " + t(qkv) + " " + t(positions) + " " + t(q) + " " + t(k) + " " + t(v),
+           dims(qkv), 0, bytes_of(qkv) + bytes_of(positions) + bytes_of(q) + bytes_of(k) + bytes_of(v)});
 }
 
 void DescribingOps::rope_qkv_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& positions,
@@ -141,19 +139,19 @@ void DescribingOps::attention_forward(const AttentionShape& s, const Tensor& q, 
 }
 
 void DescribingOps::attention_backward(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                       const AttentionMask& mask, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                       const Tensor& out, const Tensor& lse, const Tensor& dout, const AttentionMask& mask,
+                                       const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   on_call({"attention_backward",
-           "attention_backward " + attention_shape(s) + " " + t(q) + " " + t(k) + " " + t(v) + " " + t(out) + " " +
-               t(lse) + " " + t(dout) + " " + t(dq) + " " + t(dk) + " " + t(dv),
+           "attention_backward " + attention_shape(s) + " " + t(q) + " " + t(k) + " " + t(v) + " " + t(out) + " " + t(lse) +
+               " " + t(dout) + " " + t(dq) + " " + t(dk) + " " + t(dv),
            fmt::format("B {} S {} H {}/{} Dh {}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim),
            2 * attention_forward_flops(s),
            bytes_of(q) + bytes_of(k) + bytes_of(v) + bytes_of(out) + bytes_of(lse) + bytes_of(dout) +
                bytes_of(mask.segments) + bytes_of(dq) + bytes_of(dk) + bytes_of(dv)});
 }
 
-void DescribingOps::attention_segments(const Tensor& input_ids, int32_t, const Tensor& document_ids,
-                                       const Tensor& segments, const Tensor& positions) {
+void DescribingOps::attention_segments(const Tensor& input_ids, int32_t, const Tensor& document_ids, const Tensor& segments,
+                                       const Tensor& positions) {
   on_call({"attention_segments",
            "attention_segments " + t(input_ids) + " " + t(document_ids) + " " + t(segments) + " " + t(positions),
            dims(input_ids), 0, bytes_of(input_ids) + bytes_of(document_ids) + bytes_of(segments) + bytes_of(positions)});
@@ -165,23 +163,21 @@ void DescribingOps::swiglu_forward(const Tensor& gate_up, GateUpLayout layout, c
 }
 
 // In place (dgate_up is gate_up), gate and up are read and their gradients written over them: the same bytes.
-void DescribingOps::swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout,
-                                    const Tensor& dgate_up) {
+void DescribingOps::swiglu_backward(const Tensor& dout, const Tensor& gate_up, GateUpLayout layout, const Tensor& dgate_up) {
   on_call({"swiglu_backward",
            "swiglu_backward " + t(dout) + " " + t(gate_up) + " " + layout_name(layout) + " " + t(dgate_up) +
                (dgate_up.data == gate_up.data ? " in place" : ""),
            dims(dout), 0, bytes_of(dout) + bytes_of(gate_up) + bytes_of(dgate_up)});
 }
 
-LossSums DescribingOps::cross_entropy(const Tensor& logits, const Tensor& targets, int32_t, double,
-                                      const Tensor& dlogits) {
+LossSums DescribingOps::cross_entropy(const Tensor& logits, const Tensor& targets, int32_t, double, const Tensor& dlogits) {
   on_call({"cross_entropy", "cross_entropy " + t(logits) + " " + t(targets) + " " + t(dlogits), dims(logits), 0,
            bytes_of(logits) + bytes_of(targets) + bytes_of(dlogits)});
   return {};
 }
 
-LossSums DescribingOps::linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t,
-                                             double, int64_t chunk_tokens, const Tensor& dh, const Tensor& dweight) {
+LossSums DescribingOps::linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t, double,
+                                             int64_t chunk_tokens, const Tensor& dh, const Tensor& dweight) {
   const double logits = 2.0 * static_cast<double>(h.shape.rows()) * static_cast<double>(h.shape.cols()) *
                         static_cast<double>(weight.shape.rows());
   on_call({"linear_cross_entropy",

@@ -31,11 +31,15 @@ constexpr double kH200KernelOverhead = 4e-6;
 constexpr double kH100MemoryBytes = kH200MemoryBytes * 3.35 / 4.8;
 
 DeviceRates h200_rates() {
-  return {"h200", kH200MatmulFlops, kH200MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
+  return {"h200",
+          kH200MatmulFlops,
+          kH200MemoryBytes,
+          kH200AttentionForwardFlops,
+          kH200AttentionBackwardFlops,
           kH200KernelOverhead};
 }
 DeviceRates h100_sxm_rates() {
-  return {"h100-sxm", kH200MatmulFlops, kH100MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
+  return {"h100-sxm",         kH200MatmulFlops, kH100MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
           kH200KernelOverhead};
 }
 

@@ -84,7 +84,8 @@ std::string profile_with_rows(const std::string& rows) {
   "model": {"layers": 1, "hidden": 8, "heads": 2, "kv_heads": 1, "head_dim": 4, "intermediate": 16, "vocab": 32},
   "batch": 1, "seq": 4, "tokens": 4,
   "ceilings": {"matmul_flops_per_s": 1e9, "copy_bytes_per_s": 1e8},
-  "rows": [)" + rows + "]}";
+  "rows": [)" +
+         rows + "]}";
 }
 
 // A row of three calls: its seconds split by their analytic times at the profile's rates (matmul 1 GFLOP/s, memory

@@ -124,7 +124,6 @@ class LegacyRecorder final : public ops::Ops {
   }
 };
 
-
 std::vector<std::string> keys_of(const std::vector<ops::OpCall>& calls) {
   std::vector<std::string> keys;
   for (const ops::OpCall& c : calls) keys.push_back(c.key);
@@ -161,8 +160,8 @@ TEST(OpCalls, ModelKeysAreTheOldRecordersKeys) {
         run_model(legacy, dt, fusion, documents);
         run_model(now, dt, fusion, documents);
         ASSERT_GT(legacy.keys.size(), 40u);
-        EXPECT_EQ(keys_of(now.calls), legacy.keys) << dtype_name(dt) << " fusion " << static_cast<int>(fusion)
-                                                   << " documents " << documents;
+        EXPECT_EQ(keys_of(now.calls), legacy.keys)
+            << dtype_name(dt) << " fusion " << static_cast<int>(fusion) << " documents " << documents;
       }
     }
   }
@@ -202,7 +201,7 @@ TEST(OpCalls, EveryOpKeysAsBefore) {
   EXPECT_EQ(now.calls[2].bytes, 256.0 + 2 * 256.0);
   EXPECT_EQ(now.calls[7].flops, 2.0 * 8 * 8 * 8);
   EXPECT_EQ(now.calls[7].bytes, 256.0 * 4);
-  EXPECT_EQ(now.calls[6].bytes, 256.0 + 16.0);  // sum_squares: x, and the accumulated double read + written
+  EXPECT_EQ(now.calls[6].bytes, 256.0 + 16.0);      // sum_squares: x, and the accumulated double read + written
   EXPECT_EQ(now.calls[3].bytes, 2 * 256.0 + 32.0);  // rope in place, positions
   EXPECT_EQ(now.calls[7].shape, "8x8x8");
 }

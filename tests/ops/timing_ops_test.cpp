@@ -52,10 +52,10 @@ TEST(TimingOps, ComputeAndSideStreamsKeepTheirOwnClocks) {
   EXPECT_EQ(side->stream().handle, s.ref().handle);
   EXPECT_EQ(ops->stream().handle, nullptr);
 
-  ops->matmul(Transpose::No, Transpose::Yes, 1.0, t.x, t.y, 0.0, t.y);              // issued 0.5: 0.5 .. 10.5
-  side->rmsnorm_forward(t.x, {}, t.w, 1e-5, {}, t.y, t.rstd);                       // issued 1.0: 1.0 .. 2.0
-  side->rmsnorm_forward(t.x, {}, t.w, 1e-5, {}, t.y, t.rstd);                       // issued 1.5: 2.0 .. 3.0
-  ops->copy(t.x, t.y);                                                              // issued 2.0: 10.5 .. 12.5
+  ops->matmul(Transpose::No, Transpose::Yes, 1.0, t.x, t.y, 0.0, t.y);  // issued 0.5: 0.5 .. 10.5
+  side->rmsnorm_forward(t.x, {}, t.w, 1e-5, {}, t.y, t.rstd);           // issued 1.0: 1.0 .. 2.0
+  side->rmsnorm_forward(t.x, {}, t.w, 1e-5, {}, t.y, t.rstd);           // issued 1.5: 2.0 .. 3.0
+  ops->copy(t.x, t.y);                                                  // issued 2.0: 10.5 .. 12.5
   EXPECT_DOUBLE_EQ(d.stream_now({}), 12.5);
   EXPECT_DOUBLE_EQ(d.stream_now(s.ref()), 3.0);
   EXPECT_DOUBLE_EQ(d.host_now(), 2.0);
