@@ -82,8 +82,8 @@ check(calls == {"qkv_proj fwd": L, "gate_up_proj fwd": L, "swiglu fwd": L, "rope
 # Each row's calls (the keys a profile maps to seconds: ops/op_calls.hpp), their work summing to the row's.
 for r in j.get("rows", []):
     cs = r.get("calls", [])
-    work = sum(c["flops"] if r["kind"] == "flops" else c["bytes"] for c in cs)
-    check(len(cs) >= 1 and math.isclose(work, r["work"], rel_tol=1e-12), f"{r['op']}: calls {cs}, work {r['work']}")
+    calls_work = sum(c["flops"] if r["kind"] == "flops" else c["bytes"] for c in cs)
+    check(len(cs) >= 1 and math.isclose(calls_work, r["work"], rel_tol=1e-12), f"{r['op']}: calls {cs}, work {r['work']}")
 check([c["key"] for c in rows.get("qkv_proj fwd", {}).get("calls", [])] == [f"matmul NT m {N} n {D + 2 * KV} k {D} f32 f32 f32"],
       f"qkv_proj fwd's key: {rows.get('qkv_proj fwd', {}).get('calls')}")
 total = sum(r["seconds"] * r["calls_per_microbatch"] for r in j.get("rows", []))
