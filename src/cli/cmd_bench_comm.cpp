@@ -12,12 +12,14 @@
 // device memory, a monotonic clock with host memory). A size's time is the median over calls of the max over ranks.
 // algbw = bytes / time; busbw = algbw * bytes_factor, nccl-tests' factors (n ranks on the axis): all_gather and
 // reduce_scatter (n-1)/n, all_reduce 2(n-1)/n.
-// Fit, per axis and kind, over every size of the sweep: least squares on relative error, minimizing
-// sum_i ((latency + x_i / busbw - t_i) / t_i)^2 with x_i = bytes_factor * bytes_i, so the small sizes (latency) weigh
-// as much as the large ones (bandwidth). A negative latency is refitted through the origin (latency 0); a slope that
-// is not positive (times that do not grow with size: a sweep within the latency regime) gives the smallest time
-// as latency and the largest size's x / t as busbw (a lower bound). host_all_reduce has one size: its latency is
-// its time, its busbw null.
+// Fit, per axis and kind, of t = latency + bytes_factor * bytes / busbw: busbw from the slope of an ordinary
+// least-squares line (intercept free) through the sizes of --fit-min-bytes (64 KiB) and up, so the largest sizes
+// set it; latency the smallest size's time (an upper bound: it holds that size's transfer too). Chosen over one
+// two-parameter fit because the times are not one line (small sizes move several times faster per byte than large
+// ones: MPI changes protocol and algorithm with size, small buffers stay in cache), and a line through every size
+// gets either the latency or the large sizes' bandwidth wrong, where FSDP's units (megabytes) need the latter. Fewer than two sizes from --fit-min-bytes: every
+// size; a slope that is not positive (a sweep within the latency regime): the largest size's x / t (a lower
+// bound). host_all_reduce has one size: latency only, busbw null.
 //
 // JSON (--json FILE, rank 0), what the step-time model reads as the measured links of a machine:
 //   {"device": "cpu", "backend": "mpi|nccl", "ranks": N, "ranks_per_node": R,
@@ -58,7 +60,7 @@ struct BenchCommOptions {
   std::string comm_backend = "auto";
   std::vector<std::string> axes{"world", "shard", "replicate"};
   std::vector<std::string> kinds{"all_gather", "reduce_scatter", "all_reduce", "host_all_reduce"};
-  std::string min_bytes = "4KiB", max_bytes = "256MiB";
+  std::string min_bytes = "4KiB", max_bytes = "256MiB", fit_min_bytes = "64KiB";
   int factor = 4;
   std::string dtype = "f32";
   std::string memory = "auto";
@@ -139,32 +141,27 @@ struct Fit {
 };
 
 // The fit of the header comment; `factor` turns bytes into bus bytes.
-Fit fit_points(const std::vector<Point>& points, double factor, bool latency_only) {
+Fit fit_points(const std::vector<Point>& points, double factor, uint64_t fit_min_bytes, bool latency_only) {
   Fit f;
   if (points.empty()) return f;
-  if (latency_only) {
-    f.latency_s = points.front().seconds;
-    return f;
+  const auto by_bytes = [](const Point& p, const Point& q) { return p.bytes < q.bytes; };
+  f.latency_s = std::min_element(points.begin(), points.end(), by_bytes)->seconds;
+  if (latency_only) return f;
+  std::vector<Point> fitted;
+  for (const Point& p : points)
+    if (p.bytes >= fit_min_bytes) fitted.push_back(p);
+  if (fitted.size() < 2) fitted = points;
+  double mx = 0, mt = 0;
+  for (const Point& p : fitted) mx += factor * static_cast<double>(p.bytes), mt += p.seconds;
+  mx /= static_cast<double>(fitted.size()), mt /= static_cast<double>(fitted.size());
+  double sxx = 0, sxt = 0;
+  for (const Point& p : fitted) {
+    const double dx = factor * static_cast<double>(p.bytes) - mx;
+    sxx += dx * dx, sxt += dx * (p.seconds - mt);
   }
-  double sw = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
-  for (const Point& p : points) {
-    const double x = factor * static_cast<double>(p.bytes), t = p.seconds, w = 1 / (t * t);
-    sw += w, sx += w * x, sxx += w * x * x, st += w * t, sxt += w * x * t;
-  }
-  const double det = sw * sxx - sx * sx;
-  const double a = det > 0 ? (st * sxx - sx * sxt) / det : 0, b = det > 0 ? (sw * sxt - sx * st) / det : 0;
-  if (det > 0 && b > 0 && a >= 0) {
-    f.latency_s = a, f.busbw = 1 / b;
-  } else if (det > 0 && b > 0) {  // negative intercept: through the origin
-    f.latency_s = 0, f.busbw = sxx / sxt;
-  } else {  // no slope: the latency regime (or one size)
-    const auto smallest =
-        std::min_element(points.begin(), points.end(), [](const Point& p, const Point& q) { return p.seconds < q.seconds; });
-    const auto largest =
-        std::max_element(points.begin(), points.end(), [](const Point& p, const Point& q) { return p.bytes < q.bytes; });
-    f.latency_s = smallest->seconds;
-    f.busbw = factor * static_cast<double>(largest->bytes) / largest->seconds;
-  }
+  const double slope = sxx > 0 ? sxt / sxx : 0;  // seconds per bus byte
+  const Point& largest = *std::max_element(points.begin(), points.end(), by_bytes);
+  f.busbw = slope > 0 ? 1 / slope : factor * static_cast<double>(largest.bytes) / largest.seconds;
   return f;
 }
 
@@ -234,7 +231,8 @@ class CommBench {
   }
 
   // One kind over one axis, every size of the sweep (sizes too small for one element per rank are left out).
-  KindResult run(Communicator& comm, BenchKind kind, DType dt, const std::vector<uint64_t>& sizes, Buffers& buf) {
+  KindResult run(Communicator& comm, BenchKind kind, DType dt, const std::vector<uint64_t>& sizes, uint64_t fit_min_bytes,
+                 Buffers& buf) {
     KindResult r{kind, {}, {}};
     const int n = comm.size();
     const size_t es = dtype_size(dt);
@@ -242,7 +240,7 @@ class CommBench {
       std::vector<double> values(static_cast<size_t>(o_.host_values), 1.0);
       const double s = time(false, [&] { comm.all_reduce(std::span<double>(values), ReduceOp::Sum); });
       r.points.push_back({values.size() * sizeof(double), s});
-      r.fit = fit_points(r.points, bytes_factor(kind, n), true);
+      r.fit = fit_points(r.points, bytes_factor(kind, n), 0, true);
       return r;
     }
     for (const uint64_t size : sizes) {
@@ -262,7 +260,7 @@ class CommBench {
       }
       r.points.push_back({bytes, s});
     }
-    r.fit = fit_points(r.points, bytes_factor(kind, n), false);
+    r.fit = fit_points(r.points, bytes_factor(kind, n), fit_min_bytes, false);
     return r;
   }
 
@@ -293,9 +291,13 @@ void print_kind(const KindResult& r, int n, DType dt) {
   else fmt::print("  latency {} (one size: no bandwidth)\n", format_seconds(r.fit.latency_s));
 }
 
-constexpr const char* kFitMethod =
-    "t = latency + bytes_factor * bytes / busbw, least squares on relative error over every size; a negative latency "
-    "refitted through the origin, no positive slope: the smallest time and the largest size's busbw";
+// The fit of the header comment, in the JSON's words (`fit`).
+std::string fit_method(uint64_t fit_min_bytes) {
+  return fmt::format(
+      "t = latency + bytes_factor * bytes / busbw; busbw: slope of a least-squares line through the sizes >= {} bytes "
+      "(every size when fewer than two); latency: the smallest size's time",
+      fit_min_bytes);
+}
 
 int run_bench_comm(const BenchCommOptions& o, Runtime* rt) {
   if (o.iters < 1 || o.warmup < 0) throw UsageError("bench comm: --iters 1 or more, --warmup 0 or more");
@@ -303,6 +305,7 @@ int run_bench_comm(const BenchCommOptions& o, Runtime* rt) {
   if (dt != DType::F32 && dt != DType::BF16)
     throw UsageError(fmt::format("bench comm: --dtype {}: expected f32 or bf16 (the dtypes FSDP moves)", o.dtype));
   const uint64_t min_bytes = parse_bytes(o.min_bytes, "--min-bytes"), max_bytes = parse_bytes(o.max_bytes, "--max-bytes");
+  const uint64_t fit_min_bytes = parse_bytes(o.fit_min_bytes, "--fit-min-bytes");
   if (min_bytes > max_bytes)
     throw UsageError(fmt::format("bench comm: --min-bytes {} is above --max-bytes {}", o.min_bytes, o.max_bytes));
   std::vector<uint64_t> sizes;
@@ -369,7 +372,7 @@ int run_bench_comm(const BenchCommOptions& o, Runtime* rt) {
         "bytes: all_gather the gathered output, reduce_scatter the reduced input, all_reduce the buffer; "
         "algbw = bytes / time, busbw = algbw * bytes_factor (nccl-tests: all_gather, reduce_scatter (n-1)/n; "
         "all_reduce 2(n-1)/n)\n");
-    fmt::print("fit: {}\n", kFitMethod);
+    fmt::print("fit: {}\n", fit_method(fit_min_bytes));
   }
   std::vector<AxisResult> results;
   for (MeshAxis a : timed) {
@@ -379,7 +382,7 @@ int run_bench_comm(const BenchCommOptions& o, Runtime* rt) {
       fmt::print("\naxis {}: {} ranks per group, {} group(s), {}\n", mesh_axis_name(a), comm.size(),
                  t.world_size / comm.size(), comm_backend_name(comm.backend()));
     for (BenchKind k : kinds) {
-      ar.kinds.push_back(bench.run(comm, k, dt, sizes, buffers));
+      ar.kinds.push_back(bench.run(comm, k, dt, sizes, fit_min_bytes, buffers));
       if (root) print_kind(ar.kinds.back(), comm.size(), dt);
     }
     results.push_back(std::move(ar));
@@ -420,7 +423,7 @@ int run_bench_comm(const BenchCommOptions& o, Runtime* rt) {
     j["memory"] = space == MemorySpace::Host ? "host" : "device";
     j["warmup"] = o.warmup;
     j["iters"] = o.iters;
-    j["fit"] = kFitMethod;
+    j["fit"] = fit_method(fit_min_bytes);
     j["axis_ranks"] = ranks;
     j["axis_backends"] = backends;
     write_text_file(o.json, j.dump(2) + "\n");
@@ -450,6 +453,7 @@ BenchSubcommand add_bench_comm_command(CLI::App& bench) {
       ->capture_default_str();
   a->add_option("--min-bytes", o->min_bytes, "smallest size (bytes, or 4KiB, 1MiB, ...)")->capture_default_str();
   a->add_option("--max-bytes", o->max_bytes, "largest size")->capture_default_str();
+  a->add_option("--fit-min-bytes", o->fit_min_bytes, "the bandwidth fit's smallest size")->capture_default_str();
   a->add_option("--factor", o->factor, "each size is the previous one times this")
       ->capture_default_str()
       ->check(CLI::Range(2, 1024));
@@ -468,8 +472,9 @@ BenchSubcommand add_bench_comm_command(CLI::App& bench) {
       "Sizes are the Communicator's bytes: all_gather the gathered output, reduce_scatter the reduced input,\n"
       "all_reduce the buffer. Time: median over the timed calls of the max over ranks. busbw = bytes / time *\n"
       "bytes_factor: (n-1)/n for all_gather and reduce_scatter, 2(n-1)/n for all_reduce (nccl-tests).\n"
-      "Fit per axis and kind: t = latency + bytes_factor * bytes / busbw by least squares on relative error over\n"
-      "the sweep (latency >= 0). host_all_reduce: one size, latency only (busbw null).\n"
+      "Fit per axis and kind: t = latency + bytes_factor * bytes / busbw; busbw from the slope of a least-squares\n"
+      "line through the sizes >= --fit-min-bytes, latency the smallest size's time. host_all_reduce: one size,\n"
+      "latency only (busbw null).\n"
       "JSON: {\"device\", \"backend\": \"mpi|nccl\", \"ranks\", \"ranks_per_node\", \"axes\": {\"world\"|\"shard\"|\"replicate\":\n"
       "{\"all_gather\"|\"reduce_scatter\"|\"all_reduce\"|\"host_all_reduce\": {\"latency_s\", \"busbw_bytes_per_s\",\n"
       "\"points\": [{\"bytes\", \"seconds\"}, ...]}}}, then strategy, dtype, memory, warmup, iters, fit, axis_ranks,\n"
