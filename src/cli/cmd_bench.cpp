@@ -123,13 +123,13 @@ std::string format_flops(double flops_per_s) {
                              : fmt::format("{:.3g} GFLOP/s", flops_per_s * 1e-9);
 }
 
-// `bench` is an MPI command because `bench step` trains on the world; `bench model` and `bench ops` run
-// on one rank (without mpirun, MPI starts a singleton).
+// `bench` is an MPI command because `bench step` trains on the world and `bench comm` times its collectives;
+// `bench model` and `bench ops` run on one rank (without mpirun, MPI starts a singleton).
 Command add_bench_command(CLI::App& parent) {
   Command c;
   c.app = parent.add_subcommand("bench",
                                 "benchmarks: model (CPU forward+backward), ops (every op at a model's shapes), "
-                                "step (the whole training step)");
+                                "step (the whole training step), comm (collectives over the mesh axes)");
   c.app->require_subcommand(1);
   c.launch = Launch::Mpi;
   auto opts = std::make_shared<BenchModelOptions>();
@@ -151,10 +151,12 @@ Command add_bench_command(CLI::App& parent) {
   const BenchSubcommand ops = add_bench_ops_command(*c.app);
   const BenchSubcommand step = add_bench_step_command(*c.app);
   const BenchSubcommand attention = add_bench_attention_command(*c.app);
-  c.run = [opts, ops, step, attention](Runtime* rt) {
+  const BenchSubcommand comm = add_bench_comm_command(*c.app);
+  c.run = [opts, ops, step, attention, comm](Runtime* rt) {
     if (ops.app->parsed()) return ops.run(rt);
     if (attention.app->parsed()) return attention.run(rt);
     if (step.app->parsed()) return step.run(rt);
+    if (comm.app->parsed()) return comm.run(rt);
     if (rt->topology().world_size > 1)
       throw UsageError("bench model: runs on one rank (start it without mpirun, or with -np 1)");
     return run_bench_model(*opts);

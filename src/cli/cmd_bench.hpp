@@ -1,6 +1,7 @@
 // The `shardtrain bench` subcommands, one file each: model (cmd_bench.cpp), ops (cmd_bench_ops.cpp), step
-// (cmd_bench_step.cpp) and attention (cmd_bench_attention.cpp). `bench` is one MPI command (step needs the world; the others run as a
-// single-rank singleton without mpirun), so each subcommand hands back how to run it.
+// (cmd_bench_step.cpp), attention (cmd_bench_attention.cpp) and comm (cmd_bench_comm.cpp). `bench` is one MPI command
+// (step and comm need the world; the others run as a single-rank singleton without mpirun), so each subcommand hands
+// back how to run it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@ struct BenchSubcommand {
 BenchSubcommand add_bench_ops_command(CLI::App& bench);        // cmd_bench_ops.cpp
 BenchSubcommand add_bench_step_command(CLI::App& bench);       // cmd_bench_step.cpp
 BenchSubcommand add_bench_attention_command(CLI::App& bench);  // cmd_bench_attention.cpp
+BenchSubcommand add_bench_comm_command(CLI::App& bench);       // cmd_bench_comm.cpp
 
 // Writes `text` to `path` (a JSON document); throws IoError naming the path.
 void write_text_file(const std::string& path, const std::string& text);
