@@ -43,6 +43,7 @@ inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { r
 
 Command add_env_command(CLI::App& parent);
 Command add_plan_command(CLI::App& parent);                   // cmd_plan.cpp
+Command add_predict_command(CLI::App& parent);                // cmd_predict.cpp
 Command add_consolidate_command(CLI::App& parent);            // cmd_checkpoint.cpp
 Command add_checkpoint_command(CLI::App& parent);             // cmd_checkpoint.cpp
 Command add_generate_command(CLI::App& parent);               // cmd_generate.cpp

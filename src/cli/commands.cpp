@@ -67,6 +67,7 @@ void add_commands(CLI::App& app, std::vector<Command>& out) {
   out.push_back(add_check_command(app));
   out.push_back(add_evaluate_command(app));
   out.push_back(add_plan_command(app));
+  out.push_back(add_predict_command(app));
   out.push_back(add_consolidate_command(app));
   out.push_back(add_checkpoint_command(app));
   out.push_back(add_generate_command(app));

@@ -112,6 +112,8 @@ ops::DeviceRates profile_rates(const OpTimeTable& t, const std::vector<Row>& row
   for (const Row& row : rows) {
     if (row.op == "attention fwd" && row.calls_per_microbatch > 0) r.attention_forward_flops_per_s = row.work / row.seconds;
     if (row.op == "attention bwd" && row.calls_per_microbatch > 0) r.attention_backward_flops_per_s = row.work / row.seconds;
+    if (row.op == "linear_cross_entropy fwd+bwd" && row.calls_per_microbatch > 0)
+      r.loss_flops_per_s = row.work / row.seconds;
     if (row.op == "copy") r.kernel_overhead_s = std::max(0.0, row.seconds - row.work / t.copy_bytes_per_s);
   }
   return r;

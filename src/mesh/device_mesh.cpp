@@ -33,6 +33,11 @@ DeviceMesh::DeviceMesh(MPI_Comm world, const Topology& topo, const MeshSpec& spe
   replicate_ = MpiComm::split(world_.get(), coord_.shard, coord_.replicate);
 }
 
+DeviceMesh::DeviceMesh(const MeshLayout& layout, MeshCoord coord) : layout_(layout), coord_(coord) {
+  world_rank_of_position_.resize(static_cast<size_t>(layout.world_size));
+  for (int p = 0; p < layout.world_size; ++p) world_rank_of_position_[static_cast<size_t>(p)] = p;
+}
+
 MPI_Comm DeviceMesh::comm(MeshAxis axis) const {
   switch (axis) {
     case MeshAxis::Shard: return shard_.get();

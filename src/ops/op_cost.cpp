@@ -20,12 +20,15 @@ namespace {
 //     docs/gpu-runs/2026-11-27-h200/1aeba62/attention.md: forward 876 us = 627.2 TFLOP/s; backward 2.58 ms, which
 //     that table counts 2.5x the forward (533.2 TFLOP/s) and OpCall counts 2x: 533.2 * 2 / 2.5 = 426.6e12;
 //   kernel overhead: the (32768, 768) bf16 copy row of the 2026-11-25 ops.json, 28.0 us against 23.8 us at the
-//     copy ceiling: about 4 us.
+//     copy ceiling: about 4 us;
+//   the fused lm_head + loss: its fwd+bwd row at the seed's shape, profiles/h200/seed-b64-s512.json (2026-11-26,
+//     cece5a0): 7.55 TFLOP in 15.0 ms = 503 TFLOP/s, 62 % of the GEMM ceiling; the same kernels at every vocabulary.
 constexpr double kH200MatmulFlops = 806.06e12;
 constexpr double kH200MemoryBytes = 4.232e12;
 constexpr double kH200AttentionForwardFlops = 627.2e12;
 constexpr double kH200AttentionBackwardFlops = 533.2e12 * 2.0 / 2.5;
 constexpr double kH200KernelOverhead = 4e-6;
+constexpr double kH200LossFlops = 503.0e12;
 // H100 SXM (80 GB HBM3): the same GH100 chip with the same 132 SMs and boost clock as the H200, so every compute
 // rate is the H200's; memory-bound work scaled by the datasheets' bandwidths, 3.35 TB/s against the H200's 4.8.
 constexpr double kH100MemoryBytes = kH200MemoryBytes * 3.35 / 4.8;
@@ -36,11 +39,12 @@ DeviceRates h200_rates() {
           kH200MemoryBytes,
           kH200AttentionForwardFlops,
           kH200AttentionBackwardFlops,
-          kH200KernelOverhead};
+          kH200KernelOverhead,
+          kH200LossFlops};
 }
 DeviceRates h100_sxm_rates() {
-  return {"h100-sxm",         kH200MatmulFlops, kH100MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
-          kH200KernelOverhead};
+  return {"h100-sxm",          kH200MatmulFlops, kH100MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
+          kH200KernelOverhead, kH200LossFlops};
 }
 
 void check_rates(const DeviceRates& r) {
@@ -70,8 +74,10 @@ DeviceRates device_rates(std::string_view name) {
 double analytic_seconds(const OpCall& call, const DeviceRates& rates) {
   double compute = 0;
   if (call.flops > 0) {
+    const bool loss = call.name == "linear_cross_entropy" && rates.loss_flops_per_s > 0;
     const double rate = call.name == "attention_forward"    ? rates.attention_forward_flops_per_s
                         : call.name == "attention_backward" ? rates.attention_backward_flops_per_s
+                        : loss                              ? rates.loss_flops_per_s
                                                             : rates.matmul_flops_per_s;
     compute = call.flops / rate;
   }

@@ -1,6 +1,7 @@
 // AdamW and gradient norms: the host update (one parallel region per step, vectorized inner loops) and
 // everything both paths share; the CUDA half is in adamw_cuda.cpp.
 #include "shardtrain/optim/adamw.hpp"
+#include "shardtrain/runtime/timing_device.hpp"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -156,7 +157,10 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
                           (config_.decay == DecayScope::ExemptNormsAndEmbeddings && cls == model::ModuleClass::Embedding);
       s.ranges.push_back({r.begin, r.end, !exempt});
     }
-    if (device_ == DeviceKind::Cuda) {
+    if (device_ == DeviceKind::Cuda && timing::current()) {
+      allocate_timed_state(s);
+      state_bytes_ += 2 * s.numel * static_cast<int64_t>(sizeof(float));
+    } else if (device_ == DeviceKind::Cuda) {
       allocate_device_state(s);  // zeroed
       state_bytes_ += 2 * s.numel * static_cast<int64_t>(sizeof(float));
     } else {
@@ -184,7 +188,7 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
     }
   }
   shard_segments_.push_back(segments_.size());
-  if (device_ == DeviceKind::Cuda) upload_chunk_table();
+  if (device_ == DeviceKind::Cuda && !timing::current()) upload_chunk_table();
   if (ledger_) ledger_->add(MemoryCategory::OptimizerStates, state_bytes_);
 }
 
@@ -208,7 +212,9 @@ void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double g
   check_shards(shards);
   wait();
   ++steps_;
-  if (device_ == DeviceKind::Cuda) {
+  if (device_ == DeviceKind::Cuda && timing::current()) {
+    step_timed(*timing::current(), stream);
+  } else if (device_ == DeviceKind::Cuda) {
     step_device(lr, grad_scale, stream);
   } else {
     update_segments(detail::step_scalars(config_, steps_, lr, grad_scale), 0, segments_.size());
@@ -403,6 +409,36 @@ double host_sum_of_squares(const std::vector<fsdp::ShardView>& shards) {
   return total;
 }
 
+// On a timing device (runtime/timing_device.hpp, `shardtrain predict`): the same kernels, collective and copy as
+// device_grad_sq_sum_start, as time. The fused AdamW kernel moves 28 bytes an element (param, m and v read and
+// written, the gradient read); a sum of squares reads 4.
+void GradNorm::timed_sq_sum_start(const std::vector<fsdp::ShardView>& shards, Communicator* device_axis, StreamRef stream) {
+  timing::TimingDevice& t = *timing::current();
+  if (device_.size() < sizeof(double)) device_ = DeviceBuffer(256);
+  if (host_.size() < sizeof(double)) host_ = PinnedBuffer(sizeof(double));
+  for (const fsdp::ShardView& v : shards) {
+    if (v.numel == 0) continue;
+    t.enqueue(stream, timing::WorkKind::Compute, t.memory_bound_seconds(4.0 * static_cast<double>(v.numel)),
+              t.costs().launch_s, "grad norm sum_squares");
+  }
+  if (device_axis) device_axis->all_reduce(device_.data(), device_.data(), 1, DType::F64, ReduceOp::Sum, stream);
+  copy_async(host_.data(), device_.data(), sizeof(double), stream);
+  copied_.record(stream);
+}
+
+void AdamW::allocate_timed_state(State& s) {
+  const size_t bytes = static_cast<size_t>(s.numel) * sizeof(float);
+  s.device_exp_avg = DeviceBuffer(bytes);
+  s.device_exp_avg_sq = DeviceBuffer(bytes);
+  s.exp_avg = static_cast<float*>(s.device_exp_avg.data());
+  s.exp_avg_sq = static_cast<float*>(s.device_exp_avg_sq.data());
+}
+
+void AdamW::step_timed(timing::TimingDevice& t, StreamRef stream) const {
+  const double elements = static_cast<double>(segment_offsets_.back());
+  t.enqueue(stream, timing::WorkKind::Compute, t.memory_bound_seconds(28.0 * elements), t.costs().launch_s, "adamw");
+}
+
 void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream) {
   started_ = true;
   host_axis_ = nullptr;
@@ -411,7 +447,11 @@ void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* s
   const bool reduce = shard_axis != nullptr && shard_axis->size() > 1;
   if (on_device_) {
     const bool device_axis = reduce && shard_axis->space() == MemorySpace::Device;
-    detail::device_grad_sq_sum_start(shards, device_axis ? shard_axis : nullptr, stream, device_, host_, copied_);
+    if (timing::current()) {
+      timed_sq_sum_start(shards, device_axis ? shard_axis : nullptr, stream);
+    } else {
+      detail::device_grad_sq_sum_start(shards, device_axis ? shard_axis : nullptr, stream, device_, host_, copied_);
+    }
     if (reduce && !device_axis) host_axis_ = shard_axis;
     return;
   }

@@ -95,9 +95,7 @@ void TimingDevice::synchronize_event(void* e) {
   host_ += costs_.sync_s;
 }
 
-void TimingDevice::synchronize_stream(StreamRef s) {
-  host_ = std::max(host_, stream_now(s)) + costs_.sync_s;
-}
+void TimingDevice::synchronize_stream(StreamRef s) { host_ = std::max(host_, stream_now(s)) + costs_.sync_s; }
 
 void TimingDevice::synchronize_all() {
   for (const auto& [h, st] : streams_) host_ = std::max({host_, st.end, st.wait_floor});
@@ -123,11 +121,11 @@ void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double is
   st.last_label = std::move(full);
 }
 
-void TimingDevice::host_work(double seconds, std::string_view label) {
+void TimingDevice::host_work(double seconds, std::string_view label, WorkKind kind) {
   const double start = host_;
   host_ += seconds;
-  tasks_.push_back(Task{-1, WorkKind::Host, start, start, host_,
-                        context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label)});
+  tasks_.push_back(
+      Task{-1, kind, start, start, host_, context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label)});
 }
 
 void TimingDevice::copy(void* dst, const void* src, size_t bytes, StreamRef s) {

@@ -10,6 +10,14 @@
 
 namespace shardtrain::train {
 
+model::ModelOptions model_options(const TrainConfig& config) {
+  model::ModelOptions o;
+  o.activation_dtype = config.fsdp.engine.param_dtype;
+  o.checkpointing =
+      config.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
+  return o;
+}
+
 Replica::Replica(const Runtime& runtime, const TrainConfig& config, std::unique_ptr<ops::Ops> ops)
     : runtime_(&runtime), document_ids_(config.data.layout == data::BatchLayout::Packed && config.data.document_mask) {
   const bool on_gpu = runtime.device().is_cuda();
@@ -22,11 +30,7 @@ Replica::Replica(const Runtime& runtime, const TrainConfig& config, std::unique_
   comms_ = std::make_unique<MeshComms>(*mesh_, backend_.backend, on_gpu ? MemorySpace::Device : MemorySpace::Host);
   watchdog_ = std::make_unique<CollectiveWatchdog>(std::chrono::duration<double>(config.fsdp.collective_timeout));
   comms_->set_watchdog(watchdog_.get());
-  model::ModelOptions mopts;
-  mopts.activation_dtype = config.fsdp.engine.param_dtype;
-  mopts.checkpointing =
-      config.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
-  model_ = std::make_unique<model::LlamaModel>(config.model, *ops_, mopts);
+  model_ = std::make_unique<model::LlamaModel>(config.model, *ops_, model_options(config));
   engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config.fsdp.engine, ledger_);
   engine_->set_watchdog(watchdog_.get());
   engine_->initialize(config.model.init_seed);  // and sync_module_states when the config asks for it

@@ -26,6 +26,10 @@ TEST(OpCost, AnalyticSecondsTakeTheSlowerOfComputeAndMemory) {
   EXPECT_DOUBLE_EQ(analytic_seconds(call("attention_backward", "", 1e9, 1e3), r), 2e-6 + 4e-3);
   EXPECT_DOUBLE_EQ(analytic_seconds(call("linear_cross_entropy", "", 1e12, 1e9), r), 2e-6 + 1.0);
   EXPECT_DOUBLE_EQ(analytic_seconds(call("fill", "", 0, 0), r), 2e-6);
+  DeviceRates with_loss = r;
+  with_loss.loss_flops_per_s = 4e11;  // the fused loss at its own rate, nothing else
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("linear_cross_entropy", "", 1e12, 1e9), with_loss), 2e-6 + 2.5);
+  EXPECT_DOUBLE_EQ(analytic_seconds(call("matmul", "", 2e9, 1e6), with_loss), 2e-6 + 2e-3);
 }
 
 TEST(OpCost, TableHitsAndFallbackMisses) {

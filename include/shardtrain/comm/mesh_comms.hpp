@@ -46,6 +46,10 @@ class MeshComms {
  public:
   // Collective over the mesh's world. Buffers live in `space` (Device with a GPU, Host otherwise).
   MeshComms(const DeviceMesh& mesh, CommBackend backend, MemorySpace space);
+  // Communicators made elsewhere (the step-time prediction's simulated ones: sim_communicator.hpp).
+  MeshComms(CommBackend backend, std::unique_ptr<Communicator> world, std::unique_ptr<Communicator> shard,
+            std::unique_ptr<Communicator> replicate)
+      : backend_(backend), world_(std::move(world)), shard_(std::move(shard)), replicate_(std::move(replicate)) {}
 
   // The world axis carries host values only in training (token counts, loss sums, agreement checks: through
   // host_all_reduce, over MPI whatever the backend), so it is an MPI communicator even on the NCCL backend:

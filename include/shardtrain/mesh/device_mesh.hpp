@@ -17,6 +17,10 @@ class DeviceMesh {
  public:
   // Collective over `world`. Throws ConfigError when the strategy's mesh does not fit the topology.
   DeviceMesh(MPI_Comm world, const Topology& topo, const MeshSpec& spec);
+  // A mesh no MPI job stands behind: the layout of a job of layout.world_size ranks and the place of one of them
+  // (block placement: world rank = position), with no communicators (comm() returns MPI_COMM_NULL). What the
+  // step-time prediction runs the engine on (sim/predict.hpp), one rank standing for all.
+  DeviceMesh(const MeshLayout& layout, MeshCoord coord);
 
   const MeshLayout& layout() const { return layout_; }
   ShardingStrategy strategy() const { return layout_.strategy; }

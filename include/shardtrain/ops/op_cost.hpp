@@ -28,6 +28,9 @@ struct DeviceRates {
   double attention_forward_flops_per_s = 0;   // forward counted 2 B H S^2 Dh
   double attention_backward_flops_per_s = 0;  // backward counted twice the forward (not FlashAttention's 2.5x)
   double kernel_overhead_s = 0;               // what the smallest kernel takes beyond its work
+  // The fused lm_head + loss (linear_cross_entropy), counted 2 N D V (+4 N D V with the gradient): its chunked
+  // logits, softmax and fp32 gradients run well below the GEMM ceiling. 0: the matmul rate.
+  double loss_flops_per_s = 0;
 };
 
 // The built-in rates by name ("h100-sxm", "h200"); UsageError naming the known ones for another name.
@@ -35,7 +38,8 @@ DeviceRates device_rates(std::string_view name);
 std::vector<std::string> device_rates_names();
 
 // kernel_overhead_s + max(flops / rate, bytes / memory_bytes_per_s); rate: the attention rates for
-// attention_forward and attention_backward, the matmul rate for every other op with FLOPs.
+// attention_forward and attention_backward, the loss rate for linear_cross_entropy, the matmul rate for every other
+// op with FLOPs.
 double analytic_seconds(const OpCall& call, const DeviceRates& rates);
 
 // Seconds per call from a table of keys (a profile's), the analytic estimate at `fallback` for the keys it lacks.

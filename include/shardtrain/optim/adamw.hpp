@@ -16,6 +16,10 @@
 #include "shardtrain/ops/host_buffer.hpp"
 #include "shardtrain/runtime/device.hpp"
 
+namespace shardtrain::timing {
+class TimingDevice;
+}
+
 namespace shardtrain::optim {
 
 namespace detail {
@@ -140,6 +144,9 @@ class AdamW final : public fsdp::PendingShardWrites {
   void allocate_device_state(State& s);
   void upload_chunk_table();
   void step_device(double lr, double grad_scale, StreamRef stream);
+  // On a timing device (runtime/timing_device.hpp): states that hold no memory, and the update as time.
+  void allocate_timed_state(State& s);
+  void step_timed(timing::TimingDevice& t, StreamRef stream) const;
 
   AdamWConfig config_;
   DeviceKind device_ = DeviceKind::Cpu;
@@ -177,6 +184,7 @@ class GradNorm {
   double norm();            // its square root
 
  private:
+  void timed_sq_sum_start(const std::vector<fsdp::ShardView>& shards, Communicator* device_axis, StreamRef stream);
   bool started_ = false;
   double value_ = 0;                   // host shards: the result; CUDA: read from host_ once copied_ passed
   Communicator* host_axis_ = nullptr;  // CUDA shards on a host-memory axis: reduced in sum_of_squares()

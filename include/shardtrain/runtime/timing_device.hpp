@@ -71,8 +71,9 @@ class TimingDevice {
   // Work of `seconds` issued by the host now on `stream`; the host pays `issue_s` first. Labels name what it is
   // ("matmul 4096x14336x4096", "all-gather shard layers.3").
   void enqueue(StreamRef stream, WorkKind kind, double seconds, double issue_s, std::string_view label);
-  // The host busy for `seconds` (host collectives, host arithmetic, the CPU backend's ops).
-  void host_work(double seconds, std::string_view label);
+  // The host busy for `seconds` (host collectives, host arithmetic, the CPU backend's ops), recorded as `kind`
+  // (Compute for an op of the CPU backend, Comm for a blocking collective) on stream -1.
+  void host_work(double seconds, std::string_view label, WorkKind kind = WorkKind::Host);
   void copy(void* dst, const void* src, size_t bytes, StreamRef stream);
 
   // Device memory: addresses from a range no allocation of the process can return (never dereferenced).

@@ -21,6 +21,10 @@
 
 namespace shardtrain::train {
 
+// The model's options a training config asks for (activation dtype, checkpointing): the replica's, and the
+// step-time prediction's (predict.hpp).
+model::ModelOptions model_options(const TrainConfig& config);
+
 class Replica {
  public:
   // Collective over the world: the mesh of config.fsdp.engine, its communicators (fsdp.comm_backend), the

@@ -1,0 +1,234 @@
+// `shardtrain predict`: the step time, tokens/s per GPU, MFU, peak memory and exposed communication of a training
+// config on N nodes x G GPUs, by running the real step against a timing device (train/predict.hpp,
+// docs/predict.md). Offline: no MPI, no GPU. Op times come from a `bench ops` profile where it has the call, and
+// from the device's rates otherwise; links from a preset or a `bench comm` measurement.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "command.hpp"
+#include "config_args.hpp"
+#include "op_profile.hpp"
+#include "shardtrain/ops/op_cost.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/predict.hpp"
+
+namespace shardtrain::cli {
+namespace {
+
+struct PredictOptions {
+  ConfigArgs args;
+  int nodes = 1;
+  int gpus_per_node = 8;
+  std::string gpu = "h100";  // h100 | h200 | cpu
+  std::vector<std::string> ops_profiles;
+  std::string links = "h100-dgx";  // a preset, or a `bench comm --json` file
+  int steps = 3;
+  std::string json, trace;
+};
+
+struct GpuChoice {
+  std::string rates;        // ops::device_rates preset
+  std::string device_name;  // as CUDA names it: the datasheet peak's key
+};
+GpuChoice gpu_choice(const std::string& gpu) {
+  if (gpu == "h100") return {"h100-sxm", "NVIDIA H100 80GB HBM3"};
+  if (gpu == "h200") return {"h200", "NVIDIA H200"};
+  if (gpu == "cpu") return {"", ""};
+  throw UsageError(fmt::format("--gpu {}: expected h100, h200 or cpu", gpu));
+}
+
+// `bench comm --json`: {"axes": {"world"|"shard"|"replicate": {"all_gather": {"latency_s", "busbw_bytes_per_s"}, ...}},
+// "ranks": N, "ranks_per_node": R}. The measurement holds for that many ranks only.
+struct MeasuredLinks {
+  std::string path;
+  int ranks = 0, ranks_per_node = 0;
+  nlohmann::json axes;
+};
+MeasuredLinks load_links(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("--links {}: cannot be read (expected a preset, h100-dgx, or a `bench comm --json` file)", path));
+  MeasuredLinks m;
+  m.path = path;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    m.ranks = j.at("ranks").get<int>();
+    m.ranks_per_node = j.at("ranks_per_node").get<int>();
+    m.axes = j.at("axes");
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("--links {}: not a `bench comm --json` file ({})", path, e.what()));
+  }
+  return m;
+}
+CollectiveCost measured_cost(const MeasuredLinks& m, const std::string& axis, const char* kind) {
+  try {
+    const nlohmann::json& k = m.axes.at(axis).at(kind);
+    return {k.at("latency_s").get<double>(), k.at("busbw_bytes_per_s").get<double>()};
+  } catch (const nlohmann::json::exception&) {
+    throw ConfigError(fmt::format("--links {}: no measured {} on the {} axis (run `bench comm` with this config's strategy)",
+                                  m.path, kind, axis));
+  }
+}
+
+std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
+
+void write_trace(const std::string& path, const train::Prediction& p) {
+  nlohmann::json events = nlohmann::json::array();
+  for (const timing::Task& t : p.tasks) {
+    events.push_back({{"name", t.label},
+                      {"cat", timing::work_kind_name(t.kind)},
+                      {"ph", "X"},
+                      {"ts", t.start * 1e6},
+                      {"dur", (t.end - t.start) * 1e6},
+                      {"pid", 0},
+                      {"tid", t.stream < 0 ? std::string("host") : t.stream == 0 ? std::string("compute")
+                                                                                  : fmt::format("stream {}", t.stream)}});
+  }
+  std::ofstream out(path);
+  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!out) throw Error(ExitCode::Io, fmt::format("--trace {}: cannot be written", path));
+}
+
+int run_predict(const PredictOptions& o) {
+  std::vector<std::string> notes;
+  std::string source;
+  const train::TrainConfig config = o.args.resolve(notes, source);
+  const GpuChoice choice = gpu_choice(o.gpu);
+  const bool cpu = o.gpu == "cpu";
+
+  // Op times: each profile's calls, then the rates.
+  ops::DeviceRates rates;
+  std::map<std::string, double> table;
+  std::string profiles_described;
+  for (const std::string& path : o.ops_profiles) {
+    const OpTimeTable profile = load_op_profile(path);
+    for (const auto& [key, seconds] : profile.seconds) table.emplace(key, seconds);
+    profiles_described += fmt::format("{}{} ({} call kinds, {})", profiles_described.empty() ? "" : "; ", path,
+                                      profile.seconds.size(), profile.device);
+    if (cpu && rates.name.empty()) rates = profile.rates;  // the CPU's rates are its profile's ceilings
+  }
+  if (!cpu) rates = ops::device_rates(choice.rates);
+  if (cpu && rates.name.empty()) throw UsageError("--gpu cpu needs --ops-profile (a `bench ops --json` of this machine's CPU backend)");
+  const ops::TableCostModel costs(table, rates);
+
+  train::PredictSetup s;
+  s.nodes = o.nodes;
+  s.ranks_per_node = o.gpus_per_node;
+  s.device = cpu ? DeviceKind::Cpu : DeviceKind::Cuda;
+  s.device_name = choice.device_name;
+  s.op_costs = &costs;
+  s.steps = o.steps;
+  if (cpu) {  // the CPU backend runs its ops as calls: no launches, no device synchronizations
+    s.host.launch_s = 0;
+    s.host.comm_launch_s = 0;
+    s.host.sync_s = 0;
+  }
+  if (o.links == "h100-dgx") {
+    const LinkPreset preset = h100_dgx_links();
+    s.links = [preset](MeshAxis, int ranks, int nodes) { return preset_group_links(preset, ranks, nodes); };
+  } else {
+    const MeasuredLinks m = load_links(o.links);
+    if (m.ranks != o.nodes * o.gpus_per_node || m.ranks_per_node != o.gpus_per_node)
+      throw UsageError(fmt::format("--links {}: measured on {} ranks, {} per node; this prediction is for {} x {}", o.links,
+                                   m.ranks, m.ranks_per_node, o.nodes, o.gpus_per_node));
+    s.links = [m](MeshAxis axis, int, int) {
+      GroupLinks g;
+      const std::string name = mesh_axis_name(axis);
+      if (axis != MeshAxis::World) {
+        g.all_gather = measured_cost(m, name, "all_gather");
+        g.reduce_scatter = measured_cost(m, name, "reduce_scatter");
+        g.all_reduce = measured_cost(m, name, "all_reduce");
+      }
+      g.host = measured_cost(m, "world", "host_all_reduce");
+      g.source = fmt::format("measured ({} {})", m.path, name);
+      return g;
+    };
+  }
+
+  const train::Prediction p = train::predict_step(config, s);
+  const double step = p.step_s;
+  const std::string what = cpu ? "CPU ranks" : fmt::format("{} GPUs", o.gpu == "h100" ? "H100" : "H200");
+  fmt::print("predict ({}): {} node(s) x {} {}, {} mesh {}, micro-batch {} x seq {}, {} accumulation step(s)\n", source,
+             o.nodes, o.gpus_per_node, what, sharding_strategy_name(config.fsdp.engine.strategy), p.layout.describe(),
+             p.micro_batch, p.seq, p.accumulation);
+  fmt::print("  op times: {}; {} of {} calls from profiles, the rest from {} rates\n",
+             profiles_described.empty() ? "no profile" : profiles_described, costs.hits(), costs.hits() + costs.misses(),
+             rates.name);
+  fmt::print("  links: {}\n", p.links_described);
+  fmt::print("  PREDICTION, not a measurement (docs/predict.md says what it leaves out)\n");
+  fmt::print("  step              {}\n", ms(step));
+  fmt::print("  tokens/s per {}  {:.0f}\n", cpu ? "rank" : "GPU ", p.tokens_per_s_per_rank);
+  if (p.spec_peak_flops > 0)
+    fmt::print("  MFU               {:.1f} % of {:.0f} TFLOP/s (datasheet dense bf16)\n", 100 * p.mfu, p.spec_peak_flops / 1e12);
+  fmt::print("  compute busy      {} ({:.1f} % of the step)\n", ms(p.compute_busy_s), 100 * p.compute_busy_s / step);
+  fmt::print("  collectives       {} in all; exposed {} ({:.1f} % of the step)\n", ms(p.comm_busy_s), ms(p.exposed_comm_s),
+             100 * p.exposed_comm_s / step);
+  fmt::print("  host idle         {} (compute waiting for the host to issue work)\n", ms(p.host_idle_s));
+  if (!cpu) fmt::print("  peak memory       {:.2f} GiB (shardtrain's device buffers)\n", p.peak_device_bytes / double(1ull << 30));
+  if (!p.idle.empty()) {
+    fmt::print("  compute idle by cause (per step):\n");
+    for (const train::IdleCause& c : p.idle)
+      if (c.seconds >= 1e-6) fmt::print("    {:<44} {}\n", c.what, ms(c.seconds));
+  }
+  if (!o.trace.empty()) write_trace(o.trace, p);
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"prediction", true},
+                        {"config", source},
+                        {"nodes", o.nodes},
+                        {"ranks_per_node", o.gpus_per_node},
+                        {"device", cpu ? "cpu" : choice.device_name},
+                        {"mesh", p.layout.describe()},
+                        {"micro_batch", p.micro_batch},
+                        {"seq", p.seq},
+                        {"accumulation", p.accumulation},
+                        {"step_s", step},
+                        {"tokens_per_s_per_rank", p.tokens_per_s_per_rank},
+                        {"mfu", p.mfu},
+                        {"spec_peak_flops", p.spec_peak_flops},
+                        {"compute_busy_s", p.compute_busy_s},
+                        {"comm_busy_s", p.comm_busy_s},
+                        {"exposed_comm_s", p.exposed_comm_s},
+                        {"host_idle_s", p.host_idle_s},
+                        {"peak_device_bytes", p.peak_device_bytes},
+                        {"op_calls_from_profile", costs.hits()},
+                        {"op_calls_from_rates", costs.misses()},
+                        {"links", p.links_described}};
+    for (const train::IdleCause& c : p.idle) j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}});
+    std::ofstream out(o.json);
+    out << j.dump(2) << "\n";
+    if (!out) throw Error(ExitCode::Io, fmt::format("--json {}: cannot be written", o.json));
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_predict_command(CLI::App& parent) {
+  auto o = std::make_shared<PredictOptions>();
+  Command c;
+  c.app = parent.add_subcommand("predict",
+                                "predict a config's step on N nodes x G GPUs: the real step run against a timing device "
+                                "(offline; docs/predict.md)");
+  o->args.add_to(c.app);
+  c.app->add_option("--nodes", o->nodes, "nodes")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--gpus-per-node", o->gpus_per_node, "GPUs (ranks) per node")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--gpu", o->gpu, "h100, h200, or cpu (the CPU backend, with --ops-profile of this machine)")
+      ->capture_default_str();
+  c.app->add_option("--ops-profile", o->ops_profiles,
+                    "a `bench ops --json` profile of the device (repeatable; profiles/): its calls' measured times");
+  c.app->add_option("--links", o->links, "h100-dgx (NVLink + 8x400G InfiniBand), or a `bench comm --json` file")
+      ->capture_default_str();
+  c.app->add_option("--steps", o->steps, "steady steps averaged (after 2 warm-up)")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--json", o->json, "write the prediction as JSON");
+  c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)");
+  c.launch = Launch::Offline;
+  c.run = [o](Runtime*) { return run_predict(*o); };
+  return c;
+}
+
+}  // namespace shardtrain::cli

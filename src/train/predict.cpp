@@ -1,0 +1,181 @@
+// The step-time prediction (predict.hpp): the training step of train/loop.cpp (zero_grad, the micro-batches'
+// forward_backward, the gradient norm, the loss read, the one host all-reduce, AdamW) issued against the timing
+// device, and read off its clocks.
+#include "shardtrain/train/predict.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+
+#include "shardtrain/comm/mesh_comms.hpp"
+#include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/mesh/device_mesh.hpp"
+#include "shardtrain/model/llama.hpp"
+#include "shardtrain/ops/peak_spec.hpp"
+#include "shardtrain/optim/adamw.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/memory_ledger.hpp"
+#include "shardtrain/train/metrics.hpp"
+#include "shardtrain/train/replica.hpp"
+
+namespace shardtrain::train {
+namespace {
+
+int nodes_spanned(const std::vector<int>& positions, int ranks_per_node) {
+  std::set<int> nodes;
+  for (const int p : positions) nodes.insert(p / ranks_per_node);
+  return static_cast<int>(nodes.size());
+}
+
+// Names the tasks after the unit the engine is working on, so that each collective's wait is told apart.
+class UnitLabels final : public fsdp::ScheduleObserver {
+ public:
+  UnitLabels(timing::TimingDevice& device, const std::vector<fsdp::UnitSpec>& units) : device_(&device), units_(&units) {}
+  void schedule_point(fsdp::SchedulePoint, int unit) override { device_->set_context((*units_)[unit].name); }
+
+ private:
+  timing::TimingDevice* device_;
+  const std::vector<fsdp::UnitSpec>* units_;
+};
+
+// The CPU backend's host work outside the ops (the gradient norm of host shards, the AdamW loop), run for real
+// and its wall time put on the host's clock.
+template <typename F>
+void on_host(timing::TimingDevice& t, bool measure, const char* what, F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  if (measure) t.host_work(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), what);
+}
+
+}  // namespace
+
+Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
+  if (!s.op_costs || !s.links) throw InternalError("predict_step: no op costs or links given");
+  const int world = s.nodes * s.ranks_per_node;
+  config.validate_for_world(world, s.nodes);
+  Prediction p;
+  p.layout =
+      make_mesh_layout(MeshSpec{config.fsdp.engine.strategy, config.fsdp.engine.shard_size}, world, s.ranks_per_node);
+  p.micro_batch = config.micro_batch_size_for(world);
+  p.accumulation = config.accumulation_steps_for(world);
+  p.seq = config.data.seq_len;
+  const DeviceMesh mesh(p.layout, MeshCoord{0, 0});
+
+  timing::TimingDevice t(s.host);
+  timing::TimingScope scope(t);
+  const size_t memory_before = device_memory_stats().in_use;
+  reset_device_memory_peak();
+  const bool gpu = s.device == DeviceKind::Cuda;
+  const MemorySpace space = gpu ? MemorySpace::Device : MemorySpace::Host;
+  const CommBackend backend = gpu ? CommBackend::Nccl : CommBackend::Mpi;
+  std::vector<int> everyone(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
+  auto make = [&](MeshAxis axis, const std::vector<int>& group, MemorySpace where, CommBackend how) {
+    const int n = static_cast<int>(group.size());
+    GroupLinks links = s.links(axis, n, nodes_spanned(group, s.ranks_per_node));
+    p.links_described += fmt::format("{}{}: {} ranks, {}", p.links_described.empty() ? "" : "; ", mesh_axis_name(axis), n,
+                                     links.source);
+    return make_sim_communicator(axis, 0, n, where, how, std::move(links));
+  };
+  // As MeshComms makes them: the world axis carries host values over MPI whatever the backend.
+  MeshComms comms(backend, make(MeshAxis::World, everyone, MemorySpace::Host, CommBackend::Mpi),
+                  make(MeshAxis::Shard, p.layout.shard_group(0), space, backend),
+                  make(MeshAxis::Replicate, p.layout.replicate_group(0), space, backend));
+
+  std::unique_ptr<ops::Ops> ops = ops::make_timing_ops(s.device, *s.op_costs);
+  ops->defer_loss(true);
+  model::LlamaModel model(config.model, *ops, model_options(config));
+  MemoryLedger ledger;
+  fsdp::FsdpEngine engine(model, mesh, comms, *ops, config.fsdp.engine, ledger);
+  UnitLabels labels(t, engine.units());
+  engine.set_schedule_observer(&labels);
+  optim::AdamW adamw(engine, config.optim.adamw, &ledger);
+  optim::GradNorm grad_norm;
+
+  // The micro-batch: token 0 everywhere (its values change no time), copied up as Replica::model_batch does.
+  const ops::Shape shape{p.micro_batch, p.seq};
+  const size_t batch_bytes = static_cast<size_t>(shape.numel()) * sizeof(int32_t);
+  std::vector<int32_t> host_ids(static_cast<size_t>(shape.numel()), 0), host_targets = host_ids;
+  DeviceBuffer device_ids(gpu ? batch_bytes : 0), device_targets(gpu ? batch_bytes : 0);
+  model::Batch batch;
+  batch.input_ids = gpu ? ops::make_tensor(device_ids.data(), DType::I32, shape, DeviceKind::Cuda)
+                        : ops::make_tensor(host_ids.data(), DType::I32, shape);
+  batch.targets = gpu ? ops::make_tensor(device_targets.data(), DType::I32, shape, DeviceKind::Cuda)
+                      : ops::make_tensor(host_targets.data(), DType::I32, shape);
+  const double loss_scale = 1.0 / (static_cast<double>(shape.numel()) * p.accumulation * world);
+  std::vector<double> step_values(3, 0.0);  // the loss, the non-finite flag, a hook's value
+
+  std::vector<double> synced;  // the host's clock once each step's loss and norm are read
+  for (int k = 0; k < s.warmup_steps + s.steps; ++k) {
+    if (k == s.warmup_steps) t.clear_record();
+    t.set_context("");
+    engine.zero_grad();
+    for (int a = 0; a < p.accumulation; ++a) {
+      if (gpu) {
+        t.set_context("");
+        copy_async(device_ids.data(), host_ids.data(), batch_bytes, ops->stream());
+        copy_async(device_targets.data(), host_targets.data(), batch_bytes, ops->stream());
+      }
+      engine.forward_backward(batch, loss_scale, a == p.accumulation - 1);
+    }
+    t.set_context("step");
+    on_host(t, !gpu && s.time_host_updates, "gradient norm (host, measured)", [&] {
+      if (const double* unit_sums = engine.device_grad_sq_sums()) {
+        grad_norm.start_from_unit_sums(unit_sums, engine.units().size(), &comms.shard());
+      } else {
+        grad_norm.start(engine.shards(), &comms.shard());
+      }
+    });
+    ops->take_loss();
+    stream_synchronize(ops->stream());
+    const double norm = grad_norm.norm();
+    synced.push_back(t.host_now());
+    comms.world().all_reduce(std::span<double>(step_values), ReduceOp::Sum);
+    on_host(t, !gpu && s.time_host_updates, "adamw (host, measured)",
+            [&] { adamw.step(engine.shards(), 1e-4, optim::clip_coefficient(norm, config.optim.max_grad_norm)); });
+  }
+  t.synchronize_all();
+
+  const double steps = s.steps;
+  p.step_s = (synced.back() - synced[static_cast<size_t>(s.warmup_steps - 1)]) / steps;
+  p.tokens_per_s_per_rank = static_cast<double>(shape.numel()) * p.accumulation / p.step_s;
+  p.flops_per_token = flops_per_token(model.spec(), p.seq);
+  if (gpu) {
+    p.spec_peak_flops = ops::gpu_spec_peak(s.device_name).flops_per_s;
+    if (p.spec_peak_flops > 0) p.mfu = std::min(1.0, p.flops_per_token * p.tokens_per_s_per_rank / p.spec_peak_flops);
+  }
+  // "layers.3 all_gather shard 50.3 MB" -> "layers.3 all_gather shard": one entry per unit and collective
+  auto cause_of = [](std::string what) {
+    if (const size_t mb = what.rfind(" MB"); mb != std::string::npos && mb + 3 == what.size())
+      what = what.substr(0, what.rfind(' ', mb - 1));
+    return what;
+  };
+  const double last_sync = synced[synced.size() - 2];
+  std::map<std::string, double> idle;
+  for (const timing::Task& task : t.tasks()) {
+    const double seconds = (task.end - task.start) / steps;
+    // On a GPU the compute stream (0); on the CPU backend the host, which runs the ops and blocks in collectives.
+    if (task.kind == timing::WorkKind::Compute && task.stream == (gpu ? 0 : -1)) p.compute_busy_s += seconds;
+    if (task.kind == timing::WorkKind::Comm) {
+      p.comm_busy_s += seconds;
+      if (!gpu) idle[cause_of(task.label)] += seconds;  // nothing overlaps a blocking collective
+    }
+    if (task.issued >= last_sync) p.tasks.push_back(task);
+  }
+  for (const auto& [cause, i] : t.compute_idle()) idle[cause_of(cause)] += (i.waiting_s + i.host_s) / steps;
+  for (const auto& [what, seconds] : idle) {
+    p.idle.push_back({what, seconds});
+    if (what == "host") p.host_idle_s += seconds;
+    else p.exposed_comm_s += seconds;
+  }
+  std::sort(p.idle.begin(), p.idle.end(), [](const IdleCause& a, const IdleCause& b) { return a.seconds > b.seconds; });
+  p.peak_device_bytes = device_memory_stats().peak - memory_before;
+  return p;
+}
+
+}  // namespace shardtrain::train
