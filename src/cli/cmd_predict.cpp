@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -27,7 +28,8 @@ struct PredictOptions {
   int gpus_per_node = 8;
   std::string gpu = "h100";  // h100 | h200 | cpu
   std::vector<std::string> ops_profiles;
-  std::string links = "h100-dgx";  // a preset, or a `bench comm --json` file
+  std::vector<std::string> profile_excludes;  // ops whose profile rows are stale (their kernels changed since)
+  std::string links = "h100-dgx";             // a preset, or a `bench comm --json` file
   int steps = 3;
   std::string json, trace;
 };
@@ -35,11 +37,12 @@ struct PredictOptions {
 struct GpuChoice {
   std::string rates;        // ops::device_rates preset
   std::string device_name;  // as CUDA names it: the datasheet peak's key
+  double memory_bytes = 0;  // what CUDA reports as the device's total memory
 };
 GpuChoice gpu_choice(const std::string& gpu) {
-  if (gpu == "h100") return {"h100-sxm", "NVIDIA H100 80GB HBM3"};
-  if (gpu == "h200") return {"h200", "NVIDIA H200"};
-  if (gpu == "cpu") return {"", ""};
+  if (gpu == "h100") return {"h100-sxm", "NVIDIA H100 80GB HBM3", 79.1 * (1ull << 30)};
+  if (gpu == "h200") return {"h200", "NVIDIA H200", 139.8 * (1ull << 30)};
+  if (gpu == "cpu") return {"", "", 0};
   throw UsageError(fmt::format("--gpu {}: expected h100, h200 or cpu", gpu));
 }
 
@@ -52,7 +55,9 @@ struct MeasuredLinks {
 };
 MeasuredLinks load_links(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("--links {}: cannot be read (expected a preset, h100-dgx, or a `bench comm --json` file)", path));
+  if (!in)
+    throw ConfigError(
+        fmt::format("--links {}: cannot be read (expected a preset, h100-dgx, or a `bench comm --json` file)", path));
   MeasuredLinks m;
   m.path = path;
   try {
@@ -77,6 +82,18 @@ CollectiveCost measured_cost(const MeasuredLinks& m, const std::string& axis, co
 
 std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
 
+// The largest idle time among the causes a group stands for ("model.layers.* all_gather shard").
+double max_of(const std::vector<train::IdleCause>& idle, const std::string& group) {
+  const size_t star = group.find('*');
+  double most = 0;
+  for (const train::IdleCause& c : idle) {
+    if (c.what.compare(0, star, group, 0, star) != 0) continue;
+    const size_t end = c.what.find_first_not_of("0123456789", star);
+    if (end != std::string::npos && c.what.substr(end) == group.substr(star + 1)) most = std::max(most, c.seconds);
+  }
+  return most;
+}
+
 void write_trace(const std::string& path, const train::Prediction& p) {
   nlohmann::json events = nlohmann::json::array();
   for (const timing::Task& t : p.tasks) {
@@ -86,8 +103,9 @@ void write_trace(const std::string& path, const train::Prediction& p) {
                       {"ts", t.start * 1e6},
                       {"dur", (t.end - t.start) * 1e6},
                       {"pid", 0},
-                      {"tid", t.stream < 0 ? std::string("host") : t.stream == 0 ? std::string("compute")
-                                                                                  : fmt::format("stream {}", t.stream)}});
+                      {"tid", t.stream < 0    ? std::string("host")
+                              : t.stream == 0 ? std::string("compute")
+                                              : fmt::format("stream {}", t.stream)}});
   }
   std::ofstream out(path);
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
@@ -103,18 +121,25 @@ int run_predict(const PredictOptions& o) {
 
   // Op times: each profile's calls, then the rates.
   ops::DeviceRates rates;
-  std::map<std::string, double> table;
+  std::map<std::string, double> table, memory_bound_scale;
   std::string profiles_described;
   for (const std::string& path : o.ops_profiles) {
     const OpTimeTable profile = load_op_profile(path);
-    for (const auto& [key, seconds] : profile.seconds) table.emplace(key, seconds);
+    for (const auto& [key, seconds] : profile.seconds) {
+      const std::string op = key.substr(0, key.find(' '));
+      if (std::find(o.profile_excludes.begin(), o.profile_excludes.end(), op) == o.profile_excludes.end())
+        table.emplace(key, seconds);
+    }
     profiles_described += fmt::format("{}{} ({} call kinds, {})", profiles_described.empty() ? "" : "; ", path,
                                       profile.seconds.size(), profile.device);
+    memory_bound_scale.insert(profile.memory_bound_scale.begin(), profile.memory_bound_scale.end());
     if (cpu && rates.name.empty()) rates = profile.rates;  // the CPU's rates are its profile's ceilings
   }
   if (!cpu) rates = ops::device_rates(choice.rates);
-  if (cpu && rates.name.empty()) throw UsageError("--gpu cpu needs --ops-profile (a `bench ops --json` of this machine's CPU backend)");
-  const ops::TableCostModel costs(table, rates);
+  if (cpu && rates.name.empty())
+    throw UsageError("--gpu cpu needs --ops-profile (a `bench ops --json` of this machine's CPU backend)");
+  ops::TableCostModel costs(table, rates);
+  costs.set_memory_bound_scale(memory_bound_scale);
 
   train::PredictSetup s;
   s.nodes = o.nodes;
@@ -123,11 +148,6 @@ int run_predict(const PredictOptions& o) {
   s.device_name = choice.device_name;
   s.op_costs = &costs;
   s.steps = o.steps;
-  if (cpu) {  // the CPU backend runs its ops as calls: no launches, no device synchronizations
-    s.host.launch_s = 0;
-    s.host.comm_launch_s = 0;
-    s.host.sync_s = 0;
-  }
   if (o.links == "h100-dgx") {
     const LinkPreset preset = h100_dgx_links();
     s.links = [preset](MeshAxis, int ranks, int nodes) { return preset_group_links(preset, ranks, nodes); };
@@ -151,6 +171,7 @@ int run_predict(const PredictOptions& o) {
   }
 
   const train::Prediction p = train::predict_step(config, s);
+  const double memory_bytes = choice.memory_bytes;
   const double step = p.step_s;
   const std::string what = cpu ? "CPU ranks" : fmt::format("{} GPUs", o.gpu == "h100" ? "H100" : "H200");
   fmt::print("predict ({}): {} node(s) x {} {}, {} mesh {}, micro-batch {} x seq {}, {} accumulation step(s)\n", source,
@@ -164,16 +185,38 @@ int run_predict(const PredictOptions& o) {
   fmt::print("  step              {}\n", ms(step));
   fmt::print("  tokens/s per {}  {:.0f}\n", cpu ? "rank" : "GPU ", p.tokens_per_s_per_rank);
   if (p.spec_peak_flops > 0)
-    fmt::print("  MFU               {:.1f} % of {:.0f} TFLOP/s (datasheet dense bf16)\n", 100 * p.mfu, p.spec_peak_flops / 1e12);
+    fmt::print("  MFU               {:.1f} % of {:.0f} TFLOP/s (datasheet dense bf16)\n", 100 * p.mfu,
+               p.spec_peak_flops / 1e12);
   fmt::print("  compute busy      {} ({:.1f} % of the step)\n", ms(p.compute_busy_s), 100 * p.compute_busy_s / step);
   fmt::print("  collectives       {} in all; exposed {} ({:.1f} % of the step)\n", ms(p.comm_busy_s), ms(p.exposed_comm_s),
              100 * p.exposed_comm_s / step);
   fmt::print("  host idle         {} (compute waiting for the host to issue work)\n", ms(p.host_idle_s));
-  if (!cpu) fmt::print("  peak memory       {:.2f} GiB (shardtrain's device buffers)\n", p.peak_device_bytes / double(1ull << 30));
+  if (!cpu)
+    fmt::print("  peak memory       {:.2f} GiB (shardtrain's device buffers)\n", p.peak_device_bytes / double(1ull << 30));
+  if (!cpu && memory_bytes > 0 && static_cast<double>(p.peak_device_bytes) > memory_bytes)
+    fmt::print(
+        "  DOES NOT FIT: {:.2f} GiB at the peak, an {} has {:.1f} GiB (more shard ranks, activation checkpointing, "
+        "or a smaller micro-batch)\n",
+        p.peak_device_bytes / double(1ull << 30), o.gpu == "h100" ? "H100" : "H200", memory_bytes / double(1ull << 30));
   if (!p.idle.empty()) {
+    // Units of the same kind grouped ("model.layers.* all_gather shard", 80 units), largest first.
+    std::map<std::string, std::pair<double, int>> groups;
+    for (const train::IdleCause& c : p.idle) {
+      std::string g = c.what;
+      if (const size_t at = g.find(".layers."); at != std::string::npos) {
+        const size_t digits = at + 8, end = g.find_first_not_of("0123456789", digits);
+        g = g.substr(0, digits) + "*" + g.substr(end == std::string::npos ? g.size() : end);
+      }
+      groups[g].first += c.seconds;
+      ++groups[g].second;
+    }
+    std::vector<std::pair<std::string, std::pair<double, int>>> sorted(groups.begin(), groups.end());
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
     fmt::print("  compute idle by cause (per step):\n");
-    for (const train::IdleCause& c : p.idle)
-      if (c.seconds >= 1e-6) fmt::print("    {:<44} {}\n", c.what, ms(c.seconds));
+    for (const auto& [g, v] : sorted)
+      if (v.first >= 1e-6)
+        fmt::print("    {:<44} {:>10}{}\n", g, ms(v.first),
+                   v.second > 1 ? fmt::format("  ({} units, {} each at most)", v.second, ms(max_of(p.idle, g))) : "");
   }
   if (!o.trace.empty()) write_trace(o.trace, p);
   if (!o.json.empty()) {
@@ -216,14 +259,21 @@ Command add_predict_command(CLI::App& parent) {
                                 "(offline; docs/predict.md)");
   o->args.add_to(c.app);
   c.app->add_option("--nodes", o->nodes, "nodes")->check(CLI::PositiveNumber)->capture_default_str();
-  c.app->add_option("--gpus-per-node", o->gpus_per_node, "GPUs (ranks) per node")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--gpus-per-node", o->gpus_per_node, "GPUs (ranks) per node")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c.app->add_option("--gpu", o->gpu, "h100, h200, or cpu (the CPU backend, with --ops-profile of this machine)")
       ->capture_default_str();
   c.app->add_option("--ops-profile", o->ops_profiles,
                     "a `bench ops --json` profile of the device (repeatable; profiles/): its calls' measured times");
+  c.app->add_option(
+      "--ops-profile-exclude", o->profile_excludes,
+      "an op (attention_forward, ...) whose profile rows are not used: its kernels changed since (repeatable)");
   c.app->add_option("--links", o->links, "h100-dgx (NVLink + 8x400G InfiniBand), or a `bench comm --json` file")
       ->capture_default_str();
-  c.app->add_option("--steps", o->steps, "steady steps averaged (after 2 warm-up)")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--steps", o->steps, "steady steps averaged (after 2 warm-up)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c.app->add_option("--json", o->json, "write the prediction as JSON");
   c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)");
   c.launch = Launch::Offline;

@@ -219,6 +219,19 @@ OpTimeTable load_op_profile(const std::string& path) {
     t.seconds[key] = sum / n;
     t.row_of[key] = from;
   }
+  std::map<std::string, std::vector<double>> ratios;
+  for (const Row& row : rows) {
+    if (row.calls_per_microbatch == 0) continue;
+    for (const ops::OpCall& call : row.calls) {
+      if (call.flops > 0 || call.bytes <= 0) continue;
+      const auto it = t.seconds.find(call.key);
+      if (it != t.seconds.end()) ratios[call.name].push_back(it->second / ops::analytic_seconds(call, t.rates));
+    }
+  }
+  for (auto& [name, r] : ratios) {
+    std::sort(r.begin(), r.end());
+    t.memory_bound_scale[name] = r[r.size() / 2];
+  }
   return t;
 }
 

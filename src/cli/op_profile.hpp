@@ -33,6 +33,10 @@ struct OpTimeTable {
   // "attention bwd" rows (the matmul ceiling without them); the kernel overhead from its "copy" row (what the copy
   // took beyond the copy ceiling's time; 0 without one).
   ops::DeviceRates rates;
+  // Memory-bound ops (no FLOPs) by name: the median over the step's calls of measured / analytic seconds at the
+  // profile's rates. How far each kernel falls short of the copy ceiling, carried to shapes the profile lacks
+  // (ops::TableCostModel::set_memory_bound_scale).
+  std::map<std::string, double> memory_bound_scale;
 };
 
 // ConfigError naming the file (and the field, and what was expected) for a missing file, bad JSON or a bad field.

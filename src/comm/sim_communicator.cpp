@@ -31,13 +31,14 @@ GroupLinks preset_group_links(const LinkPreset& preset, int ranks, int nodes) {
   const bool inter = nodes > 1;
   const double step = inter ? preset.inter_step_latency_s : preset.intra_step_latency_s;
   // A ring through several nodes runs at the pace of its slowest hops: each node's NICs.
-  const double busbw = inter ? std::min(preset.intra_busbw_bytes_per_s, preset.inter_busbw_bytes_per_s)
-                             : preset.intra_busbw_bytes_per_s;
+  const double busbw =
+      inter ? std::min(preset.intra_busbw_bytes_per_s, preset.inter_busbw_bytes_per_s) : preset.intra_busbw_bytes_per_s;
   const int steps = std::max(ranks - 1, 0);
   g.all_gather = {step * steps, busbw};
   g.reduce_scatter = {step * steps, busbw};
   g.all_reduce = {2 * step * steps, busbw};
   g.host = {preset.host_latency_s, 10e9};
+  g.link = inter ? 1 : 0;
   g.source = fmt::format("{} (preset {}, {} ranks on {} node{})", inter ? "infiniband" : "nvlink", preset.name, ranks, nodes,
                          nodes == 1 ? "" : "s");
   return g;
@@ -107,7 +108,7 @@ class SimCommunicator final : public Communicator {
     timing::TimingDevice& t = device();
     const double seconds = collective_seconds(links_, kind, bytes, size());
     if (space() == MemorySpace::Device) {
-      t.enqueue(stream, timing::WorkKind::Comm, seconds, t.costs().comm_launch_s, label(kind, bytes));
+      t.enqueue(stream, timing::WorkKind::Comm, seconds, t.costs().comm_launch_s, label(kind, bytes), links_.link);
     } else {
       t.host_work(seconds, label(kind, bytes), timing::WorkKind::Comm);
     }

@@ -135,7 +135,7 @@ void DescribingOps::attention_forward(const AttentionShape& s, const Tensor& q, 
            "attention_forward " + attention_shape(s) + " " + t(q) + " " + t(k) + " " + t(v) + " " + t(out) + " " + t(lse),
            fmt::format("B {} S {} H {}/{} Dh {}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim),
            attention_forward_flops(s),
-           bytes_of(q) + bytes_of(k) + bytes_of(v) + bytes_of(mask.segments) + bytes_of(out) + bytes_of(lse)});
+           bytes_of(q) + bytes_of(k) + bytes_of(v) + bytes_of(mask.segments) + bytes_of(out) + bytes_of(lse), s});
 }
 
 void DescribingOps::attention_backward(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -147,7 +147,8 @@ void DescribingOps::attention_backward(const AttentionShape& s, const Tensor& q,
            fmt::format("B {} S {} H {}/{} Dh {}", s.batch, s.seq, s.heads, s.kv_heads, s.head_dim),
            2 * attention_forward_flops(s),
            bytes_of(q) + bytes_of(k) + bytes_of(v) + bytes_of(out) + bytes_of(lse) + bytes_of(dout) +
-               bytes_of(mask.segments) + bytes_of(dq) + bytes_of(dk) + bytes_of(dv)});
+               bytes_of(mask.segments) + bytes_of(dq) + bytes_of(dk) + bytes_of(dv),
+           s});
 }
 
 void DescribingOps::attention_segments(const Tensor& input_ids, int32_t, const Tensor& document_ids, const Tensor& segments,

@@ -29,6 +29,15 @@ constexpr double kH200AttentionForwardFlops = 627.2e12;
 constexpr double kH200AttentionBackwardFlops = 533.2e12 * 2.0 / 2.5;
 constexpr double kH200KernelOverhead = 4e-6;
 constexpr double kH200LossFlops = 503.0e12;
+// cuDNN's fused attention, the fast backward, at the three shapes of docs/performance.md (1aeba62/attention.md,
+// 2026-11-27): seed (Dh 64, S 512) 253.6 / 151.4, 1B (Dh 64, S 2048) 397.5 / 315.6, 8B (Dh 128, S 8192) 627.2 /
+// 533.2 TFLOP/s, each backward counted 2.5x the forward there and 2x here.
+std::vector<AttentionRate> h200_attention_points() {
+  constexpr double kBackward = 2.0 / 2.5;
+  return {{64, 512, 253.6e12, 151.4e12 * kBackward},
+          {64, 2048, 397.5e12, 315.6e12 * kBackward},
+          {128, 8192, 627.2e12, 533.2e12 * kBackward}};
+}
 // H100 SXM (80 GB HBM3): the same GH100 chip with the same 132 SMs and boost clock as the H200, so every compute
 // rate is the H200's; memory-bound work scaled by the datasheets' bandwidths, 3.35 TB/s against the H200's 4.8.
 constexpr double kH100MemoryBytes = kH200MemoryBytes * 3.35 / 4.8;
@@ -40,11 +49,13 @@ DeviceRates h200_rates() {
           kH200AttentionForwardFlops,
           kH200AttentionBackwardFlops,
           kH200KernelOverhead,
-          kH200LossFlops};
+          kH200LossFlops,
+          h200_attention_points()};
 }
 DeviceRates h100_sxm_rates() {
-  return {"h100-sxm",          kH200MatmulFlops, kH100MemoryBytes, kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
-          kH200KernelOverhead, kH200LossFlops};
+  return {
+      "h100-sxm",          kH200MatmulFlops, kH100MemoryBytes,       kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
+      kH200KernelOverhead, kH200LossFlops,   h200_attention_points()};
 }
 
 void check_rates(const DeviceRates& r) {
@@ -71,14 +82,31 @@ DeviceRates device_rates(std::string_view name) {
   throw UsageError(fmt::format("device rates '{}': expected one of {}", name, fmt::join(device_rates_names(), ", ")));
 }
 
+namespace {
+const AttentionRate* nearest_attention_point(const DeviceRates& rates, const AttentionShape& s) {
+  const AttentionRate* best = nullptr;
+  double best_distance = 0;
+  for (const AttentionRate& p : rates.attention_points) {
+    if (p.head_dim != s.head_dim || p.seq <= 0 || s.seq <= 0) continue;
+    const double d = std::abs(std::log(static_cast<double>(p.seq) / static_cast<double>(s.seq)));
+    if (!best || d < best_distance) best = &p, best_distance = d;
+  }
+  return best;
+}
+}  // namespace
+
 double analytic_seconds(const OpCall& call, const DeviceRates& rates) {
   double compute = 0;
   if (call.flops > 0) {
     const bool loss = call.name == "linear_cross_entropy" && rates.loss_flops_per_s > 0;
-    const double rate = call.name == "attention_forward"    ? rates.attention_forward_flops_per_s
-                        : call.name == "attention_backward" ? rates.attention_backward_flops_per_s
-                        : loss                              ? rates.loss_flops_per_s
-                                                            : rates.matmul_flops_per_s;
+    const bool forward = call.name == "attention_forward", backward = call.name == "attention_backward";
+    const AttentionRate* point = forward || backward ? nearest_attention_point(rates, call.attention) : nullptr;
+    const double rate = point && forward ? point->forward_flops_per_s
+                        : point          ? point->backward_flops_per_s
+                        : forward        ? rates.attention_forward_flops_per_s
+                        : backward       ? rates.attention_backward_flops_per_s
+                        : loss           ? rates.loss_flops_per_s
+                                         : rates.matmul_flops_per_s;
     compute = call.flops / rate;
   }
   return rates.kernel_overhead_s + std::max(compute, call.bytes / rates.memory_bytes_per_s);
@@ -100,7 +128,11 @@ TableCostModel::Lookup TableCostModel::lookup(const OpCall& call) const {
     return {it->second, true};
   }
   Miss& m = missed_[call.key];
-  if (m.calls++ == 0) m.seconds_per_call = analytic_seconds(call, fallback_);
+  if (m.calls++ == 0) {
+    m.seconds_per_call = analytic_seconds(call, fallback_);
+    const auto scale = memory_bound_scale_.find(call.name);
+    if (call.flops == 0 && scale != memory_bound_scale_.end()) m.seconds_per_call *= scale->second;
+  }
   return {m.seconds_per_call, false};
 }
 

@@ -49,7 +49,7 @@ class TimingOps final : public DescribingOps {
     const double seconds = cost_.seconds(call);
     const std::string label = call.name + " " + call.shape;
     if (device_ == DeviceKind::Cpu) {
-      d.host_work(seconds, label);
+      d.host_work(seconds, label, timing::WorkKind::Compute);
       return;
     }
     d.enqueue(stream_, timing::WorkKind::Compute, seconds, d.costs().launch_s, label);

@@ -102,10 +102,18 @@ void TimingDevice::synchronize_all() {
   host_ += costs_.sync_s;
 }
 
-void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double issue_s, std::string_view label) {
+void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double issue_s, std::string_view label,
+                           int resource) {
   host_ += issue_s;
   Stream& st = stream(s);
-  const double start = std::max({st.end, st.wait_floor, host_});
+  double start = std::max({st.end, st.wait_floor, host_});
+  if (resource >= 0) {  // the first gap of the resource from `start` on that holds the work
+    std::map<double, double>& busy = busy_[resource];
+    auto it = busy.upper_bound(start);
+    if (it != busy.begin() && std::prev(it)->second > start) start = std::prev(it)->second;
+    for (; it != busy.end() && it->first < start + seconds; ++it) start = std::max(start, it->second);
+    busy[start] = start + seconds;
+  }
   std::string full = context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label);
   if (!s.handle && start > st.end) {
     // The compute stream stood idle: for the host (issuing late) or for an event (a collective, a copy).

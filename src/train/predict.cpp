@@ -59,14 +59,19 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   const int world = s.nodes * s.ranks_per_node;
   config.validate_for_world(world, s.nodes);
   Prediction p;
-  p.layout =
-      make_mesh_layout(MeshSpec{config.fsdp.engine.strategy, config.fsdp.engine.shard_size}, world, s.ranks_per_node);
+  p.layout = make_mesh_layout(MeshSpec{config.fsdp.engine.strategy, config.fsdp.engine.shard_size}, world, s.ranks_per_node);
   p.micro_batch = config.micro_batch_size_for(world);
   p.accumulation = config.accumulation_steps_for(world);
   p.seq = config.data.seq_len;
   const DeviceMesh mesh(p.layout, MeshCoord{0, 0});
 
-  timing::TimingDevice t(s.host);
+  timing::HostCosts host = s.host;
+  if (s.device == DeviceKind::Cpu) {  // the CPU backend runs its ops as calls: no launches, no device synchronizations
+    host.launch_s = 0;
+    host.comm_launch_s = 0;
+    host.sync_s = 0;
+  }
+  timing::TimingDevice t(host);
   timing::TimingScope scope(t);
   const size_t memory_before = device_memory_stats().in_use;
   reset_device_memory_peak();
@@ -78,8 +83,8 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   auto make = [&](MeshAxis axis, const std::vector<int>& group, MemorySpace where, CommBackend how) {
     const int n = static_cast<int>(group.size());
     GroupLinks links = s.links(axis, n, nodes_spanned(group, s.ranks_per_node));
-    p.links_described += fmt::format("{}{}: {} ranks, {}", p.links_described.empty() ? "" : "; ", mesh_axis_name(axis), n,
-                                     links.source);
+    p.links_described +=
+        fmt::format("{}{}: {} ranks, {}", p.links_described.empty() ? "" : "; ", mesh_axis_name(axis), n, links.source);
     return make_sim_communicator(axis, 0, n, where, how, std::move(links));
   };
   // As MeshComms makes them: the world axis carries host values over MPI whatever the backend.

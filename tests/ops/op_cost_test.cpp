@@ -32,6 +32,29 @@ TEST(OpCost, AnalyticSecondsTakeTheSlowerOfComputeAndMemory) {
   EXPECT_DOUBLE_EQ(analytic_seconds(call("matmul", "", 2e9, 1e6), with_loss), 2e-6 + 2e-3);
 }
 
+TEST(OpCost, AttentionTakesTheNearestMeasuredShapesRate) {
+  DeviceRates r = test_rates();
+  r.attention_points = {{64, 512, 1e11, 5e10}, {64, 2048, 2e11, 1e11}, {128, 8192, 4e11, 2e11}};
+  auto attention = [](const char* name, int64_t dh, int64_t seq) {
+    OpCall c{name, "", "", 1e9, 0};
+    c.attention = {1, seq, 8, 8, dh};
+    return c;
+  };
+  EXPECT_DOUBLE_EQ(analytic_seconds(attention("attention_forward", 64, 600), r), 2e-6 + 1e-2);     // nearest: 512
+  EXPECT_DOUBLE_EQ(analytic_seconds(attention("attention_forward", 64, 1500), r), 2e-6 + 5e-3);    // nearest: 2048
+  EXPECT_DOUBLE_EQ(analytic_seconds(attention("attention_backward", 64, 4096), r), 2e-6 + 1e-2);   // 2048's backward
+  EXPECT_DOUBLE_EQ(analytic_seconds(attention("attention_forward", 128, 512), r), 2e-6 + 2.5e-3);  // the only Dh 128
+  EXPECT_DOUBLE_EQ(analytic_seconds(attention("attention_forward", 96, 512), r), 2e-6 + 2e-3);     // none: the base rate
+}
+
+TEST(OpCost, MemoryBoundMissesTakeTheirOpsScale) {
+  TableCostModel m({}, test_rates());
+  m.set_memory_bound_scale({{"rmsnorm_forward", 1.5}, {"matmul", 3.0}});
+  EXPECT_DOUBLE_EQ(m.seconds(call("rmsnorm_forward", "a", 0, 1e9)), 1.5 * (2e-6 + 1e-2));
+  EXPECT_DOUBLE_EQ(m.seconds(call("swiglu_forward", "b", 0, 1e9)), 2e-6 + 1e-2);  // no scale for it
+  EXPECT_DOUBLE_EQ(m.seconds(call("matmul", "c", 2e9, 1e6)), 2e-6 + 2e-3);        // FLOPs: never scaled
+}
+
 TEST(OpCost, TableHitsAndFallbackMisses) {
   const TableCostModel m({{"matmul NT m 8 n 8 k 8 f32 f32 f32", 7e-6}}, test_rates());
   const OpCall hit = call("matmul", "matmul NT m 8 n 8 k 8 f32 f32 f32", 1024, 768);

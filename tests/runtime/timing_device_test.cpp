@@ -115,6 +115,24 @@ TEST(TimingDevice, HostWorkAdvancesTheHostOnly) {
   EXPECT_EQ(d.tasks().front().stream, -1);
 }
 
+TEST(TimingDevice, WorkOnOneResourceTakesTurnsInTheFirstGapThatHoldsIt) {
+  TimingDevice d(free_issue());
+  TimingScope scope(d);
+  CudaStream a, b, c;
+  CudaEvent late;
+  d.enqueue(c.ref(), WorkKind::Compute, 10.0, 0, "compute");
+  late.record(c.ref());
+  late.wait(a.ref());
+  d.enqueue(a.ref(), WorkKind::Comm, 2.0, 0, "reduce", 1);      // ready at 10: holds the link 10..12
+  d.enqueue(b.ref(), WorkKind::Comm, 3.0, 0, "gather", 1);      // ready at 0: the gap before 10 holds it, 0..3
+  d.enqueue(b.ref(), WorkKind::Comm, 8.0, 0, "gather 2", 1);    // ready at 3: 3..11 overlaps 10..12, so 12..20
+  d.enqueue(a.ref(), WorkKind::Comm, 1.0, 0, "other link", 0);  // another resource: no wait beyond its stream
+  EXPECT_DOUBLE_EQ(d.tasks()[1].start, 10.0);
+  EXPECT_DOUBLE_EQ(d.tasks()[2].start, 0.0);
+  EXPECT_DOUBLE_EQ(d.tasks()[3].start, 12.0);
+  EXPECT_DOUBLE_EQ(d.tasks()[4].start, 12.0);  // after its own stream's "reduce"
+}
+
 TEST(TimingDevice, OneAtATime) {
   TimingDevice a, b;
   TimingScope scope(a);

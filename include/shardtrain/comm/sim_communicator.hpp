@@ -24,6 +24,9 @@ struct CollectiveCost {
 struct GroupLinks {
   CollectiveCost all_gather, reduce_scatter, all_reduce;
   CollectiveCost host;
+  // The link the group's device collectives hold while they run (TimingDevice resources): groups, and streams,
+  // on the same link take turns. -1: none shared.
+  int link = -1;
   std::string source;  // "nvlink (preset h100-dgx)", "measured: profiles/cpu-this-machine/comm-np2.json world"
 };
 
@@ -36,7 +39,8 @@ struct LinkPreset {
 };
 // DGX/HGX H100-class nodes (docs/predict.md gives the sources): 8 GPUs on NVSwitch, 8 x 400 Gb/s InfiniBand.
 LinkPreset h100_dgx_links();
-// A group of `ranks` spanning `nodes` nodes (1: within one): a ring over NVLink, or one bounded by the NICs.
+// A group of `ranks` spanning `nodes` nodes (1: within one): a ring over NVLink (link 0), or one bounded by the
+// NICs (link 1).
 GroupLinks preset_group_links(const LinkPreset& preset, int ranks, int nodes);
 
 double bus_factor(CollectiveKind kind, int ranks);

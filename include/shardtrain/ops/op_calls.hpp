@@ -24,6 +24,7 @@ struct OpCall {
   std::string shape;  // short, for labels: "4096x1152x768" (M x N x K), "B 8 S 512 H 12/3 Dh 64", "4096x768"
   double flops = 0;
   double bytes = 0;
+  AttentionShape attention;  // attention_forward and attention_backward: their shape (zeros for other ops)
 };
 
 // An Ops that computes nothing and describes every call to on_call, in call order. The losses return zero sums;

@@ -20,6 +20,12 @@ class OpCostModel {
   virtual double seconds(const OpCall& call) const = 0;
 };
 
+// Attention's rate measured at one shape: attention runs faster at longer sequences and larger head dims.
+struct AttentionRate {
+  int64_t head_dim = 0, seq = 0;
+  double forward_flops_per_s = 0, backward_flops_per_s = 0;  // counted as OpCall counts them
+};
+
 // How fast a device runs each kind of work, counted as OpCall counts it (op_calls.hpp).
 struct DeviceRates {
   std::string name;
@@ -31,6 +37,9 @@ struct DeviceRates {
   // The fused lm_head + loss (linear_cross_entropy), counted 2 N D V (+4 N D V with the gradient): its chunked
   // logits, softmax and fp32 gradients run well below the GEMM ceiling. 0: the matmul rate.
   double loss_flops_per_s = 0;
+  // Attention measured at these shapes: a call takes the rate of the point with its head dim and the nearest
+  // sequence length (in log scale); a head dim no point has takes the rates above.
+  std::vector<AttentionRate> attention_points;
 };
 
 // The built-in rates by name ("h100-sxm", "h200"); UsageError naming the known ones for another name.
@@ -66,12 +75,17 @@ class TableCostModel final : public OpCostModel {
   std::map<std::string, Miss> missed() const;  // by key
   void reset_counts();
 
+  // A memory-bound call (no FLOPs) the table lacks costs its analytic time x the scale of its op's name, when
+  // given: how far that kernel fell short of the copy ceiling where it was measured (a profile's, op_profile.hpp).
+  void set_memory_bound_scale(std::map<std::string, double> scale) { memory_bound_scale_ = std::move(scale); }
+
   const std::map<std::string, double>& table() const { return table_; }
   const DeviceRates& fallback() const { return fallback_; }
 
  private:
   std::map<std::string, double> table_;
   DeviceRates fallback_;
+  std::map<std::string, double> memory_bound_scale_;
   mutable std::mutex mutex_;
   mutable int64_t hits_ = 0;
   mutable std::map<std::string, Miss> missed_;

@@ -69,8 +69,10 @@ class TimingDevice {
   void synchronize_all();
 
   // Work of `seconds` issued by the host now on `stream`; the host pays `issue_s` first. Labels name what it is
-  // ("matmul 4096x14336x4096", "all-gather shard layers.3").
-  void enqueue(StreamRef stream, WorkKind kind, double seconds, double issue_s, std::string_view label);
+  // ("matmul 4096x14336x4096", "all-gather shard layers.3"). With a resource (>= 0: a link, as the simulated
+  // communicators number them), the work also needs that resource to itself: it starts at the earliest time the
+  // stream is ready and the resource has a gap long enough (collectives on two streams over one NIC share it).
+  void enqueue(StreamRef stream, WorkKind kind, double seconds, double issue_s, std::string_view label, int resource = -1);
   // The host busy for `seconds` (host collectives, host arithmetic, the CPU backend's ops), recorded as `kind`
   // (Compute for an op of the CPU backend, Comm for a blocking collective) on stream -1.
   void host_work(double seconds, std::string_view label, WorkKind kind = WorkKind::Host);
@@ -115,6 +117,7 @@ class TimingDevice {
   double host_ = 0;
   std::map<uintptr_t, Stream> streams_;  // key 0: the null stream
   std::map<uintptr_t, Event> events_;
+  std::map<int, std::map<double, double>> busy_;  // per resource: start -> end of the work holding it
   uintptr_t next_handle_ = 1;
   uintptr_t next_address_ = 0;
   std::string context_;

@@ -21,9 +21,9 @@ namespace shardtrain::train {
 
 struct PredictSetup {
   int nodes = 1;
-  int ranks_per_node = 8;                 // GPUs per node (the CPU backend: processes per node)
-  DeviceKind device = DeviceKind::Cuda;   // Cpu: the CPU backend (ops and collectives block the host)
-  std::string device_name;                // e.g. "NVIDIA H100 80GB HBM3": MFU's datasheet peak (none for the CPU)
+  int ranks_per_node = 8;                // GPUs per node (the CPU backend: processes per node)
+  DeviceKind device = DeviceKind::Cuda;  // Cpu: the CPU backend (ops and collectives block the host)
+  std::string device_name;               // e.g. "NVIDIA H100 80GB HBM3": MFU's datasheet peak (none for the CPU)
   const ops::OpCostModel* op_costs = nullptr;
   timing::HostCosts host;
   // The links of one group of a mesh axis: `ranks` ranks spread over `nodes` nodes.

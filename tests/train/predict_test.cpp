@@ -1,0 +1,156 @@
+// The step-time prediction (train/predict.hpp): the engine's own schedule in virtual time. Exact arithmetic on
+// virtual clocks (no wall time, nothing a busy machine changes), so the values are asserted exactly or by order.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "shardtrain/ops/op_cost.hpp"
+#include "shardtrain/train/predict.hpp"
+
+namespace shardtrain::train {
+namespace {
+
+// A 4-layer model at seq 256, one sequence per rank, bf16 compute, fp32 master.
+TrainConfig small_config(ShardingStrategy strategy, int world) {
+  TrainConfig c;
+  c.model.vocab_size = 4096;
+  c.model.max_position_embeddings = 256;
+  c.model.hidden_size = 256;
+  c.model.intermediate_size = 768;
+  c.model.num_hidden_layers = 4;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.fsdp.engine.strategy = strategy;
+  c.fsdp.engine.param_dtype = DType::BF16;
+  c.data.seq_len = 256;
+  c.data.micro_batch_size = 1;
+  c.data.global_batch_size = world;
+  return c;
+}
+
+ops::DeviceRates slow_gpu() {  // round rates: a 1 TFLOP/s GPU with 100 GB/s memory
+  return {"test", 1e12, 1e11, 1e12, 1e12, 2e-6, 0, {}};
+}
+
+// Links slow enough that collectives matter next to this small model's compute.
+GroupLinks slow_links(int ranks, int nodes) {
+  LinkPreset p;
+  p.name = "test";
+  p.intra_step_latency_s = 1e-6;
+  p.intra_busbw_bytes_per_s = 2e9;
+  p.inter_step_latency_s = 2e-6;
+  p.inter_busbw_bytes_per_s = 1e9;
+  p.host_latency_s = 10e-6;
+  return preset_group_links(p, ranks, nodes);
+}
+
+Prediction predict(const TrainConfig& c, int nodes, int per_node, const ops::OpCostModel& costs,
+                   DeviceKind device = DeviceKind::Cuda) {
+  PredictSetup s;
+  s.nodes = nodes;
+  s.ranks_per_node = per_node;
+  s.device = device;
+  s.device_name = "NVIDIA H100 80GB HBM3";
+  s.op_costs = &costs;
+  s.links = [](MeshAxis, int ranks, int n) { return slow_links(ranks, n); };
+  s.time_host_updates = false;  // nothing measured: every figure is virtual time
+  return predict_step(c, s);
+}
+
+TEST(Predict, OneGpuStepIsItsComputeWithNoCommunication) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  const Prediction p = predict(small_config(ShardingStrategy::FullShard, 1), 1, 1, costs);
+  EXPECT_EQ(p.layout.world_size, 1);
+  EXPECT_EQ(p.comm_busy_s, 0.0);
+  EXPECT_EQ(p.exposed_comm_s, 0.0);
+  EXPECT_GT(p.compute_busy_s, 0.0);
+  // The compute stream runs back to back; the rest is the host's one synchronization a step.
+  EXPECT_LE(p.compute_busy_s, p.step_s);
+  EXPECT_GT(p.compute_busy_s, 0.95 * p.step_s);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s_per_rank, 256.0 / p.step_s);
+  EXPECT_GT(p.mfu, 0.0);
+  EXPECT_LE(p.mfu, 1.0);
+  EXPECT_GT(p.peak_device_bytes, 0u);
+}
+
+TEST(Predict, TheSameStepTwiceGivesTheSameTimes) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  const TrainConfig c = small_config(ShardingStrategy::FullShard, 8);
+  const Prediction a = predict(c, 1, 8, costs), b = predict(c, 1, 8, costs);
+  EXPECT_EQ(a.step_s, b.step_s);
+  EXPECT_EQ(a.exposed_comm_s, b.exposed_comm_s);
+  EXPECT_EQ(a.peak_device_bytes, b.peak_device_bytes);
+}
+
+// The prediction is the engine's schedule, not a model of it: turning the engine's prefetch off exposes its
+// all-gathers, as it would on a cluster.
+TEST(Predict, PrefetchHidesAllGathersThatWithoutItAreExposed) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  TrainConfig c = small_config(ShardingStrategy::FullShard, 8);
+  const Prediction with = predict(c, 1, 8, costs);
+  c.fsdp.engine.forward_prefetch = 0;
+  c.fsdp.engine.backward_prefetch = 0;
+  const Prediction without = predict(c, 1, 8, costs);
+  auto gathers = [](const Prediction& p) {
+    double s = 0;
+    for (const IdleCause& i : p.idle)
+      if (i.what.find("all_gather") != std::string::npos) s += i.seconds;
+    return s;
+  };
+  EXPECT_GT(gathers(without), 2 * gathers(with));
+  EXPECT_GT(without.step_s, with.step_s);
+  EXPECT_NEAR(without.comm_busy_s, with.comm_busy_s, 1e-12);  // the same bytes, later
+}
+
+TEST(Predict, HybridShardAllReducesOverReplicasAcrossNodes) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  const Prediction full = predict(small_config(ShardingStrategy::FullShard, 8), 2, 4, costs);
+  const Prediction hybrid = predict(small_config(ShardingStrategy::HybridShard, 8), 2, 4, costs);
+  auto count = [](const Prediction& p, const std::string& what) {
+    return std::count_if(p.tasks.begin(), p.tasks.end(),
+                         [&](const timing::Task& t) { return t.label.find(what) != std::string::npos; });
+  };
+  EXPECT_EQ(count(full, "all_reduce replicate"), 0);
+  EXPECT_GT(count(hybrid, "all_reduce replicate"), 0);
+  EXPECT_EQ(hybrid.layout.shard_size, 4);
+  EXPECT_EQ(hybrid.layout.replicate_size, 2);
+  EXPECT_NE(full.links_described.find("infiniband"), std::string::npos);  // 8-way shard groups span both nodes
+  // Sharding over 4 instead of 8 ranks holds more state per rank.
+  EXPECT_GT(hybrid.peak_device_bytes, full.peak_device_bytes);
+}
+
+TEST(Predict, CheckpointingHoldsLessAndRecomputes) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  TrainConfig c = small_config(ShardingStrategy::FullShard, 1);
+  c.data.micro_batch_size = 8;
+  c.data.global_batch_size = 8;
+  const Prediction plain = predict(c, 1, 1, costs);
+  c.fsdp.engine.activation_checkpointing = true;
+  const Prediction ckpt = predict(c, 1, 1, costs);
+  EXPECT_LT(ckpt.peak_device_bytes, plain.peak_device_bytes);
+  EXPECT_GT(ckpt.compute_busy_s, plain.compute_busy_s);
+}
+
+TEST(Predict, CpuBackendBlocksInEveryCollective) {
+  ops::DeviceRates cpu = slow_gpu();
+  cpu.name = "cpu";
+  const ops::TableCostModel costs({}, cpu);
+  TrainConfig c = small_config(ShardingStrategy::FullShard, 2);
+  c.fsdp.engine.param_dtype = DType::F32;
+  const Prediction p = predict(c, 1, 2, costs, DeviceKind::Cpu);
+  EXPECT_GT(p.comm_busy_s, 0.0);
+  EXPECT_NEAR(p.exposed_comm_s, p.comm_busy_s, 1e-12);  // nothing overlaps a blocking collective
+  EXPECT_NEAR(p.step_s, p.compute_busy_s + p.comm_busy_s, 1e-12 + 1e-9 * p.step_s);
+  EXPECT_EQ(p.mfu, 0.0);  // no datasheet peak for a CPU
+}
+
+TEST(Predict, AConfigThatDoesNotFitTheMeshIsAConfigError) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  TrainConfig c = small_config(ShardingStrategy::FullShard, 8);
+  c.data.global_batch_size = 12;  // not a multiple of 8 ranks
+  EXPECT_THROW(predict(c, 1, 8, costs), ConfigError);
+}
+
+}  // namespace
+}  // namespace shardtrain::train
