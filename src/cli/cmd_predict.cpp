@@ -8,8 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <thread>
+
+#include <omp.h>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "command.hpp"
 #include "config_args.hpp"
@@ -31,6 +35,7 @@ struct PredictOptions {
   std::vector<std::string> profile_excludes;  // ops whose profile rows are stale (their kernels changed since)
   std::string links = "h100-dgx";             // a preset, or a `bench comm --json` file
   int steps = 3;
+  int cpu_threads = 0;  // --gpu cpu: host threads per rank (0: the cores over the ranks of a node, at least 1)
   std::string json, trace;
 };
 
@@ -51,7 +56,7 @@ GpuChoice gpu_choice(const std::string& gpu) {
 struct MeasuredLinks {
   std::string path;
   int ranks = 0, ranks_per_node = 0;
-  nlohmann::json axes;
+  nlohmann::json axes, axis_ranks;
 };
 MeasuredLinks load_links(const std::string& path) {
   std::ifstream in(path);
@@ -65,6 +70,7 @@ MeasuredLinks load_links(const std::string& path) {
     m.ranks = j.at("ranks").get<int>();
     m.ranks_per_node = j.at("ranks_per_node").get<int>();
     m.axes = j.at("axes");
+    m.axis_ranks = j.at("axis_ranks");
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("--links {}: not a `bench comm --json` file ({})", path, e.what()));
   }
@@ -73,7 +79,10 @@ MeasuredLinks load_links(const std::string& path) {
 CollectiveCost measured_cost(const MeasuredLinks& m, const std::string& axis, const char* kind) {
   try {
     const nlohmann::json& k = m.axes.at(axis).at(kind);
-    return {k.at("latency_s").get<double>(), k.at("busbw_bytes_per_s").get<double>()};
+    const nlohmann::json& busbw = k.at("busbw_bytes_per_s");
+    // host_all_reduce is measured at one size (a few doubles): its latency is all there is to it.
+    if (busbw.is_null() && std::string_view(kind) == "host_all_reduce") return {k.at("latency_s").get<double>(), 1e12};
+    return {k.at("latency_s").get<double>(), busbw.get<double>()};
   } catch (const nlohmann::json::exception&) {
     throw ConfigError(fmt::format("--links {}: no measured {} on the {} axis (run `bench comm` with this config's strategy)",
                                   m.path, kind, axis));
@@ -148,6 +157,12 @@ int run_predict(const PredictOptions& o) {
   s.device_name = choice.device_name;
   s.op_costs = &costs;
   s.steps = o.steps;
+  if (cpu) {  // a rank's share of this machine, as the CPU backend's ranks get it (runtime.cpp: host_threads)
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
+    omp_set_num_threads(threads);
+    s.host_contention = std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores);
+  }
   if (o.links == "h100-dgx") {
     const LinkPreset preset = h100_dgx_links();
     s.links = [preset](MeshAxis, int ranks, int nodes) { return preset_group_links(preset, ranks, nodes); };
@@ -156,10 +171,19 @@ int run_predict(const PredictOptions& o) {
     if (m.ranks != o.nodes * o.gpus_per_node || m.ranks_per_node != o.gpus_per_node)
       throw UsageError(fmt::format("--links {}: measured on {} ranks, {} per node; this prediction is for {} x {}", o.links,
                                    m.ranks, m.ranks_per_node, o.nodes, o.gpus_per_node));
-    s.links = [m](MeshAxis axis, int, int) {
+    s.links = [m](MeshAxis axis, int ranks, int) {
+      // The measured axis of this group's size: the same axis when its size matches (FULL_SHARD's shard axis is
+      // HYBRID_SHARD's world on the same machine), else any axis of that size.
+      std::string name = mesh_axis_name(axis);
+      auto size_of = [&](const std::string& a) { return m.axis_ranks.value(a, 0); };
+      if (size_of(name) != ranks)
+        for (const char* a : {"world", "shard", "replicate"})
+          if (size_of(a) == ranks) name = a;
       GroupLinks g;
-      const std::string name = mesh_axis_name(axis);
-      if (axis != MeshAxis::World) {
+      if (ranks > 1) {
+        if (size_of(name) != ranks)
+          throw UsageError(
+              fmt::format("--links {}: no axis of {} ranks measured (has {})", m.path, ranks, m.axis_ranks.dump()));
         g.all_gather = measured_cost(m, name, "all_gather");
         g.reduce_scatter = measured_cost(m, name, "reduce_scatter");
         g.all_reduce = measured_cost(m, name, "all_reduce");
@@ -274,6 +298,8 @@ Command add_predict_command(CLI::App& parent) {
   c.app->add_option("--steps", o->steps, "steady steps averaged (after 2 warm-up)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  c.app->add_option("--cpu-threads", o->cpu_threads,
+                    "--gpu cpu: host threads per rank (default: the cores over --gpus-per-node, at least 1)");
   c.app->add_option("--json", o->json, "write the prediction as JSON");
   c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)");
   c.launch = Launch::Offline;

@@ -46,10 +46,12 @@ class UnitLabels final : public fsdp::ScheduleObserver {
 // The CPU backend's host work outside the ops (the gradient norm of host shards, the AdamW loop), run for real
 // and its wall time put on the host's clock.
 template <typename F>
-void on_host(timing::TimingDevice& t, bool measure, const char* what, F&& f) {
+void on_host(timing::TimingDevice& t, bool measure, double contention, const char* what, F&& f) {
   const auto start = std::chrono::steady_clock::now();
   f();
-  if (measure) t.host_work(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), what);
+  if (measure)
+    t.host_work(contention * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), what,
+                timing::WorkKind::Compute);
 }
 
 }  // namespace
@@ -129,7 +131,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
       engine.forward_backward(batch, loss_scale, a == p.accumulation - 1);
     }
     t.set_context("step");
-    on_host(t, !gpu && s.time_host_updates, "gradient norm (host, measured)", [&] {
+    on_host(t, !gpu && s.time_host_updates, s.host_contention, "gradient norm (host, measured)", [&] {
       if (const double* unit_sums = engine.device_grad_sq_sums()) {
         grad_norm.start_from_unit_sums(unit_sums, engine.units().size(), &comms.shard());
       } else {
@@ -141,7 +143,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     const double norm = grad_norm.norm();
     synced.push_back(t.host_now());
     comms.world().all_reduce(std::span<double>(step_values), ReduceOp::Sum);
-    on_host(t, !gpu && s.time_host_updates, "adamw (host, measured)",
+    on_host(t, !gpu && s.time_host_updates, s.host_contention, "adamw (host, measured)",
             [&] { adamw.step(engine.shards(), 1e-4, optim::clip_coefficient(norm, config.optim.max_grad_norm)); });
   }
   t.synchronize_all();

@@ -31,6 +31,9 @@ struct PredictSetup {
   // Host work the CPU backend does outside the ops (gradient norm of host shards, the AdamW update): measured here
   // by running it (true), or left out (false).
   bool time_host_updates = true;
+  // What those measured times are multiplied by: more ranks on a machine than its cores run each rank's host work
+  // that much slower (ranks x threads / cores, at least 1). 1 on a GPU.
+  double host_contention = 1;
   int warmup_steps = 2, steps = 3;
 };
 

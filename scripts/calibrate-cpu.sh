@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `shardtrain predict` against the CPU backend of this machine (docs/predict.md, "Calibration"): for 1, 2 and 4
+# ranks, in one run, side by side:
+#   1. each rank's op times under the load the step puts on the machine: N `bench ops` processes at once, each
+#      with a rank's threads (the cores over N, at least 1), at the micro-batch an N-rank run gives each rank;
+#   2. the collectives of N ranks (`bench comm`, FULL_SHARD, host memory, MPI);
+#   3. the real step (`bench step`, N ranks, median of 10 after 3 warm-up);
+#   4. the prediction from 1 and 2 (`predict --gpu cpu`),
+# and a table of predicted against measured. Every raw output stays in the output folder.
+#   scripts/calibrate-cpu.sh [OUT]       (default docs/predict-runs/<date>-cpu)
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$ROOT"
+OUT="${1:-docs/predict-runs/$(date +%F)-cpu}"
+CONFIG="${SHARDTRAIN_CALIBRATE_CONFIG:-configs/tiny-cpu.toml}"
+BIN="$BUILD_DIR/bin/shardtrain"
+mkdir -p "$OUT"
+cores=$(nproc)
+table="$OUT/calibration.md"
+{
+  echo "# predict vs measured, CPU backend ($CONFIG, $(date -u +%FT%TZ), $(git rev-parse --short HEAD), $cores cores)"
+  echo
+  echo "| ranks | threads/rank | measured step (median) | predicted step | predicted / measured | exposed comm (predicted) |"
+  echo "|---|---|---|---|---|---|"
+} >"$table"
+for n in 1 2 4; do
+  threads=$((cores / n)); ((threads >= 1)) || threads=1
+  say "ranks $n: op times ($n bench ops at once, $threads thread(s) each)"
+  pids=()
+  for i in $(seq 1 "$n"); do
+    "$BIN" bench ops --config "$CONFIG" --ranks "$n" --threads "$threads" --iters 10 --json "$OUT/ops-np$n-$i.json" \
+      >"$OUT/ops-np$n-$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  links=(--links h100-dgx)  # one rank: no collectives
+  if ((n > 1)); then
+    say "ranks $n: collectives (bench comm)"
+    mpirun -np "$n" "$BIN" bench comm --strategy FULL_SHARD --memory host --comm-backend mpi --dtype f32 \
+      --max-bytes 16MiB --json "$OUT/comm-np$n.json" >"$OUT/comm-np$n.txt" 2>&1
+    links=(--links "$OUT/comm-np$n.json")
+  fi
+  say "ranks $n: the step (bench step)"
+  mpirun -np "$n" "$BIN" bench step --config "$CONFIG" --steps 10 --warmup 3 --json "$OUT/step-np$n.json" \
+    >"$OUT/step-np$n.txt" 2>&1
+  say "ranks $n: the prediction"
+  "$BIN" predict --config "$CONFIG" --gpu cpu --nodes 1 --gpus-per-node "$n" --cpu-threads "$threads" \
+    --ops-profile "$OUT/ops-np$n-1.json" "${links[@]}" --json "$OUT/predict-np$n.json" >"$OUT/predict-np$n.txt" 2>&1
+  python3 - "$OUT" "$n" "$threads" >>"$table" <<'PY'
+import json, sys
+out, n, threads = sys.argv[1], sys.argv[2], sys.argv[3]
+measured = json.load(open(f"{out}/step-np{n}.json"))["step_time_median_s"]
+p = json.load(open(f"{out}/predict-np{n}.json"))
+print(f"| {n} | {threads} | {measured*1e3:.1f} ms | {p['step_s']*1e3:.1f} ms | {p['step_s']/measured:.3f} | "
+      f"{p['exposed_comm_s']*1e3:.1f} ms |")
+PY
+done
+cat "$table"

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""`shardtrain predict` end to end, offline (no MPI, no GPU; well under a second a call):
+- Llama 3 8B (configs/llama3-8b.toml) on 1 x 8 H100s with the checked-in H200 seed profile: the report says it is a
+  prediction, the JSON's figures are consistent (tokens/s per GPU = tokens per rank / step, MFU of the datasheet's
+  989 TFLOP/s in (0, 1], exposed communication <= collectives' time and < the step, peak memory under 80 GiB);
+- the same on 4 nodes with HYBRID_SHARD: the replicas' all-reduce crosses the nodes (infiniband) and is among the
+  causes; the step is no shorter than on one node;
+- the trace is Chrome's JSON with the compute stream and the collectives' streams;
+- a config that does not fit (70B sharded over 8 GPUs) says DOES NOT FIT;
+- bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
+  (usage) or 3 (config) with one message naming the option or file."""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--shardtrain", required=True)
+parser.add_argument("--source", required=True)
+parser.add_argument("--workdir", required=True)
+args = parser.parse_args()
+failures = []
+work = os.path.abspath(args.workdir)
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def predict(*extra, expect=0):
+    cmd = [args.shardtrain, "predict", *extra]
+    p = subprocess.run(cmd, cwd=args.source, capture_output=True, text=True, timeout=120)
+    check(p.returncode == expect, f"{' '.join(extra)}: exit {p.returncode}, expected {expect}\n{p.stdout}{p.stderr}")
+    return p
+
+
+profile = ["--ops-profile", "profiles/h200/seed-b64-s512.json"]
+one = os.path.join(work, "one.json")
+trace = os.path.join(work, "trace.json")
+p = predict("--config", "configs/llama3-8b.toml", "--nodes", "1", "--gpus-per-node", "8", "--gpu", "h100", *profile,
+            "--json", one, "--trace", trace)
+check("PREDICTION, not a measurement" in p.stdout, "the report says it is a prediction")
+j = json.load(open(one))
+check(j["prediction"] is True, "JSON: prediction true")
+check(j["mesh"] == "1 (replicate) x 8 (shard)", f"mesh {j['mesh']}")
+check(j["micro_batch"] == 1 and j["seq"] == 8192 and j["accumulation"] == 1, "batch 1 x 8192, one micro-batch")
+check(abs(j["tokens_per_s_per_rank"] - 8192 / j["step_s"]) < 1e-6 * j["tokens_per_s_per_rank"], "tokens/s = 8192 / step")
+check(j["spec_peak_flops"] == 989e12, f"datasheet peak {j['spec_peak_flops']}")
+check(0 < j["mfu"] <= 1, f"MFU {j['mfu']}")
+check(0 <= j["exposed_comm_s"] <= j["comm_busy_s"], "exposed <= collectives' time")
+check(j["exposed_comm_s"] < j["step_s"] and j["compute_busy_s"] <= j["step_s"], "exposed and compute within the step")
+check(0 < j["peak_device_bytes"] < 80 * 2**30, f"peak memory {j['peak_device_bytes']}")
+check(j["op_calls_from_profile"] + j["op_calls_from_rates"] > 1000, "every op call priced")
+t = json.load(open(trace))["traceEvents"]
+tids = {e["tid"] for e in t}
+check("compute" in tids and len(tids) >= 3, f"trace streams {sorted(tids)}")
+check(all(e["ph"] == "X" and e["dur"] >= 0 for e in t), "trace events are complete events")
+check(any("all_gather shard" in e["name"] for e in t), "the trace holds the all-gathers")
+
+four = os.path.join(work, "four.json")
+predict("--config", "configs/llama3-8b.toml", "--nodes", "4", "--gpus-per-node", "8", "--gpu", "h100", *profile,
+        "--fsdp.strategy", "HYBRID_SHARD", "--data.global_batch_size", "32", "--json", four)
+k = json.load(open(four))
+check(k["mesh"] == "4 (replicate) x 8 (shard)", f"hybrid mesh {k['mesh']}")
+check("replicate: 4 ranks, infiniband" in k["links"], f"links {k['links']}")
+check(any("all_reduce replicate" in c["cause"] for c in k.get("idle", [])), "the replicas' all-reduce among the causes")
+check(k["step_s"] >= j["step_s"], "4 nodes no faster a step than 1")
+
+p = predict("--config", "configs/llama3-70b-hybrid.toml", "--nodes", "8", "--gpus-per-node", "8", "--fsdp.shard_size", "8",
+            *profile)
+check("DOES NOT FIT" in p.stdout, "70B over 8-GPU shard groups does not fit an H100")
+
+p = predict("--config", "configs/llama3-8b.toml", "--gpu", "a100", expect=2)
+check("--gpu a100" in p.stderr and p.stderr.count("\n") <= 2, f"unknown GPU named: {p.stderr}")
+bad = os.path.join(work, "links.json")
+open(bad, "w").write("{\"ranks\": 8}")
+p = predict("--config", "configs/llama3-8b.toml", "--links", bad, expect=3)
+check(bad in p.stderr and "bench comm" in p.stderr, f"bad links file named: {p.stderr}")
+p = predict("--config", "configs/tiny-cpu.toml", "--gpu", "cpu", "--gpus-per-node", "2", expect=2)
+check("--ops-profile" in p.stderr, f"cpu without a profile: {p.stderr}")
+
+if failures:
+    print(f"{len(failures)} check(s) failed", file=sys.stderr)
+    sys.exit(1)
+print("predict: all checks passed")
