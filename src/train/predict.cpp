@@ -14,6 +14,7 @@
 
 #include "shardtrain/comm/mesh_comms.hpp"
 #include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/device_mesh.hpp"
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/ops/peak_spec.hpp"
@@ -102,6 +103,10 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   UnitLabels labels(t, engine.units());
   engine.set_schedule_observer(&labels);
   optim::AdamW adamw(engine, config.optim.adamw, &ledger);
+  // The CUDA backend's own scratch (the fused loss's chunk, the kernel and cuBLASLt workspaces), which the timing
+  // ops do not allocate: held as the backend holds it, from the same formula `plan` counts it with.
+  const DeviceBuffer op_scratch(
+      gpu ? fsdp::op_scratch_bytes(model.spec(), config.fsdp.engine.param_dtype, p.micro_batch, p.seq).total() : 0);
   optim::GradNorm grad_norm;
 
   // The micro-batch: token 0 everywhere (its values change no time), copied up as Replica::model_batch does.
