@@ -101,18 +101,9 @@ double bytes_factor(BenchKind k, int n) {
 
 // "4KiB", "256MiB", "1GiB", "4096" (bytes); KB/MB/GB are powers of 10, K/M/G alone powers of 2; any case.
 uint64_t parse_bytes(const std::string& text, const char* option) {
-  size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
-  std::string unit = text.substr(digits);
-  std::transform(unit.begin(), unit.end(), unit.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  double value = 0;
-  size_t used = 0;
-  try {
-    value = digits ? std::stod(text.substr(0, digits), &used) : 0;
-  } catch (const std::logic_error&) {
-    used = 0;
-  }
+  const std::optional<NumberWithUnit> n = split_number_unit(text);
+  const std::string unit = n ? n->unit : std::string("?");
+  const double value = n ? n->value : 0;
   const double scale = unit.empty() || unit == "b"    ? 1.0
                        : unit == "k" || unit == "kib" ? 1024.0
                        : unit == "m" || unit == "mib" ? 1048576.0
@@ -122,7 +113,7 @@ uint64_t parse_bytes(const std::string& text, const char* option) {
                        : unit == "gb"                 ? 1e9
                                                       : 0;
   const double bytes = std::round(value * scale);
-  if (digits == 0 || used != digits || scale == 0 || !std::isfinite(bytes) || bytes < 1 || bytes > 0x1p40)
+  if (scale == 0 || !std::isfinite(bytes) || bytes < 1 || bytes > 0x1p40)
     throw UsageError(
         fmt::format("bench comm: {} '{}' is not a size; expected bytes (4096) or a size with a unit: 4KiB, "
                     "256MiB, 1GiB (powers of 2), 4KB, 1MB (powers of 10), up to 1 TiB",

@@ -25,26 +25,36 @@
 
 namespace shardtrain::cli {
 
-double parse_gpu_memory(const std::string& text) {
+std::optional<NumberWithUnit> split_number_unit(const std::string& text) {
   size_t digits = 0;
   while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
-  std::string unit = text.substr(digits);
-  std::transform(unit.begin(), unit.end(), unit.begin(),
+  if (digits == 0) return std::nullopt;
+  NumberWithUnit n;
+  n.unit = text.substr(digits);
+  std::transform(n.unit.begin(), n.unit.end(), n.unit.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  double value = 0;
   size_t used = 0;
   try {
-    value = digits ? std::stod(text.substr(0, digits), &used) : 0;
+    n.value = std::stod(text.substr(0, digits), &used);
   } catch (const std::logic_error&) {
-    used = 0;
+    return std::nullopt;
   }
-  const double scale = unit.empty() || unit == "gib" ? static_cast<double>(1ull << 30) : unit == "gb" ? 1e9 : 0;
-  if (digits == 0 || used != digits || scale == 0 || !std::isfinite(value) || value <= 0)
+  if (used != digits) return std::nullopt;
+  return n;
+}
+
+double parse_gpu_memory(const std::string& text) {
+  const std::optional<NumberWithUnit> n = split_number_unit(text);
+  const double scale = !n                                    ? 0
+                       : n->unit.empty() || n->unit == "gib" ? static_cast<double>(1ull << 30)
+                       : n->unit == "gb"                     ? 1e9
+                                                             : 0;
+  if (scale == 0 || !std::isfinite(n->value) || n->value <= 0)
     throw UsageError(
         fmt::format("--gpu-memory: '{}' is not a memory size; expected a positive number of GiB (80), or one with a unit: "
                     "80GiB (2^30 bytes each) or 80GB (10^9 bytes each)",
                     text));
-  return std::round(value * scale);  // whole bytes
+  return std::round(n->value * scale);  // whole bytes
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,14 @@ Command add_train_command(CLI::App& parent);                  // cmd_train.cpp
 Command add_check_command(CLI::App& parent);                  // cmd_check.cpp
 Command add_evaluate_command(CLI::App& parent);               // cmd_evaluate.cpp
 void add_commands(CLI::App& app, std::vector<Command>& out);  // commands.cpp: the list of all commands
+
+// A number and the unit after it ("80GiB" -> 80, "gib"; the unit lower-cased, "" for none); nullopt when the text
+// does not start with a number or the number does not parse (cmd_plan.cpp). For size options.
+struct NumberWithUnit {
+  double value = 0;
+  std::string unit;
+};
+std::optional<NumberWithUnit> split_number_unit(const std::string& text);
 
 // --gpu-memory of plan and check (cmd_plan.cpp): "80GiB" or "80" (GiB, 2^30 bytes), "80GB" (10^9 bytes), the
 // unit in any case; bytes. Throws UsageError naming the option otherwise.

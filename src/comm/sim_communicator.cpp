@@ -16,14 +16,8 @@ namespace shardtrain {
 //  - DGX H100: 8 ConnectX-7 NICs at 400 Gb/s, one per GPU = 50 GB/s per GPU; NCCL reaches about 90 % of it.
 //  - Latencies: NCCL's ring step over NVLink is a few microseconds, over InfiniBand about twice that.
 LinkPreset h100_dgx_links() {
-  LinkPreset p;
-  p.name = "h100-dgx";
-  p.intra_step_latency_s = 3e-6;
-  p.intra_busbw_bytes_per_s = 360e9;
-  p.inter_step_latency_s = 8e-6;
-  p.inter_busbw_bytes_per_s = 45e9;
-  p.host_latency_s = 30e-6;
-  return p;
+  // name, intra-node step latency and bus bandwidth, inter-node step latency and bus bandwidth, host all-reduce
+  return {"h100-dgx", 3e-6, 360e9, 8e-6, 45e9, 30e-6};
 }
 
 GroupLinks preset_group_links(const LinkPreset& preset, int ranks, int nodes) {

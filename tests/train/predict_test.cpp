@@ -35,14 +35,7 @@ ops::DeviceRates slow_gpu() {  // round rates: a 1 TFLOP/s GPU with 100 GB/s mem
 
 // Links slow enough that collectives matter next to this small model's compute.
 GroupLinks slow_links(int ranks, int nodes) {
-  LinkPreset p;
-  p.name = "test";
-  p.intra_step_latency_s = 1e-6;
-  p.intra_busbw_bytes_per_s = 2e9;
-  p.inter_step_latency_s = 2e-6;
-  p.inter_busbw_bytes_per_s = 1e9;
-  p.host_latency_s = 10e-6;
-  return preset_group_links(p, ranks, nodes);
+  return preset_group_links(LinkPreset{"test", 1e-6, 2e9, 2e-6, 1e9, 10e-6}, ranks, nodes);
 }
 
 Prediction predict(const TrainConfig& c, int nodes, int per_node, const ops::OpCostModel& costs,
