@@ -81,8 +81,7 @@ void write_ops_profile(const std::string& path, const ops::OpTimes& times, StepP
   write_text_file(path, step_op_profile_json(times, source));
 
   std::vector<ops::OpTimes::Summary> keys = times.summary();
-  double per_step = 0;
-  for (const auto& k : keys) per_step += k.seconds * k.calls_per_period;
+  const double per_step = op_seconds_per_step(times);
   std::sort(keys.begin(), keys.end(),
             [](const auto& a, const auto& b) { return a.seconds * a.calls_per_period > b.seconds * b.calls_per_period; });
   fmt::print(
@@ -95,6 +94,11 @@ void write_ops_profile(const std::string& path, const ops::OpTimes& times, StepP
     fmt::print("    {:>9} x {:<5g} {:5.1f} %  {}\n", format_seconds(keys[i].seconds), keys[i].calls_per_period,
                100 * keys[i].seconds * keys[i].calls_per_period / source.step_time_s, keys[i].call.key);
   if (keys.size() > shown) fmt::print("    ... {} more in the profile\n", keys.size() - shown);
+  if (source.op_seconds_per_step_by_rank.size() > 1) {
+    std::string by_rank;
+    for (double s : source.op_seconds_per_step_by_rank) by_rank += (by_rank.empty() ? "" : ", ") + format_seconds(s);
+    fmt::print("{:<34} {}\n", "ops per step, each rank", by_rank);
+  }
 }
 
 // The config as `shardtrain train` resolves it (file < overrides), then made a benchmark: exactly
@@ -190,6 +194,11 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     comm_backend = comm_backend_name(trainer.comms().backend());
   }
   const int64_t rss_peak = max_over_ranks(train::peak_rss_bytes(), rt->world());
+  std::vector<double> op_seconds_by_rank(static_cast<size_t>(W));  // --ops-profile: each rank's ops per step
+  if (!o.ops_profile.empty()) {
+    const double mine = op_seconds_per_step(op_times);
+    ST_CHECK_MPI(MPI_Gather(&mine, 1, MPI_DOUBLE, op_seconds_by_rank.data(), 1, MPI_DOUBLE, 0, rt->world()));
+  }
   if (!temp_dir.empty() && rank == 0 && !o.keep_run_dir) {
     std::error_code ec;
     fs::remove_all(temp_dir, ec);
@@ -268,6 +277,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     source.steps = o.steps;
     source.warmup = o.warmup;
     source.step_time_s = step_s;
+    source.op_seconds_per_step_by_rank = op_seconds_by_rank;
     write_ops_profile(o.ops_profile, op_times, source);
   }
 

@@ -8,6 +8,12 @@
 
 namespace shardtrain::cli {
 
+double op_seconds_per_step(const ops::OpTimes& times) {
+  double sum = 0;
+  for (const ops::OpTimes::Summary& k : times.summary()) sum += k.seconds * k.calls_per_period;
+  return sum;
+}
+
 std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSource& s) {
   const model::LlamaConfig& c = s.shape.model;
   nlohmann::ordered_json j;
@@ -68,6 +74,7 @@ std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSou
   j["rows"] = rows;
   j["keys_without_work"] = without_work;
   j["op_seconds_per_step"] = per_step;
+  j["op_seconds_per_step_by_rank"] = s.op_seconds_per_step_by_rank;
   return j.dump(2) + "\n";
 }
 

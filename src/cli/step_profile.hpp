@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "op_rows.hpp"
 #include "shardtrain/ops/timed_ops.hpp"
@@ -24,12 +25,17 @@ struct StepProfileSource {
   double matmul_flops_per_s = 0, copy_bytes_per_s = 0;
   int64_t matmul_n = 0;
   size_t copy_bytes = 0;
+  std::vector<double> op_seconds_per_step_by_rank;  // every rank's op_seconds_per_step, for the record (may be empty)
 };
+
+// The ops' time in a step: each key's seconds per call x calls per step, summed.
+double op_seconds_per_step(const ops::OpTimes& times);
 
 // The profile's JSON text. Each row's "seconds" is OpTimes::Summary::seconds (per call: the median over the timed
 // steps of each step's mean), "calls_per_step" the calls per step, and "calls_per_microbatch" those over the
 // accumulation steps, rounded, at least 1 (every row is a call the step makes). Keys whose call has no work (no FLOPs
-// and no bytes: nothing to price) are left out and listed under "keys_without_work".
+// and no bytes: nothing to price) are left out and listed under "keys_without_work". "op_seconds_per_step" is rank 0's
+// op_seconds_per_step; "op_seconds_per_step_by_rank" every rank's.
 std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSource& source);
 
 }  // namespace shardtrain::cli

@@ -145,7 +145,9 @@ for r in p.get("rows", []):
 per_step = sum(r["seconds"] * r["calls_per_step"] for r in p.get("rows", []))
 check(math.isclose(p.get("op_seconds_per_step", 0), per_step, rel_tol=1e-9) and 0 < per_step < j.get("step_time_median_s", 0),
       f"the ops' time per step {per_step} is part of the step's {j.get('step_time_median_s')}")
-check("ops inside the step (rank 0)" in out, f"the ops' share printed: {out[-1500:]}")
+by_rank = p.get("op_seconds_per_step_by_rank", [])
+check(len(by_rank) == 2 and by_rank[0] == p.get("op_seconds_per_step") and by_rank[1] > 0, f"each rank's ops per step: {by_rank}")
+check("ops inside the step (rank 0)" in out and "ops per step, each rank" in out, f"the ops' share printed: {out[-1500:]}")
 # Every key of the model's forward_backward at 2 ranks' micro-batch (bench ops' step rows, which --check-calls holds to
 # the model's calls), as often per step as the model makes it (one micro-batch a step). The FSDP engine makes fills and
 # copies of its own beside the model's; attention_segments' key in the step names the batch's document ids, which
