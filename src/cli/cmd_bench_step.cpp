@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "cmd_bench.hpp"
@@ -270,6 +271,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     StepProfileSource source;
     source.device = rt->device().describe();
     source.threads = rt->host_threads();
+    source.machine_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     source.dtype = config.fsdp.engine.param_dtype;
     source.shape = BenchShape{config.model, micro, config.data.seq_len, o.config};
     source.ranks = W;

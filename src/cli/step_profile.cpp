@@ -20,6 +20,7 @@ std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSou
   j["device"] = s.device;
   j["backend"] = "cpu";
   j["threads"] = s.threads;
+  j["machine_cores"] = s.machine_cores;
   j["dtype"] = dtype_name(s.dtype);
   j["source"] = "bench step";
   j["seconds_per_call"] = "median over the timed steps of each step's mean per call (rank 0)";

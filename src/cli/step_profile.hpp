@@ -17,6 +17,9 @@ namespace shardtrain::cli {
 struct StepProfileSource {
   std::string device;  // as `bench ops` names it: the runtime device's describe()
   int threads = 0;     // the rank's CPU backend threads
+  // The machine's cores (hardware_concurrency): with ranks x threads above them the ranks took turns on the cores,
+  // and each op's time is its time while its rank ran.
+  int machine_cores = 0;
   DType dtype = DType::F32;
   BenchShape shape;  // the model, the micro-batch (shape.batch) and seq
   int ranks = 1, accumulation = 1, steps = 0, warmup = 0;

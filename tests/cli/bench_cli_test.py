@@ -134,6 +134,7 @@ check(os.listdir(tmp) == [], f"the temporary run directory is removed: {os.listd
 # ---- bench step --ops-profile: rank 0's op times in the timed steps, as a bench ops profile of one row per key
 p = json.load(open(profile_json)) if rc == 0 else {}
 check(p.get("backend") == "cpu" and p.get("dtype") == "f32" and p.get("ranks") == 2 and p.get("batch") == 8 and p.get("seq") == 128
+      and p.get("machine_cores") == os.cpu_count() and p.get("threads", 0) >= 1
       and p.get("steps") == 3 and p.get("model", {}).get("hidden") == 192, f"the profile's fields: { {k: v for k, v in p.items() if k != 'rows'} }")
 pc = p.get("ceilings", {})
 check(pc.get("matmul_flops_per_s", 0) > 1e8 and pc.get("copy_bytes_per_s", 0) > 1e8, f"the profile's ceilings: {pc}")
