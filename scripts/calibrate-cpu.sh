@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `shardtrain predict` against the CPU backend of this machine (docs/predict.md, "Calibration"): for 1, 2 and 4
 # ranks, in one run, side by side:
-#   1. each rank's op times under the load the step puts on the machine: N `bench ops` processes at once, each
-#      with a rank's threads (the cores over N, at least 1), at the micro-batch an N-rank run gives each rank;
-#   2. the collectives of N ranks (`bench comm`, FULL_SHARD, host memory, MPI);
-#   3. the real step (`bench step`, N ranks, median of 10 after 3 warm-up);
-#   4. the prediction from 1 and 2 (`predict --gpu cpu`),
-# and a table of predicted against measured. Every raw output stays in the output folder.
+#   1. the collectives of N ranks (`bench comm`, FULL_SHARD, host memory, MPI);
+#   2. the real step (`bench step`, N ranks, median of 10 after 3 warm-up), with --ops-profile: each op call's time
+#      inside those steps (rank 0's; the median over the steps of each step's mean per call), the caches and the other
+#      ranks' load as the step has them; `bench ops` times each op alone and is up to 2x off on this machine;
+#   3. the prediction from 1 and 2 (`predict --gpu cpu`),
+# and a table of predicted against measured, with the load average before each step. Every raw output stays in the
+# output folder.
 #   scripts/calibrate-cpu.sh [OUT]       (default docs/predict-runs/<date>-cpu)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -23,16 +24,9 @@ table="$OUT/calibration.md"
   echo "| ranks | threads/rank | measured step (median) | predicted step | predicted / measured | exposed comm (predicted) |"
   echo "|---|---|---|---|---|---|"
 } >"$table"
+loads=()
 for n in 1 2 4; do
   threads=$((cores / n)); ((threads >= 1)) || threads=1
-  say "ranks $n: op times ($n bench ops at once, $threads thread(s) each)"
-  pids=()
-  for i in $(seq 1 "$n"); do
-    "$BIN" bench ops --config "$CONFIG" --ranks "$n" --threads "$threads" --iters 10 --json "$OUT/ops-np$n-$i.json" \
-      >"$OUT/ops-np$n-$i.txt" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
   links=(--links h100-dgx)  # one rank: no collectives
   if ((n > 1)); then
     say "ranks $n: collectives (bench comm)"
@@ -40,12 +34,13 @@ for n in 1 2 4; do
       --max-bytes 16MiB --json "$OUT/comm-np$n.json" >"$OUT/comm-np$n.txt" 2>&1
     links=(--links "$OUT/comm-np$n.json")
   fi
-  say "ranks $n: the step (bench step)"
+  say "ranks $n: the step and its op times (bench step --ops-profile)"
+  loads+=("ranks $n: load average $(cut -d' ' -f1-3 /proc/loadavg) before the step")
   mpirun -np "$n" "$BIN" bench step --config "$CONFIG" --steps 10 --warmup 3 --json "$OUT/step-np$n.json" \
-    >"$OUT/step-np$n.txt" 2>&1
+    --ops-profile "$OUT/stepprof-np$n.json" >"$OUT/step-np$n.txt" 2>&1
   say "ranks $n: the prediction"
   "$BIN" predict --config "$CONFIG" --gpu cpu --nodes 1 --gpus-per-node "$n" --cpu-threads "$threads" \
-    --ops-profile "$OUT/ops-np$n-1.json" "${links[@]}" --json "$OUT/predict-np$n.json" >"$OUT/predict-np$n.txt" 2>&1
+    --ops-profile "$OUT/stepprof-np$n.json" "${links[@]}" --json "$OUT/predict-np$n.json" >"$OUT/predict-np$n.txt" 2>&1
   python3 - "$OUT" "$n" "$threads" >>"$table" <<'PY'
 import json, sys
 out, n, threads = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -55,4 +50,9 @@ print(f"| {n} | {threads} | {measured*1e3:.1f} ms | {p['step_s']*1e3:.1f} ms | {
       f"{p['exposed_comm_s']*1e3:.1f} ms |")
 PY
 done
+{
+  echo
+  echo "Op times from \`bench step --ops-profile\` in the same run as the measured step (stepprof-npN.json)."
+  for l in "${loads[@]}"; do echo "- $l"; done
+} >>"$table"
 cat "$table"

@@ -2,6 +2,8 @@
 // through train::Trainer, as `shardtrain train` builds it, for warm-up + timed steps with no evaluation and no
 // checkpoints. Reports the median step time of the timed steps, global tokens/s, MFU (the trainer's FLOPs per
 // token and measured peak), peak memory, the last loss, the device, the mesh and the collective backend.
+// --ops-profile (CPU backend): every rank's ops are timed during the timed steps (ops::make_timed_ops), and rank 0
+// writes its op times as a `bench ops --json` profile (step_profile.hpp) for `shardtrain predict`.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -12,13 +14,18 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "cmd_bench.hpp"
 #include "command.hpp"
+#include "step_profile.hpp"
 #include "shardtrain/comm/communicator.hpp"
 #include "shardtrain/mesh/strategy.hpp"
 #include "shardtrain/model/spec.hpp"
+#include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/ops/peak.hpp"
+#include "shardtrain/ops/timed_ops.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -37,16 +44,63 @@ struct BenchStepOptions {
   std::string config;
   int steps = 10, warmup = 3;
   std::string json;
+  std::string ops_profile;
   bool keep_run_dir = false;
   std::vector<std::string> override_values;  // one per config field, in config_fields() order
   std::vector<CLI::Option*> override_options;
 };
 
+// Each step's metrics; with op times, timing on from the first timed step, and each timed step a period of theirs.
 class StepRecorder final : public train::TrainerHooks {
  public:
-  void on_step_end(train::Trainer&, const train::StepMetrics& m) override { steps.push_back(m); }
+  StepRecorder(ops::OpTimes* times, int warmup) : times_(times), warmup_(static_cast<size_t>(warmup)) {}
+  void on_start(train::Trainer&) override {
+    if (times_ && warmup_ == 0) times_->set_enabled(true);
+  }
+  void on_step_end(train::Trainer&, const train::StepMetrics& m) override {
+    steps.push_back(m);
+    if (!times_) return;
+    if (steps.size() > warmup_) times_->end_period();
+    if (steps.size() == warmup_) times_->set_enabled(true);
+  }
   std::vector<train::StepMetrics> steps;
+
+ private:
+  ops::OpTimes* times_;
+  size_t warmup_;
 };
+
+// Rank 0's op times as a profile (--ops-profile), with the ceilings measured as `bench ops` measures them on the CPU
+// (an f32 2048^3 matmul, a 256 MiB copy; bf16 matmul for a bf16 run), once the step's memory is freed. Prints the
+// share of the step the ops took and the keys that took most of it.
+void write_ops_profile(const std::string& path, const ops::OpTimes& times, StepProfileSource source) {
+  auto backend = ops::make_cpu_ops(ops::CpuOpsOptions{source.threads});
+  source.matmul_n = 2048;
+  source.copy_bytes = size_t{256} << 20;
+  source.matmul_flops_per_s = ops::measure_matmul_flops(*backend, source.dtype, source.matmul_n, 5);
+  source.copy_bytes_per_s = ops::measure_copy_bandwidth(*backend, source.copy_bytes, 5);
+  write_text_file(path, step_op_profile_json(times, source));
+
+  std::vector<ops::OpTimes::Summary> keys = times.summary();
+  const double per_step = op_seconds_per_step(times);
+  std::sort(keys.begin(), keys.end(),
+            [](const auto& a, const auto& b) { return a.seconds * a.calls_per_period > b.seconds * b.calls_per_period; });
+  fmt::print(
+      "{:<34} {} per step ({:.1f} % of the median step) in {} kinds of call; profile {} (ceilings: matmul {}, "
+      "copy {:.3g} GB/s)\n",
+      "ops inside the step (rank 0)", format_seconds(per_step), 100 * per_step / source.step_time_s, keys.size(), path,
+      format_flops(source.matmul_flops_per_s), source.copy_bytes_per_s * 1e-9);
+  const size_t shown = std::min<size_t>(keys.size(), 8);
+  for (size_t i = 0; i < shown; ++i)
+    fmt::print("    {:>9} x {:<5g} {:5.1f} %  {}\n", format_seconds(keys[i].seconds), keys[i].calls_per_period,
+               100 * keys[i].seconds * keys[i].calls_per_period / source.step_time_s, keys[i].call.key);
+  if (keys.size() > shown) fmt::print("    ... {} more in the profile\n", keys.size() - shown);
+  if (source.op_seconds_per_step_by_rank.size() > 1) {
+    std::string by_rank;
+    for (double s : source.op_seconds_per_step_by_rank) by_rank += (by_rank.empty() ? "" : ", ") + format_seconds(s);
+    fmt::print("{:<34} {}\n", "ops per step, each rank", by_rank);
+  }
+}
 
 // The config as `shardtrain train` resolves it (file < overrides), then made a benchmark: exactly
 // warmup + steps steps, no evaluation, no checkpoints, nothing loaded.
@@ -109,8 +163,18 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.config_source =
       o.config + (overrides ? fmt::format(" + {} override(s)", overrides) : std::string()) + " (bench step)";
+  ops::OpTimes op_times;
+  if (!o.ops_profile.empty()) {
+    if (rt->device().is_cuda())
+      throw UsageError(
+          "bench step: --ops-profile times the CPU backend's ops only (a GPU op's wall time is not its kernel's); "
+          "run with --device cpu, or profile a GPU with `bench ops`");
+    topts.wrap_ops = [&op_times](std::unique_ptr<ops::Ops> inner) {
+      return ops::make_timed_ops(std::move(inner), op_times);
+    };
+  }
 
-  StepRecorder recorder;
+  StepRecorder recorder(o.ops_profile.empty() ? nullptr : &op_times, o.warmup);
   int64_t device_peak = 0;
   train::MfuMeter meter;
   std::string mesh, comm_backend, strategy;
@@ -122,6 +186,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     // The peak counts what training holds, not the trainer's own peak-FLOP/s measurement before it.
     reset_device_memory_peak();
     trainer.run();
+    op_times.set_enabled(false);
     device_peak = max_over_ranks(static_cast<int64_t>(device_memory_stats().peak), rt->world());
     meter = trainer.mfu_meter();  // after the run: a peak a step outran has been raised
     replicate = trainer.mesh().replicate_size(), shard = trainer.mesh().shard_size();
@@ -130,6 +195,11 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     comm_backend = comm_backend_name(trainer.comms().backend());
   }
   const int64_t rss_peak = max_over_ranks(train::peak_rss_bytes(), rt->world());
+  std::vector<double> op_seconds_by_rank(static_cast<size_t>(W));  // --ops-profile: each rank's ops per step
+  if (!o.ops_profile.empty()) {
+    const double mine = op_seconds_per_step(op_times);
+    ST_CHECK_MPI(MPI_Gather(&mine, 1, MPI_DOUBLE, op_seconds_by_rank.data(), 1, MPI_DOUBLE, 0, rt->world()));
+  }
   if (!temp_dir.empty() && rank == 0 && !o.keep_run_dir) {
     std::error_code ec;
     fs::remove_all(temp_dir, ec);
@@ -197,6 +267,21 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
              skipped ? fmt::format(" ({} timed step(s) skipped)", skipped) : std::string());
   if (cuda && device_peak == 0)
     log::warn("bench step: the device is a GPU but the trainer allocated no device memory: the step ran on the CPU ops");
+  if (!o.ops_profile.empty()) {
+    StepProfileSource source;
+    source.device = rt->device().describe();
+    source.threads = rt->host_threads();
+    source.machine_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    source.dtype = config.fsdp.engine.param_dtype;
+    source.shape = BenchShape{config.model, micro, config.data.seq_len, o.config};
+    source.ranks = W;
+    source.accumulation = accumulation;
+    source.steps = o.steps;
+    source.warmup = o.warmup;
+    source.step_time_s = step_s;
+    source.op_seconds_per_step_by_rank = op_seconds_by_rank;
+    write_ops_profile(o.ops_profile, op_times, source);
+  }
 
   if (!o.json.empty()) {
     nlohmann::ordered_json j;
@@ -258,6 +343,9 @@ BenchSubcommand add_bench_step_command(CLI::App& bench) {
       ->check(CLI::Range(1, 1000000));
   a->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0)");
+  a->add_option("--ops-profile", o->ops_profile,
+                "CPU backend: time every op call inside the timed steps and write rank 0's times to this file as a "
+                "`bench ops --json` profile (for `shardtrain predict --ops-profile`)");
   a->add_flag("--keep-run-dir", o->keep_run_dir, "keep the temporary run directory (config.toml, metrics.jsonl)");
   const auto& fields = train::config_fields();
   o->override_values.resize(fields.size());

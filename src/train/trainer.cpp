@@ -179,6 +179,7 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   const bool on_gpu = runtime.device().is_cuda();
   std::unique_ptr<ops::Ops> ops = on_gpu ? ops::make_cuda_ops() : nullptr;
   mfu_ = measure_peak(runtime, config_, ops.get());
+  if (options_.wrap_ops) ops = options_.wrap_ops(ops ? std::move(ops) : ops::make_cpu_ops({runtime.host_threads()}));
   replica_ = std::make_unique<Replica>(runtime, config_, std::move(ops));
   watchdog_ = &replica_->watchdog();
   comms_ = &replica_->comms();

@@ -8,7 +8,9 @@
 - bench step on 2 ranks with tiny-cpu on a small dataset made here from the repository's own docs: the timed
   steps, tokens/s = tokens per step / median step time, MFU by the trainer's formula with a fixed peak, a
   finite loss near ln(vocab), the mesh (1 x 2, FULL_SHARD over MPI), memory figures, and the temporary run
-  directory removed;
+  directory removed; with --ops-profile, the op times of the timed steps as a profile: one row per key, each
+  key of the model's step among them as often as the model makes it (bench ops' rows at 2 ranks' micro-batch),
+  the ops' time per step positive and below the step's, and the profile read by `shardtrain predict`;
 - bench attention on the CPU backend: two shapes with documents, FlashAttention's work count, determinism, the
   markdown table, a shape refused;
 - bad input: a missing config (exit 3, the path named), --steps 0 (exit 2), each with one clear message."""
@@ -103,9 +105,10 @@ for cmd in (["tokenizer", "train", "--input", *docs, "--vocab-size", "512", "--o
     rc, _, err = run([args.shardtrain, *cmd, "--log-level", "warn"])
     check(rc == 0, f"{cmd[0]}: exit {rc}: {err[-1000:]}")
 PEAK = 1e13  # no CPU step outruns it (an outrun peak is raised: never above 100 %)
-step_json = os.path.join(work, "step.json")
+step_json, profile_json = os.path.join(work, "step.json"), os.path.join(work, "step-ops.json")
 rc, out, err = run([args.mpiexec, "--oversubscribe", "-np", "2", args.shardtrain, "bench", "step", "--config", "configs/tiny-cpu.toml",
-                    "--steps", "3", "--warmup", "1", "--json", step_json, "--data.path", ds, "--logging.peak_flops", str(PEAK)])
+                    "--steps", "3", "--warmup", "1", "--json", step_json, "--data.path", ds, "--logging.peak_flops", str(PEAK),
+                    "--ops-profile", profile_json])
 check(rc == 0, f"bench step exit {rc}: {err[-3000:]}")
 j = json.load(open(step_json)) if rc == 0 else {}
 check(j.get("steps") == 3 and j.get("warmup") == 1 and len(j.get("step_times_s", [])) == 3, f"3 timed steps: {j.get('step_times_s')}")
@@ -127,6 +130,54 @@ check(j.get("backend") == "cpu" and j.get("ledger_peak_bytes", 0) > 0 and j.get(
       and j.get("rss_peak_bytes", 0) > 0, f"memory: {j.get('peak_memory_bytes')} {j.get('rss_peak_bytes')}")
 check("tokens/s (all ranks)" in out and "MFU" in out, f"the printed summary: {out}")
 check(os.listdir(tmp) == [], f"the temporary run directory is removed: {os.listdir(tmp)}")
+
+# ---- bench step --ops-profile: rank 0's op times in the timed steps, as a bench ops profile of one row per key
+p = json.load(open(profile_json)) if rc == 0 else {}
+check(p.get("backend") == "cpu" and p.get("dtype") == "f32" and p.get("ranks") == 2 and p.get("batch") == 8 and p.get("seq") == 128
+      and p.get("machine_cores") == os.cpu_count() and p.get("threads", 0) >= 1
+      and p.get("steps") == 3 and p.get("model", {}).get("hidden") == 192, f"the profile's fields: { {k: v for k, v in p.items() if k != 'rows'} }")
+pc = p.get("ceilings", {})
+check(pc.get("matmul_flops_per_s", 0) > 1e8 and pc.get("copy_bytes_per_s", 0) > 1e8, f"the profile's ceilings: {pc}")
+prof = {r["op"]: r for r in p.get("rows", [])}
+for r in p.get("rows", []):
+    c = r.get("calls", [{}])
+    check(len(c) == 1 and c[0].get("key") == r["op"] and r["seconds"] > 0 and r["calls_per_microbatch"] == round(r["calls_per_step"]) >= 1
+          and r["work"] == (c[0]["flops"] if c[0]["flops"] > 0 else c[0]["bytes"]) > 0, f"a row of one call: {r}")
+per_step = sum(r["seconds"] * r["calls_per_step"] for r in p.get("rows", []))
+check(math.isclose(p.get("op_seconds_per_step", 0), per_step, rel_tol=1e-9) and 0 < per_step < j.get("step_time_median_s", 0),
+      f"the ops' time per step {per_step} is part of the step's {j.get('step_time_median_s')}")
+by_rank = p.get("op_seconds_per_step_by_rank", [])
+check(len(by_rank) == 2 and by_rank[0] == p.get("op_seconds_per_step") and by_rank[1] > 0, f"each rank's ops per step: {by_rank}")
+check("ops inside the step (rank 0)" in out and "ops per step, each rank" in out, f"the ops' share printed: {out[-1500:]}")
+# Every key of the model's forward_backward at 2 ranks' micro-batch (bench ops' step rows, which --check-calls holds to
+# the model's calls), as often per step as the model makes it (one micro-batch a step). The FSDP engine makes fills and
+# copies of its own beside the model's; attention_segments' key in the step names the batch's document ids, which
+# bench ops' row (plain causal) has none of.
+ops2_json = os.path.join(work, "ops-np2.json")
+rc2, _, err2 = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--ranks", "2", "--iters", "1", "--warmup", "0",
+                    "--json", ops2_json, "--device", "cpu"])
+check(rc2 == 0, f"bench ops --ranks 2: exit {rc2}: {err2[-1000:]}")
+want = {}
+for r in (json.load(open(ops2_json))["rows"] if rc2 == 0 else []):
+    for c in r["calls"]:
+        want[c["key"]] = want.get(c["key"], 0) + r["calls_per_microbatch"]
+want = {k: n for k, n in want.items() if n > 0}
+check(len(want) > 20, f"the model's keys: {len(want)}")
+for key, n in want.items():
+    if key.startswith("attention_segments"):
+        got = [k for k in prof if k.startswith("attention_segments i32[1024] i32[1024] ")]
+        check(len(got) == 1 and prof[got[0]]["calls_per_step"] == n, f"attention_segments with document ids, {n} a step: {got}")
+    elif key.split()[0] in ("fill", "copy", "add"):
+        check(prof.get(key, {}).get("calls_per_step", 0) >= n, f"{key}: at least the model's {n} a step: {prof.get(key)}")
+    else:
+        check(prof.get(key, {}).get("calls_per_step") == n, f"{key}: {n} a step in the model, {prof.get(key, {}).get('calls_per_step')} timed")
+# The profile loads where profiles are read: `shardtrain predict` on the CPU at 2 ranks prices the step's calls from it.
+pred_json = os.path.join(work, "predict-np2.json")
+rc, out, err = run([args.shardtrain, "predict", "--config", "configs/tiny-cpu.toml", "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "2",
+                    "--ops-profile", profile_json, "--links", "profiles/cpu-this-machine/comm-np2.json", "--json", pred_json])
+pr = json.load(open(pred_json)) if rc == 0 else {}
+check(rc == 0 and pr.get("op_calls_from_profile", 0) > 0 and pr.get("step_s", 0) > 0,
+      f"predict with the step's profile: exit {rc} {pr.get('op_calls_from_profile')} {err[-1500:]}")
 
 # ---- bench attention on the CPU backend: its one implementation, two shapes, causal and with documents
 att_json, att_md = os.path.join(work, "attention.json"), os.path.join(work, "attention.md")

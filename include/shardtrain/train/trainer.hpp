@@ -9,6 +9,7 @@
 // final save.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -82,6 +83,9 @@ class TrainerHooks {
 struct TrainerOptions {
   FaultPlan faults;
   std::string config_source;  // shown in the log: "configs/tiny-cpu.toml + overrides"
+  // When set, the backend's ops pass through it before the replica is built, and the step runs on what it returns
+  // (`bench step --ops-profile`: ops::make_timed_ops). Unset: the backend's ops, untouched.
+  std::function<std::unique_ptr<ops::Ops>(std::unique_ptr<ops::Ops>)> wrap_ops;
 };
 
 struct TrainSummary {
