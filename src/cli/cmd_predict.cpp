@@ -132,6 +132,7 @@ int run_predict(const PredictOptions& o) {
   ops::DeviceRates rates;
   std::map<std::string, double> table, memory_bound_scale;
   std::string profiles_described;
+  bool timed_in_step = !o.ops_profiles.empty();  // every profile from `bench step --ops-profile`
   for (const std::string& path : o.ops_profiles) {
     const OpTimeTable profile = load_op_profile(path);
     for (const auto& [key, seconds] : profile.seconds) {
@@ -142,6 +143,7 @@ int run_predict(const PredictOptions& o) {
     profiles_described += fmt::format("{}{} ({} call kinds, {})", profiles_described.empty() ? "" : "; ", path,
                                       profile.seconds.size(), profile.device);
     memory_bound_scale.insert(profile.memory_bound_scale.begin(), profile.memory_bound_scale.end());
+    timed_in_step = timed_in_step && profile.source == "bench step";
     if (cpu && rates.name.empty()) rates = profile.rates;  // the CPU's rates are its profile's ceilings
   }
   if (!cpu) rates = ops::device_rates(choice.rates);
@@ -162,6 +164,8 @@ int run_predict(const PredictOptions& o) {
     const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
     omp_set_num_threads(threads);
     s.host_contention = std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores);
+    // Ops timed inside a step ran with the core to themselves (ranks take turns at collectives): priced as shared.
+    if (timed_in_step) costs.set_table_scale(s.host_contention);
   }
   if (o.links == "h100-dgx") {
     const LinkPreset preset = h100_dgx_links();

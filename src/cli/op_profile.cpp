@@ -131,6 +131,7 @@ OpTimeTable load_op_profile(const std::string& path) {
   if (t.backend != "cuda" && t.backend != "cpu")
     r.fail("backend", fmt::format("\"cuda\" or \"cpu\", not \"{}\"", t.backend));
   t.dtype = r.text(j, "", "dtype");
+  if (j.contains("source")) t.source = r.text(j, "", "source");
   if (t.dtype != "bf16" && t.dtype != "f32") r.fail("dtype", fmt::format("\"bf16\" or \"f32\", not \"{}\"", t.dtype));
   const json& ceilings = r.at(j, "", "ceilings", "an object");
   t.matmul_flops_per_s = r.positive(ceilings, "ceilings", "matmul_flops_per_s");

@@ -23,6 +23,10 @@ struct OpTimeTable {
   std::string device;             // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
   std::string backend;            // "cuda" | "cpu"
   std::string dtype;              // "bf16" | "f32"
+  // "bench ops" (each op timed alone; several processes at once share the cores inside each op's time) or
+  // "bench step" (each op timed inside a real step: ranks that share cores take turns between ops, at collectives,
+  // so the sharing is not in the ops' times).
+  std::string source = "bench ops";
   double matmul_flops_per_s = 0;  // the profile's ceilings
   double copy_bytes_per_s = 0;
   std::map<std::string, double> seconds;       // seconds per call, by key

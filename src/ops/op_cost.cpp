@@ -125,7 +125,7 @@ TableCostModel::Lookup TableCostModel::lookup(const OpCall& call) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (it != table_.end()) {
     ++hits_;
-    return {it->second, true};
+    return {it->second * table_scale_, true};
   }
   Miss& m = missed_[call.key];
   if (m.calls++ == 0) {

@@ -112,13 +112,22 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   // The micro-batch: token 0 everywhere (its values change no time), copied up as Replica::model_batch does.
   const ops::Shape shape{p.micro_batch, p.seq};
   const size_t batch_bytes = static_cast<size_t>(shape.numel()) * sizeof(int32_t);
-  std::vector<int32_t> host_ids(static_cast<size_t>(shape.numel()), 0), host_targets = host_ids;
-  DeviceBuffer device_ids(gpu ? batch_bytes : 0), device_targets(gpu ? batch_bytes : 0);
+  // Packed rows with the document mask carry document ids (one document a row here), as Replica::model_batch's do.
+  const bool documents = config.data.layout == data::BatchLayout::Packed && config.data.document_mask;
+  std::vector<int32_t> host_ids(static_cast<size_t>(shape.numel()), 0), host_targets = host_ids, host_docs = host_ids;
+  DeviceBuffer device_ids(gpu ? batch_bytes : 0), device_targets(gpu ? batch_bytes : 0),
+      device_docs(gpu && documents ? batch_bytes : 0);
+  auto tensor = [&](DeviceBuffer& device, std::vector<int32_t>& host) {
+    return gpu ? ops::make_tensor(device.data(), DType::I32, shape, DeviceKind::Cuda)
+               : ops::make_tensor(host.data(), DType::I32, shape);
+  };
   model::Batch batch;
-  batch.input_ids = gpu ? ops::make_tensor(device_ids.data(), DType::I32, shape, DeviceKind::Cuda)
-                        : ops::make_tensor(host_ids.data(), DType::I32, shape);
-  batch.targets = gpu ? ops::make_tensor(device_targets.data(), DType::I32, shape, DeviceKind::Cuda)
-                      : ops::make_tensor(host_targets.data(), DType::I32, shape);
+  batch.input_ids = tensor(device_ids, host_ids);
+  batch.targets = tensor(device_targets, host_targets);
+  if (documents) {
+    batch.document_ids = tensor(device_docs, host_docs);
+    batch.document_runs = p.micro_batch;
+  }
   const double loss_scale = 1.0 / (static_cast<double>(shape.numel()) * p.accumulation * world);
   std::vector<double> step_values(3, 0.0);  // the loss, the non-finite flag, a hook's value
 
@@ -132,6 +141,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
         t.set_context("");
         copy_async(device_ids.data(), host_ids.data(), batch_bytes, ops->stream());
         copy_async(device_targets.data(), host_targets.data(), batch_bytes, ops->stream());
+        if (documents) copy_async(device_docs.data(), host_docs.data(), batch_bytes, ops->stream());
       }
       engine.forward_backward(batch, loss_scale, a == p.accumulation - 1);
     }

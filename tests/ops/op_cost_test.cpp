@@ -55,6 +55,13 @@ TEST(OpCost, MemoryBoundMissesTakeTheirOpsScale) {
   EXPECT_DOUBLE_EQ(m.seconds(call("matmul", "c", 2e9, 1e6)), 2e-6 + 2e-3);        // FLOPs: never scaled
 }
 
+TEST(OpCost, TableScaleMultipliesTableHitsOnly) {
+  TableCostModel m({{"k", 3e-3}}, test_rates());
+  m.set_table_scale(2.0);
+  EXPECT_DOUBLE_EQ(m.seconds(call("matmul", "k", 2e9, 1e6)), 6e-3);
+  EXPECT_DOUBLE_EQ(m.seconds(call("matmul", "other", 2e9, 1e6)), 2e-6 + 2e-3);
+}
+
 TEST(OpCost, TableHitsAndFallbackMisses) {
   const TableCostModel m({{"matmul NT m 8 n 8 k 8 f32 f32 f32", 7e-6}}, test_rates());
   const OpCall hit = call("matmul", "matmul NT m 8 n 8 k 8 f32 f32 f32", 1024, 768);

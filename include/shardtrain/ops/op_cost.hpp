@@ -78,6 +78,9 @@ class TableCostModel final : public OpCostModel {
   // A memory-bound call (no FLOPs) the table lacks costs its analytic time x the scale of its op's name, when
   // given: how far that kernel fell short of the copy ceiling where it was measured (a profile's, op_profile.hpp).
   void set_memory_bound_scale(std::map<std::string, double> scale) { memory_bound_scale_ = std::move(scale); }
+  // Every call the table has costs its seconds x `scale`: op times measured where a rank had a core to itself,
+  // priced for ranks that share the cores (the CPU backend with more ranks than cores). 1 by default.
+  void set_table_scale(double scale) { table_scale_ = scale; }
 
   const std::map<std::string, double>& table() const { return table_; }
   const DeviceRates& fallback() const { return fallback_; }
@@ -86,6 +89,7 @@ class TableCostModel final : public OpCostModel {
   std::map<std::string, double> table_;
   DeviceRates fallback_;
   std::map<std::string, double> memory_bound_scale_;
+  double table_scale_ = 1;
   mutable std::mutex mutex_;
   mutable int64_t hits_ = 0;
   mutable std::map<std::string, Miss> missed_;
