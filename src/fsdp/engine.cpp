@@ -10,7 +10,6 @@
 
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/model/init.hpp"
-#include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::fsdp {
