@@ -159,9 +159,10 @@ std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, c
     if (e.fits && (!best || step < std::max(best->compute_s, best->comm_s))) best = &e;
   }
   if (best) {
-    out += fmt::format("recommended: {} (the fastest estimate that fits; `shardtrain predict` runs the engine's own "
-                       "schedule for the step time and what it exposes: docs/predict.md)\n",
-                       sharding_strategy_name(best->strategy));
+    out += fmt::format(
+        "recommended: {} (the fastest estimate that fits; `shardtrain predict` runs the engine's own "
+        "schedule for the step time and what it exposes: docs/predict.md)\n",
+        sharding_strategy_name(best->strategy));
     j["recommended"] = sharding_strategy_name(best->strategy);
   } else {
     out += "recommended: none fits: try activation checkpointing, CPU offload, a smaller micro-batch or more GPUs\n";

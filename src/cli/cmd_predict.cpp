@@ -133,9 +133,19 @@ int run_predict(const PredictOptions& o) {
   std::map<std::string, double> table, memory_bound_scale;
   std::string profiles_described;
   bool timed_in_step = !o.ops_profiles.empty();  // every profile from `bench step --ops-profile`
+  // The CPU backend: a rank's share of this machine, as its ranks get it (runtime.cpp: host_threads), and how many
+  // times over the ranks' threads ask for the cores.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
+  const double contention = cpu ? std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores) : 1.0;
   for (const std::string& path : o.ops_profiles) {
     const OpTimeTable profile = load_op_profile(path);
-    for (const auto& [key, seconds] : profile.seconds) {
+    // Ranks that share the cores: a `bench step` profile's CPU time per call (each op's work, whatever else held
+    // the core while it ran), priced below at the share (the wall time where a call has none).
+    std::map<std::string, double> seconds_of = profile.seconds;
+    if (contention > 1 && profile.source == "bench step")
+      for (const auto& [key, cpu_s] : profile.cpu_seconds) seconds_of[key] = cpu_s;
+    for (const auto& [key, seconds] : seconds_of) {
       const std::string op = key.substr(0, key.find(' '));
       if (std::find(o.profile_excludes.begin(), o.profile_excludes.end(), op) == o.profile_excludes.end())
         table.emplace(key, seconds);
@@ -159,13 +169,11 @@ int run_predict(const PredictOptions& o) {
   s.device_name = choice.device_name;
   s.op_costs = &costs;
   s.steps = o.steps;
-  if (cpu) {  // a rank's share of this machine, as the CPU backend's ranks get it (runtime.cpp: host_threads)
-    const int cores = std::max(1u, std::thread::hardware_concurrency());
-    const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
+  if (cpu) {
     omp_set_num_threads(threads);
-    s.host_contention = std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores);
-    // Ops timed inside a step ran with the core to themselves (ranks take turns at collectives): priced as shared.
-    if (timed_in_step) costs.set_table_scale(s.host_contention);
+    s.host_contention = contention;
+    // Ops timed inside a step: their work (the thread's CPU time) at the rank's share of the cores.
+    if (timed_in_step && contention > 1) costs.set_table_scale(contention);
   }
   if (o.links == "h100-dgx") {
     const LinkPreset preset = h100_dgx_links();

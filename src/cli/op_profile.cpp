@@ -102,7 +102,7 @@ BenchShape profile_shape(const Reader& r, const json& j) {
 
 struct Row {
   std::string op, shapes;
-  double seconds = 0, work = 0;
+  double seconds = 0, work = 0, cpu_seconds = 0;
   int64_t calls_per_microbatch = 0;
   std::vector<ops::OpCall> calls;
 };
@@ -151,6 +151,7 @@ OpTimeTable load_op_profile(const std::string& path) {
     row.seconds = r.positive(e, where, "seconds");
     row.work = r.positive(e, where, "work");
     row.calls_per_microbatch = r.count(e, where, "calls_per_microbatch");
+    if (e.contains("cpu_seconds")) row.cpu_seconds = r.number(e, where, "cpu_seconds");
     if (e.contains("calls")) {
       with_calls = true;
       const json& calls = e.at("calls");
@@ -220,6 +221,8 @@ OpTimeTable load_op_profile(const std::string& path) {
     t.seconds[key] = sum / n;
     t.row_of[key] = from;
   }
+  for (const Row& row : rows)
+    if (row.calls.size() == 1 && row.cpu_seconds > 0) t.cpu_seconds[row.calls.front().key] = row.cpu_seconds;
   std::map<std::string, std::vector<double>> ratios;
   for (const Row& row : rows) {
     if (row.calls_per_microbatch == 0) continue;

@@ -20,16 +20,19 @@ namespace shardtrain::cli {
 
 struct OpTimeTable {
   std::string path;
-  std::string device;             // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
-  std::string backend;            // "cuda" | "cpu"
-  std::string dtype;              // "bf16" | "f32"
+  std::string device;   // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
+  std::string backend;  // "cuda" | "cpu"
+  std::string dtype;    // "bf16" | "f32"
   // "bench ops" (each op timed alone; several processes at once share the cores inside each op's time) or
   // "bench step" (each op timed inside a real step: ranks that share cores take turns between ops, at collectives,
   // so the sharing is not in the ops' times).
   std::string source = "bench ops";
   double matmul_flops_per_s = 0;  // the profile's ceilings
   double copy_bytes_per_s = 0;
-  std::map<std::string, double> seconds;       // seconds per call, by key
+  std::map<std::string, double> seconds;  // seconds per call, by key
+  // `bench step` profiles: the calling thread's CPU seconds per call, by key (with one thread a rank, the op's work
+  // without the time other processes held the core)
+  std::map<std::string, double> cpu_seconds;
   std::map<std::string, std::string> row_of;   // the row each key's seconds came from, by key
   bool keys_reconstructed = false;             // no "calls" in the file: keys recorded from today's rows
   std::vector<std::string> rows_without_keys;  // "rope q: not a row of today's bench ops", ...

@@ -65,6 +65,7 @@ std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSou
                     {"work", work},
                     {"seconds", seconds},
                     {"seconds_mean", k.seconds_mean},
+                    {"cpu_seconds", k.cpu_seconds},
                     {"rate", work / seconds},
                     {"fraction_of_ceiling", ceiling > 0 ? work / seconds / ceiling : 0.0},
                     {"calls_per_microbatch", per_microbatch},

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <ctime>
 #include <type_traits>
 #include <utility>
 
@@ -13,7 +14,7 @@
 
 namespace shardtrain::ops {
 
-void OpTimes::add(OpCall call, double seconds) {
+void OpTimes::add(OpCall call, double seconds, double cpu_seconds) {
   const std::lock_guard<std::mutex> lock(mutex_);
   auto it = keys_.find(call.key);
   if (it == keys_.end()) {
@@ -22,6 +23,7 @@ void OpTimes::add(OpCall call, double seconds) {
   }
   ++it->second.open.calls;
   it->second.open.seconds += seconds;
+  it->second.open.cpu_seconds += cpu_seconds;
 }
 
 void OpTimes::end_period() {
@@ -44,13 +46,15 @@ std::vector<OpTimes::Summary> OpTimes::summary() const {
   for (const auto& [key, k] : keys_) {
     if (k.periods.empty()) continue;
     Summary s{k.call};
-    std::vector<double> per_call;
+    std::vector<double> per_call, cpu_per_call;
     double seconds = 0;
     for (const Period& p : k.periods) {
       s.calls += p.calls;
       seconds += p.seconds;
       per_call.push_back(p.seconds / static_cast<double>(p.calls));
+      cpu_per_call.push_back(p.cpu_seconds / static_cast<double>(p.calls));
     }
+    s.cpu_seconds = median(std::move(cpu_per_call));
     s.calls_per_period = static_cast<double>(s.calls) / static_cast<double>(periods_);
     s.seconds = median(std::move(per_call));
     s.seconds_mean = seconds / static_cast<double>(s.calls);
@@ -60,6 +64,12 @@ std::vector<OpTimes::Summary> OpTimes::summary() const {
 }
 
 namespace {
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 // The description of the last call made through it.
 class LastCall final : public DescribingOps {
@@ -102,9 +112,10 @@ class TimedOps final : public Ops {
   template <typename F>
   auto timed(F&& f) -> decltype(f()) {
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = thread_cpu_seconds();
     auto record = [&] {
-      times_.add(std::move(describer_.last),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      times_.add(std::move(describer_.last), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                 thread_cpu_seconds() - cpu_start);
     };
     if constexpr (std::is_void_v<decltype(f())>) {
       f();

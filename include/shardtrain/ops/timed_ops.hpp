@@ -25,6 +25,7 @@ class OpTimes {
   struct Period {
     int64_t calls = 0;
     double seconds = 0;
+    double cpu_seconds = 0;  // the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID)
   };
   struct Key {
     OpCall call;                  // its first call, described
@@ -38,11 +39,14 @@ class OpTimes {
     double calls_per_period = 0;  // calls / closed periods (those that did not call it too)
     double seconds = 0;           // per call: the median over the periods that called it of the period's mean per call
     double seconds_mean = 0;      // per call: all seconds / all calls
+    // Per call, as `seconds`, of the calling thread's CPU time: with one thread a rank, the op's work without the
+    // time other processes held the core (what predict scales when ranks share the cores).
+    double cpu_seconds = 0;
   };
 
   void set_enabled(bool on) { enabled_ = on; }
   bool enabled() const { return enabled_; }
-  void add(OpCall call, double seconds);
+  void add(OpCall call, double seconds, double cpu_seconds = 0);
   void end_period();  // the open calls of every key become a period of theirs
   int64_t periods() const;
   std::vector<Summary> summary() const;  // by key, over the closed periods; open calls are left out
