@@ -9,7 +9,10 @@
 #     -> the gtest binary of an earlier call registered again under NAME (another environment, say).
 #   shardtrain_add_test(NAME COMMAND cmd arg ... LABELS ... [TIMEOUT s] [PROCESSORS n] [ENV ...]
 #                       [SKIP_RETURN_CODE n])
-#     -> a script test, registered once as NAME (it starts mpirun itself where it needs ranks).
+#     -> a script test, registered once as NAME (it starts mpirun itself where it needs ranks). PROCESSORS: the
+#        cores it keeps busy on average (measured, e.g. in a cpuacct cgroup), not the ranks it starts: an end-to-end
+#        script mostly waits (mpirun's start, a timeout, a stalled rank, Slurm), and ctest -j2 packs tests by this
+#        number, so an inflated one leaves a core idle. Default 1.
 #   Every test runs with SHARDTRAIN_MPI_TEST_ENV (and SHARDTRAIN_RANKS_PER_NODE, ENV); TIMEOUT defaults to 300.
 
 set(SHARDTRAIN_WARNINGS -Wall -Wextra -Wpedantic -Wno-unused-parameter)

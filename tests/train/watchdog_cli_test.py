@@ -14,7 +14,10 @@
   node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
   device_error:1@3@nodeC (no such node) never fires; the next run in a directory removes the last one's
   records; mce:1@3@nodeB (SIGBUS with BUS_MCEERR_AR, a machine check) kills rank 1 with the signal, and its
-  handler's crash record names nodeB; a healthy run, a bad config and a rank killed with SIGKILL leave none."""
+  handler's crash record names nodeB; a healthy run, a bad config and a rank killed with SIGKILL leave none.
+The runs are independent (each in its own run directory) and mostly wait (for a 3 s timeout, a stalled rank, mpirun's
+start): they all start up front, RUNS_AT_ONCE at a time, and the checks below take their results in order."""
+import concurrent.futures
 import os
 import json
 import re
@@ -58,8 +61,19 @@ def train(name, np=2, fault=None, extra=(), nodes=None, fresh=True):
     start = time.time()
     p = subprocess.run(cmd, cwd=args.source, env=env, capture_output=True, text=True, timeout=240)
     secs = time.time() - start
-    print(f"{name}: exit {p.returncode} after {secs:.1f} s")
+    print(f"{name}: exit {p.returncode} after {secs:.1f} s", flush=True)
     return p.returncode, p.stderr, secs
+
+
+# Four runs of 2 ranks at once: about one core's work on this 2-core machine (a run is mostly waits); the time
+# checks below (an end within 60 s of the start, none of the 3 s timeouts firing in a healthy run) have room.
+RUNS_AT_ONCE = 4
+pool = concurrent.futures.ThreadPoolExecutor(max_workers=RUNS_AT_ONCE)
+
+
+def start(name, **kw):
+    """train(name, ...) on the pool: its (rc, stderr, secs) through .result()."""
+    return pool.submit(train, name, **kw)
 
 
 def timeout_lines(err):
@@ -82,12 +96,57 @@ def arrived(line):
     return out
 
 
-rc, err, secs = train("healthy")
+# Every run, started in the order the checks read them. rec-stalled runs twice in one directory: its records are
+# read between the two runs (the second must clear them).
+two_nodes = ["nodeA", "nodeB"]
+BAD_FAULTS = [("kill:1", "expected kill:RANK@STEP, got 'kill:1'"), ("kill:x@3", "not a rank: 'x'"),
+              ("device_error:1@3@", "expected a node name after the second '@'"),
+              ("device_error:1@x@n1", "not a step number: 'x'"), ("stall:5@3", "names rank 5, but the world has ranks 0-1")]
+
+
+def records(name):
+    """RUN_DIR/failures/rank_N.json by rank; each file must be one line of JSON with every field."""
+    d = os.path.join(work, name, "failures")
+    out = {}
+    for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        text = open(os.path.join(d, f)).read()
+        check(f.endswith(".json") and text.count("\n") == 1, f"{name}: {f} is one line of JSON: {text!r}")
+        r = json.loads(text)
+        check(set(r) == {"exit_code", "kind", "rank", "node", "step", "restartable", "suspect_nodes", "message"}, f"{name}: fields {sorted(r)}")
+        out[r["rank"]] = r
+    return out
+
+
+def stalled_then_cleared():
+    first = train("rec-stalled", fault="stall:1@3", nodes=two_nodes)
+    recs = records("rec-stalled")
+    return first, recs, train("rec-stalled", nodes=two_nodes, fresh=False)
+
+
+runs = {
+    "healthy": start("healthy"),
+    "stalled": start("stalled", fault="stall:1@3"),
+    "stalled4": start("stalled4", np=4, fault="stall:2@3", extra=("--ranks-per-node", "2", "--fsdp.strategy", "HYBRID_SHARD")),
+    "frozen": start("frozen", fault="freeze:1@3"),
+    "killed": start("killed", fault="kill:1@3"),
+    "combined": start("combined", fault="nan_grad:2;stall:1@3"),
+    **{f"bad-{i}": start(f"bad-{i}", fault=fault) for i, (fault, _) in enumerate(BAD_FAULTS)},
+    "rec-healthy": start("rec-healthy", nodes=two_nodes),
+    "rec-stalled": pool.submit(stalled_then_cleared),
+    "rec-frozen": start("rec-frozen", fault="freeze:1@3", nodes=two_nodes),
+    "rec-device": start("rec-device", fault="device_error:1@3@nodeB", nodes=two_nodes),
+    "rec-other-node": start("rec-other-node", fault="device_error:1@3@nodeC", nodes=two_nodes),
+    "rec-mce": start("rec-mce", fault="mce:1@3@nodeB", nodes=two_nodes),
+    "rec-killed": start("rec-killed", fault="kill:1@3"),
+    "rec-bad-config": start("rec-bad-config", extra=("--optim.lr", "-1")),
+}
+
+rc, err, secs = runs["healthy"].result()
 check(rc == 0, f"a healthy run with a 3 s timeout: exit {rc}: {err[-1500:]}")
 check(not timeout_lines(err), f"a healthy run must never fire: {timeout_lines(err)}")
 
 # 2 ranks, rank 1 stalls before step 3 (its watchdog thread still answers).
-rc, err, secs = train("stalled", fault="stall:1@3")
+rc, err, secs = runs["stalled"].result()
 lines = timeout_lines(err)
 check(rc == 10, f"stalled rank: exit code {rc}, expected 10: {err[-1500:]}")
 check(len(lines) == 1, f"one timeout line (only rank 0 is blocked): {lines}")
@@ -107,8 +166,7 @@ check(secs < 60, f"the job ended {secs:.0f} s after start; the watchdog should e
 # one to three lines arrive. Each names one rank as not arrived: rank 2, outside any collective (the stalled
 # one), or rank 3, itself blocked in a collective (the chain leads on to rank 2); none names an arrived rank
 # other than its own.
-rc, err, secs = train("stalled4", np=4, fault="stall:2@3",
-                      extra=("--ranks-per-node", "2", "--fsdp.strategy", "HYBRID_SHARD"))
+rc, err, secs = runs["stalled4"].result()
 lines = timeout_lines(err)
 check(rc == 10, f"4 ranks, rank 2 stalled: exit code {rc}, expected 10: {err[-1500:]}")
 check(1 <= len(lines) <= 3, f"one timeout line per blocked rank at most: {lines}")
@@ -127,7 +185,7 @@ for line in lines:
 check(secs < 60, f"4 ranks: the job ended {secs:.0f} s after start")
 
 # A frozen rank (SIGSTOP, every thread) cannot answer: it is named as such.
-rc, err, secs = train("frozen", fault="freeze:1@3")
+rc, err, secs = runs["frozen"].result()
 lines = timeout_lines(err)
 check(rc == 10, f"frozen rank: exit code {rc}, expected 10: {err[-1500:]}")
 check(len(lines) == 1 and "ranks that did not answer (dead, or not making MPI progress): 1;" in lines[0],
@@ -135,7 +193,7 @@ check(len(lines) == 1 and "ranks that did not answer (dead, or not making MPI pr
 check(secs < 60, f"frozen rank: the job ended {secs:.0f} s after start")
 
 # A rank that dies ends the job promptly: mpirun notices the SIGKILL and aborts the others.
-rc, err, secs = train("killed", fault="kill:1@3")
+rc, err, secs = runs["killed"].result()
 open_mpi = "Open MPI" in subprocess.run([args.mpiexec, "--version"], capture_output=True, text=True).stdout
 check(rc == 137 if open_mpi else rc not in (0, 10),
       f"killed rank: mpirun's exit code {rc}, expected non-zero (Open MPI: 137 = 128 + SIGKILL): {err[-1500:]}")
@@ -144,38 +202,21 @@ check(not timeout_lines(err), f"the job ends before any watchdog fires: {timeout
 check(secs < 60, f"killed rank: the job ended {secs:.0f} s after start, expected well under 60 s")
 
 # Faults combine: a skipped step 2 (NaN gradient), then rank 1 stalls before step 3.
-rc, err, secs = train("combined", fault="nan_grad:2;stall:1@3")
+rc, err, secs = runs["combined"].result()
 check(rc == 10 and "step 2 skipped" in err and "ranks that did not arrive: 1 (at step 3" in err,
       f"nan_grad:2;stall:1@3: exit {rc}: {err[-1500:]}")
 
 # A bad fault specification or a rank outside the world: a usage error (exit 2) naming the variable.
-for fault, message in [("kill:1", "expected kill:RANK@STEP, got 'kill:1'"), ("kill:x@3", "not a rank: 'x'"),
-                       ("device_error:1@3@", "expected a node name after the second '@'"), ("device_error:1@x@n1", "not a step number: 'x'"),
-                       ("stall:5@3", "names rank 5, but the world has ranks 0-1")]:
-    rc, err, secs = train("bad", fault=fault)
+for i, (fault, message) in enumerate(BAD_FAULTS):
+    rc, err, secs = runs[f"bad-{i}"].result()
     check(rc == 2 and message in err and "SHARDTRAIN_FAULT" in err, f"SHARDTRAIN_FAULT={fault}: exit {rc}: {err[-800:]}")
 
 
 # ---- failure records ---------------------------------------------------------------------------------------
-def records(name):
-    """RUN_DIR/failures/rank_N.json by rank; each file must be one line of JSON with every field."""
-    d = os.path.join(work, name, "failures")
-    out = {}
-    for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-        text = open(os.path.join(d, f)).read()
-        check(f.endswith(".json") and text.count("\n") == 1, f"{name}: {f} is one line of JSON: {text!r}")
-        r = json.loads(text)
-        check(set(r) == {"exit_code", "kind", "rank", "node", "step", "restartable", "suspect_nodes", "message"}, f"{name}: fields {sorted(r)}")
-        out[r["rank"]] = r
-    return out
-
-
-two_nodes = ["nodeA", "nodeB"]
-rc, err, _ = train("rec-healthy", nodes=two_nodes)
+rc, err, _ = runs["rec-healthy"].result()
 check(rc == 0 and not os.path.exists(os.path.join(work, "rec-healthy", "failures")), f"a healthy run leaves no failure record: {rc}")
 
-rc, err, _ = train("rec-stalled", fault="stall:1@3", nodes=two_nodes)
-recs = records("rec-stalled")
+(rc, err, _), recs, cleared = runs["rec-stalled"].result()
 check(rc == 10 and sorted(recs) == [0], f"stalled rank 1: exit {rc}, records of ranks {sorted(recs)} (rank 0's expected)")
 r = recs.get(0, {})
 check(r.get("exit_code") == 10 and r.get("kind") == "collective timeout" and r.get("node") == "nodeA" and r.get("step") == 3
@@ -183,36 +224,36 @@ check(r.get("exit_code") == 10 and r.get("kind") == "collective timeout" and r.g
       f"rank 0's record names rank 1's node: {r}")
 
 # The next run in the same directory starts without the last one's records.
-rc, err, _ = train("rec-stalled", nodes=two_nodes, fresh=False)
+rc, err, _ = cleared
 check(rc == 0 and not os.path.exists(os.path.join(work, "rec-stalled", "failures")), f"a new run clears the old records: exit {rc}")
 
-rc, err, _ = train("rec-frozen", fault="freeze:1@3", nodes=two_nodes)
+rc, err, _ = runs["rec-frozen"].result()
 r = records("rec-frozen").get(0, {})
 check(rc == 10 and r.get("suspect_nodes") == ["nodeB"] and "did not answer" in r.get("message", ""),
       f"a frozen rank 1 (not answering) is a suspect too: exit {rc}: {r}")
 
-rc, err, _ = train("rec-device", fault="device_error:1@3@nodeB", nodes=two_nodes)
+rc, err, _ = runs["rec-device"].result()
 recs = records("rec-device")
 r = recs.get(1, {})
 check(rc == 7 and "an injected device error on rank 1 (node nodeB) before step 3" in err, f"device_error:1@3@nodeB: exit {rc}: {err[-1500:]}")
 check(r.get("exit_code") == 7 and r.get("kind") == "device error" and r.get("node") == "nodeB" and r.get("step") == 3
       and r.get("restartable") is True and r.get("suspect_nodes") == ["nodeB"], f"rank 1's record names its own node: {recs}")
 
-rc, err, _ = train("rec-other-node", fault="device_error:1@3@nodeC", nodes=two_nodes)
+rc, err, _ = runs["rec-other-node"].result()
 check(rc == 0 and not records("rec-other-node"), f"a fault for another node does not fire: exit {rc}: {err[-800:]}")
 
 # A machine check (SIGBUS, BUS_MCEERR_AR, as the kernel sends it) on rank 1: the rank dies of the signal (mpirun: 135),
 # and its signal handler leaves a crash record naming its own node before it does.
-rc, err, _ = train("rec-mce", fault="mce:1@3@nodeB", nodes=two_nodes)
+rc, err, _ = runs["rec-mce"].result()
 r = records("rec-mce").get(1, {})
 check(rc == 135 and r.get("exit_code") == 135 and r.get("kind") == "crash" and r.get("node") == "nodeB" and r.get("step") == 3
       and r.get("restartable") is True and r.get("suspect_nodes") == ["nodeB"]
       and r.get("message") == "killed by SIGBUS (BUS_MCEERR_AR): the kernel found an uncorrectable memory error (machine check) "
                               "in memory this rank used during step 3", f"machine check on rank 1: exit {rc}: {r}: {err[-1200:]}")
 
-rc, err, _ = train("rec-killed", fault="kill:1@3")
+rc, err, _ = runs["rec-killed"].result()
 check(rc != 0 and not records("rec-killed"), f"a rank killed outright leaves no record (the job script counts it as a crash): {rc}")
-rc, err, _ = train("rec-bad-config", extra=("--optim.lr", "-1"))
+rc, err, _ = runs["rec-bad-config"].result()
 check(rc == 3 and not records("rec-bad-config"), f"an error before training (a bad config) leaves no record: exit {rc}")
 
 check.finish("all watchdog checks passed")
