@@ -31,6 +31,7 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    the run trains on that dataset to the end.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import gzip
+import hashlib
 import json
 import subprocess
 import os
@@ -102,7 +103,11 @@ def losses(run_dir):
     return out
 
 
-with MiniSlurm("/tmp/shardtrain-slurm-test", nodes=2, cpus=4, gpus=2) as slurm:
+# One Slurm per checkout: two checkouts' tests on one machine (two developers, two build trees) each start their own,
+# where one fixed directory made them kill each other's daemons and share one queue. Outside the work folder, which
+# is emptied first, so that what a killed run left behind is still found and stopped.
+slurm_root = os.path.join("/tmp", "shardtrain-slurm-test-" + hashlib.sha256(work.encode()).hexdigest()[:12])
+with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     multi = os.path.join(args.source, "jobs/slurm/train-multi-node.sbatch")
     single = os.path.join(args.source, "jobs/slurm/train-single-node.sbatch")
 
