@@ -213,14 +213,7 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
     j["dtype"] = dtype_name(dt);
     j["iters"] = o.iters;
     j["warmup"] = o.warmup;
-    j["model"] = {{"source", shape.source},
-                  {"layers", c.num_hidden_layers},
-                  {"hidden", c.hidden_size},
-                  {"heads", c.num_attention_heads},
-                  {"kv_heads", c.num_key_value_heads},
-                  {"head_dim", c.head_dim()},
-                  {"intermediate", c.intermediate_size},
-                  {"vocab", c.vocab_size}};
+    j["model"] = model_json(shape);
     j["batch"] = shape.batch;
     j["seq"] = shape.seq;
     j["tokens"] = tokens;

@@ -108,8 +108,8 @@ struct Row {
 };
 
 ops::DeviceRates profile_rates(const OpTimeTable& t, const std::vector<Row>& rows) {
-  ops::DeviceRates r{t.device, t.matmul_flops_per_s, t.copy_bytes_per_s, t.matmul_flops_per_s, t.matmul_flops_per_s, 0,
-                     0, {}};
+  ops::DeviceRates r{t.device, t.matmul_flops_per_s, t.copy_bytes_per_s, t.matmul_flops_per_s, t.matmul_flops_per_s, 0, 0,
+                     {}};
   for (const Row& row : rows) {
     if (row.op == "attention fwd" && row.calls_per_microbatch > 0) r.attention_forward_flops_per_s = row.work / row.seconds;
     if (row.op == "attention bwd" && row.calls_per_microbatch > 0) r.attention_backward_flops_per_s = row.work / row.seconds;

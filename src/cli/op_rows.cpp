@@ -200,4 +200,16 @@ std::vector<RecordedRow> record_rows(const BenchShape& s, DType dt, DeviceKind d
   return out;
 }
 
+nlohmann::ordered_json model_json(const BenchShape& shape) {
+  const model::LlamaConfig& c = shape.model;
+  return {{"source", shape.source},
+          {"layers", c.num_hidden_layers},
+          {"hidden", c.hidden_size},
+          {"heads", c.num_attention_heads},
+          {"kv_heads", c.num_key_value_heads},
+          {"head_dim", c.head_dim()},
+          {"intermediate", c.intermediate_size},
+          {"vocab", c.vocab_size}};
+}
+
 }  // namespace shardtrain::cli

@@ -3,6 +3,8 @@
 // `bench ops` (cmd_bench_ops.cpp) times them; the profile loader (op_profile.cpp) records them to key older profiles.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -33,6 +35,9 @@ struct BenchShape {
   int64_t batch = 0, seq = 0;
   std::string source;
 };
+
+// The "model" object of a profile's JSON (bench ops, bench step --ops-profile): its source and sizes.
+nlohmann::ordered_json model_json(const BenchShape& shape);
 
 // Every call made through it, described (ops/op_calls.hpp), in `calls`. Computes nothing. Reports `device` as its
 // own, so that rows made only for one backend (the CUDA FMA attention rows) are recorded as that backend runs them.

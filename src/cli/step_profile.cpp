@@ -15,7 +15,6 @@ double op_seconds_per_step(const ops::OpTimes& times) {
 }
 
 std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSource& s) {
-  const model::LlamaConfig& c = s.shape.model;
   nlohmann::ordered_json j;
   j["device"] = s.device;
   j["backend"] = "cpu";
@@ -29,14 +28,7 @@ std::string step_op_profile_json(const ops::OpTimes& times, const StepProfileSou
   j["steps"] = s.steps;
   j["warmup"] = s.warmup;
   j["step_time_median_s"] = s.step_time_s;
-  j["model"] = {{"source", s.shape.source},
-                {"layers", c.num_hidden_layers},
-                {"hidden", c.hidden_size},
-                {"heads", c.num_attention_heads},
-                {"kv_heads", c.num_key_value_heads},
-                {"head_dim", c.head_dim()},
-                {"intermediate", c.intermediate_size},
-                {"vocab", c.vocab_size}};
+  j["model"] = model_json(s.shape);
   j["batch"] = s.shape.batch;
   j["seq"] = s.shape.seq;
   j["tokens"] = s.shape.batch * s.shape.seq;

@@ -94,8 +94,8 @@ TEST(FsdpEquivalence, EveryStrategyWrapOffloadAndAccumulationMode) {
           // that each strategy meets every policy and each policy every offload x accumulation pair.
           if (gpu_subset() && w != (s + 2 * offload + a) % 3) continue;
           const fsdp::WrapPolicy wrap = wraps[w];
-          const fsdp::GradAccumulation acc = a == 0 ? fsdp::GradAccumulation::ReduceEachMicroBatch
-                                                    : fsdp::GradAccumulation::NoSync;
+          const fsdp::GradAccumulation acc =
+              a == 0 ? fsdp::GradAccumulation::ReduceEachMicroBatch : fsdp::GradAccumulation::NoSync;
           RunOptions o;
           o.fsdp.strategy = static_cast<ShardingStrategy>(s);
           o.fsdp.wrap.policy = wrap;

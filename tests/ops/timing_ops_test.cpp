@@ -102,7 +102,7 @@ TEST(TimingOps, CpuOpsAreHostWork) {
   EXPECT_DOUBLE_EQ(d.host_now(), 11.0);  // no launches: the host runs them
   EXPECT_DOUBLE_EQ(d.stream_now({}), 0.0);
   ASSERT_EQ(d.tasks().size(), 2u);
-  EXPECT_EQ(d.tasks()[1].stream, -1);                      // on the host,
+  EXPECT_EQ(d.tasks()[1].stream, -1);                       // on the host,
   EXPECT_EQ(d.tasks()[1].kind, timing::WorkKind::Compute);  // as the CPU backend's compute
   EXPECT_DOUBLE_EQ(d.tasks()[1].start, 10.0);
   EXPECT_EQ(d.tasks()[1].label, "rmsnorm_forward 8x8");
