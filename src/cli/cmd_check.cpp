@@ -144,7 +144,7 @@ int run_check(const CheckOptions& o) {
   if (world_ok && gpu_memory > 0) {
     report.run("memory", [&] {
       const model::ModelSpec spec(c.model);
-      const fsdp::FsdpConfig& f = c.fsdp.engine;
+      const fsdp::FsdpConfig f = train::engine_config(c, world);
       const int64_t micro = c.micro_batch_size_for(world);
       const fsdp::MemoryEstimate m =
           fsdp::estimate_memory(spec, f, fsdp::plan_fsdp(spec, f, world, o.gpus_per_node), micro, c.data.seq_len);

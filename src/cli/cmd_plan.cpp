@@ -267,10 +267,12 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
       o.micro_batch = c.micro_batch_size_for(world);
     }
     const int per_step = o.micro_batch * world;
-    r.config = {{"source", source},
-                {"global_batch_size", cfg->data.global_batch_size},
-                {"accumulation_steps",
-                 per_step > 0 && cfg->data.global_batch_size % per_step == 0 ? cfg->data.global_batch_size / per_step : 0}};
+    const int accumulation =
+        per_step > 0 && cfg->data.global_batch_size % per_step == 0 ? cfg->data.global_batch_size / per_step : 0;
+    r.config = {
+        {"source", source}, {"global_batch_size", cfg->data.global_batch_size}, {"accumulation_steps", accumulation}};
+    // As train::engine_config: gradients stay out of activation memory when a step has several micro-batches.
+    if (accumulation != 1) f.grads_in_activation_memory = false;
   }
   return r;
 }
@@ -352,6 +354,8 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
                                 {"comm_scratch", static_cast<double>(plan.comm_scratch_bytes)},
                                 {"op_scratch", static_cast<double>(scratch.total())},
                                 {"cudnn_attention_workspace", static_cast<double>(scratch.cudnn_attention)}};
+  const fsdp::MemoryEstimate memory = fsdp::estimate_memory(spec, f, plan, o.micro_batch, o.seq);
+  j["memory_per_rank_bytes"]["grads_in_activation_memory"] = memory.grads_in_activations;
   j["traffic_per_micro_batch_bytes"] = {
       {"all_gather_shard", gather}, {"reduce_scatter_shard", reduce_scatter}, {"all_reduce_replicate", all_reduce}};
   const std::string estimates = estimate_table(o, spec, f, j);
@@ -381,6 +385,14 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
           ? " (one rank: backward writes the gradient shards)"
           : "",
       gib(static_cast<double>(plan.comm_scratch_bytes)));
+  if (f.places_grads_in_activations())
+    out += fmt::format(
+        "gradient shards: {} of the {} in activation memory that backward is done with (fsdp.grads_in_activation_memory; "
+        "micro-batch {} x {}), the rest in memory of their own\n",
+        gib(memory.grads_in_activations), gib(sharded / 4), o.micro_batch, o.seq);
+  else
+    out +=
+        "gradient shards: in memory of their own (fsdp.grads_in_activation_memory off, or several micro-batches a step)\n";
   out += fmt::format(
       "traffic per micro-batch per rank: all-gather {} and reduce-scatter {} on the shard axis, all-reduce {} "
       "on the replicate axis\n",

@@ -11,6 +11,7 @@
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/model/init.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::fsdp {
 
@@ -18,7 +19,14 @@ struct FsdpEngine::Unit {
   const UnitSpec* spec = nullptr;
   FlatLayout layout;
   FlatBuffer master;                     // (N/S) fp32
-  FlatBuffer grad;                       // (N/S) fp32
+  FlatBuffer grad;                       // (N/S) fp32: the gradient shard's own memory, when it has any
+  // Where the gradient shard is: grad's memory, or (grads in activation memory) a place in the activation arena,
+  // found again each pass (grad_placement.hpp). grad_placed: it has its memory in this pass (always, with grad).
+  float* grad_data = nullptr;
+  bool grad_placed = false;
+  // Grads in the shard with grads in activation memory: parameters whose module ran backward before the shard
+  // had a place, and where their gradients wait on the stage (byte offsets), until finish_staged.
+  std::vector<std::pair<int, size_t>> staged;
   FlatBuffer full;                       // (N) param_dtype, while gathered
   FlatBuffer full_grad;                  // (N) fp32, from the unit's first backward until its reduction
   UnitState state = UnitState::Sharded;  // changed by move_to only
@@ -126,6 +134,12 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
   }
   const model::ModelSpec& spec = model.spec();
   grads_in_shard_ = grads_live_in_shards(config_, mesh.shard_size(), mesh.replicate_size());
+  grads_in_activations_ = config_.places_grads_in_activations();
+  grads_readable_ = !grads_in_activations_;  // zeroed shards; in activation memory, none before the first backward
+  placer_ = GradPlacer(GradPlacer::stage_capacity(spec));
+  layer_of_module_.assign(spec.modules().size(), -1);
+  for (const model::ModuleInfo& m : spec.modules())
+    if (m.cls == model::ModuleClass::LlamaDecoderLayer) layer_of_module_[static_cast<size_t>(m.index)] = m.layer;
   unit_specs_ = plan_units(spec, config_.wrap);
   unit_of_param_.assign(spec.params().size(), -1);
   first_use_unit_.assign(spec.modules().size(), -1);
@@ -140,11 +154,15 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     if (us.first_use >= 0) first_use_unit_[us.first_use] = us.index;
     const size_t shard_bytes = static_cast<size_t>(u->shard()) * sizeof(float);
     u->master = FlatBuffer(ops.device(), shard_place, shard_bytes, &ledger, MemoryCategory::ShardedParams);
-    u->grad = FlatBuffer(ops.device(), shard_place, shard_bytes, &ledger, MemoryCategory::ShardedGrads);
+    if (!grads_in_activations_) {
+      u->grad = FlatBuffer(ops.device(), shard_place, shard_bytes, &ledger, MemoryCategory::ShardedGrads);
+      u->grad_data = static_cast<float*>(u->grad.data());
+      u->grad_placed = true;
+    }
     ShardView v;
     v.unit = us.index;
     v.param = static_cast<float*>(u->master.data());
-    v.grad = static_cast<float*>(u->grad.data());
+    v.grad = u->grad_data;  // null until the first backward places it (grads in activation memory)
     v.numel = u->shard();
     v.flat_begin = u->layout.shard_begin(my);
     v.ranges = u->layout.ranges(v.flat_begin, v.flat_begin + v.numel);
@@ -215,7 +233,8 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     stream_synchronize({});
     for (const auto& u : units_) nonempty_units_ += u->empty() ? 0 : 1;
   }
-  for (auto& u : units_) zero_shard_grad(*u);  // defined values before the first step
+  for (auto& u : units_)
+    if (u->grad_placed) zero_shard_grad(*u);  // defined values before the first step
   zero_grad();
 }
 
@@ -282,11 +301,137 @@ void FsdpEngine::zero_grad() {
 }
 
 void FsdpEngine::zero_shard_grad(Unit& u) {
-  if (u.grad.device() == DeviceKind::Cpu) {
-    std::memset(u.grad.data(), 0, u.grad.size());
+  const ops::Tensor g = grad_tensor(u);
+  if (g.device == DeviceKind::Cpu) {
+    std::memset(g.data, 0, g.bytes());
   } else {
-    ops_->fill(u.grad.view(DType::F32, 0, {u.shard()}), 0.0);
+    ops_->fill(g, 0.0);
   }
+}
+
+ops::Tensor FsdpEngine::grad_tensor(const Unit& u, int64_t offset, ops::Shape shape) const {
+  if (!u.grad_placed)
+    throw InternalError(fmt::format("FSDP unit {} ({}): its gradient shard has no memory yet", u.spec->index, u.spec->name));
+  const DeviceKind device = u.grad ? u.grad.device() : ops_->device();
+  return ops::make_tensor(u.grad_data + offset, DType::F32, shape, device);
+}
+
+ops::Tensor FsdpEngine::grad_tensor(const Unit& u) const { return grad_tensor(u, 0, {u.shard()}); }
+
+// Gradients in activation memory (grad_placement.hpp). A pass starts with no unit placed but those with memory of
+// their own, over the arena of this micro-batch's shape.
+void FsdpEngine::begin_grad_pass(const model::Batch& batch) {
+  if (!grads_in_activations_) return;
+  const model::ActivationPlan& plan = model_->prepare(batch.input_ids.shape[0], batch.input_ids.shape[1]);
+  arena_base_ = static_cast<char*>(model_->arena_base());
+  placer_.begin_pass(plan.freed_in_backward());
+  for (auto& u : units_) {
+    u->staged.clear();
+    if (!u->grad) u->grad_placed = false;
+  }
+}
+
+void FsdpEngine::set_grad_data(Unit& u, float* data) {
+  u.grad_data = data;
+  u.grad_placed = true;
+  shard_views_[static_cast<size_t>(u.spec->index)].grad = data;  // the optimizer rebinds when it moved
+}
+
+// The unit's gradient shard gets memory for this pass: a place in what backward has freed so far, or its own
+// memory when nothing fits (kept from then on: the same rules decide the same each pass).
+void FsdpEngine::place_grad(Unit& u) {
+  if (u.grad_placed) return;
+  const size_t bytes = static_cast<size_t>(u.shard()) * sizeof(float);
+  if (const std::optional<size_t> at = placer_.place(bytes)) {
+    set_grad_data(u, reinterpret_cast<float*>(arena_base_ + *at));
+    return;
+  }
+  u.grad = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::ShardedGrads);
+  set_grad_data(u, static_cast<float*>(u.grad.data()));
+}
+
+// One rank with grads in activation memory: when the unit's backward begins at `module` and nothing freed fits
+// its shard yet, the gradients of that module's parameters go to the stage if it is an RMSNorm and they fit there
+// (the base model's final norm, whose embedding runs backward last; a projection's may not: fused GEMMs want a
+// group's gradients adjacent); returns whether the shard has its memory now.
+bool FsdpEngine::place_or_stage(Unit& u, int module) {
+  if (u.grad_placed) return true;
+  const size_t bytes = static_cast<size_t>(u.shard()) * sizeof(float);
+  if (!u.grad) {
+    if (const std::optional<size_t> at = placer_.place(bytes)) {
+      set_grad_data(u, reinterpret_cast<float*>(arena_base_ + *at));
+      return true;
+    }
+    const model::ModelSpec& spec = model_->spec();
+    std::vector<const FlatEntry*> early;
+    size_t early_bytes = 0;
+    for (const FlatEntry& e : u.layout.entries) {
+      const auto& uses = spec.module(module).uses;
+      const bool used = std::find(uses.begin(), uses.end(), e.param) != uses.end();
+      const bool already = std::any_of(u.staged.begin(), u.staged.end(), [&](const auto& s) { return s.first == e.param; });
+      if (!used || already) continue;
+      early.push_back(&e);
+      early_bytes += GradPlacer::rounded(static_cast<size_t>(e.numel) * sizeof(float));
+    }
+    if (spec.module(module).cls == model::ModuleClass::RMSNorm &&
+        early_bytes <= placer_.stage_capacity() - placer_.stage_used()) {
+      if (!grad_stage_)
+        grad_stage_ =
+            FlatBuffer(ops_->device(), Placement::Compute, placer_.stage_capacity(), ledger_, MemoryCategory::ShardedGrads);
+      for (const FlatEntry* e : early) {
+        const size_t at = *placer_.stage(static_cast<size_t>(e->numel) * sizeof(float));
+        const ops::Tensor t = grad_stage_.view(DType::F32, static_cast<int64_t>(at / sizeof(float)), {e->numel});
+        ops_->fill(t, 0.0);
+        model_->binding().bind_grad(e->param, grad_stage_.view(DType::F32, static_cast<int64_t>(at / sizeof(float)),
+                                                               model::param_shape(spec.param(e->param))));
+        u.staged.emplace_back(e->param, at);
+      }
+      return false;
+    }
+  }
+  place_grad(u);  // its own memory
+  return true;
+}
+
+// The staged unit's shard has its memory: zeroed, the staged gradients copied into their places, every
+// parameter's gradient bound to the shard.
+void FsdpEngine::finish_staged(Unit& u) {
+  place_grad(u);
+  zero_shard_grad(u);
+  const model::ModelSpec& spec = model_->spec();
+  for (const auto& [param, at] : u.staged) {
+    const auto e =
+        std::find_if(u.layout.entries.begin(), u.layout.entries.end(), [&](const FlatEntry& f) { return f.param == param; });
+    ops_->copy(grad_stage_.view(DType::F32, static_cast<int64_t>(at / sizeof(float)), {e->numel}),
+               grad_tensor(u, e->offset, {e->numel}));
+  }
+  u.staged.clear();
+  u.reduced_this_step = true;
+  if (u.state == UnitState::InBackward) {
+    for (const FlatEntry& e : u.layout.entries)
+      model_->binding().bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))));
+  }
+}
+
+// A micro-batch that is not the step's last, with gradients in activation memory: the next forward would
+// overwrite them, so every shard moves to memory of its own, for the rest of the run.
+void FsdpEngine::leave_activation_memory() {
+  log::warn(
+      "FSDP: gradient accumulation over micro-batches: the gradient shards move out of activation memory "
+      "(fsdp.grads_in_activation_memory applies to one micro-batch per step)");
+  for (auto& u : units_)
+    if (!u->staged.empty()) finish_staged(*u);
+  grad_stage_ = FlatBuffer();  // in stream order: the copies out of it are queued before any later use of its memory
+  wait_reductions();           // reductions on their own streams write the shards
+  for (auto& u : units_) {
+    if (u->grad || u->empty()) continue;
+    const size_t bytes = static_cast<size_t>(u->shard()) * sizeof(float);
+    FlatBuffer own(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::ShardedGrads);
+    if (u->grad_placed) ops_->copy(grad_tensor(*u), own.view(DType::F32, 0, {u->shard()}));
+    u->grad = std::move(own);
+    set_grad_data(*u, static_cast<float*>(u->grad.data()));
+  }
+  grads_in_activations_ = false;
 }
 
 void FsdpEngine::unshard(Unit& u) {
@@ -388,18 +533,19 @@ void FsdpEngine::reshard(Unit& u) {
   move_to(u, UnitState::Sharded);
 }
 
-void FsdpEngine::begin_unit_backward(Unit& u) {
+void FsdpEngine::begin_unit_backward(Unit& u, int module) {
   unshard(u);
   if (u.state == UnitState::InBackward || u.empty()) return;
   move_to(u, UnitState::InBackward);
   const model::ModelSpec& spec = model_->spec();
   if (grads_in_shard_) {  // the shard is the whole flat gradient (S == 1): backward accumulates into it
     if (!u.reduced_this_step) {
+      if (!place_or_stage(u, module)) return;  // this module's gradients wait on the stage
       zero_shard_grad(u);
       u.reduced_this_step = true;
     }
     for (const FlatEntry& e : u.layout.entries) {
-      model_->binding().bind_grad(e.param, u.grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))));
+      model_->binding().bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))));
     }
     return;
   }
@@ -446,7 +592,8 @@ void FsdpEngine::reduce_gradients(Unit& u) {
   }
   // Overlap, first fp32 reduction of the step: the collectives write the gradient shard itself.
   const bool direct = streams_ && collective && rd == DType::F32 && !u.reduced_this_step && !config_.offload_params;
-  const ops::Tensor grad = u.grad.view(DType::F32, 0, {n});
+  place_grad(u);
+  const ops::Tensor grad = grad_tensor(u);
   if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, gradient reduction)", u.spec->index, u.spec->name));
   ops::Tensor shard = full;  // S == 1: the whole buffer is this rank's shard
   int slot = 0;
@@ -500,7 +647,8 @@ void FsdpEngine::reduce_gradients(Unit& u) {
         offload_streams_->reduced.record(last);
         offload_streams_->reduced.wait(down);
       }
-      copy_async(first ? u.grad.data() : host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4, down);
+      copy_async(first ? static_cast<void*>(u.grad_data) : host_stage_.data(), shard_f32.data, static_cast<size_t>(n) * 4,
+                 down);
       if (offload_streams_) {
         if (shard_f32.data == u.full_grad.data()) {
           full_grad_reader = down;  // its next user (compute, through the pool) waits for the copy
@@ -510,8 +658,9 @@ void FsdpEngine::reduce_gradients(Unit& u) {
         }
       }
       if (!first) {
-        host_callback(down, [stage = static_cast<const float*>(host_stage_.data()),
-                             grad = static_cast<float*>(u.grad.data()), n] { host_add(stage, grad, n); });
+        host_callback(down, [stage = static_cast<const float*>(host_stage_.data()), grad = u.grad_data, n] {
+          host_add(stage, grad, n);
+        });
       }
       offload_copies_pending_ = true;
     } else if (!u.reduced_this_step) {
@@ -581,8 +730,11 @@ void FsdpEngine::ensure_forward(int module) {
 void FsdpEngine::ensure_backward(int module) {
   for (int p : model_->spec().module(module).uses) {
     Unit& u = *units_[unit_of_param_[p]];
-    if (u.state == UnitState::InBackward) continue;
-    begin_unit_backward(u);
+    if (u.state == UnitState::InBackward) {
+      if (!u.staged.empty() && place_or_stage(u, module)) finish_staged(u);
+      continue;
+    }
+    begin_unit_backward(u, module);
     for (int v : backward_prefetch_[u.spec->index]) unshard(*units_[v]);
   }
   for (int p : model_->spec().module(module).uses) wait_gathered(*units_[unit_of_param_[p]]);
@@ -613,6 +765,8 @@ void FsdpEngine::after_forward(int module, model::ForwardPhase phase) {
 void FsdpEngine::before_backward(int module) { ensure_backward(module); }
 
 void FsdpEngine::after_backward(int module) {
+  if (grads_in_activations_ && layer_of_module_[static_cast<size_t>(module)] >= 0)
+    placer_.layer_done(layer_of_module_[static_cast<size_t>(module)]);
   const int ui = first_use_unit_[module];
   if (ui < 0) return;
   Unit& u = *units_[ui];
@@ -625,18 +779,30 @@ model::LossResult FsdpEngine::forward_backward(const model::Batch& batch, double
   model_->set_hooks(this);
   model::StepOptions step;
   step.loss_scale = loss_scale;
+  grads_readable_ = false;
+  begin_grad_pass(batch);
   const model::LossResult r = model_->forward_backward(batch, step);
   release_all();
+  if (grads_in_activations_) {
+    for (auto& u : units_)
+      if (!u->staged.empty()) finish_staged(*u);
+    if (!last_micro_batch) leave_activation_memory();
+  }
   if (last_micro_batch) {  // a shard no reduction reached this step (zero_grad did not write it)
     for (auto& u : units_) {
-      if (!u->reduced_this_step) zero_shard_grad(*u);
+      if (!u->reduced_this_step) {
+        place_grad(*u);
+        zero_shard_grad(*u);
+      }
       u->reduced_this_step = true;
     }
+    grads_readable_ = true;
   }
   return r;
 }
 
 model::LossResult FsdpEngine::forward(const model::Batch& batch) {
+  if (grads_in_activations_) grads_readable_ = false;  // the arena they live in is written
   model_->set_hooks(this);
   const model::LossResult r = model_->forward(batch);
   release_all();

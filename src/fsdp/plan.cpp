@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "shardtrain/fsdp/grad_placement.hpp"
 #include "shardtrain/model/activation_plan.hpp"
 
 namespace shardtrain::fsdp {
@@ -23,6 +24,73 @@ ops::CudaScratchBytes op_scratch_bytes(const model::ModelSpec& spec, DType param
   return ops::cuda_scratch_bytes(shape);
 }
 
+GradShardMemory place_grad_shards(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan,
+                                  const model::ActivationPlan& act) {
+  GradShardMemory g;
+  const int S = plan.mesh.shard_size;
+  for (const UnitPlan& u : plan.units) g.own += 4 * u.layout.shard_numel();
+  if (!config.places_grads_in_activations()) return g;
+  // The engine's decisions (engine.cpp: place_or_stage, place_grad, forward_backward's end), replayed in the
+  // hooks' backward order: lm_head, the final norm, the layers last-first (a layer done once its children are),
+  // the embedding. One rank: a unit's shard is needed when its first module runs backward, and that module's
+  // gradients may wait on the stage; several: at the unit's reduction, when its first module's backward ends.
+  const bool in_shard = grads_live_in_shards(config, S, plan.mesh.replicate_size);
+  GradPlacer placer(GradPlacer::stage_capacity(spec));
+  placer.begin_pass(act.freed_in_backward());
+  std::vector<int> unit_of(spec.params().size(), -1);
+  for (size_t i = 0; i < plan.units.size(); ++i)
+    for (int p : plan.units[i].spec.params) unit_of[static_cast<size_t>(p)] = static_cast<int>(i);
+  std::vector<bool> placed(plan.units.size(), false);
+  std::vector<std::vector<int>> staged(plan.units.size());
+  bool stage_used = false;
+  int64_t in_arena = 0;
+  auto place = [&](size_t i) {
+    const auto bytes = static_cast<size_t>(4 * plan.units[i].layout.shard_numel());
+    if (placer.place(bytes)) in_arena += static_cast<int64_t>(bytes);
+    placed[i] = true;
+  };
+  const auto& modules = spec.modules();
+  for (auto m = modules.rbegin(); m != modules.rend(); ++m) {
+    if (m->cls == model::ModuleClass::LlamaDecoderLayer) placer.layer_done(m->layer);
+    if (!in_shard) {
+      for (size_t i = 0; i < plan.units.size(); ++i)
+        if (plan.units[i].spec.first_use == m->index && !placed[i]) place(i);
+      continue;
+    }
+    for (int p : m->uses) {
+      const auto i = static_cast<size_t>(unit_of[static_cast<size_t>(p)]);
+      if (placed[i]) continue;
+      const auto bytes = static_cast<size_t>(4 * plan.units[i].layout.shard_numel());
+      if (placer.place(bytes)) {
+        in_arena += static_cast<int64_t>(bytes);
+        placed[i] = true;
+        continue;
+      }
+      size_t early = 0;
+      std::vector<int> now;
+      for (const FlatEntry& e : plan.units[i].layout.entries) {
+        const bool used = std::find(m->uses.begin(), m->uses.end(), e.param) != m->uses.end();
+        if (!used || std::find(staged[i].begin(), staged[i].end(), e.param) != staged[i].end()) continue;
+        now.push_back(e.param);
+        early += GradPlacer::rounded(static_cast<size_t>(e.numel) * 4);
+      }
+      if (m->cls == model::ModuleClass::RMSNorm && early <= placer.stage_capacity() - placer.stage_used()) {
+        placer.stage(early);
+        staged[i].insert(staged[i].end(), now.begin(), now.end());
+        stage_used = true;
+      } else {
+        placed[i] = true;  // its own memory
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.units.size(); ++i)
+    if (!placed[i]) place(i);
+  g.in_activations = in_arena;
+  g.own -= in_arena;
+  if (stage_used) g.stage = static_cast<int64_t>(placer.stage_capacity());
+  return g;
+}
+
 MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan,
                                int64_t micro_batch, int64_t seq) {
   MemoryEstimate m;
@@ -31,7 +99,9 @@ MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& c
       config.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None);
   m.activations = static_cast<double>(act.bytes());
   m.op_scratch = static_cast<double>(op_scratch_bytes(spec, config.param_dtype, micro_batch, seq).total());
-  m.state = static_cast<double>(plan.sharded_state_bytes);
+  const GradShardMemory g = place_grad_shards(spec, config, plan, act);
+  m.grads_in_activations = static_cast<double>(g.in_activations);
+  m.state = static_cast<double>(plan.sharded_state_bytes - g.in_activations + g.stage);
   m.buffers = static_cast<double>(plan.unsharded_param_bytes + plan.unsharded_grad_bytes + plan.comm_scratch_bytes);
   if (config.offload_params) {
     m.buffers += static_cast<double>(plan.offload_upload_bytes);

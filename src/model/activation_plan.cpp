@@ -24,11 +24,23 @@ ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq,
   this->layers.resize(layers);
   add("segments", &segments, DType::I32, {batch, seq});
   add("positions", &positions, DType::I32, {batch, seq});
-  for (size_t l = 0; l <= layers; ++l) add(fmt::format("hidden[{}]", l), &hidden[l], dtype, {n, d});
+  for (size_t l = 0; l <= layers; ++l) {
+    // hidden[l + 1] is layer l's output: read by layer l + 1's backward, rewritten by layer l's recompute under
+    // checkpointing; either way dead once layer l's backward is done. hidden[0], the embedding's output: layer 0's.
+    if (layers > 0) freed_.push_back({static_cast<int>(l == 0 ? 0 : l - 1), bytes_, 0});
+    add(fmt::format("hidden[{}]", l), &hidden[l], dtype, {n, d});
+    if (layers > 0) freed_.back().bytes = bytes_ - freed_.back().offset;
+  }
   if (checkpointing == Checkpointing::PerLayer) {
+    const size_t begin = bytes_;
     add_layer("recompute.", shared_, dtype, stats);
+    freed_.push_back({0, begin, bytes_ - begin});
   } else {
-    for (size_t l = 0; l < layers; ++l) add_layer(fmt::format("layers[{}].", l), this->layers[l], dtype, stats);
+    for (size_t l = 0; l < layers; ++l) {
+      const size_t begin = bytes_;
+      add_layer(fmt::format("layers[{}].", l), this->layers[l], dtype, stats);
+      freed_.push_back({static_cast<int>(l), begin, bytes_ - begin});
+    }
   }
   add("final_norm", &final_norm, dtype, {n, d});
   add("final_rstd", &final_rstd, stats, {n});

@@ -60,6 +60,11 @@ const ActivationPlan& LlamaModel::prepare(int64_t batch, int64_t seq) {
   return *plan_;
 }
 
+void* LlamaModel::arena_base() const {
+  if (!plan_) return nullptr;
+  return ops_->device() == DeviceKind::Cuda ? device_arena_.data() : arena_.data();
+}
+
 LossResult LlamaModel::forward_backward(const Batch& batch, const StepOptions& step) {
   return run(batch, step, Mode::ForwardBackward);
 }

@@ -176,40 +176,56 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
     }
     states_.push_back(std::move(s));
   }
-  // The segment table: every non-empty range of every shard, in order, with its prefix sums.
-  segment_offsets_.push_back(0);
+  build_segments();
+  if (ledger_) ledger_->add(MemoryCategory::OptimizerStates, state_bytes_);
+}
+
+// The segment table: every non-empty range of every shard, in order, with its prefix sums; on a GPU, the chunk
+// table made of it. A shard whose gradient has no memory yet (null) gets null gradient pointers, rebound before
+// any update reads them (bind_shards).
+void AdamW::build_segments() {
+  segments_.clear();
+  segment_offsets_.assign(1, 0);
+  shard_segments_.clear();
   for (const State& s : states_) {
     shard_segments_.push_back(segments_.size());
     for (const DecayRange& r : s.ranges) {
       if (r.end == r.begin) continue;
-      segments_.push_back(
-          {s.param + r.begin, s.grad + r.begin, s.exp_avg + r.begin, s.exp_avg_sq + r.begin, r.end - r.begin, r.decay});
+      segments_.push_back({s.param + r.begin, s.grad ? s.grad + r.begin : nullptr, s.exp_avg + r.begin,
+                           s.exp_avg_sq + r.begin, r.end - r.begin, r.decay});
       segment_offsets_.push_back(segment_offsets_.back() + (r.end - r.begin));
     }
   }
   shard_segments_.push_back(segments_.size());
   if (device_ == DeviceKind::Cuda && !timing::current()) upload_chunk_table();
-  if (ledger_) ledger_->add(MemoryCategory::OptimizerStates, state_bytes_);
 }
 
-void AdamW::check_shards(const std::vector<fsdp::ShardView>& shards) const {
+void AdamW::bind_shards(const std::vector<fsdp::ShardView>& shards) {
   if (shards.size() != states_.size()) {
     throw InternalError(
         fmt::format("AdamW::step: {} shards given, the optimizer was built for {}", shards.size(), states_.size()));
   }
+  bool moved = false;
   for (size_t i = 0; i < shards.size(); ++i) {
     const State& s = states_[i];
-    if (shards[i].param != s.param || shards[i].grad != s.grad || shards[i].numel != s.numel) {
-      throw InternalError(
-          fmt::format("AdamW::step: shard {} is not the one the optimizer was built for (its buffers or "
-                      "size changed)",
-                      i));
+    if (shards[i].param != s.param || shards[i].numel != s.numel) {
+      throw InternalError(fmt::format(
+          "AdamW::step: shard {} is not the one the optimizer was built for (its parameters or size changed)", i));
     }
+    if (shards[i].numel > 0 && shards[i].grad == nullptr)
+      throw InternalError(fmt::format("AdamW::step: shard {} has no gradient (no backward placed it)", i));
+    moved = moved || shards[i].grad != s.grad;
   }
+  if (!moved) return;
+  // The engine placed gradient shards elsewhere (in activation memory, fsdp/grad_placement.hpp): the tables
+  // follow, after any update still reading the old ones.
+  wait();
+  for (size_t i = 0; i < shards.size(); ++i) states_[i].grad = shards[i].grad;
+  build_segments();
 }
 
 void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream) {
-  check_shards(shards);
+  bind_shards(shards);
   wait();
   ++steps_;
   if (device_ == DeviceKind::Cuda && timing::current()) {
@@ -222,7 +238,7 @@ void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double g
 }
 
 void AdamW::step_async(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale) {
-  check_shards(shards);
+  bind_shards(shards);
   if (device_ == DeviceKind::Cuda) throw InternalError("AdamW::step_async: the shards are on the device (use step)");
   wait();
   ++steps_;

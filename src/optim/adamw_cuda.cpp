@@ -25,9 +25,10 @@ void AdamW::allocate_device_state(State& s) {
 }
 
 // Cuts every segment into chunks of at most kAdamWChunkElements (the last of a segment may be shorter) and
-// uploads the table once. Ends with a device synchronization, so kernels on any stream (non-blocking ones
+// uploads the table (again when gradients moved: AdamW::bind_shards). Ends with a device synchronization, so kernels on any stream (non-blocking ones
 // do not wait for the legacy stream the memsets and the copy ran on) see zeroed states and the table.
 void AdamW::upload_chunk_table() {
+  ST_CHECK_CUDA(cudaDeviceSynchronize());  // a rebuilt table (moved gradients): no update still reads the old one
   std::vector<kernels::AdamWChunk> chunks;
   for (const Segment& g : segments_)
     kernels::append_adamw_chunks(chunks, g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.n, g.decay);

@@ -187,6 +187,8 @@ std::vector<ConfigField> build_fields() {
            [](fsdp::GradAccumulation g) { return fsdp::grad_accumulation_name(g); });
   t.boolean("activation_checkpointing", "recompute each decoder layer in backward",
             [](auto& c) -> auto& { return c.fsdp.engine.activation_checkpointing; });
+  t.boolean("grads_in_activation_memory", "gradient shards in activation memory backward is done with (one micro-batch per step)",
+            [](auto& c) -> auto& { return c.fsdp.engine.grads_in_activation_memory; });
   t.boolean("sync_module_states", "broadcast replica 0's shards after init", [](auto& c) -> auto& { return c.fsdp.engine.sync_module_states; });
   t.integer("num_processes", "expected MPI world size (0 = any)", [](auto& c) -> auto& { return c.fsdp.num_processes; });
   t.integer("num_machines", "expected node count (0 = any)", [](auto& c) -> auto& { return c.fsdp.num_machines; });

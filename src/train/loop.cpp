@@ -252,6 +252,10 @@ optim::AdamW::AsyncTimes Trainer::update(const StepResult& r) {
     state_.consecutive_nonfinite = 0;
     remember_loss(loss);
     const double clip = optim::clip_coefficient(norm, config_.optim.max_grad_norm);
+    // With gradients in activation memory (fsdp.grads_in_activation_memory) nothing may run a forward between
+    // the step's backward and this update.
+    if (!engine_->gradients_readable())
+      throw InternalError("the gradient shards were overwritten before the update (a forward ran after the backward)");
     if (async_update_) {
       adamw_->step_async(engine_->shards(), lr, clip);  // still running when the step returns (trainer.hpp)
     } else {

@@ -99,7 +99,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   ops->defer_loss(true);
   model::LlamaModel model(config.model, *ops, model_options(config));
   MemoryLedger ledger;
-  fsdp::FsdpEngine engine(model, mesh, comms, *ops, config.fsdp.engine, ledger);
+  fsdp::FsdpEngine engine(model, mesh, comms, *ops, engine_config(config, world), ledger);
   UnitLabels labels(t, engine.units());
   engine.set_schedule_observer(&labels);
   optim::AdamW adamw(engine, config.optim.adamw, &ledger);

@@ -18,6 +18,12 @@ model::ModelOptions model_options(const TrainConfig& config) {
   return o;
 }
 
+fsdp::FsdpConfig engine_config(const TrainConfig& config, int world_size) {
+  fsdp::FsdpConfig f = config.fsdp.engine;
+  if (config.accumulation_steps_for(world_size) != 1) f.grads_in_activation_memory = false;
+  return f;
+}
+
 Replica::Replica(const Runtime& runtime, const TrainConfig& config, std::unique_ptr<ops::Ops> ops)
     : runtime_(&runtime), document_ids_(config.data.layout == data::BatchLayout::Packed && config.data.document_mask) {
   const bool on_gpu = runtime.device().is_cuda();
@@ -31,7 +37,8 @@ Replica::Replica(const Runtime& runtime, const TrainConfig& config, std::unique_
   watchdog_ = std::make_unique<CollectiveWatchdog>(std::chrono::duration<double>(config.fsdp.collective_timeout));
   comms_->set_watchdog(watchdog_.get());
   model_ = std::make_unique<model::LlamaModel>(config.model, *ops_, model_options(config));
-  engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_, config.fsdp.engine, ledger_);
+  engine_ = std::make_unique<fsdp::FsdpEngine>(*model_, *mesh_, *comms_, *ops_,
+                                               engine_config(config, runtime.topology().world_size), ledger_);
   engine_->set_watchdog(watchdog_.get());
   engine_->initialize(config.model.init_seed);  // and sync_module_states when the config asks for it
 }

@@ -79,6 +79,33 @@ check(j.get("inputs", {}).get("model", {}).get("hidden_size") == 192, "hidden_si
 check(j.get("inputs", {}).get("micro_batch") == 2 and j.get("config", {}).get("accumulation_steps") == 2,
       f"--micro-batch 2 wins: 16 / (2 x 4) = 2 accumulation steps: {j.get('inputs')} {j.get('config')}")
 check(0 < j.get("params", 0) < from_config.get("params", 0), "two layers hold fewer parameters than four")
+check(j.get("memory_per_rank_bytes", {}).get("grads_in_activation_memory") == 0,
+      "two accumulation steps: no gradient shard in activation memory (the next forward would overwrite it)")
+
+# Gradient shards in activation memory (docs/fsdp.md, "Gradient memory"): Llama 3 8B's layer shape on one GPU puts
+# every unit's shard there but the lm_head's (written while every activation is alive) and the last layer's
+# (written before any layer's backward is done); the device figure drops by as much.
+j8 = plan_json("--config", "configs/llama-8b-layers.toml")
+shards = {("root" if u["root"] else u["name"]): u["shard_numel"] for u in j8.get("units", [])}
+expected = 4 * sum(n for name, n in shards.items() if name not in ("root", "model.layers.7"))
+placed = j8.get("memory_per_rank_bytes", {}).get("grads_in_activation_memory")
+check(len(shards) == 10 and placed == expected, f"8B layers: {placed} bytes of gradient shards in activation memory, expected {expected}")
+with open(os.path.join(args.source, "configs/llama-8b-layers.toml")) as f:
+    own_text = f.read().replace("[fsdp]\n", "[fsdp]\ngrads_in_activation_memory = false\n", 1)
+own_config = os.path.join(work, "8b-layers-own-grads.toml")
+with open(own_config, "w") as f:
+    f.write(own_text)
+own = plan_json("--config", own_config)
+device = by_strategy(j8).get("FULL_SHARD", {}).get("device_bytes", 0)
+device_own = by_strategy(own).get("FULL_SHARD", {}).get("device_bytes", 0)
+# Less the stage that holds the final norm's gradient until the embedding's backward: room for every RMSNorm weight
+# (2 per layer and the final one, 4096 floats each).
+stage = (2 * 8 + 1) * 4096 * 4
+check(own.get("memory_per_rank_bytes", {}).get("grads_in_activation_memory") == 0 and device_own - device == expected - stage,
+      f"fsdp.grads_in_activation_memory = false: the device figure {device_own} is {expected} - {stage} above {device}")
+rc, text8, err8 = plan("--config", "configs/llama-8b-layers.toml")
+check(rc == 0 and "gradient shards: 7.645 GiB of the 10.414 GiB in activation memory" in text8,
+      f"the text output says how much: {text8[-1500:]} {err8}")
 
 # --gpu-memory: the parsed size, and the fits column on a size between NO_SHARD's need in GB and in GiB.
 for text, expected in [("80GiB", 80 * GIB), ("80", 80 * GIB), ("80GB", 80 * 10**9), ("80gb", 80 * 10**9), ("0.5GiB", GIB // 2)]:

@@ -70,7 +70,9 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   const model::LlamaConfig config = o.model;
   model::LlamaModel model(config, *ops, mopts);
   MemoryLedger ledger;
-  fsdp::FsdpEngine engine(model, mesh, comms, *ops, o.fsdp, ledger);
+  fsdp::FsdpConfig fsdp_config = o.fsdp;
+  if (o.micro_batches > 1 && !o.grads_in_activations_with_accumulation) fsdp_config.grads_in_activation_memory = false;
+  fsdp::FsdpEngine engine(model, mesh, comms, *ops, fsdp_config, ledger);
   engine.initialize(config.init_seed);
   optim::AdamWConfig acfg;
   acfg.lr = o.lr;
@@ -164,6 +166,16 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
   out.sharded_param_bytes = ledger.current(MemoryCategory::ShardedParams);
   out.unsharded_param_peak = ledger.peak(MemoryCategory::UnshardedParams);
   out.unsharded_grad_peak = ledger.peak(MemoryCategory::UnshardedGrads);
+  out.sharded_grad_bytes = ledger.current(MemoryCategory::ShardedGrads);
+  out.grads_in_activations = engine.grads_in_activations();
+  {
+    const auto* base = static_cast<const char*>(model.arena_base());
+    const size_t bytes = model.prepare(rows_per_micro, o.seq).bytes();
+    for (const fsdp::ShardView& v : engine.shards()) {
+      const auto* g = reinterpret_cast<const char*>(v.grad);
+      out.grads_in_arena += v.numel > 0 && base && g >= base && g < base + bytes;
+    }
+  }
   out.max_outstanding = engine.stats().max_outstanding;
   out.forward_on_demand = engine.stats().forward_on_demand;
   return out;

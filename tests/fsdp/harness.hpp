@@ -34,6 +34,9 @@ struct RunOptions {
   std::function<void(int)> after_micro_batch;
   bool gather_params =
       true;  // fill RunResult::params and layouts at the end (collectives over every unit)  // after each forward_backward, with the micro-batch's index
+  // fsdp.grads_in_activation_memory applies, as train::engine_config has it, to one micro-batch per step; true:
+  // left on with several (the engine moves the shards out at the first micro-batch that is not a step's last).
+  bool grads_in_activations_with_accumulation = false;
 };
 
 struct RunResult {
@@ -46,6 +49,9 @@ struct RunResult {
   int64_t unsharded_param_peak = 0;  // ledger, this rank
   int64_t comm_buffer_peak = 0;      // ledger, this rank, during training: staging, uploads
   int64_t unsharded_grad_peak = 0;   // ledger, this rank
+  int64_t sharded_grad_bytes = 0;    // ledger, this rank, at the end: gradient shards in memory of their own
+  int grads_in_arena = 0;            // units whose gradient shard is in the model's activation arena at the end
+  bool grads_in_activations = false;  // the engine's FsdpEngine::grads_in_activations() at the end
   int max_outstanding = 0;           // non-root units gathered at once
   int forward_on_demand = 0;         // units not prefetched when their forward began
   std::vector<fsdp::FlatLayout> layouts;

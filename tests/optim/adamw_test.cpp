@@ -322,6 +322,32 @@ TEST(AdamWHost, RefusesShardsItWasNotBuiltFor) {
   EXPECT_THROW(optim::AdamW(bad, spec, exempt_config(), nullptr), InternalError);
 }
 
+// The FSDP engine's gradient shards in activation memory have no memory before the first backward and may move
+// between steps (fsdp/grad_placement.hpp): the optimizer follows them, with the bits of one that never moved.
+TEST(AdamWHost, FollowsGradientsThatMove) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards ref = make_host_shards(spec, specs, 4, kPad), got = make_host_shards(spec, specs, 4, kPad);
+  HostShards elsewhere = make_host_shards(spec, specs, 4, kPad);  // a second home for got's gradients
+  optim::AdamW fixed(ref.views, spec, exempt_config(), nullptr);
+  std::vector<fsdp::ShardView> views = got.views;
+  for (fsdp::ShardView& v : views) v.grad = nullptr;  // before any backward
+  optim::AdamW moving(views, spec, exempt_config(), nullptr);
+  EXPECT_THROW(moving.step(views, 1e-3, 1.0), InternalError);  // a shard with elements and no gradient
+  EXPECT_EQ(moving.steps(), 0);
+  for (int step = 0; step < 4; ++step) {
+    std::vector<std::vector<float>>& home = step % 2 ? elsewhere.grad : got.grad;
+    fill_grads(ref.grad, specs, step);
+    fill_grads(home, specs, step);
+    for (size_t i = 0; i < views.size(); ++i) views[i].grad = home[i].data();
+    fixed.step(ref.views, lr_at(step), scale_at(step));
+    moving.step(views, lr_at(step), scale_at(step));
+    for (size_t i = 0; i < specs.size(); ++i)
+      ASSERT_TRUE(same_bits(got.param[i], ref.param[i])) << "step " << step << ", shard " << i;
+  }
+  EXPECT_EQ(moving.steps(), 4);
+}
+
 TEST(AdamWHost, LedgerCountsBothStates) {
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();

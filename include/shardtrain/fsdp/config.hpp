@@ -42,7 +42,12 @@ struct FsdpConfig {
   ReduceSchedule reduce_schedule = ReduceSchedule::Async;
   bool activation_checkpointing = false;  // per decoder layer
   bool sync_module_states = false;        // broadcast replica 0's shards after init/load
+  // Gradient shards in the activation memory backward is done with (fsdp/grad_placement.hpp), where they fit: for
+  // one micro-batch per step (train::engine_config turns it off for more; an engine that meets a micro-batch that
+  // is not a step's last moves them out), not with offload_params.
+  bool grads_in_activation_memory = true;
 
+  bool places_grads_in_activations() const { return grads_in_activation_memory && !offload_params; }
   bool reshards_after_forward() const { return reshard_after_forward.value_or(strategy_reshards_after_forward(strategy)); }
   void validate() const;  // throws ConfigError naming the field
 };

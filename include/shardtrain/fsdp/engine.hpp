@@ -17,6 +17,7 @@
 #include "shardtrain/comm/watchdog.hpp"
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/fsdp/flat_storage.hpp"
+#include "shardtrain/fsdp/grad_placement.hpp"
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/ops/ops.hpp"
 #include "shardtrain/runtime/memory_ledger.hpp"
@@ -101,7 +102,17 @@ class FsdpEngine final : public model::ModuleHooks {
   // The gradient shards count as zero from here; nothing is written (engine.cpp, zero_grad).
   void zero_grad();
 
+  // With grads in activation memory (FsdpConfig::grads_in_activation_memory) a shard's `grad` points into the
+  // model's activation arena, found anew by each forward_backward (the optimizer rebinds when it moved), and is
+  // null before the first.
   const std::vector<ShardView>& shards() const { return shard_views_; }
+  // Whether the gradient shards hold the last step's gradients: after forward_backward's last micro-batch and
+  // until the next pass, or, with grads in activation memory, until any forward (an evaluation's included)
+  // writes the memory they are in. The trainer checks it before the gradient norm and the update.
+  bool gradients_readable() const { return grads_readable_; }
+  // Whether gradient shards are being placed in activation memory (it ends at a micro-batch that is not a step's
+  // last: gradient accumulation needs them kept across forwards).
+  bool grads_in_activations() const { return grads_in_activations_; }
   const std::vector<UnitSpec>& units() const { return unit_specs_; }
   const FlatLayout& layout(int unit) const;
   const FsdpConfig& config() const { return config_; }
@@ -147,7 +158,15 @@ class FsdpEngine final : public model::ModuleHooks {
   void wait_reductions();
   void reshard(Unit& u);
   void move_to(Unit& u, UnitState to);  // check_unit_transition, then the new state
-  void begin_unit_backward(Unit& u);
+  void begin_unit_backward(Unit& u, int module);
+  ops::Tensor grad_tensor(const Unit& u) const;  // the whole shard
+  ops::Tensor grad_tensor(const Unit& u, int64_t offset, ops::Shape shape) const;
+  void begin_grad_pass(const model::Batch& batch);
+  void set_grad_data(Unit& u, float* data);
+  void place_grad(Unit& u);
+  bool place_or_stage(Unit& u, int module);
+  void finish_staged(Unit& u);
+  void leave_activation_memory();
   void reduce_gradients(Unit& u);
   void ensure_forward(int module);
   void ensure_backward(int module);
@@ -191,6 +210,15 @@ class FsdpEngine final : public model::ModuleHooks {
   // grads_live_in_shards (plan.hpp): backward accumulates into the gradient shards themselves, with no full
   // gradient buffer and no reduction (one rank: a 1 x 1 mesh).
   bool grads_in_shard_ = false;
+  // Gradient shards in activation memory that backward is done with (grad_placement.hpp): the config's choice
+  // until a micro-batch that is not a step's last. The placer decides per pass; arena_base_ is the model's
+  // arena for the pass; the stage holds early gradients (the final norm's) until their shard has a place.
+  bool grads_in_activations_ = false;
+  bool grads_readable_ = true;
+  GradPlacer placer_;
+  char* arena_base_ = nullptr;
+  FlatBuffer grad_stage_;
+  std::vector<int> layer_of_module_;     // per module: its decoder layer when it is a LlamaDecoderLayer, else -1
   bool offload_copies_pending_ = false;  // reduced gradients on their way down to offloaded shards
   CollectiveWatchdog* watchdog_ = nullptr;
   const PendingShardWrites* pending_writes_ = nullptr;

@@ -8,6 +8,7 @@
 
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/fsdp/units.hpp"
+#include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
 
@@ -57,13 +58,22 @@ FsdpPlan plan_fsdp(const model::ModelSpec& spec, const FsdpConfig& config, int w
 // (config.activation_checkpointing), and the backend's op scratch (the fused loss's chunk, kernel and
 // cuBLASLt workspaces). What `shardtrain plan` and `shardtrain check --gpu-memory` hold against a GPU.
 struct MemoryEstimate {
-  double state = 0;    // fp32 param, grad, exp_avg, exp_avg_sq shards
+  double state = 0;                 // fp32 param, grad, exp_avg, exp_avg_sq shards (less the grads in activation memory)
+  double grads_in_activations = 0;  // gradient shards placed in activation memory backward is done with
   double buffers = 0;  // gathered parameters, full gradients, communication scratch, offload uploads
   double activations = 0;
   double op_scratch = 0;
   double device = 0;  // the total on the GPU
   double host = 0;    // with offload_params: the state and the pinned stage
 };
+// Where the gradient shards go (config.grads_in_activation_memory, fsdp/grad_placement.hpp), as the engine
+// decides it for micro-batches of the activation plan's shape: memory of their own, the activation memory that
+// backward is done with, and the stage for early gradients (whole when used). Without the option: all their own.
+struct GradShardMemory {
+  int64_t own = 0, in_activations = 0, stage = 0;
+};
+GradShardMemory place_grad_shards(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan,
+                                  const model::ActivationPlan& act);
 MemoryEstimate estimate_memory(const model::ModelSpec& spec, const FsdpConfig& config, const FsdpPlan& plan,
                                int64_t micro_batch, int64_t seq);
 // The op scratch part of it, item by item.

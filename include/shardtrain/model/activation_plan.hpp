@@ -15,6 +15,13 @@ namespace shardtrain::model {
 
 enum class Checkpointing { None, PerLayer };
 
+// Activation memory that backward is done with: from the end of decoder layer `layer`'s backward (its
+// after_backward hook) until the next forward writes it again. Bytes from the arena's start.
+struct FreedInBackward {
+  int layer = 0;
+  size_t offset = 0, bytes = 0;
+};
+
 // What a decoder layer saves for its backward.
 struct LayerActivations {
   ops::Tensor n1, rstd1;     // input_layernorm output (N, D) and 1/rms (N)
@@ -53,6 +60,10 @@ class ActivationPlan {
   // Points every view into base (bytes() long, kAlignment-aligned) in the memory of `device`.
   void place(void* base, DeviceKind device = DeviceKind::Cpu);
   std::string describe() const;  // one line per buffer: name, dtype, shape, bytes
+  // The layers' inputs and outputs (hidden[l + 1] once layer l's backward is done, hidden[0] with layer 0's); and
+  // without checkpointing each layer's saved tensors (one span per layer, adjacent in layer order), with per-layer
+  // checkpointing the one recomputed set, free once layer 0's backward is done.
+  const std::vector<FreedInBackward>& freed_in_backward() const { return freed_; }
 
   std::vector<ops::Tensor> hidden;  // (N, D) x L+1: hidden[l] is layer l's input, hidden[L] the last output
   std::vector<LayerActivations> layers;
@@ -78,6 +89,7 @@ class ActivationPlan {
   LayerActivations shared_;
   std::vector<Entry> entries_;
   std::vector<Entry> shared_views_;  // offset: that of the entry they share
+  std::vector<FreedInBackward> freed_;
   size_t bytes_ = 0;
 };
 

@@ -85,6 +85,9 @@ class LlamaModel {
   void last_logits(const ops::Tensor& input_ids, const ops::Tensor& logits);
   // Activation buffers for this shape: planned and allocated on first use, reused while the shape repeats.
   const ActivationPlan& prepare(int64_t batch, int64_t seq);
+  // Where the current plan's arena starts (null before the first prepare): ActivationPlan::freed_in_backward's
+  // offsets are from here. The FSDP engine keeps gradient shards there once backward is done with them.
+  void* arena_base() const;
   // How layer `layer` ran its q/k/v and gate/up projections last (fused or not: ProjectionFusion).
   const LayerProjections& projections(int layer) const { return projections_.at(static_cast<size_t>(layer)); }
 

@@ -68,7 +68,7 @@ class AdamW final : public fsdp::PendingShardWrites {
 
   // One update at learning rate `lr` of every shard; grads are multiplied by grad_scale first
   // (clipping). Increments the step count used by bias correction. `shards` must be the views the
-  // optimizer was built for. Device shards: asynchronous on `stream`, no synchronization; host shards
+  // optimizer was built for; their gradients may have moved since (the engine's grads in activation memory). Device shards: asynchronous on `stream`, no synchronization; host shards
   // ignore it.
   void step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream = {});
   // Host shards: the same update with the same bits, run on a worker thread of the optimizer's shard by
@@ -119,7 +119,7 @@ class AdamW final : public fsdp::PendingShardWrites {
     std::vector<DecayRange> ranges;                  // the parameter parts of the shard (padding excluded)
     int64_t numel = 0;
     float* param = nullptr;  // the shard's buffers at construction, checked at every step
-    const float* grad = nullptr;
+    const float* grad = nullptr;  // where the gradient was at the last step (it may move: bind_shards)
     float* exp_avg = nullptr;  // whichever of the two buffers holds it
     float* exp_avg_sq = nullptr;
     float* state(OptimState which) const { return which == OptimState::ExpAvg ? exp_avg : exp_avg_sq; }
@@ -134,7 +134,9 @@ class AdamW final : public fsdp::PendingShardWrites {
     bool decay = true;
   };
   void init(const std::vector<fsdp::ShardView>& shards, const model::ModelSpec& spec);
-  void check_shards(const std::vector<fsdp::ShardView>& shards) const;
+  // Throws unless `shards` are the ones the optimizer was built for; follows their gradients where they moved.
+  void bind_shards(const std::vector<fsdp::ShardView>& shards);
+  void build_segments();
   // Shard i's state, after checking that a copy of `elements` floats fits it exactly (what: the caller).
   const State& state_for_copy(size_t i, size_t elements, const char* what) const;
   // Segments [first, end) (segments_ indices) at one step's scalars, split evenly over the threads.

@@ -24,6 +24,9 @@ namespace shardtrain::train {
 // The model's options a training config asks for (activation dtype, checkpointing): the replica's, and the
 // step-time prediction's (predict.hpp).
 model::ModelOptions model_options(const TrainConfig& config);
+// The engine's options for a world of `world_size` ranks: config.fsdp.engine, with the gradient shards kept out
+// of activation memory when a step has more than one micro-batch (the next forward would overwrite them).
+fsdp::FsdpConfig engine_config(const TrainConfig& config, int world_size);
 
 class Replica {
  public:
