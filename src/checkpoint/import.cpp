@@ -40,6 +40,7 @@ void import_weights(fsdp::FsdpEngine& engine, TensorSource& source, ImportMode m
     return MpiComm(c);
   }();
   const bool leader = node.rank() == 0;
+  engine.release_gathered();  // units gathered ahead of the next step hold the master shards about to be replaced
   for (size_t i = 0; i < engine.shards().size(); ++i) {
     const fsdp::ShardView& v = engine.shards()[i];
     std::vector<float> shard(static_cast<size_t>(v.numel), 0.0f);

@@ -20,6 +20,7 @@ LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, CheckpointReader&
   check_same_model(reader.model_config(), engine.model_spec().config(), dir);
   const model::ModelSpec& spec = engine.model_spec();
   const bool with_optimizer = adamw != nullptr && reader.has_optimizer();
+  engine.release_gathered();  // units gathered ahead of the next step hold the master shards about to be replaced
   for (size_t i = 0; i < engine.shards().size(); ++i) {
     const fsdp::ShardView& v = engine.shards()[i];
     std::vector<float> host(static_cast<size_t>(v.numel), 0.0f);  // padding stays zero

@@ -246,6 +246,7 @@ FsdpEngine::~FsdpEngine() {
 const FlatLayout& FsdpEngine::layout(int unit) const { return units_.at(static_cast<size_t>(unit))->layout; }
 
 void FsdpEngine::initialize(uint64_t seed) {
+  release_all();  // nothing gathered may hold the old master shards
   const model::ModelSpec& spec = model_->spec();
   for (size_t i = 0; i < units_.size(); ++i) {
     Unit& u = *units_[i];
@@ -263,6 +264,7 @@ void FsdpEngine::initialize(uint64_t seed) {
 
 void FsdpEngine::sync_module_states() {
   if (mesh_->replicate_size() == 1) return;
+  release_all();  // nothing gathered may hold the old master shards
   Communicator& rep = comms_->replicate();
   const bool comm_on_device = rep.space() == MemorySpace::Device;
   for (auto& u : units_) {
@@ -831,6 +833,23 @@ void FsdpEngine::release_all() {
     }
     offload_copies_pending_ = false;
   }
+}
+
+std::vector<int> FsdpEngine::first_forward_units() const {
+  int first = -1;
+  for (const auto& u : units_)
+    if (!u->empty() && (first < 0 || u->spec->first_use < unit_specs_[static_cast<size_t>(first)].first_use))
+      first = u->spec->index;
+  std::vector<int> out;
+  if (first < 0) return out;
+  out.push_back(first);
+  for (int v : forward_prefetch_[static_cast<size_t>(first)])
+    if (!units_[static_cast<size_t>(v)]->empty()) out.push_back(v);
+  return out;
+}
+
+void FsdpEngine::gather_ahead() {
+  for (int v : first_forward_units()) unshard(*units_[static_cast<size_t>(v)]);
 }
 
 std::vector<float> FsdpEngine::gather_unit(int unit) {

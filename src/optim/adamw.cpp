@@ -228,12 +228,43 @@ void AdamW::step(const std::vector<fsdp::ShardView>& shards, double lr, double g
   bind_shards(shards);
   wait();
   ++steps_;
+  update_shards(0, states_.size(), lr, grad_scale, stream);
+}
+
+void AdamW::step_split(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream,
+                       const std::vector<int>& first, const std::function<void()>& between) {
+  bind_shards(shards);
+  wait();
+  ++steps_;
+  std::vector<bool> early(states_.size(), false);
+  for (int i : first) early.at(static_cast<size_t>(i)) = true;
+  // Each run of consecutive shards on one side is one update (one launch on a device).
+  auto update = [&](bool side) {
+    for (size_t a = 0; a < states_.size();) {
+      if (early[a] != side) {
+        ++a;
+        continue;
+      }
+      size_t b = a;
+      while (b < states_.size() && early[b] == side) ++b;
+      update_shards(a, b, lr, grad_scale, stream);
+      a = b;
+    }
+  };
+  update(true);
+  if (between) between();
+  update(false);
+}
+
+void AdamW::update_shards(size_t first, size_t end, double lr, double grad_scale, StreamRef stream) {
+  const size_t s0 = shard_segments_[first], s1 = shard_segments_[end];
+  if (s0 == s1) return;
   if (device_ == DeviceKind::Cuda && timing::current()) {
-    step_timed(*timing::current(), stream);
+    step_timed(*timing::current(), stream, segment_offsets_[s1] - segment_offsets_[s0]);
   } else if (device_ == DeviceKind::Cuda) {
-    step_device(lr, grad_scale, stream);
+    step_device(lr, grad_scale, stream, segment_chunks_[s0], segment_chunks_[s1] - segment_chunks_[s0]);
   } else {
-    update_segments(detail::step_scalars(config_, steps_, lr, grad_scale), 0, segments_.size());
+    update_segments(detail::step_scalars(config_, steps_, lr, grad_scale), s0, s1);
   }
 }
 
@@ -450,9 +481,9 @@ void AdamW::allocate_timed_state(State& s) {
   s.exp_avg_sq = static_cast<float*>(s.device_exp_avg_sq.data());
 }
 
-void AdamW::step_timed(timing::TimingDevice& t, StreamRef stream) const {
-  const double elements = static_cast<double>(segment_offsets_.back());
-  t.enqueue(stream, timing::WorkKind::Compute, t.memory_bound_seconds(28.0 * elements), t.costs().launch_s, "adamw");
+void AdamW::step_timed(timing::TimingDevice& t, StreamRef stream, int64_t elements) const {
+  t.enqueue(stream, timing::WorkKind::Compute, t.memory_bound_seconds(28.0 * static_cast<double>(elements)),
+            t.costs().launch_s, "adamw");
 }
 
 void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream) {

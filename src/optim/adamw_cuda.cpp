@@ -30,9 +30,11 @@ void AdamW::allocate_device_state(State& s) {
 void AdamW::upload_chunk_table() {
   ST_CHECK_CUDA(cudaDeviceSynchronize());  // a rebuilt table (moved gradients): no update still reads the old one
   std::vector<kernels::AdamWChunk> chunks;
-  for (const Segment& g : segments_)
+  segment_chunks_.assign(1, 0);
+  for (const Segment& g : segments_) {
     kernels::append_adamw_chunks(chunks, g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.n, g.decay);
-  num_chunks_ = static_cast<int64_t>(chunks.size());
+    segment_chunks_.push_back(static_cast<int64_t>(chunks.size()));
+  }
   if (!chunks.empty()) {
     chunk_table_ = DeviceBuffer(chunks.size() * sizeof(kernels::AdamWChunk));
     ST_CHECK_CUDA(cudaMemcpy(chunk_table_.data(), chunks.data(), chunk_table_.size(), cudaMemcpyHostToDevice));
@@ -40,7 +42,7 @@ void AdamW::upload_chunk_table() {
   ST_CHECK_CUDA(cudaDeviceSynchronize());
 }
 
-void AdamW::step_device(double lr, double grad_scale, StreamRef stream) {
+void AdamW::step_device(double lr, double grad_scale, StreamRef stream, int64_t first_chunk, int64_t chunks) {
   const detail::StepScalars sc = detail::step_scalars(config_, steps_, lr, grad_scale);
   kernels::AdamWScalars k;
   k.beta1 = sc.beta1;
@@ -50,7 +52,7 @@ void AdamW::step_device(double lr, double grad_scale, StreamRef stream) {
   k.eps = sc.eps;
   k.grad_scale = sc.grad_scale;
   k.decay_factor = sc.decay_factor;
-  kernels::adamw_step(static_cast<const kernels::AdamWChunk*>(chunk_table_.data()), num_chunks_, k, stream);
+  kernels::adamw_step(static_cast<const kernels::AdamWChunk*>(chunk_table_.data()) + first_chunk, chunks, k, stream);
 }
 
 namespace detail {

@@ -19,7 +19,7 @@ namespace {
 
 void AdamW::allocate_device_state(State&) { no_cuda("AdamW"); }
 void AdamW::upload_chunk_table() { no_cuda("AdamW"); }
-void AdamW::step_device(double, double, StreamRef) { no_cuda("AdamW::step"); }
+void AdamW::step_device(double, double, StreamRef, int64_t, int64_t) { no_cuda("AdamW::step"); }
 
 namespace detail {
 

@@ -138,7 +138,13 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       norm = grad_norm.norm();
     }
     out.grad_norms.push_back(norm);
-    adamw.step(engine.shards(), o.lr, optim::clip_coefficient(norm, o.max_grad_norm));
+    const double clip = optim::clip_coefficient(norm, o.max_grad_norm);
+    // As the trainer does (train/loop.cpp, update), whose CPU offload updates on the host instead (step_async).
+    if (o.gather_ahead && engine.overlaps_communication() && !o.fsdp.offload_params) {
+      adamw.step_split(engine.shards(), o.lr, clip, {}, engine.first_forward_units(), [&] { engine.gather_ahead(); });
+    } else {
+      adamw.step(engine.shards(), o.lr, clip);
+    }
     if (gpu) stream_synchronize({});  // after_step may read the shards from the host
     if (o.after_step) o.after_step(step, engine, adamw);
     if (step == o.first_step) {

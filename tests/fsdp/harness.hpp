@@ -37,6 +37,9 @@ struct RunOptions {
   // fsdp.grads_in_activation_memory applies, as train::engine_config has it, to one micro-batch per step; true:
   // left on with several (the engine moves the shards out at the first micro-batch that is not a step's last).
   bool grads_in_activations_with_accumulation = false;
+  // On the overlapped schedule, the update in two parts with the next step's first units gathered between them
+  // (FsdpEngine::gather_ahead), as the trainer does it.
+  bool gather_ahead = true;
 };
 
 struct RunResult {

@@ -2,7 +2,8 @@
 // 4, a device each, the emulated NCCL. Every strategy x {fp32, bf16} reduction x {1, 4} micro-batches x {offload,
 // none} x {reshard_after_forward true, false} trains a step and matches one rank training the same global batch (loss
 // and gradient norm); that step's stream trace (tests/emulator, the dependency graph of every op queued) shows each overlap
-// property (schedule_checker.hpp). Each property's check is then shown to fail on a schedule broken on purpose.
+// property (schedule_checker.hpp), and the next step's first all-gathers queued inside the update (gather-ahead). Each
+// property's check is then shown to fail on a schedule broken on purpose.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -49,7 +50,21 @@ const RunResult& reference() {
 struct Traced {
   RunResult result;
   ScheduleReport report;
+  int gathers_ahead = 0;
 };
+
+// Gather-ahead (FsdpEngine::gather_ahead, in the middle of the update): the all-gathers queued after the step's last
+// micro-batch and before the last kernel launch of the step (the rest of the update), so that update hides them.
+int gathers_ahead(const std::vector<cuda_emulator::TraceOp>& trace) {
+  size_t last_mb = 0, last_kernel = 0;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    if (trace[i].what == "mark" && trace[i].detail.rfind("E ", 0) == 0) last_mb = i;
+    if (trace[i].what == "kernel launch") last_kernel = i;
+  }
+  int n = 0;
+  for (size_t i = last_mb; i < last_kernel; ++i) n += trace[i].what == "ncclAllGather";
+  return n;
+}
 
 // Trains `o` on the world with the first step traced, and checks the trace.
 Traced run_traced(RunOptions o, ScheduleExpectations expect) {
@@ -72,6 +87,7 @@ Traced run_traced(RunOptions o, ScheduleExpectations expect) {
   t.result = run_training(MPI_COMM_WORLD, ranks_per_node_from_env(), o);
   expect.shard_bytes = shard_bytes;
   t.report = check_schedule(trace, expect);
+  t.gathers_ahead = gathers_ahead(trace);
   return t;
 }
 
@@ -129,6 +145,10 @@ TEST(FsdpOverlap, EveryStrategyReductionAccumulationOffloadAndReshard) {
             if (strategy != ShardingStrategy::NoShard) {
               EXPECT_GT(t.report.prefetch_pairs, 0) << what;
               EXPECT_GT(t.report.gathers_waited, 0) << what;
+              // Not with offload: its update runs on the host (the trainer's step_async), its uploads prefetch.
+              if (!offload)
+                EXPECT_GT(t.gathers_ahead, 0) << what << ": no all-gather of the next step queued inside the update";
+              if (offload) EXPECT_EQ(t.gathers_ahead, 0) << what;
             }
             EXPECT_GT(t.report.reductions, 0) << what;
             if (offload) EXPECT_GT(t.report.offload_copies, 0) << what;
@@ -171,6 +191,14 @@ TEST(FsdpOverlap, TheChecksCatchABrokenSchedule) {
       ASSERT_FALSE(t.report.violations.empty()) << sharding_strategy_name(s) << ": a synchronous reduction passed";
       EXPECT_NE(t.report.violations.front().find("compute waits for unit"), std::string::npos)
           << t.report.violations.front();
+    }
+    {  // the update in one launch and the next step's gathers after it: none counted inside the update
+      RunOptions p = o;
+      p.gather_ahead = false;
+      const Traced t = run_traced(p, ScheduleExpectations{});
+      EXPECT_EQ(t.gathers_ahead, 0) << sharding_strategy_name(s);
+      const Traced ahead = run_traced(o, ScheduleExpectations{});
+      EXPECT_GT(ahead.gathers_ahead, 0) << sharding_strategy_name(s);
     }
   }
 }

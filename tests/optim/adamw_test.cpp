@@ -348,6 +348,37 @@ TEST(AdamWHost, FollowsGradientsThatMove) {
   EXPECT_EQ(moving.steps(), 4);
 }
 
+// The update in two parts (the engine's gather-ahead between them) gives the bits of one update, with `between`
+// called once, after the first shards' update and before the others'.
+TEST(AdamWHost, StepSplitGivesStepsBits) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards ref = make_host_shards(spec, specs, 6, kPad), got = make_host_shards(spec, specs, 6, kPad);
+  optim::AdamW whole(ref.views, spec, exempt_config(), nullptr), split(got.views, spec, exempt_config(), nullptr);
+  const std::vector<int> first = {4, 0, 1};  // out of order, two runs: {0, 1} and {4}
+  for (int step = 0; step < 3; ++step) {
+    fill_grads(ref.grad, specs, step);
+    fill_grads(got.grad, specs, step);
+    whole.step(ref.views, lr_at(step), scale_at(step));
+    int calls = 0;
+    std::vector<bool> updated_then(specs.size());
+    const std::vector<std::vector<float>> before = got.param;
+    split.step_split(got.views, lr_at(step), scale_at(step), {}, first, [&] {
+      ++calls;
+      for (size_t i = 0; i < specs.size(); ++i) updated_then[i] = got.param[i] != before[i];
+    });
+    EXPECT_EQ(calls, 1);
+    // When `between` ran, the first shards (those with parameters) were updated and no other one was.
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const bool is_first = std::find(first.begin(), first.end(), static_cast<int>(i)) != first.end();
+      EXPECT_EQ(updated_then[i], is_first && !specs[i].ranges.empty()) << "step " << step << ", shard " << i;
+    }
+    for (size_t i = 0; i < specs.size(); ++i)
+      ASSERT_TRUE(same_bits(got.param[i], ref.param[i])) << "step " << step << ", shard " << i;
+  }
+  EXPECT_EQ(split.steps(), 3);
+}
+
 TEST(AdamWHost, LedgerCountsBothStates) {
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();

@@ -145,6 +145,29 @@ TEST_F(GpuAdamW, MatchesTheHostUpdateOverFiveSteps) {
   }
 }
 
+// The update in two launches (AdamW::step_split, the engine's gather-ahead between them): the bits of one launch.
+TEST_F(GpuAdamW, StepSplitGivesStepsBits) {
+  const model::ModelSpec spec(small_config());
+  const std::vector<ShardSpec> specs = odd_shard_specs();
+  HostShards host = make_host_shards(spec, specs, 23, kPad);
+  DeviceShards a(host, 0), b(host, 0);
+  optim::AdamW whole(a.views, spec, exempt_config(), nullptr), split(b.views, spec, exempt_config(), nullptr);
+  for (int step = 0; step < 3; ++step) {
+    fill_grads(host.grad, specs, step);
+    a.upload(host.grad, false);
+    b.upload(host.grad, false);
+    int calls = 0;
+    whole.step(a.views, 1e-2, 1.0);
+    split.step_split(b.views, 1e-2, 1.0, {}, {5, 1}, [&] { ++calls; });
+    ST_CHECK_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(calls, 1);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::vector<float> pa = a.download(i, true), pb = b.download(i, true);
+    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)), 0) << "shard " << i;
+  }
+}
+
 TEST_F(GpuAdamW, StatesRoundTripThroughTheHost) {
   const model::ModelSpec spec(small_config());
   const std::vector<ShardSpec> specs = odd_shard_specs();

@@ -133,6 +133,17 @@ class FsdpEngine final : public model::ModuleHooks {
   // (gradient accumulation that reduces every micro-batch): the norm must then read the host shards.
   const double* device_grad_sq_sums() const;
 
+  // Between steps, on the overlapped schedule (overlaps_communication): the units the next forward gathers first
+  // (its first unit and that unit's forward prefetches), and their gathers issued now. The trainer calls it in
+  // the middle of the update (optim::AdamW::step_split): once those units' master shards are updated, and while
+  // the other units' update runs, so the next step's first all-gathers overlap it instead of waiting for it
+  // after. Master shards written from outside before the next pass (a checkpoint load) need release_gathered.
+  std::vector<int> first_forward_units() const;
+  void gather_ahead();
+  bool overlaps_communication() const { return streams_ != nullptr; }
+  // Reshards every gathered unit, outside a pass: gathered copies of master shards about to be written.
+  void release_gathered() { release_all(); }
+
   // The full fp32 parameters of a unit (N elements, padding included), all-gathered over the shard
   // axis from the master shards: for tests, checkpoints and export. Collective over the shard axis.
   std::vector<float> gather_unit(int unit);

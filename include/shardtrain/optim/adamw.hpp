@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -71,6 +72,12 @@ class AdamW final : public fsdp::PendingShardWrites {
   // optimizer was built for; their gradients may have moved since (the engine's grads in activation memory). Device shards: asynchronous on `stream`, no synchronization; host shards
   // ignore it.
   void step(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream = {});
+  // The same update with the same bits, in two parts: the shards listed in `first` (indices into `shards`), then
+  // `between()`, then every other shard. On a device stream, what `between` queues there runs after the first
+  // shards' update and before the others' (the engine gathers the next step's first units then: the update of
+  // the others hides their all-gathers, FsdpEngine::gather_ahead); on the host, in that order too.
+  void step_split(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale, StreamRef stream,
+                  const std::vector<int>& first, const std::function<void()>& between);
   // Host shards: the same update with the same bits, run on a worker thread of the optimizer's shard by
   // shard in shard order (an engine's units are in forward order), and the call returns at once. Until
   // wait_shard(i) (or wait()) returns, shard i's parameters, gradients and states belong to that thread:
@@ -145,10 +152,12 @@ class AdamW final : public fsdp::PendingShardWrites {
   // CUDA-only parts (adamw_cuda.cpp; adamw_no_cuda.cpp throws a Device error in builds without CUDA).
   void allocate_device_state(State& s);
   void upload_chunk_table();
-  void step_device(double lr, double grad_scale, StreamRef stream);
+  // Shards [first, end): their chunks of the table (device), segments (host) or bytes (timing device).
+  void update_shards(size_t first, size_t end, double lr, double grad_scale, StreamRef stream);
+  void step_device(double lr, double grad_scale, StreamRef stream, int64_t first_chunk, int64_t chunks);
   // On a timing device (runtime/timing_device.hpp): states that hold no memory, and the update as time.
   void allocate_timed_state(State& s);
-  void step_timed(timing::TimingDevice& t, StreamRef stream) const;
+  void step_timed(timing::TimingDevice& t, StreamRef stream, int64_t elements) const;
 
   AdamWConfig config_;
   DeviceKind device_ = DeviceKind::Cpu;
@@ -159,7 +168,7 @@ class AdamW final : public fsdp::PendingShardWrites {
   std::unique_ptr<Worker> worker_;        // started by the first step_async
   std::chrono::milliseconds async_delay_{0};
   DeviceBuffer chunk_table_;  // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
-  int64_t num_chunks_ = 0;
+  std::vector<int64_t> segment_chunks_;  // CUDA: segment k's chunks start at segment_chunks_[k] (size + 1)
   int64_t steps_ = 0;
   int threads_ = 1;
   mutable std::atomic<int> last_update_threads_{0};

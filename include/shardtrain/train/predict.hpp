@@ -35,6 +35,9 @@ struct PredictSetup {
   // that much slower (ranks x threads / cores, at least 1). 1 on a GPU.
   double host_contention = 1;
   int warmup_steps = 2, steps = 3;
+  // As the trainer: on the overlapped schedule, the next step's first units are gathered in the middle of the
+  // update (FsdpEngine::gather_ahead). False: after it, at the next forward (for comparison).
+  bool gather_ahead = true;
 };
 
 // The compute stream's idle time in a step, and what it waited for: a collective ("layers.3 all_gather shard"),
