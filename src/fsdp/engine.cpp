@@ -303,6 +303,7 @@ void FsdpEngine::zero_grad() {
 }
 
 void FsdpEngine::zero_shard_grad(Unit& u) {
+  if (u.shard() == 0) return;
   const ops::Tensor g = grad_tensor(u);
   if (g.device == DeviceKind::Cpu) {
     std::memset(g.data, 0, g.bytes());
@@ -344,6 +345,10 @@ void FsdpEngine::set_grad_data(Unit& u, float* data) {
 void FsdpEngine::place_grad(Unit& u) {
   if (u.grad_placed) return;
   const size_t bytes = static_cast<size_t>(u.shard()) * sizeof(float);
+  if (bytes == 0) {  // a unit without parameters: nothing to place
+    set_grad_data(u, nullptr);
+    return;
+  }
   if (const std::optional<size_t> at = placer_.place(bytes)) {
     set_grad_data(u, reinterpret_cast<float*>(arena_base_ + *at));
     return;
