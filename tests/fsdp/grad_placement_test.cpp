@@ -10,6 +10,7 @@
 #include "shardtrain/fsdp/grad_placement.hpp"
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/spec.hpp"
+#include "small_model.hpp"
 
 using namespace shardtrain;
 using namespace shardtrain::fsdp;
@@ -50,13 +51,7 @@ TEST(GradPlacement, PlacesOnlyInLayersBackwardHasFinished) {
 }
 
 TEST(GradPlacement, TheStageHoldsEveryNormWeightAndNoMore) {
-  model::LlamaConfig c;
-  c.vocab_size = 53;
-  c.hidden_size = 12;
-  c.intermediate_size = 20;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
+  const model::LlamaConfig c = testing_fsdp::small_llama();
   const model::ModelSpec spec(c);
   // 2 norms a layer and the final one, 12 floats (48 bytes) each, rounded up to 256.
   EXPECT_EQ(GradPlacer::stage_capacity(spec), (2 * 3 + 1) * 256u);
@@ -69,13 +64,7 @@ TEST(GradPlacement, TheStageHoldsEveryNormWeightAndNoMore) {
 }
 
 TEST(GradPlacement, TheActivationPlanFreesEachLayerInsideItsArena) {
-  model::LlamaConfig c;
-  c.vocab_size = 53;
-  c.hidden_size = 12;
-  c.intermediate_size = 20;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
+  const model::LlamaConfig c = testing_fsdp::small_llama();
   for (model::Checkpointing ck : {model::Checkpointing::None, model::Checkpointing::PerLayer}) {
     const model::ActivationPlan plan(c, 2, 9, DType::F32, ck);
     const auto& freed = plan.freed_in_backward();

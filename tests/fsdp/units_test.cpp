@@ -5,22 +5,13 @@
 
 #include "shardtrain/fsdp/units.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "small_model.hpp"
 
 using namespace shardtrain;
 using namespace shardtrain::fsdp;
 
 namespace {
-model::LlamaConfig config(bool tied) {
-  model::LlamaConfig c;
-  c.vocab_size = 53;
-  c.hidden_size = 12;
-  c.intermediate_size = 20;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
-  c.tie_word_embeddings = tied;
-  return c;
-}
+model::LlamaConfig config(bool tied) { return testing_fsdp::small_llama(tied); }
 
 // Every parameter belongs to exactly one unit.
 void expect_partition(const model::ModelSpec& spec, const std::vector<UnitSpec>& units) {
