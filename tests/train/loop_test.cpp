@@ -112,6 +112,39 @@ TEST(TrainLoop, LearnsAndWritesConsistentMetrics) {
   EXPECT_THROW(train::trainer_state_from_json(R"({"step": 1})", "test"), CheckpointError);
 }
 
+// One micro-batch a step (2 ranks x 2 rows), evaluations between steps: gradient shards in activation memory
+// (fsdp.grads_in_activation_memory, the default) train to the bits of shards in memory of their own, every step's
+// loss and every validation loss; with two micro-batches a step the trainer keeps them in memory of their own.
+TEST(TrainLoop, GradsInActivationMemoryChangeNoBit) {
+  std::vector<std::vector<double>> losses;
+  std::vector<double> val;
+  for (bool in_activations : {true, false}) {
+    train::TrainConfig c = tiny_config(in_activations ? "train_loop_test_run_grads_act" : "train_loop_test_run_grads_own");
+    c.schedule.max_steps = 8;
+    c.data.global_batch_size = 4;
+    c.fsdp.engine.grads_in_activation_memory = in_activations;
+    train::Trainer t(*g_runtime, c);
+    EXPECT_EQ(t.accumulation_steps(), 1);
+    EXPECT_EQ(t.engine().grads_in_activations(), in_activations);
+    const train::TrainSummary s = t.run();
+    EXPECT_EQ(s.steps, 8);
+    EXPECT_EQ(t.engine().grads_in_activations(), in_activations);
+    val.push_back(s.last_val_loss);
+    std::vector<double> run;
+    if (rank() == 0)
+      for (const auto& j : read_metrics(s.run_dir))
+        if (j["kind"] != "eval") run.push_back(j["loss"].get<double>());
+    if (rank() == 0) EXPECT_EQ(run.size(), 8u);
+    EXPECT_TRUE(std::isfinite(s.last_val_loss));
+    losses.push_back(run);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(std::bit_cast<uint64_t>(val[0]), std::bit_cast<uint64_t>(val[1]));
+  train::Trainer accumulating(*g_runtime, tiny_config("train_loop_test_run_grads_acc"));
+  EXPECT_EQ(accumulating.accumulation_steps(), 2);
+  EXPECT_FALSE(accumulating.engine().grads_in_activations());
+}
+
 // data.document_mask = false: a packed row is one causal sequence (torchtitan's and transformers' way). Rows of
 // 32 tokens from documents of 100-199 cross a document boundary in about a quarter of the rows, so the first
 // step's loss (before any update: the same weights and batches) differs from the masked run's, by little.
