@@ -182,10 +182,26 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
             [&](int a, int b) { return unit_specs_[a].last_use > unit_specs_[b].last_use; });
   forward_prefetch_.assign(n, {});
   backward_prefetch_.assign(n, {});
+  // On the overlapped schedule a unit whose uses span the others' (the base model: the final norm at the start of
+  // backward, the embedding at its end) does not count toward the backward depth: its work at the start is one
+  // norm, so the lm_head's backward prefetches the last layer too, whose gather would otherwise be issued only
+  // when that norm begins and queue behind the lm_head's reduce-scatter. The gathered buffers stay within the
+  // plan's bound ((1 + depth) units, the spanning ones and the root).
+  const bool overlapped = ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device &&
+                          (mesh.shard_size() > 1 || mesh.replicate_size() > 1);
+  std::vector<bool> spans(static_cast<size_t>(n), false);
+  for (const UnitSpec& u : unit_specs_)
+    for (const UnitSpec& o : unit_specs_)
+      if (o.index != u.index && !o.params.empty() && o.first_use > u.first_use && o.first_use < u.last_use)
+        spans[static_cast<size_t>(u.index)] = !u.params.empty();
   for (int i = 0; i < n; ++i) {
     for (int k = 1; k <= config_.forward_prefetch && i + k < n; ++k) forward_prefetch_[i].push_back(i + k);
-    for (int k = 1; k <= config_.backward_prefetch && i + k < n; ++k)
-      backward_prefetch_[backward_order[i]].push_back(backward_order[i + k]);
+    int depth = 0;
+    for (int k = i + 1; k < n && depth < config_.backward_prefetch; ++k) {
+      const int v = backward_order[k];
+      backward_prefetch_[backward_order[i]].push_back(v);
+      if (!(overlapped && spans[static_cast<size_t>(v)])) ++depth;
+    }
   }
   // Scratch for reduce_dtype buffers, sized once for the largest unit.
   int64_t max_n = 0, max_shard = 0;

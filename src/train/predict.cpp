@@ -102,6 +102,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   fsdp::FsdpEngine engine(model, mesh, comms, *ops, engine_config(config, world), ledger);
   UnitLabels labels(t, engine.units());
   engine.set_schedule_observer(&labels);
+  if (s.engine_setup) s.engine_setup(engine);
   optim::AdamW adamw(engine, config.optim.adamw, &ledger);
   // The CUDA backend's own scratch (the fused loss's chunk, the kernel and cuBLASLt workspaces), which the timing
   // ops do not allocate: held as the backend holds it, from the same formula `plan` counts it with.

@@ -138,6 +138,11 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       norm = grad_norm.norm();
     }
     out.grad_norms.push_back(norm);
+    if (step == o.first_step) {  // the step's own traffic: before the update gathers the next step's first units
+      out.shard_gather_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::AllGather);
+      out.shard_reduce_scatter_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::ReduceScatter);
+      out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);
+    }
     const double clip = optim::clip_coefficient(norm, o.max_grad_norm);
     // As the trainer does (train/loop.cpp, update), whose CPU offload updates on the host instead (step_async).
     if (o.gather_ahead && engine.overlaps_communication() && !o.fsdp.offload_params) {
@@ -147,11 +152,6 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
     }
     if (gpu) stream_synchronize({});  // after_step may read the shards from the host
     if (o.after_step) o.after_step(step, engine, adamw);
-    if (step == o.first_step) {
-      out.shard_gather_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::AllGather);
-      out.shard_reduce_scatter_bytes = comms.bytes(MeshAxis::Shard, CollectiveKind::ReduceScatter);
-      out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);
-    }
   }
   // SHARDTRAIN_TEST_PRINT_LOSSES=1: every run's losses and norms with all their digits, on rank 0 (to compare two
   // builds bit for bit).

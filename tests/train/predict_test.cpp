@@ -39,8 +39,10 @@ GroupLinks slow_links(int ranks, int nodes) {
 }
 
 Prediction predict(const TrainConfig& c, int nodes, int per_node, const ops::OpCostModel& costs,
-                   DeviceKind device = DeviceKind::Cuda, bool gather_ahead = true, double update_bytes_per_s = 0) {
+                   DeviceKind device = DeviceKind::Cuda, bool gather_ahead = true, double update_bytes_per_s = 0,
+                   std::function<void(fsdp::FsdpEngine&)> engine_setup = {}) {
   PredictSetup s;
+  s.engine_setup = std::move(engine_setup);
   s.gather_ahead = gather_ahead;
   if (update_bytes_per_s > 0) s.host.memory_bytes_per_s = update_bytes_per_s;
   s.nodes = nodes;
@@ -118,6 +120,36 @@ TEST(Predict, GatheringTheFirstUnitsDuringTheUpdateHidesTheirAllGathers) {
   EXPECT_NEAR(ahead.comm_busy_s, after.comm_busy_s, 1e-12);  // the same collectives, earlier
   // The same work, but for the update's second launch (its kernel's least time, 3 us, at most).
   EXPECT_NEAR(ahead.compute_busy_s, after.compute_busy_s, 3.1e-6);
+}
+
+// The base model unit (embedding and final norm) spans the layers and does not count toward the backward depth,
+// so the lm_head's backward prefetches the last layer too: its gather no longer waits for the norm's backward to
+// begin and then for the lm_head's reduce-scatter on the link, as it does with the lm_head prefetching the base
+// model alone (the schedule before, set explicitly).
+TEST(Predict, TheLastLayersGatherIsPrefetchedAtTheLmHeadsBackward) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  const TrainConfig c = small_config(ShardingStrategy::FullShard, 8);
+  auto last_layer = [](const Prediction& p) {
+    for (const IdleCause& i : p.idle)
+      if (i.what == "model.layers.3 all_gather shard") return i.seconds;
+    return 0.0;
+  };
+  std::vector<int> root_prefetch;
+  const Prediction with = predict(c, 1, 8, costs, DeviceKind::Cuda, true, 0, [&](fsdp::FsdpEngine& e) {
+    for (const fsdp::UnitSpec& u : e.units())
+      if (u.is_root) root_prefetch = e.backward_prefetch(u.index);
+  });
+  ASSERT_EQ(root_prefetch.size(), 2u);  // the base model (unit 0) and the last layer (unit 4)
+  EXPECT_EQ(root_prefetch[0], 0);
+  EXPECT_EQ(root_prefetch[1], 4);
+  const Prediction before = predict(c, 1, 8, costs, DeviceKind::Cuda, true, 0, [](fsdp::FsdpEngine& e) {
+    for (const fsdp::UnitSpec& u : e.units())
+      if (u.is_root) e.set_backward_prefetch(u.index, {0});
+  });
+  EXPECT_GT(last_layer(before), 0.0);
+  EXPECT_LT(last_layer(with), 0.25 * last_layer(before));
+  EXPECT_LT(with.step_s, before.step_s);
+  EXPECT_EQ(with.peak_device_bytes, before.peak_device_bytes);  // within the gathered buffers' bound
 }
 
 TEST(Predict, HybridShardAllReducesOverReplicasAcrossNodes) {

@@ -152,6 +152,7 @@ class FsdpEngine final : public model::ModuleHooks {
   // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch). Defaults come from the depths.
   void set_forward_prefetch(int unit, std::vector<int> units);
   void set_backward_prefetch(int unit, std::vector<int> units);
+  const std::vector<int>& backward_prefetch(int unit) const { return backward_prefetch_.at(static_cast<size_t>(unit)); }
 
   // ModuleHooks
   void before_forward(int module, model::ForwardPhase phase) override;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shardtrain/comm/sim_communicator.hpp"
+#include "shardtrain/fsdp/engine.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/ops/timing_ops.hpp"
 #include "shardtrain/runtime/timing_device.hpp"
@@ -38,6 +39,9 @@ struct PredictSetup {
   // As the trainer: on the overlapped schedule, the next step's first units are gathered in the middle of the
   // update (FsdpEngine::gather_ahead). False: after it, at the next forward (for comparison).
   bool gather_ahead = true;
+  // Applied to the engine before the first step: explicit prefetch schedules (FsdpEngine::set_backward_prefetch),
+  // as a user's script sets them. None: the engine's defaults.
+  std::function<void(fsdp::FsdpEngine&)> engine_setup;
 };
 
 // The compute stream's idle time in a step, and what it waited for: a collective ("layers.3 all_gather shard"),
