@@ -108,7 +108,7 @@ class FsdpEngine final : public model::ModuleHooks {
   const std::vector<ShardView>& shards() const { return shard_views_; }
   // Whether the gradient shards hold the last step's gradients: after forward_backward's last micro-batch and
   // until the next pass, or, with grads in activation memory, until any forward (an evaluation's included)
-  // writes the memory they are in. The trainer checks it before the gradient norm and the update.
+  // writes the memory they are in. The trainer checks it before the update.
   bool gradients_readable() const { return grads_readable_; }
   // Whether gradient shards are being placed in activation memory (it ends at a micro-batch that is not a step's
   // last: gradient accumulation needs them kept across forwards).
