@@ -4,46 +4,15 @@
 #include "shardtrain/fsdp/engine.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include <fmt/format.h>
 
+#include "engine_unit.hpp"
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/model/init.hpp"
 #include "shardtrain/runtime/error.hpp"
-#include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::fsdp {
-
-struct FsdpEngine::Unit {
-  const UnitSpec* spec = nullptr;
-  FlatLayout layout;
-  FlatBuffer master;                     // (N/S) fp32
-  FlatBuffer grad;                       // (N/S) fp32: the gradient shard's own memory, when it has any
-  // Where the gradient shard is: grad's memory, or (grads in activation memory) a place in the activation arena,
-  // found again each pass (grad_placement.hpp). grad_placed: it has its memory in this pass (always, with grad).
-  float* grad_data = nullptr;
-  bool grad_placed = false;
-  // Grads in the shard with grads in activation memory: parameters whose module ran backward before the shard
-  // had a place, and where their gradients wait on the stage (byte offsets), until finish_staged.
-  std::vector<std::pair<int, size_t>> staged;
-  FlatBuffer full;                       // (N) param_dtype, while gathered
-  FlatBuffer full_grad;                  // (N) fp32, from the unit's first backward until its reduction
-  UnitState state = UnitState::Sharded;  // changed by move_to only
-  // Not the parameters' lifecycle, so not in `state`: stream bookkeeping and the gradient shard's step.
-  // Overlap: the all-gather's completion (on the gather stream; with offload, the upload's on the upload
-  // stream) and whether compute has yet to wait for it (in any gathered state: a prefetch's gather lands
-  // while other units compute); the gradient reduction's completion (on the reduce or replicate stream) and
-  // whether compute has yet to wait for it (until the step's last micro-batch ends: the unit is gathered and
-  // used again by later micro-batches meanwhile).
-  CudaEvent gathered_event, reduced_event;
-  bool gather_unwaited = false, reduction_unwaited = false;
-  // The gradient shard holds this step's gradient already (reduced into, or zeroed for backward to accumulate
-  // into it); false from zero_grad on: the shard counts as zero without being written. Per step, not per pass.
-  bool reduced_this_step = false;
-  int64_t shard() const { return layout.shard_numel(); }
-  bool empty() const { return layout.entries.empty(); }
-};
 
 // Overlap. Three streams beside compute (StreamRef{}: where the ops run):
 //   gather:    all-gathers. Each waits for the cast of the master shard into the unshard buffer (on compute,
@@ -316,145 +285,6 @@ void FsdpEngine::zero_grad() {
     if (u->full_grad) grad_pool_.release(std::move(u->full_grad));
     u->reduced_this_step = false;
   }
-}
-
-void FsdpEngine::zero_shard_grad(Unit& u) {
-  if (u.shard() == 0) return;
-  const ops::Tensor g = grad_tensor(u);
-  if (g.device == DeviceKind::Cpu) {
-    std::memset(g.data, 0, g.bytes());
-  } else {
-    ops_->fill(g, 0.0);
-  }
-}
-
-ops::Tensor FsdpEngine::grad_tensor(const Unit& u, int64_t offset, ops::Shape shape) const {
-  if (!u.grad_placed)
-    throw InternalError(fmt::format("FSDP unit {} ({}): its gradient shard has no memory yet", u.spec->index, u.spec->name));
-  const DeviceKind device = u.grad ? u.grad.device() : ops_->device();
-  return ops::make_tensor(u.grad_data + offset, DType::F32, shape, device);
-}
-
-ops::Tensor FsdpEngine::grad_tensor(const Unit& u) const { return grad_tensor(u, 0, {u.shard()}); }
-
-// Gradients in activation memory (grad_placement.hpp). A pass starts with no unit placed but those with memory of
-// their own, over the arena of this micro-batch's shape.
-void FsdpEngine::begin_grad_pass(const model::Batch& batch) {
-  if (!grads_in_activations_) return;
-  const model::ActivationPlan& plan = model_->prepare(batch.input_ids.shape[0], batch.input_ids.shape[1]);
-  arena_base_ = static_cast<char*>(model_->arena_base());
-  placer_.begin_pass(plan.freed_in_backward());
-  for (auto& u : units_) {
-    u->staged.clear();
-    if (!u->grad) u->grad_placed = false;
-  }
-}
-
-void FsdpEngine::set_grad_data(Unit& u, float* data) {
-  u.grad_data = data;
-  u.grad_placed = true;
-  shard_views_[static_cast<size_t>(u.spec->index)].grad = data;  // the optimizer rebinds when it moved
-}
-
-// The unit's gradient shard gets memory for this pass: a place in what backward has freed so far, or its own
-// memory when nothing fits (kept from then on: the same rules decide the same each pass).
-void FsdpEngine::place_grad(Unit& u) {
-  if (u.grad_placed) return;
-  const size_t bytes = static_cast<size_t>(u.shard()) * sizeof(float);
-  if (bytes == 0) {  // a unit without parameters: nothing to place
-    set_grad_data(u, nullptr);
-    return;
-  }
-  if (const std::optional<size_t> at = placer_.place(bytes)) {
-    set_grad_data(u, reinterpret_cast<float*>(arena_base_ + *at));
-    return;
-  }
-  u.grad = FlatBuffer(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::ShardedGrads);
-  set_grad_data(u, static_cast<float*>(u.grad.data()));
-}
-
-// One rank with grads in activation memory: when the unit's backward begins at `module` and nothing freed fits
-// its shard yet, the gradients of that module's parameters go to the stage if it is an RMSNorm and they fit there
-// (the base model's final norm, whose embedding runs backward last; a projection's may not: fused GEMMs want a
-// group's gradients adjacent); returns whether the shard has its memory now.
-bool FsdpEngine::place_or_stage(Unit& u, int module) {
-  if (u.grad_placed) return true;
-  const size_t bytes = static_cast<size_t>(u.shard()) * sizeof(float);
-  if (!u.grad) {
-    if (const std::optional<size_t> at = placer_.place(bytes)) {
-      set_grad_data(u, reinterpret_cast<float*>(arena_base_ + *at));
-      return true;
-    }
-    const model::ModelSpec& spec = model_->spec();
-    std::vector<const FlatEntry*> early;
-    size_t early_bytes = 0;
-    for (const FlatEntry& e : u.layout.entries) {
-      const auto& uses = spec.module(module).uses;
-      const bool used = std::find(uses.begin(), uses.end(), e.param) != uses.end();
-      const bool already = std::any_of(u.staged.begin(), u.staged.end(), [&](const auto& s) { return s.first == e.param; });
-      if (!used || already) continue;
-      early.push_back(&e);
-      early_bytes += GradPlacer::rounded(static_cast<size_t>(e.numel) * sizeof(float));
-    }
-    if (spec.module(module).cls == model::ModuleClass::RMSNorm &&
-        early_bytes <= placer_.stage_capacity() - placer_.stage_used()) {
-      if (!grad_stage_)
-        grad_stage_ =
-            FlatBuffer(ops_->device(), Placement::Compute, placer_.stage_capacity(), ledger_, MemoryCategory::ShardedGrads);
-      for (const FlatEntry* e : early) {
-        const size_t at = *placer_.stage(static_cast<size_t>(e->numel) * sizeof(float));
-        const ops::Tensor t = grad_stage_.view(DType::F32, static_cast<int64_t>(at / sizeof(float)), {e->numel});
-        ops_->fill(t, 0.0);
-        model_->binding().bind_grad(e->param, grad_stage_.view(DType::F32, static_cast<int64_t>(at / sizeof(float)),
-                                                               model::param_shape(spec.param(e->param))));
-        u.staged.emplace_back(e->param, at);
-      }
-      return false;
-    }
-  }
-  place_grad(u);  // its own memory
-  return true;
-}
-
-// The staged unit's shard has its memory: zeroed, the staged gradients copied into their places, every
-// parameter's gradient bound to the shard.
-void FsdpEngine::finish_staged(Unit& u) {
-  place_grad(u);
-  zero_shard_grad(u);
-  const model::ModelSpec& spec = model_->spec();
-  for (const auto& [param, at] : u.staged) {
-    const auto e =
-        std::find_if(u.layout.entries.begin(), u.layout.entries.end(), [&](const FlatEntry& f) { return f.param == param; });
-    ops_->copy(grad_stage_.view(DType::F32, static_cast<int64_t>(at / sizeof(float)), {e->numel}),
-               grad_tensor(u, e->offset, {e->numel}));
-  }
-  u.staged.clear();
-  u.reduced_this_step = true;
-  if (u.state == UnitState::InBackward) {
-    for (const FlatEntry& e : u.layout.entries)
-      model_->binding().bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))));
-  }
-}
-
-// A micro-batch that is not the step's last, with gradients in activation memory: the next forward would
-// overwrite them, so every shard moves to memory of its own, for the rest of the run.
-void FsdpEngine::leave_activation_memory() {
-  log::warn(
-      "FSDP: gradient accumulation over micro-batches: the gradient shards move out of activation memory "
-      "(fsdp.grads_in_activation_memory applies to one micro-batch per step)");
-  for (auto& u : units_)
-    if (!u->staged.empty()) finish_staged(*u);
-  grad_stage_ = FlatBuffer();  // in stream order: the copies out of it are queued before any later use of its memory
-  wait_reductions();           // reductions on their own streams write the shards
-  for (auto& u : units_) {
-    if (u->grad || u->empty()) continue;
-    const size_t bytes = static_cast<size_t>(u->shard()) * sizeof(float);
-    FlatBuffer own(ops_->device(), Placement::Compute, bytes, ledger_, MemoryCategory::ShardedGrads);
-    if (u->grad_placed) ops_->copy(grad_tensor(*u), own.view(DType::F32, 0, {u->shard()}));
-    u->grad = std::move(own);
-    set_grad_data(*u, static_cast<float*>(u->grad.data()));
-  }
-  grads_in_activations_ = false;
 }
 
 void FsdpEngine::unshard(Unit& u) {

@@ -64,6 +64,22 @@ size_t GradPlacer::stage_capacity(const model::ModelSpec& spec) {
   return bytes;
 }
 
+std::optional<std::vector<const FlatEntry*>> GradPlacer::stage_request(const FlatLayout& layout,
+                                                                       const model::ModuleInfo& module,
+                                                                       const std::vector<int>& staged) const {
+  if (module.cls != model::ModuleClass::RMSNorm) return std::nullopt;
+  std::vector<const FlatEntry*> entries;
+  size_t bytes = 0;
+  for (const FlatEntry& e : layout.entries) {
+    const bool used = std::find(module.uses.begin(), module.uses.end(), e.param) != module.uses.end();
+    if (!used || std::find(staged.begin(), staged.end(), e.param) != staged.end()) continue;
+    entries.push_back(&e);
+    bytes += rounded(static_cast<size_t>(e.numel) * sizeof(float));
+  }
+  if (bytes > stage_capacity_ - stage_used_) return std::nullopt;
+  return entries;
+}
+
 std::optional<size_t> GradPlacer::stage(size_t bytes) {
   if (stage_used_ + rounded(bytes) > stage_capacity_) return std::nullopt;
   const size_t at = stage_used_;

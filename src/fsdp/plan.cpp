@@ -66,21 +66,16 @@ GradShardMemory place_grad_shards(const model::ModelSpec& spec, const FsdpConfig
         placed[i] = true;
         continue;
       }
-      size_t early = 0;
-      std::vector<int> now;
-      for (const FlatEntry& e : plan.units[i].layout.entries) {
-        const bool used = std::find(m->uses.begin(), m->uses.end(), e.param) != m->uses.end();
-        if (!used || std::find(staged[i].begin(), staged[i].end(), e.param) != staged[i].end()) continue;
-        now.push_back(e.param);
-        early += GradPlacer::rounded(static_cast<size_t>(e.numel) * 4);
-      }
-      if (m->cls == model::ModuleClass::RMSNorm && early <= placer.stage_capacity() - placer.stage_used()) {
-        placer.stage(early);
-        staged[i].insert(staged[i].end(), now.begin(), now.end());
-        stage_used = true;
-      } else {
+      const auto request = placer.stage_request(plan.units[i].layout, *m, staged[i]);
+      if (!request) {
         placed[i] = true;  // its own memory
+        continue;
       }
+      for (const FlatEntry* e : *request) {
+        placer.stage(static_cast<size_t>(e->numel) * 4);
+        staged[i].push_back(e->param);
+      }
+      stage_used = true;
     }
   }
   for (size_t i = 0; i < plan.units.size(); ++i)

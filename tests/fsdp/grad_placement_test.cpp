@@ -86,3 +86,25 @@ TEST(GradPlacement, TheActivationPlanFreesEachLayerInsideItsArena) {
     }
   }
 }
+
+// What waits on the stage when a unit's backward reaches a module before its shard has a place: an RMSNorm's
+// parameters not on the stage yet, while there is room; a projection's never (its group's gradients stay adjacent).
+TEST(GradPlacement, OnlyANormsGradientsWaitOnTheStage) {
+  const model::ModelSpec spec(testing_fsdp::small_llama());
+  const std::vector<UnitSpec> units = plan_units(spec, WrapConfig{});
+  const UnitSpec& base = units.front();  // the embedding and the final norm
+  ASSERT_EQ(base.params.size(), 2u);
+  const FlatLayout layout = make_flat_layout(spec, base.params, 1);
+  GradPlacer p(GradPlacer::stage_capacity(spec));
+  const model::ModuleInfo& norm = spec.module(spec.norm_module());
+  const auto request = p.stage_request(layout, norm, {});
+  ASSERT_TRUE(request.has_value());
+  ASSERT_EQ(request->size(), 1u);
+  EXPECT_EQ((*request)[0]->param, spec.norm_param());
+  const auto again = p.stage_request(layout, norm, {spec.norm_param()});  // already on the stage: nothing more
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->empty());
+  EXPECT_FALSE(p.stage_request(layout, spec.module(spec.embed_module()), {}).has_value());  // not a norm
+  GradPlacer full(0);  // no room
+  EXPECT_FALSE(full.stage_request(layout, norm, {}).has_value());
+}

@@ -175,6 +175,7 @@ class FsdpEngine final : public model::ModuleHooks {
   ops::Tensor grad_tensor(const Unit& u, int64_t offset, ops::Shape shape) const;
   void begin_grad_pass(const model::Batch& batch);
   void set_grad_data(Unit& u, float* data);
+  bool place_in_arena(Unit& u);
   void place_grad(Unit& u);
   bool place_or_stage(Unit& u, int module);
   void finish_staged(Unit& u);

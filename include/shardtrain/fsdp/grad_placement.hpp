@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "shardtrain/fsdp/units.hpp"
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/spec.hpp"
 
@@ -47,6 +48,12 @@ class GradPlacer {
   std::optional<size_t> place(size_t bytes);
   // Room on the stage for `bytes` more (taken when there is): its offset in the stage.
   std::optional<size_t> stage(size_t bytes);
+  // When a unit's backward reaches `module` before its shard has a place: the entries of `layout` whose gradients
+  // go to the stage now (the module's parameters not on it yet, `staged` says which are), or none when they may
+  // not: the module is not an RMSNorm (a projection group's gradients must stay adjacent for its fused GEMM), or
+  // there is no room. Then the shard takes memory of its own. Takes nothing on the stage itself (stage() does).
+  std::optional<std::vector<const FlatEntry*>> stage_request(const FlatLayout& layout, const model::ModuleInfo& module,
+                                                             const std::vector<int>& staged) const;
   size_t stage_used() const { return stage_used_; }
   size_t stage_capacity() const { return stage_capacity_; }
 
