@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <omp.h>
 #include <memory>
@@ -103,6 +106,29 @@ double max_of(const std::vector<train::IdleCause>& idle, const std::string& grou
   return most;
 }
 
+// How each kind of work's calls were priced, over every step run (by the key's first word: the op's name).
+struct Priced {
+  int64_t profile = 0, nearest_gemm = 0, rates = 0;
+};
+std::map<std::string, Priced> priced_by_op(const ops::TableCostModel& costs) {
+  std::map<std::string, Priced> by_op;
+  auto op_of = [](const std::string& key) { return key.substr(0, key.find(' ')); };
+  for (const auto& [key, calls] : costs.hit()) by_op[op_of(key)].profile += calls;
+  for (const auto& [key, miss] : costs.missed())
+    (miss.like.empty() ? by_op[op_of(key)].rates : by_op[op_of(key)].nearest_gemm) += miss.calls;
+  return by_op;
+}
+
+std::string priced_from(const Priced& o) {
+  const int64_t n = o.profile + o.nearest_gemm + o.rates;
+  if (n == 0) return "the timing device's memory rate";  // AdamW, the gradient norm's sums, copies
+  std::string s;
+  for (auto [count, what] : {std::pair{o.profile, "profile"}, std::pair{o.nearest_gemm, "nearest GEMM"},
+                             std::pair{o.rates, "rates"}})
+    if (count > 0) s += fmt::format("{}{} {:.0f} %", s.empty() ? "" : ", ", what, 100.0 * count / n);
+  return s;
+}
+
 void write_trace(const std::string& path, const train::Prediction& p) {
   nlohmann::json events = nlohmann::json::array();
   for (const timing::Task& t : p.tasks) {
@@ -131,6 +157,7 @@ int run_predict(const PredictOptions& o) {
   // Op times: each profile's calls, then the rates.
   ops::DeviceRates rates;
   std::map<std::string, double> table, memory_bound_scale;
+  std::vector<ops::GemmPoint> gemm_points;
   std::string profiles_described;
   bool timed_in_step = !o.ops_profiles.empty();  // every profile from `bench step --ops-profile`
   // The CPU backend: a rank's share of this machine, as its ranks get it (runtime.cpp: host_threads), and how many
@@ -153,6 +180,11 @@ int run_predict(const PredictOptions& o) {
     profiles_described += fmt::format("{}{} ({} call kinds, {})", profiles_described.empty() ? "" : "; ", path,
                                       profile.seconds.size(), profile.device);
     memory_bound_scale.insert(profile.memory_bound_scale.begin(), profile.memory_bound_scale.end());
+    for (const ops::GemmPoint& point : profile.gemm_points) {
+      const std::string op = point.key.substr(0, point.key.find(' '));
+      if (std::find(o.profile_excludes.begin(), o.profile_excludes.end(), op) == o.profile_excludes.end())
+        gemm_points.push_back(point);
+    }
     timed_in_step = timed_in_step && profile.source == "bench step";
     if (cpu && rates.name.empty()) rates = profile.rates;  // the CPU's rates are its profile's ceilings
   }
@@ -161,6 +193,7 @@ int run_predict(const PredictOptions& o) {
     throw UsageError("--gpu cpu needs --ops-profile (a `bench ops --json` of this machine's CPU backend)");
   ops::TableCostModel costs(table, rates);
   costs.set_memory_bound_scale(memory_bound_scale);
+  costs.set_gemm_points(gemm_points);
 
   train::PredictSetup s;
   s.nodes = o.nodes;
@@ -213,9 +246,12 @@ int run_predict(const PredictOptions& o) {
   fmt::print("predict ({}): {} node(s) x {} {}, {} mesh {}, micro-batch {} x seq {}, {} accumulation step(s)\n", source,
              o.nodes, o.gpus_per_node, what, sharding_strategy_name(config.fsdp.engine.strategy), p.layout.describe(),
              p.micro_batch, p.seq, p.accumulation);
-  fmt::print("  op times: {}; {} of {} calls from profiles, the rest from {} rates\n",
+  int64_t nearest_gemm = 0;
+  for (const auto& [key, miss] : costs.missed()) nearest_gemm += miss.like.empty() ? 0 : miss.calls;
+  fmt::print("  op times: {}; {} of {} calls from profiles, {} GEMMs at the nearest profiled GEMM's share of the "
+             "ceiling, the rest from {} rates\n",
              profiles_described.empty() ? "no profile" : profiles_described, costs.hits(), costs.hits() + costs.misses(),
-             rates.name);
+             nearest_gemm, rates.name);
   fmt::print("  links: {}\n", p.links_described);
   fmt::print("  PREDICTION, not a measurement (docs/predict.md says what it leaves out)\n");
   fmt::print("  step              {}\n", ms(step));
@@ -254,6 +290,16 @@ int run_predict(const PredictOptions& o) {
         fmt::print("    {:<44} {:>10}{}\n", g, ms(v.first),
                    v.second > 1 ? fmt::format("  ({} units, {} each at most)", v.second, ms(max_of(p.idle, g))) : "");
   }
+  const std::map<std::string, Priced> priced = priced_by_op(costs);
+  auto priced_of = [&](const std::string& work) {
+    const auto it = priced.find(work);
+    return it == priced.end() ? Priced{} : it->second;
+  };
+  fmt::print("  compute by op (per step; priced from):\n");
+  for (const train::WorkTotal& w : p.compute_by_work)
+    if (w.seconds >= 1e-3 * step)
+      fmt::print("    {:<22} {:>5.0f} calls {:>10} {:>5.1f} %   {}\n", w.work, w.calls, ms(w.seconds),
+                 100 * w.seconds / step, priced_from(priced_of(w.work)));
   if (!o.trace.empty()) write_trace(o.trace, p);
   if (!o.json.empty()) {
     nlohmann::json j = {{"prediction", true},
@@ -277,7 +323,16 @@ int run_predict(const PredictOptions& o) {
                         {"op_calls_from_profile", costs.hits()},
                         {"op_calls_from_rates", costs.misses()},
                         {"links", p.links_described}};
+    j["op_calls_at_nearest_gemm"] = nearest_gemm;
     for (const train::IdleCause& c : p.idle) j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}});
+    for (const train::WorkTotal& w : p.compute_by_work) {
+      const Priced from = priced_of(w.work);
+      j["compute_by_op"].push_back(
+          {{"op", w.work},
+           {"calls", w.calls},
+           {"seconds", w.seconds},
+           {"calls_priced", {{"profile", from.profile}, {"nearest_gemm", from.nearest_gemm}, {"rates", from.rates}}}});
+    }
     std::ofstream out(o.json);
     out << j.dump(2) << "\n";
     if (!out) throw Error(ExitCode::Io, fmt::format("--json {}: cannot be written", o.json));

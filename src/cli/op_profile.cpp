@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "op_rows.hpp"
+#include "shardtrain/runtime/dtype.hpp"
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::cli {
@@ -120,6 +123,55 @@ ops::DeviceRates profile_rates(const OpTimeTable& t, const std::vector<Row>& row
   return r;
 }
 
+// The (a, b) pairs of a row's shapes, in order: "dy^T (768, 32768) x (32768, 768) += f32" -> (768, 32768), (32768, 768).
+std::vector<std::pair<int64_t, int64_t>> shape_pairs(const std::string& shapes) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t open = shapes.find('('); open != std::string::npos; open = shapes.find('(', open + 1)) {
+    long long a = 0, b = 0;
+    if (std::sscanf(shapes.c_str() + open, "(%lld, %lld)", &a, &b) == 2) out.emplace_back(a, b);
+  }
+  return out;
+}
+
+// A row without keys that measured a GEMM today's bench no longer runs (an older profile's separate q/k/v and gate/up
+// projections) still says how fast a GEMM of its shape ran. Its dims come from its shapes as the projection rows
+// write them: "x (M, K) W^T (N, K)" (fwd), "dy (M, N) W (N, K)" (bwd dx, a GEMM of M x K x N), "dy^T (N, M) x (M, K)"
+// (bwd dW, N x K x M); its transposes and dtypes from today's row of the same pass (the row named "... fwd", "... bwd
+// dx" or "... bwd dW" whose one call is a GEMM). nullopt when any of it does not hold, or 2 M N K is not its work.
+std::optional<ops::GemmPoint> legacy_gemm_point(const Row& row, const std::vector<RecordedRow>& today,
+                                                const ops::DeviceRates& rates) {
+  const auto ends_with = [](const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  };
+  const char* passes[] = {" fwd", " bwd dx", " bwd dW"};
+  const auto pass = std::find_if(std::begin(passes), std::end(passes), [&](const char* p) { return ends_with(row.op, p); });
+  const auto pairs = shape_pairs(row.shapes);
+  if (pass == std::end(passes) || pairs.size() != 2) return std::nullopt;
+  std::optional<ops::GemmKey> form;
+  for (const RecordedRow& r : today)
+    if (!form && ends_with(r.row.op, *pass) && r.calls.size() == 1) form = ops::parse_gemm_key(r.calls.front().key);
+  if (!form) return std::nullopt;
+  ops::GemmKey g = *form;
+  const auto a = pairs[0], b = pairs[1];
+  if (*pass == passes[0]) g.m = a.first, g.n = b.first, g.k = a.second;
+  if (*pass == passes[1]) g.m = a.first, g.n = b.second, g.k = a.second;
+  if (*pass == passes[2]) g.m = a.first, g.n = b.second, g.k = a.second;
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  if (std::abs(flops - row.work) > 1e-9 * row.work) return std::nullopt;
+  // "NT bf16 bf16 bf16" -> the dtypes' sizes, for the bytes the analytic estimate weighs (a, b, and c written, or
+  // read and written when it accumulates).
+  std::istringstream words(g.form);
+  std::string transposes, da, db, dc, acc;
+  words >> transposes >> da >> db >> dc >> acc;
+  const auto size = [](const std::string& d) { return static_cast<double>(dtype_size(parse_dtype(d))); };
+  ops::OpCall call;
+  call.name = "matmul";
+  call.flops = flops;
+  call.bytes = static_cast<double>(g.m * g.k) * size(da) + static_cast<double>(g.k * g.n) * size(db) +
+               static_cast<double>(g.m * g.n) * size(dc) * (acc == "+=" ? 2 : 1);
+  return ops::GemmPoint{fmt::format("{}: {}", row.op, row.shapes), g, row.seconds / ops::analytic_seconds(call, rates)};
+}
+
 }  // namespace
 
 OpTimeTable load_op_profile(const std::string& path) {
@@ -170,9 +222,10 @@ OpTimeTable load_op_profile(const std::string& path) {
     rows.push_back(std::move(row));
   }
 
+  std::vector<RecordedRow> today;
   if (!with_calls) {  // an older profile: keys from today's rows of the same name and shapes
     t.keys_reconstructed = true;
-    const std::vector<RecordedRow> today =
+    today =
         record_rows(profile_shape(r, j), parse_dtype(t.dtype), t.backend == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
     for (Row& row : rows) {
       const auto it = std::find_if(today.begin(), today.end(), [&](const RecordedRow& x) { return x.row.op == row.op; });
@@ -228,15 +281,24 @@ OpTimeTable load_op_profile(const std::string& path) {
   for (const Row& row : rows) {
     if (row.calls_per_microbatch == 0) continue;
     for (const ops::OpCall& call : row.calls) {
-      if (call.flops > 0 || call.bytes <= 0) continue;
       const auto it = t.seconds.find(call.key);
-      if (it != t.seconds.end()) ratios[call.name].push_back(it->second / ops::analytic_seconds(call, t.rates));
+      if (it == t.seconds.end()) continue;
+      const double scale = it->second / ops::analytic_seconds(call, t.rates);
+      if (call.flops == 0 && call.bytes > 0) ratios[call.name].push_back(scale);
+      const std::optional<ops::GemmKey> gemm = call.flops > 0 ? ops::parse_gemm_key(call.key) : std::nullopt;
+      const bool seen = std::any_of(t.gemm_points.begin(), t.gemm_points.end(),
+                                    [&](const ops::GemmPoint& p) { return p.key == call.key; });
+      if (gemm && !seen) t.gemm_points.push_back({call.key, *gemm, scale});
     }
   }
   for (auto& [name, r] : ratios) {
     std::sort(r.begin(), r.end());
     t.memory_bound_scale[name] = r[r.size() / 2];
   }
+  for (const Row& row : rows)
+    if (row.calls.empty() && row.calls_per_microbatch > 0)
+      if (std::optional<ops::GemmPoint> point = legacy_gemm_point(row, today, t.rates))
+        t.gemm_points.push_back(std::move(*point));
   return t;
 }
 

@@ -44,6 +44,9 @@ struct OpTimeTable {
   // profile's rates. How far each kernel falls short of the copy ceiling, carried to shapes the profile lacks
   // (ops::TableCostModel::set_memory_bound_scale).
   std::map<std::string, double> memory_bound_scale;
+  // Every GEMM key of the step's rows with its measured / analytic seconds at the profile's rates: how far that GEMM
+  // fell short of the ceiling, carried to GEMMs of nearby shapes the profile lacks (ops::TableCostModel::set_gemm_points).
+  std::vector<ops::GemmPoint> gemm_points;
 };
 
 // ConfigError naming the file (and the field, and what was expected) for a missing file, bad JSON or a bad field.

@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <utility>
+#include <vector>
 
 namespace shardtrain::ops {
 namespace {
@@ -56,6 +58,26 @@ Gemm gemm(Transpose ta, Transpose tb, const Tensor& a, const Tensor& b, const Te
 }
 
 }  // namespace
+
+std::optional<GemmKey> parse_gemm_key(std::string_view key) {
+  // "matmul NT m 4096 n 768 k 768 bf16 bf16 f32 +=" or "matmul_add NT m 4096 n 768 k 3072 bf16 bf16 bf16 c bf16[N]"
+  std::vector<std::string_view> w;
+  for (size_t i = 0; i < key.size();) {
+    const size_t end = std::min(key.find(' ', i), key.size());
+    if (end > i) w.push_back(key.substr(i, end - i));
+    i = end + 1;
+  }
+  if (w.size() < 11 || (w[0] != "matmul" && w[0] != "matmul_add") || w[2] != "m" || w[4] != "n" || w[6] != "k")
+    return std::nullopt;
+  GemmKey g;
+  for (auto [text, dim] : {std::pair{w[3], &g.m}, std::pair{w[5], &g.n}, std::pair{w[7], &g.k}}) {
+    const auto r = std::from_chars(text.data(), text.data() + text.size(), *dim);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || *dim <= 0) return std::nullopt;
+  }
+  // matmul_add's c is a residual read by the epilogue: the same GEMM as matmul's, with one more tensor's bytes.
+  g.form = fmt::format("{} {} {} {}{}", w[1], w[8], w[9], w[10], w.back() == "+=" ? " +=" : "");
+  return g;
+}
 
 void DescribingOps::matmul(Transpose ta, Transpose tb, double, const Tensor& a, const Tensor& b, double beta,
                            const Tensor& c) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "shardtrain/runtime/error.hpp"
 
@@ -120,11 +122,34 @@ TableCostModel::TableCostModel(std::map<std::string, double> seconds_per_call, D
       throw ConfigError(fmt::format("op cost table: '{}': {} seconds per call: expected 0 or more", key, s));
 }
 
+namespace {
+// The point of `g`'s form nearest to it (the least sum of |log| ratios of M, N and K) among those within 2x of it in
+// each dim and those at least as large in each; nullptr when there is none.
+const GemmPoint* nearest_gemm_point(const std::vector<GemmPoint>& points, const GemmKey& g) {
+  const double limit = std::log(2.0) + 1e-9;
+  const GemmPoint* best = nullptr;
+  double best_distance = 0;
+  for (const GemmPoint& p : points) {
+    if (p.gemm.form != g.form) continue;
+    double distance = 0;
+    bool near = true, larger = true;
+    for (auto [point, call] : {std::pair{p.gemm.m, g.m}, std::pair{p.gemm.n, g.n}, std::pair{p.gemm.k, g.k}}) {
+      const double d = std::log(static_cast<double>(point) / static_cast<double>(call));
+      near = near && std::abs(d) <= limit;
+      larger = larger && d >= 0;
+      distance += std::abs(d);
+    }
+    if ((near || larger) && (!best || distance < best_distance)) best = &p, best_distance = distance;
+  }
+  return best;
+}
+}  // namespace
+
 TableCostModel::Lookup TableCostModel::lookup(const OpCall& call) const {
   const auto it = table_.find(call.key);
   std::lock_guard<std::mutex> lock(mutex_);
   if (it != table_.end()) {
-    ++hits_;
+    ++hits_[call.key];
     return {it->second * table_scale_, true};
   }
   Miss& m = missed_[call.key];
@@ -132,11 +157,23 @@ TableCostModel::Lookup TableCostModel::lookup(const OpCall& call) const {
     m.seconds_per_call = analytic_seconds(call, fallback_);
     const auto scale = memory_bound_scale_.find(call.name);
     if (call.flops == 0 && scale != memory_bound_scale_.end()) m.seconds_per_call *= scale->second;
+    const std::optional<GemmKey> gemm = call.flops > 0 ? parse_gemm_key(call.key) : std::nullopt;
+    if (const GemmPoint* p = gemm ? nearest_gemm_point(gemm_points_, *gemm) : nullptr) {
+      m.seconds_per_call *= p->scale;
+      m.like = p->key;
+    }
   }
   return {m.seconds_per_call, false};
 }
 
 int64_t TableCostModel::hits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t n = 0;
+  for (const auto& [key, calls] : hits_) n += calls;
+  return n;
+}
+
+std::map<std::string, int64_t> TableCostModel::hit() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return hits_;
 }
@@ -155,7 +192,7 @@ std::map<std::string, TableCostModel::Miss> TableCostModel::missed() const {
 
 void TableCostModel::reset_counts() {
   std::lock_guard<std::mutex> lock(mutex_);
-  hits_ = 0;
+  hits_.clear();
   missed_.clear();
 }
 

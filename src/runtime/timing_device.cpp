@@ -122,7 +122,7 @@ void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double is
     if (host_part > 0) idle_["host"].host_s += host_part;
     if (wait_part > 0) idle_[st.wait_cause.empty() ? std::string("?") : st.wait_cause].waiting_s += wait_part;
   }
-  tasks_.push_back(Task{stream_index(s), kind, host_, start, start + seconds, full});
+  tasks_.push_back(Task{stream_index(s), kind, host_, start, start + seconds, full, std::string(label)});
   st.end = start + seconds;
   st.wait_floor = 0;
   st.wait_cause.clear();
@@ -132,8 +132,8 @@ void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double is
 void TimingDevice::host_work(double seconds, std::string_view label, WorkKind kind) {
   const double start = host_;
   host_ += seconds;
-  tasks_.push_back(
-      Task{-1, kind, start, start, host_, context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label)});
+  tasks_.push_back(Task{-1, kind, start, start, host_,
+                        context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label), std::string(label)});
 }
 
 void TimingDevice::copy(void* dst, const void* src, size_t bytes, StreamRef s) {

@@ -185,10 +185,17 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   };
   const double last_sync = synced[synced.size() - 2];
   std::map<std::string, double> idle;
+  std::map<std::string, WorkTotal> by_work;
   for (const timing::Task& task : t.tasks()) {
     const double seconds = (task.end - task.start) / steps;
     // On a GPU the compute stream (0); on the CPU backend the host, which runs the ops and blocks in collectives.
-    if (task.kind == timing::WorkKind::Compute && task.stream == (gpu ? 0 : -1)) p.compute_busy_s += seconds;
+    const bool on_compute = task.stream == (gpu ? 0 : -1);
+    if (task.kind == timing::WorkKind::Compute && on_compute) {
+      p.compute_busy_s += seconds;
+      WorkTotal& w = by_work[task.work.substr(0, task.work.find(' '))];
+      w.calls += 1;  // per step below
+      w.seconds += seconds;
+    }
     if (task.kind == timing::WorkKind::Comm) {
       p.comm_busy_s += seconds;
       if (!gpu) idle[cause_of(task.label)] += seconds;  // nothing overlaps a blocking collective
@@ -202,6 +209,13 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     else p.exposed_comm_s += seconds;
   }
   std::sort(p.idle.begin(), p.idle.end(), [](const IdleCause& a, const IdleCause& b) { return a.seconds > b.seconds; });
+  for (auto& [work, w] : by_work) {
+    w.work = work;
+    w.calls /= steps;
+    p.compute_by_work.push_back(w);
+  }
+  std::sort(p.compute_by_work.begin(), p.compute_by_work.end(),
+            [](const WorkTotal& a, const WorkTotal& b) { return a.seconds > b.seconds; });
   p.peak_device_bytes = device_memory_stats().peak - memory_before;
   return p;
 }

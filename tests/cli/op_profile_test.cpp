@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "shardtrain/runtime/error.hpp"
 #include "src/cli/op_profile.hpp"
@@ -61,6 +62,47 @@ TEST(OpProfile, H200SeedProfileMapsKeysToRowMedians) {
   EXPECT_DOUBLE_EQ(t.rates.attention_forward_flops_per_s, 25769803776.0 / 0.0002546560019254685);
   EXPECT_DOUBLE_EQ(t.rates.attention_backward_flops_per_s, 51539607552.0 / 0.0007273760139942169);
   EXPECT_DOUBLE_EQ(t.rates.kernel_overhead_s, 2.768000029027462e-05 - 100663296.0 / 4260339059929.9385);
+}
+
+const ops::GemmPoint* point_from(const OpTimeTable& t, const std::string& from) {
+  for (const ops::GemmPoint& p : t.gemm_points)
+    if (p.key == from) return &p;
+  return nullptr;
+}
+
+// Every GEMM the profile measured is a point: the keyed rows by their keys, the rows today's bench no longer has
+// (q, k/v and gate/up apart, down_proj without its residual) by their shapes, with the form of today's row of the
+// same pass. Each point's scale is its measured seconds over the analytic seconds at the profile's rates.
+TEST(OpProfile, H200SeedProfileGivesAGemmPointPerMeasuredGemm) {
+  const OpTimeTable t = load_op_profile(kH200);
+  EXPECT_EQ(t.gemm_points.size(), 15u);  // q, k/v, o, gate/up: 3 each; down_proj: fwd (shapes), dx and dW (keys)
+  auto analytic = [&](double flops, double bytes) {
+    ops::OpCall c{"matmul", "", "", flops, bytes};
+    return ops::analytic_seconds(c, t.rates);
+  };
+  const ops::GemmPoint* gate_up_dw = point_from(t, "gate_proj, up_proj bwd dW: dy^T (3072, 32768) x (32768, 768) += f32");
+  ASSERT_NE(gate_up_dw, nullptr);
+  EXPECT_EQ(gate_up_dw->gemm.form, "TN bf16 bf16 f32 +=");
+  EXPECT_EQ((std::vector<int64_t>{gate_up_dw->gemm.m, gate_up_dw->gemm.n, gate_up_dw->gemm.k}),
+            (std::vector<int64_t>{3072, 768, 32768}));
+  // a: dy (32768, 3072) bf16, b: x (32768, 768) bf16, c: dW (3072, 768) f32 read and written
+  const double dw_bytes = 32768.0 * 3072 * 2 + 32768.0 * 768 * 2 + 3072.0 * 768 * 4 * 2;
+  EXPECT_DOUBLE_EQ(gate_up_dw->scale, 0.00020060800015926362 / analytic(154618822656.0, dw_bytes));
+  const ops::GemmPoint* kv_dx = point_from(t, "k_proj, v_proj bwd dx: dy (32768, 192) W (192, 768)");
+  ASSERT_NE(kv_dx, nullptr);
+  EXPECT_EQ(kv_dx->gemm.form, "NN bf16 bf16 bf16");
+  EXPECT_EQ((std::vector<int64_t>{kv_dx->gemm.m, kv_dx->gemm.n, kv_dx->gemm.k}), (std::vector<int64_t>{32768, 768, 192}));
+  // memory-bound at the profile's rates (dy, W and dx: 63 MB), yet 1.4x that: at 45 % of the GEMM ceiling
+  const double kv_dx_bytes = 32768.0 * 192 * 2 + 192.0 * 768 * 2 + 32768.0 * 768 * 2;
+  EXPECT_DOUBLE_EQ(kv_dx->scale, 2.6544000022113325e-05 / analytic(9663676416.0, kv_dx_bytes));
+  EXPECT_GT(kv_dx->scale, 1.4);
+  const std::string o_proj = "matmul NT m 32768 n 768 k 768 bf16 bf16 bf16";
+  const ops::GemmPoint* keyed = point_from(t, o_proj);
+  ASSERT_NE(keyed, nullptr);
+  EXPECT_EQ(keyed->gemm.form, "NT bf16 bf16 bf16");
+  const double o_bytes = 32768.0 * 768 * 2 * 2 + 768.0 * 768 * 2;
+  EXPECT_DOUBLE_EQ(keyed->scale, t.seconds.at(o_proj) / analytic(38654705664.0, o_bytes));
+  ASSERT_NE(point_from(t, "down_proj fwd: x (32768, 3072) W^T (768, 3072)"), nullptr);
 }
 
 class TempFile {

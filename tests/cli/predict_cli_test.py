@@ -5,6 +5,8 @@
   989 TFLOP/s in (0, 1], exposed communication <= collectives' time and < the step, peak memory under 80 GiB);
 - the same on 4 nodes with HYBRID_SHARD: the replicas' all-reduce crosses the nodes (infiniband) and is among the
   causes; the step is no shorter than on one node;
+- the compute stream's time by op adds up to its busy time, with each layer's GEMMs counted; the seed on one H200
+  prices the GEMMs its profile lacks like the nearest ones it has, the 8B none (beyond 2x of every seed GEMM);
 - the trace is Chrome's JSON with the compute stream and the collectives' streams;
 - a config that does not fit (70B sharded over 8 GPUs) says DOES NOT FIT;
 - bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
@@ -57,11 +59,28 @@ check(0 <= j["exposed_comm_s"] <= j["comm_busy_s"], "exposed <= collectives' tim
 check(j["exposed_comm_s"] < j["step_s"] and j["compute_busy_s"] <= j["step_s"], "exposed and compute within the step")
 check(0 < j["peak_device_bytes"] < 80 * 2**30, f"peak memory {j['peak_device_bytes']}")
 check(j["op_calls_from_profile"] + j["op_calls_from_rates"] > 1000, "every op call priced")
+by_op = {o["op"]: o for o in j.get("compute_by_op", [])}
+check(abs(sum(o["seconds"] for o in by_op.values()) - j["compute_busy_s"]) < 1e-9 * j["compute_busy_s"],
+      "compute by op adds up to the compute stream's busy time")
+check(by_op.get("matmul", {}).get("calls") == 32 * 11 and by_op.get("matmul_add", {}).get("calls") == 32,
+      f"32 layers' GEMMs a step: {by_op.get('matmul')}")
+check(j.get("op_calls_at_nearest_gemm") == 0, "no 8B GEMM within 2x of a seed-profile GEMM: the ceiling prices them")
 t = json.load(open(trace))["traceEvents"]
 tids = {e["tid"] for e in t}
 check("compute" in tids and len(tids) >= 3, f"trace streams {sorted(tids)}")
 check(all(e["ph"] == "X" and e["dur"] >= 0 for e in t), "trace events are complete events")
 check(any("all_gather shard" in e["name"] for e in t), "the trace holds the all-gathers")
+
+# The seed on one H200 with its own profile: the fused q/k/v and gate/up GEMMs the profile lacks take the share of
+# the ceiling of the profile's separate projections (within 2x in each dim).
+seed = os.path.join(work, "seed.json")
+p = predict("--config", "configs/llama-seed.toml", "--nodes", "1", "--gpus-per-node", "1", "--gpu", "h200", *profile,
+            "--json", seed)
+sj = json.load(open(seed))
+seed_matmul = {o["op"]: o for o in sj.get("compute_by_op", [])}.get("matmul", {})
+check(sj.get("op_calls_at_nearest_gemm", 0) > 0 and seed_matmul.get("calls_priced", {}).get("nearest_gemm", 0) > 0,
+      f"seed: GEMMs priced like their nearest profiled GEMM: {sj.get('op_calls_at_nearest_gemm')} {seed_matmul}")
+check("compute by op (per step; priced from):" in p.stdout and "nearest GEMM" in p.stdout, "the report's op table")
 
 four = os.path.join(work, "four.json")
 predict("--config", "configs/llama3-8b.toml", "--nodes", "4", "--gpus-per-node", "8", "--gpu", "h100", *profile,

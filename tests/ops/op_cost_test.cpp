@@ -1,8 +1,12 @@
-// Op costs: the analytic estimate's arithmetic per kind of op, the table model's hits and misses, the built-in
-// device rates, and bad rates.
+// Op costs: the analytic estimate's arithmetic per kind of op, the table model's hits and misses (and GEMMs priced
+// like the nearest measured one), GEMM keys read back, the built-in device rates, and bad rates.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "shardtrain/ops/op_cost.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -55,6 +59,74 @@ TEST(OpCost, MemoryBoundMissesTakeTheirOpsScale) {
   EXPECT_DOUBLE_EQ(m.seconds(call("matmul", "c", 2e9, 1e6)), 2e-6 + 2e-3);        // FLOPs: never scaled
 }
 
+// Records each call's key, as the timing ops would see it.
+class KeyRecorder final : public DescribingOps {
+ public:
+  std::vector<std::string> keys;
+  DeviceKind device() const override { return DeviceKind::Cpu; }
+  void set_stream(StreamRef) override {}
+  StreamRef stream() const override { return {}; }
+  std::unique_ptr<Ops> make_side_ops() const override { return nullptr; }
+
+ private:
+  void on_call(OpCall call) override { keys.push_back(call.key); }
+};
+
+TEST(OpCost, GemmKeysReadBackAsDescribingOpsWritesThem) {
+  std::vector<float> buf(4096);
+  const Tensor x = make_tensor(buf.data(), DType::BF16, {16, 8}), w = make_tensor(buf.data(), DType::BF16, {24, 8});
+  const Tensor y = make_tensor(buf.data(), DType::BF16, {16, 24}), dw = make_tensor(buf.data(), DType::F32, {24, 8});
+  KeyRecorder r;
+  r.matmul(Transpose::No, Transpose::Yes, 1.0, x, w, 0.0, y);      // y = x W^T: 16 x 24 x 8
+  r.matmul(Transpose::Yes, Transpose::No, 1.0, y, x, 1.0, dw);     // dW += dy^T x: 24 x 8 x 16
+  r.matmul_add(Transpose::No, Transpose::Yes, 1.0, x, w, y, y);    // y = x W^T + r
+  r.fill(y, 0.0);
+  ASSERT_EQ(r.keys.size(), 4u);
+  const auto a = parse_gemm_key(r.keys[0]), b = parse_gemm_key(r.keys[1]), c = parse_gemm_key(r.keys[2]);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->form, "NT bf16 bf16 bf16");
+  EXPECT_EQ((std::vector<int64_t>{a->m, a->n, a->k}), (std::vector<int64_t>{16, 24, 8}));
+  EXPECT_EQ(b->form, "TN bf16 bf16 f32 +=");
+  EXPECT_EQ((std::vector<int64_t>{b->m, b->n, b->k}), (std::vector<int64_t>{24, 8, 16}));
+  EXPECT_EQ(c->form, a->form);  // the residual in the epilogue: the same GEMM
+  EXPECT_EQ((std::vector<int64_t>{c->m, c->n, c->k}), (std::vector<int64_t>{16, 24, 8}));
+  EXPECT_FALSE(parse_gemm_key(r.keys[3]));
+  EXPECT_FALSE(parse_gemm_key("matmul NT m 16 n x k 8 bf16 bf16 bf16"));
+  EXPECT_FALSE(parse_gemm_key("matmul NT m 16 n 0 k 8 bf16 bf16 bf16"));
+  EXPECT_FALSE(parse_gemm_key("matmul NT m 16 n 24"));
+}
+
+TEST(OpCost, GemmMissesTakeTheNearestMeasuredGemmsScale) {
+  // analytic at 1 TFLOP/s: 2 us + 2 M N K / 1e12 (these GEMMs are compute-bound at 100 GB/s)
+  auto gemm = [](int64_t m, int64_t n, int64_t k, const char* form = "NT bf16 bf16 bf16") {
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const std::string key = fmt::format("matmul {} m {} n {} k {} {}", std::string(form).substr(0, 2), m, n, k,
+                                        std::string(form).substr(3));
+    return OpCall{"matmul", key, "", flops, 1e3};
+  };
+  TableCostModel m({}, test_rates());
+  m.set_gemm_points({{"small", GemmKey{"NT bf16 bf16 bf16", 4096, 768, 768}, 1.25},
+                     {"wide", GemmKey{"NT bf16 bf16 bf16", 4096, 3072, 768}, 1.1},
+                     {"dW", GemmKey{"TN bf16 bf16 f32 +=", 768, 768, 4096}, 1.5}});
+  auto analytic = [&](const OpCall& c) { return analytic_seconds(c, test_rates()); };
+  const OpCall qkv = gemm(4096, 1152, 768), gate_up = gemm(4096, 6144, 768), big = gemm(4096, 4096, 4096);
+  const OpCall dw = gemm(1152, 768, 4096, "TN bf16 bf16 f32 +="), other_form = gemm(4096, 1152, 768, "NN bf16 bf16 bf16");
+  const OpCall tiny = gemm(256, 768, 768), tiny_but_long = gemm(256, 768, 2048);
+  EXPECT_DOUBLE_EQ(m.seconds(qkv), 1.25 * analytic(qkv));          // n 1152: nearer 768 than 3072
+  EXPECT_DOUBLE_EQ(m.seconds(gate_up), 1.1 * analytic(gate_up));   // n 6144: 2x of 3072, the limit
+  EXPECT_DOUBLE_EQ(m.seconds(big), analytic(big));                 // k 4096: over 2x of every point's
+  EXPECT_DOUBLE_EQ(m.seconds(dw), 1.5 * analytic(dw));             // its own form's point
+  EXPECT_DOUBLE_EQ(m.seconds(other_form), analytic(other_form));   // no point of its form
+  EXPECT_DOUBLE_EQ(m.seconds(tiny), 1.25 * analytic(tiny));         // m 16x smaller: bounded by a larger GEMM
+  EXPECT_DOUBLE_EQ(m.seconds(tiny_but_long), analytic(tiny_but_long));  // k larger than every point's
+  EXPECT_EQ(m.missed().at(qkv.key).like, "small");
+  EXPECT_EQ(m.missed().at(gate_up.key).like, "wide");
+  EXPECT_EQ(m.missed().at(big.key).like, "");
+  // A call the table has keeps its measured seconds.
+  const TableCostModel measured({{qkv.key, 9e-6}}, test_rates());
+  EXPECT_DOUBLE_EQ(measured.seconds(qkv), 9e-6);
+}
+
 TEST(OpCost, TableScaleMultipliesTableHitsOnly) {
   TableCostModel m({{"k", 3e-3}}, test_rates());
   m.set_table_scale(2.0);
@@ -74,6 +146,7 @@ TEST(OpCost, TableHitsAndFallbackMisses) {
   EXPECT_DOUBLE_EQ(b.seconds, 2e-6 + 2e-3);
   EXPECT_DOUBLE_EQ(m.seconds(miss), 2e-6 + 2e-3);
   EXPECT_EQ(m.hits(), 1);
+  EXPECT_EQ(m.hit().at(hit.key), 1);
   EXPECT_EQ(m.misses(), 2);
   const auto missed = m.missed();
   ASSERT_EQ(missed.size(), 1u);

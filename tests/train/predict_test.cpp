@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "shardtrain/ops/op_cost.hpp"
@@ -69,6 +70,26 @@ TEST(Predict, OneGpuStepIsItsComputeWithNoCommunication) {
   EXPECT_GT(p.mfu, 0.0);
   EXPECT_LE(p.mfu, 1.0);
   EXPECT_GT(p.peak_device_bytes, 0u);
+}
+
+// The compute stream's time by kind of work adds up to compute_busy_s, and counts each layer's GEMMs: q/k/v, o and
+// gate/up forward, each of their dx and dW, and down_proj's (its forward adds the residual in the GEMM: matmul_add).
+TEST(Predict, ComputeByWorkAddsUpToTheComputeStreamsBusyTime) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  const Prediction p = predict(small_config(ShardingStrategy::FullShard, 1), 1, 1, costs);
+  double sum = 0;
+  std::map<std::string, double> calls;
+  for (const WorkTotal& w : p.compute_by_work) {
+    sum += w.seconds;
+    calls[w.work] = w.calls;
+  }
+  EXPECT_NEAR(sum, p.compute_busy_s, 1e-12 * p.compute_busy_s);
+  EXPECT_DOUBLE_EQ(calls["matmul"], 4 * 11);
+  EXPECT_DOUBLE_EQ(calls["matmul_add"], 4);
+  EXPECT_DOUBLE_EQ(calls["linear_cross_entropy"], 1);
+  EXPECT_DOUBLE_EQ(calls["attention_forward"], 4);
+  EXPECT_TRUE(std::is_sorted(p.compute_by_work.begin(), p.compute_by_work.end(),
+                             [](const WorkTotal& a, const WorkTotal& b) { return a.seconds > b.seconds; }));
 }
 
 TEST(Predict, TheSameStepTwiceGivesTheSameTimes) {

@@ -11,7 +11,10 @@
 // Memory-bound ops count no FLOPs.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "shardtrain/ops/ops.hpp"
 
@@ -26,6 +29,17 @@ struct OpCall {
   double bytes = 0;
   AttentionShape attention;  // attention_forward and attention_backward: their shape (zeros for other ops)
 };
+
+// A GEMM call's key read back (matmul and matmul_add keys, as DescribingOps writes them): its dims, and what else
+// sets its speed, so that a GEMM a profile lacks can be priced like the nearest one it has (op_cost.hpp).
+struct GemmKey {
+  // transposes, a's, b's and the output's dtypes, and whether the output accumulates ("+="): "TN bf16 bf16 f32 +=".
+  // matmul and matmul_add (a residual added in the epilogue) of the same dims have the same form.
+  std::string form;
+  int64_t m = 0, n = 0, k = 0;
+};
+// nullopt for a key that is not a GEMM's, or not in the format above.
+std::optional<GemmKey> parse_gemm_key(std::string_view key);
 
 // An Ops that computes nothing and describes every call to on_call, in call order. The losses return zero sums;
 // defer_loss does nothing and take_loss returns zeros unless a subclass says otherwise. The attention mask's

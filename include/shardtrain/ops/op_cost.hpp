@@ -51,6 +51,15 @@ std::vector<std::string> device_rates_names();
 // op with FLOPs.
 double analytic_seconds(const OpCall& call, const DeviceRates& rates);
 
+// A GEMM a profile measured: how its measured time compares with the analytic estimate at that profile's rates.
+// Small GEMMs (short K, few output tiles) fall well short of the ceiling the rates take: at the seed's shape the
+// profile's run at 45 to 97 % of it.
+struct GemmPoint {
+  std::string key;  // the profile's key
+  GemmKey gemm;
+  double scale = 1;  // measured seconds / analytic seconds at the profile's rates
+};
+
 // Seconds per call from a table of keys (a profile's), the analytic estimate at `fallback` for the keys it lacks.
 // Counts which calls came from where (the counts, not the costs, change under a const call; safe across threads).
 class TableCostModel final : public OpCostModel {
@@ -68,16 +77,27 @@ class TableCostModel final : public OpCostModel {
 
   struct Miss {
     int64_t calls = 0;
-    double seconds_per_call = 0;  // the analytic estimate
+    double seconds_per_call = 0;  // the analytic estimate (x a scale: the op's, or the nearest GEMM point's)
+    std::string like;             // the GEMM point whose scale priced it; empty: none
   };
   int64_t hits() const;
   int64_t misses() const;
   std::map<std::string, Miss> missed() const;  // by key
+  std::map<std::string, int64_t> hit() const;  // calls by key
   void reset_counts();
 
   // A memory-bound call (no FLOPs) the table lacks costs its analytic time x the scale of its op's name, when
   // given: how far that kernel fell short of the copy ceiling where it was measured (a profile's, op_profile.hpp).
   void set_memory_bound_scale(std::map<std::string, double> scale) { memory_bound_scale_ = std::move(scale); }
+  // A GEMM the table lacks costs its analytic time x the scale of the nearest point of the same form (the least sum
+  // of |log| ratios of M, N and K) among the points within 2x of it in each dim and the points at least as large in
+  // each; else the analytic time at the rates' ceiling.
+  // - Within 2x, a GEMM keeps about the tiles and the share of the ceiling of its neighbour.
+  // - A GEMM's share of the ceiling grows with each dim (more tiles to fill the SMs, a longer K to hide each tile's
+  //   start and end), so a larger GEMM's share bounds a smaller one's from above: nearer than the ceiling.
+  // - A GEMM larger than every point (a larger model than the profile's) takes the ceiling: a smaller GEMM's share
+  //   would bound it from below, and the ceiling is the nearer guess there.
+  void set_gemm_points(std::vector<GemmPoint> points) { gemm_points_ = std::move(points); }
   // Every call the table has costs its seconds x `scale`: op times measured where a rank had a core to itself,
   // priced for ranks that share the cores (the CPU backend with more ranks than cores). 1 by default.
   void set_table_scale(double scale) { table_scale_ = scale; }
@@ -89,9 +109,10 @@ class TableCostModel final : public OpCostModel {
   std::map<std::string, double> table_;
   DeviceRates fallback_;
   std::map<std::string, double> memory_bound_scale_;
+  std::vector<GemmPoint> gemm_points_;
   double table_scale_ = 1;
   mutable std::mutex mutex_;
-  mutable int64_t hits_ = 0;
+  mutable std::map<std::string, int64_t> hits_;
   mutable std::map<std::string, Miss> missed_;
 };
 

@@ -40,7 +40,8 @@ struct Task {
   int stream = 0;  // 0 the null stream (where the ops of the compute context run), then in creation order
   WorkKind kind = WorkKind::Compute;
   double issued = 0, start = 0, end = 0;
-  std::string label;
+  std::string label;  // the context (the unit: "model.layers.3") and the work: "model.layers.3 matmul 4096x1152x768"
+  std::string work;   // the work alone: "matmul 4096x1152x768"
 };
 
 // Time the compute stream (the null stream) stood idle before a task, and why: waiting for an event recorded

@@ -51,6 +51,14 @@ struct IdleCause {
   double seconds = 0;
 };
 
+// One kind of work on the compute stream (the CPU backend: the host's ops), per step: "matmul", "adamw", "copy".
+// Over every kind, the seconds add up to Prediction::compute_busy_s.
+struct WorkTotal {
+  std::string work;  // the first word of its tasks' work (timing::Task::work)
+  double calls = 0;  // per step
+  double seconds = 0;
+};
+
 struct Prediction {
   MeshLayout layout;
   int64_t micro_batch = 0, seq = 0;
@@ -65,6 +73,7 @@ struct Prediction {
   double exposed_comm_s = 0;         // compute idle waiting on collectives
   double host_idle_s = 0;            // compute idle waiting on the host
   std::vector<IdleCause> idle;       // by cause, largest first
+  std::vector<WorkTotal> compute_by_work;  // compute_busy_s by kind of work, largest first
   size_t peak_device_bytes = 0;      // the engine's, model's and optimizer's device buffers at their peak
   std::vector<timing::Task> tasks;   // the last step's, for a trace
   std::string links_described;       // each axis's links in words
