@@ -202,6 +202,7 @@ int run_predict(const PredictOptions& o) {
   s.device_name = choice.device_name;
   s.op_costs = &costs;
   s.steps = o.steps;
+  if (rates.update_bytes_per_s > 0) s.host.memory_bytes_per_s = rates.update_bytes_per_s;
   if (cpu) {
     omp_set_num_threads(threads);
     s.host_contention = contention;

@@ -159,16 +159,17 @@ std::optional<ops::GemmPoint> legacy_gemm_point(const Row& row, const std::vecto
   const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   if (std::abs(flops - row.work) > 1e-9 * row.work) return std::nullopt;
   // "NT bf16 bf16 bf16" -> the dtypes' sizes, for the bytes the analytic estimate weighs (a, b, and c written, or
-  // read and written when it accumulates).
+  // read and written when it accumulates: "dy^T (N, M) x (M, K) += f32").
   std::istringstream words(g.form);
-  std::string transposes, da, db, dc, acc;
-  words >> transposes >> da >> db >> dc >> acc;
+  std::string transposes, da, db, dc;
+  words >> transposes >> da >> db >> dc;
+  const bool accumulates = row.shapes.find("+=") != std::string::npos;
   const auto size = [](const std::string& d) { return static_cast<double>(dtype_size(parse_dtype(d))); };
   ops::OpCall call;
   call.name = "matmul";
   call.flops = flops;
   call.bytes = static_cast<double>(g.m * g.k) * size(da) + static_cast<double>(g.k * g.n) * size(db) +
-               static_cast<double>(g.m * g.n) * size(dc) * (acc == "+=" ? 2 : 1);
+               static_cast<double>(g.m * g.n) * size(dc) * (accumulates ? 2 : 1);
   return ops::GemmPoint{fmt::format("{}: {}", row.op, row.shapes), g, row.seconds / ops::analytic_seconds(call, rates)};
 }
 

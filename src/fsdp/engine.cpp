@@ -391,24 +391,33 @@ void FsdpEngine::begin_unit_backward(Unit& u, int module) {
   if (u.state == UnitState::InBackward || u.empty()) return;
   move_to(u, UnitState::InBackward);
   const model::ModelSpec& spec = model_->spec();
+  // A gradient that holds nothing yet (the step's first backward into it): the GEMMs write their parameters'
+  // gradients whole, and only the rest is zeroed (zero_for_backward).
+  model::ParamBinding& binding = model_->binding();
+  auto write_of = [&](const FlatEntry& e, bool fresh) {
+    return fresh && model::gemm_writes_gradient(spec, e.param) ? model::GradWrite::Overwrite
+                                                                 : model::GradWrite::Accumulate;
+  };
   if (grads_in_shard_) {  // the shard is the whole flat gradient (S == 1): backward accumulates into it
-    if (!u.reduced_this_step) {
+    const bool fresh = !u.reduced_this_step;
+    if (fresh) {
       if (!place_or_stage(u, module)) return;  // this module's gradients wait on the stage
-      zero_shard_grad(u);
+      zero_for_backward(u, grad_tensor(u));
       u.reduced_this_step = true;
     }
-    for (const FlatEntry& e : u.layout.entries) {
-      model_->binding().bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))));
-    }
+    for (const FlatEntry& e : u.layout.entries)
+      binding.bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))), write_of(e, fresh));
     return;
   }
-  if (!u.full_grad) {  // in no_sync mode it survives from the previous micro-batch
+  const bool fresh = !u.full_grad;  // in no_sync mode it survives from the previous micro-batch
+  if (fresh) {
     u.full_grad = grad_pool_.acquire(static_cast<size_t>(u.layout.padded_numel) * 4);
     u.full_grad.fence.wait(kCompute);  // a reduce-scatter may still read it for another unit
-    ops_->fill(u.full_grad.view(DType::F32, 0, {u.layout.padded_numel}), 0.0);
+    zero_for_backward(u, u.full_grad.view(DType::F32, 0, {u.layout.padded_numel}));
   }
   for (const FlatEntry& e : u.layout.entries) {
-    model_->binding().bind_grad(e.param, u.full_grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))));
+    binding.bind_grad(e.param, u.full_grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))),
+                      write_of(e, fresh));
   }
 }
 
@@ -417,6 +426,10 @@ void FsdpEngine::begin_unit_backward(Unit& u, int module) {
 // sums are the global mean gradient. With overlap every step of it runs on the reduce and replicate streams
 // (see "Overlap" above); compute waits for it at the end of the step.
 void FsdpEngine::reduce_gradients(Unit& u) {
+  for (const FlatEntry& e : u.layout.entries)  // bound to be overwritten: a GEMM must have written it whole
+    if (model_->binding().grad_unwritten(e.param))
+      throw InternalError(fmt::format("FSDP unit {} ({}): the gradient of {} was never written in its backward",
+                                      u.spec->index, u.spec->name, model_->spec().param(e.param).name));
   if (grads_in_shard_) return;  // nothing to reduce: backward wrote the shard itself
   if (observer_) observer_->schedule_point(SchedulePoint::ReductionIssued, u.spec->index);
   const DType rd = config_.reduce_dtype;

@@ -14,7 +14,7 @@ namespace shardtrain::model::detail {
 struct Exec {
   ops::Ops& ops;
   const ModelSpec& spec;
-  const ParamBinding& binding;
+  ParamBinding& binding;  // the GEMMs that write gradients take their beta from it (take_grad_beta)
   ModuleHooks& hooks;
   ops::AttentionShape shape;
   ops::AttentionMask mask;
@@ -24,6 +24,7 @@ struct Exec {
 
   const ops::Tensor& param(int i) const { return binding.param(i); }
   const ops::Tensor& grad(int i) const { return binding.grad(i); }
+  double grad_beta(int first, int count = 1) const { return binding.take_grad_beta(first, count); }
 };
 
 // RAII pairs of module hooks: before_* in the constructor, after_* in the destructor.

@@ -74,8 +74,9 @@ std::optional<GemmKey> parse_gemm_key(std::string_view key) {
     const auto r = std::from_chars(text.data(), text.data() + text.size(), *dim);
     if (r.ec != std::errc() || r.ptr != text.data() + text.size() || *dim <= 0) return std::nullopt;
   }
-  // matmul_add's c is a residual read by the epilogue: the same GEMM as matmul's, with one more tensor's bytes.
-  g.form = fmt::format("{} {} {} {}{}", w[1], w[8], w[9], w[10], w.back() == "+=" ? " +=" : "");
+  // matmul_add's residual and an accumulating matmul's C ("+=") are read by the epilogue: the same GEMM as a plain
+  // matmul's, with one more tensor's bytes (which the analytic estimate counts).
+  g.form = fmt::format("{} {} {} {}", w[1], w[8], w[9], w[10]);
   return g;
 }
 

@@ -31,6 +31,9 @@ constexpr double kH200AttentionForwardFlops = 627.2e12;
 constexpr double kH200AttentionBackwardFlops = 533.2e12 * 2.0 / 2.5;
 constexpr double kH200KernelOverhead = 4e-6;
 constexpr double kH200LossFlops = 503.0e12;
+//   the fused AdamW: one launch over the seed's 179,448,576 parameters (28 bytes each, 5.02 GB) took 1.2515 ms in
+//     the step, docs/gpu-runs/2026-11-26-h200/cece5a0/profile.md: 4.01 TB/s, 95 % of the copy ceiling.
+constexpr double kH200UpdateBytes = 179448576.0 * 28.0 / 1.2515e-3;
 // cuDNN's fused attention, the fast backward, at the three shapes of docs/performance.md (1aeba62/attention.md,
 // 2026-11-27): seed (Dh 64, S 512) 253.6 / 151.4, 1B (Dh 64, S 2048) 397.5 / 315.6, 8B (Dh 128, S 8192) 627.2 /
 // 533.2 TFLOP/s, each backward counted 2.5x the forward there and 2x here.
@@ -52,12 +55,19 @@ DeviceRates h200_rates() {
           kH200AttentionBackwardFlops,
           kH200KernelOverhead,
           kH200LossFlops,
-          h200_attention_points()};
+          h200_attention_points(),
+          kH200UpdateBytes};
 }
 DeviceRates h100_sxm_rates() {
-  return {
-      "h100-sxm",          kH200MatmulFlops, kH100MemoryBytes,       kH200AttentionForwardFlops, kH200AttentionBackwardFlops,
-      kH200KernelOverhead, kH200LossFlops,   h200_attention_points()};
+  return {"h100-sxm",
+          kH200MatmulFlops,
+          kH100MemoryBytes,
+          kH200AttentionForwardFlops,
+          kH200AttentionBackwardFlops,
+          kH200KernelOverhead,
+          kH200LossFlops,
+          h200_attention_points(),
+          kH200UpdateBytes * 3.35 / 4.8};
 }
 
 void check_rates(const DeviceRates& r) {

@@ -82,7 +82,7 @@ TEST(OpProfile, H200SeedProfileGivesAGemmPointPerMeasuredGemm) {
   };
   const ops::GemmPoint* gate_up_dw = point_from(t, "gate_proj, up_proj bwd dW: dy^T (3072, 32768) x (32768, 768) += f32");
   ASSERT_NE(gate_up_dw, nullptr);
-  EXPECT_EQ(gate_up_dw->gemm.form, "TN bf16 bf16 f32 +=");
+  EXPECT_EQ(gate_up_dw->gemm.form, "TN bf16 bf16 f32");
   EXPECT_EQ((std::vector<int64_t>{gate_up_dw->gemm.m, gate_up_dw->gemm.n, gate_up_dw->gemm.k}),
             (std::vector<int64_t>{3072, 768, 32768}));
   // a: dy (32768, 3072) bf16, b: x (32768, 768) bf16, c: dW (3072, 768) f32 read and written

@@ -85,10 +85,18 @@ class Store {
     if (dense_) return dense_->grad(i);
     return ops::make_tensor(views_[static_cast<size_t>(i)].second, dtype_, param_shape(spec_.param(i)));
   }
-  void bind(ParamBinding& b) const {
+  // Overwrite: the projections' gradients bound to be overwritten (as the FSDP engine binds a fresh buffer), their
+  // memory filled with NaN first, so that any read of it before the GEMM's write shows.
+  void bind(ParamBinding& b, GradWrite projections = GradWrite::Accumulate) const {
     for (const ParamInfo& p : spec_.params()) {
       b.bind_param(p.index, param(p.index));
-      b.bind_grad(p.index, grad(p.index));
+      const bool gemm = gemm_writes_gradient(spec_, p.index);
+      const GradWrite write = gemm ? projections : GradWrite::Accumulate;
+      if (write == GradWrite::Overwrite) {
+        const ops::Tensor g = grad(p.index);
+        for (int64_t i = 0; i < p.numel; ++i) set(g, i, std::nan(""));
+      }
+      b.bind_grad(p.index, grad(p.index), write);
     }
   }
   std::vector<double> all_grads() const {
@@ -114,11 +122,11 @@ class Store {
 };
 
 Result run(const LlamaConfig& c, DType dtype, ProjectionFusion fusion, Checkpointing ckpt = Checkpointing::None,
-           const fsdp::WrapConfig* wrap = nullptr) {
+           const fsdp::WrapConfig* wrap = nullptr, GradWrite projections = GradWrite::Accumulate) {
   auto ops = ops::make_cpu_ops({2});
   LlamaModel model(c, *ops, ModelOptions{.activation_dtype = dtype, .checkpointing = ckpt, .projection_fusion = fusion});
   Store store(model.spec(), dtype, wrap);
-  store.bind(model.binding());
+  store.bind(model.binding(), projections);
   HostBatch hb = random_batch(2, 7, c.vocab_size, 5);
   Result r;
   for (int step = 0; step < 2; ++step) r.loss += model.forward_backward(hb.batch()).loss_sum;  // gradients accumulate
@@ -250,6 +258,70 @@ TEST(ModelFusion, GradientsBoundApartFromAdjacentParametersAreAClearError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Projection gradients bound to be overwritten (memory holding NaN) come out bit for bit as zeroed ones: the first
+// dW GEMM writes each whole (beta 0), the second step's adds (two forward_backward calls, one binding), on the
+// fused GEMMs and the separate ones, with and without checkpointing.
+TEST(ModelFusion, GradientsBoundToBeOverwrittenEqualZeroedOnes) {
+  const fsdp::WrapConfig layers;  // one unit a decoder layer: q/k/v and gate/up adjacent
+  for (ProjectionFusion fusion : {ProjectionFusion::WhereAdjacent, ProjectionFusion::Never}) {
+    for (Checkpointing ckpt : {Checkpointing::None, Checkpointing::PerLayer}) {
+      const Result zeroed = run(config(6, 2, 24), DType::F32, fusion, ckpt, &layers);
+      const Result overwritten = run(config(6, 2, 24), DType::F32, fusion, ckpt, &layers, GradWrite::Overwrite);
+      EXPECT_EQ(overwritten.loss, zeroed.loss);
+      ASSERT_EQ(overwritten.grads.size(), zeroed.grads.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < zeroed.grads.size(); ++i) differ += overwritten.grads[i] != zeroed.grads[i];
+      EXPECT_EQ(differ, 0u) << (fusion == ProjectionFusion::Never ? "separate" : "fused")
+                            << (ckpt == Checkpointing::PerLayer ? ", checkpointing" : "");
+      expect_paths(overwritten, fusion == ProjectionFusion::Never ? ProjectionPath::Separate : ProjectionPath::Fused,
+                   "overwritten");
+    }
+  }
+}
+
+TEST(ModelFusion, OverwritingIsOnlyForGradientsOneGemmWritesWhole) {
+  const LlamaConfig c = tiny_config();
+  auto ops = ops::make_cpu_ops({1});
+  LlamaModel model(c, *ops);
+  DenseParams params(model.spec());
+  params.initialize();
+  params.bind(model.binding());
+  const LayerIndex::Params& p = model.spec().layer(0).params;
+  EXPECT_TRUE(gemm_writes_gradient(model.spec(), p.q_proj));
+  EXPECT_TRUE(gemm_writes_gradient(model.spec(), p.down_proj));
+  EXPECT_FALSE(gemm_writes_gradient(model.spec(), p.input_layernorm));
+  EXPECT_FALSE(gemm_writes_gradient(model.spec(), model.spec().embed_param()));
+  EXPECT_FALSE(gemm_writes_gradient(model.spec(), model.spec().lm_head_param()));
+  // A norm's gradient is added into by rmsnorm_backward: it cannot be bound to be overwritten.
+  try {
+    model.binding().bind_grad(p.input_layernorm, params.grad(p.input_layernorm), GradWrite::Overwrite);
+    ADD_FAILURE() << "no error";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("input_layernorm.weight to be overwritten: its ops add into it"),
+              std::string::npos)
+        << e.what();
+  }
+  // q and k written by one GEMM but bound in different ways: the driver's mistake, named.
+  model.binding().bind_grad(p.q_proj, params.grad(p.q_proj), GradWrite::Overwrite);
+  HostBatch hb = random_batch(1, 4, c.vocab_size, 2);
+  try {
+    model.forward_backward(hb.batch());
+    ADD_FAILURE() << "no error";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("q_proj.weight and model.layers.0.self_attn.k_proj.weight are written by one "
+                                         "GEMM but bound, one to be overwritten, the other to accumulate"),
+              std::string::npos)
+        << e.what();
+  }
+  // Bound again to be overwritten, and written: nothing left unwritten.
+  for (int i : {p.q_proj, p.k_proj, p.v_proj}) {
+    model.binding().bind_grad(i, params.grad(i), GradWrite::Overwrite);
+    EXPECT_TRUE(model.binding().grad_unwritten(i));
+  }
+  model.forward_backward(hb.batch());
+  for (int i : {p.q_proj, p.k_proj, p.v_proj}) EXPECT_FALSE(model.binding().grad_unwritten(i));
 }
 
 // A fused group opens the hooks of all its modules before its GEMM and closes them after, in reverse: the

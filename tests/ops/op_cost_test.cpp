@@ -86,7 +86,7 @@ TEST(OpCost, GemmKeysReadBackAsDescribingOpsWritesThem) {
   ASSERT_TRUE(a && b && c);
   EXPECT_EQ(a->form, "NT bf16 bf16 bf16");
   EXPECT_EQ((std::vector<int64_t>{a->m, a->n, a->k}), (std::vector<int64_t>{16, 24, 8}));
-  EXPECT_EQ(b->form, "TN bf16 bf16 f32 +=");
+  EXPECT_EQ(b->form, "TN bf16 bf16 f32");
   EXPECT_EQ((std::vector<int64_t>{b->m, b->n, b->k}), (std::vector<int64_t>{24, 8, 16}));
   EXPECT_EQ(c->form, a->form);  // the residual in the epilogue: the same GEMM
   EXPECT_EQ((std::vector<int64_t>{c->m, c->n, c->k}), (std::vector<int64_t>{16, 24, 8}));
@@ -107,15 +107,19 @@ TEST(OpCost, GemmMissesTakeTheNearestMeasuredGemmsScale) {
   TableCostModel m({}, test_rates());
   m.set_gemm_points({{"small", GemmKey{"NT bf16 bf16 bf16", 4096, 768, 768}, 1.25},
                      {"wide", GemmKey{"NT bf16 bf16 bf16", 4096, 3072, 768}, 1.1},
-                     {"dW", GemmKey{"TN bf16 bf16 f32 +=", 768, 768, 4096}, 1.5}});
+                     {"dW", GemmKey{"TN bf16 bf16 f32", 768, 768, 4096}, 1.5}});
   auto analytic = [&](const OpCall& c) { return analytic_seconds(c, test_rates()); };
   const OpCall qkv = gemm(4096, 1152, 768), gate_up = gemm(4096, 6144, 768), big = gemm(4096, 4096, 4096);
-  const OpCall dw = gemm(1152, 768, 4096, "TN bf16 bf16 f32 +="), other_form = gemm(4096, 1152, 768, "NN bf16 bf16 bf16");
+  const OpCall dw = gemm(1152, 768, 4096, "TN bf16 bf16 f32"), other_form = gemm(4096, 1152, 768, "NN bf16 bf16 bf16");
   const OpCall tiny = gemm(256, 768, 768), tiny_but_long = gemm(256, 768, 2048);
   EXPECT_DOUBLE_EQ(m.seconds(qkv), 1.25 * analytic(qkv));          // n 1152: nearer 768 than 3072
   EXPECT_DOUBLE_EQ(m.seconds(gate_up), 1.1 * analytic(gate_up));   // n 6144: 2x of 3072, the limit
   EXPECT_DOUBLE_EQ(m.seconds(big), analytic(big));                 // k 4096: over 2x of every point's
   EXPECT_DOUBLE_EQ(m.seconds(dw), 1.5 * analytic(dw));             // its own form's point
+  OpCall dw_accumulating = dw;  // the same GEMM adding into its output (beta 1): the same point, its own bytes
+  dw_accumulating.key += " +=";
+  dw_accumulating.bytes += 1152.0 * 768 * 4;
+  EXPECT_DOUBLE_EQ(m.seconds(dw_accumulating), 1.5 * analytic(dw_accumulating));
   EXPECT_DOUBLE_EQ(m.seconds(other_form), analytic(other_form));   // no point of its form
   EXPECT_DOUBLE_EQ(m.seconds(tiny), 1.25 * analytic(tiny));         // m 16x smaller: bounded by a larger GEMM
   EXPECT_DOUBLE_EQ(m.seconds(tiny_but_long), analytic(tiny_but_long));  // k larger than every point's
@@ -170,6 +174,8 @@ TEST(OpCost, BuiltInRates) {
   EXPECT_DOUBLE_EQ(h100.attention_forward_flops_per_s, h200.attention_forward_flops_per_s);
   EXPECT_DOUBLE_EQ(h100.attention_backward_flops_per_s, h200.attention_backward_flops_per_s);
   EXPECT_DOUBLE_EQ(h100.memory_bytes_per_s, 4.232e12 * 3.35 / 4.8);
+  EXPECT_NEAR(h200.update_bytes_per_s, 4.015e12, 0.001e12);  // the seed's fused AdamW in the step, 1.2515 ms
+  EXPECT_DOUBLE_EQ(h100.update_bytes_per_s, h200.update_bytes_per_s * 3.35 / 4.8);
   EXPECT_EQ(device_rates_names(), (std::vector<std::string>{"h100-sxm", "h200"}));
   try {
     device_rates("a100");

@@ -6,7 +6,11 @@
 #include <map>
 #include <string>
 
+#include "shardtrain/fsdp/units.hpp"
+#include "shardtrain/model/binding.hpp"
+#include "shardtrain/model/spec.hpp"
 #include "shardtrain/ops/op_cost.hpp"
+#include "shardtrain/runtime/timing_device.hpp"
 #include "shardtrain/train/predict.hpp"
 
 namespace shardtrain::train {
@@ -90,6 +94,31 @@ TEST(Predict, ComputeByWorkAddsUpToTheComputeStreamsBusyTime) {
   EXPECT_DOUBLE_EQ(calls["attention_forward"], 4);
   EXPECT_TRUE(std::is_sorted(p.compute_by_work.begin(), p.compute_by_work.end(),
                              [](const WorkTotal& a, const WorkTotal& b) { return a.seconds > b.seconds; }));
+}
+
+// A gradient buffer fresh for a unit's backward is zeroed only where backward adds into it: every element but the
+// decoder projections' weights, which their dW GEMMs write whole (model::GradWrite::Overwrite). The fills of a
+// step (read from the tasks' work, "fill <elements>") cover exactly that: the embedding, lm_head and norms, the
+// alignment gaps and the padding, and none of the 4 x 786,432 projection elements.
+TEST(Predict, BackwardZeroesOnlyTheGradientsItAddsInto) {
+  const ops::TableCostModel costs({}, slow_gpu());
+  const TrainConfig c = small_config(ShardingStrategy::FullShard, 2);
+  const model::ModelSpec spec(c.model);
+  int64_t expected = 0, projections = 0;
+  const Prediction p = predict(c, 1, 2, costs, DeviceKind::Cuda, true, 0, [&](fsdp::FsdpEngine& e) {
+    for (const fsdp::UnitSpec& u : e.units()) {
+      const fsdp::FlatLayout l = fsdp::make_flat_layout(spec, u.params, 2);
+      expected += l.padded_numel;
+      for (const fsdp::FlatEntry& f : l.entries)
+        if (model::gemm_writes_gradient(spec, f.param)) expected -= f.numel, projections += f.numel;
+    }
+  });
+  int64_t zeroed = 0;
+  for (const timing::Task& t : p.tasks)
+    if (t.work.rfind("fill ", 0) == 0) zeroed += std::stoll(t.work.substr(5));
+  EXPECT_EQ(projections, 4 * 786432);  // q 256, k and v 128, o 256 rows of 256; gate, up 768 x 256; down 256 x 768
+  EXPECT_EQ(zeroed, expected);
+  EXPECT_GE(expected, 2 * 4096 * 256 + 9 * 256);  // embedding, lm_head, 9 norms
 }
 
 TEST(Predict, TheSameStepTwiceGivesTheSameTimes) {

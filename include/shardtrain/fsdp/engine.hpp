@@ -185,6 +185,7 @@ class FsdpEngine final : public model::ModuleHooks {
   void ensure_backward(int module);
   void release_all();
   void zero_shard_grad(Unit& u);
+  void zero_for_backward(const Unit& u, const ops::Tensor& g);
   void* host_stage_scratch(size_t floats);  // host memory for shards whose communicator wants host buffers
 
   model::LlamaModel* model_;

@@ -11,12 +11,32 @@
 
 namespace shardtrain::model {
 
+// How backward writes a gradient view.
+// - Accumulate: every write adds (+=) into what the view holds (zeroed by the driver before the step's first
+//   backward, or an earlier micro-batch's sum).
+// - Overwrite: the view holds nothing yet (any bits); the first write stores its result, later writes add. Saves the
+//   driver zeroing memory that the first write replaces whole. Only a gradient that one GEMM writes whole can be
+//   bound so (a decoder layer's projection weights: gemm_writes_gradient); the norms', the embedding's and the
+//   lm_head's are added into by their ops.
+enum class GradWrite { Accumulate, Overwrite };
+
+// Whether backward writes this parameter's gradient whole with one GEMM (dW = dy^T x): the projections of the
+// decoder layers. What GradWrite::Overwrite may be bound for.
+bool gemm_writes_gradient(const ModelSpec& spec, int index);
+
 class ParamBinding {
  public:
   explicit ParamBinding(const ModelSpec& spec);
 
   void bind_param(int index, const ops::Tensor& view);  // shape must be the parameter's shape
-  void bind_grad(int index, const ops::Tensor& view);   // gradients accumulate (+=) into this view
+  // InternalError for GradWrite::Overwrite where !gemm_writes_gradient.
+  void bind_grad(int index, const ops::Tensor& view, GradWrite write = GradWrite::Accumulate);
+  // The beta of the next GEMM that writes the gradients of parameters first .. first + count - 1 (adjacent: one
+  // GEMM): 0 once after they were bound with GradWrite::Overwrite, 1 after that or when bound to accumulate.
+  // InternalError when they disagree (bound in different ways: a driver's mistake).
+  double take_grad_beta(int first, int count = 1);
+  // Bound with GradWrite::Overwrite and not written since: its view holds no gradient yet.
+  bool grad_unwritten(int index) const { return views_.at(static_cast<size_t>(index)).overwrite_pending; }
   void unbind(int index);                               // both views
   const ops::Tensor& param(int index) const;            // throws InternalError naming the parameter when unbound
   const ops::Tensor& grad(int index) const;
@@ -35,6 +55,7 @@ class ParamBinding {
     ops::Tensor param, grad;
     bool param_follows = false;  // param starts where index - 1's param ends (same dtype and device)
     bool grad_follows = false;
+    bool overwrite_pending = false;  // bound with GradWrite::Overwrite, not written since
   };
   void update_follows(int index);  // index's and index + 1's flags, from the views bound now
   const ModelSpec* spec_;

@@ -33,8 +33,9 @@ struct OpCall {
 // A GEMM call's key read back (matmul and matmul_add keys, as DescribingOps writes them): its dims, and what else
 // sets its speed, so that a GEMM a profile lacks can be priced like the nearest one it has (op_cost.hpp).
 struct GemmKey {
-  // transposes, a's, b's and the output's dtypes, and whether the output accumulates ("+="): "TN bf16 bf16 f32 +=".
-  // matmul and matmul_add (a residual added in the epilogue) of the same dims have the same form.
+  // transposes, a's, b's and the output's dtypes: "TN bf16 bf16 f32". A matmul that accumulates into its output
+  // ("+=", beta 1), one that does not, and a matmul_add (a residual added in the epilogue) of the same dims have the
+  // same form: they differ in the bytes of one tensor, not in their tiles.
   std::string form;
   int64_t m = 0, n = 0, k = 0;
 };

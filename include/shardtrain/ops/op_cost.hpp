@@ -40,6 +40,10 @@ struct DeviceRates {
   // Attention measured at these shapes: a call takes the rate of the point with its head dim and the nearest
   // sequence length (in log scale); a head dim no point has takes the rates above.
   std::vector<AttentionRate> attention_points;
+  // The runtime's own memory-bound kernels, which no op call prices: the fused AdamW (28 bytes an element), the
+  // gradient norm's sums of squares and device-to-device copies, at the fused AdamW's measured rate (bytes read +
+  // written). 0: the timing device's default (timing::HostCosts::memory_bytes_per_s).
+  double update_bytes_per_s = 0;
 };
 
 // The built-in rates by name ("h100-sxm", "h200"); UsageError naming the known ones for another name.
