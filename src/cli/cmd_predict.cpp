@@ -119,9 +119,10 @@ std::map<std::string, Priced> priced_by_op(const ops::TableCostModel& costs) {
   return by_op;
 }
 
-std::string priced_from(const Priced& o) {
+std::string priced_from(const Priced& o, bool cpu) {
   const int64_t n = o.profile + o.nearest_gemm + o.rates;
-  if (n == 0) return "the timing device's memory rate";  // AdamW, the gradient norm's sums, copies
+  // AdamW, the gradient norm's sums, copies: no op call
+  if (n == 0) return cpu ? "the host's own work, timed here" : "the update's memory rate (AdamW's, measured)";
   std::string s;
   for (auto [count, what] : {std::pair{o.profile, "profile"}, std::pair{o.nearest_gemm, "nearest GEMM"},
                              std::pair{o.rates, "rates"}})
@@ -300,7 +301,7 @@ int run_predict(const PredictOptions& o) {
   for (const train::WorkTotal& w : p.compute_by_work)
     if (w.seconds >= 1e-3 * step)
       fmt::print("    {:<22} {:>5.0f} calls {:>10} {:>5.1f} %   {}\n", w.work, w.calls, ms(w.seconds),
-                 100 * w.seconds / step, priced_from(priced_of(w.work)));
+                 100 * w.seconds / step, priced_from(priced_of(w.work), cpu));
   if (!o.trace.empty()) write_trace(o.trace, p);
   if (!o.json.empty()) {
     nlohmann::json j = {{"prediction", true},
