@@ -52,8 +52,8 @@ void linear_forward(const Exec& e, int module, int param, const Tensor& x, const
 }
 
 // dW += dy^T x (dW = dy^T x where the binding says its view holds nothing yet);  dx = dy W (beta_dx = 0) or
-// dx += dy W (beta_dx = 1). Without hooks: the caller holds the module's
-// scope (a group of projections opens its modules' scopes around all of its GEMMs, fused or not).
+// dx += dy W (beta_dx = 1). Without hooks: the caller holds the module's scope (a group of projections opens its
+// modules' scopes around all of its GEMMs, fused or not).
 void linear_backward_in_scope(const Exec& e, int param, const Tensor& x, const Tensor& dy, const Tensor& dx,
                               double beta_dx) {
   e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, dy, x, e.grad_beta(param), e.grad(param));

@@ -152,7 +152,8 @@ check("ops inside the step (rank 0)" in out and "ops per step, each rank" in out
 # Every key of the model's forward_backward at 2 ranks' micro-batch (bench ops' step rows, which --check-calls holds to
 # the model's calls), as often per step as the model makes it (one micro-batch a step). The FSDP engine makes fills and
 # copies of its own beside the model's; attention_segments' key in the step names the batch's document ids, which
-# bench ops' row (plain causal) has none of.
+# bench ops' row (plain causal) has none of; the step's dW GEMMs write a fresh gradient (beta 0) where bench ops' rows
+# add into one.
 ops2_json = os.path.join(work, "ops-np2.json")
 rc2, _, err2 = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--ranks", "2", "--iters", "1", "--warmup", "0",
                     "--json", ops2_json, "--device", "cpu"])
@@ -169,6 +170,11 @@ for key, n in want.items():
         check(len(got) == 1 and prof[got[0]]["calls_per_step"] == n, f"attention_segments with document ids, {n} a step: {got}")
     elif key.split()[0] in ("fill", "copy", "add"):
         check(prof.get(key, {}).get("calls_per_step", 0) >= n, f"{key}: at least the model's {n} a step: {prof.get(key)}")
+    elif key.startswith("matmul ") and key.endswith(" +="):
+        # A dW GEMM: bench ops times it adding into its gradient; the engine's step writes a fresh gradient buffer
+        # (beta 0, the key without "+="), and adds on later micro-batches.
+        got = sum(prof.get(k, {}).get("calls_per_step", 0) for k in (key, key[: -len(" +=")]))
+        check(got == n, f"{key}: {n} a step in the model, {got} timed (with beta 0 or 1)")
     else:
         check(prof.get(key, {}).get("calls_per_step") == n, f"{key}: {n} a step in the model, {prof.get(key, {}).get('calls_per_step')} timed")
 # The profile loads where profiles are read: `shardtrain predict` on the CPU at 2 ranks prices the step's calls from it.

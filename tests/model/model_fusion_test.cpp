@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -211,14 +212,24 @@ TEST(ModelFusion, AWrapPolicyThatSplitsTheProjectionsTakesSeparateGemmsAndSaysSo
   EXPECT_EQ(count, static_cast<size_t>(c.num_hidden_layers)) << log_text;
 }
 
+// The tiny model on the CPU, its parameters in a DenseParams, initialized and bound.
+struct BoundTinyModel {
+  LlamaConfig c = tiny_config();
+  std::unique_ptr<ops::Ops> ops = ops::make_cpu_ops({1});
+  LlamaModel model{c, *ops};
+  DenseParams params{model.spec()};
+  BoundTinyModel() {
+    params.initialize();
+    params.bind(model.binding());
+  }
+};
+
 // A binding that moves k_proj away from q_proj: that layer's q/k/v take the separate GEMMs, gate/up stay fused.
 TEST(ModelFusion, ABindingThatSeparatesQkvTakesSeparateGemms) {
-  const LlamaConfig c = tiny_config();
-  auto ops = ops::make_cpu_ops({1});
-  LlamaModel model(c, *ops);
-  DenseParams params(model.spec());
-  params.initialize();
-  params.bind(model.binding());
+  BoundTinyModel t;
+  const LlamaConfig& c = t.c;
+  LlamaModel& model = t.model;
+  DenseParams& params = t.params;
   const int k = model.spec().layer(1).params.k_proj;
   std::vector<float> k_copy(static_cast<size_t>(model.spec().param(k).numel));
   std::memcpy(k_copy.data(), params.param(k).data, params.param(k).bytes());
@@ -240,12 +251,10 @@ TEST(ModelFusion, ABindingThatSeparatesQkvTakesSeparateGemms) {
 // The fused MLP backward writes [dWg; dWu] in one GEMM: gradients bound apart from parameters that were adjacent
 // are refused with the layer's name, not written out of bounds.
 TEST(ModelFusion, GradientsBoundApartFromAdjacentParametersAreAClearError) {
-  const LlamaConfig c = tiny_config();
-  auto ops = ops::make_cpu_ops({1});
-  LlamaModel model(c, *ops);
-  DenseParams params(model.spec());
-  params.initialize();
-  params.bind(model.binding());
+  BoundTinyModel t;
+  const LlamaConfig& c = t.c;
+  LlamaModel& model = t.model;
+  DenseParams& params = t.params;
   const int up = model.spec().layer(0).params.up_proj;
   std::vector<float> up_grad(static_cast<size_t>(model.spec().param(up).numel));
   model.binding().bind_grad(up, ops::make_tensor(up_grad.data(), DType::F32, param_shape(model.spec().param(up))));
@@ -282,12 +291,10 @@ TEST(ModelFusion, GradientsBoundToBeOverwrittenEqualZeroedOnes) {
 }
 
 TEST(ModelFusion, OverwritingIsOnlyForGradientsOneGemmWritesWhole) {
-  const LlamaConfig c = tiny_config();
-  auto ops = ops::make_cpu_ops({1});
-  LlamaModel model(c, *ops);
-  DenseParams params(model.spec());
-  params.initialize();
-  params.bind(model.binding());
+  BoundTinyModel t;
+  const LlamaConfig& c = t.c;
+  LlamaModel& model = t.model;
+  DenseParams& params = t.params;
   const LayerIndex::Params& p = model.spec().layer(0).params;
   EXPECT_TRUE(gemm_writes_gradient(model.spec(), p.q_proj));
   EXPECT_TRUE(gemm_writes_gradient(model.spec(), p.down_proj));

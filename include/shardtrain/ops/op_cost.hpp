@@ -59,7 +59,7 @@ double analytic_seconds(const OpCall& call, const DeviceRates& rates);
 // Small GEMMs (short K, few output tiles) fall well short of the ceiling the rates take: at the seed's shape the
 // profile's run at 45 to 97 % of it.
 struct GemmPoint {
-  std::string key;  // the profile's key
+  std::string key;  // the profile's key; for a row without keys, its name and shapes ("q_proj fwd: x (...) W^T (...)")
   GemmKey gemm;
   double scale = 1;  // measured seconds / analytic seconds at the profile's rates
 };
