@@ -52,7 +52,9 @@ void ParamBinding::bind_param(int index, const ops::Tensor& view) {
 
 bool gemm_writes_gradient(const ModelSpec& spec, int index) {
   const ModuleInfo& m = spec.module(spec.param(index).module);
-  return m.cls == ModuleClass::Linear && m.layer >= 0;
+  // The decoder projections, and an lm_head of its own (tied, its weight is the embedding's, which
+  // embedding_backward adds into): the fused loss's first chunk writes it.
+  return m.cls == ModuleClass::Linear && (m.layer >= 0 || index == spec.lm_head_param());
 }
 
 void ParamBinding::bind_grad(int index, const ops::Tensor& view, GradWrite write) {

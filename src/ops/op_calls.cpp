@@ -201,7 +201,7 @@ LossSums DescribingOps::cross_entropy(const Tensor& logits, const Tensor& target
 }
 
 LossSums DescribingOps::linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t, double,
-                                             int64_t chunk_tokens, const Tensor& dh, const Tensor& dweight) {
+                                             int64_t chunk_tokens, const Tensor& dh, const Tensor& dweight, double) {
   const double logits = 2.0 * static_cast<double>(h.shape.rows()) * static_cast<double>(h.shape.cols()) *
                         static_cast<double>(weight.shape.rows());
   on_call({"linear_cross_entropy",

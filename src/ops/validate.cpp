@@ -249,7 +249,8 @@ RowDims validate_cross_entropy(const TensorChecks& checks, const Tensor& logits,
 }
 
 LinearLossDims validate_linear_cross_entropy(const TensorChecks& checks, const Tensor& h, const Tensor& weight,
-                                             const Tensor& targets, const Tensor& dh, const Tensor& dweight) {
+                                             const Tensor& targets, const Tensor& dh, const Tensor& dweight,
+                                             double dweight_beta) {
   const char* op = "linear_cross_entropy";
   checks.require_float(h, op, "h");
   checks.require_float(weight, op, "weight");
@@ -264,6 +265,8 @@ LinearLossDims validate_linear_cross_entropy(const TensorChecks& checks, const T
     checks.require_float(dweight, op, "dweight");
     require_same_family(h, dweight, op, "dweight");
     require_numel(dweight, vocab * d, op, "dweight");
+    require(dweight_beta == 0.0 || dweight_beta == 1.0, op, "dweight_beta {}: expected 0 (overwrite) or 1 (accumulate)",
+            dweight_beta);
   }
   return LinearLossDims{n, d, vocab};
 }

@@ -117,8 +117,9 @@ RowDims validate_cross_entropy(const TensorChecks& checks, const Tensor& logits,
 struct LinearLossDims {
   int64_t tokens, hidden, vocab;  // h (N, D), weight (V, D)
 };
-// dh undefined: loss only (dweight is not checked).
+// dh undefined: loss only (dweight and dweight_beta are not checked).
 LinearLossDims validate_linear_cross_entropy(const TensorChecks& checks, const Tensor& h, const Tensor& weight,
-                                             const Tensor& targets, const Tensor& dh, const Tensor& dweight);
+                                             const Tensor& targets, const Tensor& dh, const Tensor& dweight,
+                                             double dweight_beta);
 
 }  // namespace shardtrain::ops

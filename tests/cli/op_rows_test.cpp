@@ -96,7 +96,7 @@ class LegacyRecorder final : public ops::Ops {
     return {};
   }
   ops::LossSums linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets, int32_t, double,
-                                     int64_t chunk_tokens, const Tensor& dh, const Tensor& dweight) override {
+                                     int64_t chunk_tokens, const Tensor& dh, const Tensor& dweight, double) override {
     keys.push_back(fmt::format("linear_cross_entropy {} {} {} chunk {} {} {}", t(h), t(weight), t(targets), chunk_tokens,
                                t(dh), t(dweight)));
     return {};

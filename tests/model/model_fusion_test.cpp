@@ -300,7 +300,11 @@ TEST(ModelFusion, OverwritingIsOnlyForGradientsOneGemmWritesWhole) {
   EXPECT_TRUE(gemm_writes_gradient(model.spec(), p.down_proj));
   EXPECT_FALSE(gemm_writes_gradient(model.spec(), p.input_layernorm));
   EXPECT_FALSE(gemm_writes_gradient(model.spec(), model.spec().embed_param()));
-  EXPECT_FALSE(gemm_writes_gradient(model.spec(), model.spec().lm_head_param()));
+  EXPECT_TRUE(gemm_writes_gradient(model.spec(), model.spec().lm_head_param()));  // the fused loss's first chunk
+  LlamaConfig tied = c;
+  tied.tie_word_embeddings = true;
+  const ModelSpec tied_spec(tied);  // its lm_head is the embedding, which embedding_backward adds into
+  EXPECT_FALSE(gemm_writes_gradient(tied_spec, tied_spec.lm_head_param()));
   // A norm's gradient is added into by rmsnorm_backward: it cannot be bound to be overwritten.
   try {
     model.binding().bind_grad(p.input_layernorm, params.grad(p.input_layernorm), GradWrite::Overwrite);

@@ -93,12 +93,12 @@ TEST(Dtypes, DeferredLossTotalsInCallOrder) {
   HostTensor h = random_tensor({n, d}, rng), h2 = random_tensor({n, d}, rng), w = random_tensor({vocab, d}, rng, 0.3);
   IntTensor t({n});
   for (int64_t i = 0; i < n; ++i) t[i] = i % 4 == 3 ? -100 : static_cast<int32_t>((i * 7) % vocab);
-  const LossSums a = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
-  const LossSums b = ops->linear_cross_entropy(h2.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  const LossSums a = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0);
+  const LossSums b = ops->linear_cross_entropy(h2.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0);
   ASSERT_GT(a.tokens, 0);
   ops->defer_loss(true);
-  const LossSums za = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
-  const LossSums zb = ops->linear_cross_entropy(h2.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  const LossSums za = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0);
+  const LossSums zb = ops->linear_cross_entropy(h2.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0);
   EXPECT_EQ(za.tokens, 0);
   EXPECT_EQ(zb.loss_sum, 0.0);
   const LossSums total = ops->take_loss();
@@ -106,7 +106,7 @@ TEST(Dtypes, DeferredLossTotalsInCallOrder) {
   EXPECT_EQ(total.loss_sum, a.loss_sum + b.loss_sum);
   EXPECT_EQ(ops->take_loss().tokens, 0);
   ops->defer_loss(false);
-  EXPECT_EQ(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}).loss_sum, a.loss_sum);
+  EXPECT_EQ(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0).loss_sum, a.loss_sum);
 }
 
 // A bf16 lm_head (bf16 h and W) stores its logits in bf16 and its dlogits in bf16, as PyTorch's does under
@@ -131,12 +131,12 @@ TEST(Dtypes, LinearCrossEntropyBf16RoundsLogitsAndDlogits) {
   Typed b32(th.view().shape, DType::F32), wb32(tw.view().shape, DType::F32);
   for (int64_t i = 0; i < n * d; ++i) b32.set(i, th.get(i));
   for (int64_t i = 0; i < vocab * d; ++i) wb32.set(i, tw.get(i));
-  const LossSums f32 = ops->linear_cross_entropy(b32.view(), wb32.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  const LossSums f32 = ops->linear_cross_entropy(b32.view(), wb32.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0);
   EXPECT_GT(std::abs(f32.loss_sum - ref.loss_sum), 1e-5 * std::abs(ref.loss_sum));
   for (int64_t chunk : {0, 4}) {
     SCOPED_TRACE(chunk);
     Typed dh({n, d}, DType::BF16), dw({vocab, d}, DType::F32);
-    const LossSums s = ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view());
+    const LossSums s = ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view(), 1.0);
     EXPECT_EQ(s.tokens, ref.tokens);
     EXPECT_NEAR(s.loss_sum, ref.loss_sum, 1e-6 * std::abs(ref.loss_sum));
     // Both rounded once from fp32 sums of the same products: equal, or one bf16 step apart where a GEMM's
@@ -166,7 +166,7 @@ TEST(Dtypes, RmsnormSwigluAttentionLoss) {
   HostTensor emb = random_tensor({vocab, d}, rng, 0.2);
   IntTensor t({n});
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 11) % vocab);
-  const LossSums ref = ops->linear_cross_entropy(x.view(), emb.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{});
+  const LossSums ref = ops->linear_cross_entropy(x.view(), emb.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0);
 
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
@@ -186,7 +186,7 @@ TEST(Dtypes, RmsnormSwigluAttentionLoss) {
                            make_tensor(tlse.data(), DType::F32, {2, 4, 7}));
     EXPECT_LT(worst_error(tao, ao), tolerance(dt) * 3);
     Typed temb(emb, dt);
-    const LossSums s = ops->linear_cross_entropy(tx.view(), temb.view(), t.view(), -100, 0, 5, Tensor{}, Tensor{});
+    const LossSums s = ops->linear_cross_entropy(tx.view(), temb.view(), t.view(), -100, 0, 5, Tensor{}, Tensor{}, 1.0);
     EXPECT_NEAR(s.loss_sum, ref.loss_sum, std::abs(ref.loss_sum) * tolerance(dt));
   }
 }

@@ -1,4 +1,5 @@
 // Every op's backward against central finite differences in double precision, at odd shapes.
+#include <cmath>
 #include <limits>
 #include <numbers>
 
@@ -272,17 +273,25 @@ TEST(OpGradients, LinearCrossEntropyMatchesUnfusedAndFiniteDifferences) {
   ops->matmul(Transpose::Yes, Transpose::No, 1.0, dlogits.view(), h.view(), 0.0, dw_ref.view());
   for (int64_t chunk : {1, 3, 11, 64}) {
     HostTensor dh({n, d}), dw({vocab, d});
-    const LossSums s = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, scale, chunk, dh.view(), dw.view());
+    const LossSums s = ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, scale, chunk, dh.view(), dw.view(), 1.0);
     EXPECT_EQ(s.tokens, 10);
     EXPECT_NEAR(s.loss_sum, ref.loss_sum, 1e-11) << "chunk " << chunk;
     for (int64_t i = 0; i < n * d; ++i) EXPECT_NEAR(dh[i], dh_ref[i], 1e-12) << "chunk " << chunk;
     for (int64_t i = 0; i < vocab * d; ++i) EXPECT_NEAR(dw[i], dw_ref[i], 1e-12) << "chunk " << chunk;
+    // dweight_beta 0: dW overwritten whatever it held (NaN here), the same bits as added onto zeros
+    HostTensor dh0({n, d}), dw0({vocab, d});
+    for (int64_t i = 0; i < vocab * d; ++i) dw0[i] = std::nan("");
+    ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, scale, chunk, dh0.view(), dw0.view(), 0.0);
+    for (int64_t i = 0; i < vocab * d; ++i) ASSERT_EQ(dw0[i], dw[i]) << "chunk " << chunk << ", element " << i;
   }
+  HostTensor dh1({n, d}), dw1({vocab, d});
+  EXPECT_THROW(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, scale, 4, dh1.view(), dw1.view(), 0.5),
+               InternalError);
   auto loss = [&] {
-    return scale * ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, 0, 4, Tensor{}, Tensor{}).loss_sum;
+    return scale * ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, 0, 4, Tensor{}, Tensor{}, 1.0).loss_sum;
   };
   HostTensor dh({n, d}), dw({vocab, d});
-  ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, scale, 4, dh.view(), dw.view());
+  ops->linear_cross_entropy(h.view(), w.view(), t.view(), -1, scale, 4, dh.view(), dw.view(), 1.0);
   expect_gradient("dh", h, dh, loss, 100);
   expect_gradient("dweight", w, dw, loss, 200);
 }

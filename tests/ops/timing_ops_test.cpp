@@ -74,7 +74,7 @@ TEST(TimingOps, ComputeAndSideStreamsKeepTheirOwnClocks) {
   EXPECT_EQ(l.tokens, 0);
   EXPECT_DOUBLE_EQ(d.host_now(), 14.5);
   ops->defer_loss(true);
-  ops->linear_cross_entropy(t.x, t.y, t.targets, -100, 1.0, 0, t.x, t.y);  // issued 15.0: 15.0 .. 17.0
+  ops->linear_cross_entropy(t.x, t.y, t.targets, -100, 1.0, 0, t.x, t.y, 1.0);  // issued 15.0: 15.0 .. 17.0
   EXPECT_DOUBLE_EQ(d.host_now(), 15.0);
   const LossSums total = ops->take_loss();
   EXPECT_EQ(total.tokens, 0);

@@ -16,12 +16,12 @@ namespace shardtrain::model {
 //   backward, or an earlier micro-batch's sum).
 // - Overwrite: the view holds nothing yet (any bits); the first write stores its result, later writes add. Saves the
 //   driver zeroing memory that the first write replaces whole. Only a gradient that one GEMM writes whole can be
-//   bound so (a decoder layer's projection weights: gemm_writes_gradient); the norms', the embedding's and the
-//   lm_head's are added into by their ops.
+//   bound so (gemm_writes_gradient: the decoder layers' projections, and an untied lm_head, whose fused loss writes
+//   it in its first chunk); the norms' and the embedding's are added into by their ops.
 enum class GradWrite { Accumulate, Overwrite };
 
 // Whether backward writes this parameter's gradient whole with one GEMM (dW = dy^T x): the projections of the
-// decoder layers. What GradWrite::Overwrite may be bound for.
+// decoder layers, and an lm_head that is not tied to the embedding. What GradWrite::Overwrite may be bound for.
 bool gemm_writes_gradient(const ModelSpec& spec, int index);
 
 class ParamBinding {

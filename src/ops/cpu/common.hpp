@@ -110,14 +110,15 @@ const A* as_compute(Context& ctx, Slot slot, const Tensor& t) {
   return out;
 }
 
-// dst += src (src in compute type A, dst any float dtype).
+// dst = src (Into::Store) or dst += src (Into::Add); src in compute type A, dst any float dtype.
+enum class Into { Store, Add };
 template <typename A>
-void accumulate_into(const A* src, const Tensor& dst) {
+void write_into(const A* src, const Tensor& dst, Into how) {
   const int64_t n = dst.numel();
-  dispatch_float(dst.dtype, "accumulate_into", [&](auto tag) {
+  dispatch_float(dst.dtype, "write_into", [&](auto tag) {
     using T = decltype(tag);
     T* out = dst.as<T>();
-    for (int64_t i = 0; i < n; ++i) store(out[i], load(out[i]) + src[i]);
+    for (int64_t i = 0; i < n; ++i) store(out[i], how == Into::Add ? load(out[i]) + src[i] : src[i]);
   });
 }
 

@@ -78,9 +78,9 @@ LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets
 
 LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weight, const Tensor& targets,
                               int32_t ignore_index, double grad_scale, int64_t chunk_tokens, const Tensor& dh,
-                              const Tensor& dweight) {
+                              const Tensor& dweight, double dweight_beta) {
   const char* op = "linear_cross_entropy";
-  const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight);
+  const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight, dweight_beta);
   const int64_t n = dims.tokens, d = dims.hidden, vocab = dims.vocab;
   const bool grad = dh.defined();
   const int32_t* t = targets.as<const int32_t>();
@@ -100,7 +100,8 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
     A* dw = nullptr;
     if (grad) {
       dw = dw_direct ? dweight.as<A>() : ctx.scratch_for<A>(Slot::WeightGrad, vocab * d);
-      if (!dw_direct) std::fill(dw, dw + vocab * d, A(0));
+      // Zeroed to sum into: a scratch buffer, or dweight overwritten with no chunk to write it.
+      if (!dw_direct || (dweight_beta == 0.0 && n == 0)) std::fill(dw, dw + vocab * d, A(0));
     }
     const bool dh_direct = grad && dh.dtype == dtype_of_v<A>;
     A* dh_buf = grad ? (dh_direct ? dh.as<A>() : ctx.scratch_for<A>(Slot::GemmC, n * d)) : nullptr;
@@ -124,7 +125,9 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
       // dh (rows, D) = dlogits @ W;  dW (V, D) += dlogits^T @ h
       gemm_raw<A>(ctx.threads, Transpose::No, Transpose::No, rows, d, vocab, A(1), logits, vocab, w, d, A(0),
                   dh_buf + c0 * d, d);
-      gemm_raw<A>(ctx.threads, Transpose::Yes, Transpose::No, vocab, d, rows, A(1), logits, vocab, hc + c0 * d, d, A(1), dw,
+      // the first chunk overwrites dweight when dweight_beta is 0
+      const A beta = dw_direct && c0 == 0 ? static_cast<A>(dweight_beta) : A(1);
+      gemm_raw<A>(ctx.threads, Transpose::Yes, Transpose::No, vocab, d, rows, A(1), logits, vocab, hc + c0 * d, d, beta, dw,
                   d);
     }
     for (int64_t i = 0; i < n; ++i) {
@@ -136,7 +139,7 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
       T* out = dh.as<T>();
       for (int64_t i = 0; i < n * d; ++i) store(out[i], dh_buf[i]);
     }
-    if (grad && !dw_direct) accumulate_into(dw, dweight);
+    if (grad && !dw_direct) write_into(dw, dweight, dweight_beta == 0.0 ? Into::Store : Into::Add);
   });
   return ctx.deferred(sums);
 }

@@ -81,7 +81,7 @@ void backward_rows(Context& ctx, const Tensor& dy, const Tensor& h, const acc_t<
     }
     for (int64_t j = j0; j < j1; ++j) dw[j] = acc[j - j0];
   }
-  accumulate_into(dw, dweight);
+  write_into(dw, dweight, Into::Add);
 }
 
 }  // namespace

@@ -36,8 +36,8 @@ LossSums cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets
 
 LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weight, const Tensor& targets,
                               int32_t ignore_index, double grad_scale, int64_t chunk_tokens, const Tensor& dh,
-                              const Tensor& dweight) {
-  const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight);
+                              const Tensor& dweight, double dweight_beta) {
+  const LinearLossDims dims = validate_linear_cross_entropy(tensor_checks, h, weight, targets, dh, dweight, dweight_beta);
   const int64_t n = dims.tokens, d = dims.hidden, vocab = dims.vocab;
   const bool grad = dh.defined();
   // One chunk buffer: logits, then dlogits over them (cuda_ops.hpp; the planner sizes it too). bf16 halves the
@@ -50,9 +50,12 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
   // dW sums over chunks in fp32: straight into dweight when it is f32, else in an fp32 buffer added once at
   // the end (as the CPU backend does), so bf16 dweight is rounded once.
   Tensor dw;
+  const bool dw_direct = grad && dweight.dtype == DType::F32;
   if (grad) {
-    if (dweight.dtype == DType::F32) {
+    if (dw_direct) {
       dw = dweight.reshaped(Shape{vocab, d});
+      // overwritten, with no chunk to write it
+      if (dweight_beta == 0.0 && n == 0) kernels::elementwise_fill(DType::F32, dw.data, vocab * d, 0.0f, ctx.stream);
     } else {
       dw = device_view(ctx.scratch_for<float>(Slot::WeightGrad, vocab * d), DType::F32, Shape{vocab, d});
       kernels::elementwise_fill(DType::F32, dw.data, vocab * d, 0.0f, ctx.stream);
@@ -72,12 +75,18 @@ LossSums linear_cross_entropy(Context& ctx, const Tensor& h, const Tensor& weigh
     if (!grad) continue;
     const Tensor& gc = lc;  // the dlogits, written over the logits
     matmul(ctx, Transpose::No, Transpose::No, 1.0, gc, w2, 0.0, dh2.row_slice(c0, rows));  // (rows, D) = dlogits W
-    matmul(ctx, Transpose::Yes, Transpose::No, 1.0, gc, hc, 1.0, dw);                      // (V, D) += dlogits^T h_c
+    // (V, D) += dlogits^T h_c; the first chunk overwrites dweight when dweight_beta is 0
+    matmul(ctx, Transpose::Yes, Transpose::No, 1.0, gc, hc, dw_direct && c0 == 0 ? dweight_beta : 1.0, dw);
   }
   kernels::cross_entropy_sum(row_loss, t, n, ignore_index, ctx.loss_sums(), ctx.defer_loss ? ctx.deferred_sums() : nullptr,
                              ctx.stream);
-  if (grad && dweight.dtype != DType::F32)
-    kernels::elementwise_add(DType::F32, dw.data, dweight.dtype, dweight.data, vocab * d, ctx.stream);
+  if (grad && !dw_direct) {
+    if (dweight_beta == 0.0) {
+      kernels::elementwise_copy(DType::F32, dw.data, dweight.dtype, dweight.data, vocab * d, ctx.stream);
+    } else {
+      kernels::elementwise_add(DType::F32, dw.data, dweight.dtype, dweight.data, vocab * d, ctx.stream);
+    }
+  }
   if (ctx.defer_loss) return LossSums{};
   return to_loss_sums(ctx.synchronize_and_check());
 }
