@@ -153,9 +153,9 @@ std::optional<ops::GemmPoint> legacy_gemm_point(const Row& row, const std::vecto
   if (!form) return std::nullopt;
   ops::GemmKey g = *form;
   const auto a = pairs[0], b = pairs[1];
-  if (*pass == passes[0]) g.m = a.first, g.n = b.first, g.k = a.second;
-  if (*pass == passes[1]) g.m = a.first, g.n = b.second, g.k = a.second;
-  if (*pass == passes[2]) g.m = a.first, g.n = b.second, g.k = a.second;
+  g.m = a.first;
+  g.k = a.second;
+  g.n = *pass == passes[0] ? b.first : b.second;  // the forward's W^T holds N first, a backward's second operand second
   const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   if (std::abs(flops - row.work) > 1e-9 * row.work) return std::nullopt;
   // "NT bf16 bf16 bf16" -> the dtypes' sizes, for the bytes the analytic estimate weighs (a, b, and c written, or
