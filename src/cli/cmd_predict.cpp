@@ -124,8 +124,8 @@ std::string priced_from(const Priced& o, bool cpu) {
   // AdamW, the gradient norm's sums, copies: no op call
   if (n == 0) return cpu ? "the host's own work, timed here" : "the update's memory rate (AdamW's, measured)";
   std::string s;
-  for (auto [count, what] : {std::pair{o.profile, "profile"}, std::pair{o.nearest_gemm, "nearest GEMM"},
-                             std::pair{o.rates, "rates"}})
+  for (auto [count, what] :
+       {std::pair{o.profile, "profile"}, std::pair{o.nearest_gemm, "nearest GEMM"}, std::pair{o.rates, "rates"}})
     if (count > 0) s += fmt::format("{}{} {:.0f} %", s.empty() ? "" : ", ", what, 100.0 * count / n);
   return s;
 }
@@ -250,10 +250,11 @@ int run_predict(const PredictOptions& o) {
              p.micro_batch, p.seq, p.accumulation);
   int64_t nearest_gemm = 0;
   for (const auto& [key, miss] : costs.missed()) nearest_gemm += miss.like.empty() ? 0 : miss.calls;
-  fmt::print("  op times: {}; {} of {} calls from profiles, {} GEMMs at the nearest profiled GEMM's share of the "
-             "ceiling, the rest from {} rates\n",
-             profiles_described.empty() ? "no profile" : profiles_described, costs.hits(), costs.hits() + costs.misses(),
-             nearest_gemm, rates.name);
+  fmt::print(
+      "  op times: {}; {} of {} calls from profiles, {} GEMMs at the nearest profiled GEMM's share of the "
+      "ceiling, the rest from {} rates\n",
+      profiles_described.empty() ? "no profile" : profiles_described, costs.hits(), costs.hits() + costs.misses(),
+      nearest_gemm, rates.name);
   fmt::print("  links: {}\n", p.links_described);
   fmt::print("  PREDICTION, not a measurement (docs/predict.md says what it leaves out)\n");
   fmt::print("  step              {}\n", ms(step));

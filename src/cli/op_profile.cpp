@@ -226,8 +226,7 @@ OpTimeTable load_op_profile(const std::string& path) {
   std::vector<RecordedRow> today;
   if (!with_calls) {  // an older profile: keys from today's rows of the same name and shapes
     t.keys_reconstructed = true;
-    today =
-        record_rows(profile_shape(r, j), parse_dtype(t.dtype), t.backend == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
+    today = record_rows(profile_shape(r, j), parse_dtype(t.dtype), t.backend == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu);
     for (Row& row : rows) {
       const auto it = std::find_if(today.begin(), today.end(), [&](const RecordedRow& x) { return x.row.op == row.op; });
       if (it == today.end()) {

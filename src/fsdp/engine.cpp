@@ -395,8 +395,7 @@ void FsdpEngine::begin_unit_backward(Unit& u, int module) {
   // gradients whole, and only the rest is zeroed (zero_for_backward).
   model::ParamBinding& binding = model_->binding();
   auto write_of = [&](const FlatEntry& e, bool fresh) {
-    return fresh && model::gemm_writes_gradient(spec, e.param) ? model::GradWrite::Overwrite
-                                                                 : model::GradWrite::Accumulate;
+    return fresh && model::gemm_writes_gradient(spec, e.param) ? model::GradWrite::Overwrite : model::GradWrite::Accumulate;
   };
   if (grads_in_shard_) {  // the shard is the whole flat gradient (S == 1): backward accumulates into it
     const bool fresh = !u.reduced_this_step;

@@ -61,8 +61,8 @@ void ParamBinding::bind_grad(int index, const ops::Tensor& view, GradWrite write
   const ParamInfo& p = spec_->param(index);
   check_view(p, view, "grad");
   if (write == GradWrite::Overwrite && !gemm_writes_gradient(*spec_, index))
-    throw InternalError(fmt::format("bind grad of {} to be overwritten: its ops add into it (bind it zeroed, to accumulate)",
-                                    p.name));
+    throw InternalError(
+        fmt::format("bind grad of {} to be overwritten: its ops add into it (bind it zeroed, to accumulate)", p.name));
   Views& v = views_[static_cast<size_t>(index)];
   v.grad = view.reshaped(param_shape(p));
   v.overwrite_pending = write == GradWrite::Overwrite;
@@ -74,9 +74,10 @@ double ParamBinding::take_grad_beta(int first, int count) {
   for (int i = first; i < first + count; ++i) {
     Views& v = views_.at(static_cast<size_t>(i));
     if (v.overwrite_pending != overwrite)
-      throw InternalError(fmt::format("gradients of {} and {} are written by one GEMM but bound, one to be overwritten, "
-                                      "the other to accumulate",
-                                      spec_->param(first).name, spec_->param(i).name));
+      throw InternalError(
+          fmt::format("gradients of {} and {} are written by one GEMM but bound, one to be overwritten, "
+                      "the other to accumulate",
+                      spec_->param(first).name, spec_->param(i).name));
     v.overwrite_pending = false;
   }
   return overwrite ? 0.0 : 1.0;

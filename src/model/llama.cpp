@@ -154,10 +154,9 @@ LossResult LlamaModel::run(const Batch& batch, const StepOptions& step, Mode mod
     if (step.loss_scale == 0.0)
       for (int64_t i = 0; i < n; ++i) counted += t[i] != options_.ignore_index;
     const double scale = step.loss_scale != 0.0 ? step.loss_scale : (counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
-    sums =
-        ops.linear_cross_entropy(plan.final_norm, binding_.param(spec_.lm_head_param()), flat_targets, options_.ignore_index,
-                                 scale, options_.loss_chunk_tokens, w.dn, binding_.grad(spec_.lm_head_param()),
-                                 binding_.take_grad_beta(spec_.lm_head_param()));
+    sums = ops.linear_cross_entropy(plan.final_norm, binding_.param(spec_.lm_head_param()), flat_targets,
+                                    options_.ignore_index, scale, options_.loss_chunk_tokens, w.dn,
+                                    binding_.grad(spec_.lm_head_param()), binding_.take_grad_beta(spec_.lm_head_param()));
     hooks_->after_forward(head, ForwardPhase::Normal);
     hooks_->after_backward(head);
   }

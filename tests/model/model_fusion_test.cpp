@@ -310,8 +310,7 @@ TEST(ModelFusion, OverwritingIsOnlyForGradientsOneGemmWritesWhole) {
     model.binding().bind_grad(p.input_layernorm, params.grad(p.input_layernorm), GradWrite::Overwrite);
     ADD_FAILURE() << "no error";
   } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find("input_layernorm.weight to be overwritten: its ops add into it"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("input_layernorm.weight to be overwritten: its ops add into it"), std::string::npos)
         << e.what();
   }
   // q and k written by one GEMM but bound in different ways: the driver's mistake, named.

@@ -106,7 +106,8 @@ TEST(Dtypes, DeferredLossTotalsInCallOrder) {
   EXPECT_EQ(total.loss_sum, a.loss_sum + b.loss_sum);
   EXPECT_EQ(ops->take_loss().tokens, 0);
   ops->defer_loss(false);
-  EXPECT_EQ(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0).loss_sum, a.loss_sum);
+  EXPECT_EQ(ops->linear_cross_entropy(h.view(), w.view(), t.view(), -100, 0, 0, Tensor{}, Tensor{}, 1.0).loss_sum,
+            a.loss_sum);
 }
 
 // A bf16 lm_head (bf16 h and W) stores its logits in bf16 and its dlogits in bf16, as PyTorch's does under
@@ -136,7 +137,8 @@ TEST(Dtypes, LinearCrossEntropyBf16RoundsLogitsAndDlogits) {
   for (int64_t chunk : {0, 4}) {
     SCOPED_TRACE(chunk);
     Typed dh({n, d}, DType::BF16), dw({vocab, d}, DType::F32);
-    const LossSums s = ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view(), 1.0);
+    const LossSums s =
+        ops->linear_cross_entropy(th.view(), tw.view(), t.view(), -100, scale, chunk, dh.view(), dw.view(), 1.0);
     EXPECT_EQ(s.tokens, ref.tokens);
     EXPECT_NEAR(s.loss_sum, ref.loss_sum, 1e-6 * std::abs(ref.loss_sum));
     // Both rounded once from fp32 sums of the same products: equal, or one bf16 step apart where a GEMM's

@@ -554,38 +554,40 @@ TEST_F(GpuOps, LinearCrossEntropyInChunksMatchesCpu) {
                            {DType::BF16, DType::BF16, DType::BF16},
                            {DType::F32, DType::BF16, DType::F32}};
   for (const auto& set : sets) {
-    for (int64_t chunk : {16, 0})
-    for (double beta : {1.0, 0.0}) {  // dW added into (onto random values), or overwritten (over NaN)
-      const std::string what = "linear_cross_entropy h " + name(set[0]) + " W " + name(set[1]) + " dW " + name(set[2]) +
-                               " chunk " + std::to_string(chunk) + (beta == 0.0 ? " overwriting dW" : "");
-      HostT hh = random({n, d}, set[0]), w = random({vocab, d}, set[1], 0.3), dh({n, d}, set[0]);
-      HostT dw0 = random({vocab, d}, set[2], 0.1);
-      if (beta == 0.0)
-        for (int64_t i = 0; i < dw0.numel(); ++i) dw0.set(i, std::nan(""));
-      HostT dw = dw0;
-      DevT gh = up(hh), gw = up(w), gdh = up(random({n, d}, set[0])), gdw = up(dw0);
-      const LossSums want =
-          cpu_->linear_cross_entropy(hh.view(), w.view(), t.view(), ignore, 0.5, chunk, dh.view(), dw.view(), beta);
-      const LossSums got =
-          gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, gdh.view(), gdw.view(), beta);
-      // bf16 h and W: both backends round the logits and dlogits to bf16; a logit whose fp32 value lies near a
-      // rounding boundary may round the other way after cuBLAS's summation order (one bf16 step, 2^-8).
-      const bool bf16_logits = set[0] == DType::BF16 && set[1] == DType::BF16;
-      const double loss_tol = bf16_logits ? 1e-4 : 1e-5;
-      EXPECT_EQ(got.tokens, want.tokens) << what;
-      EXPECT_NEAR(got.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
-      expect_close(what + " dh", down(gdh), dh, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[0]));
-      expect_close(what + " dweight", down(gdw), dw, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[2]));
-      const LossSums loss_only =
-          gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, Tensor{}, Tensor{}, 1.0);
-      EXPECT_EQ(loss_only.tokens, want.tokens) << what;
-      EXPECT_NEAR(loss_only.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
+    for (int64_t chunk : {16, 0}) {
+      for (double beta : {1.0, 0.0}) {  // dW added into (onto random values), or overwritten (over NaN)
+        const std::string what = "linear_cross_entropy h " + name(set[0]) + " W " + name(set[1]) + " dW " + name(set[2]) +
+                                 " chunk " + std::to_string(chunk) + (beta == 0.0 ? " overwriting dW" : "");
+        HostT hh = random({n, d}, set[0]), w = random({vocab, d}, set[1], 0.3), dh({n, d}, set[0]);
+        HostT dw0 = random({vocab, d}, set[2], 0.1);
+        if (beta == 0.0)
+          for (int64_t i = 0; i < dw0.numel(); ++i) dw0.set(i, std::nan(""));
+        HostT dw = dw0;
+        DevT gh = up(hh), gw = up(w), gdh = up(random({n, d}, set[0])), gdw = up(dw0);
+        const LossSums want =
+            cpu_->linear_cross_entropy(hh.view(), w.view(), t.view(), ignore, 0.5, chunk, dh.view(), dw.view(), beta);
+        const LossSums got =
+            gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, gdh.view(), gdw.view(), beta);
+        // bf16 h and W: both backends round the logits and dlogits to bf16; a logit whose fp32 value lies near a
+        // rounding boundary may round the other way after cuBLAS's summation order (one bf16 step, 2^-8).
+        const bool bf16_logits = set[0] == DType::BF16 && set[1] == DType::BF16;
+        const double loss_tol = bf16_logits ? 1e-4 : 1e-5;
+        EXPECT_EQ(got.tokens, want.tokens) << what;
+        EXPECT_NEAR(got.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
+        expect_close(what + " dh", down(gdh), dh, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[0]));
+        expect_close(what + " dweight", down(gdw), dw, bf16_logits ? Tol{1e-2, 5e-3} : tol_for(set[2]));
+        const LossSums loss_only =
+            gpu_->linear_cross_entropy(gh.view(), gw.view(), gt.view(), ignore, 0.5, chunk, Tensor{}, Tensor{}, 1.0);
+        EXPECT_EQ(loss_only.tokens, want.tokens) << what;
+        EXPECT_NEAR(loss_only.loss_sum, want.loss_sum, loss_tol * std::abs(want.loss_sum)) << what;
+      }
     }
   }
   HostT tb = t;
   tb.set(30, vocab + 3);
   DevT gtb = up(tb), gh = up(random({n, d}, DType::F32)), gw = up(random({vocab, d}, DType::F32));
-  EXPECT_THROW(gpu_->linear_cross_entropy(gh.view(), gw.view(), gtb.view(), ignore, 1.0, 16, Tensor{}, Tensor{}, 1.0), DataError);
+  EXPECT_THROW(gpu_->linear_cross_entropy(gh.view(), gw.view(), gtb.view(), ignore, 1.0, 16, Tensor{}, Tensor{}, 1.0),
+               DataError);
 }
 
 // ------------------------------------------------------------------------------------------------------- checks

@@ -77,9 +77,9 @@ TEST(OpCost, GemmKeysReadBackAsDescribingOpsWritesThem) {
   const Tensor x = make_tensor(buf.data(), DType::BF16, {16, 8}), w = make_tensor(buf.data(), DType::BF16, {24, 8});
   const Tensor y = make_tensor(buf.data(), DType::BF16, {16, 24}), dw = make_tensor(buf.data(), DType::F32, {24, 8});
   KeyRecorder r;
-  r.matmul(Transpose::No, Transpose::Yes, 1.0, x, w, 0.0, y);      // y = x W^T: 16 x 24 x 8
-  r.matmul(Transpose::Yes, Transpose::No, 1.0, y, x, 1.0, dw);     // dW += dy^T x: 24 x 8 x 16
-  r.matmul_add(Transpose::No, Transpose::Yes, 1.0, x, w, y, y);    // y = x W^T + r
+  r.matmul(Transpose::No, Transpose::Yes, 1.0, x, w, 0.0, y);    // y = x W^T: 16 x 24 x 8
+  r.matmul(Transpose::Yes, Transpose::No, 1.0, y, x, 1.0, dw);   // dW += dy^T x: 24 x 8 x 16
+  r.matmul_add(Transpose::No, Transpose::Yes, 1.0, x, w, y, y);  // y = x W^T + r
   r.fill(y, 0.0);
   ASSERT_EQ(r.keys.size(), 4u);
   const auto a = parse_gemm_key(r.keys[0]), b = parse_gemm_key(r.keys[1]), c = parse_gemm_key(r.keys[2]);
@@ -100,8 +100,8 @@ TEST(OpCost, GemmMissesTakeTheNearestMeasuredGemmsScale) {
   // analytic at 1 TFLOP/s: 2 us + 2 M N K / 1e12 (these GEMMs are compute-bound at 100 GB/s)
   auto gemm = [](int64_t m, int64_t n, int64_t k, const char* form = "NT bf16 bf16 bf16") {
     const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    const std::string key = fmt::format("matmul {} m {} n {} k {} {}", std::string(form).substr(0, 2), m, n, k,
-                                        std::string(form).substr(3));
+    const std::string key =
+        fmt::format("matmul {} m {} n {} k {} {}", std::string(form).substr(0, 2), m, n, k, std::string(form).substr(3));
     return OpCall{"matmul", key, "", flops, 1e3};
   };
   TableCostModel m({}, test_rates());
@@ -112,16 +112,16 @@ TEST(OpCost, GemmMissesTakeTheNearestMeasuredGemmsScale) {
   const OpCall qkv = gemm(4096, 1152, 768), gate_up = gemm(4096, 6144, 768), big = gemm(4096, 4096, 4096);
   const OpCall dw = gemm(1152, 768, 4096, "TN bf16 bf16 f32"), other_form = gemm(4096, 1152, 768, "NN bf16 bf16 bf16");
   const OpCall tiny = gemm(256, 768, 768), tiny_but_long = gemm(256, 768, 2048);
-  EXPECT_DOUBLE_EQ(m.seconds(qkv), 1.25 * analytic(qkv));          // n 1152: nearer 768 than 3072
-  EXPECT_DOUBLE_EQ(m.seconds(gate_up), 1.1 * analytic(gate_up));   // n 6144: 2x of 3072, the limit
-  EXPECT_DOUBLE_EQ(m.seconds(big), analytic(big));                 // k 4096: over 2x of every point's
-  EXPECT_DOUBLE_EQ(m.seconds(dw), 1.5 * analytic(dw));             // its own form's point
+  EXPECT_DOUBLE_EQ(m.seconds(qkv), 1.25 * analytic(qkv));         // n 1152: nearer 768 than 3072
+  EXPECT_DOUBLE_EQ(m.seconds(gate_up), 1.1 * analytic(gate_up));  // n 6144: 2x of 3072, the limit
+  EXPECT_DOUBLE_EQ(m.seconds(big), analytic(big));                // k 4096: over 2x of every point's
+  EXPECT_DOUBLE_EQ(m.seconds(dw), 1.5 * analytic(dw));            // its own form's point
   OpCall dw_accumulating = dw;  // the same GEMM adding into its output (beta 1): the same point, its own bytes
   dw_accumulating.key += " +=";
   dw_accumulating.bytes += 1152.0 * 768 * 4;
   EXPECT_DOUBLE_EQ(m.seconds(dw_accumulating), 1.5 * analytic(dw_accumulating));
-  EXPECT_DOUBLE_EQ(m.seconds(other_form), analytic(other_form));   // no point of its form
-  EXPECT_DOUBLE_EQ(m.seconds(tiny), 1.25 * analytic(tiny));         // m 16x smaller: bounded by a larger GEMM
+  EXPECT_DOUBLE_EQ(m.seconds(other_form), analytic(other_form));        // no point of its form
+  EXPECT_DOUBLE_EQ(m.seconds(tiny), 1.25 * analytic(tiny));             // m 16x smaller: bounded by a larger GEMM
   EXPECT_DOUBLE_EQ(m.seconds(tiny_but_long), analytic(tiny_but_long));  // k larger than every point's
   EXPECT_EQ(m.missed().at(qkv.key).like, "small");
   EXPECT_EQ(m.missed().at(gate_up.key).like, "wide");

@@ -37,8 +37,8 @@ class ParamBinding {
   double take_grad_beta(int first, int count = 1);
   // Bound with GradWrite::Overwrite and not written since: its view holds no gradient yet.
   bool grad_unwritten(int index) const { return views_.at(static_cast<size_t>(index)).overwrite_pending; }
-  void unbind(int index);                               // both views
-  const ops::Tensor& param(int index) const;            // throws InternalError naming the parameter when unbound
+  void unbind(int index);                     // both views
+  const ops::Tensor& param(int index) const;  // throws InternalError naming the parameter when unbound
   const ops::Tensor& grad(int index) const;
   bool param_bound(int index) const { return views_.at(static_cast<size_t>(index)).param.defined(); }
   bool grad_bound(int index) const { return views_.at(static_cast<size_t>(index)).grad.defined(); }

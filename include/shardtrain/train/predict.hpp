@@ -63,20 +63,20 @@ struct Prediction {
   MeshLayout layout;
   int64_t micro_batch = 0, seq = 0;
   int accumulation = 1;
-  double step_s = 0;                 // one steady step, end to end
-  double tokens_per_s_per_rank = 0;  // micro_batch * seq * accumulation / step_s
-  double flops_per_token = 0;        // metrics.hpp's (6 (params - input embedding) + 12 L H S)
-  double spec_peak_flops = 0;        // the device's datasheet dense bf16 peak; 0: none known (no MFU)
-  double mfu = 0;                    // against spec_peak_flops, in [0, 1]
-  double compute_busy_s = 0;         // compute-stream work (the CPU backend: the host's ops)
-  double comm_busy_s = 0;            // collectives' time on their streams (or the host), overlapped or not
-  double exposed_comm_s = 0;         // compute idle waiting on collectives
-  double host_idle_s = 0;            // compute idle waiting on the host
-  std::vector<IdleCause> idle;       // by cause, largest first
+  double step_s = 0;                       // one steady step, end to end
+  double tokens_per_s_per_rank = 0;        // micro_batch * seq * accumulation / step_s
+  double flops_per_token = 0;              // metrics.hpp's (6 (params - input embedding) + 12 L H S)
+  double spec_peak_flops = 0;              // the device's datasheet dense bf16 peak; 0: none known (no MFU)
+  double mfu = 0;                          // against spec_peak_flops, in [0, 1]
+  double compute_busy_s = 0;               // compute-stream work (the CPU backend: the host's ops)
+  double comm_busy_s = 0;                  // collectives' time on their streams (or the host), overlapped or not
+  double exposed_comm_s = 0;               // compute idle waiting on collectives
+  double host_idle_s = 0;                  // compute idle waiting on the host
+  std::vector<IdleCause> idle;             // by cause, largest first
   std::vector<WorkTotal> compute_by_work;  // compute_busy_s by kind of work, largest first
-  size_t peak_device_bytes = 0;      // the engine's, model's and optimizer's device buffers at their peak
-  std::vector<timing::Task> tasks;   // the last step's, for a trace
-  std::string links_described;       // each axis's links in words
+  size_t peak_device_bytes = 0;            // the engine's, model's and optimizer's device buffers at their peak
+  std::vector<timing::Task> tasks;         // the last step's, for a trace
+  std::string links_described;             // each axis's links in words
 };
 
 // Throws ConfigError when the config does not fit the mesh (as `train` would on that many ranks).
