@@ -106,6 +106,14 @@ double max_of(const std::vector<train::IdleCause>& idle, const std::string& grou
   return most;
 }
 
+// The built-in rates (ops::device_rates) of the GPU a profile was measured on, from its device's name; empty when
+// none matches.
+std::string rates_of_device(const std::string& device) {
+  if (device.find("H200") != std::string::npos) return "h200";
+  if (device.find("H100") != std::string::npos) return "h100-sxm";
+  return "";
+}
+
 // How each kind of work's calls were priced, over every step run (by the key's first word: the op's name).
 struct Priced {
   int64_t profile = 0, nearest_gemm = 0, rates = 0;
@@ -173,13 +181,23 @@ int run_predict(const PredictOptions& o) {
     std::map<std::string, double> seconds_of = profile.seconds;
     if (contention > 1 && profile.source == "bench step")
       for (const auto& [key, cpu_s] : profile.cpu_seconds) seconds_of[key] = cpu_s;
+    // Measured on another GPU than the one predicted: the same compute rates (the H100 and H200 are one chip, as
+    // ops::device_rates takes them), memory-bound calls at the ratio of the two memories' bandwidths.
+    const std::string measured_on = cpu ? "" : rates_of_device(profile.device);
+    const double memory_scale = measured_on.empty() || measured_on == choice.rates
+                                    ? 1.0
+                                    : ops::device_rates(measured_on).memory_bytes_per_s /
+                                          ops::device_rates(choice.rates).memory_bytes_per_s;
     for (const auto& [key, seconds] : seconds_of) {
       const std::string op = key.substr(0, key.find(' '));
       if (std::find(o.profile_excludes.begin(), o.profile_excludes.end(), op) == o.profile_excludes.end())
-        table.emplace(key, seconds);
+        table.emplace(key, seconds * (profile.memory_bound_keys.count(key) ? memory_scale : 1.0));
     }
-    profiles_described += fmt::format("{}{} ({} call kinds, {})", profiles_described.empty() ? "" : "; ", path,
-                                      profile.seconds.size(), profile.device);
+    profiles_described += fmt::format("{}{} ({} call kinds, {}{})", profiles_described.empty() ? "" : "; ", path,
+                                      profile.seconds.size(), profile.device,
+                                      memory_scale == 1.0 ? std::string()
+                                                          : fmt::format("; memory-bound calls x {:.3f} for {}'s bandwidth",
+                                                                        memory_scale, choice.rates));
     memory_bound_scale.insert(profile.memory_bound_scale.begin(), profile.memory_bound_scale.end());
     for (const ops::GemmPoint& point : profile.gemm_points) {
       const std::string op = point.key.substr(0, point.key.find(' '));

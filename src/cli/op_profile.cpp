@@ -277,6 +277,9 @@ OpTimeTable load_op_profile(const std::string& path) {
   }
   for (const Row& row : rows)
     if (row.calls.size() == 1 && row.cpu_seconds > 0) t.cpu_seconds[row.calls.front().key] = row.cpu_seconds;
+  for (const Row& row : rows)
+    for (const ops::OpCall& call : row.calls)
+      if (call.flops == 0) t.memory_bound_keys.insert(call.key);
   std::map<std::string, std::vector<double>> ratios;
   for (const Row& row : rows) {
     if (row.calls_per_microbatch == 0) continue;

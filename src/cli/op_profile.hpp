@@ -11,6 +11,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ struct OpTimeTable {
   // Every GEMM key of the step's rows with its measured / analytic seconds at the profile's rates: how far that GEMM
   // fell short of the ceiling, carried to GEMMs of nearby shapes the profile lacks (ops::TableCostModel::set_gemm_points).
   std::vector<ops::GemmPoint> gemm_points;
+  // The keys whose calls do no FLOPs: their measured time follows the memory bandwidth of the device measured on.
+  std::set<std::string> memory_bound_keys;
 };
 
 // ConfigError naming the file (and the field, and what was expected) for a missing file, bad JSON or a bad field.

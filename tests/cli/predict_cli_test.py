@@ -7,6 +7,7 @@
   causes; the step is no shorter than on one node;
 - the compute stream's time by op adds up to its busy time, with each layer's GEMMs counted; the seed on one H200
   prices the GEMMs its profile lacks like the nearest ones it has, the 8B none (beyond 2x of every seed GEMM);
+- an H100 predicted from the H200's profile: memory-bound calls scaled by the bandwidths, compute-bound ones not;
 - the trace is Chrome's JSON with the compute stream and the collectives' streams;
 - a config that does not fit (70B sharded over 8 GPUs) says DOES NOT FIT;
 - bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
@@ -81,6 +82,22 @@ seed_matmul = {o["op"]: o for o in sj.get("compute_by_op", [])}.get("matmul", {}
 check(sj.get("op_calls_at_nearest_gemm", 0) > 0 and seed_matmul.get("calls_priced", {}).get("nearest_gemm", 0) > 0,
       f"seed: GEMMs priced like their nearest profiled GEMM: {sj.get('op_calls_at_nearest_gemm')} {seed_matmul}")
 check("compute by op (per step; priced from):" in p.stdout and "nearest GEMM" in p.stdout, "the report's op table")
+
+# The same seed step predicted for an H100 from the H200's profile: its memory-bound calls (RMSNorm's, all from the
+# profile) take 4.8 / 3.35 (the two memories' bandwidths) of their measured time, its compute-bound ones (the fused
+# loss) the measured time.
+seed_h100 = os.path.join(work, "seed-h100.json")
+p = predict("--config", "configs/llama-seed.toml", "--nodes", "1", "--gpus-per-node", "1", "--gpu", "h100", *profile,
+            "--json", seed_h100)
+check("memory-bound calls x 1.433 for h100-sxm's bandwidth" in p.stdout, f"the scaling said: {p.stdout[:600]}")
+h100_ops = {o["op"]: o for o in json.load(open(seed_h100)).get("compute_by_op", [])}
+h200_ops = {o["op"]: o for o in sj.get("compute_by_op", [])}
+norm = [x.get("rmsnorm_forward", {}) for x in (h100_ops, h200_ops)]
+check(all(n.get("calls_priced", {}).get("rates", 1) == 0 for n in norm)
+      and abs(norm[0].get("seconds", 0) / norm[1].get("seconds", 1) - 4.8 / 3.35) < 1e-9,
+      f"rmsnorm_forward from the profile, scaled to the H100's memory: {norm}")
+loss = [x.get("linear_cross_entropy", {}).get("seconds") for x in (h100_ops, h200_ops)]
+check(loss[0] is not None and loss[0] == loss[1], f"the fused loss, compute-bound, unscaled: {loss}")
 
 four = os.path.join(work, "four.json")
 predict("--config", "configs/llama3-8b.toml", "--nodes", "4", "--gpus-per-node", "8", "--gpu", "h100", *profile,
