@@ -155,7 +155,8 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
   // backward, the embedding at its end) does not count toward the backward depth: its work at the start is one
   // norm, so the lm_head's backward prefetches the last layer too, whose gather would otherwise be issued only
   // when that norm begins and queue behind the lm_head's reduce-scatter. The gathered buffers stay within the
-  // plan's bound ((1 + depth) units, the spanning ones and the root).
+  // plan's bound ((1 + depth) units, the spanning ones and the root). Overlapped: on a GPU whose collectives
+  // take device memory, with a mesh of several ranks (the streams below).
   const bool overlapped = ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device &&
                           (mesh.shard_size() > 1 || mesh.replicate_size() > 1);
   std::vector<bool> spans(static_cast<size_t>(n), false);
@@ -197,8 +198,7 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     host_stage_ = FlatBuffer(ops.device(), Placement::PinnedHost, static_cast<size_t>(max_shard) * 4, &ledger,
                              MemoryCategory::CommBuffers);
   }
-  if (ops.device() == DeviceKind::Cuda && comms.shard().space() == MemorySpace::Device &&
-      (mesh.shard_size() > 1 || mesh.replicate_size() > 1)) {
+  if (overlapped) {
     streams_ = std::make_unique<Streams>();
     // No cuBLASLt workspace: they cast and add only.
     reduce_ops_ = ops.make_side_ops();

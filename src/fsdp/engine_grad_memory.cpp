@@ -12,39 +12,36 @@
 
 namespace shardtrain::fsdp {
 
-void FsdpEngine::zero_shard_grad(Unit& u) {
-  if (u.shard() == 0) return;
-  const ops::Tensor g = grad_tensor(u);
-  if (g.device == DeviceKind::Cpu) {
-    std::memset(g.data, 0, g.bytes());
+// Elements [begin, end) of the fp32 gradient g: a memset in host memory (offload's shards, the CPU backend), a fill
+// kernel on the device.
+void FsdpEngine::zero_grad_range(const ops::Tensor& g, int64_t begin, int64_t end) {
+  if (end <= begin) return;
+  const ops::Tensor t = ops::make_tensor(static_cast<float*>(g.data) + begin, DType::F32, {end - begin}, g.device);
+  if (t.device == DeviceKind::Cpu) {
+    std::memset(t.data, 0, t.bytes());
   } else {
-    ops_->fill(g, 0.0);
+    ops_->fill(t, 0.0);
   }
 }
 
+void FsdpEngine::zero_shard_grad(Unit& u) {
+  if (u.shard() > 0) zero_grad_range(grad_tensor(u), 0, u.shard());
+}
+
 // Everything of the unit's flat gradient `g` (padded_numel elements: the full gradient, or with S == 1 the shard)
-// but the entries whose GEMMs write them whole (model::gemm_writes_gradient, bound GradWrite::Overwrite): the norms',
-// the embedding's and the lm_head's, which their ops add into, the gaps alignment leaves between entries and the
-// padding, which the reduction and the gradient norm read. One fill per run of such elements: for a decoder layer
-// a few small ones where the whole layer was filled before.
+// but the entries whose GEMMs write them whole (model::gemm_writes_gradient, bound GradWrite::Overwrite): the norms'
+// and the embedding's (a tied lm_head's too), which their ops add into, the gaps alignment leaves between entries and
+// the padding, which the reduction and the gradient norm read. One fill per run of such elements: for a decoder
+// layer a few small ones where the whole layer was filled before.
 void FsdpEngine::zero_for_backward(const Unit& u, const ops::Tensor& g) {
   const model::ModelSpec& spec = model_->spec();
-  auto zero = [&](int64_t begin, int64_t end) {
-    if (end <= begin) return;
-    const ops::Tensor t = ops::make_tensor(static_cast<float*>(g.data) + begin, DType::F32, {end - begin}, g.device);
-    if (t.device == DeviceKind::Cpu) {
-      std::memset(t.data, 0, t.bytes());
-    } else {
-      ops_->fill(t, 0.0);
-    }
-  };
   int64_t from = 0;  // the first element not yet zeroed or left to a GEMM
   for (const FlatEntry& e : u.layout.entries) {
     if (!model::gemm_writes_gradient(spec, e.param)) continue;
-    zero(from, e.offset);
+    zero_grad_range(g, from, e.offset);
     from = e.offset + e.numel;
   }
-  zero(from, g.numel());
+  zero_grad_range(g, from, g.numel());
 }
 
 ops::Tensor FsdpEngine::grad_tensor(const Unit& u, int64_t offset, ops::Shape shape) const {

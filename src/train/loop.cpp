@@ -258,13 +258,8 @@ optim::AdamW::AsyncTimes Trainer::update(const StepResult& r) {
       throw InternalError("the gradient shards were overwritten before the update (a forward ran after the backward)");
     if (async_update_) {
       adamw_->step_async(engine_->shards(), lr, clip);  // still running when the step returns (trainer.hpp)
-    } else if (engine_->overlaps_communication()) {
-      // The next step's first units are updated first and gathered while the others' update runs
-      // (FsdpEngine::gather_ahead): their all-gathers do not wait for the whole update at the next forward.
-      adamw_->step_split(engine_->shards(), lr, clip, {}, engine_->first_forward_units(),
-                         [this] { engine_->gather_ahead(); });
     } else {
-      adamw_->step(engine_->shards(), lr, clip);
+      update_shards(*adamw_, *engine_, lr, clip);  // the next step's first gathers overlap it (replica.hpp)
     }
     state_.optimizer_steps = adamw_->steps();
   }

@@ -160,11 +160,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     comms.world().all_reduce(std::span<double>(step_values), ReduceOp::Sum);
     on_host(t, !gpu && s.time_host_updates, s.host_contention, "adamw (host, measured)", [&] {
       const double clip = optim::clip_coefficient(norm, config.optim.max_grad_norm);
-      if (s.gather_ahead && engine.overlaps_communication() && !config.fsdp.engine.offload_params) {
-        adamw.step_split(engine.shards(), 1e-4, clip, {}, engine.first_forward_units(), [&] { engine.gather_ahead(); });
-      } else {
-        adamw.step(engine.shards(), 1e-4, clip);
-      }
+      update_shards(adamw, engine, 1e-4, clip, s.gather_ahead && !config.fsdp.engine.offload_params);
     });
   }
   t.synchronize_all();

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/optim/adamw.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
 
 namespace shardtrain::train {
@@ -16,6 +17,14 @@ model::ModelOptions model_options(const TrainConfig& config) {
   o.checkpointing =
       config.fsdp.engine.activation_checkpointing ? model::Checkpointing::PerLayer : model::Checkpointing::None;
   return o;
+}
+
+void update_shards(optim::AdamW& adamw, fsdp::FsdpEngine& engine, double lr, double clip, bool gather_ahead) {
+  if (gather_ahead && engine.overlaps_communication()) {
+    adamw.step_split(engine.shards(), lr, clip, {}, engine.first_forward_units(), [&] { engine.gather_ahead(); });
+  } else {
+    adamw.step(engine.shards(), lr, clip);
+  }
 }
 
 fsdp::FsdpConfig engine_config(const TrainConfig& config, int world_size) {

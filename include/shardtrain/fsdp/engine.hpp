@@ -186,6 +186,7 @@ class FsdpEngine final : public model::ModuleHooks {
   void release_all();
   void zero_shard_grad(Unit& u);
   void zero_for_backward(const Unit& u, const ops::Tensor& g);
+  void zero_grad_range(const ops::Tensor& g, int64_t begin, int64_t end);
   void* host_stage_scratch(size_t floats);  // host memory for shards whose communicator wants host buffers
 
   model::LlamaModel* model_;

@@ -19,6 +19,10 @@
 #include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/train/config.hpp"
 
+namespace shardtrain::optim {
+class AdamW;
+}
+
 namespace shardtrain::train {
 
 // The model's options a training config asks for (activation dtype, checkpointing): the replica's, and the
@@ -27,6 +31,11 @@ model::ModelOptions model_options(const TrainConfig& config);
 // The engine's options for a world of `world_size` ranks: config.fsdp.engine, with the gradient shards kept out
 // of activation memory when a step has more than one micro-batch (the next forward would overwrite them).
 fsdp::FsdpConfig engine_config(const TrainConfig& config, int world_size);
+// One step's update of the shards where they live (on the device, or host shards on the CPU backend; not CPU
+// offload's asynchronous host update), as the trainer and the step-time prediction run it: on the overlapped
+// schedule in two launches around the next step's first gathers (FsdpEngine::gather_ahead), so that those
+// all-gathers overlap the rest of the update; else in one. gather_ahead false: in one always (for comparison).
+void update_shards(optim::AdamW& adamw, fsdp::FsdpEngine& engine, double lr, double clip, bool gather_ahead = true);
 
 class Replica {
  public:
