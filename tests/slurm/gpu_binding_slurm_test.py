@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, HERE)
 import clitest  # noqa: E402
-from minislurm import MiniSlurm  # noqa: E402
+from minislurm import OPEN_MPI_ENV, MiniSlurm  # noqa: E402
 
 args = clitest.parse_args()
 if os.geteuid() != 0:
@@ -43,8 +43,7 @@ def job_env(**extra):
     env.update(SHARDTRAIN_HOME=args.source, SHARDTRAIN_BIN=args.shardtrain, CONFIG="configs/tiny-cpu.toml",
                TRAIN_ARGS=TRAIN_ARGS, SHARDTRAIN_CUDA_EMULATOR_DEVICES="2", GPU_MEMORY="0")
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    # Two Slurm nodes on one machine: ranks talk over TCP on the loopback (as slurm_jobs_test.py explains).
-    env.update(OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+    env.update(OPEN_MPI_ENV)  # two Slurm nodes on one machine (minislurm.py)
     env.update(extra)
     return env
 
@@ -110,7 +109,7 @@ with MiniSlurm(os.path.join(work, "slurm"), nodes=2, cpus=4, gpus=2) as slurm:
         info = slurm.wait(job, timeout=300)
         out = output(info)
         check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
-              f"{name}: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}")
+              f"{name}: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}\n{slurm.logs_tail(8)}")
         check(launched in out, f"{name}: launched with '{launched}': {[l for l in out.splitlines() if 'running:' in l]}")
         check(own in out, f"{name}: the start line says '{own}': {[l for l in out.splitlines() if 'collectives' in l]}")
         own_losses[name] = losses(os.path.join(work, name))
@@ -120,7 +119,8 @@ with MiniSlurm(os.path.join(work, "slurm"), nodes=2, cpus=4, gpus=2) as slurm:
 
     info = slurm.wait(shared_job, timeout=300)
     out = output(info)
-    check(info.get("JobState") == "COMPLETED", f"shared: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}")
+    check(info.get("JobState") == "COMPLETED",
+          f"shared: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}\n{slurm.logs_tail(8)}")
     said = [l for l in out.splitlines() if "collectives over mpi (host staging): ranks 0 and 1 share GPU-" in l]
     # Slurm gives the job either GPU of the node: its UUID and bus id name it.
     check(len(said) == 1 and re.search(r"share GPU-[0-9a-f-]{36} \(0000:1[01]:00\.0\);", said[0]) is not None,
@@ -130,7 +130,7 @@ with MiniSlurm(os.path.join(work, "slurm"), nodes=2, cpus=4, gpus=2) as slurm:
     out = output(info)
     check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "3:0" and info.get("Restarts") == "0",
           f"refused: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')}, expected FAILED 3:0 "
-          f"without a restart: {out[-1500:]}")
+          f"without a restart: {out[-1500:]}\n{slurm.logs_tail(8)}")
     lines = [l for l in out.splitlines() if "configuration error: comm backend nccl" in l]
     check(len(lines) == 1 and "ranks 0 and 1 share GPU-" in lines[0] and "NCCL needs a GPU of its own for each rank" in lines[0],
           f"refused: one error line naming the ranks and the GPU: {lines or out[-1500:]}")

@@ -27,6 +27,18 @@ import sys
 import time
 
 DAEMONS = ("slurmctld", "slurmd", "munged")
+# What a job's mpirun needs on this one machine, for every test that runs one (job environments add it):
+# - ranks of two simulated nodes talk over TCP on the loopback (Open MPI would otherwise try shared memory between
+#   "nodes", whose segment names collide, or skip the loopback interface);
+# - node1 and node2 are not this host's name, so mpirun starts a daemon on each allocated node through srun, even
+#   for a one-node job. Open MPI sends that srun's output to /dev/null unless the session stays attached: attached,
+#   a failed launch prints srun's own reason into the job's output ("An ORTE daemon has unexpectedly failed" alone
+#   says nothing), at the cost of one line per job from srun ("cluster configuration lacks support for cpu binding":
+#   TaskPlugin=task/none).
+OPEN_MPI_ENV = {
+    "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_MCA_orte_leave_session_attached": "1",
+}
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
 

@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, HERE)
 import clitest  # noqa: E402
-from minislurm import MiniSlurm  # noqa: E402
+from minislurm import OPEN_MPI_ENV, MiniSlurm  # noqa: E402
 
 args = clitest.parse_args()
 if os.geteuid() != 0:
@@ -71,9 +71,7 @@ def job_env(**extra):
     env = dict(os.environ)
     env.update(SHARDTRAIN_HOME=args.source, SHARDTRAIN_BIN=args.shardtrain, CONFIG="configs/tiny-cpu.toml",
                TRAIN_ARGS=TRAIN_ARGS)
-    # Two Slurm nodes on one machine: their ranks must talk over TCP on the loopback (Open MPI would otherwise
-    # try shared memory between "nodes", whose segment names collide, or skip the loopback interface).
-    env.update(OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+    env.update(OPEN_MPI_ENV)  # two Slurm nodes on one machine (minislurm.py)
     for k, v in extra.items():
         if v is None:
             env.pop(k, None)
