@@ -184,20 +184,19 @@ int run_predict(const PredictOptions& o) {
     // Measured on another GPU than the one predicted: the same compute rates (the H100 and H200 are one chip, as
     // ops::device_rates takes them), memory-bound calls at the ratio of the two memories' bandwidths.
     const std::string measured_on = cpu ? "" : rates_of_device(profile.device);
-    const double memory_scale = measured_on.empty() || measured_on == choice.rates
-                                    ? 1.0
-                                    : ops::device_rates(measured_on).memory_bytes_per_s /
-                                          ops::device_rates(choice.rates).memory_bytes_per_s;
+    const double memory_scale =
+        measured_on.empty() || measured_on == choice.rates
+            ? 1.0
+            : ops::device_rates(measured_on).memory_bytes_per_s / ops::device_rates(choice.rates).memory_bytes_per_s;
     for (const auto& [key, seconds] : seconds_of) {
       const std::string op = key.substr(0, key.find(' '));
       if (std::find(o.profile_excludes.begin(), o.profile_excludes.end(), op) == o.profile_excludes.end())
         table.emplace(key, seconds * (profile.memory_bound_keys.count(key) ? memory_scale : 1.0));
     }
-    profiles_described += fmt::format("{}{} ({} call kinds, {}{})", profiles_described.empty() ? "" : "; ", path,
-                                      profile.seconds.size(), profile.device,
-                                      memory_scale == 1.0 ? std::string()
-                                                          : fmt::format("; memory-bound calls x {:.3f} for {}'s bandwidth",
-                                                                        memory_scale, choice.rates));
+    profiles_described += fmt::format(
+        "{}{} ({} call kinds, {}{})", profiles_described.empty() ? "" : "; ", path, profile.seconds.size(), profile.device,
+        memory_scale == 1.0 ? std::string()
+                            : fmt::format("; memory-bound calls x {:.3f} for {}'s bandwidth", memory_scale, choice.rates));
     memory_bound_scale.insert(profile.memory_bound_scale.begin(), profile.memory_bound_scale.end());
     for (const ops::GemmPoint& point : profile.gemm_points) {
       const std::string op = point.key.substr(0, point.key.find(' '));
@@ -345,7 +344,8 @@ int run_predict(const PredictOptions& o) {
                         {"op_calls_from_rates", costs.misses()},
                         {"links", p.links_described}};
     j["op_calls_at_nearest_gemm"] = nearest_gemm;
-    for (const train::IdleCause& c : p.idle) j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}});
+    for (const train::IdleCause& c : p.idle)
+      j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}, {"communication", c.communication}});
     for (const train::WorkTotal& w : p.compute_by_work) {
       const Priced from = priced_of(w.work);
       j["compute_by_op"].push_back(

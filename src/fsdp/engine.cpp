@@ -210,7 +210,10 @@ FsdpEngine::FsdpEngine(model::LlamaModel& model, const DeviceMesh& mesh, MeshCom
     offload_streams_ = std::make_unique<OffloadStreams>();
     upload_ops_ = ops.make_side_ops();
     upload_ops_->set_stream(offload_streams_->upload.ref());
-    // One double per unit; a unit without parameters keeps its zero.
+  }
+  if (ops.device() == DeviceKind::Cuda && !grads_in_shard_) {
+    // The gradient norm's sums, one double per unit, each taken as the unit's last reduction of the step lands
+    // (device_grad_sq_sums); a unit without parameters keeps its zero.
     unit_sq_sums_ =
         FlatBuffer(ops.device(), Placement::Compute, units_.size() * sizeof(double), &ledger, MemoryCategory::CommBuffers);
     const std::vector<double> zeros(units_.size(), 0.0);
@@ -503,7 +506,7 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       // it into the host shard (which also keeps the next copy out of the stage until the add has read it). The
       // host waits once, at the end of the step (release_all).
       const bool first = !u.reduced_this_step;
-      if (first && offload_streams_ && last_micro_batch_) {
+      if (first && unit_sq_sums_ && last_micro_batch_) {
         last_ops->sum_squares(shard_f32, unit_sq_sums_.view(DType::F64, u.spec->index, {1}), ops::SumInto::Overwrite);
         ++unit_sums_taken_;
       }
@@ -548,6 +551,7 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       }
     }
     last = replicate;
+    last_ops = replicate_ops;
     if (watchdog_) watchdog_->set_unit(fmt::format("{} ({}, replica all-reduce)", u.spec->index, u.spec->name));
     if (rd == DType::F32) {
       comms_->replicate().all_reduce(grad.data, grad.data, static_cast<size_t>(n), rd, ReduceOp::Sum, last);
@@ -560,6 +564,13 @@ void FsdpEngine::reduce_gradients(Unit& u) {
       replicate_ops->copy(t, grad);
     }
     if (watchdog_) watchdog_->set_unit("");
+  }
+  if (unit_sq_sums_ && last_micro_batch_ && !config_.offload_params && !u.empty()) {
+    // The step's last reduction into this shard has been queued: its sum of squares for the gradient norm, on
+    // the stream that wrote it last, so that the norm's sums overlap the backward of the units still to come
+    // instead of following the step's last reduction (device_grad_sq_sums).
+    last_ops->sum_squares(grad, unit_sq_sums_.view(DType::F64, u.spec->index, {1}), ops::SumInto::Overwrite);
+    ++unit_sums_taken_;
   }
   if (streams_) {
     if (S > 1 && R > 1) streams_->slot_free[slot].record(last);
@@ -730,7 +741,7 @@ std::vector<float> FsdpEngine::gather_unit(int unit) {
 }
 
 const double* FsdpEngine::device_grad_sq_sums() const {
-  if (!offload_streams_ || unit_sums_taken_ != nonempty_units_) return nullptr;
+  if (!unit_sq_sums_ || unit_sums_taken_ != nonempty_units_) return nullptr;
   return static_cast<const double*>(unit_sq_sums_.data());
 }
 

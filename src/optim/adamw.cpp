@@ -507,14 +507,23 @@ void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* s
   value_ = total;
 }
 
-void GradNorm::start_from_unit_sums(const double* device_sums, size_t count, Communicator* shard_axis, StreamRef stream) {
+void GradNorm::start_from_unit_sums(const double* device_sums, size_t count, StreamRef stream) {
   started_ = true;
   on_device_ = true;
   unit_sums_ = count;
-  host_axis_ = shard_axis != nullptr && shard_axis->size() > 1 ? shard_axis : nullptr;
+  host_axis_ = nullptr;
   if (host_.size() < count * sizeof(double)) host_ = PinnedBuffer(count * sizeof(double));  // once
   copy_async(host_.data(), device_sums, count * sizeof(double), stream);
   copied_.record(stream);
+}
+
+void GradNorm::start_local(const fsdp::FsdpEngine& engine, bool shards_rewritten) {
+  const double* unit_sums = shards_rewritten ? nullptr : engine.device_grad_sq_sums();
+  if (unit_sums) {
+    start_from_unit_sums(unit_sums, engine.units().size());
+  } else {
+    start(engine.shards(), nullptr);
+  }
 }
 
 double GradNorm::sum_of_squares() {

@@ -75,7 +75,10 @@ void TimingDevice::record_event(void* e, StreamRef s) {
   Event& ev = event(e);
   // Done once the stream's earlier work and waits are, and not before the host issued it.
   ev.time = std::max({st.end, st.wait_floor, host_});
-  ev.cause = st.wait_floor > st.end ? st.wait_cause : st.last_label;
+  const bool waiting = st.wait_floor > st.end;
+  ev.cause = waiting ? st.wait_cause : st.last_label;
+  ev.cause_kind = waiting ? st.wait_cause_kind : st.last_kind;
+  ev.blocker = waiting ? st.wait_blocker : st.blocker;
   ev.recorded = true;
 }
 
@@ -86,6 +89,8 @@ void TimingDevice::wait_event(void* e, StreamRef waiter) {
   if (ev.time > st.wait_floor) {
     st.wait_floor = ev.time;
     st.wait_cause = ev.cause;
+    st.wait_cause_kind = ev.cause_kind;
+    st.wait_blocker = ev.blocker;
   }
 }
 
@@ -102,6 +107,12 @@ void TimingDevice::synchronize_all() {
   host_ += costs_.sync_s;
 }
 
+void TimingDevice::add_wait(const std::string& cause, WorkKind kind, double seconds) {
+  ComputeIdle& i = idle_[cause];
+  i.waiting_s += seconds;
+  i.kind = kind;
+}
+
 void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double issue_s, std::string_view label,
                            int resource) {
   host_ += issue_s;
@@ -116,17 +127,31 @@ void TimingDevice::enqueue(StreamRef s, WorkKind kind, double seconds, double is
   }
   std::string full = context_.empty() ? std::string(label) : fmt::format("{} {}", context_, label);
   if (!s.handle && start > st.end) {
-    // The compute stream stood idle: for the host (issuing late) or for an event (a collective, a copy).
+    // The compute stream stood idle: for the host (issuing late) or for an event (a collective, a copy, or work
+    // that followed one back to back: the collective's until it ended).
     const double host_part = std::max(0.0, std::min(host_, start) - st.end);
-    const double wait_part = start - std::max(st.end, host_);
+    const double from = std::max(st.end, host_), wait_part = start - from;
     if (host_part > 0) idle_["host"].host_s += host_part;
-    if (wait_part > 0) idle_[st.wait_cause.empty() ? std::string("?") : st.wait_cause].waiting_s += wait_part;
+    if (wait_part > 0) {
+      const Blocker& b = st.wait_blocker;
+      const double blocked = b.label.empty() ? 0.0 : std::clamp(b.end - from, 0.0, wait_part);
+      if (blocked > 0) add_wait(b.label, b.kind, blocked);
+      if (wait_part > blocked)
+        add_wait(st.wait_cause.empty() ? "?" : st.wait_cause, st.wait_cause_kind, wait_part - blocked);
+    }
   }
   tasks_.push_back(Task{stream_index(s), kind, host_, start, start + seconds, full, std::string(label)});
+  if (kind == WorkKind::Comm || kind == WorkKind::Copy) {
+    st.blocker = {full, start + seconds, kind};
+  } else if (start > st.end) {
+    st.blocker = {};  // it waited for something else, or for the host
+  }
   st.end = start + seconds;
   st.wait_floor = 0;
   st.wait_cause.clear();
+  st.wait_blocker = {};
   st.last_label = std::move(full);
+  st.last_kind = kind;
 }
 
 void TimingDevice::host_work(double seconds, std::string_view label, WorkKind kind) {

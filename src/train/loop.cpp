@@ -150,15 +150,11 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
           sampler.samples_before({start.epoch, start.index + static_cast<uint64_t>(accumulation_)}) - first_sample);
   if (poisoned) optim::poison_first_gradient(engine_->shards());
   // On a GPU, one synchronization for both values: the norm is queued first, the loss read (deferred,
-  // replica.hpp: one read for the whole step) waits for the stream it was queued on.
-  // With CPU offload on a GPU the engine took each unit's sum of squares on the device on its way down, so the
-  // host need not read every gradient (unless the nan_grad fault just wrote one on the host).
-  const double* unit_sums = poisoned ? nullptr : engine_->device_grad_sq_sums();
-  if (unit_sums) {
-    grad_norm_.start_from_unit_sums(unit_sums, engine_->units().size(), &comms_->shard());
-  } else {
-    grad_norm_.start(engine_->shards(), &comms_->shard());
-  }
+  // replica.hpp: one read for the whole step) waits for the stream it was queued on. Where the step reduced
+  // gradients the engine took each unit's sum of squares on the device as its reduction landed, so only their
+  // copy is left (unless the nan_grad fault just wrote a shard on the host). This rank's part only: the parts are
+  // summed in the step's one all-reduce below.
+  grad_norm_.start_local(*engine_, poisoned);
   timeline_->work_queued();
   // The next step's micro-batches, read now (on a GPU while the device still runs this step): their counts are
   // known before this step's all-reduce, so they travel in it, and the next forward is queued right after this
@@ -167,14 +163,15 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
   std::optional<StepInput> ahead;
   if (step_number < total_steps_) ahead = read_micro_batches();
   const double loss_sum = ops_->take_loss().loss_sum;
-  const double norm = grad_norm_.norm();
+  const double sq_sum = grad_norm_.sum_of_squares();
   // The step's one host all-reduce, over the world: [0] the loss sum, [1] the non-finite flag (every rank decides
-  // the same way), the hooks' agreed values (the preemption flag), then the next step's counted targets (and
-  // per-source tokens), exact in doubles (far below 2^53).
+  // the same way), [2] the gradient norm's square (optim::world_part), the hooks' agreed values (the preemption
+  // flag), then the next step's counted targets (and per-source tokens), exact in doubles (far below 2^53).
   std::vector<double>& values = step_values_;
-  values.assign(2, 0.0);
+  values.assign(3, 0.0);
   values[0] = loss_sum;
-  values[1] = std::isfinite(loss_sum) && std::isfinite(norm) ? 0.0 : 1.0;
+  values[1] = std::isfinite(loss_sum) && std::isfinite(sq_sum) ? 0.0 : 1.0;
+  values[2] = optim::world_part(sq_sum, comms_->replicate());
   for (TrainerHooks* h : hooks_) {
     const size_t at = values.size(), n = h->agreed_slots();
     values.resize(at + n, 0.0);
@@ -184,7 +181,7 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
   if (ahead)
     for (const int64_t c : ahead->counted) values.push_back(static_cast<double>(c));
   comms_->world().all_reduce(std::span<double>(values), ReduceOp::Sum);
-  for (size_t at = 2; TrainerHooks * h : hooks_) {
+  for (size_t at = 3; TrainerHooks * h : hooks_) {
     const size_t n = h->agreed_slots();
     h->agreed(std::span<const double>(values).subspan(at, n));
     at += n;
@@ -195,7 +192,8 @@ Trainer::StepResult Trainer::forward_backward(StepInput& in) {
     read_ahead_ = std::move(ahead);
   }
   const double loss = values[0] / static_cast<double>(global_tokens);
-  const bool nonfinite = values[1] > 0 || !std::isfinite(loss);
+  const double norm = std::sqrt(values[2]);
+  const bool nonfinite = values[1] > 0 || !std::isfinite(loss) || !std::isfinite(norm);
   return {loss, norm, 0.0, nonfinite, false};
 }
 

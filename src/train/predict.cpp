@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <set>
@@ -130,7 +131,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     batch.document_runs = p.micro_batch;
   }
   const double loss_scale = 1.0 / (static_cast<double>(shape.numel()) * p.accumulation * world);
-  std::vector<double> step_values(3, 0.0);  // the loss, the non-finite flag, a hook's value
+  std::vector<double> step_values(4, 0.0);  // the loss, the non-finite flag, the norm's square, a hook's value
 
   std::vector<double> synced;  // the host's clock once each step's loss and norm are read
   for (int k = 0; k < s.warmup_steps + s.steps; ++k) {
@@ -147,17 +148,13 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
       engine.forward_backward(batch, loss_scale, a == p.accumulation - 1);
     }
     t.set_context("step");
-    on_host(t, !gpu && s.time_host_updates, s.host_contention, "gradient norm (host, measured)", [&] {
-      if (const double* unit_sums = engine.device_grad_sq_sums()) {
-        grad_norm.start_from_unit_sums(unit_sums, engine.units().size(), &comms.shard());
-      } else {
-        grad_norm.start(engine.shards(), &comms.shard());
-      }
-    });
+    on_host(t, !gpu && s.time_host_updates, s.host_contention, "gradient norm (host, measured)",
+            [&] { grad_norm.start_local(engine); });
     ops->take_loss();  // the host waits for the ops' stream, as CudaOps' read of the loss does
-    const double norm = grad_norm.norm();
+    step_values[2] = optim::world_part(grad_norm.sum_of_squares(), comms.replicate());
     synced.push_back(t.host_now());
     comms.world().all_reduce(std::span<double>(step_values), ReduceOp::Sum);
+    const double norm = std::sqrt(step_values[2]);
     on_host(t, !gpu && s.time_host_updates, s.host_contention, "adamw (host, measured)", [&] {
       const double clip = optim::clip_coefficient(norm, config.optim.max_grad_norm);
       update_shards(adamw, engine, 1e-4, clip, s.gather_ahead && !config.fsdp.engine.offload_params);
@@ -180,7 +177,12 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     return what;
   };
   const double last_sync = synced[synced.size() - 2];
-  std::map<std::string, double> idle;
+  std::map<std::string, IdleCause> idle;
+  auto idle_for = [&](const std::string& what, double seconds, bool communication) {
+    IdleCause& c = idle[what];
+    c.seconds += seconds;
+    c.communication = communication;
+  };
   std::map<std::string, WorkTotal> by_work;
   for (const timing::Task& task : t.tasks()) {
     const double seconds = (task.end - task.start) / steps;
@@ -194,15 +196,19 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     }
     if (task.kind == timing::WorkKind::Comm) {
       p.comm_busy_s += seconds;
-      if (!gpu) idle[cause_of(task.label)] += seconds;  // nothing overlaps a blocking collective
+      if (!gpu) idle_for(cause_of(task.label), seconds, true);  // nothing overlaps a blocking collective
     }
     if (task.issued >= last_sync) p.tasks.push_back(task);
   }
-  for (const auto& [cause, i] : t.compute_idle()) idle[cause_of(cause)] += (i.waiting_s + i.host_s) / steps;
-  for (const auto& [what, seconds] : idle) {
-    p.idle.push_back({what, seconds});
-    if (what == "host") p.host_idle_s += seconds;
-    else p.exposed_comm_s += seconds;
+  for (const auto& [cause, i] : t.compute_idle()) {
+    const bool communication = i.kind == timing::WorkKind::Comm || i.kind == timing::WorkKind::Copy;
+    idle_for(cause_of(cause), (i.waiting_s + i.host_s) / steps, communication);
+  }
+  for (auto& [what, c] : idle) {
+    c.what = what;
+    p.idle.push_back(c);
+    if (what == "host") p.host_idle_s += c.seconds;
+    if (c.communication) p.exposed_comm_s += c.seconds;
   }
   std::sort(p.idle.begin(), p.idle.end(), [](const IdleCause& a, const IdleCause& b) { return a.seconds > b.seconds; });
   for (auto& [work, w] : by_work) {

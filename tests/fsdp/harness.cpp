@@ -120,22 +120,19 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
           engine.forward_backward(batch, 1.0 / static_cast<double>(global_tokens), mb == o.micro_batches - 1).loss_sum;
       if (o.after_micro_batch) o.after_micro_batch(mb);
     }
-    MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
-    out.losses.push_back(loss_sum / static_cast<double>(global_tokens));
     // As the trainer does: one GradNorm kept across steps (no allocation, so no device-wide synchronization
-    // that would complete every stream's work before the norm reads the gradients).
-    // With CPU offload on a GPU, from the engine's per-unit sums taken on the device (as the trainer does),
-    // checked against the host shards' own sum.
-    double norm = 0;
-    if (const double* unit_sums = engine.device_grad_sq_sums()) {
-      grad_norm.start_from_unit_sums(unit_sums, engine.units().size(), &comms.shard());
-      norm = grad_norm.norm();
-      const double host = optim::grad_norm_global(engine.shards(), comms.shard());
-      out.unit_sum_norm_diff = std::max(out.unit_sum_norm_diff, std::abs(norm - host) / host);
+    // that would complete every stream's work before the norm reads the gradients), this rank's part summed with
+    // the loss in one all-reduce over the world. On a GPU that reduced gradients, from the engine's per-unit sums
+    // taken on the device, checked against the shards' own norm.
+    grad_norm.start_local(engine);
+    double sums[2] = {loss_sum, optim::world_part(grad_norm.sum_of_squares(), comms.replicate())};
+    MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world);
+    out.losses.push_back(sums[0] / static_cast<double>(global_tokens));
+    const double norm = std::sqrt(sums[1]);
+    if (engine.device_grad_sq_sums()) {
+      const double shards = optim::grad_norm_global(engine.shards(), comms.shard());
+      out.unit_sum_norm_diff = std::max(out.unit_sum_norm_diff, std::abs(norm - shards) / shards);
       ++out.unit_sum_norms;
-    } else {
-      grad_norm.start(engine.shards(), &comms.shard());
-      norm = grad_norm.norm();
     }
     out.grad_norms.push_back(norm);
     if (step == o.first_step) {  // the step's own traffic: before the update gathers the next step's first units

@@ -254,7 +254,6 @@ TEST(ModelFusion, GradientsBoundApartFromAdjacentParametersAreAClearError) {
   BoundTinyModel t;
   const LlamaConfig& c = t.c;
   LlamaModel& model = t.model;
-  DenseParams& params = t.params;
   const int up = model.spec().layer(0).params.up_proj;
   std::vector<float> up_grad(static_cast<size_t>(model.spec().param(up).numel));
   model.binding().bind_grad(up, ops::make_tensor(up_grad.data(), DType::F32, param_shape(model.spec().param(up))));

@@ -58,6 +58,42 @@ TEST(TimingDevice, EventWaitDelaysComputeAndNamesItsCause) {
   EXPECT_DOUBLE_EQ(d.host_now(), 6.0);
 }
 
+// A reduction's sum of squares queued behind its all-reduce: compute's wait is the all-reduce's until it ends,
+// and only the rest the kernel's.
+TEST(TimingDevice, WorkBehindACollectiveLeavesTheWaitToTheCollective) {
+  TimingDevice d(free_issue());
+  TimingScope scope(d);
+  CudaStream comm;
+  CudaEvent done;
+  d.enqueue({}, WorkKind::Compute, 1.0, 0, "backward");                   // 0..1
+  d.enqueue(comm.ref(), WorkKind::Comm, 4.0, 0, "model all_reduce");      // 0..4
+  d.enqueue(comm.ref(), WorkKind::Compute, 0.5, 0, "model sum_squares");  // 4..4.5, back to back
+  done.record(comm.ref());
+  done.wait({});
+  d.enqueue({}, WorkKind::Compute, 1.0, 0, "adamw");  // waits 1..4.5
+  EXPECT_DOUBLE_EQ(d.stream_now({}), 5.5);
+  EXPECT_DOUBLE_EQ(d.compute_idle().at("model all_reduce").waiting_s, 3.0);
+  EXPECT_DOUBLE_EQ(d.compute_idle().at("model sum_squares").waiting_s, 0.5);
+  EXPECT_EQ(d.compute_idle().size(), 2u);
+}
+
+// The same kernel issued late by the host does not follow the collective: the wait after it is its own.
+TEST(TimingDevice, WorkTheHostIssuedLateIsItsOwnCause) {
+  TimingDevice d(free_issue());
+  TimingScope scope(d);
+  CudaStream comm;
+  CudaEvent done;
+  d.enqueue(comm.ref(), WorkKind::Comm, 1.0, 0, "all_reduce");      // 0..1
+  d.host_work(2.0, "host");                                         // the host is at 2
+  d.enqueue(comm.ref(), WorkKind::Compute, 0.5, 0, "sum_squares");  // 2..2.5
+  done.record(comm.ref());
+  done.wait({});
+  d.enqueue({}, WorkKind::Compute, 1.0, 0, "adamw");  // 2.5..3.5
+  EXPECT_EQ(d.compute_idle().count("all_reduce"), 0u);
+  EXPECT_DOUBLE_EQ(d.compute_idle().at("sum_squares").waiting_s, 0.5);
+  EXPECT_DOUBLE_EQ(d.compute_idle().at("host").host_s, 2.0);
+}
+
 TEST(TimingDevice, EventRecordedBeforeWorkIsDoneAtOnce) {
   TimingDevice d(free_issue());
   TimingScope scope(d);

@@ -1,6 +1,7 @@
 // The training step's host collectives over the world (issue 34.6), on 2 ranks (FULL_SHARD) and on 4 as two
 // simulated nodes of 2 (HYBRID_SHARD): a steady step makes exactly one world all-reduce, carrying its loss sum,
-// its non-finite flag, the preemption flag and the next step's counted targets (read ahead), and no raw MPI
+// its non-finite flag, its gradient norm's square, the preemption flag and the next step's counted targets (read
+// ahead), no all-reduce over the shard axis (the norm's own, before it rode in the world's), and no raw MPI
 // all-reduce on MPI_COMM_WORLD (counted through MPI's profiling interface, below). Reading ahead changes no
 // loss and no data position: evaluation between steps, a preemption (one rank's SIGUSR1) with its save, and a
 // resume from that save give the uninterrupted run's losses bit for bit, and the state a checkpoint keeps is
@@ -69,10 +70,10 @@ struct LossLog final : train::TrainerHooks {
 // The world's collectives each step made, read at each step's end (no evaluation or save runs in these runs).
 struct WorldCollectives final : train::TrainerHooks {
   struct Step {
-    uint64_t all_reduces = 0, all_reduce_bytes = 0, other = 0, raw = 0;
+    uint64_t all_reduces = 0, all_reduce_bytes = 0, other = 0, raw = 0, shard_all_reduces = 0;
   };
   std::vector<Step> steps;
-  uint64_t calls0[kCollectiveKinds]{}, bytes0 = 0, raw0 = 0;
+  uint64_t calls0[kCollectiveKinds]{}, bytes0 = 0, raw0 = 0, shard0 = 0;
   void on_start(train::Trainer& t) override { mark(t); }
   void on_step_end(train::Trainer& t, const train::StepMetrics&) override {
     const TrafficCounters& c = t.comms().world().traffic();
@@ -82,6 +83,7 @@ struct WorldCollectives final : train::TrainerHooks {
     for (int k = 0; k < kCollectiveKinds; ++k)
       if (k != static_cast<int>(CollectiveKind::AllReduce)) s.other += c.calls(static_cast<CollectiveKind>(k)) - calls0[k];
     s.raw = g_raw_world_all_reduces.load() - raw0;
+    s.shard_all_reduces = t.comms().shard().traffic().calls(CollectiveKind::AllReduce) - shard0;
     steps.push_back(s);
     mark(t);
   }
@@ -90,6 +92,7 @@ struct WorldCollectives final : train::TrainerHooks {
     for (int k = 0; k < kCollectiveKinds; ++k) calls0[k] = c.calls(static_cast<CollectiveKind>(k));
     bytes0 = c.bytes(CollectiveKind::AllReduce);
     raw0 = g_raw_world_all_reduces.load();
+    shard0 = t.comms().shard().traffic().calls(CollectiveKind::AllReduce);
   }
 };
 
@@ -126,12 +129,13 @@ TEST(HostReduce, OneWorldAllReducePerStepCarriesLossFlagPreemptionAndNextCounts)
     const int64_t step = static_cast<int64_t>(k) + 1;
     // Step 1 also reduces its own counts (nothing was read ahead before it): one int64.
     EXPECT_EQ(w.all_reduces, step == 1 ? 2u : 1u) << "step " << step;
-    // The step's doubles: loss sum, non-finite flag, the preemption hook's 2 flags, and but for the last step
-    // the next step's counted targets (one source: one count).
-    const uint64_t step_bytes = 8 * (2 + 2 + (step < 8 ? 1 : 0));
+    // The step's doubles: loss sum, non-finite flag, the gradient norm's square, the preemption hook's 2 flags,
+    // and but for the last step the next step's counted targets (one source: one count).
+    const uint64_t step_bytes = 8 * (3 + 2 + (step < 8 ? 1 : 0));
     EXPECT_EQ(w.all_reduce_bytes, step_bytes + (step == 1 ? 8 : 0)) << "step " << step;
     EXPECT_EQ(w.other, 0u) << "step " << step << ": no other world collective";
     EXPECT_EQ(w.raw, 0u) << "step " << step << ": no raw MPI all-reduce on MPI_COMM_WORLD (the preemption flag's was one)";
+    EXPECT_EQ(w.shard_all_reduces, 0u) << "step " << step << ": the gradient norm's sum rides the world's all-reduce";
   }
   EXPECT_FALSE(preemption.preempted());
   EXPECT_EQ(t.state().sampler_samples, 8 * 16);

@@ -78,8 +78,9 @@ cases = [
     # Two micro-batches per step: still one read for the whole step.
     ("accumulation", 1, ["--data.global_batch_size", "8", "--data.micro_batch_size", "4", "--fsdp.param_dtype", "bf16"],
      {"cudaStreamSynchronize": 1}),
-    # Two ranks over NCCL, the collectives on the engine's streams: the gradient norm's all-reduce is on the
-    # device too, so still one.
+    # Two ranks over NCCL, the collectives on the engine's streams: the gradient norm's sums are taken on the
+    # reduction stream and copied down with the loss, their cross-rank sum rides the step's one host all-reduce,
+    # so still one.
     ("nccl_np2", 2, ["--data.global_batch_size", "4", "--fsdp.param_dtype", "bf16", "--fsdp.comm_backend", "nccl"],
      {"cudaStreamSynchronize": 1}),
     # Offload, two micro-batches: the second micro-batch's reductions are added into the host shards by host

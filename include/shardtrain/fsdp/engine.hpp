@@ -127,10 +127,12 @@ class FsdpEngine final : public model::ModuleHooks {
   void reset_stats() { stats_ = {}; }
   void set_schedule_observer(ScheduleObserver* o) { observer_ = o; }  // not owned; null: none
 
-  // CPU offload on a GPU: the sums of squares of this step's gradient shards, one double per unit (units()
-  // order) in device memory, taken on the device when each unit's reduction went down; they are complete once
-  // the work queued on the ops' stream has run. Null when a unit's shard is not one reduction this step
-  // (gradient accumulation that reduces every micro-batch): the norm must then read the host shards.
+  // On a GPU, when the step reduced gradients: the sums of squares of this step's gradient shards, one double per
+  // unit (units() order) in device memory, each taken on the stream of the unit's last reduction of the step as
+  // soon as it was queued (with CPU offload, on its way down); they are complete once the work queued on the ops'
+  // stream has run (the step's end waits for the reductions). Null when the step reduced nothing (one GPU, the
+  // gradients written in place), or with offload when a unit's host shard is not one reduction (accumulation that
+  // reduces every micro-batch): the norm must then read the shards.
   const double* device_grad_sq_sums() const;
 
   // Between steps, on the overlapped schedule (overlaps_communication): the units the next forward gathers first
@@ -218,7 +220,7 @@ class FsdpEngine final : public model::ModuleHooks {
   ScheduleObserver* observer_ = nullptr;
   FlatBuffer reduce_full_;   // (N) reduce_dtype when it is not fp32
   FlatBuffer host_stage_;    // (N/S) fp32 pinned host: reduced gradients on their way to offloaded shards
-  FlatBuffer unit_sq_sums_;  // offload on a GPU: one f64 per unit, device_grad_sq_sums
+  FlatBuffer unit_sq_sums_;  // a GPU with reductions: one f64 per unit, device_grad_sq_sums
   int unit_sums_taken_ = 0, nonempty_units_ = 0;
   std::vector<float> host_scratch_;
   bool last_micro_batch_ = true;

@@ -125,9 +125,9 @@ class AdamW final : public fsdp::PendingShardWrites {
     DeviceBuffer device_exp_avg, device_exp_avg_sq;  // CUDA shards
     std::vector<DecayRange> ranges;                  // the parameter parts of the shard (padding excluded)
     int64_t numel = 0;
-    float* param = nullptr;  // the shard's buffers at construction, checked at every step
+    float* param = nullptr;       // the shard's buffers at construction, checked at every step
     const float* grad = nullptr;  // where the gradient was at the last step (it may move: bind_shards)
-    float* exp_avg = nullptr;  // whichever of the two buffers holds it
+    float* exp_avg = nullptr;     // whichever of the two buffers holds it
     float* exp_avg_sq = nullptr;
     float* state(OptimState which) const { return which == OptimState::ExpAvg ? exp_avg : exp_avg_sq; }
   };
@@ -167,7 +167,7 @@ class AdamW final : public fsdp::PendingShardWrites {
   std::vector<size_t> shard_segments_;    // shard i's segments: [shard_segments_[i], shard_segments_[i + 1])
   std::unique_ptr<Worker> worker_;        // started by the first step_async
   std::chrono::milliseconds async_delay_{0};
-  DeviceBuffer chunk_table_;  // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
+  DeviceBuffer chunk_table_;             // CUDA: segments_ cut into kernels' chunks (kernels/adamw.cuh)
   std::vector<int64_t> segment_chunks_;  // CUDA: segment k's chunks start at segment_chunks_[k] (size + 1)
   int64_t steps_ = 0;
   int threads_ = 1;
@@ -188,13 +188,18 @@ class GradNorm {
   // Squares of this rank's shards (padding is zero and adds nothing), summed over `shard_axis` when given
   // (the global norm: replicas hold equal shards) or this rank's alone (null).
   void start(const std::vector<fsdp::ShardView>& shards, Communicator* shard_axis, StreamRef stream = {});
-  // The same from `count` per-unit sums of squares already in device memory (FsdpEngine::device_grad_sq_sums,
-  // complete on `stream`): copied down on `stream`, added on the host in order.
-  void start_from_unit_sums(const double* device_sums, size_t count, Communicator* shard_axis, StreamRef stream = {});
+  // A training step's: this rank's part of the squared norm, summed across no axis. From the engine's per-unit
+  // device sums where it took them this step (FsdpEngine::device_grad_sq_sums), else from its shards (also when
+  // `shards_rewritten`: the host wrote into one since). The caller sums the parts across ranks in the step's one
+  // all-reduce over the world (world_part below).
+  void start_local(const fsdp::FsdpEngine& engine, bool shards_rewritten = false);
   double sum_of_squares();  // of the last start(); throws InternalError without one
   double norm();            // its square root
 
  private:
+  // From `count` per-unit sums of squares already in device memory (FsdpEngine::device_grad_sq_sums, complete on
+  // `stream`): copied down on `stream`, added on the host in order.
+  void start_from_unit_sums(const double* device_sums, size_t count, StreamRef stream = {});
   void timed_sq_sum_start(const std::vector<fsdp::ShardView>& shards, Communicator* device_axis, StreamRef stream);
   bool started_ = false;
   double value_ = 0;                   // host shards: the result; CUDA: read from host_ once copied_ passed
@@ -205,6 +210,13 @@ class GradNorm {
   PinnedBuffer host_;
   CudaEvent copied_;
 };
+
+// What a rank adds into an all-reduce over the whole world for the step's squared gradient norm: its local sum
+// on the first replica, zero on the others, which hold the same shards (and adding zeros is exact), so the world's
+// sum is the sum over one replica's shard axis.
+inline double world_part(double local_sq_sum, const Communicator& replicate_axis) {
+  return replicate_axis.rank() == 0 ? local_sq_sum : 0.0;
+}
 
 // The sum of squares of host shards' gradients in double, in an order fixed by the shards alone (blocks of
 // 16384 elements in eight lanes each, then the blocks in order): the same bits at any thread count.

@@ -45,10 +45,14 @@ struct Task {
 };
 
 // Time the compute stream (the null stream) stood idle before a task, and why: waiting for an event recorded
-// after `cause` (the label of the last task on the recorded stream: a collective's), or for the host.
+// after `cause` (the label of the last task on the recorded stream: a collective's), or for the host. When that
+// task ran back to back after a collective or copy on its stream (a reduction's sum of squares after the
+// all-reduce it follows), the idle time until that collective ended is the collective's, and only the rest the
+// task's own.
 struct ComputeIdle {
-  double waiting_s = 0;  // on events
-  double host_s = 0;     // on the host issuing its next task
+  double waiting_s = 0;            // on events
+  double host_s = 0;               // on the host issuing its next task
+  WorkKind kind = WorkKind::Host;  // the cause's: a collective (Comm), a copy, a kernel on another stream, or Host
 };
 
 class TimingDevice {
@@ -98,21 +102,33 @@ class TimingDevice {
   void clear_record();
 
  private:
+  struct Blocker {
+    std::string label;  // empty: none
+    double end = 0;
+    WorkKind kind = WorkKind::Comm;
+  };
   struct Stream {
     double end = 0;          // when its last task ends
     double wait_floor = 0;   // its next task starts no earlier (events waited on)
     std::string wait_cause;  // the label behind wait_floor
+    WorkKind wait_cause_kind = WorkKind::Compute;
     std::string last_label;  // of its last task
+    WorkKind last_kind = WorkKind::Compute;
+    Blocker blocker;       // the collective or copy its latest tasks followed back to back
+    Blocker wait_blocker;  // the one behind wait_floor
   };
   struct Event {
     double time = 0;
     std::string cause;
+    WorkKind cause_kind = WorkKind::Compute;
+    Blocker blocker;
     bool recorded = false;
   };
   Stream& stream(StreamRef s);
   const Stream& stream(StreamRef s) const;
   int stream_index(StreamRef s) const;
   Event& event(void* handle);
+  void add_wait(const std::string& cause, WorkKind kind, double seconds);  // to the compute stream's idle time
 
   HostCosts costs_;
   double host_ = 0;

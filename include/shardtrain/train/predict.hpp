@@ -45,10 +45,12 @@ struct PredictSetup {
 };
 
 // The compute stream's idle time in a step, and what it waited for: a collective ("layers.3 all_gather shard"),
-// a copy, or the host ("host").
+// a copy, a kernel on another stream ("model sum_squares ..." after the collective it followed), or the host
+// ("host").
 struct IdleCause {
   std::string what;
   double seconds = 0;
+  bool communication = false;  // a collective or a copy: counted in Prediction::exposed_comm_s
 };
 
 // One kind of work on the compute stream (the CPU backend: the host's ops), per step: "matmul", "adamw", "copy".
@@ -70,7 +72,7 @@ struct Prediction {
   double mfu = 0;                          // against spec_peak_flops, in [0, 1]
   double compute_busy_s = 0;               // compute-stream work (the CPU backend: the host's ops)
   double comm_busy_s = 0;                  // collectives' time on their streams (or the host), overlapped or not
-  double exposed_comm_s = 0;               // compute idle waiting on collectives
+  double exposed_comm_s = 0;               // compute idle waiting on collectives and copies
   double host_idle_s = 0;                  // compute idle waiting on the host
   std::vector<IdleCause> idle;             // by cause, largest first
   std::vector<WorkTotal> compute_by_work;  // compute_busy_s by kind of work, largest first
