@@ -56,7 +56,7 @@ void linear_forward(const Exec& e, int module, int param, const Tensor& x, const
 // modules' scopes around all of its GEMMs, fused or not).
 void linear_backward_in_scope(const Exec& e, int param, const Tensor& x, const Tensor& dy, const Tensor& dx,
                               double beta_dx) {
-  e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, dy, x, e.grad_beta(param), e.grad(param));
+  e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, dy, x, e.take_grad_beta(param), e.grad(param));
   e.ops.matmul(Transpose::No, Transpose::No, 1.0, dy, e.param(param), beta_dx, dx);
 }
 
@@ -185,7 +185,7 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
                         "parameters were: bind each gradient in its parameter's layout",
                         e.spec.module(m.layer).name));
       const Tensor dgate_up = a.gate_up.reshaped({n, 2 * f});
-      e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, dgate_up, a.n2, e.grad_beta(p.gate_proj, 2),
+      e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, dgate_up, a.n2, e.take_grad_beta(p.gate_proj, 2),
                    stacked(e.grad(p.gate_proj), 2 * f));
       e.ops.matmul(Transpose::No, Transpose::No, 1.0, dgate_up, stacked(e.param(p.gate_proj), 2 * f), 0.0, w.dn);
     } else {
@@ -214,7 +214,7 @@ void decoder_layer_backward(const Exec& e, int layer, const LayerActivations& a,
       e.ops.rope_qkv_backward(heads_view(w.dq, heads), heads_view(w.dk, kv_heads), heads_view(w.dv, kv_heads), e.positions,
                               rope, w.qkv);
       const int64_t rows_qkv = w.qkv.shape[1];
-      e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, w.qkv, a.n1, e.grad_beta(p.q_proj, 3),
+      e.ops.matmul(Transpose::Yes, Transpose::No, 1.0, w.qkv, a.n1, e.take_grad_beta(p.q_proj, 3),
                    stacked(e.grad(p.q_proj), rows_qkv));
       e.ops.matmul(Transpose::No, Transpose::No, 1.0, w.qkv, stacked(e.param(p.q_proj), rows_qkv), 0.0, w.dn);
     } else {

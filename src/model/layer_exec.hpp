@@ -24,7 +24,8 @@ struct Exec {
 
   const ops::Tensor& param(int i) const { return binding.param(i); }
   const ops::Tensor& grad(int i) const { return binding.grad(i); }
-  double grad_beta(int first, int count = 1) const { return binding.take_grad_beta(first, count); }
+  // Consumes the binding's pending overwrite (ParamBinding::take_grad_beta): call once per GEMM, as it is issued.
+  double take_grad_beta(int first, int count = 1) const { return binding.take_grad_beta(first, count); }
 };
 
 // RAII pairs of module hooks: before_* in the constructor, after_* in the destructor.

@@ -6,8 +6,8 @@
 #include <span>
 
 #include "shardtrain/ops/cpu_ops.hpp"
-#include "shardtrain/optim/adamw.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
+#include "shardtrain/optim/adamw.hpp"
 
 namespace shardtrain::train {
 

@@ -12,6 +12,7 @@
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/train/replica.hpp"
 
 namespace shardtrain::testing_fsdp {
 
@@ -141,12 +142,9 @@ RunResult run_training(MPI_Comm world, int ranks_per_node, const RunOptions& o) 
       out.replicate_all_reduce_bytes = comms.bytes(MeshAxis::Replicate, CollectiveKind::AllReduce);
     }
     const double clip = optim::clip_coefficient(norm, o.max_grad_norm);
-    // As the trainer does (train/loop.cpp, update), whose CPU offload updates on the host instead (step_async).
-    if (o.gather_ahead && engine.overlaps_communication() && !o.fsdp.offload_params) {
-      adamw.step_split(engine.shards(), o.lr, clip, {}, engine.first_forward_units(), [&] { engine.gather_ahead(); });
-    } else {
-      adamw.step(engine.shards(), o.lr, clip);
-    }
+    // The trainer's update (train::update_shards), whose CPU offload updates on the host instead (step_async): here
+    // synchronously, in one launch.
+    train::update_shards(adamw, engine, o.lr, clip, o.gather_ahead && !o.fsdp.offload_params);
     if (gpu) stream_synchronize({});  // after_step may read the shards from the host
     if (o.after_step) o.after_step(step, engine, adamw);
   }
