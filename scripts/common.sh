@@ -21,13 +21,18 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 # configure_and_build [TARGET...]: configures $BUILD_DIR (extra cmake options in CMAKE_EXTRA, an array) and
 # builds the targets (none: everything). With ccache present, C++ and CUDA go through it: the test suite's
 # second, CUDA-emulated build then reuses the first's objects, and a clean clone rebuilds nothing a checkout on
-# this machine already compiled (nvcc's kernels are most of a build's minutes on 2 cores).
+# this machine already compiled (nvcc's kernels are most of a build's minutes on 2 cores). Its base_dir is the
+# checkout, so that paths below it hash as relative ones: without it, a file generated in the build tree (the
+# unity files of src/cli, the TensorBoard protobuf code) is another file in each tree, and compiles twice.
 configure_and_build() {
   say "configuring and building in $BUILD_DIR"
   mkdir -p "$BUILD_DIR"
   local launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  if command -v ccache >/dev/null; then
+    local ccache="env;CCACHE_BASEDIR=$ROOT;ccache"
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$ccache" -DCMAKE_C_COMPILER_LAUNCHER="$ccache"
+      -DCMAKE_CUDA_COMPILER_LAUNCHER="$ccache")
+  fi
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" ${CMAKE_EXTRA[@]+"${CMAKE_EXTRA[@]}"} \
     >"$BUILD_DIR/configure.log" 2>&1 || {
     cat "$BUILD_DIR/configure.log"
