@@ -2,29 +2,32 @@
 # The predictions docs/performance.md publishes ("Predicted: many GPUs") and the one-GPU calibration beside them,
 # made again from this tree: `shardtrain predict` on each config, its report and JSON kept in the output folder.
 #   scripts/predictions.sh [OUT]       (default docs/predict-runs/<date>-gpu)
-# Each config is priced with its shape's own profile where profiles/h200/ has one (ops-seed.json, ops-1b.json,
-# ops-8b.json: `scripts/gpu/run.sh ops` writes them under those names; the 8B layers' serves Llama 3 8B and 70B).
-# Else the H200 seed profile of 2026-11-26, measured with our own attention kernels: cuDNN's is the default since, so
-# its attention rows are left out and the measured cuDNN rates (ops::device_rates) price attention.
+# Each config is priced by scripts/gpu/calibrate.py's rule: its shape's own profile from the predicted GPU
+# (profiles/<gpu>/ops-seed.json, ops-1b.json, ops-8b.json: `scripts/gpu/run.sh ops` writes them under those names;
+# the 8B layers' serves Llama 3 8B and 70B), else from the other GPU, else the H200 seed profile of 2026-11-26,
+# measured with our own attention kernels: cuDNN's is the default since, so its attention rows are left out and the
+# measured cuDNN rates (ops::device_rates) price attention.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$ROOT"
 OUT="${1:-docs/predict-runs/$(date +%F)-gpu}"
 BIN="$BUILD_DIR/bin/shardtrain"
 mkdir -p "$OUT"
-run() {  # name, the shape whose profile prices it (seed, 1b, 8b), then predict's arguments
-  local name=$1 own=profiles/h200/ops-$2.json
+run() {  # name, the shape whose profile prices it (seed, 1b, 8b), then predict's arguments (--gpu among them)
+  local name=$1 shape=$2 gpu=h100 arg prev=
   shift 2
-  local profile=(--ops-profile profiles/h200/seed-b64-s512.json --ops-profile-exclude attention_forward
-    --ops-profile-exclude attention_backward)
-  [[ -f $own ]] && profile=(--ops-profile "$own")
+  for arg in "$@"; do [[ $prev == --gpu ]] && gpu=$arg; prev=$arg; done
+  local profile
+  mapfile -t profile < <(python3 scripts/gpu/calibrate.py --profile-args "$gpu" "$shape")
   say "$name (${profile[1]})"
   "$BIN" predict "$@" "${profile[@]}" --json "$OUT/$name.json" | tee "$OUT/$name.txt"
 }
-# Calibration: the one-GPU steps of docs/performance.md (H200, 2026-11-27), as bench-vs-pytorch.py ran them.
-run calib-seed-h200 seed --config configs/llama-seed.toml --nodes 1 --gpus-per-node 1 --gpu h200
-run calib-1b-h200 1b --config configs/llama-1b.toml --data.global_batch_size 8 --nodes 1 --gpus-per-node 1 --gpu h200
-run calib-8b-layers-h200 8b --config configs/llama-8b-layers.toml --nodes 1 --gpus-per-node 1 --gpu h200
+# Calibration: the one-GPU steps docs/performance.md measured (H200, 2026-11-27: the seed from the first call, the 1B
+# and 8B shapes from the second, with cuDNN's faster backward), each predicted again (calib-<shape>-h200.*,
+# calibration.md). After a GPU session, name its run folders here (docs/gpu.md, "After the call").
+say "calibration"
+python3 scripts/gpu/calibrate.py --bin "$BIN" --out "$OUT" \
+  docs/gpu-runs/2026-11-27-h200/1aeba62 docs/gpu-runs/2026-11-27-h200/1aeba62-fast
 # Published predictions.
 run seed-1x8-h100 seed --config configs/llama-seed.toml --nodes 1 --gpus-per-node 8 --gpu h100
 run llama3-8b-1x8-h100 8b --config configs/llama3-8b.toml --nodes 1 --gpus-per-node 8 --gpu h100
