@@ -139,11 +139,15 @@ Command add_bench_command(CLI::App& parent) {
   m->add_option("--seq", opts->seq, "sequence length")->capture_default_str()->check(count_range());
   m->add_option("--batch", opts->batch, "sequences per micro-batch")->capture_default_str()->check(count_range());
   m->add_option("--heads", opts->heads, "attention heads")->capture_default_str()->check(count_range());
-  m->add_option("--kv-heads", opts->kv_heads, "key/value heads (0 = heads)")->capture_default_str();
+  m->add_option("--kv-heads", opts->kv_heads, "key/value heads (0 = heads)")
+      ->capture_default_str()
+      ->check(count_range(0, int64_t{1} << 30));
   m->add_option("--vocab", opts->vocab, "vocabulary size")->capture_default_str()->check(count_range());
-  m->add_option("--intermediate", opts->intermediate, "MLP size (0 = 4 * hidden, as in the seed)")->capture_default_str();
+  m->add_option("--intermediate", opts->intermediate, "MLP size (0 = 4 * hidden, as in the seed)")
+      ->capture_default_str()
+      ->check(count_range(0, int64_t{1} << 30));
   m->add_option("--iters", opts->iters, "timed iterations")->capture_default_str()->check(count_range());
-  m->add_option("--warmup", opts->warmup, "untimed iterations first")->capture_default_str();
+  m->add_option("--warmup", opts->warmup, "untimed iterations first")->capture_default_str()->check(count_range(0, 100000));
   m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores)")
       ->capture_default_str()
       ->check(count_range(0, 65536));

@@ -304,8 +304,8 @@ BenchSubcommand add_bench_attention_command(CLI::App& bench) {
   a->add_option("--documents", o->documents, "documents per row, packed (0: plain causal)")->capture_default_str();
   a->add_option("--iters", o->iters, "timed calls per row")->capture_default_str()->check(CLI::Range(1, 100000));
   a->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str()->check(CLI::Range(0, 100000));
-  a->add_option("--json", o->json, "also write the rows as JSON to this file");
-  a->add_option("--markdown", o->markdown, "also write the table as markdown to this file");
+  a->add_option("--json", o->json, "also write the rows as JSON to this file")->check(output_file_check());
+  a->add_option("--markdown", o->markdown, "also write the table as markdown to this file")->check(output_file_check());
   return {a, [o](Runtime* rt) { return run_bench_attention(*o, rt); }};
 }
 

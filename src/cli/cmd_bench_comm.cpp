@@ -458,7 +458,8 @@ BenchSubcommand add_bench_comm_command(CLI::App& bench) {
   a->add_option("--host-values", o->host_values, "doubles in host_all_reduce (the trainer's per-step host values)")
       ->capture_default_str()
       ->check(count_range(1, 1 << 20));
-  a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0): the step-time model's links");
+  a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0): the step-time model's links")
+      ->check(output_file_check());
   a->footer(
       "Sizes are the Communicator's bytes: all_gather the gathered output, reduce_scatter the reduced input,\n"
       "all_reduce the buffer. Time: median over the timed calls of the max over ranks. busbw = bytes / time *\n"

@@ -263,19 +263,22 @@ BenchSubcommand add_bench_ops_command(CLI::App& bench) {
                 "with --config: the data-parallel ranks the micro-batch is derived for "
                 "(data.micro_batch_size, or global_batch_size / ranks)")
       ->capture_default_str();
-  a->add_option("--layers", o->layers, "decoder layers (default: the config's, or 4)");
-  a->add_option("--hidden", o->hidden, "hidden size (default: the config's, or 256)");
-  a->add_option("--seq", o->seq, "sequence length (default: the config's, or 256)");
-  a->add_option("--batch", o->batch, "sequences per micro-batch (default: the config's, or 4)");
-  a->add_option("--heads", o->heads, "attention heads (default: the config's, or 4)");
-  a->add_option("--kv-heads", o->kv_heads, "key/value heads (default: the config's, or --heads)");
-  a->add_option("--vocab", o->vocab, "vocabulary size (default: the config's, or 32000)");
-  a->add_option("--intermediate", o->intermediate, "MLP size (default: the config's, or 4 * hidden)");
+  // A size given must be one: 0 and below stand for "not given" inside, so they are refused here.
+  a->add_option("--layers", o->layers, "decoder layers (default: the config's, or 4)")->check(count_range());
+  a->add_option("--hidden", o->hidden, "hidden size (default: the config's, or 256)")->check(count_range());
+  a->add_option("--seq", o->seq, "sequence length (default: the config's, or 256)")->check(count_range());
+  a->add_option("--batch", o->batch, "sequences per micro-batch (default: the config's, or 4)")->check(count_range());
+  a->add_option("--heads", o->heads, "attention heads (default: the config's, or 4)")->check(count_range());
+  a->add_option("--kv-heads", o->kv_heads, "key/value heads (default: the config's, or --heads)")->check(count_range());
+  a->add_option("--vocab", o->vocab, "vocabulary size (default: the config's, or 32000)")->check(count_range());
+  a->add_option("--intermediate", o->intermediate, "MLP size (default: the config's, or 4 * hidden)")->check(count_range());
   a->add_option("--dtype", o->dtype, "activation and parameter storage: f32 or bf16 (default bf16 on CUDA, f32 on the CPU)");
   a->add_option("--iters", o->iters, "timed calls per op")->capture_default_str()->check(CLI::Range(1, 100000));
   a->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str()->check(CLI::Range(0, 100000));
-  a->add_option("--threads", o->threads, "CPU backend threads (0 = the rank's cores)")->capture_default_str();
-  a->add_option("--json", o->json, "also write every row as JSON to this file");
+  a->add_option("--threads", o->threads, "CPU backend threads (0 = the rank's cores)")
+      ->capture_default_str()
+      ->check(count_range(0, 65536));
+  a->add_option("--json", o->json, "also write every row as JSON to this file")->check(output_file_check());
   a->add_flag("--check-calls", o->check_calls,
               "first run the model once (batch 1, no math) through a recorder of op "
               "calls and fail unless each row's calls per micro-batch are the model's");

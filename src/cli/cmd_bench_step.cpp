@@ -342,7 +342,7 @@ BenchSubcommand add_bench_step_command(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   a->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
-  a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0)");
+  a->add_option("--json", o->json, "also write the results as JSON to this file (rank 0)")->check(output_file_check());
   a->add_option("--ops-profile", o->ops_profile,
                 "CPU backend: time every op call inside the timed steps and write rank 0's times to this file as a "
                 "`bench ops --json` profile (for `shardtrain predict --ops-profile`)");

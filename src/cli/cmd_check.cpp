@@ -123,7 +123,7 @@ int run_check(const CheckOptions& o) {
   int world = 1;
   bool world_ok = false;
   if (o.gpus_per_node > 0) {
-    world = o.nodes * o.gpus_per_node;
+    world = world_size_of(o.nodes, o.gpus_per_node);
     world_ok = report.run("world", [&] {
       // The mesh as the trainer builds it (DeviceMesh): a hybrid shard size that does not divide the world
       // or cross nodes is refused here, with the trainer's message.
@@ -357,7 +357,7 @@ Command add_check_command(CLI::App& parent) {
       ->capture_default_str();
   c.app
       ->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node of the allocation: checks the mesh and batch for it")
-      ->check(count_range());
+      ->check(count_range(1, kMaxRanksPerNode));
   c.app->add_flag("--verify-data", o->verify_data, "read every token of the datasets now: each block's checksum and ids");
   c.app->add_flag("--verify-checkpoint", o->verify_checkpoint,
                   "read the checkpoint to resume from whole: every chunk's checksum");

@@ -245,7 +245,7 @@ Command add_evaluate_command(CLI::App& parent) {
   c.app->add_option("--split", o->split, "validation (the held-out samples) or train")->capture_default_str();
   c.app->add_option("--batches", o->batches, "evaluation batches (micro-batch x ranks sequences) per source, or all")
       ->capture_default_str();
-  c.app->add_option("--json", o->json, "also write the results to this JSON file");
+  c.app->add_option("--json", o->json, "also write the results to this JSON file")->check(output_file_check());
   c.app->add_option("--tokenizer", o->tokenizer,
                     "the dataset's tokenizer, for bits per byte (default: the file the dataset names)");
   c.app->add_flag("--every-checkpoint", o->every_checkpoint,

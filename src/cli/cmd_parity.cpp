@@ -343,11 +343,17 @@ Command add_parity_command(CLI::App& parent) {
   d->add_option("--vocab", o->vocab, "vocab_size over the config's")->check(count_range());
   d->add_option("--batch", o->batch, "rows")->capture_default_str()->check(count_range());
   d->add_option("--seq", o->seq, "tokens per row")->capture_default_str()->check(count_range());
-  d->add_option("--padded-rows", o->padded_rows, "how many of the last rows end with padding (default batch / 2)");
-  d->add_option("--pad-len", o->pad_len, "pad tokens ending the first padded row, one more per later row (default seq / 4)");
-  d->add_option("--pad-id", o->pad_id, "the pad token id (default vocab_size - 1; the model config has none)");
+  // -1 inside stands for "not given": a value given must be 0 or more (the upper bounds are checked with the shapes).
+  d->add_option("--padded-rows", o->padded_rows, "how many of the last rows end with padding (default batch / 2)")
+      ->check(count_range(0));
+  d->add_option("--pad-len", o->pad_len, "pad tokens ending the first padded row, one more per later row (default seq / 4)")
+      ->check(count_range(0));
+  d->add_option("--pad-id", o->pad_id, "the pad token id (default vocab_size - 1; the model config has none)")
+      ->check(count_range(0));
   d->add_option("--seed", o->seed, "seed of the batch's token ids")->capture_default_str();
-  d->add_option("--threads", o->threads, "CPU backend threads (0 = hardware cores)")->capture_default_str();
+  d->add_option("--threads", o->threads, "CPU backend threads (0 = hardware cores)")
+      ->capture_default_str()
+      ->check(count_range(0, 65536));
   // The device comes from the global --device (auto, cpu or cuda), which main hands only to MPI commands.
   const CLI::Option* global_device = parent.get_option_no_throw("--device");
   c.run = [o, global_device](Runtime*) {

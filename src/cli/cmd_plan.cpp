@@ -95,7 +95,7 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   f.strategy = s;
   f.reshard_after_forward.reset();
   f.shard_size = 0;
-  const int world = o.nodes * o.gpus_per_node;
+  const int world = world_size_of(o.nodes, o.gpus_per_node);
   const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
   StrategyEstimate e{s};
   const fsdp::MemoryEstimate m =
@@ -252,7 +252,7 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
   if (cfg) {
     // The per-rank micro-batch as the trainer derives it, on the planned world (which may differ from
     // the one the config was written for: num_processes and num_machines are not checked against it).
-    const int world = o.nodes * o.gpus_per_node;
+    const int world = world_size_of(o.nodes, o.gpus_per_node);
     train::TrainConfig c = *cfg;
     c.fsdp.num_processes = 0;
     c.fsdp.num_machines = 0;
@@ -314,7 +314,7 @@ int run_plan(const PlanOptions& cli, const CLI::App& app) {
   const PlanOptions& o = resolved.o;
   const fsdp::FsdpConfig& f = resolved.f;
   const model::ModelSpec spec(o.model);
-  const int world = o.nodes * o.gpus_per_node;
+  const int world = world_size_of(o.nodes, o.gpus_per_node);
   const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
   const MeshLayout& mesh = plan.mesh;
   const int R = mesh.replicate_size;
@@ -435,7 +435,7 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--nodes", o->nodes, "nodes")->capture_default_str()->check(count_range());
   c.app->add_option("--gpus-per-node", o->gpus_per_node, "ranks per node (one per GPU)")
       ->capture_default_str()
-      ->check(count_range());
+      ->check(count_range(1, kMaxRanksPerNode));
   c.app->add_option("--strategy", o->strategy, "sharding strategy")->capture_default_str();
   c.app->add_option("--shard-size", o->shard_size, "hybrid: ranks per shard group");
   c.app->add_option("--wrap", o->wrap, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP")->capture_default_str();
@@ -462,11 +462,17 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")
       ->capture_default_str();
   c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")
-      ->capture_default_str();
-  c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")->capture_default_str();
+      ->capture_default_str()
+      ->check(positive_up_to(1e6));
+  c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")
+      ->capture_default_str()
+      ->check(positive_up_to(1));
   c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")
-      ->capture_default_str();
-  c.app->add_option("--inter-gbps", o->inter_gbps, "GB/s per GPU between nodes (network)")->capture_default_str();
+      ->capture_default_str()
+      ->check(positive_up_to(1e6));
+  c.app->add_option("--inter-gbps", o->inter_gbps, "GB/s per GPU between nodes (network)")
+      ->capture_default_str()
+      ->check(positive_up_to(1e6));
   c.launch = Launch::Offline;
   c.app->footer("With --config, an option left out takes the config's value rather than its default shown here.");
   c.run = [o, app = c.app](Runtime*) { return run_plan(*o, *app); };

@@ -157,6 +157,7 @@ void write_trace(const std::string& path, const train::Prediction& p) {
 }
 
 int run_predict(const PredictOptions& o) {
+  world_size_of(o.nodes, o.gpus_per_node);  // the timing device's ranks are ints
   std::vector<std::string> notes;
   std::string source;
   const train::TrainConfig config = o.args.resolve(notes, source);
@@ -369,10 +370,10 @@ Command add_predict_command(CLI::App& parent) {
   c.app = parent.add_subcommand("predict",
                                 "predict a config's step on N nodes x G GPUs: the real step run against a timing device "
                                 "(offline; docs/predict.md)");
-  o->args.add_to(c.app);
-  c.app->add_option("--nodes", o->nodes, "nodes")->check(CLI::PositiveNumber)->capture_default_str();
+  o->args.add_to(c.app, ConfigArgs::Use::Predict);
+  c.app->add_option("--nodes", o->nodes, "nodes")->check(count_range())->capture_default_str();
   c.app->add_option("--gpus-per-node", o->gpus_per_node, "GPUs (ranks) per node")
-      ->check(CLI::PositiveNumber)
+      ->check(count_range(1, kMaxRanksPerNode))
       ->capture_default_str();
   c.app->add_option("--gpu", o->gpu, "h100, h200, or cpu (the CPU backend, with --ops-profile of this machine)")
       ->capture_default_str();
@@ -384,12 +385,13 @@ Command add_predict_command(CLI::App& parent) {
   c.app->add_option("--links", o->links, "h100-dgx (NVLink + 8x400G InfiniBand), or a `bench comm --json` file")
       ->capture_default_str();
   c.app->add_option("--steps", o->steps, "steady steps averaged (after 2 warm-up)")
-      ->check(CLI::PositiveNumber)
+      ->check(count_range(1, 10000))
       ->capture_default_str();
   c.app->add_option("--cpu-threads", o->cpu_threads,
                     "--gpu cpu: host threads per rank (default: the cores over --gpus-per-node, at least 1)");
-  c.app->add_option("--json", o->json, "write the prediction as JSON");
-  c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)");
+  c.app->add_option("--json", o->json, "write the prediction as JSON")->check(output_file_check());
+  c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)")
+      ->check(output_file_check());
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_predict(*o); };
   return c;

@@ -38,6 +38,22 @@ struct GlobalOptions {
   std::string device = "auto";
 };
 
+// The most ranks per node a command takes (--ranks-per-node, --gpus-per-node): a count a machine could hold.
+inline constexpr int kMaxRanksPerNode = 4096;
+// The most ranks a job of plan, predict or check may have. Each count has its own bounds, but their product can
+// still overflow an int; 2^20 is a thousand times the GPUs of today's largest clusters.
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+// nodes x ranks per node; UsageError naming both options when the product is above kMaxWorldSize.
+int world_size_of(int64_t nodes, int64_t ranks_per_node);
+
+// For an option that names a file to write (--json, --trace): not empty and not an existing folder, found when the
+// command line is read rather than after the work.
+CLI::Validator output_file_check();
+
+// A rate or fraction for an option: a finite number in (0, hi]. CLI::Range lets NaN through (every comparison with
+// it is false) and names a 300-digit bound for an open end.
+CLI::Validator positive_up_to(double hi);
+
 // A count's bounds for an option: CLI::PositiveNumber's message names a 300-digit upper bound ("Value 0 not in
 // range 0.000000 to 1797693..."); this one reads "Value 0 not in range 1 to 1073741824".
 inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { return CLI::Range(lo, hi); }

@@ -1,9 +1,13 @@
 // The list of subcommands, in the order `shardtrain --help` shows them, and what several share.
 #include "command.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -18,13 +22,67 @@
 namespace shardtrain::cli {
 
 void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& what) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-    if (!f) throw IoError(fmt::format("{}: cannot write {}", tmp, what));
+  // A name of this process's own (another file's "<path>.tmp" is never written over), written, flushed to disk and
+  // only then renamed: a full disk fails here with its reason, and the old file keeps its name. Through a stream
+  // the error of the last block surfaced only at close, after the check, and an empty file took the name.
+  const std::string tmp = fmt::format("{}.tmp-{}", path, getpid()), text = j.dump(2) + "\n";
+  auto fail = [&](int err) {
+    ::unlink(tmp.c_str());
+    throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(err)));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(errno)));
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      fail(err);
+    }
+    done += static_cast<size_t>(n);
   }
-  std::filesystem::rename(tmp, path);
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(err);
+  }
+  if (::close(fd) != 0) fail(errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
+}
+
+int world_size_of(int64_t nodes, int64_t ranks_per_node) {
+  if (nodes < 1 || ranks_per_node < 1 || nodes * ranks_per_node > kMaxWorldSize)
+    throw UsageError(
+        fmt::format("--nodes {} x --gpus-per-node {}: expected 1 to {} ranks in all", nodes, ranks_per_node, kMaxWorldSize));
+  return static_cast<int>(nodes * ranks_per_node);
+}
+
+CLI::Validator positive_up_to(double hi) {
+  return CLI::Validator(
+      [hi](std::string& text) -> std::string {
+        double v = 0;
+        try {
+          size_t used = 0;
+          v = std::stod(text, &used);
+          if (used != text.size()) return text + ": expected a number";
+        } catch (const std::exception&) {
+          return text + ": expected a number";
+        }
+        if (!std::isfinite(v) || v <= 0 || v > hi) return fmt::format("{}: expected a number above 0, at most {}", text, hi);
+        return {};
+      },
+      fmt::format("(0, {}]", hi));
+}
+
+CLI::Validator output_file_check() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        if (path.empty()) return "expected a file name";
+        if (std::filesystem::is_directory(path)) return path + " is a folder: expected a file name";
+        return {};
+      },
+      "FILE");
 }
 
 void check_model_fits(const train::TrainConfig& config, const Runtime& rt) {

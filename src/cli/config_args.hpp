@@ -21,8 +21,9 @@ struct ConfigArgs {
   std::vector<CLI::Option*> override_options;
 
   // train and check: --config is required and --resume offered. evaluate: --config is optional (the
-  // checkpoint's own config stands in for it) and there is no --resume.
-  enum class Use { Run, Evaluate };
+  // checkpoint's own config stands in for it) and there is no --resume. predict: --config is required and there is
+  // no --resume (it predicts a step, whatever the run resumes from).
+  enum class Use { Run, Evaluate, Predict };
   void add_to(CLI::App* app, Use use = Use::Run);
   // TOML file < --fsdp-config / --accelerate-config < --section.key overrides < --resume; validated.
   // `notes` gets what the seeds' files changed, `source` a description ("a.toml + 2 override(s)"). Without

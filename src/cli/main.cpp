@@ -9,6 +9,7 @@
 #include <string_view>
 #include <thread>
 #include <exception>
+#include <filesystem>
 #include <optional>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +20,7 @@
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/runtime.hpp"
+#include "shardtrain/runtime/topology.hpp"
 
 using namespace shardtrain;
 
@@ -43,7 +45,7 @@ int fail(const std::exception& e, ExitCode code) {
 
 // Ranks per simulated node: a count a machine could hold (the flag, or SHARDTRAIN_RANKS_PER_NODE when the flag is
 // absent). Throws UsageError naming where the value came from.
-constexpr int kMaxRanksPerNode = 4096;
+using cli::kMaxRanksPerNode;
 int parse_ranks_per_node(std::string_view text, std::string_view from) {
   int n = 0;
   const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
@@ -52,17 +54,32 @@ int parse_ranks_per_node(std::string_view text, std::string_view from) {
   return n;
 }
 
-// The first word on the command line that is not an option or a global option's value: the subcommand asked for.
-std::string subcommand_word(int argc, char** argv) {
+// The `nth` word on the command line (0: the first) that is not an option or a global option's value: the
+// subcommand asked for, then its own subcommand (`bench ops`), where the words right after it are.
+std::string subcommand_word(int argc, char** argv, int nth = 0) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a.rfind("-", 0) == 0) {
       if ((a == "--log-level" || a == "--ranks-per-node" || a == "--device") && i + 1 < argc) ++i;
       continue;
     }
-    return std::string(a);
+    if (nth-- == 0) return std::string(a);
   }
   return {};
+}
+
+// Names of `app`'s subcommands, comma-separated.
+std::string subcommand_names(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  return names;
+}
+
+// An exception no command classified, as the exit code it still deserves: a file system call that failed on a path
+// (std::filesystem's errors name the call, the reason and the paths) is an I/O error, anything else a bug.
+ExitCode unclassified_code(const std::exception& e) {
+  return dynamic_cast<const std::filesystem::filesystem_error*>(&e) ? ExitCode::Io : ExitCode::Internal;
 }
 
 }  // namespace
@@ -95,15 +112,30 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // CLI11 reports an unknown subcommand as an unexpected argument (or as none given): name it and the commands.
-    if (const std::string word = subcommand_word(argc, argv);
-        !word.empty() && e.get_exit_code() != 0 &&
-        std::none_of(commands.begin(), commands.end(), [&](const cli::Command& c) { return c.app->check_name(word); })) {
+    const std::string word = subcommand_word(argc, argv);
+    const auto named =
+        std::find_if(commands.begin(), commands.end(), [&](const cli::Command& c) { return c.app->check_name(word); });
+    if (!word.empty() && e.get_exit_code() != 0 && named == commands.end()) {
       std::string names;
       for (const auto& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
       if (launcher_rank() == 0)
         std::fprintf(stderr, "shardtrain: unknown command '%s' (expected one of: %s; see shardtrain --help)\n", word.c_str(),
                      names.c_str());
       return static_cast<int>(ExitCode::Usage);
+    }
+    // The same one level down (`bench foo`, `checkpoint frob`), where CLI11 only says a subcommand is required.
+    if (named != commands.end() && e.get_exit_code() != 0 && !named->app->get_subcommands({}).empty()) {
+      const std::string sub = subcommand_word(argc, argv, 1);
+      const CLI::App& app_of = *named->app;
+      const auto subs = app_of.get_subcommands([&](const CLI::App* a) { return a->check_name(sub); });
+      if (subs.empty()) {
+        const std::string what =
+            sub.empty() ? fmt::format("{}: no command given", word) : fmt::format("unknown {} command '{}'", word, sub);
+        if (launcher_rank() == 0)
+          std::fprintf(stderr, "shardtrain: %s (expected one of: %s; see shardtrain %s --help)\n", what.c_str(),
+                       subcommand_names(app_of).c_str(), word.c_str());
+        return static_cast<int>(ExitCode::Usage);
+      }
     }
     if (launcher_rank() == 0) {
       const int rc = app.exit(e);
@@ -135,13 +167,20 @@ int main(int argc, char** argv) {
   }
 
   if (selected->launch == cli::Launch::Offline) {
+    // Started by a launcher with several processes (`mpirun -np 8 shardtrain consolidate ...`, `srun` over a job's
+    // tasks): one process does the work. Otherwise each would write the same output at once, and fail on the others'
+    // temporary files after it had succeeded.
+    if (launcher_rank() > 0) return 0;
     log::configure(LogConfig{0, 1, options.log_level, false});
+    if (const int n = launcher_size(); n > 1)
+      log::warn("{} is an offline command: it runs once, here (launcher rank 0); the other {} processes exit at once",
+                selected->app->get_name(), n - 1);
     try {
       return selected->run(nullptr);
     } catch (const Error& e) {
       return fail(e, e.code());
     } catch (const std::exception& e) {
-      return fail(e, ExitCode::Internal);
+      return fail(e, unclassified_code(e));
     }
   }
 
@@ -153,6 +192,6 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     return fail(e, e.code());
   } catch (const std::exception& e) {
-    return fail(e, ExitCode::Internal);
+    return fail(e, unclassified_code(e));
   }
 }

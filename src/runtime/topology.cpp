@@ -44,6 +44,16 @@ int launcher_rank() {
   return 0;
 }
 
+int launcher_size() {
+  // SLURM_STEP_NUM_TASKS only inside an srun step: a batch script's own environment describes the allocation.
+  const bool slurm_step = std::getenv("SLURM_STEP_ID") != nullptr;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", slurm_step ? "SLURM_STEP_NUM_TASKS" : nullptr}) {
+    if (!name) continue;
+    if (const char* v = std::getenv(name); v && *v) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
 MpiComm machine_comm(MPI_Comm world) {
   int rank = 0;
   ST_CHECK_MPI(MPI_Comm_rank(world, &rank));

@@ -39,6 +39,10 @@ int ranks_per_node_from_env();
 // (Open MPI, PMI, Slurm); 0 when not launched by one. Used to print command-line errors once.
 int launcher_rank();
 
+// How many processes the launcher started, from the same environment (Open MPI, PMI; srun's step, not a batch
+// script's allocation); 1 when not launched by one or when it does not say.
+int launcher_size();
+
 // Collective over `world`. Throws ConfigError when ranks_per_node does not divide the world size.
 Topology discover_topology(MPI_Comm world, int ranks_per_node);
 

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What a hostile week of command lines found (2026-11-27), each now one line and a documented exit code:
+- counts whose product overflowed: plan and predict with --nodes x --gpus-per-node past 2^20 ranks (predict died of
+  SIGFPE, plan said "world size 0"), and --gpus-per-node past 4096: exit 2 naming the options;
+- rates and fractions that printed inf, NaN or negative step times (plan --gpu-tflops 0, --mfu nan or 5, a negative
+  link speed): exit 2 naming the option;
+- values that stood for "not given" inside and so were taken silently (bench ops --batch -1, bench model
+  --intermediate -5, parity dump --pad-id -1) or crashed (bench model --warmup -1: a segfault): exit 2;
+- predict --resume, which predict never read: an unknown option (2);
+- an unknown or missing second-level command (bench foo, checkpoint frob, bench): exit 2 naming it and the list;
+- an output file option that is empty or a folder (--json "" wrote nothing; --json DIR failed after the work with
+  "internal error"): exit 2 before any work;
+- a file system call that fails on a path (parity dump into a file's "folder"): exit 8 naming the call and the path,
+  not 1 ("internal error");
+- an offline command under a launcher with 2 processes (mpirun -np 2 consolidate): it runs once, on launcher rank 0,
+  says so once, and exits 0 with the output whole (the two processes raced on one output and exited 8 after writing
+  it);
+- a JSON result on a full file system (root only: a tmpfs): exit 8 naming "No space left on device", no file and no
+  temporary left (result.json was renamed into place empty while the run exited 0)."""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = os.path.abspath(args.shardtrain)
+tiny = os.path.join(args.source, "configs/tiny-cpu.toml")
+
+
+def run(cmd, np=None, timeout=300):
+    env = dict(os.environ)
+    env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+    full = [args.mpiexec, "--oversubscribe", "-np", str(np), st, *cmd] if np else [st, *cmd]
+    p = subprocess.run(full, capture_output=True, text=True, errors="replace", timeout=timeout, env=env, cwd=work)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect(what, cmd, code, *needles, np=None, short=True):
+    rc, out, err = run(cmd, np=np)
+    first = [line for line in err.splitlines() if needles[0] in line]
+    check(rc == code and all(n in err for n in needles) and "internal error" not in err,
+          f"{what}: exit {rc} (expected {code}) naming {needles}: {err[-600:]}")
+    check(len(first) == 1, f"{what}: one line with '{needles[0]}', got {len(first)}")
+    check(not short or len(err) < 400, f"{what}: a short message, got {len(err)} characters")
+    return rc, out, err
+
+
+# Counts whose product overflowed.
+expect("predict 65536 x 4096", ["predict", "-c", tiny, "--nodes", "65536", "--gpus-per-node", "4096"], 2,
+       "--nodes 65536 x --gpus-per-node 4096: expected 1 to 1048576 ranks in all")
+expect("predict --gpus-per-node 65536", ["predict", "-c", tiny, "--gpus-per-node", "65536"], 2,
+       "--gpus-per-node: Value 65536 not in range 1 to 4096")
+expect("plan 65536 x 32", ["plan", "--nodes", "65536", "--gpus-per-node", "32"], 2,
+       "--nodes 65536 x --gpus-per-node 32: expected 1 to 1048576 ranks in all")
+expect("check 2^20 x 2", ["check", "-c", tiny, "--nodes", str(2**20), "--gpus-per-node", "2"], 2,
+       f"--nodes {2**20} x --gpus-per-node 2")
+expect("predict --nodes 0", ["predict", "-c", tiny, "--nodes", "0"], 2, "--nodes: Value 0 not in range 1 to 1073741824")
+
+# Rates and fractions.
+for option, value, needle in (("--gpu-tflops", "0", "0: expected a number above 0, at most 1000000"),
+                              ("--gpu-tflops", "-1", "-1: expected a number above 0"),
+                              ("--mfu", "nan", "nan: expected a number above 0, at most 1"),
+                              ("--mfu", "5", "5: expected a number above 0, at most 1"),
+                              ("--inter-gbps", "-1", "-1: expected a number above 0"),
+                              ("--intra-gbps", "inf", "inf: expected a number above 0"),
+                              ("--mfu", "0.5x", "0.5x: expected a number")):
+    expect(f"plan {option} {value}", ["plan", "--nodes", "2", "--gpus-per-node", "2", option, value], 2,
+           f"{option}: {needle}")
+rc, out, _ = run(["plan", "--nodes", "2", "--gpus-per-node", "2", "--mfu", "1", "--gpu-tflops", "989", "--json"])
+check(rc == 0 and json.loads(out)["strategies"], f"plan at the bounds (--mfu 1): exit {rc}")
+
+# Values that stood for "not given".
+expect("bench model --warmup -1", ["bench", "model", "--warmup", "-1"], 2, "--warmup: Value -1 not in range 0 to 100000")
+expect("bench model --intermediate -5", ["bench", "model", "--intermediate", "-5"], 2, "--intermediate: Value -5")
+expect("bench ops --batch -1", ["bench", "ops", "--batch", "-1"], 2, "--batch: Value -1 not in range 1")
+expect("bench ops --layers 0", ["bench", "ops", "--layers", "0"], 2, "--layers: Value 0 not in range 1")
+expect("parity dump --pad-id -1", ["parity", "dump", "-c", tiny, "-o", "pd", "--pad-id", "-1"], 2,
+       "--pad-id: Value -1 not in range 0")
+check(not os.path.exists(os.path.join(work, "pd")), "parity dump refused before making its folder")
+expect("predict --resume", ["predict", "-c", tiny, "--resume", "auto"], 2, "--resume")
+
+# Second-level commands.
+expect("bench foo", ["bench", "foo"], 2, "unknown bench command 'foo' (expected one of: model, ops, step, attention, comm")
+expect("checkpoint frob", ["checkpoint", "frob", "x"], 2, "unknown checkpoint command 'frob' (expected one of: info")
+expect("bench", ["bench"], 2, "bench: no command given (expected one of: model, ops")
+
+# Output file options, before any work.
+os.makedirs(os.path.join(work, "a-folder"))
+expect("predict --json ''", ["predict", "-c", tiny, "--json", ""], 2, "--json: expected a file name")
+expect("predict --trace FOLDER", ["predict", "-c", tiny, "--trace", "a-folder"], 2,
+       "--trace: a-folder is a folder: expected a file name")
+expect("evaluate --json FOLDER", ["evaluate", "-w", "nowhere", "--json", "a-folder"], 2,
+       "--json: a-folder is a folder: expected a file name")
+expect("bench ops --json ''", ["bench", "ops", "--json", ""], 2, "--json: expected a file name")
+
+# A file system call that fails on a path: an I/O error (8), with the call's own words and the path.
+open(os.path.join(work, "a-file"), "w").write("x\n")
+expect("parity dump -o a-file/sub", ["parity", "dump", "-c", tiny, "-o", "a-file/sub"], 8,
+       "I/O error: filesystem error:", "Not a directory", "a-file/sub")
+
+# An offline command under mpirun -np 2: once, on launcher rank 0.
+rc, out, err = run(["predict", "-c", tiny, "--nodes", "1", "--gpus-per-node", "2", "--json", "p.json"], np=2)
+check(rc == 0 and err.count("predict is an offline command: it runs once, here (launcher rank 0); the other 1 "
+                            "processes exit at once") == 1 and out.count("PREDICTION, not a measurement") == 1,
+      f"predict under mpirun -np 2: exit {rc}, one report and one warning: {out[-400:]} {err[-600:]}")
+check(json.load(open(os.path.join(work, "p.json")))["prediction"] is True, "predict's JSON, written once")
+check(not [f for f in os.listdir(work) if f.startswith("p.json.tmp")], "no temporary left beside p.json")
+
+# A JSON result on a full file system (a tmpfs, so root only): exit 8 and the reason, nothing left behind.
+full = os.path.join(work, "full")
+os.makedirs(full)
+if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", full]).returncode == 0:
+    try:
+        fd = os.open(os.path.join(full, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:  # No space left on device: the disk is full
+            pass
+        os.close(fd)
+        # evaluate's --json is the trainer's result.json writer (write_json_file); the weights come from a tiny run.
+        rc, out, err = run(["train", "-c", tiny, "--logging.run_dir", "run", "--schedule.max_steps", "1",
+                            "--checkpoint.every_n_steps", "1", "--schedule.warmup_steps", "0",
+                            "--schedule.eval_every", "0", "--logging.progress", "lines",
+                            "--data.path", os.path.join(args.source, "data/sotu-bpe4k.h5")], np=1)
+        check(rc == 0, f"the tiny run: exit {rc}: {err[-800:]}")
+        expect("evaluate --json on a full disk",
+               ["evaluate", "-w", "run/checkpoints/step_00000001", "--batches", "1", "--json", os.path.join(full, "e.json")],
+               8, "cannot write the evaluation (--json): No space left on device", np=1, short=False)
+        check(sorted(os.listdir(full)) == ["filler"], f"nothing left on the full disk: {os.listdir(full)}")
+    finally:
+        subprocess.run(["umount", full])
+else:
+    print("full disk: skipped (needs root to mount a tmpfs)")
+
+check.finish("PASS: bad command lines")
