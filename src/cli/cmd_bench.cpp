@@ -6,6 +6,8 @@
 // The recompute of activation checkpointing is overhead, not counted as work.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "cmd_bench.hpp"
+
 #include "command.hpp"
 #include "shardtrain/model/dense_params.hpp"
 #include "shardtrain/model/llama.hpp"
@@ -48,6 +51,15 @@ int run_bench_model(const BenchModelOptions& o) {
   c.vocab_size = o.vocab;
   c.max_position_embeddings = std::max<int64_t>(o.seq, 2048);
   c.validate();
+  // f32 weights and gradients, refused before anything is allocated (a model past the host's memory failed as
+  // std::bad_alloc, an "internal error"); the activations come on top.
+  const double host = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const double state = 8.0 * static_cast<double>(model::ModelSpec(c).num_params());
+  if (state > host)
+    throw ConfigError(
+        fmt::format("bench model: {:.3g} parameters need {:.3g} GiB of f32 weights and gradients, more than "
+                    "this host's {:.3g} GiB",
+                    state / 8, state / (1ull << 30), host / (1ull << 30)));
 
   fmt::print("measuring the sgemm rate (2048^3, median of 5) on {} threads...\n", threads);
   const ops::SgemmRate rate = ops::measure_cpu_sgemm(threads);

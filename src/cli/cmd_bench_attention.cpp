@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -117,6 +119,18 @@ int run_bench_attention(const BenchAttentionOptions& o, Runtime* rt) {
 
   const Device& device = rt->device();
   const bool cuda = device.is_cuda();
+  // A shape far past the memory failed as std::bad_alloc (an "internal error"): about a dozen tensors of B S H Dh
+  // (inputs, output, gradients, the reference's copies) in f32 is the bound, checked before anything is allocated.
+  const double memory = cuda ? static_cast<double>(device.memory_bytes)
+                             : static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  for (const Shape& sh : shapes) {
+    const double bytes = 12.0 * 4.0 * static_cast<double>(sh.b) * static_cast<double>(sh.s) * static_cast<double>(sh.h) *
+                         static_cast<double>(sh.dh);
+    if (memory > 0 && bytes > memory)
+      throw ConfigError(fmt::format("bench attention: --shape '{}' needs about {:.3g} GiB, more than the {:.3g} GiB of {}",
+                                    sh.name, bytes / (1ull << 30), memory / (1ull << 30),
+                                    cuda ? device.name : std::string("this host")));
+  }
   std::unique_ptr<CudaStream> stream;
   std::unique_ptr<ops::Ops> backend;
   if (cuda) {

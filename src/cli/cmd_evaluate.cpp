@@ -185,6 +185,16 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   c.validate_for_world(rt->topology().world_size, rt->topology().node_count);
   train::check_ranks_agree_on_config(rt->world(), train::to_toml(c));  // before any collective a difference could mismatch
 
+  // A dataset whose ids go past the weights' vocabulary was made with another tokenizer than the weights were
+  // trained with (5, as the tokenizers' hashes say where both are recorded). open_data_sources' own check names
+  // model.vocab_size, a key to raise in a training config; here the model is the weights'.
+  for (const data::MixtureEntry& e : c.data.sources()) {
+    const data::DatasetInfo info = data::TokenDataset::open(e.path).info();
+    if (info.vocab_size > c.model.vocab_size)
+      throw CheckpointError(fmt::format(
+          "{}: a model of {} token ids, but {} holds ids of {} ({}); use a dataset prepared with the weights' tokenizer",
+          source->path(), c.model.vocab_size, e.path, info.tokenizer_name, info.vocab_size));
+  }
   // The trainer's inputs, replica and evaluation, without its optimizer, training loader or run directory.
   const std::vector<data::MixtureComponent> sources = train::open_data_sources(c);
   train::check_ranks_agree_on_data(rt->world(), sources);

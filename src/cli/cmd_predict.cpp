@@ -3,12 +3,14 @@
 // docs/predict.md). Offline: no MPI, no GPU. Op times come from a `bench ops` profile where it has the call, and
 // from the device's rates otherwise; links from a preset or a `bench comm` measurement.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -175,8 +177,10 @@ int run_predict(const PredictOptions& o) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
   const double contention = cpu ? std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores) : 1.0;
+  std::set<std::string> profiled_ops;  // for --ops-profile-exclude: a name no row has is a typo that excludes nothing
   for (const std::string& path : o.ops_profiles) {
     const OpTimeTable profile = load_op_profile(path);
+    for (const auto& [key, seconds] : profile.seconds) profiled_ops.insert(key.substr(0, key.find(' ')));
     // Ranks that share the cores: a `bench step` profile's CPU time per call (each op's work, whatever else held
     // the core while it ran), priced below at the share (the wall time where a call has none).
     std::map<std::string, double> seconds_of = profile.seconds;
@@ -207,6 +211,10 @@ int run_predict(const PredictOptions& o) {
     timed_in_step = timed_in_step && profile.source == "bench step";
     if (cpu && rates.name.empty()) rates = profile.rates;  // the CPU's rates are its profile's ceilings
   }
+  for (const std::string& op : o.profile_excludes)
+    if (!profiled_ops.count(op))
+      throw UsageError(fmt::format("--ops-profile-exclude {}: no row of the profiles is that op (theirs: {})", op,
+                                   fmt::join(profiled_ops, ", ")));
   if (!cpu) rates = ops::device_rates(choice.rates);
   if (cpu && rates.name.empty())
     throw UsageError("--gpu cpu needs --ops-profile (a `bench ops --json` of this machine's CPU backend)");

@@ -28,7 +28,8 @@ class Reader {
   explicit Reader(std::string path) : path_(std::move(path)) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& expected) const {
-    throw ConfigError(fmt::format("{}: {}: expected {}", path_, field, expected));
+    throw ConfigError(
+        fmt::format("{}: {}: expected {} (an op profile: `shardtrain bench ops --json` output)", path_, field, expected));
   }
   const json& at(const json& j, const std::string& parent, const char* name, const char* expected) const {
     const std::string field = parent.empty() ? name : parent + "." + name;

@@ -6,7 +6,10 @@
   link speed): exit 2 naming the option;
 - values that stood for "not given" inside and so were taken silently (bench ops --batch -1, bench model
   --intermediate -5, parity dump --pad-id -1) or crashed (bench model --warmup -1: a segfault): exit 2;
-- predict --resume, which predict never read: an unknown option (2);
+- predict --resume, which predict never read: an unknown option (2); an --ops-profile-exclude no profile row has (a
+  typo excluded nothing): 2, with the profiles' ops;
+- sizes past the memory (bench model --hidden 65536, bench attention of 1e5 x 1e5): 3 before any allocation, not
+  std::bad_alloc as "internal error";
 - an unknown or missing second-level command (bench foo, checkpoint frob, bench): exit 2 naming it and the list;
 - an output file option that is empty or a folder (--json "" wrote nothing; --json DIR failed after the work with
   "internal error"): exit 2 before any work;
@@ -15,6 +18,7 @@
 - an offline command under a launcher with 2 processes (mpirun -np 2 consolidate): it runs once, on launcher rank 0,
   says so once, and exits 0 with the output whole (the two processes raced on one output and exited 8 after writing
   it);
+- evaluate of weights on a dataset of a larger vocabulary: 5 (weights of another tokenizer), not 3 naming a config key;
 - a JSON result on a full file system (root only: a tmpfs): exit 8 naming "No space left on device", no file and no
   temporary left (result.json was renamed into place empty while the run exited 0)."""
 import json
@@ -83,6 +87,21 @@ expect("parity dump --pad-id -1", ["parity", "dump", "-c", tiny, "-o", "pd", "--
        "--pad-id: Value -1 not in range 0")
 check(not os.path.exists(os.path.join(work, "pd")), "parity dump refused before making its folder")
 expect("predict --resume", ["predict", "-c", tiny, "--resume", "auto"], 2, "--resume")
+expect("predict --ops-profile-exclude typo", ["predict", "-c", tiny, "--ops-profile",
+                                              os.path.join(args.source, "profiles/h200/seed-b64-s512.json"),
+                                              "--ops-profile-exclude", "attention_fwd"], 2,
+       "--ops-profile-exclude attention_fwd: no row of the profiles is that op (theirs: attention_backward, attention_forward")
+expect("predict --ops-profile of a tokenizer", ["predict", "-c", tiny, "--ops-profile",
+                                                os.path.join(args.source, "configs/README.md")], 3,
+       "README.md: not valid JSON (expected `shardtrain bench ops --json` output)")
+
+# Sizes past the memory: refused by size before anything is allocated (std::bad_alloc, "internal error", before).
+expect("bench model --hidden 65536", ["bench", "model", "--hidden", "65536", "--layers", "1", "--seq", "64", "--vocab",
+                                      "64", "--iters", "1"], 3,
+       "bench model: 6.87e+10 parameters need 512 GiB of f32 weights and gradients, more than this host's", short=False)
+expect("bench attention 1e5 x 1e5", ["bench", "attention", "--shape", "100000,100000,64,64,128", "--iters", "1",
+                                     "--warmup", "0"], 3,
+       "bench attention: --shape '100000,100000,64,64,128' needs about 3.66e+06 GiB, more than the", short=False)
 
 # Second-level commands.
 expect("bench foo", ["bench", "foo"], 2, "unknown bench command 'foo' (expected one of: model, ops, step, attention, comm")
@@ -111,6 +130,21 @@ check(rc == 0 and err.count("predict is an offline command: it runs once, here (
 check(json.load(open(os.path.join(work, "p.json")))["prediction"] is True, "predict's JSON, written once")
 check(not [f for f in os.listdir(work) if f.startswith("p.json.tmp")], "no temporary left beside p.json")
 
+# A tiny run's weights for the evaluations below.
+rc, out, err = run(["train", "-c", tiny, "--logging.run_dir", "run", "--schedule.max_steps", "1",
+                    "--checkpoint.every_n_steps", "1", "--schedule.warmup_steps", "0", "--schedule.eval_every", "0",
+                    "--logging.progress", "lines", "--data.path", os.path.join(args.source, "data/sotu-bpe4k.h5")], np=1)
+check(rc == 0, f"the tiny run: exit {rc}: {err[-800:]}")
+weights = "run/checkpoints/step_00000001"
+
+# A dataset of a larger vocabulary than the weights' (GPT-2's 50257 ids against the run's 4096): weights trained
+# with another tokenizer (5), not a config key to raise (3, "model.vocab_size", before).
+corpus = os.path.join(args.source, "data/fetched/corpus/sotu/1790_george_washington_n.txt")
+subprocess.run([st, "prepare-data", "-t", os.path.join(args.source, "data/fetched/tokenizers/r50k_base.tiktoken"),
+                "-i", corpus, "-o", os.path.join(work, "gpt2.h5"), "--log-level", "warn"], check=True, capture_output=True)
+expect("evaluate on a GPT-2 dataset", ["evaluate", "-w", weights, "--data.path", "gpt2.h5", "--batches", "1"], 5,
+       f"{weights}: a model of 4096 token ids, but gpt2.h5 holds ids of r50k_base (50257)", np=1, short=False)
+
 # A JSON result on a full file system (a tmpfs, so root only): exit 8 and the reason, nothing left behind.
 full = os.path.join(work, "full")
 os.makedirs(full)
@@ -123,14 +157,9 @@ if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k
         except OSError:  # No space left on device: the disk is full
             pass
         os.close(fd)
-        # evaluate's --json is the trainer's result.json writer (write_json_file); the weights come from a tiny run.
-        rc, out, err = run(["train", "-c", tiny, "--logging.run_dir", "run", "--schedule.max_steps", "1",
-                            "--checkpoint.every_n_steps", "1", "--schedule.warmup_steps", "0",
-                            "--schedule.eval_every", "0", "--logging.progress", "lines",
-                            "--data.path", os.path.join(args.source, "data/sotu-bpe4k.h5")], np=1)
-        check(rc == 0, f"the tiny run: exit {rc}: {err[-800:]}")
+        # evaluate's --json goes through the writer of the trainer's result.json (write_json_file).
         expect("evaluate --json on a full disk",
-               ["evaluate", "-w", "run/checkpoints/step_00000001", "--batches", "1", "--json", os.path.join(full, "e.json")],
+               ["evaluate", "-w", weights, "--batches", "1", "--json", os.path.join(full, "e.json")],
                8, "cannot write the evaluation (--json): No space left on device", np=1, short=False)
         check(sorted(os.listdir(full)) == ["filler"], f"nothing left on the full disk: {os.listdir(full)}")
     finally:
