@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
@@ -239,6 +240,38 @@ class SafetensorsSource final : public TensorSource {
 };
 
 }  // namespace
+
+void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string& tokenizer_path, const std::string& record,
+                             const model::LlamaConfig& model, const std::string& weights) {
+  if (static_cast<int64_t>(tokenizer.vocab_size()) > model.vocab_size)
+    throw DataError(
+        fmt::format("{}: {} token ids, more than the model's vocabulary of {} ({}): not the tokenizer it was "
+                    "trained with",
+                    tokenizer_path, tokenizer.vocab_size(), model.vocab_size, weights));
+  const auto r = nlohmann::json::parse(record.empty() ? std::string("{}") : record, nullptr, false);
+  if (!r.is_object()) return;
+  const auto text = [&r](const char* key) {
+    return r.contains(key) && r[key].is_string() ? r[key].get<std::string>() : std::string();
+  };
+  std::string want = text("hash"), name = text("name");
+  if (want.empty()) {
+    // A Hugging Face directory records no hash, only its tokenizer.json: that file is the model's tokenizer.
+    const std::string path = text("path");
+    std::error_code ec;
+    if (path.empty() || !fs::is_regular_file(path, ec) || fs::equivalent(path, tokenizer_path, ec)) return;
+    try {
+      want = data::Tokenizer::load(path).hash();
+      name = path;
+    } catch (const DataError&) {
+      return;  // unreadable: nothing to compare with (generation then reads the named one, as asked)
+    }
+  }
+  if (tokenizer.hash() != want)
+    throw DataError(
+        fmt::format("{}: tokenizer {} is not the one {} was trained with ({}, {}): its ids would mean other "
+                    "text; give that tokenizer, or none (the weights name theirs)",
+                    tokenizer_path, tokenizer.hash(), weights, name.empty() ? "?" : name, want));
+}
 
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
   if (fs::is_directory(path)) {

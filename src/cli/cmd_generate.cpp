@@ -38,8 +38,10 @@ int run_generate(const GenerateOptions& o) {
   }
   if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));
   const data::Tokenizer tokenizer = data::Tokenizer::load(tok_path);
-
   const model::LlamaConfig config = source->model_config();
+  // Another tokenizer's ids mean other text: without this, sampling prints fluent-looking garbage.
+  checkpoint::check_tokenizer_matches(tokenizer, tok_path, source->tokenizer(), config, source->path());
+
   auto ops = ops::make_cpu_ops({usable_cores()});
   model::LlamaModel llama(config, *ops);
   model::DenseParams params(llama.spec());

@@ -12,6 +12,10 @@
 #include "shardtrain/fsdp/engine.hpp"
 #include "shardtrain/model/dense_params.hpp"
 
+namespace shardtrain::data {
+class Tokenizer;
+}
+
 namespace shardtrain::checkpoint {
 
 class TensorSource {
@@ -29,6 +33,13 @@ class TensorSource {
 
 // Opens whatever `path` is; throws CheckpointError naming it when it is none of the three.
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path);
+
+// Whether `tokenizer` (loaded from `tokenizer_path`) is the one the weights at `weights` were trained with: no more
+// ids than the model's vocabulary, and the hash their tokenizer record (`record`: a TensorSource's tokenizer(),
+// "" = none) holds, or else the hash of the tokenizer file the record names (a Hugging Face directory's
+// tokenizer.json). Throws DataError naming the tokenizer file, the weights and what differs.
+void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string& tokenizer_path, const std::string& record,
+                             const model::LlamaConfig& model, const std::string& weights);
 
 // Every parameter of `params`' model from the source (single process: generation, tests).
 void load_dense(TensorSource& source, model::DenseParams& params);
