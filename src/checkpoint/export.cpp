@@ -290,7 +290,7 @@ ShippedTokenizer ship_tokenizer_for(const ExportOptions& o, const nlohmann::json
     } catch (const DataError& e) {
       throw DataError(fmt::format("--tokenizer {}: cannot be read: {}", o.tokenizer, e.what()));
     }
-    check_tokenizer_matches(*tok, o.tokenizer, record_text, config, weights);
+    if (o.tokenizer_check == TokenizerCheck::Match) check_tokenizer_matches(*tok, o.tokenizer, record_text, config, weights);
     return ship_tokenizer(o.tokenizer, *tok, out, config.max_position_embeddings);
   }
   const std::string source = !o.recorded_tokenizer.empty() ? o.recorded_tokenizer : record.value("path", std::string());

@@ -15,6 +15,7 @@ namespace {
 struct ConsolidateOptions {
   std::string checkpoint, output, format = "hdf5", dtype = "fp32", tokenizer;
   double max_shard_gib = 2.0;
+  bool tokenizer_unchecked = false;
 };
 
 int run_consolidate(const ConsolidateOptions& o) {
@@ -22,6 +23,10 @@ int run_consolidate(const ConsolidateOptions& o) {
   e.format = checkpoint::parse_export_format(o.format);
   e.dtype = parse_dtype(o.dtype);
   e.tokenizer = o.tokenizer;
+  if (o.tokenizer_unchecked) {
+    if (o.tokenizer.empty()) throw UsageError("--tokenizer-unchecked: only with --tokenizer");
+    e.tokenizer_check = checkpoint::TokenizerCheck::LoadOnly;
+  }
   // Below one MiB a safetensors file would hold a handful of values; a negative or non-finite size is a typo.
   if (!(o.max_shard_gib >= 1.0 / 1024 && o.max_shard_gib <= 1024 * 1024))
     throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576",
@@ -99,6 +104,8 @@ Command add_consolidate_command(CLI::App& parent) {
   c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->capture_default_str();
   c.app->add_option("--tokenizer", o->tokenizer,
                     "safetensors: tokenizer to ship, which must be the checkpoint's (default: the one it names)");
+  c.app->add_flag("--tokenizer-unchecked", o->tokenizer_unchecked,
+                  "ship --tokenizer without comparing it with the checkpoint's (another file form of the same vocabulary)");
   c.app->add_option("--max-shard-gib", o->max_shard_gib, "safetensors: split files above this size")->capture_default_str();
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_consolidate(*o); };

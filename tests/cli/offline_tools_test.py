@@ -188,6 +188,11 @@ for name, tok, needle in (("llama3", os.path.join(tokenizers, "llama3"), "128256
                           ("missing", "/nonexistent.json", "--tokenizer /nonexistent.json: cannot be read")):
     expect(f"consolidate --tokenizer {name}", ["consolidate", ck, "-o", f"hf_{name}", "--format", "safetensors",
                                                "--tokenizer", tok], 4, "data error:", needle)
+rc, out, err = run(["consolidate", ck, "-o", "hf_forced", "--format", "safetensors", "--tokenizer", small,
+                    "--tokenizer-unchecked"])
+check(rc == 0 and text_of(os.path.join(work, "hf_forced", "tokenizer.json")) == text_of(small),
+      f"--tokenizer-unchecked ships the tokenizer it is given: exit {rc}: {err[-300:]}")
+shutil.rmtree(os.path.join(work, "hf_forced"), ignore_errors=True)
 expect("consolidate --tokenizer with hdf5", ["consolidate", ck, "-o", "t.h5", "--tokenizer", small], 2,
        f"--tokenizer {small}: only --format safetensors ships a tokenizer")
 check(leftovers(before) == [], f"nothing left by the tokenizer refusals: {leftovers(before)}")

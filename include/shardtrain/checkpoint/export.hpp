@@ -18,6 +18,10 @@ namespace shardtrain::checkpoint {
 enum class ExportFormat { Hdf5, Safetensors };
 ExportFormat parse_export_format(std::string_view text);  // hdf5 | safetensors; throws UsageError
 
+// Whether a tokenizer named for the export must be the checkpoint's (Match), or need only load (LoadOnly: another
+// file form of the same vocabulary, say a tokenizer.json for the tiktoken file the run used).
+enum class TokenizerCheck { Match, LoadOnly };
+
 struct ExportOptions {
   ExportFormat format = ExportFormat::Hdf5;
   DType dtype = DType::F32;                      // F32 or BF16 (round to nearest even)
@@ -26,6 +30,7 @@ struct ExportOptions {
   // than the model's vocabulary, the hash the checkpoint records): DataError naming it otherwise. "" = the one the
   // checkpoint names, shipped when it loads and still fits (a note says why not otherwise).
   std::string tokenizer;
+  TokenizerCheck tokenizer_check = TokenizerCheck::Match;
   std::string recorded_tokenizer;  // where the checkpoint's recorded tokenizer was found, when not at its recorded path
 };
 
