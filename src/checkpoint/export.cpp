@@ -1,6 +1,13 @@
 // Consolidation to HDF5 and export to Hugging Face safetensors.
 #include "shardtrain/checkpoint/export.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -11,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
@@ -40,11 +48,70 @@ std::vector<float> read_all(CheckpointReader& r, const TensorInfo& t) {
   return v;
 }
 
+// The temporary an export writes before renaming it into place: a name beside the output that the tool reserved
+// itself (created exclusively, with its PID), so a user's `OUT.tmp` is never replaced or deleted, and two exports
+// never share one. Removed, with what is in it, unless the export finished: a failure leaves nothing behind.
+class TempOutput {
+ public:
+  enum class Kind { File, Folder };
+
+  TempOutput(const std::string& out, Kind kind) : out_(out) {
+    for (int n = 0; n < 1000; ++n) {
+      const std::string name =
+          n == 0 ? fmt::format("{}.tmp-{}", out, ::getpid()) : fmt::format("{}.tmp-{}-{}", out, ::getpid(), n);
+      int rc = 0;
+      if (kind == Kind::File) {
+        const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) ::close(fd);
+        rc = fd >= 0 ? 0 : -1;
+      } else {
+        rc = ::mkdir(name.c_str(), 0755);
+      }
+      if (rc == 0) {
+        path_ = name;
+        return;
+      }
+      if (errno != EEXIST)
+        throw IoError(fmt::format("{}: cannot create the temporary {} {}: {}", out, kind == Kind::File ? "file" : "folder",
+                                  name, std::strerror(errno)));
+    }
+    throw IoError(
+        fmt::format("{}: cannot find a free temporary name beside it ({}.tmp-{}-N all exist)", out, out, ::getpid()));
+  }
+  ~TempOutput() {
+    if (path_.empty()) return;
+    std::error_code ec;  // best effort: an error is already on its way out
+    fs::remove_all(path_, ec);
+  }
+  TempOutput(const TempOutput&) = delete;
+  TempOutput& operator=(const TempOutput&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // Renames the finished temporary to the output, never over a path that appeared meanwhile (RENAME_NOREPLACE;
+  // where the file system lacks it, a check just before the rename).
+  void commit() {
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, out_.c_str(), RENAME_NOREPLACE) != 0) {
+      const int err = errno;
+      if (err == EEXIST || ((err == EINVAL || err == ENOSYS) && fs::exists(out_)))
+        throw UsageError(fmt::format("{}: appeared while the export ran; the export never overwrites (nothing kept)", out_));
+      if (err != EINVAL && err != ENOSYS)
+        throw IoError(
+            fmt::format("{}: cannot move the finished export into place from {}: {}", out_, path_, std::strerror(err)));
+      fs::rename(path_, out_);
+    }
+    path_.clear();
+  }
+
+ private:
+  std::string out_, path_;
+};
+
 ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const ExportOptions& o) {
   ExportSummary s;
-  const std::string tmp = out + ".tmp";
+  TempOutput tmp(out, TempOutput::Kind::File);
   {
-    hdf5::Handle f = hdf5::create_file(tmp);
+    hdf5::Handle f = hdf5::create_file(tmp.path());
     hdf5::set_attr(f, "format", "shardtrain-consolidated");
     hdf5::set_attr(f, "step", r.step());
     hdf5::set_attr(f, "dtype", dtype_name(o.dtype));
@@ -63,7 +130,7 @@ ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const Expo
     hdf5::record_metadata_checksums(f);
     f.close();
   }
-  fs::rename(tmp, out);
+  tmp.commit();
   s.files = 1;
   return s;
 }
@@ -182,38 +249,60 @@ struct ShippedTokenizer {
   std::optional<SpecialRoles> roles;  // when tokenizer files were shipped
 };
 
-// Ships the tokenizer in a form transformers reads: tokenizer.json as is, GPT-2's encoder.json +
-// vocab.bpe as vocab.json + merges.txt. A tiktoken rank file has no Hugging Face equivalent file.
-ShippedTokenizer ship_tokenizer(const std::string& source, const fs::path& out, int64_t max_positions) {
-  if (source.empty()) return {"no tokenizer recorded: none shipped (pass --tokenizer)", std::nullopt};
+// Ships the tokenizer, already loaded and checked against the weights, in a form transformers reads:
+// tokenizer.json as is, GPT-2's encoder.json + vocab.bpe as vocab.json + merges.txt. A tiktoken rank file has
+// no Hugging Face equivalent file.
+ShippedTokenizer ship_tokenizer(const std::string& source, const data::Tokenizer& tokenizer, const fs::path& out,
+                                int64_t max_positions) {
   const fs::path src(source);
-  fs::path json = fs::is_directory(src) ? src / "tokenizer.json" : src;
+  const fs::path json = fs::is_directory(src) ? src / "tokenizer.json" : src;
   const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
   const char* cls = nullptr;
   std::string note;
-  fs::path load_from;
   if (fs::is_regular_file(json) && json.extension() == ".json" && json.filename() != "encoder.json") {
     fs::copy_file(json, out / "tokenizer.json");
     cls = "PreTrainedTokenizerFast";
     note = fmt::format("tokenizer.json copied from {}", json.string());
-    load_from = json;
   } else if (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) {
     fs::copy_file(dir / "encoder.json", out / "vocab.json");
     fs::copy_file(dir / "vocab.bpe", out / "merges.txt");
     cls = "GPT2Tokenizer";
     note = fmt::format("GPT-2 vocab.json and merges.txt copied from {}", dir.string());
-    load_from = dir;
   } else {
-    return {fmt::format("{} is not a tokenizer.json or GPT-2 encoder.json/vocab.bpe: none shipped", source), std::nullopt};
+    return {fmt::format("{} has no Hugging Face form (not a tokenizer.json or GPT-2 encoder.json/vocab.bpe): none shipped",
+                        source),
+            std::nullopt};
   }
-  SpecialRoles roles;
-  try {
-    roles = roles_of(data::Tokenizer::load(load_from.string()));
-  } catch (const DataError& e) {  // a tokenizer.json shardtrain cannot read itself: shipped, its roles unknown
-    note += fmt::format(" (special tokens not named in tokenizer_config.json: {})", e.what());
-  }
+  const SpecialRoles roles = roles_of(tokenizer);
   write_json(out / "tokenizer_config.json", hf_tokenizer_config(cls, roles, max_positions));
   return {note, roles};
+}
+
+// The tokenizer to ship and why: one the user named must load and fit the weights (DataError otherwise); the one
+// the checkpoint records (found at `recorded`, else at its recorded path) is shipped only when it loads and is still
+// the file the weights were trained with, else the note says why none was.
+ShippedTokenizer ship_tokenizer_for(const ExportOptions& o, const nlohmann::json& record, const std::string& record_text,
+                                    const model::LlamaConfig& config, const std::string& weights, const fs::path& out) {
+  if (!o.tokenizer.empty()) {
+    std::optional<data::Tokenizer> tok;
+    try {
+      tok.emplace(data::Tokenizer::load(o.tokenizer));
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("--tokenizer {}: cannot be read: {}", o.tokenizer, e.what()));
+    }
+    if (o.tokenizer_check == TokenizerCheck::Match) check_tokenizer_matches(*tok, o.tokenizer, record_text, config, weights);
+    return ship_tokenizer(o.tokenizer, *tok, out, config.max_position_embeddings);
+  }
+  const std::string source = !o.recorded_tokenizer.empty() ? o.recorded_tokenizer : record.value("path", std::string());
+  if (source.empty()) return {"no tokenizer recorded: none shipped (pass --tokenizer)", std::nullopt};
+  try {
+    const data::Tokenizer tok = data::Tokenizer::load(source);
+    check_tokenizer_matches(tok, source, record_text, config, weights);
+    return ship_tokenizer(source, tok, out, config.max_position_embeddings);
+  } catch (const DataError& e) {
+    return {fmt::format("the checkpoint's tokenizer cannot be shipped ({}): none shipped (pass --tokenizer)", e.what()),
+            std::nullopt};
+  }
 }
 
 // Reads one tensor's values in full: from a checkpoint, or from memory.
@@ -253,14 +342,18 @@ uint64_t write_safetensors_at(const fs::path& path, const std::vector<const Tens
   return at;
 }
 
-// The Hugging Face directory, written as out_dir.tmp and renamed when complete. `tokenizer_record` is the
-// checkpoint's tokenizer JSON ("" = none).
+// The Hugging Face directory, written in a temporary folder and renamed when complete. `tokenizer_record` is the
+// weights' tokenizer JSON ("" = none); `weights` names them in messages.
 ExportSummary write_hf_directory(const std::vector<TensorInfo>& tensors, const ReadTensor& read,
                                  const model::LlamaConfig& config, const std::string& tokenizer_record,
-                                 const std::string& out_dir, const ExportOptions& o) {
-  const fs::path tmp = out_dir + ".tmp";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+                                 const std::string& weights, const std::string& out_dir, const ExportOptions& o) {
+  TempOutput tmp_dir(out_dir, TempOutput::Kind::Folder);
+  const fs::path tmp = tmp_dir.path();
+  nlohmann::json tok = nlohmann::json::object();
+  if (!tokenizer_record.empty()) tok = nlohmann::json::parse(tokenizer_record, nullptr, false);
+  if (!tok.is_object()) tok = nlohmann::json::object();
+  // The tokenizer first: a wrong one named on the command line is refused before the weights are written.
+  const ShippedTokenizer shipped = ship_tokenizer_for(o, tok, tokenizer_record, config, weights, tmp);
   const size_t esz = dtype_size(o.dtype);
   // Plan the files: tensors in registry order, a new file once the limit would be passed.
   std::vector<std::vector<const TensorInfo*>> files(1);
@@ -286,19 +379,30 @@ ExportSummary write_hf_directory(const std::vector<TensorInfo>& tensors, const R
   }
   if (files.size() > 1)
     write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
-  nlohmann::json tok = nlohmann::json::object();
-  if (!tokenizer_record.empty()) tok = nlohmann::json::parse(tokenizer_record, nullptr, false);
-  if (tok.is_discarded()) tok = nlohmann::json::object();
-  const std::string source = !o.tokenizer.empty() ? o.tokenizer : tok.value("path", std::string());
-  const ShippedTokenizer shipped = ship_tokenizer(source, tmp, config.max_position_embeddings);
   s.tokenizer_note = shipped.note;
   const SpecialRoles roles = shipped.roles ? *shipped.roles : roles_of(tok);
   write_json(tmp / "config.json", hf_config(config, o.dtype, roles));
   write_json(tmp / "generation_config.json", hf_generation_config(roles));
-  fs::rename(tmp, out_dir);
+  tmp_dir.commit();
   s.bytes = total;
   s.files = static_cast<int>(files.size());
   return s;
+}
+
+// The output as given, checked before any work: a name (not ""), for HDF5 a file (no trailing slash), for
+// safetensors a folder whose trailing slashes are dropped ("hf/" is "hf", not "hf/" + ".tmp"); never an existing
+// path. Returns the name to write.
+std::string checked_output(const std::string& output, ExportFormat format) {
+  if (output.empty()) throw UsageError("--output: expected a file or folder name, got \"\"");
+  fs::path p(output);
+  while (!p.has_filename() && p.has_relative_path()) p = p.parent_path();  // "hf/" and "hf//" are "hf"
+  if (fs::exists(p) || fs::is_symlink(p))
+    throw UsageError(fmt::format("{}: already exists; consolidation never overwrites", output));
+  if (!p.has_filename() || p.filename() == "." || p.filename() == "..")
+    throw UsageError(fmt::format("--output {}: expected a new file or folder name", output));
+  if (format == ExportFormat::Hdf5 && p.string() != output)
+    throw UsageError(fmt::format("--output {}: a folder name, but --format hdf5 writes one file", output));
+  return p.string();
 }
 
 void check_export_dtype(DType dtype) {
@@ -333,19 +437,24 @@ ReadTensor reader_of(std::span<const FullTensor> tensors) {
 
 ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& output, const ExportOptions& o) {
   check_export_dtype(o.dtype);
-  if (fs::exists(output)) throw UsageError(fmt::format("{}: already exists; consolidation never overwrites", output));
+  const std::string out = checked_output(output, o.format);
+  if (o.format == ExportFormat::Hdf5 && !o.tokenizer.empty())
+    throw UsageError(
+        fmt::format("--tokenizer {}: only --format safetensors ships a tokenizer (an HDF5 file records the "
+                    "checkpoint's own, as its tokenizer attribute)",
+                    o.tokenizer));
   CheckpointReader reader(checkpoint_dir);
-  if (o.format == ExportFormat::Hdf5) return write_hdf5(reader, output, o);
+  if (o.format == ExportFormat::Hdf5) return write_hdf5(reader, out, o);
   return write_hf_directory(
       reader.tensors(), [&reader](const TensorInfo& t) { return read_all(reader, t); }, reader.model_config(),
-      reader.tokenizer(), output, o);
+      reader.tokenizer(), reader.path(), out, o);
 }
 
 ExportSummary export_hf_directory(const model::LlamaConfig& config, std::span<const FullTensor> tensors,
                                   const std::string& out_dir, const ExportOptions& o) {
   check_export_dtype(o.dtype);
-  if (fs::exists(out_dir)) throw UsageError(fmt::format("{}: already exists; the export never overwrites", out_dir));
-  return write_hf_directory(infos_of(tensors), reader_of(tensors), config, "", out_dir, o);
+  const std::string out = checked_output(out_dir, ExportFormat::Safetensors);
+  return write_hf_directory(infos_of(tensors), reader_of(tensors), config, "", "the exported weights", out, o);
 }
 
 uint64_t write_safetensors_file(const std::string& path, std::span<const FullTensor> tensors, DType dtype) {

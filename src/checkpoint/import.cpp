@@ -2,6 +2,9 @@
 // engine's master shards (every rank its own ranges, or one reader per node handing units out).
 #include <mpi.h>
 
+#include <cstring>
+#include <set>
+
 #include <fmt/format.h>
 
 #include "shardtrain/checkpoint/source.hpp"
@@ -11,10 +14,43 @@
 namespace shardtrain::checkpoint {
 namespace {
 
+// Tensors a Hugging Face file may hold that the model need not read: a tied lm_head (transformers itself skips
+// it when the embeddings are tied) and older transformers' saved RoPE frequencies (computed from rope_theta).
+bool ignorable(const std::string& name, const model::LlamaConfig& c) {
+  return (c.tie_word_embeddings && name == "lm_head.weight") || name.ends_with(".rotary_emb.inv_freq");
+}
+
+// The model's tensors, all present; and none beside them: a config.json with fewer layers than its weights would
+// otherwise load a different, smaller model without a word.
 void check_tensors(const model::ModelSpec& spec, TensorSource& source) {
   check_same_model(source.model_config(), spec.config(), source.path());
+  std::set<std::string> used;
   for (const model::ParamInfo& p : spec.params()) {
     if (!source.has(p.name)) throw CheckpointError(fmt::format("{}: tensor '{}' is missing", source.path(), p.name));
+    used.insert(p.name);
+  }
+  for (const std::string& name : source.tensor_names()) {
+    if (used.count(name) || ignorable(name, spec.config())) continue;
+    const model::LlamaConfig& c = spec.config();
+    throw CheckpointError(
+        fmt::format("{}: tensor '{}' is not part of the model that {} describes ({} layers, tie_word_embeddings {}): the "
+                    "configuration and the weights disagree; refused rather than dropped",
+                    source.file_of(name), name, source.path(), c.num_hidden_layers, c.tie_word_embeddings));
+  }
+}
+
+// NaN or infinite weights would sample garbage and evaluate to a NaN loss: refused when read (training refuses to
+// save them, exit 9; reading them is a damaged or diverged checkpoint, exit 5). Bits, not std::isfinite: immune to
+// any floating-point flags the build may set.
+void check_finite(std::span<const float> v, const TensorSource& source, const std::string& name, int64_t offset) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v[i], 4);
+    if ((bits & 0x7f800000u) == 0x7f800000u)
+      throw CheckpointError(
+          fmt::format("{}: tensor '{}' holds {} at element {}: the weights are not finite (a diverged "
+                      "run's, or damaged); use an earlier checkpoint",
+                      source.file_of(name), name, v[i], offset + static_cast<int64_t>(i)));
   }
 }
 
@@ -26,7 +62,9 @@ void load_dense(TensorSource& source, model::DenseParams& params) {
   for (const model::ParamInfo& p : spec.params()) {
     const ops::Tensor view = params.param(p.index);
     if (view.dtype != DType::F32) throw InternalError("load_dense: DenseParams must hold fp32 parameters");
-    source.read(p.name, 0, std::span<float>(view.as<float>(), static_cast<size_t>(p.numel)));
+    const std::span<float> values(view.as<float>(), static_cast<size_t>(p.numel));
+    source.read(p.name, 0, values);
+    check_finite(values, source, p.name, 0);
   }
 }
 
@@ -46,8 +84,9 @@ void import_weights(fsdp::FsdpEngine& engine, TensorSource& source, ImportMode m
     std::vector<float> shard(static_cast<size_t>(v.numel), 0.0f);
     if (mode == ImportMode::EveryRankReadsItsSlices) {
       for (const fsdp::ParamRange& r : v.ranges) {
-        source.read(spec.param(r.param).name, r.param_offset,
-                    std::span<float>(shard.data() + r.begin, static_cast<size_t>(r.end - r.begin)));
+        const std::span<float> values(shard.data() + r.begin, static_cast<size_t>(r.end - r.begin));
+        source.read(spec.param(r.param).name, r.param_offset, values);
+        check_finite(values, source, spec.param(r.param).name, r.param_offset);
       }
     } else {
       // The node's first rank reads the whole unit once; every rank of the node keeps its slice.
@@ -55,8 +94,9 @@ void import_weights(fsdp::FsdpEngine& engine, TensorSource& source, ImportMode m
       std::vector<float> unit(static_cast<size_t>(layout.padded_numel), 0.0f);
       if (leader) {
         for (const fsdp::ParamRange& r : layout.ranges(0, layout.padded_numel)) {
-          source.read(spec.param(r.param).name, r.param_offset,
-                      std::span<float>(unit.data() + r.begin, static_cast<size_t>(r.end - r.begin)));
+          const std::span<float> values(unit.data() + r.begin, static_cast<size_t>(r.end - r.begin));
+          source.read(spec.param(r.param).name, r.param_offset, values);
+          check_finite(values, source, spec.param(r.param).name, r.param_offset);
         }
       }
       ST_CHECK_MPI(MPI_Bcast(unit.data(), static_cast<int>(unit.size()), MPI_FLOAT, 0, node.get()));

@@ -25,8 +25,13 @@ struct CheckpointReader::Piece {
 
 namespace {
 
+// `what` without a leading "where: ": the HDF5 helpers' messages name their file first, and it is said once.
+std::string detail_of(const std::string& where, const std::string& what) {
+  return what.rfind(where + ": ", 0) == 0 ? what.substr(where.size() + 2) : what;
+}
+
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw CheckpointDamaged(fmt::format("{}: {}", where, what));
+  throw CheckpointDamaged(fmt::format("{}: {}", where, detail_of(where, what)));
 }
 
 std::string required_string(const hdf5::Handle& f, const std::string& name, const std::string& where) {
@@ -49,7 +54,7 @@ hdf5::Handle open_checkpoint_file(const std::string& path, MetadataSummary& summ
   try {
     f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
   } catch (const Error& e) {
-    fail(path, fmt::format("cannot be opened: {}", e.what()));
+    fail(path, fmt::format("cannot be opened: {}", detail_of(path, e.what())));
   }
   try {
     const hdf5::MetadataCheck c = hdf5::verify_metadata_checksums(f);
@@ -90,7 +95,14 @@ std::string incomplete_reason(const std::string& dir) {
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
-  if (!fs::is_directory(dir)) fail(dir, "no such checkpoint directory");
+  if (!fs::is_directory(dir)) {
+    std::error_code ec;
+    if (fs::exists(dir, ec))
+      fail(dir,
+           "is a file, not a checkpoint: expected a step_N folder that `shardtrain train` saved (index.h5, rank "
+           "files, DONE), or the checkpoint directory above them");
+    fail(dir, "no such checkpoint directory");
+  }
   if (!is_complete(dir)) fail(dir, incomplete_reason(dir));
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
   hdf5::Handle index = open_checkpoint_file(index_path, metadata_);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
@@ -17,9 +18,12 @@ namespace fs = std::filesystem;
 namespace shardtrain::checkpoint {
 namespace {
 
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw CheckpointError(fmt::format("{}: {}", where, what));
+// `what` after `where`, unless it names that file first already (the HDF5 helpers' messages do).
+std::string at(const std::string& where, const std::string& what) {
+  return what.rfind(where + ": ", 0) == 0 ? what : fmt::format("{}: {}", where, what);
 }
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) { throw CheckpointError(at(where, what)); }
 
 class CheckpointSource final : public TensorSource {
  public:
@@ -33,6 +37,11 @@ class CheckpointSource final : public TensorSource {
     for (const TensorInfo& t : reader_.tensors())
       if (t.name == name) return true;
     return false;
+  }
+  std::vector<std::string> tensor_names() const override {
+    std::vector<std::string> names;
+    for (const TensorInfo& t : reader_.tensors()) names.push_back(t.name);
+    return names;
   }
   void read(const std::string& name, int64_t begin, std::span<float> out) override {
     reader_.read(name, "param", begin, out);
@@ -64,11 +73,20 @@ class ConsolidatedSource final : public TensorSource {
   bool has(const std::string& name) const override { return hdf5::exists(file_, name); }
   void read(const std::string& name, int64_t begin, std::span<float> out) override {
     if (!has(name)) fail(path_, fmt::format("no tensor named '{}'", name));
-    if (!bf16_) {
-      hdf5::read_f32_range(file_, name, static_cast<size_t>(begin), out);
-      return;
+    // The HDF5 helpers report a chunk that fails its checksum as a data error; here it is damaged weights, as a
+    // truncated file is (exit 5 for both).
+    std::vector<uint16_t> all;
+    try {
+      if (!bf16_) {
+        hdf5::read_f32_range(file_, name, static_cast<size_t>(begin), out);
+        return;
+      }
+      all = hdf5::read_u16(file_, name);
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const DataError& e) {
+      fail(path_, e.what());
     }
-    const std::vector<uint16_t> all = hdf5::read_u16(file_, name);
     if (begin + static_cast<int64_t>(out.size()) > static_cast<int64_t>(all.size()))
       fail(path_, fmt::format("'{}' is too short", name));
     for (size_t i = 0; i < out.size(); ++i) out[i] = float_from_bf16_bits(all[static_cast<size_t>(begin) + i]);
@@ -207,6 +225,15 @@ class SafetensorsSource final : public TensorSource {
   const model::LlamaConfig& model_config() const override { return config_; }
   std::string tokenizer() const override { return tokenizer_; }
   bool has(const std::string& name) const override { return entries_.count(name) > 0; }
+  std::vector<std::string> tensor_names() const override {
+    std::vector<std::string> names;
+    for (const auto& [name, e] : entries_) names.push_back(name);
+    return names;
+  }
+  std::string file_of(const std::string& name) const override {
+    auto it = entries_.find(name);
+    return it == entries_.end() ? path_ : it->second.file;
+  }
   void read(const std::string& name, int64_t begin, std::span<float> out) override {
     auto it = entries_.find(name);
     if (it == entries_.end()) fail(path_, fmt::format("no tensor named '{}'", name));
@@ -239,6 +266,38 @@ class SafetensorsSource final : public TensorSource {
 };
 
 }  // namespace
+
+void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string& tokenizer_path, const std::string& record,
+                             const model::LlamaConfig& model, const std::string& weights) {
+  if (static_cast<int64_t>(tokenizer.vocab_size()) > model.vocab_size)
+    throw DataError(
+        fmt::format("{}: {} token ids, more than the model's vocabulary of {} ({}): not the tokenizer it was "
+                    "trained with",
+                    tokenizer_path, tokenizer.vocab_size(), model.vocab_size, weights));
+  const auto r = nlohmann::json::parse(record.empty() ? std::string("{}") : record, nullptr, false);
+  if (!r.is_object()) return;
+  const auto text = [&r](const char* key) {
+    return r.contains(key) && r[key].is_string() ? r[key].get<std::string>() : std::string();
+  };
+  std::string want = text("hash"), name = text("name");
+  if (want.empty()) {
+    // A Hugging Face directory records no hash, only its tokenizer.json: that file is the model's tokenizer.
+    const std::string path = text("path");
+    std::error_code ec;
+    if (path.empty() || !fs::is_regular_file(path, ec) || fs::equivalent(path, tokenizer_path, ec)) return;
+    try {
+      want = data::Tokenizer::load(path).hash();
+      name = path;
+    } catch (const DataError&) {
+      return;  // unreadable: nothing to compare with (generation then reads the named one, as asked)
+    }
+  }
+  if (tokenizer.hash() != want)
+    throw DataError(
+        fmt::format("{}: tokenizer {} is not the one {} was trained with ({}, {}): its ids would mean other "
+                    "text; give that tokenizer, or none (the weights name theirs)",
+                    tokenizer_path, tokenizer.hash(), weights, name.empty() ? "?" : name, want));
+}
 
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
   if (fs::is_directory(path)) {

@@ -15,6 +15,7 @@ namespace {
 struct ConsolidateOptions {
   std::string checkpoint, output, format = "hdf5", dtype = "fp32", tokenizer;
   double max_shard_gib = 2.0;
+  bool tokenizer_unchecked = false;
 };
 
 int run_consolidate(const ConsolidateOptions& o) {
@@ -22,6 +23,10 @@ int run_consolidate(const ConsolidateOptions& o) {
   e.format = checkpoint::parse_export_format(o.format);
   e.dtype = parse_dtype(o.dtype);
   e.tokenizer = o.tokenizer;
+  if (o.tokenizer_unchecked) {
+    if (o.tokenizer.empty()) throw UsageError("--tokenizer-unchecked: only with --tokenizer");
+    e.tokenizer_check = checkpoint::TokenizerCheck::LoadOnly;
+  }
   // Below one MiB a safetensors file would hold a handful of values; a negative or non-finite size is a typo.
   if (!(o.max_shard_gib >= 1.0 / 1024 && o.max_shard_gib <= 1024 * 1024))
     throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576",
@@ -32,12 +37,12 @@ int run_consolidate(const ConsolidateOptions& o) {
     const std::string latest = checkpoint::find_latest(path);
     if (!latest.empty()) path = latest;
   }
-  if (e.tokenizer.empty()) {
+  if (e.tokenizer.empty() && e.format == checkpoint::ExportFormat::Safetensors) {
     // The tokenizer the checkpoint names, relative to the folder its run started in: found from here too.
     try {
       const auto j = nlohmann::json::parse(checkpoint::CheckpointReader(path).tokenizer(), nullptr, false);
       const std::string recorded = j.is_object() ? j.value("path", std::string()) : std::string();
-      if (const std::string found = resolve_recorded_path(recorded, path); found != recorded) e.tokenizer = found;
+      if (const std::string found = resolve_recorded_path(recorded, path); found != recorded) e.recorded_tokenizer = found;
     } catch (const Error&) {
       // consolidate() reports an unreadable checkpoint itself
     }
@@ -98,7 +103,9 @@ Command add_consolidate_command(CLI::App& parent) {
   c.app->add_option("--format", o->format, "hdf5 or safetensors")->capture_default_str();
   c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->capture_default_str();
   c.app->add_option("--tokenizer", o->tokenizer,
-                    "tokenizer to ship with safetensors (default: the one the checkpoint names)");
+                    "safetensors: tokenizer to ship, which must be the checkpoint's (default: the one it names)");
+  c.app->add_flag("--tokenizer-unchecked", o->tokenizer_unchecked,
+                  "ship --tokenizer without comparing it with the checkpoint's (another file form of the same vocabulary)");
   c.app->add_option("--max-shard-gib", o->max_shard_gib, "safetensors: split files above this size")->capture_default_str();
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_consolidate(*o); };
@@ -111,7 +118,7 @@ Command add_checkpoint_command(CLI::App& parent) {
   Command c;
   c.app = parent.add_subcommand("checkpoint", "inspect checkpoints");
   CLI::App* info = c.app->add_subcommand("info", "print step, config, tensors and sizes; --verify reads every checksum");
-  info->add_option("path", *path, "a checkpoint directory")->required();
+  info->add_option("path", *path, "a checkpoint directory (step_N)")->required();
   info->add_flag("--verify", *verify, "read every dataset so HDF5 verifies its Fletcher32 checksums");
   c.app->require_subcommand(1);
   c.launch = Launch::Offline;

@@ -1,6 +1,7 @@
 // `shardtrain generate`: sample text from a checkpoint (sharded or full), a consolidated HDF5 file or a
 // Hugging Face directory, with a key/value cache. Offline: one process, the CPU backend.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 
@@ -27,6 +28,9 @@ struct GenerateOptions {
 };
 
 int run_generate(const GenerateOptions& o) {
+  // validate() refuses NaN; an infinite temperature flattens every distribution to uniform noise.
+  if (std::isinf(o.sampling.temperature))
+    throw UsageError(fmt::format("--temperature {}: expected a finite number >= 0 (0 = greedy)", o.sampling.temperature));
   model::validate(o.sampling);
   if (o.max_tokens <= 0) throw UsageError(fmt::format("--max-tokens {}: expected a positive count", o.max_tokens));
   auto source = checkpoint::open_tensor_source(o.checkpoint);
@@ -38,8 +42,10 @@ int run_generate(const GenerateOptions& o) {
   }
   if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));
   const data::Tokenizer tokenizer = data::Tokenizer::load(tok_path);
-
   const model::LlamaConfig config = source->model_config();
+  // Another tokenizer's ids mean other text: without this, sampling prints fluent-looking garbage.
+  checkpoint::check_tokenizer_matches(tokenizer, tok_path, source->tokenizer(), config, source->path());
+
   auto ops = ops::make_cpu_ops({usable_cores()});
   model::LlamaModel llama(config, *ops);
   model::DenseParams params(llama.spec());

@@ -18,11 +18,20 @@ namespace shardtrain::checkpoint {
 enum class ExportFormat { Hdf5, Safetensors };
 ExportFormat parse_export_format(std::string_view text);  // hdf5 | safetensors; throws UsageError
 
+// Whether a tokenizer named for the export must be the checkpoint's (Match), or need only load (LoadOnly: another
+// file form of the same vocabulary, say a tokenizer.json for the tiktoken file the run used).
+enum class TokenizerCheck { Match, LoadOnly };
+
 struct ExportOptions {
   ExportFormat format = ExportFormat::Hdf5;
   DType dtype = DType::F32;                      // F32 or BF16 (round to nearest even)
   uint64_t max_shard_bytes = uint64_t{2} << 30;  // safetensors: above this, model-0000k-of-0000n files + index
-  std::string tokenizer;                         // tokenizer file/folder to ship; "" = the one the checkpoint names
+  // Safetensors only: a tokenizer file or folder the user named, which must load and fit the weights (no more ids
+  // than the model's vocabulary, the hash the checkpoint records): DataError naming it otherwise. "" = the one the
+  // checkpoint names, shipped when it loads and still fits (a note says why not otherwise).
+  std::string tokenizer;
+  TokenizerCheck tokenizer_check = TokenizerCheck::Match;
+  std::string recorded_tokenizer;  // where the checkpoint's recorded tokenizer was found, when not at its recorded path
 };
 
 struct ExportSummary {
@@ -33,7 +42,9 @@ struct ExportSummary {
 };
 
 // Writes `output` (a file for HDF5, a directory for safetensors), refusing to overwrite an existing
-// path. One tensor in memory at a time.
+// path (UsageError, before any work; so are "" and, for HDF5, a name ending in '/'). It is written under a
+// temporary name of its own (OUT.tmp-PID) and renamed when complete; a failure removes that temporary and
+// nothing else. One tensor in memory at a time.
 ExportSummary consolidate(const std::string& checkpoint_dir, const std::string& output, const ExportOptions& options);
 
 // A full tensor held in memory: its Hugging Face name, shape and fp32 values (as many as the shape holds).
