@@ -43,7 +43,8 @@ Command add_prepare_data_command(CLI::App& parent) {
       ->check(CLI::Range(0.0, 0.999));
   app->add_option("--seed", o->seed, "seed of the train/validation choice")->capture_default_str();
   app->add_option("--threads", o->threads,
-                  "tokenizer threads (0: every core this process may use, e.g. Slurm's --cpus-per-task)")
+                  "tokenizer threads (0: every core this process may use, e.g. Slurm's --cpus-per-task; more than 1024 "
+                  "are cut to 1024)")
       ->capture_default_str()
       ->check(count_range(0, 65536));
   auto batch_mb = std::make_shared<size_t>(o->batch_bytes >> 20);

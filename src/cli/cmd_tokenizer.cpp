@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -13,6 +14,7 @@
 #include "command.hpp"
 #include "shardtrain/data/bpe_trainer.hpp"
 #include "shardtrain/data/documents.hpp"
+#include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -32,7 +34,9 @@ struct TokenizerArgs {
   bool blank_lines = false;
   std::string text_field = "text";
   std::string tokenizer;
+  bool overwrite = false;
   std::string text;
+  bool text_given = false;  // --text, even empty
   std::string input_file;
   bool json = false;
   bool recognize_special = false;
@@ -40,16 +44,29 @@ struct TokenizerArgs {
 };
 
 std::string read_input(const TokenizerArgs& a) {
-  if (!a.text.empty()) return a.text;
+  if (a.text_given) return a.text;
   if (!a.input_file.empty() && a.input_file != "-") {
+    // A folder opens as a stream and fails only while being read, which the library throws as an exception of
+    // its own (an "internal error").
+    if (std::error_code ec; std::filesystem::is_directory(a.input_file, ec))
+      throw DataError(fmt::format("{}: is a folder; --input takes a file to encode", a.input_file));
     std::ifstream in(a.input_file, std::ios::binary);
     if (!in) throw DataError(fmt::format("{}: cannot open for reading", a.input_file));
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    std::string text(std::istreambuf_iterator<char>(in), {});
+    if (in.bad()) throw DataError(fmt::format("{}: cannot read it", a.input_file));
+    return text;
   }
   return std::string(std::istreambuf_iterator<char>(std::cin), {});
 }
 
 int run_train(const TokenizerArgs& a) {
+  // The output is checked before any work, as prepare-data's is: an existing file (the training text itself, once)
+  // was replaced without a word, and a name that Tokenizer::load cannot read back was found only after training.
+  const auto existing = a.overwrite ? data::ExistingOutput::Replace : data::ExistingOutput::Refuse;
+  data::check_output_path(a.output, existing, "tokenizer train");
+  if (std::filesystem::path(a.output).extension() != ".json")
+    throw UsageError(
+        fmt::format("{}: a tokenizer.json's name must end in .json (loading picks the format by it)", a.output));
   data::BpeTrainOptions o;
   o.vocab_size = a.vocab_size;
   o.special_tokens = a.specials;
@@ -59,14 +76,11 @@ int run_train(const TokenizerArgs& a) {
   o.documents.format = data::parse_input_format(a.format);
   o.documents.split = a.blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
   o.documents.text_field = a.text_field;
-  const auto files = data::expand_inputs(a.inputs);
+  const auto files = data::expand_inputs(a.inputs, a.output);
   const auto r = data::train_bpe(files, o);
-  std::ofstream out(a.output, std::ios::binary);
-  if (!out) throw IoError(fmt::format("{}: cannot open for writing", a.output));
-  out << r.tokenizer_json;
-  out.close();
-  if (!out) throw IoError(fmt::format("{}: write failed", a.output));
-  const auto check = data::Tokenizer::load(a.output);  // what we wrote must load back
+  const auto check = data::Tokenizer::from_json_text(r.tokenizer_json, a.output);  // what we write must load back
+  data::write_file_into_place(a.output, r.tokenizer_json, existing,
+                              "a tokenizer is not replaced unless asked (tokenizer train --overwrite)");
   log::info("tokenizer train: {} files, {:.1f} MB, {} distinct words -> vocab {} ({} merges) in {:.1f}s; wrote {} ({})",
             files.size(), static_cast<double>(r.input_bytes) / 1e6, r.unique_words, check.vocab_size(), r.merges, r.seconds,
             a.output, check.hash());
@@ -148,14 +162,24 @@ Command add_tokenizer_command(CLI::App& parent) {
       ->add_option("--input,-i", args->inputs,
                    "text or JSONL files (plain, .gz or .zst), Parquet or Arrow files, or folders of them")
       ->required();
-  train->add_option("--output,-o", args->output, "tokenizer.json to write")->capture_default_str();
+  train->add_option("--output,-o", args->output, "tokenizer.json to write (an existing one only with --overwrite)")
+      ->capture_default_str();
+  train->add_flag("--overwrite", args->overwrite, "replace an existing output (by a whole new file, once it is written)");
   train->add_option("--vocab-size", args->vocab_size, "vocabulary size: special tokens + 256 bytes + merges")
       ->capture_default_str()
       ->check(CLI::Range(size_t{260}, size_t{1} << 24));
-  train->add_option("--special", args->specials, "special tokens, given ids 0, 1, ...")->capture_default_str();
+  // Taken as written: CLI11 reads a value in brackets as a list ("[BOT]" became BOT, "[a,b]" two tokens), and
+  // brackets are how special tokens are usually written.
+  train
+      ->add_option("--special", args->specials,
+                   "a special token, taken as written (repeat the option for each); given ids 0, 1, ...")
+      ->capture_default_str()
+      ->allow_extra_args(false);
   train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's");
   train->add_option("--min-frequency", args->min_frequency, "stop when the best pair is rarer")->capture_default_str();
-  train->add_option("--threads", args->threads, "word-counting threads (0: every core this process may use)")
+  train
+      ->add_option("--threads", args->threads,
+                   "word-counting threads (0: every core this process may use; more than 1024 are cut to 1024)")
       ->capture_default_str()
       ->check(count_range(0, 65536));
   train->add_option("--format", args->format, "auto, text, jsonl, parquet or arrow")->capture_default_str();
@@ -165,8 +189,9 @@ Command add_tokenizer_command(CLI::App& parent) {
 
   auto* encode = app->add_subcommand("encode", "print the token ids of text (--text, --input FILE, or stdin)");
   encode->add_option("--tokenizer,-t", args->tokenizer, "*.tiktoken, tokenizer.json, or a folder")->required();
-  encode->add_option("--text", args->text, "the text to encode");
-  encode->add_option("--input,-i", args->input_file, "file to encode ('-': stdin)");
+  auto* text_option = encode->add_option("--text", args->text, "the text to encode");
+  // One source: --input given with --text used to be ignored without a word.
+  encode->add_option("--input,-i", args->input_file, "file to encode ('-': stdin)")->excludes(text_option);
   encode->add_flag("--json", args->json, "print a JSON object with the ids");
   encode->add_flag("--special", args->recognize_special, "encode special-token text as the special token");
 
@@ -180,7 +205,8 @@ Command add_tokenizer_command(CLI::App& parent) {
   Command c;
   c.app = app;
   c.launch = Launch::Offline;
-  c.run = [args, train, encode, decode, info](Runtime*) {
+  c.run = [args, train, encode, decode, info, text_option](Runtime*) {
+    args->text_given = text_option->count() > 0;
     if (train->parsed()) return run_train(*args);
     if (encode->parsed()) return run_encode(*args);
     if (decode->parsed()) return run_decode(*args);

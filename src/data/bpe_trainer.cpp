@@ -19,6 +19,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/topology.hpp"
+#include "thread_pool.hpp"
 #include "tokenizer_model.hpp"
 
 namespace shardtrain::data {
@@ -76,37 +77,43 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
     throw UsageError(fmt::format("--vocab-size {} is too small: it must hold the 256 bytes and {} special tokens",
                                  options.vocab_size, n_special));
   if (files.empty()) throw UsageError("tokenizer train: no input files");
+  // Refused here as the loader refuses them: an empty special token matches everywhere without advancing (encode
+  // --special never ended), and a second one of the same text gets an id that no text produces.
+  for (size_t i = 0; i < n_special; ++i) {
+    if (options.special_tokens[i].empty())
+      throw UsageError(fmt::format("--special: special token {} is empty (a special token needs text)", i));
+    for (size_t k = 0; k < i; ++k)
+      if (options.special_tokens[k] == options.special_tokens[i])
+        throw UsageError(
+            fmt::format("--special: '{}' is given twice (special tokens {} and {})", options.special_tokens[i], k, i));
+  }
+  const int threads = resolve_thread_count(options.threads);
   const std::string pattern = options.split_pattern.empty() ? std::string(llama3_split_pattern()) : options.split_pattern;
   const detail::Regex regex(pattern, "--pattern");
 
   // 1. Word counts, one map per thread over a shared file cursor.
-  const int threads = options.threads > 0 ? options.threads : usable_cores();
   std::vector<WordCounts> partial(static_cast<size_t>(threads));
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> bytes{0};
   std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   {
     ProgressBar bar({.label = "count words", .total = files.size(), .unit = "files", .style = options.progress});
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        try {
-          // Freed however the thread ends (a bad input file throws out of the loop).
-          const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-              pcre2_match_data_create_from_pattern(regex.code(), nullptr), pcre2_match_data_free);
-          for (size_t i; (i = next.fetch_add(1)) < files.size();) {
-            for_each_document(files[i], options.documents, [&](std::string&& doc) {  // streamed: files of any size
-              count_words(regex, doc, partial[static_cast<size_t>(t)], md.get());
-              bytes += doc.size();
-            });
-            bar.advance(1);
-          }
-        } catch (...) {
-          errors[static_cast<size_t>(t)] = std::current_exception();
+    run_on_threads(static_cast<size_t>(threads), [&](size_t t) {
+      try {
+        // Freed however the thread ends (a bad input file throws out of the loop).
+        const std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+            pcre2_match_data_create_from_pattern(regex.code(), nullptr), pcre2_match_data_free);
+        for (size_t i; (i = next.fetch_add(1)) < files.size();) {
+          for_each_document(files[i], options.documents, [&](std::string&& doc) {  // streamed: files of any size
+            count_words(regex, doc, partial[t], md.get());
+            bytes += doc.size();
+          });
+          bar.advance(1);
         }
-      });
-    }
-    for (auto& th : pool) th.join();
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
   }
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);

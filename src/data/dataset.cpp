@@ -124,38 +124,6 @@ std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string&
   return {reinterpret_cast<const TokenId*>(static_cast<const char*>(m) + (offset - start)), count};
 }
 
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  const int rc = fd < 0 ? -1 : ::fsync(fd);
-  const int err = errno;
-  if (fd >= 0) ::close(fd);
-  if (rc != 0) throw IoError(fmt::format("{}: cannot flush it to disk: {}", path, std::strerror(err)));
-}
-
-// Moves the finished file into place. Refuse: never over a file, even one that appeared since the start (an
-// atomic no-replace rename where the file system has one; otherwise checked just before).
-void move_into_place(const std::string& tmp, const std::string& path, ExistingOutput existing) {
-  namespace fs = std::filesystem;
-  const auto exists_error = [&] {
-    return UsageError(
-        fmt::format("{}: already exists; a dataset is not replaced unless asked (prepare-data --overwrite); the new one "
-                    "was not kept",
-                    path));
-  };
-  if (existing == ExistingOutput::Refuse) {
-    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return;
-    if (errno == EEXIST) throw exists_error();
-    if (errno != EINVAL && errno != ENOSYS)
-      throw IoError(
-          fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, std::strerror(errno)));
-    std::error_code ec;
-    if (fs::exists(path, ec)) throw exists_error();
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw IoError(fmt::format("{}: cannot move the finished dataset into place from {}: {}", path, tmp, ec.message()));
-}
-
 }  // namespace
 
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
@@ -180,7 +148,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
     if (v < validation.size() && validation[v] == static_cast<int64_t>(d)) ++v;
     else train.push_back(static_cast<int64_t>(d));
   }
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  const std::string tmp = output_temporary(path);
   struct RemoveUnlessMoved {  // a failed write leaves nothing behind
     const std::string& p;
     bool moved = false;
@@ -229,11 +197,11 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   split = hdf5::Handle();
   hdf5::record_metadata_checksums(f);
   f.close();
-  fsync_file(tmp);  // on disk before it takes the name: a crash leaves the old file or the whole new one
-  move_into_place(tmp, path, existing);
+  fsync_path(tmp);  // on disk before it takes the name: a crash leaves the old file or the whole new one
+  move_into_place(tmp, path, existing, "a dataset is not replaced unless asked (prepare-data --overwrite)");
   guard.moved = true;
   const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
-  fsync_file(dir.string());  // the rename itself
+  fsync_path(dir.string());  // the rename itself
 }
 
 namespace {
@@ -255,6 +223,9 @@ std::optional<TokenId> optional_id(int64_t v) {
 TokenDataset TokenDataset::open(const std::string& path) {
   TokenDataset ds;
   ds.path_ = path;
+  // HDF5 says only "no such file" of a folder.
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw DataError(fmt::format("{}: is a folder, not a dataset file (expected the .h5 file prepare-data wrote)", path));
   auto f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
   // Every attribute, layout and link against its checksum, before any of them is believed.
   try {

@@ -11,11 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "input_file.hpp"
 #include "shardtrain/data/arrow_ipc.hpp"
+#include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/parquet.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::data {
 
@@ -76,13 +79,28 @@ std::optional<std::vector<std::string>> hf_dataset_files(const std::string& fold
                     "files that save_to_disk writes)",
                     (dir / "state.json").string()));
   std::vector<std::string> files;
+  std::set<std::string> listed;
+  const std::string state_path = (dir / "state.json").string();
   for (const auto& entry : state["_data_files"]) {
     if (!entry.is_object() || !entry.contains("filename") || !entry["filename"].is_string())
+      throw DataError(fmt::format("{}: an entry of \"_data_files\" has no \"filename\" string", state_path));
+    // save_to_disk writes its Arrow files beside state.json. A downloaded folder's state.json decides what goes
+    // into a training set, so it names nothing else: no path out of the folder (../, /etc/...), no file twice.
+    const std::string name = entry["filename"].get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
       throw DataError(
-          fmt::format("{}: an entry of \"_data_files\" has no \"filename\" string", (dir / "state.json").string()));
-    const fs::path file = dir / entry["filename"].get<std::string>();
+          fmt::format("{}: \"_data_files\" lists '{}', which is not a file name in the folder (expected "
+                      "the name of an Arrow file beside state.json, as save_to_disk writes)",
+                      state_path, name));
+    if (fs::path(name).extension() != ".arrow")
+      throw DataError(
+          fmt::format("{}: \"_data_files\" lists '{}', which is not an Arrow file (*.arrow, as "
+                      "save_to_disk writes)",
+                      state_path, name));
+    if (!listed.insert(name).second) throw DataError(fmt::format("{}: \"_data_files\" lists '{}' twice", state_path, name));
+    const fs::path file = dir / name;
     if (!fs::is_regular_file(file, ec))
-      throw DataError(fmt::format("{}: lists {}, which is not there", (dir / "state.json").string(), file.string()));
+      throw DataError(fmt::format("{}: lists {}, which is not there", state_path, file.string()));
     files.push_back(file.string());
   }
   return files;
@@ -90,7 +108,51 @@ std::optional<std::vector<std::string>> hf_dataset_files(const std::string& fold
 
 }  // namespace
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
+namespace {
+
+// The files of a folder given whole, in expand_inputs' order. Folders are compared where they lead, so that a
+// symbolic link loop (which the listing would follow 40 levels deep, reading every file at each) or a second link
+// to one folder is refused instead of reading the same files again.
+void list_folder(const std::string& folder, const std::string& output, std::vector<std::string>& out) {
+  namespace fs = std::filesystem;
+  std::set<fs::path> folders{fs::canonical(folder)};
+  // Sorted by path; a save_to_disk folder inside keeps its own order, sorted where its folder falls.
+  std::vector<std::pair<std::string, std::vector<std::string>>> found;
+  for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::follow_directory_symlink);
+       it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path& path = it->path();
+    if (path.filename().string().starts_with(".")) {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_directory()) {
+      if (!folders.insert(fs::canonical(path)).second) {
+        it.disable_recursion_pending();
+        throw DataError(
+            fmt::format("{}: leads to {}, a folder already read (a symbolic link loop, or a second link to "
+                        "one folder); its files would be read twice",
+                        path.string(), fs::canonical(path).string()));
+      }
+      if (auto files = hf_dataset_files(path.string())) {
+        it.disable_recursion_pending();
+        found.emplace_back(path.string() + "/", std::move(*files));
+      }
+    } else if (it->is_regular_file()) {
+      if (is_output_or_temporary(path, output)) {
+        log::info("{}: left out of the inputs: it is the output, or a temporary file of it", path.string());
+        continue;
+      }
+      found.emplace_back(path.string(), std::vector<std::string>{path.string()});
+    }
+  }
+  if (found.empty()) throw DataError(fmt::format("{}: folder has no files", folder));
+  std::sort(found.begin(), found.end());
+  for (auto& [key, files] : found) out.insert(out.end(), files.begin(), files.end());
+}
+
+}  // namespace
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const auto& in : inputs) {
@@ -100,27 +162,15 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
         out.insert(out.end(), files->begin(), files->end());
         continue;
       }
-      // Sorted by path; a save_to_disk folder inside keeps its own order, sorted where its folder falls.
-      std::vector<std::pair<std::string, std::vector<std::string>>> found;
-      for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink);
-           it != fs::recursive_directory_iterator(); ++it) {
-        if (it->path().filename().string().starts_with(".")) {
-          if (it->is_directory()) it.disable_recursion_pending();
-          continue;
-        }
-        if (it->is_directory()) {
-          if (auto files = hf_dataset_files(it->path().string())) {
-            it.disable_recursion_pending();
-            found.emplace_back(it->path().string() + "/", std::move(*files));
-          }
-        } else if (it->is_regular_file()) {
-          found.emplace_back(it->path().string(), std::vector<std::string>{it->path().string()});
-        }
+      try {
+        list_folder(in, output, out);
+      } catch (const fs::filesystem_error& e) {  // a link to itself, a folder that cannot be read
+        throw DataError(
+            fmt::format("{}: cannot list it: {}", e.path1().empty() ? in : e.path1().string(), e.code().message()));
       }
-      if (found.empty()) throw DataError(fmt::format("{}: folder has no files", in));
-      std::sort(found.begin(), found.end());
-      for (auto& [key, files] : found) out.insert(out.end(), files.begin(), files.end());
     } else if (fs::exists(in, ec)) {
+      if (!output.empty() && is_output_or_temporary(in, output))
+        throw UsageError(fmt::format("{}: is both an input and the output; writing it would replace the input", in));
       out.push_back(in);
     } else {
       throw DataError(fmt::format("{}: input not found", in));
@@ -225,7 +275,12 @@ std::string document_text(RawDocument&& raw, const std::string& path, const Docu
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
   }
-  if (!j.is_object() || !j.contains(options.text_field))
+  if (!j.is_object())
+    throw DataError(
+        fmt::format("{}:{}: not a JSON object (a JSON {}; JSONL inputs need one object per line with a "
+                    "\"{}\" string)",
+                    path, raw.line, j.type_name(), options.text_field));
+  if (!j.contains(options.text_field))
     throw DataError(
         fmt::format("{}:{}: field \"{}\" is missing (JSONL inputs need one object per line with a \"{}\" "
                     "string; --text-field picks another)",
@@ -250,7 +305,12 @@ std::vector<TokenId> document_ids(RawDocument&& raw, const std::string& path, co
     throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
   }
   const std::string& field = options.token_field;
-  if (!j.is_object() || !j.contains(field))
+  if (!j.is_object())
+    throw DataError(
+        fmt::format("{}:{}: not a JSON object (a JSON {}; pre-tokenized JSONL needs one object per line "
+                    "with a \"{}\" array of token ids)",
+                    path, raw.line, j.type_name(), field));
+  if (!j.contains(field))
     throw DataError(
         fmt::format("{}:{}: field \"{}\" is missing (pre-tokenized JSONL needs one object per line with "
                     "a \"{}\" array of token ids)",

@@ -20,10 +20,12 @@
 #include <thread>
 
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/topology.hpp"
+#include "thread_pool.hpp"
 
 namespace shardtrain::data {
 
@@ -101,32 +103,28 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
   std::atomic<size_t> cursor{0};
   std::atomic<bool> failed{false};
   std::vector<std::pair<size_t, std::exception_ptr>> errors(encoders.size(), {n, nullptr});
-  std::vector<std::thread> pool;
   constexpr size_t chunk = 16;
-  for (size_t t = 0; t < encoders.size(); ++t) {
-    pool.emplace_back([&, t] {
-      size_t d = 0;
-      try {
-        for (size_t begin; !failed && (begin = cursor.fetch_add(chunk)) < n;) {
-          for (d = begin; d < std::min(n, begin + chunk); ++d) {
-            if (!options.token_field.empty()) {  // already tokenized: the ids as they are
-              ids[d] = document_ids(std::move(batch.docs[d]), files[batch.file[d]], options);
-              skipped[d] = ids[d].empty();
-              continue;
-            }
-            const std::string text = document_text(std::move(batch.docs[d]), files[batch.file[d]], options);
-            text_bytes[d] = text.size();
-            if (text.empty()) skipped[d] = 1;
-            else ids[d] = encoders[t]->encode(text);
+  run_on_threads(encoders.size(), [&](size_t t) {
+    size_t d = 0;
+    try {
+      for (size_t begin; !failed && (begin = cursor.fetch_add(chunk)) < n;) {
+        for (d = begin; d < std::min(n, begin + chunk); ++d) {
+          if (!options.token_field.empty()) {  // already tokenized: the ids as they are
+            ids[d] = document_ids(std::move(batch.docs[d]), files[batch.file[d]], options);
+            skipped[d] = ids[d].empty();
+            continue;
           }
+          const std::string text = document_text(std::move(batch.docs[d]), files[batch.file[d]], options);
+          text_bytes[d] = text.size();
+          if (text.empty()) skipped[d] = 1;
+          else ids[d] = encoders[t]->encode(text);
         }
-      } catch (...) {
-        errors[t] = {d, std::current_exception()};
-        failed = true;
       }
-    });
-  }
-  for (auto& th : pool) th.join();
+    } catch (...) {
+      errors[t] = {d, std::current_exception()};
+      failed = true;
+    }
+  });
   const auto first =
       std::min_element(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   if (first->second) std::rethrow_exception(first->second);
@@ -138,22 +136,15 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
   if (options.inputs.empty()) throw UsageError("prepare-data: no --input given");
-  if (std::error_code ec; options.existing == ExistingOutput::Refuse && fs::exists(options.output, ec))
-    throw UsageError(fmt::format("{}: already exists; prepare-data does not replace a dataset unless asked (--overwrite)",
-                                 options.output));
-  // The output's folder must exist before any work: a typo in it would otherwise show only after the whole corpus.
-  if (const auto dir = fs::path(options.output).parent_path(); !dir.empty()) {
-    std::error_code ec;
-    if (!fs::is_directory(dir, ec))
-      throw UsageError(fmt::format("{}: the output's folder {} does not exist{} (prepare-data makes no folders)",
-                                   options.output, dir.string(), fs::exists(dir, ec) ? " as a folder" : ""));
-  }
-  if (options.validation_fraction < 0 || options.validation_fraction >= 1)
+  check_output_path(options.output, options.existing, "prepare-data");
+  // Written so that NaN fails too.
+  if (!(options.validation_fraction >= 0 && options.validation_fraction < 1))
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
+  const int threads = resolve_thread_count(options.threads);
+  const auto files = expand_inputs(options.inputs, options.output);  // first: an input that is the output is a UsageError
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
   DocumentOptions documents = options.documents;
   documents.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());
-  const auto files = expand_inputs(options.inputs);
 
   PrepareSummary summary;
   summary.files = files.size();
@@ -166,7 +157,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   // Pass 1: documents read in batches of about batch_bytes on a thread of their own, tokenized on all cores,
   // their ids appended to a temporary file beside the output (removed however this ends) and their lengths to
   // the offsets.
-  const std::string tokens_tmp_path = fmt::format("{}.tokens-tmp-{}", options.output, ::getpid());
+  const std::string tokens_tmp_path = output_temporary(options.output, "tokens-tmp");
   struct RemoveOnExit {
     const std::string& p;
     ~RemoveOnExit() {
@@ -177,7 +168,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::ofstream tokens_tmp(tokens_tmp_path, std::ios::binary | std::ios::trunc);
   if (!tokens_tmp)
     throw IoError(fmt::format("{}: cannot create the temporary token file: {}", tokens_tmp_path, std::strerror(errno)));
-  const int threads = options.threads > 0 ? options.threads : usable_cores();
   summary.threads = threads;
   std::vector<std::unique_ptr<Encoder>> encoders;  // kept across batches: their piece caches stay warm
   for (int t = 0; t < threads; ++t) encoders.push_back(std::make_unique<Encoder>(tokenizer));
@@ -195,7 +185,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
     // while the last is tokenized (on a node of many cores the serial reading would otherwise add to the time).
     BatchQueue queue;
     struct Stopped {};
-    std::thread reader([&] {
+    std::thread reader = start_thread("the reading thread", [&] {
       Batch batch;
       std::exception_ptr error;
       try {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
+#include <type_traits>
+#include <unordered_map>
 
 #include "shardtrain/runtime/error.hpp"
 #include "tokenizer_model.hpp"
@@ -16,6 +18,73 @@ namespace shardtrain::data::detail {
 namespace {
 
 using nlohmann::json;
+
+// Token ids a file may give: below the largest vocabulary shardtrain trains (2^24). A larger one would size the id
+// table by itself (an id of 2000000000 ended in std::bad_alloc), and one past 2^32 would wrap to another id.
+constexpr uint64_t kTokenIdLimit = uint64_t{1} << 24;
+
+// "an object", "a string": what a JSON value is, for the messages.
+std::string kind_of(const json& v) {
+  const std::string t = v.type_name();
+  return (std::string_view("aeiou").find(t[0]) != std::string_view::npos ? "an " : "a ") + t;
+}
+
+// The id `v` of `what` ("vocab entry 'a'"), or a DataError naming it.
+TokenId token_id(const json& v, const std::string& where, const std::string& what) {
+  if (!v.is_number_unsigned()) throw DataError(fmt::format("{}: {} has no integer id", where, what));
+  const uint64_t id = v.get<uint64_t>();
+  if (id >= kTokenIdLimit)
+    throw DataError(fmt::format("{}: {} has id {}, out of range (ids must be below {})", where, what, id, kTokenIdLimit));
+  return static_cast<TokenId>(id);
+}
+
+// obj[key] when it is there and not null, else `fallback`; one of another type is a DataError naming the field
+// (`name`, e.g. "model.byte_fallback") and what it holds, where the JSON library's own message names neither.
+template <typename T>
+T typed_field(const json& obj, const char* key, T fallback, const std::string& path, const std::string& name) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
+  const json& v = obj[key];
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean())
+      throw DataError(fmt::format("{}: field '{}' should be true or false, not {}", path, name, kind_of(v)));
+  } else {
+    if (!v.is_string()) throw DataError(fmt::format("{}: field '{}' should be a string, not {}", path, name, kind_of(v)));
+  }
+  return v.get<T>();
+}
+
+// A section that is an object or null (absent); anything else is a DataError naming it.
+const json& object_or_null(const json& v, const std::string& path, const std::string& name) {
+  if (!v.is_null() && !v.is_object())
+    throw DataError(fmt::format("{}: field '{}' should be an object or null, not {}", path, name, kind_of(v)));
+  return v;
+}
+
+// added_tokens: [{"id": N, "content": "...", "special": true, ...}], each one a special token. An empty content
+// would match everywhere without advancing (encode --special never ended), and a content given twice leaves an id
+// that no text produces, so both are refused, naming the entry.
+void load_added_tokens(TokenizerModel& m, const json& j, const std::string& path) {
+  if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return;
+  const json& added = j["added_tokens"];
+  if (!added.is_array())
+    throw DataError(fmt::format("{}: field 'added_tokens' should be an array, not {}", path, kind_of(added)));
+  std::unordered_map<std::string, size_t> seen;
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& t = added[i];
+    const std::string name = fmt::format("added_tokens[{}]", i);
+    if (!t.is_object()) throw DataError(fmt::format("{}: field '{}' should be an object, not {}", path, name, kind_of(t)));
+    if (!t.contains("content")) throw DataError(fmt::format("{}: field '{}.content' is missing", path, name));
+    const std::string content = typed_field(t, "content", std::string(), path, name + ".content");
+    if (content.empty())
+      throw DataError(fmt::format("{}: field '{}.content' is empty (a special token needs text)", path, name));
+    typed_field(t, "special", true, path, name + ".special");
+    const TokenId id = token_id(t.contains("id") ? t["id"] : json(), path, name);
+    if (const auto [it, fresh] = seen.emplace(content, i); !fresh)
+      throw DataError(fmt::format("{}: {} has the content '{}' of added_tokens[{}] (each special token once)", path, name,
+                                  content, it->second));
+    m.specials.push_back({content, id});
+  }
+}
 
 int base64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -90,13 +159,13 @@ void load_mapped_vocab(TokenizerModel& m, const json& vocab, const std::string& 
   if (!vocab.is_object()) throw DataError(fmt::format("{}: 'vocab' should be an object of token -> id", where));
   std::string bytes;
   for (const auto& [token, idv] : vocab.items()) {
-    if (!idv.is_number_unsigned()) throw DataError(fmt::format("{}: vocab entry '{}' has no integer id", where, token));
+    const TokenId id = token_id(idv, where, fmt::format("vocab entry '{}'", token));
     if (!unmap_byte_level(token, bytes)) {
       // Added tokens sometimes appear in the vocab unmapped (e.g. "<|endoftext|>" maps to itself anyway);
       // tokens that are not byte-level strings are only allowed when they are also added tokens.
       continue;
     }
-    add_token(m, bytes, idv.get<TokenId>(), where);
+    add_token(m, bytes, id, where);
   }
 }
 
@@ -135,22 +204,27 @@ void load_mapped_merges(TokenizerModel& m, const json& merges, const std::string
   load_merges(m, merges, where, [](std::string_view s, std::string& out) { return unmap_byte_level(s, out); });
 }
 
-void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& where, bool& byte_level_seen) {
-  if (pt.is_null()) return;
-  const std::string type = pt.value("type", "");
+// `name` is the field's path in the file ("pre_tokenizer.pretokenizers[1]"), for the messages.
+void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& where, bool& byte_level_seen,
+                         const std::string& name = "pre_tokenizer") {
+  if (object_or_null(pt, where, name).is_null()) return;
+  const std::string type = typed_field(pt, "type", std::string(), where, name + ".type");
   if (type == "Sequence") {
-    for (const auto& p : pt.at("pretokenizers")) apply_pre_tokenizer(m, p, where, byte_level_seen);
+    const json& list = pt.at("pretokenizers");
+    for (size_t i = 0; i < list.size(); ++i)
+      apply_pre_tokenizer(m, list[i], where, byte_level_seen, fmt::format("{}.pretokenizers[{}]", name, i));
   } else if (type == "ByteLevel") {
     byte_level_seen = true;
-    if (pt.value("add_prefix_space", false)) m.add_prefix_space = true;
-    if (pt.value("use_regex", true)) m.split_patterns.emplace_back(gpt2_split_pattern());
+    if (typed_field(pt, "add_prefix_space", false, where, name + ".add_prefix_space")) m.add_prefix_space = true;
+    if (typed_field(pt, "use_regex", true, where, name + ".use_regex")) m.split_patterns.emplace_back(gpt2_split_pattern());
   } else if (type == "Split") {
     const json& pattern = pt.at("pattern");
-    const std::string behavior = pt.value("behavior", "Isolated");
-    if (behavior != "Isolated" || pt.value("invert", false))
+    const std::string behavior = typed_field(pt, "behavior", std::string("Isolated"), where, name + ".behavior");
+    const bool invert = typed_field(pt, "invert", false, where, name + ".invert");
+    if (behavior != "Isolated" || invert)
       throw DataError(
           fmt::format("{}: pre_tokenizer Split with behavior '{}' (invert {}) is not supported; expected Isolated", where,
-                      behavior, pt.value("invert", false)));
+                      behavior, invert));
     if (pattern.contains("Regex")) {
       m.split_patterns.push_back(pattern["Regex"].get<std::string>());
     } else if (pattern.contains("String")) {
@@ -169,13 +243,14 @@ void apply_pre_tokenizer(TokenizerModel& m, const json& pt, const std::string& w
   }
 }
 
-void apply_normalizer(TokenizerModel& m, const json& n, const std::string& where) {
-  if (n.is_null()) return;
-  const std::string type = n.value("type", "");
+void apply_normalizer(TokenizerModel& m, const json& n, const std::string& where, const std::string& name = "normalizer") {
+  if (object_or_null(n, where, name).is_null()) return;
+  const std::string type = typed_field(n, "type", std::string(), where, name + ".type");
   if (type == "NFC") {
     m.nfc = true;
   } else if (type == "Sequence") {
-    for (const auto& e : n.at("normalizers")) apply_normalizer(m, e, where);
+    const json& list = n.at("normalizers");
+    for (size_t i = 0; i < list.size(); ++i) apply_normalizer(m, list[i], where, fmt::format("{}.normalizers[{}]", name, i));
   } else {
     throw DataError(
         fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers use none or NFC)", where, type));
@@ -281,8 +356,7 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
   if (!vocab.is_object()) throw DataError(fmt::format("{}: 'vocab' should be an object of token -> id", path));
   std::array<bool, 256> have{};
   for (const auto& [token, idv] : vocab.items()) {
-    if (!idv.is_number_unsigned()) throw DataError(fmt::format("{}: vocab entry '{}' has no integer id", path, token));
-    const TokenId id = idv.get<TokenId>();
+    const TokenId id = token_id(idv, path, fmt::format("vocab entry '{}'", token));
     if (const int b = byte_token(token); b >= 0) {  // kept out of bytes_to_id: characters look up their own tokens
       if (id >= m.id_to_bytes.size()) m.id_to_bytes.resize(id + 1);
       m.id_to_bytes[id] = std::string(1, static_cast<char>(b));
@@ -295,9 +369,7 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
   for (int b = 0; b < 256; ++b)
     if (!have[static_cast<size_t>(b)])
       throw DataError(fmt::format("{}: byte_fallback is set but the vocabulary has no <0x{:02X}> token", path, b));
-  if (j.contains("added_tokens") && j["added_tokens"].is_array())
-    for (const auto& t : j["added_tokens"])
-      m.specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
+  load_added_tokens(m, j, path);
   if (const json pre = j.value("pre_tokenizer", json()); pre.is_object() && pre.value("type", "") == "Metaspace") {
     apply_metaspace(m, pre, j.value("normalizer", json()), path);
   } else if (!pre.is_null()) {
@@ -359,13 +431,16 @@ std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path) {
     const size_t sp = line.find(' ');
     if (sp == std::string::npos || !base64_decode(std::string_view(line).substr(0, sp), bytes) || bytes.empty())
       throw DataError(fmt::format("{}:{}: expected '<base64 token> <rank>'", path, lineno));
-    TokenId rank = 0;
+    uint64_t rank = 0;
     try {
-      rank = static_cast<TokenId>(std::stoul(line.substr(sp + 1)));
+      rank = std::stoull(line.substr(sp + 1));
     } catch (const std::exception&) {
       throw DataError(fmt::format("{}:{}: rank '{}' is not an integer", path, lineno, line.substr(sp + 1)));
     }
-    add_token(*m, bytes, rank, path);
+    if (rank >= kTokenIdLimit)
+      throw DataError(
+          fmt::format("{}:{}: rank {} is out of range (ids must be below {})", path, lineno, rank, kTokenIdLimit));
+    add_token(*m, bytes, static_cast<TokenId>(rank), path);
   }
   m->specials = spec->specials;
   m->split_patterns.emplace_back(spec->pattern);
@@ -390,15 +465,20 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
   m->name = p.has_parent_path() && !p.parent_path().filename().empty()
                 ? p.parent_path().filename().string() + "/" + p.filename().string()
                 : p.filename().string();
-  if (!j.contains("model") || !j["model"].is_object()) throw DataError(fmt::format("{}: field 'model' is missing", path));
+  if (!j.is_object() || !j.contains("model")) throw DataError(fmt::format("{}: field 'model' is missing", path));
   const json& model = j["model"];
-  const std::string type = model.value("type", "BPE");
+  if (!model.is_object())
+    throw DataError(fmt::format("{}: field 'model' should be an object, not {}", path, kind_of(model)));
+  const std::string type = typed_field(model, "type", std::string("BPE"), path, "model.type");
   if (type != "BPE") throw DataError(fmt::format("{}: model.type is '{}'; only byte-level BPE is supported", path, type));
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(f) && model[f].is_string() && !model[f].get<std::string>().empty())
       throw DataError(fmt::format("{}: model.{} is set; byte-level BPE expects none", path, f));
   }
-  if (model.value("byte_fallback", false)) {
+  const json decoder = object_or_null(j.value("decoder", json()), path, "decoder");
+  object_or_null(j.value("normalizer", json()), path, "normalizer");
+  object_or_null(j.value("pre_tokenizer", json()), path, "pre_tokenizer");
+  if (typed_field(model, "byte_fallback", false, path, "model.byte_fallback")) {
     try {
       load_sentencepiece_bpe(*m, j, model, path);
     } catch (const json::exception& e) {
@@ -407,16 +487,12 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
     return m;
   }
   try {
-    m->whole_piece_lookup = model.value("ignore_merges", false);
+    m->whole_piece_lookup = typed_field(model, "ignore_merges", false, path, "model.ignore_merges");
     load_mapped_vocab(*m, model.at("vocab"), path);
-    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const auto& t : j["added_tokens"])
-        m->specials.push_back({t.at("content").get<std::string>(), t.at("id").get<TokenId>()});
-    }
+    load_added_tokens(*m, j, path);
     bool byte_level = false;
     apply_normalizer(*m, j.value("normalizer", json()), path);
     apply_pre_tokenizer(*m, j.value("pre_tokenizer", json()), path, byte_level);
-    const json decoder = j.value("decoder", json());
     if (!byte_level && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel"))
       throw DataError(
           fmt::format("{}: neither pre_tokenizer nor decoder is ByteLevel; only byte-level BPE is supported", path));

@@ -400,6 +400,33 @@ TEST(Arrow, FoldersOfTheDatasetsLibrary) {
   std::ofstream(broken / "state.json", std::ios::trunc) << R"({"_split": "train"})";
   EXPECT_NE(testing::data_error_of([&] { expand_inputs({broken.string()}); }).find("\"_data_files\" is missing"),
             std::string::npos);
+
+  // state.json names only the Arrow files beside it, each once: a downloaded folder's state.json pulled in
+  // /etc/passwd (through ../ or an absolute path) as a text document, and a file listed twice was read twice.
+  const auto listing = [&](const std::vector<std::string>& listed) {
+    const auto dir = save_to_disk_folder("saved-listing", {one[0]}, listed);
+    return testing::data_error_of([&] { expand_inputs({dir.string()}); });
+  };
+  const auto listed_state = (testing::tmp_path("saved-listing") / "state.json").string();
+  EXPECT_EQ(listing({"../../../../etc/passwd"}),
+            listed_state +
+                ": \"_data_files\" lists '../../../../etc/passwd', which is not a file name in the folder "
+                "(expected the name of an Arrow file beside state.json, as save_to_disk writes)");
+  EXPECT_EQ(listing({"/etc/hostname"}), listed_state +
+                                            ": \"_data_files\" lists '/etc/hostname', which is not a file name "
+                                            "in the folder (expected the name of an Arrow file beside "
+                                            "state.json, as save_to_disk writes)");
+  EXPECT_EQ(listing({".."}), listed_state +
+                                 ": \"_data_files\" lists '..', which is not a file name in the folder "
+                                 "(expected the name of an Arrow file beside state.json, as save_to_disk "
+                                 "writes)");
+  EXPECT_EQ(listing({"data-00000-of-00001.arrow", "data-00000-of-00001.arrow"}),
+            listed_state + ": \"_data_files\" lists 'data-00000-of-00001.arrow' twice");
+  EXPECT_EQ(listing({"dataset_info.json"}),
+            listed_state +
+                ": \"_data_files\" lists 'dataset_info.json', which is not an Arrow file (*.arrow, as "
+                "save_to_disk writes)");
+  EXPECT_EQ(listing({"data-00000-of-00001.arrow"}), "no DataError");
 }
 
 TEST(Arrow, NullsMissingColumnsAndWrongTypesNameTheFile) {

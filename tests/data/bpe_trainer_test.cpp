@@ -83,6 +83,38 @@ TEST(BpeTrainer, BadInputIsADataErrorNamingTheLine) {
   }
 }
 
+// Special tokens are refused as the loader refuses them: an empty one (encode --special never ended on the
+// tokenizer it made) and one given twice (its second id could never be produced); before any file is read.
+TEST(BpeTrainer, RejectsEmptyAndRepeatedSpecialTokens) {
+  auto o = small_options();
+  const auto usage_error_of = [&] {
+    try {
+      train_bpe({"/nonexistent/input.txt"}, o);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no UsageError");
+  };
+  o.special_tokens = {"[BOT]", ""};
+  EXPECT_EQ(usage_error_of(), "--special: special token 1 is empty (a special token needs text)");
+  o.special_tokens = {"[A]", "[B]", "[A]"};
+  EXPECT_EQ(usage_error_of(), "--special: '[A]' is given twice (special tokens 0 and 2)");
+  o.special_tokens = {"[A]"};
+  o.threads = -1;
+  EXPECT_EQ(usage_error_of(), "--threads -1: expected 0 (every core this process may use) or more");
+}
+
+// Threads the system does not start are a UsageError naming the count, not std::terminate (the audit's
+// --threads 65536 aborted): here the user may run no thread besides the one it has.
+TEST(BpeTrainer, ThreadsTheSystemRefusesAreAUsageError) {
+  if (!testing::require_fetched()) return;
+  auto o = small_options();
+  o.threads = 4;
+  const auto files = moby_files(2);
+  EXPECT_EQ(testing::usage_error_under_thread_limit(1, [&] { train_bpe(files, o); }),
+            "4 threads: the system started only 0 (Resource temporarily unavailable); give fewer with --threads");
+}
+
 TEST(BpeTrainer, RejectsTooSmallVocabulary) {
   auto o = small_options();
   o.vocab_size = 100;

@@ -14,6 +14,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -104,6 +106,43 @@ std::string data_error_of(F&& f) {
     return e.what();
   }
   return "no DataError";
+}
+
+// Runs f in a child process whose user may run at most `max_threads` threads in all (RLIMIT_NPROC; root, whose
+// limit the kernel does not apply, first becomes the user nobody), so that starting threads fails as it does past
+// a system's limits. Returns the message of the UsageError f throws there, "no UsageError", another exception's
+// "other: MESSAGE", or how the child ended otherwise ("signal 6": std::terminate's abort).
+template <typename F>
+std::string usage_error_under_thread_limit(rlim_t max_threads, F&& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    const rlimit limit{max_threads, max_threads};
+    if (::setrlimit(RLIMIT_NPROC, &limit) != 0) ::_exit(4);
+    std::string msg = "no UsageError";
+    try {
+      f();
+    } catch (const UsageError& e) {
+      msg = e.what();
+    } catch (const std::exception& e) {
+      msg = std::string("other: ") + e.what();
+    }
+    if (::write(fds[1], msg.data(), msg.size()) < 0) ::_exit(5);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  if (WEXITSTATUS(status) != 0) return "child exit " + std::to_string(WEXITSTATUS(status));
+  return out;
 }
 
 inline fs::path tmp_path(const std::string& name) {

@@ -294,6 +294,14 @@ TEST(DatasetFile, IdentityFollowsTheContent) {
 }
 
 // ExistingOutput::Refuse never writes over a file, and leaves no temporary file beside it.
+// A folder is named as one (HDF5 said "no such file" of it).
+TEST(DatasetFile, AFolderIsNotADataset) {
+  const auto dir = testing::tmp_path("a-folder.h5");
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(dir.string()); }),
+            dir.string() + ": is a folder, not a dataset file (expected the .h5 file prepare-data wrote)");
+}
+
 TEST(DatasetFile, RefuseKeepsAnExistingFile) {
   const Corpus a = make_corpus(60000, 13), b = make_corpus(70000, 14);
   const auto path = testing::tmp_path("kept.h5").string();

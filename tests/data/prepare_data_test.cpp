@@ -2,7 +2,9 @@
 // inputs (non-HDF5 or truncated files, a missing "text" field, empty inputs) give errors that name them.
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include "data_test_util.hpp"
@@ -349,6 +351,178 @@ TEST(PrepareData, AFailureLeavesNoFiles) {
     ++left;
   }
   EXPECT_EQ(left, 0u);
+}
+
+// The names in a folder, sorted.
+std::vector<std::string> names_in(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Outputs that cannot be written, and values outside their range, are UsageErrors before any work: the tokenizer
+// here does not exist, so a check made after loading it would be a DataError instead. The audit's -o DIR
+// --overwrite and -o "" tokenized everything and then failed with an I/O error (exit 8); NaN passed the range check.
+TEST(PrepareData, BadOutputsAndValuesAreUsageErrorsBeforeAnyWork) {
+  const auto dir = testing::tmp_path("before-work");
+  std::filesystem::create_directories(dir / "outdir");
+  std::ofstream(dir / "in.txt") << "some text";
+  PrepareOptions o;
+  o.tokenizer = (dir / "no-such-tokenizer.json").string();
+  o.inputs = {(dir / "in.txt").string()};
+  o.existing = ExistingOutput::Replace;
+  o.progress = ProgressStyle::Off;
+  const auto usage_error_of = [&] {
+    try {
+      prepare_dataset(o);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("other: ") + e.what();
+    }
+    return std::string("no UsageError");
+  };
+  o.output = (dir / "outdir").string();
+  EXPECT_EQ(usage_error_of(),
+            o.output + ": is a folder; prepare-data writes one file (give its name, e.g. " + o.output + "/NAME)");
+  o.output = (dir / "outdir").string() + "/";
+  EXPECT_EQ(usage_error_of(), o.output + ": is a folder; prepare-data writes one file (give its name, e.g. " +
+                                  (dir / "outdir").string() + "/NAME)");
+  o.output = "";
+  EXPECT_EQ(usage_error_of(), "prepare-data: the output is an empty name (--output)");
+  o.output = (dir / "out.h5").string();
+  o.validation_fraction = std::nan("");
+  EXPECT_EQ(usage_error_of(), "--validation-fraction nan is outside [0, 1)");
+  o.validation_fraction = 0.01;
+  o.threads = -1;
+  EXPECT_EQ(usage_error_of(), "--threads -1: expected 0 (every core this process may use) or more");
+  o.threads = 0;
+  EXPECT_EQ(names_in(dir), (std::vector<std::string>{"in.txt", "outdir"}));  // nothing written, nothing left
+}
+
+// An output inside its input folder (the audit: each run read the previous dataset in as a text document, 7824
+// tokens, then 54808, then 242757) is left out of the listing, with any temporaries of it; an output that is a
+// named input is refused, the input kept.
+TEST(PrepareData, TheOutputIsNeverItsOwnInput) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  const auto dir = testing::tmp_path("corp");
+  fs::create_directories(dir);
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  for (size_t i = 0; i < 3; ++i) fs::copy_file(sotu[i], dir / sotu[i].filename(), fs::copy_options::overwrite_existing);
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {dir.string()};
+  o.output = (dir / "ds.h5").string();
+  o.existing = ExistingOutput::Replace;
+  o.progress = ProgressStyle::Off;
+  const auto first = prepare_dataset(o);
+  EXPECT_EQ(first.files, 3u);
+  // A killed run's temporaries, of another process; and a name that only looks like one, which is read.
+  std::ofstream(dir / "ds.h5.tmp-999") << "half a dataset";
+  std::ofstream(dir / "ds.h5.tokens-tmp-12") << "ids";
+  for (int run = 0; run < 2; ++run) {
+    const auto again = prepare_dataset(o);
+    EXPECT_EQ(again.files, 3u) << "run " << run;
+    EXPECT_EQ(again.tokens, first.tokens) << "run " << run;
+    EXPECT_EQ(TokenDataset::open(o.output).num_tokens(), first.tokens);
+  }
+  EXPECT_EQ(expand_inputs({dir.string()}, o.output).size(), 3u);
+  // The same output spelled otherwise, and through a link to the folder.
+  fs::create_directory_symlink(dir, testing::tmp_path("corp-link"));
+  EXPECT_EQ(expand_inputs({dir.string()}, (testing::tmp_path("corp-link") / "." / "ds.h5").string()).size(), 3u);
+  EXPECT_EQ(expand_inputs({dir.string()}).size(), 6u);  // without an output, every file
+
+  const auto victim = dir / sotu[0].filename();
+  const std::string text = testing::slurp(victim);
+  o.inputs = {victim.string()};
+  for (const auto& output : {victim.string(), (testing::tmp_path("corp-link") / sotu[0].filename()).string()}) {
+    o.output = output;
+    try {
+      prepare_dataset(o);
+      ADD_FAILURE() << "no UsageError for " << output;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                victim.string() + ": is both an input and the output; writing it would replace the input");
+    }
+    EXPECT_EQ(testing::slurp(victim), text);
+  }
+}
+
+// A folder reached twice through symbolic links (the audit's loop/self -> ../loop read every file at 40 depths,
+// then failed as an "internal error"), and a link to itself, are DataErrors naming the link.
+TEST(PrepareData, SymbolicLinkLoopsInAnInputFolderAreDataErrors) {
+  namespace fs = std::filesystem;
+  const auto loop = testing::tmp_path("loop");
+  fs::create_directories(loop);
+  std::ofstream(loop / "a.txt") << "hi";
+  fs::create_directory_symlink("../loop", loop / "self");
+  EXPECT_EQ(testing::data_error_of([&] { expand_inputs({loop.string()}); }),
+            (loop / "self").string() + ": leads to " + fs::canonical(loop).string() +
+                ", a folder already read (a symbolic link loop, or a second link to one folder); its files would be read "
+                "twice");
+  const auto knot = testing::tmp_path("knot");
+  fs::create_directories(knot);
+  std::ofstream(knot / "a.txt") << "hi";
+  fs::create_symlink("itself", knot / "itself");
+  EXPECT_EQ(testing::data_error_of([&] { expand_inputs({knot.string()}); }),
+            (knot / "itself").string() + ": cannot list it: Too many levels of symbolic links");
+}
+
+// More threads than the system starts: a UsageError, never std::terminate (the audit's --threads 65536 aborted,
+// leaving OUT.tokens-tmp-PID; above 1024 the count is now cut to 1024). Here the user may run one thread, so the
+// reading thread cannot start either.
+TEST(PrepareData, ThreadsTheSystemRefusesAreAUsageError) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  const auto out = testing::tmp_path("no-threads");
+  fs::create_directories(out);
+  fs::permissions(out, fs::perms::all);  // writable by the user the child becomes
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {(testing::fetched_dir() / "corpus" / "sotu" / "1790_george_washington_n.txt").string()};
+  o.output = (out / "x.h5").string();
+  o.threads = 2;
+  o.progress = ProgressStyle::Off;
+  EXPECT_EQ(testing::usage_error_under_thread_limit(1, [&] { prepare_dataset(o); }),
+            "the system cannot start the reading thread (Resource temporarily unavailable): its limit on threads "
+            "(ulimit -u) is reached");
+  EXPECT_EQ(names_in(out), std::vector<std::string>{});
+}
+
+// A JSONL line that is not an object says so (docs/data.md), instead of naming a missing field.
+TEST(PrepareData, AJsonlLineThatIsNotAnObjectSaysSo) {
+  const auto path = testing::tmp_path("array-line.jsonl");
+  std::ofstream(path) << "{\"text\": \"fine\"}\n[1, 2]\n";
+  EXPECT_EQ(
+      testing::data_error_of([&] { read_documents(path.string(), {}); }),
+      path.string() + ":2: not a JSON object (a JSON array; JSONL inputs need one object per line with a \"text\" string)");
+  DocumentOptions ids;
+  ids.token_field = "input_ids";
+  ids.vocab_size = 10;
+  EXPECT_EQ(testing::data_error_of([&] {
+              document_ids({"7", 3}, path.string(), ids);
+            }),
+            path.string() +
+                ":3: not a JSON object (a JSON number; pre-tokenized JSONL needs one object per line with a "
+                "\"input_ids\" array of token ids)");
+}
+
+// --threads 65536 (inside the command's range) is cut to 1024, which run: the dataset is the one of 2 threads.
+TEST(PrepareData, ThreadsAboveTheCapAreCutToIt) {
+  if (!testing::require_fetched()) return;
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {(testing::fetched_dir() / "corpus" / "sotu" / "1790_george_washington_n.txt").string()};
+  o.output = testing::tmp_path("capped.h5").string();
+  o.threads = 65536;
+  o.progress = ProgressStyle::Off;
+  const auto capped = prepare_dataset(o);
+  EXPECT_EQ(capped.threads, kMaxThreads);
+  o.output = testing::tmp_path("two-threads.h5").string();
+  o.threads = 2;
+  EXPECT_EQ(prepare_dataset(o).tokens, capped.tokens);
 }
 
 TEST(PrepareData, ValidationChoice) {

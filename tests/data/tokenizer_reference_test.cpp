@@ -1,6 +1,7 @@
 // Tokenizer ids against independent reference implementations on ~300 KB of real text per tokenizer,
 // plus hand-made edge cases, invalid UTF-8 and random bytes (round trip).
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <fmt/format.h>
@@ -316,6 +317,77 @@ TEST(TokenizerFiles, ClearErrors) {
     EXPECT_NE(std::string(e.what()).find(unknown.string()), std::string::npos) << e.what();
   }
   EXPECT_THROW(Tokenizer::load("/nonexistent/tokenizer.json"), DataError);
+}
+
+// The audit's tokenizer.json files: each one a DataError naming the file and the field, where they used to be an
+// "internal error" (std::bad_alloc, the JSON library's type_error without the field), a wrapped id ("id 0 is
+// assigned twice" for 4294967296), or accepted (an empty special token, on which encode --special never ended).
+TEST(TokenizerFiles, WrongFieldsAreDataErrorsNamingTheField) {
+  if (!testing::require_fetched()) return;
+  const auto base = nlohmann::json::parse(testing::slurp(fetched_dir() / "tokenizers" / "sotu-bpe4k.json"));
+  ASSERT_EQ(base["added_tokens"][2]["content"], "[PAD]");
+  int n = 0;
+  const auto error_of = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto j = base;
+    edit(j);
+    const auto path = testing::tmp_path(fmt::format("bad-field-{}.json", n++));
+    std::ofstream(path) << j.dump();
+    const std::string msg = testing::data_error_of([&] { Tokenizer::load(path.string()); });
+    EXPECT_EQ(msg.rfind(path.string() + ": ", 0), 0u) << msg;  // the file first
+    return msg.substr(std::min(msg.size(), path.string().size() + 2));
+  };
+  EXPECT_EQ(error_of([](auto& j) { j["added_tokens"][2]["content"] = ""; }),
+            "field 'added_tokens[2].content' is empty (a special token needs text)");
+  EXPECT_EQ(error_of([](auto& j) { j["added_tokens"][2]["content"] = "[BOT]"; }),
+            "added_tokens[2] has the content '[BOT]' of added_tokens[0] (each special token once)");
+  EXPECT_EQ(error_of([](auto& j) {
+              j["added_tokens"] = {{"id", 0}};
+            }),
+            "field 'added_tokens' should be an array, not an object");
+  EXPECT_EQ(error_of([](auto& j) { j["added_tokens"][1]["special"] = "yes"; }),
+            "field 'added_tokens[1].special' should be true or false, not a string");
+  EXPECT_EQ(error_of([](auto& j) { j["added_tokens"][1]["id"] = -1; }), "added_tokens[1] has no integer id");
+  EXPECT_EQ(error_of([](auto& j) { j["model"]["vocab"]["a"] = 2000000000; }),
+            "vocab entry 'a' has id 2000000000, out of range (ids must be below 16777216)");
+  EXPECT_EQ(error_of([](auto& j) { j["model"]["vocab"]["a"] = uint64_t{1} << 32; }),
+            "vocab entry 'a' has id 4294967296, out of range (ids must be below 16777216)");
+  EXPECT_EQ(error_of([](auto& j) { j["model"]["type"] = 5; }), "field 'model.type' should be a string, not a number");
+  EXPECT_EQ(error_of([](auto& j) { j["model"]["byte_fallback"] = "yes"; }),
+            "field 'model.byte_fallback' should be true or false, not a string");
+  EXPECT_EQ(error_of([](auto& j) { j["model"]["ignore_merges"] = 1; }),
+            "field 'model.ignore_merges' should be true or false, not a number");
+  EXPECT_EQ(error_of([](auto& j) { j["model"] = "BPE"; }), "field 'model' should be an object, not a string");
+  EXPECT_EQ(error_of([](auto& j) { j["decoder"] = 5; }), "field 'decoder' should be an object or null, not a number");
+  EXPECT_EQ(error_of([](auto& j) { j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "no"; }),
+            "field 'pre_tokenizer.pretokenizers[1].use_regex' should be true or false, not a string");
+  EXPECT_EQ(error_of([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["type"] = 7; }),
+            "field 'pre_tokenizer.pretokenizers[0].type' should be a string, not a number");
+
+  // A Llama 2 (byte_fallback) tokenizer.json goes through the same checks.
+  const auto llama2 = nlohmann::json::parse(testing::slurp(fetched_dir() / "tokenizers" / "llama2" / "tokenizer.json"));
+  ASSERT_TRUE(llama2["model"]["byte_fallback"].get<bool>());
+  auto j = llama2;
+  j["added_tokens"][0]["content"] = "";
+  const auto path = testing::tmp_path("llama2-empty-special.json");
+  std::ofstream(path) << j.dump();
+  EXPECT_EQ(testing::data_error_of([&] { Tokenizer::load(path.string()); }),
+            path.string() + ": field 'added_tokens[0].content' is empty (a special token needs text)");
+}
+
+// A tiktoken rank past the id limit is refused too (it sized the id table: std::bad_alloc).
+TEST(TokenizerFiles, TiktokenRankOutOfRange) {
+  const auto path = testing::tmp_path("r50k_base.tiktoken");
+  {
+    std::ofstream out(path);
+    for (int b = 0; b < 256; ++b) {
+      static const char* kB64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+      const unsigned v = static_cast<unsigned>(b);
+      out << kB64[v >> 2] << kB64[(v & 3) << 4] << "== " << (b == 200 ? std::string("3000000000") : std::to_string(b))
+          << "\n";
+    }
+  }
+  EXPECT_EQ(testing::data_error_of([&] { Tokenizer::load(path.string()); }),
+            path.string() + ":201: rank 3000000000 is out of range (ids must be below 16777216)");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/data/output_file.hpp"  // ExistingOutput: what write_dataset does when `path` exists
 #include "shardtrain/data/tokenizer.hpp"
 
 namespace shardtrain::data {
@@ -49,9 +50,6 @@ DatasetInfo dataset_info_for(const Tokenizer& tokenizer);  // the tokenizer fiel
 // Picks round(fraction * num_documents) validation documents (at least one when fraction > 0 and there
 // are two or more documents), uniformly by a seeded shuffle; returns them ascending.
 std::vector<int64_t> choose_validation_documents(size_t num_documents, double fraction, uint64_t seed);
-
-// What write_dataset does when `path` exists: replace it, or refuse (UsageError naming it, nothing written over).
-enum class ExistingOutput { Replace, Refuse };
 
 // Writes a format-2 dataset: into a temporary file beside `path`, flushed to disk and then renamed into place,
 // so a reader never sees a half-written file (a kill leaves the old one, or none), and a job that has the old one

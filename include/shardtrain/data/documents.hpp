@@ -20,6 +20,10 @@ enum class DocumentSplit { PerFile, BlankLines };  // for text inputs
 
 InputFormat parse_input_format(const std::string& s);  // auto|text|jsonl|parquet|arrow, throws UsageError
 
+// The most threads prepare-data and tokenizer train start: a larger --threads is cut to it. Above the cores of any
+// node, and below what the system's thread limits refuse (--threads 65536 could not start).
+inline constexpr int kMaxThreads = 1024;
+
 struct DocumentOptions {
   InputFormat format = InputFormat::Auto;
   DocumentSplit split = DocumentSplit::PerFile;
@@ -64,8 +68,12 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
 // Expands folders into their regular files (sorted, recursively), leaving out hidden files and folders (a
 // name starting with '.': .gitattributes, the .cache/ that a Hub download leaves beside the files); files
 // named themselves are kept, in the given order. A folder written by `datasets`' save_to_disk stands for the
-// Arrow files its state.json lists, in that order; a DatasetDict's folder and a folder of the `datasets` cache
-// are DataErrors that say what to give instead.
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
+// Arrow files its state.json lists, in that order (plain file names of *.arrow files in the folder, each once;
+// anything else is a DataError naming state.json and the entry); a DatasetDict's folder and a folder of the
+// `datasets` cache are DataErrors that say what to give instead. A folder reached twice (a symbolic link loop, or
+// two links to one folder) is a DataError naming the link, as is a folder that cannot be listed.
+// `output`, when given, is the file the inputs are for: a folder's listing leaves it and its temporaries out
+// (is_output_or_temporary), and naming it as an input is a UsageError.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output = {});
 
 }  // namespace shardtrain::data

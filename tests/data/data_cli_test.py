@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""`shardtrain tokenizer` and `prepare-data` on what a hostile user gives them (the audit's repros): outputs that
+exist, are folders, empty or are an input are refused with exit 2 before any work and leave every file as it was;
+--special takes its text as written ([BOT] stayed BOT); an empty special token is refused (encode --special on one
+never ended); --threads past the cap is 2 with no temporary left; encode's --text with --input, or a folder as
+--input, and `dataset info` of a folder say what is wrong; a save_to_disk state.json names no file outside its
+folder. Each check asserts the exit code, the message and the files."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = args.shardtrain
+sotu = clitest.corpus(args, "sotu")
+os.chdir(work)
+
+inputs = os.path.join(work, "in")
+os.makedirs(inputs)
+for name in sorted(os.listdir(sotu))[:3]:
+    shutil.copy(os.path.join(sotu, name), inputs)
+one = os.path.join(inputs, sorted(os.listdir(inputs))[0])
+
+
+def run(*cmd, timeout=60):
+    """The command's result; one that runs past `timeout` (a hang) is killed and reads as exit 124."""
+    try:
+        return subprocess.run([st, *cmd, "--log-level", "warn"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"killed after {timeout} s")
+
+
+def train(output, *extra):
+    return run("tokenizer", "train", "--input", one, "--vocab-size", "300", "--output", output, *extra)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def dataset_tokens(path):
+    """The tokens `dataset info` counts in the dataset, or None when it cannot read it."""
+    r = run("dataset", "info", path, "--json")
+    return json.loads(r.stdout)["datasets"][0]["tokens"] if r.returncode == 0 else None
+
+
+def leftovers():
+    return sorted(p for p in os.listdir(work) if "tmp-" in p)
+
+
+def error_line(r):
+    lines = [l for l in r.stderr.splitlines() if " E] " in l or " W] " in l or l.startswith("--")]
+    return lines[-1] if lines else r.stderr.strip()
+
+
+# tokenizer train never replaces a file unless asked, its own input least of all; the name must load back.
+with open("corpus.txt", "w") as f:
+    f.write("my text about things\n")
+with open("precious.json", "w") as f:
+    f.write('{"precious": 1}\n')
+r = run("tokenizer", "train", "--input", "corpus.txt", "--vocab-size", "300", "--output", "corpus.txt")
+check(r.returncode == 2 and "corpus.txt: already exists; tokenizer train does not replace it unless asked (--overwrite)"
+      in r.stderr and read("corpus.txt") == b"my text about things\n", f"train over its input: {r.returncode} {error_line(r)}")
+r = train("precious.json")
+check(r.returncode == 2 and "--overwrite" in r.stderr and read("precious.json") == b'{"precious": 1}\n',
+      f"train over a file: {r.returncode} {error_line(r)}")
+r = run("tokenizer", "train", "--input", "precious.json", "--input", one, "--vocab-size", "300", "--output", "precious.json",
+        "--overwrite")
+check(r.returncode == 2 and "precious.json: is both an input and the output" in r.stderr
+      and read("precious.json") == b'{"precious": 1}\n', f"train --overwrite over its input: {r.returncode} {error_line(r)}")
+r = train("tok.txt")
+check(r.returncode == 2 and "tok.txt: a tokenizer.json's name must end in .json" in r.stderr and not os.path.exists("tok.txt"),
+      f"train to a name that does not load: {r.returncode} {error_line(r)}")
+os.makedirs("outdir")
+for output, message in (("outdir", "outdir: is a folder; tokenizer train writes one file"),
+                        ("", "tokenizer train: the output is an empty name"),
+                        ("nodir/t.json", "nodir/t.json: the output's folder nodir does not exist")):
+    r = train(output, "--overwrite")
+    check(r.returncode == 2 and message in r.stderr, f"train -o '{output}': {r.returncode} {error_line(r)}")
+r = train("precious.json", "--overwrite")
+check(r.returncode == 0 and json.loads(read("precious.json"))["model"]["type"] == "BPE", f"train --overwrite: {r.returncode} {r.stderr}")
+
+# --special as written: brackets, a comma, and angle brackets survive; the docs' [BOT] [EOT] [PAD] are found.
+specials = ["[BOT]", "[EOT]", "[PAD]", "[a,b]", "<|endoftext|>"]
+r = train("special.json", *[x for s in specials for x in ("--special", s)])
+check(r.returncode == 0, f"train --special: {r.stderr}")
+added = [t["content"] for t in json.loads(read("special.json"))["added_tokens"]]
+check(added == specials, f"special tokens as written: {added}")
+info = json.loads(run("tokenizer", "info", "-t", "special.json").stdout)
+check((info["bot_id"], info["eot_id"], info["pad_id"]) == (0, 1, 2), f"special ids: {info}")
+ids = run("tokenizer", "encode", "-t", "special.json", "--text", "x[a,b]<|endoftext|>", "--special").stdout.split()
+check(ids[-2:] == ["3", "4"], f"encode --special of the bracketed tokens: {ids}")
+
+# An empty special token: refused when training, and when loading a file that has one (encode --special hung).
+r = train("empty.json", "--special", "")
+check(r.returncode == 2 and "--special: special token 0 is empty" in r.stderr and not os.path.exists("empty.json"),
+      f"train --special '': {r.returncode} {error_line(r)}")
+r = train("twice.json", "--special", "[A]", "--special", "[A]")
+check(r.returncode == 2 and "--special: '[A]' is given twice" in r.stderr, f"train --special twice: {r.returncode} {error_line(r)}")
+tok = json.loads(read("precious.json"))
+tok["added_tokens"][2]["content"] = ""
+with open("emptyspecial.json", "w") as f:
+    json.dump(tok, f)
+r = run("tokenizer", "encode", "-t", "emptyspecial.json", "--text", "hi", "--special", timeout=30)
+check(r.returncode == 4 and "emptyspecial.json: field 'added_tokens[2].content' is empty" in r.stderr,
+      f"a tokenizer with an empty special token: {r.returncode} {error_line(r)}")
+
+# --threads 65536 (in the documented range; it aborted with std::terminate, leaving OUT.tokens-tmp-PID) is cut to
+# 1024, with a warning, and gives what 2 threads give.
+cut = "--threads 65536: cut to 1024"
+r = run("tokenizer", "train", "--input", inputs, "--vocab-size", "300", "--output", "th.json", "--threads", "65536")
+r2 = run("tokenizer", "train", "--input", inputs, "--vocab-size", "300", "--output", "th2.json", "--threads", "2")
+check(r.returncode == 0 and cut in r.stderr and r2.returncode == 0 and read("th.json") == read("th2.json"),
+      f"train --threads 65536: {r.returncode} {error_line(r)}")
+r = run("prepare-data", "-t", "th.json", "-i", inputs, "-o", "th.h5", "--threads", "65536")
+r2 = run("prepare-data", "-t", "th.json", "-i", inputs, "-o", "th2.h5", "--threads", "2")
+tokens = [dataset_tokens(ds) for ds in ("th.h5", "th2.h5")]
+check(r.returncode == 0 and cut in r.stderr and r2.returncode == 0 and tokens[0] is not None and tokens[0] == tokens[1]
+      and leftovers() == [],
+      f"prepare-data --threads 65536: {r.returncode} {error_line(r)}, tokens {tokens}, left {leftovers()}")
+
+# prepare-data: outputs it cannot write and a NaN fraction are usage errors before any work (the tokenizer does not
+# exist, so work begun would be a data error).
+for extra, message in ((["-o", "outdir", "--overwrite"], "outdir: is a folder; prepare-data writes one file"),
+                       (["-o", ""], "prepare-data: the output is an empty name"),
+                       (["-o", "vf.h5", "--validation-fraction", "nan"], "--validation-fraction nan is outside [0, 1)"),
+                       (["-o", one, "--overwrite"], f"{one}: is both an input and the output")):
+    r = run("prepare-data", "-t", "missing.json", "-i", one, *extra)
+    check(r.returncode == 2 and message in r.stderr, f"prepare-data {extra}: {r.returncode} {error_line(r)}")
+check(leftovers() == [] and os.listdir("outdir") == [], f"left behind: {leftovers()}")
+
+# The output inside its input folder: the same dataset on every run, not one that swallows the last.
+tokens = []
+for _ in range(3):
+    r = run("prepare-data", "-t", "precious.json", "-i", inputs, "-o", os.path.join(inputs, "ds.h5"), "--overwrite")
+    check(r.returncode == 0, f"prepare-data in place: {r.stderr}")
+    tokens.append(dataset_tokens(os.path.join(inputs, "ds.h5")))
+check(tokens[0] is not None and tokens == tokens[:1] * 3, f"tokens of runs in place: {tokens}")
+
+# encode: one source; a folder is not a file.
+r = run("tokenizer", "encode", "-t", "precious.json", "--text", "a", "--input", one)
+check(r.returncode == 2 and ("--input excludes --text" in r.stderr or "--text excludes --input" in r.stderr),
+      f"encode --text with --input: {r.returncode} {error_line(r)}")
+r = run("tokenizer", "encode", "-t", "precious.json", "--input", "outdir")
+check(r.returncode == 4 and "outdir: is a folder; --input takes a file to encode" in r.stderr,
+      f"encode --input DIR: {r.returncode} {error_line(r)}")
+r = run("dataset", "info", "outdir")
+check(r.returncode == 4 and "outdir: is a folder, not a dataset file" in r.stderr, f"dataset info DIR: {r.returncode} {error_line(r)}")
+
+# A save_to_disk folder whose state.json reaches outside it.
+os.makedirs("saved")
+with open("saved/state.json", "w") as f:
+    json.dump({"_data_files": [{"filename": "../../../../etc/passwd"}]}, f)
+r = run("prepare-data", "-t", "precious.json", "-i", "saved", "-o", "saved.h5")
+check(r.returncode == 4 and "saved/state.json: \"_data_files\" lists '../../../../etc/passwd', which is not a file name in the folder"
+      in r.stderr and not os.path.exists("saved.h5"), f"state.json with ../: {r.returncode} {error_line(r)}")
+
+# A symbolic link loop in an input folder.
+os.makedirs("loop")
+os.symlink("../loop", "loop/self")
+with open("loop/a.txt", "w") as f:
+    f.write("hi")
+r = run("prepare-data", "-t", "precious.json", "-i", "loop", "-o", "loop.h5")
+check(r.returncode == 4 and "loop/self: leads to" in r.stderr, f"a link loop: {r.returncode} {error_line(r)}")
+check(leftovers() == [], f"left behind: {leftovers()}")
+
+check.finish("data CLI: outputs, --special, threads and inputs as expected")
