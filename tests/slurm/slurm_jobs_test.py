@@ -28,7 +28,7 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 7. Preparing the data as a job (jobs/slurm/prepare-data.sbatch): a missing input, an existing dataset and no
    INPUT end it at once; submit.sh PREPARE=1 queues it in front of training, which waits for it (afterok): it
    trains a tokenizer on gzip-compressed JSONL and prepares the dataset on the one CPU the job asked for, and
-   the run trains on that dataset to the end.
+   the run trains on that dataset to the end; then OVERWRITE=1 replaces the tokenizer and the dataset.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import gzip
 import hashlib
@@ -339,5 +339,16 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
               f"training on the prepared data: {info.get('JobState')} {info.get('ExitCode')}: {out[-2000:]}")
         info = slurm.wait(consolidate_job, timeout=200)
         check(info.get("JobState") == "COMPLETED", f"its consolidation: {info.get('JobState')} {output(info)[-800:]}")
+        # OVERWRITE=1 replaces both outputs: the job passes --overwrite on (both tools refuse an existing output
+        # without it, and the job once failed with exit 2 after its settings check had allowed the replacement).
+        before = {path: os.stat(path).st_mtime_ns for path in (prepared, os.path.join(work, "prep-tok.json"))}
+        job = slurm.sbatch(["--job-name=prep-overwrite", *prep_opts, prep],
+                           job_env(INPUT=corpus_gz, TOKENIZER=os.path.join(work, "prep-tok.json"), TOKENIZER_VOCAB="512",
+                                   DATASET=prepared, OVERWRITE="1"))
+        info = slurm.wait(job, timeout=300)
+        out = output(info)
+        check(info.get("JobState") == "COMPLETED" and f"prepared: {prepared}" in out
+              and all(os.stat(path).st_mtime_ns > t for path, t in before.items()),
+              f"OVERWRITE=1: {info.get('JobState')} {info.get('ExitCode')}, both files replaced: {out[-1500:]}")
 
 check.finish("all Slurm job checks passed")
