@@ -77,27 +77,48 @@ bool save_file_name(const std::string& name) {
 
 }  // namespace
 
+bool holds_only_save_files(const std::string& path, uint64_t* files, uint64_t* bytes) {
+  std::error_code ec;
+  bool ours = true;
+  for (const auto& f : fs::directory_iterator(path, ec)) {
+    ours = ours && !f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string());
+    if (files) ++*files;
+    if (bytes) *bytes += f.is_regular_file(ec) ? f.file_size(ec) : 0;
+  }
+  return ours && !ec;
+}
+
+std::string set_aside_foreign(const std::string& path) {
+  std::string target = path + ".foreign";
+  for (int k = 2; fs::exists(target); ++k) target = fmt::format("{}.foreign-{}", path, k);
+  std::error_code ec;
+  fs::rename(path, target, ec);
+  if (ec)
+    throw IoError(fmt::format("{} holds files a save does not write, and cannot be moved aside to {}: {}", path, target,
+                              ec.message()));
+  log::warn("checkpoint: {} holds files a save does not write: moved aside to {} (nothing in it was removed)", path, target);
+  return target;
+}
+
 std::vector<std::string> remove_incomplete(const std::string& dir) {
   std::vector<std::string> removed;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
   std::vector<fs::path> candidates;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp") name.resize(name.size() - 4);
-    if (!parse_step_dir(name) || !e.is_directory(ec) || e.is_symlink(ec) || is_complete(e.path().string())) continue;
+    const std::string name = e.path().filename().string();
+    // step_N, step_N.tmp (saves before 2026-11-28) and step_N.tmp-<id> (a save's own name since)
+    const bool tmp = name.size() >= 17 && name.compare(13, 4, ".tmp") == 0 && (name.size() == 17 || name[17] == '-');
+    if (!parse_step_dir(name.substr(0, tmp ? 13 : name.size())) || !e.is_directory(ec) || e.is_symlink(ec) ||
+        is_complete(e.path().string()))
+      continue;
     candidates.push_back(e.path());
   }
   std::sort(candidates.begin(), candidates.end());
   for (const fs::path& path : candidates) {
     uint64_t files = 0, bytes = 0;
-    bool ours = true;
-    for (const auto& f : fs::directory_iterator(path, ec)) {
-      ours = ours && !f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string());
-      ++files;
-      bytes += f.is_regular_file(ec) ? f.file_size(ec) : 0;
-    }
-    if (ec || !ours) {
+    const bool ours = holds_only_save_files(path.string(), &files, &bytes);
+    if (!ours) {
       log::warn("checkpoint: {} is incomplete (no DONE) but holds more than a save writes: left as it is", path.string());
       ec.clear();
       continue;
@@ -148,18 +169,25 @@ void write_text_durably(const std::string& path, const std::string& text) {
   fsync_path(path);
 }
 
-std::string prepare_temporary(const std::string& final_dir) {
-  const std::string tmp = final_dir + ".tmp";
+std::string prepare_temporary(const std::string& final_dir, const std::string& id) {
+  const std::string tmp = fmt::format("{}.tmp-{}", final_dir, id);
   std::error_code ec;
-  fs::remove_all(tmp, ec);  // a save that was killed half-way: never a checkpoint, safe to drop
-  fs::create_directories(tmp, ec);
+  fs::create_directories(fs::path(final_dir).parent_path(), ec);
   if (ec) throw IoError(fmt::format("{}: cannot create the checkpoint directory: {}", tmp, ec.message()));
+  // Created, never emptied: the name is this save's own, so no other writer and no user file is ever in it.
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw IoError(fmt::format("{}: cannot create the checkpoint directory: {}", tmp,
+                              ec ? ec.message() : std::string("it exists already")));
   return tmp;
 }
 
 void publish(const std::string& tmp, const std::string& final_dir, const std::string& done_text) {
   std::error_code ec;
-  if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // only ever an incomplete one (no DONE): checked by the caller
+  if (fs::exists(final_dir)) {  // only ever an incomplete one (no DONE): checked by the caller
+    // What a removal cut short left goes; anything holding files of someone else's is moved aside, never deleted.
+    if (holds_only_save_files(final_dir)) fs::remove_all(final_dir, ec);
+    else set_aside_foreign(final_dir);
+  }
   fs::rename(tmp, final_dir, ec);
   if (ec) throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, final_dir, ec.message()));
   fsync_path(fs::path(final_dir).parent_path().string());
@@ -210,7 +238,11 @@ void discard(const std::string& path) {
 
 void rotate(const std::string& dir, Retention retention, const std::string& keep) {
   if (retention.keep_last <= 0) return;
-  const auto all = complete_checkpoints(dir);  // oldest first
+  // Only the checkpoints up to the one just saved count: a newer one is not this run's (a run refuses to start beside
+  // them, docs/checkpoints.md), and must not push this run's own saves out.
+  auto all = complete_checkpoints(dir);  // oldest first
+  const auto kept = parse_step_dir(fs::path(keep).filename().string());
+  if (kept) std::erase_if(all, [&](const auto& c) { return c.first > *kept; });
   const std::string healthy = newest_healthy(all);
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) < all.size(); ++i) {

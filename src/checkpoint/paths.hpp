@@ -19,9 +19,14 @@ std::string rank_file_name(int shard_rank);  // "rank_00003.h5"
 std::optional<int64_t> parse_step_dir(const std::string& name);
 void fsync_path(const std::string& path);
 void write_text_durably(const std::string& path, const std::string& text);
-// final_dir + ".tmp", emptied and created.
-std::string prepare_temporary(const std::string& final_dir);
-// Renames tmp to final_dir, flushes the parent directory, then writes DONE last.
+// final_dir + ".tmp-" + id, created (IoError when it exists): `id` is the save's own, so two writers never share one.
+std::string prepare_temporary(const std::string& final_dir, const std::string& id);
+// Whether every entry of `path` is a file a save writes (index.h5, rank_NNNNN.h5, model.h5); counts them.
+bool holds_only_save_files(const std::string& path, uint64_t* files = nullptr, uint64_t* bytes = nullptr);
+// Renames a directory holding files a save does not write to PATH.foreign (.foreign-2, ...), with a warning.
+std::string set_aside_foreign(const std::string& path);
+// Renames tmp to final_dir (an incomplete final_dir holding only save files is removed first, one holding anything
+// else moved aside: set_aside_foreign), flushes the parent directory, then writes DONE last.
 void publish(const std::string& tmp, const std::string& final_dir, const std::string& done_text);
 // Removes the complete checkpoints that `retention` does not keep (docs/checkpoints.md), never `keep`.
 void rotate(const std::string& dir, Retention retention, const std::string& keep);

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <random>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -175,31 +178,55 @@ std::string done_text(int64_t step, StateDictType type, const std::vector<std::s
          "\n";
 }
 
-// Agrees on whether to save at all: an existing complete checkpoint of this step is never touched.
-bool already_saved(const std::string& final_dir, MPI_Comm world) {
-  int complete = is_complete(final_dir) ? 1 : 0;
+// Agrees on whether to save at all: an existing complete checkpoint of this step is never touched. Said as a
+// warning: this run's state at the step is then not saved (a run refuses to start beside checkpoints it did not
+// resume from, so this is a checkpoint saved before a rollback went further back, or put there by hand).
+bool already_saved(const std::string& final_dir, MPI_Comm world, int rank) {
+  int complete = rank == 0 && is_complete(final_dir) ? 1 : 0;
   ST_CHECK_MPI(MPI_Bcast(&complete, 1, MPI_INT, 0, world));
-  if (complete) log::info("checkpoint: {} is already complete, not saving it again", final_dir);
+  if (complete && rank == 0)
+    log::warn("checkpoint: {} exists and is complete: it is left as it is, and this step's state is not saved", final_dir);
   return complete != 0;
+}
+
+// The file system's reason for a failed write, when HDF5's message lacks it: HDF5 names the call that failed, the
+// kernel's errno says why (No space left on device, Disk quota exceeded, File too large), which exit code 8 promises.
+std::string with_reason(std::string message, int err, const std::string& dir) {
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EROFS || err == EIO) {
+    const std::string why = std::strerror(err);
+    if (message.find(why) == std::string::npos) message += fmt::format(" ({})", why);
+    return message;
+  }
+  try {
+    if (available_bytes(dir) == 0 && message.find(std::strerror(ENOSPC)) == std::string::npos)
+      message += fmt::format(" ({}: 0 bytes free in {})", std::strerror(ENOSPC), dir);
+  } catch (const Error&) {
+  }
+  return message;
 }
 
 void barrier(MPI_Comm world) { ST_CHECK_MPI(MPI_Barrier(world)); }
 
-// Rank 0 creates the temporary directory; everyone learns whether that worked.
+// Rank 0 creates the temporary directory, under a name of this save's own (rank 0's pid and a random number: two
+// runs, or two hosts, never pick the same one), and every rank learns it, or rank 0's error.
 std::string make_temporary(const std::string& final_dir, MPI_Comm world, int rank) {
-  std::string err;
-  std::string tmp = final_dir + ".tmp";
+  std::string payload;
   if (rank == 0) {
     try {
-      tmp = prepare_temporary(final_dir);
+      std::random_device random;
+      payload = "D" + prepare_temporary(final_dir, fmt::format("{}-{:08x}", ::getpid(), random()));
     } catch (const Error& e) {
-      err = e.what();
+      payload = "E" + std::string(e.what());
     }
   }
-  int failed = err.empty() ? 0 : 1;
-  ST_CHECK_MPI(MPI_Bcast(&failed, 1, MPI_INT, 0, world));
-  if (failed) throw IoError(rank == 0 ? err : fmt::format("{}: rank 0 could not create the checkpoint directory", tmp));
-  return tmp;
+  int length = static_cast<int>(payload.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
+  payload.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(payload.data(), length, MPI_CHAR, 0, world));
+  if (payload[0] == 'E')
+    throw IoError(rank == 0 ? payload.substr(1)
+                            : fmt::format("{}: rank 0 could not create the checkpoint directory", final_dir));
+  return payload.substr(1);
 }
 
 }  // namespace
@@ -257,7 +284,8 @@ void agree(const SaveScope& s, const std::string& error) {
   ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, s.world));
   if (s.rank == 0) {
     if (!s.tmp.empty()) discard(s.tmp);
-    if (!is_complete(s.final_dir)) discard(s.final_dir);
+    // Left without DONE by this save's publication; one holding anything else is not this save's to remove.
+    if (fs::exists(s.final_dir) && !is_complete(s.final_dir) && holds_only_save_files(s.final_dir)) discard(s.final_dir);
   }
   barrier(s.world);  // every rank throws after the space went back
   throw IoError(root == 0 ? text : fmt::format("rank {}: {}", root, text));
@@ -271,7 +299,7 @@ SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t s
   s.world = engine.mesh().world_comm();
   ST_CHECK_MPI(MPI_Comm_rank(s.world, &s.rank));
   s.final_dir = (fs::path(dir) / step_dir_name(step)).string();
-  s.skip = already_saved(s.final_dir, s.world);
+  s.skip = already_saved(s.final_dir, s.world, s.rank);
   if (s.skip) return s;
   const int files = type == StateDictType::Full ? 1 : engine.mesh().shard_size();
   const uint64_t need = checkpoint_bytes(engine.model_spec(), type, files);
@@ -344,10 +372,11 @@ std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, co
       if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
       if (fault.slow_write > 0 && fault.applies_to(meta.step))
         std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
+      errno = 0;
       write_rank_file(path, engine, adamw, meta.step);
     } catch (const Error& e) {  // HDF5 and file errors; a device error is not the file system's, and ends the job
       if (e.code() != ExitCode::Io) throw;
-      error = e.what();
+      error = with_reason(e.what(), errno, dir);
     }
   }
   finish_save(scope, engine, StateDictType::Sharded, meta, files, adamw.steps(), dir, retention, error);
@@ -410,11 +439,12 @@ void AsyncSave::start(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const
         if (fault.fail_write) throw IoError(fmt::format("{}: write failed (injected by SHARDTRAIN_CHECKPOINT_FAULT)", path));
         if (fault.slow_write > 0 && fault.applies_to(step))
           std::this_thread::sleep_for(std::chrono::duration<double>(fault.slow_write));
+        errno = 0;
         RankFileWriter w(path, step, shard);
         for (const UnitSnapshot& u : *units) w.write(u);
         w.close();
       } catch (const std::exception& e) {
-        st.error = e.what();
+        st.error = with_reason(e.what(), errno, fs::path(path).parent_path().parent_path().string());
       }
       st.written.store(true, std::memory_order_release);
     });
@@ -482,6 +512,7 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
     f.close();
     fsync_path(path);
   });
+  if (!error.empty()) error = with_reason(error, errno, dir);
   if (scope.rank == 0) f = hdf5::Handle();  // a failed file is closed before its directory goes
   finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, retention, error);
   return scope.final_dir;

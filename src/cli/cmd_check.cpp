@@ -23,6 +23,7 @@
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/trainer.hpp"
 
@@ -243,8 +244,23 @@ int run_check(const CheckOptions& o) {
   const std::string& run_dir = c.logging.run_dir;
   const std::string ckpt_dir =
       c.checkpoint.dir.empty() && run_dir.empty() ? std::string() : train::checkpoint_dir_for(c, run_dir);
+  // Another run holding the directory, and checkpoints this run would mix its saves with, stop the run at its start
+  // (train::CheckpointDirClaim): said here the same way.
+  if (!ckpt_dir.empty()) {
+    report.run("resume", [&] {
+      const std::string holder = train::checkpoint_dir_holder(ckpt_dir);
+      if (!holder.empty())
+        throw CheckpointError(
+            fmt::format("checkpoint.dir {} is in use by another run ({}): two runs saving into one "
+                        "directory would mix their checkpoints; give this run a checkpoint.dir of its "
+                        "own (or another logging.run_dir), or wait for that run to end",
+                        ckpt_dir, holder));
+    });
+  }
   report.run("resume", [&] {
     if (c.checkpoint.resume.empty()) {
+      const std::string problem = ckpt_dir.empty() ? std::string() : train::fresh_run_problem(ckpt_dir);
+      if (!problem.empty()) throw CheckpointError(problem);
       report.ok("resume", "off (checkpoint.resume is empty): the run starts at step 0");
       return;
     }
@@ -253,15 +269,61 @@ int run_check(const CheckOptions& o) {
                 "auto, in a new run directory (logging.run_dir and checkpoint.dir are empty): the run starts at step 0");
       return;
     }
-    const std::string path = train::resolve_resume_path(c.checkpoint.resume, ckpt_dir);
-    if (path.empty()) {
+    const bool fall_back = c.checkpoint.resume == "auto";
+    std::vector<std::string> candidates;  // newest first: `auto` passes over damaged ones, as the run does
+    if (fall_back) {
+      const auto all = checkpoint::complete_checkpoints(ckpt_dir);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) candidates.push_back(it->second);
+    } else {
+      candidates.push_back(train::resolve_resume_path(c.checkpoint.resume, ckpt_dir));
+    }
+    if (candidates.empty()) {
       report.ok("resume", fmt::format("auto: no complete checkpoint in {} yet: the run starts at step 0", ckpt_dir));
       return;
     }
-    checkpoint::CheckpointReader reader(path);
-    checkpoint::check_same_model(reader.model_config(), c.model, path);
-    if (!sources.empty()) train::check_resume_tokenizer(reader, *sources.front().dataset);
-    const train::TrainerState state = train::trainer_state_from_json(reader.trainer_state(), path);
+    std::unique_ptr<checkpoint::CheckpointReader> opened;
+    std::string path;
+    train::TrainerState state;
+    std::vector<std::string> damaged;
+    for (const std::string& candidate : candidates) {
+      try {
+        auto reader = std::make_unique<checkpoint::CheckpointReader>(candidate);
+        checkpoint::check_same_model(reader->model_config(), c.model, candidate);
+        if (!sources.empty()) train::check_resume_tokenizer(*reader, *sources.front().dataset);
+        try {
+          state = train::trainer_state_from_json(reader->trainer_state(), candidate);
+        } catch (const CheckpointError& e) {
+          throw checkpoint::CheckpointDamaged(e.what());
+        }
+        if (o.verify_checkpoint) {
+          const int64_t n = reader->verify_checksums();
+          report.ok("resume", fmt::format("{}: {} elements read, every chunk's checksum verified", candidate, n));
+        }
+        opened = std::move(reader);
+        path = candidate;
+        break;
+      } catch (const checkpoint::CheckpointDamaged& e) {
+        if (!fall_back) throw;
+        report.note("resume", fmt::format("{} is damaged: the run would set it aside (.damaged) and try the one before "
+                                          "it: {}",
+                                          candidate, e.what()));
+        damaged.push_back(candidate);
+      }
+    }
+    if (!opened)
+      throw checkpoint::CheckpointDamaged(fmt::format(
+          "none of the {} complete checkpoints in {} loads (resume = auto): the run would stop", damaged.size(), ckpt_dir));
+    checkpoint::CheckpointReader& reader = *opened;
+    if (!damaged.empty())
+      report.note("resume", fmt::format("the run would resume from {}, the newest that loads, and train the steps after it "
+                                        "again",
+                                        path));
+    if (!fall_back)
+      for (const std::string& newer : train::checkpoints_beside(ckpt_dir, state.step, path))
+        report.note("resume",
+                    fmt::format("{} is newer than the checkpoint resumed from: the run would set it aside as {}.superseded "
+                                "(renamed, not deleted), so that its saves do not mix with it",
+                                newer, newer));
     std::string left =
         total_steps > 0 ? fmt::format("; {} of {} steps left", std::max<int64_t>(0, total_steps - state.step), total_steps)
                         : std::string();
@@ -277,10 +339,6 @@ int run_check(const CheckOptions& o) {
     if (!sources.empty()) {
       const std::string change = train::resume_data_change(reader, sources);
       if (!change.empty()) report.note("resume", change);
-    }
-    if (o.verify_checkpoint) {
-      const int64_t n = reader.verify_checksums();
-      report.ok("resume", fmt::format("{}: {} elements read, every chunk's checksum verified", path, n));
     }
   });
 

@@ -11,11 +11,13 @@
 
 #include "command.hpp"
 #include "config_args.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/train/preemption.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 namespace shardtrain::cli {
@@ -32,7 +34,9 @@ struct TrainOptions {
 void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps, bool preempted,
                   const train::CheckpointHooks& checkpoints) {
   namespace fs = std::filesystem;
-  const std::string& checkpoint = checkpoints.last_saved();
+  // The newest checkpoint of this run: its last save, or, when it saved nothing (nothing was left to train, or it
+  // was stopped before its first step), the one it resumed from.
+  const std::string& checkpoint = checkpoints.last_saved().empty() ? checkpoints.resumed_from() : checkpoints.last_saved();
   nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
                       {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
                       {"step", step},
@@ -43,12 +47,26 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps,
                       {"last_checkpoint", checkpoint}};
   if (!checkpoints.resumed_from().empty()) j["resumed_from"] = checkpoints.resumed_from();
   // --resume auto passed over damaged checkpoints (docs/checkpoints.md, "Damaged checkpoints")
+  // Newer checkpoints a run branched from an older one renamed (docs/checkpoints.md, "One run per checkpoint directory")
+  for (const auto& f : checkpoints.superseded())
+    j["superseded_checkpoints"].push_back({{"checkpoint", f.checkpoint}, {"set_aside_as", f.set_aside_as}});
   for (const auto& f : checkpoints.resume_fallbacks())
     j["damaged_checkpoints"].push_back({{"checkpoint", f.checkpoint}, {"set_aside_as", f.set_aside_as}, {"error", f.error}});
   write_json_file((fs::path(s.run_dir) / "result.json").string(), j, "the run's result");
 }
 
+// The options that continue this run: its run directory (a generated one is new at every start, so `--resume auto`
+// alone would start over) and the checkpoint directory.
+std::string resume_options(const train::TrainConfig& config, const std::string& run_dir) {
+  std::string text = config.logging.run_dir.empty() ? fmt::format("--logging.run_dir {} ", run_dir) : std::string();
+  if (!config.checkpoint.dir.empty()) text += fmt::format("--checkpoint.dir {} ", config.checkpoint.dir);
+  return text + "--resume auto";
+}
+
 int run_train(const TrainOptions& o, Runtime* rt) {
+  // First: from here on SIGUSR1/SIGTERM only set a flag (a start-up takes minutes on a large model), and a run
+  // signalled before its first step stops with 75 below instead of dying of the default action.
+  train::PreemptionHooks preemption;  // before checkpoints: a requested save happens in the same step
   std::vector<std::string> notes;
   std::string source;
   train::TrainConfig config = o.args.resolve(notes, source);
@@ -62,18 +80,39 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
   check_model_fits(config, *rt);
+  // The checkpoint directory is claimed (created, writable, locked) before anything is built when its name is known,
+  // so a refusal costs seconds, not a model's initialization; a generated run directory's is new, and claimed once
+  // the trainer made it.
+  train::CheckpointDirClaim claim;
+  if (!config.logging.run_dir.empty() || !config.checkpoint.dir.empty())
+    claim.acquire(rt->world(), train::checkpoint_dir_for(config, config.logging.run_dir), config.logging.run_dir);
   train::Trainer trainer(*rt, config, topts);
-  train::PreemptionHooks preemption;  // before checkpoints: a requested save happens in the same step
+  if (!claim.acquired()) claim.acquire(rt->world(), train::checkpoint_dir_for(config, trainer.run_dir()), trainer.run_dir());
   train::CheckpointHooks checkpoints(trainer);
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
+  if (preemption.stop_before_start(rt->world())) {
+    train::TrainSummary s;
+    s.run_dir = trainer.run_dir();
+    s.last_loss = std::nan("");
+    if (rt->topology().world_rank == 0) write_result(s, trainer.state().step, config.schedule.max_steps, true, checkpoints);
+    log::warn(
+        "train: stopped by a signal before the first step; to continue, run the same command with {} (exit code 75 "
+        "asks for a requeue)",
+        resume_options(config, trainer.run_dir()));
+    return static_cast<int>(ExitCode::Requeue);
+  }
   const train::TrainSummary s = trainer.run();
-  log::info(
-      "train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
-      s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
-      std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
-      s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
-      s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
+  if (s.steps == 0)
+    log::info("train: done: no step left to take (at step {} of {}); run directory {}", trainer.state().step,
+              trainer.total_steps(), s.run_dir);
+  else
+    log::info(
+        "train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
+        s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
+        std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
+        s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
+        s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
   if (rt->topology().world_rank == 0) {
     write_result(s, trainer.state().step, config.schedule.max_steps, preemption.preempted(), checkpoints);
@@ -81,12 +120,14 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   if (preemption.preempted()) {
     // mpirun sent SIGTERM for a SIGTERM or Ctrl-C of its own, and will exit 1 whatever the ranks return.
     const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
-    log::warn("train: stopped by a signal after step {}; resume with --resume auto (exit code 75 asks for a requeue{})",
-              trainer.state().step,
-              preemption.signal() == SIGTERM && under_mpirun
-                  ? "; mpirun itself exits 1 when it is sent SIGTERM or Ctrl-C: start it through jobs/launch.sh to read 75, "
-                    "docs/exit-codes.md"
-                  : "");
+    log::warn(
+        "train: stopped by a signal after step {}; to continue, run the same command with {} (exit code 75 asks "
+        "for a requeue{})",
+        trainer.state().step, resume_options(config, trainer.run_dir()),
+        preemption.signal() == SIGTERM && under_mpirun
+            ? "; mpirun itself exits 1 when it is sent SIGTERM or Ctrl-C: start it through jobs/launch.sh to read 75, "
+              "docs/exit-codes.md"
+            : "");
     return static_cast<int>(ExitCode::Requeue);
   }
   return 0;

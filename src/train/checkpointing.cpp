@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/runtime/session.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
 
 namespace shardtrain::train {
@@ -105,6 +107,26 @@ bool shards_finite(const std::vector<fsdp::ShardView>& shards, StreamRef stream)
   return true;
 }
 
+// "; runs of this config under RUNS_ROOT with checkpoints: A (step_N), ..." or "" when there are none: the earlier
+// runs a `--resume auto` in a new run directory was probably meant to continue.
+std::string runs_with_checkpoints(const TrainConfig& config, const std::string& this_run) {
+  namespace fs = std::filesystem;
+  const std::string prefix = (config.logging.name.empty() ? std::string("run") : config.logging.name) + "-";
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(config.logging.runs_root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || e.path() == fs::path(this_run) || !e.is_directory(ec)) continue;
+    const std::string latest = checkpoint::find_latest((e.path() / "checkpoints").string());
+    if (!latest.empty()) found.push_back(fmt::format("{} ({})", e.path().string(), fs::path(latest).filename().string()));
+  }
+  if (found.empty()) return {};
+  std::sort(found.begin(), found.end());
+  std::string text = fmt::format("; runs of this config under {} with checkpoints:", config.logging.runs_root);
+  for (size_t k = found.size() > 3 ? found.size() - 3 : 0; k < found.size(); ++k) text += " " + found[k];
+  return text;
+}
+
 }  // namespace
 
 CheckpointHooks::CheckpointHooks(const Trainer& trainer) : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
@@ -171,8 +193,9 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
                               failed_saves_, max, keep, why));
   if (trainer.runtime().topology().world_rank == 0)
     log::error(
-        "checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops after {}); {}: {}",
-        step, failed_saves_, max + 1, keep, why);
+        "checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops at failure {} in a "
+        "row, checkpoint.max_failed_saves = {}); {}: {}",
+        step, failed_saves_, max + 1, max, keep, why);
   trainer.record_event(nlohmann::json{
       {"kind", "checkpoint_failed"},
       {"step", trainer.state().step},
@@ -182,6 +205,14 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
 }
 
 void CheckpointHooks::on_start(Trainer& trainer) {
+  const int rank = trainer.runtime().topology().world_rank;
+  if (trainer.config().checkpoint.resume.empty()) {
+    // A fresh run beside complete checkpoints would skip its saves at their steps, report theirs as its own and rotate
+    // its own away in their favour: refused before anything is touched. Rank 0 looks; every rank throws its line.
+    const std::string problem =
+        lowest_error(trainer.runtime().world(), rank, rank == 0 ? fresh_run_problem(dir_) : std::string());
+    if (!problem.empty()) throw CheckpointError(problem);
+  }
   report_space(trainer);
   // What saves killed half-way (or removals cut short) left: only rank 0 touches the directory, and no save of this
   // run is in flight yet. Complete checkpoints are never touched. Not when the run names a checkpoint to resume
@@ -190,12 +221,36 @@ void CheckpointHooks::on_start(Trainer& trainer) {
   if (trainer.runtime().topology().world_rank == 0 && (resume_setting.empty() || resume_setting == "auto"))
     checkpoint::remove_incomplete(dir_);
   resume(trainer);
+  if (!resumed_from_.empty() && trainer.config().checkpoint.resume != "auto") set_aside_newer(trainer);
   const auto& c = trainer.config().checkpoint;
   if (resumed_from_.empty() && !c.init_from.empty()) {
     auto source = checkpoint::open_tensor_source(c.init_from);
+    // Weights trained on another tokenizer's ids are refused, as --resume refuses them.
+    check_weights_tokenizer(source->path(), source->tokenizer(), trainer.dataset());
     checkpoint::import_weights(trainer.engine(), *source,
                                c.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
                                                            : checkpoint::ImportMode::EveryRankReadsItsSlices);
+  }
+}
+
+void CheckpointHooks::set_aside_newer(Trainer& trainer) {
+  // A run resumed from an older checkpoint than the newest here (a branch after a divergence, say) would have its
+  // saves skipped at their steps and rotated away in their favour: they are renamed, never deleted, and said loudly.
+  if (trainer.runtime().topology().world_rank != 0) return;
+  for (const std::string& path : checkpoints_beside(dir_, trainer.state().step, resumed_from_)) {
+    const std::string target = set_aside_superseded(path);
+    log::warn(
+        "checkpoint: SET ASIDE {} as {}: this run resumed from the older {} (step {}), and its saves must not mix with a "
+        "checkpoint it does not continue; nothing was deleted (to continue the newest instead: --resume auto, after "
+        "renaming it back)",
+        path, target, resumed_from_, trainer.state().step);
+    superseded_.push_back({path, target, ""});
+    trainer.record_event(nlohmann::json{{"kind", "checkpoint_set_aside"},
+                                        {"checkpoint", path},
+                                        {"set_aside_as", target},
+                                        {"resumed_from", resumed_from_},
+                                        {"step", trainer.state().step}}
+                             .dump());
   }
 }
 
@@ -239,7 +294,18 @@ void CheckpointHooks::resume(Trainer& trainer) {
     candidates.push_back(resolve_resume_path(resume, dir_));
   }
   if (candidates.empty()) {
-    log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
+    const TrainConfig& config = trainer.config();
+    if (config.logging.run_dir.empty() && config.checkpoint.dir.empty()) {
+      // A run directory made new for this run has no checkpoints: `--resume auto` alone never continues anything.
+      if (trainer.runtime().topology().world_rank == 0)
+        log::warn(
+            "checkpoint: resume = auto, but logging.run_dir is not set, so this run's directory {} is new and holds no "
+            "checkpoint: STARTING FROM SCRATCH. To continue a run, pass its directory: --logging.run_dir RUN_DIR "
+            "--resume auto{}",
+            trainer.run_dir(), runs_with_checkpoints(config, trainer.run_dir()));
+    } else {
+      log::info("checkpoint: resume = auto and no complete checkpoint in {}: starting from scratch", dir_);
+    }
     return;
   }
   const MPI_Comm world = trainer.runtime().world();
@@ -387,12 +453,15 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   const checkpoint::SaveMeta meta = meta_for(trainer);
   const auto& c = trainer.config().checkpoint;
   const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
-  last_saved_ =
+  // A complete checkpoint of this step that is there already is left alone by the save: it is not this run's
+  // save, and is never reported as the run's last checkpoint.
+  const bool existed = checkpoint::is_complete((std::filesystem::path(dir_) / checkpoint::step_dir_name(s.step)).string());
+  const std::string path =
       c.state_dict_type == StateDictType::Full
           ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
           : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
   last_saved_step_ = s.step;
-  published(last_saved_);
+  if (!existed) published(path);
 }
 
 void CheckpointHooks::save_async(Trainer& trainer) {

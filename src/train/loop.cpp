@@ -365,7 +365,7 @@ TrainSummary Trainer::run() {
   for (TrainerHooks* h : hooks_) h->on_start(*this);
   const auto start = Clock::now();
   TrainSummary s;
-  s.first_loss = std::numeric_limits<double>::quiet_NaN();
+  s.first_loss = s.last_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no step taken (nothing was left)
   StepMetrics m;
   int64_t steps_run = 0;  // not state_.step's advance: a rollback takes the count back
   while (state_.step < total_steps_ && !stop_requested_) {

@@ -3,6 +3,7 @@
 
 #include <csignal>
 
+#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::train {
@@ -29,6 +30,20 @@ PreemptionHooks::PreemptionHooks() {
 PreemptionHooks::~PreemptionHooks() {
   ::sigaction(SIGUSR1, &old_usr1_, nullptr);
   ::sigaction(SIGTERM, &old_term_, nullptr);
+}
+
+bool PreemptionHooks::stop_before_start(MPI_Comm world) {
+  int sig[2] = {g_signal == SIGUSR1 ? 1 : 0, g_signal == SIGTERM ? 1 : 0};
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sig, 2, MPI_INT, MPI_MAX, world));
+  agreed_signal_ = sig[1] ? SIGTERM : sig[0] ? SIGUSR1 : 0;
+  if (agreed_signal_ == 0) return false;
+  preempted_ = true;
+  signal_ = agreed_signal_;
+  log::warn(
+      "preemption: {} received during the start-up, before the first step: stopping with nothing new to save (exit "
+      "code 75: requeue)",
+      signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM");
+  return true;
 }
 
 void PreemptionHooks::contribute(std::span<double> mine) {

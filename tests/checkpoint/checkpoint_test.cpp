@@ -195,7 +195,10 @@ TEST(Checkpoint, AWriteFailingOnOneRankFailsTheSaveEverywhereAndFreesItsSpace) {
     } catch (const IoError& err) {
       sync_error = err.what();
     }
-    tmp_left = fs::exists(dir + "/step_00000002.tmp");
+    // A save's temporary directory is step_N.tmp-<its own id>: any such name left counts.
+    tmp_left = false;
+    for (const auto& entry : fs::directory_iterator(dir))
+      tmp_left = tmp_left || entry.path().filename().string().rfind("step_00000002.tmp", 0) == 0;
     checkpoint::AsyncSave saver;
     try {
       saver.start(e, a, dir, meta_for(2), 0);

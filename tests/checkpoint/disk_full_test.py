@@ -55,7 +55,7 @@ def events(name, kind):
 
 
 def contents(path):
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return sorted(n for n in os.listdir(path) if n != ".shardtrain.lock") if os.path.isdir(path) else []
 
 
 try:

@@ -89,6 +89,11 @@ def flip_int_attribute(path, name, value, bit):
     open(path, "wb").write(data)
 
 
+def steps_in(path):
+    """The step directories of a checkpoint directory (the run creates it, with its lock file, when it starts)."""
+    return [n for n in os.listdir(path) if n.startswith("step_")] if os.path.isdir(path) else []
+
+
 def copy_checkpoints(src, dst, steps):
     os.makedirs(dst, exist_ok=True)
     for s in steps:
@@ -175,7 +180,7 @@ check(result.get("resumed_from", "").endswith("step_00000004") and len(damaged) 
       and "trainer_state" in damaged[0]["error"], f"result.json: {result}")
 events = [m for m in metrics("fallback") if m.get("kind") == "resume_fallback"]
 check(len(events) == 1 and events[0]["damaged"].endswith("step_00000006"), f"the metrics record the fallback: {events}")
-left = sorted(os.listdir(fb))
+left = sorted(n for n in os.listdir(fb) if n != ".shardtrain.lock")
 check(left == ["step_00000002", "step_00000003", "step_00000004", "step_00000006", "step_00000006.damaged", "step_00000008"],
       f"the damaged checkpoint set aside, the incomplete ones removed, the foreign one kept, steps 6 and 8 saved again: {left}")
 check("removed " + os.path.join(fb, "step_00000005") in r.stderr and "removed " + os.path.join(fb, "step_00000007.tmp") in r.stderr
@@ -198,7 +203,7 @@ none = os.path.join(work, "none", "ckpt")
 copy_checkpoints(saved, none, (6,))
 flip_digit(os.path.join(none, "step_00000006", "index.h5"), b'"tokens_seen":')
 r = train("none", "--checkpoint.dir", none, "--resume", "auto")
-check(r.returncode == 5 and "none of the 1 complete checkpoints" in r.stderr and os.listdir(none) == ["step_00000006"],
+check(r.returncode == 5 and "none of the 1 complete checkpoints" in r.stderr and sorted(os.listdir(none)) == [".shardtrain.lock", "step_00000006"],
       f"no checkpoint loads: exit {r.returncode}: {r.stderr[-1500:]}")
 
 # 3. Divergence. Steps 5-10 get a NaN gradient (skipped), the run stops at the 6th in a row (exit 9). Saves at 6 and
@@ -207,7 +212,7 @@ check(r.returncode == 5 and "none of the 1 complete checkpoints" in r.stderr and
 r = train("diverged", "--checkpoint.keep_last", "2", "--schedule.max_steps", "20", "--optim.max_consecutive_nonfinite", "6",
           env_extra={"SHARDTRAIN_FAULT": "nan_grad:5-20"})
 ck = os.path.join(work, "diverged", "checkpoints")
-kept = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+kept = sorted(n for n in os.listdir(ck) if n.startswith("step_")) if os.path.isdir(ck) else []
 health = {d: json.load(open(os.path.join(ck, d, "DONE"))).get("healthy") for d in kept}
 check(r.returncode == 9 and kept == ["step_00000004", "step_00000006", "step_00000008"]
       and health == {"step_00000004": True, "step_00000006": False, "step_00000008": False},
@@ -219,12 +224,12 @@ check("keeping " + os.path.join(ck, "step_00000004") + " beyond keep_last = 2" i
 INF = ["--optim.lr", "1e39", "--schedule.warmup_steps", "0"]
 r = train("inf_periodic", *INF, "--optim.max_consecutive_nonfinite", "3")
 skipped = [m for m in metrics("inf_periodic") if m.get("kind") == "checkpoint_skipped"]
-check(r.returncode == 9 and not os.path.exists(os.path.join(work, "inf_periodic", "checkpoints"))
+check(r.returncode == 9 and not steps_in(os.path.join(work, "inf_periodic", "checkpoints"))
       and [m["step"] for m in skipped] == [2] and "the save of step 2 is skipped: the weights are not finite" in r.stderr,
       f"a periodic save of non-finite weights: exit {r.returncode}, {skipped}: {r.stderr[-1500:]}")
 r = train("inf_final", *INF, "--schedule.max_steps", "2", "--checkpoint.every_n_steps", "10")
 check(r.returncode == 9 and "the weights are not finite at step 2, so the final save is not made" in r.stderr
-      and not os.path.exists(os.path.join(work, "inf_final", "checkpoints")), f"the final save of non-finite weights: exit {r.returncode}: {r.stderr[-1500:]}")
+      and not steps_in(os.path.join(work, "inf_final", "checkpoints")), f"the final save of non-finite weights: exit {r.returncode}: {r.stderr[-1500:]}")
 
 check.finish("PASS: damaged metadata is refused by name everywhere, datasets are not replaced, kills' leftovers are removed, "
              "divergence keeps the sound checkpoint and saves no non-finite weights, and --resume auto falls back past damage")

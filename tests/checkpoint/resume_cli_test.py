@@ -10,6 +10,7 @@ resumes exactly too,
 and one whose sources were tokenized differently is refused; a diverged run rolls back to its newest checkpoint
 past the bad data, and resumes exactly after that."""
 import json
+import re
 import os
 import shutil
 import signal
@@ -59,14 +60,31 @@ ckpts = os.path.join(work, "killed", "ckpt")
 # A run killed with SIGKILL while its step-4 save is in flight (files written, not yet published).
 p = train("killed", "--checkpoint.dir", ckpts, env_extra={"SHARDTRAIN_CHECKPOINT_FAULT": "stall_before_publish:60@4"}, popen=True)
 deadline = time.time() + 120
-while time.time() < deadline and not os.path.isdir(os.path.join(ckpts, "step_00000004.tmp")):
+def save_in_flight():
+    """The step-4 save's temporary directory: step_00000004.tmp-<pid>-<random>, a name of that save's own."""
+    return [n for n in os.listdir(ckpts) if n.startswith("step_00000004.tmp-")] if os.path.isdir(ckpts) else []
+
+
+while time.time() < deadline and not save_in_flight():
     time.sleep(0.2)
 time.sleep(1.0)  # the rank files are being written or done; the publish is stalled
+# The ranks too, not only mpirun's group: a rank orphaned in its stall would live on, hold the directory's lock (the
+# next run is refused while it does) and publish its step 4 later, into a directory another run is using.
+ranks = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
 os.killpg(p.pid, signal.SIGKILL)
+for pid in ranks:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 p.wait()
+deadline = time.time() + 30
+while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in ranks):
+    time.sleep(0.1)
 check(os.path.isfile(os.path.join(ckpts, "step_00000002", "DONE")), "the step-2 checkpoint survived the kill")
 check(not os.path.exists(os.path.join(ckpts, "step_00000004")), "no step-4 checkpoint was published")
-check(os.path.isdir(os.path.join(ckpts, "step_00000004.tmp")), "the interrupted save is left as a .tmp directory")
+check(len(save_in_flight()) == 1 and re.fullmatch(r"step_00000004\.tmp-\d+-[0-9a-f]{8}", save_in_flight()[0]),
+      f"the interrupted save is left as a .tmp directory of its own name: {os.listdir(ckpts)}")
 info = subprocess.run([st, "checkpoint", "info", "--verify", os.path.join(ckpts, "step_00000002")], capture_output=True, text=True)
 check(info.returncode == 0 and "checksums: ok" in info.stdout and "step 2" in info.stdout, f"checkpoint info: {info.stdout} {info.stderr}")
 
@@ -118,7 +136,7 @@ while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in 
 os.kill(p.pid, signal.SIGUSR1)
 out = p.communicate(timeout=300)[0].decode(errors="replace")
 check(p.returncode == 75, f"preempted run: exit code {p.returncode}, expected 75: {out[-1500:]}")
-saved = [d for d in os.listdir(pre_ckpt)] if os.path.isdir(pre_ckpt) else []
+saved = [d for d in os.listdir(pre_ckpt) if d.startswith("step_")] if os.path.isdir(pre_ckpt) else []
 check(len(saved) == 1 and os.path.isfile(os.path.join(pre_ckpt, saved[0], "DONE")), f"one checkpoint saved on preemption: {saved}")
 if saved:
     stop = int(saved[0].split("_")[1])
@@ -171,7 +189,7 @@ for name, extra, want in (("keep_last", [], ["step_00000008"]),
                           ("keep_every_async", ["--checkpoint.keep_every", "4", "--checkpoint.async_save", "true"],
                            ["step_00000004", "step_00000008"])):
     r = train(f"retain_{name}", "--checkpoint.keep_last", "1", *extra)
-    kept = sorted(os.listdir(os.path.join(work, f"retain_{name}", "checkpoints"))) if r.returncode == 0 else []
+    kept = sorted(n for n in os.listdir(os.path.join(work, f"retain_{name}", "checkpoints")) if n.startswith("step_")) if r.returncode == 0 else []
     check(r.returncode == 0 and kept == want, f"retention {name}: exit {r.returncode}, kept {kept}, expected {want}: {r.stderr[-800:]}")
 r = train("retain_bad", "--checkpoint.keep_last", "1", "--checkpoint.keep_every", "3")
 check(r.returncode == 3 and "checkpoint.keep_every: 3 is not a multiple of checkpoint.every_n_steps = 2" in r.stderr,

@@ -44,10 +44,13 @@ class CheckpointHooks final : public TrainerHooks {
     std::string checkpoint, set_aside_as, error;
   };
   const std::vector<Fallback>& resume_fallbacks() const { return fallbacks_; }
+  // The newer complete checkpoints a run resumed from an older one renamed PATH.superseded (rank 0's list).
+  const std::vector<Fallback>& superseded() const { return superseded_; }
 
  private:
   enum class SaveCause { Periodic, Requested, Final };
   void resume(Trainer& trainer);
+  void set_aside_newer(Trainer& trainer);  // after an explicit resume: the newer checkpoints renamed, never deleted
   // Loads `path` for a resume: the state to restore, or CheckpointDamaged (the trainer state too, when it does not parse).
   TrainerState load_for_resume(Trainer& trainer, const std::string& path);
   // Collective: whether this save may go ahead. Non-finite weights are never saved: a periodic save is skipped (logged
@@ -68,7 +71,7 @@ class CheckpointHooks final : public TrainerHooks {
 
   std::string dir_;
   std::string last_saved_, resumed_from_;
-  std::vector<Fallback> fallbacks_;
+  std::vector<Fallback> fallbacks_, superseded_;
   int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)
   int failed_saves_ = 0;          // periodic saves failed in a row
   int64_t async_step_ = -1;       // the step of the asynchronous save in flight

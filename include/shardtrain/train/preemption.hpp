@@ -4,6 +4,7 @@
 // with ExitCode::Requeue (75) so the job script can requeue itself; the requeued job resumes with --resume auto.
 #pragma once
 
+#include <mpi.h>
 #include <signal.h>
 
 #include "shardtrain/train/trainer.hpp"
@@ -13,7 +14,8 @@ namespace shardtrain::train {
 class PreemptionHooks final : public TrainerHooks {
  public:
   // Installs the SIGUSR1 and SIGTERM handlers (they only set a flag); the previous ones are restored
-  // on destruction.
+  // on destruction. Made first thing in `train`: a signal during the start-up must not end a rank with the
+  // default action (exit 138, no result.json) where exit code 75 is promised.
   PreemptionHooks();
   ~PreemptionHooks() override;
   PreemptionHooks(const PreemptionHooks&) = delete;
@@ -24,6 +26,10 @@ class PreemptionHooks final : public TrainerHooks {
   size_t agreed_slots() const override { return 2; }
   void contribute(std::span<double> mine) override;
   void agreed(std::span<const double> sums) override;
+  // Collective over `world`: whether a signal reached any rank before the first step (while the model, the data and
+  // the checkpoint directory were being set up). Then the run is preempted with nothing new to save: `train`
+  // stops at once with exit code 75 instead of training a step first.
+  bool stop_before_start(MPI_Comm world);
   bool preempted() const { return preempted_; }
   int signal() const { return signal_; }
 

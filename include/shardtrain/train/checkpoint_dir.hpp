@@ -1,0 +1,55 @@
+// A run's claim on its checkpoint directory (docs/checkpoints.md, "One run per checkpoint directory"): rank 0
+// creates it, proves it can be written, and holds an exclusive lock on a file in it for the run's life, so a
+// second run saving there (which would assemble checkpoints from both) is refused at start. And a run never mixes
+// its saves with complete checkpoints it did not resume from (their steps' saves would be skipped and its own
+// rotated away in their favour): a fresh run beside them is refused, a run branched from an older checkpoint sets
+// the newer ones aside. `shardtrain check` asks the same questions offline.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardtrain::train {
+
+// The lock file inside the checkpoint directory; it holds "host H, pid P, since T, run directory R".
+inline constexpr const char* kCheckpointLockFile = ".shardtrain.lock";
+
+class CheckpointDirClaim {
+ public:
+  CheckpointDirClaim() = default;
+  ~CheckpointDirClaim();
+  CheckpointDirClaim(const CheckpointDirClaim&) = delete;
+  CheckpointDirClaim& operator=(const CheckpointDirClaim&) = delete;
+
+  // Collective over `world`. Rank 0 creates `dir` and checks that it can be written (IoError naming the path and the
+  // file system's reason: exit code 8) and locks it (CheckpointError naming the holder when another run holds it:
+  // 5). Every rank throws the same error. A file system without locks (flock unsupported) is warned about and used
+  // unlocked.
+  void acquire(MPI_Comm world, const std::string& dir, const std::string& run_dir);
+  bool acquired() const { return acquired_; }  // on every rank, once acquire() returned
+  const std::string& dir() const { return dir_; }
+
+ private:
+  int fd_ = -1;  // rank 0's open lock file; the lock goes with the process (killed or not)
+  bool unlocked_ = false;  // rank 0: the file system has no locks
+  bool acquired_ = false;
+  std::string dir_;
+};
+
+// The complete checkpoints of `dir` that a run starting at `start_step` did not come from: with `resumed_from` ""
+// (a fresh run) all of them; else those newer than `start_step`, and one of that step that is not `resumed_from`.
+std::vector<std::string> checkpoints_beside(const std::string& dir, int64_t start_step, const std::string& resumed_from);
+// The refusal of a fresh run in a directory holding complete checkpoints ("" when it holds none): one line naming
+// the directory, the checkpoints and what to do. Exit code 5.
+std::string fresh_run_problem(const std::string& dir);
+// Renames a checkpoint a branched run does not continue to PATH.superseded (.superseded-2, ...): no longer a step
+// directory, so never resumed, rotated or skipped over, and never deleted. Returns the new name (IoError on failure).
+std::string set_aside_superseded(const std::string& path);
+
+// Who holds the lock of `dir` now ("" when nobody does, or it cannot be told): for `shardtrain check`. Only looks.
+std::string checkpoint_dir_holder(const std::string& dir);
+
+}  // namespace shardtrain::train

@@ -1,0 +1,174 @@
+// The checkpoint directory's claim: created and probed for writing at start, locked for the run's life
+// (flock: released by the kernel when the process ends, killed or not, so a stale lock never blocks), and
+// refused when it holds complete checkpoints the run would mix its own saves with.
+#include "shardtrain/train/checkpoint_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::train {
+namespace {
+
+std::string read_holder(int fd) {
+  char buf[512];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string text(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+  return text;
+}
+
+std::string holder_text(const std::string& run_dir) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
+  return fmt::format("host {}, pid {}, since {}, run directory {}\n", host, ::getpid(), stamp, run_dir);
+}
+
+// The directory exists (made if need be) and a directory can be made in it: access() would say yes to root,
+// which job scripts often run as, even on a read-only file system.
+void require_writable_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw IoError(fmt::format("checkpoint.dir: {} exists and is not a directory", dir));
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("checkpoint.dir: cannot create {}: {}", dir, ec.message()));
+  const fs::path probe = fs::path(dir) / fmt::format(".shardtrain-probe-{}", ::getpid());
+  if (!fs::create_directory(probe, ec) || ec)
+    throw IoError(fmt::format("checkpoint.dir: {} is not writable: {}", dir, ec ? ec.message() : "it exists already"));
+  fs::remove(probe, ec);
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoints_beside(const std::string& dir, int64_t start_step, const std::string& resumed_from) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const std::string own = resumed_from.empty() ? std::string() : fs::weakly_canonical(resumed_from, ec).string();
+  for (const auto& [step, path] : checkpoint::complete_checkpoints(dir)) {
+    if (!resumed_from.empty() && (step < start_step || fs::weakly_canonical(path, ec).string() == own)) continue;
+    out.push_back(path);  // a fresh run's every one; a resumed run's newer ones, or another of its own step
+  }
+  return out;
+}
+
+std::string fresh_run_problem(const std::string& dir) {
+  const std::vector<std::string> found = checkpoints_beside(dir, 0, "");
+  if (found.empty()) return {};
+  std::string names;
+  for (size_t k = 0; k < found.size() && k < 4; ++k) names += (k ? ", " : "") + fs::path(found[k]).filename().string();
+  if (found.size() > 4) names += fmt::format(" and {} more", found.size() - 4);
+  return fmt::format(
+      "checkpoint.dir {} holds {} complete checkpoint(s) ({}) and this run does not resume from them: its saves would be "
+      "mixed with them (a step saved there is not saved again, and the rotation would remove this run's checkpoints in "
+      "their favour). To continue them, add --resume auto; to start a new run, give it a checkpoint.dir of its own (or "
+      "another logging.run_dir), or move them out of the directory first",
+      dir, found.size(), names);
+}
+
+std::string set_aside_superseded(const std::string& path) {
+  std::string target = path + ".superseded";
+  for (int k = 2; fs::exists(target); ++k) target = fmt::format("{}.superseded-{}", path, k);
+  std::error_code ec;
+  fs::rename(path, target, ec);
+  if (ec) throw IoError(fmt::format("cannot rename {} to {}: {}", path, target, ec.message()));
+  return target;
+}
+
+CheckpointDirClaim::~CheckpointDirClaim() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race with the next run's open)
+}
+
+void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const std::string& run_dir) {
+  int rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  dir_ = dir;
+  int code = 0;
+  std::string error;
+  if (rank == 0) {
+    try {
+      require_writable_dir(dir);
+      const std::string lock = (fs::path(dir) / kCheckpointLockFile).string();
+      const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) throw IoError(fmt::format("checkpoint.dir: cannot create {}: {}", lock, std::strerror(errno)));
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err == EWOULDBLOCK) {
+          const std::string holder = read_holder(fd);
+          ::close(fd);
+          throw CheckpointError(fmt::format(
+              "checkpoint.dir {} is in use by another run ({}): two runs saving into one directory would mix their "
+              "checkpoints; give this run a checkpoint.dir of its own (or another logging.run_dir), or wait for that "
+              "run to end",
+              dir, holder.empty() ? "its lock file " + lock + " is locked" : holder));
+        }
+        // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
+        log::warn("checkpoint: cannot lock {} ({}): nothing stops a second run from saving into {} at the same time",
+                  lock, std::strerror(err), dir);
+        ::close(fd);
+        unlocked_ = true;
+      } else {
+        fd_ = fd;
+        const std::string text = holder_text(run_dir);
+        if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) < 0)
+          log::warn("checkpoint: cannot record this run in {}: {}", lock, std::strerror(errno));
+      }
+    } catch (const Error& e) {
+      code = static_cast<int>(e.code());
+      error = e.what();
+    }
+  }
+  // Every rank throws rank 0's error: one line from rank 0, the same exit code everywhere.
+  ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, world));
+  acquired_ = code == 0;
+  if (code == 0) return;
+  int length = static_cast<int>(error.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
+  error.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(error.data(), length, MPI_CHAR, 0, world));
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(error);
+  if (code == static_cast<int>(ExitCode::Io)) throw IoError(error);
+  throw Error(static_cast<ExitCode>(code), error);
+}
+
+std::string checkpoint_dir_holder(const std::string& dir) {
+  const std::string lock = (fs::path(dir) / kCheckpointLockFile).string();
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string holder;
+  // A shared probe, released at once: it fails only while a run holds the exclusive lock.
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      holder = read_holder(fd);
+      if (holder.empty()) holder = "its lock file " + lock + " is locked";
+    }
+  } else {
+    ::flock(fd, LOCK_UN);
+  }
+  ::close(fd);
+  return holder;
+}
+
+}  // namespace shardtrain::train
