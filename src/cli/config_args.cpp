@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "shardtrain/runtime/error.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/hf_configs.hpp"
 
@@ -50,7 +51,14 @@ train::TrainConfig ConfigArgs::resolve(std::vector<std::string>& notes, std::str
     ++overrides;
   }
   if (overrides) source += fmt::format(" + {} override(s)", overrides);
-  if (!resume.empty()) c.checkpoint.resume = resume;
+  if (!resume.empty()) {
+    // Two answers to one question: neither silently wins.
+    for (size_t i = 0; i < fields.size(); ++i)
+      if (fields[i].dotted() == "checkpoint.resume" && override_options[i]->count() != 0)
+        throw UsageError(
+            fmt::format("--resume {} and --checkpoint.resume {}: give one of them", resume, override_values[i]));
+    c.checkpoint.resume = resume;
+  }
   c.validate();
   return c;
 }

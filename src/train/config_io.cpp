@@ -215,6 +215,10 @@ void apply_toml_text(TrainConfig& config, std::string_view text, const std::stri
 }
 
 TrainConfig load_train_config(const std::string& path) {
+  // A folder opens as a stream that reads nothing: it was taken as an empty config, and the error named the first
+  // key an empty config lacks (schedule.max_steps).
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("{}: is a folder (expected a TOML file, e.g. configs/tiny-cpu.toml)", path));
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw ConfigError(

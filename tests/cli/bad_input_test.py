@@ -178,7 +178,9 @@ def interrupted(name, send, code=75, through=(launch,)):
     send(p)
     out = p.communicate(timeout=120)[0].decode(errors="replace")
     result = json.load(open(os.path.join(run_dir, "result.json"))) if os.path.exists(os.path.join(run_dir, "result.json")) else {}
-    saved = os.listdir(os.path.join(run_dir, "ckpt")) if os.path.isdir(os.path.join(run_dir, "ckpt")) else []
+    # The checkpoints (the directory also holds the run's lock file, .shardtrain.lock).
+    saved = ([f for f in os.listdir(os.path.join(run_dir, "ckpt")) if f.startswith("step_")]
+             if os.path.isdir(os.path.join(run_dir, "ckpt")) else [])
     check(p.returncode == code and result.get("status") == "preempted" and len(saved) == 1,
           f"{name}: exit {p.returncode} (expected {code}), result {result}, checkpoints {saved}: {out[-1500:]}")
     return out

@@ -18,6 +18,8 @@
 - an offline command under a launcher with 2 processes (mpirun -np 2 consolidate): it runs once, on launcher rank 0,
   says so once, and exits 0 with the output whole (the two processes raced on one output and exited 8 after writing
   it);
+- --resume with --checkpoint.resume (one silently won): 2; a config that is a folder (read as an empty config): 3
+  saying so;
 - evaluate of weights on a dataset of a larger vocabulary: 5 (weights of another tokenizer), not 3 naming a config key;
 - a JSON result on a full file system (root only: a tmpfs): exit 8 naming "No space left on device", no file and no
   temporary left (result.json was renamed into place empty while the run exited 0)."""
@@ -34,6 +36,7 @@ check = clitest.Checks()
 work = clitest.fresh_workdir(args)
 st = os.path.abspath(args.shardtrain)
 tiny = os.path.join(args.source, "configs/tiny-cpu.toml")
+os.makedirs(os.path.join(work, "a-folder"))
 
 
 def run(cmd, np=None, timeout=300):
@@ -103,13 +106,19 @@ expect("bench attention 1e5 x 1e5", ["bench", "attention", "--shape", "100000,10
                                      "--warmup", "0"], 3,
        "bench attention: --shape '100000,100000,64,64,128' needs about 3.66e+06 GiB, more than the", short=False)
 
+# Two answers to one question, and a config that is a folder (it read as an empty config: "schedule.max_steps").
+expect("--resume and --checkpoint.resume", ["train", "-c", tiny, "--resume", "auto", "--checkpoint.resume", "x",
+                                          "--print-config"], 2,
+       "--resume auto and --checkpoint.resume x: give one of them", np=1, short=False)
+expect("-c FOLDER", ["train", "-c", "a-folder", "--print-config"], 3,
+       "a-folder: is a folder (expected a TOML file", np=1, short=False)
+
 # Second-level commands.
 expect("bench foo", ["bench", "foo"], 2, "unknown bench command 'foo' (expected one of: model, ops, step, attention, comm")
 expect("checkpoint frob", ["checkpoint", "frob", "x"], 2, "unknown checkpoint command 'frob' (expected one of: info")
 expect("bench", ["bench"], 2, "bench: no command given (expected one of: model, ops")
 
 # Output file options, before any work.
-os.makedirs(os.path.join(work, "a-folder"))
 expect("predict --json ''", ["predict", "-c", tiny, "--json", ""], 2, "--json: expected a file name")
 expect("predict --trace FOLDER", ["predict", "-c", tiny, "--trace", "a-folder"], 2,
        "--trace: a-folder is a folder: expected a file name")
