@@ -1,20 +1,17 @@
 // The list of subcommands, in the order `shardtrain --help` shows them, and what several share.
 #include "command.hpp"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/train/config.hpp"
@@ -22,33 +19,7 @@
 namespace shardtrain::cli {
 
 void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& what) {
-  // A name of this process's own (another file's "<path>.tmp" is never written over), written, flushed to disk and
-  // only then renamed: a full disk fails here with its reason, and the old file keeps its name. Through a stream
-  // the error of the last block surfaced only at close, after the check, and an empty file took the name.
-  const std::string tmp = fmt::format("{}.tmp-{}", path, getpid()), text = j.dump(2) + "\n";
-  auto fail = [&](int err) {
-    ::unlink(tmp.c_str());
-    throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(err)));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(errno)));
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      fail(err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(err);
-  }
-  if (::close(fd) != 0) fail(errno);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
+  write_file_whole(path, j.dump(2) + "\n", what);
 }
 
 int world_size_of(int64_t nodes, int64_t ranks_per_node) {

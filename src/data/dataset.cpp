@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/sampler.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
@@ -148,15 +149,8 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
     if (v < validation.size() && validation[v] == static_cast<int64_t>(d)) ++v;
     else train.push_back(static_cast<int64_t>(d));
   }
-  const std::string tmp = output_temporary(path);
-  struct RemoveUnlessMoved {  // a failed write leaves nothing behind
-    const std::string& p;
-    bool moved = false;
-    ~RemoveUnlessMoved() {
-      std::error_code ec;
-      if (!moved) std::filesystem::remove(p, ec);
-    }
-  } guard{tmp};
+  TemporaryOutput guard(output_temporary(path));  // a failed write leaves nothing behind
+  const std::string& tmp = guard.path();
   auto f = hdf5::create_file(tmp);
   const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
   hdf5::create_u32(f, "tokens", num_tokens);  // contiguous and unfiltered: readers map it
@@ -199,7 +193,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   f.close();
   fsync_path(tmp);  // on disk before it takes the name: a crash leaves the old file or the whole new one
   move_into_place(tmp, path, existing, "a dataset is not replaced unless asked (prepare-data --overwrite)");
-  guard.moved = true;
+  guard.moved();
   const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
   fsync_path(dir.string());  // the rename itself
 }

@@ -98,15 +98,8 @@ void move_into_place(const std::string& tmp, const std::string& path, ExistingOu
 
 void write_file_into_place(const std::string& path, std::string_view contents, ExistingOutput existing,
                            std::string_view refusal) {
-  const std::string tmp = output_temporary(path);
-  struct RemoveUnlessMoved {  // a failed write leaves nothing behind
-    const std::string& p;
-    bool moved = false;
-    ~RemoveUnlessMoved() {
-      std::error_code ec;
-      if (!moved) fs::remove(p, ec);
-    }
-  } guard{tmp};
+  TemporaryOutput guard(output_temporary(path));  // a failed write leaves nothing behind
+  const std::string& tmp = guard.path();
   std::FILE* f = std::fopen(tmp.c_str(), "wbx");  // x: never through a file or link that is already there
   if (!f) throw IoError(fmt::format("{}: cannot create the temporary file {}: {}", path, tmp, std::strerror(errno)));
   const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size();
@@ -115,7 +108,7 @@ void write_file_into_place(const std::string& path, std::string_view contents, E
     throw IoError(fmt::format("{}: cannot write {}: {}", path, tmp, std::strerror(written ? errno : err)));
   fsync_path(tmp);  // on disk before it takes the name: a crash leaves the old file or the whole new one
   move_into_place(tmp, path, existing, refusal);
-  guard.moved = true;
+  guard.moved();
   fsync_path(fs::absolute(path).parent_path().string());  // the rename itself
 }
 

@@ -6,14 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -26,6 +20,7 @@
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
+#include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
@@ -87,36 +82,6 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
 }
 
 namespace {
-
-// `text` into `path` whole or not at all: written to a name of this process's own, flushed to disk, each call
-// checked, then renamed. Through a stream a full disk surfaced only at close, after the check: no reason was given
-// and a 0-byte file took the name. The IoError names the file and the file system's reason.
-void write_file_whole(const std::string& path, const std::string& text, const std::string& what) {
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  auto fail = [&](int err) {
-    ::unlink(tmp.c_str());
-    throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(err)));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(errno)));
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      fail(err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(err);
-  }
-  if (::close(fd) != 0) fail(errno);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
-}
 
 // Rank 0 picks and creates the run directory; every rank gets its name (or rank 0's error).
 std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {

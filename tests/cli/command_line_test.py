@@ -39,12 +39,7 @@ tiny = os.path.join(args.source, "configs/tiny-cpu.toml")
 os.makedirs(os.path.join(work, "a-folder"))
 
 
-def run(cmd, np=None, timeout=300):
-    env = dict(os.environ)
-    env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
-    full = [args.mpiexec, "--oversubscribe", "-np", str(np), st, *cmd] if np else [st, *cmd]
-    p = subprocess.run(full, capture_output=True, text=True, errors="replace", timeout=timeout, env=env, cwd=work)
-    return p.returncode, p.stdout, p.stderr
+run = clitest.shardtrain_runner(args, work)
 
 
 def expect(what, cmd, code, *needles, np=None, short=True):

@@ -35,12 +35,7 @@ if not os.path.isfile(dataset) or not os.path.isdir(tokenizers):
     sys.exit(1)
 
 
-def run(cmd, np=None, timeout=300):
-    env = dict(os.environ)
-    env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
-    full = [args.mpiexec, "--oversubscribe", "-np", str(np), st, *cmd] if np else [st, *cmd]
-    p = subprocess.run(full, capture_output=True, text=True, errors="replace", timeout=timeout, env=env, cwd=work)
-    return p.returncode, p.stdout, p.stderr
+run = clitest.shardtrain_runner(args, work)
 
 
 def expect(what, cmd, code, *needles, np=None):

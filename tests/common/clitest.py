@@ -55,3 +55,18 @@ def prepare_dataset(args, corpus_path, work, vocab_size, stem, validation_fracti
                 ["prepare-data", "-t", tok, "-i", corpus_path, "-o", ds, "--validation-fraction", str(validation_fraction)]):
         subprocess.run([args.shardtrain, *cmd, "--log-level", "warn"], check=True)
     return tok, ds
+
+
+def shardtrain_runner(args, cwd):
+    """run(cmd, np=None, timeout=300) -> (returncode, stdout, stderr): the binary alone, or under mpirun -np NP, in
+    `cwd`, without the caller's SHARDTRAIN_RANKS_PER_NODE."""
+    st = os.path.abspath(args.shardtrain)
+
+    def run(cmd, np=None, timeout=300):
+        env = dict(os.environ)
+        env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+        full = [args.mpiexec, "--oversubscribe", "-np", str(np), st, *cmd] if np else [st, *cmd]
+        p = subprocess.run(full, capture_output=True, text=True, errors="replace", timeout=timeout, env=env, cwd=cwd)
+        return p.returncode, p.stdout, p.stderr
+
+    return run

@@ -35,6 +35,25 @@ void fsync_path(const std::string& path);
 // `refusal` ("a dataset is not replaced unless asked (prepare-data --overwrite)"). IoError when the rename fails.
 void move_into_place(const std::string& tmp, const std::string& path, ExistingOutput existing, std::string_view refusal);
 
+// A temporary that is removed when this goes out of scope unless it was moved into place (`moved()`): a failed
+// write, whatever throws, leaves nothing behind.
+class TemporaryOutput {
+ public:
+  explicit TemporaryOutput(std::string path) : path_(std::move(path)) {}
+  ~TemporaryOutput() {
+    std::error_code ec;
+    if (!moved_) std::filesystem::remove(path_, ec);
+  }
+  TemporaryOutput(const TemporaryOutput&) = delete;
+  TemporaryOutput& operator=(const TemporaryOutput&) = delete;
+  const std::string& path() const { return path_; }
+  void moved() { moved_ = true; }
+
+ private:
+  std::string path_;
+  bool moved_ = false;
+};
+
 // Writes `contents` to output_temporary(path), flushes it, and moves it into place as above; the temporary is
 // removed however that fails.
 void write_file_into_place(const std::string& path, std::string_view contents, ExistingOutput existing,
