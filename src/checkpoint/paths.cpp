@@ -108,8 +108,9 @@ std::vector<std::string> remove_incomplete(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     // step_N, step_N.tmp (saves before 2026-11-28) and step_N.tmp-<id> (a save's own name since)
-    const bool tmp = name.size() >= 17 && name.compare(13, 4, ".tmp") == 0 && (name.size() == 17 || name[17] == '-');
-    if (!parse_step_dir(name.substr(0, tmp ? 13 : name.size())) || !e.is_directory(ec) || e.is_symlink(ec) ||
+    const size_t dot = name.find(".tmp");
+    const bool tmp = dot != std::string::npos && (dot + 4 == name.size() || name[dot + 4] == '-');
+    if (!parse_step_dir(name.substr(0, tmp ? dot : name.size())) || !e.is_directory(ec) || e.is_symlink(ec) ||
         is_complete(e.path().string()))
       continue;
     candidates.push_back(e.path());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -482,4 +483,27 @@ TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// What a killed save leaves (a temporary of the old name, or of a save's own name since 2026-11-28) is removed
+// at start; a temporary holding a user's file, and a name that is no save's, are left.
+TEST(CheckpointFiles, IncompleteSavesAreRemovedAndForeignFilesLeft) {
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_incomplete_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto make = [&](const std::string& name, const std::string& file) {
+    fs::create_directories(dir / name);
+    std::ofstream(dir / name / file) << "x";
+  };
+  make("step_00000003.tmp", "index.h5");
+  make("step_00000004.tmp-123-0000abcd", "rank_00000.h5");
+  make("step_00000005.tmp-1-00000002", "notes.txt");
+  make("step_00000006.tmpfoo", "index.h5");
+  const std::vector<std::string> removed = checkpoint::remove_incomplete(dir.string());
+  std::set<std::string> names;
+  for (const std::string& p : removed) names.insert(fs::path(p).filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"step_00000003.tmp", "step_00000004.tmp-123-0000abcd"}));
+  EXPECT_FALSE(fs::exists(dir / "step_00000004.tmp-123-0000abcd"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000005.tmp-1-00000002" / "notes.txt"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000006.tmpfoo" / "index.h5"));
+  fs::remove_all(dir);
 }
