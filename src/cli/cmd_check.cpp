@@ -249,12 +249,7 @@ int run_check(const CheckOptions& o) {
   if (!ckpt_dir.empty()) {
     report.run("resume", [&] {
       const std::string holder = train::checkpoint_dir_holder(ckpt_dir);
-      if (!holder.empty())
-        throw CheckpointError(
-            fmt::format("checkpoint.dir {} is in use by another run ({}): two runs saving into one "
-                        "directory would mix their checkpoints; give this run a checkpoint.dir of its "
-                        "own (or another logging.run_dir), or wait for that run to end",
-                        ckpt_dir, holder));
+      if (!holder.empty()) throw CheckpointError(train::dir_in_use_problem(ckpt_dir, holder));
     });
   }
   report.run("resume", [&] {

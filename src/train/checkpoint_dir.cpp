@@ -114,15 +114,11 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
         if (err == EWOULDBLOCK) {
           const std::string holder = read_holder(fd);
           ::close(fd);
-          throw CheckpointError(fmt::format(
-              "checkpoint.dir {} is in use by another run ({}): two runs saving into one directory would mix their "
-              "checkpoints; give this run a checkpoint.dir of its own (or another logging.run_dir), or wait for that "
-              "run to end",
-              dir, holder.empty() ? "its lock file " + lock + " is locked" : holder));
+          throw CheckpointError(dir_in_use_problem(dir, holder.empty() ? "its lock file " + lock + " is locked" : holder));
         }
         // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
-        log::warn("checkpoint: cannot lock {} ({}): nothing stops a second run from saving into {} at the same time",
-                  lock, std::strerror(err), dir);
+        log::warn("checkpoint: cannot lock {} ({}): nothing stops a second run from saving into {} at the same time", lock,
+                  std::strerror(err), dir);
         ::close(fd);
         unlocked_ = true;
       } else {
@@ -151,6 +147,13 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(error);
   if (code == static_cast<int>(ExitCode::Io)) throw IoError(error);
   throw Error(static_cast<ExitCode>(code), error);
+}
+
+std::string dir_in_use_problem(const std::string& dir, const std::string& holder) {
+  return fmt::format(
+      "checkpoint.dir {} is in use by another run ({}): two runs saving into one directory would mix their checkpoints; "
+      "give this run a checkpoint.dir of its own (or another logging.run_dir), or wait for that run to end",
+      dir, holder);
 }
 
 std::string checkpoint_dir_holder(const std::string& dir) {

@@ -33,7 +33,7 @@ class CheckpointDirClaim {
   const std::string& dir() const { return dir_; }
 
  private:
-  int fd_ = -1;  // rank 0's open lock file; the lock goes with the process (killed or not)
+  int fd_ = -1;            // rank 0's open lock file; the lock goes with the process (killed or not)
   bool unlocked_ = false;  // rank 0: the file system has no locks
   bool acquired_ = false;
   std::string dir_;
@@ -51,5 +51,8 @@ std::string set_aside_superseded(const std::string& path);
 
 // Who holds the lock of `dir` now ("" when nobody does, or it cannot be told): for `shardtrain check`. Only looks.
 std::string checkpoint_dir_holder(const std::string& dir);
+// The refusal of a run whose checkpoint directory another run holds: one line naming the directory, the holder and
+// what to do. Exit code 5.
+std::string dir_in_use_problem(const std::string& dir, const std::string& holder);
 
 }  // namespace shardtrain::train
