@@ -23,7 +23,6 @@ import argparse
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile

@@ -10,7 +10,6 @@
 - the profile rule predictions.sh uses: this GPU's shape profile, else the other GPU's, else the seed profile without
   its attention rows;
 - bad input: a folder with no run in it, a GPU predict has no rates for: exit 2 with a message naming it."""
-import argparse
 import json
 import os
 import shutil
@@ -18,24 +17,15 @@ import subprocess
 import sys
 import tarfile
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--shardtrain", required=True)
-parser.add_argument("--source", required=True)
-parser.add_argument("--workdir", required=True)
-args = parser.parse_args()
-failures = []
-work = os.path.abspath(args.workdir)
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
 script = os.path.join(args.source, "scripts/gpu/calibrate.py")
 runs = os.path.join(args.source, "docs/gpu-runs/2026-11-27-h200")
 first, second = os.path.join(runs, "1aeba62"), os.path.join(runs, "1aeba62-fast")
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def calibrate(*extra, expect=0):
@@ -141,5 +131,4 @@ open(os.path.join(pcie, "bench", "seed", "bench-vs-pytorch.json"), "w").write(js
 p = calibrate(pcie, expect=2)
 check(p.stderr.count("\n") == 1 and "H100 PCIe" in p.stderr and "H200" in p.stderr, f"H100 PCIe: {p.stderr}")
 
-print("FAILED" if failures else "PASS", f"({len(failures)} failures)")
-sys.exit(1 if failures else 0)
+check.finish("PASS: the one-GPU calibration from a GPU session's outputs")
