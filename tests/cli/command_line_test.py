@@ -36,6 +36,10 @@ check = clitest.Checks()
 work = clitest.fresh_workdir(args)
 st = os.path.abspath(args.shardtrain)
 tiny = os.path.join(args.source, "configs/tiny-cpu.toml")
+# The quickstart's dataset, made here (a clean clone has none before quickstart.sh runs).
+os.makedirs(os.path.join(work, "dataset"))
+_, dataset = clitest.prepare_dataset(args, clitest.corpus(args, "sotu"), os.path.join(work, "dataset"), 4096, "sotu-bpe4k",
+                                     0.02)
 os.makedirs(os.path.join(work, "a-folder"))
 
 
@@ -137,7 +141,7 @@ check(not [f for f in os.listdir(work) if f.startswith("p.json.tmp")], "no tempo
 # A tiny run's weights for the evaluations below.
 rc, out, err = run(["train", "-c", tiny, "--logging.run_dir", "run", "--schedule.max_steps", "1",
                     "--checkpoint.every_n_steps", "1", "--schedule.warmup_steps", "0", "--schedule.eval_every", "0",
-                    "--logging.progress", "lines", "--data.path", os.path.join(args.source, "data/sotu-bpe4k.h5")], np=1)
+                    "--logging.progress", "lines", "--data.path", dataset], np=1)
 check(rc == 0, f"the tiny run: exit {rc}: {err[-800:]}")
 weights = "run/checkpoints/step_00000001"
 
