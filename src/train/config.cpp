@@ -198,7 +198,15 @@ void TrainConfig::validate() const {
   expect(logging.log_every >= 1, "logging.log_every", fmt::format("expected 1 or more, got {}", logging.log_every));
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
          fmt::format("expected 0 (the datasheet or a measured peak) or a FLOP/s figure, got {}", logging.peak_flops));
-  expect(!logging.metrics_file.empty(), "logging.metrics_file", "expected a file name");
+  // A plain name inside the run directory: the file is opened for appending, so a path could grow a user's file,
+  // another run's, or this run's own config.toml or result.json.
+  const std::string& mf = logging.metrics_file;
+  expect(!mf.empty() && mf != "." && mf != ".." && mf.find('/') == std::string::npos && mf != "config.toml" &&
+             mf != "result.json" && !mf.starts_with("events.out.tfevents"),
+         "logging.metrics_file",
+         fmt::format("expected a file name inside the run directory (no '/', not config.toml, result.json or an "
+                     "events.out.tfevents name), got '{}'",
+                     mf));
   expect(!logging.runs_root.empty() || !logging.run_dir.empty(), "logging.runs_root", "expected a directory");
 }
 

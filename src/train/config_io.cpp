@@ -128,13 +128,13 @@ FieldValue from_text(std::string_view s, const ConfigField& f, const std::string
     case FieldType::Bool: {
       bool b = false;
       if (parse_bool(s, b)) return b;
-      fail_key(where, f, fmt::format("expected true or false, got '{}'", s));
+      fail_key(where, f, fmt::format("expected true or false (or 1/0, yes/no, on/off), got '{}'", s));
     }
     case FieldType::BoolOrAuto: {
       bool b = false;
       if (s == "auto") return std::string("auto");
       if (parse_bool(s, b)) return b;
-      fail_key(where, f, fmt::format("expected true, false or auto, got '{}'", s));
+      fail_key(where, f, fmt::format("expected true, false (or 1/0, yes/no, on/off) or auto, got '{}'", s));
     }
     case FieldType::String: return std::string(s);
     case FieldType::StringList: {

@@ -1,5 +1,6 @@
 // The training configuration: TOML -> resolved -> printed -> loaded round trips; the seeds' JSON and
 // YAML examples load as they are; each kind of bad input gives one clear ConfigError naming the key.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -120,6 +121,13 @@ TEST(TrainConfig, OverridesAreTypedAndWin) {
   EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.comm_backend", "gloo"), "fsdp.comm_backend", "unknown backend 'gloo'",
                       "auto, mpi or nccl");
   EXPECT_CONFIG_ERROR(apply_override(c, "data.seq_len", "99999999999"), "data.seq_len", "does not fit");
+  // Every spelling a boolean accepts is in its message.
+  apply_override(c, "data.shuffle", "on");
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_CONFIG_ERROR(apply_override(c, "data.shuffle", "maybe"), "data.shuffle",
+                      "expected true or false (or 1/0, yes/no, on/off), got 'maybe'");
+  EXPECT_CONFIG_ERROR(apply_override(c, "fsdp.reshard_after_forward", "sometimes"), "fsdp.reshard_after_forward",
+                      "expected true, false (or 1/0, yes/no, on/off) or auto, got 'sometimes'");
 }
 
 TEST(TrainConfig, BadFilesNameTheKey) {
@@ -167,6 +175,14 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.save_timeout", "-1"}}), "checkpoint.save_timeout",
                       "expected 0 (off) or seconds");
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
+  // The metrics file is appended to: a plain name in the run directory, never a path out of it or the run's own files.
+  EXPECT_NO_THROW(invalid({{"logging.metrics_file", "train.jsonl"}}));
+  for (const char* bad : {"../metrics.jsonl", "/etc/passwd", "logs/m.jsonl", "config.toml", "result.json", "..",
+                          "events.out.tfevents.1.host"}) {
+    const std::string got = fmt::format("got '{}'", bad);
+    EXPECT_CONFIG_ERROR(invalid({{"logging.metrics_file", bad}}), "logging.metrics_file",
+                        "expected a file name inside the run directory", got.c_str());
+  }
   {
     TrainConfig r = from_text(
         "[data]\npath = \"x.h5\"\n[schedule]\nmax_steps = 10\n[optim]\non_divergence = \"rollback\"\n"
