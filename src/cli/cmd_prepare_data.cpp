@@ -55,10 +55,11 @@ Command add_prepare_data_command(CLI::App& parent) {
   Command c;
   c.app = app;
   c.launch = Launch::Offline;
-  c.run = [o, format, blank_lines, overwrite, batch_mb](Runtime*) {
+  c.run = [app, o, format, blank_lines, overwrite, batch_mb](Runtime*) {
     o->batch_bytes = *batch_mb << 20;
     o->existing = *overwrite ? data::ExistingOutput::Replace : data::ExistingOutput::Refuse;
     o->documents.format = data::parse_input_format(*format);
+    o->documents.text_field_given = app->count("--text-field") > 0;
     o->documents.split = *blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
     const auto s = data::prepare_dataset(*o);
     if (!o->documents.token_field.empty()) {  // imported, not tokenized: no text to count

@@ -37,6 +37,7 @@ struct TokenizerArgs {
   bool overwrite = false;
   std::string text;
   bool text_given = false;  // --text, even empty
+  bool text_field_given = false;
   std::string input_file;
   bool json = false;
   bool recognize_special = false;
@@ -76,7 +77,9 @@ int run_train(const TokenizerArgs& a) {
   o.documents.format = data::parse_input_format(a.format);
   o.documents.split = a.blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
   o.documents.text_field = a.text_field;
+  o.documents.text_field_given = a.text_field_given;
   const auto files = data::expand_inputs(a.inputs, a.output);
+  data::check_text_field_applies(files, o.documents);
   const auto r = data::train_bpe(files, o);
   const auto check = data::Tokenizer::from_json_text(r.tokenizer_json, a.output);  // what we write must load back
   data::write_file_into_place(a.output, r.tokenizer_json, existing,
@@ -207,6 +210,7 @@ Command add_tokenizer_command(CLI::App& parent) {
   c.launch = Launch::Offline;
   c.run = [args, train, encode, decode, info, text_option](Runtime*) {
     args->text_given = text_option->count() > 0;
+    args->text_field_given = train->count("--text-field") > 0;
     if (train->parsed()) return run_train(*args);
     if (encode->parsed()) return run_encode(*args);
     if (decode->parsed()) return run_decode(*args);

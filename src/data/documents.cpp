@@ -191,6 +191,20 @@ InputFormat format_of(const std::string& path, const DocumentOptions& options) {
   return InputFormat::Text;
 }
 
+}  // namespace
+
+void check_text_field_applies(const std::vector<std::string>& files, const DocumentOptions& options) {
+  if (!options.text_field_given || files.empty() || !options.token_field.empty()) return;
+  for (const auto& f : files)
+    if (format_of(f, options) != InputFormat::Text) return;
+  throw UsageError(fmt::format(
+      "--text-field {}: every input is plain text ({} file{}, e.g. {}), where there is no field to read; it applies "
+      "to JSONL, Parquet and Arrow inputs (--format jsonl reads other names as JSONL)",
+      options.text_field, files.size(), files.size() == 1 ? "" : "s", files.front()));
+}
+
+namespace {
+
 // A Parquet or Arrow file's text column, row by row; a null text is an error, as a missing JSONL field is.
 template <typename File>
 void for_each_column_document(const std::string& path, const std::string& column,

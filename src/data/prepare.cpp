@@ -142,6 +142,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const int threads = resolve_thread_count(options.threads);
   const auto files = expand_inputs(options.inputs, options.output);  // first: an input that is the output is a UsageError
+  check_text_field_applies(files, options.documents);
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
   DocumentOptions documents = options.documents;
   documents.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());

@@ -171,4 +171,14 @@ r = run("prepare-data", "-t", "precious.json", "-i", "loop", "-o", "loop.h5")
 check(r.returncode == 4 and "loop/self: leads to" in r.stderr, f"a link loop: {r.returncode} {error_line(r)}")
 check(leftovers() == [], f"left behind: {leftovers()}")
 
+# --text-field where every input is text would be ignored: refused, naming the field; with a JSONL input it is read.
+for cmd in (["tokenizer", "train", "--vocab-size", "300", "--output", "tf.json"], ["prepare-data", "-t", "precious.json", "-o", "tf.h5"]):
+    r = run(*cmd, "-i", inputs, "--text-field", "body")
+    check(r.returncode == 2 and "--text-field body: every input is plain text (" in r.stderr
+          and not os.path.exists("tf.json") and not os.path.exists("tf.h5"), f"{cmd[0]} --text-field on text: {r.returncode} {error_line(r)}")
+with open("docs.jsonl", "w") as f:
+    f.write(json.dumps({"body": "a document about the union"}) + "\n")
+r = run("prepare-data", "-t", "precious.json", "-i", inputs, "-i", "docs.jsonl", "-o", "tf.h5", "--text-field", "body")
+check(r.returncode == 0 and dataset_tokens("tf.h5"), f"prepare-data --text-field with a JSONL input: {r.returncode} {error_line(r)}")
+
 check.finish("data CLI: outputs, --special, threads and inputs as expected")

@@ -28,6 +28,7 @@ struct DocumentOptions {
   InputFormat format = InputFormat::Auto;
   DocumentSplit split = DocumentSplit::PerFile;
   std::string text_field = "text";  // JSONL field, or Parquet / Arrow column ("meta.text" inside a struct)
+  bool text_field_given = false;    // named on the command line: an input must be one it applies to
   // Inputs already tokenized: a JSONL field, or Arrow or Parquet column, holding each document's token ids (a list of
   // integers), imported as they are instead of tokenizing text_field. Empty: the inputs are text.
   std::string token_field;
@@ -75,5 +76,8 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
 // `output`, when given, is the file the inputs are for: a folder's listing leaves it and its temporaries out
 // (is_output_or_temporary), and naming it as an input is a UsageError.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output = {});
+
+// A --text-field given where every input is plain text (it would be ignored): UsageError naming it and an input.
+void check_text_field_applies(const std::vector<std::string>& files, const DocumentOptions& options);
 
 }  // namespace shardtrain::data
