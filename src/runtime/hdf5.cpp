@@ -16,6 +16,8 @@
 #include "shardtrain/runtime/error.hpp"
 
 namespace shardtrain::hdf5 {
+void quiet_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
 namespace {
 
 // HDF5 closes whatever is still open when the process exits. After a write that the file system refused (full,
@@ -24,24 +26,9 @@ namespace {
 // pass has nothing to do: it is turned off before HDF5 starts (this runs before main).
 [[maybe_unused]] const bool kNoExitTimeClose = [] {
   H5dont_atexit();
+  quiet_errors();
   return true;
 }();
-
-// Turns HDF5's stderr error dump off for the lifetime of the object and restores it after.
-class QuietErrors {
- public:
-  QuietErrors() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  QuietErrors(const QuietErrors&) = delete;
-  QuietErrors& operator=(const QuietErrors&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
 
 herr_t close_any(hid_t id) {
   switch (H5Iget_type(id)) {
@@ -79,7 +66,7 @@ hid_t native_type<uint16_t>() {
 
 template <typename T>
 void write_1d(const Handle& parent, const std::string& name, std::span<const T> data, DatasetOptions opt) {
-  QuietErrors quiet;
+  quiet_errors();
   const hsize_t n = data.size();
   Handle space = owned(ST_CHECK_HDF5(H5Screate_simple(1, &n, nullptr)));
   Handle dcpl = owned(ST_CHECK_HDF5(H5Pcreate(H5P_DATASET_CREATE)));
@@ -117,7 +104,7 @@ Handle open_1d(const Handle& parent, const std::string& name, size_t* length, H5
 
 template <typename T>
 std::vector<T> read_1d(const Handle& parent, const std::string& name, H5T_class_t cls) {
-  QuietErrors quiet;
+  quiet_errors();
   size_t n = 0;
   Handle ds = open_1d(parent, name, &n, cls);
   std::vector<T> out(n);
@@ -144,6 +131,7 @@ Handle open_attr_target(const Handle& parent, const std::string& object) {
 }  // namespace
 
 Handle::~Handle() {
+  quiet_errors();  // a close that fails here (after a refused write) is already reported by the write
   if (id_ >= 0) close_any(static_cast<hid_t>(id_));
 }
 
@@ -159,7 +147,7 @@ Handle& Handle::operator=(Handle&& o) noexcept {
 void Handle::close() {
   if (id_ < 0) return;
   const hid_t id = static_cast<hid_t>(id_);
-  QuietErrors quiet;
+  quiet_errors();
   const std::string name = file_name(*this);  // before the handle goes
   id_ = -1;
   errno = 0;
@@ -171,7 +159,7 @@ void Handle::close() {
 }
 
 Handle open_file(const std::string& path, FileMode mode) {
-  QuietErrors quiet;
+  quiet_errors();
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) throw DataError(fmt::format("{}: no such file", path));
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
@@ -182,7 +170,7 @@ Handle open_file(const std::string& path, FileMode mode) {
 }
 
 Handle create_file(const std::string& path) {
-  QuietErrors quiet;
+  quiet_errors();
   errno = 0;
   const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) {
@@ -195,21 +183,21 @@ Handle create_file(const std::string& path) {
 }
 
 Handle create_group(const Handle& parent, const std::string& name) {
-  QuietErrors quiet;
+  quiet_errors();
   const hid_t g = H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   if (g < 0) throw IoError(fmt::format("{}: cannot create group '{}'", file_name(parent), name));
   return owned(g);
 }
 
 Handle open_group(const Handle& parent, const std::string& name) {
-  QuietErrors quiet;
+  quiet_errors();
   const hid_t g = exists(parent, name) ? H5Gopen2(parent.get(), name.c_str(), H5P_DEFAULT) : -1;
   if (g < 0) throw DataError(fmt::format("{}: group '{}' is missing", file_name(parent), name));
   return owned(g);
 }
 
 bool exists(const Handle& parent, const std::string& path) {
-  QuietErrors quiet;
+  quiet_errors();
   // Check each component, since H5Lexists fails (rather than returning 0) on a missing intermediate.
   size_t pos = 0;
   while (true) {
@@ -235,14 +223,14 @@ std::vector<float> read_f32(const Handle& p, const std::string& n) { return read
 std::vector<uint16_t> read_u16(const Handle& p, const std::string& n) { return read_1d<uint16_t>(p, n, H5T_INTEGER); }
 
 size_t dataset_length(const Handle& parent, const std::string& name) {
-  QuietErrors quiet;
+  quiet_errors();
   size_t n = 0;
   open_1d(parent, name, &n, H5T_INTEGER);
   return n;
 }
 
 std::optional<uint64_t> raw_u32le_offset(const Handle& parent, const std::string& name) {
-  QuietErrors quiet;
+  quiet_errors();
   size_t n = 0;
   Handle ds = open_1d(parent, name, &n, H5T_INTEGER);
   Handle type = owned(ST_CHECK_HDF5(H5Dget_type(ds.get())));
@@ -262,7 +250,7 @@ std::optional<uint64_t> raw_u32le_offset(const Handle& parent, const std::string
 namespace {
 template <typename T>
 void read_range(const Handle& parent, const std::string& name, size_t offset, std::span<T> out, H5T_class_t cls) {
-  QuietErrors quiet;
+  quiet_errors();
   size_t n = 0;
   Handle ds = open_1d(parent, name, &n, cls);
   if (offset + out.size() > n)
@@ -278,7 +266,7 @@ void read_range(const Handle& parent, const std::string& name, size_t offset, st
 }  // namespace
 
 void create_u32(const Handle& parent, const std::string& name, size_t n) {
-  QuietErrors quiet;
+  quiet_errors();
   const hsize_t dims = n;
   Handle space = owned(ST_CHECK_HDF5(H5Screate_simple(1, &dims, nullptr)));
   const hid_t dset =
@@ -288,7 +276,7 @@ void create_u32(const Handle& parent, const std::string& name, size_t n) {
 }
 
 void write_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<const uint32_t> data) {
-  QuietErrors quiet;
+  quiet_errors();
   size_t n = 0;
   Handle ds = open_1d(parent, name, &n, H5T_INTEGER);
   if (offset + data.size() > n)
@@ -310,7 +298,7 @@ void read_f32_range(const Handle& parent, const std::string& name, size_t offset
 }
 
 void set_attr(const Handle& parent, const std::string& name, const std::string& value, const std::string& object) {
-  QuietErrors quiet;
+  quiet_errors();
   Handle target = open_attr_target(parent, object);
   if (H5Aexists(target.get(), name.c_str()) > 0) ST_CHECK_HDF5(H5Adelete(target.get(), name.c_str()));
   Handle type = owned(ST_CHECK_HDF5(H5Tcopy(H5T_C_S1)));
@@ -324,7 +312,7 @@ void set_attr(const Handle& parent, const std::string& name, const std::string& 
 }
 
 void set_attr(const Handle& parent, const std::string& name, int64_t value, const std::string& object) {
-  QuietErrors quiet;
+  quiet_errors();
   Handle target = open_attr_target(parent, object);
   if (H5Aexists(target.get(), name.c_str()) > 0) ST_CHECK_HDF5(H5Adelete(target.get(), name.c_str()));
   Handle space = owned(ST_CHECK_HDF5(H5Screate(H5S_SCALAR)));
@@ -334,7 +322,7 @@ void set_attr(const Handle& parent, const std::string& name, int64_t value, cons
 }
 
 std::optional<std::string> get_attr_string(const Handle& parent, const std::string& name, const std::string& object) {
-  QuietErrors quiet;
+  quiet_errors();
   Handle target = open_attr_target(parent, object);
   if (H5Aexists(target.get(), name.c_str()) <= 0) return std::nullopt;
   Handle attr = owned(ST_CHECK_HDF5(H5Aopen(target.get(), name.c_str(), H5P_DEFAULT)));
@@ -358,7 +346,7 @@ std::optional<std::string> get_attr_string(const Handle& parent, const std::stri
 }
 
 std::optional<int64_t> get_attr_int(const Handle& parent, const std::string& name, const std::string& object) {
-  QuietErrors quiet;
+  quiet_errors();
   Handle target = open_attr_target(parent, object);
   if (H5Aexists(target.get(), name.c_str()) <= 0) return std::nullopt;
   Handle attr = owned(ST_CHECK_HDF5(H5Aopen(target.get(), name.c_str(), H5P_DEFAULT)));

@@ -2,6 +2,7 @@
 // functions field by field (never from H5Tencode, whose bytes may change between HDF5 versions), so a file
 // recorded by one HDF5 release verifies under another.
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/hdf5.hpp"
 
 #include <hdf5.h>
 
@@ -23,22 +24,6 @@ namespace shardtrain::hdf5 {
 namespace {
 
 using Entries = std::map<std::string, std::string>;  // "attr:NAME" / "layout" / "link:NAME" -> checksum or kind
-
-// HDF5's stderr error dump off while a walk runs: its failures become one DataError naming the object.
-class Quiet {
- public:
-  Quiet() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  Quiet(const Quiet&) = delete;
-  Quiet& operator=(const Quiet&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
 
 // FNV-1a 64: every change of a single byte changes the result (each step is a bijection of the state).
 uint64_t fnv1a64(std::string_view bytes) {
@@ -299,7 +284,7 @@ void walk(hid_t file, const std::string& fname, const std::string& path,
 }  // namespace
 
 void record_metadata_checksums(const Handle& file) {
-  Quiet quiet;
+  quiet_errors();
   const hid_t f = static_cast<hid_t>(file.get());
   errno = 0;
   if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) {
@@ -314,7 +299,7 @@ void record_metadata_checksums(const Handle& file) {
 }
 
 MetadataCheck verify_metadata_checksums(const Handle& file) {
-  Quiet quiet;
+  quiet_errors();
   MetadataCheck check;
   const std::string fname = file_name(file);
   const htri_t has_record = H5Aexists(static_cast<hid_t>(file.get()), kMetadataChecksums);

@@ -81,4 +81,10 @@ std::optional<int64_t> get_attr_int(const Handle& parent, const std::string& nam
 
 std::string file_name(const Handle& h);  // the file a handle belongs to, for error messages
 
+// HDF5's own dump of its error stack to stderr, off for good: in the calling thread (in every thread where HDF5 is
+// built without thread safety, whose setting is global). Every call here is checked and its failure becomes one
+// error naming the file; a guard that turned the dump back on after each call let another thread's failure (a full
+// disk under the asynchronous save) print a page of HDF5-DIAG lines in between. Each entry point calls it.
+void quiet_errors();
+
 }  // namespace shardtrain::hdf5
