@@ -64,8 +64,9 @@ std::string resume_options(const train::TrainConfig& config, const std::string& 
 }
 
 int run_train(const TrainOptions& o, Runtime* rt) {
-  // First: from here on SIGUSR1/SIGTERM only set a flag (a start-up takes minutes on a large model), and a run
-  // signalled before its first step stops with 75 below instead of dying of the default action.
+  // First (and before MPI_Init: before_mpi): from here on SIGUSR1/SIGTERM only set a flag (a start-up takes minutes
+  // on a large model), and a run signalled before its first step stops with 75 below instead of dying of the default
+  // action.
   train::PreemptionHooks preemption;  // before checkpoints: a requested save happens in the same step
   std::vector<std::string> notes;
   std::string source;
@@ -138,6 +139,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
 Command add_train_command(CLI::App& parent) {
   auto o = std::make_shared<TrainOptions>();
   Command c;
+  c.before_mpi = train::PreemptionHooks::catch_signals_from_now;
   c.app = parent.add_subcommand("train",
                                 "train a Llama model with FSDP from a TOML config (--section.key value overrides any key)");
   o->args.add_to(c.app);

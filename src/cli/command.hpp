@@ -29,6 +29,9 @@ struct Command {
   Launch launch = Launch::Offline;
   // Offline commands are called with nullptr. Returns the process exit code.
   std::function<int(Runtime*)> run;
+  // MPI commands: called before MPI_Init (set-up that must cover MPI's and the Runtime's start, which on a large job
+  // takes minutes: NCCL's communicators). Empty: none.
+  std::function<void()> before_mpi;
 };
 
 // Options shared by every subcommand (they may follow the subcommand name).

@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
 
   std::optional<MpiSession> session;
   try {
+    if (selected->before_mpi) selected->before_mpi();
     session.emplace(&argc, &argv);
     Runtime runtime(*session, options);
     return selected->run(&runtime);

@@ -12,19 +12,30 @@ namespace {
 // A signal handler can only reach process-wide state, and may only store to a lock-free atomic: this
 // flag is the one global of the training loop, written by the handler and read at step boundaries.
 volatile std::sig_atomic_t g_signal = 0;
+bool g_caught_early = false;  // catch_signals_from_now ran: g_signal already holds what arrived since
 
 extern "C" void on_preemption_signal(int sig) { g_signal = sig; }
 
-}  // namespace
-
-PreemptionHooks::PreemptionHooks() {
-  g_signal = 0;
+void install(struct ::sigaction* old_usr1, struct ::sigaction* old_term) {
   struct ::sigaction sa {};
   sa.sa_handler = on_preemption_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  ::sigaction(SIGUSR1, &sa, &old_usr1_);
-  ::sigaction(SIGTERM, &sa, &old_term_);
+  ::sigaction(SIGUSR1, &sa, old_usr1);
+  ::sigaction(SIGTERM, &sa, old_term);
+}
+
+}  // namespace
+
+void PreemptionHooks::catch_signals_from_now() {
+  g_signal = 0;
+  g_caught_early = true;
+  install(nullptr, nullptr);
+}
+
+PreemptionHooks::PreemptionHooks() {
+  if (!g_caught_early) g_signal = 0;
+  install(&old_usr1_, &old_term_);
 }
 
 PreemptionHooks::~PreemptionHooks() {

@@ -7,7 +7,7 @@ binary on 2 ranks:
 2. A second run on a checkpoint directory that a running one holds is refused (exit 5, naming the holder); the
    running one's save goes to a temporary directory of its own name and publishes intact.
 3. SIGUSR1 during the start-up (before the first step): exit 75, result.json "preempted", nothing saved, and the
-   message names the run directory to resume.
+   message names the run directory to resume; the same when it comes as soon as a rank catches it (before MPI_Init).
 4. checkpoint.dir that is a file: exit 8 at start, before any step.
 5. A user's files in step_N.tmp and an incomplete step_N are never deleted by a save: the latter is moved aside.
 6. `check --resume auto --verify-checkpoint` past a damaged newest checkpoint: exit 0, naming the one the run uses.
@@ -183,6 +183,29 @@ check(p.returncode == 75 and "received during the start-up, before the first ste
 res = json.load(open(os.path.join(run_dir, "result.json"))) if os.path.isfile(os.path.join(run_dir, "result.json")) else {}
 check(res.get("status") == "preempted" and res.get("exit_code") == 75 and res.get("step") == 0
       and not steps_in(os.path.join(run_dir, "checkpoints")), f"result.json of it: {res}")
+
+# 3b. The same at the earliest moment a rank catches the signal: the handlers are installed before MPI_Init (MPI's
+# and NCCL's start take minutes on a large job), so the signal lands in MPI's or the runtime's start-up here.
+def catches_usr1(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(l.startswith("SigCgt:") and int(l.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)) for l in f)
+    except OSError:
+        return False
+
+
+p = train("early", "--schedule.max_steps", "30", popen=True)
+deadline, signalled = time.time() + 120, set()
+while time.time() < deadline and len(signalled) < 2 and p.poll() is None:
+    for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split():
+        if pid not in signalled and catches_usr1(pid):
+            os.kill(int(pid), signal.SIGUSR1)
+            signalled.add(pid)
+    time.sleep(0.001)
+out = p.communicate(timeout=300)[0].decode(errors="replace")
+check(len(signalled) == 2 and p.returncode == 75 and "received during the start-up, before the first step" in out
+      and not steps_in(os.path.join(work, "early", "checkpoints")),
+      f"a signal as soon as a rank catches it: {len(signalled)} signalled, exit {p.returncode}: {out[-2500:]}")
 
 # 7. --resume auto in a new generated run directory: loud, and it names the run with checkpoints.
 first = train(None, "--logging.runs_root", root)

@@ -17,6 +17,10 @@ class PreemptionHooks final : public TrainerHooks {
   // on destruction. Made first thing in `train`: a signal during the start-up must not end a rank with the
   // default action (exit 138, no result.json) where exit code 75 is promised.
   PreemptionHooks();
+  // The same handlers from now on, before there is a PreemptionHooks (and before MPI_Init and the device's and
+  // NCCL's start, which take minutes on a large job): a signal then is kept, and the PreemptionHooks made later
+  // reports it (stop_before_start) instead of forgetting it. Called by `train` first thing in the process.
+  static void catch_signals_from_now();
   ~PreemptionHooks() override;
   PreemptionHooks(const PreemptionHooks&) = delete;
   PreemptionHooks& operator=(const PreemptionHooks&) = delete;
