@@ -21,6 +21,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/runtime/topology.hpp"
+#include "shardtrain/train/config_io.hpp"
 
 using namespace shardtrain;
 
@@ -30,6 +31,10 @@ namespace {
 // raised identically on every rank. Rank 0 logs and aborts the job at once; other ranks wait a
 // moment first, so their line appears only when rank 0 did not fail the same way.
 int fail(const std::exception& e, ExitCode code) {
+  // A failing rank is past preemption: the SIGTERM with which MPI_Abort ends the other ranks must end this one too
+  // (train catches it from before MPI_Init; caught, a rank would go on to log the same error a second time).
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGUSR1, SIG_DFL);
   if (MpiSession::active()) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -76,6 +81,30 @@ std::string subcommand_names(const CLI::App& app) {
   return names;
 }
 
+// A command-line error in the words of the rest of the tool: an unknown --section.key names the section's keys (as
+// the same key in a TOML file does), an option given twice says so; the rest is CLI11's own message.
+std::string usage_message(const CLI::ParseError& e, const CLI::App& top) {
+  const std::string what = e.what();
+  if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+    for (const std::string& extra : top.remaining(true)) {  // a command's extras fall through to the top
+      if (!extra.starts_with("--") || extra.find('.') == std::string::npos) continue;
+      const std::string key = extra.substr(2, extra.find('=') - 2);
+      try {
+        train::TrainConfig scratch;
+        train::apply_override(scratch, key, "");
+      } catch (const ConfigError& ce) {
+        if (std::string_view(ce.what()).find(": unknown ") != std::string_view::npos) return ce.what();
+      }
+    }
+    return what;
+  }
+  // "--model.hidden_size: At Most 1 required but received 2"
+  const std::string_view at_most = ": At Most 1 required but received ";
+  if (const auto at = what.find(at_most); at != std::string::npos)
+    return fmt::format("{}: given {} times; give it once", what.substr(0, at), what.substr(at + at_most.size()));
+  return what;
+}
+
 // An exception no command classified, as the exit code it still deserves: a file system call that failed on a path
 // (std::filesystem's errors name the call, the reason and the paths) is an I/O error, anything else a bug.
 ExitCode unclassified_code(const std::exception& e) {
@@ -111,6 +140,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // One line in the format of every other error, from launcher rank 0 only.
+    if (launcher_rank() == 0) log::configure(LogConfig{0, 1, LogLevel::Info, false});
     // CLI11 reports an unknown subcommand as an unexpected argument (or as none given): name it and the commands.
     const std::string word = subcommand_word(argc, argv);
     const auto named =
@@ -119,8 +150,7 @@ int main(int argc, char** argv) {
       std::string names;
       for (const auto& c : commands) names += (names.empty() ? "" : ", ") + c.app->get_name();
       if (launcher_rank() == 0)
-        std::fprintf(stderr, "shardtrain: unknown command '%s' (expected one of: %s; see shardtrain --help)\n", word.c_str(),
-                     names.c_str());
+        log::error("usage error: unknown command '{}' (expected one of: {}; see shardtrain --help)", word, names);
       return static_cast<int>(ExitCode::Usage);
     }
     // The same one level down (`bench foo`, `checkpoint frob`), where CLI11 only says a subcommand is required.
@@ -132,16 +162,17 @@ int main(int argc, char** argv) {
         const std::string what =
             sub.empty() ? fmt::format("{}: no command given", word) : fmt::format("unknown {} command '{}'", word, sub);
         if (launcher_rank() == 0)
-          std::fprintf(stderr, "shardtrain: %s (expected one of: %s; see shardtrain %s --help)\n", what.c_str(),
-                       subcommand_names(app_of).c_str(), word.c_str());
+          log::error("usage error: {} (expected one of: {}; see shardtrain {} --help)", what, subcommand_names(app_of),
+                     word);
         return static_cast<int>(ExitCode::Usage);
       }
     }
+    if (e.get_exit_code() == 0) return launcher_rank() == 0 ? app.exit(e) : 0;  // --help, --version
     if (launcher_rank() == 0) {
-      const int rc = app.exit(e);
-      return rc == 0 ? 0 : static_cast<int>(ExitCode::Usage);
+      log::error("usage error: {} (see shardtrain {}--help)", usage_message(e, app),
+                 named != commands.end() ? word + " " : std::string());
     }
-    return e.get_exit_code() == 0 ? 0 : static_cast<int>(ExitCode::Usage);
+    return static_cast<int>(ExitCode::Usage);
   }
 
   const cli::Command* selected = nullptr;
@@ -162,7 +193,10 @@ int main(int argc, char** argv) {
     }
     options.log_all_ranks = global.log_all_ranks;
   } catch (const Error& e) {
-    if (launcher_rank() == 0) std::fprintf(stderr, "shardtrain: %s\n", e.what());
+    if (launcher_rank() == 0) {
+      log::configure(LogConfig{0, 1, LogLevel::Info, false});
+      log::error("{}: {}", exit_code_name(e.code()), e.what());
+    }
     return static_cast<int>(e.code());
   }
 
