@@ -12,6 +12,15 @@ namespace shardtrain::model {
 
 ActivationPlan::ActivationPlan(const LlamaConfig& c, int64_t batch, int64_t seq, DType dtype, Checkpointing checkpointing)
     : batch_(batch), seq_(seq), checkpointing_(checkpointing) {
+  // The widest buffer's bytes, times the buffers a layer keeps and the layers, estimated in floating point first: the
+  // int64 products below wrap past 2^63 (plan once printed 12884901888 GiB for 3.9e14). No machine holds an exabyte.
+  const long double widest = static_cast<long double>(std::max({c.hidden_size, c.intermediate_size * 2, c.kv_dim()})) *
+                             static_cast<long double>(batch) * static_cast<long double>(seq) * dtype_size(DType::F64);
+  if (widest * (16.0L * (c.num_hidden_layers + 1) + 16.0L) > 0x1p60L)
+    throw ConfigError(
+        fmt::format("a micro-batch of {} x {} tokens needs more than an exabyte (2^60 bytes) of activations for this model: "
+                    "expected a smaller micro-batch or sequence",
+                    batch, seq));
   const int64_t n = batch * seq, d = c.hidden_size, f = c.intermediate_size, kv = c.kv_dim();
   const DType stats = dtype == DType::F64 ? DType::F64 : DType::F32;
   const auto layers = static_cast<size_t>(c.num_hidden_layers);

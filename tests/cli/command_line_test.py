@@ -117,6 +117,22 @@ expect("bench foo", ["bench", "foo"], 2, "unknown bench command 'foo' (expected 
 expect("checkpoint frob", ["checkpoint", "frob", "x"], 2, "unknown checkpoint command 'frob' (expected one of: info")
 expect("bench", ["bench"], 2, "bench: no command given (expected one of: model, ops")
 
+# Command-line errors in the one-line format of every error (docs/exit-codes.md), not CLI11's own.
+_, _, err = expect("a key given twice", ["train", "-c", tiny, "--model.hidden_size", "64", "--model.hidden_size", "32"], 2,
+                   "usage error: --model.hidden_size: given 2 times; give it once (see shardtrain train --help)")
+check(err.startswith("[r0") and "Run with --help" not in err, f"the log line's format: {err!r}")
+_, _, err = expect("an unknown key", ["check", "-c", tiny, "--model.hidden_sizee", "64"], 2,
+                   "usage error: --model.hidden_sizee: unknown key 'model.hidden_sizee' (the keys of [model] are: ",
+                   short=False)
+check("hidden_size, " in err or "hidden_size)" in err, f"the section's keys are listed: {err!r}")
+expect("an unknown option", ["plan", "--frobnicate"], 2, "usage error: The following argument was not expected: --frobnicate")
+expect("an unknown command", ["trian"], 2, "usage error: unknown command 'trian' (expected one of: ")
+# Sizes whose activation bytes wrapped int64 (plan printed 12884901888 GiB for about 3.9e14): refused, not printed.
+expect("plan 2^30 x 2^30", ["plan", "--micro-batch", str(2**30), "--seq", str(2**30)], 3,
+       f"configuration error: a micro-batch of {2**30} x {2**30} tokens needs more than an exabyte", short=False)
+rc, out, _ = run(["plan", "--micro-batch", "1", "--seq", str(2**30)])
+check(rc == 0 and "GiB" in out, f"plan at seq 2^30, micro-batch 1, still plans: exit {rc}")
+
 # Output file options, before any work.
 expect("predict --json ''", ["predict", "-c", tiny, "--json", ""], 2, "--json: expected a file name")
 expect("predict --trace FOLDER", ["predict", "-c", tiny, "--trace", "a-folder"], 2,
