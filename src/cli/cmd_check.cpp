@@ -208,10 +208,8 @@ int run_check(const CheckOptions& o) {
     // As the trainer decides: a source whose validation split holds less than one evaluation batch
     // (micro-batch x world) has no validation loss. Said, not failed: the run goes on without it.
     int64_t eval_batch = c.data.global_batch_size;
-    try {
-      eval_batch /= c.accumulation_steps_for(world);
-    } catch (const Error&) {  // the world check above said why
-    }
+    if (const int accumulation = c.accumulation_steps_for(world); accumulation > 0)
+      eval_batch /= accumulation;  // 0: a micro-batch x world past the global batch (the world check said so)
     for (const auto& s : sources) {
       size_t samples = 0;
       try {

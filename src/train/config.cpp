@@ -215,8 +215,9 @@ int TrainConfig::micro_batch_size_for(int world_size) const {
 }
 
 int TrainConfig::accumulation_steps_for(int world_size) const {
-  const int mb = micro_batch_size_for(world_size);
-  return mb > 0 ? data.global_batch_size / (mb * world_size) : 0;
+  // In 64 bits: micro-batch x world passes 2^31 (and wrapped to 0, a division by zero) with a large micro-batch.
+  const int64_t per_micro_step = int64_t{micro_batch_size_for(world_size)} * world_size;
+  return per_micro_step > 0 ? static_cast<int>(data.global_batch_size / per_micro_step) : 0;
 }
 
 void TrainConfig::validate_for_world(int world_size, int node_count) const {
@@ -230,7 +231,13 @@ void TrainConfig::validate_for_world(int world_size, int node_count) const {
   if (data.micro_batch_size == 0 && (data.global_batch_size % world_size != 0 || mb == 0))
     throw ConfigError(fmt::format("data.global_batch_size: {} sequences cannot be split evenly over {} ranks",
                                   data.global_batch_size, world_size));
-  if (data.global_batch_size % (mb * world_size) != 0)
+  const int64_t per_micro_step = int64_t{mb} * world_size;  // 64 bits: the product of two ints
+  if (per_micro_step > data.global_batch_size)
+    throw ConfigError(fmt::format(
+        "data.micro_batch_size: {} sequences per rank x {} ranks = {} per micro-step, more than data.global_batch_size = "
+        "{}; expected at most {} (global batch / ranks)",
+        mb, world_size, per_micro_step, data.global_batch_size, data.global_batch_size / world_size));
+  if (data.global_batch_size % per_micro_step != 0)
     throw ConfigError(fmt::format("data.global_batch_size: {} is not a multiple of data.micro_batch_size x world = {} x {}",
                                   data.global_batch_size, mb, world_size));
 }

@@ -204,6 +204,17 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_EQ(w.accumulation_steps_for(4), 1);
   w.data.micro_batch_size = 4;
   EXPECT_EQ(w.accumulation_steps_for(4), 4);
+  // Micro-batch x world past 2^31: the product once wrapped to 0 (a division by zero, SIGFPE, at 4 ranks) or to a
+  // false message (at 2); now counted in 64 bits, and named.
+  w.data.micro_batch_size = w.data.global_batch_size = 1073741824;
+  EXPECT_EQ(w.accumulation_steps_for(4), 0);
+  EXPECT_EQ(w.accumulation_steps_for(1), 1);
+  EXPECT_NO_THROW(w.validate_for_world(1, 1));
+  EXPECT_CONFIG_ERROR(w.validate_for_world(4, 1),
+                      "data.micro_batch_size: 1073741824 sequences per rank x 4 ranks = "
+                      "4294967296 per micro-step, more than data.global_batch_size = 1073741824",
+                      "at most 268435456");
+  EXPECT_CONFIG_ERROR(w.validate_for_world(2, 1), "data.micro_batch_size", "x 2 ranks = 2147483648 per micro-step");
 }
 
 TEST(TrainConfig, DataMixtureOrPathButNotBoth) {
