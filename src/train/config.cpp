@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "shardtrain/mesh/mesh_layout.hpp"
@@ -83,16 +84,42 @@ void TrainConfig::validate_memory(int shard_ranks, double memory_bytes, std::str
                   memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
 }
 
+namespace {
+
+// Two spellings of one dataset ("data.h5", "./data.h5", a symbolic link to it): one file when both exist,
+// else the same absolute path once "." and ".." are resolved.
+bool same_dataset_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  if (a == b) return true;
+  std::error_code ea, eb;
+  if (fs::exists(a, ea) && fs::exists(b, eb)) return fs::equivalent(a, b, ea) && !ea;
+  return fs::absolute(a, ea).lexically_normal() == fs::absolute(b, eb).lexically_normal();
+}
+
+}  // namespace
+
 std::vector<data::MixtureEntry> DataSection::sources() const {
   if (mixture.empty()) return {data::MixtureEntry{path, 1.0}};
   std::vector<data::MixtureEntry> out;
+  double weight_sum = 0;
   for (size_t i = 0; i < mixture.size(); ++i) {
     const std::string field = fmt::format("data.mixture[{}]", i);
     out.push_back(data::parse_mixture_entry(mixture[i], field));
-    for (size_t j = 0; j < i; ++j)
-      expect(out[j].path != out.back().path, field,
-             fmt::format("{} is listed twice (as data.mixture[{}] too); give it one weight", out.back().path, j));
+    weight_sum += out.back().weight;
+    for (size_t j = 0; j < i; ++j) {
+      if (out[j].path == out.back().path)
+        throw ConfigError(
+            fmt::format("{}: {} is listed twice (as data.mixture[{}] too); give it one weight", field, out.back().path, j));
+      if (same_dataset_file(out[j].path, out.back().path))
+        throw ConfigError(fmt::format("{}: {} is the same file as data.mixture[{}] ({}); give it one weight", field,
+                                      out.back().path, j, out[j].path));
+    }
   }
+  // Only the ratios matter, but they are computed as w / sum: a sum past the largest double makes every share 0.
+  expect(std::isfinite(weight_sum), "data.mixture",
+         fmt::format("the weights sum to {} (each is finite, their sum is not); expected weights whose sum is a finite "
+                     "number, such as 0.7 and 0.3 (only their ratios matter)",
+                     weight_sum));
   return out;
 }
 

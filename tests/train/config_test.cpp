@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -245,6 +248,27 @@ TEST(TrainConfig, DataMixtureOrPathButNotBoth) {
                       "data.mixture[1]", "listed twice");
   EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:0\"]\n[schedule]\nmax_steps = 1\n").validate(), "data.mixture[0]",
                       "positive number");
+  // One file however spelled (docs/data.md): compared as files when they exist, as normalized paths when not.
+  EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:1\", \"./y.h5:2\"]\n[schedule]\nmax_steps = 1\n").validate(),
+                      "data.mixture[1]: ./y.h5 is the same file as data.mixture[0] (y.h5)");
+  EXPECT_CONFIG_ERROR(
+      from_text("[data]\nmixture = [\"d/y.h5:1\", \"d/../d/y.h5:2\"]\n[schedule]\nmax_steps = 1\n").validate(),
+      "data.mixture[1]", "same file");
+  {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("mixture-links-{}", ::getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream((dir / "a.h5").string()) << "x";
+    std::filesystem::create_symlink(dir / "a.h5", dir / "link.h5");
+    const std::string a = (dir / "a.h5").string(), link = (dir / "link.h5").string();
+    EXPECT_CONFIG_ERROR(
+        from_text(fmt::format("[data]\nmixture = [\"{}:1\", \"{}:1\"]\n[schedule]\nmax_steps = 1\n", a, link)).validate(),
+        "data.mixture[1]", "same file");
+    std::filesystem::remove_all(dir);
+  }
+  // Each weight finite, their sum not: every share was 0 and every loss NaN.
+  EXPECT_CONFIG_ERROR(
+      from_text("[data]\nmixture = [\"y.h5:1e308\", \"z.h5:1e308\"]\n[schedule]\nmax_steps = 1\n").validate(),
+      "data.mixture: the weights sum to inf");
   EXPECT_CONFIG_ERROR(from_text("[schedule]\nmax_steps = 1\n").validate(), "data.path", "data.mixture");
 }
 
