@@ -228,11 +228,11 @@ bool Trainer::decide_skip(const StepResult& r, int64_t step_number) {
                       config_.optim.loss_spike_factor > 0 ? "a non-finite loss or gradient norm, or a loss spike"
                                                           : "a non-finite loss or gradient norm",
                       config_.optim.max_consecutive_nonfinite);
+      // (No "training diverged: " of its own: the exit code's name heads the logged line.)
       if (!rollback)
-        throw Error(ExitCode::Diverged,
-                    fmt::format("training diverged: {}; lower optim.lr, resume from an earlier checkpoint, or set "
-                                "optim.on_divergence = \"rollback\"",
-                                why));
+        throw Error(ExitCode::Diverged, fmt::format("{}; lower optim.lr, resume from an earlier checkpoint, or set "
+                                                    "optim.on_divergence = \"rollback\"",
+                                                    why));
       divergence_ = why;  // run() rolls back once this step is reported
     }
   }
@@ -297,9 +297,7 @@ void Trainer::remember_loss(double loss) {
 
 void Trainer::roll_back(const std::string& why) {
   const TrainerState at = state_;  // after the diverged step: its data read
-  auto stop = [&](const std::string& more) {
-    return Error(ExitCode::Diverged, fmt::format("training diverged: {}; {}", why, more));
-  };
+  auto stop = [&](const std::string& more) { return Error(ExitCode::Diverged, fmt::format("{}; {}", why, more)); };
   if (at.rollbacks >= config_.optim.max_rollbacks)
     throw stop(
         fmt::format("the run has rolled back {} times already (optim.max_rollbacks = {}); lower optim.lr or resume from an "

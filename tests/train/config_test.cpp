@@ -139,6 +139,24 @@ TEST(TrainConfig, BadFilesNameTheKey) {
                       "unknown key 'optim.learning_rate'", "lr, beta1, beta2");
   EXPECT_CONFIG_ERROR(from_text("[trainer]\nsteps = 1\n"), "test.toml:1", "unknown section [trainer]");
   EXPECT_CONFIG_ERROR(from_text("lr = 1\n"), "outside any section");
+  // [[model]] is TOML's array of tables: said so, not "outside any section".
+  EXPECT_CONFIG_ERROR(from_text("[[model]]\nhidden_size = 64\n"),
+                      "test.toml:1: [[model]] is an array of tables, not a section; "
+                      "write [model]");
+  // The compute dtypes list only what they accept (the list was every storage dtype, all but two then refused).
+  for (const char* key : {"fsdp.param_dtype", "fsdp.reduce_dtype"}) {
+    for (const char* bad : {"fp16", "fp64", "int32", "uint8"}) {
+      TrainConfig c;
+      const std::string msg = config_error([&] { apply_override(c, key, bad); });
+      EXPECT_NE(msg.find(fmt::format("{}: unknown or unsupported dtype '{}' (expected fp32 or bf16)", key, bad)),
+                std::string::npos)
+          << msg;
+      EXPECT_EQ(msg.find("int64"), std::string::npos) << msg;
+    }
+    TrainConfig c;
+    apply_override(c, key, "bfloat16");
+    EXPECT_NE(to_toml(c).find("_dtype = \"bf16\""), std::string::npos);
+  }
   // Wrong types.
   EXPECT_CONFIG_ERROR(from_text("[model]\nhidden_size = \"768\"\n"), "test.toml:2", "model.hidden_size",
                       "expected an integer, got a string");
