@@ -80,14 +80,18 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
+  // Everything that can be checked before anything is made, in seconds: the model against the memory, the datasets
+  // and the run's length. A run refused for them leaves no directory behind.
   check_model_fits(config, *rt);
+  topts.sources = train::open_data_sources(config);
+  train::check_run_length(config, topts.sources);
   // The checkpoint directory is claimed (created, writable, locked) before anything is built when its name is known,
   // so a refusal costs seconds, not a model's initialization; a generated run directory's is new, and claimed once
   // the trainer made it.
   train::CheckpointDirClaim claim;
   if (!config.logging.run_dir.empty() || !config.checkpoint.dir.empty())
     claim.acquire(rt->world(), train::checkpoint_dir_for(config, config.logging.run_dir), config.logging.run_dir);
-  train::Trainer trainer(*rt, config, topts);
+  train::Trainer trainer(*rt, config, std::move(topts));
   if (!claim.acquired()) claim.acquire(rt->world(), train::checkpoint_dir_for(config, trainer.run_dir()), trainer.run_dir());
   train::CheckpointHooks checkpoints(trainer);
   trainer.add_hooks(&preemption);

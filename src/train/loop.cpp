@@ -312,10 +312,14 @@ void Trainer::roll_back(const std::string& why) {
 
   // Past the data since the checkpoint: from where the diverged step stopped reading, and
   // optim.rollback_skip_steps global batches further.
+  // Arithmetic, not one advance per micro-batch: rollback_skip_steps is at most the run's length or an epoch
+  // (check_run_length), but that may be billions of micro-batches.
   const data::DistributedSampler& sampler = loader_->sampler();
-  data::SamplerPosition p = at.sampler;
-  for (int64_t k = 0; k < config_.optim.rollback_skip_steps * accumulation_; ++k) p = sampler.advance(p);
-  const uint64_t per_epoch = sampler.samples_before({0, sampler.micro_batches_per_epoch()});
+  const uint64_t per_epoch_micro = sampler.micro_batches_per_epoch();
+  const uint64_t index =
+      at.sampler.index + static_cast<uint64_t>(config_.optim.rollback_skip_steps) * static_cast<uint64_t>(accumulation_);
+  data::SamplerPosition p{at.sampler.epoch + index / per_epoch_micro, index % per_epoch_micro};
+  const uint64_t per_epoch = sampler.samples_before({0, per_epoch_micro});
   auto absolute = [&](data::SamplerPosition q) { return q.epoch * per_epoch + sampler.samples_before(q); };
   if (absolute(p) < absolute(state_.sampler))
     p = state_.sampler;  // a checkpoint ahead in the data (another run's): from there

@@ -169,12 +169,15 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   const int W = topo.world_size, rank = topo.world_rank;
   resolved_toml_ = to_toml(config_);
   check_ranks_agree_on_config(runtime.world(), resolved_toml_);  // before any collective a difference could mismatch
-  make_run_dir_and_config();
 
   // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
-  // the model; the loader checks that a mixture's sources share one tokenizer.
-  sources_ = open_data_sources(config_);
+  // the model; the loader checks that a mixture's sources share one tokenizer. With the run's length, before the
+  // run directory: a run refused for them leaves none.
+  sources_ = options_.sources.empty() ? open_data_sources(config_) : std::move(options_.sources);
+  options_.sources.clear();
   check_ranks_agree_on_data(runtime.world(), sources_);
+  check_run_length(config_, sources_);
+  make_run_dir_and_config();
 
   const bool on_gpu = runtime.device().is_cuda();
   std::unique_ptr<ops::Ops> ops = on_gpu ? ops::make_cuda_ops() : nullptr;

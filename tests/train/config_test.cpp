@@ -7,11 +7,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/hf_configs.hpp"
+#include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/yaml_subset.hpp"
 
 using namespace shardtrain;
@@ -236,6 +238,35 @@ TEST(TrainConfig, BadFilesNameTheKey) {
                       "4294967296 per micro-step, more than data.global_batch_size = 1073741824",
                       "at most 268435456");
   EXPECT_CONFIG_ERROR(w.validate_for_world(2, 1), "data.micro_batch_size", "x 2 ranks = 2147483648 per micro-step");
+}
+
+// The run's length in steps: past what the run's int64 token count holds is refused naming the key that set it
+// (it printed negative step and token counts, then `check: ok`); up to that, exact.
+TEST(TrainConfig, RunLengthFitsTheTokenCount) {
+  TrainConfig c = from_text("[data]\npath = \"x.h5\"\nseq_len = 128\nglobal_batch_size = 16\n[schedule]\nmax_steps = 3\n");
+  const int64_t most = std::numeric_limits<int64_t>::max() / 2048;  // 4503599627370495 steps of 2048 tokens
+  EXPECT_EQ(planned_steps(c, 1199), 3);
+  c.schedule.max_steps = 0;
+  c.schedule.max_tokens = most * 2048;  // 9223372036854773760: the most tokens a run counts
+  EXPECT_EQ(planned_steps(c, 1199), most);
+  c.schedule.max_tokens = 4097;  // rounded up
+  EXPECT_EQ(planned_steps(c, 1199), 3);
+  c.schedule.max_tokens = std::numeric_limits<int64_t>::max();
+  EXPECT_CONFIG_ERROR(planned_steps(c, 1199), "schedule.max_tokens: 9223372036854775807 rounds up to 4503599627370496 steps",
+                      "expected at most 9223372036854773760");
+  c.schedule.max_tokens = 0;
+  c.schedule.epochs = 4611686018427387904;
+  EXPECT_CONFIG_ERROR(planned_steps(c, 1199), "schedule.epochs: 4611686018427387904 epochs of 1199 steps",
+                      "expected at most 3756129797640");
+  c.schedule.epochs = 3756129797640;
+  EXPECT_EQ(planned_steps(c, 1199), 3756129797640 * 1199);
+  c.schedule.max_steps = 7;  // the first limit reached wins, also beside an absurd one
+  c.schedule.epochs = 4611686018427387904;
+  EXPECT_EQ(planned_steps(c, 1199), 7);
+  c.schedule.epochs = 0;
+  c.schedule.max_steps = most + 1;
+  EXPECT_CONFIG_ERROR(planned_steps(c, 1199), "schedule.max_steps: 4503599627370496 steps",
+                      "expected at most 4503599627370495");
 }
 
 TEST(TrainConfig, DataMixtureOrPathButNotBoth) {

@@ -86,6 +86,9 @@ struct TrainerOptions {
   // When set, the backend's ops pass through it before the replica is built, and the step runs on what it returns
   // (`bench step --ops-profile`: ops::make_timed_ops). Unset: the backend's ops, untouched.
   std::function<std::unique_ptr<ops::Ops>(std::unique_ptr<ops::Ops>)> wrap_ops;
+  // The datasets, opened already (train opens them to check the run before it claims the checkpoint directory);
+  // empty: the trainer opens data.path or data.mixture itself.
+  std::vector<data::MixtureComponent> sources;
 };
 
 struct TrainSummary {
