@@ -14,6 +14,7 @@
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/train/preemption.hpp"
+#include "shardtrain/train/step_memory.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -80,9 +81,11 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
-  // Everything that can be checked before anything is made, in seconds: the model against the memory, the datasets
-  // and the run's length. A run refused for them leaves no directory behind.
+  // Everything that can be checked before anything is made, in seconds: the model and a step against the memory,
+  // the world, the datasets and the run's length. A run refused for them leaves no directory behind.
   check_model_fits(config, *rt);
+  config.validate_for_world(rt->topology().world_size, rt->topology().node_count);
+  train::check_step_memory(config, *rt);
   topts.sources = train::open_data_sources(config);
   train::check_run_length(config, topts.sources);
   // The checkpoint directory is claimed (created, writable, locked) before anything is built when its name is known,

@@ -26,8 +26,10 @@ void expect(bool ok, std::string_view key, const std::string& what) {
 constexpr double kMaxParameters = 1125899906842624.0;  // 2^50
 constexpr int64_t kMaxLayers = 65536;
 
+}  // namespace
+
 // The size key that makes a model too large: the one furthest above its usual value (LlamaConfig's defaults).
-std::string largest_size_key(const model::LlamaConfig& m) {
+std::string largest_model_size_key(const model::LlamaConfig& m) {
   const model::LlamaConfig usual;
   struct Size {
     const char* key;
@@ -43,8 +45,6 @@ std::string largest_size_key(const model::LlamaConfig& m) {
                                       [&](const Size& x, const Size& y) { return ratio(x) < ratio(y); });
   return fmt::format("model.{} = {}", top.key, top.value);
 }
-
-}  // namespace
 
 double model_parameter_estimate(const model::LlamaConfig& model) {
   // (V, D) embedding, (D) final norm, (V, D) lm_head unless tied; per layer: two (D) norms, q and o (D, D),
@@ -67,7 +67,7 @@ void validate_model_size(const model::LlamaConfig& model) {
     throw ConfigError(
         fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
                     "(16 bytes each in training)",
-                    largest_size_key(model), params, kMaxParameters));
+                    largest_model_size_key(model), params, kMaxParameters));
 }
 
 double TrainConfig::parameter_estimate() const { return model_parameter_estimate(model); }
@@ -80,8 +80,8 @@ void TrainConfig::validate_memory(int shard_ranks, double memory_bytes, std::str
   throw ConfigError(
       fmt::format("{}: the model has {:.3g} parameters, whose fp32 weights, gradients and Adam state take "
                   "{} per rank over {} shard rank(s); {} has {} for this rank",
-                  largest_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))), shard_ranks,
-                  memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
+                  largest_model_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))),
+                  shard_ranks, memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
 }
 
 namespace {
@@ -200,7 +200,10 @@ void TrainConfig::validate() const {
   if (data.micro_batch_size > 0)
     expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",
            fmt::format("{} is not a multiple of data.micro_batch_size = {}", data.global_batch_size, data.micro_batch_size));
-  expect(data.prefetch >= 1, "data.prefetch", fmt::format("expected 1 or more, got {}", data.prefetch));
+  // Every buffer is made at start (data/loader.hpp): a few steps' worth is all the thread can use.
+  expect(data.prefetch >= 1 && data.prefetch <= kMaxPrefetch, "data.prefetch",
+         fmt::format("expected 1 to {} micro-batches kept ready (each is a buffer allocated at start), got {}", kMaxPrefetch,
+                     data.prefetch));
   expect(!checkpoint.async_save || checkpoint.state_dict_type == StateDictType::Sharded, "checkpoint.async_save",
          "only SHARDED_STATE_DICT saves are asynchronous (FULL_STATE_DICT gathers every unit over the shard group); "
          "set checkpoint.state_dict_type = \"SHARDED_STATE_DICT\" or async_save = false");

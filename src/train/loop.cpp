@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <thread>
 
 #include "shardtrain/runtime/check.hpp"
@@ -371,7 +372,14 @@ TrainSummary Trainer::run() {
   StepMetrics m;
   int64_t steps_run = 0;  // not state_.step's advance: a rollback takes the count back
   while (state_.step < total_steps_ && !stop_requested_) {
-    step_once(m);
+    try {
+      step_once(m);
+    } catch (const std::bad_alloc&) {  // what the steps allocate themselves: out of memory, not a bug
+      throw Error(ExitCode::Device,
+                  fmt::format("out of host memory in step {} (std::bad_alloc): a micro-batch of {} x {} tokens needs more "
+                              "than this rank has; lower data.micro_batch_size or set fsdp.activation_checkpointing = true",
+                              state_.step + 1, micro_batch_, config_.data.seq_len));
+    }
     ++steps_run;
     m.elapsed_s = seconds_since(start);
     if (std::isnan(s.first_loss) && !m.skipped) s.first_loss = m.loss;

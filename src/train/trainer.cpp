@@ -12,6 +12,9 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <new>
+#include <string_view>
+#include <system_error>
 
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
@@ -120,6 +123,30 @@ std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {
   return payload.substr(1);
 }
 
+// Runs `build`; running out of host memory in it is a device error (exit code 7, not restartable) naming `what`:
+// not an unclassified std::bad_alloc (exit code 1), nor a page-locked allocation's "host allocation of N bytes
+// failed" alone.
+template <typename F>
+auto allocating(const char* what, F&& build) {
+  const auto out_of_memory = [&](const std::string& how) {
+    return Error(ExitCode::Device,
+                 fmt::format("out of host memory while allocating {} ({}): `shardtrain plan` shows what the run's sizes "
+                             "need; lower them",
+                             what, how));
+  };
+  try {
+    return build();
+  } catch (const std::bad_alloc&) {
+    throw out_of_memory("std::bad_alloc");
+  } catch (const std::system_error& e) {  // a thread (the loader's) that cannot get its stack
+    if (e.code() != std::errc::resource_unavailable_try_again) throw;
+    throw out_of_memory(fmt::format("cannot start a thread: {}", e.what()));
+  } catch (const Error& e) {
+    if (e.code() != ExitCode::Device || std::string_view(e.what()).find("host allocation") == std::string_view::npos) throw;
+    throw out_of_memory(e.what());
+  }
+}
+
 // The peak MFU is reported against (mfu.hpp): on a GPU its datasheet figure, with a bf16 matmul measured
 // through the backend itself (`cuda_ops`) beside it; on the CPU the best of several sgemms at the step's thread
 // count, before the backend sets its thread count, bounded by the CPU's ceiling. The ranks' mean, so every rank
@@ -183,12 +210,14 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   std::unique_ptr<ops::Ops> ops = on_gpu ? ops::make_cuda_ops() : nullptr;
   mfu_ = measure_peak(runtime, config_, ops.get());
   if (options_.wrap_ops) ops = options_.wrap_ops(ops ? std::move(ops) : ops::make_cpu_ops({runtime.host_threads()}));
-  replica_ = std::make_unique<Replica>(runtime, config_, std::move(ops));
+  replica_ = allocating("the model and its FSDP buffers",
+                        [&] { return std::make_unique<Replica>(runtime, config_, std::move(ops)); });
   watchdog_ = &replica_->watchdog();
   comms_ = &replica_->comms();
   ops_ = &replica_->ops();
   engine_ = &replica_->engine();
-  adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &replica_->ledger());
+  adamw_ = allocating("the AdamW states",
+                      [&] { return std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &replica_->ledger()); });
   // CPU offload on a GPU: the host update runs beside the next forward, each unit's upload waiting for its
   // own shard only (optim::AdamW::step_async). On the CPU backend the cores are the compute: no overlap.
   async_update_ = on_gpu && config_.fsdp.engine.offload_params;
@@ -197,10 +226,15 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
   micro_batch_ = config_.micro_batch_size_for(W);
   accumulation_ = config_.accumulation_steps_for(W);
-  loader_ = std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, accumulation_, rank, W));
+  loader_ =
+      allocating("the training loader's micro-batch buffers (data.micro_batch_size x data.seq_len, data.prefetch)", [&] {
+        return std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, accumulation_, rank, W));
+      });
   if (config_.schedule.eval_batches > 0)
-    evaluator_ = std::make_unique<Evaluator>(*replica_, config_, sources_,
-                                             EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});
+    evaluator_ = allocating("the validation loaders' micro-batch buffers", [&] {
+      return std::make_unique<Evaluator>(*replica_, config_, sources_,
+                                         EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});
+    });
 
   // The run's length: the first of max_steps, max_tokens, epochs.
   const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());

@@ -238,6 +238,10 @@ TEST(TrainConfig, BadFilesNameTheKey) {
                       "4294967296 per micro-step, more than data.global_batch_size = 1073741824",
                       "at most 268435456");
   EXPECT_CONFIG_ERROR(w.validate_for_world(2, 1), "data.micro_batch_size", "x 2 ranks = 2147483648 per micro-step");
+  // The loader's buffers are made at start: a bounded count of them.
+  EXPECT_NO_THROW(invalid({{"data.prefetch", "1024"}}));
+  EXPECT_CONFIG_ERROR(invalid({{"data.prefetch", "2147483647"}}), "data.prefetch", "expected 1 to 1024", "2147483647");
+  EXPECT_CONFIG_ERROR(invalid({{"data.prefetch", "0"}}), "data.prefetch", "expected 1 to 1024");
 }
 
 // The run's length in steps: past what the run's int64 token count holds is refused naming the key that set it
