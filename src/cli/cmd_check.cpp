@@ -26,6 +26,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/run_dir.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 namespace shardtrain::cli {
@@ -347,6 +348,7 @@ int run_check(const CheckOptions& o) {
     if (run_dir.empty()) {
       require_writable("logging.runs_root", c.logging.runs_root);
     } else {
+      train::check_run_dir(c, run_dir);  // not a directory; a config.toml or result.json the run would replace
       require_writable("logging.run_dir", run_dir);
     }
     if (!ckpt_dir.empty()) require_writable("checkpoint.dir", ckpt_dir);

@@ -14,6 +14,8 @@
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/train/preemption.hpp"
+#include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/run_dir.hpp"
 #include "shardtrain/train/step_memory.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -38,7 +40,8 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps,
   // The newest checkpoint of this run: its last save, or, when it saved nothing (nothing was left to train, or it
   // was stopped before its first step), the one it resumed from.
   const std::string& checkpoint = checkpoints.last_saved().empty() ? checkpoints.resumed_from() : checkpoints.last_saved();
-  nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
+  nlohmann::json j = {{train::kResultMarkKey, train::kResultMarkValue},  // how a later start knows it may replace it
+                      {"status", preempted ? "preempted" : "finished"},
                       {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
                       {"step", step},
                       {"max_steps", max_steps},
@@ -81,6 +84,14 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
+  // Ranks that resolved different configurations stop here, naming the first differing key, before any of the
+  // checks below could fail on some ranks and not others (the trainer asks again, for its other callers).
+  train::check_ranks_agree_on_config(rt->world(), train::to_toml(config));
+  // A run directory that is named is looked into first (not a directory at all; a config.toml or result.json the
+  // run would replace), and the earlier start's records in it go: from here on it tells of this start. The trainer
+  // writes into it only once the start is validated.
+  if (!config.logging.run_dir.empty())
+    topts.run_dir_existed = train::begin_start_in_run_dir(rt->world(), config, config.logging.run_dir);
   // Everything that can be checked before anything is made, in seconds: the model and a step against the memory,
   // the world, the datasets and the run's length. A run refused for them leaves no directory behind.
   check_model_fits(config, *rt);
@@ -99,6 +110,9 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::CheckpointHooks checkpoints(trainer);
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
+  // The checkpoint directory's checks and the resume: a start they refuse has written nothing into the run
+  // directory (run_dir.hpp). Past them, the run directory is this run's.
+  trainer.start();
   if (preemption.stop_before_start(rt->world())) {
     train::TrainSummary s;
     s.run_dir = trainer.run_dir();

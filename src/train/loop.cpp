@@ -365,8 +365,8 @@ void Trainer::report(const StepMetrics& m) {
 }
 
 TrainSummary Trainer::run() {
-  for (TrainerHooks* h : hooks_) h->on_start(*this);
-  const auto start = Clock::now();
+  start();
+  const auto began = Clock::now();
   TrainSummary s;
   s.first_loss = s.last_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no step taken (nothing was left)
   StepMetrics m;
@@ -381,7 +381,7 @@ TrainSummary Trainer::run() {
                               state_.step + 1, micro_batch_, config_.data.seq_len));
     }
     ++steps_run;
-    m.elapsed_s = seconds_since(start);
+    m.elapsed_s = seconds_since(began);
     if (std::isnan(s.first_loss) && !m.skipped) s.first_loss = m.loss;
     s.last_loss = m.loss;
     report(m);
@@ -398,7 +398,7 @@ TrainSummary Trainer::run() {
   maybe_evaluate(true);
   progress_->finish();
   for (TrainerHooks* h : hooks_) h->on_end(*this);
-  loop_seconds_ = seconds_since(start);
+  loop_seconds_ = seconds_since(began);
 
   s.steps = steps_run;
   s.tokens = state_.tokens_seen;
