@@ -12,6 +12,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/run_dir.hpp"
 
 namespace shardtrain::train {
 
@@ -229,14 +230,13 @@ void TrainConfig::validate() const {
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
          fmt::format("expected 0 (the datasheet or a measured peak) or a FLOP/s figure, got {}", logging.peak_flops));
   // A plain name inside the run directory: the file is opened for appending, so a path could grow a user's file,
-  // another run's, or this run's own config.toml or result.json.
+  // another run's, or one of the names the run directory's own files and folders have (run_dir.hpp).
   const std::string& mf = logging.metrics_file;
-  expect(!mf.empty() && mf != "." && mf != ".." && mf.find('/') == std::string::npos && mf != "config.toml" &&
-             mf != "result.json" && !mf.starts_with("events.out.tfevents"),
+  expect(!mf.empty() && mf != "." && mf != ".." && mf.find('/') == std::string::npos && !is_reserved_run_dir_name(mf),
          "logging.metrics_file",
-         fmt::format("expected a file name inside the run directory (no '/', not config.toml, result.json or an "
-                     "events.out.tfevents name), got '{}'",
-                     mf));
+         fmt::format("expected a file name inside the run directory (no '/', and none of the names the run keeps there: "
+                     "{}), got '{}'",
+                     kReservedRunDirNames, mf));
   expect(!logging.runs_root.empty() || !logging.run_dir.empty(), "logging.runs_root", "expected a directory");
 }
 

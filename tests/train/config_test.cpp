@@ -200,8 +200,13 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
   // The metrics file is appended to: a plain name in the run directory, never a path out of it or the run's own files.
   EXPECT_NO_THROW(invalid({{"logging.metrics_file", "train.jsonl"}}));
-  for (const char* bad : {"../metrics.jsonl", "/etc/passwd", "logs/m.jsonl", "config.toml", "result.json", "..",
-                          "events.out.tfevents.1.host"}) {
+  // Nor a name the run directory's own files and folders have: "failures" (a resume once deleted the folder, and the
+  // metrics with it), "checkpoints" (an I/O error, exit 8), the plots of scripts/plot-metrics.sh, a temporary of
+  // config.toml, the Slurm jobs' files.
+  for (const char* bad :
+       {"../metrics.jsonl", "/etc/passwd", "logs/m.jsonl", "config.toml", "result.json", "..", "events.out.tfevents.1.host",
+        "failures", "checkpoints", "loss.png", "throughput.png", "config.toml.tmp-42", "result.json.tmp-7", "restarts.log",
+        "eval.json", "hf", "consolidate-12.out"}) {
     const std::string got = fmt::format("got '{}'", bad);
     EXPECT_CONFIG_ERROR(invalid({{"logging.metrics_file", bad}}), "logging.metrics_file",
                         "expected a file name inside the run directory", got.c_str());
