@@ -125,13 +125,19 @@ int run_train(const TrainOptions& o, Runtime* rt) {
     return static_cast<int>(ExitCode::Requeue);
   }
   const train::TrainSummary s = trainer.run();
+  // Steps and tokens of this start; a resumed run's life so far beside them, said as such.
+  const std::string life = s.first_step > 0
+                               ? fmt::format(" (steps {} to {} of {}; {} tokens over the run's life)", s.first_step + 1,
+                                             trainer.state().step, trainer.total_steps(), s.tokens_total)
+                               : std::string();
   if (s.steps == 0)
     log::info("train: done: no step left to take (at step {} of {}); run directory {}", trainer.state().step,
               trainer.total_steps(), s.run_dir);
   else
     log::info(
-        "train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
-        s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
+        "train: done: {} steps, {} tokens in {}{}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics "
+        "{})",
+        s.steps, s.tokens, format_duration(s.seconds), life, s.tokens_per_s, s.first_loss, s.last_loss,
         std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
         s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
         s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);

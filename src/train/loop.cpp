@@ -368,6 +368,7 @@ TrainSummary Trainer::run() {
   start();
   const auto began = Clock::now();
   TrainSummary s;
+  s.first_step = state_.step;
   s.first_loss = s.last_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no step taken (nothing was left)
   StepMetrics m;
   int64_t steps_run = 0;  // not state_.step's advance: a rollback takes the count back
@@ -401,7 +402,8 @@ TrainSummary Trainer::run() {
   loop_seconds_ = seconds_since(began);
 
   s.steps = steps_run;
-  s.tokens = state_.tokens_seen;
+  s.tokens = steps_run * tokens_per_step_;
+  s.tokens_total = state_.tokens_seen;
   s.last_val_loss = last_val_loss_;
   s.seconds = loop_seconds_;
   s.tokens_per_s = step_seconds_ > 0 ? static_cast<double>(s.steps * tokens_per_step_) / step_seconds_ : 0;

@@ -96,8 +96,10 @@ struct TrainerOptions {
 };
 
 struct TrainSummary {
-  int64_t steps = 0;
-  int64_t tokens = 0;
+  int64_t first_step = 0;    // the run's step when this start began (0, or the step resumed from)
+  int64_t steps = 0;         // steps this start took (rolled-back ones included)
+  int64_t tokens = 0;        // input tokens of those steps, all ranks
+  int64_t tokens_total = 0;  // input tokens over the run's life (TrainerState::tokens_seen), resumed starts included
   double first_loss = 0, last_loss = 0;
   double last_val_loss = 0;  // NaN when never evaluated
   double seconds = 0;
