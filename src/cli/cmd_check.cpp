@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -25,6 +26,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/run_dir.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 namespace shardtrain::cli {
@@ -179,6 +181,7 @@ int run_check(const CheckOptions& o) {
   std::vector<data::MixtureComponent> sources;
   int64_t total_steps = 0;
   bool data_ok = false;
+  std::optional<ConfigError> length_error;  // the run's length or rollback skip, refused: its own line below
   if (o.data_pending) {
     report.note("data", fmt::format("{}: not checked: a job queued before the run makes it (--data-pending); the run "
                                     "checks it when it starts",
@@ -191,27 +194,30 @@ int run_check(const CheckOptions& o) {
       mix.require_global_batch(c.data.global_batch_size);
       const int64_t per_epoch =
           static_cast<int64_t>(mix.num_samples() / static_cast<size_t>(c.data.global_batch_size));  // drop_last
-      total_steps = train::planned_steps(c, per_epoch);
-      const double tokens = static_cast<double>(total_steps) * c.data.global_batch_size * c.data.seq_len;
-      report.ok(
-          "data",
-          fmt::format(
-              "{}: {} training samples ({}, seq_len {}) = {} steps per epoch; the run: {} steps, {} tokens, {:.3g} epochs",
-              c.data.describe(), mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch,
-              total_steps, count(tokens), static_cast<double>(total_steps) / static_cast<double>(per_epoch)));
+      std::string length;
+      try {  // the trainer's own check, before it makes anything
+        total_steps = train::check_run_length(c, sources);
+        const double tokens = static_cast<double>(total_steps) * c.data.global_batch_size * c.data.seq_len;
+        length = fmt::format("; the run: {} steps, {} tokens, {:.3g} epochs", total_steps, count(tokens),
+                             static_cast<double>(total_steps) / static_cast<double>(per_epoch));
+      } catch (const ConfigError& e) {
+        length_error = e;
+      }
+      report.ok("data",
+                fmt::format("{}: {} training samples ({}, seq_len {}) = {} steps per epoch{}", c.data.describe(),
+                            mix.num_samples(), data::batch_layout_name(c.data.layout), c.data.seq_len, per_epoch, length));
       if (mix.size() > 1)
         for (size_t k = 0; k < mix.size(); ++k)
           report.note("data", fmt::format("{}: {}", mix.dataset(k).path(), mix.share(k)));
     });
   }
+  if (length_error) report.run("schedule", [&] { throw *length_error; });
   if (data_ok && c.schedule.eval_batches > 0) {
     // As the trainer decides: a source whose validation split holds less than one evaluation batch
     // (micro-batch x world) has no validation loss. Said, not failed: the run goes on without it.
     int64_t eval_batch = c.data.global_batch_size;
-    try {
-      eval_batch /= c.accumulation_steps_for(world);
-    } catch (const Error&) {  // the world check above said why
-    }
+    if (const int accumulation = c.accumulation_steps_for(world); accumulation > 0)
+      eval_batch /= accumulation;  // 0: a micro-batch x world past the global batch (the world check said so)
     for (const auto& s : sources) {
       size_t samples = 0;
       try {
@@ -342,6 +348,7 @@ int run_check(const CheckOptions& o) {
     if (run_dir.empty()) {
       require_writable("logging.runs_root", c.logging.runs_root);
     } else {
+      train::check_run_dir(c, run_dir);  // not a directory; a config.toml or result.json the run would replace
       require_writable("logging.run_dir", run_dir);
     }
     if (!ckpt_dir.empty()) require_writable("checkpoint.dir", ckpt_dir);

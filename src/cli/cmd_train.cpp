@@ -14,6 +14,9 @@
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/checkpointing.hpp"
 #include "shardtrain/train/preemption.hpp"
+#include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/run_dir.hpp"
+#include "shardtrain/train/step_memory.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -37,7 +40,8 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t max_steps,
   // The newest checkpoint of this run: its last save, or, when it saved nothing (nothing was left to train, or it
   // was stopped before its first step), the one it resumed from.
   const std::string& checkpoint = checkpoints.last_saved().empty() ? checkpoints.resumed_from() : checkpoints.last_saved();
-  nlohmann::json j = {{"status", preempted ? "preempted" : "finished"},
+  nlohmann::json j = {{train::kResultMarkKey, train::kResultMarkValue},  // how a later start knows it may replace it
+                      {"status", preempted ? "preempted" : "finished"},
                       {"exit_code", preempted ? static_cast<int>(ExitCode::Requeue) : 0},
                       {"step", step},
                       {"max_steps", max_steps},
@@ -80,18 +84,35 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
+  // Ranks that resolved different configurations stop here, naming the first differing key, before any of the
+  // checks below could fail on some ranks and not others (the trainer asks again, for its other callers).
+  train::check_ranks_agree_on_config(rt->world(), train::to_toml(config));
+  // A run directory that is named is looked into first (not a directory at all; a config.toml or result.json the
+  // run would replace), and the earlier start's records in it go: from here on it tells of this start. The trainer
+  // writes into it only once the start is validated.
+  if (!config.logging.run_dir.empty())
+    topts.run_dir_existed = train::begin_start_in_run_dir(rt->world(), config, config.logging.run_dir);
+  // Everything that can be checked before anything is made, in seconds: the model and a step against the memory,
+  // the world, the datasets and the run's length. A run refused for them leaves no directory behind.
   check_model_fits(config, *rt);
+  config.validate_for_world(rt->topology().world_size, rt->topology().node_count);
+  train::check_step_memory(config, *rt);
+  topts.sources = train::open_data_sources(config);
+  train::check_run_length(config, topts.sources);
   // The checkpoint directory is claimed (created, writable, locked) before anything is built when its name is known,
   // so a refusal costs seconds, not a model's initialization; a generated run directory's is new, and claimed once
   // the trainer made it.
   train::CheckpointDirClaim claim;
   if (!config.logging.run_dir.empty() || !config.checkpoint.dir.empty())
     claim.acquire(rt->world(), train::checkpoint_dir_for(config, config.logging.run_dir), config.logging.run_dir);
-  train::Trainer trainer(*rt, config, topts);
+  train::Trainer trainer(*rt, config, std::move(topts));
   if (!claim.acquired()) claim.acquire(rt->world(), train::checkpoint_dir_for(config, trainer.run_dir()), trainer.run_dir());
   train::CheckpointHooks checkpoints(trainer);
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
+  // The checkpoint directory's checks and the resume: a start they refuse has written nothing into the run
+  // directory (run_dir.hpp). Past them, the run directory is this run's.
+  trainer.start();
   if (preemption.stop_before_start(rt->world())) {
     train::TrainSummary s;
     s.run_dir = trainer.run_dir();
@@ -104,13 +125,19 @@ int run_train(const TrainOptions& o, Runtime* rt) {
     return static_cast<int>(ExitCode::Requeue);
   }
   const train::TrainSummary s = trainer.run();
+  // Steps and tokens of this start; a resumed run's life so far beside them, said as such.
+  const std::string life = s.first_step > 0
+                               ? fmt::format(" (steps {} to {} of {}; {} tokens over the run's life)", s.first_step + 1,
+                                             trainer.state().step, trainer.total_steps(), s.tokens_total)
+                               : std::string();
   if (s.steps == 0)
     log::info("train: done: no step left to take (at step {} of {}); run directory {}", trainer.state().step,
               trainer.total_steps(), s.run_dir);
   else
     log::info(
-        "train: done: {} steps, {} tokens in {}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics {})",
-        s.steps, s.tokens, format_duration(s.seconds), s.tokens_per_s, s.first_loss, s.last_loss,
+        "train: done: {} steps, {} tokens in {}{}, {:.0f} tokens/s; loss {:.4f} -> {:.4f}{}{}{}; run directory {} (metrics "
+        "{})",
+        s.steps, s.tokens, format_duration(s.seconds), life, s.tokens_per_s, s.first_loss, s.last_loss,
         std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
         s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
         s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);

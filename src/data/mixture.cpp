@@ -94,6 +94,13 @@ MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit 
           fmt::format("data.mixture: the weight of {} must be a positive number, got {}", c.dataset->path(), c.weight));
     weight_sum += c.weight;
   }
+  // Each finite, their sum too: each share is w / sum, and a sum past the largest double makes every share 0 (and
+  // every loss a mean over nothing).
+  if (!std::isfinite(weight_sum))
+    throw ConfigError(
+        fmt::format("data.mixture: the weights sum to {} (each is finite, their sum is not); expected "
+                    "weights whose sum is a finite number, such as 0.7 and 0.3 (only their ratios matter)",
+                    weight_sum));
   const DatasetInfo& first = components.front().dataset->info();
   for (const auto& c : components) {
     const DatasetInfo& info = c.dataset->info();

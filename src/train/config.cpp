@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "shardtrain/mesh/mesh_layout.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/run_dir.hpp"
 
 namespace shardtrain::train {
 
@@ -25,8 +27,10 @@ void expect(bool ok, std::string_view key, const std::string& what) {
 constexpr double kMaxParameters = 1125899906842624.0;  // 2^50
 constexpr int64_t kMaxLayers = 65536;
 
+}  // namespace
+
 // The size key that makes a model too large: the one furthest above its usual value (LlamaConfig's defaults).
-std::string largest_size_key(const model::LlamaConfig& m) {
+std::string largest_model_size_key(const model::LlamaConfig& m) {
   const model::LlamaConfig usual;
   struct Size {
     const char* key;
@@ -42,8 +46,6 @@ std::string largest_size_key(const model::LlamaConfig& m) {
                                       [&](const Size& x, const Size& y) { return ratio(x) < ratio(y); });
   return fmt::format("model.{} = {}", top.key, top.value);
 }
-
-}  // namespace
 
 double model_parameter_estimate(const model::LlamaConfig& model) {
   // (V, D) embedding, (D) final norm, (V, D) lm_head unless tied; per layer: two (D) norms, q and o (D, D),
@@ -66,7 +68,7 @@ void validate_model_size(const model::LlamaConfig& model) {
     throw ConfigError(
         fmt::format("{}: the model would have {:.3g} parameters, more than the 2^50 = {:.3g} any machine could hold "
                     "(16 bytes each in training)",
-                    largest_size_key(model), params, kMaxParameters));
+                    largest_model_size_key(model), params, kMaxParameters));
 }
 
 double TrainConfig::parameter_estimate() const { return model_parameter_estimate(model); }
@@ -79,20 +81,46 @@ void TrainConfig::validate_memory(int shard_ranks, double memory_bytes, std::str
   throw ConfigError(
       fmt::format("{}: the model has {:.3g} parameters, whose fp32 weights, gradients and Adam state take "
                   "{} per rank over {} shard rank(s); {} has {} for this rank",
-                  largest_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))), shard_ranks,
-                  memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
+                  largest_model_size_key(model), params, format_bytes(static_cast<uint64_t>(std::min(state, 1.8e19))),
+                  shard_ranks, memory_name, format_bytes(static_cast<uint64_t>(memory_bytes))));
 }
+
+namespace {
+
+// Two spellings of one dataset ("data.h5", "./data.h5", a symbolic link to it): one file when both exist,
+// else the same absolute path once "." and ".." are resolved.
+bool same_dataset_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  if (a == b) return true;
+  std::error_code ea, eb;
+  if (fs::exists(a, ea) && fs::exists(b, eb)) return fs::equivalent(a, b, ea) && !ea;
+  return fs::absolute(a, ea).lexically_normal() == fs::absolute(b, eb).lexically_normal();
+}
+
+}  // namespace
 
 std::vector<data::MixtureEntry> DataSection::sources() const {
   if (mixture.empty()) return {data::MixtureEntry{path, 1.0}};
   std::vector<data::MixtureEntry> out;
+  double weight_sum = 0;
   for (size_t i = 0; i < mixture.size(); ++i) {
     const std::string field = fmt::format("data.mixture[{}]", i);
     out.push_back(data::parse_mixture_entry(mixture[i], field));
-    for (size_t j = 0; j < i; ++j)
-      expect(out[j].path != out.back().path, field,
-             fmt::format("{} is listed twice (as data.mixture[{}] too); give it one weight", out.back().path, j));
+    weight_sum += out.back().weight;
+    for (size_t j = 0; j < i; ++j) {
+      if (out[j].path == out.back().path)
+        throw ConfigError(
+            fmt::format("{}: {} is listed twice (as data.mixture[{}] too); give it one weight", field, out.back().path, j));
+      if (same_dataset_file(out[j].path, out.back().path))
+        throw ConfigError(fmt::format("{}: {} is the same file as data.mixture[{}] ({}); give it one weight", field,
+                                      out.back().path, j, out[j].path));
+    }
   }
+  // Only the ratios matter, but they are computed as w / sum: a sum past the largest double makes every share 0.
+  expect(std::isfinite(weight_sum), "data.mixture",
+         fmt::format("the weights sum to {} (each is finite, their sum is not); expected weights whose sum is a finite "
+                     "number, such as 0.7 and 0.3 (only their ratios matter)",
+                     weight_sum));
   return out;
 }
 
@@ -173,7 +201,10 @@ void TrainConfig::validate() const {
   if (data.micro_batch_size > 0)
     expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",
            fmt::format("{} is not a multiple of data.micro_batch_size = {}", data.global_batch_size, data.micro_batch_size));
-  expect(data.prefetch >= 1, "data.prefetch", fmt::format("expected 1 or more, got {}", data.prefetch));
+  // Every buffer is made at start (data/loader.hpp): a few steps' worth is all the thread can use.
+  expect(data.prefetch >= 1 && data.prefetch <= kMaxPrefetch, "data.prefetch",
+         fmt::format("expected 1 to {} micro-batches kept ready (each is a buffer allocated at start), got {}", kMaxPrefetch,
+                     data.prefetch));
   expect(!checkpoint.async_save || checkpoint.state_dict_type == StateDictType::Sharded, "checkpoint.async_save",
          "only SHARDED_STATE_DICT saves are asynchronous (FULL_STATE_DICT gathers every unit over the shard group); "
          "set checkpoint.state_dict_type = \"SHARDED_STATE_DICT\" or async_save = false");
@@ -199,14 +230,13 @@ void TrainConfig::validate() const {
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
          fmt::format("expected 0 (the datasheet or a measured peak) or a FLOP/s figure, got {}", logging.peak_flops));
   // A plain name inside the run directory: the file is opened for appending, so a path could grow a user's file,
-  // another run's, or this run's own config.toml or result.json.
+  // another run's, or one of the names the run directory's own files and folders have (run_dir.hpp).
   const std::string& mf = logging.metrics_file;
-  expect(!mf.empty() && mf != "." && mf != ".." && mf.find('/') == std::string::npos && mf != "config.toml" &&
-             mf != "result.json" && !mf.starts_with("events.out.tfevents"),
+  expect(!mf.empty() && mf != "." && mf != ".." && mf.find('/') == std::string::npos && !is_reserved_run_dir_name(mf),
          "logging.metrics_file",
-         fmt::format("expected a file name inside the run directory (no '/', not config.toml, result.json or an "
-                     "events.out.tfevents name), got '{}'",
-                     mf));
+         fmt::format("expected a file name inside the run directory (no '/', and none of the names the run keeps there: "
+                     "{}), got '{}'",
+                     kReservedRunDirNames, mf));
   expect(!logging.runs_root.empty() || !logging.run_dir.empty(), "logging.runs_root", "expected a directory");
 }
 
@@ -215,8 +245,9 @@ int TrainConfig::micro_batch_size_for(int world_size) const {
 }
 
 int TrainConfig::accumulation_steps_for(int world_size) const {
-  const int mb = micro_batch_size_for(world_size);
-  return mb > 0 ? data.global_batch_size / (mb * world_size) : 0;
+  // In 64 bits: micro-batch x world passes 2^31 (and wrapped to 0, a division by zero) with a large micro-batch.
+  const int64_t per_micro_step = int64_t{micro_batch_size_for(world_size)} * world_size;
+  return per_micro_step > 0 ? static_cast<int>(data.global_batch_size / per_micro_step) : 0;
 }
 
 void TrainConfig::validate_for_world(int world_size, int node_count) const {
@@ -230,7 +261,13 @@ void TrainConfig::validate_for_world(int world_size, int node_count) const {
   if (data.micro_batch_size == 0 && (data.global_batch_size % world_size != 0 || mb == 0))
     throw ConfigError(fmt::format("data.global_batch_size: {} sequences cannot be split evenly over {} ranks",
                                   data.global_batch_size, world_size));
-  if (data.global_batch_size % (mb * world_size) != 0)
+  const int64_t per_micro_step = int64_t{mb} * world_size;  // 64 bits: the product of two ints
+  if (per_micro_step > data.global_batch_size)
+    throw ConfigError(fmt::format(
+        "data.micro_batch_size: {} sequences per rank x {} ranks = {} per micro-step, more than data.global_batch_size = "
+        "{}; expected at most {} (global batch / ranks)",
+        mb, world_size, per_micro_step, data.global_batch_size, data.global_batch_size / world_size));
+  if (data.global_batch_size % per_micro_step != 0)
     throw ConfigError(fmt::format("data.global_batch_size: {} is not a multiple of data.micro_batch_size x world = {} x {}",
                                   data.global_batch_size, mb, world_size));
 }

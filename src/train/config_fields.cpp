@@ -102,6 +102,14 @@ DivergencePolicy parse_divergence_policy(std::string_view s) {
 
 // Dtype names as configs spell them.
 const char* config_dtype_name(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F32 ? "fp32" : dtype_name(t); }
+// param_dtype and reduce_dtype: only what the engine computes and reduces in (the other dtypes are storage's).
+DType parse_compute_dtype(const std::string& s) {
+  for (const char* name : {"fp32", "f32", "float32", "float"})
+    if (s == name) return DType::F32;
+  for (const char* name : {"bf16", "bfloat16"})
+    if (s == name) return DType::BF16;
+  throw ConfigError(fmt::format("unknown or unsupported dtype '{}' (expected fp32 or bf16)", s));
+}
 
 // One field a line, as a table reads (clang-format 14 would break each lambda argument onto lines of its own).
 // clang-format off
@@ -176,9 +184,9 @@ std::vector<ConfigField> build_fields() {
   }
   t.integer("min_num_params", "SIZE_BASED_WRAP: elements per unit", [](auto& c) -> auto& { return c.fsdp.engine.wrap.min_num_params; });
   t.choice("param_dtype", "fp32 or bf16: gathered and computed with", [](auto& c) -> auto& { return c.fsdp.engine.param_dtype; },
-           [](const std::string& s) { return parse_dtype(s); }, config_dtype_name);
+           parse_compute_dtype, config_dtype_name);
   t.choice("reduce_dtype", "fp32 or bf16: gradients reduced in", [](auto& c) -> auto& { return c.fsdp.engine.reduce_dtype; },
-           [](const std::string& s) { return parse_dtype(s); }, config_dtype_name);
+           parse_compute_dtype, config_dtype_name);
   t.boolean("offload_params", "master, grad and Adam shards in host memory", [](auto& c) -> auto& { return c.fsdp.engine.offload_params; });
   t.integer("forward_prefetch", "units gathered ahead in forward", [](auto& c) -> auto& { return c.fsdp.engine.forward_prefetch; });
   t.integer("backward_prefetch", "units gathered ahead in backward", [](auto& c) -> auto& { return c.fsdp.engine.backward_prefetch; });

@@ -196,6 +196,9 @@ void apply_toml_text(TrainConfig& config, std::string_view text, const std::stri
     const std::string section(section_key.str());
     const std::string at = fmt::format("{}:{}", source, node.source().begin.line);
     const toml::table* table = node.as_table();
+    if (node.is_array_of_tables())
+      throw ConfigError(fmt::format("{}: [[{}]] is an array of tables, not a section; write [{}] (the sections are {})", at,
+                                    section, section, join_sections()));
     if (!table)
       throw ConfigError(
           fmt::format("{}: '{}' is outside any section; keys belong in one of {}", at, section, join_sections()));

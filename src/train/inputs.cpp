@@ -5,11 +5,13 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/data/batches.hpp"
 #include "shardtrain/runtime/error.hpp"
 
 namespace fs = std::filesystem;
@@ -30,12 +32,65 @@ std::vector<data::MixtureComponent> open_data_sources(const TrainConfig& c) {
 }
 
 int64_t planned_steps(const TrainConfig& c, int64_t steps_per_epoch) {
-  const int64_t tokens_per_step = static_cast<int64_t>(c.data.global_batch_size) * c.data.seq_len;
-  int64_t steps = std::numeric_limits<int64_t>::max();
-  if (c.schedule.max_steps > 0) steps = std::min(steps, c.schedule.max_steps);
-  if (c.schedule.max_tokens > 0) steps = std::min(steps, (c.schedule.max_tokens + tokens_per_step - 1) / tokens_per_step);
-  if (c.schedule.epochs > 0) steps = std::min(steps, c.schedule.epochs * steps_per_epoch);
-  return steps;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t tokens_per_step = static_cast<int64_t>(c.data.global_batch_size) * c.data.seq_len;  // < 2^62
+  // The run's tokens are counted in int64 (TrainerState::tokens_seen, metrics): its last step's count must fit.
+  const int64_t most_steps = kMax / tokens_per_step;
+  int64_t steps = kMax;
+  std::string_view key = "schedule.max_steps";  // the limit reached first (validate() requires one)
+  bool limited = false;
+  const auto limit = [&](int64_t s, std::string_view k) {
+    if (!limited || s < steps) steps = s, key = k, limited = true;
+  };
+  if (c.schedule.max_steps > 0) limit(c.schedule.max_steps, "schedule.max_steps");
+  if (c.schedule.max_tokens > 0) {  // rounded up, without the overflow of max_tokens + tokens_per_step - 1
+    const int64_t s = c.schedule.max_tokens / tokens_per_step + (c.schedule.max_tokens % tokens_per_step != 0 ? 1 : 0);
+    limit(s, "schedule.max_tokens");
+  }
+  if (c.schedule.epochs > 0) {  // saturated: epochs x steps per epoch may pass 2^63
+    const int64_t s = steps_per_epoch <= 0                         ? 0
+                      : c.schedule.epochs > kMax / steps_per_epoch ? kMax
+                                                                   : c.schedule.epochs * steps_per_epoch;
+    limit(s, "schedule.epochs");
+  }
+  if (steps <= most_steps) return steps;
+  const std::string per_step = fmt::format("{} tokens (data.global_batch_size x data.seq_len)", tokens_per_step);
+  const char* beyond = "more tokens than the 2^63 - 1 a run can count";
+  if (key == "schedule.max_tokens")
+    throw ConfigError(fmt::format("schedule.max_tokens: {} rounds up to {} steps of {}, {}; expected at most {}",
+                                  c.schedule.max_tokens, steps, per_step, beyond, most_steps * tokens_per_step));
+  if (key == "schedule.epochs")
+    throw ConfigError(fmt::format("schedule.epochs: {} epochs of {} steps of {} are {}; expected at most {}",
+                                  c.schedule.epochs, steps_per_epoch, per_step, beyond, most_steps / steps_per_epoch));
+  throw ConfigError(fmt::format("schedule.max_steps: {} steps of {} are {}; expected at most {}", c.schedule.max_steps,
+                                per_step, beyond, most_steps));
+}
+
+int64_t global_batches_per_epoch(const TrainConfig& c, const std::vector<data::MixtureComponent>& sources) {
+  uint64_t samples = 0;
+  std::vector<std::string> paths;
+  for (const auto& s : sources) {
+    samples += data::SampleSource(*s.dataset, data::DatasetSplit::Train, c.data.layout, c.data.seq_len).num_samples();
+    paths.push_back(s.dataset->path());
+  }
+  const auto global = static_cast<uint64_t>(c.data.global_batch_size);
+  if (samples < global)  // as the loader says it (data::MixedSource::require_global_batch)
+    throw DataError(fmt::format("{}: the train split has {} samples of {} tokens, fewer than one global batch of {}",
+                                data::describe_sources(paths), samples, c.data.seq_len, global));
+  return static_cast<int64_t>(samples / global);  // drop_last
+}
+
+int64_t check_run_length(const TrainConfig& c, const std::vector<data::MixtureComponent>& sources) {
+  const int64_t per_epoch = global_batches_per_epoch(c, sources);
+  const int64_t total = planned_steps(c, per_epoch);
+  // A rollback seeks past rollback_skip_steps global batches: more than the run or an epoch holds is a slip.
+  const int64_t most = std::max(total, per_epoch);
+  if (c.optim.on_divergence == DivergencePolicy::Rollback && c.optim.rollback_skip_steps > most)
+    throw ConfigError(fmt::format(
+        "optim.rollback_skip_steps: {} global batches to skip after a rollback, more than this run's {} steps and an "
+        "epoch's {} global batches; expected at most {}",
+        c.optim.rollback_skip_steps, total, per_epoch, most));
+  return total;
 }
 
 std::string checkpoint_dir_for(const TrainConfig& c, const std::string& run_dir) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <thread>
 
 #include "shardtrain/runtime/check.hpp"
@@ -228,11 +229,11 @@ bool Trainer::decide_skip(const StepResult& r, int64_t step_number) {
                       config_.optim.loss_spike_factor > 0 ? "a non-finite loss or gradient norm, or a loss spike"
                                                           : "a non-finite loss or gradient norm",
                       config_.optim.max_consecutive_nonfinite);
+      // (No "training diverged: " of its own: the exit code's name heads the logged line.)
       if (!rollback)
-        throw Error(ExitCode::Diverged,
-                    fmt::format("training diverged: {}; lower optim.lr, resume from an earlier checkpoint, or set "
-                                "optim.on_divergence = \"rollback\"",
-                                why));
+        throw Error(ExitCode::Diverged, fmt::format("{}; lower optim.lr, resume from an earlier checkpoint, or set "
+                                                    "optim.on_divergence = \"rollback\"",
+                                                    why));
       divergence_ = why;  // run() rolls back once this step is reported
     }
   }
@@ -297,9 +298,7 @@ void Trainer::remember_loss(double loss) {
 
 void Trainer::roll_back(const std::string& why) {
   const TrainerState at = state_;  // after the diverged step: its data read
-  auto stop = [&](const std::string& more) {
-    return Error(ExitCode::Diverged, fmt::format("training diverged: {}; {}", why, more));
-  };
+  auto stop = [&](const std::string& more) { return Error(ExitCode::Diverged, fmt::format("{}; {}", why, more)); };
   if (at.rollbacks >= config_.optim.max_rollbacks)
     throw stop(
         fmt::format("the run has rolled back {} times already (optim.max_rollbacks = {}); lower optim.lr or resume from an "
@@ -314,10 +313,14 @@ void Trainer::roll_back(const std::string& why) {
 
   // Past the data since the checkpoint: from where the diverged step stopped reading, and
   // optim.rollback_skip_steps global batches further.
+  // Arithmetic, not one advance per micro-batch: rollback_skip_steps is at most the run's length or an epoch
+  // (check_run_length), but that may be billions of micro-batches.
   const data::DistributedSampler& sampler = loader_->sampler();
-  data::SamplerPosition p = at.sampler;
-  for (int64_t k = 0; k < config_.optim.rollback_skip_steps * accumulation_; ++k) p = sampler.advance(p);
-  const uint64_t per_epoch = sampler.samples_before({0, sampler.micro_batches_per_epoch()});
+  const uint64_t per_epoch_micro = sampler.micro_batches_per_epoch();
+  const uint64_t index =
+      at.sampler.index + static_cast<uint64_t>(config_.optim.rollback_skip_steps) * static_cast<uint64_t>(accumulation_);
+  data::SamplerPosition p{at.sampler.epoch + index / per_epoch_micro, index % per_epoch_micro};
+  const uint64_t per_epoch = sampler.samples_before({0, per_epoch_micro});
   auto absolute = [&](data::SamplerPosition q) { return q.epoch * per_epoch + sampler.samples_before(q); };
   if (absolute(p) < absolute(state_.sampler))
     p = state_.sampler;  // a checkpoint ahead in the data (another run's): from there
@@ -362,16 +365,24 @@ void Trainer::report(const StepMetrics& m) {
 }
 
 TrainSummary Trainer::run() {
-  for (TrainerHooks* h : hooks_) h->on_start(*this);
-  const auto start = Clock::now();
+  start();
+  const auto began = Clock::now();
   TrainSummary s;
+  s.first_step = state_.step;
   s.first_loss = s.last_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no step taken (nothing was left)
   StepMetrics m;
   int64_t steps_run = 0;  // not state_.step's advance: a rollback takes the count back
   while (state_.step < total_steps_ && !stop_requested_) {
-    step_once(m);
+    try {
+      step_once(m);
+    } catch (const std::bad_alloc&) {  // what the steps allocate themselves: out of memory, not a bug
+      throw Error(ExitCode::Device,
+                  fmt::format("out of host memory in step {} (std::bad_alloc): a micro-batch of {} x {} tokens needs more "
+                              "than this rank has; lower data.micro_batch_size or set fsdp.activation_checkpointing = true",
+                              state_.step + 1, micro_batch_, config_.data.seq_len));
+    }
     ++steps_run;
-    m.elapsed_s = seconds_since(start);
+    m.elapsed_s = seconds_since(began);
     if (std::isnan(s.first_loss) && !m.skipped) s.first_loss = m.loss;
     s.last_loss = m.loss;
     report(m);
@@ -388,10 +399,11 @@ TrainSummary Trainer::run() {
   maybe_evaluate(true);
   progress_->finish();
   for (TrainerHooks* h : hooks_) h->on_end(*this);
-  loop_seconds_ = seconds_since(start);
+  loop_seconds_ = seconds_since(began);
 
   s.steps = steps_run;
-  s.tokens = state_.tokens_seen;
+  s.tokens = steps_run * tokens_per_step_;
+  s.tokens_total = state_.tokens_seen;
   s.last_val_loss = last_val_loss_;
   s.seconds = loop_seconds_;
   s.tokens_per_s = step_seconds_ > 0 ? static_cast<double>(s.steps * tokens_per_step_) / step_seconds_ : 0;

@@ -12,6 +12,9 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <new>
+#include <string_view>
+#include <system_error>
 
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
@@ -26,6 +29,7 @@
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/progress_view.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/run_dir.hpp"
 
 namespace shardtrain::train {
 namespace fs = std::filesystem;
@@ -83,9 +87,11 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
 
 namespace {
 
-// Rank 0 picks and creates the run directory; every rank gets its name (or rank 0's error).
-std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {
+// Rank 0 picks the run directory, checks it (run_dir.hpp), creates it and removes the failure records an earlier
+// start left; every rank gets its name and whether it existed before (or rank 0's error, with its exit code).
+std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank, bool* existed) {
   std::string dir, error;
+  int outcome[2] = {0, 0};  // exit code, existed
   if (rank == 0) {
     try {
       if (!c.logging.run_dir.empty()) {
@@ -101,23 +107,55 @@ std::string make_run_dir(const TrainConfig& c, MPI_Comm world, int rank) {
         for (int k = 2; fs::exists(dir); ++k)
           dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
       }
+      outcome[1] = check_run_dir(c, dir) ? 1 : 0;
       fs::create_directories(dir);
-      // A resumed run's directory may hold the failure records of the run before it (failure_record.hpp). They
-      // go now, before any rank can write one of this run's: every rank enables its records after this.
-      fs::remove_all(fs::path(dir) / "failures");
+      // A resumed run's directory may hold the failure records of the start before it (failure_record.hpp). They go
+      // now, before any rank can write one of this start's: every rank enables its records after this. Only they:
+      // anything else in failures/ is not shardtrain's.
+      remove_failure_records(dir);
+    } catch (const Error& e) {
+      outcome[0] = static_cast<int>(e.code());
+      error = e.what();
     } catch (const std::exception& e) {
+      outcome[0] = static_cast<int>(ExitCode::Io);
       error = fmt::format("logging.run_dir: cannot create '{}': {}", dir, e.what());
     }
   }
   // Raw MPI on the world, not the mesh's world communicator: the run directory comes before the replica (a fatal
   // error while building it leaves a failure record there), so no communicator or watchdog exists yet.
-  std::string payload = error.empty() ? "D" + dir : "E" + error;
+  ST_CHECK_MPI(MPI_Bcast(outcome, 2, MPI_INT, 0, world));
+  std::string payload = outcome[0] == 0 ? dir : error;
   int n = static_cast<int>(payload.size());
   ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, world));
   payload.resize(static_cast<size_t>(n));
   ST_CHECK_MPI(MPI_Bcast(payload.data(), n, MPI_CHAR, 0, world));
-  if (payload[0] == 'E') throw IoError(payload.substr(1));
-  return payload.substr(1);
+  if (outcome[0] != 0) throw Error(static_cast<ExitCode>(outcome[0]), payload);
+  *existed = outcome[1] != 0;
+  return payload;
+}
+
+// Runs `build`; running out of host memory in it is a device error (exit code 7, not restartable) naming `what`:
+// not an unclassified std::bad_alloc (exit code 1), nor a page-locked allocation's "host allocation of N bytes
+// failed" alone.
+template <typename F>
+auto allocating(const char* what, F&& build) {
+  const auto out_of_memory = [&](const std::string& how) {
+    return Error(ExitCode::Device,
+                 fmt::format("out of host memory while allocating {} ({}): `shardtrain plan` shows what the run's sizes "
+                             "need; lower them",
+                             what, how));
+  };
+  try {
+    return build();
+  } catch (const std::bad_alloc&) {
+    throw out_of_memory("std::bad_alloc");
+  } catch (const std::system_error& e) {  // a thread (the loader's) that cannot get its stack
+    if (e.code() != std::errc::resource_unavailable_try_again) throw;
+    throw out_of_memory(fmt::format("cannot start a thread: {}", e.what()));
+  } catch (const Error& e) {
+    if (e.code() != ExitCode::Device || std::string_view(e.what()).find("host allocation") == std::string_view::npos) throw;
+    throw out_of_memory(e.what());
+  }
 }
 
 // The peak MFU is reported against (mfu.hpp): on a GPU its datasheet figure, with a bf16 matmul measured
@@ -169,23 +207,28 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   const int W = topo.world_size, rank = topo.world_rank;
   resolved_toml_ = to_toml(config_);
   check_ranks_agree_on_config(runtime.world(), resolved_toml_);  // before any collective a difference could mismatch
-  make_run_dir_and_config();
 
   // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
-  // the model; the loader checks that a mixture's sources share one tokenizer.
-  sources_ = open_data_sources(config_);
+  // the model; the loader checks that a mixture's sources share one tokenizer. With the run's length, before the
+  // run directory: a run refused for them leaves none.
+  sources_ = options_.sources.empty() ? open_data_sources(config_) : std::move(options_.sources);
+  options_.sources.clear();
   check_ranks_agree_on_data(runtime.world(), sources_);
+  check_run_length(config_, sources_);
+  make_run_dir();
 
   const bool on_gpu = runtime.device().is_cuda();
   std::unique_ptr<ops::Ops> ops = on_gpu ? ops::make_cuda_ops() : nullptr;
   mfu_ = measure_peak(runtime, config_, ops.get());
   if (options_.wrap_ops) ops = options_.wrap_ops(ops ? std::move(ops) : ops::make_cpu_ops({runtime.host_threads()}));
-  replica_ = std::make_unique<Replica>(runtime, config_, std::move(ops));
+  replica_ = allocating("the model and its FSDP buffers",
+                        [&] { return std::make_unique<Replica>(runtime, config_, std::move(ops)); });
   watchdog_ = &replica_->watchdog();
   comms_ = &replica_->comms();
   ops_ = &replica_->ops();
   engine_ = &replica_->engine();
-  adamw_ = std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &replica_->ledger());
+  adamw_ = allocating("the AdamW states",
+                      [&] { return std::make_unique<optim::AdamW>(*engine_, config_.optim.adamw, &replica_->ledger()); });
   // CPU offload on a GPU: the host update runs beside the next forward, each unit's upload waiting for its
   // own shard only (optim::AdamW::step_async). On the CPU backend the cores are the compute: no overlap.
   async_update_ = on_gpu && config_.fsdp.engine.offload_params;
@@ -194,10 +237,15 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
   micro_batch_ = config_.micro_batch_size_for(W);
   accumulation_ = config_.accumulation_steps_for(W);
-  loader_ = std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, accumulation_, rank, W));
+  loader_ =
+      allocating("the training loader's micro-batch buffers (data.micro_batch_size x data.seq_len, data.prefetch)", [&] {
+        return std::make_unique<data::Loader>(sources_, train_loader_options(config_, micro_batch_, accumulation_, rank, W));
+      });
   if (config_.schedule.eval_batches > 0)
-    evaluator_ = std::make_unique<Evaluator>(*replica_, config_, sources_,
-                                             EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});
+    evaluator_ = allocating("the validation loaders' micro-batch buffers", [&] {
+      return std::make_unique<Evaluator>(*replica_, config_, sources_,
+                                         EvaluatorOptions{.micro_batches = config_.schedule.eval_batches});
+    });
 
   // The run's length: the first of max_steps, max_tokens, epochs.
   const int64_t steps_per_epoch = static_cast<int64_t>(loader_->sampler().global_batches_per_epoch());
@@ -206,9 +254,6 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   schedule_ = std::make_unique<optim::LrSchedule>(config_.schedule.lr, config_.optim.adamw.lr, total_steps_);
   flops_per_token_ = flops_per_token(replica_->model().spec(), config_.data.seq_len);
 
-  if (rank == 0)
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string(),
-                                               config_.logging.tensorboard ? run_dir_ : std::string());
   log_start(steps_per_epoch);
   progress_ = std::make_unique<ProgressView>(config_.logging, total_steps_, rank == 0);
   timeline_ = std::make_unique<StepTimeline>(on_gpu, ops_->stream());
@@ -216,14 +261,47 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
 Trainer::~Trainer() = default;
 
-void Trainer::make_run_dir_and_config() {
+void Trainer::make_run_dir() {
   const int rank = runtime_->topology().world_rank;
-  run_dir_ = make_run_dir(config_, runtime_->world(), rank);
+  bool existed = false;
+  run_dir_ = pick_and_make_run_dir(config_, runtime_->world(), rank, &existed);
   failure_record::enable(run_dir_, runtime_->world());  // a fatal error from here on leaves RUN_DIR/failures/rank_N.json
-  if (rank != 0) return;
+  // A directory this start made holds nothing to lose: config.toml goes in at once (job scripts see the run has
+  // started). Into one that existed (an earlier run's, or the user's), nothing before start() has validated the run.
+  if (!options_.run_dir_existed.value_or(existed)) {
+    write_config_toml();
+    config_written_ = true;
+  }
+}
+
+void Trainer::write_config_toml() const {
+  if (runtime_->topology().world_rank != 0) return;
   write_file_whole((fs::path(run_dir_) / "config.toml").string(),
-                   "# resolved configuration of this run (" + options_.config_source + ")\n" + resolved_toml_,
+                   fmt::format("{} ({})\n{}", kConfigTomlMark, options_.config_source, resolved_toml_),
                    "the resolved configuration");
+}
+
+void Trainer::start() {
+  if (started_) return;
+  started_ = true;
+  for (TrainerHooks* h : hooks_) h->on_start(*this);
+  commit_run_dir();
+}
+
+void Trainer::commit_run_dir() {
+  if (runtime_->topology().world_rank != 0) return;
+  if (!config_written_) write_config_toml();
+  remove_own_result(run_dir_);  // this start writes its own when it ends; until then there is none
+  metrics_ = std::make_unique<MetricsWriter>((fs::path(run_dir_) / config_.logging.metrics_file).string(),
+                                             config_.logging.tensorboard ? run_dir_ : std::string());
+  for (const std::string& line : pending_events_) metrics_->write(line);
+  pending_events_.clear();
+}
+
+void Trainer::record_event(const std::string& json_line) {
+  if (metrics_) metrics_->write(json_line);
+  else if (runtime_->topology().world_rank == 0)  // before start() opened the metrics
+    pending_events_.push_back(json_line);
 }
 
 void Trainer::log_start(int64_t steps_per_epoch) const {

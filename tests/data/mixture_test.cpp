@@ -162,6 +162,16 @@ TEST(Mixture, RefusesWhatCannotBeMixed) {
     EXPECT_NE(std::string(e.what()).find("bad-b.h5"), std::string::npos) << e.what();
   }
   EXPECT_THROW(MixedSource({{a, 1.0}, {b, -1.0}}, DatasetSplit::Train, BatchLayout::Padded, 8, 0, true), ConfigError);
+  try {  // each weight finite, their sum not: every share was 0 / inf = 0, and the losses means over nothing
+    MixedSource({{a, 1e308}, {b, 1e308}}, DatasetSplit::Train, BatchLayout::Padded, 8, 0, true);
+    ADD_FAILURE() << "weights summing to inf were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.mixture: the weights sum to inf"), std::string::npos) << e.what();
+  }
+  // Weights near the largest double whose sum is finite mix as their ratio says.
+  const MixedSource big({{a, 1e307}, {b, 1e307}}, DatasetSplit::Train, BatchLayout::Padded, 8, 0, true);
+  EXPECT_DOUBLE_EQ(big.weight(0), 0.5);
+  EXPECT_EQ(big.samples_per_epoch(0) + big.samples_per_epoch(1), 1010u);
   EXPECT_THROW(MixedSource({}, DatasetSplit::Train, BatchLayout::Padded, 8, 0, true), ConfigError);
   // A split without samples names its file.
   try {

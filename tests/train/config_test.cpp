@@ -3,12 +3,17 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/hf_configs.hpp"
+#include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/yaml_subset.hpp"
 
 using namespace shardtrain;
@@ -136,6 +141,24 @@ TEST(TrainConfig, BadFilesNameTheKey) {
                       "unknown key 'optim.learning_rate'", "lr, beta1, beta2");
   EXPECT_CONFIG_ERROR(from_text("[trainer]\nsteps = 1\n"), "test.toml:1", "unknown section [trainer]");
   EXPECT_CONFIG_ERROR(from_text("lr = 1\n"), "outside any section");
+  // [[model]] is TOML's array of tables: said so, not "outside any section".
+  EXPECT_CONFIG_ERROR(from_text("[[model]]\nhidden_size = 64\n"),
+                      "test.toml:1: [[model]] is an array of tables, not a section; "
+                      "write [model]");
+  // The compute dtypes list only what they accept (the list was every storage dtype, all but two then refused).
+  for (const char* key : {"fsdp.param_dtype", "fsdp.reduce_dtype"}) {
+    for (const char* bad : {"fp16", "fp64", "int32", "uint8"}) {
+      TrainConfig c;
+      const std::string msg = config_error([&] { apply_override(c, key, bad); });
+      EXPECT_NE(msg.find(fmt::format("{}: unknown or unsupported dtype '{}' (expected fp32 or bf16)", key, bad)),
+                std::string::npos)
+          << msg;
+      EXPECT_EQ(msg.find("int64"), std::string::npos) << msg;
+    }
+    TrainConfig c;
+    apply_override(c, key, "bfloat16");
+    EXPECT_NE(to_toml(c).find("_dtype = \"bf16\""), std::string::npos);
+  }
   // Wrong types.
   EXPECT_CONFIG_ERROR(from_text("[model]\nhidden_size = \"768\"\n"), "test.toml:2", "model.hidden_size",
                       "expected an integer, got a string");
@@ -177,8 +200,13 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
   // The metrics file is appended to: a plain name in the run directory, never a path out of it or the run's own files.
   EXPECT_NO_THROW(invalid({{"logging.metrics_file", "train.jsonl"}}));
-  for (const char* bad : {"../metrics.jsonl", "/etc/passwd", "logs/m.jsonl", "config.toml", "result.json", "..",
-                          "events.out.tfevents.1.host"}) {
+  // Nor a name the run directory's own files and folders have: "failures" (a resume once deleted the folder, and the
+  // metrics with it), "checkpoints" (an I/O error, exit 8), the plots of scripts/plot-metrics.sh, a temporary of
+  // config.toml, the Slurm jobs' files.
+  for (const char* bad :
+       {"../metrics.jsonl", "/etc/passwd", "logs/m.jsonl", "config.toml", "result.json", "..", "events.out.tfevents.1.host",
+        "failures", "checkpoints", "loss.png", "throughput.png", "config.toml.tmp-42", "result.json.tmp-7", "restarts.log",
+        "eval.json", "hf", "consolidate-12.out"}) {
     const std::string got = fmt::format("got '{}'", bad);
     EXPECT_CONFIG_ERROR(invalid({{"logging.metrics_file", bad}}), "logging.metrics_file",
                         "expected a file name inside the run directory", got.c_str());
@@ -204,6 +232,50 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_EQ(w.accumulation_steps_for(4), 1);
   w.data.micro_batch_size = 4;
   EXPECT_EQ(w.accumulation_steps_for(4), 4);
+  // Micro-batch x world past 2^31: the product once wrapped to 0 (a division by zero, SIGFPE, at 4 ranks) or to a
+  // false message (at 2); now counted in 64 bits, and named.
+  w.data.micro_batch_size = w.data.global_batch_size = 1073741824;
+  EXPECT_EQ(w.accumulation_steps_for(4), 0);
+  EXPECT_EQ(w.accumulation_steps_for(1), 1);
+  EXPECT_NO_THROW(w.validate_for_world(1, 1));
+  EXPECT_CONFIG_ERROR(w.validate_for_world(4, 1),
+                      "data.micro_batch_size: 1073741824 sequences per rank x 4 ranks = "
+                      "4294967296 per micro-step, more than data.global_batch_size = 1073741824",
+                      "at most 268435456");
+  EXPECT_CONFIG_ERROR(w.validate_for_world(2, 1), "data.micro_batch_size", "x 2 ranks = 2147483648 per micro-step");
+  // The loader's buffers are made at start: a bounded count of them.
+  EXPECT_NO_THROW(invalid({{"data.prefetch", "1024"}}));
+  EXPECT_CONFIG_ERROR(invalid({{"data.prefetch", "2147483647"}}), "data.prefetch", "expected 1 to 1024", "2147483647");
+  EXPECT_CONFIG_ERROR(invalid({{"data.prefetch", "0"}}), "data.prefetch", "expected 1 to 1024");
+}
+
+// The run's length in steps: past what the run's int64 token count holds is refused naming the key that set it
+// (it printed negative step and token counts, then `check: ok`); up to that, exact.
+TEST(TrainConfig, RunLengthFitsTheTokenCount) {
+  TrainConfig c = from_text("[data]\npath = \"x.h5\"\nseq_len = 128\nglobal_batch_size = 16\n[schedule]\nmax_steps = 3\n");
+  const int64_t most = std::numeric_limits<int64_t>::max() / 2048;  // 4503599627370495 steps of 2048 tokens
+  EXPECT_EQ(planned_steps(c, 1199), 3);
+  c.schedule.max_steps = 0;
+  c.schedule.max_tokens = most * 2048;  // 9223372036854773760: the most tokens a run counts
+  EXPECT_EQ(planned_steps(c, 1199), most);
+  c.schedule.max_tokens = 4097;  // rounded up
+  EXPECT_EQ(planned_steps(c, 1199), 3);
+  c.schedule.max_tokens = std::numeric_limits<int64_t>::max();
+  EXPECT_CONFIG_ERROR(planned_steps(c, 1199), "schedule.max_tokens: 9223372036854775807 rounds up to 4503599627370496 steps",
+                      "expected at most 9223372036854773760");
+  c.schedule.max_tokens = 0;
+  c.schedule.epochs = 4611686018427387904;
+  EXPECT_CONFIG_ERROR(planned_steps(c, 1199), "schedule.epochs: 4611686018427387904 epochs of 1199 steps",
+                      "expected at most 3756129797640");
+  c.schedule.epochs = 3756129797640;
+  EXPECT_EQ(planned_steps(c, 1199), 3756129797640 * 1199);
+  c.schedule.max_steps = 7;  // the first limit reached wins, also beside an absurd one
+  c.schedule.epochs = 4611686018427387904;
+  EXPECT_EQ(planned_steps(c, 1199), 7);
+  c.schedule.epochs = 0;
+  c.schedule.max_steps = most + 1;
+  EXPECT_CONFIG_ERROR(planned_steps(c, 1199), "schedule.max_steps: 4503599627370496 steps",
+                      "expected at most 4503599627370495");
 }
 
 TEST(TrainConfig, DataMixtureOrPathButNotBoth) {
@@ -234,6 +306,27 @@ TEST(TrainConfig, DataMixtureOrPathButNotBoth) {
                       "data.mixture[1]", "listed twice");
   EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:0\"]\n[schedule]\nmax_steps = 1\n").validate(), "data.mixture[0]",
                       "positive number");
+  // One file however spelled (docs/data.md): compared as files when they exist, as normalized paths when not.
+  EXPECT_CONFIG_ERROR(from_text("[data]\nmixture = [\"y.h5:1\", \"./y.h5:2\"]\n[schedule]\nmax_steps = 1\n").validate(),
+                      "data.mixture[1]: ./y.h5 is the same file as data.mixture[0] (y.h5)");
+  EXPECT_CONFIG_ERROR(
+      from_text("[data]\nmixture = [\"d/y.h5:1\", \"d/../d/y.h5:2\"]\n[schedule]\nmax_steps = 1\n").validate(),
+      "data.mixture[1]", "same file");
+  {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("mixture-links-{}", ::getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream((dir / "a.h5").string()) << "x";
+    std::filesystem::create_symlink(dir / "a.h5", dir / "link.h5");
+    const std::string a = (dir / "a.h5").string(), link = (dir / "link.h5").string();
+    EXPECT_CONFIG_ERROR(
+        from_text(fmt::format("[data]\nmixture = [\"{}:1\", \"{}:1\"]\n[schedule]\nmax_steps = 1\n", a, link)).validate(),
+        "data.mixture[1]", "same file");
+    std::filesystem::remove_all(dir);
+  }
+  // Each weight finite, their sum not: every share was 0 and every loss NaN.
+  EXPECT_CONFIG_ERROR(
+      from_text("[data]\nmixture = [\"y.h5:1e308\", \"z.h5:1e308\"]\n[schedule]\nmax_steps = 1\n").validate(),
+      "data.mixture: the weights sum to inf");
   EXPECT_CONFIG_ERROR(from_text("[schedule]\nmax_steps = 1\n").validate(), "data.path", "data.mixture");
 }
 

@@ -80,8 +80,10 @@ struct DataSection {
   int global_batch_size = 64;  // sequences per optimizer step, all ranks and micro-batches together
   uint64_t seed = 1234;        // sampler shuffle
   bool shuffle = true;
-  int prefetch = 4;  // micro-batches the loader thread keeps ready
+  int prefetch = 4;  // micro-batches the loader thread keeps ready (1..kMaxPrefetch)
 };
+// data.prefetch's bound: each micro-batch kept ready is a buffer made at start.
+inline constexpr int kMaxPrefetch = 1024;
 
 // The checkpoint layer's names (SHARDED_STATE_DICT, FULL_STATE_DICT; also sharded|full|LOCAL_STATE_DICT).
 using checkpoint::parse_state_dict_type;
@@ -141,6 +143,9 @@ struct TrainConfig {
 
 // The parameter count of a model's sizes, in floating point (no overflow), before any spec exists.
 double model_parameter_estimate(const model::LlamaConfig& model);
+// "model.KEY = VALUE" of the size key furthest above its usual value (LlamaConfig's defaults): what a message names
+// when the model is too large for something.
+std::string largest_model_size_key(const model::LlamaConfig& model);
 // Sizes no machine could hold or describe: at most 65536 layers, int32 positions, 2^50 parameters. Throws
 // ConfigError naming the key (for the parameters, the size key furthest above its usual value).
 void validate_model_size(const model::LlamaConfig& model);

@@ -86,11 +86,20 @@ struct TrainerOptions {
   // When set, the backend's ops pass through it before the replica is built, and the step runs on what it returns
   // (`bench step --ops-profile`: ops::make_timed_ops). Unset: the backend's ops, untouched.
   std::function<std::unique_ptr<ops::Ops>(std::unique_ptr<ops::Ops>)> wrap_ops;
+  // The datasets, opened already (train opens them to check the run before it claims the checkpoint directory);
+  // empty: the trainer opens data.path or data.mixture itself.
+  std::vector<data::MixtureComponent> sources;
+  // Whether the run directory existed before this start made anything in it: train looks before the checkpoint
+  // directory's claim creates it; unset, the trainer looks itself. Into a directory that existed nothing is written
+  // before start() has validated the run (run_dir.hpp).
+  std::optional<bool> run_dir_existed;
 };
 
 struct TrainSummary {
-  int64_t steps = 0;
-  int64_t tokens = 0;
+  int64_t first_step = 0;    // the run's step when this start began (0, or the step resumed from)
+  int64_t steps = 0;         // steps this start took (rolled-back ones included)
+  int64_t tokens = 0;        // input tokens of those steps, all ranks
+  int64_t tokens_total = 0;  // input tokens over the run's life (TrainerState::tokens_seen), resumed starts included
   double first_loss = 0, last_loss = 0;
   double last_val_loss = 0;  // NaN when never evaluated
   double seconds = 0;
@@ -103,14 +112,21 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // Collective over the world: validates the config against it, makes the run directory (rank 0
-  // writes config.toml there), opens the dataset, builds everything and initializes the parameters.
+  // Collective over the world: validates the config against it, opens the datasets and checks the run's length,
+  // makes the run directory (rank 0 writes config.toml into one it made; into one that existed, start() does),
+  // builds everything and initializes the parameters. Out of host memory while building is a device error (7)
+  // naming what was being allocated.
   Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptions options = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
   void add_hooks(TrainerHooks* hooks);  // not owned; called in the order added
+  // The hooks' on_start (a checkpoint directory's checks, the resume), then the run directory is the run's: rank 0
+  // writes config.toml (when start-up left it to now), removes an earlier start's result.json, and opens the metrics
+  // (the hooks' events so far go first). A start refused before that has written nothing into the directory.
+  // Called by run() when it was not called before.
+  void start();
   TrainSummary run();
 
   const TrainerState& state() const { return state_; }
@@ -122,9 +138,7 @@ class Trainer {
   void request_stop() { stop_requested_ = true; }  // ends the loop after the current step
   // One more line of metrics.jsonl (a JSON object with a "kind"), from a hook: written by the rank that keeps
   // the file, ignored on the others.
-  void record_event(const std::string& json_line) {
-    if (metrics_) metrics_->write(json_line);
-  }
+  void record_event(const std::string& json_line);
 
   const TrainConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
@@ -164,7 +178,9 @@ class Trainer {
     int64_t global_tokens = 0;     // counted[0] over all ranks (once reduced): the loss is the mean over these
   };
   struct StepResult;
-  void make_run_dir_and_config();  // the run directory, its config.toml, the failure records
+  void make_run_dir();  // the run directory, the failure records, and config.toml in a new directory
+  void write_config_toml() const;
+  void commit_run_dir();  // start(): config.toml in a directory that existed, result.json cleared, the metrics opened
   void log_start(int64_t steps_per_epoch) const;
   void step_once(StepMetrics& m);
   // The next A micro-batches off the loader, counted on this rank only (no collective).
@@ -203,7 +219,9 @@ class Trainer {
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<Evaluator> evaluator_;  // null: no validation
   std::unique_ptr<optim::LrSchedule> schedule_;
-  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<MetricsWriter> metrics_;   // rank 0's, from start() on
+  std::vector<std::string> pending_events_;  // rank 0: record_event() lines before the metrics opened
+  bool started_ = false, config_written_ = false;
   std::unique_ptr<ProgressView> progress_;
   std::vector<TrainerHooks*> hooks_;
   TrainerState state_;

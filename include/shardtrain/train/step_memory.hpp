@@ -1,0 +1,24 @@
+// Whether one rank's share of a training step fits its memory, before anything is allocated (train): the model's
+// state alone is TrainConfig::validate_memory's check; this one adds what the batch makes, so that a batch no
+// machine could hold is a configuration error naming its key instead of an allocation failure minutes later.
+#pragma once
+
+#include "shardtrain/runtime/runtime.hpp"
+#include "shardtrain/train/config.hpp"
+
+namespace shardtrain::train {
+
+// Bytes of one micro-batch buffer the loaders keep (data::allocate_micro_batch): token ids, targets and document
+// ids of each position, a sample index and a source per row.
+double micro_batch_buffer_bytes(int64_t micro_batch, int64_t seq_len);
+
+// A lower bound of one rank's memory for a step, by `shardtrain plan`'s accounting (fsdp::estimate_memory: sharded
+// state, gathered parameters and gradients, one micro-batch's activations; op scratch left out) plus the loaders'
+// micro-batch buffers (data.prefetch ready and the 2 x accumulation steps the trainer holds, 4 per evaluated
+// source), against the rank's share of the memory it lands in: its GPU's (ranks sharing it), or the host's over the
+// node's ranks (on the CPU, and for the loaders and offloaded state). ConfigError naming the key that makes most of
+// it: data.micro_batch_size (data.global_batch_size when the micro-batch is derived from it), data.prefetch, or the
+// model's largest size. A world the batch does not divide is left to validate_for_world.
+void check_step_memory(const TrainConfig& c, const Runtime& rt);
+
+}  // namespace shardtrain::train
