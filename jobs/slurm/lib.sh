@@ -204,6 +204,14 @@ st_last_step() {
   printf '%s\n' "${step:-0}"
 }
 
+# st_resubmit_hint RUN_DIR: what a new job must be given to continue this run: its run directory (a job that
+# takes the default, runs/<name>-<job id>, gets a new one), and the checkpoint directory when it is elsewhere.
+st_resubmit_hint() {
+  local hint="RUN_DIR=$1"
+  [[ -n "${CHECKPOINT_DIR:-}" && "$CHECKPOINT_DIR" != "$1/checkpoints" ]] && hint+=" CHECKPOINT_DIR=$CHECKPOINT_DIR"
+  printf '%s\n' "$hint"
+}
+
 # st_failure_field RUN_DIR FIELD: FIELD of every failure record the ranks left (RUN_DIR/failures/rank_N.json,
 # one line of JSON each, written by shardtrain before it aborts), one value per line; suspect_nodes gives
 # one node per line.
@@ -234,37 +242,41 @@ st_check_restart_settings() {
     [[ "$word" =~ ^([1-9]|10|crash)$ ]] ||
       st_die 3 "RESTART_ON=${RESTART_ON-}: '$word' is not an exit code from 1 to 10 or 'crash' (set at the top of $1 or in the environment of sbatch)"
   done
-  [[ "${MAX_RESTARTS:-3}" =~ ^[0-9]+$ ]] || st_die 3 "MAX_RESTARTS=$MAX_RESTARTS: expected a whole number (0 = never restart after a failure)"
+  # No leading zero: bash arithmetic reads 010 as octal 8, and 08 not at all.
+  [[ "${MAX_RESTARTS:-3}" =~ ^(0|[1-9][0-9]{0,5})$ ]] ||
+    st_die 3 "MAX_RESTARTS=$MAX_RESTARTS: expected a whole number, without leading zeros (0 = never restart after a failure)"
   [[ "${EXCLUDE_FAILED_NODES:-1}" =~ ^[01]$ ]] || st_die 3 "EXCLUDE_FAILED_NODES=$EXCLUDE_FAILED_NODES: expected 1 (leave out the node at fault) or 0"
 }
 
 # st_restart_after_failure RUN_DIR: a failed run that may succeed on a second try is requeued instead of
 # ended: its exit code is one of RESTART_ON (default "6 7 10 crash": communication error, device error,
-# collective timeout, a rank killed by a signal), none of the ranks' failure records says it is not
-# restartable (out of memory fails the same way on any node), this job made fewer than MAX_RESTARTS (default 3)
-# failure restarts before, and the run got past the step where its previous failure struck (a fault that
-# strikes at the same step again is in the run, not the machine). With EXCLUDE_FAILED_NODES=1 (the default)
+# collective timeout, a rank killed by a signal), no failure record of any rank says it is not restartable
+# (out of memory fails the same way on any node, whatever another rank's record says), this job made fewer
+# than MAX_RESTARTS (default 3) failure restarts before, and the run got past the step where its previous
+# failure struck (a fault that strikes at the same step again is in the run, not the machine). With
+# EXCLUDE_FAILED_NODES=1 (the default)
 # the nodes the records name (a GPU's device error, the ranks a collective timeout waited for) are left out
 # of the requeued job (ExcNodeList), when the partition still has enough nodes without them. Each restart is
 # a line of RUN_DIR/restarts.log. Returns 1 when the job is not to be restarted; otherwise the requeue ends
 # this script.
 st_restart_after_failure() {
-  local run_dir=$1 class word wanted=0 verdicts step previous restarts=0 nodes=() excluded new partition total
+  local run_dir=$1 class word wanted=0 f step previous restarts=0 nodes=() excluded new partition total
   if ((ST_EXIT >= 1 && ST_EXIT <= 10)); then class=$ST_EXIT; else class=crash; fi
   for word in ${RESTART_ON-6 7 10 crash}; do [[ "$word" == "$class" ]] && wanted=1; done
   ((wanted)) || return 1
-  verdicts=$(st_failure_field "$run_dir" restartable)  # a variable, not a pipe: grep -q would cut it short under pipefail
-  if [[ -n "$verdicts" && $'\n'"$verdicts"$'\n' != *$'\n'true$'\n'* ]]; then
-    st_log "not restarting: the ranks report a failure that a restart would repeat: $(sed -n 's/.*"message":"\(.*\)"}$/\1/p' "$run_dir"/failures/rank_*.json | head -n1)"
-    return 1
-  fi
+  for f in "$run_dir"/failures/rank_*.json; do  # one record a restart would repeat is enough to stop
+    if [[ -f "$f" ]] && grep -q '"restartable":false' "$f"; then
+      st_log "not restarting: the ranks report a failure that a restart would repeat: $(sed -n 's/.*"message":"\(.*\)"}$/\1/p' "$f" | head -n1)"
+      return 1
+    fi
+  done
   step=$(st_failure_field "$run_dir" step | sort -n | tail -n1)
   [[ -z "$step" || "$step" -lt 1 ]] && step=$(($(st_last_step "$run_dir") + 1))  # no record (a crash): the step after the last logged
   if [[ -f "$run_dir/restarts.log" ]]; then  # this job's lines: a run resubmitted by hand starts a fresh count
     restarts=$(grep -c " job=$SLURM_JOB_ID " "$run_dir/restarts.log")
     previous=$(grep " job=$SLURM_JOB_ID " "$run_dir/restarts.log" | tail -n1 | sed -n 's/.* step=\([0-9]*\).*/\1/p')
   fi
-  if ((restarts >= ${MAX_RESTARTS:-3})); then
+  if ((restarts >= 10#${MAX_RESTARTS:-3})); then
     st_log "not restarting: job $SLURM_JOB_ID made $restarts restart(s) after failures already (MAX_RESTARTS=${MAX_RESTARTS:-3}); $run_dir/restarts.log lists them"
     return 1
   fi
@@ -291,7 +303,7 @@ st_restart_after_failure() {
   # below too, which inherits that), so that the exclusion is still made.
   trap '' TERM
   if ! scontrol requeue "$SLURM_JOB_ID"; then
-    st_die "$ST_EXIT" "scontrol requeue $SLURM_JOB_ID was refused (is the job requeueable? #SBATCH --requeue); resubmit it: it resumes from the last checkpoint"
+    st_die "$ST_EXIT" "scontrol requeue $SLURM_JOB_ID was refused (is the job requeueable? #SBATCH --requeue): resubmit with $(st_resubmit_hint "$run_dir") to resume from its last checkpoint"
   fi
   printf '%s job=%s restart=%s exit=%s step=%s excluded=%s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" \
     "$ST_EXIT" "$step" "${new:--}" >>"$run_dir/restarts.log"
@@ -320,7 +332,7 @@ st_requeue_or_exit() {
   if ((ST_EXIT == 75)); then
     st_log "checkpoint saved; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)))"
     if ! scontrol requeue "$SLURM_JOB_ID"; then
-      st_die 75 "scontrol requeue $SLURM_JOB_ID was refused (is the job requeueable? #SBATCH --requeue); resubmit it: it resumes from the checkpoint"
+      st_die 75 "scontrol requeue $SLURM_JOB_ID was refused (is the job requeueable? #SBATCH --requeue): resubmit with $(st_resubmit_hint "$1") to resume from the checkpoint"
     fi
     sleep 60  # Slurm ends this script as part of the requeue
     exit 75

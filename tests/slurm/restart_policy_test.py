@@ -5,7 +5,7 @@ record each call and answer as Slurm would (the job's Partition and ExcNodeList,
 `scontrol requeue` signals the batch script with SIGTERM, as Slurm does). The run directory holds the
 failure records shardtrain writes (failures/rank_N.json), metrics.jsonl and restarts.log. Every case checks
 the exit code, whether the job was requeued, which nodes it leaves out and the line it logs. Bad values of
-RESTART_ON, MAX_RESTARTS and EXCLUDE_FAILED_NODES end the job at its start, naming the variable.
+RESTART_ON, MAX_RESTARTS (leading zeros too) and EXCLUDE_FAILED_NODES end the job at its start, naming the variable.
 slurm_jobs_test.py runs the two main cases on a real Slurm."""
 import json
 import os
@@ -75,11 +75,12 @@ def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, **env):
         e.update({k: v for k, v in env.items() if v is not None})
         script = f'source "{LIB}"; set -uo pipefail; ST_EXIT={exit_code}; st_requeue_or_exit "{run_dir}"'
         p = subprocess.run(["bash", "-c", script], env=e, capture_output=True, text=True, timeout=30)
+        out = (p.stdout + p.stderr).replace(run_dir, "RUN")  # the temporary run directory a message names, as RUN
         calls = open(log).read().splitlines()
         path = os.path.join(run_dir, "restarts.log")
         lines = open(path).read().splitlines() if os.path.exists(path) else []
         print(f"{name}: exit {p.returncode}; calls {calls}")
-        return p.returncode, p.stdout + p.stderr, calls, lines
+        return p.returncode, out, calls, lines
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -161,16 +162,37 @@ check(rc == 10 and not requeued(calls) and "not restarting: the run failed at st
 rc, out, calls, lines = run("crash-same-step", 137, metrics_steps=29, restarts_log=prior)
 check(rc == 137 and not requeued(calls), f"a crash at the step of the previous failure: {calls}")
 
-# A job Slurm will not requeue: the run's exit code and a message saying what to do.
+# A job Slurm will not requeue: the run's exit code and a message saying what to do: which RUN_DIR (a new job
+# with the default runs/<name>-<job id> would start over) and CHECKPOINT_DIR when it is elsewhere.
 rc, out, calls, lines = run("refused", 7, [record(7, 12, True, ["node1"])], FAKE_REQUEUE_RC="1")
-check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue)" in out and excluded(calls) == []
-      and not lines,
+check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue): resubmit with RUN_DIR=RUN to resume "
+      "from its last checkpoint" in out and excluded(calls) == [] and not lines,
       f"requeue refused: exit {rc}: {calls}: {out}")
+rc, out, calls, lines = run("refused-elsewhere", 7, [record(7, 12, True, [])], FAKE_REQUEUE_RC="1", CHECKPOINT_DIR="/shared/ckpt")
+check(rc == 7 and "resubmit with RUN_DIR=RUN CHECKPOINT_DIR=/shared/ckpt to resume from its last checkpoint" in out,
+      f"requeue refused, checkpoints elsewhere: exit {rc}: {out}")
+
+# Out of memory on one rank, a communication error (restartable) on another: one record a restart would repeat
+# is enough not to restart, whichever rank wrote it.
+for order in ("oom-last", "oom-first"):
+    recs = [record(6, 9, True, [], message="MPI_Allreduce: connection reset", rank=0),
+            record(7, 9, False, [], message="out of GPU memory: 2.0 GiB requested", rank=1)]
+    rc, out, calls, lines = run(order, 7, recs if order == "oom-last" else recs[::-1])
+    check(rc == 7 and not requeued(calls) and not lines and "not restarting: the ranks report a failure that a restart would repeat: "
+          "out of GPU memory: 2.0 GiB requested" in out, f"{order}: a restartable record beside an OOM: exit {rc}: {calls}: {out}")
+
+# MAX_RESTARTS compared as a decimal number (10 restarts made, a limit of 10).
+rc, out, calls, lines = run("ten", 7, [record(7, 99, True, [])], MAX_RESTARTS="10",
+                            restarts_log=[f"2026-11-28T01:00:00Z job=42 restart={i} exit=7 step={i + 1} excluded=-" for i in range(10)])
+check(rc == 7 and not requeued(calls) and "made 10 restart(s) after failures already (MAX_RESTARTS=10)" in out, f"MAX_RESTARTS=10: {calls}: {out}")
 
 # The settings are checked when the job starts (st_check_restart_settings): one line naming the variable, exit 3.
 for env, message in [(dict(RESTART_ON="6 7 11"), "RESTART_ON=6 7 11: '11' is not an exit code from 1 to 10 or 'crash'"),
                      (dict(RESTART_ON="crash,7"), "'crash,7' is not an exit code"),
                      (dict(MAX_RESTARTS="three"), "MAX_RESTARTS=three: expected a whole number"),
+                     # bash reads 010 as octal 8 and 08 not at all ("value too great for base"): refused, not misread
+                     (dict(MAX_RESTARTS="08"), "MAX_RESTARTS=08: expected a whole number, without leading zeros"),
+                     (dict(MAX_RESTARTS="010"), "MAX_RESTARTS=010: expected a whole number, without leading zeros"),
                      (dict(EXCLUDE_FAILED_NODES="yes"), "EXCLUDE_FAILED_NODES=yes: expected 1")]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
     e.update(env, SLURM_JOB_ID="42")
