@@ -126,6 +126,31 @@ st_sbatch_shape() {
   fi
 }
 
+# st_check_launch_settings SCRIPT: LAUNCHER and GPU_BIND name what st_launcher knows (empty: the script's default).
+st_check_launch_settings() {
+  case "${LAUNCHER:-}" in
+    "" | srun | mpirun) ;;
+    *) st_die 3 "LAUNCHER=$LAUNCHER: expected srun or mpirun (set at the top of $1 or in the environment)" ;;
+  esac
+  case "${GPU_BIND:-}" in
+    "" | node | task) ;;
+    *) st_die 3 "GPU_BIND=$GPU_BIND: expected node (every rank sees the node's GPUs) or task (one GPU per rank) (set at the top of $1 or in the environment)" ;;
+  esac
+}
+
+# st_check_job_settings SCRIPT: every variable of a training script that takes a word from a list, checked
+# before anything slow (submit.sh calls it before queueing, the job first thing): LAUNCHER, GPU_BIND,
+# VERIFY_DATA and the restart settings. A typo found after the queue wait or a whole --verify-data read costs
+# hours; found here, seconds.
+st_check_job_settings() {
+  st_check_launch_settings "$1"
+  case "${VERIFY_DATA:-auto}" in
+    auto | 1 | 0) ;;
+    *) st_die 3 "VERIFY_DATA=$VERIFY_DATA: expected auto, 1 or 0 (set at the top of $1 or in the environment)" ;;
+  esac
+  st_check_restart_settings "$1"
+}
+
 # st_check_mesh BIN CONFIG STRATEGY SHARD_SIZE: `shardtrain plan` builds the mesh this allocation gives the
 # configured strategy (offline, in a second) and prints what each rank will hold; a node count or shard size
 # that does not fit (or a config plan cannot read) ends the job here, with plan's message, before any rank starts.
@@ -152,8 +177,10 @@ st_check_dir() {
   dir=$(cd "$dir" && pwd)
   probe=".probe-$SLURM_JOB_ID"
   if ((SLURM_JOB_NUM_NODES > 1)); then
+    # The path is an argument of bash -c, never part of its program: a quote in it (bob's run) is a character.
+    # shellcheck disable=SC2016  # $1, $2 and SLURMD_NODENAME are the task's, on each node
     srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 --mpi=none \
-      bash -c "touch '$dir/$probe.'\"\$SLURMD_NODENAME\"" 2>/dev/null || true
+      bash -c 'touch "$1/$2.$SLURMD_NODENAME"' st_check_dir "$dir" "$probe" 2>/dev/null || true
     for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
       [[ -e "$dir/$probe.$node" ]] || missing+=("$node")
       rm -f "$dir/$probe.$node"
@@ -381,9 +408,10 @@ st_gpu_memory() {
 # the job's log. On a job's first start (not a requeue) it also reads every
 # block of the data, so damage stops the job now rather than hours in: VERIFY_DATA=auto (the default),
 # 1 (every start) or 0 (never; a large dataset on a slow file system). A problem ends the job with check's
-# exit code, before any rank starts.
+# exit code, before any rank starts, and check's own words: a check's FAILED line, or (a usage error, which
+# stops check before its report) its error line.
 st_check_run() {
-  local out rc verify=() memory=()
+  local out rc verify=() memory=() why
   st_gpu_memory
   [[ -n "$ST_GPU_MEMORY" ]] && memory=(--gpu-memory "$ST_GPU_MEMORY")
   case "${VERIFY_DATA:-auto}" in
@@ -396,7 +424,12 @@ st_check_run() {
   rc=$?
   printf '%s\n' "$out" | sed -n 's/^  //p' | while IFS= read -r line; do st_log "check: $line"; done
   if ((rc != 0)); then
-    st_die "$rc" "the preflight (shardtrain check) stopped the job: $(printf '%s\n' "$out" | grep -m1 'FAILED: ' | sed 's/.*FAILED: //')"
+    why=$(printf '%s\n' "$out" | grep -m1 'FAILED: ' | sed 's/.*FAILED: //')
+    if [[ -z "$why" ]]; then  # no report: check's first line of its own that is not the report's frame or help
+      why=$(printf '%s\n' "$out" | sed -E 's/^\[[^]]*\] //' | grep -v -e '^Run with --help' -e '^check: ' -e '^  ' -e '^[[:space:]]*$' | head -n1)
+      ((rc == 2)) && why+=" (check's command line is the run's: CONFIG, STRATEGY, SHARD_SIZE, TRAIN_ARGS, GPU_MEMORY)"
+    fi
+    st_die "$rc" "the preflight (shardtrain check) stopped the job: ${why:-check exited with $rc and said nothing (docs/exit-codes.md)}"
   fi
 }
 
@@ -443,7 +476,7 @@ st_train_job() {
   st_require_slurm
   st_require_vars "$script" CONFIG RUN_DIR CHECKPOINT_DIR
   st_require_file CONFIG
-  st_check_restart_settings "$script"
+  st_check_job_settings "$script"
   st_setup
   st_ranks_per_node
   if [[ "$single" == --single-node ]] && ((SLURM_JOB_NUM_NODES != 1)); then

@@ -20,6 +20,10 @@ SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-$PWD}
 SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
 # shellcheck source=jobs/slurm/lib.sh
 source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
+# Every setting the jobs read from a list of words, now rather than after the queue wait.
+st_check_job_settings "$script"
+[[ "${EVALUATE:-0}" =~ ^[01]$ ]] || { echo "error: EVALUATE=$EVALUATE: expected 1 (queue the evaluation job too) or 0" >&2; exit 3; }
+[[ "${PREFLIGHT:-1}" =~ ^[01]$ ]] || { echo "error: PREFLIGHT=$PREFLIGHT: expected 1 (check the run before queueing it) or 0" >&2; exit 3; }
 pending=()
 if [[ "${PREPARE:-0}" == 1 ]]; then
   # The dataset does not exist yet: its job's settings are checked now, the run trains on DATASET, and the
@@ -41,7 +45,6 @@ fi
 if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   [[ -x "$SHARDTRAIN_BIN" ]] ||
     { echo "error: SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)" >&2; exit 3; }
-  st_check_restart_settings "$script"  # RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, as the job will read them
   [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
   # The allocation the job asks for (its #SBATCH lines and these options), so that the mesh and the batch
   # split are checked too: HYBRID_SHARD's shard groups, a global batch the ranks cannot divide.
@@ -50,11 +53,12 @@ if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   if [[ -n "$ST_SHAPE_NODES" ]]; then
     ST_RANKS_PER_NODE=$ST_SHAPE_PER_NODE
     world=(--nodes "$ST_SHAPE_NODES" --gpus-per-node "$ST_SHAPE_PER_NODE")
-    # GPU_MEMORY=80GiB: what each GPU will hold, against that (the login node has no GPU to ask).
-    [[ -n "${GPU_MEMORY:-}" && "${GPU_MEMORY}" != auto && "${GPU_MEMORY}" != 0 ]] && world+=(--gpu-memory "$GPU_MEMORY")
   else
     echo "note: the mesh is not checked before submission: $ST_SHAPE_WHY" >&2
   fi
+  # GPU_MEMORY=80GiB: what each GPU will hold, against that (the login node has no GPU to ask); its spelling
+  # is checked even when the allocation is not known.
+  [[ -n "${GPU_MEMORY:-}" && "${GPU_MEMORY}" != auto && "${GPU_MEMORY}" != 0 ]] && world+=(--gpu-memory "$GPU_MEMORY")
   st_run_args
   rc=0
   "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" "${world[@]}" "${pending[@]}" >&2 || rc=$?

@@ -5,7 +5,8 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 1. Bad input ends a job at once, before training: no CONFIG, a shard size the nodes cannot mesh, tasks
    spread unevenly over the nodes, an unwritable checkpoint directory, a dataset damaged on disk (the
    preflight, `shardtrain check --verify-data`, reads every block on a job's first start), GPUs too small
-   for the run's memory estimate (GPU_MEMORY).
+   for the run's memory estimate (GPU_MEMORY), an override check does not know (its own words in the job's
+   error line), a LAUNCHER typo (before the mesh check and the preflight).
 2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
    size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
    (srun, PMIx) runs to completion, the consolidation job it queued behind (afterok) writes a Hugging
@@ -24,7 +25,8 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    SIGBUS the kernel sends on an uncorrectable memory error): srun reports 137 (the highest of its tasks'
    statuses: the peers it killed), the rank's crash record names node1, but the partition has no node to spare
    for a 2-node job, so the job restarts without excluding it, resumes from step 8, dies at step 12 again and
-   stops (FAILED 137:0).
+   stops (FAILED 137:0). Its run directory has a quote and a space in its name (bob's run): the probe that
+   every node can write it takes the path as an argument.
 7. Preparing the data as a job (jobs/slurm/prepare-data.sbatch): a missing input, an existing dataset and no
    INPUT end it at once; submit.sh PREPARE=1 queues it in front of training, which waits for it (afterok): it
    trains a tokenizer on gzip-compressed JSONL and prepares the dataset on the one CPU the job asked for, and
@@ -123,6 +125,10 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
         # workspace alone is 32 MiB), so the job stops before training rather than at its first out-of-memory.
         ("no-memory", sbatch_opts("no-memory"), dict(GPU_MEMORY="0.015625GiB"), 3,
          "the preflight (shardtrain check) stopped the job: configuration error: about"),
+        # check stops on its command line before its report: the job's line carries check's own words.
+        ("check-usage", sbatch_opts("check-usage"), dict(TRAIN_ARGS=TRAIN_ARGS + " --schedule.max_step 5"), 2,
+         "the preflight (shardtrain check) stopped the job: The following arguments were not expected: 5 --schedule.max_step"),
+        ("bad-launcher", sbatch_opts("bad-launcher"), dict(LAUNCHER="mpiexec"), 3, "LAUNCHER=mpiexec: expected srun or mpirun"),
     ]
     bad_jobs = []
     for name, opts, extra, _, _ in bad_cases:
@@ -133,6 +139,8 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
         check(info.get("ExitCode") == f"{code}:0", f"{name}: exit code {info.get('ExitCode')}, expected {code}:0: {out[-800:]}")
         check(message in out, f"{name}: the output names the problem ({message!r}): {out[-800:]}")
         check("running:" not in out and not losses(os.path.join(work, name)), f"{name}: training started: {out[-800:]}")
+        if name == "bad-launcher":
+            check("plan:" not in out and "check:" not in out, f"{name}: refused before the mesh check and the preflight: {out[-800:]}")
 
     # ---- 2. submit.sh: refused before the queue; then training on 2 nodes (HYBRID_SHARD, srun) and the
     # dependent consolidation ----------------------------------------------------------------------------
@@ -279,7 +287,7 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     check(elapsed < 150, f"the stalled job took {elapsed:.0f} s; two runs that each end seconds after the 3 s timeout, and one requeue")
 
     # ---- 6. 2 nodes through srun, a machine check on node1: no node to spare, one restart, then it stops ------
-    spare_dir = os.path.join(work, "no-spare-node")
+    spare_dir = os.path.join(work, "no spare node's run")  # a quote and a space: the probe on every node takes them
     job = slurm.sbatch([*sbatch_opts("no-spare-node"), multi], job_env(RUN_DIR=spare_dir, SHARDTRAIN_FAULT="mce:1@12@node1"))
     info = slurm.wait(job, timeout=300)
     out = output(info)
@@ -287,7 +295,7 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           and info.get("ExcNodeList") == "(null)",
           f"2 nodes, a machine check on node1: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')}: {out[-3000:]}")
     check("not leaving out node1: partition debug has 2 node(s), too few for 2 without them" in out
-          and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from \S+step_0*8\b", out) is not None
+          and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from .*step_0*8\b", out) is not None
           and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
           f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
 
