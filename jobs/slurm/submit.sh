@@ -24,6 +24,10 @@ source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
 st_check_job_settings "$script"
 [[ "${EVALUATE:-0}" =~ ^[01]$ ]] || { echo "error: EVALUATE=$EVALUATE: expected 1 (queue the evaluation job too) or 0" >&2; exit 3; }
 [[ "${PREFLIGHT:-1}" =~ ^[01]$ ]] || { echo "error: PREFLIGHT=$PREFLIGHT: expected 1 (check the run before queueing it) or 0" >&2; exit 3; }
+# The allocation and time the job asks for (its #SBATCH lines and these options): the --signal warning must
+# fit in the time limit, and below, the mesh and the batch split are checked for it.
+st_sbatch_shape "$script" "$@"
+st_check_time_limit "$ST_SHAPE_TIME" "$ST_SHAPE_SIGNAL" "from the #SBATCH lines of $script and the options given"
 pending=()
 if [[ "${PREPARE:-0}" == 1 ]]; then
   # The dataset does not exist yet: its job's settings are checked now, the run trains on DATASET, and the
@@ -46,9 +50,8 @@ if [[ "${PREFLIGHT:-1}" != 0 ]]; then
   [[ -x "$SHARDTRAIN_BIN" ]] ||
     { echo "error: SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)" >&2; exit 3; }
   [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
-  # The allocation the job asks for (its #SBATCH lines and these options), so that the mesh and the batch
-  # split are checked too: HYBRID_SHARD's shard groups, a global batch the ranks cannot divide.
-  st_sbatch_shape "$script" "$@"
+  # The allocation the job asks for, so that the mesh and the batch split are checked too: HYBRID_SHARD's
+  # shard groups, a global batch the ranks cannot divide.
   world=()
   if [[ -n "$ST_SHAPE_NODES" ]]; then
     ST_RANKS_PER_NODE=$ST_SHAPE_PER_NODE

@@ -14,6 +14,12 @@ behave as the real ones do where the job depends on it:
 - scontrol answers `show job` from FAKE_STATE, FAKE_REASON, FAKE_TIMELIMIT and signals the script with SIGTERM
   on `requeue`; srun runs its command once per node of FAKE_NODES_UP.
 Each case asserts the exit code, whether the job requeued itself, what ran, and the line it logged:
+1. a stop signal during the checks: no silent death, the check is stopped, the job requeues without launching;
+2. a stop signal while the launcher starts: held until the rank is up, then passed on (mpirun would lose it);
+3. a job-wide SIGTERM under mpirun: mpirun says 1, result.json says preempted: requeued as 75; when the job is
+   being cancelled (COMPLETING) it is not requeued, and the log names the RUN_DIR that continues it;
+4. two starts in a row that train nothing: the second ends the job instead of requeueing it again;
+5. a --time the --signal warning does not fit in: refused at start, before any check;
 7. LAUNCHER, GPU_BIND and VERIFY_DATA typos end the job before its mesh check and preflight;
 8. the preflight's usage errors keep check's own words (the real binary, with --shardtrain);
 9. the directory probe on 2 nodes with a quote and a $(...) in the path: written, nothing executed."""
@@ -227,6 +233,89 @@ def requeued(calls):
 def trained(bin_calls):
     return [c for c in bin_calls if c.startswith("train ")]
 
+
+# ---- 1. SIGUSR1 during the preflight (a long --verify-data): the check stops, the job requeues unlaunched --------
+job = Job("stop-in-check")
+job.start(FAKE_CHECK_WAIT=job.path("never"))
+if job.wait_for(lambda: os.path.exists(job.path("never.started")), "the preflight started"):
+    os.kill(job.proc.pid, signal.SIGUSR1)
+t0 = time.time()
+rc, out, calls, bins = job.finish()
+check(rc == 75 and requeued(calls) and time.time() - t0 < 5, f"signal in the preflight: exit {rc} (75 and a requeue, at once), calls {calls}: {out}")
+check("SIGUSR1 received during the checks: stopping them; the job requeues itself without starting the ranks" in out
+      and "running:" not in out and not trained(bins), f"the log says so, and no rank was started: {out}")
+check("stopped at step 0 without training a step in this start (nothing new saved); requeueing job 42 (restart 1)" in out,
+      f"a requeue that says nothing was saved: {out}")
+lines = job.restarts_log()
+check(len(lines) == 1 and lines[0].endswith("job=42 restart=0 exit=75 step=0 excluded=- trained=0"), f"restarts.log: {lines}")
+job.close()
+
+# ---- 2. SIGUSR1 while the launcher starts its rank: held, then passed on once the rank is up -------------------
+# The signal comes once mpirun runs (its first line in the calls), a second before its rank starts.
+job = Job("stop-in-launch")
+job.start(FAKE_LAUNCH_DELAY="1", FAKE_UP_DELAY="0.5", FAKE_STEPS="40")
+if job.wait_for(lambda: os.path.exists(job.log) and any(c.startswith("mpirun -np") for c in open(job.log).read().splitlines()), "the launch"):
+    os.kill(job.proc.pid, signal.SIGUSR1)
+rc, out, calls, bins = job.finish()
+result = json.load(open(job.path("runs/shardtrain-42/result.json"))) if os.path.exists(job.path("runs/shardtrain-42/result.json")) else {}
+check(rc == 75 and requeued(calls) and result.get("status") == "preempted",
+      f"a signal during the launch reaches the rank once it is up: exit {rc}, result {result}, calls {calls}: {out}")
+check("SIGUSR1 received while the ranks start: it goes to them as soon as they are up" in out
+      and "the ranks are up: asking them to save a checkpoint and stop (SIGUSR1)" in out, f"the log says it waited: {out}")
+check(calls.count("mpirun: USR1") == 1, f"mpirun got the stop once, after its rank was up: {calls}")
+job.close()
+
+# ---- 3. a job-wide SIGTERM under mpirun (scancel, a preemption): mpirun exits 1, the rank saved: 75 --------------
+for state, reason in (("RUNNING", "None"), ("COMPLETING", "None")):
+    job = Job(f"sigterm-{state}")
+    job.start(FAKE_STEPS="200", FAKE_STATE=state, FAKE_REASON=reason)
+    if job.wait_for(lambda: os.path.exists(job.path("runs/shardtrain-42/metrics.jsonl"))
+                    and len(open(job.path("runs/shardtrain-42/metrics.jsonl")).readlines()) >= 3, "three steps"):
+        os.killpg(job.proc.pid, signal.SIGTERM)  # Slurm signals every process of the job
+    rc, out, calls, bins = job.finish()
+    saved = [d for d in os.listdir(job.path("runs/shardtrain-42/checkpoints")) if d.startswith("step_")] if os.path.isdir(job.path("runs/shardtrain-42/checkpoints")) else []
+    check("the launcher exited with 1, but the ranks stopped on the signal and saved (result.json: preempted, step " in out
+          and "counted as 75" in out and saved, f"{state}: mpirun's 1 is read as the preemption it is: {out}")
+    if state == "RUNNING":
+        check(rc == 75 and requeued(calls) and "checkpoint saved at step" in out and "requeueing job 42 (restart 1)" in out,
+              f"a SIGTERM to a running job requeues it: exit {rc}, calls {calls}: {out}")
+    else:
+        check(rc == 75 and not requeued(calls) and "job 42 is being cancelled (JobState=COMPLETING, Reason=None), "
+              "so it is not requeued: the run stopped at step" in out and "to continue it, resubmit with RUN_DIR=runs/shardtrain-42" in out,
+              f"a cancelled job is not requeued, and the log says what continues the run: exit {rc}, calls {calls}: {out}")
+    job.close()
+
+# ---- 4. two starts in a row that train nothing: the second ends the job ----------------------------------------
+for previous, want_requeue in (("trained=0", False), ("trained=5", True)):
+    job = Job(f"no-progress-{previous}")
+    os.makedirs(job.path("runs/shardtrain-42"))
+    job.make_checkpoint("runs/shardtrain-42", 5)
+    open(job.path("runs/shardtrain-42/restarts.log"), "w").write(
+        f"2026-11-28T03:00:00Z job=41 restart=0 exit=75 step=0 excluded=- trained=0\n"
+        f"2026-11-28T03:10:00Z job=42 restart=0 exit=75 step=5 excluded=- {previous}\n")
+    job.start(SLURM_RESTART_COUNT="1", FAKE_CHECK_WAIT=job.path("never"))
+    if job.wait_for(lambda: os.path.exists(job.path("never.started")), "the preflight started"):
+        os.kill(job.proc.pid, signal.SIGUSR1)
+    rc, out, calls, bins = job.finish()
+    if want_requeue:
+        check(rc == 75 and requeued(calls) and len(job.restarts_log()) == 3,
+              f"one start without a step after one with steps is requeued: exit {rc}, {calls}: {out}")
+    else:
+        check(rc == 75 and not requeued(calls) and "error: not requeueing job 42 again: this start and the one before it were stopped "
+              "before they trained a step (at step 5;" in out and "resubmit with RUN_DIR=runs/shardtrain-42 to continue from step 5" in out
+              and len(job.restarts_log()) == 2, f"a second start without a step ends the job: exit {rc}, {calls}: {out}")
+    job.close()
+
+# ---- 5. a --time the --signal=B:USR1@300 warning does not fit in: refused before the checks -------------------
+for limit, ok in (("00:05:00", False), ("4", False), ("00:05:01", True)):
+    job = Job("time-" + limit.replace(":", ""))
+    rc, out, calls, bins = job.run(FAKE_TIMELIMIT=limit)
+    if ok:
+        check(rc == 0 and "training finished" in out, f"TimeLimit={limit} is accepted: exit {rc}: {out}")
+    else:
+        check(rc == 3 and f"error: --time={limit} (" in out and "is not longer than the warning --signal=B:USR1@300 gives before it (300 s;"
+              in out and not bins, f"TimeLimit={limit} is refused at start, before any check: exit {rc}, {bins}: {out}")
+    job.close()
 
 # ---- 7. typos in the job's settings end it before its checks ---------------------------------------------------
 for env, message in ((dict(LAUNCHER="mpiexec"), "LAUNCHER=mpiexec: expected srun or mpirun"),

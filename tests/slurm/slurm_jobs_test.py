@@ -6,7 +6,8 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    spread unevenly over the nodes, an unwritable checkpoint directory, a dataset damaged on disk (the
    preflight, `shardtrain check --verify-data`, reads every block on a job's first start), GPUs too small
    for the run's memory estimate (GPU_MEMORY), an override check does not know (its own words in the job's
-   error line), a LAUNCHER typo (before the mesh check and the preflight).
+   error line), a LAUNCHER typo (before the mesh check and the preflight), a --time the --signal warning does
+   not fit in.
 2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
    size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
    (srun, PMIx) runs to completion, the consolidation job it queued behind (afterok) writes a Hugging
@@ -31,6 +32,11 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    INPUT end it at once; submit.sh PREPARE=1 queues it in front of training, which waits for it (afterok): it
    trains a tokenizer on gzip-compressed JSONL and prepares the dataset on the one CPU the job asked for, and
    the run trains on that dataset to the end; then OVERWRITE=1 replaces the tokenizer and the dataset.
+8. Signals at every moment, on the single-node script with mpirun in its default run directory: SIGUSR1 as
+   soon as the launcher starts (held until the ranks are up, then passed on: requeued, Restarts=1); a job-wide
+   SIGTERM mid-run (scancel --full --signal=TERM: mpirun exits 1, the ranks saved: counted as 75, requeued,
+   Restarts=2); then scancel: the ranks save, the job is not requeued (CANCELLED), and its log names the
+   RUN_DIR that continues the run.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import gzip
 import hashlib
@@ -129,6 +135,9 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
         ("check-usage", sbatch_opts("check-usage"), dict(TRAIN_ARGS=TRAIN_ARGS + " --schedule.max_step 5"), 2,
          "the preflight (shardtrain check) stopped the job: The following arguments were not expected: 5 --schedule.max_step"),
         ("bad-launcher", sbatch_opts("bad-launcher"), dict(LAUNCHER="mpiexec"), 3, "LAUNCHER=mpiexec: expected srun or mpirun"),
+        # The script's --signal=B:USR1@300 would come at every start: refused, not requeued without end.
+        ("short-time", [*sbatch_opts("short-time"), "--time=5"], {}, 3,
+         "--time=00:05:00 (300 s) is not longer than the warning --signal=B:USR1@300 gives before it"),
     ]
     bad_jobs = []
     for name, opts, extra, _, _ in bad_cases:
@@ -139,7 +148,7 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
         check(info.get("ExitCode") == f"{code}:0", f"{name}: exit code {info.get('ExitCode')}, expected {code}:0: {out[-800:]}")
         check(message in out, f"{name}: the output names the problem ({message!r}): {out[-800:]}")
         check("running:" not in out and not losses(os.path.join(work, name)), f"{name}: training started: {out[-800:]}")
-        if name == "bad-launcher":
+        if name in ("bad-launcher", "short-time"):
             check("plan:" not in out and "check:" not in out, f"{name}: refused before the mesh check and the preflight: {out[-800:]}")
 
     # ---- 2. submit.sh: refused before the queue; then training on 2 nodes (HYBRID_SHARD, srun) and the
@@ -298,6 +307,53 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from .*step_0*8\b", out) is not None
           and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
           f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
+
+    # ---- 8. (here: the Slurm is idle) signals at every moment, one job through three starts -------------------
+    # The single-node script, mpirun, in its default run directory (runs/<name>-<job id> under --chdir).
+    sig_opts = [o for o in sbatch_opts("signals", nodes=1, per_node=2) if not o.startswith("--chdir")] + [f"--chdir={work}"]
+    job = slurm.sbatch([*sig_opts, single], job_env(RUN_DIR=None, CONFIG=os.path.join(args.source, "configs/tiny-cpu.toml"),
+                                                    SHARDTRAIN_FAULT="slow_step:100"))
+    sig_dir = os.path.join(work, "runs", f"signals-{job}")
+    log_path = os.path.join(work, f"signals-{job}.out")
+    log_text = lambda: open(log_path, errors="replace").read() if os.path.exists(log_path) else ""  # noqa: E731
+
+    def wait_until(cond, what, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline and not cond():
+            time.sleep(0.1)
+        check(cond(), f"signals: {what}: {log_text()[-2500:]}")
+        return cond()
+
+    # (a) SIGUSR1 the moment the launcher starts (the ranks do not exist yet): held, passed on once they are up.
+    if wait_until(lambda: "running: mpirun" in log_text(), "the launch"):
+        slurm.signal_batch(job, "USR1")
+    info = slurm.wait(job, timeout=120, until=lambda i: i.get("Restarts") == "1" and i.get("JobState") == "RUNNING")
+    out = log_text()
+    check("SIGUSR1 received" in out and f"requeueing job {job} (restart 1)" in out and "exit code 138" not in out
+          and "ended with exit code" not in out, f"a signal as the launcher starts requeues the job: {out[-2500:]}")
+    # (b) a job-wide SIGTERM mid-run (a preemption; scancel --full --signal=TERM): mpirun exits 1, the ranks saved.
+    first_stop = max(losses(sig_dir), default=0)
+    if wait_until(lambda: max(losses(sig_dir), default=0) >= first_stop + 4, "four steps in the second start"):
+        subprocess.run(["scancel", "--full", "--signal=TERM", str(job)], env=slurm.env, check=True)
+    info = slurm.wait(job, timeout=120, until=lambda i: i.get("Restarts") == "2" and i.get("JobState") == "RUNNING")
+    out = log_text()
+    check("the launcher exited with 1, but the ranks stopped on the signal and saved (result.json: preempted, step " in out
+          and "counted as 75" in out and f"requeueing job {job} (restart 2)" in out,
+          f"mpirun's 1 after a SIGTERM is a preemption, requeued: {out[-2500:]}")
+    # (c) scancel: the ranks save, and the cancelled job stays cancelled.
+    second_stop = max(losses(sig_dir), default=0)
+    if wait_until(lambda: max(losses(sig_dir), default=0) >= second_stop + 2, "two steps in the third start"):
+        subprocess.run(["scancel", str(job)], env=slurm.env, check=True)
+    info = slurm.wait(job, timeout=60)
+    time.sleep(0.5)  # the script's last line, written as the job ends
+    out = log_text()
+    check(info.get("JobState") == "CANCELLED" and info.get("Restarts") == "2" and f"job {job} is being cancelled (JobState=" in out
+          and "so it is not requeued: the run stopped at step" in out
+          and f"to continue it, resubmit with RUN_DIR=runs/signals-{job}" in out,
+          f"a cancelled job is not requeued, and says what continues it: {info.get('JobState')} restarts {info.get('Restarts')}: {out[-2500:]}")
+    log = open(os.path.join(sig_dir, "restarts.log")).read().splitlines() if os.path.exists(os.path.join(sig_dir, "restarts.log")) else []
+    check(len(log) == 2 and all(f" job={job} " in l and " exit=75 " in l for l in log) and log[1].split("trained=")[1] != "0",
+          f"restarts.log: the two preemptions: {log}")
 
     # ---- 7. the data prepared by a job, and training queued behind it --------------------------------------
     prep = os.path.join(args.source, "jobs/slurm/prepare-data.sbatch")

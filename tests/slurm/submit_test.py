@@ -4,8 +4,9 @@ sbatch records each submission (its options, directory and the variables the job
 from 100 up, or refuses an option listed in FAKE_SBATCH_REFUSE as sbatch refuses a typo; scancel and
 `scontrol release` are recorded; `scontrol show job N` names the job's output file; `shardtrain check` (the
 preflight) records its command line and directory. Each case asserts what was queued, held, released or
-cancelled, the exit code and the message: typos in LAUNCHER, GPU_BIND, VERIFY_DATA, MAX_RESTARTS and EVALUATE
-are refused before anything is checked or queued (the jobs would refuse them after their queue wait)."""
+cancelled, the exit code and the message: typos in LAUNCHER, GPU_BIND, VERIFY_DATA, MAX_RESTARTS and EVALUATE,
+and a --time the --signal warning does not fit in, are refused before anything is checked or queued (the jobs
+would refuse them after their queue wait)."""
 import json
 import os
 import shutil
@@ -120,7 +121,9 @@ for argv, extra, code, message in (
         ([], dict(VERIFY_DATA="yes"), 3, "VERIFY_DATA=yes: expected auto, 1 or 0"),
         ([], dict(MAX_RESTARTS="08"), 3, "MAX_RESTARTS=08: expected a whole number, without leading zeros"),
         ([], dict(EVALUATE="yes"), 3, "EVALUATE=yes: expected 1"),
-        ):
+        (["--time=5"], {}, 3, "--time=5 (300 s) is not longer than the warning --signal=B:USR1@300 gives before it (300 s;"),
+        (["-t", "0:300"], {}, 3, "--time=0:300 (300 s) is not longer than the warning"),
+        (["--time=10", "--signal=B:USR1@600"], {}, 3, "--time=10 (600 s) is not longer than the warning --signal=B:USR1@600")):
     env.reset()
     rc, out, err = env.submit(SINGLE, *OPTS, *argv, **extra)
     check(rc == code and message in err and not env.sbatch_calls() and not env.checks() and not os.path.exists(os.path.join(env.home, "runs")),
@@ -128,6 +131,9 @@ for argv, extra, code, message in (
 env.reset()
 rc, out, err = env.submit(SINGLE, *OPTS, LAUNCHER="srun", GPU_BIND="task", VERIFY_DATA="0", MAX_RESTARTS="10", EVALUATE="0")
 check(rc == 0 and len(env.sbatch_calls()) == 2 and len(env.checks()) == 1, f"good settings are accepted: exit {rc}: {err}")
+env.reset()
+rc, out, err = env.submit(SINGLE, *OPTS, "--time=6", "--signal=B:USR1@60")
+check(rc == 0 and len(env.sbatch_calls()) == 2, f"--time=6 with a 60 s warning is accepted: exit {rc}: {err}")
 env.close()
 
 if failures:
