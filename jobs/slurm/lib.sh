@@ -377,6 +377,38 @@ st_resubmit_hint() {
   printf '%s\n' "$hint"
 }
 
+# st_run_dir_named: whether whoever submitted the job chose RUN_DIR (or CHECKPOINT_DIR) rather than taking the
+# script's default, runs/<job name>-<job id>, or the fresh one jobs/slurm/submit.sh made (ST_RUN_DIR_GENERATED).
+st_run_dir_named() {
+  if [[ "$RUN_DIR" != "runs/${SLURM_JOB_NAME:-shardtrain}-${SLURM_JOB_ID:-0}" && "$RUN_DIR" != "${ST_RUN_DIR_GENERATED:-}" ]]; then
+    return 0
+  fi
+  [[ "$CHECKPOINT_DIR" != "$RUN_DIR/checkpoints" ]]
+}
+
+# st_check_run_dir_owner: a job's first start never takes over checkpoints it was not pointed at. A run
+# directory the job did not choose (the default runs/<name>-<job id>, which a reset Slurm's job ids reuse, or
+# one submit.sh generated) that holds complete checkpoints belongs to another run: --resume auto would train
+# on its weights and the rotation would delete its checkpoints; the job stops, exit 5, naming what continues
+# that run. A directory the user named is a deliberate resubmission: it continues (the log says from which
+# checkpoint). Requeues (SLURM_RESTART_COUNT > 0) continue their own. Sets ST_RESUME, the run's --resume
+# option: --resume auto, except on the first start in a directory nobody named, where the trainer's own
+# refusal of a fresh run beside complete checkpoints then holds too (and a config's checkpoint.resume).
+st_check_run_dir_owner() {
+  local found newest
+  ST_RESUME=(--resume auto) ST_CONTINUES=""
+  ((10#${SLURM_RESTART_COUNT:-0} > 0)) && return 0
+  found=$(st_complete_checkpoints "$CHECKPOINT_DIR")
+  newest=${found##*$'\n'}
+  if st_run_dir_named; then
+    ST_CONTINUES=$newest
+    return 0
+  fi
+  ST_RESUME=()
+  [[ -z "$found" ]] && return 0
+  st_die 5 "RUN_DIR=$RUN_DIR holds the checkpoints of an earlier run ($CHECKPOINT_DIR/$newest, $(printf '%s\n' "$found" | wc -l) complete) and this job did not name that directory (it is the default, or one submit.sh made): it would train on another run's weights and rotate its checkpoints away. To continue that run, resubmit with $(st_resubmit_hint "$RUN_DIR"); to start a new one, give the job a RUN_DIR of its own"
+}
+
 # st_failure_field RUN_DIR FIELD: FIELD of every failure record the ranks left (RUN_DIR/failures/rank_N.json,
 # one line of JSON each, written by shardtrain before it aborts), one value per line; suspect_nodes gives
 # one node per line.
@@ -572,10 +604,12 @@ st_requeue_or_exit() {
 }
 
 # st_run_args: the run's command line after `train` (or `check`), from the variables the script set: CONFIG,
-# RUN_DIR, CHECKPOINT_DIR, STRATEGY, SHARD_SIZE, TRAIN_ARGS. Sets the array ST_RUN_ARGS.
+# RUN_DIR, CHECKPOINT_DIR, STRATEGY, SHARD_SIZE, TRAIN_ARGS, and ST_RESUME (st_check_run_dir_owner; --resume
+# auto when unset). Sets the array ST_RUN_ARGS.
 st_run_args() {
   ST_RUN_ARGS=(--config "$CONFIG" --ranks-per-node "${ST_RANKS_PER_NODE:-1}" --logging.run_dir "$RUN_DIR"
-    --checkpoint.dir "$CHECKPOINT_DIR" --resume auto)
+    --checkpoint.dir "$CHECKPOINT_DIR")
+  if declare -p ST_RESUME >/dev/null 2>&1; then ST_RUN_ARGS+=("${ST_RESUME[@]}"); else ST_RUN_ARGS+=(--resume auto); fi
   [[ -n "${STRATEGY:-}" ]] && ST_RUN_ARGS+=(--fsdp.strategy "$STRATEGY")
   [[ -n "${SHARD_SIZE:-}" ]] && ST_RUN_ARGS+=(--fsdp.shard_size "$SHARD_SIZE")
   # shellcheck disable=SC2206  # TRAIN_ARGS is a list of words on purpose
@@ -703,10 +737,16 @@ st_train_job() {
   st_check_dir RUN_DIR
   st_check_dir CHECKPOINT_DIR
   [[ -n "$ST_STOP" ]] && st_requeue_preempted "$RUN_DIR" unlaunched
+  st_check_run_dir_owner
 
   st_run_args
   st_check_run "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" --nodes "$SLURM_JOB_NUM_NODES" --gpus-per-node "$ST_RANKS_PER_NODE"
   [[ -n "$ST_STOP" ]] && st_requeue_preempted "$RUN_DIR" unlaunched
+  if [[ -n "$ST_CONTINUES" ]]; then
+    local from
+    from=$(printf '%s\n' "$ST_CHECK_OUT" | sed -n 's/^  resume *ok: //p' | head -n1)
+    st_log "RUN_DIR=$RUN_DIR was named for this job and holds checkpoints: its first start continues that run, from ${from:-$CHECKPOINT_DIR/$ST_CONTINUES}"
+  fi
 
   local train
   train=("$SHARDTRAIN_BIN" train "${ST_RUN_ARGS[@]}" --logging.progress lines)

@@ -20,6 +20,8 @@ Each case asserts the exit code, whether the job requeued itself, what ran, and 
    being cancelled (COMPLETING) it is not requeued, and the log names the RUN_DIR that continues it;
 4. two starts in a row that train nothing: the second ends the job instead of requeueing it again;
 5. a --time the --signal warning does not fit in: refused at start, before any check;
+6. a first start in a run directory holding checkpoints: refused unless RUN_DIR was named (then continued, and
+   the log says from which checkpoint); requeues continue; a fresh first start runs without --resume;
 7. LAUNCHER, GPU_BIND and VERIFY_DATA typos end the job before its mesh check and preflight;
 8. the preflight's usage errors keep check's own words (the real binary, with --shardtrain);
 9. the directory probe on 2 nodes with a quote and a $(...) in the path: written, nothing executed."""
@@ -316,6 +318,37 @@ for limit, ok in (("00:05:00", False), ("4", False), ("00:05:01", True)):
         check(rc == 3 and f"error: --time={limit} (" in out and "is not longer than the warning --signal=B:USR1@300 gives before it (300 s;"
               in out and not bins, f"TimeLimit={limit} is refused at start, before any check: exit {rc}, {bins}: {out}")
     job.close()
+
+# ---- 6. a first start in a run directory holding checkpoints -------------------------------------------------
+# The default directory (runs/<name>-<id>: a reset Slurm reuses ids) or one submit.sh made: refused, exit 5.
+for name, env in (("default", {}), ("generated", dict(RUN_DIR="runs/sweep-20261128-033034", ST_RUN_DIR_GENERATED="runs/sweep-20261128-033034"))):
+    job = Job(f"owner-{name}")
+    run_dir = env.get("RUN_DIR", "runs/shardtrain-42")
+    job.make_checkpoint(run_dir, 16)
+    rc, out, calls, bins = job.run(**env)
+    check(rc == 5 and f"error: RUN_DIR={run_dir} holds the checkpoints of an earlier run ({run_dir}/checkpoints/step_00000016, 1 complete)" in out
+          and f"To continue that run, resubmit with RUN_DIR={run_dir};" in out and not [b for b in bins if not b.startswith("plan")]
+          and os.path.exists(job.path(run_dir, "checkpoints", "step_00000016", "DONE")),
+          f"{name}: another run's checkpoints are refused, untouched: exit {rc}, {bins}: {out}")
+    job.close()
+# A RUN_DIR the user named: a deliberate resubmission; it continues, and says from where.
+job = Job("owner-named")
+job.make_checkpoint("runs/sweep-a", 2)
+rc, out, calls, bins = job.run(RUN_DIR="runs/sweep-a")
+check(rc == 0 and "RUN_DIR=runs/sweep-a was named for this job and holds checkpoints: its first start continues that run, from "
+      "runs/sweep-a/checkpoints/step_00000002: step 2" in out and all("--resume auto" in b for b in bins if not b.startswith("plan")),
+      f"a named RUN_DIR continues: exit {rc}, {bins}: {out}")
+job.close()
+# A requeue continues its own; a fresh first start runs without --resume (the trainer's own refusal holds).
+job = Job("owner-requeue")
+job.make_checkpoint("runs/shardtrain-42", 2)
+rc, out, calls, bins = job.run(SLURM_RESTART_COUNT="1")
+check(rc == 0 and trained(bins) and "--resume auto" in trained(bins)[0] and "was named" not in out, f"a requeue resumes: exit {rc}, {bins}: {out}")
+job.close()
+job = Job("owner-fresh")
+rc, out, calls, bins = job.run()
+check(rc == 0 and trained(bins) and all("--resume" not in b for b in bins), f"a fresh first start: no --resume: exit {rc}, {bins}")
+job.close()
 
 # ---- 7. typos in the job's settings end it before its checks ---------------------------------------------------
 for env, message in ((dict(LAUNCHER="mpiexec"), "LAUNCHER=mpiexec: expected srun or mpirun"),

@@ -309,7 +309,8 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
 
     # ---- 8. (here: the Slurm is idle) signals at every moment, one job through three starts -------------------
-    # The single-node script, mpirun, in its default run directory (runs/<name>-<job id> under --chdir).
+    # The single-node script, mpirun, in its default run directory (runs/<name>-<job id> under --chdir): a first
+    # start that resumes nothing, without --resume; requeues with --resume auto.
     sig_opts = [o for o in sbatch_opts("signals", nodes=1, per_node=2) if not o.startswith("--chdir")] + [f"--chdir={work}"]
     job = slurm.sbatch([*sig_opts, single], job_env(RUN_DIR=None, CONFIG=os.path.join(args.source, "configs/tiny-cpu.toml"),
                                                     SHARDTRAIN_FAULT="slow_step:100"))
@@ -331,6 +332,8 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     out = log_text()
     check("SIGUSR1 received" in out and f"requeueing job {job} (restart 1)" in out and "exit code 138" not in out
           and "ended with exit code" not in out, f"a signal as the launcher starts requeues the job: {out[-2500:]}")
+    check("check: resume     ok: off" in out.split("restart 1")[0] and "--resume" not in out.split("running:")[1].split("\n")[0],
+          f"the first start in its default run directory resumes nothing: {out[:3000]}")
     # (b) a job-wide SIGTERM mid-run (a preemption; scancel --full --signal=TERM): mpirun exits 1, the ranks saved.
     first_stop = max(losses(sig_dir), default=0)
     if wait_until(lambda: max(losses(sig_dir), default=0) >= first_stop + 4, "four steps in the second start"):
