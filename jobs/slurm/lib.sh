@@ -5,13 +5,14 @@
 # wrong job ends in seconds instead of after its queue wait and start-up.
 # shellcheck shell=bash
 
-st_log() { printf '[shardtrain job %s] %s\n' "${SLURM_JOB_ID:-?}" "$*"; }
+# Who speaks: "job ID" in a job, "submit" in jobs/slurm/submit.sh (ST_WHO).
+st_log() { printf '[shardtrain %s] %s\n' "${ST_WHO:-job ${SLURM_JOB_ID:-?}}" "$*"; }
 
 # st_die CODE MESSAGE: one line on stderr (it lands in the job's output file) and the exit code.
 st_die() {
   local code=$1
   shift
-  printf '[shardtrain job %s] error: %s\n' "${SLURM_JOB_ID:-?}" "$*" >&2
+  printf '[shardtrain %s] error: %s\n' "${ST_WHO:-job ${SLURM_JOB_ID:-?}}" "$*" >&2
   exit "$code"
 }
 

@@ -9,10 +9,11 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    error line), a LAUNCHER typo (before the mesh check and the preflight), a --time the --signal warning does
    not fit in.
 2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
-   size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
-   (srun, PMIx) runs to completion, the consolidation job it queued behind (afterok) writes a Hugging
-   Face directory, and the evaluation job (EVALUATE=1, mpirun on 2 ranks) scores every checkpoint left,
-   the last one at the run's own closing validation loss.
+   size the allocation it asks for cannot mesh) is not submitted at all; started outside the repository,
+   with --chdir to another directory and a relative RUN_DIR, HYBRID_SHARD on 2 nodes x 2 ranks (srun, PMIx)
+   runs to completion there, the consolidation job it queued behind (afterok) writes a Hugging Face
+   directory in that run directory, and the evaluation job (EVALUATE=1, mpirun on 2 ranks) scores every
+   checkpoint left, the last one at the run's own closing validation loss.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
@@ -178,24 +179,33 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           and "more than --gpu-memory 0.01562 GiB" in p.stderr, f"submit.sh with GPUs too small: exit {p.returncode}: {p.stderr[-1500:]}")
 
     ref_dir = os.path.join(work, "reference")
+    # Started outside the repository (SHARDTRAIN_HOME finds the scripts), every job in another directory (--chdir,
+    # relative to where submit.sh starts), RUN_DIR relative to that one: the consolidation finds the checkpoints.
+    elsewhere = os.path.join(work, "elsewhere")
+    os.makedirs(elsewhere)
+    ref_opts = [o for o in sbatch_opts("reference") if not o.startswith("--chdir")] + ["--chdir=.."]
     # EVALUATE=1: an evaluation job behind training too, on one node of 2 ranks, the run's evaluation batches.
-    eval_sbatch = f"--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=15 --chdir={args.source}"
-    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("reference")],
-                       cwd=args.source, env=dict(job_env(RUN_DIR=ref_dir, EVALUATE="1", EVAL_SBATCH_ARGS=eval_sbatch,
-                                                         EVAL_ARGS="--batches 4"), SLURM_CONF=slurm.conf),
+    eval_sbatch = "--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=15"
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *ref_opts],
+                       cwd=elsewhere, env=dict(job_env(RUN_DIR="reference", CONFIG=os.path.join(args.source, "configs/tiny-cpu.toml"),
+                                                       EVALUATE="1", EVAL_SBATCH_ARGS=eval_sbatch, EVAL_ARGS="--batches 4"),
+                                               SLURM_CONF=slurm.conf),
                        capture_output=True, text=True)
     check(p.returncode == 0, f"submit.sh: {p.returncode}: {p.stderr}")
     ids = [int(w) for line in p.stdout.splitlines() for w in line.split()[2:3] if w.isdigit()]
     check(len(ids) == 3, f"submit.sh names three jobs: {p.stdout}")
     if len(ids) == 3:
         train_job, consolidate_job, eval_job = ids
+        check(f"run directory {ref_dir}\n" in p.stdout and f"tail -f {work}/reference-{train_job}.out" in p.stdout,
+              f"the run directory, absolute in the --chdir directory, and the training job's real output file: {p.stdout}")
         dep = slurm.job(consolidate_job)
         check(f"afterok:{train_job}" in dep.get("Dependency", ""), f"consolidation depends on training: {dep.get('Dependency')}")
         info = slurm.wait(train_job, timeout=400)
         out = output(info)
         check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
               f"reference job: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}")
-        check("mesh: 2 node(s) x 2 ranks per node, strategy HYBRID_SHARD" in out, f"the mesh is logged at start: {out[:1500]}")
+        check("mesh: 2 node(s) x 2 ranks per node, strategy HYBRID_SHARD" in out and info.get("WorkDir") == work,
+              f"the mesh is logged at start, in the --chdir directory ({info.get('WorkDir')}): {out[:1500]}")
         check("mesh 2 x 2" in out, f"training reports the 2 x 2 mesh: {out[-2500:]}")
         check("check: world      ok: 2 node(s) x 2 ranks" in out and "check: verify     ok: " in out,
               f"the job's preflight checked the allocation and read the data: {out[:3000]}")
