@@ -3,91 +3,207 @@
 # succeeded (--dependency=afterok), requeues included; with EVALUATE=1 also an evaluation job that scores
 # every checkpoint on held-out data (jobs/slurm/evaluate.sbatch); with PREPARE=1, in front of training, a job
 # that prepares the dataset it trains on (jobs/slurm/prepare-data.sbatch: INPUT, TOKENIZER, DATASET, ...).
-# Run from the repository root:
-#     CONFIG=configs/llama-1b-hybrid.toml jobs/slurm/submit.sh [jobs/slurm/train-multi-node.sbatch] [more sbatch options]
+#     CONFIG=configs/llama-1b-hybrid.toml jobs/slurm/submit.sh [JOB SCRIPT] [SBATCH OPTION...]
 #     PREPARE=1 INPUT=fineweb/sample/10BT TOKENIZER=bpe_50K.json DATASET=data/fineweb.h5 CONFIG=... jobs/slurm/submit.sh
-# Both jobs read the variables of their scripts from this environment (CONFIG, STRATEGY, TRAIN_ARGS, ...).
-# The run directory is fixed here, before the job id exists, so that the consolidation job knows it.
+# The job script comes first; without one (no argument, or an sbatch option first) it is
+# jobs/slurm/train-multi-node.sbatch. The sbatch options go to the training job. Every job reads the variables
+# of its script from this environment (CONFIG, STRATEGY, TRAIN_ARGS, ...), finds the scripts in
+# SHARDTRAIN_HOME (default: the repository this submit.sh is in), and runs in one directory: the training
+# job's --chdir when one is given (in its options or its script's #SBATCH lines), else the directory submit.sh
+# is started from. Relative paths (CONFIG, the files in TRAIN_ARGS, INPUT, DATASET) start there, for the
+# preflight below as for the jobs.
+# The run directory is fixed here, before the job ids exist, so that the later jobs know it, and given to
+# every job as an absolute path. Each submission gets one of its own: runs/<config>-<date>-<time>, made new
+# (mkdir, never an existing one: -2, -3, ... when another submission took the name), unless RUN_DIR is given:
+# a RUN_DIR that exists is a deliberate resubmission, and the run there continues from its checkpoints.
+# Nothing starts before everything is queued: the first job goes in held and is released last. When a
+# submission fails, the jobs already queued are cancelled (or listed, when scancel fails) and a run directory
+# made for them is removed.
+# Exit codes (docs/exit-codes.md): 0 queued; 2 usage: no such job script, a --chdir that is no directory, a
+# submission Slurm refused (sbatch's or scontrol's message is above it: an option or partition it does not
+# know, an EVAL_SBATCH_ARGS typo); 3 configuration: CONFIG unset, a setting the jobs do not understand
+# (LAUNCHER, GPU_BIND, VERIFY_DATA, RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, PREPARE, EVALUATE,
+# PREFLIGHT), a --time the --signal warning does not fit in; 8: the run directory cannot be made; the
+# preflight's own code (shardtrain check) when it finds a problem.
 set -euo pipefail
-script=${1:-jobs/slurm/train-multi-node.sbatch}
-shift || true
-[[ -f "$script" ]] || { echo "error: $script: no such job script" >&2; exit 2; }
-[[ -n "${CONFIG:-}" ]] || { echo "error: CONFIG is not set: CONFIG=path/to/config.toml $0 ..." >&2; exit 3; }
-export RUN_DIR=${RUN_DIR:-runs/$(basename "${CONFIG%.*}")-$(date +%Y%m%d-%H%M%S)}
-export CHECKPOINT_DIR=${CHECKPOINT_DIR:-$RUN_DIR/checkpoints}
-export OUTPUT=${OUTPUT:-$RUN_DIR/hf}
-SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-$PWD}
-SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
+ST_WHO=submit  # lib.sh's messages: "[shardtrain submit] error: ..."
+home_default=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SHARDTRAIN_HOME=${SHARDTRAIN_HOME:-$home_default}
+if [[ ! -f "$SHARDTRAIN_HOME/jobs/slurm/lib.sh" ]]; then
+  echo "[shardtrain submit] error: SHARDTRAIN_HOME=$SHARDTRAIN_HOME: no jobs/slurm/lib.sh there (expected the repository root)" >&2
+  exit 3
+fi
+# Absolute, and exported: the jobs find lib.sh and bind-gpu.sh there whatever directory they run in.
+SHARDTRAIN_HOME=$(cd "$SHARDTRAIN_HOME" && pwd)
+export SHARDTRAIN_HOME
 # shellcheck source=jobs/slurm/lib.sh
 source "$SHARDTRAIN_HOME/jobs/slurm/lib.sh"
+SHARDTRAIN_BIN=${SHARDTRAIN_BIN:-$SHARDTRAIN_HOME/build/bin/shardtrain}
+[[ "$SHARDTRAIN_BIN" == /* ]] || SHARDTRAIN_BIN=$PWD/$SHARDTRAIN_BIN
+export SHARDTRAIN_BIN
+
+# What this submission queued, cancelled again when it fails before the end (the EXIT trap); the run directory
+# it made, removed then (it is empty: no job of it has started).
+queued=() made_run_dir="" submitted=0
+undo() {
+  ((submitted)) && return 0
+  if ((${#queued[@]} > 0)); then
+    if scancel "${queued[@]}"; then
+      echo "[shardtrain submit] error: cancelled the job(s) this submission had queued (held: none had started): ${queued[*]}" >&2
+    else
+      echo "[shardtrain submit] error: could not cancel the job(s) this submission queued: ${queued[*]}; cancel them with scancel ${queued[*]}" >&2
+    fi
+  fi
+  if [[ -n "$made_run_dir" ]]; then rmdir "$made_run_dir" 2>/dev/null || true; fi
+}
+trap undo EXIT
+trap 'st_die 130 "interrupted: not submitted"' INT TERM
+
+script=$SHARDTRAIN_HOME/jobs/slurm/train-multi-node.sbatch
+if (($# > 0)) && [[ "$1" != -* ]]; then
+  script=$1
+  shift
+fi
+[[ -f "$script" ]] ||
+  st_die 2 "$script: no such job script (usage: CONFIG=... $0 [JOB SCRIPT] [SBATCH OPTION...]: the script first, then the options; without one, jobs/slurm/train-multi-node.sbatch)"
+shown_script=$script
+[[ "$script" == /* ]] || script=$PWD/$script
+[[ -n "${CONFIG:-}" ]] || st_die 3 "CONFIG is not set: CONFIG=path/to/config.toml $0 ..."
+# Every setting the jobs read from a list of words, now rather than after the queue wait.
+st_check_job_settings "$shown_script"
+[[ "${EVALUATE:-0}" =~ ^[01]$ ]] || st_die 3 "EVALUATE=$EVALUATE: expected 1 (queue the evaluation job too) or 0"
+[[ "${PREFLIGHT:-1}" =~ ^[01]$ ]] || st_die 3 "PREFLIGHT=$PREFLIGHT: expected 1 (check the run before queueing it) or 0"
+[[ "${PREPARE:-0}" =~ ^[01]$ ]] || st_die 3 "PREPARE=$PREPARE: expected 0 or 1"
+
+# The allocation, directory and time the training job asks for: its script's #SBATCH lines and the options.
+st_sbatch_shape "$script" "$@"
+if [[ -n "$ST_SHAPE_CHDIR" ]]; then
+  cd "$ST_SHAPE_CHDIR" 2>/dev/null || st_die 2 "--chdir=$ST_SHAPE_CHDIR: no such directory (from $PWD)"
+fi
+workdir=$PWD
+st_check_time_limit "$ST_SHAPE_TIME" "$ST_SHAPE_SIGNAL" "from the #SBATCH lines of $shown_script and the options given"
+
+absolute() {
+  if [[ "$1" == /* ]]; then printf '%s\n' "$1"; else printf '%s\n' "$workdir/$1"; fi
+}
+if [[ -n "${RUN_DIR:-}" ]]; then
+  RUN_DIR=$(absolute "$RUN_DIR")
+  unset ST_RUN_DIR_GENERATED  # named: the job continues the checkpoints it finds there
+  if [[ ! -e "$RUN_DIR" ]]; then
+    mkdir -p "$RUN_DIR" 2>/dev/null || st_die 8 "RUN_DIR=$RUN_DIR: cannot create the directory"
+    made_run_dir=$RUN_DIR
+  fi
+else
+  # A name of its own: mkdir (no -p) fails on a directory another submission made, in the same second too.
+  base=$workdir/runs/$(basename "${CONFIG%.*}")-$(date +%Y%m%d-%H%M%S)
+  mkdir -p "$workdir/runs" 2>/dev/null || st_die 8 "$workdir/runs: cannot create the directory the run directories go in"
+  RUN_DIR=$base
+  n=1
+  until mkdir "$RUN_DIR" 2>/dev/null; do
+    [[ -e "$RUN_DIR" ]] || st_die 8 "RUN_DIR=$RUN_DIR: cannot create the directory"
+    n=$((n + 1))
+    RUN_DIR=$base-$n
+  done
+  made_run_dir=$RUN_DIR
+  # The job's first start refuses checkpoints in a directory it was not pointed at (lib.sh, st_check_run_dir_owner).
+  export ST_RUN_DIR_GENERATED=$RUN_DIR
+fi
+export RUN_DIR
+CHECKPOINT_DIR=$(absolute "${CHECKPOINT_DIR:-$RUN_DIR/checkpoints}")
+OUTPUT=$(absolute "${OUTPUT:-$RUN_DIR/hf}")
+OUTPUT_JSON=$(absolute "${OUTPUT_JSON:-$RUN_DIR/eval.json}")
+export CHECKPOINT_DIR OUTPUT OUTPUT_JSON
+
 pending=()
 if [[ "${PREPARE:-0}" == 1 ]]; then
   # The dataset does not exist yet: its job's settings are checked now, the run trains on DATASET, and the
   # preflight below leaves the data to the training job's own check at its start.
   st_check_prepare_settings jobs/slurm/prepare-data.sbatch
   [[ " ${TRAIN_ARGS:-} " != *" --data.path "* && " ${TRAIN_ARGS:-} " != *" --data.mixture "* ]] ||
-    { echo "error: PREPARE=1 trains on DATASET=$DATASET: leave --data.path and --data.mixture out of TRAIN_ARGS" >&2; exit 3; }
+    st_die 3 "PREPARE=1 trains on DATASET=$DATASET: leave --data.path and --data.mixture out of TRAIN_ARGS"
   export TRAIN_ARGS="${TRAIN_ARGS:-} --data.path $DATASET"
   pending=(--data-pending)
-elif [[ "${PREPARE:-0}" != 0 ]]; then
-  echo "error: PREPARE=$PREPARE: expected 0 or 1" >&2
-  exit 3
 fi
 
 # The preflight, here on the login node and before the queue wait: `shardtrain check` with the run's own
 # command line (offline, seconds). A typo, a missing dataset, a checkpoint of another model or a directory
 # that cannot be made is reported now, not after the job has waited for its nodes. The job checks again when
 # it starts, with its allocation's mesh and the data's checksums. PREFLIGHT=0 submits without it.
-if [[ "${PREFLIGHT:-1}" != 0 ]]; then
+if [[ "${PREFLIGHT:-1}" == 1 ]]; then
   [[ -x "$SHARDTRAIN_BIN" ]] ||
-    { echo "error: SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)" >&2; exit 3; }
-  st_check_restart_settings "$script"  # RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, as the job will read them
+    st_die 3 "SHARDTRAIN_BIN=$SHARDTRAIN_BIN: not an executable (build it or set SHARDTRAIN_BIN; PREFLIGHT=0 submits unchecked)"
   [[ "$(basename "$script")" == train-multi-node.sbatch ]] && STRATEGY=${STRATEGY-HYBRID_SHARD}  # that script's default
-  # The allocation the job asks for (its #SBATCH lines and these options), so that the mesh and the batch
-  # split are checked too: HYBRID_SHARD's shard groups, a global batch the ranks cannot divide.
-  st_sbatch_shape "$script" "$@"
+  # The allocation the job asks for, so that the mesh and the batch split are checked too: HYBRID_SHARD's
+  # shard groups, a global batch the ranks cannot divide.
   world=()
   if [[ -n "$ST_SHAPE_NODES" ]]; then
     ST_RANKS_PER_NODE=$ST_SHAPE_PER_NODE
     world=(--nodes "$ST_SHAPE_NODES" --gpus-per-node "$ST_SHAPE_PER_NODE")
-    # GPU_MEMORY=80GiB: what each GPU will hold, against that (the login node has no GPU to ask).
-    [[ -n "${GPU_MEMORY:-}" && "${GPU_MEMORY}" != auto && "${GPU_MEMORY}" != 0 ]] && world+=(--gpu-memory "$GPU_MEMORY")
   else
     echo "note: the mesh is not checked before submission: $ST_SHAPE_WHY" >&2
   fi
+  # GPU_MEMORY=80GiB: what each GPU will hold, against that (the login node has no GPU to ask); its spelling
+  # is checked even when the allocation is not known.
+  [[ -n "${GPU_MEMORY:-}" && "${GPU_MEMORY}" != auto && "${GPU_MEMORY}" != 0 ]] && world+=(--gpu-memory "$GPU_MEMORY")
+  # The resume the job's first start makes: a fresh run in a directory made for it, --resume auto in a named one.
+  if [[ -n "${ST_RUN_DIR_GENERATED:-}" && "$CHECKPOINT_DIR" == "$RUN_DIR/checkpoints" ]]; then ST_RESUME=(); else ST_RESUME=(--resume auto); fi
   st_run_args
   rc=0
   "$SHARDTRAIN_BIN" check "${ST_RUN_ARGS[@]}" "${world[@]}" "${pending[@]}" >&2 || rc=$?
-  if ((rc != 0)); then
-    echo "error: not submitted: shardtrain check found the problem(s) above (exit $rc; PREFLIGHT=0 submits anyway)" >&2
-    exit "$rc"
-  fi
+  ((rc == 0)) || st_die "$rc" "not submitted: shardtrain check found the problem(s) above (exit $rc; PREFLIGHT=0 submits anyway)"
 fi
-mkdir -p "$RUN_DIR"
-after_prepare=()
+
+# sb WHAT SBATCH ARGUMENT...: one submission; its id in $job. A refusal ends submit.sh (exit 2), and the EXIT
+# trap cancels what was queued before it.
+sb() {
+  local what=$1 out
+  shift
+  out=$(sbatch --parsable "$@") || st_die 2 "not submitted: sbatch refused the $what job (its message is above)"
+  job=${out%%;*}
+  queued+=("$job")
+}
+user_hold=0
+for option in "$@"; do
+  if [[ "$option" == --hold || "$option" == -H ]]; then user_hold=1; fi
+done
+in_workdir=(--chdir="$workdir")  # last among the options: a relative --chdir was resolved above
+prepare="" after_prepare=() train_hold=(--hold)
 if [[ "${PREPARE:-0}" == 1 ]]; then
   # shellcheck disable=SC2086  # PREPARE_SBATCH_ARGS is a list of words on purpose
-  prepare=$(sbatch --parsable --output="$RUN_DIR/prepare-%j.out" ${PREPARE_SBATCH_ARGS:-} jobs/slurm/prepare-data.sbatch)
-  prepare=${prepare%%;*}
+  sb preparation --hold --output="$RUN_DIR/prepare-%j.out" ${PREPARE_SBATCH_ARGS:-} "${in_workdir[@]}" \
+    "$SHARDTRAIN_HOME/jobs/slurm/prepare-data.sbatch"
+  prepare=$job
   after_prepare=(--dependency="afterok:$prepare" --kill-on-invalid-dep=yes)
-  echo "preparation job $prepare -> $DATASET, log $RUN_DIR/prepare-$prepare.out"
+  train_hold=()  # it waits for the preparation, which is held
 fi
-train_job=$(sbatch --parsable "${after_prepare[@]}" "$@" "$script")
-train_job=${train_job%%;*}
-consolidate=$(sbatch --parsable --dependency="afterok:$train_job" --kill-on-invalid-dep=yes \
-  --output="$RUN_DIR/consolidate-%j.out" jobs/slurm/consolidate.sbatch)
-consolidate=${consolidate%%;*}
-jobs_list=${prepare:+$prepare,}$train_job,$consolidate
-echo "training job $train_job ($script), run directory $RUN_DIR"
-echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
+sb training "${train_hold[@]}" "${after_prepare[@]}" "$@" "${in_workdir[@]}" "$script"
+train_job=$job
+sb consolidation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$RUN_DIR/consolidate-%j.out" \
+  "${in_workdir[@]}" "$SHARDTRAIN_HOME/jobs/slurm/consolidate.sbatch"
+consolidate=$job
+evaluation=""
 if [[ "${EVALUATE:-0}" == 1 ]]; then
   # The held-out curve over the run's checkpoints, on GPUs (jobs/slurm/evaluate.sbatch; its #SBATCH lines ask
   # for one node of 8; EVAL_SBATCH_ARGS="--ntasks-per-node=4 --gpus-per-node=4 ..." changes that).
   # shellcheck disable=SC2086  # EVAL_SBATCH_ARGS is a list of words on purpose
-  evaluation=$(OUTPUT_JSON=${OUTPUT_JSON:-$RUN_DIR/eval.json} sbatch --parsable --dependency="afterok:$train_job" --kill-on-invalid-dep=yes \
-    --output="$RUN_DIR/evaluate-%j.out" ${EVAL_SBATCH_ARGS:-} jobs/slurm/evaluate.sbatch)
-  evaluation=${evaluation%%;*}
-  jobs_list+=,$evaluation
-  echo "evaluation job $evaluation (after training succeeds) -> ${OUTPUT_JSON:-$RUN_DIR/eval.json}, log $RUN_DIR/evaluate-$evaluation.out"
+  sb evaluation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$RUN_DIR/evaluate-%j.out" \
+    ${EVAL_SBATCH_ARGS:-} "${in_workdir[@]}" "$SHARDTRAIN_HOME/jobs/slurm/evaluate.sbatch"
+  evaluation=$job
 fi
-echo "follow: squeue -j $jobs_list ; tail -f shardtrain-$train_job.out"
+# Everything is queued: the first job may start.
+first=${prepare:-$train_job}
+if [[ -n "$prepare" || "$user_hold" == 0 ]]; then
+  scontrol release "$first" || st_die 2 "not submitted: scontrol release $first was refused (its message is above)"
+fi
+submitted=1
+
+jobs_list=${prepare:+$prepare,}$train_job,$consolidate${evaluation:+,$evaluation}
+if [[ -n "$prepare" ]]; then echo "preparation job $prepare -> $DATASET, log $RUN_DIR/prepare-$prepare.out"; fi
+echo "training job $train_job ($shown_script), run directory $RUN_DIR"
+if [[ "$user_hold" == 1 ]]; then echo "  held, as its options ask (--hold): scontrol release $train_job starts it"; fi
+echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
+if [[ -n "$evaluation" ]]; then
+  echo "evaluation job $evaluation (after training succeeds) -> $OUTPUT_JSON, log $RUN_DIR/evaluate-$evaluation.out"
+fi
+log=$(scontrol show job "$train_job" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n1) || true
+echo "follow: squeue -j $jobs_list ; tail -f ${log:-"the StdOut that scontrol show job $train_job names"}"

@@ -3,10 +3,13 @@
 case, in seconds and without root: lib.sh is sourced by bash with scontrol and sinfo replaced by scripts that
 record each call and answer as Slurm would (the job's Partition and ExcNodeList, a partition's node count;
 `scontrol requeue` signals the batch script with SIGTERM, as Slurm does). The run directory holds the
-failure records shardtrain writes (failures/rank_N.json), metrics.jsonl and restarts.log. Every case checks
-the exit code, whether the job was requeued, which nodes it leaves out and the line it logs. Bad values of
-RESTART_ON, MAX_RESTARTS and EXCLUDE_FAILED_NODES end the job at its start, naming the variable.
-slurm_jobs_test.py runs the two main cases on a real Slurm."""
+failure records shardtrain writes (failures/rank_N.json), metrics.jsonl, result.json and restarts.log. Every case
+checks the exit code, whether the job was requeued, which nodes it leaves out and the line it logs. Also the
+ending of a run stopped on a signal: a launcher's failing status (mpirun's 1 after a SIGTERM) with result.json
+"preempted" is a preemption; a job being cancelled (JobState COMPLETING) is neither requeued nor restarted; two
+starts in a row that train nothing end the job. Bad values of RESTART_ON, MAX_RESTARTS (leading zeros too) and
+EXCLUDE_FAILED_NODES end the job at its start, naming the variable. slurm_jobs_test.py runs the main cases on a
+real Slurm, job_script_test.py the signals around them."""
 import json
 import os
 import shutil
@@ -29,7 +32,7 @@ def check(ok, what):
 FAKE_SCONTROL = r"""#!/bin/bash
 echo "scontrol $*" >> "$FAKE_LOG"
 case "$1 $2" in
-  "show job") echo "JobId=$SLURM_JOB_ID JobName=t Partition=debug ExcNodeList=${FAKE_EXC:-(null)} NodeList=node1" ;;
+  "show job") echo "JobId=$SLURM_JOB_ID JobName=t JobState=${FAKE_STATE:-RUNNING} Reason=${FAKE_REASON:-None} Partition=debug ExcNodeList=${FAKE_EXC:-(null)} NodeList=node1" ;;
   "show hostnames") tr ',' '\n' <<<"$3" ;;
   requeue*) [[ "${FAKE_REQUEUE_RC:-0}" == 0 ]] || exit "$FAKE_REQUEUE_RC"; kill -TERM "$PPID" ;;
   update*) exit "${FAKE_UPDATE_RC:-0}" ;;
@@ -46,7 +49,7 @@ def record(code, step, restartable, suspects, message="m", rank=0):
                        "suspect_nodes": suspects, "message": message}, separators=(",", ":")) + "\n"
 
 
-def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, **env):
+def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, result=None, **env):
     """One decision. Returns (exit code, stderr+stdout, calls to scontrol/sinfo, restarts.log lines)."""
     root = tempfile.mkdtemp(prefix=f"restart-{name}-")
     try:
@@ -67,6 +70,8 @@ def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, **env):
             f.write('{"kind":"checkpoint","step":4}\n')
         if restarts_log is not None:
             open(os.path.join(run_dir, "restarts.log"), "w").write("".join(l + "\n" for l in restarts_log))
+        if result is not None:  # as shardtrain writes it: one key per line
+            open(os.path.join(run_dir, "result.json"), "w").write(json.dumps(result, indent=2, sort_keys=True) + "\n")
         log = os.path.join(root, "calls")
         open(log, "w").close()
         e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
@@ -75,11 +80,12 @@ def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, **env):
         e.update({k: v for k, v in env.items() if v is not None})
         script = f'source "{LIB}"; set -uo pipefail; ST_EXIT={exit_code}; st_requeue_or_exit "{run_dir}"'
         p = subprocess.run(["bash", "-c", script], env=e, capture_output=True, text=True, timeout=30)
+        out = (p.stdout + p.stderr).replace(run_dir, "RUN")  # the temporary run directory a message names, as RUN
         calls = open(log).read().splitlines()
         path = os.path.join(run_dir, "restarts.log")
         lines = open(path).read().splitlines() if os.path.exists(path) else []
         print(f"{name}: exit {p.returncode}; calls {calls}")
-        return p.returncode, p.stdout + p.stderr, calls, lines
+        return p.returncode, out, calls, lines
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -161,16 +167,74 @@ check(rc == 10 and not requeued(calls) and "not restarting: the run failed at st
 rc, out, calls, lines = run("crash-same-step", 137, metrics_steps=29, restarts_log=prior)
 check(rc == 137 and not requeued(calls), f"a crash at the step of the previous failure: {calls}")
 
-# A job Slurm will not requeue: the run's exit code and a message saying what to do.
+# A job Slurm will not requeue: the run's exit code and a message saying what to do: which RUN_DIR (a new job
+# with the default runs/<name>-<job id> would start over) and CHECKPOINT_DIR when it is elsewhere.
 rc, out, calls, lines = run("refused", 7, [record(7, 12, True, ["node1"])], FAKE_REQUEUE_RC="1")
-check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue)" in out and excluded(calls) == []
-      and not lines,
+check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue): resubmit with RUN_DIR=RUN to resume "
+      "from its last checkpoint" in out and excluded(calls) == [] and not lines,
       f"requeue refused: exit {rc}: {calls}: {out}")
+rc, out, calls, lines = run("refused-elsewhere", 7, [record(7, 12, True, [])], FAKE_REQUEUE_RC="1", CHECKPOINT_DIR="/shared/ckpt")
+check(rc == 7 and "resubmit with RUN_DIR=RUN CHECKPOINT_DIR=/shared/ckpt to resume from its last checkpoint" in out,
+      f"requeue refused, checkpoints elsewhere: exit {rc}: {out}")
+rc, out, calls, lines = run("refused-75", 75, result=dict(status="preempted", exit_code=75, step=16, last_checkpoint="c/step_00000016"),
+                            FAKE_REQUEUE_RC="1", CHECKPOINT_DIR="/shared/ckpt")
+check(rc == 75 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue): resubmit with RUN_DIR=RUN "
+      "CHECKPOINT_DIR=/shared/ckpt to continue from step 16" in out and not lines, f"a preemption's requeue refused: exit {rc}: {calls}: {out}")
+
+# Out of memory on one rank, a communication error (restartable) on another: one record a restart would repeat
+# is enough not to restart, whichever rank wrote it.
+for order in ("oom-last", "oom-first"):
+    recs = [record(6, 9, True, [], message="MPI_Allreduce: connection reset", rank=0),
+            record(7, 9, False, [], message="out of GPU memory: 2.0 GiB requested", rank=1)]
+    rc, out, calls, lines = run(order, 7, recs if order == "oom-last" else recs[::-1])
+    check(rc == 7 and not requeued(calls) and not lines and "not restarting: the ranks report a failure that a restart would repeat: "
+          "out of GPU memory: 2.0 GiB requested" in out, f"{order}: a restartable record beside an OOM: exit {rc}: {calls}: {out}")
+
+# A job being cancelled (scancel: COMPLETING while the script still runs) is not restarted: scontrol would requeue it.
+rc, out, calls, lines = run("cancelled", 7, [record(7, 12, True, ["node1"])], FAKE_STATE="COMPLETING")
+check(rc == 7 and not requeued(calls) and not lines and "not restarting: job 42 is being cancelled (JobState=COMPLETING, Reason=None)"
+      in out, f"a cancelled job is not restarted: exit {rc}: {calls}: {out}")
+
+# ---- a run stopped on a signal ----------------------------------------------------------------------------------
+preempted = dict(status="preempted", exit_code=75, step=6, last_checkpoint="RUN/checkpoints/step_00000006", last_loss=5.1)
+# mpirun's 1 after a job-wide SIGTERM, the ranks saved: a preemption, requeued, one line of restarts.log.
+rc, out, calls, lines = run("mpirun-sigterm", 1, result=preempted)
+check(rc == 75 and requeued(calls) and "the launcher exited with 1, but the ranks stopped on the signal and saved (result.json: preempted, "
+      "step 6): counted as 75" in out and "checkpoint saved at step 6" in out and len(lines) == 1
+      and lines[0].endswith("job=42 restart=0 exit=75 step=6 excluded=- trained=6"), f"status 1 and preempted: exit {rc}, {calls}, {lines}: {out}")
+# ... unless the job is being cancelled (scancel): not requeued, and the log names what continues it.
+rc, out, calls, lines = run("mpirun-cancelled", 1, result=preempted, FAKE_STATE="COMPLETING", FAKE_REASON="None")
+check(rc == 75 and not requeued(calls) and not lines and "job 42 is being cancelled (JobState=COMPLETING, Reason=None), so it is not "
+      "requeued: the run stopped at step 6 and its checkpoint RUN/checkpoints/step_00000006 is saved; to continue it, resubmit with "
+      "RUN_DIR=RUN" in out, f"a cancelled job's preemption: exit {rc}, {calls}: {out}")
+# Killed at its time limit (COMPLETING too, Reason=TimeLimit) after the ranks saved: requeued, it continues.
+rc, out, calls, lines = run("time-limit", 75, result=preempted, FAKE_STATE="COMPLETING", FAKE_REASON="TimeLimit")
+check(rc == 75 and requeued(calls) and len(lines) == 1, f"a job killed at its time limit after a save is requeued: exit {rc}, {calls}: {out}")
+# A stop before the first step of a resumed run (nothing trained): requeued once, said so; a second one ends the job.
+nothing = dict(status="preempted", exit_code=75, step=16, resumed_from="RUN/checkpoints/step_00000016", last_checkpoint="RUN/checkpoints/step_00000016")
+rc, out, calls, lines = run("no-step", 75, result=nothing, restarts_log=["2026-11-28T01:00:00Z job=42 restart=0 exit=75 step=16 excluded=- trained=16"])
+check(rc == 75 and requeued(calls) and "stopped at step 16 without training a step in this start (nothing new saved); requeueing job 42"
+      in out and lines[-1].endswith("exit=75 step=16 excluded=- trained=0"), f"one start without a step: {calls}, {lines}: {out}")
+rc, out, calls, lines = run("no-step-twice", 75, result=nothing, restarts_log=["2026-11-28T01:00:00Z job=42 restart=1 exit=75 step=16 excluded=- trained=0"])
+check(rc == 75 and not requeued(calls) and len(lines) == 1 and "error: not requeueing job 42 again: this start and the one before it were "
+      "stopped before they trained a step (at step 16;" in out, f"two starts without a step: exit {rc}, {calls}, {lines}: {out}")
+# Preemptions are not failures: they count neither against MAX_RESTARTS nor as the previous failure's step.
+rc, out, calls, lines = run("preemptions-free", 7, [record(7, 12, True, [])], MAX_RESTARTS="1",
+                            restarts_log=["2026-11-28T01:00:00Z job=42 restart=0 exit=75 step=20 excluded=- trained=20",
+                                          "2026-11-28T02:00:00Z job=42 restart=1 exit=75 step=20 excluded=- trained=0"])
+check(rc == 7 and requeued(calls) and "restart 1 of 1 after a failure" in out, f"preemption lines are not failures: {calls}: {out}")
+# MAX_RESTARTS compared as a decimal number (10 restarts made, a limit of 10).
+rc, out, calls, lines = run("ten", 7, [record(7, 99, True, [])], MAX_RESTARTS="10",
+                            restarts_log=[f"2026-11-28T01:00:00Z job=42 restart={i} exit=7 step={i + 1} excluded=-" for i in range(10)])
+check(rc == 7 and not requeued(calls) and "made 10 restart(s) after failures already (MAX_RESTARTS=10)" in out, f"MAX_RESTARTS=10: {calls}: {out}")
 
 # The settings are checked when the job starts (st_check_restart_settings): one line naming the variable, exit 3.
 for env, message in [(dict(RESTART_ON="6 7 11"), "RESTART_ON=6 7 11: '11' is not an exit code from 1 to 10 or 'crash'"),
                      (dict(RESTART_ON="crash,7"), "'crash,7' is not an exit code"),
                      (dict(MAX_RESTARTS="three"), "MAX_RESTARTS=three: expected a whole number"),
+                     # bash reads 010 as octal 8 and 08 not at all ("value too great for base"): refused, not misread
+                     (dict(MAX_RESTARTS="08"), "MAX_RESTARTS=08: expected a whole number, without leading zeros"),
+                     (dict(MAX_RESTARTS="010"), "MAX_RESTARTS=010: expected a whole number, without leading zeros"),
                      (dict(EXCLUDE_FAILED_NODES="yes"), "EXCLUDE_FAILED_NODES=yes: expected 1")]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
     e.update(env, SLURM_JOB_ID="42")

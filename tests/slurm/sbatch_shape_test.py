@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """st_sbatch_shape (jobs/slurm/lib.sh): the nodes and tasks per node that jobs/slurm/submit.sh reads from a job
 script's #SBATCH lines and the sbatch options before queueing, so that `shardtrain check` tests the mesh then.
-No Slurm needed: the function only reads text. Each case asserts the shape found, or that none was found and why.
+No Slurm needed: the function only reads text. Each case asserts the shape found, or that none was found and why;
+and the other options the scripts depend on: --chdir (where every job runs), --time and --signal (the warning
+must fit in the time limit), with st_seconds reading each of Slurm's time formats.
 Also st_gpu_memory, the GPU memory the job's preflight checks against (GPU_MEMORY, or nvidia-smi's, here a stub)."""
 import os
 import subprocess
@@ -62,6 +64,41 @@ expect("a count that is not a number", shape(MULTI, "--ntasks-per-node=eight"), 
 expect("nodes zero", shape(MULTI, "--nodes=0"), "", "", "not a positive node count")
 expect("the repository's multi-node script", shape(open(os.path.join(SOURCE, "jobs/slurm/train-multi-node.sbatch")).read()), "4", "8")
 expect("the repository's single-node script", shape(open(os.path.join(SOURCE, "jobs/slurm/train-single-node.sbatch")).read()), "1", "8")
+
+
+# --chdir, --time and --signal, as given (the script's lines, then the options).
+def options(script_text, *opts):
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
+        f.write(script_text)
+    try:
+        p = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; st_sbatch_shape "$@"; '
+                            'printf "%s|%s|%s\\n" "$ST_SHAPE_CHDIR" "$ST_SHAPE_TIME" "$ST_SHAPE_SIGNAL"', LIB, f.name, *opts],
+                           capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    return tuple(p.stdout.rstrip("\n").split("|")) if p.returncode == 0 else ("exit", p.returncode, p.stderr)
+
+
+SCRIPT = open(os.path.join(SOURCE, "jobs/slurm/train-single-node.sbatch")).read()
+for name, opts, want in (("the script's own", (), ("", "24:00:00", "B:USR1@300")),
+                         ("--chdir=D --time=T", ("--chdir=/x", "--time=10"), ("/x", "10", "B:USR1@300")),
+                         ("-D D -t T --signal S", ("-D", "rel/dir", "-t", "1-00", "--signal", "USR1@90"), ("rel/dir", "1-00", "USR1@90")),
+                         ("-DD -tT", ("-Dd", "-t5:00"), ("d", "5:00", "B:USR1@300")),
+                         ("--time-min is not --time", ("--time-min=5",), ("", "24:00:00", "B:USR1@300"))):
+    got = options(SCRIPT, *opts)
+    ok = got == want
+    print(f"{'ok  ' if ok else 'FAIL'} options, {name}: {got}")
+    if not ok:
+        failures.append(name)
+
+# st_seconds: each form Slurm takes; nothing for no limit or a form it does not know.
+for t, want in (("5", "300"), ("5:30", "330"), ("01:05:00", "3900"), ("00:05:00", "300"), ("2-0", "172800"), ("1-02", "93600"),
+                ("1-02:03", "93780"), ("1-02:03:04", "93784"), ("08", "480"), ("UNLIMITED", ""), ("INFINITE", ""), ("", ""), ("1:2:3:4", "")):
+    p = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; st_seconds "$1"', LIB, t], capture_output=True, text=True)
+    ok = p.returncode == 0 and p.stdout.strip() == want
+    print(f"{'ok  ' if ok else 'FAIL'} st_seconds {t!r}: {p.stdout.strip()!r} {p.stderr.strip()}")
+    if not ok:
+        failures.append(f"st_seconds {t}")
 
 # st_gpu_memory: GPU_MEMORY as given, or (auto, the default) the smallest GPU nvidia-smi lists, in GiB.
 def gpu_memory(smi_output, value=None):

@@ -5,12 +5,15 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 1. Bad input ends a job at once, before training: no CONFIG, a shard size the nodes cannot mesh, tasks
    spread unevenly over the nodes, an unwritable checkpoint directory, a dataset damaged on disk (the
    preflight, `shardtrain check --verify-data`, reads every block on a job's first start), GPUs too small
-   for the run's memory estimate (GPU_MEMORY).
+   for the run's memory estimate (GPU_MEMORY), a --time the --signal warning does not fit in (the job reads
+   its time limit from Slurm and the warning from its own #SBATCH line; job_script_test.py and submit_test.py
+   cover the other settings and the preflight's own words, in seconds).
 2. jobs/slurm/submit.sh: a run that cannot start (its model smaller than the data's vocabulary, or a shard
-   size the allocation it asks for cannot mesh) is not submitted at all; HYBRID_SHARD on 2 nodes x 2 ranks
-   (srun, PMIx) runs to completion, the consolidation job it queued behind (afterok) writes a Hugging
-   Face directory, and the evaluation job (EVALUATE=1, mpirun on 2 ranks) scores every checkpoint left,
-   the last one at the run's own closing validation loss.
+   size the allocation it asks for cannot mesh) is not submitted at all; started outside the repository,
+   with --chdir to another directory and a relative RUN_DIR, HYBRID_SHARD on 2 nodes x 2 ranks (srun, PMIx)
+   runs to completion there, the consolidation job it queued behind (afterok) writes a Hugging Face
+   directory in that run directory, and the evaluation job (EVALUATE=1, mpirun on 2 ranks) scores every
+   checkpoint left, the last one at the run's own closing validation loss.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
@@ -24,11 +27,17 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    SIGBUS the kernel sends on an uncorrectable memory error): srun reports 137 (the highest of its tasks'
    statuses: the peers it killed), the rank's crash record names node1, but the partition has no node to spare
    for a 2-node job, so the job restarts without excluding it, resumes from step 8, dies at step 12 again and
-   stops (FAILED 137:0).
+   stops (FAILED 137:0). Its run directory has a quote and a space in its name (bob's run): the probe that
+   every node can write it takes the path as an argument.
 7. Preparing the data as a job (jobs/slurm/prepare-data.sbatch): a missing input, an existing dataset and no
    INPUT end it at once; submit.sh PREPARE=1 queues it in front of training, which waits for it (afterok): it
    trains a tokenizer on gzip-compressed JSONL and prepares the dataset on the one CPU the job asked for, and
    the run trains on that dataset to the end; then OVERWRITE=1 replaces the tokenizer and the dataset.
+8. Signals at every moment, on the single-node script with mpirun in its default run directory: SIGUSR1 as
+   soon as the launcher starts (held until the ranks are up, then passed on: requeued, Restarts=1); a job-wide
+   SIGTERM mid-run (scancel --full --signal=TERM: mpirun exits 1, the ranks saved: counted as 75, requeued,
+   Restarts=2); then scancel: the ranks save, the job is not requeued (CANCELLED), and its log names the
+   RUN_DIR that continues the run.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import gzip
 import hashlib
@@ -123,6 +132,9 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
         # workspace alone is 32 MiB), so the job stops before training rather than at its first out-of-memory.
         ("no-memory", sbatch_opts("no-memory"), dict(GPU_MEMORY="0.015625GiB"), 3,
          "the preflight (shardtrain check) stopped the job: configuration error: about"),
+        # The script's --signal=B:USR1@300 would come at every start: refused, not requeued without end.
+        ("short-time", [*sbatch_opts("short-time"), "--time=5"], {}, 3,
+         "--time=00:05:00 (300 s) is not longer than the warning --signal=B:USR1@300 gives before it"),
     ]
     bad_jobs = []
     for name, opts, extra, _, _ in bad_cases:
@@ -133,6 +145,8 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
         check(info.get("ExitCode") == f"{code}:0", f"{name}: exit code {info.get('ExitCode')}, expected {code}:0: {out[-800:]}")
         check(message in out, f"{name}: the output names the problem ({message!r}): {out[-800:]}")
         check("running:" not in out and not losses(os.path.join(work, name)), f"{name}: training started: {out[-800:]}")
+        if name == "short-time":
+            check("plan:" not in out and "check:" not in out, f"{name}: refused before the mesh check and the preflight: {out[-800:]}")
 
     # ---- 2. submit.sh: refused before the queue; then training on 2 nodes (HYBRID_SHARD, srun) and the
     # dependent consolidation ----------------------------------------------------------------------------
@@ -161,24 +175,33 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           and "more than --gpu-memory 0.01562 GiB" in p.stderr, f"submit.sh with GPUs too small: exit {p.returncode}: {p.stderr[-1500:]}")
 
     ref_dir = os.path.join(work, "reference")
+    # Started outside the repository (SHARDTRAIN_HOME finds the scripts), every job in another directory (--chdir,
+    # relative to where submit.sh starts), RUN_DIR relative to that one: the consolidation finds the checkpoints.
+    elsewhere = os.path.join(work, "elsewhere")
+    os.makedirs(elsewhere)
+    ref_opts = [o for o in sbatch_opts("reference") if not o.startswith("--chdir")] + ["--chdir=.."]
     # EVALUATE=1: an evaluation job behind training too, on one node of 2 ranks, the run's evaluation batches.
-    eval_sbatch = f"--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=15 --chdir={args.source}"
-    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *sbatch_opts("reference")],
-                       cwd=args.source, env=dict(job_env(RUN_DIR=ref_dir, EVALUATE="1", EVAL_SBATCH_ARGS=eval_sbatch,
-                                                         EVAL_ARGS="--batches 4"), SLURM_CONF=slurm.conf),
+    eval_sbatch = "--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=15"
+    p = subprocess.run([os.path.join(args.source, "jobs/slurm/submit.sh"), multi, *ref_opts],
+                       cwd=elsewhere, env=dict(job_env(RUN_DIR="reference", CONFIG=os.path.join(args.source, "configs/tiny-cpu.toml"),
+                                                       EVALUATE="1", EVAL_SBATCH_ARGS=eval_sbatch, EVAL_ARGS="--batches 4"),
+                                               SLURM_CONF=slurm.conf),
                        capture_output=True, text=True)
     check(p.returncode == 0, f"submit.sh: {p.returncode}: {p.stderr}")
     ids = [int(w) for line in p.stdout.splitlines() for w in line.split()[2:3] if w.isdigit()]
     check(len(ids) == 3, f"submit.sh names three jobs: {p.stdout}")
     if len(ids) == 3:
         train_job, consolidate_job, eval_job = ids
+        check(f"run directory {ref_dir}\n" in p.stdout and f"tail -f {work}/reference-{train_job}.out" in p.stdout,
+              f"the run directory, absolute in the --chdir directory, and the training job's real output file: {p.stdout}")
         dep = slurm.job(consolidate_job)
         check(f"afterok:{train_job}" in dep.get("Dependency", ""), f"consolidation depends on training: {dep.get('Dependency')}")
         info = slurm.wait(train_job, timeout=400)
         out = output(info)
         check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
               f"reference job: {info.get('JobState')} {info.get('ExitCode')}: {out[-1500:]}")
-        check("mesh: 2 node(s) x 2 ranks per node, strategy HYBRID_SHARD" in out, f"the mesh is logged at start: {out[:1500]}")
+        check("mesh: 2 node(s) x 2 ranks per node, strategy HYBRID_SHARD" in out and info.get("WorkDir") == work,
+              f"the mesh is logged at start, in the --chdir directory ({info.get('WorkDir')}): {out[:1500]}")
         check("mesh 2 x 2" in out, f"training reports the 2 x 2 mesh: {out[-2500:]}")
         check("check: world      ok: 2 node(s) x 2 ranks" in out and "check: verify     ok: " in out,
               f"the job's preflight checked the allocation and read the data: {out[:3000]}")
@@ -279,7 +302,7 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     check(elapsed < 150, f"the stalled job took {elapsed:.0f} s; two runs that each end seconds after the 3 s timeout, and one requeue")
 
     # ---- 6. 2 nodes through srun, a machine check on node1: no node to spare, one restart, then it stops ------
-    spare_dir = os.path.join(work, "no-spare-node")
+    spare_dir = os.path.join(work, "no spare node's run")  # a quote and a space: the probe on every node takes them
     job = slurm.sbatch([*sbatch_opts("no-spare-node"), multi], job_env(RUN_DIR=spare_dir, SHARDTRAIN_FAULT="mce:1@12@node1"))
     info = slurm.wait(job, timeout=300)
     out = output(info)
@@ -287,9 +310,59 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           and info.get("ExcNodeList") == "(null)",
           f"2 nodes, a machine check on node1: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')}: {out[-3000:]}")
     check("not leaving out node1: partition debug has 2 node(s), too few for 2 without them" in out
-          and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from \S+step_0*8\b", out) is not None
+          and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from .*step_0*8\b", out) is not None
           and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
           f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
+
+    # ---- 8. (here: the Slurm is idle) signals at every moment, one job through three starts -------------------
+    # The single-node script, mpirun, in its default run directory (runs/<name>-<job id> under --chdir): a first
+    # start that resumes nothing, without --resume; requeues with --resume auto.
+    sig_opts = [o for o in sbatch_opts("signals", nodes=1, per_node=2) if not o.startswith("--chdir")] + [f"--chdir={work}"]
+    job = slurm.sbatch([*sig_opts, single], job_env(RUN_DIR=None, CONFIG=os.path.join(args.source, "configs/tiny-cpu.toml"),
+                                                    SHARDTRAIN_FAULT="slow_step:100"))
+    sig_dir = os.path.join(work, "runs", f"signals-{job}")
+    log_path = os.path.join(work, f"signals-{job}.out")
+    log_text = lambda: open(log_path, errors="replace").read() if os.path.exists(log_path) else ""  # noqa: E731
+
+    def wait_until(cond, what, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline and not cond():
+            time.sleep(0.1)
+        check(cond(), f"signals: {what}: {log_text()[-2500:]}")
+        return cond()
+
+    # (a) SIGUSR1 the moment the launcher starts (the ranks do not exist yet): held, passed on once they are up.
+    if wait_until(lambda: "running: mpirun" in log_text(), "the launch"):
+        slurm.signal_batch(job, "USR1")
+    info = slurm.wait(job, timeout=120, until=lambda i: i.get("Restarts") == "1" and i.get("JobState") == "RUNNING")
+    out = log_text()
+    check("SIGUSR1 received" in out and f"requeueing job {job} (restart 1)" in out and "exit code 138" not in out
+          and "ended with exit code" not in out, f"a signal as the launcher starts requeues the job: {out[-2500:]}")
+    check("check: resume     ok: off" in out.split("restart 1")[0] and "--resume" not in out.split("running:")[1].split("\n")[0],
+          f"the first start in its default run directory resumes nothing: {out[:3000]}")
+    # (b) a job-wide SIGTERM mid-run (a preemption; scancel --full --signal=TERM): mpirun exits 1, the ranks saved.
+    first_stop = max(losses(sig_dir), default=0)
+    if wait_until(lambda: max(losses(sig_dir), default=0) >= first_stop + 4, "four steps in the second start"):
+        subprocess.run(["scancel", "--full", "--signal=TERM", str(job)], env=slurm.env, check=True)
+    info = slurm.wait(job, timeout=120, until=lambda i: i.get("Restarts") == "2" and i.get("JobState") == "RUNNING")
+    out = log_text()
+    check("the launcher exited with 1, but the ranks stopped on the signal and saved (result.json: preempted, step " in out
+          and "counted as 75" in out and f"requeueing job {job} (restart 2)" in out,
+          f"mpirun's 1 after a SIGTERM is a preemption, requeued: {out[-2500:]}")
+    # (c) scancel: the ranks save, and the cancelled job stays cancelled.
+    second_stop = max(losses(sig_dir), default=0)
+    if wait_until(lambda: max(losses(sig_dir), default=0) >= second_stop + 2, "two steps in the third start"):
+        subprocess.run(["scancel", str(job)], env=slurm.env, check=True)
+    info = slurm.wait(job, timeout=60)
+    time.sleep(0.5)  # the script's last line, written as the job ends
+    out = log_text()
+    check(info.get("JobState") == "CANCELLED" and info.get("Restarts") == "2" and f"job {job} is being cancelled (JobState=" in out
+          and "so it is not requeued: the run stopped at step" in out
+          and f"to continue it, resubmit with RUN_DIR=runs/signals-{job}" in out,
+          f"a cancelled job is not requeued, and says what continues it: {info.get('JobState')} restarts {info.get('Restarts')}: {out[-2500:]}")
+    log = open(os.path.join(sig_dir, "restarts.log")).read().splitlines() if os.path.exists(os.path.join(sig_dir, "restarts.log")) else []
+    check(len(log) == 2 and all(f" job={job} " in l and " exit=75 " in l for l in log) and log[1].split("trained=")[1] != "0",
+          f"restarts.log: the two preemptions: {log}")
 
     # ---- 7. the data prepared by a job, and training queued behind it --------------------------------------
     prep = os.path.join(args.source, "jobs/slurm/prepare-data.sbatch")

@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""jobs/slurm/train-single-node.sbatch run by bash as Slurm runs it (SLURM_* variables set), with Slurm's tools
+(scontrol, srun), the launcher (mpirun) and shardtrain played by scripts, in seconds and without root. The fakes
+behave as the real ones do where the job depends on it:
+- mpirun starts its rank after FAKE_LAUNCH_DELAY and forwards SIGUSR1 only to a rank that exists (a signal
+  before then is lost, as Open MPI loses it); on SIGTERM it ends the rank with SIGTERM and exits 1 whatever the
+  rank returned (Open MPI 4.1);
+- the fake `shardtrain train` has no signal handler for FAKE_UP_DELAY (a process still loading: SIGUSR1 kills
+  it), then catches SIGUSR1/SIGTERM, rewrites CHECKPOINT_DIR/.shardtrain.lock as the real one does after
+  MPI_Init, trains FAKE_STEPS steps into metrics.jsonl, and on a signal saves step_N (DONE) and writes
+  result.json "preempted" with exit 75;
+- `shardtrain check` prints a report, and with FAKE_CHECK_WAIT runs until that file appears (a --verify-data of
+  a large dataset); `plan` says ok;
+- scontrol answers `show job` from FAKE_STATE, FAKE_REASON, FAKE_TIMELIMIT and signals the script with SIGTERM
+  on `requeue`; srun runs its command once per node of FAKE_NODES_UP.
+Each case asserts the exit code, whether the job requeued itself, what ran, and the line it logged:
+1. a stop signal during the checks: no silent death, the check is stopped, the job requeues without launching;
+2. a stop signal while the launcher starts: held until the rank is up, then passed on (mpirun would lose it);
+3. a job-wide SIGTERM under mpirun: mpirun says 1, result.json says preempted: requeued as 75; when the job is
+   being cancelled (COMPLETING) it is not requeued, and the log names the RUN_DIR that continues it;
+4. two starts in a row that train nothing: the second ends the job instead of requeueing it again;
+5. a --time the --signal warning does not fit in: refused at start, before any check;
+6. a first start in a run directory holding checkpoints: refused unless RUN_DIR was named (then continued, and
+   the log says from which checkpoint); requeues continue; a fresh first start runs without --resume;
+7. LAUNCHER, GPU_BIND and VERIFY_DATA typos end the job before its mesh check and preflight;
+8. the preflight's usage errors keep check's own words (the real binary, with --shardtrain);
+9. the directory probe on 2 nodes with a quote and a $(...) in the path: written, nothing executed."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
+LIB = os.path.join(SOURCE, "jobs", "slurm", "lib.sh")
+SCRIPT = os.path.join(SOURCE, "jobs", "slurm", "train-single-node.sbatch")
+parser = argparse.ArgumentParser()
+parser.add_argument("--shardtrain", help="the real binary, for the preflight's messages (case 8)")
+args, _ = parser.parse_known_args()
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+FAKE_SCONTROL = r"""#!/bin/bash
+echo "scontrol $*" >> "$FAKE_LOG"
+case "$1 $2" in
+  "show job") echo "JobId=$SLURM_JOB_ID JobName=shardtrain JobState=${FAKE_STATE:-RUNNING} Reason=${FAKE_REASON:-None} TimeLimit=${FAKE_TIMELIMIT:-UNLIMITED} Partition=debug ExcNodeList=(null) NodeList=node1" ;;
+  "show hostnames") tr ',' '\n' <<<"$3" ;;
+  requeue*) [[ "${FAKE_REQUEUE_RC:-0}" == 0 ]] || exit "$FAKE_REQUEUE_RC"; kill -TERM "$PPID" ;;
+esac
+"""
+FAKE_SRUN = r"""#!/bin/bash
+echo "srun $*" >> "$FAKE_LOG"
+while [[ "$1" == --* ]]; do shift; done
+for node in ${FAKE_NODES_UP-node1 node2}; do SLURMD_NODENAME=$node "$@"; done
+"""
+FAKE_MPIRUN = r"""#!/bin/bash
+echo "mpirun $*" >> "$FAKE_LOG"
+while (($#)); do case "$1" in -np | --map-by | --bind-to) shift 2 ;; *) break ;; esac; done
+rank="" term=0 traps=0
+trap 'traps=$((traps + 1)); echo "mpirun: USR1" >> "$FAKE_LOG"; [[ -n "$rank" ]] && kill -USR1 "$rank"' USR1
+trap 'traps=$((traps + 1)); term=1; [[ -n "$rank" ]] && kill -TERM "$rank"' TERM
+sleep "${FAKE_LAUNCH_DELAY:-0}"
+"$@" &
+rank=$!
+while true; do
+  n=$traps
+  wait "$rank"
+  rc=$?
+  ((traps == n)) && break
+  kill -0 "$rank" 2>/dev/null && continue
+  wait "$rank" 2>/dev/null
+  again=$?
+  ((again != 127)) && rc=$again
+  break
+done
+((term)) && exit 1
+exit "$rc"
+"""
+FAKE_SHARDTRAIN = r"""#!/bin/bash
+echo "$*" >> "$FAKE_LOG.bin"
+cmd=$1
+shift
+run="" ckpt="" resume=""
+while (($#)); do
+  case "$1" in
+    --logging.run_dir) run=$2; shift ;;
+    --checkpoint.dir) ckpt=$2; shift ;;
+    --resume) resume=$2; shift ;;
+  esac
+  shift
+done
+newest() { local d; for d in "$ckpt"/step_*; do [[ -f "$d/DONE" ]] && echo "${d##*/}"; done | tail -n1; }
+case "$cmd" in
+  plan) echo "config: fake"; exit 0 ;;
+  check)
+    if [[ -n "${FAKE_CHECK_WAIT:-}" ]]; then
+      touch "$FAKE_CHECK_WAIT.started"
+      for _ in $(seq 300); do [[ -e "$FAKE_CHECK_WAIT" ]] && break; sleep 0.1; done
+    fi
+    echo "check: fake"
+    echo "  config     ok: fake"
+    n=$(newest)
+    if [[ "$resume" == auto && -n "$n" ]]; then echo "  resume     ok: $ckpt/$n: step $((10#${n#step_}))"; else echo "  resume     ok: off"; fi
+    echo "check: ok"
+    exit 0 ;;
+  train)
+    sleep "${FAKE_UP_DELAY:-0}"  # loading, no handler yet: a signal now kills it
+    stop=0
+    trap 'stop=1' USR1 TERM
+    mkdir -p "$ckpt" "$run"
+    printf 'host fake, pid %s, since %s, run directory %s' "$$" "$(date +%s.%N)" "$run" > "$ckpt/.shardtrain.lock"
+    start=0 from=""
+    n=$(newest)
+    if [[ "$resume" == auto && -n "$n" ]]; then start=$((10#${n#step_})) from="$ckpt/$n"; fi
+    step=$start
+    while ((step < ${FAKE_STEPS:-4} && ! stop)); do
+      sleep "${FAKE_STEP_TIME:-0.05}"
+      step=$((step + 1))
+      echo "{\"kind\": \"train\", \"step\": $step, \"loss\": 1.0}" >> "$run/metrics.jsonl"
+    done
+    saved=$from status=finished code=0
+    if ((stop)); then status=preempted code=75; fi
+    if ((step > start)); then saved="$ckpt/$(printf 'step_%08d' "$step")"; mkdir -p "$saved"; touch "$saved/DONE"; fi
+    {
+      echo "{"
+      echo "  \"exit_code\": $code,"
+      if [[ -n "$saved" ]]; then echo "  \"last_checkpoint\": \"$saved\","; else echo "  \"last_checkpoint\": null,"; fi
+      [[ -n "$from" ]] && echo "  \"resumed_from\": \"$from\","
+      echo "  \"status\": \"$status\","
+      echo "  \"step\": $step"
+      echo "}"
+    } > "$run/result.json"
+    exit "$code" ;;
+esac
+"""
+
+
+class Job:
+    """One run of the training script in a fresh directory (the submit directory: RUN_DIR's default is relative)."""
+
+    def __init__(self, name):
+        self.root = tempfile.mkdtemp(prefix=f"job-{name}-")
+        self.name = name
+        self.bin = os.path.join(self.root, "bin")
+        os.makedirs(self.bin)
+        for tool, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("mpirun", FAKE_MPIRUN), ("shardtrain", FAKE_SHARDTRAIN)):
+            path = os.path.join(self.bin, tool)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, stat.S_IRWXU)
+        self.log = os.path.join(self.root, "calls")
+        self.out_path = os.path.join(self.root, "job.out")
+        self.config = os.path.join(self.root, "tiny.toml")
+        open(self.config, "w").write("[model]\n")
+        self.proc = None
+
+    def path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def start(self, **env):
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RUN_DIR", "CHECKPOINT_DIR", "LAUNCHER", "GPU_BIND",
+                                                                       "VERIFY_DATA", "TRAIN_ARGS", "RESTART_ON", "MAX_RESTARTS", "ST_",
+                                                                       "STRATEGY", "SHARD_SIZE", "GPU_MEMORY"))}
+        e.update(PATH=f"{self.bin}:{os.environ['PATH']}", FAKE_LOG=self.log, SLURM_JOB_ID="42", SLURM_JOB_NAME="shardtrain",
+                 SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="node1",
+                 SLURM_RESTART_COUNT="0", SHARDTRAIN_HOME=SOURCE, SHARDTRAIN_BIN=os.path.join(self.bin, "shardtrain"),
+                 CONFIG=self.config, GPU_MEMORY="0")
+        e.update({k: v for k, v in env.items() if v is not None})
+        self.out = open(self.out_path, "w")
+        # A session of its own: a job-wide signal (scancel) is a signal to the whole process group.
+        self.proc = subprocess.Popen(["bash", SCRIPT], cwd=self.root, env=e, stdout=self.out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def text(self):
+        return open(self.out_path, errors="replace").read()
+
+    def wait_for(self, cond, what, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if cond():
+                return True
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        check(False, f"{self.name}: {what} did not happen: {self.text()[-1500:]}")
+        return False
+
+    def finish(self, timeout=30):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            rc = self.proc.wait()
+            check(False, f"{self.name}: the job did not end in {timeout} s")
+        self.out.close()
+        calls = open(self.log).read().splitlines() if os.path.exists(self.log) else []
+        bin_calls = open(self.log + ".bin").read().splitlines() if os.path.exists(self.log + ".bin") else []
+        print(f"{self.name}: exit {rc}")
+        return rc, self.text(), calls, bin_calls
+
+    def run(self, **env):
+        return self.start(**env).finish()
+
+    def restarts_log(self, run_dir="runs/shardtrain-42"):
+        p = self.path(run_dir, "restarts.log")
+        return open(p).read().splitlines() if os.path.exists(p) else []
+
+    def make_checkpoint(self, run_dir, step):
+        d = self.path(run_dir, "checkpoints", f"step_{step:08d}")
+        os.makedirs(d)
+        open(os.path.join(d, "DONE"), "w").close()
+
+    def close(self):
+        if not failures:  # after a failed check the directories stay, for a look (their names are in the messages)
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def requeued(calls):
+    return "scontrol requeue 42" in calls
+
+
+def trained(bin_calls):
+    return [c for c in bin_calls if c.startswith("train ")]
+
+
+# ---- 1. SIGUSR1 during the preflight (a long --verify-data): the check stops, the job requeues unlaunched --------
+job = Job("stop-in-check")
+job.start(FAKE_CHECK_WAIT=job.path("never"))
+if job.wait_for(lambda: os.path.exists(job.path("never.started")), "the preflight started"):
+    os.kill(job.proc.pid, signal.SIGUSR1)
+t0 = time.time()
+rc, out, calls, bins = job.finish()
+check(rc == 75 and requeued(calls) and time.time() - t0 < 5, f"signal in the preflight: exit {rc} (75 and a requeue, at once), calls {calls}: {out}")
+check("SIGUSR1 received during the checks: stopping them; the job requeues itself without starting the ranks" in out
+      and "running:" not in out and not trained(bins), f"the log says so, and no rank was started: {out}")
+check("stopped at step 0 without training a step in this start (nothing new saved); requeueing job 42 (restart 1)" in out,
+      f"a requeue that says nothing was saved: {out}")
+lines = job.restarts_log()
+check(len(lines) == 1 and lines[0].endswith("job=42 restart=0 exit=75 step=0 excluded=- trained=0"), f"restarts.log: {lines}")
+job.close()
+
+# ---- 2. SIGUSR1 while the launcher starts its rank: held, then passed on once the rank is up -------------------
+# The signal comes once mpirun runs (its first line in the calls), a second before its rank starts.
+job = Job("stop-in-launch")
+job.start(FAKE_LAUNCH_DELAY="1", FAKE_UP_DELAY="0.5", FAKE_STEPS="40")
+if job.wait_for(lambda: os.path.exists(job.log) and any(c.startswith("mpirun -np") for c in open(job.log).read().splitlines()), "the launch"):
+    os.kill(job.proc.pid, signal.SIGUSR1)
+rc, out, calls, bins = job.finish()
+result = json.load(open(job.path("runs/shardtrain-42/result.json"))) if os.path.exists(job.path("runs/shardtrain-42/result.json")) else {}
+check(rc == 75 and requeued(calls) and result.get("status") == "preempted",
+      f"a signal during the launch reaches the rank once it is up: exit {rc}, result {result}, calls {calls}: {out}")
+check("SIGUSR1 received while the ranks start: it goes to them as soon as they are up" in out
+      and "the ranks are up: asking them to save a checkpoint and stop (SIGUSR1)" in out, f"the log says it waited: {out}")
+check(calls.count("mpirun: USR1") == 1, f"mpirun got the stop once, after its rank was up: {calls}")
+job.close()
+
+# ---- 3. a job-wide SIGTERM under mpirun (scancel, a preemption): mpirun exits 1, the rank saved: 75 --------------
+for state, reason in (("RUNNING", "None"), ("COMPLETING", "None")):
+    job = Job(f"sigterm-{state}")
+    job.start(FAKE_STEPS="200", FAKE_STATE=state, FAKE_REASON=reason)
+    if job.wait_for(lambda: os.path.exists(job.path("runs/shardtrain-42/metrics.jsonl"))
+                    and len(open(job.path("runs/shardtrain-42/metrics.jsonl")).readlines()) >= 3, "three steps"):
+        os.killpg(job.proc.pid, signal.SIGTERM)  # Slurm signals every process of the job
+    rc, out, calls, bins = job.finish()
+    saved = [d for d in os.listdir(job.path("runs/shardtrain-42/checkpoints")) if d.startswith("step_")] if os.path.isdir(job.path("runs/shardtrain-42/checkpoints")) else []
+    check("the launcher exited with 1, but the ranks stopped on the signal and saved (result.json: preempted, step " in out
+          and "counted as 75" in out and saved, f"{state}: mpirun's 1 is read as the preemption it is: {out}")
+    if state == "RUNNING":
+        check(rc == 75 and requeued(calls) and "checkpoint saved at step" in out and "requeueing job 42 (restart 1)" in out,
+              f"a SIGTERM to a running job requeues it: exit {rc}, calls {calls}: {out}")
+    else:
+        check(rc == 75 and not requeued(calls) and "job 42 is being cancelled (JobState=COMPLETING, Reason=None), "
+              "so it is not requeued: the run stopped at step" in out and "to continue it, resubmit with RUN_DIR=runs/shardtrain-42" in out,
+              f"a cancelled job is not requeued, and the log says what continues the run: exit {rc}, calls {calls}: {out}")
+    job.close()
+
+# ---- 4. two starts in a row that train nothing: the second ends the job ----------------------------------------
+for previous, want_requeue in (("trained=0", False), ("trained=5", True)):
+    job = Job(f"no-progress-{previous}")
+    os.makedirs(job.path("runs/shardtrain-42"))
+    job.make_checkpoint("runs/shardtrain-42", 5)
+    open(job.path("runs/shardtrain-42/restarts.log"), "w").write(
+        f"2026-11-28T03:00:00Z job=41 restart=0 exit=75 step=0 excluded=- trained=0\n"
+        f"2026-11-28T03:10:00Z job=42 restart=0 exit=75 step=5 excluded=- {previous}\n")
+    job.start(SLURM_RESTART_COUNT="1", FAKE_CHECK_WAIT=job.path("never"))
+    if job.wait_for(lambda: os.path.exists(job.path("never.started")), "the preflight started"):
+        os.kill(job.proc.pid, signal.SIGUSR1)
+    rc, out, calls, bins = job.finish()
+    if want_requeue:
+        check(rc == 75 and requeued(calls) and len(job.restarts_log()) == 3,
+              f"one start without a step after one with steps is requeued: exit {rc}, {calls}: {out}")
+    else:
+        check(rc == 75 and not requeued(calls) and "error: not requeueing job 42 again: this start and the one before it were stopped "
+              "before they trained a step (at step 5;" in out and "resubmit with RUN_DIR=runs/shardtrain-42 to continue from step 5" in out
+              and len(job.restarts_log()) == 2, f"a second start without a step ends the job: exit {rc}, {calls}: {out}")
+    job.close()
+
+# ---- 5. a --time the --signal=B:USR1@300 warning does not fit in: refused before the checks -------------------
+for limit, ok in (("00:05:00", False), ("4", False), ("00:05:01", True)):
+    job = Job("time-" + limit.replace(":", ""))
+    rc, out, calls, bins = job.run(FAKE_TIMELIMIT=limit)
+    if ok:
+        check(rc == 0 and "training finished" in out, f"TimeLimit={limit} is accepted: exit {rc}: {out}")
+    else:
+        check(rc == 3 and f"error: --time={limit} (" in out and "is not longer than the warning --signal=B:USR1@300 gives before it (300 s;"
+              in out and not bins, f"TimeLimit={limit} is refused at start, before any check: exit {rc}, {bins}: {out}")
+    job.close()
+
+# ---- 6. a first start in a run directory holding checkpoints -------------------------------------------------
+# The default directory (runs/<name>-<id>: a reset Slurm reuses ids) or one submit.sh made: refused, exit 5.
+for name, env in (("default", {}), ("generated", dict(RUN_DIR="runs/sweep-20261128-033034", ST_RUN_DIR_GENERATED="runs/sweep-20261128-033034"))):
+    job = Job(f"owner-{name}")
+    run_dir = env.get("RUN_DIR", "runs/shardtrain-42")
+    job.make_checkpoint(run_dir, 16)
+    rc, out, calls, bins = job.run(**env)
+    check(rc == 5 and f"error: RUN_DIR={run_dir} holds the checkpoints of an earlier run ({run_dir}/checkpoints/step_00000016, 1 complete)" in out
+          and f"To continue that run, resubmit with RUN_DIR={run_dir};" in out and not [b for b in bins if not b.startswith("plan")]
+          and os.path.exists(job.path(run_dir, "checkpoints", "step_00000016", "DONE")),
+          f"{name}: another run's checkpoints are refused, untouched: exit {rc}, {bins}: {out}")
+    job.close()
+# A RUN_DIR the user named: a deliberate resubmission; it continues, and says from where.
+job = Job("owner-named")
+job.make_checkpoint("runs/sweep-a", 2)
+rc, out, calls, bins = job.run(RUN_DIR="runs/sweep-a")
+check(rc == 0 and "RUN_DIR=runs/sweep-a was named for this job and holds checkpoints: its first start continues that run, from "
+      "runs/sweep-a/checkpoints/step_00000002: step 2" in out and all("--resume auto" in b for b in bins if not b.startswith("plan")),
+      f"a named RUN_DIR continues: exit {rc}, {bins}: {out}")
+job.close()
+# A requeue continues its own; a fresh first start runs without --resume (the trainer's own refusal holds).
+job = Job("owner-requeue")
+job.make_checkpoint("runs/shardtrain-42", 2)
+rc, out, calls, bins = job.run(SLURM_RESTART_COUNT="1")
+check(rc == 0 and trained(bins) and "--resume auto" in trained(bins)[0] and "was named" not in out, f"a requeue resumes: exit {rc}, {bins}: {out}")
+job.close()
+job = Job("owner-fresh")
+rc, out, calls, bins = job.run()
+check(rc == 0 and trained(bins) and all("--resume" not in b for b in bins), f"a fresh first start: no --resume: exit {rc}, {bins}")
+job.close()
+
+# ---- 7. typos in the job's settings end it before its checks ---------------------------------------------------
+for env, message in ((dict(LAUNCHER="mpiexec"), "LAUNCHER=mpiexec: expected srun or mpirun"),
+                     (dict(GPU_BIND="gpu"), "GPU_BIND=gpu: expected node"),
+                     (dict(VERIFY_DATA="yes"), "VERIFY_DATA=yes: expected auto, 1 or 0"),
+                     (dict(MAX_RESTARTS="08"), "MAX_RESTARTS=08: expected a whole number, without leading zeros")):
+    job = Job("settings")
+    rc, out, calls, bins = job.run(**env)
+    check(rc == 3 and message in out and not bins, f"{env}: exit {rc}, calls to shardtrain {bins}: {out}")
+    job.close()
+
+# ---- 8. the preflight's usage errors, with the real check: its own words, not an empty line ---------------------
+if args.shardtrain:
+    for extra, env, message in (([], dict(GPU_MEMORY="80G"), "usage error: --gpu-memory: '80G' is not a memory size; expected"),
+                                (["--schedule.max_step", "5"], {}, "The following arguments were not expected: 5 --schedule.max_step")):
+        e = dict(os.environ, SLURM_JOB_ID="42", **env)
+        p = subprocess.run(["bash", "-c", 'source "$0"; set -uo pipefail; ST_STOP=""; st_check_run "$@"', LIB, os.path.abspath(args.shardtrain),
+                            "check", "--config", os.path.join(SOURCE, "configs", "tiny-cpu.toml"), *extra],
+                           env=e, capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and f"[shardtrain job 42] error: the preflight (shardtrain check) stopped the job: {message}" in p.stderr,
+              f"{extra} {env}: exit {p.returncode}: {p.stderr}")
+else:
+    print("note: no --shardtrain: the preflight's messages (case 8) are not checked")
+
+# ---- 9. the directory probe on 2 nodes: a quote and $(...) in the path are characters ---------------------------
+job = Job("probe")
+d = job.path("bob's run $(touch pwned)")
+for nodes_up, want in (("node1 node2", 0), ("node1", 8)):
+    e = dict(os.environ, PATH=f"{job.bin}:{os.environ['PATH']}", FAKE_LOG=job.log, SLURM_JOB_ID="42", SLURM_JOB_NUM_NODES="2",
+             SLURM_JOB_NODELIST="node1,node2", FAKE_NODES_UP=nodes_up, PROBED=d)
+    p = subprocess.run(["bash", "-c", 'source "$0"; set -uo pipefail; st_check_dir PROBED; echo probed', LIB], cwd=job.root, env=e,
+                       capture_output=True, text=True, timeout=30)
+    if want == 0:
+        check(p.returncode == 0 and p.stdout.strip() == "probed" and os.path.isdir(d) and os.listdir(d) == [],
+              f"a path with a quote is probed on both nodes: exit {p.returncode}: {p.stderr}")
+    else:
+        check(p.returncode == 8 and "node(s) node2 cannot write there" in p.stderr and "node1" not in p.stderr.split("node(s)")[1],
+              f"a node that cannot write is named: exit {p.returncode}: {p.stderr}")
+check(not os.path.exists(job.path("pwned")), "the path was not run as a command")
+job.close()
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all job-script checks passed")
