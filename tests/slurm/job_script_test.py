@@ -363,7 +363,7 @@ for env, message in ((dict(LAUNCHER="mpiexec"), "LAUNCHER=mpiexec: expected srun
 # ---- 8. the preflight's usage errors, with the real check: its own words, not an empty line ---------------------
 if args.shardtrain:
     for extra, env, message in (([], dict(GPU_MEMORY="80G"), "usage error: --gpu-memory: '80G' is not a memory size; expected"),
-                                (["--schedule.max_step", "5"], {}, "The following arguments were not expected: 5 --schedule.max_step")):
+                                (["--schedule.max_step", "5"], {}, "usage error: --schedule.max_step: unknown key 'schedule.max_step' (the keys of [schedule] are: ")):
         e = dict(os.environ, SLURM_JOB_ID="42", **env)
         p = subprocess.run(["bash", "-c", 'source "$0"; set -uo pipefail; ST_STOP=""; st_check_run "$@"', LIB, os.path.abspath(args.shardtrain),
                             "check", "--config", os.path.join(SOURCE, "configs", "tiny-cpu.toml"), *extra],
