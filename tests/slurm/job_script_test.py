@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -43,23 +42,9 @@ SCRIPT = os.path.join(SOURCE, "jobs", "slurm", "train-single-node.sbatch")
 parser = argparse.ArgumentParser()
 parser.add_argument("--shardtrain", help="the real binary, for the preflight's messages (case 8)")
 args, _ = parser.parse_known_args()
-failures = []
+sys.path.insert(0, HERE)
+from fake_slurm import SCONTROL as FAKE_SCONTROL, check, failures, write_tools  # noqa: E402
 
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-FAKE_SCONTROL = r"""#!/bin/bash
-echo "scontrol $*" >> "$FAKE_LOG"
-case "$1 $2" in
-  "show job") echo "JobId=$SLURM_JOB_ID JobName=shardtrain JobState=${FAKE_STATE:-RUNNING} Reason=${FAKE_REASON:-None} TimeLimit=${FAKE_TIMELIMIT:-UNLIMITED} Partition=debug ExcNodeList=(null) NodeList=node1" ;;
-  "show hostnames") tr ',' '\n' <<<"$3" ;;
-  requeue*) [[ "${FAKE_REQUEUE_RC:-0}" == 0 ]] || exit "$FAKE_REQUEUE_RC"; kill -TERM "$PPID" ;;
-esac
-"""
 FAKE_SRUN = r"""#!/bin/bash
 echo "srun $*" >> "$FAKE_LOG"
 while [[ "$1" == --* ]]; do shift; done
@@ -155,11 +140,8 @@ class Job:
         self.name = name
         self.bin = os.path.join(self.root, "bin")
         os.makedirs(self.bin)
-        for tool, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("mpirun", FAKE_MPIRUN), ("shardtrain", FAKE_SHARDTRAIN)):
-            path = os.path.join(self.bin, tool)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, stat.S_IRWXU)
+        write_tools(self.bin, (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("mpirun", FAKE_MPIRUN),
+                               ("shardtrain", FAKE_SHARDTRAIN)))
         self.log = os.path.join(self.root, "calls")
         self.out_path = os.path.join(self.root, "job.out")
         self.config = os.path.join(self.root, "tiny.toml")

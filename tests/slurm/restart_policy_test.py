@@ -13,31 +13,14 @@ real Slurm, job_script_test.py the signals around them."""
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fake_slurm import SCONTROL as FAKE_SCONTROL, check, failures, write_tools  # noqa: E402
 LIB = os.path.join(HERE, "..", "..", "jobs", "slurm", "lib.sh")
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-FAKE_SCONTROL = r"""#!/bin/bash
-echo "scontrol $*" >> "$FAKE_LOG"
-case "$1 $2" in
-  "show job") echo "JobId=$SLURM_JOB_ID JobName=t JobState=${FAKE_STATE:-RUNNING} Reason=${FAKE_REASON:-None} Partition=debug ExcNodeList=${FAKE_EXC:-(null)} NodeList=node1" ;;
-  "show hostnames") tr ',' '\n' <<<"$3" ;;
-  requeue*) [[ "${FAKE_REQUEUE_RC:-0}" == 0 ]] || exit "$FAKE_REQUEUE_RC"; kill -TERM "$PPID" ;;
-  update*) exit "${FAKE_UPDATE_RC:-0}" ;;
-esac
-"""
 FAKE_SINFO = r"""#!/bin/bash
 echo "sinfo $*" >> "$FAKE_LOG"
 echo "${FAKE_NODES:-4}"
@@ -56,10 +39,7 @@ def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, result=
         bin_dir, run_dir = os.path.join(root, "bin"), os.path.join(root, "run")
         os.makedirs(bin_dir)
         os.makedirs(run_dir)
-        for tool, text in (("scontrol", FAKE_SCONTROL), ("sinfo", FAKE_SINFO)):
-            path = os.path.join(bin_dir, tool)
-            open(path, "w").write(text)
-            os.chmod(path, stat.S_IRWXU)
+        write_tools(bin_dir, (("scontrol", FAKE_SCONTROL), ("sinfo", FAKE_SINFO)))
         if records:
             os.makedirs(os.path.join(run_dir, "failures"))
             for i, r in enumerate(records):
