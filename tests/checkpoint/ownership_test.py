@@ -187,7 +187,11 @@ check(res.get("status") == "preempted" and res.get("exit_code") == 75 and res.ge
 # 3b. The same at the earliest moment a rank catches the signal: the handlers are installed before MPI_Init (MPI's
 # and NCCL's start take minutes on a large job), so the signal lands in MPI's or the runtime's start-up here.
 def catches_usr1(pid):
+    """Whether the rank `pid` runs shardtrain (not mpirun's fork before its exec, which has mpirun's handlers) and
+    has its SIGUSR1 handler installed."""
     try:
+        if os.path.realpath(os.readlink(f"/proc/{pid}/exe")) != os.path.realpath(st):
+            return False
         with open(f"/proc/{pid}/status") as f:
             return any(l.startswith("SigCgt:") and int(l.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)) for l in f)
     except OSError:
