@@ -463,16 +463,16 @@ Command add_plan_command(CLI::App& parent) {
       ->capture_default_str();
   c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")
       ->capture_default_str()
-      ->check(positive_up_to(1e6));
+      ->check(positive_up_to(1e6, 1e-3));
   c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")
       ->capture_default_str()
-      ->check(positive_up_to(1));
+      ->check(positive_up_to(1, 1e-3));
   c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")
       ->capture_default_str()
-      ->check(positive_up_to(1e6));
+      ->check(positive_up_to(1e6, 1e-3));
   c.app->add_option("--inter-gbps", o->inter_gbps, "GB/s per GPU between nodes (network)")
       ->capture_default_str()
-      ->check(positive_up_to(1e6));
+      ->check(positive_up_to(1e6, 1e-3));
   c.launch = Launch::Offline;
   c.app->footer("With --config, an option left out takes the config's value rather than its default shown here.");
   c.run = [o, app = c.app](Runtime*) { return run_plan(*o, *app); };

@@ -55,7 +55,7 @@ CLI::Validator output_file_check();
 
 // A rate or fraction for an option: a finite number in (0, hi]. CLI::Range lets NaN through (every comparison with
 // it is false) and names a 300-digit bound for an open end.
-CLI::Validator positive_up_to(double hi);
+CLI::Validator positive_up_to(double hi, double lo = 0);  // lo > 0: from lo (inclusive)
 
 // A count's bounds for an option: CLI::PositiveNumber's message names a 300-digit upper bound ("Value 0 not in
 // range 0.000000 to 1797693..."); this one reads "Value 0 not in range 1 to 1073741824".

@@ -29,9 +29,9 @@ int world_size_of(int64_t nodes, int64_t ranks_per_node) {
   return static_cast<int>(nodes * ranks_per_node);
 }
 
-CLI::Validator positive_up_to(double hi) {
+CLI::Validator positive_up_to(double hi, double lo) {
   return CLI::Validator(
-      [hi](std::string& text) -> std::string {
+      [hi, lo](std::string& text) -> std::string {
         double v = 0;
         try {
           size_t used = 0;
@@ -40,10 +40,12 @@ CLI::Validator positive_up_to(double hi) {
         } catch (const std::exception&) {
           return text + ": expected a number";
         }
+        if (lo > 0 && (!std::isfinite(v) || v < lo || v > hi))
+          return fmt::format("{}: expected a number from {} to {}", text, lo, hi);
         if (!std::isfinite(v) || v <= 0 || v > hi) return fmt::format("{}: expected a number above 0, at most {}", text, hi);
         return {};
       },
-      fmt::format("(0, {}]", hi));
+      lo > 0 ? fmt::format("[{}, {}]", lo, hi) : fmt::format("(0, {}]", hi));
 }
 
 CLI::Validator output_file_check() {

@@ -68,12 +68,14 @@ expect("check 2^20 x 2", ["check", "-c", tiny, "--nodes", str(2**20), "--gpus-pe
 expect("predict --nodes 0", ["predict", "-c", tiny, "--nodes", "0"], 2, "--nodes: Value 0 not in range 1 to 1073741824")
 
 # Rates and fractions.
-for option, value, needle in (("--gpu-tflops", "0", "0: expected a number above 0, at most 1000000"),
-                              ("--gpu-tflops", "-1", "-1: expected a number above 0"),
-                              ("--mfu", "nan", "nan: expected a number above 0, at most 1"),
-                              ("--mfu", "5", "5: expected a number above 0, at most 1"),
-                              ("--inter-gbps", "-1", "-1: expected a number above 0"),
-                              ("--intra-gbps", "inf", "inf: expected a number above 0"),
+# From a thousandth: --mfu 1e-300 printed a step time of 300 digits.
+for option, value, needle in (("--gpu-tflops", "0", "0: expected a number from 0.001 to 1000000"),
+                              ("--gpu-tflops", "-1", "-1: expected a number from 0.001"),
+                              ("--mfu", "nan", "nan: expected a number from 0.001 to 1"),
+                              ("--mfu", "5", "5: expected a number from 0.001 to 1"),
+                              ("--mfu", "1e-300", "1e-300: expected a number from 0.001 to 1"),
+                              ("--inter-gbps", "-1", "-1: expected a number from 0.001"),
+                              ("--intra-gbps", "inf", "inf: expected a number from 0.001"),
                               ("--mfu", "0.5x", "0.5x: expected a number")):
     expect(f"plan {option} {value}", ["plan", "--nodes", "2", "--gpus-per-node", "2", option, value], 2,
            f"{option}: {needle}")
