@@ -16,20 +16,25 @@ LIB = os.path.join(SOURCE, "jobs", "slurm", "lib.sh")
 failures = []
 
 
-def shape(script_text, *opts):
+def shape_fields(script_text, fields, *opts):
+    """The ST_SHAPE_* variables `fields` that st_sbatch_shape sets for a job script of `script_text` and the sbatch
+    options `opts`, or ("exit", code, stderr) when it fails."""
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
         f.write(script_text)
     try:
         # set -euo pipefail as submit.sh runs it: the function must not trip it.
-        p = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; st_sbatch_shape "$@"; '
-                            'printf "%s|%s|%s\\n" "$ST_SHAPE_NODES" "$ST_SHAPE_PER_NODE" "$ST_SHAPE_WHY"', LIB, f.name, *opts],
-                           capture_output=True, text=True)
+        printed = "|".join(f"${{ST_SHAPE_{name}}}" for name in fields)
+        p = subprocess.run(["bash", "-c", f'set -euo pipefail; source "$0"; st_sbatch_shape "$@"; printf "%s\\n" "{printed}"',
+                            LIB, f.name, *opts], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
     if p.returncode != 0:
         return ("exit", p.returncode, p.stderr)
-    nodes, per_node, why = p.stdout.rstrip("\n").split("|", 2)
-    return (nodes, per_node, why)
+    return tuple(p.stdout.rstrip("\n").split("|", len(fields) - 1))
+
+
+def shape(script_text, *opts):
+    return shape_fields(script_text, ("NODES", "PER_NODE", "WHY"), *opts)
 
 
 def expect(name, got, nodes, per_node, why_part=""):
@@ -68,15 +73,7 @@ expect("the repository's single-node script", shape(open(os.path.join(SOURCE, "j
 
 # --chdir, --time and --signal, as given (the script's lines, then the options).
 def options(script_text, *opts):
-    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
-        f.write(script_text)
-    try:
-        p = subprocess.run(["bash", "-c", 'set -euo pipefail; source "$0"; st_sbatch_shape "$@"; '
-                            'printf "%s|%s|%s\\n" "$ST_SHAPE_CHDIR" "$ST_SHAPE_TIME" "$ST_SHAPE_SIGNAL"', LIB, f.name, *opts],
-                           capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    return tuple(p.stdout.rstrip("\n").split("|")) if p.returncode == 0 else ("exit", p.returncode, p.stderr)
+    return shape_fields(script_text, ("CHDIR", "TIME", "SIGNAL"), *opts)
 
 
 SCRIPT = open(os.path.join(SOURCE, "jobs/slurm/train-single-node.sbatch")).read()
