@@ -210,11 +210,12 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
 
   // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
   // the model; the loader checks that a mixture's sources share one tokenizer. With the run's length, before the
-  // run directory: a run refused for them leaves none.
-  sources_ = options_.sources.empty() ? open_data_sources(config_) : std::move(options_.sources);
+  // run directory: a run refused for them leaves none. Sources handed over (`train`) come with their length checked.
+  const bool handed_over = !options_.sources.empty();
+  sources_ = handed_over ? std::move(options_.sources) : open_data_sources(config_);
   options_.sources.clear();
   check_ranks_agree_on_data(runtime.world(), sources_);
-  check_run_length(config_, sources_);
+  if (!handed_over) check_run_length(config_, sources_);
   make_run_dir();
 
   const bool on_gpu = runtime.device().is_cuda();

@@ -86,8 +86,8 @@ struct TrainerOptions {
   // When set, the backend's ops pass through it before the replica is built, and the step runs on what it returns
   // (`bench step --ops-profile`: ops::make_timed_ops). Unset: the backend's ops, untouched.
   std::function<std::unique_ptr<ops::Ops>(std::unique_ptr<ops::Ops>)> wrap_ops;
-  // The datasets, opened already (train opens them to check the run before it claims the checkpoint directory);
-  // empty: the trainer opens data.path or data.mixture itself.
+  // The datasets, opened already, and the run's length checked on them (check_run_length: train does both before it
+  // claims the checkpoint directory); empty: the trainer opens data.path or data.mixture itself and checks.
   std::vector<data::MixtureComponent> sources;
   // Whether the run directory existed before this start made anything in it: train looks before the checkpoint
   // directory's claim creates it; unset, the trainer looks itself. Into a directory that existed nothing is written
