@@ -35,7 +35,8 @@ State& state() {
 std::atomic<int64_t> g_step{-1};
 
 bool out_of_memory(const std::string& message) {
-  for (const char* m : {"out of GPU memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory"})
+  for (const char* m : {"out of GPU memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory",
+                        "out of host memory", "host allocation of"})
     if (message.find(m) != std::string::npos) return true;
   return false;
 }

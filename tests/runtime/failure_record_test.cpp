@@ -98,8 +98,13 @@ TEST_F(FailureRecord, OnlyCommunicationTimeoutsAndDeviceFaultsAreRestartable) {
   EXPECT_TRUE(
       failure_record::restartable(ExitCode::Device, "uncorrectable ECC error encountered (cudaErrorECCUncorrectable)"));
   for (const char* m :
-       {"out of memory (cudaErrorMemoryAllocation)", "resource allocation failed (CUBLAS_STATUS_ALLOC_FAILED)"})
+       {"out of memory (cudaErrorMemoryAllocation)", "resource allocation failed (CUBLAS_STATUS_ALLOC_FAILED)",
+        "out of host memory in step 3 (std::bad_alloc): a micro-batch of 8 x 2048 tokens needs more than this rank has",
+        "out of host memory while allocating the model and its FSDP buffers (std::bad_alloc)",
+        "host allocation of 1073741824 bytes failed"}) {
     EXPECT_FALSE(failure_record::restartable(ExitCode::Device, m)) << m;
+    EXPECT_TRUE(failure_record::suspects(ExitCode::Device, m, {}).empty()) << m;  // no node to blame either
+  }
   // A hung save may go through on a restart; a full disk does not empty itself.
   EXPECT_TRUE(failure_record::restartable(
       ExitCode::Io,
