@@ -54,8 +54,14 @@ std::string ProgressView::line(const StepMetrics& m, int64_t total_steps, double
                                                      : " (skipped: non-finite)");
 }
 
+double ProgressView::eta_seconds(const StepMetrics& m, int64_t steps_run, int64_t total_steps) {
+  if (steps_run <= 0 || m.step >= total_steps) return 0;
+  return m.elapsed_s / static_cast<double>(steps_run) * static_cast<double>(total_steps - m.step);
+}
+
 void ProgressView::step(const StepMetrics& m) {
   if (style_ == ProgressStyle::Off) return;
+  ++steps_run_;
   if (bar_) {
     bar_->set_field("loss", fmt::format("{:.4f}", m.loss));
     bar_->set_field("lr", fmt::format("{:.2e}", m.lr));
@@ -63,12 +69,11 @@ void ProgressView::step(const StepMetrics& m) {
     bar_->set_field("tok/s", fmt::format("{:.0f}", m.tokens_per_s));
     bar_->set_field("mfu", fmt::format("{:.1f}%", 100 * m.mfu));
     bar_->set_field("mem", mib(m.peak_mem_bytes));
-    bar_->set(static_cast<uint64_t>(m.step));
+    bar_->set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run_));
     return;
   }
   if (m.step % log_every_ == 0 || m.step == 1 || m.step == total_ || m.skipped) {
-    const double per_step = m.elapsed_s / static_cast<double>(m.step);
-    log::info("{}", line(m, total_, per_step * static_cast<double>(total_ - m.step)));
+    log::info("{}", line(m, total_, eta_seconds(m, steps_run_, total_)));
   }
 }
 

@@ -1,5 +1,6 @@
 // runtime/hdf5 helpers (round trips, Fletcher32, attributes, clear errors) and the progress bar's lines.
 #include <cstdio>
+#include <thread>
 
 #include "data_test_util.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
@@ -66,6 +67,32 @@ TEST(Progress, PlainLinesWhenNotATerminal) {
   EXPECT_EQ(text.find('\r'), std::string::npos);
   EXPECT_EQ(format_duration(3725), "1h02m");
   EXPECT_EQ(format_duration(187), "3m07s");
+}
+
+// A bar that starts part-way (a resumed training run at step 600 of 1000): its rate and ETA count the steps made
+// since it started, not the 600 before, which once gave "eta 0s" to a run with a minute left.
+TEST(Progress, TheRateCountsOnlyWhatWasMadeSinceTheBarStarted) {
+  std::FILE* out = std::tmpfile();
+  {
+    ProgressBar bar({.label = "train",
+                     .total = 1000,
+                     .unit = "step",
+                     .style = ProgressStyle::Lines,
+                     .line_interval = std::chrono::milliseconds(0),
+                     .stream = out});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    bar.set(602, 2);  // 2 steps in at least 0.2 s: at most 10 steps/s, 398 left: at least 39.8 s
+  }
+  std::rewind(out);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), out));
+  std::fclose(out);
+  const size_t at = text.find(" step/s eta ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const size_t begin = text.rfind(' ', at - 1) + 1;
+  EXPECT_LE(std::stod(text.substr(begin, at - begin)), 10.0) << text;
+  const std::string eta = text.substr(at + 12, text.find_first_of(" \n", at + 12) - at - 12);
+  EXPECT_TRUE(eta.find('m') != std::string::npos || std::stoi(eta) >= 39) << text;
 }
 
 }  // namespace

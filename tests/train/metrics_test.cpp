@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardtrain/train/metrics.hpp"
+#include "shardtrain/train/progress_view.hpp"
 
 using namespace shardtrain;
 namespace fs = std::filesystem;
@@ -52,4 +53,19 @@ TEST(MetricsWriter, ALineTheFileSystemRefusesIsDroppedWholeAndCounted) {
   EXPECT_EQ(lines[1]["dropped"], 2);
   EXPECT_EQ(lines[2]["step"], 4);
   fs::remove(path);
+}
+
+// The time left in the progress lines: after a resume at step 600 of 1000 and 2 steps in 0.2 s, 398 steps at 0.1 s,
+// not 398 steps at 0.2 s / 602 (the run's step number: "eta 0s" for a run with a minute to go).
+TEST(ProgressView, TheTimeLeftCountsTheStepsOfThisStartNotTheStepNumber) {
+  train::StepMetrics m;
+  m.step = 602;
+  m.elapsed_s = 0.2;
+  EXPECT_NEAR(train::ProgressView::eta_seconds(m, 2, 1000), 39.8, 1e-9);
+  m.step = 1000;
+  EXPECT_EQ(train::ProgressView::eta_seconds(m, 400, 1000), 0.0);
+  // After a rollback the step number goes back while the steps run go on: the mean per step is still this start's.
+  m.step = 7;
+  m.elapsed_s = 1.1;
+  EXPECT_NEAR(train::ProgressView::eta_seconds(m, 11, 10), 0.3, 1e-9);
 }

@@ -35,6 +35,9 @@ class ProgressBar {
 
   void advance(uint64_t n);
   void set(uint64_t done);
+  // `done` of `total`, of which `counted` were made since the bar started: the rate and ETA count only those (a
+  // resumed run's bar starts at its checkpoint's step, and a rollback takes `done` back).
+  void set(uint64_t done, uint64_t counted);
   void set_field(const std::string& name, const std::string& value);  // shown as "name=value"
   void finish();                                                      // draws the final state and ends the line
 
@@ -50,6 +53,8 @@ class ProgressBar {
   ProgressStyle style_;
   mutable std::mutex mutex_;
   uint64_t done_ = 0;
+  uint64_t counted_ = 0;
+  bool has_counted_ = false;  // set(done, counted) was called: the rate is counted_'s, not done_'s
   std::vector<std::pair<std::string, std::string>> fields_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_;
