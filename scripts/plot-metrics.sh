@@ -20,20 +20,29 @@ trap 'rm -rf "$tmp"' EXIT
 python3 - "$metrics" "$tmp" <<'PY'
 import json, sys
 src, out = sys.argv[1], sys.argv[2]
-train, evals, last = [], [], 0
-with open(src) as f:
-    for line in f:
+train, evals, last, bad = [], [], 0, []
+with open(src, errors="replace") as f:
+    for number, line in enumerate(f, 1):
         line = line.strip()
         if not line:
             continue
-        j = json.loads(line)
-        if j.get("kind") not in ("train", "eval"):
+        # A line that is not JSON (a line a crash cut off, joined to the next start's first line by an older
+        # shardtrain, or an edit by hand) is left out and named, not the end of the plots.
+        try:
+            j = json.loads(line)
+        except ValueError:
+            bad.append(number)
+            continue
+        if not isinstance(j, dict) or j.get("kind") not in ("train", "eval"):
             continue
         if j["kind"] == "train" and j["step"] <= last:
             train = [t for t in train if t["step"] < j["step"]]
             evals = [e for e in evals if e["step"] < j["step"]]
         last = j["step"] if j["kind"] == "train" else last
         (train if j["kind"] == "train" else evals).append(j)
+if bad:
+    print(f"plot-metrics: {src}: left out {len(bad)} line(s) that are not JSON: line(s) {', '.join(map(str, bad[:10]))}"
+          f"{' ...' if len(bad) > 10 else ''}", file=sys.stderr)
 with open(out + "/train.dat", "w") as t:
     for j in train:
         if j.get("loss") is not None:
