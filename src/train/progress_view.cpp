@@ -72,7 +72,8 @@ void ProgressView::step(const StepMetrics& m) {
     bar_->set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run_));
     return;
   }
-  if (m.step % log_every_ == 0 || m.step == 1 || m.step == total_ || m.skipped) {
+  // The first step of every start too: a resumed run says at once that it runs, and how fast.
+  if (m.step % log_every_ == 0 || steps_run_ == 1 || m.step == total_ || m.skipped) {
     log::info("{}", line(m, total_, eta_seconds(m, steps_run_, total_)));
   }
 }

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""What `shardtrain train` reports, held to what happened, through the binary on 2 ranks:
+- result.json that cannot be written (the run directory's file system refuses it) does not turn a finished run
+  into an I/O error (exit 0), nor a preempted one into the end of its job (exit 75): one error line names it;
+- result.json's max_steps is the run's length however it was set (schedule.max_tokens here), not the key's 0;
+- after a resume, the progress line's time left counts the steps of this start (it said "eta 0s" for a run with
+  seconds to go: elapsed time over the step number), and the start's first step has its line;
+- a skipped step is said once for the job (rank 0), not once per rank;
+- an earlier start's metrics line cut off part-way (a crash inside its write) is removed at the next start, so
+  every line of metrics.jsonl parses as strict JSON (no NaN), the resumed steps' lines included;
+- scripts/plot-metrics.sh leaves out, and names, a line that is not JSON instead of failing."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = args.shardtrain
+tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
+
+BASE = ["--model.vocab_size", "512", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+        "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+        "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2", "--schedule.eval_every", "0",
+        "--logging.progress", "lines"]
+
+
+def train(name, *extra, fault=None, popen=False):
+    env = dict(os.environ)
+    env.pop("SHARDTRAIN_FAULT", None)
+    if fault:
+        env["SHARDTRAIN_FAULT"] = fault
+    cmd = [args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml", "--data.path", ds,
+           "--logging.run_dir", os.path.join(work, name), *BASE, *extra]
+    if popen:
+        return subprocess.Popen(cmd, cwd=args.source, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.run(cmd, cwd=args.source, env=env, capture_output=True, text=True, errors="replace", timeout=600)
+
+
+def strict_json(text, what):
+    """Python's json, refusing NaN and Infinity as a strict parser (jq, JavaScript's JSON.parse) does."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except ValueError as e:
+        check(False, f"{what}: not strict JSON ({e}): {text[:200]!r}")
+        return None
+
+
+def metrics_lines(run_dir):
+    out = []
+    with open(os.path.join(run_dir, "metrics.jsonl"), errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            out.append(strict_json(line, f"{run_dir}/metrics.jsonl line {n}"))
+    return out
+
+
+def seconds(duration):
+    """format_duration's text back to seconds: 12s, 3m07s, 1h02m."""
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", duration)
+    if not m:
+        return None
+    h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return 3600 * h + 60 * mi + s
+
+
+def wait_for_lines(run_dir, n, p):
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= n:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# 1. result.json refused by the file system: a directory of that name, made once the run is under way (rename(2)
+# onto it fails with EISDIR, as a full disk fails the write). The run finished: exit 0, one error naming the file.
+for name, stop in (("refused", False), ("refused-preempted", True)):
+    run_dir = os.path.join(work, name)
+    p = train(name, "--schedule.max_steps", "12", "--checkpoint.every_n_steps", "0", fault="slow_step:150", popen=True)
+    started = wait_for_lines(run_dir, 1, p)
+    check(started, f"{name}: no metrics line appeared")
+    os.makedirs(os.path.join(run_dir, "result.json", "held"))
+    if stop:
+        os.kill(p.pid, signal.SIGUSR1)
+    out = p.communicate(timeout=300)[0].decode(errors="replace")
+    want = 75 if stop else 0
+    check(p.returncode == want, f"{name}: exit code {p.returncode}, expected {want} (the training's own outcome): {out[-1500:]}")
+    errors = [l for l in out.splitlines() if "result.json" in l and " E]" in l]
+    check(len(errors) == 1 and ("stopped for a requeue" if stop else "finished") in errors[0],
+          f"{name}: one error line naming result.json and how the run ended: {errors}")
+    check(not os.path.exists(os.path.join(run_dir, "failures", "rank_0.json")), f"{name}: no failure record for a run that did not fail")
+print("result.json refused: exit 0 for a finished run, 75 for a preempted one, one error line each")
+
+# 2. result.json of a run whose length is set in tokens: max_steps is its steps (2048 tokens / 512 per step = 4).
+r = train("tokens", "--schedule.max_steps", "0", "--schedule.max_tokens", "2048", "--checkpoint.every_n_steps", "0")
+check(r.returncode == 0, f"max_tokens run: {r.stderr[-1500:]}")
+result = strict_json(open(os.path.join(work, "tokens", "result.json")).read(), "tokens/result.json") or {}
+check(result.get("step") == 4 and result.get("max_steps") == 4, f"result.json of a 4-step max_tokens run: {result}")
+
+# 3. A run stopped at step 4 with its last metrics line cut off part-way, resumed to step 40 at about 0.1 s a step,
+# with step 6 non-finite on both ranks.
+r = train("resumed", "--schedule.max_steps", "4", "--checkpoint.every_n_steps", "4")
+check(r.returncode == 0, f"first start: {r.stderr[-1500:]}")
+metrics = os.path.join(work, "resumed", "metrics.jsonl")
+before = open(metrics).read()
+with open(metrics, "a") as f:
+    f.write('{"kind":"train","step":5,"epoch":0,"tokens":25')  # a line the crash cut off
+r = train("resumed", "--schedule.max_steps", "40", "--checkpoint.every_n_steps", "0", "--resume", "auto",
+          "--logging.log_every", "10", fault="slow_step:100;nan_grad:6")
+check(r.returncode == 0, f"resumed start: {r.stderr[-1500:]}")
+lines = metrics_lines(os.path.join(work, "resumed"))
+check(open(metrics).read().startswith(before), "the first start's whole lines stay as they were")
+steps = [l["step"] for l in lines if l and l.get("kind") == "train"]
+check(steps == list(range(1, 41)), f"train lines of steps 1..40, the resumed step 5's included: {steps}")
+skipped = [l for l in lines if l and l.get("kind") == "train" and l.get("step") == 6]
+check(len(skipped) == 1 and skipped[0]["skipped"] and skipped[0]["grad_norm"] is None,
+      f"step 6 skipped, its non-finite norm written as null: {skipped}")
+check(any("cut off part-way" in l and "metrics.jsonl" in l for l in r.stderr.splitlines()), "the removed fragment is named in the log")
+said = [l for l in r.stderr.splitlines() if "step 6 skipped" in l]
+check(len(said) == 1 and said[0].startswith("[r0"), f"the skipped step is said once, by rank 0: {said}")
+# Step 6 of 40 after 2 steps of this start: 34 steps left at >= 0.1 s each (slow_step), so at least 3 s.
+eta = re.search(r"step 6/40 .* eta (\S+)", r.stderr)
+left = seconds(eta.group(1)) if eta else None
+check(left is not None and left >= 3, f"time left at step 6 of 40 after a resume at step 4: {eta.group(0) if eta else r.stderr[-800:]}")
+# Lines every 10 steps: the first step of this start (5) is shown too, and every skipped one.
+shown = [int(x) for x in re.findall(r"\] step (\d+)/40 ", r.stderr)]
+check(shown == [5, 6, 10, 20, 30, 40], f"progress lines of the resumed start: steps {shown}")
+print(f"resumed: 40 train lines, all strict JSON; one skip line; time left at step 6: {eta.group(1) if eta else None}")
+
+# 4. plot-metrics.sh on a file with a line that is not JSON (as older versions left after a crash).
+if shutil.which("gnuplot"):
+    plots = os.path.join(work, "plots")
+    os.makedirs(plots)
+    with open(os.path.join(plots, "metrics.jsonl"), "w") as f:
+        f.write(before + '{"kind":"train","step":5,"epo{"kind":"train","step":5}\n')
+    plot = subprocess.run([os.path.join(args.source, "scripts/plot-metrics.sh"), plots], capture_output=True, text=True)
+    check(plot.returncode == 0 and os.path.getsize(os.path.join(plots, "loss.png")) > 1000,
+          f"plot-metrics.sh with a line that is not JSON: {plot.stderr}")
+    bad = len(before.splitlines()) + 1
+    check(f"left out 1 line(s) that are not JSON: line(s) {bad}" in plot.stderr, f"plot-metrics.sh names line {bad}: {plot.stderr}")
+else:
+    print("gnuplot missing: plot-metrics.sh not checked (scripts/setup.sh installs gnuplot-nox)")
+
+check.finish("all report checks passed")
