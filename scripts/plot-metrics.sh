@@ -63,24 +63,27 @@ with open(out + "/eval.dat", "w") as e:
 PY
 [[ -s "$tmp/train.dat" ]] || { echo "plot-metrics: no training steps in $metrics" >&2; exit 1; }
 
+# gnuplot's single-quoted strings: a quote inside is written twice (a run directory "it's-run" broke the script).
+gq() { local text=$1; printf '%s' "${text//\'/\'\'}"; }
+out="$(gq "$run")"
 eval_plot=""
 if [[ -s "$tmp/eval.dat" ]]; then
   eval_plot=", '$tmp/eval.dat' using 1:2 with linespoints lw 2 pt 7 title 'validation loss'"
 fi
 for dat in "$tmp"/source-*.dat; do
   [[ -s "$dat" ]] || continue
-  eval_plot+=", '$dat' using 1:2 with linespoints lw 1 pt 6 title 'validation: $(cat "${dat%.dat}.name")'"
+  eval_plot+=", '$dat' using 1:2 with linespoints lw 1 pt 6 title 'validation: $(gq "$(cat "${dat%.dat}.name")")'"
 done
 gnuplot <<GP
 set terminal pngcairo size 1000,600 noenhanced
 set grid
 set xlabel 'step'
-set output '$run/loss.png'
-set title 'loss: $run'
+set output '$out/loss.png'
+set title 'loss: $out'
 set ylabel 'cross-entropy (nats/token)'
 plot '$tmp/train.dat' using 1:2 with lines lw 2 title 'training loss'$eval_plot
-set output '$run/throughput.png'
-set title 'throughput: $run'
+set output '$out/throughput.png'
+set title 'throughput: $out'
 set ylabel 'tokens/s'
 set y2label 'MFU (%)'
 set ytics nomirror

@@ -8,7 +8,8 @@
 - a skipped step is said once for the job (rank 0), not once per rank;
 - an earlier start's metrics line cut off part-way (a crash inside its write) is removed at the next start, so
   every line of metrics.jsonl parses as strict JSON (no NaN), the resumed steps' lines included;
-- scripts/plot-metrics.sh leaves out, and names, a line that is not JSON instead of failing."""
+- scripts/plot-metrics.sh leaves out, and names, a line that is not JSON instead of failing, and draws in a run
+  directory whose name holds a quote."""
 import json
 import os
 import re
@@ -138,9 +139,10 @@ shown = [int(x) for x in re.findall(r"\] step (\d+)/40 ", r.stderr)]
 check(shown == [5, 6, 10, 20, 30, 40], f"progress lines of the resumed start: steps {shown}")
 print(f"resumed: 40 train lines, all strict JSON; one skip line; time left at step 6: {eta.group(1) if eta else None}")
 
-# 4. plot-metrics.sh on a file with a line that is not JSON (as older versions left after a crash).
+# 4. plot-metrics.sh on a file with a line that is not JSON (as older versions left after a crash), in a run
+# directory whose name holds a quote (gnuplot's strings are single-quoted: it once failed there).
 if shutil.which("gnuplot"):
-    plots = os.path.join(work, "plots")
+    plots = os.path.join(work, "it's plots")
     os.makedirs(plots)
     with open(os.path.join(plots, "metrics.jsonl"), "w") as f:
         f.write(before + '{"kind":"train","step":5,"epo{"kind":"train","step":5}\n')
