@@ -44,11 +44,11 @@ void ProgressBar::set(uint64_t done) {
   draw_locked(false);
 }
 
-void ProgressBar::set(uint64_t done, uint64_t counted) {
+void ProgressBar::set(uint64_t done, uint64_t counted, double seconds) {
   std::lock_guard lock(mutex_);
   done_ = done;
   counted_ = counted;
-  has_counted_ = true;
+  counted_seconds_ = seconds > 0 ? seconds : 1e-9;
   draw_locked(false);
 }
 
@@ -83,7 +83,7 @@ std::string ProgressBar::render_locked(bool final_draw) const {
   const double elapsed = std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   const double scale = options_.unit_scale;
   const double shown = static_cast<double>(done_) * scale;
-  const double rate = (has_counted_ ? static_cast<double>(counted_) * scale : shown) / elapsed;
+  const double rate = counted_seconds_ > 0 ? static_cast<double>(counted_) * scale / counted_seconds_ : shown / elapsed;
   std::string s = options_.label.empty() ? std::string() : options_.label + " ";
   if (options_.total > 0) {
     const double frac = std::min(1.0, static_cast<double>(done_) / static_cast<double>(options_.total));

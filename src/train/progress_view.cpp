@@ -69,7 +69,7 @@ void ProgressView::step(const StepMetrics& m) {
     bar_->set_field("tok/s", fmt::format("{:.0f}", m.tokens_per_s));
     bar_->set_field("mfu", fmt::format("{:.1f}%", 100 * m.mfu));
     bar_->set_field("mem", mib(m.peak_mem_bytes));
-    bar_->set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run_));
+    bar_->set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run_), m.elapsed_s);
     return;
   }
   // The first step of every start too: a resumed run says at once that it runs, and how fast.
