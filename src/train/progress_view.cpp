@@ -8,24 +8,42 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 #include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::train {
 namespace {
 std::string mib(int64_t bytes) { return fmt::format("{:.0f}MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// Whether a terminal shows this process's stdout. Open MPI's mpirun gives its ranks' stdout a pty of its own
+// whatever its own stdout is, so `mpirun ... > train.log` made a terminal's bar of the log: redrawn in place with
+// escape codes ten times a second, and no plain line to grep. Under mpirun, the launcher (the parent: mpirun on its
+// node, orted elsewhere, whose output is no terminal either) decides; when that cannot be read, the pty does.
+bool stdout_reaches_a_terminal() {
+  if (!isatty(fileno(stdout))) return false;
+  if (std::getenv("OMPI_COMM_WORLD_RANK") == nullptr) return true;
+  char target[512];
+  const std::string fd = fmt::format("/proc/{}/fd/1", ::getppid());
+  const ssize_t n = ::readlink(fd.c_str(), target, sizeof(target) - 1);
+  if (n <= 0) return true;
+  const std::string_view t(target, static_cast<size_t>(n));
+  return t.starts_with("/dev/pts/") || t.starts_with("/dev/tty") || t == "/dev/console";
+}
 }  // namespace
 
 ProgressView::ProgressView(const LoggingSection& logging, int64_t total_steps, bool active)
     : total_(total_steps), log_every_(logging.log_every) {
   if (!active) return;
   style_ = logging.progress;
-  // mpirun passes the ranks' stderr through a pipe but stdout through a pty: a terminal on either gets the bar.
+  // mpirun passes the ranks' stderr through a pipe but stdout through a pty: a terminal on either gets the bar
+  // (on stdout, only when mpirun's own stdout is one).
   std::FILE* stream = stderr;
   if (style_ == ProgressStyle::Auto) {
     if (isatty(fileno(stderr))) {
       style_ = ProgressStyle::Bar;
-    } else if (isatty(fileno(stdout))) {
+    } else if (stdout_reaches_a_terminal()) {
       style_ = ProgressStyle::Bar;
       stream = stdout;
     } else {

@@ -3,6 +3,7 @@
 - result.json that cannot be written (the run directory's file system refuses it) does not turn a finished run
   into an I/O error (exit 0), nor a preempted one into the end of its job (exit 75): one error line names it;
 - result.json's max_steps is the run's length however it was set (schedule.max_tokens here), not the key's 0;
+- output sent to a file or a pipe gets plain progress lines, not the terminal's bar (mpirun's pty);
 - after a resume, the progress line's time left counts the steps of this start (it said "eta 0s" for a run with
   seconds to go: elapsed time over the step number), and the start's first step has its line;
 - a skipped step is said once for the job (rank 0), not once per rank;
@@ -31,7 +32,7 @@ tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work,
 BASE = ["--model.vocab_size", "512", "--model.hidden_size", "64", "--model.intermediate_size", "128",
         "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
         "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2", "--schedule.eval_every", "0",
-        "--logging.progress", "lines"]
+]
 
 
 def train(name, *extra, fault=None, popen=False):
@@ -104,8 +105,12 @@ for name, stop in (("refused", False), ("refused-preempted", True)):
 print("result.json refused: exit 0 for a finished run, 75 for a preempted one, one error line each")
 
 # 2. result.json of a run whose length is set in tokens: max_steps is its steps (2048 tokens / 512 per step = 4).
+# Its output goes to pipes (as `mpirun ... > train.log` sends it to a file) with logging.progress "auto": plain
+# lines, not the bar (mpirun gives the ranks' stdout a pty of its own, and the bar was drawn into the log).
 r = train("tokens", "--schedule.max_steps", "0", "--schedule.max_tokens", "2048", "--checkpoint.every_n_steps", "0")
 check(r.returncode == 0, f"max_tokens run: {r.stderr[-1500:]}")
+check("\r" not in r.stdout + r.stderr and "\033[" not in r.stdout + r.stderr and "] step 1/4 loss" in r.stderr,
+      f"plain progress lines when the output is no terminal: stdout {r.stdout[-300:]!r}")
 result = strict_json(open(os.path.join(work, "tokens", "result.json")).read(), "tokens/result.json") or {}
 check(result.get("step") == 4 and result.get("max_steps") == 4, f"result.json of a 4-step max_tokens run: {result}")
 
@@ -118,7 +123,7 @@ before = open(metrics).read()
 with open(metrics, "a") as f:
     f.write('{"kind":"train","step":5,"epoch":0,"tokens":25')  # a line the crash cut off
 r = train("resumed", "--schedule.max_steps", "40", "--checkpoint.every_n_steps", "0", "--resume", "auto",
-          "--logging.log_every", "10", fault="slow_step:100;nan_grad:6")
+          "--logging.log_every", "10", "--logging.progress", "lines", fault="slow_step:100;nan_grad:6")
 check(r.returncode == 0, f"resumed start: {r.stderr[-1500:]}")
 lines = metrics_lines(os.path.join(work, "resumed"))
 check(open(metrics).read().startswith(before), "the first start's whole lines stay as they were")
