@@ -3,7 +3,8 @@
 - result.json that cannot be written (the run directory's file system refuses it) does not turn a finished run
   into an I/O error (exit 0), nor a preempted one into the end of its job (exit 75): one error line names it;
 - result.json's max_steps is the run's length however it was set (schedule.max_tokens here), not the key's 0;
-- output sent to a file or a pipe gets plain progress lines, not the terminal's bar (mpirun's pty);
+- output sent to a file or a pipe gets plain progress lines, not the terminal's bar (mpirun's pty), and the closing
+  line's time is not "0s" for a short run, its tokens/s said to be the steps' own;
 - after a resume, the progress line's time left counts the steps of this start (it said "eta 0s" for a run with
   seconds to go: elapsed time over the step number), and the start's first step has its line;
 - a skipped step is said once for the job (rank 0), not once per rank;
@@ -111,6 +112,12 @@ r = train("tokens", "--schedule.max_steps", "0", "--schedule.max_tokens", "2048"
 check(r.returncode == 0, f"max_tokens run: {r.stderr[-1500:]}")
 check("\r" not in r.stdout + r.stderr and "\033[" not in r.stdout + r.stderr and "] step 1/4 loss" in r.stderr,
       f"plain progress lines when the output is no terminal: stdout {r.stdout[-300:]!r}")
+# The closing line: the loop's time to the hundredth (it said "in 0s"), and tokens/s over the steps' own time,
+# said as such: 2048 tokens over the sum of metrics.jsonl's step_time_s.
+done = re.search(r"train: done: 4 steps, 2048 tokens in (\d+\.\d\d)s, (\d+) tokens/s in the steps", r.stderr)
+step_s = sum(l["step_time_s"] for l in metrics_lines(os.path.join(work, "tokens")) if l and l.get("kind") == "train")
+check(done and float(done.group(1)) > 0 and abs(int(done.group(2)) - 2048 / step_s) <= 1 + 0.001 * 2048 / step_s,
+      f"closing line against the steps' times ({2048 / step_s:.0f} tokens/s): {done.group(0) if done else r.stderr[-600:]}")
 result = strict_json(open(os.path.join(work, "tokens", "result.json")).read(), "tokens/result.json") or {}
 check(result.get("step") == 4 and result.get("max_steps") == 4, f"result.json of a 4-step max_tokens run: {result}")
 
