@@ -9,14 +9,18 @@
   seconds to go: elapsed time over the step number), and the start's first step has its line;
 - a skipped step is said once for the job (rank 0), not once per rank;
 - an earlier start's metrics line cut off part-way (a crash inside its write) is removed at the next start, so
-  every line of metrics.jsonl parses as strict JSON (no NaN), the resumed steps' lines included;
+  every line of metrics.jsonl parses as strict JSON (no NaN), the resumed steps' lines included, and the two
+  starts' TensorBoard event files, read with a reader written here from the public TFRecord and protobuf formats,
+  hold the same values;
 - scripts/plot-metrics.sh leaves out, and names, a line that is not JSON instead of failing, and draws in a run
   directory whose name holds a quote."""
+import glob
 import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -64,6 +68,106 @@ def metrics_lines(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl"), errors="replace") as f:
         for n, line in enumerate(f, 1):
             out.append(strict_json(line, f"{run_dir}/metrics.jsonl line {n}"))
+    return out
+
+
+CRC_TABLE = []
+for n in range(256):
+    c = n
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    CRC_TABLE.append(c)
+
+
+def masked_crc32c(data):
+    """TFRecord's checksum: CRC-32C (reflected 0x82F63B78, initial and final xor 0xFFFFFFFF), rotated and offset."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+assert masked_crc32c(b"") == 0xA282EAD8  # CRC-32C of nothing is 0
+
+
+def protobuf_fields(data):
+    """(field number, value) of a protobuf message: varints as ints, fixed64 and fixed32 as bytes, the rest as bytes."""
+    at = 0
+
+    def varint():
+        nonlocal at
+        v = shift = 0
+        while True:
+            b = data[at]
+            at += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+    while at < len(data):
+        key = varint()
+        wire = key & 7
+        if wire == 0:
+            yield key >> 3, varint()
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            yield key >> 3, data[at:at + n]
+            at += n
+        elif wire == 2:
+            n = varint()
+            yield key >> 3, data[at:at + n]
+            at += n
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def read_event_file(path):
+    """[(step, {tag: float})] of the summaries, after checking every frame (TFRecord: uint64 length, masked CRC of it,
+    the Event, masked CRC of it) and that the first Event is the file version (tensorflow's event.proto: 1 wall_time,
+    2 step, 3 file_version, 5 summary; summary.proto: 1 value, and in it 1 tag, 2 simple_value)."""
+    data = open(path, "rb").read()
+    out, at, first = [], 0, True
+    while at < len(data):
+        ok = at + 12 <= len(data)
+        n = struct.unpack_from("<Q", data, at)[0] if ok else 0
+        ok = ok and struct.unpack_from("<I", data, at + 8)[0] == masked_crc32c(data[at:at + 8]) and at + 16 + n <= len(data)
+        body = data[at + 12:at + 12 + n]
+        ok = ok and struct.unpack_from("<I", data, at + 12 + n)[0] == masked_crc32c(body)
+        check(ok, f"{path}: a bad frame at byte {at}")
+        if not ok:
+            break
+        fields = dict(protobuf_fields(body)) if first else None
+        if first:
+            check(fields.get(3) == b"brain.Event:2", f"{path}: the first event names the file version: {fields}")
+        else:
+            step, scalars = 0, {}
+            for f, v in protobuf_fields(body):
+                if f == 2:
+                    step = v
+                elif f == 5:
+                    for vf, value in protobuf_fields(v):
+                        if vf == 1:
+                            parts = dict(protobuf_fields(value))
+                            scalars[parts[1].decode()] = struct.unpack("<f", parts[2])[0]
+            out.append((step, scalars))
+        first = False
+        at += 16 + n
+    return out
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def expected_scalars(line):
+    out = {}
+    for key, v in line.items():
+        if key == "step":
+            continue
+        for name, w in (v.items() if isinstance(v, dict) else [(None, v)]):
+            if isinstance(w, (int, float)) and not isinstance(w, bool):
+                out[f"{line['kind']}/{key}" + (f"/{name}" if name else "")] = f32(w)
     return out
 
 
@@ -146,6 +250,18 @@ check(len(said) == 1 and said[0].startswith("[r0"), f"the skipped step is said o
 eta = re.search(r"step 6/40 .* eta (\S+)", r.stderr)
 left = seconds(eta.group(1)) if eta else None
 check(left is not None and left >= 3, f"time left at step 6 of 40 after a resume at step 4: {eta.group(0) if eta else r.stderr[-800:]}")
+# The two starts' event files, read with the reader above (no protobuf package), hold metrics.jsonl's train and eval
+# lines in its order, each scalar its line's number as a float: step 6's null norm has no point.
+events = []
+for path in sorted(glob.glob(os.path.join(work, "resumed", "events.out.tfevents.*"))):
+    events += read_event_file(path)
+want = [(l["step"], expected_scalars(l)) for l in lines if l and l.get("kind") in ("train", "eval")]
+check(len(glob.glob(os.path.join(work, "resumed", "events.out.tfevents.*"))) == 2, "one event file per start")
+check(events == want, f"event files against metrics.jsonl: {len(events)} events for {len(want)} lines; first difference "
+      f"{next(((e, w) for e, w in zip(events, want) if e != w), None)}")
+check(not any("train/grad_norm" in sc for st_, sc in events if st_ == 6) and any(st_ == 6 for st_, _ in events),
+      "step 6 has an event, without a grad_norm point")
+
 # Lines every 10 steps: the first step of this start (5) is shown too, and every skipped one.
 shown = [int(x) for x in re.findall(r"\] step (\d+)/40 ", r.stderr)]
 check(shown == [5, 6, 10, 20, 30, 40], f"progress lines of the resumed start: steps {shown}")
