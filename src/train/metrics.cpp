@@ -158,7 +158,7 @@ void MetricsWriter::write(const std::string& line) {
 
 void MetricsWriter::append(const std::string& line) {
   std::string text = pending_newline_ ? "\n" : "";
-  if (dropped_ > 0) text = fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
+  if (dropped_ > 0) text += fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
   text += line;
   text += '\n';
   const int err = append_whole(fd_, text);

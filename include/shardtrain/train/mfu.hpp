@@ -34,7 +34,7 @@ class MfuMeter {
 
  private:
   // Raises `peak` when `achieved_per_rank` outran it: to the CPU ceiling when that is known and higher, else
-  // to the rate itself; logs the first time with `what` (on rank 0: the ranks raise alike).
+  // to the rate itself; logs the first time with `what`, on rank 0 only (its figures are the ones reported).
   double raise(double& peak, double achieved_per_rank, const char* what, bool& warned);
 
   double peak_ = 0, measured_ = 0, ceiling_ = 0;
