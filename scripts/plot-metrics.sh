@@ -20,20 +20,29 @@ trap 'rm -rf "$tmp"' EXIT
 python3 - "$metrics" "$tmp" <<'PY'
 import json, sys
 src, out = sys.argv[1], sys.argv[2]
-train, evals, last = [], [], 0
-with open(src) as f:
-    for line in f:
+train, evals, last, bad = [], [], 0, []
+with open(src, errors="replace") as f:
+    for number, line in enumerate(f, 1):
         line = line.strip()
         if not line:
             continue
-        j = json.loads(line)
-        if j.get("kind") not in ("train", "eval"):
+        # A line that is not JSON (a line a crash cut off, joined to the next start's first line by an older
+        # shardtrain, or an edit by hand) is left out and named, not the end of the plots.
+        try:
+            j = json.loads(line)
+        except ValueError:
+            bad.append(number)
+            continue
+        if not isinstance(j, dict) or j.get("kind") not in ("train", "eval"):
             continue
         if j["kind"] == "train" and j["step"] <= last:
             train = [t for t in train if t["step"] < j["step"]]
             evals = [e for e in evals if e["step"] < j["step"]]
         last = j["step"] if j["kind"] == "train" else last
         (train if j["kind"] == "train" else evals).append(j)
+if bad:
+    print(f"plot-metrics: {src}: left out {len(bad)} line(s) that are not JSON: line(s) {', '.join(map(str, bad[:10]))}"
+          f"{' ...' if len(bad) > 10 else ''}", file=sys.stderr)
 with open(out + "/train.dat", "w") as t:
     for j in train:
         if j.get("loss") is not None:
@@ -54,24 +63,27 @@ with open(out + "/eval.dat", "w") as e:
 PY
 [[ -s "$tmp/train.dat" ]] || { echo "plot-metrics: no training steps in $metrics" >&2; exit 1; }
 
+# gnuplot's single-quoted strings: a quote inside is written twice (a run directory "it's-run" broke the script).
+gq() { local text=$1; printf '%s' "${text//\'/\'\'}"; }
+out="$(gq "$run")"
 eval_plot=""
 if [[ -s "$tmp/eval.dat" ]]; then
   eval_plot=", '$tmp/eval.dat' using 1:2 with linespoints lw 2 pt 7 title 'validation loss'"
 fi
 for dat in "$tmp"/source-*.dat; do
   [[ -s "$dat" ]] || continue
-  eval_plot+=", '$dat' using 1:2 with linespoints lw 1 pt 6 title 'validation: $(cat "${dat%.dat}.name")'"
+  eval_plot+=", '$dat' using 1:2 with linespoints lw 1 pt 6 title 'validation: $(gq "$(cat "${dat%.dat}.name")")'"
 done
 gnuplot <<GP
 set terminal pngcairo size 1000,600 noenhanced
 set grid
 set xlabel 'step'
-set output '$run/loss.png'
-set title 'loss: $run'
+set output '$out/loss.png'
+set title 'loss: $out'
 set ylabel 'cross-entropy (nats/token)'
 plot '$tmp/train.dat' using 1:2 with lines lw 2 title 'training loss'$eval_plot
-set output '$run/throughput.png'
-set title 'throughput: $run'
+set output '$out/throughput.png'
+set title 'throughput: $out'
 set ylabel 'tokens/s'
 set y2label 'MFU (%)'
 set ytics nomirror

@@ -44,6 +44,14 @@ void ProgressBar::set(uint64_t done) {
   draw_locked(false);
 }
 
+void ProgressBar::set(uint64_t done, uint64_t counted, double seconds) {
+  std::lock_guard lock(mutex_);
+  done_ = done;
+  counted_ = counted;
+  counted_seconds_ = seconds > 0 ? seconds : 1e-9;
+  draw_locked(false);
+}
+
 void ProgressBar::set_field(const std::string& name, const std::string& value) {
   std::lock_guard lock(mutex_);
   for (auto& [k, v] : fields_) {
@@ -75,7 +83,7 @@ std::string ProgressBar::render_locked(bool final_draw) const {
   const double elapsed = std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   const double scale = options_.unit_scale;
   const double shown = static_cast<double>(done_) * scale;
-  const double rate = shown / elapsed;
+  const double rate = counted_seconds_ > 0 ? static_cast<double>(counted_) * scale / counted_seconds_ : shown / elapsed;
   std::string s = options_.label.empty() ? std::string() : options_.label + " ";
   if (options_.total > 0) {
     const double frac = std::min(1.0, static_cast<double>(done_) / static_cast<double>(options_.total));
@@ -88,7 +96,7 @@ std::string ProgressBar::render_locked(bool final_draw) const {
                      options_.unit);
     if (!final_draw && rate > 0)
       s += fmt::format(" {:.4g} {}/s eta {}", rate, options_.unit,
-                       format_duration((static_cast<double>(options_.total) * scale - shown) / rate));
+                       format_duration(std::max(0.0, static_cast<double>(options_.total) * scale - shown) / rate));
     else s += fmt::format(" {:.4g} {}/s in {}", rate, options_.unit, format_duration(elapsed));
   } else {
     s += fmt::format("{:.4g} {} {:.4g} {}/s {}", shown, options_.unit, rate, options_.unit, format_duration(elapsed));

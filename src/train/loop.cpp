@@ -211,11 +211,13 @@ bool Trainer::decide_skip(const StepResult& r, int64_t step_number) {
     ++state_.skipped_steps;
     const bool rollback = config_.optim.on_divergence == DivergencePolicy::Rollback;
     const std::string then = rollback ? "rolls back" : "stops";
-    if (nonfinite) {
+    // Every rank decides alike (the decision is all-reduced): rank 0 says it once for the job, not once per rank.
+    const bool say = runtime_->topology().world_rank == 0;
+    if (say && nonfinite) {
       log::warn("train: step {} skipped: non-finite {} (loss {}, grad norm {}); {} in a row, the run {} at {}", step_number,
                 std::isfinite(norm) ? "loss" : "gradient norm", loss, norm, state_.consecutive_nonfinite, then,
                 config_.optim.max_consecutive_nonfinite);
-    } else {
+    } else if (say) {
       log::warn(
           "train: step {} skipped: loss {:.4f} is {:.2f}x the mean {:.4f} of the last {} updated steps (optim.loss_spike_factor = {}); "
           "{} in a row, the run {} at {}",
@@ -338,8 +340,9 @@ void Trainer::roll_back(const std::string& why) {
   state_.last_rollback_to = r.to_step;
   state_.skipped_steps = at.skipped_steps;  // a count over the run's life, as rollbacks are
   state_.consecutive_nonfinite = 0;
-  log::warn("train: {}: rolled back to step {} ({}), skipping {} samples of data past it (rollback {} of at most {})", why,
-            r.to_step, r.checkpoint, r.skipped_samples, r.rollbacks, config_.optim.max_rollbacks);
+  if (runtime_->topology().world_rank == 0)  // every rank rolled back alike
+    log::warn("train: {}: rolled back to step {} ({}), skipping {} samples of data past it (rollback {} of at most {})", why,
+              r.to_step, r.checkpoint, r.skipped_samples, r.rollbacks, config_.optim.max_rollbacks);
   if (metrics_) metrics_->write(to_json_line(r));
 }
 

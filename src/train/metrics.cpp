@@ -96,9 +96,47 @@ std::string to_json_line(const EvalMetrics& m) {
   return j.dump();
 }
 
+namespace {
+// The length of `fd`'s text up to and including its last newline: where its whole lines end. A file that does not
+// end in a newline holds a line cut off part-way: a process killed inside its write, or a node lost before the file
+// system had the whole line (such a tail may be zeros). Searched backwards in blocks; -1 when it cannot be read.
+off_t end_of_whole_lines(int fd) {
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size <= 0) return size;
+  char block[4096];
+  for (off_t end = size; end > 0;) {
+    const off_t begin = end > static_cast<off_t>(sizeof(block)) ? end - static_cast<off_t>(sizeof(block)) : 0;
+    const ssize_t n = ::pread(fd, block, static_cast<size_t>(end - begin), begin);
+    if (n != end - begin) return -1;
+    for (ssize_t i = n - 1; i >= 0; --i)
+      if (block[i] == '\n') return begin + i + 1;
+    end = begin;
+  }
+  return 0;
+}
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& path, const std::string& tensorboard_dir) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  // Read too, for its last line (below); a file this user may only write is appended to unread.
+  fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
+  // An earlier start's last line cut off part-way would swallow this start's first line (the two joined are not
+  // JSON): the fragment goes, so that every line of the file stays valid JSON.
+  const off_t size = ::lseek(fd_, 0, SEEK_END), whole = end_of_whole_lines(fd_);
+  if (whole >= 0 && whole < size) {
+    if (::ftruncate(fd_, whole) == 0)
+      log::warn(
+          "train: {}: its last line was cut off part-way ({} bytes without an end of line, from a process or node "
+          "that died while writing it): removed, so that every line stays valid JSON",
+          path_, size - whole);
+    else
+      log::warn(
+          "train: {}: its last line was cut off part-way and cannot be removed ({}); the next line starts on a line "
+          "of its own",
+          path_, std::strerror(errno));
+    pending_newline_ = ::lseek(fd_, 0, SEEK_END) > whole;
+  }
   try {
     if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
   } catch (...) {
@@ -119,12 +157,13 @@ void MetricsWriter::write(const std::string& line) {
 }
 
 void MetricsWriter::append(const std::string& line) {
-  std::string text;
-  if (dropped_ > 0) text = fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
+  std::string text = pending_newline_ ? "\n" : "";
+  if (dropped_ > 0) text += fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
   text += line;
   text += '\n';
   const int err = append_whole(fd_, text);
   if (err == 0) {
+    pending_newline_ = false;
     if (dropped_ > 0) log::warn("train: {}: writing metrics again, {} line(s) were lost", path_, dropped_);
     dropped_ = 0;
     return;

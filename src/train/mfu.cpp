@@ -56,14 +56,15 @@ double MfuMeter::raise(double& peak, double achieved_per_rank, const char* what,
   if (achieved_per_rank <= peak) return peak;
   const double before = peak;
   peak = ceiling_ > achieved_per_rank ? ceiling_ : achieved_per_rank;
-  if (!warned) {
+  // Only rank 0's figures are reported (metrics.jsonl, the progress, bench): it alone says its peak was raised.
+  if (!warned && log::config().rank == 0) {
     log::warn(
         "MFU: a step ran at {} per rank, above the {} peak of {}; that peak is now {}{} (a peak measured "
         "while the machine was busy comes out low)",
         flops_text(achieved_per_rank), what, flops_text(before), flops_text(peak),
         peak == ceiling_ ? fmt::format(", the CPU's ceiling: {}", ceiling_how_) : std::string(", the step's own rate"));
-    warned = true;
   }
+  warned = true;
   return peak;
 }
 
@@ -71,7 +72,8 @@ double MfuMeter::mfu(double achieved, int ranks) {
   if (peak_ <= 0 || ranks <= 0 || !(achieved > 0)) return 0.0;
   const double per_rank = achieved / ranks;
   if (per_rank > peak_) {
-    if (!warned_peak_) label_ += " (raised: a step outran it)";
+    if (!raised_label_) label_ += " (raised: a step outran it)";
+    raised_label_ = true;
     raise(peak_, per_rank, peak_kind_name(kind_), warned_peak_);
   }
   return std::min(1.0, per_rank / peak_);
@@ -80,7 +82,8 @@ double MfuMeter::mfu(double achieved, int ranks) {
 double MfuMeter::mfu_of_measured(double achieved, int ranks) {
   if (measured_ <= 0 || ranks <= 0 || !(achieved > 0)) return 0.0;
   const double per_rank = achieved / ranks;
-  raise(measured_, per_rank, "measured", warned_measured_);
+  // With the measured peak as MFU's own (the CPU, an unknown GPU) both figures are one: one warning when raised.
+  raise(measured_, per_rank, "measured", kind_ == PeakKind::Measured ? warned_peak_ : warned_measured_);
   return std::min(1.0, per_rank / measured_);
 }
 

@@ -8,24 +8,42 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 #include "shardtrain/runtime/log.hpp"
 
 namespace shardtrain::train {
 namespace {
 std::string mib(int64_t bytes) { return fmt::format("{:.0f}MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// Whether a terminal shows this process's stdout. Open MPI's mpirun gives its ranks' stdout a pty of its own
+// whatever its own stdout is, so `mpirun ... > train.log` made a terminal's bar of the log: redrawn in place with
+// escape codes ten times a second, and no plain line to grep. Under mpirun, the launcher (the parent: mpirun on its
+// node, orted elsewhere, whose output is no terminal either) decides; when that cannot be read, the pty does.
+bool stdout_reaches_a_terminal() {
+  if (!isatty(fileno(stdout))) return false;
+  if (std::getenv("OMPI_COMM_WORLD_RANK") == nullptr) return true;
+  char target[512];
+  const std::string fd = fmt::format("/proc/{}/fd/1", ::getppid());
+  const ssize_t n = ::readlink(fd.c_str(), target, sizeof(target) - 1);
+  if (n <= 0) return true;
+  const std::string_view t(target, static_cast<size_t>(n));
+  return t.starts_with("/dev/pts/") || t.starts_with("/dev/tty") || t == "/dev/console";
+}
 }  // namespace
 
 ProgressView::ProgressView(const LoggingSection& logging, int64_t total_steps, bool active)
     : total_(total_steps), log_every_(logging.log_every) {
   if (!active) return;
   style_ = logging.progress;
-  // mpirun passes the ranks' stderr through a pipe but stdout through a pty: a terminal on either gets the bar.
+  // mpirun passes the ranks' stderr through a pipe but stdout through a pty: a terminal on either gets the bar
+  // (on stdout, only when mpirun's own stdout is one).
   std::FILE* stream = stderr;
   if (style_ == ProgressStyle::Auto) {
     if (isatty(fileno(stderr))) {
       style_ = ProgressStyle::Bar;
-    } else if (isatty(fileno(stdout))) {
+    } else if (stdout_reaches_a_terminal()) {
       style_ = ProgressStyle::Bar;
       stream = stdout;
     } else {
@@ -54,8 +72,14 @@ std::string ProgressView::line(const StepMetrics& m, int64_t total_steps, double
                                                      : " (skipped: non-finite)");
 }
 
+double ProgressView::eta_seconds(const StepMetrics& m, int64_t steps_run, int64_t total_steps) {
+  if (steps_run <= 0 || m.step >= total_steps) return 0;
+  return m.elapsed_s / static_cast<double>(steps_run) * static_cast<double>(total_steps - m.step);
+}
+
 void ProgressView::step(const StepMetrics& m) {
   if (style_ == ProgressStyle::Off) return;
+  ++steps_run_;
   if (bar_) {
     bar_->set_field("loss", fmt::format("{:.4f}", m.loss));
     bar_->set_field("lr", fmt::format("{:.2e}", m.lr));
@@ -63,12 +87,12 @@ void ProgressView::step(const StepMetrics& m) {
     bar_->set_field("tok/s", fmt::format("{:.0f}", m.tokens_per_s));
     bar_->set_field("mfu", fmt::format("{:.1f}%", 100 * m.mfu));
     bar_->set_field("mem", mib(m.peak_mem_bytes));
-    bar_->set(static_cast<uint64_t>(m.step));
+    bar_->set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run_), m.elapsed_s);
     return;
   }
-  if (m.step % log_every_ == 0 || m.step == 1 || m.step == total_ || m.skipped) {
-    const double per_step = m.elapsed_s / static_cast<double>(m.step);
-    log::info("{}", line(m, total_, per_step * static_cast<double>(total_ - m.step)));
+  // The first step of every start too: a resumed run says at once that it runs, and how fast.
+  if (m.step % log_every_ == 0 || steps_run_ == 1 || m.step == total_ || m.skipped) {
+    log::info("{}", line(m, total_, eta_seconds(m, steps_run_, total_)));
   }
 }
 

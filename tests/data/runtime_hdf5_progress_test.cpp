@@ -1,5 +1,6 @@
 // runtime/hdf5 helpers (round trips, Fletcher32, attributes, clear errors) and the progress bar's lines.
 #include <cstdio>
+#include <thread>
 
 #include "data_test_util.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
@@ -66,6 +67,28 @@ TEST(Progress, PlainLinesWhenNotATerminal) {
   EXPECT_EQ(text.find('\r'), std::string::npos);
   EXPECT_EQ(format_duration(3725), "1h02m");
   EXPECT_EQ(format_duration(187), "3m07s");
+}
+
+// A bar that starts part-way (a resumed training run at step 600 of 1000, 2 steps in 0.2 s of its loop): its rate and
+// ETA count the steps made in that time, not the 600 before, which once gave "eta 0s" to a run with 40 s left, nor
+// the time before its first step (a checkpoint being loaded).
+TEST(Progress, TheRateCountsOnlyWhatWasMadeInTheTimeGiven) {
+  std::FILE* out = std::tmpfile();
+  {
+    ProgressBar bar({.label = "train",
+                     .total = 1000,
+                     .unit = "step",
+                     .style = ProgressStyle::Lines,
+                     .line_interval = std::chrono::milliseconds(0),
+                     .stream = out});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the bar's own clock: not the rate's
+    bar.set(602, 2, 0.2);
+  }
+  std::rewind(out);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), out));
+  std::fclose(out);
+  EXPECT_NE(text.find("train  60% 602/1000 step 10 step/s eta 40s"), std::string::npos) << text;
 }
 
 }  // namespace

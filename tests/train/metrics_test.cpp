@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardtrain/train/metrics.hpp"
+#include "shardtrain/train/progress_view.hpp"
 
 using namespace shardtrain;
 namespace fs = std::filesystem;
@@ -52,4 +53,56 @@ TEST(MetricsWriter, ALineTheFileSystemRefusesIsDroppedWholeAndCounted) {
   EXPECT_EQ(lines[1]["dropped"], 2);
   EXPECT_EQ(lines[2]["step"], 4);
   fs::remove(path);
+}
+
+// A start that finds the file's last line cut off part-way (a process killed inside its write, or a node lost before
+// the file system had the line: the tail may be zeros) removes the fragment, so that this start's first line is not
+// joined to it: every line of the file stays valid JSON, and the earlier whole lines stay as they were.
+TEST(MetricsWriter, AnEarlierStartsLineCutOffPartWayIsRemovedNotJoinedToTheNextOne) {
+  const fs::path path = fs::temp_directory_path() / ("shardtrain_metrics_torn_" + std::to_string(::getpid()) + ".jsonl");
+  const std::string whole = "{\"kind\":\"train\",\"step\":1}\n{\"kind\":\"train\",\"step\":2}\n";
+  for (const std::string& tail :
+       {std::string(R"({"kind":"train","step":3,"lo)"), std::string(300, '\0'), std::string(9000, 'x'), std::string()}) {
+    fs::remove(path);
+    {
+      std::ofstream out(path, std::ios::binary);
+      out << whole << tail;
+    }
+    {
+      train::MetricsWriter w(path.string());
+      w.write(R"({"kind":"train","step":3})");
+    }
+    std::ifstream in(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, whole + "{\"kind\":\"train\",\"step\":3}\n") << "a tail of " << tail.size() << " bytes";
+  }
+  // A file of one cut-off line and nothing else: the fragment goes, the file starts with this start's line.
+  fs::remove(path);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << R"({"kind":"tr)";
+  }
+  {
+    train::MetricsWriter w(path.string());
+    w.write(R"({"kind":"train","step":1})");
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "{\"kind\":\"train\",\"step\":1}\n");
+  fs::remove(path);
+}
+
+// The time left in the progress lines: after a resume at step 600 of 1000 and 2 steps in 0.2 s, 398 steps at 0.1 s,
+// not 398 steps at 0.2 s / 602 (the run's step number: "eta 0s" for a run with a minute to go).
+TEST(ProgressView, TheTimeLeftCountsTheStepsOfThisStartNotTheStepNumber) {
+  train::StepMetrics m;
+  m.step = 602;
+  m.elapsed_s = 0.2;
+  EXPECT_NEAR(train::ProgressView::eta_seconds(m, 2, 1000), 39.8, 1e-9);
+  m.step = 1000;
+  EXPECT_EQ(train::ProgressView::eta_seconds(m, 400, 1000), 0.0);
+  // After a rollback the step number goes back while the steps run go on: the mean per step is still this start's.
+  m.step = 7;
+  m.elapsed_s = 1.1;
+  EXPECT_NEAR(train::ProgressView::eta_seconds(m, 11, 10), 0.3, 1e-9);
 }

@@ -79,3 +79,20 @@ TEST(MfuMeter, AConfiguredPeakIsUsedAndLabelled) {
   EXPECT_EQ(m.mfu_of_measured(50e9, 1), 0.0);  // nothing was measured
   EXPECT_NE(m.label().find("logging.peak_flops"), std::string::npos);
 }
+
+// On the CPU the measured matmul is MFU's own peak and mfu_measured_peak's too: one figure, so a step that outruns
+// it is said once, not once for each (the loop asks for both after every step).
+TEST(MfuMeter, AMeasuredPeakThatIsMfusOwnIsSaidRaisedOnce) {
+  train::MfuMeter m = train::MfuMeter::choose(0, false, "cpu", 18.7e9, 147.2e9, "1 core x 64 FLOP/cycle x 2.3 GHz");
+  ::testing::internal::CaptureStderr();
+  const double mfu = m.mfu(20.5e9, 1), measured = m.mfu_of_measured(20.5e9, 1);
+  m.mfu(30e9, 1);
+  m.mfu_of_measured(30e9, 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NEAR(mfu, 20.5 / 147.2, 1e-12);
+  EXPECT_NEAR(measured, 20.5 / 147.2, 1e-12);
+  size_t lines = 0;
+  for (size_t at = err.find("above the"); at != std::string::npos; at = err.find("above the", at + 1)) ++lines;
+  EXPECT_EQ(lines, 1u) << err;
+  EXPECT_NE(err.find("147.2 GFLOP/s"), std::string::npos) << err;
+}

@@ -35,6 +35,10 @@ class ProgressBar {
 
   void advance(uint64_t n);
   void set(uint64_t done);
+  // `done` of `total`, of which `counted` were made in the last `seconds`: the rate and ETA count only those (a
+  // resumed run's bar starts at its checkpoint's step, a rollback takes `done` back, and the time before the first
+  // step, loading a checkpoint say, is no time spent making them).
+  void set(uint64_t done, uint64_t counted, double seconds);
   void set_field(const std::string& name, const std::string& value);  // shown as "name=value"
   void finish();                                                      // draws the final state and ends the line
 
@@ -50,6 +54,8 @@ class ProgressBar {
   ProgressStyle style_;
   mutable std::mutex mutex_;
   uint64_t done_ = 0;
+  uint64_t counted_ = 0;
+  double counted_seconds_ = 0;  // > 0: set(done, counted, seconds) gave the rate, counted_ / counted_seconds_
   std::vector<std::pair<std::string, std::string>> fields_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_;

@@ -86,7 +86,9 @@ std::string to_json_line(const EvalMetrics& m);      // {"kind":"eval",...}
 // Appends lines, each with one write(2), so a killed job keeps every finished step. A line the file system
 // refuses (full, over a size limit) is dropped whole: the file is cut back to where it was, an error is logged
 // once, and training goes on; the next line that can be written is preceded by {"kind":"metrics_gap",
-// "dropped":N}. Every line of the file is valid JSON, whatever happened. RAII over the descriptor.
+// "dropped":N}. Every line of the file is valid JSON, whatever happened: a file found with its last line cut off
+// part-way (a process or node that died inside a write) loses that fragment when the writer opens it, with a
+// warning, so the next line is not joined to it. RAII over the descriptor.
 // Given a directory for TensorBoard, each train and eval line also goes to an event file there as scalars
 // (tensorboard.hpp; logging.tensorboard), so the two always hold the same values.
 class TensorBoardWriter;
@@ -107,6 +109,7 @@ class MetricsWriter {
   std::string path_;
   int fd_ = -1;
   int64_t dropped_ = 0;
+  bool pending_newline_ = false;  // a cut-off last line that could not be removed: end it before the next line
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 

@@ -34,13 +34,13 @@ class MfuMeter {
 
  private:
   // Raises `peak` when `achieved_per_rank` outran it: to the CPU ceiling when that is known and higher, else
-  // to the rate itself; logs the first time with `what`.
+  // to the rate itself; logs the first time with `what`, on rank 0 only (its figures are the ones reported).
   double raise(double& peak, double achieved_per_rank, const char* what, bool& warned);
 
   double peak_ = 0, measured_ = 0, ceiling_ = 0;
   PeakKind kind_ = PeakKind::Measured;
   std::string label_, ceiling_how_;
-  bool warned_peak_ = false, warned_measured_ = false;
+  bool warned_peak_ = false, warned_measured_ = false, raised_label_ = false;
 };
 
 const char* peak_kind_name(PeakKind kind);  // "configured" | "spec" | "measured"

@@ -20,10 +20,14 @@ class ProgressView {
   void eval(const EvalMetrics& m);
   void finish();
   static std::string line(const StepMetrics& m, int64_t total_steps, double eta_s);  // the plain line
+  // The time left: the steps still to take at this start's mean time per step (elapsed_s over the steps it ran,
+  // not over the step number: a resumed run's first step is not its checkpoint's step count of them).
+  static double eta_seconds(const StepMetrics& m, int64_t steps_run, int64_t total_steps);
 
  private:
   ProgressStyle style_ = ProgressStyle::Off;
   int64_t total_ = 0, log_every_ = 1;
+  int64_t steps_run_ = 0;  // steps reported since this start (a rollback's repeated ones included)
   std::unique_ptr<ProgressBar> bar_;
 };
 
