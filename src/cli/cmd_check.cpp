@@ -338,7 +338,7 @@ int run_check(const CheckOptions& o) {
                                         "(raise schedule.max_steps to train on)",
                                         total_steps));
     if (!sources.empty()) {
-      const std::string change = train::resume_data_change(reader, sources);
+      const std::string change = train::resume_data_change(reader, c, sources);
       if (!change.empty()) report.note("resume", change);
     }
   });

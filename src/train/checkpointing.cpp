@@ -15,6 +15,7 @@
 
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/batches.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -134,7 +135,14 @@ CheckpointHooks::CheckpointHooks(const Trainer& trainer) : dir_(checkpoint_dir_f
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
   const data::DatasetInfo& info = trainer.dataset().info();
   nlohmann::json sources = nlohmann::json::array();
-  for (const auto& c : trainer.sources()) sources.push_back({{"path", c.dataset->path()}, {"weight", c.weight}});
+  // train_samples: what the sampler's order is a permutation of, so that a file prepared again at the same path shows
+  // on resume (resume_data_change)
+  const DataSection& d = trainer.config().data;
+  for (const auto& c : trainer.sources())
+    sources.push_back(
+        {{"path", c.dataset->path()},
+         {"weight", c.weight},
+         {"train_samples", data::SampleSource(*c.dataset, data::DatasetSplit::Train, d.layout, d.seq_len).num_samples()}});
   return nlohmann::json{{"name", info.tokenizer_name},
                         {"hash", info.tokenizer_hash},
                         {"path", info.tokenizer_path},
@@ -259,8 +267,10 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   checkpoint::CheckpointReader reader(path);
   check_resume_tokenizer(reader, trainer.dataset());
   // Other data than the checkpoint's (a new mixture for a final phase, or a slip): allowed, and said.
-  const std::string change = resume_data_change(reader, trainer.sources());
+  const std::string change = resume_data_change(reader, trainer.config(), trainer.sources());
   if (!change.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", change);
+  if (!change.empty())
+    trainer.record_event(nlohmann::json{{"kind", "resume_data_changed"}, {"checkpoint", path}, {"change", change}}.dump());
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
   TrainerState state;
   try {

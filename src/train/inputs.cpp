@@ -13,6 +13,7 @@
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/train/config_io.hpp"
 
 namespace fs = std::filesystem;
 
@@ -125,10 +126,53 @@ void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const da
   check_weights_tokenizer(reader.path(), reader.tokenizer(), dataset);
 }
 
-std::string resume_data_change(const checkpoint::CheckpointReader& reader,
+namespace {
+
+// What the checkpoint's sampler position was taken with and this run has otherwise: data.seq_len, data.layout,
+// data.seed, data.shuffle (from the configuration the checkpoint records). The position is a count of samples into
+// the epoch's order, and each of these changes which samples that order holds.
+std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+  if (reader.config_toml().empty()) return {};
+  TrainConfig saved;
+  try {
+    apply_toml_text(saved, reader.config_toml(), reader.path() + ": config");
+  } catch (const Error&) {
+    return {};  // a configuration of another version: nothing to compare with
+  }
+  std::vector<std::string> out;
+  if (saved.data.seq_len != config.data.seq_len)
+    out.push_back(fmt::format("data.seq_len {} (this run: {})", saved.data.seq_len, config.data.seq_len));
+  if (saved.data.layout != config.data.layout)
+    out.push_back(fmt::format("data.layout \"{}\" (this run: \"{}\")", data::batch_layout_name(saved.data.layout),
+                              data::batch_layout_name(config.data.layout)));
+  if (saved.data.shuffle != config.data.shuffle)
+    out.push_back(fmt::format("data.shuffle {} (this run: {})", saved.data.shuffle, config.data.shuffle));
+  else if (config.data.shuffle && saved.data.seed != config.data.seed)
+    out.push_back(fmt::format("data.seed {} (this run: {})", saved.data.seed, config.data.seed));
+  return out;
+}
+
+}  // namespace
+
+std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                const std::vector<data::MixtureComponent>& sources) {
   const auto saved = nlohmann::json::parse(reader.tokenizer().empty() ? "{}" : reader.tokenizer(), nullptr, false);
-  if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) return {};
+  std::vector<std::string> said;
+  const std::vector<std::string> keys = position_key_changes(reader, config);
+  if (!keys.empty()) {
+    std::string list;
+    for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+    said.push_back(fmt::format(
+        "{}: its data position (a count of samples into the epoch's order) was taken with {}: the same count means other "
+        "samples now, so samples already trained on come again and others are skipped (set these back to continue the "
+        "same data)",
+        reader.path(), list));
+  }
+  if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) {
+    std::string text;
+    for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
+    return text;
+  }
   std::vector<std::pair<std::string, double>> before, now;
   for (const auto& e : saved["sources"])
     if (e.is_object()) before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
@@ -145,10 +189,31 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader,
   bool same = before.size() == now.size();
   for (size_t i = 0; same && i < now.size(); ++i)
     same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
-  if (same) return {};
-  return fmt::format(
-      "{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the new data",
-      reader.path(), describe(before), describe(now));
+  if (!same) {
+    said.push_back(fmt::format(
+        "{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the "
+        "new data",
+        reader.path(), describe(before), describe(now)));
+  } else if (keys.empty()) {
+    // The same files, read the same way: a file prepared again at its path (more documents, fewer, another order)
+    // has another count of train samples, and the epoch's order is another permutation (since 2026-11-28 recorded).
+    for (size_t i = 0; i < now.size(); ++i) {
+      const auto& e = saved["sources"][i];
+      const auto recorded = e.is_object() ? e.find("train_samples") : e.end();
+      if (!e.is_object() || recorded == e.end() || !recorded->is_number_unsigned()) continue;
+      const size_t samples =
+          data::SampleSource(*sources[i].dataset, data::DatasetSplit::Train, config.data.layout, config.data.seq_len)
+              .num_samples();
+      if (recorded->get<uint64_t>() != samples)
+        said.push_back(fmt::format(
+            "{}: {} held {} train samples of {} tokens when the checkpoint was saved, and holds {} now (prepared again?): "
+            "the epoch's order is another one, so samples already trained on come again and others are skipped",
+            reader.path(), now[i].first, recorded->get<uint64_t>(), config.data.seq_len, samples));
+    }
+  }
+  std::string text;
+  for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
+  return text;
 }
 
 }  // namespace shardtrain::train

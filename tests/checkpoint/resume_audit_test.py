@@ -6,6 +6,9 @@
    Before, "healthy": "yes" was an internal error (exit 1) at every resume and rotation, and the rest loaded.
 2. A rank file copied in from another run's checkpoint of the same step: the same fallback, naming the file. Before, it
    loaded, and the run trained on weights half from each run.
+3. A resume whose data settings no longer give the saved position its meaning (data.seq_len, data.layout, data.seed,
+   data.shuffle, or a dataset file at the same path with other samples): said in a warning naming the key, its values
+   and what happens, and recorded in metrics.jsonl. Before, the run went on silently, repeating and skipping samples.
 """
 import json
 import os
@@ -128,4 +131,37 @@ x = train("mixed_explicit", "--resume", ckpt("mixed", 4) + ".damaged")
 check(x.returncode == 5 and "rank_00001.h5: was written by another save" in x.stderr,
       f"an explicit --resume of it is exit 5: exit {x.returncode}: {x.stderr[-1500:]}")
 
-check.finish("resume audit: damaged DONE markers and mixed rank files fall back or are refused")
+# 3. Data settings that change what the saved position (32 samples into epoch 0's order) means.
+same = train("same", "--resume", ckpt("whole", 4))
+check(same.returncode == 0 and "its data position" not in same.stderr and "resume_data_changed" not in open(
+    os.path.join(work, "same", "metrics.jsonl")).read() and losses("same") == {s: expected[s] for s in range(5, 9)},
+      f"an unchanged resume says nothing and continues bit for bit: exit {same.returncode}: {same.stderr[-1500:]}")
+for key, value, said in (("data.seq_len", "32", "data.seq_len 64 (this run: 32)"),
+                         ("data.seed", "99", "data.seed 1234 (this run: 99)"),
+                         ("data.shuffle", "false", "data.shuffle true (this run: false)"),
+                         ("data.layout", "padded", 'data.layout "packed" (this run: "padded")')):
+    name = "changed_" + key.split(".")[1]
+    r = train(name, "--resume", ckpt("whole", 4), "--" + key, value)
+    events = [m for m in metrics(name) if m["kind"] == "resume_data_changed"] if r.returncode == 0 else []
+    check(r.returncode == 0 and f"its data position (a count of samples into the epoch's order) was taken with {said}"
+          in r.stderr and "samples already trained on come again and others are skipped" in r.stderr
+          and len(events) == 1 and said in events[0]["change"] and events[0]["checkpoint"] == ckpt("whole", 4),
+          f"resumed with {key} {value}: said and recorded: exit {r.returncode}: {events} {r.stderr[-1500:]}")
+
+# The same path, prepared again from fewer documents.
+sub = os.path.join(work, "sub")
+os.makedirs(sub)
+for f in sorted(os.listdir(moby))[:100]:
+    shutil.copy(os.path.join(moby, f), sub)
+subprocess.run([st, "prepare-data", "-t", tok, "-i", sub, "-o", os.path.join(work, "sub.h5"), "--validation-fraction", "0.05",
+                "--log-level", "warn"], check=True)
+moved = os.path.join(work, "moved.h5")
+shutil.copy(ds, moved)
+first = train("reprepared", "--schedule.max_steps", "4", data=moved)
+shutil.copy(os.path.join(work, "sub.h5"), moved)
+r = train("reprepared", "--resume", "auto", data=moved)
+check(first.returncode == 0 and r.returncode == 0 and f"{moved} held 17151 train samples of 64 tokens when the checkpoint "
+      "was saved, and holds 6087 now (prepared again?)" in r.stderr,
+      f"a dataset prepared again at its path is said: exit {first.returncode} {r.returncode}: {r.stderr[-1500:]}")
+
+check.finish("resume audit: damaged DONE markers and mixed rank files fall back or are refused; changed data settings are said")

@@ -42,8 +42,10 @@ void check_weights_tokenizer(const std::string& weights, const std::string& toke
                              const data::TokenDataset& dataset);
 
 // "" when the run reads the data the checkpoint was trained on (the same files, however spelled, and
-// weights); otherwise a sentence saying what changed. Allowed (a new mixture for a last phase), but said.
-std::string resume_data_change(const checkpoint::CheckpointReader& reader,
+// weights) the same way; otherwise sentences saying what changed. Allowed (a new mixture for a last phase, a longer
+// data.seq_len), but said: the data.seq_len, layout, seed and shuffle the checkpoint's position was taken with, and
+// each file's train samples, decide which samples that position means (docs/training.md, "Resuming").
+std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                const std::vector<data::MixtureComponent>& sources);
 
 }  // namespace shardtrain::train
