@@ -340,6 +340,8 @@ int run_check(const CheckOptions& o) {
     if (!sources.empty()) {
       const std::string change = train::resume_data_change(reader, c, sources);
       if (!change.empty()) report.note("resume", change);
+      const std::string schedule = train::resume_schedule_change(reader, c, sources, total_steps, state.step);
+      if (!schedule.empty()) report.note("resume", schedule);
     }
   });
 

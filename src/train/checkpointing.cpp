@@ -278,6 +278,9 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   } catch (const CheckpointError& e) {
     throw checkpoint::CheckpointDamaged(e.what());
   }
+  const std::string schedule =
+      resume_schedule_change(reader, trainer.config(), trainer.sources(), trainer.total_steps(), state.step);
+  if (!schedule.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", schedule);
   if (!r.optimizer_loaded) {  // a full checkpoint: fresh moments, also after a damaged one was partly loaded
     optim::AdamW& adamw = trainer.optimizer();
     for (size_t i = 0; i < adamw.num_shards(); ++i) {

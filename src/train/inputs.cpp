@@ -2,6 +2,7 @@
 #include "shardtrain/train/inputs.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/data/batches.hpp"
+#include "shardtrain/optim/schedule.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/train/config_io.hpp"
 
@@ -101,9 +103,26 @@ std::string checkpoint_dir_for(const TrainConfig& c, const std::string& run_dir)
 std::string resolve_resume_path(const std::string& resume, const std::string& dir) {
   if (resume.empty()) return {};
   if (resume == "auto") return checkpoint::find_latest(dir);
+  std::error_code ec;
+  if (fs::is_regular_file(resume, ec)) {
+    const fs::path file(resume);
+    const std::string name = file.filename().string(), ext = file.extension().string();
+    const bool in_checkpoint = name == "index.h5" || name == "DONE" || (name.rfind("rank_", 0) == 0 && ext == ".h5");
+    throw CheckpointError(fmt::format(
+        "{}: is a file; --resume takes a checkpoint folder (step_N, with index.h5 and DONE), the checkpoint directory "
+        "above them, or a run directory{}",
+        resume,
+        in_checkpoint ? fmt::format("; the checkpoint is its folder, {}", file.parent_path().string())
+        : ext == ".h5" || ext == ".safetensors"
+            ? "; to start a new run from the weights in this file, use --checkpoint.init_from instead (AdamW starts fresh)"
+            : ""));
+  }
   if (!checkpoint::is_complete(resume)) {
     const std::string latest = checkpoint::find_latest(resume);  // a directory of checkpoints: its newest
     if (!latest.empty()) return latest;
+    // a run directory: its checkpoints folder's newest (what `--logging.run_dir RUN_DIR --resume auto` continues)
+    const std::string in_run = checkpoint::find_latest((fs::path(resume) / "checkpoints").string());
+    if (!in_run.empty()) return in_run;
   }
   return resume;  // the reader says what is wrong with it, if anything
 }
@@ -153,6 +172,40 @@ std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader
 }
 
 }  // namespace
+
+std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
+                                   const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step) {
+  if (reader.config_toml().empty() || sources.empty() || total_steps <= 0) return {};
+  TrainConfig saved;
+  int64_t saved_total = 0;
+  try {
+    apply_toml_text(saved, reader.config_toml(), reader.path() + ": config");
+    saved_total = planned_steps(saved, global_batches_per_epoch(saved, sources));
+  } catch (const Error&) {
+    return {};  // a configuration of another version, or one that no longer fits the data: nothing to compare with
+  }
+  const double then = optim::LrSchedule(saved.schedule.lr, saved.optim.adamw.lr, saved_total).lr(step);
+  const double now = optim::LrSchedule(config.schedule.lr, config.optim.adamw.lr, total_steps).lr(step);
+  if (std::abs(then - now) <= 1e-12 * std::max(std::abs(then), std::abs(now))) return {};
+  std::vector<std::string> keys;
+  const auto differs = [&](const char* key, auto a, auto b) {
+    if (a != b) keys.push_back(fmt::format("{} {} (this run: {})", key, a, b));
+  };
+  differs("optim.lr", saved.optim.adamw.lr, config.optim.adamw.lr);
+  differs("schedule.kind", optim::schedule_kind_name(saved.schedule.lr.kind),
+          optim::schedule_kind_name(config.schedule.lr.kind));
+  differs("schedule.warmup_steps", saved.schedule.lr.warmup_steps, config.schedule.lr.warmup_steps);
+  differs("schedule.warmup_start_factor", saved.schedule.lr.warmup_start_factor, config.schedule.lr.warmup_start_factor);
+  differs("schedule.min_lr", saved.schedule.lr.min_lr, config.schedule.lr.min_lr);
+  differs("schedule.decay_steps", saved.schedule.lr.decay_steps, config.schedule.lr.decay_steps);
+  differs("the run's length in steps", saved_total, total_steps);
+  std::string list;
+  for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+  return fmt::format(
+      "{}: the learning-rate schedule is not the saving run's ({}): step {} trains at lr {:.6g}, where the saving run's "
+      "schedule had {:.6g}; the run follows this configuration's schedule from here",
+      reader.path(), list, step + 1, now, then);
+}
 
 std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                const std::vector<data::MixtureComponent>& sources) {

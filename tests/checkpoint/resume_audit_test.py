@@ -9,6 +9,10 @@
 3. A resume whose data settings no longer give the saved position its meaning (data.seq_len, data.layout, data.seed,
    data.shuffle, or a dataset file at the same path with other samples): said in a warning naming the key, its values
    and what happens, and recorded in metrics.jsonl. Before, the run went on silently, repeating and skipping samples.
+4. A schedule edited before the resume (max_steps, warmup, lr): said, with the next step's rate now and in the saving
+   run's schedule. Before, the learning rate jumped without a word.
+5. --resume given a file (a consolidated model, a checkpoint's index.h5): exit 5 saying what to pass instead; a run
+   directory: its newest checkpoint (before: "not a checkpoint").
 """
 import json
 import os
@@ -164,4 +168,29 @@ check(first.returncode == 0 and r.returncode == 0 and f"{moved} held 17151 train
       "was saved, and holds 6087 now (prepared again?)" in r.stderr,
       f"a dataset prepared again at its path is said: exit {first.returncode} {r.returncode}: {r.stderr[-1500:]}")
 
-check.finish("resume audit: damaged DONE markers and mixed rank files fall back or are refused; changed data settings are said")
+# 4. The schedule edited between the save and the resume: the run follows the new one, and says so.
+for key, value, said, lr in (("schedule.max_steps", "16", "the run's length in steps 8 (this run: 16)", "0.00286631"),
+                             ("schedule.warmup_steps", "3", "schedule.warmup_steps 2 (this run: 3)", "0.00274217"),
+                             ("optim.lr", "1e-2", "optim.lr 0.003 (this run: 0.01)", "0.007575")):
+    name = "schedule_" + key.split(".")[1]
+    r = train(name, "--resume", ckpt("whole", 4), "--" + key, value)
+    check(r.returncode == 0 and f"the learning-rate schedule is not the saving run's ({said}): step 5 trains at lr {lr}, "
+          "where the saving run's schedule had 0.002325" in r.stderr
+          and f"{float(lr):.6g}" == f"{[m['lr'] for m in metrics(name) if m['kind'] == 'train'][0]:.6g}",
+          f"resumed with {key} {value}: said, and the step's lr is the one said: exit {r.returncode}: {r.stderr[-1500:]}")
+check("learning-rate schedule" not in same.stderr, "an unchanged resume says nothing of the schedule")
+
+# 5. --resume PATH given a file, or a run directory.
+consolidated = os.path.join(work, "whole4.h5")
+subprocess.run([st, "consolidate", ckpt("whole", 4), "--output", consolidated, "--log-level", "warn"], check=True)
+for what, path, hint in (("a consolidated file", consolidated, "use --checkpoint.init_from instead"),
+                         ("a checkpoint's index", os.path.join(ckpt("whole", 4), "index.h5"),
+                          f"the checkpoint is its folder, {ckpt('whole', 4)}")):
+    r = train("file_" + what.split()[-1], "--resume", path)
+    check(r.returncode == 5 and f"{path}: is a file; --resume takes a checkpoint folder" in r.stderr and hint in r.stderr,
+          f"--resume {what}: exit 5 with the way on: exit {r.returncode}: {r.stderr[-1200:]}")
+r = train("from_run_dir", "--resume", os.path.join(work, "whole"), "--schedule.max_steps", "10")
+check(r.returncode == 0 and f"resumed from {ckpt('whole', 8)} at step 8" in r.stderr,
+      f"--resume RUN_DIR takes its newest checkpoint: exit {r.returncode}: {r.stderr[-1200:]}")
+
+check.finish("resume audit: damaged DONE markers and mixed rank files fall back or are refused; changed data settings and schedules are said; files refused with the way on")

@@ -47,5 +47,10 @@ void check_weights_tokenizer(const std::string& weights, const std::string& toke
 // each file's train samples, decide which samples that position means (docs/training.md, "Resuming").
 std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                const std::vector<data::MixtureComponent>& sources);
+// "" when the learning rate of the step after `step` (the checkpoint's) is the saving run's; otherwise a sentence
+// naming the keys that changed the schedule (optim.lr, schedule.*, the run's length) and both rates. Allowed (a run
+// extended past its first horizon), but said: the schedule is a function of the step and of these keys.
+std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
+                                   const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step);
 
 }  // namespace shardtrain::train
