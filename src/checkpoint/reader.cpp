@@ -151,8 +151,13 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
   hdf5::Handle index = open_checkpoint_file(index_path, metadata_);
   if (required_string(index, "format", index_path) != kFormatName) fail(index_path, "not a shardtrain checkpoint index");
   const int64_t version = required_int(index, "format_version", index_path);
+  // Intact (its checksums matched) but of another format: not damage, which --resume auto would set aside as
+  // step_N.damaged and fall back past, retraining its steps; a build that cannot read it stops instead.
   if (version != kFormatVersion) {
-    fail(index_path, fmt::format("format version {} (this build reads version {})", version, kFormatVersion));
+    throw CheckpointError(
+        fmt::format("{}: format version {}, and this build reads version {}: the checkpoint was saved "
+                    "by {} shardtrain; use a build that reads it (nothing was set aside)",
+                    index_path, version, kFormatVersion, version > kFormatVersion ? "a newer" : "an older"));
   }
   type_ = parse_state_dict_type(required_string(index, "type", index_path));
   step_ = required_int(index, "step", index_path);
