@@ -342,6 +342,8 @@ int run_check(const CheckOptions& o) {
       if (!change.empty()) report.note("resume", change);
       const std::string schedule = train::resume_schedule_change(reader, c, sources, total_steps, state.step);
       if (!schedule.empty()) report.note("resume", schedule);
+      const std::string optimizer = reader.has_optimizer() ? train::resume_optimizer_change(reader, c) : std::string();
+      if (!optimizer.empty()) report.note("resume", optimizer);
     }
   });
 

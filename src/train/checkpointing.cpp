@@ -280,7 +280,9 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   }
   const std::string schedule =
       resume_schedule_change(reader, trainer.config(), trainer.sources(), trainer.total_steps(), state.step);
-  if (!schedule.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", schedule);
+  const std::string optimizer = r.optimizer_loaded ? resume_optimizer_change(reader, trainer.config()) : std::string();
+  for (const std::string& said : {schedule, optimizer})
+    if (!said.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", said);
   if (!r.optimizer_loaded) {  // a full checkpoint: fresh moments, also after a damaged one was partly loaded
     optim::AdamW& adamw = trainer.optimizer();
     for (size_t i = 0; i < adamw.num_shards(); ++i) {

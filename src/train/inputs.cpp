@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -147,17 +148,40 @@ void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const da
 
 namespace {
 
-// What the checkpoint's sampler position was taken with and this run has otherwise: data.seq_len, data.layout,
-// data.seed, data.shuffle (from the configuration the checkpoint records). The position is a count of samples into
-// the epoch's order, and each of these changes which samples that order holds.
-std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
-  if (reader.config_toml().empty()) return {};
+// The configuration the checkpoint records, or none (a checkpoint without one, or of a version this build cannot read:
+// nothing to compare with).
+std::optional<TrainConfig> saved_config(const checkpoint::CheckpointReader& reader) {
+  if (reader.config_toml().empty()) return std::nullopt;
   TrainConfig saved;
   try {
     apply_toml_text(saved, reader.config_toml(), reader.path() + ": config");
   } catch (const Error&) {
-    return {};  // a configuration of another version: nothing to compare with
+    return std::nullopt;
   }
+  return saved;
+}
+
+// "KEY THEN (this run: NOW)" for each key that differs, comma-separated.
+class KeyChanges {
+ public:
+  template <typename T>
+  void add(std::string_view key, const T& then, const T& now) {
+    if (then != now) text_ += fmt::format("{}{} {} (this run: {})", text_.empty() ? "" : ", ", key, then, now);
+  }
+  bool empty() const { return text_.empty(); }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+// What the checkpoint's sampler position was taken with and this run has otherwise: data.seq_len, data.layout,
+// data.seed, data.shuffle (from the configuration the checkpoint records). The position is a count of samples into
+// the epoch's order, and each of these changes which samples that order holds.
+std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+  const std::optional<TrainConfig> found = saved_config(reader);
+  if (!found) return {};
+  const TrainConfig& saved = *found;
   std::vector<std::string> out;
   if (saved.data.seq_len != config.data.seq_len)
     out.push_back(fmt::format("data.seq_len {} (this run: {})", saved.data.seq_len, config.data.seq_len));
@@ -175,36 +199,50 @@ std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader
 
 std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                    const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step) {
-  if (reader.config_toml().empty() || sources.empty() || total_steps <= 0) return {};
-  TrainConfig saved;
+  const std::optional<TrainConfig> found = saved_config(reader);
+  if (!found || sources.empty() || total_steps <= 0) return {};
+  const TrainConfig& saved = *found;
   int64_t saved_total = 0;
   try {
-    apply_toml_text(saved, reader.config_toml(), reader.path() + ": config");
     saved_total = planned_steps(saved, global_batches_per_epoch(saved, sources));
   } catch (const Error&) {
-    return {};  // a configuration of another version, or one that no longer fits the data: nothing to compare with
+    return {};  // a length that no longer fits the data: nothing to compare with
   }
   const double then = optim::LrSchedule(saved.schedule.lr, saved.optim.adamw.lr, saved_total).lr(step);
   const double now = optim::LrSchedule(config.schedule.lr, config.optim.adamw.lr, total_steps).lr(step);
   if (std::abs(then - now) <= 1e-12 * std::max(std::abs(then), std::abs(now))) return {};
-  std::vector<std::string> keys;
-  const auto differs = [&](const char* key, auto a, auto b) {
-    if (a != b) keys.push_back(fmt::format("{} {} (this run: {})", key, a, b));
-  };
-  differs("optim.lr", saved.optim.adamw.lr, config.optim.adamw.lr);
-  differs("schedule.kind", optim::schedule_kind_name(saved.schedule.lr.kind),
-          optim::schedule_kind_name(config.schedule.lr.kind));
-  differs("schedule.warmup_steps", saved.schedule.lr.warmup_steps, config.schedule.lr.warmup_steps);
-  differs("schedule.warmup_start_factor", saved.schedule.lr.warmup_start_factor, config.schedule.lr.warmup_start_factor);
-  differs("schedule.min_lr", saved.schedule.lr.min_lr, config.schedule.lr.min_lr);
-  differs("schedule.decay_steps", saved.schedule.lr.decay_steps, config.schedule.lr.decay_steps);
-  differs("the run's length in steps", saved_total, total_steps);
-  std::string list;
-  for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+  KeyChanges keys;
+  const optim::ScheduleConfig &a = saved.schedule.lr, &b = config.schedule.lr;
+  keys.add("optim.lr", saved.optim.adamw.lr, config.optim.adamw.lr);
+  keys.add("schedule.kind", std::string(optim::schedule_kind_name(a.kind)), std::string(optim::schedule_kind_name(b.kind)));
+  keys.add("schedule.warmup_steps", a.warmup_steps, b.warmup_steps);
+  keys.add("schedule.warmup_start_factor", a.warmup_start_factor, b.warmup_start_factor);
+  keys.add("schedule.min_lr", a.min_lr, b.min_lr);
+  keys.add("schedule.decay_steps", a.decay_steps, b.decay_steps);
+  keys.add("the run's length in steps", saved_total, total_steps);
+  const std::string list = keys.text();
   return fmt::format(
       "{}: the learning-rate schedule is not the saving run's ({}): step {} trains at lr {:.6g}, where the saving run's "
       "schedule had {:.6g}; the run follows this configuration's schedule from here",
       reader.path(), list, step + 1, now, then);
+}
+
+std::string resume_optimizer_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+  const std::optional<TrainConfig> found = saved_config(reader);
+  if (!found) return {};
+  const optim::AdamWConfig &a = found->optim.adamw, &b = config.optim.adamw;
+  KeyChanges keys;
+  keys.add("optim.beta1", a.beta1, b.beta1);
+  keys.add("optim.beta2", a.beta2, b.beta2);
+  keys.add("optim.eps", a.eps, b.eps);
+  keys.add("optim.weight_decay", a.weight_decay, b.weight_decay);
+  keys.add("optim.decay", std::string(optim::decay_scope_name(a.decay)), std::string(optim::decay_scope_name(b.decay)));
+  keys.add("optim.max_grad_norm", found->optim.max_grad_norm, config.optim.max_grad_norm);
+  if (keys.empty()) return {};
+  return fmt::format(
+      "{}: AdamW's settings are not the saving run's ({}): its moments are loaded as saved and updated with this run's "
+      "settings from here",
+      reader.path(), keys.text());
 }
 
 std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,

@@ -10,7 +10,7 @@
    data.shuffle, or a dataset file at the same path with other samples): said in a warning naming the key, its values
    and what happens, and recorded in metrics.jsonl. Before, the run went on silently, repeating and skipping samples.
 4. A schedule edited before the resume (max_steps, warmup, lr): said, with the next step's rate now and in the saving
-   run's schedule. Before, the learning rate jumped without a word.
+   run's schedule; other AdamW settings (betas, weight decay): said. Before, the learning rate jumped without a word.
 5. --resume given a file (a consolidated model, a checkpoint's index.h5): exit 5 saying what to pass instead; a run
    directory: its newest checkpoint (before: "not a checkpoint").
 """
@@ -178,7 +178,12 @@ for key, value, said, lr in (("schedule.max_steps", "16", "the run's length in s
           "where the saving run's schedule had 0.002325" in r.stderr
           and f"{float(lr):.6g}" == f"{[m['lr'] for m in metrics(name) if m['kind'] == 'train'][0]:.6g}",
           f"resumed with {key} {value}: said, and the step's lr is the one said: exit {r.returncode}: {r.stderr[-1500:]}")
-check("learning-rate schedule" not in same.stderr, "an unchanged resume says nothing of the schedule")
+check("learning-rate schedule" not in same.stderr and "AdamW's settings" not in same.stderr,
+      "an unchanged resume says nothing of the schedule or AdamW")
+r = train("adamw", "--resume", ckpt("whole", 4), "--optim.beta2", "0.95", "--optim.weight_decay", "0")
+check(r.returncode == 0 and "AdamW's settings are not the saving run's (optim.beta2 0.99 (this run: 0.95), "
+      "optim.weight_decay 0.1 (this run: 0)): its moments are loaded as saved" in r.stderr,
+      f"resumed with other betas and weight decay: said: exit {r.returncode}: {r.stderr[-1500:]}")
 
 # 5. --resume PATH given a file, or a run directory.
 consolidated = os.path.join(work, "whole4.h5")

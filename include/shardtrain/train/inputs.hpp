@@ -52,5 +52,8 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
 // extended past its first horizon), but said: the schedule is a function of the step and of these keys.
 std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                    const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step);
+// "" when AdamW's betas, eps, weight decay (and its scope) and the clipping are the saving run's; otherwise a sentence
+// naming each that changed. Allowed, but said: the moments are loaded as saved and updated with the new settings.
+std::string resume_optimizer_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config);
 
 }  // namespace shardtrain::train
