@@ -135,14 +135,15 @@ CheckpointHooks::CheckpointHooks(const Trainer& trainer) : dir_(checkpoint_dir_f
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
   const data::DatasetInfo& info = trainer.dataset().info();
   nlohmann::json sources = nlohmann::json::array();
-  // train_samples: what the sampler's order is a permutation of, so that a file prepared again at the same path shows
-  // on resume (resume_data_change)
+  // train_samples: what the sampler's order is a permutation of; identity: the file's content (size and checksums, no
+  // token read): so that a file prepared again at the same path shows on resume (resume_data_change)
   const DataSection& d = trainer.config().data;
   for (const auto& c : trainer.sources())
     sources.push_back(
         {{"path", c.dataset->path()},
          {"weight", c.weight},
-         {"train_samples", data::SampleSource(*c.dataset, data::DatasetSplit::Train, d.layout, d.seq_len).num_samples()}});
+         {"train_samples", data::SampleSource(*c.dataset, data::DatasetSplit::Train, d.layout, d.seq_len).num_samples()},
+         {"identity", c.dataset->identity()}});
   return nlohmann::json{{"name", info.tokenizer_name},
                         {"hash", info.tokenizer_hash},
                         {"path", info.tokenizer_path},

@@ -290,16 +290,24 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
     // has another count of train samples, and the epoch's order is another permutation (since 2026-11-28 recorded).
     for (size_t i = 0; i < now.size(); ++i) {
       const auto& e = saved["sources"][i];
-      const auto recorded = e.is_object() ? e.find("train_samples") : e.end();
-      if (!e.is_object() || recorded == e.end() || !recorded->is_number_unsigned()) continue;
+      if (!e.is_object()) continue;
+      const auto recorded = e.find("train_samples");
+      const auto identity = e.find("identity");
       const size_t samples =
           data::SampleSource(*sources[i].dataset, data::DatasetSplit::Train, config.data.layout, config.data.seq_len)
               .num_samples();
-      if (recorded->get<uint64_t>() != samples)
+      if (recorded != e.end() && recorded->is_number_unsigned() && recorded->get<uint64_t>() != samples)
         said.push_back(fmt::format(
             "{}: {} held {} train samples of {} tokens when the checkpoint was saved, and holds {} now (prepared again?): "
             "the epoch's order is another one, so samples already trained on come again and others are skipped",
             reader.path(), now[i].first, recorded->get<uint64_t>(), config.data.seq_len, samples));
+      else if (identity != e.end() && identity->is_string() &&
+               identity->get<std::string>() != sources[i].dataset->identity())
+        // as many samples, other tokens in them (inputs reordered, one replaced by another of the same size)
+        said.push_back(fmt::format(
+            "{}: {} is not the file the checkpoint was trained on (then: {}; now: {}; prepared again?): the same "
+            "position holds other tokens, so tokens already trained on come again and others are skipped",
+            reader.path(), now[i].first, identity->get<std::string>(), sources[i].dataset->identity()));
     }
   }
   std::string text;

@@ -168,6 +168,26 @@ check(first.returncode == 0 and r.returncode == 0 and f"{moved} held 17151 train
       "was saved, and holds 6087 now (prepared again?)" in r.stderr,
       f"a dataset prepared again at its path is said: exit {first.returncode} {r.returncode}: {r.stderr[-1500:]}")
 
+# The same path, prepared again from the same documents in another order: as many samples, other tokens in them.
+orders = []
+for k, names in enumerate((lambda i: f"{i:03}.txt", lambda i: f"{100 - i:03}.txt")):
+    folder = os.path.join(work, f"order{k}")
+    os.makedirs(folder)
+    for i, f in enumerate(sorted(os.listdir(moby))[:40]):
+        shutil.copy(os.path.join(moby, f), os.path.join(folder, names(i)))
+    orders.append(os.path.join(work, f"order{k}.h5"))
+    subprocess.run([st, "prepare-data", "-t", tok, "-i", folder, "-o", orders[-1], "--validation-fraction", "0",
+                    "--log-level", "warn"], check=True)
+reordered = os.path.join(work, "reordered.h5")
+shutil.copy(orders[0], reordered)
+first = train("reordered", "--schedule.max_steps", "4", "--schedule.eval_batches", "0", data=reordered)
+shutil.copy(orders[1], reordered)
+r = train("reordered", "--resume", "auto", "--schedule.eval_batches", "0", data=reordered)
+check(first.returncode == 0 and r.returncode == 0 and f"{reordered} is not the file the checkpoint was trained on (then: "
+      in r.stderr and " bytes, 136928 tokens in 40 documents, content fnv1a64:" in r.stderr and "train samples" not in r.stderr,
+      f"a dataset prepared again from its documents reordered is said: exit {first.returncode} {r.returncode}: "
+      f"{r.stderr[-1500:]}")
+
 # 4. The schedule edited between the save and the resume: the run follows the new one, and says so.
 for key, value, said, lr in (("schedule.max_steps", "16", "the run's length in steps 8 (this run: 16)", "0.00286631"),
                              ("schedule.warmup_steps", "3", "schedule.warmup_steps 2 (this run: 3)", "0.00274217"),
