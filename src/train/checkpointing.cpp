@@ -133,6 +133,7 @@ std::string runs_with_checkpoints(const TrainConfig& config, const std::string& 
 CheckpointHooks::CheckpointHooks(const Trainer& trainer) : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
 
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
+  if (!tokenizer_json_.empty()) return tokenizer_json_;
   const data::DatasetInfo& info = trainer.dataset().info();
   nlohmann::json sources = nlohmann::json::array();
   // train_samples: what the sampler's order is a permutation of; identity: the file's content (size and checksums, no
@@ -144,16 +145,18 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
          {"weight", c.weight},
          {"train_samples", data::SampleSource(*c.dataset, data::DatasetSplit::Train, d.layout, d.seq_len).num_samples()},
          {"identity", c.dataset->identity()}});
-  return nlohmann::json{{"name", info.tokenizer_name},
-                        {"hash", info.tokenizer_hash},
-                        {"path", info.tokenizer_path},
-                        {"format", info.tokenizer_format},
-                        {"vocab_size", info.vocab_size},
-                        {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
-                        {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
-                        {"dataset", trainer.dataset().path()},
-                        {"sources", sources}}
-      .dump();
+  tokenizer_json_ = nlohmann::json{
+      {"name", info.tokenizer_name},
+      {"hash", info.tokenizer_hash},
+      {"path", info.tokenizer_path},
+      {"format", info.tokenizer_format},
+      {"vocab_size", info.vocab_size},
+      {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
+      {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
+      {"dataset", trainer.dataset().path()},
+      {"sources",
+       sources}}.dump();
+  return tokenizer_json_;
 }
 
 void CheckpointHooks::report_space(Trainer& trainer) const {
