@@ -55,7 +55,13 @@ std::string find_latest(const std::string& dir) {
 Health checkpoint_health(const std::string& checkpoint_dir) {
   std::ifstream in(fs::path(checkpoint_dir) / kDoneFile);
   const auto done = nlohmann::json::parse(in, nullptr, false);
-  return done.is_object() && done.value("healthy", true) == false ? Health::Diverging : Health::Healthy;
+  // Healthy only when DONE says so, or predates the field. A damaged marker (not an object, "healthy" not a bool)
+  // is not: the rotation then keeps an older sound checkpoint beside it, and loading refuses it (CheckpointReader).
+  // Reading "healthy" with value() threw a type_error on a non-bool, an internal error at every resume and rotation.
+  if (!done.is_object()) return Health::Diverging;
+  const auto healthy = done.find("healthy");
+  if (healthy == done.end()) return Health::Healthy;
+  return healthy->is_boolean() && healthy->get<bool>() ? Health::Healthy : Health::Diverging;
 }
 
 namespace {

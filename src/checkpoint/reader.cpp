@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -92,6 +94,47 @@ std::string incomplete_reason(const std::string& dir) {
       kIndexFile, kFullFile, kDoneFile);
 }
 
+// DONE is what makes a checkpoint complete, and what the rotation reads its health from: it must be the JSON object a
+// save writes ({"step", "type", "files", "time", "healthy"}), of this directory's step and of its index. A marker
+// copied from another checkpoint, or garbage, makes the checkpoint damaged (--resume auto falls back past it).
+void check_done_marker(const std::string& dir, int64_t index_step, StateDictType type,
+                       const std::vector<std::string>& files) {
+  const std::string path = (fs::path(dir) / kDoneFile).string();
+  const std::string expected = fmt::format(
+      "expected the JSON object a save writes, {{\"step\": {}, \"type\": \"{}\", \"files\": [...], \"time\", "
+      "\"healthy\": true or false}}",
+      index_step, state_dict_type_name(type));
+  const auto damaged = [&](const std::string& what) {
+    throw CheckpointDamaged(
+        fmt::format("{}: {} ({}); the completion marker is damaged, so the checkpoint cannot be trusted: use an older one",
+                    path, what, expected));
+  };
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto done = nlohmann::json::parse(text, nullptr, false);
+  if (done.is_discarded())
+    damaged(text.empty() ? std::string("is empty") : fmt::format("is not JSON ({} bytes)", text.size()));
+  if (!done.is_object()) damaged(fmt::format("is a JSON {}, not an object", done.type_name()));
+  const auto step = done.find("step");
+  if (step == done.end() || !step->is_number_integer())
+    damaged(step == done.end() ? "has no \"step\"" : fmt::format("has \"step\": {}, not an integer", step->dump()));
+  const auto dir_step = parse_step_dir(fs::path(dir).filename().empty() ? fs::path(dir).parent_path().filename().string()
+                                                                        : fs::path(dir).filename().string());
+  if (dir_step && step->get<int64_t>() != *dir_step)
+    damaged(fmt::format("says step {}, in the directory of step {}", step->get<int64_t>(), *dir_step));
+  if (step->get<int64_t>() != index_step)
+    damaged(fmt::format("says step {}, its {} step {}", step->get<int64_t>(), kIndexFile, index_step));
+  const auto saved_type = done.find("type");
+  if (saved_type != done.end() && *saved_type != state_dict_type_name(type))
+    damaged(fmt::format("has \"type\": {}, its {} {}", saved_type->dump(), kIndexFile, state_dict_type_name(type)));
+  const auto saved_files = done.find("files");
+  if (saved_files != done.end() && *saved_files != nlohmann::json(files))
+    damaged(fmt::format("has \"files\": {}, its {} {}", saved_files->dump(), kIndexFile, nlohmann::json(files).dump()));
+  const auto healthy = done.find("healthy");  // absent in checkpoints saved before it existed: healthy
+  if (healthy != done.end() && !healthy->is_boolean())
+    damaged(fmt::format("has \"healthy\": {}, not true or false", healthy->dump()));
+}
+
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
@@ -108,8 +151,13 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
   hdf5::Handle index = open_checkpoint_file(index_path, metadata_);
   if (required_string(index, "format", index_path) != kFormatName) fail(index_path, "not a shardtrain checkpoint index");
   const int64_t version = required_int(index, "format_version", index_path);
+  // Intact (its checksums matched) but of another format: not damage, which --resume auto would set aside as
+  // step_N.damaged and fall back past, retraining its steps; a build that cannot read it stops instead.
   if (version != kFormatVersion) {
-    fail(index_path, fmt::format("format version {} (this build reads version {})", version, kFormatVersion));
+    throw CheckpointError(
+        fmt::format("{}: format version {}, and this build reads version {}: the checkpoint was saved "
+                    "by {} shardtrain; use a build that reads it (nothing was set aside)",
+                    index_path, version, kFormatVersion, version > kFormatVersion ? "a newer" : "an older"));
   }
   type_ = parse_state_dict_type(required_string(index, "type", index_path));
   step_ = required_int(index, "step", index_path);
@@ -133,11 +181,17 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
   } catch (const nlohmann::json::exception& e) {
     fail(index_path, fmt::format("malformed tensor or file list: {}", e.what()));
   }
+  check_done_marker(dir, step_, type_, file_names_);
+  const std::optional<std::string> save_id = hdf5::get_attr_string(index, "save_id");  // since 2026-11-28
   files_.resize(file_names_.size());
 
   for (size_t fi = 0; fi < file_names_.size(); ++fi) {
     hdf5::Handle& f = file(static_cast<int>(fi));
     const std::string where = (fs::path(dir) / file_names_[fi]).string();
+    if (save_id && hdf5::get_attr_string(f, "save_id") != save_id)
+      fail(where, fmt::format("was written by another save ({}) than its {} ({}): files mixed from two checkpoints of "
+                              "step {}; the checkpoint cannot be trusted: use an older one",
+                              hdf5::get_attr_string(f, "save_id").value_or("none recorded"), kIndexFile, *save_id, step_));
     if (type_ == StateDictType::Full) {
       for (const TensorInfo& t : tensors_) {
         if (!hdf5::exists(f, t.name)) fail(where, fmt::format("tensor '{}' is missing", t.name));

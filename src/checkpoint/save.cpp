@@ -49,6 +49,11 @@ hdf5::DatasetOptions checksummed(size_t n) {
   return {std::max<size_t>(1, std::min<size_t>(n, size_t{1} << 20)), hdf5::Checksum::Fletcher32};
 }
 
+// What ties a save's files together: the name of its temporary directory (step_N.tmp-<pid>-<random>, created
+// exclusively), written into the index and every data file. A rank file copied in from another checkpoint of the same
+// step (another run's, or an earlier save's) then shows; the step alone told them apart only across steps.
+std::string save_id_of(const std::string& tmp) { return fs::path(tmp).filename().string(); }
+
 nlohmann::json tensor_list(const model::ModelSpec& spec) {
   nlohmann::json t = nlohmann::json::array();
   for (const model::ParamInfo& p : spec.params()) t.push_back({{"name", p.name}, {"shape", p.shape}});
@@ -65,6 +70,7 @@ void write_index(const std::string& tmp, fsdp::FsdpEngine& engine, StateDictType
   hdf5::set_attr(f, "format_version", kFormatVersion);
   hdf5::set_attr(f, "type", state_dict_type_name(type));
   hdf5::set_attr(f, "step", meta.step);
+  hdf5::set_attr(f, "save_id", save_id_of(tmp));
   hdf5::set_attr(f, "world_size", int64_t{mesh.world_size()});
   hdf5::set_attr(f, "replicate_size", int64_t{mesh.replicate_size()});
   hdf5::set_attr(f, "shard_size", int64_t{mesh.shard_size()});
@@ -129,6 +135,7 @@ class RankFileWriter {
     hdf5::set_attr(file_, "format", kFormatName);
     hdf5::set_attr(file_, "format_version", kFormatVersion);
     hdf5::set_attr(file_, "step", step);
+    hdf5::set_attr(file_, "save_id", save_id_of(fs::path(path).parent_path().string()));
     hdf5::set_attr(file_, "shard_rank", shard_rank);
     units_ = hdf5::create_group(file_, "units");
   }
@@ -490,7 +497,10 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
     }
   };
   hdf5::Handle f;
-  writing([&] { f = hdf5::create_file(path); });
+  writing([&] {
+    f = hdf5::create_file(path);
+    hdf5::set_attr(f, "save_id", save_id_of(scope.tmp));
+  });
   // Unit by unit: the first replica's shard group gathers one unit (every member takes part, nobody
   // idles in a long wait), rank 0 writes its parameters, and the buffer is dropped before the next.
   if (mesh.coord().replicate == 0) {

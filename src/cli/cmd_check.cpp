@@ -338,8 +338,12 @@ int run_check(const CheckOptions& o) {
                                         "(raise schedule.max_steps to train on)",
                                         total_steps));
     if (!sources.empty()) {
-      const std::string change = train::resume_data_change(reader, sources);
+      const std::string change = train::resume_data_change(reader, c, sources);
       if (!change.empty()) report.note("resume", change);
+      const std::string schedule = train::resume_schedule_change(reader, c, sources, total_steps, state.step);
+      if (!schedule.empty()) report.note("resume", schedule);
+      const std::string optimizer = reader.has_optimizer() ? train::resume_optimizer_change(reader, c) : std::string();
+      if (!optimizer.empty()) report.note("resume", optimizer);
     }
   });
 

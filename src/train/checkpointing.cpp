@@ -15,6 +15,7 @@
 
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/batches.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -132,19 +133,30 @@ std::string runs_with_checkpoints(const TrainConfig& config, const std::string& 
 CheckpointHooks::CheckpointHooks(const Trainer& trainer) : dir_(checkpoint_dir_for(trainer.config(), trainer.run_dir())) {}
 
 std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
+  if (!tokenizer_json_.empty()) return tokenizer_json_;
   const data::DatasetInfo& info = trainer.dataset().info();
   nlohmann::json sources = nlohmann::json::array();
-  for (const auto& c : trainer.sources()) sources.push_back({{"path", c.dataset->path()}, {"weight", c.weight}});
-  return nlohmann::json{{"name", info.tokenizer_name},
-                        {"hash", info.tokenizer_hash},
-                        {"path", info.tokenizer_path},
-                        {"format", info.tokenizer_format},
-                        {"vocab_size", info.vocab_size},
-                        {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
-                        {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
-                        {"dataset", trainer.dataset().path()},
-                        {"sources", sources}}
-      .dump();
+  // train_samples: what the sampler's order is a permutation of; identity: the file's content (size and checksums, no
+  // token read): so that a file prepared again at the same path shows on resume (resume_data_change)
+  const DataSection& d = trainer.config().data;
+  for (const auto& c : trainer.sources())
+    sources.push_back(
+        {{"path", c.dataset->path()},
+         {"weight", c.weight},
+         {"train_samples", data::SampleSource(*c.dataset, data::DatasetSplit::Train, d.layout, d.seq_len).num_samples()},
+         {"identity", c.dataset->identity()}});
+  tokenizer_json_ = nlohmann::json{
+      {"name", info.tokenizer_name},
+      {"hash", info.tokenizer_hash},
+      {"path", info.tokenizer_path},
+      {"format", info.tokenizer_format},
+      {"vocab_size", info.vocab_size},
+      {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
+      {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
+      {"dataset", trainer.dataset().path()},
+      {"sources",
+       sources}}.dump();
+  return tokenizer_json_;
 }
 
 void CheckpointHooks::report_space(Trainer& trainer) const {
@@ -259,8 +271,10 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   checkpoint::CheckpointReader reader(path);
   check_resume_tokenizer(reader, trainer.dataset());
   // Other data than the checkpoint's (a new mixture for a final phase, or a slip): allowed, and said.
-  const std::string change = resume_data_change(reader, trainer.sources());
+  const std::string change = resume_data_change(reader, trainer.config(), trainer.sources());
   if (!change.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", change);
+  if (!change.empty())
+    trainer.record_event(nlohmann::json{{"kind", "resume_data_changed"}, {"checkpoint", path}, {"change", change}}.dump());
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
   TrainerState state;
   try {
@@ -268,6 +282,11 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   } catch (const CheckpointError& e) {
     throw checkpoint::CheckpointDamaged(e.what());
   }
+  const std::string schedule =
+      resume_schedule_change(reader, trainer.config(), trainer.sources(), trainer.total_steps(), state.step);
+  const std::string optimizer = r.optimizer_loaded ? resume_optimizer_change(reader, trainer.config()) : std::string();
+  for (const std::string& said : {schedule, optimizer})
+    if (!said.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", said);
   if (!r.optimizer_loaded) {  // a full checkpoint: fresh moments, also after a damaged one was partly loaded
     optim::AdamW& adamw = trainer.optimizer();
     for (size_t i = 0; i < adamw.num_shards(); ++i) {

@@ -2,9 +2,11 @@
 #include "shardtrain/train/inputs.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -12,7 +14,9 @@
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/data/batches.hpp"
+#include "shardtrain/optim/schedule.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/train/config_io.hpp"
 
 namespace fs = std::filesystem;
 
@@ -100,9 +104,26 @@ std::string checkpoint_dir_for(const TrainConfig& c, const std::string& run_dir)
 std::string resolve_resume_path(const std::string& resume, const std::string& dir) {
   if (resume.empty()) return {};
   if (resume == "auto") return checkpoint::find_latest(dir);
+  std::error_code ec;
+  if (fs::is_regular_file(resume, ec)) {
+    const fs::path file(resume);
+    const std::string name = file.filename().string(), ext = file.extension().string();
+    const bool in_checkpoint = name == "index.h5" || name == "DONE" || (name.rfind("rank_", 0) == 0 && ext == ".h5");
+    throw CheckpointError(fmt::format(
+        "{}: is a file; --resume takes a checkpoint folder (step_N, with index.h5 and DONE), the checkpoint directory "
+        "above them, or a run directory{}",
+        resume,
+        in_checkpoint ? fmt::format("; the checkpoint is its folder, {}", file.parent_path().string())
+        : ext == ".h5" || ext == ".safetensors"
+            ? "; to start a new run from the weights in this file, use --checkpoint.init_from instead (AdamW starts fresh)"
+            : ""));
+  }
   if (!checkpoint::is_complete(resume)) {
     const std::string latest = checkpoint::find_latest(resume);  // a directory of checkpoints: its newest
     if (!latest.empty()) return latest;
+    // a run directory: its checkpoints folder's newest (what `--logging.run_dir RUN_DIR --resume auto` continues)
+    const std::string in_run = checkpoint::find_latest((fs::path(resume) / "checkpoints").string());
+    if (!in_run.empty()) return in_run;
   }
   return resume;  // the reader says what is wrong with it, if anything
 }
@@ -125,10 +146,124 @@ void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const da
   check_weights_tokenizer(reader.path(), reader.tokenizer(), dataset);
 }
 
-std::string resume_data_change(const checkpoint::CheckpointReader& reader,
+namespace {
+
+// The configuration the checkpoint records, or none (a checkpoint without one, or of a version this build cannot read:
+// nothing to compare with).
+std::optional<TrainConfig> saved_config(const checkpoint::CheckpointReader& reader) {
+  if (reader.config_toml().empty()) return std::nullopt;
+  TrainConfig saved;
+  try {
+    apply_toml_text(saved, reader.config_toml(), reader.path() + ": config");
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  return saved;
+}
+
+// "KEY THEN (this run: NOW)" for each key that differs, comma-separated.
+class KeyChanges {
+ public:
+  template <typename T>
+  void add(std::string_view key, const T& then, const T& now) {
+    if (then != now) text_ += fmt::format("{}{} {} (this run: {})", text_.empty() ? "" : ", ", key, then, now);
+  }
+  bool empty() const { return text_.empty(); }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+// What the checkpoint's sampler position was taken with and this run has otherwise: data.seq_len, data.layout,
+// data.seed, data.shuffle (from the configuration the checkpoint records). The position is a count of samples into
+// the epoch's order, and each of these changes which samples that order holds.
+std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+  const std::optional<TrainConfig> found = saved_config(reader);
+  if (!found) return {};
+  const TrainConfig& saved = *found;
+  std::vector<std::string> out;
+  if (saved.data.seq_len != config.data.seq_len)
+    out.push_back(fmt::format("data.seq_len {} (this run: {})", saved.data.seq_len, config.data.seq_len));
+  if (saved.data.layout != config.data.layout)
+    out.push_back(fmt::format("data.layout \"{}\" (this run: \"{}\")", data::batch_layout_name(saved.data.layout),
+                              data::batch_layout_name(config.data.layout)));
+  if (saved.data.shuffle != config.data.shuffle)
+    out.push_back(fmt::format("data.shuffle {} (this run: {})", saved.data.shuffle, config.data.shuffle));
+  else if (config.data.shuffle && saved.data.seed != config.data.seed)
+    out.push_back(fmt::format("data.seed {} (this run: {})", saved.data.seed, config.data.seed));
+  return out;
+}
+
+}  // namespace
+
+std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
+                                   const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step) {
+  const std::optional<TrainConfig> found = saved_config(reader);
+  if (!found || sources.empty() || total_steps <= 0) return {};
+  const TrainConfig& saved = *found;
+  int64_t saved_total = 0;
+  try {
+    saved_total = planned_steps(saved, global_batches_per_epoch(saved, sources));
+  } catch (const Error&) {
+    return {};  // a length that no longer fits the data: nothing to compare with
+  }
+  const double then = optim::LrSchedule(saved.schedule.lr, saved.optim.adamw.lr, saved_total).lr(step);
+  const double now = optim::LrSchedule(config.schedule.lr, config.optim.adamw.lr, total_steps).lr(step);
+  if (std::abs(then - now) <= 1e-12 * std::max(std::abs(then), std::abs(now))) return {};
+  KeyChanges keys;
+  const optim::ScheduleConfig &a = saved.schedule.lr, &b = config.schedule.lr;
+  keys.add("optim.lr", saved.optim.adamw.lr, config.optim.adamw.lr);
+  keys.add("schedule.kind", std::string(optim::schedule_kind_name(a.kind)), std::string(optim::schedule_kind_name(b.kind)));
+  keys.add("schedule.warmup_steps", a.warmup_steps, b.warmup_steps);
+  keys.add("schedule.warmup_start_factor", a.warmup_start_factor, b.warmup_start_factor);
+  keys.add("schedule.min_lr", a.min_lr, b.min_lr);
+  keys.add("schedule.decay_steps", a.decay_steps, b.decay_steps);
+  keys.add("the run's length in steps", saved_total, total_steps);
+  const std::string list = keys.text();
+  return fmt::format(
+      "{}: the learning-rate schedule is not the saving run's ({}): step {} trains at lr {:.6g}, where the saving run's "
+      "schedule had {:.6g}; the run follows this configuration's schedule from here",
+      reader.path(), list, step + 1, now, then);
+}
+
+std::string resume_optimizer_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+  const std::optional<TrainConfig> found = saved_config(reader);
+  if (!found) return {};
+  const optim::AdamWConfig &a = found->optim.adamw, &b = config.optim.adamw;
+  KeyChanges keys;
+  keys.add("optim.beta1", a.beta1, b.beta1);
+  keys.add("optim.beta2", a.beta2, b.beta2);
+  keys.add("optim.eps", a.eps, b.eps);
+  keys.add("optim.weight_decay", a.weight_decay, b.weight_decay);
+  keys.add("optim.decay", std::string(optim::decay_scope_name(a.decay)), std::string(optim::decay_scope_name(b.decay)));
+  keys.add("optim.max_grad_norm", found->optim.max_grad_norm, config.optim.max_grad_norm);
+  if (keys.empty()) return {};
+  return fmt::format(
+      "{}: AdamW's settings are not the saving run's ({}): its moments are loaded as saved and updated with this run's "
+      "settings from here",
+      reader.path(), keys.text());
+}
+
+std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                const std::vector<data::MixtureComponent>& sources) {
   const auto saved = nlohmann::json::parse(reader.tokenizer().empty() ? "{}" : reader.tokenizer(), nullptr, false);
-  if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) return {};
+  std::vector<std::string> said;
+  const std::vector<std::string> keys = position_key_changes(reader, config);
+  if (!keys.empty()) {
+    std::string list;
+    for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+    said.push_back(fmt::format(
+        "{}: its data position (a count of samples into the epoch's order) was taken with {}: the same count means other "
+        "samples now, so samples already trained on come again and others are skipped (set these back to continue the "
+        "same data)",
+        reader.path(), list));
+  }
+  if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) {
+    std::string text;
+    for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
+    return text;
+  }
   std::vector<std::pair<std::string, double>> before, now;
   for (const auto& e : saved["sources"])
     if (e.is_object()) before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
@@ -145,10 +280,39 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader,
   bool same = before.size() == now.size();
   for (size_t i = 0; same && i < now.size(); ++i)
     same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
-  if (same) return {};
-  return fmt::format(
-      "{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the new data",
-      reader.path(), describe(before), describe(now));
+  if (!same) {
+    said.push_back(fmt::format(
+        "{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the "
+        "new data",
+        reader.path(), describe(before), describe(now)));
+  } else if (keys.empty()) {
+    // The same files, read the same way: a file prepared again at its path (more documents, fewer, another order)
+    // has another count of train samples, and the epoch's order is another permutation (since 2026-11-28 recorded).
+    for (size_t i = 0; i < now.size(); ++i) {
+      const auto& e = saved["sources"][i];
+      if (!e.is_object()) continue;
+      const auto recorded = e.find("train_samples");
+      const auto identity = e.find("identity");
+      const size_t samples =
+          data::SampleSource(*sources[i].dataset, data::DatasetSplit::Train, config.data.layout, config.data.seq_len)
+              .num_samples();
+      if (recorded != e.end() && recorded->is_number_unsigned() && recorded->get<uint64_t>() != samples)
+        said.push_back(fmt::format(
+            "{}: {} held {} train samples of {} tokens when the checkpoint was saved, and holds {} now (prepared again?): "
+            "the epoch's order is another one, so samples already trained on come again and others are skipped",
+            reader.path(), now[i].first, recorded->get<uint64_t>(), config.data.seq_len, samples));
+      else if (identity != e.end() && identity->is_string() &&
+               identity->get<std::string>() != sources[i].dataset->identity())
+        // as many samples, other tokens in them (inputs reordered, one replaced by another of the same size)
+        said.push_back(fmt::format(
+            "{}: {} is not the file the checkpoint was trained on (then: {}; now: {}; prepared again?): the same "
+            "position holds other tokens, so tokens already trained on come again and others are skipped",
+            reader.path(), now[i].first, identity->get<std::string>(), sources[i].dataset->identity()));
+    }
+  }
+  std::string text;
+  for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
+  return text;
 }
 
 }  // namespace shardtrain::train

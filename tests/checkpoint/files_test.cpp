@@ -244,6 +244,26 @@ TEST(CheckpointFiles, MetadataIsCheckedOnOpening) {
           << e.what();
     }
 
+    // Intact but of a newer format (its checksums recorded anew, as a newer build writes them): a plain checkpoint
+    // error, not damage, which --resume auto would set aside as step_N.damaged and train past.
+    const std::string newer = copy_of(good, "newer_format");
+    {
+      auto f = hdf5::open_file(newer + "/index.h5", hdf5::FileMode::ReadWrite);
+      hdf5::set_attr(f, "format_version", int64_t{2});
+      hdf5::record_metadata_checksums(f);
+    }
+    try {
+      checkpoint::CheckpointReader r(newer);
+      ADD_FAILURE() << "a newer format opened";
+    } catch (const checkpoint::CheckpointDamaged& e) {
+      ADD_FAILURE() << "a newer format is not damage: " << e.what();
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(newer + "/index.h5: format version 2, and this build reads version 1: the "
+                                                   "checkpoint was saved by a newer shardtrain"),
+                std::string::npos)
+          << e.what();
+    }
+
     const std::string unrecorded = copy_of(good, "unrecorded");
     for (const char* name : {"index.h5", "rank_00000.h5", "rank_00001.h5"}) {
       auto f = hdf5::open_file(unrecorded + "/" + name, hdf5::FileMode::ReadWrite);

@@ -45,7 +45,8 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
 // The newest complete checkpoint directly under `dir` ("" when there is none). Incomplete ones
 // (a save killed half-way) are ignored.
 std::string find_latest(const std::string& dir);
-// What DONE says of a complete checkpoint's health (Healthy when it predates the record).
+// What DONE says of a complete checkpoint's health (Healthy when it predates the record; Diverging when DONE is not
+// the JSON object a save writes or its "healthy" is not a bool: such a checkpoint does not load either).
 Health checkpoint_health(const std::string& checkpoint_dir);
 // Removes what killed saves and cut-short removals left in `dir`: step_N.tmp and step_N directories without DONE
 // whose every entry is a file a save writes (index.h5, rank_NNNNN.h5, model.h5). Anything else is left alone. Not

@@ -70,6 +70,7 @@ class CheckpointHooks final : public TrainerHooks {
   std::string tokenizer_json(const Trainer& trainer) const;
 
   std::string dir_;
+  mutable std::string tokenizer_json_;  // the same at every save of the run: made once (it hashes the datasets' records)
   std::string last_saved_, resumed_from_;
   std::vector<Fallback> fallbacks_, superseded_;
   int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)

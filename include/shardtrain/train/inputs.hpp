@@ -42,8 +42,18 @@ void check_weights_tokenizer(const std::string& weights, const std::string& toke
                              const data::TokenDataset& dataset);
 
 // "" when the run reads the data the checkpoint was trained on (the same files, however spelled, and
-// weights); otherwise a sentence saying what changed. Allowed (a new mixture for a last phase), but said.
-std::string resume_data_change(const checkpoint::CheckpointReader& reader,
+// weights) the same way; otherwise sentences saying what changed. Allowed (a new mixture for a last phase, a longer
+// data.seq_len), but said: the data.seq_len, layout, seed and shuffle the checkpoint's position was taken with, and
+// each file's train samples, decide which samples that position means (docs/training.md, "Resuming").
+std::string resume_data_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                const std::vector<data::MixtureComponent>& sources);
+// "" when the learning rate of the step after `step` (the checkpoint's) is the saving run's; otherwise a sentence
+// naming the keys that changed the schedule (optim.lr, schedule.*, the run's length) and both rates. Allowed (a run
+// extended past its first horizon), but said: the schedule is a function of the step and of these keys.
+std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
+                                   const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step);
+// "" when AdamW's betas, eps, weight decay (and its scope) and the clipping are the saving run's; otherwise a sentence
+// naming each that changed. Allowed, but said: the moments are loaded as saved and updated with the new settings.
+std::string resume_optimizer_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config);
 
 }  // namespace shardtrain::train
