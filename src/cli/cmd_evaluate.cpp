@@ -15,6 +15,7 @@
 #include "config_args.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/tokenizer.hpp"
+#include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -146,6 +147,7 @@ nlohmann::json evaluate_weights(train::Replica& replica, train::Evaluator& evalu
 }
 
 int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
+  if (!rt->device().is_cuda()) check_address_space(rt->host_threads(), "evaluate");
   const int64_t batches = parse_batches(o.batches);
   const data::DatasetSplit split = parse_split(o.split);
   // What to evaluate: the weights, or with --every-checkpoint each complete checkpoint of the directory,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/model/sampling.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/topology.hpp"
 
 namespace shardtrain::cli {
@@ -33,6 +35,7 @@ int run_generate(const GenerateOptions& o) {
     throw UsageError(fmt::format("--temperature {}: expected a finite number >= 0 (0 = greedy)", o.sampling.temperature));
   model::validate(o.sampling);
   if (o.max_tokens <= 0) throw UsageError(fmt::format("--max-tokens {}: expected a positive count", o.max_tokens));
+  check_address_space(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "generate");
   auto source = checkpoint::open_tensor_source(o.checkpoint);
   std::string tok_path = o.tokenizer;
   if (tok_path.empty()) {

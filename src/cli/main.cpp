@@ -111,6 +111,15 @@ ExitCode unclassified_code(const std::exception& e) {
   return dynamic_cast<const std::filesystem::filesystem_error*>(&e) ? ExitCode::Io : ExitCode::Internal;
 }
 
+// std::bad_alloc that no command turned into its own message: out of host memory (exit code 7, not restartable: the
+// same sizes run out again), not an internal error.
+Error out_of_host_memory(const std::string& command) {
+  return Error(ExitCode::Device,
+               fmt::format("out of host memory in {} (std::bad_alloc): the model or batch needs more than this process "
+                           "can have (its memory, or an address-space limit: ulimit -v)",
+                           command));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,6 +222,8 @@ int main(int argc, char** argv) {
       return selected->run(nullptr);
     } catch (const Error& e) {
       return fail(e, e.code());
+    } catch (const std::bad_alloc&) {
+      return fail(out_of_host_memory(selected->app->get_name()), ExitCode::Device);
     } catch (const std::exception& e) {
       return fail(e, unclassified_code(e));
     }
@@ -226,6 +237,8 @@ int main(int argc, char** argv) {
     return selected->run(&runtime);
   } catch (const Error& e) {
     return fail(e, e.code());
+  } catch (const std::bad_alloc&) {
+    return fail(out_of_host_memory(selected->app->get_name()), ExitCode::Device);
   } catch (const std::exception& e) {
     return fail(e, unclassified_code(e));
   }

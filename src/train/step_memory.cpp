@@ -1,19 +1,17 @@
 // A training step's memory against the rank's share, before anything is allocated (step_memory.hpp).
 #include "shardtrain/train/step_memory.hpp"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/model/spec.hpp"
+#include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/train/replica.hpp"
@@ -29,30 +27,6 @@ struct Part {
   std::string key;     // the key that makes it
   std::string advice;  // what to change when it is most of a step that does not fit
 };
-
-// The process's address space as far as its limit (RLIMIT_AS, `ulimit -v`) leaves it room: nullopt when unlimited.
-// Under such a limit a failed allocation is not always an error: OpenBLAS 0.3's buffer allocation retries without
-// end when malloc fails, so the first GEMM of a thread spins forever (a hang, not std::bad_alloc). The room kept for
-// what a step's plan does not count is measured, not assumed: a tiny CPU run grows from 1.3 to 2.0 GB of address
-// space on 2 threads (8 threads: each a stack and a malloc arena of up to 64 MiB; the OpenBLAS buffers, 128 MiB
-// each on x86-64, one per thread that calls it at a time).
-struct AddressSpace {
-  double limit = 0, mapped = 0, kept = 0;
-  double room() const { return std::max(limit - mapped - kept, 0.0); }
-};
-
-std::optional<AddressSpace> address_space_limit(int host_threads) {
-  rlimit r{};
-  if (getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  AddressSpace a;
-  a.limit = static_cast<double>(r.rlim_cur);
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmSize:", 0) == 0) a.mapped = std::stod(line.substr(7)) * 1024;  // "VmSize:  1309752 kB"
-  const double mib = 1024.0 * 1024.0, threads = std::max(host_threads, 1);
-  a.kept = 128 * mib * (threads + 1) + 64 * mib * (threads + 4);
-  return a;
-}
 
 }  // namespace
 
@@ -84,13 +58,8 @@ void check_step_memory(const TrainConfig& c, const Runtime& rt) {
   std::string host_advice_first;  // what to change before the step's own sizes
   if (const auto as = address_space_limit(rt.host_threads()); as && as->room() < host_share) {
     host_share = as->room();
-    host_name = fmt::format(
-        "the process's address-space limit (ulimit -v: {}; {} mapped already, {} kept for threads "
-        "and OpenBLAS's buffers)",
-        bytes_text(as->limit), bytes_text(as->mapped), bytes_text(as->kept));
-    host_advice_first =
-        "raise the limit (`ulimit -v unlimited` before launching; under Slurm, submit with --propagate=NONE so the "
-        "login shell's limit stays behind), or ";
+    host_name = as->describe();
+    host_advice_first = std::string(kRaiseAddressSpaceLimit) + ", or ";
   }
   const bool on_gpu = d.is_cuda();
   const double gpu_share = on_gpu ? static_cast<double>(d.memory_bytes) / std::max(d.ranks_sharing, 1) : 0;

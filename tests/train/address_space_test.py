@@ -6,7 +6,9 @@ space used to spin in its first GEMM until the job's time ran out. Through the b
   with exit 3 naming the address-space limit and how to raise it, or exit 7 out of host memory whose failure
   record is not restartable and blames no node, or trains (exit 0, a finite loss); never in another way, never a
   refusal after a limit that trained, and both a refusal and a run that trains occur;
-- a refusal on 2 ranks under mpirun is one error line, exit 3, and leaves no checkpoint behind."""
+- a refusal on 2 ranks under mpirun is one error line, exit 3, and leaves no checkpoint behind;
+- `evaluate` under a limit too tight for OpenBLAS is exit 7 at once (it hung), and a batch past the limit is exit 7
+  out of host memory (it was an internal error, exit 1)."""
 import json
 import math
 import os
@@ -101,5 +103,37 @@ if refused:
     e = errors(err)
     check(rc == 3 and len(e) == 1 and "address-space limit" in e[0], f"2 ranks: exit {rc}, {len(e)} error lines: {err[-1500:]}")
     check(not os.path.isdir(os.path.join(run_dir, "checkpoints", "step_00000001")), "2 ranks: a refused run saved")
+
+# evaluate: the same limits. One that leaves less than threads and OpenBLAS take is refused at once (it hung: 1.6 and
+# 1.8 GB ran past any timeout); one that leaves them room but not the batch ends out of host memory, exit 7 (it was
+# "internal error: std::bad_alloc", exit 1): a micro-batch of 2048 x 128 has 1 GiB of logits per 256 rows.
+def evaluate(limit, *extra):
+    st = os.path.abspath(args.shardtrain)
+    trained = os.path.join(work, f"as_{(14 + 2 * (len(outcomes) - 1))}")
+    cmd = [st, "evaluate", "-w", os.path.join(trained, "checkpoints"), "-c", os.path.join(trained, "config.toml"),
+           "--batches", "1", *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", cwd=work,
+                         start_new_session=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    try:
+        return p.communicate(timeout=60)[1], p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        return p.communicate()[1], None
+
+
+if refused and outcomes[-1] == 0:
+    err, rc = evaluate(refused[0])
+    e = errors(err)
+    check(rc == 7 and len(e) == 1 and "out of host memory before evaluate started: the process's address-space limit"
+          in e[0] and "`ulimit -v unlimited`" in e[0], f"evaluate under {refused[0] / GB:.1f} GB: exit {rc}: {err[-1500:]}")
+    print(f"evaluate under {refused[0] / GB:.1f} GB: exit {rc}")
+    trained_limit = 14 * GB // 10 + (len(outcomes) - 1) * 2 * GB // 10
+    err, rc = evaluate(trained_limit + 2 * GB // 10, "--split", "train", "--data.micro_batch_size", "2048",
+                       "--data.global_batch_size", "2048")
+    e = errors(err)
+    check(rc == 7 and len(e) == 1 and "out of host memory in evaluate (std::bad_alloc)" in e[0],
+          f"evaluate of a batch past the limit: exit {rc}: {err[-1500:]}")
+    print(f"evaluate of 2048 x 128 under {(trained_limit + 2 * GB // 10) / GB:.1f} GB: exit {rc}")
 
 check.finish(f"address-space limits: {len(outcomes)} runs, none hung, outcomes {outcomes}")
