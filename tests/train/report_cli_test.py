@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import clitest  # noqa: E402
+import tfrecord  # noqa: E402
 
 args = clitest.parse_args()
 check = clitest.Checks()
@@ -71,26 +72,6 @@ def metrics_lines(run_dir):
     return out
 
 
-CRC_TABLE = []
-for n in range(256):
-    c = n
-    for _ in range(8):
-        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    CRC_TABLE.append(c)
-
-
-def masked_crc32c(data):
-    """TFRecord's checksum: CRC-32C (reflected 0x82F63B78, initial and final xor 0xFFFFFFFF), rotated and offset."""
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-assert masked_crc32c(b"") == 0xA282EAD8  # CRC-32C of nothing is 0
-
-
 def protobuf_fields(data):
     """(field number, value) of a protobuf message: varints as ints, fixed64 and fixed32 as bytes, the rest as bytes."""
     at = 0
@@ -126,19 +107,13 @@ def read_event_file(path):
     """[(step, {tag: float})] of the summaries, after checking every frame (TFRecord: uint64 length, masked CRC of it,
     the Event, masked CRC of it) and that the first Event is the file version (tensorflow's event.proto: 1 wall_time,
     2 step, 3 file_version, 5 summary; summary.proto: 1 value, and in it 1 tag, 2 simple_value)."""
-    data = open(path, "rb").read()
-    out, at, first = [], 0, True
-    while at < len(data):
-        ok = at + 12 <= len(data)
-        n = struct.unpack_from("<Q", data, at)[0] if ok else 0
-        ok = ok and struct.unpack_from("<I", data, at + 8)[0] == masked_crc32c(data[at:at + 8]) and at + 16 + n <= len(data)
-        body = data[at + 12:at + 12 + n]
-        ok = ok and struct.unpack_from("<I", data, at + 12 + n)[0] == masked_crc32c(body)
-        check(ok, f"{path}: a bad frame at byte {at}")
-        if not ok:
+    out, first = [], True
+    for at, body, problem in tfrecord.records(open(path, "rb").read()):
+        check(problem is None, f"{path}: a bad frame at byte {at}: {problem}")
+        if problem:
             break
-        fields = dict(protobuf_fields(body)) if first else None
         if first:
+            fields = dict(protobuf_fields(body))
             check(fields.get(3) == b"brain.Event:2", f"{path}: the first event names the file version: {fields}")
         else:
             step, scalars = 0, {}
@@ -152,7 +127,6 @@ def read_event_file(path):
                             scalars[parts[1].decode()] = struct.unpack("<f", parts[2])[0]
             out.append((step, scalars))
         first = False
-        at += 16 + n
     return out
 
 

@@ -25,6 +25,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import clitest  # noqa: E402
+import tfrecord  # noqa: E402
 
 args = clitest.parse_args()
 check = clitest.Checks()
@@ -33,29 +34,6 @@ st = args.shardtrain
 
 
 # CRC-32C: reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF; TFRecord masks it.
-CRC_TABLE = []
-for n in range(256):
-    c = n
-    for _ in range(8):
-        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    CRC_TABLE.append(c)
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(data):
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-assert crc32c(b"123456789") == 0xE3069283  # the published check value
-
-
 def event_class():
     """tensorflow/core/util/event.proto's Event and framework/summary.proto's Summary, by field number."""
     F = descriptor_pb2.FieldDescriptorProto
@@ -87,27 +65,16 @@ Event = event_class()
 
 def read_events(path):
     """Every Event of a file; a bad length, CRC or torn record is a failure."""
-    data = open(path, "rb").read()
-    events, at = [], 0
-    while at < len(data):
-        if at + 12 > len(data):
-            check(False, f"{path}: a torn record header at byte {at}")
+    events = []
+    for at, body, problem in tfrecord.records(open(path, "rb").read()):
+        if problem:
+            check(False, f"{path}: {problem} at byte {at}")
             break
-        (n,) = struct.unpack_from("<Q", data, at)
-        (len_crc,) = struct.unpack_from("<I", data, at + 8)
-        check(len_crc == masked(data[at:at + 8]), f"{path}: length CRC of the record at byte {at}")
-        if at + 16 + n > len(data):
-            check(False, f"{path}: a torn record at byte {at}")
-            break
-        body = data[at + 12:at + 12 + n]
-        (body_crc,) = struct.unpack_from("<I", data, at + 12 + n)
-        check(body_crc == masked(body), f"{path}: data CRC of the record at byte {at}")
         e = Event()
         e.ParseFromString(body)
         # Nothing outside the public fields, and the canonical encoding: it serializes back to the same bytes.
         check(e.SerializeToString(deterministic=True) == body, f"{path}: record at byte {at} holds fields this decoder does not know")
         events.append(e)
-        at += 16 + n
     return events
 
 
