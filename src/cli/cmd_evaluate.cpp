@@ -3,9 +3,11 @@
 // trainer's own evaluation (train::Evaluator on a train::Replica, as the trainer builds them): the same mesh,
 // engine, backend and loaders, so on the training run's ranks and batches it gives the run's validation loss,
 // and it runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
@@ -13,6 +15,7 @@
 
 #include "command.hpp"
 #include "config_args.hpp"
+#include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/address_space.hpp"
@@ -84,15 +87,21 @@ data::DatasetSplit parse_split(const std::string& text) {
   throw UsageError(fmt::format("--split '{}': expected validation (the held-out samples) or train", text));
 }
 
-// One set of weights through the trainer's evaluation: imported into the replica's engine (collective),
-// evaluated, printed by rank 0; returns its JSON record.
-nlohmann::json evaluate_weights(train::Replica& replica, train::Evaluator& evaluator, const data::TokenDataset& dataset,
-                                checkpoint::TensorSource& source, const train::TrainConfig& c,
-                                const std::vector<uint32_t>& id_bytes, Runtime* rt) {
+// One set of weights, imported into the replica's engine (evaluate_weights' first half): the node's first rank
+// reads for the node with checkpoint.cpu_ram_efficient_loading, unless `each_rank_reads` (a damaged chunk must reach
+// every rank's catch alike, not leave the node's other ranks in the leader's broadcast).
+void import_for_evaluation(train::Replica& replica, const data::TokenDataset& dataset, checkpoint::TensorSource& source,
+                           const train::TrainConfig& c, bool each_rank_reads) {
   train::check_weights_tokenizer(source.path(), source.tokenizer(), dataset);
   checkpoint::import_weights(replica.engine(), source,
-                             c.checkpoint.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
-                                                                    : checkpoint::ImportMode::EveryRankReadsItsSlices);
+                             c.checkpoint.cpu_ram_efficient_loading && !each_rank_reads
+                                 ? checkpoint::ImportMode::NodeLeaderReads
+                                 : checkpoint::ImportMode::EveryRankReadsItsSlices);
+}
+
+// The imported weights through the trainer's evaluation (collective), printed by rank 0; returns its JSON record.
+nlohmann::json evaluate_weights(train::Evaluator& evaluator, const checkpoint::TensorSource& source,
+                                const std::vector<uint32_t>& id_bytes, Runtime* rt) {
   const std::vector<train::Evaluator::SourcePlan> plan = evaluator.plan();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
@@ -153,15 +162,30 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // What to evaluate: the weights, or with --every-checkpoint each complete checkpoint of the directory,
   // oldest first (the milestones keep_every keeps, and the newest).
   std::vector<std::string> targets;
+  std::vector<int64_t> target_steps;  // -1 for weights named alone
   if (o.every_checkpoint) {
-    for (const auto& [step, path] : checkpoint::complete_checkpoints(o.weights)) targets.push_back(path);
+    for (const auto& [step, path] : checkpoint::complete_checkpoints(o.weights)) {
+      targets.push_back(path);
+      target_steps.push_back(step);
+    }
     if (targets.empty())
       throw CheckpointError(
           fmt::format("{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory", o.weights));
   } else {
     targets.push_back(o.weights);
+    target_steps.push_back(-1);
   }
-  auto source = checkpoint::open_tensor_source(targets.back());
+  // The newest one that opens gives the run config; a damaged one among several is skipped (below), not the end.
+  std::unique_ptr<checkpoint::TensorSource> source;
+  size_t source_index = targets.size();
+  for (size_t k = targets.size(); k-- > 0 && !source;) {
+    try {
+      source = checkpoint::open_tensor_source(targets[k]);
+      source_index = k;
+    } catch (const checkpoint::CheckpointDamaged&) {
+      if (!o.every_checkpoint || k == 0) throw;
+    }
+  }
 
   // The run's configuration: --config, else the one the (newest) checkpoint was trained with (its data,
   // layout, sequence length, mesh), else the defaults; then the overrides. The architecture is the weights'.
@@ -212,20 +236,47 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   if (rt->topology().world_rank == 0)
     std::printf("evaluate: the %s split; config: %s\n", data::dataset_split_name(split), config_source.c_str());
 
+  // With --every-checkpoint a damaged checkpoint (a bad DONE, a chunk whose checksum fails on whichever rank reads
+  // it) is skipped with its reason, on every rank alike, instead of ending the table at the first one.
   std::vector<nlohmann::json> results;
+  const int rank = rt->topology().world_rank;
   for (size_t k = 0; k < targets.size(); ++k) {
-    // Each checkpoint must be of the same model (import_weights refuses another architecture, naming it).
-    const auto weights = k + 1 == targets.size() ? std::move(source) : checkpoint::open_tensor_source(targets[k]);
-    results.push_back(evaluate_weights(replica, evaluator, dataset, *weights, c, id_bytes, rt));
+    std::unique_ptr<checkpoint::TensorSource> weights;
+    std::string damaged;
+    try {
+      // Each checkpoint must be of the same model (import_weights refuses another architecture, naming it).
+      weights = k == source_index ? std::move(source) : checkpoint::open_tensor_source(targets[k]);
+      import_for_evaluation(replica, dataset, *weights, c, o.every_checkpoint);
+    } catch (const checkpoint::CheckpointDamaged& e) {
+      if (!o.every_checkpoint) throw;
+      damaged = e.what();
+    }
+    if (o.every_checkpoint) damaged = train::lowest_error(rt->world(), rank, damaged);
+    if (!damaged.empty()) {
+      if (rank == 0) log::warn("evaluate: {} skipped, damaged: {}", targets[k], damaged);
+      results.push_back({{"weights", targets[k]}, {"step", target_steps[k]}, {"error", damaged}});
+      continue;
+    }
+    results.push_back(evaluate_weights(evaluator, *weights, id_bytes, rt));
   }
-  if (rt->topology().world_rank != 0) return 0;
+  if (std::all_of(results.begin(), results.end(), [](const nlohmann::json& r) { return r.contains("error"); }))
+    throw checkpoint::CheckpointDamaged(
+        fmt::format("{}: --every-checkpoint: none of its {} complete checkpoint(s) could be "
+                    "evaluated, each is damaged (above)",
+                    o.weights, results.size()));
+  if (rank != 0) return 0;
   if (results.size() > 1) {
     std::printf("every checkpoint of %s:\n  %10s  %10s  %12s  %14s\n", o.weights.c_str(), "step", "loss", "perplexity",
                 "bits per byte");
-    for (const nlohmann::json& r : results)
+    for (const nlohmann::json& r : results) {
+      if (r.contains("error")) {
+        std::printf("  %10lld  %10s  (damaged: not evaluated)\n", static_cast<long long>(r["step"].get<int64_t>()), "-");
+        continue;
+      }
       std::printf("  %10lld  %10.6f  %12.4g  %14s\n", static_cast<long long>(r["step"].get<int64_t>()),
                   r["loss"].get<double>(), r["perplexity"].get<double>(),
                   r["bits_per_byte"].is_null() ? "-" : fmt::format("{:.4f}", r["bits_per_byte"].get<double>()).c_str());
+    }
   }
   if (!o.json.empty()) {
     nlohmann::json j = {{"split", data::dataset_split_name(split)},

@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <condition_variable>
 #include <filesystem>
@@ -25,6 +24,7 @@
 #include "shardtrain/runtime/session.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/rank_agreement.hpp"
 
 namespace shardtrain::train {
 namespace {
@@ -76,19 +76,6 @@ class SaveDeadline {
   bool done_ = false;
   std::thread thread_;
 };
-
-// Collective: "" when no rank has an error, else the lowest failing rank's ("rank N: " before any but rank 0's).
-std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {
-  int v[2] = {error.empty() ? 0 : -1, error.empty() ? INT_MAX : rank};
-  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, world));
-  if (v[0] == 0) return {};
-  std::string text = rank == v[1] ? error : std::string();
-  int length = static_cast<int>(text.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, v[1], world));
-  text.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, v[1], world));
-  return v[1] == 0 ? text : fmt::format("rank {}: {}", v[1], text);
-}
 
 // Whether every element of this rank's weight shards is finite (host or device shards alike; device shards are
 // read on `stream`, the ops' stream, after the work queued there).

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <sstream>
@@ -141,6 +142,18 @@ void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureCo
         fmt::format("the ranks read different datasets: {}; every rank must read the same file (a node with another or a "
                     "partial copy?)",
                     d));
+}
+
+std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {
+  int v[2] = {error.empty() ? 0 : -1, error.empty() ? INT_MAX : rank};
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, world));
+  if (v[0] == 0) return {};
+  std::string text = rank == v[1] ? error : std::string();
+  int length = static_cast<int>(text.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, v[1], world));
+  text.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, v[1], world));
+  return v[1] == 0 ? text : fmt::format("rank {}: {}", v[1], text);
 }
 
 }  // namespace shardtrain::train

@@ -6,10 +6,12 @@ consolidated file and Hugging Face directory of step 12 (the same weights); a bf
 equal. Over the whole split the loss does not depend on the rank count, and the counts follow from the
 dataset (whole batches of the split's samples, every position a target in the packed layout). Bad input:
 weights of another tokenizer, a missing path, bad --batches / --split, no dataset: one error each, the
-documented exit code. evaluate writes nothing into the run directory, only --json, whole."""
+documented exit code. evaluate writes nothing into the run directory, only --json, whole. --every-checkpoint
+skips a damaged checkpoint (a garbage DONE, a chunk only one rank reads) with its reason, on every rank alike."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -108,6 +110,42 @@ check("every checkpoint of" in p.stdout and f"{evals[6]['val_loss']:.6f}" in p.s
 p, j = evaluate("--weights", os.path.join(ckpts, "step_00000006"), "--every-checkpoint", ranks=1, name="every_none")
 check(p.returncode == 5 and "--every-checkpoint: no complete checkpoint" in p.stderr and j is None,
       f"--every-checkpoint on one checkpoint: exit {p.returncode}: {p.stderr[-600:]}")
+
+# A damaged checkpoint among them is skipped with its reason, not the end of the table: a garbage DONE marker on the
+# newest (its run config then comes from the one before), and a chunk of step 6's second rank file with bytes
+# flipped, which only the rank reading that file meets (every rank skips it alike; no rank waits for another).
+damaged = os.path.join(work, "damaged_ckpts")
+shutil.copytree(ckpts, damaged)
+open(os.path.join(damaged, "step_00000012", "DONE"), "w").write("garbage\n")
+p, j = evaluate("--weights", damaged, "--every-checkpoint", "--batches", "3", name="every_damaged")
+rows = j["checkpoints"] if j else []
+check(p.returncode == 0 and [r["step"] for r in rows] == [6, 12] and rows[0].get("loss") == evals[6]["val_loss"]
+      and "DONE" in rows[1].get("error", "") and "loss" not in rows[1],
+      f"--every-checkpoint past a damaged DONE: exit {p.returncode}: {rows}: {p.stderr[-1500:]}")
+check("(damaged: not evaluated)" in p.stdout and p.stderr.count("skipped, damaged") == 1,
+      f"the damaged checkpoint's row and one warning: {p.stdout[-800:]} {p.stderr[-800:]}")
+shutil.copy(os.path.join(ckpts, "step_00000012", "DONE"), os.path.join(damaged, "step_00000012", "DONE"))
+rank1 = os.path.join(damaged, "step_00000006", "rank_00001.h5")
+raw = os.path.join(work, "param0.bin")  # the first unit's parameters as stored, to find them in the file's bytes
+subprocess.run(["h5dump", "-d", "/units/0000/param", "-b", "LE", "-o", raw, rank1], check=True, capture_output=True)
+data = bytearray(open(rank1, "rb").read())
+at = data.find(open(raw, "rb").read()[:256])
+check(at > 0, f"the first unit's parameters in {rank1}: at {at}")
+for i in range(at, at + 64):
+    data[i] ^= 0xFF
+open(rank1, "wb").write(bytes(data))
+p, j = evaluate("--weights", damaged, "--every-checkpoint", "--batches", "3", name="every_chunk")
+rows = j["checkpoints"] if j else []
+check(p.returncode == 0 and [r["step"] for r in rows] == [6, 12] and rows[0].get("error", "").startswith("rank 1: ")
+      and "rank_00001.h5" in rows[0]["error"] and rows[1].get("loss") == evals[12]["val_loss"],
+      f"--every-checkpoint past a chunk only rank 1 reads: exit {p.returncode}: {rows}: {p.stderr[-1500:]}")
+open(os.path.join(damaged, "step_00000012", "DONE"), "w").write("garbage\n")
+p, j = evaluate("--weights", damaged, "--every-checkpoint", "--batches", "3", name="every_none_good")
+check(p.returncode == 5 and "none of its 2 complete checkpoint(s) could be evaluated" in p.stderr and j is None,
+      f"--every-checkpoint with every checkpoint damaged: exit {p.returncode}: {p.stderr[-800:]}")
+p, j = evaluate("--weights", os.path.join(damaged, "step_00000006"), "--batches", "3", name="one_damaged")
+check(p.returncode == 5 and "rank_00001.h5" in p.stderr and j is None,
+      f"the damaged checkpoint named alone: exit {p.returncode}: {p.stderr[-800:]}")
 
 # ---- the same weights in the other forms ---------------------------------------------------------------------
 exports = {}

@@ -28,4 +28,9 @@ std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::
 void check_ranks_agree_on_config(MPI_Comm world, const std::string& resolved_toml);
 void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureComponent>& sources);
 
+// Collective over `world`: "" when no rank has an error, else the lowest failing rank's ("rank N: " before any but
+// rank 0's), on every rank. For a failure that only some ranks meet (each read other parts of a file), so that all
+// take the same branch after it.
+std::string lowest_error(MPI_Comm world, int rank, const std::string& error);
+
 }  // namespace shardtrain::train

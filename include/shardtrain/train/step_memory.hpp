@@ -16,9 +16,10 @@ double micro_batch_buffer_bytes(int64_t micro_batch, int64_t seq_len);
 // state, gathered parameters and gradients, one micro-batch's activations; op scratch left out) plus the loaders'
 // micro-batch buffers (data.prefetch ready and the 2 x accumulation steps the trainer holds, 4 per evaluated
 // source), against the rank's share of the memory it lands in: its GPU's (ranks sharing it), or the host's over the
-// node's ranks (on the CPU, and for the loaders and offloaded state). ConfigError naming the key that makes most of
-// it: data.micro_batch_size (data.global_batch_size when the micro-batch is derived from it), data.prefetch, or the
-// model's largest size. A world the batch does not divide is left to validate_for_world.
+// node's ranks (on the CPU, and for the loaders and offloaded state), or less when an address-space limit (ulimit -v)
+// leaves less (runtime/address_space.hpp: OpenBLAS hangs rather than fails past it). ConfigError naming the key that
+// makes most of it: data.micro_batch_size (data.global_batch_size when the micro-batch is derived from it),
+// data.prefetch, or the model's largest size. A world the batch does not divide is left to validate_for_world.
 void check_step_memory(const TrainConfig& c, const Runtime& rt);
 
 }  // namespace shardtrain::train
