@@ -48,3 +48,21 @@ def records(data):
             return
         yield at, body, None
         at += 16 + n
+
+
+def f32(x):
+    """x as the float32 an event's simple_value holds."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def expected_scalars(line):
+    """{tag: value} that a metrics.jsonl train or eval line gives TensorBoard, by the rule docs/training.md states:
+    every number but the step, objects one level down ("train/loss", "eval/val_loss/<source>"), unrounded."""
+    out = {}
+    for key, v in line.items():
+        if key == "step":
+            continue
+        for name, w in (v.items() if isinstance(v, dict) else [(None, v)]):
+            if isinstance(w, (int, float)) and not isinstance(w, bool):
+                out[f"{line['kind']}/{key}" + (f"/{name}" if name else "")] = w
+    return out

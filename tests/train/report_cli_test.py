@@ -130,21 +130,6 @@ def read_event_file(path):
     return out
 
 
-def f32(x):
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def expected_scalars(line):
-    out = {}
-    for key, v in line.items():
-        if key == "step":
-            continue
-        for name, w in (v.items() if isinstance(v, dict) else [(None, v)]):
-            if isinstance(w, (int, float)) and not isinstance(w, bool):
-                out[f"{line['kind']}/{key}" + (f"/{name}" if name else "")] = f32(w)
-    return out
-
-
 def seconds(duration):
     """format_duration's text back to seconds: 12s, 3m07s, 1h02m."""
     m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", duration)
@@ -229,7 +214,8 @@ check(left is not None and left >= 3, f"time left at step 6 of 40 after a resume
 events = []
 for path in sorted(glob.glob(os.path.join(work, "resumed", "events.out.tfevents.*"))):
     events += read_event_file(path)
-want = [(l["step"], expected_scalars(l)) for l in lines if l and l.get("kind") in ("train", "eval")]
+want = [(l["step"], {t: tfrecord.f32(v) for t, v in tfrecord.expected_scalars(l).items()})
+        for l in lines if l and l.get("kind") in ("train", "eval")]
 check(len(glob.glob(os.path.join(work, "resumed", "events.out.tfevents.*"))) == 2, "one event file per start")
 check(events == want, f"event files against metrics.jsonl: {len(events)} events for {len(want)} lines; first difference "
       f"{next(((e, w) for e, w in zip(events, want) if e != w), None)}")

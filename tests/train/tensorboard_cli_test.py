@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -78,25 +77,6 @@ def read_events(path):
     return events
 
 
-def f32(x):
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def expected_scalars(line):
-    """The rule docs/training.md gives: every number of a train or eval line but the step, objects one level down."""
-    out = {}
-    for key, v in line.items():
-        if key == "step":
-            continue
-        if isinstance(v, dict):
-            for name, w in v.items():
-                if isinstance(w, (int, float)) and not isinstance(w, bool):
-                    out[f"{line['kind']}/{key}/{name}"] = w
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[f"{line['kind']}/{key}"] = v
-    return out
-
-
 def compare(run_dir, started, ended, files_expected=1):
     """The run's event files (rank 0's: one per process start) against its metrics.jsonl, in file-name order;
     returns the train lines' steps."""
@@ -120,7 +100,7 @@ def compare(run_dir, started, ended, files_expected=1):
         check(started - 2 <= e.wall_time <= ended, f"{what}: wall time {e.wall_time} outside the run")
         got = {v.tag: v.simple_value for v in e.summary.value}
         check(len(got) == len(e.summary.value), f"{what}: a tag twice")
-        want = {tag: f32(x) for tag, x in expected_scalars(line).items()}
+        want = {tag: tfrecord.f32(x) for tag, x in tfrecord.expected_scalars(line).items()}
         check(got == want, f"{what}: scalars {got}, expected {want}")
     return [l["step"] for l in lines if l["kind"] == "train"]
 
