@@ -21,6 +21,7 @@
 #include "shardtrain/model/dense_params.hpp"
 #include "shardtrain/model/llama.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
+#include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/topology.hpp"
 
@@ -169,6 +170,9 @@ Command add_bench_command(CLI::App& parent) {
   const BenchSubcommand attention = add_bench_attention_command(*c.app);
   const BenchSubcommand comm = add_bench_comm_command(*c.app);
   c.run = [opts, ops, step, attention, comm](Runtime* rt) {
+    // Every bench but comm runs GEMMs: on the CPU, an address-space limit too tight for OpenBLAS's buffers is refused
+    // here rather than met as a hang in the first one.
+    if (!comm.app->parsed() && !rt->device().is_cuda()) check_address_space(rt->host_threads(), "bench");
     if (ops.app->parsed()) return ops.run(rt);
     if (attention.app->parsed()) return attention.run(rt);
     if (step.app->parsed()) return step.run(rt);

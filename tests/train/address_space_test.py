@@ -7,8 +7,8 @@ space used to spin in its first GEMM until the job's time ran out. Through the b
   record is not restartable and blames no node, or trains (exit 0, a finite loss); never in another way, never a
   refusal after a limit that trained, and both a refusal and a run that trains occur;
 - a refusal on 2 ranks under mpirun is one error line, exit 3, and leaves no checkpoint behind;
-- `evaluate` under a limit too tight for OpenBLAS is exit 7 at once (it hung), and a batch past the limit is exit 7
-  out of host memory (it was an internal error, exit 1)."""
+- `evaluate` and `bench model` under a limit too tight for OpenBLAS are exit 7 at once (they hung), and an evaluate
+  batch past the limit is exit 7 out of host memory (it was an internal error, exit 1)."""
 import json
 import math
 import os
@@ -128,6 +128,11 @@ if refused and outcomes[-1] == 0:
     check(rc == 7 and len(e) == 1 and "out of host memory before evaluate started: the process's address-space limit"
           in e[0] and "`ulimit -v unlimited`" in e[0], f"evaluate under {refused[0] / GB:.1f} GB: exit {rc}: {err[-1500:]}")
     print(f"evaluate under {refused[0] / GB:.1f} GB: exit {rc}")
+    # bench runs GEMMs too: refused the same way (bench model hung like evaluate).
+    b = subprocess.run([os.path.abspath(args.shardtrain), "bench", "model"], capture_output=True, text=True, cwd=work,
+                       timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (refused[0], refused[0])))
+    check(b.returncode == 7 and "out of host memory before bench started" in b.stderr,
+          f"bench model under {refused[0] / GB:.1f} GB: exit {b.returncode}: {b.stderr[-800:]}")
     trained_limit = 14 * GB // 10 + (len(outcomes) - 1) * 2 * GB // 10
     err, rc = evaluate(trained_limit + 2 * GB // 10, "--split", "train", "--data.micro_batch_size", "2048",
                        "--data.global_batch_size", "2048")
