@@ -484,10 +484,12 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   if (async_.pending()) wait_async(trainer);
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
+  const auto& c = trainer.config().checkpoint;
+  // Armed before the first of the save's host collectives (the finiteness all-reduce): none of them is watched by the
+  // collective watchdog, so a rank that never reached one would otherwise hold the others there for ever.
+  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
   if (!weights_savable(trainer, cause)) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
-  const auto& c = trainer.config().checkpoint;
-  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
   // A complete checkpoint of this step that is there already is left alone by the save: it is not this run's
   // save, and is never reported as the run's last checkpoint.
   // Rank 0's view, as the save's own (checkpoint::save_*): a rank that saw otherwise would count failed saves apart.
@@ -508,12 +510,12 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   if (async_.pending()) wait_async(trainer);  // the previous one first: its failure is its own
-  if (!weights_savable(trainer, SaveCause::Periodic)) return;
   const auto& c = trainer.config().checkpoint;
-  last_saved_step_ = async_step_ = s.step;
-  async_started_ = Clock::now();
   const SaveDeadline deadline(c.save_timeout, c.save_timeout,
                               fmt::format("the start of the asynchronous save of step {}", s.step));
+  if (!weights_savable(trainer, SaveCause::Periodic)) return;
+  last_saved_step_ = async_step_ = s.step;
+  async_started_ = Clock::now();
   async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
 }
 
