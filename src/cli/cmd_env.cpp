@@ -61,9 +61,12 @@ int run_env(Runtime& rt, const EnvOptions& o) {
   if (!device_space) {
     std::vector<int> world(t.world_size);
     std::iota(world.begin(), world.end(), 0);
-    ok = check_axis(comms.shard(), shard_groups[mesh.coord().replicate], t.world_rank) &&
-         check_axis(comms.replicate(), replicate_groups[mesh.coord().shard], t.world_rank) &&
-         check_axis(comms.world(), world, t.world_rank);
+    // Every axis on every rank, whatever the first gave: with `&&` a rank whose shard sum came out wrong (what this
+    // command is for) skipped the two all-reduces its peers waited in, until the watchdog ended them.
+    const bool shard_ok = check_axis(comms.shard(), shard_groups[mesh.coord().replicate], t.world_rank);
+    const bool replicate_ok = check_axis(comms.replicate(), replicate_groups[mesh.coord().shard], t.world_rank);
+    const bool world_ok = check_axis(comms.world(), world, t.world_rank);
+    ok = shard_ok && replicate_ok && world_ok;
   } else {
     DeviceBuffer buf(sizeof(int64_t));
     int64_t v = t.world_rank;

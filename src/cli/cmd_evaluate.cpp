@@ -5,6 +5,7 @@
 // and it runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/address_space.hpp"
+#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -164,10 +166,20 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   std::vector<std::string> targets;
   std::vector<int64_t> target_steps;  // -1 for weights named alone
   if (o.every_checkpoint) {
-    for (const auto& [step, path] : checkpoint::complete_checkpoints(o.weights)) {
-      targets.push_back(path);
-      target_steps.push_back(step);
-    }
+    // Rank 0's list: a rank that listed the directory itself while the run was publishing a save (or on a disk of its
+    // node) evaluated one checkpoint more than the others, and waited for them in its collectives. The steps are
+    // rank 0's too (the lambda runs there only), which alone prints the table and writes --json.
+    targets = train::rank0_answer(rt->world(), [&] {
+      std::vector<std::string> found;
+      for (const auto& [step, path] : checkpoint::complete_checkpoints(o.weights)) {
+        found.push_back(path);
+        target_steps.push_back(step);
+      }
+      return found;
+    });
+    target_steps.resize(targets.size(), -1);
+    for (const std::string& path : targets)
+      train::check_ranks_see_checkpoint(rt->world(), path, "evaluate --every-checkpoint");
     if (targets.empty())
       throw CheckpointError(
           fmt::format("{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory", o.weights));
@@ -232,7 +244,21 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
                                 c.data.describe(), evaluator.batch_sequences(), data::dataset_split_name(split),
                                 c.micro_batch_size_for(rt->topology().world_size), rt->topology().world_size));
   const data::TokenDataset& dataset = *sources.front().dataset;
-  const std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset);  // a mixture's sources share one
+  std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset);  // a mixture's sources share one
+  // Bits per byte on every rank or on none: each rank reads the tokenizer itself, and one that could not (a file on
+  // another node's disk) once skipped the all-reduce of the bytes the others waited in, until the watchdog ended them.
+  int readable[2] = {id_bytes.empty() ? rt->topology().world_rank : INT_MAX, id_bytes.empty() ? 1 : 0};
+  int lowest = readable[0], missing = readable[1];
+  ST_CHECK_MPI(MPI_Allreduce(&readable[0], &lowest, 1, MPI_INT, MPI_MIN, rt->world()));
+  ST_CHECK_MPI(MPI_Allreduce(&readable[1], &missing, 1, MPI_INT, MPI_SUM, rt->world()));
+  if (missing > 0 && missing < rt->topology().world_size) {
+    id_bytes.clear();
+    if (rt->topology().world_rank == 0)
+      log::warn(
+          "evaluate: no bits per byte: {} of {} ranks (rank {} first) cannot read the dataset's tokenizer (above); give "
+          "it with --tokenizer, at a path every node sees",
+          missing, rt->topology().world_size, lowest);
+  }
   if (rt->topology().world_rank == 0)
     std::printf("evaluate: the %s split; config: %s\n", data::dataset_split_name(split), config_source.c_str());
 

@@ -71,6 +71,15 @@ Topology discover_topology(MPI_Comm world, int ranks_per_node) {
   t.hostname = host.data();
 
   if (ranks_per_node < 0) throw ConfigError(fmt::format("ranks_per_node {}: expected a positive integer", ranks_per_node));
+  // Every rank takes the same path below: the setting is each rank's own (its command line, its environment), and
+  // ranks that differed (the variable set on one node only) entered different collectives and waited for ever.
+  int given[2] = {ranks_per_node, -ranks_per_node};  // the smallest and (negated) the largest
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, given, 2, MPI_INT, MPI_MIN, world));
+  if (given[0] != -given[1])
+    throw ConfigError(fmt::format(
+        "the ranks were given different ranks_per_node (--ranks-per-node / SHARDTRAIN_RANKS_PER_NODE): {} on rank {}, "
+        "between {} and {} over the ranks (0: not set, the machine's own); set it alike for every rank, or for none",
+        ranks_per_node, t.world_rank, given[0], -given[1]));
   if (ranks_per_node > 0) {
     if (t.world_size % ranks_per_node != 0) {
       throw ConfigError(

@@ -292,13 +292,19 @@ void CheckpointHooks::resume(Trainer& trainer) {
   // An explicit checkpoint is loaded or refused; `auto` takes the newest complete one that loads, newest first, so
   // that a damaged newest checkpoint does not stop a requeued job forever.
   const bool fall_back = resume == "auto";
-  std::vector<std::string> candidates;
-  if (fall_back) {
-    const auto all = checkpoint::complete_checkpoints(dir_);
-    for (auto it = all.rbegin(); it != all.rend(); ++it) candidates.push_back(it->second);
-  } else {
-    candidates.push_back(resolve_resume_path(resume, dir_));
-  }
+  const MPI_Comm world = trainer.runtime().world();
+  // Rank 0 lists them, every rank tries the same ones: a rank that listed its own (a checkpoint.dir on node-local disks)
+  // once started from scratch beside ranks that resumed, and the two entered different collectives.
+  const std::vector<std::string> candidates = rank0_answer(world, [&] {
+    std::vector<std::string> out;
+    if (fall_back) {
+      const auto all = checkpoint::complete_checkpoints(dir_);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) out.push_back(it->second);
+    } else {
+      out.push_back(resolve_resume_path(resume, dir_));
+    }
+    return out;
+  });
   if (candidates.empty()) {
     const TrainConfig& config = trainer.config();
     if (config.logging.run_dir.empty() && config.checkpoint.dir.empty()) {
@@ -314,10 +320,11 @@ void CheckpointHooks::resume(Trainer& trainer) {
     }
     return;
   }
-  const MPI_Comm world = trainer.runtime().world();
   const int rank = trainer.runtime().topology().world_rank;
   std::vector<Fallback> damaged;
   for (const std::string& path : candidates) {
+    // Seen alike by every rank, or a clear error on all of them (not one rank's "not a checkpoint" or "damaged").
+    check_ranks_see_checkpoint(world, path, "resume");
     std::string error;
     TrainerState state;
     try {
@@ -385,21 +392,29 @@ void CheckpointHooks::resume(Trainer& trainer) {
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
   if (async_.pending()) wait_async(trainer);  // a save in flight is the newest
-  const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
-  std::string path = saved.empty() ? resumed_from_ : saved.back().second;
-  const int64_t again = trainer.state().last_rollback_to;
-  if (!saved.empty() && saved.back().first == again) {
-    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
-      if (it->first < again) {
-        log::warn(
-            "checkpoint: the run diverged again from step {} without a newer checkpoint: going back further, to step {}",
-            again, it->first);
-        path = it->second;
-        break;
-      }
-    }
-  }
+  // Rank 0 picks the checkpoint, every rank loads it: ranks that listed the directory each for itself could go back to
+  // different steps, or some to none.
+  const MPI_Comm world = trainer.runtime().world();
+  const std::string path =
+      rank0_answer(world, [&] {
+        const std::vector<std::pair<int64_t, std::string>> saved = checkpoint::complete_checkpoints(dir_);  // oldest first
+        std::string chosen = saved.empty() ? resumed_from_ : saved.back().second;
+        const int64_t again = trainer.state().last_rollback_to;
+        if (!saved.empty() && saved.back().first == again) {
+          for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+            if (it->first < again) {
+              log::warn(
+                  "checkpoint: the run diverged again from step {} without a newer checkpoint: going back further, to step {}",
+                  again, it->first);
+              chosen = it->second;
+              break;
+            }
+          }
+        }
+        return std::vector<std::string>{chosen};
+      }).front();
   if (path.empty()) return std::nullopt;
+  check_ranks_see_checkpoint(world, path, "rollback");
   checkpoint::CheckpointReader reader(path);
   optim::AdamW& adamw = trainer.optimizer();
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &adamw, reader);
@@ -455,13 +470,20 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   if (async_.pending()) wait_async(trainer);
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
+  const auto& c = trainer.config().checkpoint;
+  // Armed before the first of the save's host collectives (the finiteness all-reduce): none of them is watched by the
+  // collective watchdog, so a rank that never reached one would otherwise hold the others there for ever.
+  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
   if (!weights_savable(trainer, cause)) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
-  const auto& c = trainer.config().checkpoint;
-  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
   // A complete checkpoint of this step that is there already is left alone by the save: it is not this run's
   // save, and is never reported as the run's last checkpoint.
-  const bool existed = checkpoint::is_complete((std::filesystem::path(dir_) / checkpoint::step_dir_name(s.step)).string());
+  // Rank 0's view, as the save's own (checkpoint::save_*): a rank that saw otherwise would count failed saves apart.
+  int existed = trainer.runtime().topology().world_rank == 0 &&
+                        checkpoint::is_complete((std::filesystem::path(dir_) / checkpoint::step_dir_name(s.step)).string())
+                    ? 1
+                    : 0;
+  ST_CHECK_MPI(MPI_Bcast(&existed, 1, MPI_INT, 0, trainer.runtime().world()));
   const std::string path =
       c.state_dict_type == StateDictType::Full
           ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
@@ -474,12 +496,12 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   const TrainerState& s = trainer.state();
   if (s.step == last_saved_step_) return;
   if (async_.pending()) wait_async(trainer);  // the previous one first: its failure is its own
-  if (!weights_savable(trainer, SaveCause::Periodic)) return;
   const auto& c = trainer.config().checkpoint;
-  last_saved_step_ = async_step_ = s.step;
-  async_started_ = Clock::now();
   const SaveDeadline deadline(c.save_timeout, c.save_timeout,
                               fmt::format("the start of the asynchronous save of step {}", s.step));
+  if (!weights_savable(trainer, SaveCause::Periodic)) return;
+  last_saved_step_ = async_step_ = s.step;
+  async_started_ = Clock::now();
   async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
 }
 

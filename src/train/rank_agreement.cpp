@@ -5,11 +5,14 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <climits>
 #include <cstdint>
 #include <map>
 #include <sstream>
 
+#include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 
@@ -144,15 +147,80 @@ void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureCo
                     d));
 }
 
+namespace {
+
+// Collective: `text` as `root` has it, on every rank.
+std::string from_rank(MPI_Comm world, int root, std::string text) {
+  int length = static_cast<int>(text.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, root, world));
+  text.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, world));
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> rank0_answer(MPI_Comm world, const std::function<std::vector<std::string>()>& look) {
+  int rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  int code = 0;         // rank 0's exit code when `look` failed there
+  std::string payload;  // the answer's strings, each ended by '\0'; or the error's message
+  if (rank == 0) {
+    try {
+      for (const std::string& s : look()) payload += s + '\0';
+    } catch (const Error& e) {
+      code = static_cast<int>(e.code());
+      payload = e.what();
+    }
+  }
+  ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, world));
+  payload = from_rank(world, 0, std::move(payload));
+  if (code != 0) {
+    if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(payload);
+    if (code == static_cast<int>(ExitCode::Io)) throw IoError(payload);
+    throw Error(static_cast<ExitCode>(code), payload);
+  }
+  std::vector<std::string> out;
+  for (size_t at = 0; at < payload.size();) {
+    const size_t end = payload.find('\0', at);
+    out.push_back(payload.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+void check_ranks_see_checkpoint(MPI_Comm world, const std::string& checkpoint, const std::string& what) {
+  int rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  int complete = 0;
+  try {
+    complete = checkpoint::is_complete(checkpoint) ? 1 : 0;
+  } catch (const std::exception&) {  // a folder this rank may not look into: it does not see the checkpoint
+  }
+  int on_rank0 = complete;
+  ST_CHECK_MPI(MPI_Bcast(&on_rank0, 1, MPI_INT, 0, world));
+  const int differs = complete != on_rank0 ? 1 : 0;
+  int v[2] = {differs ? rank : INT_MAX, differs};  // the lowest differing rank, how many differ
+  int lowest = v[0], count = v[1];
+  ST_CHECK_MPI(MPI_Allreduce(&v[0], &lowest, 1, MPI_INT, MPI_MIN, world));
+  ST_CHECK_MPI(MPI_Allreduce(&v[1], &count, 1, MPI_INT, MPI_SUM, world));
+  if (count == 0) return;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string where = from_rank(world, lowest, rank == lowest ? std::string(host) : std::string());
+  throw CheckpointError(fmt::format(
+      "{}: {} is {} on rank 0, but rank {} (on {}){} sees it {}: every rank must see the same checkpoints (is their "
+      "directory on a node-local disk, such as /tmp or a local scratch, rather than a file system every node shares?)",
+      what, checkpoint, on_rank0 ? "complete" : "not a complete checkpoint", lowest, where,
+      count > 1 ? fmt::format(" and {} other rank(s)", count - 1) : std::string(),
+      on_rank0 ? "missing or without its DONE marker" : "complete"));
+}
+
 std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {
   int v[2] = {error.empty() ? 0 : -1, error.empty() ? INT_MAX : rank};
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, world));
   if (v[0] == 0) return {};
-  std::string text = rank == v[1] ? error : std::string();
-  int length = static_cast<int>(text.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, v[1], world));
-  text.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, v[1], world));
+  const std::string text = from_rank(world, v[1], rank == v[1] ? error : std::string());
   return v[1] == 0 ? text : fmt::format("rank {}: {}", v[1], text);
 }
 

@@ -45,3 +45,21 @@ TEST(Topology, RejectsRanksPerNodeThatDoesNotDivideTheWorld) {
     EXPECT_NE(what.find("ranks_per_node " + std::to_string(size + 1)), std::string::npos) << what;
   }
 }
+
+// A ranks_per_node given to some ranks only (SHARDTRAIN_RANKS_PER_NODE set on one node) once sent them down the
+// simulated path while the others split the machine's communicator: both waited for ever in MPI. Now every rank
+// refuses it at once, with the same error.
+TEST(Topology, RanksGivenDifferentRanksPerNodeAllRefuse) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) return;  // one rank cannot disagree with itself: the 2- and 4-rank runs test it
+  try {
+    discover_topology(MPI_COMM_WORLD, rank == 0 ? 1 : 0);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the ranks were given different ranks_per_node"), std::string::npos) << what;
+    EXPECT_NE(what.find("between 0 and 1 over the ranks"), std::string::npos) << what;
+  }
+}

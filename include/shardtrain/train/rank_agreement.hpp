@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,5 +33,17 @@ void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureCo
 // rank 0's), on every rank. For a failure that only some ranks meet (each read other parts of a file), so that all
 // take the same branch after it.
 std::string lowest_error(MPI_Comm world, int rank, const std::string& error);
+
+// What a rank looks up on its own file system later (the checkpoints in a directory, the newest one) can differ per
+// rank: a checkpoint.dir on node-local disks, a listing taken while a save publishes. Ranks that acted on their own
+// answers entered different collectives (docs/cluster.md, "Ranks that disagree"), so rank 0 looks and every rank
+// acts on its answer.
+// Collective: rank 0's `look()` on every rank. An Error it throws there is thrown on every rank (rank 0's message,
+// its exit code); on the other ranks `look` is not called.
+std::vector<std::string> rank0_answer(MPI_Comm world, const std::function<std::vector<std::string>()>& look);
+
+// Collective: throws CheckpointError on every rank when some rank does not see `checkpoint` as rank 0 does (complete,
+// with its DONE marker, or not), naming the lowest such rank, its host and how many differ. `what` heads the message.
+void check_ranks_see_checkpoint(MPI_Comm world, const std::string& checkpoint, const std::string& what);
 
 }  // namespace shardtrain::train
