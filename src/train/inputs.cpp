@@ -178,21 +178,24 @@ class KeyChanges {
 // What the checkpoint's sampler position was taken with and this run has otherwise: data.seq_len, data.layout,
 // data.seed, data.shuffle (from the configuration the checkpoint records). The position is a count of samples into
 // the epoch's order, and each of these changes which samples that order holds.
-std::vector<std::string> position_key_changes(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+KeyChanges position_key_changes(const checkpoint::CheckpointReader& reader, const TrainConfig& config) {
+  KeyChanges keys;
   const std::optional<TrainConfig> found = saved_config(reader);
-  if (!found) return {};
-  const TrainConfig& saved = *found;
-  std::vector<std::string> out;
-  if (saved.data.seq_len != config.data.seq_len)
-    out.push_back(fmt::format("data.seq_len {} (this run: {})", saved.data.seq_len, config.data.seq_len));
-  if (saved.data.layout != config.data.layout)
-    out.push_back(fmt::format("data.layout \"{}\" (this run: \"{}\")", data::batch_layout_name(saved.data.layout),
-                              data::batch_layout_name(config.data.layout)));
-  if (saved.data.shuffle != config.data.shuffle)
-    out.push_back(fmt::format("data.shuffle {} (this run: {})", saved.data.shuffle, config.data.shuffle));
-  else if (config.data.shuffle && saved.data.seed != config.data.seed)
-    out.push_back(fmt::format("data.seed {} (this run: {})", saved.data.seed, config.data.seed));
-  return out;
+  if (!found) return keys;
+  const DataSection &a = found->data, &b = config.data;
+  const auto layout = [](data::BatchLayout l) { return fmt::format("\"{}\"", data::batch_layout_name(l)); };
+  keys.add("data.seq_len", a.seq_len, b.seq_len);
+  keys.add("data.layout", layout(a.layout), layout(b.layout));
+  keys.add("data.shuffle", a.shuffle, b.shuffle);
+  if (a.shuffle == b.shuffle && b.shuffle) keys.add("data.seed", a.seed, b.seed);  // unshuffled, the seed is unused
+  return keys;
+}
+
+// The sentences, "; "-joined.
+std::string joined(const std::vector<std::string>& said) {
+  std::string text;
+  for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
+  return text;
 }
 
 }  // namespace
@@ -249,21 +252,15 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
                                const std::vector<data::MixtureComponent>& sources) {
   const auto saved = nlohmann::json::parse(reader.tokenizer().empty() ? "{}" : reader.tokenizer(), nullptr, false);
   std::vector<std::string> said;
-  const std::vector<std::string> keys = position_key_changes(reader, config);
+  const KeyChanges keys = position_key_changes(reader, config);
   if (!keys.empty()) {
-    std::string list;
-    for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
     said.push_back(fmt::format(
         "{}: its data position (a count of samples into the epoch's order) was taken with {}: the same count means other "
         "samples now, so samples already trained on come again and others are skipped (set these back to continue the "
         "same data)",
-        reader.path(), list));
+        reader.path(), keys.text()));
   }
-  if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) {
-    std::string text;
-    for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
-    return text;
-  }
+  if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) return joined(said);
   std::vector<std::pair<std::string, double>> before, now;
   for (const auto& e : saved["sources"])
     if (e.is_object()) before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
@@ -310,9 +307,7 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
             reader.path(), now[i].first, identity->get<std::string>(), sources[i].dataset->identity()));
     }
   }
-  std::string text;
-  for (const std::string& s : said) text += (text.empty() ? "" : "; ") + s;
-  return text;
+  return joined(said);
 }
 
 }  // namespace shardtrain::train
