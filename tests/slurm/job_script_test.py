@@ -54,8 +54,8 @@ FAKE_MPIRUN = r"""#!/bin/bash
 echo "mpirun $*" >> "$FAKE_LOG"
 while (($#)); do case "$1" in -np | --map-by | --bind-to) shift 2 ;; *) break ;; esac; done
 rank="" term=0 traps=0
-trap 'traps=$((traps + 1)); echo "mpirun: USR1" >> "$FAKE_LOG"; [[ -n "$rank" ]] && kill -USR1 "$rank"' USR1
-trap 'traps=$((traps + 1)); term=1; [[ -n "$rank" ]] && kill -TERM "$rank"' TERM
+trap '((++traps)); echo "mpirun: USR1" >> "$FAKE_LOG"; [[ -n "$rank" ]] && kill -USR1 "$rank"' USR1
+trap '((++traps)); term=1; [[ -n "$rank" ]] && kill -TERM "$rank"' TERM
 sleep "${FAKE_LAUNCH_DELAY:-0}"
 "$@" &
 rank=$!
@@ -86,7 +86,11 @@ while (($#)); do
   esac
   shift
 done
-newest() { local d; for d in "$ckpt"/step_*; do [[ -f "$d/DONE" ]] && echo "${d##*/}"; done | tail -n1; }
+# No command substitution, pipeline or other subshell once the trap is set: a job-wide SIGTERM (killpg) reaching a
+# subshell bash is still setting up, or the parser in the middle of one, ended it once with "unexpected EOF while
+# looking for matching `)'" under the suite's load. newest sets n, the lock's time is $EPOCHREALTIME, and counting is
+# (( )) rather than $(( )).
+newest() { local d; n=""; for d in "$ckpt"/step_*; do [[ -f "$d/DONE" ]] && n=${d##*/}; done; }
 case "$cmd" in
   plan) echo "config: fake"; exit 0 ;;
   check)
@@ -96,7 +100,7 @@ case "$cmd" in
     fi
     echo "check: fake"
     echo "  config     ok: fake"
-    n=$(newest)
+    newest
     if [[ "$resume" == auto && -n "$n" ]]; then echo "  resume     ok: $ckpt/$n: step $((10#${n#step_}))"; else echo "  resume     ok: off"; fi
     echo "check: ok"
     exit 0 ;;
@@ -105,19 +109,19 @@ case "$cmd" in
     stop=0
     trap 'stop=1' USR1 TERM
     mkdir -p "$ckpt" "$run"
-    printf 'host fake, pid %s, since %s, run directory %s' "$$" "$(date +%s.%N)" "$run" > "$ckpt/.shardtrain.lock"
+    printf 'host fake, pid %s, since %s, run directory %s' "$$" "$EPOCHREALTIME" "$run" > "$ckpt/.shardtrain.lock"
     start=0 from=""
-    n=$(newest)
-    if [[ "$resume" == auto && -n "$n" ]]; then start=$((10#${n#step_})) from="$ckpt/$n"; fi
+    newest
+    if [[ "$resume" == auto && -n "$n" ]]; then ((start = 10#${n#step_})); from="$ckpt/$n"; fi
     step=$start
     while ((step < ${FAKE_STEPS:-4} && ! stop)); do
       sleep "${FAKE_STEP_TIME:-0.05}"
-      step=$((step + 1))
+      ((++step))
       echo "{\"kind\": \"train\", \"step\": $step, \"loss\": 1.0}" >> "$run/metrics.jsonl"
     done
     saved=$from status=finished code=0
     if ((stop)); then status=preempted code=75; fi
-    if ((step > start)); then saved="$ckpt/$(printf 'step_%08d' "$step")"; mkdir -p "$saved"; touch "$saved/DONE"; fi
+    if ((step > start)); then printf -v saved '%s/step_%08d' "$ckpt" "$step"; mkdir -p "$saved"; touch "$saved/DONE"; fi
     {
       echo "{"
       echo "  \"exit_code\": $code,"
