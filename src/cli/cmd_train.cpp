@@ -16,6 +16,7 @@
 #include "shardtrain/train/preemption.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
 #include "shardtrain/train/run_dir.hpp"
+#include "shardtrain/train/startup.hpp"
 #include "shardtrain/train/step_memory.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -95,28 +96,39 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainerOptions topts;
   topts.faults = train::FaultPlan::parse(fault ? fault : "");
   topts.config_source = source;
+  // From here to the first step, a stage that does not end (a rank held up, a peer that never arrives) ends the job
+  // with exit code 10 rather than holding it until its time limit (startup.hpp).
+  train::StartupWatch startup(config);
+  topts.startup = &startup;
   // Ranks that resolved different configurations stop here, naming the first differing key, before any of the
   // checks below could fail on some ranks and not others (the trainer asks again, for its other callers).
+  startup.stage("the ranks' agreement on the configuration");
   train::check_ranks_agree_on_config(rt->world(), train::to_toml(config));
   // A run directory that is named is looked into first (not a directory at all; a config.toml or result.json the
   // run would replace), and the earlier start's records in it go: from here on it tells of this start. The trainer
   // writes into it only once the start is validated.
+  startup.stage("looking into logging.run_dir");
   if (!config.logging.run_dir.empty())
     topts.run_dir_existed = train::begin_start_in_run_dir(rt->world(), config, config.logging.run_dir);
   // Everything that can be checked before anything is made, in seconds: the model and a step against the memory,
   // the world, the datasets and the run's length. A run refused for them leaves no directory behind.
+  startup.stage("checking the model and a step against the memory");
   check_model_fits(config, *rt);
   config.validate_for_world(rt->topology().world_size, rt->topology().node_count);
   train::check_step_memory(config, *rt);
+  startup.stage("opening the datasets");
   topts.sources = train::open_data_sources(config);
+  if (const train::RankFault* f = topts.faults.rank_fault_at(rt->topology().world_rank, 0)) train::inject(*f);
   train::check_run_length(config, topts.sources);
   // The checkpoint directory is claimed (created, writable, locked) before anything is built when its name is known,
   // so a refusal costs seconds, not a model's initialization; a generated run directory's is new, and claimed once
   // the trainer made it.
+  startup.stage("claiming the checkpoint directory");
   train::CheckpointDirClaim claim;
   if (!config.logging.run_dir.empty() || !config.checkpoint.dir.empty())
     claim.acquire(rt->world(), train::checkpoint_dir_for(config, config.logging.run_dir), config.logging.run_dir);
   train::Trainer trainer(*rt, config, std::move(topts));
+  startup.stage("claiming the checkpoint directory");
   if (!claim.acquired()) claim.acquire(rt->world(), train::checkpoint_dir_for(config, trainer.run_dir()), trainer.run_dir());
   train::CheckpointHooks checkpoints(trainer);
   trainer.add_hooks(&preemption);
@@ -124,6 +136,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   // The checkpoint directory's checks and the resume: a start they refuse has written nothing into the run
   // directory (run_dir.hpp). Past them, the run directory is this run's.
   trainer.start();
+  startup.stage("the ranks' check for a stop signal before the first step");
   if (preemption.stop_before_start(rt->world())) {
     train::TrainSummary s;
     s.run_dir = trainer.run_dir();
@@ -135,6 +148,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
         resume_options(config, trainer.run_dir()));
     return static_cast<int>(ExitCode::Requeue);
   }
+  startup.done();
   const train::TrainSummary s = trainer.run();
   // Steps and tokens of this start; a resumed run's life so far beside them, said as such.
   const std::string life = s.first_step > 0

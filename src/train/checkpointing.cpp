@@ -7,15 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/runtime/check.hpp"
+#include "shardtrain/runtime/deadline.hpp"
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
@@ -25,6 +24,7 @@
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/startup.hpp"
 
 namespace shardtrain::train {
 namespace {
@@ -47,34 +47,17 @@ using Clock = std::chrono::steady_clock;
 
 // Ends the whole job when the blocking part of a save outlasts checkpoint.save_timeout: a file system that
 // stopped answering would otherwise hold the allocation until its time limit, every rank waiting on the stuck
-// one. Armed on every rank; the first to fire ends the job (exit code 8).
+// one. Armed on every rank; the first to fire ends the job (exit code 8). Timed from `started` (a save that began
+// earlier: an asynchronous one's wait).
 class SaveDeadline {
  public:
-  // Fires after `wait` seconds (0: never), reporting `timeout`, the configured limit.
-  SaveDeadline(double wait, double timeout, std::string what) {
-    if (wait <= 0) return;
-    thread_ = std::thread([this, wait, timeout, what = std::move(what)] {
-      std::unique_lock lock(mutex_);
-      if (!cv_.wait_for(lock, std::chrono::duration<double>(wait), [this] { return done_; })) save_expired(what, timeout);
-    });
+  SaveDeadline(double timeout, std::string what, Clock::time_point started = Clock::now())
+      : deadline_([](const Deadline::Stretch& s) { save_expired(s.what, s.limit); }) {
+    deadline_.begin_at({std::move(what), timeout, "checkpoint.save_timeout"}, started);
   }
-  ~SaveDeadline() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  SaveDeadline(const SaveDeadline&) = delete;
-  SaveDeadline& operator=(const SaveDeadline&) = delete;
 
  private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
+  Deadline deadline_;
 };
 
 // Whether every element of this rank's weight shards is finite (host or device shards alike; device shards are
@@ -205,6 +188,8 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
 
 void CheckpointHooks::on_start(Trainer& trainer) {
   const int rank = trainer.runtime().topology().world_rank;
+  StartupWatch* const watch = trainer.startup_watch();
+  startup_checkpoint_stage(watch, fmt::format("the checks of checkpoint.dir {}", dir_));
   if (trainer.config().checkpoint.resume.empty()) {
     // A fresh run beside complete checkpoints would skip its saves at their steps, report theirs as its own and rotate
     // its own away in their favour: refused before anything is touched. Rank 0 looks; every rank throws its line.
@@ -223,6 +208,7 @@ void CheckpointHooks::on_start(Trainer& trainer) {
   if (!resumed_from_.empty() && trainer.config().checkpoint.resume != "auto") set_aside_newer(trainer);
   const auto& c = trainer.config().checkpoint;
   if (resumed_from_.empty() && !c.init_from.empty()) {
+    startup_checkpoint_stage(watch, fmt::format("importing checkpoint.init_from {}", c.init_from));
     auto source = checkpoint::open_tensor_source(c.init_from);
     // Weights trained on another tokenizer's ids are refused, as --resume refuses them.
     check_weights_tokenizer(source->path(), source->tokenizer(), trainer.dataset());
@@ -323,6 +309,7 @@ void CheckpointHooks::resume(Trainer& trainer) {
   const int rank = trainer.runtime().topology().world_rank;
   std::vector<Fallback> damaged;
   for (const std::string& path : candidates) {
+    startup_checkpoint_stage(trainer.startup_watch(), fmt::format("resuming from {}", path));
     // Seen alike by every rank, or a clear error on all of them (not one rank's "not a checkpoint" or "damaged").
     check_ranks_see_checkpoint(world, path, "resume");
     std::string error;
@@ -392,6 +379,9 @@ void CheckpointHooks::resume(Trainer& trainer) {
 
 std::optional<RollbackPoint> CheckpointHooks::load_rollback_point(Trainer& trainer) {
   if (async_.pending()) wait_async(trainer);  // a save in flight is the newest
+  // Host collectives and file reads, as a save's: a rank whose file system stopped answering ends the job.
+  const SaveDeadline deadline(trainer.config().checkpoint.save_timeout,
+                              fmt::format("the rollback's load (from step {})", trainer.state().step));
   // Rank 0 picks the checkpoint, every rank loads it: ranks that listed the directory each for itself could go back to
   // different steps, or some to none.
   const MPI_Comm world = trainer.runtime().world();
@@ -473,7 +463,7 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   const auto& c = trainer.config().checkpoint;
   // Armed before the first of the save's host collectives (the finiteness all-reduce): none of them is watched by the
   // collective watchdog, so a rank that never reached one would otherwise hold the others there for ever.
-  const SaveDeadline deadline(c.save_timeout, c.save_timeout, fmt::format("the save of step {}", s.step));
+  const SaveDeadline deadline(c.save_timeout, fmt::format("the save of step {}", s.step));
   if (!weights_savable(trainer, cause)) return;
   const checkpoint::SaveMeta meta = meta_for(trainer);
   // A complete checkpoint of this step that is there already is left alone by the save: it is not this run's
@@ -497,8 +487,7 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   if (s.step == last_saved_step_) return;
   if (async_.pending()) wait_async(trainer);  // the previous one first: its failure is its own
   const auto& c = trainer.config().checkpoint;
-  const SaveDeadline deadline(c.save_timeout, c.save_timeout,
-                              fmt::format("the start of the asynchronous save of step {}", s.step));
+  const SaveDeadline deadline(c.save_timeout, fmt::format("the start of the asynchronous save of step {}", s.step));
   if (!weights_savable(trainer, SaveCause::Periodic)) return;
   last_saved_step_ = async_step_ = s.step;
   async_started_ = Clock::now();
@@ -507,10 +496,8 @@ void CheckpointHooks::save_async(Trainer& trainer) {
 
 void CheckpointHooks::wait_async(Trainer& trainer) {
   periodic(trainer, async_step_, [&] {
-    const double timeout = trainer.config().checkpoint.save_timeout;
-    const double left = timeout - std::chrono::duration<double>(Clock::now() - async_started_).count();
-    const SaveDeadline deadline(timeout > 0 ? std::max(left, 1e-3) : 0, timeout,
-                                fmt::format("the asynchronous save of step {}", async_step_));
+    const SaveDeadline deadline(trainer.config().checkpoint.save_timeout,
+                                fmt::format("the asynchronous save of step {}", async_step_), async_started_);
     published(async_.wait());
   });
 }

@@ -151,6 +151,8 @@ void TrainConfig::validate() const {
          fmt::format("expected 0 (any) or a rank count, got {}", fsdp.num_processes));
   expect(fsdp.collective_timeout >= 0, "fsdp.collective_timeout",
          fmt::format("expected 0 (no watchdog) or seconds, got {}", fsdp.collective_timeout));
+  expect(fsdp.startup_timeout >= 0, "fsdp.startup_timeout",
+         fmt::format("expected 0 (off) or seconds, got {}", fsdp.startup_timeout));
   expect(fsdp.num_machines >= 0, "fsdp.num_machines",
          fmt::format("expected 0 (any) or a node count, got {}", fsdp.num_machines));
 

@@ -142,6 +142,10 @@ std::vector<ConfigField> build_fields() {
   t.section = "fsdp";
   t.real("collective_timeout", "seconds a collective may take before the hang watchdog ends the job (0 = off)",
          [](auto& c) -> auto& { return c.fsdp.collective_timeout; });
+  t.real("startup_timeout",
+         "seconds a stage of the start-up may take (opening the data, NCCL's start, a resume's load excepted) before the "
+         "job is ended (0 = off)",
+         [](auto& c) -> auto& { return c.fsdp.startup_timeout; });
   t.choice("comm_backend", "auto (NCCL when each rank has its own GPU), mpi or nccl", [](auto& c) -> auto& { return c.fsdp.comm_backend; },
            [](const std::string& s) {
              if (s != "auto" && s != "mpi" && s != "nccl")

@@ -37,7 +37,7 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
     return UsageError(fmt::format(
         "SHARDTRAIN_FAULT='{}': {} (expected faults separated by ';', each nan_grad:STEP[,STEP|,FIRST-LAST...], "
         "bad_data:FIRST-LAST, slow_update:MS, slow_step:MS, stall:RANK@STEP, kill:RANK@STEP, freeze:RANK@STEP, device_error:RANK@STEP or "
-        "mce:RANK@STEP, the last five optionally @NODE)",
+        "mce:RANK@STEP, the last five with STEP 'start' for start-up, and optionally @NODE)",
         spec, why));
   };
   // A whole non-negative number, or a usage error naming `what`.
@@ -77,13 +77,13 @@ FaultPlan FaultPlan::parse(const std::string& spec) {
                                   : RankFault::Kind::DeviceError;
       f.rank = static_cast<int>(number(arg.substr(0, at), "rank"));
       const size_t node_at = arg.find('@', at + 1);
-      f.step =
-          number(arg.substr(at + 1, node_at == std::string::npos ? std::string::npos : node_at - at - 1), "step number");
+      const std::string when = arg.substr(at + 1, node_at == std::string::npos ? std::string::npos : node_at - at - 1);
+      f.step = when == "start" ? 0 : number(when, "step number");  // "start": during start-up, as it opens the datasets
       if (node_at != std::string::npos) {
         f.node = arg.substr(node_at + 1);
         if (f.node.empty()) throw bad(fmt::format("expected a node name after the second '@', got '{}'", item));
       }
-      if (f.step < 1) throw bad(fmt::format("steps count from 1: '{}'", item));
+      if (f.step < 1 && when != "start") throw bad(fmt::format("steps count from 1 ('start' for start-up): '{}'", item));
       plan.rank_faults.push_back(f);
       continue;
     }
@@ -147,28 +147,36 @@ void FaultPlan::check_ranks(int world_size) const {
   }
 }
 
+namespace {
+
+// "before step N", or "during start-up" for STEP 'start'.
+std::string when(const RankFault& f) {
+  return f.step == 0 ? std::string("during start-up") : fmt::format("before step {}", f.step);
+}
+
+}  // namespace
+
 // What each fault does, as its comment in faults.hpp says.
 void inject(const RankFault& f) {
   switch (f.kind) {
     case RankFault::Kind::Stall:
-      log::warn("train: SHARDTRAIN_FAULT: rank {} stops answering before step {}", f.rank, f.step);
+      log::warn("train: SHARDTRAIN_FAULT: rank {} stops answering {}", f.rank, when(f));
       std::this_thread::sleep_for(std::chrono::hours(1));
       break;
     case RankFault::Kind::Kill:
-      log::warn("train: SHARDTRAIN_FAULT: rank {} kills itself (SIGKILL) before step {}", f.rank, f.step);
+      log::warn("train: SHARDTRAIN_FAULT: rank {} kills itself (SIGKILL) {}", f.rank, when(f));
       std::fflush(nullptr);
       std::raise(SIGKILL);
       break;
     case RankFault::Kind::DeviceError:
       throw Error(ExitCode::Device,
-                  fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) before step {}, as a GPU "
+                  fmt::format("SHARDTRAIN_FAULT: an injected device error on rank {} (node {}) {}, as a GPU "
                               "with an uncorrectable ECC error gives",
-                              f.rank, failure_record::node_name(), f.step));
+                              f.rank, failure_record::node_name(), when(f)));
     case RankFault::Kind::MachineCheck: {
       // What the kernel sends a process that touches memory with an uncorrectable error: SIGBUS with
       // si_code BUS_MCEERR_AR. A process may send itself a signal with a kernel si_code.
-      log::warn("train: SHARDTRAIN_FAULT: rank {} receives SIGBUS (BUS_MCEERR_AR: a machine check) before step {}", f.rank,
-                f.step);
+      log::warn("train: SHARDTRAIN_FAULT: rank {} receives SIGBUS (BUS_MCEERR_AR: a machine check) {}", f.rank, when(f));
       std::fflush(nullptr);
       siginfo_t info{};
       info.si_signo = SIGBUS;
@@ -180,9 +188,8 @@ void inject(const RankFault& f) {
       break;
     }
     case RankFault::Kind::Freeze:
-      log::warn(
-          "train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) before step {}",
-          f.rank, f.step);
+      log::warn("train: SHARDTRAIN_FAULT: rank {} stops itself (SIGSTOP: every thread, MPI progress included) {}", f.rank,
+                when(f));
       std::fflush(nullptr);
       std::raise(SIGSTOP);
       break;

@@ -29,6 +29,7 @@
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/progress_view.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/startup.hpp"
 #include "shardtrain/train/run_dir.hpp"
 
 namespace shardtrain::train {
@@ -206,22 +207,29 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   options_.faults.check_ranks(topo.world_size);
   const int W = topo.world_size, rank = topo.world_rank;
   resolved_toml_ = to_toml(config_);
+  StartupWatch* const watch = options_.startup;
+  startup_stage(watch, "the ranks' agreement on the configuration");
   check_ranks_agree_on_config(runtime.world(), resolved_toml_);  // before any collective a difference could mismatch
 
   // The datasets (data.path, or each source of data.mixture): every rank maps them and checks each against
   // the model; the loader checks that a mixture's sources share one tokenizer. With the run's length, before the
   // run directory: a run refused for them leaves none. Sources handed over (`train`) come with their length checked.
   const bool handed_over = !options_.sources.empty();
+  if (!handed_over) startup_stage(watch, "opening the datasets");
   sources_ = handed_over ? std::move(options_.sources) : open_data_sources(config_);
   options_.sources.clear();
+  startup_stage(watch, "the ranks' agreement on the datasets");
   check_ranks_agree_on_data(runtime.world(), sources_);
   if (!handed_over) check_run_length(config_, sources_);
+  startup_stage(watch, "making the run directory");
   make_run_dir();
 
   const bool on_gpu = runtime.device().is_cuda();
+  startup_stage(watch, "measuring the peak FLOP rate");
   std::unique_ptr<ops::Ops> ops = on_gpu ? ops::make_cuda_ops() : nullptr;
   mfu_ = measure_peak(runtime, config_, ops.get());
   if (options_.wrap_ops) ops = options_.wrap_ops(ops ? std::move(ops) : ops::make_cpu_ops({runtime.host_threads()}));
+  startup_stage(watch, "building the mesh, its communicators (NCCL's start on a GPU), the model and its FSDP buffers");
   replica_ = allocating("the model and its FSDP buffers",
                         [&] { return std::make_unique<Replica>(runtime, config_, std::move(ops)); });
   watchdog_ = &replica_->watchdog();

@@ -197,6 +197,7 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"optim.rollback_skip_steps", "-2"}}), "optim.rollback_skip_steps");
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.save_timeout", "-1"}}), "checkpoint.save_timeout",
                       "expected 0 (off) or seconds");
+  EXPECT_CONFIG_ERROR(invalid({{"fsdp.startup_timeout", "-1"}}), "fsdp.startup_timeout", "expected 0 (off) or seconds");
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
   // The metrics file is appended to: a plain name in the run directory, never a path out of it or the run's own files.
   EXPECT_NO_THROW(invalid({{"logging.metrics_file", "train.jsonl"}}));

@@ -9,6 +9,10 @@
 - freeze:1@3 (SIGSTOP: the rank's watchdog thread stops too): rank 1 is named as not answering;
 - kill:1@3: the job ends promptly with a non-zero exit (mpirun's 137: a rank died of SIGKILL), never a hang;
 - faults combine with ';' (nan_grad:2;stall:1@3 skips step 2, then stalls);
+- start-up (fsdp.startup_timeout 3): stall:1@start (rank 1 held up as it opens the datasets, a file system that
+  stopped answering) ends the job with exit 10, rank 1's line naming that stage, itself and the key; freeze:1@start
+  (rank 1 stopped whole) too, rank 0's line naming the collective stage it waits in; a run whose steps last past the
+  limit (slow_step) finishes: the watch ends with the start-up;
 - failure records (RUN_DIR/failures/rank_N.json, what a Slurm job reads to restart elsewhere): the ranks run
   as two named nodes (SLURMD_NODENAME per rank); a stalled or frozen rank 1 makes rank 0's record name rank 1's
   node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
@@ -101,7 +105,8 @@ def arrived(line):
 two_nodes = ["nodeA", "nodeB"]
 BAD_FAULTS = [("kill:1", "expected kill:RANK@STEP, got 'kill:1'"), ("kill:x@3", "not a rank: 'x'"),
               ("device_error:1@3@", "expected a node name after the second '@'"),
-              ("device_error:1@x@n1", "not a step number: 'x'"), ("stall:5@3", "names rank 5, but the world has ranks 0-1")]
+              ("device_error:1@x@n1", "not a step number: 'x'"), ("stall:5@3", "names rank 5, but the world has ranks 0-1"),
+              ("stall:1@0", "steps count from 1 ('start' for start-up)")]
 
 
 def records(name):
@@ -130,6 +135,10 @@ runs = {
     "frozen": start("frozen", fault="freeze:1@3"),
     "killed": start("killed", fault="kill:1@3"),
     "combined": start("combined", fault="nan_grad:2;stall:1@3"),
+    "start-stalled": start("start-stalled", fault="stall:1@start", extra=("--fsdp.startup_timeout", "3")),
+    "start-frozen": start("start-frozen", fault="freeze:1@start", extra=("--fsdp.startup_timeout", "3")),
+    "start-disarmed": start("start-disarmed", fault="slow_step:400",
+                            extra=("--fsdp.startup_timeout", "3", "--logging.peak_flops", "1e12")),
     **{f"bad-{i}": start(f"bad-{i}", fault=fault) for i, (fault, _) in enumerate(BAD_FAULTS)},
     "rec-healthy": start("rec-healthy", nodes=two_nodes),
     "rec-stalled": pool.submit(stalled_then_cleared),
@@ -205,6 +214,30 @@ check(secs < 60, f"killed rank: the job ended {secs:.0f} s after start, expected
 rc, err, secs = runs["combined"].result()
 check(rc == 10 and "step 2 skipped" in err and "ranks that did not arrive: 1 (at step 3" in err,
       f"nan_grad:2;stall:1@3: exit {rc}: {err[-1500:]}")
+
+# Start-up: no collective watchdog yet (it comes with the communicators); each stage is timed on every rank.
+def startup_lines(err):
+    return [l for l in err.splitlines() if "collective timeout: start-up: " in l]
+
+
+rc, err, secs = runs["start-stalled"].result()
+lines = startup_lines(err)
+check(rc == 10 and "rank 1 stops answering during start-up" in err, f"stall:1@start: exit {rc}, expected 10: {err[-1500:]}")
+check(any("start-up: opening the datasets has not finished after 3 s (fsdp.startup_timeout) on rank 1 (" in l for l in lines),
+      f"rank 1, held up opening the datasets, says so: {lines}")
+check(secs < 60, f"stall:1@start: the job ended {secs:.0f} s after start")
+rc, err, secs = runs["start-frozen"].result()
+lines = startup_lines(err)
+check(rc == 10, f"freeze:1@start: exit {rc}, expected 10: {err[-1500:]}")
+# Rank 0 passes the claim's broadcast (its root; Open MPI sends a small one eagerly) and waits in the trainer's
+# agreement on the configuration; where the broadcast blocks, in the claim.
+check(any(re.search(r"start-up: (the ranks' agreement on the configuration|claiming the checkpoint directory) has not "
+                    r"finished after 3 s \(fsdp.startup_timeout\) on rank 0 \(", l) for l in lines),
+      f"rank 0, waiting for the stopped rank in a collective stage, says so: {lines}")
+check(secs < 60, f"freeze:1@start: the job ended {secs:.0f} s after start")
+rc, err, secs = runs["start-disarmed"].result()
+check(rc == 0 and not startup_lines(err) and "loss" in err and secs > 4,
+      f"12 steps of 400 ms past a 3 s start-up limit: exit {rc} after {secs:.1f} s: {startup_lines(err)} {err[-800:]}")
 
 # A bad fault specification or a rank outside the world: a usage error (exit 2) naming the variable.
 for i, (fault, message) in enumerate(BAD_FAULTS):

@@ -29,6 +29,10 @@ struct FsdpSection {
   int num_processes = 0;
   int num_machines = 0;
   double collective_timeout = 600;  // seconds a collective may take before the watchdog ends the job; 0 = off
+  // Seconds a stage of the start-up may take (train/startup.hpp): a rank held up before the first step, or one that
+  // never reaches a start-up collective, ends the job with exit 10 instead of holding it until its time limit. Longer
+  // than a collective's: a stage does work too (a large model's initialization, NCCL's start on many nodes). 0 = off
+  double startup_timeout = 1800;
   // Who carries the collectives: auto = NCCL when every rank has a GPU of its own, else MPI (host memory, or
   // device memory staged through pinned host buffers when ranks share a GPU).
   CommBackendPreference comm_backend = CommBackendPreference::Auto;

@@ -54,6 +54,7 @@ TrainerState trainer_state_from_json(std::string_view json, const std::string& s
 
 class Trainer;
 class ProgressView;
+class StartupWatch;
 
 // A checkpoint a diverged run goes back to (optim.on_divergence = rollback), loaded by a hook.
 struct RollbackPoint {
@@ -93,6 +94,9 @@ struct TrainerOptions {
   // directory's claim creates it; unset, the trainer looks itself. Into a directory that existed nothing is written
   // before start() has validated the run (run_dir.hpp).
   std::optional<bool> run_dir_existed;
+  // The start-up's watch (startup.hpp), owned by the command: the trainer and its hooks name their stages on it until
+  // the first step. None: nothing is timed but what the collective watchdog watches.
+  StartupWatch* startup = nullptr;
 };
 
 struct TrainSummary {
@@ -161,6 +165,7 @@ class Trainer {
   const DeviceMesh& mesh() const { return replica_->mesh(); }
   MeshComms& comms() { return *comms_; }
   const Runtime& runtime() const { return *runtime_; }
+  StartupWatch* startup_watch() const { return options_.startup; }
   const data::TokenDataset& dataset() const { return *sources_.front().dataset; }  // the first of sources()
   const std::vector<data::MixtureComponent>& sources() const { return sources_; }  // data.path or data.mixture
   int64_t total_steps() const { return total_steps_; }

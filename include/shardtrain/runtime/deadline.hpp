@@ -1,0 +1,50 @@
+// A limit on stretches of host work that no collective watchdog covers: a rank that never reaches a host
+// collective (a file system that stopped answering, NCCL that cannot reach a peer at its start) would otherwise
+// hold every other rank, and the job's allocation, until the time limit, saying nothing.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace shardtrain {
+
+// Stretches follow one another (`begin`), each timed from its own start against its own limit. When one runs past
+// it, `expire` is called on the deadline's thread with that stretch; it must end the process (it is [[noreturn]] in
+// spirit: the deadline never returns to the caller's work).
+class Deadline {
+ public:
+  struct Stretch {
+    std::string what;  // "opening the datasets"
+    double limit = 0;  // seconds; 0: not timed
+    std::string key;   // the setting that sets the limit, for the message ("fsdp.collective_timeout")
+  };
+  using Expire = std::function<void(const Stretch&)>;
+
+  explicit Deadline(Expire expire);
+  ~Deadline();  // stops timing; joins the thread
+  Deadline(const Deadline&) = delete;
+  Deadline& operator=(const Deadline&) = delete;
+
+  // Times `s` from now (the previous stretch ends). The thread starts with the first stretch that has a limit.
+  void begin(Stretch s);
+  void end();  // nothing timed until the next begin
+  // Times `s` from `started` (a stretch that began before this deadline existed), against `limit` as given.
+  void begin_at(Stretch s, std::chrono::steady_clock::time_point started);
+
+ private:
+  void watch();
+
+  Expire expire_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  Stretch stretch_;
+  std::chrono::steady_clock::time_point started_{};
+  bool timing_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace shardtrain

@@ -1,0 +1,44 @@
+#include "shardtrain/train/startup.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/session.hpp"
+
+namespace shardtrain::train {
+namespace {
+
+// Every rank times its own stages: the one that is stuck (it entered its stage first) usually fires first, and its
+// line names what it was doing; the abort ends the others before they add theirs.
+[[noreturn]] void startup_expired(const Deadline::Stretch& s) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string message = fmt::format(
+      "start-up: {} has not finished after {:g} s ({}) on rank {} ({}): a rank held up before it (a file system that "
+      "stopped answering) or one that cannot reach the others (for NCCL: NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO) would "
+      "hold the job until its time limit; ending the job",
+      s.what, s.limit, s.key, rank, failure_record::node_name());
+  log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);
+  failure_record::write(ExitCode::Timeout, message);
+  MpiSession::abort(ExitCode::Timeout);
+}
+
+}  // namespace
+
+StartupWatch::StartupWatch(const TrainConfig& config)
+    : startup_timeout_(config.fsdp.startup_timeout),
+      save_timeout_(config.checkpoint.save_timeout),
+      deadline_(startup_expired) {}
+
+void StartupWatch::stage(std::string what) { deadline_.begin({std::move(what), startup_timeout_, "fsdp.startup_timeout"}); }
+
+void StartupWatch::checkpoint_stage(std::string what) {
+  deadline_.begin({std::move(what), save_timeout_, "checkpoint.save_timeout"});
+}
+
+void StartupWatch::done() { deadline_.end(); }
+
+}  // namespace shardtrain::train
