@@ -11,13 +11,16 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/rank_agreement.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,9 +28,10 @@ namespace shardtrain::train {
 namespace {
 
 std::string read_holder(int fd) {
-  char buf[512];
-  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-  std::string text(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; text.size() < 65536 && (n = ::pread(fd, buf, sizeof buf, static_cast<off_t>(text.size()))) > 0;)
+    text.append(buf, static_cast<size_t>(n));
   while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
   return text;
 }
@@ -102,7 +106,7 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
   dir_ = dir;
   int code = 0;
-  std::string error;
+  std::string error, text;  // text: what rank 0 wrote into the lock file, which every rank then looks for
   if (rank == 0) {
     try {
       require_writable_dir(dir);
@@ -119,14 +123,15 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
         // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
         log::warn("checkpoint: cannot lock {} ({}): nothing stops a second run from saving into {} at the same time", lock,
                   std::strerror(err), dir);
-        ::close(fd);
         unlocked_ = true;
-      } else {
-        fd_ = fd;
-        const std::string text = holder_text(run_dir);
-        if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) < 0)
-          log::warn("checkpoint: cannot record this run in {}: {}", lock, std::strerror(errno));
       }
+      text = holder_text(run_dir);
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0 || ::fsync(fd) != 0) {
+        log::warn("checkpoint: cannot record this run in {}: {}", lock, std::strerror(errno));
+        text.clear();
+      }
+      if (unlocked_) ::close(fd);
+      else fd_ = fd;
     } catch (const Error& e) {
       code = static_cast<int>(e.code());
       error = e.what();
@@ -135,7 +140,10 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   // Every rank throws rank 0's error: one line from rank 0, the same exit code everywhere.
   ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, world));
   acquired_ = code == 0;
-  if (code == 0) return;
+  if (code == 0) {
+    check_every_rank_sees(world, rank, dir, text);
+    return;
+  }
   int length = static_cast<int>(error.size());
   ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
   error.resize(static_cast<size_t>(length));
@@ -147,6 +155,44 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(error);
   if (code == static_cast<int>(ExitCode::Io)) throw IoError(error);
   throw Error(static_cast<ExitCode>(code), error);
+}
+
+void CheckpointDirClaim::check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text) {
+  int length = static_cast<int>(text.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
+  if (length == 0) return;  // rank 0 could not write its lock file: nothing to look for
+  text.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, 0, world));
+  std::string problem;
+  if (rank != 0) {
+    // A file another node's client has not looked up before is read from the server; a few tries cover a client that
+    // is slow to see it all the same.
+    const std::string lock = (fs::path(dir) / kCheckpointLockFile).string();
+    std::string seen;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+      seen = fd >= 0 ? read_holder(fd) : std::string();
+      if (fd >= 0) ::close(fd);
+      if (seen + "\n" == text) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    if (seen + "\n" != text)
+      problem = fmt::format(
+          "checkpoint.dir {}: this rank (on {}) does not see the directory rank 0 claimed: its lock file {} is {} there. Every "
+          "rank writes its part of each checkpoint into that directory, so it must be one directory that every rank "
+          "sees at the same path: a shared file system, not a node-local disk (nor a relative path under different "
+          "working directories). Otherwise every save fails, and the training done is lost",
+          dir, failure_record::node_name(), lock,
+          seen.empty() ? std::string("missing") : fmt::format("another run's ({})", seen));
+  }
+  problem = lowest_error(world, rank, problem);
+  if (problem.empty()) return;
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  acquired_ = false;
+  throw CheckpointError(problem);
 }
 
 std::string dir_in_use_problem(const std::string& dir, const std::string& holder) {

@@ -4,6 +4,10 @@ disks, a listing taken while a save publishes) must take the same path: rank 0 l
 difference that cannot be run on is one clear error at once (docs/cluster.md, "Ranks that disagree").
 Each case starts two ranks as two application contexts of one mpirun, in two working directories (two "nodes"),
 with relative paths that name other files on each:
+- train with checkpoint.dir on node-local disks: exit 5 at start naming rank 1 and the lock file it cannot see (or
+  sees another run's), nothing trained. Before, every save failed (rank 1 never saw the save's temporary directory),
+  and the run trained to its end and exited 8 with no checkpoint. The cases below link rank 1's lock file to rank 0's,
+  so that the directory passes that check and the ranks still see different checkpoints in it;
 - train --resume auto, checkpoints only on rank 0's side: exit 5 naming rank 1. Before, rank 1 started from scratch
   while rank 0 resumed, their host all-reduces crossed (rank 1 read rank 0's error flag as a SIGTERM and exited 75),
   and rank 0 waited in MPI_Allreduce for ever (no watchdog covers it);
@@ -79,6 +83,30 @@ def fresh_nodes():
         os.makedirs(d)
 
 
+# checkpoint.dir on node-local disks: refused at the claim, before anything is trained.
+fresh_nodes()
+fresh = train(os.path.join(work, "local"), "--schedule.max_steps", "4", "--checkpoint.every_n_steps", "2")
+code, out, secs = two_ranks(fresh, fresh)
+check(code == 5 and "checkpoint error: rank 1: checkpoint.dir ckpt: this rank (on " in out
+      and "does not see the directory rank 0 claimed: its lock file ckpt/.shardtrain.lock is missing there" in out
+      and "not a node-local disk" in out, f"checkpoint.dir on node-local disks: exit {code} after {secs:.0f} s: {out[-2000:]}")
+check(not os.path.exists(os.path.join(work, "local", "metrics.jsonl")) and "step 1/" not in out, "nothing was trained")
+os.makedirs(os.path.join(node_b, "ckpt"))
+with open(os.path.join(node_b, "ckpt", ".shardtrain.lock"), "w") as f:
+    f.write("host elsewhere, pid 7, since 2026-11-01 10:00:00, run directory /old\n")
+code, out, secs = two_ranks(fresh, fresh)
+check(code == 5 and "its lock file ckpt/.shardtrain.lock is another run's (host elsewhere, pid 7" in out,
+      f"an old lock file on rank 1's disk: exit {code}: {out[-2000:]}")
+
+
+def share_lock():
+    """Rank 1's ckpt/.shardtrain.lock is rank 0's (a link): the claim's check passes, the checkpoints still differ."""
+    os.makedirs(os.path.join(node_a, "ckpt"), exist_ok=True)
+    os.makedirs(os.path.join(node_b, "ckpt"), exist_ok=True)
+    open(os.path.join(node_a, "ckpt", ".shardtrain.lock"), "a").close()
+    os.symlink(os.path.join(node_a, "ckpt", ".shardtrain.lock"), os.path.join(node_b, "ckpt", ".shardtrain.lock"))
+
+
 # Checkpoints of a 4-step run on rank 0's node only ("ckpt" is node_a/ckpt there, node_b/ckpt on rank 1).
 fresh_nodes()
 first = train(os.path.join(work, "run"), "--schedule.max_steps", "4", "--checkpoint.every_n_steps", "2")
@@ -87,6 +115,7 @@ check(code == 0 and os.path.isfile(os.path.join(node_a, "ckpt", "step_00000004",
       f"the first run: exit {code}: {out[-2000:]}")
 
 resume = train(os.path.join(work, "run"), "--schedule.max_steps", "8", "--checkpoint.every_n_steps", "2", "--resume", "auto")
+share_lock()
 code, out, secs = two_ranks(resume, resume)
 check(code == 5 and "checkpoint error: resume: ckpt/step_00000004 is complete on rank 0, but rank 1 (on " in out
       and "sees it missing or without its DONE marker: every rank must see the same checkpoints" in out,
@@ -104,6 +133,7 @@ fresh_nodes()
 roll = train(os.path.join(work, "roll"), "--schedule.max_steps", "10", "--checkpoint.every_n_steps", "2",
              "--checkpoint.state_dict_type", "full", "--optim.on_divergence", "rollback",
              "--optim.max_consecutive_nonfinite", "2")
+share_lock()
 code, out, secs = two_ranks(roll, roll, env={"SHARDTRAIN_FAULT": "nan_grad:5-6"})
 check(code == 5 and "checkpoint error: rollback: ckpt/step_00000004 is complete on rank 0, but rank 1 (on " in out
       and "no checkpoint to roll back to" not in out,

@@ -27,13 +27,18 @@ class CheckpointDirClaim {
   // Collective over `world`. Rank 0 creates `dir` and checks that it can be written (IoError naming the path and the
   // file system's reason: exit code 8) and locks it (CheckpointError naming the holder when another run holds it:
   // 5). Every rank throws the same error. A file system without locks (flock unsupported) is warned about and used
-  // unlocked.
+  // unlocked. Then every rank looks for the lock file rank 0 wrote: a rank that does not see it (a node-local disk, a
+  // relative path under another working directory) is a CheckpointError on every rank, naming the rank and its host.
+  // Before, every save of such a run failed (the other nodes never see the save's temporary directory), and the run
+  // trained on until checkpoint.max_failed_saves or its end, to exit 8 with its training lost.
   void acquire(MPI_Comm world, const std::string& dir, const std::string& run_dir);
   bool acquired() const { return acquired_; }  // on every rank, once acquire() returned
   const std::string& dir() const { return dir_; }
 
  private:
-  int fd_ = -1;            // rank 0's open lock file; the lock goes with the process (killed or not)
+  int fd_ = -1;  // rank 0's open lock file; the lock goes with the process (killed or not)
+  void check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text);
+
   bool unlocked_ = false;  // rank 0: the file system has no locks
   bool acquired_ = false;
   std::string dir_;
