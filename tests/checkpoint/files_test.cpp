@@ -339,6 +339,21 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   const std::string dir = saved_run("import");
   const std::string ckpt = checkpoint::find_latest(dir);
   const std::string h5 = dir + "/consolidated.h5", hf = dir + "/hf";
+  // A FULL_STATE_DICT checkpoint of the same weights, its model.h5 named as a file: what --resume's refusal of a file
+  // advises to give init_from (it was refused: "not a consolidated shardtrain file").
+  const std::string full_dir = testing_ckpt::fresh_dir("import_full");
+  {
+    RunOptions o;
+    o.steps = 0;
+    o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW&) {
+      checkpoint::load(e, nullptr, ckpt);
+      checkpoint::SaveMeta m;
+      m.step = 2;
+      checkpoint::save_full(e, full_dir, m, 0);
+    };
+    run_training(MPI_COMM_WORLD, ranks_per_node_from_env(), o);
+  }
+  const std::string full_model = checkpoint::find_latest(full_dir) + "/model.h5";
   if (world_rank() == 0) {
     checkpoint::ExportOptions eo;
     checkpoint::consolidate(ckpt, h5, eo);
@@ -348,7 +363,7 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   checkpoint::CheckpointReader reader(ckpt);
-  for (const std::string& path : {ckpt, h5, hf}) {
+  for (const std::string& path : {ckpt, h5, hf, full_model}) {
     for (checkpoint::ImportMode mode :
          {checkpoint::ImportMode::EveryRankReadsItsSlices, checkpoint::ImportMode::NodeLeaderReads}) {
       SCOPED_TRACE(path + (mode == checkpoint::ImportMode::NodeLeaderReads ? " node leader" : " every rank"));
@@ -373,6 +388,13 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   if (world_rank() == 0) {
     const std::string e = error_of([&] { checkpoint::open_tensor_source(dir + "/nothing-here"); });
     EXPECT_NE(e.find("nothing-here"), std::string::npos);
+    EXPECT_EQ(checkpoint::open_tensor_source(full_model)->step(), 2);
+    // A model.h5 copied out of its checkpoint has no model config beside it: refused, saying what is expected.
+    const std::string alone = dir + "/model.h5";
+    fs::copy_file(full_model, alone);
+    const std::string e_alone = error_of([&] { checkpoint::open_tensor_source(alone); });
+    EXPECT_NE(e_alone.find(alone + ": not a consolidated shardtrain file"), std::string::npos) << e_alone;
+    EXPECT_NE(e_alone.find("a checkpoint folder (step_N"), std::string::npos) << e_alone;
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
