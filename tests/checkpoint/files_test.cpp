@@ -22,6 +22,7 @@
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "src/checkpoint/broadcast.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardtrain;
@@ -397,6 +398,24 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
     EXPECT_NE(e_alone.find("a checkpoint folder (step_N"), std::string::npos) << e_alone;
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// cpu_ram_efficient_loading's node leader hands each unit to its node in pieces: one MPI_Bcast of a unit of 2^32 + k
+// elements once sent k (the other ranks kept zeros for the rest, silently). Pieces of 3 here stand for MPI's limit.
+TEST(CheckpointFiles, NodeLeaderBroadcastsInPieces) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int root = world - 1;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{10}}) {
+    std::vector<float> v(n, -1.0f);
+    if (world_rank() == root)
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) + 0.5f;
+    checkpoint::broadcast_floats(MPI_COMM_WORLD, v, root, 3);
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(v[i], static_cast<float>(i) + 0.5f) << "element " << i << " of " << n;
+  }
+  std::vector<float> v(4);
+  EXPECT_THROW(checkpoint::broadcast_floats(MPI_COMM_WORLD, v, 0, 0), InternalError);
+  EXPECT_THROW(checkpoint::broadcast_floats(MPI_COMM_WORLD, v, 0, size_t{1} << 31), InternalError);
 }
 
 // config.json as either transformers major version writes it: 4.x's top-level rope_theta and rope_scaling,
