@@ -2,11 +2,14 @@
 // engine's master shards (every rank its own ranges, or one reader per node handing units out).
 #include <mpi.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "broadcast.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -56,6 +59,15 @@ void check_finite(std::span<const float> v, const TensorSource& source, const st
 
 }  // namespace
 
+void broadcast_floats(MPI_Comm comm, std::span<float> data, int root, size_t max_piece) {
+  if (max_piece == 0 || max_piece > static_cast<size_t>(INT_MAX))
+    throw InternalError(fmt::format("broadcast_floats: a piece of {} elements", max_piece));
+  for (size_t at = 0; at < data.size(); at += max_piece) {
+    const size_t n = std::min(max_piece, data.size() - at);
+    ST_CHECK_MPI(MPI_Bcast(data.data() + at, static_cast<int>(n), MPI_FLOAT, root, comm));
+  }
+}
+
 void load_dense(TensorSource& source, model::DenseParams& params) {
   const model::ModelSpec& spec = params.spec();
   check_tensors(spec, source);
@@ -99,7 +111,9 @@ void import_weights(fsdp::FsdpEngine& engine, TensorSource& source, ImportMode m
           check_finite(values, source, spec.param(r.param).name, r.param_offset);
         }
       }
-      ST_CHECK_MPI(MPI_Bcast(unit.data(), static_cast<int>(unit.size()), MPI_FLOAT, 0, node.get()));
+      // In pieces: one call's int count once cut a unit of 2^32 + k elements to its first k (the node's other
+      // ranks kept zeros for the rest, silently), and refused one of 2^31..2^32 as a communication error (exit 6).
+      broadcast_floats(node.get(), unit, 0);
       std::copy(unit.begin() + v.flat_begin, unit.begin() + v.flat_begin + v.numel, shard.begin());
     }
     copy_async(v.param, shard.data(), shard.size() * sizeof(float), {});

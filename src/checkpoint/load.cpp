@@ -42,7 +42,7 @@ LoadResult load(fsdp::FsdpEngine& engine, optim::AdamW* adamw, CheckpointReader&
     }
   }
   if (with_optimizer) adamw->set_steps(reader.optimizer_steps());
-  if (adamw && !with_optimizer) {
+  if (adamw && !with_optimizer && log::config().rank == 0) {  // one line, not one per rank (every rank loads)
     log::warn("checkpoint {} is a {}: the model is loaded, the optimizer starts fresh", dir,
               state_dict_type_name(reader.type()));
   }

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "paths.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
@@ -28,6 +29,7 @@ std::string at(const std::string& where, const std::string& what) {
 class CheckpointSource final : public TensorSource {
  public:
   explicit CheckpointSource(const std::string& dir) : reader_(dir) {}
+  StateDictType type() const { return reader_.type(); }
   const std::string& path() const override { return reader_.path(); }
   const model::LlamaConfig& model_config() const override { return reader_.model_config(); }
   std::string tokenizer() const override { return reader_.tokenizer(); }
@@ -62,7 +64,10 @@ class ConsolidatedSource final : public TensorSource {
       fail(file, e.what());
     }
     if (hdf5::get_attr_string(file_, "format").value_or("") != "shardtrain-consolidated")
-      fail(file, "not a consolidated shardtrain file (format attribute)");
+      fail(file,
+           "not a consolidated shardtrain file (its 'format' attribute is not 'shardtrain-consolidated'): expected a "
+           "file `shardtrain consolidate` wrote, a checkpoint folder (step_N; a FULL_STATE_DICT checkpoint's model.h5 "
+           "is read through the index.h5 beside it) or a Hugging Face directory");
     config_ = model_config_from_json(hdf5::get_attr_string(file_, "model_config").value_or("{}"), file);
     tokenizer_ = hdf5::get_attr_string(file_, "tokenizer").value_or("");
     bf16_ = hdf5::get_attr_string(file_, "dtype").value_or("f32") == "bf16";
@@ -307,7 +312,18 @@ std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
     if (!latest.empty()) return std::make_unique<CheckpointSource>(latest);
     fail(path, "not a checkpoint, a directory of checkpoints, or a Hugging Face directory (config.json)");
   }
-  if (fs::is_regular_file(path)) return std::make_unique<ConsolidatedSource>(path);
+  if (fs::is_regular_file(path)) {
+    // A FULL_STATE_DICT checkpoint's model.h5 holds the weights alone; what they are (model config, tokenizer, step)
+    // is in the index.h5 beside it. It is what --resume's refusal of a file advises to give init_from, and was refused
+    // here as "not a consolidated shardtrain file": it is read as its checkpoint, DONE and checksums included.
+    fs::path dir = fs::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    if (fs::path(path).filename() == kFullFile && fs::exists(dir / kIndexFile)) {
+      auto checkpoint = std::make_unique<CheckpointSource>(dir.string());
+      if (checkpoint->type() == StateDictType::Full) return checkpoint;
+    }
+    return std::make_unique<ConsolidatedSource>(path);
+  }
   fail(path, "no such file or directory");
 }
 

@@ -22,6 +22,7 @@
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "src/checkpoint/broadcast.hpp"
 
 namespace fs = std::filesystem;
 using namespace shardtrain;
@@ -339,6 +340,21 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   const std::string dir = saved_run("import");
   const std::string ckpt = checkpoint::find_latest(dir);
   const std::string h5 = dir + "/consolidated.h5", hf = dir + "/hf";
+  // A FULL_STATE_DICT checkpoint of the same weights, its model.h5 named as a file: what --resume's refusal of a file
+  // advises to give init_from (it was refused: "not a consolidated shardtrain file").
+  const std::string full_dir = testing_ckpt::fresh_dir("import_full");
+  {
+    RunOptions o;
+    o.steps = 0;
+    o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW&) {
+      checkpoint::load(e, nullptr, ckpt);
+      checkpoint::SaveMeta m;
+      m.step = 2;
+      checkpoint::save_full(e, full_dir, m, 0);
+    };
+    run_training(MPI_COMM_WORLD, ranks_per_node_from_env(), o);
+  }
+  const std::string full_model = checkpoint::find_latest(full_dir) + "/model.h5";
   if (world_rank() == 0) {
     checkpoint::ExportOptions eo;
     checkpoint::consolidate(ckpt, h5, eo);
@@ -348,7 +364,7 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   checkpoint::CheckpointReader reader(ckpt);
-  for (const std::string& path : {ckpt, h5, hf}) {
+  for (const std::string& path : {ckpt, h5, hf, full_model}) {
     for (checkpoint::ImportMode mode :
          {checkpoint::ImportMode::EveryRankReadsItsSlices, checkpoint::ImportMode::NodeLeaderReads}) {
       SCOPED_TRACE(path + (mode == checkpoint::ImportMode::NodeLeaderReads ? " node leader" : " every rank"));
@@ -373,8 +389,33 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   if (world_rank() == 0) {
     const std::string e = error_of([&] { checkpoint::open_tensor_source(dir + "/nothing-here"); });
     EXPECT_NE(e.find("nothing-here"), std::string::npos);
+    EXPECT_EQ(checkpoint::open_tensor_source(full_model)->step(), 2);
+    // A model.h5 copied out of its checkpoint has no model config beside it: refused, saying what is expected.
+    const std::string alone = dir + "/model.h5";
+    fs::copy_file(full_model, alone);
+    const std::string e_alone = error_of([&] { checkpoint::open_tensor_source(alone); });
+    EXPECT_NE(e_alone.find(alone + ": not a consolidated shardtrain file"), std::string::npos) << e_alone;
+    EXPECT_NE(e_alone.find("a checkpoint folder (step_N"), std::string::npos) << e_alone;
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// cpu_ram_efficient_loading's node leader hands each unit to its node in pieces: one MPI_Bcast of a unit of 2^32 + k
+// elements once sent k (the other ranks kept zeros for the rest, silently). Pieces of 3 here stand for MPI's limit.
+TEST(CheckpointFiles, NodeLeaderBroadcastsInPieces) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int root = world - 1;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{10}}) {
+    std::vector<float> v(n, -1.0f);
+    if (world_rank() == root)
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) + 0.5f;
+    checkpoint::broadcast_floats(MPI_COMM_WORLD, v, root, 3);
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(v[i], static_cast<float>(i) + 0.5f) << "element " << i << " of " << n;
+  }
+  std::vector<float> v(4);
+  EXPECT_THROW(checkpoint::broadcast_floats(MPI_COMM_WORLD, v, 0, 0), InternalError);
+  EXPECT_THROW(checkpoint::broadcast_floats(MPI_COMM_WORLD, v, 0, size_t{1} << 31), InternalError);
 }
 
 // config.json as either transformers major version writes it: 4.x's top-level rope_theta and rope_scaling,
