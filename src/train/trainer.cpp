@@ -345,20 +345,24 @@ void Trainer::restore(const TrainerState& s) {
     const auto samples = static_cast<uint64_t>(s.sampler_samples);
     state_.sampler = sampler.position_after(s.sampler.epoch, samples);
     const uint64_t here = sampler.samples_before(state_.sampler);
-    if (state_.sampler.epoch != s.sampler.epoch)
-      log::warn("train: the checkpoint stopped {} samples into epoch {}, past this run's epoch of {}: starting epoch {}",
-                samples, s.sampler.epoch, sampler.micro_batches_per_epoch() * sampler.samples_before({0, 1}),
-                state_.sampler.epoch);
-    else if (here != samples)
-      log::warn(
-          "train: the checkpoint stopped {} samples into epoch {}, not a multiple of this run's {} per micro-step "
-          "(data.global_batch_size changed?): resuming at sample {}",
-          samples, s.sampler.epoch, sampler.samples_before({0, 1}), here);
-    else if (state_.sampler.index != s.sampler.index)
-      log::info(
-          "train: resuming {} samples into epoch {}: micro-batch {} at this run's {} ranks x {} sequences ({} in the saving run)",
-          samples, s.sampler.epoch, state_.sampler.index, sampler.options().dp_size, sampler.options().micro_batch_size,
-          s.sampler.index);
+    // Every rank works the position out alike; rank 0 says it, once for the job.
+    if (runtime_->topology().world_rank == 0) {
+      if (state_.sampler.epoch != s.sampler.epoch)
+        log::warn("train: the checkpoint stopped {} samples into epoch {}, past this run's epoch of {}: starting epoch {}",
+                  samples, s.sampler.epoch, sampler.micro_batches_per_epoch() * sampler.samples_before({0, 1}),
+                  state_.sampler.epoch);
+      else if (here != samples)
+        log::warn(
+            "train: the checkpoint stopped {} samples into epoch {}, not a multiple of this run's {} per micro-step "
+            "(data.global_batch_size changed?): resuming at sample {}",
+            samples, s.sampler.epoch, sampler.samples_before({0, 1}), here);
+      else if (state_.sampler.index != s.sampler.index)
+        log::info(
+            "train: resuming {} samples into epoch {}: micro-batch {} at this run's {} ranks x {} sequences ({} in the "
+            "saving run)",
+            samples, s.sampler.epoch, state_.sampler.index, sampler.options().dp_size, sampler.options().micro_batch_size,
+            s.sampler.index);
+    }
     state_.sampler_samples = static_cast<int64_t>(sampler.samples_before(state_.sampler));
   }
   loader_->seek(state_.sampler);
