@@ -140,10 +140,14 @@ void check_done_marker(const std::string& dir, int64_t index_step, StateDictType
 CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
   if (!fs::is_directory(dir)) {
     std::error_code ec;
-    if (fs::exists(dir, ec))
-      fail(dir,
-           "is a file, not a checkpoint: expected a step_N folder that `shardtrain train` saved (index.h5, rank "
-           "files, DONE), or the checkpoint directory above them");
+    if (fs::exists(dir, ec)) {
+      // A file of a checkpoint (its model.h5, index.h5 or a rank file): the folder it is in is what to pass.
+      const fs::path folder = fs::path(dir).parent_path();
+      const bool in_checkpoint = !folder.empty() && fs::exists(folder / kIndexFile, ec);
+      fail(dir, in_checkpoint ? fmt::format("is a file of the checkpoint {}: pass that folder", folder.string())
+                              : std::string("is a file, not a checkpoint: expected a step_N folder that `shardtrain train` "
+                                            "saved (index.h5, rank files, DONE), or the checkpoint directory above them"));
+    }
     fail(dir, "no such checkpoint directory");
   }
   if (!is_complete(dir)) fail(dir, incomplete_reason(dir));

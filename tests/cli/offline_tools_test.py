@@ -232,6 +232,8 @@ expect("generate full_cut.h5", ["generate", "--checkpoint", "full_cut.h5", "--pr
 # F: messages.
 _, _, err = expect("checkpoint info FILE", ["checkpoint", "info", "full.h5"], 5,
                    "full.h5: is a file, not a checkpoint: expected a step_N folder")
+expect("checkpoint info CHECKPOINT/index.h5", ["checkpoint", "info", ck + "/index.h5"], 5,
+       f"{ck}/index.h5: is a file of the checkpoint {ck}: pass that folder")
 _, _, err = expect("generate --checkpoint tok.json", ["generate", "--checkpoint", "bad.json", "--prompt", "x"], 5,
                    "bad.json: not an HDF5 file")
 check(err.count("bad.json") == 1, f"the file named once: {err[-300:]}")
