@@ -27,6 +27,7 @@
 #include "shardtrain/train/evaluator.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/train/startup.hpp"
 #include "shardtrain/train/replica.hpp"
 
 namespace shardtrain::cli {
@@ -221,7 +222,12 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   c.checkpoint.init_from.clear();
   c.validate();
   c.validate_for_world(rt->topology().world_size, rt->topology().node_count);
+  // Host collectives and loads no collective watchdog covers, timed as a training run's start-up (startup.hpp): a rank
+  // held up (a file system that stopped answering) ends the job with exit code 10 instead of holding it.
+  train::StartupWatch watch(c);
+  watch.stage("the ranks' agreement on the configuration");
   train::check_ranks_agree_on_config(rt->world(), train::to_toml(c));  // before any collective a difference could mismatch
+  watch.stage("opening the datasets");
 
   // A dataset whose ids go past the weights' vocabulary was made with another tokenizer than the weights were
   // trained with (5, as the tokenizers' hashes say where both are recorded). open_data_sources' own check names
@@ -235,8 +241,10 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   }
   // The trainer's inputs, replica and evaluation, without its optimizer, training loader or run directory.
   const std::vector<data::MixtureComponent> sources = train::open_data_sources(c);
+  watch.stage("the ranks' agreement on the datasets");
   train::check_ranks_agree_on_data(rt->world(), sources);
   check_model_fits(c, *rt);
+  watch.stage("building the mesh, its communicators (NCCL's start on a GPU) and the model");
   train::Replica replica(*rt, c);
   train::Evaluator evaluator(replica, c, sources, {train::EvaluatorOptions::Use::Evaluation, split, batches});
   if (evaluator.empty())
@@ -244,6 +252,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
                                 c.data.describe(), evaluator.batch_sequences(), data::dataset_split_name(split),
                                 c.micro_batch_size_for(rt->topology().world_size), rt->topology().world_size));
   const data::TokenDataset& dataset = *sources.front().dataset;
+  watch.stage("reading the dataset's tokenizer");
   std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset);  // a mixture's sources share one
   // Bits per byte on every rank or on none: each rank reads the tokenizer itself, and one that could not (a file on
   // another node's disk) once skipped the all-reduce of the bytes the others waited in, until the watchdog ended them.
@@ -269,6 +278,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   for (size_t k = 0; k < targets.size(); ++k) {
     std::unique_ptr<checkpoint::TensorSource> weights;
     std::string damaged;
+    watch.checkpoint_stage(fmt::format("loading {}", targets[k]));
     try {
       // Each checkpoint must be of the same model (import_weights refuses another architecture, naming it).
       weights = k == source_index ? std::move(source) : checkpoint::open_tensor_source(targets[k]);
@@ -278,6 +288,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
       damaged = e.what();
     }
     if (o.every_checkpoint) damaged = train::lowest_error(rt->world(), rank, damaged);
+    watch.done();  // the evaluation's collectives are the watchdog's
     if (!damaged.empty()) {
       if (rank == 0) log::warn("evaluate: {} skipped, damaged: {}", targets[k], damaged);
       results.push_back({{"weights", targets[k]}, {"step", target_steps[k]}, {"error", damaged}});

@@ -7,7 +7,8 @@ equal. Over the whole split the loss does not depend on the rank count, and the 
 dataset (whole batches of the split's samples, every position a target in the packed layout). Bad input:
 weights of another tokenizer, a missing path, bad --batches / --split, no dataset: one error each, the
 documented exit code. evaluate writes nothing into the run directory, only --json, whole. --every-checkpoint
-skips a damaged checkpoint (a garbage DONE, a chunk only one rank reads) with its reason, on every rank alike."""
+skips a damaged checkpoint (a garbage DONE, a chunk only one rank reads) with its reason, on every rank alike. A tokenizer
+that never answers (a FIFO) ends the job with exit code 10 after fsdp.startup_timeout (before: a hang)."""
 import json
 import math
 import os
@@ -235,6 +236,18 @@ for bad, what in ((["--batches", "0"], "--batches '0'"), (["--split", "test"], "
     check(p.returncode == 2 and what in p.stderr and j is None, f"{bad}: exit {p.returncode}: {p.stderr[-800:]}")
 
 # ---- nothing written but --json -------------------------------------------------------------------------------
+# A tokenizer file that never answers (a FIFO with no writer: what a file system that stopped answering looks like to
+# the reader): every rank is held up reading it, before the evaluation's collectives. Before, the job hung for ever;
+# now its stage runs out of fsdp.startup_timeout and ends the job with exit code 10, naming the stage.
+os.makedirs(os.path.join(work, "stuck"), exist_ok=True)
+stuck = os.path.join(work, "stuck", "tokenizer.json")
+if not os.path.exists(stuck):
+    os.mkfifo(stuck)
+p, _ = evaluate("-w", os.path.join(ckpts, "step_00000012"), "--tokenizer", stuck, "--fsdp.startup_timeout", "3",
+                name="stuck")
+check(p.returncode == 10 and "start-up: reading the dataset's tokenizer has not finished after 3 s (fsdp.startup_timeout)" in p.stderr,
+      f"a tokenizer that never answers: exit {p.returncode}: {p.stderr[-1200:]}")
+
 after = sorted(os.listdir(run_dir)), open(os.path.join(run_dir, "metrics.jsonl")).read()
 check(after == before, f"the run directory is unchanged: {before[0]} -> {after[0]}")
 check(not [n for n in os.listdir(work) if n.endswith(".tmp")], f"no temporary files left: {os.listdir(work)}")
