@@ -29,8 +29,8 @@
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/progress_view.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
-#include "shardtrain/train/startup.hpp"
 #include "shardtrain/train/run_dir.hpp"
+#include "shardtrain/train/startup.hpp"
 
 namespace shardtrain::train {
 namespace fs = std::filesystem;

@@ -13,8 +13,8 @@
 namespace shardtrain {
 
 // Stretches follow one another (`begin`), each timed from its own start against its own limit. When one runs past
-// it, `expire` is called on the deadline's thread with that stretch; it must end the process (it is [[noreturn]] in
-// spirit: the deadline never returns to the caller's work).
+// it, `expire` is called on the deadline's thread with that stretch; it is to end the process (MPI_Abort). One that
+// returns (a test's) ends the timing for good.
 class Deadline {
  public:
   struct Stretch {

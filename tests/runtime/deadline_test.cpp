@@ -1,0 +1,59 @@
+// runtime::Deadline: which stretch expires, timed from where. No assertion rests on how fast this machine is: a
+// stretch that must fire is waited for (up to a minute), and one that must not has a limit of an hour.
+#include "shardtrain/runtime/deadline.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+
+namespace shardtrain {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The expired stretch, handed back through a promise (an expire that returns ends the deadline's timing for good).
+struct Expired {
+  std::promise<Deadline::Stretch> promise;
+  std::future<Deadline::Stretch> future = promise.get_future();
+  Deadline::Expire callback() {
+    return [this](const Deadline::Stretch& s) { promise.set_value(s); };
+  }
+};
+
+TEST(Deadline, TheStretchInProgressExpiresWithItsNameLimitAndKey) {
+  Expired expired;
+  Deadline deadline(expired.callback());
+  deadline.begin({"opening the datasets", 3600, "fsdp.startup_timeout"});
+  deadline.begin({"claiming the checkpoint directory", 0.05, "fsdp.startup_timeout"});
+  ASSERT_EQ(expired.future.wait_for(60s), std::future_status::ready);
+  const Deadline::Stretch s = expired.future.get();
+  EXPECT_EQ(s.what, "claiming the checkpoint directory");
+  EXPECT_EQ(s.limit, 0.05);
+  EXPECT_EQ(s.key, "fsdp.startup_timeout");
+}
+
+TEST(Deadline, AStretchWithoutALimitIsNotTimedAndEndStopsTheTiming) {
+  Expired expired;
+  {
+    Deadline deadline(expired.callback());
+    deadline.begin({"untimed", 0, "k"});
+    deadline.begin({"timed", 3600, "k"});
+    deadline.end();
+    deadline.begin({"untimed again", 0, "k"});
+  }  // joins its thread: nothing expired
+  EXPECT_EQ(expired.future.wait_for(0s), std::future_status::timeout);
+}
+
+TEST(Deadline, BeginAtTimesFromAnEarlierStart) {
+  // An asynchronous save's wait: its limit counts from when the save began, long past here.
+  Expired expired;
+  Deadline deadline(expired.callback());
+  deadline.begin_at({"the asynchronous save of step 8", 60, "checkpoint.save_timeout"},
+                    std::chrono::steady_clock::now() - 61s);
+  ASSERT_EQ(expired.future.wait_for(60s), std::future_status::ready);
+  EXPECT_EQ(expired.future.get().what, "the asynchronous save of step 8");
+}
+
+}  // namespace
+}  // namespace shardtrain
