@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -101,6 +102,19 @@ void note_device_free(size_t bytes) { g_device_in_use.fetch_sub(bytes, std::memo
 DeviceMemoryStats device_memory_stats() {
   return {g_device_in_use.load(std::memory_order_relaxed), g_device_peak.load(std::memory_order_relaxed)};
 }
+// Both backends' buffers move alike; each backend has its own allocation and release().
+DeviceBuffer::~DeviceBuffer() { release(); }
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
 void reset_device_memory_peak() {
   g_device_peak.store(g_device_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }

@@ -260,17 +260,6 @@ void DeviceBuffer::release() {
   data_ = nullptr;
   bytes_ = 0;
 }
-DeviceBuffer::~DeviceBuffer() { release(); }
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    release();
-    data_ = std::exchange(o.data_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
-}
 
 void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
   if (bytes == 0) return;
