@@ -91,12 +91,17 @@ struct TokenStorage {
   std::vector<int64_t> sums;  // format 2: one per block
   std::unique_ptr<std::atomic<bool>[]> checked;
   int64_t block = kChecksumBlockTokens;
+  // The mapped file, kept open with its size and modification time at open, so that a rewrite in place can be
+  // told from the rename prepare-data does (which leaves this file, its inode, as it was).
+  int fd = -1;
+  struct stat opened {};
 
   TokenStorage() = default;
   TokenStorage(const TokenStorage&) = delete;
   TokenStorage& operator=(const TokenStorage&) = delete;
   ~TokenStorage() {
     if (map) munmap(map, map_bytes);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -108,18 +113,16 @@ namespace {
 std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string& path, uint64_t offset, size_t count) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError(fmt::format("{}: cannot open to map its tokens: {}", path, std::strerror(errno)));
-  struct stat sb {};
+  st.fd = fd;  // closed with the storage
+  struct stat& sb = st.opened;
   const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(TokenId);
-  if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < offset + bytes) {
-    ::close(fd);
+  if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < offset + bytes)
     throw DataError(fmt::format("{}: the file ends before its {} tokens do (truncated: prepare it again)", path, count));
-  }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t start = offset / page * page;
   st.map_bytes = static_cast<size_t>(offset + bytes - start);
   void* m = mmap(nullptr, st.map_bytes, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
   const int err = errno;
-  ::close(fd);  // the mapping keeps the file
   if (m == MAP_FAILED) throw DataError(fmt::format("{}: cannot map its tokens: {}", path, std::strerror(err)));
   st.map = m;
   return {reinterpret_cast<const TokenId*>(static_cast<const char*>(m) + (offset - start)), count};
@@ -345,6 +348,24 @@ void TokenDataset::check_blocks(size_t begin, size_t end) const {
     }
     storage_->checked[b].store(true, std::memory_order_release);
   }
+}
+
+void TokenDataset::check_unchanged() const {
+  if (!storage_ || storage_->fd < 0) return;  // read whole (format 1): the tokens are in memory
+  struct stat now {};
+  if (fstat(storage_->fd, &now) != 0) return;  // nothing known to have changed
+  const struct stat& then = storage_->opened;
+  if (now.st_size == then.st_size && now.st_mtim.tv_sec == then.st_mtim.tv_sec &&
+      now.st_mtim.tv_nsec == then.st_mtim.tv_nsec)
+    return;
+  // Written in place (cp over it, truncate, h5repack onto its name): the mapping shows whatever is in the file now,
+  // and a page past a shorter end kills the process with SIGBUS. Renaming a new file over it (prepare-data
+  // --overwrite) changes neither: this file lives on until the run ends.
+  throw DataError(fmt::format(
+      "{}: the file was rewritten in place while this run reads it ({} bytes, now {}{}): its tokens are mapped from it, "
+      "so the run would read other tokens or die of SIGBUS; replace a dataset by renaming a new file over it "
+      "(prepare-data --overwrite does), never in place (cp onto it, truncate), and resume",
+      path_, then.st_size, now.st_size, now.st_size == then.st_size ? ", modified since it was opened" : ""));
 }
 
 std::span<const TokenId> TokenDataset::tokens() const {

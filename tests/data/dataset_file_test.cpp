@@ -3,14 +3,21 @@
 // the tokens; every attribute and layout checked against its metadata checksum at open; format-1 files
 // (chunked, read whole) still open; a rewrite never disturbs a reader, and an existing file is replaced only
 // when asked.
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "data_test_util.hpp"
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/loader.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 
@@ -182,11 +189,64 @@ TEST(DatasetFile, RewriteLeavesAnOpenReaderItsFile) {
   write_dataset(path, a.tokens, a.offsets, info());
   const TokenDataset old = TokenDataset::open(path);
   write_dataset(path, b.tokens, b.offsets, info());
+  EXPECT_NO_THROW(old.check_unchanged());  // a new file renamed over the path: the old one is read on, unchanged
   const auto kept = old.tokens();
   EXPECT_TRUE(std::equal(kept.begin(), kept.end(), a.tokens.begin(), a.tokens.end()));
   const TokenDataset fresh = TokenDataset::open(path);
   const auto now = fresh.tokens();
   EXPECT_TRUE(std::equal(now.begin(), now.end(), b.tokens.begin(), b.tokens.end()));
+}
+
+// A dataset written at `path` whose modification time is set a day back, so that a rewrite in place, however soon,
+// gives it another one (file times tick in jiffies: a write within the same one could keep it).
+void write_dated_dataset(const std::string& path, const Corpus& c) {
+  write_dataset(path, c.tokens, c.offsets, info());
+  const timespec day_ago[2] = {{time(nullptr) - 86400, 0}, {time(nullptr) - 86400, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), day_ago, 0), 0);
+}
+
+// A dataset rewritten in place under a job that has it mapped: truncated, its pages past the new end killed the job
+// with SIGBUS (mpirun: exit 135, no file named); rewritten at the same size (cp onto it), the job read the new tokens
+// where it had not checked them yet, without a word. Now the reader is stopped with a DataError naming the file.
+TEST(DatasetFile, RewriteInPlaceIsADataError) {
+  const Corpus c = make_corpus(100000, 15);
+  const auto path = testing::tmp_path("in-place.h5").string();
+  write_dated_dataset(path, c);
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_NO_THROW(ds.check_unchanged());
+  const auto size = std::filesystem::file_size(path);
+  {  // one token changed where it lies, as a `cp` of another file of the same size writes it
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(tokens_offset(path)));
+    const TokenId other = c.tokens[0] ^ 1;
+    f.write(reinterpret_cast<const char*>(&other), sizeof other);
+  }
+  EXPECT_EQ(testing::data_error_of([&] { ds.check_unchanged(); }),
+            fmt::format("{}: the file was rewritten in place while this run reads it ({} bytes, now {}, modified since it "
+                        "was opened): its tokens are mapped from it, so the run would read other tokens or die of SIGBUS; "
+                        "replace a dataset by renaming a new file over it (prepare-data --overwrite does), never in place "
+                        "(cp onto it, truncate), and resume",
+                        path, size, size));
+}
+
+// Through the loader, as a run meets it: the second source of a mixture truncated after it was opened (its tokens
+// past the cut are gone, SIGBUS on a touch). The first micro-batch is refused before any token is read.
+TEST(DatasetFile, LoaderStopsOnAFileTruncatedInPlace) {
+  const Corpus a = make_corpus(100000, 16), b = make_corpus(100000, 17);
+  const auto pa = testing::tmp_path("loader-a.h5").string(), pb = testing::tmp_path("loader-b.h5").string();
+  write_dataset(pa, a.tokens, a.offsets, info());
+  write_dataset(pb, b.tokens, b.offsets, info());
+  auto da = std::make_shared<const TokenDataset>(TokenDataset::open(pa));
+  auto db = std::make_shared<const TokenDataset>(TokenDataset::open(pb));
+  const auto size = std::filesystem::file_size(pb);
+  const uint64_t cut = tokens_offset(pb) + 4096;
+  ASSERT_EQ(truncate(pb.c_str(), static_cast<off_t>(cut)), 0);
+  Loader loader({{da, 0.5}, {db, 0.5}}, {.seq_len = 64, .micro_batch_size = 4, .global_batch_size = 4});
+  const std::string msg = testing::data_error_of([&] { loader.next(); });
+  EXPECT_NE(msg.find(fmt::format("{}: the file was rewritten in place while this run reads it ({} bytes, now {}): ", pb,
+                                 size, cut)),
+            std::string::npos)
+      << msg;
 }
 
 // What one flipped bit of an integer attribute does to it: the value changes, nothing else in the file does.

@@ -98,6 +98,12 @@ class TokenDataset {
   // beyond what open() read.
   std::string identity() const;
 
+  // Throws DataError naming the file when the mapped file was written in place since open() (its size or modification
+  // time changed: cp onto it, truncate): the mapping would show other tokens, or kill the process with SIGBUS past a
+  // shorter end. A new file renamed over the path is not a change: this one is still read. One fstat; the loader
+  // calls it before each micro-batch.
+  void check_unchanged() const;
+
   // Checks that `tokenizer` is the one that made the dataset (hash), throwing DataError otherwise.
   void check_tokenizer(const Tokenizer& tokenizer) const;
 
