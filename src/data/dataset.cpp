@@ -1,6 +1,7 @@
 // Writing and reading token datasets (dataset.hpp) through the runtime's HDF5 helpers.
 #include "shardtrain/data/dataset.hpp"
 
+#include <hdf5.h>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/sampler.hpp"
@@ -215,6 +217,28 @@ int64_t required_int(const hdf5::Handle& f, const std::string& path, const char*
 std::optional<TokenId> optional_id(int64_t v) {
   return v < 0 ? std::nullopt : std::optional<TokenId>(static_cast<TokenId>(v));
 }
+
+// The tokens read through HDF5 (format 1, or a format-2 file that is not mapped). HDF5 converts any integer type to
+// uint32 by clamping, without a word: an int32 -7 came back as 0 and an int64 2^32 + 5 as 2^32 - 1. Stored as
+// anything but unsigned integers of 32 bits or fewer, they are read as int64 and each checked against the
+// vocabulary before it is narrowed. (open_1d has already required a 1-D integer dataset.)
+std::vector<TokenId> read_tokens(const hdf5::Handle& f, const std::string& path, int64_t vocab_size) {
+  const hid_t d = H5Dopen2(f.get(), "tokens", H5P_DEFAULT);
+  const hid_t type = d >= 0 ? H5Dget_type(d) : H5I_INVALID_HID;
+  const bool narrow = type >= 0 && H5Tget_sign(type) == H5T_SGN_NONE && H5Tget_size(type) <= sizeof(TokenId);
+  if (type >= 0) H5Tclose(type);
+  if (d >= 0) H5Dclose(d);
+  if (narrow) return hdf5::read_u32(f, "tokens");
+  const std::vector<int64_t> wide = hdf5::read_i64(f, "tokens");
+  std::vector<TokenId> out(wide.size());
+  for (size_t i = 0; i < wide.size(); ++i) {
+    if (wide[i] < 0 || wide[i] >= vocab_size)
+      throw DataError(
+          fmt::format("{}: token id {} (at {}) is outside the vocabulary (vocab_size {})", path, wide[i], i, vocab_size));
+    out[i] = static_cast<TokenId>(wide[i]);
+  }
+  return out;
+}
 }  // namespace
 
 TokenDataset TokenDataset::open(const std::string& path) {
@@ -223,7 +247,22 @@ TokenDataset TokenDataset::open(const std::string& path) {
   // HDF5 says only "no such file" of a folder.
   if (std::error_code ec; std::filesystem::is_directory(path, ec))
     throw DataError(fmt::format("{}: is a folder, not a dataset file (expected the .h5 file prepare-data wrote)", path));
-  auto f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  hdf5::Handle f;
+  try {
+    f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  } catch (const DataError& e) {
+    if (std::string_view(e.what()).find("not an HDF5 file") == std::string_view::npos) throw;
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) == 0 && !ec)
+      throw DataError(fmt::format("{}: the file is empty (0 bytes), not a dataset (a copy that did not finish?)", path));
+    const std::string ext = std::filesystem::path(path).extension().string();
+    if (ext == ".h5" || ext == ".hdf5") throw;
+    // The likeliest such file: the corpus itself (JSONL, Parquet, text) given where its prepared dataset belongs.
+    throw DataError(
+        fmt::format("{}; a dataset is the .h5 file prepare-data makes from a corpus (text, JSONL, Parquet or "
+                    "Arrow): shardtrain prepare-data --tokenizer T --input {} --output DATASET.h5",
+                    e.what(), path));
+  }
   // Every attribute, layout and link against its checksum, before any of them is believed.
   try {
     const hdf5::MetadataCheck check = hdf5::verify_metadata_checksums(f);
@@ -232,29 +271,43 @@ TokenDataset TokenDataset::open(const std::string& path) {
   } catch (const DataError& e) {
     throw DataError(fmt::format("{}; prepare the dataset again", e.what()));
   }
-  if (ds.metadata_recorded_) {
-    ds.metadata_record_ = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value_or("");
-  } else if (log::config().rank == 0) {
-    log::warn(
-        "{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
-        "are not checked; prepare it again to add them",
-        path);
-  }
+  if (ds.metadata_recorded_) ds.metadata_record_ = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value_or("");
   const std::string format = required_string(f, path, "format");
   if (format != kDatasetFormat)
     throw DataError(fmt::format("{}: attribute 'format' is '{}', expected '{}'", path, format, kDatasetFormat));
   const int64_t version = required_int(f, path, "format_version");
   if (version != 1 && version != 2)
     throw DataError(fmt::format("{}: format_version {} is not supported (this build reads 1 and 2)", path, version));
+  // Only now: an HDF5 file that is no dataset at all was first said to be one from an older build.
+  if (!ds.metadata_recorded_ && log::config().rank == 0) {
+    log::warn(
+        "{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
+        "are not checked; prepare it again to add them",
+        path);
+  }
   auto& info = ds.info_;
   info.tokenizer_name = required_string(f, path, "tokenizer_name");
   info.tokenizer_path = hdf5::get_attr_string(f, "tokenizer_path").value_or("");
   info.tokenizer_hash = required_string(f, path, "tokenizer_hash");
   info.tokenizer_format = hdf5::get_attr_string(f, "tokenizer_format").value_or("");
   info.vocab_size = required_int(f, path, "vocab_size");
-  info.eot_id = optional_id(required_int(f, path, "eot_id"));
-  info.bot_id = optional_id(hdf5::get_attr_int(f, "bot_id").value_or(-1));
-  info.pad_id = optional_id(hdf5::get_attr_int(f, "pad_id").value_or(-1));
+  if (info.vocab_size < 1)
+    throw DataError(fmt::format("{}: attribute 'vocab_size' is {}; expected the tokenizer's vocabulary size, at least 1",
+                                path, info.vocab_size));
+  // The layouts write these ids into every sample, past the per-block check of the tokens: one outside the vocabulary
+  // trained as a token the tokenizer does not have (or failed in the embedding without naming the file), and one of
+  // 2^32 or more wrapped to a small id.
+  const auto special_id = [&](const char* name, int64_t id) {
+    if (id < -1 || id >= info.vocab_size)
+      throw DataError(
+          fmt::format("{}: attribute '{}' is {}, outside the vocabulary [0, {}) (-1: none); prepare the dataset "
+                      "again",
+                      path, name, id, info.vocab_size));
+    return optional_id(id);
+  };
+  info.eot_id = special_id("eot_id", required_int(f, path, "eot_id"));
+  info.bot_id = special_id("bot_id", hdf5::get_attr_int(f, "bot_id").value_or(-1));
+  info.pad_id = special_id("pad_id", hdf5::get_attr_int(f, "pad_id").value_or(-1));
   info.special_tokens_json = hdf5::get_attr_string(f, "special_tokens").value_or("{}");
   try {
     info.sources = nlohmann::json::parse(hdf5::get_attr_string(f, "sources").value_or("[]")).get<std::vector<std::string>>();
@@ -281,7 +334,7 @@ TokenDataset TokenDataset::open(const std::string& path) {
   if (raw) {
     ds.tokens_ = map_tokens(*st, path, *raw, num_tokens);
   } else {  // format 1, or a format-2 file rewritten with filters (h5repack): read through HDF5
-    st->owned = hdf5::read_u32(f, "tokens");
+    st->owned = read_tokens(f, path, info.vocab_size);
     ds.tokens_ = st->owned;
   }
   ds.storage_ = st;

@@ -154,13 +154,14 @@ TEST(DatasetFile, TruncatedTokensAreRefusedAtOpen) {
 }
 
 // Format 1 (what earlier versions wrote): chunked tokens with Fletcher32, no block checksums; read whole.
-TEST(DatasetFile, Format1StillOpens) {
-  const Corpus c = make_corpus(300000, 5);
-  const auto path = testing::tmp_path("v1.h5").string();
+// A format-1 file (chunked tokens, read whole, no metadata checksums); `wide` stores the tokens as int64, as a file
+// converted by another tool may.
+void write_format1(const std::string& path, const Corpus& c, const std::vector<int64_t>* wide = nullptr) {
   {
     auto f = hdf5::create_file(path);
     const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
-    hdf5::write_u32(f, "tokens", c.tokens, checked);
+    if (wide) hdf5::write_i64(f, "tokens", *wide, checked);
+    else hdf5::write_u32(f, "tokens", c.tokens, checked);
     hdf5::write_i64(f, "doc_offsets", c.offsets, checked);
     std::vector<int64_t> train;
     for (size_t d = 0; d + 1 < c.offsets.size(); ++d) train.push_back(static_cast<int64_t>(d));
@@ -174,12 +175,91 @@ TEST(DatasetFile, Format1StillOpens) {
     hdf5::set_attr(f, "vocab_size", kVocab);
     hdf5::set_attr(f, "eot_id", int64_t{50256});
   }
+}
+
+TEST(DatasetFile, Format1StillOpens) {
+  const Corpus c = make_corpus(300000, 5);
+  const auto path = testing::tmp_path("v1.h5").string();
+  write_format1(path, c);
   const TokenDataset ds = TokenDataset::open(path);
   EXPECT_FALSE(ds.mapped());
   const auto all = ds.tokens();
   EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
   const size_t d = ds.num_documents() / 2;
   EXPECT_TRUE(std::equal(ds.document(d).begin(), ds.document(d).end(), c.tokens.begin() + c.offsets[d]));
+}
+
+// Tokens stored as signed or 64-bit integers: HDF5 converted them to uint32 by clamping, so an id of -7 trained as
+// id 0 without a word. Now they are read wide and checked; in range, they open as they are.
+TEST(DatasetFile, WideTokensAreCheckedNotClamped) {
+  const Corpus c = make_corpus(50000, 18);
+  std::vector<int64_t> wide(c.tokens.begin(), c.tokens.end());
+  const auto path = testing::tmp_path("v1-int64.h5").string();
+  write_format1(path, c, &wide);
+  const TokenDataset ds = TokenDataset::open(path);
+  const auto all = ds.tokens();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+  wide[3] = -7;
+  write_format1(path, c, &wide);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path + ": token id -7 (at 3) is outside the vocabulary (vocab_size 50257)");
+  wide[3] = (int64_t{1} << 32) + 5;  // clamped to 2^32 - 1 before, wrapped to 5 by a plain cast
+  write_format1(path, c, &wide);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path + ": token id 4294967301 (at 3) is outside the vocabulary (vocab_size 50257)");
+}
+
+// The end-of-text, begin and padding ids go into every sample past the tokens' own check: one outside the vocabulary
+// trained as an id the tokenizer does not have (a model with a larger vocab_size), or failed in the embedding with
+// "token id 600 at position 17 is outside the vocabulary" and no file named; one of 2^32 or more wrapped to a small
+// id. Refused at open, whether the checksums vouch for the lie (recorded with it) or there are none (an older file).
+TEST(DatasetFile, SpecialIdOutsideTheVocabularyIsRefusedAtOpen) {
+  const Corpus c = make_corpus(50000, 19);
+  const auto path = testing::tmp_path("eot-outside.h5").string();
+  DatasetInfo lying = info();
+  lying.eot_id = static_cast<TokenId>(kVocab);
+  write_dataset(path, c.tokens, c.offsets, lying);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path + ": attribute 'eot_id' is 50257, outside the vocabulary [0, 50257) (-1: none); prepare the dataset again");
+  write_dataset(path, c.tokens, c.offsets, info());
+  {
+    auto f = hdf5::open_file(path, hdf5::FileMode::ReadWrite);
+    for (const char* object : {".", "tokens", "tokens_checksums", "doc_offsets", "split", "split/train", "split/validation"})
+      ASSERT_GE(H5Adelete_by_name(f.get(), object, hdf5::kMetadataChecksums, H5P_DEFAULT), 0) << object;
+    hdf5::set_attr(f, "pad_id", (int64_t{1} << 32) + 1);
+  }
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path +
+                ": attribute 'pad_id' is 4294967297, outside the vocabulary [0, 50257) (-1: none); prepare the dataset "
+                "again");
+}
+
+// Files that are no dataset: each named for what it is. An HDF5 file of something else was first warned about as a
+// dataset from an older build (no metadata checksums), then refused; an empty file and a corpus file were "not an
+// HDF5 file (no HDF5 signature)".
+TEST(DatasetFile, FilesThatAreNoDatasetSayWhatTheyAre) {
+  const auto other = testing::tmp_path("other.h5").string();
+  {
+    auto f = hdf5::create_file(other);
+    hdf5::write_i64(f, "x", std::vector<int64_t>{1, 2, 3});
+  }
+  ::testing::internal::CaptureStderr();
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(other); });
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(msg, other + ": attribute 'format' is missing (not a shardtrain dataset?)");
+  EXPECT_EQ(said.find("prepared by a build before"), std::string::npos) << said;
+
+  const auto empty = testing::tmp_path("empty.h5").string();
+  std::ofstream(empty).close();
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(empty); }),
+            empty + ": the file is empty (0 bytes), not a dataset (a copy that did not finish?)");
+  const auto corpus = testing::tmp_path("corpus.jsonl").string();
+  std::ofstream(corpus) << "{\"text\": \"Call me Ishmael.\"}\n";
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(corpus); }),
+            corpus +
+                ": not an HDF5 file (no HDF5 signature); a dataset is the .h5 file prepare-data makes from a corpus "
+                "(text, JSONL, Parquet or Arrow): shardtrain prepare-data --tokenizer T --input " +
+                corpus + " --output DATASET.h5");
 }
 
 // prepare-data run again over a dataset a job has mapped: the job keeps reading the file it opened.
