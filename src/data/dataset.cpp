@@ -247,6 +247,9 @@ TokenDataset TokenDataset::open(const std::string& path) {
   // HDF5 says only "no such file" of a folder.
   if (std::error_code ec; std::filesystem::is_directory(path, ec))
     throw DataError(fmt::format("{}: is a folder, not a dataset file (expected the .h5 file prepare-data wrote)", path));
+  // And "no such file" of a pipe or a device, which it cannot map either.
+  if (std::error_code ec; std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw DataError(fmt::format("{}: is not a regular file (a pipe, socket or device), not a dataset file", path));
   hdf5::Handle f;
   try {
     f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);

@@ -440,6 +440,11 @@ TEST(DatasetFile, AFolderIsNotADataset) {
   std::filesystem::create_directories(dir);
   EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(dir.string()); }),
             dir.string() + ": is a folder, not a dataset file (expected the .h5 file prepare-data wrote)");
+  // So is a named pipe (it was "no such file" too).
+  const auto pipe = testing::tmp_path("a-pipe.h5").string();
+  ASSERT_EQ(mkfifo(pipe.c_str(), 0600), 0);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(pipe); }),
+            pipe + ": is not a regular file (a pipe, socket or device), not a dataset file");
 }
 
 TEST(DatasetFile, RefuseKeepsAnExistingFile) {
