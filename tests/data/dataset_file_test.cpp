@@ -277,6 +277,21 @@ TEST(DatasetFile, RewriteLeavesAnOpenReaderItsFile) {
   EXPECT_TRUE(std::equal(now.begin(), now.end(), b.tokens.begin(), b.tokens.end()));
 }
 
+// A file with a user block (512 bytes in front of HDF5's own, as h5jam writes them) is a valid HDF5 file: its tokens
+// were mapped 512 bytes too far (the block counted twice) and refused as damaged ("tokens [0, 1048576) do not match
+// their checksum"), exit 4.
+TEST(DatasetFile, TokensAfterAUserBlockAreMappedWhereTheyAre) {
+  const Corpus c = make_corpus(100000, 20);
+  const auto plain = testing::tmp_path("plain.h5").string(), blocked = testing::tmp_path("user-block.h5").string();
+  write_dataset(plain, c.tokens, c.offsets, info());
+  std::ofstream(blocked, std::ios::binary) << std::string(512, '\0') << testing::slurp(plain);
+  EXPECT_EQ(tokens_offset(blocked), tokens_offset(plain) + 512);
+  const TokenDataset ds = TokenDataset::open(blocked);
+  EXPECT_TRUE(ds.mapped());
+  const auto all = ds.tokens();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+}
+
 // A dataset written at `path` whose modification time is set a day back, so that a rewrite in place, however soon,
 // gives it another one (file times tick in jiffies: a write within the same one could keep it).
 void write_dated_dataset(const std::string& path, const Corpus& c) {
