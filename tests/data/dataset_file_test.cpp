@@ -5,7 +5,9 @@
 // when asked.
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ctime>
@@ -260,6 +262,43 @@ TEST(DatasetFile, FilesThatAreNoDatasetSayWhatTheyAre) {
                 ": not an HDF5 file (no HDF5 signature); a dataset is the .h5 file prepare-data makes from a corpus "
                 "(text, JSONL, Parquet or Arrow): shardtrain prepare-data --tokenizer T --input " +
                 corpus + " --output DATASET.h5");
+}
+
+// Files HDF5 cannot open for reasons of the file system, named for them: one the user may not read was "not an HDF5
+// file (no HDF5 signature)", one another process holds open for writing (HDF5's exclusive file lock, an h5py session
+// in 'a' mode) "cannot open as HDF5 (truncated or corrupt file?)": damage that was not there.
+TEST(DatasetFile, UnreadableAndLockedFilesSayWhy) {
+  const Corpus c = make_corpus(20000, 21);
+  const auto path = testing::tmp_path("locked.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  const int writer = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(writer, 0);
+  ASSERT_EQ(flock(writer, LOCK_EX | LOCK_NB), 0);  // what HDF5 takes for a writer
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path +
+                ": another process holds it open for writing (its HDF5 file lock): close that writer (an h5py session "
+                "in 'a' or 'w' mode?), then start again");
+  ::close(writer);
+  EXPECT_EQ(TokenDataset::open(path).num_tokens(), c.tokens.size());
+
+  ASSERT_EQ(chmod(path.c_str(), 0), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {  // as a user who may not read it (root reads anything: it becomes nobody)
+    if (getuid() == 0 && setuid(65534) != 0) _exit(3);
+    const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
+    _exit(write(pipe_fds[1], msg.data(), msg.size()) == static_cast<ssize_t>(msg.size()) ? 0 : 4);
+  }
+  ::close(pipe_fds[1]);
+  std::string said(4096, '\0');
+  const ssize_t n = read(pipe_fds[0], said.data(), said.size());
+  said.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(said, path + ": cannot open: Permission denied");
 }
 
 // prepare-data run again over a dataset a job has mapped: the job keeps reading the file it opened.
