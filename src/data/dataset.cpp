@@ -403,8 +403,11 @@ std::string TokenDataset::identity() const {
                       detail::fnv1a64_hex(bytes_of(train_)) + "|" + detail::fnv1a64_hex(bytes_of(validation_)) + "|";
   parts += storage_ && !storage_->sums.empty() ? detail::fnv1a64_hex(bytes_of(storage_->sums))
                                                : detail::fnv1a64_hex(bytes_of(tokens_));
+  // The size of the file this dataset read, not of whatever the path names now: after prepare-data --overwrite
+  // under a run, the path's new file size beside the old content's checksums matched neither file.
   std::error_code ec;
-  const auto size = std::filesystem::file_size(path_, ec);
+  const auto size = storage_ && storage_->fd >= 0 ? static_cast<uintmax_t>(storage_->opened.st_size)
+                                                  : std::filesystem::file_size(path_, ec);
   return fmt::format("{} bytes, {} tokens in {} documents, content {}", ec ? 0 : size, num_tokens(), num_documents(),
                      detail::fnv1a64_hex(parts));
 }

@@ -307,8 +307,11 @@ TEST(DatasetFile, RewriteLeavesAnOpenReaderItsFile) {
   const auto path = testing::tmp_path("rewritten.h5").string();
   write_dataset(path, a.tokens, a.offsets, info());
   const TokenDataset old = TokenDataset::open(path);
+  const std::string identity = old.identity();
   write_dataset(path, b.tokens, b.offsets, info());
   EXPECT_NO_THROW(old.check_unchanged());  // a new file renamed over the path: the old one is read on, unchanged
+  // What a checkpoint saved now records: the file read, not the new one's size beside the old content's checksums.
+  EXPECT_EQ(old.identity(), identity);
   const auto kept = old.tokens();
   EXPECT_TRUE(std::equal(kept.begin(), kept.end(), a.tokens.begin(), a.tokens.end()));
   const TokenDataset fresh = TokenDataset::open(path);
