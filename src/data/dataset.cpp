@@ -225,6 +225,7 @@ std::optional<TokenId> optional_id(int64_t v) {
 // a writer holds it exclusively, or the file system has no locks, as some NFS and Lustre mounts) as any open failure.
 void explain_unopened(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return;  // "no such file" said it
   if (fd < 0) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   const char* locking = std::getenv("HDF5_USE_FILE_LOCKING");  // FALSE: HDF5 took no lock, so none is to blame
   const int locked = locking && std::string_view(locking) == "FALSE" ? 0 : flock(fd, LOCK_SH | LOCK_NB), err = errno;
