@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string_view>
 
 #include "shardtrain/data/output_file.hpp"
@@ -99,6 +100,9 @@ struct TokenStorage {
   // told from the rename prepare-data does (which leaves this file, its inode, as it was).
   int fd = -1;
   struct stat opened {};
+  std::mutex changes;  // check_unchanged, from every loader thread
+  timespec mtime_seen{};
+  std::atomic<bool> modified{false};  // its modification time changed: blocks are checked again
 
   TokenStorage() = default;
   TokenStorage(const TokenStorage&) = delete;
@@ -122,6 +126,7 @@ std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string&
   const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(TokenId);
   if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < offset + bytes)
     throw DataError(fmt::format("{}: the file ends before its {} tokens do (truncated: prepare it again)", path, count));
+  st.mtime_seen = sb.st_mtim;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t start = offset / page * page;
   st.map_bytes = static_cast<size_t>(offset + bytes - start);
@@ -422,6 +427,12 @@ void TokenDataset::check_blocks(size_t begin, size_t end) const {
     const size_t from = b * block, n = std::min(block, tokens_.size() - from);
     const auto words = tokens_.subspan(from, n);
     if (static_cast<int64_t>(fletcher64(words)) != storage_->sums[b]) {
+      if (storage_->modified.load())
+        throw DataError(fmt::format(
+            "{}: tokens [{}, {}) are not the ones this run opened: the file was modified in place while the run reads it; "
+            "replace a dataset by renaming a new file over it (prepare-data --overwrite does), never in place (cp onto "
+            "it), and resume",
+            path_, from, from + n));
       throw DataError(fmt::format("{}: tokens [{}, {}) do not match their checksum: the file is damaged (prepare it again)",
                                   path_, from, from + n));
     }
@@ -439,17 +450,30 @@ void TokenDataset::check_unchanged() const {
   struct stat now {};
   if (fstat(storage_->fd, &now) != 0) return;  // nothing known to have changed
   const struct stat& then = storage_->opened;
-  if (now.st_size == then.st_size && now.st_mtim.tv_sec == then.st_mtim.tv_sec &&
-      now.st_mtim.tv_nsec == then.st_mtim.tv_nsec)
-    return;
-  // Written in place (cp over it, truncate, h5repack onto its name): the mapping shows whatever is in the file now,
-  // and a page past a shorter end kills the process with SIGBUS. Renaming a new file over it (prepare-data
-  // --overwrite) changes neither: this file lives on until the run ends.
-  throw DataError(fmt::format(
-      "{}: the file was rewritten in place while this run reads it ({} bytes, now {}{}): its tokens are mapped from it, "
-      "so the run would read other tokens or die of SIGBUS; replace a dataset by renaming a new file over it "
-      "(prepare-data --overwrite does), never in place (cp onto it, truncate), and resume",
-      path_, then.st_size, now.st_size, now.st_size == then.st_size ? ", modified since it was opened" : ""));
+  // Another size: written in place (truncate, cp onto it): the mapping shows whatever is in the file now, and a page past
+  // a shorter end kills the process with SIGBUS. Renaming a new file over it (prepare-data --overwrite) changes nothing
+  // here: this file lives on until the run ends.
+  if (now.st_size != then.st_size)
+    throw DataError(fmt::format(
+        "{}: the file was rewritten in place while this run reads it ({} bytes, now {}): its tokens are mapped from it, "
+        "so the run would read other tokens or die of SIGBUS; replace a dataset by renaming a new file over it "
+        "(prepare-data --overwrite does), never in place (cp onto it, truncate), and resume",
+        path_, then.st_size, now.st_size));
+  std::lock_guard lock(storage_->changes);
+  timespec& seen = storage_->mtime_seen;
+  if (now.st_mtim.tv_sec == seen.tv_sec && now.st_mtim.tv_nsec == seen.tv_nsec) return;
+  // The same size, another modification time: rewritten in place (cp of a file as large), or only touched (a scratch
+  // file system's purge policy, rsync -t), which must not stop a run. The tokens tell: every block is checked against
+  // its checksum again before its next use, so other tokens stop the run there and the same ones go on.
+  seen = now.st_mtim;
+  storage_->modified.store(true);
+  const size_t blocks = storage_->sums.size();
+  for (size_t b = 0; b < blocks; ++b) storage_->checked[b].store(false, std::memory_order_release);
+  if (log::config().rank == 0)
+    log::warn(
+        "{}: modified in place while this run reads it (its modification time changed, not its size): each block of its "
+        "tokens is checked against its checksum again before it is used",
+        path_);
 }
 
 std::span<const TokenId> TokenDataset::tokens() const {
