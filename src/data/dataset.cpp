@@ -25,6 +25,7 @@
 
 #include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/sampler.hpp"
+#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
@@ -252,12 +253,10 @@ void explain_unopened(const std::string& path) {
 // anything but unsigned integers of 32 bits or fewer, they are read as int64 and each checked against the
 // vocabulary before it is narrowed. (open_1d has already required a 1-D integer dataset.)
 std::vector<TokenId> read_tokens(const hdf5::Handle& f, const std::string& path, int64_t vocab_size) {
-  const hid_t d = H5Dopen2(f.get(), "tokens", H5P_DEFAULT);
-  const hid_t type = d >= 0 ? H5Dget_type(d) : H5I_INVALID_HID;
-  const bool narrow = type >= 0 && H5Tget_sign(type) == H5T_SGN_NONE && H5Tget_size(type) <= sizeof(TokenId);
-  if (type >= 0) H5Tclose(type);
-  if (d >= 0) H5Dclose(d);
-  if (narrow) return hdf5::read_u32(f, "tokens");
+  const hdf5::Handle d(ST_CHECK_HDF5(H5Dopen2(f.get(), "tokens", H5P_DEFAULT)));
+  const hdf5::Handle type(ST_CHECK_HDF5(H5Dget_type(d.get())));
+  if (H5Tget_sign(type.get()) == H5T_SGN_NONE && H5Tget_size(type.get()) <= sizeof(TokenId))
+    return hdf5::read_u32(f, "tokens");
   const std::vector<int64_t> wide = hdf5::read_i64(f, "tokens");
   std::vector<TokenId> out(wide.size());
   for (size_t i = 0; i < wide.size(); ++i) {
