@@ -1,11 +1,13 @@
 // Writing and reading token datasets (dataset.hpp) through the runtime's HDF5 helpers.
 #include "shardtrain/data/dataset.hpp"
 
+#include <hdf5.h>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,11 +17,15 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <string_view>
 
 #include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/sampler.hpp"
+#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
@@ -91,12 +97,20 @@ struct TokenStorage {
   std::vector<int64_t> sums;  // format 2: one per block
   std::unique_ptr<std::atomic<bool>[]> checked;
   int64_t block = kChecksumBlockTokens;
+  // The mapped file, kept open with its size and modification time at open, so that a rewrite in place can be
+  // told from the rename prepare-data does (which leaves this file, its inode, as it was).
+  int fd = -1;
+  struct stat opened {};
+  std::mutex changes;  // check_unchanged, from every loader thread
+  timespec mtime_seen{};
+  std::atomic<bool> modified{false};  // its modification time changed: blocks are checked again
 
   TokenStorage() = default;
   TokenStorage(const TokenStorage&) = delete;
   TokenStorage& operator=(const TokenStorage&) = delete;
   ~TokenStorage() {
     if (map) munmap(map, map_bytes);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -108,18 +122,17 @@ namespace {
 std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string& path, uint64_t offset, size_t count) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError(fmt::format("{}: cannot open to map its tokens: {}", path, std::strerror(errno)));
-  struct stat sb {};
+  st.fd = fd;  // closed with the storage
+  struct stat& sb = st.opened;
   const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(TokenId);
-  if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < offset + bytes) {
-    ::close(fd);
+  if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < offset + bytes)
     throw DataError(fmt::format("{}: the file ends before its {} tokens do (truncated: prepare it again)", path, count));
-  }
+  st.mtime_seen = sb.st_mtim;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t start = offset / page * page;
   st.map_bytes = static_cast<size_t>(offset + bytes - start);
   void* m = mmap(nullptr, st.map_bytes, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
   const int err = errno;
-  ::close(fd);  // the mapping keeps the file
   if (m == MAP_FAILED) throw DataError(fmt::format("{}: cannot map its tokens: {}", path, std::strerror(err)));
   st.map = m;
   return {reinterpret_cast<const TokenId*>(static_cast<const char*>(m) + (offset - start)), count};
@@ -212,6 +225,48 @@ int64_t required_int(const hdf5::Handle& f, const std::string& path, const char*
 std::optional<TokenId> optional_id(int64_t v) {
   return v < 0 ? std::nullopt : std::optional<TokenId>(static_cast<TokenId>(v));
 }
+
+// Why HDF5 could not open `path`, where the file system knows better, as a DataError; returns when it does not.
+// HDF5 reports a file it may not read as "no HDF5 signature", and one it cannot lock (HDF5 1.10 takes a shared flock:
+// a writer holds it exclusively, or the file system has no locks, as some NFS and Lustre mounts) as any open failure.
+void explain_unopened(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return;  // "no such file" said it
+  if (fd < 0) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  const char* locking = std::getenv("HDF5_USE_FILE_LOCKING");  // FALSE: HDF5 took no lock, so none is to blame
+  const int locked = locking && std::string_view(locking) == "FALSE" ? 0 : flock(fd, LOCK_SH | LOCK_NB), err = errno;
+  ::close(fd);
+  if (locked == 0) return;
+  if (err == EWOULDBLOCK)
+    throw DataError(
+        fmt::format("{}: another process holds it open for writing (its HDF5 file lock): close that writer (an "
+                    "h5py session in 'a' or 'w' mode?), then start again",
+                    path));
+  throw DataError(
+      fmt::format("{}: cannot take the shared lock HDF5 reads under: {} (a file system without locks, as some "
+                  "NFS and Lustre mounts: set HDF5_USE_FILE_LOCKING=FALSE for every rank)",
+                  path, std::strerror(err)));
+}
+
+// The tokens read through HDF5 (format 1, or a format-2 file that is not mapped). HDF5 converts any integer type to
+// uint32 by clamping, without a word: an int32 -7 came back as 0 and an int64 2^32 + 5 as 2^32 - 1. Stored as
+// anything but unsigned integers of 32 bits or fewer, they are read as int64 and each checked against the
+// vocabulary before it is narrowed. (open_1d has already required a 1-D integer dataset.)
+std::vector<TokenId> read_tokens(const hdf5::Handle& f, const std::string& path, int64_t vocab_size) {
+  const hdf5::Handle d(ST_CHECK_HDF5(H5Dopen2(f.get(), "tokens", H5P_DEFAULT)));
+  const hdf5::Handle type(ST_CHECK_HDF5(H5Dget_type(d.get())));
+  if (H5Tget_sign(type.get()) == H5T_SGN_NONE && H5Tget_size(type.get()) <= sizeof(TokenId))
+    return hdf5::read_u32(f, "tokens");
+  const std::vector<int64_t> wide = hdf5::read_i64(f, "tokens");
+  std::vector<TokenId> out(wide.size());
+  for (size_t i = 0; i < wide.size(); ++i) {
+    if (wide[i] < 0 || wide[i] >= vocab_size)
+      throw DataError(
+          fmt::format("{}: token id {} (at {}) is outside the vocabulary (vocab_size {})", path, wide[i], i, vocab_size));
+    out[i] = static_cast<TokenId>(wide[i]);
+  }
+  return out;
+}
 }  // namespace
 
 TokenDataset TokenDataset::open(const std::string& path) {
@@ -220,7 +275,26 @@ TokenDataset TokenDataset::open(const std::string& path) {
   // HDF5 says only "no such file" of a folder.
   if (std::error_code ec; std::filesystem::is_directory(path, ec))
     throw DataError(fmt::format("{}: is a folder, not a dataset file (expected the .h5 file prepare-data wrote)", path));
-  auto f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  // And "no such file" of a pipe or a device, which it cannot map either.
+  if (std::error_code ec; std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw DataError(fmt::format("{}: is not a regular file (a pipe, socket or device), not a dataset file", path));
+  hdf5::Handle f;
+  try {
+    f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  } catch (const DataError& e) {
+    explain_unopened(path);  // unreadable, or locked: HDF5 said "not an HDF5 file" or "truncated or corrupt" of them
+    if (std::string_view(e.what()).find("not an HDF5 file") == std::string_view::npos) throw;
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) == 0 && !ec)
+      throw DataError(fmt::format("{}: the file is empty (0 bytes), not a dataset (a copy that did not finish?)", path));
+    const std::string ext = std::filesystem::path(path).extension().string();
+    if (ext == ".h5" || ext == ".hdf5") throw;
+    // The likeliest such file: the corpus itself (JSONL, Parquet, text) given where its prepared dataset belongs.
+    throw DataError(
+        fmt::format("{}; a dataset is the .h5 file prepare-data makes from a corpus (text, JSONL, Parquet or "
+                    "Arrow): shardtrain prepare-data --tokenizer T --input {} --output DATASET.h5",
+                    e.what(), path));
+  }
   // Every attribute, layout and link against its checksum, before any of them is believed.
   try {
     const hdf5::MetadataCheck check = hdf5::verify_metadata_checksums(f);
@@ -229,29 +303,43 @@ TokenDataset TokenDataset::open(const std::string& path) {
   } catch (const DataError& e) {
     throw DataError(fmt::format("{}; prepare the dataset again", e.what()));
   }
-  if (ds.metadata_recorded_) {
-    ds.metadata_record_ = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value_or("");
-  } else if (log::config().rank == 0) {
-    log::warn(
-        "{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
-        "are not checked; prepare it again to add them",
-        path);
-  }
+  if (ds.metadata_recorded_) ds.metadata_record_ = hdf5::get_attr_string(f, hdf5::kMetadataChecksums).value_or("");
   const std::string format = required_string(f, path, "format");
   if (format != kDatasetFormat)
     throw DataError(fmt::format("{}: attribute 'format' is '{}', expected '{}'", path, format, kDatasetFormat));
   const int64_t version = required_int(f, path, "format_version");
   if (version != 1 && version != 2)
     throw DataError(fmt::format("{}: format_version {} is not supported (this build reads 1 and 2)", path, version));
+  // Only now: an HDF5 file that is no dataset at all was first said to be one from an older build.
+  if (!ds.metadata_recorded_ && log::config().rank == 0) {
+    log::warn(
+        "{}: has no metadata checksums (prepared by a build before they existed): its attributes (eot_id, vocab_size, ...) "
+        "are not checked; prepare it again to add them",
+        path);
+  }
   auto& info = ds.info_;
   info.tokenizer_name = required_string(f, path, "tokenizer_name");
   info.tokenizer_path = hdf5::get_attr_string(f, "tokenizer_path").value_or("");
   info.tokenizer_hash = required_string(f, path, "tokenizer_hash");
   info.tokenizer_format = hdf5::get_attr_string(f, "tokenizer_format").value_or("");
   info.vocab_size = required_int(f, path, "vocab_size");
-  info.eot_id = optional_id(required_int(f, path, "eot_id"));
-  info.bot_id = optional_id(hdf5::get_attr_int(f, "bot_id").value_or(-1));
-  info.pad_id = optional_id(hdf5::get_attr_int(f, "pad_id").value_or(-1));
+  if (info.vocab_size < 1)
+    throw DataError(fmt::format("{}: attribute 'vocab_size' is {}; expected the tokenizer's vocabulary size, at least 1",
+                                path, info.vocab_size));
+  // The layouts write these ids into every sample, past the per-block check of the tokens: one outside the vocabulary
+  // trained as a token the tokenizer does not have (or failed in the embedding without naming the file), and one of
+  // 2^32 or more wrapped to a small id.
+  const auto special_id = [&](const char* name, int64_t id) {
+    if (id < -1 || id >= info.vocab_size)
+      throw DataError(
+          fmt::format("{}: attribute '{}' is {}, outside the vocabulary [0, {}) (-1: none); prepare the dataset "
+                      "again",
+                      path, name, id, info.vocab_size));
+    return optional_id(id);
+  };
+  info.eot_id = special_id("eot_id", required_int(f, path, "eot_id"));
+  info.bot_id = special_id("bot_id", hdf5::get_attr_int(f, "bot_id").value_or(-1));
+  info.pad_id = special_id("pad_id", hdf5::get_attr_int(f, "pad_id").value_or(-1));
   info.special_tokens_json = hdf5::get_attr_string(f, "special_tokens").value_or("{}");
   try {
     info.sources = nlohmann::json::parse(hdf5::get_attr_string(f, "sources").value_or("[]")).get<std::vector<std::string>>();
@@ -278,7 +366,7 @@ TokenDataset TokenDataset::open(const std::string& path) {
   if (raw) {
     ds.tokens_ = map_tokens(*st, path, *raw, num_tokens);
   } else {  // format 1, or a format-2 file rewritten with filters (h5repack): read through HDF5
-    st->owned = hdf5::read_u32(f, "tokens");
+    st->owned = read_tokens(f, path, info.vocab_size);
     ds.tokens_ = st->owned;
   }
   ds.storage_ = st;
@@ -320,8 +408,11 @@ std::string TokenDataset::identity() const {
                       detail::fnv1a64_hex(bytes_of(train_)) + "|" + detail::fnv1a64_hex(bytes_of(validation_)) + "|";
   parts += storage_ && !storage_->sums.empty() ? detail::fnv1a64_hex(bytes_of(storage_->sums))
                                                : detail::fnv1a64_hex(bytes_of(tokens_));
+  // The size of the file this dataset read, not of whatever the path names now: after prepare-data --overwrite
+  // under a run, the path's new file size beside the old content's checksums matched neither file.
   std::error_code ec;
-  const auto size = std::filesystem::file_size(path_, ec);
+  const auto size = storage_ && storage_->fd >= 0 ? static_cast<uintmax_t>(storage_->opened.st_size)
+                                                  : std::filesystem::file_size(path_, ec);
   return fmt::format("{} bytes, {} tokens in {} documents, content {}", ec ? 0 : size, num_tokens(), num_documents(),
                      detail::fnv1a64_hex(parts));
 }
@@ -335,6 +426,12 @@ void TokenDataset::check_blocks(size_t begin, size_t end) const {
     const size_t from = b * block, n = std::min(block, tokens_.size() - from);
     const auto words = tokens_.subspan(from, n);
     if (static_cast<int64_t>(fletcher64(words)) != storage_->sums[b]) {
+      if (storage_->modified.load())
+        throw DataError(fmt::format(
+            "{}: tokens [{}, {}) are not the ones this run opened: the file was modified in place while the run reads it; "
+            "replace a dataset by renaming a new file over it (prepare-data --overwrite does), never in place (cp onto "
+            "it), and resume",
+            path_, from, from + n));
       throw DataError(fmt::format("{}: tokens [{}, {}) do not match their checksum: the file is damaged (prepare it again)",
                                   path_, from, from + n));
     }
@@ -345,6 +442,37 @@ void TokenDataset::check_blocks(size_t begin, size_t end) const {
     }
     storage_->checked[b].store(true, std::memory_order_release);
   }
+}
+
+void TokenDataset::check_unchanged() const {
+  if (!storage_ || storage_->fd < 0) return;  // read whole (format 1): the tokens are in memory
+  struct stat now {};
+  if (fstat(storage_->fd, &now) != 0) return;  // nothing known to have changed
+  const struct stat& then = storage_->opened;
+  // Another size: written in place (truncate, cp onto it): the mapping shows whatever is in the file now, and a page past
+  // a shorter end kills the process with SIGBUS. Renaming a new file over it (prepare-data --overwrite) changes nothing
+  // here: this file lives on until the run ends.
+  if (now.st_size != then.st_size)
+    throw DataError(fmt::format(
+        "{}: the file was rewritten in place while this run reads it ({} bytes, now {}): its tokens are mapped from it, "
+        "so the run would read other tokens or die of SIGBUS; replace a dataset by renaming a new file over it "
+        "(prepare-data --overwrite does), never in place (cp onto it, truncate), and resume",
+        path_, then.st_size, now.st_size));
+  std::lock_guard lock(storage_->changes);
+  timespec& seen = storage_->mtime_seen;
+  if (now.st_mtim.tv_sec == seen.tv_sec && now.st_mtim.tv_nsec == seen.tv_nsec) return;
+  // The same size, another modification time: rewritten in place (cp of a file as large), or only touched (a scratch
+  // file system's purge policy, rsync -t), which must not stop a run. The tokens tell: every block is checked against
+  // its checksum again before its next use, so other tokens stop the run there and the same ones go on.
+  seen = now.st_mtim;
+  storage_->modified.store(true);
+  const size_t blocks = storage_->sums.size();
+  for (size_t b = 0; b < blocks; ++b) storage_->checked[b].store(false, std::memory_order_release);
+  if (log::config().rank == 0)
+    log::warn(
+        "{}: modified in place while this run reads it (its modification time changed, not its size): each block of its "
+        "tokens is checked against its checksum again before it is used",
+        path_);
 }
 
 std::span<const TokenId> TokenDataset::tokens() const {

@@ -70,6 +70,7 @@ void Loader::produce() {
       }
       if (mb.tokens.empty()) mb = allocate_micro_batch(options_.micro_batch_size, options_.seq_len);
       mb.position = pos;
+      source_.check_unchanged();  // a file written in place stops the run here, not with SIGBUS or other tokens
       sampler_.micro_batch(pos.epoch, pos.index, mb.samples);
       const auto s = static_cast<size_t>(options_.seq_len);
       for (size_t r = 0; r < mb.samples.size(); ++r)

@@ -182,6 +182,10 @@ MixedSource::Draw MixedSource::locate(uint64_t epoch, uint64_t i) const {
   return d;
 }
 
+void MixedSource::check_unchanged() const {
+  for (const Part& p : parts_) p.component.dataset->check_unchanged();
+}
+
 uint32_t MixedSource::fill(uint64_t epoch, uint64_t i, int32_t* tokens, int32_t* targets, int32_t* doc_ids) const {
   const Draw d = locate(epoch, i);
   parts_[d.source].source.fill(d.sample, tokens, targets, doc_ids);

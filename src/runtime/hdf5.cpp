@@ -237,14 +237,11 @@ std::optional<uint64_t> raw_u32le_offset(const Handle& parent, const std::string
   if (n == 0 || H5Tequal(type.get(), H5T_STD_U32LE) <= 0) return std::nullopt;
   Handle dcpl = owned(ST_CHECK_HDF5(H5Dget_create_plist(ds.get())));
   if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS || H5Pget_nfilters(dcpl.get()) != 0) return std::nullopt;
+  // The address in the file, its user block (h5jam) already counted: HDF5 adds its base address (h5dump -p shows the
+  // same offset). Counting the user block a second time mapped other bytes, refused as damaged tokens.
   const haddr_t at = H5Dget_offset(ds.get());
   if (at == HADDR_UNDEF) return std::nullopt;
-  // Addresses count from the end of the user block, if the file has one.
-  Handle file = owned(ST_CHECK_HDF5(H5Iget_file_id(ds.get())));
-  Handle fcpl = owned(ST_CHECK_HDF5(H5Fget_create_plist(file.get())));
-  hsize_t userblock = 0;
-  ST_CHECK_HDF5(H5Pget_userblock(fcpl.get(), &userblock));
-  return static_cast<uint64_t>(at) + static_cast<uint64_t>(userblock);
+  return static_cast<uint64_t>(at);
 }
 
 namespace {

@@ -32,21 +32,25 @@ Evaluator::Evaluator(Replica& replica, const TrainConfig& config, const std::vec
   // Each source's split on its own (so a mixture reports a loss per source); a source with fewer samples than
   // one evaluation batch is left out, with a warning.
   const bool mixed = sources.size() > 1;
+  // Every rank finds the same (the same files, the same split): rank 0 says it, once for the job.
+  const bool say = topo.world_rank == 0;
+  const char* const who = eval_only ? "evaluate" : "train";
+  const char* const outcome = eval_only ? "not evaluated"
+                              : mixed   ? "the validation loss leaves this source out"
+                                        : "no validation loss";
   for (const auto& c : sources) {
     const std::string& path = c.dataset->path();
     size_t samples = 0;
     try {
       samples = data::SampleSource(*c.dataset, eo.split, eo.layout, eo.seq_len).num_samples();
     } catch (const DataError& e) {
-      log::warn("train: {}: {}", e.what(), mixed ? "the validation loss leaves this source out" : "no validation loss");
+      if (say) log::warn("{}: {}: {}", who, e.what(), outcome);
       continue;
     }
     if (samples < static_cast<size_t>(eo.global_batch_size)) {
-      log::warn("{}: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}",
-                eval_only ? "evaluate" : "train", data::dataset_split_name(eo.split), path, samples, eo.global_batch_size,
-                eval_only ? "not evaluated"
-                : mixed   ? "the validation loss leaves this source out"
-                          : "no validation loss");
+      if (say)
+        log::warn("{}: the {} split of {} has {} samples, fewer than one evaluation batch of {}: {}", who,
+                  data::dataset_split_name(eo.split), path, samples, eo.global_batch_size, outcome);
       continue;
     }
     Source e;
@@ -56,7 +60,7 @@ Evaluator::Evaluator(Replica& replica, const TrainConfig& config, const std::vec
     e.weight = c.weight;
     sources_.push_back(std::move(e));
   }
-  if (!eval_only && mixed && sources_.empty())
+  if (!eval_only && mixed && sources_.empty() && say)
     log::warn("train: no validation loss: no source has enough validation samples");
 }
 

@@ -262,8 +262,13 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
   }
   if (!saved.is_object() || !saved.contains("sources") || !saved["sources"].is_array()) return joined(said);
   std::vector<std::pair<std::string, double>> before, now;
-  for (const auto& e : saved["sources"])
-    if (e.is_object()) before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
+  std::vector<std::string> before_identity;
+  for (const auto& e : saved["sources"]) {
+    if (!e.is_object()) continue;
+    before.emplace_back(e.value("path", std::string()), e.value("weight", 0.0));
+    const auto id = e.find("identity");
+    before_identity.push_back(id != e.end() && id->is_string() ? id->get<std::string>() : std::string());
+  }
   for (const auto& c : sources) now.emplace_back(c.dataset->path(), c.weight);
   auto describe = [](const std::vector<std::pair<std::string, double>>& v) {
     std::string out;
@@ -274,9 +279,14 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
     std::error_code ea, eb;
     return a == b || fs::weakly_canonical(a, ea) == fs::weakly_canonical(b, eb);
   };
+  // The same file however its path is spelled, or the same content wherever it lies now: a relative path resumed from
+  // another folder, a dataset copied elsewhere (the identity names no path). Both were once said to be new data.
+  const auto same_source = [&](size_t i) {
+    return same_file(before[i].first, now[i].first) ||
+           (!before_identity[i].empty() && before_identity[i] == sources[i].dataset->identity());
+  };
   bool same = before.size() == now.size();
-  for (size_t i = 0; same && i < now.size(); ++i)
-    same = same_file(before[i].first, now[i].first) && before[i].second == now[i].second;
+  for (size_t i = 0; same && i < now.size(); ++i) same = same_source(i) && before[i].second == now[i].second;
   if (!same) {
     said.push_back(fmt::format(
         "{} was trained on {}; this run reads {}: the sampler position is kept, so the samples that follow come from the "

@@ -188,6 +188,20 @@ check(first.returncode == 0 and r.returncode == 0 and f"{reordered} is not the f
       f"a dataset prepared again from its documents reordered is said: exit {first.returncode} {r.returncode}: "
       f"{r.stderr[-1500:]}")
 
+# The same data under another path: the uninterrupted run's step-4 checkpoint resumed on a copy of its dataset elsewhere
+# (a dataset moved, or a relative data.path resumed from another folder). Before, it was said to be new data ("was
+# trained on OLD:1; this run reads NEW:1: ... the samples that follow come from the new data") and recorded so.
+copied = os.path.join(work, "copied", "moby.h5")
+os.makedirs(os.path.dirname(copied))
+shutil.copy(ds, copied)
+copy_checkpoints("respelled", [4])
+r = train("respelled", "--resume", "auto", data=copied)
+events = [m for m in metrics("respelled") if m["kind"] == "resume_data_changed"]
+check(r.returncode == 0 and "was trained on" not in r.stderr and "not the file" not in r.stderr and not events
+      and losses("respelled") == {s: l for s, l in expected.items() if s > 4},
+      f"the same dataset under another path resumes unremarked, with the uninterrupted run's losses: exit {r.returncode}, "
+      f"events {events}: {r.stderr[-1500:]}")
+
 # 4. The schedule edited between the save and the resume: the run follows the new one, and says so.
 for key, value, said, lr in (("schedule.max_steps", "16", "the run's length in steps 8 (this run: 16)", "0.00286631"),
                              ("schedule.warmup_steps", "3", "schedule.warmup_steps 2 (this run: 3)", "0.00274217"),

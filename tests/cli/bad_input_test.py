@@ -6,7 +6,8 @@ a folder that is no checkpoint against a save that did not finish (5), a save th
 run survives; the final save's exit 8 names "No space left on device"), SIGTERM and Ctrl-C through
 jobs/launch.sh (75: saved and stopped), and `generate` and `evaluate` of a run made elsewhere with relative
 paths (found below the run's own folder), `generate` saying where the context ends.
-Each case is one process that fails before any work, but for four tiny training runs."""
+Each case is one process that fails before any work, but for four tiny training runs; then the dataset as a run
+meets it: after a user block (the same losses), held by a writer's lock, truncated in place mid-run (exit 4, not SIGBUS)."""
 import json
 import os
 import shutil
@@ -191,5 +192,51 @@ out = interrupted("sigterm-plain", lambda p: os.kill(p.pid, signal.SIGTERM), cod
 check("start it through jobs/launch.sh" in out, f"the stop line points to jobs/launch.sh: {out[-800:]}")
 interrupted("sigterm", lambda p: os.kill(p.pid, signal.SIGTERM))
 interrupted("ctrl-c", lambda p: os.killpg(p.pid, signal.SIGINT))  # a terminal's Ctrl-C reaches the whole foreground group
+
+# The dataset as a run meets it (docs/data.md, "HDF5 layout").
+import fcntl  # noqa: E402
+
+
+def train_on(path, name, steps=3, env_extra=None):
+    return run(["train", "--config", "configs/tiny-cpu.toml", "--data.path", path, "--logging.run_dir", os.path.join(work, name),
+                *MODEL, "--schedule.max_steps", str(steps), "--checkpoint.every_n_steps", "0"], np=2, env_extra=env_extra)
+
+
+def losses(name):
+    return [e["loss"] for e in map(json.loads, open(os.path.join(work, name, "metrics.jsonl"))) if e["kind"] == "train"]
+
+
+# A valid HDF5 file with a user block (512 bytes in front, as h5jam writes): its tokens were mapped 512 bytes off and
+# every run refused it as damaged ("tokens [0, 1048576) do not match their checksum", exit 4); the same losses now.
+blocked = os.path.join(work, "user-block.h5")
+with open(blocked, "wb") as f:
+    f.write(bytes(512) + open(ds, "rb").read())
+rc_plain, rc_blocked = train_on(ds, "plain")[0], train_on(blocked, "blocked")[0]
+check(rc_plain == 0 and rc_blocked == 0 and len(losses("plain")) == 3 and losses("blocked") == losses("plain"),
+      f"a dataset after a user block trains as the dataset: exits {rc_plain}, {rc_blocked}")
+# Held open for writing by another process (HDF5's exclusive lock, an h5py session in 'a' mode): it said "truncated
+# or corrupt file?".
+with open(ds, "rb") as held:
+    fcntl.flock(held, fcntl.LOCK_EX)
+    expect("a dataset a writer holds", train_on(ds, "locked"), 4, f"data error: {ds}: another process holds it open for writing",
+           absent=("truncated or corrupt",))
+# Truncated in place while the run reads it (a `cp` onto it starts so): the ranks died of SIGBUS (mpirun 135, no file
+# named). The loader is idle for all but microseconds of each slowed step, when the cut lands.
+victim = os.path.join(work, "victim.h5")
+shutil.copyfile(ds, victim)
+run_dir = os.path.join(work, "cut")
+env = dict(os.environ, SHARDTRAIN_FAULT="slow_step:200")
+env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+p = subprocess.Popen([args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml", "--data.path",
+                      victim, "--logging.run_dir", run_dir, *MODEL, "--schedule.max_steps", "100000", "--checkpoint.every_n_steps", "0"],
+                     cwd=args.source, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+metrics, deadline = os.path.join(run_dir, "metrics.jsonl"), time.time() + 120
+while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 2):
+    time.sleep(0.05)
+size = os.path.getsize(victim)
+os.truncate(victim, 4096)
+out = p.communicate(timeout=120)[0].decode(errors="replace")
+check(p.returncode == 4 and f"data error: {victim}: the file was rewritten in place while this run reads it ({size} bytes, now 4096)" in out
+      and "Bus error" not in out, f"a dataset truncated under the run: exit {p.returncode} (expected 4): {out[-1500:]}")
 
 check.finish("bad_input_test: all checks passed")

@@ -229,6 +229,15 @@ big = 2 * (val_samples // 2 + 1)  # one evaluation batch (micro-batch x 2 ranks)
 p, j = evaluate("--weights", ckpts, "--data.global_batch_size", str(big), ranks=2, name="toobig")
 check(p.returncode == 4 and f"no source has {big} validation samples" in p.stderr and j is None,
       f"a split smaller than one batch: exit {p.returncode}: {p.stderr[-800:]}")
+# A split with no sample at all: evaluate's own words (it said "train: ...: no validation loss"), once for the job, as
+# every rank finds the same (each rank said it).
+noval = os.path.join(work, "noval.h5")
+subprocess.run([st, "prepare-data", "-t", tok, "-i", short, "-o", noval, "--validation-fraction", "0", "--log-level", "warn"],
+               check=True)
+p, j = evaluate("--weights", ckpts, "--data.path", noval, ranks=2, name="noval")
+said = f"evaluate: {noval}: the validation split has no packed sample of seq_len {SEQ}: not evaluated"
+check(p.returncode == 4 and p.stderr.count(said) == 1 and p.stderr.count("no packed sample") == 1 and j is None,
+      f"a split without a sample: exit {p.returncode}, one warning '{said}': {p.stderr[-1500:]}")
 p, j = evaluate("--weights", os.path.join(work, "nowhere"), ranks=1, name="missing")
 check(p.returncode == 5 and "nowhere" in p.stderr and j is None, f"missing weights: exit {p.returncode}: {p.stderr[-800:]}")
 for bad, what in ((["--batches", "0"], "--batches '0'"), (["--split", "test"], "--split 'test'")):

@@ -3,14 +3,23 @@
 // the tokens; every attribute and layout checked against its metadata checksum at open; format-1 files
 // (chunked, read whole) still open; a rewrite never disturbs a reader, and an existing file is replaced only
 // when asked.
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "data_test_util.hpp"
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/loader.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 
@@ -147,13 +156,14 @@ TEST(DatasetFile, TruncatedTokensAreRefusedAtOpen) {
 }
 
 // Format 1 (what earlier versions wrote): chunked tokens with Fletcher32, no block checksums; read whole.
-TEST(DatasetFile, Format1StillOpens) {
-  const Corpus c = make_corpus(300000, 5);
-  const auto path = testing::tmp_path("v1.h5").string();
+// A format-1 file (chunked tokens, read whole, no metadata checksums); `wide` stores the tokens as int64, as a file
+// converted by another tool may.
+void write_format1(const std::string& path, const Corpus& c, const std::vector<int64_t>* wide = nullptr) {
   {
     auto f = hdf5::create_file(path);
     const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
-    hdf5::write_u32(f, "tokens", c.tokens, checked);
+    if (wide) hdf5::write_i64(f, "tokens", *wide, checked);
+    else hdf5::write_u32(f, "tokens", c.tokens, checked);
     hdf5::write_i64(f, "doc_offsets", c.offsets, checked);
     std::vector<int64_t> train;
     for (size_t d = 0; d + 1 < c.offsets.size(); ++d) train.push_back(static_cast<int64_t>(d));
@@ -167,6 +177,12 @@ TEST(DatasetFile, Format1StillOpens) {
     hdf5::set_attr(f, "vocab_size", kVocab);
     hdf5::set_attr(f, "eot_id", int64_t{50256});
   }
+}
+
+TEST(DatasetFile, Format1StillOpens) {
+  const Corpus c = make_corpus(300000, 5);
+  const auto path = testing::tmp_path("v1.h5").string();
+  write_format1(path, c);
   const TokenDataset ds = TokenDataset::open(path);
   EXPECT_FALSE(ds.mapped());
   const auto all = ds.tokens();
@@ -175,18 +191,205 @@ TEST(DatasetFile, Format1StillOpens) {
   EXPECT_TRUE(std::equal(ds.document(d).begin(), ds.document(d).end(), c.tokens.begin() + c.offsets[d]));
 }
 
+// Tokens stored as signed or 64-bit integers: HDF5 converted them to uint32 by clamping, so an id of -7 trained as
+// id 0 without a word. Now they are read wide and checked; in range, they open as they are.
+TEST(DatasetFile, WideTokensAreCheckedNotClamped) {
+  const Corpus c = make_corpus(50000, 18);
+  std::vector<int64_t> wide(c.tokens.begin(), c.tokens.end());
+  const auto path = testing::tmp_path("v1-int64.h5").string();
+  write_format1(path, c, &wide);
+  const TokenDataset ds = TokenDataset::open(path);
+  const auto all = ds.tokens();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+  wide[3] = -7;
+  write_format1(path, c, &wide);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path + ": token id -7 (at 3) is outside the vocabulary (vocab_size 50257)");
+  wide[3] = (int64_t{1} << 32) + 5;  // clamped to 2^32 - 1 before, wrapped to 5 by a plain cast
+  write_format1(path, c, &wide);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path + ": token id 4294967301 (at 3) is outside the vocabulary (vocab_size 50257)");
+}
+
+// The end-of-text, begin and padding ids go into every sample past the tokens' own check: one outside the vocabulary
+// trained as an id the tokenizer does not have (a model with a larger vocab_size), or failed in the embedding with
+// "token id 600 at position 17 is outside the vocabulary" and no file named; one of 2^32 or more wrapped to a small
+// id. Refused at open, whether the checksums vouch for the lie (recorded with it) or there are none (an older file).
+TEST(DatasetFile, SpecialIdOutsideTheVocabularyIsRefusedAtOpen) {
+  const Corpus c = make_corpus(50000, 19);
+  const auto path = testing::tmp_path("eot-outside.h5").string();
+  DatasetInfo lying = info();
+  lying.eot_id = static_cast<TokenId>(kVocab);
+  write_dataset(path, c.tokens, c.offsets, lying);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path + ": attribute 'eot_id' is 50257, outside the vocabulary [0, 50257) (-1: none); prepare the dataset again");
+  write_dataset(path, c.tokens, c.offsets, info());
+  {
+    auto f = hdf5::open_file(path, hdf5::FileMode::ReadWrite);
+    for (const char* object : {".", "tokens", "tokens_checksums", "doc_offsets", "split", "split/train", "split/validation"})
+      ASSERT_GE(H5Adelete_by_name(f.get(), object, hdf5::kMetadataChecksums, H5P_DEFAULT), 0) << object;
+    hdf5::set_attr(f, "pad_id", (int64_t{1} << 32) + 1);
+  }
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path +
+                ": attribute 'pad_id' is 4294967297, outside the vocabulary [0, 50257) (-1: none); prepare the dataset "
+                "again");
+}
+
+// Files that are no dataset: each named for what it is. An HDF5 file of something else was first warned about as a
+// dataset from an older build (no metadata checksums), then refused; an empty file and a corpus file were "not an
+// HDF5 file (no HDF5 signature)".
+TEST(DatasetFile, FilesThatAreNoDatasetSayWhatTheyAre) {
+  const auto other = testing::tmp_path("other.h5").string();
+  {
+    auto f = hdf5::create_file(other);
+    hdf5::write_i64(f, "x", std::vector<int64_t>{1, 2, 3});
+  }
+  ::testing::internal::CaptureStderr();
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(other); });
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(msg, other + ": attribute 'format' is missing (not a shardtrain dataset?)");
+  EXPECT_EQ(said.find("prepared by a build before"), std::string::npos) << said;
+
+  const auto empty = testing::tmp_path("empty.h5").string();
+  std::ofstream(empty).close();
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(empty); }),
+            empty + ": the file is empty (0 bytes), not a dataset (a copy that did not finish?)");
+  const auto corpus = testing::tmp_path("corpus.jsonl").string();
+  std::ofstream(corpus) << "{\"text\": \"Call me Ishmael.\"}\n";
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(corpus); }),
+            corpus +
+                ": not an HDF5 file (no HDF5 signature); a dataset is the .h5 file prepare-data makes from a corpus "
+                "(text, JSONL, Parquet or Arrow): shardtrain prepare-data --tokenizer T --input " +
+                corpus + " --output DATASET.h5");
+}
+
+// Files HDF5 cannot open for reasons of the file system, named for them: one the user may not read was "not an HDF5
+// file (no HDF5 signature)", one another process holds open for writing (HDF5's exclusive file lock, an h5py session
+// in 'a' mode) "cannot open as HDF5 (truncated or corrupt file?)": damage that was not there.
+TEST(DatasetFile, UnreadableAndLockedFilesSayWhy) {
+  const Corpus c = make_corpus(20000, 21);
+  const auto path = testing::tmp_path("locked.h5").string();
+  write_dataset(path, c.tokens, c.offsets, info());
+  const int writer = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(writer, 0);
+  ASSERT_EQ(flock(writer, LOCK_EX | LOCK_NB), 0);  // what HDF5 takes for a writer
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(path); }),
+            path +
+                ": another process holds it open for writing (its HDF5 file lock): close that writer (an h5py session "
+                "in 'a' or 'w' mode?), then start again");
+  ::close(writer);
+  EXPECT_EQ(TokenDataset::open(path).num_tokens(), c.tokens.size());
+
+  ASSERT_EQ(chmod(path.c_str(), 0), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {  // as a user who may not read it (root reads anything: it becomes nobody)
+    if (getuid() == 0 && setuid(65534) != 0) _exit(3);
+    const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
+    _exit(write(pipe_fds[1], msg.data(), msg.size()) == static_cast<ssize_t>(msg.size()) ? 0 : 4);
+  }
+  ::close(pipe_fds[1]);
+  std::string said(4096, '\0');
+  const ssize_t n = read(pipe_fds[0], said.data(), said.size());
+  said.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(said, path + ": cannot open: Permission denied");
+}
+
 // prepare-data run again over a dataset a job has mapped: the job keeps reading the file it opened.
 TEST(DatasetFile, RewriteLeavesAnOpenReaderItsFile) {
   const Corpus a = make_corpus(100000, 6), b = make_corpus(120000, 7);
   const auto path = testing::tmp_path("rewritten.h5").string();
   write_dataset(path, a.tokens, a.offsets, info());
   const TokenDataset old = TokenDataset::open(path);
+  const std::string identity = old.identity();
   write_dataset(path, b.tokens, b.offsets, info());
+  EXPECT_NO_THROW(old.check_unchanged());  // a new file renamed over the path: the old one is read on, unchanged
+  // What a checkpoint saved now records: the file read, not the new one's size beside the old content's checksums.
+  EXPECT_EQ(old.identity(), identity);
   const auto kept = old.tokens();
   EXPECT_TRUE(std::equal(kept.begin(), kept.end(), a.tokens.begin(), a.tokens.end()));
   const TokenDataset fresh = TokenDataset::open(path);
   const auto now = fresh.tokens();
   EXPECT_TRUE(std::equal(now.begin(), now.end(), b.tokens.begin(), b.tokens.end()));
+}
+
+// A file with a user block (512 bytes in front of HDF5's own, as h5jam writes them) is a valid HDF5 file: its tokens
+// were mapped 512 bytes too far (the block counted twice) and refused as damaged ("tokens [0, 1048576) do not match
+// their checksum"), exit 4.
+TEST(DatasetFile, TokensAfterAUserBlockAreMappedWhereTheyAre) {
+  const Corpus c = make_corpus(100000, 20);
+  const auto plain = testing::tmp_path("plain.h5").string(), blocked = testing::tmp_path("user-block.h5").string();
+  write_dataset(plain, c.tokens, c.offsets, info());
+  std::ofstream(blocked, std::ios::binary) << std::string(512, '\0') << testing::slurp(plain);
+  EXPECT_EQ(tokens_offset(blocked), tokens_offset(plain) + 512);
+  const TokenDataset ds = TokenDataset::open(blocked);
+  EXPECT_TRUE(ds.mapped());
+  const auto all = ds.tokens();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+}
+
+// A dataset written at `path` whose modification time is set a day back, so that a rewrite in place, however soon,
+// gives it another one (file times tick in jiffies: a write within the same one could keep it).
+void write_dated_dataset(const std::string& path, const Corpus& c) {
+  write_dataset(path, c.tokens, c.offsets, info());
+  const timespec day_ago[2] = {{time(nullptr) - 86400, 0}, {time(nullptr) - 86400, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), day_ago, 0), 0);
+}
+
+// A dataset rewritten in place under a job that has it mapped, at the same size (cp of another file onto it): the job
+// read the new tokens where it had not checked them yet, without a word. Now its changed modification time has every
+// block checked again before its next use: a changed block stops the reader, naming the file; a file only touched
+// (a scratch file system's purge policy) reads on. (A change of size is refused at once: the loader test below.)
+TEST(DatasetFile, RewriteInPlaceIsCaughtATouchIsNot) {
+  const Corpus c = make_corpus(100000, 15);
+  const auto path = testing::tmp_path("in-place.h5").string();
+  write_dated_dataset(path, c);
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_NO_THROW(ds.check_unchanged());
+  const auto all = ds.tokens();  // every block checked once
+  const timespec hour_later[2] = {{time(nullptr) - 82800, 0}, {time(nullptr) - 82800, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), hour_later, 0), 0);  // touched: the same tokens
+  EXPECT_NO_THROW(ds.check_unchanged());
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), c.tokens.begin(), c.tokens.end()));
+  EXPECT_EQ(ds.document(0).size(), static_cast<size_t>(c.offsets[1]));
+  {  // one token changed where it lies, as a `cp` of another file of the same size writes it
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(tokens_offset(path)));
+    const TokenId other = c.tokens[0] ^ 1;
+    f.write(reinterpret_cast<const char*>(&other), sizeof other);
+  }
+  EXPECT_NO_THROW(ds.check_unchanged());  // the size is the same: the tokens will tell
+  EXPECT_EQ(testing::data_error_of([&] { ds.document(0); }),
+            path +
+                ": tokens [0, 100000) are not the ones this run opened: the file was modified in place while the run "
+                "reads it; replace a dataset by renaming a new file over it (prepare-data --overwrite does), never in "
+                "place (cp onto it), and resume");
+}
+
+// Through the loader, as a run meets it: the second source of a mixture truncated after it was opened (its tokens
+// past the cut are gone, SIGBUS on a touch). The first micro-batch is refused before any token is read.
+TEST(DatasetFile, LoaderStopsOnAFileTruncatedInPlace) {
+  const Corpus a = make_corpus(100000, 16), b = make_corpus(100000, 17);
+  const auto pa = testing::tmp_path("loader-a.h5").string(), pb = testing::tmp_path("loader-b.h5").string();
+  write_dataset(pa, a.tokens, a.offsets, info());
+  write_dataset(pb, b.tokens, b.offsets, info());
+  auto da = std::make_shared<const TokenDataset>(TokenDataset::open(pa));
+  auto db = std::make_shared<const TokenDataset>(TokenDataset::open(pb));
+  const auto size = std::filesystem::file_size(pb);
+  const uint64_t cut = tokens_offset(pb) + 4096;
+  ASSERT_EQ(truncate(pb.c_str(), static_cast<off_t>(cut)), 0);
+  Loader loader({{da, 0.5}, {db, 0.5}}, {.seq_len = 64, .micro_batch_size = 4, .global_batch_size = 4});
+  const std::string msg = testing::data_error_of([&] { loader.next(); });
+  EXPECT_NE(msg.find(fmt::format("{}: the file was rewritten in place while this run reads it ({} bytes, now {}): ", pb,
+                                 size, cut)),
+            std::string::npos)
+      << msg;
 }
 
 // What one flipped bit of an integer attribute does to it: the value changes, nothing else in the file does.
@@ -300,6 +503,11 @@ TEST(DatasetFile, AFolderIsNotADataset) {
   std::filesystem::create_directories(dir);
   EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(dir.string()); }),
             dir.string() + ": is a folder, not a dataset file (expected the .h5 file prepare-data wrote)");
+  // So is a named pipe (it was "no such file" too).
+  const auto pipe = testing::tmp_path("a-pipe.h5").string();
+  ASSERT_EQ(mkfifo(pipe.c_str(), 0600), 0);
+  EXPECT_EQ(testing::data_error_of([&] { TokenDataset::open(pipe); }),
+            pipe + ": is not a regular file (a pipe, socket or device), not a dataset file");
 }
 
 TEST(DatasetFile, RefuseKeepsAnExistingFile) {

@@ -98,6 +98,13 @@ class TokenDataset {
   // beyond what open() read.
   std::string identity() const;
 
+  // Throws DataError naming the file when the mapped file's size changed since open() (truncated or rewritten in place:
+  // the mapping would show other tokens, or kill the process with SIGBUS past a shorter end). Its modification time
+  // alone changed (rewritten at the same size, or only touched): every checksum block is checked again before its next
+  // use, so that other tokens throw there, with a warning. A new file renamed over the path is no change: this one is
+  // still read. One fstat; the loader calls it before each micro-batch.
+  void check_unchanged() const;
+
   // Checks that `tokenizer` is the one that made the dataset (hash), throwing DataError otherwise.
   void check_tokenizer(const Tokenizer& tokenizer) const;
 

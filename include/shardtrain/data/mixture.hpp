@@ -73,6 +73,8 @@ class MixedSource {
   };
   // Mixture sample i (< num_samples()) of `epoch`.
   Draw locate(uint64_t epoch, uint64_t i) const;
+  // TokenDataset::check_unchanged() of every source.
+  void check_unchanged() const;
   // Writes that sample into rows of seq_len; returns its source.
   uint32_t fill(uint64_t epoch, uint64_t i, int32_t* tokens, int32_t* targets, int32_t* doc_ids) const;
 
