@@ -44,9 +44,9 @@ struct EvaluateOptions {
 };
 
 // Each id's length in bytes under the dataset's tokenizer (0 for special tokens: they stand for no text),
-// for bits per byte, the measure that does not depend on the tokenizer. Empty, with a warning, when the
+// for bits per byte, the measure that does not depend on the tokenizer. Empty, with the reason in `why`, when the
 // tokenizer cannot be read; a tokenizer other than the dataset's is an error.
-std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDataset& dataset) {
+std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDataset& dataset, std::string* why) {
   const data::DatasetInfo& info = dataset.info();
   // The recorded path is relative to the folder prepare-data ran in: looked for above the dataset too.
   const std::string path = given.empty() ? resolve_recorded_path(info.tokenizer_path, dataset.path()) : given;
@@ -55,11 +55,11 @@ std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDa
     if (!path.empty()) tok = data::Tokenizer::load(path);
   } catch (const DataError& e) {
     if (!given.empty()) throw;
-    log::warn("evaluate: no bits per byte: the dataset's tokenizer cannot be read ({}); give it with --tokenizer", e.what());
+    *why = e.what();
     return {};
   }
   if (!tok) {
-    log::warn("evaluate: no bits per byte: {} names no tokenizer file; give it with --tokenizer", dataset.path());
+    *why = fmt::format("{} names no tokenizer file", dataset.path());
     return {};
   }
   if (!info.tokenizer_hash.empty() && tok->hash() != info.tokenizer_hash)
@@ -253,20 +253,22 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
                                 c.micro_batch_size_for(rt->topology().world_size), rt->topology().world_size));
   const data::TokenDataset& dataset = *sources.front().dataset;
   watch.stage("reading the dataset's tokenizer");
-  std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset);  // a mixture's sources share one
+  std::string why;
+  std::vector<uint32_t> id_bytes = bytes_per_id(o.tokenizer, dataset, &why);  // a mixture's sources share one
   // Bits per byte on every rank or on none: each rank reads the tokenizer itself, and one that could not (a file on
   // another node's disk) once skipped the all-reduce of the bytes the others waited in, until the watchdog ended them.
-  int readable[2] = {id_bytes.empty() ? rt->topology().world_rank : INT_MAX, id_bytes.empty() ? 1 : 0};
-  int lowest = readable[0], missing = readable[1];
-  ST_CHECK_MPI(MPI_Allreduce(&readable[0], &lowest, 1, MPI_INT, MPI_MIN, rt->world()));
-  ST_CHECK_MPI(MPI_Allreduce(&readable[1], &missing, 1, MPI_INT, MPI_SUM, rt->world()));
-  if (missing > 0 && missing < rt->topology().world_size) {
+  // Said once for the job, with the first failing rank's reason.
+  int missing = id_bytes.empty() ? 1 : 0;
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &missing, 1, MPI_INT, MPI_SUM, rt->world()));
+  why = train::lowest_error(rt->world(), rt->topology().world_rank, why);
+  if (missing > 0) {
     id_bytes.clear();
+    const int W = rt->topology().world_size;
     if (rt->topology().world_rank == 0)
-      log::warn(
-          "evaluate: no bits per byte: {} of {} ranks (rank {} first) cannot read the dataset's tokenizer (above); give "
-          "it with --tokenizer, at a path every node sees",
-          missing, rt->topology().world_size, lowest);
+      log::warn("evaluate: no bits per byte: {} ({}); give it with --tokenizer{}",
+                missing == W ? std::string("the dataset's tokenizer cannot be read")
+                             : fmt::format("{} of {} ranks cannot read the dataset's tokenizer", missing, W),
+                why, missing == W ? "" : ", at a path every node sees");
   }
   if (rt->topology().world_rank == 0)
     std::printf("evaluate: the %s split; config: %s\n", data::dataset_split_name(split), config_source.c_str());
