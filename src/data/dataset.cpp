@@ -27,6 +27,7 @@
 #include "shardtrain/data/sampler.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -104,11 +105,13 @@ struct TokenStorage {
   std::mutex changes;  // check_unchanged, from every loader thread
   timespec mtime_seen{};
   std::atomic<bool> modified{false};  // its modification time changed: blocks are checked again
+  int noted = -1;                     // failure_record's handle for the mapping: a SIGBUS in it names the file
 
   TokenStorage() = default;
   TokenStorage(const TokenStorage&) = delete;
   TokenStorage& operator=(const TokenStorage&) = delete;
   ~TokenStorage() {
+    failure_record::forget_mapped_file(noted);
     if (map) munmap(map, map_bytes);
     if (fd >= 0) ::close(fd);
   }
@@ -135,6 +138,7 @@ std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string&
   const int err = errno;
   if (m == MAP_FAILED) throw DataError(fmt::format("{}: cannot map its tokens: {}", path, std::strerror(err)));
   st.map = m;
+  st.noted = failure_record::note_mapped_file(m, st.map_bytes, path);
   return {reinterpret_cast<const TokenId*>(static_cast<const char*>(m) + (offset - start)), count};
 }
 

@@ -79,6 +79,27 @@ void put_int(char* buf, size_t cap, size_t& n, int64_t v) {
   }
 }
 
+// The files this process maps for reading (a dataset's tokens), for the handler: a SIGBUS at an address inside one is
+// that file cut short under the run (truncated or rewritten in place), not a crash of ours. Slots are claimed and
+// released under a mutex; the handler reads them without one (a slot's path is written before its range).
+struct MappedSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<size_t> bytes{0};
+  char path[1024] = {};  // JSON-escaped, without the quotes
+};
+constexpr size_t kMappedSlots = 64;
+MappedSlot g_mapped[kMappedSlots];
+std::mutex g_mapped_mutex;
+
+const char* mapped_file_at(const void* address) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  for (MappedSlot& slot : g_mapped) {
+    const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
+    if (begin != 0 && a >= begin && a - begin < slot.bytes.load(std::memory_order_relaxed)) return slot.path;
+  }
+  return nullptr;
+}
+
 const char* signal_words(int sig, int code, bool& hardware) {
   hardware = false;
   switch (sig) {
@@ -99,6 +120,21 @@ const char* signal_words(int sig, int code, bool& hardware) {
 }
 
 void on_crash(int sig, siginfo_t* info, void*) {
+  // A mapped input file cut short under the run: said on stderr too (the launcher's own line names only the signal),
+  // and not restartable (a restart meets the same file, and its start-up check names it).
+  const char* cut_file = sig == SIGBUS && info && info->si_code == BUS_ADRERR ? mapped_file_at(info->si_addr) : nullptr;
+  const char* cut_words =
+      " past its end: the file was cut short (truncated or rewritten in place) while this run read it; a dataset must "
+      "not change under a run: write a new one and rename it over the old (docs/data.md)";
+  if (cut_file) {
+    char line[1400];
+    size_t n = 0;
+    put(line, sizeof line, n, "shardtrain: killed by SIGBUS reading ");
+    put(line, sizeof line, n, cut_file);
+    put(line, sizeof line, n, cut_words);
+    put(line, sizeof line, n, "\n");
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line, n);
+  }
   if (g_crash_ready.load() && access(g_crash.path, F_OK) != 0) {
     bool hardware = false;
     const char* words = signal_words(sig, info ? info->si_code : 0, hardware);
@@ -113,10 +149,17 @@ void on_crash(int sig, siginfo_t* info, void*) {
     put_int(line, sizeof line, n, step);
     // A crash may be a bug (the same step crashes again, and the job script stops there) or the machine; only
     // a machine check names the node.
-    put(line, sizeof line, n, ",\"restartable\":true,\"suspect_nodes\":[");
+    put(line, sizeof line, n,
+        cut_file ? ",\"restartable\":false,\"suspect_nodes\":[" : ",\"restartable\":true,\"suspect_nodes\":[");
     if (hardware) put(line, sizeof line, n, g_crash.node);
     put(line, sizeof line, n, "],\"message\":\"killed by ");
-    put(line, sizeof line, n, words);
+    if (cut_file) {
+      put(line, sizeof line, n, "SIGBUS reading ");
+      put(line, sizeof line, n, cut_file);
+      put(line, sizeof line, n, cut_words);
+    } else {
+      put(line, sizeof line, n, words);
+    }
     put(line, sizeof line, n, step >= 1 ? " during step " : "");
     if (step >= 1) put_int(line, sizeof line, n, step);
     put(line, sizeof line, n, "\"}\n");
@@ -196,6 +239,27 @@ void disable() {
 }
 
 void set_step(int64_t step) { g_step.store(step, std::memory_order_relaxed); }
+
+int note_mapped_file(const void* begin, size_t bytes, const std::string& path) {
+  std::string escaped = quoted_string(path);
+  escaped = escaped.substr(1, escaped.size() - 2);
+  std::lock_guard lock(g_mapped_mutex);
+  for (size_t k = 0; k < kMappedSlots; ++k) {
+    MappedSlot& slot = g_mapped[k];
+    if (slot.begin.load(std::memory_order_relaxed) != 0) continue;
+    std::snprintf(slot.path, sizeof slot.path, "%s", escaped.c_str());
+    slot.bytes.store(bytes, std::memory_order_relaxed);
+    slot.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
+    return static_cast<int>(k);
+  }
+  return -1;  // more files than slots: a SIGBUS in this one is an ordinary crash record
+}
+
+void forget_mapped_file(int handle) {
+  if (handle < 0 || static_cast<size_t>(handle) >= kMappedSlots) return;
+  std::lock_guard lock(g_mapped_mutex);
+  g_mapped[handle].begin.store(0, std::memory_order_release);
+}
 
 bool restartable(ExitCode code, const std::string& message) {
   switch (code) {

@@ -2,7 +2,11 @@
 // (SLURMD_NODENAME = "node-<rank>"), so a record can be checked to name the node of another rank.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <cstdlib>
@@ -117,6 +121,54 @@ TEST_F(FailureRecord, OnlyCommunicationTimeoutsAndDeviceFaultsAreRestartable) {
   EXPECT_TRUE(failure_record::suspects(ExitCode::Comm, "x", {1}).empty());
   // Ranks outside the world are ignored, a node is named once.
   EXPECT_EQ(failure_record::suspects(ExitCode::Timeout, "x", {1, 1, 7, -1}), std::vector<std::string>{"node-1"});
+}
+
+// A mapped dataset cut short under the run: reading past the file's new end is a SIGBUS (BUS_ADRERR) inside the
+// mapping. A child process (forked from rank 0, after enable() installed the handler) maps a two-page file, notes it,
+// truncates it and reads its second page; its record and stderr name the file, and it is not restartable.
+TEST_F(FailureRecord, ASigbusInAMappedFileNamesTheFileCutShort) {
+  // Rank 0's part in a lambda: a failed ASSERT returns from it, not past the barrier rank 1 waits in.
+  const auto on_rank0 = [&] {
+    fs::create_directories(dir_);
+    const std::string file = (fs::path(dir_) / "tokens \"x\".bin").string();
+    const std::string err = (fs::path(dir_) / "child.stderr").string();
+    const long page = sysconf(_SC_PAGESIZE);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(e, STDERR_FILENO);
+      const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || ftruncate(fd, 2 * page) != 0) _exit(3);
+      void* m = mmap(nullptr, static_cast<size_t>(2 * page), PROT_READ, MAP_SHARED, fd, 0);
+      if (m == MAP_FAILED) _exit(4);
+      failure_record::set_step(7);
+      failure_record::note_mapped_file(m, static_cast<size_t>(2 * page), file);
+      if (ftruncate(fd, 0) != 0) _exit(5);
+      const volatile char c = static_cast<const volatile char*>(m)[page];  // past the new end: SIGBUS
+      _exit(c == 0 ? 6 : 7);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "exit " << WEXITSTATUS(status);
+    EXPECT_EQ(WTERMSIG(status), SIGBUS);
+    const nlohmann::json r = read(0);
+    EXPECT_EQ(r["exit_code"], 128 + SIGBUS);
+    EXPECT_EQ(r["kind"], "crash");
+    EXPECT_EQ(r["step"], 7);
+    EXPECT_EQ(r["restartable"], false);  // the same file meets the restart
+    EXPECT_TRUE(r["suspect_nodes"].empty());
+    const std::string message = r["message"];
+    EXPECT_EQ(message.rfind("killed by SIGBUS reading " + file + " past its end: the file was cut short", 0), 0u) << message;
+    EXPECT_NE(message.find("during step 7"), std::string::npos) << message;
+    std::ifstream in(err);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find("shardtrain: killed by SIGBUS reading "), std::string::npos) << text.str();
+    fs::remove(fs::path(dir_) / "failures" / "rank_00000.json");
+  };
+  if (rank_ == 0) on_rank0();
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(FailureRecordDisabled, WritesNothingAndNamesTheHostWithoutSlurm) {

@@ -39,6 +39,12 @@ bool restartable(ExitCode code, const std::string& message);
 // collective timeout, the nodes of `suspect_ranks` (those that did not arrive or answer); otherwise none.
 std::vector<std::string> suspects(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks);
 
+// A file this process maps for reading (a dataset's tokens), until forget_mapped_file(handle): a SIGBUS inside the
+// mapping is the file cut short under the run (truncated, or rewritten in place), and the crash handler says so, on
+// stderr and in the record (not restartable, no suspect node), instead of "SIGBUS (bus error)".
+int note_mapped_file(const void* begin, size_t bytes, const std::string& path);
+void forget_mapped_file(int handle);
+
 // Writes this rank's record (atomically: a temporary file, then rename). No-op before enable().
 void write(ExitCode code, const std::string& message, const std::vector<int>& suspect_ranks = {});
 
