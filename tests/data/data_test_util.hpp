@@ -145,10 +145,20 @@ std::string usage_error_under_thread_limit(rlim_t max_threads, F&& f) {
   return out;
 }
 
+// This test process's scratch folder, removed when it exits (by the process that made it, not a forked child).
+struct TmpFolder {
+  pid_t owner = ::getpid();
+  fs::path dir = fs::temp_directory_path() / ("shardtrain-data-tests-" + std::to_string(owner));
+  ~TmpFolder() {
+    std::error_code ec;
+    if (::getpid() == owner) fs::remove_all(dir, ec);
+  }
+};
+inline TmpFolder g_tmp_folder;
+
 inline fs::path tmp_path(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("shardtrain-data-tests-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
+  fs::create_directories(g_tmp_folder.dir);
+  return g_tmp_folder.dir / name;
 }
 
 // Real prose in sentences and lines of every length, repeated ones (so dictionaries form), the hand-made edge cases,
