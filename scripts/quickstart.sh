@@ -75,7 +75,7 @@ cat <<EOF_SUMMARY
       resolved config   $run_dir/config.toml   (train --config $run_dir/config.toml repeats the run)
       metrics           $run_dir/metrics.jsonl (one JSON line per step and per evaluation); evaluate's: $run_dir/eval.json
       plots             $run_dir/loss.png, $run_dir/throughput.png
-      checkpoints       $run_dir/checkpoints/  (resume: add --resume auto --checkpoint.dir $run_dir/checkpoints)
+      checkpoints       $run_dir/checkpoints/  (to continue the run: the same train command with --logging.run_dir $run_dir --resume auto)
       Hugging Face      $run_dir/hf/  (LlamaForCausalLM.from_pretrained loads it)
     configs             configs/ (tiny-cpu, llama-seed, llama-1b-hybrid; examples/ has the seeds' Accelerate YAML and fsdp_config JSON)
     docs                docs/training.md (every config key), docs/checkpoints.md, docs/exit-codes.md
