@@ -23,25 +23,6 @@ bool ignorable(const std::string& name, const model::LlamaConfig& c) {
   return (c.tie_word_embeddings && name == "lm_head.weight") || name.ends_with(".rotary_emb.inv_freq");
 }
 
-// The model's tensors, all present; and none beside them: a config.json with fewer layers than its weights would
-// otherwise load a different, smaller model without a word.
-void check_tensors(const model::ModelSpec& spec, TensorSource& source) {
-  check_same_model(source.model_config(), spec.config(), source.path());
-  std::set<std::string> used;
-  for (const model::ParamInfo& p : spec.params()) {
-    if (!source.has(p.name)) throw CheckpointError(fmt::format("{}: tensor '{}' is missing", source.path(), p.name));
-    used.insert(p.name);
-  }
-  for (const std::string& name : source.tensor_names()) {
-    if (used.count(name) || ignorable(name, spec.config())) continue;
-    const model::LlamaConfig& c = spec.config();
-    throw CheckpointError(
-        fmt::format("{}: tensor '{}' is not part of the model that {} describes ({} layers, tie_word_embeddings {}): the "
-                    "configuration and the weights disagree; refused rather than dropped",
-                    source.file_of(name), name, source.path(), c.num_hidden_layers, c.tie_word_embeddings));
-  }
-}
-
 // NaN or infinite weights would sample garbage and evaluate to a NaN loss: refused when read (training refuses to
 // save them, exit 9; reading them is a damaged or diverged checkpoint, exit 5). Bits, not std::isfinite: immune to
 // any floating-point flags the build may set.
@@ -59,6 +40,25 @@ void check_finite(std::span<const float> v, const TensorSource& source, const st
 
 }  // namespace
 
+// None beside the model's tensors: a config.json with fewer layers than its weights would otherwise load a different,
+// smaller model without a word.
+void check_source_tensors(const model::ModelSpec& spec, TensorSource& source) {
+  check_same_model(source.model_config(), spec.config(), source.path());
+  std::set<std::string> used;
+  for (const model::ParamInfo& p : spec.params()) {
+    if (!source.has(p.name)) throw CheckpointError(fmt::format("{}: tensor '{}' is missing", source.path(), p.name));
+    used.insert(p.name);
+  }
+  for (const std::string& name : source.tensor_names()) {
+    if (used.count(name) || ignorable(name, spec.config())) continue;
+    const model::LlamaConfig& c = spec.config();
+    throw CheckpointError(
+        fmt::format("{}: tensor '{}' is not part of the model that {} describes ({} layers, tie_word_embeddings {}): the "
+                    "configuration and the weights disagree; refused rather than dropped",
+                    source.file_of(name), name, source.path(), c.num_hidden_layers, c.tie_word_embeddings));
+  }
+}
+
 void broadcast_floats(MPI_Comm comm, std::span<float> data, int root, size_t max_piece) {
   if (max_piece == 0 || max_piece > static_cast<size_t>(INT_MAX))
     throw InternalError(fmt::format("broadcast_floats: a piece of {} elements", max_piece));
@@ -70,7 +70,7 @@ void broadcast_floats(MPI_Comm comm, std::span<float> data, int root, size_t max
 
 void load_dense(TensorSource& source, model::DenseParams& params) {
   const model::ModelSpec& spec = params.spec();
-  check_tensors(spec, source);
+  check_source_tensors(spec, source);
   for (const model::ParamInfo& p : spec.params()) {
     const ops::Tensor view = params.param(p.index);
     if (view.dtype != DType::F32) throw InternalError("load_dense: DenseParams must hold fp32 parameters");
@@ -82,7 +82,7 @@ void load_dense(TensorSource& source, model::DenseParams& params) {
 
 void import_weights(fsdp::FsdpEngine& engine, TensorSource& source, ImportMode mode) {
   const model::ModelSpec& spec = engine.model_spec();
-  check_tensors(spec, source);
+  check_source_tensors(spec, source);
   MPI_Comm world = engine.mesh().world_comm();
   MpiComm node = [&] {
     MPI_Comm c = MPI_COMM_NULL;

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -26,7 +27,9 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/preflight.hpp"
 #include "shardtrain/train/run_dir.hpp"
+#include "shardtrain/train/step_memory.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 namespace shardtrain::cli {
@@ -44,30 +47,53 @@ struct CheckOptions {
   std::string gpu_memory;     // "": the memory is not checked
 };
 
+// Where each check's question comes in `train`'s start (cmd_train.cpp, then the Trainer and CheckpointHooks::on_start):
+// of several problems, the run stops on the one it meets first, so check's exit code and closing line are that one's,
+// whatever order the report lists them in.
+enum class Stage {
+  Config,         // resolving and validating the command line
+  RunDirLook,     // a named logging.run_dir looked into (check_run_dir)
+  Memory,         // the model and a step against the memory (check_model_fits, check_step_memory)
+  World,          // validate_for_world
+  Data,           // open_data_sources
+  RunLength,      // check_run_length
+  CheckpointDir,  // the checkpoint directory claimed: made, probed, locked
+  RunDirMade,     // the run directory (or logging.runs_root) made
+  Resume,         // on_start: a fresh run beside checkpoints, the resume, checkpoint.init_from
+  Reading,        // met only once the steps read it (a damaged data block) or save (no room for a checkpoint)
+};
+
 // One line per check: "  data        ok: ...", "  resume      note: ...", "  outputs     FAILED: ...".
 class Report {
  public:
   void ok(const char* what, const std::string& text) { line(what, "ok", text); }
   void note(const char* what, const std::string& text) { line(what, "note", text); }
-  void failed(const char* what, const std::exception& e, ExitCode code) {
-    line(what, "FAILED", fmt::format("{}: {}", exit_code_name(code), e.what()));
-    if (problems_++ == 0) first_ = code;
+  void failed(const char* what, Stage stage, const std::exception& e, ExitCode code) {
+    const std::string text = fmt::format("{}: {}", exit_code_name(code), e.what());
+    line(what, "FAILED", text);
+    if (problems_++ == 0 || stage < first_stage_) {
+      first_ = code;
+      first_stage_ = stage;
+      first_text_ = text;
+    }
   }
   // Runs one check; an exception is its failure (the run would have stopped with it). Returns success.
   template <class F>
-  bool run(const char* what, F&& check) {
+  bool run(const char* what, Stage stage, F&& check) {
     try {
       check();
       return true;
     } catch (const Error& e) {
-      failed(what, e, e.code());
+      failed(what, stage, e, e.code());
     } catch (const std::exception& e) {
-      failed(what, e, ExitCode::Internal);
+      failed(what, stage, e, ExitCode::Internal);
     }
     return false;
   }
   int problems() const { return problems_; }
   ExitCode first() const { return first_; }
+  // The line the run would stop with ("data error: ..."), as `train` logs it.
+  const std::string& first_text() const { return first_text_; }
 
  private:
   static void line(const char* what, const char* verdict, const std::string& text) {
@@ -76,27 +102,9 @@ class Report {
   }
   int problems_ = 0;
   ExitCode first_ = ExitCode::Ok;
+  Stage first_stage_ = Stage::Config;
+  std::string first_text_;
 };
-
-// A directory the run will create or write into: it, or the nearest ancestor that exists, must be a
-// directory where a directory can be made. Probed by making one and removing it at once (access() would
-// say yes to root, which the job scripts often run as, even on a read-only file system or /proc).
-void require_writable(const std::string& key, const std::string& path) {
-  const fs::path p = fs::absolute(path).lexically_normal();
-  std::error_code ec;
-  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
-    throw IoError(fmt::format("{}: {} exists and is not a directory", key, path));
-  fs::path existing = p;
-  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path())
-    existing = existing.parent_path();
-  if (!fs::is_directory(existing, ec))
-    throw IoError(fmt::format("{}: cannot create {}: {} is not a directory", key, path, existing.string()));
-  const fs::path probe = existing / fmt::format(".shardtrain-check-{}", ::getpid());
-  if (!fs::create_directory(probe, ec) || ec)
-    throw IoError(fmt::format("{}: cannot {} {}: {} is not writable{}", key, existing == p ? "write into" : "create", path,
-                              existing.string(), ec ? fmt::format(" ({})", ec.message()) : std::string()));
-  fs::remove(probe, ec);
-}
 
 std::string count(double n) {
   return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6) : fmt::format("{:.0f}", n);
@@ -109,12 +117,12 @@ int run_check(const CheckOptions& o) {
   train::TrainConfig c;
   const double gpu_memory = o.gpu_memory.empty() ? 0.0 : parse_gpu_memory(o.gpu_memory);  // a usage error first
   std::printf("check: %s\n", o.args.config.c_str());
-  if (!report.run("config", [&] { c = o.args.resolve(notes, source); })) {
+  if (!report.run("config", Stage::Config, [&] { c = o.args.resolve(notes, source); })) {
     log::error("check: the config does not resolve; nothing else was checked");
     return static_cast<int>(report.first());
   }
   for (const auto& n : notes) report.note("config", n);
-  report.run("config", [&] {
+  report.run("config", Stage::Config, [&] {
     const model::ModelSpec spec(c.model);
     report.ok("config",
               fmt::format("{}: model {} parameters ({} layers, hidden {}), {}, seq_len {}, global batch {}", source,
@@ -127,7 +135,7 @@ int run_check(const CheckOptions& o) {
   bool world_ok = false;
   if (o.gpus_per_node > 0) {
     world = world_size_of(o.nodes, o.gpus_per_node);
-    world_ok = report.run("world", [&] {
+    world_ok = report.run("world", Stage::World, [&] {
       // The mesh as the trainer builds it (DeviceMesh): a hybrid shard size that does not divide the world
       // or cross nodes is refused here, with the trainer's message.
       const MeshLayout mesh = make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node);
@@ -145,7 +153,21 @@ int run_check(const CheckOptions& o) {
   // What each GPU will hold, by `shardtrain plan`'s accounting (fsdp::estimate_memory, which the engine's
   // ledger is tested against), against --gpu-memory: an out-of-memory found now, not after the queue wait.
   if (world_ok && gpu_memory > 0) {
-    report.run("memory", [&] {
+    report.run("memory", Stage::Memory, [&] {
+      // First what the run itself refuses at its start, by its own functions and in its words (the GPU named as
+      // --gpu-memory): the model's state, then a step's lower bound. The nodes' host memory (the loaders, an
+      // offloaded state) is not known here.
+      const std::string gpu_name = fmt::format("--gpu-memory {}", o.gpu_memory);
+      check_model_fits(c, world, o.gpus_per_node, gpu_memory, gpu_name);
+      train::RankMemory rank;
+      rank.world = world;
+      rank.local_size = o.gpus_per_node;
+      rank.gpu = gpu_memory;
+      rank.gpu_name = gpu_name;
+      rank.host = std::numeric_limits<double>::infinity();
+      train::check_step_memory(c, rank);
+      // Then plan's fuller estimate (with the ops' scratch), which the run's start check leaves out: past it, the run
+      // starts and runs out of memory in its first step.
       const model::ModelSpec spec(c.model);
       const fsdp::FsdpConfig f = train::engine_config(c, world);
       const int64_t micro = c.micro_batch_size_for(world);
@@ -167,14 +189,19 @@ int run_check(const CheckOptions& o) {
         for (size_t k = 0; k < options.size(); ++k)
           advice += (k ? k + 1 == options.size() ? " or " : ", " : "") + options[k];
         throw ConfigError(fmt::format(
-            "about {:.2f} GiB per GPU ({}), more than --gpu-memory {:.4g} GiB: try {} (`shardtrain plan` compares "
-            "the strategies)",
+            "about {:.2f} GiB per GPU ({}), more than --gpu-memory {:.4g} GiB: the run would start (its own check "
+            "leaves the op scratch out) and run out of device memory in its first step; try {} (`shardtrain plan` "
+            "compares the strategies)",
             gib(m.device), parts, gib(gpu_memory), advice));
       }
       report.ok("memory", fmt::format("about {:.2f} of {:.4g} GiB per GPU: {}", gib(m.device), gib(gpu_memory), parts));
     });
   } else if (gpu_memory > 0) {
     report.note("memory", "not checked (--gpu-memory needs --nodes and --gpus-per-node, and a mesh that fits them)");
+  } else if (world_ok) {
+    report.note("memory",
+                "not checked (give --gpu-memory): the run refuses (3) a model or step that does not fit its "
+                "GPU's share, or the node's host memory on the CPU backend, which check cannot see");
   }
 
   // The datasets and what the run makes of them.
@@ -187,7 +214,7 @@ int run_check(const CheckOptions& o) {
                                     "checks it when it starts",
                                     c.data.describe()));
   } else {
-    data_ok = report.run("data", [&] {
+    data_ok = report.run("data", Stage::Data, [&] {
       sources = train::open_data_sources(c);
       const data::MixedSource mix(sources, data::DatasetSplit::Train, c.data.layout, c.data.seq_len, c.data.seed,
                                   c.data.shuffle);
@@ -211,7 +238,7 @@ int run_check(const CheckOptions& o) {
           report.note("data", fmt::format("{}: {}", mix.dataset(k).path(), mix.share(k)));
     });
   }
-  if (length_error) report.run("schedule", [&] { throw *length_error; });
+  if (length_error) report.run("schedule", Stage::RunLength, [&] { throw *length_error; });
   if (data_ok && c.schedule.eval_batches > 0) {
     // As the trainer decides: a source whose validation split holds less than one evaluation batch
     // (micro-batch x world) has no validation loss. Said, not failed: the run goes on without it.
@@ -239,7 +266,7 @@ int run_check(const CheckOptions& o) {
   }
   if (data_ok && o.verify_data) {
     for (const auto& s : sources)
-      report.run("verify", [&] {
+      report.run("verify", Stage::Reading, [&] {
         const uint64_t blocks = data::verify_dataset(*s.dataset, false);
         report.ok("verify", fmt::format("{}: {} checksum block(s) read, every id below {}", s.dataset->path(), blocks,
                                         s.dataset->info().vocab_size));
@@ -253,12 +280,13 @@ int run_check(const CheckOptions& o) {
   // Another run holding the directory, and checkpoints this run would mix its saves with, stop the run at its start
   // (train::CheckpointDirClaim): said here the same way.
   if (!ckpt_dir.empty()) {
-    report.run("resume", [&] {
+    report.run("resume", Stage::CheckpointDir, [&] {
       const std::string holder = train::checkpoint_dir_holder(ckpt_dir);
       if (!holder.empty()) throw CheckpointError(train::dir_in_use_problem(ckpt_dir, holder));
     });
   }
-  report.run("resume", [&] {
+  bool resumes = false;  // a checkpoint is loaded: checkpoint.init_from is not read
+  const bool resume_ok = report.run("resume", Stage::Resume, [&] {
     if (c.checkpoint.resume.empty()) {
       const std::string problem = ckpt_dir.empty() ? std::string() : train::fresh_run_problem(ckpt_dir);
       if (!problem.empty()) throw CheckpointError(problem);
@@ -285,12 +313,13 @@ int run_check(const CheckOptions& o) {
     std::unique_ptr<checkpoint::CheckpointReader> opened;
     std::string path;
     train::TrainerState state;
-    std::vector<std::string> damaged;
+    std::vector<std::string> damaged, errors;
     for (const std::string& candidate : candidates) {
       try {
         auto reader = std::make_unique<checkpoint::CheckpointReader>(candidate);
-        checkpoint::check_same_model(reader->model_config(), c.model, candidate);
+        // In the run's order (load_for_resume): the tokenizer, then the model (checkpoint::load).
         if (!sources.empty()) train::check_resume_tokenizer(*reader, *sources.front().dataset);
+        checkpoint::check_same_model(reader->model_config(), c.model, candidate);
         try {
           state = train::trainer_state_from_json(reader->trainer_state(), candidate);
         } catch (const CheckpointError& e) {
@@ -309,11 +338,11 @@ int run_check(const CheckOptions& o) {
                                           "it: {}",
                                           candidate, e.what()));
         damaged.push_back(candidate);
+        errors.emplace_back(e.what());
       }
     }
-    if (!opened)
-      throw checkpoint::CheckpointDamaged(fmt::format(
-          "none of the {} complete checkpoints in {} loads (resume = auto): the run would stop", damaged.size(), ckpt_dir));
+    if (!opened) throw checkpoint::CheckpointDamaged(train::no_checkpoint_loads_problem(ckpt_dir, errors));
+    resumes = true;
     checkpoint::CheckpointReader& reader = *opened;
     if (!damaged.empty())
       report.note("resume", fmt::format("the run would resume from {}, the newest that loads, and train the steps after it "
@@ -347,27 +376,37 @@ int run_check(const CheckOptions& o) {
     }
   });
 
-  // Where the run writes: nothing is created here.
-  report.run("outputs", [&] {
-    if (run_dir.empty()) {
-      require_writable("logging.runs_root", c.logging.runs_root);
-    } else {
-      train::check_run_dir(c, run_dir);  // not a directory; a config.toml or result.json the run would replace
-      require_writable("logging.run_dir", run_dir);
-    }
-    if (!ckpt_dir.empty()) require_writable("checkpoint.dir", ckpt_dir);
+  // checkpoint.init_from, when no checkpoint is resumed: opened and vetted as the run imports it (preflight.hpp).
+  if (resume_ok && !resumes && !c.checkpoint.init_from.empty()) {
+    report.run("init_from", Stage::Resume, [&] {
+      const auto weights = train::open_init_from(c, sources.empty() ? nullptr : sources.front().dataset.get());
+      report.ok("init_from", fmt::format("{}: this model's weights{}", weights->path(),
+                                         weights->step() >= 0 ? fmt::format(" (step {})", weights->step()) : std::string()));
+    });
+  }
+
+  // Where the run writes, probed as the run makes it (preflight.hpp) and in its order: nothing is created here.
+  const bool looked_ok = run_dir.empty() ||  // not a directory; a config.toml or result.json the run would replace
+                         report.run("outputs", Stage::RunDirLook, [&] { train::check_run_dir(c, run_dir); });
+  const bool ckpt_ok = ckpt_dir.empty() || report.run("outputs", Stage::CheckpointDir, [&] {
+    train::require_writable_dir("checkpoint.dir", ckpt_dir, train::DirProbe::LookOnly);
+  });
+  const bool run_dir_ok = report.run("outputs", Stage::RunDirMade, [&] {
+    if (run_dir.empty()) train::require_writable_dir("logging.runs_root", c.logging.runs_root, train::DirProbe::LookOnly);
+    else train::require_writable_dir("logging.run_dir", run_dir, train::DirProbe::LookOnly);
+  });
+  if (looked_ok && ckpt_ok && run_dir_ok)
     report.ok("outputs",
               fmt::format("{} and {} can be written",
                           run_dir.empty() ? fmt::format("a new run directory under {}", c.logging.runs_root) : run_dir,
                           ckpt_dir.empty() ? std::string("its checkpoints directory") : ckpt_dir));
-  });
 
   // Disk space for checkpoints, by the saves' own estimate (checkpoint::checkpoint_bytes): one must fit, and as
   // many as are kept at a save (keep_last, as the oldest goes before a save that lacks room; 2 with keep_last =
   // 1, whose only checkpoint is removed after the next is written). Too little for those is a note: the run
   // starts, and a periodic save that does not fit is skipped (checkpoint.max_failed_saves).
   if (c.checkpoint.every_n_steps > 0) {
-    report.run("space", [&] {
+    report.run("space", Stage::Reading, [&] {
       const std::string where = ckpt_dir.empty() ? c.logging.runs_root : ckpt_dir;
       const bool sharded = c.checkpoint.state_dict_type == train::StateDictType::Sharded;
       const int files =
@@ -400,8 +439,7 @@ int run_check(const CheckOptions& o) {
   }
 
   if (report.problems() > 0) {
-    log::error("check: {} problem(s); the run would stop on the first ({})", report.problems(),
-               exit_code_name(report.first()));
+    log::error("check: {} problem(s); the run would stop on: {}", report.problems(), report.first_text());
     return static_cast<int>(report.first());
   }
   std::printf("check: ok\n");

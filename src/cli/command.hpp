@@ -92,6 +92,10 @@ double parse_gpu_memory(const std::string& text);
 // Before a Trainer allocates anything: the model's fp32 training state must fit this rank's share of its device's
 // memory (the host's with offload_params or on the CPU). Throws ConfigError naming the size key otherwise.
 void check_model_fits(const train::TrainConfig& config, const Runtime& rt);
+// The same against `device_bytes` per rank on the device, named `device_name` (`shardtrain check --gpu-memory`); with
+// fsdp.offload_params nothing (the state is in the nodes' host memory, which is not known offline).
+void check_model_fits(const train::TrainConfig& config, int world, int local_size, double device_bytes,
+                      const std::string& device_name);
 
 // A path an earlier command recorded (a checkpoint's tokenizer and dataset, a dataset's tokenizer) is relative to
 // the folder that command ran in. Kept as it is when absolute or found from here; otherwise the first existing

@@ -58,13 +58,29 @@ CLI::Validator output_file_check() {
       "FILE");
 }
 
+namespace {
+
+// The ranks the model's state is sharded over.
+int model_shard_ranks(const train::TrainConfig& config, int world, int local_size) {
+  const auto& f = config.fsdp.engine;
+  if (f.strategy == ShardingStrategy::NoShard) return 1;
+  if (f.strategy == ShardingStrategy::HybridShard || f.strategy == ShardingStrategy::HybridShardZero2)
+    return f.shard_size > 0 ? f.shard_size : local_size;
+  return world;
+}
+
+}  // namespace
+
+void check_model_fits(const train::TrainConfig& config, int world, int local_size, double device_bytes,
+                      const std::string& device_name) {
+  if (config.fsdp.engine.offload_params) return;  // the state lives in the nodes' host memory
+  config.validate_memory(model_shard_ranks(config, world, local_size), device_bytes, device_name);
+}
+
 void check_model_fits(const train::TrainConfig& config, const Runtime& rt) {
   const Topology& t = rt.topology();
   const auto& f = config.fsdp.engine;
-  int shard_ranks = t.world_size;
-  if (f.strategy == ShardingStrategy::NoShard) shard_ranks = 1;
-  if (f.strategy == ShardingStrategy::HybridShard || f.strategy == ShardingStrategy::HybridShardZero2)
-    shard_ranks = f.shard_size > 0 ? f.shard_size : t.local_size;
+  const int shard_ranks = model_shard_ranks(config, t.world_size, t.local_size);
   const double host = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   const Device& d = rt.device();
   if (d.is_cuda() && !f.offload_params) {

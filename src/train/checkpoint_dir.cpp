@@ -20,6 +20,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/preflight.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
 
 namespace fs = std::filesystem;
@@ -45,20 +46,6 @@ std::string holder_text(const std::string& run_dir) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
   return fmt::format("host {}, pid {}, since {}, run directory {}\n", host, ::getpid(), stamp, run_dir);
-}
-
-// The directory exists (made if need be) and a directory can be made in it: access() would say yes to root,
-// which job scripts often run as, even on a read-only file system.
-void require_writable_dir(const std::string& dir) {
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw IoError(fmt::format("checkpoint.dir: {} exists and is not a directory", dir));
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError(fmt::format("checkpoint.dir: cannot create {}: {}", dir, ec.message()));
-  const fs::path probe = fs::path(dir) / fmt::format(".shardtrain-probe-{}", ::getpid());
-  if (!fs::create_directory(probe, ec) || ec)
-    throw IoError(fmt::format("checkpoint.dir: {} is not writable: {}", dir, ec ? ec.message() : "it exists already"));
-  fs::remove(probe, ec);
 }
 
 }  // namespace
@@ -109,7 +96,7 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   std::string error, text;  // text: what rank 0 wrote into the lock file, which every rank then looks for
   if (rank == 0) {
     try {
-      require_writable_dir(dir);
+      require_writable_dir("checkpoint.dir", dir, DirProbe::Create);
       const std::string lock = (fs::path(dir) / kCheckpointLockFile).string();
       const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       if (fd < 0) throw IoError(fmt::format("checkpoint.dir: cannot create {}: {}", lock, std::strerror(errno)));

@@ -23,6 +23,7 @@
 #include "shardtrain/runtime/session.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/preflight.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
 #include "shardtrain/train/startup.hpp"
 
@@ -209,9 +210,8 @@ void CheckpointHooks::on_start(Trainer& trainer) {
   const auto& c = trainer.config().checkpoint;
   if (resumed_from_.empty() && !c.init_from.empty()) {
     startup_checkpoint_stage(watch, fmt::format("importing checkpoint.init_from {}", c.init_from));
-    auto source = checkpoint::open_tensor_source(c.init_from);
-    // Weights trained on another tokenizer's ids are refused, as --resume refuses them.
-    check_weights_tokenizer(source->path(), source->tokenizer(), trainer.dataset());
+    // Refused as `shardtrain check` refuses it: not weights, another tokenizer's, another model's (preflight.hpp).
+    auto source = open_init_from(trainer.config(), &trainer.dataset());
     checkpoint::import_weights(trainer.engine(), *source,
                                c.cpu_ram_efficient_loading ? checkpoint::ImportMode::NodeLeaderReads
                                                            : checkpoint::ImportMode::EveryRankReadsItsSlices);
@@ -343,12 +343,9 @@ void CheckpointHooks::resume(Trainer& trainer) {
     break;
   }
   if (resumed_from_.empty()) {
-    std::string why;
-    for (const Fallback& d : damaged) why += fmt::format("; {}", d.error);
-    throw checkpoint::CheckpointDamaged(
-        fmt::format("none of the {} complete checkpoints in {} loads (resume = auto){}; "
-                    "nothing was changed or removed",
-                    damaged.size(), dir_, why));
+    std::vector<std::string> errors;
+    for (const Fallback& d : damaged) errors.push_back(d.error);
+    throw checkpoint::CheckpointDamaged(no_checkpoint_loads_problem(dir_, errors));
   }
   if (damaged.empty()) return;
   // Set aside, not deleted: the damaged ones stay for inspection but are no longer candidates, and their steps

@@ -35,9 +35,31 @@ double micro_batch_buffer_bytes(int64_t micro_batch, int64_t seq_len) {
   return b * static_cast<double>(seq_len) * 3 * sizeof(int32_t) + b * (sizeof(uint64_t) + sizeof(uint32_t));
 }
 
-void check_step_memory(const TrainConfig& c, const Runtime& rt) {
+RankMemory rank_memory(const Runtime& rt) {
   const Topology& t = rt.topology();
-  const int world = t.world_size;
+  RankMemory m;
+  m.world = t.world_size;
+  m.local_size = t.local_size;
+  const double host = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  m.host = host / std::max(t.local_size, 1);
+  m.host_name = fmt::format("host memory ({} over {} rank(s) on {})", bytes_text(host), t.local_size, t.hostname);
+  if (const auto as = address_space_limit(rt.host_threads()); as && as->room() < m.host) {
+    m.host = as->room();
+    m.host_name = as->describe();
+    m.host_advice_first = std::string(kRaiseAddressSpaceLimit) + ", or ";
+  }
+  const Device& d = rt.device();
+  if (d.is_cuda()) {
+    m.gpu = static_cast<double>(d.memory_bytes) / std::max(d.ranks_sharing, 1);
+    m.gpu_name = fmt::format("{} ({} rank(s) on it)", d.describe(), d.ranks_sharing);
+  }
+  return m;
+}
+
+void check_step_memory(const TrainConfig& c, const Runtime& rt) { check_step_memory(c, rank_memory(rt)); }
+
+void check_step_memory(const TrainConfig& c, const RankMemory& memory) {
+  const int world = memory.world;
   const int micro = c.micro_batch_size_for(world), accumulation = c.accumulation_steps_for(world);
   if (micro <= 0 || accumulation <= 0) return;  // validate_for_world says why
   const std::string batch_key = c.data.micro_batch_size > 0 ? "data.micro_batch_size" : "data.global_batch_size";
@@ -51,19 +73,10 @@ void check_step_memory(const TrainConfig& c, const Runtime& rt) {
   const std::string model_advice = "a smaller model, more ranks to shard it over, or fsdp.offload_params = true";
   const auto seq = static_cast<double>(c.data.seq_len), tokens = static_cast<double>(micro) * seq;
 
-  const Device& d = rt.device();
-  const double host = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  double host_share = host / std::max(t.local_size, 1);
-  std::string host_name = fmt::format("host memory ({} over {} rank(s) on {})", bytes_text(host), t.local_size, t.hostname);
-  std::string host_advice_first;  // what to change before the step's own sizes
-  if (const auto as = address_space_limit(rt.host_threads()); as && as->room() < host_share) {
-    host_share = as->room();
-    host_name = as->describe();
-    host_advice_first = std::string(kRaiseAddressSpaceLimit) + ", or ";
-  }
-  const bool on_gpu = d.is_cuda();
-  const double gpu_share = on_gpu ? static_cast<double>(d.memory_bytes) / std::max(d.ranks_sharing, 1) : 0;
-  const std::string gpu_name = on_gpu ? fmt::format("{} ({} rank(s) on it)", d.describe(), d.ranks_sharing) : "";
+  const double host_share = memory.host, gpu_share = memory.gpu;
+  const std::string &host_name = memory.host_name, &gpu_name = memory.gpu_name;
+  const std::string& host_advice_first = memory.host_advice_first;  // what to change before the step's own sizes
+  const bool on_gpu = gpu_share > 0;
 
   // The loaders' buffers, all in host memory: made at start (data/loader.hpp).
   const double buffer = micro_batch_buffer_bytes(micro, c.data.seq_len);
@@ -92,8 +105,8 @@ void check_step_memory(const TrainConfig& c, const Runtime& rt) {
     try {
       const model::ModelSpec spec(c.model);
       const fsdp::FsdpConfig engine = engine_config(c, world);
-      const fsdp::MemoryEstimate e =
-          fsdp::estimate_memory(spec, engine, fsdp::plan_fsdp(spec, engine, world, t.local_size), micro, c.data.seq_len);
+      const fsdp::MemoryEstimate e = fsdp::estimate_memory(
+          spec, engine, fsdp::plan_fsdp(spec, engine, world, memory.local_size), micro, c.data.seq_len);
       const std::string model_key = largest_model_size_key(m);
       device_parts.push_back({activations_part.what, e.activations, batch_key, batch_advice});
       device_parts.push_back({"the gathered parameters and gradients", e.buffers, model_key, model_advice});

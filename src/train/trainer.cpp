@@ -27,6 +27,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
+#include "shardtrain/train/preflight.hpp"
 #include "shardtrain/train/progress_view.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
 #include "shardtrain/train/run_dir.hpp"
@@ -103,13 +104,15 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
         localtime_r(&now, &tm);
         char stamp[32];
         std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+        // Said of logging.runs_root, as `shardtrain check` says it (preflight.hpp), not of a name made here.
+        require_writable_dir("logging.runs_root", c.logging.runs_root, DirProbe::Create);
         const std::string name = c.logging.name.empty() ? "run" : c.logging.name;
         dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}", name, stamp)).string();
         for (int k = 2; fs::exists(dir); ++k)
           dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
       }
       outcome[1] = check_run_dir(c, dir) ? 1 : 0;
-      fs::create_directories(dir);
+      require_writable_dir("logging.run_dir", dir, DirProbe::Create);
       // A resumed run's directory may hold the failure records of the start before it (failure_record.hpp). They go
       // now, before any rank can write one of this start's: every rank enables its records after this. Only they:
       // anything else in failures/ is not shardtrain's.

@@ -9,6 +9,7 @@ path that is no checkpoint); output directories that cannot be made; and that ch
 the run itself would stop (a model that does not match the checkpoint, data too small for one batch), the
 same command under mpirun stops with the same exit code and message."""
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -123,21 +124,39 @@ check(r.returncode == 3 and "shard_size 6 neither divides nor is a multiple of r
 seed_cfg = os.path.join(args.source, "configs", "llama-seed.toml")
 plan = json.loads(subprocess.run([st, "plan", "--config", seed_cfg, "--nodes", "2", "--gpus-per-node", "2", "--json"], capture_output=True,
                                  text=True, check=True).stdout)
-need = next(e["device_bytes"] for e in plan["strategies"] if e["strategy"] == "FULL_SHARD") / 2**30
+full_shard = next(e for e in plan["strategies"] if e["strategy"] == "FULL_SHARD")
+need = full_shard["device_bytes"] / 2**30
+# The run's own start check (check_step_memory) leaves the op scratch out: its lower bound.
+low = (full_shard["device_bytes"] - full_shard["op_scratch_bytes"]) / 2**30
 # (This small data set holds fewer than the seed's 64 sequences of a global batch: the data check fails, exit 4,
-# after the memory check, which comes first and is what is asserted here.)
+# after the memory check, which the run meets first and is what is asserted here.)
 seed = ["--config", seed_cfg, "--data.path", ds, "--nodes", "2", "--gpus-per-node", "2"]
 r = subprocess.run([st, "check", *seed, "--gpu-memory", "80GiB"], capture_output=True, text=True)
 check(f"memory     ok: about {need:.2f} of 80 GiB per GPU" in r.stdout,
       f"the seed's model on 2 x 2 GPUs: plan says {need:.2f} GiB: exit {r.returncode}: {line(r, 'memory')} {r.stderr[-500:]}")
-budget = f"{need - 0.5:.2f}GiB"  # just short of it: refused, with what would help
+# Below the run's lower bound: refused as the run refuses it (train::check_step_memory), in its words.
+budget = f"{low - 0.1:.2f}GiB"
 r = subprocess.run([st, "check", *seed, "--gpu-memory", budget], capture_output=True, text=True)
 mem = " ".join(line(r, "memory"))
-check(r.returncode == 3 and f"about {need:.2f} GiB per GPU" in mem and "fsdp.activation_checkpointing = true" in mem,
-      f"--gpu-memory {budget}: exit {r.returncode}: {mem}")
+check(r.returncode == 3 and f"memory     FAILED: configuration error: data.global_batch_size: a training step needs at least {low:.2f} GiB "
+      f"per rank" in mem and f"more than --gpu-memory {budget} has for this rank" in mem and "fsdp.activation_checkpointing = true" in mem
+      and "the run would stop on: configuration error: data.global_batch_size: a training step needs" in r.stderr,
+      f"--gpu-memory {budget} (the run's lower bound {low:.2f}): exit {r.returncode}: {mem} {r.stderr[-300:]}")
+r = subprocess.run([st, "check", *seed, "--gpu-memory", "0.25GiB"], capture_output=True, text=True)
+mem = " ".join(line(r, "memory"))
+check(r.returncode == 3 and "whose fp32 weights, gradients and Adam state take" in mem and "--gpu-memory 0.25GiB has 256.0 MiB for this rank" in mem,
+      f"a model whose state alone does not fit: exit {r.returncode}: {mem}")
+# Between the run's lower bound and plan's estimate with the op scratch: the run would start and run out of memory.
+budget = f"{(low + need) / 2:.3f}GiB"
+r = subprocess.run([st, "check", *seed, "--gpu-memory", budget], capture_output=True, text=True)
+mem = " ".join(line(r, "memory"))
+check(r.returncode == 3 and f"about {need:.2f} GiB per GPU" in mem and "run out of device memory in its first step" in mem
+      and "fsdp.activation_checkpointing = true" in mem, f"--gpu-memory {budget}: exit {r.returncode}: {mem}")
 r = subprocess.run([st, "check", *seed, "--gpu-memory", budget, "--fsdp.activation_checkpointing", "true"], capture_output=True, text=True)
 mem = " ".join(line(r, "memory"))
 check("memory     ok" in r.stdout and "activation_checkpointing" not in mem, f"with activation checkpointing it fits: {mem}")
+r = subprocess.run([st, "check", *seed], capture_output=True, text=True)
+check("memory     note: not checked (give --gpu-memory)" in r.stdout, f"an allocation without --gpu-memory: a note: {r.stdout}")
 r = run_check("--gpu-memory", "80GiB")
 check(r.returncode == 0 and "not checked" in " ".join(line(r, "memory")), f"--gpu-memory without an allocation: a note: {r.stdout}")
 r = run_check("--gpu-memory", "lots")
@@ -213,6 +232,89 @@ t = subprocess.run([*train, "--data.global_batch_size", str(big)], capture_outpu
 check(t.returncode == 4 and f"fewer than one global batch of {big}" in t.stderr,
       f"train agrees on data too small for a batch: exit {t.returncode}: {t.stderr[-1500:]}")
 
+# ---- check and train on the same bad input: the same exit code, and check's closing line names train's message ------
+# Each of these once differed: check passed checkpoint.init_from unread (train refused it, 5, after the queue wait);
+# named its own texts for --resume auto over damaged checkpoints and for directories that cannot be made; and gave
+# the exit code of the first problem it listed, not the first one the run meets (a run directory's foreign
+# config.toml is refused before the data is opened).
+def agree(what, extra, code, message, setup=None):
+    """check and `mpirun -np 2 train` with `extra`: both exit `code`, check's closing line is 'the run would stop on:
+    <exit code name>: <text>' with `message` in it, and train's stderr holds that text verbatim."""
+    if setup:
+        setup()
+    r = run_check(*extra)
+    closing = [l.split("the run would stop on: ", 1)[1] for l in r.stderr.splitlines() if "the run would stop on: " in l]
+    stop_on = closing[-1] if closing else ""
+    check(r.returncode == code and message in stop_on, f"{what}: check exit {r.returncode} (expected {code}), stops on "
+          f"'{stop_on}', expected '{message}': {r.stdout} {r.stderr[-600:]}")
+    if setup:
+        setup()
+    t = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", config, *extra, "--log-level", "warn"],
+                       capture_output=True, text=True, timeout=300)
+    check(t.returncode == code and stop_on and stop_on in t.stderr,
+          f"{what}: train exit {t.returncode} (expected {code}), expected '{stop_on}' in: {t.stderr[-1500:]}")
+
+ckpt3 = os.path.join(run_dir, "checkpoints", "step_00000003")
+fresh_run = os.path.join(work, "agree-run")
+
+
+def clean():
+    shutil.rmtree(fresh_run, ignore_errors=True)
+
+
+agree("init_from another model", ["--logging.run_dir", fresh_run, "--checkpoint.init_from", ckpt6, "--model.num_hidden_layers", "3"], 5,
+      f"checkpoint error: {ckpt6}: the checkpoint's model has num_hidden_layers = 2, the configured model 3", clean)
+agree("init_from another tokenizer", ["--logging.run_dir", fresh_run, "--checkpoint.init_from", ckpt6, "--data.path", ds2,
+                                      "--data.global_batch_size", "2"], 5, f"checkpoint error: {ckpt6}: trained with tokenizer", clean)
+agree("init_from no weights", ["--logging.run_dir", fresh_run, "--checkpoint.init_from", config], 5, f"checkpoint error: {config}:", clean)
+agree("resume auto: no checkpoint, init_from another model",
+      ["--logging.run_dir", fresh_run, "--resume", "auto", "--checkpoint.init_from", ckpt6, "--model.num_hidden_layers", "3"], 5,
+      "the checkpoint's model has num_hidden_layers = 2, the configured model 3", clean)
+r = run_check("--logging.run_dir", run_dir, "--resume", "auto", "--checkpoint.init_from", ckpt6, "--model.num_hidden_layers", "2")
+check(r.returncode == 0 and not line(r, "init_from"), f"a resumed run does not read init_from: {r.stdout}")
+r = run_check("--logging.run_dir", fresh_run, "--checkpoint.init_from", ckpt3)
+check(r.returncode == 0 and f"init_from  ok: {ckpt3}: this model's weights (step 3)" in r.stdout, f"init_from ok: {r.stdout} {r.stderr}")
+
+# --resume auto where every complete checkpoint is damaged: the run's own refusal, each checkpoint's error named.
+damaged_run = os.path.join(work, "damaged-run")
+
+
+def damage_all():
+    shutil.rmtree(damaged_run, ignore_errors=True)
+    shutil.copytree(run_dir, damaged_run)
+    for step in ("step_00000003", "step_00000006"):
+        open(os.path.join(damaged_run, "checkpoints", step, "index.h5"), "wb").write(b"not hdf5")
+
+
+damaged_ckpts = os.path.join(damaged_run, "checkpoints")
+agree("resume auto, all damaged", ["--logging.run_dir", damaged_run, "--resume", "auto"], 5,
+      f"checkpoint error: none of the 2 complete checkpoints in {damaged_ckpts} loads (resume = auto); "
+      f"{damaged_ckpts}/step_00000006/index.h5: cannot be opened: not an HDF5 file (no HDF5 signature); "
+      f"{damaged_ckpts}/step_00000003/index.h5: cannot be opened: not an HDF5 file (no HDF5 signature); nothing was changed or removed",
+      damage_all)
+# A checkpoint of another model and another tokenizer: the tokenizer is what the run reads first.
+agree("resume: another model and tokenizer", ["--logging.run_dir", fresh_run, "--resume", ckpt6, "--data.path", ds2,
+                                              "--data.global_batch_size", "2", "--model.num_hidden_layers", "3"], 5,
+      f"checkpoint error: {ckpt6}: trained with tokenizer", clean)
+# Directories that cannot be made: one text, from the probe both call.
+agree("checkpoint.dir under a file", ["--logging.run_dir", fresh_run, "--checkpoint.dir", os.path.join(config, "sub")], 8,
+      f"I/O error: checkpoint.dir: cannot create {config}/sub: {config} is not a directory", clean)
+agree("run_dir under a file", ["--logging.run_dir", os.path.join(config, "sub"), "--checkpoint.dir", os.path.join(fresh_run, "ck")], 8,
+      f"I/O error: logging.run_dir: cannot create {config}/sub: {config} is not a directory", clean)
+agree("runs_root a file", ["--logging.runs_root", config], 8, f"I/O error: logging.runs_root: {config} exists and is not a directory")
+# Two problems: the run stops on the one it meets first, and so does check's exit code (the data is listed first).
+foreign_run = os.path.join(work, "foreign-run")
+
+
+def foreign():
+    shutil.rmtree(foreign_run, ignore_errors=True)
+    os.makedirs(foreign_run)
+    open(os.path.join(foreign_run, "config.toml"), "w").write("x = 1\n")
+
+
+agree("a foreign config.toml and missing data", ["--logging.run_dir", foreign_run, "--data.path", os.path.join(work, "missing.h5")], 3,
+      f"configuration error: logging.run_dir: {foreign_run}/config.toml was not written by shardtrain", foreign)
+
 # ---- outputs: what cannot be made is named; check itself makes nothing -------------------------------------
 r = run_check("--logging.run_dir", config)
 check(r.returncode == 8 and f"logging.run_dir: {config} exists and is not a directory" in " ".join(line(r, "outputs")),
@@ -221,7 +323,7 @@ fresh = os.path.join(work, "fresh", "run")
 r = run_check("--logging.run_dir", fresh, "--resume", "auto")
 check(r.returncode == 0 and not os.path.exists(os.path.join(work, "fresh")), f"check created {fresh}: {r.stdout}")
 check(f"auto: no complete checkpoint in {fresh}/checkpoints yet" in " ".join(line(r, "resume")), f"a fresh run: {line(r, 'resume')}")
-check(not [n for n in os.listdir(work) if n.startswith(".shardtrain-check")], "the writability probes are removed")
+check(not [n for n in os.listdir(work) if n.startswith(".shardtrain-probe")], "the writability probes are removed")
 
 # ---- space: a checkpoint, by the save's own estimate, against the file system's free space --------------------
 r = run_check("--logging.run_dir", fresh, "--checkpoint.every_n_steps", "10", "--checkpoint.keep_last", "2")

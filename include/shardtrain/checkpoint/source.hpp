@@ -46,6 +46,11 @@ std::unique_ptr<TensorSource> open_tensor_source(const std::string& path);
 void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string& tokenizer_path, const std::string& record,
                              const model::LlamaConfig& model, const std::string& weights);
 
+// The source describes `spec`'s model (check_same_model: the differing field named) and holds every one of its tensors
+// and no other (a config.json with fewer layers than its weights): CheckpointError otherwise. Reads no weight; both
+// loaders below begin with it, and `shardtrain check` calls it on checkpoint.init_from.
+void check_source_tensors(const model::ModelSpec& spec, TensorSource& source);
+
 // Every parameter of `params`' model from the source (single process: generation, tests).
 void load_dense(TensorSource& source, model::DenseParams& params);
 

@@ -3,6 +3,8 @@
 // machine could hold is a configuration error naming its key instead of an allocation failure minutes later.
 #pragma once
 
+#include <string>
+
 #include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/train/config.hpp"
 
@@ -21,5 +23,19 @@ double micro_batch_buffer_bytes(int64_t micro_batch, int64_t seq_len);
 // makes most of it: data.micro_batch_size (data.global_batch_size when the micro-batch is derived from it),
 // data.prefetch, or the model's largest size. A world the batch does not divide is left to validate_for_world.
 void check_step_memory(const TrainConfig& c, const Runtime& rt);
+
+// The memory check_step_memory measures a step against: this rank's share of its GPU (0: the CPU backend, one memory)
+// and of its host, each with the name a refusal gives it. `shardtrain check` gives its --gpu-memory and an unbounded
+// host (the nodes' host memory is not known offline), and so refuses what the run would, in the run's words.
+struct RankMemory {
+  int world = 1, local_size = 1;
+  double gpu = 0;
+  std::string gpu_name;
+  double host = 0;
+  std::string host_name;
+  std::string host_advice_first;  // what to change before the step's own sizes (an address-space limit)
+};
+RankMemory rank_memory(const Runtime& rt);
+void check_step_memory(const TrainConfig& c, const RankMemory& memory);
 
 }  // namespace shardtrain::train

@@ -1,0 +1,32 @@
+// Start-up checks that `train` makes on its ranks and `shardtrain check` makes offline, each in one function that
+// both call, so that the preflight refuses what the run would refuse, with the same exit code and message
+// (docs/cluster.md, "Preflight"). The datasets, the run's length and the checkpoint to resume from are in inputs.hpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/dataset.hpp"
+#include "shardtrain/train/config.hpp"
+
+namespace shardtrain::train {
+
+// checkpoint.init_from, opened and vetted as the run imports it, before any weight is read: it exists and holds
+// weights, they were trained on the dataset's tokenizer (`dataset` null: not checked), and their model is the
+// configured one, tensor for tensor (CheckpointError naming the file and the field or tensor: exit code 5).
+std::unique_ptr<checkpoint::TensorSource> open_init_from(const TrainConfig& c, const data::TokenDataset* dataset);
+
+// `--resume auto` when none of the complete checkpoints of `dir` loads: the refusal (exit code 5), with each one's
+// error, newest first.
+std::string no_checkpoint_loads_problem(const std::string& dir, const std::vector<std::string>& errors);
+
+// A directory the run makes or writes into, named by its config key: it exists as a directory, or the nearest
+// ancestor that exists is a directory where one can be made; probed by making a directory and removing it (access()
+// would say yes to root on a read-only or virtual file system). IoError (exit code 8) naming the key, the path and the
+// file system's reason. `Create` then makes the directory (train); `LookOnly` leaves everything as it was (check).
+enum class DirProbe { Create, LookOnly };
+void require_writable_dir(const std::string& key, const std::string& dir, DirProbe probe);
+
+}  // namespace shardtrain::train

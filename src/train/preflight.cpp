@@ -1,0 +1,57 @@
+// Start-up checks shared by `train` and `shardtrain check` (preflight.hpp): one function each, so the two cannot
+// drift apart.
+#include "shardtrain/train/preflight.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "shardtrain/model/spec.hpp"
+#include "shardtrain/runtime/error.hpp"
+#include "shardtrain/train/inputs.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::train {
+
+std::unique_ptr<checkpoint::TensorSource> open_init_from(const TrainConfig& c, const data::TokenDataset* dataset) {
+  auto source = checkpoint::open_tensor_source(c.checkpoint.init_from);
+  // Weights trained on another tokenizer's ids are refused, as --resume refuses them.
+  if (dataset != nullptr) check_weights_tokenizer(source->path(), source->tokenizer(), *dataset);
+  checkpoint::check_source_tensors(model::ModelSpec(c.model), *source);
+  return source;
+}
+
+std::string no_checkpoint_loads_problem(const std::string& dir, const std::vector<std::string>& errors) {
+  std::string why;
+  for (const std::string& e : errors) why += fmt::format("; {}", e);
+  return fmt::format("none of the {} complete checkpoints in {} loads (resume = auto){}; nothing was changed or removed",
+                     errors.size(), dir, why);
+}
+
+void require_writable_dir(const std::string& key, const std::string& dir, DirProbe probe) {
+  const fs::path p = fs::absolute(dir).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    throw IoError(fmt::format("{}: {} exists and is not a directory", key, dir));
+  fs::path existing = p;
+  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path())
+    existing = existing.parent_path();
+  if (!fs::is_directory(existing, ec))
+    throw IoError(fmt::format("{}: cannot create {}: {} is not a directory", key, dir, existing.string()));
+  // The probe goes where the first directory would be made: the file system's answer there is the one making the
+  // directory would get.
+  const fs::path trial = existing / fmt::format(".shardtrain-probe-{}", ::getpid());
+  if (!fs::create_directory(trial, ec) || ec)
+    throw IoError(fmt::format("{}: {} {}: {} is not writable ({})", key,
+                              existing == p ? "cannot write into" : "cannot create", dir, existing.string(),
+                              ec ? ec.message() : "the probe exists already"));
+  fs::remove(trial, ec);
+  if (probe == DirProbe::LookOnly) return;
+  fs::create_directories(p, ec);
+  if (ec) throw IoError(fmt::format("{}: cannot create {}: {}", key, dir, ec.message()));
+}
+
+}  // namespace shardtrain::train
