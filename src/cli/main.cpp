@@ -29,7 +29,8 @@ namespace {
 
 // One line per failure, not one per rank: most errors (a bad config, a mesh that does not fit) are
 // raised identically on every rank. Rank 0 logs and aborts the job at once; other ranks wait a
-// moment first, so their line appears only when rank 0 did not fail the same way.
+// moment first, so their line appears only when rank 0 did not fail the same way. An error known
+// to be raised on every rank (on_every_rank) is left to rank 0 however slowly its abort arrives.
 int fail(const std::exception& e, ExitCode code) {
   // A failing rank is past preemption: the SIGTERM with which MPI_Abort ends the other ranks must end this one too
   // (train catches it from before MPI_Init; caught, a rank would go on to log the same error a second time).
@@ -38,7 +39,11 @@ int fail(const std::exception& e, ExitCode code) {
   if (MpiSession::active()) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (rank != 0) {
+      // Rank 0 raised the same error and its abort ends this process; the wait is a bound, should it never come.
+      const Error* shared = dynamic_cast<const Error*>(&e);
+      std::this_thread::sleep_for(std::chrono::seconds(shared && shared->raised_on_every_rank() ? 60 : 1));
+    }
     log::error("{}: {}", exit_code_name(code), e.what());
     failure_record::write(code,
                           e.what());  // for the job script that decides on a restart (once training has a run directory)

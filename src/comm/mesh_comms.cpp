@@ -89,9 +89,9 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
   if (first_cpu != kNoRank) {  // host memory: MPI without staging
     c.reason = first_gpu == kNoRank ? "the CPU backend" : fmt::format("rank {} has no GPU (the CPU backend)", first_cpu);
     if (pref == CommBackendPreference::Nccl)
-      throw ConfigError(fmt::format("comm backend nccl ({}): NCCL needs a GPU on every rank, and {}", key,
-                                    first_gpu == kNoRank ? std::string("every rank runs on the CPU backend")
-                                                         : fmt::format("rank {} has no GPU", first_cpu)));
+      throw on_every_rank(ConfigError(fmt::format("comm backend nccl ({}): NCCL needs a GPU on every rank, and {}", key,
+                                                  first_gpu == kNoRank ? std::string("every rank runs on the CPU backend")
+                                                                       : fmt::format("rank {} has no GPU", first_cpu))));
     return c;
   }
   if (pref == CommBackendPreference::Mpi) {
@@ -102,11 +102,11 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
   }
   if (!shared.empty()) {
     if (pref == CommBackendPreference::Nccl)
-      throw ConfigError(fmt::format(
+      throw on_every_rank(ConfigError(fmt::format(
           "comm backend nccl ({}): {}, and NCCL needs a GPU of its own for each rank. Give each rank its own GPU (as "
           "many ranks per node as GPUs; srun --gpus-per-task=1 or CUDA_VISIBLE_DEVICES per rank are matched by GPU "
           "identity), or use mpi, which stages device memory through the host",
-          key, shared));
+          key, shared)));
     c.backend = CommBackend::Mpi;
     c.host_staging = true;
     c.reason = shared;
@@ -114,7 +114,7 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
   }
   if (!nccl_built()) {
     if (pref == CommBackendPreference::Nccl)
-      throw ConfigError(fmt::format("comm backend nccl ({}): shardtrain was built without NCCL", key));
+      throw on_every_rank(ConfigError(fmt::format("comm backend nccl ({}): shardtrain was built without NCCL", key)));
     c.backend = CommBackend::Mpi;
     c.host_staging = true;
     c.reason = "shardtrain was built without NCCL";

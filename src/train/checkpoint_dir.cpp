@@ -179,7 +179,7 @@ void CheckpointDirClaim::check_every_rank_sees(MPI_Comm world, int rank, const s
     fd_ = -1;
   }
   acquired_ = false;
-  throw CheckpointError(problem);
+  throw on_every_rank(CheckpointError(problem));
 }
 
 std::string dir_in_use_problem(const std::string& dir, const std::string& holder) {

@@ -196,7 +196,7 @@ void CheckpointHooks::on_start(Trainer& trainer) {
     // its own away in their favour: refused before anything is touched. Rank 0 looks; every rank throws its line.
     const std::string problem =
         lowest_error(trainer.runtime().world(), rank, rank == 0 ? fresh_run_problem(dir_) : std::string());
-    if (!problem.empty()) throw CheckpointError(problem);
+    if (!problem.empty()) throw on_every_rank(CheckpointError(problem));
   }
   report_space(trainer);
   // What saves killed half-way (or removals cut short) left: only rank 0 touches the directory, and no save of this

@@ -125,10 +125,10 @@ std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::
 void check_ranks_agree_on_config(MPI_Comm world, const std::string& resolved_toml) {
   const std::string d = first_disagreement(world, config_entries(resolved_toml));
   if (!d.empty())
-    throw ConfigError(
+    throw on_every_rank(ConfigError(
         fmt::format("the ranks resolved different configurations: {}; every rank must read the same config file and "
                     "overrides (was the file edited while the job started, or do the ranks' command lines differ?)",
-                    d));
+                    d)));
 }
 
 void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureComponent>& sources) {
@@ -141,10 +141,10 @@ void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureCo
   }
   const std::string d = first_disagreement(world, entries);
   if (!d.empty())
-    throw DataError(
+    throw on_every_rank(DataError(
         fmt::format("the ranks read different datasets: {}; every rank must read the same file (a node with another or a "
                     "partial copy?)",
-                    d));
+                    d)));
 }
 
 namespace {
@@ -176,9 +176,9 @@ std::vector<std::string> rank0_answer(MPI_Comm world, const std::function<std::v
   ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, world));
   payload = from_rank(world, 0, std::move(payload));
   if (code != 0) {
-    if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(payload);
-    if (code == static_cast<int>(ExitCode::Io)) throw IoError(payload);
-    throw Error(static_cast<ExitCode>(code), payload);
+    if (code == static_cast<int>(ExitCode::Checkpoint)) throw on_every_rank(CheckpointError(payload));
+    if (code == static_cast<int>(ExitCode::Io)) throw on_every_rank(IoError(payload));
+    throw on_every_rank(Error(static_cast<ExitCode>(code), payload));
   }
   std::vector<std::string> out;
   for (size_t at = 0; at < payload.size();) {
@@ -208,12 +208,12 @@ void check_ranks_see_checkpoint(MPI_Comm world, const std::string& checkpoint, c
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string where = from_rank(world, lowest, rank == lowest ? std::string(host) : std::string());
-  throw CheckpointError(fmt::format(
+  throw on_every_rank(CheckpointError(fmt::format(
       "{}: {} is {} on rank 0, but rank {} (on {}){} sees it {}: every rank must see the same checkpoints (is their "
       "directory on a node-local disk, such as /tmp or a local scratch, rather than a file system every node shares?)",
       what, checkpoint, on_rank0 ? "complete" : "not a complete checkpoint", lowest, where,
       count > 1 ? fmt::format(" and {} other rank(s)", count - 1) : std::string(),
-      on_rank0 ? "missing or without its DONE marker" : "complete"));
+      on_rank0 ? "missing or without its DONE marker" : "complete")));
 }
 
 std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {

@@ -29,10 +29,25 @@ class Error : public std::runtime_error {
  public:
   Error(ExitCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ExitCode code() const noexcept { return code_; }
+  // Raised alike on every rank, from what they all hold (a collective decision, the world's shape): rank 0 says it
+  // and ends the job, and the other ranks keep quiet (see on_every_rank).
+  bool raised_on_every_rank() const noexcept { return on_every_rank_; }
+  void mark_raised_on_every_rank() noexcept { on_every_rank_ = true; }
 
  private:
   ExitCode code_;
+  bool on_every_rank_ = false;
 };
+
+// `throw on_every_rank(ConfigError(...))` where every rank reaches the same error from the same gathered values. Rank 0
+// logs it and aborts the job; the other ranks wait for that abort without a line of their own, however long the
+// launcher takes to deliver it (a second was not always enough for mpirun inside a Slurm job). Errors not so marked
+// are logged by a rank other than 0 a second after it failed, in case rank 0 did not fail the same way.
+template <class E>
+E on_every_rank(E e) {
+  e.mark_raised_on_every_rank();
+  return e;
+}
 
 // Each bad-input error names the file or field and what was expected.
 class UsageError : public Error {
