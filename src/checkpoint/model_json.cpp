@@ -1,6 +1,4 @@
 // The model architecture as JSON inside checkpoints (our field names: those of LlamaConfig).
-#include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -109,16 +107,11 @@ void check_same_model(const model::LlamaConfig& s, const model::LlamaConfig& c, 
     notes.push_back(fmt::format("rms_norm_eps {} (configured: {})", s.rms_norm_eps, c.rms_norm_eps));
   if (s.rope_frequencies() != c.rope_frequencies())
     notes.push_back(fmt::format("{} (configured: {})", describe_rope(s), describe_rope(c)));
-  if (notes.empty() || log::config().rank != 0) return;
-  const std::string note = fmt::format(
-      "{}: the checkpoint's model has {}; the configured values are used (set model.* to the checkpoint's to keep them)",
-      origin, fmt::join(notes, "; "));
-  // Once per process: a start checks its init_from weights before it imports them (the check `shardtrain check` runs
-  // too), and the import checks again.
-  static std::mutex said_mutex;
-  static std::set<std::string> said;
-  std::lock_guard lock(said_mutex);
-  if (said.insert(note).second) log::warn("{}", note);
+  if (!notes.empty() && log::config().rank == 0)
+    log::warn(
+        "{}: the checkpoint's model has {}; the configured values are used (set model.* to the checkpoint's to keep "
+        "them)",
+        origin, fmt::join(notes, "; "));
 }
 
 }  // namespace shardtrain::checkpoint

@@ -18,6 +18,7 @@
 #include "command.hpp"
 #include "config_args.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
+#include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/batches.hpp"
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
@@ -380,6 +381,7 @@ int run_check(const CheckOptions& o) {
   if (resume_ok && !resumes && !c.checkpoint.init_from.empty()) {
     report.run("init_from", Stage::Resume, [&] {
       const auto weights = train::open_init_from(c, sources.empty() ? nullptr : sources.front().dataset.get());
+      checkpoint::check_source_tensors(model::ModelSpec(c.model), *weights);  // as the run's import begins
       report.ok("init_from", fmt::format("{}: this model's weights{}", weights->path(),
                                          weights->step() >= 0 ? fmt::format(" (step {})", weights->step()) : std::string()));
     });

@@ -5,7 +5,6 @@
 // and it runs wherever train runs (mpirun, several ranks, a GPU). Nothing is written but --json.
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <memory>

@@ -14,8 +14,9 @@
 namespace shardtrain::train {
 
 // checkpoint.init_from, opened and vetted as the run imports it, before any weight is read: it exists and holds
-// weights, they were trained on the dataset's tokenizer (`dataset` null: not checked), and their model is the
-// configured one, tensor for tensor (CheckpointError naming the file and the field or tensor: exit code 5).
+// weights, and they were trained on the dataset's tokenizer (`dataset` null: not checked); CheckpointError naming the
+// file and the field otherwise (exit code 5). That their model is the configured one, tensor for tensor, is the next
+// check, made once: by checkpoint::import_weights in a run, by check_source_tensors in `shardtrain check`.
 std::unique_ptr<checkpoint::TensorSource> open_init_from(const TrainConfig& c, const data::TokenDataset* dataset);
 
 // `--resume auto` when none of the complete checkpoints of `dir` loads: the refusal (exit code 5), with each one's
