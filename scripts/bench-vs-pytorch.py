@@ -252,26 +252,53 @@ class StepClock:
             self.torch.cuda.synchronize()
 
 
-def measure_peak(torch, device, cpu_dtype):
-    """The matmul rate PyTorch reaches here: bf16 8192^3 on a GPU; on a CPU 2048^3 in the dtype the model computes
-    in (its bf16 GEMMs and its f32 ones run at very different rates there). Median of 20 after 5."""
-    n, dtype = (8192, torch.bfloat16) if device == "cuda" else (2048, cpu_dtype)
+def matmul_rate(torch, device, dtype, n=None):
+    """FLOP/s of torch.matmul at n^3 (None: on a CPU, 2048 where one takes under a quarter of a second, else the largest
+    of 1024, 512, 256 that does). Median of up to 20 after up to 5; on a CPU the timed ones stop after 5 s (at least 3)
+    and the warm-up after 2 s."""
+    if n is None:
+        for n in (256, 512, 1024, 2048):
+            a = torch.randn(n, n, dtype=dtype)
+            t0 = time.perf_counter()
+            torch.matmul(a, a)
+            if time.perf_counter() - t0 > 0.25 / 8 or n == 2048:  # the next size takes 8x as long
+                break
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
+    clock = StepClock(torch, device)
+    bounded = device != "cuda"
+    began = time.perf_counter()
     for _ in range(5):
         torch.matmul(a, b)
-    clock = StepClock(torch, device)
+        if bounded and time.perf_counter() - began > 2:
+            break
     spans = []
-    for _ in range(20):
+    began = time.perf_counter()
+    for i in range(20):
         s = clock.start()
         torch.matmul(a, b)
         spans.append((s, clock.start()))
+        if bounded and i >= 2 and time.perf_counter() - began > 5:
+            break
     clock.sync()
     seconds = statistics.median(clock.seconds(s, e) for s, e in spans)
     del a, b
     if device == "cuda":
         torch.cuda.empty_cache()
     return 2.0 * n ** 3 / seconds
+
+
+def measure_peak(torch, device, cpu_dtype):
+    """The matmul rate PyTorch reaches here: bf16 8192^3 on a GPU. On a CPU the better of the dtype the model computes
+    in and fp32: a CPU without bf16 instructions (AVX2 only) runs PyTorch's bf16 matmul at under 1 GFLOP/s (25 of
+    2048^3 took 12 minutes), while a compiled step's bf16 GEMMs run at fp32's rate, over 100 % of a bf16-only peak;
+    a peak is what the process can reach, whatever the dtype."""
+    if device == "cuda":
+        return matmul_rate(torch, device, torch.bfloat16, 8192)
+    rates = [matmul_rate(torch, device, cpu_dtype)]
+    if cpu_dtype != torch.float32:
+        rates.append(matmul_rate(torch, device, torch.float32))
+    return max(rates)
 
 
 def torch_worker(args):

@@ -55,7 +55,7 @@ if not errors and sorted(results) == sorted(parts):
         r = results[name]
         check(r["tokens_per_step"] == B * S, f"{name}: {r['tokens_per_step']} tokens per step, expected {B * S}")
         check(abs(r["flops_per_token"] - fpt) <= 1e-9 * fpt, f"{name}: {r['flops_per_token']} FLOPs per token, expected {fpt}")
-        check(r["tokens_per_s"] > 0 and r["step_time_median_s"] > 0 and 0 < r["mfu"] < 1.5,
+        check(r["tokens_per_s"] > 0 and r["step_time_median_s"] > 0 and 0 < r["mfu"] <= 1,  # never above 100 %
               f"{name}: tokens/s {r['tokens_per_s']}, step {r['step_time_median_s']}, MFU {r['mfu']}")
         check(f"| {name} | " in table, f"the table has no row for {name}")
         last = r.get("last_loss")
