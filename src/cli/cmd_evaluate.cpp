@@ -32,6 +32,9 @@
 namespace shardtrain::cli {
 namespace {
 
+// A configuration's run length where evaluation has none to give (it takes no steps), for a config to resolve.
+constexpr std::string_view kNoRunLength = "[schedule]\nmax_steps = 1\n";
+
 struct EvaluateOptions {
   ConfigArgs args;
   std::string weights;
@@ -206,7 +209,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // Weights without a run config (a consolidated file, a Hugging Face directory) and no --config: the
   // defaults, given a run length only because a config must have one (evaluation takes no steps).
   const std::string saved = source->config_toml();
-  train::TrainConfig c = o.args.resolve(notes, config_source, saved.empty() ? "[schedule]\nmax_steps = 1\n" : saved,
+  train::TrainConfig c = o.args.resolve(notes, config_source, saved.empty() ? kNoRunLength : saved,
                                         saved.empty() ? "the defaults" : "the run config saved with the weights");
   for (const auto& n : notes) log::info("evaluate: {}", n);
   c.model = source->model_config();
@@ -357,6 +360,8 @@ Command add_evaluate_command(CLI::App& parent) {
       "else the defaults; --section.key overrides any of them (e.g. --data.path other.h5). The model is the weights'.\n"
       "docs/training.md, \"Evaluating weights\".");
   c.launch = Launch::Mpi;
+  // Before MPI, --config and the overrides (the checkpoint's saved config is read once the ranks run).
+  c.startup_timeout = [o] { return o->args.startup_timeout(kNoRunLength); };
   c.run = [o](Runtime* rt) { return run_evaluate(*o, rt); };
   return c;
 }

@@ -32,6 +32,9 @@ struct Command {
   // MPI commands: called before MPI_Init (set-up that must cover MPI's and the Runtime's start, which on a large job
   // takes minutes: NCCL's communicators). Empty: none.
   std::function<void()> before_mpi;
+  // MPI commands with a configuration: its fsdp.startup_timeout, read before MPI_Init, which times MPI's and the
+  // Runtime's start (main.cpp). Empty: the default's.
+  std::function<double()> startup_timeout;
 };
 
 // Options shared by every subcommand (they may follow the subcommand name).

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "command.hpp"
+#include "shardtrain/runtime/deadline.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -52,6 +53,30 @@ int fail(const std::exception& e, ExitCode code) {
   log::error("{}: {}", exit_code_name(code), e.what());
   return static_cast<int>(code);
 }
+
+// The start before a command's own watch (train's StartupWatch): MPI_Init, the topology, CUDA's start and the GPU
+// identities exchanged among a machine's ranks. A rank that never starts (its node, its file system, the launcher's
+// daemon) holds every other rank in MPI_Init, and a GPU that stopped answering holds its rank in CUDA's start and
+// the machine's other ranks in the exchange, until the job's time limit, saying nothing. Every rank times its own
+// stages; one waiting on others gives the rank it waits for a moment to speak first (Deadline::Stretch::grace).
+[[noreturn]] void start_expired(const Deadline::Stretch& s) {
+  const bool mpi = MpiSession::active();
+  int rank = launcher_rank();
+  if (mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  else log::configure(LogConfig{rank, launcher_size(), LogLevel::Info, false});  // the Runtime had not yet
+  const std::string message = fmt::format(
+      "start-up: {} has not finished after {:g} s ({}) on rank {} ({}): a rank that did not start, or whose GPU stopped "
+      "answering (nvidia-smi on its node, Xid lines in its kernel log), holds the job until its time limit; ending the "
+      "job",
+      s.what, s.limit, s.key, rank, failure_record::node_name());
+  // Without MPI there is no abort to end the others: each rank ends itself, and the launcher's rank 0 speaks first.
+  if (!mpi && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);
+  MpiSession::abort(ExitCode::Timeout);
+}
+
+// Seconds a start-up stage that waits on other ranks gives the one it waits for to speak first.
+constexpr double kWaitGrace = 5;
 
 // Ranks per simulated node: a count a machine could hold (the flag, or SHARDTRAIN_RANKS_PER_NODE when the flag is
 // absent). Throws UsageError naming where the value came from.
@@ -237,8 +262,19 @@ int main(int argc, char** argv) {
   std::optional<MpiSession> session;
   try {
     if (selected->before_mpi) selected->before_mpi();
+    // Timed from here until the Runtime stands (start_expired): against the command's fsdp.startup_timeout, read from
+    // its configuration under the default's limit (a file system that does not answer holds the read too).
+    const double fallback = train::TrainConfig{}.fsdp.startup_timeout;
+    std::optional<Deadline> start(std::in_place, start_expired);
+    start->begin({"reading the configuration's fsdp.startup_timeout", fallback, "fsdp.startup_timeout's default"});
+    const double limit = selected->startup_timeout ? selected->startup_timeout() : fallback;
+    const std::string key = selected->startup_timeout ? "fsdp.startup_timeout" : "fsdp.startup_timeout's default";
+    start->begin({"MPI_Init (every rank of the job starts and reaches it)", limit, key, kWaitGrace});
     session.emplace(&argc, &argv);
-    Runtime runtime(*session, options);
+    Runtime runtime(*session, options, [&](std::string what, bool waits_on_others) {
+      start->begin({std::move(what), limit, key, waits_on_others ? kWaitGrace : 0.0});
+    });
+    start.reset();
     return selected->run(&runtime);
   } catch (const Error& e) {
     return fail(e, e.code());

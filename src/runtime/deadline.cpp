@@ -43,7 +43,7 @@ void Deadline::watch() {
     }
     // Due is worked out again at every wake: a new stretch may have begun meanwhile.
     const auto due = started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(stretch_.limit));
+                                    std::chrono::duration<double>(stretch_.limit + stretch_.grace));
     if (std::chrono::steady_clock::now() >= due) {
       const Stretch expired = stretch_;
       lock.unlock();

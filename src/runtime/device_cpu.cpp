@@ -35,7 +35,7 @@ bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "shardtrain was built without CUDA"; }
 
-Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm) {
+Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm, const StartupStage&) {
   if (pref == DevicePreference::Cuda) no_cuda("--device cuda");
   if (pref == DevicePreference::Auto && topo.world_rank == 0) log::info("built without CUDA: using the CPU backend");
   return Device{};

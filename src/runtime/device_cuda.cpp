@@ -64,9 +64,14 @@ std::string uuid_text(const cudaUUID_t& u) {
 
 }  // namespace
 
-Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machine) {
+Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machine, const StartupStage& stage) {
   Device d;
   if (pref == DevicePreference::Cpu) return d;  // every rank: the preference is the job's
+  const auto exchange = [&] {
+    if (stage) stage("the exchange of GPU identities among this machine's ranks", true);
+    find_ranks_sharing(d, topo.world_rank, machine);
+  };
+  if (stage) stage("CUDA's start on this rank (its GPUs, the one it takes, that GPU's identity)", false);
   const int count = cuda_device_count();
   if (count == 0) {
     if (pref == DevicePreference::Cuda) {
@@ -81,7 +86,7 @@ Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machi
                               present, cuda_unavailable_reason()));
     }
     if (topo.world_rank == 0) log::info("no CUDA device found ({}): using the CPU backend", cuda_unavailable_reason());
-    find_ranks_sharing(d, topo.world_rank, machine);  // the machine's other ranks may have GPUs: the exchange is collective
+    exchange();  // the machine's other ranks may have GPUs: the exchange is collective
     return d;
   }
   // The rank's place on the machine, not in its (maybe simulated) node: ranks of two simulated nodes on one
@@ -100,7 +105,7 @@ Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machi
   ST_CHECK_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, d.index));
   d.pci_bus_id = bus;
   for (char& c : d.pci_bus_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  find_ranks_sharing(d, topo.world_rank, machine);
+  exchange();
   return d;
 }
 

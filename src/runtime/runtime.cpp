@@ -10,10 +10,11 @@
 
 namespace shardtrain {
 
-Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options) : options_(options) {
+Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options, const StartupStage& stage) : options_(options) {
   log::configure(LogConfig{session.world_rank(), session.world_size(), options.log_level, options.log_all_ranks});
   const int rpn = options.ranks_per_node > 0 ? options.ranks_per_node : ranks_per_node_from_env();
   options_.ranks_per_node = rpn;
+  if (stage) stage("the ranks' topology (their hosts and nodes)", true);
   topology_ = discover_topology(MPI_COMM_WORLD, rpn);
   // Simulated nodes share one machine: the cores are split among all ranks, not among a node's.
   const int sharing = std::max(1, topology_.simulated_nodes ? topology_.world_size : topology_.local_size);
@@ -37,7 +38,7 @@ Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options) : opt
         b.cores_at_start, b.allowed / sharing, b.reason, host_threads_);
   }
   machine_ = machine_comm(MPI_COMM_WORLD);
-  device_ = select_device(topology_, options.device, machine_.get());
+  device_ = select_device(topology_, options.device, machine_.get(), stage);
 }
 
 }  // namespace shardtrain

@@ -9,6 +9,9 @@ nodes of 2 on one machine whose emulated GPUs have UUIDs and PCI bus ids, bound 
 - every GPU visible but fewer GPUs than ranks on the machine (two simulated nodes, one machine) -> MPI;
 - comm_backend = "nccl" on a shared GPU -> one clear error, exit code 3 (docs/exit-codes.md), from `env` and
   from `train`;
+- a GPU that stopped answering (SHARDTRAIN_CUDA_EMULATOR_HUNG=1 on rank 1: its first CUDA call never returns) ends
+  the job with exit code 10 after fsdp.startup_timeout, in one line from rank 1 naming CUDA's start (the other
+  ranks, waiting in the exchange of GPU identities, give it the first word);
 and the emulator's reading of CUDA_VISIBLE_DEVICES (an entry naming no GPU ends the list; an empty list hides all).
 `shardtrain env --json` gives each rank's GPU identity and the backend with its reason; `train` runs one step
 on a small dataset made here (a 512-token BPE of the fetched Moby Dick)."""
@@ -16,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import clitest  # noqa: E402
@@ -124,6 +128,23 @@ rc, log, _ = train("train_nccl_refused", shared_pairs, "--fsdp.comm_backend", "n
 check(rc == 3, f"train --fsdp.comm_backend nccl on shared GPUs: exit code {rc}, expected 3: {log[-600:]}")
 check(len([l for l in log.splitlines() if nccl_refused in l and "configuration error" in l]) == 1,
       f"train --fsdp.comm_backend nccl: one configuration error naming the ranks and the GPU: {log[-800:]}")
+
+
+# ---- a GPU that stopped answering: rank 1 hangs in CUDA's start, the others in the exchange of GPU identities
+hung_cli = ["--device", "cuda", "train", "--config", config, "--data.path", dataset, "--model.vocab_size", "512",
+            "--logging.run_dir", os.path.join(work, "hung"), "--fsdp.startup_timeout", "3"]  # resolves: one that does not gets 1800 s
+hung_env = dict(os.environ, SHARDTRAIN_CUDA_EMULATOR_DEVICES="4")
+hung_env.pop("CUDA_VISIBLE_DEVICES", None)
+hung_env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+started = time.time()
+p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "1", args.shardtrain, *hung_cli, ":", "-np", "1", "env",
+                    "SHARDTRAIN_CUDA_EMULATOR_HUNG=1", args.shardtrain, *hung_cli, ":", "-np", "1", args.shardtrain, *hung_cli],
+                   capture_output=True, text=True, timeout=120, env=hung_env)
+lines = [l for l in (p.stdout + p.stderr).splitlines() if "start-up:" in l]
+check(p.returncode == 10, f"a hung GPU: exit code {p.returncode}, expected 10: {p.stderr[-800:]}")
+check(len(lines) == 1 and "start-up: CUDA's start on this rank (its GPUs, the one it takes, that GPU's identity) has not "
+      "finished after 3 s (fsdp.startup_timeout) on rank 1 (" in lines[0], f"a hung GPU: rank 1's line, once: {lines}")
+check(time.time() - started < 60, f"a hung GPU: the job ended {time.time() - started:.0f} s after its start")
 
 
 def first_loss(run_dir):

@@ -10,11 +10,16 @@
 // ends at the first entry that names no device (or one already listed), and a list naming none leaves no
 // device (cudaGetDeviceCount fails with cudaErrorNoDevice). So a rank that sees "2" has one device, ordinal
 // 0, with physical device 2's identity.
+//
+// SHARDTRAIN_CUDA_EMULATOR_HUNG=1 makes this process's GPU one that stopped answering (fallen off the bus): its
+// first call, cudaGetDeviceCount, never returns, as the driver's first call hangs on such a node.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -128,6 +133,8 @@ using namespace shardtrain::cuda_emulator;  // NOLINT: the C API below is this f
 extern "C" {
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  if (const char* s = std::getenv("SHARDTRAIN_CUDA_EMULATOR_HUNG"); s && std::string(s) == "1")
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   *count = static_cast<int>(devices().visible.size());
   if (*count > 0) return cudaSuccess;
   // The runtime's answer (silent) when CUDA_VISIBLE_DEVICES hides every device.

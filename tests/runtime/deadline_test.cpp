@@ -55,5 +55,19 @@ TEST(Deadline, BeginAtTimesFromAnEarlierStart) {
   EXPECT_EQ(expired.future.get().what, "the asynchronous save of step 8");
 }
 
+TEST(Deadline, AStretchThatWaitsOnOthersExpiresNoSoonerThanItsLimitAndGrace) {
+  // A rank waiting in a collective gives the rank it waits for, timed by its own deadline, time to speak first.
+  Expired expired;
+  Deadline deadline(expired.callback());
+  const auto begun = std::chrono::steady_clock::now();
+  deadline.begin({"the exchange of GPU identities", 0.05, "fsdp.startup_timeout", 0.5});
+  ASSERT_EQ(expired.future.wait_for(60s), std::future_status::ready);
+  const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
+  const Deadline::Stretch s = expired.future.get();
+  EXPECT_GE(waited, 0.55);   // a lower bound only: a busy machine fires later, never sooner
+  EXPECT_EQ(s.limit, 0.05);  // the message names the limit the setting gave
+  EXPECT_EQ(s.grace, 0.5);
+}
+
 }  // namespace
 }  // namespace shardtrain

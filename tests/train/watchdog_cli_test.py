@@ -12,7 +12,9 @@
 - start-up (fsdp.startup_timeout 3): stall:1@start (rank 1 held up as it opens the datasets, a file system that
   stopped answering) ends the job with exit 10, rank 1's line naming that stage, itself and the key; freeze:1@start
   (rank 1 stopped whole) too, rank 0's line naming the collective stage it waits in; a run whose steps last past the
-  limit (slow_step) finishes: the watch ends with the start-up;
+  limit (slow_step) finishes: the watch ends with the start-up; a rank that never starts (mpirun's second program
+  is `sleep`, which never reaches MPI_Init) ends the job with exit 10 from rank 0's line naming MPI_Init (before,
+  rank 0 waited in MPI_Init until the job's time limit);
 - failure records (RUN_DIR/failures/rank_N.json, what a Slurm job reads to restart elsewhere): the ranks run
   as two named nodes (SLURMD_NODENAME per rank); a stalled or frozen rank 1 makes rank 0's record name rank 1's
   node as the suspect; device_error:1@3@nodeB fails on rank 1 with exit 7 and its record names nodeB, while
@@ -39,8 +41,9 @@ work = clitest.fresh_workdir(args)
 tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
 
 
-def train(name, np=2, fault=None, extra=(), nodes=None, fresh=True):
-    """nodes: one Slurm node name per rank (SLURMD_NODENAME, set per rank through mpirun's MPMD form)."""
+def train(name, np=2, fault=None, extra=(), nodes=None, fresh=True, absent=False):
+    """nodes: one Slurm node name per rank (SLURMD_NODENAME, set per rank through mpirun's MPMD form). absent: the
+    last rank is a program that never starts MPI (sleep)."""
     env = dict(os.environ)
     env.pop("SHARDTRAIN_FAULT", None)
     env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
@@ -58,6 +61,8 @@ def train(name, np=2, fault=None, extra=(), nodes=None, fresh=True):
         cmd = [args.mpiexec, "--oversubscribe"]
         for i, node in enumerate(nodes):
             cmd += ([":"] if i else []) + ["-np", "1", "-x", f"SLURMD_NODENAME={node}", *program]
+    elif absent:
+        cmd = [args.mpiexec, "--oversubscribe", "-np", str(np - 1), *program, ":", "-np", "1", "sleep", "120"]
     else:
         cmd = [args.mpiexec, "--oversubscribe", "-np", str(np), *program]
     if fresh:
@@ -137,6 +142,7 @@ runs = {
     "combined": start("combined", fault="nan_grad:2;stall:1@3"),
     "start-stalled": start("start-stalled", fault="stall:1@start", extra=("--fsdp.startup_timeout", "3")),
     "start-frozen": start("start-frozen", fault="freeze:1@start", extra=("--fsdp.startup_timeout", "3")),
+    "start-absent": start("start-absent", absent=True, extra=("--fsdp.startup_timeout", "3")),
     "start-disarmed": start("start-disarmed", fault="slow_step:400",
                             extra=("--fsdp.startup_timeout", "3", "--logging.peak_flops", "1e12")),
     **{f"bad-{i}": start(f"bad-{i}", fault=fault) for i, (fault, _) in enumerate(BAD_FAULTS)},
@@ -235,6 +241,12 @@ check(any(re.search(r"start-up: (the ranks' agreement on the configuration|claim
                     r"finished after 3 s \(fsdp.startup_timeout\) on rank 0 \(", l) for l in lines),
       f"rank 0, waiting for the stopped rank in a collective stage, says so: {lines}")
 check(secs < 60, f"freeze:1@start: the job ended {secs:.0f} s after start")
+rc, err, secs = runs["start-absent"].result()
+lines = startup_lines(err)
+check(rc == 10, f"a rank that never starts: exit {rc}, expected 10: {err[-1500:]}")
+check(len(lines) == 1 and "start-up: MPI_Init (every rank of the job starts and reaches it) has not finished after 3 s "
+      "(fsdp.startup_timeout) on rank 0 (" in lines[0], f"rank 0, waiting in MPI_Init, says so once: {lines}")
+check(secs < 60, f"a rank that never starts: the job ended {secs:.0f} s after start")
 rc, err, secs = runs["start-disarmed"].result()
 check(rc == 0 and not startup_lines(err) and "loss" in err and secs > 4,
       f"12 steps of 400 ms past a 3 s start-up limit: exit {rc} after {secs:.1f} s: {startup_lines(err)} {err[-800:]}")

@@ -21,6 +21,10 @@ class Deadline {
     std::string what;  // "opening the datasets"
     double limit = 0;  // seconds; 0: not timed
     std::string key;   // the setting that sets the limit, for the message ("fsdp.collective_timeout")
+    // Seconds past the limit before a stretch that waits on other ranks expires: every rank times its own stretch,
+    // and the rank they wait for, held up in a stretch of its own, is the one that knows what is wrong and speaks
+    // first (its abort ends the others). 0 for a stretch that does not wait on other ranks.
+    double grace = 0;
   };
   using Expire = std::function<void(const Stretch&)>;
 

@@ -67,7 +67,10 @@ std::string gpus_present_but_unreachable(const std::string& gpus_dir, const char
 // counts the ranks on the same physical GPU, however each one numbers it. The CPU otherwise.
 // Auto on a machine without GPUs logs one notice on rank 0 (and throws a Device error where the driver lists
 // GPUs CUDA cannot reach: gpus_present_but_unreachable). Cuda without GPUs throws a Device error.
-Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machine);
+// `stage`, where given, is told when each part begins (CUDA's start on this rank, then the exchange among the
+// machine's ranks), for the start-up's deadline (main.cpp): a GPU that stopped answering hangs the first part.
+using StartupStage = std::function<void(std::string what, bool waits_on_others)>;
+Device select_device(const Topology& topo, DevicePreference pref, MPI_Comm machine, const StartupStage& stage = {});
 
 // A non-owning stream handle (cudaStream_t on the CUDA backend, null = the default/host stream).
 struct StreamRef {

@@ -23,8 +23,9 @@ class Runtime {
  public:
   // Collective over MPI_COMM_WORLD: configures logging, discovers the topology, releases Open MPI's default
   // one-core binding (cpu_binding.hpp), sizes host thread pools to the cores this rank can use (and sets
-  // OpenMP's default thread count to it), and selects the device.
-  Runtime(const MpiSession& session, const RuntimeOptions& options);
+  // OpenMP's default thread count to it), and selects the device. `stage`, where given, is told as each collective
+  // part begins (the topology, then select_device's), for the start-up's deadline (main.cpp).
+  Runtime(const MpiSession& session, const RuntimeOptions& options, const StartupStage& stage = {});
 
   const Topology& topology() const { return topology_; }
   const Device& device() const { return device_; }
