@@ -361,7 +361,11 @@ Command add_evaluate_command(CLI::App& parent) {
       "docs/training.md, \"Evaluating weights\".");
   c.launch = Launch::Mpi;
   // Before MPI, --config and the overrides (the checkpoint's saved config is read once the ranks run).
-  c.startup_timeout = [o] { return o->args.startup_timeout(kNoRunLength); };
+  c.start_settings = [o] {
+    StartSettings s;
+    if (const auto config = o->args.resolve_quietly(kNoRunLength)) s = {config->fsdp.startup_timeout, true, ""};
+    return s;
+  };
   c.run = [o](Runtime* rt) { return run_evaluate(*o, rt); };
   return c;
 }

@@ -194,7 +194,12 @@ Command add_train_command(CLI::App& parent) {
   auto o = std::make_shared<TrainOptions>();
   Command c;
   c.before_mpi = train::PreemptionHooks::catch_signals_from_now;
-  c.startup_timeout = [o] { return o->args.startup_timeout(); };
+  c.start_settings = [o] {
+    StartSettings s;
+    if (const auto config = o->args.resolve_quietly())
+      s = {config->fsdp.startup_timeout, true, config->logging.run_dir};
+    return s;
+  };
   c.app = parent.add_subcommand("train",
                                 "train a Llama model with FSDP from a TOML config (--section.key value overrides any key)");
   o->args.add_to(c.app);

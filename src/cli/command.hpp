@@ -24,6 +24,14 @@ namespace shardtrain::cli {
 
 enum class Launch { Offline, Mpi };
 
+// The start before the command's own (main.cpp): its limit, and the run directory whose failures/ gets this rank's
+// record when it expires (a GPU that stopped answering names its node, for the Slurm scripts to leave it out).
+struct StartSettings {
+  double timeout = 0;       // fsdp.startup_timeout, where configured
+  bool configured = false;  // else the default's
+  std::string run_dir;      // logging.run_dir; "" for none
+};
+
 struct Command {
   CLI::App* app = nullptr;
   Launch launch = Launch::Offline;
@@ -32,9 +40,9 @@ struct Command {
   // MPI commands: called before MPI_Init (set-up that must cover MPI's and the Runtime's start, which on a large job
   // takes minutes: NCCL's communicators). Empty: none.
   std::function<void()> before_mpi;
-  // MPI commands with a configuration: its fsdp.startup_timeout, read before MPI_Init, which times MPI's and the
-  // Runtime's start (main.cpp). Empty: the default's.
-  std::function<double()> startup_timeout;
+  // MPI commands with a configuration: what of it times MPI's and the Runtime's start (main.cpp), read before MPI_Init.
+  // Empty: the defaults.
+  std::function<StartSettings()> start_settings;
 };
 
 // Options shared by every subcommand (they may follow the subcommand name).

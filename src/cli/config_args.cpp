@@ -63,13 +63,13 @@ train::TrainConfig ConfigArgs::resolve(std::vector<std::string>& notes, std::str
   return c;
 }
 
-double ConfigArgs::startup_timeout(std::string_view base_toml) const noexcept {
+std::optional<train::TrainConfig> ConfigArgs::resolve_quietly(std::string_view base_toml) const noexcept {
   try {
     std::vector<std::string> notes;
     std::string source;
-    return resolve(notes, source, base_toml, "the defaults").fsdp.startup_timeout;
+    return resolve(notes, source, base_toml, "the defaults");
   } catch (...) {
-    return train::TrainConfig{}.fsdp.startup_timeout;
+    return std::nullopt;
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,9 @@ struct ConfigArgs {
   // --config the defaults and then `base_toml` (named `base_source`) take the file's place.
   train::TrainConfig resolve(std::vector<std::string>& notes, std::string& source, std::string_view base_toml = {},
                              const std::string& base_source = {}) const;
-  // fsdp.startup_timeout as resolve(base_toml) gives it, read before MPI starts; the default where the configuration
-  // does not resolve (the command says why, once it runs).
-  double startup_timeout(std::string_view base_toml = {}) const noexcept;
+  // The configuration as resolve(base_toml) gives it, read before MPI starts for what times the start; nullopt where
+  // it does not resolve (the command says why, once it runs).
+  std::optional<train::TrainConfig> resolve_quietly(std::string_view base_toml = {}) const noexcept;
 };
 
 }  // namespace shardtrain::cli

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string_view>
 #include <thread>
+#include <vector>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -72,6 +73,9 @@ int fail(const std::exception& e, ExitCode code) {
   // Without MPI there is no abort to end the others: each rank ends itself, and the launcher's rank 0 speaks first.
   if (!mpi && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);
+  // In logging.run_dir/failures/, where the run names one: a rank held up in a stretch of its own (CUDA's start) names
+  // its node, which the Slurm scripts leave out of the restart; one waiting on others cannot tell whom it waits for.
+  failure_record::write(ExitCode::Timeout, message, s.grace == 0 ? std::vector<int>{rank} : std::vector<int>{});
   MpiSession::abort(ExitCode::Timeout);
 }
 
@@ -267,14 +271,17 @@ int main(int argc, char** argv) {
     const double fallback = train::TrainConfig{}.fsdp.startup_timeout;
     std::optional<Deadline> start(std::in_place, start_expired);
     start->begin({"reading the configuration's fsdp.startup_timeout", fallback, "fsdp.startup_timeout's default"});
-    const double limit = selected->startup_timeout ? selected->startup_timeout() : fallback;
-    const std::string key = selected->startup_timeout ? "fsdp.startup_timeout" : "fsdp.startup_timeout's default";
+    const cli::StartSettings settings = selected->start_settings ? selected->start_settings() : cli::StartSettings{};
+    const double limit = settings.configured ? settings.timeout : fallback;
+    const std::string key = settings.configured ? "fsdp.startup_timeout" : "fsdp.startup_timeout's default";
+    if (!settings.run_dir.empty()) failure_record::enable_before_mpi(settings.run_dir, launcher_rank());
     start->begin({"MPI_Init (every rank of the job starts and reaches it)", limit, key, kWaitGrace});
     session.emplace(&argc, &argv);
     Runtime runtime(*session, options, [&](std::string what, bool waits_on_others) {
       start->begin({std::move(what), limit, key, waits_on_others ? kWaitGrace : 0.0});
     });
     start.reset();
+    failure_record::disable();  // the trainer enables records once its start is validated (a bad config leaves none)
     return selected->run(&runtime);
   } catch (const Error& e) {
     return fail(e, e.code());

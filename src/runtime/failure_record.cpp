@@ -230,6 +230,14 @@ void enable(const std::string& run_dir, MPI_Comm world) {
   prepare_crash_record(s.dir, rank, name);
 }
 
+void enable_before_mpi(const std::string& run_dir, int rank) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  s.dir = (std::filesystem::path(run_dir) / "failures").string();
+  s.rank = rank;
+  s.nodes.clear();  // node_name() stands for this rank's
+}
+
 void disable() {
   g_crash_ready.store(false);
   State& s = state();
@@ -283,8 +291,10 @@ std::vector<std::string> suspects(ExitCode code, const std::string& message, con
   if (code == ExitCode::Device && !out_of_memory(message))
     add(s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)]);
   if (code == ExitCode::Timeout) {
-    for (const int r : suspect_ranks)
+    for (const int r : suspect_ranks) {
       if (r >= 0 && static_cast<size_t>(r) < s.nodes.size()) add(s.nodes[static_cast<size_t>(r)]);
+      else if (r == s.rank && s.nodes.empty()) add(node_name());  // before MPI: only this rank's own node is known
+    }
   }
   return out;
 }

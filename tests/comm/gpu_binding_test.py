@@ -11,12 +11,14 @@ nodes of 2 on one machine whose emulated GPUs have UUIDs and PCI bus ids, bound 
   from `train`;
 - a GPU that stopped answering (SHARDTRAIN_CUDA_EMULATOR_HUNG=1 on rank 1: its first CUDA call never returns) ends
   the job with exit code 10 after fsdp.startup_timeout, in one line from rank 1 naming CUDA's start (the other
-  ranks, waiting in the exchange of GPU identities, give it the first word);
+  ranks, waiting in the exchange of GPU identities, give it the first word), and rank 1's failure record in the
+  run directory names its node for the Slurm scripts to leave out;
 and the emulator's reading of CUDA_VISIBLE_DEVICES (an entry naming no GPU ends the list; an empty list hides all).
 `shardtrain env --json` gives each rank's GPU identity and the backend with its reason; `train` runs one step
 on a small dataset made here (a 512-token BPE of the fetched Moby Dick)."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -136,6 +138,7 @@ hung_cli = ["--device", "cuda", "train", "--config", config, "--data.path", data
 hung_env = dict(os.environ, SHARDTRAIN_CUDA_EMULATOR_DEVICES="4")
 hung_env.pop("CUDA_VISIBLE_DEVICES", None)
 hung_env.pop("SHARDTRAIN_RANKS_PER_NODE", None)
+hung_env.pop("SLURMD_NODENAME", None)
 started = time.time()
 p = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "1", args.shardtrain, *hung_cli, ":", "-np", "1", "env",
                     "SHARDTRAIN_CUDA_EMULATOR_HUNG=1", args.shardtrain, *hung_cli, ":", "-np", "1", args.shardtrain, *hung_cli],
@@ -145,6 +148,13 @@ check(p.returncode == 10, f"a hung GPU: exit code {p.returncode}, expected 10: {
 check(len(lines) == 1 and "start-up: CUDA's start on this rank (its GPUs, the one it takes, that GPU's identity) has not "
       "finished after 3 s (fsdp.startup_timeout) on rank 1 (" in lines[0], f"a hung GPU: rank 1's line, once: {lines}")
 check(time.time() - started < 60, f"a hung GPU: the job ended {time.time() - started:.0f} s after its start")
+# Its record, for the Slurm scripts' restart: restartable, naming rank 1's node as the one to leave out.
+records = os.path.join(work, "hung", "failures")
+names = sorted(os.listdir(records)) if os.path.isdir(records) else []
+record = json.load(open(os.path.join(records, "rank_00001.json"))) if "rank_00001.json" in names else {}
+check(names == ["rank_00001.json"] and record.get("exit_code") == 10 and record.get("restartable") is True
+      and record.get("suspect_nodes") == [socket.gethostname()] and record.get("rank") == 1,
+      f"a hung GPU: rank 1's failure record names its node: {names} {record}")
 
 
 def first_loss(run_dir):
