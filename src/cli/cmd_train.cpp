@@ -196,8 +196,7 @@ Command add_train_command(CLI::App& parent) {
   c.before_mpi = train::PreemptionHooks::catch_signals_from_now;
   c.start_settings = [o] {
     StartSettings s;
-    if (const auto config = o->args.resolve_quietly())
-      s = {config->fsdp.startup_timeout, true, config->logging.run_dir};
+    if (const auto config = o->args.resolve_quietly()) s = {config->fsdp.startup_timeout, true, config->logging.run_dir};
     return s;
   };
   c.app = parent.add_subcommand("train",
