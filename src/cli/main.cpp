@@ -60,7 +60,8 @@ int fail(const std::exception& e, ExitCode code) {
 // daemon) holds every other rank in MPI_Init, and a GPU that stopped answering holds its rank in CUDA's start and
 // the machine's other ranks in the exchange, until the job's time limit, saying nothing. Every rank times its own
 // stages; one waiting on others gives the rank it waits for a moment to speak first (Deadline::Stretch::grace).
-[[noreturn]] void start_expired(const Deadline::Stretch& s) {
+// `run_dir`: logging.run_dir where the run names one, for this rank's failure record.
+[[noreturn]] void start_expired(const Deadline::Stretch& s, const std::string& run_dir) {
   const bool mpi = MpiSession::active();
   int rank = launcher_rank();
   if (mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -73,9 +74,12 @@ int fail(const std::exception& e, ExitCode code) {
   // Without MPI there is no abort to end the others: each rank ends itself, and the launcher's rank 0 speaks first.
   if (!mpi && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);
-  // In logging.run_dir/failures/, where the run names one: a rank held up in a stretch of its own (CUDA's start) names
-  // its node, which the Slurm scripts leave out of the restart; one waiting on others cannot tell whom it waits for.
-  failure_record::write(ExitCode::Timeout, message, s.grace == 0 ? std::vector<int>{rank} : std::vector<int>{});
+  // In run_dir/failures/: a rank held up in a stretch of its own (CUDA's start) names its node, which the Slurm
+  // scripts leave out of the restart; one waiting on others cannot tell whom it waits for.
+  if (!run_dir.empty()) {
+    failure_record::enable_this_rank(run_dir, rank);
+    failure_record::write(ExitCode::Timeout, message, s.grace == 0 ? std::vector<int>{rank} : std::vector<int>{});
+  }
   MpiSession::abort(ExitCode::Timeout);
 }
 
@@ -266,22 +270,19 @@ int main(int argc, char** argv) {
   std::optional<MpiSession> session;
   try {
     if (selected->before_mpi) selected->before_mpi();
-    // Timed from here until the Runtime stands (start_expired): against the command's fsdp.startup_timeout, read from
-    // its configuration under the default's limit (a file system that does not answer holds the read too).
-    const double fallback = train::TrainConfig{}.fsdp.startup_timeout;
-    std::optional<Deadline> start(std::in_place, start_expired);
-    start->begin({"reading the configuration's fsdp.startup_timeout", fallback, "fsdp.startup_timeout's default"});
+    // Timed from MPI_Init until the Runtime stands (start_expired), against the command's fsdp.startup_timeout. (A rank
+    // whose file system holds the configuration's read holds the others in MPI_Init: they speak.)
     const cli::StartSettings settings = selected->start_settings ? selected->start_settings() : cli::StartSettings{};
-    const double limit = settings.configured ? settings.timeout : fallback;
+    const double limit = settings.configured ? settings.timeout : train::TrainConfig{}.fsdp.startup_timeout;
     const std::string key = settings.configured ? "fsdp.startup_timeout" : "fsdp.startup_timeout's default";
-    if (!settings.run_dir.empty()) failure_record::enable_before_mpi(settings.run_dir, launcher_rank());
+    std::optional<Deadline> start(std::in_place,
+                                  [run_dir = settings.run_dir](const Deadline::Stretch& s) { start_expired(s, run_dir); });
     start->begin({"MPI_Init (every rank of the job starts and reaches it)", limit, key, kWaitGrace});
     session.emplace(&argc, &argv);
     Runtime runtime(*session, options, [&](std::string what, bool waits_on_others) {
       start->begin({std::move(what), limit, key, waits_on_others ? kWaitGrace : 0.0});
     });
     start.reset();
-    failure_record::disable();  // the trainer enables records once its start is validated (a bad config leaves none)
     return selected->run(&runtime);
   } catch (const Error& e) {
     return fail(e, e.code());

@@ -230,7 +230,7 @@ void enable(const std::string& run_dir, MPI_Comm world) {
   prepare_crash_record(s.dir, rank, name);
 }
 
-void enable_before_mpi(const std::string& run_dir, int rank) {
+void enable_this_rank(const std::string& run_dir, int rank) {
   State& s = state();
   std::lock_guard lock(s.mutex);
   s.dir = (std::filesystem::path(run_dir) / "failures").string();
@@ -293,7 +293,7 @@ std::vector<std::string> suspects(ExitCode code, const std::string& message, con
   if (code == ExitCode::Timeout) {
     for (const int r : suspect_ranks) {
       if (r >= 0 && static_cast<size_t>(r) < s.nodes.size()) add(s.nodes[static_cast<size_t>(r)]);
-      else if (r == s.rank && s.nodes.empty()) add(node_name());  // before MPI: only this rank's own node is known
+      else if (r == s.rank && s.nodes.empty()) add(node_name());  // enable_this_rank: only its own node is known
     }
   }
   return out;

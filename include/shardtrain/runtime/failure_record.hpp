@@ -26,9 +26,10 @@ std::string node_name();
 // Collective over `world`: gathers every rank's node name (so a rank can name the nodes of others), records
 // that failures go to run_dir/failures/, and prepares the crash record and its signal handlers.
 void enable(const std::string& run_dir, MPI_Comm world);
-void disable();  // tests; main, once the start it times is over
-// Before MPI: records of this rank (`rank`: the launcher's) go to run_dir/failures/, naming only this rank's own node.
-void enable_before_mpi(const std::string& run_dir, int rank);
+void disable();  // tests
+// Records of this rank go to run_dir/failures/, naming only this rank's own node: for a failure before the others'
+// names are gathered (main.cpp: the start's deadline, from MPI_Init on).
+void enable_this_rank(const std::string& run_dir, int rank);
 
 void set_step(int64_t step);  // the step in progress, written into records (-1: none yet)
 
