@@ -26,12 +26,14 @@ struct State {
   std::mutex mutex;
   std::string dir;  // "" = not enabled
   int rank = 0;
-  std::vector<std::string> nodes;  // by world rank
+  std::vector<std::string> nodes;  // by world rank; empty where they were not gathered (enable_this_rank)
 };
 State& state() {
   static State s;
   return s;
 }
+
+std::string node_name_of(const State& s, int rank);  // below node_name()
 std::atomic<int64_t> g_step{-1};
 
 bool out_of_memory(const std::string& message) {
@@ -208,6 +210,17 @@ std::string node_name() {
   return host.data();
 }
 
+namespace {
+
+// World rank `rank`'s node as gathered by enable(); this rank's own from node_name() where none were gathered; ""
+// for a rank whose node is not known.
+std::string node_name_of(const State& s, int rank) {
+  if (rank >= 0 && static_cast<size_t>(rank) < s.nodes.size()) return s.nodes[static_cast<size_t>(rank)];
+  return s.nodes.empty() && rank == s.rank ? node_name() : std::string();
+}
+
+}  // namespace
+
 void enable(const std::string& run_dir, MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
@@ -235,7 +248,7 @@ void enable_this_rank(const std::string& run_dir, int rank) {
   std::lock_guard lock(s.mutex);
   s.dir = (std::filesystem::path(run_dir) / "failures").string();
   s.rank = rank;
-  s.nodes.clear();  // node_name() stands for this rank's
+  s.nodes.clear();  // node_name_of: this rank's own node only
 }
 
 void disable() {
@@ -288,13 +301,9 @@ std::vector<std::string> suspects(ExitCode code, const std::string& message, con
   auto add = [&](const std::string& n) {
     if (!n.empty() && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   };
-  if (code == ExitCode::Device && !out_of_memory(message))
-    add(s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)]);
+  if (code == ExitCode::Device && !out_of_memory(message)) add(node_name_of(s, s.rank));
   if (code == ExitCode::Timeout) {
-    for (const int r : suspect_ranks) {
-      if (r >= 0 && static_cast<size_t>(r) < s.nodes.size()) add(s.nodes[static_cast<size_t>(r)]);
-      else if (r == s.rank && s.nodes.empty()) add(node_name());  // enable_this_rank: only its own node is known
-    }
+    for (const int r : suspect_ranks) add(node_name_of(s, r));
   }
   return out;
 }
@@ -315,7 +324,7 @@ std::string record_line(ExitCode code, const std::string& message, const std::ve
   {
     std::lock_guard lock(s.mutex);
     rank = s.rank;
-    node = s.nodes.empty() ? node_name() : s.nodes[static_cast<size_t>(s.rank)];
+    node = node_name_of(s, s.rank);
   }
   return fmt::format(
              R"({{"exit_code":{},"kind":{},"rank":{},"node":{},"step":{},"restartable":{},"suspect_nodes":[{}],"message":{}}})",
