@@ -226,10 +226,33 @@ nlohmann::json hf_generation_config(const SpecialRoles& roles) {
   return j;
 }
 
+// The file system's reason (ENOSPC, EDQUOT, EFBIG...) after a failed stream operation, as ": reason", or "".
+std::string os_reason() { return errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string(); }
+
+std::ofstream open_for_writing(const fs::path& p, std::ios::openmode mode = std::ios::out) {
+  errno = 0;
+  std::ofstream out(p, mode);
+  if (!out) throw IoError(fmt::format("{}: cannot create{}", p.string(), os_reason()));
+  return out;
+}
+
+// Closes a file written through `out` and flushes it to disk. The close writes what the stream still buffers: a small
+// file's every byte. Unchecked, a full disk left a short config.json in an output published as complete.
+void close_written(std::ofstream& out, const fs::path& p) {
+  errno = 0;
+  out.close();
+  if (!out) throw IoError(fmt::format("{}: cannot write{}", p.string(), os_reason()));
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  const int rc = fd < 0 ? -1 : ::fsync(fd);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (rc != 0) throw IoError(fmt::format("{}: cannot flush it to disk: {}", p.string(), std::strerror(err)));
+}
+
 void write_json(const fs::path& p, const nlohmann::json& j) {
-  std::ofstream out(p);
+  std::ofstream out = open_for_writing(p);
   out << j.dump(2) << "\n";
-  if (!out) throw IoError(fmt::format("{}: cannot write", p.string()));
+  close_written(out, p);
 }
 
 // tokenizer_config.json: the class AutoTokenizer builds, the special tokens by their text (without them
@@ -323,7 +346,7 @@ uint64_t write_safetensors_at(const fs::path& path, const std::vector<const Tens
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary);
+  std::ofstream out = open_for_writing(path, std::ios::binary);
   const uint64_t n = text.size();
   for (int b = 0; b < 8; ++b) out.put(static_cast<char>((n >> (8 * b)) & 0xff));  // little-endian u64
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -337,8 +360,10 @@ uint64_t write_safetensors_at(const fs::path& path, const std::vector<const Tens
     } else {
       out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
     }
+    // Said at once, while errno is the write's: the next tensor's read sets it again.
+    if (!out) throw IoError(fmt::format("{}: cannot write {}{}", path.string(), t->name, os_reason()));
   }
-  if (!out) throw IoError(fmt::format("{}: cannot write", path.string()));
+  close_written(out, path);
   return at;
 }
 

@@ -23,7 +23,13 @@ namespace shardtrain::checkpoint {
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08}", step); }
 
-bool is_complete(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kDoneFile); }
+bool is_complete(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(fs::path(dir) / kDoneFile, ec);
+  // A marker there but unreadable (no permission, a folder it may not enter) counts: the loader then says why, where
+  // asking threw a file system error (exit 8) out of every listing, and --resume auto fell back to nothing.
+  return st.type() == fs::file_type::regular || (ec && st.type() != fs::file_type::not_found);
+}
 
 std::optional<int64_t> parse_step_dir(const std::string& name) {
   if (name.size() != 13 || name.rfind("step_", 0) != 0) return std::nullopt;
@@ -41,7 +47,7 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const auto step = parse_step_dir(e.path().filename().string());
-    if (step && e.is_directory() && is_complete(e.path().string())) out.emplace_back(*step, e.path().string());
+    if (step && e.is_directory(ec) && is_complete(e.path().string())) out.emplace_back(*step, e.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -94,14 +100,53 @@ bool holds_only_save_files(const std::string& path, uint64_t* files, uint64_t* b
   return ours && !ec;
 }
 
-std::string set_aside_foreign(const std::string& path) {
+namespace {
+
+// `path` renamed to PATH.foreign (-2, ...), beside it; "" with `why` set where the rename failed.
+std::string rename_foreign(const std::string& path, std::string& why) {
   std::string target = path + ".foreign";
   for (int k = 2; fs::exists(target); ++k) target = fmt::format("{}.foreign-{}", path, k);
   std::error_code ec;
   fs::rename(path, target, ec);
-  if (ec)
-    throw IoError(fmt::format("{} holds files a save does not write, and cannot be moved aside to {}: {}", path, target,
-                              ec.message()));
+  if (!ec) return target;
+  why = fmt::format("cannot be moved aside to {}: {}", target, ec.message());
+  return {};
+}
+
+// Removes a complete checkpoint the retention lets go. DONE goes first, so a removal cut short leaves an incomplete
+// directory, never a broken "complete" one. Only what a save writes is removed: anything else in it (a consolidated
+// export, a user's notes, another run's checkpoint.dir) stays, the folder renamed step_N.foreign, never deleted.
+void remove_checkpoint(const std::string& path) {
+  std::error_code ec;
+  fs::remove(fs::path(path) / kDoneFile, ec);
+  if (holds_only_save_files(path)) {
+    fs::remove_all(path, ec);
+    return;
+  }
+  std::vector<fs::path> ours;
+  for (const auto& f : fs::directory_iterator(path, ec))
+    if (!f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string())) ours.push_back(f.path());
+  for (const fs::path& f : ours) fs::remove(f, ec);
+  std::string why;
+  const std::string target = rename_foreign(path, why);
+  if (target.empty())
+    log::warn(
+        "checkpoint: removed the checkpoint's own files from {}, which holds files a save does not write: they stay "
+        "there, but the folder {}",
+        path, why);
+  else
+    log::warn(
+        "checkpoint: removed the checkpoint's own files from {}, which holds files a save does not write: they stay, "
+        "in the folder moved aside to {}",
+        path, target);
+}
+
+}  // namespace
+
+std::string set_aside_foreign(const std::string& path) {
+  std::string why;
+  const std::string target = rename_foreign(path, why);
+  if (target.empty()) throw IoError(fmt::format("{} holds files a save does not write, and {}", path, why));
   log::warn("checkpoint: {} holds files a save does not write: moved aside to {} (nothing in it was removed)", path, target);
   return target;
 }
@@ -223,7 +268,6 @@ std::vector<std::string> make_room(const std::string& dir, Retention retention, 
   if (retention.keep_last < 2) return removed;
   const auto all = complete_checkpoints(dir);  // oldest first
   const std::string healthy = newest_healthy(all);
-  std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) - 1 < all.size(); ++i) {
     if (available_bytes(dir) >= bytes) break;
     const auto& [step, path] = all[i];
@@ -231,8 +275,7 @@ std::vector<std::string> make_room(const std::string& dir, Retention retention, 
     log::warn(
         "checkpoint: {} free in {}, a checkpoint takes {}: removing {} before the save instead of after it (keep_last = {})",
         format_bytes(available_bytes(dir)), dir, format_bytes(bytes), path, retention.keep_last);
-    fs::remove(fs::path(path) / kDoneFile, ec);
-    fs::remove_all(path, ec);
+    remove_checkpoint(path);
     removed.push_back(path);
   }
   return removed;
@@ -251,7 +294,6 @@ void rotate(const std::string& dir, Retention retention, const std::string& keep
   const auto kept = parse_step_dir(fs::path(keep).filename().string());
   if (kept) std::erase_if(all, [&](const auto& c) { return c.first > *kept; });
   const std::string healthy = newest_healthy(all);
-  std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) < all.size(); ++i) {
     const auto& [step, path] = all[i];
     if (path == keep || (retention.keep_every > 0 && step % retention.keep_every == 0)) continue;  // a milestone
@@ -264,9 +306,7 @@ void rotate(const std::string& dir, Retention retention, const std::string& keep
     }
     log::info("checkpoint: removing {} (keep_last = {}{})", path, retention.keep_last,
               retention.keep_every > 0 ? fmt::format(", keep_every = {}", retention.keep_every) : std::string());
-    // DONE goes first, so a removal cut short leaves an incomplete directory, never a broken "complete" one.
-    fs::remove(fs::path(path) / kDoneFile, ec);
-    fs::remove_all(path, ec);
+    remove_checkpoint(path);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "paths.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 #include "shardtrain/runtime/log.hpp"
 
@@ -51,10 +52,16 @@ int64_t required_int(const hdf5::Handle& f, const std::string& name, const std::
 // Opening through the HDF5 helpers reports DataError; a checkpoint's files are checkpoint errors. Every file's
 // metadata (attributes, layouts, links) is checked against its checksums here, before anything is read from it.
 hdf5::Handle open_checkpoint_file(const std::string& path, MetadataSummary& summary) {
-  if (!fs::exists(path)) fail(path, "file is missing (an incomplete or damaged checkpoint)");
+  std::error_code ec;
+  if (fs::status(path, ec).type() == fs::file_type::not_found)
+    fail(path, "file is missing (an incomplete or damaged checkpoint)");
   hdf5::Handle f;
   try {
     f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
+  } catch (const hdf5::FileRefused& e) {
+    // Unreadable or held by a writer is no damage: --resume auto would set an intact checkpoint aside as step_N.damaged
+    // and train its steps again. It stops instead, naming the reason.
+    throw CheckpointError(fmt::format("{}; the checkpoint was not set aside: it may well be intact", e.what()));
   } catch (const Error& e) {
     fail(path, fmt::format("cannot be opened: {}", detail_of(path, e.what())));
   }
@@ -84,6 +91,10 @@ std::string incomplete_reason(const std::string& dir) {
   const std::string name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
   if (has_files || parse_step_dir(name) || name.ends_with(".tmp"))
     return "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint";
+  if (const auto complete = complete_checkpoints(dir); !complete.empty())
+    return fmt::format(
+        "a folder of checkpoints, not one checkpoint: pass one of its {} complete checkpoint(s), the newest {}",
+        complete.size(), complete.back().second);
   if (!steps.empty())
     return fmt::format(
         "a folder of checkpoints, none complete ({} step_N folder(s), none with its DONE marker: no save finished)",
@@ -110,6 +121,11 @@ void check_done_marker(const std::string& dir, int64_t index_step, StateDictType
                     path, what, expected));
   };
   std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const hdf5::Unopened u = hdf5::why_unopened(path);
+    if (u.may_be_intact) throw CheckpointError(fmt::format("{}: {}; the checkpoint was not set aside", path, u.why));
+    damaged(u.why.empty() ? std::string("cannot be read") : u.why);
+  }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto done = nlohmann::json::parse(text, nullptr, false);
   if (done.is_discarded())
@@ -138,8 +154,11 @@ void check_done_marker(const std::string& dir, int64_t index_step, StateDictType
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
-  if (!fs::is_directory(dir)) {
-    std::error_code ec;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (ec && st.type() != fs::file_type::not_found)
+    throw CheckpointError(fmt::format("{}: cannot be read: {}; the checkpoint was not set aside", dir, ec.message()));
+  if (st.type() != fs::file_type::directory) {
     if (fs::exists(dir, ec)) {
       // A file of a checkpoint (its model.h5, index.h5 or a rank file): the folder it is in is what to pass.
       const fs::path folder = fs::path(dir).parent_path();

@@ -351,10 +351,12 @@ int run_check(const CheckOptions& o) {
                                         path));
     if (!fall_back)
       for (const std::string& newer : train::checkpoints_beside(ckpt_dir, state.step, path))
-        report.note("resume",
-                    fmt::format("{} is newer than the checkpoint resumed from: the run would set it aside as {}.superseded "
-                                "(renamed, not deleted), so that its saves do not mix with it",
-                                newer, newer));
+        report.note(
+            "resume",
+            fmt::format("{} is {} the checkpoint resumed from: the run would set it aside as {}.superseded "
+                        "(renamed, not deleted), so that its saves do not mix with it",
+                        newer, train::resumes_from_outside(ckpt_dir, path) ? "beside, and not part of," : "newer than",
+                        newer));
     std::string left =
         total_steps > 0 ? fmt::format("; {} of {} steps left", std::max<int64_t>(0, total_steps - state.step), total_steps)
                         : std::string();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -15,6 +16,7 @@
 
 #include "command.hpp"
 #include "config_args.hpp"
+#include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/tokenizer.hpp"
@@ -184,8 +186,13 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     for (const std::string& path : targets)
       train::check_ranks_see_checkpoint(rt->world(), path, "evaluate --every-checkpoint");
     if (targets.empty())
-      throw CheckpointError(
-          fmt::format("{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory", o.weights));
+      throw CheckpointError(fmt::format(
+          "{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory{}", o.weights,
+          checkpoint::is_complete(o.weights)
+              ? fmt::format(" (it is a checkpoint itself: without --every-checkpoint for it alone, or the directory "
+                            "above it, {}, for all)",
+                            std::filesystem::path(o.weights).lexically_normal().parent_path().string())
+              : std::string()));
   } else {
     targets.push_back(o.weights);
     target_steps.push_back(-1);

@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -230,28 +229,6 @@ std::optional<TokenId> optional_id(int64_t v) {
   return v < 0 ? std::nullopt : std::optional<TokenId>(static_cast<TokenId>(v));
 }
 
-// Why HDF5 could not open `path`, where the file system knows better, as a DataError; returns when it does not.
-// HDF5 reports a file it may not read as "no HDF5 signature", and one it cannot lock (HDF5 1.10 takes a shared flock:
-// a writer holds it exclusively, or the file system has no locks, as some NFS and Lustre mounts) as any open failure.
-void explain_unopened(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) return;  // "no such file" said it
-  if (fd < 0) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  const char* locking = std::getenv("HDF5_USE_FILE_LOCKING");  // FALSE: HDF5 took no lock, so none is to blame
-  const int locked = locking && std::string_view(locking) == "FALSE" ? 0 : flock(fd, LOCK_SH | LOCK_NB), err = errno;
-  ::close(fd);
-  if (locked == 0) return;
-  if (err == EWOULDBLOCK)
-    throw DataError(
-        fmt::format("{}: another process holds it open for writing (its HDF5 file lock): close that writer (an "
-                    "h5py session in 'a' or 'w' mode?), then start again",
-                    path));
-  throw DataError(
-      fmt::format("{}: cannot take the shared lock HDF5 reads under: {} (a file system without locks, as some "
-                  "NFS and Lustre mounts: set HDF5_USE_FILE_LOCKING=FALSE for every rank)",
-                  path, std::strerror(err)));
-}
-
 // The tokens read through HDF5 (format 1, or a format-2 file that is not mapped). HDF5 converts any integer type to
 // uint32 by clamping, without a word: an int32 -7 came back as 0 and an int64 2^32 + 5 as 2^32 - 1. Stored as
 // anything but unsigned integers of 32 bits or fewer, they are read as int64 and each checked against the
@@ -286,7 +263,7 @@ TokenDataset TokenDataset::open(const std::string& path) {
   try {
     f = hdf5::open_file(path, hdf5::FileMode::ReadOnly);
   } catch (const DataError& e) {
-    explain_unopened(path);  // unreadable, or locked: HDF5 said "not an HDF5 file" or "truncated or corrupt" of them
+    // (A file unreadable or held by a writer is a FileRefused that says so: hdf5::why_unopened.)
     if (std::string_view(e.what()).find("not an HDF5 file") == std::string_view::npos) throw;
     std::error_code ec;
     if (std::filesystem::file_size(path, ec) == 0 && !ec)

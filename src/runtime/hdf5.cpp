@@ -2,14 +2,19 @@
 // printing is silenced while a helper runs: failures become exceptions that name the file and object.
 #include "shardtrain/runtime/hdf5.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <utility>
 
 #include "shardtrain/runtime/check.hpp"
@@ -29,6 +34,10 @@ namespace {
   quiet_errors();
   return true;
 }();
+
+// The file system's reason for a failed write as HDF5's POSIX driver left it in errno (ENOSPC, EDQUOT, EFBIG), as
+// ": reason"; "" where none was left.
+std::string os_reason() { return errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string(); }
 
 herr_t close_any(hid_t id) {
   switch (H5Iget_type(id)) {
@@ -76,12 +85,14 @@ void write_1d(const Handle& parent, const std::string& name, std::span<const T> 
     ST_CHECK_HDF5(H5Pset_chunk(dcpl.get(), 1, &chunk));
     if (opt.checksum == Checksum::Fletcher32) ST_CHECK_HDF5(H5Pset_fletcher32(dcpl.get()));
   }
+  errno = 0;
   const hid_t dset =
       H5Dcreate2(parent.get(), name.c_str(), native_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
-  if (dset < 0) throw IoError(fmt::format("{}: cannot create dataset '{}'", file_name(parent), name));
+  if (dset < 0) throw IoError(fmt::format("{}: cannot create dataset '{}'{}", file_name(parent), name, os_reason()));
   Handle ds = owned(dset);
+  errno = 0;
   if (n > 0 && H5Dwrite(ds.get(), native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
-    throw IoError(fmt::format("{}: cannot write dataset '{}' ({} elements)", file_name(parent), name, n));
+    throw IoError(fmt::format("{}: cannot write dataset '{}' ({} elements){}", file_name(parent), name, n, os_reason()));
 }
 
 Handle open_1d(const Handle& parent, const std::string& name, size_t* length, H5T_class_t want) {
@@ -158,14 +169,52 @@ void Handle::close() {
   }
 }
 
+Unopened why_unopened(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return {"no such file"};
+  if (ec == std::errc::too_many_symbolic_link_levels) return {"is a symbolic link that leads back to itself"};
+  if (ec) return {fmt::format("cannot open: {}", ec.message()), true};  // a folder it may not enter
+  if (st.type() == fs::file_type::directory) return {"is a folder, not a file"};
+  if (st.type() != fs::file_type::regular) return {"is not a regular file (a pipe, socket or device)"};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {fmt::format("cannot open: {}", std::strerror(errno)), true};
+  const char* locking = std::getenv("HDF5_USE_FILE_LOCKING");  // FALSE: HDF5 takes no lock, so none is to blame
+  const int locked = locking && std::string_view(locking) == "FALSE" ? 0 : ::flock(fd, LOCK_SH | LOCK_NB), err = errno;
+  ::close(fd);
+  if (locked == 0) return {};
+  if (err == EWOULDBLOCK)
+    return {
+        "another process holds it open for writing (its HDF5 file lock): close that writer (an h5py session in 'a' "
+        "or 'w' mode?), then start again",
+        true};
+  return {fmt::format("cannot take the shared lock HDF5 reads under: {} (a file system without locks, as some NFS and "
+                      "Lustre mounts: set HDF5_USE_FILE_LOCKING=FALSE for every rank)",
+                      std::strerror(err)),
+          true};
+}
+
 Handle open_file(const std::string& path, FileMode mode) {
   quiet_errors();
+  // Asked after HDF5 failed, not before: a lock taken here would stand between a writer and its own file.
+  const auto refused = [&] {
+    const Unopened u = why_unopened(path);
+    if (u.may_be_intact) throw FileRefused(fmt::format("{}: {}", path, u.why));
+    if (!u.why.empty()) throw DataError(fmt::format("{}: {}", path, u.why));
+  };
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw DataError(fmt::format("{}: no such file", path));
+  if (!std::filesystem::is_regular_file(path, ec)) refused();
   const htri_t is_h5 = H5Fis_hdf5(path.c_str());
-  if (is_h5 <= 0) throw DataError(fmt::format("{}: not an HDF5 file (no HDF5 signature)", path));
+  if (is_h5 <= 0) {
+    refused();
+    throw DataError(fmt::format("{}: not an HDF5 file (no HDF5 signature)", path));
+  }
   const hid_t f = H5Fopen(path.c_str(), mode == FileMode::ReadOnly ? H5F_ACC_RDONLY : H5F_ACC_RDWR, H5P_DEFAULT);
-  if (f < 0) throw DataError(fmt::format("{}: cannot open as HDF5 (truncated or corrupt file?)", path));
+  if (f < 0) {
+    refused();
+    throw DataError(fmt::format("{}: cannot open as HDF5 (truncated or corrupt file?)", path));
+  }
   return owned(f);
 }
 
@@ -281,9 +330,12 @@ void write_u32_range(const Handle& parent, const std::string& name, size_t offse
                                     offset + data.size(), name, n));
   if (data.empty()) return;
   const auto [fspace, mspace] = range_spaces(ds, offset, data.size());
-  if (H5Dwrite(ds.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, data.data()) < 0)
-    throw IoError(
-        fmt::format("{}: cannot write '{}' [{}, {}) (disk full?)", file_name(parent), name, offset, offset + data.size()));
+  errno = 0;
+  if (H5Dwrite(ds.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, data.data()) < 0) {
+    const std::string reason = os_reason();
+    throw IoError(fmt::format("{}: cannot write '{}' [{}, {}){}", file_name(parent), name, offset, offset + data.size(),
+                              reason.empty() ? std::string(" (disk full?)") : reason));
+  }
 }
 
 void read_u32_range(const Handle& parent, const std::string& name, size_t offset, std::span<uint32_t> out) {

@@ -50,12 +50,20 @@ std::string holder_text(const std::string& run_dir) {
 
 }  // namespace
 
+bool resumes_from_outside(const std::string& dir, const std::string& resumed_from) {
+  std::error_code ec;
+  return !resumed_from.empty() && fs::weakly_canonical(resumed_from, ec).parent_path() != fs::weakly_canonical(dir, ec);
+}
+
 std::vector<std::string> checkpoints_beside(const std::string& dir, int64_t start_step, const std::string& resumed_from) {
   std::vector<std::string> out;
   std::error_code ec;
   const std::string own = resumed_from.empty() ? std::string() : fs::weakly_canonical(resumed_from, ec).string();
+  // From a checkpoint elsewhere, the ones here are no part of what the run continues, older ones included: the rotation
+  // removed them as this run's own (keep_last) once its saves passed them.
+  const bool outside = resumes_from_outside(dir, resumed_from);
   for (const auto& [step, path] : checkpoint::complete_checkpoints(dir)) {
-    if (!resumed_from.empty() && (step < start_step || fs::weakly_canonical(path, ec).string() == own)) continue;
+    if (!resumed_from.empty() && !outside && (step < start_step || fs::weakly_canonical(path, ec).string() == own)) continue;
     out.push_back(path);  // a fresh run's every one; a resumed run's newer ones, or another of its own step
   }
   return out;

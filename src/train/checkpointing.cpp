@@ -222,13 +222,22 @@ void CheckpointHooks::set_aside_newer(Trainer& trainer) {
   // A run resumed from an older checkpoint than the newest here (a branch after a divergence, say) would have its
   // saves skipped at their steps and rotated away in their favour: they are renamed, never deleted, and said loudly.
   if (trainer.runtime().topology().world_rank != 0) return;
+  // From a checkpoint outside the directory, every one here is another line of training, older ones too: the rotation
+  // would remove them as this run's own once its saves passed them (keep_last).
+  const bool outside = resumes_from_outside(dir_, resumed_from_);
   for (const std::string& path : checkpoints_beside(dir_, trainer.state().step, resumed_from_)) {
     const std::string target = set_aside_superseded(path);
-    log::warn(
-        "checkpoint: SET ASIDE {} as {}: this run resumed from the older {} (step {}), and its saves must not mix with a "
-        "checkpoint it does not continue; nothing was deleted (to continue the newest instead: --resume auto, after "
-        "renaming it back)",
-        path, target, resumed_from_, trainer.state().step);
+    if (outside)
+      log::warn(
+          "checkpoint: SET ASIDE {} as {}: this run resumed from {} (step {}), outside checkpoint.dir {}, and its saves "
+          "must not mix with a checkpoint it does not continue; nothing was deleted",
+          path, target, resumed_from_, trainer.state().step, dir_);
+    else
+      log::warn(
+          "checkpoint: SET ASIDE {} as {}: this run resumed from the older {} (step {}), and its saves must not mix with "
+          "a checkpoint it does not continue; nothing was deleted (to continue the newest instead: --resume auto, after "
+          "renaming it back)",
+          path, target, resumed_from_, trainer.state().step);
     superseded_.push_back({path, target, ""});
     trainer.record_event(nlohmann::json{{"kind", "checkpoint_set_aside"},
                                         {"checkpoint", path},

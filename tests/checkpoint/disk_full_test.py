@@ -6,7 +6,8 @@ checkpoint of the test model takes about 1.9 MB (2.0 MB estimated).
   says so and trains on (metrics.jsonl records it); step 8's does not fit either, nor does the final save that
   tries it again, and the run ends with exit code 8 naming the directory and the space. Steps 2 and 4 stay complete, no .tmp is left.
 - keep_last 2: at step 6 the save first removes step 2 (which its rotation would remove anyway), then writes;
-  the same at step 8; the run ends normally with steps 6 and 8.
+  the same at step 8; the run ends normally with steps 6 and 8. Then `consolidate` onto the full disk: exit 8 naming
+  "No space left on device", nothing left behind.
 - A size limit instead (ulimit -f: each write past it fails with EFBIG, whatever the free space), with
   asynchronous saves and checkpoint.max_failed_saves 1: the first failed save is survived, the second ends the
   run with exit code 8 and the kernel's reason.
@@ -82,6 +83,16 @@ try:
     check("removing " + os.path.join(keep_two, "step_00000002") + " before the save instead of after it" in r.stderr,
           f"room made before the save: {r.stderr[-2500:]}")
     check(not events("keep_two", "checkpoint_failed"), "no failed save with keep_last 2")
+
+    # consolidate onto the disk once it is full: exit 8 with the file system's reason, for HDF5 and for safetensors
+    # (it said "cannot write dataset 'lm_head.weight'" and "cannot write", no reason), and nothing left behind.
+    subprocess.run(["dd", "if=/dev/zero", f"of={mnt}/filler", "bs=64k"], capture_output=True)
+    for fmt_, out in (("hdf5", "model.h5"), ("safetensors", "hf")):
+        c = subprocess.run([st, "consolidate", os.path.join(keep_two, "step_00000008"), "-o", os.path.join(mnt, out), "--format", fmt_],
+                           capture_output=True, text=True, timeout=300)
+        check(c.returncode == 8 and "No space left on device" in c.stderr and not any(n.startswith(out) for n in os.listdir(mnt)),
+              f"consolidate to {fmt_} on a full disk: exit {c.returncode}, left {os.listdir(mnt)}: {c.stderr[-1500:]}")
+    os.remove(os.path.join(mnt, "filler"))
     subprocess.run(["rm", "-rf", keep_two])
 finally:
     subprocess.run(["umount", mnt])

@@ -3,7 +3,8 @@
 binary on 2 ranks:
 1. A fresh run in a directory holding complete checkpoints is refused (exit 5) and touches none of them; `check`
    says the same. A run branched from an older checkpoint renames the newer ones *.superseded (never deleted), and
-   its own saves are its last checkpoint, not the other run's.
+   its own saves are its last checkpoint, not the other run's. A run resumed from a checkpoint elsewhere sets aside
+   every one there, older ones too; the rotation removes only what a save wrote (a user's files stay, moved aside).
 2. A second run on a checkpoint directory that a running one holds is refused (exit 5, naming the holder); the
    running one's save goes to a temporary directory of its own name and publishes intact.
 3. SIGUSR1 during the start-up (before the first step): exit 75, result.json "preempted", nothing saved, and the
@@ -126,6 +127,37 @@ check(res["last_checkpoint"] == os.path.join(br_ckpts, "step_00000004") and res[
       [{"checkpoint": os.path.join(br_ckpts, "step_00000004"), "set_aside_as": os.path.join(br_ckpts, "step_00000004.superseded")}],
       f"result.json of the branch: {res}")
 check(losses("branch")[4] != losses("golden")[4], f"the branch trained step 4 itself: {losses('branch')} {losses('golden')}")
+
+# 1c. Resumed from a checkpoint outside its checkpoint directory (another run's): the ones there, older ones too, are
+# another line of training. They were left in place and the rotation removed them as this run's own once its saves
+# passed them (keep_last 2: steps 2 and 4 gone after the saves of 6 and 8). Now they are set aside, never deleted.
+shutil.copytree(os.path.join(work, "golden"), os.path.join(work, "elsewhere"))
+el_ckpts = os.path.join(work, "elsewhere", "checkpoints")
+outside = os.path.join(br_ckpts, "step_00000004")
+c = check_cmd("elsewhere", "--resume", outside, "--schedule.max_steps", "8")
+check(c.returncode == 0 and f"{el_ckpts}/step_00000002 is beside, and not part of, the checkpoint resumed from" in c.stdout,
+      f"check of a resume from outside: exit {c.returncode}: {c.stdout[-2000:]}")
+r = train("elsewhere", "--resume", outside, "--schedule.max_steps", "8")
+for n in ("step_00000002", "step_00000004"):
+    check(f"SET ASIDE {el_ckpts}/{n} as {el_ckpts}/{n}.superseded: this run resumed from {outside} (step 4), outside "
+          f"checkpoint.dir {el_ckpts}" in r.stderr, f"a resume from outside sets {n} aside: {r.stderr[-2500:]}")
+check(r.returncode == 0 and steps_in(el_ckpts) == ["step_00000002.superseded", "step_00000004.superseded", "step_00000006",
+                                                  "step_00000008"],
+      f"a resume from outside: exit {r.returncode}, {steps_in(el_ckpts)}")
+
+# 1d. The rotation removes what a save wrote, nothing else: a user's notes and export inside an old checkpoint stay,
+# in the folder moved aside (they went with the checkpoint).
+shutil.copytree(os.path.join(work, "golden"), os.path.join(work, "notes"))
+nt_ckpts = os.path.join(work, "notes", "checkpoints")
+os.makedirs(os.path.join(nt_ckpts, "step_00000002", "hf"))
+open(os.path.join(nt_ckpts, "step_00000002", "hf", "config.json"), "w").write("{}\n")
+open(os.path.join(nt_ckpts, "step_00000002", "NOTES.txt"), "w").write("the good one\n")
+r = train("notes", "--resume", "auto", "--schedule.max_steps", "6")
+kept = os.path.join(nt_ckpts, "step_00000002.foreign")
+check(r.returncode == 0 and steps_in(nt_ckpts) == ["step_00000002.foreign", "step_00000004", "step_00000006"]
+      and sorted(os.listdir(kept)) == ["NOTES.txt", "hf"] and open(os.path.join(kept, "NOTES.txt")).read() == "the good one\n"
+      and f"they stay, in the folder moved aside to {kept}" in r.stderr,
+      f"the rotation keeps a user's files: exit {r.returncode}, {steps_in(nt_ckpts)}: {r.stderr[-1500:]}")
 
 # 8. Resumed with nothing left: the checkpoint resumed from is the run's last; no loss.
 r = train("golden", "--resume", "auto")

@@ -13,6 +13,8 @@
    run's schedule; other AdamW settings (betas, weight decay): said. Before, the learning rate jumped without a word.
 5. --resume given a file (a consolidated model, a checkpoint's index.h5): exit 5 saying what to pass instead; a run
    directory: its newest checkpoint (before: "not a checkpoint").
+6. A checkpoint held by a writer (exit 5, nothing set aside), a DONE that is a link loop (damaged: the fallback), and
+   `checkpoint info` of a folder of complete checkpoints (names the newest, not "none complete").
 """
 import json
 import os
@@ -231,5 +233,34 @@ for what, path, hint in (("a consolidated file", consolidated, "use --checkpoint
 r = train("from_run_dir", "--resume", os.path.join(work, "whole"), "--schedule.max_steps", "10")
 check(r.returncode == 0 and f"resumed from {ckpt('whole', 8)} at step 8" in r.stderr,
       f"--resume RUN_DIR takes its newest checkpoint: exit {r.returncode}: {r.stderr[-1200:]}")
+
+# 6. A checkpoint that cannot be read now is no damage. A rank file held by a writer (an h5py session in 'a' mode:
+# HDF5's exclusive flock) was "truncated or corrupt", and --resume auto set the intact checkpoint aside and trained its
+# steps again; it stops instead (exit 5), naming the reason, and nothing is renamed. A DONE that is a symbolic link
+# loop threw a file system error out of the listing (exit 8 everywhere, no fallback): the checkpoint is damaged now.
+import fcntl  # noqa: E402
+
+copy_checkpoints("held", [2, 4])
+with open(os.path.join(ckpt("held", 4), "rank_00001.h5"), "rb") as held:
+    fcntl.flock(held, fcntl.LOCK_EX)
+    info = subprocess.run([st, "checkpoint", "info", ckpt("held", 4)], capture_output=True, text=True, timeout=120)
+    r = train("held", "--resume", "auto")
+reason = f"{ckpt('held', 4)}/rank_00001.h5: another process holds it open for writing"
+check(info.returncode == 5 and reason in info.stderr and "truncated or corrupt" not in info.stderr,
+      f"checkpoint info of a held checkpoint: exit {info.returncode}: {info.stderr[-1200:]}")
+check(r.returncode == 5 and reason in r.stderr and "the checkpoint was not set aside" in r.stderr
+      and sorted(os.listdir(os.path.join(work, "held", "checkpoints"))) == [".shardtrain.lock", "step_00000002", "step_00000004"],
+      f"--resume auto past a held checkpoint stops, nothing set aside: exit {r.returncode}: {r.stderr[-1500:]}")
+copy_checkpoints("done_loop", [2, 4])
+os.remove(os.path.join(ckpt("done_loop", 4), "DONE"))
+os.symlink("DONE", os.path.join(ckpt("done_loop", 4), "DONE"))
+r = train("done_loop", "--resume", "auto")
+check(r.returncode == 0 and f"{ckpt('done_loop', 4)}/DONE: is a symbolic link that leads back to itself" in r.stderr
+      and os.path.isdir(ckpt("done_loop", 4) + ".damaged") and losses("done_loop") == {s: expected[s] for s in range(3, 9)},
+      f"a DONE that loops: damaged, the run falls back: exit {r.returncode}: {r.stderr[-1500:]}")
+info = subprocess.run([st, "checkpoint", "info", os.path.join(work, "whole", "checkpoints")], capture_output=True, text=True,
+                      timeout=120)
+check(info.returncode == 5 and "a folder of checkpoints, not one checkpoint: pass one of its 4 complete checkpoint(s), the "
+      f"newest {ckpt('whole', 8)}" in info.stderr, f"checkpoint info of a folder of checkpoints: {info.stderr[-800:]}")
 
 check.finish("resume audit: damaged DONE markers and mixed rank files fall back or are refused; changed data settings and schedules are said; files refused with the way on")

@@ -39,7 +39,7 @@ struct SaveMeta {
 };
 
 std::string step_dir_name(int64_t step);              // "step_00000120"
-bool is_complete(const std::string& checkpoint_dir);  // DONE present
+bool is_complete(const std::string& checkpoint_dir);  // DONE present (or there but unreadable: the loader says why)
 // The complete checkpoints (step_N with DONE) of a directory, oldest first: (step, path).
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir);
 // The newest complete checkpoint directly under `dir` ("" when there is none). Incomplete ones

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/runtime/error.hpp"
+
 namespace shardtrain::hdf5 {
 
 using hid = int64_t;  // hid_t, without pulling <hdf5.h> into every includer
@@ -40,8 +42,23 @@ struct DatasetOptions {
   Checksum checksum = Checksum::None;
 };
 
-// Opening a missing, truncated or non-HDF5 file throws DataError naming the path and what is wrong.
+// Opening a missing, truncated or non-HDF5 file throws DataError naming the path and what is wrong; one that the file
+// system refuses or another process holds (why_unopened) throws FileRefused.
 Handle open_file(const std::string& path, FileMode mode);
+// Why `path` cannot be opened for reading where the file system, not the file's contents, is the reason (`why` ""
+// when it can). HDF5 says "no HDF5 signature" of a file it may not read, "no such file" of a folder or a pipe, and
+// "truncated or corrupt" of one it cannot lock (HDF5 1.10 takes a shared flock: a writer holds it exclusively, or the
+// file system has no locks, as some NFS and Lustre mounts): words that send a user after damage that is not there.
+struct Unopened {
+  std::string why;
+  bool may_be_intact = false;  // refused (permissions, a lock, a link loop), not missing nor the wrong kind of file
+};
+Unopened why_unopened(const std::string& path);
+// An intact file that cannot be read now (why_unopened): no damage, so nothing is set aside for it.
+class FileRefused : public DataError {
+ public:
+  using DataError::DataError;
+};
 // Creates (truncating) a file; throws IoError naming the path.
 Handle create_file(const std::string& path);
 Handle create_group(const Handle& parent, const std::string& name);

@@ -45,8 +45,11 @@ class CheckpointDirClaim {
 };
 
 // The complete checkpoints of `dir` that a run starting at `start_step` did not come from: with `resumed_from` ""
-// (a fresh run) all of them; else those newer than `start_step`, and one of that step that is not `resumed_from`.
+// (a fresh run) or outside `dir` all of them; else those newer than `start_step`, and one of that step that is not
+// `resumed_from`.
 std::vector<std::string> checkpoints_beside(const std::string& dir, int64_t start_step, const std::string& resumed_from);
+// Whether `resumed_from` (a checkpoint) is not one of `dir`'s own.
+bool resumes_from_outside(const std::string& dir, const std::string& resumed_from);
 // The refusal of a fresh run in a directory holding complete checkpoints ("" when it holds none): one line naming
 // the directory, the checkpoints and what to do. Exit code 5.
 std::string fresh_run_problem(const std::string& dir);
