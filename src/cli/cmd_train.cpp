@@ -80,9 +80,9 @@ std::string resume_options(const train::TrainConfig& config, const std::string& 
 }
 
 int run_train(const TrainOptions& o, Runtime* rt) {
-  // First (and before MPI_Init: before_mpi): from here on SIGUSR1/SIGTERM only set a flag (a start-up takes minutes
-  // on a large model), and a run signalled before its first step stops with 75 below instead of dying of the default
-  // action.
+  // First (the signals have been caught since main()'s first line, stops_on_signals): SIGUSR1/SIGTERM only set a flag
+  // (a start-up takes minutes on a large model), and a run signalled before its first step stops with 75 below instead
+  // of dying of the default action.
   train::PreemptionHooks preemption;  // before checkpoints: a requested save happens in the same step
   std::vector<std::string> notes;
   std::string source;
@@ -193,7 +193,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
 Command add_train_command(CLI::App& parent) {
   auto o = std::make_shared<TrainOptions>();
   Command c;
-  c.before_mpi = train::PreemptionHooks::catch_signals_from_now;
+  c.stops_on_signals = true;
   c.start_settings = [o] {
     StartSettings s;
     if (const auto config = o->args.resolve_quietly()) s = {config->fsdp.startup_timeout, true, config->logging.run_dir};

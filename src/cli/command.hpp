@@ -37,9 +37,9 @@ struct Command {
   Launch launch = Launch::Offline;
   // Offline commands are called with nullptr. Returns the process exit code.
   std::function<int(Runtime*)> run;
-  // MPI commands: called before MPI_Init (set-up that must cover MPI's and the Runtime's start, which on a large job
-  // takes minutes: NCCL's communicators). Empty: none.
-  std::function<void()> before_mpi;
+  // Whether SIGUSR1 and SIGTERM ask the command to stop (train: save and exit 75), caught from the process's first
+  // line (PreemptionHooks::catch_signals_from_now); for every other command they keep their default action.
+  bool stops_on_signals = false;
   // MPI commands with a configuration: what of it times MPI's and the Runtime's start (main.cpp), read before MPI_Init.
   // Empty: the defaults.
   std::function<StartSettings()> start_settings;

@@ -24,6 +24,7 @@
 #include "shardtrain/runtime/runtime.hpp"
 #include "shardtrain/runtime/topology.hpp"
 #include "shardtrain/train/config_io.hpp"
+#include "shardtrain/train/preemption.hpp"
 
 using namespace shardtrain;
 
@@ -161,6 +162,9 @@ Error out_of_host_memory(const std::string& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: a SIGUSR1 or SIGTERM from here on is kept for train (exit 75), and for every other command
+  // delivered again once the command is known (release_early_signals).
+  train::PreemptionHooks::catch_signals_from_now();
   // A file that outgrows the process's size limit (ulimit -f) fails its write with EFBIG, which the writer turns
   // into an error naming the file, instead of the kernel killing the process mid-checkpoint with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -227,6 +231,7 @@ int main(int argc, char** argv) {
     if (c.app->parsed()) selected = &c;
   }
   if (!selected) return static_cast<int>(ExitCode::Usage);
+  if (!selected->stops_on_signals) train::PreemptionHooks::release_early_signals();
 
   RuntimeOptions options;
   try {
@@ -269,7 +274,6 @@ int main(int argc, char** argv) {
 
   std::optional<MpiSession> session;
   try {
-    if (selected->before_mpi) selected->before_mpi();
     // Timed from MPI_Init until the Runtime stands (start_expired), against the command's fsdp.startup_timeout. (A rank
     // whose file system holds the configuration's read holds the others in MPI_Init: they speak.)
     const cli::StartSettings settings = selected->start_settings ? selected->start_settings() : cli::StartSettings{};

@@ -33,6 +33,13 @@ void PreemptionHooks::catch_signals_from_now() {
   install(nullptr, nullptr);
 }
 
+void PreemptionHooks::release_early_signals() {
+  g_caught_early = false;
+  std::signal(SIGUSR1, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (const int sig = g_signal; sig != 0) std::raise(sig);
+}
+
 PreemptionHooks::PreemptionHooks() {
   if (!g_caught_early) g_signal = 0;
   install(&old_usr1_, &old_term_);

@@ -4,7 +4,7 @@ model sizes that overflow or cannot fit memory (3, before anything is allocated)
 in range (3 for config keys, 2 for options), an unknown command, --ranks-per-node and SHARDTRAIN_RANKS_PER_NODE,
 a folder that is no checkpoint against a save that did not finish (5), a save that runs out of inodes (the
 run survives; the final save's exit 8 names "No space left on device"), SIGTERM and Ctrl-C through
-jobs/launch.sh (75: saved and stopped), and `generate` and `evaluate` of a run made elsewhere with relative
+jobs/launch.sh (75: saved and stopped; also the instant the launch begins), and `generate` and `evaluate` of a run made elsewhere with relative
 paths (found below the run's own folder), `generate` saying where the context ends.
 Each case is one process that fails before any work, but for four tiny training runs; then the dataset as a run
 meets it: after a user block (the same losses), held by a writer's lock, truncated in place mid-run (exit 4, not SIGBUS)."""
@@ -192,6 +192,23 @@ out = interrupted("sigterm-plain", lambda p: os.kill(p.pid, signal.SIGTERM), cod
 check("start it through jobs/launch.sh" in out, f"the stop line points to jobs/launch.sh: {out[-800:]}")
 interrupted("sigterm", lambda p: os.kill(p.pid, signal.SIGTERM))
 interrupted("ctrl-c", lambda p: os.killpg(p.pid, signal.SIGINT))  # a terminal's Ctrl-C reaches the whole foreground group
+
+# The same stop as soon as the launch begins: the ranks cannot catch it until their binary and its libraries are
+# loaded (about 0.2 s), and mpirun forwarded it to ranks not yet started, or not yet catching it (138, no
+# result.json). launch.sh holds it until every rank catches SIGUSR1, then passes it on: the start stops with 75.
+for delay in (0.02, 0.15):
+    run_dir = os.path.join(work, f"stop-at-launch-{delay}")
+    p = subprocess.Popen([launch, args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", "configs/tiny-cpu.toml",
+                          "--data.path", ds, "--logging.run_dir", run_dir, *MODEL, "--schedule.max_steps", "100000",
+                          "--checkpoint.every_n_steps", "0"],
+                         cwd=args.source, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(delay)
+    os.kill(p.pid, signal.SIGTERM)
+    out = p.communicate(timeout=120)[0].decode(errors="replace")
+    result_path = os.path.join(run_dir, "result.json")
+    result = json.load(open(result_path)) if os.path.exists(result_path) else {}
+    check(p.returncode == 75 and result.get("status") == "preempted",
+          f"SIGTERM {delay} s into jobs/launch.sh: exit {p.returncode} (expected 75), result {result}: {out[-1500:]}")
 
 # The dataset as a run meets it (docs/data.md, "HDF5 layout").
 import fcntl  # noqa: E402

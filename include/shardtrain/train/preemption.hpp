@@ -19,8 +19,13 @@ class PreemptionHooks final : public TrainerHooks {
   PreemptionHooks();
   // The same handlers from now on, before there is a PreemptionHooks (and before MPI_Init and the device's and
   // NCCL's start, which take minutes on a large job): a signal then is kept, and the PreemptionHooks made later
-  // reports it (stop_before_start) instead of forgetting it. Called by `train` first thing in the process.
+  // reports it (stop_before_start) instead of forgetting it. Called first thing in main(), before the command line
+  // is read: mpirun passes a SIGUSR1 on to ranks that have only just started (their handler installed after the
+  // parse, such a signal ended them with 138 instead of 75).
   static void catch_signals_from_now();
+  // For a command that does not stop on a signal (all but train): the default actions back, and a signal caught since
+  // catch_signals_from_now delivered again, so that it ends the process as it would have.
+  static void release_early_signals();
   ~PreemptionHooks() override;
   PreemptionHooks(const PreemptionHooks&) = delete;
   PreemptionHooks& operator=(const PreemptionHooks&) = delete;
