@@ -41,6 +41,12 @@ void Deadline::watch() {
       cv_.wait(lock);
       continue;
     }
+    // Past about three years a limit is no limit. Far beyond it, from 9.2e9 s, the cast to the clock's int64
+    // nanoseconds overflowed into the past: a start-up timeout of 1e10 s ended every start at once (exit 10).
+    if (stretch_.limit + stretch_.grace >= kNoLimitSeconds) {
+      cv_.wait(lock);
+      continue;
+    }
     // Due is worked out again at every wake: a new stretch may have begun meanwhile.
     const auto due = started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                     std::chrono::duration<double>(stretch_.limit + stretch_.grace));

@@ -229,6 +229,10 @@ void TrainConfig::validate() const {
           checkpoint.keep_every, checkpoint.every_n_steps));
 
   expect(logging.log_every >= 1, "logging.log_every", fmt::format("expected 1 or more, got {}", logging.log_every));
+  // A generated run directory is RUNS_ROOT/NAME-TIME: a name with a '/' or a ".." made it somewhere else.
+  expect(logging.name.find('/') == std::string::npos, "logging.name",
+         fmt::format("expected a plain name (the generated run directory is logging.runs_root/NAME-TIME), got \"{}\"",
+                     logging.name));
   expect(std::isfinite(logging.peak_flops) && logging.peak_flops >= 0, "logging.peak_flops",
          fmt::format("expected 0 (the datasheet or a measured peak) or a FLOP/s figure, got {}", logging.peak_flops));
   // A plain name inside the run directory: the file is opened for appending, so a path could grow a user's file,

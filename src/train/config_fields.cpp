@@ -289,7 +289,7 @@ std::vector<ConfigField> build_fields() {
             [](auto& c) -> auto& { return c.checkpoint.async_save; });
 
   t.section = "logging";
-  t.text("name", "run name (\"\" = the config file's stem)", [](auto& c) -> auto& { return c.logging.name; });
+  t.text("name", "run name (\"\" = the config file's stem; a plain name, no '/')", [](auto& c) -> auto& { return c.logging.name; });
   t.text("run_dir", "run directory (\"\" = <runs_root>/<name>-<timestamp>)", [](auto& c) -> auto& { return c.logging.run_dir; });
   t.text("runs_root", "where run directories are made", [](auto& c) -> auto& { return c.logging.runs_root; });
   t.integer("log_every", "plain progress lines every N steps", [](auto& c) -> auto& { return c.logging.log_every; });

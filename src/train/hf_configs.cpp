@@ -252,6 +252,8 @@ std::vector<std::string> apply_fsdp_config_json_text(TrainConfig& config, std::s
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(fmt::format("{}: not valid JSON (byte {}): {}", source, e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {  // a number past a double (1e400): out_of_range, an internal error
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
   if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object of fsdp_config options", source));
   Context c{&config, {}};

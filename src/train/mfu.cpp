@@ -12,7 +12,8 @@ namespace shardtrain::train {
 namespace {
 
 std::string flops_text(double f) {
-  return f >= 1e12 ? fmt::format("{:.1f} TFLOP/s", f * 1e-12) : fmt::format("{:.1f} GFLOP/s", f * 1e-9);
+  if (f >= 1e12) return fmt::format("{:.1f} TFLOP/s", f * 1e-12);
+  return f >= 1e8 ? fmt::format("{:.1f} GFLOP/s", f * 1e-9) : fmt::format("{:.3g} FLOP/s", f);
 }
 
 }  // namespace
@@ -72,9 +73,10 @@ double MfuMeter::mfu(double achieved, int ranks) {
   if (peak_ <= 0 || ranks <= 0 || !(achieved > 0)) return 0.0;
   const double per_rank = achieved / ranks;
   if (per_rank > peak_) {
-    if (!raised_label_) label_ += " (raised: a step outran it)";
-    raised_label_ = true;
+    if (raised_from_.empty()) raised_from_ = label_;
     raise(peak_, per_rank, peak_kind_name(kind_), warned_peak_);
+    // The figure MFU is now taken against, not the one a step outran (logging.peak_flops 1 read "0.0 GFLOP/s").
+    label_ = fmt::format("{} (raised to {}: a step outran it)", raised_from_, flops_text(peak_));
   }
   return std::min(1.0, per_rank / peak_);
 }

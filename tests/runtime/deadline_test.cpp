@@ -45,6 +45,20 @@ TEST(Deadline, AStretchWithoutALimitIsNotTimedAndEndStopsTheTiming) {
   EXPECT_EQ(expired.future.wait_for(0s), std::future_status::timeout);
 }
 
+TEST(Deadline, AnEnormousLimitIsNoLimit) {
+  // 1e10 s once passed the clock's int64 nanoseconds and fired at once (a start-up timeout of 1e10: exit 10 at start).
+  // Then a short stretch after it still fires: the watch went on.
+  Expired expired;
+  Deadline deadline(expired.callback());
+  for (const double limit : {1e10, 1e19, 1e300, Deadline::kNoLimitSeconds}) {
+    deadline.begin({"a long stretch", limit, "k"});
+    EXPECT_EQ(expired.future.wait_for(200ms), std::future_status::timeout) << limit;
+  }
+  deadline.begin({"a short one", 0.05, "k"});
+  ASSERT_EQ(expired.future.wait_for(60s), std::future_status::ready);
+  EXPECT_EQ(expired.future.get().what, "a short one");
+}
+
 TEST(Deadline, BeginAtTimesFromAnEarlierStart) {
   // An asynchronous save's wait: its limit counts from when the save began, long past here.
   Expired expired;

@@ -199,6 +199,9 @@ TEST(TrainConfig, BadFilesNameTheKey) {
                       "expected 0 (off) or seconds");
   EXPECT_CONFIG_ERROR(invalid({{"fsdp.startup_timeout", "-1"}}), "fsdp.startup_timeout", "expected 0 (off) or seconds");
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
+  // A generated run directory is RUNS_ROOT/NAME-TIME: "../../x" put it outside logging.runs_root.
+  EXPECT_NO_THROW(invalid({{"logging.name", "llama.8b-warm"}}));
+  EXPECT_CONFIG_ERROR(invalid({{"logging.name", "../../esc"}}), "logging.name", "expected a plain name", "../../esc");
   // The metrics file is appended to: a plain name in the run directory, never a path out of it or the run's own files.
   EXPECT_NO_THROW(invalid({{"logging.metrics_file", "train.jsonl"}}));
   // Nor a name the run directory's own files and folders have: "failures" (a resume once deleted the folder, and the
@@ -420,4 +423,7 @@ TEST(TrainConfig, HfFileVariantsAndErrors) {
                       "unknown fsdp_config option");
   EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"xla": true})", "f.json"), "xla");
   EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, "{", "f.json"), "f.json", "not valid JSON");
+  // A number past a double was nlohmann's out_of_range, which only parse errors were caught for: exit 1.
+  EXPECT_CONFIG_ERROR(apply_fsdp_config_json_text(j, R"({"fsdp_min_num_params": 1e400})", "f.json"), "f.json",
+                      "not valid JSON", "1e400");
 }

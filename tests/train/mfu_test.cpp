@@ -78,6 +78,12 @@ TEST(MfuMeter, AConfiguredPeakIsUsedAndLabelled) {
   EXPECT_NEAR(m.mfu(50e9, 1), 0.5, 1e-12);
   EXPECT_EQ(m.mfu_of_measured(50e9, 1), 0.0);  // nothing was measured
   EXPECT_NE(m.label().find("logging.peak_flops"), std::string::npos);
+  // A step that outruns it: the label names the figure MFU is now taken against (it said "0.0 GFLOP/s" of a peak of 1).
+  train::MfuMeter one = train::MfuMeter::choose(1, false, "cpu", 0, 150e9, "2 cores");
+  EXPECT_NEAR(one.mfu(75e9, 1), 0.5, 1e-12);
+  EXPECT_NE(one.label().find("logging.peak_flops: 1 FLOP/s per rank (raised to 150.0 GFLOP/s: a step outran it)"),
+            std::string::npos)
+      << one.label();
 }
 
 // On the CPU the measured matmul is MFU's own peak and mfu_measured_peak's too: one figure, so a step that outruns

@@ -27,6 +27,8 @@ class Deadline {
     double grace = 0;
   };
   using Expire = std::function<void(const Stretch&)>;
+  // A stretch this long or longer (limit + grace, about three years) is not timed.
+  static constexpr double kNoLimitSeconds = 1e8;
 
   explicit Deadline(Expire expire);
   ~Deadline();  // stops timing; joins the thread

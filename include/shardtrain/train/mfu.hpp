@@ -40,7 +40,8 @@ class MfuMeter {
   double peak_ = 0, measured_ = 0, ceiling_ = 0;
   PeakKind kind_ = PeakKind::Measured;
   std::string label_, ceiling_how_;
-  bool warned_peak_ = false, warned_measured_ = false, raised_label_ = false;
+  std::string raised_from_;  // the label before the peak was first raised
+  bool warned_peak_ = false, warned_measured_ = false;
 };
 
 const char* peak_kind_name(PeakKind kind);  // "configured" | "spec" | "measured"
