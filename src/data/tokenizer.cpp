@@ -111,6 +111,61 @@ std::optional<TokenId> Tokenizer::pad_id() const {
   return first_special(*model_, {"[PAD]", "<pad>", "<|pad|>", "<|padding|>"});
 }
 
+namespace {
+
+bool ascii_graphic(char c) { return c > ' ' && c < 0x7f; }
+bool ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+// A place last_safe_cut may give: before " L" or after "\nL", L an ASCII letter, with a printable ASCII character
+// before (a newline only for regex splits: a byte-fallback model's words begin at spaces alone). ASCII on both
+// sides keeps NFC from composing across the cut and keeps it off a UTF-8 sequence.
+bool is_cut_place(std::string_view text, size_t at, bool newlines) {
+  if (at == 0 || at >= text.size()) return false;
+  if (text[at] == ' ') return at + 1 < text.size() && ascii_letter(text[at + 1]) && ascii_graphic(text[at - 1]);
+  return newlines && at >= 2 && text[at - 1] == '\n' && ascii_letter(text[at]) && ascii_graphic(text[at - 2]);
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::shared_ptr<const detail::TokenizerModel> m) : model_(std::move(m)) {
+  const auto& model = *model_;
+  // A byte-fallback model that merges across spaces, or one without a split pattern, makes the text one piece.
+  if (model.byte_fallback ? !(model.split_at_spaces || model.words_are_exact) : model.splits.empty()) return;
+  // The places hold for the well-known patterns; a custom one is held to them on short probes (letters, digits,
+  // punctuation, contractions and whitespace on either side of each kind of place), and has none when one fails.
+  cuts_are_exact_ = true;
+  Encoder encoder(*this, 256);
+  for (const std::string_view before : {"", "ab", "a ", " ", "\n", "1"})
+    for (const char left : std::string_view("a.1'/)-:Z"))
+      for (const std::string_view cut : {" ", "\n"})
+        for (const char right : std::string_view("Ast"))
+          for (const std::string_view after : {"b", "'s", " ", "\n", "b\n\nc"}) {
+            std::string probe(before);
+            probe.push_back(left);
+            probe.append(cut);
+            probe.push_back(right);
+            probe.append(after);
+            const auto whole = encoder.encode(probe);
+            for (size_t at = 1; at < probe.size(); ++at) {
+              if (!is_cut_place(probe, at, !model.byte_fallback)) continue;
+              auto parts = encoder.encode(std::string_view(probe).substr(0, at));
+              encoder.encode_append(std::string_view(probe).substr(at), parts, SpecialTokenMode::AsText,
+                                    TextStart::Continuation);
+              if (parts != whole) {
+                cuts_are_exact_ = false;
+                return;
+              }
+            }
+          }
+}
+
+size_t Tokenizer::last_safe_cut(std::string_view text) const {
+  if (!cuts_are_exact_) return 0;
+  for (size_t at = text.size(); at-- > 1;)
+    if (is_cut_place(text, at, !model_->byte_fallback)) return at;
+  return 0;
+}
+
 bool Tokenizer::byte_fallback() const { return model_->byte_fallback; }
 const std::string& Tokenizer::name() const { return model_->name; }
 const std::string& Tokenizer::path() const { return model_->path; }
@@ -215,13 +270,14 @@ struct Encoder::State {
     if (gap < n) split(stage + 1, text.substr(gap), out);
   }
 
-  // `first`: the segment starts the input (no special token before it).
-  void encode_text(std::string_view text, std::vector<TokenId>& out, bool first) {
+  // `first`: the segment starts the input (no special token before it). A continuation gets no leading space.
+  void encode_text(std::string_view text, std::vector<TokenId>& out, bool first, TextStart start) {
     if (text.empty()) return;
+    const bool continues = start == TextStart::Continuation;
     if (model->byte_fallback) {  // SentencePiece style: spaces (and U+2581 itself) are the vocabulary's U+2581
       const bool spaced = text.front() == ' ' || text.substr(0, 3) == "\u2581";
-      const bool prepend =
-          model->prepend_space && (first || !model->prepend_first_segment_only) && !(spaced && model->prepend_unless_spaced);
+      const bool prepend = !continues && model->prepend_space && (first || !model->prepend_first_segment_only) &&
+                           !(spaced && model->prepend_unless_spaced);
       std::string owned = prepend ? " " : "";
       owned.reserve(text.size() + 1);
       for (size_t i = 0; i < text.size();) {
@@ -265,7 +321,7 @@ struct Encoder::State {
       owned = detail::nfc_normalize(text);
       text = owned;
     }
-    if (model->add_prefix_space && text.front() != ' ') {
+    if (model->add_prefix_space && !continues && text.front() != ' ') {
       std::string prefixed(1, ' ');
       prefixed.append(text);  // text may view owned: build apart, then move
       owned = std::move(prefixed);
@@ -291,17 +347,17 @@ Encoder::Encoder(const Tokenizer& tokenizer, size_t cache_entries) : state_(std:
 Encoder::~Encoder() = default;
 Encoder::Encoder(Encoder&&) noexcept = default;
 
-std::vector<TokenId> Encoder::encode(std::string_view text, SpecialTokenMode mode) {
+std::vector<TokenId> Encoder::encode(std::string_view text, SpecialTokenMode mode, TextStart start) {
   std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 8);
-  encode_append(text, out, mode);
+  encode_append(text, out, mode, start);
   return out;
 }
 
-void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode) {
+void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode, TextStart start) {
   const auto& specials = state_->model->specials;
   if (mode == SpecialTokenMode::AsText || specials.empty()) {
-    state_->encode_text(text, out, true);
+    state_->encode_text(text, out, true, start);
     return;
   }
   // Leftmost special token wins; among those starting at the same byte, the longest (specials are sorted).
@@ -314,11 +370,11 @@ void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, Sp
       if (at < best) best = at, hit = &s;
     }
     if (!hit) break;
-    state_->encode_text(text.substr(pos, best - pos), out, pos == 0);
+    state_->encode_text(text.substr(pos, best - pos), out, pos == 0, pos == 0 ? start : TextStart::Document);
     out.push_back(hit->id);
     pos = best + hit->content.size();
   }
-  if (pos < text.size()) state_->encode_text(text.substr(pos), out, pos == 0);
+  if (pos < text.size()) state_->encode_text(text.substr(pos), out, pos == 0, pos == 0 ? start : TextStart::Document);
 }
 
 size_t Encoder::cache_size() const { return state_->cache.size(); }

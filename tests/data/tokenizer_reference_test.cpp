@@ -304,6 +304,83 @@ TEST(TokenizerFiles, MetaspaceSplitStartsAPieceAtEverySpace) {
   }
 }
 
+// What prepare-data does with a large document (DocumentOptions::piece_bytes): windows that end anywhere (inside a
+// word, a UTF-8 sequence, a run of spaces or newlines), each cut at its last safe place (or, with none, widened),
+// the pieces encoded one after the other as continuations. `pieces` counts them.
+std::vector<TokenId> encode_in_pieces(const Tokenizer& tok, std::string_view text, size_t window, std::mt19937& rng,
+                                      size_t& pieces) {
+  Encoder enc(tok);
+  std::vector<TokenId> out;
+  pieces = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = std::min(text.size(), pos + 1 + rng() % window), at = 0;
+    while (end < text.size() && (at = tok.last_safe_cut(text.substr(pos, end - pos))) == 0)
+      end = std::min(text.size(), end + window);
+    if (at == 0) at = text.size() - pos;  // the rest, whole
+    enc.encode_append(text.substr(pos, at), out, SpecialTokenMode::AsText,
+                      pos == 0 ? TextStart::Document : TextStart::Continuation);
+    pos += at;
+    ++pieces;
+  }
+  return out;
+}
+
+// A document tokenized in pieces cut at last_safe_cut's places gives its tokens whole, with every kind of tokenizer
+// (tiktoken, GPT-2's files, byte-level and byte-fallback tokenizer.json, one trained here), on real text and the
+// edge cases run together, at windows from 3 bytes up.
+TEST(TokenizerFiles, PiecesCutAtSafePlacesGiveTheWholeDocumentsTokens) {
+  if (!testing::require_fetched()) return;
+  std::string text;
+  for (const auto& t : testing::real_texts(kRealBytes / 2)) text += t;
+  for (const auto& t : testing::edge_texts()) text += "word " + t + "\nAnd a.\n\nB x\n \nC \tD 's";
+  for (const char* relpath :
+       {"r50k_base.tiktoken", "cl100k_base.tiktoken", "o200k_base.tiktoken", "gpt2", "gpt2-hf/tokenizer.json",
+        "llama3/tokenizer.json", "llama2/tokenizer.json", "sotu-bpe4k.json"}) {
+    const Tokenizer tok = Tokenizer::load((fetched_dir() / "tokenizers" / relpath).string());
+    const auto whole = tok.encode(text);
+    std::mt19937 rng(11);
+    for (const size_t window : {3, 40, 1000, 20000}) {
+      size_t pieces = 0;
+      const auto got = encode_in_pieces(tok, text, window, rng, pieces);
+      EXPECT_GT(pieces, text.size() / (2 * window + 200)) << relpath << ", windows of " << window;
+      if (got == whole) continue;
+      size_t k = 0;
+      while (k < got.size() && k < whole.size() && got[k] == whole[k]) ++k;
+      ADD_FAILURE() << relpath << ", windows of " << window << ": " << got.size() << " tokens against " << whole.size()
+                    << ", first difference at token " << k << " near '"
+                    << tok.decode(std::span(whole).subspan(k > 3 ? k - 3 : 0, std::min<size_t>(8, whole.size() - k))) << "'";
+    }
+  }
+  // The places, exactly: before " L" and after "\nL" (L an ASCII letter) with printable ASCII before; none in a
+  // run of spaces, after "\r\n", inside a word or a UTF-8 sequence.
+  const Tokenizer gpt2 = Tokenizer::load((fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string());
+  EXPECT_EQ(gpt2.last_safe_cut("one two"), 3u);
+  EXPECT_EQ(gpt2.last_safe_cut("one.\nTwo"), 5u);
+  EXPECT_EQ(gpt2.last_safe_cut("one  two\r\nthree, 4\n5 \xc3\xa9 \xc3\xa9t\xc3\xa9"), 0u);
+  EXPECT_EQ(gpt2.last_safe_cut("one two three"), 7u);
+}
+
+// A split pattern whose pieces join across such a place (` ?\p{L}+ ?` keeps a space after a word: "one two" is
+// "one ", "two", where " two" apart is one token) fails the probes and has no safe place. The probes ask for the
+// tokens only: `\s?\p{L}+` passes with this vocabulary, which has no token of a newline and a letter.
+TEST(TokenizerFiles, PatternsThatJoinAcrossTheCutHaveNoSafePlace) {
+  if (!testing::require_fetched()) return;
+  std::ifstream in(fetched_dir() / "tokenizers" / "sotu-bpe4k.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  const Tokenizer plain = Tokenizer::from_json_text(j.dump(), "sotu-bpe4k.json");
+  EXPECT_EQ(plain.last_safe_cut("a sentence\nOf words"), 13u);
+  EXPECT_EQ(plain.last_safe_cut("a sentence\nOf"), 11u);
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = " ?\\p{L}+ ?|\\p{N}+|[^\\s\\p{L}\\p{N}]+|\\s+";
+  const Tokenizer joined = Tokenizer::from_json_text(j.dump(), "joined.json");
+  auto parts = joined.encode("one");
+  for (const TokenId id : joined.encode(" two")) parts.push_back(id);
+  EXPECT_NE(joined.encode("one two"), parts);
+  EXPECT_EQ(joined.last_safe_cut("a sentence\nOf words"), 0u);
+  const Tokenizer llama2 = Tokenizer::load((fetched_dir() / "tokenizers" / "llama2" / "tokenizer.json").string());
+  EXPECT_EQ(llama2.last_safe_cut("a sentence\nOf words"), 13u);
+  EXPECT_EQ(llama2.last_safe_cut("a sentence\nOf"), 1u);  // words begin at spaces alone
+}
+
 TEST(TokenizerFiles, ClearErrors) {
   const auto bad = testing::tmp_path("nonsense.tiktoken");
   { std::ofstream(bad) << "not base64!! x\n"; }

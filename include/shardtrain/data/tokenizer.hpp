@@ -24,6 +24,11 @@ const char* tokenizer_format_name(TokenizerFormat f);
 // encode_ordinary and is what dataset preparation uses: a document cannot inject control tokens.
 enum class SpecialTokenMode { AsText, Recognize };
 
+// Where a text starts: at a document's beginning (a tokenizer that adds a leading space adds it there), or as the
+// rest of a document cut at a place Tokenizer::last_safe_cut found (nothing added: the pieces' tokens, one after
+// the other, are the whole document's).
+enum class TextStart { Document, Continuation };
+
 struct SpecialToken {
   std::string content;
   TokenId id = 0;
@@ -55,6 +60,16 @@ class Tokenizer {
   std::optional<TokenId> bot_id() const;
   std::optional<TokenId> pad_id() const;
 
+  // The last place in `text` where it may be cut so that encoding the part before it and then the rest
+  // (TextStart::Continuation) gives the tokens of encoding it whole, with SpecialTokenMode::AsText; 0 where there
+  // is none. Such a place lies before a space or after a newline that has an ASCII letter after it and a printable
+  // ASCII character (not a space) before it: the split patterns of GPT-2, cl100k, o200k, Llama 3 and their kind
+  // never join the text on both sides of one, and a Metaspace or word-exact byte-fallback model cuts its words
+  // there. A tokenizer whose pieces do join there (a custom pattern such as `\s?\p{L}+`, found by encoding a few
+  // probes when it is loaded), a byte-fallback model that merges across spaces, or one with no split pattern
+  // has no such place: it returns 0.
+  size_t last_safe_cut(std::string_view text) const;
+
   const std::string& name() const;  // "r50k_base", "llama3/tokenizer.json", ...
   const std::string& path() const;
   const std::string& hash() const;  // "fnv1a64:<16 hex>" of the file contents: the identity datasets record
@@ -68,8 +83,9 @@ class Tokenizer {
   const detail::TokenizerModel& model() const { return *model_; }
 
  private:
-  explicit Tokenizer(std::shared_ptr<const detail::TokenizerModel> m) : model_(std::move(m)) {}
+  explicit Tokenizer(std::shared_ptr<const detail::TokenizerModel> m);
   std::shared_ptr<const detail::TokenizerModel> model_;
+  bool cuts_are_exact_ = false;  // last_safe_cut's places keep the tokens (checked on probes at load)
   friend class Encoder;
 };
 
@@ -84,8 +100,10 @@ class Encoder {
   Encoder(const Encoder&) = delete;
   Encoder& operator=(const Encoder&) = delete;
 
-  std::vector<TokenId> encode(std::string_view text, SpecialTokenMode mode = SpecialTokenMode::AsText);
-  void encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode = SpecialTokenMode::AsText);
+  std::vector<TokenId> encode(std::string_view text, SpecialTokenMode mode = SpecialTokenMode::AsText,
+                              TextStart start = TextStart::Document);
+  void encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode = SpecialTokenMode::AsText,
+                     TextStart start = TextStart::Document);
   size_t cache_size() const;
 
  private:
