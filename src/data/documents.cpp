@@ -345,6 +345,68 @@ std::vector<TokenId> document_ids(RawDocument&& raw, const std::string& path, co
   return ids;
 }
 
+namespace {
+
+// A text document handed out in pieces as it is read (DocumentOptions::piece_bytes): `text` is what is held; each
+// time it passes piece_bytes, the part before its last safe cut goes out. Without a tokenizer it only collects.
+class DocumentPieces {
+ public:
+  DocumentPieces(const std::string& path, const DocumentOptions& options,
+                 const std::function<void(RawDocument&& document)>& emit)
+      : path_(path), options_(options), emit_(emit) {}
+
+  std::string text;
+
+  void cut_when_full() {
+    if (options_.piece_bytes == 0 || !options_.tokenizer) return;
+    while (text.size() >= options_.piece_bytes) {
+      const size_t from = scanned_ >= 4 ? scanned_ - 4 : 0;  // the places before were looked at already
+      size_t at = options_.tokenizer->last_safe_cut(std::string_view(text).substr(from));
+      if (at > 0) {
+        at += from;
+      } else if (text.size() >= std::max(options_.max_piece_bytes, options_.piece_bytes)) {
+        // Before the last character (it may be cut short by the reading), never inside a UTF-8 sequence.
+        at = text.size() - 1;
+        while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
+        if (at == 0) at = text.size();
+        if (!warned_)
+          log::warn(
+              "{}: no place to cut the document exactly (an ASCII letter after a space or newline) in the {} bytes "
+              "from byte {}; cut at a character boundary instead, where its tokens may differ from the whole "
+              "text's (said once a document)",
+              path_, text.size(), offset_);
+        warned_ = true;
+      } else {
+        scanned_ = text.size();
+        return;
+      }
+      emit_({text.substr(0, at), 0, started_});
+      text.erase(0, at);
+      offset_ += at;
+      started_ = true;
+      scanned_ = 0;
+    }
+  }
+
+  // The rest of the document (none when nothing is held), and the next starts anew.
+  void finish() {
+    if (!text.empty()) emit_({std::move(text), 0, started_});
+    text = std::string();
+    started_ = warned_ = false;
+    offset_ = scanned_ = 0;
+  }
+
+ private:
+  const std::string& path_;
+  const DocumentOptions& options_;
+  const std::function<void(RawDocument&& document)>& emit_;
+  bool started_ = false, warned_ = false;
+  uint64_t offset_ = 0;  // of text in the document
+  size_t scanned_ = 0;   // of text, looked at for a cut
+};
+
+}  // namespace
+
 void for_each_document(const std::string& path, const DocumentOptions& options,
                        const std::function<void(std::string&& document)>& emit) {
   for_each_raw_document(path, options, [&](RawDocument&& raw) { emit(document_text(std::move(raw), path, options)); });
@@ -368,7 +430,13 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
   InputFile in(path);
   if (in.empty()) throw DataError(fmt::format("{}: input file is empty", path));
   if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document
-    emit({in.read_all(), 0});
+    if (options.piece_bytes == 0 || !options.tokenizer) {
+      emit({in.read_all(), 0});
+      return;
+    }
+    DocumentPieces pieces(path, options, emit);
+    while (in.read_some(pieces.text, options.piece_bytes) > 0) pieces.cut_when_full();
+    pieces.finish();
     return;
   }
   std::string line;
@@ -383,18 +451,19 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
     }
     if (found == 0) throw DataError(fmt::format("{}: no JSON lines found", path));
   } else {
-    // Blocks separated by lines that are empty or only whitespace; the block's own newlines are kept.
-    std::string block;
+    // Blocks separated by lines that are empty or only whitespace; the block's own newlines are kept. A piece
+    // of a long block cut off leaves text behind it (a cut is never at the end), so the newline still goes in.
+    DocumentPieces block(path, options, emit);
     while (in.read_line(line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) {
-        if (!block.empty()) emit({std::move(block), 0});
-        block.clear();
+        block.finish();
       } else {
-        if (!block.empty()) block.push_back('\n');
-        block.append(line);
+        if (!block.text.empty()) block.text.push_back('\n');
+        block.text.append(line);
+        block.cut_when_full();
       }
     }
-    if (!block.empty()) emit({std::move(block), 0});
+    block.finish();
   }
 }
 

@@ -173,6 +173,14 @@ std::string InputFile::read_all() {
   return out;
 }
 
+size_t InputFile::read_some(std::string& out, size_t most) {
+  if (begin_ == end_ && !fill()) return 0;
+  const size_t n = std::min(most, end_ - begin_);
+  out.append(buffer_.data() + begin_, n);
+  begin_ += n;
+  return n;
+}
+
 bool InputFile::empty() { return begin_ == end_ && !fill(); }
 
 uint64_t InputFile::estimate_size(const std::string& path) {

@@ -29,6 +29,8 @@ class InputFile {
   bool read_line(std::string& line);
   // Everything not read yet.
   std::string read_all();
+  // Appends up to `most` of the bytes not read yet to `out`; how many (0 at the end). Memory stays one window.
+  size_t read_some(std::string& out, size_t most);
   // True when the file holds no bytes at all (compressed: no bytes once decompressed).
   bool empty();
 

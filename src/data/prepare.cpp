@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -103,7 +104,9 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
   std::atomic<size_t> cursor{0};
   std::atomic<bool> failed{false};
   std::vector<std::pair<size_t, std::exception_ptr>> errors(encoders.size(), {n, nullptr});
-  constexpr size_t chunk = 16;
+  // Small documents 16 at a time; pieces of a large one (a batch of few, large documents) one at a time, so that
+  // every thread gets some.
+  const size_t chunk = std::clamp<size_t>(n / (4 * encoders.size()), 1, 16);
   run_on_threads(encoders.size(), [&](size_t t) {
     size_t d = 0;
     try {
@@ -114,10 +117,11 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
             skipped[d] = ids[d].empty();
             continue;
           }
+          const auto start = batch.docs[d].continues ? TextStart::Continuation : TextStart::Document;
           const std::string text = document_text(std::move(batch.docs[d]), files[batch.file[d]], options);
           text_bytes[d] = text.size();
           if (text.empty()) skipped[d] = 1;
-          else ids[d] = encoders[t]->encode(text);
+          else ids[d] = encoders[t]->encode(text, SpecialTokenMode::AsText, start);
         }
       }
     } catch (...) {
@@ -146,6 +150,13 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
   DocumentOptions documents = options.documents;
   documents.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());
+  // A large text document goes in pieces of a sixteenth of a batch, so that memory holds batches, not documents
+  // (a 433 MB file took 1.7 GB whole); a stretch without a place to cut it exactly is cut at a batch's size.
+  if (documents.token_field.empty()) {
+    documents.tokenizer = &tokenizer;
+    documents.piece_bytes = std::clamp<size_t>(options.batch_bytes / 16, size_t{4} << 10, size_t{4} << 20);
+    documents.max_piece_bytes = std::max(options.batch_bytes, 4 * documents.piece_bytes);
+  }
 
   PrepareSummary summary;
   summary.files = files.size();
@@ -246,7 +257,9 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         }
         tokens_tmp.write(reinterpret_cast<const char*>(ids[d].data()),
                          static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
-        offsets.push_back(offsets.back() + static_cast<int64_t>(ids[d].size()));
+        const auto size = static_cast<int64_t>(ids[d].size());
+        if (batch.docs[d].continues && offsets.size() > 1) offsets.back() += size;  // a piece of the one before
+        else offsets.push_back(offsets.back() + size);
       }
       if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
       bar.advance(batch.bytes + batch.beyond);

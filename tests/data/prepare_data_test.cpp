@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "data_test_util.hpp"
 #include "shardtrain/data/dataset.hpp"
@@ -523,6 +524,84 @@ TEST(PrepareData, ThreadsAboveTheCapAreCutToIt) {
   o.output = testing::tmp_path("two-threads.h5").string();
   o.threads = 2;
   EXPECT_EQ(prepare_dataset(o).tokens, capped.tokens);
+}
+
+// A document larger than a batch goes through in pieces (memory held to the batch: a 433 MB file took 1.7 GB whole)
+// and keeps its tokens: one file of ~1.2 MB, per file and as one blank-line block, in batches of 64 KiB (pieces of
+// 4 KiB) gives one document whose tokens are the tokenizer's of the whole text.
+TEST(PrepareData, ALargeDocumentInPiecesKeepsItsTokens) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  std::string text;
+  for (const auto& t : testing::real_texts(1200 * 1000)) text += t + (text.size() % 2 ? "\n" : " ");
+  std::string block;  // the same lines less the blank ones: one blank-line block
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find_first_not_of(" \t\r") != std::string::npos) block += (block.empty() ? "" : "\n") + line;
+  const auto dir = testing::tmp_path("large-document");
+  fs::create_directories(dir);
+  std::ofstream(dir / "doc.txt", std::ios::binary) << text;
+  std::ofstream(dir / "block.txt", std::ios::binary) << "\n" << block << "\n\nsmall one\n";
+  const Tokenizer tok = Tokenizer::load(gpt2_path());
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.batch_bytes = size_t{64} << 10;
+  o.threads = 2;
+  o.validation_fraction = 0;
+  o.progress = ProgressStyle::Off;
+  o.existing = ExistingOutput::Replace;
+  o.inputs = {(dir / "doc.txt").string()};
+  o.output = (dir / "doc.h5").string();
+  const auto s = prepare_dataset(o);
+  EXPECT_EQ(s.documents, 1u);
+  EXPECT_EQ(s.bytes, text.size());
+  const auto whole = tok.encode(text);
+  {
+    const auto ds = TokenDataset::open(o.output);
+    ASSERT_EQ(ds.num_documents(), 1u);
+    const auto got = ds.document(0);
+    EXPECT_EQ(got.size(), whole.size());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), whole.begin(), whole.end()));
+  }
+  o.inputs = {(dir / "block.txt").string()};
+  o.documents.split = DocumentSplit::BlankLines;
+  o.output = (dir / "block.h5").string();
+  EXPECT_EQ(prepare_dataset(o).documents, 2u);
+  const auto ds = TokenDataset::open(o.output);
+  ASSERT_EQ(ds.num_documents(), 2u);
+  const auto block_ids = tok.encode(block);
+  const auto got = ds.document(0);
+  EXPECT_EQ(got.size(), block_ids.size());
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), block_ids.begin(), block_ids.end()));
+  const auto small = tok.encode("small one");
+  const auto second = ds.document(1);
+  EXPECT_TRUE(std::equal(second.begin(), second.end(), small.begin(), small.end()));
+}
+
+// A stretch with no place to cut exactly (300 KB of digits, more than the 64 KiB batch) is cut at a batch's size,
+// at a character boundary: still one document, whose tokens decode to the text, each character whole.
+TEST(PrepareData, AStretchWithNoSafePlaceIsCutAtTheBatchSize) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  std::string text = "Numbers follow ";
+  for (int i = 0; text.size() < 300 * 1000; ++i) text += i % 3 ? std::to_string(i) : "\xc3\xa9";
+  text += " and words again, with more words after them.";
+  const auto dir = testing::tmp_path("digits");
+  fs::create_directories(dir);
+  std::ofstream(dir / "digits.txt", std::ios::binary) << text;
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.batch_bytes = size_t{64} << 10;
+  o.validation_fraction = 0;
+  o.progress = ProgressStyle::Off;
+  o.existing = ExistingOutput::Replace;
+  o.inputs = {(dir / "digits.txt").string()};
+  o.output = (dir / "digits.h5").string();
+  EXPECT_EQ(prepare_dataset(o).documents, 1u);
+  const auto ds = TokenDataset::open(o.output);
+  const Tokenizer tok = Tokenizer::load(gpt2_path());
+  const auto ids = ds.document(0);
+  EXPECT_EQ(tok.decode(std::vector<TokenId>(ids.begin(), ids.end())), text);
 }
 
 TEST(PrepareData, ValidationChoice) {

@@ -33,6 +33,15 @@ struct DocumentOptions {
   // integers), imported as they are instead of tokenizing text_field. Empty: the inputs are text.
   std::string token_field;
   int64_t vocab_size = 0;  // with token_field: every id must be below it
+  // Text documents (a per-file one, a blank-line block) longer than piece_bytes are handed out in pieces of about
+  // that size (RawDocument::continues), each cut at `tokenizer`'s last_safe_cut, so that the pieces' tokens are the
+  // whole document's and memory holds a piece, not the document. A stretch of max_piece_bytes with no such place
+  // (no letter after a space or newline: binary data, a run of digits or of another script) is cut there anyway,
+  // at a character boundary, where its tokens may differ from the whole's. 0 or no tokenizer: documents whole.
+  // A single line of a blank-line document is still read whole.
+  size_t piece_bytes = 0;
+  size_t max_piece_bytes = 0;
+  const Tokenizer* tokenizer = nullptr;
 };
 
 // The documents of one file, in order, handed to `emit` as they are read: JSONL and blank-line text are read
@@ -51,6 +60,7 @@ std::vector<std::string> read_documents(const std::string& path, const DocumentO
 struct RawDocument {
   std::string bytes;
   uint64_t line = 0;
+  bool continues = false;  // the next piece of the document before it (DocumentOptions::piece_bytes)
 };
 void for_each_raw_document(const std::string& path, const DocumentOptions& options,
                            const std::function<void(RawDocument&& document)>& emit);
