@@ -5,11 +5,13 @@
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -152,8 +154,51 @@ void list_folder(const std::string& folder, const std::string& output, std::vect
 
 }  // namespace
 
+namespace {
+
+// What a named input that is not a file or folder is, for the message.
+const char* file_type_name(std::filesystem::file_type type) {
+  switch (type) {
+    case std::filesystem::file_type::fifo: return "a FIFO (named pipe)";
+    case std::filesystem::file_type::character: return "a character device";
+    case std::filesystem::file_type::block: return "a block device";
+    case std::filesystem::file_type::socket: return "a socket";
+    default: return "not a regular file";
+  }
+}
+
+// One file reached twice (named twice, through two spellings or links, or named and in a folder given too) would
+// have its documents read twice, and the validation split could hold a copy of a training document. Compared by
+// device and inode, as data.mixture compares its files (std::filesystem::equivalent), once for all the files.
+void refuse_files_given_twice(const std::vector<std::string>& files) {
+  std::map<std::pair<dev_t, ino_t>, size_t> seen;
+  for (size_t i = 0; i < files.size(); ++i) {
+    struct stat st {};
+    if (::stat(files[i].c_str(), &st) != 0) continue;  // its reading names what is wrong with it
+    const auto [at, fresh] = seen.emplace(std::make_pair(st.st_dev, st.st_ino), i);
+    if (!fresh)
+      throw UsageError(fmt::format(
+          "{}: is the same file as {}, given before; its documents would be read twice (and a copy could land in the "
+          "validation split); give each file once",
+          files[i], files[at->second]));
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output) {
   namespace fs = std::filesystem;
+  // Every named input is looked at before any folder is listed: a pipe or device (which would be read without end)
+  // is refused before any work, wherever it stands on the command line.
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    const auto type = fs::status(in, ec).type();
+    if (type != fs::file_type::regular && type != fs::file_type::directory && type != fs::file_type::not_found &&
+        type != fs::file_type::none)
+      throw UsageError(
+          fmt::format("{}: is {}; --input takes regular files or folders of them (a pipe or a device has no end to read to)",
+                      in, file_type_name(type)));
+  }
   std::vector<std::string> out;
   for (const auto& in : inputs) {
     std::error_code ec;
@@ -176,6 +221,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, c
       throw DataError(fmt::format("{}: input not found", in));
     }
   }
+  refuse_files_given_twice(out);
   return out;
 }
 

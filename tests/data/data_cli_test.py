@@ -181,4 +181,26 @@ with open("docs.jsonl", "w") as f:
 r = run("prepare-data", "-t", "precious.json", "-i", inputs, "-i", "docs.jsonl", "-o", "tf.h5", "--text-field", "body")
 check(r.returncode == 0 and dataset_tokens("tf.h5"), f"prepare-data --text-field with a JSONL input: {r.returncode} {error_line(r)}")
 
+# Inputs that are not regular files: /dev/zero and a FIFO with no writer ran without end (a SIGTERM then left
+# OUT.tokens-tmp-PID behind). Refused with 2 before any work, by prepare-data and tokenizer train alike.
+os.mkfifo("fifo")
+not_file = "; --input takes regular files or folders of them (a pipe or a device has no end to read to)"
+for cmd in (["prepare-data", "-t", "precious.json", "-o", "nf.h5"], ["tokenizer", "train", "--vocab-size", "300", "-o", "nf.json"]):
+    for bad, what in (("/dev/zero", "a character device"), ("fifo", "a FIFO (named pipe)")):
+        r = run(*cmd, "-i", one, bad, timeout=30)
+        check(r.returncode == 2 and f"{bad}: is {what}{not_file}" in r.stderr and leftovers() == []
+              and not os.path.exists("nf.h5") and not os.path.exists("nf.json"),
+              f"{cmd[0]} -i {bad}: {r.returncode} {error_line(r)}, left {leftovers()}")
+
+# One file given twice, however spelled (its documents went in twice, and a copy could land in the validation split).
+os.symlink(one, "one-link.txt")
+twice = ("is the same file as {}, given before; its documents would be read twice (and a copy could land in the "
+         "validation split); give each file once")
+for cmd in (["prepare-data", "-t", "precious.json", "-o", "tw.h5"], ["tokenizer", "train", "--vocab-size", "300", "-o", "tw.json"]):
+    for first, second in ((one, one), (one, "one-link.txt"), (inputs, one)):
+        r = run(*cmd, "-i", first, second)
+        check(r.returncode == 2 and f"{one if first == inputs else second}: {twice.format(one if first == inputs else first)}"
+              in r.stderr and not os.path.exists("tw.h5") and not os.path.exists("tw.json"),
+              f"{cmd[0]} -i {first} {second}: {r.returncode} {error_line(r)}")
+
 check.finish("data CLI: outputs, --special, threads and inputs as expected")

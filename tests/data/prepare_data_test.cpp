@@ -1,6 +1,7 @@
 // prepare-data: token counts equal the tokenizer's, offsets are consistent, split sizes are right, and bad
 // inputs (non-HDF5 or truncated files, a missing "text" field, empty inputs) give errors that name them.
 #include <sched.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -275,10 +276,16 @@ TEST(PrepareData, ReadingAheadReportsErrorsInInputOrder) {
     }
   }
   // A failure while the reading has a long way to go: the reading is told to stop and the run ends (no hang).
+  // Copies, not the one file 200 times, which is refused as given twice.
   o.batch_bytes = 64;
-  std::vector<std::string> many(200, good.string());
+  const auto many = testing::tmp_path("ahead-many");
+  std::filesystem::create_directories(many);
   o.inputs = {bad_line.string()};
-  o.inputs.insert(o.inputs.end(), many.begin(), many.end());
+  for (int i = 0; i < 200; ++i) {
+    const auto copy = many / ("good-" + std::to_string(i) + ".jsonl");
+    std::filesystem::copy_file(good, copy, std::filesystem::copy_options::overwrite_existing);
+    o.inputs.push_back(copy.string());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_NE(testing::data_error_of([&] { prepare_dataset(o); }).find(":400:"), std::string::npos);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
@@ -602,6 +609,52 @@ TEST(PrepareData, AStretchWithNoSafePlaceIsCutAtTheBatchSize) {
   const Tokenizer tok = Tokenizer::load(gpt2_path());
   const auto ids = ds.document(0);
   EXPECT_EQ(tok.decode(std::vector<TokenId>(ids.begin(), ids.end())), text);
+}
+
+// Inputs that are not regular files (a device or a FIFO: prepare-data read /dev/zero without end, and a killed run
+// left its temporary behind), and one file given twice however spelled (its documents went in twice, and could land
+// in both splits), are UsageErrors before any work: the tokenizer here does not exist.
+TEST(PrepareData, InputsThatAreNotFilesOrGivenTwiceAreUsageErrors) {
+  namespace fs = std::filesystem;
+  const auto dir = testing::tmp_path("inputs-twice");
+  fs::remove_all(dir);
+  fs::create_directories(dir / "sub");
+  std::ofstream(dir / "a.txt") << "some text";
+  std::ofstream(dir / "sub" / "b.txt") << "more text";
+  fs::create_symlink(dir / "a.txt", dir / "link.txt");
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  PrepareOptions o;
+  o.tokenizer = (dir / "no-such-tokenizer.json").string();
+  o.output = (dir / "out.h5").string();
+  o.progress = ProgressStyle::Off;
+  const auto usage_error_of = [&](std::vector<std::string> inputs) {
+    o.inputs = std::move(inputs);
+    try {
+      prepare_dataset(o);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("other: ") + e.what();
+    }
+    return std::string("no UsageError");
+  };
+  const std::string a = (dir / "a.txt").string(), b = (dir / "sub" / "b.txt").string();
+  const std::string not_file = "; --input takes regular files or folders of them (a pipe or a device has no end to read to)";
+  EXPECT_EQ(usage_error_of({a, "/dev/zero"}), "/dev/zero: is a character device" + not_file);
+  EXPECT_EQ(usage_error_of({(dir / "fifo").string()}), (dir / "fifo").string() + ": is a FIFO (named pipe)" + not_file);
+  const auto twice = [](const std::string& second, const std::string& first) {
+    return second + ": is the same file as " + first +
+           ", given before; its documents would be read twice (and a copy could land in the validation split); give "
+           "each file once";
+  };
+  EXPECT_EQ(usage_error_of({a, a}), twice(a, a));
+  const std::string dotted = (dir / "sub" / ".." / "a.txt").string();
+  EXPECT_EQ(usage_error_of({a, dotted}), twice(dotted, a));
+  EXPECT_EQ(usage_error_of({(dir / "link.txt").string(), a}), twice(a, (dir / "link.txt").string()));
+  EXPECT_EQ(usage_error_of({(dir / "sub").string(), b}), twice(b, b));
+  fs::create_hard_link(b, dir / "hard.txt");
+  EXPECT_EQ(usage_error_of({b, (dir / "hard.txt").string()}), twice((dir / "hard.txt").string(), b));
+  EXPECT_FALSE(fs::exists(o.output));
 }
 
 TEST(PrepareData, ValidationChoice) {
