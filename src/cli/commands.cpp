@@ -53,6 +53,11 @@ CLI::Validator output_file_check() {
       [](std::string& path) -> std::string {
         if (path.empty()) return "expected a file name";
         if (std::filesystem::is_directory(path)) return path + " is a folder: expected a file name";
+        // Written once the work is done (an evaluation of every checkpoint, a prediction): a folder that is not there
+        // failed it then, with exit 8 and nothing to show for the work.
+        const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+        if (std::error_code ec; !folder.empty() && !std::filesystem::is_directory(folder, ec))
+          return fmt::format("{}: its folder {} does not exist (the file is written after the work)", path, folder.string());
         return {};
       },
       "FILE");

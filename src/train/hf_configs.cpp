@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -28,6 +30,9 @@ struct Value {
   std::string where;  // "file:line key" or "file key"
 };
 
+// The most processes or machines an Accelerate file may name: the ranks plan and check take (2^20).
+constexpr int64_t kMaxYamlCount = int64_t{1} << 20;
+
 [[noreturn]] void fail(const Value& v, const std::string& what) { throw ConfigError(fmt::format("{}: {}", v.where, what)); }
 
 bool as_bool(const Value& v) {
@@ -38,9 +43,11 @@ bool as_bool(const Value& v) {
 }
 int64_t as_int(const Value& v) {
   if (v.kind == Value::Kind::Int) return v.i;
-  if (v.kind == Value::Kind::Float && v.f == static_cast<double>(static_cast<int64_t>(v.f)))
+  if (v.kind == Value::Kind::Float && std::abs(v.f) < 0x1p62 && v.f == static_cast<double>(static_cast<int64_t>(v.f)))
     return static_cast<int64_t>(v.f);
-  fail(v, "expected an integer");
+  fail(v, v.kind == Value::Kind::Float && std::isfinite(v.f) && v.f == std::floor(v.f)
+              ? "expected an integer of at most 2^62"
+              : "expected an integer");
 }
 std::string as_string(const Value& v) {
   if (v.kind == Value::Kind::String) return v.s;
@@ -229,8 +236,10 @@ Value from_yaml(const YamlNode& n, std::string where) {
   if (s == "true" || s == "True" || s == "TRUE") return v.kind = Value::Kind::Bool, v.b = true, v;
   if (s == "false" || s == "False" || s == "FALSE") return v.kind = Value::Kind::Bool, v.b = false, v;
   char* end = nullptr;
+  errno = 0;
   const long long i = std::strtoll(s.c_str(), &end, 10);
-  if (end == s.c_str() + s.size()) return v.kind = Value::Kind::Int, v.i = i, v;
+  // Past int64 strtoll gives its limit: read on as a float, which no count takes.
+  if (end == s.c_str() + s.size() && errno != ERANGE) return v.kind = Value::Kind::Int, v.i = i, v;
   const double f = std::strtod(s.c_str(), &end);
   if (end == s.c_str() + s.size()) return v.kind = Value::Kind::Float, v.f = f, v;
   return v;
@@ -328,11 +337,12 @@ std::vector<std::string> apply_accelerate_config_text(TrainConfig& config, std::
       }
     } else if (key == "num_processes") {
       const int64_t n = as_int(v);
-      if (n < 1) fail(v, fmt::format("expected 1 or more processes, got {}", n));
+      // 4294967297 went into an int as 1.
+      if (n < 1 || n > kMaxYamlCount) fail(v, fmt::format("expected 1 to {} processes, got {}", kMaxYamlCount, n));
       config.fsdp.num_processes = static_cast<int>(n);
     } else if (key == "num_machines") {
       const int64_t n = as_int(v);
-      if (n < 1) fail(v, fmt::format("expected 1 or more machines, got {}", n));
+      if (n < 1 || n > kMaxYamlCount) fail(v, fmt::format("expected 1 to {} machines, got {}", kMaxYamlCount, n));
       config.fsdp.num_machines = static_cast<int>(n);
     } else {
       bool known = false;

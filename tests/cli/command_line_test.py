@@ -142,6 +142,9 @@ expect("predict --trace FOLDER", ["predict", "-c", tiny, "--trace", "a-folder"],
 expect("evaluate --json FOLDER", ["evaluate", "-w", "nowhere", "--json", "a-folder"], 2,
        "--json: a-folder is a folder: expected a file name")
 expect("bench ops --json ''", ["bench", "ops", "--json", ""], 2, "--json: expected a file name")
+# Written after the work: a folder that is not there ended an evaluation of every checkpoint with exit 8, nothing shown.
+expect("evaluate --json in no folder", ["evaluate", "-w", "nowhere", "--json", "no-such-folder/x.json"], 2,
+       "--json: no-such-folder/x.json: its folder no-such-folder does not exist (the file is written after the work)")
 
 # A file system call that fails on a path: an I/O error (8), with the call's own words and the path.
 open(os.path.join(work, "a-file"), "w").write("x\n")

@@ -18,6 +18,18 @@ namespace {
 
 std::string gpt2_path() { return (testing::fetched_dir() / "tokenizers" / "r50k_base.tiktoken").string(); }
 
+// The UsageError preparing with `o` raises ("no UsageError", or "other: " and another error's words, when it does not).
+std::string usage_error_of(const PrepareOptions& o) {
+  try {
+    prepare_dataset(o);
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "no UsageError";
+}
+
 TEST(PrepareData, CountsOffsetsAndSplitFromRealCorpus) {
   if (!testing::require_fetched()) return;
   const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
@@ -381,30 +393,20 @@ TEST(PrepareData, BadOutputsAndValuesAreUsageErrorsBeforeAnyWork) {
   o.inputs = {(dir / "in.txt").string()};
   o.existing = ExistingOutput::Replace;
   o.progress = ProgressStyle::Off;
-  const auto usage_error_of = [&] {
-    try {
-      prepare_dataset(o);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    } catch (const std::exception& e) {
-      return std::string("other: ") + e.what();
-    }
-    return std::string("no UsageError");
-  };
   o.output = (dir / "outdir").string();
-  EXPECT_EQ(usage_error_of(),
+  EXPECT_EQ(usage_error_of(o),
             o.output + ": is a folder; prepare-data writes one file (give its name, e.g. " + o.output + "/NAME)");
   o.output = (dir / "outdir").string() + "/";
-  EXPECT_EQ(usage_error_of(), o.output + ": is a folder; prepare-data writes one file (give its name, e.g. " +
-                                  (dir / "outdir").string() + "/NAME)");
+  EXPECT_EQ(usage_error_of(o), o.output + ": is a folder; prepare-data writes one file (give its name, e.g. " +
+                                   (dir / "outdir").string() + "/NAME)");
   o.output = "";
-  EXPECT_EQ(usage_error_of(), "prepare-data: the output is an empty name (--output)");
+  EXPECT_EQ(usage_error_of(o), "prepare-data: the output is an empty name (--output)");
   o.output = (dir / "out.h5").string();
   o.validation_fraction = std::nan("");
-  EXPECT_EQ(usage_error_of(), "--validation-fraction nan is outside [0, 1)");
+  EXPECT_EQ(usage_error_of(o), "--validation-fraction nan is outside [0, 1)");
   o.validation_fraction = 0.01;
   o.threads = -1;
-  EXPECT_EQ(usage_error_of(), "--threads -1: expected 0 (every core this process may use) or more");
+  EXPECT_EQ(usage_error_of(o), "--threads -1: expected 0 (every core this process may use) or more");
   o.threads = 0;
   EXPECT_EQ(names_in(dir), (std::vector<std::string>{"in.txt", "outdir"}));  // nothing written, nothing left
 }
@@ -627,33 +629,26 @@ TEST(PrepareData, InputsThatAreNotFilesOrGivenTwiceAreUsageErrors) {
   o.tokenizer = (dir / "no-such-tokenizer.json").string();
   o.output = (dir / "out.h5").string();
   o.progress = ProgressStyle::Off;
-  const auto usage_error_of = [&](std::vector<std::string> inputs) {
+  const auto refusal_of = [&](std::vector<std::string> inputs) {
     o.inputs = std::move(inputs);
-    try {
-      prepare_dataset(o);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    } catch (const std::exception& e) {
-      return std::string("other: ") + e.what();
-    }
-    return std::string("no UsageError");
+    return usage_error_of(o);
   };
   const std::string a = (dir / "a.txt").string(), b = (dir / "sub" / "b.txt").string();
   const std::string not_file = "; --input takes regular files or folders of them (a pipe or a device has no end to read to)";
-  EXPECT_EQ(usage_error_of({a, "/dev/zero"}), "/dev/zero: is a character device" + not_file);
-  EXPECT_EQ(usage_error_of({(dir / "fifo").string()}), (dir / "fifo").string() + ": is a FIFO (named pipe)" + not_file);
+  EXPECT_EQ(refusal_of({a, "/dev/zero"}), "/dev/zero: is a character device" + not_file);
+  EXPECT_EQ(refusal_of({(dir / "fifo").string()}), (dir / "fifo").string() + ": is a FIFO (named pipe)" + not_file);
   const auto twice = [](const std::string& second, const std::string& first) {
     return second + ": is the same file as " + first +
            ", given before; its documents would be read twice (and a copy could land in the validation split); give "
            "each file once";
   };
-  EXPECT_EQ(usage_error_of({a, a}), twice(a, a));
+  EXPECT_EQ(refusal_of({a, a}), twice(a, a));
   const std::string dotted = (dir / "sub" / ".." / "a.txt").string();
-  EXPECT_EQ(usage_error_of({a, dotted}), twice(dotted, a));
-  EXPECT_EQ(usage_error_of({(dir / "link.txt").string(), a}), twice(a, (dir / "link.txt").string()));
-  EXPECT_EQ(usage_error_of({(dir / "sub").string(), b}), twice(b, b));
+  EXPECT_EQ(refusal_of({a, dotted}), twice(dotted, a));
+  EXPECT_EQ(refusal_of({(dir / "link.txt").string(), a}), twice(a, (dir / "link.txt").string()));
+  EXPECT_EQ(refusal_of({(dir / "sub").string(), b}), twice(b, b));
   fs::create_hard_link(b, dir / "hard.txt");
-  EXPECT_EQ(usage_error_of({b, (dir / "hard.txt").string()}), twice((dir / "hard.txt").string(), b));
+  EXPECT_EQ(refusal_of({b, (dir / "hard.txt").string()}), twice((dir / "hard.txt").string(), b));
   EXPECT_FALSE(fs::exists(o.output));
 }
 

@@ -389,6 +389,11 @@ TEST(TrainConfig, HfFileVariantsAndErrors) {
   EXPECT_EQ(c.fsdp.engine.strategy, ShardingStrategy::NoShard);
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "fsdp_config:\n  fsdp_sharding_strategy: 7\n", "a.yaml"), "a.yaml:2",
                       "fsdp_sharding_strategy");
+  // Counts past an int: 4294967297 went in as 1, 99999999999999999999999 as -1 (strtoll's limit, then an int).
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "num_processes: 4294967297\n", "a.yaml"), "a.yaml:1: num_processes",
+                      "expected 1 to 1048576 processes, got 4294967297");
+  EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "num_machines: 99999999999999999999999\n", "a.yaml"),
+                      "a.yaml:1: num_machines", "expected an integer");
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "distributed_type: DEEPSPEED\n", "a.yaml"), "a.yaml:1",
                       "distributed_type", "FSDP");
   EXPECT_CONFIG_ERROR(apply_accelerate_config_text(c, "mixed_precision: fp16\n", "a.yaml"), "mixed_precision", "fp16");
