@@ -119,7 +119,8 @@ Command add_generate_command(CLI::App& parent) {
   c.app->add_option("--top-k", o->sampling.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
   c.app->add_option("--top-p", o->sampling.top_p, "nucleus: the most likely tokens up to this probability")
       ->capture_default_str();
-  c.app->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  // CLI11 reads "-1" into an unsigned as 2^64 - 1 without a word.
+  c.app->add_option("--seed", o->seed, "sampling seed")->capture_default_str()->check(unsigned_check());
   c.launch = Launch::Offline;
   c.run = [o](Runtime*) { return run_generate(*o); };
   return c;

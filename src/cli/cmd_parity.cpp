@@ -350,7 +350,7 @@ Command add_parity_command(CLI::App& parent) {
       ->check(count_range(0));
   d->add_option("--pad-id", o->pad_id, "the pad token id (default vocab_size - 1; the model config has none)")
       ->check(count_range(0));
-  d->add_option("--seed", o->seed, "seed of the batch's token ids")->capture_default_str();
+  d->add_option("--seed", o->seed, "seed of the batch's token ids")->capture_default_str()->check(unsigned_check());
   d->add_option("--threads", o->threads, "CPU backend threads (0 = hardware cores)")
       ->capture_default_str()
       ->check(count_range(0, 65536));

@@ -41,7 +41,9 @@ Command add_prepare_data_command(CLI::App& parent) {
   app->add_option("--validation-fraction", o->validation_fraction, "share of documents held out for validation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999));
-  app->add_option("--seed", o->seed, "seed of the train/validation choice")->capture_default_str();
+  app->add_option("--seed", o->seed, "seed of the train/validation choice")
+      ->capture_default_str()
+      ->check(unsigned_check());  // "-1" went into the unsigned seed as 2^64 - 1 without a word
   app->add_option("--threads", o->threads,
                   "tokenizer threads (0: every core this process may use, e.g. Slurm's --cpus-per-task; more than 1024 "
                   "are cut to 1024)")

@@ -64,6 +64,10 @@ int world_size_of(int64_t nodes, int64_t ranks_per_node);
 // command line is read rather than after the work.
 CLI::Validator output_file_check();
 
+// An unsigned value (a seed): CLI11 reads "-1" into one as 2^64 - 1 without a word, and CLI::NonNegativeNumber's
+// message names a 300-digit bound.
+CLI::Validator unsigned_check();
+
 // A rate or fraction for an option: a finite number in (0, hi]. CLI::Range lets NaN through (every comparison with
 // it is false) and names a 300-digit bound for an open end.
 CLI::Validator positive_up_to(double hi, double lo = 0);  // lo > 0: from lo (inclusive)

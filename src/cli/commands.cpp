@@ -48,6 +48,15 @@ CLI::Validator positive_up_to(double hi, double lo) {
       lo > 0 ? fmt::format("[{}, {}]", lo, hi) : fmt::format("(0, {}]", hi));
 }
 
+CLI::Validator unsigned_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const size_t at = text.find_first_not_of(" \t");
+        return at != std::string::npos && text[at] == '-' ? text + ": expected 0 or more" : std::string();
+      },
+      "");
+}
+
 CLI::Validator output_file_check() {
   return CLI::Validator(
       [](std::string& path) -> std::string {

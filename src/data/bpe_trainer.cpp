@@ -89,7 +89,14 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   }
   const int threads = resolve_thread_count(options.threads);
   const std::string pattern = options.split_pattern.empty() ? std::string(llama3_split_pattern()) : options.split_pattern;
-  const detail::Regex regex(pattern, "--pattern");
+  // A pattern that does not compile is a bad command-line value (exit 2), not bad data.
+  const detail::Regex regex = [&] {
+    try {
+      return detail::Regex(pattern, "--pattern");
+    } catch (const DataError& e) {
+      throw UsageError(e.what());
+    }
+  }();
 
   // 1. Word counts, one map per thread over a shared file cursor.
   std::vector<WordCounts> partial(static_cast<size_t>(threads));

@@ -332,7 +332,9 @@ void CheckpointHooks::resume(Trainer& trainer) {
     // Every rank read other parts of the files: a damaged chunk only one of them met fails the checkpoint for all.
     if (fall_back) error = lowest_error(world, rank, error);
     if (!error.empty()) {
-      if (rank == 0) log::error("checkpoint: {} does not load, trying the one before it: {}", path, error);
+      if (rank == 0)
+        log::error("checkpoint: {} does not load{}: {}", path,
+                   &path == &candidates.back() ? ", and it was the oldest" : ", trying the one before it", error);
       damaged.push_back({path, "", error});
       continue;
     }

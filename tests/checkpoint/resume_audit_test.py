@@ -258,6 +258,15 @@ r = train("done_loop", "--resume", "auto")
 check(r.returncode == 0 and f"{ckpt('done_loop', 4)}/DONE: is a symbolic link that leads back to itself" in r.stderr
       and os.path.isdir(ckpt("done_loop", 4) + ".damaged") and losses("done_loop") == {s: expected[s] for s in range(3, 9)},
       f"a DONE that loops: damaged, the run falls back: exit {r.returncode}: {r.stderr[-1500:]}")
+# Every checkpoint damaged: exit 5, and the last one tried is said to be the oldest (it said "trying the one before it").
+copy_checkpoints("all_damaged", [2, 4])
+for s in (2, 4):
+    open(os.path.join(ckpt("all_damaged", s), "DONE"), "w").write("not json")
+r = train("all_damaged", "--resume", "auto")
+check(r.returncode == 5 and f"{ckpt('all_damaged', 4)} does not load, trying the one before it" in r.stderr
+      and f"{ckpt('all_damaged', 2)} does not load, and it was the oldest" in r.stderr
+      and f"{ckpt('all_damaged', 2)} does not load, trying" not in r.stderr,
+      f"every checkpoint damaged: exit {r.returncode}: {r.stderr[-1500:]}")
 info = subprocess.run([st, "checkpoint", "info", os.path.join(work, "whole", "checkpoints")], capture_output=True, text=True,
                       timeout=120)
 check(info.returncode == 5 and "a folder of checkpoints, not one checkpoint: pass one of its 4 complete checkpoint(s), the "

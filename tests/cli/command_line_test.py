@@ -143,6 +143,11 @@ expect("evaluate --json FOLDER", ["evaluate", "-w", "nowhere", "--json", "a-fold
        "--json: a-folder is a folder: expected a file name")
 expect("bench ops --json ''", ["bench", "ops", "--json", ""], 2, "--json: expected a file name")
 # Written after the work: a folder that is not there ended an evaluation of every checkpoint with exit 8, nothing shown.
+# Unsigned values: "-1" was read as 2^64 - 1 without a word. A split pattern that does not compile is a bad value (2),
+# not a data error (4).
+expect("generate --seed -1", ["generate", "-w", "nowhere", "--prompt", "x", "--seed", "-1"], 2, "--seed: -1: expected 0 or more")
+expect("tokenizer train --pattern (", ["tokenizer", "train", "--input", clitest.corpus(args, "moby-dick"), "--output", "t.json", "--pattern", "("], 2,
+       "usage error: --pattern: split pattern does not compile at offset 1: missing closing parenthesis")
 expect("evaluate --json in no folder", ["evaluate", "-w", "nowhere", "--json", "no-such-folder/x.json"], 2,
        "--json: no-such-folder/x.json: its folder no-such-folder does not exist (the file is written after the work)")
 
