@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <climits>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -47,9 +48,25 @@ void require_writable_dir(const std::string& key, const std::string& dir, DirPro
                               existing == p ? "cannot write into" : "cannot create", dir, existing.string(),
                               ec ? ec.message() : "the probe exists already"));
   fs::remove(trial, ec);
+  // What making the rest would meet, said before it is made (check looks only, and said "can be written" of a name
+  // of 256 bytes, which train then failed to create): a name longer than the file system takes, a path longer than
+  // the system's limit.
+  const long name_max = ::pathconf(existing.c_str(), _PC_NAME_MAX);
+  const fs::path rest = p.lexically_relative(existing);
+  for (const fs::path& part : rest)
+    if (name_max > 0 && part.native().size() > static_cast<size_t>(name_max))
+      throw IoError(fmt::format("{}: cannot create {}: File name too long (a name of {} bytes below {}, whose file system "
+                                "takes at most {})",
+                                key, dir, part.native().size(), existing.string(), name_max));
+  if (p.native().size() >= PATH_MAX)
+    throw IoError(fmt::format("{}: cannot create {}: File name too long (the path has {} bytes; the system takes fewer "
+                              "than {})",
+                              key, dir, p.native().size(), PATH_MAX));
   if (probe == DirProbe::LookOnly) return;
   fs::create_directories(p, ec);
-  if (ec) throw IoError(fmt::format("{}: cannot create {}: {}", key, dir, ec.message()));
+  if (ec)
+    throw IoError(
+        fmt::format("{}: cannot create {}: {} (the nearest existing folder: {})", key, dir, ec.message(), existing.string()));
 }
 
 }  // namespace shardtrain::train

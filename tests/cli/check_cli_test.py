@@ -302,6 +302,12 @@ agree("checkpoint.dir under a file", ["--logging.run_dir", fresh_run, "--checkpo
 agree("run_dir under a file", ["--logging.run_dir", os.path.join(config, "sub"), "--checkpoint.dir", os.path.join(fresh_run, "ck")], 8,
       f"I/O error: logging.run_dir: cannot create {config}/sub: {config} is not a directory", clean)
 agree("runs_root a file", ["--logging.runs_root", config], 8, f"I/O error: logging.runs_root: {config} exists and is not a directory")
+# A name longer than the file system takes: check looked only where the first folder would be made and said "can be
+# written"; train then failed to create it.
+long_dir = os.path.join(work, "n" * 256, "ck")
+agree("checkpoint.dir with a 256-byte name", ["--logging.run_dir", fresh_run, "--checkpoint.dir", long_dir], 8,
+      f"I/O error: checkpoint.dir: cannot create {long_dir}: File name too long (a name of 256 bytes below {work}, whose file "
+      "system takes at most 255)", clean)
 # Two problems: the run stops on the one it meets first, and so does check's exit code (the data is listed first).
 foreign_run = os.path.join(work, "foreign-run")
 
