@@ -55,18 +55,20 @@ void require_writable_dir(const std::string& key, const std::string& dir, DirPro
   const fs::path rest = p.lexically_relative(existing);
   for (const fs::path& part : rest)
     if (name_max > 0 && part.native().size() > static_cast<size_t>(name_max))
-      throw IoError(fmt::format("{}: cannot create {}: File name too long (a name of {} bytes below {}, whose file system "
-                                "takes at most {})",
-                                key, dir, part.native().size(), existing.string(), name_max));
+      throw IoError(
+          fmt::format("{}: cannot create {}: File name too long (a name of {} bytes below {}, whose file system "
+                      "takes at most {})",
+                      key, dir, part.native().size(), existing.string(), name_max));
   if (p.native().size() >= PATH_MAX)
-    throw IoError(fmt::format("{}: cannot create {}: File name too long (the path has {} bytes; the system takes fewer "
-                              "than {})",
-                              key, dir, p.native().size(), PATH_MAX));
+    throw IoError(
+        fmt::format("{}: cannot create {}: File name too long (the path has {} bytes; the system takes fewer "
+                    "than {})",
+                    key, dir, p.native().size(), PATH_MAX));
   if (probe == DirProbe::LookOnly) return;
   fs::create_directories(p, ec);
   if (ec)
-    throw IoError(
-        fmt::format("{}: cannot create {}: {} (the nearest existing folder: {})", key, dir, ec.message(), existing.string()));
+    throw IoError(fmt::format("{}: cannot create {}: {} (the nearest existing folder: {})", key, dir, ec.message(),
+                              existing.string()));
 }
 
 }  // namespace shardtrain::train
