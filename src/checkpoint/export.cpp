@@ -21,6 +21,7 @@
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 
@@ -226,9 +227,6 @@ nlohmann::json hf_generation_config(const SpecialRoles& roles) {
   return j;
 }
 
-// The file system's reason (ENOSPC, EDQUOT, EFBIG...) after a failed stream operation, as ": reason", or "".
-std::string os_reason() { return errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string(); }
-
 std::ofstream open_for_writing(const fs::path& p, std::ios::openmode mode = std::ios::out) {
   errno = 0;
   std::ofstream out(p, mode);
@@ -236,8 +234,8 @@ std::ofstream open_for_writing(const fs::path& p, std::ios::openmode mode = std:
   return out;
 }
 
-// Closes a file written through `out` and flushes it to disk. The close writes what the stream still buffers: a small
-// file's every byte. Unchecked, a full disk left a short config.json in an output published as complete.
+// Closes a file written through `out` and flushes it to disk. The close writes what the stream still buffers: a file's
+// last block. Unchecked, a full disk could leave a short file in an output published as complete.
 void close_written(std::ofstream& out, const fs::path& p) {
   errno = 0;
   out.close();
@@ -249,10 +247,10 @@ void close_written(std::ofstream& out, const fs::path& p) {
   if (rc != 0) throw IoError(fmt::format("{}: cannot flush it to disk: {}", p.string(), std::strerror(err)));
 }
 
+// Each call checked and flushed (write_file_whole): through a stream checked before its close, a full disk left a short
+// config.json in an output published as complete.
 void write_json(const fs::path& p, const nlohmann::json& j) {
-  std::ofstream out = open_for_writing(p);
-  out << j.dump(2) << "\n";
-  close_written(out, p);
+  write_file_whole(p.string(), j.dump(2) + "\n", p.filename().string());
 }
 
 // tokenizer_config.json: the class AutoTokenizer builds, the special tokens by their text (without them

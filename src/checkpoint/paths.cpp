@@ -87,13 +87,19 @@ bool save_file_name(const std::string& name) {
   return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// A regular file (not a link) of a name a save writes.
+bool is_save_file(const fs::directory_entry& f) {
+  std::error_code ec;
+  return !f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string());
+}
+
 }  // namespace
 
 bool holds_only_save_files(const std::string& path, uint64_t* files, uint64_t* bytes) {
   std::error_code ec;
   bool ours = true;
   for (const auto& f : fs::directory_iterator(path, ec)) {
-    ours = ours && !f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string());
+    ours = ours && is_save_file(f);
     if (files) ++*files;
     if (bytes) *bytes += f.is_regular_file(ec) ? f.file_size(ec) : 0;
   }
@@ -119,13 +125,16 @@ std::string rename_foreign(const std::string& path, std::string& why) {
 void remove_checkpoint(const std::string& path) {
   std::error_code ec;
   fs::remove(fs::path(path) / kDoneFile, ec);
-  if (holds_only_save_files(path)) {
+  std::vector<fs::path> ours;
+  bool others = false;
+  for (const auto& f : fs::directory_iterator(path, ec)) {
+    if (is_save_file(f)) ours.push_back(f.path());
+    else others = true;
+  }
+  if (!others && !ec) {
     fs::remove_all(path, ec);
     return;
   }
-  std::vector<fs::path> ours;
-  for (const auto& f : fs::directory_iterator(path, ec))
-    if (!f.is_symlink(ec) && f.is_regular_file(ec) && save_file_name(f.path().filename().string())) ours.push_back(f.path());
   for (const fs::path& f : ours) fs::remove(f, ec);
   std::string why;
   const std::string target = rename_foreign(path, why);

@@ -41,4 +41,6 @@ void write_file_whole(const std::string& path, std::string_view text, std::strin
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
 }
 
+std::string os_reason() { return errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string(); }
+
 }  // namespace shardtrain

@@ -19,6 +19,7 @@
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/files.hpp"
 
 namespace shardtrain::hdf5 {
 void quiet_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
@@ -34,10 +35,6 @@ namespace {
   quiet_errors();
   return true;
 }();
-
-// The file system's reason for a failed write as HDF5's POSIX driver left it in errno (ENOSPC, EDQUOT, EFBIG), as
-// ": reason"; "" where none was left.
-std::string os_reason() { return errno != 0 ? fmt::format(": {}", std::strerror(errno)) : std::string(); }
 
 herr_t close_any(hid_t id) {
   switch (H5Iget_type(id)) {

@@ -12,4 +12,9 @@ namespace shardtrain {
 // file took the name. Throws IoError naming the file, `what` it holds and the file system's reason.
 void write_file_whole(const std::string& path, std::string_view text, std::string_view what);
 
+// The file system's reason for the call that just failed (errno: ENOSPC, EDQUOT, EFBIG...) as ": reason", or "" where
+// it left none: for writers whose library keeps the reason to itself (a stream, HDF5's POSIX driver). Set errno to 0
+// before the call.
+std::string os_reason();
+
 }  // namespace shardtrain
