@@ -325,6 +325,21 @@ std::vector<TokenId> encode_in_pieces(const Tokenizer& tok, std::string_view tex
   return out;
 }
 
+// A BPE tokenizer.json trained here on the fetched corpus, once per run. A clean clone has no
+// data/fetched/tokenizers/sotu-bpe4k.json (quickstart.sh trains that one), so no test may read it.
+const std::string& bpe_trained_here() {
+  static const std::string json = [] {
+    BpeTrainOptions options;
+    options.vocab_size = 1024;
+    options.progress = ProgressStyle::Off;
+    std::vector<std::string> files;
+    for (const auto& p : testing::sorted_files(fetched_dir() / "corpus" / "sotu", ".txt"))
+      if (files.size() < 20) files.push_back(p.string());
+    return train_bpe(files, options).tokenizer_json;
+  }();
+  return json;
+}
+
 // A document tokenized in pieces cut at last_safe_cut's places gives its tokens whole, with every kind of tokenizer
 // (tiktoken, GPT-2's files, byte-level and byte-fallback tokenizer.json, one trained here), on real text and the
 // edge cases run together, at windows from 3 bytes up.
@@ -335,8 +350,10 @@ TEST(TokenizerFiles, PiecesCutAtSafePlacesGiveTheWholeDocumentsTokens) {
   for (const auto& t : testing::edge_texts()) text += "word " + t + "\nAnd a.\n\nB x\n \nC \tD 's";
   for (const char* relpath :
        {"r50k_base.tiktoken", "cl100k_base.tiktoken", "o200k_base.tiktoken", "gpt2", "gpt2-hf/tokenizer.json",
-        "llama3/tokenizer.json", "llama2/tokenizer.json", "sotu-bpe4k.json"}) {
-    const Tokenizer tok = Tokenizer::load((fetched_dir() / "tokenizers" / relpath).string());
+        "llama3/tokenizer.json", "llama2/tokenizer.json", "trained here"}) {
+    const Tokenizer tok = relpath == std::string_view("trained here")
+                              ? Tokenizer::from_json_text(bpe_trained_here(), relpath)
+                              : Tokenizer::load((fetched_dir() / "tokenizers" / relpath).string());
     const auto whole = tok.encode(text);
     std::mt19937 rng(11);
     for (const size_t window : {3, 40, 1000, 20000}) {
@@ -365,9 +382,8 @@ TEST(TokenizerFiles, PiecesCutAtSafePlacesGiveTheWholeDocumentsTokens) {
 // tokens only: `\s?\p{L}+` passes with this vocabulary, which has no token of a newline and a letter.
 TEST(TokenizerFiles, PatternsThatJoinAcrossTheCutHaveNoSafePlace) {
   if (!testing::require_fetched()) return;
-  std::ifstream in(fetched_dir() / "tokenizers" / "sotu-bpe4k.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  const Tokenizer plain = Tokenizer::from_json_text(j.dump(), "sotu-bpe4k.json");
+  nlohmann::json j = nlohmann::json::parse(bpe_trained_here());
+  const Tokenizer plain = Tokenizer::from_json_text(j.dump(), "trained-here.json");
   EXPECT_EQ(plain.last_safe_cut("a sentence\nOf words"), 13u);
   EXPECT_EQ(plain.last_safe_cut("a sentence\nOf"), 11u);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = " ?\\p{L}+ ?|\\p{N}+|[^\\s\\p{L}\\p{N}]+|\\s+";
@@ -402,14 +418,7 @@ TEST(TokenizerFiles, ClearErrors) {
 // assigned twice" for 4294967296), or accepted (an empty special token, on which encode --special never ended).
 TEST(TokenizerFiles, WrongFieldsAreDataErrorsNamingTheField) {
   if (!testing::require_fetched()) return;
-  // A BPE trained here (a clean clone has no data/fetched/tokenizers/sotu-bpe4k.json: quickstart.sh trains that one).
-  BpeTrainOptions options;
-  options.vocab_size = 1024;
-  options.progress = ProgressStyle::Off;
-  std::vector<std::string> files;
-  for (const auto& p : testing::sorted_files(fetched_dir() / "corpus" / "sotu", ".txt"))
-    if (files.size() < 20) files.push_back(p.string());
-  const auto base = nlohmann::json::parse(train_bpe(files, options).tokenizer_json);
+  const auto base = nlohmann::json::parse(bpe_trained_here());
   ASSERT_EQ(base["added_tokens"][2]["content"], "[PAD]");
   int n = 0;
   const auto error_of = [&](const std::function<void(nlohmann::json&)>& edit) {
