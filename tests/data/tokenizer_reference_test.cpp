@@ -348,9 +348,8 @@ TEST(TokenizerFiles, PiecesCutAtSafePlacesGiveTheWholeDocumentsTokens) {
   std::string text;
   for (const auto& t : testing::real_texts(kRealBytes / 2)) text += t;
   for (const auto& t : testing::edge_texts()) text += "word " + t + "\nAnd a.\n\nB x\n \nC \tD 's";
-  for (const char* relpath :
-       {"r50k_base.tiktoken", "cl100k_base.tiktoken", "o200k_base.tiktoken", "gpt2", "gpt2-hf/tokenizer.json",
-        "llama3/tokenizer.json", "llama2/tokenizer.json", "trained here"}) {
+  for (const char* relpath : {"r50k_base.tiktoken", "cl100k_base.tiktoken", "o200k_base.tiktoken", "gpt2",
+                              "gpt2-hf/tokenizer.json", "llama3/tokenizer.json", "llama2/tokenizer.json", "trained here"}) {
     const Tokenizer tok = relpath == std::string_view("trained here")
                               ? Tokenizer::from_json_text(bpe_trained_here(), relpath)
                               : Tokenizer::load((fetched_dir() / "tokenizers" / relpath).string());
