@@ -24,6 +24,7 @@
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/temporaries.hpp"
 
 namespace fs = std::filesystem;
 
@@ -70,6 +71,7 @@ class TempOutput {
       }
       if (rc == 0) {
         path_ = name;
+        swept_.emplace(path_);
         return;
       }
       if (errno != EEXIST)
@@ -101,11 +103,13 @@ class TempOutput {
             fmt::format("{}: cannot move the finished export into place from {}: {}", out_, path_, std::strerror(err)));
       fs::rename(path_, out_);
     }
+    swept_.reset();
     path_.clear();
   }
 
  private:
   std::string out_, path_;
+  std::optional<SweptOnSignal> swept_;  // removed by a stop signal too (Ctrl-C, a time limit)
 };
 
 ExportSummary write_hdf5(CheckpointReader& r, const std::string& out, const ExportOptions& o) {

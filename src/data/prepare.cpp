@@ -170,13 +170,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   // their ids appended to a temporary file beside the output (removed however this ends) and their lengths to
   // the offsets.
   const std::string tokens_tmp_path = output_temporary(options.output, "tokens-tmp");
-  struct RemoveOnExit {
-    const std::string& p;
-    ~RemoveOnExit() {
-      std::error_code ec;
-      fs::remove(p, ec);
-    }
-  } remove_tmp{tokens_tmp_path};
+  const TemporaryOutput remove_tmp(tokens_tmp_path);
   std::ofstream tokens_tmp(tokens_tmp_path, std::ios::binary | std::ios::trunc);
   if (!tokens_tmp)
     throw IoError(fmt::format("{}: cannot create the temporary token file: {}", tokens_tmp_path, std::strerror(errno)));

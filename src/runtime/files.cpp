@@ -11,11 +11,13 @@
 #include <fmt/format.h>
 
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/temporaries.hpp"
 
 namespace shardtrain {
 
 void write_file_whole(const std::string& path, std::string_view text, std::string_view what) {
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  const SweptOnSignal swept(tmp);
   auto fail = [&](int err) {
     ::unlink(tmp.c_str());
     throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(err)));

@@ -4,12 +4,15 @@ exist, are folders, empty or are an input are refused with exit 2 before any wor
 --special takes its text as written ([BOT] stayed BOT); an empty special token is refused (encode --special on one
 never ended); --threads past the cap is 2 with no temporary left; encode's --text with --input, or a folder as
 --input, and `dataset info` of a folder say what is wrong; a save_to_disk state.json names no file outside its
-folder. Each check asserts the exit code, the message and the files."""
+folder; SIGTERM, SIGINT or SIGHUP mid-run leaves no temporary. Each check asserts the exit code, the message and the
+files."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import clitest  # noqa: E402
@@ -202,5 +205,26 @@ for cmd in (["prepare-data", "-t", "precious.json", "-o", "tw.h5"], ["tokenizer"
         check(r.returncode == 2 and f"{one if first == inputs else second}: {twice.format(one if first == inputs else first)}"
               in r.stderr and not os.path.exists("tw.h5") and not os.path.exists("tw.json"),
               f"{cmd[0]} -i {first} {second}: {r.returncode} {error_line(r)}")
+
+# A stop signal mid-run (Ctrl-C, a Slurm time limit, a closed terminal) ends prepare-data as the signal does, and
+# leaves no temporary behind: OUT.tokens-tmp-PID (as large as the tokens) stayed after every Ctrl-C.
+big = "big.txt"
+with open(big, "wb") as out:
+    text = read(one)
+    while out.tell() < 48 << 20:
+        out.write(text)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    p = subprocess.Popen([st, "prepare-data", "-t", "precious.json", "-i", big, "-o", "stopped.h5", "--threads", "1",
+                          "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and p.poll() is None and not [f for f in leftovers() if f.startswith("stopped.h5.")]:
+        time.sleep(0.01)
+    seen = leftovers()
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    check(p.returncode == -sig and any(f.startswith("stopped.h5.tokens-tmp-") for f in seen) and leftovers() == []
+          and not os.path.exists("stopped.h5"),
+          f"prepare-data stopped by {sig.name}: status {p.returncode}, temporaries then {seen}, left {leftovers()}: {err[-500:]}")
+os.remove(big)
 
 check.finish("data CLI: outputs, --special, threads and inputs as expected")

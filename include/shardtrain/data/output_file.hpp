@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "shardtrain/runtime/temporaries.hpp"
+
 namespace shardtrain::data {
 
 // What happens when the output exists: replace it (--overwrite), or refuse (UsageError naming it, nothing written over).
@@ -51,6 +53,7 @@ class TemporaryOutput {
 
  private:
   std::string path_;
+  SweptOnSignal swept_{path_};  // and by a stop signal (Ctrl-C, a time limit)
   bool moved_ = false;
 };
 
