@@ -44,8 +44,7 @@ void remove_folder(const char* path) {
       unsigned short reclen = 0;
       std::memcpy(&reclen, buf + at + 16, sizeof reclen);
       const char* name = buf + at + 19;
-      if (std::strcmp(name, ".") != 0 && std::strcmp(name, "..") != 0)
-        removed = (::unlinkat(fd, name, 0) == 0) || removed;
+      if (std::strcmp(name, ".") != 0 && std::strcmp(name, "..") != 0) removed = (::unlinkat(fd, name, 0) == 0) || removed;
       at += reclen;
     }
     if (removed) ::lseek(fd, 0, SEEK_SET);  // the listing changed under us: read it again from the start
