@@ -264,6 +264,11 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   tokens_per_step_ = static_cast<int64_t>(config_.data.global_batch_size) * config_.data.seq_len;
   total_steps_ = planned_steps(config_, steps_per_epoch);
   schedule_ = std::make_unique<optim::LrSchedule>(config_.schedule.lr, config_.optim.adamw.lr, total_steps_);
+  if (const auto& s = config_.schedule.lr;
+      s.kind == optim::ScheduleKind::WarmupStableDecay && s.decay_steps > total_steps_ - s.warmup_steps)
+    log::warn("schedule.decay_steps: {} is longer than the {} steps after the warmup in this run of {}; the decay takes "
+              "those {} (it begins where the warmup ends)",
+              s.decay_steps, total_steps_ - s.warmup_steps, total_steps_, total_steps_ - s.warmup_steps);
   flops_per_token_ = flops_per_token(replica_->model().spec(), config_.data.seq_len);
 
   log_start(steps_per_epoch);

@@ -102,6 +102,11 @@ TEST(Schedule, OtherKinds) {
   EXPECT_DOUBLE_EQ(wsd.lr(90), 1.0);
   EXPECT_DOUBLE_EQ(wsd.lr(100), 0.55);
   EXPECT_NEAR(wsd.lr(109), 1.0 + (0.1 - 1.0) * 19.0 / 20.0, 1e-15);
+  // A decay longer than the steps after the warmup (a config's 4000 in a shortened run) takes those steps: it
+  // begins where the warmup ends, and is the linear schedule's.
+  c.decay_steps = 4000;
+  const optim::LrSchedule cut(c, 1.0, 110);
+  for (const int64_t k : {0, 5, 10, 11, 60, 109}) EXPECT_DOUBLE_EQ(cut.lr(k), lin.lr(k)) << "step " << k;
   EXPECT_EQ(optim::parse_schedule_kind("wsd"), optim::ScheduleKind::WarmupStableDecay);
   EXPECT_THROW(optim::parse_schedule_kind("step"), ConfigError);
 }
