@@ -243,7 +243,10 @@ class MiniSlurm:
         held_since = None  # when this wait first saw the job held for its requeue delay
         while True:
             info = self.job(job_id)
-            if (until and until(info)) or (not until and info.get("JobState") in FINAL_STATES):
+            if until and until(info):
+                return info
+            if not until and info.get("JobState") in FINAL_STATES:
+                self._wait_processes_gone(job_id)
                 return info
             if time.time() > deadline:
                 raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout} s")
@@ -261,6 +264,34 @@ class MiniSlurm:
                 # earlier second than now.
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=self.env, capture_output=True)
             time.sleep(0.5)
+
+    def _processes_of(self, job_id):
+        """The processes of a job: its step daemons and everything that carries its SLURM_JOB_ID."""
+        prefix, mark = f"slurmstepd: [{job_id}.".encode(), f"SLURM_JOB_ID={job_id}\0".encode()
+        return [pid for pid, cmd, env in self._processes()
+                if (cmd.startswith(prefix) or env.startswith(mark) or b"\0" + mark in env) and pid != os.getpid()]
+
+    def _wait_processes_gone(self, job_id, timeout=30):
+        """Waits until a finished job's processes have exited; SIGKILLs what is left after `timeout`, as a cluster's
+        cgroup would. A job reads as final (FAILED, COMPLETED) while its ranks are still being killed: a rank of one
+        job that outlived it kept reconnecting to its dead peers' loopback ports, which the next job's ranks could
+        have taken, and Open MPI's TCP transport took the stranger's connection (a warning, once a crash)."""
+        deadline, start, seen = time.time() + timeout, time.time(), 0
+        while time.time() < deadline:
+            left = self._processes_of(job_id)
+            if not left:
+                break
+            seen = max(seen, len(left))
+            time.sleep(0.2)
+        else:
+            for pid in self._processes_of(job_id):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        if seen:
+            print(f"minislurm: job {job_id}: {seen} process(es) outlived its end by {time.time() - start:.1f} s",
+                  file=sys.stderr)
 
     def _steps_alive(self, job_id):
         prefix = f"slurmstepd: [{job_id}.".encode()
