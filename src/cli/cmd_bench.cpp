@@ -43,6 +43,7 @@ double matmul_params_per_token(const model::LlamaConfig& c) {
 
 int run_bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : usable_cores();
+  require_threads_start(threads, "--threads");
   model::LlamaConfig c;
   c.num_hidden_layers = o.layers;
   c.hidden_size = o.hidden;
@@ -161,9 +162,9 @@ Command add_bench_command(CLI::App& parent) {
       ->check(count_range(0, int64_t{1} << 30));
   m->add_option("--iters", opts->iters, "timed iterations")->capture_default_str()->check(count_range());
   m->add_option("--warmup", opts->warmup, "untimed iterations first")->capture_default_str()->check(count_range(0, 100000));
-  m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores)")
+  m->add_option("--threads", opts->threads, "CPU threads (0 = hardware cores, at most 1024)")
       ->capture_default_str()
-      ->check(count_range(0, 65536));
+      ->check(cpu_threads_range());
   m->add_flag("--checkpointing", opts->checkpointing, "per-layer activation checkpointing");
   const BenchSubcommand ops = add_bench_ops_command(*c.app);
   const BenchSubcommand step = add_bench_step_command(*c.app);

@@ -99,7 +99,8 @@ double bytes_factor(BenchKind k, int n) {
   return k == BenchKind::AllGather || k == BenchKind::ReduceScatter ? f : 2 * f;
 }
 
-// "4KiB", "256MiB", "1GiB", "4096" (bytes); KB/MB/GB are powers of 10, K/M/G alone powers of 2; any case.
+// "4KiB", "256MiB", "1GiB", "1TiB", "4096" (bytes); KB/MB/GB/TB are powers of 10, K/M/G/T alone powers of 2;
+// any case.
 uint64_t parse_bytes(const std::string& text, const char* option) {
   const std::optional<NumberWithUnit> n = split_number_unit(text);
   const std::string unit = n ? n->unit : std::string("?");
@@ -108,9 +109,11 @@ uint64_t parse_bytes(const std::string& text, const char* option) {
                        : unit == "k" || unit == "kib" ? 1024.0
                        : unit == "m" || unit == "mib" ? 1048576.0
                        : unit == "g" || unit == "gib" ? 1073741824.0
+                       : unit == "t" || unit == "tib" ? 0x1p40  // "up to 1 TiB" was itself refused
                        : unit == "kb"                 ? 1e3
                        : unit == "mb"                 ? 1e6
                        : unit == "gb"                 ? 1e9
+                       : unit == "tb"                 ? 1e12
                                                       : 0;
   const double bytes = std::round(value * scale);
   if (scale == 0 || !std::isfinite(bytes) || bytes < 1 || bytes > 0x1p40)

@@ -153,6 +153,7 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
     throw UsageError(fmt::format("bench ops: --dtype {}: expected f32 or bf16", o.dtype));
 
   const int threads = o.threads > 0 ? o.threads : rt->host_threads();
+  if (!cuda) require_threads_start(threads, "--threads");
   std::unique_ptr<CudaStream> stream;
   std::unique_ptr<ops::Ops> backend;
   if (cuda) {
@@ -275,9 +276,9 @@ BenchSubcommand add_bench_ops_command(CLI::App& bench) {
   a->add_option("--dtype", o->dtype, "activation and parameter storage: f32 or bf16 (default bf16 on CUDA, f32 on the CPU)");
   a->add_option("--iters", o->iters, "timed calls per op")->capture_default_str()->check(CLI::Range(1, 100000));
   a->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str()->check(CLI::Range(0, 100000));
-  a->add_option("--threads", o->threads, "CPU backend threads (0 = the rank's cores)")
+  a->add_option("--threads", o->threads, "CPU backend threads (0 = the rank's cores, at most 1024)")
       ->capture_default_str()
-      ->check(count_range(0, 65536));
+      ->check(cpu_threads_range());
   a->add_option("--json", o->json, "also write every row as JSON to this file")->check(output_file_check());
   a->add_flag("--check-calls", o->check_calls,
               "first run the model once (batch 1, no math) through a recorder of op "

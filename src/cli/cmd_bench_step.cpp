@@ -155,10 +155,19 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   const Topology& topo = rt->topology();
   const int rank = topo.world_rank, W = topo.world_size;
 
-  std::string temp_dir;
+  // The run directory it made: removed however the benchmark ends (a failed run left one per try), unless kept.
+  struct TempRunDir {
+    std::string path;
+    bool remove = false;
+    ~TempRunDir() {
+      std::error_code ec;
+      if (remove && !path.empty()) fs::remove_all(path, ec);
+    }
+  } temp;
   if (config.logging.run_dir.empty()) {
-    temp_dir = make_temp_dir(rt->world(), rank);
-    config.logging.run_dir = (fs::path(temp_dir) / "run").string();
+    temp.path = make_temp_dir(rt->world(), rank);
+    temp.remove = rank == 0 && !o.keep_run_dir;
+    config.logging.run_dir = (fs::path(temp.path) / "run").string();
   }
   train::TrainerOptions topts;
   topts.config_source =
@@ -199,10 +208,6 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   if (!o.ops_profile.empty()) {
     const double mine = op_seconds_per_step(op_times);
     ST_CHECK_MPI(MPI_Gather(&mine, 1, MPI_DOUBLE, op_seconds_by_rank.data(), 1, MPI_DOUBLE, 0, rt->world()));
-  }
-  if (!temp_dir.empty() && rank == 0 && !o.keep_run_dir) {
-    std::error_code ec;
-    fs::remove_all(temp_dir, ec);
   }
 
   const std::vector<train::StepMetrics>& all = recorder.steps;

@@ -18,6 +18,16 @@ struct ConsolidateOptions {
   bool tokenizer_unchecked = false;
 };
 
+// A checkpoint, or a directory of checkpoints (a run's checkpoint.dir): its newest complete one, said on stderr. A
+// path that is neither stays as it is, for the reader to say what it is.
+std::string checkpoint_or_newest(const std::string& path) {
+  if (checkpoint::is_complete(path)) return path;
+  const std::string latest = checkpoint::find_latest(path);
+  if (latest.empty()) return path;
+  std::fprintf(stderr, "%s: a folder of checkpoints; its newest complete one is %s\n", path.c_str(), latest.c_str());
+  return latest;
+}
+
 int run_consolidate(const ConsolidateOptions& o) {
   checkpoint::ExportOptions e;
   e.format = checkpoint::parse_export_format(o.format);
@@ -32,11 +42,7 @@ int run_consolidate(const ConsolidateOptions& o) {
     throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576",
                                  o.max_shard_gib));
   e.max_shard_bytes = static_cast<uint64_t>(o.max_shard_gib * (1ull << 30));
-  std::string path = o.checkpoint;
-  if (!checkpoint::is_complete(path)) {  // a run directory: take its newest complete checkpoint
-    const std::string latest = checkpoint::find_latest(path);
-    if (!latest.empty()) path = latest;
-  }
+  const std::string path = checkpoint_or_newest(o.checkpoint);
   if (e.tokenizer.empty() && e.format == checkpoint::ExportFormat::Safetensors) {
     // The tokenizer the checkpoint names, relative to the folder its run started in: found from here too.
     try {
@@ -55,7 +61,7 @@ int run_consolidate(const ConsolidateOptions& o) {
 }
 
 int run_info(const std::string& path, bool verify) {
-  checkpoint::CheckpointReader r(path);
+  checkpoint::CheckpointReader r(checkpoint_or_newest(path));
   int64_t total = 0;
   std::string out = fmt::format("checkpoint {}\n  type {}, step {}, saved by {}\n", r.path(), state_dict_type_name(r.type()),
                                 r.step(), r.mesh_description());
@@ -118,7 +124,7 @@ Command add_checkpoint_command(CLI::App& parent) {
   Command c;
   c.app = parent.add_subcommand("checkpoint", "inspect checkpoints");
   CLI::App* info = c.app->add_subcommand("info", "print step, config, tensors and sizes; --verify reads every checksum");
-  info->add_option("path", *path, "a checkpoint directory (step_N)")->required();
+  info->add_option("path", *path, "a checkpoint directory (step_N), or a directory of them (its newest complete one)")->required();
   info->add_flag("--verify", *verify, "read every dataset so HDF5 verifies its Fletcher32 checksums");
   c.app->require_subcommand(1);
   c.launch = Launch::Offline;

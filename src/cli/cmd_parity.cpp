@@ -194,6 +194,7 @@ int run_parity_dump(const ParityOptions& o, DevicePreference device) {
 
   // The backend: CUDA when asked for, or by default when a GPU exists and the model can run there.
   const int threads = o.threads > 0 ? o.threads : usable_cores();
+  require_threads_start(threads, "--threads");  // the CPU backend is also the fallback below
   bool cuda = device == DevicePreference::Cuda || (device == DevicePreference::Auto && cuda_device_count() > 0);
   model::ModelOptions mo;
   mo.activation_dtype = act;
@@ -333,7 +334,10 @@ Command add_parity_command(CLI::App& parent) {
   d->add_option("--config,-c", o->config, "a training config (TOML): its [model] section");
   d->add_option("--init-from", o->init_from,
                 "weights instead of the model's init: a checkpoint, consolidated .h5 or HF directory");
-  d->add_option("--out,-o", o->out, "output directory (new or empty)")->required();
+  d->add_option("--out,-o", o->out, "output directory (new or empty)")
+      ->required()
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("expected a folder's name (new or empty)") : ""; }, ""));
   d->add_option("--dtype", o->dtype, "activations: f32 or bf16 (bf16 also rounds the weights)")->capture_default_str();
   d->add_option("--layers", o->layers, "num_hidden_layers over the config's")->check(count_range());
   d->add_option("--hidden", o->hidden, "hidden_size over the config's")->check(count_range());
@@ -351,9 +355,9 @@ Command add_parity_command(CLI::App& parent) {
   d->add_option("--pad-id", o->pad_id, "the pad token id (default vocab_size - 1; the model config has none)")
       ->check(count_range(0));
   d->add_option("--seed", o->seed, "seed of the batch's token ids")->capture_default_str()->check(unsigned_check());
-  d->add_option("--threads", o->threads, "CPU backend threads (0 = hardware cores)")
+  d->add_option("--threads", o->threads, "CPU backend threads (0 = hardware cores, at most 1024)")
       ->capture_default_str()
-      ->check(count_range(0, 65536));
+      ->check(cpu_threads_range());
   // The device comes from the global --device (auto, cpu or cuda), which main hands only to MPI commands.
   const CLI::Option* global_device = parent.get_option_no_throw("--device");
   c.run = [o, global_device](Runtime*) {

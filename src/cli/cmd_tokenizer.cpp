@@ -4,10 +4,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -117,12 +120,23 @@ int run_decode(const TokenizerArgs& a) {
   const auto tok = data::Tokenizer::load(a.tokenizer);
   std::vector<data::TokenId> ids(a.ids.begin(), a.ids.end());
   if (ids.empty()) {
+    // Decimal ids between spaces, newlines or commas (encode's output, a pasted list), each whole: stoul read
+    // "9906,1917" as 9906, "1e3" as 1, "-1" and 2^32 + 1 wrapped, and printed other text with exit 0.
     std::string word;
     while (std::cin >> word) {
-      try {
-        ids.push_back(static_cast<data::TokenId>(std::stoul(word)));
-      } catch (const std::exception&) {
-        throw UsageError(fmt::format("tokenizer decode: '{}' is not a token id", word));
+      for (size_t at = 0; at <= word.size();) {
+        const size_t end = std::min(word.find(',', at), word.size());
+        const std::string_view id(word.data() + at, end - at);
+        at = end + 1;
+        if (id.empty()) continue;
+        uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(id.data(), id.data() + id.size(), v);
+        if (ec != std::errc() || p != id.data() + id.size() || v > std::numeric_limits<data::TokenId>::max())
+          throw UsageError(fmt::format(
+              "tokenizer decode: '{}' on stdin is not a token id (expected decimal ids from 0 to {}, separated by "
+              "spaces or commas)",
+              id, std::numeric_limits<data::TokenId>::max()));
+        ids.push_back(static_cast<data::TokenId>(v));
       }
     }
   }
@@ -178,7 +192,10 @@ Command add_tokenizer_command(CLI::App& parent) {
                    "a special token, taken as written (repeat the option for each); given ids 0, 1, ...")
       ->capture_default_str()
       ->allow_extra_args(false);
-  train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's");
+  train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("expected a regex (leave --pattern out for Llama 3's)") : ""; },
+          ""));
   train->add_option("--min-frequency", args->min_frequency, "stop when the best pair is rarer")->capture_default_str();
   train
       ->add_option("--threads", args->threads,

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -55,6 +58,23 @@ CLI::Validator unsigned_check() {
         return at != std::string::npos && text[at] == '-' ? text + ": expected 0 or more" : std::string();
       },
       "");
+}
+
+void require_threads_start(int count, std::string_view option) {
+  std::vector<std::thread> started;
+  std::string refused;
+  for (int t = 1; t < count && refused.empty(); ++t) {
+    try {
+      started.emplace_back([] {});
+    } catch (const std::system_error& e) {
+      refused = e.code().message();
+    }
+  }
+  for (auto& t : started) t.join();
+  if (!refused.empty())
+    throw UsageError(fmt::format("{} {}: the system started only {} of the threads ({}): its limit on threads "
+                                 "(ulimit -u) is lower; give fewer",
+                                 option, count, started.size() + 1, refused));
 }
 
 CLI::Validator output_file_check() {

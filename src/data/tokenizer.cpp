@@ -70,8 +70,12 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, SpecialTokenMode m
 std::string Tokenizer::decode(std::span<const TokenId> ids) const {
   std::string out;
   for (TokenId id : ids) {
-    if (id >= model_->id_to_bytes.size() || model_->id_to_bytes[id].empty())
-      throw DataError(fmt::format("token id {} is not in the vocabulary of {} (size {})", id, model_->name, vocab_size()));
+    if (id >= model_->id_to_bytes.size())
+      throw DataError(fmt::format("token id {} is not in the vocabulary of {} (ids 0 to {})", id, model_->name,
+                                  model_->id_to_bytes.size() - 1));
+    if (model_->id_to_bytes[id].empty())
+      throw DataError(fmt::format("token id {} is not in the vocabulary of {}: a gap in its ids 0 to {}, no token has it",
+                                  id, model_->name, model_->id_to_bytes.size() - 1));
     out += model_->id_to_bytes[id];
   }
   if (model_->prepend_space && !out.empty() && out.front() == ' ') out.erase(0, 1);  // the Prepend's space

@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <type_traits>
 #include <unordered_map>
@@ -431,15 +433,17 @@ std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path) {
     const size_t sp = line.find(' ');
     if (sp == std::string::npos || !base64_decode(std::string_view(line).substr(0, sp), bytes) || bytes.empty())
       throw DataError(fmt::format("{}:{}: expected '<base64 token> <rank>'", path, lineno));
+    // The rank: decimal digits, all of them (stoull read "-1" as 2^64 - 1 and "12abc" as 12).
+    const std::string_view rank_text = std::string_view(line).substr(sp + 1);
     uint64_t rank = 0;
-    try {
-      rank = std::stoull(line.substr(sp + 1));
-    } catch (const std::exception&) {
-      throw DataError(fmt::format("{}:{}: rank '{}' is not an integer", path, lineno, line.substr(sp + 1)));
-    }
+    if (const auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+        ec == std::errc::result_out_of_range)
+      rank = std::numeric_limits<uint64_t>::max();  // out of range below, with its digits
+    else if (ec != std::errc() || end != rank_text.data() + rank_text.size())
+      throw DataError(fmt::format("{}:{}: rank '{}' is not an integer from 0", path, lineno, rank_text));
     if (rank >= kTokenIdLimit)
       throw DataError(
-          fmt::format("{}:{}: rank {} is out of range (ids must be below {})", path, lineno, rank, kTokenIdLimit));
+          fmt::format("{}:{}: rank {} is out of range (ids must be below {})", path, lineno, rank_text, kTokenIdLimit));
     add_token(*m, bytes, static_cast<TokenId>(rank), path);
   }
   m->specials = spec->specials;
@@ -465,6 +469,12 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
   m->name = p.has_parent_path() && !p.parent_path().filename().empty()
                 ? p.parent_path().filename().string() + "/" + p.filename().string()
                 : p.filename().string();
+  // GPT-2's encoder.json (a map of tokens to ids) named alone: its vocab.bpe beside it makes the tokenizer.
+  // (Its token "model" has an id: "field 'model' should be an object, not a number" said nothing of that.)
+  if (p.filename() == "encoder.json" && j.is_object() && !(j.contains("model") && j["model"].is_object()))
+    throw DataError(fmt::format("{}: is GPT-2's encoder.json, half of a tokenizer: give its folder (with vocab.bpe "
+                                "beside it) as the tokenizer",
+                                path));
   if (!j.is_object() || !j.contains("model")) throw DataError(fmt::format("{}: field 'model' is missing", path));
   const json& model = j["model"];
   if (!model.is_object())

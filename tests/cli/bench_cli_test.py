@@ -215,4 +215,19 @@ check(rc == 2 and len(lines) == 1, f"--steps 0: exit {rc} (expected 2), lines: {
 rc, out, err = run([args.shardtrain, "bench", "ops", "--config", missing])
 check(rc == 3 and missing in err, f"bench ops, missing config: exit {rc} (expected 3): {err[-800:]}")
 
+# --threads past what a CPU backend takes: 2 at the command line (65536 crashed in OpenMP's runtime, 32768 ended in
+# libgomp's "Thread creation failed" with exit 1).
+for cmd in (["bench", "model", "--layers", "1", "--hidden", "64", "--seq", "32", "--batch", "2", "--heads", "2", "--vocab", "256"],
+            ["bench", "ops", "--layers", "1", "--hidden", "64", "--seq", "32", "--batch", "1", "--heads", "2", "--vocab", "256"]):
+    rc, out, err = run([args.shardtrain, *cmd, "--iters", "1", "--warmup", "0", "--threads", "65536"])
+    check(rc == 2 and "--threads: Value 65536 not in range 0 to 1024" in err, f"{cmd[1]} --threads 65536: exit {rc}: {err[-600:]}")
+# A bench step that fails leaves no run directory behind in the temporary folder (one was left per try).
+step_tmp = os.path.join(work, "step-tmpdir")
+os.makedirs(step_tmp)
+p = subprocess.run([args.shardtrain, "bench", "step", "--config", "configs/tiny-cpu.toml", "--data.path", "nonexistent.h5",
+                    "--steps", "1", "--warmup", "0"], capture_output=True, text=True, timeout=300, cwd=args.source,
+                   env=dict(ENV, TMPDIR=step_tmp))
+check(p.returncode == 4 and os.listdir(step_tmp) == [],
+      f"a failed bench step: exit {p.returncode}, left {os.listdir(step_tmp)}: {p.stderr[-600:]}")
+
 check.finish("bench ops and bench step: all checks passed")

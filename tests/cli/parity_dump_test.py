@@ -214,4 +214,8 @@ for what, cli, code, needle in (
           f"{what}: exit {rc} (expected {code}), stderr {stderr!r} (expected one line with {needle!r})")
     check(not os.path.exists(os.path.join(work, "refused")), f"{what}: the refused dump left a directory")
 
+rc, stdout, stderr = shardtrain("parity", "dump", "--device", "cpu", "--out", "", "--config", "configs/tiny-cpu.toml", *TINY)
+check(rc == 2 and "--out: expected a folder's name (new or empty)" in stderr,
+      f"an empty --out: exit {rc} (it was 8, 'cannot create directories: Invalid argument []'): {stderr!r}")
+
 check.finish("parity dump: files, loss and gradients match the float64 reference; bad input refused")

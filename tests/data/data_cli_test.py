@@ -4,8 +4,8 @@ exist, are folders, empty or are an input are refused with exit 2 before any wor
 --special takes its text as written ([BOT] stayed BOT); an empty special token is refused (encode --special on one
 never ended); --threads past the cap is 2 with no temporary left; encode's --text with --input, or a folder as
 --input, and `dataset info` of a folder say what is wrong; a save_to_disk state.json names no file outside its
-folder; SIGTERM, SIGINT or SIGHUP mid-run leaves no temporary. Each check asserts the exit code, the message and the
-files."""
+folder; SIGTERM, SIGINT or SIGHUP mid-run leaves no temporary; decode refuses ids it cannot read whole; tokenizer
+files and patterns that would mislead are named. Each check asserts the exit code, the message and the files."""
 import json
 import os
 import shutil
@@ -226,5 +226,38 @@ for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
           and not os.path.exists("stopped.h5"),
           f"prepare-data stopped by {sig.name}: status {p.returncode}, temporaries then {seen}, left {leftovers()}: {err[-500:]}")
 os.remove(big)
+
+# decode reads whole decimal ids from stdin, or refuses: "9906,1917" printed only 9906's text, "1e3" id 1, "-1" and
+# 2^32 + 1 wrapped, all with exit 0. Commas separate ids as spaces do.
+fetched_tokenizers = os.path.join(args.source, "data/fetched/tokenizers")
+r50k = os.path.join(fetched_tokenizers, "r50k_base.tiktoken")
+
+
+def decode_stdin(text):
+    return subprocess.run([st, "tokenizer", "decode", "-t", r50k, "--log-level", "warn"], input=text, capture_output=True,
+                          text=True, timeout=60)
+
+
+whole = decode_stdin("9906 1917")
+check(whole.returncode == 0 and whole.stdout == " coalition problem", f"decode 9906 1917: {whole.returncode} {whole.stdout!r}")
+r = decode_stdin("9906,1917\n")
+check(r.returncode == 0 and r.stdout == whole.stdout, f"decode 9906,1917: {r.returncode} {r.stdout!r}")
+for bad in ("9906;1917", "9906.5", "1e3", "0x10", "12abc", "4294967297", "-1"):
+    r = decode_stdin(bad)
+    check(r.returncode == 2 and r.stdout == "" and f"tokenizer decode: '{bad}' on stdin is not a token id" in r.stderr,
+          f"decode {bad!r}: {r.returncode} {r.stdout!r} {error_line(r)}")
+# A gap in the ids is named as one; GPT-2's encoder.json alone says to give its folder.
+r = run("tokenizer", "decode", "-t", os.path.join(fetched_tokenizers, "cl100k_base.tiktoken"), "100261")
+check(r.returncode == 4 and "token id 100261 is not in the vocabulary of cl100k_base: a gap in its ids 0 to 100276" in r.stderr,
+      f"decode of a gap: {r.returncode} {error_line(r)}")
+r = run("tokenizer", "encode", "-t", os.path.join(fetched_tokenizers, "gpt2", "encoder.json"), "--text", "hi")
+check(r.returncode == 4 and "is GPT-2's encoder.json, half of a tokenizer: give its folder" in r.stderr,
+      f"encode with encoder.json: {r.returncode} {error_line(r)}")
+# A split pattern that can match nothing (its tokenizer.json gave other ids than Hugging Face's), and an empty one
+# (it meant the default, without a word), are refused.
+for pattern, needle in (("x*", "--pattern 'x*': can match the empty string"), ("", "--pattern: expected a regex")):
+    r = train("pattern.json", "--pattern", pattern)
+    check(r.returncode == 2 and needle in r.stderr and not os.path.exists("pattern.json"),
+          f"--pattern {pattern!r}: {r.returncode} {error_line(r)}")
 
 check.finish("data CLI: outputs, --special, threads and inputs as expected")
