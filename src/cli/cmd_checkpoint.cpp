@@ -124,7 +124,8 @@ Command add_checkpoint_command(CLI::App& parent) {
   Command c;
   c.app = parent.add_subcommand("checkpoint", "inspect checkpoints");
   CLI::App* info = c.app->add_subcommand("info", "print step, config, tensors and sizes; --verify reads every checksum");
-  info->add_option("path", *path, "a checkpoint directory (step_N), or a directory of them (its newest complete one)")->required();
+  info->add_option("path", *path, "a checkpoint directory (step_N), or a directory of them (its newest complete one)")
+      ->required();
   info->add_flag("--verify", *verify, "read every dataset so HDF5 verifies its Fletcher32 checksums");
   c.app->require_subcommand(1);
   c.launch = Launch::Offline;

@@ -194,7 +194,9 @@ Command add_tokenizer_command(CLI::App& parent) {
       ->allow_extra_args(false);
   train->add_option("--pattern", args->pattern, "pre-tokenizer split regex (PCRE2); default: Llama 3's")
       ->check(CLI::Validator(
-          [](std::string& s) { return s.empty() ? std::string("expected a regex (leave --pattern out for Llama 3's)") : ""; },
+          [](std::string& s) {
+            return s.empty() ? std::string("expected a regex (leave --pattern out for Llama 3's)") : "";
+          },
           ""));
   train->add_option("--min-frequency", args->min_frequency, "stop when the best pair is rarer")->capture_default_str();
   train

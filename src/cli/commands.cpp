@@ -72,9 +72,10 @@ void require_threads_start(int count, std::string_view option) {
   }
   for (auto& t : started) t.join();
   if (!refused.empty())
-    throw UsageError(fmt::format("{} {}: the system started only {} of the threads ({}): its limit on threads "
-                                 "(ulimit -u) is lower; give fewer",
-                                 option, count, started.size() + 1, refused));
+    throw UsageError(
+        fmt::format("{} {}: the system started only {} of the threads ({}): its limit on threads "
+                    "(ulimit -u) is lower; give fewer",
+                    option, count, started.size() + 1, refused));
 }
 
 CLI::Validator output_file_check() {

@@ -100,9 +100,10 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   // A pattern that can match nothing splits where Hugging Face's Split does not (it cuts at every empty match):
   // its tokenizer.json would give other ids there than here.
   if (uint32_t min_length = 1; pcre2_pattern_info(regex.code(), PCRE2_INFO_MINLENGTH, &min_length) == 0 && min_length == 0)
-    throw UsageError(fmt::format("--pattern '{}': can match the empty string; a split pattern's matches must each take "
-                                 "at least one character (e.g. 'x+' for 'x*')",
-                                 pattern));
+    throw UsageError(
+        fmt::format("--pattern '{}': can match the empty string; a split pattern's matches must each take "
+                    "at least one character (e.g. 'x+' for 'x*')",
+                    pattern));
 
   // 1. Word counts, one map per thread over a shared file cursor.
   std::vector<WordCounts> partial(static_cast<size_t>(threads));

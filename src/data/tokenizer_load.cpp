@@ -472,9 +472,10 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
   // GPT-2's encoder.json (a map of tokens to ids) named alone: its vocab.bpe beside it makes the tokenizer.
   // (Its token "model" has an id: "field 'model' should be an object, not a number" said nothing of that.)
   if (p.filename() == "encoder.json" && j.is_object() && !(j.contains("model") && j["model"].is_object()))
-    throw DataError(fmt::format("{}: is GPT-2's encoder.json, half of a tokenizer: give its folder (with vocab.bpe "
-                                "beside it) as the tokenizer",
-                                path));
+    throw DataError(
+        fmt::format("{}: is GPT-2's encoder.json, half of a tokenizer: give its folder (with vocab.bpe "
+                    "beside it) as the tokenizer",
+                    path));
   if (!j.is_object() || !j.contains("model")) throw DataError(fmt::format("{}: field 'model' is missing", path));
   const json& model = j["model"];
   if (!model.is_object())
