@@ -50,6 +50,56 @@ std::string holder_text(const std::string& run_dir) {
 
 }  // namespace
 
+DirLock::Taken DirLock::take(const std::string& lock_path, const std::string& key, const std::string& run_dir,
+                             std::string& holder, std::string& written) {
+  release();
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(fmt::format("{}: cannot create {}: {}", key, lock_path, std::strerror(errno)));
+  Taken taken = Taken::Yes;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      holder = read_holder(fd);
+      if (holder.empty()) holder = "its lock file " + lock_path + " is locked";
+      ::close(fd);
+      return Taken::HeldByAnother;
+    }
+    log::warn("{}: cannot lock {} ({}): nothing stops a second run from writing into {} at the same time", key, lock_path,
+              std::strerror(err), fs::path(lock_path).parent_path().string());
+    taken = Taken::NoLocks;
+  }
+  written = holder_text(run_dir);
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, written.data(), written.size(), 0) < 0 || ::fsync(fd) != 0) {
+    log::warn("{}: cannot record this run in {}: {}", key, lock_path, std::strerror(errno));
+    written.clear();
+  }
+  if (taken == Taken::NoLocks) ::close(fd);
+  else fd_ = fd;
+  return taken;
+}
+
+void DirLock::release() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race with the next run's open)
+  fd_ = -1;
+}
+
+std::string lock_holder(const std::string& lock_path) {
+  const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string holder;
+  // A shared probe, released at once: it fails only while a run holds the exclusive lock.
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      holder = read_holder(fd);
+      if (holder.empty()) holder = "its lock file " + lock_path + " is locked";
+    }
+  } else {
+    ::flock(fd, LOCK_UN);
+  }
+  ::close(fd);
+  return holder;
+}
+
 bool resumes_from_outside(const std::string& dir, const std::string& resumed_from) {
   std::error_code ec;
   return !resumed_from.empty() && fs::weakly_canonical(resumed_from, ec).parent_path() != fs::weakly_canonical(dir, ec);
@@ -92,9 +142,7 @@ std::string set_aside_superseded(const std::string& path) {
   return target;
 }
 
-CheckpointDirClaim::~CheckpointDirClaim() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race with the next run's open)
-}
+CheckpointDirClaim::~CheckpointDirClaim() = default;
 
 void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const std::string& run_dir) {
   int rank = 0;
@@ -105,28 +153,12 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   if (rank == 0) {
     try {
       require_writable_dir("checkpoint.dir", dir, DirProbe::Create);
-      const std::string lock = (fs::path(dir) / kCheckpointLockFile).string();
-      const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (fd < 0) throw IoError(fmt::format("checkpoint.dir: cannot create {}: {}", lock, std::strerror(errno)));
-      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        const int err = errno;
-        if (err == EWOULDBLOCK) {
-          const std::string holder = read_holder(fd);
-          ::close(fd);
-          throw CheckpointError(dir_in_use_problem(dir, holder.empty() ? "its lock file " + lock + " is locked" : holder));
-        }
-        // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
-        log::warn("checkpoint: cannot lock {} ({}): nothing stops a second run from saving into {} at the same time", lock,
-                  std::strerror(err), dir);
-        unlocked_ = true;
-      }
-      text = holder_text(run_dir);
-      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0 || ::fsync(fd) != 0) {
-        log::warn("checkpoint: cannot record this run in {}: {}", lock, std::strerror(errno));
-        text.clear();
-      }
-      if (unlocked_) ::close(fd);
-      else fd_ = fd;
+      std::string holder;
+      // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
+      const DirLock::Taken taken =
+          lock_.take((fs::path(dir) / kCheckpointLockFile).string(), "checkpoint.dir", run_dir, holder, text);
+      if (taken == DirLock::Taken::HeldByAnother) throw CheckpointError(dir_in_use_problem(dir, holder));
+      unlocked_ = taken == DirLock::Taken::NoLocks;
     } catch (const Error& e) {
       code = static_cast<int>(e.code());
       error = e.what();
@@ -143,10 +175,7 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
   error.resize(static_cast<size_t>(length));
   ST_CHECK_MPI(MPI_Bcast(error.data(), length, MPI_CHAR, 0, world));
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+  lock_.release();
   if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(error);
   if (code == static_cast<int>(ExitCode::Io)) throw IoError(error);
   throw Error(static_cast<ExitCode>(code), error);
@@ -182,10 +211,7 @@ void CheckpointDirClaim::check_every_rank_sees(MPI_Comm world, int rank, const s
   }
   problem = lowest_error(world, rank, problem);
   if (problem.empty()) return;
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+  lock_.release();
   acquired_ = false;
   throw on_every_rank(CheckpointError(problem));
 }
@@ -197,22 +223,16 @@ std::string dir_in_use_problem(const std::string& dir, const std::string& holder
       dir, holder);
 }
 
+std::string run_dir_in_use_problem(const std::string& dir, const std::string& holder) {
+  return fmt::format(
+      "logging.run_dir {} is in use by another run ({}): two runs writing one directory mix their metrics.jsonl, "
+      "config.toml and result.json (a resume from it would continue the wrong run); give this run a logging.run_dir "
+      "of its own, or wait for that run to end",
+      dir, holder);
+}
+
 std::string checkpoint_dir_holder(const std::string& dir) {
-  const std::string lock = (fs::path(dir) / kCheckpointLockFile).string();
-  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  std::string holder;
-  // A shared probe, released at once: it fails only while a run holds the exclusive lock.
-  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      holder = read_holder(fd);
-      if (holder.empty()) holder = "its lock file " + lock + " is locked";
-    }
-  } else {
-    ::flock(fd, LOCK_UN);
-  }
-  ::close(fd);
-  return holder;
+  return lock_holder((fs::path(dir) / kCheckpointLockFile).string());
 }
 
 }  // namespace shardtrain::train

@@ -11,6 +11,7 @@
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -35,7 +36,7 @@ bool is_failure_record_name(const std::string& name) {
 
 bool is_reserved_run_dir_name(std::string_view name) {
   for (const char* exact : {"config.toml", "result.json", "failures", "checkpoints", "restarts.log", "eval.json", "hf",
-                            "loss.png", "throughput.png"})
+                            "loss.png", "throughput.png", kRunDirLockFile})
     if (name == exact) return true;
   // Their temporaries (write_file_whole's NAME.tmp-PID), TensorBoard's event files, the Slurm jobs' logs.
   for (const char* prefix : {"config.toml.", "result.json.", "events.out.tfevents"})
@@ -73,6 +74,9 @@ bool check_run_dir(const TrainConfig& c, const std::string& dir) {
                     "files (made when missing)",
                     dir));
   const fs::path d(dir);
+  // Another run writing here (its lock held): `check` says so, and a start is refused before it takes the lock.
+  if (const std::string holder = lock_holder((d / kRunDirLockFile).string()); !holder.empty())
+    throw ConfigError(run_dir_in_use_problem(dir, holder));
   const std::string config = (d / "config.toml").string(), result = (d / "result.json").string();
   if (fs::exists(fs::symlink_status(config, ec)) && !is_own_config_toml(config))
     throw ConfigError(fmt::format(

@@ -25,6 +25,7 @@
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/preflight.hpp"
@@ -91,7 +92,7 @@ namespace {
 
 // Rank 0 picks the run directory, checks it (run_dir.hpp), creates it and removes the failure records an earlier
 // start left; every rank gets its name and whether it existed before (or rank 0's error, with its exit code).
-std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank, bool* existed) {
+std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank, bool* existed, DirLock& lock) {
   std::string dir, error;
   int outcome[2] = {0, 0};  // exit code, existed
   if (rank == 0) {
@@ -113,6 +114,13 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
       }
       outcome[1] = check_run_dir(c, dir) ? 1 : 0;
       require_writable_dir("logging.run_dir", dir, DirProbe::Create);
+      // Before anything in it changes (the failure records below, config.toml, the metrics): two runs in one
+      // directory interleaved their metrics.jsonl, and one's config.toml sat beside the other's result.json, so
+      // `-c RUN_DIR/config.toml --resume auto` continued the wrong run.
+      std::string holder, written;
+      if (lock.take((fs::path(dir) / kRunDirLockFile).string(), "logging.run_dir", dir, holder, written) ==
+          DirLock::Taken::HeldByAnother)
+        throw ConfigError(run_dir_in_use_problem(dir, holder));
       // A resumed run's directory may hold the failure records of the start before it (failure_record.hpp). They go
       // now, before any rank can write one of this start's: every rank enables its records after this. Only they:
       // anything else in failures/ is not shardtrain's.
@@ -266,9 +274,10 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   schedule_ = std::make_unique<optim::LrSchedule>(config_.schedule.lr, config_.optim.adamw.lr, total_steps_);
   if (const auto& s = config_.schedule.lr;
       s.kind == optim::ScheduleKind::WarmupStableDecay && s.decay_steps > total_steps_ - s.warmup_steps)
-    log::warn("schedule.decay_steps: {} is longer than the {} steps after the warmup in this run of {}; the decay takes "
-              "those {} (it begins where the warmup ends)",
-              s.decay_steps, total_steps_ - s.warmup_steps, total_steps_, total_steps_ - s.warmup_steps);
+    log::warn(
+        "schedule.decay_steps: {} is longer than the {} steps after the warmup in this run of {}; the decay takes "
+        "those {} (it begins where the warmup ends)",
+        s.decay_steps, total_steps_ - s.warmup_steps, total_steps_, total_steps_ - s.warmup_steps);
   flops_per_token_ = flops_per_token(replica_->model().spec(), config_.data.seq_len);
 
   log_start(steps_per_epoch);
@@ -281,7 +290,8 @@ Trainer::~Trainer() = default;
 void Trainer::make_run_dir() {
   const int rank = runtime_->topology().world_rank;
   bool existed = false;
-  run_dir_ = pick_and_make_run_dir(config_, runtime_->world(), rank, &existed);
+  run_dir_lock_ = std::make_unique<DirLock>();
+  run_dir_ = pick_and_make_run_dir(config_, runtime_->world(), rank, &existed, *run_dir_lock_);
   failure_record::enable(run_dir_, runtime_->world());  // a fatal error from here on leaves RUN_DIR/failures/rank_N.json
   // A directory this start made holds nothing to lose: config.toml goes in at once (job scripts see the run has
   // started). Into one that existed (an earlier run's, or the user's), nothing before start() has validated the run.

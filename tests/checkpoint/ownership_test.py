@@ -5,8 +5,9 @@ binary on 2 ranks:
    says the same. A run branched from an older checkpoint renames the newer ones *.superseded (never deleted), and
    its own saves are its last checkpoint, not the other run's. A run resumed from a checkpoint elsewhere sets aside
    every one there, older ones too; the rotation removes only what a save wrote (a user's files stay, moved aside).
-2. A second run on a checkpoint directory that a running one holds is refused (exit 5, naming the holder); the
-   running one's save goes to a temporary directory of its own name and publishes intact.
+2. A second run on a checkpoint directory that a running one holds is refused (exit 5, naming the holder), and one
+   with a checkpoint directory of its own in the running one's run directory too (exit 3: that directory is held as
+   well); the running one's save goes to a temporary directory of its own name and publishes intact.
 3. SIGUSR1 during the start-up (before the first step): exit 75, result.json "preempted", nothing saved, and the
    message names the run directory to resume; the same when it comes as soon as a rank catches it (before MPI_Init).
 4. checkpoint.dir that is a file: exit 8 at start, before any step.
@@ -181,6 +182,18 @@ check(b.returncode == 5 and f"checkpoint.dir {shared} is in use by another run (
 check(not os.path.exists(os.path.join(work, "runB", "metrics.jsonl")), "the second run was refused before its trainer was built")
 c = check_cmd("runB", "--checkpoint.dir", shared)
 check(c.returncode == 5 and "is in use by another run" in c.stdout, f"check names the holder too: exit {c.returncode}: {c.stdout[-1500:]}")
+# Its run directory is held too: a run of its own checkpoint.dir there is refused (exit 3) before it changes anything
+# (two runs interleaved one metrics.jsonl, and one's config.toml sat beside the other's result.json).
+run_a = os.path.join(work, "runA")
+before = {n: open(os.path.join(run_a, n), "rb").read() for n in ("config.toml", "metrics.jsonl")}
+own = os.path.join(work, "own-ckpt")
+b = train("runA", "--checkpoint.dir", own, "--model.init_seed", "9")
+after = {n: open(os.path.join(run_a, n), "rb").read() for n in ("config.toml", "metrics.jsonl")}
+check(b.returncode == 3 and f"logging.run_dir {run_a} is in use by another run (host " in b.stderr and after == before
+      and not os.path.exists(own), f"a second run in a held run directory: exit {b.returncode}: {b.stderr[-1500:]}")
+c = check_cmd("runA", "--checkpoint.dir", own)
+check(c.returncode == 3 and f"logging.run_dir {run_a} is in use by another run" in c.stdout,
+      f"check says the run directory is held: exit {c.returncode}: {c.stdout[-1500:]}")
 out = a.communicate(timeout=300)[0].decode(errors="replace")
 check(a.returncode == 0 and steps_in(shared) == ["step_00000002", "step_00000004"], f"run A: exit {a.returncode}: {out[-1500:]}")
 info = subprocess.run([st, "checkpoint", "info", "--verify", os.path.join(shared, "step_00000002")], capture_output=True, text=True)

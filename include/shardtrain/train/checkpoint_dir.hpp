@@ -16,6 +16,35 @@ namespace shardtrain::train {
 
 // The lock file inside the checkpoint directory; it holds "host H, pid P, since T, run directory R".
 inline constexpr const char* kCheckpointLockFile = ".shardtrain.lock";
+// The lock file inside the run directory (logging.run_dir), the same way: one run writes its metrics, config.toml and
+// result.json at a time.
+inline constexpr const char* kRunDirLockFile = ".shardtrain-run.lock";
+
+// An exclusive lock (flock) on a lock file, held while the object lives and released by the kernel when the process
+// ends, killed or not (a stale lock never blocks); the file records its holder ("host H, pid P, since T, run
+// directory R").
+class DirLock {
+ public:
+  enum class Taken { Yes, HeldByAnother, NoLocks };
+  DirLock() = default;
+  ~DirLock() { release(); }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+  // Opens (creating) `lock_path`, locks it without waiting and writes this process's holder text into it.
+  // HeldByAnother: `holder` says who holds it ("its lock file PATH is locked" when it says nothing). NoLocks: the file
+  // system has no locks (Lustre without -o flock): warned about, the text written, nothing held. `written`: the text,
+  // or "" when it could not be written. IoError naming `key` when the file cannot be created.
+  Taken take(const std::string& lock_path, const std::string& key, const std::string& run_dir, std::string& holder,
+             std::string& written);
+  void release();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+// Who holds the lock file `lock_path` now ("" when nobody does, or it cannot be told). Only looks.
+std::string lock_holder(const std::string& lock_path);
 
 class CheckpointDirClaim {
  public:
@@ -36,7 +65,7 @@ class CheckpointDirClaim {
   const std::string& dir() const { return dir_; }
 
  private:
-  int fd_ = -1;  // rank 0's open lock file; the lock goes with the process (killed or not)
+  DirLock lock_;  // rank 0's
   void check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text);
 
   bool unlocked_ = false;  // rank 0: the file system has no locks
@@ -56,6 +85,10 @@ std::string fresh_run_problem(const std::string& dir);
 // Renames a checkpoint a branched run does not continue to PATH.superseded (.superseded-2, ...): no longer a step
 // directory, so never resumed, rotated or skipped over, and never deleted. Returns the new name (IoError on failure).
 std::string set_aside_superseded(const std::string& path);
+
+// The refusal of a run whose logging.run_dir another run holds (its kRunDirLockFile locked): one line naming the
+// directory, the holder and what to do. Exit code 3.
+std::string run_dir_in_use_problem(const std::string& dir, const std::string& holder);
 
 // Who holds the lock of `dir` now ("" when nobody does, or it cannot be told): for `shardtrain check`. Only looks.
 std::string checkpoint_dir_holder(const std::string& dir);

@@ -53,6 +53,7 @@ std::string trainer_state_to_json(const TrainerState& s);
 TrainerState trainer_state_from_json(std::string_view json, const std::string& source);
 
 class Trainer;
+class DirLock;
 class ProgressView;
 class StartupWatch;
 
@@ -212,6 +213,7 @@ class Trainer {
   TrainConfig config_;
   TrainerOptions options_;
   std::string run_dir_, resolved_toml_;
+  std::unique_ptr<DirLock> run_dir_lock_;  // rank 0's: one run writes the run directory at a time
   std::unique_ptr<Replica> replica_;
   // The replica's parts the loop uses at every step (owned by replica_).
   CollectiveWatchdog* watchdog_ = nullptr;
