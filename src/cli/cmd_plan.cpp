@@ -89,15 +89,21 @@ struct StrategyEstimate {
   double device_bytes = 0, host_bytes = 0, activations = 0, op_scratch = 0;
   double compute_s = 0, comm_s = 0;
   bool fits = false;
+  int shard = 0, replicate = 0;  // the row's mesh
 };
 
+// The configured strategy's row is the plan's own (its reshard_after_forward too), so that it agrees with `check` and
+// `predict`; another strategy takes its defaults. A hybrid row keeps the configured shard size (fsdp.shard_size,
+// --shard-size; 0: ranks per node): the 70B config's groups of 32 were priced as groups of 8.
 StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fsdp::FsdpConfig f, ShardingStrategy s) {
+  if (s != f.strategy) f.reshard_after_forward.reset();
   f.strategy = s;
-  f.reshard_after_forward.reset();
-  f.shard_size = 0;
+  if (!strategy_is_hybrid(s)) f.shard_size = 0;
   const int world = world_size_of(o.nodes, o.gpus_per_node);
   const fsdp::FsdpPlan plan = fsdp::plan_fsdp(spec, f, world, o.gpus_per_node);
   StrategyEstimate e{s};
+  e.shard = plan.mesh.shard_size;
+  e.replicate = plan.mesh.replicate_size;
   const fsdp::MemoryEstimate m =
       fsdp::estimate_memory(spec, f, plan, o.micro_batch, o.seq);  // f carries o's checkpointing, offload
   e.activations = m.activations;
@@ -155,9 +161,16 @@ std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, c
                                {"compute_s", e.compute_s},
                                {"comm_s", e.comm_s},
                                {"step_s", step},
-                               {"fits", e.fits}});
+                               {"fits", e.fits},
+                               {"mesh", {{"replicate", e.replicate}, {"shard", e.shard}}}});
     if (e.fits && (!best || step < std::max(best->compute_s, best->comm_s))) best = &e;
   }
+  const auto hybrid =
+      std::find_if(all.begin(), all.end(), [](const StrategyEstimate& e) { return strategy_is_hybrid(e.strategy); });
+  if (hybrid != all.end())
+    out += fmt::format("hybrid rows: mesh {} (replicate) x {} (shard), {}\n", hybrid->replicate, hybrid->shard,
+                       f.shard_size > 0 ? "shard groups of fsdp.shard_size (--shard-size)"
+                                        : "a node a shard group (no fsdp.shard_size given)");
   if (best) {
     out += fmt::format(
         "recommended: {} (the fastest estimate that fits; `shardtrain predict` runs the engine's own "

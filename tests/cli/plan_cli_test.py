@@ -5,6 +5,7 @@
 - an option given explicitly overrides the config (--strategy, --layers, --micro-batch), the rest still
   comes from the config;
 - --gpu-memory: 80GiB and 80 are 80 x 2^30 bytes, 80GB is 80 x 10^9, and the fits column follows;
+- the strategy table's hybrid rows on the configured shard size (the 70B config's 32), agreeing with `check`;
 - an Accelerate YAML over the config gives the cluster (num_processes / num_machines) and its FSDP keys;
 - bad input: one clear error and the documented exit code (2: a bad --gpu-memory; 3: a missing or bad
   config file, or a global batch the planned world cannot split)."""
@@ -106,6 +107,37 @@ check(own.get("memory_per_rank_bytes", {}).get("grads_in_activation_memory") == 
 rc, text8, err8 = plan("--config", "configs/llama-8b-layers.toml")
 check(rc == 0 and "gradient shards: 7.645 GiB of the 10.414 GiB in activation memory" in text8,
       f"the text output says how much: {text8[-1500:]} {err8}")
+
+# The strategy table's hybrid rows use the configured shard size (fsdp.shard_size 32 in the 70B config: 2 replicas of
+# 32 on 8 x 8), so that the configured strategy's row is the plan's own and agrees with `check` and `predict`; they
+# were priced with a node a shard group (8), 154.56 GiB against the 57.32 both of those say. --shard-size overrides it.
+seventy = ["--config", "configs/llama3-70b-hybrid.toml", "--nodes", "8", "--gpus-per-node", "8"]
+j70 = plan_json(*seventy)
+rows70 = by_strategy(j70)
+hybrid = rows70.get("HYBRID_SHARD", {})
+check(j70.get("mesh") == {"replicate": 2, "shard": 32, "strategy": "HYBRID_SHARD"}, f"70B mesh {j70.get('mesh')}")
+check(hybrid.get("mesh") == {"replicate": 2, "shard": 32} and rows70.get("HYBRID_SHARD_ZERO2", {}).get("mesh") == hybrid.get("mesh"),
+      f"the hybrid rows on the configured mesh 2 x 32: {hybrid.get('mesh')}")
+check(round(hybrid.get("device_bytes", 0) / GIB, 2) == 57.32 and hybrid.get("fits") is True,
+      f"HYBRID_SHARD row 57.32 GiB, fits 80 GiB: {hybrid.get('device_bytes', 0) / GIB:.2f} {hybrid.get('fits')}")
+check(round(rows70.get("FULL_SHARD", {}).get("device_bytes", 0) / GIB, 2) == 44.71
+      and rows70.get("FULL_SHARD", {}).get("mesh") == {"replicate": 1, "shard": 64}, f"FULL_SHARD row as it was: {rows70.get('FULL_SHARD')}")
+chk = subprocess.run([args.shardtrain, "check", *seventy, "--gpu-memory", "80GiB"], cwd=args.source, capture_output=True,
+                     text=True, timeout=60)
+memory_line = [l for l in chk.stdout.splitlines() if l.strip().startswith("memory")]
+check(len(memory_line) == 1 and f"about {hybrid.get('device_bytes', 0) / GIB:.2f} of 80 GiB" in memory_line[0],
+      f"check says the HYBRID_SHARD row's figure: {memory_line} {chk.stderr[-400:]}")
+rc, text70, err70 = plan(*seventy)
+check(rc == 0 and "hybrid rows: mesh 2 (replicate) x 32 (shard), shard groups of fsdp.shard_size" in text70,
+      f"the text names the hybrid rows' mesh: {text70[-900:]} {err70}")
+j8 = plan_json(*seventy, "--shard-size", "8")
+h8 = by_strategy(j8).get("HYBRID_SHARD", {})
+check(j8.get("mesh", {}).get("shard") == 8 and h8.get("mesh") == {"replicate": 8, "shard": 8}
+      and round(h8.get("device_bytes", 0) / GIB, 2) == 154.56 and h8.get("fits") is False,
+      f"--shard-size 8: the row on 8 x 8, 154.56 GiB, does not fit: {h8}")
+# Without a shard size, a hybrid row has a node a shard group.
+jt = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "2", "--gpus-per-node", "2")
+check(by_strategy(jt).get("HYBRID_SHARD", {}).get("mesh") == {"replicate": 2, "shard": 2}, f"tiny-cpu's hybrid row: {by_strategy(jt).get('HYBRID_SHARD')}")
 
 # --gpu-memory: the parsed size, and the fits column on a size between NO_SHARD's need in GB and in GiB.
 for text, expected in [("80GiB", 80 * GIB), ("80", 80 * GIB), ("80GB", 80 * 10**9), ("80gb", 80 * 10**9), ("0.5GiB", GIB // 2)]:
