@@ -54,13 +54,22 @@ struct BenchOpsOptions {
 BenchShape resolve_shape(const BenchOpsOptions& o) {
   BenchShape s;
   if (!o.config.empty()) {
-    const train::TrainConfig c = train::load_train_config(o.config);
+    train::TrainConfig c = train::load_train_config(o.config);
     s.model = c.model;
     s.seq = c.data.seq_len;
-    s.batch = c.micro_batch_size_for(o.ranks);
-    if (s.batch < 1)
-      throw ConfigError(fmt::format("{}: data.global_batch_size {} gives no micro-batch for --ranks {}", o.config,
-                                    c.data.global_batch_size, o.ranks));
+    // The micro-batch the trainer would run on --ranks ranks, refused as train, plan, check and predict refuse it (16
+    // sequences over 3 ranks timed micro-batches of 5), unless --batch gives it (as plan's --micro-batch). The ranks
+    // given, not the config's fsdp.num_processes: as plan.
+    if (o.batch == 0) {
+      c.fsdp.num_processes = 0;
+      c.fsdp.num_machines = 0;
+      try {
+        c.validate_for_world(o.ranks, 1);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}: {} (--ranks {}; or give --batch)", o.config, e.what(), o.ranks));
+      }
+      s.batch = c.micro_batch_size_for(o.ranks);
+    }
     s.source = o.config;
   } else {  // `bench model`'s defaults
     s.model.num_hidden_layers = 4, s.model.hidden_size = 256, s.model.num_attention_heads = 4,

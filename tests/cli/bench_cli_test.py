@@ -229,5 +229,16 @@ p = subprocess.run([args.shardtrain, "bench", "step", "--config", "configs/tiny-
                    env=dict(ENV, TMPDIR=step_tmp))
 check(p.returncode == 4 and os.listdir(step_tmp) == [],
       f"a failed bench step: exit {p.returncode}, left {os.listdir(step_tmp)}: {p.stderr[-600:]}")
+# A global batch --ranks cannot split: refused as plan, check and predict refuse it (exit 3, the config and the field
+# named), before anything is timed; it timed micro-batches of 16 // 3 = 5. With --batch the micro-batch is given.
+rc, out, err = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--ranks", "3", "--layers", "1",
+                    "--iters", "1", "--warmup", "0", "--device", "cpu"])
+lines = [line for line in err.splitlines()
+         if "configs/tiny-cpu.toml: data.global_batch_size: 16 sequences cannot be split evenly over 3 ranks (--ranks 3" in line]
+check(rc == 3 and len(lines) == 1 and out == "", f"bench ops --ranks 3: exit {rc} (expected 3): {out[-300:]} {err[-800:]}")
+ops3_json = os.path.join(work, "ops-np3.json")
+rc, out, err = run([args.shardtrain, "bench", "ops", "--config", "configs/tiny-cpu.toml", "--ranks", "3", "--batch", "2",
+                    "--layers", "1", "--iters", "1", "--warmup", "0", "--device", "cpu", "--json", ops3_json])
+check(rc == 0 and json.load(open(ops3_json))["batch"] == 2, f"bench ops --ranks 3 --batch 2: exit {rc}: {err[-800:]}")
 
 check.finish("bench ops and bench step: all checks passed")
