@@ -63,6 +63,30 @@ struct MeasuredLinks {
   int ranks = 0, ranks_per_node = 0;
   nlohmann::json axes, axis_ranks;
 };
+// Every fit the file holds, whether or not this prediction uses it: a bandwidth of 0 or below, or a negative
+// latency, is no measurement (bench comm writes neither) and priced collectives at negative or NaN times.
+void check_link_figures(const MeasuredLinks& m) {
+  auto fail = [&](const std::string& field, const std::string& expected, const nlohmann::json& v) {
+    throw ConfigError(
+        fmt::format("--links {}: {}: expected {}, not {} (a `bench comm --json` file)", m.path, field, expected, v.dump()));
+  };
+  if (!m.axes.is_object()) fail("axes", "an object", m.axes);
+  for (const auto& [axis, kinds] : m.axes.items()) {
+    if (!kinds.is_object()) fail(fmt::format("axes.{}", axis), "an object", kinds);
+    for (const auto& [kind, fit] : kinds.items()) {
+      const std::string at = fmt::format("axes.{}.{}", axis, kind);
+      if (!fit.is_object()) fail(at, "an object", fit);
+      const nlohmann::json latency = fit.value("latency_s", nlohmann::json()),
+                           busbw = fit.value("busbw_bytes_per_s", nlohmann::json());
+      if (!latency.is_number() || !std::isfinite(latency.get<double>()) || latency.get<double>() < 0)
+        fail(at + ".latency_s", "a finite number of seconds, 0 or more", latency);
+      // host_all_reduce is measured at one size: no bandwidth (null).
+      if (busbw.is_null() && kind == "host_all_reduce") continue;
+      if (!busbw.is_number() || !std::isfinite(busbw.get<double>()) || !(busbw.get<double>() > 0))
+        fail(at + ".busbw_bytes_per_s", "a finite number of bytes per second above 0", busbw);
+    }
+  }
+}
 MeasuredLinks load_links(const std::string& path) {
   std::ifstream in(path);
   if (!in)
@@ -79,6 +103,7 @@ MeasuredLinks load_links(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("--links {}: not a `bench comm --json` file ({})", path, e.what()));
   }
+  check_link_figures(m);
   return m;
 }
 CollectiveCost measured_cost(const MeasuredLinks& m, const std::string& axis, const char* kind) {

@@ -10,6 +10,7 @@
 - an H100 predicted from the H200's profile: memory-bound calls scaled by the bandwidths, compute-bound ones not;
 - the trace is Chrome's JSON with the compute stream and the collectives' streams;
 - a config that does not fit (70B sharded over 8 GPUs) says DOES NOT FIT;
+- a links file with a bandwidth of 0 or below or a negative latency: exit 3, naming the file and the field;
 - bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
   (usage) or 3 (config) with one message naming the option or file."""
 import argparse
@@ -129,6 +130,39 @@ p = predict("--config", "configs/llama3-8b.toml", "--links", bad, expect=3)
 check(bad in p.stderr and "bench comm" in p.stderr, f"bad links file named: {p.stderr}")
 p = predict("--config", "configs/tiny-cpu.toml", "--gpu", "cpu", "--gpus-per-node", "2", expect=2)
 check("--ops-profile" in p.stderr, f"cpu without a profile: {p.stderr}")
+
+
+def refused(p, code, *parts):
+    """Exit `code`, nothing on stdout, and one line of stderr holding every part."""
+    lines = [l for l in p.stderr.splitlines() if all(x in l for x in parts)]
+    check(p.returncode == code and p.stdout == "" and len(lines) == 1,
+          f"exit {p.returncode} (expected {code}), one line with {parts}: {p.stdout[-300:]} {p.stderr[-800:]}")
+
+
+# A links file with impossible figures (bench comm writes none): each fit's busbw finite and above 0, its latency
+# finite and 0 or more, else exit 3 naming the file and the field. They printed collectives of -17.29 ms, a step of
+# -nan ms and MFU 100.0 %. The entries in the file's order of keys: the shard axis' all_gather first.
+links2 = ["--config", "configs/tiny-cpu.toml", "--gpus-per-node", "2", "--gpu", "h100"]
+good_links = json.load(open(os.path.join(args.source, "profiles/cpu-this-machine/comm-np2.json")))
+good = os.path.join(work, "links-good.json")
+p = predict(*links2, "--links", "profiles/cpu-this-machine/comm-np2.json", "--json", good)
+check(p.returncode == 0 and json.load(open(good))["comm_busy_s"] > 0, f"the measured links as they are: {p.stderr[-500:]}")
+for field, value, expected in [("busbw_bytes_per_s", -1e9, "a finite number of bytes per second above 0, not -1000000000.0"),
+                               ("busbw_bytes_per_s", 0, "a finite number of bytes per second above 0, not 0"),
+                               ("latency_s", -1, "a finite number of seconds, 0 or more, not -1")]:
+    k = json.loads(json.dumps(good_links))
+    for kinds in k["axes"].values():
+        for fit in kinds.values():
+            fit[field] = value
+    path = os.path.join(work, f"links-{field}-{value}.json")
+    json.dump(k, open(path, "w"))
+    refused(predict(*links2, "--links", path, expect=3), 3, f"--links {path}: axes.shard.all_gather.{field}: expected {expected}")
+# One bad entry among good ones (host_all_reduce's null bandwidth is a measurement: one size, no slope).
+k = json.loads(json.dumps(good_links))
+k["axes"]["world"]["reduce_scatter"]["latency_s"] = -1e-6
+path = os.path.join(work, "links-one-bad.json")
+json.dump(k, open(path, "w"))
+refused(predict(*links2, "--links", path, expect=3), 3, f"--links {path}: axes.world.reduce_scatter.latency_s: expected")
 
 if failures:
     print(f"{len(failures)} check(s) failed", file=sys.stderr)
