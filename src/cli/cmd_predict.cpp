@@ -39,6 +39,7 @@ struct PredictOptions {
   std::vector<std::string> ops_profiles;
   std::vector<std::string> profile_excludes;  // ops whose profile rows are stale (their kernels changed since)
   std::string links = "h100-dgx";             // a preset, or a `bench comm --json` file
+  bool links_given = false;                   // --links on the command line (else the preset, said so for CPU ranks)
   int steps = 3;
   int cpu_threads = 0;  // --gpu cpu: host threads per rank (0: the cores over the ranks of a node, at least 1)
   std::string json, trace;
@@ -205,6 +206,14 @@ int run_predict(const PredictOptions& o) {
   std::set<std::string> profiled_ops;  // for --ops-profile-exclude: a name no row has is a typo that excludes nothing
   for (const std::string& path : o.ops_profiles) {
     const OpTimeTable profile = load_op_profile(path);
+    // A profile prices the kind of device it was measured on: a GPU's kernels say nothing of the CPU backend's ops (the
+    // H200 seed profile priced CPU ranks at a GPU's speed), nor the other way round.
+    if ((profile.backend == "cpu") != cpu)
+      throw ConfigError(
+          fmt::format("--ops-profile {}: measured on {} (backend {}), but --gpu {} predicts {}: expected a profile of {}",
+                      path, profile.device, profile.backend, o.gpu, cpu ? "CPU ranks" : "GPUs",
+                      cpu ? "this machine's CPU backend (`bench ops --json` or `bench step --ops-profile` without a GPU)"
+                          : "a GPU (`bench ops --json` on one; profiles/h200/)"));
     for (const auto& [key, seconds] : profile.seconds) profiled_ops.insert(key.substr(0, key.find(' ')));
     // Ranks that share the cores: a `bench step` profile's CPU time per call (each op's work, whatever else held
     // the core while it ran), priced below at the share (the wall time where a call has none).
@@ -261,6 +270,8 @@ int run_predict(const PredictOptions& o) {
     // Ops timed inside a step: their work (the thread's CPU time) at the rank's share of the cores.
     if (timed_in_step && contention > 1) costs.set_table_scale(contention);
   }
+  // CPU ranks on the preset: NVLink and InfiniBand figures for what is MPI between processes, said beside the links.
+  const bool cpu_on_preset = cpu && !o.links_given;
   if (o.links == "h100-dgx") {
     const LinkPreset preset = h100_dgx_links();
     s.links = [preset](MeshAxis, int ranks, int nodes) { return preset_group_links(preset, ranks, nodes); };
@@ -307,6 +318,10 @@ int run_predict(const PredictOptions& o) {
       profiles_described.empty() ? "no profile" : profiles_described, costs.hits(), costs.hits() + costs.misses(),
       nearest_gemm, rates.name);
   fmt::print("  links: {}\n", p.links_described);
+  if (cpu_on_preset)
+    fmt::print(
+        "  links: no --links given: the CPU ranks' collectives are priced at the h100-dgx preset (NVLink, InfiniBand), "
+        "not this machine's MPI; give --links FILE, a `bench comm --json` on these ranks (docs/predict.md)\n");
   fmt::print("  PREDICTION, not a measurement (docs/predict.md says what it leaves out)\n");
   fmt::print("  step              {}\n", ms(step));
   fmt::print("  tokens/s per {}  {:.0f}\n", cpu ? "rank" : "GPU ", p.tokens_per_s_per_rank);
@@ -376,7 +391,8 @@ int run_predict(const PredictOptions& o) {
                         {"peak_device_bytes", p.peak_device_bytes},
                         {"op_calls_from_profile", costs.hits()},
                         {"op_calls_from_rates", costs.misses()},
-                        {"links", p.links_described}};
+                        {"links", p.links_described},
+                        {"links_preset_for_cpu_ranks", cpu_on_preset}};
     j["op_calls_at_nearest_gemm"] = nearest_gemm;
     for (const train::IdleCause& c : p.idle)
       j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}, {"communication", c.communication}});
@@ -426,7 +442,10 @@ Command add_predict_command(CLI::App& parent) {
   c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)")
       ->check(output_file_check());
   c.launch = Launch::Offline;
-  c.run = [o](Runtime*) { return run_predict(*o); };
+  c.run = [o, app = c.app](Runtime*) {
+    o->links_given = app->get_option("--links")->count() > 0;
+    return run_predict(*o);
+  };
   return c;
 }
 

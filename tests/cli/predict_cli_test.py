@@ -11,6 +11,8 @@
 - the trace is Chrome's JSON with the compute stream and the collectives' streams;
 - a config that does not fit (70B sharded over 8 GPUs) says DOES NOT FIT;
 - a links file with a bandwidth of 0 or below or a negative latency: exit 3, naming the file and the field;
+- a profile of another kind of device than --gpu: exit 3, naming the file, its device and --gpu; CPU ranks without
+  --links are told they get the h100-dgx preset;
 - bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
   (usage) or 3 (config) with one message naming the option or file."""
 import argparse
@@ -163,6 +165,35 @@ k["axes"]["world"]["reduce_scatter"]["latency_s"] = -1e-6
 path = os.path.join(work, "links-one-bad.json")
 json.dump(k, open(path, "w"))
 refused(predict(*links2, "--links", path, expect=3), 3, f"--links {path}: axes.world.reduce_scatter.latency_s: expected")
+
+# A profile measured on another kind of device than --gpu asks for: exit 3 naming the file, its device and --gpu. The
+# H200 seed profile priced CPU ranks at a GPU's speed without a word.
+def profile_file(name, device, backend, dtype, key, seconds, flops, bytes_, shape=None):
+    j = {"device": device, "backend": backend, "dtype": dtype,
+         "ceilings": {"matmul_flops_per_s": 1e11, "copy_bytes_per_s": 1e10},
+         "rows": [{"op": "row", "shapes": "-", "kind": "bytes" if flops == 0 else "flops", "work": bytes_ or flops,
+                   "seconds": seconds, "calls_per_microbatch": 1, "calls": [{"key": key, "flops": flops, "bytes": bytes_}]}]}
+    if shape:
+        j.update(shape)
+    path = os.path.join(work, name)
+    json.dump(j, open(path, "w"))
+    return path
+
+
+cpu_profile = profile_file("cpu-profile.json", "cpu", "cpu", "f32", "copy f32[250] f32[250]", 3e-5, 0, 2000)
+cpu2 = ["--config", "configs/tiny-cpu.toml", "--gpu", "cpu", "--gpus-per-node", "2"]
+refused(predict(*cpu2, "--ops-profile", "profiles/h200/seed-b64-s512.json", expect=3), 3,
+        "--ops-profile profiles/h200/seed-b64-s512.json: measured on cuda:0 (NVIDIA H200, 139.8 GiB)", "--gpu cpu")
+refused(predict(*links2, "--ops-profile", cpu_profile, expect=3), 3, f"--ops-profile {cpu_profile}: measured on cpu",
+        "--gpu h100")
+# CPU ranks without --links: the h100-dgx preset, and the report says so (the JSON too); with --links, no such note.
+note = "no --links given: the CPU ranks' collectives are priced at the h100-dgx preset"
+cpu_json = os.path.join(work, "cpu.json")
+p = predict(*cpu2, "--ops-profile", cpu_profile, "--json", cpu_json)
+check(note in p.stdout and json.load(open(cpu_json)).get("links_preset_for_cpu_ranks") is True, f"the preset said: {p.stdout[:900]}")
+p = predict(*cpu2, "--ops-profile", cpu_profile, "--links", "profiles/cpu-this-machine/comm-np2.json", "--json", cpu_json)
+check(note not in p.stdout and json.load(open(cpu_json)).get("links_preset_for_cpu_ranks") is False,
+      f"measured links: no note: {p.stdout[:900]}")
 
 if failures:
     print(f"{len(failures)} check(s) failed", file=sys.stderr)
