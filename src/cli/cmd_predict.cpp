@@ -204,6 +204,7 @@ int run_predict(const PredictOptions& o) {
   const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
   const double contention = cpu ? std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores) : 1.0;
   std::set<std::string> profiled_ops;  // for --ops-profile-exclude: a name no row has is a typo that excludes nothing
+  std::map<std::string, std::string> profile_of_shape;  // what each profile measured -> its file
   for (const std::string& path : o.ops_profiles) {
     const OpTimeTable profile = load_op_profile(path);
     // A profile prices the kind of device it was measured on: a GPU's kernels say nothing of the CPU backend's ops (the
@@ -214,6 +215,16 @@ int run_predict(const PredictOptions& o) {
                       path, profile.device, profile.backend, o.gpu, cpu ? "CPU ranks" : "GPUs",
                       cpu ? "this machine's CPU backend (`bench ops --json` or `bench step --ops-profile` without a GPU)"
                           : "a GPU (`bench ops --json` on one; profiles/h200/)"));
+    // Several profiles are for several shapes (a config's own beside the seed's); two of one shape time the same
+    // calls twice, and which of them prices the step would be the order of the options.
+    if (!profile.shape.empty()) {
+      const auto [it, first] = profile_of_shape.emplace(profile.shape, path);
+      if (!first)
+        throw UsageError(fmt::format(
+            "--ops-profile {} and --ops-profile {}: both measured {}: give one profile of a shape (they time the same "
+            "calls)",
+            it->second, path, profile.shape));
+    }
     for (const auto& [key, seconds] : profile.seconds) profiled_ops.insert(key.substr(0, key.find(' ')));
     // Ranks that share the cores: a `bench step` profile's CPU time per call (each op's work, whatever else held
     // the core while it ran), priced below at the share (the wall time where a call has none).
@@ -227,15 +238,17 @@ int run_predict(const PredictOptions& o) {
         measured_on.empty() || measured_on == choice.rates
             ? 1.0
             : ops::device_rates(measured_on).memory_bytes_per_s / ops::device_rates(choice.rates).memory_bytes_per_s;
+    int64_t earlier = 0;  // call kinds an earlier profile (another shape's) also timed: the first given prices them
     for (const auto& [key, seconds] : seconds_of) {
       const std::string op = key.substr(0, key.find(' '));
       if (std::find(o.profile_excludes.begin(), o.profile_excludes.end(), op) == o.profile_excludes.end())
-        table.emplace(key, seconds * (profile.memory_bound_keys.count(key) ? memory_scale : 1.0));
+        earlier += table.emplace(key, seconds * (profile.memory_bound_keys.count(key) ? memory_scale : 1.0)).second ? 0 : 1;
     }
     profiles_described += fmt::format(
-        "{}{} ({} call kinds, {}{})", profiles_described.empty() ? "" : "; ", path, profile.seconds.size(), profile.device,
+        "{}{} ({} call kinds, {}{}{})", profiles_described.empty() ? "" : "; ", path, profile.seconds.size(), profile.device,
         memory_scale == 1.0 ? std::string()
-                            : fmt::format("; memory-bound calls x {:.3f} for {}'s bandwidth", memory_scale, choice.rates));
+                            : fmt::format("; memory-bound calls x {:.3f} for {}'s bandwidth", memory_scale, choice.rates),
+        earlier == 0 ? std::string() : fmt::format("; {} of them priced by an earlier --ops-profile, given first", earlier));
     memory_bound_scale.insert(profile.memory_bound_scale.begin(), profile.memory_bound_scale.end());
     for (const ops::GemmPoint& point : profile.gemm_points) {
       const std::string op = point.key.substr(0, point.key.find(' '));
@@ -304,6 +317,18 @@ int run_predict(const PredictOptions& o) {
   }
 
   const train::Prediction p = train::predict_step(config, s);
+  // Above the datasheet's peak no step runs: the op times that made it are not this device's, whatever the report
+  // would print (it printed 100.0 % beside tokens/s of 400 %).
+  if (p.mfu > 1) {
+    if (o.ops_profiles.empty())
+      throw InternalError(
+          fmt::format("predict: {:.1f} % of the spec peak from the built-in {} rates", 100 * p.mfu, rates.name));
+    throw ConfigError(fmt::format(
+        "--ops-profile {}: the predicted step would run at {:.1f} % of the {}'s spec peak ({:.0f} TFLOP/s dense bf16): "
+        "the profile's op times are faster than the device's spec peak allows, so it is not this device's profile or "
+        "it is corrupt",
+        fmt::join(o.ops_profiles, ", "), 100 * p.mfu, choice.device_name, p.spec_peak_flops / 1e12));
+  }
   const double memory_bytes = choice.memory_bytes;
   const double step = p.step_s;
   const std::string what = cpu ? "CPU ranks" : fmt::format("{} GPUs", o.gpu == "h100" ? "H100" : "H200");

@@ -188,6 +188,14 @@ OpTimeTable load_op_profile(const std::string& path) {
   t.dtype = r.text(j, "", "dtype");
   if (j.contains("source")) t.source = r.text(j, "", "source");
   if (t.dtype != "bf16" && t.dtype != "f32") r.fail("dtype", fmt::format("\"bf16\" or \"f32\", not \"{}\"", t.dtype));
+  if (j.contains("model") && j.contains("batch") && j.contains("seq")) {  // the shape's fields, not the config's path
+    const json& m = j.at("model");
+    t.shape =
+        fmt::format("layers {}, hidden {}, heads {}/{}, intermediate {}, vocab {}; batch {} x seq {}, {}",
+                    m.value("layers", json()).dump(), m.value("hidden", json()).dump(), m.value("heads", json()).dump(),
+                    m.value("kv_heads", json()).dump(), m.value("intermediate", json()).dump(),
+                    m.value("vocab", json()).dump(), j.at("batch").dump(), j.at("seq").dump(), t.dtype);
+  }
   const json& ceilings = r.at(j, "", "ceilings", "an object");
   t.matmul_flops_per_s = r.positive(ceilings, "ceilings", "matmul_flops_per_s");
   t.copy_bytes_per_s = r.positive(ceilings, "ceilings", "copy_bytes_per_s");

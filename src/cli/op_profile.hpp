@@ -24,6 +24,10 @@ struct OpTimeTable {
   std::string device;   // as the profile names it: "cuda:0 (NVIDIA H200, 139.8 GiB)"
   std::string backend;  // "cuda" | "cpu"
   std::string dtype;    // "bf16" | "f32"
+  // What was measured: the model, micro-batch, sequence length and dtype ("layers 12, hidden 768, heads 12/3,
+  // intermediate 3072, vocab 50000; batch 64 x seq 512, bf16");
+  // "" when the file lacks them. Two profiles of one shape time the same calls (predict refuses the pair).
+  std::string shape;
   // "bench ops" (each op timed alone; several processes at once share the cores inside each op's time) or
   // "bench step" (each op timed inside a real step: ranks that share cores take turns between ops, at collectives,
   // so the sharing is not in the ops' times).

@@ -168,7 +168,8 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   p.flops_per_token = flops_per_token(model.spec(), p.seq);
   if (gpu) {
     p.spec_peak_flops = ops::gpu_spec_peak(s.device_name).flops_per_s;
-    if (p.spec_peak_flops > 0) p.mfu = std::min(1.0, p.flops_per_token * p.tokens_per_s_per_rank / p.spec_peak_flops);
+    // Not clamped: above 1 the op costs are impossible for the device, which the caller must say (cmd_predict.cpp).
+    if (p.spec_peak_flops > 0) p.mfu = p.flops_per_token * p.tokens_per_s_per_rank / p.spec_peak_flops;
   }
   // "layers.3 all_gather shard 50.3 MB" -> "layers.3 all_gather shard": one entry per unit and collective
   auto cause_of = [](std::string what) {

@@ -13,11 +13,14 @@
 - a links file with a bandwidth of 0 or below or a negative latency: exit 3, naming the file and the field;
 - a profile of another kind of device than --gpu: exit 3, naming the file, its device and --gpu; CPU ranks without
   --links are told they get the h100-dgx preset;
+- a profile whose op times beat the spec peak (MFU above 100 %): exit 3 naming it; two profiles of one shape: exit 2
+  naming both; profiles of different shapes that share a call kind: the first given prices it, and the report says so;
 - bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
   (usage) or 3 (config) with one message naming the option or file."""
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -194,6 +197,47 @@ check(note in p.stdout and json.load(open(cpu_json)).get("links_preset_for_cpu_r
 p = predict(*cpu2, "--ops-profile", cpu_profile, "--links", "profiles/cpu-this-machine/comm-np2.json", "--json", cpu_json)
 check(note not in p.stdout and json.load(open(cpu_json)).get("links_preset_for_cpu_ranks") is False,
       f"measured links: no note: {p.stdout[:900]}")
+
+# MFU above 100 % of the spec peak is no prediction: a profile whose every row took 1 ns (4x the peak at the seed's
+# shape) is refused, exit 3, naming it; it printed MFU 100.0 % beside tokens/s of 411 %.
+seed_profile = json.load(open(os.path.join(args.source, "profiles/h200/seed-b64-s512.json")))
+fast = json.loads(json.dumps(seed_profile))
+for r in fast["rows"]:
+    r["seconds"] = 1e-9
+fast_path = os.path.join(work, "fast.json")
+json.dump(fast, open(fast_path, "w"))
+seed1 = ["--config", "configs/llama-seed.toml", "--nodes", "1", "--gpus-per-node", "1", "--gpu", "h200"]
+p = predict(*seed1, "--ops-profile", fast_path, expect=3)
+refused(p, 3, f"--ops-profile {fast_path}: the predicted step would run at", "% of the NVIDIA H200's spec peak (989 TFLOP/s",
+        "faster than the device's spec peak allows")
+pct = re.search(r"run at ([0-9.]+) %", p.stderr)
+check(pct is not None and float(pct.group(1)) > 100, f"the percentage said: {p.stderr[-300:]}")
+
+# Several profiles are for several shapes. Two of one shape (the same file twice, or a copy) time the same calls:
+# refused, exit 2, naming both and the shape. Profiles of different shapes both used; a call kind both time is priced
+# by the first given, and the report says how many.
+copy = os.path.join(work, "seed-copy.json")
+shutil.copy(os.path.join(args.source, "profiles/h200/seed-b64-s512.json"), copy)
+refused(predict(*seed1, *profile, "--ops-profile", copy, expect=2), 2,
+        f"--ops-profile profiles/h200/seed-b64-s512.json and --ops-profile {copy}: both measured layers 12, hidden 768, "
+        "heads 12/3, intermediate 3072, vocab 50000; batch 64 x seq 512, bf16")
+rms = "rmsnorm_backward bf16[25165824] bf16[25165824] bf16[768] f32[32768] bf16[25165824] bf16[25165824] f32[768]"
+other = profile_file("other-shape.json", "cuda:0 (NVIDIA H200, 139.8 GiB)", "cuda", "bf16", rms, 1e-3, 0, 1e8,
+                     {"model": {"layers": 1, "hidden": 64, "heads": 2, "kv_heads": 2, "head_dim": 32, "intermediate": 128,
+                                "vocab": 100}, "batch": 1, "seq": 16})
+times = {}
+for name, order in [("seed", profile), ("seed first", [*profile, "--ops-profile", other]),
+                    ("other first", ["--ops-profile", other, *profile])]:
+    out_json = os.path.join(work, f"order-{name.replace(' ', '-')}.json")
+    p = predict(*seed1, *order, "--json", out_json)
+    times[name] = ({o["op"]: o for o in json.load(open(out_json)).get("compute_by_op", [])}.get("rmsnorm_backward", {})
+                   .get("seconds") if p.returncode == 0 else None, p.stdout)
+check(times["seed"][0] is not None and times["seed first"][0] == times["seed"][0]
+      and "1 of them priced by an earlier --ops-profile, given first" in times["seed first"][1],
+      f"the seed first: its RMSNorm backward, and the other's one shared call kind said: {times['seed first'][1][:700]}")
+check(times["other first"][0] is not None and times["other first"][0] != times["seed"][0]
+      and "1 of them priced by an earlier --ops-profile, given first" in times["other first"][1],
+      f"the other first: its 1 ms RMSNorm backward: {times['other first'][0]} {times['other first'][1][:700]}")
 
 if failures:
     print(f"{len(failures)} check(s) failed", file=sys.stderr)

@@ -69,7 +69,7 @@ struct Prediction {
   double tokens_per_s_per_rank = 0;        // micro_batch * seq * accumulation / step_s
   double flops_per_token = 0;              // metrics.hpp's (6 (params - input embedding) + 12 L H S)
   double spec_peak_flops = 0;              // the device's datasheet dense bf16 peak; 0: none known (no MFU)
-  double mfu = 0;                          // against spec_peak_flops, in [0, 1]
+  double mfu = 0;                          // against spec_peak_flops; above 1 when the op costs beat the peak
   double compute_busy_s = 0;               // compute-stream work (the CPU backend: the host's ops)
   double comm_busy_s = 0;                  // collectives' time on their streams (or the host), overlapped or not
   double exposed_comm_s = 0;               // compute idle waiting on collectives and copies
