@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "../data/thread_pool.hpp"
 #include "command.hpp"
 #include "config_args.hpp"
 #include "op_profile.hpp"
@@ -41,7 +42,8 @@ struct PredictOptions {
   std::string links = "h100-dgx";             // a preset, or a `bench comm --json` file
   bool links_given = false;                   // --links on the command line (else the preset, said so for CPU ranks)
   int steps = 3;
-  int cpu_threads = 0;  // --gpu cpu: host threads per rank (0: the cores over the ranks of a node, at least 1)
+  int cpu_threads = 0;  // --gpu cpu: host threads per rank, 1 to data::kMaxThreads (0: not given: the cores over the
+                        // ranks of a node, at least 1)
   std::string json, trace;
 };
 
@@ -278,6 +280,9 @@ int run_predict(const PredictOptions& o) {
   s.steps = o.steps;
   if (rates.update_bytes_per_s > 0) s.host.memory_bytes_per_s = rates.update_bytes_per_s;
   if (cpu) {
+    // OpenMP's threads, which the host work below starts: the system's refusal is a usage error naming the option, as
+    // prepare-data's (libgomp ended the process: --cpu-threads 100000 was a segmentation fault).
+    data::run_on_threads(static_cast<size_t>(threads), "--cpu-threads", [](size_t) {});
     omp_set_num_threads(threads);
     s.host_contention = contention;
     // Ops timed inside a step: their work (the thread's CPU time) at the rank's share of the cores.
@@ -461,8 +466,12 @@ Command add_predict_command(CLI::App& parent) {
   c.app->add_option("--steps", o->steps, "steady steps averaged (after 2 warm-up)")
       ->check(count_range(1, 10000))
       ->capture_default_str();
-  c.app->add_option("--cpu-threads", o->cpu_threads,
-                    "--gpu cpu: host threads per rank (default: the cores over --gpus-per-node, at least 1)");
+  c.app
+      ->add_option("--cpu-threads", o->cpu_threads,
+                   fmt::format("--gpu cpu: host threads per rank, 1 to {} (default: the cores over --gpus-per-node, at "
+                               "least 1); more than the system starts is a usage error",
+                               data::kMaxThreads))
+      ->check(count_range(1, data::kMaxThreads));
   c.app->add_option("--json", o->json, "write the prediction as JSON")->check(output_file_check());
   c.app->add_option("--trace", o->trace, "write the last step's timeline as a Chrome trace (chrome://tracing, Perfetto)")
       ->check(output_file_check());

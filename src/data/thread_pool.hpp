@@ -46,9 +46,10 @@ std::thread start_thread(std::string_view what, F&& f) {
 
 // Runs body(t) for t in [0, count) on `count` threads and joins them. body must not throw (the callers keep each
 // thread's exception and rethrow the first). When the system cannot start them all, none runs body: those started
-// are released and joined, and the error is a UsageError naming the count.
+// are released and joined, and the error is a UsageError naming the count and `option`, the one that asked for them
+// (predict's --cpu-threads; the two-argument form: --threads).
 template <typename Body>
-void run_on_threads(size_t count, Body&& body) {
+void run_on_threads(size_t count, std::string_view option, Body&& body) {
   enum class Gate { Wait, Go, Abort };
   std::mutex mutex;
   std::condition_variable opened;
@@ -76,13 +77,18 @@ void run_on_threads(size_t count, Body&& body) {
   } catch (const std::system_error& e) {
     const size_t started = pool.size();
     release(Gate::Abort);
-    throw UsageError(fmt::format("{} threads: the system started only {} ({}); give fewer with --threads", count, started,
-                                 e.code().message()));
+    throw UsageError(fmt::format("{} threads: the system started only {} ({}); give fewer with {}", count, started,
+                                 e.code().message(), option));
   } catch (...) {
     release(Gate::Abort);
     throw;
   }
   release(Gate::Go);
+}
+
+template <typename Body>
+void run_on_threads(size_t count, Body&& body) {
+  run_on_threads(count, "--threads", std::forward<Body>(body));
 }
 
 }  // namespace shardtrain::data

@@ -15,12 +15,14 @@
   --links are told they get the h100-dgx preset;
 - a profile whose op times beat the spec peak (MFU above 100 %): exit 3 naming it; two profiles of one shape: exit 2
   naming both; profiles of different shapes that share a call kind: the first given prices it, and the report says so;
+- --cpu-threads outside 1..1024, or more than the system starts: exit 2 naming the option;
 - bad input: an unknown --gpu, a --links file that is not a bench comm JSON, --gpu cpu without a profile: exit 2
   (usage) or 3 (config) with one message naming the option or file."""
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -197,6 +199,29 @@ check(note in p.stdout and json.load(open(cpu_json)).get("links_preset_for_cpu_r
 p = predict(*cpu2, "--ops-profile", cpu_profile, "--links", "profiles/cpu-this-machine/comm-np2.json", "--json", cpu_json)
 check(note not in p.stdout and json.load(open(cpu_json)).get("links_preset_for_cpu_ranks") is False,
       f"measured links: no note: {p.stdout[:900]}")
+
+# --cpu-threads: 1 to 1024, else exit 2 (-3 and 0 went through; 100000 was a segmentation fault).
+for t in ["-3", "0", "1025", "100000"]:
+    refused(predict(*cpu2, "--ops-profile", cpu_profile, "--cpu-threads", t, expect=2), 2,
+            f"--cpu-threads: Value {t} not in range 1 to 1024")
+p = predict(*cpu2, "--ops-profile", cpu_profile, "--cpu-threads", "3")
+check(p.returncode == 0, "--cpu-threads 3 predicts")
+# More threads than the system starts: a usage error naming the option (as prepare-data's --threads). As root the
+# thread limit (RLIMIT_NPROC) does not apply, so the child becomes the user nobody first; OpenBLAS and OpenMP are kept
+# to one thread each so that the limit is met where the threads are asked for.
+def limited():
+    if os.geteuid() == 0:
+        os.setgid(65534)
+        os.setuid(65534)
+    resource.setrlimit(resource.RLIMIT_NPROC, (16, 16))
+
+
+env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+p = subprocess.run([args.shardtrain, "predict", *cpu2, "--ops-profile", cpu_profile, "--cpu-threads", "1000"],
+                   cwd=args.source, capture_output=True, text=True, timeout=120, env=env, preexec_fn=limited)
+lines = [l for l in p.stderr.splitlines()
+         if re.search(r"usage error: 1000 threads: the system started only \d+ \(.*\); give fewer with --cpu-threads$", l)]
+check(p.returncode == 2 and len(lines) == 1 and p.stdout == "", f"threads the system refuses: exit {p.returncode}: {p.stderr[-600:]}")
 
 # MFU above 100 % of the spec peak is no prediction: a profile whose every row took 1 ns (4x the peak at the seed's
 # shape) is refused, exit 3, naming it; it printed MFU 100.0 % beside tokens/s of 411 %.
