@@ -282,7 +282,7 @@ int run_predict(const PredictOptions& o) {
   if (cpu) {
     // OpenMP's threads, which the host work below starts: the system's refusal is a usage error naming the option, as
     // prepare-data's (libgomp ended the process: --cpu-threads 100000 was a segmentation fault).
-    data::run_on_threads(static_cast<size_t>(threads), "--cpu-threads", [](size_t) {});
+    require_threads_start(threads, "--cpu-threads");
     omp_set_num_threads(threads);
     s.host_contention = contention;
     // Ops timed inside a step: their work (the thread's CPU time) at the rank's share of the cores.

@@ -76,13 +76,13 @@ CLI::Validator positive_up_to(double hi, double lo = 0);  // lo > 0: from lo (in
 // range 0.000000 to 1797693..."); this one reads "Value 0 not in range 1 to 1073741824".
 inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { return CLI::Range(lo, hi); }
 
-// The CPU backend's --threads (bench, parity; predict's --cpu-threads): 0 (the default count) to kMaxCpuThreads.
-// OpenMP's runtime ends the process when the system refuses a thread (libgomp's "Thread creation failed", exit 1, or
-// a crash at 65536): the bound, and require_threads_start before the first parallel region, make that a usage error.
-inline constexpr int kMaxCpuThreads = 1024;
-inline CLI::Range cpu_threads_range() { return CLI::Range(0, kMaxCpuThreads); }
-// Starts and joins `count` threads (less one: the caller's), so that a count the system will not start (its limit on
-// threads, ulimit -u) is a UsageError naming `option` before OpenMP tries.
+// The CPU backend's --threads (bench, parity): 0 (the default count) to 1024, prepare-data's bound
+// (data::kMaxThreads). OpenMP's runtime ends the process when the system refuses a thread (libgomp's "Thread creation
+// failed", exit 1, or a crash at 65536): the bound, and require_threads_start before the first parallel region, make
+// that a usage error.
+CLI::Range cpu_threads_range();
+// Starts and joins `count` threads (prepare-data's data::run_on_threads), so that a count the system will not start
+// (its limit on threads, ulimit -u) is a UsageError naming `option` before OpenMP tries.
 void require_threads_start(int count, std::string_view option);
 
 Command add_env_command(CLI::App& parent);

@@ -6,13 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../data/thread_pool.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -60,22 +58,10 @@ CLI::Validator unsigned_check() {
       "");
 }
 
+CLI::Range cpu_threads_range() { return CLI::Range(0, data::kMaxThreads); }
+
 void require_threads_start(int count, std::string_view option) {
-  std::vector<std::thread> started;
-  std::string refused;
-  for (int t = 1; t < count && refused.empty(); ++t) {
-    try {
-      started.emplace_back([] {});
-    } catch (const std::system_error& e) {
-      refused = e.code().message();
-    }
-  }
-  for (auto& t : started) t.join();
-  if (!refused.empty())
-    throw UsageError(
-        fmt::format("{} {}: the system started only {} of the threads ({}): its limit on threads "
-                    "(ulimit -u) is lower; give fewer",
-                    option, count, started.size() + 1, refused));
+  data::run_on_threads(static_cast<size_t>(std::max(count, 1)), option, [](size_t) {});
 }
 
 CLI::Validator output_file_check() {
