@@ -313,7 +313,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     j["peak_label"] = meter.label();
     j["mfu"] = mfu;
     j["measured_peak_flops_per_rank"] = meter.measured_per_rank();
-    j["mfu_measured_peak"] = mfu_measured;
+    j["mfu_measured_peak"] = std::isfinite(mfu_measured) ? nlohmann::json(mfu_measured) : nlohmann::json(nullptr);
     j["peak_memory_bytes"] = peak_mem;
     j["peak_memory_source"] = cuda ? "device_memory_stats (max over ranks)" : "memory ledger (rank 0)";
     j["device_peak_bytes"] = device_peak;

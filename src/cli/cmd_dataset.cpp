@@ -14,6 +14,7 @@
 #include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/mixture.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/train/config.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -122,16 +123,25 @@ std::string print(const nlohmann::ordered_json& j, int seq) {
 int run_dataset_info(const DatasetInfoOptions& o) {
   if (o.seq_len < 1) throw UsageError(fmt::format("--seq-len: expected 1 or more, got {}", o.seq_len));
   const data::BatchLayout layout = data::parse_batch_layout(o.layout);
-  // An entry that names a file is a path; otherwise PATH:WEIGHT (a mixture, previewed below).
+  // Files, or PATH:WEIGHT entries read as data.mixture reads them (a mixture, previewed below): every entry weighted,
+  // no file twice. A weighted and an unweighted entry once mixed (the latter weighing 1), and a file listed twice was
+  // previewed as two shares of a mixture that train refuses.
   std::vector<data::MixtureComponent> components;
-  bool weighted = false;
+  const bool weighted = std::any_of(o.entries.begin(), o.entries.end(), [](const std::string& e) {
+    return !fs::exists(e) && e.find(':') != std::string::npos;
+  });
+  std::vector<data::MixtureEntry> entries;
+  for (const std::string& e : o.entries) entries.push_back({e, 1.0});
+  if (weighted) {
+    try {
+      entries = train::parse_mixture(o.entries, [](size_t i) { return fmt::format("argument {}", i + 1); });
+    } catch (const ConfigError& e) {
+      throw UsageError(e.what());  // the command line's, not a configuration's
+    }
+  }
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (size_t i = 0; i < o.entries.size(); ++i) {
-    data::MixtureEntry e{o.entries[i], 1.0};
-    if (!fs::exists(e.path) && o.entries[i].find(':') != std::string::npos) {
-      e = data::parse_mixture_entry(o.entries[i], fmt::format("argument {}", i + 1));
-      weighted = true;
-    }
+    const data::MixtureEntry& e = entries[i];
     auto ds = std::make_shared<data::TokenDataset>(data::TokenDataset::open(e.path));
     nlohmann::ordered_json j = summarize(*ds, o.seq_len);
     if (!o.json) std::fputs(print(j, o.seq_len).c_str(), stdout);

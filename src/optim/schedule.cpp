@@ -47,9 +47,10 @@ LrSchedule::LrSchedule(const ScheduleConfig& config, double peak_lr, int64_t tot
     : config_(config), peak_(peak_lr), total_(total_steps) {
   config_.validate();
   if (total_ <= 0) throw ConfigError(fmt::format("schedule: the run has {} optimizer steps; expected at least 1", total_));
-  if (config_.warmup_steps >= total_ && config_.kind != ScheduleKind::Constant)
-    throw ConfigError(fmt::format("schedule.warmup_steps: {} warmup steps leave no decay in a run of {} steps",
-                                  config_.warmup_steps, total_));
+  if (config_.warmup_steps >= total_)
+    throw ConfigError(fmt::format("schedule.warmup_steps: {} warmup steps leave {} in a run of {} steps",
+                                  config_.warmup_steps,
+                                  config_.kind == ScheduleKind::Constant ? "no step at optim.lr" : "no decay", total_));
   if (config_.min_lr > peak_)
     throw ConfigError(fmt::format("schedule.min_lr: {} is above optim.lr {}", config_.min_lr, peak_));
 }
@@ -76,7 +77,7 @@ double LrSchedule::lr(int64_t step) const {
     }
     case ScheduleKind::WarmupStableDecay: {
       const int64_t d =
-          config_.decay_steps > 0 ? std::min(config_.decay_steps, total_ - w) : std::max<int64_t>(1, (total_ - w) / 5);
+          config_.decay_steps > 0 ? std::min(config_.decay_steps, total_ - w) : std::max<int64_t>(1, (total_ - w + 2) / 5);
       const int64_t decay_begin = total_ - d;
       if (step < decay_begin) return peak_;
       // Like the cosine and linear decays, reaches min_lr at step total (one past the last update).

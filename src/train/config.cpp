@@ -101,19 +101,24 @@ bool same_dataset_file(const std::string& a, const std::string& b) {
 
 std::vector<data::MixtureEntry> DataSection::sources() const {
   if (mixture.empty()) return {data::MixtureEntry{path, 1.0}};
+  return parse_mixture(mixture, [](size_t i) { return fmt::format("data.mixture[{}]", i); });
+}
+
+std::vector<data::MixtureEntry> parse_mixture(const std::vector<std::string>& entries,
+                                              const std::function<std::string(size_t)>& field_of) {
   std::vector<data::MixtureEntry> out;
   double weight_sum = 0;
-  for (size_t i = 0; i < mixture.size(); ++i) {
-    const std::string field = fmt::format("data.mixture[{}]", i);
-    out.push_back(data::parse_mixture_entry(mixture[i], field));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string field = field_of(i);
+    out.push_back(data::parse_mixture_entry(entries[i], field));
     weight_sum += out.back().weight;
     for (size_t j = 0; j < i; ++j) {
       if (out[j].path == out.back().path)
         throw ConfigError(
-            fmt::format("{}: {} is listed twice (as data.mixture[{}] too); give it one weight", field, out.back().path, j));
+            fmt::format("{}: {} is listed twice (as {} too); give it one weight", field, out.back().path, field_of(j)));
       if (same_dataset_file(out[j].path, out.back().path))
-        throw ConfigError(fmt::format("{}: {} is the same file as data.mixture[{}] ({}); give it one weight", field,
-                                      out.back().path, j, out[j].path));
+        throw ConfigError(fmt::format("{}: {} is the same file as {} ({}); give it one weight", field, out.back().path,
+                                      field_of(j), out[j].path));
     }
   }
   // Only the ratios matter, but they are computed as w / sum: a sum past the largest double makes every share 0.
@@ -183,9 +188,12 @@ void TrainConfig::validate() const {
          fmt::format("expected 0 or more, got {}", schedule.eval_batches));
   expect(schedule.lr.min_lr <= optim.adamw.lr, "schedule.min_lr",
          fmt::format("{} is above the peak optim.lr {}", schedule.lr.min_lr, optim.adamw.lr));
-  if (schedule.max_steps > 0 && schedule.lr.kind != optim::ScheduleKind::Constant)
+  // A constant schedule too: its run ended inside the warmup, never at optim.lr, without a word.
+  if (schedule.max_steps > 0)
     expect(schedule.lr.warmup_steps < schedule.max_steps, "schedule.warmup_steps",
-           fmt::format("{} warmup steps leave nothing to decay in schedule.max_steps = {}", schedule.lr.warmup_steps,
+           fmt::format("{} warmup steps leave nothing {} in schedule.max_steps = {}", schedule.lr.warmup_steps,
+                       schedule.lr.kind == optim::ScheduleKind::Constant ? "at optim.lr (the warmup never ends)"
+                                                                         : "to decay",
                        schedule.max_steps));
 
   expect(!data.path.empty() || !data.mixture.empty(), "data.path",

@@ -249,6 +249,8 @@ void apply_override(TrainConfig& config, std::string_view dotted_key, std::strin
     throw ConfigError(
         fmt::format("{}: unknown key '{}' (the keys of [{}] are: {})", where, dotted_key, section, join_keys(section)));
   }
+  // --logging.name "" is the default, the config file's stem (set when it was read), not "" (which made "run-TIME").
+  if (section == "logging" && key == "name" && value.empty()) return;
   store(config, *f, from_text(value, *f, "command line"), "command line");
   // data.path and data.mixture are two ways to name the data: the command line's choice replaces the file's.
   if (section == "data" && key == "path" && !config.data.path.empty()) config.data.mixture.clear();

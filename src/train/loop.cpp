@@ -45,6 +45,9 @@ void Trainer::step_once(StepMetrics& m) {
   const uint64_t shard0 = axis_bytes(*comms_, MeshAxis::Shard), rep0 = axis_bytes(*comms_, MeshAxis::Replicate),
                  world0 = axis_bytes(*comms_, MeshAxis::World);
 
+  // The epoch of this step's micro-batches (of its first): after advance() the position is the next micro-batch's, and
+  // the last step of an epoch read as the next epoch's (a 2-epoch run ended at "epoch 2").
+  const uint64_t epoch = state_.sampler.epoch;
   StepInput in = take_step_input();
   timeline_->step_begins();
   StepResult r = forward_backward(in);
@@ -57,7 +60,7 @@ void Trainer::step_once(StepMetrics& m) {
 
   m = {};
   m.step = step_number;
-  m.epoch = state_.sampler.epoch;
+  m.epoch = epoch;
   m.tokens = state_.tokens_seen;
   for (size_t k = 0; k + 1 < in.counted.size(); ++k) {
     const std::string& path = sources_[k].dataset->path();

@@ -46,7 +46,7 @@ std::string to_json_line(const StepMetrics& m) {
   j["step_time_s"] = m.step_time_s;
   j["tokens_per_s"] = m.tokens_per_s;
   j["mfu"] = m.mfu;
-  j["mfu_measured_peak"] = m.mfu_measured_peak;
+  j["mfu_measured_peak"] = number(m.mfu_measured_peak);
   if (m.gpu_busy_s >= 0) {
     j["gpu_busy_prev_s"] = m.gpu_busy_s;
     j["gpu_idle_before_s"] = m.gpu_idle_before_s;

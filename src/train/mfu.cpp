@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "shardtrain/ops/peak_spec.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -82,7 +83,9 @@ double MfuMeter::mfu(double achieved, int ranks) {
 }
 
 double MfuMeter::mfu_of_measured(double achieved, int ranks) {
-  if (measured_ <= 0 || ranks <= 0 || !(achieved > 0)) return 0.0;
+  // Nothing measured (logging.peak_flops given): no figure, not 0 % (metrics.jsonl's null, no TensorBoard scalar).
+  if (measured_ <= 0) return std::numeric_limits<double>::quiet_NaN();
+  if (ranks <= 0 || !(achieved > 0)) return 0.0;
   const double per_rank = achieved / ranks;
   // With the measured peak as MFU's own (the CPU, an unknown GPU) both figures are one: one warning when raised.
   raise(measured_, per_rank, "measured", kind_ == PeakKind::Measured ? warned_peak_ : warned_measured_);

@@ -113,7 +113,8 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
           dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
       }
       outcome[1] = check_run_dir(c, dir) ? 1 : 0;
-      require_writable_dir("logging.run_dir", dir, DirProbe::Create);
+      // A generated directory's name is logging.name's (its root was probed above): a name too long is that key's.
+      require_writable_dir(c.logging.run_dir.empty() ? "logging.name" : "logging.run_dir", dir, DirProbe::Create);
       // Before anything in it changes (the failure records below, config.toml, the metrics): two runs in one
       // directory interleaved their metrics.jsonl, and one's config.toml sat beside the other's result.json, so
       // `-c RUN_DIR/config.toml --resume auto` continued the wrong run.

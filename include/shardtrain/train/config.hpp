@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,11 @@ struct DataSection {
   bool shuffle = true;
   int prefetch = 4;  // micro-batches the loader thread keeps ready (1..kMaxPrefetch)
 };
+
+// "PATH:WEIGHT" entries parsed as data.mixture is: each entry's weight, no file twice however spelled, a finite sum.
+// ConfigError naming `field(i)` for entry i ("data.mixture[1]"; `dataset info`'s "argument 2").
+std::vector<data::MixtureEntry> parse_mixture(const std::vector<std::string>& entries,
+                                              const std::function<std::string(size_t)>& field);
 // data.prefetch's bound: each micro-batch kept ready is a buffer made at start.
 inline constexpr int kMaxPrefetch = 1024;
 

@@ -21,7 +21,7 @@ double flops_per_token(const model::ModelSpec& spec, int64_t seq_len);
 
 struct StepMetrics {
   int64_t step = 0;                   // 1-based: the step just finished
-  uint64_t epoch = 0;                 // of the next micro-batch
+  uint64_t epoch = 0;                 // of the step's micro-batches (0-based; of its first where it spans two)
   int64_t tokens = 0;                 // input tokens seen so far, all ranks
   double loss = 0;                    // mean over the global batch's counted targets
   double lr = 0;                      // the rate this step used
@@ -32,7 +32,7 @@ struct StepMetrics {
   double tokens_per_s = 0;            // step tokens / step_time_s
   double mfu = 0;                     // tokens_per_s * flops_per_token / (peak per rank * ranks), the peak of mfu.hpp
                                       // (a GPU's datasheet figure), never above 1
-  double mfu_measured_peak = 0;       // the same against the matmul measured at start (0 when none was)
+  double mfu_measured_peak = 0;       // the same against the matmul measured at start (NaN, null, when none was)
   int64_t peak_mem_bytes = 0;         // rank 0: on a GPU every byte shardtrain allocated there (device_memory_stats);
                                       // on the CPU the ledger peak: shards, gathered units, grads, activations, comm buffers
   int64_t rss_peak_bytes = 0;         // rank 0's peak resident set (VmHWM)

@@ -25,7 +25,7 @@ class MfuMeter {
   // achieved FLOP/s over `ranks` ranks as a fraction of the chosen peak, in [0, 1].
   double mfu(double achieved, int ranks);
   // The same against the matmul measured at start (0 when none was measured), in [0, 1].
-  double mfu_of_measured(double achieved, int ranks);
+  double mfu_of_measured(double achieved, int ranks);  // NaN when nothing was measured
 
   double peak_per_rank() const { return peak_; }
   double measured_per_rank() const { return measured_; }
