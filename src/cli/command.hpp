@@ -60,8 +60,11 @@ inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 // nodes x ranks per node; UsageError naming both options when the product is above kMaxWorldSize.
 int world_size_of(int64_t nodes, int64_t ranks_per_node);
 
-// For an option that names a file to write (--json, --trace): not empty and not an existing folder, found when the
-// command line is read rather than after the work.
+// For an option that names a file to write (--json, --trace, --markdown), found when the command line is read rather
+// than after the work (UsageError, naming the option, the path and what it is): not empty, not an existing folder, in
+// a folder that exists; not a device, FIFO or socket other than /dev/null and this process's standard output or error
+// (written in place); not an existing HDF5 or safetensors file (a dataset, weights, a checkpoint's file); not inside a
+// checkpoint directory (a folder holding DONE or index.h5).
 CLI::Validator output_file_check();
 
 // An unsigned value (a seed): CLI11 reads "-1" into one as 2^64 - 1 without a word, and CLI::NonNegativeNumber's

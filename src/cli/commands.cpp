@@ -1,6 +1,9 @@
 // The list of subcommands, in the order `shardtrain --help` shows them, and what several share.
 #include "command.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,6 +67,56 @@ void require_threads_start(int count, std::string_view option) {
   data::run_on_threads(static_cast<size_t>(std::max(count, 1)), option, [](size_t) {});
 }
 
+namespace {
+
+// What a file that is not a plain file is, for a message ("a character device").
+const char* special_file_kind(mode_t mode) {
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// "an HDF5 file" or "a safetensors file" from the first bytes of `path`, else "". HDF5's signature sits at 0 or, after a
+// user block, at 512, 1024, 2048...; safetensors starts with its header's length (8 bytes, little-endian) and the
+// header's '{'.
+std::string binary_format_of(const std::string& path, uint64_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  const auto read_at = [fd](uint64_t at, unsigned char* out, size_t n) {
+    return ::pread(fd, out, n, static_cast<off_t>(at)) == static_cast<ssize_t>(n);
+  };
+  static constexpr unsigned char kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  std::string found;
+  unsigned char head[9] = {};
+  for (uint64_t at = 0; found.empty() && at + 8 <= size; at = at == 0 ? 512 : 2 * at)
+    if (read_at(at, head, 8) && std::equal(head, head + 8, kHdf5)) found = "an HDF5 file";
+  if (found.empty() && size > 9 && read_at(0, head, 9)) {
+    uint64_t header = 0;
+    for (int i = 7; i >= 0; --i) header = header << 8 | head[i];
+    if (head[8] == '{' && header >= 2 && header <= size - 8) found = "a safetensors file";
+  }
+  ::close(fd);
+  return found;
+}
+
+// The checkpoint directory (a folder holding DONE or index.h5) that `path` would be written in, at any depth, or "".
+std::string checkpoint_holding(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path, ec).lexically_normal();
+  if (ec) return {};
+  for (fs::path dir = abs.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    for (const char* marker : {"DONE", "index.h5"})
+      if (fs::is_regular_file(dir / marker, ec)) return fmt::format("{} (it holds {})", dir.string(), marker);
+    if (dir == dir.parent_path()) break;
+  }
+  return {};
+}
+
+}  // namespace
+
 CLI::Validator output_file_check() {
   return CLI::Validator(
       [](std::string& path) -> std::string {
@@ -74,6 +127,30 @@ CLI::Validator output_file_check() {
         const std::filesystem::path folder = std::filesystem::path(path).parent_path();
         if (std::error_code ec; !folder.empty() && !std::filesystem::is_directory(folder, ec))
           return fmt::format("{}: its folder {} does not exist (the file is written after the work)", path, folder.string());
+        // This process's standard output or error (/dev/stdout) and the null device are written in place
+        // (write_file_whole), never replaced.
+        if (standard_stream_at(path) != 0) return {};
+        struct stat s {};
+        if (::stat(path.c_str(), &s) == 0) {
+          if (S_ISCHR(s.st_mode) && major(s.st_rdev) == 1 && minor(s.st_rdev) == 3) return {};
+          // Any other device, a FIFO, a socket: the file written over them replaced them (as root, /dev/null too).
+          if (!S_ISREG(s.st_mode))
+            return fmt::format(
+                "{} is {}, not a file: expected a file to write (of the devices, /dev/null, /dev/stdout "
+                "and /dev/stderr are taken, and written in place)",
+                path, special_file_kind(s.st_mode));
+          // A dataset, weights or a checkpoint's file: never an output's place (it was replaced, and the data lost).
+          if (const std::string format = binary_format_of(path, static_cast<uint64_t>(s.st_size)); !format.empty())
+            return fmt::format(
+                "{} is {} (a dataset, weights or a checkpoint's file), which this output would replace: "
+                "expected a new file, or a text file to write over",
+                path, format);
+        }
+        if (const std::string checkpoint = checkpoint_holding(path); !checkpoint.empty())
+          return fmt::format(
+              "{} lies in the checkpoint {}: a checkpoint holds what its save wrote, no other file; "
+              "expected a file outside it",
+              path, checkpoint);
         return {};
       },
       "FILE");

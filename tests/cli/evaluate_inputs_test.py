@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""`shardtrain evaluate` and its inputs (a 4-step 2-rank run, its checkpoint, consolidated file and Hugging Face export):
+1. --json never replaces what is there: an HDF5 or safetensors file (weights, a dataset, a checkpoint's index.h5), a file
+   inside a checkpoint, a device other than /dev/null (kept a device: written in place), a FIFO: exit 2, the file byte
+   for byte as it was; /dev/null and /dev/stdout are written in place. Before, each was replaced by the JSON."""
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = os.path.abspath(args.shardtrain)
+moby = clitest.corpus(args, "moby-dick")
+tok, ds = clitest.prepare_dataset(args, moby, work, 512, "moby512", 0.1)
+other_tok, other = clitest.prepare_dataset(args, moby, work, 384, "moby384", 0.1)  # another tokenizer, same texts
+
+SEQ, GB = 32, 8
+config = os.path.join(work, "run.toml")
+with open(config, "w") as f:
+    f.write(f"""[model]
+vocab_size = 512
+max_position_embeddings = 64
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+
+[schedule]
+warmup_steps = 1
+max_steps = 4
+eval_every = 2
+eval_batches = 1
+
+[data]
+path = "{ds}"
+seq_len = {SEQ}
+global_batch_size = {GB}
+
+[checkpoint]
+every_n_steps = 4
+
+[logging]
+progress = "off"
+peak_flops = 1e10
+""")
+
+
+def run(cmd, np=None):
+    full = [args.mpiexec, "--oversubscribe", "-np", str(np), st, *cmd] if np else [st, *cmd]
+    return subprocess.run(full, capture_output=True, text=True, errors="replace", cwd=work)
+
+
+p = run(["train", "-c", config, "--logging.run_dir", "run"], np=2)
+if p.returncode != 0:
+    check(False, f"the training run: exit {p.returncode}: {p.stderr[-2000:]}")
+    check.finish("")
+step = os.path.join("run", "checkpoints", "step_00000004")
+for out, extra in (("w.h5", []), ("hf", ["--format", "safetensors"])):
+    subprocess.run([st, "consolidate", step, "-o", out, *extra, "--log-level", "warn"], check=True, cwd=work)
+
+
+def digest(path):
+    """sha256 of a file, or of every file of a folder with its names."""
+    path = os.path.join(work, path)
+    h = hashlib.sha256()
+    if os.path.isdir(path):
+        for root, _, files in sorted(os.walk(path)):
+            for n in sorted(files):
+                h.update(os.path.relpath(os.path.join(root, n), path).encode())
+                h.update(open(os.path.join(root, n), "rb").read())
+    else:
+        h.update(open(path, "rb").read())
+    return h.hexdigest()
+
+
+def evaluate(*extra, np=None):
+    return run(["evaluate", "--batches", "1", *extra], np=np)
+
+
+hf = ["-w", "hf", "-c", config]
+
+# ---- 1. --json over what is there (last: a binary that replaced these inputs spoils nothing above) -----------
+refusals = [
+    # (arguments, the file that must stay as it was, what the message says)
+    (["-w", "w.h5", "-c", config, "--json", "w.h5"], "w.h5", "--json: w.h5 is an HDF5 file"),
+    ([*hf, "--json", "hf/model.safetensors"], "hf", "--json: hf/model.safetensors is a safetensors file"),
+    ([*hf, "--json", ds], ds, f"--json: {ds} is an HDF5 file"),
+    ([*hf, "--data.mixture", f"{ds}:1,{other}:1", "--data.path", "", "--json", other], other, f"--json: {other} is an HDF5 file"),
+    ([*hf, "--json", f"{step}/index.h5"], "run/checkpoints", f"--json: {step}/index.h5 is an HDF5 file"),
+    ([*hf, "--json", f"{step}/eval.json"], "run/checkpoints", f"--json: {step}/eval.json lies in the checkpoint"),
+    ([*hf, "--json", "/dev/zero"], None, "--json: /dev/zero is a character device, not a file"),
+]
+fifo = os.path.join(work, "fifo")
+os.mkfifo(fifo)
+refusals.append(([*hf, "--json", "fifo"], None, "--json: fifo is a FIFO (named pipe), not a file"))
+if os.geteuid() == 0:  # a device node of our own, with the zero device's numbers
+    os.mknod(os.path.join(work, "myzero"), 0o644 | stat.S_IFCHR, os.makedev(1, 5))
+    refusals.append(([*hf, "--json", "myzero"], None, "--json: myzero is a character device, not a file"))
+for argv, keep, said in refusals:
+    before = digest(keep) if keep else None
+    p = evaluate(*argv)
+    check(p.returncode == 2 and said in p.stderr and (keep is None or digest(keep) == before),
+          f"{' '.join(argv)}: exit 2, '{said}', {keep} unchanged: exit {p.returncode}: {p.stderr[-800:]}")
+check(not os.path.exists(os.path.join(work, step, "eval.json")), "no JSON written into the checkpoint")
+check(stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO is still a FIFO")
+p = run(["checkpoint", "info", step])
+check(p.returncode == 0, f"checkpoint info after --json {step}/index.h5 was refused: exit {p.returncode}: {p.stderr[-600:]}")
+# The null device and this process's standard output: written in place, never replaced.
+p = evaluate(*hf, "--json", "/dev/null")
+check(p.returncode == 0 and stat.S_ISCHR(os.stat("/dev/null").st_mode), f"--json /dev/null: exit {p.returncode}: {p.stderr[-600:]}")
+if os.geteuid() == 0:
+    mynull = os.path.join(work, "mynull")
+    os.mknod(mynull, 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+    p = evaluate(*hf, "--json", "mynull")
+    check(p.returncode == 0 and stat.S_ISCHR(os.stat(mynull).st_mode),
+          f"--json mynull (c 1 3): exit 0, still a character device: exit {p.returncode}, mode {oct(os.stat(mynull).st_mode)}")
+p = evaluate(*hf, "--json", "/dev/stdout")
+tail = p.stdout[p.stdout.find("{"):] if "{" in p.stdout else ""
+try:
+    printed = json.loads(tail)
+except ValueError:
+    printed = None
+check(p.returncode == 0 and printed is not None and printed["weights"] == "hf" and printed["loss"] > 0,
+      f"--json /dev/stdout: the JSON after the report: exit {p.returncode}: {p.stdout[-800:]} {p.stderr[-400:]}")
+# An ordinary text file is still written over, whole.
+open(os.path.join(work, "old.json"), "w").write("old\n")
+p = evaluate(*hf, "--json", "old.json")
+check(p.returncode == 0 and json.load(open(os.path.join(work, "old.json")))["weights"] == "hf",
+      f"--json over a text file: exit {p.returncode}: {p.stderr[-600:]}")
+
+check.finish("evaluate and its inputs: every check passed")
