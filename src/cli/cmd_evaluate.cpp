@@ -77,6 +77,35 @@ std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDa
   return bytes;
 }
 
+// Whether `out` is the file or folder `input` (however spelled: another path, a link) or lies inside the folder `input`.
+bool is_or_inside(const std::string& out, const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (input.empty() || !fs::exists(input, ec)) return false;
+  if (fs::exists(out, ec) && fs::equivalent(out, input, ec)) return true;
+  if (!fs::is_directory(input, ec)) return false;
+  const fs::path where = fs::weakly_canonical(fs::absolute(out, ec), ec);
+  if (ec) return false;
+  for (fs::path dir = where.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::equivalent(dir, input, ec)) return true;
+    if (dir == dir.parent_path()) break;
+  }
+  return false;
+}
+
+// --json must not be one of the evaluation's inputs (`what`, named by `input`): written after the work, it replaced
+// the weights, the dataset or the config it was computed from.
+void refuse_json_over_input(const std::string& json, const std::string& input, const std::string& what) {
+  if (json.empty() || !is_or_inside(json, input)) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool same = fs::exists(json, ec) && fs::equivalent(json, input, ec);
+  throw UsageError(
+      fmt::format("--json {}: {} {} ({}), an input of this evaluation, which the JSON would replace; "
+                  "expected a file of its own",
+                  json, same ? "is" : "lies in", what, input));
+}
+
 int64_t parse_batches(const std::string& text) {
   if (text == "all") return 0;
   try {
@@ -163,6 +192,12 @@ nlohmann::json evaluate_weights(train::Evaluator& evaluator, const checkpoint::T
 }
 
 int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
+  // The inputs the command line names; the datasets (and their tokenizers) once the config is resolved.
+  refuse_json_over_input(o.json, o.weights, "the weights --weights");
+  refuse_json_over_input(o.json, o.args.config, "the config --config");
+  refuse_json_over_input(o.json, o.args.fsdp_config, "the config --fsdp-config");
+  refuse_json_over_input(o.json, o.args.accelerate_config, "the config --accelerate-config");
+  refuse_json_over_input(o.json, o.tokenizer, "the tokenizer --tokenizer");
   if (!rt->device().is_cuda()) check_address_space(rt->host_threads(), "evaluate");
   const int64_t batches = parse_batches(o.batches);
   const data::DatasetSplit split = parse_split(o.split);
@@ -241,8 +276,11 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // A dataset whose ids go past the weights' vocabulary was made with another tokenizer than the weights were
   // trained with (5, as the tokenizers' hashes say where both are recorded). open_data_sources' own check names
   // model.vocab_size, a key to raise in a training config; here the model is the weights'.
+  for (const data::MixtureEntry& e : c.data.sources())
+    refuse_json_over_input(o.json, e.path, c.data.mixture.empty() ? "the dataset data.path" : "a dataset of data.mixture");
   for (const data::MixtureEntry& e : c.data.sources()) {
     const data::DatasetInfo info = data::TokenDataset::open(e.path).info();
+    refuse_json_over_input(o.json, resolve_recorded_path(info.tokenizer_path, e.path), "the dataset's tokenizer");
     if (info.vocab_size > c.model.vocab_size)
       throw CheckpointError(fmt::format(
           "{}: a model of {} token ids, but {} holds ids of {} ({}); use a dataset prepared with the weights' tokenizer",

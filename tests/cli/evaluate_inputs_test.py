@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`shardtrain evaluate` and its inputs (a 4-step 2-rank run, its checkpoint, consolidated file and Hugging Face export):
 1. --json never replaces what is there: an HDF5 or safetensors file (weights, a dataset, a checkpoint's index.h5), a file
-   inside a checkpoint, a device other than /dev/null (kept a device: written in place), a FIFO: exit 2, the file byte
-   for byte as it was; /dev/null and /dev/stdout are written in place. Before, each was replaced by the JSON."""
+   inside a checkpoint, a device other than /dev/null (kept a device: written in place), a FIFO, nor one of the
+   evaluation's inputs however spelled (a link, ../, a file in the weights' folder, the config, a tokenizer): exit 2, the
+   input byte for byte as it was; /dev/null and /dev/stdout are written in place. Before, each was replaced by the JSON."""
 import hashlib
 import json
 import os
@@ -105,12 +106,27 @@ refusals.append(([*hf, "--json", "fifo"], None, "--json: fifo is a FIFO (named p
 if os.geteuid() == 0:  # a device node of our own, with the zero device's numbers
     os.mknod(os.path.join(work, "myzero"), 0o644 | stat.S_IFCHR, os.makedev(1, 5))
     refusals.append(([*hf, "--json", "myzero"], None, "--json: myzero is a character device, not a file"))
+# The evaluation's own inputs, however spelled (evaluate's check: a config or a tokenizer is a text file any --json may
+# name, and a file in the weights' folder may be a new one).
+os.symlink("run.toml", os.path.join(work, "config-link.toml"))
+os.makedirs(os.path.join(work, "sub"))
+refusals += [
+    ([*hf, "--json", "config-link.toml"], "run.toml", "--json config-link.toml: is the config --config"),
+    ([*hf, "--json", "sub/../run.toml"], "run.toml", "--json sub/../run.toml: is the config --config"),
+    ([*hf, "--json", "hf/tokenizer.json"], "hf", "--json hf/tokenizer.json: lies in the weights --weights (hf)"),
+    ([*hf, "--json", "hf/new.json"], "hf", "--json hf/new.json: lies in the weights --weights (hf)"),
+    (["-w", "run/checkpoints", "--every-checkpoint", "--json", "run/checkpoints/all.json"], "run/checkpoints",
+     "--json run/checkpoints/all.json: lies in the weights --weights"),
+    ([*hf, "--tokenizer", tok, "--json", tok], tok, f"--json {tok}: is the tokenizer --tokenizer"),
+    ([*hf, "--json", tok], tok, f"--json {tok}: is the dataset's tokenizer"),
+]
 for argv, keep, said in refusals:
     before = digest(keep) if keep else None
     p = evaluate(*argv)
     check(p.returncode == 2 and said in p.stderr and (keep is None or digest(keep) == before),
           f"{' '.join(argv)}: exit 2, '{said}', {keep} unchanged: exit {p.returncode}: {p.stderr[-800:]}")
 check(not os.path.exists(os.path.join(work, step, "eval.json")), "no JSON written into the checkpoint")
+check(not os.path.exists(os.path.join(work, "hf", "new.json")), "no JSON written into the weights' folder")
 check(stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO is still a FIFO")
 p = run(["checkpoint", "info", step])
 check(p.returncode == 0, f"checkpoint info after --json {step}/index.h5 was refused: exit {p.returncode}: {p.stderr[-600:]}")
