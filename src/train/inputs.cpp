@@ -14,8 +14,10 @@
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/data/batches.hpp"
+#include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/optim/schedule.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 
 namespace fs = std::filesystem;
@@ -130,15 +132,40 @@ std::string resolve_resume_path(const std::string& resume, const std::string& di
 
 void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json,
                              const data::TokenDataset& dataset) {
-  if (tokenizer_json.empty()) return;
-  const auto saved = nlohmann::json::parse(tokenizer_json, nullptr, false);
-  const std::string hash = saved.is_object() ? saved.value("hash", std::string()) : std::string();
   const std::string& current = dataset.info().tokenizer_hash;
-  if (!hash.empty() && !current.empty() && hash != current) {
-    throw CheckpointError(fmt::format(
-        "{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
-        "use a dataset prepared with the checkpoint's tokenizer",
-        weights, saved.value("name", std::string("?")), hash, dataset.path(), dataset.info().tokenizer_name, current));
+  if (current.empty()) return;  // a dataset that records no tokenizer: nothing to compare with
+  // Rank 0 says it, once for the job: every rank reads the same weights.
+  const auto unchecked = [&](const std::string& why) {
+    if (log::config().rank == 0)
+      log::warn("{}: {}: whether it was trained on the tokenizer of data.path {} ({}) cannot be checked", weights, why,
+                dataset.path(), dataset.info().tokenizer_name);
+  };
+  if (tokenizer_json.empty()) {
+    unchecked("no tokenizer recorded (a Hugging Face directory without tokenizer.json, or weights saved without one)");
+    return;
+  }
+  const auto saved = nlohmann::json::parse(tokenizer_json, nullptr, false);
+  const auto text = [&saved](const char* key) {
+    return saved.is_object() && saved.contains(key) && saved[key].is_string() ? saved[key].get<std::string>()
+                                                                              : std::string();
+  };
+  std::string hash = text("hash"), name = text("name");
+  if (hash.empty() && !text("path").empty()) {
+    // A Hugging Face directory records no hash, only the tokenizer.json it ships: that file is the model's tokenizer,
+    // and its hash the identity the dataset records (check_tokenizer_matches does the same for `generate`).
+    try {
+      hash = data::Tokenizer::load(text("path")).hash();
+      name = text("path");
+    } catch (const DataError& e) {
+      unchecked(fmt::format("its tokenizer cannot be read ({})", e.what()));
+      return;
+    }
+  }
+  if (!hash.empty() && hash != current) {
+    throw CheckpointError(
+        fmt::format("{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
+                    "use a dataset prepared with the checkpoint's tokenizer",
+                    weights, name.empty() ? "?" : name, hash, dataset.path(), dataset.info().tokenizer_name, current));
   }
 }
 

@@ -3,7 +3,10 @@
 1. --json never replaces what is there: an HDF5 or safetensors file (weights, a dataset, a checkpoint's index.h5), a file
    inside a checkpoint, a device other than /dev/null (kept a device: written in place), a FIFO, nor one of the
    evaluation's inputs however spelled (a link, ../, a file in the weights' folder, the config, a tokenizer): exit 2, the
-   input byte for byte as it was; /dev/null and /dev/stdout are written in place. Before, each was replaced by the JSON."""
+   input byte for byte as it was; /dev/null and /dev/stdout are written in place. Before, each was replaced by the JSON.
+2. A Hugging Face directory's tokenizer.json is checked against the dataset's tokenizer as a checkpoint's record is
+   (evaluate and train's checkpoint.init_from: exit 5); one without tokenizer.json is evaluated with a warning. Before,
+   both ran on the other tokenizer's ids."""
 import hashlib
 import json
 import os
@@ -88,6 +91,29 @@ def evaluate(*extra, np=None):
 
 
 hf = ["-w", "hf", "-c", config]
+
+# ---- 2. a Hugging Face directory's tokenizer against the dataset's ------------------------------------------------
+theirs = "moby384.json (fnv1a64:"  # the dataset's tokenizer, as the dataset names it
+for weights in ("hf", "w.h5", "run/checkpoints"):
+    p = evaluate("-w", weights, "-c", config, "--data.path", other, "--split", "train", "--json", "x.json", np=2)
+    named = step if weights == "run/checkpoints" else weights  # a directory of checkpoints: its newest
+    check(p.returncode == 5 and f"{named}: trained with tokenizer" in p.stderr and theirs in p.stderr
+          and f"but data.path {other} was tokenized with" in p.stderr and not os.path.exists(os.path.join(work, "x.json")),
+          f"evaluate -w {weights} on another tokenizer's dataset: exit 5: exit {p.returncode}: {p.stderr[-800:]}")
+check("hf: trained with tokenizer hf/tokenizer.json" in evaluate("-w", "hf", "-c", config, "--data.path", other).stderr,
+      "the message names the shipped tokenizer.json")
+p = evaluate("-w", "hf", "-c", config, np=2)
+check(p.returncode == 0 and "cannot be checked" not in p.stderr, f"hf on its own tokenizer's dataset: exit {p.returncode}: {p.stderr[-800:]}")
+shutil.copytree(os.path.join(work, "hf"), os.path.join(work, "hf-notok"))
+os.unlink(os.path.join(work, "hf-notok", "tokenizer.json"))
+p = evaluate("-w", "hf-notok", "-c", config, "--data.path", other, "--split", "train", np=2)
+check(p.returncode == 0 and p.stderr.count("cannot be checked") == 1 and "hf-notok: no tokenizer recorded" in p.stderr,
+      f"a Hugging Face directory without tokenizer.json: evaluated, one warning: exit {p.returncode}: {p.stderr[-800:]}")
+p = run(["train", "-c", config, "--data.path", other, "--checkpoint.init_from", "hf", "--schedule.max_steps", "2",
+         "--logging.run_dir", "init"], np=2)
+check(p.returncode == 5 and "hf: trained with tokenizer hf/tokenizer.json" in p.stderr and theirs in p.stderr
+      and not os.path.exists(os.path.join(work, "init", "metrics.jsonl")),
+      f"train --checkpoint.init_from hf on another tokenizer's dataset: exit 5, nothing trained: exit {p.returncode}: {p.stderr[-800:]}")
 
 # ---- 1. --json over what is there (last: a binary that replaced these inputs spoils nothing above) -----------
 refusals = [

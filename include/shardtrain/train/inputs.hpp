@@ -37,7 +37,9 @@ std::string resolve_resume_path(const std::string& resume, const std::string& di
 
 // The checkpoint's model must have been trained on tokens of the dataset's tokenizer (CheckpointError).
 void check_resume_tokenizer(const checkpoint::CheckpointReader& reader, const data::TokenDataset& dataset);
-// The same for any weights whose tokenizer identity (JSON with a "hash") is known; "" passes.
+// The same for any weights: their tokenizer record's "hash", or for a Hugging Face directory (a record with a "path"
+// and no hash) the hash of the tokenizer.json it ships. A record that is "" or names a file that cannot be read passes,
+// with a warning (rank 0) that it cannot be checked; so does a dataset that records no tokenizer, silently.
 void check_weights_tokenizer(const std::string& weights, const std::string& tokenizer_json,
                              const data::TokenDataset& dataset);
 
