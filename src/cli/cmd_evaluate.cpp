@@ -264,8 +264,8 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   }
   c.checkpoint.resume.clear();
   c.checkpoint.init_from.clear();
-  c.validate();
-  c.validate_for_world(rt->topology().world_size, rt->topology().node_count);
+  c.validate_for_evaluation();  // the model is the weights' now
+  c.validate_evaluation_for_world(rt->topology().world_size, rt->topology().node_count);
   // Host collectives and loads no collective watchdog covers, timed as a training run's start-up (startup.hpp): a rank
   // held up (a file system that stopped answering) ends the job with exit code 10 instead of holding it.
   train::StartupWatch watch(c);

@@ -9,6 +9,7 @@
 namespace shardtrain::cli {
 
 void ConfigArgs::add_to(CLI::App* app, Use use) {
+  purpose = use;
   auto* c = app->add_option("--config,-c", config, "the run's TOML config, e.g. configs/tiny-cpu.toml");
   if (use != Use::Evaluate) c->required();
   app->add_option("--fsdp-config", fsdp_config, "a Transformers fsdp_config JSON file (applied over the TOML)");
@@ -59,7 +60,9 @@ train::TrainConfig ConfigArgs::resolve(std::vector<std::string>& notes, std::str
             fmt::format("--resume {} and --checkpoint.resume {}: give one of them", resume, override_values[i]));
     c.checkpoint.resume = resume;
   }
-  c.validate();
+  // Evaluation takes no step: a training run's schedule, optimizer, checkpointing and batch rules are not its to refuse.
+  if (purpose == Use::Evaluate) c.validate_for_evaluation();
+  else c.validate();
   return c;
 }
 

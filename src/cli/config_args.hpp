@@ -25,8 +25,10 @@ struct ConfigArgs {
   // checkpoint's own config stands in for it) and there is no --resume. predict: --config is required and there is
   // no --resume (it predicts a step, whatever the run resumes from).
   enum class Use { Run, Evaluate, Predict };
+  Use purpose = Use::Run;  // as add_to was given it
   void add_to(CLI::App* app, Use use = Use::Run);
-  // TOML file < --fsdp-config / --accelerate-config < --section.key overrides < --resume; validated.
+  // TOML file < --fsdp-config / --accelerate-config < --section.key overrides < --resume; validated (for evaluate, only
+  // what it reads: TrainConfig::validate_for_evaluation).
   // `notes` gets what the seeds' files changed, `source` a description ("a.toml + 2 override(s)"). Without
   // --config the defaults and then `base_toml` (named `base_source`) take the file's place.
   train::TrainConfig resolve(std::vector<std::string>& notes, std::string& source, std::string_view base_toml = {},

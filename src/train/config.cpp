@@ -138,12 +138,27 @@ std::string DataSection::describe() const {
   return data::describe_sources(paths);
 }
 
-void TrainConfig::validate() const {
+namespace {
+
+// The keys `shardtrain evaluate` reads: the model (the weights' own), the mesh and engine, the data, and the deadline
+// of a load (StartupWatch's checkpoint stage). The schedule, optimizer, checkpointing, logging and the training batch
+// are a training run's: a saved run config or a --config's values for them are not evaluate's to refuse.
+bool used_by_evaluation(const ConfigField& f) {
+  return f.section == "model" || f.section == "fsdp" || f.section == "data" ||
+         (f.section == "checkpoint" && f.key == "save_timeout");
+}
+
+}  // namespace
+
+void TrainConfig::validate_finite_floats(bool evaluation) const {
   // Every float key is a finite number ("inf" and "nan" parse as floats, and would train to non-finite weights).
   for (const ConfigField& f : config_fields())
-    if (f.type == FieldType::Float)
+    if (f.type == FieldType::Float && (!evaluation || used_by_evaluation(f)))
       if (const double x = std::get<double>(f.get(*this)); !std::isfinite(x))
         throw ConfigError(fmt::format("{}.{}: expected a finite number, got {}", f.section, f.key, x));
+}
+
+void TrainConfig::validate_shared() const {
   model.validate();
   validate_model_size(model);
   fsdp.engine.validate();
@@ -161,6 +176,30 @@ void TrainConfig::validate() const {
   expect(fsdp.num_machines >= 0, "fsdp.num_machines",
          fmt::format("expected 0 (any) or a node count, got {}", fsdp.num_machines));
 
+  expect(!data.path.empty() || !data.mixture.empty(), "data.path",
+         "expected the dataset file written by `shardtrain prepare-data` (or data.mixture: \"PATH:WEIGHT\" entries)");
+  expect(data.path.empty() || data.mixture.empty(), "data.mixture",
+         fmt::format("set data.path or data.mixture, not both (data.path is {})", data.path));
+  (void)data.sources();  // every mixture entry parses, and none is listed twice
+  expect(data.seq_len >= 1, "data.seq_len", fmt::format("expected 1 or more, got {}", data.seq_len));
+  expect(data.seq_len <= model.max_position_embeddings, "data.seq_len",
+         fmt::format("{} is longer than model.max_position_embeddings = {}", data.seq_len, model.max_position_embeddings));
+  expect(data.micro_batch_size >= 0, "data.micro_batch_size",
+         fmt::format("expected 0 (global / world) or more, got {}", data.micro_batch_size));
+  expect(data.global_batch_size >= 1, "data.global_batch_size",
+         fmt::format("expected 1 or more, got {}", data.global_batch_size));
+  expect(std::isfinite(checkpoint.save_timeout) && checkpoint.save_timeout >= 0, "checkpoint.save_timeout",
+         fmt::format("expected 0 (off) or seconds, got {}", checkpoint.save_timeout));
+}
+
+void TrainConfig::validate_for_evaluation() const {
+  validate_finite_floats(true);
+  validate_shared();
+}
+
+void TrainConfig::validate() const {
+  validate_finite_floats(false);
+  validate_shared();
   optim.adamw.validate();
   expect(std::isfinite(optim.max_grad_norm) && optim.max_grad_norm >= 0, "optim.max_grad_norm",
          fmt::format("expected 0 (no clipping) or a positive norm, got {}", optim.max_grad_norm));
@@ -196,18 +235,6 @@ void TrainConfig::validate() const {
                                                                          : "to decay",
                        schedule.max_steps));
 
-  expect(!data.path.empty() || !data.mixture.empty(), "data.path",
-         "expected the dataset file written by `shardtrain prepare-data` (or data.mixture: \"PATH:WEIGHT\" entries)");
-  expect(data.path.empty() || data.mixture.empty(), "data.mixture",
-         fmt::format("set data.path or data.mixture, not both (data.path is {})", data.path));
-  (void)data.sources();  // every mixture entry parses, and none is listed twice
-  expect(data.seq_len >= 1, "data.seq_len", fmt::format("expected 1 or more, got {}", data.seq_len));
-  expect(data.seq_len <= model.max_position_embeddings, "data.seq_len",
-         fmt::format("{} is longer than model.max_position_embeddings = {}", data.seq_len, model.max_position_embeddings));
-  expect(data.micro_batch_size >= 0, "data.micro_batch_size",
-         fmt::format("expected 0 (global / world) or more, got {}", data.micro_batch_size));
-  expect(data.global_batch_size >= 1, "data.global_batch_size",
-         fmt::format("expected 1 or more, got {}", data.global_batch_size));
   if (data.micro_batch_size > 0)
     expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",
            fmt::format("{} is not a multiple of data.micro_batch_size = {}", data.global_batch_size, data.micro_batch_size));
@@ -225,8 +252,6 @@ void TrainConfig::validate() const {
          fmt::format("expected 0 (all) or more, got {}", checkpoint.keep_last));
   expect(checkpoint.max_failed_saves >= 0, "checkpoint.max_failed_saves",
          fmt::format("expected 0 (the first failed save ends the run) or more, got {}", checkpoint.max_failed_saves));
-  expect(std::isfinite(checkpoint.save_timeout) && checkpoint.save_timeout >= 0, "checkpoint.save_timeout",
-         fmt::format("expected 0 (off) or seconds, got {}", checkpoint.save_timeout));
   expect(checkpoint.keep_every >= 0, "checkpoint.keep_every",
          fmt::format("expected 0 (none) or more, got {}", checkpoint.keep_every));
   expect(
@@ -264,13 +289,28 @@ int TrainConfig::accumulation_steps_for(int world_size) const {
   return per_micro_step > 0 ? static_cast<int>(data.global_batch_size / per_micro_step) : 0;
 }
 
-void TrainConfig::validate_for_world(int world_size, int node_count) const {
+void TrainConfig::validate_mesh_for_world(int world_size, int node_count) const {
   if (fsdp.num_processes > 0 && fsdp.num_processes != world_size)
     throw ConfigError(fmt::format("fsdp.num_processes: the config expects {} processes, but MPI started {} (mpirun -np {})",
                                   fsdp.num_processes, world_size, fsdp.num_processes));
   if (fsdp.num_machines > 0 && fsdp.num_machines != node_count)
     throw ConfigError(fmt::format("fsdp.num_machines: the config expects {} machines, but the job spans {} node(s)",
                                   fsdp.num_machines, node_count));
+}
+
+void TrainConfig::validate_evaluation_for_world(int world_size, int node_count) const {
+  validate_mesh_for_world(world_size, node_count);
+  // An evaluation batch is a micro-batch on each rank; no global batch is accumulated.
+  if (micro_batch_size_for(world_size) < 1)
+    throw ConfigError(
+        fmt::format("data.global_batch_size: {} sequence(s) leave none to each of {} ranks (data.micro_batch_size "
+                    "= 0 takes global / ranks); set data.micro_batch_size, the sequences per rank of an "
+                    "evaluation batch",
+                    data.global_batch_size, world_size));
+}
+
+void TrainConfig::validate_for_world(int world_size, int node_count) const {
+  validate_mesh_for_world(world_size, node_count);
   const int mb = micro_batch_size_for(world_size);
   if (data.micro_batch_size == 0 && (data.global_batch_size % world_size != 0 || mb == 0))
     throw ConfigError(fmt::format("data.global_batch_size: {} sequences cannot be split evenly over {} ranks",

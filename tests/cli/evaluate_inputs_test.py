@@ -6,7 +6,10 @@
    input byte for byte as it was; /dev/null and /dev/stdout are written in place. Before, each was replaced by the JSON.
 2. A Hugging Face directory's tokenizer.json is checked against the dataset's tokenizer as a checkpoint's record is
    (evaluate and train's checkpoint.init_from: exit 5); one without tokenizer.json is evaluated with a warning. Before,
-   both ran on the other tokenizer's ids."""
+   both ran on the other tokenizer's ids.
+3. evaluate validates only the keys it reads: a --config without [schedule], a warmup longer than the run, a
+   micro-batch that does not divide the global batch, a rollback without checkpoints evaluate (with the same loss);
+   train still refuses them. Before, exit 3."""
 import hashlib
 import json
 import os
@@ -114,6 +117,45 @@ p = run(["train", "-c", config, "--data.path", other, "--checkpoint.init_from", 
 check(p.returncode == 5 and "hf: trained with tokenizer hf/tokenizer.json" in p.stderr and theirs in p.stderr
       and not os.path.exists(os.path.join(work, "init", "metrics.jsonl")),
       f"train --checkpoint.init_from hf on another tokenizer's dataset: exit 5, nothing trained: exit {p.returncode}: {p.stderr[-800:]}")
+
+# ---- 3. only what evaluate reads is validated ----------------------------------------------------------------
+eval_toml = os.path.join(work, "eval.toml")
+open(eval_toml, "w").write(f'[data]\npath = "{ds}"\nseq_len = {SEQ}\nglobal_batch_size = {GB}\n')
+
+
+def loss_of(*argv):
+    out = os.path.join(work, "loss.json")
+    if os.path.exists(out):
+        os.unlink(out)
+    p = evaluate("-w", "hf", *argv, "--json", out, np=2)
+    return p, (json.load(open(out)) if p.returncode == 0 else None)
+
+
+_, base = loss_of("-c", config)
+check(base is not None and base["sources"][0]["sequences"] == GB, f"the run's config: {base}")
+for argv, what in ((["-c", eval_toml], "a config of [data] alone (no run length)"),
+                   (["-c", config, "--schedule.warmup_steps", "10"], "warmup steps past schedule.max_steps"),
+                   (["-c", config, "--optim.on_divergence", "rollback", "--checkpoint.every_n_steps", "0"],
+                    "rollback without checkpoints"),
+                   (["-c", config, "--schedule.max_steps", "0"], "no run length"),
+                   (["-c", config, "--logging.metrics_file", "a/b"], "a metrics file that is no plain name")):
+    p, j = loss_of(*argv)
+    check(p.returncode == 0 and base is not None and j is not None and j["loss"] == base["loss"],
+          f"{what}: evaluated, the same loss {base and base['loss']!r}: exit {p.returncode}: {j and j['loss']!r} {p.stderr[-600:]}")
+p, j = loss_of("-c", config, "--data.micro_batch_size", "3")  # 8 is not a multiple of 3: no matter to evaluation
+check(p.returncode == 0 and j is not None and j["sources"][0]["sequences"] == 3 * 2 and j["tokens"] == 3 * 2 * SEQ,
+      f"--data.micro_batch_size 3 on 2 ranks: one batch of 6 sequences: exit {p.returncode}: {j} {p.stderr[-600:]}")
+for argv, said in ((["--data.seq_len", "0"], "data.seq_len: expected 1 or more, got 0"),
+                   (["--data.seq_len", "128"], "data.seq_len: 128 is longer than model.max_position_embeddings = 64"),
+                   (["--fsdp.startup_timeout", "-1"], "fsdp.startup_timeout"),
+                   (["--data.global_batch_size", "1"], "data.global_batch_size: 1 sequence(s) leave none to each of 2 ranks")):
+    p = evaluate("-w", "hf", "-c", config, *argv, np=2)
+    check(p.returncode == 3 and said in p.stderr, f"evaluate {argv}: still exit 3, '{said}': exit {p.returncode}: {p.stderr[-600:]}")
+for argv, said in ((["--data.micro_batch_size", "3"], "data.global_batch_size: 8 is not a multiple of data.micro_batch_size = 3"),
+                   (["--schedule.warmup_steps", "10"], "warmup steps leave nothing to decay"),
+                   (["--optim.on_divergence", "rollback", "--checkpoint.every_n_steps", "0"], "optim.on_divergence")):
+    p = run(["train", "-c", config, *argv, "--logging.run_dir", "refused"])
+    check(p.returncode == 3 and said in p.stderr, f"train {argv}: still exit 3, '{said}': exit {p.returncode}: {p.stderr[-600:]}")
 
 # ---- 1. --json over what is there (last: a binary that replaced these inputs spoils nothing above) -----------
 refusals = [

@@ -253,6 +253,56 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"data.prefetch", "0"}}), "data.prefetch", "expected 1 to 1024");
 }
 
+// `shardtrain evaluate` validates what it reads (the model, fsdp, data, a load's deadline), not a training run's
+// schedule, optimizer, checkpointing, logging or global-batch rules: each of those was its exit 3 (a --config without
+// [schedule]: "the run never ends"). validate() still refuses every one of them.
+TEST(TrainConfig, EvaluationValidatesOnlyWhatItReads) {
+  auto with = [](std::initializer_list<std::pair<const char*, const char*>> overrides) {
+    TrainConfig c = from_text("[data]\npath = \"x.h5\"\nglobal_batch_size = 16\n[schedule]\nmax_steps = 10\n");
+    for (const auto& [k, v] : overrides) apply_override(c, k, v);
+    return c;
+  };
+  const std::initializer_list<std::pair<const char*, const char*>> training_only[] = {
+      {{"schedule.max_steps", "0"}},
+      {{"schedule.warmup_steps", "10"}},
+      {{"data.micro_batch_size", "3"}},
+      {{"optim.on_divergence", "rollback"}, {"checkpoint.every_n_steps", "0"}},
+      {{"optim.lr", "-1"}},
+      {{"data.prefetch", "0"}},
+      {{"checkpoint.keep_last", "-1"}},
+      {{"logging.metrics_file", "../m.jsonl"}},
+  };
+  for (const auto& overrides : training_only) {
+    const TrainConfig c = with(overrides);
+    SCOPED_TRACE(overrides.begin()->first);
+    EXPECT_NO_THROW(c.validate_for_evaluation());
+    EXPECT_FALSE(config_error([&] { c.validate(); }).empty()) << "validate() must still refuse it";
+  }
+  EXPECT_NO_THROW(from_text("[data]\npath = \"x.h5\"\n").validate_for_evaluation());  // no run length at all
+  // What evaluation uses is refused alike, by the one shared check.
+  EXPECT_CONFIG_ERROR(with({{"data.seq_len", "0"}}).validate_for_evaluation(), "data.seq_len", "expected 1 or more");
+  EXPECT_CONFIG_ERROR(with({{"data.seq_len", "4096"}}).validate_for_evaluation(), "data.seq_len", "max_position_embeddings");
+  EXPECT_CONFIG_ERROR(with({{"model.num_attention_heads", "5"}}).validate_for_evaluation(), "model.num_attention_heads");
+  EXPECT_CONFIG_ERROR(with({{"fsdp.startup_timeout", "-1"}}).validate_for_evaluation(), "fsdp.startup_timeout");
+  EXPECT_CONFIG_ERROR(with({{"checkpoint.save_timeout", "-1"}}).validate_for_evaluation(), "checkpoint.save_timeout");
+  // Every float key is finite (a file's `inf`): those evaluation reads, not the optimizer's.
+  TrainConfig f = with({});
+  f.optim.adamw.lr = std::numeric_limits<double>::infinity();
+  EXPECT_NO_THROW(f.validate_for_evaluation());
+  EXPECT_CONFIG_ERROR(f.validate(), "optim.lr", "expected a finite number");
+  f.checkpoint.save_timeout = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_CONFIG_ERROR(f.validate_for_evaluation(), "checkpoint.save_timeout", "expected a finite number");
+  EXPECT_CONFIG_ERROR(from_text("[data]\nseq_len = 8\n").validate_for_evaluation(), "data.path");
+  // Against the world: the mesh's keys, and one sequence per rank at least; not the global batch's divisibility.
+  const TrainConfig m = with({{"data.micro_batch_size", "3"}});
+  EXPECT_NO_THROW(m.validate_evaluation_for_world(2, 1));
+  EXPECT_CONFIG_ERROR(m.validate_for_world(2, 1), "data.global_batch_size");
+  EXPECT_NO_THROW(with({}).validate_evaluation_for_world(3, 1));  // 16 over 3 ranks: 5 each, no accumulation
+  EXPECT_CONFIG_ERROR(with({{"data.global_batch_size", "1"}}).validate_evaluation_for_world(2, 1), "data.global_batch_size",
+                      "1 sequence(s) leave none to each of 2 ranks");
+  EXPECT_CONFIG_ERROR(with({{"fsdp.num_processes", "4"}}).validate_evaluation_for_world(2, 1), "fsdp.num_processes");
+}
+
 // The run's length in steps: past what the run's int64 token count holds is refused naming the key that set it
 // (it printed negative step and token counts, then `check: ok`); up to that, exact.
 TEST(TrainConfig, RunLengthFitsTheTokenCount) {

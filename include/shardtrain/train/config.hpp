@@ -138,8 +138,14 @@ struct TrainConfig {
 
   // Every check that needs no MPI world: throws ConfigError naming section.key and what was expected.
   void validate() const;
+  // The part of validate() that `shardtrain evaluate` needs: the model, fsdp and data keys (and
+  // checkpoint.save_timeout, a load's deadline), not the schedule, optimizer, checkpointing, logging or the training
+  // batch's rules (global_batch_size a multiple of the micro-batch): evaluation takes no step.
+  void validate_for_evaluation() const;
   // The checks against the running world (num_processes, num_machines, batch divisibility, the mesh).
   void validate_for_world(int world_size, int node_count) const;
+  // Those evaluate needs: num_processes, num_machines, and at least one sequence per rank in a micro-batch.
+  void validate_evaluation_for_world(int world_size, int node_count) const;
   // The model's parameter count, computed from its sizes in floating point (no overflow), before anything exists.
   double parameter_estimate() const;
   // Before anything is allocated: throws ConfigError, naming the size key furthest above its usual value, when
@@ -149,6 +155,12 @@ struct TrainConfig {
   // Micro-batch size per rank and accumulation steps for `world_size` data-parallel ranks.
   int micro_batch_size_for(int world_size) const;
   int accumulation_steps_for(int world_size) const;
+
+ private:
+  // The parts validate() and validate_for_evaluation() share, written once.
+  void validate_finite_floats(bool evaluation) const;  // evaluation: only the keys it reads
+  void validate_shared() const;
+  void validate_mesh_for_world(int world_size, int node_count) const;
 };
 
 // The parameter count of a model's sizes, in floating point (no overflow), before any spec exists.
