@@ -294,6 +294,15 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   watch.stage("building the mesh, its communicators (NCCL's start on a GPU) and the model");
   train::Replica replica(*rt, c);
   train::Evaluator evaluator(replica, c, sources, {train::EvaluatorOptions::Use::Evaluation, split, batches});
+  const auto split_empty = [&](const data::MixtureComponent& m) { return m.dataset->split_documents(split).empty(); };
+  if (evaluator.empty() && std::all_of(sources.begin(), sources.end(), split_empty))
+    throw DataError(fmt::format("{}: the {} split is empty (0 documents, 0 tokens): nothing to evaluate; {}",
+                                c.data.describe(), data::dataset_split_name(split),
+                                split == data::DatasetSplit::Validation
+                                    ? "prepare the dataset with --validation-fraction above 0 (prepare-data), or "
+                                      "evaluate its training split (--split train)"
+                                    : "evaluate its validation split (--split validation), or a dataset with training "
+                                      "documents"));
   if (evaluator.empty())
     throw DataError(fmt::format("{}: no source has {} {} samples, one evaluation batch (micro-batch {} x {} ranks)",
                                 c.data.describe(), evaluator.batch_sequences(), data::dataset_split_name(split),

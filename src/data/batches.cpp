@@ -61,6 +61,12 @@ SampleSource::SampleSource(const TokenDataset& dataset, DatasetSplit split, Batc
                                   dataset.path(), info.tokenizer_name));
     num_samples_ = docs_.size();
   }
+  if (num_samples_ == 0 && docs_.empty())  // not a matter of seq_len: there is nothing in it
+    throw DataError(fmt::format("{}: the {} split is empty (0 documents, 0 tokens){}", dataset.path(),
+                                dataset_split_name(split),
+                                split == DatasetSplit::Validation && info.validation_fraction == 0
+                                    ? ": prepare-data held no document out (--validation-fraction 0)"
+                                    : ""));
   if (num_samples_ == 0)
     throw DataError(fmt::format("{}: the {} split has no {} sample of seq_len {}", dataset.path(), dataset_split_name(split),
                                 batch_layout_name(layout), seq_len));

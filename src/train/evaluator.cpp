@@ -44,7 +44,12 @@ Evaluator::Evaluator(Replica& replica, const TrainConfig& config, const std::vec
     try {
       samples = data::SampleSource(*c.dataset, eo.split, eo.layout, eo.seq_len).num_samples();
     } catch (const DataError& e) {
-      if (say) log::warn("{}: {}: {}", who, e.what(), outcome);
+      // An empty held-out split (prepared with --validation-fraction 0): what gives a training run one. evaluate says
+      // what to do in its error (no source to evaluate).
+      const bool no_validation = eo.split == data::DatasetSplit::Validation && c.dataset->split_documents(eo.split).empty();
+      if (say)
+        log::warn("{}: {}: {}{}", who, e.what(), outcome,
+                  no_validation && !eval_only ? "; prepare the dataset with --validation-fraction above 0 for one" : "");
       continue;
     }
     if (samples < static_cast<size_t>(eo.global_batch_size)) {

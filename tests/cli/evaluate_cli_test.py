@@ -240,8 +240,8 @@ noval = os.path.join(work, "noval.h5")
 subprocess.run([st, "prepare-data", "-t", tok, "-i", short, "-o", noval, "--validation-fraction", "0", "--log-level", "warn"],
                check=True)
 p, j = evaluate("--weights", ckpts, "--data.path", noval, ranks=2, name="noval")
-said = f"evaluate: {noval}: the validation split has no packed sample of seq_len {SEQ}: not evaluated"
-check(p.returncode == 4 and p.stderr.count(said) == 1 and p.stderr.count("no packed sample") == 1 and j is None,
+said = f"evaluate: {noval}: the validation split is empty (0 documents, 0 tokens)"
+check(p.returncode == 4 and p.stderr.count(said) == 1 and p.stderr.count("--validation-fraction above 0") == 1 and j is None,
       f"a split without a sample: exit {p.returncode}, one warning '{said}': {p.stderr[-1500:]}")
 p, j = evaluate("--weights", os.path.join(work, "nowhere"), ranks=1, name="missing")
 check(p.returncode == 5 and "nowhere" in p.stderr and j is None, f"missing weights: exit {p.returncode}: {p.stderr[-800:]}")

@@ -9,7 +9,9 @@
    both ran on the other tokenizer's ids.
 3. evaluate validates only the keys it reads: a --config without [schedule], a warmup longer than the run, a
    micro-batch that does not divide the global batch, a rollback without checkpoints evaluate (with the same loss);
-   train still refuses them. Before, exit 3."""
+   train still refuses them. Before, exit 3.
+4. An empty validation split is said to be empty, with what to do (evaluate: exit 4; train: a warning); a split with
+   tokens but fewer than one sequence keeps its seq_len message."""
 import hashlib
 import json
 import os
@@ -156,6 +158,31 @@ for argv, said in ((["--data.micro_batch_size", "3"], "data.global_batch_size: 8
                    (["--optim.on_divergence", "rollback", "--checkpoint.every_n_steps", "0"], "optim.on_divergence")):
     p = run(["train", "-c", config, *argv, "--logging.run_dir", "refused"])
     check(p.returncode == 3 and said in p.stderr, f"train {argv}: still exit 3, '{said}': exit {p.returncode}: {p.stderr[-600:]}")
+
+# ---- 4. an empty validation split ------------------------------------------------------------------------------
+noval = os.path.join(work, "noval.h5")
+subprocess.run([st, "prepare-data", "-t", tok, "-i", moby, "-o", noval, "--validation-fraction", "0", "--log-level", "warn"], check=True)
+p = evaluate("-w", "hf", "-c", config, "--data.path", noval, np=2)
+check(p.returncode == 4 and "the validation split is empty (0 documents, 0 tokens)" in p.stderr
+      and "--validation-fraction above 0" in p.stderr and "--split train" in p.stderr and "no packed sample" not in p.stderr,
+      f"evaluate on an empty validation split: exit 4, said empty, what to do: exit {p.returncode}: {p.stderr[-1200:]}")
+p = evaluate("-w", "hf", "-c", config, "--data.path", noval, "--split", "train", np=2)
+check(p.returncode == 0, f"--split train of it: exit {p.returncode}: {p.stderr[-600:]}")
+p = run(["train", "-c", config, "--data.path", noval, "--schedule.max_steps", "2", "--logging.run_dir", "noval_run"], np=2)
+check(p.returncode == 0 and p.stderr.count("the validation split is empty (0 documents, 0 tokens)") == 1
+      and "--validation-fraction above 0" in p.stderr and "no packed sample" not in p.stderr,
+      f"train on it: one warning, said empty: exit {p.returncode}: {p.stderr[-1200:]}")
+# Tokens, but fewer than one sequence: the seq_len message stays.
+short = os.path.join(work, "short")
+os.makedirs(short)
+for i in range(10):
+    open(os.path.join(short, f"doc_{i}.txt"), "w").write("the whale ")
+short_ds = os.path.join(work, "short.h5")
+subprocess.run([st, "prepare-data", "-t", tok, "-i", short, "-o", short_ds, "--validation-fraction", "0.2", "--log-level", "warn"],
+               check=True)
+p = evaluate("-w", "hf", "-c", config, "--data.path", short_ds, "--data.seq_len", "64")
+check(p.returncode == 4 and "the validation split has no packed sample of seq_len 64" in p.stderr and "is empty" not in p.stderr,
+      f"a validation split shorter than one sequence: exit 4, its seq_len message: exit {p.returncode}: {p.stderr[-800:]}")
 
 # ---- 1. --json over what is there (last: a binary that replaced these inputs spoils nothing above) -----------
 refusals = [
