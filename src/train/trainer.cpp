@@ -109,7 +109,8 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
         require_writable_dir("logging.runs_root", c.logging.runs_root, DirProbe::Create);
         const std::string name = c.logging.name.empty() ? "run" : c.logging.name;
         dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}", name, stamp)).string();
-        for (int k = 2; fs::exists(dir); ++k)
+        std::error_code ec;  // a name too long for the file system: require_writable_dir below says so
+        for (int k = 2; fs::exists(dir, ec); ++k)
           dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
       }
       outcome[1] = check_run_dir(c, dir) ? 1 : 0;
@@ -131,7 +132,8 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
       error = e.what();
     } catch (const std::exception& e) {
       outcome[0] = static_cast<int>(ExitCode::Io);
-      error = fmt::format("logging.run_dir: cannot create '{}': {}", dir, e.what());
+      error = fmt::format("{}: cannot create '{}': {}", c.logging.run_dir.empty() ? "logging.name" : "logging.run_dir", dir,
+                          e.what());
     }
   }
   // Raw MPI on the world, not the mesh's world communicator: the run directory comes before the replica (a fatal

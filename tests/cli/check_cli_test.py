@@ -308,6 +308,13 @@ long_dir = os.path.join(work, "n" * 256, "ck")
 agree("checkpoint.dir with a 256-byte name", ["--logging.run_dir", fresh_run, "--checkpoint.dir", long_dir], 8,
       f"I/O error: checkpoint.dir: cannot create {long_dir}: File name too long (a name of 256 bytes below {work}, whose file "
       "system takes at most 255)", clean)
+# A generated run directory whose name (logging.name and the time) is too long names logging.name, the key the user set
+# (it named logging.run_dir, which was not set).
+roots = os.path.join(work, "long-name-runs")
+t = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "--config", config, "--logging.runs_root", roots,
+                    "--logging.name", "x" * 300, "--log-level", "warn"], capture_output=True, text=True, timeout=300)
+check(t.returncode == 8 and f"I/O error: logging.name: cannot create {roots}/{'x' * 300}-" in t.stderr
+      and "File name too long" in t.stderr, f"a generated name too long: exit {t.returncode}: {t.stderr[-800:]}")
 # Two problems: the run stops on the one it meets first, and so does check's exit code (the data is listed first).
 foreign_run = os.path.join(work, "foreign-run")
 

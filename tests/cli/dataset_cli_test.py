@@ -99,7 +99,16 @@ check(r.returncode == 0 and "checksums: ok (1 blocks" in r.stdout, f"--verify on
 r = info(tok)
 check(r.returncode == 4 and tok in r.stderr, f"not HDF5: exit {r.returncode}: {r.stderr}")
 r = info(f"{ds}:0")
-check(r.returncode != 0 and "positive number" in r.stderr, f"weight 0: exit {r.returncode}: {r.stderr}")
+check(r.returncode == 2 and "argument 1: the weight of" in r.stderr and "positive number" in r.stderr,
+      f"weight 0: exit {r.returncode} (a command line's value: 2): {r.stderr}")
+# Entries read as data.mixture reads them: one file twice however spelled, and an unweighted entry among weighted ones,
+# are refused as train refuses them (they were previewed as shares).
+twice = os.path.join(os.path.dirname(ds), ".", os.path.basename(ds))
+r = info(f"{ds}:1", f"{twice}:1")
+check(r.returncode == 2 and "argument 2: " in r.stderr and "is the same file as argument 1" in r.stderr,
+      f"one file twice: exit {r.returncode}: {r.stderr}")
+r = info(f"{ds}:0.5", ds)
+check(r.returncode == 2 and "argument 2: expected PATH:WEIGHT" in r.stderr, f"a weighted and an unweighted entry: exit {r.returncode}: {r.stderr}")
 r = info(ds, "--seq-len", "0")
 check(r.returncode != 0 and "--seq-len" in r.stderr, f"seq-len 0: exit {r.returncode}: {r.stderr}")
 

@@ -201,6 +201,12 @@ TEST(TrainConfig, BadFilesNameTheKey) {
   EXPECT_CONFIG_ERROR(invalid({{"checkpoint.max_failed_saves", "-1"}}), "checkpoint.max_failed_saves");
   // A generated run directory is RUNS_ROOT/NAME-TIME: "../../x" put it outside logging.runs_root.
   EXPECT_NO_THROW(invalid({{"logging.name", "llama.8b-warm"}}));
+  {  // --logging.name "" is the default, the config file's stem (it made "run-TIME")
+    TrainConfig named;
+    named.logging.name = "llama-seed";
+    apply_override(named, "logging.name", "");
+    EXPECT_EQ(named.logging.name, "llama-seed");
+  }
   EXPECT_CONFIG_ERROR(invalid({{"logging.name", "../../esc"}}), "logging.name", "expected a plain name", "../../esc");
   // The metrics file is appended to: a plain name in the run directory, never a path out of it or the run's own files.
   EXPECT_NO_THROW(invalid({{"logging.metrics_file", "train.jsonl"}}));

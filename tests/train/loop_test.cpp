@@ -58,6 +58,26 @@ std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
 
 }  // namespace
 
+// A run of two epochs: each step's epoch is its micro-batches' (the last step of an epoch read as the next epoch's,
+// and the run ended at "epoch 2").
+TEST(TrainLoop, EachStepsEpochIsItsOwn) {
+  train::TrainConfig c = tiny_config("train_loop_test_run_epochs");
+  c.schedule.max_steps = 0;
+  c.schedule.epochs = 2;
+  c.schedule.eval_every = 0;
+  c.schedule.eval_batches = 0;
+  c.data.global_batch_size = 16;
+  const train::TrainSummary s = train::Trainer(*g_runtime, c).run();
+  if (rank() != 0) return;
+  std::vector<uint64_t> epochs;
+  for (const auto& j : read_metrics(s.run_dir))
+    if (j["kind"] == "train") epochs.push_back(j["epoch"].get<uint64_t>());
+  ASSERT_EQ(epochs.size() % 2, 0u);
+  ASSERT_GE(epochs.size(), 4u);
+  const size_t per_epoch = epochs.size() / 2;
+  for (size_t k = 0; k < epochs.size(); ++k) EXPECT_EQ(epochs[k], k / per_epoch) << "step " << k + 1;
+}
+
 TEST(TrainLoop, LearnsAndWritesConsistentMetrics) {
   const train::TrainConfig c = tiny_config("train_loop_test_run_plain");
   train::Trainer t(*g_runtime, c);
@@ -92,6 +112,7 @@ TEST(TrainLoop, LearnsAndWritesConsistentMetrics) {
     if (step == 1) shard_bytes = j["comm_bytes"]["shard"];
     EXPECT_EQ(j["comm_bytes"]["shard"].get<uint64_t>(), shard_bytes) << "FULL_SHARD moves the same bytes every step";
     EXPECT_FALSE(j["skipped"].get<bool>());
+    EXPECT_TRUE(j["mfu_measured_peak"].is_null()) << "logging.peak_flops is set: nothing measured, no figure (it was 0.0)";
   }
   EXPECT_GT(shard_bytes, 0u);
   EXPECT_EQ(train_lines, 12);

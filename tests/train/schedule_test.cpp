@@ -107,6 +107,22 @@ TEST(Schedule, OtherKinds) {
   c.decay_steps = 4000;
   const optim::LrSchedule cut(c, 1.0, 110);
   for (const int64_t k : {0, 5, 10, 11, 60, 109}) EXPECT_DOUBLE_EQ(cut.lr(k), lin.lr(k)) << "step " << k;
+  // The default decay is 20 % of the steps after the warmup, rounded: 8 of them decay over 2 (it was 1, at the peak).
+  c.decay_steps = 0;
+  const optim::LrSchedule short_wsd(c, 1.0, 18);
+  EXPECT_DOUBLE_EQ(short_wsd.lr(15), 1.0);
+  EXPECT_DOUBLE_EQ(short_wsd.lr(16), 1.0);
+  EXPECT_DOUBLE_EQ(short_wsd.lr(17), 0.55);
+  // A warmup as long as the run is refused for every kind: a constant schedule's run never reached optim.lr.
+  for (const auto kind : {optim::ScheduleKind::Constant, optim::ScheduleKind::WarmupStableDecay})
+    EXPECT_THROW(optim::LrSchedule(
+                     [&] {
+                       optim::ScheduleConfig k = c;
+                       k.kind = kind;
+                       return k;
+                     }(),
+                     1.0, 10),
+                 ConfigError);
   EXPECT_EQ(optim::parse_schedule_kind("wsd"), optim::ScheduleKind::WarmupStableDecay);
   EXPECT_THROW(optim::parse_schedule_kind("step"), ConfigError);
 }
