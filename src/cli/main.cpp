@@ -220,8 +220,14 @@ int main(int argc, char** argv) {
     }
     if (e.get_exit_code() == 0) return launcher_rank() == 0 ? app.exit(e) : 0;  // --help, --version
     if (launcher_rank() == 0) {
-      log::error("usage error: {} (see shardtrain {}--help)", usage_message(e, app),
-                 named != commands.end() ? word + " " : std::string());
+      // The command's own help: `tokenizer decode abc` pointed at `tokenizer --help`, which lists no decode options.
+      std::string help = named != commands.end() ? word + " " : std::string();
+      if (named != commands.end() && !named->app->get_subcommands({}).empty()) {
+        const std::string sub = subcommand_word(argc, argv, 1);
+        if (!named->app->get_subcommands([&](const CLI::App* a) { return a->check_name(sub); }).empty())
+          help += sub + " ";
+      }
+      log::error("usage error: {} (see shardtrain {}--help)", usage_message(e, app), help);
     }
     return static_cast<int>(ExitCode::Usage);
   }

@@ -19,7 +19,7 @@ namespace shardtrain {
 DevicePreference parse_device_preference(std::string_view s) {
   if (s == "auto") return DevicePreference::Auto;
   if (s == "cpu") return DevicePreference::Cpu;
-  if (s == "cuda" || s == "gpu") return DevicePreference::Cuda;
+  if (s == "cuda") return DevicePreference::Cuda;  // one spelling, as --help and the docs give it ("gpu" was taken unsaid)
   throw UsageError(fmt::format("--device: unknown device '{}' (expected auto, cpu or cuda)", s));
 }
 

@@ -118,5 +118,9 @@ check(not by_name["NO_SHARD"]["fits"] and by_name["FULL_SHARD"]["fits"], "NO_SHA
 check(by_name["HYBRID_SHARD"]["comm_s"] < by_name["FULL_SHARD"]["comm_s"], "hybrid sends less across nodes than FULL_SHARD")
 check(plan["recommended"] in by_name and by_name[plan["recommended"]]["fits"], f"recommended {plan['recommended']}")
 
+# --device takes the spellings --help gives (auto, cpu, cuda); "gpu" was taken as cuda without a word.
+rc, out, err = run(1, "--device", "gpu", "env")
+check(rc == 2 and "--device: unknown device 'gpu' (expected auto, cpu or cuda)" in err, f"--device gpu: exit {rc}: {err[-400:]}")
+
 print(f"{len(failures)} failed" if failures else "all env CLI checks passed")
 sys.exit(1 if failures else 0)

@@ -246,6 +246,9 @@ for bad in ("9906;1917", "9906.5", "1e3", "0x10", "12abc", "4294967297", "-1"):
     r = decode_stdin(bad)
     check(r.returncode == 2 and r.stdout == "" and f"tokenizer decode: '{bad}' on stdin is not a token id" in r.stderr,
           f"decode {bad!r}: {r.returncode} {r.stdout!r} {error_line(r)}")
+# An id argument CLI11 cannot read points at the decode command's own help (it named `tokenizer --help`).
+r = run("tokenizer", "decode", "-t", r50k, "abc")
+check(r.returncode == 2 and "(see shardtrain tokenizer decode --help)" in r.stderr, f"decode abc: {r.returncode} {error_line(r)}")
 # A gap in the ids is named as one; GPT-2's encoder.json alone says to give its folder.
 r = run("tokenizer", "decode", "-t", os.path.join(fetched_tokenizers, "cl100k_base.tiktoken"), "100261")
 check(r.returncode == 4 and "token id 100261 is not in the vocabulary of cl100k_base: a gap in its ids 0 to 100276" in r.stderr,
