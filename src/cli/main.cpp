@@ -224,8 +224,7 @@ int main(int argc, char** argv) {
       std::string help = named != commands.end() ? word + " " : std::string();
       if (named != commands.end() && !named->app->get_subcommands({}).empty()) {
         const std::string sub = subcommand_word(argc, argv, 1);
-        if (!named->app->get_subcommands([&](const CLI::App* a) { return a->check_name(sub); }).empty())
-          help += sub + " ";
+        if (!named->app->get_subcommands([&](const CLI::App* a) { return a->check_name(sub); }).empty()) help += sub + " ";
       }
       log::error("usage error: {} (see shardtrain {}--help)", usage_message(e, app), help);
     }
