@@ -472,6 +472,11 @@ st_check_restart_settings() {
 st_restart_after_failure() {
   local run_dir=$1 class word wanted=0 f step previous restarts=0 failures nodes=() excluded new partition total
   if ((ST_EXIT >= 1 && ST_EXIT <= 10)); then class=$ST_EXIT; else class=crash; fi
+  # 126 and 127 are the shell's: the launcher could not be run (not found, not executable), which a restart repeats.
+  if ((ST_EXIT == 126 || ST_EXIT == 127)); then
+    st_log "not restarting: the launcher ($LAUNCHER) could not be run (exit $ST_EXIT: not found or not executable on this node)"
+    return 1
+  fi
   for word in ${RESTART_ON-6 7 10 crash}; do [[ "$word" == "$class" ]] && wanted=1; done
   ((wanted)) || return 1
   for f in "$run_dir"/failures/rank_*.json; do  # one record a restart would repeat is enough to stop
@@ -537,10 +542,17 @@ st_restart_after_failure() {
 # itself without end. Each requeue is a line of RUN_DIR/restarts.log, exit=75, with the steps trained.
 st_requeue_preempted() {
   local run_dir=$1 how=${2:-} step start=0 trained saved="" resumed last
-  if [[ "$how" == unlaunched ]]; then
+  if [[ "$how" == unlaunched || "$how" == killed ]]; then
     step=$(st_complete_checkpoints "$CHECKPOINT_DIR" | tail -n1)
     step=${step#step_}
     step=$((10#${step:-0})) trained=0
+    if [[ "$how" == killed ]]; then  # the run goes on from its last checkpoint; the steps after it are trained again
+      last=$(st_last_step "$run_dir")
+      saved=${CHECKPOINT_DIR%/}/$(st_complete_checkpoints "$CHECKPOINT_DIR" | tail -n1)
+      ((step > 0)) || saved=""
+      trained=$((last - step))
+      st_log "the ranks stopped at step $last without a save: the run continues from ${saved:-its start} (step $step)"
+    fi
   else
     step=$(st_result_field "$run_dir" step)
     [[ -n "$step" ]] || step=$(st_last_step "$run_dir")
@@ -559,6 +571,8 @@ st_requeue_preempted() {
       st_die 75 "not requeueing job $SLURM_JOB_ID again: this start and the one before it were stopped before they trained a step (at step $step; a signal during the start-up each time: is --time well beyond the --signal warning, the start-up and a save?); nothing is lost: resubmit with $(st_resubmit_hint "$run_dir") to continue from step $step"
     fi
     st_log "stopped at step $step without training a step in this start (nothing new saved); requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1))): a second start in a row that trains nothing ends the job"
+  elif [[ "$how" == killed ]]; then
+    st_log "requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1))) to continue from step $step"
   else
     st_log "checkpoint saved at step $step${saved:+ ($saved)}; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)))"
   fi
@@ -587,6 +601,18 @@ st_requeue_or_exit() {
     ST_EXIT=75
   fi
   if ((ST_EXIT == 0)) && [[ "$result" == preempted ]]; then ST_EXIT=75; fi
+  # A stop reached the job but the run finished first (mpirun returns 1 when it got SIGTERM itself): it finished.
+  if ((ST_EXIT != 0 && ST_EXIT != 75)) && [[ "$result" == finished && -n "$ST_STOP" ]]; then
+    st_log "the launcher exited with $ST_EXIT after SIG$ST_STOP reached the job, but the run finished first (result.json: finished)"
+    ST_EXIT=0
+  fi
+  # A stop reached the job and the launcher ended the ranks before they saved: srun ends its step (SIGKILL) on a
+  # SIGTERM of its own, which a job-wide one (a preemption, scancel --full) sends it. That is a preemption, not a
+  # failure: it was counted against MAX_RESTARTS and could stop the job ("no further than the previous failure").
+  if ((ST_EXIT != 0 && ST_EXIT != 75)) && [[ "$result" != preempted && -n "$ST_STOP" ]]; then
+    st_log "the launcher exited with $ST_EXIT after SIG$ST_STOP reached the job, before the ranks saved (srun ends its step when it gets SIGTERM itself): counted as a preemption, not a failure"
+    st_requeue_preempted "$1" killed
+  fi
   if ((ST_EXIT == 0)) && [[ "$result" != finished ]]; then
     st_die 1 "the launcher exited with 0 but the run did not finish (no \"finished\" in $1/result.json): see the launcher's messages above"
   fi
@@ -695,7 +721,22 @@ st_launcher() {
     # --kill-on-bad-exit: a rank that dies ends the whole step at once instead of leaving the others waiting.
     srun) ST_LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$ST_RANKS_PER_NODE") ;;
     # ppr:G:node keeps ranks node-major (ranks 0..G-1 on the first node), as the mesh expects.
-    mpirun) ST_LAUNCH=(mpirun -np "$SLURM_NTASKS" --map-by "ppr:$ST_RANKS_PER_NODE:node" --bind-to none) ;;
+    # odls_base_sigkill_timeout (SAVE_GRACE): a job-wide SIGTERM (a preemption, scancel --full) reaches mpirun too,
+    # which ends the ranks itself: SIGCONT, then SIGTERM that many seconds later, then SIGKILL as many again. At
+    # Open MPI's 1 s a save begun on the SIGTERM was cut off (no result.json: exit 1, the job failed). The default is
+    # a third of Slurm's KillWait (10 s of its default 30; at least 1), so that both waits end before Slurm kills every
+    # process itself; a longer save wants a longer KillWait (or GraceTime).
+    mpirun)
+      local grace=${SAVE_GRACE:-}
+      if [[ -z "$grace" ]]; then
+        grace=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9][0-9]*\).*/\1/p')
+        grace=$(((${grace:-30}) / 3))
+        ((grace >= 1)) || grace=1
+      fi
+      [[ "$grace" =~ ^[0-9]+$ ]] || st_die 3 "SAVE_GRACE=$SAVE_GRACE: expected whole seconds"
+      ST_LAUNCH=(mpirun -np "$SLURM_NTASKS" --map-by "ppr:$ST_RANKS_PER_NODE:node" --bind-to none
+        --mca odls_base_sigkill_timeout "$grace")
+      ;;
     *) st_die 3 "LAUNCHER=$LAUNCHER: expected srun or mpirun" ;;
   esac
   case "${GPU_BIND:-node}" in

@@ -119,8 +119,17 @@ if [[ "${PREPARE:-0}" == 1 ]]; then
   # The dataset does not exist yet: its job's settings are checked now, the run trains on DATASET, and the
   # preflight below leaves the data to the training job's own check at its start.
   st_check_prepare_settings jobs/slurm/prepare-data.sbatch
-  [[ " ${TRAIN_ARGS:-} " != *" --data.path "* && " ${TRAIN_ARGS:-} " != *" --data.mixture "* ]] ||
+  [[ " ${TRAIN_ARGS:-} " != *" --data.path"[\ =]* && " ${TRAIN_ARGS:-} " != *" --data.mixture"[\ =]* ]] ||
     st_die 3 "PREPARE=1 trains on DATASET=$DATASET: leave --data.path and --data.mixture out of TRAIN_ARGS"
+  # TRAIN_ARGS is a list of words: a path with a space would be two of them (a usage error in the job).
+  [[ "$DATASET" != *[[:space:]]* ]] ||
+    st_die 3 "DATASET=$DATASET: PREPARE=1 passes it to the training job in TRAIN_ARGS, a list of words; give a path without spaces"
+  # The training job waits for the preparation through its own --dependency; one of the user's would replace it
+  # (sbatch takes the last), and training started before the data existed.
+  for option in "$@"; do
+    [[ "$option" == --dependency* || "$option" == -d* ]] &&
+      st_die 2 "PREPARE=1: the training job waits for the preparation (--dependency=afterok:PREP); $option would replace that: give it to the preparation in PREPARE_SBATCH_ARGS"
+  done
   export TRAIN_ARGS="${TRAIN_ARGS:-} --data.path $DATASET"
   pending=(--data-pending)
 fi
@@ -167,10 +176,11 @@ for option in "$@"; do
   if [[ "$option" == --hold || "$option" == -H ]]; then user_hold=1; fi
 done
 in_workdir=(--chdir="$workdir")  # last among the options: a relative --chdir was resolved above
+logs_dir=${RUN_DIR//%/%%}  # sbatch reads % in --output as a pattern (%x, %j): a RUN_DIR's own % stays itself
 prepare="" after_prepare=() train_hold=(--hold)
 if [[ "${PREPARE:-0}" == 1 ]]; then
   # shellcheck disable=SC2086  # PREPARE_SBATCH_ARGS is a list of words on purpose
-  sb preparation --hold --output="$RUN_DIR/prepare-%j.out" ${PREPARE_SBATCH_ARGS:-} "${in_workdir[@]}" \
+  sb preparation --hold --output="$logs_dir/prepare-%j.out" ${PREPARE_SBATCH_ARGS:-} "${in_workdir[@]}" \
     "$SHARDTRAIN_HOME/jobs/slurm/prepare-data.sbatch"
   prepare=$job
   after_prepare=(--dependency="afterok:$prepare" --kill-on-invalid-dep=yes)
@@ -178,7 +188,7 @@ if [[ "${PREPARE:-0}" == 1 ]]; then
 fi
 sb training "${train_hold[@]}" "${after_prepare[@]}" "$@" "${in_workdir[@]}" "$script"
 train_job=$job
-sb consolidation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$RUN_DIR/consolidate-%j.out" \
+sb consolidation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$logs_dir/consolidate-%j.out" \
   "${in_workdir[@]}" "$SHARDTRAIN_HOME/jobs/slurm/consolidate.sbatch"
 consolidate=$job
 evaluation=""
@@ -186,7 +196,7 @@ if [[ "${EVALUATE:-0}" == 1 ]]; then
   # The held-out curve over the run's checkpoints, on GPUs (jobs/slurm/evaluate.sbatch; its #SBATCH lines ask
   # for one node of 8; EVAL_SBATCH_ARGS="--ntasks-per-node=4 --gpus-per-node=4 ..." changes that).
   # shellcheck disable=SC2086  # EVAL_SBATCH_ARGS is a list of words on purpose
-  sb evaluation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$RUN_DIR/evaluate-%j.out" \
+  sb evaluation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$logs_dir/evaluate-%j.out" \
     ${EVAL_SBATCH_ARGS:-} "${in_workdir[@]}" "$SHARDTRAIN_HOME/jobs/slurm/evaluate.sbatch"
   evaluation=$job
 fi

@@ -52,7 +52,7 @@ for node in ${FAKE_NODES_UP-node1 node2}; do SLURMD_NODENAME=$node "$@"; done
 """
 FAKE_MPIRUN = r"""#!/bin/bash
 echo "mpirun $*" >> "$FAKE_LOG"
-while (($#)); do case "$1" in -np | --map-by | --bind-to) shift 2 ;; *) break ;; esac; done
+while (($#)); do case "$1" in -np | --map-by | --bind-to) shift 2 ;; --mca) shift 3 ;; *) break ;; esac; done
 rank="" term=0 traps=0
 trap '((++traps)); echo "mpirun: USR1" >> "$FAKE_LOG"; [[ -n "$rank" ]] && kill -USR1 "$rank"' USR1
 trap '((++traps)); term=1; [[ -n "$rank" ]] && kill -TERM "$rank"' TERM

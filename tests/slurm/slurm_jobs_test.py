@@ -17,6 +17,9 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
    checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
+   A job-wide SIGTERM to it (scancel --full --signal=TERM, a preemption): srun ends its step before the ranks
+   save; the job requeues itself as a preemption (not a failure), continues from step 8, and finishes with the
+   same losses.
 4. A bad node: a device error that strikes only on node1 (SHARDTRAIN_FAULT=device_error:1@12@node1) ends the
    first run with exit 7; the job requeues itself with node1 excluded, resumes on node2 from the step-8
    checkpoint and finishes, its repeated steps bit-equal to the first run's.
@@ -251,6 +254,27 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     check(sorted(resumed) == list(range(1, STEPS + 1)), f"the preempted run logged steps 1..{STEPS}: {sorted(resumed)}")
     diff = [(s, reference.get(s), resumed[s]) for s in sorted(resumed) if reference.get(s) != resumed[s]]
     check(not diff, f"losses equal the uninterrupted run's at every step: {diff[:5]}")
+
+    # ---- 3b. a job-wide SIGTERM (a preemption; scancel --full --signal=TERM) under srun: srun ends its step at once
+    # (the ranks are killed before they save): requeued as a preemption, not counted as a failure, and continued from
+    # the last checkpoint (step 8) with the same losses. It was "training failed with exit code 137", a restart.
+    kill_dir = os.path.join(work, "preempted-srun")
+    job = slurm.sbatch([*sbatch_opts("preempted-srun"), multi], job_env(RUN_DIR=kill_dir, SHARDTRAIN_FAULT="slow_step:100"))
+    deadline = time.time() + 300
+    while time.time() < deadline and len(losses(kill_dir)) < 11:
+        time.sleep(0.3)
+    check(len(losses(kill_dir)) >= 11, f"the srun job to preempt reached step 11: {output(slurm.job(job))[-1500:]}")
+    subprocess.run(["scancel", "--full", "--signal=TERM", str(job)], env=slurm.env, check=True)
+    info = slurm.wait(job, timeout=400)
+    out = output(info)
+    log = open(os.path.join(kill_dir, "restarts.log")).read().splitlines() if os.path.exists(os.path.join(kill_dir, "restarts.log")) else []
+    check(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1" and "counted as a preemption, not a failure" in out
+          and "training failed" not in out and re.search(r"resumed from \S+step_0*8\b.* at step 8", out) is not None
+          and len(log) == 1 and " exit=75 step=8 " in log[0],
+          f"srun killed by a job-wide SIGTERM: {info.get('JobState')} restarts {info.get('Restarts')} {log}: {out[-2500:]}")
+    resumed = losses(kill_dir)
+    check(sorted(resumed) == list(range(1, STEPS + 1)) and all(reference.get(s) == v for s, v in resumed.items()),
+          f"the srun run continued from step 8 with the uninterrupted run's losses: {sorted(resumed)}")
 
     # ---- 4. a bad node: a device error on node1 only; the job requeues itself without node1 -----------------
     bad_node_dir = os.path.join(work, "bad-node")

@@ -179,6 +179,22 @@ calls = env.sbatch_calls()
 check(rc == 2 and len(calls) == 1 and calls[0]["argv"][-1].endswith("prepare-data.sbatch") and "--hold" in calls[0]["argv"]
       and "scancel 100" in env.calls() and not any(c.startswith("scontrol release") for c in env.calls())
       and not os.path.exists(os.path.join(env.home, "data", "new.h5")), f"PREPARE=1, training refused: exit {rc}: {calls} {env.calls()}: {err}")
+# PREPARE=1 with a --dependency of the user's (it replaced the wait for the data: training started before it existed),
+# and a DATASET with a space (two words in TRAIN_ARGS): refused before anything is queued.
+for extra, env_extra, code, message in (
+        (["--dependency=afterany:7"], {}, 2, "PREPARE=1: the training job waits for the preparation (--dependency=afterok:PREP); "
+         "--dependency=afterany:7 would replace that"),
+        ([], {"DATASET": "data/my new.h5"}, 3, "DATASET=data/my new.h5: PREPARE=1 passes it to the training job in TRAIN_ARGS")):
+    env.reset()
+    rc, out, err = env.submit(SINGLE, *OPTS, *extra, PREPARE="1", INPUT=corpus, TOKENIZER="tok.json",
+                              **{"DATASET": "data/new.h5", **env_extra})
+    check(rc == code and message in err and not env.sbatch_calls(), f"PREPARE=1 {extra} {env_extra}: exit {rc}: {err}")
+# A % in RUN_DIR is itself in the jobs' --output (sbatch read "%x" in it as the job's name: the log went elsewhere).
+env.reset()
+rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="drop-10%x")
+calls = env.sbatch_calls()
+check(rc == 0 and len(calls) == 2 and any(a.endswith("drop-10%%x/consolidate-%j.out") for a in calls[1]["argv"]),
+      f"a % in RUN_DIR: exit {rc}: {calls}: {err}")
 env.reset()
 rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="named", EVALUATE="1", FAKE_SBATCH_REFUSE=os.path.join(SOURCE, "jobs", "slurm", "evaluate.sbatch"),
                           FAKE_SCANCEL_RC="1")
