@@ -167,6 +167,7 @@ st_check_time_limit() {
   local limit lead=60
   limit=$(st_seconds "$1")
   [[ -n "$limit" && -n "$2" ]] || return 0
+  ((limit == 0)) && return 0  # --time=0: no limit (Slurm's reading), so no warning before one
   [[ "$2" =~ @([0-9]+)$ ]] && lead=$((10#${BASH_REMATCH[1]}))
   ((limit > lead)) ||
     st_die 3 "--time=$1 ($limit s) is not longer than the warning --signal=$2 gives before it ($lead s; $3): the signal would come at every start, before a step is trained, and the job would requeue itself without end; give --time more than $lead s (and room for steps and a save), or a later warning"

@@ -19,7 +19,8 @@
 # Nothing starts before everything is queued: the first job goes in held and is released last. When a
 # submission fails, the jobs already queued are cancelled (or listed, when scancel fails) and a run directory
 # made for them is removed.
-# Exit codes (docs/exit-codes.md): 0 queued; 2 usage: no such job script, a --chdir that is no directory, a
+# Exit codes (docs/exit-codes.md): 0 queued; 2 usage: no such job script, a job script or `--` among the options
+# (sbatch would run that one), --wait, a --dependency with PREPARE=1, a --chdir that is no directory, a
 # submission Slurm refused (sbatch's or scontrol's message is above it: an option or partition it does not
 # know, an EVAL_SBATCH_ARGS typo); 3 configuration: CONFIG unset, a setting the jobs do not understand
 # (LAUNCHER, GPU_BIND, VERIFY_DATA, RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, PREPARE, EVALUATE,
@@ -68,6 +69,15 @@ fi
   st_die 2 "$script: no such job script (usage: CONFIG=... $0 [JOB SCRIPT] [SBATCH OPTION...]: the script first, then the options; without one, jobs/slurm/train-multi-node.sbatch)"
 shown_script=$script
 [[ "$script" == /* ]] || script=$PWD/$script
+# Among the options, sbatch would take the first word that is not an option as the script (and the rest as its
+# arguments): a script named after the options ran instead of the one checked here, --chdir became its argument.
+# And --wait made sbatch wait for a job that is only released once sbatch returns.
+for option in "$@"; do
+  case "$option" in
+    --wait | -W) st_die 2 "$option: submit.sh queues held jobs and releases them after sbatch returns, so sbatch would wait forever; follow the jobs with the squeue line it prints" ;;
+    -- | [!-]*.sbatch | [!-]*.sh) st_die 2 "'$option' among the sbatch options: sbatch would run it, not the script checked here (usage: CONFIG=... $0 [JOB SCRIPT] [SBATCH OPTION...]: the script first, then the options)" ;;
+  esac
+done
 [[ -n "${CONFIG:-}" ]] || st_die 3 "CONFIG is not set: CONFIG=path/to/config.toml $0 ..."
 # Every setting the jobs read from a list of words, now rather than after the queue wait.
 st_check_job_settings "$shown_script"
@@ -188,9 +198,16 @@ if [[ "${PREPARE:-0}" == 1 ]]; then
 fi
 sb training "${train_hold[@]}" "${after_prepare[@]}" "$@" "${in_workdir[@]}" "$script"
 train_job=$job
-sb consolidation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$logs_dir/consolidate-%j.out" \
-  "${in_workdir[@]}" "$SHARDTRAIN_HOME/jobs/slurm/consolidate.sbatch"
-consolidate=$job
+consolidate=""
+if [[ -e "$OUTPUT" ]]; then
+  # A resubmission that continues a run: its earlier export is there, and a consolidation never overwrites (it
+  # failed with exit 8 after the training).
+  st_log "OUTPUT=$OUTPUT exists (an earlier consolidation of this run): no consolidation job queued (it never overwrites); move it aside and run jobs/slurm/consolidate.sbatch after the training, or set OUTPUT"
+else
+  sb consolidation --dependency="afterok:$train_job" --kill-on-invalid-dep=yes --output="$logs_dir/consolidate-%j.out" \
+    "${in_workdir[@]}" "$SHARDTRAIN_HOME/jobs/slurm/consolidate.sbatch"
+  consolidate=$job
+fi
 evaluation=""
 if [[ "${EVALUATE:-0}" == 1 ]]; then
   # The held-out curve over the run's checkpoints, on GPUs (jobs/slurm/evaluate.sbatch; its #SBATCH lines ask
@@ -207,11 +224,13 @@ if [[ -n "$prepare" || "$user_hold" == 0 ]]; then
 fi
 submitted=1
 
-jobs_list=${prepare:+$prepare,}$train_job,$consolidate${evaluation:+,$evaluation}
+jobs_list=${prepare:+$prepare,}$train_job${consolidate:+,$consolidate}${evaluation:+,$evaluation}
 if [[ -n "$prepare" ]]; then echo "preparation job $prepare -> $DATASET, log $RUN_DIR/prepare-$prepare.out"; fi
 echo "training job $train_job ($shown_script), run directory $RUN_DIR"
 if [[ "$user_hold" == 1 ]]; then echo "  held, as its options ask (--hold): scontrol release $train_job starts it"; fi
-echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
+if [[ -n "$consolidate" ]]; then
+  echo "consolidation job $consolidate (after training succeeds) -> $OUTPUT, log $RUN_DIR/consolidate-$consolidate.out"
+fi
 if [[ -n "$evaluation" ]]; then
   echo "evaluation job $evaluation (after training succeeds) -> $OUTPUT_JSON, log $RUN_DIR/evaluate-$evaluation.out"
 fi

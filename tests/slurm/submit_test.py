@@ -18,6 +18,7 @@ cancelled, the run directory, the exit code and the message:
 6. sbatch options without a job script: the default script, not "no such job script"."""
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -189,6 +190,19 @@ for extra, env_extra, code, message in (
     rc, out, err = env.submit(SINGLE, *OPTS, *extra, PREPARE="1", INPUT=corpus, TOKENIZER="tok.json",
                               **{"DATASET": "data/new.h5", **env_extra})
     check(rc == code and message in err and not env.sbatch_calls(), f"PREPARE=1 {extra} {env_extra}: exit {rc}: {err}")
+# A run continued by a second submission into its RUN_DIR, whose hf export exists: no consolidation job (it failed,
+# never overwriting); a script among the options (sbatch ran it instead) and --wait (held jobs: a wait without end).
+env.reset()
+os.makedirs(os.path.join(env.home, "continued", "hf"))
+rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="continued")
+calls = env.sbatch_calls()
+check(rc == 0 and len(calls) == 1 and "/continued/hf exists (an earlier consolidation of this run): no consolidation job queued" in out + err
+      and re.search(r"consolidation job \d", out) is None, f"a continued run with its export: exit {rc}: {calls}: {out} {err}")
+for extra, message in ((["--wait"], "--wait: submit.sh queues held jobs"),
+                       ([SINGLE], f"'{SINGLE}' among the sbatch options: sbatch would run it")):
+    env.reset()
+    rc, out, err = env.submit(*OPTS, *extra)
+    check(rc == 2 and message in err and not env.sbatch_calls(), f"{extra}: exit {rc}: {err}")
 # A % in RUN_DIR is itself in the jobs' --output (sbatch read "%x" in it as the job's name: the log went elsewhere).
 env.reset()
 rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="drop-10%x")
