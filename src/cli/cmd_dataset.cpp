@@ -127,9 +127,8 @@ int run_dataset_info(const DatasetInfoOptions& o) {
   // no file twice. A weighted and an unweighted entry once mixed (the latter weighing 1), and a file listed twice was
   // previewed as two shares of a mixture that train refuses.
   std::vector<data::MixtureComponent> components;
-  const bool weighted = std::any_of(o.entries.begin(), o.entries.end(), [](const std::string& e) {
-    return !fs::exists(e) && e.find(':') != std::string::npos;
-  });
+  const bool weighted = std::any_of(o.entries.begin(), o.entries.end(),
+                                    [](const std::string& e) { return !fs::exists(e) && e.find(':') != std::string::npos; });
   std::vector<data::MixtureEntry> entries;
   for (const std::string& e : o.entries) entries.push_back({e, 1.0});
   if (weighted) {

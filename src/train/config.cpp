@@ -229,11 +229,11 @@ void TrainConfig::validate() const {
          fmt::format("{} is above the peak optim.lr {}", schedule.lr.min_lr, optim.adamw.lr));
   // A constant schedule too: its run ended inside the warmup, never at optim.lr, without a word.
   if (schedule.max_steps > 0)
-    expect(schedule.lr.warmup_steps < schedule.max_steps, "schedule.warmup_steps",
-           fmt::format("{} warmup steps leave nothing {} in schedule.max_steps = {}", schedule.lr.warmup_steps,
-                       schedule.lr.kind == optim::ScheduleKind::Constant ? "at optim.lr (the warmup never ends)"
-                                                                         : "to decay",
-                       schedule.max_steps));
+    expect(
+        schedule.lr.warmup_steps < schedule.max_steps, "schedule.warmup_steps",
+        fmt::format("{} warmup steps leave nothing {} in schedule.max_steps = {}", schedule.lr.warmup_steps,
+                    schedule.lr.kind == optim::ScheduleKind::Constant ? "at optim.lr (the warmup never ends)" : "to decay",
+                    schedule.max_steps));
 
   if (data.micro_batch_size > 0)
     expect(data.global_batch_size % data.micro_batch_size == 0, "data.global_batch_size",

@@ -235,11 +235,16 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     pre_dir = os.path.join(work, "preempted")
     # Each step sleeps 100 ms first (the math is the reference's): on a fast machine the tiny run's 24 steps took
     # 0.2 s, inside one poll below, and the signal came after the run had finished.
-    job = slurm.sbatch([*sbatch_opts("preempted"), multi], job_env(RUN_DIR=pre_dir, SHARDTRAIN_FAULT="slow_step:100"))
-    deadline = time.time() + 300
-    while time.time() < deadline and len(losses(pre_dir)) < 11:
-        time.sleep(0.3)
-    check(len(losses(pre_dir)) >= 11, f"the job to preempt reached step 11: {output(slurm.job(job))[-1500:]}")
+    def started_to_step_11(run_dir):
+        """A 2-node job on the multi-node script, 100 ms a step, once it logged step 11 (a checkpoint at 8 behind it)."""
+        job = slurm.sbatch([*sbatch_opts(os.path.basename(run_dir)), multi], job_env(RUN_DIR=run_dir, SHARDTRAIN_FAULT="slow_step:100"))
+        deadline = time.time() + 300
+        while time.time() < deadline and len(losses(run_dir)) < 11:
+            time.sleep(0.3)
+        check(len(losses(run_dir)) >= 11, f"the job to preempt reached step 11: {output(slurm.job(job))[-1500:]}")
+        return job
+
+    job = started_to_step_11(pre_dir)
     slurm.signal_batch(job, "USR1")
     info = slurm.wait(job, timeout=400)
     out = output(info)
@@ -259,11 +264,7 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     # (the ranks are killed before they save): requeued as a preemption, not counted as a failure, and continued from
     # the last checkpoint (step 8) with the same losses. It was "training failed with exit code 137", a restart.
     kill_dir = os.path.join(work, "preempted-srun")
-    job = slurm.sbatch([*sbatch_opts("preempted-srun"), multi], job_env(RUN_DIR=kill_dir, SHARDTRAIN_FAULT="slow_step:100"))
-    deadline = time.time() + 300
-    while time.time() < deadline and len(losses(kill_dir)) < 11:
-        time.sleep(0.3)
-    check(len(losses(kill_dir)) >= 11, f"the srun job to preempt reached step 11: {output(slurm.job(job))[-1500:]}")
+    job = started_to_step_11(kill_dir)
     subprocess.run(["scancel", "--full", "--signal=TERM", str(job)], env=slurm.env, check=True)
     info = slurm.wait(job, timeout=400)
     out = output(info)
