@@ -198,6 +198,18 @@ st_check_job_settings() {
   st_check_restart_settings "$1"
 }
 
+# st_die_unless_stopped CODE MESSAGE: st_die, except when a stop signal reached the job (ST_STOP): a job-wide SIGTERM
+# also ends the check's own command (plan, the probe's srun), whose failure is then the signal's, not a problem the
+# check found. The job requeues itself without starting the ranks, as a stop during the preflight does.
+st_die_unless_stopped() {
+  if [[ -n "$ST_STOP" ]]; then
+    st_log "SIG$ST_STOP cut the checks short: the job requeues itself without starting the ranks"
+    mkdir -p "$RUN_DIR" 2>/dev/null || true
+    st_requeue_preempted "$RUN_DIR" unlaunched
+  fi
+  st_die "$@"
+}
+
 # st_check_mesh BIN CONFIG STRATEGY SHARD_SIZE: `shardtrain plan` builds the mesh this allocation gives the
 # configured strategy (offline, in a second) and prints what each rank will hold; a node count or shard size
 # that does not fit (or a config plan cannot read) ends the job here, with plan's message, before any rank starts.
@@ -209,7 +221,7 @@ st_check_mesh() {
   if ! out=$("$bin" "${args[@]}" 2>&1); then
     # plan's one error line, without its log prefix ("[r0 12:00:00.000 E] ").
     out=$(printf '%s\n' "$out" | grep -m1 -iE 'error|expected' || printf '%s\n' "$out" | tail -n1)
-    st_die 3 "CONFIG=$config on this allocation ($SLURM_JOB_NUM_NODES nodes x $ST_RANKS_PER_NODE ranks): ${out#\[*\] }"
+    st_die_unless_stopped 3 "CONFIG=$config on this allocation ($SLURM_JOB_NUM_NODES nodes x $ST_RANKS_PER_NODE ranks): ${out#\[*\] }"
   fi
   printf '%s\n' "$out" | sed -n '/^config:/p;/^model:/p;/^per rank:/p;/^traffic/p;/^recommended/p' | while IFS= read -r line; do st_log "plan: $line"; done
 }
@@ -233,7 +245,7 @@ st_check_dir() {
       rm -f "$dir/$probe.$node"
     done
     ((${#missing[@]} == 0)) ||
-      st_die 8 "$v=$dir: node(s) ${missing[*]} cannot write there (it must be on a filesystem every node mounts)"
+      st_die_unless_stopped 8 "$v=$dir: node(s) ${missing[*]} cannot write there (it must be on a filesystem every node mounts)"
   else
     touch "$dir/$probe" 2>/dev/null || st_die 8 "$v=$dir: cannot write a file there"
     rm -f "$dir/$probe"

@@ -92,7 +92,12 @@ done
 # (( )) rather than $(( )).
 newest() { local d; n=""; for d in "$ckpt"/step_*; do [[ -f "$d/DONE" ]] && n=${d##*/}; done; }
 case "$cmd" in
-  plan) echo "config: fake"; exit 0 ;;
+  plan)
+    if [[ -n "${FAKE_PLAN_WAIT:-}" ]]; then
+      touch "$FAKE_PLAN_WAIT.started"
+      for _ in $(seq 300); do [[ -e "$FAKE_PLAN_WAIT" ]] && break; sleep 0.1; done
+    fi
+    echo "config: fake"; exit 0 ;;
   check)
     if [[ -n "${FAKE_CHECK_WAIT:-}" ]]; then
       touch "$FAKE_CHECK_WAIT.started"
@@ -221,6 +226,17 @@ def requeued(calls):
 def trained(bin_calls):
     return [c for c in bin_calls if c.startswith("train ")]
 
+
+# ---- 1a. a job-wide SIGTERM while plan checks the mesh: plan dies of it too; that is the signal, not a bad config
+# (it ended the job with exit 3 and an empty reason).
+job = Job("stop-in-plan")
+job.start(FAKE_PLAN_WAIT=job.path("never"))
+if job.wait_for(lambda: os.path.exists(job.path("never.started")), "plan started"):
+    os.killpg(job.proc.pid, signal.SIGTERM)  # Slurm signals every process of the job
+rc, out, calls, bins = job.finish()
+check(rc == 75 and requeued(calls) and "SIGTERM cut the checks short: the job requeues itself without starting the ranks" in out
+      and "error:" not in out and not trained(bins), f"a SIGTERM during plan: exit {rc} (75 and a requeue), calls {calls}: {out}")
+job.close()
 
 # ---- 1. SIGUSR1 during the preflight (a long --verify-data): the check stops, the job requeues unlaunched --------
 job = Job("stop-in-check")
