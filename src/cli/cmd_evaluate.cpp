@@ -276,9 +276,8 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // A dataset whose ids go past the weights' vocabulary was made with another tokenizer than the weights were
   // trained with (5, as the tokenizers' hashes say where both are recorded). open_data_sources' own check names
   // model.vocab_size, a key to raise in a training config; here the model is the weights'.
-  for (const data::MixtureEntry& e : c.data.sources())
-    refuse_json_over_input(o.json, e.path, c.data.mixture.empty() ? "the dataset data.path" : "a dataset of data.mixture");
   for (const data::MixtureEntry& e : c.data.sources()) {
+    refuse_json_over_input(o.json, e.path, c.data.mixture.empty() ? "the dataset data.path" : "a dataset of data.mixture");
     const data::DatasetInfo info = data::TokenDataset::open(e.path).info();
     refuse_json_over_input(o.json, resolve_recorded_path(info.tokenizer_path, e.path), "the dataset's tokenizer");
     if (info.vocab_size > c.model.vocab_size)

@@ -155,10 +155,9 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
       require_writable_dir("checkpoint.dir", dir, DirProbe::Create);
       std::string holder;
       // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
-      const DirLock::Taken taken =
-          lock_.take((fs::path(dir) / kCheckpointLockFile).string(), "checkpoint.dir", run_dir, holder, text);
-      if (taken == DirLock::Taken::HeldByAnother) throw CheckpointError(dir_in_use_problem(dir, holder));
-      unlocked_ = taken == DirLock::Taken::NoLocks;
+      if (lock_.take((fs::path(dir) / kCheckpointLockFile).string(), "checkpoint.dir", run_dir, holder, text) ==
+          DirLock::Taken::HeldByAnother)
+        throw CheckpointError(dir_in_use_problem(dir, holder));
     } catch (const Error& e) {
       code = static_cast<int>(e.code());
       error = e.what();

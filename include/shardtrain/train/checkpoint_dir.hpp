@@ -38,7 +38,6 @@ class DirLock {
   Taken take(const std::string& lock_path, const std::string& key, const std::string& run_dir, std::string& holder,
              std::string& written);
   void release();
-  bool held() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;
@@ -68,7 +67,6 @@ class CheckpointDirClaim {
   DirLock lock_;  // rank 0's
   void check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text);
 
-  bool unlocked_ = false;  // rank 0: the file system has no locks
   bool acquired_ = false;
   std::string dir_;
 };
