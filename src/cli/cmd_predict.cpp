@@ -193,6 +193,12 @@ int run_predict(const PredictOptions& o) {
   const train::TrainConfig config = o.args.resolve(notes, source);
   const GpuChoice choice = gpu_choice(o.gpu);
   const bool cpu = o.gpu == "cpu";
+  // The host threads are the CPU backend's: a GPU's prediction never starts them, and the option was ignored.
+  if (o.cpu_threads > 0 && !cpu)
+    throw UsageError(
+        fmt::format("--cpu-threads {}: only with --gpu cpu (the CPU backend's threads per rank); --gpu {} "
+                    "predicts GPUs, whose ops the profiles price",
+                    o.cpu_threads, o.gpu));
 
   // Op times: each profile's calls, then the rates.
   ops::DeviceRates rates;
@@ -236,6 +242,13 @@ int run_predict(const PredictOptions& o) {
     // Measured on another GPU than the one predicted: the same compute rates (the H100 and H200 are one chip, as
     // ops::device_rates takes them), memory-bound calls at the ratio of the two memories' bandwidths.
     const std::string measured_on = cpu ? "" : rates_of_device(profile.device);
+    // A GPU predict has no rates for (an A100, a consumer card): its times are not an H100's or an H200's, and priced
+    // as one without a word they made the prediction that GPU's, not the one asked for.
+    if (!cpu && measured_on.empty())
+      throw ConfigError(fmt::format(
+          "--ops-profile {}: measured on {}, a GPU predict has no rates for (it knows the H100 and the H200): its times "
+          "would price --gpu {} as that GPU; give a profile measured on an H100 or H200 (`bench ops --json` on one)",
+          path, profile.device, o.gpu));
     const double memory_scale =
         measured_on.empty() || measured_on == choice.rates
             ? 1.0

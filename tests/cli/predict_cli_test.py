@@ -191,6 +191,13 @@ refused(predict(*cpu2, "--ops-profile", "profiles/h200/seed-b64-s512.json", expe
         "--ops-profile profiles/h200/seed-b64-s512.json: measured on cuda:0 (NVIDIA H200, 139.8 GiB)", "--gpu cpu")
 refused(predict(*links2, "--ops-profile", cpu_profile, expect=3), 3, f"--ops-profile {cpu_profile}: measured on cpu",
         "--gpu h100")
+# A GPU predict has no rates for (an A100): its times priced the H100 as that GPU without a word; exit 3 naming it.
+a100_profile = profile_file("a100-profile.json", "cuda:0 (NVIDIA A100-SXM4-80GB, 79.2 GiB)", "cuda", "bf16",
+                            "copy bf16[250] bf16[250]", 3e-6, 0, 1000)
+refused(predict(*links2, "--ops-profile", a100_profile, expect=3), 3, f"--ops-profile {a100_profile}: measured on",
+        "NVIDIA A100-SXM4-80GB", "a GPU predict has no rates for", "--gpu h100")
+# --cpu-threads is the CPU backend's: with --gpu h100 it was ignored; now a usage error.
+refused(predict(*links2, "--cpu-threads", "4", expect=2), 2, "--cpu-threads 4: only with --gpu cpu", "--gpu h100")
 # CPU ranks without --links: the h100-dgx preset, and the report says so (the JSON too); with --links, no such note.
 note = "no --links given: the CPU ranks' collectives are priced at the h100-dgx preset"
 cpu_json = os.path.join(work, "cpu.json")
