@@ -117,7 +117,10 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   config.validate_for_world(rt->topology().world_size, rt->topology().node_count);
   train::check_step_memory(config, *rt);
   startup.stage("opening the datasets");
-  topts.sources = train::open_data_sources(config);
+  // A dataset some ranks do not see (a node-local path): one error naming them, not a line from each.
+  train::agreed_outcome(
+      rt->world(), [&] { topts.sources = train::open_data_sources(config); },
+      "every rank opens the same data.path, on a file system every node mounts");
   if (const train::RankFault* f = topts.faults.rank_fault_at(rt->topology().world_rank, 0)) train::inject(*f);
   train::check_run_length(config, topts.sources);
   // The checkpoint directory is claimed (created, writable, locked) before anything is built when its name is known,
@@ -131,6 +134,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   startup.stage("claiming the checkpoint directory");
   if (!claim.acquired()) claim.acquire(rt->world(), train::checkpoint_dir_for(config, trainer.run_dir()), trainer.run_dir());
   train::CheckpointHooks checkpoints(trainer);
+  checkpoints.set_claim(&claim);
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
   // The checkpoint directory's checks and the resume: a start they refuse has written nothing into the run

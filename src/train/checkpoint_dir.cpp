@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -83,6 +84,13 @@ void DirLock::release() {
   fd_ = -1;
 }
 
+bool DirLock::holds(const std::string& lock_path) const {
+  struct stat held {
+  }, there{};
+  if (fd_ < 0 || ::fstat(fd_, &held) != 0 || ::stat(lock_path.c_str(), &there) != 0) return false;
+  return held.st_nlink > 0 && held.st_dev == there.st_dev && held.st_ino == there.st_ino;
+}
+
 std::string lock_holder(const std::string& lock_path) {
   const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return {};
@@ -148,6 +156,7 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   int rank = 0;
   ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
   dir_ = dir;
+  run_dir_ = run_dir;
   int code = 0;
   std::string error, text;  // text: what rank 0 wrote into the lock file, which every rank then looks for
   if (rank == 0) {
@@ -155,9 +164,10 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
       require_writable_dir("checkpoint.dir", dir, DirProbe::Create);
       std::string holder;
       // A file system without locks (a Lustre mount without -o flock, say): the run goes on, unprotected.
-      if (lock_.take((fs::path(dir) / kCheckpointLockFile).string(), "checkpoint.dir", run_dir, holder, text) ==
-          DirLock::Taken::HeldByAnother)
-        throw CheckpointError(dir_in_use_problem(dir, holder));
+      const DirLock::Taken taken =
+          lock_.take((fs::path(dir) / kCheckpointLockFile).string(), "checkpoint.dir", run_dir, holder, text);
+      if (taken == DirLock::Taken::HeldByAnother) throw CheckpointError(dir_in_use_problem(dir, holder));
+      locked_ = taken == DirLock::Taken::Yes;
     } catch (const Error& e) {
       code = static_cast<int>(e.code());
       error = e.what();
@@ -178,6 +188,36 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
   if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(error);
   if (code == static_cast<int>(ExitCode::Io)) throw IoError(error);
   throw Error(static_cast<ExitCode>(code), error);
+}
+
+void CheckpointDirClaim::renew(MPI_Comm world) {
+  if (!acquired_) return;
+  int rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  std::string problem;
+  const std::string lock_path = (fs::path(dir_) / kCheckpointLockFile).string();
+  if (rank == 0 && locked_ && !lock_.holds(lock_path)) {
+    try {
+      require_writable_dir("checkpoint.dir", dir_, DirProbe::Create);
+      std::string holder, text;
+      const DirLock::Taken taken = lock_.take(lock_path, "checkpoint.dir", run_dir_, holder, text);
+      locked_ = taken != DirLock::Taken::NoLocks;  // held by another: every later save looks again, and fails
+      if (taken == DirLock::Taken::HeldByAnother)
+        problem = fmt::format(
+            "checkpoint.dir {} was removed while this run held it, and another run has claimed it since ({}): this "
+            "run's saves there would mix with that run's checkpoints, so none is made; stop one of the two runs",
+            dir_, holder);
+      else
+        log::warn(
+            "checkpoint.dir {}: the directory or its lock file was removed while this run held it (the checkpoints in it "
+            "are gone with it): made again and locked again, so that no second run takes it",
+            dir_);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  }
+  problem = lowest_error(world, rank, problem);
+  if (!problem.empty()) throw IoError(problem);
 }
 
 void CheckpointDirClaim::check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text) {

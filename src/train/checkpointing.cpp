@@ -473,6 +473,7 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   // collective watchdog, so a rank that never reached one would otherwise hold the others there for ever.
   const SaveDeadline deadline(c.save_timeout, fmt::format("the save of step {}", s.step));
   if (!weights_savable(trainer, cause)) return;
+  if (claim_) claim_->renew(trainer.runtime().world());
   const checkpoint::SaveMeta meta = meta_for(trainer);
   // A complete checkpoint of this step that is there already is left alone by the save: it is not this run's
   // save, and is never reported as the run's last checkpoint.
@@ -497,6 +498,7 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   const auto& c = trainer.config().checkpoint;
   const SaveDeadline deadline(c.save_timeout, fmt::format("the start of the asynchronous save of step {}", s.step));
   if (!weights_savable(trainer, SaveCause::Periodic)) return;
+  if (claim_) claim_->renew(trainer.runtime().world());
   last_saved_step_ = async_step_ = s.step;
   async_started_ = Clock::now();
   async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});

@@ -230,7 +230,8 @@ std::string joined(const std::vector<std::string>& said) {
 std::string resume_schedule_change(const checkpoint::CheckpointReader& reader, const TrainConfig& config,
                                    const std::vector<data::MixtureComponent>& sources, int64_t total_steps, int64_t step) {
   const std::optional<TrainConfig> found = saved_config(reader);
-  if (!found || sources.empty() || total_steps <= 0) return {};
+  // A run with no step left trains at no rate: "step N+1 trains at lr X" would name a step that never comes.
+  if (!found || sources.empty() || total_steps <= 0 || step >= total_steps) return {};
   const TrainConfig& saved = *found;
   int64_t saved_total = 0;
   try {

@@ -160,6 +160,40 @@ std::string from_rank(MPI_Comm world, int root, std::string text) {
 
 }  // namespace
 
+void agreed_outcome(MPI_Comm world, const std::function<void()>& body, const std::string& unlike) {
+  int rank = 0, size = 1;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  ST_CHECK_MPI(MPI_Comm_size(world, &size));
+  int code = 0;
+  std::string error;
+  try {
+    body();
+  } catch (const Error& e) {
+    code = static_cast<int>(e.code());
+    error = e.what();
+  }
+  const int failed = code != 0 ? 1 : 0;
+  std::vector<int> flags(static_cast<size_t>(size));
+  ST_CHECK_MPI(MPI_Allgather(&failed, 1, MPI_INT, flags.data(), 1, MPI_INT, world));
+  std::vector<int> ranks;
+  for (int r = 0; r < size; ++r)
+    if (flags[static_cast<size_t>(r)]) ranks.push_back(r);
+  if (ranks.empty()) return;
+  const int lowest = ranks.front();
+  ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, lowest, world));
+  std::string text = from_rank(world, lowest, rank == lowest ? error : std::string());
+  if (static_cast<int>(ranks.size()) < size) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string where = from_rank(world, lowest, rank == lowest ? std::string(host) : std::string());
+    text = fmt::format("{} (on rank{} {} of {}, rank {} on {}; the other ranks{}: {})", text, ranks.size() == 1 ? "" : "s",
+                       rank_list(ranks), size, lowest, where, lowest == 0 ? "" : ", rank 0 too, did not fail", unlike);
+  }
+  if (code == static_cast<int>(ExitCode::Checkpoint)) throw on_every_rank(CheckpointError(text));
+  if (code == static_cast<int>(ExitCode::Io)) throw on_every_rank(IoError(text));
+  throw on_every_rank(Error(static_cast<ExitCode>(code), text));
+}
+
 std::vector<std::string> rank0_answer(MPI_Comm world, const std::function<std::vector<std::string>()>& look) {
   int rank = 0;
   ST_CHECK_MPI(MPI_Comm_rank(world, &rank));

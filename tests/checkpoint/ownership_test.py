@@ -7,7 +7,8 @@ binary on 2 ranks:
    every one there, older ones too; the rotation removes only what a save wrote (a user's files stay, moved aside).
 2. A second run on a checkpoint directory that a running one holds is refused (exit 5, naming the holder), and one
    with a checkpoint directory of its own in the running one's run directory too (exit 3: that directory is held as
-   well); the running one's save goes to a temporary directory of its own name and publishes intact.
+   well); the running one's save goes to a temporary directory of its own name and publishes intact. 2b: a checkpoint
+   directory removed mid-run is locked again by the next save, and a second run is still refused.
 3. SIGUSR1 during the start-up (before the first step): exit 75, result.json "preempted", nothing saved, and the
    message names the run directory to resume; the same when it comes as soon as a rank catches it (before MPI_Init).
 4. checkpoint.dir that is a file: exit 8 at start, before any step.
@@ -201,6 +202,32 @@ check(info.returncode == 0 and "checksums: ok" in info.stdout, f"A's step 2: {in
 # The lock went with run A's processes: a later run (resuming) is not blocked by the file left behind.
 r = train("runA", "--checkpoint.dir", shared, "--resume", "auto", "--schedule.max_steps", "6")
 check(r.returncode == 0 and steps_in(shared) == ["step_00000004", "step_00000006"], f"after A ended: exit {r.returncode}: {r.stderr[-1500:]}")
+
+# 2b. The checkpoint directory removed while a run holds it (rm -rf mid-run): the lock went with it, and the next save
+# made the directory again unlocked, so a second run was let in beside the first. The save locks it again (a warning
+# says what happened); a second run during that save is refused as in 2.
+gone = os.path.join(work, "removed")
+a = train("runC", "--checkpoint.dir", gone, "--schedule.max_steps", "6", env_extra={
+    "SHARDTRAIN_FAULT": "slow_step:200", "SHARDTRAIN_CHECKPOINT_FAULT": "stall_before_publish:15@4"}, popen=True)
+deadline = time.time() + 120
+while time.time() < deadline and not os.path.isfile(os.path.join(gone, "step_00000002", "DONE")):
+    time.sleep(0.05)
+removed = os.path.isfile(os.path.join(gone, "step_00000002", "DONE"))
+shutil.rmtree(gone, ignore_errors=True)
+tmp = []
+while time.time() < deadline and not tmp:
+    tmp = [n for n in os.listdir(gone) if n.startswith("step_00000004.tmp")] if os.path.isdir(gone) else []
+    time.sleep(0.1)
+lock = open(os.path.join(gone, ".shardtrain.lock")).read() if os.path.isfile(os.path.join(gone, ".shardtrain.lock")) else ""
+check(removed and len(tmp) == 1 and f"run directory {os.path.join(work, 'runC')}" in lock,
+      f"the step-4 save made the removed directory again, with the run's lock: {tmp} {lock!r}")
+b = train("runD", "--checkpoint.dir", gone, "--model.init_seed", "9")
+check(b.returncode == 5 and f"checkpoint.dir {gone} is in use by another run (host " in b.stderr,
+      f"a second run on the re-made directory: exit {b.returncode}: {b.stderr[-1500:]}")
+out = a.communicate(timeout=300)[0].decode(errors="replace")
+check(a.returncode == 0 and steps_in(gone) == ["step_00000004", "step_00000006"]
+      and f"checkpoint.dir {gone}: the directory or its lock file was removed while this run held it" in out,
+      f"run C saved into the re-made directory and said so: exit {a.returncode}: {steps_in(gone)} {out[-1500:]}")
 
 # 3. SIGUSR1 while the ranks start (stopped past their config agreement, before the first step), in a generated
 # run directory: exit 75, result.json "preempted", nothing saved, and the way back named.

@@ -214,6 +214,10 @@ for key, value, said, lr in (("schedule.max_steps", "16", "the run's length in s
           "where the saving run's schedule had 0.002325" in r.stderr
           and f"{float(lr):.6g}" == f"{[m['lr'] for m in metrics(name) if m['kind'] == 'train'][0]:.6g}",
           f"resumed with {key} {value}: said, and the step's lr is the one said: exit {r.returncode}: {r.stderr[-1500:]}")
+# Resumed past the new end (step 4 of 3): nothing trains, so no schedule is said (it named a step 5 at an lr).
+r = train("schedule_past_end", "--resume", ckpt("whole", 4), "--schedule.max_steps", "3")
+check(r.returncode == 0 and "no step left to take (at step 4 of 3)" in r.stderr and "learning-rate schedule" not in r.stderr,
+      f"resumed past the run's end: no schedule said: exit {r.returncode}: {r.stderr[-1500:]}")
 check("learning-rate schedule" not in same.stderr and "AdamW's settings" not in same.stderr,
       "an unchanged resume says nothing of the schedule or AdamW")
 r = train("adamw", "--resume", ckpt("whole", 4), "--optim.beta2", "0.95", "--optim.weight_decay", "0")

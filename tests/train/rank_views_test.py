@@ -17,6 +17,8 @@ with relative paths that name other files on each:
   waited in MPI_Comm_split_type for ever);
 - evaluate where only rank 0 can read the dataset's tokenizer: exit 0, no bits per byte, one warning (before: rank 0
   waited in an all-reduce rank 1 skipped, until the collective watchdog ended the job, exit 10);
+- train with a dataset on rank 0's node only: one error naming rank 1, exit 4 (before: a line from each rank
+  without it, not saying that rank 0 had opened it);
 - the same directories on both ranks: resumes and evaluates.
 Every case must end within 60 s; a hang is killed there and fails the test."""
 import os
@@ -166,4 +168,17 @@ check(code == 0 and "bits per token" in out and not re.search(r"[0-9] bits per b
 code, out, secs = two_ranks(evaluate, evaluate, wdirs=(node_a, node_a))
 check(code == 0 and re.search(r"[0-9] bits per byte", out), f"evaluate, one directory: exit {code}: {out[-2000:]}")
 
-check.finish("PASS: ranks that see different checkpoints or tokenizers stop at once with one clear error, or agree")
+# The dataset on rank 0's node only (a relative data.path): one error from rank 0 naming rank 1 and its host, exit 4.
+# Each rank that could not open it printed its own line, and the message did not say that rank 0 had opened it.
+fresh_nodes()
+shutil.copy(ds, os.path.join(node_a, "local.h5"))
+local = train(os.path.join(work, "data-local"), "--schedule.max_steps", "4")
+local[local.index(ds)] = "local.h5"
+code, out, secs = two_ranks(local, local)
+lines = [l for l in out.splitlines() if "local.h5: no such file" in l]
+check(code == 4 and len(lines) == 1 and "data error: rank 1 " not in lines[0]
+      and re.search(r"\(on rank 1 of 2, rank 1 on \S+; the other ranks, rank 0 too, did not fail: every rank opens the "
+                    r"same data.path, on a file system every node mounts\)", lines[0]) is not None,
+      f"a dataset on rank 0's node only: exit {code}, one line naming rank 1: {lines} {out[-2000:]}")
+
+check.finish("PASS: ranks that see different checkpoints, tokenizers or datasets stop at once with one clear error, or agree")

@@ -38,6 +38,9 @@ class DirLock {
   Taken take(const std::string& lock_path, const std::string& key, const std::string& run_dir, std::string& holder,
              std::string& written);
   void release();
+  // Whether the file this lock holds is still the one at `lock_path`: not when the file, or the directory it was in,
+  // was removed (the lock went with it: nothing then stops a second run) or replaced.
+  bool holds(const std::string& lock_path) const;
 
  private:
   int fd_ = -1;
@@ -61,6 +64,11 @@ class CheckpointDirClaim {
   // trained on until checkpoint.max_failed_saves or its end, to exit 8 with its training lost.
   void acquire(MPI_Comm world, const std::string& dir, const std::string& run_dir);
   bool acquired() const { return acquired_; }  // on every rank, once acquire() returned
+  // Collective over `world`, before each save. A directory removed while the run held it (rm -rf of the checkpoints
+  // mid-run) took the lock with it, and the save would make it again unlocked, open to a second run: rank 0 makes it
+  // again and takes the lock again, with a warning. IoError on every rank (a failed save) when it cannot, or when
+  // another run claimed the directory meanwhile: a save there would mix with that run's checkpoints.
+  void renew(MPI_Comm world);
   const std::string& dir() const { return dir_; }
 
  private:
@@ -68,7 +76,8 @@ class CheckpointDirClaim {
   void check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text);
 
   bool acquired_ = false;
-  std::string dir_;
+  bool locked_ = false;  // rank 0 holds the lock (not on a file system without locks)
+  std::string dir_, run_dir_;
 };
 
 // The complete checkpoints of `dir` that a run starting at `start_step` did not come from: with `resumed_from` ""

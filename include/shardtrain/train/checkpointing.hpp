@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/trainer.hpp"
 
 namespace shardtrain::train {
@@ -37,6 +38,8 @@ class CheckpointHooks final : public TrainerHooks {
   std::optional<RollbackPoint> load_rollback_point(Trainer& trainer) override;
 
   const std::string& dir() const { return dir_; }
+  // The run's claim on dir(), renewed before each save (CheckpointDirClaim::renew); none: saves do not look.
+  void set_claim(CheckpointDirClaim* claim) { claim_ = claim; }
   const std::string& last_saved() const { return last_saved_; }
   const std::string& resumed_from() const { return resumed_from_; }
   // The newer checkpoints `resume = auto` found damaged and passed over, newest first.
@@ -70,6 +73,7 @@ class CheckpointHooks final : public TrainerHooks {
   std::string tokenizer_json(const Trainer& trainer) const;
 
   std::string dir_;
+  CheckpointDirClaim* claim_ = nullptr;
   mutable std::string tokenizer_json_;  // the same at every save of the run: made once (it hashes the datasets' records)
   std::string last_saved_, resumed_from_;
   std::vector<Fallback> fallbacks_, superseded_;

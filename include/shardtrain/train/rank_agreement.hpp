@@ -34,6 +34,12 @@ void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureCo
 // take the same branch after it.
 std::string lowest_error(MPI_Comm world, int rank, const std::string& error);
 
+// Collective: runs `body` on every rank. When it throws an Error on some of them, every rank throws the lowest failing
+// rank's (its message and exit code) marked on_every_rank: one line from rank 0 instead of one per rank. When the
+// other ranks did not fail (a file one node does not see), the message says which ranks failed, where the lowest of
+// them runs, and `unlike` (what the ranks should have in common).
+void agreed_outcome(MPI_Comm world, const std::function<void()>& body, const std::string& unlike);
+
 // What a rank looks up on its own file system later (the checkpoints in a directory, the newest one) can differ per
 // rank: a checkpoint.dir on node-local disks, a listing taken while a save publishes. Ranks that acted on their own
 // answers entered different collectives (docs/cluster.md, "Ranks that disagree"), so rank 0 looks and every rank
