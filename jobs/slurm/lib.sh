@@ -101,6 +101,9 @@ st_sbatch_shape() {
     # shellcheck disable=SC2206  # an #SBATCH line is words, as sbatch splits it
     [[ "$line" =~ ^#SBATCH[[:space:]]+(.*)$ ]] && words+=(${BASH_REMATCH[1]%%#*})
   done <"$script"
+  # sbatch's input variables stand between the script's lines and its options.
+  [[ -n "${SBATCH_TIMELIMIT:-}" ]] && words+=("--time=$SBATCH_TIMELIMIT")
+  [[ -n "${SBATCH_SIGNAL:-}" ]] && words+=("--signal=$SBATCH_SIGNAL")
   words+=("$@")
   for ((i = 0; i < ${#words[@]}; ++i)); do
     w=${words[i]}

@@ -20,12 +20,14 @@
 # submission fails, the jobs already queued are cancelled (or listed, when scancel fails) and a run directory
 # made for them is removed.
 # Exit codes (docs/exit-codes.md): 0 queued; 2 usage: no such job script, a job script or `--` among the options
-# (sbatch would run that one), --wait, a --dependency with PREPARE=1, a --chdir that is no directory, a
+# (sbatch would run that one), --wait (or SBATCH_WAIT), --no-requeue (or SBATCH_NO_REQUEUE), an --export (or
+# SBATCH_EXPORT) without ALL (the jobs read their settings from the environment), a --dependency with PREPARE=1, a --chdir that is no directory, a
 # submission Slurm refused (sbatch's or scontrol's message is above it: an option or partition it does not
 # know, an EVAL_SBATCH_ARGS typo); 3 configuration: CONFIG unset, a setting the jobs do not understand
 # (LAUNCHER, GPU_BIND, VERIFY_DATA, RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, PREPARE, EVALUATE,
 # PREFLIGHT), a --time the --signal warning does not fit in; 8: the run directory cannot be made; the
-# preflight's own code (shardtrain check) when it finds a problem.
+# preflight's own code (shardtrain check) when it finds a problem; 130 interrupted (before the release nothing stays
+# queued; after it the jobs stay queued, and the message says so).
 set -euo pipefail
 ST_WHO=submit  # lib.sh's messages: "[shardtrain submit] error: ..."
 home_default=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -45,7 +47,7 @@ export SHARDTRAIN_BIN
 
 # What this submission queued, cancelled again when it fails before the end (the EXIT trap); the run directory
 # it made, removed then (it is empty: no job of it has started).
-queued=() made_run_dir="" submitted=0
+queued=() made_run_dir="" made_top="" submitted=0
 undo() {
   ((submitted)) && return 0
   if ((${#queued[@]} > 0)); then
@@ -55,7 +57,19 @@ undo() {
       echo "[shardtrain submit] error: could not cancel the job(s) this submission queued: ${queued[*]}; cancel them with scancel ${queued[*]}" >&2
     fi
   fi
-  if [[ -n "$made_run_dir" ]]; then rmdir "$made_run_dir" 2>/dev/null || true; fi
+  # The run directory, and the folders above it that this submission made for it (mkdir -p), while empty.
+  local d=$made_run_dir
+  while [[ -n "$d" ]] && rmdir "$d" 2>/dev/null && [[ "$d" != "$made_top" ]]; do d=$(dirname "$d"); done
+  return 0
+}
+# topmost_missing PATH: the highest folder of PATH that does not exist yet (mkdir -p makes it and those below it).
+topmost_missing() {
+  local p=$1 top=""
+  while [[ -n "$p" && "$p" != / && "$p" != . && ! -e "$p" ]]; do
+    top=$p
+    p=$(dirname "$p")
+  done
+  printf '%s\n' "$top"
 }
 trap undo EXIT
 trap 'st_die 130 "interrupted: not submitted"' INT TERM
@@ -75,9 +89,26 @@ shown_script=$script
 for option in "$@"; do
   case "$option" in
     --wait | -W) st_die 2 "$option: submit.sh queues held jobs and releases them after sbatch returns, so sbatch would wait forever; follow the jobs with the squeue line it prints" ;;
+    --no-requeue) st_die 2 "$option: the training job requeues itself to continue after a preemption, a time limit's warning or a failure a restart may cure; without requeues each of those ends it" ;;
     -- | [!-]*.sbatch | [!-]*.sh) st_die 2 "'$option' among the sbatch options: sbatch would run it, not the script checked here (usage: CONFIG=... $0 [JOB SCRIPT] [SBATCH OPTION...]: the script first, then the options)" ;;
   esac
 done
+# The jobs read their settings (CONFIG, RUN_DIR, TRAIN_ARGS, ...) from the environment sbatch passes on: --export=NONE,
+# NIL or a list of variables without ALL leaves them out, and each job stopped at its start ("CONFIG is not set").
+exports=() previous=""
+[[ -n "${SBATCH_EXPORT:-}" ]] && exports+=("SBATCH_EXPORT=$SBATCH_EXPORT")
+for option in "$@"; do
+  [[ "$previous" == --export ]] && exports+=("--export $option")
+  [[ "$option" == --export=* ]] && exports+=("$option")
+  previous=$option
+done
+for given in "${exports[@]}"; do
+  value=${given#*[= ]}
+  [[ ",$value," == *,ALL,* ]] ||
+    st_die 2 "$given: the jobs read CONFIG, RUN_DIR, TRAIN_ARGS and their other settings from the environment sbatch passes on, which that leaves out (each job would stop at its start); give --export=ALL, or ALL,VAR=value,..."
+done
+[[ -z "${SBATCH_WAIT:-}" ]] || st_die 2 "SBATCH_WAIT=$SBATCH_WAIT: sbatch would wait for the held jobs, which are released only once it returns; unset it"
+[[ -z "${SBATCH_NO_REQUEUE:-}" ]] || st_die 2 "SBATCH_NO_REQUEUE=$SBATCH_NO_REQUEUE: the training job requeues itself to continue after a preemption, a time limit's warning or a failure a restart may cure; unset it"
 [[ -n "${CONFIG:-}" ]] || st_die 3 "CONFIG is not set: CONFIG=path/to/config.toml $0 ..."
 # Every setting the jobs read from a list of words, now rather than after the queue wait.
 st_check_job_settings "$shown_script"
@@ -100,12 +131,14 @@ if [[ -n "${RUN_DIR:-}" ]]; then
   RUN_DIR=$(absolute "$RUN_DIR")
   unset ST_RUN_DIR_GENERATED  # named: the job continues the checkpoints it finds there
   if [[ ! -e "$RUN_DIR" ]]; then
+    made_top=$(topmost_missing "$RUN_DIR")
     mkdir -p "$RUN_DIR" 2>/dev/null || st_die 8 "RUN_DIR=$RUN_DIR: cannot create the directory"
     made_run_dir=$RUN_DIR
   fi
 else
   # A name of its own: mkdir (no -p) fails on a directory another submission made, in the same second too.
   base=$workdir/runs/$(basename "${CONFIG%.*}")-$(date +%Y%m%d-%H%M%S)
+  made_top=$(topmost_missing "$workdir/runs")
   mkdir -p "$workdir/runs" 2>/dev/null || st_die 8 "$workdir/runs: cannot create the directory the run directories go in"
   RUN_DIR=$base
   n=1
@@ -115,6 +148,7 @@ else
     RUN_DIR=$base-$n
   done
   made_run_dir=$RUN_DIR
+  [[ -n "$made_top" ]] || made_top=$RUN_DIR
   # The job's first start refuses checkpoints in a directory it was not pointed at (lib.sh, st_check_run_dir_owner).
   export ST_RUN_DIR_GENERATED=$RUN_DIR
 fi
@@ -222,9 +256,10 @@ first=${prepare:-$train_job}
 if [[ -n "$prepare" || "$user_hold" == 0 ]]; then
   scontrol release "$first" || st_die 2 "not submitted: scontrol release $first was refused (its message is above)"
 fi
-submitted=1
-
 jobs_list=${prepare:+$prepare,}$train_job${consolidate:+,$consolidate}${evaluation:+,$evaluation}
+submitted=1
+# From here the jobs are queued and released: an interrupt stops the report, not the submission.
+trap 'echo "[shardtrain submit] interrupted after the jobs were queued: they stay queued (squeue -j $jobs_list; scancel $jobs_list cancels them)" >&2; exit 130' INT TERM
 if [[ -n "$prepare" ]]; then echo "preparation job $prepare -> $DATASET, log $RUN_DIR/prepare-$prepare.out"; fi
 echo "training job $train_job ($shown_script), run directory $RUN_DIR"
 if [[ "$user_hold" == 1 ]]; then echo "  held, as its options ask (--hold): scontrol release $train_job starts it"; fi

@@ -24,7 +24,9 @@ Each case asserts the exit code, whether the job requeued itself, what ran, and 
    the log says from which checkpoint); requeues continue; a fresh first start runs without --resume;
 7. LAUNCHER, GPU_BIND and VERIFY_DATA typos end the job before its mesh check and preflight;
 8. the preflight's usage errors keep check's own words (the real binary, with --shardtrain);
-9. the directory probe on 2 nodes with a quote and a $(...) in the path: written, nothing executed."""
+9. the directory probe on 2 nodes with a quote and a $(...) in the path: written, nothing executed;
+10. consolidate.sbatch's default output: hf beside a run's checkpoint directory, hf-step_N beside the directory
+    that holds one checkpoint given alone (not among the checkpoints)."""
 import argparse
 import json
 import os
@@ -391,6 +393,31 @@ for nodes_up, want in (("node1 node2", 0), ("node1", 8)):
               f"a node that cannot write is named: exit {p.returncode}: {p.stderr}")
 check(not os.path.exists(job.path("pwned")), "the path was not run as a command")
 job.close()
+
+# ---- 10. consolidate.sbatch: where the export goes by default -----------------------------------------------------
+# A run's checkpoint directory: hf beside it. One checkpoint: hf-step_N beside the checkpoint directory (it was
+# CHECKPOINT_DIR/../hf, a folder among the run's checkpoints).
+CONSOLIDATE = os.path.join(SOURCE, "jobs", "slurm", "consolidate.sbatch")
+root = tempfile.mkdtemp(prefix="consolidate-")
+fake = os.path.join(root, "shardtrain")
+with open(fake, "w") as f:
+    f.write('#!/bin/bash\nprintf "%s\\n" "$@" > "$FAKE_ARGS"\n')
+os.chmod(fake, 0o755)
+step = os.path.join(root, "run", "checkpoints", "step_00000024")
+os.makedirs(step)
+open(os.path.join(step, "index.h5"), "w").close()
+for given, want in ((os.path.join(root, "run", "checkpoints"), os.path.join(root, "run", "checkpoints", "..", "hf")),
+                    (step, os.path.join(root, "run", "hf-step_00000024")),
+                    (os.path.relpath(step, root) + "/", os.path.join(root, "run", "hf-step_00000024"))):
+    args_file = os.path.join(root, "args")
+    e = dict(os.environ, SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="1", SLURM_JOB_NODELIST="node1",
+             SHARDTRAIN_HOME=SOURCE, SHARDTRAIN_BIN=fake, CHECKPOINT_DIR=given, FAKE_ARGS=args_file)
+    e.pop("OUTPUT", None)
+    p = subprocess.run(["bash", CONSOLIDATE], cwd=root, env=e, capture_output=True, text=True, timeout=30)
+    got = open(args_file).read().splitlines() if os.path.exists(args_file) else []
+    check(p.returncode == 0 and got[:4] == ["consolidate", given, "--output", want],
+          f"consolidate.sbatch CHECKPOINT_DIR={given}: the output {want}: exit {p.returncode}: {got} {p.stderr}")
+shutil.rmtree(root, ignore_errors=True)
 
 if failures:
     print(f"{len(failures)} check(s) failed")

@@ -20,10 +20,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -61,7 +63,7 @@ exit "${FAKE_SCANCEL_RC:-0}"
 FAKE_SCONTROL = r"""#!/bin/bash
 echo "scontrol $*" >> "$FAKE_LOG"
 case "$1" in
-  show) echo "JobId=$3 JobName=x"; echo "   StdOut=/shared/logs/out-$3.txt"; echo "   Power=" ;;
+  show) sleep "${FAKE_SHOW_SLEEP:-0}"; echo "JobId=$3 JobName=x"; echo "   StdOut=/shared/logs/out-$3.txt"; echo "   Power=" ;;
   release) exit "${FAKE_RELEASE_RC:-0}" ;;
 esac
 """
@@ -168,7 +170,7 @@ check(rc == 2 and "sbatch: error: invalid option or value: --ntask-per-node=2" i
       and "[shardtrain submit] error: not submitted: sbatch refused the evaluation job (its message is above)" in err
       and "cancelled the job(s) this submission had queued (held: none had started): 100 101" in err
       and "scancel 100 101" in env.calls() and not any(c.startswith("scontrol release") for c in env.calls())
-      and "training job" not in out and not os.listdir(os.path.join(env.home, "runs")),
+      and "training job" not in out and not os.path.exists(os.path.join(env.home, "runs")),
       f"an EVAL_SBATCH_ARGS typo: exit {rc}: {env.calls()}: {out} {err}")
 env.reset()
 corpus = os.path.join(env.home, "corpus.txt")
@@ -214,6 +216,31 @@ rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="named", EVALUATE="1", FAKE_SBA
                           FAKE_SCANCEL_RC="1")
 check(rc == 2 and "could not cancel the job(s) this submission queued: 100 101; cancel them with scancel 100 101" in err
       and not os.path.exists(os.path.join(env.home, "named")), f"scancel failing too: the jobs are listed: exit {rc}: {err}")
+# A named RUN_DIR whose folders above it did not exist: they go with it (mkdir -p made them, and they were left).
+env.reset()
+rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="deep/er/run", EVALUATE="1", FAKE_SBATCH_REFUSE=os.path.join(SOURCE, "jobs", "slurm", "evaluate.sbatch"))
+check(rc == 2 and not os.path.exists(os.path.join(env.home, "deep")), f"a refused submission removes the folders it made: exit {rc}: {os.listdir(env.home)}")
+os.makedirs(os.path.join(env.home, "kept"))
+env.reset()
+rc, out, err = env.submit(SINGLE, *OPTS, RUN_DIR="kept/new/run", EVALUATE="1", FAKE_SBATCH_REFUSE=os.path.join(SOURCE, "jobs", "slurm", "evaluate.sbatch"))
+check(rc == 2 and os.path.isdir(os.path.join(env.home, "kept")) and os.listdir(os.path.join(env.home, "kept")) == [],
+      f"a folder that was there stays: exit {rc}: {os.listdir(env.home)}")
+# Ctrl-C once the jobs are queued and released: they stay queued, and the message says so (it said "not submitted").
+env.reset()
+e = dict(os.environ, PATH=f"{env.bin}:{os.environ['PATH']}", FAKE_LOG=env.log, CONFIG="configs/sweep.toml",
+         SHARDTRAIN_BIN=os.path.join(env.bin, "shardtrain"), SHARDTRAIN_HOME=SOURCE, FAKE_SHOW_SLEEP="30")
+for k in ("RUN_DIR", "EVALUATE", "PREPARE", "OUTPUT"):
+    e.pop(k, None)
+p = subprocess.Popen([SUBMIT, SINGLE, *OPTS], cwd=env.home, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     start_new_session=True)
+deadline = time.time() + 30
+while time.time() < deadline and not any(c.startswith("scontrol show") for c in env.calls()):
+    time.sleep(0.05)
+os.killpg(p.pid, signal.SIGINT)
+out, err = p.communicate(timeout=30)
+check(p.returncode == 130 and "interrupted after the jobs were queued: they stay queued (squeue -j 100,101; scancel 100,101 cancels them)" in err
+      and "not submitted" not in err and not any(c.startswith("scancel") for c in env.calls()),
+      f"Ctrl-C after the release: exit {p.returncode}: {env.calls()}: {err}")
 env.close()
 
 # ---- 4. --chdir: one directory for the preflight and every job ------------------------------------------------
@@ -243,7 +270,17 @@ for argv, extra, code, message in (
         ([], dict(EVALUATE="yes"), 3, "EVALUATE=yes: expected 1"),
         (["--time=5"], {}, 3, "--time=5 (300 s) is not longer than the warning --signal=B:USR1@300 gives before it (300 s;"),
         (["-t", "0:300"], {}, 3, "--time=0:300 (300 s) is not longer than the warning"),
-        (["--time=10", "--signal=B:USR1@600"], {}, 3, "--time=10 (600 s) is not longer than the warning --signal=B:USR1@600")):
+        (["--time=10", "--signal=B:USR1@600"], {}, 3, "--time=10 (600 s) is not longer than the warning --signal=B:USR1@600"),
+        # sbatch's input variables, between the script's lines and the options: they were not looked at.
+        (["--time=10"], dict(SBATCH_SIGNAL="B:USR1@600"), 3, "--time=10 (600 s) is not longer than the warning --signal=B:USR1@600"),
+        ([], dict(SBATCH_TIMELIMIT="5"), 3, "--time=5 (300 s) is not longer than the warning --signal=B:USR1@300"),
+        # The jobs read their settings from the environment sbatch passes on; without it each stopped at its start.
+        (["--export=NONE"], {}, 2, "--export=NONE: the jobs read CONFIG, RUN_DIR, TRAIN_ARGS"),
+        (["--export", "CONFIG,RUN_DIR"], {}, 2, "--export CONFIG,RUN_DIR: the jobs read CONFIG"),
+        ([], dict(SBATCH_EXPORT="NIL"), 2, "SBATCH_EXPORT=NIL: the jobs read CONFIG"),
+        (["--no-requeue"], {}, 2, "--no-requeue: the training job requeues itself"),
+        ([], dict(SBATCH_NO_REQUEUE="1"), 2, "SBATCH_NO_REQUEUE=1: the training job requeues itself"),
+        ([], dict(SBATCH_WAIT="1"), 2, "SBATCH_WAIT=1: sbatch would wait for the held jobs")):
     env.reset()
     rc, out, err = env.submit(SINGLE, *OPTS, *argv, **extra)
     check(rc == code and message in err and not env.sbatch_calls() and not env.checks() and not os.path.exists(os.path.join(env.home, "runs")),
@@ -251,6 +288,9 @@ for argv, extra, code, message in (
 env.reset()
 rc, out, err = env.submit(SINGLE, *OPTS, "--time=6", "--signal=B:USR1@60")
 check(rc == 0 and len(env.sbatch_calls()) == 2, f"--time=6 with a 60 s warning is accepted: exit {rc}: {err}")
+env.reset()
+rc, out, err = env.submit(SINGLE, *OPTS, "--export=ALL,FOO=1")
+check(rc == 0 and len(env.sbatch_calls()) == 2, f"--export=ALL,FOO=1 is accepted: exit {rc}: {err}")
 env.close()
 
 # ---- 6. options without a script: the default script --------------------------------------------------------
