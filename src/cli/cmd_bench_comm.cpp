@@ -295,9 +295,7 @@ std::string fit_method(uint64_t fit_min_bytes) {
 
 int run_bench_comm(const BenchCommOptions& o, Runtime* rt) {
   if (o.iters < 1 || o.warmup < 0) throw UsageError("bench comm: --iters 1 or more, --warmup 0 or more");
-  const DType dt = parse_dtype(o.dtype);
-  if (dt != DType::F32 && dt != DType::BF16)
-    throw UsageError(fmt::format("bench comm: --dtype {}: expected f32 or bf16 (the dtypes FSDP moves)", o.dtype));
+  const DType dt = parse_dtype(o.dtype);  // fp32 or bf16, the dtypes FSDP moves (float_dtype_check)
   const uint64_t min_bytes = parse_bytes(o.min_bytes, "--min-bytes"), max_bytes = parse_bytes(o.max_bytes, "--max-bytes");
   const uint64_t fit_min_bytes = parse_bytes(o.fit_min_bytes, "--fit-min-bytes");
   if (min_bytes > max_bytes)
@@ -451,7 +449,7 @@ BenchSubcommand add_bench_comm_command(CLI::App& bench) {
   a->add_option("--factor", o->factor, "each size is the previous one times this")
       ->capture_default_str()
       ->check(CLI::Range(2, 1024));
-  a->add_option("--dtype", o->dtype, "f32 or bf16")->capture_default_str();
+  a->add_option("--dtype", o->dtype, "f32 or bf16")->check(float_dtype_check())->capture_default_str();
   a->add_option("--memory", o->memory, "host, device (a GPU on every rank) or auto (device on a GPU)")
       ->capture_default_str();
   a->add_option("--iters", o->iters, "timed calls per size (their median is reported)")

@@ -157,9 +157,7 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
   const BenchShape shape = resolve_shape(o);
   const Device& device = rt->device();
   const bool cuda = device.is_cuda();
-  const DType dt = o.dtype.empty() ? (cuda ? DType::BF16 : DType::F32) : parse_dtype(o.dtype);
-  if (dt != DType::F32 && dt != DType::BF16)
-    throw UsageError(fmt::format("bench ops: --dtype {}: expected f32 or bf16", o.dtype));
+  const DType dt = o.dtype.empty() ? (cuda ? DType::BF16 : DType::F32) : parse_dtype(o.dtype);  // float_dtype_check
 
   const int threads = o.threads > 0 ? o.threads : rt->host_threads();
   if (!cuda) require_threads_start(threads, "--threads");
@@ -282,7 +280,8 @@ BenchSubcommand add_bench_ops_command(CLI::App& bench) {
   a->add_option("--kv-heads", o->kv_heads, "key/value heads (default: the config's, or --heads)")->check(count_range());
   a->add_option("--vocab", o->vocab, "vocabulary size (default: the config's, or 32000)")->check(count_range());
   a->add_option("--intermediate", o->intermediate, "MLP size (default: the config's, or 4 * hidden)")->check(count_range());
-  a->add_option("--dtype", o->dtype, "activation and parameter storage: f32 or bf16 (default bf16 on CUDA, f32 on the CPU)");
+  a->add_option("--dtype", o->dtype, "activation and parameter storage: f32 or bf16 (default bf16 on CUDA, f32 on the CPU)")
+      ->check(float_dtype_check());
   a->add_option("--iters", o->iters, "timed calls per op")->capture_default_str()->check(CLI::Range(1, 100000));
   a->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str()->check(CLI::Range(0, 100000));
   a->add_option("--threads", o->threads, "CPU backend threads (0 = the rank's cores, at most 1024)")

@@ -107,7 +107,7 @@ Command add_consolidate_command(CLI::App& parent) {
   c.app->add_option("--output,-o", o->output, "output file (hdf5) or directory (safetensors); never overwritten")
       ->required();
   c.app->add_option("--format", o->format, "hdf5 or safetensors")->capture_default_str();
-  c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->capture_default_str();
+  c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->check(float_dtype_check())->capture_default_str();
   c.app->add_option("--tokenizer", o->tokenizer,
                     "safetensors: tokenizer to ship, which must be the checkpoint's (default: the one it names)");
   c.app->add_flag("--tokenizer-unchecked", o->tokenizer_unchecked,

@@ -84,6 +84,10 @@ inline CLI::Range count_range(int64_t lo = 1, int64_t hi = int64_t{1} << 30) { r
 // failed", exit 1, or a crash at 65536): the bound, and require_threads_start before the first parallel region, make
 // that a usage error.
 CLI::Range cpu_threads_range();
+// A storage dtype option (--dtype, --param-dtype, --reduce-dtype): fp32 or bf16 (f32, float32, float and bfloat16 read
+// too). Another name was "unknown dtype 'fp16' (expected fp32, bf16, fp64, int32, ...)", not naming the option and
+// listing types none of them takes.
+CLI::Validator float_dtype_check();
 // Starts and joins `count` threads (prepare-data's data::run_on_threads), so that a count the system will not start
 // (its limit on threads, ulimit -u) is a UsageError naming `option` before OpenMP tries.
 void require_threads_start(int count, std::string_view option);

@@ -63,6 +63,16 @@ CLI::Validator unsigned_check() {
 
 CLI::Range cpu_threads_range() { return CLI::Range(0, data::kMaxThreads); }
 
+CLI::Validator float_dtype_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        for (const char* name : {"fp32", "f32", "float32", "float", "bf16", "bfloat16"})
+          if (text == name) return {};
+        return text + ": expected fp32 or bf16";
+      },
+      "");
+}
+
 void require_threads_start(int count, std::string_view option) {
   data::run_on_threads(static_cast<size_t>(std::max(count, 1)), option, [](size_t) {});
 }

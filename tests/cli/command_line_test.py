@@ -74,6 +74,15 @@ rc, out, err = expect("train alone, no dataset", ["train", "-c", tiny, "--data.p
                       "data error: /nonexistent/x.h5: no such file", short=False)
 check("ORTE_ERROR_LOG" not in err and "MPI_ABORT" not in err, f"a singleton's error ends there: {err[-800:]}")
 
+# A storage dtype none of them takes: the option named, and what it takes ("unknown dtype 'fp16' (expected fp32, bf16,
+# fp64, int32, int64, uint32 or uint8)" named neither).
+for what, cmd, option in (("plan --param-dtype", ["plan", "-c", tiny, "--param-dtype", "fp16"], "--param-dtype"),
+                          ("plan --reduce-dtype", ["plan", "-c", tiny, "--reduce-dtype", "int32"], "--reduce-dtype"),
+                          ("bench ops --dtype", ["bench", "ops", "-c", tiny, "--dtype", "fp16"], "--dtype"),
+                          ("consolidate --dtype", ["consolidate", "x", "-o", "y", "--dtype", "fp16"], "--dtype")):
+    value = cmd[-1]
+    expect(what, cmd, 2, f"usage error: {option}: {value}: expected fp32 or bf16")
+
 # Rates and fractions.
 # From a thousandth: --mfu 1e-300 printed a step time of 300 digits.
 for option, value, needle in (("--gpu-tflops", "0", "0: expected a number from 0.001 to 1000000"),
