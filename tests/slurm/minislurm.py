@@ -237,6 +237,16 @@ class MiniSlurm:
             raise SlurmError(f"scontrol show job {job_id}: {p.stderr.strip()}")
         return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", p.stdout))
 
+    def events(self, job_id):
+        """What slurmctld and the slurmds logged about a job (its allocations, requeues, launch failures), in order."""
+        mark = re.compile(rf"(JobId={job_id}|job {job_id}|\[{job_id}\.[a-z0-9]+\])(\D|$)")
+        lines = []
+        for name in sorted(os.listdir(self._path("log"))) if os.path.isdir(self._path("log")) else []:
+            if name.startswith("slurm"):
+                with open(self._path("log", name), errors="replace") as f:
+                    lines += [f"{l.split(']', 1)[0]}] {name[:-4]}:{l.split(']', 1)[-1].rstrip()}" for l in f if mark.search(l)]
+        return "\n".join(sorted(lines))
+
     def wait(self, job_id, timeout, until=None):
         """Polls until the job reaches a final state (or `until(info)` holds); returns the job's fields."""
         deadline = time.time() + timeout

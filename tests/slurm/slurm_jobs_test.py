@@ -15,7 +15,7 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    directory in that run directory, and the evaluation job (EVALUATE=1, mpirun on 2 ranks) scores every
    checkpoint left, the last one at the run's own closing validation loss.
 3. The same job, signalled mid-run as --signal=B:USR1@N would (scancel --batch --signal=USR1): it saves a
-   checkpoint, requeues itself (Restarts=1), resumes, and finishes with the uninterrupted run's losses,
+   checkpoint, requeues itself (once: restarts.log), resumes, and finishes with the uninterrupted run's losses,
    bit for bit.
    A job-wide SIGTERM to it (scancel --full --signal=TERM, a preemption): srun ends its step before the ranks
    save; the job requeues itself as a preemption (not a failure), continues from step 8, and finishes with the
@@ -37,10 +37,15 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
    trains a tokenizer on gzip-compressed JSONL and prepares the dataset on the one CPU the job asked for, and
    the run trains on that dataset to the end; then OVERWRITE=1 replaces the tokenizer and the dataset.
 8. Signals at every moment, on the single-node script with mpirun in its default run directory: SIGUSR1 as
-   soon as the launcher starts (held until the ranks are up, then passed on: requeued, Restarts=1); a job-wide
-   SIGTERM mid-run (scancel --full --signal=TERM: mpirun exits 1, the ranks saved: counted as 75, requeued,
-   Restarts=2); then scancel: the ranks save, the job is not requeued (CANCELLED), and its log names the
+   soon as the launcher starts (held until the ranks are up, then passed on: requeued); a job-wide
+   SIGTERM mid-run (scancel --full --signal=TERM: mpirun exits 1, the ranks saved: counted as 75, requeued
+   again); then scancel: the ranks save, the job is not requeued (CANCELLED), and its log names the
    RUN_DIR that continues the run.
+The requeues counted are the job scripts' own (RUN_DIR/restarts.log, and the starts the job's log shows). Slurm's
+Restarts counts those and any requeue Slurm makes itself, which the scripts never see: under load (the whole suite
+beside it) a job whose run resumed once, from the checkpoint its script saved before requeueing it, was seen at
+Restarts=2 (CI, and once in 14 loaded runs here), probably a batch launch Slurm failed and tried again (minislurm starts a requeued job at once, not after
+Slurm's two minutes). A failing check prints what Slurm's daemons logged about the job, to tell the two apart.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import gzip
 import hashlib
@@ -95,6 +100,23 @@ def job_env(**extra):
 def output(info):
     path = info.get("StdOut", "")
     return open(path, errors="replace").read() if os.path.exists(path) else f"(no output file {path})"
+
+
+def logged(run_dir):
+    """RUN_DIR/restarts.log's lines: the requeues the job scripts made (a preemption or a failure each)."""
+    path = os.path.join(run_dir, "restarts.log")
+    return open(path).read().splitlines() if os.path.exists(path) else []
+
+
+def requeues(slurm, job, info, run_dir, out):
+    """The job's requeues as the scripts made them (RUN_DIR/restarts.log), the starts the job's log shows, and a line
+    for a failure message with Slurm's own count and what its daemons logged about the job. Slurm's Restarts can count
+    a requeue of its own besides (a batch launch it failed and tried again), which the scripts never saw."""
+    log = logged(run_dir)
+    starts = re.findall(rf"\] job {job} \(.*\) on \d+ node\(s\) .*, restart (\d+)$", out, re.M)
+    story = (f"Slurm's Restarts={info.get('Restarts')}, restarts.log {log}, the script started {len(starts)} time(s) "
+             f"(restart {', '.join(starts)});\nwhat Slurm logged:\n{slurm.events(job)[-3000:]}")
+    return log, starts, story
 
 
 def sbatch_opts(name, nodes=2, per_node=2):
@@ -248,8 +270,10 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     slurm.signal_batch(job, "USR1")
     info = slurm.wait(job, timeout=400)
     out = output(info)
-    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and info.get("Restarts") == "1",
-          f"preempted job: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')}: {out[-2500:]}")
+    log, starts, story = requeues(slurm, job, info, pre_dir, out)
+    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and int(info.get("Restarts") or 0) >= 1
+          and len(starts) == 2 and len(log) == 1 and " exit=75 step=" in log[0],
+          f"preempted job: {info.get('JobState')} {info.get('ExitCode')}, one requeue by the script: {story}\n{out[-2500:]}")
     check("requeueing job" in out and "restart 1" in out, f"the job requeued itself and ran again: {out[-2500:]}")
     check(out.count("check: verify     ok: ") == 1 and re.search(r"check: resume     ok: \S+step_\d+: step \d+", out) is not None,
           f"the restart's preflight found the checkpoint and did not read the data again: {out[-4000:]}")
@@ -268,11 +292,12 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     subprocess.run(["scancel", "--full", "--signal=TERM", str(job)], env=slurm.env, check=True)
     info = slurm.wait(job, timeout=400)
     out = output(info)
-    log = open(os.path.join(kill_dir, "restarts.log")).read().splitlines() if os.path.exists(os.path.join(kill_dir, "restarts.log")) else []
-    check(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1" and "counted as a preemption, not a failure" in out
+    log, starts, story = requeues(slurm, job, info, kill_dir, out)
+    check(info.get("JobState") == "COMPLETED" and int(info.get("Restarts") or 0) >= 1 and len(starts) == 2
+          and "counted as a preemption, not a failure" in out
           and "training failed" not in out and re.search(r"resumed from \S+step_0*8\b.* at step 8", out) is not None
           and len(log) == 1 and " exit=75 step=8 " in log[0],
-          f"srun killed by a job-wide SIGTERM: {info.get('JobState')} restarts {info.get('Restarts')} {log}: {out[-2500:]}")
+          f"srun killed by a job-wide SIGTERM: {info.get('JobState')}: {story}\n{out[-2500:]}")
     resumed = losses(kill_dir)
     check(sorted(resumed) == list(range(1, STEPS + 1)) and all(reference.get(s) == v for s, v in resumed.items()),
           f"the srun run continued from step 8 with the uninterrupted run's losses: {sorted(resumed)}")
@@ -284,14 +309,15 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     info = slurm.wait(job, timeout=400)
     out = output(info)
     check("on 1 node(s) [node1], restart 0" in out, f"the first run was placed on node1 (Slurm's first idle node): {out[:1500]}")
-    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and info.get("Restarts") == "1"
-          and info.get("ExcNodeList") == "node1" and info.get("NodeList") == "node2",
-          f"bad node: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')} "
-          f"on {info.get('NodeList')}: {out[-3000:]}")
+    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0" and int(info.get("Restarts") or 0) >= 1
+          and len(requeues(slurm, job, info, bad_node_dir, out)[1]) == 2 and info.get("ExcNodeList") == "node1" and info.get("NodeList") == "node2",
+          f"bad node: {info.get('JobState')} {info.get('ExitCode')} excluded {info.get('ExcNodeList')} on {info.get('NodeList')}: "
+          f"{requeues(slurm, job, info, bad_node_dir, out)[2]}\n{out[-3000:]}")
     check("an injected device error on rank 1 (node node1) before step 12" in out and
           "training failed with exit code 7 at step 12 (docs/exit-codes.md); restarting from the last checkpoint: restart 1 of 3 "
           "after a failure, leaving out node(s) node1" in out, f"the failure and the restart are logged: {out[-3000:]}")
-    check(re.search(r"resumed from \S+step_0*8\b.* at step 8", out) is not None and "on 1 node(s) [node2], restart 1" in out,
+    check(re.search(r"resumed from \S+step_0*8\b.* at step 8", out) is not None
+          and re.search(r"on 1 node\(s\) \[node2\], restart [1-9]$", out, re.M) is not None,
           f"the restart ran on node2 from the step-8 checkpoint: {out[-3000:]}")
     log_path = os.path.join(bad_node_dir, "restarts.log")
     log = open(log_path).read().splitlines() if os.path.exists(log_path) else []
@@ -317,8 +343,10 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     info = slurm.wait(job, timeout=300)
     elapsed = time.time() - start
     out = output(info)
-    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "10:0" and info.get("Restarts") == "1",
-          f"stalled job: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')}, expected FAILED 10:0 after one restart: {out[-3000:]}")
+    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "10:0" and int(info.get("Restarts") or 0) >= 1
+          and [len(x) for x in requeues(slurm, job, info, stall_dir, out)[:2]] == [1, 2],
+          f"stalled job: {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 10:0 after one restart: "
+          f"{requeues(slurm, job, info, stall_dir, out)[2]}\n{out[-3000:]}")
     check(out.count("collective timeout") >= 2 and "during step 3" in out and "ranks that did not arrive: 1 (" in out,
           f"the watchdog's message names the step and the rank that did not arrive, in both runs: {out[-3000:]}")
     check("restart 1 of 3 after a failure, leaving out node(s) node1" in out and
@@ -331,9 +359,11 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     job = slurm.sbatch([*sbatch_opts("no-spare-node"), multi], job_env(RUN_DIR=spare_dir, SHARDTRAIN_FAULT="mce:1@12@node1"))
     info = slurm.wait(job, timeout=300)
     out = output(info)
-    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "137:0" and info.get("Restarts") == "1"
+    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "137:0" and int(info.get("Restarts") or 0) >= 1
+          and [len(x) for x in requeues(slurm, job, info, spare_dir, out)[:2]] == [1, 2]
           and info.get("ExcNodeList") == "(null)",
-          f"2 nodes, a machine check on node1: {info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')} excluded {info.get('ExcNodeList')}: {out[-3000:]}")
+          f"2 nodes, a machine check on node1: {info.get('JobState')} {info.get('ExitCode')} excluded {info.get('ExcNodeList')}: "
+          f"{requeues(slurm, job, info, spare_dir, out)[2]}\n{out[-3000:]}")
     check("not leaving out node1: partition debug has 2 node(s), too few for 2 without them" in out
           and "srun: error: node1: task 1: Bus error" in out and "training failed with exit code 137 at step 12" in out and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from .*step_0*8\b", out) is not None
           and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
@@ -359,20 +389,20 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     # (a) SIGUSR1 the moment the launcher starts (the ranks do not exist yet): held, passed on once they are up.
     if wait_until(lambda: "running: mpirun" in log_text(), "the launch"):
         slurm.signal_batch(job, "USR1")
-    info = slurm.wait(job, timeout=120, until=lambda i: i.get("Restarts") == "1" and i.get("JobState") == "RUNNING")
+    info = slurm.wait(job, timeout=120, until=lambda i: len(logged(sig_dir)) == 1 and i.get("JobState") == "RUNNING")
     out = log_text()
     check("SIGUSR1 received" in out and f"requeueing job {job} (restart 1)" in out and "exit code 138" not in out
           and "ended with exit code" not in out, f"a signal as the launcher starts requeues the job: {out[-2500:]}")
-    check("check: resume     ok: off" in out.split("restart 1")[0] and "--resume" not in out.split("running:")[1].split("\n")[0],
+    check("check: resume     ok: off" in out.split(f"requeueing job {job} (restart 1)")[0] and "--resume" not in out.split("running:")[1].split("\n")[0],
           f"the first start in its default run directory resumes nothing: {out[:3000]}")
     # (b) a job-wide SIGTERM mid-run (a preemption; scancel --full --signal=TERM): mpirun exits 1, the ranks saved.
     first_stop = max(losses(sig_dir), default=0)
     if wait_until(lambda: max(losses(sig_dir), default=0) >= first_stop + 4, "four steps in the second start"):
         subprocess.run(["scancel", "--full", "--signal=TERM", str(job)], env=slurm.env, check=True)
-    info = slurm.wait(job, timeout=120, until=lambda i: i.get("Restarts") == "2" and i.get("JobState") == "RUNNING")
+    info = slurm.wait(job, timeout=120, until=lambda i: len(logged(sig_dir)) == 2 and i.get("JobState") == "RUNNING")
     out = log_text()
     check("the launcher exited with 1, but the ranks stopped on the signal and saved (result.json: preempted, step " in out
-          and "counted as 75" in out and f"requeueing job {job} (restart 2)" in out,
+          and "counted as 75" in out and len(re.findall(rf"requeueing job {job} \(restart [1-9]\)", out)) == 2,
           f"mpirun's 1 after a SIGTERM is a preemption, requeued: {out[-2500:]}")
     # (c) scancel: the ranks save, and the cancelled job stays cancelled.
     second_stop = max(losses(sig_dir), default=0)
@@ -381,7 +411,7 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
     info = slurm.wait(job, timeout=60)
     time.sleep(0.5)  # the script's last line, written as the job ends
     out = log_text()
-    check(info.get("JobState") == "CANCELLED" and info.get("Restarts") == "2" and f"job {job} is being cancelled (JobState=" in out
+    check(info.get("JobState") == "CANCELLED" and int(info.get("Restarts") or 0) >= 2 and f"job {job} is being cancelled (JobState=" in out
           and "so it is not requeued: the run stopped at step" in out
           and f"to continue it, resubmit with RUN_DIR=runs/signals-{job}" in out,
           f"a cancelled job is not requeued, and says what continues it: {info.get('JobState')} restarts {info.get('Restarts')}: {out[-2500:]}")
