@@ -105,7 +105,8 @@ Command add_consolidate_command(CLI::App& parent) {
   c.app->add_option("checkpoint", o->checkpoint, "a checkpoint directory (or a run's checkpoint directory: its newest)")
       ->required();
   c.app->add_option("--output,-o", o->output, "output file (hdf5) or directory (safetensors); never overwritten")
-      ->required();
+      ->required()
+      ->check(outside_checkpoints_check());
   c.app->add_option("--format", o->format, "hdf5 or safetensors")->capture_default_str();
   c.app->add_option("--dtype", o->dtype, "fp32 or bf16")->check(float_dtype_check())->capture_default_str();
   c.app->add_option("--tokenizer", o->tokenizer,

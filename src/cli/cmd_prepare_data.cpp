@@ -24,7 +24,8 @@ Command add_prepare_data_command(CLI::App& parent) {
       ->required();
   app->add_option("--output,-o", o->output,
                   "the dataset to write, e.g. data/sotu.h5 (an existing one only with --overwrite)")
-      ->required();
+      ->required()
+      ->check(outside_checkpoints_check());
   app->add_flag("--overwrite", *overwrite, "replace an existing output (by a whole new file, once it is written)");
   app->add_option(
          "--format", *format,

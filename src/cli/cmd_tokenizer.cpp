@@ -180,6 +180,7 @@ Command add_tokenizer_command(CLI::App& parent) {
                    "text or JSONL files (plain, .gz or .zst), Parquet or Arrow files, or folders of them")
       ->required();
   train->add_option("--output,-o", args->output, "tokenizer.json to write (an existing one only with --overwrite)")
+      ->check(outside_checkpoints_check())
       ->capture_default_str();
   train->add_flag("--overwrite", args->overwrite, "replace an existing output (by a whole new file, once it is written)");
   train->add_option("--vocab-size", args->vocab_size, "vocabulary size: special tokens + 256 bytes + merges")

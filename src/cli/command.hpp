@@ -64,8 +64,12 @@ int world_size_of(int64_t nodes, int64_t ranks_per_node);
 // than after the work (UsageError, naming the option, the path and what it is): not empty, not an existing folder, in
 // a folder that exists; not a device, FIFO or socket other than /dev/null and this process's standard output or error
 // (written in place); not an existing HDF5 or safetensors file (a dataset, weights, a checkpoint's file); not inside a
-// checkpoint directory (a folder holding DONE or index.h5).
+// checkpoint directory (a folder holding DONE or index.h5, or named step_N).
 CLI::Validator output_file_check();
+// For an output that may be a folder (consolidate -o) or is checked by its command (prepare-data, tokenizer train):
+// only the last rule above, a checkpoint directory being also a folder named as a save names one (step_N): a run's
+// start and rotation remove such a folder with the files a save writes, and a user's export named model.h5 in it went.
+CLI::Validator outside_checkpoints_check();
 
 // An unsigned value (a seed): CLI11 reads "-1" into one as 2^64 - 1 without a word, and CLI::NonNegativeNumber's
 // message names a 300-digit bound.

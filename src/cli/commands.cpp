@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/config.hpp"
 
 namespace shardtrain::cli {
@@ -111,21 +113,46 @@ std::string binary_format_of(const std::string& path, uint64_t size) {
   return found;
 }
 
-// The checkpoint directory (a folder holding DONE or index.h5) that `path` would be written in, at any depth, or "".
+// The checkpoint directory (a folder holding DONE or index.h5, or named as a save names one, step_N or step_N.tmp-...,
+// in a folder a run claimed, with its lock file) that `path` would be written in, at any depth, or "". A run's start and rotation remove such a folder with the
+// files a save writes (model.h5 among them): a user's file of that name in it went with it.
 std::string checkpoint_holding(const std::string& path) {
   namespace fs = std::filesystem;
+  static const std::regex save_name(R"(step_[0-9]+(\.tmp-.*)?)");
   std::error_code ec;
   const fs::path abs = fs::absolute(path, ec).lexically_normal();
   if (ec) return {};
   for (fs::path dir = abs.parent_path(); !dir.empty(); dir = dir.parent_path()) {
     for (const char* marker : {"DONE", "index.h5"})
       if (fs::is_regular_file(dir / marker, ec)) return fmt::format("{} (it holds {})", dir.string(), marker);
+    if (std::regex_match(dir.filename().string(), save_name) &&
+        fs::exists(dir.parent_path() / train::kCheckpointLockFile, ec))
+      return fmt::format(
+          "{} (a checkpoint's name in a run's checkpoint directory: its start or rotation removes it with what a "
+          "save writes)",
+          dir.string());
     if (dir == dir.parent_path()) break;
   }
   return {};
 }
 
+std::string in_checkpoint_problem(const std::string& path, const std::string& checkpoint) {
+  return fmt::format(
+      "{} lies in the checkpoint {}: a checkpoint holds what its save wrote, no other file; "
+      "expected a place outside it",
+      path, checkpoint);
+}
+
 }  // namespace
+
+CLI::Validator outside_checkpoints_check() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        const std::string checkpoint = path.empty() ? std::string() : checkpoint_holding(path);
+        return checkpoint.empty() ? std::string() : in_checkpoint_problem(path, checkpoint);
+      },
+      "");
+}
 
 CLI::Validator output_file_check() {
   return CLI::Validator(
@@ -157,10 +184,7 @@ CLI::Validator output_file_check() {
                 path, format);
         }
         if (const std::string checkpoint = checkpoint_holding(path); !checkpoint.empty())
-          return fmt::format(
-              "{} lies in the checkpoint {}: a checkpoint holds what its save wrote, no other file; "
-              "expected a file outside it",
-              path, checkpoint);
+          return in_checkpoint_problem(path, checkpoint);
         return {};
       },
       "FILE");

@@ -248,4 +248,21 @@ p = evaluate(*hf, "--json", "old.json")
 check(p.returncode == 0 and json.load(open(os.path.join(work, "old.json")))["weights"] == "hf",
       f"--json over a text file: exit {p.returncode}: {p.stderr[-600:]}")
 
+# consolidate, prepare-data and tokenizer train into a checkpoint, or into a folder named as a save names one in the
+# run's checkpoint directory: refused (exit 2), nothing written. A rotation, or the next start's cleanup of what looked
+# like an unfinished save, deleted the export there without a word.
+os.makedirs(os.path.join(work, "run", "checkpoints", "step_00000100"))
+for argv, place in ((["consolidate", step, "-o", f"{step}/model.h5"], f"{step}/model.h5"),
+                    (["consolidate", step, "-o", "run/checkpoints/step_00000100/model.h5"], "run/checkpoints/step_00000100/model.h5"),
+                    (["consolidate", step, "-o", "run/checkpoints/step_00000100/hf", "--format", "safetensors"],
+                     "run/checkpoints/step_00000100/hf"),
+                    (["prepare-data", "-t", tok, "-i", short, "-o", f"{step}/data.h5"], f"{step}/data.h5"),
+                    (["tokenizer", "train", "-i", short, "-o", "run/checkpoints/step_00000100/tok.json", "--vocab-size", "300"],
+                     "run/checkpoints/step_00000100/tok.json")):
+    p = run(argv)
+    check(p.returncode == 2 and f"{place} lies in the checkpoint" in p.stderr and not os.path.exists(os.path.join(work, place)),
+          f"{' '.join(argv)}: exit 2, nothing written: exit {p.returncode}: {p.stderr[-600:]}")
+p = run(["consolidate", step, "-o", "run/model.h5"])
+check(p.returncode == 0 and os.path.isfile(os.path.join(work, "run", "model.h5")), f"beside the checkpoints: exit {p.returncode}: {p.stderr[-600:]}")
+
 check.finish("evaluate and its inputs: every check passed")
