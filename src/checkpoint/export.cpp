@@ -315,7 +315,10 @@ ShippedTokenizer ship_tokenizer_for(const ExportOptions& o, const nlohmann::json
     } catch (const DataError& e) {
       throw DataError(fmt::format("--tokenizer {}: cannot be read: {}", o.tokenizer, e.what()));
     }
-    if (o.tokenizer_check == TokenizerCheck::Match) check_tokenizer_matches(*tok, o.tokenizer, record_text, config, weights);
+    // Unchecked skips the comparison with the checkpoint's tokenizer (another file form of it), never the size: more
+    // ids than the model's vocabulary wrote an eos_token_id past it into config.json.
+    check_tokenizer_matches(*tok, o.tokenizer, o.tokenizer_check == TokenizerCheck::Match ? record_text : std::string(),
+                            config, weights);
     return ship_tokenizer(o.tokenizer, *tok, out, config.max_position_embeddings);
   }
   const std::string source = !o.recorded_tokenizer.empty() ? o.recorded_tokenizer : record.value("path", std::string());

@@ -1,15 +1,20 @@
 // Tensor sources: checkpoint directories, consolidated HDF5 files, Hugging Face safetensors directories.
 #include "shardtrain/checkpoint/source.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "paths.hpp"
 #include "shardtrain/data/tokenizer.hpp"
+#include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
@@ -160,22 +165,36 @@ void read_rope(const nlohmann::json& j, const std::string& where, model::LlamaCo
   }
 }
 
+// config.json's `key`, a whole number (64.5 was read as 64, a number past int64 as -2^63), or `fallback` when absent
+// (or null, where `fallback` is given).
+int64_t whole_number(const nlohmann::json& j, const char* key, const std::string& where,
+                     std::optional<int64_t> fallback = std::nullopt) {
+  if (fallback && (!j.contains(key) || j[key].is_null())) return *fallback;
+  if (!j.contains(key)) fail(where, fmt::format("not a Llama config.json: it has no {}", key));
+  const nlohmann::json& v = j[key];
+  if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{1} << 62)) return v.get<int64_t>();
+  fail(where, fmt::format("{} is {}: expected a whole number", key, v.dump()));
+}
+
 // A Hugging Face directory: config.json (LlamaConfig fields) and model.safetensors or its shards.
 class SafetensorsSource final : public TensorSource {
  public:
   explicit SafetensorsSource(const std::string& dir) : path_(dir) {
     const fs::path cfg = fs::path(dir) / "config.json";
+    if (std::error_code ec; !fs::is_regular_file(cfg, ec)) fail(cfg.string(), "not a file: expected a Llama config.json");
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(std::ifstream(cfg));
+      if (!j.is_object()) fail(cfg.string(), "not a Llama config.json: expected a JSON object");
       if (j.value("model_type", std::string()) != "llama") fail(cfg.string(), "model_type is not \"llama\"");
-      config_.vocab_size = j.at("vocab_size");
-      config_.hidden_size = j.at("hidden_size");
-      config_.intermediate_size = j.at("intermediate_size");
-      config_.num_hidden_layers = j.at("num_hidden_layers");
-      config_.num_attention_heads = j.at("num_attention_heads");
-      config_.num_key_value_heads = j.value("num_key_value_heads", config_.num_attention_heads);
-      config_.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
+      const std::string where = cfg.string();
+      config_.vocab_size = whole_number(j, "vocab_size", where);
+      config_.hidden_size = whole_number(j, "hidden_size", where);
+      config_.intermediate_size = whole_number(j, "intermediate_size", where);
+      config_.num_hidden_layers = whole_number(j, "num_hidden_layers", where);
+      config_.num_attention_heads = whole_number(j, "num_attention_heads", where);
+      config_.num_key_value_heads = whole_number(j, "num_key_value_heads", where, config_.num_attention_heads);
+      config_.max_position_embeddings = whole_number(j, "max_position_embeddings", where, int64_t{2048});
       config_.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
       read_rope(j, cfg.string(), config_);
       config_.tie_word_embeddings = j.value("tie_word_embeddings", false);
@@ -185,46 +204,33 @@ class SafetensorsSource final : public TensorSource {
       if (j.value("mlp_bias", false)) fail(cfg.string(), "mlp_bias is true: shardtrain's MLP has no biases");
       if (const std::string act = j.value("hidden_act", std::string("silu")); act != "silu")
         fail(cfg.string(), fmt::format("hidden_act is \"{}\": shardtrain's MLP is SwiGLU (silu)", act));
+      if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+        const int64_t head_dim = whole_number(j, "head_dim", where);
+        if (config_.num_attention_heads > 0 && head_dim != config_.hidden_size / config_.num_attention_heads)
+          fail(where, fmt::format("head_dim {} differs from hidden_size / num_attention_heads", head_dim));
+      }
     } catch (const nlohmann::json::exception& e) {
       fail(cfg.string(), fmt::format("not a Llama config.json: {}", e.what()));
+    } catch (const std::ios_base::failure& e) {
+      fail(cfg.string(), fmt::format("cannot read it: {}", e.what()));
     }
     try {
       config_.validate();
     } catch (const ConfigError& e) {
       fail(cfg.string(), e.what());
     }
-    if (j.contains("head_dim") && j["head_dim"].get<int64_t>() != config_.head_dim())
-      fail(cfg.string(),
-           fmt::format("head_dim {} differs from hidden_size / num_attention_heads", j["head_dim"].get<int64_t>()));
     if (fs::exists(fs::path(dir) / "tokenizer.json")) {
       tokenizer_ = nlohmann::json{{"name", "tokenizer.json"}, {"path", (fs::path(dir) / "tokenizer.json").string()}}.dump();
+    } else if (fs::exists(fs::path(dir) / "vocab.json") && fs::exists(fs::path(dir) / "merges.txt")) {
+      // GPT-2's files as the export writes them (a model trained with encoder.json + vocab.bpe): the folder loads.
+      tokenizer_ = nlohmann::json{{"name", "gpt2"}, {"path", dir}}.dump();
     }
-    for (const auto& e : fs::directory_iterator(dir)) {
-      if (e.path().extension() != ".safetensors") continue;
-      const std::string file = e.path().string();
-      std::ifstream in(file, std::ios::binary);
-      unsigned char len[8] = {};
-      in.read(reinterpret_cast<char*>(len), 8);
-      uint64_t n = 0;
-      for (int b = 7; b >= 0; --b) n = (n << 8) | len[b];
-      if (!in || n > (uint64_t{1} << 30)) fail(file, "not a safetensors file (header length)");
-      std::string header(n, '\0');
-      in.read(header.data(), static_cast<std::streamsize>(n));
-      try {
-        const nlohmann::json parsed = nlohmann::json::parse(header);  // items() must not outlive it
-        for (auto& [name, info] : parsed.items()) {
-          if (name == "__metadata__") continue;
-          Entry en{file, 8 + n + info.at("data_offsets")[0].get<uint64_t>(), info.at("dtype").get<std::string>(), 1};
-          for (int64_t d : info.at("shape").get<std::vector<int64_t>>()) en.numel *= d;
-          if (en.dtype != "F32" && en.dtype != "BF16")
-            fail(file, fmt::format("'{}' is {} (expected F32 or BF16)", name, en.dtype));
-          entries_[name] = en;
-        }
-      } catch (const nlohmann::json::exception& ex) {
-        fail(file, fmt::format("malformed header: {}", ex.what()));
-      }
-    }
+    for (const std::string& file : weight_files(dir)) read_header(file);
+    for (const auto& [tensor, file] : indexed_)
+      if (!entries_.count(tensor))
+        fail(index_, fmt::format("its weight_map puts '{}' in {}, which does not hold it", tensor, file));
     if (entries_.empty()) fail(dir, "no .safetensors files");
+    check_shapes(cfg.string());
   }
   const std::string& path() const override { return path_; }
   const model::LlamaConfig& model_config() const override { return config_; }
@@ -241,7 +247,9 @@ class SafetensorsSource final : public TensorSource {
   }
   void read(const std::string& name, int64_t begin, std::span<float> out) override {
     auto it = entries_.find(name);
-    if (it == entries_.end()) fail(path_, fmt::format("no tensor named '{}'", name));
+    if (it == entries_.end())
+      fail(path_, fmt::format("no tensor named '{}'{}", name,
+                              index_.empty() ? std::string() : fmt::format(" (the index {} lists the files)", index_)));
     const Entry& e = it->second;
     if (begin + static_cast<int64_t>(out.size()) > e.numel)
       fail(e.file, fmt::format("'{}' has only {} elements", name, e.numel));
@@ -264,8 +272,124 @@ class SafetensorsSource final : public TensorSource {
     uint64_t offset = 0;  // of the tensor's first byte in the file
     std::string dtype;
     int64_t numel = 1;
+    std::vector<int64_t> shape;
   };
-  std::string path_, tokenizer_;
+
+  // The files the weights are in: those model.safetensors.index.json's weight_map names (each must be there), or
+  // without an index every *.safetensors of the folder. A stray file beside an index (an older export's) was read as
+  // well, and the last one listed won a tensor both held: another model's weights, silently.
+  std::vector<std::string> weight_files(const std::string& dir) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+    if (fs::exists(index, ec)) {
+      index_ = index.string();
+      std::set<std::string> named;
+      try {
+        const nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+        for (const auto& [tensor, file] : j.at("weight_map").items()) {
+          const std::string f = file.get<std::string>();
+          if (f.empty() || f.find('/') != std::string::npos)
+            fail(index_, fmt::format("weight_map: '{}' is not a file name", f));
+          named.insert(f);
+          indexed_[tensor] = f;
+        }
+      } catch (const nlohmann::json::exception& e) {
+        fail(index_, fmt::format("not a safetensors index: {}", e.what()));
+      }
+      for (const std::string& f : named) {
+        const fs::path path = fs::path(dir) / f;
+        if (!fs::exists(path, ec)) fail(index_, fmt::format("names {}, which is not in {}", f, dir));
+        files.push_back(path.string());
+      }
+    } else {
+      for (const auto& e : fs::directory_iterator(dir))
+        if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+      std::sort(files.begin(), files.end());
+    }
+    for (const std::string& f : files)
+      if (!fs::is_regular_file(f, ec))  // a FIFO waited for a writer for ever
+        fail(f, "not a regular file: expected a safetensors file");
+    return files;
+  }
+
+  // One file's header: each tensor's dtype, shape and place, checked as the format defines them: data_offsets
+  // [begin, end) relative to the data after the header, end - begin the tensor's bytes, inside the file, no two
+  // tensors overlapping. An offset outside the data read the header or another tensor's bytes as weights.
+  void read_header(const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    unsigned char len[8] = {};
+    in.read(reinterpret_cast<char*>(len), 8);
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; --b) n = (n << 8) | len[b];
+    std::error_code ec;
+    const uint64_t size = fs::file_size(file, ec);
+    if (!in || ec || n > (uint64_t{1} << 30) || 8 + n > size) fail(file, "not a safetensors file (header length)");
+    std::string header(n, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(n));
+    const uint64_t data_bytes = size - 8 - n;
+    std::vector<std::pair<std::pair<uint64_t, uint64_t>, std::string>> spans;
+    try {
+      const nlohmann::json parsed = nlohmann::json::parse(header);  // items() must not outlive it
+      for (auto& [name, info] : parsed.items()) {
+        if (name == "__metadata__") continue;
+        Entry en{file, 0, info.at("dtype").get<std::string>(), 1, {}};
+        if (en.dtype != "F32" && en.dtype != "BF16")
+          fail(file, fmt::format("'{}' is {} (expected F32 or BF16)", name, en.dtype));
+        for (const nlohmann::json& d : info.at("shape")) {
+          if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+            fail(file, fmt::format("'{}' has shape {}: expected sizes from 0", name, info.at("shape").dump()));
+          en.shape.push_back(d.get<int64_t>());
+          en.numel *= en.shape.back();
+        }
+        const nlohmann::json& at = info.at("data_offsets");
+        if (!at.is_array() || at.size() != 2 || !at[0].is_number_unsigned() || !at[1].is_number_unsigned())
+          fail(file, fmt::format("'{}' has data_offsets {}: expected [begin, end]", name, at.dump()));
+        const uint64_t begin = at[0].get<uint64_t>(), end = at[1].get<uint64_t>();
+        const uint64_t bytes = static_cast<uint64_t>(en.numel) * (en.dtype == "BF16" ? 2 : 4);
+        if (end < begin || end - begin != bytes || end > data_bytes)
+          fail(file, fmt::format("'{}' has data_offsets [{}, {}]: its {} {} values take {} bytes, within the {} bytes of "
+                                 "data after the header",
+                                 name, begin, end, en.numel, en.dtype, bytes, data_bytes));
+        en.offset = 8 + n + begin;
+        if (!index_.empty()) {
+          const auto listed = indexed_.find(name);
+          if (listed == indexed_.end() || listed->second != fs::path(file).filename().string()) continue;  // not this file's
+        }
+        if (const auto seen = entries_.find(name); seen != entries_.end())
+          fail(file, fmt::format("'{}' is in {} too: which of the two is the model's? (a stray file of another export "
+                                 "in the folder?)",
+                                 name, seen->second.file));
+        if (bytes > 0) spans.push_back({{begin, end}, name});
+        entries_[name] = std::move(en);
+      }
+    } catch (const nlohmann::json::exception& ex) {
+      fail(file, fmt::format("malformed header: {}", ex.what()));
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t k = 1; k < spans.size(); ++k)
+      if (spans[k].first.first < spans[k - 1].first.second)
+        fail(file,
+             fmt::format("'{}' and '{}' overlap (data_offsets [{}, {}) and [{}, {}))", spans[k - 1].second, spans[k].second,
+                         spans[k - 1].first.first, spans[k - 1].first.second, spans[k].first.first, spans[k].first.second));
+  }
+
+  // Every tensor the model has is the shape config.json's model needs: a config.json of another shape read the front
+  // of each tensor, laid out wrongly (a loss and text from garbage, exit 0), or sized a model far larger than the weights
+  // before they were looked at.
+  void check_shapes(const std::string& cfg) const {
+    const model::ModelSpec spec(config_);
+    for (const model::ParamInfo& p : spec.params()) {
+      const auto it = entries_.find(p.name);
+      if (it == entries_.end() || it->second.shape == p.shape) continue;
+      fail(it->second.file, fmt::format("'{}' has shape [{}], but the model {} describes needs [{}]: the configuration "
+                                        "and the weights disagree",
+                                        p.name, fmt::join(it->second.shape, ", "), cfg, fmt::join(p.shape, ", ")));
+    }
+  }
+
+  std::string path_, tokenizer_, index_;
+  std::map<std::string, std::string> indexed_;  // the index's weight_map: tensor -> file name
   model::LlamaConfig config_;
   std::map<std::string, Entry> entries_;
 };
@@ -289,7 +413,7 @@ void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string
     // A Hugging Face directory records no hash, only its tokenizer.json: that file is the model's tokenizer.
     const std::string path = text("path");
     std::error_code ec;
-    if (path.empty() || !fs::is_regular_file(path, ec) || fs::equivalent(path, tokenizer_path, ec)) return;
+    if (path.empty() || !fs::exists(path, ec) || fs::equivalent(path, tokenizer_path, ec)) return;
     try {
       want = data::Tokenizer::load(path).hash();
       name = path;

@@ -78,8 +78,12 @@ int run_generate(const GenerateOptions& o) {
   std::span<const float> logits;
   for (data::TokenId id : ids) logits = decoder.step(static_cast<int32_t>(id));
   std::vector<data::TokenId> out;
+  // A vocabulary padded past the tokenizer's (model.vocab_size above the dataset's, for a multiple of 64): those rows
+  // are no token, and one sampled ended the run with a decode error and nothing printed. Sampled among the
+  // tokenizer's ids only.
+  const size_t usable = std::min(logits.size(), static_cast<size_t>(tokenizer.vocab_size()));
   while (decoder.length() < capacity) {
-    const int32_t next = model::sample_token(logits, o.sampling, rng);
+    const int32_t next = model::sample_token(logits.first(usable), o.sampling, rng);
     if (tokenizer.eot_id() && static_cast<data::TokenId>(next) == *tokenizer.eot_id()) break;
     out.push_back(static_cast<data::TokenId>(next));
     logits = decoder.step(next);

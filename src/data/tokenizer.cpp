@@ -46,7 +46,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
     if (fs::exists(fs::path(path) / "tokenizer.json")) return load((fs::path(path) / "tokenizer.json").string());
     if (fs::exists(fs::path(path) / "encoder.json") && fs::exists(fs::path(path) / "vocab.bpe"))
       return Tokenizer(detail::load_gpt2_encoder(path));
-    throw DataError(fmt::format("{}: folder has neither tokenizer.json nor encoder.json + vocab.bpe", path));
+    // A Hugging Face folder of GPT-2's files (shardtrain's export of a model trained with encoder.json + vocab.bpe).
+    if (fs::exists(fs::path(path) / "vocab.json") && fs::exists(fs::path(path) / "merges.txt"))
+      return Tokenizer(detail::load_gpt2_encoder(path, "vocab.json", "merges.txt"));
+    throw DataError(fmt::format(
+        "{}: folder has neither tokenizer.json nor GPT-2's encoder.json + vocab.bpe (or vocab.json + merges.txt)", path));
   }
   if (!fs::exists(path, ec)) throw DataError(fmt::format("{}: tokenizer file not found", path));
   const std::string ext = fs::path(path).extension().string();

@@ -522,9 +522,10 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
   return m;
 }
 
-std::shared_ptr<TokenizerModel> load_gpt2_encoder(const std::string& dir) {
-  const std::string enc_path = (std::filesystem::path(dir) / "encoder.json").string();
-  const std::string bpe_path = (std::filesystem::path(dir) / "vocab.bpe").string();
+std::shared_ptr<TokenizerModel> load_gpt2_encoder(const std::string& dir, const std::string& encoder,
+                                                  const std::string& merges_file) {
+  const std::string enc_path = (std::filesystem::path(dir) / encoder).string();
+  const std::string bpe_path = (std::filesystem::path(dir) / merges_file).string();
   const std::string enc_text = read_file(enc_path), bpe_text = read_file(bpe_path);
   auto m = std::make_shared<TokenizerModel>();
   m->path = dir;

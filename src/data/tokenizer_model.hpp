@@ -91,7 +91,10 @@ void byte_fallback_symbols(const TokenizerModel& m, std::string_view text, std::
 
 std::shared_ptr<TokenizerModel> load_tiktoken(const std::string& path);
 std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std::string& path);
-std::shared_ptr<TokenizerModel> load_gpt2_encoder(const std::string& dir);
+// GPT-2's files in `dir`: encoder.json + vocab.bpe as published, or vocab.json + merges.txt as a Hugging Face folder
+// (and shardtrain's export) names the same two files.
+std::shared_ptr<TokenizerModel> load_gpt2_encoder(const std::string& dir, const std::string& encoder = "encoder.json",
+                                                  const std::string& merges = "vocab.bpe");
 
 // NFC-normalizes the valid UTF-8 runs of text (invalid bytes are kept as they are).
 std::string nfc_normalize(std::string_view text);
