@@ -40,6 +40,16 @@ losses = [json.loads(l)["loss"] for l in open(os.path.join(work, "run", "metrics
 print(f"trained: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
 check(len(losses) == 60 and losses[-1] < losses[0] - 0.5, f"training did not learn: {losses[:1]} -> {losses[-1:]}")
 
+# A model as wide as Llama 3's vocabulary (its rows past the dataset's 512 ids never trained), for the exports that
+# ship another tokenizer's files below: --tokenizer-unchecked skips the hash, never the count of ids (a tokenizer of
+# more ids than the model's rows wrote an eos_token_id past the vocabulary into config.json).
+wide = os.path.join(work, "wide-ckpt")
+run(st, "train", "--config", "configs/tiny-cpu.toml", "--data.path", ds, "--logging.run_dir", os.path.join(work, "wide"),
+    "--checkpoint.dir", wide, "--model.vocab_size", "128256", "--model.hidden_size", "16", "--model.intermediate_size", "32",
+    "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2", "--model.num_key_value_heads", "1",
+    "--data.seq_len", "16", "--data.global_batch_size", "2", "--schedule.max_steps", "1", "--schedule.warmup_steps", "0",
+    "--schedule.eval_every", "0", "--checkpoint.every_n_steps", "1", "--logging.progress", "off")
+
 exports = {}
 for dtype in ("f32", "bf16"):
     out = os.path.join(work, f"hf-{dtype}")
@@ -62,7 +72,7 @@ for name, path in tokenizers.items():
     if name != "trained":
         # Another tokenizer's file forms on purpose (their ids, names and special tokens are what is compared): not
         # the model's own, so shipped unchecked.
-        run(st, "consolidate", ckpts, "--output", hf, "--format", "safetensors", "--tokenizer", path,
+        run(st, "consolidate", wide, "--output", hf, "--format", "safetensors", "--tokenizer", path,
             "--tokenizer-unchecked")
     theirs = env.side("tokenize", hf, *prompts)
     ours = [json.loads(run(st, "tokenizer", "encode", "--json", "-t", path, "--text", p).stdout)["ids"] for p in prompts]
