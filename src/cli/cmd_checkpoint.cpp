@@ -16,6 +16,7 @@ struct ConsolidateOptions {
   std::string checkpoint, output, format = "hdf5", dtype = "fp32", tokenizer;
   double max_shard_gib = 2.0;
   bool tokenizer_unchecked = false;
+  bool max_shard_given = false;
 };
 
 // A checkpoint, or a directory of checkpoints (a run's checkpoint.dir): its newest complete one, said on stderr. A
@@ -42,6 +43,9 @@ int run_consolidate(const ConsolidateOptions& o) {
     throw UsageError(fmt::format("--max-shard-gib {}: expected a file size in GiB from 0.0009765625 (1 MiB) to 1048576",
                                  o.max_shard_gib));
   e.max_shard_bytes = static_cast<uint64_t>(o.max_shard_gib * (1ull << 30));
+  // One HDF5 file is never split: the option was ignored without a word.
+  if (o.max_shard_given && e.format == checkpoint::ExportFormat::Hdf5)
+    throw UsageError("--max-shard-gib: only with --format safetensors (--format hdf5 writes one file)");
   const std::string path = checkpoint_or_newest(o.checkpoint);
   if (e.tokenizer.empty() && e.format == checkpoint::ExportFormat::Safetensors) {
     // The tokenizer the checkpoint names, relative to the folder its run started in: found from here too.
@@ -115,7 +119,10 @@ Command add_consolidate_command(CLI::App& parent) {
                   "ship --tokenizer without comparing it with the checkpoint's (another file form of the same vocabulary)");
   c.app->add_option("--max-shard-gib", o->max_shard_gib, "safetensors: split files above this size")->capture_default_str();
   c.launch = Launch::Offline;
-  c.run = [o](Runtime*) { return run_consolidate(*o); };
+  c.run = [o, app = c.app](Runtime*) {
+    o->max_shard_given = app->get_option("--max-shard-gib")->count() > 0;
+    return run_consolidate(*o);
+  };
   return c;
 }
 

@@ -87,7 +87,11 @@ expect("collective_timeout -1", run([*train, "--fsdp.collective_timeout", "-1", 
        "fsdp.collective_timeout", "got -1")
 expect("consolidate --max-shard-gib -1", run(["consolidate", work, "--output", os.path.join(work, "never"), "--format",
                                               "safetensors", "--max-shard-gib", "-1"]), 2, "--max-shard-gib -1")
-check(not os.path.exists(os.path.join(work, "never")), "a refused consolidate writes nothing")
+expect("consolidate --max-shard-gib with hdf5", run(["consolidate", work, "--output", os.path.join(work, "never.h5"),
+                                                     "--max-shard-gib", "1"]), 2,
+       "--max-shard-gib: only with --format safetensors")
+check(not os.path.exists(os.path.join(work, "never")) and not os.path.exists(os.path.join(work, "never.h5")),
+      "a refused consolidate writes nothing")
 expect("prepare-data into a missing folder", run(["prepare-data", "-t", os.path.join(proj, "tok.json"), "-i", moby, "-o",
                                                   os.path.join(work, "no-such-folder", "x.h5")]), 2, "no-such-folder", "does not exist")
 check(not os.path.exists(os.path.join(work, "no-such-folder")), "prepare-data made no folder")
