@@ -21,8 +21,8 @@
 # made for them is removed.
 # Exit codes (docs/exit-codes.md): 0 queued; 2 usage: no such job script, a job script or `--` among the options
 # (sbatch would run that one), --wait (or SBATCH_WAIT), --no-requeue (or SBATCH_NO_REQUEUE), an --export (or
-# SBATCH_EXPORT) without ALL (the jobs read their settings from the environment), a --dependency with PREPARE=1, a --chdir that is no directory, a
-# submission Slurm refused (sbatch's or scontrol's message is above it: an option or partition it does not
+# SBATCH_EXPORT) without ALL (the jobs read their settings from the environment), a --dependency with PREPARE=1,
+# a --chdir that is no directory, a submission Slurm refused (sbatch's or scontrol's message is above it: an option or partition it does not
 # know, an EVAL_SBATCH_ARGS typo); 3 configuration: CONFIG unset, a setting the jobs do not understand
 # (LAUNCHER, GPU_BIND, VERIFY_DATA, RESTART_ON, MAX_RESTARTS, EXCLUDE_FAILED_NODES, PREPARE, EVALUATE,
 # PREFLIGHT), a --time the --signal warning does not fit in; 8: the run directory cannot be made; the
