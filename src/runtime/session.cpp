@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "shardtrain/runtime/check.hpp"
 
 namespace shardtrain {
@@ -36,15 +34,7 @@ bool MpiSession::active() {
 }
 
 void MpiSession::abort(ExitCode code) {
-  if (active()) {
-    int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    // A process started without a launcher (a singleton: `shardtrain train ...` on a workstation) has no other rank
-    // to end, and Open MPI's abort there only printed an internal error under the real message ("ORTE_ERROR_LOG: Data
-    // unpack would read past end of buffer"). Under mpirun (which sets OMPI_COMM_WORLD_SIZE) the abort stays: it is
-    // how mpirun learns that the job failed.
-    if (size != 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
-  }
+  if (active()) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
   std::_Exit(static_cast<int>(code));
 }
 
