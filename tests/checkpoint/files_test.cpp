@@ -489,8 +489,9 @@ TEST(CheckpointFiles, HfConfigOfEitherTransformersVersion) {
 
     // What the export writes for a scaled model reads back the same, in both forms.
     const std::string scaled_dir = dir + "/hf-llama3";
-    std::vector<float> zeros(16, 0.0f);
-    const std::vector<checkpoint::FullTensor> tensors = {{"model.norm.weight", {16}, zeros}};
+    // One tensor, of the shape the config describes (a reader checks every tensor's shape against it).
+    std::vector<float> zeros(static_cast<size_t>(c.hidden_size), 0.0f);
+    const std::vector<checkpoint::FullTensor> tensors = {{"model.norm.weight", {c.hidden_size}, zeros}};
     checkpoint::export_hf_directory(c, tensors, scaled_dir, eo);
     const nlohmann::json written = nlohmann::json::parse(std::ifstream(fs::path(scaled_dir) / "config.json"));
     EXPECT_EQ(written["rope_parameters"]["rope_type"], "llama3");
