@@ -251,8 +251,20 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // Weights without a run config (a consolidated file, a Hugging Face directory) and no --config: the
   // defaults, given a run length only because a config must have one (evaluation takes no steps).
   const std::string saved = source->config_toml();
-  train::TrainConfig c = o.args.resolve(notes, config_source, saved.empty() ? kNoRunLength : saved,
-                                        saved.empty() ? "the defaults" : "the run config saved with the weights");
+  train::TrainConfig c;
+  try {
+    c = o.args.resolve(notes, config_source, saved.empty() ? kNoRunLength : saved,
+                       saved.empty() ? "the defaults" : "the run config saved with the weights");
+  } catch (const ConfigError& e) {
+    // Said for what it is: "data.path: expected the dataset file written by prepare-data" left the user to guess that
+    // these weights, unlike a checkpoint, carry no run (and so no dataset) of their own.
+    if (!saved.empty() || !o.args.config.empty() || std::string_view(e.what()).rfind("data.path:", 0) != 0) throw;
+    throw ConfigError(fmt::format(
+        "{}: these weights carry no run configuration (a consolidated file or a Hugging Face directory does not; a "
+        "checkpoint does), so there is no dataset to evaluate on: give --data.path DATASET, or --config the run's "
+        "config",
+        source->path()));
+  }
   for (const auto& n : notes) log::info("evaluate: {}", n);
   c.model = source->model_config();
   // The saved config's datasets are relative to the folder the run started in, which may not be this one.

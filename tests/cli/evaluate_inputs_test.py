@@ -248,6 +248,12 @@ p = evaluate(*hf, "--json", "old.json")
 check(p.returncode == 0 and json.load(open(os.path.join(work, "old.json")))["weights"] == "hf",
       f"--json over a text file: exit {p.returncode}: {p.stderr[-600:]}")
 
+# Weights without a run config and no dataset: said for what it is (it was "data.path: expected the dataset file").
+for weights in ("w.h5", "hf"):
+    p = evaluate("-w", weights)
+    check(p.returncode == 3 and f"{weights}: these weights carry no run configuration" in p.stderr and "--data.path DATASET" in p.stderr,
+          f"evaluate -w {weights} alone: exit {p.returncode}: {p.stderr[-600:]}")
+
 # consolidate, prepare-data and tokenizer train into a checkpoint, or into a folder named as a save names one in the
 # run's checkpoint directory: refused (exit 2), nothing written. A rotation, or the next start's cleanup of what looked
 # like an unfinished save, deleted the export there without a word.
