@@ -337,8 +337,10 @@ class SafetensorsSource final : public TensorSource {
         if (en.dtype != "F32" && en.dtype != "BF16")
           fail(file, fmt::format("'{}' is {} (expected F32 or BF16)", name, en.dtype));
         for (const nlohmann::json& d : info.at("shape")) {
-          if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
-            fail(file, fmt::format("'{}' has shape {}: expected sizes from 0", name, info.at("shape").dump()));
+          if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40) ||
+              (d.get<uint64_t>() > 0 && static_cast<uint64_t>(en.numel) > (uint64_t{1} << 40) / d.get<uint64_t>()))
+            fail(file, fmt::format("'{}' has shape {}: expected sizes from 0, at most 2^40 values in all", name,
+                                   info.at("shape").dump()));
           en.shape.push_back(d.get<int64_t>());
           en.numel *= en.shape.back();
         }
