@@ -44,8 +44,9 @@ slurmctld and two slurmd's) runs them through sbatch, as a user would.
 The requeues counted are the job scripts' own (RUN_DIR/restarts.log, and the starts the job's log shows). Slurm's
 Restarts counts those and any requeue Slurm makes itself, which the scripts never see: under load (the whole suite
 beside it) a job whose run resumed once, from the checkpoint its script saved before requeueing it, was seen at
-Restarts=2 (CI, and once in 14 loaded runs here), probably a batch launch Slurm failed and tried again (minislurm starts a requeued job at once, not after
-Slurm's two minutes). A failing check prints what Slurm's daemons logged about the job, to tell the two apart.
+Restarts=2 (CI, and once in 14 loaded runs here), probably a batch launch Slurm failed and tried again (minislurm
+starts a requeued job at once, not after Slurm's two minutes). A failing check prints what Slurm's daemons logged
+about the job, to tell the two apart.
 The daemons are stopped at the end, also when a check fails or the test is interrupted."""
 import gzip
 import hashlib
