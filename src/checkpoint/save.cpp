@@ -26,6 +26,7 @@
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace fs = std::filesystem;
 
@@ -226,10 +227,7 @@ std::string make_temporary(const std::string& final_dir, MPI_Comm world, int ran
       payload = "E" + std::string(e.what());
     }
   }
-  int length = static_cast<int>(payload.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
-  payload.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(payload.data(), length, MPI_CHAR, 0, world));
+  payload = broadcast_text(world, 0, std::move(payload));
   if (payload[0] == 'E')
     throw IoError(rank == 0 ? payload.substr(1)
                             : fmt::format("{}: rank 0 could not create the checkpoint directory", final_dir));
@@ -284,11 +282,7 @@ void agree(const SaveScope& s, const std::string& error) {
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, s.world));
   if (v[0] == 0) return;
   const int root = v[1];
-  std::string text = s.rank == root ? error : std::string();
-  int length = static_cast<int>(text.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, root, s.world));
-  text.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, s.world));
+  const std::string text = broadcast_text(s.world, root, s.rank == root ? error : std::string());
   if (s.rank == 0) {
     if (!s.tmp.empty()) discard(s.tmp);
     // Left without DONE by this save's publication; one holding anything else is not this save's to remove.

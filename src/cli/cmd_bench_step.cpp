@@ -34,6 +34,7 @@
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/metrics.hpp"
 #include "shardtrain/train/trainer.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -135,11 +136,7 @@ std::string make_temp_dir(MPI_Comm world, int rank) {
     if (!mkdtemp(pattern.data())) throw IoError(fmt::format("{}: cannot create the benchmark's run directory", pattern));
     path = pattern;
   }
-  int n = static_cast<int>(path.size());
-  ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, world));
-  path.resize(static_cast<size_t>(n));
-  ST_CHECK_MPI(MPI_Bcast(path.data(), n, MPI_CHAR, 0, world));
-  return path;
+  return broadcast_text(world, 0, std::move(path));
 }
 
 int64_t max_over_ranks(int64_t v, MPI_Comm world) {

@@ -32,6 +32,28 @@ const char* exit_code_name(ExitCode code) {
   return "unknown";
 }
 
+namespace {
+
+template <class E>
+[[noreturn]] void throw_marked(E e, bool every_rank) {
+  if (every_rank) e.mark_raised_on_every_rank();
+  throw e;
+}
+
+}  // namespace
+
+void throw_typed(ExitCode code, const std::string& message, bool every_rank) {
+  switch (code) {
+    case ExitCode::Usage: throw_marked(UsageError(message), every_rank);
+    case ExitCode::Config: throw_marked(ConfigError(message), every_rank);
+    case ExitCode::Data: throw_marked(DataError(message), every_rank);
+    case ExitCode::Checkpoint: throw_marked(CheckpointError(message), every_rank);
+    case ExitCode::Io: throw_marked(IoError(message), every_rank);
+    case ExitCode::Internal: throw_marked(InternalError(message), every_rank);
+    default: throw_marked(Error(code, message), every_rank);
+  }
+}
+
 namespace detail {
 namespace {
 

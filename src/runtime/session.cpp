@@ -71,4 +71,12 @@ void MpiComm::reset() {
   comm_ = MPI_COMM_NULL;
 }
 
+std::string broadcast_text(MPI_Comm comm, int root, std::string text) {
+  int length = static_cast<int>(text.size());
+  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, root, comm));
+  text.resize(static_cast<size_t>(length));
+  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, comm));
+  return text;
+}
+
 }  // namespace shardtrain

@@ -23,6 +23,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/preflight.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace fs = std::filesystem;
 
@@ -180,14 +181,9 @@ void CheckpointDirClaim::acquire(MPI_Comm world, const std::string& dir, const s
     check_every_rank_sees(world, rank, dir, text);
     return;
   }
-  int length = static_cast<int>(error.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
-  error.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(error.data(), length, MPI_CHAR, 0, world));
+  error = broadcast_text(world, 0, std::move(error));
   lock_.release();
-  if (code == static_cast<int>(ExitCode::Checkpoint)) throw CheckpointError(error);
-  if (code == static_cast<int>(ExitCode::Io)) throw IoError(error);
-  throw Error(static_cast<ExitCode>(code), error);
+  throw_typed(static_cast<ExitCode>(code), error, /*every_rank=*/true);
 }
 
 void CheckpointDirClaim::renew(MPI_Comm world) {
@@ -221,11 +217,8 @@ void CheckpointDirClaim::renew(MPI_Comm world) {
 }
 
 void CheckpointDirClaim::check_every_rank_sees(MPI_Comm world, int rank, const std::string& dir, std::string text) {
-  int length = static_cast<int>(text.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
-  if (length == 0) return;  // rank 0 could not write its lock file: nothing to look for
-  text.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, 0, world));
+  text = broadcast_text(world, 0, std::move(text));
+  if (text.empty()) return;  // rank 0 could not write its lock file: nothing to look for
   std::string problem;
   if (rank != 0) {
     // A file another node's client has not looked up before is read from the server; a few tries cover a client that

@@ -15,6 +15,7 @@
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain::train {
 namespace {
@@ -101,12 +102,8 @@ std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, world));
   if (v[0] == ~v[1]) return {};
 
-  std::string root = rank == 0 ? mine : std::string();
-  int length = static_cast<int>(root.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
-  root.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(root.data(), length, MPI_CHAR, 0, world));
-  std::string found = rank == 0 ? std::string() : difference(entries, deserialize(root), rank);
+  const std::string root = broadcast_text(world, 0, rank == 0 ? mine : std::string());
+  const std::string found = rank == 0 ? std::string() : difference(entries, deserialize(root), rank);
   int differs = found.empty() ? 0 : 1;
   std::vector<int> flags(static_cast<size_t>(size));
   ST_CHECK_MPI(MPI_Allgather(&differs, 1, MPI_INT, flags.data(), 1, MPI_INT, world));
@@ -114,12 +111,8 @@ std::string first_disagreement(MPI_Comm world, const std::vector<std::pair<std::
   for (int r = 0; r < size; ++r)
     if (flags[static_cast<size_t>(r)]) ranks.push_back(r);
   if (ranks.empty()) return {};  // equal entries, unequal checksums: cannot happen (one serialization)
-  int n = static_cast<int>(found.size());
-  ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, ranks.front(), world));
-  found.resize(static_cast<size_t>(n));
-  ST_CHECK_MPI(MPI_Bcast(found.data(), n, MPI_CHAR, ranks.front(), world));
-  return fmt::format("{} (rank{} {} of {} differ{} from rank 0)", found, ranks.size() == 1 ? "" : "s", rank_list(ranks),
-                     size, ranks.size() == 1 ? "s" : "");
+  return fmt::format("{} (rank{} {} of {} differ{} from rank 0)", broadcast_text(world, ranks.front(), found),
+                     ranks.size() == 1 ? "" : "s", rank_list(ranks), size, ranks.size() == 1 ? "s" : "");
 }
 
 void check_ranks_agree_on_config(MPI_Comm world, const std::string& resolved_toml) {
@@ -147,19 +140,6 @@ void check_ranks_agree_on_data(MPI_Comm world, const std::vector<data::MixtureCo
                     d)));
 }
 
-namespace {
-
-// Collective: `text` as `root` has it, on every rank.
-std::string from_rank(MPI_Comm world, int root, std::string text) {
-  int length = static_cast<int>(text.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, root, world));
-  text.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, world));
-  return text;
-}
-
-}  // namespace
-
 void agreed_outcome(MPI_Comm world, const std::function<void()>& body, const std::string& unlike) {
   int rank = 0, size = 1;
   ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
@@ -181,17 +161,15 @@ void agreed_outcome(MPI_Comm world, const std::function<void()>& body, const std
   if (ranks.empty()) return;
   const int lowest = ranks.front();
   ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, lowest, world));
-  std::string text = from_rank(world, lowest, rank == lowest ? error : std::string());
+  std::string text = broadcast_text(world, lowest, rank == lowest ? error : std::string());
   if (static_cast<int>(ranks.size()) < size) {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    const std::string where = from_rank(world, lowest, rank == lowest ? std::string(host) : std::string());
+    const std::string where = broadcast_text(world, lowest, rank == lowest ? std::string(host) : std::string());
     text = fmt::format("{} (on rank{} {} of {}, rank {} on {}; the other ranks{}: {})", text, ranks.size() == 1 ? "" : "s",
                        rank_list(ranks), size, lowest, where, lowest == 0 ? "" : ", rank 0 too, did not fail", unlike);
   }
-  if (code == static_cast<int>(ExitCode::Checkpoint)) throw on_every_rank(CheckpointError(text));
-  if (code == static_cast<int>(ExitCode::Io)) throw on_every_rank(IoError(text));
-  throw on_every_rank(Error(static_cast<ExitCode>(code), text));
+  throw_typed(static_cast<ExitCode>(code), text, /*every_rank=*/true);
 }
 
 std::vector<std::string> rank0_answer(MPI_Comm world, const std::function<std::vector<std::string>()>& look) {
@@ -208,12 +186,8 @@ std::vector<std::string> rank0_answer(MPI_Comm world, const std::function<std::v
     }
   }
   ST_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, world));
-  payload = from_rank(world, 0, std::move(payload));
-  if (code != 0) {
-    if (code == static_cast<int>(ExitCode::Checkpoint)) throw on_every_rank(CheckpointError(payload));
-    if (code == static_cast<int>(ExitCode::Io)) throw on_every_rank(IoError(payload));
-    throw on_every_rank(Error(static_cast<ExitCode>(code), payload));
-  }
+  payload = broadcast_text(world, 0, std::move(payload));
+  if (code != 0) throw_typed(static_cast<ExitCode>(code), payload, /*every_rank=*/true);
   std::vector<std::string> out;
   for (size_t at = 0; at < payload.size();) {
     const size_t end = payload.find('\0', at);
@@ -241,7 +215,7 @@ void check_ranks_see_checkpoint(MPI_Comm world, const std::string& checkpoint, c
   if (count == 0) return;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string where = from_rank(world, lowest, rank == lowest ? std::string(host) : std::string());
+  const std::string where = broadcast_text(world, lowest, rank == lowest ? std::string(host) : std::string());
   throw on_every_rank(CheckpointError(fmt::format(
       "{}: {} is {} on rank 0, but rank {} (on {}){} sees it {}: every rank must see the same checkpoints (is their "
       "directory on a node-local disk, such as /tmp or a local scratch, rather than a file system every node shares?)",
@@ -254,7 +228,7 @@ std::string lowest_error(MPI_Comm world, int rank, const std::string& error) {
   int v[2] = {error.empty() ? 0 : -1, error.empty() ? INT_MAX : rank};
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, world));
   if (v[0] == 0) return {};
-  const std::string text = from_rank(world, v[1], rank == v[1] ? error : std::string());
+  const std::string text = broadcast_text(world, v[1], rank == v[1] ? error : std::string());
   return v[1] == 0 ? text : fmt::format("rank {}: {}", v[1], text);
 }
 

@@ -12,6 +12,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace fs = std::filesystem;
 
@@ -118,11 +119,7 @@ bool begin_start_in_run_dir(MPI_Comm world, const TrainConfig& c, const std::str
   }
   ST_CHECK_MPI(MPI_Bcast(outcome, 2, MPI_INT, 0, world));
   if (outcome[0] == 0) return outcome[1] != 0;
-  int length = static_cast<int>(error.size());
-  ST_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, 0, world));
-  error.resize(static_cast<size_t>(length));
-  ST_CHECK_MPI(MPI_Bcast(error.data(), length, MPI_CHAR, 0, world));
-  throw Error(static_cast<ExitCode>(outcome[0]), error);
+  throw_typed(static_cast<ExitCode>(outcome[0]), broadcast_text(world, 0, std::move(error)), /*every_rank=*/true);
 }
 
 void remove_failure_records(const std::string& dir) {

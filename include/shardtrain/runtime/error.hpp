@@ -75,6 +75,11 @@ class InternalError : public Error {
   explicit InternalError(const std::string& m) : Error(ExitCode::Internal, m) {}
 };
 
+// Throws the typed error of `code` (CheckpointError for ExitCode::Checkpoint, IoError, DataError, ...) with `message`:
+// an error carried from one rank to the others as a code and a text arrives as the type a catch clause expects.
+// `every_rank`: marked on_every_rank (every rank throws it, rank 0 alone says it).
+[[noreturn]] void throw_typed(ExitCode code, const std::string& message, bool every_rank);
+
 // A failed call into MPI, NCCL, CUDA, cuBLAS or HDF5 (see check.hpp).
 class LibraryError : public Error {
  public:

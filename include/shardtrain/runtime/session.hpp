@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <string>
 #include <utility>
 
 #include "shardtrain/runtime/error.hpp"
@@ -61,5 +62,8 @@ class MpiComm {
   void reset();
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
+
+// Collective over `comm`: `text` as rank `root` holds it, returned on every rank (the others' `text` is ignored).
+std::string broadcast_text(MPI_Comm comm, int root, std::string text);
 
 }  // namespace shardtrain
