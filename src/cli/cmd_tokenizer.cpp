@@ -81,8 +81,14 @@ int run_train(const TokenizerArgs& a) {
   o.documents.split = a.blank_lines ? data::DocumentSplit::BlankLines : data::DocumentSplit::PerFile;
   o.documents.text_field = a.text_field;
   o.documents.text_field_given = a.text_field_given;
-  const auto files = data::expand_inputs(a.inputs, a.output);
+  const auto is_tokenizer_json = [](const std::string& file) {  // an earlier tokenizer, which this run replaces
+    std::ifstream in(file, std::ios::binary);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    return j.is_object() && j.contains("model") && j["model"].is_object();
+  };
+  const auto files = data::expand_inputs(a.inputs, a.output, {is_tokenizer_json, "a tokenizer.json"});
   data::check_text_field_applies(files, o.documents);
+  data::check_text_inputs_are_text(files, o.documents);
   const auto r = data::train_bpe(files, o);
   const auto check = data::Tokenizer::from_json_text(r.tokenizer_json, a.output);  // what we write must load back
   data::write_file_into_place(a.output, r.tokenizer_json, existing,

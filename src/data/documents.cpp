@@ -115,7 +115,7 @@ namespace {
 // The files of a folder given whole, in expand_inputs' order. Folders are compared where they lead, so that a
 // symbolic link loop (which the listing would follow 40 levels deep, reading every file at each) or a second link
 // to one folder is refused instead of reading the same files again.
-void list_folder(const std::string& folder, const std::string& output, std::vector<std::string>& out) {
+void list_folder(const std::string& folder, const std::string& output, const OwnOutput& own, std::vector<std::string>& out) {
   namespace fs = std::filesystem;
   std::set<fs::path> folders{fs::canonical(folder)};
   // Sorted by path; a save_to_disk folder inside keeps its own order, sorted where its folder falls.
@@ -141,6 +141,14 @@ void list_folder(const std::string& folder, const std::string& output, std::vect
       }
     } else if (it->is_regular_file()) {
       if (is_output_or_temporary(path, output)) {
+        // The output itself (not a temporary of it) is left out only when it is what the tool writes: a corpus file
+        // given as --output with --overwrite was replaced by the dataset, exit 0.
+        std::error_code ec;
+        if (fs::equivalent(path, output, ec) && !(own.holds && own.holds(path.string())))
+          throw UsageError(fmt::format(
+              "{}: is a file of the input folder {} (an input) and the output; writing the output would replace it, "
+              "--overwrite or not{} (give another --output)",
+              output, folder, own.kind.empty() ? std::string() : fmt::format(": it is not {}", own.kind)));
         log::info("{}: left out of the inputs: it is the output, or a temporary file of it", path.string());
         continue;
       }
@@ -186,7 +194,8 @@ void refuse_files_given_twice(const std::vector<std::string>& files) {
 
 }  // namespace
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output) {
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output,
+                                       const OwnOutput& own) {
   namespace fs = std::filesystem;
   // Every named input is looked at before any folder is listed: a pipe or device (which would be read without end)
   // is refused before any work, wherever it stands on the command line.
@@ -208,7 +217,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, c
         continue;
       }
       try {
-        list_folder(in, output, out);
+        list_folder(in, output, own, out);
       } catch (const fs::filesystem_error& e) {  // a link to itself, a folder that cannot be read
         throw DataError(
             fmt::format("{}: cannot list it: {}", e.path1().empty() ? in : e.path1().string(), e.code().message()));
@@ -247,6 +256,24 @@ void check_text_field_applies(const std::vector<std::string>& files, const Docum
       "--text-field {}: every input is plain text ({} file{}, e.g. {}), where there is no field to read; it applies "
       "to JSONL, Parquet and Arrow inputs (--format jsonl reads other names as JSONL)",
       options.text_field, files.size(), files.size() == 1 ? "" : "s", files.front()));
+}
+
+void check_text_inputs_are_text(const std::vector<std::string>& files, const DocumentOptions& options) {
+  constexpr size_t kLook = 64 << 10;
+  for (const auto& f : files) {
+    if (format_of(f, options) != InputFormat::Text) continue;
+    std::string head;
+    InputFile in(f);
+    while (head.size() < kLook && in.read_some(head, kLook - head.size()) > 0) {
+    }
+    const size_t nul = head.find('\0');
+    if (nul == std::string::npos) continue;
+    throw DataError(fmt::format(
+        "{}: is not text: it holds a NUL byte (byte {}){}; inputs are read as text unless their name says JSONL, "
+        "Parquet or Arrow (or --format does): leave it out of the inputs (move it out of the folder), or give its "
+        "format",
+        f, nul, is_hdf5_file(f) ? ", and is an HDF5 file (a prepared dataset?)" : ""));
+  }
 }
 
 namespace {

@@ -70,6 +70,20 @@ bool is_output_or_temporary(const fs::path& path, const std::string& output) {
   return fs::exists(path, ec) && fs::exists(output, ec) && fs::equivalent(path, output, ec);
 }
 
+bool is_hdf5_file(const std::string& path) {
+  static constexpr char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool found = false;
+  for (off_t at = 0; !found; at = at == 0 ? 512 : at * 2) {
+    char head[sizeof kSignature] = {};
+    if (::pread(fd, head, sizeof head, at) != static_cast<ssize_t>(sizeof head)) break;
+    found = std::memcmp(head, kSignature, sizeof head) == 0;
+  }
+  ::close(fd);
+  return found;
+}
+
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   const int rc = fd < 0 ? -1 : ::fsync(fd);

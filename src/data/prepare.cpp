@@ -145,8 +145,11 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   if (!(options.validation_fraction >= 0 && options.validation_fraction < 1))
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const int threads = resolve_thread_count(options.threads);
-  const auto files = expand_inputs(options.inputs, options.output);  // first: an input that is the output is a UsageError
+  // First: an input that is the output is a UsageError. An earlier dataset at the output's name inside an input folder
+  // is left out, and replaced.
+  const auto files = expand_inputs(options.inputs, options.output, {is_hdf5_file, "a dataset (an HDF5 file)"});
   check_text_field_applies(files, options.documents);
+  check_text_inputs_are_text(files, options.documents);
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
   DocumentOptions documents = options.documents;
   documents.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());

@@ -4,7 +4,8 @@ exist, are folders, empty or are an input are refused with exit 2 before any wor
 --special takes its text as written ([BOT] stayed BOT); an empty special token is refused (encode --special on one
 never ended); --threads past the cap is 2 with no temporary left; encode's --text with --input, or a folder as
 --input, and `dataset info` of a folder say what is wrong; a save_to_disk state.json names no file outside its
-folder; SIGTERM, SIGINT or SIGHUP mid-run leaves no temporary; decode refuses ids it cannot read whole; tokenizer
+folder; an output inside an input folder replaces only the tool's own earlier output, never a corpus file; a binary file
+among the inputs (an earlier dataset) is refused, not tokenized as text; SIGTERM, SIGINT or SIGHUP mid-run leaves no temporary; decode refuses ids it cannot read whole; tokenizer
 files and patterns that would mislead are named. Each check asserts the exit code, the message and the files."""
 import json
 import os
@@ -146,6 +147,52 @@ for _ in range(3):
     check(r.returncode == 0, f"prepare-data in place: {r.stderr}")
     tokens.append(dataset_tokens(os.path.join(inputs, "ds.h5")))
 check(tokens[0] is not None and tokens == tokens[:1] * 3, f"tokens of runs in place: {tokens}")
+
+# An output inside an input folder that is not the tool's own (a corpus file, or a link to one) is an input the output
+# would replace: refused with --overwrite too (prepare-data replaced doc.txt by the dataset, exit 0). An earlier
+# tokenizer.json there is tokenizer train's own, and is replaced.
+victim = os.path.join(inputs, sorted(os.listdir(inputs))[1])
+linked = os.path.join(work, "linked")
+os.makedirs(linked)
+os.symlink(victim, os.path.join(linked, "link.txt"))
+text = read(victim)
+for folder, output in ((inputs, victim), (linked, os.path.join(linked, "link.txt"))):
+    r = run("prepare-data", "-t", "precious.json", "-i", folder, "-o", output, "--overwrite")
+    check(r.returncode == 2 and f"{output}: is a file of the input folder {folder} (an input) and the output" in r.stderr
+          and "it is not a dataset (an HDF5 file)" in r.stderr, f"prepare-data -o a corpus file: {r.returncode} {error_line(r)}")
+check(read(victim) == text and os.path.islink(os.path.join(linked, "link.txt")), "a corpus file was replaced")
+jsonl_input = os.path.join(work, "jin")
+os.makedirs(jsonl_input)
+with open(os.path.join(jsonl_input, "a.json"), "w") as f:
+    f.write(json.dumps({"text": "one two three four"}) + "\n")
+r = run("tokenizer", "train", "-i", jsonl_input, "--vocab-size", "300", "-o", os.path.join(jsonl_input, "a.json"), "--overwrite")
+check(r.returncode == 2 and "it is not a tokenizer.json" in r.stderr and json.loads(read(os.path.join(jsonl_input, "a.json")))["text"],
+      f"tokenizer train -o a JSONL input: {r.returncode} {error_line(r)}")
+shutil.copy("precious.json", os.path.join(jsonl_input, "tok.json"))
+with open(os.path.join(jsonl_input, "b.jsonl"), "w") as f:
+    f.write(json.dumps({"text": "five six seven eight"}) + "\n")
+os.remove(os.path.join(jsonl_input, "a.json"))
+r = run("tokenizer", "train", "-i", jsonl_input, "--vocab-size", "300", "-o", os.path.join(jsonl_input, "tok.json"), "--overwrite")
+check(r.returncode == 0 and json.loads(read(os.path.join(jsonl_input, "tok.json")))["model"]["type"] == "BPE",
+      f"tokenizer train over its own earlier tokenizer.json: {r.returncode} {error_line(r)}")
+
+# A binary file in an input folder (the dataset of an earlier preparation under another name, any file holding a NUL
+# byte) is not read as text: it was tokenized into the training data without a word.
+r = run("prepare-data", "-t", "precious.json", "-i", inputs, "-o", os.path.join(inputs, "ds2.h5"))
+check(r.returncode == 4 and f"{os.path.join(inputs, 'ds.h5')}: is not text: it holds a NUL byte (byte 8), and is an HDF5 "
+      "file (a prepared dataset?)" in r.stderr and not os.path.exists(os.path.join(inputs, "ds2.h5")),
+      f"prepare-data with a dataset among its inputs: {r.returncode} {error_line(r)}")
+os.remove(os.path.join(inputs, "ds.h5"))  # the folder is text again (the checks below once read the dataset as text)
+binary = os.path.join(work, "bin")
+os.makedirs(binary)
+shutil.copy(one, binary)
+with open(os.path.join(binary, "z.dat"), "wb") as f:
+    f.write(b"text, then\x00 a NUL")
+for cmd in (["prepare-data", "-t", "precious.json", "-o", "b.h5"], ["tokenizer", "train", "--vocab-size", "300", "-o", "b.json"]):
+    r = run(*cmd, "-i", binary)
+    check(r.returncode == 4 and "z.dat: is not text: it holds a NUL byte (byte 10);" in r.stderr
+          and "HDF5" not in error_line(r) and not os.path.exists(cmd[-1]), f"{cmd[0]} with a binary input: {r.returncode} {error_line(r)}")
+check(leftovers() == [], f"left behind: {leftovers()}")
 
 # encode: one source; a folder is not a file.
 r = run("tokenizer", "encode", "-t", "precious.json", "--text", "a", "--input", one)

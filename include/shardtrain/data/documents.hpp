@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardtrain/data/tokenizer.hpp"
@@ -83,9 +84,21 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
 // anything else is a DataError naming state.json and the entry); a DatasetDict's folder and a folder of the
 // `datasets` cache are DataErrors that say what to give instead. A folder reached twice (a symbolic link loop, or
 // two links to one folder) is a DataError naming the link, as is a folder that cannot be listed.
-// `output`, when given, is the file the inputs are for: a folder's listing leaves it and its temporaries out
-// (is_output_or_temporary), and naming it as an input is a UsageError.
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output = {});
+// `output`, when given, is the file the inputs are for: a folder's listing leaves its temporaries out
+// (is_output_or_temporary), and the output itself where `own` says the file there is what the tool writes (its earlier
+// output, which this run replaces: a dataset read back as a text document once). Any other file of an input folder at
+// the output's name is an input the output would destroy, and naming the output as an input is one too: UsageErrors.
+struct OwnOutput {
+  std::function<bool(const std::string& file)> holds;  // the file is what the tool writes
+  std::string_view kind;                               // what that is, for the message ("a prepared dataset")
+};
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output = {},
+                                       const OwnOutput& own = {});
+
+// Every input read as text (format_of: no JSONL, Parquet or Arrow name, or --format text) must be text: one holding a
+// NUL byte in its first 64 KiB (decompressed) is a DataError naming it, before any is read in full. A binary file in
+// an input folder (an HDF5 dataset of an earlier run, an image) was tokenized as text without a word.
+void check_text_inputs_are_text(const std::vector<std::string>& files, const DocumentOptions& options);
 
 // A --text-field given where every input is plain text (it would be ignored): UsageError naming it and an input.
 void check_text_field_applies(const std::vector<std::string>& files, const DocumentOptions& options);

@@ -29,6 +29,9 @@ std::string output_temporary(const std::string& output, std::string_view kind = 
 // not read back as text on the next run.
 bool is_output_or_temporary(const std::filesystem::path& path, const std::string& output);
 
+// Whether `path` is an HDF5 file: the format's signature at byte 0, 512, 1024, 2048, ... (after a user block).
+bool is_hdf5_file(const std::string& path);
+
 // Flushes a file, or a folder's entries, to disk; IoError naming it.
 void fsync_path(const std::string& path);
 
