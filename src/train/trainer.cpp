@@ -33,6 +33,7 @@
 #include "shardtrain/train/rank_agreement.hpp"
 #include "shardtrain/train/run_dir.hpp"
 #include "shardtrain/train/startup.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain::train {
 namespace fs = std::filesystem;
@@ -139,12 +140,8 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
   // Raw MPI on the world, not the mesh's world communicator: the run directory comes before the replica (a fatal
   // error while building it leaves a failure record there), so no communicator or watchdog exists yet.
   ST_CHECK_MPI(MPI_Bcast(outcome, 2, MPI_INT, 0, world));
-  std::string payload = outcome[0] == 0 ? dir : error;
-  int n = static_cast<int>(payload.size());
-  ST_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, world));
-  payload.resize(static_cast<size_t>(n));
-  ST_CHECK_MPI(MPI_Bcast(payload.data(), n, MPI_CHAR, 0, world));
-  if (outcome[0] != 0) throw Error(static_cast<ExitCode>(outcome[0]), payload);
+  std::string payload = broadcast_text(world, 0, outcome[0] == 0 ? dir : error);
+  if (outcome[0] != 0) throw_typed(static_cast<ExitCode>(outcome[0]), payload, /*every_rank=*/true);
   *existed = outcome[1] != 0;
   return payload;
 }
@@ -306,9 +303,16 @@ void Trainer::make_run_dir() {
 
 void Trainer::write_config_toml() const {
   if (runtime_->topology().world_rank != 0) return;
+  // A generated run directory is recorded as the run's logging.run_dir: `train -c RUN_DIR/config.toml --resume auto`
+  // continues the run in it (with run_dir = "" it made a new directory and trained from step 0).
+  std::string toml = resolved_toml_;
+  if (config_.logging.run_dir.empty()) {
+    TrainConfig recorded = config_;
+    recorded.logging.run_dir = fs::absolute(run_dir_).lexically_normal().string();
+    toml = to_toml(recorded);
+  }
   write_file_whole((fs::path(run_dir_) / "config.toml").string(),
-                   fmt::format("{} ({})\n{}", kConfigTomlMark, options_.config_source, resolved_toml_),
-                   "the resolved configuration");
+                   fmt::format("{} ({})\n{}", kConfigTomlMark, options_.config_source, toml), "the resolved configuration");
 }
 
 void Trainer::start() {

@@ -2,7 +2,8 @@
 """`shardtrain train` end to end on the real corpus (data/fetched, from scripts/fetch-data.sh): a 4096-token
 BPE trained on the State of the Union addresses, configs/tiny-cpu.toml for 60 steps on 2 ranks (FULL_SHARD).
 The loss must fall below the pinned thresholds; metrics lines must parse and their tokens/s and MFU agree
-with the step time; the run's config.toml must print back identically; bad input must give its documented
+with the step time; the run's config.toml must print back identically, and a generated run directory's continue
+the run (`train -c RUN_DIR/config.toml --resume auto`); bad input must give its documented
 exit code with the key named; N injected non-finite steps in a row must end the job with exit code 9."""
 import json
 import math
@@ -69,6 +70,21 @@ print(f"loss {first:.4f} -> mean of last 10 {last10:.4f}; validation {evals[-1][
 saved = open(os.path.join(run_dir, "config.toml")).read()
 rc, out, err = run(1, "train", "--config", os.path.join(run_dir, "config.toml"), "--print-config", "--log-level", "warn")
 check(rc == 0 and out == "".join(saved.splitlines(True)[1:]), f"config.toml does not print back identically (rc {rc}): {err}")
+
+# A generated run directory is recorded in its config.toml: `train -c RUN_DIR/config.toml --resume auto` continues the
+# run there (with run_dir = "" it made a new directory and trained from step 0, exit 0).
+gen_root = os.path.join(work, "generated")
+rc, out, err = run(1, *common, "--schedule.max_steps", "4", "--schedule.warmup_steps", "1", "--checkpoint.every_n_steps", "2",
+                   "--logging.runs_root", gen_root, "--logging.progress", "lines")
+check(rc == 0, f"generated run: exit {rc}: {err[-1500:]}")
+generated = [os.path.join(gen_root, d) for d in os.listdir(gen_root)]
+recorded = open(os.path.join(generated[0], "config.toml")).read()
+check(len(generated) == 1 and f'run_dir = "{generated[0]}"' in recorded, f"config.toml's run_dir: {generated} {recorded[:300]}")
+rc, out, err = run(1, "train", "-c", os.path.join(generated[0], "config.toml"), "--resume", "auto", "--schedule.max_steps", "6",
+                   "--logging.progress", "lines")
+check(rc == 0 and f"resumed from {generated[0]}/checkpoints/step_00000004 at step 4" in err and "step 5/6" in err
+      and "step 1/6" not in err and os.listdir(gen_root) == [os.path.basename(generated[0])],
+      f"train -c RUN_DIR/config.toml --resume auto: exit {rc}, {os.listdir(gen_root)}: {err[-1500:]}")
 
 # Bad input: exit 3 (configuration) with the key named, before any training.
 for extra, needle in [(["--optim.lr", "fast"], "optim.lr"), (["--schedule.warmup_steps", "99999"], "schedule.warmup_steps"),
