@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.hpp"
+#include "config_args.hpp"
 #include "shardtrain/fsdp/config.hpp"
 #include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/mesh/mesh_layout.hpp"
@@ -60,7 +61,7 @@ double parse_gpu_memory(const std::string& text) {
 namespace {
 
 struct PlanOptions {
-  std::string config, fsdp_config, accelerate_config;  // a training run's files (as `shardtrain train` reads them)
+  ConfigArgs run;  // a training run's files and --section.key overrides, as `shardtrain train` reads them
   model::LlamaConfig model;
   int nodes = 1;
   int gpus_per_node = 1;
@@ -202,26 +203,20 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
   fsdp::FsdpConfig& f = r.f;
   o.gpu_memory_bytes = parse_gpu_memory(cli.gpu_memory);
   std::optional<train::TrainConfig> cfg;
-  std::string source = cli.config;
-  if (!cli.config.empty()) {
-    cfg = train::load_train_config(cli.config);  // the same files, in the same order, as `shardtrain train`
-    if (!cli.fsdp_config.empty()) {
-      for (const auto& n : train::apply_fsdp_config_json(*cfg, cli.fsdp_config)) log::info("plan: {}", n);
-      source += " + " + cli.fsdp_config;
-    }
-    if (!cli.accelerate_config.empty()) {
-      for (const auto& n : train::apply_accelerate_config(*cfg, cli.accelerate_config)) log::info("plan: {}", n);
-      source += " + " + cli.accelerate_config;
-    }
-    try {
-      cfg->validate();
-    } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("{}: {}", source, e.what()));
-    }
+  std::string source;
+  if (!cli.run.config.empty()) {
+    // The same files and overrides, in the same order, as `shardtrain train`: a job's TRAIN_ARGS plan as they train.
+    std::vector<std::string> notes;
+    cfg = cli.run.resolve(notes, source);
+    for (const auto& n : notes) log::info("plan: {}", n);
     f = cfg->fsdp.engine;
     o.model = cfg->model;
-  } else if (!cli.fsdp_config.empty() || !cli.accelerate_config.empty()) {
-    throw UsageError("--fsdp-config and --accelerate-config adjust a training config: give it with --config FILE");
+  } else if (!cli.run.fsdp_config.empty() || !cli.run.accelerate_config.empty() ||
+             std::any_of(cli.run.override_options.begin(), cli.run.override_options.end(),
+                         [](const CLI::Option* opt) { return opt->count() > 0; })) {
+    throw UsageError(
+        "--fsdp-config, --accelerate-config and --section.key options adjust a training config: give it with --config "
+        "FILE");
   }
   auto take = [&](const char* option) { return !cfg || given(app, option); };
   if (take("--strategy")) f.strategy = parse_sharding_strategy(cli.strategy);
@@ -430,14 +425,15 @@ Command add_plan_command(CLI::App& parent) {
   auto o = std::make_shared<PlanOptions>();
   Command c;
   c.app = parent.add_subcommand("plan", "print the FSDP unit layout, per-rank memory and traffic of a model on a mesh");
-  c.app->add_option(
-      "--config,-c", o->config,
-      "a training config (TOML, as `shardtrain train` reads it): the model, fsdp, seq_len and micro-batch come "
-      "from it; options given explicitly override it");
-  c.app->add_option("--fsdp-config", o->fsdp_config, "a Transformers fsdp_config JSON applied over --config");
-  c.app->add_option("--accelerate-config", o->accelerate_config,
-                    "an Accelerate config YAML applied over --config (its num_processes/num_machines give the cluster "
-                    "unless --nodes or --gpus-per-node is given)");
+  o->run.add_to(c.app, ConfigArgs::Use::Plan);
+  c.app->get_option("--config")
+      ->description(
+          "a training config (TOML, as `shardtrain train` reads it, with its --section.key overrides): the model, fsdp, "
+          "seq_len and micro-batch come from it; options given explicitly override it");
+  c.app->get_option("--accelerate-config")
+      ->description(
+          "an Accelerate config YAML applied over --config (its num_processes/num_machines give the cluster unless "
+          "--nodes or --gpus-per-node is given)");
   c.app->add_option("--vocab", o->model.vocab_size, "vocab_size")->capture_default_str();
   c.app->add_option("--hidden", o->model.hidden_size, "hidden_size")->capture_default_str();
   c.app->add_option("--intermediate", o->model.intermediate_size, "intermediate_size")->capture_default_str();

@@ -11,7 +11,7 @@ namespace shardtrain::cli {
 void ConfigArgs::add_to(CLI::App* app, Use use) {
   purpose = use;
   auto* c = app->add_option("--config,-c", config, "the run's TOML config, e.g. configs/tiny-cpu.toml");
-  if (use != Use::Evaluate) c->required();
+  if (use != Use::Evaluate && use != Use::Plan) c->required();
   app->add_option("--fsdp-config", fsdp_config, "a Transformers fsdp_config JSON file (applied over the TOML)");
   app->add_option("--accelerate-config", accelerate_config, "an Accelerate config YAML file (applied over the TOML)");
   if (use == Use::Run)

@@ -23,8 +23,9 @@ struct ConfigArgs {
 
   // train and check: --config is required and --resume offered. evaluate: --config is optional (the
   // checkpoint's own config stands in for it) and there is no --resume. predict: --config is required and there is
-  // no --resume (it predicts a step, whatever the run resumes from).
-  enum class Use { Run, Evaluate, Predict };
+  // no --resume (it predicts a step, whatever the run resumes from). plan: --config is optional (its own options
+  // describe a model without one) and there is no --resume.
+  enum class Use { Run, Evaluate, Predict, Plan };
   Use purpose = Use::Run;  // as add_to was given it
   void add_to(CLI::App* app, Use use = Use::Run);
   // TOML file < --fsdp-config / --accelerate-config < --section.key overrides < --resume; validated (for evaluate, only

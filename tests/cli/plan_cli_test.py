@@ -7,6 +7,7 @@
 - --gpu-memory: 80GiB and 80 are 80 x 2^30 bytes, 80GB is 80 x 10^9, and the fits column follows;
 - the strategy table's hybrid rows on the configured shard size (the 70B config's 32), agreeing with `check`;
 - an Accelerate YAML over the config gives the cluster (num_processes / num_machines) and its FSDP keys;
+- the config's --section.key overrides apply as train applies them (a job's TRAIN_ARGS);
 - bad input: one clear error and the documented exit code (2: a bad --gpu-memory; 3: a missing or bad
   config file, or a global batch the planned world cannot split)."""
 import json
@@ -175,6 +176,8 @@ bad = [
     (["--config", "configs/tiny-cpu.toml", "--nodes", "3", "--gpus-per-node", "2"], 3,
      "data.global_batch_size: 16 sequences cannot be split evenly over 6 ranks"),
     (["--accelerate-config", "configs/examples/accelerate_fsdp.yaml"], 2, "give it with --config FILE"),
+    (["--data.global_batch_size", "64"], 2, "--section.key options adjust a training config: give it with --config FILE"),
+    (["--config", "configs/tiny-cpu.toml", "--model.hidden_size", "abc"], 3, "model.hidden_size: expected an integer, got 'abc'"),
 ]
 for cli, code, message in bad:
     rc, out, err = plan(*cli)
@@ -187,4 +190,11 @@ check(bad_toml in err, f"the bad config's error names the file: {err}")
 # With --micro-batch, a world that cannot split the global batch still plans.
 rc, out, err = plan("--config", "configs/tiny-cpu.toml", "--nodes", "3", "--gpus-per-node", "2", "--micro-batch", "1", "--json")
 check(rc == 0 and json.loads(out)["inputs"]["micro_batch"] == 1, f"--micro-batch 1 on 6 ranks: exit {rc}: {err}")
+# The config's --section.key overrides, as train takes them (a job's TRAIN_ARGS): a global batch they make fit plans,
+# and a model key they change is the plan's.
+j = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "4", "--gpus-per-node", "8", "--data.global_batch_size", "64",
+              "--model.num_hidden_layers", "2")
+check(j.get("config", {}).get("global_batch_size") == 64 and j["inputs"]["micro_batch"] == 2
+      and "1 override(s)" not in j["config"]["source"] and "2 override(s)" in j["config"]["source"], f"overrides: {j.get('config')} {j.get('inputs')}")
+check(j.get("inputs", {}).get("model", {}).get("num_hidden_layers") == 2, f"--model.num_hidden_layers 2: {j.get('inputs')}")
 check.finish("all plan CLI checks passed")

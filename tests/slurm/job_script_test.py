@@ -23,7 +23,8 @@ Each case asserts the exit code, whether the job requeued itself, what ran, and 
 6. a first start in a run directory holding checkpoints: refused unless RUN_DIR was named (then continued, and
    the log says from which checkpoint); requeues continue; a fresh first start runs without --resume;
 7. LAUNCHER, GPU_BIND and VERIFY_DATA typos end the job before its mesh check and preflight;
-8. the preflight's usage errors keep check's own words (the real binary, with --shardtrain);
+8. the preflight's usage errors keep check's own words, and the mesh check (plan) takes TRAIN_ARGS as the run does
+   (the real binary, with --shardtrain);
 9. the directory probe on 2 nodes with a quote and a $(...) in the path: written, nothing executed;
 10. consolidate.sbatch's default output: hf beside a run's checkpoint directory, hf-step_N beside the directory
     that holds one checkpoint given alone (not among the checkpoints)."""
@@ -374,6 +375,17 @@ if args.shardtrain:
                            env=e, capture_output=True, text=True, timeout=60)
         check(p.returncode == 2 and f"[shardtrain job 42] error: the preflight (shardtrain check) stopped the job: {message}" in p.stderr,
               f"{extra} {env}: exit {p.returncode}: {p.stderr}")
+    # The mesh check (plan) takes TRAIN_ARGS as train does: a batch they make fit 4 nodes x 8 ranks is not refused
+    # after the queue wait (plan ignored them: exit 3); without them it is; an option plan does not take leaves the
+    # verdict to check.
+    for train_args, want, message in (("--data.global_batch_size 64", 0, "plan: per rank:"),
+                                      ("", 3, "16 sequences cannot be split evenly over 32 ranks"),
+                                      ("--data.global_batch_size 64 --resume auto", 0, "plan: not shown (it does not take TRAIN_ARGS as given")):
+        e = dict(os.environ, SLURM_JOB_ID="42", SLURM_JOB_NUM_NODES="4", TRAIN_ARGS=train_args)
+        p = subprocess.run(["bash", "-c", 'source "$0"; set -uo pipefail; ST_STOP=""; ST_RANKS_PER_NODE=8; st_check_mesh "$@"', LIB,
+                            os.path.abspath(args.shardtrain), os.path.join(SOURCE, "configs", "tiny-cpu.toml"), "HYBRID_SHARD", ""],
+                           env=e, capture_output=True, text=True, timeout=60)
+        check(p.returncode == want and message in p.stderr + p.stdout, f"mesh check, TRAIN_ARGS={train_args!r}: exit {p.returncode}: {p.stderr}")
 else:
     print("note: no --shardtrain: the preflight's messages (case 8) are not checked")
 
