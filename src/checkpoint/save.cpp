@@ -254,7 +254,7 @@ CheckpointFault checkpoint_fault_from_env() {
       throw std::invalid_argument(s);
     }
   } catch (const std::exception&) {
-    throw ConfigError(
+    throw UsageError(  // as SHARDTRAIN_FAULT's: an environment variable of the command line's, not the config's
         fmt::format("SHARDTRAIN_CHECKPOINT_FAULT='{}': expected fail_write, stall_before_publish:SECONDS[@STEP] "
                     "or slow_write:SECONDS[@STEP]",
                     s));

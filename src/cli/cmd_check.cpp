@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -396,8 +397,14 @@ int run_check(const CheckOptions& o) {
     train::require_writable_dir("checkpoint.dir", ckpt_dir, train::DirProbe::LookOnly);
   });
   const bool run_dir_ok = report.run("outputs", Stage::RunDirMade, [&] {
-    if (run_dir.empty()) train::require_writable_dir("logging.runs_root", c.logging.runs_root, train::DirProbe::LookOnly);
-    else train::require_writable_dir("logging.run_dir", run_dir, train::DirProbe::LookOnly);
+    if (run_dir.empty()) {
+      train::require_writable_dir("logging.runs_root", c.logging.runs_root, train::DirProbe::LookOnly);
+      // The name the run makes there (its time differs; its length does not): the key a name too long is train's.
+      train::require_writable_dir("logging.name", train::generated_run_dir(c, std::time(nullptr)),
+                                  train::DirProbe::LookOnly);
+    } else {
+      train::require_writable_dir("logging.run_dir", run_dir, train::DirProbe::LookOnly);
+    }
   });
   if (looked_ok && ckpt_ok && run_dir_ok)
     report.ok("outputs",

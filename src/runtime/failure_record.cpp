@@ -251,6 +251,12 @@ void enable_this_rank(const std::string& run_dir, int rank) {
   s.nodes.clear();  // node_name_of: this rank's own node only
 }
 
+bool enabled() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return !s.dir.empty();
+}
+
 void disable() {
   g_crash_ready.store(false);
   State& s = state();

@@ -194,7 +194,7 @@ std::vector<ConfigField> build_fields() {
   t.boolean("offload_params", "master, grad and Adam shards in host memory", [](auto& c) -> auto& { return c.fsdp.engine.offload_params; });
   t.integer("forward_prefetch", "units gathered ahead in forward", [](auto& c) -> auto& { return c.fsdp.engine.forward_prefetch; });
   t.integer("backward_prefetch", "units gathered ahead in backward", [](auto& c) -> auto& { return c.fsdp.engine.backward_prefetch; });
-  t.choice("grad_accumulation", "reduce_each or no_sync", [](auto& c) -> auto& { return c.fsdp.engine.accumulation; },
+  t.choice("grad_accumulation", "reduce_each, all_reduce_last or no_sync", [](auto& c) -> auto& { return c.fsdp.engine.accumulation; },
            [](const std::string& s) { return fsdp::parse_grad_accumulation(s); },
            [](fsdp::GradAccumulation g) { return fsdp::grad_accumulation_name(g); });
   t.boolean("activation_checkpointing", "recompute each decoder layer in backward",

@@ -71,4 +71,14 @@ void require_writable_dir(const std::string& key, const std::string& dir, DirPro
                               existing.string()));
 }
 
+std::string generated_run_dir(const TrainConfig& c, std::time_t when) {
+  std::tm tm{};
+  localtime_r(&when, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  return (std::filesystem::path(c.logging.runs_root) /
+          fmt::format("{}-{}", c.logging.name.empty() ? "run" : c.logging.name, stamp))
+      .string();
+}
+
 }  // namespace shardtrain::train

@@ -12,8 +12,10 @@ namespace shardtrain::train {
 namespace {
 
 // Every rank times its own stages: the one that is stuck (it entered its stage first) usually fires first, and its
-// line names what it was doing; the abort ends the others before they add theirs.
-[[noreturn]] void startup_expired(const Deadline::Stretch& s) {
+// line names what it was doing; the abort ends the others before they add theirs. `run_dir`: logging.run_dir where the
+// run names one: the stages before the trainer enables the records (the ranks' agreement, the datasets, the checkpoint
+// directory's claim) leave this rank's record there too, for the job scripts' restart decision (they left none).
+[[noreturn]] void startup_expired(const Deadline::Stretch& s, const std::string& run_dir) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::string message = fmt::format(
@@ -22,6 +24,7 @@ namespace {
       "hold the job until its time limit; ending the job",
       s.what, s.limit, s.key, rank, failure_record::node_name());
   log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);
+  if (!failure_record::enabled() && !run_dir.empty()) failure_record::enable_this_rank(run_dir, rank);
   failure_record::write(ExitCode::Timeout, message);
   MpiSession::abort(ExitCode::Timeout);
 }
@@ -31,7 +34,7 @@ namespace {
 StartupWatch::StartupWatch(const TrainConfig& config)
     : startup_timeout_(config.fsdp.startup_timeout),
       save_timeout_(config.checkpoint.save_timeout),
-      deadline_(startup_expired) {}
+      deadline_([run_dir = config.logging.run_dir](const Deadline::Stretch& s) { startup_expired(s, run_dir); }) {}
 
 void StartupWatch::stage(std::string what) { deadline_.begin({std::move(what), startup_timeout_, "fsdp.startup_timeout"}); }
 

@@ -101,18 +101,12 @@ std::string pick_and_make_run_dir(const TrainConfig& c, MPI_Comm world, int rank
       if (!c.logging.run_dir.empty()) {
         dir = c.logging.run_dir;
       } else {
-        const std::time_t now = std::time(nullptr);
-        std::tm tm{};
-        localtime_r(&now, &tm);
-        char stamp[32];
-        std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
         // Said of logging.runs_root, as `shardtrain check` says it (preflight.hpp), not of a name made here.
         require_writable_dir("logging.runs_root", c.logging.runs_root, DirProbe::Create);
-        const std::string name = c.logging.name.empty() ? "run" : c.logging.name;
-        dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}", name, stamp)).string();
+        const std::string first = generated_run_dir(c, std::time(nullptr));
+        dir = first;
         std::error_code ec;  // a name too long for the file system: require_writable_dir below says so
-        for (int k = 2; fs::exists(dir, ec); ++k)
-          dir = (fs::path(c.logging.runs_root) / fmt::format("{}-{}-{}", name, stamp, k)).string();
+        for (int k = 2; fs::exists(dir, ec); ++k) dir = fmt::format("{}-{}", first, k);
       }
       outcome[1] = check_run_dir(c, dir) ? 1 : 0;
       // A generated directory's name is logging.name's (its root was probed above): a name too long is that key's.
@@ -272,8 +266,8 @@ Trainer::Trainer(const Runtime& runtime, const TrainConfig& config, TrainerOptio
   tokens_per_step_ = static_cast<int64_t>(config_.data.global_batch_size) * config_.data.seq_len;
   total_steps_ = planned_steps(config_, steps_per_epoch);
   schedule_ = std::make_unique<optim::LrSchedule>(config_.schedule.lr, config_.optim.adamw.lr, total_steps_);
-  if (const auto& s = config_.schedule.lr;
-      s.kind == optim::ScheduleKind::WarmupStableDecay && s.decay_steps > total_steps_ - s.warmup_steps)
+  if (const auto& s = config_.schedule.lr;  // every rank decides it alike: rank 0 says it
+      rank == 0 && s.kind == optim::ScheduleKind::WarmupStableDecay && s.decay_steps > total_steps_ - s.warmup_steps)
     log::warn(
         "schedule.decay_steps: {} is longer than the {} steps after the warmup in this run of {}; the decay takes "
         "those {} (it begins where the warmup ends)",

@@ -315,6 +315,12 @@ t = subprocess.run([args.mpiexec, "--oversubscribe", "-np", "2", st, "train", "-
                     "--logging.name", "x" * 300, "--log-level", "warn"], capture_output=True, text=True, timeout=300)
 check(t.returncode == 8 and f"I/O error: logging.name: cannot create {roots}/{'x' * 300}-" in t.stderr
       and "File name too long" in t.stderr, f"a generated name too long: exit {t.returncode}: {t.stderr[-800:]}")
+# check probes that name as train makes it (it looked only at logging.runs_root and said "can be written"); the time in
+# the name differs from train's, not its length.
+r = run_check("--logging.runs_root", roots, "--logging.name", "x" * 300)
+check(r.returncode == 8 and f"the run would stop on: I/O error: logging.name: cannot create {roots}/{'x' * 300}-" in r.stderr
+      and "File name too long (a name of 316 bytes" in r.stderr,
+      f"check of a generated name too long: exit {r.returncode}: {r.stderr[-800:]}")
 # Two problems: the run stops on the one it meets first, and so does check's exit code (the data is listed first).
 foreign_run = os.path.join(work, "foreign-run")
 

@@ -86,6 +86,12 @@ check(rc == 0 and f"resumed from {generated[0]}/checkpoints/step_00000004 at ste
       and "step 1/6" not in err and os.listdir(gen_root) == [os.path.basename(generated[0])],
       f"train -c RUN_DIR/config.toml --resume auto: exit {rc}, {os.listdir(gen_root)}: {err[-1500:]}")
 
+# A warning every rank decides alike is rank 0's alone (the wsd decay longer than the run came once per rank).
+rc, out, err = run(2, *common, "--schedule.max_steps", "3", "--schedule.warmup_steps", "1", "--schedule.kind", "wsd",
+                   "--schedule.decay_steps", "10", "--logging.run_dir", os.path.join(work, "wsd"))
+check(rc == 0 and err.count("schedule.decay_steps: 10 is longer than the 2 steps after the warmup") == 1,
+      f"the wsd warning once: exit {rc}: {err[-1500:]}")
+
 # Bad input: exit 3 (configuration) with the key named, before any training.
 for extra, needle in [(["--optim.lr", "fast"], "optim.lr"), (["--schedule.warmup_steps", "99999"], "schedule.warmup_steps"),
                       (["--accelerate-config", "configs/examples/accelerate_fsdp.yaml"], "fsdp.num_processes")]:

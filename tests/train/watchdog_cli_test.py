@@ -232,6 +232,11 @@ check(rc == 10 and "rank 1 stops answering during start-up" in err, f"stall:1@st
 check(any("start-up: opening the datasets has not finished after 3 s (fsdp.startup_timeout) on rank 1 (" in l for l in lines),
       f"rank 1, held up opening the datasets, says so: {lines}")
 check(secs < 60, f"stall:1@start: the job ended {secs:.0f} s after start")
+# The stage fires before the trainer enables the records (it opens the datasets first): its record is there all the
+# same, for the job scripts' restart decision (it left none).
+recs = records("start-stalled")
+check(1 in recs and recs[1]["exit_code"] == 10 and "opening the datasets has not finished" in recs[1]["message"],
+      f"stall:1@start leaves rank 1's record: {recs}")
 rc, err, secs = runs["start-frozen"].result()
 lines = startup_lines(err)
 check(rc == 10, f"freeze:1@start: exit {rc}, expected 10: {err[-1500:]}")

@@ -30,6 +30,7 @@ void disable();  // tests
 // Records of this rank go to run_dir/failures/, naming only this rank's own node: for a failure before the others'
 // names are gathered (main.cpp: the start's deadline, from MPI_Init on).
 void enable_this_rank(const std::string& run_dir, int rank);
+bool enabled();  // records are written (enable or enable_this_rank ran, disable did not since)
 
 void set_step(int64_t step);  // the step in progress, written into records (-1: none yet)
 

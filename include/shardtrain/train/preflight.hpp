@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,10 @@ std::string no_checkpoint_loads_problem(const std::string& dir, const std::vecto
 // file system's reason. `Create` then makes the directory (train); `LookOnly` leaves everything as it was (check).
 enum class DirProbe { Create, LookOnly };
 void require_writable_dir(const std::string& key, const std::string& dir, DirProbe probe);
+
+// The run directory a run without logging.run_dir makes at `when`: logging.runs_root/NAME-YYYYmmdd-HHMMSS (NAME:
+// logging.name, "run" when empty). `shardtrain check` probes this name as train makes it: a logging.name too long for
+// the file system passed check and failed the run (exit 8).
+std::string generated_run_dir(const TrainConfig& c, std::time_t when);
 
 }  // namespace shardtrain::train
