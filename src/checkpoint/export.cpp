@@ -24,6 +24,7 @@
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/temporaries.hpp"
 
 namespace fs = std::filesystem;
@@ -51,16 +52,19 @@ std::vector<float> read_all(CheckpointReader& r, const TensorInfo& t) {
 }
 
 // The temporary an export writes before renaming it into place: a name beside the output that the tool reserved
-// itself (created exclusively, with its PID), so a user's `OUT.tmp` is never replaced or deleted, and two exports
-// never share one. Removed, with what is in it, unless the export finished: a failure leaves nothing behind.
+// itself (created exclusively, with its host and PID: temporary_beside), so a user's `OUT.tmp` is never replaced or
+// deleted, and two exports never share one. Removed, with what is in it, unless the export finished: a failure leaves
+// nothing behind. One a killed export of this host left (SIGKILL runs no handler) is removed first, and said.
 class TempOutput {
  public:
   enum class Kind { File, Folder };
 
   TempOutput(const std::string& out, Kind kind) : out_(out) {
+    for (const std::string& gone : sweep_dead_temporaries(out, {"tmp"}))
+      log::warn("{}: removed, the temporary of an export on this host whose process no longer runs (killed?)", gone);
+    const std::string first = temporary_beside(out);
     for (int n = 0; n < 1000; ++n) {
-      const std::string name =
-          n == 0 ? fmt::format("{}.tmp-{}", out, ::getpid()) : fmt::format("{}.tmp-{}-{}", out, ::getpid(), n);
+      const std::string name = n == 0 ? first : fmt::format("{}-{}", first, n);
       int rc = 0;
       if (kind == Kind::File) {
         const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -78,8 +82,7 @@ class TempOutput {
         throw IoError(fmt::format("{}: cannot create the temporary {} {}: {}", out, kind == Kind::File ? "file" : "folder",
                                   name, std::strerror(errno)));
     }
-    throw IoError(
-        fmt::format("{}: cannot find a free temporary name beside it ({}.tmp-{}-N all exist)", out, out, ::getpid()));
+    throw IoError(fmt::format("{}: cannot find a free temporary name beside it ({}-N all exist)", out, first));
   }
   ~TempOutput() {
     if (path_.empty()) return;

@@ -68,6 +68,7 @@ int run_train(const TokenizerArgs& a) {
   // was replaced without a word, and a name that Tokenizer::load cannot read back was found only after training.
   const auto existing = a.overwrite ? data::ExistingOutput::Replace : data::ExistingOutput::Refuse;
   data::check_output_path(a.output, existing, "tokenizer train");
+  data::sweep_dead_output_temporaries(a.output);
   if (std::filesystem::path(a.output).extension() != ".json")
     throw UsageError(
         fmt::format("{}: a tokenizer.json's name must end in .json (loading picks the format by it)", a.output));

@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/temporaries.hpp"
 
 namespace shardtrain::data {
 
@@ -32,20 +34,25 @@ void check_output_path(const std::string& output, ExistingOutput existing, std::
                                  fs::exists(dir, ec) ? " as a folder" : "", command));
 }
 
-std::string output_temporary(const std::string& output, std::string_view kind) {
-  return fmt::format("{}.{}-{}", output, kind, ::getpid());
+std::string output_temporary(const std::string& output, std::string_view kind) { return temporary_beside(output, kind); }
+
+void sweep_dead_output_temporaries(const std::string& output) {
+  for (const std::string& gone : sweep_dead_temporaries(output, {"tmp", "tokens-tmp"}))
+    log::warn("{}: removed, the temporary of a run on this host whose process no longer runs (killed?)", gone);
 }
 
 namespace {
 
-// NAME, or NAME.tmp-DIGITS / NAME.tokens-tmp-DIGITS.
+// NAME, or NAME.tmp-[HOST-]DIGITS / NAME.tokens-tmp-[HOST-]DIGITS (before 2026-11-29 the names had no host).
 bool names_output_or_temporary(const std::string& file, const std::string& name) {
   if (file == name) return true;
   for (const std::string_view kind : {".tmp-", ".tokens-tmp-"}) {
     const std::string prefix = name + std::string(kind);
-    if (file.size() > prefix.size() && file.starts_with(prefix) &&
-        file.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
-      return true;
+    if (file.size() <= prefix.size() || !file.starts_with(prefix) || file.find('/', prefix.size()) != std::string::npos)
+      continue;
+    const size_t dash = file.rfind('-');
+    const size_t digits = dash < prefix.size() ? prefix.size() : dash + 1;  // the PID: after the host, if any
+    if (digits < file.size() && file.find_first_not_of("0123456789", digits) == std::string::npos) return true;
   }
   return false;
 }

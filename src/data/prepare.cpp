@@ -141,6 +141,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   if (options.inputs.empty()) throw UsageError("prepare-data: no --input given");
   check_output_path(options.output, options.existing, "prepare-data");
+  sweep_dead_output_temporaries(options.output);  // what a killed (SIGKILL) preparation of it left: its tokens
   // Written so that NaN fails too.
   if (!(options.validation_fraction >= 0 && options.validation_fraction < 1))
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));

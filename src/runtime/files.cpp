@@ -59,7 +59,7 @@ void write_file_whole(const std::string& path, std::string_view text, std::strin
     if (err != 0) throw IoError(fmt::format("{}: cannot write {}: {}", path, what, std::strerror(err)));
     return;
   }
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  const std::string tmp = temporary_beside(path);
   const SweptOnSignal swept(tmp);
   auto fail = [&](int err) {
     ::unlink(tmp.c_str());

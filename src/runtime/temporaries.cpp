@@ -6,11 +6,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <climits>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 
 namespace shardtrain {
@@ -96,6 +101,57 @@ SweptOnSignal::SweptOnSignal(const std::string& path) {
 
 SweptOnSignal::~SweptOnSignal() {
   if (slot_ >= 0) g_slots[slot_].state.store(Free, std::memory_order_release);
+}
+
+namespace {
+
+std::string host_name() {
+  char host[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "host";
+  std::string h(host);
+  for (char& c : h)
+    if (c == '/') c = '_';
+  return h;
+}
+
+}  // namespace
+
+std::string temporary_beside(const std::string& out, std::string_view kind) {
+  return fmt::format("{}.{}-{}-{}", out, kind, host_name(), ::getpid());
+}
+
+std::vector<std::string> sweep_dead_temporaries(const std::string& out, std::initializer_list<std::string_view> kinds) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> dead;  // listed first, removed after: the listing is not changed under its iterator
+  const fs::path target(out);
+  const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string base = target.filename().string(), host = host_name();
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    for (const std::string_view kind : kinds) {
+      const std::string prefix = fmt::format("{}.{}-{}-", base, kind, host);
+      if (!name.starts_with(prefix)) continue;
+      // PID, or PID-N (consolidate's further names of one process).
+      const std::string_view rest = std::string_view(name).substr(prefix.size());
+      const size_t dash = rest.find('-');
+      const std::string_view pid_text = rest.substr(0, dash);
+      if (dash != std::string_view::npos && rest.find_first_not_of("0123456789", dash + 1) != std::string_view::npos)
+        continue;
+      pid_t pid = 0;
+      const auto [p, err] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+      if (err != std::errc() || p != pid_text.data() + pid_text.size() || pid <= 0 || pid == ::getpid()) continue;
+      if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // it runs (or is another user's: EPERM)
+      dead.push_back(target.parent_path() / name);  // as `out` names its folder (no "./" where it names none)
+    }
+  }
+  std::vector<std::string> removed;
+  for (const fs::path& p : dead) {
+    std::error_code rm;
+    fs::remove_all(p, rm);
+    if (!rm) removed.push_back(p.string());
+  }
+  return removed;
 }
 
 }  // namespace shardtrain

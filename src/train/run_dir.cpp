@@ -39,7 +39,7 @@ bool is_reserved_run_dir_name(std::string_view name) {
   for (const char* exact : {"config.toml", "result.json", "failures", "checkpoints", "restarts.log", "eval.json", "hf",
                             "loss.png", "throughput.png", kRunDirLockFile})
     if (name == exact) return true;
-  // Their temporaries (write_file_whole's NAME.tmp-PID), TensorBoard's event files, the Slurm jobs' logs.
+  // Their temporaries (write_file_whole's NAME.tmp-HOST-PID), TensorBoard's event files, the Slurm jobs' logs.
   for (const char* prefix : {"config.toml.", "result.json.", "events.out.tfevents"})
     if (name.starts_with(prefix)) return true;
   for (const char* prefix : {"prepare-", "consolidate-", "evaluate-"})

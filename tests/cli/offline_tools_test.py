@@ -10,10 +10,12 @@
   naming the first tensor left over and its file, in generate and evaluate;
 - NaN weights made generate print garbage and evaluate a NaN loss (C8): 5 naming the tensor;
 - a damaged consolidated file's data was a data error (4), a truncated one a checkpoint error (5): both 5 (E6);
-- checkpoint info FILE said "no such checkpoint directory", paths were printed twice, --temperature inf ran (F)."""
+- checkpoint info FILE said "no such checkpoint directory", paths were printed twice, --temperature inf ran (F);
+- a SIGKILLed export's temporary (OUT.tmp-HOST-PID) stayed for ever: the next export of OUT on that host removes it."""
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -123,6 +125,27 @@ check(sorted(os.listdir(os.path.join(work, "hf"))) ==
       ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"],
       f"the export's files: {os.listdir(os.path.join(work, 'hf'))}")
 check(greedy("hf") == reference and greedy("full.h5") == reference, "the exports give the checkpoint's greedy text")
+
+# What a SIGKILLed export of this host left (no handler runs: the out-of-memory killer) is removed by the next export of
+# that output, with a warning; another host's, a running process's and a user's look-alike stay.
+host = socket.gethostname()
+sleeper = subprocess.Popen(["sleep", "60"])
+dead = subprocess.Popen(["true"])
+dead.wait()
+leftover = {f"hf2.tmp-{host}-{dead.pid}": True, f"hf2.tmp-{host}-{dead.pid}-3": True, f"hf2.tmp-{host}-{sleeper.pid}": False,
+            f"hf2.tmp-elsewhere-{dead.pid}": False, f"hf2.tmp-{host}-x{dead.pid}": False}
+for name in leftover:
+    os.makedirs(os.path.join(work, name))
+    open(os.path.join(work, name, "model.safetensors"), "w").write("half\n")
+rc, _, err = run(["consolidate", ck, "-o", "hf2", "--format", "safetensors"])
+sleeper.kill()
+for name, swept in leftover.items():
+    check(os.path.exists(os.path.join(work, name)) != swept and (f"{name}: removed, the temporary of an export on this host" in err) == swept,
+          f"{name}: {'removed' if swept else 'kept'} by the next export: exit {rc}: {err[-800:]}")
+check(rc == 0 and greedy("hf2") == reference, f"the export after the sweep: exit {rc}")
+for name in leftover:
+    shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+shutil.rmtree(os.path.join(work, "hf2"), ignore_errors=True)
 
 # B4: outputs checked before any work.
 before = names()

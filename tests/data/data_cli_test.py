@@ -310,4 +310,18 @@ for pattern, needle in (("x*", "--pattern 'x*': can match the empty string"), ("
     check(r.returncode == 2 and needle in r.stderr and not os.path.exists("pattern.json"),
           f"--pattern {pattern!r}: {r.returncode} {error_line(r)}")
 
+# A SIGKILLed preparation's temporaries (this host's, its process gone) are removed by the next preparation of that
+# output, with a warning; another host's stay.
+import socket  # noqa: E402
+gone = subprocess.Popen(["true"])
+gone.wait()
+host = socket.gethostname()
+dead = [f"k.h5.tokens-tmp-{host}-{gone.pid}", f"k.h5.tmp-{host}-{gone.pid}"]
+kept = f"k.h5.tokens-tmp-elsewhere-{gone.pid}"
+for name in dead + [kept]:
+    open(name, "w").write("ids of a killed run\n")
+r = run("prepare-data", "-t", "precious.json", "-i", one, "-o", "k.h5")
+check(r.returncode == 0 and all(not os.path.exists(n) and f"{n}: removed, the temporary of a run on this host" in r.stderr for n in dead)
+      and os.path.exists(kept) and dataset_tokens("k.h5"), f"a killed run's temporaries: {r.returncode} {r.stderr[-800:]}")
+os.remove(kept)
 check.finish("data CLI: outputs, --special, threads and inputs as expected")

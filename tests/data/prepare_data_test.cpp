@@ -11,6 +11,8 @@
 
 #include "data_test_util.hpp"
 #include "shardtrain/data/dataset.hpp"
+#include "shardtrain/data/documents.hpp"
+#include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/prepare.hpp"
 
 namespace shardtrain::data {
@@ -438,10 +440,13 @@ TEST(PrepareData, TheOutputIsNeverItsOwnInput) {
     EXPECT_EQ(again.tokens, first.tokens) << "run " << run;
     EXPECT_EQ(TokenDataset::open(o.output).num_tokens(), first.tokens);
   }
-  EXPECT_EQ(expand_inputs({dir.string()}, o.output).size(), 3u);
+  const OwnOutput dataset{is_hdf5_file, "a dataset"};  // as prepare-data names its own output
+  EXPECT_EQ(expand_inputs({dir.string()}, o.output, dataset).size(), 3u);
   // The same output spelled otherwise, and through a link to the folder.
   fs::create_directory_symlink(dir, testing::tmp_path("corp-link"));
-  EXPECT_EQ(expand_inputs({dir.string()}, (testing::tmp_path("corp-link") / "." / "ds.h5").string()).size(), 3u);
+  EXPECT_EQ(expand_inputs({dir.string()}, (testing::tmp_path("corp-link") / "." / "ds.h5").string(), dataset).size(), 3u);
+  // Without it, or where the file at the output's name is not the tool's own, the output would replace an input.
+  EXPECT_THROW(expand_inputs({dir.string()}, o.output), UsageError);
   EXPECT_EQ(expand_inputs({dir.string()}).size(), 6u);  // without an output, every file
 
   const auto victim = dir / sotu[0].filename();

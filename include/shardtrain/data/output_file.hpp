@@ -19,12 +19,15 @@ enum class ExistingOutput { Replace, Refuse };
 // `command` ("prepare-data") names the tool in the message.
 void check_output_path(const std::string& output, ExistingOutput existing, std::string_view command);
 
-// The temporary a writer of `output` in this process uses: OUTPUT.KIND-PID (KIND "tmp": the file being written;
+// The temporary a writer of `output` in this process uses: OUTPUT.KIND-HOST-PID (KIND "tmp": the file being written;
 // "tokens-tmp": prepare-data's token file).
 std::string output_temporary(const std::string& output, std::string_view kind = "tmp");
+// Removes the temporaries of `output` that a killed writer of this host left (SIGKILL: the out-of-memory killer),
+// with a warning for each: sweep_dead_temporaries.
+void sweep_dead_output_temporaries(const std::string& output);
 
 // Whether `path` is `output` itself or one of the temporaries a writer of it makes (OUTPUT.tmp-N or
-// OUTPUT.tokens-tmp-N, of any process, a killed one's included), wherever the two names point (symbolic links and
+// OUTPUT.tokens-tmp-N, with or without the host before N, of any process, a killed one's included), wherever the two names point (symbolic links and
 // relative paths resolved). An input folder's listing leaves them out: an output written inside its input folder is
 // not read back as text on the next run.
 bool is_output_or_temporary(const std::filesystem::path& path, const std::string& output);

@@ -1,9 +1,24 @@
 // Temporaries that a stop signal does not leave behind.
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace shardtrain {
+
+// The name of a temporary this process writes beside `out` before renaming it into place: OUT.KIND-HOST-PID (KIND
+// "tmp", or prepare-data's "tokens-tmp"; HOST this machine's name). Host and PID tell a later run whether the process
+// that made it still runs (sweep_dead_temporaries), and tell the user which node's process it was.
+std::string temporary_beside(const std::string& out, std::string_view kind = "tmp");
+
+// Removes the temporaries beside `out` (OUT.KIND-HOST-PID, OUT.KIND-HOST-PID-N; any of `kinds`) that a process of
+// this host made and that no longer runs: what SIGKILL (the kernel's out-of-memory killer, a scheduler's last resort)
+// leaves, since no handler runs then; a killed 40 GB export stayed until the user found it. Another host's, this
+// process's and a running process's are left alone, as is anything not named so. Returns the paths removed, for
+// the caller to say.
+std::vector<std::string> sweep_dead_temporaries(const std::string& out, std::initializer_list<std::string_view> kinds);
 
 // While one lives, the temporary file or folder at `path` (an offline command's OUT.tmp-PID beside its output) is
 // removed if SIGINT, SIGTERM or SIGHUP ends the process: Ctrl-C, a Slurm time limit, a closed terminal. Their owners
