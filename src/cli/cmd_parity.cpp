@@ -329,6 +329,7 @@ Command add_parity_command(CLI::App& parent) {
   c.app = parent.add_subcommand("parity", "parity checks against Hugging Face transformers (docs/model.md)");
   c.app->require_subcommand(1);
   c.launch = Launch::Offline;
+  c.offline_device = true;
   CLI::App* d = c.app->add_subcommand(
       "dump", "one forward+backward on a fixed padded batch: weights (HF directory), gradients, batch and loss into --out");
   d->add_option("--config,-c", o->config, "a training config (TOML): its [model] section");

@@ -165,13 +165,14 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   else
     log::info(
         "train: done: {} steps, {} tokens in {}{}, {:.0f} tokens/s in the steps (evaluations and saves aside); loss {:.4f} "
-        "-> {:.4f}{}{}{}; run directory {} (metrics {})",
+        "-> {:.4f}{}{}{}; run directory {}{}",
         // A short run's time to the hundredth: whole seconds said "3072 tokens in 0s, 14678 tokens/s".
         s.steps, s.tokens, s.seconds < 60 ? fmt::format("{:.2f}s", s.seconds) : format_duration(s.seconds), life,
         s.tokens_per_s, s.first_loss, s.last_loss,
         std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
         s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
-        s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir, s.metrics_path);
+        s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir,
+        s.metrics_path.empty() ? std::string() : fmt::format(" (metrics {})", s.metrics_path));  // rank 0 writes them
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
   if (rt->topology().world_rank == 0) {
     write_result(s, trainer.state().step, trainer.total_steps(), preemption.preempted(), checkpoints);

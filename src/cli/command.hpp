@@ -37,6 +37,9 @@ struct Command {
   Launch launch = Launch::Offline;
   // Offline commands are called with nullptr. Returns the process exit code.
   std::function<int(Runtime*)> run;
+  // An offline command that reads the global --device itself (parity dump); the others run on the CPU, and say so
+  // when --device cuda is given (it was ignored without a word).
+  bool offline_device = false;
   // Whether SIGUSR1 and SIGTERM ask the command to stop (train: save and exit 75), caught from the process's first
   // line (PreemptionHooks::catch_signals_from_now); for every other command they keep their default action.
   bool stops_on_signals = false;

@@ -266,6 +266,11 @@ int main(int argc, char** argv) {
     if (const int n = launcher_size(); n > 1)
       log::warn("{} is an offline command: it runs once, here (launcher rank 0); the other {} processes exit at once",
                 selected->app->get_name(), n - 1);
+    if (options.device == DevicePreference::Cuda && !selected->offline_device)
+      log::warn(
+          "--device cuda: {} runs on the CPU, offline (--device chooses the device of train, evaluate, bench, env "
+          "and parity dump)",
+          selected->app->get_name());
     try {
       return selected->run(nullptr);
     } catch (const Error& e) {

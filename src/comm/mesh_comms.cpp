@@ -1,14 +1,14 @@
 // Choosing a backend and building the communicators of a mesh.
 #include "shardtrain/comm/mesh_comms.hpp"
 
-#include <array>
-#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
 
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain {
 
@@ -43,14 +43,6 @@ int lowest_rank_where(bool mine, int world_rank, MPI_Comm world) {
   return r;
 }
 
-// `text` as `root` has it, on every rank.
-std::string from_rank(const std::string& text, int root, int world_rank, MPI_Comm world) {
-  std::array<char, 512> buf{};
-  if (world_rank == root) std::snprintf(buf.data(), buf.size(), "%s", text.c_str());
-  ST_CHECK_MPI(MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, root, world));
-  return buf.data();
-}
-
 }  // namespace
 
 CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference pref) {
@@ -77,21 +69,38 @@ CommBackendChoice choose_comm_backend(const Runtime& rt, CommBackendPreference p
     if (t.world_rank == first_shared)
       mine = fmt::format("{} share {} ({}{})", describe_ranks(d.sharing_ranks), d.uuid, d.pci_bus_id,
                          machines > 1 ? fmt::format(" on {}", t.hostname) : std::string());
-    shared = from_rank(mine, first_shared, t.world_rank, world);
+    shared = broadcast_text(world, first_shared, mine);
   }
   const std::string placement = machines == 1
                                     ? fmt::format("{} rank{} on this node", t.world_size, t.world_size == 1 ? "" : "s")
                                 : fewest == most ? fmt::format("{} ranks on each of {} nodes", most, machines)
                                                  : fmt::format("{} ranks on {} nodes", t.world_size, machines);
   const char* key = "fsdp.comm_backend or --comm-backend";
+  // Ranks on the CPU backend beside ranks on GPUs (--device auto where a launcher's binding left some rank no GPU:
+  // CUDA_VISIBLE_DEVICES naming none) issue the engine's collectives in another order: the job hung until
+  // fsdp.collective_timeout, and the watchdog then blamed the network. One backend for every rank.
+  if (first_cpu != kNoRank && first_gpu != kNoRank) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const std::string who = broadcast_text(
+        world, first_cpu,
+        t.world_rank == first_cpu ? fmt::format("rank {} (on {}, CUDA_VISIBLE_DEVICES {})", first_cpu, t.hostname,
+                                                visible ? fmt::format("\"{}\"", visible) : std::string("unset"))
+                                  : std::string());
+    throw on_every_rank(Error(
+        ExitCode::Device,
+        fmt::format("{} has no GPU and runs on the CPU backend, while rank {} runs on a GPU: every rank of a job must run "
+                    "on the same backend (their collectives would not match, and the job would hang). Give each rank a "
+                    "GPU (the launcher's GPU binding: docs/cluster.md, \"GPU binding\"), or run every rank with "
+                    "--device cpu",
+                    who, first_gpu)));
+  }
 
   CommBackendChoice c;
-  if (first_cpu != kNoRank) {  // host memory: MPI without staging
-    c.reason = first_gpu == kNoRank ? "the CPU backend" : fmt::format("rank {} has no GPU (the CPU backend)", first_cpu);
+  if (first_cpu != kNoRank) {  // every rank on the CPU backend (above): MPI in host memory
+    c.reason = "the CPU backend";
     if (pref == CommBackendPreference::Nccl)
-      throw on_every_rank(ConfigError(fmt::format("comm backend nccl ({}): NCCL needs a GPU on every rank, and {}", key,
-                                                  first_gpu == kNoRank ? std::string("every rank runs on the CPU backend")
-                                                                       : fmt::format("rank {} has no GPU", first_cpu))));
+      throw on_every_rank(ConfigError(fmt::format(
+          "comm backend nccl ({}): NCCL needs a GPU on every rank, and every rank runs on the CPU backend", key)));
     return c;
   }
   if (pref == CommBackendPreference::Mpi) {

@@ -339,19 +339,19 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lock) {
     AsyncCall a = std::move(async_.front());
     async_.clear();
     lock.unlock();
-    a.abort();
-    report_and_abort(a.call, a.group, std::chrono::duration<double>(Clock::now() - a.started).count(), " on the device");
+    report_and_abort(a.call, a.group, std::chrono::duration<double>(Clock::now() - a.started).count(), " on the device",
+                     a.abort);
   }
   for (auto& [id, source] : error_sources_) {
     std::string message = source.poll();
     if (message.empty()) continue;
     std::function<void()> abort = source.abort;
     lock.unlock();
-    abort();
     int rank = -1;
     if (MpiSession::active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     log::error("{}: {} on rank {}: ending the job", exit_code_name(ExitCode::Comm), message, rank);
     failure_record::write(ExitCode::Comm, fmt::format("{} on rank {}", message, rank));
+    abort();  // last: the training thread it releases must not issue more on the communicator before the end
     MpiSession::abort(ExitCode::Comm);
   }
 }
@@ -369,7 +369,7 @@ void CollectiveWatchdog::fire(double waited) {
 }
 
 void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std::vector<int>& group, double waited,
-                                          const char* where) {
+                                          const char* where, const std::function<void()>& release) {
   int64_t step = -1;
   std::string unit;
   {
@@ -404,6 +404,7 @@ void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std:
       peers);
   log::error("{}: {}: ending the job", exit_code_name(ExitCode::Timeout), message);
   failure_record::write(ExitCode::Timeout, message, suspects);
+  if (release) release();
   MpiSession::abort(ExitCode::Timeout);
 }
 

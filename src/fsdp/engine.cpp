@@ -343,7 +343,7 @@ void FsdpEngine::unshard(Unit& u) {
   }
   const model::ModelSpec& spec = model_->spec();
   for (const FlatEntry& e : u.layout.entries) {
-    model_->binding().bind_param(e.param, u.full.view(pd, e.offset, model::param_shape(spec.param(e.param))));
+    model_->binding().bind_param(e.param, u.full.view(pd, e.offset, model::param_shape(spec.param(e.param))), &u);
   }
   move_to(u, UnitState::Gathered);
 }
@@ -408,7 +408,7 @@ void FsdpEngine::begin_unit_backward(Unit& u, int module) {
       u.reduced_this_step = true;
     }
     for (const FlatEntry& e : u.layout.entries)
-      binding.bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))), write_of(e, fresh));
+      binding.bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))), write_of(e, fresh), &u);
     return;
   }
   const bool fresh = !u.full_grad;  // in no_sync mode it survives from the previous micro-batch
@@ -419,7 +419,7 @@ void FsdpEngine::begin_unit_backward(Unit& u, int module) {
   }
   for (const FlatEntry& e : u.layout.entries) {
     binding.bind_grad(e.param, u.full_grad.view(DType::F32, e.offset, model::param_shape(spec.param(e.param))),
-                      write_of(e, fresh));
+                      write_of(e, fresh), &u);
   }
 }
 

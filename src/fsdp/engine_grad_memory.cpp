@@ -113,7 +113,8 @@ bool FsdpEngine::place_or_stage(Unit& u, int module) {
   for (const FlatEntry* e : *request) {
     const auto at = static_cast<int64_t>(*placer_.stage(static_cast<size_t>(e->numel) * sizeof(float)) / sizeof(float));
     ops_->fill(grad_stage_.view(DType::F32, at, {e->numel}), 0.0);
-    model_->binding().bind_grad(e->param, grad_stage_.view(DType::F32, at, model::param_shape(spec.param(e->param))));
+    model_->binding().bind_grad(e->param, grad_stage_.view(DType::F32, at, model::param_shape(spec.param(e->param))),
+                                model::GradWrite::Accumulate, &grad_stage_);
     u.staged.emplace_back(e->param, static_cast<size_t>(at) * sizeof(float));
   }
   return false;
@@ -135,7 +136,8 @@ void FsdpEngine::finish_staged(Unit& u) {
   u.reduced_this_step = true;
   if (u.state == UnitState::InBackward) {
     for (const FlatEntry& e : u.layout.entries)
-      model_->binding().bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))));
+      model_->binding().bind_grad(e.param, grad_tensor(u, e.offset, model::param_shape(spec.param(e.param))),
+                                  model::GradWrite::Accumulate, &u);
   }
 }
 

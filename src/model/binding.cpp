@@ -26,9 +26,9 @@ void check_view(const ParamInfo& p, const ops::Tensor& view, const char* what) {
                                     view.numel(), p.numel));
 }
 
-// b starts where a ends, in the same memory and dtype.
-bool follows(const ops::Tensor& a, const ops::Tensor& b) {
-  return a.defined() && b.defined() && a.dtype == b.dtype && a.device == b.device &&
+// b starts where a ends, in the same region (allocation), memory and dtype.
+bool follows(const ops::Tensor& a, const void* a_region, const ops::Tensor& b, const void* b_region) {
+  return a.defined() && b.defined() && a_region == b_region && a.dtype == b.dtype && a.device == b.device &&
          static_cast<const char*>(a.data) + a.bytes() == static_cast<const char*>(b.data);
 }
 
@@ -38,15 +38,17 @@ void ParamBinding::update_follows(int index) {
   const auto i = static_cast<size_t>(index);
   for (size_t j : {i, i + 1}) {
     if (j == 0 || j >= views_.size()) continue;
-    views_[j].param_follows = follows(views_[j - 1].param, views_[j].param);
-    views_[j].grad_follows = follows(views_[j - 1].grad, views_[j].grad);
+    const Views &a = views_[j - 1], &b = views_[j];
+    views_[j].param_follows = follows(a.param, a.param_region, b.param, b.param_region);
+    views_[j].grad_follows = follows(a.grad, a.grad_region, b.grad, b.grad_region);
   }
 }
 
-void ParamBinding::bind_param(int index, const ops::Tensor& view) {
+void ParamBinding::bind_param(int index, const ops::Tensor& view, const void* region) {
   const ParamInfo& p = spec_->param(index);
   check_view(p, view, "param");
   views_[static_cast<size_t>(index)].param = view.reshaped(param_shape(p));
+  views_[static_cast<size_t>(index)].param_region = region;
   update_follows(index);
 }
 
@@ -57,7 +59,7 @@ bool gemm_writes_gradient(const ModelSpec& spec, int index) {
   return m.cls == ModuleClass::Linear && (m.layer >= 0 || index == spec.lm_head_param());
 }
 
-void ParamBinding::bind_grad(int index, const ops::Tensor& view, GradWrite write) {
+void ParamBinding::bind_grad(int index, const ops::Tensor& view, GradWrite write, const void* region) {
   const ParamInfo& p = spec_->param(index);
   check_view(p, view, "grad");
   if (write == GradWrite::Overwrite && !gemm_writes_gradient(*spec_, index))
@@ -65,6 +67,7 @@ void ParamBinding::bind_grad(int index, const ops::Tensor& view, GradWrite write
         fmt::format("bind grad of {} to be overwritten: its ops add into it (bind it zeroed, to accumulate)", p.name));
   Views& v = views_[static_cast<size_t>(index)];
   v.grad = view.reshaped(param_shape(p));
+  v.grad_region = region;
   v.overwrite_pending = write == GradWrite::Overwrite;
   update_follows(index);
 }

@@ -31,14 +31,18 @@ const DeviceCount& device_count() {
   static const DeviceCount c = [] {
     DeviceCount r;
     const cudaError_t e = cudaGetDeviceCount(&r.count);
+    // CUDA_VISIBLE_DEVICES hides every GPU when empty or when its first entry names none ("-1", an index past the
+    // machine's, a UUID no GPU has): said with the value, which the runtime's own error does not name.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const std::string where =
+        visible ? fmt::format(" (CUDA_VISIBLE_DEVICES=\"{}\": does it name this machine's GPUs?)", visible) : std::string();
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky "no driver" error
       r.count = 0;
-      r.reason = fmt::format("cudaGetDeviceCount: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+      r.reason = fmt::format("cudaGetDeviceCount: {} ({}){}", cudaGetErrorName(e), cudaGetErrorString(e),
+                             e == cudaErrorNoDevice ? where : std::string());
     } else if (r.count == 0) {
-      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-      r.reason = visible ? fmt::format("the driver lists no device (CUDA_VISIBLE_DEVICES=\"{}\")", visible)
-                         : std::string("the driver lists no device");
+      r.reason = "the driver lists no device" + where;
     }
     return r;
   }();

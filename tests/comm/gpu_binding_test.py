@@ -9,6 +9,8 @@ nodes of 2 on one machine whose emulated GPUs have UUIDs and PCI bus ids, bound 
 - every GPU visible but fewer GPUs than ranks on the machine (two simulated nodes, one machine) -> MPI;
 - comm_backend = "nccl" on a shared GPU -> one clear error, exit code 3 (docs/exit-codes.md), from `env` and
   from `train`;
+- a rank whose CUDA_VISIBLE_DEVICES names no GPU beside ranks on GPUs (--device auto) -> one error, exit code 7,
+  naming the rank, its host and the variable (it ran on the CPU backend, and the job hung);
 - a GPU that stopped answering (SHARDTRAIN_CUDA_EMULATOR_HUNG=1 on rank 1: its first CUDA call never returns) ends
   the job with exit code 10 after fsdp.startup_timeout, in one line from rank 1 naming CUDA's start (the other
   ranks, waiting in the exchange of GPU identities, give it the first word), and rank 1's failure record in the
@@ -115,9 +117,9 @@ check(len([l for l in err.splitlines() if nccl_refused in l]) == 1, f"env --comm
 config = os.path.join(args.source, "configs", "tiny-cpu.toml")
 
 
-def train(name, bind, *extra):
+def train(name, bind, *extra, device="cuda"):
     run_dir = os.path.join(work, name)
-    cli = ["--device", "cuda", "train", "--config", config, "--data.path", dataset, "--model.vocab_size", "512", "--ranks-per-node", "2",
+    cli = ["--device", device, "train", "--config", config, "--data.path", dataset, "--model.vocab_size", "512", "--ranks-per-node", "2",
            "--schedule.max_steps", "1", "--schedule.warmup_steps", "0", "--schedule.eval_batches", "0",
            "--checkpoint.every_n_steps", "0", "--logging.peak_flops", "1e12", "--logging.progress", "lines",
            "--logging.run_dir", run_dir, "--model.num_hidden_layers", "1", "--data.seq_len", "16",
@@ -131,6 +133,16 @@ check(rc == 3, f"train --fsdp.comm_backend nccl on shared GPUs: exit code {rc}, 
 check(len([l for l in log.splitlines() if nccl_refused in l and "configuration error" in l]) == 1,
       f"train --fsdp.comm_backend nccl: one configuration error naming the ranks and the GPU: {log[-800:]}")
 
+
+# ---- a rank the binding left without a GPU (its CUDA_VISIBLE_DEVICES names none: "7" of 4) beside ranks on GPUs, under
+# --device auto: one error, exit 7, from env and from train. That rank ran on the CPU backend, whose collectives do not
+# match the GPU ranks': the job hung until fsdp.collective_timeout, then blamed the network.
+mixed = f'rank 3 (on {socket.gethostname()}, CUDA_VISIBLE_DEVICES "7") has no GPU and runs on the CPU backend, while rank 0 runs on a GPU'
+rc, out, err = run(4, ["env"], bind=["0", "1", "2", "7"])
+check(rc == 7 and len([l for l in err.splitlines() if mixed in l and "device error" in l]) == 1,
+      f"env with a rank without a GPU: exit {rc}, expected 7 and one line: {err[-800:]}")
+rc, log, _ = train("train_mixed", ["0", "1", "2", "7"], device="auto")
+check(rc == 7 and len([l for l in log.splitlines() if mixed in l]) == 1, f"train with a rank without a GPU: exit {rc}: {log[-800:]}")
 
 # ---- a GPU that stopped answering: rank 1 hangs in CUDA's start, the others in the exchange of GPU identities
 hung_cli = ["--device", "cuda", "train", "--config", config, "--data.path", dataset, "--model.vocab_size", "512",

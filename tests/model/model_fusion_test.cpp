@@ -248,6 +248,30 @@ TEST(ModelFusion, ABindingThatSeparatesQkvTakesSeparateGemms) {
   EXPECT_EQ(model.projections(1).qkv_forward, ProjectionPath::Fused);
 }
 
+// Views that follow one another in memory but lie in two allocations (the FSDP engine's region: its unit) are not one
+// matrix: two units' buffers that the allocator placed end to end, q_proj wrapped alone and k/v with the norms,
+// were fused into one GEMM that read past the first buffer's end (the CUDA emulator stopped it).
+TEST(ModelFusion, AdjacentViewsOfTwoRegionsTakeSeparateGemms) {
+  BoundTinyModel t;
+  LlamaModel& model = t.model;
+  DenseParams& params = t.params;
+  const LayerIndex::Params& l1 = model.spec().layer(1).params;
+  const int units[2] = {0, 1};  // stand-ins for two units' addresses
+  for (const int p : {l1.q_proj, l1.k_proj, l1.v_proj}) {
+    const void* region = p == l1.q_proj ? &units[0] : &units[1];
+    model.binding().bind_param(p, params.param(p), region);
+    model.binding().bind_grad(p, params.grad(p), GradWrite::Accumulate, region);
+  }
+  EXPECT_FALSE(model.binding().params_adjacent(l1.q_proj, 3));
+  EXPECT_FALSE(model.binding().grads_adjacent(l1.q_proj, 3));
+  EXPECT_TRUE(model.binding().params_adjacent(l1.k_proj, 2));  // one region: still one matrix
+  HostBatch hb = random_batch(2, 5, t.c.vocab_size, 3);
+  model.forward_backward(hb.batch());
+  EXPECT_EQ(model.projections(1).qkv_forward, ProjectionPath::Separate);
+  EXPECT_EQ(model.projections(1).qkv_backward, ProjectionPath::Separate);
+  EXPECT_EQ(model.projections(0).qkv_forward, ProjectionPath::Fused);
+}
+
 // The fused MLP backward writes [dWg; dWu] in one GEMM: gradients bound apart from parameters that were adjacent
 // are refused with the layer's name, not written out of bounds.
 TEST(ModelFusion, GradientsBoundApartFromAdjacentParametersAreAClearError) {

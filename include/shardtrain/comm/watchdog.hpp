@@ -74,13 +74,16 @@ class CollectiveWatchdog {
   // Device-asynchronous collectives (NCCL): issuing one returns at once, so no Guard can time it. The
   // communicator hands each one over after issuing it, with `done` (a CUDA event query: true once it has
   // finished on the device) and `abort` (ncclCommAbort: releases the stream the collective blocks). The
-  // thread drops finished ones in issue order; when the oldest unfinished one has run past the timeout it
-  // calls `abort`, then ends the job as for a host collective (survey of the axis included).
+  // thread drops finished ones in issue order; when the oldest unfinished one has run past the timeout it ends the
+  // job as for a host collective (survey of the axis, message, failure record) and calls `abort` last, just before
+  // MPI_Abort: the training thread, released by it, went on issuing collectives on the aborted communicator for the
+  // survey's seconds (NCCL's use-after-free).
   void watch_async(const CollectiveCall& call, std::function<bool()> done, std::function<void()> abort);
   // Device collectives issued and not yet seen finished.
   size_t async_in_flight();
   // An asynchronous error source (ncclCommGetAsyncError), polled every tick: a non-empty message ends the
-  // job with ExitCode::Comm after `abort`. remove_error_source before the communicator goes away.
+  // job with ExitCode::Comm, `abort` called after the message and record, just before MPI_Abort. remove_error_source
+  // before the communicator goes away.
   int add_error_source(std::function<std::string()> poll, std::function<void()> abort);
   void remove_error_source(int id);
 
@@ -122,8 +125,9 @@ class CollectiveWatchdog {
   void serve(Survey* survey, int64_t token, std::vector<PeerReport>* reports);
   std::vector<PeerReport> run_survey(const Survey& s);
   [[noreturn]] void fire(double waited);
+  // `release`: called last, before MPI_Abort (ncclCommAbort of the communicator a device collective blocks).
   [[noreturn]] void report_and_abort(const CollectiveCall& call, const std::vector<int>& group, double waited,
-                                     const char* where);
+                                     const char* where, const std::function<void()>& release = {});
   // With the mutex held: drops finished device collectives; fires (unlocking) on one past the timeout or on
   // an asynchronous error.
   void check_async(std::unique_lock<std::mutex>& lock);

@@ -28,9 +28,13 @@ class ParamBinding {
  public:
   explicit ParamBinding(const ModelSpec& spec);
 
-  void bind_param(int index, const ops::Tensor& view);  // shape must be the parameter's shape
+  // `region`: the allocation the view lies in (the FSDP engine: its unit). Views follow one another only within one
+  // region: two units' buffers that the allocator placed end to end are two allocations, and a GEMM fused across
+  // them read past the end of the first (the emulator stopped it; wrapping each Linear with the norms did it).
+  // nullptr: the driver's one store (DenseParams, the tests).
+  void bind_param(int index, const ops::Tensor& view, const void* region = nullptr);  // shape: the parameter's
   // InternalError for GradWrite::Overwrite where !gemm_writes_gradient.
-  void bind_grad(int index, const ops::Tensor& view, GradWrite write = GradWrite::Accumulate);
+  void bind_grad(int index, const ops::Tensor& view, GradWrite write = GradWrite::Accumulate, const void* region = nullptr);
   // The beta of the next GEMM that writes the gradients of parameters first .. first + count - 1 (adjacent: one
   // GEMM): 0 once after they were bound with GradWrite::Overwrite, 1 after that or when bound to accumulate.
   // InternalError when they disagree (bound in different ways: a driver's mistake).
@@ -43,7 +47,7 @@ class ParamBinding {
   bool param_bound(int index) const { return views_.at(static_cast<size_t>(index)).param.defined(); }
   bool grad_bound(int index) const { return views_.at(static_cast<size_t>(index)).grad.defined(); }
   // Whether parameters first .. first + count - 1 are bound to views that follow one another in memory, in index
-  // order, with nothing between and one dtype and device: then they are one matrix in place (q, k, v: one
+  // order, with nothing between, one dtype and device, and one region: then they are one matrix in place (q, k, v: one
   // ((H + 2 Hkv) Dh, D) matrix), and the model fuses their GEMMs. Settled when the views are bound, not per use.
   // grads_adjacent: the same of their gradient views. Drivers bind every gradient at its parameter's offset in a
   // buffer of the same layout (DenseParams, the FSDP engine), so the two agree.
@@ -53,7 +57,9 @@ class ParamBinding {
  private:
   struct Views {
     ops::Tensor param, grad;
-    bool param_follows = false;  // param starts where index - 1's param ends (same dtype and device)
+    const void* param_region = nullptr;
+    const void* grad_region = nullptr;
+    bool param_follows = false;  // param starts where index - 1's param ends (same dtype, device and region)
     bool grad_follows = false;
     bool overwrite_pending = false;  // bound with GradWrite::Overwrite, not written since
   };
