@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
+#include <mutex>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -180,7 +182,12 @@ std::vector<std::string> remove_incomplete(const std::string& dir) {
     uint64_t files = 0, bytes = 0;
     const bool ours = holds_only_save_files(path.string(), &files, &bytes);
     if (!ours) {
-      log::warn("checkpoint: {} is incomplete (no DONE) but holds more than a save writes: left as it is", path.string());
+      // Once per folder and process: the cleanup runs before every save (it was said at each of 22 saves).
+      static std::mutex said_mutex;
+      static std::set<std::string> said;
+      std::lock_guard lock(said_mutex);
+      if (said.insert(path.string()).second)
+        log::warn("checkpoint: {} is incomplete (no DONE) but holds more than a save writes: left as it is", path.string());
       ec.clear();
       continue;
     }

@@ -239,7 +239,7 @@ std::string make_temporary(const std::string& final_dir, MPI_Comm world, int ran
 CheckpointFault checkpoint_fault_from_env() {
   CheckpointFault f;
   const char* v = std::getenv("SHARDTRAIN_CHECKPOINT_FAULT");
-  if (!v) return f;
+  if (!v || !*v) return f;  // unset or empty: no fault
   const std::string s(v);
   try {
     if (s == "fail_write") {

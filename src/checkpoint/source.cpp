@@ -18,6 +18,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/log.hpp"
 
 namespace fs = std::filesystem;
 
@@ -434,8 +435,19 @@ std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
   if (fs::is_directory(path)) {
     if (fs::exists(fs::path(path) / "config.json")) return std::make_unique<SafetensorsSource>(path);
     if (is_complete(path) || fs::exists(fs::path(path) / "index.h5")) return std::make_unique<CheckpointSource>(path);
-    const std::string latest = find_latest(path);
-    if (!latest.empty()) return std::make_unique<CheckpointSource>(latest);
+    // A folder of checkpoints: its newest; again when a running job's rotation (keep_last) removed that one between
+    // the listing and its opening (a "damaged DONE" of a checkpoint that was no more).
+    for (int attempt = 1;; ++attempt) {
+      const std::string latest = find_latest(path);
+      if (latest.empty()) break;
+      try {
+        return std::make_unique<CheckpointSource>(latest);
+      } catch (const CheckpointError&) {
+        std::error_code ec;
+        if (attempt == 5 || fs::exists(fs::path(latest) / kDoneFile, ec)) throw;
+        log::info("{}: removed as it was opened (a running job's rotation?); its folder's newest again", latest);
+      }
+    }
     fail(path, "not a checkpoint, a directory of checkpoints, or a Hugging Face directory (config.json)");
   }
   if (fs::is_regular_file(path)) {

@@ -29,6 +29,26 @@ std::string checkpoint_or_newest(const std::string& path) {
   return latest;
 }
 
+// `work(checkpoint)` on checkpoint_or_newest(path); with a folder of checkpoints, again on its new newest (a few times)
+// when the one taken lost its DONE marker while it was read: a running job's rotation (keep_last) removed it, and
+// the error blamed damage ("use an older checkpoint") where a newer one stood.
+template <typename Work>
+int on_checkpoint_or_newest(const std::string& path, Work work) {
+  for (int attempt = 1;; ++attempt) {
+    const std::string chosen = checkpoint_or_newest(path);
+    try {
+      return work(chosen);
+    } catch (const Error&) {
+      std::error_code ec;
+      if (chosen == path || attempt == 5 || std::filesystem::exists(std::filesystem::path(chosen) / "DONE", ec)) throw;
+      std::fprintf(stderr, "%s: removed while it was read (a running job's rotation?); the folder's newest again\n",
+                   chosen.c_str());
+    }
+  }
+}
+
+int consolidate_one(const std::string& path, const std::string& output, checkpoint::ExportOptions e);
+
 int run_consolidate(const ConsolidateOptions& o) {
   checkpoint::ExportOptions e;
   e.format = checkpoint::parse_export_format(o.format);
@@ -46,7 +66,10 @@ int run_consolidate(const ConsolidateOptions& o) {
   // One HDF5 file is never split: the option was ignored without a word.
   if (o.max_shard_given && e.format == checkpoint::ExportFormat::Hdf5)
     throw UsageError("--max-shard-gib: only with --format safetensors (--format hdf5 writes one file)");
-  const std::string path = checkpoint_or_newest(o.checkpoint);
+  return on_checkpoint_or_newest(o.checkpoint, [&](const std::string& path) { return consolidate_one(path, o.output, e); });
+}
+
+int consolidate_one(const std::string& path, const std::string& output, checkpoint::ExportOptions e) {
   if (e.tokenizer.empty() && e.format == checkpoint::ExportFormat::Safetensors) {
     // The tokenizer the checkpoint names, relative to the folder its run started in: found from here too.
     try {
@@ -57,15 +80,15 @@ int run_consolidate(const ConsolidateOptions& o) {
       // consolidate() reports an unreadable checkpoint itself
     }
   }
-  const checkpoint::ExportSummary s = checkpoint::consolidate(path, o.output, e);
-  std::printf("consolidated %s -> %s: %lld tensors, %.1f MiB in %d file(s), %s\n", path.c_str(), o.output.c_str(),
+  const checkpoint::ExportSummary s = checkpoint::consolidate(path, output, e);
+  std::printf("consolidated %s -> %s: %lld tensors, %.1f MiB in %d file(s), %s\n", path.c_str(), output.c_str(),
               static_cast<long long>(s.tensors), static_cast<double>(s.bytes) / (1 << 20), s.files, dtype_name(e.dtype));
   if (!s.tokenizer_note.empty()) std::printf("tokenizer: %s\n", s.tokenizer_note.c_str());
   return 0;
 }
 
-int run_info(const std::string& path, bool verify) {
-  checkpoint::CheckpointReader r(checkpoint_or_newest(path));
+int info_one(const std::string& path, bool verify) {
+  checkpoint::CheckpointReader r(path);
   int64_t total = 0;
   std::string out = fmt::format("checkpoint {}\n  type {}, step {}, saved by {}\n", r.path(), state_dict_type_name(r.type()),
                                 r.step(), r.mesh_description());
@@ -97,6 +120,10 @@ int run_info(const std::string& path, bool verify) {
   }
   if (!r.config_toml().empty()) std::printf("  config:\n%s\n", r.config_toml().c_str());
   return 0;
+}
+
+int run_info(const std::string& path, bool verify) {
+  return on_checkpoint_or_newest(path, [&](const std::string& chosen) { return info_one(chosen, verify); });
 }
 
 }  // namespace

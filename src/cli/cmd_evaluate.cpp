@@ -191,6 +191,13 @@ nlohmann::json evaluate_weights(train::Evaluator& evaluator, const checkpoint::T
           {"tokens", tokens},         {"seconds", seconds}};
 }
 
+// A checkpoint of --every-checkpoint's listing that is no more: its DONE marker gone (a running job's rotation removes
+// the folder, its DONE with it).
+bool removed_since_listed(const std::string& path) {
+  std::error_code ec;
+  return !std::filesystem::exists(std::filesystem::path(path) / "DONE", ec);
+}
+
 int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // The inputs the command line names; the datasets (and their tokenizers) once the config is resolved.
   refuse_json_over_input(o.json, o.weights, "the weights --weights");
@@ -218,8 +225,6 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
       return found;
     });
     target_steps.resize(targets.size(), -1);
-    for (const std::string& path : targets)
-      train::check_ranks_see_checkpoint(rt->world(), path, "evaluate --every-checkpoint");
     if (targets.empty())
       throw CheckpointError(fmt::format(
           "{}: --every-checkpoint: no complete checkpoint (step_N with DONE) in this directory{}", o.weights,
@@ -241,6 +246,8 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
       source_index = k;
     } catch (const checkpoint::CheckpointDamaged&) {
       if (!o.every_checkpoint || k == 0) throw;
+    } catch (const CheckpointError&) {  // removed since the listing (a running job's rotation): the next older
+      if (!o.every_checkpoint || k == 0 || !removed_since_listed(targets[k])) throw;
     }
   }
 
@@ -341,12 +348,29 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     std::printf("evaluate: the %s split; config: %s\n", data::dataset_split_name(split), config_source.c_str());
 
   // With --every-checkpoint a damaged checkpoint (a bad DONE, a chunk whose checksum fails on whichever rank reads
-  // it) is skipped with its reason, on every rank alike, instead of ending the table at the first one.
+  // it) is skipped with its reason, on every rank alike, instead of ending the table at the first one. One that a
+  // running job's rotation (keep_last) removed since the listing, before or while it was read, is skipped with a
+  // note: the table of a live run's milestones ended at the first such one, exit 5 (or blamed a node-local disk).
   std::vector<nlohmann::json> results;
   const int rank = rt->topology().world_rank;
+  const auto gone_on_rank0 = [&](const std::string& path) {
+    int gone = rank == 0 && removed_since_listed(path) ? 1 : 0;
+    ST_CHECK_MPI(MPI_Bcast(&gone, 1, MPI_INT, 0, rt->world()));
+    if (gone && rank == 0)
+      log::warn("evaluate: {} skipped: removed since it was listed (a running job's rotation: checkpoint.keep_last)", path);
+    return gone != 0;
+  };
+  size_t removed = 0;
   for (size_t k = 0; k < targets.size(); ++k) {
+    if (o.every_checkpoint) {
+      if (gone_on_rank0(targets[k])) {
+        ++removed;
+        continue;
+      }
+      train::check_ranks_see_checkpoint(rt->world(), targets[k], "evaluate --every-checkpoint");
+    }
     std::unique_ptr<checkpoint::TensorSource> weights;
-    std::string damaged;
+    std::string damaged, failed;
     watch.checkpoint_stage(fmt::format("loading {}", targets[k]));
     try {
       // Each checkpoint must be of the same model (import_weights refuses another architecture, naming it).
@@ -355,8 +379,20 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     } catch (const checkpoint::CheckpointDamaged& e) {
       if (!o.every_checkpoint) throw;
       damaged = e.what();
+    } catch (const CheckpointError& e) {
+      if (!o.every_checkpoint) throw;
+      failed = e.what();
     }
-    if (o.every_checkpoint) damaged = train::lowest_error(rt->world(), rank, damaged);
+    if (o.every_checkpoint) {
+      damaged = train::lowest_error(rt->world(), rank, damaged);
+      failed = train::lowest_error(rt->world(), rank, failed);
+      if ((!damaged.empty() || !failed.empty()) && gone_on_rank0(targets[k])) {
+        ++removed;
+        watch.done();
+        continue;
+      }
+      if (!failed.empty()) throw on_every_rank(CheckpointError(failed));
+    }
     watch.done();  // the evaluation's collectives are the watchdog's
     if (!damaged.empty()) {
       if (rank == 0) log::warn("evaluate: {} skipped, damaged: {}", targets[k], damaged);
@@ -365,6 +401,11 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     }
     results.push_back(evaluate_weights(evaluator, *weights, id_bytes, rt));
   }
+  if (results.empty())
+    throw CheckpointError(
+        fmt::format("{}: --every-checkpoint: each of its {} complete checkpoint(s) was removed while "
+                    "evaluate ran (a running job's rotation: checkpoint.keep_last)",
+                    o.weights, removed));
   if (std::all_of(results.begin(), results.end(), [](const nlohmann::json& r) { return r.contains("error"); }))
     throw checkpoint::CheckpointDamaged(
         fmt::format("{}: --every-checkpoint: none of its {} complete checkpoint(s) could be "

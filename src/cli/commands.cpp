@@ -122,9 +122,11 @@ std::string checkpoint_holding(const std::string& path) {
   std::error_code ec;
   const fs::path abs = fs::absolute(path, ec).lexically_normal();
   if (ec) return {};
-  for (fs::path dir = abs.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+  // The path itself too: a step_N not saved yet (a later step's name in a live run's checkpoint directory) was taken,
+  // and that run's save of step N then set the export aside as .foreign.
+  for (fs::path dir = abs; !dir.empty(); dir = dir.parent_path()) {
     for (const char* marker : {"DONE", "index.h5"})
-      if (fs::is_regular_file(dir / marker, ec)) return fmt::format("{} (it holds {})", dir.string(), marker);
+      if (dir != abs && fs::is_regular_file(dir / marker, ec)) return fmt::format("{} (it holds {})", dir.string(), marker);
     if (std::regex_match(dir.filename().string(), save_name) &&
         fs::exists(dir.parent_path() / train::kCheckpointLockFile, ec))
       return fmt::format(

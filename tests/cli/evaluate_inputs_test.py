@@ -264,7 +264,11 @@ for argv, place in ((["consolidate", step, "-o", f"{step}/model.h5"], f"{step}/m
                      "run/checkpoints/step_00000100/hf"),
                     (["prepare-data", "-t", tok, "-i", short, "-o", f"{step}/data.h5"], f"{step}/data.h5"),
                     (["tokenizer", "train", "-i", short, "-o", "run/checkpoints/step_00000100/tok.json", "--vocab-size", "300"],
-                     "run/checkpoints/step_00000100/tok.json")):
+                     "run/checkpoints/step_00000100/tok.json"),
+                    # A later step's name, not saved yet: the live run's save of that step set the export aside as .foreign.
+                    (["consolidate", step, "-o", "run/checkpoints/step_00000900"], "run/checkpoints/step_00000900"),
+                    (["consolidate", step, "-o", "run/checkpoints/step_00000901", "--format", "safetensors"],
+                     "run/checkpoints/step_00000901")):
     p = run(argv)
     check(p.returncode == 2 and f"{place} lies in the checkpoint" in p.stderr and not os.path.exists(os.path.join(work, place)),
           f"{' '.join(argv)}: exit 2, nothing written: exit {p.returncode}: {p.stderr[-600:]}")
