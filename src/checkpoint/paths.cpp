@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <set>
-#include <mutex>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -41,6 +41,12 @@ std::optional<int64_t> parse_step_dir(const std::string& name) {
     step = step * 10 + (c - '0');
   }
   return step;
+}
+
+bool is_save_dir_name(const std::string& name) {
+  const size_t dot = name.find(".tmp");
+  const bool tmp = dot != std::string::npos && (dot + 4 == name.size() || name[dot + 4] == '-');
+  return parse_step_dir(name.substr(0, tmp ? dot : name.size())).has_value();
 }
 
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir) {
@@ -168,11 +174,7 @@ std::vector<std::string> remove_incomplete(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return removed;
   std::vector<fs::path> candidates;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    // step_N, step_N.tmp (saves before 2026-11-28) and step_N.tmp-<id> (a save's own name since)
-    const size_t dot = name.find(".tmp");
-    const bool tmp = dot != std::string::npos && (dot + 4 == name.size() || name[dot + 4] == '-');
-    if (!parse_step_dir(name.substr(0, tmp ? dot : name.size())) || !e.is_directory(ec) || e.is_symlink(ec) ||
+    if (!is_save_dir_name(e.path().filename().string()) || !e.is_directory(ec) || e.is_symlink(ec) ||
         is_complete(e.path().string()))
       continue;
     candidates.push_back(e.path());

@@ -17,6 +17,8 @@ inline constexpr const char* kFullFile = "model.h5";
 std::string rank_file_name(int shard_rank);  // "rank_00003.h5"
 
 std::optional<int64_t> parse_step_dir(const std::string& name);
+// A save's folder name: step_N, or a save's temporary step_N.tmp (saves before 2026-11-28) or step_N.tmp-<id>.
+bool is_save_dir_name(const std::string& name);
 void fsync_path(const std::string& path);
 void write_text_durably(const std::string& path, const std::string& text);
 // final_dir + ".tmp-" + id, created (IoError when it exists): `id` is the save's own, so two writers never share one.

@@ -89,8 +89,9 @@ std::string incomplete_reason(const std::string& dir) {
     if (parse_step_dir(name) && e.is_directory(ec)) steps.push_back(name);
   }
   const std::string name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
-  if (has_files || parse_step_dir(name) || name.ends_with(".tmp"))
-    return "no DONE marker: the save did not finish (killed or failed half-way); use an older checkpoint";
+  if (has_files || is_save_dir_name(name))
+    return "no DONE marker: the save did not finish (still being written, or killed or failed half-way); use an older "
+           "checkpoint, or the newest complete one of its folder";
   if (const auto complete = complete_checkpoints(dir); !complete.empty())
     return fmt::format(
         "a folder of checkpoints, not one checkpoint: pass one of its {} complete checkpoint(s), the newest {}",

@@ -434,7 +434,11 @@ void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
   if (fs::is_directory(path)) {
     if (fs::exists(fs::path(path) / "config.json")) return std::make_unique<SafetensorsSource>(path);
-    if (is_complete(path) || fs::exists(fs::path(path) / "index.h5")) return std::make_unique<CheckpointSource>(path);
+    // A save's folder without DONE (one in progress, or killed) is said as checkpoint info and consolidate say it.
+    const fs::path named = fs::path(path).lexically_normal();  // "step_N/" names step_N
+    if (is_complete(path) || fs::exists(fs::path(path) / "index.h5") ||
+        is_save_dir_name((named.has_filename() ? named : named.parent_path()).filename().string()))
+      return std::make_unique<CheckpointSource>(path);
     // A folder of checkpoints: its newest; again when a running job's rotation (keep_last) removed that one between
     // the listing and its opening (a "damaged DONE" of a checkpoint that was no more).
     for (int attempt = 1;; ++attempt) {

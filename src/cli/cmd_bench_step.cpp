@@ -30,11 +30,11 @@
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/session.hpp"
 #include "shardtrain/runtime/timer.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/metrics.hpp"
 #include "shardtrain/train/trainer.hpp"
-#include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain::cli {
 namespace {

@@ -98,7 +98,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   topts.config_source = source;
   // From here to the first step, a stage that does not end (a rank held up, a peer that never arrives) ends the job
   // with exit code 10 rather than holding it until its time limit (startup.hpp).
-  train::StartupWatch startup(config);
+  train::StartupWatch startup(config, config.logging.run_dir);
   topts.startup = &startup;
   // Ranks that resolved different configurations stop here, naming the first differing key, before any of the
   // checks below could fail on some ranks and not others (the trainer asks again, for its other callers).

@@ -6,8 +6,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -17,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+
+#include <fmt/format.h>
 
 namespace shardtrain {
 namespace {

@@ -21,9 +21,9 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/session.hpp"
 #include "shardtrain/train/preflight.hpp"
 #include "shardtrain/train/rank_agreement.hpp"
-#include "shardtrain/runtime/session.hpp"
 
 namespace fs = std::filesystem;
 

@@ -11,8 +11,8 @@
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
-#include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/runtime/session.hpp"
+#include "shardtrain/train/checkpoint_dir.hpp"
 
 namespace fs = std::filesystem;
 

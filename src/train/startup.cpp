@@ -31,10 +31,10 @@ namespace {
 
 }  // namespace
 
-StartupWatch::StartupWatch(const TrainConfig& config)
+StartupWatch::StartupWatch(const TrainConfig& config, std::string failure_dir)
     : startup_timeout_(config.fsdp.startup_timeout),
       save_timeout_(config.checkpoint.save_timeout),
-      deadline_([run_dir = config.logging.run_dir](const Deadline::Stretch& s) { startup_expired(s, run_dir); }) {}
+      deadline_([run_dir = std::move(failure_dir)](const Deadline::Stretch& s) { startup_expired(s, run_dir); }) {}
 
 void StartupWatch::stage(std::string what) { deadline_.begin({std::move(what), startup_timeout_, "fsdp.startup_timeout"}); }
 

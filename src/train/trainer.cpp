@@ -25,6 +25,7 @@
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/session.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
@@ -33,7 +34,6 @@
 #include "shardtrain/train/rank_agreement.hpp"
 #include "shardtrain/train/run_dir.hpp"
 #include "shardtrain/train/startup.hpp"
-#include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain::train {
 namespace fs = std::filesystem;

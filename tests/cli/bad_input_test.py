@@ -134,6 +134,14 @@ os.remove(os.path.join(half, "DONE"))
 expect("checkpoint info, no DONE", run(["checkpoint", "info", half]), 5, "the save did not finish")
 expect("consolidate a folder of unfinished saves", run(["consolidate", os.path.dirname(half), "--output", os.path.join(work, "c.h5")]),
        5, "none complete")
+# A save in progress (its temporary folder, nothing written yet) is said alike by every reader: generate and evaluate
+# called it "not a checkpoint, a directory of checkpoints, or a Hugging Face directory".
+in_progress = os.path.join(work, "half", "step_00000006.tmp-4242-0badf00d")
+os.makedirs(in_progress)
+for what, argv in (("checkpoint info", ["checkpoint", "info", in_progress]),
+                   ("generate", ["generate", "--checkpoint", in_progress, "--prompt", "The", "--max-tokens", "2"]),
+                   ("evaluate", ["evaluate", "-w", in_progress, "--data.path", os.path.join(proj, "data.h5")])):
+    expect(f"{what} of a save in progress", run(argv), 5, "no DONE marker: the save did not finish (still being written")
 
 # 10. From outside the project: the recorded tokenizer and dataset are found below the run's own folder.
 elsewhere = os.path.join(work, "elsewhere")

@@ -27,8 +27,8 @@ std::string output_temporary(const std::string& output, std::string_view kind = 
 void sweep_dead_output_temporaries(const std::string& output);
 
 // Whether `path` is `output` itself or one of the temporaries a writer of it makes (OUTPUT.tmp-N or
-// OUTPUT.tokens-tmp-N, with or without the host before N, of any process, a killed one's included), wherever the two names point (symbolic links and
-// relative paths resolved). An input folder's listing leaves them out: an output written inside its input folder is
+// OUTPUT.tokens-tmp-N, with or without the host before N, of any process, a killed one's included), wherever the two
+// names point (symbolic links and relative paths resolved). An input folder's listing leaves them out: an output written inside its input folder is
 // not read back as text on the next run.
 bool is_output_or_temporary(const std::filesystem::path& path, const std::string& output);
 

@@ -3,8 +3,8 @@
 // (docs/cluster.md, "Preflight"). The datasets, the run's length and the checkpoint to resume from are in inputs.hpp.
 #pragma once
 
-#include <memory>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <vector>
 

@@ -15,7 +15,10 @@ namespace shardtrain::train {
 
 class StartupWatch {
  public:
-  explicit StartupWatch(const TrainConfig& config);
+  // `failure_dir`: the run directory a stage that times out leaves this rank's failure record in, where the trainer
+  // has not enabled the records yet (train: logging.run_dir; "" for none: evaluate, whose config is the checkpoint's
+  // run, not its own).
+  explicit StartupWatch(const TrainConfig& config, std::string failure_dir = {});
   void stage(std::string what);             // timed against fsdp.startup_timeout
   void checkpoint_stage(std::string what);  // timed against checkpoint.save_timeout
   void done();                              // the first step is next: the collective watchdog takes over
