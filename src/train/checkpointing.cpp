@@ -489,6 +489,14 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
           : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
   last_saved_step_ = s.step;
   if (!existed) published(path);
+  // A stop's checkpoint that the run resumes from holds the model alone: said where the user reads why the job stopped,
+  // not only at the resume (its steps then differ from an uninterrupted run's without a word at the stop).
+  if (cause == SaveCause::Requested && c.state_dict_type == StateDictType::Full &&
+      trainer.runtime().topology().world_rank == 0)
+    log::warn(
+        "checkpoint: {} is a FULL_STATE_DICT (checkpoint.state_dict_type): the model alone, so the resume from it restarts "
+        "AdamW's moments and its steps differ from an uninterrupted run's; SHARDED_STATE_DICT keeps the optimizer",
+        path);
 }
 
 void CheckpointHooks::save_async(Trainer& trainer) {

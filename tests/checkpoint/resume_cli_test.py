@@ -146,6 +146,21 @@ if saved:
     a, b = losses("whole40"), losses("preempted_resumed")
     check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
     check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
+check("is a FULL_STATE_DICT" not in out, "a sharded preemption save keeps the optimizer: no warning")
+# A FULL_STATE_DICT run stopped the same way: its checkpoint holds the model alone, said once at the stop (the resume's
+# steps then differ from an uninterrupted run's; before, only the resume said so).
+full_ckpt = os.path.join(work, "preempted_full", "ckpt")
+p = train("preempted_full", *LONG, "--checkpoint.dir", full_ckpt, "--checkpoint.state_dict_type", "FULL_STATE_DICT",
+          popen=True, base=BASE)
+metrics = os.path.join(work, "preempted_full", "metrics.jsonl")
+deadline = time.time() + 120
+while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 3):
+    time.sleep(0.02)
+os.kill(p.pid, signal.SIGUSR1)
+out = p.communicate(timeout=300)[0].decode(errors="replace")
+check(p.returncode == 75 and out.count("is a FULL_STATE_DICT (checkpoint.state_dict_type): the model alone, so the resume "
+                                       "from it restarts AdamW's moments") == 1,
+      f"FULL_STATE_DICT preemption: exit {p.returncode}, one warning: {out[-1500:]}")
 
 # Resuming on another number of ranks with another micro-batch: the checkpoint keeps its sampler position as
 # a sample count, so 4 ranks x 1 sequence x 2 accumulation steps continue with the data the 2 ranks x 4
