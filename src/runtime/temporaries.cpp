@@ -142,7 +142,7 @@ std::vector<std::string> sweep_dead_temporaries(const std::string& out, std::ini
       const auto [p, err] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
       if (err != std::errc() || p != pid_text.data() + pid_text.size() || pid <= 0 || pid == ::getpid()) continue;
       if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // it runs (or is another user's: EPERM)
-      dead.push_back(target.parent_path() / name);  // as `out` names its folder (no "./" where it names none)
+      dead.push_back(target.parent_path() / name);          // as `out` names its folder (no "./" where it names none)
     }
   }
   std::vector<std::string> removed;

@@ -127,14 +127,21 @@ check(r.returncode == 5 and "tokenizer" in r.stderr, f"tokenizer mismatch: exit 
 LONG = ["--schedule.max_steps", "40", "--checkpoint.every_n_steps", "0"]
 whole40 = train("whole40", *LONG, base=BASE)
 check(whole40.returncode == 0, f"40-step run: {whole40.stderr[-1500:]}")
+
+
+def preempted(name, *extra):
+    """The LONG run `name`, sent SIGUSR1 once 3 steps are in its metrics: (its Popen, its output)."""
+    p = train(name, *LONG, *extra, popen=True, base=BASE)
+    metrics = os.path.join(work, name, "metrics.jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 3):
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGUSR1)
+    return p, p.communicate(timeout=300)[0].decode(errors="replace")
+
+
 pre_ckpt = os.path.join(work, "preempted", "ckpt")
-p = train("preempted", *LONG, "--checkpoint.dir", pre_ckpt, popen=True, base=BASE)
-metrics = os.path.join(work, "preempted", "metrics.jsonl")
-deadline = time.time() + 120
-while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 3):
-    time.sleep(0.02)
-os.kill(p.pid, signal.SIGUSR1)
-out = p.communicate(timeout=300)[0].decode(errors="replace")
+p, out = preempted("preempted", "--checkpoint.dir", pre_ckpt)
 check(p.returncode == 75, f"preempted run: exit code {p.returncode}, expected 75: {out[-1500:]}")
 saved = [d for d in os.listdir(pre_ckpt) if d.startswith("step_")] if os.path.isdir(pre_ckpt) else []
 check(len(saved) == 1 and os.path.isfile(os.path.join(pre_ckpt, saved[0], "DONE")), f"one checkpoint saved on preemption: {saved}")
@@ -149,15 +156,8 @@ if saved:
 check("is a FULL_STATE_DICT" not in out, "a sharded preemption save keeps the optimizer: no warning")
 # A FULL_STATE_DICT run stopped the same way: its checkpoint holds the model alone, said once at the stop (the resume's
 # steps then differ from an uninterrupted run's; before, only the resume said so).
-full_ckpt = os.path.join(work, "preempted_full", "ckpt")
-p = train("preempted_full", *LONG, "--checkpoint.dir", full_ckpt, "--checkpoint.state_dict_type", "FULL_STATE_DICT",
-          popen=True, base=BASE)
-metrics = os.path.join(work, "preempted_full", "metrics.jsonl")
-deadline = time.time() + 120
-while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 3):
-    time.sleep(0.02)
-os.kill(p.pid, signal.SIGUSR1)
-out = p.communicate(timeout=300)[0].decode(errors="replace")
+p, out = preempted("preempted_full", "--checkpoint.dir", os.path.join(work, "preempted_full", "ckpt"),
+                   "--checkpoint.state_dict_type", "FULL_STATE_DICT")
 check(p.returncode == 75 and out.count("is a FULL_STATE_DICT (checkpoint.state_dict_type): the model alone, so the resume "
                                        "from it restarts AdamW's moments") == 1,
       f"FULL_STATE_DICT preemption: exit {p.returncode}, one warning: {out[-1500:]}")
