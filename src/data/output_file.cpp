@@ -43,11 +43,12 @@ void sweep_dead_output_temporaries(const std::string& output) {
 
 namespace {
 
-// NAME, or NAME.tmp-[HOST-]DIGITS / NAME.tokens-tmp-[HOST-]DIGITS (before 2026-11-29 the names had no host).
+// NAME, or NAME.tmp-[HOST-]DIGITS / NAME.tokens-tmp-[HOST-]DIGITS (before 2026-11-29 the names had no host; a long
+// NAME is cut in them: temporary_stem).
 bool names_output_or_temporary(const std::string& file, const std::string& name) {
   if (file == name) return true;
-  for (const std::string_view kind : {".tmp-", ".tokens-tmp-"}) {
-    const std::string prefix = name + std::string(kind);
+  for (const std::string_view kind : {"tmp", "tokens-tmp"}) {
+    const std::string prefix = temporary_stem(name, kind);
     if (file.size() <= prefix.size() || !file.starts_with(prefix) || file.find('/', prefix.size()) != std::string::npos)
       continue;
     const size_t dash = file.rfind('-');

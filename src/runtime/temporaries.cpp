@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -116,8 +117,19 @@ std::string host_name() {
 
 }  // namespace
 
+std::string temporary_stem(std::string_view name, std::string_view kind) {
+  // ".KIND-" + HOST (at most HOST_NAME_MAX) + "-" + PID (at most 10 digits) + "-N" (consolidate's further names).
+  const size_t room = kind.size() + 2 + HOST_NAME_MAX + 1 + 10 + 8;
+  size_t keep = std::min(name.size(), NAME_MAX > room ? NAME_MAX - room : size_t{1});
+  // Whole UTF-8 characters: not before a continuation byte.
+  while (keep > 1 && keep < name.size() && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
+  return fmt::format("{}.{}-", name.substr(0, keep), kind);
+}
+
 std::string temporary_beside(const std::string& out, std::string_view kind) {
-  return fmt::format("{}.{}-{}-{}", out, kind, host_name(), ::getpid());
+  const std::filesystem::path target(out);
+  const std::string stem = temporary_stem(target.filename().string(), kind);
+  return (target.parent_path() / fmt::format("{}{}-{}", stem, host_name(), ::getpid())).string();
 }
 
 std::vector<std::string> sweep_dead_temporaries(const std::string& out, std::initializer_list<std::string_view> kinds) {
@@ -130,7 +142,7 @@ std::vector<std::string> sweep_dead_temporaries(const std::string& out, std::ini
   for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     for (const std::string_view kind : kinds) {
-      const std::string prefix = fmt::format("{}.{}-{}-", base, kind, host);
+      const std::string prefix = fmt::format("{}{}-", temporary_stem(base, kind), host);
       if (!name.starts_with(prefix)) continue;
       // PID, or PID-N (consolidate's further names of one process).
       const std::string_view rest = std::string_view(name).substr(prefix.size());

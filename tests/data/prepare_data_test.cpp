@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -14,6 +16,7 @@
 #include "shardtrain/data/documents.hpp"
 #include "shardtrain/data/output_file.hpp"
 #include "shardtrain/data/prepare.hpp"
+#include "shardtrain/runtime/temporaries.hpp"
 
 namespace shardtrain::data {
 namespace {
@@ -463,6 +466,44 @@ TEST(PrepareData, TheOutputIsNeverItsOwnInput) {
     }
     EXPECT_EQ(testing::slurp(victim), text);
   }
+}
+
+// An output whose legal name (250 bytes) left no room within a file system's 255 for its temporary's suffix failed at
+// the end of the work ("cannot create the temporary token file: File name too long"): the temporaries' names cut it
+// (temporary_stem, whole UTF-8 characters), and such a temporary left in an input folder is known as the output's.
+TEST(PrepareData, AnOutputWithALongNameHasTemporariesThatFit) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  const auto dir = testing::tmp_path("long-output-name");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
+  for (size_t i = 0; i < 2; ++i) fs::copy_file(sotu[i], dir / sotu[i].filename());
+  const std::string name = std::string(247, 'd') + ".h5";
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {dir.string()};
+  o.output = (dir / name).string();
+  o.progress = ProgressStyle::Off;
+  const auto done = prepare_dataset(o);
+  EXPECT_EQ(done.files, 2u);
+  EXPECT_EQ(TokenDataset::open(o.output).num_tokens(), done.tokens);
+  for (const std::string_view kind : {"tmp", "tokens-tmp"}) {
+    const std::string stem = temporary_stem(name, kind), beside = temporary_beside(o.output, kind);
+    EXPECT_EQ(stem, name.substr(0, stem.size() - kind.size() - 2) + "." + std::string(kind) + "-");
+    EXPECT_TRUE(beside.starts_with((dir / stem).string())) << beside;
+    EXPECT_LE(fs::path(beside).filename().string().size() + 8, size_t{NAME_MAX}) << beside;  // with room for "-N"
+  }
+  EXPECT_EQ(temporary_stem("ds.h5", "tmp"), "ds.h5.tmp-");  // a name of usual length is not cut
+  // Cut between characters: 120 two-byte characters, never half of one.
+  std::string accents;
+  for (int i = 0; i < 120; ++i) accents += "\xc3\xa9";
+  const std::string cut = temporary_stem(accents, "tmp");
+  EXPECT_LT(cut.size(), accents.size());
+  EXPECT_EQ((cut.size() - std::strlen(".tmp-")) % 2, 0u) << cut;
+  // A killed process's temporary of the long output (another host's, which no sweep here removes) is not an input.
+  std::ofstream(dir / (temporary_stem(name, "tokens-tmp") + "otherhost-12")) << "ids";
+  EXPECT_EQ(expand_inputs({dir.string()}, o.output, OwnOutput{is_hdf5_file, "a dataset"}).size(), 2u);
 }
 
 // A folder reached twice through symbolic links (the audit's loop/self -> ../loop read every file at 40 depths,

@@ -13,6 +13,12 @@ namespace shardtrain {
 // that made it still runs (sweep_dead_temporaries), and tell the user which node's process it was.
 std::string temporary_beside(const std::string& out, std::string_view kind = "tmp");
 
+// The start of the name of every temporary of KIND beside an output named `name` (its file name, without the folder):
+// "NAME.KIND-", then the host, a dash and the PID. A name too long to take all that within a file system's 255 bytes
+// (NAME_MAX) is cut, the same for every host (room is kept for the longest host name, a PID and a "-N"): an output of
+// a legal name must not fail for its temporary's ("File name too long" at the end of a prepare-data).
+std::string temporary_stem(std::string_view name, std::string_view kind);
+
 // Removes the temporaries beside `out` (OUT.KIND-HOST-PID, OUT.KIND-HOST-PID-N; any of `kinds`) that a process of
 // this host made and that no longer runs: what SIGKILL (the kernel's out-of-memory killer, a scheduler's last resort)
 // leaves, since no handler runs then; a killed 40 GB export stayed until the user found it. Another host's, this
