@@ -1,13 +1,27 @@
 // MPI session and communicator handles.
 #include "shardtrain/runtime/session.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "shardtrain/runtime/check.hpp"
 
 namespace shardtrain {
 
+namespace {
+
+// Started by no launcher (mpirun, srun, any PMI): `shardtrain train` typed alone, an MPI singleton. Read before
+// MPI_Init, which starts the singleton's own daemon.
+bool g_singleton = false;
+
+}  // namespace
+
 MpiSession::MpiSession(int* argc, char*** argv) {
+  g_singleton = true;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_STEP_ID"})
+    if (std::getenv(name)) g_singleton = false;
   ST_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_));
   // Errors come back as codes so ST_CHECK_MPI can name the call; the default would abort silently.
   ST_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -34,7 +48,10 @@ bool MpiSession::active() {
 }
 
 void MpiSession::abort(ExitCode code) {
-  if (active()) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  // A singleton has no other rank to end: MPI_Abort would only add Open MPI's MPI_ABORT banner under the error (and at
+  // times an "ORTE_ERROR_LOG: Data unpack would read past end of buffer" line from its help system).
+  if (active() && !g_singleton) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  std::fflush(nullptr);
   std::_Exit(static_cast<int>(code));
 }
 

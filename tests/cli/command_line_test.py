@@ -22,7 +22,9 @@
   saying so;
 - evaluate of weights on a dataset of a larger vocabulary: 5 (weights of another tokenizer), not 3 naming a config key;
 - a JSON result on a full file system (root only: a tmpfs): exit 8 naming "No space left on device", no file and no
-  temporary left (result.json was renamed into place empty while the run exited 0)."""
+  temporary left (result.json was renamed into place empty while the run exited 0);
+- `train` started without a launcher (an MPI singleton) and failing: the error line alone, without Open MPI's
+  MPI_ABORT banner (2026-11-29)."""
 import json
 import os
 import subprocess
@@ -209,5 +211,13 @@ if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k
         subprocess.run(["umount", full])
 else:
     print("full disk: skipped (needs root to mount a tmpfs)")
+
+# `shardtrain train` typed alone (an MPI singleton, no launcher) on a missing dataset: the one error line and its code,
+# without Open MPI's MPI_ABORT banner (it has no other rank to end) nor its "ORTE_ERROR_LOG" line, seen under it.
+rc, out, err = run(["train", "-c", tiny, "--logging.run_dir", "alone", "--data.path", "no-such.h5"])
+check(rc == 4 and "no-such.h5: no such file" in err and "MPI_ABORT" not in err + out and "ORTE_ERROR_LOG" not in err + out,
+      f"train alone on a missing dataset: exit {rc} (expected 4), one line without MPI's banner: {err[-800:]}")
+rc, out, err = run(["train", "-c", tiny, "--logging.run_dir", "under-mpirun", "--data.path", "no-such.h5"], np=2)
+check(rc == 4 and "no-such.h5: no such file" in err, f"the same under mpirun -np 2: exit {rc} (expected 4): {err[-800:]}")
 
 check.finish("PASS: bad command lines")

@@ -23,7 +23,8 @@ class MpiSession {
   int world_size() const { return world_size_; }
   int thread_level() const { return thread_level_; }
 
-  // Ends every rank of the job with this exit code (MPI_Abort); never returns.
+  // Ends every rank of the job with this exit code (MPI_Abort; a singleton, started without a launcher, just exits);
+  // never returns.
   [[noreturn]] static void abort(ExitCode code);
   static bool active();  // initialized and not yet finalized
 
