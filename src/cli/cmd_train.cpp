@@ -145,11 +145,13 @@ int run_train(const TrainOptions& o, Runtime* rt) {
     train::TrainSummary s;
     s.run_dir = trainer.run_dir();
     s.last_loss = std::nan("");
-    if (rt->topology().world_rank == 0) write_result(s, trainer.state().step, trainer.total_steps(), true, checkpoints);
-    log::warn(
-        "train: stopped by a signal before the first step; to continue, run the same command with {} (exit code 75 "
-        "asks for a requeue)",
-        resume_options(config, trainer.run_dir()));
+    if (rt->topology().world_rank == 0) {
+      write_result(s, trainer.state().step, trainer.total_steps(), true, checkpoints);
+      log::warn(
+          "train: stopped by a signal before the first step; to continue, run the same command with {} (exit code 75 "
+          "asks for a requeue)",
+          resume_options(config, trainer.run_dir()));
+    }
     return static_cast<int>(ExitCode::Requeue);
   }
   startup.done();
@@ -159,15 +161,16 @@ int run_train(const TrainOptions& o, Runtime* rt) {
                                ? fmt::format(" (steps {} to {} of {}; {} tokens over the run's life)", s.first_step + 1,
                                              trainer.state().step, trainer.total_steps(), s.tokens_total)
                                : std::string();
+  const char* const ended = preemption.preempted() ? "stopped" : "done";  // a stop is not the run's end
   if (s.steps == 0)
     log::info("train: done: no step left to take (at step {} of {}); run directory {}", trainer.state().step,
               trainer.total_steps(), s.run_dir);
   else
     log::info(
-        "train: done: {} steps, {} tokens in {}{}, {:.0f} tokens/s in the steps (evaluations and saves aside); loss {:.4f} "
+        "train: {}: {} steps, {} tokens in {}{}, {:.0f} tokens/s in the steps (evaluations and saves aside); loss {:.4f} "
         "-> {:.4f}{}{}{}; run directory {}{}",
         // A short run's time to the hundredth: whole seconds said "3072 tokens in 0s, 14678 tokens/s".
-        s.steps, s.tokens, s.seconds < 60 ? fmt::format("{:.2f}s", s.seconds) : format_duration(s.seconds), life,
+        ended, s.steps, s.tokens, s.seconds < 60 ? fmt::format("{:.2f}s", s.seconds) : format_duration(s.seconds), life,
         s.tokens_per_s, s.first_loss, s.last_loss,
         std::isnan(s.last_val_loss) ? std::string() : fmt::format(", validation loss {:.4f}", s.last_val_loss),
         s.skipped_steps ? fmt::format(", {} step(s) skipped", s.skipped_steps) : std::string(),
@@ -178,16 +181,18 @@ int run_train(const TrainOptions& o, Runtime* rt) {
     write_result(s, trainer.state().step, trainer.total_steps(), preemption.preempted(), checkpoints);
   }
   if (preemption.preempted()) {
-    // mpirun sent SIGTERM for a SIGTERM or Ctrl-C of its own, and will exit 1 whatever the ranks return.
+    // mpirun sends SIGTERM for a SIGTERM or Ctrl-C of its own, and then exits 1 whatever the ranks return; a SIGTERM
+    // sent to the ranks alone leaves it 75. Which one came cannot be told here.
     const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
-    log::warn(
-        "train: stopped by a signal after step {}; to continue, run the same command with {} (exit code 75 asks "
-        "for a requeue{})",
-        trainer.state().step, resume_options(config, trainer.run_dir()),
-        preemption.signal() == SIGTERM && under_mpirun
-            ? "; mpirun itself exits 1 when it is sent SIGTERM or Ctrl-C: start it through jobs/launch.sh to read 75, "
-              "docs/exit-codes.md"
-            : "");
+    if (rt->topology().world_rank == 0)
+      log::warn(
+          "train: stopped by a signal after step {}; to continue, run the same command with {} (exit code 75 asks "
+          "for a requeue{})",
+          trainer.state().step, resume_options(config, trainer.run_dir()),
+          preemption.signal() == SIGTERM && under_mpirun
+              ? "; if mpirun itself was sent the SIGTERM or a Ctrl-C, it exits 1 whatever the ranks return: start it "
+                "through jobs/launch.sh to read 75, docs/exit-codes.md"
+              : "");
     return static_cast<int>(ExitCode::Requeue);
   }
   return 0;

@@ -402,7 +402,10 @@ TrainSummary Trainer::run() {
     for (TrainerHooks* h : hooks_) h->on_step_end(*this, m);
   }
   adamw_->wait();  // the last step's update, if it runs on (step_async), ends inside the run
-  maybe_evaluate(true);
+  // A stop (preemption) is not the end: its validation would stand between the save and result.json, inside the
+  // launcher's grace before its kill (a job killed there has a checkpoint and no record of the stop); the resumed start
+  // validates at its own end.
+  if (!stop_requested_) maybe_evaluate(true);
   progress_->finish();
   for (TrainerHooks* h : hooks_) h->on_end(*this);
   loop_seconds_ = seconds_since(began);

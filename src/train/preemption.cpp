@@ -57,10 +57,13 @@ bool PreemptionHooks::stop_before_start(MPI_Comm world) {
   if (agreed_signal_ == 0) return false;
   preempted_ = true;
   signal_ = agreed_signal_;
-  log::warn(
-      "preemption: {} received during the start-up, before the first step: stopping with nothing new to save (exit "
-      "code 75: requeue)",
-      signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM");
+  int rank = 0;
+  ST_CHECK_MPI(MPI_Comm_rank(world, &rank));
+  if (rank == 0)  // the ranks agreed: one line for the job
+    log::warn(
+        "preemption: {} received during the start-up, before the first step: stopping with nothing new to save "
+        "(exit code 75: requeue)",
+        signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM");
   return true;
 }
 
@@ -78,11 +81,22 @@ void PreemptionHooks::agreed(std::span<const double> sums) {
 
 void PreemptionHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   const int sig = agreed_signal_;
-  if (sig == 0 || preempted_) return;
+  if (sig == 0 || preempted_ || finishing_) return;
+  const bool rank0 = trainer.runtime().topology().world_rank == 0;  // the ranks agreed: one line for the job
+  if (trainer.state().step >= trainer.total_steps()) {
+    // The last step: the run ends here anyway, with its final save; a stop would only ask for a requeue that trains
+    // nothing (and validates again).
+    finishing_ = true;
+    if (rank0)
+      log::warn("preemption: {} received at the last step ({}): the run finishes, with its final save (exit code 0)",
+                sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
+    return;
+  }
   preempted_ = true;
   signal_ = sig;
-  log::warn("preemption: {} received, saving a checkpoint after step {} and stopping (exit code 75: requeue)",
-            sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
+  if (rank0)
+    log::warn("preemption: {} received, saving a checkpoint after step {} and stopping (exit code 75: requeue)",
+              sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
   trainer.request_save();
   trainer.request_stop();
 }

@@ -313,6 +313,9 @@ void Trainer::start() {
   if (started_) return;
   started_ = true;
   for (TrainerHooks* h : hooks_) h->on_start(*this);
+  // A checkpoint of a step whose validation was due (every eval_every steps, and the last) was saved after it: a
+  // resumed start does not validate that step again (a finished run resumed wrote a second "eval" record of its end).
+  if (state_.step > 0 && (due(config_.schedule.eval_every) || state_.step >= total_steps_)) last_eval_step_ = state_.step;
   commit_run_dir();
 }
 

@@ -154,6 +154,42 @@ if saved:
     check(sorted(b) == list(range(stop + 1, 41)), f"resumed steps {sorted(b)[:3]}...")
     check(all(a[s] == b[s] for s in b), "losses after the preemption equal the uninterrupted run's")
 check("is a FULL_STATE_DICT" not in out, "a sharded preemption save keeps the optimizer: no warning")
+
+
+def records(name, kind):
+    return [r for r in map(json.loads, open(os.path.join(work, name, "metrics.jsonl"))) if r["kind"] == kind]
+
+
+def status(name):
+    return json.load(open(os.path.join(work, name, "result.json"))).get("status")
+
+
+# A stop is not the end: the end's validation ran between the save and result.json, inside a launcher's grace before
+# its kill (a job killed there kept the checkpoint and lost the record of the stop). The finished runs validate once
+# at their end; the stopped one not at all, and "stopped", not "done", closes its log.
+check([r["step"] for r in records("whole40", "eval")] == [40] and [r["step"] for r in records("preempted_resumed", "eval")] == [40],
+      f"the finished runs validated at their end: {records('whole40', 'eval')} {records('preempted_resumed', 'eval')}")
+check(records("preempted", "eval") == [] and status("preempted") == "preempted" and "train: stopped: " in out
+      and "train: done: " not in out, f"no validation at the stop: {records('preempted', 'eval')}: {out[-1500:]}")
+# A finished run resumed from its final checkpoint: nothing to train, and its end's validation is not recorded again.
+check([r["step"] for r in records("whole", "eval")] == [8], f"the finished run validated at its end: {records('whole', 'eval')}")
+again = train("whole", "--resume", "auto")
+check(again.returncode == 0 and "resumed from" in again.stderr and [r["step"] for r in records("whole", "eval")] == [8]
+      and status("whole") == "finished",
+      f"a finished run resumed: exit {again.returncode}, eval records {records('whole', 'eval')}: {again.stderr[-1500:]}")
+# A stop signal in the last step: the run finishes (its final save, exit 0) instead of asking for a requeue that would
+# train nothing. Each step sleeps 1 s, so the signal sent once step 3 is logged lands in step 4 of 4.
+p = train("last_step", "--schedule.max_steps", "4", "--checkpoint.every_n_steps", "2", popen=True, base=BASE,
+          env_extra={"SHARDTRAIN_FAULT": "slow_step:1000"})
+metrics = os.path.join(work, "last_step", "metrics.jsonl")
+deadline = time.time() + 120
+while time.time() < deadline and (not os.path.exists(metrics) or len(records("last_step", "train")) < 3):
+    time.sleep(0.02)
+os.kill(p.pid, signal.SIGUSR1)
+out = p.communicate(timeout=300)[0].decode(errors="replace")
+check(p.returncode == 0 and status("last_step") == "finished" and "received at the last step (4): the run finishes" in out
+      and os.path.isfile(os.path.join(work, "last_step", "checkpoints", "step_00000004", "DONE")),
+      f"a signal in the last step: exit {p.returncode} (expected 0), {status('last_step')}: {out[-1500:]}")
 # A FULL_STATE_DICT run stopped the same way: its checkpoint holds the model alone, said once at the stop (the resume's
 # steps then differ from an uninterrupted run's; before, only the resume said so).
 p, out = preempted("preempted_full", "--checkpoint.dir", os.path.join(work, "preempted_full", "ckpt"),

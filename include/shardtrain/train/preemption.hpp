@@ -45,6 +45,7 @@ class PreemptionHooks final : public TrainerHooks {
  private:
   int agreed_signal_ = 0;  // the last step's agreed signal (0: none)
   bool preempted_ = false;
+  bool finishing_ = false;  // a signal at the last step: the run finishes instead (no requeue)
   int signal_ = 0;
   struct ::sigaction old_usr1_ {};
   struct ::sigaction old_term_ {};
