@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Draws a training run's loss and throughput curves from RUN/metrics.jsonl (docs/training.md) with
+# Draws a training run's loss and throughput curves from RUN/metrics.jsonl (or the run's logging.metrics_file; docs/training.md) with
 # gnuplot: RUN/loss.png (training loss per step, validation loss at each evaluation, and each source's
 # with a data mixture) and
 # RUN/throughput.png (tokens/s and MFU per step).
@@ -7,7 +7,10 @@
 set -euo pipefail
 
 run="${1:?usage: scripts/plot-metrics.sh RUN_DIR}"
-metrics="$run/metrics.jsonl"
+# logging.metrics_file as the run's config.toml records it (relative to RUN_DIR unless absolute); metrics.jsonl by default.
+name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$run/config.toml" 2>/dev/null | head -n1)
+name=${name:-metrics.jsonl}
+if [[ $name == /* ]]; then metrics="$name"; else metrics="$run/$name"; fi
 [[ -f "$metrics" ]] || { echo "plot-metrics: $metrics not found" >&2; exit 1; }
 command -v gnuplot >/dev/null 2>&1 || { echo "plot-metrics: gnuplot not found (apt-get install gnuplot-nox; scripts/setup.sh installs it)" >&2; exit 1; }
 command -v python3 >/dev/null 2>&1 || { echo "plot-metrics: python3 not found" >&2; exit 1; }

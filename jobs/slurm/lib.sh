@@ -315,7 +315,7 @@ st_ranks_up() {
   local lock metrics
   lock=$(cat "$CHECKPOINT_DIR/.shardtrain.lock" 2>/dev/null)
   [[ -n "$lock" && "$lock" != "$ST_LOCK_BEFORE" ]] && return 0
-  metrics=$(stat -c %s "$RUN_DIR/metrics.jsonl" 2>/dev/null)
+  metrics=$(stat -c %s "$(st_metrics_file "$RUN_DIR")" 2>/dev/null)
   [[ -n "$metrics" && "$metrics" != "$ST_METRICS_BEFORE" ]]
 }
 
@@ -347,7 +347,7 @@ st_wait_child() {
 # and --resume auto continues from that checkpoint. Sets ST_EXIT to the launcher's exit code.
 st_launch() {
   ST_LOCK_BEFORE=$(cat "$CHECKPOINT_DIR/.shardtrain.lock" 2>/dev/null)
-  ST_METRICS_BEFORE=$(stat -c %s "$RUN_DIR/metrics.jsonl" 2>/dev/null)
+  ST_METRICS_BEFORE=$(stat -c %s "$(st_metrics_file "$RUN_DIR")" 2>/dev/null)
   "$@" &
   ST_LAUNCHED=$!
   while true; do
@@ -380,10 +380,20 @@ st_result_field() {
   sed -n -e "s/.*\"$2\": *\"\\([^\"]*\\)\".*/\\1/p" -e "s/.*\"$2\": *\\([0-9][0-9]*\\).*/\\1/p" "$1/result.json" 2>/dev/null | head -n1
 }
 
-# st_last_step RUN_DIR: the last training step RUN_DIR/metrics.jsonl records (0 when none).
+# st_metrics_file RUN_DIR: the run's metrics file: logging.metrics_file as RUN_DIR/config.toml records it (relative to
+# RUN_DIR unless absolute); RUN_DIR/metrics.jsonl, the default, before a run wrote config.toml. A run that named
+# another file was read as having logged no step, and its restarts and requeues were refused as making no progress.
+st_metrics_file() {
+  local name
+  name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$1/config.toml" 2>/dev/null | head -n1)
+  name=${name:-metrics.jsonl}
+  if [[ $name == /* ]]; then printf '%s\n' "$name"; else printf '%s\n' "$1/$name"; fi
+}
+
+# st_last_step RUN_DIR: the last training step the run's metrics file records (0 when none).
 st_last_step() {
   local step
-  step=$(tac "$1/metrics.jsonl" 2>/dev/null | grep -m1 '"kind": *"train"' | sed -n 's/.*"step": *\([0-9]*\).*/\1/p')
+  step=$(tac "$(st_metrics_file "$1")" 2>/dev/null | grep -m1 '"kind": *"train"' | sed -n 's/.*"step": *\([0-9]*\).*/\1/p')
   printf '%s\n' "${step:-0}"
 }
 

@@ -406,6 +406,22 @@ for nodes_up, want in (("node1 node2", 0), ("node1", 8)):
 check(not os.path.exists(job.path("pwned")), "the path was not run as a command")
 job.close()
 
+# ---- 9b. the run's metrics file where logging.metrics_file names another (config.toml records it) -----------------
+# st_last_step read RUN_DIR/metrics.jsonl only: a run with its own name counted as having logged no step, and its
+# restarts and requeues were refused as making no progress. plot-metrics.sh looked for the same fixed name.
+root = tempfile.mkdtemp(prefix="metrics-file-")
+line = '{"kind":"train","step":%d,"loss":1.0}\n'
+for name, where in (("train.jsonl", "train.jsonl"), (os.path.join(root, "elsewhere.jsonl"), None), (None, "metrics.jsonl")):
+    run = tempfile.mkdtemp(dir=root)
+    if name is not None:
+        open(os.path.join(run, "config.toml"), "w").write(f'[logging]\nmetrics_file = "{name}"\nlog_every = 1\n')
+    with open(name if where is None else os.path.join(run, where), "w") as f:
+        f.write(line % 5 + line % 6)
+    p = subprocess.run(["bash", "-c", 'source "$0"; set -uo pipefail; st_last_step "$1"', LIB, run], capture_output=True,
+                       text=True, timeout=30)
+    check(p.returncode == 0 and p.stdout.strip() == "6", f"st_last_step with metrics_file {name}: {p.stdout!r} {p.stderr}")
+shutil.rmtree(root, ignore_errors=True)
+
 # ---- 10. consolidate.sbatch: where the export goes by default -----------------------------------------------------
 # A run's checkpoint directory: hf beside it. One checkpoint: hf-step_N beside the checkpoint directory (it was
 # CHECKPOINT_DIR/../hf, a folder among the run's checkpoints).
