@@ -174,11 +174,13 @@ SpecialRoles roles_of(const nlohmann::json& record) {
   return r;
 }
 
-// bos/eos/pad ids, in config.json and generation_config.json alike.
+// bos/eos/pad ids, in config.json and generation_config.json alike; null where the tokenizer has none (left out,
+// transformers' LlamaConfig took its default bos_token_id 1: GPT-2's '"').
 void add_special_ids(nlohmann::json& j, const SpecialRoles& roles) {
-  if (roles.bos) j["bos_token_id"] = roles.bos->id;
-  if (roles.eos) j["eos_token_id"] = roles.eos->id;
-  if (roles.pad) j["pad_token_id"] = roles.pad->id;
+  auto id = [](const auto& token) { return token ? nlohmann::json(token->id) : nlohmann::json(nullptr); };
+  j["bos_token_id"] = id(roles.bos);
+  j["eos_token_id"] = id(roles.eos);
+  j["pad_token_id"] = id(roles.pad);
 }
 
 // RoPE as transformers 5 writes it (rope_parameters: the type, the base and the type's parameters); a

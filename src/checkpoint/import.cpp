@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstring>
 #include <set>
+#include <span>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,8 +19,8 @@
 namespace shardtrain::checkpoint {
 namespace {
 
-// Tensors a Hugging Face file may hold that the model need not read: a tied lm_head (transformers itself skips
-// it when the embeddings are tied) and older transformers' saved RoPE frequencies (computed from rope_theta).
+// Tensors a Hugging Face file may hold that the model need not read: a tied lm_head (equal to the embeddings:
+// check_tied_head) and older transformers' saved RoPE frequencies (computed from rope_theta).
 bool ignorable(const std::string& name, const model::LlamaConfig& c) {
   return (c.tie_word_embeddings && name == "lm_head.weight") || name.ends_with(".rotary_emb.inv_freq");
 }
@@ -35,6 +37,31 @@ void check_finite(std::span<const float> v, const TensorSource& source, const st
           fmt::format("{}: tensor '{}' holds {} at element {}: the weights are not finite (a diverged "
                       "run's, or damaged); use an earlier checkpoint",
                       source.file_of(name), name, v[i], offset + static_cast<int64_t>(i)));
+  }
+}
+
+// A tied model's file may hold an lm_head.weight too: equal to the embeddings (transformers then ties them), it is
+// skipped; different, transformers loads the two matrices untied, and skipping it loaded another model than theirs
+// without a word (the audit's tied config with a head of its own: loss 10.26 here, 8.32 in transformers). Compared
+// in pieces, element by element.
+void check_tied_head(const model::ModelSpec& spec, TensorSource& source) {
+  const std::string head = "lm_head.weight", embed = spec.param(spec.embed_param()).name;
+  if (!spec.config().tie_word_embeddings || !source.has(head)) return;
+  const int64_t numel = spec.param(spec.embed_param()).numel;
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<float> a(static_cast<size_t>(std::min(numel, kPiece))), b(a.size());
+  for (int64_t at = 0; at < numel; at += kPiece) {
+    const size_t n = static_cast<size_t>(std::min(kPiece, numel - at));
+    source.read(embed, at, std::span<float>(a.data(), n));
+    source.read(head, at, std::span<float>(b.data(), n));
+    for (size_t i = 0; i < n; ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
+      throw CheckpointError(fmt::format(
+          "{}: tie_word_embeddings is true in {}, but '{}' differs from '{}' (element {}: {} against {}): transformers "
+          "loads the two untied, so this is a model with a head of its own; set tie_word_embeddings to false to load "
+          "it so, or remove '{}' to tie them",
+          source.file_of(head), source.path(), head, embed, at + static_cast<int64_t>(i), b[i], a[i], head));
+    }
   }
 }
 
@@ -57,6 +84,7 @@ void check_source_tensors(const model::ModelSpec& spec, TensorSource& source) {
                     "configuration and the weights disagree; refused rather than dropped",
                     source.file_of(name), name, source.path(), c.num_hidden_layers, c.tie_word_embeddings));
   }
+  check_tied_head(spec, source);
 }
 
 void broadcast_floats(MPI_Comm comm, std::span<float> data, int root, size_t max_piece) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -110,12 +111,30 @@ class ConsolidatedSource final : public TensorSource {
   bool bf16_ = false;
 };
 
+// config.json's `key`: a number (double), a boolean or a string (T), or `fallback` when absent or null (transformers
+// takes a null as unset: "attention_bias": null was refused as "type must be boolean, but is null", naming no key).
+template <class T>
+T field(const nlohmann::json& j, const char* key, T fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  const nlohmann::json& v = j[key];
+  if constexpr (std::is_same_v<T, bool>) {
+    if (v.is_boolean()) return v.get<bool>();
+    fail(where, fmt::format("{} is {}: expected true or false", key, v.dump()));
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (v.is_string()) return v.get<std::string>();
+    fail(where, fmt::format("{} is {}: expected a string", key, v.dump()));
+  } else {
+    if (v.is_number()) return v.get<double>();
+    fail(where, fmt::format("{} is {}: expected a number", key, v.dump()));
+  }
+}
+
 // RoPE from a Llama config.json into c. transformers 5 writes rope_parameters {rope_type, rope_theta, the
 // type's parameters}; 4.x wrote rope_theta, and rope_scaling {rope_type (or type), parameters} when scaled.
 // shardtrain computes the default, linear and llama3 types (ops/rope.hpp); any other (dynamic, yarn, longrope,
 // ...) changes the angles in ways it does not, and is refused rather than silently ignored.
 void read_rope(const nlohmann::json& j, const std::string& where, model::LlamaConfig& c) {
-  c.rope_theta = j.value("rope_theta", 10000.0);
+  c.rope_theta = field(j, "rope_theta", 10000.0, where);
   const auto given = [&](const char* k) -> const nlohmann::json* {
     if (!j.contains(k) || j[k].is_null()) return nullptr;
     if (!j[k].is_object()) fail(where, fmt::format("{} is {}, expected an object", k, j[k].dump()));
@@ -187,8 +206,12 @@ class SafetensorsSource final : public TensorSource {
     try {
       j = nlohmann::json::parse(std::ifstream(cfg));
       if (!j.is_object()) fail(cfg.string(), "not a Llama config.json: expected a JSON object");
-      if (j.value("model_type", std::string()) != "llama") fail(cfg.string(), "model_type is not \"llama\"");
       const std::string where = cfg.string();
+      if (const std::string type = field(j, "model_type", std::string(), where); type != "llama")
+        fail(where,
+             fmt::format("model_type is {}: shardtrain reads Llama models (model_type \"llama\") only; other "
+                         "architectures (Mistral's sliding window, Qwen2's q/k/v biases, ...) compute what it does not",
+                         type.empty() ? std::string("absent") : "\"" + type + "\""));
       config_.vocab_size = whole_number(j, "vocab_size", where);
       config_.hidden_size = whole_number(j, "hidden_size", where);
       config_.intermediate_size = whole_number(j, "intermediate_size", where);
@@ -196,14 +219,14 @@ class SafetensorsSource final : public TensorSource {
       config_.num_attention_heads = whole_number(j, "num_attention_heads", where);
       config_.num_key_value_heads = whole_number(j, "num_key_value_heads", where, config_.num_attention_heads);
       config_.max_position_embeddings = whole_number(j, "max_position_embeddings", where, int64_t{2048});
-      config_.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+      config_.rms_norm_eps = field(j, "rms_norm_eps", 1e-6, where);
       read_rope(j, cfg.string(), config_);
-      config_.tie_word_embeddings = j.value("tie_word_embeddings", false);
+      config_.tie_word_embeddings = field(j, "tie_word_embeddings", false, where);
       // What shardtrain's Llama does not compute: refused, never dropped (their tensors would be ignored).
-      if (j.value("attention_bias", false))
+      if (field(j, "attention_bias", false, where))
         fail(cfg.string(), "attention_bias is true: shardtrain's attention has no biases");
-      if (j.value("mlp_bias", false)) fail(cfg.string(), "mlp_bias is true: shardtrain's MLP has no biases");
-      if (const std::string act = j.value("hidden_act", std::string("silu")); act != "silu")
+      if (field(j, "mlp_bias", false, where)) fail(cfg.string(), "mlp_bias is true: shardtrain's MLP has no biases");
+      if (const std::string act = field(j, "hidden_act", std::string("silu"), where); act != "silu")
         fail(cfg.string(), fmt::format("hidden_act is \"{}\": shardtrain's MLP is SwiGLU (silu)", act));
       if (j.contains("head_dim") && !j["head_dim"].is_null()) {
         const int64_t head_dim = whole_number(j, "head_dim", where);

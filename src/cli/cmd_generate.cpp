@@ -3,7 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -28,6 +31,27 @@ struct GenerateOptions {
   model::SamplingOptions sampling;
   uint64_t seed = 0;
 };
+
+// The ids a Hugging Face directory's model ends text with: eos_token_id of its generation_config.json, else of its
+// config.json, a number or a list (Llama 3 Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>), as transformers'
+// generate() stops at any of them. None for anything else (a checkpoint: its tokenizer's end-of-text).
+std::set<data::TokenId> directory_eos_ids(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return {};
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    std::ifstream in(fs::path(path) / name);
+    if (!in) continue;
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;
+    std::set<data::TokenId> ids;
+    const nlohmann::json& e = j["eos_token_id"];
+    for (const nlohmann::json& v : e.is_array() ? e : nlohmann::json::array({e}))
+      if (v.is_number_unsigned()) ids.insert(v.get<data::TokenId>());
+    if (!ids.empty()) return ids;
+  }
+  return {};
+}
 
 int run_generate(const GenerateOptions& o) {
   // validate() refuses NaN; an infinite temperature flattens every distribution to uniform noise.
@@ -82,9 +106,11 @@ int run_generate(const GenerateOptions& o) {
   // are no token, and one sampled ended the run with a decode error and nothing printed. Sampled among the
   // tokenizer's ids only.
   const size_t usable = std::min(logits.size(), static_cast<size_t>(tokenizer.vocab_size()));
+  std::set<data::TokenId> stop = directory_eos_ids(source->path());
+  if (tokenizer.eot_id()) stop.insert(*tokenizer.eot_id());
   while (decoder.length() < capacity) {
     const int32_t next = model::sample_token(logits.first(usable), o.sampling, rng);
-    if (tokenizer.eot_id() && static_cast<data::TokenId>(next) == *tokenizer.eot_id()) break;
+    if (stop.count(static_cast<data::TokenId>(next))) break;
     out.push_back(static_cast<data::TokenId>(next));
     logits = decoder.step(next);
   }
