@@ -27,6 +27,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   ST_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   ST_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
   ST_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+  if (world_size_ != 1) g_singleton = false;
   if (thread_level_ < MPI_THREAD_MULTIPLE) {
     MPI_Finalize();
     throw LibraryError(ExitCode::Comm, "MPI",

@@ -84,11 +84,11 @@ void PreemptionHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   if (sig == 0 || preempted_ || finishing_) return;
   const bool rank0 = trainer.runtime().topology().world_rank == 0;  // the ranks agreed: one line for the job
   if (trainer.state().step >= trainer.total_steps()) {
-    // The last step: the run ends here anyway, with its final save; a stop would only ask for a requeue that trains
-    // nothing (and validates again).
+    // The last step: the run ends here anyway (its final validation and save); a stop would only ask for a requeue
+    // that trains nothing.
     finishing_ = true;
     if (rank0)
-      log::warn("preemption: {} received at the last step ({}): the run finishes, with its final save (exit code 0)",
+      log::warn("preemption: {} received at the last step ({}): the run finishes as it would have (exit code 0)",
                 sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
     return;
   }
