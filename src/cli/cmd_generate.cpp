@@ -8,8 +8,10 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "command.hpp"
@@ -20,6 +22,7 @@
 #include "shardtrain/model/sampling.hpp"
 #include "shardtrain/ops/cpu_ops.hpp"
 #include "shardtrain/runtime/address_space.hpp"
+#include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/topology.hpp"
 
 namespace shardtrain::cli {
@@ -30,7 +33,52 @@ struct GenerateOptions {
   int max_tokens = 64;
   model::SamplingOptions sampling;
   uint64_t seed = 0;
+  bool add_special_tokens = false;
 };
+
+// What a tokenizer.json's post_processor puts before every text: the special tokens in front of the text in its
+// TemplateProcessing's `single` template (alone, or among a Sequence's processors). Meta's Llama files put <s> or
+// <|begin_of_text|> there, which transformers' tokenizer(prompt) adds by default and a model trained so expects;
+// shardtrain's own datasets are packed without it (docs/checkpoints.md), so generate adds it only when asked.
+std::vector<data::TokenId> template_prefix(const std::string& tokenizer_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file =
+      fs::is_directory(tokenizer_path, ec) ? fs::path(tokenizer_path) / "tokenizer.json" : fs::path(tokenizer_path);
+  const auto refuse = [&](const std::string& why) {
+    return UsageError(fmt::format("--add-special-tokens: {}: {}", file.string(), why));
+  };
+  std::ifstream in(file);
+  const auto j = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+  if (file.extension() != ".json" || !j.is_object())
+    throw refuse("not a tokenizer.json (only a tokenizer.json's post_processor names tokens to add)");
+  nlohmann::json templ;  // a copy: the processors listed below are a temporary's when there is one
+  const nlohmann::json& post = j.contains("post_processor") ? j["post_processor"] : nlohmann::json();
+  for (const nlohmann::json& p : post.is_object() && post.value("type", "") == "Sequence" && post.contains("processors") &&
+                                         post["processors"].is_array()
+                                     ? post["processors"]
+                                     : nlohmann::json::array({post}))
+    if (p.is_object() && p.value("type", "") == "TemplateProcessing") templ = p;
+  if (!templ.is_object() || !templ.contains("single") || !templ["single"].is_array())
+    throw refuse("its post_processor has no TemplateProcessing template: it adds no tokens to a text");
+  std::vector<data::TokenId> ids;
+  const nlohmann::json specials = templ.contains("special_tokens") ? templ["special_tokens"] : nlohmann::json();
+  for (const nlohmann::json& item : templ["single"]) {
+    if (item.contains("Sequence")) break;  // the text itself: what follows it is not before it
+    const std::string name = item.contains("SpecialToken") && item["SpecialToken"].is_object() &&
+                                     item["SpecialToken"].value("id", nlohmann::json()).is_string()
+                                 ? item["SpecialToken"]["id"].get<std::string>()
+                                 : std::string();
+    if (name.empty() || !specials.is_object() || !specials.contains(name) || !specials[name].contains("ids") ||
+        !specials[name]["ids"].is_array())
+      throw refuse(fmt::format("its template's item {} names no special token with ids", item.dump()));
+    for (const nlohmann::json& id : specials[name]["ids"]) {
+      if (!id.is_number_unsigned()) throw refuse(fmt::format("special token '{}' has the id {}", name, id.dump()));
+      ids.push_back(id.get<data::TokenId>());
+    }
+  }
+  return ids;
+}
 
 // The ids a Hugging Face directory's model ends text with: eos_token_id of its generation_config.json, else of its
 // config.json, a number or a list (Llama 3 Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>), as transformers'
@@ -80,6 +128,16 @@ int run_generate(const GenerateOptions& o) {
   params.bind(llama.binding());
 
   std::vector<data::TokenId> ids = tokenizer.encode(o.prompt);
+  if (o.add_special_tokens) {
+    const std::vector<data::TokenId> prefix = template_prefix(tok_path);
+    for (const data::TokenId id : prefix)
+      if (id >= tokenizer.vocab_size())
+        throw DataError(fmt::format("--add-special-tokens: {}'s template names id {}, past its {} ids", tok_path, id,
+                                    tokenizer.vocab_size()));
+    ids.insert(ids.begin(), prefix.begin(), prefix.end());
+    log::info("generate: the prompt begins with {} token(s) of the tokenizer's template ({})", prefix.size(),
+              fmt::join(prefix, ", "));
+  }
   if (ids.empty()) {
     const auto start = tokenizer.bot_id() ? tokenizer.bot_id() : tokenizer.eot_id();
     if (!start) throw UsageError("--prompt is empty and the tokenizer has no start or end-of-text token to begin from");
@@ -149,6 +207,10 @@ Command add_generate_command(CLI::App& parent) {
   c.app->add_option("--top-k", o->sampling.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
   c.app->add_option("--top-p", o->sampling.top_p, "nucleus: the most likely tokens up to this probability")
       ->capture_default_str();
+  c.app->add_flag("--add-special-tokens", o->add_special_tokens,
+                  "begin the prompt with the tokens the tokenizer.json's post_processor template puts before a text "
+                  "(Meta's Llama <s> / <|begin_of_text|>), as transformers' tokenizer(prompt) does by default; for a "
+                  "model trained with them (shardtrain's datasets are packed without)");
   // CLI11 reads "-1" into an unsigned as 2^64 - 1 without a word.
   c.app->add_option("--seed", o->seed, "sampling seed")->capture_default_str()->check(unsigned_check());
   c.launch = Launch::Offline;

@@ -19,6 +19,7 @@ and beside them, on a model whose vocabulary is padded past its tokenizer's (mod
    from the export as from the checkpoint (it named no tokenizer and refused the folder)."""
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -239,6 +240,31 @@ b = run(["generate", "--checkpoint", "eos-list", "--prompt", "Call me", "--max-t
 check(a.returncode == 0 and len(a.stdout) > len("Call me\n") and b.returncode == 0 and b.stdout == "Call me\n",
       f"generate stops at any of the directory's eos ids: exit {a.returncode} {b.returncode}: {a.stdout!r} {b.stdout!r} "
       f"{b.stderr[-600:]}")
+
+# ---- 6c. --add-special-tokens: the tokens a tokenizer.json's template puts before a text --------------------------------
+# Meta's files add <s> / <|begin_of_text|> (transformers' tokenizer(prompt) does by default); generate had no way to
+# give a model trained with it its BOS (hostile audit L). Here a template of the run's own BOT token.
+d = variant("bos-template")
+tj = json.load(open(os.path.join(d, "tokenizer.json")))
+bot = next(t for t in tj["added_tokens"] if "BOT" in t["content"] or "begin" in t["content"].lower())
+tj["post_processor"] = {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                        "use_regex": False}, {"type": "TemplateProcessing",
+                        "single": [{"SpecialToken": {"id": bot["content"], "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                        "pair": [], "special_tokens": {bot["content"]: {"id": bot["content"], "ids": [bot["id"]],
+                                                                        "tokens": [bot["content"]]}}}]}
+json.dump(tj, open(os.path.join(d, "tokenizer.json"), "w"))
+prompts = {}
+for flag in ([], ["--add-special-tokens"]):
+    p = run(["generate", "--checkpoint", "bos-template", "--prompt", "Call me", "--max-tokens", "3", "--temperature", "0", *flag])
+    m = re.search(r"generate: (\d+) prompt \+", p.stderr)
+    prompts[bool(flag)] = (p.returncode, int(m.group(1)) if m else None, p.stderr)
+check(prompts[False][0] == 0 and prompts[True][0] == 0 and prompts[True][1] == prompts[False][1] + 1
+      and f"begins with 1 token(s) of the tokenizer's template ({bot['id']})" in prompts[True][2],
+      f"--add-special-tokens puts the template's {bot['content']} first: {prompts[False][:2]} {prompts[True][:2]} "
+      f"{prompts[True][2][-600:]}")
+p = run(["generate", "--checkpoint", "hf", "--prompt", "Call me", "--max-tokens", "3", "--add-special-tokens"])
+check(p.returncode == 2 and "has no TemplateProcessing template" in p.stderr,
+      f"--add-special-tokens where the tokenizer adds nothing: exit {p.returncode}: {p.stderr[-600:]}")
 
 # ---- 7. --tokenizer-unchecked still counts the ids ------------------------------------------------------------------
 big_tok, _ = clitest.prepare_dataset(args, moby, work, 700, "moby700", 0.1)
