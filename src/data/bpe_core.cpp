@@ -124,6 +124,14 @@ void finish_model(TokenizerModel& m) {
     if (s.id >= m.id_to_bytes.size()) m.id_to_bytes.resize(s.id + 1);
     m.id_to_bytes[s.id] = s.content;
   }
+  if (m.added.empty())
+    for (const auto& s : m.specials) m.added.push_back({s.content, s.id});
+  for (const auto& a : m.added) {
+    if (a.special) continue;
+    m.added_always = true;
+    if (a.id >= m.id_to_bytes.size()) m.id_to_bytes.resize(a.id + 1);
+    m.id_to_bytes[a.id] = a.content;  // decodes to its text, as the Hugging Face library does
+  }
 }
 
 void bpe_encode_piece(const TokenizerModel& m, std::string_view piece, std::vector<TokenId>& out) {

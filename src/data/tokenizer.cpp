@@ -139,6 +139,9 @@ Tokenizer::Tokenizer(std::shared_ptr<const detail::TokenizerModel> m) : model_(s
   const auto& model = *model_;
   // A byte-fallback model that merges across spaces, or one without a split pattern, makes the text one piece.
   if (model.byte_fallback ? !(model.split_at_spaces || model.words_are_exact) : model.splits.empty()) return;
+  // Added tokens that are not special are matched in the text first: one may span a place, take the whitespace
+  // there (lstrip, rstrip), or leave a segment that Llama 2's normalizer gives a space of its own after it.
+  if (model.added_always) return;
   // The places hold for the well-known patterns; a custom one is held to them on short probes (letters, digits,
   // punctuation, contractions and whitespace on either side of each kind of place), and has none when one fails.
   cuts_are_exact_ = true;
@@ -189,6 +192,41 @@ struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
+
+// Rust's char::is_whitespace (Unicode White_Space), what an added token's lstrip and rstrip take.
+bool is_white_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// Where the whitespace that ends text[..at) begins (at when there is none).
+size_t white_space_before(std::string_view text, size_t at) {
+  while (at > 0) {
+    size_t len = 0;
+    char32_t cp = 0;
+    for (size_t k = 1; k <= std::min<size_t>(4, at) && len == 0; ++k)
+      if (detail::utf8_decode(text, at - k, cp) == k) len = k;
+    if (len == 0 || !is_white_space(cp)) break;
+    at -= len;
+  }
+  return at;
+}
+
+// Where the whitespace that starts text[at..) ends.
+size_t white_space_after(std::string_view text, size_t at) {
+  char32_t cp = 0;
+  while (at < text.size()) {
+    const size_t len = detail::utf8_decode(text, at, cp);
+    if (len == 0 || !is_white_space(cp)) break;
+    at += len;
+  }
+  return at;
+}
+
+// The two passes of added-token matching: the tokens matched on the raw text, then those with normalized true in
+// the text between them.
+enum class AddedPass { Raw, Normalized, Done };
+
 }  // namespace
 
 struct Encoder::State {
@@ -337,6 +375,45 @@ struct Encoder::State {
     }
     split(0, text, out);
   }
+
+  // Text with added tokens, split as the Hugging Face library's AddedVocabulary splits it: in each pass the leftmost
+  // match, the longest of those starting there, then the next from its end. A special token found where specials
+  // are text is passed over, its text left to the gap (and nothing inside it matched in this pass). lstrip takes
+  // the whitespace before the match (back to the previous match), rstrip the whitespace after it. The gaps go to
+  // the next pass, and from the last to encode_text as segments (`offset`: where `text` lies in the input).
+  void encode_added(AddedPass pass, std::string_view text, size_t offset, bool specials, TextStart start,
+                    std::vector<TokenId>& out) {
+    if (pass == AddedPass::Done) {
+      encode_text(text, out, offset == 0, offset == 0 ? start : TextStart::Document);
+      return;
+    }
+    const bool normalized = pass == AddedPass::Normalized;
+    const AddedPass next_pass = normalized ? AddedPass::Done : AddedPass::Normalized;
+    const auto& added = model->added;
+    std::vector<size_t>& at = next_match[normalized ? 1 : 0];  // each token's next occurrence, npos: none
+    at.assign(added.size(), std::string_view::npos);
+    for (size_t i = 0; i < added.size(); ++i)
+      if (added[i].normalized == normalized) at[i] = text.find(added[i].content);
+    size_t pos = 0, gap = 0;  // pos: where the search goes on; gap: where the text not yet taken begins
+    while (true) {
+      size_t best = std::string_view::npos, hit = 0;
+      for (size_t i = 0; i < added.size(); ++i) {
+        if (at[i] != std::string_view::npos && at[i] < pos) at[i] = text.find(added[i].content, pos);
+        if (at[i] < best || (at[i] == best && added[i].content.size() > added[hit].content.size())) best = at[i], hit = i;
+      }
+      if (best == std::string_view::npos) break;
+      const detail::AddedToken& token = added[hit];
+      pos = best + token.content.size();
+      if (token.special && !specials) continue;
+      const size_t begin = token.lstrip ? std::max(white_space_before(text, best), gap) : best;
+      if (gap < begin) encode_added(next_pass, text.substr(gap, begin - gap), offset + gap, specials, start, out);
+      out.push_back(token.id);
+      gap = token.rstrip ? white_space_after(text, pos) : pos;
+    }
+    if (gap < text.size()) encode_added(next_pass, text.substr(gap), offset + gap, specials, start, out);
+  }
+
+  std::array<std::vector<size_t>, 2> next_match;  // encode_added's positions, one per pass
 };
 
 Encoder::Encoder(const Tokenizer& tokenizer, size_t cache_entries) : state_(std::make_unique<State>()) {
@@ -363,26 +440,13 @@ std::vector<TokenId> Encoder::encode(std::string_view text, SpecialTokenMode mod
 }
 
 void Encoder::encode_append(std::string_view text, std::vector<TokenId>& out, SpecialTokenMode mode, TextStart start) {
-  const auto& specials = state_->model->specials;
-  if (mode == SpecialTokenMode::AsText || specials.empty()) {
+  const auto& model = *state_->model;
+  const bool specials = mode == SpecialTokenMode::Recognize;
+  if (model.added.empty() || (!specials && !model.added_always)) {
     state_->encode_text(text, out, true, start);
     return;
   }
-  // Leftmost special token wins; among those starting at the same byte, the longest (specials are sorted).
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t best = std::string_view::npos;
-    const SpecialToken* hit = nullptr;
-    for (const auto& s : specials) {
-      const size_t at = text.find(s.content, pos);
-      if (at < best) best = at, hit = &s;
-    }
-    if (!hit) break;
-    state_->encode_text(text.substr(pos, best - pos), out, pos == 0, pos == 0 ? start : TextStart::Document);
-    out.push_back(hit->id);
-    pos = best + hit->content.size();
-  }
-  if (pos < text.size()) state_->encode_text(text.substr(pos), out, pos == 0, pos == 0 ? start : TextStart::Document);
+  state_->encode_added(AddedPass::Raw, text, 0, specials, start, out);
 }
 
 size_t Encoder::cache_size() const { return state_->cache.size(); }

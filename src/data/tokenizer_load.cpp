@@ -62,9 +62,11 @@ const json& object_or_null(const json& v, const std::string& path, const std::st
   return v;
 }
 
-// added_tokens: [{"id": N, "content": "...", "special": true, ...}], each one a special token. An empty content
-// would match everywhere without advancing (encode --special never ended), and a content given twice leaves an id
-// that no text produces, so both are refused, naming the entry.
+// added_tokens: [{"id": N, "content": "...", "special": true, "lstrip": false, "rstrip": false, "normalized": false,
+// "single_word": false}]. A special one is matched in the text only where special tokens are recognized, any other
+// always (what tokenizer.add_tokens writes). An empty content would match everywhere without advancing (encode
+// --special never ended), and a content given twice leaves an id that no text produces, so both are refused,
+// naming the entry; so is single_word, which shardtrain does not implement.
 void load_added_tokens(TokenizerModel& m, const json& j, const std::string& path) {
   if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return;
   const json& added = j["added_tokens"];
@@ -76,16 +78,37 @@ void load_added_tokens(TokenizerModel& m, const json& j, const std::string& path
     const std::string name = fmt::format("added_tokens[{}]", i);
     if (!t.is_object()) throw DataError(fmt::format("{}: field '{}' should be an object, not {}", path, name, kind_of(t)));
     if (!t.contains("content")) throw DataError(fmt::format("{}: field '{}.content' is missing", path, name));
-    const std::string content = typed_field(t, "content", std::string(), path, name + ".content");
-    if (content.empty())
+    AddedToken a;
+    a.content = typed_field(t, "content", std::string(), path, name + ".content");
+    if (a.content.empty())
       throw DataError(fmt::format("{}: field '{}.content' is empty (a special token needs text)", path, name));
-    typed_field(t, "special", true, path, name + ".special");
-    const TokenId id = token_id(t.contains("id") ? t["id"] : json(), path, name);
-    if (const auto [it, fresh] = seen.emplace(content, i); !fresh)
+    a.special = typed_field(t, "special", true, path, name + ".special");
+    a.lstrip = typed_field(t, "lstrip", false, path, name + ".lstrip");
+    a.rstrip = typed_field(t, "rstrip", false, path, name + ".rstrip");
+    a.normalized = typed_field(t, "normalized", false, path, name + ".normalized");
+    if (typed_field(t, "single_word", false, path, name + ".single_word"))
+      throw DataError(
+          fmt::format("{}: {} ('{}') has single_word true, which is not supported (expected false; "
+                      "special, lstrip, rstrip and normalized are)",
+                      path, name, a.content));
+    a.id = token_id(t.contains("id") ? t["id"] : json(), path, name);
+    if (const auto [it, fresh] = seen.emplace(a.content, i); !fresh)
       throw DataError(fmt::format("{}: {} has the content '{}' of added_tokens[{}] (each special token once)", path, name,
-                                  content, it->second));
-    m.specials.push_back({content, id});
+                                  a.content, it->second));
+    if (a.special) m.specials.push_back({a.content, a.id});
+    m.added.push_back(std::move(a));
   }
+}
+
+// An added token with normalized true is matched in the normalized text (its content normalized too): with a
+// normalizer that is not the text shardtrain searches, so such a file is refused, naming the entry.
+void refuse_normalized_added_tokens(const TokenizerModel& m, std::string_view normalizer, const std::string& path) {
+  for (size_t i = 0; i < m.added.size(); ++i)
+    if (m.added[i].normalized)
+      throw DataError(
+          fmt::format("{}: added_tokens[{}] ('{}') has normalized true with the normalizer '{}', which is "
+                      "not supported (expected normalized false, or no normalizer)",
+                      path, i, m.added[i].content, normalizer));
 }
 
 int base64_value(char c) {
@@ -381,6 +404,7 @@ void load_sentencepiece_bpe(TokenizerModel& m, const json& j, const json& model,
                     path, pre.value("type", "?")));
   } else {
     apply_sentencepiece_normalizer(m, j.value("normalizer", json()), path);
+    refuse_normalized_added_tokens(m, "Prepend + Replace", path);
   }
   for (const auto& s : m.specials) {
     auto it = m.bytes_to_id.find(s.content);
@@ -503,6 +527,7 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
     load_added_tokens(*m, j, path);
     bool byte_level = false;
     apply_normalizer(*m, j.value("normalizer", json()), path);
+    if (m->nfc) refuse_normalized_added_tokens(*m, "NFC", path);
     apply_pre_tokenizer(*m, j.value("pre_tokenizer", json()), path, byte_level);
     if (!byte_level && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel"))
       throw DataError(

@@ -39,6 +39,17 @@ struct Merge {
 
 inline uint64_t pair_key(TokenId a, TokenId b) { return (static_cast<uint64_t>(a) << 32) | b; }
 
+// A token matched in the text before it is split and merged (tokenizer.json's added_tokens[i]): a special one only
+// where the caller recognizes special tokens (SpecialTokenMode::Recognize), any other always. lstrip and rstrip take
+// the whitespace on that side into the match; normalized ones are matched after the others, in the text between
+// their matches (the loader accepts them only where there is no normalizer, so that text is the same).
+struct AddedToken {
+  std::string content;
+  TokenId id = 0;
+  bool special = true;
+  bool lstrip = false, rstrip = false, normalized = false;
+};
+
 struct TokenizerModel {
   std::string name, path, hash;
   TokenizerFormat format = TokenizerFormat::Tiktoken;
@@ -65,6 +76,10 @@ struct TokenizerModel {
   std::vector<std::unique_ptr<Regex>> splits;  // applied in order: each stage splits the previous pieces
   std::vector<SpecialToken> specials;          // sorted by content length, longest first
   std::unordered_map<std::string, TokenId> special_ids;
+  // Every added token, special or not (finish_model makes the specials of a file without added_tokens ones);
+  // added_always: one of them is not special, so text is searched for them in every mode.
+  std::vector<AddedToken> added;
+  bool added_always = false;
   std::vector<std::string> split_patterns;
 };
 
@@ -80,7 +95,7 @@ std::string read_file(const std::string& path);  // throws DataError naming the 
 // Fills byte_ids and the (left, right) -> result merge table of a tiktoken-style model, where every
 // split of a token into two tokens may merge, with the token's rank as its priority.
 void derive_tiktoken_merges(TokenizerModel& m);
-void finish_model(TokenizerModel& m);  // byte_ids check, specials sorting; throws DataError
+void finish_model(TokenizerModel& m);  // byte_ids check, specials sorting, added tokens' bytes; throws DataError
 
 // Merges one piece (raw bytes) into ids appended to out.
 void bpe_encode_piece(const TokenizerModel& m, std::string_view piece, std::vector<TokenId>& out);

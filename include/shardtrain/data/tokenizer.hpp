@@ -21,7 +21,8 @@ enum class TokenizerFormat { Tiktoken, HuggingFaceJson, Gpt2Encoder };
 const char* tokenizer_format_name(TokenizerFormat f);
 
 // How text that spells a special token ("<|endoftext|>") is encoded. AsText matches tiktoken's
-// encode_ordinary and is what dataset preparation uses: a document cannot inject control tokens.
+// encode_ordinary and is what dataset preparation uses: a document cannot inject control tokens. An added token
+// that is not special (tokenizer.json's "special": false, what tokenizer.add_tokens writes) is its id in both.
 enum class SpecialTokenMode { AsText, Recognize };
 
 // Where a text starts: at a document's beginning (a tokenizer that adds a leading space adds it there), or as the
@@ -66,8 +67,8 @@ class Tokenizer {
   // ASCII character (not a space) before it: the split patterns of GPT-2, cl100k, o200k, Llama 3 and their kind
   // never join the text on both sides of one, and a Metaspace or word-exact byte-fallback model cuts its words
   // there. A tokenizer whose pieces do join there (a custom pattern such as `\s?\p{L}+`, found by encoding a few
-  // probes when it is loaded), a byte-fallback model that merges across spaces, or one with no split pattern
-  // has no such place: it returns 0.
+  // probes when it is loaded), a byte-fallback model that merges across spaces, one with no split pattern, or one
+  // with added tokens that are not special has no such place: it returns 0.
   size_t last_safe_cut(std::string_view text) const;
 
   const std::string& name() const;  // "r50k_base", "llama3/tokenizer.json", ...
