@@ -111,6 +111,19 @@ void refuse_normalized_added_tokens(const TokenizerModel& m, std::string_view no
                       path, i, m.added[i].content, normalizer));
 }
 
+// model.dropout skips random merges on every encode; null and 0 are the deterministic BPE.
+void refuse_dropout(const json& model, const std::string& path) {
+  if (!model.contains("dropout") || model["dropout"].is_null()) return;
+  const json& d = model["dropout"];
+  if (!d.is_number())
+    throw DataError(fmt::format("{}: field 'model.dropout' should be a number or null, not {}", path, kind_of(d)));
+  if (d.get<double>() != 0)
+    throw DataError(
+        fmt::format("{}: field 'model.dropout' is {}: BPE dropout (random merges skipped on every encode) is "
+                    "a training-time augmentation that shardtrain does not apply; set it to null",
+                    path, d.dump()));
+}
+
 int base64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
   if (c >= 'a' && c <= 'z') return c - 'a' + 26;
@@ -510,6 +523,7 @@ std::shared_ptr<TokenizerModel> load_hf_json(const std::string& text, const std:
     if (model.contains(f) && model[f].is_string() && !model[f].get<std::string>().empty())
       throw DataError(fmt::format("{}: model.{} is set; byte-level BPE expects none", path, f));
   }
+  refuse_dropout(model, path);
   const json decoder = object_or_null(j.value("decoder", json()), path, "decoder");
   object_or_null(j.value("normalizer", json()), path, "normalizer");
   object_or_null(j.value("pre_tokenizer", json()), path, "pre_tokenizer");

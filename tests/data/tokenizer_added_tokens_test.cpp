@@ -1,5 +1,5 @@
 // tokenizer.json's added_tokens as the Hugging Face library matches them (non-special ones in every mode, lstrip,
-// rstrip, normalized), and the fields shardtrain refuses (single_word, normalized under a normalizer).
+// rstrip, normalized), and the fields shardtrain refuses (single_word, normalized under a normalizer, BPE dropout).
 // The expected ids are Hugging Face tokenizers 0.23.1's for the same files (encode_special_tokens true for AsText,
 // false for Recognize; add_special_tokens false), computed once and written here.
 #include <algorithm>
@@ -162,6 +162,35 @@ TEST(AddedTokens, UnsupportedFieldsAreRefusedNamingTheEntry) {
   j = gpt2;
   j["added_tokens"][0]["lstrip"] = "yes";
   EXPECT_EQ(error_of(j), "field 'added_tokens[0].lstrip' should be true or false, not a string");
+}
+
+// BPE dropout: Hugging Face skips random merges on every encode ("hello world" came out as h, el, l, o, ...). A
+// DataError naming the field; null and 0 load as before.
+TEST(BpeDropout, RefusedNamingTheField) {
+  if (!testing::require_fetched()) return;
+  const auto gpt2 = fetched_json("gpt2-hf/tokenizer.json");
+  auto j = gpt2;
+  j["model"]["dropout"] = 0.5;
+  EXPECT_EQ(error_of(j),
+            "field 'model.dropout' is 0.5: BPE dropout (random merges skipped on every encode) is a "
+            "training-time augmentation that shardtrain does not apply; set it to null");
+  auto llama2 = fetched_json("llama2/tokenizer.json");
+  llama2["model"]["dropout"] = 1;
+  EXPECT_EQ(error_of(llama2),
+            "field 'model.dropout' is 1: BPE dropout (random merges skipped on every encode) is a "
+            "training-time augmentation that shardtrain does not apply; set it to null");
+  j = gpt2;
+  j["model"]["dropout"] = "0.1";
+  EXPECT_EQ(error_of(j), "field 'model.dropout' should be a number or null, not a string");
+  const Ids hello = {31373, 995, 428, 318, 257, 1332};  // Hugging Face's, dropout null or 0
+  int n = 0;
+  for (const nlohmann::json& dropout : {nlohmann::json(nullptr), nlohmann::json(0), nlohmann::json(0.0)}) {
+    j = gpt2;
+    j["model"]["dropout"] = dropout;
+    EXPECT_EQ(Tokenizer::load(write_json(j, fmt::format("dropout-{}.json", n++))).encode("hello world this is a test"),
+              hello)
+        << dropout.dump();
+  }
 }
 
 }  // namespace
