@@ -19,6 +19,7 @@
 #include "shardtrain/model/activation_plan.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/ops/cuda_ops.hpp"
+#include "shardtrain/ops/peak_spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
@@ -76,6 +77,7 @@ struct PlanOptions {
   bool json = false;
   // The step-time estimate: stated rates, not measurements.
   int seq = 2048, micro_batch = 1;
+  int accumulation = 1;  // micro-batches a step (with --config: global_batch_size / (micro-batch x ranks), else 1)
   bool activation_checkpointing = false, offload = false;
   std::string gpu_memory = "80GiB";
   double gpu_memory_bytes = 80.0 * (1ull << 30);  // parsed from gpu_memory
@@ -84,7 +86,11 @@ struct PlanOptions {
 
 // One strategy on this model and cluster: device memory per rank, and a step-time estimate from the
 // stated FLOP rate and link bandwidths (ring collectives: (n-1)/n of the counted bytes cross each
-// rank's link, twice for an all-reduce; an axis within one node uses the intra-node bandwidth).
+// rank's link, twice for an all-reduce; an axis within one node uses the intra-node bandwidth). A step is
+// o.accumulation micro-batches: each computes and gathers its units again (the engine reshards after each
+// backward); the reductions follow fsdp.grad_accumulation (docs/architecture.md): reduce_each reduce-scatters and
+// all-reduces every micro-batch, no_sync both once, all_reduce_last reduce-scatters every micro-batch and
+// all-reduces over replicas once.
 struct StrategyEstimate {
   ShardingStrategy strategy;
   double device_bytes = 0, host_bytes = 0, activations = 0, op_scratch = 0;
@@ -116,28 +122,48 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   const model::LlamaConfig& c = spec.config();
   const double matmul_params = static_cast<double>(spec.num_params() - c.vocab_size * c.hidden_size) +
                                (c.tie_word_embeddings ? static_cast<double>(c.vocab_size * c.hidden_size) : 0.0);
-  double flops = (6 * matmul_params + 12.0 * c.num_hidden_layers * c.hidden_size * o.seq) * o.micro_batch * o.seq;
+  const double A = o.accumulation;
+  double flops = (6 * matmul_params + 12.0 * c.num_hidden_layers * c.hidden_size * o.seq) * o.micro_batch * o.seq * A;
   if (o.activation_checkpointing) flops *= 4.0 / 3.0;
   e.compute_s = flops / (o.gpu_tflops * 1e12 * o.mfu);
   const int S = plan.mesh.shard_size, R = plan.mesh.replicate_size;
   const double shard_bw = (S <= o.gpus_per_node ? o.intra_gbps : o.inter_gbps) * 1e9;
   const double rep_bw = (o.nodes == 1 ? o.intra_gbps : o.inter_gbps) * 1e9;
+  const double reduce_scatters = f.accumulation == fsdp::GradAccumulation::NoSync ? 1 : A;
+  const double all_reduces = f.accumulation == fsdp::GradAccumulation::ReduceEachMicroBatch ? A : 1;
   if (S > 1) {
-    e.comm_s +=
-        (S - 1.0) / S * static_cast<double>(plan.shard_all_gather_bytes + plan.shard_reduce_scatter_bytes) / shard_bw;
+    e.comm_s += (S - 1.0) / S *
+                (A * static_cast<double>(plan.shard_all_gather_bytes) +
+                 reduce_scatters * static_cast<double>(plan.shard_reduce_scatter_bytes)) /
+                shard_bw;
   }
-  if (R > 1) e.comm_s += 2.0 * (R - 1.0) / R * static_cast<double>(plan.replicate_all_reduce_bytes) / rep_bw;
+  if (R > 1) e.comm_s += 2.0 * (R - 1.0) / R * all_reduces * static_cast<double>(plan.replicate_all_reduce_bytes) / rep_bw;
   return e;
 }
 
 std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, const fsdp::FsdpConfig& f,
                            nlohmann::json& j) {
+  // --mfu is a fraction of --gpu-tflops (a measured GEMM peak by default), not MFU, whose denominator is the spec
+  // peak (metrics.hpp): 50 % of 790 TFLOP/s is 39.9 % of the H100's and H200's 989.
+  const double rate = o.gpu_tflops * 1e12 * o.mfu;
+  const double spec_peak = ops::gpu_spec_peak("H100").flops_per_s;
   std::string out = fmt::format(
-      "\nevery strategy on {} node(s) x {} GPUs, micro-batch {} x seq {}{}{}; {:.4g} GiB per GPU, {:.0f} TFLOP/s at {:.0f}% MFU, "
-      "links {:.0f} GB/s in a node and {:.0f} GB/s between nodes (stated, not measured):\n",
-      o.nodes, o.gpus_per_node, o.micro_batch, o.seq, o.activation_checkpointing ? ", activation checkpointing" : "",
-      o.offload ? ", CPU offload" : "", o.gpu_memory_bytes / (1ull << 30), o.gpu_tflops, 100 * o.mfu, o.intra_gbps,
-      o.inter_gbps);
+      "\nevery strategy on {} node(s) x {} GPUs, micro-batch {} x seq {}, {} micro-batch(es) a step ({}){}{}; {:.4g} GiB "
+      "per GPU; {:.0f} TFLOP/s a GPU ({:.0f}% of a {:.0f} TFLOP/s GEMM peak = {:.1f}% MFU of the H100/H200's {:.0f} "
+      "TFLOP/s dense bf16 spec peak), links {:.0f} GB/s in a node and {:.0f} GB/s between nodes (stated, not measured); "
+      "times are an ESTIMATE for the whole step:\n",
+      o.nodes, o.gpus_per_node, o.micro_batch, o.seq, o.accumulation, fsdp::grad_accumulation_name(f.accumulation),
+      o.activation_checkpointing ? ", activation checkpointing" : "", o.offload ? ", CPU offload" : "",
+      o.gpu_memory_bytes / (1ull << 30), rate / 1e12, 100 * o.mfu, o.gpu_tflops, 100 * rate / spec_peak, spec_peak / 1e12,
+      o.intra_gbps, o.inter_gbps);
+  j["estimate"] = true;  // the step times: stated rates, not measured (as predict's JSON carries "prediction": true)
+  j["step_estimate"] = {{"accumulation_steps", o.accumulation},
+                        {"grad_accumulation", fsdp::grad_accumulation_name(f.accumulation)},
+                        {"gpu_tflops", o.gpu_tflops},
+                        {"fraction_of_gpu_tflops", o.mfu},
+                        {"flops_per_s_per_gpu", rate},
+                        {"spec_peak_flops", spec_peak},
+                        {"mfu_of_spec_peak", rate / spec_peak}};
   out += fmt::format("{:<20} {:>12} {:>12} {:>10} {:>11} {:>9} {:>10}  {}\n", "strategy", "device GiB", "activations",
                      "host GiB", "compute ms", "comm ms", "step ms", "fits");
   const StrategyEstimate* best = nullptr;
@@ -277,6 +303,8 @@ Resolved resolve(const PlanOptions& cli, const CLI::App& app) {
     const int per_step = o.micro_batch * world;
     const int accumulation =
         per_step > 0 && cfg->data.global_batch_size % per_step == 0 ? cfg->data.global_batch_size / per_step : 0;
+    // A global batch that is no whole number of micro-batches (--micro-batch given): the estimate is one micro-batch's.
+    o.accumulation = std::max(1, accumulation);
     r.config = {
         {"source", source}, {"global_batch_size", cfg->data.global_batch_size}, {"accumulation_steps", accumulation}};
     // As train::engine_config: gradients stay out of activation memory when a step has several micro-batches.
@@ -470,10 +498,14 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_flag("--offload", o->offload, "CPU offload: sharded state in host memory");
   c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")
       ->capture_default_str();
-  c.app->add_option("--gpu-tflops", o->gpu_tflops, "dense bf16 TFLOP/s per GPU (a measured GEMM peak)")
+  c.app->add_option("--gpu-tflops", o->gpu_tflops,
+                    "dense bf16 TFLOP/s per GPU that --mfu is a fraction of: a measured GEMM peak (the H100/H200's spec "
+                    "peak, MFU's denominator, is 989)")
       ->capture_default_str()
       ->check(positive_up_to(1e6, 1e-3));
-  c.app->add_option("--mfu", o->mfu, "fraction of that peak the step reaches")
+  c.app->add_option("--mfu", o->mfu,
+                    "fraction of --gpu-tflops the step reaches; MFU only when --gpu-tflops is the spec peak (0.5 of 790 "
+                    "is 39.9 % MFU of the 989 spec peak)")
       ->capture_default_str()
       ->check(positive_up_to(1, 1e-3));
   c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")

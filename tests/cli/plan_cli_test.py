@@ -8,6 +8,9 @@
 - the strategy table's hybrid rows on the configured shard size (the 70B config's 32), agreeing with `check`;
 - an Accelerate YAML over the config gives the cluster (num_processes / num_machines) and its FSDP keys;
 - the config's --section.key overrides apply as train applies them (a job's TRAIN_ARGS);
+- the step-time estimate is a whole step's: compute x accumulation steps, communication per fsdp.grad_accumulation
+  (reduce_each, no_sync, all_reduce_last), against the formula over the JSON's traffic; its rate said as a fraction
+  of the GEMM peak and as MFU of the spec peak, and marked an estimate (text and JSON);
 - bad input: one clear error and the documented exit code (2: a bad --gpu-memory; 3: a missing or bad
   config file, or a global batch the planned world cannot split)."""
 import json
@@ -197,4 +200,57 @@ j = plan_json("--config", "configs/tiny-cpu.toml", "--nodes", "4", "--gpus-per-n
 check(j.get("config", {}).get("global_batch_size") == 64 and j["inputs"]["micro_batch"] == 2
       and "1 override(s)" not in j["config"]["source"] and "2 override(s)" in j["config"]["source"], f"overrides: {j.get('config')} {j.get('inputs')}")
 check(j.get("inputs", {}).get("model", {}).get("num_hidden_layers") == 2, f"--model.num_hidden_layers 2: {j.get('inputs')}")
+
+# The step-time estimate is a step's, not one micro-batch's (it was: llama3-8b's global batch of 32 on 8 GPUs took
+# 1201 / 2402 / 4804 ms at micro-batches of 1 / 2 / 4). Compute is the step's FLOPs, the same however the batch is cut;
+# communication follows fsdp.grad_accumulation: every micro-batch gathers its units again; reduce_each reduces every
+# micro-batch, no_sync once, all_reduce_last reduce-scatters every micro-batch and all-reduces over replicas once.
+def estimate_of(strategy, *cli, global_batch=32):
+    j = plan_json("--config", "configs/llama3-8b.toml", "--gpu-memory", "1000GiB", "--data.global_batch_size",
+                  str(global_batch), *cli)
+    return j, by_strategy(j).get(strategy, {})
+
+
+eight = ["--nodes", "1", "--gpus-per-node", "8"]
+rows = {mb: estimate_of("FULL_SHARD", *eight, "--data.micro_batch_size", str(mb)) for mb in (1, 2, 4)}
+compute = {mb: r[1].get("compute_s", 0) for mb, r in rows.items()}
+check(compute[1] > 0 and abs(compute[2] / compute[1] - 1) < 1e-12 and abs(compute[4] / compute[1] - 1) < 1e-12,
+      f"a step's compute whatever the micro-batch: {compute}")
+# 4 micro-batches of 1 = the FLOPs of a global batch of 8 (one micro-batch a step) four times over.
+_, single = estimate_of("FULL_SHARD", *eight, "--data.micro_batch_size", "1", global_batch=8)
+check(abs(compute[1] / single.get("compute_s", 1) - 4) < 1e-9, f"4 accumulation steps: 4x one's compute: {compute[1]} {single}")
+for mb, (j, row) in rows.items():
+    A = 32 // (8 * mb)
+    t = j["traffic_per_micro_batch_bytes"]
+    want = 7 / 8 * A * (t["all_gather_shard"] + t["reduce_scatter_shard"]) / 360e9  # reduce_each, NVLink's 360 GB/s
+    check(j["step_estimate"]["accumulation_steps"] == A and abs(row.get("comm_s", 0) / want - 1) < 1e-9,
+          f"micro-batch {mb}: {A} accumulation steps, comm {row.get('comm_s')} s, expected {want}")
+    check(row.get("step_s") == max(row.get("compute_s"), row.get("comm_s")), f"micro-batch {mb}: step = max: {row}")
+# no_sync: gathers every micro-batch, one reduce-scatter a step.
+j, row = estimate_of("FULL_SHARD", *eight, "--data.micro_batch_size", "1", "--fsdp.grad_accumulation", "no_sync")
+t = j["traffic_per_micro_batch_bytes"]
+want = 7 / 8 * (4 * t["all_gather_shard"] + t["reduce_scatter_shard"]) / 360e9
+check(abs(row.get("comm_s", 0) / want - 1) < 1e-9, f"no_sync: comm {row.get('comm_s')} s, expected {want}")
+# all_reduce_last on 2 nodes x 4 GPUs of HYBRID_SHARD: the replicas' all-reduce once a step, over the 50 GB/s network.
+hybrid = ["--nodes", "2", "--gpus-per-node", "4", "--data.micro_batch_size", "1", "--fsdp.strategy", "HYBRID_SHARD"]
+for mode, all_reduces in (("reduce_each", 4), ("all_reduce_last", 1), ("no_sync", 1)):
+    j, row = estimate_of("HYBRID_SHARD", *hybrid, "--fsdp.grad_accumulation", mode)
+    t = j["traffic_per_micro_batch_bytes"]
+    scatters = 1 if mode == "no_sync" else 4
+    want = (3 / 4 * (4 * t["all_gather_shard"] + scatters * t["reduce_scatter_shard"]) / 360e9
+            + 2 * 1 / 2 * all_reduces * t["all_reduce_replicate"] / 50e9)
+    check(t["all_reduce_replicate"] > 0 and abs(row.get("comm_s", 0) / want - 1) < 1e-9,
+          f"HYBRID_SHARD {mode}: comm {row.get('comm_s')} s, expected {want}")
+
+# "50% MFU" was 50 % of a measured 790 TFLOP/s GEMM peak: 39.9 % MFU of the 989 TFLOP/s spec peak the project's MFU
+# divides by. The table says both, and that its times are an estimate; the JSON too.
+rc, out, err = plan("--config", "configs/llama3-8b.toml", *eight)
+check(rc == 0 and "395 TFLOP/s a GPU (50% of a 790 TFLOP/s GEMM peak = 39.9% MFU of the H100/H200's 989 TFLOP/s dense "
+      "bf16 spec peak)" in out and "ESTIMATE" in out and "at 50% MFU" not in out, f"the estimate's rate said: {out[-1500:]}")
+j = plan_json("--config", "configs/llama3-8b.toml", *eight)
+e = j.get("step_estimate", {})
+check(j.get("estimate") is True and abs(e.get("mfu_of_spec_peak", 0) - 0.5 * 790 / 989) < 1e-12
+      and e.get("spec_peak_flops") == 989e12 and e.get("fraction_of_gpu_tflops") == 0.5, f"the JSON's estimate: {e}")
+rc, out, err = plan("--help")
+check("39.9 % MFU of the 989 spec peak" in out, f"--mfu's help says what it is a fraction of: {out[-1500:]}")
 check.finish("all plan CLI checks passed")
