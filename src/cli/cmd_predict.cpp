@@ -25,6 +25,7 @@
 #include "config_args.hpp"
 #include "op_profile.hpp"
 #include "shardtrain/ops/op_cost.hpp"
+#include "shardtrain/ops/peak_spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/predict.hpp"
@@ -67,7 +68,10 @@ struct MeasuredLinks {
   nlohmann::json axes, axis_ranks;
 };
 // Every fit the file holds, whether or not this prediction uses it: a bandwidth of 0 or below, or a negative
-// latency, is no measurement (bench comm writes neither) and priced collectives at negative or NaN times.
+// latency, is no measurement (bench comm writes neither) and priced collectives at negative or NaN times; nor is one
+// outside what any link does (1e-300 B/s printed a step of inf ms, a latency of 1e300 s a 300-digit step). The bounds
+// are wide: 1 KB/s is below any network, 100 TB/s above any GPU's; no collective waits a second before its bytes.
+constexpr double kMinBusbw = 1e3, kMaxBusbw = 1e14, kMaxLatency = 1.0;
 void check_link_figures(const MeasuredLinks& m) {
   auto fail = [&](const std::string& field, const std::string& expected, const nlohmann::json& v) {
     throw ConfigError(
@@ -81,12 +85,13 @@ void check_link_figures(const MeasuredLinks& m) {
       if (!fit.is_object()) fail(at, "an object", fit);
       const nlohmann::json latency = fit.value("latency_s", nlohmann::json()),
                            busbw = fit.value("busbw_bytes_per_s", nlohmann::json());
-      if (!latency.is_number() || !std::isfinite(latency.get<double>()) || latency.get<double>() < 0)
-        fail(at + ".latency_s", "a finite number of seconds, 0 or more", latency);
+      if (!latency.is_number() || !(latency.get<double>() >= 0 && latency.get<double>() <= kMaxLatency))
+        fail(at + ".latency_s", fmt::format("a latency from 0 to {:g} s", kMaxLatency), latency);
       // host_all_reduce is measured at one size: no bandwidth (null).
       if (busbw.is_null() && kind == "host_all_reduce") continue;
-      if (!busbw.is_number() || !std::isfinite(busbw.get<double>()) || !(busbw.get<double>() > 0))
-        fail(at + ".busbw_bytes_per_s", "a finite number of bytes per second above 0", busbw);
+      if (!busbw.is_number() || !(busbw.get<double>() >= kMinBusbw && busbw.get<double>() <= kMaxBusbw))
+        fail(at + ".busbw_bytes_per_s", fmt::format("a bus bandwidth from {:g} to {:g} bytes/s", kMinBusbw, kMaxBusbw),
+             busbw);
     }
   }
 }
@@ -121,6 +126,10 @@ CollectiveCost measured_cost(const MeasuredLinks& m, const std::string& axis, co
                                   m.path, kind, axis));
   }
 }
+
+// Below this many tokens a second a rank (a token every ~17 minutes) a step is no prediction: a 400B model's token on
+// one slow core takes minutes, not hours.
+constexpr double kMinTokensPerS = 1e-3;
 
 std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
 
@@ -292,6 +301,8 @@ int run_predict(const PredictOptions& o) {
   s.op_costs = &costs;
   s.steps = o.steps;
   if (rates.update_bytes_per_s > 0) s.host.memory_bytes_per_s = rates.update_bytes_per_s;
+  // The CPU backend's host is its device: offloaded shards' host loops at its measured update rate too.
+  if (cpu && rates.update_bytes_per_s > 0) s.host.host_memory_bytes_per_s = rates.update_bytes_per_s;
   if (cpu) {
     // OpenMP's threads, which the host work below starts: the system's refusal is a usage error naming the option, as
     // prepare-data's (libgomp ended the process: --cpu-threads 100000 was a segmentation fault).
@@ -335,17 +346,38 @@ int run_predict(const PredictOptions& o) {
   }
 
   const train::Prediction p = train::predict_step(config, s);
-  // Above the datasheet's peak no step runs: the op times that made it are not this device's, whatever the report
-  // would print (it printed 100.0 % beside tokens/s of 400 %).
-  if (p.mfu > 1) {
-    if (o.ops_profiles.empty())
-      throw InternalError(
-          fmt::format("predict: {:.1f} % of the spec peak from the built-in {} rates", 100 * p.mfu, rates.name));
+  // What the inputs were, for an error that refuses the result they gave.
+  const std::string inputs = fmt::format(
+      "{}; --links {}", o.ops_profiles.empty() ? std::string("the built-in rates") : "--ops-profile " + fmt::format("{}", fmt::join(o.ops_profiles, ", ")),
+      o.links);
+  // A step of inf or NaN, or one so long that no token a second is left to print (a profile of 1e300 s a call), is no
+  // prediction: the op times or links that made it are no device's.
+  if (!std::isfinite(p.step_s) || !(p.step_s > 0) || !std::isfinite(p.tokens_per_s_per_rank) ||
+      !(p.tokens_per_s_per_rank >= kMinTokensPerS))
     throw ConfigError(fmt::format(
-        "--ops-profile {}: the predicted step would run at {:.1f} % of the {}'s spec peak ({:.0f} TFLOP/s dense bf16): "
-        "the profile's op times are faster than the device's spec peak allows, so it is not this device's profile or "
-        "it is corrupt",
-        fmt::join(o.ops_profiles, ", "), 100 * p.mfu, choice.device_name, p.spec_peak_flops / 1e12));
+        "{}: the predicted step is {} s ({} tokens/s a rank, below {:g}): the op times or links are no device's (a "
+        "corrupt profile or links file)",
+        inputs, p.step_s, p.tokens_per_s_per_rank, kMinTokensPerS));
+  // Above the device's peak no step runs: the op times that made it are not this device's, whatever the report would
+  // print (it printed 100.0 % beside tokens/s of 400 %). A GPU: its datasheet's dense bf16 peak. CPU ranks: the
+  // fp32 FLOP ceiling of the cores a rank has (MfuMeter's ceiling: cores x FMA lanes x the highest clock), at the
+  // rank's share of them where ranks x threads exceed the cores (a profile of 1e-300 s a call gave 87k tokens/s).
+  double fraction = p.mfu, peak = p.spec_peak_flops;
+  std::string peak_of = fmt::format("the {}'s spec peak ({:.0f} TFLOP/s dense bf16)", choice.device_name, peak / 1e12);
+  if (cpu) {
+    const ops::CpuCeiling ceiling = ops::cpu_fp32_ceiling(threads);
+    peak = ceiling.flops_per_s / contention;
+    fraction = peak > 0 ? p.flops_per_token * p.tokens_per_s_per_rank / peak : 0;
+    peak_of = fmt::format("this CPU's fp32 ceiling for a rank ({:.1f} GFLOP/s: {}{})", peak / 1e9, ceiling.how,
+                          contention > 1 ? fmt::format(", over {:.2f} for the ranks sharing the cores", contention) : "");
+  }
+  if (fraction > 1) {
+    if (o.ops_profiles.empty())
+      throw InternalError(fmt::format("predict: {:.1f} % of {} from the built-in {} rates", 100 * fraction, peak_of, rates.name));
+    throw ConfigError(fmt::format(
+        "--ops-profile {}: the predicted step would run at {:.1f} % of {}: the profile's op times are faster than the "
+        "device's {} allows, so it is not this device's profile or it is corrupt",
+        fmt::join(o.ops_profiles, ", "), 100 * fraction, peak_of, cpu ? "ceiling" : "spec peak"));
   }
   const double memory_bytes = choice.memory_bytes;
   const double step = p.step_s;
@@ -367,13 +399,20 @@ int run_predict(const PredictOptions& o) {
         "not this machine's MPI; give --links FILE, a `bench comm --json` on these ranks (docs/predict.md)\n");
   fmt::print("  PREDICTION, not a measurement (docs/predict.md says what it leaves out)\n");
   fmt::print("  step              {}\n", ms(step));
-  fmt::print("  tokens/s per {}  {:.0f}\n", cpu ? "rank" : "GPU ", p.tokens_per_s_per_rank);
+  fmt::print("  tokens/s per {}  {}\n", cpu ? "rank" : "GPU ",
+             p.tokens_per_s_per_rank >= 10 ? fmt::format("{:.0f}", p.tokens_per_s_per_rank)
+                                           : fmt::format("{:.3g}", p.tokens_per_s_per_rank));
   if (p.spec_peak_flops > 0)
     fmt::print("  MFU               {:.1f} % of {:.0f} TFLOP/s (datasheet dense bf16)\n", 100 * p.mfu,
                p.spec_peak_flops / 1e12);
   fmt::print("  compute busy      {} ({:.1f} % of the step)\n", ms(p.compute_busy_s), 100 * p.compute_busy_s / step);
   fmt::print("  collectives       {} in all; exposed {} ({:.1f} % of the step)\n", ms(p.comm_busy_s), ms(p.exposed_comm_s),
              100 * p.exposed_comm_s / step);
+  // Host<->device copies (the batch up; with CPU offload the shards up and the gradients down): their own line, so
+  // that neither exposed figure counts time its "in all" does not.
+  if (p.copy_busy_s > 0 || p.exposed_copy_s > 0)
+    fmt::print("  copies h2d/d2h    {} in all; exposed {} ({:.1f} % of the step)\n", ms(p.copy_busy_s),
+               ms(p.exposed_copy_s), 100 * p.exposed_copy_s / step);
   fmt::print("  host idle         {} (compute waiting for the host to issue work)\n", ms(p.host_idle_s));
   if (!cpu)
     fmt::print("  peak memory       {:.2f} GiB (shardtrain's device buffers)\n", p.peak_device_bytes / double(1ull << 30));
@@ -430,6 +469,8 @@ int run_predict(const PredictOptions& o) {
                         {"compute_busy_s", p.compute_busy_s},
                         {"comm_busy_s", p.comm_busy_s},
                         {"exposed_comm_s", p.exposed_comm_s},
+                        {"copy_busy_s", p.copy_busy_s},
+                        {"exposed_copy_s", p.exposed_copy_s},
                         {"host_idle_s", p.host_idle_s},
                         {"peak_device_bytes", p.peak_device_bytes},
                         {"op_calls_from_profile", costs.hits()},
@@ -438,7 +479,8 @@ int run_predict(const PredictOptions& o) {
                         {"links_preset_for_cpu_ranks", cpu_on_preset}};
     j["op_calls_at_nearest_gemm"] = nearest_gemm;
     for (const train::IdleCause& c : p.idle)
-      j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}, {"communication", c.communication}});
+      j["idle"].push_back(
+          {{"cause", c.what}, {"seconds", c.seconds}, {"communication", c.communication}, {"copy", c.copy}});
     for (const train::WorkTotal& w : p.compute_by_work) {
       const Priced from = priced_of(w.work);
       j["compute_by_op"].push_back(

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "engine_unit.hpp"
+#include "shardtrain/runtime/timing_device.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 
@@ -18,7 +19,9 @@ void FsdpEngine::zero_grad_range(const ops::Tensor& g, int64_t begin, int64_t en
   if (end <= begin) return;
   const ops::Tensor t = ops::make_tensor(static_cast<float*>(g.data) + begin, DType::F32, {end - begin}, g.device);
   if (t.device == DeviceKind::Cpu) {
-    std::memset(t.data, 0, t.bytes());
+    // Offloaded shards on a timing device (`shardtrain predict`) hold no memory: nothing to write, and no time the
+    // prediction counts (host work beside the device's).
+    if (!timing::TimingDevice::is_host_address(t.data)) std::memset(t.data, 0, t.bytes());
   } else {
     ops_->fill(t, 0.0);
   }

@@ -163,6 +163,13 @@ void AdamW::init(const std::vector<fsdp::ShardView>& shards, const model::ModelS
     } else if (device_ == DeviceKind::Cuda) {
       allocate_device_state(s);  // zeroed
       state_bytes_ += 2 * s.numel * static_cast<int64_t>(sizeof(float));
+    } else if (timing::current() && timing::TimingDevice::is_host_address(v.param)) {
+      priced_host_ = true;  // offloaded shards on a timing device: the state holds no memory either
+      s.timed_exp_avg = PinnedBuffer(static_cast<size_t>(v.numel) * sizeof(float));
+      s.timed_exp_avg_sq = PinnedBuffer(static_cast<size_t>(v.numel) * sizeof(float));
+      s.exp_avg = static_cast<float*>(s.timed_exp_avg.data());
+      s.exp_avg_sq = static_cast<float*>(s.timed_exp_avg_sq.data());
+      state_bytes_ += 2 * s.numel * static_cast<int64_t>(sizeof(float));
     } else {
       s.host_exp_avg = ops::HostBuffer(static_cast<size_t>(v.numel) * sizeof(float));
       s.host_exp_avg_sq = ops::HostBuffer(static_cast<size_t>(v.numel) * sizeof(float));
@@ -263,6 +270,10 @@ void AdamW::update_shards(size_t first, size_t end, double lr, double grad_scale
     step_timed(*timing::current(), stream, segment_offsets_[s1] - segment_offsets_[s0]);
   } else if (device_ == DeviceKind::Cuda) {
     step_device(lr, grad_scale, stream, segment_chunks_[s0], segment_chunks_[s1] - segment_chunks_[s0]);
+  } else if (priced_host_) {
+    timing::TimingDevice& t = *timing::current();
+    t.host_work(28.0 * static_cast<double>(segment_offsets_[s1] - segment_offsets_[s0]) / t.costs().host_memory_bytes_per_s,
+                "adamw (host, priced)", timing::WorkKind::Compute);
   } else {
     update_segments(detail::step_scalars(config_, steps_, lr, grad_scale), s0, s1);
   }
@@ -270,7 +281,8 @@ void AdamW::update_shards(size_t first, size_t end, double lr, double grad_scale
 
 void AdamW::step_async(const std::vector<fsdp::ShardView>& shards, double lr, double grad_scale) {
   bind_shards(shards);
-  if (device_ == DeviceKind::Cuda) throw InternalError("AdamW::step_async: the shards are on the device (use step)");
+  if (device_ == DeviceKind::Cuda || priced_host_)
+    throw InternalError("AdamW::step_async: the shards are on the device or hold no memory (use step)");
   wait();
   ++steps_;
   if (!worker_) {
@@ -502,7 +514,17 @@ void GradNorm::start(const std::vector<fsdp::ShardView>& shards, Communicator* s
     if (reduce && !device_axis) host_axis_ = shard_axis;
     return;
   }
-  double total = host_sum_of_squares(shards);
+  double total = 0;
+  if (timing::current() && !shards.empty() && timing::TimingDevice::is_host_address(shards.front().param)) {
+    // Offloaded shards on a timing device hold no memory: the sums are priced (4 bytes an element read), not run.
+    timing::TimingDevice& t = *timing::current();
+    double elements = 0;
+    for (const fsdp::ShardView& v : shards) elements += static_cast<double>(v.numel);
+    t.host_work(4.0 * elements / t.costs().host_memory_bytes_per_s, "grad norm sum_squares (host, priced)",
+                timing::WorkKind::Compute);
+  } else {
+    total = host_sum_of_squares(shards);
+  }
   if (reduce) shard_axis->all_reduce(std::span<double>(&total, 1), ReduceOp::Sum);
   value_ = total;
 }
@@ -531,7 +553,9 @@ double GradNorm::sum_of_squares() {
   started_ = false;
   if (on_device_) {
     copied_.synchronize();
-    if (unit_sums_ > 0) {  // in unit order, as the device adds shards in start()
+    if (timing::TimingDevice::is_host_address(host_.data())) {
+      value_ = 0;  // a timing device's pinned buffer: nothing was copied into it (what the device "holds": zeros)
+    } else if (unit_sums_ > 0) {  // in unit order, as the device adds shards in start()
       const auto* sums = static_cast<const double*>(host_.data());
       value_ = 0;
       for (size_t i = 0; i < unit_sums_; ++i) value_ += sums[i];

@@ -203,7 +203,11 @@ void CudaEvent::synchronize() const {
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  if (!timing::current() && cuda_device_count() > 0 && cudaMallocHost(&data_, bytes) == cudaSuccess) {
+  if (timing::TimingDevice* t = timing::current()) {  // holds no memory, as a device buffer there
+    data_ = t->allocate_host(bytes);
+    return;
+  }
+  if (cuda_device_count() > 0 && cudaMallocHost(&data_, bytes) == cudaSuccess) {
     pinned_ = true;
     return;
   }
@@ -214,7 +218,7 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
 void PinnedBuffer::release() {
   if (data_) {
     if (pinned_) cudaFreeHost(data_);
-    else std::free(data_);
+    else if (!timing::TimingDevice::is_host_address(data_)) std::free(data_);
   }
   data_ = nullptr;
   bytes_ = 0;
@@ -281,7 +285,9 @@ void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream) {
 }
 
 void host_callback(StreamRef stream, std::function<void()> fn) {
-  if (timing::current() || cuda_device_count() == 0) {
+  // On a timing device a host function would compute on pinned buffers that hold nothing: it does not run.
+  if (timing::current()) return;
+  if (cuda_device_count() == 0) {
     fn();
     return;
   }

@@ -17,6 +17,8 @@ namespace {
 constexpr uintptr_t kHandleBase = 0xF100'0000'0000'0000ull;
 constexpr uintptr_t kDeviceBase = 0xD000'0000'0000'0000ull;
 constexpr uintptr_t kDeviceEnd = 0xE000'0000'0000'0000ull;
+constexpr uintptr_t kHostBase = 0xC000'0000'0000'0000ull;  // pinned host buffers (PinnedBuffer), as device ones
+constexpr uintptr_t kHostEnd = 0xD000'0000'0000'0000ull;
 
 TimingDevice* g_current = nullptr;
 
@@ -164,11 +166,14 @@ void TimingDevice::host_work(double seconds, std::string_view label, WorkKind ki
 void TimingDevice::copy(void* dst, const void* src, size_t bytes, StreamRef s) {
   if (bytes == 0) return;
   const bool to_device = is_device_address(dst), from_device = is_device_address(src);
+  // A pinned host buffer made here holds no memory either: nothing is written to it or read from it.
+  const bool held = !is_host_address(dst) && !is_host_address(src);
   if (!to_device && !from_device) {
-    std::memcpy(dst, src, bytes);  // host to host: real bytes, nothing on a stream
+    if (held) std::memcpy(dst, src, bytes);  // host to host: real bytes, nothing on a stream
     return;
   }
-  if (!to_device) std::memset(dst, 0, bytes);  // what the device "holds": zeros (losses, norms, flags read back)
+  // What the device "holds": zeros (losses, norms, flags read back)
+  if (!to_device && !is_host_address(dst)) std::memset(dst, 0, bytes);
   const double seconds = to_device && from_device ? memory_bound_seconds(2.0 * static_cast<double>(bytes))
                          : to_device              ? static_cast<double>(bytes) / costs_.h2d_bytes_per_s
                                                   : static_cast<double>(bytes) / costs_.d2h_bytes_per_s;
@@ -182,11 +187,22 @@ void* TimingDevice::allocate(size_t bytes) {
   if (kDeviceBase + next_address_ >= kDeviceEnd) throw InternalError("timing device: address range exhausted");
   return reinterpret_cast<void*>(p);
 }
+void* TimingDevice::allocate_host(size_t bytes) {
+  const uintptr_t p = kHostBase + next_host_address_;
+  next_host_address_ += (bytes + 511) / 256 * 256;
+  if (kHostBase + next_host_address_ >= kHostEnd) throw InternalError("timing device: host address range exhausted");
+  return reinterpret_cast<void*>(p);
+}
 void TimingDevice::release(void*, size_t) {}  // addresses are never reused: a stale pointer cannot alias a new one
 
 bool TimingDevice::is_device_address(const void* p) {
   const auto v = reinterpret_cast<uintptr_t>(p);
   return v >= kDeviceBase && v < kDeviceEnd;
+}
+
+bool TimingDevice::is_host_address(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return v >= kHostBase && v < kHostEnd;
 }
 
 bool TimingDevice::is_handle(const void* p) { return reinterpret_cast<uintptr_t>(p) >= kHandleBase; }

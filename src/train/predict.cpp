@@ -179,10 +179,11 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
   };
   const double last_sync = synced[synced.size() - 2];
   std::map<std::string, IdleCause> idle;
-  auto idle_for = [&](const std::string& what, double seconds, bool communication) {
+  auto idle_for = [&](const std::string& what, double seconds, bool communication, bool copy = false) {
     IdleCause& c = idle[what];
     c.seconds += seconds;
     c.communication = communication;
+    c.copy = copy;
   };
   std::map<std::string, WorkTotal> by_work;
   for (const timing::Task& task : t.tasks()) {
@@ -195,6 +196,7 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
       w.calls += 1;  // per step below
       w.seconds += seconds;
     }
+    if (task.kind == timing::WorkKind::Copy) p.copy_busy_s += seconds;
     if (task.kind == timing::WorkKind::Comm) {
       p.comm_busy_s += seconds;
       if (!gpu) idle_for(cause_of(task.label), seconds, true);  // nothing overlaps a blocking collective
@@ -202,14 +204,15 @@ Prediction predict_step(const TrainConfig& config, const PredictSetup& s) {
     if (task.issued >= last_sync) p.tasks.push_back(task);
   }
   for (const auto& [cause, i] : t.compute_idle()) {
-    const bool communication = i.kind == timing::WorkKind::Comm || i.kind == timing::WorkKind::Copy;
-    idle_for(cause_of(cause), (i.waiting_s + i.host_s) / steps, communication);
+    const bool copy = i.kind == timing::WorkKind::Copy;
+    idle_for(cause_of(cause), (i.waiting_s + i.host_s) / steps, copy || i.kind == timing::WorkKind::Comm, copy);
   }
   for (auto& [what, c] : idle) {
     c.what = what;
     p.idle.push_back(c);
     if (what == "host") p.host_idle_s += c.seconds;
-    if (c.communication) p.exposed_comm_s += c.seconds;
+    if (c.copy) p.exposed_copy_s += c.seconds;
+    else if (c.communication) p.exposed_comm_s += c.seconds;
   }
   std::sort(p.idle.begin(), p.idle.end(), [](const IdleCause& a, const IdleCause& b) { return a.seconds > b.seconds; });
   for (auto& [work, w] : by_work) {

@@ -26,6 +26,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shardtrain", required=True)
@@ -121,8 +122,10 @@ check(any("all_reduce replicate" in c["cause"] and c.get("communication") for c 
 sums = [c for c in idle if "sum_squares" in c["cause"]]
 check(len(sums) == 1 and not sums[0].get("communication") and 0 < sums[0]["seconds"] < 1e-3,
       f"one gradient-norm sum among the causes, not communication, under a millisecond: {sums}")
-exposed = sum(c["seconds"] for c in idle if c.get("communication"))
-check(abs(exposed - k["exposed_comm_s"]) < 1e-9, f"exposed {k['exposed_comm_s']} = its communication causes' {exposed}")
+exposed = sum(c["seconds"] for c in idle if c.get("communication") and not c.get("copy"))
+check(abs(exposed - k["exposed_comm_s"]) < 1e-9, f"exposed {k['exposed_comm_s']} = its collective causes' {exposed}")
+copies = sum(c["seconds"] for c in idle if c.get("copy"))
+check(abs(copies - k["exposed_copy_s"]) < 1e-9, f"exposed copies {k['exposed_copy_s']} = its copy causes' {copies}")
 check(k["step_s"] >= j["step_s"], "4 nodes no faster a step than 1")
 
 p = predict("--config", "configs/llama3-70b-hybrid.toml", "--nodes", "8", "--gpus-per-node", "8", "--fsdp.shard_size", "8",
@@ -146,17 +149,22 @@ def refused(p, code, *parts):
           f"exit {p.returncode} (expected {code}), one line with {parts}: {p.stdout[-300:]} {p.stderr[-800:]}")
 
 
-# A links file with impossible figures (bench comm writes none): each fit's busbw finite and above 0, its latency
-# finite and 0 or more, else exit 3 naming the file and the field. They printed collectives of -17.29 ms, a step of
-# -nan ms and MFU 100.0 %. The entries in the file's order of keys: the shard axis' all_gather first.
+# A links file with impossible figures (bench comm writes none): each fit's busbw from 1e3 to 1e14 bytes/s, its
+# latency from 0 to 1 s, else exit 3 naming the file, the field and the range. They printed collectives of -17.29 ms,
+# a step of -nan ms and MFU 100.0 %; a busbw of 1e-300 a step of inf ms, a latency of 1e300 a 300-digit step. The
+# entries in the file's order of keys: the shard axis' all_gather first.
 links2 = ["--config", "configs/tiny-cpu.toml", "--gpus-per-node", "2", "--gpu", "h100"]
 good_links = json.load(open(os.path.join(args.source, "profiles/cpu-this-machine/comm-np2.json")))
 good = os.path.join(work, "links-good.json")
 p = predict(*links2, "--links", "profiles/cpu-this-machine/comm-np2.json", "--json", good)
 check(p.returncode == 0 and json.load(open(good))["comm_busy_s"] > 0, f"the measured links as they are: {p.stderr[-500:]}")
-for field, value, expected in [("busbw_bytes_per_s", -1e9, "a finite number of bytes per second above 0, not -1000000000.0"),
-                               ("busbw_bytes_per_s", 0, "a finite number of bytes per second above 0, not 0"),
-                               ("latency_s", -1, "a finite number of seconds, 0 or more, not -1")]:
+busbw_range = "a bus bandwidth from 1000 to 1e+14 bytes/s"
+for field, value, expected in [("busbw_bytes_per_s", -1e9, f"{busbw_range}, not -1000000000.0"),
+                               ("busbw_bytes_per_s", 0, f"{busbw_range}, not 0"),
+                               ("busbw_bytes_per_s", 1e-300, f"{busbw_range}, not 1e-300"),
+                               ("busbw_bytes_per_s", 1e15, f"{busbw_range}, not 1e+15"),
+                               ("latency_s", -1, "a latency from 0 to 1 s, not -1"),
+                               ("latency_s", 1e300, "a latency from 0 to 1 s, not 1e+300")]:
     k = json.loads(json.dumps(good_links))
     for kinds in k["axes"].values():
         for fit in kinds.values():
@@ -270,6 +278,66 @@ check(times["seed"][0] is not None and times["seed first"][0] == times["seed"][0
 check(times["other first"][0] is not None and times["other first"][0] != times["seed"][0]
       and "1 of them priced by an earlier --ops-profile, given first" in times["other first"][1],
       f"the other first: its 1 ms RMSNorm backward: {times['other first'][0]} {times['other first'][1][:700]}")
+
+# CPU ranks' op times that no CPU runs: a profile whose rates take 1e300 s a call gave a 300-digit step and 0 tokens/s,
+# one whose rates are 1e30 FLOP/s and bytes/s 87k tokens/s a rank, far above this CPU's fp32 ceiling; exit 3 for
+# both, as the GPU's spec-peak check (the ceiling: cores x FMA lanes x clock, ops::cpu_fp32_ceiling).
+def cpu_rates_profile(name, seconds, rate):
+    path = profile_file(name, "cpu", "cpu", "f32", "copy f32[250] f32[250]", seconds, 0, 2000)
+    j = json.load(open(path))
+    j["ceilings"] = {"matmul_flops_per_s": rate, "copy_bytes_per_s": rate}
+    json.dump(j, open(path, "w"))
+    return path
+
+
+one_cpu = ["--config", "configs/tiny-cpu.toml", "--gpu", "cpu", "--gpus-per-node", "1"]
+slow = cpu_rates_profile("cpu-slow.json", 1e300, 1e-290)
+refused(predict(*one_cpu, "--ops-profile", slow, expect=3), 3, f"--ops-profile {slow}; --links h100-dgx: the predicted step is",
+        "tokens/s a rank, below 0.001")
+quick = cpu_rates_profile("cpu-quick.json", 1e-300, 1e30)
+refused(predict(*one_cpu, "--ops-profile", quick, expect=3), 3, f"--ops-profile {quick}: the predicted step would run at",
+        "of this CPU's fp32 ceiling for a rank", "faster than the device's ceiling allows")
+
+# CPU offload (fsdp.offload_params) allocated the offloaded fp32 state for real: 16 bytes a parameter on this machine's
+# host, so Llama 3 8B on one GPU (128 GB) was OOM-killed. The timing device's pinned buffers hold no memory now, and the
+# host AdamW over them is priced, not run: the prediction finishes in seconds with a small RSS.
+def predict_rusage(*extra):
+    out_path, err_path = os.path.join(work, "rusage.out"), os.path.join(work, "rusage.err")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        child = subprocess.Popen([args.shardtrain, "predict", *extra], cwd=args.source, stdout=out, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, open(out_path).read(), open(err_path).read()
+
+
+offload_json = os.path.join(work, "offload.json")
+start = time.monotonic()
+rc, rss, out, err = predict_rusage("--config", "configs/llama3-8b.toml", "--nodes", "1", "--gpus-per-node", "1", "--gpu",
+                                   "h200", "--fsdp.offload_params", "true", "--data.global_batch_size", "1", "--json",
+                                   offload_json)
+took = time.monotonic() - start
+check(rc == 0 and rss < 2 * 2**30 and took < 60,
+      f"8B offloaded on one GPU (128 GB of host state): exit {rc}, max RSS {rss / 2**30:.2f} GiB, {took:.1f} s: {err[-500:]}")
+if rc == 0:
+    o = json.load(open(offload_json))
+    # The host update priced: 28 bytes an element of the 8.03B-parameter shard at the stated 50 GB/s is 4.5 s of host
+    # work, on the step's critical path (compute waits for the host).
+    check(o["host_idle_s"] > 4.0 and o["step_s"] > o["host_idle_s"], f"the host AdamW priced into the step: {o['host_idle_s']} s")
+    # Copies have their own figures: neither exposed figure exceeds its total.
+    check(o["comm_busy_s"] == 0 and o["exposed_comm_s"] == 0, f"one GPU: no collectives: {o['comm_busy_s']} {o['exposed_comm_s']}")
+    check(0 < o["exposed_copy_s"] <= o["copy_busy_s"] + 1e-12,
+          f"offload's copies: exposed {o['exposed_copy_s']} within their {o['copy_busy_s']}")
+    check("copies h2d/d2h" in out, f"a copies line: {out[:1500]}")
+
+# The audit's case (tiny-cpu on one H200 with offload): "collectives 0.00 ms in all; exposed 0.42 ms" before.
+tiny_json = os.path.join(work, "offload-tiny.json")
+p = predict("--config", "configs/tiny-cpu.toml", "--nodes", "1", "--gpus-per-node", "1", "--gpu", "h200",
+            "--fsdp.offload_params", "true", "--json", tiny_json)
+t = json.load(open(tiny_json)) if p.returncode == 0 else {}
+check(t.get("exposed_comm_s") == 0 and t.get("comm_busy_s") == 0 and 0 < t.get("exposed_copy_s", 0) <= t.get("copy_busy_s", 0),
+      f"tiny offloaded: collectives {t.get('comm_busy_s')} exposed {t.get('exposed_comm_s')}; copies "
+      f"{t.get('copy_busy_s')} exposed {t.get('exposed_copy_s')}")
+m = re.search(r"collectives +([0-9.]+) ms in all; exposed ([0-9.]+) ms", p.stdout)
+check(m is not None and float(m.group(2)) <= float(m.group(1)), f"the collectives line: {p.stdout[:1200]}")
 
 if failures:
     print(f"{len(failures)} check(s) failed", file=sys.stderr)

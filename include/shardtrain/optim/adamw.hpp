@@ -123,6 +123,7 @@ class AdamW final : public fsdp::PendingShardWrites {
   struct State {
     ops::HostBuffer host_exp_avg, host_exp_avg_sq;   // host shards
     DeviceBuffer device_exp_avg, device_exp_avg_sq;  // CUDA shards
+    PinnedBuffer timed_exp_avg, timed_exp_avg_sq;    // host shards on a timing device: no memory (priced_host_)
     std::vector<DecayRange> ranges;                  // the parameter parts of the shard (padding excluded)
     int64_t numel = 0;
     float* param = nullptr;       // the shard's buffers at construction, checked at every step
@@ -158,6 +159,9 @@ class AdamW final : public fsdp::PendingShardWrites {
   // On a timing device (runtime/timing_device.hpp): states that hold no memory, and the update as time.
   void allocate_timed_state(State& s);
   void step_timed(timing::TimingDevice& t, StreamRef stream, int64_t elements) const;
+  // Host shards that hold no memory (a timing device's pinned buffers: CPU offload in `shardtrain predict`): the
+  // host loop is not run but priced, as host work of 28 bytes an element at the host's memory rate.
+  bool priced_host_ = false;
 
   AdamWConfig config_;
   DeviceKind device_ = DeviceKind::Cpu;

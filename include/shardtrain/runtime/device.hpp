@@ -180,7 +180,7 @@ void copy_async(void* dst, const void* src, size_t bytes, StreamRef stream);
 
 // Host work in stream order (cudaLaunchHostFunc): `fn` runs on a runtime thread once the stream's earlier
 // work is done, and the stream's later work waits for it. It must not throw nor call CUDA. Without a
-// device it runs before this returns.
+// device it runs before this returns; on a timing device it does not run (its pinned buffers hold nothing).
 void host_callback(StreamRef stream, std::function<void()> fn);
 
 }  // namespace shardtrain

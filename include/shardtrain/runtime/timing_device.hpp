@@ -2,7 +2,7 @@
 // runtime's stream, event, copy and buffer calls (device.hpp) act on it instead of CUDA: every stream is a clock,
 // work queued on a stream starts once the stream's earlier work is done and the host has issued it, events carry
 // times, waits move clocks, and device buffers are address ranges that hold no memory (their bytes still count in
-// device_memory_stats, so the peak is the engine's own). The timing ops (ops/timing_ops.hpp) and the simulated
+// device_memory_stats, so the peak is the engine's own); so are pinned host buffers (counted nowhere). The timing ops (ops/timing_ops.hpp) and the simulated
 // communicators (comm/sim_communicator.hpp) queue their work here, so that the FSDP engine, run unchanged against
 // them, lays out its own schedule in time: `shardtrain predict` (docs/predict.md).
 //
@@ -33,6 +33,10 @@ struct HostCosts {
   double d2h_bytes_per_s = 25e9;       // device -> pinned host
   double memory_bytes_per_s = 3.0e12;  // device memory, bytes read + written (copies, the optimizer's kernels)
   double kernel_overhead_s = 3e-6;     // the least a kernel takes on the device
+  // Host memory, bytes read + written by the host's own loops over offloaded shards (AdamW, the gradient norm),
+  // stated, not measured: a DGX H100's two sockets of DDR5 (about 600 GB/s) shared by its 8 ranks, less what one
+  // rank's loop reaches. The CPU backend's prediction takes its profile's measured update rate instead.
+  double host_memory_bytes_per_s = 50e9;
 };
 
 // One task on a stream's timeline.
@@ -87,6 +91,11 @@ class TimingDevice {
   void* allocate(size_t bytes);
   void release(void* p, size_t bytes);
   static bool is_device_address(const void* p);
+  // Pinned host memory (PinnedBuffer, CPU offload's shards): addresses from another such range, holding nothing, so
+  // that a 70B model's offloaded state costs this machine nothing. Host code that would compute on them is priced
+  // instead (optim::AdamW, optim::GradNorm); host functions on a stream (host_callback) do not run.
+  void* allocate_host(size_t bytes);
+  static bool is_host_address(const void* p);
   static bool is_handle(const void* p);  // a stream or event made by a timing device
 
   double host_now() const { return host_; }
@@ -137,6 +146,7 @@ class TimingDevice {
   std::map<int, std::map<double, double>> busy_;  // per resource: start -> end of the work holding it
   uintptr_t next_handle_ = 1;
   uintptr_t next_address_ = 0;
+  uintptr_t next_host_address_ = 0;
   std::string context_;
   std::vector<Task> tasks_;
   std::map<std::string, ComputeIdle> idle_;

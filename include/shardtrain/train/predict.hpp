@@ -50,7 +50,8 @@ struct PredictSetup {
 struct IdleCause {
   std::string what;
   double seconds = 0;
-  bool communication = false;  // a collective or a copy: counted in Prediction::exposed_comm_s
+  bool communication = false;  // a collective or a copy
+  bool copy = false;           // a host-device copy: counted in Prediction::exposed_copy_s, else in exposed_comm_s
 };
 
 // One kind of work on the compute stream (the CPU backend: the host's ops), per step: "matmul", "adamw", "copy".
@@ -72,7 +73,9 @@ struct Prediction {
   double mfu = 0;                          // against spec_peak_flops; above 1 when the op costs beat the peak
   double compute_busy_s = 0;               // compute-stream work (the CPU backend: the host's ops)
   double comm_busy_s = 0;                  // collectives' time on their streams (or the host), overlapped or not
-  double exposed_comm_s = 0;               // compute idle waiting on collectives and copies
+  double exposed_comm_s = 0;               // compute idle waiting on collectives
+  double copy_busy_s = 0;                  // host<->device copies' time on their streams, overlapped or not
+  double exposed_copy_s = 0;               // compute idle waiting on those copies
   double host_idle_s = 0;                  // compute idle waiting on the host
   std::vector<IdleCause> idle;             // by cause, largest first
   std::vector<WorkTotal> compute_by_work;  // compute_busy_s by kind of work, largest first
