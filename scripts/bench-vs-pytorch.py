@@ -20,7 +20,7 @@ Batches: the config's data.path read with h5py in its layout (packed or padded, 
 in order) when the file exists, else uniformly random token ids of the same shape; the table says which.
 Timing: CUDA events around each whole step (all micro-batches, clipping, optimizer step, zero_grad) after --warmup
 steps; median of --steps. MFU uses shardtrain's FLOPs per token (src/train/metrics.cpp: 6 * (parameters minus the
-embedding unless tied) + 12 * layers * hidden * seq) over the device's dense bf16 datasheet peak (the one
+input embedding, tied or not) + 12 * layers * hidden * seq) over the device's dense bf16 datasheet peak (the one
 shardtrain's bench step reports, src/ops/peak_spec.cpp: H100 SXM / H200 989 TFLOP/s), the same denominator for
 every row; beside it, labelled, MFU over the peak each side measured in its own process (PyTorch: the median of 20
 bf16 8192^3 torch.matmul after 5 warm-ups). Where shardtrain has no datasheet figure for the device (the CPU, an
@@ -348,7 +348,7 @@ def torch_worker(args):
     params = sum(p.numel() for p in model.parameters())  # tied weights once, as shardtrain counts them
     embed = model.get_input_embeddings().weight.numel()
     L, D = m["num_hidden_layers"], m["hidden_size"]
-    fpt = 6.0 * (params - (0 if tied else embed)) + 12.0 * L * D * S
+    fpt = 6.0 * (params - embed) + 12.0 * L * D * S  # the rule: tied or not, minus the input embedding
     if fs.get("activation_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=dtypes[fs.get("param_dtype", "bf16")], reduce_dtype=dtypes[fs.get("reduce_dtype", "fp32")])

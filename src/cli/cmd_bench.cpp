@@ -1,9 +1,7 @@
 // `shardtrain bench`: the subcommands' registration, the helpers they share, and `bench model`: forward+backward
 // time of a Llama model on the CPU backend, in tokens/s and as a fraction of this machine's measured sgemm rate.
-// FLOPs per step follow docs/performance.md:
-//   6 * (matmul parameters per token: q, k, v, o, gate, up, down per layer, plus lm_head) * tokens
-//   + 12 * layers * hidden * seq * tokens (attention scores and values, forward and backward, full S x S)
-// The recompute of activation checkpointing is overhead, not counted as work.
+// FLOPs per step: train::flops_per_token (the rule of docs/training.md, "MFU": 6 * (parameters - input embedding)
+// + 12 * layers * hidden * seq) times the tokens. The recompute of activation checkpointing is not counted as work.
 #include <fmt/format.h>
 
 #include <unistd.h>
@@ -24,6 +22,7 @@
 #include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/topology.hpp"
+#include "shardtrain/train/metrics.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -33,13 +32,6 @@ struct BenchModelOptions {
   int iters = 10, warmup = 2, threads = 0;
   bool checkpointing = false;
 };
-
-double matmul_params_per_token(const model::LlamaConfig& c) {
-  const double d = static_cast<double>(c.hidden_size), kv = static_cast<double>(c.kv_dim());
-  const double f = static_cast<double>(c.intermediate_size);
-  const double layer = 2 * d * d + 2 * d * kv + 3 * d * f;
-  return static_cast<double>(c.num_hidden_layers) * layer + static_cast<double>(c.vocab_size) * d;
-}
 
 int run_bench_model(const BenchModelOptions& o) {
   const int threads = o.threads > 0 ? o.threads : usable_cores();
@@ -95,8 +87,7 @@ int run_bench_model(const BenchModelOptions& o) {
   std::sort(seconds.begin(), seconds.end());
   const double median = seconds[seconds.size() / 2];
   const double tokens = static_cast<double>(o.batch * o.seq);
-  const double flops = 6.0 * matmul_params_per_token(c) * tokens +
-                       12.0 * static_cast<double>(c.num_hidden_layers * c.hidden_size * o.seq) * tokens;
+  const double flops = train::flops_per_token(llama.spec(), o.seq) * tokens;
   const double gflops = flops / median * 1e-9;
   fmt::print(
       "model: layers {} hidden {} heads {}/{} (kv) intermediate {} vocab {} | batch {} x seq {} | "

@@ -24,6 +24,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/hf_configs.hpp"
+#include "shardtrain/train/metrics.hpp"
 
 namespace shardtrain::cli {
 
@@ -118,12 +119,10 @@ StrategyEstimate estimate(const PlanOptions& o, const model::ModelSpec& spec, fs
   e.device_bytes = m.device;
   e.host_bytes = m.host;
   e.fits = e.device_bytes <= o.gpu_memory_bytes;
-  // FLOPs per token (docs/training.md): 6 x matmul parameters + 12 x layers x hidden x seq; recompute adds a forward.
-  const model::LlamaConfig& c = spec.config();
-  const double matmul_params = static_cast<double>(spec.num_params() - c.vocab_size * c.hidden_size) +
-                               (c.tie_word_embeddings ? static_cast<double>(c.vocab_size * c.hidden_size) : 0.0);
+  // FLOPs per token by the rule every MFU figure uses (train::flops_per_token), for the step's every micro-batch;
+  // recompute adds a forward.
   const double A = o.accumulation;
-  double flops = (6 * matmul_params + 12.0 * c.num_hidden_layers * c.hidden_size * o.seq) * o.micro_batch * o.seq * A;
+  double flops = train::flops_per_token(spec, o.seq) * static_cast<double>(o.micro_batch * o.seq) * A;
   if (o.activation_checkpointing) flops *= 4.0 / 3.0;
   e.compute_s = flops / (o.gpu_tflops * 1e12 * o.mfu);
   const int S = plan.mesh.shard_size, R = plan.mesh.replicate_size;

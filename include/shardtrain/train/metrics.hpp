@@ -14,9 +14,10 @@
 
 namespace shardtrain::train {
 
-// Useful training FLOPs per token (docs/training.md): 6 * (matmul parameters, i.e. everything but the
-// embedding lookup, plus lm_head) + 12 * layers * hidden * seq_len for attention. The recompute of
-// activation checkpointing is overhead, not counted.
+// Training FLOPs per token, the project's rule (docs/training.md, "MFU"): 6 * (parameters - input embedding)
+// + 12 * layers * hidden * seq_len. Untied, the parameters include lm_head's own matrix; tied, the one shared
+// matrix is the input embedding and is subtracted. The recompute of activation checkpointing is not counted.
+// Every MFU figure (train's log and metrics, bench step, predict, plan) takes it from here.
 double flops_per_token(const model::ModelSpec& spec, int64_t seq_len);
 
 struct StepMetrics {
@@ -34,7 +35,8 @@ struct StepMetrics {
                                       // (a GPU's datasheet figure), never above 1
   double mfu_measured_peak = 0;       // the same against the matmul measured at start (NaN, null, when none was)
   int64_t peak_mem_bytes = 0;         // rank 0: on a GPU every byte shardtrain allocated there (device_memory_stats);
-                                      // on the CPU the ledger peak: shards, gathered units, grads, activations, comm buffers
+                                      // on the CPU the ledger peak: shards, gathered units, grads, comm buffers, optimizer
+                                      // state; no activations (the model's arena is not in the ledger)
   int64_t rss_peak_bytes = 0;         // rank 0's peak resident set (VmHWM)
   uint64_t comm_shard_bytes = 0;      // this step, rank 0, shard axis (all collectives)
   uint64_t comm_replicate_bytes = 0;  // this step, rank 0, replicate axis
