@@ -28,6 +28,7 @@
 #include "shardtrain/ops/peak_spec.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/topology.hpp"
 #include "shardtrain/train/predict.hpp"
 
 namespace shardtrain::cli {
@@ -219,7 +220,7 @@ int run_predict(const PredictOptions& o) {
   // times over the ranks' threads ask for the cores.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / o.gpus_per_node);
-  const double contention = cpu ? std::max(1.0, static_cast<double>(o.gpus_per_node) * threads / cores) : 1.0;
+  const double contention = cpu ? core_oversubscription(o.gpus_per_node, threads, cores) : 1.0;
   std::set<std::string> profiled_ops;  // for --ops-profile-exclude: a name no row has is a typo that excludes nothing
   std::map<std::string, std::string> profile_of_shape;  // what each profile measured -> its file
   for (const std::string& path : o.ops_profiles) {

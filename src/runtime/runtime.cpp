@@ -18,6 +18,7 @@ Runtime::Runtime(const MpiSession& session, const RuntimeOptions& options, const
   topology_ = discover_topology(MPI_COMM_WORLD, rpn);
   // Simulated nodes share one machine: the cores are split among all ranks, not among a node's.
   const int sharing = std::max(1, topology_.simulated_nodes ? topology_.world_size : topology_.local_size);
+  ranks_sharing_cores_ = sharing;
   // Before the device (CUDA starts threads of its own) and before any OpenMP region or worker thread:
   // threads keep the affinity they were created with.
   const char* policy = std::getenv("SHARDTRAIN_CPU_BINDING");

@@ -25,6 +25,11 @@ int usable_cores() {
   return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
+double core_oversubscription(int ranks, int threads, int cores) {
+  if (ranks <= 0 || threads <= 0 || cores <= 0) return 1.0;
+  return std::max(1.0, static_cast<double>(ranks) * threads / cores);
+}
+
 int ranks_per_node_from_env() {
   const char* v = std::getenv("SHARDTRAIN_RANKS_PER_NODE");
   if (!v || !*v) return 0;

@@ -29,11 +29,23 @@ const char* peak_kind_name(PeakKind kind) {
 }
 
 MfuMeter MfuMeter::choose(double configured, bool gpu, const std::string& device_name, double measured, double cpu_ceiling,
-                          const std::string& cpu_ceiling_how) {
+                          const std::string& cpu_ceiling_how, bool cpu_ceiling_bounds, double core_share,
+                          const std::string& core_share_how) {
   MfuMeter m;
-  m.measured_ = measured;
-  m.ceiling_ = gpu ? 0.0 : cpu_ceiling;
+  // A rank's share of the node's cores: its threads' rate alone, measured at start or computed, times that share.
+  const double share = !gpu && core_share > 0 && core_share < 1 ? core_share : 1.0;
+  m.measured_ = measured * share;
+  m.ceiling_ = gpu ? 0.0 : cpu_ceiling * share;
   m.ceiling_how_ = cpu_ceiling_how;
+  if (share < 1) m.ceiling_how_ += fmt::format(", x {:.2f}: {}", share, core_share_how);
+  // Not a bound (the current clock read, not the maximum), or below what was measured: no ceiling. The figure
+  // a peak is raised to is then the larger of the two, and is called what it is.
+  m.ceiling_bounds_ = cpu_ceiling_bounds && m.ceiling_ >= m.measured_;
+  if (!gpu && m.ceiling_ > 0 && m.ceiling_ < m.measured_) {
+    m.ceiling_how_ =
+        fmt::format("the rate measured at start, above the computed {} ({})", flops_text(m.ceiling_), m.ceiling_how_);
+    m.ceiling_ = m.measured_;
+  }
   const ops::SpecPeak spec = gpu ? ops::gpu_spec_peak(device_name) : ops::SpecPeak{};
   if (configured > 0) {
     m.kind_ = PeakKind::Configured;
@@ -45,9 +57,14 @@ MfuMeter MfuMeter::choose(double configured, bool gpu, const std::string& device
     m.label_ = fmt::format("datasheet: {} dense bf16, {} per GPU", spec.part, flops_text(spec.flops_per_s));
   } else {
     m.kind_ = PeakKind::Measured;
-    m.peak_ = measured;
+    m.peak_ = m.measured_;
     m.label_ = gpu ? fmt::format("measured: bf16 8192^3 matmul at start, {} per GPU ({} is not in the datasheet table)",
                                  flops_text(measured), device_name)
+               : share < 1
+                   ? fmt::format(
+                         "measured: the best of several fp32 1024^3 sgemms at the step's thread count, {} per rank "
+                         "alone, x {:.2f} = {} per rank: {}",
+                         flops_text(measured), share, flops_text(m.peak_), core_share_how)
                    : fmt::format("measured: the best of several fp32 1024^3 sgemms at the step's thread count, {} per rank",
                                  flops_text(measured));
   }
@@ -64,7 +81,9 @@ double MfuMeter::raise(double& peak, double achieved_per_rank, const char* what,
         "MFU: a step ran at {} per rank, above the {} peak of {}; that peak is now {}{} (a peak measured "
         "while the machine was busy comes out low)",
         flops_text(achieved_per_rank), what, flops_text(before), flops_text(peak),
-        peak == ceiling_ ? fmt::format(", the CPU's ceiling: {}", ceiling_how_) : std::string(", the step's own rate"));
+        peak != ceiling_  ? std::string(", the step's own rate")
+        : ceiling_bounds_ ? fmt::format(", the CPU's ceiling: {}", ceiling_how_)
+                          : fmt::format(", the CPU's estimated rate (not a ceiling): {}", ceiling_how_));
   }
   warned = true;
   return peak;

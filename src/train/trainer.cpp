@@ -178,8 +178,14 @@ MfuMeter measure_peak(const Runtime& runtime, const TrainConfig& config, ops::Op
                            : ops::measure_cpu_sgemm(threads, 1024, 5).best_gflops;
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &gflops, 1, MPI_DOUBLE, MPI_SUM, runtime.world()));
   const ops::CpuCeiling ceiling = on_gpu ? ops::CpuCeiling{} : ops::cpu_fp32_ceiling(threads);
+  // CPU ranks that share the node's cores: each gets 1 / (ranks x threads / cores) of its threads' rate alone
+  // (the factor predict prices host work with), and MFU is of that (audit I3).
+  const int ranks = runtime.ranks_sharing_cores(), cores = runtime.cpu_binding().allowed;
+  const double oversubscription = on_gpu ? 1.0 : core_oversubscription(ranks, threads, cores);
   return MfuMeter::choose(config.logging.peak_flops, on_gpu, runtime.device().name,
-                          gflops / runtime.topology().world_size * 1e9, ceiling.flops_per_s, ceiling.how);
+                          gflops / runtime.topology().world_size * 1e9, ceiling.flops_per_s, ceiling.how, ceiling.bound,
+                          1.0 / oversubscription,
+                          fmt::format("{} ranks x {} thread(s) share this node's {} core(s)", ranks, threads, cores));
 }
 
 // The training loader's options: every rank of the mesh is a data-parallel rank.

@@ -38,6 +38,9 @@ class Runtime {
   // else its share of the cores the ranks on the machine see. At least 1.
   int host_threads() const { return host_threads_; }
   const CpuBinding& cpu_binding() const { return cpu_binding_; }
+  // The ranks that share this machine's cores (cpu_binding().allowed): the node's ranks, or every rank where
+  // --ranks-per-node simulates nodes on one machine.
+  int ranks_sharing_cores() const { return ranks_sharing_cores_; }
 
  private:
   RuntimeOptions options_;
@@ -46,6 +49,7 @@ class Runtime {
   Device device_;
   CpuBinding cpu_binding_;
   int host_threads_ = 1;
+  int ranks_sharing_cores_ = 1;
 };
 
 }  // namespace shardtrain

@@ -32,6 +32,11 @@ struct Topology {
 // the node. At least 1.
 int usable_cores();
 
+// How many times over `ranks` ranks of `threads` threads each ask for `cores` cores of one machine: ranks x threads
+// / cores, at least 1. A rank's host work runs that much slower than on cores of its own: predict prices CPU ranks'
+// host work so (cmd_predict.cpp), and a CPU rank's peak for MFU is its threads' rate divided by it (trainer.cpp).
+double core_oversubscription(int ranks, int threads, int cores);
+
 // Reads SHARDTRAIN_RANKS_PER_NODE; 0 when unset. Throws ConfigError on a value that is not a positive integer.
 int ranks_per_node_from_env();
 
