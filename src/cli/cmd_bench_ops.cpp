@@ -1,6 +1,9 @@
 // `shardtrain bench ops`: every op a Llama training step runs, timed alone at the model's shapes on the
-// current backend (CudaOps on a GPU, the CPU backend otherwise), against two ceilings measured in the same
-// process: a large matmul (FLOP/s) and a large copy (bytes read + written per second).
+// current backend (CudaOps on a GPU, the CPU backend otherwise), against two rates measured in the same
+// process: a large matmul (FLOP/s), the ceiling of FLOP rows ("% ceil", raised to the fastest FLOP row where one
+// outran it, as MFU's peak is: never above 100 %), and a large main-memory copy (bytes read + written per second),
+// which byte rows are printed as a ratio to ("2.3x copy"): a row whose data stays in cache runs faster than that
+// copy, so it is no ceiling of theirs (audit I5: "% ceil" read 117-527 %).
 //
 // Work counted (N = batch * seq tokens, D hidden, H heads, Hkv KV heads, Dh head dim, F intermediate, V vocab):
 //   GEMMs: 2 * M * N * K per call (a linear y = x W^T, its dx = dy W and its dW += dy^T x).
@@ -201,15 +204,27 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
   fmt::print(
       "work: GEMMs 2*M*N*K; attention fwd 2*B*H*S^2*Dh (causal half of 4*B*H*S^2*Dh), bwd 2x fwd; "
       "linear_cross_entropy 2*N*D*V (+4*N*D*V with the gradient); memory-bound ops: bytes of each tensor read once + written once\n\n");
-  fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>8} {:>6}\n", "op", "shapes", "median", "work", "rate", "% ceil",
+  // No utilisation above 100 %: a FLOP row faster than the matmul measured (a disturbed measurement, or a shape
+  // the backend runs better) raises the ceiling to that row's rate, and the table says so.
+  double flops_ceiling = peak_flops;
+  const OpRow* outran = nullptr;
+  for (const OpRow& r : rows)
+    if (r.kind == WorkKind::Flops && r.rate() > flops_ceiling) flops_ceiling = r.rate(), outran = &r;
+  fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>10} {:>6}\n", "op", "shapes", "median", "work", "rate", "vs ceiling",
              "calls");
   for (const OpRow& r : rows) {
-    const double ceiling = r.kind == WorkKind::Flops ? peak_flops : copy_bw;
-    fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>7.1f}% {:>6}\n", r.op, r.shapes, format_seconds(r.seconds),
-               format_work(r), format_rate(r), 100.0 * r.rate() / ceiling, r.calls);
+    const std::string versus = r.kind == WorkKind::Flops ? fmt::format("{:.1f} %", 100.0 * r.rate() / flops_ceiling)
+                                                         : fmt::format("{:.2f}x copy", r.rate() / copy_bw);
+    fmt::print("{:<31} {:<38} {:>10} {:>12} {:>15} {:>10} {:>6}\n", r.op, r.shapes, format_seconds(r.seconds),
+               format_work(r), format_rate(r), versus, r.calls);
   }
   fmt::print(
-      "\n% ceil: of the matmul ceiling (FLOP rows) or the copy ceiling (byte rows; above 100% the data stayed in cache).\n");
+      "\nvs ceiling: FLOP rows in % of the matmul ceiling{}; byte rows as a ratio to the {} main-memory copy's rate "
+      "(not a ceiling: a row whose data stays in cache runs faster than it).\n",
+      outran ? fmt::format(", raised from the {} measured to {}, the rate of '{}', which outran it",
+                           format_flops(peak_flops), format_flops(flops_ceiling), outran->op)
+             : std::string(),
+      format_bytes(copy_bytes));
   fmt::print("sum of medians x calls (one micro-batch's forward+backward ops, no FSDP, no optimizer): {}, {:.0f} tokens/s\n",
              format_seconds(model_seconds), static_cast<double>(tokens) / model_seconds);
 
@@ -225,8 +240,13 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
     j["batch"] = shape.batch;
     j["seq"] = shape.seq;
     j["tokens"] = tokens;
-    j["ceilings"] = {
-        {"matmul_flops_per_s", peak_flops}, {"matmul_n", peak_n}, {"copy_bytes_per_s", copy_bw}, {"copy_bytes", copy_bytes}};
+    // matmul_flops_per_s is the rate measured (a profile's rate for calls it lacks: op_profile.cpp); FLOP rows'
+    // fractions are of flops_ceiling, that rate or the fastest FLOP row's where one outran it.
+    j["ceilings"] = {{"matmul_flops_per_s", peak_flops},
+                     {"matmul_n", peak_n},
+                     {"flops_ceiling", flops_ceiling},
+                     {"copy_bytes_per_s", copy_bw},
+                     {"copy_bytes", copy_bytes}};
     // The calls each row's function makes, from a run in record mode on this backend (the same rows, in order).
     const std::vector<RecordedRow> recorded = record_rows(shape, dt, backend->device());
     if (recorded.size() != rows.size())
@@ -240,16 +260,15 @@ int run_bench_ops(const BenchOpsOptions& o, Runtime* rt) {
       nlohmann::ordered_json calls = nlohmann::ordered_json::array();
       for (const ops::OpCall& call : recorded[i].calls)
         calls.push_back({{"key", call.key}, {"flops", call.flops}, {"bytes", call.bytes}});
-      const double ceiling = r.kind == WorkKind::Flops ? peak_flops : copy_bw;
-      list.push_back({{"op", r.op},
-                      {"shapes", r.shapes},
-                      {"kind", r.kind == WorkKind::Flops ? "flops" : "bytes"},
-                      {"work", r.work},
-                      {"seconds", r.seconds},
-                      {"rate", r.rate()},
-                      {"fraction_of_ceiling", r.rate() / ceiling},
-                      {"calls_per_microbatch", r.calls},
-                      {"calls", calls}});
+      nlohmann::ordered_json row = {
+          {"op", r.op},     {"shapes", r.shapes},   {"kind", r.kind == WorkKind::Flops ? "flops" : "bytes"},
+          {"work", r.work}, {"seconds", r.seconds}, {"rate", r.rate()}};
+      // FLOP rows: a fraction of a ceiling, at most 1; byte rows: a ratio to the main-memory copy, no ceiling.
+      if (r.kind == WorkKind::Flops) row["fraction_of_ceiling"] = r.rate() / flops_ceiling;
+      else row["ratio_to_copy"] = r.rate() / copy_bw;
+      row["calls_per_microbatch"] = r.calls;
+      row["calls"] = calls;
+      list.push_back(row);
     }
     j["rows"] = list;
     j["model_op_seconds_per_microbatch"] = model_seconds;

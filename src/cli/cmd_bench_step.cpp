@@ -185,6 +185,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
   train::MfuMeter meter;
   std::string mesh, comm_backend, strategy;
   int replicate = 0, shard = 0;
+  int64_t ledger_peak = 0;  // rank 0's memory ledger (metrics' peak_mem_bytes is the device allocator's on a GPU)
   {
     check_model_fits(config, *rt);
     train::Trainer trainer(*rt, config, topts);
@@ -195,6 +196,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     op_times.set_enabled(false);
     device_peak = max_over_ranks(static_cast<int64_t>(device_memory_stats().peak), rt->world());
     meter = trainer.mfu_meter();  // after the run: a peak a step outran has been raised
+    ledger_peak = trainer.replica().ledger().peak_total();
     replicate = trainer.mesh().replicate_size(), shard = trainer.mesh().shard_size();
     strategy = sharding_strategy_name(trainer.mesh().strategy());
     mesh = fmt::format("{} x {} ({})", replicate, shard, strategy);
@@ -254,7 +256,10 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
                100 * mfu_measured, format_flops(meter.measured_per_rank()));
   if (cuda)
     fmt::print("{:<34} {}\n", "peak device memory (max over ranks)", format_bytes(static_cast<uint64_t>(device_peak)));
-  fmt::print("{:<34} {}\n", "peak memory ledger (rank 0)", format_bytes(static_cast<uint64_t>(last.peak_mem_bytes)));
+  // On the CPU metrics' peak_mem_bytes is the ledger's; on a GPU the device allocator's, so the ledger is read here.
+  const int64_t ledger_bytes = cuda ? ledger_peak : last.peak_mem_bytes;
+  fmt::print("{:<34} {} (FSDP shards and buffers, optimizer state; no activations)\n", "peak memory ledger (rank 0)",
+             format_bytes(static_cast<uint64_t>(ledger_bytes)));
   fmt::print("{:<34} {}\n", "peak RSS (max over ranks)", format_bytes(static_cast<uint64_t>(rss_peak)));
   if (!gpu_busy.empty()) {
     fmt::print("{:<34} {} busy, {} idle between steps; the host queued forward and backward in {} (medians, rank 0)\n",
@@ -314,7 +319,7 @@ int run_bench_step(const BenchStepOptions& o, Runtime* rt) {
     j["peak_memory_bytes"] = peak_mem;
     j["peak_memory_source"] = cuda ? "device_memory_stats (max over ranks)" : "memory ledger (rank 0)";
     j["device_peak_bytes"] = device_peak;
-    j["ledger_peak_bytes"] = last.peak_mem_bytes;
+    j["ledger_peak_bytes"] = ledger_bytes;
     j["rss_peak_bytes"] = rss_peak;
     j["last_loss"] = std::isfinite(last.loss) ? nlohmann::ordered_json(last.loss) : nlohmann::ordered_json(nullptr);
     j["skipped_steps"] = skipped;
