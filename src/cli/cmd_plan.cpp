@@ -156,13 +156,11 @@ std::string estimate_table(const PlanOptions& o, const model::ModelSpec& spec, c
       o.gpu_memory_bytes / (1ull << 30), rate / 1e12, 100 * o.mfu, o.gpu_tflops, 100 * rate / spec_peak, spec_peak / 1e12,
       o.intra_gbps, o.inter_gbps);
   j["estimate"] = true;  // the step times: stated rates, not measured (as predict's JSON carries "prediction": true)
-  j["step_estimate"] = {{"accumulation_steps", o.accumulation},
-                        {"grad_accumulation", fsdp::grad_accumulation_name(f.accumulation)},
-                        {"gpu_tflops", o.gpu_tflops},
-                        {"fraction_of_gpu_tflops", o.mfu},
-                        {"flops_per_s_per_gpu", rate},
-                        {"spec_peak_flops", spec_peak},
-                        {"mfu_of_spec_peak", rate / spec_peak}};
+  j["step_estimate"] = {
+      {"accumulation_steps", o.accumulation}, {"grad_accumulation", fsdp::grad_accumulation_name(f.accumulation)},
+      {"gpu_tflops", o.gpu_tflops},           {"fraction_of_gpu_tflops", o.mfu},
+      {"flops_per_s_per_gpu", rate},          {"spec_peak_flops", spec_peak},
+      {"mfu_of_spec_peak", rate / spec_peak}};
   out += fmt::format("{:<20} {:>12} {:>12} {:>10} {:>11} {:>9} {:>10}  {}\n", "strategy", "device GiB", "activations",
                      "host GiB", "compute ms", "comm ms", "step ms", "fits");
   const StrategyEstimate* best = nullptr;
@@ -497,14 +495,16 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_flag("--offload", o->offload, "CPU offload: sharded state in host memory");
   c.app->add_option("--gpu-memory", o->gpu_memory, "memory per GPU: 80GiB or 80 (GiB), 80GB (10^9 bytes)")
       ->capture_default_str();
-  c.app->add_option("--gpu-tflops", o->gpu_tflops,
-                    "dense bf16 TFLOP/s per GPU that --mfu is a fraction of: a measured GEMM peak (the H100/H200's spec "
-                    "peak, MFU's denominator, is 989)")
+  c.app
+      ->add_option("--gpu-tflops", o->gpu_tflops,
+                   "dense bf16 TFLOP/s per GPU that --mfu is a fraction of: a measured GEMM peak (the H100/H200's spec "
+                   "peak, MFU's denominator, is 989)")
       ->capture_default_str()
       ->check(positive_up_to(1e6, 1e-3));
-  c.app->add_option("--mfu", o->mfu,
-                    "fraction of --gpu-tflops the step reaches; MFU only when --gpu-tflops is the spec peak (0.5 of 790 "
-                    "is 39.9 % MFU of the 989 spec peak)")
+  c.app
+      ->add_option("--mfu", o->mfu,
+                   "fraction of --gpu-tflops the step reaches; MFU only when --gpu-tflops is the spec peak (0.5 of 790 "
+                   "is 39.9 % MFU of the 989 spec peak)")
       ->capture_default_str()
       ->check(positive_up_to(1, 1e-3));
   c.app->add_option("--intra-gbps", o->intra_gbps, "GB/s per GPU inside a node (NVLink bus bandwidth)")

@@ -348,9 +348,11 @@ int run_predict(const PredictOptions& o) {
 
   const train::Prediction p = train::predict_step(config, s);
   // What the inputs were, for an error that refuses the result they gave.
-  const std::string inputs = fmt::format(
-      "{}; --links {}", o.ops_profiles.empty() ? std::string("the built-in rates") : "--ops-profile " + fmt::format("{}", fmt::join(o.ops_profiles, ", ")),
-      o.links);
+  const std::string inputs =
+      fmt::format("{}; --links {}",
+                  o.ops_profiles.empty() ? std::string("the built-in rates")
+                                         : "--ops-profile " + fmt::format("{}", fmt::join(o.ops_profiles, ", ")),
+                  o.links);
   // A step of inf or NaN, or one so long that no token a second is left to print (a profile of 1e300 s a call), is no
   // prediction: the op times or links that made it are no device's.
   if (!std::isfinite(p.step_s) || !(p.step_s > 0) || !std::isfinite(p.tokens_per_s_per_rank) ||
@@ -374,7 +376,8 @@ int run_predict(const PredictOptions& o) {
   }
   if (fraction > 1) {
     if (o.ops_profiles.empty())
-      throw InternalError(fmt::format("predict: {:.1f} % of {} from the built-in {} rates", 100 * fraction, peak_of, rates.name));
+      throw InternalError(
+          fmt::format("predict: {:.1f} % of {} from the built-in {} rates", 100 * fraction, peak_of, rates.name));
     throw ConfigError(fmt::format(
         "--ops-profile {}: the predicted step would run at {:.1f} % of {}: the profile's op times are faster than the "
         "device's {} allows, so it is not this device's profile or it is corrupt",
@@ -412,8 +415,8 @@ int run_predict(const PredictOptions& o) {
   // Host<->device copies (the batch up; with CPU offload the shards up and the gradients down): their own line, so
   // that neither exposed figure counts time its "in all" does not.
   if (p.copy_busy_s > 0 || p.exposed_copy_s > 0)
-    fmt::print("  copies h2d/d2h    {} in all; exposed {} ({:.1f} % of the step)\n", ms(p.copy_busy_s),
-               ms(p.exposed_copy_s), 100 * p.exposed_copy_s / step);
+    fmt::print("  copies h2d/d2h    {} in all; exposed {} ({:.1f} % of the step)\n", ms(p.copy_busy_s), ms(p.exposed_copy_s),
+               100 * p.exposed_copy_s / step);
   fmt::print("  host idle         {} (compute waiting for the host to issue work)\n", ms(p.host_idle_s));
   if (!cpu)
     fmt::print("  peak memory       {:.2f} GiB (shardtrain's device buffers)\n", p.peak_device_bytes / double(1ull << 30));
@@ -480,8 +483,7 @@ int run_predict(const PredictOptions& o) {
                         {"links_preset_for_cpu_ranks", cpu_on_preset}};
     j["op_calls_at_nearest_gemm"] = nearest_gemm;
     for (const train::IdleCause& c : p.idle)
-      j["idle"].push_back(
-          {{"cause", c.what}, {"seconds", c.seconds}, {"communication", c.communication}, {"copy", c.copy}});
+      j["idle"].push_back({{"cause", c.what}, {"seconds", c.seconds}, {"communication", c.communication}, {"copy", c.copy}});
     for (const train::WorkTotal& w : p.compute_by_work) {
       const Priced from = priced_of(w.work);
       j["compute_by_op"].push_back(
