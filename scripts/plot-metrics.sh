@@ -8,7 +8,7 @@ set -euo pipefail
 
 run="${1:?usage: scripts/plot-metrics.sh RUN_DIR}"
 # logging.metrics_file as the run's config.toml records it (relative to RUN_DIR unless absolute); metrics.jsonl by default.
-name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$run/config.toml" 2>/dev/null | head -n1)
+name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$run/config.toml" 2>/dev/null | head -n1) || true
 name=${name:-metrics.jsonl}
 if [[ $name == /* ]]; then metrics="$name"; else metrics="$run/$name"; fi
 [[ -f "$metrics" ]] || { echo "plot-metrics: $metrics not found" >&2; exit 1; }

@@ -385,7 +385,7 @@ st_result_field() {
 # another file was read as having logged no step, and its restarts and requeues were refused as making no progress.
 st_metrics_file() {
   local name
-  name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$1/config.toml" 2>/dev/null | head -n1)
+  name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$1/config.toml" 2>/dev/null | head -n1) || true  # none yet: the default
   name=${name:-metrics.jsonl}
   if [[ $name == /* ]]; then printf '%s\n' "$name"; else printf '%s\n' "$1/$name"; fi
 }

@@ -12,8 +12,8 @@
   every line of metrics.jsonl parses as strict JSON (no NaN), the resumed steps' lines included, and the two
   starts' TensorBoard event files, read with a reader written here from the public TFRecord and protobuf formats,
   hold the same values;
-- scripts/plot-metrics.sh leaves out, and names, a line that is not JSON instead of failing, and draws in a run
-  directory whose name holds a quote."""
+- scripts/plot-metrics.sh leaves out, and names, a line that is not JSON instead of failing, draws in a run
+  directory whose name holds a quote, and reads the file the run's logging.metrics_file names."""
 import glob
 import json
 import os
@@ -239,6 +239,16 @@ if shutil.which("gnuplot"):
           f"plot-metrics.sh with a line that is not JSON: {plot.stderr}")
     bad = len(before.splitlines()) + 1
     check(f"left out 1 line(s) that are not JSON: line(s) {bad}" in plot.stderr, f"plot-metrics.sh names line {bad}: {plot.stderr}")
+    # A run whose logging.metrics_file names another file (its config.toml says which): it looked for metrics.jsonl.
+    named = os.path.join(work, "named")
+    os.makedirs(named)
+    with open(os.path.join(named, "config.toml"), "w") as f:
+        f.write('[logging]\nmetrics_file = "train.jsonl"\n')
+    with open(os.path.join(named, "train.jsonl"), "w") as f:
+        f.write(before)
+    plot = subprocess.run([os.path.join(args.source, "scripts/plot-metrics.sh"), named], capture_output=True, text=True)
+    check(plot.returncode == 0 and os.path.getsize(os.path.join(named, "loss.png")) > 1000,
+          f"plot-metrics.sh reads the run's logging.metrics_file: exit {plot.returncode}: {plot.stderr}")
 else:
     print("gnuplot missing: plot-metrics.sh not checked (scripts/setup.sh installs gnuplot-nox)")
 
