@@ -1,8 +1,11 @@
 // MPI session and communicator handles.
 #include "shardtrain/runtime/session.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -49,11 +52,26 @@ bool MpiSession::active() {
 }
 
 void MpiSession::abort(ExitCode code) {
-  // A singleton has no other rank to end: MPI_Abort would only add Open MPI's MPI_ABORT banner under the error (and at
-  // times an "ORTE_ERROR_LOG: Data unpack would read past end of buffer" line from its help system).
-  if (active() && !g_singleton) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+  const int status = static_cast<int>(code);
+  if (active() && g_singleton) {
+    // A singleton has no other rank to end: MPI_Abort would only add Open MPI's MPI_ABORT banner under the error (and
+    // at times an "ORTE_ERROR_LOG: Data unpack would read past end of buffer" line from its help system). MPI_Finalize
+    // has its daemon remove the session directory (an exit without it left TMPDIR/ompi.HOST.UID/jf.N behind), within
+    // a bound: a thread still inside an MPI call could hold it.
+    try {
+      std::thread([status] {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::fflush(nullptr);
+        std::_Exit(status);
+      }).detach();
+      MPI_Finalize();
+    } catch (const std::system_error&) {  // no thread for the bound: no MPI_Finalize either
+    }
+  } else if (active()) {
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
   std::fflush(nullptr);
-  std::_Exit(static_cast<int>(code));
+  std::_Exit(status);
 }
 
 MpiComm MpiComm::duplicate(MPI_Comm comm) {
