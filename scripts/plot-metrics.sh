@@ -7,10 +7,9 @@
 set -euo pipefail
 
 run="${1:?usage: scripts/plot-metrics.sh RUN_DIR}"
-# logging.metrics_file as the run's config.toml records it (relative to RUN_DIR unless absolute); metrics.jsonl by default.
-name=$(sed -n 's/^metrics_file = "\(.*\)"$/\1/p' "$run/config.toml" 2>/dev/null | head -n1) || true
-name=${name:-metrics.jsonl}
-if [[ $name == /* ]]; then metrics="$name"; else metrics="$run/$name"; fi
+# logging.metrics_file as the run's config.toml records it, metrics.jsonl by default: the job scripts' own lookup.
+source "$(dirname "${BASH_SOURCE[0]}")/../jobs/slurm/lib.sh"
+metrics=$(st_metrics_file "$run")
 [[ -f "$metrics" ]] || { echo "plot-metrics: $metrics not found" >&2; exit 1; }
 command -v gnuplot >/dev/null 2>&1 || { echo "plot-metrics: gnuplot not found (apt-get install gnuplot-nox; scripts/setup.sh installs it)" >&2; exit 1; }
 command -v python3 >/dev/null 2>&1 || { echo "plot-metrics: python3 not found" >&2; exit 1; }

@@ -167,9 +167,9 @@ void TimingDevice::copy(void* dst, const void* src, size_t bytes, StreamRef s) {
   if (bytes == 0) return;
   const bool to_device = is_device_address(dst), from_device = is_device_address(src);
   // A pinned host buffer made here holds no memory either: nothing is written to it or read from it.
-  const bool held = !is_host_address(dst) && !is_host_address(src);
+  const bool real_host = !is_host_address(dst) && !is_host_address(src);
   if (!to_device && !from_device) {
-    if (held) std::memcpy(dst, src, bytes);  // host to host: real bytes, nothing on a stream
+    if (real_host) std::memcpy(dst, src, bytes);  // host to host: real bytes, nothing on a stream
     return;
   }
   // What the device "holds": zeros (losses, norms, flags read back)
@@ -181,17 +181,22 @@ void TimingDevice::copy(void* dst, const void* src, size_t bytes, StreamRef s) {
   enqueue(s, WorkKind::Copy, seconds, costs_.launch_s, fmt::format("{} {} B", what, bytes));
 }
 
-void* TimingDevice::allocate(size_t bytes) {
-  const uintptr_t p = kDeviceBase + next_address_;
-  next_address_ += (bytes + 511) / 256 * 256;  // aligned, with a gap: no two buffers touch
-  if (kDeviceBase + next_address_ >= kDeviceEnd) throw InternalError("timing device: address range exhausted");
+namespace {
+
+// The next address of [base, end) after `used` bytes, `used` moved past `bytes`: aligned, with a gap, so that no two
+// buffers touch; addresses are never reused.
+void* next_address(uintptr_t base, uintptr_t end, uintptr_t& used, size_t bytes, const char* range) {
+  const uintptr_t p = base + used;
+  used += (bytes + 511) / 256 * 256;
+  if (base + used >= end) throw InternalError(fmt::format("timing device: {} address range exhausted", range));
   return reinterpret_cast<void*>(p);
 }
+
+}  // namespace
+
+void* TimingDevice::allocate(size_t bytes) { return next_address(kDeviceBase, kDeviceEnd, next_address_, bytes, "device"); }
 void* TimingDevice::allocate_host(size_t bytes) {
-  const uintptr_t p = kHostBase + next_host_address_;
-  next_host_address_ += (bytes + 511) / 256 * 256;
-  if (kHostBase + next_host_address_ >= kHostEnd) throw InternalError("timing device: host address range exhausted");
-  return reinterpret_cast<void*>(p);
+  return next_address(kHostBase, kHostEnd, next_host_address_, bytes, "host");
 }
 void TimingDevice::release(void*, size_t) {}  // addresses are never reused: a stale pointer cannot alias a new one
 
