@@ -434,20 +434,22 @@ void check_tokenizer_matches(const data::Tokenizer& tokenizer, const std::string
   const auto text = [&r](const char* key) {
     return r.contains(key) && r[key].is_string() ? r[key].get<std::string>() : std::string();
   };
-  std::string want = text("hash"), name = text("name");
+  std::string want = text("hash"), want_encoding = text("encoding_hash"), name = text("name");
   if (want.empty()) {
     // A Hugging Face directory records no hash, only its tokenizer.json: that file is the model's tokenizer.
     const std::string path = text("path");
     std::error_code ec;
     if (path.empty() || !fs::exists(path, ec) || fs::equivalent(path, tokenizer_path, ec)) return;
     try {
-      want = data::Tokenizer::load(path).hash();
+      const auto shipped = data::Tokenizer::load(path);
+      want = shipped.hash();
+      want_encoding = shipped.encoding_hash();
       name = path;
     } catch (const DataError&) {
       return;  // unreadable: nothing to compare with (generation then reads the named one, as asked)
     }
   }
-  if (tokenizer.hash() != want)
+  if (!data::same_tokenizer(tokenizer.hash(), tokenizer.encoding_hash(), want, want_encoding))
     throw DataError(
         fmt::format("{}: tokenizer {} is not the one {} was trained with ({}, {}): its ids would mean other "
                     "text; give that tokenizer, or none (the weights name theirs)",

@@ -66,7 +66,8 @@ std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDa
     *why = fmt::format("{} names no tokenizer file", dataset.path());
     return {};
   }
-  if (!info.tokenizer_hash.empty() && tok->hash() != info.tokenizer_hash)
+  if (!info.tokenizer_hash.empty() &&
+      !data::same_tokenizer(tok->hash(), tok->encoding_hash(), info.tokenizer_hash, info.tokenizer_encoding_hash))
     throw DataError(fmt::format("--tokenizer {}: {} is not the tokenizer of {} ({}, {})", path, tok->hash(), dataset.path(),
                                 info.tokenizer_name, info.tokenizer_hash));
   std::vector<uint32_t> bytes(tok->vocab_size());

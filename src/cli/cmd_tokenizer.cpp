@@ -161,6 +161,7 @@ int run_info(const TokenizerArgs& a) {
                               {"path", tok.path()},
                               {"format", data::tokenizer_format_name(tok.format())},
                               {"hash", tok.hash()},
+                              {"encoding_hash", tok.encoding_hash()},
                               {"vocab_size", tok.vocab_size()},
                               {"eot_id", opt(tok.eot_id())},
                               {"bot_id", opt(tok.bot_id())},

@@ -48,6 +48,7 @@ DatasetInfo dataset_info_for(const Tokenizer& tokenizer) {
   info.tokenizer_name = tokenizer.name();
   info.tokenizer_path = tokenizer.path();
   info.tokenizer_hash = tokenizer.hash();
+  info.tokenizer_encoding_hash = tokenizer.encoding_hash();
   info.tokenizer_format = tokenizer_format_name(tokenizer.format());
   info.vocab_size = static_cast<int64_t>(tokenizer.vocab_size());
   info.eot_id = tokenizer.eot_id();
@@ -193,6 +194,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   hdf5::set_attr(f, "tokenizer_name", info.tokenizer_name);
   hdf5::set_attr(f, "tokenizer_path", info.tokenizer_path);
   hdf5::set_attr(f, "tokenizer_hash", info.tokenizer_hash);
+  if (!info.tokenizer_encoding_hash.empty()) hdf5::set_attr(f, "tokenizer_encoding_hash", info.tokenizer_encoding_hash);
   hdf5::set_attr(f, "tokenizer_format", info.tokenizer_format);
   hdf5::set_attr(f, "vocab_size", info.vocab_size);
   hdf5::set_attr(f, "eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1});
@@ -302,6 +304,7 @@ TokenDataset TokenDataset::open(const std::string& path) {
   info.tokenizer_name = required_string(f, path, "tokenizer_name");
   info.tokenizer_path = hdf5::get_attr_string(f, "tokenizer_path").value_or("");
   info.tokenizer_hash = required_string(f, path, "tokenizer_hash");
+  info.tokenizer_encoding_hash = hdf5::get_attr_string(f, "tokenizer_encoding_hash").value_or("");
   info.tokenizer_format = hdf5::get_attr_string(f, "tokenizer_format").value_or("");
   info.vocab_size = required_int(f, path, "vocab_size");
   if (info.vocab_size < 1)
@@ -473,7 +476,7 @@ std::span<const TokenId> TokenDataset::document(size_t d) const {
 }
 
 void TokenDataset::check_tokenizer(const Tokenizer& tokenizer) const {
-  if (tokenizer.hash() != info_.tokenizer_hash)
+  if (!same_tokenizer(tokenizer.hash(), tokenizer.encoding_hash(), info_.tokenizer_hash, info_.tokenizer_encoding_hash))
     throw DataError(fmt::format("{}: made with tokenizer {} ({}), but {} ({}) was given", path_, info_.tokenizer_name,
                                 info_.tokenizer_hash, tokenizer.name(), tokenizer.hash()));
 }

@@ -104,7 +104,8 @@ MixedSource::MixedSource(std::vector<MixtureComponent> components, DatasetSplit 
   const DatasetInfo& first = components.front().dataset->info();
   for (const auto& c : components) {
     const DatasetInfo& info = c.dataset->info();
-    if (info.tokenizer_hash != first.tokenizer_hash)
+    if (!same_tokenizer(info.tokenizer_hash, info.tokenizer_encoding_hash, first.tokenizer_hash,
+                        first.tokenizer_encoding_hash))
       throw DataError(fmt::format(
           "{}: tokenized with {} ({}), but {} with {} ({}); every source of a mixture must use the same tokenizer",
           c.dataset->path(), info.tokenizer_name, info.tokenizer_hash, components.front().dataset->path(),

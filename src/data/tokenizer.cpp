@@ -4,8 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "shardtrain/runtime/error.hpp"
 #include "tokenizer_model.hpp"
@@ -135,7 +138,64 @@ bool is_cut_place(std::string_view text, size_t at, bool newlines) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::shared_ptr<const detail::TokenizerModel> m) : model_(std::move(m)) {
+namespace {
+
+// What encode and decode read from a model, each part length-prefixed and in a fixed order (the merge table sorted),
+// hashed: equal for two files that spell one tokenizer differently.
+std::string encoding_hash_of(const detail::TokenizerModel& m) {
+  std::string out;
+  const auto num = [&out](uint64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  const auto str = [&](std::string_view s) {
+    num(s.size());
+    out.append(s);
+  };
+  str("shardtrain-tokenizer-encoding-1");
+  num(m.id_to_bytes.size());
+  for (const auto& t : m.id_to_bytes) str(t);
+  std::vector<std::pair<std::string_view, TokenId>> regular(m.bytes_to_id.begin(), m.bytes_to_id.end());
+  std::sort(regular.begin(), regular.end());
+  num(regular.size());
+  for (const auto& [bytes, id] : regular) {
+    str(bytes);
+    num(id);
+  }
+  for (const TokenId id : m.byte_ids) num(id);
+  std::vector<std::array<uint64_t, 3>> merges;
+  merges.reserve(m.merges.size());
+  for (const auto& [key, merge] : m.merges) merges.push_back({key, merge.rank, merge.result});
+  std::sort(merges.begin(), merges.end());
+  num(merges.size());
+  for (const auto& entry : merges)
+    for (const uint64_t v : entry) num(v);
+  for (const bool flag : {m.whole_piece_lookup, m.byte_fallback, m.prepend_space, m.prepend_first_segment_only,
+                          m.prepend_unless_spaced, m.split_at_spaces, m.nfc, m.add_prefix_space})
+    num(flag ? 1 : 0);
+  num(m.split_patterns.size());
+  for (const auto& p : m.split_patterns) str(p);
+  num(m.specials.size());
+  for (const auto& s : m.specials) {
+    str(s.content);
+    num(s.id);
+  }
+  num(m.added.size());
+  for (const auto& a : m.added) {
+    str(a.content);
+    num(a.id);
+    num((a.special ? 1u : 0u) | (a.lstrip ? 2u : 0u) | (a.rstrip ? 4u : 0u) | (a.normalized ? 8u : 0u));
+  }
+  return detail::fnv1a64_hex(out);
+}
+
+}  // namespace
+
+bool same_tokenizer(std::string_view hash_a, std::string_view encoding_a, std::string_view hash_b,
+                    std::string_view encoding_b) {
+  if (hash_a == hash_b) return true;
+  return !encoding_a.empty() && encoding_a == encoding_b;
+}
+
+Tokenizer::Tokenizer(std::shared_ptr<const detail::TokenizerModel> m)
+    : model_(std::move(m)), encoding_hash_(encoding_hash_of(*model_)) {
   const auto& model = *model_;
   // A byte-fallback model that merges across spaces, or one without a split pattern, makes the text one piece.
   if (model.byte_fallback ? !(model.split_at_spaces || model.words_are_exact) : model.splits.empty()) return;
@@ -181,6 +241,7 @@ bool Tokenizer::byte_fallback() const { return model_->byte_fallback; }
 const std::string& Tokenizer::name() const { return model_->name; }
 const std::string& Tokenizer::path() const { return model_->path; }
 const std::string& Tokenizer::hash() const { return model_->hash; }
+const std::string& Tokenizer::encoding_hash() const { return encoding_hash_; }
 TokenizerFormat Tokenizer::format() const { return model_->format; }
 const std::vector<std::string>& Tokenizer::split_patterns() const { return model_->split_patterns; }
 bool Tokenizer::normalizes_nfc() const { return model_->nfc; }

@@ -119,6 +119,7 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
   tokenizer_json_ = nlohmann::json{
       {"name", info.tokenizer_name},
       {"hash", info.tokenizer_hash},
+      {"encoding_hash", info.tokenizer_encoding_hash},
       {"path", info.tokenizer_path},
       {"format", info.tokenizer_format},
       {"vocab_size", info.vocab_size},

@@ -149,19 +149,21 @@ void check_weights_tokenizer(const std::string& weights, const std::string& toke
     return saved.is_object() && saved.contains(key) && saved[key].is_string() ? saved[key].get<std::string>()
                                                                               : std::string();
   };
-  std::string hash = text("hash"), name = text("name");
+  std::string hash = text("hash"), encoding = text("encoding_hash"), name = text("name");
   if (hash.empty() && !text("path").empty()) {
     // A Hugging Face directory records no hash, only the tokenizer.json it ships: that file is the model's tokenizer,
-    // and its hash the identity the dataset records (check_tokenizer_matches does the same for `generate`).
+    // and its hashes the identity the dataset records (check_tokenizer_matches does the same for `generate`).
     try {
-      hash = data::Tokenizer::load(text("path")).hash();
+      const auto shipped = data::Tokenizer::load(text("path"));
+      hash = shipped.hash();
+      encoding = shipped.encoding_hash();
       name = text("path");
     } catch (const DataError& e) {
       unchecked(fmt::format("its tokenizer cannot be read ({})", e.what()));
       return;
     }
   }
-  if (!hash.empty() && hash != current) {
+  if (!hash.empty() && !data::same_tokenizer(hash, encoding, current, dataset.info().tokenizer_encoding_hash)) {
     throw CheckpointError(
         fmt::format("{}: trained with tokenizer {} ({}), but data.path {} was tokenized with {} ({}); "
                     "use a dataset prepared with the checkpoint's tokenizer",

@@ -698,6 +698,67 @@ TEST(PrepareData, InputsThatAreNotFilesOrGivenTwiceAreUsageErrors) {
   EXPECT_FALSE(fs::exists(o.output));
 }
 
+// A tokenizer.json spelled otherwise (what transformers' save_pretrained writes: indentation, key order, merges as
+// pairs) is the tokenizer a dataset was prepared with: its file hash differs, its encoding hash does not. Two ids
+// swapped change the encoding hash; a dataset that records no encoding hash (prepared before 2026-11-29) compares the
+// file's bytes, as it did.
+TEST(PrepareData, ATokenizerSpelledOtherwiseIsTheSameTokenizer) {
+  if (!testing::require_fetched()) return;
+  const auto original_path = testing::fetched_dir() / "tokenizers" / "gpt2-hf" / "tokenizer.json";
+  auto j = nlohmann::json::parse(testing::slurp(original_path));
+  for (auto& m : j["model"]["merges"]) {
+    ASSERT_TRUE(m.is_string());
+    const std::string text = m.get<std::string>();
+    const size_t sp = text.find(' ', 1);
+    m = nlohmann::json::array({text.substr(0, sp), text.substr(sp + 1)});
+  }
+  const auto write = [](const nlohmann::json& doc, const std::string& name) {
+    const auto path = testing::tmp_path(name);
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << doc.dump(2);
+    return path.string();
+  };
+  const std::string resaved_path = write(j, "resaved/tokenizer.json");
+  auto& vocab = j["model"]["vocab"];
+  const TokenId the = vocab["the"], and_ = vocab["and"];
+  vocab["the"] = and_;
+  vocab["and"] = the;
+  const std::string swapped_path = write(j, "swapped/tokenizer.json");
+
+  const Tokenizer original = Tokenizer::load(original_path.string()), resaved = Tokenizer::load(resaved_path),
+                  swapped = Tokenizer::load(swapped_path);
+  EXPECT_NE(original.hash(), resaved.hash());
+  EXPECT_EQ(original.encoding_hash(), resaved.encoding_hash());
+  EXPECT_EQ(original.encoding_hash().rfind("fnv1a64:", 0), 0u) << original.encoding_hash();
+  EXPECT_NE(original.encoding_hash(), swapped.encoding_hash());
+  const std::string text = testing::slurp(testing::fetched_dir() / "corpus" / "moby-dick" / "chapter_1.txt").substr(0, 4000);
+  EXPECT_EQ(original.encode(text), resaved.encode(text));  // the premise: the same ids
+
+  PrepareOptions o;
+  o.tokenizer = original_path.string();
+  o.inputs = {(testing::fetched_dir() / "corpus" / "moby-dick" / "chapter_1.txt").string()};
+  o.output = testing::tmp_path("identity.h5").string();
+  o.progress = ProgressStyle::Off;
+  prepare_dataset(o);
+  const auto ds = TokenDataset::open(o.output);
+  EXPECT_EQ(ds.info().tokenizer_encoding_hash, original.encoding_hash());
+  ds.check_tokenizer(original);
+  ds.check_tokenizer(resaved);
+  const std::string msg = testing::data_error_of([&] { ds.check_tokenizer(swapped); });
+  EXPECT_NE(msg.find(o.output + ": made with tokenizer"), std::string::npos) << msg;
+
+  // A dataset of before the encoding hash: the file's bytes, as before.
+  DatasetInfo old = dataset_info_for(original);
+  old.tokenizer_encoding_hash.clear();
+  const std::string old_path = testing::tmp_path("identity-old.h5").string();
+  write_dataset(old_path, ds.tokens(), std::vector<int64_t>{0, static_cast<int64_t>(ds.num_tokens())}, old);
+  const auto old_ds = TokenDataset::open(old_path);
+  EXPECT_EQ(old_ds.info().tokenizer_encoding_hash, "");
+  old_ds.check_tokenizer(original);
+  const std::string old_msg = testing::data_error_of([&] { old_ds.check_tokenizer(resaved); });
+  EXPECT_NE(old_msg.find("made with tokenizer"), std::string::npos) << old_msg;
+}
+
 TEST(PrepareData, ValidationChoice) {
   EXPECT_EQ(choose_validation_documents(1000, 0.01, 3).size(), 10u);
   EXPECT_EQ(choose_validation_documents(10, 0.01, 3).size(), 1u);

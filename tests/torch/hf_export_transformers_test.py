@@ -10,7 +10,9 @@ LlamaForCausalLM.from_pretrained on the directory `shardtrain consolidate --form
   vocab.json + merges.txt, GPT2Tokenizer).
 - Greedy decoding: transformers' generate (no sampling, stopping at that token) writes the same text as
   `shardtrain generate --temperature 0` from the export, and from the sharded checkpoint itself; for the
-  bf16 export too (both sides compute in f32 on the same rounded weights)."""
+  bf16 export too (both sides compute in f32 on the same rounded weights).
+- The dataset's tokenizer.json saved again by transformers (other bytes, the same ids) is taken by evaluate and
+  generate as the dataset's and the checkpoint's tokenizer; with two ids swapped it is refused (exit 4)."""
 import json
 import os
 import subprocess
@@ -121,6 +123,43 @@ for dtype, hf in exports.items():
           f"{theirs['tokens']}: {diff:.1e} relative")
     check(ours["tokens"] == theirs["tokens"] and diff < 1e-5,
           f"evaluate {dtype}: shardtrain {ours['loss']!r} ({ours['tokens']} tokens) vs transformers {theirs['loss']!r} ({theirs['tokens']})")
+
+# The dataset's tokenizer.json as transformers saves it again (other indentation and key order, merges as pairs): the
+# same tokenizer, so evaluate and generate take it for the dataset's and the checkpoint's (its file hash differs, its
+# encoding hash does not); the same file with two ids swapped is refused by both.
+resaved = os.path.join(work, "resaved")
+size = env.side("resave-tokenizer", tok, resaved)["bytes"]
+resaved_json = os.path.join(resaved, "tokenizer.json")
+mine, theirs = (json.loads(run(st, "tokenizer", "info", "-t", p).stdout) for p in (tok, resaved_json))
+print(f"re-saved by transformers: {os.path.getsize(tok)} -> {size} bytes; hash {mine['hash']} -> {theirs['hash']}, "
+      f"encoding hash {mine['encoding_hash']} -> {theirs['encoding_hash']}")
+check(open(tok, "rb").read() != open(resaved_json, "rb").read() and mine["hash"] != theirs["hash"],
+      "transformers wrote the tokenizer back byte for byte: this check proves nothing")
+check(mine["encoding_hash"] == theirs["encoding_hash"], f"encoding hashes differ: {mine} vs {theirs}")
+swapped_json = os.path.join(work, "swapped", "tokenizer.json")
+os.makedirs(os.path.dirname(swapped_json), exist_ok=True)
+doc = json.load(open(resaved_json))
+vocab = doc["model"]["vocab"]
+a, b = sorted(vocab, key=vocab.get)[300:302]  # two merged tokens (ids 300 and 301), their ids swapped
+vocab[a], vocab[b] = vocab[b], vocab[a]
+json.dump(doc, open(swapped_json, "w"))
+check(json.loads(run(st, "tokenizer", "info", "-t", swapped_json).stdout)["encoding_hash"] != mine["encoding_hash"],
+      "two ids swapped keep the encoding hash")
+for name, path, ok in (("re-saved", resaved_json, True), ("ids swapped", swapped_json, False)):
+    out = os.path.join(work, f"eval-{name.replace(' ', '-')}.json")
+    p = subprocess.run([st, "evaluate", "--weights", ckpts, "--tokenizer", path, "--data.path", ds, "--data.seq_len", "64",
+                        "--data.global_batch_size", "2", "--json", out, "--log-level", "warn"], cwd=args.source,
+                       capture_output=True, text=True, timeout=300)
+    g = subprocess.run([st, "generate", "--checkpoint", ckpts, "--tokenizer", path, "--prompt", prompts[0], "--max-tokens", "5",
+                        "--temperature", "0", "--log-level", "warn"], cwd=args.source, capture_output=True, text=True, timeout=300)
+    print(f"{name} tokenizer: evaluate exit {p.returncode}, generate exit {g.returncode}")
+    if ok:
+        check(p.returncode == 0 and os.path.exists(out), f"evaluate with the {name} tokenizer: exit {p.returncode}: {p.stderr[-800:]}")
+        check(g.returncode == 0, f"generate with the {name} tokenizer: exit {g.returncode}: {g.stderr[-800:]}")
+    else:
+        check(p.returncode == 4 and "is not the tokenizer of" in p.stderr,
+              f"evaluate with the {name} tokenizer: exit {p.returncode}: {p.stderr[-800:]}")
+        check(g.returncode == 4 and "is not the one" in g.stderr, f"generate with the {name} tokenizer: exit {g.returncode}: {g.stderr[-800:]}")
 
 check.finish("Hugging Face export: AutoTokenizer and LlamaForCausalLM load it; same ids and the same greedy text (f32, bf16); "
              "shardtrain evaluate's loss is transformers' on the same held-out samples")

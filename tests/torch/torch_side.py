@@ -204,6 +204,13 @@ def tokenize(a):
             "decoded": [tokenizer.decode(tokenizer(t, add_special_tokens=False).input_ids) for t in a.texts]}
 
 
+def resave_tokenizer(a):
+    """The tokenizer.json a user gets from transformers after loading one and saving it again."""
+    from transformers import PreTrainedTokenizerFast
+    PreTrainedTokenizerFast(tokenizer_file=a.file).save_pretrained(a.out)
+    return {"bytes": os.path.getsize(os.path.join(a.out, "tokenizer.json"))}
+
+
 def generate(a):
     from transformers import AutoTokenizer, LlamaForCausalLM
     tokenizer = AutoTokenizer.from_pretrained(a.dir)
@@ -343,6 +350,9 @@ def parser():
     t = sub.add_parser("tokenize")
     t.add_argument("dir")
     t.add_argument("texts", nargs="+")
+    v = sub.add_parser("resave-tokenizer")
+    v.add_argument("file")
+    v.add_argument("out")
     g = sub.add_parser("generate")
     g.add_argument("dir")
     g.add_argument("--prompt", required=True)
@@ -364,6 +374,7 @@ def parser():
 
 
 VERBS = {"save": save, "same-weights": same_weights, "seed-loop": seed_loop, "tokenize": tokenize, "generate": generate,
+         "resave-tokenizer": resave_tokenizer,
          "fsdp-config": fsdp_config, "hf-schedules": hf_schedules, "evaluate": evaluate}
 
 

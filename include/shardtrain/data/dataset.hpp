@@ -8,6 +8,7 @@
 //   /split/train       int64  [Dt]    ascending document indices
 //   /split/validation  int64  [Dv]    ascending document indices; train and validation partition [0, D)
 //   attributes on /: format, format_version, tokenizer_name, tokenizer_path, tokenizer_hash, tokenizer_format,
+//     tokenizer_encoding_hash (since 2026-11-29: Tokenizer::encoding_hash, what a re-saved tokenizer.json keeps),
 //     vocab_size, eot_id, bot_id, pad_id (-1: none), special_tokens (JSON), sources (JSON), num_documents,
 //     num_tokens, validation_fraction_ppm, split_seed, checksum_block_tokens (format 2)
 //   metadata_checksums on every object: a checksum of each attribute, layout and link (runtime/hdf5_checksum.hpp),
@@ -37,6 +38,7 @@ inline constexpr int64_t kChecksumBlockTokens = 1 << 20;  // tokens per checksum
 
 struct DatasetInfo {
   std::string tokenizer_name, tokenizer_path, tokenizer_hash, tokenizer_format;
+  std::string tokenizer_encoding_hash;  // Tokenizer::encoding_hash(); empty in a file prepared before it was recorded
   int64_t vocab_size = 0;
   std::optional<TokenId> eot_id, bot_id, pad_id;
   std::string special_tokens_json = "{}";  // {"<|endoftext|>": 50256, ...}

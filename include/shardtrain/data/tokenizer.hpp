@@ -74,6 +74,11 @@ class Tokenizer {
   const std::string& name() const;  // "r50k_base", "llama3/tokenizer.json", ...
   const std::string& path() const;
   const std::string& hash() const;  // "fnv1a64:<16 hex>" of the file contents: the identity datasets record
+  // "fnv1a64:<16 hex>" of what encode and decode do, not of how the file spells it: the tokens and their ids, the
+  // merges and their ranks, the split patterns, the special and added tokens with their flags, the normalization. The
+  // same tokenizer.json re-saved by transformers (other indentation and key order, merges as pairs) keeps it; any
+  // change to an id does not. Datasets and checkpoints record it beside hash(); same_tokenizer() takes either.
+  const std::string& encoding_hash() const;
   TokenizerFormat format() const;
   const std::vector<std::string>& split_patterns() const;  // regexes applied in order
   bool normalizes_nfc() const;
@@ -87,6 +92,7 @@ class Tokenizer {
   explicit Tokenizer(std::shared_ptr<const detail::TokenizerModel> m);
   std::shared_ptr<const detail::TokenizerModel> model_;
   bool cuts_are_exact_ = false;  // last_safe_cut's places keep the tokens (checked on probes at load)
+  std::string encoding_hash_;
   friend class Encoder;
 };
 
@@ -111,6 +117,11 @@ class Encoder {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// Whether two recorded identities name one tokenizer: the same file (hash), or files that encode alike (encoding
+// hash; empty where a record predates it, which then compares by file alone).
+bool same_tokenizer(std::string_view hash_a, std::string_view encoding_a, std::string_view hash_b,
+                    std::string_view encoding_b);
 
 // Well-known split patterns (tiktoken's and Llama 3's), for the trainer and the docs.
 std::string_view gpt2_split_pattern();
