@@ -27,6 +27,10 @@ ModuleClass parse_module_class(std::string_view name) {
                         ModuleClass::LlamaMLP, ModuleClass::RMSNorm, ModuleClass::Linear}) {
     if (name == module_class_name(c)) return c;
   }
+  // transformers' own names of the same modules: its norm's class, and the attention classes of its releases before
+  // 4.48 (one per kernel). A config written for LlamaForCausalLM names them; "not a Llama module class" dropped them.
+  if (name == "LlamaRMSNorm") return ModuleClass::RMSNorm;
+  if (name == "LlamaSdpaAttention" || name == "LlamaFlashAttention2") return ModuleClass::LlamaAttention;
   throw ConfigError(
       fmt::format("module class '{}' is not one of Embedding, LlamaDecoderLayer, LlamaAttention, "
                   "LlamaMLP, RMSNorm, Linear",
@@ -115,6 +119,14 @@ ModelSpec::ModelSpec(const LlamaConfig& config) : config_(config) {
   if (c.tie_word_embeddings) {
     lm_head_param_ = embed_param_;
     modules_[static_cast<size_t>(lm_head_module_)].uses.push_back(embed_param_);
+    // The shared matrix is the lm_head's too. Under reset_parameters PyTorch initializes it last, as the Linear
+    // (U(+-1/sqrt(D))): the embedding's N(0, 1) made each token's logit about D for itself, a first loss of 63
+    // for ln(V) = 6.2 at D = 64 and 249 at D = 256, trained from there without a word.
+    if (!scaled) {
+      ParamInfo& shared = params_[static_cast<size_t>(embed_param_)];
+      shared.init = InitKind::Uniform;
+      shared.init_scale = 1.0 / std::sqrt(static_cast<double>(d));
+    }
   } else {
     lm_head_param_ = linear(lm_head_module_, "lm_head.weight", c.vocab_size, d, false);
   }

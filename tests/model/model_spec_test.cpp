@@ -1,6 +1,8 @@
 // The parameter registry and module tree: Hugging Face names, shapes, classes, order, validation.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "model_test_util.hpp"
 #include "shardtrain/model/spec.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -61,6 +63,10 @@ TEST(ModelSpec, ModuleTreeForWrapPolicies) {
   EXPECT_EQ(spec.module(spec.embed_module()).cls, ModuleClass::Embedding);
   EXPECT_EQ(spec.module(spec.lm_head_module()).uses, std::vector<int>{spec.lm_head_param()});
   EXPECT_EQ(parse_module_class("LlamaDecoderLayer"), ModuleClass::LlamaDecoderLayer);
+  // transformers' class names of the same modules (a config for LlamaForCausalLM names them)
+  EXPECT_EQ(parse_module_class("LlamaRMSNorm"), ModuleClass::RMSNorm);
+  EXPECT_EQ(parse_module_class("LlamaSdpaAttention"), ModuleClass::LlamaAttention);
+  EXPECT_EQ(parse_module_class("LlamaFlashAttention2"), ModuleClass::LlamaAttention);
   EXPECT_THROW(parse_module_class("Llama"), ConfigError);
 }
 
@@ -74,6 +80,12 @@ TEST(ModelSpec, TiedEmbeddingsRegisterOnce) {
   EXPECT_TRUE(head.params.empty());
   EXPECT_EQ(head.uses, std::vector<int>{spec.embed_param()});
   EXPECT_EQ(head.subtree_numel, 0);
+  // reset_parameters: the shared matrix takes the lm_head's Linear init (PyTorch's last), not the embedding's N(0, 1).
+  const ParamInfo& shared = spec.param(spec.embed_param());
+  EXPECT_EQ(shared.init, InitKind::Uniform);
+  EXPECT_DOUBLE_EQ(shared.init_scale, 1.0 / std::sqrt(static_cast<double>(c.hidden_size)));
+  c.init_scheme = InitScheme::Scaled;
+  EXPECT_EQ(ModelSpec(c).param(ModelSpec(c).embed_param()).init, InitKind::Normal);
 }
 
 TEST(ModelSpec, ValidationNamesTheField) {
