@@ -96,6 +96,9 @@ int64_t check_run_length(const TrainConfig& c, const std::vector<data::MixtureCo
         "optim.rollback_skip_steps: {} global batches to skip after a rollback, more than this run's {} steps and an "
         "epoch's {} global batches; expected at most {}",
         c.optim.rollback_skip_steps, total, per_epoch, most));
+  // The schedule over that length (a warmup as long as a run that epochs or max_tokens ends): the trainer builds
+  // it after the run directory is made, and `check` builds none; here both refuse it before anything is made.
+  optim::LrSchedule(c.schedule.lr, c.optim.adamw.lr, total);
   return total;
 }
 

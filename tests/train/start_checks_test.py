@@ -13,7 +13,8 @@ real corpus, each run a second or two):
 - a micro-batch x world past 2^31 (SIGFPE in train and check) and a batch no machine holds (std::bad_alloc): exit 3
   naming data.micro_batch_size;
 - a run length whose tokens pass int64 (negative counts, `check: ok`): exit 3 naming the key, in check and train,
-  leaving no run directory; mixture weights summing to inf: exit 3;
+  leaving no run directory; a warmup as long as a run that epochs or max_tokens end, the same; mixture weights
+  summing to inf: exit 3;
 - a run directory that is a file: exit 8 naming logging.run_dir; a divergence says "training diverged" once."""
 import json
 import os
@@ -175,6 +176,16 @@ for key, value in (("schedule.max_tokens", "9223372036854775807"), ("schedule.ep
     rc, out, err = train("--schedule.max_steps", "0", f"--{key}", value, "--logging.runs_root", os.path.join(work, "runs6"))
     check(rc == 3 and f"configuration error: {key}: {value}" in err and not os.path.exists(os.path.join(work, "runs6")),
           f"train {key} {value}: exit {rc}: {err[-1500:]}")
+# A warmup as long as the run that epochs or max_tokens end (max_steps 0): check said ok, and train refused it after
+# making the run directory (config.toml, a lock and a failure record left in it).
+for key, value in (("schedule.epochs", "1"), ("schedule.max_tokens", "40000")):
+    rc, out, err = run(["check", *options("--schedule.max_steps", "0", f"--{key}", value, "--schedule.warmup_steps", "100000")])
+    check(rc == 3 and "schedule.warmup_steps: 100000 warmup steps leave no decay in a run of" in out and "check: ok" not in out,
+          f"check {key} {value} with a longer warmup: exit {rc}: {out[-1500:]}")
+    rc, out, err = train("--schedule.max_steps", "0", f"--{key}", value, "--schedule.warmup_steps", "100000",
+                         "--logging.runs_root", os.path.join(work, "runs6w"))
+    check(rc == 3 and "schedule.warmup_steps: 100000 warmup steps leave no decay in a run of" in err
+          and not os.path.exists(os.path.join(work, "runs6w")), f"train {key} {value} with a longer warmup: exit {rc}: {err[-1500:]}")
 ds2 = os.path.join(work, "copy.h5")
 open(ds2, "wb").write(open(ds, "rb").read())
 rc, out, err = train("--data.mixture", f"{ds}:1e308,{ds2}:1e308", "--logging.run_dir", os.path.join(work, "mix"))

@@ -24,8 +24,9 @@ int64_t planned_steps(const TrainConfig& c, int64_t steps_per_epoch);
 // Global batches in an epoch of the sources' train split (drop_last), without building the loader: DataError
 // when there is not even one.
 int64_t global_batches_per_epoch(const TrainConfig& c, const std::vector<data::MixtureComponent>& sources);
-// Before anything is built (train, check): the run's length (planned_steps) and optim.rollback_skip_steps, at most
-// the larger of that length and an epoch (a rollback seeks that far: ConfigError past it). Returns the length.
+// Before anything is built (train, check): the run's length (planned_steps), the LR schedule over it (a warmup that
+// fills it: ConfigError) and optim.rollback_skip_steps, at most the larger of that length and an epoch (a rollback
+// seeks that far: ConfigError past it). Returns the length.
 int64_t check_run_length(const TrainConfig& c, const std::vector<data::MixtureComponent>& sources);
 
 // Where the run's checkpoints go: checkpoint.dir, or <run_dir>/checkpoints when it is empty.
