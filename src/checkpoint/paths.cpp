@@ -274,10 +274,10 @@ uint64_t available_bytes(const std::string& dir) {
   return static_cast<uint64_t>(s.available);
 }
 
-uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType type, int files) {
+uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType /*both kinds hold the same*/, int files) {
   constexpr uint64_t kPerFile = 64 << 10;  // HDF5's own per file: superblock, groups, attributes (about 30 KiB seen)
   const auto numel = static_cast<uint64_t>(spec.num_params());
-  const uint64_t tensors = numel * 4 * (type == StateDictType::Sharded ? 3 : 1);
+  const uint64_t tensors = numel * 4 * 3;  // the parameters and AdamW's two moments, sharded or full
   return tensors + tensors / 100 + kPerFile * static_cast<uint64_t>(files + 1);  // + the index
 }
 

@@ -14,6 +14,9 @@ namespace shardtrain::checkpoint {
 inline constexpr const char* kDoneFile = "DONE";
 inline constexpr const char* kIndexFile = "index.h5";
 inline constexpr const char* kFullFile = "model.h5";
+// In a full checkpoint's model.h5 saved since 2026-11-29: AdamW's moments, /optimizer/exp_avg/NAME and
+// /optimizer/exp_avg_sq/NAME beside each parameter NAME (one saved before holds the parameters alone).
+inline constexpr const char* kFullOptimizerGroup = "optimizer";
 std::string rank_file_name(int shard_rank);  // "rank_00003.h5"
 
 std::optional<int64_t> parse_step_dir(const std::string& name);

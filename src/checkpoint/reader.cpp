@@ -217,8 +217,13 @@ CheckpointReader::CheckpointReader(const std::string& dir) : path_(dir) {
                               "step {}; the checkpoint cannot be trusted: use an older one",
                               hdf5::get_attr_string(f, "save_id").value_or("none recorded"), kIndexFile, *save_id, step_));
     if (type_ == StateDictType::Full) {
+      full_optimizer_ = hdf5::exists(f, kFullOptimizerGroup);
       for (const TensorInfo& t : tensors_) {
         if (!hdf5::exists(f, t.name)) fail(where, fmt::format("tensor '{}' is missing", t.name));
+        if (full_optimizer_)
+          for (const char* kind : {"exp_avg", "exp_avg_sq"})
+            if (!hdf5::exists(f, fmt::format("{}/{}/{}", kFullOptimizerGroup, kind, t.name)))
+              fail(where, fmt::format("AdamW's {} of '{}' is missing (its other moments are there)", kind, t.name));
         pieces_[t.name].push_back({static_cast<int>(fi), t.name, 0, 0, t.numel});
       }
       continue;
@@ -287,11 +292,15 @@ void CheckpointReader::read(const std::string& name, const std::string& kind, in
   const int64_t end = begin + static_cast<int64_t>(out.size());
   if (begin < 0 || end > t.numel)
     fail(path_, fmt::format("'{}' has {} elements, [{}, {}) was asked", name, t.numel, begin, end));
-  if (kind != "param" && type_ == StateDictType::Full) fail(path_, fmt::format("a full state dict holds no '{}'", kind));
+  if (kind != "param" && !has_optimizer())
+    fail(path_, fmt::format("a full state dict saved before 2026-11-29 holds no '{}'", kind));
   for (const Piece& p : pieces_.at(name)) {
     const int64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
     if (b >= e) continue;
-    const std::string dataset = type_ == StateDictType::Full ? p.group : p.group + "/" + kind;
+    // A rank file's unit group; in model.h5, the parameter by its name and its moments under optimizer/.
+    std::string dataset = p.group + "/" + kind;
+    if (type_ == StateDictType::Full)
+      dataset = kind == "param" ? p.group : fmt::format("{}/{}/{}", kFullOptimizerGroup, kind, p.group);
     try {
       hdf5::read_f32_range(file(p.file), dataset, static_cast<size_t>(p.file_offset + (b - p.begin)),
                            out.subspan(static_cast<size_t>(b - begin), static_cast<size_t>(e - b)));
@@ -305,9 +314,8 @@ void CheckpointReader::read(const std::string& name, const std::string& kind, in
 
 int64_t CheckpointReader::verify_checksums() {
   int64_t verified = 0;
-  const std::vector<std::string> kinds = type_ == StateDictType::Full
-                                             ? std::vector<std::string>{"param"}
-                                             : std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"};
+  const std::vector<std::string> kinds =
+      has_optimizer() ? std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"} : std::vector<std::string>{"param"};
   for (const TensorInfo& t : tensors_) {
     std::vector<float> buf(static_cast<size_t>(t.numel));
     for (const std::string& k : kinds) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <thread>
 #include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -474,7 +475,8 @@ std::string AsyncSave::wait() {
   return poll();
 }
 
-std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, Retention retention) {
+std::string save_full(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
+                      Retention retention) {
   const SaveScope scope = begin_save(engine, dir, meta.step, StateDictType::Full, retention);
   if (scope.skip) return scope.final_dir;
   const DeviceMesh& mesh = engine.mesh();
@@ -491,34 +493,56 @@ std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const Sa
     }
   };
   hdf5::Handle f;
+  std::map<std::string, hdf5::Handle> moments;  // kFullOptimizerGroup/exp_avg and /exp_avg_sq
   writing([&] {
     f = hdf5::create_file(path);
     hdf5::set_attr(f, "save_id", save_id_of(scope.tmp));
+    const hdf5::Handle optimizer = hdf5::create_group(f, kFullOptimizerGroup);
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) moments[kind] = hdf5::create_group(optimizer, kind);
   });
+  // The AdamW shard of each unit (a unit without parameters has none).
+  std::map<int, size_t> shard_of;
+  for (size_t i = 0; i < engine.shards().size(); ++i) shard_of[engine.shards()[i].unit] = i;
   // Unit by unit: the first replica's shard group gathers one unit (every member takes part, nobody
-  // idles in a long wait), rank 0 writes its parameters, and the buffer is dropped before the next.
+  // idles in a long wait), rank 0 writes its parameters and AdamW's moments of them (the seed's full state dict holds
+  // the optimizer's too: a resume from it continues the run), and the buffers are dropped before the next unit's.
   if (mesh.coord().replicate == 0) {
     for (size_t u = 0; u < engine.units().size(); ++u) {
-      const std::vector<float> full = engine.gather_unit(static_cast<int>(u));
-      writing([&] {
-        for (const fsdp::FlatEntry& e : engine.layout(static_cast<int>(u)).entries) {
-          const model::ParamInfo& p = spec.param(e.param);
-          const auto first = full.begin() + e.offset;
-          hdf5::write_f32(f, p.name, std::span<const float>(&*first, static_cast<size_t>(e.numel)),
-                          checksummed(static_cast<size_t>(e.numel)));
-          hdf5::set_attr(f, "shape", nlohmann::json(p.shape).dump(), p.name);
-        }
-      });
+      const int unit = static_cast<int>(u);
+      const auto write_unit = [&](const hdf5::Handle& where, const std::vector<float>& full, bool with_shape) {
+        writing([&] {
+          for (const fsdp::FlatEntry& e : engine.layout(unit).entries) {
+            const model::ParamInfo& p = spec.param(e.param);
+            const auto first = full.begin() + e.offset;
+            hdf5::write_f32(where, p.name, std::span<const float>(&*first, static_cast<size_t>(e.numel)),
+                            checksummed(static_cast<size_t>(e.numel)));
+            if (with_shape) hdf5::set_attr(where, "shape", nlohmann::json(p.shape).dump(), p.name);
+          }
+        });
+      };
+      write_unit(f, engine.gather_unit(unit), true);
+      if (engine.layout(unit).entries.empty()) continue;
+      const size_t i = shard_of.at(unit);
+      std::vector<float> local(static_cast<size_t>(adamw.numel(i)));
+      for (const auto& [kind, state] :
+           {std::pair{"exp_avg", optim::OptimState::ExpAvg}, std::pair{"exp_avg_sq", optim::OptimState::ExpAvgSq}}) {
+        adamw.read_state(i, state, local);
+        write_unit(moments[kind], engine.gather_unit_values(unit, local), false);
+      }
     }
   }
   writing([&] {
+    moments.clear();
     hdf5::record_metadata_checksums(f);
     f.close();
     fsync_path(path);
   });
   if (!error.empty()) error = with_reason(error, errno, dir);
-  if (scope.rank == 0) f = hdf5::Handle();  // a failed file is closed before its directory goes
-  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, 0, dir, retention, error);
+  if (scope.rank == 0) {  // a failed file is closed before its directory goes
+    moments.clear();
+    f = hdf5::Handle();
+  }
+  finish_save(scope, engine, StateDictType::Full, meta, {kFullFile}, adamw.steps(), dir, retention, error);
   return scope.final_dir;
 }
 

@@ -729,11 +729,24 @@ void FsdpEngine::gather_ahead() {
 std::vector<float> FsdpEngine::gather_unit(int unit) {
   Unit& u = *units_.at(static_cast<size_t>(unit));
   if (pending_writes_) pending_writes_->wait_shard(unit);
+  return gather_flat(u, u.master.data());
+}
+
+std::vector<float> FsdpEngine::gather_unit_values(int unit, std::span<const float> local) {
+  Unit& u = *units_.at(static_cast<size_t>(unit));
+  if (static_cast<int64_t>(local.size()) != u.shard())
+    throw InternalError(
+        fmt::format("gather_unit_values: unit {} has shards of {} elements, {} given", unit, u.shard(), local.size()));
+  return gather_flat(u, local.data());
+}
+
+// The unit's whole flat buffer from each shard rank's `local` shard (device or host memory).
+std::vector<float> FsdpEngine::gather_flat(Unit& u, const void* local) {
   const int64_t N = u.layout.padded_numel, n = u.shard();
   std::vector<float> out(static_cast<size_t>(N));
   FlatBuffer full(ops_->device(), Placement::Compute, static_cast<size_t>(N) * 4, ledger_, MemoryCategory::CommBuffers);
   float* slice = static_cast<float*>(full.data()) + mesh_->coord().shard * n;
-  copy_async(slice, u.master.data(), static_cast<size_t>(n) * 4, {});
+  copy_async(slice, local, static_cast<size_t>(n) * 4, {});
   if (mesh_->shard_size() > 1) comms_->shard().all_gather(slice, full.data(), static_cast<size_t>(n), DType::F32);
   copy_async(out.data(), full.data(), out.size() * 4, {});
   stream_synchronize({});

@@ -270,7 +270,7 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   const std::string optimizer = r.optimizer_loaded ? resume_optimizer_change(reader, trainer.config()) : std::string();
   for (const std::string& said : {schedule, optimizer})
     if (!said.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", said);
-  if (!r.optimizer_loaded) {  // a full checkpoint: fresh moments, also after a damaged one was partly loaded
+  if (!r.optimizer_loaded) {  // a full checkpoint saved before 2026-11-29: fresh moments, also after a damaged one
     optim::AdamW& adamw = trainer.optimizer();
     for (size_t i = 0; i < adamw.num_shards(); ++i) {
       const std::vector<float> zeros(static_cast<size_t>(adamw.numel(i)), 0.0f);
@@ -486,18 +486,10 @@ void CheckpointHooks::save(Trainer& trainer, SaveCause cause) {
   ST_CHECK_MPI(MPI_Bcast(&existed, 1, MPI_INT, 0, trainer.runtime().world()));
   const std::string path =
       c.state_dict_type == StateDictType::Full
-          ? checkpoint::save_full(trainer.engine(), dir_, meta, {c.keep_last, c.keep_every})
+          ? checkpoint::save_full(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every})
           : checkpoint::save_sharded(trainer.engine(), trainer.optimizer(), dir_, meta, {c.keep_last, c.keep_every});
   last_saved_step_ = s.step;
   if (!existed) published(path);
-  // A stop's checkpoint that the run resumes from holds the model alone: said where the user reads why the job stopped,
-  // not only at the resume (its steps then differ from an uninterrupted run's without a word at the stop).
-  if (cause == SaveCause::Requested && c.state_dict_type == StateDictType::Full &&
-      trainer.runtime().topology().world_rank == 0)
-    log::warn(
-        "checkpoint: {} is a FULL_STATE_DICT (checkpoint.state_dict_type): the model alone, so the resume from it restarts "
-        "AdamW's moments and its steps differ from an uninterrupted run's; SHARDED_STATE_DICT keeps the optimizer",
-        path);
 }
 
 void CheckpointHooks::save_async(Trainer& trainer) {

@@ -6,6 +6,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -240,7 +241,7 @@ TEST(Checkpoint, ConsolidateEqualsFullStateDictEqualsGathered) {
   o.after_step = [&](int step, fsdp::FsdpEngine& e, optim::AdamW& a) {
     if (step != 1) return;
     checkpoint::save_sharded(e, a, sharded_dir, meta_for(2), 0);
-    checkpoint::save_full(e, full_dir, meta_for(2), 0);
+    checkpoint::save_full(e, a, full_dir, meta_for(2), 0);
   };
   const RunResult r = run_training(MPI_COMM_WORLD, rpn, o);  // r.params: gathered in memory after step 1
   if (rank == 0) {
@@ -249,6 +250,21 @@ TEST(Checkpoint, ConsolidateEqualsFullStateDictEqualsGathered) {
     const checkpoint::ExportSummary s = checkpoint::consolidate(checkpoint::find_latest(sharded_dir), out, eo);
     checkpoint::CheckpointReader full(checkpoint::find_latest(full_dir));
     EXPECT_EQ(full.type(), checkpoint::StateDictType::Full);
+    // AdamW's moments whole beside the weights (the seed's full state dict holds the optimizer's): the sharded
+    // checkpoint's, element for element, and the same step count.
+    checkpoint::CheckpointReader sharded(checkpoint::find_latest(sharded_dir));
+    EXPECT_TRUE(full.has_optimizer());
+    EXPECT_EQ(full.optimizer_steps(), sharded.optimizer_steps());
+    EXPECT_GT(full.optimizer_steps(), 0);
+    for (const auto& t : sharded.tensors())
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        std::vector<float> a(static_cast<size_t>(t.numel)), b(a.size());
+        sharded.read(t.name, kind, 0, a);
+        full.read(t.name, kind, 0, b);
+        EXPECT_TRUE(bit_equal(a, b)) << t.name << " " << kind;
+        EXPECT_TRUE(std::any_of(b.begin(), b.end(), [](float x) { return x != 0.0f; })) << t.name << " " << kind;
+      }
+    EXPECT_EQ(full.verify_checksums(), sharded.verify_checksums());  // the parameters and both moments
     EXPECT_EQ(s.tensors, static_cast<int64_t>(r.params.size()));
     hdf5::Handle f = hdf5::open_file(out, hdf5::FileMode::ReadOnly);
     const model::ModelSpec spec(tiny_config());

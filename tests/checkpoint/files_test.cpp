@@ -346,11 +346,11 @@ TEST(CheckpointFiles, ImportFromEverySourceInBothModes) {
   {
     RunOptions o;
     o.steps = 0;
-    o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW&) {
+    o.before_first_step = [&](fsdp::FsdpEngine& e, optim::AdamW& a) {
       checkpoint::load(e, nullptr, ckpt);
       checkpoint::SaveMeta m;
       m.step = 2;
-      checkpoint::save_full(e, full_dir, m, 0);
+      checkpoint::save_full(e, a, full_dir, m, 0);
     };
     run_training(MPI_COMM_WORLD, ranks_per_node_from_env(), o);
   }

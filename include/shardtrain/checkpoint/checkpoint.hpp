@@ -67,9 +67,8 @@ struct Retention {
   int64_t keep_every = 0;
 };
 
-// Disk space. What a checkpoint of this model takes, all its files together: the tensors' bytes (sharded:
-// parameters and both AdamW states in fp32; full: the parameters in fp32) plus a margin for HDF5's own and the
-// index. And the bytes an unprivileged writer may still use where `dir` is, or would be created (its nearest
+// Disk space. What a checkpoint of this model takes, all its files together: the tensors' bytes (parameters and
+// both AdamW states in fp32, sharded or full) plus a margin for HDF5's own and the index. And the bytes an unprivileged writer may still use where `dir` is, or would be created (its nearest
 // existing ancestor).
 uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType type, int files);
 uint64_t available_bytes(const std::string& dir);
@@ -88,7 +87,10 @@ inline int checkpoints_at_save(int keep_last) { return keep_last == 1 ? 2 : keep
 // complete checkpoints are as they were.
 std::string save_sharded(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
                          Retention retention);
-std::string save_full(fsdp::FsdpEngine& engine, const std::string& dir, const SaveMeta& meta, Retention retention);
+// A full save: every parameter whole under its name, and AdamW's moments of it (as the seed's full state dict holds
+// the optimizer's state), written by rank 0 unit by unit.
+std::string save_full(fsdp::FsdpEngine& engine, const optim::AdamW& adamw, const std::string& dir, const SaveMeta& meta,
+                      Retention retention);
 
 // A sharded save that does not hold up training (checkpoint.async_save). start() agrees on the step and
 // makes the temporary directory like save_sharded, then copies this rank's shards and AdamW states into

@@ -56,14 +56,15 @@ class CheckpointReader {
   const std::string& trainer_state() const { return trainer_state_; }
   const std::string& config_toml() const { return config_toml_; }
   const std::string& tokenizer() const { return tokenizer_; }
-  bool has_optimizer() const { return type_ == StateDictType::Sharded; }
+  // Sharded checkpoints, and full ones saved since 2026-11-29 (before, a full checkpoint held the model alone).
+  bool has_optimizer() const { return type_ == StateDictType::Sharded || full_optimizer_; }
   int64_t optimizer_steps() const { return optimizer_steps_; }
   std::vector<std::string> files() const;  // data files, relative to path()
   std::string mesh_description() const { return mesh_; }
   const MetadataSummary& metadata() const { return metadata_; }
 
   // Elements [begin, begin + out.size()) of a tensor's flattened values; kind is "param", "exp_avg" or
-  // "exp_avg_sq" (the last two only in sharded checkpoints).
+  // "exp_avg_sq" (the last two where has_optimizer()).
   void read(const std::string& name, const std::string& kind, int64_t begin, std::span<float> out);
   // Reads every dataset of every file, so HDF5 verifies each chunk's Fletcher32 checksum (the metadata's were
   // checked on opening).
@@ -78,6 +79,7 @@ class CheckpointReader {
   StateDictType type_ = StateDictType::Sharded;
   int64_t step_ = 0;
   int64_t optimizer_steps_ = 0;
+  bool full_optimizer_ = false;  // a full checkpoint's model.h5 holds AdamW's moments (kFullOptimizerGroup)
   std::string trainer_state_, config_toml_, tokenizer_, mesh_;
   model::LlamaConfig model_config_;
   std::vector<TensorInfo> tensors_;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -149,6 +150,9 @@ class FsdpEngine final : public model::ModuleHooks {
   // The full fp32 parameters of a unit (N elements, padding included), all-gathered over the shard
   // axis from the master shards: for tests, checkpoints and export. Collective over the shard axis.
   std::vector<float> gather_unit(int unit);
+  // The same for any state laid out as the unit's master shard: `local` holds this rank's shard of it (n elements,
+  // host memory; AdamW's moments read with read_state). Collective over the shard axis.
+  std::vector<float> gather_unit_values(int unit, std::span<const float> local);
 
   // Prefetch schedule: the units to all-gather right after `unit` in forward / backward (the seeds'
   // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch). Defaults come from the depths.
@@ -168,6 +172,7 @@ class FsdpEngine final : public model::ModuleHooks {
   struct OffloadStreams;
   void unshard(Unit& u);
   void all_gather_unit(Unit& u, StreamRef stream);
+  std::vector<float> gather_flat(Unit& u, const void* local);
   void wait_gathered(Unit& u);
   void wait_reductions();
   void reshard(Unit& u);
