@@ -7,6 +7,7 @@
 // start and submit.sh before the job is queued (docs/cluster.md, "Preflight").
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -112,7 +113,7 @@ std::string count(double n) {
   return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6) : fmt::format("{:.0f}", n);
 }
 
-int run_check(const CheckOptions& o) {
+int run_check(CheckOptions o) {
   Report report;
   std::vector<std::string> notes;
   std::string source;
@@ -132,9 +133,28 @@ int run_check(const CheckOptions& o) {
                           sharding_strategy_name(c.fsdp.engine.strategy), c.data.seq_len, c.data.global_batch_size));
   });
 
-  // The mesh and batch of the allocation, when it is known; the data checks below count for its world size.
+  // The mesh and batch of the allocation, when it is known; the data checks below count for its world size. Without
+  // --gpus-per-node, the world an Accelerate or Transformers file names (fsdp.num_processes over fsdp.num_machines), as
+  // `plan` and the run take it: 7 processes and a global batch of 12 said "check: ok", and the run refused them.
   int world = 1;
   bool world_ok = false;
+  if (o.gpus_per_node == 0 && c.fsdp.num_processes > 0) {
+    const int nodes = std::max(1, c.fsdp.num_machines);
+    if (c.fsdp.num_processes % nodes == 0) {
+      o.nodes = nodes;
+      o.gpus_per_node = c.fsdp.num_processes / nodes;
+      report.note("world", fmt::format("from fsdp.num_processes {} and fsdp.num_machines {}", c.fsdp.num_processes,
+                                       c.fsdp.num_machines));
+    } else {  // nodes of unequal sizes: the batch over the world, the mesh not (it needs ranks per node)
+      world = c.fsdp.num_processes;
+      report.run("world", Stage::World, [&] {
+        c.validate_for_world(c.fsdp.num_processes, nodes);
+        report.ok("world", fmt::format("{} ranks on {} nodes (fsdp.num_processes, fsdp.num_machines; not as many on each: "
+                                       "the mesh is not checked, give --nodes and --gpus-per-node for it)",
+                                       c.fsdp.num_processes, nodes));
+      });
+    }
+  }
   if (o.gpus_per_node > 0) {
     world = world_size_of(o.nodes, o.gpus_per_node);
     world_ok = report.run("world", Stage::World, [&] {
@@ -149,7 +169,7 @@ int run_check(const CheckOptions& o) {
               o.nodes, o.gpus_per_node, mesh.describe(), c.micro_batch_size_for(world), c.accumulation_steps_for(world),
               c.data.global_batch_size));
     });
-  } else {
+  } else if (world == 1) {
     report.note("world", "not checked (give --nodes and --gpus-per-node for an allocation)");
   }
   // What each GPU will hold, by `shardtrain plan`'s accounting (fsdp::estimate_memory, which the engine's
@@ -364,7 +384,8 @@ int run_check(const CheckOptions& o) {
     report.ok(
         "resume",
         fmt::format("{}: step {}, {} tokens seen, {}{}", path, state.step, count(static_cast<double>(state.tokens_seen)),
-                    reader.has_optimizer() ? "with the AdamW states" : "weights only (a full checkpoint: AdamW starts over)",
+                    reader.has_optimizer() ? "with the AdamW states"
+                                           : "weights only (a full checkpoint saved before 2026-11-29: AdamW starts over)",
                     left));
     if (total_steps > 0 && state.step >= total_steps)
       report.note("resume", fmt::format("the run has taken its {} steps already: it would save nothing new and stop at once "

@@ -473,7 +473,9 @@ Command add_plan_command(CLI::App& parent) {
   c.app->add_option("--strategy", o->strategy, "sharding strategy")->capture_default_str();
   c.app->add_option("--shard-size", o->shard_size, "hybrid: ranks per shard group");
   c.app->add_option("--wrap", o->wrap, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP")->capture_default_str();
-  c.app->add_option("--wrap-cls", o->wrap_cls, "transformer_layer_cls_to_wrap")->capture_default_str();
+  c.app->add_option("--wrap-cls", o->wrap_cls, "transformer_layer_cls_to_wrap (space- or comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
   c.app->add_option("--min-num-params", o->min_num_params, "SIZE_BASED_WRAP threshold")->capture_default_str();
   c.app->add_option("--param-dtype", o->param_dtype, "fp32 or bf16")->check(float_dtype_check())->capture_default_str();
   c.app->add_option("--reduce-dtype", o->reduce_dtype, "fp32 or bf16")->check(float_dtype_check())->capture_default_str();

@@ -92,6 +92,15 @@ check(f"{samples} training samples (packed, seq_len {SEQ}) = {per_epoch} steps p
       f"{40 * GB * SEQ} tokens, {40 / per_epoch:.3g} epochs" in data, f"data line: {data} (expected {samples} samples)")
 check(line(r, "world") == ["world      note: not checked (give --nodes and --gpus-per-node for an allocation)"], f"world: {line(r, 'world')}")
 check(f"{val_samples} samples, 2 evaluation batch(es) of {GB}" in " ".join(line(r, "validation")), f"validation: {line(r, 'validation')}")
+# The world a config names (fsdp.num_processes over fsdp.num_machines, what an Accelerate file gives) is checked as
+# `plan` and the run take it: 7 processes for a batch of 8 said "check: ok", and the run refused it (exit 3).
+r = run_check("--fsdp.num_processes", "7")
+check(r.returncode == 3 and "cannot be split evenly over 7 ranks" in " ".join(line(r, "world")) and "check: ok" not in r.stdout,
+      f"7 processes, a batch of {GB}: exit {r.returncode}: {r.stdout}")
+r = run_check("--fsdp.num_processes", "4", "--fsdp.num_machines", "2", "--fsdp.strategy", "HYBRID_SHARD")
+world = " ".join(line(r, "world"))
+check(r.returncode == 0 and "from fsdp.num_processes 4 and fsdp.num_machines 2" in world and "2 node(s) x 2 ranks" in world,
+      f"4 processes on 2 machines: exit {r.returncode}: {r.stdout}")
 check("off (checkpoint.resume is empty)" in " ".join(line(r, "resume")), f"resume: {line(r, 'resume')}")
 r = run_check("--schedule.max_steps", "0", "--schedule.epochs", "2")
 check(f"the run: {2 * per_epoch} steps" in " ".join(line(r, "data")), f"epochs = 2: {line(r, 'data')}")

@@ -253,4 +253,10 @@ check(j.get("estimate") is True and abs(e.get("mfu_of_spec_peak", 0) - 0.5 * 790
       and e.get("spec_peak_flops") == 989e12 and e.get("fraction_of_gpu_tflops") == 0.5, f"the JSON's estimate: {e}")
 rc, out, err = plan("--help")
 check("39.9 % MFU of the 989 spec peak" in out, f"--mfu's help says what it is a fraction of: {out[-1500:]}")
+# --wrap-cls as train's --fsdp.transformer_layer_cls_to_wrap takes it: a comma-separated list (it was one unknown class
+# "LlamaAttention,LlamaMLP", exit 3), the same plan as the names given one by one.
+comma, spaced = (plan_json("--layers", "2", "--wrap-cls", *names) for names in (["LlamaAttention,LlamaMLP"],
+                                                                               ["LlamaAttention", "LlamaMLP"]))
+check(comma == spaced and len(comma.get("units", [])) == 6, f"--wrap-cls with commas: {comma.get('units')} vs {spaced.get('units')}")
+
 check.finish("all plan CLI checks passed")
