@@ -54,6 +54,17 @@ TEST(ModelGradients, FiniteDifferencesTiedAndCheckpointed) {
   check_model_gradients(c, Checkpointing::PerLayer);
 }
 
+// A model of `c` on the CPU backend, its f32 parameters initialized and bound.
+struct InitializedModel {
+  explicit InitializedModel(const LlamaConfig& c) : ops(ops::make_cpu_ops({2})), model(c, *ops), params(model.spec()) {
+    params.initialize();
+    params.bind(model.binding());
+  }
+  std::unique_ptr<ops::Ops> ops;
+  LlamaModel model;
+  DenseParams params;
+};
+
 // Untied and tied, under each init scheme (a tied embedding under reset_parameters was N(0, 1): loss 63 here).
 TEST(ModelGradients, LossAtInitIsNearLogVocab) {
   for (const bool tied : {false, true})
@@ -64,13 +75,9 @@ TEST(ModelGradients, LossAtInitIsNearLogVocab) {
       c.intermediate_size = 128;
       c.tie_word_embeddings = tied;
       c.init_scheme = scheme;
-      auto ops = ops::make_cpu_ops({2});
-      LlamaModel model(c, *ops);
-      DenseParams params(model.spec());
-      params.initialize();
-      params.bind(model.binding());
+      InitializedModel m(c);
       HostBatch hb = random_batch(2, 32, c.vocab_size, 3);
-      const LossResult r = model.forward(hb.batch());
+      const LossResult r = m.model.forward(hb.batch());
       const std::string what = fmt::format("tied {} scaled {}", tied, scheme == InitScheme::Scaled);
       EXPECT_EQ(r.tokens, 64) << what;
       EXPECT_NEAR(r.mean(), std::log(512.0), 0.05 * std::log(512.0)) << what;
@@ -80,16 +87,12 @@ TEST(ModelGradients, LossAtInitIsNearLogVocab) {
 
 TEST(ModelGradients, GradientsAccumulateAcrossCalls) {
   const LlamaConfig c = tiny_config();
-  auto ops = ops::make_cpu_ops({2});
-  LlamaModel model(c, *ops);
-  DenseParams params(model.spec());
-  params.initialize();
-  params.bind(model.binding());
+  InitializedModel m(c);
   HostBatch hb = random_batch(2, 6, c.vocab_size, 5);
-  const LossResult first = model.forward_backward(hb.batch());
-  const ops::Tensor g = params.flat_grads();
+  const LossResult first = m.model.forward_backward(hb.batch());
+  const ops::Tensor g = m.params.flat_grads();
   const std::vector<float> once(g.as<float>(), g.as<float>() + g.numel());
-  const LossResult second = model.forward_backward(hb.batch());
+  const LossResult second = m.model.forward_backward(hb.batch());
   EXPECT_EQ(first.loss_sum, second.loss_sum);
   for (int64_t i = 0; i < g.numel(); ++i) EXPECT_FLOAT_EQ(g.as<float>()[i], 2 * once[static_cast<size_t>(i)]);
 }
