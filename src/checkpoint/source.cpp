@@ -480,9 +480,10 @@ std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
     fail(path, "not a checkpoint, a directory of checkpoints, or a Hugging Face directory (config.json)");
   }
   if (fs::is_regular_file(path)) {
-    // A FULL_STATE_DICT checkpoint's model.h5 holds the weights alone; what they are (model config, tokenizer, step)
-    // is in the index.h5 beside it. It is what --resume's refusal of a file advises to give init_from, and was refused
-    // here as "not a consolidated shardtrain file": it is read as its checkpoint, DONE and checksums included.
+    // A FULL_STATE_DICT checkpoint's model.h5 holds the weights (and AdamW's moments); what they are (model config,
+    // tokenizer, step) is in the index.h5 beside it. It is what --resume's refusal of a file advises to give init_from,
+    // and was refused here as "not a consolidated shardtrain file": it is read as its checkpoint, DONE and checksums
+    // included.
     fs::path dir = fs::path(path).parent_path();
     if (dir.empty()) dir = ".";
     if (fs::path(path).filename() == kFullFile && fs::exists(dir / kIndexFile)) {
