@@ -14,6 +14,7 @@
 #include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/mixture.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/train/config.hpp"
 
 namespace shardtrain::cli {
@@ -185,7 +186,7 @@ int run_dataset_info(const DatasetInfoOptions& o) {
   if (o.json) {
     nlohmann::ordered_json out = {{"datasets", all}};
     if (!mixture.is_null()) out["mixture"] = mixture;
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out, 2).c_str());
   }
   return 0;
 }

@@ -17,6 +17,7 @@
 #include "../data/thread_pool.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/files.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
@@ -25,7 +26,7 @@
 namespace shardtrain::cli {
 
 void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& what) {
-  write_file_whole(path, j.dump(2) + "\n", what);
+  write_file_whole(path, json_text(j, 2) + "\n", what);
 }
 
 int world_size_of(int64_t nodes, int64_t ranks_per_node) {

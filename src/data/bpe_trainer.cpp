@@ -17,6 +17,7 @@
 
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/topology.hpp"
 #include "thread_pool.hpp"
@@ -249,7 +250,7 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
                 {"vocab", v},
                 {"merges", merges}};
   BpeTrainResult r;
-  r.tokenizer_json = j.dump(1);
+  r.tokenizer_json = json_text(j, 1);
   r.vocab_size = vocab.size();
   r.merges = merges.size();
   r.unique_words = tr.words.size();

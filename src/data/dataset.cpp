@@ -29,6 +29,7 @@
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "tokenizer_model.hpp"
@@ -56,7 +57,7 @@ DatasetInfo dataset_info_for(const Tokenizer& tokenizer) {
   info.pad_id = tokenizer.pad_id();
   nlohmann::json specials = nlohmann::json::object();
   for (const auto& s : tokenizer.special_tokens()) specials[s.content] = s.id;
-  info.special_tokens_json = specials.dump();
+  info.special_tokens_json = json_text(specials);
   return info;
 }
 
@@ -144,6 +145,42 @@ std::span<const TokenId> map_tokens(detail::TokenStorage& st, const std::string&
 
 }  // namespace
 
+namespace {
+
+// The root group's attributes, what a reader believes about the tokens. Stored dense (create_file), as the
+// attribute heap holds any size: `sources` of 1024 C4 shards under a long path, or `special_tokens` of a
+// tokenizer with 3000 reserved tokens, passed the 64 KiB a compact attribute may hold.
+void write_dataset_attributes(const hdf5::Handle& f, const DatasetInfo& info, size_t docs, size_t num_tokens) {
+  hdf5::set_attr(f, "format", std::string(kDatasetFormat));
+  hdf5::set_attr(f, "format_version", kDatasetFormatVersion);
+  hdf5::set_attr(f, "tokenizer_name", info.tokenizer_name);
+  hdf5::set_attr(f, "tokenizer_path", info.tokenizer_path);
+  hdf5::set_attr(f, "tokenizer_hash", info.tokenizer_hash);
+  if (!info.tokenizer_encoding_hash.empty()) hdf5::set_attr(f, "tokenizer_encoding_hash", info.tokenizer_encoding_hash);
+  hdf5::set_attr(f, "tokenizer_format", info.tokenizer_format);
+  hdf5::set_attr(f, "vocab_size", info.vocab_size);
+  hdf5::set_attr(f, "eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1});
+  hdf5::set_attr(f, "bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1});
+  hdf5::set_attr(f, "pad_id", info.pad_id ? int64_t{*info.pad_id} : int64_t{-1});
+  hdf5::set_attr(f, "special_tokens", info.special_tokens_json);
+  hdf5::set_attr(f, "sources", json_text(nlohmann::json(info.sources)));
+  hdf5::set_attr(f, "num_documents", static_cast<int64_t>(docs));
+  hdf5::set_attr(f, "num_tokens", static_cast<int64_t>(num_tokens));
+  hdf5::set_attr(f, "validation_fraction_ppm", static_cast<int64_t>(std::llround(info.validation_fraction * 1e6)));
+  hdf5::set_attr(f, "split_seed", static_cast<int64_t>(info.split_seed));
+}
+
+}  // namespace
+
+void check_dataset_metadata_fits(const std::string& path, const DatasetInfo& info) {
+  try {
+    const auto f = hdf5::create_memory_file(path + ".metadata-check", hdf5::AttributeStorage::Dense);
+    write_dataset_attributes(f, info, 0, 0);
+  } catch (const Error& e) {
+    throw DataError(fmt::format("{}: the dataset's metadata cannot be stored ({}); nothing was tokenized", path, e.what()));
+  }
+}
+
 void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
                    const DatasetInfo& info, ExistingOutput existing) {
   write_dataset(
@@ -168,7 +205,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   }
   TemporaryOutput guard(output_temporary(path));  // a failed write leaves nothing behind
   const std::string& tmp = guard.path();
-  auto f = hdf5::create_file(tmp);
+  auto f = hdf5::create_file(tmp, hdf5::AttributeStorage::Dense);
   const hdf5::DatasetOptions checked{.chunk_elements = 1 << 20, .checksum = hdf5::Checksum::Fletcher32};
   hdf5::create_u32(f, "tokens", num_tokens);  // contiguous and unfiltered: readers map it
   // Pieces of whole checksum blocks (64 MiB), so each block's checksum is taken from one piece.
@@ -189,23 +226,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   auto split = hdf5::create_group(f, "split");
   hdf5::write_i64(split, "train", train, checked);
   hdf5::write_i64(split, "validation", validation, checked);
-  hdf5::set_attr(f, "format", std::string(kDatasetFormat));
-  hdf5::set_attr(f, "format_version", kDatasetFormatVersion);
-  hdf5::set_attr(f, "tokenizer_name", info.tokenizer_name);
-  hdf5::set_attr(f, "tokenizer_path", info.tokenizer_path);
-  hdf5::set_attr(f, "tokenizer_hash", info.tokenizer_hash);
-  if (!info.tokenizer_encoding_hash.empty()) hdf5::set_attr(f, "tokenizer_encoding_hash", info.tokenizer_encoding_hash);
-  hdf5::set_attr(f, "tokenizer_format", info.tokenizer_format);
-  hdf5::set_attr(f, "vocab_size", info.vocab_size);
-  hdf5::set_attr(f, "eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1});
-  hdf5::set_attr(f, "bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1});
-  hdf5::set_attr(f, "pad_id", info.pad_id ? int64_t{*info.pad_id} : int64_t{-1});
-  hdf5::set_attr(f, "special_tokens", info.special_tokens_json);
-  hdf5::set_attr(f, "sources", nlohmann::json(info.sources).dump());
-  hdf5::set_attr(f, "num_documents", static_cast<int64_t>(docs));
-  hdf5::set_attr(f, "num_tokens", static_cast<int64_t>(num_tokens));
-  hdf5::set_attr(f, "validation_fraction_ppm", static_cast<int64_t>(std::llround(info.validation_fraction * 1e6)));
-  hdf5::set_attr(f, "split_seed", static_cast<int64_t>(info.split_seed));
+  write_dataset_attributes(f, info, docs, num_tokens);
   split = hdf5::Handle();
   hdf5::record_metadata_checksums(f);
   f.close();

@@ -162,6 +162,13 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
     documents.max_piece_bytes = std::max(options.batch_bytes, 4 * documents.piece_bytes);
   }
 
+  // What the dataset records, stored in memory first: a metadata HDF5 cannot hold fails here, not after the work.
+  DatasetInfo info = dataset_info_for(tokenizer);
+  info.sources = files;
+  info.validation_fraction = options.validation_fraction;
+  info.split_seed = options.seed;
+  check_dataset_metadata_fits(options.output, info);
+
   PrepareSummary summary;
   summary.files = files.size();
   // The progress bar counts what the reading hands out: a Parquet file's text column, the others' bytes.
@@ -270,10 +277,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
 
   // Pass 2: the dataset, its tokens read back from the temporary file piece by piece.
   const size_t docs = offsets.size() - 1, num_tokens = static_cast<size_t>(offsets.back());
-  DatasetInfo info = dataset_info_for(tokenizer);
-  info.sources = files;
-  info.validation_fraction = options.validation_fraction;
-  info.split_seed = options.seed;
   if (!info.eot_id)
     log::warn("prepare-data: tokenizer {} has no end-of-text token; the packed layout will refuse this dataset",
               tokenizer.name());

@@ -215,10 +215,28 @@ Handle open_file(const std::string& path, FileMode mode) {
   return owned(f);
 }
 
-Handle create_file(const std::string& path) {
+namespace {
+
+// The file creation and access property lists of a new file with `attributes` storage.
+std::pair<Handle, Handle> creation_lists(AttributeStorage attributes) {
+  Handle fcpl = owned(ST_CHECK_HDF5(H5Pcreate(H5P_FILE_CREATE)));
+  Handle fapl = owned(ST_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)));
+  if (attributes == AttributeStorage::Dense) {
+    // Every attribute of every object in the heap (0 compact ones at most), which needs the 1.8 format; capped
+    // there too, so that no newer structure keeps 1.8 and 1.10 readers out.
+    ST_CHECK_HDF5(H5Pset_attr_phase_change(fcpl.get(), 0, 0));
+    ST_CHECK_HDF5(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18));
+  }
+  return {std::move(fcpl), std::move(fapl)};
+}
+
+}  // namespace
+
+Handle create_file(const std::string& path, AttributeStorage attributes) {
   quiet_errors();
+  const auto [fcpl, fapl] = creation_lists(attributes);
   errno = 0;
-  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
   if (f < 0) {
     // The file system's answer when it gave one (ENOSPC for no room or no inode left, EDQUOT, EACCES, ENOENT...).
     const int err = errno;
@@ -226,6 +244,13 @@ Handle create_file(const std::string& path) {
                            : fmt::format("{}: cannot create HDF5 file (does the folder exist and is it writable?)", path));
   }
   return owned(f);
+}
+
+Handle create_memory_file(const std::string& name, AttributeStorage attributes) {
+  quiet_errors();
+  const auto [fcpl, fapl] = creation_lists(attributes);
+  ST_CHECK_HDF5(H5Pset_fapl_core(fapl.get(), 1 << 20, /*backing_store=*/0));
+  return owned(ST_CHECK_HDF5(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get())));
 }
 
 Handle create_group(const Handle& parent, const std::string& name) {
@@ -351,10 +376,26 @@ void set_attr(const Handle& parent, const std::string& name, const std::string& 
   ST_CHECK_HDF5(H5Tset_size(type.get(), std::max<size_t>(value.size(), 1)));
   ST_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
   Handle space = owned(ST_CHECK_HDF5(H5Screate(H5S_SCALAR)));
-  Handle attr =
-      owned(ST_CHECK_HDF5(H5Acreate2(target.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
+  // A failure names the file, the attribute and its size (HDF5's "object header message is too large" of a
+  // compact attribute over 64 KiB said neither).
+  const auto refused = [&](const char* what) {
+    std::string reason = "no description on the HDF5 error stack";
+    H5Ewalk2(
+        H5E_DEFAULT, H5E_WALK_UPWARD,
+        [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
+          if (n == 0 && e->desc && *e->desc) *static_cast<std::string*>(out) = e->desc;
+          return 0;
+        },
+        &reason);
+    H5Eclear2(H5E_DEFAULT);
+    return IoError(fmt::format("{}: cannot {} the attribute '{}' of '{}' ({} bytes): HDF5: {}", file_name(parent), what,
+                               name, object, value.size(), reason));
+  };
+  const hid_t a = H5Acreate2(target.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT);
+  if (a < 0) throw refused("create");
+  Handle attr = owned(a);
   const std::string padded = value.empty() ? std::string(1, '\0') : value;
-  ST_CHECK_HDF5(H5Awrite(attr.get(), type.get(), padded.data()));
+  if (H5Awrite(attr.get(), type.get(), padded.data()) < 0) throw refused("write");
 }
 
 void set_attr(const Handle& parent, const std::string& name, int64_t value, const std::string& object) {

@@ -18,6 +18,7 @@
 #include "shardtrain/runtime/device.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/runtime/session.hpp"
@@ -116,18 +117,16 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
          {"weight", c.weight},
          {"train_samples", data::SampleSource(*c.dataset, data::DatasetSplit::Train, d.layout, d.seq_len).num_samples()},
          {"identity", c.dataset->identity()}});
-  tokenizer_json_ = nlohmann::json{
-      {"name", info.tokenizer_name},
-      {"hash", info.tokenizer_hash},
-      {"encoding_hash", info.tokenizer_encoding_hash},
-      {"path", info.tokenizer_path},
-      {"format", info.tokenizer_format},
-      {"vocab_size", info.vocab_size},
-      {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
-      {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
-      {"dataset", trainer.dataset().path()},
-      {"sources",
-       sources}}.dump();
+  tokenizer_json_ = json_text(nlohmann::json{{"name", info.tokenizer_name},
+                                             {"hash", info.tokenizer_hash},
+                                             {"encoding_hash", info.tokenizer_encoding_hash},
+                                             {"path", info.tokenizer_path},
+                                             {"format", info.tokenizer_format},
+                                             {"vocab_size", info.vocab_size},
+                                             {"eot_id", info.eot_id ? int64_t{*info.eot_id} : int64_t{-1}},
+                                             {"bot_id", info.bot_id ? int64_t{*info.bot_id} : int64_t{-1}},
+                                             {"dataset", trainer.dataset().path()},
+                                             {"sources", sources}});
   return tokenizer_json_;
 }
 
@@ -180,12 +179,11 @@ void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::str
         "checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops at failure {} in a "
         "row, checkpoint.max_failed_saves = {}); {}: {}",
         step, failed_saves_, max + 1, max, keep, why);
-  trainer.record_event(nlohmann::json{
-      {"kind", "checkpoint_failed"},
-      {"step", trainer.state().step},
-      {"save_step", step},
-      {"failed_in_a_row", failed_saves_},
-      {"error", why}}.dump());
+  trainer.record_event(json_text(nlohmann::json{{"kind", "checkpoint_failed"},
+                                                {"step", trainer.state().step},
+                                                {"save_step", step},
+                                                {"failed_in_a_row", failed_saves_},
+                                                {"error", why}}));
 }
 
 void CheckpointHooks::on_start(Trainer& trainer) {
@@ -240,12 +238,11 @@ void CheckpointHooks::set_aside_newer(Trainer& trainer) {
           "renaming it back)",
           path, target, resumed_from_, trainer.state().step);
     superseded_.push_back({path, target, ""});
-    trainer.record_event(nlohmann::json{{"kind", "checkpoint_set_aside"},
-                                        {"checkpoint", path},
-                                        {"set_aside_as", target},
-                                        {"resumed_from", resumed_from_},
-                                        {"step", trainer.state().step}}
-                             .dump());
+    trainer.record_event(json_text(nlohmann::json{{"kind", "checkpoint_set_aside"},
+                                                  {"checkpoint", path},
+                                                  {"set_aside_as", target},
+                                                  {"resumed_from", resumed_from_},
+                                                  {"step", trainer.state().step}}));
   }
 }
 
@@ -257,7 +254,8 @@ TrainerState CheckpointHooks::load_for_resume(Trainer& trainer, const std::strin
   const std::string change = resume_data_change(reader, trainer.config(), trainer.sources());
   if (!change.empty() && trainer.runtime().topology().world_rank == 0) log::warn("checkpoint: {}", change);
   if (!change.empty())
-    trainer.record_event(nlohmann::json{{"kind", "resume_data_changed"}, {"checkpoint", path}, {"change", change}}.dump());
+    trainer.record_event(
+        json_text(nlohmann::json{{"kind", "resume_data_changed"}, {"checkpoint", path}, {"change", change}}));
   const checkpoint::LoadResult r = checkpoint::load(trainer.engine(), &trainer.optimizer(), reader);
   TrainerState state;
   try {
@@ -375,13 +373,12 @@ void CheckpointHooks::resume(Trainer& trainer) {
           d.checkpoint, d.error, d.set_aside_as.empty() ? "it stays where it is" : "set aside as " + d.set_aside_as,
           resumed_from_);
     }
-    trainer.record_event(nlohmann::json{{"kind", "resume_fallback"},
-                                        {"damaged", d.checkpoint},
-                                        {"set_aside_as", d.set_aside_as},
-                                        {"error", d.error},
-                                        {"resumed_from", resumed_from_},
-                                        {"step", trainer.state().step}}
-                             .dump());
+    trainer.record_event(json_text(nlohmann::json{{"kind", "resume_fallback"},
+                                                  {"damaged", d.checkpoint},
+                                                  {"set_aside_as", d.set_aside_as},
+                                                  {"error", d.error},
+                                                  {"resumed_from", resumed_from_},
+                                                  {"step", trainer.state().step}}));
   }
   fallbacks_ = std::move(damaged);
 }

@@ -17,6 +17,7 @@
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/optim/schedule.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 
@@ -310,7 +311,8 @@ std::string resume_data_change(const checkpoint::CheckpointReader& reader, const
   };
   auto same_file = [](const std::string& a, const std::string& b) {  // however the path is spelled
     std::error_code ea, eb;
-    return a == b || fs::weakly_canonical(a, ea) == fs::weakly_canonical(b, eb);
+    // A recorded path went through json_text: a byte that is not UTF-8 is U+FFFD there, as in json_recorded(b).
+    return a == b || a == json_recorded(b) || fs::weakly_canonical(a, ea) == fs::weakly_canonical(b, eb);
   };
   // The same file however its path is spelled, or the same content wherever it lies now: a relative path resumed from
   // another folder, a dataset copied elsewhere (the identity names no path). Both were once said to be new data.

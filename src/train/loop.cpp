@@ -11,6 +11,7 @@
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/progress_view.hpp"
 #include "shardtrain/train/trainer.hpp"
@@ -63,7 +64,7 @@ void Trainer::step_once(StepMetrics& m) {
   m.epoch = epoch;
   m.tokens = state_.tokens_seen;
   for (size_t k = 0; k + 1 < in.counted.size(); ++k) {
-    const std::string& path = sources_[k].dataset->path();
+    const std::string path = json_recorded(sources_[k].dataset->path());  // as the checkpoint records it (resumed)
     m.tokens_by_source.emplace_back(path, state_.tokens_by_source[path]);
   }
   m.loss = r.loss;
@@ -278,7 +279,7 @@ void Trainer::advance(StepInput& in, int64_t step_number) {
   for (auto& mb : mbs) loader_->recycle(std::move(mb));
   state_.step = step_number;
   state_.tokens_seen += tokens_per_step_;
-  for (size_t k = 0; k < mixed; ++k) state_.tokens_by_source[sources_[k].dataset->path()] += counted[1 + k];
+  for (size_t k = 0; k < mixed; ++k) state_.tokens_by_source[json_recorded(sources_[k].dataset->path())] += counted[1 + k];
   state_.sampler = in.end;  // not the loader's position: that is past the next step's input, read ahead
   state_.sampler_samples = static_cast<int64_t>(loader_->sampler().samples_before(state_.sampler));
 }

@@ -14,6 +14,7 @@
 
 #include "file_append.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/tensorboard.hpp"
 
@@ -67,7 +68,7 @@ std::string to_json_line(const StepMetrics& m) {
     for (const auto& [path, tokens] : m.tokens_by_source) by[path] = tokens;
     j["tokens_by_source"] = by;
   }
-  return j.dump();
+  return json_text(j);
 }
 
 std::string to_json_line(const RollbackMetrics& m) {
@@ -79,7 +80,7 @@ std::string to_json_line(const RollbackMetrics& m) {
   j["skipped_samples"] = m.skipped_samples;
   j["rollbacks"] = m.rollbacks;
   j["reason"] = m.reason;
-  return j.dump();
+  return json_text(j);
 }
 
 std::string to_json_line(const EvalMetrics& m) {
@@ -95,7 +96,7 @@ std::string to_json_line(const EvalMetrics& m) {
     j["val_loss_by_source"] = by;
   }
   j["eval_time_s"] = m.eval_time_s;
-  return j.dump();
+  return json_text(j);
 }
 
 namespace {

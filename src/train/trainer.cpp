@@ -24,6 +24,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/files.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/session.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
@@ -51,7 +52,7 @@ std::string trainer_state_to_json(const TrainerState& s) {
   if (s.rollbacks > 0) j["rollbacks"] = s.rollbacks;
   if (s.last_rollback_to >= 0) j["last_rollback_to"] = s.last_rollback_to;
   if (!s.recent_losses.empty()) j["recent_losses"] = s.recent_losses;  // shortest round-trip form: exact on reading
-  return j.dump();
+  return json_text(j);
 }
 
 TrainerState trainer_state_from_json(std::string_view json, const std::string& source) {

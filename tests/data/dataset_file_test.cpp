@@ -22,6 +22,7 @@
 #include "shardtrain/data/loader.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 
 namespace shardtrain::data {
 namespace {
@@ -527,5 +528,71 @@ TEST(DatasetFile, RefuseKeepsAnExistingFile) {
     EXPECT_EQ(e.path().string().find(path + ".tmp"), std::string::npos) << e.path();
 }
 
+// Replaces one byte of a string attribute in place (the same size), as damage would.
+void change_string_attribute(const std::string& path, const char* name, size_t at) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t a = H5Aopen_by_name(f, ".", name, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  const hid_t type = H5Aget_type(a);
+  std::string v(H5Tget_size(type), '\0');
+  ASSERT_GE(H5Aread(a, type, v.data()), 0);
+  ASSERT_LT(at, v.size());
+  v[at] = v[at] == 'x' ? 'y' : 'x';
+  ASSERT_GE(H5Awrite(a, type, v.data()), 0);
+  H5Tclose(type);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+// C4's 1024 shards under a cluster path (105 KB of `sources`) and a tokenizer with 3000 special tokens (100 KB of
+// `special_tokens`): each passed the 64 KiB of a compact HDF5 attribute, and prepare-data failed at its very end
+// ("H5Acreate2 ... object header message is too large", exit 8, the work lost). Dense attributes hold them, they
+// read back whole, and the metadata checksums still cover them.
+TEST(DatasetFile, MetadataOver64KiBIsStoredAndChecked) {
+  const Corpus c = make_corpus(50000, 15);
+  DatasetInfo big = info();
+  for (int i = 0; i < 1024; ++i)
+    big.sources.push_back(fmt::format(
+        "/lustre/projects/llm-pretraining/datasets/allenai/c4/en/train/shards/c4-train.{:05d}-of-01024.json.gz", i));
+  nlohmann::json specials = nlohmann::json::object();
+  for (int i = 0; i < 3000; ++i) specials[fmt::format("<|reserved_special_token_{}|>", i)] = 47257 + i;
+  big.special_tokens_json = specials.dump();
+  ASSERT_GT(nlohmann::json(big.sources).dump().size(), 100000u);
+  ASSERT_GT(big.special_tokens_json.size(), 90000u);
+  const auto path = testing::tmp_path("big-metadata.h5").string();
+  EXPECT_NO_THROW(check_dataset_metadata_fits(path, big));
+  write_dataset(path, c.tokens, c.offsets, big);
+  const TokenDataset ds = TokenDataset::open(path);
+  EXPECT_TRUE(ds.metadata_recorded());
+  EXPECT_EQ(ds.info().sources, big.sources);
+  EXPECT_EQ(ds.info().special_tokens_json, big.special_tokens_json);
+  EXPECT_EQ(ds.num_tokens(), c.tokens.size());
+  // A byte of the last path changed: refused as a changed small attribute is.
+  change_string_attribute(path, "sources", nlohmann::json(big.sources).dump().size() - 10);
+  const std::string msg = testing::data_error_of([&] { TokenDataset::open(path); });
+  EXPECT_NE(msg.find("attribute 'sources' does not match the checksum recorded with it"), std::string::npos) << msg;
+}
+
+// A source path that is not UTF-8 (a latin-1 file name) made the JSON of `sources` throw after the whole
+// tokenization (type_error 316, exit 1). Its byte is recorded as U+FFFD, as json_recorded gives it.
+TEST(DatasetFile, SourcePathThatIsNotUtf8IsRecordedWithAReplacement) {
+  const Corpus c = make_corpus(20000, 16);
+  DatasetInfo l1 = info();
+  l1.sources = {"corpus/caf\xe9.txt", "corpus/b.txt"};
+  const auto path = testing::tmp_path("latin1-source.h5").string();
+  write_dataset(path, c.tokens, c.offsets, l1);
+  const TokenDataset ds = TokenDataset::open(path);
+  ASSERT_EQ(ds.info().sources.size(), 2u);
+  EXPECT_EQ(ds.info().sources[0], "corpus/caf\xef\xbf\xbd.txt");
+  EXPECT_EQ(ds.info().sources[0], json_recorded(l1.sources[0]));
+  EXPECT_EQ(ds.info().sources[1], "corpus/b.txt");
+  EXPECT_EQ(json_recorded("plain/path.h5"), "plain/path.h5");
+  EXPECT_EQ(json_text(nlohmann::json{{"path",
+                                      "donn\xe9"
+                                      "es.h5"}}),
+            "{\"path\":\"donn\xef\xbf\xbd"
+            "es.h5\"}");
+}
 }  // namespace
 }  // namespace shardtrain::data

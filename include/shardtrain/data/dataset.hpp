@@ -65,6 +65,10 @@ using TokenFill = std::function<void(size_t offset, std::span<TokenId> out)>;
 void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
                    const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
 
+// Writes the attributes write_dataset would give a dataset of `info` into a file in memory: a DataError naming `path`
+// when one cannot be stored, found before the tokenization instead of after it.
+void check_dataset_metadata_fits(const std::string& path, const DatasetInfo& info);
+
 // Fletcher-64 over 32-bit words (two running sums modulo 2^32 - 1; the second in the high half).
 uint64_t fletcher64(std::span<const uint32_t> words);
 

@@ -59,8 +59,15 @@ class FileRefused : public DataError {
  public:
   using DataError::DataError;
 };
+// Where a file's objects keep their attributes. Compact (HDF5's default, in the object header) holds at most 64 KiB
+// per attribute: a dataset's `sources` list of 1000+ long paths passed it. Dense (a heap beside the header, the 1.8
+// file format, which HDF5 1.8 and later, h5py included, read) holds attributes of any size.
+enum class AttributeStorage { Compact, Dense };
 // Creates (truncating) a file; throws IoError naming the path.
-Handle create_file(const std::string& path);
+Handle create_file(const std::string& path, AttributeStorage attributes = AttributeStorage::Compact);
+// A file in memory only (HDF5's core driver, nothing written to disk), laid out as create_file's: to find out
+// before hours of work whether what will be stored fits.
+Handle create_memory_file(const std::string& name, AttributeStorage attributes = AttributeStorage::Compact);
 Handle create_group(const Handle& parent, const std::string& name);
 Handle open_group(const Handle& parent, const std::string& name);
 bool exists(const Handle& parent, const std::string& path);  // a link (dataset or group) under parent
