@@ -115,8 +115,12 @@ namespace {
 // The files of a folder given whole, in expand_inputs' order. Folders are compared where they lead, so that a
 // symbolic link loop (which the listing would follow 40 levels deep, reading every file at each) or a second link
 // to one folder is refused instead of reading the same files again.
-void list_folder(const std::string& folder, const std::string& output, const OwnOutput& own, std::vector<std::string>& out) {
+void list_folder(const std::string& folder, const std::string& output, const OwnOutput& own, const ToolFiles& tool,
+                 std::vector<std::string>& out) {
   namespace fs = std::filesystem;
+  std::set<std::pair<dev_t, ino_t>> tool_ids;
+  for (const auto& f : tool.files)
+    if (struct stat st{}; ::stat(f.c_str(), &st) == 0) tool_ids.emplace(st.st_dev, st.st_ino);
   std::set<fs::path> folders{fs::canonical(folder)};
   // Sorted by path; a save_to_disk folder inside keeps its own order, sorted where its folder falls.
   std::vector<std::pair<std::string, std::vector<std::string>>> found;
@@ -150,6 +154,11 @@ void list_folder(const std::string& folder, const std::string& output, const Own
               "--overwrite or not{} (give another --output)",
               output, folder, own.kind.empty() ? std::string() : fmt::format(": it is not {}", own.kind)));
         log::info("{}: left out of the inputs: it is the output, or a temporary file of it", path.string());
+        continue;
+      }
+      if (struct stat st{};
+          !tool_ids.empty() && ::stat(path.c_str(), &st) == 0 && tool_ids.contains({st.st_dev, st.st_ino})) {
+        log::info("{}: left out of the inputs: it is {}", path.string(), tool.what);
         continue;
       }
       found.emplace_back(path.string(), std::vector<std::string>{path.string()});
@@ -195,7 +204,7 @@ void refuse_files_given_twice(const std::vector<std::string>& files) {
 }  // namespace
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, const std::string& output,
-                                       const OwnOutput& own) {
+                                       const OwnOutput& own, const ToolFiles& tool_files) {
   namespace fs = std::filesystem;
   // Every named input is looked at before any folder is listed: a pipe or device (which would be read without end)
   // is refused before any work, wherever it stands on the command line.
@@ -217,7 +226,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, c
         continue;
       }
       try {
-        list_folder(in, output, own, out);
+        list_folder(in, output, own, tool_files, out);
       } catch (const fs::filesystem_error& e) {  // a link to itself, a folder that cannot be read
         throw DataError(
             fmt::format("{}: cannot list it: {}", e.path1().empty() ? in : e.path1().string(), e.code().message()));

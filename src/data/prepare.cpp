@@ -134,6 +134,18 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
   if (first->second) std::rethrow_exception(first->second);
 }
 
+// The files Tokenizer::load reads for `tokenizer`: the file, or those of its folder (tokenizer.json, or GPT-2's
+// encoder.json and vocab.bpe).
+std::vector<std::string> tokenizer_files(const std::string& tokenizer) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(tokenizer, ec)) return {tokenizer};
+  std::vector<std::string> files;
+  for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"})
+    if (const fs::path p = fs::path(tokenizer) / name; fs::exists(p, ec)) files.push_back(p.string());
+  return files;
+}
+
 }  // namespace
 
 PrepareSummary prepare_dataset(const PrepareOptions& options) {
@@ -146,9 +158,19 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   if (!(options.validation_fraction >= 0 && options.validation_fraction < 1))
     throw UsageError(fmt::format("--validation-fraction {} is outside [0, 1)", options.validation_fraction));
   const int threads = resolve_thread_count(options.threads);
+  // The tokenizer is read, never written: `-t tok.json -o tok.json --overwrite` replaced it with the dataset, exit 0.
+  const ToolFiles tokenizer_own{tokenizer_files(options.tokenizer), "the tokenizer (--tokenizer)"};
+  for (const auto& f : tokenizer_own.files)
+    if (is_output_or_temporary(f, options.output))
+      throw UsageError(
+          fmt::format("{}: is the tokenizer (--tokenizer {}) and the output; writing the dataset would replace it, "
+                      "--overwrite or not (give another --output)",
+                      options.output, options.tokenizer));
   // First: an input that is the output is a UsageError. An earlier dataset at the output's name inside an input folder
   // is left out, and replaced.
-  const auto files = expand_inputs(options.inputs, options.output, {is_hdf5_file, "a dataset (an HDF5 file)"});
+  // The tokenizer's own files are left out of an input folder as the output is: a tiktoken file there was tokenized.
+  const auto files =
+      expand_inputs(options.inputs, options.output, {is_hdf5_file, "a dataset (an HDF5 file)"}, tokenizer_own);
   check_text_field_applies(files, options.documents);
   check_text_inputs_are_text(files, options.documents);
   const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);

@@ -326,6 +326,35 @@ r = run("prepare-data", "-t", "precious.json", "-i", one, "-o", "k.h5")
 check(r.returncode == 0 and all(not os.path.exists(n) and f"{n}: removed, the temporary of a run on this host" in r.stderr for n in dead)
       and os.path.exists(kept) and dataset_tokens("k.h5"), f"a killed run's temporaries: {r.returncode} {r.stderr[-800:]}")
 os.remove(kept)
+# The tokenizer is never the output (-o tok.json --overwrite replaced it with the dataset, exit 0), nor a link to it.
+shutil.copy("precious.json", "tok3.json")
+before = read("tok3.json")
+r = run("prepare-data", "-t", "tok3.json", "-i", one, "-o", "tok3.json", "--overwrite")
+check(r.returncode == 2 and "tok3.json: is the tokenizer (--tokenizer tok3.json) and the output" in r.stderr
+      and read("tok3.json") == before, f"output is the tokenizer: {r.returncode} {error_line(r)}")
+os.symlink("tok3.json", "tok3-link.h5")
+r = run("prepare-data", "-t", "tok3.json", "-i", one, "-o", "tok3-link.h5", "--overwrite")
+check(r.returncode == 2 and "tok3-link.h5: is the tokenizer" in r.stderr and read("tok3.json") == before
+      and os.path.islink("tok3-link.h5"), f"output a link to the tokenizer: {r.returncode} {error_line(r)}")
+
+# The tokenizer's own file inside an input folder is not an input: a tiktoken file there was 99.7% of the dataset, and
+# a tokenizer.json in a JSONL folder failed as a bad JSONL line.
+os.makedirs("withtok/jsonl")
+shutil.copy(one, "withtok/a.txt")
+shutil.copy(r50k, "withtok/r50k_base.tiktoken")
+r = run("prepare-data", "-t", "withtok/r50k_base.tiktoken", "-i", "withtok", "-o", "withtok.h5")
+r_alone = run("prepare-data", "-t", r50k, "-i", one, "-o", "alone.h5")
+check(r.returncode == 0 and r_alone.returncode == 0 and dataset_tokens("withtok.h5") == dataset_tokens("alone.h5"),
+      f"tiktoken file in the input folder: {r.returncode} {error_line(r)} {dataset_tokens('withtok.h5')} "
+      f"vs {dataset_tokens('alone.h5')}")
+with open("withtok/jsonl/d.jsonl", "w") as f:
+    f.write('{"text": "hello world"}\n')
+shutil.copy(os.path.join(fetched_tokenizers, "gpt2-hf", "tokenizer.json"), "withtok/jsonl/tokenizer.json")
+r = run("prepare-data", "-t", "withtok/jsonl/tokenizer.json", "-i", "withtok/jsonl", "-o", "withtok-jsonl.h5",
+        "--validation-fraction", "0")
+check(r.returncode == 0 and dataset_tokens("withtok-jsonl.h5") == 2,
+      f"tokenizer.json in a JSONL folder: {r.returncode} {error_line(r)} {dataset_tokens('withtok-jsonl.h5')}")
+
 # A file name that is not UTF-8 (latin-1 'caf\xe9.txt'): its path is recorded with U+FFFD; prepare-data and
 # `dataset info --json` failed on it (type_error 316, exit 1).
 os.makedirs(b"latin1")
