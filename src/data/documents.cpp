@@ -162,6 +162,13 @@ void list_folder(const std::string& folder, const std::string& output, const Own
         continue;
       }
       found.emplace_back(path.string(), std::vector<std::string>{path.string()});
+    } else if (std::error_code ec; it->is_symlink(ec) && !fs::exists(it->status(ec))) {
+      std::error_code ec_target;
+      const fs::path target = fs::read_symlink(path, ec_target);
+      throw DataError(
+          fmt::format("{}: is a symbolic link to {}, which is not there (a download cut short, or a cache cleaned up?); its "
+                      "documents would be missing from the dataset: fetch the file again, or remove the link",
+                      path.string(), ec_target ? std::string("?") : target.string()));
     }
   }
   if (found.empty()) throw DataError(fmt::format("{}: folder has no files", folder));

@@ -355,6 +355,16 @@ r = run("prepare-data", "-t", "withtok/jsonl/tokenizer.json", "-i", "withtok/jso
 check(r.returncode == 0 and dataset_tokens("withtok-jsonl.h5") == 2,
       f"tokenizer.json in a JSONL folder: {r.returncode} {error_line(r)} {dataset_tokens('withtok-jsonl.h5')}")
 
+# A link in an input folder that leads nowhere (a Hub cache snapshot whose blob is missing) is named, exit 4; it
+# was left out with its shard, exit 0.
+os.makedirs("snapshot")
+shutil.copy(one, "snapshot/a.txt")
+os.symlink("../blobs/missing", "snapshot/b.txt")
+for cmd in (["prepare-data", "-t", r50k, "-o", "snapshot.h5"], ["tokenizer", "train", "--vocab-size", "300", "-o", "snap.json"]):
+    r = run(*cmd, "-i", "snapshot")
+    check(r.returncode == 4 and "snapshot/b.txt: is a symbolic link to ../blobs/missing, which is not there" in r.stderr
+          and not os.path.exists(cmd[-1]), f"{cmd[0]} with a dangling link: {r.returncode} {error_line(r)}")
+
 # A file name that is not UTF-8 (latin-1 'caf\xe9.txt'): its path is recorded with U+FFFD; prepare-data and
 # `dataset info --json` failed on it (type_error 316, exit 1).
 os.makedirs(b"latin1")

@@ -90,6 +90,8 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
 // the output's name is an input the output would destroy, and naming the output as an input is one too: UsageErrors.
 // `tool_files` (prepare-data's tokenizer file, or the files of its folder) are left out of a folder's listing too,
 // with a note, compared by device and inode: a tiktoken file kept beside the corpus was 99.7% of a dataset.
+// A symbolic link in a folder that leads nowhere (a Hugging Face cache snapshot whose blob is missing) is a DataError
+// naming it, as naming it directly is: it was left out without a word, and its shard with it.
 struct OwnOutput {
   std::function<bool(const std::string& file)> holds;  // the file is what the tool writes
   std::string_view kind;                               // what that is, for the message ("a prepared dataset")
