@@ -255,7 +255,7 @@ namespace {
 InputFormat format_of(const std::string& path, const DocumentOptions& options) {
   if (options.format != InputFormat::Auto) return options.format;
   // "c4-train.00000-of-01024.json.gz" is JSONL: the extension inside the compression's
-  const auto ext = std::filesystem::path(without_compression_extension(path)).extension().string();
+  const auto ext = lowercase_extension(without_compression_extension(path));
   if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return InputFormat::Jsonl;
   if (ext == ".parquet") return InputFormat::Parquet;
   if (ext == ".arrow" || ext == ".arrows" || ext == ".feather" || ext == ".ipc") return InputFormat::Arrow;

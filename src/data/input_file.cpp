@@ -22,11 +22,17 @@ namespace shardtrain::data {
 namespace {
 constexpr size_t kWindow = size_t{1} << 20;
 
-std::string extension_of(const std::string& path) { return std::filesystem::path(path).extension().string(); }
 }  // namespace
 
+std::string lowercase_extension(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  for (char& c : ext)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return ext;
+}
+
 InputCompression input_compression(const std::string& path) {
-  const auto ext = extension_of(path);
+  const auto ext = lowercase_extension(path);
   if (ext == ".gz" || ext == ".gzip") return InputCompression::Gzip;
   if (ext == ".zst" || ext == ".zstd") return InputCompression::Zstd;
   return InputCompression::None;

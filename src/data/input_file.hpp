@@ -17,6 +17,9 @@ enum class InputCompression { None, Gzip, Zstd };
 InputCompression input_compression(const std::string& path);
 // The name without its compression extension ("c4-0001.json.gz" -> "c4-0001.json").
 std::string without_compression_extension(const std::string& path);
+// The file name's last extension in ASCII lower case (".JSONL" -> ".jsonl"): Windows tools write SHARD.JSONL and
+// x.Json, which were read as plain text.
+std::string lowercase_extension(const std::string& path);
 
 class InputFile {
  public:

@@ -365,6 +365,17 @@ for cmd in (["prepare-data", "-t", r50k, "-o", "snapshot.h5"], ["tokenizer", "tr
     check(r.returncode == 4 and "snapshot/b.txt: is a symbolic link to ../blobs/missing, which is not there" in r.stderr
           and not os.path.exists(cmd[-1]), f"{cmd[0]} with a dangling link: {r.returncode} {error_line(r)}")
 
+# Extensions in upper or mixed case say the format as lower case does (SHARD.JSONL was read as plain text).
+import gzip  # noqa: E402
+os.makedirs("upper")
+with open("upper/A.JSONL", "w") as f:
+    f.write('{"text": "hello world"}\n')
+with gzip.open("upper/b.Json.GZ", "wt") as f:
+    f.write('{"text": "hello world"}\n')
+r = run("prepare-data", "-t", r50k, "-i", "upper", "-o", "upper.h5", "--validation-fraction", "0")
+check(r.returncode == 0 and dataset_tokens("upper.h5") == 4, f"upper-case extensions: {r.returncode} {error_line(r)} "
+      f"{dataset_tokens('upper.h5')} tokens (4: two documents 'hello world')")
+
 # A file name that is not UTF-8 (latin-1 'caf\xe9.txt'): its path is recorded with U+FFFD; prepare-data and
 # `dataset info --json` failed on it (type_error 316, exit 1).
 os.makedirs(b"latin1")
