@@ -134,6 +134,13 @@ void tokenize_batch(Batch& batch, const std::vector<std::string>& files, const D
   if (first->second) std::rethrow_exception(first->second);
 }
 
+// A write of the temporary token file that failed, with the file system's reason (ENOSPC, EDQUOT, EFBIG, EIO...), as
+// exit code 8 promises; it said "(disk full?)" of every failure.
+IoError token_file_failed(const std::string& path, int err) {
+  return IoError(fmt::format("{}: cannot write the temporary token file: {}", path,
+                             err != 0 ? std::strerror(err) : "the system gave no reason"));
+}
+
 // The files Tokenizer::load reads for `tokenizer`: the file, or those of its folder (tokenizer.json, or GPT-2's
 // encoder.json and vocab.bpe).
 std::vector<std::string> tokenizer_files(const std::string& tokenizer) {
@@ -282,20 +289,22 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
           ++summary.empty_documents_skipped;
           continue;
         }
+        errno = 0;
         tokens_tmp.write(reinterpret_cast<const char*>(ids[d].data()),
                          static_cast<std::streamsize>(ids[d].size() * sizeof(TokenId)));
+        if (!tokens_tmp) throw token_file_failed(tokens_tmp_path, errno);
         const auto size = static_cast<int64_t>(ids[d].size());
         if (batch.docs[d].continues && offsets.size() > 1) offsets.back() += size;  // a piece of the one before
         else offsets.push_back(offsets.back() + size);
       }
-      if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
       bar.advance(batch.bytes + batch.beyond);
     }
     bar.finish();
   }
   if (offsets.size() == 1) throw DataError("prepare-data: the inputs hold no non-empty document");
+  errno = 0;
   tokens_tmp.close();
-  if (!tokens_tmp) throw IoError(fmt::format("{}: cannot write the temporary token file (disk full?)", tokens_tmp_path));
+  if (!tokens_tmp) throw token_file_failed(tokens_tmp_path, errno);
 
   // Pass 2: the dataset, its tokens read back from the temporary file piece by piece.
   const size_t docs = offsets.size() - 1, num_tokens = static_cast<size_t>(offsets.back());

@@ -384,4 +384,18 @@ r = run("prepare-data", "-t", r50k, "-i", "latin1", "-o", "latin1.h5")
 info = run("dataset", "info", "latin1.h5", "--json")
 check(r.returncode == 0 and info.returncode == 0 and json.loads(info.stdout)["datasets"][0]["sources"] == ["latin1/caf\ufffd.txt"],
       f"latin-1 file name: {r.returncode} {error_line(r)}; info {info.returncode} {error_line(info)}")
+# A failed write of the temporary token file gives the file system's reason (it said "disk full?" of any): a file size
+# limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes the write fail with EFBIG.
+import resource  # noqa: E402
+
+
+def small_files():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 10, 8 << 10))
+
+
+r = subprocess.run([st, "prepare-data", "-t", r50k, "-i", inputs, "-o", "fsize.h5", "--batch-mb", "1", "--log-level", "warn"],
+                   capture_output=True, text=True, errors="replace", preexec_fn=small_files, timeout=60)
+check(r.returncode == 8 and "fsize.h5.tokens-tmp-" in r.stderr and "cannot write the temporary token file: File too large"
+      in r.stderr and not os.path.exists("fsize.h5") and not leftovers(), f"token file write refused: {r.returncode} {error_line(r)}")
 check.finish("data CLI: outputs, --special, threads and inputs as expected")
