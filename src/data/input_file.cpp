@@ -118,6 +118,15 @@ bool InputFile::fill() {
     }
     const size_t avail = d.in_end - d.in_begin;
     if (compression_ == InputCompression::Gzip) {
+      if (!d.stream_open && d.consumed > 0 &&
+          std::all_of(d.in.begin() + static_cast<ptrdiff_t>(d.in_begin), d.in.begin() + static_cast<ptrdiff_t>(d.in_end),
+                      [](uint8_t b) { return b == 0; })) {
+        // Zero bytes after the last member: padding (tape blocks, a preallocated file), which gzip -t and zcat
+        // ignore as the end of the data. Data after them is still read as a member, and refused if it is not one.
+        d.consumed += avail;
+        d.in_begin = d.in_end;
+        continue;
+      }
       if (!d.stream_open) {  // a new member: only after the previous one ended
         if (d.consumed > 0 && inflateReset(&d.z) != Z_OK) throw DataError(fmt::format("{}: zlib cannot restart", path_));
         d.stream_open = true;

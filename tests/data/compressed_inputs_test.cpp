@@ -151,5 +151,34 @@ TEST(CompressedInputs, CutShortCorruptAndEmptyFilesNameTheFile) {
                      ": the gzip data is corrupt near compressed byte 2 (incorrect header check)");
 }
 
+// Zero bytes after the last gzip member (padding to a block size, a preallocated file): gzip -t and zcat take the
+// file, and so does the reader now (it was "corrupt near compressed byte N (incorrect header check)"). Data after the
+// zeros is still refused, and zeros in place of the first member are no gzip file.
+TEST(CompressedInputs, ZeroPaddingAfterTheLastGzipMemberIsTheEnd) {
+  const auto dir = testing::tmp_path("gzip-padding");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "d.jsonl") << R"({"text": "first"})"
+                                 << "\n"
+                                 << R"({"text": "second"})"
+                                 << "\n";
+  run("gzip -k " + q(dir / "d.jsonl"));
+  const std::string gz = testing::slurp(dir / "d.jsonl.gz");
+  for (const size_t zeros : {size_t{1}, size_t{5000}, size_t{3} << 20}) {  // within the 1 MiB window, and past it
+    const auto padded = dir / ("padded" + std::to_string(zeros) + ".jsonl.gz");
+    std::ofstream(padded, std::ios::binary) << gz << std::string(zeros, '\0');
+    run("gzip -t " + q(padded) + " 2>/dev/null");
+    EXPECT_EQ(read_documents(padded.string(), {}), (std::vector<std::string>{"first", "second"})) << zeros;
+  }
+  const auto garbage = dir / "garbage.jsonl.gz";
+  std::ofstream(garbage, std::ios::binary) << gz << std::string(100, '\0') << "more";
+  const auto err = testing::data_error_of([&] { read_documents(garbage.string(), {}); });
+  EXPECT_EQ(err.rfind(garbage.string() + ": the gzip data is corrupt near compressed byte ", 0), 0u) << err;
+  const auto zeros_only = dir / "zeros.jsonl.gz";
+  std::ofstream(zeros_only, std::ios::binary) << std::string(100, '\0');
+  EXPECT_NE(testing::data_error_of([&] { read_documents(zeros_only.string(), {}); }).find("the gzip data is corrupt"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardtrain::data
