@@ -284,6 +284,14 @@ void check_text_inputs_are_text(const std::vector<std::string>& files, const Doc
     }
     const size_t nul = head.find('\0');
     if (nul == std::string::npos) continue;
+    // Windows' "Unicode" text: every other byte of ASCII is a NUL, and the byte order mark says so.
+    if (head.starts_with("\xff\xfe") || head.starts_with("\xfe\xff")) {
+      const char* order = head[0] == '\xff' ? "little-endian, FF FE" : "big-endian, FE FF";
+      throw DataError(fmt::format(
+          "{}: is UTF-16 text (its byte order mark says {}), and inputs are read as UTF-8: convert it first, e.g. "
+          "iconv -f UTF-16 -t UTF-8 '{}' > NAME.txt (and leave the UTF-16 file out of the inputs)",
+          f, order, f));
+    }
     throw DataError(fmt::format(
         "{}: is not text: it holds a NUL byte (byte {}){}; inputs are read as text unless their name says JSONL, "
         "Parquet or Arrow (or --format does): leave it out of the inputs (move it out of the folder), or give its "
@@ -309,7 +317,8 @@ void for_each_column_document(const std::string& path, const std::string& column
     ++row;
     emit(std::string(*value));
   });
-  if (row == 0) throw DataError(fmt::format("{}: no rows", path));
+  // A shard that a filter left empty (its schema, no rows) holds nothing to skip; said, as an empty text file is counted.
+  if (row == 0) log::warn("{}: has no rows; it adds no documents", path);
 }
 
 // A pre-tokenized Arrow or Parquet file's id column, row by row, each row's ids checked against the vocabulary and
@@ -340,7 +349,7 @@ void for_each_file_ids(const std::string& path, const DocumentOptions& options,
     ++row;
     emit(std::move(packed));
   });
-  if (row == 0) throw DataError(fmt::format("{}: no rows", path));
+  if (row == 0) log::warn("{}: has no rows; it adds no documents", path);
 }
 
 // The bytes an Arrow or Parquet file's id column hands out: 4 per id its chunks or batches count.
@@ -517,7 +526,12 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
   if (!options.token_field.empty() && format != InputFormat::Jsonl)
     throw DataError(fmt::format("{}: --token-field reads JSONL, Arrow and Parquet inputs, and this is text", path));
   InputFile in(path);
-  if (in.empty()) throw DataError(fmt::format("{}: input file is empty", path));
+  if (in.empty()) {
+    // An empty text file is an empty document, skipped and counted as such; a JSONL file holds no line to read.
+    if (format != InputFormat::Text) throw DataError(fmt::format("{}: input file is empty", path));
+    emit({std::string(), 0});
+    return;
+  }
   if (format == InputFormat::Text && options.split == DocumentSplit::PerFile) {  // the file is the document
     if (options.piece_bytes == 0 || !options.tokenizer) {
       emit({in.read_all(), 0});

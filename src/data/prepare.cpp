@@ -301,7 +301,10 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
     }
     bar.finish();
   }
-  if (offsets.size() == 1) throw DataError("prepare-data: the inputs hold no non-empty document");
+  if (offsets.size() == 1)
+    throw DataError(fmt::format("prepare-data: the inputs hold no non-empty document ({} empty skipped; {} file{}: {}{})",
+                                summary.empty_documents_skipped, files.size(), files.size() == 1 ? "" : "s", files.front(),
+                                files.size() > 1 ? ", ..." : ""));
   errno = 0;
   tokens_tmp.close();
   if (!tokens_tmp) throw token_file_failed(tokens_tmp_path, errno);

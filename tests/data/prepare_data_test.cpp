@@ -123,12 +123,13 @@ TEST(PrepareData, ClearErrors) {
   EXPECT_NE(msg.find(no_text.string() + ":2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("\"text\""), std::string::npos) << msg;
 
+  // An empty text file is an empty document (skipped, counted); inputs that hold nothing else are an error.
   const auto empty = testing::tmp_path("empty.txt");
   { std::ofstream(empty) << ""; }
   o.inputs = {empty.string()};
   msg = testing::data_error_of([&] { prepare_dataset(o); });
   EXPECT_NE(msg.find(empty.string()), std::string::npos) << msg;
-  EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no non-empty document (1 empty skipped"), std::string::npos) << msg;
 
   const auto not_h5 = testing::tmp_path("not.h5");
   { std::ofstream(not_h5) << "just some text, not HDF5"; }
@@ -765,6 +766,43 @@ TEST(PrepareData, ValidationChoice) {
   EXPECT_EQ(choose_validation_documents(10, 0.0, 3).size(), 0u);
   EXPECT_EQ(choose_validation_documents(100, 0.25, 3), choose_validation_documents(100, 0.25, 3));
   EXPECT_NE(choose_validation_documents(100, 0.25, 3), choose_validation_documents(100, 0.25, 4));
+}
+
+// An empty text file among others is an empty document, skipped and counted as docs/data.md says (it stopped the
+// whole preparation, exit 4); a UTF-16 text file is named as such, with the conversion to do (it was "holds a NUL
+// byte").
+TEST(PrepareData, EmptyTextFilesAreSkippedAndUtf16IsNamed) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  const auto dir = testing::tmp_path("with-empty");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "a.txt") << "first text";
+  std::ofstream(dir / "b_empty.txt").flush();
+  std::ofstream(dir / "c.txt") << "second text";
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {dir.string()};
+  o.output = testing::tmp_path("with-empty.h5").string();
+  o.validation_fraction = 0;
+  o.progress = ProgressStyle::Off;
+  o.existing = ExistingOutput::Replace;
+  for (const auto split : {DocumentSplit::PerFile, DocumentSplit::BlankLines}) {
+    o.documents.split = split;
+    const auto s = prepare_dataset(o);
+    EXPECT_EQ(s.files, 3u);
+    EXPECT_EQ(s.documents, 2u);
+    EXPECT_EQ(s.empty_documents_skipped, 1u);
+    const auto ds = TokenDataset::open(o.output);
+    EXPECT_EQ(Tokenizer::load(gpt2_path()).decode(ds.document(1)), "second text");
+  }
+  const auto utf16 = testing::tmp_path("notes-utf16.txt");
+  std::ofstream(utf16, std::ios::binary) << std::string("\xff\xfeh\0i\0", 6);
+  o.inputs = {utf16.string()};
+  const auto msg = testing::data_error_of([&] { prepare_dataset(o); });
+  EXPECT_NE(msg.find(utf16.string() + ": is UTF-16 text (its byte order mark says little-endian, FF FE)"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("iconv -f UTF-16 -t UTF-8"), std::string::npos) << msg;
 }
 
 }  // namespace
