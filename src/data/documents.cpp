@@ -455,6 +455,10 @@ class DocumentPieces {
 
   std::string text;
 
+  // Whether the document has begun: text held, or pieces of it handed out already (all of it, when a stretch with no
+  // character boundary was cut at its end).
+  bool begun() const { return !text.empty() || started_; }
+
   void cut_when_full() {
     if (options_.piece_bytes == 0 || !options_.tokenizer) return;
     while (text.size() >= options_.piece_bytes) {
@@ -554,14 +558,14 @@ void for_each_raw_document(const std::string& path, const DocumentOptions& optio
     }
     if (found == 0) throw DataError(fmt::format("{}: no JSON lines found", path));
   } else {
-    // Blocks separated by lines that are empty or only whitespace; the block's own newlines are kept. A piece
-    // of a long block cut off leaves text behind it (a cut is never at the end), so the newline still goes in.
+    // Blocks separated by lines that are empty or only whitespace; the block's own newlines are kept, also after a
+    // piece that took all the text held (1 MiB of bytes with no character boundary: the newline was dropped).
     DocumentPieces block(path, options, emit);
     while (in.read_line(line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) {
         block.finish();
       } else {
-        if (!block.text.empty()) block.text.push_back('\n');
+        if (block.begun()) block.text.push_back('\n');
         block.text.append(line);
         block.cut_when_full();
       }

@@ -805,5 +805,28 @@ TEST(PrepareData, EmptyTextFilesAreSkippedAndUtf16IsNamed) {
   EXPECT_NE(msg.find("iconv -f UTF-16 -t UTF-8"), std::string::npos) << msg;
 }
 
+// --blank-line-documents: a block whose first line is a stretch with no character boundary (continuation bytes) longer
+// than a piece may grow, then a line of text. The stretch went out whole as a piece, and the newline after it was
+// dropped: the block decoded as its bytes + "hello world".
+TEST(PrepareData, ABlockCutWholeKeepsTheNewlineAfterIt) {
+  if (!testing::require_fetched()) return;
+  const std::string block = "\xe2" + std::string(100000, '\x80') + "\nhello world";
+  const auto input = testing::tmp_path("junk-block.txt");
+  std::ofstream(input, std::ios::binary) << block << "\n";
+  PrepareOptions o;
+  o.tokenizer = gpt2_path();
+  o.inputs = {input.string()};
+  o.output = testing::tmp_path("junk-block.h5").string();
+  o.documents.split = DocumentSplit::BlankLines;
+  o.batch_bytes = size_t{64} << 10;
+  o.validation_fraction = 0;
+  o.progress = ProgressStyle::Off;
+  o.existing = ExistingOutput::Replace;
+  EXPECT_EQ(prepare_dataset(o).documents, 1u);
+  const auto ds = TokenDataset::open(o.output);
+  const auto ids = ds.document(0);
+  EXPECT_EQ(Tokenizer::load(gpt2_path()).decode(std::vector<TokenId>(ids.begin(), ids.end())), block);
+}
+
 }  // namespace
 }  // namespace shardtrain::data
