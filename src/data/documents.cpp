@@ -471,7 +471,8 @@ class DocumentPieces {
         at = text.size() - 1;
         while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
         if (at == 0) at = text.size();
-        if (!warned_)
+        // A tokenizer with no such place at all is said once a run by prepare-data, not blamed on each document.
+        if (!warned_ && options_.tokenizer->has_safe_cuts())
           log::warn(
               "{}: no place to cut the document exactly (an ASCII letter after a space or newline) in the {} bytes "
               "from byte {}; cut at a character boundary instead, where its tokens may differ from the whole "

@@ -221,6 +221,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   std::vector<std::vector<TokenId>> ids;
   std::vector<uint8_t> skipped;
   std::vector<size_t> text_bytes;
+  // Pieces of documents cut by a tokenizer without safe cuts, at character boundaries, for one warning.
+  size_t inexact_cuts = 0, cut_documents = 0, last_cut_document = 0;
   {
     ProgressBar bar({.label = documents.token_field.empty() ? "tokenize" : "import",
                      .total = total_estimate,
@@ -296,11 +298,24 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
         const auto size = static_cast<int64_t>(ids[d].size());
         if (batch.docs[d].continues && offsets.size() > 1) offsets.back() += size;  // a piece of the one before
         else offsets.push_back(offsets.back() + size);
+        if (batch.docs[d].continues && documents.tokenizer && !tokenizer.has_safe_cuts()) {
+          cut_documents += offsets.size() - 1 != last_cut_document;
+          last_cut_document = offsets.size() - 1;
+          ++inexact_cuts;
+        }
       }
       bar.advance(batch.bytes + batch.beyond);
     }
     bar.finish();
   }
+  if (inexact_cuts > 0)
+    log::warn(
+        "prepare-data: tokenizer {} has no place where a long document can be cut with its tokens kept (its split "
+        "pattern may join the text across any space or newline, it has none, or it has added tokens that are not "
+        "special: Tokenizer::last_safe_cut finds no place); {} document(s) longer than a piece were cut {} time(s) at "
+        "character boundaries, where their tokens may differ from the whole text's (a few tokens at each cut); a "
+        "larger --batch-mb cuts less often",
+        tokenizer.name(), cut_documents, inexact_cuts);
   if (offsets.size() == 1)
     throw DataError(fmt::format("prepare-data: the inputs hold no non-empty document ({} empty skipped; {} file{}: {}{})",
                                 summary.empty_documents_skipped, files.size(), files.size() == 1 ? "" : "s", files.front(),

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "data_test_util.hpp"
+#include "shardtrain/data/bpe_trainer.hpp"
 #include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/documents.hpp"
 #include "shardtrain/data/output_file.hpp"
@@ -826,6 +827,50 @@ TEST(PrepareData, ABlockCutWholeKeepsTheNewlineAfterIt) {
   const auto ds = TokenDataset::open(o.output);
   const auto ids = ds.document(0);
   EXPECT_EQ(Tokenizer::load(gpt2_path()).decode(std::vector<TokenId>(ids.begin(), ids.end())), block);
+}
+
+// A tokenizer whose split pattern has no safe cut places (`\S+\s*` takes the space after a word into it): each long
+// document was warned about ("no place to cut the document exactly (an ASCII letter after a space or newline)"),
+// blaming the text. Now one warning a run names the tokenizer and what the cuts cost.
+TEST(PrepareData, ATokenizerWithoutSafeCutsIsSaidOnceARun) {
+  if (!testing::require_fetched()) return;
+  namespace fs = std::filesystem;
+  const auto dir = testing::tmp_path("no-safe-cuts");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto texts = testing::real_texts(600 << 10);
+  std::string all;
+  for (const auto& t : texts) all += t;
+  for (int i = 0; i < 3; ++i) std::ofstream(dir / ("doc" + std::to_string(i) + ".txt")) << all.substr(i * 150000, 150000);
+  BpeTrainOptions train;
+  train.vocab_size = 300;
+  train.split_pattern = R"(\S+\s*)";
+  train.progress = ProgressStyle::Off;
+  const auto tokenizer_path = dir.parent_path() / "no-safe-cuts.json";
+  std::ofstream(tokenizer_path) << train_bpe({(dir / "doc0.txt").string()}, train).tokenizer_json;
+  ASSERT_FALSE(Tokenizer::load(tokenizer_path.string()).has_safe_cuts());
+  ASSERT_TRUE(Tokenizer::load(gpt2_path()).has_safe_cuts());
+  PrepareOptions o;
+  o.tokenizer = tokenizer_path.string();
+  o.inputs = {dir.string()};
+  o.output = testing::tmp_path("no-safe-cuts.h5").string();
+  o.batch_bytes = size_t{64} << 10;
+  o.validation_fraction = 0;
+  o.progress = ProgressStyle::Off;
+  o.existing = ExistingOutput::Replace;
+  ::testing::internal::CaptureStderr();
+  const auto s = prepare_dataset(o);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(s.documents, 3u);
+  const auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = err.find(needle); at != std::string::npos; at = err.find(needle, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("no place to cut the document exactly"), 0u) << err;
+  EXPECT_EQ(count("has no place where a long document can be cut with its tokens kept"), 1u) << err;
+  EXPECT_NE(err.find("3 document(s) longer than a piece were cut 6 time(s) at character boundaries"), std::string::npos)
+      << err;
 }
 
 }  // namespace

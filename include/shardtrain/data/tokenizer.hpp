@@ -70,6 +70,8 @@ class Tokenizer {
   // probes when it is loaded), a byte-fallback model that merges across spaces, one with no split pattern, or one
   // with added tokens that are not special has no such place: it returns 0.
   size_t last_safe_cut(std::string_view text) const;
+  // Whether last_safe_cut can give a place at all (false: it returns 0 for any text).
+  bool has_safe_cuts() const { return cuts_are_exact_; }
 
   const std::string& name() const;  // "r50k_base", "llama3/tokenizer.json", ...
   const std::string& path() const;
