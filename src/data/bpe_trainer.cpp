@@ -12,8 +12,10 @@
 #include <chrono>
 #include <memory>
 #include <queue>
+#include <set>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
@@ -88,6 +90,16 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
         throw UsageError(
             fmt::format("--special: '{}' is given twice (special tokens {} and {})", options.special_tokens[i], k, i));
   }
+  // tokenizer.json's vocab keys a byte's token by its byte-level spelling and a special token by its text: a special
+  // token spelled as a byte ("!") would be one key for two ids, and the file contradict itself.
+  const std::set<std::string> special_texts(options.special_tokens.begin(), options.special_tokens.end());
+  for (int b = 0; b < 256; ++b)
+    if (const std::string spelled = detail::map_byte_level(std::string(1, static_cast<char>(b)));
+        special_texts.contains(spelled))
+      throw UsageError(fmt::format(
+          "--special '{}': is also the vocabulary's spelling of byte {} (tokenizer.json's vocab would hold it twice, "
+          "with two ids); give a special token text that no single byte spells, e.g. <|{}|>",
+          spelled, b, spelled));
   const int threads = resolve_thread_count(options.threads);
   const std::string pattern = options.split_pattern.empty() ? std::string(llama3_split_pattern()) : options.split_pattern;
   // A pattern that does not compile is a bad command-line value (exit 2), not bad data.
@@ -160,6 +172,10 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   nlohmann::json merges = nlohmann::json::array();
   std::vector<uint32_t> stamp(tr.words.size(), 0);
   uint32_t merge_no = 0;
+  // Pairs whose merge would spell a special token's text ("[EOT]" in the corpus, split on whitespace): a second token
+  // of that text would overwrite the special one's vocab key, and text would encode to a control token's id.
+  std::unordered_set<uint64_t> refused;
+  size_t refused_merges = 0;
   ProgressBar bar(
       {.label = "merge", .total = options.vocab_size - vocab.size(), .unit = "merges", .style = options.progress});
   while (vocab.size() < options.vocab_size && !tr.heap.empty()) {
@@ -169,7 +185,13 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
     if (pc == tr.pair_counts.end() || pc->second != top.count) continue;  // stale
     if (top.count < static_cast<int64_t>(std::max<uint64_t>(options.min_frequency, 1))) break;
     const auto a = static_cast<TokenId>(top.key >> 32), b = static_cast<TokenId>(top.key & 0xffffffffu);
+    if (refused.contains(top.key)) continue;
     const std::string merged = vocab[a] + vocab[b];
+    if (special_texts.contains(detail::map_byte_level(merged))) {
+      refused.insert(top.key);
+      ++refused_merges;
+      continue;
+    }
     TokenId c;
     if (auto it = ids.find(merged); it != ids.end()) {
       c = it->second;
@@ -256,6 +278,9 @@ BpeTrainResult train_bpe(const std::vector<std::string>& files, const BpeTrainOp
   r.unique_words = tr.words.size();
   r.input_bytes = bytes;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (refused_merges > 0)
+    log::info("tokenizer train: {} merge(s) left out: each would have made a token spelled as a special token",
+              refused_merges);
   if (r.vocab_size < options.vocab_size)
     log::warn("tokenizer train: stopped at vocab size {} (< {}): no pair occurs {} or more times", r.vocab_size,
               options.vocab_size, options.min_frequency);

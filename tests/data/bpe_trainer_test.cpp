@@ -121,5 +121,47 @@ TEST(BpeTrainer, RejectsTooSmallVocabulary) {
   EXPECT_THROW(train_bpe({"x"}, o), UsageError);
 }
 
+// "[EOT]" in the corpus, split on whitespace: the merges learned a token of the special token's text, and
+// tokenizer.json's vocab object held the key twice (the learned id overwrote the special one's). Such merges are left
+// out: the file's vocab has one entry per id, it loads, and the text "[EOT]" encodes to other ids than the special.
+// A special token that a single byte spells ("!") is refused before any work.
+TEST(BpeTrainer, NoLearnedTokenHasASpecialTokensText) {
+  const auto corpus = testing::tmp_path("eot-stories.txt");
+  {
+    std::ofstream out(corpus);
+    for (int i = 0; i < 200; ++i) out << "the cat sat. [EOT] a dog ran! [EOT]\n";
+  }
+  auto o = small_options();
+  o.vocab_size = 270;
+  o.split_pattern = R"(\S+|\s+)";
+  o.threads = 1;
+  const auto r = train_bpe({corpus.string()}, o);
+  EXPECT_EQ(r.vocab_size, 270u);
+  const auto j = nlohmann::json::parse(r.tokenizer_json);
+  const auto& vocab = j["model"]["vocab"];
+  EXPECT_EQ(vocab.size(), r.vocab_size);
+  std::vector<int> seen(r.vocab_size, 0);
+  for (const auto& [key, id] : vocab.items()) ++seen.at(id.get<size_t>());
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<ptrdiff_t>(r.vocab_size));
+  EXPECT_EQ(vocab["[EOT]"], 1);
+  const auto path = testing::tmp_path("eot-stories.json");
+  std::ofstream(path, std::ios::binary) << r.tokenizer_json;
+  const Tokenizer tok = Tokenizer::load(path.string());
+  EXPECT_EQ(tok.vocab_size(), 270u);
+  Encoder enc(tok);
+  const auto ids = enc.encode("cat. [EOT]", SpecialTokenMode::AsText);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), TokenId{1}), 0);
+  EXPECT_EQ(tok.decode(ids), "cat. [EOT]");
+  EXPECT_EQ(enc.encode("[EOT]", SpecialTokenMode::Recognize), std::vector<TokenId>{1});
+
+  o.special_tokens = {"!", "[EOT]"};
+  try {
+    train_bpe({corpus.string()}, o);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--special '!': is also the vocabulary's spelling of byte 33", 0), 0u) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::data
