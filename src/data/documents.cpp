@@ -21,6 +21,7 @@
 #include "shardtrain/data/parquet.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "utf8.hpp"
 
 namespace shardtrain::data {
 
@@ -379,14 +380,94 @@ uint64_t document_bytes_estimate(const std::string& path, const DocumentOptions&
   return InputFile::estimate_size(path);
 }
 
+namespace {
+
+// The value of the 4 hex digits at s[at], or -1.
+int hex4(std::string_view s, size_t at) {
+  if (at + 4 > s.size()) return -1;
+  int v = 0;
+  for (size_t i = at; i < at + 4; ++i) {
+    const char c = s[i];
+    const int d = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+// `line` with each \uD800-\uDFFF escape that is not half of a surrogate pair written as \uFFFD.
+std::string replace_lone_surrogates(std::string_view line) {
+  std::string out;
+  out.reserve(line.size());
+  bool in_string = false;
+  for (size_t i = 0; i < line.size();) {
+    const char c = line[i];
+    if (c == '"') in_string = !in_string;
+    if (!in_string || c != '\\') {
+      out += c;
+      ++i;
+      continue;
+    }
+    const int v = i + 1 < line.size() && line[i + 1] == 'u' ? hex4(line, i + 2) : -1;
+    if (v < 0xD800 || v > 0xDFFF) {  // any other escape, whole (\\ included, so that its second \ starts none)
+      out.append(line.substr(i, v < 0 ? 2 : 6));
+      i += v < 0 ? 2 : 6;
+      continue;
+    }
+    const int low = v <= 0xDBFF && i + 7 < line.size() && line[i + 6] == '\\' && line[i + 7] == 'u' ? hex4(line, i + 8) : -1;
+    if (low >= 0xDC00 && low <= 0xDFFF) {
+      out.append(line.substr(i, 12));
+      i += 12;
+    } else {
+      out += "\\ufffd";
+      i += 6;
+    }
+  }
+  return out;
+}
+
+// One JSONL line parsed. A lone UTF-16 surrogate escape ("\ud800", which Python's json writes from a string cut
+// inside a pair, and reads) is U+FFFD, as Python's errors="replace" and JavaScript's TextEncoder make it; the line
+// was refused as "not a JSON object". Invalid UTF-8 inside a string is named as such, with what to do.
+nlohmann::json parse_jsonl_line(const std::string& bytes, const std::string& path, uint64_t line) {
+  std::string replaced;
+  for (int attempt = 0;; ++attempt) {
+    try {
+      return nlohmann::json::parse(attempt == 0 ? bytes : replaced);
+    } catch (const nlohmann::json::parse_error& e) {
+      const std::string_view what = e.what();
+      if (attempt == 0 && what.find("surrogate") != std::string_view::npos) {
+        replaced = replace_lone_surrogates(bytes);
+        continue;
+      }
+      if (what.find("ill-formed UTF-8") != std::string_view::npos) {
+        size_t at = 0;  // the first byte that starts no valid sequence
+        for (char32_t cp = 0; at < bytes.size();) {
+          const size_t n = detail::utf8_decode(bytes, at, cp);
+          if (n == 0) break;
+          at += n;
+        }
+        throw DataError(fmt::format(
+            "{}:{}: invalid UTF-8 inside a JSON string (byte {} of the line, 0x{:02x}): JSON text must be UTF-8; convert "
+            "the file (iconv -f LATIN1 -t UTF-8, if it is latin-1) or fix what wrote it (plain text inputs, --format "
+            "text, keep such bytes as they are)",
+            path, line, at + 1, at < bytes.size() ? static_cast<unsigned char>(bytes[at]) : 0));
+      }
+      throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, line, e.what()));
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, line, e.what()));
+    }
+  }
+}
+
+}  // namespace
+
 std::string document_text(RawDocument&& raw, const std::string& path, const DocumentOptions& options) {
   if (raw.line == 0) return std::move(raw.bytes);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(raw.bytes);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
-  }
+  nlohmann::json j = parse_jsonl_line(raw.bytes, path, raw.line);
   if (!j.is_object())
     throw DataError(
         fmt::format("{}:{}: not a JSON object (a JSON {}; JSONL inputs need one object per line with a "
@@ -410,12 +491,7 @@ std::vector<TokenId> document_ids(RawDocument&& raw, const std::string& path, co
     std::memcpy(ids.data(), raw.bytes.data(), ids.size() * sizeof(TokenId));
     return ids;
   }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(raw.bytes);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, raw.line, e.what()));
-  }
+  nlohmann::json j = parse_jsonl_line(raw.bytes, path, raw.line);
   const std::string& field = options.token_field;
   if (!j.is_object())
     throw DataError(

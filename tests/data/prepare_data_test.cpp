@@ -567,6 +567,31 @@ TEST(PrepareData, AJsonlLineThatIsNotAnObjectSaysSo) {
                 "\"input_ids\" array of token ids)");
 }
 
+// A lone surrogate escape, which Python's json writes (a string cut inside a pair) and reads, is U+FFFD; the line was
+// refused as "not a JSON object". A pair, an escaped backslash before "u" and other escapes are as they were. Raw
+// invalid UTF-8 inside a string is named as such, with its byte and what to do.
+TEST(PrepareData, JsonlSurrogatesAreReplacedAndInvalidUtf8IsNamed) {
+  const auto path = testing::tmp_path("surrogates.jsonl");
+  std::ofstream(path, std::ios::binary) << R"({"text": "bad \ud800 here"})"
+                                           "\n"
+                                        << R"({"text": "low \uDC00, high then other \ud83d\u0041"})"
+                                           "\n"
+                                        << R"({"text": "pair \ud83d\ude00 kept, \\ud800 literal, \"q\" \n"})"
+                                           "\n"
+                                        << "{\"text\": \"caf\xe9 latin1\"}\n";
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_EQ(document_text({R"({"text": "bad \ud800 here"})", 1}, path.string(), {}), "bad " + fffd + " here");
+  EXPECT_EQ(document_text({R"({"text": "low \uDC00, high then other \ud83d\u0041"})", 2}, path.string(), {}),
+            "low " + fffd + ", high then other " + fffd + "A");
+  EXPECT_EQ(document_text({R"({"text": "pair \ud83d\ude00 kept, \\ud800 literal, \"q\" \n"})", 3}, path.string(), {}),
+            "pair \xf0\x9f\x98\x80 kept, \\ud800 literal, \"q\" \n");
+  EXPECT_EQ(testing::data_error_of([&] { read_documents(path.string(), {}); }),
+            path.string() +
+                ":4: invalid UTF-8 inside a JSON string (byte 14 of the line, 0xe9): JSON text must be UTF-8; convert the "
+                "file (iconv -f LATIN1 -t UTF-8, if it is latin-1) or fix what wrote it (plain text inputs, --format "
+                "text, keep such bytes as they are)");
+}
+
 // --threads 65536 (inside the command's range) is cut to 1024, which run: the dataset is the one of 2 threads.
 TEST(PrepareData, ThreadsAboveTheCapAreCutToIt) {
   if (!testing::require_fetched()) return;
