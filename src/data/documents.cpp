@@ -299,6 +299,24 @@ void check_text_inputs_are_text(const std::vector<std::string>& files, const Doc
         "format",
         f, nul, is_hdf5_file(f) ? ", and is an HDF5 file (a prepared dataset?)" : ""));
   }
+  // A folder of structured data with text files beside it is most often a download's card and notes (README.md,
+  // LICENSE): warned, not refused, as a corpus may mix the two on purpose and docs/data.md reads other names as text.
+  std::vector<std::string> text;
+  size_t structured = 0;
+  for (const auto& f : files) {
+    if (format_of(f, options) == InputFormat::Text) text.push_back(f);
+    else ++structured;
+  }
+  if (options.format != InputFormat::Auto || text.empty() || structured == 0) return;
+  std::string named;
+  for (size_t i = 0; i < std::min<size_t>(text.size(), 5); ++i) named += (i ? ", " : "") + text[i];
+  if (text.size() > 5) named += fmt::format(" and {} more", text.size() - 5);
+  log::warn(
+      "{} file{} read as plain text (one training document each) among {} JSONL, Parquet or Arrow file{}: {}; if "
+      "{} not training text (a dataset card, a README, a license), leave {} out: give the data files or their folder "
+      "(-i DOWNLOAD/data), or move {} out of the input folder",
+      text.size(), text.size() == 1 ? " is" : "s are", structured, structured == 1 ? "" : "s", named,
+      text.size() == 1 ? "it is" : "they are", text.size() == 1 ? "it" : "them", text.size() == 1 ? "it" : "them");
 }
 
 namespace {

@@ -398,4 +398,17 @@ r = subprocess.run([st, "prepare-data", "-t", r50k, "-i", inputs, "-o", "fsize.h
                    capture_output=True, text=True, errors="replace", preexec_fn=small_files, timeout=60)
 check(r.returncode == 8 and "fsize.h5.tokens-tmp-" in r.stderr and "cannot write the temporary token file: File too large"
       in r.stderr and not os.path.exists("fsize.h5") and not leftovers(), f"token file write refused: {r.returncode} {error_line(r)}")
+# A Hub download's README.md (its dataset card) beside data/*.jsonl is read as a document: warned, naming it and how to
+# leave it out; a folder of JSONL alone, or of text alone, says nothing.
+os.makedirs("hub/data")
+with open("hub/data/train.jsonl", "w") as f:
+    f.write('{"text": "hello world"}\n')
+with open("hub/README.md", "w") as f:
+    f.write("# A dataset card\n")
+r = run("prepare-data", "-t", r50k, "-i", "hub", "-o", "hub.h5")
+check(r.returncode == 0 and "1 file is read as plain text (one training document each) among 1 JSONL, Parquet or Arrow "
+      "file: hub/README.md; if it is not training text" in r.stderr and "-i DOWNLOAD/data" in r.stderr,
+      f"README.md beside JSONL: {r.returncode} {error_line(r)}")
+r = run("prepare-data", "-t", r50k, "-i", "hub/data", "-o", "hub-data.h5")
+check(r.returncode == 0 and "plain text" not in r.stderr, f"JSONL alone: {r.returncode} {error_line(r)}")
 check.finish("data CLI: outputs, --special, threads and inputs as expected")

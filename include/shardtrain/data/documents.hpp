@@ -105,7 +105,9 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, c
 
 // Every input read as text (format_of: no JSONL, Parquet or Arrow name, or --format text) must be text: one holding a
 // NUL byte in its first 64 KiB (decompressed) is a DataError naming it, before any is read in full. A binary file in
-// an input folder (an HDF5 dataset of an earlier run, an image) was tokenized as text without a word.
+// an input folder (an HDF5 dataset of an earlier run, an image) was tokenized as text without a word. Files read as
+// text among JSONL, Parquet or Arrow ones (a Hub download's README.md beside data/*.jsonl) are named in a warning, with
+// how to leave them out: each would be a training document.
 void check_text_inputs_are_text(const std::vector<std::string>& files, const DocumentOptions& options);
 
 // A --text-field given where every input is plain text (it would be ignored): UsageError naming it and an input.
