@@ -411,4 +411,26 @@ check(r.returncode == 0 and "1 file is read as plain text (one training document
       f"README.md beside JSONL: {r.returncode} {error_line(r)}")
 r = run("prepare-data", "-t", r50k, "-i", "hub/data", "-o", "hub-data.h5")
 check(r.returncode == 0 and "plain text" not in r.stderr, f"JSONL alone: {r.returncode} {error_line(r)}")
+# A training run on a dataset whose path is not UTF-8 saves its checkpoints (the first save threw type_error 316,
+# losing every step before it) and resumes from them as the same data: the recorded path (U+FFFD for the byte) is
+# compared with the current one through the same replacement.
+with open("tiny.toml", "w") as f:
+    f.write('[model]\nvocab_size = 50304\nmax_position_embeddings = 64\nhidden_size = 32\nintermediate_size = 64\n'
+            'num_hidden_layers = 1\nnum_attention_heads = 2\nnum_key_value_heads = 1\n[schedule]\neval_every = 0\n'
+            '[data]\nlayout = "packed"\nseq_len = 32\nglobal_batch_size = 8\n')
+latin1_ds = b"donn\xe9es.h5"
+if os.path.exists("latin1.h5"):  # (its preparation is checked above)
+    shutil.copy("latin1.h5", latin1_ds)
+train_runs = []
+for steps in ("6", "9"):
+    train_runs.append(subprocess.run([os.fsencode(st), b"train", b"-c", b"tiny.toml", b"--data.path", latin1_ds,
+                                      b"--schedule.max_steps", steps.encode(), b"--checkpoint.every_n_steps", b"3",
+                                      b"--checkpoint.resume", b"auto", b"--logging.run_dir", b"latin1-run"],
+                                     capture_output=True, timeout=300))
+saved = sorted(n for n in os.listdir("latin1-run/checkpoints") if not n.startswith(".")) if os.path.isdir("latin1-run/checkpoints") else []
+second = train_runs[1].stderr.decode(errors="replace")
+check(all(t.returncode == 0 for t in train_runs) and saved == ["step_00000003", "step_00000006", "step_00000009"]
+      and "resumed from" in second and "at step 6" in second and "was trained on" not in second
+      and "prepared again" not in second,
+      f"training on a latin-1 data.path: {[t.returncode for t in train_runs]} {saved} {second[-600:]}")
 check.finish("data CLI: outputs, --special, threads and inputs as expected")
