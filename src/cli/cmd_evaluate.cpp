@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -19,10 +21,12 @@
 #include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/dataset.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
+#include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/evaluator.hpp"
@@ -30,6 +34,7 @@
 #include "shardtrain/train/rank_agreement.hpp"
 #include "shardtrain/train/startup.hpp"
 #include "shardtrain/train/replica.hpp"
+#include "shardtrain/train/run_dir.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -47,13 +52,27 @@ struct EvaluateOptions {
   bool every_checkpoint = false;
 };
 
+// Whether the tokenizer file at a path is the one a dataset records (a file that does not load is not).
+std::function<bool(const std::string&)> is_tokenizer_of(const data::DatasetInfo& info) {
+  return [info](const std::string& path) {
+    try {
+      const data::Tokenizer t = data::Tokenizer::load(path);
+      return data::same_tokenizer(t.hash(), t.encoding_hash(), info.tokenizer_hash, info.tokenizer_encoding_hash);
+    } catch (const Error&) {
+      return false;
+    }
+  };
+}
+
 // Each id's length in bytes under the dataset's tokenizer (0 for special tokens: they stand for no text),
 // for bits per byte, the measure that does not depend on the tokenizer. Empty, with the reason in `why`, when the
 // tokenizer cannot be read; a tokenizer other than the dataset's is an error.
 std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDataset& dataset, std::string* why) {
   const data::DatasetInfo& info = dataset.info();
-  // The recorded path is relative to the folder prepare-data ran in: looked for above the dataset too.
-  const std::string path = given.empty() ? resolve_recorded_path(info.tokenizer_path, dataset.path()) : given;
+  // The recorded path is relative to the folder prepare-data ran in: looked for above the dataset too, past a file of
+  // that name here that is another tokenizer.
+  const std::string path =
+      given.empty() ? resolve_recorded_path(info.tokenizer_path, dataset.path(), is_tokenizer_of(info)) : given;
   std::optional<data::Tokenizer> tok;
   try {
     if (!path.empty()) tok = data::Tokenizer::load(path);
@@ -105,6 +124,29 @@ void refuse_json_over_input(const std::string& json, const std::string& input, c
       fmt::format("--json {}: {} {} ({}), an input of this evaluation, which the JSON would replace; "
                   "expected a file of its own",
                   json, same ? "is" : "lies in", what, input));
+}
+
+// A training run's own files, its config.toml, result.json, metrics.jsonl, TensorBoard events and the like: --json over
+// one replaced it with exit 0, and `train -c RUN_DIR/config.toml --resume auto` then failed ("not valid TOML"). The
+// run directory's eval.json (what the quickstart writes) is evaluate's own.
+void refuse_json_over_run_file(const std::string& json) {
+  namespace fs = std::filesystem;
+  if (json.empty()) return;
+  const fs::path path(json);
+  const std::string name = path.filename().string();
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (name == "eval.json" || !train::is_own_config_toml((dir / "config.toml").string())) return;
+  std::string metrics = "metrics.jsonl";
+  try {  // the run's own name for its metrics, when it chose one
+    const train::TrainConfig run = train::load_train_config((dir / "config.toml").string());
+    if (!run.logging.metrics_file.empty()) metrics = fs::path(run.logging.metrics_file).filename().string();
+  } catch (const Error&) {
+  }
+  if (train::is_reserved_run_dir_name(name) || name == metrics || name == "metrics.jsonl")
+    throw UsageError(
+        fmt::format("--json {}: is a file of the training run in {} (its {}), which the JSON would replace; "
+                    "expected a file of its own ({} is one)",
+                    json, dir.string(), name, (dir / "eval.json").string()));
 }
 
 int64_t parse_batches(const std::string& text) {
@@ -206,9 +248,24 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   refuse_json_over_input(o.json, o.args.fsdp_config, "the config --fsdp-config");
   refuse_json_over_input(o.json, o.args.accelerate_config, "the config --accelerate-config");
   refuse_json_over_input(o.json, o.tokenizer, "the tokenizer --tokenizer");
+  refuse_json_over_run_file(o.json);
   if (!rt->device().is_cuda()) check_address_space(rt->host_threads(), "evaluate");
   const int64_t batches = parse_batches(o.batches);
   const data::DatasetSplit split = parse_split(o.split);
+  // Evaluate's own options, and the weights they name, alike on every rank. Ranks given other --split, --batches or
+  // --weights (a command line per rank), or that found another newest checkpoint in --weights' folder (node-local
+  // disks, or a save published between their listings), evaluated other things and printed rank 0's as the result,
+  // exit 0 (loss 3.570 for a step-800 checkpoint whose loss is 3.422: half of step 400's weights); other --batches hung
+  // in the collectives until the watchdog.
+  const std::string options =
+      train::first_disagreement(rt->world(), {{"--weights", o.weights},
+                                              {"--split", o.split},
+                                              {"--batches", o.batches},
+                                              {"--tokenizer", o.tokenizer},
+                                              {"--every-checkpoint", o.every_checkpoint ? "given" : "not given"}});
+  if (!options.empty())
+    throw on_every_rank(UsageError(fmt::format(
+        "the ranks were given different evaluations: {}; every rank must run the same evaluate command line", options)));
   // What to evaluate: the weights, or with --every-checkpoint each complete checkpoint of the directory,
   // oldest first (the milestones keep_every keeps, and the newest).
   std::vector<std::string> targets;
@@ -252,6 +309,17 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     }
   }
 
+  // (the weights they name, below, once each rank has opened them)
+  if (!o.every_checkpoint) {
+    const std::string weights =
+        train::first_disagreement(rt->world(), {{"the weights " + o.weights + " names", source->path()}});
+    if (!weights.empty())
+      throw on_every_rank(CheckpointError(fmt::format(
+          "the ranks found different weights: {}; every rank must see the same checkpoints (a folder on each node's "
+          "own disk, or a save published while the ranks looked: name the checkpoint itself)",
+          weights)));
+  }
+
   // The run's configuration: --config, else the one the (newest) checkpoint was trained with (its data,
   // layout, sequence length, mesh), else the defaults; then the overrides. The architecture is the weights'.
   std::vector<std::string> notes;
@@ -275,11 +343,48 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   }
   for (const auto& n : notes) log::info("evaluate: {}", n);
   c.model = source->model_config();
-  // The saved config's datasets are relative to the folder the run started in, which may not be this one.
-  c.data.path = resolve_recorded_path(c.data.path, source->path());
+  // The overrides given on the command line, by key.
+  const std::vector<train::ConfigField>& fields = train::config_fields();
+  const auto overridden = [&](const std::function<bool(const train::ConfigField&)>& which) {
+    std::vector<std::string> keys;
+    for (size_t i = 0; i < fields.size() && i < o.args.override_options.size(); ++i)
+      if (which(fields[i]) && o.args.override_options[i]->count() > 0) keys.push_back(fields[i].dotted());
+    return keys;
+  };
+  // The architecture is the weights': a --model.* override changes nothing, and was taken without a word.
+  for (const std::string& key : overridden([](const train::ConfigField& f) { return f.section == "model"; }))
+    if (rt->topology().world_rank == 0)
+      log::warn("evaluate: --{} is not used: the model is the weights' ({})", key, source->path());
+  // The saved config's datasets are relative to the folder the run started in, which may not be this one; a file of
+  // the same name here that is another dataset than the one the weights record (their sources' identities) was
+  // evaluated with exit 0. Only for the datasets the saved config names: those the user names (--config, the HF or
+  // Accelerate files, --data.path, --data.mixture) are theirs.
+  std::map<std::string, std::string> identities;  // the recorded path -> its identity, as the checkpoint records them
+  const bool user_data = !o.args.config.empty() || !o.args.fsdp_config.empty() || !o.args.accelerate_config.empty() ||
+                         !overridden([](const train::ConfigField& f) {
+                            return f.dotted() == "data.path" || f.dotted() == "data.mixture";
+                          }).empty();
+  if (const auto record =
+          nlohmann::json::parse(source->tokenizer().empty() ? std::string("{}") : source->tokenizer(), nullptr, false);
+      !user_data && record.is_object() && record.contains("sources") && record["sources"].is_array())
+    for (const auto& s : record["sources"])
+      if (s.is_object() && s.value("path", "") != "" && s.value("identity", "") != "")
+        identities[s["path"].get<std::string>()] = s["identity"].get<std::string>();
+  const auto recorded_dataset = [&](const std::string& recorded) {
+    return [&identities, key = json_recorded(recorded)](const std::string& path) {
+      const auto it = identities.find(key);
+      if (it == identities.end()) return true;  // nothing recorded to compare with
+      try {
+        return data::TokenDataset::open(path).identity() == it->second;
+      } catch (const Error&) {
+        return false;
+      }
+    };
+  };
+  c.data.path = resolve_recorded_path(c.data.path, source->path(), recorded_dataset(c.data.path));
   for (size_t i = 0; i < c.data.mixture.size(); ++i) {
     const data::MixtureEntry e = data::parse_mixture_entry(c.data.mixture[i], fmt::format("data.mixture[{}]", i));
-    if (const std::string p = resolve_recorded_path(e.path, source->path()); p != e.path)
+    if (const std::string p = resolve_recorded_path(e.path, source->path(), recorded_dataset(e.path)); p != e.path)
       c.data.mixture[i] = fmt::format("{}:{}", p, e.weight);
   }
   c.checkpoint.resume.clear();
@@ -296,9 +401,19 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
   // A dataset whose ids go past the weights' vocabulary was made with another tokenizer than the weights were
   // trained with (5, as the tokenizers' hashes say where both are recorded). open_data_sources' own check names
   // model.vocab_size, a key to raise in a training config; here the model is the weights'.
+  std::optional<std::pair<std::string, data::DatasetInfo>> first;
   for (const data::MixtureEntry& e : c.data.sources()) {
     refuse_json_over_input(o.json, e.path, c.data.mixture.empty() ? "the dataset data.path" : "a dataset of data.mixture");
     const data::DatasetInfo info = data::TokenDataset::open(e.path).info();
+    // A mixture's sources share one tokenizer, as train requires (data::MixedSource): the evaluator reads each source
+    // alone, so a source of another tokenizer was evaluated with exit 0, its bits per byte by the first's tokenizer.
+    if (!first) first.emplace(e.path, info);
+    if (!data::same_tokenizer(info.tokenizer_hash, info.tokenizer_encoding_hash, first->second.tokenizer_hash,
+                              first->second.tokenizer_encoding_hash))
+      throw DataError(fmt::format(
+          "{}: tokenized with {} ({}), but {} with {} ({}); every source of a mixture must use the same tokenizer", e.path,
+          info.tokenizer_name, info.tokenizer_hash, first->first, first->second.tokenizer_name,
+          first->second.tokenizer_hash));
     refuse_json_over_input(o.json, resolve_recorded_path(info.tokenizer_path, e.path), "the dataset's tokenizer");
     if (info.vocab_size > c.model.vocab_size)
       throw CheckpointError(fmt::format(

@@ -113,9 +113,28 @@ int run_generate(const GenerateOptions& o) {
   if (tok_path.empty()) {
     const auto j =
         nlohmann::json::parse(source->tokenizer().empty() ? std::string("{}") : source->tokenizer(), nullptr, false);
-    if (j.is_object()) tok_path = resolve_recorded_path(j.value("path", std::string()), source->path());
+    if (j.is_object()) {
+      // The weights' own record (hash, encoding hash): a file of the recorded name here that is another tokenizer
+      // is passed over for the one above the weights (it stopped generate with exit 4, no tokenizer having been given).
+      const std::string hash = j.value("hash", std::string()), encoding = j.value("encoding_hash", std::string());
+      tok_path = resolve_recorded_path(j.value("path", std::string()), source->path(), [&](const std::string& path) {
+        if (hash.empty()) return true;
+        try {
+          const data::Tokenizer t = data::Tokenizer::load(path);
+          return data::same_tokenizer(t.hash(), t.encoding_hash(), hash, encoding);
+        } catch (const Error&) {
+          return false;
+        }
+      });
+    }
   }
   if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));
+  std::error_code ec;
+  if (o.tokenizer.empty() && !std::filesystem::exists(tok_path, ec))
+    throw DataError(fmt::format(
+        "{}: the tokenizer its weights record, {}, is not here (a relative path is looked for from this folder and from "
+        "the weights' folder up): give it with --tokenizer",
+        source->path(), tok_path));
   const data::Tokenizer tokenizer = data::Tokenizer::load(tok_path);
   const model::LlamaConfig config = source->model_config();
   // Another tokenizer's ids mean other text: without this, sampling prints fluent-looking garbage.

@@ -74,6 +74,12 @@ CLI::Validator output_file_check();
 // start and rotation remove such a folder with the files a save writes, and a user's export named model.h5 in it went.
 CLI::Validator outside_checkpoints_check();
 
+// CLI11 reads an integer with a leading 0 as octal, and 0x, 0o, 0b as other bases: `generate --max-tokens 010` made 8
+// tokens and `tokenizer decode 0120` printed the text of id 80, exit 0 (the same ids on stdin were read as decimal).
+// Makes every integer option and argument of `app` and its subcommands decimal: leading zeros are dropped, a base
+// prefix is a usage error. add_commands applies it to the whole command line.
+void decimal_integers(CLI::App& app);
+
 // An unsigned value (a seed): CLI11 reads "-1" into one as 2^64 - 1 without a word, and CLI::NonNegativeNumber's
 // message names a 300-digit bound.
 CLI::Validator unsigned_check();
@@ -138,8 +144,11 @@ void check_model_fits(const train::TrainConfig& config, int world, int local_siz
 // A path an earlier command recorded (a checkpoint's tokenizer and dataset, a dataset's tokenizer) is relative to
 // the folder that command ran in. Kept as it is when absolute or found from here; otherwise the first existing
 // `recorded` below `anchor`'s folder or one of its parents (a run's checkpoints lie below the folder it ran in),
-// logged; otherwise unchanged, for the reader's own error to name.
-std::string resolve_recorded_path(const std::string& recorded, const std::string& anchor);
+// logged; otherwise unchanged, for the reader's own error to name. With `is_it`, a relative file that exists but is
+// not the one recorded (another dataset or tokenizer of the same name in this folder: evaluate read it, exit 0) is
+// passed over for the next place, and said.
+std::string resolve_recorded_path(const std::string& recorded, const std::string& anchor,
+                                  const std::function<bool(const std::string&)>& is_it = {});
 
 // Writes `j` (indented) to PATH whole or not at all: a temporary file beside it, then a rename
 // (commands.cpp). Throws IoError naming the file and `what` it holds.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <regex>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -228,13 +229,21 @@ void check_model_fits(const train::TrainConfig& config, const Runtime& rt) {
   }
 }
 
-std::string resolve_recorded_path(const std::string& recorded, const std::string& anchor) {
+std::string resolve_recorded_path(const std::string& recorded, const std::string& anchor,
+                                  const std::function<bool(const std::string&)>& is_it) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (recorded.empty() || fs::path(recorded).is_absolute() || fs::exists(recorded, ec)) return recorded;
+  if (recorded.empty() || fs::path(recorded).is_absolute()) return recorded;
+  const auto fits = [&](const fs::path& p) {
+    if (!fs::exists(p, ec)) return false;
+    if (!is_it || is_it(p.string())) return true;
+    log::warn("{}: not the {} that was recorded (its content differs); looking further", p.string(), recorded);
+    return false;
+  };
+  if (fits(recorded)) return recorded;
   for (fs::path dir = fs::absolute(anchor, ec); !dir.empty(); dir = dir.parent_path()) {
     const fs::path candidate = dir / recorded;
-    if (fs::exists(candidate, ec)) {
+    if (fits(candidate)) {
       log::info("{} (recorded relative to the folder its run started in) is {}", recorded, candidate.string());
       return candidate.string();
     }
@@ -258,6 +267,33 @@ void add_commands(CLI::App& app, std::vector<Command>& out) {
   out.push_back(add_tokenizer_command(app));
   out.push_back(add_bench_command(app));
   out.push_back(add_parity_command(app));
+  decimal_integers(app);
+}
+
+namespace {
+
+// Leading zeros dropped ("010" is 10), a base prefix (0x, 0o, 0b) refused.
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const size_t at = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+        if (text.size() < at + 2 || text[at] != '0') return {};
+        if (std::string_view("xXoObB").find(text[at + 1]) != std::string_view::npos)
+          return fmt::format("{}: expected a decimal integer", text);
+        const size_t digit = text.find_first_not_of('0', at);
+        text.erase(at, (digit == std::string::npos ? text.size() - 1 : digit) - at);
+        return {};
+      },
+      "", "decimal");
+}
+
+}  // namespace
+
+void decimal_integers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options())
+    if (const std::string type = option->get_type_name(); type.starts_with("INT") || type.starts_with("UINT"))
+      option->transform(decimal_integer());  // the value's own type first, then its validators' descriptions
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) decimal_integers(*sub);
 }
 
 }  // namespace shardtrain::cli

@@ -218,8 +218,16 @@ for d in (bytes_ds, bpe_ds):
               f"bits per byte = loss x tokens / ln 2 / bytes: {s}")
 p, j = evaluate(*padded, "--data.path", bytes_ds, "--tokenizer", bpe_tok, name="wrongtok")
 check(p.returncode == 4 and "is not the tokenizer of" in p.stderr and j is None, f"--tokenizer of another dataset: exit {p.returncode}: {p.stderr[-800:]}")
-# A mixture: each source's loss and bytes, and the sources' mean in the mixture's weights.
-p, j = evaluate(*padded, "--data.mixture", f"{bytes_ds}:1,{ds}:3", "--batches", "1", name="mixture")
+# A mixture: each source's loss and bytes, and the sources' mean in the mixture's weights. Its sources share a tokenizer
+# (the second: the same texts, another held-out fifth); one of another tokenizer is refused as train refuses it (it was
+# evaluated, exit 0, its bits per byte by the first source's tokenizer).
+bytes2_ds = os.path.join(work, "bytes2.h5")
+subprocess.run([st, "prepare-data", "-t", bytes_tok, "-i", short, "-o", bytes2_ds, "--validation-fraction", "0.2", "--seed", "9",
+                "--log-level", "warn"], check=True)
+p, j = evaluate(*padded, "--data.mixture", f"{bytes_ds}:1,{ds}:3", "--batches", "1", name="mixture_two_tokenizers")
+check(p.returncode == 4 and "every source of a mixture must use the same tokenizer" in p.stderr and j is None,
+      f"a mixture of two tokenizers: exit {p.returncode}: {p.stderr[-800:]}")
+p, j = evaluate(*padded, "--data.mixture", f"{bytes_ds}:1,{bytes2_ds}:3", "--batches", "1", name="mixture")
 check(j is not None and len(j["sources"]) == 2, f"a mixture reports each source: {j} {p.stderr[-800:]}")
 if j and len(j["sources"]) == 2:
     a, b = j["sources"]

@@ -11,7 +11,10 @@
    micro-batch that does not divide the global batch, a rollback without checkpoints evaluate (with the same loss);
    train still refuses them. Before, exit 3.
 4. An empty validation split is said to be empty, with what to do (evaluate: exit 4; train: a warning); a split with
-   tokens but fewer than one sequence keeps its seq_len message."""
+   tokens but fewer than one sequence keeps its seq_len message.
+5. Ranks given other --split or --batches (exit 2), or that find other newest checkpoints in --weights' folder (exit
+   5); a mixture with a source of another tokenizer (exit 4); --json over the training run's config.toml, metrics or
+   result.json (exit 2, unchanged); a --model override said to be unused; ids with a leading 0 read as decimal."""
 import hashlib
 import json
 import os
@@ -274,5 +277,82 @@ for argv, place in ((["consolidate", step, "-o", f"{step}/model.h5"], f"{step}/m
           f"{' '.join(argv)}: exit 2, nothing written: exit {p.returncode}: {p.stderr[-600:]}")
 p = run(["consolidate", step, "-o", "run/model.h5"])
 check(p.returncode == 0 and os.path.isfile(os.path.join(work, "run", "model.h5")), f"beside the checkpoints: exit {p.returncode}: {p.stderr[-600:]}")
+
+# ---- 5. ranks that disagree, a mixture of two tokenizers, the run's own files, model overrides, octal ids --------
+# (each exit 0 before 2026-11-29: the audit of what a user does with a trained model)
+def mpmd(a, b, cwd_a=work, cwd_b=work):
+    """One evaluate job whose two ranks run other command lines (mpirun's A : B), each in its own folder."""
+    full = [args.mpiexec, "--oversubscribe", "-np", "1", "-wdir", cwd_a, st, "evaluate", *a, ":",
+            "-np", "1", "-wdir", cwd_b, st, "evaluate", *b]
+    return subprocess.run(full, capture_output=True, text=True, errors="replace", cwd=work, timeout=300)
+
+
+for option, a, b in (("--split", "validation", "train"), ("--batches", "1", "2")):
+    same = [] if option == "--batches" else ["--batches", "1"]
+    p = mpmd(["-w", step, *same, option, a], ["-w", step, *same, option, b])
+    check(p.returncode == 2 and f"the ranks were given different evaluations: {option}" in p.stderr,
+          f"ranks given {option} {a} and {b}: exit {p.returncode}: {p.stderr[-800:]}")
+# A folder of checkpoints whose newest differs between the ranks' disks (their working folders here): exit 5.
+p = run(["train", "-c", config, "--schedule.max_steps", "2", "--checkpoint.every_n_steps", "2", "--logging.run_dir", "run2"], np=2)
+step2 = os.path.join(work, "run2", "checkpoints", "step_00000002")
+for node, steps in (("node_a", [step2, os.path.join(work, step)]), ("node_b", [step2])):
+    for s_ in steps:
+        shutil.copytree(s_, os.path.join(work, node, "ck", os.path.basename(s_)))
+p = mpmd(["-w", "ck", "--batches", "1", "-c", config], ["-w", "ck", "--batches", "1", "-c", config],
+         os.path.join(work, "node_a"), os.path.join(work, "node_b"))
+check(p.returncode == 5 and "the ranks found different weights" in p.stderr and "step_00000004" in p.stderr,
+      f"ranks whose folders' newest checkpoints differ: exit {p.returncode}: {p.stderr[-800:]}")
+# A mixture with a source of another tokenizer: refused as train refuses it (the evaluator reads each source alone).
+p = evaluate("-w", step, "-c", config, "--data.mixture", f"{ds}:1,{other}:1")
+check(p.returncode == 4 and "every source of a mixture must use the same tokenizer" in p.stderr,
+      f"a mixture of two tokenizers: exit {p.returncode}: {p.stderr[-800:]}")
+# --json over the training run's own files: refused, the file unchanged; its eval.json is evaluate's.
+for name in ("config.toml", "metrics.jsonl", "result.json"):
+    before = digest(os.path.join("run", name))
+    p = evaluate("-w", step, "--json", os.path.join("run", name))
+    check(p.returncode == 2 and "is a file of the training run in run" in p.stderr and digest(os.path.join("run", name)) == before,
+          f"--json run/{name}: exit {p.returncode}: {p.stderr[-800:]}")
+p = evaluate("-w", step, "--json", os.path.join("run", "eval.json"), "--model.rope_theta", "500000")
+check(p.returncode == 0 and os.path.exists(os.path.join(work, "run", "eval.json")), f"--json run/eval.json: exit {p.returncode}")
+check("--model.rope_theta is not used: the model is the weights'" in p.stderr, f"a --model override: {p.stderr[-800:]}")
+# Paths a run recorded relative to its folder (data.path, the dataset's tokenizer), used from another folder that holds
+# other files of those names: the recorded ones (by their identities) are found above the checkpoint, as when the names
+# are not here at all; before, evaluate read the other dataset (exit 0) and generate refused the other tokenizer (4).
+rel, here = os.path.join(work, "rel"), os.path.join(work, "here")
+os.makedirs(rel)
+os.makedirs(here)
+shutil.copy(tok, os.path.join(rel, "tok.json"))
+shutil.copy(other_tok, os.path.join(here, "tok.json"))  # another tokenizer, and its dataset, under the recorded names
+shutil.copy(other, os.path.join(here, "data.h5"))
+subprocess.run([st, "prepare-data", "-t", "tok.json", "-i", moby, "-o", "data.h5", "--validation-fraction", "0.1",
+                "--log-level", "warn"], check=True, cwd=rel)
+p = subprocess.run([st, "train", "-c", config, "--data.path", "data.h5", "--schedule.max_steps", "2",
+                    "--checkpoint.every_n_steps", "2", "--logging.run_dir", "run"], capture_output=True, text=True, cwd=rel)
+rel_step = os.path.join(rel, "run", "checkpoints", "step_00000002")
+results = {}
+for where in (rel, here):
+    out = os.path.join(where, "e.json")
+    p = subprocess.run([st, "evaluate", "-w", rel_step, "--batches", "1", "--json", out], capture_output=True, text=True, cwd=where)
+    results[where] = (p.returncode, json.load(open(out))["loss"] if os.path.exists(out) else None, p.stderr)
+check(results[here][0] == 0 and results[here][1] == results[rel][1] is not None
+      and "data.h5: not the data.h5 that was recorded" in results[here][2],
+      f"evaluate from a folder with another data.h5: {results[here][:2]} vs {results[rel][:2]}: {results[here][2][-800:]}")
+p = subprocess.run([st, "generate", "--checkpoint", rel_step, "--prompt", "Call me", "--max-tokens", "3"], capture_output=True,
+                   text=True, errors="replace", cwd=here)
+check(p.returncode == 0 and "tok.json: not the tok.json that was recorded" in p.stderr,
+      f"generate from a folder with another tok.json: exit {p.returncode}: {p.stderr[-800:]}")
+# A consolidated file moved away from its run: the recorded tokenizer is not found; the message says so.
+moved = os.path.join(work, "moved")
+os.makedirs(moved)
+subprocess.run([st, "consolidate", rel_step, "-o", os.path.join(moved, "w.h5"), "--log-level", "warn"], check=True, cwd=moved)
+p = subprocess.run([st, "generate", "--checkpoint", "w.h5", "--prompt", "Call me", "--max-tokens", "3"], capture_output=True,
+                   text=True, errors="replace", cwd=moved)
+check(p.returncode == 4 and "the tokenizer its weights record, tok.json, is not here" in p.stderr and "--tokenizer" in p.stderr,
+      f"generate on a moved file: exit {p.returncode}: {p.stderr[-800:]}")
+# Integers are decimal: a leading 0 is no octal, a base prefix is refused.
+texts = [run(["tokenizer", "decode", "-t", tok, ids]).stdout for ids in ("0120", "120")]
+check(texts[0] == texts[1] and texts[0], f"tokenizer decode 0120 and 120: {texts}")
+p = run(["tokenizer", "decode", "-t", tok, "0x10"])
+check(p.returncode == 2 and "0x10: expected a decimal integer" in p.stderr, f"decode 0x10: exit {p.returncode}: {p.stderr[-400:]}")
 
 check.finish("evaluate and its inputs: every check passed")
