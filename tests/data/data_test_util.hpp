@@ -161,6 +161,14 @@ inline fs::path tmp_path(const std::string& name) {
   return g_tmp_folder.dir / name;
 }
 
+// tmp_path(name) as an empty folder, made anew.
+inline fs::path fresh_tmp_dir(const std::string& name) {
+  const fs::path dir = tmp_path(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 // Real prose in sentences and lines of every length, repeated ones (so dictionaries form), the hand-made edge cases,
 // nulls, empty strings, and one text longer than a page.
 inline std::vector<std::optional<std::string>> texts_with_nulls() {

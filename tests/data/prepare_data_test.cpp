@@ -476,9 +476,7 @@ TEST(PrepareData, TheOutputIsNeverItsOwnInput) {
 TEST(PrepareData, AnOutputWithALongNameHasTemporariesThatFit) {
   if (!testing::require_fetched()) return;
   namespace fs = std::filesystem;
-  const auto dir = testing::tmp_path("long-output-name");
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const auto dir = testing::fresh_tmp_dir("long-output-name");
   const auto sotu = testing::sorted_files(testing::fetched_dir() / "corpus" / "sotu", ".txt");
   for (size_t i = 0; i < 2; ++i) fs::copy_file(sotu[i], dir / sotu[i].filename());
   const std::string name = std::string(247, 'd') + ".h5";
@@ -800,9 +798,7 @@ TEST(PrepareData, ValidationChoice) {
 TEST(PrepareData, EmptyTextFilesAreSkippedAndUtf16IsNamed) {
   if (!testing::require_fetched()) return;
   namespace fs = std::filesystem;
-  const auto dir = testing::tmp_path("with-empty");
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const auto dir = testing::fresh_tmp_dir("with-empty");
   std::ofstream(dir / "a.txt") << "first text";
   std::ofstream(dir / "b_empty.txt").flush();
   std::ofstream(dir / "c.txt") << "second text";
@@ -860,9 +856,7 @@ TEST(PrepareData, ABlockCutWholeKeepsTheNewlineAfterIt) {
 TEST(PrepareData, ATokenizerWithoutSafeCutsIsSaidOnceARun) {
   if (!testing::require_fetched()) return;
   namespace fs = std::filesystem;
-  const auto dir = testing::tmp_path("no-safe-cuts");
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const auto dir = testing::fresh_tmp_dir("no-safe-cuts");
   const auto texts = testing::real_texts(600 << 10);
   std::string all;
   for (const auto& t : texts) all += t;
