@@ -52,15 +52,12 @@ nlohmann::ordered_json summarize(const data::TokenDataset& ds, int seq) {
   j["tokens_mapped"] = ds.mapped();
   j["metadata_checksums"] = {{"recorded", ds.metadata_recorded()}, {"entries", ds.metadata_entries()}};
   auto id = [](const std::optional<data::TokenId>& t) { return t ? int64_t{*t} : int64_t{-1}; };
-  j["tokenizer"] = {{"name", info.tokenizer_name},
-                    {"format", info.tokenizer_format},
-                    {"hash", info.tokenizer_hash},
-                    {"encoding_hash", info.tokenizer_encoding_hash},  // "" where the file predates it
-                    {"path", info.tokenizer_path},
-                    {"vocab_size", info.vocab_size},
-                    {"eot_id", id(info.eot_id)},
-                    {"bot_id", id(info.bot_id)},
-                    {"pad_id", id(info.pad_id)}};
+  j["tokenizer"] = {
+      {"name", info.tokenizer_name}, {"format", info.tokenizer_format},
+      {"hash", info.tokenizer_hash}, {"encoding_hash", info.tokenizer_encoding_hash},  // "" where the file predates it
+      {"path", info.tokenizer_path}, {"vocab_size", info.vocab_size},
+      {"eot_id", id(info.eot_id)},   {"bot_id", id(info.bot_id)},
+      {"pad_id", id(info.pad_id)}};
   j["documents"] = ds.num_documents();
   j["tokens"] = ds.num_tokens();
   std::vector<uint64_t> sizes(ds.num_documents());
