@@ -309,7 +309,7 @@ int run_evaluate(const EvaluateOptions& o, Runtime* rt) {
     }
   }
 
-  // (the weights they name, below, once each rank has opened them)
+  // The weights --weights names, alike on every rank (of a folder of checkpoints, each rank opened its newest).
   if (!o.every_checkpoint) {
     const std::string weights =
         train::first_disagreement(rt->world(), {{"the weights " + o.weights + " names", source->path()}});
