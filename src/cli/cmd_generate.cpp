@@ -16,6 +16,7 @@
 
 #include "command.hpp"
 #include "shardtrain/checkpoint/source.hpp"
+#include "shardtrain/data/batches.hpp"
 #include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/model/kv_decoder.hpp"
 #include "shardtrain/model/llama.hpp"
@@ -24,6 +25,7 @@
 #include "shardtrain/runtime/address_space.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/topology.hpp"
+#include "shardtrain/train/config_io.hpp"
 
 namespace shardtrain::cli {
 namespace {
@@ -158,8 +160,26 @@ int run_generate(const GenerateOptions& o) {
               fmt::join(prefix, ", "));
   }
   if (ids.empty()) {
-    const auto start = tokenizer.bot_id() ? tokenizer.bot_id() : tokenizer.eot_id();
+    // What the run's documents began after. Packed rows are "doc EOT doc EOT ...": a document follows an EOT and never
+    // a [BOT], and a packed model begun from [BOT] wrote "ONONONON..." where from EOT it wrote prose; padded rows begin
+    // with [BOT]. Weights that record no run (a Hugging Face directory): [BOT] where there is one, as transformers'
+    // templates begin.
+    const bool packed = [&] {
+      if (source->config_toml().empty()) return false;
+      try {
+        train::TrainConfig run;
+        train::apply_toml_text(run, source->config_toml(), source->path() + ": config");
+        return run.data.layout == data::BatchLayout::Packed;
+      } catch (const Error&) {
+        return false;
+      }
+    }();
+    const auto start = packed && tokenizer.eot_id() ? tokenizer.eot_id()
+                       : tokenizer.bot_id()         ? tokenizer.bot_id()
+                                                    : tokenizer.eot_id();
     if (!start) throw UsageError("--prompt is empty and the tokenizer has no start or end-of-text token to begin from");
+    log::info("generate: no prompt: beginning from token {} ({}){}", *start, tokenizer.token_bytes(*start),
+              packed ? ", what each document of the run's packed rows followed" : "");
     ids.push_back(*start);
   }
   const auto prompt_tokens = static_cast<int64_t>(ids.size());

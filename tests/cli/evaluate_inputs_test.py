@@ -14,7 +14,8 @@
    tokens but fewer than one sequence keeps its seq_len message.
 5. Ranks given other --split or --batches (exit 2), or that find other newest checkpoints in --weights' folder (exit
    5); a mixture with a source of another tokenizer (exit 4); --json over the training run's config.toml, metrics or
-   result.json (exit 2, unchanged); a --model override said to be unused; ids with a leading 0 read as decimal."""
+   result.json (exit 2, unchanged); a --model override said to be unused; generate without a prompt begins a packed
+   run's model from EOT; ids with a leading 0 read as decimal."""
 import hashlib
 import json
 import os
@@ -349,6 +350,13 @@ p = subprocess.run([st, "generate", "--checkpoint", "w.h5", "--prompt", "Call me
                    text=True, errors="replace", cwd=moved)
 check(p.returncode == 4 and "the tokenizer its weights record, tok.json, is not here" in p.stderr and "--tokenizer" in p.stderr,
       f"generate on a moved file: exit {p.returncode}: {p.stderr[-800:]}")
+# No prompt: a packed run's model begins after its EOT, what each of its documents followed (it began from [BOT], which
+# packed rows never hold, and wrote "ONONON...").
+eot = json.loads(run(["tokenizer", "info", "-t", tok]).stdout)["eot_id"]
+p = subprocess.run([st, "generate", "--checkpoint", step, "--max-tokens", "3"], capture_output=True, text=True, errors="replace",
+                   cwd=work)
+check(p.returncode == 0 and f"no prompt: beginning from token {eot} (" in p.stderr and "packed rows followed" in p.stderr,
+      f"generate without a prompt: exit {p.returncode}: {p.stderr[-800:]}")
 # Integers are decimal: a leading 0 is no octal, a base prefix is refused.
 texts = [run(["tokenizer", "decode", "-t", tok, ids]).stdout for ids in ("0120", "120")]
 check(texts[0] == texts[1] and texts[0], f"tokenizer decode 0120 and 120: {texts}")
