@@ -52,18 +52,6 @@ struct EvaluateOptions {
   bool every_checkpoint = false;
 };
 
-// Whether the tokenizer file at a path is the one a dataset records (a file that does not load is not).
-std::function<bool(const std::string&)> is_tokenizer_of(const data::DatasetInfo& info) {
-  return [info](const std::string& path) {
-    try {
-      const data::Tokenizer t = data::Tokenizer::load(path);
-      return data::same_tokenizer(t.hash(), t.encoding_hash(), info.tokenizer_hash, info.tokenizer_encoding_hash);
-    } catch (const Error&) {
-      return false;
-    }
-  };
-}
-
 // Each id's length in bytes under the dataset's tokenizer (0 for special tokens: they stand for no text),
 // for bits per byte, the measure that does not depend on the tokenizer. Empty, with the reason in `why`, when the
 // tokenizer cannot be read; a tokenizer other than the dataset's is an error.
@@ -72,7 +60,9 @@ std::vector<uint32_t> bytes_per_id(const std::string& given, const data::TokenDa
   // The recorded path is relative to the folder prepare-data ran in: looked for above the dataset too, past a file of
   // that name here that is another tokenizer.
   const std::string path =
-      given.empty() ? resolve_recorded_path(info.tokenizer_path, dataset.path(), is_tokenizer_of(info)) : given;
+      given.empty() ? resolve_recorded_path(info.tokenizer_path, dataset.path(),
+                                            is_recorded_tokenizer(info.tokenizer_hash, info.tokenizer_encoding_hash))
+                    : given;
   std::optional<data::Tokenizer> tok;
   try {
     if (!path.empty()) tok = data::Tokenizer::load(path);

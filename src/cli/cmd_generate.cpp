@@ -118,16 +118,9 @@ int run_generate(const GenerateOptions& o) {
     if (j.is_object()) {
       // The weights' own record (hash, encoding hash): a file of the recorded name here that is another tokenizer
       // is passed over for the one above the weights (it stopped generate with exit 4, no tokenizer having been given).
-      const std::string hash = j.value("hash", std::string()), encoding = j.value("encoding_hash", std::string());
-      tok_path = resolve_recorded_path(j.value("path", std::string()), source->path(), [&](const std::string& path) {
-        if (hash.empty()) return true;
-        try {
-          const data::Tokenizer t = data::Tokenizer::load(path);
-          return data::same_tokenizer(t.hash(), t.encoding_hash(), hash, encoding);
-        } catch (const Error&) {
-          return false;
-        }
-      });
+      tok_path = resolve_recorded_path(
+          j.value("path", std::string()), source->path(),
+          is_recorded_tokenizer(j.value("hash", std::string()), j.value("encoding_hash", std::string())));
     }
   }
   if (tok_path.empty()) throw UsageError(fmt::format("{} names no tokenizer: pass --tokenizer", o.checkpoint));

@@ -149,6 +149,9 @@ void check_model_fits(const train::TrainConfig& config, int world, int local_siz
 // passed over for the next place, and said.
 std::string resolve_recorded_path(const std::string& recorded, const std::string& anchor,
                                   const std::function<bool(const std::string&)>& is_it = {});
+// resolve_recorded_path's `is_it` for a tokenizer recorded by its hashes (data::same_tokenizer): the file at a path
+// loads and is that tokenizer. Any file is it where no hash is recorded.
+std::function<bool(const std::string&)> is_recorded_tokenizer(const std::string& hash, const std::string& encoding_hash);
 
 // Writes `j` (indented) to PATH whole or not at all: a temporary file beside it, then a rename
 // (commands.cpp). Throws IoError naming the file and `what` it holds.

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../data/thread_pool.hpp"
+#include "shardtrain/data/tokenizer.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/files.hpp"
 #include "shardtrain/runtime/json_text.hpp"
@@ -250,6 +251,18 @@ std::string resolve_recorded_path(const std::string& recorded, const std::string
     if (dir == dir.parent_path()) break;
   }
   return recorded;
+}
+
+std::function<bool(const std::string&)> is_recorded_tokenizer(const std::string& hash, const std::string& encoding_hash) {
+  return [hash, encoding_hash](const std::string& path) {
+    if (hash.empty()) return true;
+    try {
+      const data::Tokenizer t = data::Tokenizer::load(path);
+      return data::same_tokenizer(t.hash(), t.encoding_hash(), hash, encoding_hash);
+    } catch (const Error&) {
+      return false;
+    }
+  };
 }
 
 void add_commands(CLI::App& app, std::vector<Command>& out) {
