@@ -397,6 +397,16 @@ st_last_step() {
   printf '%s\n' "${step:-0}"
 }
 
+# st_logged_since_launch RUN_DIR: the run started by st_launch logged a training step (its metrics file grew by one).
+st_logged_since_launch() {
+  tail -c +$((${ST_METRICS_BEFORE:-0} + 1)) "$(st_metrics_file "$1")" 2>/dev/null | grep -q '"kind": *"train"'
+}
+
+# st_checkpoint_step NAME: the step of a checkpoint named step_N (0 for none).
+st_checkpoint_step() {
+  if [[ "$1" =~ ^step_0*([0-9]+)$ ]]; then printf '%s\n' "$((10#${BASH_REMATCH[1]:-0}))"; else printf '0\n'; fi
+}
+
 # st_complete_checkpoints DIR: the complete checkpoints in DIR (step_N with its DONE marker), oldest first.
 st_complete_checkpoints() {
   local d
@@ -506,7 +516,7 @@ st_check_restart_settings() {
 # a line of RUN_DIR/restarts.log. Returns 1 when the job is not to be restarted; otherwise the requeue ends
 # this script.
 st_restart_after_failure() {
-  local run_dir=$1 class word wanted=0 f step previous restarts=0 failures nodes=() excluded new partition total
+  local run_dir=$1 class word wanted=0 f step at previous restarts=0 failures nodes=() excluded new partition total
   if ((ST_EXIT >= 1 && ST_EXIT <= 10)); then class=$ST_EXIT; else class=crash; fi
   # 126 and 127 are the shell's: the launcher could not be run (not found, not executable), which a restart repeats.
   if ((ST_EXIT == 126 || ST_EXIT == 127)); then
@@ -526,7 +536,15 @@ st_restart_after_failure() {
     return 1
   fi
   step=$(st_failure_field "$run_dir" step | sort -n | tail -n1)
-  [[ -z "$step" || "$step" -lt 1 ]] && step=$(($(st_last_step "$run_dir") + 1))  # no record (a crash): the step after the last logged
+  at="at step"
+  if [[ -z "$step" || "$step" -lt 1 ]]; then  # no record (a crash): the step after the last this run logged
+    if st_logged_since_launch "$run_dir"; then
+      step=$(($(st_last_step "$run_dir") + 1))
+    else  # it died starting up (a launcher or MPI fault): the step it would have begun with, not an earlier run's
+      step=$(($(st_checkpoint_step "$(st_complete_checkpoints "${CHECKPOINT_DIR:-$run_dir/checkpoints}" | tail -n1)") + 1))
+      at="before its first step, step"
+    fi
+  fi
   if [[ -f "$run_dir/restarts.log" ]]; then  # this job's failure lines (not its preemptions, exit=75): a run resubmitted by hand starts a fresh count
     failures=$(grep " job=$SLURM_JOB_ID " "$run_dir/restarts.log" | grep -v " exit=75 ")
     [[ -n "$failures" ]] && restarts=$(printf '%s\n' "$failures" | wc -l)
@@ -537,7 +555,7 @@ st_restart_after_failure() {
     return 1
   fi
   if [[ -n "${previous:-}" ]] && ((step <= previous)); then
-    st_log "not restarting: the run failed at step $step, no further than the previous failure (step $previous): a fault that strikes at the same point again is not transient"
+    st_log "not restarting: the run failed $at $step, no further than the previous failure (step $previous): a fault that strikes at the same point again is not transient"
     return 1
   fi
   excluded=$(st_job_field ExcNodeList)
@@ -554,7 +572,7 @@ st_restart_after_failure() {
       new=""
     fi
   fi
-  st_log "training failed with exit code $ST_EXIT at step $step (docs/exit-codes.md); restarting from the last checkpoint: restart $((restarts + 1)) of ${MAX_RESTARTS:-3} after a failure${new:+, leaving out node(s) ${nodes[*]}}"
+  st_log "training failed with exit code $ST_EXIT $at $step (docs/exit-codes.md); restarting from the last checkpoint: restart $((restarts + 1)) of ${MAX_RESTARTS:-3} after a failure${new:+, leaving out node(s) ${nodes[*]}}"
   # The requeue sends SIGTERM to this script and everything it runs: ignored (and so ignored by the scontrol
   # below too, which inherits that), so that the exclusion is still made.
   trap '' TERM USR1

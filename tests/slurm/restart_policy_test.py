@@ -32,8 +32,10 @@ def record(code, step, restartable, suspects, message="m", rank=0):
                        "suspect_nodes": suspects, "message": message}, separators=(",", ":")) + "\n"
 
 
-def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, result=None, **env):
-    """One decision. Returns (exit code, stderr+stdout, calls to scontrol/sinfo, restarts.log lines)."""
+def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, result=None, logged_nothing=False, checkpoints=(), **env):
+    """One decision. Returns (exit code, stderr+stdout, calls to scontrol/sinfo, restarts.log lines).
+    logged_nothing: the run st_launch started logged nothing (ST_METRICS_BEFORE is the metrics file's size);
+    checkpoints: the complete checkpoints (step_N with DONE) in CHECKPOINT_DIR, a folder of its own."""
     root = tempfile.mkdtemp(prefix=f"restart-{name}-")
     try:
         bin_dir, run_dir = os.path.join(root, "bin"), os.path.join(root, "run")
@@ -57,6 +59,13 @@ def run(name, exit_code, records=(), metrics_steps=0, restarts_log=None, result=
         e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RESTART_ON", "MAX_RESTARTS", "EXCLUDE_FAILED"))}
         e.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=log, SLURM_JOB_ID="42", SLURM_JOB_NUM_NODES="1",
                  SLURM_RESTART_COUNT="0")
+        if logged_nothing:
+            e["ST_METRICS_BEFORE"] = str(os.path.getsize(os.path.join(run_dir, "metrics.jsonl")))
+        if checkpoints:
+            e["CHECKPOINT_DIR"] = os.path.join(root, "ckpt")
+            for c in checkpoints:
+                os.makedirs(os.path.join(root, "ckpt", c))
+                open(os.path.join(root, "ckpt", c, "DONE"), "w").close()
         e.update({k: v for k, v in env.items() if v is not None})
         script = f'source "{LIB}"; set -uo pipefail; ST_EXIT={exit_code}; st_requeue_or_exit "{run_dir}"'
         p = subprocess.run(["bash", "-c", script], env=e, capture_output=True, text=True, timeout=30)
@@ -111,6 +120,22 @@ check(rc == 7 and not requeued(calls) and not lines and "not restarting: the ran
 rc, out, calls, lines = run("crash", 137, metrics_steps=20)
 check(rc == 137 and requeued(calls) and excluded(calls) == [] and lines and lines[0].endswith("exit=137 step=21 excluded=-"),
       f"crash: exit {rc}, {calls}, {lines}")
+
+# A restart that died starting up (Open MPI's connection set-up crashed under load), before it logged a step: it
+# failed before its first step, the one after its checkpoint (9), not at the earlier run's step 12 the metrics end
+# with. After a failure at step 12 that is no progress: it stops, and says so; as a first failure it restarts.
+twelve = ["2026-11-25T01:00:00Z job=42 restart=0 exit=135 step=12 excluded=-"]
+rc, out, calls, lines = run("died-starting", 139, metrics_steps=11, restarts_log=twelve, logged_nothing=True,
+                            checkpoints=("step_00000004", "step_00000008"))
+check(rc == 139 and not requeued(calls) and "not restarting: the run failed before its first step, step 9, no further than the "
+      "previous failure (step 12)" in out, f"a restart that died starting up: exit {rc}, {calls}: {out}")
+rc, out, calls, lines = run("died-starting-first", 139, metrics_steps=11, logged_nothing=True, checkpoints=("step_00000008",))
+check(rc == 139 and requeued(calls) and lines and lines[0].endswith("exit=139 step=9 excluded=-")
+      and "training failed with exit code 139 before its first step, step 9 (docs/exit-codes.md)" in out,
+      f"a first run that died starting up restarts: exit {rc}, {calls}, {lines}: {out}")
+rc, out, calls, lines = run("died-starting-fresh", 139, logged_nothing=True)
+check(rc == 139 and requeued(calls) and lines and lines[0].endswith("exit=139 step=1 excluded=-"),
+      f"no checkpoint, nothing logged: step 1: {calls}, {lines}")
 
 # A crash with a record (a machine check: the rank's signal handler names its node): requeued, the node left out.
 rc, out, calls, lines = run("mce", 135, [record(135, 40, True, ["node4"], message="killed by SIGBUS (BUS_MCEERR_AR): ...")])

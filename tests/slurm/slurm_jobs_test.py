@@ -373,10 +373,19 @@ with MiniSlurm(slurm_root, nodes=2, cpus=4, gpus=2) as slurm:
           and info.get("ExcNodeList") == "(null)",
           f"2 nodes, a machine check on node1: {info.get('JobState')} {info.get('ExitCode')} excluded {info.get('ExcNodeList')}: "
           f"{requeues(slurm, job, info, spare_dir, out)[2]}\n{out[-3000:]}")
+    # The restart resumes from step 8 and meets the fault at step 12 again. Under the load of the full suite, its
+    # start has also died once in a while (in 3 of about 10 full-suite runs) in Open MPI's TCP connection set-up
+    # (rank 0's SIGSEGV at address 0, a peer's "connect() to 127.0.0.1:1027 failed") before any rank logged a step:
+    # the job then says it failed before its first step, not at the first run's step 12, and stops alike (no
+    # progress). Either way the restart was prepared from the step-8 checkpoint (the start check's line).
+    met_again = (re.search(r"resumed from .*step_0*8\b", out) is not None
+                 and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out)
+    died_starting = ("not restarting: the run failed before its first step, step 9, no further than the previous failure "
+                     "(step 12)" in out and re.search(r"resumed from .*step_0*8\b", out) is None)
     check("not leaving out node1: partition debug has 2 node(s), too few for 2 without them" in out
-          and "srun: error: node1: task 1: Bus error" in out and re.search(rf"training failed with exit code {killed} at step 12\b", out) is not None and "restart 1 of 3 after a failure\n" in out and re.search(r"resumed from .*step_0*8\b", out) is not None
-          and "not restarting: the run failed at step 12, no further than the previous failure (step 12)" in out,
-          f"restarted in place (no node to spare), resumed from step 8, then stopped: {out[-3000:]}")
+          and "srun: error: node1: task 1: Bus error" in out and re.search(rf"training failed with exit code {killed} at step 12\b", out) is not None and "restart 1 of 3 after a failure\n" in out
+          and re.search(r"check: resume +ok: .*step_0*8: step 8, ", out) is not None and (met_again or died_starting),
+          f"restarted in place (no node to spare), from step 8, then stopped: {out[-3000:]}")
 
     # ---- 8. (here: the Slurm is idle) signals at every moment, one job through three starts -------------------
     # The single-node script, mpirun, in its default run directory (runs/<name>-<job id> under --chdir): a first
