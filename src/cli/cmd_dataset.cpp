@@ -60,6 +60,9 @@ nlohmann::ordered_json summarize(const data::TokenDataset& ds, int seq) {
       {"pad_id", id(info.pad_id)}};
   j["documents"] = ds.num_documents();
   j["tokens"] = ds.num_tokens();
+  j["validation_split"] = {{"by", data::split_by_name(info.split_by)},
+                           {"fraction", info.validation_fraction},
+                           {"seed", info.split_seed}};
   std::vector<uint64_t> sizes(ds.num_documents());
   for (size_t d = 0; d < sizes.size(); ++d) sizes[d] = ds.document_size(d);
   std::sort(sizes.begin(), sizes.end());
@@ -103,6 +106,9 @@ std::string print(const nlohmann::ordered_json& j, int seq) {
                        d["median"].get<uint64_t>(), d["mean"].get<double>(), d["max"].get<uint64_t>());
   }
   out += "\n";
+  const auto& v = j["validation_split"];
+  out += fmt::format("  validation split: {:g} of the documents by {} (seed {})\n", v["fraction"].get<double>(),
+                     v["by"].get<std::string>(), v["seed"].get<uint64_t>());
   for (const char* split : {"train", "validation"}) {
     const auto& s = j[split];
     out += fmt::format("  {:<10} {} documents, {} tokens; at seq_len {}: packed {} samples, padded {} samples", split,

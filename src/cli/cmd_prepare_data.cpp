@@ -42,6 +42,13 @@ Command add_prepare_data_command(CLI::App& parent) {
   app->add_option("--validation-fraction", o->validation_fraction, "share of documents held out for validation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.999));
+  auto split_by = std::make_shared<std::string>("shuffle");
+  app->add_option("--split-by", *split_by,
+                  "how validation documents are picked: shuffle (exactly the fraction, by position: prepared again from a "
+                  "corpus that grew, documents change sides) or content (by a hash of each document's tokens: the same "
+                  "document stays on its side whatever else the corpus holds, duplicates never straddle the split)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shuffle", "content"}));
   app->add_option("--seed", o->seed, "seed of the train/validation choice")
       ->capture_default_str()
       ->check(unsigned_check());  // "-1" went into the unsigned seed as 2^64 - 1 without a word
@@ -58,8 +65,9 @@ Command add_prepare_data_command(CLI::App& parent) {
   Command c;
   c.app = app;
   c.launch = Launch::Offline;
-  c.run = [app, o, format, blank_lines, overwrite, batch_mb](Runtime*) {
+  c.run = [app, o, format, blank_lines, overwrite, batch_mb, split_by](Runtime*) {
     o->batch_bytes = *batch_mb << 20;
+    o->split_by = data::parse_split_by(*split_by);
     o->existing = *overwrite ? data::ExistingOutput::Replace : data::ExistingOutput::Refuse;
     o->documents.format = data::parse_input_format(*format);
     o->documents.text_field_given = app->count("--text-field") > 0;
@@ -67,17 +75,17 @@ Command add_prepare_data_command(CLI::App& parent) {
     const auto s = data::prepare_dataset(*o);
     if (!o->documents.token_field.empty()) {  // imported, not tokenized: no text to count
       log::info(
-          "prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens imported from \"{}\" on {} "
+          "prepare-data: {} files, {} documents ({} train, {} validation by {}{}), {} tokens imported from \"{}\" on {} "
           "thread{}, {:.1f}s in all; wrote {}",
-          s.files, s.documents, s.train_documents, s.validation_documents,
+          s.files, s.documents, s.train_documents, s.validation_documents, data::split_by_name(o->split_by),
           s.empty_documents_skipped ? fmt::format(", {} empty skipped", s.empty_documents_skipped) : std::string(), s.tokens,
           o->documents.token_field, s.threads, s.threads == 1 ? "" : "s", s.seconds, o->output);
       return 0;
     }
     log::info(
-        "prepare-data: {} files, {} documents ({} train, {} validation{}), {} tokens from {:.1f} MB; "
+        "prepare-data: {} files, {} documents ({} train, {} validation by {}{}), {} tokens from {:.1f} MB; "
         "tokenized at {:.1f} MB/s on {} thread{}, {:.1f}s in all; wrote {}",
-        s.files, s.documents, s.train_documents, s.validation_documents,
+        s.files, s.documents, s.train_documents, s.validation_documents, data::split_by_name(o->split_by),
         s.empty_documents_skipped ? fmt::format(", {} empty skipped", s.empty_documents_skipped) : std::string(), s.tokens,
         static_cast<double>(s.bytes) / 1e6, s.mb_per_second(), s.threads, s.threads == 1 ? "" : "s", s.seconds, o->output);
     return 0;

@@ -28,6 +28,7 @@
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/hdf5.hpp"
+#include "splitmix.hpp"
 #include "shardtrain/runtime/hdf5_checksum.hpp"
 #include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
@@ -43,6 +44,14 @@ DatasetSplit parse_dataset_split(const std::string& s) {
 }
 
 const char* dataset_split_name(DatasetSplit s) { return s == DatasetSplit::Train ? "train" : "validation"; }
+
+SplitBy parse_split_by(const std::string& s) {
+  if (s == "shuffle") return SplitBy::Shuffle;
+  if (s == "content") return SplitBy::Content;
+  throw UsageError(fmt::format("unknown validation split '{}': expected shuffle or content", s));
+}
+
+const char* split_by_name(SplitBy s) { return s == SplitBy::Shuffle ? "shuffle" : "content"; }
 
 DatasetInfo dataset_info_for(const Tokenizer& tokenizer) {
   DatasetInfo info;
@@ -69,6 +78,37 @@ std::vector<int64_t> choose_validation_documents(size_t num_documents, double fr
   const auto order = shuffled_indices(num_documents, seed ^ 0x76616c6964ull);
   std::vector<int64_t> out(order.begin(), order.begin() + static_cast<ptrdiff_t>(n));
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+uint64_t content_hash_start(uint64_t seed) { return detail::mix64(seed ^ 0x636f6e74656e74ull); }
+uint64_t content_hash_add(uint64_t state, TokenId id) { return detail::mix64((state ^ id) + 0x9e3779b97f4a7c15ull); }
+uint64_t document_content_hash(std::span<const TokenId> ids, uint64_t seed) {
+  uint64_t h = content_hash_start(seed);
+  for (const TokenId id : ids) h = content_hash_add(h, id);
+  return h;
+}
+
+std::vector<int64_t> choose_validation_by_content(std::span<const uint64_t> hashes, double fraction) {
+  if (fraction < 0 || fraction >= 1) throw UsageError(fmt::format("validation fraction {} is outside [0, 1)", fraction));
+  const auto below = [&](uint64_t h) { return static_cast<double>(h >> 11) * 0x1p-53 < fraction; };
+  std::vector<int64_t> out;
+  for (size_t d = 0; d < hashes.size(); ++d)
+    if (below(hashes[d])) out.push_back(static_cast<int64_t>(d));
+  if (hashes.size() < 2) return fraction > 0 && hashes.size() == 1 ? std::vector<int64_t>{} : out;
+  const auto by_hash = [&](int64_t a, int64_t b) {
+    return hashes[static_cast<size_t>(a)] != hashes[static_cast<size_t>(b)]
+               ? hashes[static_cast<size_t>(a)] < hashes[static_cast<size_t>(b)]
+               : a < b;
+  };
+  if (fraction > 0 && out.empty()) {  // a small corpus: the document with the smallest hash
+    int64_t best = 0;
+    for (size_t d = 1; d < hashes.size(); ++d)
+      if (by_hash(static_cast<int64_t>(d), best)) best = static_cast<int64_t>(d);
+    out.push_back(best);
+  }
+  if (out.size() == hashes.size())  // every one: the largest hash trains
+    out.erase(std::max_element(out.begin(), out.end(), by_hash));
   return out;
 }
 
@@ -168,6 +208,7 @@ void write_dataset_attributes(const hdf5::Handle& f, const DatasetInfo& info, si
   hdf5::set_attr(f, "num_tokens", static_cast<int64_t>(num_tokens));
   hdf5::set_attr(f, "validation_fraction_ppm", static_cast<int64_t>(std::llround(info.validation_fraction * 1e6)));
   hdf5::set_attr(f, "split_seed", static_cast<int64_t>(info.split_seed));
+  hdf5::set_attr(f, "split_by", std::string(split_by_name(info.split_by)));
 }
 
 }  // namespace
@@ -181,9 +222,9 @@ void check_dataset_metadata_fits(const std::string& path, const DatasetInfo& inf
   }
 }
 
-void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info, ExistingOutput existing) {
-  write_dataset(
+size_t write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
+                     const DatasetInfo& info, ExistingOutput existing) {
+  return write_dataset(
       path, tokens.size(),
       [&](size_t offset, std::span<TokenId> out) {
         std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(offset), out.size(), out.begin());
@@ -191,18 +232,25 @@ void write_dataset(const std::string& path, std::span<const TokenId> tokens, std
       doc_offsets, info, existing);
 }
 
-void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info, ExistingOutput existing) {
+size_t write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
+                     const DatasetInfo& info, ExistingOutput existing) {
   if (doc_offsets.empty() || doc_offsets.front() != 0 || doc_offsets.back() != static_cast<int64_t>(num_tokens))
     throw InternalError(fmt::format("write_dataset({}): doc_offsets must run from 0 to the {} tokens", path, num_tokens));
   const size_t docs = doc_offsets.size() - 1;
-  const auto validation = choose_validation_documents(docs, info.validation_fraction, info.split_seed);
-  std::vector<int64_t> train;
-  train.reserve(docs - validation.size());
-  for (size_t d = 0, v = 0; d < docs; ++d) {
-    if (v < validation.size() && validation[v] == static_cast<int64_t>(d)) ++v;
-    else train.push_back(static_cast<int64_t>(d));
-  }
+  // SplitBy::Content: each document's hash, taken from the tokens as they stream past.
+  const bool by_content = info.split_by == SplitBy::Content;
+  std::vector<uint64_t> hashes(by_content ? docs : 0);
+  size_t doc = 0;
+  uint64_t hash = content_hash_start(info.split_seed);
+  const auto hash_tokens = [&](size_t at, std::span<const TokenId> ids) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      while (doc < docs && static_cast<int64_t>(at + i) >= doc_offsets[doc + 1]) {  // document `doc` is whole
+        hashes[doc++] = hash;
+        hash = content_hash_start(info.split_seed);
+      }
+      hash = content_hash_add(hash, ids[i]);
+    }
+  };
   TemporaryOutput guard(output_temporary(path));  // a failed write leaves nothing behind
   const std::string& tmp = guard.path();
   auto f = hdf5::create_file(tmp, hdf5::AttributeStorage::Dense);
@@ -214,6 +262,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   for (size_t at = 0; at < num_tokens; at += piece.size()) {
     const std::span<TokenId> out(piece.data(), std::min(piece.size(), num_tokens - at));
     fill(at, out);
+    if (by_content) hash_tokens(at, out);
     hdf5::write_u32_range(f, "tokens", at, out);
     for (size_t b = 0; b < out.size(); b += kChecksumBlockTokens) {
       const auto words = std::span<const TokenId>(out).subspan(b, std::min<size_t>(kChecksumBlockTokens, out.size() - b));
@@ -223,6 +272,19 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   hdf5::write_i64(f, "tokens_checksums", sums, checked);
   hdf5::set_attr(f, "checksum_block_tokens", kChecksumBlockTokens);
   hdf5::write_i64(f, "doc_offsets", doc_offsets, checked);
+  if (by_content)
+    for (; doc < docs; ++doc) {  // the last document, and any empty ones at the end
+      hashes[doc] = hash;
+      hash = content_hash_start(info.split_seed);
+    }
+  const auto validation = by_content ? choose_validation_by_content(hashes, info.validation_fraction)
+                                     : choose_validation_documents(docs, info.validation_fraction, info.split_seed);
+  std::vector<int64_t> train;
+  train.reserve(docs - validation.size());
+  for (size_t d = 0, v = 0; d < docs; ++d) {
+    if (v < validation.size() && validation[v] == static_cast<int64_t>(d)) ++v;
+    else train.push_back(static_cast<int64_t>(d));
+  }
   auto split = hdf5::create_group(f, "split");
   hdf5::write_i64(split, "train", train, checked);
   hdf5::write_i64(split, "validation", validation, checked);
@@ -235,6 +297,7 @@ void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& 
   guard.moved();
   const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
   fsync_path(dir.string());  // the rename itself
+  return validation.size();
 }
 
 namespace {
@@ -353,6 +416,7 @@ TokenDataset TokenDataset::open(const std::string& path) {
   }
   info.validation_fraction = static_cast<double>(hdf5::get_attr_int(f, "validation_fraction_ppm").value_or(0)) / 1e6;
   info.split_seed = static_cast<uint64_t>(hdf5::get_attr_int(f, "split_seed").value_or(0));
+  info.split_by = hdf5::get_attr_string(f, "split_by").value_or("shuffle") == "content" ? SplitBy::Content : SplitBy::Shuffle;
 
   auto st = std::make_shared<detail::TokenStorage>();
   const size_t num_tokens = hdf5::dataset_length(f, "tokens");

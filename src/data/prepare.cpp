@@ -196,6 +196,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   info.sources = files;
   info.validation_fraction = options.validation_fraction;
   info.split_seed = options.seed;
+  info.split_by = options.split_by;
   check_dataset_metadata_fits(options.output, info);
 
   PrepareSummary summary;
@@ -330,7 +331,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
     log::warn("prepare-data: tokenizer {} has no end-of-text token; the packed layout will refuse this dataset",
               tokenizer.name());
   std::ifstream back(tokens_tmp_path, std::ios::binary);
-  write_dataset(
+  summary.validation_documents = write_dataset(
       options.output, num_tokens,
       [&](size_t, std::span<TokenId> out) {
         back.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size_bytes()));
@@ -340,7 +341,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
 
   summary.documents = docs;
   summary.tokens = num_tokens;
-  summary.validation_documents = choose_validation_documents(docs, options.validation_fraction, options.seed).size();
   summary.train_documents = docs - summary.validation_documents;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return summary;

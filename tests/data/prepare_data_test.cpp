@@ -705,14 +705,6 @@ TEST(PrepareData, ATokenizerSpelledOtherwiseIsTheSameTokenizer) {
   EXPECT_NE(old_msg.find("made with tokenizer"), std::string::npos) << old_msg;
 }
 
-TEST(PrepareData, ValidationChoice) {
-  EXPECT_EQ(choose_validation_documents(1000, 0.01, 3).size(), 10u);
-  EXPECT_EQ(choose_validation_documents(10, 0.01, 3).size(), 1u);
-  EXPECT_EQ(choose_validation_documents(10, 0.0, 3).size(), 0u);
-  EXPECT_EQ(choose_validation_documents(100, 0.25, 3), choose_validation_documents(100, 0.25, 3));
-  EXPECT_NE(choose_validation_documents(100, 0.25, 3), choose_validation_documents(100, 0.25, 4));
-}
-
 // An empty text file among others is an empty document, skipped and counted as docs/data.md says (it stopped the
 // whole preparation, exit 4); a UTF-16 text file is named as such, with the conversion to do (it was "holds a NUL
 // byte").

@@ -10,7 +10,8 @@
 //   attributes on /: format, format_version, tokenizer_name, tokenizer_path, tokenizer_hash, tokenizer_format,
 //     tokenizer_encoding_hash (since 2026-11-29: Tokenizer::encoding_hash, what a re-saved tokenizer.json keeps),
 //     vocab_size, eot_id, bot_id, pad_id (-1: none), special_tokens (JSON), sources (JSON), num_documents,
-//     num_tokens, validation_fraction_ppm, split_seed, checksum_block_tokens (format 2)
+//     num_tokens, validation_fraction_ppm, split_seed, split_by ("shuffle" or "content"; absent: shuffle),
+//     checksum_block_tokens (format 2)
 //   metadata_checksums on every object: a checksum of each attribute, layout and link (runtime/hdf5_checksum.hpp),
 //     checked on opening; files prepared before 2026-11-27 have none and are read with a warning
 #pragma once
@@ -29,6 +30,17 @@
 namespace shardtrain::data {
 
 enum class DatasetSplit { Train, Validation };
+
+// How prepare-data picks the validation documents (docs/data.md, "The validation split"):
+// - Shuffle: round(fraction x documents) of them by a seeded shuffle of their indices. Exact in count, but keyed by
+//   position: prepared again from a corpus that grew or was reordered, documents change sides, and a model trained on
+//   the first preparation is evaluated on some of its own training documents.
+// - Content: each document by a seeded hash of its token ids, held out when the hash falls below the fraction. The
+//   same document lands on the same side whatever else the corpus holds or in which order (so exact duplicates never
+//   straddle the split); the count is the fraction of the documents only on average.
+enum class SplitBy { Shuffle, Content };
+SplitBy parse_split_by(const std::string& s);  // shuffle|content, throws UsageError
+const char* split_by_name(SplitBy s);
 DatasetSplit parse_dataset_split(const std::string& s);  // train|validation (val), throws UsageError
 const char* dataset_split_name(DatasetSplit s);
 
@@ -45,6 +57,7 @@ struct DatasetInfo {
   std::vector<std::string> sources;
   double validation_fraction = 0;
   uint64_t split_seed = 0;
+  SplitBy split_by = SplitBy::Shuffle;
 };
 
 DatasetInfo dataset_info_for(const Tokenizer& tokenizer);  // the tokenizer fields filled in
@@ -52,18 +65,28 @@ DatasetInfo dataset_info_for(const Tokenizer& tokenizer);  // the tokenizer fiel
 // Picks round(fraction * num_documents) validation documents (at least one when fraction > 0 and there
 // are two or more documents), uniformly by a seeded shuffle; returns them ascending.
 std::vector<int64_t> choose_validation_documents(size_t num_documents, double fraction, uint64_t seed);
+// SplitBy::Content: the documents whose hash (document_content_hash) is below fraction x 2^64, ascending; at least
+// one (the smallest hash) when fraction > 0 and there are two or more documents, and never all of them (the largest
+// hash stays in train).
+std::vector<int64_t> choose_validation_by_content(std::span<const uint64_t> hashes, double fraction);
+// A document's content hash for SplitBy::Content: splitmix64's mixer over its token ids, started from the seed; the
+// streaming form feeds ids one by one into `state` (begun with content_hash_start).
+uint64_t content_hash_start(uint64_t seed);
+uint64_t content_hash_add(uint64_t state, TokenId id);
+uint64_t document_content_hash(std::span<const TokenId> ids, uint64_t seed);
 
 // Writes a format-2 dataset: into a temporary file beside `path`, flushed to disk and then renamed into place,
 // so a reader never sees a half-written file (a kill leaves the old one, or none), and a job that has the old one
 // mapped keeps reading the old one. With ExistingOutput::Refuse the rename never replaces a file that appeared
 // meanwhile.
-void write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
+// Returns the number of validation documents (info.split_by decides which).
+size_t write_dataset(const std::string& path, std::span<const TokenId> tokens, std::span<const int64_t> doc_offsets,
+                     const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
 // The same with tokens that are not in memory: `fill(offset, out)` writes tokens [offset, offset + out.size())
 // into out, called with consecutive pieces from offset 0 to num_tokens (prepare-data streams them from disk).
 using TokenFill = std::function<void(size_t offset, std::span<TokenId> out)>;
-void write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
-                   const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
+size_t write_dataset(const std::string& path, size_t num_tokens, const TokenFill& fill, std::span<const int64_t> doc_offsets,
+                     const DatasetInfo& info, ExistingOutput existing = ExistingOutput::Replace);
 
 // Writes the attributes write_dataset would give a dataset of `info` into a file in memory: a DataError naming `path`
 // when one cannot be stored, found before the tokenization instead of after it.
