@@ -238,7 +238,9 @@ std::string resolve_recorded_path(const std::string& recorded, const std::string
   const auto fits = [&](const fs::path& p) {
     if (!fs::exists(p, ec)) return false;
     if (!is_it || is_it(p.string())) return true;
-    log::warn("{}: not the {} that was recorded (its content differs); looking further", p.string(), recorded);
+    // Once per job, not once per rank (the ranks' resolved paths are compared where it matters: evaluate).
+    log::at(log::config().rank == 0 ? LogLevel::Warn : LogLevel::Info,
+            "{}: not the {} that was recorded (its content differs); looking further", p.string(), recorded);
     return false;
   };
   if (fits(recorded)) return recorded;
