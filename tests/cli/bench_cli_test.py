@@ -155,6 +155,14 @@ for r in p.get("rows", []):
     c = r.get("calls", [{}])
     check(len(c) == 1 and c[0].get("key") == r["op"] and r["seconds"] > 0 and r["calls_per_microbatch"] == round(r["calls_per_step"]) >= 1
           and r["work"] == (c[0]["flops"] if c[0]["flops"] > 0 else c[0]["bytes"]) > 0, f"a row of one call: {r}")
+    # As bench ops: FLOP rows a fraction of the FLOP ceiling, at most 1; byte rows a ratio to the copy (a byte row in
+    # cache was a "fraction_of_ceiling" of 3.4).
+    if r["kind"] == "flops":
+        check(math.isclose(r["fraction_of_ceiling"], r["rate"] / pc.get("flops_ceiling", 0), rel_tol=1e-9)
+              and 0 < r["fraction_of_ceiling"] <= 1, f"{r['op']}: fraction {r.get('fraction_of_ceiling')} of {pc}")
+    else:
+        check("fraction_of_ceiling" not in r and math.isclose(r["ratio_to_copy"], r["rate"] / pc.get("copy_bytes_per_s", 0),
+              rel_tol=1e-9), f"{r['op']}: ratio to the copy {r.get('ratio_to_copy')} of {pc}")
 per_step = sum(r["seconds"] * r["calls_per_step"] for r in p.get("rows", []))
 check(math.isclose(p.get("op_seconds_per_step", 0), per_step, rel_tol=1e-9) and 0 < per_step < j.get("step_time_median_s", 0),
       f"the ops' time per step {per_step} is part of the step's {j.get('step_time_median_s')}")
