@@ -92,6 +92,16 @@ bool DirLock::holds(const std::string& lock_path) const {
   return held.st_nlink > 0 && held.st_dev == there.st_dev && held.st_ino == there.st_ino;
 }
 
+std::string DirLock::now_at() const {
+  struct stat held {};
+  if (fd_ < 0 || ::fstat(fd_, &held) != 0 || held.st_nlink == 0) return {};
+  std::error_code ec;
+  const fs::path path = fs::read_symlink(fmt::format("/proc/self/fd/{}", fd_), ec);
+  struct stat there {};
+  if (ec || ::stat(path.c_str(), &there) != 0 || there.st_dev != held.st_dev || there.st_ino != held.st_ino) return {};
+  return path.string();
+}
+
 std::string lock_holder(const std::string& lock_path) {
   const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return {};
@@ -193,6 +203,8 @@ void CheckpointDirClaim::renew(MPI_Comm world) {
   std::string problem;
   const std::string lock_path = (fs::path(dir_) / kCheckpointLockFile).string();
   if (rank == 0 && locked_ && !lock_.holds(lock_path)) {
+    // Moved (`mv ckpt elsewhere`), not removed: the checkpoints are there, and the warning below says where.
+    const std::string moved_to = lock_.now_at();
     try {
       require_writable_dir("checkpoint.dir", dir_, DirProbe::Create);
       std::string holder, text;
@@ -203,6 +215,12 @@ void CheckpointDirClaim::renew(MPI_Comm world) {
             "checkpoint.dir {} was removed while this run held it, and another run has claimed it since ({}): this "
             "run's saves there would mix with that run's checkpoints, so none is made; stop one of the two runs",
             dir_, holder);
+      else if (!moved_to.empty())
+        log::warn(
+            "checkpoint.dir {}: the directory was moved to {} while this run held it, with its checkpoints: this run's "
+            "later checkpoints go into {}, made again and locked again. Its checkpoints are now in two directories: "
+            "move the new ones beside the old, or resume from either with --checkpoint.dir",
+            dir_, fs::path(moved_to).parent_path().string(), dir_);
       else
         log::warn(
             "checkpoint.dir {}: the directory or its lock file was removed while this run held it (the checkpoints in it "

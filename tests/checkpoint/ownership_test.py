@@ -229,6 +229,23 @@ check(a.returncode == 0 and steps_in(gone) == ["step_00000004", "step_00000006"]
       and f"checkpoint.dir {gone}: the directory or its lock file was removed while this run held it" in out,
       f"run C saved into the re-made directory and said so: exit {a.returncode}: {steps_in(gone)} {out[-1500:]}")
 
+# 2c. The checkpoint directory moved while a run holds it (mv): the next save makes it again, as in 2b, but the warning
+# says where the earlier checkpoints went; it said they were gone.
+kept = os.path.join(work, "kept")
+moved = os.path.join(work, "moved elsewhere")
+a = train("runE", "--checkpoint.dir", kept, "--schedule.max_steps", "6", env_extra={"SHARDTRAIN_FAULT": "slow_step:200"},
+          popen=True)
+deadline = time.time() + 120
+while time.time() < deadline and not os.path.isfile(os.path.join(kept, "step_00000002", "DONE")):
+    time.sleep(0.05)
+os.rename(kept, moved)
+out = a.communicate(timeout=300)[0].decode(errors="replace")
+check(a.returncode == 0 and steps_in(moved) == ["step_00000002"] and steps_in(kept) == ["step_00000004", "step_00000006"]
+      and f"checkpoint.dir {kept}: the directory was moved to {moved} while this run held it, with its checkpoints" in out
+      and "gone with it" not in out,
+      f"run E saved into a re-made directory and said where the moved checkpoints are: exit {a.returncode}: "
+      f"{steps_in(moved)} {steps_in(kept)} {out[-1500:]}")
+
 # 3. SIGUSR1 while the ranks start (stopped past their config agreement, before the first step), in a generated
 # run directory: exit 75, result.json "preempted", nothing saved, and the way back named.
 root = os.path.join(work, "runs_root")
