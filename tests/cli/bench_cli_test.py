@@ -40,6 +40,19 @@ OPS = ["qkv_proj fwd", "qkv_proj bwd dx", "qkv_proj bwd dW", "o_proj fwd", "o_pr
        "linear_cross_entropy loss only", "copy", "cast f32 -> bf16"]
 
 
+def check_row_rate(r, ceil):
+    """A profile row's rate against the ceilings. FLOP rows: the rate over the matmul ceiling, raised to the fastest
+    FLOP row where one outran the matmul measured seconds before (on a shared machine a disturbed measurement put ops
+    at 3.1x of it: issue 36), so at most 1. Byte rows: a ratio to the main-memory copy, no ceiling (in cache they run
+    faster: audit I5)."""
+    if r["kind"] == "flops":
+        check(math.isclose(r["fraction_of_ceiling"], r["rate"] / ceil.get("flops_ceiling", 0), rel_tol=1e-9)
+              and 0 < r["fraction_of_ceiling"] <= 1, f"{r['op']}: fraction {r.get('fraction_of_ceiling')} of {ceil}")
+    else:
+        check("fraction_of_ceiling" not in r and math.isclose(r["ratio_to_copy"], r["rate"] / ceil.get("copy_bytes_per_s", 0),
+              rel_tol=1e-9), f"{r['op']}: ratio to the copy {r.get('ratio_to_copy')} of {ceil}")
+
+
 def run(cmd, timeout=600):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=args.source)
     return p.returncode, p.stdout, p.stderr
@@ -65,15 +78,7 @@ check(ceil.get("matmul_flops_per_s", 0) > 1e8 and ceil.get("copy_bytes_per_s", 0
 for r in j.get("rows", []):
     check(r["seconds"] > 0 and math.isfinite(r["seconds"]), f"{r['op']}: time {r['seconds']}")
     check(math.isclose(r["rate"], r["work"] / r["seconds"], rel_tol=1e-9), f"{r['op']}: rate = work / time")
-    # FLOP rows: the rate over the matmul ceiling, raised to the fastest FLOP row where one outran the matmul
-    # measured seconds before (on a shared machine a disturbed measurement put ops at 3.1x of it: issue 36), so at
-    # most 1. Byte rows: a ratio to the main-memory copy, no ceiling (in cache they run faster: audit I5).
-    if r["kind"] == "flops":
-        check(math.isclose(r["fraction_of_ceiling"], r["rate"] / ceil.get("flops_ceiling", 0), rel_tol=1e-9)
-              and 0 < r["fraction_of_ceiling"] <= 1, f"{r['op']}: fraction {r['fraction_of_ceiling']} of {ceil}")
-    else:
-        check("fraction_of_ceiling" not in r and math.isclose(r["ratio_to_copy"], r["rate"] / ceil.get("copy_bytes_per_s", 0),
-              rel_tol=1e-9), f"{r['op']}: ratio to the copy {r.get('ratio_to_copy')} of {ceil}")
+    check_row_rate(r, ceil)
 flop_rates = [r["rate"] for r in j.get("rows", []) if r["kind"] == "flops"]
 check(flop_rates and math.isclose(ceil.get("flops_ceiling", 0), max([ceil.get("matmul_flops_per_s", 0)] + flop_rates), rel_tol=1e-12),
       f"the FLOP rows' ceiling is the matmul measured or the fastest FLOP row: {ceil}")
@@ -155,14 +160,7 @@ for r in p.get("rows", []):
     c = r.get("calls", [{}])
     check(len(c) == 1 and c[0].get("key") == r["op"] and r["seconds"] > 0 and r["calls_per_microbatch"] == round(r["calls_per_step"]) >= 1
           and r["work"] == (c[0]["flops"] if c[0]["flops"] > 0 else c[0]["bytes"]) > 0, f"a row of one call: {r}")
-    # As bench ops: FLOP rows a fraction of the FLOP ceiling, at most 1; byte rows a ratio to the copy (a byte row in
-    # cache was a "fraction_of_ceiling" of 3.4).
-    if r["kind"] == "flops":
-        check(math.isclose(r["fraction_of_ceiling"], r["rate"] / pc.get("flops_ceiling", 0), rel_tol=1e-9)
-              and 0 < r["fraction_of_ceiling"] <= 1, f"{r['op']}: fraction {r.get('fraction_of_ceiling')} of {pc}")
-    else:
-        check("fraction_of_ceiling" not in r and math.isclose(r["ratio_to_copy"], r["rate"] / pc.get("copy_bytes_per_s", 0),
-              rel_tol=1e-9), f"{r['op']}: ratio to the copy {r.get('ratio_to_copy')} of {pc}")
+    check_row_rate(r, pc)  # as bench ops (a byte row in cache was a "fraction_of_ceiling" of 3.4)
 per_step = sum(r["seconds"] * r["calls_per_step"] for r in p.get("rows", []))
 check(math.isclose(p.get("op_seconds_per_step", 0), per_step, rel_tol=1e-9) and 0 < per_step < j.get("step_time_median_s", 0),
       f"the ops' time per step {per_step} is part of the step's {j.get('step_time_median_s')}")
