@@ -177,7 +177,8 @@ int run_train(const TrainOptions& o, Runtime* rt) {
         s.rollbacks ? fmt::format(", {} rollback(s)", s.rollbacks) : std::string(), s.run_dir,
         s.metrics_path.empty() ? std::string() : fmt::format(" (metrics {})", s.metrics_path));  // rank 0 writes them
   if (!checkpoints.last_saved().empty()) log::info("train: last checkpoint {}", checkpoints.last_saved());
-  if (rt->topology().world_rank == 0) {
+  // Not into a run directory another run claimed after this one's was removed (Trainer::keep_run_dir said so).
+  if (rt->topology().world_rank == 0 && trainer.keep_run_dir()) {
     write_result(s, trainer.state().step, trainer.total_steps(), preemption.preempted(), checkpoints);
   }
   if (preemption.preempted()) {

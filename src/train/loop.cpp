@@ -367,6 +367,7 @@ void Trainer::maybe_evaluate(bool force) {
 }
 
 void Trainer::report(const StepMetrics& m) {
+  keep_run_dir();
   if (metrics_) metrics_->write(to_json_line(m));
   progress_->step(m);
 }

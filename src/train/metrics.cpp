@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -146,6 +147,12 @@ MetricsWriter::MetricsWriter(const std::string& path, const std::string& tensorb
     ::close(fd_);
     throw;
   }
+}
+
+bool MetricsWriter::removed() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0 && st.st_nlink == 0) return true;
+  return tensorboard_ && tensorboard_->removed();
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -137,6 +138,11 @@ void TensorBoardWriter::append(const std::string& record) {
     log::error(
         "train: {}: a TensorBoard record could not be written ({}); training goes on, and records are dropped until one can be",
         path_, std::strerror(err));
+}
+
+bool TensorBoardWriter::removed() const {
+  struct stat st {};
+  return fd_ >= 0 && ::fstat(fd_, &st) == 0 && st.st_nlink == 0;
 }
 
 }  // namespace shardtrain::train

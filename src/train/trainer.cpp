@@ -336,6 +336,56 @@ void Trainer::commit_run_dir() {
   pending_events_.clear();
 }
 
+bool Trainer::keep_run_dir() {
+  if (runtime_->topology().world_rank != 0) return true;
+  if (run_dir_lost_ || !metrics_) return !run_dir_lost_;
+  const std::string lock_path = (fs::path(run_dir_) / kRunDirLockFile).string();
+  const bool dir_gone = run_dir_lock_ && run_dir_lock_->held() && !run_dir_lock_->holds(lock_path);
+  const bool metrics_gone = metrics_->removed();
+  if (!dir_gone && !metrics_gone) return true;
+  const std::string moved_to = dir_gone ? fs::path(run_dir_lock_->now_at()).parent_path().string() : std::string();
+  const std::string metrics_path = (fs::path(run_dir_) / config_.logging.metrics_file).string();
+  try {
+    if (dir_gone) {
+      require_writable_dir("logging.run_dir", run_dir_, DirProbe::Create);
+      std::string holder, written;
+      if (run_dir_lock_->take(lock_path, "logging.run_dir", run_dir_, holder, written) == DirLock::Taken::HeldByAnother) {
+        run_dir_lost_ = true;
+        metrics_.reset();
+        log::error(
+            "logging.run_dir {} was {} while this run held it, and another run has claimed it since ({}): this run "
+            "writes nothing more there (no metrics, no result.json), so that the two runs' files are not mixed; its "
+            "checkpoints go on in {}",
+            run_dir_, moved_to.empty() ? "removed" : "moved to " + moved_to, holder, config_.checkpoint.dir);
+        return false;
+      }
+      write_config_toml();
+    }
+    if (metrics_gone)
+      metrics_ = std::make_unique<MetricsWriter>(metrics_path, config_.logging.tensorboard ? run_dir_ : std::string());
+    if (!metrics_gone)
+      log::warn("logging.run_dir {}: its lock file was removed while this run held it: locked again", run_dir_);
+    else if (!dir_gone)
+      log::warn("train: {} (or the TensorBoard event file) was removed while this run wrote it: opened again after step {}",
+                metrics_path, state_.step);
+    else if (!moved_to.empty())
+      log::warn(
+          "logging.run_dir {} was moved to {} while this run held it, with its config.toml and metrics up to step {}: "
+          "made again, locked again and given config.toml; the metrics go on there from step {}",
+          run_dir_, moved_to, state_.step - 1, state_.step);
+    else
+      log::warn(
+          "logging.run_dir {} was removed while this run held it (its metrics up to step {} went with it): made again, "
+          "locked again and given config.toml, so that no second run takes it; the metrics go on from step {}",
+          run_dir_, state_.step - 1, state_.step);
+  } catch (const Error& e) {
+    // The weights matter more than their log: training goes on, its metrics dropped as on a full disk.
+    log::error("logging.run_dir {}: removed while this run held it, and cannot be made again ({}); training goes on",
+               run_dir_, e.what());
+  }
+  return true;
+}
+
 void Trainer::record_event(const std::string& json_line) {
   if (metrics_) metrics_->write(json_line);
   else if (runtime_->topology().world_rank == 0)  // before start() opened the metrics

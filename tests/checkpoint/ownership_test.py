@@ -8,7 +8,9 @@ binary on 2 ranks:
 2. A second run on a checkpoint directory that a running one holds is refused (exit 5, naming the holder), and one
    with a checkpoint directory of its own in the running one's run directory too (exit 3: that directory is held as
    well); the running one's save goes to a temporary directory of its own name and publishes intact. 2b: a checkpoint
-   directory removed mid-run is locked again by the next save, and a second run is still refused.
+   directory removed mid-run is locked again by the next save, and a second run is still refused. 2c: one moved
+   mid-run is said to be moved, and where. 2d: the run directory removed mid-run is made again and locked again at
+   the next step (config.toml, metrics from there on), and a second run is refused.
 3. SIGUSR1 during the start-up (before the first step): exit 75, result.json "preempted", nothing saved, and the
    message names the run directory to resume; the same when it comes as soon as a rank catches it (before MPI_Init).
 4. checkpoint.dir that is a file: exit 8 at start, before any step.
@@ -245,6 +247,33 @@ check(a.returncode == 0 and steps_in(moved) == ["step_00000002"] and steps_in(ke
       and "gone with it" not in out,
       f"run E saved into a re-made directory and said where the moved checkpoints are: exit {a.returncode}: "
       f"{steps_in(moved)} {steps_in(kept)} {out[-1500:]}")
+
+# 2d. The run directory removed mid-run (rm -rf, checkpoints and all): its lock went with it, and a second run was let
+# into it, so one's config.toml sat beside the other's result.json; the first run's metrics went into the removed file
+# without a word. The next step makes it again, locks it, writes config.toml and goes on with the metrics (a warning
+# says what happened); a second run started then is refused (exit 3), and the directory ends as the first run's alone.
+rund = os.path.join(work, "runF")
+a = train("runF", "--schedule.max_steps", "12", "--checkpoint.every_n_steps", "4",
+          env_extra={"SHARDTRAIN_FAULT": "slow_step:200"}, popen=True)
+deadline = time.time() + 120
+while time.time() < deadline and not os.path.isfile(os.path.join(rund, "checkpoints", "step_00000004", "DONE")):
+    time.sleep(0.05)
+shutil.rmtree(rund, ignore_errors=True)
+while time.time() < deadline and not os.path.isfile(os.path.join(rund, ".shardtrain-run.lock")):
+    time.sleep(0.05)
+b = train("runF", "--checkpoint.dir", os.path.join(work, "runF-other-ckpt"), "--schedule.max_steps", "3")
+check(b.returncode == 3 and f"logging.run_dir {rund} is in use by another run" in b.stderr,
+      f"a second run in the removed and re-made run directory: exit {b.returncode}: {b.stderr[-1500:]}")
+out = a.communicate(timeout=300)[0].decode(errors="replace")
+steps = [json.loads(l)["step"] for l in open(os.path.join(rund, "metrics.jsonl")) if '"kind":"train"' in l] \
+    if os.path.isfile(os.path.join(rund, "metrics.jsonl")) else []
+result = json.load(open(os.path.join(rund, "result.json"))) if os.path.isfile(os.path.join(rund, "result.json")) else {}
+config_toml = open(os.path.join(rund, "config.toml")).read() if os.path.isfile(os.path.join(rund, "config.toml")) else ""
+check(a.returncode == 0 and re.search(rf"logging.run_dir {re.escape(rund)} was removed while this run held it \(its metrics up to "
+                                      r"step \d+ went with it\): made again", out) is not None
+      and steps and steps == list(range(steps[0], 13)) and 5 <= steps[0] <= 12 and result.get("step") == 12
+      and "max_steps = 12" in config_toml and "runF-other-ckpt" not in config_toml,
+      f"run F re-made its run directory and kept it: exit {a.returncode}, steps {steps}, result {result}: {out[-1500:]}")
 
 # 3. SIGUSR1 while the ranks start (stopped past their config agreement, before the first step), in a generated
 # run directory: exit 75, result.json "preempted", nothing saved, and the way back named.

@@ -41,6 +41,7 @@ class DirLock {
   // Whether the file this lock holds is still the one at `lock_path`: not when the file, or the directory it was in,
   // was removed (the lock went with it: nothing then stops a second run) or replaced.
   bool holds(const std::string& lock_path) const;
+  bool held() const { return fd_ >= 0; }  // a lock is held (not: none taken, another's, or a file system without locks)
   // Where the held file is now, by its open descriptor (/proc/self/fd): "" when it was removed, none is held, or the
   // system cannot tell. A directory moved (`mv`) while held takes the file with it: this is its new path.
   std::string now_at() const;

@@ -103,7 +103,9 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const std::string& line);
   const std::string& path() const { return path_; }
-  int64_t dropped() const { return dropped_; }                                 // lines lost since the last one written
+  int64_t dropped() const { return dropped_; }  // lines lost since the last one written
+  // The metrics file, or the TensorBoard event file, was removed (unlinked) while open: lines written now are lost.
+  bool removed() const;
   const TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }  // null when off
 
  private:

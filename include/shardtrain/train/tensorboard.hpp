@@ -43,6 +43,7 @@ class TensorBoardWriter {
   void write_scalars(int64_t step, const std::vector<TensorBoardScalar>& scalars);  // one Event, at wall time now
   void write_metrics_line(const std::string& json_line);                            // its tensorboard_scalars, if it has any
   const std::string& path() const { return path_; }
+  bool removed() const;                         // the event file was unlinked while open
   int64_t dropped() const { return dropped_; }  // records lost since the last one written
 
  private:

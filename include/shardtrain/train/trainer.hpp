@@ -145,6 +145,13 @@ class Trainer {
   // the file, ignored on the others.
   void record_event(const std::string& json_line);
 
+  // Rank 0 (others: true): whether the run directory is still this run's, keeping it so. Removed while the run held it
+  // (`rm -rf RUN_DIR`, which takes its lock, config.toml and metrics with it), it is made again, locked again, given
+  // config.toml again and new metrics, with a warning; a metrics file removed alone is opened again. False once another
+  // run claimed it meanwhile: this run then writes nothing more there (no metrics, no result.json), so the two runs'
+  // files never sit side by side. Called before each step's metrics line, and before result.json.
+  bool keep_run_dir();
+
   const TrainConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
   const std::string& resolved_config_toml() const { return resolved_toml_; }
@@ -229,6 +236,7 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;   // rank 0's, from start() on
   std::vector<std::string> pending_events_;  // rank 0: record_event() lines before the metrics opened
   bool started_ = false, config_written_ = false;
+  bool run_dir_lost_ = false;  // rank 0: another run claimed the run directory after it was removed (keep_run_dir)
   std::unique_ptr<ProgressView> progress_;
   std::vector<TrainerHooks*> hooks_;
   TrainerState state_;
