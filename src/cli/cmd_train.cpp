@@ -1,9 +1,11 @@
 // `shardtrain train`: one training run from a TOML config (docs/training.md), optionally adjusted by the
 // seeds' Transformers fsdp_config JSON or Accelerate YAML, then by --section.key overrides.
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -89,7 +91,13 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   train::TrainConfig config = o.args.resolve(notes, source);
   for (const auto& n : notes) log::info("train: {}", n);
   if (o.print_config) {
-    if (rt->topology().world_rank == 0) std::fputs(train::to_toml(config).c_str(), stdout);
+    if (rt->topology().world_rank == 0) {
+      std::fputs(train::to_toml(config).c_str(), stdout);
+      errno = 0;  // its product is what it prints: a full disk under `> f` is an I/O error, not an empty file and 0
+      if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw IoError(fmt::format("train --print-config: standard output could not be written ({})",
+                                  errno != 0 ? std::strerror(errno) : "a write failed"));
+    }
     return 0;
   }
   const char* fault = std::getenv("SHARDTRAIN_FAULT");
@@ -190,7 +198,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
           "train: stopped by a signal after step {}; to continue, run the same command with {} (exit code 75 asks "
           "for a requeue{})",
           trainer.state().step, resume_options(config, trainer.run_dir()),
-          preemption.signal() == SIGTERM && under_mpirun
+          (preemption.signal() == SIGTERM || preemption.signal() == SIGINT) && under_mpirun
               ? "; if mpirun itself was sent the SIGTERM or a Ctrl-C, it exits 1 whatever the ranks return: start it "
                 "through jobs/launch.sh to read 75, docs/exit-codes.md"
               : "");

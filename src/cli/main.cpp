@@ -1,12 +1,15 @@
 // shardtrain: one binary, one subcommand per job. main() owns the MPI session (created first,
 // destroyed last) and is the only place that turns an exception into a log line and an exit code.
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 #include <exception>
@@ -37,8 +40,7 @@ namespace {
 int fail(const std::exception& e, ExitCode code) {
   // A failing rank is past preemption: the SIGTERM with which MPI_Abort ends the other ranks must end this one too
   // (train catches it from before MPI_Init; caught, a rank would go on to log the same error a second time).
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGUSR1, SIG_DFL);
+  for (const int sig : train::PreemptionHooks::kStopSignals) std::signal(sig, SIG_DFL);
   if (MpiSession::active()) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -147,7 +149,31 @@ std::string usage_message(const CLI::ParseError& e, const CLI::App& top) {
 // An exception no command classified, as the exit code it still deserves: a file system call that failed on a path
 // (std::filesystem's errors name the call, the reason and the paths) is an I/O error, anything else a bug.
 ExitCode unclassified_code(const std::exception& e) {
-  return dynamic_cast<const std::filesystem::filesystem_error*>(&e) ? ExitCode::Io : ExitCode::Internal;
+  if (dynamic_cast<const std::filesystem::filesystem_error*>(&e)) return ExitCode::Io;
+  // fmt::print's failed write to a full disk, a device error, a file size limit (it throws std::system_error).
+  if (const auto* s = dynamic_cast<const std::system_error*>(&e); s && s->code().category() == std::generic_category())
+    for (const int err : {ENOSPC, EIO, EDQUOT, EFBIG, EROFS, EPIPE})
+      if (s->code().value() == err) return ExitCode::Io;
+  return ExitCode::Internal;
+}
+
+// What a command printed on standard output reached it (stdio buffers it: a full disk under `> file` is seen at the
+// last flush), else exit code 8: `generate > f` and `train --print-config > f` on a full disk left empty files with
+// exit 0. train's outcome stands (its product is its checkpoints; a finished run is not made an I/O error), said.
+int with_stdout_checked(int rc, const cli::Command& command) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !std::ferror(stdout)) return rc;
+  if (err == EPIPE) return rc;  // train only (others die of SIGPIPE): the reader chose to stop reading
+  const std::string why = !flushed && err != 0 ? std::strerror(err) : "a write failed";
+  if (command.stops_on_signals) {
+    log::error("{}: standard output could not be written ({}); the run's outcome stands", command.app->get_name(), why);
+    return rc;
+  }
+  log::error("I/O error: {}: standard output could not be written ({}): what it printed is incomplete",
+             command.app->get_name(), why);
+  return rc == 0 ? static_cast<int>(ExitCode::Io) : rc;
 }
 
 // std::bad_alloc that no command turned into its own message: out of host memory (exit code 7, not restartable: the
@@ -237,6 +263,10 @@ int main(int argc, char** argv) {
   }
   if (!selected) return static_cast<int>(ExitCode::Usage);
   if (!selected->stops_on_signals) train::PreemptionHooks::release_early_signals();
+  // A run whose output goes to a reader that stopped reading (`train ... | head`, `| grep -m1`) was killed by SIGPIPE
+  // at its next line, exit 141, nothing saved: its writes now fail (EPIPE, ignored) and it trains on. Other commands
+  // keep the default, ending as Unix tools do when their reader goes.
+  if (selected->stops_on_signals) std::signal(SIGPIPE, SIG_IGN);
 
   RuntimeOptions options;
   try {
@@ -272,7 +302,7 @@ int main(int argc, char** argv) {
           "and parity dump)",
           selected->app->get_name());
     try {
-      return selected->run(nullptr);
+      return with_stdout_checked(selected->run(nullptr), *selected);
     } catch (const Error& e) {
       return fail(e, e.code());
     } catch (const std::bad_alloc&) {
@@ -297,7 +327,7 @@ int main(int argc, char** argv) {
       start->begin({std::move(what), limit, key, waits_on_others ? kWaitGrace : 0.0});
     });
     start.reset();
-    return selected->run(&runtime);
+    return with_stdout_checked(selected->run(&runtime), *selected);
   } catch (const Error& e) {
     return fail(e, e.code());
   } catch (const std::bad_alloc&) {

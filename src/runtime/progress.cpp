@@ -112,8 +112,11 @@ void ProgressBar::draw_locked(bool final_draw) {
   if (!final_draw && now - last_draw_ < interval) return;
   last_draw_ = now;
   const std::string line = render_locked(final_draw);
-  if (style_ == ProgressStyle::Bar) fmt::print(options_.stream, "\r\033[2K{}{}", line, final_draw ? "\n" : "");
-  else fmt::print(options_.stream, "{}\n", line);
+  // fwrite, not fmt::print, which throws when the write fails: a terminal that hung up (EIO) or a reader that went
+  // away (EPIPE, SIGPIPE being ignored) must not end the work the bar reports on.
+  const std::string text =
+      style_ == ProgressStyle::Bar ? fmt::format("\r\033[2K{}{}", line, final_draw ? "\n" : "") : line + "\n";
+  std::fwrite(text.data(), 1, text.size(), options_.stream);
   std::fflush(options_.stream);
 }
 

@@ -1,6 +1,8 @@
 // Signal flag, agreement in the step's own all-reduce, save-and-stop.
 #include "shardtrain/train/preemption.hpp"
 
+#include <unistd.h>
+
 #include <csignal>
 
 #include "shardtrain/runtime/check.hpp"
@@ -14,46 +16,72 @@ namespace {
 volatile std::sig_atomic_t g_signal = 0;
 bool g_caught_early = false;  // catch_signals_from_now ran: g_signal already holds what arrived since
 
-extern "C" void on_preemption_signal(int sig) { g_signal = sig; }
+// SIGTERM and what a terminal sends: they stop a run as SIGTERM does (SIGUSR1 is the warning before a time limit).
+bool terminating(int sig) { return sig == SIGTERM || sig == SIGINT || sig == SIGHUP; }
 
-void install(struct ::sigaction* old_usr1, struct ::sigaction* old_term) {
+extern "C" void on_preemption_signal(int sig) {
+  if (sig == SIGINT) {
+    if (g_signal == SIGINT) {  // a second Ctrl-C: now, as the first line said (the newest complete checkpoint stays)
+      ::signal(SIGINT, SIG_DFL);
+      ::raise(SIGINT);
+      return;
+    }
+    // write(2) is what a handler may call; the step may take minutes before the save begins.
+    static const char kSaying[] =
+        "\nshardtrain: Ctrl-C: saving a checkpoint after this step, then stopping (exit code 75); Ctrl-C again stops at "
+        "once, without that save\n";
+    [[maybe_unused]] const ssize_t n = ::write(2, kSaying, sizeof kSaying - 1);
+  }
+  g_signal = sig;
+}
+
+void install(struct ::sigaction* old) {
   struct ::sigaction sa {};
   sa.sa_handler = on_preemption_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  ::sigaction(SIGUSR1, &sa, old_usr1);
-  ::sigaction(SIGTERM, &sa, old_term);
+  for (size_t i = 0; i < std::size(PreemptionHooks::kStopSignals); ++i)
+    ::sigaction(PreemptionHooks::kStopSignals[i], &sa, old ? &old[i] : nullptr);
 }
 
 }  // namespace
 
+const char* PreemptionHooks::signal_label(int sig) {
+  switch (sig) {
+    case SIGUSR1: return "SIGUSR1";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT (Ctrl-C)";
+    case SIGHUP: return "SIGHUP (its terminal closed)";
+    default: return "a signal";
+  }
+}
+
 void PreemptionHooks::catch_signals_from_now() {
   g_signal = 0;
   g_caught_early = true;
-  install(nullptr, nullptr);
+  install(nullptr);
 }
 
 void PreemptionHooks::release_early_signals() {
   g_caught_early = false;
-  std::signal(SIGUSR1, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  for (const int sig : kStopSignals) std::signal(sig, SIG_DFL);
   if (const int sig = g_signal; sig != 0) std::raise(sig);
 }
 
 PreemptionHooks::PreemptionHooks() {
   if (!g_caught_early) g_signal = 0;
-  install(&old_usr1_, &old_term_);
+  install(old_);
 }
 
 PreemptionHooks::~PreemptionHooks() {
-  ::sigaction(SIGUSR1, &old_usr1_, nullptr);
-  ::sigaction(SIGTERM, &old_term_, nullptr);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
 }
 
 bool PreemptionHooks::stop_before_start(MPI_Comm world) {
-  int sig[2] = {g_signal == SIGUSR1 ? 1 : 0, g_signal == SIGTERM ? 1 : 0};
+  const int mine = g_signal;
+  int sig[2] = {mine == SIGUSR1 ? 1 : 0, terminating(mine) ? 1 : 0};
   ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sig, 2, MPI_INT, MPI_MAX, world));
-  agreed_signal_ = sig[1] ? SIGTERM : sig[0] ? SIGUSR1 : 0;
+  agreed_signal_ = sig[1] ? (terminating(mine) ? mine : SIGTERM) : sig[0] ? SIGUSR1 : 0;
   if (agreed_signal_ == 0) return false;
   preempted_ = true;
   signal_ = agreed_signal_;
@@ -63,20 +91,22 @@ bool PreemptionHooks::stop_before_start(MPI_Comm world) {
     log::warn(
         "preemption: {} received during the start-up, before the first step: stopping with nothing new to save "
         "(exit code 75: requeue)",
-        signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM");
+        signal_label(signal_));
   return true;
 }
 
 void PreemptionHooks::contribute(std::span<double> mine) {
   const int sig = static_cast<int>(g_signal);
   mine[0] = sig == SIGUSR1 ? 1.0 : 0.0;
-  mine[1] = sig == SIGTERM ? 1.0 : 0.0;
+  mine[1] = terminating(sig) ? 1.0 : 0.0;
 }
 
 void PreemptionHooks::agreed(std::span<const double> sums) {
   // Signals reach ranks at different moments: SIGTERM if any rank has one, else SIGUSR1 if any has that (the
   // larger signal number, as before), so all stop after the same step.
-  agreed_signal_ = sums[1] > 0 ? SIGTERM : sums[0] > 0 ? SIGUSR1 : 0;
+  // This rank's own name for it where it has one (a Ctrl-C is said as such).
+  const int sig = g_signal;
+  agreed_signal_ = sums[1] > 0 ? (terminating(sig) ? sig : SIGTERM) : sums[0] > 0 ? SIGUSR1 : 0;
 }
 
 void PreemptionHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
@@ -89,14 +119,14 @@ void PreemptionHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
     finishing_ = true;
     if (rank0)
       log::warn("preemption: {} received at the last step ({}): the run finishes as it would have (exit code 0)",
-                sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
+                signal_label(sig), trainer.state().step);
     return;
   }
   preempted_ = true;
   signal_ = sig;
   if (rank0)
     log::warn("preemption: {} received, saving a checkpoint after step {} and stopping (exit code 75: requeue)",
-              sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
+              signal_label(sig), trainer.state().step);
   trainer.request_save();
   trainer.request_stop();
 }

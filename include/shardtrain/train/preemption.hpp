@@ -1,5 +1,6 @@
 // Preemption: SIGUSR1 (Slurm's `--signal=B:USR1@N` warning) or SIGTERM (a time limit, scancel) asks the
-// run to stop. Every rank's flag rides in the step's own all-reduce (TrainerHooks::agreed_slots: no collective
+// run to stop; so do SIGINT (Ctrl-C at a terminal) and SIGHUP (the terminal closed), which ended a run started
+// without mpirun at once, without a save (exit 130 or 129); a second SIGINT ends the process at once. Every rank's flag rides in the step's own all-reduce (TrainerHooks::agreed_slots: no collective
 // of its own), so all ranks agree; after that step the run saves a checkpoint and stops, and the process exits
 // with ExitCode::Requeue (75) so the job script can requeue itself; the requeued job resumes with --resume auto.
 #pragma once
@@ -7,13 +8,15 @@
 #include <mpi.h>
 #include <signal.h>
 
+#include <iterator>
+
 #include "shardtrain/train/trainer.hpp"
 
 namespace shardtrain::train {
 
 class PreemptionHooks final : public TrainerHooks {
  public:
-  // Installs the SIGUSR1 and SIGTERM handlers (they only set a flag); the previous ones are restored
+  // Installs the handlers of the stop signals (kStopSignals; they only set a flag); the previous ones are restored
   // on destruction. Made first thing in `train`: a signal during the start-up must not end a rank with the
   // default action (exit 138, no result.json) where exit code 75 is promised.
   PreemptionHooks();
@@ -31,7 +34,7 @@ class PreemptionHooks final : public TrainerHooks {
   PreemptionHooks& operator=(const PreemptionHooks&) = delete;
 
   void on_step_end(Trainer& trainer, const StepMetrics& metrics) override;
-  // [SIGUSR1 received, SIGTERM received] on this rank, summed over the world with the step's values.
+  // [SIGUSR1 received, SIGTERM, SIGINT or SIGHUP received] on this rank, summed over the world with the step's values.
   size_t agreed_slots() const override { return 2; }
   void contribute(std::span<double> mine) override;
   void agreed(std::span<const double> sums) override;
@@ -41,14 +44,16 @@ class PreemptionHooks final : public TrainerHooks {
   bool stop_before_start(MPI_Comm world);
   bool preempted() const { return preempted_; }
   int signal() const { return signal_; }
+  // The signals that stop a run, and their names in messages ("SIGINT (Ctrl-C)").
+  static constexpr int kStopSignals[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
+  static const char* signal_label(int sig);
 
  private:
   int agreed_signal_ = 0;  // the last step's agreed signal (0: none)
   bool preempted_ = false;
   bool finishing_ = false;  // a signal at the last step: the run finishes instead (no requeue)
   int signal_ = 0;
-  struct ::sigaction old_usr1_ {};
-  struct ::sigaction old_term_ {};
+  struct ::sigaction old_[std::size(kStopSignals)] {};
 };
 
 }  // namespace shardtrain::train
