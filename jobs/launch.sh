@@ -72,6 +72,10 @@ on_interrupt() {
   fi
 }
 # The stops are caught before the launcher starts: one that comes while it starts is held (pass_on), not lost.
+# SIGPIPE ignored here (the launcher gets the default back, below): under `launch.sh ... 2>&1 | tee log`, a Ctrl-C ends
+# tee first, and this script died of SIGPIPE writing its "received" line, before it passed the stop on (status 141;
+# the job trained on unseen, holding its run directory).
+trap '' PIPE
 trap 'on_stop SIGTERM' TERM
 trap 'on_stop SIGUSR1' USR1
 trap on_interrupt INT
@@ -79,7 +83,7 @@ trap on_interrupt INT
 # foreground group, this script, and not mpirun, which would end the job on it. Its stdin is not the terminal
 # then (a background group reading it would be stopped): shardtrain reads none.
 set -m
-if [[ -t 0 ]]; then "$@" </dev/null & else "$@" & fi
+if [[ -t 0 ]]; then (trap - PIPE && exec "$@") </dev/null & else (trap - PIPE && exec "$@") & fi
 child=$!
 set +m
 while true; do

@@ -189,7 +189,11 @@ def interrupted(name, send, code=75, through=(launch,)):
     while time.time() < deadline and (not os.path.exists(metrics) or sum(1 for _ in open(metrics)) < 2):
         time.sleep(0.05)
     send(p)
-    out = p.communicate(timeout=120)[0].decode(errors="replace")
+    if p.stdout.closed:  # its reader gone (below)
+        p.wait(timeout=120)
+        out = ""
+    else:
+        out = p.communicate(timeout=120)[0].decode(errors="replace")
     result = json.load(open(os.path.join(run_dir, "result.json"))) if os.path.exists(os.path.join(run_dir, "result.json")) else {}
     # The checkpoints (the directory also holds the run's lock file, .shardtrain.lock).
     saved = ([f for f in os.listdir(os.path.join(run_dir, "ckpt")) if f.startswith("step_")]
@@ -204,6 +208,16 @@ out = interrupted("sigterm-plain", lambda p: os.kill(p.pid, signal.SIGTERM), cod
 check("start it through jobs/launch.sh" in out, f"the stop line points to jobs/launch.sh: {out[-800:]}")
 interrupted("sigterm", lambda p: os.kill(p.pid, signal.SIGTERM))
 interrupted("ctrl-c", lambda p: os.killpg(p.pid, signal.SIGINT))  # a terminal's Ctrl-C reaches the whole foreground group
+
+
+# `launch.sh ... 2>&1 | tee log` and Ctrl-C: tee goes first (its end of the pipe closed here), and launch.sh died of
+# SIGPIPE writing its "received" line, before it passed the stop on (141; the job trained on unseen).
+def reader_gone_then_ctrl_c(p):
+    p.stdout.close()
+    os.killpg(p.pid, signal.SIGINT)
+
+
+interrupted("ctrl-c-tee-gone", reader_gone_then_ctrl_c)
 
 # The same stop as soon as the launch begins: the ranks cannot catch it until their binary and its libraries are
 # loaded (about 0.2 s), and mpirun forwarded it to ranks not yet started, or not yet catching it (138, no
