@@ -265,34 +265,19 @@ void publish(const std::string& tmp, const std::string& final_dir, const std::st
   fsync_path(final_dir);
 }
 
-uint64_t available_bytes(const std::string& dir) {
-  fs::path p = fs::absolute(dir);
-  std::error_code ec;
-  while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
-  const fs::space_info s = fs::space(p.empty() ? fs::path("/") : p, ec);
-  if (ec) throw IoError(fmt::format("{}: cannot read the file system's free space: {}", p.string(), ec.message()));
-  return static_cast<uint64_t>(s.available);
-}
-
-uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType /*both kinds hold the same*/, int files) {
-  constexpr uint64_t kPerFile = 64 << 10;  // HDF5's own per file: superblock, groups, attributes (about 30 KiB seen)
-  const auto numel = static_cast<uint64_t>(spec.num_params());
-  const uint64_t tensors = numel * 4 * 3;  // the parameters and AdamW's two moments, sharded or full
-  return tensors + tensors / 100 + kPerFile * static_cast<uint64_t>(files + 1);  // + the index
-}
-
-std::vector<std::string> make_room(const std::string& dir, Retention retention, uint64_t bytes) {
+std::vector<std::string> make_room(const std::string& dir, Retention retention, const CheckpointSize& size) {
   std::vector<std::string> removed;
   if (retention.keep_last < 2) return removed;
   const auto all = complete_checkpoints(dir);  // oldest first
   const std::string healthy = newest_healthy(all);
   for (size_t i = 0; i + static_cast<size_t>(retention.keep_last) - 1 < all.size(); ++i) {
-    if (available_bytes(dir) >= bytes) break;
+    // Bytes or inodes: a file system out of either refuses the save's files alike (ENOSPC).
+    const std::string short_of = space_shortfall(dir, free_space(dir), size);
+    if (short_of.empty()) break;
     const auto& [step, path] = all[i];
     if ((retention.keep_every > 0 && step % retention.keep_every == 0) || path == healthy) continue;
-    log::warn(
-        "checkpoint: {} free in {}, a checkpoint takes {}: removing {} before the save instead of after it (keep_last = {})",
-        format_bytes(available_bytes(dir)), dir, format_bytes(bytes), path, retention.keep_last);
+    log::warn("checkpoint: {}: removing {} before the save instead of after it (keep_last = {})", short_of, path,
+              retention.keep_last);
     remove_checkpoint(path);
     removed.push_back(path);
   }

@@ -35,10 +35,10 @@ std::string set_aside_foreign(const std::string& path);
 void publish(const std::string& tmp, const std::string& final_dir, const std::string& done_text);
 // Removes the complete checkpoints that `retention` does not keep (docs/checkpoints.md), never `keep`.
 void rotate(const std::string& dir, Retention retention, const std::string& keep);
-// Short of space for a save of `bytes`: removes, oldest first, the complete checkpoints that the rotation after
-// the save would remove anyway (keep_last >= 2 keeps the newest keep_last - 1 here, and every milestone),
-// until `bytes` fit. Returns the checkpoints removed.
-std::vector<std::string> make_room(const std::string& dir, Retention retention, uint64_t bytes);
+// Short of bytes or inodes for a save of `size`: removes, oldest first, the complete checkpoints that the rotation
+// after the save would remove anyway (keep_last >= 2 keeps the newest keep_last - 1 here, and every milestone),
+// until both fit. Returns the checkpoints removed.
+std::vector<std::string> make_room(const std::string& dir, Retention retention, const CheckpointSize& size);
 // Removes a failed save's temporary directory (and an incomplete final one), quietly.
 void discard(const std::string& path);
 

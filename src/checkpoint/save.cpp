@@ -303,24 +303,28 @@ SaveScope begin_save(fsdp::FsdpEngine& engine, const std::string& dir, int64_t s
   s.final_dir = (fs::path(dir) / step_dir_name(step)).string();
   s.skip = already_saved(s.final_dir, s.world, s.rank);
   if (s.skip) return s;
-  const int files = type == StateDictType::Full ? 1 : engine.mesh().shard_size();
-  const uint64_t need = checkpoint_bytes(engine.model_spec(), type, files);
+  const CheckpointSize need = checkpoint_size(engine, type);
   std::string error;
   try {
-    if (s.rank == 0 && available_bytes(dir) < need) make_room(dir, retention, need);
+    if (s.rank == 0 && !space_shortfall(dir, free_space(dir), need).empty()) make_room(dir, retention, need);
   } catch (const Error& e) {
     error = e.what();
   }
   agree(s, error);  // also: rank 0 is done removing before anyone measures
   const bool writes = s.rank == 0 || (type == StateDictType::Sharded && engine.mesh().coord().replicate == 0);
   try {
-    const uint64_t free = writes ? available_bytes(dir) : need;
-    if (free < need)
+    const FreeSpace free = writes ? free_space(dir) : FreeSpace{need.bytes, need.inodes, true};
+    const std::string keep = retention.keep_last >= 2 ? "older checkpoints that keep_last lets go are removed first"
+                                                      : "2 or more lets the save remove the oldest first";
+    if (free.bytes < need.bytes)
       error = fmt::format(
           "{}: not enough space for the checkpoint of step {}: {} free, it takes {} ({}; checkpoint.keep_last {})", dir,
-          step, format_bytes(free), format_bytes(need), state_dict_type_name(type),
-          retention.keep_last >= 2 ? "older checkpoints that keep_last lets go are removed first"
-                                   : "2 or more lets the save remove the oldest first");
+          step, format_bytes(free.bytes), format_bytes(need.bytes), state_dict_type_name(type), keep);
+    else if (free.inodes < need.inodes)  // the save's mkdir or a file's creation would meet ENOSPC
+      error = fmt::format(
+          "{}: not enough inodes for the checkpoint of step {}: {} free, it takes {} (its {} file(s) and its directory; "
+          "{}; checkpoint.keep_last {})",
+          dir, step, free.inodes, need.inodes, need.inodes - 1, state_dict_type_name(type), keep);
   } catch (const Error& e) {
     error = e.what();
   }

@@ -16,9 +16,11 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "command.hpp"
 #include "config_args.hpp"
+#include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/checkpoint/reader.hpp"
 #include "shardtrain/checkpoint/source.hpp"
 #include "shardtrain/data/batches.hpp"
@@ -411,62 +413,101 @@ int run_check(CheckOptions o) {
     });
   }
 
-  // Where the run writes, probed as the run makes it (preflight.hpp) and in its order: nothing is created here.
+  // What a checkpoint takes, as a save of the run's mesh computes it (checkpoint::checkpoint_size, also what `train`
+  // logs at its start): a sharded one has a rank file per shard rank, so the world counts; without it, one rank's.
+  const bool sharded = c.checkpoint.state_dict_type == train::StateDictType::Sharded;
+  std::optional<checkpoint::CheckpointSize> ckpt_size;
+  if (c.checkpoint.every_n_steps > 0) {
+    report.run("space", Stage::Reading, [&] {
+      const model::ModelSpec spec(c.model);
+      const int ranks = world_ok ? world : 1;
+      const fsdp::FsdpPlan plan =
+          fsdp::plan_fsdp(spec, train::engine_config(c, ranks), ranks, world_ok ? o.gpus_per_node : 1);
+      ckpt_size = checkpoint::checkpoint_size(spec, plan, c.checkpoint.state_dict_type);
+    });
+  }
+
+  // Where the run writes, probed as the run makes it (preflight.hpp) and in its order: nothing is created here. Then
+  // the inodes of what it makes there at its start, which the probe (one inode, given back) does not show.
+  std::vector<train::InodeNeed> inodes;
+  const auto exists = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::exists(fs::symlink_status(p, ec));
+  };
   const bool looked_ok = run_dir.empty() ||  // not a directory; a config.toml or result.json the run would replace
                          report.run("outputs", Stage::RunDirLook, [&] { train::check_run_dir(c, run_dir); });
   const bool ckpt_ok = ckpt_dir.empty() || report.run("outputs", Stage::CheckpointDir, [&] {
     train::require_writable_dir("checkpoint.dir", ckpt_dir, train::DirProbe::LookOnly);
+    train::InodeNeed need{"checkpoint.dir", ckpt_dir, 0, ""};
+    std::vector<std::string> what;
+    if (!exists(fs::path(ckpt_dir) / ".shardtrain.lock")) {
+      ++need.files;
+      what.emplace_back("its lock file");
+    }
+    if (ckpt_size) {
+      need.files += ckpt_size->inodes;
+      what.push_back(fmt::format("a checkpoint's {} inodes", ckpt_size->inodes));
+    }
+    need.what = fmt::format("{}", fmt::join(what, " and "));
+    if (need.files > 0) train::require_inodes(need, inodes);
+    inodes.push_back(need);
   });
   const bool run_dir_ok = report.run("outputs", Stage::RunDirMade, [&] {
+    std::string dir = run_dir;
     if (run_dir.empty()) {
       train::require_writable_dir("logging.runs_root", c.logging.runs_root, train::DirProbe::LookOnly);
       // The name the run makes there (its time differs; its length does not): the key a name too long is train's.
-      train::require_writable_dir("logging.name", train::generated_run_dir(c, std::time(nullptr)),
-                                  train::DirProbe::LookOnly);
+      dir = train::generated_run_dir(c, std::time(nullptr));
+      train::require_writable_dir("logging.name", dir, train::DirProbe::LookOnly);
     } else {
       train::require_writable_dir("logging.run_dir", run_dir, train::DirProbe::LookOnly);
     }
+    // Its lock, config.toml (written beside, then renamed over an old one: one inode either way), metrics.jsonl and
+    // the TensorBoard events file (a new one at every start).
+    train::InodeNeed need{run_dir.empty() ? "logging.runs_root" : "logging.run_dir", dir, 1, "config.toml"};
+    if (!exists(fs::path(dir) / ".shardtrain-run.lock")) {
+      ++need.files;
+      need.what = "its lock file, " + need.what;
+    }
+    if (!exists(fs::path(dir) / c.logging.metrics_file)) {
+      ++need.files;
+      need.what += ", " + c.logging.metrics_file;
+    }
+    if (c.logging.tensorboard) {
+      ++need.files;
+      need.what += ", a TensorBoard events file";
+    }
+    if (ckpt_dir.empty() && ckpt_size) {  // its checkpoints/ is made in the new run directory
+      need.files += 2 + ckpt_size->inodes;
+      need.what += fmt::format(", checkpoints/ with its lock file and a checkpoint's {} inodes", ckpt_size->inodes);
+    }
+    train::require_inodes(need, inodes);
   });
   if (looked_ok && ckpt_ok && run_dir_ok)
     report.ok("outputs",
-              fmt::format("{} and {} can be written",
+              fmt::format("{} and {} can be written, with the inodes the run makes there",
                           run_dir.empty() ? fmt::format("a new run directory under {}", c.logging.runs_root) : run_dir,
                           ckpt_dir.empty() ? std::string("its checkpoints directory") : ckpt_dir));
 
-  // Disk space for checkpoints, by the saves' own estimate (checkpoint::checkpoint_bytes): one must fit, and as
-  // many as are kept at a save (keep_last, as the oldest goes before a save that lacks room; 2 with keep_last =
-  // 1, whose only checkpoint is removed after the next is written). Too little for those is a note: the run
-  // starts, and a periodic save that does not fit is skipped (checkpoint.max_failed_saves).
-  if (c.checkpoint.every_n_steps > 0) {
+  // Disk space for checkpoints, bytes and inodes, by the saves' own estimate and the start line's words
+  // (checkpoint::checkpoint_room): one must fit, and as many as are kept at a save (keep_last, as the oldest goes before
+  // a save that lacks room; 2 with keep_last = 1, whose only checkpoint is removed after the next is written). Too
+  // little for those is a note: the run starts, and a periodic save that does not fit is skipped
+  // (checkpoint.max_failed_saves).
+  if (ckpt_size) {
     report.run("space", Stage::Reading, [&] {
       const std::string where = ckpt_dir.empty() ? c.logging.runs_root : ckpt_dir;
-      const bool sharded = c.checkpoint.state_dict_type == train::StateDictType::Sharded;
-      const int files =
-          sharded && world_ok
-              ? make_mesh_layout({c.fsdp.engine.strategy, c.fsdp.engine.shard_size}, world, o.gpus_per_node).shard_size
-              : 1;
-      const uint64_t need = checkpoint::checkpoint_bytes(model::ModelSpec(c.model), c.checkpoint.state_dict_type, files);
-      const uint64_t free = checkpoint::available_bytes(where);
-      const std::string what =
-          fmt::format("a checkpoint takes {} ({}{}), {} free in {}", format_bytes(need),
-                      train::state_dict_type_name(c.checkpoint.state_dict_type),
-                      sharded ? ": parameters and AdamW states in fp32" : ": parameters in fp32", format_bytes(free), where);
-      if (free < need) throw IoError(fmt::format("{}: not even one fits", what));
-      const uint64_t room = free / need;
-      const int keep = c.checkpoint.keep_last;
-      const auto at_save = static_cast<uint64_t>(checkpoint::checkpoints_at_save(keep));
-      if (keep == 0) {
-        report.note(
-            "space",
-            fmt::format("{}: room for {}; checkpoint.keep_last = 0 keeps every one, so later saves fail once it is full",
-                        what, room));
-      } else if (room < at_save) {
-        report.note("space", fmt::format("{}: room for {}, keep_last = {} needs {} at a save: saves will fail", what, room,
-                                         keep, at_save));
-      } else {
-        report.ok("space", fmt::format("{}: room for {}, keep_last = {} needs {}{}", what, room, keep, at_save,
-                                       c.checkpoint.keep_every > 0 ? " (plus the keep_every milestones)" : ""));
-      }
+      const checkpoint::CheckpointRoom room = checkpoint::checkpoint_room(where, *ckpt_size, c.checkpoint.state_dict_type,
+                                                                          {c.checkpoint.keep_last, c.checkpoint.keep_every});
+      const std::string world_text =
+          sharded && !world_ok
+              ? " (sized for 1 rank: a sharded checkpoint has a file per shard rank; give --nodes and --gpus-per-node for "
+                "the run's)"
+              : std::string();
+      using Verdict = checkpoint::CheckpointRoom::Verdict;
+      if (room.verdict == Verdict::NotOne) throw IoError(room.text + world_text);
+      if (room.verdict == Verdict::Enough) report.ok("space", room.text + world_text);
+      else report.note("space", room.text + world_text);
     });
   }
 

@@ -133,21 +133,14 @@ std::string CheckpointHooks::tokenizer_json(const Trainer& trainer) const {
 void CheckpointHooks::report_space(Trainer& trainer) const {
   const auto& c = trainer.config().checkpoint;
   if (c.every_n_steps <= 0 || trainer.runtime().topology().world_rank != 0) return;
-  const int files = c.state_dict_type == StateDictType::Full ? 1 : trainer.mesh().shard_size();
-  const uint64_t need = checkpoint::checkpoint_bytes(trainer.engine().model_spec(), c.state_dict_type, files);
-  const uint64_t free = checkpoint::available_bytes(dir_);
-  const uint64_t fit = free / need;
-  const auto at_save = static_cast<uint64_t>(checkpoint::checkpoints_at_save(c.keep_last));
-  if (fit == 0) {
-    log::warn("checkpoint: {} has {} free, but a checkpoint takes {}: saves will fail until there is room", dir_,
-              format_bytes(free), format_bytes(need));
-  } else if (fit < at_save) {
-    log::warn(
-        "checkpoint: {} has {} free, room for {} checkpoint(s) of {}, but keep_last = {} needs {} at a save: saves will fail",
-        dir_, format_bytes(free), fit, format_bytes(need), c.keep_last, at_save);
-  } else {
-    log::info("checkpoint: {} each, {} free in {} (room for {})", format_bytes(need), format_bytes(free), dir_, fit);
-  }
+  // The function and words of `shardtrain check`'s space line: the two agree for the same world.
+  const checkpoint::CheckpointRoom room =
+      checkpoint::checkpoint_room(dir_, checkpoint::checkpoint_size(trainer.engine(), c.state_dict_type), c.state_dict_type,
+                                  {c.keep_last, c.keep_every});
+  using Verdict = checkpoint::CheckpointRoom::Verdict;
+  if (room.verdict == Verdict::NotOne) log::warn("checkpoint: {}: saves will fail until there is room", room.text);
+  else if (room.verdict == Verdict::WillFail || room.verdict == Verdict::MayFail) log::warn("checkpoint: {}", room.text);
+  else log::info("checkpoint: {}", room.text);
 }
 
 template <typename Fn>

@@ -2,13 +2,17 @@
 // drift apart.
 #include "shardtrain/train/preflight.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
 
+#include "shardtrain/checkpoint/checkpoint.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/train/inputs.hpp"
 
@@ -69,6 +73,48 @@ void require_writable_dir(const std::string& key, const std::string& dir, DirPro
   if (ec)
     throw IoError(fmt::format("{}: cannot create {}: {} (the nearest existing folder: {})", key, dir, ec.message(),
                               existing.string()));
+}
+
+namespace {
+
+// The nearest existing folder of `dir` (itself when it exists), and how many folders making it creates.
+std::pair<fs::path, uint64_t> nearest_existing(const std::string& dir) {
+  fs::path p = fs::absolute(dir).lexically_normal();
+  uint64_t missing = 0;
+  std::error_code ec;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) {
+    p = p.parent_path();
+    ++missing;
+  }
+  return {p, missing};
+}
+
+dev_t device_of(const fs::path& p) {
+  struct stat s {};
+  return ::stat(p.c_str(), &s) == 0 ? s.st_dev : dev_t{0};
+}
+
+}  // namespace
+
+uint64_t inodes_to_make(const InodeNeed& need) { return need.files + nearest_existing(need.dir).second; }
+
+void require_inodes(const InodeNeed& need, const std::vector<InodeNeed>& earlier) {
+  const auto [existing, folders] = nearest_existing(need.dir);
+  const checkpoint::FreeSpace free = checkpoint::free_space(existing.string());
+  if (!free.inodes_limited) return;
+  const uint64_t own = need.files + folders;
+  uint64_t shared = 0;
+  std::string with;
+  for (const InodeNeed& e : earlier) {
+    if (device_of(nearest_existing(e.dir).first) != device_of(existing)) continue;
+    shared += inodes_to_make(e);
+    with += fmt::format(", and {} for {} on the same file system", inodes_to_make(e), e.key);
+  }
+  if (free.inodes >= own + shared) return;
+  throw IoError(fmt::format(
+      "{}: cannot create {} in {}: {} (no inode left for them: {} inode(s) free in {}; the run makes {} there: {}{}{})",
+      need.key, need.what, need.dir, std::strerror(ENOSPC), free.inodes, existing.string(), own, need.what,
+      folders > 0 ? fmt::format(" and {} folder(s)", folders) : std::string(), with));
 }
 
 std::string generated_run_dir(const TrainConfig& c, std::time_t when) {

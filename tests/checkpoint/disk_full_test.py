@@ -12,6 +12,11 @@ checkpoint of the test model takes about 1.9 MB (2.0 MB estimated).
   asynchronous saves and checkpoint.max_failed_saves 1: the first failed save is survived, the second ends the
   run with exit code 8 and the kernel's reason.
 
+- Inodes: a tmpfs with 13 inodes holds the lock and exactly two checkpoints: keep_last 2 removes the oldest before
+  each save, as for bytes, and the run ends normally; `shardtrain check` says "room for 2 (inodes limit it", with the
+  run's own words for the checkpoint; with 4 inodes it fails (8) naming the lock file and "No space left on device",
+  for the checkpoint directory and for the run directory.
+
 Needs root, to mount the tmpfs; exits 77 (skipped) where mounting is not allowed."""
 import json
 import os
@@ -106,5 +111,52 @@ check(contents(limited) == [], f"nothing left behind in {limited}: {contents(lim
 # One line per failure: HDF5's own error-stack dump stays off in every thread, the asynchronous saver's too.
 check("HDF5-DIAG" not in r.stderr, f"no HDF5 error dump: {r.stderr[-2500:]}")
 check([f["save_step"] for f in events("limited", "checkpoint_failed")] == [2], f"metrics: {events('limited', 'checkpoint_failed')}")
+
+# Inodes (audit Q2, Q4, Q8): a tmpfs with bytes to spare and 13 inodes: its root, the checkpoint directory, its lock
+# and two checkpoints of 5 (two rank files, index.h5, DONE, the directory). keep_last 2 needs exactly that: each save
+# first removes the checkpoint its rotation would remove anyway, as for bytes (every save from step 6 on failed with
+# "cannot create the checkpoint directory: No space left on device", and the run ended with exit 8).
+few = os.path.join(work, "few-inodes")
+os.makedirs(few)
+if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=50m,nr_inodes=13", "tmpfs", few]).returncode != 0:
+    print("SKIPPED: cannot mount a tmpfs with an inode limit here")
+    sys.exit(77)
+try:
+    ck = os.path.join(few, "ckpt")
+    # `shardtrain check` for the run's world sizes a checkpoint as the run does, and says what limits the room.
+    c = subprocess.run([st, "check", "--config", "configs/tiny-cpu.toml", "--data.path", ds, "--logging.run_dir",
+                        os.path.join(work, "inodes"), "--checkpoint.dir", ck, "--checkpoint.keep_last", "2",
+                        "--nodes", "1", "--gpus-per-node", "2", *MODEL], cwd=args.source, capture_output=True, text=True, timeout=120)
+    space = " ".join(l for l in c.stdout.splitlines() if l.strip().startswith("space"))
+    check(c.returncode == 0 and "and 5 inodes" in space and "room for 2 (inodes limit it" in space, f"check, 13 inodes: {c.stdout}")
+    r = train("inodes", ck, "--checkpoint.keep_last", "2")
+    check(r.returncode == 0 and contents(ck) == ["step_00000006", "step_00000008"],
+          f"keep_last 2 with inodes for 2: exit {r.returncode}, left {contents(ck)}: {r.stderr[-2500:]}")
+    check("0 inode(s) free in " + ck in r.stderr and "removing " + os.path.join(ck, "step_00000002") + " before the save" in r.stderr,
+          f"room made before the save by inodes: {r.stderr[-2500:]}")
+    check(not events("inodes", "checkpoint_failed"), "no failed save with inodes for keep_last 2")
+    # The start line sizes the checkpoint in check's words (the free inodes differ: the run made its directory and lock).
+    start = [l for l in r.stderr.splitlines() if "checkpoint: a checkpoint takes" in l]
+    said = space[space.find("a checkpoint takes"):space.find("its directory)")]
+    check(start and said and said in start[0], f"check and train size the checkpoint alike: {said!r} / {start}")
+    subprocess.run(["rm", "-rf", ck])
+    subprocess.run(["umount", few])
+    # Too few inodes for the lock and a checkpoint: check fails (8) with the file system's reason, as the run would.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=50m,nr_inodes=4", "tmpfs", few], check=True)
+    c = subprocess.run([st, "check", "--config", "configs/tiny-cpu.toml", "--data.path", ds, "--logging.run_dir",
+                        os.path.join(work, "inodes4"), "--checkpoint.dir", ck, *MODEL], cwd=args.source, capture_output=True,
+                       text=True, timeout=120)
+    outputs = " ".join(l for l in c.stdout.splitlines() if l.strip().startswith("outputs"))
+    check(c.returncode == 8 and "FAILED: I/O error: checkpoint.dir: cannot create its lock file" in outputs and
+          "No space left on device" in outputs, f"check, 4 inodes: exit {c.returncode}: {c.stdout}")
+    # A run directory with inodes for less than its lock, config.toml, metrics.jsonl and events file: the same.
+    c = subprocess.run([st, "check", "--config", "configs/tiny-cpu.toml", "--data.path", ds, "--logging.run_dir",
+                        os.path.join(few, "run"), "--checkpoint.dir", os.path.join(work, "inodes-ck"), *MODEL], cwd=args.source,
+                       capture_output=True, text=True, timeout=120)
+    outputs = " ".join(l for l in c.stdout.splitlines() if l.strip().startswith("outputs"))
+    check(c.returncode == 8 and "logging.run_dir: cannot create its lock file, config.toml" in outputs and
+          "No space left on device" in outputs, f"check, run dir with 3 inodes free: exit {c.returncode}: {c.stdout}")
+finally:
+    subprocess.run(["umount", few])
 
 check.finish("all disk-full checks passed")

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardtrain/fsdp/engine.hpp"
+#include "shardtrain/fsdp/plan.hpp"
 #include "shardtrain/optim/adamw.hpp"
 
 namespace shardtrain::checkpoint {
@@ -67,21 +68,64 @@ struct Retention {
   int64_t keep_every = 0;
 };
 
-// Disk space. What a checkpoint of this model takes, all its files together: the tensors' bytes (parameters and
-// both AdamW states in fp32, sharded or full) plus a margin for HDF5's own and the index. And the bytes an unprivileged writer may still use where `dir` is, or would be created (its nearest
-// existing ancestor).
-uint64_t checkpoint_bytes(const model::ModelSpec& spec, StateDictType type, int files);
+// Disk space. What one checkpoint takes, all its files together (docs/checkpoints.md, "When a save fails"): `bytes`, an
+// upper bound (the tensors' chunks as HDF5 stores them, plus an allowance for HDF5's own per dataset, group and file,
+// the index and DONE), `data_bytes`, a lower bound (the tensors' chunks alone), and `inodes`, exact: its data files,
+// index.h5, DONE and its directory (the save's temporary directory is renamed into it).
+struct CheckpointSize {
+  uint64_t bytes = 0;
+  uint64_t data_bytes = 0;
+  uint64_t inodes = 0;
+  int data_files = 1;  // rank files (sharded) or model.h5 (full)
+};
+// From the elements of each unit's shard (sharded: every one of `shard_files` rank files holds param, exp_avg and
+// exp_avg_sq of each; full: model.h5 holds the three of each tensor, `unit_shards` unused).
+CheckpointSize checkpoint_size(const model::ModelSpec& spec, StateDictType type, int shard_files,
+                               const std::vector<int64_t>& unit_shards);
+// The same for this engine's mesh (what a save of it writes), and for a plan of one (`shardtrain check`).
+CheckpointSize checkpoint_size(const fsdp::FsdpEngine& engine, StateDictType type);
+CheckpointSize checkpoint_size(const model::ModelSpec& spec, const fsdp::FsdpPlan& plan, StateDictType type);
+
+// What an unprivileged writer may still use where `dir` is, or would be created (its nearest existing ancestor): bytes
+// and inodes (statvfs's f_bavail and f_favail). A file system without an inode limit (f_files 0) has `inodes_limited`
+// false and `inodes` the largest value.
+struct FreeSpace {
+  uint64_t bytes = 0;
+  uint64_t inodes = 0;
+  bool inodes_limited = true;
+};
+FreeSpace free_space(const std::string& dir);
 uint64_t available_bytes(const std::string& dir);
+// "1.7 MiB free in DIR, a checkpoint takes 1.8 MiB" or "4 inodes free in DIR, a checkpoint takes 5 (...)": what
+// falls short for a save of `size` ("" when both fit).
+std::string space_shortfall(const std::string& dir, const FreeSpace& free, const CheckpointSize& size);
 // How many checkpoints a directory holds at once during a save, milestones aside: keep_last (the save removes the
 // ones its rotation lets go first when it lacks room), 2 with keep_last = 1 (the one kept goes only after the
 // next is written), 0 with keep_last = 0 (every one is kept: no bound).
 inline int checkpoints_at_save(int keep_last) { return keep_last == 1 ? 2 : keep_last; }
 
+// How many checkpoints `dir` has room for, by bytes and by inodes, counting what the complete checkpoints there hold
+// (the rotation removes them in time; milestones aside), against what keep_last holds at a save. The start line of
+// `train` and the `space` line of `shardtrain check` (docs/checkpoints.md): the same function, the same words.
+struct CheckpointRoom {
+  enum class Verdict {
+    NotOne,    // not even one checkpoint fits
+    WillFail,  // keep_last's checkpoints do not fit, even at their lower bound: a save will fail
+    MayFail,   // they fit at the lower bound, not at the estimate
+    Enough,    // they fit at the estimate
+    KeepsAll,  // keep_last = 0: no bound
+  };
+  Verdict verdict = Verdict::Enough;
+  uint64_t room = 0;  // checkpoints of the estimated size that fit: the fewer of the bytes' and the inodes' figure
+  std::string text;   // "a checkpoint takes ..., ... free in DIR: room for N (...)...", for a log or report line
+};
+CheckpointRoom checkpoint_room(const std::string& dir, const CheckpointSize& size, StateDictType type, Retention retention);
+
 // Collective over the mesh's world. Returns the final directory (dir/step_XXXXXXXX). An existing
 // complete checkpoint of the same step is left as it is (nothing is ever overwritten). Then removes the
 // complete checkpoints of `dir` that `retention` does not keep.
-// Before writing, every writer checks that its file system holds a whole checkpoint (checkpoint_bytes). When it
-// does not and `retention` keeps at least 2, the checkpoints this save's rotation would remove anyway go first
+// Before writing, every writer checks that its file system holds a whole checkpoint, bytes and inodes (checkpoint_size).
+// When it does not and `retention` keeps at least 2, the checkpoints this save's rotation would remove anyway go first
 // (never the newest); if that is not enough, nothing is written. Any failure, this check or a write on any rank,
 // throws IoError on every rank alike, and the temporary directory is removed: the space goes back, and the
 // complete checkpoints are as they were.

@@ -31,6 +31,19 @@ std::string no_checkpoint_loads_problem(const std::string& dir, const std::vecto
 enum class DirProbe { Create, LookOnly };
 void require_writable_dir(const std::string& key, const std::string& dir, DirProbe probe);
 
+// Inodes where a directory is: what the run makes there at its start (`dir` and each missing folder above it, then
+// `files` in it: `what` names them), against the free inodes of its file system (checkpoint::free_space), together with
+// the `earlier` needs that lie on the same one. A probe of the directory takes one inode and gives it back, so a file
+// system that has a few left passed require_writable_dir, and the run then could not make its lock file, config.toml or
+// first checkpoint. IoError (exit code 8) naming the key, the path, the file system's reason and the count.
+struct InodeNeed {
+  std::string key, dir;
+  uint64_t files = 0;
+  std::string what;
+};
+uint64_t inodes_to_make(const InodeNeed& need);  // files + the folders to create
+void require_inodes(const InodeNeed& need, const std::vector<InodeNeed>& earlier);
+
 // The run directory a run without logging.run_dir makes at `when`: logging.runs_root/NAME-YYYYmmdd-HHMMSS (NAME:
 // logging.name, "run" when empty). `shardtrain check` probes this name as train makes it: a logging.name too long for
 // the file system passed check and failed the run (exit 8).
