@@ -12,6 +12,8 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -279,6 +281,16 @@ struct ShippedTokenizer {
   std::optional<SpecialRoles> roles;  // when tokenizer files were shipped
 };
 
+// `from` copied to `to` through write_file_whole: std::filesystem::copy_file turned a full disk's short write into
+// "Input/output error"; this names the file system's reason (No space left on device).
+void copy_whole(const fs::path& from, const fs::path& to, std::string_view what) {
+  std::ifstream in(from, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in && !in.eof()) throw IoError(fmt::format("{}: cannot read {}", from.string(), what));
+  write_file_whole(to.string(), text.str(), what);
+}
+
 // Ships the tokenizer, already loaded and checked against the weights, in a form transformers reads:
 // tokenizer.json as is, GPT-2's encoder.json + vocab.bpe as vocab.json + merges.txt. A tiktoken rank file has
 // no Hugging Face equivalent file.
@@ -290,12 +302,12 @@ ShippedTokenizer ship_tokenizer(const std::string& source, const data::Tokenizer
   const char* cls = nullptr;
   std::string note;
   if (fs::is_regular_file(json) && json.extension() == ".json" && json.filename() != "encoder.json") {
-    fs::copy_file(json, out / "tokenizer.json");
+    copy_whole(json, out / "tokenizer.json", "the tokenizer");
     cls = "PreTrainedTokenizerFast";
     note = fmt::format("tokenizer.json copied from {}", json.string());
   } else if (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) {
-    fs::copy_file(dir / "encoder.json", out / "vocab.json");
-    fs::copy_file(dir / "vocab.bpe", out / "merges.txt");
+    copy_whole(dir / "encoder.json", out / "vocab.json", "the tokenizer's vocabulary");
+    copy_whole(dir / "vocab.bpe", out / "merges.txt", "the tokenizer's merges");
     cls = "GPT2Tokenizer";
     note = fmt::format("GPT-2 vocab.json and merges.txt copied from {}", dir.string());
   } else {

@@ -97,6 +97,17 @@ try:
                            capture_output=True, text=True, timeout=300)
         check(c.returncode == 8 and "No space left on device" in c.stderr and not any(n.startswith(out) for n in os.listdir(mnt)),
               f"consolidate to {fmt_} on a full disk: exit {c.returncode}, left {os.listdir(mnt)}: {c.stderr[-1500:]}")
+    # With room for config.json but not the tokenizer it ships: the same reason (std::filesystem::copy_file said
+    # "Input/output error" of a full disk).
+    os.remove(os.path.join(mnt, "filler"))
+    free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+    room = max(8192, os.path.getsize(tok) // 2)
+    subprocess.run(["fallocate", "-l", str(free - room), os.path.join(mnt, "filler")], check=True)
+    c = subprocess.run([st, "consolidate", os.path.join(keep_two, "step_00000008"), "-o", os.path.join(mnt, "hf-tok"), "--format",
+                        "safetensors", "--tokenizer", tok], capture_output=True, text=True, timeout=300)
+    check(c.returncode == 8 and "cannot write the tokenizer: No space left on device" in c.stderr
+          and not any(n.startswith("hf-tok") for n in os.listdir(mnt)),
+          f"consolidate with its tokenizer on a nearly full disk: exit {c.returncode}, left {os.listdir(mnt)}: {c.stderr[-1500:]}")
     os.remove(os.path.join(mnt, "filler"))
     subprocess.run(["rm", "-rf", keep_two])
 finally:
