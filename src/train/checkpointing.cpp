@@ -148,7 +148,20 @@ void CheckpointHooks::periodic(Trainer& trainer, int64_t step, Fn&& fn) {
   try {
     fn();
   } catch (const IoError& e) {
+    // The end failed_save gave the run, from a save it waited for inside this one (save_async waits for the previous
+    // one): not one more failure. Counted again, it said "5 save(s) in a row failed ... the last: checkpoint: 4 save(s)
+    // in a row failed ...".
+    if (giving_up_) throw;
     failed_save(trainer, step, e.what());
+  }
+}
+
+void CheckpointHooks::last_save(Trainer& trainer, SaveCause cause) {
+  try {
+    save(trainer, cause);
+  } catch (const IoError& e) {
+    if (giving_up_) throw;
+    failed_save(trainer, trainer.state().step, e.what(), cause);
   }
 }
 
@@ -158,25 +171,39 @@ void CheckpointHooks::published(const std::string& path) {
   failed_saves_ = 0;
 }
 
-void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::string& why) {
+void CheckpointHooks::failed_save(Trainer& trainer, int64_t step, const std::string& why, SaveCause cause) {
   ++failed_saves_;
   last_saved_step_ = -1;  // a later save of the same step is not "already done"
   const int max = trainer.config().checkpoint.max_failed_saves;
   const std::string newest = checkpoint::find_latest(dir_);
-  const std::string keep = newest.empty() ? "there is no checkpoint yet" : "the newest checkpoint is " + newest;
-  if (failed_saves_ > max)
-    throw IoError(fmt::format("checkpoint: {} save(s) in a row failed (checkpoint.max_failed_saves = {}); {}; the last: {}",
-                              failed_saves_, max, keep, why));
-  if (trainer.runtime().topology().world_rank == 0)
-    log::error(
-        "checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops at failure {} in a "
-        "row, checkpoint.max_failed_saves = {}); {}: {}",
-        step, failed_saves_, max + 1, max, keep, why);
+  const std::string keep = newest.empty() ? "there is no checkpoint yet"
+                                          : "the newest checkpoint is " + newest + " (--resume auto continues from it)";
+  // Every failure is a line of the metrics, the one that ends the run too (the 4th of 4, a final or requested save's).
   trainer.record_event(json_text(nlohmann::json{{"kind", "checkpoint_failed"},
                                                 {"step", trainer.state().step},
                                                 {"save_step", step},
                                                 {"failed_in_a_row", failed_saves_},
                                                 {"error", why}}));
+  if (cause != SaveCause::Periodic) {
+    giving_up_ = true;
+    throw IoError(fmt::format("checkpoint: the {} save of step {} failed; {}: {}",
+                              cause == SaveCause::Final ? "final" : "requested (a stop signal's)", step, keep, why));
+  }
+  if (failed_saves_ > max) {
+    giving_up_ = true;
+    throw IoError(fmt::format("checkpoint: {} save(s) in a row failed (checkpoint.max_failed_saves = {}); {}; the last: {}",
+                              failed_saves_, max, keep, why));
+  }
+  if (trainer.runtime().topology().world_rank == 0) {
+    // At the last step nothing trains on: the final save tries once more, and its failure ends the run.
+    if (trainer.state().step >= trainer.total_steps())
+      log::error("checkpoint: the save of step {} failed; the run's final save tries it once more; {}: {}", step, keep, why);
+    else
+      log::error(
+          "checkpoint: the save of step {} failed, training goes on ({} failed in a row; the run stops at failure {} in a "
+          "row, checkpoint.max_failed_saves = {}); {}: {}",
+          step, failed_saves_, max + 1, max, keep, why);
+  }
 }
 
 void CheckpointHooks::on_start(Trainer& trainer) {
@@ -514,7 +541,7 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   const auto& c = trainer.config().checkpoint;
   const bool due = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;
   if (trainer.save_requested()) {  // preemption: published before the run stops
-    save(trainer, SaveCause::Requested);
+    last_save(trainer, SaveCause::Requested);
     trainer.clear_save_request();
   } else if (due) {
     periodic(trainer, trainer.state().step, [&] {
@@ -530,7 +557,7 @@ void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
 void CheckpointHooks::on_end(Trainer& trainer) {
   if (async_.pending()) wait_async(trainer);
   if (trainer.config().checkpoint.every_n_steps > 0 || trainer.save_requested())
-    save(trainer, trainer.save_requested() ? SaveCause::Requested : SaveCause::Final);
+    last_save(trainer, trainer.save_requested() ? SaveCause::Requested : SaveCause::Final);
 }
 
 }  // namespace shardtrain::train

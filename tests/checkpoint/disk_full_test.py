@@ -75,8 +75,13 @@ try:
     check(contents(keep_all) == ["step_00000002", "step_00000004"], f"left in {keep_all}: {contents(keep_all)}")
     check("HDF5-DIAG" not in r.stderr, f"no HDF5 error dump when the disk is full: {r.stderr[-2500:]}")
     failed = events("keep_all", "checkpoint_failed")
-    # Step 8's periodic save fails too (recorded), then the final save tries once more and ends the run.
-    check([f["save_step"] for f in failed] == [6, 8] and "not enough space" in failed[0]["error"], f"metrics: {failed}")
+    # Step 8's periodic save fails too (recorded), then the final save tries once more and ends the run: recorded as well,
+    # said as such (not "training goes on") and naming the checkpoint to resume from (audit Q7).
+    check([f["save_step"] for f in failed] == [6, 8, 8] and "not enough space" in failed[0]["error"], f"metrics: {failed}")
+    check("the save of step 8 failed; the run's final save tries it once more" in r.stderr
+          and f"the final save of step 8 failed; the newest checkpoint is {keep_all}/step_00000004 (--resume auto continues "
+          "from it)" in r.stderr and "the save of step 8 failed, training goes on" not in r.stderr,
+          f"the final save's failure: {r.stderr[-2500:]}")
     check(max(l["step"] for l in events("keep_all", "train")) == 8, "training went on to step 8")
     subprocess.run(["rm", "-rf", keep_all])
 
@@ -121,7 +126,10 @@ check(r.returncode == 8 and "2 save(s) in a row failed (checkpoint.max_failed_sa
 check(contents(limited) == [], f"nothing left behind in {limited}: {contents(limited)}")
 # One line per failure: HDF5's own error-stack dump stays off in every thread, the asynchronous saver's too.
 check("HDF5-DIAG" not in r.stderr, f"no HDF5 error dump: {r.stderr[-2500:]}")
-check([f["save_step"] for f in events("limited", "checkpoint_failed")] == [2], f"metrics: {events('limited', 'checkpoint_failed')}")
+# Each failure is recorded, the one that ends the run too; its message is said once, not nested in itself (audit Q5: "5
+# save(s) in a row failed ... the last: checkpoint: 4 save(s) in a row failed ...").
+check([f["save_step"] for f in events("limited", "checkpoint_failed")] == [2, 4] and "the last: checkpoint:" not in r.stderr,
+      f"metrics: {events('limited', 'checkpoint_failed')}: {r.stderr[-1500:]}")
 
 # Inodes (audit Q2, Q4, Q8): a tmpfs with bytes to spare and 13 inodes: its root, the checkpoint directory, its lock
 # and two checkpoints of 5 (two rank files, index.h5, DONE, the directory). keep_last 2 needs exactly that: each save

@@ -66,7 +66,11 @@ class CheckpointHooks final : public TrainerHooks {
   // it counts as a failed save (failed_save), any other error ends the run.
   template <typename Fn>
   void periodic(Trainer& trainer, int64_t step, Fn&& fn);
-  void failed_save(Trainer& trainer, int64_t step, const std::string& why);
+  // A requested (stop signal) or final save: its IoError ends the run, recorded and naming the newest checkpoint.
+  void last_save(Trainer& trainer, SaveCause cause);
+  // Counts and records a failed save (a checkpoint_failed line in metrics.jsonl, every one); a failed requested or final
+  // save, or one past checkpoint.max_failed_saves, ends the run (IoError naming the newest checkpoint).
+  void failed_save(Trainer& trainer, int64_t step, const std::string& why, SaveCause cause = SaveCause::Periodic);
   void published(const std::string& path);
   void report_space(Trainer& trainer) const;
   checkpoint::SaveMeta meta_for(const Trainer& trainer) const;
@@ -79,6 +83,7 @@ class CheckpointHooks final : public TrainerHooks {
   std::vector<Fallback> fallbacks_, superseded_;
   int64_t last_saved_step_ = -1;  // the newest step saved or being saved (-1 after a failed save)
   int failed_saves_ = 0;          // periodic saves failed in a row
+  bool giving_up_ = false;        // failed_save threw the run's end: a save around it (a nested wait) does not count it
   int64_t async_step_ = -1;       // the step of the asynchronous save in flight
   std::chrono::steady_clock::time_point async_started_{};
   checkpoint::AsyncSave async_;

@@ -53,7 +53,7 @@ class PreemptionHooks final : public TrainerHooks {
   bool preempted_ = false;
   bool finishing_ = false;  // a signal at the last step: the run finishes instead (no requeue)
   int signal_ = 0;
-  struct ::sigaction old_[std::size(kStopSignals)] {};
+  struct ::sigaction old_[std::size(kStopSignals)]{};
 };
 
 }  // namespace shardtrain::train
