@@ -160,13 +160,14 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const std::string& line) {
-  append(line);
   // Every record of both files is written when this returns (one write(2) each, no buffer): a preemption save
-  // or a killed job loses none.
-  if (tensorboard_) tensorboard_->write_metrics_line(line);
+  // or a killed job loses none. A line metrics.jsonl dropped (a full disk) is not an event either: the two files
+  // hold the same steps, and the event file does not take the room metrics.jsonl needs to write again (on a full run
+  // directory it held steps 11-19 that metrics.jsonl lacked, which stopped at step 10 for good).
+  if (append(line) && tensorboard_) tensorboard_->write_metrics_line(line);
 }
 
-void MetricsWriter::append(const std::string& line) {
+bool MetricsWriter::append(const std::string& line) {
   std::string text = pending_newline_ ? "\n" : "";
   if (dropped_ > 0) text += fmt::format("{{\"kind\":\"metrics_gap\",\"dropped\":{}}}\n", dropped_);
   text += line;
@@ -176,7 +177,7 @@ void MetricsWriter::append(const std::string& line) {
     pending_newline_ = false;
     if (dropped_ > 0) log::warn("train: {}: writing metrics again, {} line(s) were lost", path_, dropped_);
     dropped_ = 0;
-    return;
+    return true;
   }
   // Full, or over a size limit: the line is dropped whole (a half-written one is cut off again, so every line
   // of the file stays valid JSON) and training goes on; the weights matter more than their log.
@@ -184,6 +185,7 @@ void MetricsWriter::append(const std::string& line) {
     log::error(
         "train: {}: a metrics line could not be written ({}); training goes on, and lines are dropped until one can be",
         path_, std::strerror(err));
+  return false;
 }
 
 int64_t peak_rss_bytes() {

@@ -186,4 +186,26 @@ check(r.returncode == 0, f"resumed run: {r.stderr[-1500:]}")
 steps = compare(os.path.join(work, "preempted"), started, ended, files_expected=2)
 check(steps == list(range(1, 41)), f"preempted and resumed run's train events: steps {steps}")
 
+# A run directory that fills up (a 16 KiB tmpfs, mounted as root; skipped where that is not allowed): metrics.jsonl
+# drops lines whole, and the event file holds no step metrics.jsonl lacks (it went on writing steps metrics.jsonl had
+# dropped, and took the room metrics.jsonl needed to write again).
+small = os.path.join(work, "small-run-dir")
+os.makedirs(small)
+if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", small], capture_output=True).returncode == 0:
+    try:
+        r = train("small-run-dir/run", "--schedule.max_steps", "24", "--schedule.eval_every", "12",
+                  "--checkpoint.dir", os.path.join(work, "small-ckpt"))
+        run = os.path.join(small, "run")
+        lines = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+        logged = {(l["kind"], l["step"]) for l in lines if l["kind"] in ("train", "eval")}
+        events = [e for path in sorted(glob.glob(os.path.join(run, "events.out.tfevents.*"))) for e in read_events(path)[1:]]
+        in_events = {("eval" if any(v.tag.startswith("eval/") for v in e.summary.value) else "train", e.step) for e in events}
+        check(r.returncode == 0 and "a metrics line could not be written" in r.stderr and len(logged) < 26
+              and in_events <= logged, f"a full run directory: exit {r.returncode}, events not in metrics.jsonl "
+              f"{sorted(in_events - logged)}: {r.stderr[-1200:]}")
+    finally:
+        subprocess.run(["umount", small])
+else:
+    print("a full run directory: not checked (mounting a tmpfs needs root)")
+
 check.finish("tensorboard_cli_test: all checks passed")

@@ -109,7 +109,7 @@ class MetricsWriter {
   const TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }  // null when off
 
  private:
-  void append(const std::string& line);
+  bool append(const std::string& line);  // false: dropped
   std::string path_;
   int fd_ = -1;
   int64_t dropped_ = 0;
