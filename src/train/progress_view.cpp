@@ -41,7 +41,10 @@ ProgressView::ProgressView(const LoggingSection& logging, int64_t total_steps, b
   // (on stdout, only when mpirun's own stdout is one).
   std::FILE* stream = stderr;
   if (style_ == ProgressStyle::Auto) {
-    if (isatty(fileno(stderr))) {
+    // TERM=dumb or none (Emacs' shell, some CI viewers): plain lines, which such a terminal shows as they are.
+    if (!term_has_escape_codes(std::getenv("TERM"))) {
+      style_ = ProgressStyle::Lines;
+    } else if (isatty(fileno(stderr))) {
       style_ = ProgressStyle::Bar;
     } else if (stdout_reaches_a_terminal()) {
       style_ = ProgressStyle::Bar;
@@ -72,6 +75,18 @@ std::string ProgressView::line(const StepMetrics& m, int64_t total_steps, double
                                                      : " (skipped: non-finite)");
 }
 
+void ProgressView::show_step(ProgressBar& bar, const StepMetrics& m, int64_t steps_run) {
+  // What a narrow terminal keeps (progress.hpp's ranks): step/total, then the loss, the time left, tokens/s; the
+  // rest goes first.
+  bar.set_field("loss", fmt::format("{:.4f}", m.loss), kProgressCountRank + 1);
+  bar.set_field("lr", fmt::format("{:.2e}", m.lr));
+  bar.set_field("gnorm", fmt::format("{:.2f}", m.grad_norm));
+  bar.set_field("tok/s", fmt::format("{:.0f}", m.tokens_per_s), kProgressEtaRank + 1);
+  bar.set_field("mfu", fmt::format("{:.1f}%", 100 * m.mfu));
+  bar.set_field("mem", mib(m.peak_mem_bytes));
+  bar.set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run), m.elapsed_s);
+}
+
 double ProgressView::eta_seconds(const StepMetrics& m, int64_t steps_run, int64_t total_steps) {
   if (steps_run <= 0 || m.step >= total_steps) return 0;
   return m.elapsed_s / static_cast<double>(steps_run) * static_cast<double>(total_steps - m.step);
@@ -81,13 +96,7 @@ void ProgressView::step(const StepMetrics& m) {
   if (style_ == ProgressStyle::Off) return;
   ++steps_run_;
   if (bar_) {
-    bar_->set_field("loss", fmt::format("{:.4f}", m.loss));
-    bar_->set_field("lr", fmt::format("{:.2e}", m.lr));
-    bar_->set_field("gnorm", fmt::format("{:.2f}", m.grad_norm));
-    bar_->set_field("tok/s", fmt::format("{:.0f}", m.tokens_per_s));
-    bar_->set_field("mfu", fmt::format("{:.1f}%", 100 * m.mfu));
-    bar_->set_field("mem", mib(m.peak_mem_bytes));
-    bar_->set(static_cast<uint64_t>(m.step), static_cast<uint64_t>(steps_run_), m.elapsed_s);
+    show_step(*bar_, m, steps_run_);
     return;
   }
   // The first step of every start too: a resumed run says at once that it runs, and how fast.
@@ -105,7 +114,7 @@ void ProgressView::eval(const EvalMetrics& m) {
   const std::string text = fmt::format("eval at step {}: val_loss {:.4f} over {} tokens{} ({:.1f}s)", m.step, m.val_loss,
                                        m.val_tokens, by_source, m.eval_time_s);
   if (bar_) {
-    bar_->set_field("val", fmt::format("{:.4f}", m.val_loss));
+    bar_->set_field("val", fmt::format("{:.4f}", m.val_loss), kProgressRateRank + 1);
     return;
   }
   log::info("{}", text);

@@ -106,3 +106,56 @@ TEST(ProgressView, TheTimeLeftCountsTheStepsOfThisStartNotTheStepNumber) {
   m.elapsed_s = 1.1;
   EXPECT_NEAR(train::ProgressView::eta_seconds(m, 11, 10), 0.3, 1e-9);
 }
+
+// The training bar on a terminal of 40, 80 and 200 columns: every redraw fits (one column spare), so it replaces the
+// last instead of wrapping (an 80-column terminal filled with half-lines of a 155-column bar). A narrow one keeps
+// step/total, the loss and the time left, then tokens/s; learning rate, grad norm, MFU and memory go first.
+TEST(ProgressView, TheBarFitsTheTerminalKeepingStepLossEtaAndTokensPerSecond) {
+  const char* term = std::getenv("TERM");
+  const std::string saved_term = term ? term : "";
+  ::setenv("TERM", "xterm", 1);  // escape codes: ESC[2K erases the line before each redraw
+  train::StepMetrics m;
+  m.step = 602;
+  m.loss = 6.12345;
+  m.lr = 3e-4;
+  m.grad_norm = 0.41;
+  m.tokens_per_s = 123456;
+  m.mfu = 0.42;
+  m.peak_mem_bytes = int64_t{2048} << 20;
+  m.elapsed_s = 0.2;
+  for (const int width : {40, 80, 200}) {
+    std::FILE* out = std::tmpfile();
+    {
+      ProgressBar bar({.label = "train",
+                       .total = 1000,
+                       .unit = "step",
+                       .style = ProgressStyle::Bar,
+                       .bar_interval = std::chrono::milliseconds(0),
+                       .stream = out,
+                       .columns = width});
+      train::ProgressView::show_step(bar, m, 2);
+    }
+    std::rewind(out);
+    std::string text(1 << 14, '\0');
+    text.resize(std::fread(text.data(), 1, text.size(), out));
+    std::fclose(out);
+    const std::string erase = "\r\033[2K";
+    ASSERT_EQ(text.rfind(erase, 0), 0u) << text;
+    for (size_t at = 0; at != std::string::npos;) {
+      const size_t next = text.find(erase, at + erase.size());
+      std::string line =
+          text.substr(at + erase.size(), next == std::string::npos ? std::string::npos : next - at - erase.size());
+      if (!line.empty() && line.back() == '\n') line.pop_back();
+      EXPECT_LT(line.size(), static_cast<size_t>(width)) << line;
+      EXPECT_NE(line.find("602/1000 step"), std::string::npos) << line;
+      EXPECT_NE(line.find("loss=6.1235"), std::string::npos) << line;
+      EXPECT_TRUE(line.find("eta 40s") != std::string::npos || line.find("in ") != std::string::npos) << line;
+      EXPECT_EQ(line.find("tok/s=123456") != std::string::npos, width >= 80) << line;
+      EXPECT_EQ(line.find("mfu=42.0%") != std::string::npos, width >= 200) << line;
+      EXPECT_EQ(line.find("mem=2048MiB") != std::string::npos, width >= 200) << line;
+      at = next;
+    }
+  }
+  if (term) ::setenv("TERM", saved_term.c_str(), 1);
+  else ::unsetenv("TERM");
+}

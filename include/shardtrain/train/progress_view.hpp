@@ -20,6 +20,8 @@ class ProgressView {
   void eval(const EvalMetrics& m);
   void finish();
   static std::string line(const StepMetrics& m, int64_t total_steps, double eta_s);  // the plain line
+  // A step on the bar: its fields, ranked for a narrow terminal (step/total, loss, eta and tokens/s kept longest).
+  static void show_step(ProgressBar& bar, const StepMetrics& m, int64_t steps_run);
   // The time left: the steps still to take at this start's mean time per step (elapsed_s over the steps it ran,
   // not over the step number: a resumed run's first step is not its checkpoint's step count of them).
   static double eta_seconds(const StepMetrics& m, int64_t steps_run, int64_t total_steps);

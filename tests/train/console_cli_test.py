@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""What `shardtrain train` shows on a terminal, through the binary in a real pty (`script`):
+- the progress bar fits the terminal's width (stty cols, read with TIOCGWINSZ; COLUMNS when the pty says none;
+  under mpirun, the pty it gives the ranks' stdout, which takes its own terminal's size), so each redraw replaces
+  the last: a 155-column bar on an 80-column terminal wrapped at every redraw and filled the screen with half-lines;
+  a narrow one keeps step/total and the loss;
+- TERM=dumb (Emacs' shell) gets the plain lines and not one escape code."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import clitest  # noqa: E402
+
+args = clitest.parse_args()
+check = clitest.Checks()
+work = clitest.fresh_workdir(args)
+st = os.path.abspath(args.shardtrain)
+tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
+if not shutil.which("script"):
+    print("FAIL: `script` (util-linux) is needed to run shardtrain in a pty", file=sys.stderr)
+    sys.exit(1)
+
+STEPS = 20
+BASE = ["--model.vocab_size", "512", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+        "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+        "--data.path", ds, "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2",
+        "--schedule.eval_every", "0", "--schedule.max_steps", str(STEPS), "--checkpoint.every_n_steps", "0"]
+
+
+def in_a_pty(name, *extra, env_extra=None, stty="", mpi=False, log_level="warn"):
+    """The run's output as a terminal of `stty` (e.g. "cols 60 rows 24") shows it; stdin is no terminal, so the
+    pty has no size unless `stty` gives one."""
+    env = dict(os.environ)
+    env.pop("SHARDTRAIN_FAULT", None)
+    env.pop("COLUMNS", None)
+    env.update({"TERM": "xterm", "SHARDTRAIN_FAULT": "slow_step:30"})  # each step 30 ms: several redraws
+    env.update(env_extra or {})
+    cmd = [st, "--log-level", log_level, "train", "--config", "configs/tiny-cpu.toml", *BASE,
+           "--logging.run_dir", os.path.join(work, name), *extra]
+    if mpi:
+        cmd = [args.mpiexec, "--oversubscribe", "-np", "2", *cmd]
+    line = shlex.join(cmd)
+    if stty:
+        line = f"stty {stty} && {line}"
+    p = subprocess.run(["script", "-q", "-e", "-c", line, "/dev/null"], cwd=args.source, env=env, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def bar_draws(out):
+    """Each drawing of the bar: the text between \\r (and ESC[2K) and the next \\r or newline, up to a log line's
+    "[r0" that a warning wrote after it (the bar's line is open while a log line comes)."""
+    draws = [d for d in re.split(r"[\r\n]", out.replace("\x1b[2K", "")) if re.search(rf"\d+/{STEPS} step", d)]
+    return [d.split("[r0", 1)[0] for d in draws]
+
+
+for name, width, how in (("cols60", 60, dict(stty="cols 60 rows 24")), ("cols200", 200, dict(stty="cols 200 rows 24")),
+                         ("columns45", 45, dict(env_extra={"COLUMNS": "45"})),
+                         ("mpirun70", 70, dict(stty="cols 70 rows 24", mpi=True))):
+    rc, out = in_a_pty(name, **how)
+    draws = bar_draws(out)
+    check(rc == 0 and len(draws) >= 3, f"{name}: exit {rc}, {len(draws)} bar draws: {out[-1500:]!r}")
+    too_long = [d for d in draws if len(d) >= width]
+    check(not too_long, f"{name}: {len(too_long)} of {len(draws)} draws of {width} columns or more: {too_long[:2]!r}")
+    last = draws[-1] if draws else ""
+    check(f"{STEPS}/{STEPS} step" in last and "loss=" in last, f"{name}: the last draw {last!r}")
+    if width == 200:  # room for everything: the bar at its widest and every field
+        check("[" + "#" * 30 + "]" in last and all(f in last for f in ("tok/s=", "lr=", "gnorm=", "mfu=", "mem=")),
+              f"{name}: the last draw {last!r}")
+    if width == 60:
+        check("lr=" not in last and "mem=" not in last, f"{name}: the last draw {last!r}")
+
+rc, out = in_a_pty("dumb", env_extra={"TERM": "dumb"}, stty="cols 80 rows 24", log_level="info")
+check(rc == 0 and "\x1b" not in out and f"step {STEPS}/{STEPS} loss " in out and not bar_draws(out),
+      f"TERM=dumb: exit {rc}: {out[-1500:]!r}")
+
+check.finish("all console checks passed")
