@@ -416,11 +416,24 @@ st_complete_checkpoints() {
   return 0
 }
 
+# st_shell_word WORD: WORD as one word for a POSIX shell (what shardtrain's shell_quoted writes): as it is when it holds
+# only characters no shell splits, expands or globs, else in single quotes with each ' written '\''.
+st_shell_word() {
+  if [[ "$1" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    local q="'\\''"
+    printf "'%s'" "${1//\'/$q}"
+  fi
+}
+
 # st_resubmit_hint RUN_DIR: what a new job must be given to continue this run: its run directory (a job that
-# takes the default, runs/<name>-<job id>, gets a new one), and the checkpoint directory when it is elsewhere.
+# takes the default, runs/<name>-<job id>, gets a new one), and the checkpoint directory when it is elsewhere, quoted
+# for a shell when they need it (the hint is meant to be pasted: a space made two words of RUN_DIR there).
 st_resubmit_hint() {
-  local hint="RUN_DIR=$1"
-  [[ -n "${CHECKPOINT_DIR:-}" && "$CHECKPOINT_DIR" != "$1/checkpoints" ]] && hint+=" CHECKPOINT_DIR=$CHECKPOINT_DIR"
+  local hint
+  hint="RUN_DIR=$(st_shell_word "$1")"
+  [[ -n "${CHECKPOINT_DIR:-}" && "$CHECKPOINT_DIR" != "$1/checkpoints" ]] && hint+=" CHECKPOINT_DIR=$(st_shell_word "$CHECKPOINT_DIR")"
   printf '%s\n' "$hint"
 }
 

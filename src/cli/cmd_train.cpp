@@ -22,6 +22,7 @@
 #include "shardtrain/train/step_memory.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/strings.hpp"
 #include "shardtrain/train/config_io.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/trainer.hpp"
@@ -74,10 +75,12 @@ void write_result(const train::TrainSummary& s, int64_t step, int64_t total_step
 }
 
 // The options that continue this run: its run directory (a generated one is new at every start, so `--resume auto`
-// alone would start over) and the checkpoint directory.
+// alone would start over) and the checkpoint directory, quoted for a shell when they need it: the line is meant to be
+// pasted, and a run directory with a space in it ("runs/my runs/tiny cpu-...") was two words there (usage error 2).
 std::string resume_options(const train::TrainConfig& config, const std::string& run_dir) {
-  std::string text = config.logging.run_dir.empty() ? fmt::format("--logging.run_dir {} ", run_dir) : std::string();
-  if (!config.checkpoint.dir.empty()) text += fmt::format("--checkpoint.dir {} ", config.checkpoint.dir);
+  std::string text =
+      config.logging.run_dir.empty() ? fmt::format("--logging.run_dir {} ", shell_quoted(run_dir)) : std::string();
+  if (!config.checkpoint.dir.empty()) text += fmt::format("--checkpoint.dir {} ", shell_quoted(config.checkpoint.dir));
   return text + "--resume auto";
 }
 

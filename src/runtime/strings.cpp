@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace shardtrain {
 
 std::string quoted_string(std::string_view s) {
@@ -20,6 +22,20 @@ std::string quoted_string(std::string_view s) {
     }
   }
   return out + "\"";
+}
+
+std::string shell_quoted(std::string_view s) {
+  const auto plain = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("_./:=@%+,-").find(c) != std::string_view::npos;
+  };
+  if (!s.empty() && std::all_of(s.begin(), s.end(), plain)) return std::string(s);
+  std::string out = "'";
+  for (const char c : s) {
+    if (c == '\'') out += "'\\''";  // end the quotes, an escaped quote, quotes again
+    else out += c;
+  }
+  return out + "'";
 }
 
 }  // namespace shardtrain

@@ -22,6 +22,7 @@
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/runtime/session.hpp"
+#include "shardtrain/runtime/strings.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/inputs.hpp"
 #include "shardtrain/train/preflight.hpp"
@@ -91,7 +92,9 @@ std::string runs_with_checkpoints(const TrainConfig& config, const std::string& 
     const std::string name = e.path().filename().string();
     if (name.rfind(prefix, 0) != 0 || e.path() == fs::path(this_run) || !e.is_directory(ec)) continue;
     const std::string latest = checkpoint::find_latest((e.path() / "checkpoints").string());
-    if (!latest.empty()) found.push_back(fmt::format("{} ({})", e.path().string(), fs::path(latest).filename().string()));
+    // Quoted for a shell when it needs it: the path is meant to be pasted after --logging.run_dir.
+    if (!latest.empty())
+      found.push_back(fmt::format("{} ({})", shell_quoted(e.path().string()), fs::path(latest).filename().string()));
   }
   if (found.empty()) return {};
   std::sort(found.begin(), found.end());

@@ -181,6 +181,13 @@ check(rc == 7 and "scontrol requeue 42 was refused (is the job requeueable? #SBA
 rc, out, calls, lines = run("refused-elsewhere", 7, [record(7, 12, True, [])], FAKE_REQUEUE_RC="1", CHECKPOINT_DIR="/shared/ckpt")
 check(rc == 7 and "resubmit with RUN_DIR=RUN CHECKPOINT_DIR=/shared/ckpt to resume from its last checkpoint" in out,
       f"requeue refused, checkpoints elsewhere: exit {rc}: {out}")
+# A checkpoint directory with a space and a quote: quoted for a shell, the hint pasted there gives back two words,
+# the same directories (unquoted, "CHECKPOINT_DIR=/shared/my" and "ckpt's" were two words and an open quote).
+rc, out, calls, lines = run("refused-quoted", 7, [record(7, 12, True, [])], FAKE_REQUEUE_RC="1", CHECKPOINT_DIR="/shared/my ckpt's")
+hint = out.partition("resubmit with ")[2].partition(" to resume from")[0]
+words = subprocess.run(["bash", "-c", f"printf '%s\\n' {hint}"], capture_output=True, text=True).stdout.splitlines()
+check(rc == 7 and hint == "RUN_DIR=RUN CHECKPOINT_DIR='/shared/my ckpt'\\''s'" and words == ["RUN_DIR=RUN", "CHECKPOINT_DIR=/shared/my ckpt's"],
+      f"requeue refused, a checkpoint directory to quote: exit {rc}: {hint!r} -> {words}: {out}")
 rc, out, calls, lines = run("refused-75", 75, result=dict(status="preempted", exit_code=75, step=16, last_checkpoint="c/step_00000016"),
                             FAKE_REQUEUE_RC="1", CHECKPOINT_DIR="/shared/ckpt")
 check(rc == 75 and "scontrol requeue 42 was refused (is the job requeueable? #SBATCH --requeue): resubmit with RUN_DIR=RUN "

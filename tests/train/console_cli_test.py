@@ -4,13 +4,19 @@
   under mpirun, the pty it gives the ranks' stdout, which takes its own terminal's size), so each redraw replaces
   the last: a 155-column bar on an 80-column terminal wrapped at every redraw and filled the screen with half-lines;
   a narrow one keeps step/total and the loss;
-- TERM=dumb (Emacs' shell) gets the plain lines and not one escape code."""
+- TERM=dumb (Emacs' shell) gets the plain lines and not one escape code;
+- a run stopped by SIGTERM prints the options that continue it quoted for a shell: its generated run directory,
+  under a runs_root with a space and a name with a quote, pasted after the same command resumes it (exit 0); the
+  path unquoted was three words there (usage error 2)."""
 import os
+import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import clitest  # noqa: E402
@@ -77,5 +83,35 @@ for name, width, how in (("cols60", 60, dict(stty="cols 60 rows 24")), ("cols200
 rc, out = in_a_pty("dumb", env_extra={"TERM": "dumb"}, stty="cols 80 rows 24", log_level="info")
 check(rc == 0 and "\x1b" not in out and f"step {STEPS}/{STEPS} loss " in out and not bar_draws(out),
       f"TERM=dumb: exit {rc}: {out[-1500:]!r}")
+
+# The hint that continues a stopped run, pasted into a shell after the same command.
+runs_root = os.path.join(work, "my runs")
+cmd = [st, "train", "--config", "configs/tiny-cpu.toml", *BASE, "--logging.progress", "lines", "--logging.log_every", "1",
+       "--logging.runs_root", runs_root, "--logging.name", "tiny cpu's"]
+env = dict(os.environ, SHARDTRAIN_FAULT="slow_step:100")
+p = subprocess.Popen(cmd, cwd=args.source, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+out = ""
+deadline = time.time() + 120
+while time.time() < deadline and f"step 3/{STEPS} " not in out:
+    line = p.stdout.readline()
+    if not line:
+        break
+    out += line
+p.send_signal(signal.SIGTERM)
+out += p.communicate(timeout=120)[0]
+hint = re.search(r"to continue, run the same command with (.*?) \(exit code 75", out)
+check(p.returncode == 75 and hint, f"stopped by SIGTERM: exit {p.returncode}: {out[-1500:]}")
+if hint:
+    options = hint.group(1)
+    run_dirs = [d for d in os.listdir(runs_root)] if os.path.isdir(runs_root) else []
+    quoted = "'" + os.path.join(runs_root, run_dirs[0]).replace("'", "'\\''") + "'" if run_dirs else None
+    check(len(run_dirs) == 1 and options == f"--logging.run_dir {quoted} --resume auto",
+          f"the hint quotes the run directory for a shell: {options!r} ({run_dirs})")
+    pasted = subprocess.run(["bash", "-c", shlex.join(cmd) + " " + options], cwd=args.source, capture_output=True, text=True,
+                            errors="replace", timeout=300)
+    result = os.path.join(runs_root, run_dirs[0], "result.json") if run_dirs else ""
+    status = json.load(open(result)).get("status") if os.path.exists(result) else None
+    check(pasted.returncode == 0 and "resumed from" in pasted.stderr and status == "finished" and len(os.listdir(runs_root)) == 1,
+          f"the pasted hint: exit {pasted.returncode}, result {status}: {pasted.stderr[-1500:]}")
 
 check.finish("all console checks passed")
