@@ -7,7 +7,10 @@
 - TERM=dumb (Emacs' shell) gets the plain lines and not one escape code;
 - a run stopped by SIGTERM prints the options that continue it quoted for a shell: its generated run directory,
   under a runs_root with a space and a name with a quote, pasted after the same command resumes it (exit 0); the
-  path unquoted was three words there (usage error 2)."""
+  path unquoted was three words there (usage error 2);
+- a stop signal after the last step (during the final validation, 1-2 s here) is said, not ignored: the run
+  finished, exit 0 (jobs/launch.sh had announced 75), one line for the job even when only rank 1 got the signal;
+  one in the last step gets the line that says so, and not that one as well."""
 import os
 import json
 import re
@@ -31,10 +34,11 @@ if not shutil.which("script"):
     sys.exit(1)
 
 STEPS = 20
-BASE = ["--model.vocab_size", "512", "--model.hidden_size", "64", "--model.intermediate_size", "128",
-        "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
-        "--data.path", ds, "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2",
-        "--schedule.eval_every", "0", "--schedule.max_steps", str(STEPS), "--checkpoint.every_n_steps", "0"]
+MODEL = ["--model.vocab_size", "512", "--model.hidden_size", "64", "--model.intermediate_size", "128",
+         "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
+         "--data.path", ds, "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2",
+         "--schedule.eval_every", "0"]
+BASE = MODEL + ["--schedule.max_steps", str(STEPS), "--checkpoint.every_n_steps", "0"]
 
 
 def in_a_pty(name, *extra, env_extra=None, stty="", mpi=False, log_level="warn"):
@@ -113,5 +117,59 @@ if hint:
     status = json.load(open(result)).get("status") if os.path.exists(result) else None
     check(pasted.returncode == 0 and "resumed from" in pasted.stderr and status == "finished" and len(os.listdir(runs_root)) == 1,
           f"the pasted hint: exit {pasted.returncode}, result {status}: {pasted.stderr[-1500:]}")
+
+
+def stopped_at(name, trigger, sig, *extra, mpi=False, fault=None, rank=None):
+    """A 4-step run that validates on all of its held-out tokens at its end, sent `sig` once `trigger` is in its
+    output (to rank `rank` alone under mpirun). Returns (exit code, output, result.json's status)."""
+    run_dir = os.path.join(work, name)
+    cmd = [st, "train", "--config", "configs/tiny-cpu.toml", *MODEL, "--schedule.max_steps", "4", "--checkpoint.every_n_steps",
+           "2", "--schedule.eval_batches", "1000", "--logging.progress", "lines", "--logging.log_every", "1",
+           "--logging.run_dir", run_dir, *extra]
+    if mpi:
+        cmd = [args.mpiexec, "--oversubscribe", "-np", "2", *cmd]
+    env = dict(os.environ)
+    env.pop("SHARDTRAIN_FAULT", None)
+    if fault:
+        env["SHARDTRAIN_FAULT"] = fault
+    p = subprocess.Popen(cmd, cwd=args.source, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", start_new_session=True)
+    out = ""
+    while trigger not in out:
+        line = p.stdout.readline()
+        if not line:
+            break
+        out += line
+    target = p.pid
+    if rank is not None:  # the rank's process: mpirun's child whose environment names it
+        for child in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split():
+            try:
+                if f"OMPI_COMM_WORLD_RANK={rank}".encode() in open(f"/proc/{child}/environ", "rb").read().split(b"\0"):
+                    target = int(child)
+            except OSError:
+                pass
+    check(trigger in out and (rank is None or target != p.pid), f"{name}: {trigger!r} and rank {rank}: {out[-1500:]}")
+    os.kill(target, sig)
+    out += p.communicate(timeout=300)[0]
+    result = os.path.join(run_dir, "result.json")
+    return p.returncode, out, json.load(open(result)).get("status") if os.path.exists(result) else None
+
+
+# During the final validation: the last step's line is out, so its all-reduce (the last that carries the signal flags)
+# is done, and the validation of all the held-out tokens takes a second or two.
+AFTER = "received after the last step (4), during the run's final validation or save: the run finished all the same " \
+        "(exit code 0, not 75: nothing is left to train)"
+rc, out, status = stopped_at("late_term", "step 4/4 ", signal.SIGTERM)
+check(rc == 0 and status == "finished" and f"preemption: SIGTERM {AFTER}" in out and "eval at step 4" in out
+      and out.index("eval at step 4") < out.index(AFTER) and "received at the last step" not in out,
+      f"SIGTERM during the final validation: exit {rc}, {status}: {out[-2000:]}")
+rc, out, status = stopped_at("late_usr1_rank1", "step 4/4 ", signal.SIGUSR1, mpi=True, rank=1)
+check(rc == 0 and status == "finished" and out.count(f"preemption: SIGUSR1 {AFTER}") == 1,
+      f"SIGUSR1 to rank 1 alone during the final validation: exit {rc}, {status}: {out[-2000:]}")
+# In the last step (each step sleeps 0.5 s: the signal sent once step 3 is out lands before step 4's all-reduce): the
+# line of the last step only.
+rc, out, status = stopped_at("in_last_step", "step 3/4 ", signal.SIGTERM, fault="slow_step:500")
+check(rc == 0 and status == "finished" and "received at the last step (4): the run finishes as it would have" in out
+      and "after the last step" not in out, f"SIGTERM in the last step: exit {rc}, {status}: {out[-2000:]}")
 
 check.finish("all console checks passed")
