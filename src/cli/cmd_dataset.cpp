@@ -60,9 +60,8 @@ nlohmann::ordered_json summarize(const data::TokenDataset& ds, int seq) {
       {"pad_id", id(info.pad_id)}};
   j["documents"] = ds.num_documents();
   j["tokens"] = ds.num_tokens();
-  j["validation_split"] = {{"by", data::split_by_name(info.split_by)},
-                           {"fraction", info.validation_fraction},
-                           {"seed", info.split_seed}};
+  j["validation_split"] = {
+      {"by", data::split_by_name(info.split_by)}, {"fraction", info.validation_fraction}, {"seed", info.split_seed}};
   std::vector<uint64_t> sizes(ds.num_documents());
   for (size_t d = 0; d < sizes.size(); ++d) sizes[d] = ds.document_size(d);
   std::sort(sizes.begin(), sizes.end());

@@ -416,7 +416,8 @@ TokenDataset TokenDataset::open(const std::string& path) {
   }
   info.validation_fraction = static_cast<double>(hdf5::get_attr_int(f, "validation_fraction_ppm").value_or(0)) / 1e6;
   info.split_seed = static_cast<uint64_t>(hdf5::get_attr_int(f, "split_seed").value_or(0));
-  info.split_by = hdf5::get_attr_string(f, "split_by").value_or("shuffle") == "content" ? SplitBy::Content : SplitBy::Shuffle;
+  info.split_by =
+      hdf5::get_attr_string(f, "split_by").value_or("shuffle") == "content" ? SplitBy::Content : SplitBy::Shuffle;
 
   auto st = std::make_shared<detail::TokenStorage>();
   const size_t num_tokens = hdf5::dataset_length(f, "tokens");

@@ -41,6 +41,13 @@ def corpus(args, name):
     return path
 
 
+# The small Llama shape most script tests train (2 layers, hidden 64, 4 heads, 2 KV heads; seq 64, batch 8), as
+# command-line overrides of configs/tiny-cpu.toml; the vocabulary is the test's own.
+TINY_MODEL = ["--model.hidden_size", "64", "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
+              "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2", "--data.seq_len", "64",
+              "--data.global_batch_size", "8"]
+
+
 def fresh_workdir(args):
     work = os.path.abspath(args.workdir)
     shutil.rmtree(work, ignore_errors=True)

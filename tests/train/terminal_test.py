@@ -20,9 +20,7 @@ check = clitest.Checks()
 work = clitest.fresh_workdir(args)
 st = args.shardtrain
 tok, ds = clitest.prepare_dataset(args, clitest.corpus(args, "moby-dick"), work, 512, "moby-bpe512", 0.05)
-SMALL = ["--model.vocab_size", "600", "--model.hidden_size", "64", "--model.intermediate_size", "128",
-         "--model.num_hidden_layers", "2", "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2",
-         "--data.seq_len", "64", "--data.global_batch_size", "8", "--schedule.warmup_steps", "2", "--schedule.eval_every", "0",
+SMALL = [*clitest.TINY_MODEL, "--model.vocab_size", "600", "--schedule.warmup_steps", "2", "--schedule.eval_every", "0",
          "--schedule.max_steps", "12", "--checkpoint.every_n_steps", "4", "--logging.progress", "lines",
          "--logging.peak_flops", "1e10"]
 

@@ -21,9 +21,9 @@ struct PrepareOptions {
   ExistingOutput existing = ExistingOutput::Refuse;
   DocumentOptions documents;
   double validation_fraction = 0.01;
-  uint64_t seed = 0;  // validation choice
+  uint64_t seed = 0;                    // validation choice
   SplitBy split_by = SplitBy::Shuffle;  // how the validation documents are picked (dataset.hpp)
-  int threads = 0;    // 0: every core this process may use (usable_cores: its CPU affinity)
+  int threads = 0;                      // 0: every core this process may use (usable_cores: its CPU affinity)
   // Documents are read, tokenized and written in batches of this much text, so memory does not grow with the
   // corpus (the tokens wait in a temporary file beside the output until the dataset is written).
   size_t batch_bytes = size_t{64} << 20;
