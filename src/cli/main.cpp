@@ -70,10 +70,10 @@ int fail(const std::exception& e, ExitCode code) {
   if (mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   else log::configure(LogConfig{rank, launcher_size(), LogLevel::Info, false});  // the Runtime had not yet
   const std::string message = fmt::format(
-      "start-up: {} has not finished after {:g} s ({}) on rank {} ({}): a rank that did not start, or whose GPU stopped "
-      "answering (nvidia-smi on its node, Xid lines in its kernel log), holds the job until its time limit; ending the "
-      "job",
-      s.what, s.limit, s.key, rank, failure_record::node_name());
+      "start-up: {} has not finished after {:g} s ({}) on rank {} ({}){}: a rank that did not start, or whose GPU "
+      "stopped answering (nvidia-smi on its node, Xid lines in its kernel log), holds the job until its time limit; "
+      "ending the job",
+      s.what, s.limit, s.key, rank, failure_record::node_name(), stopped_note(s.stopped));
   // Without MPI there is no abort to end the others: each rank ends itself, and the launcher's rank 0 speaks first.
   if (!mpi && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);

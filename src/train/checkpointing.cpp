@@ -20,6 +20,7 @@
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/json_text.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/pause.hpp"
 #include "shardtrain/runtime/progress.hpp"
 #include "shardtrain/runtime/session.hpp"
 #include "shardtrain/runtime/strings.hpp"
@@ -32,31 +33,33 @@
 namespace shardtrain::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-[[noreturn]] void save_expired(const std::string& what, double seconds) {
+[[noreturn]] void save_expired(const Deadline::Stretch& s) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0)
     std::this_thread::sleep_for(std::chrono::seconds(5));  // one line, rank 0's, when it fires too (its abort ends us)
   const std::string message = fmt::format(
-      "checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout): the file system may have stopped answering; "
-      "ending the job rather than holding the allocation until its time limit (complete checkpoints are intact)",
-      what, seconds);
+      "checkpoint: {} has not finished after {:g} s (checkpoint.save_timeout){}: the file system may have stopped "
+      "answering; ending the job rather than holding the allocation until its time limit (complete checkpoints are "
+      "intact)",
+      s.what, s.limit, stopped_note(s.stopped));
   log::error("{}", message);
   failure_record::write(ExitCode::Io, message);
   MpiSession::abort(ExitCode::Io);
 }
 
+Deadline::Expire save_expire() {
+  return [](const Deadline::Stretch& s) { save_expired(s); };
+}
+
 // Ends the whole job when the blocking part of a save outlasts checkpoint.save_timeout: a file system that
 // stopped answering would otherwise hold the allocation until its time limit, every rank waiting on the stuck
-// one. Armed on every rank; the first to fire ends the job (exit code 8). Timed from `started` (a save that began
-// earlier: an asynchronous one's wait).
+// one. Armed on every rank; the first to fire ends the job (exit code 8). Time the process spent stopped (Ctrl-Z)
+// does not count: the file system did not keep it waiting.
 class SaveDeadline {
  public:
-  SaveDeadline(double timeout, std::string what, Clock::time_point started = Clock::now())
-      : deadline_([](const Deadline::Stretch& s) { save_expired(s.what, s.limit); }) {
-    deadline_.begin_at({std::move(what), timeout, "checkpoint.save_timeout"}, started);
+  SaveDeadline(double timeout, std::string what) : deadline_(save_expire()) {
+    deadline_.begin({std::move(what), timeout, "checkpoint.save_timeout"});
   }
 
  private:
@@ -521,25 +524,29 @@ void CheckpointHooks::save_async(Trainer& trainer) {
   if (!weights_savable(trainer, SaveCause::Periodic)) return;
   if (claim_) claim_->renew(trainer.runtime().world());
   last_saved_step_ = async_step_ = s.step;
-  async_started_ = Clock::now();
-  async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
+  // Timed from its start to its publication, steps and all, by a deadline of its own (it sees a pause; a step's end
+  // comparing clocks counted the time the job was stopped as the file system's).
+  async_deadline_ = std::make_unique<Deadline>(save_expire());
+  async_deadline_->begin(
+      {fmt::format("the asynchronous save of step {}", async_step_), c.save_timeout, "checkpoint.save_timeout"});
+  try {
+    async_.start(trainer.engine(), trainer.optimizer(), dir_, meta_for(trainer), {c.keep_last, c.keep_every});
+  } catch (...) {
+    async_deadline_.reset();
+    throw;
+  }
+  if (!async_.pending()) async_deadline_.reset();  // a complete checkpoint of the step was there: nothing in flight
 }
 
 void CheckpointHooks::wait_async(Trainer& trainer) {
-  periodic(trainer, async_step_, [&] {
-    const SaveDeadline deadline(trainer.config().checkpoint.save_timeout,
-                                fmt::format("the asynchronous save of step {}", async_step_), async_started_);
-    published(async_.wait());
-  });
+  periodic(trainer, async_step_, [&] { published(async_.wait()); });
+  if (!async_.pending()) async_deadline_.reset();
 }
 
 void CheckpointHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   if (async_.pending()) {  // every rank asks, every step, until all have written
-    const double timeout = trainer.config().checkpoint.save_timeout;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - async_started_).count();
-    if (timeout > 0 && elapsed > timeout)
-      save_expired(fmt::format("the asynchronous save of step {}", async_step_), timeout);
     periodic(trainer, async_step_, [&] { published(async_.poll()); });
+    if (!async_.pending()) async_deadline_.reset();
   }
   const auto& c = trainer.config().checkpoint;
   const bool due = c.every_n_steps > 0 && trainer.state().step % c.every_n_steps == 0;

@@ -19,10 +19,10 @@ namespace {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::string message = fmt::format(
-      "start-up: {} has not finished after {:g} s ({}) on rank {} ({}): a rank held up before it (a file system that "
+      "start-up: {} has not finished after {:g} s ({}) on rank {} ({}){}: a rank held up before it (a file system that "
       "stopped answering) or one that cannot reach the others (for NCCL: NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO) would "
       "hold the job until its time limit; ending the job",
-      s.what, s.limit, s.key, rank, failure_record::node_name());
+      s.what, s.limit, s.key, rank, failure_record::node_name(), stopped_note(s.stopped));
   log::error("{}: {}", exit_code_name(ExitCode::Timeout), message);
   if (!failure_record::enabled() && !run_dir.empty()) failure_record::enable_this_rank(run_dir, rank);
   failure_record::write(ExitCode::Timeout, message);

@@ -10,11 +10,14 @@
 #include <string>
 #include <thread>
 
+#include "shardtrain/runtime/pause.hpp"
+
 namespace shardtrain {
 
 // Stretches follow one another (`begin`), each timed from its own start against its own limit. When one runs past
 // it, `expire` is called on the deadline's thread with that stretch; it is to end the process (MPI_Abort). One that
-// returns (a test's) ends the timing for good.
+// returns (a test's) ends the timing for good. Time the process spent stopped is not counted (PauseDetector): the thread
+// wakes every kWake to see it.
 class Deadline {
  public:
   struct Stretch {
@@ -25,10 +28,14 @@ class Deadline {
     // and the rank they wait for, held up in a stretch of its own, is the one that knows what is wrong and speaks
     // first (its abort ends the others). 0 for a stretch that does not wait on other ranks.
     double grace = 0;
+    // Seconds this process was stopped during the stretch (Ctrl-Z, SIGSTOP, a paused machine): not counted, so that a
+    // job paused and continued goes on; set when the stretch expires, for its message (stopped_note, pause.hpp).
+    double stopped = 0;
   };
   using Expire = std::function<void(const Stretch&)>;
   // A stretch this long or longer (limit + grace, about three years) is not timed.
   static constexpr double kNoLimitSeconds = 1e8;
+  static constexpr std::chrono::milliseconds kWake{100};
 
   explicit Deadline(Expire expire);
   ~Deadline();  // stops timing; joins the thread
@@ -49,6 +56,8 @@ class Deadline {
   std::condition_variable cv_;
   Stretch stretch_;
   std::chrono::steady_clock::time_point started_{};
+  std::chrono::steady_clock::time_point begun_{};  // when begin_at was called: a pause after it is the stretch's
+  double stopped_ = 0;  // seconds of the stretch's time that were a pause (started_ moved on by them)
   bool timing_ = false, stop_ = false;
   std::thread thread_;
 };

@@ -14,10 +14,12 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "shardtrain/checkpoint/checkpoint.hpp"
+#include "shardtrain/runtime/deadline.hpp"
 #include "shardtrain/train/checkpoint_dir.hpp"
 #include "shardtrain/train/trainer.hpp"
 
@@ -85,7 +87,8 @@ class CheckpointHooks final : public TrainerHooks {
   int failed_saves_ = 0;          // periodic saves failed in a row
   bool giving_up_ = false;        // failed_save threw the run's end: a save around it (a nested wait) does not count it
   int64_t async_step_ = -1;       // the step of the asynchronous save in flight
-  std::chrono::steady_clock::time_point async_started_{};
+  // checkpoint.save_timeout for the asynchronous save in flight, from its start to its publication
+  std::unique_ptr<Deadline> async_deadline_;
   checkpoint::AsyncSave async_;
 };
 
