@@ -17,6 +17,7 @@
 
 #include "shardtrain/runtime/failure_record.hpp"
 #include "shardtrain/runtime/log.hpp"
+#include "shardtrain/runtime/pause.hpp"
 #include "shardtrain/runtime/session.hpp"
 
 namespace shardtrain {
@@ -78,7 +79,7 @@ std::string describe_peer_reports(MeshAxis axis, uint64_t seq, const std::vector
     parts.push_back(s);
   }
   if (!silent.empty())
-    parts.push_back("ranks that did not answer (dead, or not making MPI progress): " + rank_ranges(silent));
+    parts.push_back("ranks that did not answer (dead, stopped, or not making MPI progress): " + rank_ranges(silent));
   if (!ahead.empty()) {
     std::string s = "ranks past this collective (another code path): ";
     for (size_t i = 0; i < ahead.size(); ++i) s += (i ? ", " : "") + ahead[i];
@@ -159,7 +160,7 @@ CollectiveWatchdog::CollectiveWatchdog(std::chrono::duration<double> timeout) : 
     mailbox_->rank = mailbox_->comm.rank();
     mailbox_->post();
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this, created = Clock::now()] { run(created); });
 }
 
 CollectiveWatchdog::~CollectiveWatchdog() {
@@ -194,6 +195,7 @@ CollectiveWatchdog::Guard::Guard(CollectiveWatchdog* w, const CollectiveCall& ca
   uint64_t& entered = w_->entered_[static_cast<size_t>(call.axis)];
   entered = std::max(entered, call.seq);
   w_->started_ = Clock::now();
+  w_->stopped_ = 0;
 }
 
 CollectiveWatchdog::Guard::~Guard() {
@@ -277,14 +279,17 @@ std::vector<PeerReport> CollectiveWatchdog::run_survey(const Survey& s) {
   return reports;
 }
 
-void CollectiveWatchdog::run() {
+void CollectiveWatchdog::run(std::chrono::steady_clock::time_point created) {
   const auto tick =
       std::min(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_ / 4) + std::chrono::milliseconds(1),
                std::chrono::milliseconds(20));
+  PauseDetector pauses(tick, created);  // a collective may start, and the process stop, before this thread runs
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     wake_.wait_for(lock, tick);
     if (stop_) break;
+    const Clock::duration paused = pauses.wake(Clock::now());
+    if (paused > Clock::duration::zero()) discount_pause(paused);
     if (in_flight_ && Clock::now() - started_ > timeout_) {
       lock.unlock();
       fire(std::chrono::duration<double>(Clock::now() - started_).count());
@@ -299,6 +304,7 @@ void CollectiveWatchdog::run() {
       survey_request_ = nullptr;
       surveyed_.notify_all();
       lock.unlock();
+      pauses.reset(Clock::now());  // its seconds of waiting for answers were this thread's own
     }
     serve(nullptr, 0, nullptr);
     lock.lock();
@@ -307,9 +313,29 @@ void CollectiveWatchdog::run() {
   if (mailbox_) mailbox_->close();
 }
 
+void CollectiveWatchdog::discount_pause(Clock::duration paused) {
+  // Every thread of a stopped process stops: its collectives waited for nobody meanwhile. A peer that was not stopped
+  // saw this rank late, a real stall from where it stands; it fires after its own timeout, naming this rank as not
+  // answering (a stop longer than the timeout ends the job there).
+  const Clock::time_point now = Clock::now();
+  const double seconds = std::chrono::duration<double>(paused).count();
+  if (in_flight_) {
+    started_ = std::min(started_ + paused, now);
+    stopped_ += seconds;
+  }
+  for (AsyncCall& a : async_) {
+    a.started = std::min(a.started + paused, now);
+    a.stopped += seconds;
+  }
+  const std::string where = in_flight_ ? fmt::format("in {} on the {} axis (collective #{} there)",
+                                                     collective_kind_name(call_.kind), mesh_axis_name(call_.axis), call_.seq)
+                                       : std::string(async_.empty() ? "between collectives" : "in device collectives");
+  log_stopped(seconds, where, "fsdp.collective_timeout");
+}
+
 void CollectiveWatchdog::watch_async(const CollectiveCall& call, std::function<bool()> done, std::function<void()> abort) {
   if (!enabled()) return;
-  AsyncCall a{call, call.group ? *call.group : std::vector<int>{}, Clock::now(), std::move(done), std::move(abort)};
+  AsyncCall a{call, call.group ? *call.group : std::vector<int>{}, Clock::now(), 0, std::move(done), std::move(abort)};
   a.call.group = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   async_.push_back(std::move(a));
@@ -339,8 +365,8 @@ void CollectiveWatchdog::check_async(std::unique_lock<std::mutex>& lock) {
     AsyncCall a = std::move(async_.front());
     async_.clear();
     lock.unlock();
-    report_and_abort(a.call, a.group, std::chrono::duration<double>(Clock::now() - a.started).count(), " on the device",
-                     a.abort);
+    report_and_abort(a.call, a.group, std::chrono::duration<double>(Clock::now() - a.started).count(), a.stopped,
+                     " on the device", a.abort);
   }
   for (auto& [id, source] : error_sources_) {
     std::string message = source.poll();
@@ -360,16 +386,18 @@ void CollectiveWatchdog::fire(double waited) {
   // The stuck collective, copied while the guard cannot end (its communicator, and so `group`, alive).
   CollectiveCall call;
   std::vector<int> group;
+  double stopped = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     call = call_;
     if (call_.group) group = *call_.group;
+    stopped = stopped_;
   }
-  report_and_abort(call, group, waited, "");
+  report_and_abort(call, group, waited, stopped, "");
 }
 
 void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std::vector<int>& group, double waited,
-                                          const char* where, const std::function<void()>& release) {
+                                          double stopped, const char* where, const std::function<void()>& release) {
   int64_t step = -1;
   std::string unit;
   {
@@ -400,7 +428,7 @@ void CollectiveWatchdog::report_and_abort(const CollectiveCall& call, const std:
       collective_kind_name(call.kind), call.bytes, mesh_axis_name(call.axis), call.seq, where, waited, timeout_.count(),
       rank,
       (step >= 0 ? fmt::format(", during step {}", step) : std::string()) +
-          (unit.empty() ? std::string() : fmt::format(", unit {}", unit)),
+          (unit.empty() ? std::string() : fmt::format(", unit {}", unit)) + stopped_note(stopped),
       peers);
   log::error("{}: {}: ending the job", exit_code_name(ExitCode::Timeout), message);
   failure_record::write(ExitCode::Timeout, message, suspects);

@@ -200,7 +200,7 @@ TEST(WatchdogMessage, NamesEveryKindOfPeer) {
       describe_peer_reports(MeshAxis::World, 7, reports),
       "ranks that did not arrive: 1 (at step 3, in all_gather on the shard axis; 2 collectives behind), "
       "6 (not in a collective; 1 collective behind); "
-      "ranks that did not answer (dead, or not making MPI progress): 3-5; "
+      "ranks that did not answer (dead, stopped, or not making MPI progress): 3-5; "
       "ranks past this collective (another code path): 7 (at step 4, not in a collective; entered #9 on the world axis); "
       "arrived: 0, 2, 9");
 }

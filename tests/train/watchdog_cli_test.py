@@ -203,7 +203,7 @@ check(secs < 60, f"4 ranks: the job ended {secs:.0f} s after start")
 rc, err, secs = runs["frozen"].result()
 lines = timeout_lines(err)
 check(rc == 10, f"frozen rank: exit code {rc}, expected 10: {err[-1500:]}")
-check(len(lines) == 1 and "ranks that did not answer (dead, or not making MPI progress): 1;" in lines[0],
+check(len(lines) == 1 and "ranks that did not answer (dead, stopped, or not making MPI progress): 1;" in lines[0],
       f"the message names rank 1 as not answering: {lines}")
 check(secs < 60, f"frozen rank: the job ended {secs:.0f} s after start")
 

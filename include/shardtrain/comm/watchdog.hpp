@@ -5,6 +5,7 @@
 // private duplicate of MPI_COMM_WORLD that the watchdog thread serves, how many collectives it has
 // entered on that axis and what it is doing. A peer that does not answer is dead or not making MPI
 // progress. A rank that never arrives leaves the others blocked in the collective: their watchdogs fire.
+// Time this process spent stopped (Ctrl-Z, SIGSTOP, a paused machine) is not counted (PauseDetector, pause.hpp).
 #pragma once
 
 #include <array>
@@ -113,6 +114,7 @@ class CollectiveWatchdog {
     CollectiveCall call;
     std::vector<int> group;  // a copy: the entry may outlive the call's communicator
     std::chrono::steady_clock::time_point started;
+    double stopped = 0;  // seconds of it this process was stopped (started moved on by them)
     std::function<bool()> done;
     std::function<void()> abort;
   };
@@ -121,13 +123,17 @@ class CollectiveWatchdog {
     std::function<void()> abort;
   };
 
-  void run();
+  void run(std::chrono::steady_clock::time_point created);
   void serve(Survey* survey, int64_t token, std::vector<PeerReport>* reports);
   std::vector<PeerReport> run_survey(const Survey& s);
   [[noreturn]] void fire(double waited);
-  // `release`: called last, before MPI_Abort (ncclCommAbort of the communicator a device collective blocks).
+  // `stopped`: seconds this process was stopped during the collective, not counted in `waited`. `release`: called last,
+  // before MPI_Abort (ncclCommAbort of the communicator a device collective blocks).
   [[noreturn]] void report_and_abort(const CollectiveCall& call, const std::vector<int>& group, double waited,
-                                     const char* where, const std::function<void()>& release = {});
+                                     double stopped, const char* where, const std::function<void()>& release = {});
+  // With the mutex held: `paused` of the time since the thread's last wake this process was stopped; the collectives in
+  // flight are timed as if it had not been.
+  void discount_pause(std::chrono::steady_clock::duration paused);
   // With the mutex held: drops finished device collectives; fires (unlocking) on one past the timeout or on
   // an asynchronous error.
   void check_async(std::unique_lock<std::mutex>& lock);
@@ -141,6 +147,7 @@ class CollectiveWatchdog {
   bool in_flight_ = false;
   CollectiveCall call_;
   std::chrono::steady_clock::time_point started_;
+  double stopped_ = 0;  // seconds of it this process was stopped (started_ moved on by them)
   // Per axis (MeshAxis as index): the seq of the last collective entered there.
   std::array<uint64_t, 3> entered_{};
   int64_t step_ = -1;
