@@ -477,6 +477,10 @@ int run_check(CheckOptions o) {
       ++need.files;
       need.what += ", a TensorBoard events file";
     }
+    // result.json, at the end (written beside, then renamed: one inode more while both exist). Uncounted, a run
+    // directory one inode short passed, and the run finished without the result job scripts read.
+    ++need.files;
+    need.what += ", result.json";
     if (ckpt_dir.empty() && ckpt_size) {  // its checkpoints/ is made in the new run directory
       need.files += 2 + ckpt_size->inodes;
       need.what += fmt::format(", checkpoints/ with its lock file and a checkpoint's {} inodes", ckpt_size->inodes);

@@ -175,6 +175,23 @@ try:
     outputs = " ".join(l for l in c.stdout.splitlines() if l.strip().startswith("outputs"))
     check(c.returncode == 8 and "logging.run_dir: cannot create its lock file, config.toml" in outputs and
           "No space left on device" in outputs, f"check, run dir with 3 inodes free: exit {c.returncode}: {c.stdout}")
+    # One inode short of result.json (the folder, its lock, config.toml, metrics.jsonl and the events file fit): check
+    # counts it and fails, where it said ok and the run finished without the result job scripts read; one more, and
+    # the run writes it.
+    for inodes, ok in ((6, False), (7, True)):
+        subprocess.run(["umount", few])
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=50m,nr_inodes={inodes}", "tmpfs", few], check=True)
+        argv = ["--config", "configs/tiny-cpu.toml", "--data.path", ds, "--logging.run_dir", os.path.join(few, "run"),
+                "--checkpoint.dir", os.path.join(work, f"result-ck-{inodes}"), *MODEL]
+        c = subprocess.run([st, "check", *argv], cwd=args.source, capture_output=True, text=True, timeout=120)
+        outputs = " ".join(l for l in c.stdout.splitlines() if l.strip().startswith("outputs"))
+        if not ok:
+            check(c.returncode == 8 and "result.json" in outputs, f"check, {inodes} inodes: exit {c.returncode}: {c.stdout}")
+            continue
+        r = subprocess.run([st, "train", *argv], cwd=args.source, capture_output=True, text=True,
+                           timeout=300)
+        check(c.returncode == 0 and r.returncode == 0 and os.path.isfile(os.path.join(few, "run", "result.json")),
+              f"check and a run, {inodes} inodes: exit {c.returncode} and {r.returncode}: {c.stdout} {r.stderr[-1200:]}")
 finally:
     subprocess.run(["umount", few])
 
