@@ -20,7 +20,6 @@
 #include "shardtrain/train/run_dir.hpp"
 #include "shardtrain/train/startup.hpp"
 #include "shardtrain/train/step_memory.hpp"
-#include "shardtrain/runtime/check.hpp"
 #include "shardtrain/runtime/error.hpp"
 #include "shardtrain/runtime/log.hpp"
 #include "shardtrain/runtime/strings.hpp"
@@ -85,33 +84,6 @@ std::string resume_options(const train::TrainConfig& config, const std::string& 
   return text + "--resume auto";
 }
 
-// A stop signal that came after the last step's agreement (its all-reduce carries every rank's flag): during the final
-// validation or save, the run's end, which nothing reads the flag in. The run finished, and exits 0; but unsaid, a
-// launcher that announced "exit code 75" on passing the signal on (jobs/launch.sh) was contradicted without a word.
-// The flag is read as PreemptionHooks reads it, and in the same all-reduce, just before it (this hook is added
-// first): a signal this hook saw at a step PreemptionHooks saw too, and acted on (at the last step it logs that the run
-// finishes).
-class StopAfterTheLastStep final : public train::TrainerHooks {
- public:
-  explicit StopAfterTheLastStep(train::PreemptionHooks& preemption) : preemption_(preemption) {}
-  size_t agreed_slots() const override { return 2; }
-  void contribute(std::span<double> mine) override { preemption_.contribute(mine); }
-  void agreed(std::span<const double> sums) override { seen_at_a_step_ = sums[0] > 0 || sums[1] > 0; }
-  // Collective over `world`, after the run: the signal (SIGTERM before SIGUSR1, as the steps decide) that reached a
-  // rank after the last step's all-reduce, or 0.
-  int after_the_last_step(MPI_Comm world) {
-    double flags[2] = {0, 0};
-    preemption_.contribute(flags);
-    ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_DOUBLE, MPI_SUM, world));
-    if (seen_at_a_step_) return 0;
-    return flags[1] > 0 ? SIGTERM : flags[0] > 0 ? SIGUSR1 : 0;
-  }
-
- private:
-  train::PreemptionHooks& preemption_;
-  bool seen_at_a_step_ = false;  // at the last step run: acted on (a stop, or the last step's "the run finishes")
-};
-
 int run_train(const TrainOptions& o, Runtime* rt) {
   // First (the signals have been caught since main()'s first line, stops_on_signals): SIGUSR1/SIGTERM only set a flag
   // (a start-up takes minutes on a large model), and a run signalled before its first step stops with 75 below instead
@@ -174,8 +146,6 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   if (!claim.acquired()) claim.acquire(rt->world(), train::checkpoint_dir_for(config, trainer.run_dir()), trainer.run_dir());
   train::CheckpointHooks checkpoints(trainer);
   checkpoints.set_claim(&claim);
-  StopAfterTheLastStep late_stop(preemption);
-  trainer.add_hooks(&late_stop);  // first: it reads the signal flag just before the preemption hook does
   trainer.add_hooks(&preemption);
   trainer.add_hooks(&checkpoints);
   // The checkpoint directory's checks and the resume: a start they refuse has written nothing into the run
@@ -197,14 +167,7 @@ int run_train(const TrainOptions& o, Runtime* rt) {
   }
   startup.done();
   const train::TrainSummary s = trainer.run();
-  if (!preemption.preempted()) {  // every rank alike (the steps agreed)
-    const int late = late_stop.after_the_last_step(rt->world());
-    if (late != 0 && rt->topology().world_rank == 0)
-      log::warn(
-          "preemption: {} received after the last step ({}), during the run's final validation or save: the run "
-          "finished all the same (exit code 0, not 75: nothing is left to train)",
-          late == SIGUSR1 ? "SIGUSR1" : "SIGTERM", trainer.state().step);
-  }
+  if (!preemption.preempted()) preemption.say_signal_after_the_last_step(trainer);  // every rank alike (the steps agreed)
   // Steps and tokens of this start; a resumed run's life so far beside them, said as such.
   const std::string life = s.first_step > 0
                                ? fmt::format(" (steps {} to {} of {}; {} tokens over the run's life)", s.first_step + 1,

@@ -32,6 +32,10 @@ std::string first_columns(const std::string& s, size_t width) {
   return s.substr(0, i);
 }
 
+// fwrite, not fmt::print, which throws when the write fails: a terminal that hung up (EIO) or a reader that went away
+// (EPIPE, train ignoring SIGPIPE) must not end the work the bar reports on.
+void put(std::FILE* stream, const std::string& text) { std::fwrite(text.data(), 1, text.size(), stream); }
+
 std::string bar_text(double fraction, size_t inner) {
   const auto filled = static_cast<size_t>(std::clamp(fraction, 0.0, 1.0) * static_cast<double>(inner));
   std::string s(inner + 2, '.');
@@ -192,10 +196,6 @@ std::vector<ProgressPiece> ProgressBar::pieces_locked(bool final_draw) const {
   for (const Field& f : fields_) p.push_back({f.name + "=" + f.value, f.rank});
   return p;
 }
-
-// fwrite, not fmt::print, which throws when the write fails: a terminal that hung up (EIO) or a reader that went away
-// (EPIPE, train ignoring SIGPIPE) must not end the work the bar reports on.
-static void put(std::FILE* stream, const std::string& text) { std::fwrite(text.data(), 1, text.size(), stream); }
 
 void ProgressBar::draw_locked(bool final_draw) {
   if (style_ == ProgressStyle::Off || finished_) return;

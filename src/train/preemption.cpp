@@ -109,6 +109,21 @@ void PreemptionHooks::agreed(std::span<const double> sums) {
   agreed_signal_ = sums[1] > 0 ? (terminating(sig) ? sig : SIGTERM) : sums[0] > 0 ? SIGUSR1 : 0;
 }
 
+void PreemptionHooks::say_signal_after_the_last_step(Trainer& trainer) {
+  double flags[2] = {0, 0};
+  contribute(flags);
+  ST_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_DOUBLE, MPI_SUM, trainer.runtime().world()));
+  if (finishing_ || (flags[0] == 0 && flags[1] == 0) || trainer.runtime().topology().world_rank != 0) return;
+  const int sig = g_signal;  // rank 0's own name for it where it has one
+  log::warn(
+      "preemption: {} received after the last step ({}), during the run's final validation or save: the run finished "
+      "all the same (exit code 0, not 75: nothing is left to train)",
+      sig != 0       ? signal_label(sig)
+      : flags[1] > 0 ? "SIGTERM"
+                     : "SIGUSR1",
+      trainer.state().step);
+}
+
 void PreemptionHooks::on_step_end(Trainer& trainer, const StepMetrics&) {
   const int sig = agreed_signal_;
   if (sig == 0 || preempted_ || finishing_) return;

@@ -42,6 +42,11 @@ class PreemptionHooks final : public TrainerHooks {
   // the checkpoint directory were being set up). Then the run is preempted with nothing new to save: `train`
   // stops at once with exit code 75 instead of training a step first.
   bool stop_before_start(MPI_Comm world);
+  // Collective over the trainer's world, after a run that was not preempted: a stop signal that reached a rank after the
+  // last step's agreement (during the final validation or save, which nothing reads the flag in) is said by rank 0:
+  // the run finished all the same, exit 0. Unsaid, a launcher that announced "exit code 75" on passing it on
+  // (jobs/launch.sh) was contradicted without a word. One agreed at the last step was said then (finishing_).
+  void say_signal_after_the_last_step(Trainer& trainer);
   bool preempted() const { return preempted_; }
   int signal() const { return signal_; }
   // The signals that stop a run, and their names in messages ("SIGINT (Ctrl-C)").
